@@ -1,0 +1,420 @@
+"""The Python client: transactions against one replica, data read and written in storage directly.
+
+The replica holds the transaction (its snapshot, its staged parts) and decides the commit; the
+client does the data work itself (it conforms and partitions rows, writes Parquet parts, reads
+and filters visible parts), exactly as a Spark executor would. A part is durable in storage
+before the replica hears of it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as flight
+
+from coordinator import errors
+from coordinator.catalog import TableDef
+from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
+from coordinator.versions import Tid
+from parts import rewrite
+from parts.format import PartMeta, write_part
+from parts.ops import (
+    _json_scalar,
+    assignments,
+    check_expression,
+    conform,
+    encode_assignments,
+    encode_expression,
+    may_match,
+    partition_key,
+    schema_to_json,
+    split_by_partition,
+)
+from parts.storage import Storage
+
+CALL_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class CommitStatus:
+    tid: str
+    status: str  # committed | running | committing | aborted | not_committed
+    csn: int | None
+    reason: str = ""
+
+
+class Client:
+    """A client of one replica (``host:port``)."""
+
+    def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT) -> None:
+        if not isinstance(address, str) or ":" not in address:
+            raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
+        self.address = address.removeprefix("grpc://")
+        self._flight = flight.FlightClient(f"grpc://{self.address}")
+        self._options = flight.FlightCallOptions(timeout=timeout)
+        self._tables: dict[str, TableDef] = {}
+        info = self.call("info")
+        self.host_id: str = info["host_id"]
+        self.storage = Storage(info["storage_url"], storage_options)
+
+    # -- RPC --------------------------------------------------------------------------------
+    def call(self, action: str, **args: Any) -> Any:
+        body = json.dumps(args).encode()
+        try:
+            results = list(self._flight.do_action(flight.Action(action, body), self._options))
+        except flight.FlightError as exc:
+            raise ReplicaUnavailable(f"replica {self.address} did not answer {action!r}: {exc}") from None
+        reply = json.loads(results[0].body.to_pybytes())
+        if not reply.get("ok"):
+            raise errors.from_dict(reply.get("error") or {})
+        return reply.get("result")
+
+    def close(self) -> None:
+        self._flight.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- tables ------------------------------------------------------------------------------
+    def create_table(
+        self,
+        name: str,
+        schema: pa.Schema,
+        partition_by: Sequence[str] = (),
+        primary_key: Sequence[str] = (),
+        conflict_policy: str = "parts",
+        auto_merge: bool = True,
+    ) -> int:
+        """Create a table; returns the CSN at which it exists."""
+        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge)
+        result = self.call(
+            "create_table", name=tdef.name, schema=schema_to_json(tdef.schema),
+            partition_by=list(tdef.partition_by), primary_key=list(tdef.primary_key),
+            conflict_policy=tdef.conflict_policy.value, auto_merge=tdef.auto_merge,
+        )
+        return result["csn"]
+
+    def table(self, name: str) -> TableDef:
+        if name not in self._tables:
+            self._tables[name] = TableDef.from_dict(self.call("table", name=name))
+        return self._tables[name]
+
+    def tables(self) -> list[str]:
+        return self.call("tables")
+
+    # -- transactions ------------------------------------------------------------------------
+    def begin(self) -> Transaction:
+        r = self.call("begin")
+        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"])
+
+    def join(self, txn_id: str) -> Transaction:
+        """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
+        tid = Tid.parse(txn_id)
+        return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Transaction]:
+        """Commits on normal exit, rolls back on an exception."""
+        tx = self.begin()
+        try:
+            yield tx
+        except BaseException:
+            if tx.csn is None and not tx._ended:
+                try:
+                    tx.rollback()
+                except errors.MergetxnError:
+                    pass
+            raise
+        if not tx._ended:
+            tx.commit()
+
+    # -- reads -------------------------------------------------------------------------------
+    def read(
+        self,
+        table: str,
+        snapshot: int | None = None,
+        as_of: dt.datetime | None = None,
+        columns: Sequence[str] | None = None,
+        where: pc.Expression | None = None,
+    ) -> pa.Table:
+        """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
+        args: dict[str, Any] = {"table": table}
+        if snapshot is not None:
+            if isinstance(snapshot, bool) or not isinstance(snapshot, int):
+                raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
+            args["snapshot"] = snapshot
+        if as_of is not None:
+            args["as_of"] = _timestamp(as_of, "as_of")
+        r = self.call("visible", **args)
+        return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+
+    def _read_parts(self, table: str, metas: list[PartMeta], columns: Sequence[str] | None,
+                    where: pc.Expression | None) -> pa.Table:
+        tdef = self.table(table)
+        if columns is not None:
+            missing = [c for c in columns if c not in tdef.schema.names]
+            if missing:
+                raise InvalidInput(f"table {table!r} has no column(s) {missing}")
+        if where is not None:
+            check_expression(where, tdef.schema, f"filter on {table!r}")
+            metas = [m for m in metas if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
+        tables = rewrite.read_parts(self.storage, metas)
+        data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
+        if data.schema != tdef.schema:
+            data = data.cast(tdef.schema)
+        if where is not None:
+            data = data.filter(where)
+        if columns is not None:
+            data = data.select(list(columns))
+        return data
+
+    def snapshot(self) -> int:
+        """The replica's snapshot version: everything up to it is applied there."""
+        return self.call("snapshot")["snapshot"]
+
+    def wait_for(self, snapshot: int) -> None:
+        self.call("wait", snapshot=snapshot)
+
+    # -- operations --------------------------------------------------------------------------
+    def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
+        """Compact now, as a transaction of its own; returns its CSN."""
+        if kind not in ("minor", "major"):
+            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+        self.table(table)
+        parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
+        return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
+
+    def transactions(self) -> list[dict]:
+        return self.call("transactions")
+
+    def kill(self, txn_id: str) -> dict:
+        return self.call("kill", id=str(txn_id))
+
+    def parts(self, table: str) -> pa.Table:
+        rows = self.call("parts", table=table)
+        schema = pa.schema([
+            ("name", pa.string()), ("partition", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
+            ("size", pa.int64()), ("creation_tid", pa.string()), ("creation_csn", pa.int64()),
+            ("removal_tid", pa.string()), ("removal_csn", pa.int64()), ("visible", pa.bool_()),
+        ])
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def commit_status(self, tid: Tid | str) -> CommitStatus:
+        r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
+        return CommitStatus(r["tid"], r["status"], r["csn"], r.get("reason", ""))
+
+
+class Transaction:
+    """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
+
+    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False) -> None:
+        self.client = client
+        self.tid = tid
+        self.id = txn_id
+        self.snapshot = snapshot
+        self.csn: int | None = None
+        self.joined = joined
+        self._ended = False
+
+    def __repr__(self) -> str:
+        return f"Transaction({self.id}, snapshot={self.snapshot}, csn={self.csn})"
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self._ended:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            try:
+                self.rollback()
+            except errors.MergetxnError:
+                pass
+
+    def _check_open(self) -> None:
+        if self._ended:
+            raise TransactionAborted(f"transaction {self.id} has ended", id=self.id)
+
+    def _stage(self, op: dict) -> None:
+        try:
+            self.client.call("stage", id=self.id, op=op)
+        except errors.MergetxnError:
+            # The replica never took these parts: nothing references them.
+            for m in op.get("added", ()):
+                _delete_quietly(self.client.storage, m["path"])
+            raise
+
+    def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
+        return [
+            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id)
+            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+        ]
+
+    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+        args: dict[str, Any] = {"table": table, "id": self.id}
+        if pkeys is not None:
+            args["partitions"] = [list(p) for p in pkeys]
+        return [PartMeta.from_dict(m) for m in self.client.call("visible", **args)["parts"]]
+
+    # -- statements -------------------------------------------------------------------------
+    def insert(self, table: str, data: pa.Table) -> int:
+        """INSERT INTO; returns the number of rows."""
+        self._check_open()
+        tdef = self.client.table(table)
+        data = conform(tdef.schema, _as_table(data, table), table)
+        parts = self._write(tdef, data)
+        if parts:
+            self._stage({"op": "insert", "table": table, "added": [m.to_dict() for m in parts]})
+        return data.num_rows
+
+    def overwrite(self, table: str, data: pa.Table, partitions: Sequence[Any] | None = None) -> int:
+        """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
+        whole table when it is not partitioned)."""
+        self._check_open()
+        tdef = self.client.table(table)
+        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
+        split = split_by_partition(data, list(tdef.partition_by))
+        if partitions is not None:
+            targets = _partitions(tdef, partitions)
+            outside = [p for p, _ in split if p not in targets]
+            if outside:
+                raise InvalidInput(f"overwrite of {table!r}: data has rows in partition(s) {outside} "
+                                   f"outside the partitions given {targets}")
+        elif tdef.partition_by:
+            targets = [p for p, _ in split]
+        else:
+            targets = [()]
+        removed = [m.name for m in self._visible(table, targets)] if targets else []
+        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id) for p, chunk in split]
+        self._stage({"op": "overwrite", "table": table, "added": [m.to_dict() for m in parts], "removed": removed,
+                     "partitions": [partition_key(p) for p in targets]})
+        return data.num_rows
+
+    def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
+        """TRUNCATE the table or some partitions; returns the number of parts removed."""
+        self._check_open()
+        tdef = self.client.table(table)
+        targets = None if partitions is None else _partitions(tdef, partitions)
+        removed = [m.name for m in self._visible(table, targets)]
+        self._stage({"op": "truncate", "table": table, "removed": removed,
+                     "partitions": None if targets is None else [partition_key(p) for p in targets],
+                     "whole_table": targets is None})
+        return len(removed)
+
+    def delete(self, table: str, where: pc.Expression) -> int:
+        """DELETE WHERE ``where``; returns the number of rows deleted."""
+        self._check_open()
+        tdef = self.client.table(table)
+        _check_predicate(where, tdef, "delete")
+        result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
+        self._stage_rewrite("delete", tdef, result, where=encode_expression(where, tdef.schema))
+        return result.affected_rows
+
+    def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
+        """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
+        self._check_open()
+        tdef = self.client.table(table)
+        _check_predicate(where, tdef, "update")
+        assigns = assignments(dict(set), tdef.schema)
+        result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
+        self._stage_rewrite("update", tdef, result, where=encode_expression(where, tdef.schema),
+                            assignments=encode_assignments(assigns, tdef.schema))
+        return result.affected_rows
+
+    def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
+        """Stage a compaction in this transaction; returns the number of parts it replaces."""
+        self._check_open()
+        if kind not in ("minor", "major"):
+            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+        tdef = self.client.table(table)
+        targets = None if partitions is None else _partitions(tdef, partitions)
+        result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
+        self._stage_rewrite("compact", tdef, result, compact_kind=kind,
+                            partitions=None if targets is None else [partition_key(p) for p in targets])
+        return len(result.removed)
+
+    def _stage_rewrite(self, op: str, tdef: TableDef, result: rewrite.Rewrite, **extra: Any) -> None:
+        if not tdef.partition_by and extra.get("partitions") is None:
+            extra["partitions"] = [partition_key(())]
+        self._stage({"op": op, "table": tdef.name, "added": [m.to_dict() for m in result.added],
+                     "removed": result.removed, **extra})
+
+    def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
+        """Rows at this transaction's snapshot, with its own writes."""
+        self._check_open()
+        return self.client._read_parts(table, self._visible(table), columns, where)
+
+    # -- ending -------------------------------------------------------------------------------
+    def commit(self) -> int:
+        """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing)."""
+        self._check_open()
+        try:
+            self.csn = self.client.call("commit", id=self.id)["csn"]
+        finally:
+            self._ended = True
+        return self.csn
+
+    def rollback(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self.client.call("rollback", id=self.id)
+
+
+def connect(address: str, storage_options: dict | None = None) -> Client:
+    """A client of the replica at ``host:port``."""
+    return Client(address, storage_options)
+
+
+def _as_table(data: Any, table: str) -> pa.Table:
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if not isinstance(data, pa.Table):
+        raise InvalidInput(f"data for {table!r} must be a pyarrow.Table, not {type(data).__name__}")
+    return data
+
+
+def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:
+    if not tdef.partition_by:
+        raise InvalidInput(f"table {tdef.name!r} is not partitioned; partitions must be None")
+    if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
+        raise InvalidInput(f"partitions must be a list of partition values, not {partitions!r}")
+    out = []
+    for p in partitions:
+        values = tuple(p) if isinstance(p, (tuple, list)) else (p,)
+        if len(values) != len(tdef.partition_by):
+            raise InvalidInput(f"partition {p!r} does not match partition columns {list(tdef.partition_by)}")
+        out.append(tuple(_json_scalar(v) for v in values))
+    return out
+
+
+def _check_predicate(where: Any, tdef: TableDef, what: str) -> None:
+    if not isinstance(where, pc.Expression):
+        raise InvalidInput(f"{what} on {tdef.name!r}: where must be a pyarrow.compute.Expression, not {type(where).__name__}")
+    check_expression(where, tdef.schema, f"{what} on {tdef.name!r}")
+
+
+def _timestamp(when: Any, what: str) -> float:
+    if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
+        raise InvalidInput(f"{what} must be a timezone-aware datetime, not {when!r}")
+    return when.timestamp()
+
+
+def _delete_quietly(storage: Storage, path: str) -> None:
+    try:
+        storage.delete(path)
+        storage.delete(path[: -len(".parquet")] + ".json")
+    except Exception:
+        pass

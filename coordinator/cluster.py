@@ -1,0 +1,170 @@
+"""The embedded default: a real ZooKeeper and N replica processes on this machine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from coordinator.client import Client
+from coordinator.errors import ReplicaUnavailable
+from coordinator.zkserver import start_zookeeper
+
+
+class LocalCluster:
+    """Context manager: ZooKeeper + ``replicas`` replica processes, local storage in ``workdir``.
+
+    Replica ``i`` keeps its host id (``r<i>``), data directory and port across
+    :meth:`kill_replica` / :meth:`start_replica`, so a restarted replica recovers from its WAL
+    and clients find it at the same address.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        replicas: int = 3,
+        zk_address: str | None = None,
+        storage_url: str | None = None,
+        epoch_size: int | None = None,
+        txn_max_seconds: float = 3600.0,
+        txn_max_rows: int = 100_000_000,
+        session_timeout: float = 10.0,
+        root: str = "/mergetxn",
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.n = replicas
+        self._zk_arg = zk_address
+        self.storage_url = storage_url or str(self.workdir / "storage")
+        self.epoch_size = epoch_size
+        self.txn_max_seconds = txn_max_seconds
+        self.txn_max_rows = txn_max_rows
+        self.session_timeout = session_timeout
+        self.root = root
+        self.zk = None
+        self._procs: list[subprocess.Popen | None] = [None] * replicas
+        self._ports: list[int] = [0] * replicas
+        self.replica_addresses: list[str] = [""] * replicas
+        self._clients: dict[int, Client] = {}
+
+    @property
+    def zk_address(self) -> str:
+        return self.zk.address
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg)
+        try:
+            for i in range(self.n):
+                self.start_replica(i, wait=False)
+            for i in range(self.n):
+                self._wait_ready(i)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _replica_dir(self, i: int) -> Path:
+        return self.workdir / f"replica-{i}"
+
+    def start_replica(self, i: int, wait: bool = True) -> str:
+        """Start (or restart) replica ``i``; returns its address once it serves."""
+        if self._procs[i] is not None and self._procs[i].poll() is None:
+            return self.replica_addresses[i]
+        d = self._replica_dir(i)
+        d.mkdir(parents=True, exist_ok=True)
+        ready = d / "address"
+        ready.unlink(missing_ok=True)
+        argv = [
+            sys.executable, "-m", "replicas.server",
+            "--zk", self.zk.address, "--storage", self.storage_url, "--host-id", f"r{i}",
+            "--data-dir", str(d), "--port", str(self._ports[i]), "--root", self.root,
+            "--txn-max-seconds", str(self.txn_max_seconds), "--txn-max-rows", str(self.txn_max_rows),
+            "--session-timeout", str(self.session_timeout), "--ready-file", str(ready),
+        ]
+        if self.epoch_size:
+            argv += ["--epoch-size", str(self.epoch_size)]
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        log = open(d / "replica.log", "ab")
+        self._procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                                          start_new_session=True)
+        log.close()
+        if wait:
+            self._wait_ready(i)
+        return self.replica_addresses[i]
+
+    def _wait_ready(self, i: int, timeout: float = 90.0) -> None:
+        ready = self._replica_dir(i) / "address"
+
+        def check() -> None:
+            proc = self._procs[i]
+            if proc.poll() is not None:
+                tail = (self._replica_dir(i) / "replica.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"replica {i} exited with {proc.returncode}:\n{tail}")
+            if not ready.exists():
+                raise ReplicaUnavailable(f"replica {i} not ready")
+
+        for attempt in Retrying(retry=retry_if_exception_type(ReplicaUnavailable), stop=stop_after_delay(timeout),
+                                wait=wait_fixed(0.05), reraise=True):
+            with attempt:
+                check()
+        address = ready.read_text().strip()
+        self.replica_addresses[i] = address
+        self._ports[i] = int(address.rsplit(":", 1)[1])
+
+    def kill_replica(self, i: int) -> None:
+        """SIGKILL replica ``i`` (fault tests): no shutdown code runs."""
+        proc = self._procs[i]
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self._procs[i] = None
+
+    def stop_replica(self, i: int, timeout: float = 15.0) -> None:
+        proc = self._procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._procs[i] = None
+
+    def replica_pid(self, i: int) -> int | None:
+        proc = self._procs[i]
+        return proc.pid if proc is not None and proc.poll() is None else None
+
+    def client(self, i: int = 0) -> Client:
+        """A client of replica ``i`` (a new one each call; they are cheap)."""
+        if not self.replica_addresses[i]:
+            raise ReplicaUnavailable(f"replica {i} is not running")
+        return Client(self.replica_addresses[i])
+
+    def stop(self) -> None:
+        deadline = time.monotonic() + 20
+        for proc in self._procs:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+        for i, proc in enumerate(self._procs):
+            if proc is not None:
+                try:
+                    proc.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                self._procs[i] = None
+        if self.zk is not None:
+            self.zk.stop()

@@ -1,0 +1,114 @@
+"""Conflict rules: which of two overlapping transactions on one target may commit.
+
+A target is one partition of a table (the whole table when it is not partitioned); transactions
+on different targets never conflict. The committing ("later") transaction is summarised by the
+operation kinds it performed on the target and the parts it removes there; every transaction that
+committed to the target after the later one's snapshot ("earlier", in commit order) is summarised
+the same way. :func:`check` is one function over those summaries, in the manner of delta-rs's
+conflict checker, so every pair of kinds is testable without ZooKeeper.
+
+Policies (SPEC.md):
+
+* ``maxcompute`` (seeds 000/001): the table below, verbatim.
+* ``append`` (seed 002): INSERT never fails; OVERWRITE succeeds and overwrites; MUTATE and
+  compactions fail if anything else committed to the target since their snapshot.
+* ``parts`` (seed 004): only two removals of the same part conflict.
+
+When the later transaction may commit but something committed meanwhile, :class:`Verdict`
+says ``rebase``: its operations must be replayed on the current parts (metadata only where its
+inputs are intact). Under ``parts`` nothing is ever replayed: an OVERWRITE removes what it saw.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Kind(str, Enum):
+    OVERWRITE = "OVERWRITE"  # INSERT OVERWRITE, TRUNCATE
+    INSERT = "INSERT"
+    MUTATE = "MUTATE"  # UPDATE, DELETE
+    MINOR_COMPACT = "MINOR_COMPACT"
+    MAJOR_COMPACT = "MAJOR_COMPACT"
+
+
+class Policy(str, Enum):
+    PARTS = "parts"
+    MAXCOMPUTE = "maxcompute"
+    APPEND = "append"
+
+
+COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})
+DATA_CHANGING = frozenset(Kind) - COMPACTIONS
+
+_O, _I, _M, _MI, _MA = Kind.OVERWRITE, Kind.INSERT, Kind.MUTATE, Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT
+
+# MAXCOMPUTE[earlier][later]: True when the later job succeeds (SPEC.md, seed 001's 25 rows).
+MAXCOMPUTE: dict[Kind, dict[Kind, bool]] = {
+    _O: {_O: True, _I: False, _M: False, _MI: False, _MA: False},
+    _I: {_O: True, _I: False, _M: False, _MI: True, _MA: False},
+    _M: {_O: True, _I: False, _M: False, _MI: True, _MA: False},
+    _MI: {_O: True, _I: True, _M: True, _MI: False, _MA: True},
+    _MA: {_O: True, _I: True, _M: True, _MI: False, _MA: False},
+}
+
+
+def append_later_succeeds(earlier: Kind, later: Kind) -> bool:
+    """The ``append`` policy as a table over kinds (seed 002)."""
+    return later in (Kind.INSERT, Kind.OVERWRITE)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What one transaction did on one target."""
+
+    tid: str
+    kinds: frozenset[Kind]
+    removed: frozenset[str] = field(default_factory=frozenset)
+
+    @classmethod
+    def of(cls, tid: str, kinds: Iterable[Kind | str], removed: Iterable[str] = ()) -> Summary:
+        return cls(tid, frozenset(Kind(k) for k in kinds), frozenset(removed))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    rebase: bool = False
+    winner: str | None = None
+    reason: str = ""
+
+
+def later_succeeds(policy: Policy, earlier: Kind, later: Kind) -> bool:
+    """The kind-level rule of a policy; ``parts`` decides on removed parts, not kinds."""
+    if policy is Policy.MAXCOMPUTE:
+        return MAXCOMPUTE[earlier][later]
+    if policy is Policy.APPEND:
+        return append_later_succeeds(earlier, later)
+    return True
+
+
+def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> Verdict:
+    """Decide whether ``later`` may commit after ``earlier`` (in commit order) on one target."""
+    policy = Policy(policy)
+    for winner in earlier:
+        if winner.tid == later.tid:
+            continue
+        if policy is Policy.PARTS:
+            both = later.removed & winner.removed
+            if both:
+                part = sorted(both)[0]
+                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}")
+            continue
+        for e in sorted(winner.kinds):
+            for lk in sorted(later.kinds):
+                if not later_succeeds(policy, e, lk):
+                    return Verdict(
+                        False,
+                        winner=winner.tid,
+                        reason=f"{lk.value} conflicts with {e.value} committed earlier by {winner.tid} ({policy.value} policy)",
+                    )
+    others = [w for w in earlier if w.tid != later.tid]
+    return Verdict(True, rebase=bool(others) and policy is not Policy.PARTS)

@@ -1,0 +1,82 @@
+"""Errors a mergetxn user can catch.
+
+Every error crosses the replica RPC as ``{"type": <class name>, "message": ..., "details": {...}}``
+and is rebuilt on the client side from this module, so the class a caller catches is the same
+whether the failure happened in the client library or inside a replica process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MergetxnError(Exception):
+    """Base of every mergetxn error."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": type(self).__name__, "message": self.message, "details": self.details}
+
+
+class ConflictError(MergetxnError):
+    """A serialization error: a transaction that committed first won; retrying the whole
+    transaction is safe. ``winner`` names the transaction it lost to."""
+
+    @property
+    def winner(self) -> str | None:
+        return self.details.get("winner")
+
+
+class TransactionAborted(MergetxnError):
+    """The transaction can no longer commit (rolled back, killed, past its limits, or its
+    replica lost its ZooKeeper session)."""
+
+
+class InvalidInput(MergetxnError):
+    """Bad names, schemas, expressions or arguments; nothing was changed."""
+
+
+class TableNotFound(InvalidInput):
+    """The table does not exist (at the snapshot in question)."""
+
+
+class SnapshotUnavailable(InvalidInput):
+    """The snapshot asked for is newer than the log or older than what is retained."""
+
+
+class CorruptPart(MergetxnError):
+    """A part file does not match the checksum recorded when it was committed."""
+
+
+class CorruptMetadata(MergetxnError):
+    """A ZooKeeper node, WAL record or manifest holds data that does not parse."""
+
+
+class ReplicaUnavailable(MergetxnError):
+    """The replica could not be reached, or timed out waiting for the log."""
+
+
+_BY_NAME = {
+    cls.__name__: cls
+    for cls in (
+        MergetxnError,
+        ConflictError,
+        TransactionAborted,
+        InvalidInput,
+        TableNotFound,
+        SnapshotUnavailable,
+        CorruptPart,
+        CorruptMetadata,
+        ReplicaUnavailable,
+    )
+}
+
+
+def from_dict(payload: dict[str, Any]) -> MergetxnError:
+    """Rebuild an error sent by a replica; unknown types become the base class."""
+    cls = _BY_NAME.get(payload.get("type", ""), MergetxnError)
+    return cls(payload.get("message", "unknown error"), **(payload.get("details") or {}))

@@ -1,0 +1,229 @@
+"""The CSN log and the commit point in ZooKeeper.
+
+Znode layout under the cluster root (``/mergetxn`` by default)::
+
+    config                     {"epoch_size": N}: written once, when the cluster is first used
+    log/e-<epoch>              one parent per epoch; data version 0 = open, >= 1 = sealed
+    log/e-<epoch>/c-<seq>      one entry per commit: JSON (or a pointer to a manifest in storage)
+    tables/<table>             the table definition (JSON)
+    targets/<table>            table-level version: bumped when a partition node is created and
+                               by whole-table operations that must see every partition
+    targets/<table>/<pkey>     partition-level version, bumped by every commit whose conflict
+                               rules need to see the commits on that partition
+    replicas/<host>            per-replica node; its data version is the replica's incarnation
+    replicas/<host>/alive      ephemeral: address and oldest snapshot in use on that replica
+
+The commit point is one multi: ``set_data(target, version=v)`` (or ``create``) for each target
+the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
+sealed epoch, and ``create(log/e-<epoch>/c-, sequence=True)`` carrying the entry. Either all of it
+happens or none. A version miss means another commit touched a checked target after we read its
+version: the caller re-reads, re-decides with the conflict rules, and tries again (the kazoo
+counter recipe's loop, at a larger scale).
+
+Every entry records the new version of each target it bumped, so a replica that has applied the
+entry that set a target to version ``v`` has seen every commit that touched it up to ``v``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from coordinator.errors import CorruptMetadata
+from coordinator.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
+
+log = logging.getLogger(__name__)
+
+MAX_INLINE_ENTRY = 900_000  # znodes are limited to about 1 MB
+ENTRY_FORMAT = 1
+
+
+class VersionMoved(Exception):
+    """A checked target changed, or the epoch was sealed, between read and multi: retry."""
+
+
+def target_key(table: str, pkey: str | None) -> str:
+    """Key of a conflict target: the table (``pkey`` None) or one of its partitions."""
+    return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
+
+
+def split_target_key(key: str) -> tuple[str, str | None]:
+    table, _, rest = key.partition("/")
+    return table, (unquote(rest) if rest else None)
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    csn: int
+    epoch: int
+    seq: int
+    versions: dict[str, int]
+
+
+class CsnLog:
+    """ZooKeeper side of commits: allocation of CSNs, version checks, epochs, entry reads."""
+
+    def __init__(self, zk: KazooClient, root: str = "/mergetxn", epoch_size: int | None = None) -> None:
+        self.zk = zk
+        self.root = root.rstrip("/") or "/mergetxn"
+        self._requested_epoch_size = epoch_size
+        self.epoch_size = epoch_size or DEFAULT_EPOCH_SIZE
+        self._epoch: int | None = None
+        self._lock = threading.Lock()
+
+    # -- paths ---------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return "/".join((self.root, *parts))
+
+    def epoch_path(self, epoch: int) -> str:
+        return self.path("log", f"e-{epoch:010d}")
+
+    def entry_path(self, epoch: int, seq: int) -> str:
+        return f"{self.epoch_path(epoch)}/c-{seq:010d}"
+
+    def target_path(self, key: str) -> str:
+        return self.path("targets", key)
+
+    # -- layout --------------------------------------------------------------------------
+    def ensure_layout(self) -> None:
+        """Create the root layout once; read the cluster's epoch size (first writer decides)."""
+        for p in ("log", "tables", "targets", "replicas"):
+            self.zk.retry(self.zk.ensure_path, self.path(p))
+        config = json.dumps({"epoch_size": self.epoch_size}).encode()
+        try:
+            self.zk.retry(self.zk.create, self.path("config"), config)
+        except NodeExistsError:
+            pass
+        data, _ = self.zk.retry(self.zk.get, self.path("config"))
+        try:
+            self.epoch_size = int(json.loads(data)["epoch_size"])
+            if self.epoch_size < 1:
+                raise ValueError("epoch_size < 1")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadata(f"znode {self.path('config')} does not parse: {exc}") from exc
+        try:
+            self.zk.retry(self.zk.create, self.epoch_path(0), b"")
+        except NodeExistsError:
+            pass
+
+    def epochs(self) -> list[int]:
+        names = self.zk.retry(self.zk.get_children, self.path("log"))
+        out = []
+        for n in names:
+            if n.startswith("e-") and n[2:].isdigit():
+                out.append(int(n[2:]))
+        return sorted(out)
+
+    def current_epoch(self, refresh: bool = False) -> int:
+        with self._lock:
+            if self._epoch is None or refresh:
+                epochs = self.epochs()
+                self._epoch = epochs[-1] if epochs else 0
+            return self._epoch
+
+    def is_sealed(self, epoch: int) -> bool:
+        try:
+            _, stat = self.zk.retry(self.zk.get, self.epoch_path(epoch))
+        except NoNodeError:
+            return False
+        return stat.version >= 1
+
+    def seal(self, epoch: int) -> None:
+        """Close ``epoch`` and open the next one, atomically; a no-op if someone else did."""
+        t = self.zk.transaction()
+        t.set_data(self.epoch_path(epoch), b"sealed", version=0)
+        t.create(self.epoch_path(epoch + 1), b"")
+        results = t.commit()
+        if any(isinstance(r, Exception) for r in results):
+            log.debug("epoch %d already sealed: %s", epoch, results)
+        self.current_epoch(refresh=True)
+
+    # -- versions --------------------------------------------------------------------------
+    def read_versions(self, keys: Iterable[str]) -> dict[str, int | None]:
+        """Current data version of each target node (None where it does not exist yet)."""
+        keys = list(keys)
+        asyncs = [(k, self.zk.exists_async(self.target_path(k))) for k in keys]
+        out: dict[str, int | None] = {}
+        for k, a in asyncs:
+            stat = a.get()
+            out[k] = None if stat is None else stat.version
+        return out
+
+    # -- the commit point ----------------------------------------------------------------------
+    def commit(self, entry: bytes, expected: dict[str, int | None]) -> CommitResult:
+        """One multi: bump every target at its expected version and append the entry.
+
+        Raises VersionMoved when a target or the epoch moved (retry after re-deciding);
+        kazoo's ConnectionLoss/SessionExpired propagate: the outcome is then unknown and the
+        caller must look for its entry in the log before answering anybody.
+        """
+        epoch = self.current_epoch()
+        t = self.zk.transaction()
+        for key, version in sorted(expected.items()):
+            path = self.target_path(key)
+            if version is None:
+                t.create(path, b"")
+            else:
+                t.set_data(path, b"", version=version)
+        t.check(self.epoch_path(epoch), 0)
+        t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
+        results = t.commit()
+        failures = [r for r in results if isinstance(r, Exception)]
+        if failures:
+            real = [r for r in failures if isinstance(r, (BadVersionError, NodeExistsError, NoNodeError))]
+            if not real:
+                raise failures[0]
+            # The epoch check is the op just before the create; a miss there means sealed.
+            if isinstance(results[-2], (BadVersionError, NoNodeError)):
+                self.current_epoch(refresh=True)
+            raise VersionMoved(str(real[0]))
+        created = results[-1]
+        seq = seq_of_node(created.rsplit("/", 1)[1])
+        if epoch_full(seq, self.epoch_size):
+            self.seal(epoch)
+        versions = {k: (0 if v is None else v + 1) for k, v in expected.items()}
+        return CommitResult(csn_of(epoch, seq), epoch, seq, versions)
+
+    # -- reading the log -------------------------------------------------------------------
+    def fetch(self, epoch: int, seq: int) -> bytes | None:
+        try:
+            data, _ = self.zk.retry(self.zk.get, self.entry_path(epoch, seq))
+            return data
+        except NoNodeError:
+            return None
+
+    def list_seqs(self, epoch: int) -> list[int]:
+        try:
+            names = self.zk.retry(self.zk.get_children, self.epoch_path(epoch))
+        except NoNodeError:
+            return []
+        return sorted(seq_of_node(n) for n in names if n.startswith("c-"))
+
+    def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
+        """Set a one-shot watch for the creation of the next entry; True if it already exists."""
+        return self.zk.exists(self.entry_path(epoch, seq), watch=callback) is not None
+
+
+def encode_entry(entry: dict) -> bytes:
+    return json.dumps(entry, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_entry(data: bytes, where: str) -> dict:
+    """Parse a log entry; anything malformed is CorruptMetadata naming the znode."""
+    try:
+        entry = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
+    if not isinstance(entry, dict) or entry.get("v") != ENTRY_FORMAT:
+        raise CorruptMetadata(f"log entry {where} has no supported format version (want v={ENTRY_FORMAT})")
+    if "manifest" not in entry:
+        if not isinstance(entry.get("txns", []), list) or not isinstance(entry.get("versions", {}), dict):
+            raise CorruptMetadata(f"log entry {where} has malformed 'txns' or 'versions'")
+    return entry

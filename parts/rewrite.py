@@ -1,0 +1,122 @@
+"""Copy-on-write rewrites of parts: DELETE, UPDATE and compaction.
+
+Shared by the client library (which runs a statement at the transaction's snapshot) and the
+replica (which redoes it on the current parts when a rebase finds its inputs rewritten), so both
+produce the same result. Each function reads only the parts that can hold matching rows, writes
+replacements, and says which parts it replaced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from parts.format import PartMeta, read_part, write_part
+from parts.ops import apply_delete, apply_update, decode_assignments, decode_expression, may_match, split_by_partition
+from parts.storage import Storage
+
+SMALL_PART_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class Rewrite:
+    added: list[PartMeta] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    affected_rows: int = 0
+
+
+def read_parts(storage: Storage, parts: list[PartMeta], columns: list[str] | None = None) -> list[pa.Table]:
+    """Read several parts at once (I/O bound: threads overlap the reads); order is kept."""
+    if len(parts) <= 1:
+        return [read_part(storage, p, columns) for p in parts]
+    with ThreadPoolExecutor(max_workers=min(8, len(parts))) as pool:
+        return list(pool.map(lambda p: read_part(storage, p, columns), parts))
+
+
+def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartMeta]:
+    return [
+        write_part(storage, table.name, list(table.partition_by), partition, chunk, tid)
+        for partition, chunk in split_by_partition(data, list(table.partition_by))
+    ]
+
+
+def _rewrite(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str,
+             change: Callable[[pa.Table], tuple[pa.Table, int]]) -> Rewrite:
+    candidates = [p for p in parts
+                  if may_match(dict(p.stats), list(table.partition_by), p.partition, where, table.schema)]
+    out = Rewrite()
+    for meta, data in zip(candidates, read_parts(storage, candidates)):
+        new, n = change(data)
+        if n == 0:
+            continue
+        out.removed.append(meta.name)
+        out.affected_rows += n
+        out.added.extend(_write_rows(storage, table, new, tid))
+    return out
+
+
+def delete(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str) -> Rewrite:
+    return _rewrite(storage, table, parts, where, tid, lambda d: apply_delete(d, where))
+
+
+def update(storage: Storage, table, parts: list[PartMeta], where: pc.Expression,
+           assignments: dict[str, pc.Expression], tid: str) -> Rewrite:
+    return _rewrite(storage, table, parts, where, tid, lambda d: apply_update(d, where, assignments))
+
+
+def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PART_BYTES) -> list[list[PartMeta]]:
+    """Groups of parts to merge, one group per partition: minor merges the small parts of a
+    partition (two or more), major rewrites every part of a partition."""
+    by_partition: dict[tuple, list[PartMeta]] = defaultdict(list)
+    for p in parts:
+        by_partition[tuple(p.partition)].append(p)
+    groups = []
+    for _, group in sorted(by_partition.items(), key=lambda kv: str(kv[0])):
+        group = sorted(group, key=lambda m: m.name)
+        if kind == "minor":
+            small = [p for p in group if p.size < small_bytes]
+            if len(small) >= 2:
+                groups.append(small)
+        elif group:
+            groups.append(group)
+    return groups
+
+
+def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
+            pkeys: list[str] | None = None) -> Rewrite:
+    """Merge parts per partition; rows are kept as they are (a layout change, no data change)."""
+    from coordinator.errors import InvalidInput
+
+    if kind not in ("minor", "major"):
+        raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+    out = Rewrite()
+    for group in choose_sources(parts, kind):
+        tables = read_parts(storage, group)
+        merged = pa.concat_tables(tables) if tables else pa.Table.from_pylist([], schema=table.schema)
+        out.removed.extend(m.name for m in group)
+        out.affected_rows += merged.num_rows
+        if merged.num_rows:
+            out.added.append(write_part(storage, table.name, list(table.partition_by),
+                                        tuple(group[0].partition), merged, tid))
+    return out
+
+
+def redo(storage: Storage, table, op, current: list[PartMeta], tid: str):
+    """Run a staged DELETE, UPDATE or compaction again on ``current`` parts; returns the op with
+    the new added/removed parts (its earlier output is superseded)."""
+    from dataclasses import replace
+
+    if op.op == "compact":
+        result = compact(storage, table, current, op.compact_kind or "minor", tid)
+    else:
+        where = decode_expression(op.where, table.schema)
+        if op.op == "delete":
+            result = delete(storage, table, current, where, tid)
+        else:
+            result = update(storage, table, current, where, decode_assignments(op.assignments, table.schema), tid)
+    return replace(op, added=result.added, removed=result.removed, rows=sum(m.rows for m in result.added))

@@ -1,0 +1,1 @@
+"""The replica process: follows the CSN log, runs transactions, serves snapshots."""

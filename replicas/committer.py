@@ -1,0 +1,422 @@
+"""Group commit: the commits waiting on one replica share one ZooKeeper multi and one CSN.
+
+One thread takes every commit that is waiting, decides each with the conflict rules against the
+commits that happened since its snapshot, and writes all accepted ones in one multi (see
+:mod:`coordinator.zklog`). Two members of a batch never check the same target, so their verdicts
+cannot depend on each other: a member that would is held for the next batch. When a checked
+target moved between our read and the multi, the whole batch is decided again (tenacity).
+
+When the rules let a later transaction succeed after something committed on its target, the
+transaction is rebased: its operations are replayed on the current parts. Inserts and overwrites
+replay as metadata; a delete, update or compaction whose input parts are still there keeps the
+parts it wrote; only one whose inputs were rewritten meanwhile is redone on the current parts.
+
+If the connection to ZooKeeper drops during the multi, the outcome is looked up in the log
+(after a ``sync``) before anybody is answered: the caller learns committed or not, never unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    NodeExistsError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random
+
+from coordinator.catalog import TableDef
+from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check
+from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
+from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
+from coordinator.versions import csn_of, epoch_full
+from parts.format import PartMeta
+from parts.ops import partition_key
+from replicas.transactions import Effect, Op, RunningTxn
+
+log = logging.getLogger(__name__)
+
+UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
+MAX_BATCH = 512
+
+
+class NeedKeys(Exception):
+    """A member's rebased effect checks targets whose versions were not read: read them too."""
+
+
+@dataclass
+class Pending:
+    txn: RunningTxn | None = None
+    table: TableDef | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    csn: int | None = None
+    error: Exception | None = None
+    key_hints: set[str] = field(default_factory=set)
+    extra_files: list[PartMeta] = field(default_factory=list)
+
+    def resolve(self, csn: int | None = None, error: Exception | None = None) -> None:
+        self.csn, self.error = csn, error
+        self.done.set()
+
+
+@dataclass
+class Plan:
+    effect: Effect
+    checked: set[str]
+
+
+class Committer:
+    def __init__(self, replica) -> None:
+        self.replica = replica
+        self.state = replica.state
+        self.log = replica.log
+        self._queue: deque[Pending] = deque()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="committer", daemon=True)
+        self.batches = 0
+        self.committed = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._thread.join(timeout=5)
+
+    # -- entry points ------------------------------------------------------------------------
+    def submit(self, txn: RunningTxn) -> int:
+        p = self._enqueue(Pending(txn=txn))
+        if p.error is not None:
+            raise p.error
+        return p.csn
+
+    def create_table(self, tdef: TableDef) -> int:
+        p = self._enqueue(Pending(table=tdef))
+        if p.error is not None:
+            raise p.error
+        return p.csn
+
+    def _enqueue(self, p: Pending) -> Pending:
+        with self._cond:
+            self._queue.append(p)
+            self._cond.notify()
+        p.done.wait()
+        return p
+
+    # -- the loop --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._stop.is_set():
+                    self._cond.wait(0.5)
+                if self._stop.is_set():
+                    break
+                if self._queue[0].table is not None:
+                    batch = [self._queue.popleft()]
+                else:
+                    batch = []
+                    while self._queue and self._queue[0].table is None and len(batch) < MAX_BATCH:
+                        batch.append(self._queue.popleft())
+            try:
+                if batch[0].table is not None:
+                    self._create_table(batch[0])
+                else:
+                    deferred = self._commit_batch(batch)
+                    if deferred:
+                        with self._cond:
+                            self._queue.extendleft(reversed(deferred))
+            except Exception as exc:  # never leave a caller waiting
+                log.exception("commit batch failed")
+                for p in batch:
+                    if not p.done.is_set():
+                        self._fail(p, exc if isinstance(exc, MergetxnError) else TransactionAborted(
+                            f"commit failed: {exc!r}"))
+        for p in list(self._queue):
+            self._fail(p, TransactionAborted("replica is shutting down"))
+
+    def _retrying(self) -> Retrying:
+        return Retrying(
+            retry=retry_if_exception_type((VersionMoved, NeedKeys)),
+            stop=stop_after_attempt(500) | stop_after_delay(120),
+            wait=wait_random(0, 0.005),
+            reraise=True,
+        )
+
+    # -- DDL ---------------------------------------------------------------------------------
+    def _create_table(self, p: Pending) -> None:
+        tdef = p.table
+        entry = {"v": 1, "time": time.time(), "versions": {tdef.name: 0}, "txns": [],
+                 "ddl": [{"create_table": tdef.to_dict()}]}
+        data = encode_entry(entry)
+        zk = self.log.zk
+        try:
+            for attempt in self._retrying():
+                with attempt:
+                    epoch = self.log.current_epoch()
+                    t = zk.transaction()
+                    t.create(self.log.path("tables", tdef.name), encode_entry(tdef.to_dict()))
+                    t.create(self.log.target_path(tdef.name), b"")
+                    t.check(self.log.epoch_path(epoch), 0)
+                    t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
+                    results = t.commit()
+                    if isinstance(results[0], NodeExistsError):
+                        raise InvalidInput(f"table {tdef.name!r} already exists", table=tdef.name)
+                    if any(isinstance(r, Exception) for r in results):
+                        self.log.current_epoch(refresh=True)
+                        raise VersionMoved(str(results))
+                    seq = int(results[-1].rsplit("-", 1)[1])
+                    if epoch_full(seq, self.log.epoch_size):
+                        self.log.seal(epoch)
+                    csn = csn_of(epoch, seq)
+            self.replica.follower.offer(epoch, seq, data)
+            self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
+            p.resolve(csn)
+        except MergetxnError as exc:
+            p.resolve(error=exc)
+
+    # -- transactions ------------------------------------------------------------------------
+    def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
+        deferred: list[Pending] = []
+
+        def attempt_once() -> None:
+            nonlocal deferred
+            live = [p for p in batch if not p.done.is_set()]
+            deferred = []
+            if not live:
+                return
+            deferred = self._attempt(live)
+
+        try:
+            for attempt in self._retrying():
+                with attempt:
+                    attempt_once()
+        except (VersionMoved, NeedKeys) as exc:
+            for p in batch:
+                if not p.done.is_set():
+                    self._fail(p, TransactionAborted(f"commit could not get through contention: {exc}"))
+        return [p for p in deferred if not p.done.is_set()]
+
+    def _attempt(self, members: list[Pending]) -> list[Pending]:
+        """Decide every member, commit the accepted ones in one multi; return the deferred."""
+        wanted: set[str] = set()
+        for p in members:
+            wanted |= self._initial_keys(p) | p.key_hints
+        versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+        if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
+            raise VersionMoved("this replica did not catch up with the targets' versions in time")
+        if self.state.failure is not None:
+            raise self.state.failure
+
+        accepted: list[tuple[Pending, Plan]] = []
+        taken: set[str] = set()
+        deferred: list[Pending] = []
+        for p in members:
+            try:
+                plan = self._plan(p)
+            except MergetxnError as exc:
+                self._fail(p, exc)
+                continue
+            keys = set(plan.checked)
+            missing = {k for k in keys if k not in versions}
+            if missing:
+                p.key_hints |= missing
+                deferred.append(p)
+                continue
+            if keys & taken:
+                deferred.append(p)
+                continue
+            taken |= keys
+            accepted.append((p, plan))
+        if not accepted:
+            if deferred and len(deferred) == len(members):
+                raise NeedKeys("re-reading target versions")
+            return deferred
+
+        expected = {k: versions[k] for k in taken}
+        for k, v in list(expected.items()):
+            table, pkey = k.split("/", 1)[0], ("/" in k)
+            if pkey and v is None:  # a new partition node: the table-level version moves too
+                expected[table] = versions.get(table)
+                if table not in versions:
+                    for p, _ in accepted:
+                        p.key_hints.add(table)
+                    raise NeedKeys(f"table-level version of {table}")
+        now = time.time()
+        txns = []
+        for p, plan in accepted:
+            data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks)
+            txns.append({"tid": p.txn.id, "time_version": now if data_change else None,
+                         "changes": plan.effect.changes()})
+        new_versions = {k: (0 if v is None else v + 1) for k, v in expected.items()}
+        entry = {"v": 1, "time": now, "versions": new_versions, "txns": txns}
+        data = encode_entry(entry)
+        if len(data) > MAX_INLINE_ENTRY:
+            path = f"_manifests/{uuid.uuid4().hex}.json"
+            self.replica.storage.put(path, data)
+            data = encode_entry({"v": 1, "manifest": path})
+
+        try:
+            result = self.log.commit(data, expected)
+        except UNKNOWN_OUTCOME as exc:
+            csn = self._resolve_outcome(accepted[0][0].txn.id, exc)
+            if csn is None:
+                raise VersionMoved("the commit multi did not happen; trying again") from exc
+        else:
+            csn = result.csn
+            self.replica.follower.offer(result.epoch, result.seq, data)
+        self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
+        self.batches += 1
+        for p, plan in accepted:
+            self.committed += 1
+            self.replica._finish(p.txn, "committed", csn=csn)
+            for meta in plan.effect.discarded + p.extra_files:
+                if meta.name not in plan.effect.added:
+                    self.replica._delete_file(meta.path)
+            p.resolve(csn)
+        return deferred
+
+    def _resolve_outcome(self, tid: str, exc: Exception) -> int | None:
+        """After a lost connection: did our multi commit? Answer only once we know."""
+        log.warning("connection lost during commit multi (%r); looking up %s in the log", exc, tid)
+        zk = self.log.zk
+        for attempt in Retrying(stop=stop_after_delay(300), wait=wait_random(0.05, 0.3), reraise=True):
+            with attempt:
+                if not zk.connected:
+                    raise ConnectionLoss("waiting for ZooKeeper")
+                zk.sync(self.log.path("log"))
+                self.replica.follower.pull()
+        csn = self.state.tid_csn.get(tid)
+        if csn is None and self.replica._session_lost.is_set():
+            raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
+        return csn
+
+    def _fail(self, p: Pending, exc: Exception) -> None:
+        if p.txn is not None:
+            with p.txn.lock:
+                p.txn.state = "running"  # let abort() clean it up
+            self.replica.abort(p.txn, str(exc))
+            for meta in p.extra_files:
+                self.replica._delete_file(meta.path)
+        p.resolve(error=exc)
+
+    # -- deciding ----------------------------------------------------------------------------
+    def _policy(self, table: str) -> Policy:
+        return self.replica.table(table).conflict_policy
+
+    def _initial_keys(self, p: Pending) -> set[str]:
+        keys: set[str] = set()
+        for op in p.txn.ops:
+            policy = self._policy(op.table)
+            if policy is Policy.PARTS:
+                for name in op.removed:
+                    rec = self.state.parts.get(name)
+                    if rec is not None:
+                        keys.add(target_key(op.table, rec.pkey))
+                continue
+            keys.add(op.table)
+            for m in op.added:
+                keys.add(target_key(op.table, partition_key(m.partition)))
+            for name in op.removed:
+                rec = self.state.parts.get(name)
+                if rec is not None:
+                    keys.add(target_key(op.table, rec.pkey))
+            for pk in op.partitions or ():
+                keys.add(target_key(op.table, pk))
+            if op.whole_table:
+                keys |= {target_key(op.table, pk) for pk, names in self.state.live.get(op.table, {}).items() if names}
+        return keys
+
+    def _pkeys_of(self, txn: RunningTxn, names: list[str], own: dict[str, PartMeta]) -> dict[str, str]:
+        out = {}
+        for n in names:
+            if n in own:
+                out[n] = partition_key(own[n].partition)
+                continue
+            rec = self.state.parts.get(n)
+            if rec is None:
+                raise InvalidInput(f"transaction {txn.id} removes unknown part {n}")
+            out[n] = rec.pkey
+        return out
+
+    def _fold(self, txn: RunningTxn, ops: list[Op]) -> Effect:
+        eff = Effect()
+        for op in ops:
+            eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
+        return eff
+
+    def _plan(self, p: Pending) -> Plan:
+        txn = p.txn
+        eff = self._fold(txn, txn.ops)
+        if self._verdicts(txn, eff):
+            eff = self._replay(p)
+            self._verdicts(txn, eff)
+        return Plan(eff, self._checked_keys(eff))
+
+    def _verdicts(self, txn: RunningTxn, eff: Effect) -> bool:
+        """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""
+        rebase = False
+        for (table, pkey), kinds in sorted(eff.kinds.items()):
+            policy = self._policy(table)
+            winners = self.state.winners(table, pkey, txn.snapshot)
+            v = check(policy, Summary(txn.id, frozenset(kinds), eff.removed_in(table, pkey)), winners)
+            if not v.ok:
+                where = f"table {table!r}" + (f" partition {pkey}" if pkey != "[]" else "")
+                raise ConflictError(
+                    f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
+                    winner=v.winner, table=table, partition=pkey,
+                )
+            rebase |= v.rebase
+        for table in eff.whole_tables:
+            if self._policy(table) is not Policy.PARTS:
+                rebase |= any(
+                    self.state.winners(t, pk, txn.snapshot) for (t, pk) in list(self.state.history) if t == table
+                )
+        return rebase
+
+    def _checked_keys(self, eff: Effect) -> set[str]:
+        keys: set[str] = set()
+        for (table, pkey), _ in eff.kinds.items():
+            policy = self._policy(table)
+            if policy is Policy.PARTS and not eff.removed_in(table, pkey):
+                continue
+            keys.add(target_key(table, pkey))
+        for table in eff.whole_tables:
+            if self._policy(table) is not Policy.PARTS:
+                keys.add(table)
+                keys |= {target_key(table, pk) for pk, names in self.state.live.get(table, {}).items() if names}
+        return keys
+
+    def _replay(self, p: Pending) -> Effect:
+        """Re-apply the transaction's operations on the parts as they are now."""
+        from parts import rewrite
+
+        txn = p.txn
+        eff = Effect()
+        for op in txn.ops:
+            tdef = self.replica.table(op.table)
+            if tdef.conflict_policy is Policy.PARTS or op.op == "insert":
+                eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
+                continue
+            pkeys = None if op.whole_table else op.partitions
+            own_removed = set(eff.removed) | {m.name for m in eff.discarded}
+            current = self.state.visible(op.table, self.state.applied, txn.id, list(eff.added.values()),
+                                         own_removed, pkeys)
+            if op.op in ("overwrite", "truncate"):
+                new_added = {m.name for m in op.added}
+                op = replace(op, removed=[m.name for m in current if m.name not in new_added])
+            elif not set(op.removed) <= {m.name for m in current}:
+                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id)
+                p.extra_files.extend(op.added)
+            eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
+        return eff

@@ -1,0 +1,430 @@
+"""The replica: follows the log, runs transactions for its clients, serves snapshots.
+
+Threads: the follower (applies the log), the committer (group commit), a reaper (transaction
+limits), and the RPC server's workers calling the methods below. Running transactions live in
+memory only: if the process dies they are gone, and on restart every part they wrote is removed
+because no commit ever named it (the WAL's ``staged`` records say which files to remove).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
+
+from coordinator.catalog import TableDef
+from coordinator.errors import (
+    CorruptMetadata,
+    InvalidInput,
+    ReplicaUnavailable,
+    SnapshotUnavailable,
+    TableNotFound,
+    TransactionAborted,
+)
+from coordinator.versions import Tid, check_host_id, local_counter, split_csn
+from coordinator.zklog import CsnLog, encode_entry
+from parts.format import PartMeta
+from parts.storage import Storage
+from replicas.follower import Follower
+from replicas.state import ReplicaState
+from replicas.transactions import Op, RunningTxn
+from replicas.wal import Wal
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReplicaConfig:
+    zk: str
+    storage_url: str
+    host_id: str
+    data_dir: Path
+    root: str = "/mergetxn"
+    epoch_size: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    txn_max_seconds: float = 3600.0
+    txn_max_rows: int = 100_000_000
+    read_wait_seconds: float = 30.0
+    session_timeout: float = 10.0
+    storage_options: dict | None = field(default=None, repr=False)
+
+
+class Replica:
+    def __init__(self, config: ReplicaConfig) -> None:
+        check_host_id(config.host_id)
+        self.config = config
+        self.host_id = config.host_id
+        self.storage = Storage(config.storage_url, config.storage_options)
+        self.state = ReplicaState()
+        self.txns: dict[str, RunningTxn] = {}
+        self.finished: dict[str, RunningTxn] = {}
+        self._txn_lock = threading.Lock()
+        self._counter = itertools.count()
+        self._stop = threading.Event()
+        self.incarnation = 0
+        self.address = ""
+        self.zk = KazooClient(
+            hosts=config.zk,
+            timeout=config.session_timeout,
+            connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
+            command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
+        )
+        self.log = CsnLog(self.zk, config.root, config.epoch_size)
+        self.wal: Wal | None = None
+        self.follower: Follower | None = None
+        self.committer = None
+        self._session_lost = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        data_dir = Path(self.config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.wal = Wal(data_dir / "wal.log")
+        staged: dict[str, list[str]] = {}
+        for rec in self.wal.records():
+            if "entry" in rec:
+                self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
+            elif "staged" in rec:
+                staged.setdefault(rec["staged"], []).extend(rec.get("paths", ()))
+        self.zk.add_listener(self._on_zk_state)
+        self.zk.start(timeout=max(30.0, self.config.session_timeout))
+        self.log.ensure_layout()
+        self._register()
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest)
+        self.follower.pull()
+        self.follower.start()
+        self._remove_uncommitted(staged)
+        from replicas.committer import Committer
+
+        self.committer = Committer(self)
+        self.committer.start()
+        threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.committer is not None:
+            self.committer.stop()
+        if self.follower is not None:
+            self.follower.stop()
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except Exception:  # pragma: no cover - shutting down anyway
+            pass
+        if self.wal is not None:
+            self.wal.close()
+
+    def _register(self) -> None:
+        """Bump this host's incarnation (tids stay unique across restarts) and say we are alive."""
+        node = self.log.path("replicas", self.host_id)
+        self.zk.retry(self.zk.ensure_path, node)
+        stat = self.zk.retry(self.zk.set, node, json.dumps({"host_id": self.host_id}).encode())
+        self.incarnation = stat.version
+        self._publish_alive()
+
+    def _publish_alive(self) -> None:
+        node = self.log.path("replicas", self.host_id, "alive")
+        data = json.dumps({"address": self.address, "incarnation": self.incarnation}).encode()
+        try:
+            self.zk.retry(self.zk.create, node, data, ephemeral=True)
+        except NodeExistsError:
+            try:
+                self.zk.retry(self.zk.delete, node)
+            except NoNodeError:
+                pass
+            self.zk.retry(self.zk.create, node, data, ephemeral=True)
+
+    def set_address(self, address: str) -> None:
+        self.address = address
+        self._publish_alive()
+
+    def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self._session_lost.set()
+            self.abort_all(f"replica {self.host_id} lost its ZooKeeper session")
+        elif state == KazooState.CONNECTED and self._session_lost.is_set():
+            self._session_lost.clear()
+            threading.Thread(target=self._after_new_session, daemon=True).start()
+        if self.follower is not None:
+            self.follower.poke()
+
+    def _after_new_session(self) -> None:
+        try:
+            self._publish_alive()
+        except Exception as exc:  # pragma: no cover - retried on the next session event
+            log.warning("could not re-register after a new session: %r", exc)
+
+    def _load_manifest(self, pointer: dict) -> dict:
+        from coordinator.zklog import decode_entry
+
+        path = str(pointer["manifest"])
+        try:
+            data = self.storage.get(path)
+        except Exception as exc:
+            raise CorruptMetadata(f"manifest {path} named by the log cannot be read: {exc}") from exc
+        return decode_entry(data, path)
+
+    def _remove_uncommitted(self, staged: dict[str, list[str]]) -> None:
+        """Parts written by transactions that never committed are never visible: delete them."""
+        for tid, paths in staged.items():
+            if tid in self.state.tid_csn:
+                continue
+            for p in paths:
+                self._delete_file(p)
+
+    def _delete_file(self, relpath: str) -> None:
+        try:
+            self.storage.delete(relpath)
+            if relpath.endswith(".parquet"):
+                self.storage.delete(relpath[: -len(".parquet")] + ".json")
+        except Exception as exc:
+            log.warning("could not delete %s: %r", relpath, exc)
+
+    def _reaper(self) -> None:
+        while not self._stop.wait(0.5):
+            now = time.monotonic()
+            for txn in list(self.txns.values()):
+                if txn.state == "running" and now - txn.started > self.config.txn_max_seconds:
+                    self.abort(txn, f"transaction {txn.id} exceeded its time limit of {self.config.txn_max_seconds:g}s")
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def snapshot(self) -> int:
+        return self.state.applied
+
+    def wait_snapshot(self, csn: int) -> None:
+        """Block until ``csn`` is applied here (bounded), or raise a clear error."""
+        if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
+            raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
+        if self.state.failure is not None:
+            raise self.state.failure
+        if csn <= self.state.applied:
+            return
+        epoch, seq = split_csn(csn)
+        if self.log.fetch(epoch, seq) is None:
+            raise SnapshotUnavailable(
+                f"snapshot {csn} is newer than the log (latest applied here: {self.state.applied})",
+                snapshot=csn, latest=self.state.applied,
+            )
+        self.follower.poke()
+        if not self.state.wait_applied(csn, self.config.read_wait_seconds) or self.state.applied < csn:
+            if self.state.failure is not None:
+                raise self.state.failure
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} did not apply snapshot {csn} within {self.config.read_wait_seconds:g}s "
+                f"(applied: {self.state.applied})"
+            )
+
+    def resolve_snapshot(self, snapshot: int | None, as_of: float | None) -> int:
+        if snapshot is not None and as_of is not None:
+            raise InvalidInput("give either snapshot or as_of, not both")
+        if as_of is not None:
+            return self.state.csn_at_time(float(as_of))
+        if snapshot is None:
+            return self.state.applied
+        self.wait_snapshot(snapshot)
+        return snapshot
+
+    # -- tables ------------------------------------------------------------------------------
+    def table(self, name: str, snapshot: int | None = None) -> TableDef:
+        if not isinstance(name, str):
+            raise InvalidInput(f"table name must be a string, not {type(name).__name__}")
+        t = self.state.table(name, snapshot)
+        if t is None:
+            from parts.ops import validate_name
+
+            validate_name("table", name)
+            raise TableNotFound(f"unknown table {name!r}", table=name)
+        return t
+
+    def create_table(self, tdef: TableDef) -> int:
+        return self.committer.create_table(tdef)
+
+    # -- transactions ------------------------------------------------------------------------
+    def begin(self) -> RunningTxn:
+        if self._session_lost.is_set() or not self.zk.connected:
+            raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
+        tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
+        txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
+        with self._txn_lock:
+            self.txns[txn.id] = txn
+        return txn
+
+    def txn(self, txn_id: str) -> RunningTxn:
+        with self._txn_lock:
+            txn = self.txns.get(txn_id) or self.finished.get(txn_id)
+        if txn is None:
+            raise TransactionAborted(f"transaction {txn_id} is not running on replica {self.host_id}", id=txn_id)
+        return txn
+
+    def running(self, txn_id: str) -> RunningTxn:
+        txn = self.txn(txn_id)
+        if txn.state != "running":
+            raise TransactionAborted(
+                f"transaction {txn_id} is {txn.state}" + (f": {txn.reason}" if txn.reason else ""), id=txn_id
+            )
+        if time.monotonic() - txn.started > self.config.txn_max_seconds:
+            self.abort(txn, f"transaction {txn.id} exceeded its time limit of {self.config.txn_max_seconds:g}s")
+            raise TransactionAborted(txn.reason, id=txn_id)
+        return txn
+
+    def stage(self, txn_id: str, op: Op) -> None:
+        txn = self.running(txn_id)
+        table = self.table(op.table, None)
+        own_added, own_removed = txn.own_parts()
+        own_names = {m.name for m in own_added}
+        visible = None
+        for name in op.removed:
+            if name in own_names:
+                continue
+            if visible is None:
+                visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
+            if name not in visible:
+                raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+        for meta in op.added:
+            if meta.table != table.name:
+                raise InvalidInput(f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}")
+        with txn.lock:
+            if txn.state != "running":
+                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
+            if txn.rows + op.rows > self.config.txn_max_rows:
+                reason = (f"transaction {txn.id} exceeded its row limit of {self.config.txn_max_rows} "
+                          f"({txn.rows + op.rows} rows staged)")
+                self._abort_locked(txn, reason, [op])
+                raise TransactionAborted(reason, id=txn.id)
+            txn.ops.append(op)
+            txn.rows += op.rows
+        if op.added:
+            self.wal.append([{"staged": txn.id, "paths": [m.path for m in op.added]}], sync=False)
+
+    def visible_parts(self, table: str, txn_id: str | None = None, snapshot: int | None = None,
+                      as_of: float | None = None, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
+        if txn_id is not None:
+            txn = self.running(txn_id)
+            self.table(table, None)
+            added, removed = txn.own_parts()
+            return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+        snap = self.resolve_snapshot(snapshot, as_of)
+        self.table(table, snap)
+        return snap, self.state.visible(table, snap, pkeys=pkeys)
+
+    def commit(self, txn_id: str) -> int:
+        txn = self.running(txn_id)
+        with txn.lock:
+            if txn.state != "running":
+                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
+            txn.state = "committing"
+        if not txn.ops:
+            self._finish(txn, "committed", csn=txn.snapshot)
+            return txn.snapshot
+        return self.committer.submit(txn)
+
+    def rollback(self, txn_id: str, reason: str = "rolled back") -> None:
+        txn = self.txn(txn_id)
+        if txn.state in ("committed", "committing"):
+            raise InvalidInput(f"transaction {txn_id} is {txn.state} and cannot be rolled back")
+        self.abort(txn, reason)
+
+    def abort(self, txn: RunningTxn, reason: str) -> bool:
+        with txn.lock:
+            if txn.state != "running":
+                return False
+            self._abort_locked(txn, reason, [])
+        return True
+
+    def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[Op]) -> None:
+        txn.state, txn.reason = "aborted", reason
+        self._retire(txn)
+        for op in txn.ops + extra_ops:
+            for meta in op.added:
+                self._delete_file(meta.path)
+
+    def abort_all(self, reason: str) -> None:
+        for txn in list(self.txns.values()):
+            self.abort(txn, reason)
+
+    def _finish(self, txn: RunningTxn, state: str, csn: int | None = None, reason: str = "") -> None:
+        txn.state, txn.csn, txn.reason = state, csn, reason
+        self._retire(txn)
+
+    def _retire(self, txn: RunningTxn) -> None:
+        with self._txn_lock:
+            self.txns.pop(txn.id, None)
+            self.finished[txn.id] = txn
+            while len(self.finished) > 10_000:
+                self.finished.pop(next(iter(self.finished)))
+
+    def kill(self, txn_id: str) -> dict:
+        txn = self.txn(txn_id)
+        self.abort(txn, f"transaction {txn_id} was killed by an operator")
+        return txn.describe()
+
+    def transactions(self) -> list[dict]:
+        with self._txn_lock:
+            return [t.describe() for t in self.txns.values()]
+
+    def commit_status(self, tid: str) -> dict:
+        try:
+            Tid.parse(tid)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        csn = self.state.tid_csn.get(tid)
+        if csn is not None:
+            return {"tid": tid, "status": "committed", "csn": csn, "reason": ""}
+        with self._txn_lock:
+            txn = self.txns.get(tid) or self.finished.get(tid)
+        if txn is not None:
+            return {"tid": tid, "status": txn.state, "csn": txn.csn, "reason": txn.reason}
+        host = Tid.parse(tid).host_id
+        if host == self.host_id:
+            return {"tid": tid, "status": "aborted", "csn": None,
+                    "reason": "not committed; not running on this replica (it ended or the replica restarted)"}
+        return {"tid": tid, "status": "not_committed", "csn": None,
+                "reason": f"not in the log up to CSN {self.state.applied}; ask replica {host} whether it still runs"}
+
+    # -- introspection -----------------------------------------------------------------------
+    def part_records(self, table: str) -> list[dict]:
+        self.table(table)
+        with self.state.lock:
+            names = sorted(self.state.by_table.get(table, ()))
+            latest = self.state.applied
+            out = []
+            for n in names:
+                rec = self.state.parts[n]
+                out.append({
+                    "name": n,
+                    "partition": json.dumps(list(rec.meta.partition)),
+                    "path": rec.meta.path,
+                    "rows": rec.meta.rows,
+                    "size": rec.meta.size,
+                    "creation_tid": rec.meta.creation_tid,
+                    "creation_csn": rec.creation_csn,
+                    "removal_tid": rec.removal_tid,
+                    "removal_csn": rec.removal_csn,
+                    "visible": rec.removal_csn is None or rec.removal_csn > latest,
+                })
+        return out
+
+    def info(self) -> dict:
+        return {
+            "host_id": self.host_id,
+            "address": self.address,
+            "storage_url": self.storage.url,
+            "zk": self.config.zk,
+            "root": self.log.root,
+            "snapshot": self.state.applied,
+            "epoch_size": self.log.epoch_size,
+            "incarnation": self.incarnation,
+            "tables": sorted(self.state.tables),
+        }
+
+    def entry_bytes(self, entry: dict) -> bytes:
+        return encode_entry(entry)

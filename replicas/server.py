@@ -1,0 +1,171 @@
+"""The replica's network face: Arrow Flight actions carrying JSON.
+
+Every action takes a JSON object and answers ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": {"type", "message", "details"}}``, so the client re-raises the same
+error class (see :mod:`coordinator.errors`). Data never passes through here: clients read and
+write part files in storage themselves and exchange part descriptors with the replica.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+import pyarrow.flight as flight
+
+from coordinator.catalog import TableDef
+from coordinator.errors import InvalidInput, MergetxnError
+from parts.ops import partition_key
+from replicas.replica import Replica, ReplicaConfig
+from replicas.transactions import Op
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaServer(flight.FlightServerBase):
+    def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(f"grpc://{host}:{port}")
+        self.replica = replica
+        self.address = f"{host}:{self.port}"
+        self.handlers = {
+            "info": lambda a: replica.info(),
+            "create_table": self._create_table,
+            "table": lambda a: replica.table(a["name"], a.get("snapshot")).to_dict(),
+            "tables": lambda a: sorted(replica.state.tables),
+            "begin": self._begin,
+            "stage": lambda a: replica.stage(a["id"], Op.from_dict(a["op"])),
+            "visible": self._visible,
+            "commit": lambda a: {"csn": replica.commit(a["id"])},
+            "rollback": lambda a: replica.rollback(a["id"]),
+            "kill": lambda a: replica.kill(a["id"]),
+            "snapshot": lambda a: {"snapshot": replica.snapshot()},
+            "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
+            "transactions": lambda a: replica.transactions(),
+            "parts": lambda a: replica.part_records(a["table"]),
+            "commit_status": lambda a: replica.commit_status(a["tid"]),
+            "compact": self._compact,
+        }
+
+    def do_action(self, context, action):
+        try:
+            handler = self.handlers.get(action.type)
+            if handler is None:
+                raise InvalidInput(f"unknown replica action {action.type!r}")
+            try:
+                args = json.loads(action.body.to_pybytes() or b"{}")
+            except ValueError as exc:
+                raise InvalidInput(f"request body is not JSON: {exc}") from None
+            reply = {"ok": True, "result": handler(args)}
+        except MergetxnError as exc:
+            reply = {"ok": False, "error": exc.to_dict()}
+        except KeyError as exc:
+            reply = {"ok": False, "error": InvalidInput(f"request lacks field {exc}").to_dict()}
+        except Exception as exc:  # report, do not kill the server thread
+            log.exception("action %s failed", action.type)
+            reply = {"ok": False, "error": MergetxnError(f"{action.type} failed on the replica: {exc!r}").to_dict()}
+        yield flight.Result(json.dumps(reply).encode())
+
+    def list_actions(self, context):
+        return [(name, "") for name in sorted(self.handlers)]
+
+    def _create_table(self, a: dict) -> dict:
+        from parts.ops import schema_from_json
+
+        tdef = TableDef.new(
+            a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
+            a.get("conflict_policy", "parts"), a.get("auto_merge", True),
+        )
+        return {"csn": self.replica.create_table(tdef)}
+
+    def _begin(self, a: dict) -> dict:
+        txn = self.replica.begin()
+        return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot}
+
+    def _visible(self, a: dict) -> dict:
+        pkeys = None
+        if a.get("partitions") is not None:
+            pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
+        snap, metas = self.replica.visible_parts(a["table"], a.get("id"), a.get("snapshot"), a.get("as_of"), pkeys)
+        return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
+
+    def _compact(self, a: dict) -> dict:
+        from parts import rewrite
+
+        replica = self.replica
+        table = replica.table(a["table"])
+        txn = replica.begin()
+        try:
+            pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
+            _, visible = replica.visible_parts(table.name, txn.id, pkeys=pkeys)
+            kind = a.get("kind", "minor")
+            result = rewrite.compact(replica.storage, table, visible, kind, txn.id)
+            op = Op("compact", table.name, added=result.added, removed=result.removed, partitions=pkeys,
+                    compact_kind=kind, rows=sum(m.rows for m in result.added))
+            if op.removed:
+                replica.stage(txn.id, op)
+            csn = replica.commit(txn.id)
+        except BaseException:
+            if txn.state == "running":
+                replica.abort(txn, "compaction failed")
+            raise
+        return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
+
+
+def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
+    """Run a replica until SIGTERM/SIGINT; print ``READY <address>`` once it serves."""
+    replica = Replica(config)
+    replica.start()
+    server = ReplicaServer(replica, config.host, config.port)
+    replica.set_address(server.address)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=server.serve, daemon=True).start()
+    if ready_file is not None:
+        tmp = Path(str(ready_file) + ".tmp")
+        tmp.write_text(server.address)
+        os.replace(tmp, ready_file)
+    print(f"READY {server.address}", flush=True)
+    stop.wait()
+    server.shutdown()
+    replica.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m replicas.server")
+    p.add_argument("--zk", required=True)
+    p.add_argument("--storage", required=True)
+    p.add_argument("--host-id", required=True)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--root", default="/mergetxn")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--epoch-size", type=int, default=None)
+    p.add_argument("--txn-max-seconds", type=float, default=3600.0)
+    p.add_argument("--txn-max-rows", type=int, default=100_000_000)
+    p.add_argument("--session-timeout", type=float, default=10.0)
+    p.add_argument("--ready-file", default=None)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("MERGETXN_LOG", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = ReplicaConfig(
+        zk=a.zk, storage_url=a.storage, host_id=a.host_id, data_dir=Path(a.data_dir), root=a.root,
+        epoch_size=a.epoch_size, host=a.host, port=a.port, txn_max_seconds=a.txn_max_seconds,
+        txn_max_rows=a.txn_max_rows, session_timeout=a.session_timeout,
+    )
+    serve(config, Path(a.ready_file) if a.ready_file else None)
+
+
+if __name__ == "__main__":
+    main()

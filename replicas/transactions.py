@@ -1,0 +1,177 @@
+"""Running transactions on one replica: their staged operations and how those fold into changes.
+
+A transaction stages operations (insert, overwrite, truncate, delete, update, compact), each with
+the parts it added and removed. :func:`fold` turns the operation list into the effect the commit
+entry carries: parts added and removed per target, and the operation kinds per target that the
+conflict rules look at.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from coordinator.conflicts import Kind
+from coordinator.errors import InvalidInput
+from coordinator.versions import Tid
+from parts.format import PartMeta
+from parts.ops import partition_key
+
+OP_KINDS = {
+    "insert": Kind.INSERT,
+    "overwrite": Kind.OVERWRITE,
+    "truncate": Kind.OVERWRITE,
+    "delete": Kind.MUTATE,
+    "update": Kind.MUTATE,
+}
+COMPACT_KINDS = {"minor": Kind.MINOR_COMPACT, "major": Kind.MAJOR_COMPACT}
+
+
+@dataclass
+class Op:
+    """One staged statement. ``partitions`` None with ``whole_table`` means every partition."""
+
+    op: str
+    table: str
+    added: list[PartMeta] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    partitions: list[str] | None = None
+    whole_table: bool = False
+    where: str | None = None  # substrait, base64
+    assignments: str | None = None  # encoded by parts.ops.encode_assignments
+    compact_kind: str | None = None
+    rows: int = 0
+
+    @property
+    def kind(self) -> Kind:
+        if self.op == "compact":
+            return COMPACT_KINDS[self.compact_kind or "minor"]
+        return OP_KINDS[self.op]
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Op:
+        op = d.get("op")
+        if op not in OP_KINDS and op != "compact":
+            raise InvalidInput(f"unknown operation {op!r}")
+        if op == "compact" and d.get("compact_kind") not in COMPACT_KINDS:
+            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {d.get('compact_kind')!r}")
+        added = [PartMeta.from_dict(m) for m in d.get("added") or ()]
+        return cls(
+            op=op,
+            table=str(d["table"]),
+            added=added,
+            removed=[str(n) for n in d.get("removed") or ()],
+            partitions=None if d.get("partitions") is None else [str(p) for p in d["partitions"]],
+            whole_table=bool(d.get("whole_table")),
+            where=d.get("where"),
+            assignments=d.get("assignments"),
+            compact_kind=d.get("compact_kind"),
+            rows=0 if op == "compact" else sum(m.rows for m in added),
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "op": self.op,
+            "table": self.table,
+            "added": [m.to_dict() for m in self.added],
+            "removed": list(self.removed),
+            "partitions": self.partitions,
+            "whole_table": self.whole_table,
+            "where": self.where,
+            "assignments": self.assignments,
+            "compact_kind": self.compact_kind,
+        }
+
+
+@dataclass
+class Effect:
+    """The folded result of a transaction's operations."""
+
+    added: dict[str, PartMeta] = field(default_factory=dict)
+    removed: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (table, pkey)
+    kinds: dict[tuple[str, str], set[Kind]] = field(default_factory=lambda: defaultdict(set))
+    whole_tables: set[str] = field(default_factory=set)
+    discarded: list[PartMeta] = field(default_factory=list)  # own parts removed again
+
+    def add_op(self, op: Op, removed_pkeys: dict[str, str]) -> None:
+        """Fold one operation in; ``removed_pkeys`` gives the partition of committed parts."""
+        for name in op.removed:
+            own = self.added.pop(name, None)
+            if own is not None:
+                self.discarded.append(own)
+                self.kinds[(op.table, partition_key(own.partition))].add(op.kind)
+            else:
+                pkey = removed_pkeys[name]
+                self.removed[name] = (op.table, pkey)
+                self.kinds[(op.table, pkey)].add(op.kind)
+        for meta in op.added:
+            self.added[meta.name] = meta
+            self.kinds[(op.table, partition_key(meta.partition))].add(op.kind)
+        for pkey in op.partitions or ():
+            self.kinds[(op.table, pkey)].add(op.kind)
+        if op.whole_table:
+            self.whole_tables.add(op.table)
+
+    def removed_in(self, table: str, pkey: str) -> frozenset[str]:
+        return frozenset(n for n, tp in self.removed.items() if tp == (table, pkey))
+
+    def changes(self) -> list[dict]:
+        """Per-target change records for the log entry, deterministic order."""
+        out = []
+        for (table, pkey), kinds in sorted(self.kinds.items()):
+            out.append({
+                "table": table,
+                "pkey": pkey,
+                "kinds": sorted(k.value for k in kinds),
+                "added": [m.to_dict() for m in sorted(self.added.values(), key=lambda m: m.name)
+                          if m.table == table and partition_key(m.partition) == pkey],
+                "removed": sorted(self.removed_in(table, pkey)),
+            })
+        return out
+
+
+@dataclass
+class RunningTxn:
+    tid: Tid
+    snapshot: int
+    started: float = field(default_factory=time.monotonic)
+    started_wall: float = field(default_factory=time.time)
+    ops: list[Op] = field(default_factory=list)
+    state: str = "running"  # running | committing | committed | aborted
+    reason: str = ""
+    csn: int | None = None
+    rows: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def id(self) -> str:
+        return str(self.tid)
+
+    def own_parts(self) -> tuple[list[PartMeta], set[str]]:
+        """Parts this transaction added and still keeps, and committed parts it removed."""
+        added: dict[str, PartMeta] = {}
+        removed: set[str] = set()
+        for op in self.ops:
+            for n in op.removed:
+                if added.pop(n, None) is None:
+                    removed.add(n)
+            for m in op.added:
+                added[m.name] = m
+        return list(added.values()), removed
+
+    def describe(self) -> dict:
+        return {
+            "id": self.id,
+            "tid": list(self.tid),
+            "snapshot": self.snapshot,
+            "state": self.state,
+            "age_seconds": round(time.monotonic() - self.started, 3),
+            "started_at": self.started_wall,
+            "operations": len(self.ops),
+            "rows": self.rows,
+            "tables": sorted({op.table for op in self.ops}),
+            "reason": self.reason,
+            "csn": self.csn,
+        }

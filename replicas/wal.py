@@ -1,0 +1,95 @@
+"""The replica's local write-ahead log.
+
+Records are ``<length:u32><crc32:u32><payload>``, appended and fsynced in batches. On open,
+records are read until the first one that is short or fails its checksum: a crash while
+appending leaves at most a torn last record, which is dropped (the file is truncated there)
+rather than treated as fatal, because the entry it held is still in ZooKeeper's log.
+A bad record followed by good ones is not a torn tail but corruption, and is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from coordinator.errors import CorruptMetadata
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">II")
+MAX_RECORD = 256 * 1024 * 1024
+
+
+class Wal:
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self.dropped_tail = 0
+        self._records = list(self._scan())
+        self._fh = open(self.path, "ab")
+
+    def _scan(self) -> Iterator[dict]:
+        if not self.path.exists():
+            return
+        data = self.path.read_bytes()
+        pos = 0
+        good_end = 0
+        while pos < len(data):
+            if pos + _HEADER.size > len(data):
+                break
+            length, crc = _HEADER.unpack_from(data, pos)
+            body = data[pos + _HEADER.size: pos + _HEADER.size + length]
+            if length > MAX_RECORD or len(body) < length or zlib.crc32(body) != crc:
+                if self._valid_record_follows(data, pos + 1):
+                    raise CorruptMetadata(f"WAL {self.path} has a corrupt record at byte {pos} followed by valid ones")
+                break
+            try:
+                record = json.loads(body)
+            except ValueError as exc:
+                raise CorruptMetadata(f"WAL {self.path} record at byte {pos} does not parse: {exc}") from exc
+            pos += _HEADER.size + length
+            good_end = pos
+            yield record
+        if good_end < len(data):
+            self.dropped_tail = len(data) - good_end
+            log.warning("WAL %s: dropping a torn last record (%d bytes)", self.path, self.dropped_tail)
+            with open(self.path, "r+b") as fh:
+                fh.truncate(good_end)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    @staticmethod
+    def _valid_record_follows(data: bytes, start: int) -> bool:
+        """Whether a well-formed record starts anywhere after a bad one (so it was not a tail)."""
+        for pos in range(start, min(len(data) - _HEADER.size, start + (1 << 16))):
+            length, crc = _HEADER.unpack_from(data, pos)
+            end = pos + _HEADER.size + length
+            if 0 < length <= len(data) - pos - _HEADER.size and zlib.crc32(data[pos + _HEADER.size:end]) == crc:
+                return True
+        return False
+
+    def records(self) -> list[dict]:
+        """The records found when the WAL was opened, in order."""
+        return self._records
+
+    def append(self, records: list[dict], sync: bool = True) -> None:
+        buf = bytearray()
+        for r in records:
+            body = json.dumps(r, separators=(",", ":")).encode()
+            buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
+        with self._lock:
+            self._fh.write(buf)
+            self._fh.flush()
+            if sync:
+                os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
