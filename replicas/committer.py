@@ -213,6 +213,8 @@ class Committer:
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
         versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+        if versions:
+            self.replica.follower.poke()
         if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
             raise VersionMoved("this replica did not catch up with the targets' versions in time")
         if self.state.failure is not None:

@@ -150,7 +150,8 @@ class Replica:
     def _on_zk_state(self, state: str) -> None:
         if state == KazooState.LOST:
             self._session_lost.set()
-            self.abort_all(f"replica {self.host_id} lost its ZooKeeper session")
+            reason = f"replica {self.host_id} lost its ZooKeeper session"
+            threading.Thread(target=self.abort_all, args=(reason,), name="abort-all", daemon=True).start()
         elif state == KazooState.CONNECTED and self._session_lost.is_set():
             self._session_lost.clear()
             threading.Thread(target=self._after_new_session, daemon=True).start()
