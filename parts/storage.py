@@ -1,0 +1,396 @@
+"""Where part files live: a local directory (the default) or any fsspec URL (``s3://`` through
+s3fs, ``memory://`` for tests).
+
+Parts are immutable and are only ever written whole, so the store needs just whole-object
+operations. ``put`` is atomic and durable on every backend, because a commit in ZooKeeper may
+reference a part the moment ``put`` returns and no reader may ever see half a file: locally it
+writes a temporary file, fsyncs it, renames it into place and fsyncs the directory; an object
+store makes a single PUT visible all at once.
+
+Credentials given in ``options`` (or taken from the AWS environment variables) never appear in
+``repr``/``str`` or in the messages of errors raised here.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+import socket
+import uuid
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from coordinator.errors import InvalidInput
+
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "key", "credential", "session")
+_BAD_SEGMENTS = {"", ".", ".."}
+_TMP_MARK = ".tmp-"
+
+
+def _validate_relpath(relpath: str, *, allow_empty: bool = False) -> str:
+    """Reject paths that could escape the storage root or differ between backends."""
+    if not isinstance(relpath, str):
+        raise InvalidInput(f"storage path must be a string, got {type(relpath).__name__}")
+    if relpath == "" and allow_empty:
+        return relpath
+    if relpath == "":
+        raise InvalidInput("storage path is empty")
+    if relpath.startswith("/"):
+        raise InvalidInput(f"storage path {relpath!r} must be relative (leading '/')")
+    if "\\" in relpath or "\x00" in relpath:
+        raise InvalidInput(f"storage path {relpath!r} contains '\\' or NUL")
+    segments = relpath.split("/")
+    if allow_empty and segments[-1] == "":
+        segments = segments[:-1]
+    if any(seg in _BAD_SEGMENTS for seg in segments):
+        raise InvalidInput(f"storage path {relpath!r} has an empty, '.' or '..' component")
+    return relpath
+
+
+def _display_url(url: str) -> str:
+    """The URL without any user:password part, safe to print."""
+    parts = urlsplit(url)
+    if parts.scheme and "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]
+        return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+    return url
+
+
+def _collect_secrets(options: Any, out: set[str], sensitive: bool = False) -> None:
+    if isinstance(options, dict):
+        for k, v in options.items():
+            name = str(k).lower()
+            _collect_secrets(v, out, sensitive or any(w in name for w in _SECRET_WORDS))
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            _collect_secrets(v, out, sensitive)
+    elif sensitive and isinstance(options, (str, bytes)) and len(options) > 0:
+        out.add(options.decode("utf-8", "replace") if isinstance(options, bytes) else options)
+
+
+def _s3_env_options() -> dict[str, Any]:
+    """s3fs options from the usual AWS variables (used when no options were given)."""
+    opts: dict[str, Any] = {}
+    env = os.environ
+    if env.get("AWS_ACCESS_KEY_ID"):
+        opts["key"] = env["AWS_ACCESS_KEY_ID"]
+    if env.get("AWS_SECRET_ACCESS_KEY"):
+        opts["secret"] = env["AWS_SECRET_ACCESS_KEY"]
+    if env.get("AWS_SESSION_TOKEN"):
+        opts["token"] = env["AWS_SESSION_TOKEN"]
+    endpoint = env.get("AWS_ENDPOINT_URL") or env.get("MERGETXN_S3_ENDPOINT")
+    if endpoint:
+        opts["endpoint_url"] = endpoint
+    return opts
+
+
+class Storage:
+    """A root under which parts are stored, addressed by '/'-separated relative paths."""
+
+    def __init__(self, url: str, options: dict | None = None) -> None:
+        if not isinstance(url, str) or not url.strip():
+            raise InvalidInput("storage url must be a non-empty string")
+        if options is not None and not isinstance(options, dict):
+            raise InvalidInput(f"storage options must be a dict, got {type(options).__name__}")
+        self._url = url
+        scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+        if scheme in ("s3", "s3a") and options is None:
+            options = _s3_env_options()
+        self._options: dict[str, Any] = dict(options or {})
+        self._secrets: set[str] = set()
+        _collect_secrets(self._options, self._secrets)
+        self._fs: Any = None
+        self._root: str
+        if scheme in ("", "file", "local"):
+            self._root = self._init_local(url, scheme)
+        else:
+            self._root = self._init_fsspec(url, scheme)
+
+    def _init_local(self, url: str, scheme: str) -> str:
+        path = urlsplit(url).path if scheme in ("file", "local") else url
+        root = os.path.abspath(os.path.expanduser(path))
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            raise InvalidInput(
+                f"storage {self._safe_url}: cannot create directory: {exc.strerror or exc}"
+            ) from None
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise InvalidInput(f"storage {self._safe_url}: directory is not writable")
+        return root
+
+    def _init_fsspec(self, url: str, scheme: str) -> str:
+        import fsspec
+
+        options = dict(self._options)
+        if scheme in ("s3", "s3a"):
+            options.setdefault("use_listings_cache", False)
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **options)
+        except (ValueError, ImportError, TypeError) as exc:
+            raise InvalidInput(
+                f"storage {self._safe_url}: unsupported url or options ({self._why(exc)})"
+            ) from None
+        root = root.rstrip("/")
+        if scheme in ("s3", "s3a"):
+            bucket = root.split("/", 1)[0]
+            if not bucket:
+                raise InvalidInput(f"storage {self._safe_url}: no bucket in url")
+            self._check_endpoint(options)
+            probe = bucket
+        else:
+            probe = root
+        try:
+            reachable = fs.exists(probe)
+        except Exception as exc:
+            raise InvalidInput(
+                f"storage {self._safe_url} is unreachable ({self._why(exc)})"
+            ) from None
+        if scheme in ("s3", "s3a") and not reachable:
+            raise InvalidInput(
+                f"storage {self._safe_url}: bucket {probe!r} does not exist or is not accessible"
+            )
+        self._fs = fs
+        return root
+
+    def _check_endpoint(self, options: dict[str, Any]) -> None:
+        """Fail fast and clearly when a configured endpoint does not accept connections (the
+        S3 client would otherwise retry for many seconds and report a missing bucket)."""
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get(
+            "endpoint_url"
+        )
+        if not endpoint:
+            return
+        parts = urlsplit(endpoint)
+        if not parts.hostname:
+            shown = self._redact(_display_url(str(endpoint)))
+            raise InvalidInput(f"storage {self._safe_url}: endpoint {shown!r} has no host")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            socket.create_connection((parts.hostname, port), timeout=5).close()
+        except OSError as exc:
+            raise InvalidInput(
+                f"storage {self._safe_url}: endpoint {self._redact(_display_url(endpoint))} "
+                f"is unreachable ({self._why(exc)})"
+            ) from None
+
+    @property
+    def _safe_url(self) -> str:
+        return self._redact(_display_url(self._url))
+
+    def _redact(self, text: str) -> str:
+        for secret in sorted(self._secrets, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
+
+    def _why(self, exc: BaseException) -> str:
+        return f"{type(exc).__name__}: {self._redact(str(exc))}"
+
+    def __repr__(self) -> str:
+        return f"Storage({self._safe_url!r})"
+
+    __str__ = __repr__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Rebuild from url and options (e.g. on a Spark executor), not from the client."""
+        return (type(self), (self._url, self._options))
+
+    @property
+    def url(self) -> str:
+        """The URL (or directory) this storage was opened with, credentials masked."""
+        return _display_url(self._url)
+
+    @property
+    def is_local(self) -> bool:
+        """True when files live in a local directory (fsync-based durability)."""
+        return self._fs is None
+
+    def _local(self, relpath: str) -> str:
+        return os.path.join(self._root, *_validate_relpath(relpath).split("/"))
+
+    def _remote(self, relpath: str) -> str:
+        return f"{self._root}/{_validate_relpath(relpath)}"
+
+    def _fail(self, op: str, relpath: str, exc: BaseException) -> OSError:
+        if isinstance(exc, FileNotFoundError):
+            return FileNotFoundError(f"storage {self._safe_url}: {relpath!r} does not exist")
+        return OSError(f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})")
+
+    def put(self, relpath: str, data: bytes) -> None:
+        """Store ``data`` at ``relpath`` atomically and durably (visible whole or not at all)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidInput(
+                f"storage put {relpath!r}: data must be bytes, got {type(data).__name__}"
+            )
+        if self._fs is None:
+            self._put_local(self._local(relpath), bytes(data))
+            return
+        path = self._remote(relpath)
+        try:
+            self._fs.pipe_file(path, bytes(data))
+        except Exception as exc:
+            raise self._fail("put", relpath, exc) from None
+
+    def _put_local(self, path: str, data: bytes) -> None:
+        directory = os.path.dirname(path)
+        self._makedirs_durable(directory)
+        tmp = os.path.join(
+            directory, f".{os.path.basename(path)}{_TMP_MARK}{uuid.uuid4().hex[:12]}"
+        )
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(directory)
+
+    def _makedirs_durable(self, directory: str) -> None:
+        """Create missing directories and fsync each parent so the new entries survive a crash."""
+        missing = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                pass
+            _fsync_dir(os.path.dirname(d))
+
+    def get(self, relpath: str) -> bytes:
+        """The whole content; FileNotFoundError when absent."""
+        if self._fs is None:
+            with open(self._local(relpath), "rb") as f:
+                return f.read()
+        path = self._remote(relpath)
+        try:
+            return self._fs.cat_file(path)
+        except Exception as exc:
+            raise self._fail("get", relpath, exc) from None
+
+    def delete(self, relpath: str) -> None:
+        """Remove a file; a missing one is not an error (cleanup may run twice)."""
+        if self._fs is None:
+            try:
+                os.unlink(self._local(relpath))
+            except FileNotFoundError:
+                pass
+            return
+        path = self._remote(relpath)
+        try:
+            self._fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+        except Exception as exc:
+            raise self._fail("delete", relpath, exc) from None
+
+    def exists(self, relpath: str) -> bool:
+        """Whether a file (not a directory) exists at ``relpath``."""
+        if self._fs is None:
+            return os.path.isfile(self._local(relpath))
+        path = self._remote(relpath)
+        try:
+            self._fs.invalidate_cache(path)
+            return bool(self._fs.isfile(path))
+        except FileNotFoundError:
+            return False
+        except Exception as exc:
+            raise self._fail("exists", relpath, exc) from None
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Relative paths of all files whose path starts with ``prefix``, recursively, sorted."""
+        _validate_relpath(prefix, allow_empty=True)
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        if self._fs is None:
+            return self._list_local(prefix, base)
+        start = f"{self._root}/{base}".rstrip("/") if base else self._root
+        try:
+            self._fs.invalidate_cache()
+            found = self._fs.find(start, withdirs=False)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise self._fail("list", prefix, exc) from None
+        root = self._root.rstrip("/") + "/"
+        out = []
+        for p in found:
+            p = p.lstrip("/") if not root.startswith("/") else p
+            if not p.startswith(root) or p.endswith("/"):
+                continue
+            rel = p[len(root) :]
+            if rel.startswith(prefix):
+                out.append(rel)
+        return sorted(out)
+
+    def _list_local(self, prefix: str, base: str) -> list[str]:
+        start = os.path.join(self._root, *base.split("/")) if base else self._root
+        out = []
+        for dirpath, _dirnames, filenames in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, self._root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            for name in filenames:
+                rel = rel_dir + name
+                if rel.startswith(prefix):
+                    out.append(rel)
+        return sorted(out)
+
+    def mtime(self, relpath: str) -> float:
+        """Last modification time in epoch seconds (garbage collection grace periods)."""
+        if self._fs is None:
+            return os.stat(self._local(relpath)).st_mtime
+        path = self._remote(relpath)
+        try:
+            modified = self._fs.modified(path)
+        except Exception as exc:
+            raise self._fail("mtime", relpath, exc) from None
+        if isinstance(modified, _dt.datetime):
+            if modified.tzinfo is None:
+                modified = modified.replace(tzinfo=_dt.UTC)
+            return modified.timestamp()
+        return float(modified)
+
+    def size(self, relpath: str) -> int:
+        """Size in bytes."""
+        if self._fs is None:
+            return os.stat(self._local(relpath)).st_size
+        path = self._remote(relpath)
+        try:
+            return int(self._fs.size(path))
+        except Exception as exc:
+            raise self._fail("size", relpath, exc) from None
+
+
+def _fsync_dir(directory: str) -> None:
+    """Persist a directory entry (rename/create); a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def is_temp_file(relpath: str) -> bool:
+    """True for leftovers of an interrupted local ``put`` (collectable after a grace period)."""
+    name = relpath.rsplit("/", 1)[-1]
+    return (
+        name.startswith(".")
+        and re.search(re.escape(_TMP_MARK) + r"[0-9a-f]{12}$", name) is not None
+    )
