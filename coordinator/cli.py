@@ -1,0 +1,858 @@
+"""The ``mergetxn`` command line: run the servers, operate tables, and see the product work.
+
+Servers run in the foreground (``zk start``, ``replica start``) so a process supervisor or a
+terminal owns them. Client commands talk to one replica (``--replica host:port`` or
+``MERGETXN_REPLICA``). Every error from :mod:`coordinator.errors` ends the command with one red
+line ``error: <message>`` on stderr and exit code 2, never a traceback: an operator should see
+what was wrong, not where in the code it was found.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+import pyarrow as pa
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from coordinator.errors import InvalidInput, MergetxnError
+
+ENV_REPLICA = "MERGETXN_REPLICA"
+EXIT_ERROR = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Output helpers
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for this invocation (``sys.stdout`` may be swapped by tests). Wide when not a
+    terminal so piped tables are not folded into unreadable columns."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None
+    if not stream.isatty():
+        width = int(os.environ.get("COLUMNS") or 0) or 200
+    return Console(stderr=stderr, width=width, highlight=False)
+
+
+def redact(url: str) -> str:
+    """A URL or address without its password (storage URLs may carry credentials)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[-1]
+    user = parts.username or ""
+    netloc = f"{user}:***@{host}" if user else f"***@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def print_error(message: str) -> None:
+    """One red line on stderr; ``soft_wrap`` keeps it one line however long."""
+    console(stderr=True).print(f"error: {escape(message)}", style="bold red", soft_wrap=True)
+
+
+def fail(message: str) -> None:
+    """End the command with a clear error (exit code 2)."""
+    print_error(message)
+    raise SystemExit(EXIT_ERROR)
+
+
+class MergetxnGroup(click.Group):
+    """A click group that turns mergetxn errors into one red line and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except MergetxnError as exc:
+            print_error(exc.message)
+            ctx.exit(EXIT_ERROR)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def arrow_table(data: pa.Table, title: str | None = None, limit: int | None = None) -> Table:
+    """A rich table of the first ``limit`` rows of an Arrow table."""
+    out = Table(title=title, title_justify="left")
+    for f in data.schema:
+        numeric = (
+            pa.types.is_integer(f.type)
+            or pa.types.is_floating(f.type)
+            or pa.types.is_decimal(f.type)
+        )
+        out.add_column(f.name, justify="right" if numeric else "left", overflow="fold")
+    shown = data if limit is None else data.slice(0, limit)
+    for row in shown.to_pylist():
+        out.add_row(*(_cell(row[n]) for n in data.column_names))
+    return out
+
+
+def rows_table(rows: list[dict], columns: list[str], title: str | None = None) -> Table:
+    out = Table(title=title, title_justify="left")
+    for c in columns:
+        out.add_column(c, overflow="fold")
+    for r in rows:
+        out.add_row(*(_cell(r.get(c)) for c in columns))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing
+
+
+_TYPES: dict[str, Callable[[], pa.DataType]] = {
+    "int8": pa.int8,
+    "int16": pa.int16,
+    "int32": pa.int32,
+    "int64": pa.int64,
+    "uint8": pa.uint8,
+    "uint16": pa.uint16,
+    "uint32": pa.uint32,
+    "uint64": pa.uint64,
+    "int": pa.int64,
+    "long": pa.int64,
+    "float16": pa.float16,
+    "float32": pa.float32,
+    "float64": pa.float64,
+    "float": pa.float32,
+    "double": pa.float64,
+    "string": pa.string,
+    "utf8": pa.string,
+    "str": pa.string,
+    "large_string": pa.large_string,
+    "binary": pa.binary,
+    "large_binary": pa.large_binary,
+    "bool": pa.bool_,
+    "boolean": pa.bool_,
+    "date32": pa.date32,
+    "date": pa.date32,
+    "date64": pa.date64,
+}
+_PARAM_TYPE = re.compile(r"^(timestamp|decimal128|decimal|time64|time32)\s*[\[(](.*)[\])]$", re.I)
+
+
+def _split_top(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside brackets, so ``timestamp[us, UTC]`` stays one item."""
+    out, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        if ch == sep and depth == 0:
+            out.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    out.append("".join(cur))
+    return out
+
+
+def parse_type(text: str) -> pa.DataType:
+    """``int64``, ``string``, ``date32``, ``timestamp[us]``, ``timestamp[us, UTC]``,
+    ``decimal128(10, 2)``, ``list<int64>``..."""
+    t = text.strip()
+    if t.lower() in _TYPES:
+        return _TYPES[t.lower()]()
+    m = _PARAM_TYPE.match(t)
+    if m:
+        kind, args = m.group(1).lower(), [a.strip() for a in m.group(2).split(",") if a.strip()]
+        try:
+            if kind == "timestamp" and 1 <= len(args) <= 2:
+                return pa.timestamp(args[0].lower(), tz=args[1] if len(args) == 2 else None)
+            if kind in ("decimal", "decimal128") and len(args) == 2:
+                return pa.decimal128(int(args[0]), int(args[1]))
+            if kind in ("time32", "time64") and len(args) == 1:
+                return getattr(pa, kind)(args[0].lower())
+        except (ValueError, TypeError, pa.ArrowException) as exc:
+            raise InvalidInput(f"bad type {text!r}: {exc}") from None
+    m = re.match(r"^list\s*<(.*)>$", t, re.I)
+    if m:
+        return pa.list_(parse_type(m.group(1)))
+    known = ", ".join(sorted(_TYPES)) + ", timestamp[unit(, tz)], decimal128(p, s), list<type>"
+    raise InvalidInput(f"unknown column type {text.strip()!r}; known types: {known}")
+
+
+def parse_schema(text: str) -> pa.Schema:
+    """``"id:int64,name:string,day:date32"``; append ``!`` or `` not null`` to a type for a
+    column that may not hold nulls (``id:int64!``)."""
+    fields = []
+    for item in _split_top(text):
+        item = item.strip()
+        if not item:
+            continue
+        if ":" not in item:
+            raise InvalidInput(f"schema item {item!r} must be name:type (e.g. id:int64)")
+        name, type_text = (s.strip() for s in item.split(":", 1))
+        nullable = True
+        if type_text.endswith("!"):
+            type_text, nullable = type_text[:-1], False
+        elif type_text.lower().endswith(" not null"):
+            type_text, nullable = type_text[: -len(" not null")], False
+        fields.append(pa.field(name, parse_type(type_text), nullable=nullable))
+    if not fields:
+        raise InvalidInput("schema is empty; give name:type pairs, e.g. 'id:int64,name:string'")
+    return pa.schema(fields)
+
+
+def parse_as_of(text: str) -> dt.datetime:
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidInput(f"--as-of {text!r} is not an ISO 8601 date-time") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise InvalidInput(
+            f"--as-of {text!r} has no timezone; add one, e.g. {text.strip()}+00:00 or Z"
+        )
+    return when
+
+
+def partition_values(client: Any, table: str, values: tuple[str, ...]) -> list[Any] | None:
+    """CLI partition strings as the typed values a table's partition columns hold (integers and
+    booleans as such; dates and strings as text, which is how partition values are keyed).
+    Several partition columns: a JSON list (``'["2024-01-01", 3]'``) or comma-separated values."""
+    if not values:
+        return None
+    tdef = client.table(table)
+    cols = list(tdef.partition_by)
+    if not cols:
+        raise InvalidInput(f"table {table!r} is not partitioned; --partition does not apply")
+
+    def typed(col: str, raw: Any) -> Any:
+        if not isinstance(raw, str):
+            return raw
+        t = tdef.schema.field(col).type
+        try:
+            if pa.types.is_integer(t):
+                return int(raw)
+            if pa.types.is_boolean(t):
+                if raw.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(raw)
+                return raw.lower() in ("true", "1")
+        except ValueError:
+            raise InvalidInput(
+                f"partition value {raw!r} does not fit column {col!r} ({t})"
+            ) from None
+        return raw
+
+    out = []
+    for v in values:
+        if len(cols) == 1:
+            out.append(typed(cols[0], v))
+            continue
+        try:
+            items = (
+                json.loads(v) if v.strip().startswith("[") else [s.strip() for s in v.split(",")]
+            )
+        except ValueError:
+            raise InvalidInput(f"partition {v!r} is not a JSON list") from None
+        if len(items) != len(cols):
+            raise InvalidInput(f"partition {v!r} needs {len(cols)} values for columns {cols}")
+        out.append(tuple(typed(c, x) for c, x in zip(cols, items)))
+    return out
+
+
+def read_file(path: Path, schema: pa.Schema) -> pa.Table:
+    """A Parquet or CSV file as an Arrow table; CSV columns are parsed with the table's types."""
+    suffixes = [s.lower() for s in path.suffixes]
+    try:
+        if suffixes and suffixes[-1] in (".parquet", ".pq", ".parq"):
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path)
+        if ".csv" in suffixes or ".tsv" in suffixes:
+            import pyarrow.csv as pcsv
+
+            delimiter = "\t" if ".tsv" in suffixes else ","
+            types = {f.name: f.type for f in schema}
+            return pcsv.read_csv(
+                path,
+                parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
+            )
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from None
+    raise InvalidInput(f"cannot tell the format of {path}: use a .parquet or .csv file")
+
+
+# ---------------------------------------------------------------------------------------------
+# Commands
+
+
+@click.group(cls=MergetxnGroup, context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """mergetxn: transactions for replicated MergeTree-style tables.
+
+    Start with `mergetxn quickstart` to see it work on this machine. Client commands talk to
+    one replica: pass --replica host:port or set MERGETXN_REPLICA.
+    """
+
+
+def replica_option(f: Callable) -> Callable:
+    return click.option(
+        "--replica",
+        envvar=ENV_REPLICA,
+        required=True,
+        metavar="HOST:PORT",
+        help=f"Replica to talk to (default: ${ENV_REPLICA}).",
+    )(f)
+
+
+@contextmanager
+def connected(address: str) -> Iterator[Any]:
+    from coordinator.client import Client
+
+    client = Client(address)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def stop_signals() -> Iterator[threading.Event]:
+    """An event set on SIGINT/SIGTERM, so foreground servers stop cleanly either way."""
+    stop = threading.Event()
+    previous = {}
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, handler)
+    try:
+        yield stop
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
+
+
+# -- servers -----------------------------------------------------------------------------------
+
+
+@cli.group()
+def zk() -> None:
+    """Run an embedded ZooKeeper server."""
+
+
+@zk.command("start")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path(".mergetxn") / "zookeeper",
+    show_default=True,
+    help="Data and log directory (kept across restarts).",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=None, help="Client port (default: a free one)."
+)
+def zk_start(directory: Path, port: int | None) -> None:
+    """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground.
+
+    Prints its address; Ctrl-C or SIGTERM stops it cleanly.
+    """
+    from coordinator.zkserver import ZooKeeperServer
+
+    server = ZooKeeperServer(directory, port=port or None)
+    out = console()
+    with stop_signals() as stop:
+        try:
+            address = server.start()
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            server.stop()
+            fail(f"ZooKeeper did not start: {exc}")
+        out.print(f"ZooKeeper serving at [bold]{address}[/] (data and logs in {server.workdir})")
+        out.print("Ctrl-C stops it.")
+        sys.stdout.flush()
+        try:
+            while not stop.wait(0.5):
+                if not server.running:
+                    fail(f"ZooKeeper exited unexpectedly; see {server.log_file}")
+        finally:
+            server.stop()
+    out.print("ZooKeeper stopped.")
+
+
+@cli.group()
+def replica() -> None:
+    """Run a replica process."""
+
+
+@replica.command("start")
+@click.option(
+    "--zk",
+    "zk_address",
+    required=True,
+    metavar="HOSTS",
+    help="ZooKeeper connection string (host:port[,host:port...][/chroot]).",
+)
+@click.option(
+    "--storage",
+    required=True,
+    metavar="URL",
+    help="Part storage: a local path or s3://bucket/prefix.",
+)
+@click.option("--host-id", required=True, help="This replica's stable id (letters, digits, _ . -).")
+@click.option(
+    "--data-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Local directory for the WAL.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port (0: a free one).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
+@click.option("--root", default="/mergetxn", show_default=True, help="ZooKeeper root node.")
+@click.option(
+    "--epoch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="CSNs per epoch before a new epoch starts (default: the maximum).",
+)
+@click.option(
+    "--txn-max-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=3600.0,
+    show_default=True,
+    help="A transaction running longer is aborted.",
+)
+@click.option(
+    "--txn-max-rows",
+    type=click.IntRange(min=1),
+    default=100_000_000,
+    show_default=True,
+    help="A transaction staging more rows is aborted.",
+)
+@click.option(
+    "--session-timeout",
+    type=click.FloatRange(min=1),
+    default=10.0,
+    show_default=True,
+    help="ZooKeeper session timeout in seconds.",
+)
+def replica_start(
+    zk_address: str,
+    storage: str,
+    host_id: str,
+    data_dir: Path,
+    port: int,
+    host: str,
+    root: str,
+    epoch_size: int | None,
+    txn_max_seconds: float,
+    txn_max_rows: int,
+    session_timeout: float,
+) -> None:
+    """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
+
+    Prints READY <address> once it serves; Ctrl-C or SIGTERM stops it cleanly.
+    """
+    import logging
+
+    from coordinator.versions import check_host_id
+    from replicas.replica import ReplicaConfig
+    from replicas.server import serve
+
+    try:
+        check_host_id(host_id)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
+    logging.basicConfig(
+        level=os.environ.get("MERGETXN_LOG", "WARNING"),
+        stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    config = ReplicaConfig(
+        zk=zk_address,
+        storage_url=storage,
+        host_id=host_id,
+        data_dir=data_dir,
+        root=root,
+        epoch_size=epoch_size,
+        host=host,
+        port=port,
+        txn_max_seconds=txn_max_seconds,
+        txn_max_rows=txn_max_rows,
+        session_timeout=session_timeout,
+    )
+    console(stderr=True).print(
+        f"replica {host_id}: ZooKeeper {redact(zk_address)}, storage {redact(storage)}, WAL in "
+        f"{data_dir}",
+        soft_wrap=True,
+    )
+    try:
+        serve(config)
+    except MergetxnError:
+        raise
+    except Exception as exc:  # e.g. ZooKeeper unreachable: one line, not a traceback
+        fail(f"replica {host_id} failed: {type(exc).__name__}: {exc}")
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def table() -> None:
+    """Create and list tables."""
+
+
+@table.command("create")
+@click.argument("name")
+@click.option(
+    "--schema",
+    "schema_text",
+    required=True,
+    metavar="COLS",
+    help='Columns as name:type pairs, e.g. "id:int64,name:string,day:date32" '
+    "(append ! for NOT NULL).",
+)
+@click.option(
+    "--partition-by",
+    multiple=True,
+    metavar="COL",
+    help="Partition column (repeat for several; a comma list also works).",
+)
+@click.option(
+    "--primary-key", multiple=True, metavar="COL", help="Primary key column (repeatable)."
+)
+@click.option(
+    "--policy",
+    type=click.Choice(["parts", "maxcompute", "append"]),
+    default="parts",
+    show_default=True,
+    help="Conflict policy for concurrent writers.",
+)
+@click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
+@replica_option
+def table_create(
+    name: str,
+    schema_text: str,
+    partition_by: tuple[str, ...],
+    primary_key: tuple[str, ...],
+    policy: str,
+    no_auto_merge: bool,
+    replica: str,
+) -> None:
+    """Create table NAME."""
+    schema = parse_schema(schema_text)
+    pby = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
+    pkey = [c.strip() for p in primary_key for c in p.split(",") if c.strip()]
+    with connected(replica) as client:
+        csn = client.create_table(
+            name,
+            schema,
+            partition_by=pby,
+            primary_key=pkey,
+            conflict_policy=policy,
+            auto_merge=not no_auto_merge,
+        )
+    extra = f", partitioned by {', '.join(pby)}" if pby else ""
+    console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
+
+
+@table.command("list")
+@replica_option
+def table_list(replica: str) -> None:
+    """List the tables."""
+    with connected(replica) as client:
+        names = client.tables()
+    for n in names:
+        click.echo(n)
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Insert a Parquet or CSV file into a table.")
+@click.argument("table_name", metavar="TABLE")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="INSERT OVERWRITE: replace the partitions present in FILE "
+    "(the whole table if unpartitioned).",
+)
+@replica_option
+def insert(table_name: str, file: Path, overwrite: bool, replica: str) -> None:
+    """Insert the rows of FILE (Parquet or CSV, by extension) into TABLE in one transaction.
+
+    Columns are conformed to the table's schema; a mismatch is an error and changes nothing.
+    """
+    with connected(replica) as client:
+        tdef = client.table(table_name)
+        data = read_file(file, tdef.schema)
+        with client.transaction() as tx:
+            rows = tx.overwrite(table_name, data) if overwrite else tx.insert(table_name, data)
+    verb = "overwrote with" if overwrite else "inserted"
+    console().print(
+        f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})"
+    )
+
+
+@cli.command(short_help="Read a table at a snapshot or time.")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--snapshot", type=click.IntRange(min=0), default=None, help="Read at this CSN.")
+@click.option(
+    "--as-of",
+    "as_of",
+    default=None,
+    metavar="ISO8601",
+    help="Read as of a time, with timezone (e.g. 2024-05-01T12:00:00+00:00).",
+)
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write all rows to this Parquet file instead of printing.",
+)
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=50,
+    show_default=True,
+    help="Rows to print (ignored with --output).",
+)
+@replica_option
+def read(
+    table_name: str,
+    snapshot: int | None,
+    as_of: str | None,
+    output: Path | None,
+    limit: int,
+    replica: str,
+) -> None:
+    """Read TABLE at one consistent snapshot: the latest, a CSN, or as of a time."""
+    if snapshot is not None and as_of is not None:
+        raise InvalidInput("give either --snapshot or --as-of, not both")
+    when = parse_as_of(as_of) if as_of is not None else None
+    with connected(replica) as client:
+        if snapshot is None and when is None:
+            snapshot = client.snapshot()
+        data = client.read(table_name, snapshot=snapshot, as_of=when)
+    at = f"at snapshot {snapshot}" if when is None else f"as of {when.isoformat()}"
+    out = console()
+    if output is not None:
+        import pyarrow.parquet as pq
+
+        try:
+            pq.write_table(data, output)
+        except (OSError, pa.ArrowException) as exc:
+            raise InvalidInput(f"cannot write {output}: {exc}") from None
+        out.print(f"wrote {data.num_rows} rows of {escape(table_name)} {at} to {output}")
+        return
+    out.print(arrow_table(data, limit=limit))
+    more = f" (showing {limit})" if data.num_rows > limit else ""
+    out.print(f"{data.num_rows} rows of {escape(table_name)} {at}{more}")
+
+
+@cli.command(short_help="List a table's parts and their versions.")
+@click.argument("table_name", metavar="TABLE")
+@click.option(
+    "--all/--visible",
+    "show_all",
+    default=True,
+    show_default=True,
+    help="Show removed parts too, or only the visible ones.",
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@replica_option
+def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
+    """List TABLE's parts with their versions (creation and removal tid/CSN, visibility)."""
+    with connected(replica) as client:
+        rows = client.parts(table_name).to_pylist()
+    if not show_all:
+        rows = [r for r in rows if r["visible"]]
+    if as_json:
+        for r in rows:
+            click.echo(json.dumps(r))
+        return
+    cols = [
+        "name",
+        "partition",
+        "rows",
+        "creation_tid",
+        "creation_csn",
+        "removal_tid",
+        "removal_csn",
+        "visible",
+    ]
+    out = console()
+    out.print(rows_table(rows, cols))
+    visible = sum(1 for r in rows if r["visible"])
+    out.print(
+        f"{len(rows)} parts of {escape(table_name)}, {visible} visible, "
+        f"{sum(r['rows'] for r in rows if r['visible'])} visible rows"
+    )
+
+
+@cli.command(short_help="Compact a table now.")
+@click.argument("table_name", metavar="TABLE")
+@click.option(
+    "--kind",
+    type=click.Choice(["minor", "major"]),
+    default="minor",
+    show_default=True,
+    help="minor merges small parts; major rewrites every part of a partition.",
+)
+@click.option(
+    "--partition",
+    "partitions",
+    multiple=True,
+    metavar="VALUE",
+    help="Only this partition (repeatable; several partition columns: a JSON list).",
+)
+@replica_option
+def compact(table_name: str, kind: str, partitions: tuple[str, ...], replica: str) -> None:
+    """Compact TABLE now, as a transaction of its own."""
+    out = console()
+    with connected(replica) as client:
+        before = client.parts(table_name).to_pylist()
+        values = partition_values(client, table_name, partitions)
+        started = time.monotonic()
+        with out.status(f"compacting {escape(table_name)} ({kind})...", spinner="dots"):
+            csn = client.compact(table_name, kind=kind, partitions=values)
+        elapsed = time.monotonic() - started
+        after = client.parts(table_name).to_pylist()
+    seen = {r["name"] for r in before}
+    vis_before = sum(1 for r in before if r["visible"])
+    vis_after = sum(1 for r in after if r["visible"])
+    removed = sum(1 for r in after if r["removal_csn"] == csn)
+    added = sum(1 for r in after if r["name"] not in seen and r["creation_csn"] == csn)
+    if removed == 0 and added == 0:
+        out.print(
+            f"nothing to compact in {escape(table_name)} ({kind}); "
+            f"{vis_after} visible parts ({elapsed:.2f}s)"
+        )
+        return
+    out.print(
+        f"compacted {escape(table_name)} ({kind}): {removed} parts merged into {added}; "
+        f"visible parts {vis_before} -> {vis_after}; committed at CSN {csn} ({elapsed:.2f}s)"
+    )
+
+
+@cli.command(short_help="Run one garbage-collection pass.")
+@replica_option
+def gc(replica: str) -> None:
+    """Run one garbage-collection pass now and show what was removed and kept."""
+    with connected(replica) as client:
+        if not hasattr(client, "gc"):
+            fail("gc is not available yet in this version of mergetxn")
+        result = client.gc()
+    out = console()
+    if isinstance(result, (dict, list)):
+        out.print_json(json.dumps(result, default=str))
+    else:
+        out.print(str(result))
+
+
+@cli.command(short_help="Print the replica's snapshot CSN.")
+@replica_option
+def snapshot(replica: str) -> None:
+    """Print the replica's snapshot CSN (everything up to it is applied there)."""
+    with connected(replica) as client:
+        click.echo(client.snapshot())
+
+
+# -- transactions ------------------------------------------------------------------------------
+
+
+@cli.group()
+def txn() -> None:
+    """List and kill running transactions."""
+
+
+@txn.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@replica_option
+def txn_list(as_json: bool, replica: str) -> None:
+    """List the transactions running on the replica."""
+    with connected(replica) as client:
+        txns = client.transactions()
+    if as_json:
+        for t in txns:
+            click.echo(json.dumps(t))
+        return
+    rows = [
+        {**t, "age": f"{t.get('age_seconds', 0):.1f}s", "tables": ",".join(t.get("tables") or ())}
+        for t in txns
+    ]
+    out = console()
+    if not rows:
+        out.print("no running transactions")
+        return
+    out.print(rows_table(rows, ["id", "snapshot", "age", "state", "rows", "operations", "tables"]))
+    out.print(f"{len(rows)} running transaction(s)")
+
+
+@txn.command("kill")
+@click.argument("txn_id", metavar="ID")
+@replica_option
+def txn_kill(txn_id: str, replica: str) -> None:
+    """Abort running transaction ID (its parts are removed; its commit will fail)."""
+    with connected(replica) as client:
+        result = client.kill(txn_id)
+    state = result.get("state", "?") if isinstance(result, dict) else "?"
+    reason = result.get("reason", "") if isinstance(result, dict) else ""
+    console().print(
+        f"transaction {escape(txn_id)}: {state}" + (f" ({escape(reason)})" if reason else "")
+    )
+
+
+# -- quickstart --------------------------------------------------------------------------------
+
+
+@cli.command(short_help="See mergetxn work on an embedded cluster.")
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for ZooKeeper, replicas and storage (must be empty; default: a temp dir).",
+)
+@click.option("--keep", is_flag=True, help="Keep the working directory (data and logs) afterwards.")
+def quickstart(workdir: Path | None, keep: bool) -> None:
+    """Start an embedded cluster (ZooKeeper + 3 replicas), run a short workload that shows
+    transactions, conflicts, rebased retries, multi-table commits, snapshot reads and time
+    travel, print a summary, and stop everything. Exit code 0 only if every step behaved."""
+    from coordinator.quickstart import run
+
+    raise SystemExit(run(workdir, keep, console()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console script entry point (``mergetxn``)."""
+    cli.main(args=argv, prog_name="mergetxn")
+
+
+if __name__ == "__main__":
+    main()
