@@ -1,0 +1,87 @@
+"""Shared pytest fixtures.
+
+Sections are independent; add new fixtures in a section of their own below the existing ones.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from coordinator.zkserver import ZooKeeperServer
+
+# =============================================================================================
+# ZooKeeper
+#
+# One real ZooKeeper server (from the pyspark jars, Java 17) per test session; every test that
+# asks for `zk_address` gets its own chroot on it, so tests never see each other's znodes and
+# need no cleanup. Tests that need to stop, kill or restart ZooKeeper start their own
+# ZooKeeperServer / ZooKeeperEnsemble in tmp_path instead of touching the shared one.
+# Tests using these fixtures are marked `zk` automatically (`-m "not zk"` skips them).
+# =============================================================================================
+
+ZK_FIXTURES = frozenset({"zk_server", "zk_address", "zk_client"})
+
+
+def _kazoo(hosts: str, timeout: float = 10.0) -> KazooClient:
+    client = KazooClient(hosts=hosts, timeout=timeout)
+    client.start(timeout=30)
+    return client
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServer]:
+    """The session's embedded ZooKeeper server (standalone, 127.0.0.1, 200 ms tick).
+
+    Do not stop or kill it from a test: start your own ZooKeeperServer for that."""
+    server = ZooKeeperServer(tmp_path_factory.mktemp("zookeeper"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def zk_address(zk_server: ZooKeeperServer) -> str:
+    """A kazoo hosts string confined to a fresh chroot: ``127.0.0.1:port/t<hex>``.
+
+    The chroot node exists (kazoo does not create it, and every operation under a missing
+    chroot fails with NoNodeError)."""
+    chroot = f"/t{uuid.uuid4().hex}"
+    client = _kazoo(zk_server.address)
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return f"{zk_server.address}{chroot}"
+
+
+@pytest.fixture
+def zk_client(zk_address: str) -> Iterator[KazooClient]:
+    """A started kazoo client inside this test's chroot (see ``zk_address``)."""
+    client = _kazoo(zk_address)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def _mark_zk_tests(items: list[pytest.Item]) -> None:
+    for item in items:
+        if ZK_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.zk)
+
+
+# =============================================================================================
+# Hooks (each section registers what it needs here)
+# =============================================================================================
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_zk_tests(items)
