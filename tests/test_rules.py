@@ -513,6 +513,9 @@ def _meta(name: str, creator: str) -> dict:
     ).to_dict()
 
 
+T_A, T_B, T_C, T_R = (str(Tid(1, n, "r0")) for n in range(4))
+
+
 def test_replica_state_visibility_matches_seed_rule() -> None:
     """Log: CSN 1 creates table t; 2: A adds p1, p2; 3: B removes p1, adds p3; 4: C removes p2
     and p3, adds p4. At every snapshot, for a plain read and for a running reader R with its own
@@ -537,18 +540,18 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
         }
 
     log = {
-        2: change("A", ["p1", "p2"], []),
-        3: change("B", ["p3"], ["p1"]),
-        4: change("C", ["p4"], ["p2", "p3"]),
+        2: change(T_A, ["p1", "p2"], []),
+        3: change(T_B, ["p3"], ["p1"]),
+        4: change(T_C, ["p4"], ["p2", "p3"]),
     }
     # (creator, creation csn, remover, removal csn), written out from the log above
     versions = {
-        "p1": ("A", 2, "B", 3),
-        "p2": ("A", 2, "C", 4),
-        "p3": ("B", 3, "C", 4),
-        "p4": ("C", 4, None, None),
+        "p1": (T_A, 2, T_B, 3),
+        "p2": (T_A, 2, T_C, 4),
+        "p3": (T_B, 3, T_C, 4),
+        "p4": (T_C, 4, None, None),
     }
-    own_meta = PartMeta.from_dict(_meta("r1", "R"))
+    own_meta = PartMeta.from_dict(_meta("r1", T_R))
     for applied in range(1, 5):
         if applied in log:
             st.apply(applied, 0, applied - 1, {"v": 1, "txns": [log[applied]]})
@@ -571,8 +574,8 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
                     for n, (c, ccsn, r, rcsn) in done.items()
                     if n not in removes
                     and seed_004_visible(
-                        snapshot, "R", c, ccsn, r, rcsn if (rcsn or 99) <= applied else None
+                        snapshot, T_R, c, ccsn, r, rcsn if (rcsn or 99) <= applied else None
                     )
                 ]
-                got = [m.name for m in st.visible("t", snapshot, "R", [own_meta], set(removes))]
+                got = [m.name for m in st.visible("t", snapshot, T_R, [own_meta], set(removes))]
                 assert sorted(got) == sorted(want), (applied, snapshot, removes)
