@@ -41,14 +41,14 @@ class Tid(NamedTuple):
     @classmethod
     def parse(cls, text: str) -> Tid:
         """Parse ``str(tid)``; raises ValueError naming the bad text."""
-        m = _TID_RE.match(text or "")
+        m = _TID_RE.fullmatch(text or "")
         if not m:
             raise ValueError(f"not a transaction id: {text!r} (expected T<start_csn>-<counter>-<host>)")
         return cls(int(m.group(1)), int(m.group(2)), m.group(3))
 
 
 def check_host_id(host_id: str) -> str:
-    if not isinstance(host_id, str) or not _HOST_RE.match(host_id):
+    if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id):
         raise ValueError(f"host id {host_id!r} must be 1-64 characters of letters, digits, '_', '.', '-'")
     return host_id
 
@@ -75,7 +75,7 @@ def split_csn(csn: int) -> tuple[int, int]:
 
 def seq_of_node(name: str) -> int:
     """Sequence number of a log znode name such as ``c-0000000042``."""
-    m = _SEQ_NODE_RE.match(name)
+    m = _SEQ_NODE_RE.fullmatch(name)
     if not m:
         raise ValueError(f"not a log entry node: {name!r}")
     return int(m.group(1))
