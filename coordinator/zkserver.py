@@ -849,7 +849,8 @@ def start_zookeeper(workdir: Path | str, address: str | None = None) -> ZooKeepe
        nothing is started and ``stop()`` is a no-op. ``MERGETXN_ZK=embedded`` or ``=docker``
        instead force one of the two choices below.
     2. a testcontainers ZooKeeper, when the package is installed and a Docker engine answers;
-    3. the embedded :class:`ZooKeeperServer` from the pyspark jars, data in ``workdir/zookeeper``.
+    3. the embedded :class:`ZooKeeperServer` from the pyspark jars, with ``workdir`` as its
+       directory (data in ``workdir/data``, logs in ``workdir/zookeeper.log``).
 
     The result has ``.address`` (a kazoo hosts string) and ``.stop()``.
     """
@@ -861,7 +862,7 @@ def start_zookeeper(workdir: Path | str, address: str | None = None) -> ZooKeepe
         container = ContainerZooKeeper()
         container.start()
         return container
-    server = ZooKeeperServer(Path(workdir) / "zookeeper")
+    server = ZooKeeperServer(workdir)
     server.start()
     return server
 

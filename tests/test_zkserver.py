@@ -207,7 +207,7 @@ def test_start_zookeeper_with_given_address_starts_nothing(
     handle = start_zookeeper(tmp_path)
     assert handle.address == "elsewhere:2181"
     handle.stop()
-    assert not (tmp_path / "zookeeper").exists()
+    assert not (tmp_path / "data").exists()
 
 
 def test_start_zookeeper_embedded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -221,7 +221,7 @@ def test_start_zookeeper_embedded(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
         client.close()
     finally:
         handle.stop()
-    assert (tmp_path / "zookeeper" / "data").is_dir()
+    assert (tmp_path / "data").is_dir()
 
 
 def test_refuses_a_port_in_use(tmp_path: Path) -> None:
