@@ -1,0 +1,515 @@
+"""Transactions end to end on a real LocalCluster (real ZooKeeper, replica processes, local
+storage): read-your-writes, rollback, snapshot isolation across replicas, time travel, group
+commit, multi-table atomicity, epoch roll-over, mutations, overwrite/truncate, and the operator
+views (parts, commit_status, transactions, kill)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from kazoo.client import KazooClient
+
+import coordinator
+from coordinator.client import Client, Transaction
+from coordinator.errors import TransactionAborted
+from coordinator.versions import EPOCH_STRIDE, split_csn
+from coordinator.zkserver import ZooKeeperServer
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures and helpers
+
+
+def new_chroot(zk_server: ZooKeeperServer) -> str:
+    """A fresh chroot on the session's ZooKeeper, so clusters never see each other's znodes."""
+    chroot = f"/t{uuid.uuid4().hex}"
+    zk = KazooClient(hosts=zk_server.address)
+    zk.start(timeout=30)
+    try:
+        zk.ensure_path(chroot)
+    finally:
+        zk.stop()
+        zk.close()
+    return f"{zk_server.address}{chroot}"
+
+
+@pytest.fixture(scope="module")
+def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    """One 3-replica cluster for the module (tests use distinct table names)."""
+    with coordinator.LocalCluster(tmp_path_factory.mktemp("txcluster"), replicas=3,
+                                  zk_address=new_chroot(zk_server)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def c0(cluster: coordinator.LocalCluster) -> Client:
+    return cluster.client(0)
+
+
+@pytest.fixture(scope="module")
+def c1(cluster: coordinator.LocalCluster) -> Client:
+    return cluster.client(1)
+
+
+def rows(n: int, start: int = 0, tag: str = "x") -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "v": [f"{tag}{i}" for i in range(start, start + n)]}, schema=SCHEMA)
+
+
+def prows(p: int, ids: list[int], tag: str = "x") -> pa.Table:
+    return pa.table({"p": pa.array([p] * len(ids), pa.int64()), "id": pa.array(ids, pa.int64()),
+                     "v": [f"{tag}{i}" for i in ids]}, schema=PSCHEMA)
+
+
+def as_set(t: pa.Table, *cols: str) -> set[tuple]:
+    """Rows as a set of tuples (order of rows across parts is not part of the contract)."""
+    cols = cols or tuple(t.column_names)
+    return set(zip(*(t.column(c).to_pylist() for c in cols))) if t.num_rows else set()
+
+
+def ids(t: pa.Table) -> list[int]:
+    return sorted(t.column("id").to_pylist())
+
+
+def storage_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
+    root = Path(cluster.storage_url) / table
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
+
+
+def poll(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Bounded wait for a condition that another process makes true."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def commit_insert(client: Client, table: str, data: pa.Table) -> int:
+    with client.transaction() as tx:
+        tx.insert(table, data)
+    assert tx.csn is not None
+    return tx.csn
+
+
+# ---------------------------------------------------------------------------------------------
+# Read your writes, rollback
+
+
+def test_read_your_writes_inside_and_across_transactions(c0: Client) -> None:
+    """A transaction sees its own staged rows; the same client's next transaction sees the commit."""
+    c0.create_table("ryw", SCHEMA)
+    tx = c0.begin()
+    assert tx.read("ryw").num_rows == 0
+    tx.insert("ryw", rows(3))
+    assert ids(tx.read("ryw")) == [0, 1, 2]
+    tx.insert("ryw", rows(2, start=10))
+    assert ids(tx.read("ryw")) == [0, 1, 2, 10, 11]
+    # Another transaction does not see uncommitted rows.
+    other = c0.begin()
+    assert other.read("ryw").num_rows == 0
+    other.rollback()
+    csn = tx.commit()
+    assert tx.csn == csn and csn > tx.snapshot
+    for k in range(3):
+        with c0.transaction() as tx2:
+            assert tx2.snapshot >= csn
+            assert len(tx2.read("ryw")) == 5 + k
+            tx2.insert("ryw", rows(1, start=100 + k))
+        assert tx2.csn > csn
+        csn = tx2.csn
+        assert ids(c0.read("ryw")) == [0, 1, 2, 10, 11] + [100 + i for i in range(k + 1)]
+
+
+def test_rollback_leaves_nothing(cluster: coordinator.LocalCluster, c0: Client) -> None:
+    """Rolled-back parts never become visible, are not listed as parts, and their files are gone."""
+    c0.create_table("rb", SCHEMA)
+    commit_insert(c0, "rb", rows(2))
+    before_parts = c0.parts("rb").to_pylist()
+    before_files = storage_files(cluster, "rb")
+    tx = c0.begin()
+    tx.insert("rb", rows(5, start=50))
+    assert len(storage_files(cluster, "rb")) > len(before_files)  # the part was written
+    tx.rollback()
+    assert ids(c0.read("rb")) == [0, 1]
+    assert c0.parts("rb").to_pylist() == before_parts
+    assert storage_files(cluster, "rb") == before_files
+    assert c0.commit_status(tx.tid).status == "aborted"
+    with pytest.raises(TransactionAborted):
+        tx.commit()
+
+
+def test_context_manager_rolls_back_on_exception(cluster: coordinator.LocalCluster, c0: Client) -> None:
+    c0.create_table("rbctx", SCHEMA)
+    before_files = storage_files(cluster, "rbctx")
+    with pytest.raises(RuntimeError, match="boom"):
+        with c0.transaction() as tx:
+            tx.insert("rbctx", rows(4))
+            raise RuntimeError("boom")
+    assert tx.csn is None
+    assert c0.read("rbctx").num_rows == 0
+    assert c0.parts("rbctx").num_rows == 0
+    assert storage_files(cluster, "rbctx") == before_files
+    assert c0.commit_status(tx.tid).status == "aborted"
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshot isolation and time travel
+
+
+def test_snapshot_isolation_across_replicas(c0: Client, c1: Client) -> None:
+    """A transaction begun on replica 0 never sees what replica 1 commits after its snapshot,
+    even once replica 0 has applied that commit; a new transaction does."""
+    c0.create_table("si", SCHEMA)
+    commit_insert(c0, "si", rows(3))
+    tx = c0.begin()
+    first = tx.read("si")
+    csn = commit_insert(c1, "si", rows(4, start=20, tag="late"))
+    assert csn > tx.snapshot
+    c0.wait_for(csn)
+    assert c0.snapshot() >= csn
+    second = tx.read("si")
+    assert as_set(first) == as_set(second)
+    assert ids(second) == [0, 1, 2]
+    # The transaction's own writes come on top of its snapshot, still without the other commit.
+    tx.insert("si", rows(1, start=9))
+    assert ids(tx.read("si")) == [0, 1, 2, 9]
+    tx.commit()
+    with c0.transaction() as fresh:
+        assert ids(fresh.read("si")) == [0, 1, 2, 9, 20, 21, 22, 23]
+
+
+def test_commit_on_one_replica_readable_on_another_at_its_csn(c0: Client, c1: Client,
+                                                              cluster: coordinator.LocalCluster) -> None:
+    """read(snapshot=csn) on replica 0 waits until it has applied replica 1's commit."""
+    c1.create_table("xrep", SCHEMA)
+    csn = commit_insert(c1, "xrep", rows(6))
+    assert ids(c0.read("xrep", snapshot=csn)) == list(range(6))
+    c2 = cluster.client(2)
+    assert ids(c2.read("xrep", snapshot=csn)) == list(range(6))
+    # An earlier snapshot of the same table (it exists, still empty, at the commit before).
+    assert c0.read("xrep", snapshot=csn - 1).num_rows == 0
+
+
+def test_time_travel_by_snapshot_and_as_of(c0: Client, c1: Client) -> None:
+    c0.create_table("tt", SCHEMA)
+    csn1 = commit_insert(c0, "tt", rows(2))
+    between = dt.datetime.now(dt.UTC)
+    csn2 = commit_insert(c1, "tt", rows(2, start=2))
+    with c0.transaction() as tx:
+        tx.delete("tt", pc.field("id") == 0)
+    csn3 = tx.csn
+    assert csn1 < csn2 < csn3
+    c0.wait_for(csn3)
+    assert ids(c0.read("tt", snapshot=csn1)) == [0, 1]
+    assert ids(c0.read("tt", snapshot=csn2)) == [0, 1, 2, 3]
+    assert ids(c0.read("tt", snapshot=csn3)) == [1, 2, 3]
+    assert ids(c0.read("tt")) == [1, 2, 3]
+    # as_of: the snapshot of the last data-changing commit at or before the time.
+    assert ids(c0.read("tt", as_of=between)) == [0, 1]
+    other_zone = between.astimezone(dt.timezone(dt.timedelta(hours=5, minutes=30)))
+    assert ids(c1.read("tt", as_of=other_zone)) == [0, 1]
+    now = dt.datetime.now(dt.UTC)
+    assert ids(c0.read("tt", as_of=now)) == [1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# Group commit and atomicity
+
+
+def test_group_commit_shares_csns(cluster: coordinator.LocalCluster) -> None:
+    """32 transactions committing at once on one replica share ZooKeeper multis: fewer CSNs
+    than commits. Every commit succeeds and every row is there."""
+    n = 32
+    setup = cluster.client(2)
+    setup.create_table("gc", SCHEMA)
+    shared_seen = False
+    total = 0
+    for round_no in range(3):  # a round may, rarely, not overlap; a non-batching commit never does
+        clients = [cluster.client(2) for _ in range(n)]
+        txs = [cl.begin() for cl in clients]
+        for i, tx in enumerate(txs):
+            tx.insert("gc", rows(1, start=1000 * round_no + i))
+        barrier = threading.Barrier(n)
+        csns: list[int | None] = [None] * n
+        errors: list[BaseException] = []
+
+        def commit(i: int) -> None:
+            try:
+                barrier.wait(timeout=60)
+                csns[i] = txs[i].commit()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=commit, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert all(c is not None for c in csns)
+        total += n
+        got = setup.read("gc", snapshot=max(csns))
+        assert got.num_rows == total
+        assert set(ids(got)) >= {1000 * round_no + i for i in range(n)}
+        for tx in txs:
+            assert setup.commit_status(tx.tid).csn == tx.csn
+        for cl in clients:
+            cl.close()
+        if len(set(csns)) < n:
+            shared_seen = True
+            break
+    assert shared_seen, "no two of 32 simultaneous commits ever shared a CSN: no group commit"
+
+
+def test_multi_table_commit_is_atomic_at_one_csn(c0: Client, c1: Client) -> None:
+    c0.create_table("mt_a", SCHEMA)
+    c0.create_table("mt_b", PSCHEMA, partition_by=["p"])
+    with c0.transaction() as tx:
+        tx.insert("mt_a", rows(3))
+        tx.insert("mt_b", pa.concat_tables([prows(1, [1, 2]), prows(2, [3])]))
+    csn = tx.csn
+    for table in ("mt_a", "mt_b"):
+        p = c1.parts(table) if c1.snapshot() >= csn else None
+        if p is None:
+            c1.wait_for(csn)
+            p = c1.parts(table)
+        assert set(p.column("creation_csn").to_pylist()) == {csn}
+        assert set(p.column("creation_tid").to_pylist()) == {tx.id}
+    assert c1.read("mt_a", snapshot=csn - 1).num_rows == 0
+    assert c1.read("mt_b", snapshot=csn - 1).num_rows == 0
+    assert c1.read("mt_a", snapshot=csn).num_rows == 3
+    assert c1.read("mt_b", snapshot=csn).num_rows == 3
+    assert c1.commit_status(tx.tid).csn == csn
+
+
+# ---------------------------------------------------------------------------------------------
+# Epochs
+
+
+@pytest.fixture
+def epoch_cluster(zk_server: ZooKeeperServer, tmp_path: Path) -> Iterator[coordinator.LocalCluster]:
+    with coordinator.LocalCluster(tmp_path / "epochs", replicas=2, zk_address=new_chroot(zk_server),
+                                  epoch_size=3) as c:
+        yield c
+
+
+def test_epoch_rollover(epoch_cluster: coordinator.LocalCluster) -> None:
+    """With 3 entries per epoch, ~30 commits from two replicas span many epochs: CSNs grow
+    strictly per client, every row is there, old snapshots read right across epoch boundaries,
+    and a replica restarted after several epochs catches up."""
+    cl = [epoch_cluster.client(0), epoch_cluster.client(1)]
+    cl[0].create_table("ep", SCHEMA)
+    history: list[tuple[int, list[int]]] = []  # (csn, ids visible at it)
+    last = {0: 0, 1: 0}
+    expected: list[int] = []
+    for i in range(30):
+        who = i % 2
+        csn = commit_insert(cl[who], "ep", rows(1, start=i))
+        assert csn > last[who], f"CSN went backwards on client {who}: {csn} after {last[who]}"
+        last[who] = csn
+        expected.append(i)
+        history.append((csn, list(expected)))
+    csns = [c for c, _ in history]
+    assert csns == sorted(csns) and len(set(csns)) == len(csns)  # commits were serial here
+    epochs = {split_csn(c)[0] for c in csns}
+    assert len(epochs) >= 8, f"expected many epochs with epoch_size=3, got {sorted(epochs)}"
+    assert max(csns) > EPOCH_STRIDE * 8
+    for who in (0, 1):
+        cl[who].wait_for(max(csns))
+        assert ids(cl[who].read("ep")) == expected
+        for csn, want in history:
+            assert ids(cl[who].read("ep", snapshot=csn)) == want, f"replica {who} at CSN {csn}"
+
+    # Replica 1 misses several epochs, then catches up from ZooKeeper.
+    epoch_cluster.stop_replica(1)
+    for i in range(30, 42):
+        csn = commit_insert(cl[0], "ep", rows(1, start=i))
+        expected.append(i)
+        history.append((csn, list(expected)))
+    assert split_csn(history[-1][0])[0] >= split_csn(history[29][0])[0] + 3
+    epoch_cluster.start_replica(1)
+    fresh = epoch_cluster.client(1)
+    assert ids(fresh.read("ep", snapshot=history[-1][0])) == expected
+    assert fresh.snapshot() >= history[-1][0]
+    for csn, want in history[::5]:
+        assert ids(fresh.read("ep", snapshot=csn)) == want
+    # And it commits into the current epoch.
+    csn = commit_insert(fresh, "ep", rows(1, start=99))
+    assert csn > history[-1][0]
+    assert ids(cl[0].read("ep", snapshot=csn)) == expected + [99]
+
+
+# ---------------------------------------------------------------------------------------------
+# Mutations, overwrite, truncate
+
+
+def test_update_and_delete_with_expressions(c0: Client, c1: Client) -> None:
+    schema = pa.schema([("id", pa.int64()), ("n", pa.int64()), ("v", pa.string())])
+    c0.create_table("mut", schema)
+    data = pa.table({"id": list(range(10)), "n": [i * 10 for i in range(10)],
+                     "v": [f"s{i}" for i in range(10)]}, schema=schema)
+    commit_insert(c0, "mut", data)
+    with c0.transaction() as tx:
+        assert tx.delete("mut", pc.field("id") >= 7) == 3
+        assert ids(tx.read("mut")) == list(range(7))
+        n = tx.update("mut", pc.field("id").isin([0, 2, 4, 6]), {"n": pc.field("n") + pc.field("id"), "v": "even"})
+        assert n == 4  # 0, 2, 4, 6
+        assert tx.update("mut", pc.field("id") > 100, {"v": "nobody"}) == 0
+        assert tx.delete("mut", pc.field("v") == "nothing-matches") == 0
+    got = {r["id"]: (r["n"], r["v"]) for r in c1.read("mut", snapshot=tx.csn).to_pylist()}
+    assert got == {
+        0: (0, "even"), 1: (10, "s1"), 2: (22, "even"), 3: (30, "s3"),
+        4: (44, "even"), 5: (50, "s5"), 6: (66, "even"),
+    }
+    # A null-aware predicate and setting null.
+    with c0.transaction() as tx2:
+        tx2.update("mut", pc.field("id") == 1, {"v": None})
+        tx2.delete("mut", pc.field("v").is_null())
+    assert ids(c0.read("mut")) == [0, 2, 3, 4, 5, 6]
+    # The earlier snapshot is untouched by the later mutations.
+    assert len(c0.read("mut", snapshot=tx.csn)) == 7
+
+
+def test_overwrite_partitions(c0: Client) -> None:
+    c0.create_table("ow", PSCHEMA, partition_by=["p"])
+    commit_insert(c0, "ow", pa.concat_tables([prows(1, [1, 2]), prows(2, [3, 4]), prows(3, [5])]))
+    with c0.transaction() as tx:
+        tx.overwrite("ow", prows(2, [40], tag="new"), partitions=[2])
+    got = as_set(c0.read("ow"), "p", "id", "v")
+    assert got == {(1, 1, "x1"), (1, 2, "x2"), (2, 40, "new40"), (3, 5, "x5")}
+    # Without partitions: the partitions present in the data are replaced, the rest stays.
+    with c0.transaction() as tx:
+        tx.overwrite("ow", pa.concat_tables([prows(1, [10]), prows(4, [11])]))
+    got = as_set(c0.read("ow"), "p", "id")
+    assert got == {(1, 10), (2, 40), (3, 5), (4, 11)}
+    # Overwriting a partition with nothing empties just it.
+    with c0.transaction() as tx:
+        tx.overwrite("ow", PSCHEMA.empty_table(), partitions=[3])
+    assert as_set(c0.read("ow"), "p", "id") == {(1, 10), (2, 40), (4, 11)}
+    # Unpartitioned: overwrite replaces everything, inside the transaction too.
+    c0.create_table("ow_flat", SCHEMA)
+    commit_insert(c0, "ow_flat", rows(5))
+    with c0.transaction() as tx:
+        tx.overwrite("ow_flat", rows(2, start=70))
+        assert ids(tx.read("ow_flat")) == [70, 71]
+    assert ids(c0.read("ow_flat")) == [70, 71]
+
+
+def test_truncate(c0: Client) -> None:
+    c0.create_table("tr", PSCHEMA, partition_by=["p"])
+    commit_insert(c0, "tr", pa.concat_tables([prows(1, [1]), prows(2, [2, 3]), prows(3, [4])]))
+    with c0.transaction() as tx:
+        assert tx.truncate("tr", partitions=[2]) == 1
+        assert as_set(tx.read("tr"), "p", "id") == {(1, 1), (3, 4)}
+    assert as_set(c0.read("tr"), "p", "id") == {(1, 1), (3, 4)}
+    with c0.transaction() as tx2:
+        tx2.truncate("tr")
+        assert tx2.read("tr").num_rows == 0
+        tx2.insert("tr", prows(5, [9]))  # a write after the truncate in the same transaction survives
+    assert as_set(c0.read("tr"), "p", "id") == {(5, 9)}
+    assert as_set(c0.read("tr", snapshot=tx.csn), "p", "id") == {(1, 1), (3, 4)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Operator views
+
+
+def test_parts_columns_after_insert_and_delete(c0: Client) -> None:
+    c0.create_table("pv", PSCHEMA, partition_by=["p"])
+    with c0.transaction() as ins:
+        ins.insert("pv", pa.concat_tables([prows(1, [1, 2, 3]), prows(2, [4])]))
+    p = c0.parts("pv")
+    for col in ("name", "partition", "rows", "creation_tid", "creation_csn", "removal_tid", "removal_csn",
+                "visible"):
+        assert col in p.column_names
+    recs = {json.loads(r["partition"])[0]: r for r in p.to_pylist()}
+    assert set(recs) == {1, 2}
+    assert recs[1]["rows"] == 3 and recs[2]["rows"] == 1
+    for r in recs.values():
+        assert r["creation_tid"] == ins.id
+        assert r["creation_csn"] == ins.csn
+        assert r["removal_tid"] is None and r["removal_csn"] is None
+        assert r["visible"] is True
+
+    with c0.transaction() as dl:
+        assert dl.delete("pv", pc.field("id") == 2) == 1
+    after = {r["name"]: r for r in c0.parts("pv").to_pylist()}
+    old1, old2 = recs[1]["name"], recs[2]["name"]
+    assert after[old1]["removal_tid"] == dl.id
+    assert after[old1]["removal_csn"] == dl.csn
+    assert after[old1]["visible"] is False
+    assert after[old2] == recs[2]  # untouched part of the other partition
+    new = [r for n, r in after.items() if n not in (old1, old2)]
+    assert len(new) == 1
+    assert new[0]["rows"] == 2 and json.loads(new[0]["partition"]) == [1]
+    assert new[0]["creation_tid"] == dl.id and new[0]["creation_csn"] == dl.csn
+    assert new[0]["visible"] is True and new[0]["removal_csn"] is None
+    assert sum(r["rows"] for r in after.values() if r["visible"]) == c0.read("pv").num_rows == 3
+
+
+def test_commit_status_and_transactions_and_kill(c0: Client, c1: Client) -> None:
+    c0.create_table("ops", SCHEMA)
+    done = c0.begin()
+    done.insert("ops", rows(1))
+    done.commit()
+    aborted = c0.begin()
+    aborted.insert("ops", rows(1, start=5))
+    aborted.rollback()
+    running = c0.begin()
+    running.insert("ops", rows(2, start=10))
+
+    st = c0.commit_status(done.tid)
+    assert (st.status, st.csn) == ("committed", done.csn)
+    c1.wait_for(done.csn)
+    assert c1.commit_status(done.tid).csn == done.csn  # every replica knows from the log
+    assert c0.commit_status(aborted.tid).status == "aborted"
+    assert c0.commit_status(aborted.tid).csn is None
+    assert c0.commit_status(running.tid).status == "running"
+    assert c0.commit_status(str(running.tid)).status == "running"
+
+    listed = {t["id"]: t for t in c0.transactions()}
+    assert running.id in listed
+    assert listed[running.id]["snapshot"] == running.snapshot
+    assert listed[running.id]["rows"] == 2
+    assert done.id not in listed and aborted.id not in listed
+
+    victim = c0.begin()
+    victim.insert("ops", rows(3, start=20))
+    c0.kill(victim.id)
+    assert victim.id not in {t["id"] for t in c0.transactions()}
+    with pytest.raises(TransactionAborted, match="killed"):
+        victim.commit()
+    assert c0.commit_status(victim.tid).status == "aborted"
+    running.commit()
+    assert ids(c0.read("ops")) == [0, 10, 11]
+
+
+def test_transaction_handle_fields(c0: Client) -> None:
+    """tid is a (start_csn, local_counter, host_id) named tuple; id names it; snapshot is the start."""
+    tx: Transaction = c0.begin()
+    try:
+        assert isinstance(tx.tid, coordinator.Tid)
+        assert tx.tid.start_csn == tx.snapshot
+        assert tx.tid.host_id == c0.host_id
+        assert coordinator.Tid.parse(tx.id) == tx.tid
+        other = c0.begin()
+        assert other.tid.local_counter != tx.tid.local_counter
+        other.rollback()
+    finally:
+        tx.rollback()
