@@ -212,7 +212,11 @@ class Committer:
         wanted: set[str] = set()
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
-        versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+        try:
+            versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+        except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
+            self.replica._connected.wait(self.replica.config.session_timeout)
+            raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {exc!r}") from exc
         if versions:
             self.replica.follower.poke()
         if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
@@ -269,14 +273,15 @@ class Committer:
             data = encode_entry({"v": 1, "manifest": path})
 
         try:
-            result = self.log.commit(data, expected)
+            with self.replica.follower.local_commit() as hand_over:
+                result = self.log.commit(data, expected)
+                hand_over(result.epoch, result.seq, data)  # WAL fsync + apply, here if it can
         except UNKNOWN_OUTCOME as exc:
             csn = self._resolve_outcome(accepted[0][0].txn.id, exc)
             if csn is None:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
         else:
             csn = result.csn
-            self.replica.follower.offer(result.epoch, result.seq, data)
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
         for p, plan in accepted:
@@ -418,6 +423,7 @@ class Committer:
                 new_added = {m.name for m in op.added}
                 op = replace(op, removed=[m.name for m in current if m.name not in new_added])
             elif not set(op.removed) <= {m.name for m in current}:
+                p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
                 op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from coordinator.errors import CorruptMetadata
 from coordinator.versions import csn_of
@@ -41,6 +42,14 @@ class Follower:
         self._offers: dict[tuple[int, int], bytes] = {}
         self._offer_lock = threading.Lock()
         self._pull_lock = threading.Lock()
+        # An exists-watch is armed on the next position and has not fired: ((epoch, seq), pokes
+        # when it was armed). While it holds, that entry does not exist yet and ZooKeeper need not
+        # be asked again; any poke (the watch firing, a session event, a reader) voids it.
+        self._pokes = 0
+        self._armed: tuple[tuple[int, int], int] | None = None
+        self._after_own = False  # the last batch ended with an entry this replica committed
+        self._idle = threading.Event()  # cleared while a local commit multi is in flight
+        self._idle.set()
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
 
     def start(self) -> None:
@@ -52,6 +61,7 @@ class Follower:
         self._thread.join(timeout=5)
 
     def poke(self, *_: object) -> None:
+        self._pokes += 1
         self._wake.set()
 
     def offer(self, epoch: int, seq: int, data: bytes) -> None:
@@ -60,10 +70,53 @@ class Follower:
             self._offers[(epoch, seq)] = data
         self._wake.set()
 
+    @contextmanager
+    def local_commit(self) -> Iterator[Callable[[int, int, bytes], None]]:
+        """Around a local commit multi: the follower thread holds off meanwhile (the watch on
+        the entry fires before the multi returns), so that the committer hands its own entry
+        over instead of the follower reading it back from ZooKeeper. Yields the hand-over."""
+        self._idle.clear()
+        try:
+            yield self._hand_over
+        finally:
+            self._idle.set()
+
+    def _hand_over(self, epoch: int, seq: int, data: bytes) -> None:
+        if not self.apply_own(epoch, seq, data):
+            self.offer(epoch, seq, data)
+
+    def apply_own(self, epoch: int, seq: int, data: bytes, timeout: float = 5.0) -> bool:
+        """Apply an entry this replica just committed, in the caller's thread, when it is the
+        next one here (WAL fsync first, as for any entry). Saves the committer a hand-over to
+        the follower thread. False when it could not: the caller then offers it and waits."""
+        if not self._pull_lock.acquire(timeout=timeout):
+            return False
+        try:
+            if self.state.position > (epoch, seq):
+                return True  # the follower got there first (it read the entry from ZooKeeper)
+            if self.state.position != (epoch, seq):
+                return False  # earlier entries are not applied yet: the follower fetches them
+            where = self.log.entry_path(epoch, seq)
+            entry = decode_entry(data, where)
+            if "manifest" in entry:
+                entry = self.load_manifest(entry)
+            self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
+            csn = csn_of(epoch, seq)
+            self.wal.append([{"csn": csn, "epoch": epoch, "seq": seq, "entry": entry}])
+            self.state.apply(csn, epoch, seq, entry)
+            self._after_own = True
+            return True
+        except Exception as exc:  # leave it to the follower thread, which retries
+            log.warning("could not apply own entry %d/%d in place: %r", epoch, seq, exc)
+            return False
+        finally:
+            self._pull_lock.release()
+
     def _run(self) -> None:
         while not self._stop.is_set():
+            self._idle.wait(0.25)  # a local commit in flight: let it hand its entry over
             try:
-                progressed = self.pull()
+                progressed = self._pull()
             except CorruptMetadata as exc:
                 log.error("cannot apply the log: %s", exc)
                 with self.state.lock:
@@ -76,11 +129,19 @@ class Follower:
                 self._stop.wait(0.2)
                 continue
             if not progressed:
-                self._wake.wait(1.0)
+                if not self._wake.wait(1.0):
+                    self._armed = None  # periodic full check (an epoch sealed elsewhere, a gap)
                 self._wake.clear()
 
     def pull(self) -> bool:
-        """Apply every entry available now; True if anything was applied."""
+        """Apply every entry available now; True if anything was applied.
+
+        A caller (outcome lookup after a lost connection, start-up) wants what ZooKeeper holds
+        now, not what an earlier watch implied: the poke voids any armed watch first."""
+        self._pokes += 1
+        return self._pull()
+
+    def _pull(self) -> bool:
         with self._pull_lock:
             progressed = False
             while True:
@@ -98,11 +159,30 @@ class Follower:
     def _fetch_batch(self) -> list[tuple[int, int, int, dict]]:
         epoch, seq = self.state.position
         out = []
+        own = False
         while len(out) < BATCH:
             with self._offer_lock:
                 data = self._offers.pop((epoch, seq), None)
                 for k in [k for k in self._offers if k < (epoch, seq)]:
                     del self._offers[k]
+                ahead = bool(self._offers)  # later local commits: entries up to them exist
+            if data is not None:
+                own = True
+            elif not ahead and own:
+                self._after_own = True  # apply our own commit first, look further afterwards
+                break
+            elif not ahead and not self._idle.is_set():
+                break  # a local commit is in flight: it hands its entry over (or offers it)
+            elif not ahead and seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
+                break  # the watch on this position has not fired: nothing new
+            elif not ahead and self._after_own and seq < self.log.epoch_size:
+                # Right after our own commit the next entry is rarely there: arm the watch
+                # directly (one request) instead of a read, an epoch stat and then the watch.
+                self._after_own = False
+                pokes = self._pokes
+                if not self.log.watch_next(epoch, seq, self.poke):
+                    self._armed = ((epoch, seq), pokes)
+                    break
             if data is None:
                 data = self.log.fetch(epoch, seq)
             if data is None:
@@ -116,9 +196,15 @@ class Follower:
                 epoch, seq = nxt
                 continue
             where = self.log.entry_path(epoch, seq)
-            entry = decode_entry(data, where)
-            if "manifest" in entry:
-                entry = self.load_manifest(entry)
+            try:
+                entry = decode_entry(data, where)
+                if "manifest" in entry:
+                    entry = self.load_manifest(entry)
+                self.state.parse_entry(entry, where)  # refuse it whole, before the WAL sees it
+            except CorruptMetadata:
+                if out:
+                    break  # apply the good entries before it; the next batch reports it
+                raise
             out.append((csn_of(epoch, seq), epoch, seq, entry))
             seq += 1
         return out
@@ -129,9 +215,13 @@ class Follower:
         sealed = stat is not None and stat.version >= 1
         if not sealed and stat is not None and stat.cversion <= seq:
             if not have_some:
+                pokes = self._pokes
                 if self.log.watch_next(epoch, seq, self.poke):
                     return (epoch, seq)
+                self._armed = ((epoch, seq), pokes)
             return None
+        if not sealed and stat is not None and self.log.zk.exists(self.log.entry_path(epoch, seq)) is not None:
+            return (epoch, seq)  # created since our read: no need to list the whole epoch
         later = [s for s in self.log.list_seqs(epoch) if s >= seq]
         if later:
             return (epoch, later[0])

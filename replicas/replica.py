@@ -83,6 +83,7 @@ class Replica:
         self.follower: Follower | None = None
         self.committer = None
         self._session_lost = threading.Event()
+        self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -90,9 +91,16 @@ class Replica:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = Wal(data_dir / "wal.log")
         staged: dict[str, list[str]] = {}
+        replay = True
         for rec in self.wal.records():
-            if "entry" in rec:
-                self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
+            if "entry" in rec and replay:
+                try:
+                    self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
+                except (CorruptMetadata, KeyError, TypeError, ValueError) as exc:
+                    # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
+                    log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
+                              self.wal.path, exc)
+                    replay = False
             elif "staged" in rec:
                 staged.setdefault(rec["staged"], []).extend(rec.get("paths", ()))
         self.zk.add_listener(self._on_zk_state)
@@ -100,7 +108,13 @@ class Replica:
         self.log.ensure_layout()
         self._register()
         self.follower = Follower(self.log, self.state, self.wal, self._load_manifest)
-        self.follower.pull()
+        try:
+            self.follower.pull()
+        except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
+            log.error("cannot apply the log: %s", exc)
+            with self.state.lock:
+                self.state.failure = exc
+                self.state.applied_cond.notify_all()
         self.follower.start()
         self._remove_uncommitted(staged)
         from replicas.committer import Committer
@@ -148,10 +162,16 @@ class Replica:
         self._publish_alive()
 
     def _on_zk_state(self, state: str) -> None:
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+        else:
+            self._connected.clear()
         if state == KazooState.LOST:
             self._session_lost.set()
             reason = f"replica {self.host_id} lost its ZooKeeper session"
-            threading.Thread(target=self.abort_all, args=(reason,), name="abort-all", daemon=True).start()
+            with self._txn_lock:  # only these: a BEGIN after this belongs to the new session
+                victims = list(self.txns.values())
+            threading.Thread(target=self.abort_all, args=(reason, victims), name="abort-all", daemon=True).start()
         elif state == KazooState.CONNECTED and self._session_lost.is_set():
             self._session_lost.clear()
             threading.Thread(target=self._after_new_session, daemon=True).start()
@@ -205,10 +225,16 @@ class Replica:
         """Block until ``csn`` is applied here (bounded), or raise a clear error."""
         if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
             raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
-        if self.state.failure is not None:
-            raise self.state.failure
         if csn <= self.state.applied:
-            return
+            return  # a snapshot already applied needs nothing more, even if later entries fail
+        if self.state.failure is not None:
+            # The log did not apply last time: look again now (an operator may have repaired
+            # the node); this raises CorruptMetadata naming the node while it still does not parse.
+            self.follower.pull()
+            with self.state.lock:
+                self.state.failure = None
+            if csn <= self.state.applied:
+                return
         epoch, seq = split_csn(csn)
         if self.log.fetch(epoch, seq) is None:
             raise SnapshotUnavailable(
@@ -243,7 +269,17 @@ class Replica:
             from parts.ops import validate_name
 
             validate_name("table", name)
-            raise TableNotFound(f"unknown table {name!r}", table=name)
+            if self.state.table(name) is None and self.zk.exists(self.log.path("tables", name)):
+                # Created through another replica and not applied here yet: catch up before
+                # answering, so that a table that exists is never reported unknown.
+                self.follower.pull()
+                t = self.state.table(name, snapshot)
+            if t is None:
+                created = self.state.table(name)
+                if created is not None:
+                    raise TableNotFound(f"table {name!r} does not exist at snapshot {snapshot} "
+                                        f"(created at CSN {created.created_csn})", table=name)
+                raise TableNotFound(f"unknown table {name!r}", table=name)
         return t
 
     def create_table(self, tdef: TableDef) -> int:
@@ -251,7 +287,9 @@ class Replica:
 
     # -- transactions ------------------------------------------------------------------------
     def begin(self) -> RunningTxn:
-        if self._session_lost.is_set() or not self.zk.connected:
+        # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
+        # for the session to come back, at most as long as the session could still be alive.
+        if not self._connected.wait(self.config.session_timeout) or self._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
         txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
@@ -313,6 +351,8 @@ class Replica:
             self.table(table, None)
             added, removed = txn.own_parts()
             return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+        if snapshot is None and as_of is None:
+            self.table(table)  # catches up first if the table was just created elsewhere
         snap = self.resolve_snapshot(snapshot, as_of)
         self.table(table, snap)
         return snap, self.state.visible(table, snap, pkeys=pkeys)
@@ -348,8 +388,8 @@ class Replica:
             for meta in op.added:
                 self._delete_file(meta.path)
 
-    def abort_all(self, reason: str) -> None:
-        for txn in list(self.txns.values()):
+    def abort_all(self, reason: str, txns: list[RunningTxn] | None = None) -> None:
+        for txn in list(self.txns.values()) if txns is None else txns:
             self.abort(txn, reason)
 
     def _finish(self, txn: RunningTxn, state: str, csn: int | None = None, reason: str = "") -> None:

@@ -135,7 +135,10 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
         tmp.write_text(server.address)
         os.replace(tmp, ready_file)
     print(f"READY {server.address}", flush=True)
-    stop.wait()
+    # A bare wait() never wakes for a signal that the kernel delivered to another thread
+    # (Python runs handlers only on the main thread, between bytecodes): poll instead.
+    while not stop.wait(0.2):
+        pass
     server.shutdown()
     replica.stop()
 

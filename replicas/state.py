@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Kind, Summary
 from coordinator.errors import CorruptMetadata
+from coordinator.versions import Tid
 from coordinator.visibility import is_visible
 from parts.format import PartMeta
 from parts.ops import partition_key
@@ -86,22 +87,14 @@ class ReplicaState:
         with self.lock:
             if csn <= self.applied:
                 return
-            try:
-                ddl = [TableDef.from_dict(d["create_table"]).with_csn(csn) for d in entry.get("ddl", ())]
-                txns = [
-                    (str(t["tid"]), t.get("time_version"), [Change.from_dict(c) for c in t.get("changes", ())])
-                    for t in entry.get("txns", ())
-                ]
-                versions = {str(k): int(v) for k, v in entry.get("versions", {}).items()}
-            except (KeyError, TypeError, ValueError) as exc:
-                raise CorruptMetadata(f"log entry at CSN {csn} (epoch {epoch}, seq {seq}) is malformed: {exc!r}") from exc
+            ddl, txns, versions = self.parse_entry(entry, f"at CSN {csn} (epoch {epoch}, seq {seq})")
             for t in ddl:
-                self.tables[t.name] = t
+                self.tables[t.name] = t.with_csn(csn)
             data_time = None
             for tid, time_version, changes in txns:
                 self.tid_csn[tid] = csn
                 if time_version is not None:
-                    data_time = float(time_version)
+                    data_time = time_version
                 for ch in changes:
                     self._apply_change(csn, tid, ch)
             for k, v in versions.items():
@@ -113,6 +106,27 @@ class ReplicaState:
             self.applied = csn
             self.position = (epoch, seq + 1)
             self.applied_cond.notify_all()
+
+    @staticmethod
+    def parse_entry(entry: dict, where: str) -> tuple[list[TableDef], list[tuple[str, float | None, list[Change]]],
+                                                      dict[str, int]]:
+        """Decode an entry's DDL, transactions and target versions without changing anything, so
+        that a malformed entry is refused whole (CorruptMetadata naming ``where``), never half
+        applied and never written to the WAL."""
+        try:
+            ddl = [TableDef.from_dict(d["create_table"]) for d in entry.get("ddl", ())]
+            txns = []
+            for t in entry.get("txns", ()):
+                Tid.parse(t["tid"])
+                tv = t.get("time_version")
+                txns.append((str(t["tid"]), None if tv is None else float(tv),
+                             [Change.from_dict(c) for c in t.get("changes", ())]))
+            versions = {str(k): int(v) for k, v in entry.get("versions", {}).items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptMetadata(f"log entry {where} is malformed: {exc!r}") from exc
+        except CorruptMetadata as exc:
+            raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
+        return ddl, txns, versions
 
     def _apply_change(self, csn: int, tid: str, ch: Change) -> None:
         live = self.live[ch.table]

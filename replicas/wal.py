@@ -46,8 +46,12 @@ class Wal:
                 break
             length, crc = _HEADER.unpack_from(data, pos)
             body = data[pos + _HEADER.size: pos + _HEADER.size + length]
-            if length > MAX_RECORD or len(body) < length or zlib.crc32(body) != crc:
-                if self._valid_record_follows(data, pos + 1):
+            # A zero length is never written (a record holds JSON): zeros a crash left behind.
+            if length == 0 or length > MAX_RECORD or len(body) < length or zlib.crc32(body) != crc:
+                end = pos + _HEADER.size + length
+                if self._valid_record_follows(data, pos + 1) or (
+                    length and end < len(data) and self._valid_record_follows(data, end, window=1)
+                ):
                     raise CorruptMetadata(f"WAL {self.path} has a corrupt record at byte {pos} followed by valid ones")
                 break
             try:
@@ -66,9 +70,10 @@ class Wal:
                 os.fsync(fh.fileno())
 
     @staticmethod
-    def _valid_record_follows(data: bytes, start: int) -> bool:
-        """Whether a well-formed record starts anywhere after a bad one (so it was not a tail)."""
-        for pos in range(start, min(len(data) - _HEADER.size, start + (1 << 16))):
+    def _valid_record_follows(data: bytes, start: int, window: int = 1 << 16) -> bool:
+        """Whether a well-formed record starts anywhere after a bad one (so it was not a tail):
+        within ``window`` bytes of ``start`` (the caller also tries where the bad one says it ends)."""
+        for pos in range(start, min(len(data) - _HEADER.size, start + window)):
             length, crc = _HEADER.unpack_from(data, pos)
             end = pos + _HEADER.size + length
             if 0 < length <= len(data) - pos - _HEADER.size and zlib.crc32(data[pos + _HEADER.size:end]) == crc:
