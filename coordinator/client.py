@@ -9,7 +9,6 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,11 +16,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.flight as flight
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
+from coordinator.rpc import RpcClient
 from coordinator.versions import Tid
 from parts import rewrite
 from parts.format import PartMeta, write_part
@@ -40,6 +40,11 @@ from parts.ops import (
 from parts.storage import Storage
 
 CALL_TIMEOUT = 600.0
+OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
+
+
+class _StillCommitting(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -56,9 +61,8 @@ class Client:
     def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
-        self.address = address.removeprefix("grpc://")
-        self._flight = flight.FlightClient(f"grpc://{self.address}")
-        self._options = flight.FlightCallOptions(timeout=timeout)
+        self.address = address
+        self._rpc = RpcClient(address, timeout)
         self._tables: dict[str, TableDef] = {}
         info = self.call("info")
         self.host_id: str = info["host_id"]
@@ -66,18 +70,10 @@ class Client:
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
-        body = json.dumps(args).encode()
-        try:
-            results = list(self._flight.do_action(flight.Action(action, body), self._options))
-        except flight.FlightError as exc:
-            raise ReplicaUnavailable(f"replica {self.address} did not answer {action!r}: {exc}") from None
-        reply = json.loads(results[0].body.to_pybytes())
-        if not reply.get("ok"):
-            raise errors.from_dict(reply.get("error") or {})
-        return reply.get("result")
+        return self._rpc.call(action, args)
 
     def close(self) -> None:
-        self._flight.close()
+        self._rpc.close()
 
     def __enter__(self) -> Client:
         return self
@@ -362,9 +358,24 @@ class Transaction:
         self._check_open()
         try:
             self.csn = self.client.call("commit", id=self.id)["csn"]
+        except ReplicaUnavailable:
+            self.csn = self._outcome()
         finally:
             self._ended = True
         return self.csn
+
+    def _outcome(self) -> int:
+        """The connection broke after the commit was sent: ask the replica (once it answers
+        again) whether it committed, instead of leaving the caller not knowing."""
+        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
+                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
+            with attempt:
+                status = self.client.commit_status(self.id)
+                if status.status == "committing":
+                    raise _StillCommitting(self.id)
+        if status.status == "committed":
+            return status.csn
+        raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
         if self._ended:

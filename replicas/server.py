@@ -1,4 +1,4 @@
-"""The replica's network face: Arrow Flight actions carrying JSON.
+"""The replica's network face: JSON actions over :mod:`coordinator.rpc`.
 
 Every action takes a JSON object and answers ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"type", "message", "details"}}``, so the client re-raises the same
@@ -8,7 +8,6 @@ write part files in storage themselves and exchange part descriptors with the re
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -16,10 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
-import pyarrow.flight as flight
-
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.rpc import RpcServer
 from parts.ops import partition_key
 from replicas.replica import Replica, ReplicaConfig
 from replicas.transactions import Op
@@ -27,9 +25,9 @@ from replicas.transactions import Op
 log = logging.getLogger(__name__)
 
 
-class ReplicaServer(flight.FlightServerBase):
+class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(f"grpc://{host}:{port}")
+        super().__init__(host, port, self.dispatch)
         self.replica = replica
         self.address = f"{host}:{self.port}"
         self.handlers = {
@@ -51,27 +49,19 @@ class ReplicaServer(flight.FlightServerBase):
             "compact": self._compact,
         }
 
-    def do_action(self, context, action):
+    def dispatch(self, action: str, args: dict) -> dict:
         try:
-            handler = self.handlers.get(action.type)
+            handler = self.handlers.get(action)
             if handler is None:
-                raise InvalidInput(f"unknown replica action {action.type!r}")
-            try:
-                args = json.loads(action.body.to_pybytes() or b"{}")
-            except ValueError as exc:
-                raise InvalidInput(f"request body is not JSON: {exc}") from None
-            reply = {"ok": True, "result": handler(args)}
+                raise InvalidInput(f"unknown replica action {action!r}")
+            return {"ok": True, "result": handler(args)}
         except MergetxnError as exc:
-            reply = {"ok": False, "error": exc.to_dict()}
+            return {"ok": False, "error": exc.to_dict()}
         except KeyError as exc:
-            reply = {"ok": False, "error": InvalidInput(f"request lacks field {exc}").to_dict()}
-        except Exception as exc:  # report, do not kill the server thread
-            log.exception("action %s failed", action.type)
-            reply = {"ok": False, "error": MergetxnError(f"{action.type} failed on the replica: {exc!r}").to_dict()}
-        yield flight.Result(json.dumps(reply).encode())
-
-    def list_actions(self, context):
-        return [(name, "") for name in sorted(self.handlers)]
+            return {"ok": False, "error": InvalidInput(f"request lacks field {exc}").to_dict()}
+        except Exception as exc:  # report, do not kill the connection's thread
+            log.exception("action %s failed", action)
+            return {"ok": False, "error": MergetxnError(f"{action} failed on the replica: {exc!r}").to_dict()}
 
     def _create_table(self, a: dict) -> dict:
         from parts.ops import schema_from_json
@@ -129,7 +119,7 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=server.serve, daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="rpc", daemon=True).start()
     if ready_file is not None:
         tmp = Path(str(ready_file) + ".tmp")
         tmp.write_text(server.address)
