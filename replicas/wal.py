@@ -31,9 +31,10 @@ class Wal:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
         self.dropped_tail = 0
         self._records = list(self._scan())
-        self._fh = open(self.path, "ab")
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def _scan(self) -> Iterator[dict]:
         if not self.path.exists():
@@ -85,16 +86,21 @@ class Wal:
         return self._records
 
     def append(self, records: list[dict], sync: bool = True) -> None:
+        """Append records; with ``sync`` they are on disk when this returns. Writes are
+        serialised, fsyncs are not held under the write lock: an unsynced append (a staged part,
+        which must survive a process kill but not a power loss) never waits on an fsync."""
         buf = bytearray()
         for r in records:
             body = json.dumps(r, separators=(",", ":")).encode()
             buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
+        view = memoryview(buf)
         with self._lock:
-            self._fh.write(buf)
-            self._fh.flush()
-            if sync:
-                os.fsync(self._fh.fileno())
+            while view:
+                view = view[os.write(self._fd, view):]
+        if sync:
+            with self._sync_lock:
+                os.fsync(self._fd)
 
     def close(self) -> None:
-        with self._lock:
-            self._fh.close()
+        with self._lock, self._sync_lock:
+            os.close(self._fd)
