@@ -243,6 +243,7 @@ def write_part(
     storage.put(
         meta.meta_path,
         json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
+        durable=False,  # advisory: the commit entry carries the same metadata
     )
     return meta
 

@@ -217,14 +217,15 @@ class Storage:
             return FileNotFoundError(f"storage {self._safe_url}: {relpath!r} does not exist")
         return OSError(f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})")
 
-    def put(self, relpath: str, data: bytes) -> None:
-        """Store ``data`` at ``relpath`` atomically and durably (visible whole or not at all)."""
+    def put(self, relpath: str, data: bytes, durable: bool = True) -> None:
+        """Store ``data`` at ``relpath`` atomically (visible whole or not at all) and, unless
+        ``durable`` is False (advisory files that a crash may lose), durably."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise InvalidInput(
                 f"storage put {relpath!r}: data must be bytes, got {type(data).__name__}"
             )
         if self._fs is None:
-            self._put_local(self._local(relpath), bytes(data))
+            self._put_local(self._local(relpath), bytes(data), durable)
             return
         path = self._remote(relpath)
         try:
@@ -232,7 +233,7 @@ class Storage:
         except Exception as exc:
             raise self._fail("put", relpath, exc) from None
 
-    def _put_local(self, path: str, data: bytes) -> None:
+    def _put_local(self, path: str, data: bytes, durable: bool = True) -> None:
         directory = os.path.dirname(path)
         self._makedirs_durable(directory)
         tmp = os.path.join(
@@ -243,7 +244,8 @@ class Storage:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -251,7 +253,8 @@ class Storage:
             except OSError:
                 pass
             raise
-        _fsync_dir(directory)
+        if durable:
+            _fsync_dir(directory)
 
     def _makedirs_durable(self, directory: str) -> None:
         """Create missing directories and fsync each parent so the new entries survive a crash."""
