@@ -244,12 +244,16 @@ class Transaction:
             raise TransactionAborted(f"transaction {self.id} has ended", id=self.id)
 
     def _stage(self, op: dict) -> None:
+        self._send("stage", [op])
+
+    def _send(self, action: str, ops: list[dict]) -> Any:
         try:
-            self.client.call("stage", id=self.id, op=op)
+            return self.client.call(action, id=self.id, ops=ops)
         except errors.MergetxnError:
-            # The replica never took these parts: nothing references them.
-            for m in op.get("added", ()):
-                _delete_quietly(self.client.storage, m["path"])
+            # Parts the replica did not take (or dropped when it aborted): nothing references them.
+            for op in ops:
+                for m in op.get("added", ()):
+                    _delete_quietly(self.client.storage, m["path"])
             raise
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:

@@ -464,6 +464,7 @@ class Replica:
             "snapshot": self.state.applied,
             "epoch_size": self.log.epoch_size,
             "incarnation": self.incarnation,
+            "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
         }
 
