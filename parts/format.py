@@ -16,7 +16,7 @@ import re
 import time
 import uuid
 import zlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -60,10 +60,18 @@ class PartMeta:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form (tuples become lists)."""
-        d = asdict(self)
-        d["partition"] = list(self.partition)
-        d["stats"] = {k: (None if v is None else list(v)) for k, v in self.stats.items()}
-        return d
+        return {
+            "name": self.name,
+            "table": self.table,
+            "partition": list(self.partition),
+            "path": self.path,
+            "rows": self.rows,
+            "size": self.size,
+            "checksum": self.checksum,
+            "stats": {k: (None if v is None else list(v)) for k, v in self.stats.items()},
+            "creation_tid": self.creation_tid,
+            "created_at": self.created_at,
+        }
 
     @classmethod
     def from_dict(cls, d: Any) -> PartMeta:
