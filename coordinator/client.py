@@ -152,7 +152,18 @@ class Client:
         if as_of is not None:
             args["as_of"] = _timestamp(as_of, "as_of")
         r = self.call("visible", **args)
-        return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+        try:
+            return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+        except errors.CorruptPart:
+            # Cleanup may have taken a part between the listing and the read. Ask again with the
+            # watermark read fresh: SnapshotUnavailable then says so; a latest read starts over.
+            try:
+                self.call("visible", table=table, snapshot=r["snapshot"], fresh=True)
+            except errors.SnapshotUnavailable:
+                if snapshot is None and as_of is None:
+                    return self.read(table, columns=columns, where=where)
+                raise
+            raise
 
     def _read_parts(self, table: str, metas: list[PartMeta], columns: Sequence[str] | None,
                     where: pc.Expression | None) -> pa.Table:
@@ -202,7 +213,64 @@ class Client:
             ("name", pa.string()), ("partition", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
             ("size", pa.int64()), ("creation_tid", pa.string()), ("creation_csn", pa.int64()),
             ("removal_tid", pa.string()), ("removal_csn", pa.int64()), ("visible", pa.bool_()),
+            ("why_kept", pa.string()), ("collected", pa.bool_()),
         ])
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def gc(self, grace_seconds: float | None = None) -> dict:
+        """One cleanup pass now (replicas/maintenance.py): ``{"removed": [...], "kept": [...],
+        "min_snapshot", "watermark", "snapshots_in_use", ...}``, each file with its reason."""
+        args: dict[str, Any] = {}
+        if grace_seconds is not None:
+            args["grace_seconds"] = grace_seconds
+        return self.call("gc", **args)
+
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id") -> pa.Table:
+        """Rows of the parts added and removed by the commits whose version is in (start, end]:
+        CSNs for ``by="id"`` (compactions included), aware datetimes for ``by="time"`` (compaction
+        commits have no time version and never appear). The table's columns plus ``_change``
+        ("insert" or "delete") and ``_csn``, in commit order, deletes before inserts."""
+        if by not in ("id", "time"):
+            raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
+        if by == "time":
+            lo: Any = _timestamp(start, "start")
+            hi: Any = None if end is None else _timestamp(end, "end")
+        else:
+            for what, v in (("start", start), ("end", end)):
+                if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
+            lo, hi = start, end
+        tdef = self.table(table)
+        r = self.call("changes", table=table, start=lo, end=hi, by=by)
+        metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
+        try:
+            datas = rewrite.read_parts(self.storage, metas)
+        except errors.CorruptPart:
+            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True)  # collected meanwhile?
+            raise
+        schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
+        pieces = []
+        for p, data in zip(r["parts"], datas):
+            if data.schema != tdef.schema:
+                data = data.cast(tdef.schema)
+            n = data.num_rows
+            data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
+            pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
+        return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
+    def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
+        """The event log (like ClickHouse's transactions_info_log): commit, part_added and
+        part_removed from the log, begin, rollback and merge from this replica's bounded ring."""
+        rows = self.call("events", table=table, since_csn=since_csn)
+        schema = pa.schema([
+            ("time", pa.timestamp("us", tz="UTC")), ("event", pa.string()), ("table", pa.string()),
+            ("tid", pa.string()), ("csn", pa.int64()), ("snapshot", pa.int64()), ("part", pa.string()),
+            ("partition", pa.string()), ("rows", pa.int64()), ("kinds", pa.string()), ("outcome", pa.string()),
+            ("reason", pa.string()), ("host", pa.string()),
+        ])
+        for row in rows:
+            t = row.get("time")
+            row["time"] = None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
         return pa.Table.from_pylist(rows, schema=schema)
 
     def commit_status(self, tid: Tid | str) -> CommitStatus:
@@ -344,6 +412,59 @@ class Transaction:
         self._stage_rewrite("compact", tdef, result, compact_kind=kind,
                             partitions=None if targets is None else [partition_key(p) for p in targets])
         return len(result.removed)
+
+    def add_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
+                  partitions: Sequence[Any] | None = None) -> int:
+        """Stage parts already written to storage (by Spark executors) as one INSERT or INSERT
+        OVERWRITE; the overwrite replaces ``partitions``, or those the parts are in (the whole
+        table when it is not partitioned). Returns the rows added. If staging fails the parts
+        are deleted: nothing references them."""
+        self._check_open()
+        if op not in ("insert", "overwrite"):
+            raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
+        tdef = self.client.table(table)
+        metas = list(metas)
+        strangers = [m.name for m in metas if m.table != tdef.name]
+        if strangers:
+            raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {table!r}")
+        added = [m.to_dict() for m in metas]
+        if op == "insert":
+            if added:
+                self._stage({"op": "insert", "table": table, "added": added})
+            return sum(m.rows for m in metas)
+        present = list(dict.fromkeys(tuple(m.partition) for m in metas))
+        if partitions is not None:
+            targets = _partitions(tdef, partitions)
+            outside = [p for p in present if p not in targets]
+            if outside:
+                raise InvalidInput(f"overwrite of {table!r}: parts in partition(s) {outside} "
+                                   f"outside the partitions given {targets}")
+        elif tdef.partition_by:
+            targets = present
+        else:
+            targets = [()]
+        if not targets:
+            return 0
+        removed = [m.name for m in self._visible(table, targets)]
+        self._stage({"op": "overwrite", "table": table, "added": added, "removed": removed,
+                     "partitions": [partition_key(p) for p in targets]})
+        return sum(m.rows for m in metas)
+
+    def add_rewrite(self, table: str, kind: str, added: Sequence[PartMeta], removed: Sequence[str],
+                    where: pc.Expression, set: Mapping[str, Any] | None = None) -> None:  # noqa: A002
+        """Stage a DELETE or UPDATE whose copy-on-write rewrite was done elsewhere (Spark
+        executors): ``removed`` parts replaced by ``added``. ``where``/``set`` travel with it so
+        the replica can redo it if a rebase finds its inputs rewritten."""
+        self._check_open()
+        if kind not in ("delete", "update"):
+            raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
+        tdef = self.client.table(table)
+        _check_predicate(where, tdef, kind)
+        extra: dict[str, Any] = {"where": encode_expression(where, tdef.schema)}
+        if kind == "update":
+            extra["assignments"] = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
+        result = rewrite.Rewrite(added=list(added), removed=list(removed))
+        self._stage_rewrite(kind, tdef, result, **extra)
 
     def _stage_rewrite(self, op: str, tdef: TableDef, result: rewrite.Rewrite, **extra: Any) -> None:
         if not tdef.partition_by and extra.get("partitions") is None:

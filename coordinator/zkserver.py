@@ -91,7 +91,7 @@ def find_pyspark_jars() -> Path:
     if spec is None or not spec.origin:
         raise RuntimeError(
             "pyspark is not installed in this interpreter; the embedded ZooKeeper runs from the "
-            "jars it ships. Run ./dev setup (or pip install 'pyspark>=4.0,<4.1')."
+            "jars it ships. Run ./dev setup (or pip install 'pyspark>=4.1,<4.2')."
         )
     jars = Path(spec.origin).resolve().parent / "jars"
     if not any(jars.glob("zookeeper-[0-9]*.jar")):

@@ -1,0 +1,730 @@
+"""The ``mergetxn`` data source for Spark 4's Python Data Source API.
+
+Where each piece runs matters, because nothing in the driver's Python memory reaches the others:
+
+* ``DataSource.schema()``, ``reader()``, ``pushFilters()``, ``partitions()`` and ``writer()`` run in
+  short-lived Python *planner* processes that the driver JVM starts. They talk to a replica
+  (option ``replica``): the table definition, the visible part list, BEGIN.
+* ``DataSourceReader.read()`` and ``DataSourceArrowWriter.write()`` run in Python workers on the
+  executors. They touch only object storage: a read task reads the parts it was handed (checksum
+  checked); a write task writes its Arrow batches as parts and returns their descriptors.
+* ``DataSourceWriter.commit(messages)`` / ``abort(messages)`` run in a planner process again, once
+  per job, with the messages of the task attempts Spark accepted (one per task: retries and
+  speculative duplicates that lost are not among them). The commit stages every descriptor in one
+  transaction and commits it; only parts named there ever become visible. Files of failed or
+  duplicate attempts are orphans: their names start with the transaction id (as every part's
+  does), no commit names them, and ``mergetxn gc`` collects them.
+
+With option ``txn`` the write joins a transaction that the driver opened (``client.begin()``) and
+only stages into it: several writes, to several tables, then become visible at one CSN when the
+driver commits, or never.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import math
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from coordinator import errors
+from coordinator.catalog import TableDef
+from coordinator.errors import InvalidInput, ReplicaUnavailable
+from parts.format import PartMeta, read_part, write_part
+from parts.ops import conform, may_match, split_by_partition
+from parts.storage import Storage
+
+NAME = "mergetxn"
+REPLICA_ENV = "MERGETXN_REPLICA"  # fallback for option `replica`
+WRITE_OPTIONS = frozenset({"replica", "txn", "rows_per_part"})
+READ_ONLY_OPTIONS = ("snapshot", "as_of", "changes_from", "changes_to", "changes_by")
+S3_OPTIONS = {
+    "s3_endpoint": "endpoint_url",
+    "s3_key": "key",
+    "s3_access_key": "key",
+    "s3_secret": "secret",
+    "s3_secret_key": "secret",
+    "s3_token": "token",
+    "s3_session_token": "token",
+    "s3_region": "region",
+}
+PART_BYTES = 256 * 1024 * 1024  # Arrow bytes a write task buffers before it writes a part
+SPLIT_BYTES = 128 * 1024 * 1024  # Parquet bytes per read task (small parts are grouped)
+BATCH_ROWS = 65_536
+
+
+# ---------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Parsed options. ``storage_options`` may hold credentials: it is never printed."""
+
+    table: str
+    replica: str
+    txn: str | None = None
+    snapshot: int | None = None
+    as_of: float | None = None
+    changes: tuple[Any, Any, str] | None = None
+    rows_per_part: int | None = None
+    split_bytes: int = SPLIT_BYTES
+    trace_reads: str | None = None
+    storage_options: dict | None = field(default=None, repr=False)
+
+
+def _option(options: Any, name: str) -> str | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    value = str(value).strip()
+    return value or None
+
+
+def _int_option(options: Any, name: str, minimum: int = 0) -> int | None:
+    text = _option(options, name)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidInput(f"mergetxn option {name!r} must be an integer, not {text!r}") from None
+    if value < minimum:
+        raise InvalidInput(f"mergetxn option {name!r} must be >= {minimum}, not {value}")
+    return value
+
+
+def _time_option(options: Any, name: str) -> dt.datetime | None:
+    """An ISO 8601 time with a zone (``2025-01-31T12:00:00+00:00``, ``...Z``) or epoch seconds."""
+    text = _option(options, name)
+    if text is None:
+        return None
+    try:
+        return dt.datetime.fromtimestamp(float(text), dt.UTC)
+    except ValueError:
+        pass
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"mergetxn option {name!r} must be an ISO 8601 time with a zone "
+                           f"or epoch seconds, not {text!r}") from None
+    if when.tzinfo is None or when.utcoffset() is None:
+        raise InvalidInput(f"mergetxn option {name!r} needs a time zone (e.g. {text}+00:00)")
+    return when
+
+
+def storage_options(options: Any) -> dict | None:
+    """s3fs options from ``s3_*`` options; None (the environment, as Storage does) when none
+    is given. Options given are completed from the usual AWS variables."""
+    given = {target: _option(options, name) for name, target in S3_OPTIONS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return None
+    from parts.storage import _s3_env_options
+
+    out = _s3_env_options()
+    region = given.pop("region", None)
+    out.update(given)
+    if region:
+        out["client_kwargs"] = {"region_name": region}
+    return out
+
+
+def settings(options: Any, *, write: bool = False) -> Settings:
+    """Validate the options of one read or write, naming what is wrong."""
+    table = _option(options, "path")
+    if table is None:
+        raise InvalidInput("mergetxn: no table name; give it to load()/save(), e.g. "
+                           "spark.read.format('mergetxn').load('events')")
+    from parts.ops import validate_name
+
+    validate_name("table", table)
+    replica = _option(options, "replica") or os.environ.get(REPLICA_ENV)
+    if not replica:
+        raise InvalidInput(f"mergetxn: option 'replica' (host:port of a mergetxn replica) is required "
+                           f"(or set {REPLICA_ENV})")
+    if write:
+        misplaced = [n for n in READ_ONLY_OPTIONS if _option(options, n) is not None]
+        if misplaced:
+            raise InvalidInput(f"mergetxn: option(s) {misplaced} apply to reads, not writes")
+    elif _option(options, "txn") is not None:
+        raise InvalidInput("mergetxn: option 'txn' applies to writes; a transaction's own reads "
+                           "go through the Python client (tx.read)")
+    snapshot = _int_option(options, "snapshot")
+    as_of = _time_option(options, "as_of")
+    if snapshot is not None and as_of is not None:
+        raise InvalidInput("mergetxn: give either option 'snapshot' or 'as_of', not both")
+    changes = None
+    start, end, by = (_option(options, n) for n in ("changes_from", "changes_to", "changes_by"))
+    if start is not None or end is not None or by is not None:
+        if start is None:
+            raise InvalidInput("mergetxn: option 'changes_from' is required for an incremental read")
+        if snapshot is not None or as_of is not None:
+            raise InvalidInput("mergetxn: changes_* options cannot be combined with snapshot/as_of")
+        by = (by or "id").lower()
+        if by == "id":
+            changes = (_int_option(options, "changes_from"), _int_option(options, "changes_to"), by)
+        elif by == "time":
+            changes = (_time_option(options, "changes_from"), _time_option(options, "changes_to"), by)
+        else:
+            raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
+    return Settings(
+        table=table,
+        replica=replica,
+        txn=_option(options, "txn"),
+        snapshot=snapshot,
+        as_of=None if as_of is None else as_of.timestamp(),
+        changes=changes,
+        rows_per_part=_int_option(options, "rows_per_part", 1),
+        split_bytes=_int_option(options, "split_bytes", 1) or SPLIT_BYTES,
+        trace_reads=_option(options, "trace_reads"),
+        storage_options=storage_options(options),
+    )
+
+
+def connect(s: Settings):
+    """A client of the replica named by the options, with an error a Spark user understands."""
+    from coordinator.client import Client
+
+    try:
+        return Client(s.replica, s.storage_options)
+    except ReplicaUnavailable as exc:
+        raise ReplicaUnavailable(f"mergetxn: cannot reach replica {s.replica} (option 'replica'): "
+                                 f"{exc.message}") from None
+
+
+def table_def(client, s: Settings) -> TableDef:
+    try:
+        return client.table(s.table)
+    except errors.TableNotFound as exc:
+        raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
+                                   f"{exc.message}", table=s.table) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-process caches (executors reuse their Python workers)
+
+_storages: dict[tuple, Storage] = {}
+_storages_lock = threading.Lock()
+
+
+def storage_for(url: str, options: dict | None) -> Storage:
+    """One Storage (one s3fs client) per worker process and configuration."""
+    key = (url, repr(sorted((options or {}).items())))
+    with _storages_lock:
+        st = _storages.get(key)
+        if st is None:
+            st = _storages[key] = Storage(url, None if options is None else dict(options))
+        return st
+
+
+def spark_schema(schema: pa.Schema) -> StructType:
+    """The table's schema as Spark sees it; nullability kept, naive timestamps as TIMESTAMP_NTZ."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    try:
+        return from_arrow_schema(schema, prefer_timestamp_ntz=True)
+    except (TypeError, NotImplementedError, Exception) as exc:  # pyspark raises its own types
+        raise InvalidInput(f"mergetxn: a column type of {schema} has no Spark equivalent: {exc}") from None
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(schema, timestamp_utc=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The data source
+
+
+class MergetxnDataSource(DataSource):
+    """``spark.read.format("mergetxn")`` / ``df.write.format("mergetxn")``; the path is the table."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> StructType:
+        s = settings(self.options)
+        with connect(s) as client:
+            tdef = table_def(client, s)
+            if s.changes is not None:
+                _changes_api(client)
+        schema = tdef.schema
+        if s.changes is not None:
+            schema = schema.append(pa.field("_change", pa.string(), nullable=False))
+            schema = schema.append(pa.field("_csn", pa.int64(), nullable=False))
+        return spark_schema(schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        s = settings(self.options)
+        with connect(s) as client:
+            tdef = table_def(client, s)
+            url = client.call("info")["storage_url"]
+        cls = PruningReader if _pushdown_enabled() else MergetxnReader
+        return cls(s, schema, tdef.to_dict(), url)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        s = settings(self.options, write=True)
+        with connect(s) as client:
+            tdef = table_def(client, s)
+            check_write_schema(tdef, schema)
+            url = client.call("info")["storage_url"]
+            if s.txn is not None:
+                tx = join(client, s)
+            else:
+                tx = client.begin()
+        return MergetxnWriter(s, tdef.to_dict(), url, tx.id, own=s.txn is None, overwrite=overwrite)
+
+
+def _pushdown_enabled() -> bool:
+    """Whether Spark will call ``pushFilters`` for this read. Spark 4.1 refuses a reader that
+    implements it while ``spark.sql.python.filterPushdown.enabled`` is false, and tells the
+    reader nothing; its planner keeps the flag in a local named ``enable_pushdown`` (the pushdown
+    planner, used only when the flag is on, has none)."""
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None:
+            break
+        if "enable_pushdown" in frame.f_locals:
+            return bool(frame.f_locals["enable_pushdown"])
+        frame = frame.f_back
+    return True
+
+
+def check_write_schema(tdef: TableDef, schema: StructType) -> None:
+    """Fail the job before any task runs when the DataFrame's columns do not fit the table
+    (missing, unexpected, or a type that would lose values), naming every such column."""
+    try:
+        incoming = arrow_schema(schema)
+    except Exception as exc:
+        raise InvalidInput(f"mergetxn: write to {tdef.name!r}: a column type has no Arrow "
+                           f"equivalent: {exc}") from None
+    empty = pa.Table.from_batches([], schema=pa.schema([f.with_nullable(True) for f in incoming]))
+    try:
+        conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to")
+    except InvalidInput as exc:
+        raise InvalidInput(f"{exc.message} (table columns: "
+                           f"{[f'{f.name} {f.type}' for f in tdef.schema]})", table=tdef.name) from None
+
+
+def join(client, s: Settings):
+    """The driver's open transaction (option ``txn``), checked to be running on this replica."""
+    from coordinator.versions import Tid
+
+    try:
+        tid = Tid.parse(s.txn)
+    except ValueError:
+        raise InvalidInput(f"mergetxn: option 'txn' must be a transaction id (tx.id), not {s.txn!r}") from None
+    if tid.host_id != client.host_id:
+        raise InvalidInput(f"mergetxn: transaction {s.txn} runs on replica {tid.host_id}, but option "
+                           f"'replica' names {s.replica} ({client.host_id}); use that replica's address")
+    tx = client.join(s.txn)
+    try:
+        client.call("visible", table=s.table, id=tx.id, partitions=[])
+    except errors.TransactionAborted as exc:
+        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {s.txn}: {exc.message}",
+                                        id=s.txn) from None
+    return tx
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes
+
+
+@dataclass
+class PartsMessage(WriterCommitMessage):
+    """What one accepted task attempt wrote: part descriptors (JSON-safe dicts)."""
+
+    parts: list[dict]
+    rows: int
+    task: int = -1
+    attempt: int = -1
+
+
+class MergetxnWriter(DataSourceArrowWriter):
+    """Executors write Arrow batches as parts; the job's commit stages them in one transaction."""
+
+    def __init__(self, s: Settings, tdef: dict, storage_url: str, txn_id: str, own: bool,
+                 overwrite: bool) -> None:
+        self.s = s
+        self.tdef = tdef
+        self.storage_url = storage_url
+        self.txn_id = txn_id
+        self.own = own
+        self.overwrite = overwrite
+
+    def __repr__(self) -> str:
+        return f"MergetxnWriter(table={self.s.table!r}, txn={self.txn_id}, overwrite={self.overwrite})"
+
+    # -- executors ----------------------------------------------------------------------------
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PartsMessage:
+        tdef = TableDef.from_dict(self.tdef)
+        storage = storage_for(self.storage_url, self.s.storage_options)
+        limit_rows = self.s.rows_per_part or math.inf
+        written: list[PartMeta] = []
+        buffer: list[pa.RecordBatch] = []
+        rows = nbytes = 0
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                buffer.append(batch)
+                rows += batch.num_rows
+                nbytes += batch.nbytes
+                if rows >= limit_rows or nbytes >= PART_BYTES:
+                    written += self._flush(storage, tdef, buffer)
+                    buffer, rows, nbytes = [], 0, 0
+            if buffer:
+                written += self._flush(storage, tdef, buffer)
+        except BaseException:
+            # This attempt will not be committed: its parts would only be orphans.
+            for m in written:
+                _delete_quietly(storage, m.path)
+            raise
+        task, attempt = _task_ids()
+        return PartsMessage([m.to_dict() for m in written], sum(m.rows for m in written), task, attempt)
+
+    def _flush(self, storage: Storage, tdef: TableDef, batches: list[pa.RecordBatch]) -> list[PartMeta]:
+        data = pa.Table.from_batches(batches)
+        data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
+        return [
+            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id)
+            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+        ]
+
+    # -- driver -------------------------------------------------------------------------------
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        metas = _metas(messages)
+        s = self.s
+        with connect(s) as client:
+            tx = client.join(self.txn_id)
+            op = "overwrite" if self.overwrite else "insert"
+            try:
+                tx.add_parts(s.table, metas, op=op)
+            except errors.MergetxnError as exc:
+                if self.own:
+                    _rollback_quietly(tx)
+                raise type(exc)(f"mergetxn: staging the write to {s.table!r} in transaction "
+                                f"{self.txn_id} failed: {exc.message}", **exc.details) from None
+            if not self.own:
+                return
+            try:
+                tx.commit()
+            except errors.ConflictError as exc:
+                raise errors.ConflictError(
+                    f"mergetxn: the write to {s.table!r} (transaction {self.txn_id}) conflicts with "
+                    f"transaction {exc.winner}, which committed first; nothing of this write is "
+                    f"visible. {exc.message}", **exc.details) from None
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Remove what the accepted tasks wrote, unless a commit may reference it."""
+        metas = _metas(messages)
+        s = self.s
+        try:
+            client = connect(s)
+        except errors.MergetxnError:
+            return  # cannot tell what the replica holds: leave the files to gc
+        with client:
+            storage = client.storage
+            try:
+                if self.own:
+                    status = client.commit_status(self.txn_id)
+                    if status.status in ("committed", "committing"):
+                        return
+                    _rollback_quietly(client.join(self.txn_id))
+                    keep: set[str] = set()
+                else:
+                    try:
+                        r = client.call("visible", table=s.table, id=self.txn_id)
+                        keep = {m["name"] for m in r["parts"]}
+                    except errors.TransactionAborted:
+                        keep = set()
+            except errors.MergetxnError:
+                return
+            for m in metas:
+                if m.name not in keep:
+                    _delete_quietly(storage, m.path)
+
+
+def _task_ids() -> tuple[int, int]:
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            return ctx.partitionId(), ctx.attemptNumber()
+    except Exception:
+        pass
+    return -1, -1
+
+
+def _metas(messages: Sequence[WriterCommitMessage | None]) -> list[PartMeta]:
+    """Descriptors of the accepted attempts, each part once."""
+    out: dict[str, PartMeta] = {}
+    for msg in messages:
+        if isinstance(msg, PartsMessage):
+            for d in msg.parts:
+                m = PartMeta.from_dict(d)
+                out.setdefault(m.name, m)
+    return list(out.values())
+
+
+def _rollback_quietly(tx) -> None:
+    try:
+        tx.rollback()
+    except errors.MergetxnError:
+        pass
+
+
+def _delete_quietly(storage: Storage, path: str) -> None:
+    for p in (path, path[: -len(".parquet")] + ".json"):
+        try:
+            storage.delete(p)
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Reads
+
+
+class PartsPartition(InputPartition):
+    """One read task: a few parts of one snapshot (descriptors only; no credentials)."""
+
+    def __init__(self, index: int, parts: list[dict]) -> None:
+        super().__init__(index)
+        self.parts = parts
+
+    def __repr__(self) -> str:
+        return f"PartsPartition({self.value}, {len(self.parts)} part(s))"
+
+
+class ChangesPartition(InputPartition):
+    """One read task of an incremental read: rows already selected by the replica (Arrow IPC)."""
+
+    def __init__(self, index: int, ipc: bytes) -> None:
+        super().__init__(index)
+        self.ipc = ipc
+
+    def __repr__(self) -> str:
+        return f"ChangesPartition({self.value}, {len(self.ipc)} bytes)"
+
+
+class MergetxnReader(DataSourceReader):
+    """Plans one read task per part (small parts grouped) from the visible part list."""
+
+    def __init__(self, s: Settings, schema: StructType, tdef: dict, storage_url: str) -> None:
+        self.s = s
+        self.schema_json = schema.json()
+        self.tdef = tdef
+        self.storage_url = storage_url
+        self.pushed: list[tuple[str, str, Any]] = []
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(table={self.s.table!r}, pushed={len(self.pushed)})"
+
+    # -- planning -----------------------------------------------------------------------------
+    def partitions(self) -> list[InputPartition]:
+        s = self.s
+        with connect(s) as client:
+            if s.changes is not None:
+                return self._changes_partitions(client)
+            args: dict[str, Any] = {"table": s.table}
+            if s.snapshot is not None:
+                args["snapshot"] = s.snapshot
+            if s.as_of is not None:
+                args["as_of"] = s.as_of
+            try:
+                r = client.call("visible", **args)
+            except errors.TableNotFound as exc:
+                raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
+        metas = [PartMeta.from_dict(m) for m in r["parts"]]
+        where = self.where()
+        if where is not None:
+            tdef = TableDef.from_dict(self.tdef)
+            metas = [m for m in metas
+                     if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
+        return [PartsPartition(i, [m.to_dict() for m in group])
+                for i, group in enumerate(_group(metas, s.split_bytes))]
+
+    def _changes_partitions(self, client) -> list[InputPartition]:
+        start, end, by = self.s.changes
+        data = _changes_api(client)(self.s.table, start, end, by=by)
+        out = []
+        for i, batch in enumerate(data.combine_chunks().to_batches(max_chunksize=1_000_000)):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as w:
+                w.write_batch(batch)
+            out.append(ChangesPartition(i, sink.getvalue().to_pybytes()))
+        return out
+
+    def where(self) -> pc.Expression | None:
+        """The pushed filters as one expression that ``may_match`` understands."""
+        expr = None
+        for col, op, value in self.pushed:
+            if op == "in":
+                term = None
+                for v in value:
+                    t = pc.field(col) == v
+                    term = t if term is None else (term | t)
+            else:
+                term = _CMP[op](pc.field(col), value)
+            expr = term if expr is None else (expr & term)
+        return expr
+
+    # -- executors ----------------------------------------------------------------------------
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        target = arrow_schema(StructType.fromJson(_loads(self.schema_json)))
+        if isinstance(partition, ChangesPartition):
+            with pa.ipc.open_stream(partition.ipc) as r:
+                for batch in r:
+                    yield _fit(pa.Table.from_batches([batch]), target).to_batches()[0]
+            return
+        storage = storage_for(self.storage_url, self.s.storage_options)
+        metas = [PartMeta.from_dict(d) for d in partition.parts]
+        for data in _prefetch(storage, metas, self.s.trace_reads):
+            yield from _fit(data, target).to_batches(max_chunksize=BATCH_ROWS)
+
+
+_CMP = {
+    "==": lambda a, b: a == b,
+    "<": lambda a, b: a < b,
+    "<=": lambda a, b: a <= b,
+    ">": lambda a, b: a > b,
+    ">=": lambda a, b: a >= b,
+}
+
+
+class PruningReader(MergetxnReader):
+    """The reader when Spark pushes filters down (``spark.sql.python.filterPushdown.enabled``):
+    it keeps comparisons of a column with a literal to skip parts by partition value and by
+    column min/max, and hands every filter back, so Spark still filters the rows."""
+
+    def pushFilters(self, filters):  # noqa: N802 - Spark's name
+        from pyspark.sql.datasource import (
+            EqualNullSafe,
+            EqualTo,
+            GreaterThan,
+            GreaterThanOrEqual,
+            In,
+            LessThan,
+            LessThanOrEqual,
+        )
+
+        ops = {EqualTo: "==", EqualNullSafe: "==", GreaterThan: ">", GreaterThanOrEqual: ">=",
+               LessThan: "<", LessThanOrEqual: "<="}
+        names = set(TableDef.from_dict(self.tdef).schema.names)
+        for f in filters:
+            attr = getattr(f, "attribute", ())
+            if len(attr) == 1 and attr[0] in names:
+                value = getattr(f, "value", None)
+                if type(f) in ops and _prunable(value):
+                    self.pushed.append((attr[0], ops[type(f)], value))
+                elif isinstance(f, In) and 0 < len(value) <= 64 and all(_prunable(v) for v in value):
+                    self.pushed.append((attr[0], "in", tuple(value)))
+            yield f  # Spark evaluates every filter on the rows it gets
+
+
+def _prunable(value: Any) -> bool:
+    """Literals whose order against part statistics is exact (see parts.ops.may_match)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, (bool, int, str)) or (
+        isinstance(value, dt.date) and not isinstance(value, dt.datetime))
+
+
+def _loads(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+def _group(metas: list[PartMeta], split_bytes: int) -> list[list[PartMeta]]:
+    """Read tasks: one per part, small parts of a partition packed up to ``split_bytes``."""
+    metas = sorted(metas, key=lambda m: (m.partition_key, m.name))
+    groups: list[list[PartMeta]] = []
+    size = 0
+    for m in metas:
+        if groups and size + m.size <= split_bytes:
+            groups[-1].append(m)
+            size += m.size
+        else:
+            groups.append([m])
+            size = m.size
+    return groups
+
+
+def _prefetch(storage: Storage, metas: list[PartMeta], trace: str | None) -> Iterator[pa.Table]:
+    """Read the parts in order, the next one in the background while this one is consumed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def load(m: PartMeta) -> pa.Table:
+        if trace:
+            _trace(trace, m)
+        return read_part(storage, m)
+
+    if len(metas) <= 1:
+        for m in metas:
+            yield load(m)
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        future = pool.submit(load, metas[0])
+        for nxt in metas[1:]:
+            data = future.result()
+            future = pool.submit(load, nxt)
+            yield data
+        yield future.result()
+
+
+def _trace(path: str, m: PartMeta) -> None:
+    """Option ``trace_reads``: append ``<table> <part>`` per part read (tests, debugging)."""
+    line = f"{m.table} {m.name}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _fit(data: pa.Table, target: pa.Schema) -> pa.Table:
+    """The columns Spark asked for, in its order and Arrow types."""
+    if data.schema.equals(target, check_metadata=False):
+        return data
+    missing = [f.name for f in target if f.name not in data.column_names]
+    if missing:
+        raise InvalidInput(f"mergetxn: the table has no column(s) {missing}")
+    cols = []
+    for f in target:
+        col = data.column(f.name)
+        if not col.type.equals(f.type):
+            col = col.cast(f.type)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in target]))
+
+
+def _changes_api(client):
+    fn = getattr(client, "changes", None)
+    if fn is None:
+        raise InvalidInput("mergetxn: incremental reads (changes_from/changes_to/changes_by) need "
+                           "Client.changes, which this mergetxn installation does not have yet")
+    return fn
