@@ -693,6 +693,8 @@ def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
         rows = client.parts(table_name).to_pylist()
     if not show_all:
         rows = [r for r in rows if r["visible"]]
+    else:
+        rows = [r for r in rows if not r.get("collected")]  # in storage: visible, or why kept
     if as_json:
         for r in rows:
             click.echo(json.dumps(r))
@@ -706,7 +708,7 @@ def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
         "removal_tid",
         "removal_csn",
         "visible",
-    ]
+    ] + (["why_kept"] if show_all else [])
     out = console()
     out.print(rows_table(rows, cols))
     visible = sum(1 for r in rows if r["visible"])
@@ -762,18 +764,29 @@ def compact(table_name: str, kind: str, partitions: tuple[str, ...], replica: st
 
 
 @cli.command(short_help="Run one garbage-collection pass.")
+@click.option("--grace-seconds", type=float, default=None,
+              help="Keep unreferenced files younger than this (default: the replica's setting).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @replica_option
-def gc(replica: str) -> None:
-    """Run one garbage-collection pass now and show what was removed and kept."""
+def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
+    """Run one garbage-collection pass now and show what was removed and kept, and why."""
     with connected(replica) as client:
-        if not hasattr(client, "gc"):
-            fail("gc is not available yet in this version of mergetxn")
-        result = client.gc()
+        result = client.gc(grace_seconds=grace_seconds)
+    if as_json:
+        click.echo(json.dumps(result, default=str))
+        return
     out = console()
-    if isinstance(result, (dict, list)):
-        out.print_json(json.dumps(result, default=str))
-    else:
-        out.print(str(result))
+    cols = ["table", "path", "reason"]
+    if result["removed"]:
+        out.print(rows_table(result["removed"], cols, title="removed"))
+    if result["kept"]:
+        out.print(rows_table(result["kept"], cols, title="kept"))
+    in_use = ", ".join(f"{s['snapshot']} ({s['holder']} on {s['host']})" for s in result["snapshots_in_use"][:5])
+    out.print(
+        f"removed {len(result['removed'])} files, kept {len(result['kept'])}; oldest snapshot in use "
+        f"{result['min_snapshot']} [{escape(in_use)}]; parts removed at or before CSN "
+        f"{result['watermark']} are gone ({result['seconds']:.2f}s)"
+    )
 
 
 @cli.command(short_help="Print the replica's snapshot CSN.")

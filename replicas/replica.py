@@ -20,6 +20,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from coordinator import checkpoint
 from coordinator.catalog import TableDef
 from coordinator.errors import (
     CorruptMetadata,
@@ -34,6 +35,7 @@ from coordinator.zklog import CsnLog, encode_entry
 from parts.format import PartMeta
 from parts.storage import Storage
 from replicas.follower import Follower
+from replicas.maintenance import Maintenance
 from replicas.state import ReplicaState
 from replicas.transactions import Op, RunningTxn
 from replicas.wal import Wal
@@ -53,9 +55,28 @@ class ReplicaConfig:
     port: int = 0
     txn_max_seconds: float = 3600.0
     txn_max_rows: int = 100_000_000
+    # Background merges and cleanup (replicas/maintenance.py; OPTIONS there documents each).
+    merge_interval: float = 1.0
+    merge_min_parts: int = 8
+    merge_max_parts: int = 64
+    merge_small_bytes: int = 32 * 1024 * 1024
+    major_min_parts: int = 2
+    major_idle_seconds: float = 600.0
+    major_max_bytes: int = 256 * 1024 * 1024
+    gc_interval: float = 10.0
+    gc_grace_seconds: float = 60.0
+    read_lease_seconds: float = 30.0
     read_wait_seconds: float = 30.0
     session_timeout: float = 10.0
     storage_options: dict | None = field(default=None, repr=False)
+    # The log tail (coordinator/checkpoint.py): seal the open epoch, checkpoint and trim once it
+    # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
+    # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
+    # publish the applied CSN and oldest snapshot in use).
+    checkpoint_every: int = 1000
+    retain_entries: int = 1000  # the newest entries stay in the log: snapshots within them are served
+    local_checkpoint_every: int = 5000
+    tail_check_seconds: float = 1.0
 
 
 class Replica:
@@ -82,6 +103,9 @@ class Replica:
         self.wal: Wal | None = None
         self.follower: Follower | None = None
         self.committer = None
+        self.maintenance = Maintenance(self)
+        self.tail: checkpoint.LogTail | None = None
+        self._alive_published: bytes | None = None
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
 
@@ -91,8 +115,20 @@ class Replica:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = Wal(data_dir / "wal.log")
         staged: dict[str, list[str]] = {}
-        replay = True
-        for rec in self.wal.records():
+        # A compacted WAL starts with {"base": C}: its entries continue the local snapshot at C.
+        records = self.wal.records()
+        base = int(records[0]["base"]) if records and "base" in records[0] else 0
+        local = checkpoint.read_local(data_dir / checkpoint.LOCAL_NAME)
+        if local is not None:
+            try:
+                self.state.restore(local, str(data_dir / checkpoint.LOCAL_NAME))
+            except CorruptMetadata as exc:
+                log.error("%s; rebuilding from ZooKeeper", exc)
+        replay = self.state.applied >= base
+        if not replay:
+            log.error("WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
+                      "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
+        for rec in records:
             if "entry" in rec and replay:
                 try:
                     self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
@@ -107,7 +143,8 @@ class Replica:
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
         self.log.ensure_layout()
         self._register()
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest)
+        self.tail = checkpoint.LogTail(self)
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
         try:
             self.follower.pull()
         except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
@@ -116,15 +153,20 @@ class Replica:
                 self.state.failure = exc
                 self.state.applied_cond.notify_all()
         self.follower.start()
+        self.tail.start()
         self._remove_uncommitted(staged)
         from replicas.committer import Committer
 
         self.committer = Committer(self)
         self.committer.start()
+        self.maintenance.start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.maintenance.stop()
+        if self.tail is not None:
+            self.tail.stop()
         if self.committer is not None:
             self.committer.stop()
         if self.follower is not None:
@@ -145,9 +187,36 @@ class Replica:
         self.incarnation = stat.version
         self._publish_alive()
 
+    def _alive_data(self) -> bytes:
+        """What replicas/<host>/alive says: where we are, and (for trimming the log tail and for
+        cleanup) the applied CSN and the oldest snapshot a running transaction here uses."""
+        with self._txn_lock:
+            snaps = [t.snapshot for t in self.txns.values()]
+            applied = self.state.applied
+        return json.dumps({"address": self.address, "incarnation": self.incarnation, "applied": applied,
+                           "min_snapshot": min(snaps) if snaps else None,
+                           **self.maintenance.alive_fields()}).encode()  # cleanup: snapshots in use
+
+    def min_needed(self) -> int:
+        """The lowest CSN this replica still needs: applied, or an older running snapshot."""
+        with self._txn_lock:
+            return min([self.state.applied, *(t.snapshot for t in self.txns.values())])
+
+    def refresh_alive(self) -> None:
+        """Republish the alive node when what it says changed (the log-tail thread, each tick)."""
+        data = self._alive_data()
+        if data == self._alive_published:
+            return
+        try:
+            self.zk.retry(self.zk.set, self.log.path("replicas", self.host_id, "alive"), data)
+            self._alive_published = data
+        except NoNodeError:
+            self._publish_alive()
+
     def _publish_alive(self) -> None:
         node = self.log.path("replicas", self.host_id, "alive")
-        data = json.dumps({"address": self.address, "incarnation": self.incarnation}).encode()
+        data = self._alive_data()
+        self._alive_published = data
         try:
             self.zk.retry(self.zk.create, node, data, ephemeral=True)
         except NodeExistsError:
@@ -225,6 +294,8 @@ class Replica:
         """Block until ``csn`` is applied here (bounded), or raise a clear error."""
         if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
             raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
+        if self.tail is not None:
+            self.tail.check_snapshot(csn)
         if csn <= self.state.applied:
             return  # a snapshot already applied needs nothing more, even if later entries fail
         if self.state.failure is not None:
@@ -254,7 +325,10 @@ class Replica:
         if snapshot is not None and as_of is not None:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
-            return self.state.csn_at_time(float(as_of))
+            snap = self.state.csn_at_time(float(as_of))
+            if self.tail is not None:
+                self.tail.check_snapshot(snap, what=f"as_of {as_of} resolves to snapshot")
+            return snap
         if snapshot is None:
             return self.state.applied
         self.wait_snapshot(snapshot)
@@ -291,10 +365,12 @@ class Replica:
         # for the session to come back, at most as long as the session could still be alive.
         if not self._connected.wait(self.config.session_timeout) or self._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
-        tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
-        txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
-        with self._txn_lock:
+        self.maintenance.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
+        with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
+            tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
+            txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
             self.txns[txn.id] = txn
+        self.maintenance.on_begin(txn)
         return txn
 
     def txn(self, txn_id: str) -> RunningTxn:
@@ -345,7 +421,11 @@ class Replica:
             self.wal.append([{"staged": txn.id, "paths": [m.path for m in op.added]}], sync=False)
 
     def visible_parts(self, table: str, txn_id: str | None = None, snapshot: int | None = None,
-                      as_of: float | None = None, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
+                      as_of: float | None = None, pkeys: list[str] | None = None,
+                      fresh: bool = False) -> tuple[int, list[PartMeta]]:
+        """Parts visible to a transaction or at a snapshot. A plain read leases its snapshot (see
+        replicas/maintenance.py) and fails with SnapshotUnavailable if cleanup took a part it
+        needs (``fresh``: read the cleanup watermark from ZooKeeper, not the watched copy)."""
         if txn_id is not None:
             txn = self.running(txn_id)
             self.table(table, None)
@@ -353,9 +433,15 @@ class Replica:
             return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
-        snap = self.resolve_snapshot(snapshot, as_of)
+        self.maintenance.ensure_applied_watermark()
+        if snapshot is None and as_of is None:
+            snap = self.maintenance.lease(None)
+        else:
+            snap = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of))
         self.table(table, snap)
-        return snap, self.state.visible(table, snap, pkeys=pkeys)
+        metas = self.state.visible(table, snap, pkeys=pkeys)
+        self.maintenance.check_retained(table, snap, metas, fresh)
+        return snap, metas
 
     def commit(self, txn_id: str) -> int:
         txn = self.running(txn_id)
@@ -402,6 +488,7 @@ class Replica:
             self.finished[txn.id] = txn
             while len(self.finished) > 10_000:
                 self.finished.pop(next(iter(self.finished)))
+        self.maintenance.on_end(txn)
 
     def kill(self, txn_id: str) -> dict:
         txn = self.txn(txn_id)
@@ -434,6 +521,7 @@ class Replica:
     # -- introspection -----------------------------------------------------------------------
     def part_records(self, table: str) -> list[dict]:
         self.table(table)
+        note = self.maintenance.part_notes()  # why a removed part is still in storage
         with self.state.lock:
             names = sorted(self.state.by_table.get(table, ()))
             latest = self.state.applied
@@ -451,6 +539,7 @@ class Replica:
                     "removal_tid": rec.removal_tid,
                     "removal_csn": rec.removal_csn,
                     "visible": rec.removal_csn is None or rec.removal_csn > latest,
+                    **dict(zip(("why_kept", "collected"), note(rec))),
                 })
         return out
 

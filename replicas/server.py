@@ -19,6 +19,7 @@ from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.rpc import RpcServer
 from parts.ops import partition_key
+from replicas import maintenance
 from replicas.replica import Replica, ReplicaConfig
 from replicas.transactions import Op
 
@@ -47,6 +48,10 @@ class ReplicaServer(RpcServer):
             "parts": lambda a: replica.part_records(a["table"]),
             "commit_status": lambda a: replica.commit_status(a["tid"]),
             "compact": self._compact,
+            "gc": lambda a: replica.maintenance.gc(a.get("grace_seconds")),
+            "changes": lambda a: replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
+                                                             a.get("by", "id"), bool(a.get("fresh"))),
+            "events": lambda a: replica.maintenance.events(a.get("table"), a.get("since_csn")),
         }
 
     def dispatch(self, action: str, args: dict) -> dict:
@@ -90,7 +95,8 @@ class ReplicaServer(RpcServer):
         pkeys = None
         if a.get("partitions") is not None:
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
-        snap, metas = self.replica.visible_parts(a["table"], a.get("id"), a.get("snapshot"), a.get("as_of"), pkeys)
+        snap, metas = self.replica.visible_parts(a["table"], a.get("id"), a.get("snapshot"), a.get("as_of"), pkeys,
+                                                 fresh=bool(a.get("fresh")))
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
 
     def _compact(self, a: dict) -> dict:
@@ -159,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--txn-max-rows", type=int, default=100_000_000)
     p.add_argument("--session-timeout", type=float, default=10.0)
     p.add_argument("--ready-file", default=None)
+    maintenance.add_arguments(p)
     a = p.parse_args(argv)
     # Commits wait on I/O threads (kazoo, the committer) that compete for the GIL with RPC handler
     # threads; a short switch interval keeps their wake-up latency from growing to 5 ms.
@@ -168,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     config = ReplicaConfig(
         zk=a.zk, storage_url=a.storage, host_id=a.host_id, data_dir=Path(a.data_dir), root=a.root,
         epoch_size=a.epoch_size, host=a.host, port=a.port, txn_max_seconds=a.txn_max_seconds,
-        txn_max_rows=a.txn_max_rows, session_timeout=a.session_timeout,
+        txn_max_rows=a.txn_max_rows, session_timeout=a.session_timeout, **maintenance.config_values(a),
     )
     serve(config, Path(a.ready_file) if a.ready_file else None)
 
