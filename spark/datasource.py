@@ -63,8 +63,9 @@ S3_OPTIONS = {
     "s3_session_token": "token",
     "s3_region": "region",
 }
-PART_BYTES = 256 * 1024 * 1024  # Arrow bytes a write task buffers before it writes a part
-SPLIT_BYTES = 128 * 1024 * 1024  # Parquet bytes per read task (small parts are grouped)
+PART_BYTES = 64 * 1024 * 1024  # Arrow bytes a write task buffers before it writes them as a part
+SPLIT_BYTES = 32 * 1024 * 1024  # at most this many Parquet bytes per read task (small parts grouped)
+SPLIT_ROWS = 1_000_000  # and at most this many rows, so reads spread over the cores
 BATCH_ROWS = 65_536
 
 
@@ -377,12 +378,25 @@ class MergetxnWriter(DataSourceArrowWriter):
 
     # -- executors ----------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PartsMessage:
+        """Buffer batches and write them as parts; each chunk is encoded and stored in a
+        background thread while the next one arrives from the JVM."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         tdef = TableDef.from_dict(self.tdef)
         storage = storage_for(self.storage_url, self.s.storage_options)
         limit_rows = self.s.rows_per_part or math.inf
         written: list[PartMeta] = []
         buffer: list[pa.RecordBatch] = []
         rows = nbytes = 0
+        pending: Future | None = None
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mergetxn-part")
+
+        def flush(batches: list[pa.RecordBatch]) -> None:
+            nonlocal pending
+            if pending is not None:
+                written.extend(pending.result())  # at most one chunk in flight: memory stays bounded
+            pending = pool.submit(self._flush, storage, tdef, batches)
+
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
@@ -391,15 +405,25 @@ class MergetxnWriter(DataSourceArrowWriter):
                 rows += batch.num_rows
                 nbytes += batch.nbytes
                 if rows >= limit_rows or nbytes >= PART_BYTES:
-                    written += self._flush(storage, tdef, buffer)
+                    flush(buffer)
                     buffer, rows, nbytes = [], 0, 0
             if buffer:
-                written += self._flush(storage, tdef, buffer)
+                flush(buffer)
+            if pending is not None:
+                written.extend(pending.result())
+                pending = None
         except BaseException:
             # This attempt will not be committed: its parts would only be orphans.
+            if pending is not None:
+                try:
+                    written.extend(pending.result())
+                except Exception:
+                    pass
             for m in written:
                 _delete_quietly(storage, m.path)
             raise
+        finally:
+            pool.shutdown(wait=True)
         task, attempt = _task_ids()
         return PartsMessage([m.to_dict() for m in written], sum(m.rows for m in written), task, attempt)
 
@@ -659,17 +683,19 @@ def _loads(text: str) -> dict:
 
 
 def _group(metas: list[PartMeta], split_bytes: int) -> list[list[PartMeta]]:
-    """Read tasks: one per part, small parts of a partition packed up to ``split_bytes``."""
+    """Read tasks: one per part; small parts of a partition packed together, up to
+    ``split_bytes`` and SPLIT_ROWS per task."""
     metas = sorted(metas, key=lambda m: (m.partition_key, m.name))
     groups: list[list[PartMeta]] = []
-    size = 0
+    size = rows = 0
     for m in metas:
-        if groups and size + m.size <= split_bytes:
+        if groups and size + m.size <= split_bytes and rows + m.rows <= SPLIT_ROWS:
             groups[-1].append(m)
             size += m.size
+            rows += m.rows
         else:
             groups.append([m])
-            size = m.size
+            size, rows = m.size, m.rows
     return groups
 
 
