@@ -89,7 +89,7 @@ OPTIONS: list[tuple[str, type, float | int, str]] = [
     ("major_max_bytes", int, 256 * 1024 * 1024, "no major merge of a partition larger than this"),
     ("gc_interval", float, 10.0, "seconds between background cleanup passes (0: never)"),
     ("gc_grace_seconds", float, 60.0, "unreferenced files younger than this are kept"),
-    ("read_lease_seconds", float, 30.0, "a plain read keeps its snapshot in use this long"),
+    ("read_lease_seconds", float, 300.0, "a plain read (Spark's included) keeps its snapshot in use this long"),
 ]
 
 
@@ -473,12 +473,12 @@ class Maintenance:
         """(kind, pkey, sources) per partition that the policy says to merge now."""
         c = self.config
         now = time.time()
-        with self.state.lock:
-            live = {pk: [self.state.parts[n].meta for n in names]
-                    for pk, names in self.state.live.get(tdef.name, {}).items() if len(names) >= 2}
+        with self.state.lock:  # names only: the metas are looked up after (records are never dropped)
+            live = {pk: list(names) for pk, names in self.state.live.get(tdef.name, {}).items() if len(names) >= 2}
+        parts = self.state.parts
         plans = []
-        for pkey, metas in sorted(live.items()):
-            metas.sort(key=lambda m: m.name)
+        for pkey, names in sorted(live.items()):
+            metas = sorted((parts[n].meta for n in names if n in parts), key=lambda m: m.name)
             small = [m for m in metas if m.size < c.merge_small_bytes]
             if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
                 plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
@@ -534,6 +534,7 @@ class Maintenance:
             parts = [m for m in visible if m.name in wanted]
             if len(parts) < 2:
                 replica.rollback(txn.id, "nothing left to merge")
+                self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
                 self.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts

@@ -64,7 +64,7 @@ class ReplicaConfig:
     major_max_bytes: int = 256 * 1024 * 1024
     gc_interval: float = 10.0
     gc_grace_seconds: float = 60.0
-    read_lease_seconds: float = 30.0
+    read_lease_seconds: float = 300.0
     read_wait_seconds: float = 30.0
     session_timeout: float = 10.0
     storage_options: dict | None = field(default=None, repr=False)
@@ -251,7 +251,7 @@ class Replica:
             if csn <= self.state.applied:
                 return
         epoch, seq = split_csn(csn)
-        if self.log.fetch(epoch, seq) is None:
+        if self.log.fetch(epoch, seq) is None and self._synced_fetch(epoch, seq) is None:
             raise SnapshotUnavailable(
                 f"snapshot {csn} is newer than the log (latest applied here: {self.state.applied})",
                 snapshot=csn, latest=self.state.applied,
@@ -264,6 +264,12 @@ class Replica:
                 f"replica {self.host_id} did not apply snapshot {csn} within {self.config.read_wait_seconds:g}s "
                 f"(applied: {self.state.applied})"
             )
+
+    def _synced_fetch(self, epoch: int, seq: int) -> bytes | None:
+        """Fetch an entry after a ``sync``: the ZooKeeper member this session talks to may lag
+        the leader (an ensemble), so a commit made through another member can look missing."""
+        self.zk.sync(self.log.path("log"))
+        return self.log.fetch(epoch, seq)
 
     def resolve_snapshot(self, snapshot: int | None, as_of: float | None) -> int:
         if snapshot is not None and as_of is not None:
