@@ -404,8 +404,8 @@ class Maintenance:
         incarnations: dict[str, int] = {}
         for host, d in alive.items():
             running.update(str(t) for t in d.get("running", ()))
-            if d.get("running_overflow") or d.get("malformed"):
-                overflow_hosts.add(host)
+            if d.get("running_overflow") or d.get("malformed") or "running" not in d:
+                overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
             if isinstance(d.get("incarnation"), int):
                 incarnations[host] = d["incarnation"]
         with self.replica._txn_lock:
