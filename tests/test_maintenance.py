@@ -28,8 +28,7 @@ from kazoo.client import KazooClient
 from coordinator import LocalCluster
 from coordinator.catalog import TableDef
 from coordinator.cli import cli
-from coordinator.client import Client
-from coordinator.errors import InvalidInput, SnapshotUnavailable
+from coordinator.errors import InvalidInput, SnapshotUnavailable, TableNotFound
 from coordinator.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.ops import partition_key
@@ -569,5 +568,20 @@ def test_transactions_show_snapshot_and_age(manual: LocalCluster) -> None:
     c.close()
 
 
-def test_client_is_importable_without_a_cluster() -> None:
-    assert hasattr(Client, "gc") and hasattr(Client, "changes") and hasattr(Client, "events")
+def test_bad_maintenance_input_is_refused(manual: LocalCluster) -> None:
+    c = manual.client(0)
+    c.create_table("bad_in", SCHEMA)
+    with pytest.raises(InvalidInput, match="grace_seconds"):
+        c.gc(grace_seconds=-1)
+    with pytest.raises(InvalidInput, match="since_csn"):
+        c.events("bad_in", since_csn="yesterday")
+    with pytest.raises(InvalidInput, match="integer CSN"):
+        c.changes("bad_in", "a")
+    with pytest.raises(TableNotFound):
+        c.changes("no_such_table", 0)
+    with pytest.raises(TableNotFound):
+        c.events("no_such_table")
+    with pytest.raises(SnapshotUnavailable, match="newer than the log"):
+        c.changes("bad_in", 0, 10**9)
+    assert c.changes("bad_in", 0).num_rows == 0
+    c.close()
