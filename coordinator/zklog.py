@@ -11,7 +11,13 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
     targets/<table>/<pkey>     partition-level version, bumped by every commit whose conflict
                                rules need to see the commits on that partition
     replicas/<host>            per-replica node; its data version is the replica's incarnation
-    replicas/<host>/alive      ephemeral: address and oldest snapshot in use on that replica
+    replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
+    checkpoint                 the log tail (coordinator/checkpoint.py): {"csn": C, "path": P,
+                               "trimmed_epoch": E, "retained": M}: the state up to CSN C is in
+                               the checkpoint file P in storage; epochs <= E may be gone (whole
+                               sealed epochs only, all their entries <= C); snapshots < M are
+                               no longer served
+    locks/trim                 kazoo Lock: the one replica that writes checkpoints and trims
 
 The commit point is one multi: ``set_data(target, version=v)`` (or ``create``) for each target
 the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
@@ -91,6 +97,54 @@ class CsnLog:
     def target_path(self, key: str) -> str:
         return self.path("targets", key)
 
+    def tail_path(self) -> str:
+        return self.path("checkpoint")
+
+    # -- the log tail (written by coordinator/checkpoint.py) -----------------------------------
+    def read_tail(self, watch: Callable[..., object] | None = None) -> tuple[dict | None, int]:
+        """The checkpoint node's data (None before the first checkpoint) and its version."""
+        try:
+            data, stat = self.zk.retry(self.zk.get, self.tail_path(), watch=watch)
+        except NoNodeError:
+            if watch is not None:
+                self.zk.retry(self.zk.exists, self.tail_path(), watch=watch)
+            return None, -1
+        try:
+            tail = json.loads(data)
+            for k in ("csn", "trimmed_epoch", "retained"):
+                int(tail[k])
+            str(tail["path"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadata(f"znode {self.tail_path()} does not parse: {exc!r}") from exc
+        return tail, stat.version
+
+    def trimmed_epoch(self) -> int:
+        """Epochs up to this one may have been removed from ZooKeeper (-1: none)."""
+        tail, _ = self.read_tail()
+        return -1 if tail is None else int(tail["trimmed_epoch"])
+
+    def delete_epoch(self, epoch: int) -> int:
+        """Remove a sealed epoch and its entries (pipelined deletes); returns entries removed."""
+        stat = self.zk.retry(self.zk.exists, self.epoch_path(epoch))
+        if stat is None:
+            return 0
+        if stat.version < 1:
+            raise ValueError(f"epoch {epoch} is open: only sealed epochs are trimmed")
+        names = self.zk.retry(self.zk.get_children, self.epoch_path(epoch))
+        pending = [self.zk.delete_async(f"{self.epoch_path(epoch)}/{n}") for n in names]
+        removed = 0
+        for a in pending:
+            try:
+                a.get()
+                removed += 1
+            except NoNodeError:
+                pass
+        try:
+            self.zk.retry(self.zk.delete, self.epoch_path(epoch))
+        except NoNodeError:
+            pass
+        return removed
+
     # -- layout --------------------------------------------------------------------------
     def ensure_layout(self) -> None:
         """Create the root layout once; read the cluster's epoch size (first writer decides)."""
@@ -108,10 +162,11 @@ class CsnLog:
                 raise ValueError("epoch_size < 1")
         except (ValueError, KeyError, TypeError) as exc:
             raise CorruptMetadata(f"znode {self.path('config')} does not parse: {exc}") from exc
-        try:
-            self.zk.retry(self.zk.create, self.epoch_path(0), b"")
-        except NodeExistsError:
-            pass
+        if not self.epochs():  # a trimmed log has no e-0 any more: never recreate it (open)
+            try:
+                self.zk.retry(self.zk.create, self.epoch_path(0), b"")
+            except NodeExistsError:
+                pass
 
     def epochs(self) -> list[int]:
         names = self.zk.retry(self.zk.get_children, self.path("log"))

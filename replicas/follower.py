@@ -5,6 +5,11 @@ per entry and never a listing of the whole epoch. The next entry is awaited with
 ``exists`` watch; the committer of this replica hands over the entries it wrote itself, so a
 local commit is applied without a read. A listing is needed only in rare cases: the epoch was
 sealed, or the parent's child counter shows that a sequence number was skipped.
+
+The log's tail is trimmed (coordinator/checkpoint.py): whole sealed epochs are removed once a
+checkpoint in storage holds the state they built. Before skipping anything (a gap, the end of an
+epoch, a missing epoch) the follower checks the checkpoint node; when its position lies in a
+trimmed epoch it loads the checkpoint instead (``load_checkpoint``), then follows the tail.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from replicas.wal import Wal
 log = logging.getLogger(__name__)
 
 BATCH = 256
+TRIMMED = (-1, -1)  # _next_position: the position lies in a trimmed epoch (restore a checkpoint)
 
 
 class Follower:
@@ -32,8 +38,10 @@ class Follower:
         state: ReplicaState,
         wal: Wal,
         load_manifest: Callable[[dict], dict],
+        load_checkpoint: Callable[[dict], None] | None = None,
     ) -> None:
         self.log = csn_log
+        self.load_checkpoint = load_checkpoint
         self.state = state
         self.wal = wal
         self.load_manifest = load_manifest
@@ -189,6 +197,12 @@ class Follower:
                 nxt = self._next_position(epoch, seq, bool(out))
                 if nxt is None:
                     break
+                if nxt == TRIMMED:
+                    if out:
+                        break  # apply what we fetched before the entries went
+                    self._restore_from_tail()
+                    epoch, seq = self.state.position
+                    continue
                 if nxt[0] != epoch:
                     if out:
                         break  # apply what we have before moving to the next epoch
@@ -209,9 +223,26 @@ class Follower:
             seq += 1
         return out
 
+    def _restore_from_tail(self) -> None:
+        """Our position is in a trimmed epoch: take the state from the checkpoint (which covers
+        every trimmed entry) unless everything trimmed is applied here already."""
+        tail, _ = self.log.read_tail()
+        if tail is None:
+            raise CorruptMetadata(f"log entries at {self.state.position} are missing and "
+                                  f"{self.log.tail_path()} names no checkpoint")
+        if self.state.applied < int(tail["csn"]):
+            if self.load_checkpoint is None:
+                raise CorruptMetadata(f"log trimmed past CSN {self.state.applied} and this follower cannot "
+                                      f"load checkpoints")
+            log.warning("position %s is below the retained log: loading checkpoint %s (CSN %s)",
+                        self.state.position, tail["path"], tail["csn"])
+            self.load_checkpoint(tail)
+        self.state.advance_epoch(int(tail["trimmed_epoch"]))
+
     def _next_position(self, epoch: int, seq: int, have_some: bool) -> tuple[int, int] | None:
         """Where the log continues after a missing ``(epoch, seq)``, or None to wait."""
-        stat = self.log.zk.exists(self.log.epoch_path(epoch))
+        # The data watch fires when the epoch is sealed (or trimmed): look past its end then.
+        stat = self.log.zk.exists(self.log.epoch_path(epoch), watch=self.poke)
         sealed = stat is not None and stat.version >= 1
         if not sealed and stat is not None and stat.cversion <= seq:
             if not have_some:
@@ -223,6 +254,8 @@ class Follower:
         if not sealed and stat is not None and self.log.zk.exists(self.log.entry_path(epoch, seq)) is not None:
             return (epoch, seq)  # created since our read: no need to list the whole epoch
         later = [s for s in self.log.list_seqs(epoch) if s >= seq]
+        if (later or sealed or stat is None) and epoch <= self.log.trimmed_epoch():
+            return TRIMMED  # never skip entries that were trimmed: the checkpoint has them
         if later:
             return (epoch, later[0])
         if sealed:

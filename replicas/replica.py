@@ -14,12 +14,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from coordinator import checkpoint
 from coordinator.catalog import TableDef
 from coordinator.errors import (
     CorruptMetadata,
@@ -68,6 +70,14 @@ class ReplicaConfig:
     read_wait_seconds: float = 30.0
     session_timeout: float = 10.0
     storage_options: dict | None = field(default=None, repr=False)
+    # The log tail (coordinator/checkpoint.py): seal the open epoch, checkpoint and trim once it
+    # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
+    # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
+    # publish the applied CSN and oldest snapshot in use).
+    checkpoint_every: int = 1000
+    retain_entries: int = 1000  # the newest entries stay in the log: snapshots within them are served
+    local_checkpoint_every: int = 5000
+    tail_check_seconds: float = 1.0
 
 
 class Replica:
@@ -95,6 +105,8 @@ class Replica:
         self.follower: Follower | None = None
         self.committer = None
         self.maintenance = Maintenance(self)
+        self.tail: checkpoint.LogTail | None = None
+        self._alive_published: bytes | None = None
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
 
@@ -104,8 +116,20 @@ class Replica:
         data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = Wal(data_dir / "wal.log")
         staged: dict[str, list[str]] = {}
-        replay = True
-        for rec in self.wal.records():
+        # A compacted WAL starts with {"base": C}: its entries continue the local snapshot at C.
+        records = self.wal.records()
+        base = int(records[0]["base"]) if records and "base" in records[0] else 0
+        local = checkpoint.read_local(data_dir / checkpoint.LOCAL_NAME)
+        if local is not None:
+            try:
+                self.state.restore(local, str(data_dir / checkpoint.LOCAL_NAME))
+            except CorruptMetadata as exc:
+                log.error("%s; rebuilding from ZooKeeper", exc)
+        replay = self.state.applied >= base
+        if not replay:
+            log.error("WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
+                      "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
+        for rec in records:
             if "entry" in rec and replay:
                 try:
                     self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
@@ -120,7 +144,8 @@ class Replica:
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
         self.log.ensure_layout()
         self._register()
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest)
+        self.tail = checkpoint.LogTail(self)
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
         try:
             self.follower.pull()
         except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
@@ -129,6 +154,7 @@ class Replica:
                 self.state.failure = exc
                 self.state.applied_cond.notify_all()
         self.follower.start()
+        self.tail.start()
         self._remove_uncommitted(staged)
         from replicas.committer import Committer
 
@@ -140,6 +166,8 @@ class Replica:
     def stop(self) -> None:
         self._stop.set()
         self.maintenance.stop()
+        if self.tail is not None:
+            self.tail.stop()
         if self.committer is not None:
             self.committer.stop()
         if self.follower is not None:
@@ -160,9 +188,36 @@ class Replica:
         self.incarnation = stat.version
         self._publish_alive()
 
+    def _alive_data(self) -> bytes:
+        """What replicas/<host>/alive says: where we are, and (for trimming the log tail and for
+        cleanup) the applied CSN and the oldest snapshot a running transaction here uses."""
+        with self._txn_lock:
+            snaps = [t.snapshot for t in self.txns.values()]
+            applied = self.state.applied
+        return json.dumps({"address": self.address, "incarnation": self.incarnation, "applied": applied,
+                           "min_snapshot": min(snaps) if snaps else None,
+                           **self.maintenance.alive_fields()}).encode()  # cleanup: snapshots in use
+
+    def min_needed(self) -> int:
+        """The lowest CSN this replica still needs: applied, or an older running snapshot."""
+        with self._txn_lock:
+            return min([self.state.applied, *(t.snapshot for t in self.txns.values())])
+
+    def refresh_alive(self) -> None:
+        """Republish the alive node when what it says changed (the log-tail thread, each tick)."""
+        data = self._alive_data()
+        if data == self._alive_published:
+            return
+        try:
+            self.zk.retry(self.zk.set, self.log.path("replicas", self.host_id, "alive"), data)
+            self._alive_published = data
+        except NoNodeError:
+            self._publish_alive()
+
     def _publish_alive(self) -> None:
         node = self.log.path("replicas", self.host_id, "alive")
-        data = json.dumps({"address": self.address, "incarnation": self.incarnation}).encode()
+        data = self._alive_data()
+        self._alive_published = data
         try:
             self.zk.retry(self.zk.create, node, data, ephemeral=True)
         except NodeExistsError:
@@ -240,6 +295,8 @@ class Replica:
         """Block until ``csn`` is applied here (bounded), or raise a clear error."""
         if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
             raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
+        if self.tail is not None:
+            self.tail.check_snapshot(csn)
         if csn <= self.state.applied:
             return  # a snapshot already applied needs nothing more, even if later entries fail
         if self.state.failure is not None:
@@ -275,7 +332,11 @@ class Replica:
         if snapshot is not None and as_of is not None:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
-            return self.state.csn_at_time(float(as_of))
+            snap = self.state.csn_at_time(float(as_of))
+            if self.tail is not None:
+                when = datetime.fromtimestamp(float(as_of), UTC).isoformat()
+                self.tail.check_snapshot(snap, f"the last data-changing commit at or before as_of {when}")
+            return snap
         if snapshot is None:
             return self.state.applied
         self.wait_snapshot(snapshot)
@@ -313,9 +374,9 @@ class Replica:
         if not self._connected.wait(self.config.session_timeout) or self._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         self.maintenance.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
-        tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
-        txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
-        with self._txn_lock:
+        with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
+            tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
+            txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
             self.txns[txn.id] = txn
         self.maintenance.on_begin(txn)
         return txn

@@ -15,7 +15,7 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from coordinator.errors import CorruptMetadata
@@ -100,6 +100,36 @@ class Wal:
         if sync:
             with self._sync_lock:
                 os.fsync(self._fd)
+
+    def compact(self, keep: Callable[[dict], bool], head: Iterable[dict] = ()) -> int:
+        """Rewrite the WAL as ``head`` plus the records ``keep`` accepts (a local state snapshot
+        now holds the rest: see coordinator/checkpoint.py). Atomic: a new file is written and
+        fsynced, then renamed over this one; appends wait meanwhile. Returns records dropped."""
+        with self._lock, self._sync_lock:
+            kept, dropped = list(head), 0
+            for rec in self._scan():
+                if keep(rec):
+                    kept.append(rec)
+                else:
+                    dropped += 1
+            tmp = self.path.with_name(self.path.name + ".compact")
+            buf = bytearray()
+            for r in kept:
+                body = json.dumps(r, separators=(",", ":")).encode()
+                buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
+            with open(tmp, "wb") as fh:
+                fh.write(buf)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            return dropped
 
     def close(self) -> None:
         with self._lock, self._sync_lock:

@@ -1,0 +1,421 @@
+"""Checkpoints of replica state, and the log tail that they let ZooKeeper forget.
+
+Without this the CSN log grows by one znode per commit for as long as the cluster runs. Here:
+
+* A **checkpoint** is a replica's whole state (:meth:`replicas.state.ReplicaState.export`) at one
+  CSN, encoded by :func:`encode` (JSON, part fields as columns, zstd through pyarrow, a CRC) and
+  stored at ``_checkpoints/<csn>.ckpt`` in object storage. The znode ``<root>/checkpoint`` names
+  the newest one: ``{"csn": C, "path": P, "trimmed_epoch": E, "retained": M}``.
+* **Trimming** removes whole *sealed* epochs, never entries of the open one (the follower reads
+  the open epoch's child counter to tell "nothing newer" from a gap, and removing children would
+  move that counter). So the open epoch is sealed early, once it holds ``checkpoint_every``
+  entries; the next epoch starts at sequence 0 and CSNs stay monotonic (coordinator/versions.py).
+  An epoch goes only when every entry in it is at or below (1) the applied CSN of every live
+  replica, (2) the oldest snapshot of every running transaction (both published in
+  ``replicas/<host>/alive``) and (3) the checkpoint's CSN. The checkpoint node is updated first,
+  then the entries are deleted, so a follower that finds an entry missing always finds a
+  checkpoint that covers it (replicas/follower.py loads it and follows the tail from there).
+  One replica at a time does this, under the kazoo Lock ``<root>/locks/trim``.
+* **Retained**: ``M`` is the last CSN removed from the log. A snapshot below ``M`` (a read at an
+  explicit snapshot, time travel) gets SnapshotUnavailable naming both numbers; no running
+  transaction can be below it (it bounded the trim). Cleanup that deletes part files which only
+  older snapshots could read should raise it too (:func:`raise_retained`).
+* **Local snapshots**: every ``local_checkpoint_every`` applied entries a replica writes its state
+  to ``<data_dir>/state.ckpt`` (same encoding, atomic rename) and rewrites its WAL as a ``base``
+  record plus the entries after it, so a restart loads one file and replays a short tail instead
+  of an unbounded WAL.
+
+Everything ZooKeeper holds is then bounded by about ``checkpoint_every`` entries plus what
+commits arrive while the slowest live replica catches up, however long the cluster runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+from coordinator.errors import CorruptMetadata, SnapshotUnavailable
+from coordinator.versions import csn_of
+
+if TYPE_CHECKING:  # pragma: no cover
+    from replicas.replica import Replica
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MERGETXN-CHECKPOINT\n"
+FORMAT = 1
+CHECKPOINT_DIR = "_checkpoints"
+LOCAL_NAME = "state.ckpt"
+KEEP_CHECKPOINTS = 2  # a follower may be reading the previous one while a new one is named
+
+
+# -- encoding ---------------------------------------------------------------------------------
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Building 100,000s of small containers triggers the cyclic GC over and over (2-4x the
+    time); none of them form cycles, so it is held off meanwhile."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def encode(payload: dict) -> bytes:
+    """``MAGIC`` + one JSON header line (format, CSN, sizes, CRC of the body) + zstd(JSON)."""
+    raw = json.dumps(payload, separators=(",", ":")).encode()
+    body = pa.compress(raw, codec="zstd", asbytes=True)
+    header = {"format": FORMAT, "csn": int(payload["applied"]), "raw_size": len(raw),
+              "size": len(body), "crc32": zlib.crc32(body)}
+    return MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n" + body
+
+
+def decode(data: bytes, where: str) -> dict:
+    """Inverse of :func:`encode`; anything torn, truncated or foreign is CorruptMetadata."""
+    if not data.startswith(MAGIC):
+        raise CorruptMetadata(f"checkpoint {where} is not a mergetxn checkpoint")
+    end = data.find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(data[len(MAGIC):end])
+        if header.get("format") != FORMAT:
+            raise ValueError(f"format {header.get('format')!r}, want {FORMAT}")
+        body = memoryview(data)[end + 1:]
+        if len(body) != int(header["size"]) or zlib.crc32(body) != int(header["crc32"]):
+            raise ValueError("size or CRC mismatch (torn or altered)")
+        raw = pa.decompress(body, decompressed_size=int(header["raw_size"]), codec="zstd", asbytes=True)
+        with no_gc():
+            payload = json.loads(raw)
+        if int(payload["applied"]) != int(header["csn"]):
+            raise ValueError("header and body disagree on the CSN")
+    except CorruptMetadata:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every decoding failure means the same thing
+        raise CorruptMetadata(f"checkpoint {where} does not parse: {exc}") from exc
+    return payload
+
+
+def storage_path(csn: int) -> str:
+    return f"{CHECKPOINT_DIR}/{csn:020d}.ckpt"
+
+
+def write_local(path: Path, data: bytes) -> None:
+    """Atomic and durable: temporary file, fsync, rename, directory fsync."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_local(path: Path) -> dict | None:
+    """The local snapshot's payload; None when there is none or it does not parse (logged: the
+    replica then rebuilds from ZooKeeper and the cluster checkpoint instead)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    try:
+        return decode(data, str(path))
+    except CorruptMetadata as exc:
+        log.error("%s; ignoring it", exc)
+        return None
+
+
+def parse_alive(data: bytes) -> tuple[int, int | None]:
+    """``(applied, oldest running snapshot or None)`` from a ``replicas/<host>/alive`` node.
+    A node without ``applied`` (a replica that has not published it yet) counts as 0."""
+    try:
+        d = json.loads(data or b"{}")
+    except ValueError:
+        return 0, None
+    applied = d.get("applied")
+    ms = d.get("min_snapshot")
+    return (int(applied) if isinstance(applied, int) else 0), (int(ms) if isinstance(ms, int) else None)
+
+
+def raise_retained(csn_log: Any, csn: int) -> None:
+    """Make snapshots below ``csn`` unavailable cluster-wide (never lowers it). For cleanup that
+    deletes part files only snapshots older than ``csn`` could read."""
+    zk = csn_log.zk
+    while True:
+        tail, version = csn_log.read_tail()
+        if tail is None:
+            tail = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}
+        if int(tail["retained"]) >= csn:
+            return
+        tail["retained"] = int(csn)
+        try:
+            _write_tail(zk, csn_log.tail_path(), tail, version)
+            return
+        except (BadVersionError, NodeExistsError):
+            continue
+
+
+def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
+    data = json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
+    if version < 0:
+        zk.retry(zk.create, path, data)
+    else:
+        zk.retry(zk.set, path, data, version=version)
+
+
+# -- the per-replica worker -------------------------------------------------------------------
+class LogTail:
+    """One per replica: publishes what this replica needs, writes its local snapshot, and takes
+    its turn (under the cluster lock) at checkpointing and trimming the log."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.state = replica.state
+        self.log = replica.log
+        self.zk = replica.zk
+        self.storage = replica.storage
+        self.config = replica.config
+        self.local_path = Path(self.config.data_dir) / LOCAL_NAME
+        self.tail: dict | None = None  # the checkpoint node, kept current by a watch
+        self._local_at = self.state.applied_count
+        self._local_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
+        self._lock = None
+        self._quiet_until = 0.0
+        self._round_count = self.state.applied_count
+        self._round_time = time.monotonic()
+        self.rounds = 0
+        self.trimmed_epochs = 0
+        self.checkpoints_written = 0
+        self.checkpoints_loaded = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        from kazoo.recipe.watchers import DataWatch
+
+        DataWatch(self.zk, self.log.tail_path(), self._on_tail)
+        self._lock = self.zk.Lock(self.log.path("locks", "trim"), identifier=self.replica.host_id)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def _on_tail(self, data: bytes | None, _stat: Any) -> bool | None:
+        if self._stop.is_set():
+            return False
+        if data is None:
+            self.tail = None
+            return None
+        try:
+            self.tail = json.loads(data)
+        except ValueError:
+            log.error("znode %s does not parse; keeping %r", self.log.tail_path(), self.tail)
+        return None
+
+    # -- what readers see --------------------------------------------------------------------
+    @property
+    def retained(self) -> int:
+        tail = self.tail
+        return int(tail.get("retained", 0)) if tail else 0
+
+    def check_snapshot(self, snapshot: int, context: str = "") -> None:
+        """SnapshotUnavailable when ``snapshot`` is older than what the cluster retains."""
+        oldest = self.retained
+        if snapshot < oldest:
+            raise SnapshotUnavailable(
+                f"snapshot {snapshot} is older than what is retained (oldest: {oldest})"
+                + (f" ({context})" if context else ""),
+                snapshot=snapshot, oldest=oldest,
+            )
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        period = self.config.tail_check_seconds
+        while not self._stop.wait(period):
+            try:
+                self.replica.refresh_alive()
+                if self.state.applied_count - self._local_at >= self.config.local_checkpoint_every:
+                    self.save_local()
+                if self._due():
+                    self.round()
+            except Exception as exc:  # connection trouble, storage hiccup: next time
+                log.warning("log tail: %r", exc)
+
+    def _due(self) -> bool:
+        """Cheap local test (no ZooKeeper request) for whether a round could do anything."""
+        if self.state.failure is not None or time.monotonic() < self._quiet_until:
+            return False
+        epoch, seq = self.state.position
+        if seq >= self.config.checkpoint_every:
+            return True  # the open epoch is due to be sealed
+        trimmed = int(self.tail["trimmed_epoch"]) if self.tail else -1
+        if epoch - 1 <= trimmed:
+            return False  # no sealed epoch left to trim
+        grown = self.state.applied_count - self._round_count >= max(1, self.config.checkpoint_every // 2)
+        return grown or time.monotonic() - self._round_time >= 30 * self.config.tail_check_seconds
+
+    def round(self, blocking: bool = False) -> dict:
+        """One checkpoint-and-trim pass if this replica gets the lock; what it did."""
+        if not self._lock.acquire(blocking=blocking):
+            return {"locked_out": True}
+        try:
+            self._round_count, self._round_time = self.state.applied_count, time.monotonic()
+            return self._round()
+        finally:
+            self._lock.release()
+
+    def _round(self) -> dict:
+        self.rounds += 1
+        out: dict = {"sealed": None, "checkpoint": None, "trimmed": [], "floor": None}
+        tail, version = self.log.read_tail()
+        trimmed = int(tail["trimmed_epoch"]) if tail else -1
+        current = self.log.current_epoch(refresh=True)
+        epoch, seq = self.state.position
+        if epoch == current and seq >= self.config.checkpoint_every:
+            self.log.seal(current)  # the open epoch is never trimmed: close it early
+            out["sealed"] = current
+            # Let the follower thread move past the sealed epoch (pull() would wait for its lock
+            # as long as the follower is busy applying, i.e. for as long as commits keep coming).
+            self.replica.follower.poke()
+            with self.state.lock:
+                self.state.applied_cond.wait_for(lambda: self.state.position[0] > current, 10.0)
+            current = self.log.current_epoch(refresh=True)
+        epochs = [e for e in self.log.epochs() if e > trimmed]
+        sealed = [e for e in epochs if e < current]
+        if not sealed:
+            return out
+        counts = {}
+        for e in epochs:
+            stat = self.zk.retry(self.zk.exists, self.log.epoch_path(e))
+            counts[e] = 0 if stat is None else stat.numChildren
+        floor = self.floor()
+        out["floor"] = floor
+        limit = min(floor, self.state.applied)
+        kept = sum(counts.values())
+        to_trim: list[tuple[int, int | None]] = []
+        for e in sealed:
+            if kept - counts[e] < self.config.retain_entries:
+                break  # keep the newest retain_entries entries (time travel within them)
+            seqs = self.log.list_seqs(e)
+            last = csn_of(e, seqs[-1]) if seqs else None
+            if last is not None and last > limit:
+                self._quiet_until = time.monotonic() + 5 * self.config.tail_check_seconds  # a replica lags
+                break
+            to_trim.append((e, last))
+            kept -= counts[e]
+        if not to_trim:
+            return out
+        need = max((last for _, last in to_trim if last is not None), default=0)
+        new_tail = dict(tail or {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0})
+        if int(new_tail["csn"]) < need:
+            csn, path = self.write_checkpoint()
+            new_tail.update(csn=csn, path=path)
+            out["checkpoint"] = csn
+        new_tail["trimmed_epoch"] = to_trim[-1][0]
+        new_tail["retained"] = max(int(new_tail["retained"]), need)
+        new_tail["time"] = time.time()
+        _write_tail(self.zk, self.log.tail_path(), new_tail, version)  # first: then delete
+        self.tail = new_tail
+        for e, _ in to_trim:
+            self.log.delete_epoch(e)
+            self.trimmed_epochs += 1
+            out["trimmed"].append(e)
+        self._drop_old_checkpoints(str(new_tail["path"]))
+        return out
+
+    def floor(self) -> int:
+        """Lowest applied CSN or running snapshot over the live replicas, this one included."""
+        floor = self.replica.min_needed()
+        root = self.log.path("replicas")
+        for host in self.zk.retry(self.zk.get_children, root):
+            if host == self.replica.host_id:
+                continue
+            try:
+                data, _ = self.zk.retry(self.zk.get, f"{root}/{host}/alive")
+            except NoNodeError:
+                continue  # not alive: it rebuilds from the checkpoint when it comes back
+            applied, oldest = parse_alive(data)
+            floor = min(floor, applied if oldest is None else min(applied, oldest))
+        return floor
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def write_checkpoint(self) -> tuple[int, str]:
+        """This replica's state, now, as a checkpoint in storage: ``(csn, path)``."""
+        if self.state.failure is not None:
+            raise CorruptMetadata(f"not checkpointing a state that stopped at a bad entry: {self.state.failure}")
+        payload = self.state.export()
+        csn = int(payload["applied"])
+        path = storage_path(csn)
+        self.storage.put(path, encode(payload))
+        self.checkpoints_written += 1
+        log.info("checkpoint at CSN %d written to %s", csn, path)
+        return csn, path
+
+    def _drop_old_checkpoints(self, current: str) -> None:
+        try:
+            names = sorted(p for p in self.storage.list(CHECKPOINT_DIR + "/") if p.endswith(".ckpt"))
+        except Exception as exc:  # noqa: BLE001 - old files cost only space
+            log.warning("could not list %s: %r", CHECKPOINT_DIR, exc)
+            return
+        keep = set(names[-KEEP_CHECKPOINTS:]) | {current}
+        for p in names:
+            if p not in keep:
+                self.storage.delete(p)
+
+    def load_checkpoint(self, tail: dict) -> None:
+        """Replace this replica's state with the checkpoint ``tail`` names (the follower calls
+        this, holding its pull lock, when its position was trimmed), then save it locally so the
+        WAL never holds entries on both sides of the jump."""
+        for _ in range(3):
+            path = str(tail["path"])
+            try:
+                payload = decode(self.storage.get(path), path)
+            except (OSError, CorruptMetadata) as exc:
+                newer, _ = self.log.read_tail()
+                if newer is None or newer.get("path") == path:
+                    raise CorruptMetadata(f"checkpoint {path} named by {self.log.tail_path()} cannot be "
+                                          f"read: {exc}") from exc
+                tail = newer  # a newer round replaced it meanwhile
+                continue
+            self.state.restore(payload, path)
+            self.checkpoints_loaded += 1
+            self.save_local()
+            return
+        raise CorruptMetadata(f"checkpoints kept being replaced while loading {tail.get('path')}")
+
+    def save_local(self) -> int:
+        """Write ``state.ckpt`` and cut the WAL down to what follows it; returns its CSN."""
+        with self._local_lock:
+            count = self.state.applied_count
+            payload = self.state.export()
+            csn = int(payload["applied"])
+            write_local(self.local_path, encode(payload))
+            running = self.replica.txns
+
+            def keep(rec: dict) -> bool:
+                if "entry" in rec:
+                    return int(rec["csn"]) > csn
+                return "staged" in rec and rec["staged"] in running
+
+            self.replica.wal.compact(keep, head=[{"base": csn}])
+            self._local_at = count
+            return csn

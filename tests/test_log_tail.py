@@ -1,0 +1,396 @@
+"""The log tail against a real ZooKeeper: the CSN log stays bounded however many commits happen,
+a replica that was away longer than the retained log rebuilds from the checkpoint and serves the
+same data, a running transaction's snapshot holds trimming back, and a snapshot older than what
+is retained gets SnapshotUnavailable naming both numbers.
+
+Replicas run in this process (``Replica`` + ``ReplicaServer``) with tiny thresholds, so thousands
+of commits take seconds; commits that only need to exist (not to be read) insert metadata-only
+parts straight through the replica API. Trimming rounds are also run explicitly where a test
+needs one to have happened (``LogTail.round(blocking=True)``), after the replicas involved
+republished what they need (``refresh_alive``): explicit ordering, no sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from kazoo.client import KazooClient
+
+from coordinator import checkpoint
+from coordinator.client import Client
+from coordinator.errors import CorruptMetadata, SnapshotUnavailable
+from coordinator.versions import split_csn
+from parts.format import PartMeta, new_part_name
+from replicas.replica import Replica, ReplicaConfig
+from replicas.server import ReplicaServer
+from replicas.state import ReplicaState
+from replicas.transactions import Op
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+ROOT = "/mergetxn"
+SMALL = {"checkpoint_every": 60, "retain_entries": 60, "local_checkpoint_every": 150, "tail_check_seconds": 0.05}
+
+
+class Node:
+    """One replica in this process, served over the real RPC so Clients can use it."""
+
+    def __init__(self, zk: str, storage: str, data_dir: Path, host_id: str, **cfg: object) -> None:
+        self.config = ReplicaConfig(zk=zk, storage_url=storage, host_id=host_id, data_dir=data_dir,
+                                    session_timeout=6.0, **cfg)
+        self.replica: Replica | None = None
+        self.server: ReplicaServer | None = None
+
+    def start(self) -> Node:
+        self.replica = Replica(self.config)
+        self.replica.start()
+        self.server = ReplicaServer(self.replica, "127.0.0.1", 0)
+        self.replica.set_address(self.server.address)
+        threading.Thread(target=self.server.serve, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server = None
+        if self.replica is not None:
+            self.replica.stop()
+            self.replica = None
+
+    @property
+    def r(self) -> Replica:
+        assert self.replica is not None
+        return self.replica
+
+    def client(self) -> Client:
+        assert self.server is not None
+        return Client(self.server.address)
+
+
+@pytest.fixture
+def cluster(zk_address: str, tmp_path: Path) -> Iterator[Callable[..., list[Node]]]:
+    """``make(n, **config)`` -> n started Nodes sharing this test's chroot and storage."""
+    nodes: list[Node] = []
+
+    def make(n: int, **cfg: object) -> list[Node]:
+        out = []
+        for i in range(n):
+            node = Node(zk_address, str(tmp_path / "storage"), tmp_path / f"replica-{i}", f"r{i}", **cfg)
+            nodes.append(node)
+            out.append(node.start())
+        return out
+
+    try:
+        yield make
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+def zk(zk_address: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zk_address)
+    client.start(timeout=30)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def log_znodes(zk: KazooClient) -> int:
+    """Every znode under <root>/log: epoch nodes plus their entries."""
+    total = 0
+    for e in zk.get_children(f"{ROOT}/log"):
+        stat = zk.exists(f"{ROOT}/log/{e}")
+        total += 1 + (stat.numChildren if stat else 0)
+    return total
+
+
+def rows(n: int, start: int = 0) -> pa.Table:
+    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
+                     "v": [f"v{i}" for i in range(start, start + n)]}, schema=SCHEMA)
+
+
+def meta_commit(replica: Replica, table: str) -> int:
+    """A commit inserting one metadata-only part (no file: nobody reads it)."""
+    txn = replica.begin()
+    name = new_part_name(txn.id)
+    meta = PartMeta(name=name, table=table, partition=(), path=f"{table}/_/{name}.parquet", rows=1, size=1,
+                    checksum="crc32:00000000", stats={}, creation_tid=txn.id, created_at=time.time())
+    replica.stage(txn.id, Op("insert", table, added=[meta], rows=1))
+    return replica.commit(txn.id)
+
+
+def commit_many(nodes: list[Node], table: str, n: int, threads: int = 8) -> int:
+    """``n`` metadata-only commits from ``threads`` committers spread over ``nodes``."""
+    done, errors, lock = [0], [], threading.Lock()
+
+    def work(k: int) -> None:
+        replica = nodes[k % len(nodes)].r
+        while True:
+            with lock:
+                if done[0] >= n or errors:
+                    return
+                done[0] += 1
+            try:
+                meta_commit(replica, table)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    ts = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors, errors[:3]
+    return done[0]
+
+
+def settle(nodes: list[Node]) -> dict:
+    """Every node caught up with the same log, republished its alive data; then one explicit
+    trimming round (from the first node). Returns what the round did."""
+    target = max(n.r.state.applied for n in nodes)
+    for n in nodes:
+        n.r.wait_snapshot(target)
+        n.r.refresh_alive()
+    return nodes[0].r.tail.round(blocking=True)
+
+
+def commit_until(nodes: list[Node], table: str, done: Callable[[], bool], what: str, step: int = 100) -> None:
+    """Metadata-only commits in steps of ``step``, each step followed by :func:`settle`, until
+    ``done()``: group commit makes the number of log entries per commit vary with timing."""
+    for _ in range(40):
+        if done():
+            return
+        commit_many(nodes, table, step, threads=4)
+        settle(nodes)
+    assert done(), f"never reached: {what}"
+
+
+def tail_of(node: Node) -> dict:
+    tail, _ = node.r.log.read_tail()
+    return tail or {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}
+
+
+def part_view(replica: Replica, table: str) -> list[tuple]:
+    return [(d["name"], d["creation_csn"], d["removal_csn"], d["removal_tid"], d["rows"], d["path"])
+            for d in replica.part_records(table)]
+
+
+# ---------------------------------------------------------------------------------------------
+def test_checkpoint_roundtrip_and_corruption(tmp_path: Path) -> None:
+    """Pure: export -> encode -> decode -> restore gives the same state; a torn or altered
+    checkpoint is CorruptMetadata, never a half-loaded state."""
+    from coordinator.catalog import TableDef
+
+    st = ReplicaState()
+    tdef = TableDef.new("t", SCHEMA, partition_by=("v",))
+    st.apply(1, 0, 0, {"v": 1, "ddl": [{"create_table": tdef.to_dict()}], "txns": [], "versions": {"t": 0}})
+    names = []
+    for i in range(1, 40):
+        tid = f"T{i}-{i}-r0"
+        name = f"{tid}_{i:016x}"
+        names.append(name)
+        meta = {"name": name, "table": "t", "partition": [f"p{i % 3}"], "path": f"t/x/{name}.parquet", "rows": i,
+                "size": 10, "checksum": "crc32:0000abcd", "stats": {"id": [i, i + 1], "v": [None, None]},
+                "creation_tid": tid, "created_at": 1.5 + i}
+        removed = [names[i - 5]] if i % 4 == 0 else []
+        st.apply(i + 1, 0, i, {"v": 1, "time": 2.0 + i, "versions": {"t": i},
+                               "txns": [{"tid": tid, "time_version": None if i % 7 == 0 else 2.0 + i, "changes": [
+                                   {"table": "t", "pkey": f'["p{i % 3}"]', "kinds": ["INSERT"] + (["MUTATE"] if removed else []),
+                                    "added": [meta], "removed": removed}]}]})
+    data = checkpoint.encode(st.export())
+    back = ReplicaState()
+    back.restore(checkpoint.decode(data, "mem"), "mem")
+    assert back.export() == st.export()
+    for snap in (5, 20, st.applied):
+        assert back.visible("t", snap) == st.visible("t", snap)
+    assert back.winners("t", '["p1"]', 10) == st.winners("t", '["p1"]', 10)
+    assert back.csn_at_time(20.5) == st.csn_at_time(20.5)
+    with pytest.raises(CorruptMetadata, match="does not parse"):
+        checkpoint.decode(data[:-10], "torn")
+    altered = bytearray(data)
+    altered[-3] ^= 0xFF
+    with pytest.raises(CorruptMetadata, match="does not parse"):
+        checkpoint.decode(bytes(altered), "altered")
+    with pytest.raises(CorruptMetadata, match="not a mergetxn checkpoint"):
+        checkpoint.decode(b"garbage", "foreign")
+    path = tmp_path / "state.ckpt"
+    path.write_bytes(data[: len(data) // 2])
+    assert checkpoint.read_local(path) is None  # ignored (logged): the replica rebuilds instead
+
+
+def test_log_stays_bounded_over_thousands_of_commits(cluster, zk: KazooClient) -> None:
+    """3 replicas, 3,000 commits from 8 concurrent committers: ZooKeeper never holds more than
+    about checkpoint_every + retain_entries log nodes (plus commits that land during a round),
+    epochs really were trimmed and checkpointed, and every replica ends with the same parts."""
+    nodes = cluster(3, **SMALL)
+    c = nodes[0].client()
+    c.create_table("bounded", SCHEMA, auto_merge=False)
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            samples.append(log_znodes(zk))
+            stop.wait(0.02)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        n = commit_many(nodes, "bounded", 3000)
+    finally:
+        stop.set()
+        sampler.join()
+    assert n == 3000
+    settle(nodes)
+    # An epoch holds checkpoint_every entries plus what lands before the seal; retain_entries
+    # more stay; the slack covers commits racing a round (8 committers in one busy process).
+    bound = SMALL["checkpoint_every"] + SMALL["retain_entries"] + 400
+    assert max(samples) <= bound, f"log grew to {max(samples)} znodes (bound {bound}); samples {samples}"
+    assert log_znodes(zk) <= bound
+    tail, _ = nodes[0].r.log.read_tail()
+    assert tail is not None and tail["trimmed_epoch"] >= 5
+    assert zk.exists(f"{ROOT}/{tail['path'].rsplit('/', 1)[0]}") is None  # the file is in storage, not ZooKeeper
+    assert nodes[0].r.storage.exists(tail["path"])
+    assert len([p for p in nodes[0].r.storage.list("_checkpoints/")]) <= checkpoint.KEEP_CHECKPOINTS + 1
+    views = [part_view(nd.r, "bounded") for nd in nodes]
+    assert len(views[0]) == 3000 and views[0] == views[1] == views[2]
+    # Local snapshots kept every WAL short: it starts at a base record, far past the first commit.
+    for i, nd in enumerate(nodes):
+        recs = nd.r.wal.records()  # as opened; read the file afresh instead
+        from replicas.wal import Wal
+
+        copy = nd.config.data_dir / "wal.copy"
+        copy.write_bytes((nd.config.data_dir / "wal.log").read_bytes())
+        w = Wal(copy)
+        entries = [r for r in w.records() if "entry" in r]
+        assert "base" in w.records()[0], f"replica {i}: WAL not compacted"
+        assert len(entries) <= SMALL["local_checkpoint_every"] + 200, (i, len(entries), len(recs))
+        w.close()
+
+
+def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk: KazooClient) -> None:
+    """r1 stops; r0 commits real data (inserts, a delete, an overwrite) and enough more that the
+    log is trimmed past r1's position. r1 restarts, loads the checkpoint, follows the tail and
+    serves exactly what r0 serves: rows, part records, and snapshots at and after the retained
+    point; a replica whose data directory was lost does the same."""
+    r0, r1 = cluster(2, **SMALL)
+    c0 = r0.client()
+    c0.create_table("kept", SCHEMA, auto_merge=False)
+    c0.create_table("kept_filler", SCHEMA, auto_merge=False)
+    for k in range(10):
+        with c0.transaction() as tx:
+            tx.insert("kept", rows(5, start=10 * k))
+    with c0.transaction() as tx:
+        tx.delete("kept", pc.field("id") < 7)
+    r1.r.wait_snapshot(r0.r.state.applied)
+    r1_position = r1.r.state.position
+    r1.stop()
+
+    for k in range(10, 200):
+        with c0.transaction() as tx:
+            tx.insert("kept", rows(2, start=10 * k))
+        if k == 120:
+            with c0.transaction() as tx:
+                tx.overwrite("kept", rows(3, start=5000))
+    settle([r0])
+    commit_until([r0], "kept_filler", lambda: tail_of(r0)["trimmed_epoch"] >= r1_position[0], "a trim past r1")
+    tail = tail_of(r0)
+    assert zk.exists(r0.r.log.epoch_path(r1_position[0])) is None  # r1's next entry is gone
+
+    r1.start()
+    assert r1.r.tail.checkpoints_loaded == 1
+    latest = r0.r.state.applied
+    r1.r.wait_snapshot(latest)
+    c1 = r1.client()
+    assert c1.read("kept").sort_by("id").equals(c0.read("kept").sort_by("id"))
+    assert part_view(r1.r, "kept") == part_view(r0.r, "kept")
+    oldest = int(tail["retained"])
+    for snap in sorted({oldest, (oldest + latest) // 2, latest}):
+        assert c1.read("kept", snapshot=snap).sort_by("id").equals(c0.read("kept", snapshot=snap).sort_by("id"))
+    # r1 commits on top of the rebuilt state, and r0 sees it.
+    with c1.transaction() as tx:
+        tx.insert("kept", rows(1, start=99_999))
+    r0.r.wait_snapshot(tx.csn)
+    assert 99_999 in c0.read("kept").column("id").to_pylist()
+    # Its WAL now continues the checkpoint (no entries from before the jump).
+    r1.stop()
+    r1.start()
+    assert r1.r.tail.checkpoints_loaded == 0  # restarted from its local snapshot + WAL
+    assert part_view(r1.r, "kept") == part_view(r0.r, "kept")
+
+    # A replica with no data directory at all joins after the trim: the same.
+    (r2,) = [Node(r0.config.zk, r0.config.storage_url, r0.config.data_dir.parent / "replica-new", "r9", **SMALL)]
+    try:
+        r2.start()
+        r2.r.wait_snapshot(r0.r.state.applied)
+        assert r2.r.tail.checkpoints_loaded == 1
+        assert part_view(r2.r, "kept") == part_view(r0.r, "kept")
+        assert r2.client().read("kept").sort_by("id").equals(c0.read("kept").sort_by("id"))
+    finally:
+        r2.stop()
+
+
+def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> None:
+    """A transaction open on r1 at snapshot S: however many commits follow and however many
+    rounds run, nothing after S is trimmed (retained stays <= S, the first entry after S is
+    still in ZooKeeper although the log grew far past its usual bound), its reads and its
+    commit work; once it ends, rounds trim past S and the log shrinks back."""
+    r0, r1 = cluster(2, **SMALL)
+    bound = SMALL["checkpoint_every"] + SMALL["retain_entries"] + 10
+    c1 = r1.client()
+    c1.create_table("held", SCHEMA, auto_merge=False)
+    c1.create_table("held_filler", SCHEMA, auto_merge=False)
+    commit_until([r0], "held_filler", lambda: tail_of(r0)["trimmed_epoch"] >= 0, "a first trim")
+    with c1.transaction() as tx:
+        tx.insert("held", rows(4))
+    tx_old = c1.begin()
+    snap = tx_old.snapshot
+    r1.r.refresh_alive()
+    first_after = meta_commit(r0.r, "held_filler")
+    commit_until([r0, r1], "held_filler", lambda: log_znodes(zk) > 3 * bound, "a log held back by the snapshot")
+    tail = tail_of(r0)
+    assert int(tail["retained"]) <= snap, f"trimmed past the running snapshot {snap}: {tail}"
+    assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is not None, "the entry after S was trimmed"
+    assert sorted(tx_old.read("held").column("id").to_pylist()) == [0, 1, 2, 3]
+    tx_old.insert("held", rows(1, start=77))
+    csn = tx_old.commit()
+    assert csn > snap
+    r1.r.refresh_alive()
+    commit_until([r0, r1], "held_filler", lambda: int(tail_of(r0)["retained"]) > snap and log_znodes(zk) < 3 * bound,
+                 "a trim past the ended transaction's snapshot")
+    assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is None
+
+
+def test_snapshot_older_than_retained_is_refused(cluster) -> None:
+    """After trimming, a read at a snapshot below the retained point, and time travel to before
+    it, get SnapshotUnavailable naming the snapshot and the oldest retained one; a snapshot at
+    the retained point still reads."""
+    (r0,) = cluster(1, **SMALL)
+    c = r0.client()
+    c.create_table("old", SCHEMA, auto_merge=False)
+    c.create_table("old_filler", SCHEMA, auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert("old", rows(3))
+    first = tx.csn
+    early = datetime.now(UTC)
+    commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
+    oldest = r0.r.tail.retained
+    assert oldest > first
+    with pytest.raises(SnapshotUnavailable) as exc:
+        c.read("old", snapshot=first)
+    assert f"snapshot {first} is older than what is retained (oldest: {oldest})" in str(exc.value)
+    with pytest.raises(SnapshotUnavailable, match=f"older than what is retained \\(oldest: {oldest}\\)"):
+        c.read("old", as_of=early)
+    assert c.read("old", snapshot=oldest).num_rows == 3
+    assert c.read("old").num_rows == 3
