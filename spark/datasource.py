@@ -428,7 +428,7 @@ class MergetxnWriter(DataSourceArrowWriter):
         return PartsMessage([m.to_dict() for m in written], sum(m.rows for m in written), task, attempt)
 
     def _flush(self, storage: Storage, tdef: TableDef, batches: list[pa.RecordBatch]) -> list[PartMeta]:
-        data = pa.Table.from_batches(batches)
+        data = _align_time_zones(pa.Table.from_batches(batches), tdef.schema)
         data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
         return [
             write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id)
@@ -487,6 +487,20 @@ class MergetxnWriter(DataSourceArrowWriter):
             for m in metas:
                 if m.name not in keep:
                     _delete_quietly(storage, m.path)
+
+
+def _align_time_zones(data: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Spark labels zoned timestamps with its session time zone (e.g. ``Etc/UTC``); the instants
+    are the same in any zone, so relabel them with the table's zone before conforming."""
+    for i, name in enumerate(data.column_names):
+        t = data.schema.field(i).type
+        idx = schema.get_field_index(name)
+        if idx < 0 or not pa.types.is_timestamp(t) or t.tz is None:
+            continue
+        want = schema.field(idx).type
+        if pa.types.is_timestamp(want) and want.tz is not None and want.tz != t.tz:
+            data = data.set_column(i, name, data.column(i).cast(pa.timestamp(t.unit, tz=want.tz)))
+    return data
 
 
 def _task_ids() -> tuple[int, int]:
@@ -617,6 +631,8 @@ class MergetxnReader(DataSourceReader):
 
     # -- executors ----------------------------------------------------------------------------
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if partition is None:  # Spark's stand-in when partitions() planned none (no parts)
+            return
         target = arrow_schema(StructType.fromJson(_loads(self.schema_json)))
         if isinstance(partition, ChangesPartition):
             with pa.ipc.open_stream(partition.ipc) as r:
