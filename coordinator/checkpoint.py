@@ -59,6 +59,7 @@ FORMAT = 1
 CHECKPOINT_DIR = "_checkpoints"
 LOCAL_NAME = "state.ckpt"
 KEEP_CHECKPOINTS = 2  # a follower may be reading the previous one while a new one is named
+ALIVE_REFRESH_SECONDS = 0.25
 
 
 # -- encoding ---------------------------------------------------------------------------------
@@ -249,10 +250,16 @@ class LogTail:
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
-        period = self.config.tail_check_seconds
-        while not self._stop.wait(period):
+        # The alive node is republished often (cleanup and the trim floor read it; one write per
+        # tick at most, only when it changed); the rest runs every tail_check_seconds.
+        tick = min(ALIVE_REFRESH_SECONDS, self.config.tail_check_seconds)
+        last = time.monotonic()
+        while not self._stop.wait(tick):
             try:
                 self.replica.refresh_alive()
+                if time.monotonic() - last < self.config.tail_check_seconds:
+                    continue
+                last = time.monotonic()
                 if self.state.applied_count - self._local_at >= self.config.local_checkpoint_every:
                     self.save_local()
                 if self._due():
@@ -288,6 +295,9 @@ class LogTail:
         out: dict = {"sealed": None, "checkpoint": None, "trimmed": [], "floor": None}
         tail, version = self.log.read_tail()
         trimmed = int(tail["trimmed_epoch"]) if tail else -1
+        for e in self.log.epochs():
+            if e <= trimmed:  # left over by a round that died while deleting
+                self.log.delete_epoch(e)
         current = self.log.current_epoch(refresh=True)
         epoch, seq = self.state.position
         if epoch == current and seq >= self.config.checkpoint_every:

@@ -74,8 +74,8 @@ class ReplicaConfig:
     # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
     # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
     # publish the applied CSN and oldest snapshot in use).
-    checkpoint_every: int = 1000
-    retain_entries: int = 1000  # the newest entries stay in the log: snapshots within them are served
+    checkpoint_every: int = 500
+    retain_entries: int = 500  # the newest entries stay in the log: snapshots within them are served
     local_checkpoint_every: int = 5000
     tail_check_seconds: float = 1.0
 
@@ -295,8 +295,6 @@ class Replica:
         """Block until ``csn`` is applied here (bounded), or raise a clear error."""
         if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
             raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
-        if self.tail is not None:
-            self.tail.check_snapshot(csn)
         if csn <= self.state.applied:
             return  # a snapshot already applied needs nothing more, even if later entries fail
         if self.state.failure is not None:
@@ -339,6 +337,8 @@ class Replica:
             return snap
         if snapshot is None:
             return self.state.applied
+        if self.tail is not None and isinstance(snapshot, int):
+            self.tail.check_snapshot(snapshot)  # reads below the retained log are refused
         self.wait_snapshot(snapshot)
         return snapshot
 
