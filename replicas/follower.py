@@ -88,6 +88,7 @@ class Follower:
             yield self._hand_over
         finally:
             self._idle.set()
+            self._wake.set()  # look past it (re-arm the watch) if no other commit follows
 
     def _hand_over(self, epoch: int, seq: int, data: bytes) -> None:
         if not self.apply_own(epoch, seq, data):
@@ -108,10 +109,10 @@ class Follower:
             entry = decode_entry(data, where)
             if "manifest" in entry:
                 entry = self.load_manifest(entry)
-            self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
+            parsed = self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
             csn = csn_of(epoch, seq)
             self.wal.append([{"csn": csn, "epoch": epoch, "seq": seq, "entry": entry}])
-            self.state.apply(csn, epoch, seq, entry)
+            self.state.apply(csn, epoch, seq, entry, parsed)
             self._after_own = True
             return True
         except Exception as exc:  # leave it to the follower thread, which retries
@@ -156,15 +157,15 @@ class Follower:
                 batch = self._fetch_batch()
                 if not batch:
                     return progressed
-                self.wal.append([{"csn": c, "epoch": e, "seq": s, "entry": en} for c, e, s, en in batch])
-                for csn, epoch, seq, entry in batch:
-                    self.state.apply(csn, epoch, seq, entry)
+                self.wal.append([{"csn": c, "epoch": e, "seq": s, "entry": en} for c, e, s, en, _ in batch])
+                for csn, epoch, seq, entry, parsed in batch:
+                    self.state.apply(csn, epoch, seq, entry, parsed)
                 progressed = True
                 if self.state.failure is not None:
                     with self.state.lock:
                         self.state.failure = None
 
-    def _fetch_batch(self) -> list[tuple[int, int, int, dict]]:
+    def _fetch_batch(self) -> list[tuple[int, int, int, dict, tuple]]:
         epoch, seq = self.state.position
         out = []
         own = False
@@ -214,12 +215,12 @@ class Follower:
                 entry = decode_entry(data, where)
                 if "manifest" in entry:
                     entry = self.load_manifest(entry)
-                self.state.parse_entry(entry, where)  # refuse it whole, before the WAL sees it
+                parsed = self.state.parse_entry(entry, where)  # refuse it whole, before the WAL sees it
             except CorruptMetadata:
                 if out:
                     break  # apply the good entries before it; the next batch reports it
                 raise
-            out.append((csn_of(epoch, seq), epoch, seq, entry))
+            out.append((csn_of(epoch, seq), epoch, seq, entry, parsed))
             seq += 1
         return out
 

@@ -163,12 +163,12 @@ class ReplicaState:
         # a replica rebuilt from a checkpoint has nothing else (coordinator/checkpoint.py).
 
     # -- applying the log ------------------------------------------------------------------
-    def apply(self, csn: int, epoch: int, seq: int, entry: dict) -> None:
+    def apply(self, csn: int, epoch: int, seq: int, entry: dict, parsed: tuple | None = None) -> None:
         """Apply one decoded entry. Idempotent: an entry at or below ``applied`` is skipped."""
         with self.lock:
             if csn <= self.applied:
                 return
-            ddl, txns, versions = self.parse_entry(entry, f"at CSN {csn} (epoch {epoch}, seq {seq})")
+            ddl, txns, versions = parsed or self.parse_entry(entry, f"at CSN {csn} (epoch {epoch}, seq {seq})")
             for t in ddl:
                 self.tables[t.name] = t.with_csn(csn)
             data_time = None
