@@ -132,8 +132,11 @@ def _time_option(options: Any, name: str) -> dt.datetime | None:
 def storage_options(options: Any) -> dict | None:
     """s3fs options from ``s3_*`` options; None (the environment, as Storage does) when none
     is given. Options given are completed from the usual AWS variables."""
-    given = {target: _option(options, name) for name, target in S3_OPTIONS.items()}
-    given = {k: v for k, v in given.items() if v is not None}
+    given: dict[str, str] = {}
+    for name, target in S3_OPTIONS.items():  # several names (aliases) per s3fs argument
+        value = _option(options, name)
+        if value is not None:
+            given.setdefault(target, value)
     if not given:
         return None
     from parts.storage import _s3_env_options

@@ -304,7 +304,23 @@ def test_txn_option_commits_two_tables_at_one_csn(spark, c0: Client, r0: str, cl
 # Task retries and aborted jobs: every row exactly once, orphans never visible
 
 
-def _fail_first_attempt(marks: str, storage_dir: str, table: str):
+def local_sidecars(storage_dir: str, table: str) -> Callable[[], list[dict]]:
+    """A picklable lister of the part sidecars of ``table`` in local storage (for executors)."""
+
+    def sidecars() -> list[dict]:
+        root = Path(storage_dir, table)
+        out = []
+        for path in root.rglob("*.json") if root.exists() else ():
+            try:
+                out.append(json.loads(path.read_text()))
+            except ValueError:
+                continue  # being written
+        return out
+
+    return sidecars
+
+
+def fail_first_attempt(marks: str, sidecars: Callable[[], list[dict]]):
     """Partition 0's first attempt emits all its rows but the last, waits until the writer of
     the same task has stored parts of them (parts whose ids are all at most partition 0's last
     id), records those parts, then fails. Later attempts emit everything."""
@@ -319,18 +335,9 @@ def _fail_first_attempt(marks: str, storage_dir: str, table: str):
         # Far more than the worker's output buffer: these rows reach the writer while we wait.
         yield from data[:-1]
         own_max = data[-1][0]
-        root = Path(storage_dir, table)
 
         def own_parts() -> list[str]:
-            found = []
-            for sidecar in root.rglob("*.json") if root.exists() else ():
-                try:
-                    meta = json.loads(sidecar.read_text())
-                except ValueError:
-                    continue  # being written
-                if meta["stats"]["id"][1] <= own_max:
-                    found.append(meta["name"])
-            return sorted(found)
+            return sorted(m["name"] for m in sidecars() if m["stats"]["id"][1] <= own_max)
 
         deadline = time.monotonic() + 60
         while not own_parts() and time.monotonic() < deadline:
@@ -346,7 +353,7 @@ def test_task_failing_after_writing_a_part_is_retried_exactly_once(spark, c0: Cl
     c0.create_table("sp_retry", SCHEMA)
     data = rows(0, 160_000)
     rdd = spark.sparkContext.parallelize(data, 4).mapPartitionsWithIndex(
-        _fail_first_attempt(str(marks), cluster.storage_url, "sp_retry"))
+        fail_first_attempt(str(marks), local_sidecars(cluster.storage_url, "sp_retry")))
     writer(spark.createDataFrame(rdd, DDL), r0, rows_per_part="5000").save("sp_retry")
     seen = json.loads((marks / "seen.json").read_text())
     assert seen, "the failing attempt should have written a part before failing"
@@ -434,6 +441,42 @@ def test_reads_keep_their_snapshot_while_new_writes_commit(spark, c0: Client, r0
     assert sorted(r[0] for r in reader(spark, r0).load("sp_snap").collect()) == [7000] + list(range(9000, 9005))
     with pytest.raises(Exception, match=r"snapshot"):
         reader(spark, r0, snapshot=str(10**12)).load("sp_snap").collect()
+
+
+def test_incremental_read_of_changes(spark, c0: Client, r0: str) -> None:
+    """changes_from/changes_to/changes_by: the rows added and removed by the commits in the
+    half-open range, with `_change` and `_csn`, the same as client.changes gives."""
+    import datetime as dt
+
+    if not hasattr(Client, "changes"):
+        pytest.skip("Client.changes is not in this tree yet")
+    c0.create_table("sp_chg", SCHEMA)
+    writer(frame(spark, rows(0, 10)), r0).save("sp_chg")
+    csn1 = max(p["creation_csn"] for p in visible_parts(c0, "sp_chg"))
+    t1 = dt.datetime.now(dt.UTC)
+    writer(frame(spark, rows(10, 5)), r0).save("sp_chg")
+    csn2 = max(p["creation_csn"] for p in visible_parts(c0, "sp_chg"))
+    hold = c0.begin()  # a snapshot in use keeps the files the overwrite removes (their deletes)
+    writer(frame(spark, rows(100, 3)), r0, mode="overwrite").save("sp_chg")
+    csn3 = max(p["creation_csn"] for p in visible_parts(c0, "sp_chg"))
+
+    def key(r) -> tuple:
+        return (r[0], r[3], r[4])
+
+    df = reader(spark, r0, changes_from=str(csn1)).load("sp_chg")
+    assert [f.name for f in df.schema.fields] == ["id", "k", "v", "_change", "_csn"]
+    got = sorted(key(tuple(r)) for r in df.collect())
+    want = c0.changes("sp_chg", csn1)
+    assert got == sorted(key(r) for r in zip(*(want.column(c).to_pylist() for c in want.column_names)))
+    assert sum(1 for g in got if g[1] == "insert") == 8 and sum(1 for g in got if g[1] == "delete") == 15
+    assert {g[2] for g in got} <= set(range(csn1 + 1, csn3 + 1))
+    until = reader(spark, r0, changes_from=str(csn1), changes_to=str(csn2)).load("sp_chg")
+    assert sorted(r["id"] for r in until.collect()) == list(range(10, 15))
+    by_time = reader(spark, r0, changes_from=t1.isoformat(), changes_by="time").load("sp_chg")
+    assert by_time.count() == len(got)
+    with pytest.raises(Exception, match="changes_by' must be 'id' or 'time'"):
+        reader(spark, r0, changes_from="1", changes_by="size").load("sp_chg").collect()
+    hold.rollback()
 
 
 # ---------------------------------------------------------------------------------------------
