@@ -8,6 +8,7 @@ because no commit ever named it (the WAL's ``staged`` records say which files to
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import logging
@@ -74,8 +75,8 @@ class ReplicaConfig:
     # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
     # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
     # publish the applied CSN and oldest snapshot in use).
-    checkpoint_every: int = 500
-    retain_entries: int = 500  # the newest entries stay in the log: snapshots within them are served
+    checkpoint_every: int = 250
+    retain_entries: int = 250  # the newest entries stay in the log: snapshots within them are served
     local_checkpoint_every: int = 5000
     tail_check_seconds: float = 1.0
 
@@ -129,17 +130,19 @@ class Replica:
         if not replay:
             log.error("WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
                       "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
-        for rec in records:
-            if "entry" in rec and replay:
-                try:
-                    self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
-                except (CorruptMetadata, KeyError, TypeError, ValueError) as exc:
-                    # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
-                    log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
-                              self.wal.path, exc)
-                    replay = False
-            elif "staged" in rec:
-                staged.setdefault(rec["staged"], []).extend(rec.get("paths", ()))
+        with checkpoint.no_gc():  # a long replay builds many long-lived objects (see ReplicaState.restore)
+            for rec in records:
+                if "entry" in rec and replay:
+                    try:
+                        self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
+                    except (CorruptMetadata, KeyError, TypeError, ValueError) as exc:
+                        # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
+                        log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
+                                  self.wal.path, exc)
+                        replay = False
+                elif "staged" in rec:
+                    staged.setdefault(rec["staged"], []).extend(rec.get("paths", ()))
+        gc.freeze()
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
         self.log.ensure_layout()

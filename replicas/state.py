@@ -8,6 +8,7 @@ entries gives the same state. The snapshot version is ``applied``: every entry u
 from __future__ import annotations
 
 import bisect
+import gc
 import threading
 from collections import defaultdict
 from collections.abc import Iterable
@@ -385,6 +386,9 @@ class ReplicaState:
         data is CorruptMetadata naming ``where``; the state is untouched then."""
         with no_gc():
             self._restore(payload, where)
+        # Hundreds of thousands of long-lived objects: keep the cyclic GC from walking them on
+        # every full collection (replaying a WAL tail after this ran 5x slower without it).
+        gc.freeze()
 
     def _restore(self, payload: dict, where: str) -> None:
         try:
