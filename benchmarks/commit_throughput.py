@@ -1,0 +1,903 @@
+#!/usr/bin/env python
+"""Commit throughput of small transactions, side by side in one run on one machine.
+
+Measured (commits per second, fixed duration per case after a warm-up):
+
+* raw ZooKeeper: synchronous sequential ``create`` (one create per round trip) from 1 thread, and
+  from 16 threads sharing one kazoo client or each with its own; the best is reported as "raw".
+  This is the physical limit of one commit = one ZooKeeper write here.
+* mergetxn (LocalCluster on the same ZooKeeper server): 10-row insert transactions
+  (``with client.transaction() as tx: tx.insert(t, ten_rows)``) with 1 and 4 concurrent writers;
+  metadata-only commits with 16 concurrent clients (see ``benchmarks/README.md`` for the exact
+  definition); the same on a 3-replica cluster with writers spread over the replicas.
+* deltalake (delta-rs ``write_deltalake(mode="append")``) and pyiceberg (``SqlCatalog`` on sqlite,
+  ``table.append``) appending the same 10 rows, 1 and 4 writers on one table; conflicts are
+  retried and only successful commits count.
+
+Every writer is its own process (as independent jobs would be), so no writer waits on another's
+GIL; raw ZooKeeper uses threads, as asked (kazoo pipelines requests of threads sharing a client).
+
+    .venv/bin/python benchmarks/commit_throughput.py [--seconds N] [--out benchmarks/results/latest.json]
+    .venv/bin/python benchmarks/commit_throughput.py --profile 2000   # where a commit spends its time
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import functools
+import json
+import multiprocessing as mp
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pyarrow as pa  # noqa: E402
+
+RAW_PAYLOAD = 512  # bytes per raw sequential create: about one small commit entry
+TABLE = "bench"
+
+
+def ten_rows(seed: int = 0) -> pa.Table:
+    """The 10 rows every system appends per commit."""
+    base = seed * 10
+    return pa.table({
+        "id": pa.array(range(base, base + 10), pa.int64()),
+        "name": pa.array([f"row-{i}" for i in range(base, base + 10)], pa.string()),
+        "value": pa.array([i * 0.5 for i in range(10)], pa.float64()),
+    })
+
+
+# ------------------------------------------------------------------------------------------
+# The timed loop, shared by every case
+
+
+@dataclasses.dataclass
+class Tally:
+    count: int = 0
+    retries: int = 0
+    errors: int = 0
+    first_errors: list[str] = dataclasses.field(default_factory=list)
+    latencies: list[float] = dataclasses.field(default_factory=list)
+    cpu: dict[str, float] = dataclasses.field(default_factory=dict)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per client phase
+
+
+def timed_loop(op: Callable[[], int], warm_end: float, end: float) -> Tally:
+    """Run ``op`` until ``end``; count the commits that finish in [warm_end, end].
+
+    ``op`` returns how many times it had to retry (conflicts) before its commit succeeded.
+    """
+    t = Tally()
+    while True:
+        t0 = time.time()
+        if t0 >= end:
+            break
+        try:
+            retries = op()
+        except Exception as exc:  # a failed commit: counted, never a success
+            t.errors += 1
+            if len(t.first_errors) < 3:
+                t.first_errors.append(repr(exc)[:300])
+            continue
+        t1 = time.time()
+        if warm_end <= t1 <= end:
+            t.count += 1
+            t.retries += retries
+            t.latencies.append(t1 - t0)
+    return t
+
+
+# ------------------------------------------------------------------------------------------
+# Writers (one process each)
+
+
+PHASES: dict[str, float] = collections.defaultdict(float)  # filled by timed writers (profile mode)
+
+
+def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
+    from coordinator.client import Client
+
+    client = Client(params["addresses"][idx % len(params["addresses"])])
+    rows = ten_rows(idx)
+    table = params["table"]
+
+    def op() -> int:
+        with client.transaction() as tx:
+            tx.insert(table, rows)
+        return 0
+
+    if not params.get("phases"):
+        return op
+
+    # Profile mode: the same statements as tx.insert, timed phase by phase on the client.
+    from parts.ops import conform
+    from parts.storage import Storage
+
+    put = Storage.put
+
+    def timed_put(self, relpath, data, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return put(self, relpath, data, *args, **kwargs)
+        finally:
+            kind = "Parquet file" if relpath.endswith(".parquet") else "sidecar"
+            PHASES[f"client: storage.put of the {kind}"] += time.perf_counter() - t0
+
+    Storage.put = timed_put
+
+    def timed_op() -> int:
+        t0 = time.perf_counter()
+        tx = client.begin()
+        t1 = time.perf_counter()
+        tdef = client.table(table)
+        parts = tx._write(tdef, conform(tdef.schema, rows, table))
+        t2 = time.perf_counter()
+        tx._stage({"op": "insert", "table": table, "added": [m.to_dict() for m in parts]})
+        t3 = time.perf_counter()
+        tx.commit()
+        t4 = time.perf_counter()
+        PHASES["client: begin RPC"] += t1 - t0
+        PHASES["client: conform + write part (Parquet + both puts)"] += t2 - t1
+        PHASES["client: stage RPC"] += t3 - t2
+        PHASES["client: commit RPC (group commit, multi, WAL fsync, apply)"] += t4 - t3
+        PHASES["client: transaction total"] += t4 - t0
+        return 0
+
+    return timed_op
+
+
+def _op_mergetxn_metadata(params: dict, idx: int) -> Callable[[], int]:
+    """Metadata-only commits: each transaction stages a part written before the timed loop.
+
+    One part file is written durably (``write_part``: Parquet + fsync + rename + directory
+    fsync); ``links`` hard links to it are made under distinct part names and their directory is
+    fsynced once. Every transaction then takes the next unused one, so every commit references
+    a distinct, complete, durable part file that no other commit references, and the timed
+    transaction itself does no data I/O: ``with client.transaction() as tx: tx.add_parts(t,
+    [descriptor])`` (what a Spark driver does with parts its executors wrote).
+    """
+    from coordinator.client import Client
+    from parts.format import new_part_name, write_part
+    from parts.storage import _fsync_dir
+
+    client = Client(params["addresses"][idx % len(params["addresses"])])
+    table = params["table"]
+    tdef = client.table(table)
+    template = write_part(client.storage, table, list(tdef.partition_by), (), ten_rows(idx), f"bench-w{idx}")
+    root = Path(params["storage_root"])
+    src = root / template.path
+    directory = template.path.rsplit("/", 1)[0]
+    names = []
+    for _ in range(params["links"]):
+        name = new_part_name(f"bench-w{idx}")
+        os.link(src, root / directory / f"{name}.parquet")
+        names.append(name)
+    _fsync_dir(str(root / directory))
+    it = iter(names)
+
+    def op() -> int:
+        name = next(it)  # StopIteration would surface as an error: links are sized generously
+        with client.transaction() as tx:
+            meta = dataclasses.replace(template, name=name, path=f"{directory}/{name}.parquet",
+                                       creation_tid=tx.id, created_at=time.time())
+            tx.add_parts(table, [meta])
+        return 0
+
+    return op
+
+
+def _op_deltalake(params: dict, idx: int) -> Callable[[], int]:
+    from deltalake import write_deltalake
+
+    rows = ten_rows(idx)
+    path = params["path"]
+
+    def op() -> int:
+        for attempt in range(1000):
+            try:
+                write_deltalake(path, rows, mode="append")
+                return attempt
+            except Exception as exc:  # CommitFailedError and friends on concurrent appends
+                if attempt == 999:
+                    raise
+                if "onflict" not in repr(exc) and "ommit" not in repr(exc) and "ersion" not in repr(exc):
+                    raise
+        return 0
+
+    return op
+
+
+def _op_pyiceberg(params: dict, idx: int) -> Callable[[], int]:
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import CommitFailedException
+
+    catalog = SqlCatalog("bench", uri=params["uri"], warehouse=params["warehouse"])
+    table = catalog.load_table(params["ident"])
+    rows = ten_rows(idx)
+
+    def op() -> int:
+        nonlocal table
+        for attempt in range(1000):
+            try:
+                table.append(rows)
+                return attempt
+            except CommitFailedException:
+                table = catalog.load_table(params["ident"])
+            except Exception as exc:  # sqlite "database is locked" under concurrent writers
+                if "locked" not in repr(exc) or attempt == 999:
+                    raise
+                table = catalog.load_table(params["ident"])
+        return 0
+
+    return op
+
+
+OPS: dict[str, Callable[[dict, int], Callable[[], int]]] = {
+    "mergetxn_insert": _op_mergetxn_insert,
+    "mergetxn_metadata": _op_mergetxn_metadata,
+    "deltalake": _op_deltalake,
+    "pyiceberg": _op_pyiceberg,
+}
+
+
+def _worker(kind: str, params: dict, idx: int, ready: Any, go: Any, times: Any, results: Any) -> None:
+    import logging
+
+    logging.getLogger("pyiceberg").setLevel(logging.ERROR)  # its own retry notices: we count retries
+    try:
+        op = OPS[kind](params, idx)
+    except BaseException as exc:
+        ready.put((idx, repr(exc)))
+        return
+    ready.put((idx, None))
+    go.wait()
+    warm_end, end = times[0], times[1]
+    PHASES.clear()
+    tally = timed_loop(op, warm_end, end)
+    tally.phases = dict(PHASES)
+    results.put((idx, dataclasses.asdict(tally)))
+
+
+def busy_seconds() -> float:
+    """CPU time the whole machine spent busy so far (all cores, from /proc/stat)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0.0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a process so far (0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def run_processes(kind: str, params: dict, writers: int, warmup: float, seconds: float,
+                  watch: dict[str, int | None] | None = None) -> Tally:
+    """``writers`` processes run ``kind`` at once; their tallies are summed. The CPU time that
+    the processes in ``watch`` (name -> pid) spend during the measured window goes into
+    ``Tally.cpu`` (seconds)."""
+    ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    times = ctx.Array("d", 2)
+    procs = [ctx.Process(target=_worker, args=(kind, params, i, ready, go, times, results), daemon=True)
+             for i in range(writers)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in range(writers):
+            idx, err = ready.get(timeout=300)
+            if err is not None:
+                raise RuntimeError(f"{kind} writer {idx} failed to set up: {err}")
+        now = time.time()
+        times[0], times[1] = now + warmup, now + warmup + seconds
+        go.set()
+        cpu0: dict[str, float] = {}
+        if watch is not None:
+            def writers_cpu() -> float:
+                return sum(cpu_seconds(p.pid) for p in procs)
+
+            time.sleep(max(0.0, times[0] - time.time()))
+            busy0 = busy_seconds()
+            cpu0 = {k: cpu_seconds(p) for k, p in watch.items()}
+            cpu0["writers"] = writers_cpu()
+            time.sleep(max(0.0, times[1] - time.time()))
+            cpu1 = {k: cpu_seconds(p) for k, p in watch.items()}
+            cpu1["writers"] = writers_cpu()
+            busy1 = busy_seconds()
+            cpu0["other processes"] = 0.0
+            cpu1["other processes"] = max(0.0, (busy1 - busy0) - sum(cpu1[k] - cpu0[k] for k in cpu1
+                                                                    if k != "other processes"))
+        tallies = [Tally(**results.get(timeout=warmup + seconds + 300)[1]) for _ in range(writers)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    total = Tally()
+    if watch is not None:
+        total.cpu = {k: round(cpu1[k] - cpu0[k], 3) for k in cpu1}
+    for t in tallies:
+        for k, v in t.phases.items():
+            total.phases[k] = total.phases.get(k, 0.0) + v
+        total.count += t.count
+        total.retries += t.retries
+        total.errors += t.errors
+        total.first_errors += t.first_errors[: 3 - len(total.first_errors)]
+        total.latencies += t.latencies
+    return total
+
+
+def run_threads(make_op: Callable[[int], Callable[[], int]], threads: int, warmup: float, seconds: float,
+                watch: dict[str, int | None] | None = None) -> Tally:
+    ops = [make_op(i) for i in range(threads)]
+    now = time.time()
+    warm_end, end = now + warmup, now + warmup + seconds
+    out: list[Tally] = [Tally() for _ in range(threads)]
+
+    def run(i: int) -> None:
+        out[i] = timed_loop(ops[i], warm_end, end)
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    total = Tally()
+    if watch:
+        time.sleep(max(0.0, warm_end - time.time()))
+        busy0 = busy_seconds()
+        cpu0 = {k: cpu_seconds(p) for k, p in watch.items()}
+        time.sleep(max(0.0, end - time.time()))
+        total.cpu = {k: round(cpu_seconds(p) - cpu0[k], 3) for k, p in watch.items()}
+        total.cpu["other processes"] = round(max(0.0, busy_seconds() - busy0 - sum(total.cpu.values())), 3)
+    for t in ts:
+        t.join()
+    for t in out:
+        total.count += t.count
+        total.errors += t.errors
+        total.first_errors += t.first_errors[: 3 - len(total.first_errors)]
+        total.latencies += t.latencies
+    return total
+
+
+def summarize(t: Tally, seconds: float, **extra: Any) -> dict:
+    lat = sorted(t.latencies)
+
+    def pct(q: float) -> float | None:
+        return round(lat[min(len(lat) - 1, int(q * len(lat)))] * 1000, 2) if lat else None
+
+    out = {
+        "commits_per_s": round(t.count / seconds, 1),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
+        "commits": t.count,
+        "seconds": seconds,
+        "p50_ms": pct(0.50),
+        "p99_ms": pct(0.99),
+        "retries": t.retries,
+        "errors": t.errors,
+    }
+    if t.first_errors:
+        out["first_errors"] = t.first_errors
+    if t.cpu and t.count:
+        out["cpu_ms_per_commit"] = {k: round(v * 1000 / t.count, 3) for k, v in t.cpu.items()
+                                    if k != "other processes"}
+    if "other processes" in t.cpu:
+        # Share of the machine that processes outside this benchmark used meanwhile: noise.
+        out["other_cpu_share"] = round(t.cpu["other processes"] / ((os.cpu_count() or 1) * seconds), 3)
+    out.update(extra)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Cases
+
+
+def bench_raw_zookeeper(address: str, zk_pid: int | None, warmup: float, seconds: float,
+                        log: Callable[[str], None]) -> dict:
+    from kazoo.client import KazooClient
+
+    def kazoo() -> KazooClient:
+        c = KazooClient(hosts=address, timeout=30)
+        c.start(timeout=30)
+        return c
+
+    payload = b"x" * RAW_PAYLOAD
+    out = {}
+    admin = kazoo()
+    admin.ensure_path("/raw")
+    clients: list[KazooClient] = [admin]
+    try:
+        def case(name: str, threads: int, per_thread_client: bool) -> None:
+            own = [kazoo() for _ in range(threads)] if per_thread_client else []
+            clients.extend(own)
+
+            def make(i: int) -> Callable[[], int]:
+                c = own[i] if per_thread_client else admin
+                parent = f"/raw/{name}-{i}"
+                c.ensure_path(parent)
+
+                def op() -> int:
+                    c.create(f"{parent}/c-", payload, sequence=True)
+                    return 0
+                return op
+
+            t = run_threads(make, threads, warmup, seconds, {"zookeeper": zk_pid, "benchmark": os.getpid()})
+            out[name] = summarize(t, seconds, threads=threads,
+                                  clients=threads if per_thread_client else 1)
+            log(f"  {name}: {out[name]['commits_per_s']} creates/s")
+
+        case("raw_zk_1_thread", 1, False)
+        case("raw_zk_16_threads_shared_client", 16, False)
+        case("raw_zk_16_threads_own_clients", 16, True)
+    finally:
+        for c in clients:
+            try:
+                c.stop()
+                c.close()
+            except Exception:
+                pass
+    return out
+
+
+def bench_mergetxn(workdir: Path, zk_address: str, zk_pid: int | None, replicas: int, root: str,
+                   cases: list[tuple[str, str, int, bool]], warmup: float, seconds: float,
+                   log: Callable[[str], None]) -> dict:
+    """``cases``: (result name, worker kind, writers, spread over replicas)."""
+    from coordinator.cluster import LocalCluster
+
+    out = {}
+    with LocalCluster(workdir, replicas=replicas, zk_address=zk_address, root=root) as cluster:
+        admin = cluster.client(0)
+        for name, kind, writers, spread in cases:
+            table = f"{TABLE}_{name}"
+            admin.create_table(table, ten_rows().schema, auto_merge=False)
+            addresses = cluster.replica_addresses if spread else cluster.replica_addresses[:1]
+            params = {"addresses": addresses, "table": table, "storage_root": cluster.storage_url,
+                      "links": int((warmup + seconds) * 600) + 500}
+            watch = {"zookeeper": zk_pid, **{f"replica-{i}": cluster.replica_pid(i) for i in range(replicas)}}
+            t = run_processes(kind, params, writers, warmup, seconds, watch)
+            out[name] = summarize(t, seconds, writers=writers, replicas=replicas,
+                                  replicas_used=len(addresses))
+            log(f"  {name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms)")
+        admin.close()
+    return out
+
+
+def bench_deltalake(workdir: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
+    out = {}
+    for writers in (1, 4):
+        path = workdir / f"delta_{writers}w"
+        from deltalake import write_deltalake
+
+        write_deltalake(str(path), ten_rows(), mode="append")  # create the table outside the loop
+        name = f"deltalake_insert_{writers}w"
+        out[name] = summarize(run_processes("deltalake", {"path": str(path)}, writers, warmup, seconds, {}),
+                              seconds, writers=writers)
+        log(f"  {name}: {out[name]['commits_per_s']} commits/s (retries {out[name]['retries']})")
+    return out
+
+
+def bench_pyiceberg(workdir: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    out = {}
+    uri = f"sqlite:///{workdir / 'catalog.db'}"
+    warehouse = f"file://{workdir / 'warehouse'}"
+    (workdir / "warehouse").mkdir(parents=True, exist_ok=True)
+    catalog = SqlCatalog("bench", uri=uri, warehouse=warehouse)
+    catalog.create_namespace("bench")
+    for writers in (1, 4):
+        ident = f"bench.t{writers}w"
+        catalog.create_table(ident, schema=ten_rows().schema)
+        name = f"pyiceberg_insert_{writers}w"
+        params = {"uri": uri, "warehouse": warehouse, "ident": ident}
+        out[name] = summarize(run_processes("pyiceberg", params, writers, warmup, seconds, {}), seconds,
+                              writers=writers)
+        log(f"  {name}: {out[name]['commits_per_s']} commits/s (retries {out[name]['retries']})")
+    return out
+
+
+def machine() -> dict:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.0f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    import deltalake
+    import pyiceberg
+
+    return {
+        "cpus": os.cpu_count(), "cpu": cpu, "memory": mem, "platform": platform.platform(),
+        "python": platform.python_version(), "pyarrow": pa.__version__,
+        "deltalake": deltalake.__version__, "pyiceberg": pyiceberg.__version__,
+        "fsync_per_s": _fsync_rate(),
+    }
+
+
+def _fsync_rate() -> float:
+    """Small write + fsync rate of the disk the run uses (what every durable commit pays)."""
+    fd, path = tempfile.mkstemp(dir=tempfile.gettempdir())
+    try:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 0.5:
+            os.write(fd, b"x" * 128)
+            os.fsync(fd)
+            n += 1
+        return round(n / (time.perf_counter() - t0))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def ratios(r: dict) -> dict:
+    def get(name: str) -> float | None:
+        return r.get(name, {}).get("commits_per_s")
+
+    def div(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 2) if a and b else None
+
+    raw_names = [n for n in r if n.startswith("raw_zk_")]
+    raw_best = max((get(n) or 0 for n in raw_names), default=None)
+    out = {
+        "raw_zk_best": raw_best,
+        "mergetxn_4w_over_deltalake_4w": div(get("mergetxn_insert_4w"), get("deltalake_insert_4w")),
+        "mergetxn_1w_over_deltalake_1w": div(get("mergetxn_insert_1w"), get("deltalake_insert_1w")),
+        "mergetxn_4w_over_pyiceberg_4w": div(get("mergetxn_insert_4w"), get("pyiceberg_insert_4w")),
+        "mergetxn_1w_over_pyiceberg_1w": div(get("mergetxn_insert_1w"), get("pyiceberg_insert_1w")),
+        "mergetxn_metadata_16c_over_raw_zk_best": div(get("mergetxn_metadata_16c"), raw_best),
+        "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
+    }
+    shares = [v["other_cpu_share"] for v in r.values() if v.get("other_cpu_share") is not None]
+    out["max_other_cpu_share"] = max(shares, default=None)  # > ~0.1: other work disturbed the run
+    out["target_10x_deltalake_4w_met"] = (out["mergetxn_4w_over_deltalake_4w"] or 0) >= 10
+    out["target_metadata_16c_above_raw_1_thread_met"] = (out["mergetxn_metadata_16c_over_raw_zk_1_thread"] or 0) > 1
+    out["target_metadata_16c_above_raw_best_met"] = (out["mergetxn_metadata_16c_over_raw_zk_best"] or 0) > 1
+    return out
+
+
+def table_markdown(r: dict) -> str:
+    lines = ["| case | writers | commits/s | p50 ms | p99 ms | retries | errors | CPU ms/commit | other CPU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, v in r.items():
+        w = v.get("writers") or v.get("threads")
+        cpu = " + ".join(f"{k} {x}" for k, x in v.get("cpu_ms_per_commit", {}).items())
+        other = v.get("other_cpu_share")
+        lines.append(f"| {name} | {w} | {v['commits_per_s']} | {v['p50_ms']} | {v['p99_ms']} | "
+                     f"{v['retries']} | {v['errors']} | {cpu} | {'' if other is None else f'{other:.0%}'} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------
+# Profile: where one mergetxn commit spends its time (replica in this process, writers outside)
+
+
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of every thread of this process: native id -> (name, seconds). Python
+    threads are named by their ``threading`` name; native ones (gRPC) by their OS name."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            comm = stat[stat.index("(") + 1: stat.rindex(")")]
+            fields = stat.rsplit(")", 1)[1].split()
+            tid = int(task.name)
+            name = names.get(tid) or comm
+            name = "".join(c for c in name if not c.isdigit()).rstrip("-_ ") or comm  # group pools
+            out[tid] = (name, (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Callable[[str], None]) -> dict:
+    """Run a replica in-process with timers on the commit path and cProfile on its threads."""
+    import cProfile
+    import io
+    import pstats
+
+    import kazoo.client
+
+    import coordinator.zklog
+    import replicas.committer
+    import replicas.follower
+    import replicas.state
+    import replicas.wal
+    from coordinator.client import Client
+    from coordinator.zkserver import ZooKeeperServer
+    from replicas.replica import Replica, ReplicaConfig
+    from replicas.server import ReplicaServer
+
+    zkops: collections.Counter = collections.Counter()
+    timers: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    orig_call = kazoo.client.KazooClient._call
+
+    def counting_call(self, request, async_object):
+        zkops[type(request).__name__] += 1
+        return orig_call(self, request, async_object)
+
+    def timed(obj: Any, attr: str, label: str) -> None:
+        f = getattr(obj, attr)
+
+        @functools.wraps(f)
+        def g(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                timers[label] += time.perf_counter() - t0
+                calls[label] += 1
+        setattr(obj, attr, g)
+
+    profiles: list[cProfile.Profile] = []
+    local = threading.local()
+
+    def profiled(obj: Any, attr: str) -> None:
+        setattr(obj, attr, profiled_fn(getattr(obj, attr)))
+
+    def profiled_fn(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def g(*a, **k):
+            prof = getattr(local, "prof", None)
+            if prof is None:
+                prof = local.prof = cProfile.Profile()
+                profiles.append(prof)
+            prof.enable()
+            try:
+                return f(*a, **k)
+            finally:
+                prof.disable()
+        return g
+
+    kazoo.client.KazooClient._call = counting_call
+    sys.setswitchinterval(0.0005)  # as replicas/server.py sets it in a replica process
+    timed(replicas.wal.Wal, "append", "WAL append (+fsync for log entries)")
+    timed(replicas.state.ReplicaState, "apply", "apply entry to replica state")
+    timed(replicas.state.ReplicaState, "wait_applied", "committer waits for apply (follower)")
+    timed(coordinator.zklog.CsnLog, "commit", "ZooKeeper commit multi")
+    timed(coordinator.zklog.CsnLog, "fetch", "ZooKeeper log fetch (follower)")
+    timed(replicas.committer.Committer, "_commit_batch", "committer batch total")
+    timed(replicas.committer.Committer, "_plan", "conflict decision (plan)")
+    timed(replicas.follower.Follower, "_fetch_batch", "follower fetch batch")
+    timed(ReplicaServer, "_begin", "RPC handler: begin")
+    import replicas.replica as rr
+    timed(rr.Replica, "stage", "RPC handler: stage")
+    timed(rr.Replica, "commit", "RPC handler: commit (incl. waiting for group commit)")
+    profiled(replicas.committer.Committer, "_commit_batch")
+    profiled(replicas.follower.Follower, "pull")
+    profiled(rr.Replica, "stage")
+    profiled(ReplicaServer, "_begin")
+
+    work = Path(tempfile.mkdtemp(prefix="mergetxn-profile-"))
+    zk = ZooKeeperServer(work / "zookeeper")
+    zk.start()
+    try:
+        replica = Replica(ReplicaConfig(zk=zk.address, storage_url=str(work / "storage"), host_id="r0",
+                                        data_dir=work / "replica-0"))
+        replica.start()
+        server = ReplicaServer(replica)
+        server.handlers = {k: profiled_fn(f) for k, f in server.handlers.items()}
+        replica.set_address(server.address)
+        threading.Thread(target=server.serve, daemon=True).start()
+        client = Client(server.address)
+        client.create_table(TABLE, ten_rows().schema, auto_merge=False)
+        params = {"addresses": [server.address], "table": TABLE, "storage_root": str(work / "storage"),
+                  "links": int(commits_seconds * 1000) + 2000, "phases": True}
+        run_processes(kind, params, writers, 0.5, 1.0)  # warm the JIT, caches and connections
+        zkops.clear()
+        timers.clear()
+        calls.clear()
+        for p in profiles:
+            p.clear()
+        replica.committer.batches = replica.committer.committed = 0
+        # Threads come and go (gRPC's pool): sample every thread's CPU time while the load runs.
+        threads0 = thread_cpu()
+        seen: dict[int, tuple[str, float]] = dict(threads0)
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.wait(0.05):
+                seen.update(thread_cpu())
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        cpu0 = cpu_seconds(os.getpid()), cpu_seconds(zk.pid)
+        sampler.start()
+        t = run_processes(kind, params, writers, 0.0, commits_seconds)
+        sampling.set()
+        sampler.join()
+        seen.update(thread_cpu())
+        cpu1 = cpu_seconds(os.getpid()), cpu_seconds(zk.pid)
+        n = max(1, replica.committer.committed)
+        by_thread: dict[str, float] = collections.defaultdict(float)
+        for tid, (name, secs) in seen.items():
+            by_thread[name] += secs - threads0.get(tid, (name, 0.0))[1]
+        committed, batches = replica.committer.committed, replica.committer.batches
+        client.close()
+        server.shutdown()
+        replica.stop()
+        stats = None
+        for p in profiles:
+            p.create_stats()
+            if not p.stats:
+                continue
+            if stats is None:
+                stats = pstats.Stats(p)
+            else:
+                stats.add(p)
+        buf = io.StringIO()
+        if stats is not None:
+            stats.stream = buf
+            stats.sort_stats("tottime").print_stats(top)
+        result = {
+            "kind": kind, "writers": writers, "seconds": commits_seconds,
+            "commits": committed, "batches": batches,
+            "commits_per_s": round(t.count / commits_seconds, 1),
+            "errors": t.errors, "first_errors": t.first_errors,
+            "client_ms_per_transaction": {k: round(v / max(1, t.count) * 1000, 3) for k, v in t.phases.items()},
+            "replica_ms_per_commit": {k: round(v / n * 1000, 3) for k, v in sorted(timers.items())},
+            "calls_per_commit": {k: round(v / n, 2) for k, v in sorted(calls.items())},
+            "zookeeper_requests_per_commit": {k: round(v / n, 2) for k, v in sorted(zkops.items())},
+            "cpu_ms_per_commit": {"replica process": round((cpu1[0] - cpu0[0]) * 1000 / n, 3),
+                                  "zookeeper": round((cpu1[1] - cpu0[1]) * 1000 / n, 3)},
+            "replica_cpu_ms_per_commit_by_thread": {
+                k: round(v * 1000 / n, 3) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0},
+            "cprofile_top": buf.getvalue(),
+        }
+        log(json.dumps({k: v for k, v in result.items() if k != "cprofile_top"}, indent=2))
+        log(result["cprofile_top"])
+        return result
+    finally:
+        kazoo.client.KazooClient._call = orig_call
+        zk.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
+    """Every group once, on a fresh ZooKeeper, clusters and tables."""
+    from coordinator.zkserver import ZooKeeperServer
+
+    results: dict[str, dict] = {}
+    zk = ZooKeeperServer(work / "zookeeper")
+    zk.start()
+    try:
+        if "raw" in groups:
+            log("raw ZooKeeper (sequential create, one per round trip):")
+            results.update(bench_raw_zookeeper(zk.address, zk.pid, warmup, seconds, log))
+        if "mergetxn" in groups:
+            log("mergetxn, 1 replica:")
+            results.update(bench_mergetxn(work / "mergetxn1", zk.address, zk.pid, 1, "/bench1", [
+                ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
+                ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
+                ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
+            ], warmup, seconds, log))
+        if "mergetxn3" in groups:
+            log("mergetxn, 3 replicas, writers spread over them:")
+            results.update(bench_mergetxn(work / "mergetxn3", zk.address, zk.pid, 3, "/bench3", [
+                ("mergetxn_3r_insert_4w_spread", "mergetxn_insert", 4, True),
+                ("mergetxn_3r_metadata_16c_spread", "mergetxn_metadata", 16, True),
+            ], warmup, seconds, log))
+    finally:
+        zk.stop()
+    if "deltalake" in groups:
+        log("deltalake (delta-rs), append:")
+        results.update(bench_deltalake(work / "delta", warmup, seconds, log))
+    if "pyiceberg" in groups:
+        log("pyiceberg (SqlCatalog on sqlite), append:")
+        results.update(bench_pyiceberg(work / "iceberg", warmup, seconds, log))
+    return results
+
+
+def median_of(rounds: list[dict]) -> dict:
+    """Per case, the record of the round with the median rate (all rates kept in ``rounds``)."""
+    if len(rounds) == 1:
+        return rounds[0]
+    out = {}
+    for name in rounds[0]:
+        runs = sorted((r[name] for r in rounds if name in r), key=lambda v: v["commits_per_s"])
+        rec = dict(runs[(len(runs) - 1) // 2])
+        rec["rounds_commits_per_s"] = [r[name]["commits_per_s"] for r in rounds if name in r]
+        out[name] = rec
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per case (default 8)")
+    ap.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per case (default 2)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every case this many times, rounds interleaved; report the median (default 1)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
+    ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
+    ap.add_argument("--only", default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
+                    help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg)")
+    ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
+                    help="instead of the comparison: profile the mergetxn commit path for SECONDS")
+    ap.add_argument("--profile-writers", type=int, default=1)
+    ap.add_argument("--profile-kind", default="mergetxn_insert", choices=["mergetxn_insert", "mergetxn_metadata"])
+    ap.add_argument("--profile-out", default=None)
+    a = ap.parse_args(argv)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    import logging
+
+    logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # kazoo's chatter on client close
+
+    if a.profile:
+        res = profile(a.profile, a.profile_writers, a.profile_kind, 40, log)
+        if a.profile_out:
+            Path(a.profile_out).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.profile_out).write_text(json.dumps(res, indent=2) + "\n")
+        return 0
+
+    groups = {g.strip() for g in a.only.split(",") if g.strip()}
+    work = Path(a.workdir) if a.workdir else Path(tempfile.mkdtemp(prefix="mergetxn-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    info = machine()
+    log(f"machine: {info['cpus']} CPUs, {info['cpu']}, {info['memory']}, fsync {info['fsync_per_s']}/s")
+    rounds = []
+    for r in range(a.repeat):
+        if a.repeat > 1:
+            log(f"== round {r + 1} of {a.repeat}")
+        rounds.append(run_round(groups, work / f"round-{r}", a.warmup, a.seconds, log))
+    results = median_of(rounds)
+
+    report = {
+        "benchmark": "commit_throughput",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_seconds": round(time.time() - started, 1),
+        "config": {"seconds_per_case": a.seconds, "warmup_per_case": a.warmup, "rounds": a.repeat,
+                   "rows_per_commit": 10,
+                   "raw_payload_bytes": RAW_PAYLOAD, "writers": "one process each (raw ZooKeeper: threads)"},
+        "machine": info,
+        "results": results,
+        "ratios": ratios(results),
+    }
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    log("\n" + table_markdown(results))
+    log("\n" + json.dumps(report["ratios"], indent=2))
+    log(f"\nwritten to {out} ({report['wall_seconds']} s)")
+    if not a.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
