@@ -307,7 +307,8 @@ class LogTail:
             # as long as the follower is busy applying, i.e. for as long as commits keep coming).
             self.replica.follower.poke()
             with self.state.lock:
-                self.state.applied_cond.wait_for(lambda: self.state.position[0] > current, 10.0)
+                self.state.applied_cond.wait_for(
+                    lambda: self.state.position[0] > current or self._stop.is_set(), 10.0)
             current = self.log.current_epoch(refresh=True)
         epochs = [e for e in self.log.epochs() if e > trimmed]
         sealed = [e for e in epochs if e < current]

@@ -43,6 +43,7 @@ class SortedIndex:
         self._maxes = [ks[-1] for ks in self._keys]
         self._len = len(pairs)
         self._flat: list | None = None
+        self._flat_keys: list[str] = []
 
     def __len__(self) -> int:
         return self._len
@@ -90,11 +91,25 @@ class SortedIndex:
     def keys(self) -> list[str]:
         return list(chain.from_iterable(self._keys))
 
-    def values(self) -> list:
-        """The values in key order (a new list: the caller may change it)."""
+    def values(self, without: frozenset[str] | set[str] = frozenset()) -> list:
+        """The values in key order, leaving out the keys in ``without`` (a new list: the caller
+        may change it). A few keys left out are found by bisection, not by a scan."""
         if self._flat is None:
             self._flat = list(chain.from_iterable(self._vals))
-        return self._flat.copy()
+            self._flat_keys = list(chain.from_iterable(self._keys))
+        out = self._flat.copy()
+        if without and len(without) <= 64:
+            keys = self._flat_keys
+            drop = []
+            for k in without:
+                i = bisect.bisect_left(keys, k)
+                if i < len(keys) and keys[i] == k:
+                    drop.append(i)
+            for i in sorted(drop, reverse=True):
+                del out[i]
+        elif without:
+            out = [v for k, v in zip(self._flat_keys, out) if k not in without]
+        return out
 
 
 @dataclass
@@ -274,9 +289,7 @@ class ReplicaState:
             if snapshot >= self.applied and wanted is None:
                 # The fast path: live parts kept sorted by name (no per-lookup sort).
                 index = self.live_sorted.get(table)
-                out = index.values() if index is not None else []
-                if own_removed:
-                    out = [m for m in out if m.name not in own_removed]
+                out = index.values(own_removed) if index is not None else []
                 for meta in own_added:
                     if meta.table == table and meta.name not in own_removed:
                         bisect.insort(out, meta, key=_name)

@@ -32,6 +32,7 @@ from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer
 from replicas.state import ReplicaState
 from replicas.transactions import Op
+from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk
 
@@ -265,18 +266,18 @@ def test_log_stays_bounded_over_thousands_of_commits(cluster, zk: KazooClient) -
     assert len([p for p in nodes[0].r.storage.list("_checkpoints/")]) <= checkpoint.KEEP_CHECKPOINTS + 1
     views = [part_view(nd.r, "bounded") for nd in nodes]
     assert len(views[0]) == 3000 and views[0] == views[1] == views[2]
-    # Local snapshots kept every WAL short: it starts at a base record, far past the first commit.
+    # Local snapshots kept every WAL short: it starts at a base record (the snapshot's CSN) and
+    # holds about local_checkpoint_every entries at most, not 3,000.
     for i, nd in enumerate(nodes):
-        recs = nd.r.wal.records()  # as opened; read the file afresh instead
-        from replicas.wal import Wal
-
-        copy = nd.config.data_dir / "wal.copy"
+        copy = nd.config.data_dir / "wal.copy"  # a copy: opening a WAL may truncate it
         copy.write_bytes((nd.config.data_dir / "wal.log").read_bytes())
         w = Wal(copy)
-        entries = [r for r in w.records() if "entry" in r]
-        assert "base" in w.records()[0], f"replica {i}: WAL not compacted"
-        assert len(entries) <= SMALL["local_checkpoint_every"] + 200, (i, len(entries), len(recs))
+        records = w.records()
         w.close()
+        entries = [r for r in records if "entry" in r]
+        assert "base" in records[0], f"replica {i}: WAL not compacted"
+        assert len(entries) <= SMALL["local_checkpoint_every"] + 200, (i, len(entries))
+        assert (nd.config.data_dir / checkpoint.LOCAL_NAME).exists()
 
 
 def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk: KazooClient) -> None:
@@ -394,3 +395,25 @@ def test_snapshot_older_than_retained_is_refused(cluster) -> None:
         c.read("old", as_of=early)
     assert c.read("old", snapshot=oldest).num_rows == 3
     assert c.read("old").num_rows == 3
+
+
+def test_restart_with_a_damaged_local_snapshot_rebuilds(cluster) -> None:
+    """The WAL was compacted behind a local snapshot; the snapshot file is then damaged. The
+    replica must not replay the WAL tail onto an empty state (that would skip every entry the
+    snapshot held): it ignores both and rebuilds from the cluster checkpoint and the log."""
+    (r0,) = cluster(1, **SMALL)
+    c = r0.client()
+    c.create_table("damaged", SCHEMA, auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert("damaged", rows(3))
+    commit_until([r0], "damaged", lambda: tail_of(r0)["trimmed_epoch"] >= 1, "a trim")
+    r0.r.tail.save_local()
+    meta_commit(r0.r, "damaged")  # an entry in the WAL after the snapshot
+    before = part_view(r0.r, "damaged")
+    r0.stop()
+    local = r0.config.data_dir / checkpoint.LOCAL_NAME
+    data = local.read_bytes()
+    local.write_bytes(data[: len(data) // 3])
+    r0.start()
+    assert r0.r.tail.checkpoints_loaded == 1
+    assert part_view(r0.r, "damaged") == before
