@@ -75,8 +75,8 @@ class ReplicaConfig:
     # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
     # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
     # publish the applied CSN and oldest snapshot in use).
-    checkpoint_every: int = 250
-    retain_entries: int = 250  # the newest entries stay in the log: snapshots within them are served
+    checkpoint_every: int = 1000
+    retain_entries: int = 5000  # the newest entries stay in the log: snapshots within them are served (time travel)
     local_checkpoint_every: int = 5000
     tail_check_seconds: float = 1.0
 
