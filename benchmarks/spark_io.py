@@ -7,6 +7,10 @@ in full, ``spark.read.format("mergetxn").load(t)`` against ``spark.read.parquet(
 consumed by the ``noop`` sink so every row and column crosses into the JVM. Rounds alternate the
 two systems; the median of ``--repeat`` rounds is reported, with ratios mergetxn / parquet.
 
+Besides wall time, each case reports the CPU seconds that the Spark JVM and its Python workers
+(the process tree of the JVM) and the replica spent: on a small shared machine wall time moves
+with whatever else runs, CPU time much less.
+
     .venv/bin/python benchmarks/spark_io.py [--rows 1000000,5000000] [--repeat 3] [--master local[2]]
                                             [--out benchmarks/results/spark_io.json]
 """
@@ -40,10 +44,49 @@ def frame(spark, rows: int):
     )
 
 
-def timed(fn) -> float:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_pid() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, user+system CPU seconds of the process and its reaped children)."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK)
+    return out
+
+
+def tree_cpu(roots: list[int]) -> float:
+    """CPU seconds of the given processes and all their descendants (live ones, plus what they
+    reaped)."""
+    procs = _cpu_by_pid()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    total, stack, seen = 0.0, list(roots), set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += procs.get(pid, (0, 0.0))[1]
+        stack.extend(children.get(pid, ()))
+    return total
+
+
+def timed(fn, roots: list[int]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of the process trees at ``roots``) of one call."""
+    cpu = tree_cpu(roots)
     start = time.perf_counter()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, tree_cpu(roots) - cpu
 
 
 def main() -> None:
@@ -79,6 +122,8 @@ def main() -> None:
             import pyspark
 
             results["machine"]["spark"] = pyspark.__version__
+            roots = [session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
+                     cluster.replica_pid(0)]
             schema = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("v", pa.float64()), ("s", pa.string())])
             for rows in sizes:
                 table = f"bench_{rows}"
@@ -90,40 +135,47 @@ def main() -> None:
                 frame(session, 10_000).write.mode("overwrite").parquet(path)
                 session.read.format("mergetxn").load(table).write.format("noop").mode("overwrite").save()
                 session.read.parquet(path).write.format("noop").mode("overwrite").save()
-                w_m, w_p, r_m, r_p = [], [], [], []
+                runs: dict[str, list[tuple[float, float]]] = {
+                    "write_mergetxn": [], "write_parquet": [], "read_mergetxn": [], "read_parquet": []}
                 for _ in range(a.repeat):
-                    w_m.append(timed(lambda: df.write.format("mergetxn").mode("overwrite").save(table)))
-                    w_p.append(timed(lambda: df.write.mode("overwrite").parquet(path)))
-                    r_m.append(timed(lambda: session.read.format("mergetxn").load(table)
-                                     .write.format("noop").mode("overwrite").save()))
-                    r_p.append(timed(lambda: session.read.parquet(path)
-                                     .write.format("noop").mode("overwrite").save()))
+                    runs["write_mergetxn"].append(timed(
+                        lambda: df.write.format("mergetxn").mode("overwrite").save(table), roots))
+                    runs["write_parquet"].append(timed(lambda: df.write.mode("overwrite").parquet(path), roots))
+                    runs["read_mergetxn"].append(timed(lambda: session.read.format("mergetxn").load(table)
+                                                       .write.format("noop").mode("overwrite").save(), roots))
+                    runs["read_parquet"].append(timed(lambda: session.read.parquet(path)
+                                                      .write.format("noop").mode("overwrite").save(), roots))
                 assert client.read(table, columns=["id"]).num_rows == rows
                 assert session.read.format("mergetxn").load(table).count() == rows
                 parts = client.parts(table).filter(pa.compute.field("visible")).num_rows
-                med = {k: statistics.median(v) for k, v in
-                       (("write_mergetxn", w_m), ("write_parquet", w_p), ("read_mergetxn", r_m),
-                        ("read_parquet", r_p))}
-                results["sizes"][str(rows)] = {
-                    **{k: round(v, 3) for k, v in med.items()},
-                    "write_ratio": round(med["write_mergetxn"] / med["write_parquet"], 3),
-                    "read_ratio": round(med["read_mergetxn"] / med["read_parquet"], 3),
-                    "runs": {"write_mergetxn": w_m, "write_parquet": w_p, "read_mergetxn": r_m,
-                             "read_parquet": r_p},
+                wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+                cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+                r = results["sizes"][str(rows)] = {
+                    "wall": {k: round(v, 3) for k, v in wall.items()},
+                    "cpu": {k: round(v, 3) for k, v in cpu.items()},
+                    "write_ratio": round(wall["write_mergetxn"] / wall["write_parquet"], 3),
+                    "read_ratio": round(wall["read_mergetxn"] / wall["read_parquet"], 3),
+                    "write_cpu_ratio": round(cpu["write_mergetxn"] / cpu["write_parquet"], 3),
+                    "read_cpu_ratio": round(cpu["read_mergetxn"] / cpu["read_parquet"], 3),
+                    "runs": runs,
                     "parts": parts,
                 }
-                print(f"{rows:>9} rows: write {med['write_mergetxn']:.2f}s vs {med['write_parquet']:.2f}s "
-                      f"({results['sizes'][str(rows)]['write_ratio']:.2f}x), read {med['read_mergetxn']:.2f}s vs "
-                      f"{med['read_parquet']:.2f}s ({results['sizes'][str(rows)]['read_ratio']:.2f}x)", flush=True)
+                print(f"{rows:>9} rows: write {wall['write_mergetxn']:.2f}s vs {wall['write_parquet']:.2f}s "
+                      f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x), read {wall['read_mergetxn']:.2f}s "
+                      f"vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, CPU {r['read_cpu_ratio']:.2f}x)",
+                      flush=True)
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print("| rows | write mergetxn | write parquet | ratio | read mergetxn | read parquet | ratio |")
+    print("| rows | write mergetxn | write parquet | ratio (CPU) | read mergetxn | read parquet | ratio (CPU) |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for rows, r in results["sizes"].items():
-        print(f"| {int(rows):,} | {r['write_mergetxn']:.2f}s | {r['write_parquet']:.2f}s | {r['write_ratio']:.2f}x "
-              f"| {r['read_mergetxn']:.2f}s | {r['read_parquet']:.2f}s | {r['read_ratio']:.2f}x |")
+        w, c = r["wall"], r["cpu"]
+        print(f"| {int(rows):,} | {w['write_mergetxn']:.2f}s ({c['write_mergetxn']:.1f} cpu-s) | "
+              f"{w['write_parquet']:.2f}s ({c['write_parquet']:.1f}) | {r['write_ratio']:.2f}x "
+              f"({r['write_cpu_ratio']:.2f}x) | {w['read_mergetxn']:.2f}s ({c['read_mergetxn']:.1f}) | "
+              f"{w['read_parquet']:.2f}s ({c['read_parquet']:.1f}) | {r['read_ratio']:.2f}x ({r['read_cpu_ratio']:.2f}x) |")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(results, indent=2))
