@@ -151,7 +151,7 @@ def marks(tmp_path: Path) -> Path:
 
 
 def test_append_then_overwrite_partitions_and_whole_table(spark, c0: Client, r0: str) -> None:
-    c0.create_table("sp_events", SCHEMA, partition_by=["k"])
+    c0.create_table("sp_events", SCHEMA, partition_by=["k"], auto_merge=False)
     writer(frame(spark, rows(0, 90)), r0).save("sp_events")
     writer(frame(spark, rows(90, 30)), r0).save("sp_events")
     assert as_rows(c0.read("sp_events")) == sorted(rows(0, 120))
@@ -166,7 +166,7 @@ def test_append_then_overwrite_partitions_and_whole_table(spark, c0: Client, r0:
     assert spark_rows(reader(spark, r0).load("sp_events")) == expected
 
     # Unpartitioned: overwrite replaces the whole table.
-    c0.create_table("sp_flat", SCHEMA)
+    c0.create_table("sp_flat", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 50)), r0).save("sp_flat")
     writer(frame(spark, rows(500, 7)), r0, mode="overwrite").save("sp_flat")
     assert as_rows(c0.read("sp_flat")) == sorted(rows(500, 7))
@@ -175,7 +175,7 @@ def test_append_then_overwrite_partitions_and_whole_table(spark, c0: Client, r0:
 def test_read_schema_nullability_and_types(spark, c0: Client, r0: str) -> None:
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("d", pa.date32()),
                         ("ts", pa.timestamp("us", tz="UTC")), ("flag", pa.bool_()), ("n", pa.int32())])
-    c0.create_table("sp_types", schema)
+    c0.create_table("sp_types", schema, auto_merge=False)
     import datetime as dt
 
     data = pa.table({"id": [1, 2], "d": [dt.date(2024, 1, 1), None],
@@ -191,7 +191,7 @@ def test_read_schema_nullability_and_types(spark, c0: Client, r0: str) -> None:
     got = sorted(df.collect(), key=lambda r: r["id"])
     assert got[0]["d"] == dt.date(2024, 1, 1) and got[0]["n"] == 7 and got[1]["ts"] is None
     # A write of the same rows goes through the same schema check and round-trips.
-    c0.create_table("sp_types2", schema)
+    c0.create_table("sp_types2", schema, auto_merge=False)
     writer(df, r0).save("sp_types2")
     assert c0.read("sp_types2").sort_by("id").equals(c0.read("sp_types").sort_by("id"))
 
@@ -206,7 +206,7 @@ def test_unknown_table_schema_mismatch_unreachable_replica(spark, c0: Client, r0
     with pytest.raises(Exception, match=r"unknown table 'sp_nope'"):
         writer(frame(spark, rows(0, 3)), r0).save("sp_nope")
 
-    c0.create_table("sp_strict", SCHEMA)
+    c0.create_table("sp_strict", SCHEMA, auto_merge=False)
     bad = frame(spark, [(1, "a", 1.0, "x")], ddl="id bigint, k string, v double, extra string")
     with pytest.raises(Exception, match=r"schema mismatch.*unexpected column\(s\) \['extra'\]"):
         writer(bad, r0).save("sp_strict")
@@ -215,11 +215,12 @@ def test_unknown_table_schema_mismatch_unreachable_replica(spark, c0: Client, r0
         writer(narrow, r0).save("sp_strict")
     assert "missing column(s) ['k']" in str(ei.value) and "column 'v' is int64, table has double" in str(ei.value)
     # Nulls in a NOT NULL column: the tasks fail, the job aborts, nothing is visible.
+    running = {t["id"] for t in c0.transactions()}
     nulls = frame(spark, [(None, "a", 1.0)], ddl="id bigint, k string, v double")
     with pytest.raises(Exception, match=r"column 'id' is not nullable"):
         writer(nulls, r0).save("sp_strict")
     assert c0.read("sp_strict").num_rows == 0 and visible_parts(c0, "sp_strict") == []
-    assert not any(t["state"] == "running" for t in c0.transactions())
+    assert {t["id"] for t in c0.transactions()} == running  # the job's transaction was rolled back
 
     with pytest.raises(Exception, match=r"cannot reach replica 127\.0\.0\.1:1 \(option 'replica'\)"):
         writer(frame(spark, rows(0, 3)), "127.0.0.1:1").save("sp_strict")
@@ -249,7 +250,7 @@ def _compete(replica: str, marks: str, table: str, data: list[tuple]):
 
 
 def test_conflict_names_the_winner_and_leaves_nothing(spark, c0: Client, r0: str, marks: Path) -> None:
-    c0.create_table("sp_mc", SCHEMA, conflict_policy="maxcompute")
+    c0.create_table("sp_mc", SCHEMA, conflict_policy="maxcompute", auto_merge=False)
     theirs = [(900, "z", 9.0)]
     data = spark.sparkContext.parallelize(rows(0, 20), 2).mapPartitionsWithIndex(
         _compete(r0, str(marks), "sp_mc", theirs))
@@ -266,8 +267,8 @@ def test_conflict_names_the_winner_and_leaves_nothing(spark, c0: Client, r0: str
 
 
 def test_txn_option_commits_two_tables_at_one_csn(spark, c0: Client, r0: str, cluster) -> None:
-    c0.create_table("sp_orders", SCHEMA)
-    c0.create_table("sp_items", SCHEMA, partition_by=["k"])
+    c0.create_table("sp_orders", SCHEMA, auto_merge=False)
+    c0.create_table("sp_items", SCHEMA, partition_by=["k"], auto_merge=False)
     tx = c0.begin()
     writer(frame(spark, rows(0, 40)), r0, txn=tx.id).save("sp_orders")
     writer(frame(spark, rows(100, 60)), r0, txn=tx.id).save("sp_items")
@@ -350,7 +351,7 @@ def fail_first_attempt(marks: str, sidecars: Callable[[], list[dict]]):
 
 def test_task_failing_after_writing_a_part_is_retried_exactly_once(spark, c0: Client, r0: str,
                                                                   cluster, marks: Path) -> None:
-    c0.create_table("sp_retry", SCHEMA)
+    c0.create_table("sp_retry", SCHEMA, auto_merge=False)
     data = rows(0, 160_000)
     rdd = spark.sparkContext.parallelize(data, 4).mapPartitionsWithIndex(
         fail_first_attempt(str(marks), local_sidecars(cluster.storage_url, "sp_retry")))
@@ -379,7 +380,7 @@ def _always_fail_partition_zero(index: int, it):
 
 def test_aborted_job_leaves_nothing_visible_and_removes_its_parts(spark, c0: Client, r0: str,
                                                                   cluster) -> None:
-    c0.create_table("sp_abort", SCHEMA)
+    c0.create_table("sp_abort", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 10)), r0).save("sp_abort")
     before_files = local_files(cluster, "sp_abort")
     before_txns = {t["id"] for t in c0.transactions()}
@@ -413,7 +414,7 @@ def _pause_first_read(marks: str):
 def test_reads_keep_their_snapshot_while_new_writes_commit(spark, c0: Client, r0: str, marks: Path) -> None:
     import datetime as dt
 
-    c0.create_table("sp_snap", SCHEMA)
+    c0.create_table("sp_snap", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 30)), r0).save("sp_snap")
     csn1 = max(p["creation_csn"] for p in visible_parts(c0, "sp_snap"))
     between = dt.datetime.now(dt.UTC)
@@ -450,7 +451,7 @@ def test_incremental_read_of_changes(spark, c0: Client, r0: str) -> None:
 
     if not hasattr(Client, "changes"):
         pytest.skip("Client.changes is not in this tree yet")
-    c0.create_table("sp_chg", SCHEMA)
+    c0.create_table("sp_chg", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 10)), r0).save("sp_chg")
     csn1 = max(p["creation_csn"] for p in visible_parts(c0, "sp_chg"))
     t1 = dt.datetime.now(dt.UTC)
@@ -485,7 +486,7 @@ def test_incremental_read_of_changes(spark, c0: Client, r0: str) -> None:
 
 def test_partition_and_min_max_pruning_reads_only_matching_parts(spark, c0: Client, r0: str,
                                                                  tmp_path: Path) -> None:
-    c0.create_table("sp_prune", SCHEMA, partition_by=["k"])
+    c0.create_table("sp_prune", SCHEMA, partition_by=["k"], auto_merge=False)
     for lo in (0, 1000):  # two commits: every partition gets two parts with disjoint id ranges
         with c0.transaction() as tx:
             tx.insert("sp_prune", pa.table({"id": list(range(lo, lo + 400)), "k": list("abcd") * 100,
@@ -519,7 +520,7 @@ def test_partition_and_min_max_pruning_reads_only_matching_parts(spark, c0: Clie
 def test_spark_delete_and_update_rewrite_only_affected_parts(spark, c0: Client, r0: str) -> None:
     from spark.mutate import delete, update
 
-    c0.create_table("sp_mut", SCHEMA, partition_by=["k"])
+    c0.create_table("sp_mut", SCHEMA, partition_by=["k"], auto_merge=False)
     writer(frame(spark, rows(0, 300)), r0).save("sp_mut")
     before = {p["name"]: p for p in visible_parts(c0, "sp_mut")}
     in_a = {n for n, p in before.items() if json.loads(p["partition"]) == ["a"]}
@@ -557,7 +558,7 @@ def test_spark_delete_and_update_rewrite_only_affected_parts(spark, c0: Client, 
 def test_format_is_found_by_spark_without_register(tmp_path: Path, c0: Client, r0: str) -> None:
     """Installing the package is enough: a fresh Spark (new JVM, started outside the repository)
     finds `pyspark_mergetxn` and reads through format("mergetxn") with no register() call."""
-    c0.create_table("sp_auto", SCHEMA)
+    c0.create_table("sp_auto", SCHEMA, auto_merge=False)
     with c0.transaction() as tx:
         tx.insert("sp_auto", pa.table({"id": [1, 2], "k": ["a", "b"], "v": [0.5, 1.5]}, schema=SCHEMA))
     script = (
