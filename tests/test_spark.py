@@ -102,6 +102,16 @@ def reader(spark, replica: str, **options: str):
     return r
 
 
+def gc_collects(client: Client, files: Callable[[], set[str]], timeout: float = 60.0) -> bool:
+    """Run cleanup passes until ``files()`` is empty: orphans are collected once older than the
+    grace period (at least 5 s); a bounded poll, not a fixed sleep."""
+    def done() -> bool:
+        client.gc(grace_seconds=0)
+        return not files()
+
+    return poll(done, timeout=timeout, interval=1.0)
+
+
 def local_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
     root = Path(cluster.storage_url) / table
     return {p.relative_to(root).as_posix() for p in root.rglob("*.parquet")} if root.exists() else set()
@@ -369,6 +379,9 @@ def test_task_failing_after_writing_a_part_is_retried_exactly_once(spark, c0: Cl
     txn = {p["creation_tid"] for p in visible_parts(c0, "sp_retry")}.pop()
     orphans = {f.rsplit("/", 1)[-1][: -len(".parquet")] for f in local_files(cluster, "sp_retry")} - visible
     assert all(o.startswith(txn.replace(":", "_")) for o in orphans), (txn, orphans)
+    assert gc_collects(c0, lambda: {f for f in local_files(cluster, "sp_retry")
+                                    if f.rsplit("/", 1)[-1][: -len(".parquet")] not in visible})
+    assert sorted(c0.read("sp_retry").column("id").to_pylist()) == [r[0] for r in data]
 
 
 def _always_fail_partition_zero(index: int, it):
@@ -388,8 +401,65 @@ def test_aborted_job_leaves_nothing_visible_and_removes_its_parts(spark, c0: Cli
     with pytest.raises(Exception, match="injected failure on every attempt"):
         writer(spark.createDataFrame(rdd, DDL), r0).save("sp_abort")
     assert as_rows(c0.read("sp_abort")) == sorted(rows(0, 10))
-    assert local_files(cluster, "sp_abort") == before_files  # abort() removed what the tasks wrote
-    assert {t["id"] for t in c0.transactions()} == before_txns  # and rolled its transaction back
+    assert {t["id"] for t in c0.transactions()} == before_txns  # its transaction: rolled back
+    # abort() removed the parts of the tasks Spark had accepted. A task still running when the
+    # job failed is killed, maybe after writing its part: that orphan is named after the
+    # rolled-back transaction, and cleanup collects it.
+    left = local_files(cluster, "sp_abort") - before_files
+    txns = {f.rsplit("/", 1)[-1].rsplit("_", 1)[0] for f in left}
+    assert all(c0.commit_status(t).status == "aborted" for t in txns)
+    assert gc_collects(c0, lambda: local_files(cluster, "sp_abort") - before_files)
+    assert as_rows(c0.read("sp_abort")) == sorted(rows(0, 10))
+
+
+def _block_partition_zero(marks: str):
+    def run(index: int, it):
+        data = list(it)
+        if index == 0:
+            Path(marks, "blocked").write_text("1")
+            deadline = time.monotonic() + 120
+            while not Path(marks, "release").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return iter(data)
+
+    return run
+
+
+def test_job_cancelled_mid_way_leaves_nothing(spark, c0: Client, r0: str, cluster, marks: Path) -> None:
+    """Cancel a write job while one task hangs and the others have written their parts: the
+    job's transaction is rolled back, its parts removed, nothing becomes visible."""
+    c0.create_table("sp_cancel", SCHEMA, auto_merge=False)
+    running = {t["id"] for t in c0.transactions()}
+    rdd = spark.sparkContext.parallelize(rows(0, 4000), 4).mapPartitionsWithIndex(
+        _block_partition_zero(str(marks)))
+    df = spark.createDataFrame(rdd, DDL)
+    sidecars = local_sidecars(cluster.storage_url, "sp_cancel")
+    sc = spark.sparkContext
+
+    def cancel_when_mid_way() -> None:
+        # Partitions 1-3 have written their parts; partition 0 hangs.
+        if poll(lambda: (marks / "blocked").exists() and len(sidecars()) >= 3):
+            sc.cancelJobsWithTag("sp-cancel")
+        (marks / "release").write_text("1")
+
+    canceller = threading.Thread(target=cancel_when_mid_way)
+    canceller.start()
+    sc.addJobTag("sp-cancel")  # save() runs here: the data source is registered in this session
+    try:
+        with pytest.raises(Exception, match="(?i)cancel"):
+            writer(df, r0).save("sp_cancel")
+    finally:
+        sc.removeJobTag("sp-cancel")
+        canceller.join(120)
+    assert c0.read("sp_cancel").num_rows == 0 and visible_parts(c0, "sp_cancel") == []
+    assert {t["id"] for t in c0.transactions()} == running  # the job's transaction: rolled back
+    # abort() removed the parts of the tasks Spark had accepted; a task killed between writing
+    # its part and reporting it leaves an orphan named after the rolled-back transaction, which
+    # cleanup collects.
+    left = local_files(cluster, "sp_cancel")
+    txns = {f.rsplit("/", 1)[-1].rsplit("_", 1)[0] for f in left}
+    assert all(c0.commit_status(t).status == "aborted" for t in txns)
+    assert gc_collects(c0, lambda: local_files(cluster, "sp_cancel"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from test_spark import (  # tests/ is on sys.path (rootdir-relative test modules
     as_rows,
     fail_first_attempt,
     frame,
+    gc_collects,
     new_session,
     rows,
     visible_parts,
@@ -198,6 +199,13 @@ def test_s3_task_retry_exactly_once(spark, c0: Client, r0: str, s3opts: dict, en
     visible = {p["name"] for p in visible_parts(c0, "s3_retry")}
     assert not visible & set(seen)
     assert len({p["creation_csn"] for p in visible_parts(c0, "s3_retry")}) == 1
+
+    def orphans() -> set[str]:
+        return {k for k in s3_objects(endpoint, f"{PREFIX}/s3_retry/")
+                if k.endswith(".parquet") and k.rsplit("/", 1)[-1][: -len(".parquet")] not in visible}
+
+    assert gc_collects(c0, orphans)  # whatever failed attempts left on S3 is collected
+    assert c0.read("s3_retry").num_rows == len(data)
 
 
 def test_s3_old_snapshot_and_pruning(spark, c0: Client, r0: str, s3opts: dict, tmp_path: Path) -> None:
