@@ -323,6 +323,7 @@ def check_write_schema(tdef: TableDef, schema: StructType) -> None:
         raise InvalidInput(f"mergetxn: write to {tdef.name!r}: a column type has no Arrow "
                            f"equivalent: {exc}") from None
     empty = pa.Table.from_batches([], schema=pa.schema([f.with_nullable(True) for f in incoming]))
+    empty = _align_time_zones(empty, tdef.schema)
     try:
         conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to")
     except InvalidInput as exc:
