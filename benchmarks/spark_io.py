@@ -11,6 +11,13 @@ Besides wall time, each case reports the CPU seconds that the Spark JVM and its 
 (the process tree of the JVM) and the replica spent: on a small shared machine wall time moves
 with whatever else runs, CPU time much less.
 
+A third system shows the floor of the road itself: ``plainpq``, a bare Python data source that
+writes each task's Arrow batches as one Parquet file with pyarrow and reads files back the same
+way (no transaction, replica, checksum or part metadata). Spark moves the rows between the JVM and
+the Python workers as Arrow for any Python data source, and on two cores that conversion alone
+costs more than Spark's own Parquet writer and reader; ``mergetxn / plainpq`` is the price of
+transactions on top of it.
+
     .venv/bin/python benchmarks/spark_io.py [--rows 1000000,5000000] [--repeat 3] [--master local[2]]
                                             [--out benchmarks/results/spark_io.json]
 """
@@ -32,6 +39,66 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+def plain_source(schema_ddl: str) -> type:
+    """The ``plainpq`` data source (see the module docstring): defined here, shipped by value."""
+    from pyspark.sql.datasource import (
+        DataSource,
+        DataSourceArrowWriter,
+        DataSourceReader,
+        InputPartition,
+        WriterCommitMessage,
+    )
+
+    class PlainWriter(DataSourceArrowWriter):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def write(self, iterator):
+            import uuid
+
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            batches = [b for b in iterator if b.num_rows]
+            if batches:
+                pq.write_table(pa.Table.from_batches(batches), f"{self.path}/{uuid.uuid4().hex}.parquet",
+                               compression="zstd")
+            return WriterCommitMessage()
+
+    class PlainReader(DataSourceReader):
+        def __init__(self, path: str) -> None:
+            self.path = path
+
+        def partitions(self):
+            names = sorted(f for f in os.listdir(self.path) if f.endswith(".parquet"))
+            return [InputPartition(os.path.join(self.path, f)) for f in names]
+
+        def read(self, partition):
+            import pyarrow.parquet as pq
+
+            yield from pq.read_table(partition.value).to_batches(max_chunksize=65_536)
+
+    class PlainSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "plainpq"
+
+        def schema(self) -> str:
+            return schema_ddl
+
+        def writer(self, schema, overwrite: bool):
+            path = self.options["path"]
+            if overwrite:
+                shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(path, exist_ok=True)
+            return PlainWriter(path)
+
+        def reader(self, schema):
+            return PlainReader(self.options["path"])
+
+    return PlainSource
 
 
 def frame(spark, rows: int):
@@ -119,6 +186,7 @@ def main() -> None:
                        .getOrCreate())
             session.sparkContext.setLogLevel("ERROR")
             mergetxn_spark.register(session, replica=replica)
+            session.dataSource.register(plain_source("id bigint, k int, v double, s string"))
             import pyspark
 
             results["machine"]["spark"] = pyspark.__version__
@@ -129,21 +197,29 @@ def main() -> None:
                 table = f"bench_{rows}"
                 client.create_table(table, schema)
                 path = str(work / f"parquet_{rows}")
+                plain = str(work / f"plainpq_{rows}")
                 df = frame(session, rows)
                 # Warm-up (JIT, Python workers, imports) at a small size, not measured.
                 frame(session, 10_000).write.format("mergetxn").mode("overwrite").save(table)
                 frame(session, 10_000).write.mode("overwrite").parquet(path)
                 session.read.format("mergetxn").load(table).write.format("noop").mode("overwrite").save()
                 session.read.parquet(path).write.format("noop").mode("overwrite").save()
+                frame(session, 10_000).write.format("plainpq").mode("overwrite").save(plain)
+                session.read.format("plainpq").load(plain).write.format("noop").mode("overwrite").save()
                 runs: dict[str, list[tuple[float, float]]] = {
-                    "write_mergetxn": [], "write_parquet": [], "read_mergetxn": [], "read_parquet": []}
+                    k: [] for k in ("write_mergetxn", "write_parquet", "write_plainpq",
+                                    "read_mergetxn", "read_parquet", "read_plainpq")}
                 for _ in range(a.repeat):
                     runs["write_mergetxn"].append(timed(
                         lambda: df.write.format("mergetxn").mode("overwrite").save(table), roots))
                     runs["write_parquet"].append(timed(lambda: df.write.mode("overwrite").parquet(path), roots))
+                    runs["write_plainpq"].append(timed(
+                        lambda: df.write.format("plainpq").mode("overwrite").save(plain), roots))
                     runs["read_mergetxn"].append(timed(lambda: session.read.format("mergetxn").load(table)
                                                        .write.format("noop").mode("overwrite").save(), roots))
                     runs["read_parquet"].append(timed(lambda: session.read.parquet(path)
+                                                      .write.format("noop").mode("overwrite").save(), roots))
+                    runs["read_plainpq"].append(timed(lambda: session.read.format("plainpq").load(plain)
                                                       .write.format("noop").mode("overwrite").save(), roots))
                 assert client.read(table, columns=["id"]).num_rows == rows
                 assert session.read.format("mergetxn").load(table).count() == rows
@@ -157,25 +233,29 @@ def main() -> None:
                     "read_ratio": round(wall["read_mergetxn"] / wall["read_parquet"], 3),
                     "write_cpu_ratio": round(cpu["write_mergetxn"] / cpu["write_parquet"], 3),
                     "read_cpu_ratio": round(cpu["read_mergetxn"] / cpu["read_parquet"], 3),
+                    "write_vs_plainpq": round(wall["write_mergetxn"] / wall["write_plainpq"], 3),
+                    "read_vs_plainpq": round(wall["read_mergetxn"] / wall["read_plainpq"], 3),
                     "runs": runs,
                     "parts": parts,
                 }
                 print(f"{rows:>9} rows: write {wall['write_mergetxn']:.2f}s vs {wall['write_parquet']:.2f}s "
-                      f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x), read {wall['read_mergetxn']:.2f}s "
-                      f"vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, CPU {r['read_cpu_ratio']:.2f}x)",
-                      flush=True)
+                      f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x; plainpq {wall['write_plainpq']:.2f}s), "
+                      f"read {wall['read_mergetxn']:.2f}s vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, "
+                      f"CPU {r['read_cpu_ratio']:.2f}x; plainpq {wall['read_plainpq']:.2f}s)", flush=True)
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print("| rows | write mergetxn | write parquet | ratio (CPU) | read mergetxn | read parquet | ratio (CPU) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| rows | op | mergetxn | parquet | plainpq (bare Python data source) | mergetxn / parquet | "
+          "mergetxn / plainpq |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for rows, r in results["sizes"].items():
         w, c = r["wall"], r["cpu"]
-        print(f"| {int(rows):,} | {w['write_mergetxn']:.2f}s ({c['write_mergetxn']:.1f} cpu-s) | "
-              f"{w['write_parquet']:.2f}s ({c['write_parquet']:.1f}) | {r['write_ratio']:.2f}x "
-              f"({r['write_cpu_ratio']:.2f}x) | {w['read_mergetxn']:.2f}s ({c['read_mergetxn']:.1f}) | "
-              f"{w['read_parquet']:.2f}s ({c['read_parquet']:.1f}) | {r['read_ratio']:.2f}x ({r['read_cpu_ratio']:.2f}x) |")
+        for op in ("write", "read"):
+            print(f"| {int(rows):,} | {op} | {w[op + '_mergetxn']:.2f}s ({c[op + '_mergetxn']:.1f} cpu-s) | "
+                  f"{w[op + '_parquet']:.2f}s ({c[op + '_parquet']:.1f}) | "
+                  f"{w[op + '_plainpq']:.2f}s ({c[op + '_plainpq']:.1f}) | "
+                  f"{r[op + '_ratio']:.2f}x (CPU {r[op + '_cpu_ratio']:.2f}x) | {r[op + '_vs_plainpq']:.2f}x |")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(results, indent=2))
