@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     OVERWRITE = "OVERWRITE"  # INSERT OVERWRITE, TRUNCATE
     INSERT = "INSERT"
     MUTATE = "MUTATE"  # UPDATE, DELETE
@@ -34,7 +34,7 @@ class Kind(str, Enum):
     MAJOR_COMPACT = "MAJOR_COMPACT"
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     PARTS = "parts"
     MAXCOMPUTE = "maxcompute"
     APPEND = "append"

@@ -17,7 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from parts.format import PartMeta, read_part, write_part
-from parts.ops import apply_delete, apply_update, decode_assignments, decode_expression, may_match, split_by_partition
+from parts.ops import (
+    apply_delete,
+    apply_update,
+    decode_assignments,
+    decode_expression,
+    may_match,
+    split_by_partition,
+)
 from parts.storage import Storage
 
 SMALL_PART_BYTES = 32 * 1024 * 1024

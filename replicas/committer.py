@@ -31,13 +31,19 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
 )
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_random
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_random,
+)
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
-from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
 from coordinator.versions import csn_of, epoch_full
+from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
 from parts.format import PartMeta
 from parts.ops import partition_key
 from replicas.transactions import Effect, Op, RunningTxn
