@@ -317,8 +317,10 @@ class Transaction:
     def _send(self, action: str, ops: list[dict]) -> Any:
         try:
             return self.client.call(action, id=self.id, ops=ops)
+        except ReplicaUnavailable:
+            raise  # the replica may hold them already: cleanup decides once it is known
         except errors.MergetxnError:
-            # Parts the replica did not take (or dropped when it aborted): nothing references them.
+            # Parts the replica refused (or dropped when it aborted): nothing references them.
             for op in ops:
                 for m in op.get("added", ()):
                     _delete_quietly(self.client.storage, m["path"])
