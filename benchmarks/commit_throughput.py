@@ -820,15 +820,19 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
     return results
 
 
-def median_of(rounds: list[dict]) -> dict:
-    """Per case, the record of the round with the median rate (all rates kept in ``rounds``)."""
+def least_disturbed(rounds: list[dict]) -> dict:
+    """Per case, the record of the round in which other processes used the least CPU (the
+    machine is shared; other work only ever lowers a rate). Every round's rate and disturbance
+    is kept in ``rounds``."""
     if len(rounds) == 1:
         return rounds[0]
     out = {}
     for name in rounds[0]:
-        runs = sorted((r[name] for r in rounds if name in r), key=lambda v: v["commits_per_s"])
-        rec = dict(runs[(len(runs) - 1) // 2])
-        rec["rounds_commits_per_s"] = [r[name]["commits_per_s"] for r in rounds if name in r]
+        runs = [r[name] for r in rounds if name in r]
+        best = min(runs, key=lambda v: (round(v.get("other_cpu_share") or 0.0, 2), -v["commits_per_s"]))
+        rec = dict(best)
+        rec["rounds"] = [{"commits_per_s": v["commits_per_s"], "other_cpu_share": v.get("other_cpu_share")}
+                         for v in runs]
         out[name] = rec
     return out
 
@@ -838,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per case (default 8)")
     ap.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per case (default 2)")
     ap.add_argument("--repeat", type=int, default=1,
-                    help="run every case this many times, rounds interleaved; report the median (default 1)")
+                    help="run every case this many times, rounds interleaved; report per case the round "
+                         "least disturbed by other processes (default 1)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--only", default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
@@ -875,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.repeat > 1:
             log(f"== round {r + 1} of {a.repeat}")
         rounds.append(run_round(groups, work / f"round-{r}", a.warmup, a.seconds, log))
-    results = median_of(rounds)
+    results = least_disturbed(rounds)
 
     report = {
         "benchmark": "commit_throughput",
