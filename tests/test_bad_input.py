@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from kazoo.client import KazooClient
+from zkutil import new_chroot  # tests/ is on sys.path
 
 import coordinator
 from coordinator.client import Client
@@ -36,17 +36,6 @@ SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 
 
-def new_chroot(zk_server: ZooKeeperServer) -> str:
-    """A fresh chroot on the session's ZooKeeper (clusters never see each other's znodes)."""
-    chroot = f"/t{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
-    return f"{zk_server.address}{chroot}"
 
 
 @pytest.fixture(scope="module")

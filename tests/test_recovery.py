@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import shutil
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from kazoo.client import KazooClient
+from zkutil import new_chroot  # tests/ is on sys.path
 
 import coordinator
 from coordinator.client import Client
@@ -28,16 +27,6 @@ pytestmark = pytest.mark.zk
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 
 
-def new_chroot(zk_server: ZooKeeperServer) -> str:
-    chroot = f"/t{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
-    return f"{zk_server.address}{chroot}"
 
 
 @pytest.fixture(scope="module")

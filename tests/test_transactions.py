@@ -9,14 +9,13 @@ import datetime as dt
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from kazoo.client import KazooClient
+from zkutil import new_chroot  # tests/ is on sys.path
 
 import coordinator
 from coordinator.client import Client, Transaction
@@ -34,17 +33,6 @@ PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
 # Fixtures and helpers
 
 
-def new_chroot(zk_server: ZooKeeperServer) -> str:
-    """A fresh chroot on the session's ZooKeeper, so clusters never see each other's znodes."""
-    chroot = f"/t{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
-    return f"{zk_server.address}{chroot}"
 
 
 @pytest.fixture(scope="module")
