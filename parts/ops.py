@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 
 from coordinator.errors import CorruptMetadata, InvalidInput
 
+# What evaluating a user expression against a schema raises when it does not fit.
+_EXPRESSION_ERRORS = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowIndexError)
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _PATH_CHARS = (("/", "'/'"), ("..", "'..'"), ("\\", "'\\\\'"), (":", "':'"), ("\x00", "NUL"))
 NULL_PARTITION_DIR = "__HIVE_DEFAULT_PARTITION__"
@@ -359,12 +361,7 @@ def check_expression(expr: pc.Expression, schema: pa.Schema, what: str) -> None:
         )
     try:
         _empty(schema).filter(expr)
-    except (
-        pa.ArrowInvalid,
-        pa.ArrowNotImplementedError,
-        pa.ArrowTypeError,
-        pa.ArrowIndexError,
-    ) as exc:
+    except _EXPRESSION_ERRORS as exc:
         missing = _missing_fields(expr, schema)
         if missing:
             raise InvalidInput(
@@ -453,12 +450,7 @@ def assignments(set_map: dict[str, object], schema: pa.Schema) -> dict[str, pc.E
                 (result,) = _evaluate(_empty(schema), [value])
                 if not _lossless(result.type, field.type) and not result.type.equals(field.type):
                     pa.array([], result.type).cast(field.type, safe=True)
-            except (
-                pa.ArrowInvalid,
-                pa.ArrowNotImplementedError,
-                pa.ArrowTypeError,
-                pa.ArrowIndexError,
-            ) as exc:
+            except _EXPRESSION_ERRORS as exc:
                 missing = _missing_fields(value, schema)
                 if missing:
                     raise InvalidInput(
