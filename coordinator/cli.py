@@ -855,8 +855,9 @@ def txn_kill(txn_id: str, replica: str) -> None:
 @click.option("--keep", is_flag=True, help="Keep the working directory (data and logs) afterwards.")
 def quickstart(workdir: Path | None, keep: bool) -> None:
     """Start an embedded cluster (ZooKeeper + 3 replicas), run a short workload that shows
-    transactions, conflicts, rebased retries, multi-table commits, snapshot reads and time
-    travel, print a summary, and stop everything. Exit code 0 only if every step behaved."""
+    transactions, conflicts, rebased retries, multi-table commits, snapshot reads, time travel
+    and a Spark job writing two tables in one transaction, print a summary, and stop everything.
+    Exit code 0 only if every step behaved."""
     from coordinator.quickstart import run
 
     raise SystemExit(run(workdir, keep, console()))

@@ -1,24 +1,33 @@
-"""``mergetxn quickstart``: the product on this machine in ten to twenty seconds.
+"""``mergetxn quickstart``: the product on this machine in well under a minute.
 
 It starts the embedded cluster (a real ZooKeeper and three replica processes, local storage),
 then runs a workload that shows what mergetxn is for: concurrent writers on several replicas,
 a write-write conflict with an error naming the winner, commits that succeed after a concurrent
 commit by a metadata-only rebase, a transaction spanning two tables, a snapshot read on another
-replica, and time travel. Every step asserts its expected outcome, so the exit code says whether
-the product behaved (0) or not (1); whatever it started is stopped on the way out.
+replica, time travel, and a PySpark job (local Spark) that writes two tables in one transaction
+while another client commits beside it. Every step asserts its expected outcome, so the exit
+code says whether the product behaved (0) or not (1); whatever it started (the Spark JVM
+included) is stopped on the way out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
+import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,6 +43,11 @@ REPLICAS = 3
 WRITER_COMMITS = 25  # per writer
 ROWS_PER_COMMIT = 20
 DAY = [dt.date(2024, 6, d) for d in range(1, 10)]
+SPARK_DAY = DAY[4]  # the orders partition the Spark job writes (no other step touches it)
+SPARK_ORDERS = 400  # rows the Spark job appends to orders
+SPARK_EVENTS = 200  # and to events
+# "module.Error: message" (or "ValueError: message"): the last line of a Python traceback
+PYTHON_ERROR_LINE = re.compile(r"^(?:(?:[A-Za-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")
 
 ORDERS = pa.schema(
     [("id", pa.int64()), ("day", pa.date32()), ("customer", pa.string()), ("amount", pa.float64())]
@@ -88,6 +102,146 @@ def day_filter(day: dt.date) -> pc.Expression:
     return pc.field("day") == pa.scalar(day, pa.date32())
 
 
+def _quiet_py4j(record: logging.LogRecord) -> bool:
+    """Py4J logs a traceback to the root logger when Ctrl-C interrupts a call into the JVM (or
+    the JVM goes away mid-call); the quickstart reports the interrupt itself."""
+    return not (record.name == "root" and f"{os.sep}py4j{os.sep}" in record.pathname)
+
+
+@contextlib.contextmanager
+def _deferred_interrupts() -> Iterator[Callable[[], None]]:
+    """SIGINT and SIGTERM during the block are held back and raised (as KeyboardInterrupt) when
+    it ends; the handlers in place before it are put back. Yields ``rearm``, which holds them
+    back again after code in the block installed a handler of its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    held: list[int] = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def rearm() -> None:
+        for sig, before in saved.items():
+            # An ignored signal (SIGINT of a background job) stays ignored.
+            ignored = before is signal.SIG_IGN
+            signal.signal(sig, signal.SIG_IGN if ignored else lambda n, frame: held.append(n))
+
+    rearm()
+    try:
+        yield rearm
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+class LocalSpark:
+    """A local SparkSession (``local[2]``) for the Spark step. Its JVM writes its log to
+    ``spark.log`` in the quickstart's directory instead of the terminal, and :meth:`stop` ends
+    the session *and* the JVM it launched."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.log_path = base / "spark.log"
+        self.session: Any = None
+        self._gateway: Any = None  # the Py4J gateway whose JVM we launched (None: not ours)
+        self._log: Any = None
+
+    def start(self) -> Any:
+        # Python workers must run this interpreter (the venv, where mergetxn is installed).
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+        os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        from pyspark import SparkConf, SparkContext
+        from pyspark.java_gateway import launch_gateway
+        from pyspark.sql import SparkSession
+
+        import spark as mergetxn_spark
+
+        scratch = self.base / "spark"
+        scratch.mkdir(parents=True, exist_ok=True)
+        conf = (
+            SparkConf()
+            .setMaster("local[2]")
+            .setAppName("mergetxn-quickstart")
+            .set("spark.ui.enabled", "false")
+            .set("spark.pyspark.python", sys.executable)
+            .set("spark.sql.shuffle.partitions", "2")
+            .set("spark.driver.memory", "1g")
+            .set("spark.local.dir", str(scratch))
+            .set("spark.sql.warehouse.dir", str(scratch / "warehouse"))
+        )
+        logging.getLogger().addFilter(_quiet_py4j)
+        with _deferred_interrupts() as rearm:
+            # Ctrl-C (or SIGTERM) while the JVM starts takes effect once it is up: interrupted
+            # earlier, pyspark would leave behind a JVM that nothing can stop.
+            gateway = None
+            if SparkContext._gateway is None:  # launch the JVM ourselves, its output to a file
+                self._log = open(self.log_path, "ab")
+                gateway = launch_gateway(
+                    conf, popen_kwargs={"stdout": self._log, "stderr": subprocess.STDOUT}
+                )
+                self._gateway = gateway
+            sc = SparkContext(conf=conf, gateway=gateway)
+            # SparkContext installed a SIGINT handler that calls into the JVM (and breaks when
+            # that interrupts another call into it). Hold signals back again; at the end of the
+            # block the quickstart's handlers return, so Ctrl-C is a plain KeyboardInterrupt
+            # and everything is stopped as in the other steps.
+            rearm()
+            sc.setLogLevel("ERROR")
+            self.session = SparkSession(sc)
+        mergetxn_spark.register(self.session)
+        return self.session
+
+    def log_tail(self, lines: int = 12) -> list[str]:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return []
+        return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+    def stop(self) -> None:
+        """Stop the session and the JVM we launched; safe to call twice or after a failed start."""
+        try:
+            if self.session is not None:
+                self.session.stop()
+        except Exception:
+            pass
+        finally:
+            self.session = None
+            self._stop_jvm()
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            logging.getLogger().removeFilter(_quiet_py4j)
+
+    def _stop_jvm(self) -> None:
+        gateway, self._gateway = self._gateway, None
+        if gateway is None:
+            return
+        from pyspark import SparkContext
+
+        try:
+            gateway.shutdown()
+        except Exception:
+            pass
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            # Spark's gateway JVM exits when its stdin closes (the same as when Python exits).
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        if SparkContext._gateway is gateway:
+            SparkContext._gateway = None
+            SparkContext._jvm = None
+
+
 class Workload:
     """The quickstart's steps; each returns a one-line result or raises :class:`StepFailed`."""
 
@@ -100,6 +254,7 @@ class Workload:
         self.writer_orders_rows = 0
         self.writer_d1_amount = 0.0
         self.multi_csn = 0
+        self.spark: LocalSpark | None = None
 
     def say(self, text: str) -> None:
         self.out.print(f"    {text}", soft_wrap=True)
@@ -435,7 +590,159 @@ class Workload:
         )
         return f"{old.num_rows} rows at CSN {self.writer_csn} and as of {when}, {now.num_rows} now"
 
+    def spark_job(self) -> str:
+        started = time.perf_counter()
+        self.spark = LocalSpark(self.cluster.workdir)
+        try:
+            session = self.spark.start()
+        except Exception as exc:
+            raise StepFailed(self._spark_error("Spark did not start", exc)) from None
+        try:
+            return self._spark_job(session, started)
+        except (StepFailed, MergetxnError):
+            raise
+        except Exception as exc:  # a Spark/Py4J error: one line here, Spark's log tail above
+            raise StepFailed(self._spark_error("the Spark job failed", exc)) from None
+
+    def _spark_job(self, session: Any, started: float) -> str:
+        from pyspark.sql import functions as F
+
+        c0, c1, c2 = self.c(0), self.c(1), self.c(2)
+        r0, r2 = self.cluster.replica_addresses[0], self.cluster.replica_addresses[2]
+        boot = time.perf_counter() - started
+        self.say(
+            f"local Spark (local[2]) started in {boot:.1f}s; the data source talks to the "
+            "replicas, Spark's own log goes to spark.log in the quickstart directory"
+        )
+
+        def spark_counts(snapshot: int | None) -> dict[str, int]:
+            """One Spark job over both tables: the Spark job's rows and the other client's."""
+
+            def load(table: str):
+                r = session.read.format("mergetxn").option("replica", r2)
+                if snapshot is not None:
+                    r = r.option("snapshot", str(snapshot))
+                return r.load(table)
+
+            orders = (
+                load("orders")
+                .where(F.col("day") == F.lit(SPARK_DAY))
+                .select(F.lit("orders").alias("what"))
+            )
+            events = (
+                load("events")
+                .where(F.col("source").isin("spark", "beside-r1"))
+                .select(F.concat(F.lit("events/"), F.col("source")).alias("what"))
+            )
+            got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
+            for row in orders.unionByName(events).groupBy("what").count().collect():
+                got[row["what"]] = row["count"]
+            return got
+
+        tx = c0.begin()
+        try:
+            self.say(
+                f"the driver opens T = {tx.id} on r0 (snapshot {tx.snapshot}); a Spark job "
+                "appends to both tables with option txn"
+            )
+            orders_df = session.range(8_000_000, 8_000_000 + SPARK_ORDERS, numPartitions=2).select(
+                F.col("id"),
+                F.lit(SPARK_DAY).alias("day"),
+                F.concat(F.lit("c"), (F.col("id") % 7).cast("string")).alias("customer"),
+                ((F.col("id") % 100) / 4).cast("double").alias("amount"),
+            )
+            events_df = session.range(8_000_000, 8_000_000 + SPARK_EVENTS, numPartitions=2).select(
+                F.col("id"),
+                F.lit("spark").alias("source"),
+                F.when(F.col("id") % 2 == 0, "view").otherwise("click").alias("kind"),
+                F.lit(1.0).alias("value"),
+            )
+
+            def save(df, table: str) -> None:
+                (
+                    df.write.format("mergetxn")
+                    .option("replica", r0)
+                    .option("txn", tx.id)
+                    .mode("append")
+                    .save(table)
+                )
+
+            save(orders_df, "orders")
+            # Beside it, another client on another replica commits on its own.
+            with c1.transaction() as beside:
+                beside.insert(
+                    "events", events_rows(8_100_000, ROWS_PER_COMMIT, "beside-r1", "beside")
+                )
+            save(events_df, "events")
+            self.say(
+                f"Spark staged {SPARK_ORDERS} rows into orders {SPARK_DAY} and {SPARK_EVENTS} into "
+                f"events; between the two writes r1 committed {ROWS_PER_COMMIT} events rows at "
+                f"CSN {beside.csn} (policy parts: no conflict)"
+            )
+            c2.wait_for(beside.csn)
+            before = spark_counts(None)
+            expect(
+                before["orders"] == 0 and before["events/spark"] == 0,
+                f"a Spark read at the latest snapshot sees uncommitted Spark rows: {before}",
+            )
+            expect(
+                before["events/beside-r1"] == ROWS_PER_COMMIT,
+                f"a Spark read at the latest snapshot misses r1's committed rows: {before}",
+            )
+            self.say(
+                "a Spark read on r2 at the latest snapshot, T still open: orders 0, events 0 of "
+                f"Spark's rows; r1's {ROWS_PER_COMMIT} rows are there"
+            )
+            csn = tx.commit()
+        finally:
+            if tx.csn is None:
+                try:
+                    tx.rollback()
+                except Exception:
+                    pass
+        expect(csn > beside.csn, f"T committed at CSN {csn}, not after r1's CSN {beside.csn}")
+        for table in ("orders", "events"):
+            mine = [r for r in c0.parts(table).to_pylist() if r["creation_tid"] == tx.id]
+            expect(
+                bool(mine) and all(r["creation_csn"] == csn for r in mine),
+                f"{table}: the Spark job's parts do not all carry CSN {csn}",
+            )
+        at = spark_counts(csn)
+        prior = spark_counts(csn - 1)
+        want_at = {
+            "orders": SPARK_ORDERS,
+            "events/spark": SPARK_EVENTS,
+            "events/beside-r1": ROWS_PER_COMMIT,
+        }
+        want_prior = {"orders": 0, "events/spark": 0, "events/beside-r1": ROWS_PER_COMMIT}
+        expect(at == want_at, f"Spark read at CSN {csn}: {at}, expected {want_at}")
+        expect(prior == want_prior, f"Spark read at CSN {csn - 1}: {prior}, expected {want_prior}")
+        self.say(
+            f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with option snapshot: at {csn} "
+            f"orders {at['orders']} + events {at['events/spark']}, at {csn - 1} 0 + 0 "
+            "(both or neither; r1's rows in both)"
+        )
+        self.spark.stop()
+        took = time.perf_counter() - started
+        self.say(f"Spark stopped; the step took {took:.1f}s (Spark start-up {boot:.1f}s)")
+        return (
+            f"Spark rows (orders +{SPARK_ORDERS}, events +{SPARK_EVENTS}) visible together at "
+            f"CSN {csn}, none at {csn - 1}; r1 committed beside at CSN {beside.csn}; {took:.1f}s"
+        )
+
+    def _spark_error(self, what: str, exc: BaseException) -> str:
+        """One line for a Spark error: the Python exception at the bottom of the traceback that
+        Spark wraps into its message when there is one (the data source's own error), else the
+        message's first line. The tail of Spark's log is printed above it."""
+        for line in self.spark.log_tail() if self.spark else []:
+            self.out.print(f"    [dim]spark.log: {escape(line)}[/]", soft_wrap=True)
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        causes = [ln for ln in lines if PYTHON_ERROR_LINE.match(ln)]
+        return f"{what}: {type(exc).__name__}: {causes[-1] if causes else (lines or [''])[0]}"
+
     def close(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
         for cl in self.clients:
             try:
                 cl.close()
@@ -492,6 +799,7 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
         ("multi-table commit", work.multi_table),
         ("snapshot read on r2", work.snapshot_read),
         ("time travel", work.time_travel),
+        ("Spark job: two tables, one txn", work.spark_job),
     ]
     results: list[StepResult] = []
     code = 0

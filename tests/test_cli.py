@@ -473,13 +473,16 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         "multi-table commit",
         "snapshot read on r2",
         "time travel",
+        "Spark job: two tables, one txn",
+        "Spark reads on r2 with option snapshot",
         "quickstart summary",
-        "all 8 steps behaved as expected",
+        "all 9 steps behaved as expected",
     ):
         assert key in out, f"{key!r} missing from:\n{out}"
     assert "FAILED" not in out
     assert elapsed < 120, f"quickstart took {elapsed:.0f}s"
-    # Everything it started is stopped: no process still runs from its workdir.
+    # Everything it started is stopped: no process still runs from its workdir (the Spark JVM's
+    # command line names it too, through spark.local.dir).
     ps = subprocess.run(["ps", "axww", "-o", "args"], capture_output=True, text=True).stdout
     assert str(workdir) not in ps
 
@@ -513,5 +516,6 @@ def test_quickstart_reports_a_wrong_outcome(
     assert "quickstart FAILED" in text
     summary = text.split("quickstart summary")[1]
     assert "skipped" in summary.split("time travel")[1].splitlines()[0]
+    assert "skipped" in summary.split("Spark job")[1].splitlines()[0]
     ps = subprocess.run(["ps", "axww", "-o", "args"], capture_output=True, text=True).stdout
     assert str(tmp_path / "qs") not in ps
