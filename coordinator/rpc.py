@@ -9,7 +9,6 @@ of small transactions on a small machine.
 
 from __future__ import annotations
 
-import json
 import logging
 import select
 import socket
@@ -19,7 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from coordinator import errors
+from coordinator import errors, jsonwire
 
 log = logging.getLogger(__name__)
 
@@ -38,11 +37,11 @@ def read_frame(f: BinaryIO) -> Any:
     (n,) = _HEADER.unpack(_read_exact(f, _HEADER.size))
     if n > MAX_FRAME:
         raise ValueError(f"frame of {n} bytes exceeds the limit")
-    return json.loads(_read_exact(f, n))
+    return jsonwire.loads(_read_exact(f, n))
 
 
 def frame(obj: Any) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
+    body = jsonwire.dumps(obj)
     return _HEADER.pack(len(body)) + body
 
 

@@ -42,6 +42,7 @@ from urllib.parse import quote, unquote
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from coordinator import jsonwire
 from coordinator.errors import CorruptMetadata
 from coordinator.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
 
@@ -267,13 +268,13 @@ class CsnLog:
 
 
 def encode_entry(entry: dict) -> bytes:
-    return json.dumps(entry, separators=(",", ":"), sort_keys=True).encode()
+    return jsonwire.dumps(entry, sort_keys=True)
 
 
 def decode_entry(data: bytes, where: str) -> dict:
     """Parse a log entry; anything malformed is CorruptMetadata naming the znode."""
     try:
-        entry = json.loads(data)
+        entry = jsonwire.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
     if not isinstance(entry, dict) or entry.get("v") != ENTRY_FORMAT:

@@ -46,6 +46,7 @@ from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
 from parts.format import PartMeta
 from parts.ops import partition_key
+from replicas.follower import OwnEntry
 from replicas.transactions import Effect, Op, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -265,14 +266,18 @@ class Committer:
                         p.key_hints.add(table)
                     raise NeedKeys(f"table-level version of {table}")
         now = time.time()
-        txns = []
+        txns, parsed_txns = [], []
         for p, plan in accepted:
             data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks)
-            txns.append({"tid": p.txn.id, "time_version": now if data_change else None,
-                         "changes": plan.effect.changes()})
+            time_version = now if data_change else None
+            changes = plan.effect.changes()
+            txns.append({"tid": p.txn.id, "time_version": time_version, "changes": [c.to_dict() for c in changes]})
+            parsed_txns.append((p.txn.id, time_version, changes))
         new_versions = {k: (0 if v is None else v + 1) for k, v in expected.items()}
         entry = {"v": 1, "time": now, "versions": new_versions, "txns": txns}
-        data = encode_entry(entry)
+        # What parse_entry would make of the entry: this replica applies its own commit from it.
+        own = OwnEntry(entry, encode_entry(entry), ([], parsed_txns, new_versions))
+        data = own.data
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
             self.replica.storage.put(path, data)
@@ -281,7 +286,7 @@ class Committer:
         try:
             with self.replica.follower.local_commit() as hand_over:
                 result = self.log.commit(data, expected)
-                hand_over(result.epoch, result.seq, data)  # WAL fsync + apply, here if it can
+                hand_over(result.epoch, result.seq, data, own)  # WAL + apply, here if it can
         except UNKNOWN_OUTCOME as exc:
             csn = self._resolve_outcome(accepted[0][0].txn.id, exc)
             if csn is None:

@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from coordinator.errors import CorruptMetadata
 from coordinator.versions import csn_of
@@ -26,6 +27,16 @@ from replicas.state import ReplicaState
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OwnEntry:
+    """A log entry as the committer built it: the dict, its encoding (the full entry, also
+    when ZooKeeper holds a manifest pointer) and what ``ReplicaState.parse_entry`` would return."""
+
+    entry: dict
+    data: bytes
+    parsed: tuple
 
 BATCH = 256
 TRIMMED = (-1, -1)  # _next_position: the position lies in a trimmed epoch (restore a checkpoint)
@@ -90,14 +101,16 @@ class Follower:
             self._idle.set()
             self._wake.set()  # look past it (re-arm the watch) if no other commit follows
 
-    def _hand_over(self, epoch: int, seq: int, data: bytes) -> None:
-        if not self.apply_own(epoch, seq, data):
+    def _hand_over(self, epoch: int, seq: int, data: bytes, own: OwnEntry | None = None) -> None:
+        if not self.apply_own(epoch, seq, data, own):
             self.offer(epoch, seq, data)
 
-    def apply_own(self, epoch: int, seq: int, data: bytes, timeout: float = 5.0) -> bool:
+    def apply_own(self, epoch: int, seq: int, data: bytes, own: OwnEntry | None = None,
+                  timeout: float = 5.0) -> bool:
         """Apply an entry this replica just committed, in the caller's thread, when it is the
-        next one here (WAL fsync first, as for any entry). Saves the committer a hand-over to
-        the follower thread. False when it could not: the caller then offers it and waits."""
+        next one here (WAL first, as for any entry). Saves the committer a hand-over to the
+        follower thread, and with ``own`` (the entry as the committer built it) the decoding
+        of its own entry. False when it could not: the caller then offers it and waits."""
         if not self._pull_lock.acquire(timeout=timeout):
             return False
         try:
@@ -105,13 +118,17 @@ class Follower:
                 return True  # the follower got there first (it read the entry from ZooKeeper)
             if self.state.position != (epoch, seq):
                 return False  # earlier entries are not applied yet: the follower fetches them
-            where = self.log.entry_path(epoch, seq)
-            entry = decode_entry(data, where)
-            if "manifest" in entry:
-                entry = self.load_manifest(entry)
-            parsed = self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
             csn = csn_of(epoch, seq)
-            self.wal.append([{"csn": csn, "epoch": epoch, "seq": seq, "entry": entry}])
+            if own is not None:
+                entry, parsed = own.entry, own.parsed
+                self.wal.append_entry(csn, epoch, seq, own.data)
+            else:
+                where = self.log.entry_path(epoch, seq)
+                entry = decode_entry(data, where)
+                if "manifest" in entry:
+                    entry = self.load_manifest(entry)
+                parsed = self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
+                self.wal.append([{"csn": csn, "epoch": epoch, "seq": seq, "entry": entry}])
             self.state.apply(csn, epoch, seq, entry, parsed)
             self._after_own = True
             return True

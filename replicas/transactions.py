@@ -18,6 +18,7 @@ from coordinator.errors import InvalidInput
 from coordinator.versions import Tid
 from parts.format import PartMeta
 from parts.ops import partition_key
+from replicas.state import Change
 
 OP_KINDS = {
     "insert": Kind.INSERT,
@@ -117,19 +118,17 @@ class Effect:
     def removed_in(self, table: str, pkey: str) -> frozenset[str]:
         return frozenset(n for n, tp in self.removed.items() if tp == (table, pkey))
 
-    def changes(self) -> list[dict]:
-        """Per-target change records for the log entry, deterministic order."""
-        out = []
-        for (table, pkey), kinds in sorted(self.kinds.items()):
-            out.append({
-                "table": table,
-                "pkey": pkey,
-                "kinds": sorted(k.value for k in kinds),
-                "added": [m.to_dict() for m in sorted(self.added.values(), key=lambda m: m.name)
-                          if m.table == table and partition_key(m.partition) == pkey],
-                "removed": sorted(self.removed_in(table, pkey)),
-            })
-        return out
+    def changes(self) -> list[Change]:
+        """Per-target change records for the log entry, deterministic order (the committer
+        applies these objects to its own state as they are: no re-parse of its own entry)."""
+        added: dict[tuple[str, str], list[PartMeta]] = defaultdict(list)
+        for m in sorted(self.added.values(), key=lambda m: m.name):
+            added[(m.table, partition_key(m.partition))].append(m)
+        return [
+            Change(table, pkey, tuple(sorted(kinds, key=lambda k: k.value)), tuple(added.get((table, pkey), ())),
+                   tuple(sorted(self.removed_in(table, pkey))))
+            for (table, pkey), kinds in sorted(self.kinds.items())
+        ]
 
 
 @dataclass
