@@ -18,6 +18,7 @@ If the connection to ZooKeeper drops during the multi, the outcome is looked up 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 import uuid
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 MAX_BATCH = 512
+RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 
 
 class NeedKeys(Exception):
@@ -156,7 +158,7 @@ class Committer:
         return Retrying(
             retry=retry_if_exception_type((VersionMoved, NeedKeys)),
             stop=stop_after_attempt(500) | stop_after_delay(120),
-            wait=wait_random(0, 0.005),
+            wait=wait_random(0, RETRY_WAIT),
             reraise=True,
         )
 
@@ -205,9 +207,13 @@ class Committer:
             deferred = self._attempt(live)
 
         try:
-            for attempt in self._retrying():
-                with attempt:
-                    attempt_once()
+            try:
+                attempt_once()  # the common case, without the retry machinery's cost per batch
+            except (VersionMoved, NeedKeys):
+                time.sleep(random.uniform(0, RETRY_WAIT))
+                for attempt in self._retrying():
+                    with attempt:
+                        attempt_once()
         except (VersionMoved, NeedKeys) as exc:
             for p in batch:
                 if not p.done.is_set():

@@ -33,7 +33,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
-from coordinator.zklog import CsnLog, encode_entry
+from coordinator.zklog import CsnLog, PollHandler, encode_entry
 from parts.format import PartMeta
 from parts.storage import Storage
 from replicas.follower import Follower
@@ -100,6 +100,7 @@ class Replica:
             timeout=config.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
+            handler=PollHandler(),
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
         self.wal: Wal | None = None
@@ -385,8 +386,8 @@ class Replica:
         return txn
 
     def txn(self, txn_id: str) -> RunningTxn:
-        with self._txn_lock:
-            txn = self.txns.get(txn_id) or self.finished.get(txn_id)
+        # Lookups need no lock (each is atomic); the lock orders begin and retire among writers.
+        txn = self.txns.get(txn_id) or self.finished.get(txn_id)
         if txn is None:
             raise TransactionAborted(f"transaction {txn_id} is not running on replica {self.host_id}", id=txn_id)
         return txn
@@ -495,8 +496,8 @@ class Replica:
 
     def _retire(self, txn: RunningTxn) -> None:
         with self._txn_lock:
+            self.finished[txn.id] = txn  # before the pop: a lock-free txn() always finds it
             self.txns.pop(txn.id, None)
-            self.finished[txn.id] = txn
             while len(self.finished) > 10_000:
                 self.finished.pop(next(iter(self.finished)))
         self.maintenance.on_end(txn)

@@ -268,11 +268,12 @@ class ReplicaState:
             return [s for _, s in events[i:]]
 
     def table(self, name: str, snapshot: int | None = None) -> TableDef | None:
-        with self.lock:
-            t = self.tables.get(name)
-            if t is None or (snapshot is not None and t.created_csn > snapshot):
-                return None
-            return t
+        # No lock: one dict lookup is atomic, and a TableDef is never changed once applied
+        # (every statement of every transaction asks; the state lock is the committer's).
+        t = self.tables.get(name)
+        if t is None or (snapshot is not None and t.created_csn > snapshot):
+            return None
+        return t
 
     def visible(
         self,
