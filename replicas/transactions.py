@@ -143,10 +143,10 @@ class RunningTxn:
     csn: int | None = None
     rows: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    id: str = field(init=False)  # str(tid), asked for many times per commit
 
-    @property
-    def id(self) -> str:
-        return str(self.tid)
+    def __post_init__(self) -> None:
+        self.id = str(self.tid)
 
     def own_parts(self) -> tuple[list[PartMeta], set[str]]:
         """Parts this transaction added and still keeps, and committed parts it removed."""
