@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kazoo.exceptions import (
@@ -71,9 +72,16 @@ class Pending:
     key_hints: set[str] = field(default_factory=set)
     extra_files: list[PartMeta] = field(default_factory=list)
 
+    callback: Callable[[int | None, Exception | None], None] | None = None
+
     def resolve(self, csn: int | None = None, error: Exception | None = None) -> None:
         self.csn, self.error = csn, error
         self.done.set()
+        if self.callback is not None:
+            try:
+                self.callback(csn, error)
+            except Exception:  # the answer could not be queued: never break the committer
+                log.exception("commit callback failed")
 
 
 @dataclass
@@ -109,6 +117,13 @@ class Committer:
         if p.error is not None:
             raise p.error
         return p.csn
+
+    def submit_async(self, txn: RunningTxn, done: Callable[[int | None, Exception | None], None]) -> None:
+        """Queue a commit; ``done(csn, error)`` is called once it is decided (the RPC server
+        answers from it without a thread waiting per commit)."""
+        with self._cond:
+            self._queue.append(Pending(txn=txn, callback=done))
+            self._cond.notify()
 
     def create_table(self, tdef: TableDef) -> int:
         p = self._enqueue(Pending(table=tdef))

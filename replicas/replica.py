@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -456,15 +457,43 @@ class Replica:
         return snap, metas
 
     def commit(self, txn_id: str) -> int:
+        txn = self._start_commit(txn_id)
+        if not txn.ops:
+            self._finish(txn, "committed", csn=txn.snapshot)
+            return txn.snapshot
+        return self.committer.submit(txn)
+
+    def commit_async(self, txn_id: str, done: Callable[[int | None, Exception | None], None]) -> None:
+        """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,
+        from the committer's thread (or this one). Errors found before queueing are raised."""
+        txn = self._start_commit(txn_id)
+        if not txn.ops:
+            self._finish(txn, "committed", csn=txn.snapshot)
+            done(txn.snapshot, None)
+            return
+        self.committer.submit_async(txn, done)
+
+    def _start_commit(self, txn_id: str) -> RunningTxn:
         txn = self.running(txn_id)
         with txn.lock:
             if txn.state != "running":
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             txn.state = "committing"
-        if not txn.ops:
-            self._finish(txn, "committed", csn=txn.snapshot)
-            return txn.snapshot
-        return self.committer.submit(txn)
+        return txn
+
+    def ready_to_begin(self) -> bool:
+        """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the
+        cleanup watermark is ahead of this replica)."""
+        return (self._connected.is_set() and not self._session_lost.is_set()
+                and self.maintenance.watermark <= self.state.applied)
+
+    def quick_txn(self, txn_id: object) -> RunningTxn | None:
+        """The running transaction, if a statement or commit for it can go ahead with no waiting
+        and no cleanup (not past its time limit); None otherwise, and the full path decides."""
+        txn = self.txns.get(txn_id) if isinstance(txn_id, str) else None
+        if txn is None or txn.state != "running" or time.monotonic() - txn.started > self.config.txn_max_seconds:
+            return None
+        return txn
 
     def rollback(self, txn_id: str, reason: str = "rolled back") -> None:
         txn = self.txn(txn_id)

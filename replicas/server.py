@@ -13,11 +13,12 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
-from coordinator.rpc import RpcServer
+from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
 from replicas import maintenance
 from replicas.replica import Replica, ReplicaConfig
@@ -25,10 +26,13 @@ from replicas.transactions import Op
 
 log = logging.getLogger(__name__)
 
+# Actions that only read what the replica holds in memory: never a wait, never any I/O.
+_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions"})
+
 
 class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(host, port, self.dispatch)
+        super().__init__(host, port, self.dispatch, inline=self._inline)
         self.replica = replica
         self.address = f"{host}:{self.port}"
         self.handlers = {
@@ -55,10 +59,13 @@ class ReplicaServer(RpcServer):
         }
 
     def dispatch(self, action: str, args: dict) -> dict:
+        handler = self.handlers.get(action)
+        if handler is None:
+            return {"ok": False, "error": InvalidInput(f"unknown replica action {action!r}").to_dict()}
+        return self._envelope(action, handler, args)
+
+    def _envelope(self, action: str, handler: Callable[[dict], object], args: dict) -> dict:
         try:
-            handler = self.handlers.get(action)
-            if handler is None:
-                raise InvalidInput(f"unknown replica action {action!r}")
             return {"ok": True, "result": handler(args)}
         except MergetxnError as exc:
             return {"ok": False, "error": exc.to_dict()}
@@ -67,6 +74,64 @@ class ReplicaServer(RpcServer):
         except Exception as exc:  # report, do not kill the connection's thread
             log.exception("action %s failed", action)
             return {"ok": False, "error": MergetxnError(f"{action} failed on the replica: {exc!r}").to_dict()}
+
+    # -- the commit path on the I/O thread (see coordinator/rpc.py) ---------------------------
+    def _inline(self, action: str, args: dict, reply: Callable[[dict], None]) -> bool:
+        """begin, stage and commit answered without a worker thread when nothing in them can
+        wait; anything else (an unknown table to look up, a transaction past a limit to clean
+        up, ZooKeeper away) takes the ordinary path, which handles it the same as always."""
+        if action == "begin":
+            if not self.replica.ready_to_begin():
+                return False
+            reply(self._envelope(action, self._begin, args))
+            return True
+        if action == "stage":
+            if not self._quick_stage(args):
+                return False
+            reply(self._envelope(action, self._stage, args))
+            return True
+        if action == "commit":
+            return self._commit_async(args, reply)
+        if action in _ANSWERED_AT_ONCE:
+            reply(self.dispatch(action, args))
+            return True
+        return False
+
+    def _quick_stage(self, a: dict) -> bool:
+        txn = self.replica.quick_txn(a.get("id"))
+        if txn is None:
+            return False
+        ops = a["ops"] if "ops" in a else [a.get("op")]
+        if not isinstance(ops, list):
+            return False
+        rows = txn.rows
+        for op in ops:
+            if not isinstance(op, dict) or not isinstance(op.get("table"), str):
+                return False
+            if self.replica.state.table(op["table"]) is None:
+                return False  # maybe created elsewhere and not applied here yet: that path waits
+            added = op.get("added") or ()
+            if op.get("op") != "compact" and isinstance(added, list):
+                rows += sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
+        return rows <= self.replica.config.txn_max_rows  # over: the full path aborts and cleans up
+
+    def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
+        if self.replica.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
+            return False
+        if a.get("ops"):
+            staged = self._envelope("stage", self._stage, a)
+            if not staged["ok"]:
+                reply(staged)
+                return True
+
+        def done(csn: int | None, error: Exception | None) -> None:
+            reply({"ok": True, "result": {"csn": csn}} if error is None else error_reply(error))
+
+        try:
+            self.replica.commit_async(a["id"], done)
+        except MergetxnError as exc:
+            reply(error_reply(exc))
+        return True
 
     def _create_table(self, a: dict) -> dict:
         from parts.ops import schema_from_json
