@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import dataclasses
 import functools
 import json
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -583,6 +584,17 @@ def ratios(r: dict) -> dict:
     return out
 
 
+def round_ratios(rounds: list[dict]) -> list[dict]:
+    """The headline ratios within each round: both sides measured minutes apart on the same VM,
+    so a slow or fast spell of the machine moves both (the spread between rounds is large)."""
+    out = []
+    for r in rounds:
+        full = ratios(r)
+        out.append({k: full[k] for k in ("mergetxn_4w_over_deltalake_4w", "mergetxn_metadata_16c_over_raw_zk_1_thread",
+                                          "mergetxn_metadata_16c_over_raw_zk_best")})
+    return out
+
+
 def table_markdown(r: dict) -> str:
     lines = ["| case | writers | commits/s | p50 ms | p99 ms | retries | errors | CPU ms/commit | other CPU |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -785,32 +797,71 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
 # ------------------------------------------------------------------------------------------
 
 
+def warm_up_zookeeper(address: str, seconds: float = 4.0) -> None:
+    """Give a new ZooKeeper server's JIT the commit path's work (creates, multis, exists
+    watches) before anything is measured on it, then remove what that left behind."""
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=address, timeout=30)
+    zk.start(timeout=30)
+    try:
+        zk.ensure_path("/warmup")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            asyncs = []
+            for _ in range(64):
+                t = zk.transaction()
+                t.check("/warmup", -1)
+                t.create("/warmup/c-", b"x" * RAW_PAYLOAD, sequence=True)
+                asyncs.append(t.commit_async())
+                asyncs.append(zk.exists_async("/warmup/c-0000000000"))
+            for a in asyncs:
+                a.get(timeout=30)
+        end = time.monotonic() + seconds / 2  # and one request per round trip, as a single writer
+        while time.monotonic() < end:
+            zk.create("/warmup/c-", b"x" * RAW_PAYLOAD, sequence=True)
+        zk.delete("/warmup", recursive=True)
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
-    """Every group once, on a fresh ZooKeeper, clusters and tables."""
+    """Every group once, each ZooKeeper group on a fresh ZooKeeper server: the raw cases leave
+    ~80,000 znodes (40 MB) behind, whose heap and snapshots would slow whatever ran after them."""
     from coordinator.zkserver import ZooKeeperServer
 
     results: dict[str, dict] = {}
-    zk = ZooKeeperServer(work / "zookeeper")
-    zk.start()
-    try:
-        if "raw" in groups:
-            log("raw ZooKeeper (sequential create, one per round trip):")
+
+    @contextlib.contextmanager
+    def fresh_zookeeper(name: str) -> Iterator[ZooKeeperServer]:
+        zk = ZooKeeperServer(work / f"zookeeper-{name}")
+        zk.start()
+        try:
+            warm_up_zookeeper(zk.address)
+            yield zk
+        finally:
+            zk.stop()
+
+    if "raw" in groups:
+        log("raw ZooKeeper (sequential create, one per round trip):")
+        with fresh_zookeeper("raw") as zk:
             results.update(bench_raw_zookeeper(zk.address, zk.pid, warmup, seconds, log))
-        if "mergetxn" in groups:
-            log("mergetxn, 1 replica:")
+    if "mergetxn" in groups:
+        log("mergetxn, 1 replica:")
+        with fresh_zookeeper("mergetxn1") as zk:
             results.update(bench_mergetxn(work / "mergetxn1", zk.address, zk.pid, 1, "/bench1", [
                 ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
                 ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
                 ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
             ], warmup, seconds, log))
-        if "mergetxn3" in groups:
-            log("mergetxn, 3 replicas, writers spread over them:")
+    if "mergetxn3" in groups:
+        log("mergetxn, 3 replicas, writers spread over them:")
+        with fresh_zookeeper("mergetxn3") as zk:
             results.update(bench_mergetxn(work / "mergetxn3", zk.address, zk.pid, 3, "/bench3", [
                 ("mergetxn_3r_insert_4w_spread", "mergetxn_insert", 4, True),
                 ("mergetxn_3r_metadata_16c_spread", "mergetxn_metadata", 16, True),
             ], warmup, seconds, log))
-    finally:
-        zk.stop()
     if "deltalake" in groups:
         log("deltalake (delta-rs), append:")
         results.update(bench_deltalake(work / "delta", warmup, seconds, log))
@@ -881,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"== round {r + 1} of {a.repeat}")
         rounds.append(run_round(groups, work / f"round-{r}", a.warmup, a.seconds, log))
     results = least_disturbed(rounds)
+    per_round = round_ratios(rounds)
 
     report = {
         "benchmark": "commit_throughput",
@@ -891,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
                    "raw_payload_bytes": RAW_PAYLOAD, "writers": "one process each (raw ZooKeeper: threads)"},
         "machine": info,
         "results": results,
-        "ratios": ratios(results),
+        "ratios": {**ratios(results), "per_round": per_round},
     }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
