@@ -99,7 +99,7 @@ class ReplicaServer(RpcServer):
 
     def _quick_stage(self, a: dict) -> bool:
         txn = self.replica.quick_txn(a.get("id"))
-        if txn is None:
+        if txn is None or self.replica.wal.compacting:  # a staged part's WAL record would wait
             return False
         ops = a["ops"] if "ops" in a else [a.get("op")]
         if not isinstance(ops, list):

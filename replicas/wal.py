@@ -32,6 +32,7 @@ class Wal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
+        self.compacting = False  # appends wait meanwhile: callers that must not wait look first
         self.dropped_tail = 0
         self._records = list(self._scan())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -114,30 +115,37 @@ class Wal:
         now holds the rest: see coordinator/checkpoint.py). Atomic: a new file is written and
         fsynced, then renamed over this one; appends wait meanwhile. Returns records dropped."""
         with self._lock, self._sync_lock:
-            kept, dropped = list(head), 0
-            for rec in self._scan():
-                if keep(rec):
-                    kept.append(rec)
-                else:
-                    dropped += 1
-            tmp = self.path.with_name(self.path.name + ".compact")
-            buf = bytearray()
-            for r in kept:
-                body = jsonwire.dumps(r)
-                buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
-            with open(tmp, "wb") as fh:
-                fh.write(buf)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-            dfd = os.open(self.path.parent, os.O_RDONLY)
+            self.compacting = True
             try:
-                os.fsync(dfd)
+                return self._compact(keep, head)
             finally:
-                os.close(dfd)
-            os.close(self._fd)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            return dropped
+                self.compacting = False
+
+    def _compact(self, keep: Callable[[dict], bool], head: Iterable[dict]) -> int:
+        kept, dropped = list(head), 0
+        for rec in self._scan():
+            if keep(rec):
+                kept.append(rec)
+            else:
+                dropped += 1
+        tmp = self.path.with_name(self.path.name + ".compact")
+        buf = bytearray()
+        for r in kept:
+            body = jsonwire.dumps(r)
+            buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
+        with open(tmp, "wb") as fh:
+            fh.write(buf)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        dfd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        return dropped
 
     def close(self) -> None:
         with self._lock, self._sync_lock:
