@@ -232,8 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ready-file", default=None)
     maintenance.add_arguments(p)
     a = p.parse_args(argv)
-    # Commits wait on I/O threads (kazoo, the committer) that compete for the GIL with RPC handler
-    # threads; a shorter switch interval than the default 5 ms keeps their wake-up latency down,
+    # The RPC I/O thread, the committer and kazoo's thread hand the GIL to each other at every
+    # system call; a shorter switch interval than the default 5 ms keeps their wake-up latency down,
     # while a very short one (0.5 ms) costs more in forced switches than it gains (measured with
     # benchmarks/commit_throughput.py: 2 ms gave the most commits per second).
     sys.setswitchinterval(0.002)
