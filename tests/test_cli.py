@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
 from kazoo.client import KazooClient
+from zkutil import new_chroot  # tests/ is on sys.path
 
 from coordinator import LocalCluster
 from coordinator.cli import cli, parse_schema
@@ -43,16 +43,8 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
 ) -> Iterator[LocalCluster]:
     """One replica on the session's ZooKeeper, in a chroot of its own."""
-    chroot = f"/cli{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
     with LocalCluster(
-        tmp_path_factory.mktemp("cli"), replicas=1, zk_address=zk_server.address + chroot
+        tmp_path_factory.mktemp("cli"), replicas=1, zk_address=new_chroot(zk_server, "cli")
     ) as c:
         yield c
 

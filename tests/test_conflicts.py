@@ -21,6 +21,7 @@ from pathlib import PurePosixPath
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from zkutil import new_chroot  # tests/ is on sys.path
 
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
@@ -77,18 +78,8 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     """One LocalCluster with 2 replica processes for the module, on the session's ZooKeeper
     (in a chroot of its own)."""
-    from kazoo.client import KazooClient
-
-    chroot = f"/conflicts{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
     with LocalCluster(
-        tmp_path_factory.mktemp("conflicts"), replicas=2, zk_address=f"{zk_server.address}{chroot}"
+        tmp_path_factory.mktemp("conflicts"), replicas=2, zk_address=new_chroot(zk_server, "conflicts")
     ) as c:
         yield c
 

@@ -20,7 +20,6 @@ a LocalCluster whose replicas talk to the same ZooKeeper directly.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ import pytest
 from kazoo.client import KazooClient
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 from zkproxy import ZkProxy  # tests/ is on sys.path (rootdir-relative test modules)
+from zkutil import make_chroot  # tests/ is on sys.path
 
 from coordinator.client import Client, Transaction
 from coordinator.cluster import LocalCluster
@@ -119,15 +119,7 @@ def begin_when_ready(client: Client, timeout: float = 60.0) -> Transaction:
 
 @pytest.fixture(scope="module")
 def zk_chroot(zk_server: ZooKeeperServer) -> str:
-    chroot = f"/faults{uuid.uuid4().hex[:12]}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
-    return chroot
+    return make_chroot(zk_server, "faults")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ import json
 import os
 import threading
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
+from zkutil import new_chroot  # tests/ is on sys.path
 
 from coordinator import LocalCluster
 from coordinator.catalog import TableDef
@@ -61,18 +61,11 @@ def wait_until(cond: Callable[[], object], timeout: float = 30.0, what: str = "c
 
 
 def _cluster(tmp: Path, zk_server: ZooKeeperServer, env: dict[str, str]) -> LocalCluster:
-    chroot = f"/maint{uuid.uuid4().hex}"
-    zk = KazooClient(hosts=zk_server.address)
-    zk.start(timeout=30)
-    try:
-        zk.ensure_path(chroot)
-    finally:
-        zk.stop()
-        zk.close()
+    hosts = new_chroot(zk_server, "maint")
     with pytest.MonkeyPatch.context() as mp:  # the replica processes read these at start
         for k, v in env.items():
             mp.setenv(k, v)
-        c = LocalCluster(tmp, replicas=2, zk_address=zk_server.address + chroot)
+        c = LocalCluster(tmp, replicas=2, zk_address=hosts)
         c.start()
     return c
 

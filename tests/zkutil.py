@@ -9,10 +9,9 @@ from kazoo.client import KazooClient
 from coordinator.zkserver import ZooKeeperServer
 
 
-def new_chroot(zk_server: ZooKeeperServer) -> str:
-    """A kazoo hosts string confined to a fresh chroot (the node exists), so clusters never see
-    each other's znodes."""
-    chroot = f"/t{uuid.uuid4().hex}"
+def make_chroot(zk_server: ZooKeeperServer, prefix: str = "t") -> str:
+    """A fresh chroot path (the node exists), so clusters never see each other's znodes."""
+    chroot = f"/{prefix}{uuid.uuid4().hex}"
     zk = KazooClient(hosts=zk_server.address)
     zk.start(timeout=30)
     try:
@@ -20,4 +19,9 @@ def new_chroot(zk_server: ZooKeeperServer) -> str:
     finally:
         zk.stop()
         zk.close()
-    return f"{zk_server.address}{chroot}"
+    return chroot
+
+
+def new_chroot(zk_server: ZooKeeperServer, prefix: str = "t") -> str:
+    """A kazoo hosts string confined to a fresh chroot."""
+    return zk_server.address + make_chroot(zk_server, prefix)
