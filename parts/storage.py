@@ -18,6 +18,7 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -338,6 +339,47 @@ class Storage:
                 out.append(rel)
         return sorted(out)
 
+    def list_with_mtime(self, prefix: str = "", want: Callable[[str], bool] | None = None) -> list[tuple[str, float]]:
+        """``(relative path, mtime)`` of the files under ``prefix`` that ``want`` (given the
+        relative path) selects, sorted by path.
+
+        The cleanup pass judges unreferenced files by age: locally only the files it wants are
+        stat'ed; on S3 the mtimes come with the object listing instead of a HEAD request each."""
+        _validate_relpath(prefix, allow_empty=True)
+        base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        if self._fs is None:
+            start = os.path.join(self._root, *base.split("/")) if base else self._root
+            out: list[tuple[str, float]] = []
+            _scan_local(start, base + "/" if base else "", prefix, want, out)
+            out.sort()
+            return out
+        start = f"{self._root}/{base}".rstrip("/") if base else self._root
+        try:
+            self._fs.invalidate_cache()
+            found = self._fs.find(start, withdirs=False, detail=True)
+        except FileNotFoundError:
+            return []
+        except Exception as exc:
+            raise self._fail("list", prefix, exc) from None
+        root = self._root.rstrip("/") + "/"
+        result = []
+        for p, info in found.items():
+            p = p.lstrip("/") if not root.startswith("/") else p
+            if not p.startswith(root) or p.endswith("/"):
+                continue
+            rel = p[len(root) :]
+            if not rel.startswith(prefix) or (want is not None and not want(rel)):
+                continue
+            modified = _info_mtime(info)
+            if modified is None:
+                try:
+                    modified = self.mtime(rel)
+                except FileNotFoundError:  # deleted since the listing
+                    continue
+            result.append((rel, modified))
+        result.sort()
+        return result
+
     def _list_local(self, prefix: str, base: str) -> list[str]:
         start = os.path.join(self._root, *base.split("/")) if base else self._root
         out = []
@@ -359,11 +401,7 @@ class Storage:
             modified = self._fs.modified(path)
         except Exception as exc:
             raise self._fail("mtime", relpath, exc) from None
-        if isinstance(modified, _dt.datetime):
-            if modified.tzinfo is None:
-                modified = modified.replace(tzinfo=_dt.UTC)
-            return modified.timestamp()
-        return float(modified)
+        return _epoch(modified)
 
     def size(self, relpath: str) -> int:
         """Size in bytes."""
@@ -374,6 +412,52 @@ class Storage:
             return int(self._fs.size(path))
         except Exception as exc:
             raise self._fail("size", relpath, exc) from None
+
+
+def _epoch(modified: Any) -> float:
+    if isinstance(modified, _dt.datetime):
+        if modified.tzinfo is None:
+            modified = modified.replace(tzinfo=_dt.UTC)
+        return modified.timestamp()
+    return float(modified)
+
+
+def _info_mtime(info: dict) -> float | None:
+    """The modification time an fsspec listing entry carries, if any (local: ``mtime``; s3fs:
+    ``LastModified``; gcsfs: ``updated``; adlfs: ``last_modified``)."""
+    for key in ("mtime", "LastModified", "last_modified", "updated", "modified"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, str):
+            try:
+                value = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+        try:
+            return _epoch(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
+def _scan_local(directory: str, rel_dir: str, prefix: str, want: Callable[[str], bool] | None,
+                out: list[tuple[str, float]]) -> None:
+    try:
+        entries = os.scandir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    with entries:
+        for entry in entries:
+            rel = rel_dir + entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if rel.startswith(prefix) or prefix.startswith(rel + "/"):
+                        _scan_local(entry.path, rel + "/", prefix, want, out)
+                elif rel.startswith(prefix) and (want is None or want(rel)) and entry.is_file():
+                    out.append((rel, entry.stat().st_mtime))
+            except FileNotFoundError:  # deleted while we looked: not there
+                continue
 
 
 def _fsync_dir(directory: str) -> None:

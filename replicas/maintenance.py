@@ -107,6 +107,27 @@ def config_values(args: Any) -> dict[str, Any]:
     return {name: getattr(args, name) for name, *_ in OPTIONS}
 
 
+def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
+    """(part name, is a temporary file, stem match) for a part file or sidecar under a table's
+    partition directory (or a temporary file of one); None for anything else."""
+    if path.count("/") < 2:
+        return None
+    base = path.rsplit("/", 1)[1]
+    temp = is_temp_file(path)
+    inner = base
+    if temp:
+        t = _TMP_RE.match(base)
+        inner = t.group(1) if t else base
+    if inner.endswith(".parquet"):
+        stem = inner[: -len(".parquet")]
+    elif inner.endswith(".json"):
+        stem = inner[: -len(".json")]
+    else:
+        return None
+    m = _PART_STEM_RE.match(stem)
+    return None if m is None else (stem, temp, m)
+
+
 def _age(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
@@ -273,8 +294,11 @@ class Maintenance:
                 )
 
     # -- cleanup ---------------------------------------------------------------------------------
-    def gc(self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True) -> dict | None:
-        """One cleanup pass; None when ``wait`` is False and another replica holds the lock."""
+    def gc(self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True,
+           detail: bool = True) -> dict | None:
+        """One cleanup pass; None when ``wait`` is False and another replica holds the lock.
+        ``young_orphans`` counts the unreferenced files younger than the grace period; without
+        ``detail`` (background passes) they are not listed one by one in ``kept``."""
         zk = self.replica.zk
         lock = zk.Lock(self.gc_path + "/lock", identifier=self.replica.host_id)
         if not lock.acquire(blocking=wait, timeout=60 if wait else None):
@@ -282,7 +306,7 @@ class Maintenance:
                 raise ReplicaUnavailable("another cleanup pass held the cleanup lock for 60s")
             return None
         try:
-            report = self._gc_pass(grace_seconds, orphans)
+            report = self._gc_pass(grace_seconds, orphans, detail)
         finally:
             try:
                 lock.release()
@@ -317,7 +341,7 @@ class Maintenance:
             self._set_gc_node(payload)
             return new
 
-    def _gc_pass(self, grace_seconds: float | None, orphans: bool) -> dict:
+    def _gc_pass(self, grace_seconds: float | None, orphans: bool, detail: bool = True) -> dict:
         started = time.time()
         grace = self.config.gc_grace_seconds if grace_seconds is None else float(grace_seconds)
         if not math.isfinite(grace) or grace < 0:
@@ -354,8 +378,9 @@ class Maintenance:
                                                    f"no snapshot in use can see it (oldest in use: {min_snapshot})"})
         if not failed:
             self._raise_gc_node(min_snapshot, collected=min_snapshot)
+        young = 0
         if orphans:
-            self._collect_orphans(alive, grace, removed, kept)
+            young = self._collect_orphans(alive, grace, removed, kept, detail)
             self._last_orphans = time.monotonic()
         return {
             "host": self.replica.host_id,
@@ -366,6 +391,7 @@ class Maintenance:
             "removed": removed,
             "kept": kept,
             "orphans_checked": orphans,
+            "young_orphans": young,
             "seconds": round(time.time() - started, 3),
         }
 
@@ -398,7 +424,14 @@ class Maintenance:
         return (f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
                 f"({self._holder_text(host, holder, s)})")
 
-    def _collect_orphans(self, alive: dict[str, dict], grace: float, removed: list[dict], kept: list[dict]) -> None:
+    def _collect_orphans(self, alive: dict[str, dict], grace: float, removed: list[dict], kept: list[dict],
+                         detail: bool = True) -> int:
+        """Delete the part files no commit references once they are older than the grace period.
+
+        Returns how many unreferenced files are younger than the grace period; with ``detail``
+        False (background passes) those are only counted, not listed one by one in ``kept``. The
+        listing carries each file's mtime; a file is looked up by its part name in the applied
+        state, and a file about to be deleted is checked once more under the state lock."""
         running: set[str] = set()
         overflow_hosts: set[str] = set()
         incarnations: dict[str, int] = {}
@@ -411,33 +444,30 @@ class Maintenance:
         with self.replica._txn_lock:
             running.update(self.replica.txns)
         storage = self.replica.storage
+        young = 0
         now = time.time()
         for table in sorted(self.state.tables):
-            with self.state.lock:
-                referenced = set()
-                for n in self.state.by_table.get(table, ()):
-                    p = self.state.parts[n].meta.path
-                    referenced.add(p)
-                    referenced.add(sidecar_path(p))
-            for path in storage.list(table + "/"):
-                if path in referenced or path.count("/") < 2:
-                    continue
-                base = path.rsplit("/", 1)[1]
-                temp = is_temp_file(path)
-                inner = _TMP_RE.match(base).group(1) if temp and _TMP_RE.match(base) else base
-                stem = inner[: -len(".parquet")] if inner.endswith(".parquet") else (
-                    inner[: -len(".json")] if inner.endswith(".json") else None)
-                m = _PART_STEM_RE.match(stem) if stem else None
-                if m is None:
-                    continue  # not a part file: not ours to judge
+
+            def unreferenced(path: str, table: str = table) -> bool:
+                found = _part_file(path)
+                return found is not None and (found[1] or not self._referenced(table, found[0], path))
+
+            for path, mtime in storage.list_with_mtime(table + "/", unreferenced):
+                stem, temp, m = _part_file(path)  # type: ignore[misc]
+                age = now - mtime
+                if age < grace:
+                    young += 1
+                    if not detail:
+                        continue
                 try:
                     tid: Tid | None = Tid.parse(m.group(1))
                 except ValueError:
                     tid = None
                 tid_s = str(tid) if tid else m.group(1)
                 entry = {"path": path, "part": stem, "table": table}
-                if tid is not None and tid_s in self.state.tid_csn:
-                    why = f"not referenced by its transaction {tid_s}, which committed at CSN {self.state.tid_csn[tid_s]}"
+                committed = self.state.tid_csn.get(tid_s) if tid is not None else None
+                if committed is not None:
+                    why = f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
                 else:
                     maybe_running = tid is not None and (tid_s in running or (
                         tid.host_id in overflow_hosts
@@ -447,26 +477,31 @@ class Maintenance:
                         kept.append({**entry, "reason": f"staged by transaction {tid_s}, which may still be running"})
                         continue
                     why = f"its transaction {tid_s} never committed" if tid is not None else "no commit references it"
-                try:
-                    age = now - storage.mtime(path)
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:
-                    if "No such file" in str(exc) or "not found" in str(exc).lower():
-                        continue
-                    raise
                 if temp:
                     why = "temporary file of an interrupted write; " + why
                 if age < grace:
                     kept.append({**entry, "reason": f"{why}, but younger than the grace period "
                                                     f"({_age(age)} < {_age(grace)})"})
                     continue
+                # The lookups above ran without the lock and may have seen an entry half applied
+                # (its tid in tid_csn, its parts not yet): look again once it is whole. A tid
+                # commits once, so nothing can reference the file after this.
+                with self.state.lock:
+                    if not temp and self._referenced(table, stem, path):
+                        continue
                 try:
                     storage.delete(path)
                 except Exception as exc:
                     kept.append({**entry, "reason": f"delete failed: {exc!r}"})
                     continue
                 removed.append({**entry, "reason": f"orphan: {why} (age {_age(age)} >= grace {_age(grace)})"})
+        return young
+
+    def _referenced(self, table: str, stem: str, path: str) -> bool:
+        """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the
+        applied state keeps a record of every part, removed ones included)."""
+        rec = self.state.parts.get(stem)
+        return rec is not None and rec.meta.table == table and path in (rec.meta.path, sidecar_path(rec.meta.path))
 
     # -- merges ----------------------------------------------------------------------------------
     def plan_merges(self, tdef: TableDef) -> list[tuple[str, str, list[PartMeta]]]:
@@ -580,7 +615,7 @@ class Maintenance:
                 if c.gc_interval > 0 and now - self._last_gc >= c.gc_interval:
                     self._last_gc = now
                     orphans = now - self._last_orphans >= max(c.gc_interval, max(c.gc_grace_seconds, MIN_GRACE) / 2)
-                    report = self.gc(orphans=orphans, wait=False)
+                    report = self.gc(orphans=orphans, wait=False, detail=False)
                     if report and report["removed"]:
                         log.info("cleanup removed %d files", len(report["removed"]))
             except Exception as exc:  # keep going: the next round tries again

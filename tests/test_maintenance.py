@@ -246,6 +246,45 @@ def test_auto_merge_false_is_left_alone(auto: LocalCluster) -> None:
     assert not [e for e in c0.events(t).to_pylist() if e["event"] == "merge"]
 
 
+def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committed_meanwhile(
+        zk_address: str, tmp_path: Path) -> None:
+    """A background pass (``detail=False``) deletes old orphans, only counts the young ones, and
+    a part whose commit is applied while the pass runs (after its unlocked lookup found the file
+    unreferenced) is kept: the pass looks again under the state lock before deleting."""
+    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="g0",
+                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r.start()
+    root = tmp_path / "storage"
+    old = time.time() - 3600
+    try:
+        r.create_table(TableDef.new("bg", SCHEMA))
+        ghost = write_part(r.storage, "bg", [], (), data([1]), "T1-0-gone")
+        young = write_part(r.storage, "bg", [], (), data([2]), "T1-1-gone")
+        txn = r.begin()
+        late = write_part(r.storage, "bg", [], (), data([3]), txn.id)
+        r.stage(txn.id, Op("insert", "bg", added=[late]))
+        for m in (ghost, late):
+            for p in (m.path, m.meta_path):
+                os.utime(root / p, (old, old))
+        listing = r.storage.list_with_mtime
+        committed: list[int] = []
+
+        def list_then_commit(prefix: str, want=None):
+            out = listing(prefix, want)  # ``want`` saw the staged part unreferenced
+            committed.append(r.commit(txn.id))
+            return out
+
+        r.storage.list_with_mtime = list_then_commit  # type: ignore[method-assign]
+        report = r.maintenance.gc(orphans=True, detail=False)
+        assert committed and [p for p, _ in listing("bg/", None)].count(late.path) == 1
+        assert {x["path"] for x in report["removed"]} == {ghost.path, ghost.meta_path}
+        assert report["young_orphans"] == 2 and not report["kept"]
+        assert r.storage.exists(young.path) and r.storage.exists(late.path)
+        assert [m.name for m in r.state.visible("bg", committed[0])] == [late.name]
+    finally:
+        r.stop()
+
+
 def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path: Path) -> None:
     """A merge whose source part another transaction removes before it commits loses the
     conflict (parts policy): recorded as an event, nothing of it stays in storage, data intact."""
@@ -404,6 +443,7 @@ def test_orphans_are_collected_after_the_grace_period(manual: LocalCluster) -> N
     assert f"not referenced by its transaction {committed_tid}" in removed[attempt.path]
     assert "temporary file" in removed[temp]
     assert "younger than the grace period" in kept[young.path]
+    assert report["young_orphans"] >= 2  # the young part and its sidecar
     assert "staged by transaction" in kept[staged[0]] and running.id in kept[staged[0]]
     assert storage.exists(young.path) and storage.exists(staged[0]) and storage.exists(foreign)
     c0.wait_for(running.commit())

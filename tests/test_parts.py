@@ -77,6 +77,22 @@ def test_list_is_recursive_sorted_files_only(storage):
     assert storage.list("nothing/") == []
 
 
+def test_list_with_mtime_selects_before_it_stats(storage, tmp_path):
+    for p in ["t/b/2", "t/a/1", "t/a/0", "u/9", "top"]:
+        storage.put(p, p.encode())
+    os.utime(tmp_path / "store" / "t" / "a" / "1", (1_000_000, 1_000_000))
+    listed = storage.list_with_mtime("t/")
+    assert [p for p, _ in listed] == ["t/a/0", "t/a/1", "t/b/2"]
+    assert dict(listed)["t/a/1"] == 1_000_000
+    assert all(abs(m - storage.mtime(p)) < 1e-6 for p, m in listed)
+    asked: list[str] = []
+    chosen = storage.list_with_mtime("", lambda p: asked.append(p) or p.endswith("0"))
+    assert chosen == [("t/a/0", storage.mtime("t/a/0"))]
+    assert sorted(asked) == ["t/a/0", "t/a/1", "t/b/2", "top", "u/9"]
+    assert storage.list_with_mtime("t/a") == storage.list_with_mtime("t/a/")
+    assert storage.list_with_mtime("nothing/") == []
+
+
 def test_delete_missing_is_fine_and_get_missing_raises(storage):
     storage.put("x/y", b"1")
     storage.delete("x/y")

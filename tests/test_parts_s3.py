@@ -80,6 +80,10 @@ def test_write_read_list_delete_round_trip(options, s3, request):
     assert st.exists(meta.path) and not st.exists("events/k=a")
     assert st.size(meta.path) == meta.size
     assert st.mtime(meta.path) > 1e9
+    # The listing's LastModified, no HEAD request per object; ``want`` filters before.
+    listed = dict(st.list_with_mtime("events/", lambda p: p.endswith(".parquet")))
+    assert set(listed) == {meta.path, meta2.path}
+    assert all(abs(m - st.mtime(p)) < 1.0 for p, m in listed.items())
     for p in [meta.path, meta.meta_path]:
         st.delete(p)
     st.delete(meta.path)
