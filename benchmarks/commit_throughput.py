@@ -163,15 +163,14 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
     return timed_op
 
 
-def _op_mergetxn_metadata(params: dict, idx: int) -> Callable[[], int]:
-    """Metadata-only commits: each transaction stages a part written before the timed loop.
+def _premade_parts(params: dict, idx: int) -> tuple[Any, Any, str, Iterator[str]]:
+    """(client, template part, its directory, unused part names) for metadata-only commits.
 
     One part file is written durably (``write_part``: Parquet + fsync + rename + directory
     fsync); ``links`` hard links to it are made under distinct part names and their directory is
-    fsynced once. Every transaction then takes the next unused one, so every commit references
-    a distinct, complete, durable part file that no other commit references, and the timed
-    transaction itself does no data I/O: ``with client.transaction() as tx: tx.add_parts(t,
-    [descriptor])`` (what a Spark driver does with parts its executors wrote).
+    fsynced once. Every commit then takes the next unused one, so every commit references a
+    distinct, complete, durable part file that no other commit references, and the timed
+    commit itself does no data I/O (what a Spark driver commits: parts its executors wrote).
     """
     from coordinator.client import Client
     from parts.format import new_part_name, write_part
@@ -190,14 +189,36 @@ def _op_mergetxn_metadata(params: dict, idx: int) -> Callable[[], int]:
         os.link(src, root / directory / f"{name}.parquet")
         names.append(name)
     _fsync_dir(str(root / directory))
-    it = iter(names)
+    return client, template, directory, iter(names)  # StopIteration surfaces: links are sized generously
+
+
+def _op_mergetxn_metadata(params: dict, idx: int) -> Callable[[], int]:
+    """Metadata-only commits as a transaction: ``with client.transaction() as tx:
+    tx.add_parts(t, [part])`` (three round trips: begin, stage, commit)."""
+    client, template, directory, names = _premade_parts(params, idx)
+    table = params["table"]
 
     def op() -> int:
-        name = next(it)  # StopIteration would surface as an error: links are sized generously
+        name = next(names)
         with client.transaction() as tx:
             meta = dataclasses.replace(template, name=name, path=f"{directory}/{name}.parquet",
                                        creation_tid=tx.id, created_at=time.time())
             tx.add_parts(table, [meta])
+        return 0
+
+    return op
+
+
+def _op_mergetxn_commit_parts(params: dict, idx: int) -> Callable[[], int]:
+    """Metadata-only commits in one call: ``client.commit_parts(t, [part])`` (one round trip; the
+    replica begins, stages and commits)."""
+    client, template, directory, names = _premade_parts(params, idx)
+    table = params["table"]
+
+    def op() -> int:
+        name = next(names)
+        meta = dataclasses.replace(template, name=name, path=f"{directory}/{name}.parquet", created_at=time.time())
+        client.commit_parts(table, [meta])
         return 0
 
     return op
@@ -252,6 +273,7 @@ def _op_pyiceberg(params: dict, idx: int) -> Callable[[], int]:
 OPS: dict[str, Callable[[dict, int], Callable[[], int]]] = {
     "mergetxn_insert": _op_mergetxn_insert,
     "mergetxn_metadata": _op_mergetxn_metadata,
+    "mergetxn_commit_parts": _op_mergetxn_commit_parts,
     "deltalake": _op_deltalake,
     "pyiceberg": _op_pyiceberg,
 }
@@ -582,12 +604,17 @@ def ratios(r: dict) -> dict:
         "mergetxn_1w_over_pyiceberg_1w": div(get("mergetxn_insert_1w"), get("pyiceberg_insert_1w")),
         "mergetxn_metadata_16c_over_raw_zk_best": div(get("mergetxn_metadata_16c"), raw_best),
         "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
+        "mergetxn_commit_parts_16c_over_raw_zk_best": div(get("mergetxn_commit_parts_16c"), raw_best),
+        "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"),
+                                                              get("raw_zk_1_thread")),
     }
     shares = [v["other_cpu_share"] for v in r.values() if v.get("other_cpu_share") is not None]
     out["max_other_cpu_share"] = max(shares, default=None)  # > ~0.1: other work disturbed the run
     out["target_10x_deltalake_4w_met"] = (out["mergetxn_4w_over_deltalake_4w"] or 0) >= 10
     out["target_metadata_16c_above_raw_1_thread_met"] = (out["mergetxn_metadata_16c_over_raw_zk_1_thread"] or 0) > 1
     out["target_metadata_16c_above_raw_best_met"] = (out["mergetxn_metadata_16c_over_raw_zk_best"] or 0) > 1
+    out["target_commit_parts_16c_above_raw_1_thread_met"] = (
+        out["mergetxn_commit_parts_16c_over_raw_zk_1_thread"] or 0) > 1
     return out
 
 
@@ -598,7 +625,9 @@ def round_ratios(rounds: list[dict]) -> list[dict]:
     for r in rounds:
         full = ratios(r)
         out.append({k: full[k] for k in ("mergetxn_4w_over_deltalake_4w", "mergetxn_metadata_16c_over_raw_zk_1_thread",
-                                          "mergetxn_metadata_16c_over_raw_zk_best")})
+                                          "mergetxn_metadata_16c_over_raw_zk_best",
+                                          "mergetxn_commit_parts_16c_over_raw_zk_1_thread",
+                                          "mergetxn_commit_parts_16c_over_raw_zk_best")})
     return out
 
 
@@ -861,6 +890,7 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
                 ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
                 ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
                 ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
+                ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
             ], warmup, seconds, log))
     if "mergetxn3" in groups:
         log("mergetxn, 3 replicas, writers spread over them:")

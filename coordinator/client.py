@@ -9,7 +9,7 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -277,6 +277,46 @@ class Client:
         r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
         return CommitStatus(r["tid"], r["status"], r["csn"], r.get("reason", ""))
 
+    def commit_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
+                     partitions: Sequence[Any] | None = None) -> int:
+        """Commit parts already written to storage as a transaction of their own, in one round
+        trip: the replica begins, stages them as one INSERT (or INSERT OVERWRITE of
+        ``partitions``, as :meth:`Transaction.add_parts`) and commits. Returns the CSN.
+
+        For a writer with nothing else to do in the transaction (a job that wrote its files, an
+        ingester) this is a third of the round trips of begin, add_parts and commit. The parts
+        become the transaction's own (their ``creation_tid``). If the commit fails the parts are
+        deleted; if the connection breaks, the replica is asked, by part name, whether it
+        committed, so the caller is never left not knowing."""
+        if op not in ("insert", "overwrite"):
+            raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
+        tdef = self.table(table)
+        metas = list(metas)
+        _check_own_parts(tdef, metas)
+        args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
+        if op == "overwrite":
+            args["partitions"] = [list(p) for p in _overwrite_targets(tdef, metas, partitions)]
+        try:
+            return self.call("commit_parts", **args)["csn"]
+        except ReplicaUnavailable:
+            if not metas:
+                raise
+            status = _await_outcome(lambda: self._part_status(table, metas[0].name))
+        except errors.MergetxnError:
+            for m in metas:  # refused, or aborted by the replica: nothing references them
+                _delete_quietly(self.storage, m.path)
+            raise
+        if status.status == "committed":
+            return status.csn
+        for m in metas:
+            _delete_quietly(self.storage, m.path)
+        raise TransactionAborted(f"the commit of {len(metas)} part(s) to {table!r} did not happen: "
+                                 f"{status.reason or status.status}", id=status.tid or None)
+
+    def _part_status(self, table: str, part: str) -> CommitStatus:
+        r = self.call("commit_status", table=table, part=part)
+        return CommitStatus(r["tid"], r["status"], r["csn"], r.get("reason", ""))
+
 
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
@@ -426,25 +466,13 @@ class Transaction:
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
         tdef = self.client.table(table)
         metas = list(metas)
-        strangers = [m.name for m in metas if m.table != tdef.name]
-        if strangers:
-            raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {table!r}")
+        _check_own_parts(tdef, metas)
         added = [m.to_dict() for m in metas]
         if op == "insert":
             if added:
                 self._stage({"op": "insert", "table": table, "added": added})
             return sum(m.rows for m in metas)
-        present = list(dict.fromkeys(tuple(m.partition) for m in metas))
-        if partitions is not None:
-            targets = _partitions(tdef, partitions)
-            outside = [p for p in present if p not in targets]
-            if outside:
-                raise InvalidInput(f"overwrite of {table!r}: parts in partition(s) {outside} "
-                                   f"outside the partitions given {targets}")
-        elif tdef.partition_by:
-            targets = present
-        else:
-            targets = [()]
+        targets = _overwrite_targets(tdef, metas, partitions)
         if not targets:
             return 0
         removed = [m.name for m in self._visible(table, targets)]
@@ -494,12 +522,7 @@ class Transaction:
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
         again) whether it committed, instead of leaving the caller not knowing."""
-        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
-                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
-            with attempt:
-                status = self.client.commit_status(self.id)
-                if status.status == "committing":
-                    raise _StillCommitting(self.id)
+        status = _await_outcome(lambda: self.client.commit_status(self.id))
         if status.status == "committed":
             return status.csn
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
@@ -522,6 +545,37 @@ def _as_table(data: Any, table: str) -> pa.Table:
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"data for {table!r} must be a pyarrow.Table, not {type(data).__name__}")
     return data
+
+
+def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
+    """Ask until the replica answers and the commit is no longer in progress."""
+    for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
+                            retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
+        with attempt:
+            status = lookup()
+            if status.status == "committing":
+                raise _StillCommitting(status.tid)
+    return status
+
+
+def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
+    strangers = [m.name for m in metas if m.table != tdef.name]
+    if strangers:
+        raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {tdef.name!r}")
+
+
+def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequence[Any] | None) -> list[tuple]:
+    """The partitions an overwrite of ``metas`` replaces: those given (every part must be in
+    one), else those the parts are in, else the whole table when it is not partitioned."""
+    present = list(dict.fromkeys(tuple(m.partition) for m in metas))
+    if partitions is not None:
+        targets = _partitions(tdef, partitions)
+        outside = [p for p in present if p not in targets]
+        if outside:
+            raise InvalidInput(f"overwrite of {tdef.name!r}: parts in partition(s) {outside} "
+                               f"outside the partitions given {targets}")
+        return targets
+    return present if tdef.partition_by else [()]
 
 
 def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:

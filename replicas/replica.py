@@ -36,6 +36,7 @@ from coordinator.errors import (
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
 from coordinator.zklog import CsnLog, PollHandler, encode_entry
 from parts.format import PartMeta
+from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.follower import Follower
 from replicas.maintenance import Maintenance
@@ -91,6 +92,7 @@ class Replica:
         self.state = ReplicaState()
         self.txns: dict[str, RunningTxn] = {}
         self.finished: dict[str, RunningTxn] = {}
+        self._parts_calls: dict[str, int] = {}  # first part name of one-call commits on workers
         self._txn_lock = threading.Lock()
         self._counter = itertools.count()
         self._stop = threading.Event()
@@ -462,6 +464,82 @@ class Replica:
             self._finish(txn, "committed", csn=txn.snapshot)
             return txn.snapshot
         return self.committer.submit(txn)
+
+    # -- one-call commits of parts already in storage (client.commit_parts) -------------------
+    def parts_op(self, txn: RunningTxn, args: dict) -> Op:
+        """The one statement of a one-call commit: the parts become the transaction's own (their
+        ``creation_tid``), and an overwrite removes what the transaction sees in the partitions
+        it names (the client cannot know them before the transaction exists)."""
+        op = args.get("op", "insert")
+        if op not in ("insert", "overwrite"):
+            raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
+        table, added = args.get("table"), args.get("added")
+        if not isinstance(table, str):
+            raise InvalidInput("commit_parts needs 'table', a table name")
+        if not isinstance(added, list) or not all(isinstance(m, dict) for m in added):
+            raise InvalidInput("commit_parts needs 'added', a list of part descriptors")
+        for m in added:
+            m["creation_tid"] = txn.id
+        d: dict = {"op": op, "table": table, "added": added}
+        if op == "overwrite":
+            partitions = args.get("partitions")
+            if not isinstance(partitions, list) or not all(isinstance(p, list) for p in partitions):
+                raise InvalidInput("an overwrite by commit_parts needs 'partitions', a list of partition value lists")
+            pkeys = [partition_key(tuple(p)) for p in partitions]
+            _, visible = self.visible_parts(table, txn.id, pkeys=pkeys)
+            d.update(removed=[m.name for m in visible], partitions=pkeys)
+        return Op.from_dict(d)
+
+    def commit_parts(self, args: dict) -> dict:
+        """Begin, stage the parts and commit, in one call; ``{"csn", "tid"}``."""
+        name = args.pop("_inflight", None)
+        try:
+            txn = self.begin()
+            try:
+                op = self.parts_op(txn, args)
+                if op.added or op.removed or op.partitions:
+                    self.stage(txn.id, op)
+                csn = self.commit(txn.id)
+            except BaseException as exc:
+                self.abort(txn, f"commit_parts failed: {exc}")
+                raise
+            return {"csn": csn, "tid": txn.id}
+        finally:
+            if name is not None:
+                self.parts_call_ended(name)
+
+    def parts_call_started(self, name: str) -> None:
+        """A one-call commit naming part ``name`` was received and waits for a worker: until it
+        ends, :meth:`part_status` answers "committing" (its connection may be gone already)."""
+        with self._txn_lock:
+            self._parts_calls[name] = self._parts_calls.get(name, 0) + 1
+
+    def parts_call_ended(self, name: str) -> None:
+        with self._txn_lock:
+            left = self._parts_calls.get(name, 0) - 1
+            if left > 0:
+                self._parts_calls[name] = left
+            else:
+                self._parts_calls.pop(name, None)
+
+    def part_status(self, table: str, name: str) -> dict:
+        """Whether the one-call commit that staged part ``name`` committed: what a client whose
+        connection broke during ``commit_parts`` asks (it never learnt the transaction's id)."""
+        if not isinstance(table, str) or not isinstance(name, str):
+            raise InvalidInput("commit_status by part needs 'table' and 'part' names")
+        rec = self.state.parts.get(name)
+        if rec is not None and rec.meta.table == table:
+            return {"tid": rec.meta.creation_tid, "status": "committed", "csn": rec.creation_csn, "reason": ""}
+        with self._txn_lock:
+            if name in self._parts_calls:
+                return {"tid": "", "status": "committing", "csn": None, "reason": "the call is being answered"}
+            txns = list(self.txns.values()) + list(self.finished.values())
+        for txn in txns:
+            if any(m.name == name and m.table == table for op in txn.ops for m in op.added):
+                return {"tid": txn.id, "status": txn.state, "csn": txn.csn, "reason": txn.reason}
+        return {"tid": "", "status": "not_committed", "csn": None,
+                "reason": f"no transaction on replica {self.host_id} staged part {name} of {table!r} "
+                          "(the call never reached it, or the replica restarted before committing it)"}
 
     def commit_async(self, txn_id: str, done: Callable[[int | None, Exception | None], None]) -> None:
         """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,

@@ -50,7 +50,9 @@ class ReplicaServer(RpcServer):
             "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
             "transactions": lambda a: replica.transactions(),
             "parts": lambda a: replica.part_records(a["table"]),
-            "commit_status": lambda a: replica.commit_status(a["tid"]),
+            "commit_status": lambda a: (replica.part_status(a.get("table"), a["part"]) if "part" in a
+                                        else replica.commit_status(a["tid"])),
+            "commit_parts": replica.commit_parts,
             "compact": self._compact,
             "gc": lambda a: replica.maintenance.gc(a.get("grace_seconds")),
             "changes": lambda a: replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
@@ -92,6 +94,8 @@ class ReplicaServer(RpcServer):
             return True
         if action == "commit":
             return self._commit_async(args, reply)
+        if action == "commit_parts":
+            return self._commit_parts_async(args, reply)
         if action in _ANSWERED_AT_ONCE:
             reply(self.dispatch(action, args))
             return True
@@ -130,6 +134,44 @@ class ReplicaServer(RpcServer):
         try:
             self.replica.commit_async(a["id"], done)
         except MergetxnError as exc:
+            reply(error_reply(exc))
+        return True
+
+    def _commit_parts_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
+        """A one-call commit of an INSERT of parts: begin, stage and hand to the committer here;
+        anything that may wait (an overwrite looks up visible parts) goes to a worker, marked as
+        in progress first so that an outcome lookup by part name never misses it."""
+        replica = self.replica
+        a.pop("_inflight", None)
+        added, table = a.get("added"), a.get("table")
+        quick = (a.get("op", "insert") == "insert" and isinstance(added, list) and isinstance(table, str)
+                 and replica.state.table(table) is not None and not replica.wal.compacting
+                 and replica.ready_to_begin())
+        if quick:
+            rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
+            quick = rows <= replica.config.txn_max_rows
+        if not quick:
+            first = added[0] if isinstance(added, list) and added else None
+            if isinstance(first, dict) and isinstance(first.get("name"), str):
+                replica.parts_call_started(first["name"])
+                a["_inflight"] = first["name"]
+            return False
+        try:
+            txn = replica.begin()
+        except MergetxnError as exc:
+            reply(error_reply(exc))
+            return True
+
+        def done(csn: int | None, error: Exception | None) -> None:
+            reply({"ok": True, "result": {"csn": csn, "tid": txn.id}} if error is None else error_reply(error))
+
+        try:
+            op = replica.parts_op(txn, a)
+            if op.added:
+                replica.stage(txn.id, op)
+            replica.commit_async(txn.id, done)
+        except Exception as exc:
+            replica.abort(txn, f"commit_parts failed: {exc}")
             reply(error_reply(exc))
         return True
 

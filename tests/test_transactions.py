@@ -5,6 +5,7 @@ views (parts, commit_status, transactions, kill)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -15,13 +16,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from zkutil import new_chroot  # tests/ is on sys.path
+from rpcproxy import RpcProxy  # tests/ is on sys.path
+from zkutil import new_chroot
 
 import coordinator
 from coordinator.client import Client, Transaction
-from coordinator.errors import TransactionAborted
+from coordinator.errors import CorruptMetadata, InvalidInput, TransactionAborted
 from coordinator.versions import EPOCH_STRIDE, split_csn
 from coordinator.zkserver import ZooKeeperServer
+from parts.format import PartMeta, write_part
 
 pytestmark = pytest.mark.zk
 
@@ -501,3 +504,91 @@ def test_transaction_handle_fields(c0: Client) -> None:
         other.rollback()
     finally:
         tx.rollback()
+
+
+# ---------------------------------------------------------------------------------------------
+# One-call commits of parts already in storage (client.commit_parts)
+
+
+def written(client: Client, table: str, data: pa.Table, partition: tuple = (), by: str = "job-1") -> PartMeta:
+    tdef = client.table(table)
+    return write_part(client.storage, table, list(tdef.partition_by), partition, data, by)
+
+
+def test_commit_parts_is_one_atomic_transaction(cluster: coordinator.LocalCluster, c0: Client, c1: Client) -> None:
+    """Parts written beforehand become visible together at the CSN the call returns, on every
+    replica, as the parts of one transaction (its id is their creation_tid)."""
+    c1.wait_for(c0.create_table("cparts", SCHEMA))
+    metas = [written(c0, "cparts", rows(2)), written(c0, "cparts", rows(3, start=10))]
+    csn = c1.commit_parts("cparts", metas)
+    c0.wait_for(csn)
+    for client in (c0, c1):
+        assert ids(client.read("cparts", snapshot=csn)) == [0, 1, 10, 11, 12]
+        assert client.read("cparts", snapshot=csn - 1).num_rows == 0
+    parts = c0.parts("cparts").to_pylist()
+    assert {p["name"] for p in parts} == {m.name for m in metas}
+    tids = {p["creation_tid"] for p in parts}
+    assert len(tids) == 1 and {p["creation_csn"] for p in parts} == {csn}
+    (tid,) = tids
+    assert c0.commit_status(tid).status == "committed" and c0.commit_status(tid).csn == csn
+    assert c1._part_status("cparts", metas[0].name).csn == csn
+    assert c1._part_status("cparts", "never_0123456789abcdef").status == "not_committed"
+    assert c1.commit_parts("cparts", []) == c1.snapshot()  # nothing to commit: the snapshot
+
+
+def test_commit_parts_overwrite_replaces_what_its_snapshot_sees(c0: Client) -> None:
+    c0.create_table("cparts_ow", PSCHEMA, partition_by=["p"])
+    commit_insert(c0, "cparts_ow", pa.concat_tables([prows(1, [1, 2]), prows(2, [3])]))
+    csn = c0.commit_parts("cparts_ow", [written(c0, "cparts_ow", prows(1, [7]), (1,))], op="overwrite")
+    assert as_set(c0.read("cparts_ow", snapshot=csn), "p", "id") == {(1, 7), (2, 3)}
+    csn = c0.commit_parts("cparts_ow", [written(c0, "cparts_ow", prows(1, [8]), (1,))], op="overwrite",
+                          partitions=[1, 2])
+    assert as_set(c0.read("cparts_ow", snapshot=csn), "p", "id") == {(1, 8)}
+    before = c0.snapshot()
+    stray = written(c0, "cparts_ow", prows(3, [9]), (3,))
+    with pytest.raises(InvalidInput, match="outside the partitions given"):
+        c0.commit_parts("cparts_ow", [stray], op="overwrite", partitions=[1])
+    with pytest.raises(InvalidInput, match="op must be"):
+        c0.commit_parts("cparts_ow", [stray], op="delete")
+    assert c0.snapshot() == before
+
+
+def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coordinator.LocalCluster,
+                                                                     c0: Client) -> None:
+    c0.create_table("cparts_bad", SCHEMA)
+    before = c0.snapshot()
+    good = written(c0, "cparts_bad", rows(1))
+    bad = dataclasses.replace(written(c0, "cparts_bad", rows(1, start=5)), checksum="md5:nope")
+    with pytest.raises(CorruptMetadata, match="checksum"):
+        c0.commit_parts("cparts_bad", [good, bad])
+    assert c0.snapshot() == before and c0.read("cparts_bad").num_rows == 0
+    assert not storage_files(cluster, "cparts_bad")
+    c0.create_table("cparts_other", SCHEMA)
+    with pytest.raises(InvalidInput, match="do not belong"):
+        c0.commit_parts("cparts_bad", [written(c0, "cparts_other", rows(1))])
+    assert c0.snapshot() > before and c0.read("cparts_bad").num_rows == 0
+
+
+@pytest.mark.parametrize("op", ["insert", "overwrite"])  # answered on the I/O thread / a worker
+@pytest.mark.parametrize("fault", ["reply", "request"])
+def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.LocalCluster, c0: Client,
+                                                       fault: str, op: str) -> None:
+    """The connection breaks during the one call: after the replica committed ('reply': the
+    answer is lost), or before it heard of it ('request'). The caller gets the CSN, or a
+    TransactionAborted with the parts deleted; never "unknown"."""
+    t = f"cparts_lost_{fault}_{op}"
+    c0.create_table(t, SCHEMA)
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        client = coordinator.connect(proxy.address)
+        metas = [written(client, t, rows(2))]
+        fired = proxy.drop_reply_of("commit_parts") if fault == "reply" else proxy.drop_request_of("commit_parts")
+        if fault == "reply":
+            csn = client.commit_parts(t, metas, op=op)
+            assert fired.is_set()
+            assert ids(c0.read(t, snapshot=csn)) == [0, 1]
+        else:
+            with pytest.raises(TransactionAborted, match="did not happen"):
+                client.commit_parts(t, metas, op=op)
+            assert fired.is_set()
+            assert c0.read(t).num_rows == 0 and not storage_files(cluster, t)
+        client.close()
