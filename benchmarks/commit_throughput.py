@@ -862,6 +862,25 @@ def warm_up_zookeeper(address: str, seconds: float = 4.0) -> None:
         zk.close()
 
 
+def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> None:
+    """Load the machine as the cases will before measuring anything, and throw the figures away.
+
+    On this VM the first minute or two of load after an idle spell runs slow (every case of a
+    first round, the raw ZooKeeper ones included, 10-40 % below the same case minutes later),
+    which made a first round's ratios say more about the machine than about the code."""
+    from coordinator.zkserver import ZooKeeperServer
+
+    log(f"warming the machine up ({seconds:g} s of unmeasured 4-writer mergetxn inserts)")
+    zk = ZooKeeperServer(work / "zookeeper")
+    zk.start()
+    try:
+        bench_mergetxn(work / "cluster", zk.address, zk.pid, 1, "/warmup",
+                       [("machine_warmup", "mergetxn_insert", 4, False)], 1.0, seconds, lambda _msg: None)
+    finally:
+        zk.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
     """Every group once, each ZooKeeper group on a fresh ZooKeeper server: the raw cases leave
     ~80,000 znodes (40 MB) behind, whose heap and snapshots would slow whatever ran after them."""
@@ -936,6 +955,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument("--only", default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
                     help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg)")
+    ap.add_argument("--machine-warmup", type=float, default=60.0, metavar="SECONDS",
+                    help="unmeasured 4-writer mergetxn inserts before the first round (default 60; 0: none)")
     ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
                     help="instead of the comparison: profile the mergetxn commit path for SECONDS")
     ap.add_argument("--profile-writers", type=int, default=1)
@@ -963,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     info = machine()
     log(f"machine: {info['cpus']} CPUs, {info['cpu']}, {info['memory']}, fsync {info['fsync_per_s']}/s")
+    if a.machine_warmup > 0:
+        warm_up_machine(work / "machine-warmup", a.machine_warmup, log)
     rounds = []
     for r in range(a.repeat):
         if a.repeat > 1:
@@ -976,6 +999,7 @@ def main(argv: list[str] | None = None) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_seconds": round(time.time() - started, 1),
         "config": {"seconds_per_case": a.seconds, "warmup_per_case": a.warmup, "rounds": a.repeat,
+                   "machine_warmup_seconds": a.machine_warmup,
                    "rows_per_commit": 10,
                    "raw_payload_bytes": RAW_PAYLOAD, "writers": "one process each (raw ZooKeeper: threads)"},
         "machine": info,

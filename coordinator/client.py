@@ -523,6 +523,15 @@ class Transaction:
         """The connection broke after the commit was sent: ask the replica (once it answers
         again) whether it committed, instead of leaving the caller not knowing."""
         status = _await_outcome(lambda: self.client.commit_status(self.id))
+        if status.status == "running":
+            # The commit never reached the replica (the connection broke before it was read):
+            # end the transaction there, so that "did not commit" stays true.
+            try:
+                self.client.call("rollback", id=self.id)
+            except InvalidInput:  # it is committing or committed after all
+                status = _await_outcome(lambda: self.client.commit_status(self.id))
+            else:
+                status = CommitStatus(self.id, "aborted", None, "the commit request never reached the replica")
         if status.status == "committed":
             return status.csn
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
@@ -549,12 +558,17 @@ def _as_table(data: Any, table: str) -> pa.Table:
 
 def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
     """Ask until the replica answers and the commit is no longer in progress."""
-    for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
-                            retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
-        with attempt:
-            status = lookup()
-            if status.status == "committing":
-                raise _StillCommitting(status.tid)
+    try:
+        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
+                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
+            with attempt:
+                status = lookup()
+                if status.status == "committing":
+                    raise _StillCommitting(status.tid)
+    except _StillCommitting as exc:
+        raise ReplicaUnavailable(f"the commit of {exc.args[0] or 'the parts'} was still in progress after "
+                                 f"{OUTCOME_WAIT:g}s (ZooKeeper away?); commit_status tells its outcome once "
+                                 "the replica decides it") from None
     return status
 
 

@@ -592,3 +592,30 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.Loca
             assert fired.is_set()
             assert c0.read(t).num_rows == 0 and not storage_files(cluster, t)
         client.close()
+
+
+@pytest.mark.parametrize("fault", ["reply", "request"])
+def test_commit_answer_lost_between_client_and_replica(cluster: coordinator.LocalCluster, c0: Client,
+                                                       fault: str) -> None:
+    """The client's connection to its replica breaks during tx.commit(): after the replica
+    committed (the answer is lost), or before it read the request. The caller gets the CSN, or
+    TransactionAborted, and then the transaction is over on the replica too (not left running,
+    able to commit later), its files gone."""
+    t = f"commit_lost_{fault}"
+    c0.create_table(t, SCHEMA)
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        client = coordinator.connect(proxy.address)
+        tx = client.begin()
+        tx.insert(t, rows(3))
+        fired = proxy.drop_reply_of("commit") if fault == "reply" else proxy.drop_request_of("commit")
+        if fault == "reply":
+            csn = tx.commit()
+            assert fired.is_set() and ids(c0.read(t, snapshot=csn)) == [0, 1, 2]
+        else:
+            with pytest.raises(TransactionAborted, match="did not commit"):
+                tx.commit()
+            assert fired.is_set()
+            assert c0.commit_status(tx.id).status == "aborted"
+            assert tx.id not in {d["id"] for d in c0.transactions() if d["state"] == "running"}
+            assert c0.read(t).num_rows == 0 and not storage_files(cluster, t)
+        client.close()
