@@ -285,9 +285,11 @@ class Client:
 
         For a writer with nothing else to do in the transaction (a job that wrote its files, an
         ingester) this is a third of the round trips of begin, add_parts and commit. The parts
-        become the transaction's own (their ``creation_tid``). If the commit fails the parts are
-        deleted; if the connection breaks, the replica is asked, by part name, whether it
-        committed, so the caller is never left not knowing."""
+        become the transaction's own (their ``creation_tid``). Their names carry no running
+        transaction's tid, so nothing keeps cleanup from taking them for orphans: parts written
+        (``created_at``) more than half the replica's ``gc_grace_seconds`` ago are refused. If the
+        commit fails the parts are deleted; if the connection breaks, the replica is asked, by part
+        name, whether it committed, so the caller is never left not knowing."""
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
         tdef = self.table(table)

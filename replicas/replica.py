@@ -39,7 +39,7 @@ from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.follower import Follower
-from replicas.maintenance import Maintenance
+from replicas.maintenance import MIN_GRACE, Maintenance
 from replicas.state import ReplicaState
 from replicas.transactions import Op, RunningTxn
 from replicas.wal import Wal
@@ -478,7 +478,18 @@ class Replica:
             raise InvalidInput("commit_parts needs 'table', a table name")
         if not isinstance(added, list) or not all(isinstance(m, dict) for m in added):
             raise InvalidInput("commit_parts needs 'added', a list of part descriptors")
+        # Their names carry no running transaction's tid, so cleanup would take them for orphans
+        # once older than the grace period: refuse parts written too long ago to be safe.
+        limit = max(self.config.gc_grace_seconds, MIN_GRACE) / 2
+        now = time.time()
         for m in added:
+            written = m.get("created_at")
+            if isinstance(written, (int, float)) and now - written > limit:
+                raise InvalidInput(
+                    f"part {m.get('name')!r} was written {now - written:.0f}s ago, more than half the cleanup "
+                    f"grace period ({limit * 2:g}s): cleanup may collect it as an orphan before or after this "
+                    "commit. Commit parts soon after writing them, or write them inside a transaction "
+                    "(begin, add_parts, commit), whose tid in their names keeps them while it runs")
             m["creation_tid"] = txn.id
         d: dict = {"op": op, "table": table, "added": added}
         if op == "overwrite":

@@ -563,6 +563,10 @@ def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coo
         c0.commit_parts("cparts_bad", [good, bad])
     assert c0.snapshot() == before and c0.read("cparts_bad").num_rows == 0
     assert not storage_files(cluster, "cparts_bad")
+    stale = dataclasses.replace(written(c0, "cparts_bad", rows(1)), created_at=time.time() - 3600)
+    with pytest.raises(InvalidInput, match="grace period"):
+        c0.commit_parts("cparts_bad", [stale])
+    assert c0.snapshot() == before and not storage_files(cluster, "cparts_bad")
     c0.create_table("cparts_other", SCHEMA)
     with pytest.raises(InvalidInput, match="do not belong"):
         c0.commit_parts("cparts_bad", [written(c0, "cparts_other", rows(1))])
