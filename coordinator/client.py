@@ -91,14 +91,33 @@ class Client:
         conflict_policy: str = "parts",
         auto_merge: bool = True,
     ) -> int:
-        """Create a table; returns the CSN at which it exists."""
+        """Create a table; returns the CSN at which it exists. If the connection breaks before
+        the answer, the replica is asked whether the table exists as asked (and the creation
+        sent again if it does not), so the caller is never left not knowing."""
         tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge)
-        result = self.call(
-            "create_table", name=tdef.name, schema=schema_to_json(tdef.schema),
-            partition_by=list(tdef.partition_by), primary_key=list(tdef.primary_key),
-            conflict_policy=tdef.conflict_policy.value, auto_merge=tdef.auto_merge,
-        )
-        return result["csn"]
+        args = {"name": tdef.name, "schema": schema_to_json(tdef.schema), "partition_by": list(tdef.partition_by),
+                "primary_key": list(tdef.primary_key), "conflict_policy": tdef.conflict_policy.value,
+                "auto_merge": tdef.auto_merge}
+        try:
+            return self.call("create_table", **args)["csn"]
+        except ReplicaUnavailable:
+            pass
+        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
+                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
+            with attempt:
+                try:
+                    found = TableDef.from_dict(self.call("table", name=tdef.name))
+                except errors.TableNotFound:
+                    try:  # never created (or still on its way): ask again; a twin is refused
+                        return self.call("create_table", **args)["csn"]
+                    except InvalidInput as exc:
+                        if "already exists" not in exc.message:
+                            raise
+                        raise _StillCommitting(tdef.name) from None  # look it up again
+        if found.to_dict() | {"created_csn": 0} != tdef.to_dict():
+            raise InvalidInput(f"table {tdef.name!r} already exists with another definition", table=tdef.name)
+        self._tables[tdef.name] = found
+        return found.created_csn
 
     def table(self, name: str) -> TableDef:
         if name not in self._tables:

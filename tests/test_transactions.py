@@ -623,3 +623,23 @@ def test_commit_answer_lost_between_client_and_replica(cluster: coordinator.Loca
             assert tx.id not in {d["id"] for d in c0.transactions() if d["state"] == "running"}
             assert c0.read(t).num_rows == 0 and not storage_files(cluster, t)
         client.close()
+
+
+@pytest.mark.parametrize("fault", ["reply", "request"])
+def test_create_table_answer_lost_is_looked_up(cluster: coordinator.LocalCluster, c0: Client, fault: str) -> None:
+    """Table creation is a commit too: when the connection breaks during it, the client finds
+    out whether the table exists as asked (creating it if the request never arrived)."""
+    t = f"create_lost_{fault}"
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        client = coordinator.connect(proxy.address)
+        fired = proxy.drop_reply_of("create_table") if fault == "reply" else proxy.drop_request_of("create_table")
+        csn = client.create_table(t, SCHEMA)
+        assert fired.is_set()
+        c0.wait_for(csn)
+        assert c0.table(t).created_csn == csn and c0.table(t).schema == SCHEMA
+        # The same name asked again with another schema, the request lost: refused, not "unknown".
+        proxy.drop_request_of("create_table")
+        with pytest.raises(InvalidInput, match="already exists"):
+            client.create_table(t, PSCHEMA)
+        assert c0.table(t).schema == SCHEMA
+        client.close()
