@@ -320,24 +320,28 @@ class Storage:
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         if self._fs is None:
             return self._list_local(prefix, base)
+        return sorted(rel for rel, _ in self._find_remote(prefix, base))
+
+    def _find_remote(self, prefix: str, base: str) -> list[tuple[str, dict]]:
+        """(relative path, fsspec info) of the remote files under ``prefix``."""
         start = f"{self._root}/{base}".rstrip("/") if base else self._root
         try:
             self._fs.invalidate_cache()
-            found = self._fs.find(start, withdirs=False)
+            found = self._fs.find(start, withdirs=False, detail=True)
         except FileNotFoundError:
             return []
         except Exception as exc:
             raise self._fail("list", prefix, exc) from None
         root = self._root.rstrip("/") + "/"
         out = []
-        for p in found:
+        for p, info in found.items():
             p = p.lstrip("/") if not root.startswith("/") else p
             if not p.startswith(root) or p.endswith("/"):
                 continue
             rel = p[len(root) :]
             if rel.startswith(prefix):
-                out.append(rel)
-        return sorted(out)
+                out.append((rel, info))
+        return out
 
     def list_with_mtime(self, prefix: str = "", want: Callable[[str], bool] | None = None) -> list[tuple[str, float]]:
         """``(relative path, mtime)`` of the files under ``prefix`` that ``want`` (given the
@@ -353,22 +357,9 @@ class Storage:
             _scan_local(start, base + "/" if base else "", prefix, want, out)
             out.sort()
             return out
-        start = f"{self._root}/{base}".rstrip("/") if base else self._root
-        try:
-            self._fs.invalidate_cache()
-            found = self._fs.find(start, withdirs=False, detail=True)
-        except FileNotFoundError:
-            return []
-        except Exception as exc:
-            raise self._fail("list", prefix, exc) from None
-        root = self._root.rstrip("/") + "/"
         result = []
-        for p, info in found.items():
-            p = p.lstrip("/") if not root.startswith("/") else p
-            if not p.startswith(root) or p.endswith("/"):
-                continue
-            rel = p[len(root) :]
-            if not rel.startswith(prefix) or (want is not None and not want(rel)):
+        for rel, info in self._find_remote(prefix, base):
+            if want is not None and not want(rel):
                 continue
             modified = _info_mtime(info)
             if modified is None:
