@@ -403,6 +403,18 @@ def replica() -> None:
     """Run a replica process."""
 
 
+def _replica_settings(command: Callable) -> Callable:
+    """An option per tunable replica setting (merges, cleanup, the log tail's retention)."""
+    from replicas.maintenance import OPTIONS
+
+    for name, typ, default, minimum, text in reversed(OPTIONS):
+        env = "MERGETXN_" + name.upper()
+        kind = click.IntRange(min=minimum) if typ is int else click.FloatRange(min=minimum)
+        command = click.option("--" + name.replace("_", "-"), name, type=kind, default=default, envvar=env,
+                               show_default=True, help=f"{text[0].upper()}{text[1:]} (env {env}).")(command)
+    return command
+
+
 @replica.command("start")
 @click.option(
     "--zk",
@@ -460,6 +472,7 @@ def replica() -> None:
     show_default=True,
     help="ZooKeeper session timeout in seconds.",
 )
+@_replica_settings
 def replica_start(
     zk_address: str,
     storage: str,
@@ -472,6 +485,7 @@ def replica_start(
     txn_max_seconds: float,
     txn_max_rows: int,
     session_timeout: float,
+    **settings: float | int,
 ) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
 
@@ -480,6 +494,7 @@ def replica_start(
     import logging
 
     from coordinator.versions import check_host_id
+    from replicas.maintenance import check_setting
     from replicas.replica import ReplicaConfig
     from replicas.server import serve
 
@@ -504,6 +519,7 @@ def replica_start(
         txn_max_seconds=txn_max_seconds,
         txn_max_rows=txn_max_rows,
         session_timeout=session_timeout,
+        **{name: check_setting(name, value) for name, value in settings.items()},
     )
     console(stderr=True).print(
         f"replica {host_id}: ZooKeeper {redact(zk_address)}, storage {redact(storage)}, WAL in "

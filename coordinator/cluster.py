@@ -12,7 +12,7 @@ from pathlib import Path
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.client import Client
-from coordinator.errors import ReplicaUnavailable
+from coordinator.errors import InvalidInput, ReplicaUnavailable
 from coordinator.zkserver import start_zookeeper
 
 
@@ -35,7 +35,15 @@ class LocalCluster:
         txn_max_rows: int = 100_000_000,
         session_timeout: float = 10.0,
         root: str = "/mergetxn",
+        settings: dict[str, float | int] | None = None,
     ) -> None:
+        """``settings``: tunable replica settings by name (``replicas.maintenance.OPTIONS``:
+        merges, cleanup, ``retain_entries`` and the rest of the log tail), for every replica."""
+        from replicas.maintenance import check_setting
+
+        if settings is not None and not isinstance(settings, dict):
+            raise InvalidInput(f"settings must be a dict of replica settings, not {type(settings).__name__}")
+        self.settings = {name: check_setting(name, v) for name, v in (settings or {}).items()}
         self.workdir = Path(workdir).resolve()
         self.n = replicas
         self._zk_arg = zk_address
@@ -94,6 +102,8 @@ class LocalCluster:
         ]
         if self.epoch_size:
             argv += ["--epoch-size", str(self.epoch_size)]
+        for name, value in self.settings.items():
+            argv += ["--" + name.replace("_", "-"), str(value)]
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

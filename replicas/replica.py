@@ -39,7 +39,7 @@ from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.follower import Follower
-from replicas.maintenance import MIN_GRACE, Maintenance
+from replicas.maintenance import MIN_GRACE, OPTIONS, Maintenance
 from replicas.state import ReplicaState
 from replicas.transactions import Op, RunningTxn
 from replicas.wal import Wal
@@ -685,6 +685,7 @@ class Replica:
             "incarnation": self.incarnation,
             "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
+            "settings": {name: getattr(self.config, name) for name, *_ in OPTIONS},
         }
 
     def entry_bytes(self, entry: dict) -> bytes:

@@ -26,7 +26,7 @@ from click.testing import CliRunner, Result
 from kazoo.client import KazooClient
 from zkutil import new_chroot  # tests/ is on sys.path
 
-from coordinator import LocalCluster
+from coordinator import LocalCluster, connect
 from coordinator.cli import cli, parse_schema
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
@@ -340,6 +340,12 @@ def test_every_command_has_help() -> None:
         assert "Usage: " in r.output and "--help" in r.output
 
 
+def test_replica_start_refuses_a_bad_setting() -> None:
+    r = CliRunner().invoke(cli, ["replica", "start", "--zk", "127.0.0.1:1", "--storage", "/tmp/x", "--host-id",
+                                 "r9", "--data-dir", "/tmp/x", "--retain-entries", "-1"])
+    assert r.exit_code == 2 and "--retain-entries" in r.output and "x>=0" in r.output
+
+
 # -- servers, as subprocesses -------------------------------------------------------------------
 
 
@@ -414,15 +420,19 @@ def test_replica_start_joins_the_cluster(
             tmp_path / "r",
             "--txn-max-seconds",
             60,
+            "--retain-entries",
+            123,
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
-        env=cli_env(),
+        env={**cli_env(), "MERGETXN_GC_GRACE_SECONDS": "42"},
         cwd=ROOT,
     )
     try:
         address = wait_for_line(proc, "READY").split()[1]
+        settings = connect(address).call("info")["settings"]
+        assert (settings["retain_entries"], settings["gc_grace_seconds"]) == (123, 42.0)
         r = CliRunner().invoke(cli, ["read", "joined", "--snapshot", tx.csn, "--replica", address])
         assert r.exit_code == 0, r.output
         assert "5 rows of joined" in r.output

@@ -4,7 +4,7 @@ against real ZooKeeper and real replica processes (replicas/maintenance.py).
 Two module-scoped clusters on the session's ZooKeeper: ``auto`` (two replicas, background merges
 and cleanup running at short intervals) and ``manual`` (two replicas, nothing in the background,
 so cleanup reports are deterministic). Settings reach the replica processes through the
-MERGETXN_<OPTION> environment variables that replicas/server.py reads.
+settings given to LocalCluster (``replicas.maintenance.OPTIONS``).
 """
 
 from __future__ import annotations
@@ -60,21 +60,16 @@ def wait_until(cond: Callable[[], object], timeout: float = 30.0, what: str = "c
         time.sleep(0.1)
 
 
-def _cluster(tmp: Path, zk_server: ZooKeeperServer, env: dict[str, str]) -> LocalCluster:
-    hosts = new_chroot(zk_server, "maint")
-    with pytest.MonkeyPatch.context() as mp:  # the replica processes read these at start
-        for k, v in env.items():
-            mp.setenv(k, v)
-        c = LocalCluster(tmp, replicas=2, zk_address=hosts)
-        c.start()
+def _cluster(tmp: Path, zk_server: ZooKeeperServer, settings: dict[str, float]) -> LocalCluster:
+    c = LocalCluster(tmp, replicas=2, zk_address=new_chroot(zk_server, "maint"), settings=settings)
+    c.start()
     return c
 
 
 @pytest.fixture(scope="module")
 def auto(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     c = _cluster(tmp_path_factory.mktemp("auto"), zk_server, {
-        "MERGETXN_MERGE_INTERVAL": "0.2", "MERGETXN_MERGE_MIN_PARTS": "4", "MERGETXN_GC_INTERVAL": "0.5",
-        "MERGETXN_READ_LEASE_SECONDS": "1",
+        "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0.5, "read_lease_seconds": 1,
     })
     try:
         yield c
@@ -85,12 +80,25 @@ def auto(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -
 @pytest.fixture(scope="module")
 def manual(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     c = _cluster(tmp_path_factory.mktemp("manual"), zk_server, {
-        "MERGETXN_MERGE_INTERVAL": "0", "MERGETXN_GC_INTERVAL": "0", "MERGETXN_READ_LEASE_SECONDS": "1",
+        "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1,
     })
     try:
         yield c
     finally:
         c.stop()
+
+
+def test_settings_reach_every_replica_and_bad_ones_start_nothing(auto: LocalCluster, tmp_path: Path) -> None:
+    for i in range(2):
+        settings = auto.client(i).call("info")["settings"]
+        assert settings["merge_min_parts"] == 4 and settings["gc_interval"] == 0.5
+        assert settings["retain_entries"] == 5000  # not given: the default
+    for bad, why in (({"retain_entrys": 10}, "unknown replica setting 'retain_entrys'"),
+                     ({"retain_entries": -1}, "at least 0"), ({"merge_min_parts": 2.5}, "an integer"),
+                     ({"gc_interval": "soon"}, "a number")):
+        with pytest.raises(InvalidInput, match=why):
+            LocalCluster(tmp_path / "never", replicas=1, settings=bad)
+    assert not (tmp_path / "never").exists()
 
 
 def alive_node(cluster: LocalCluster, i: int) -> dict:
