@@ -518,8 +518,9 @@ class Maintenance:
                                                     f"({_age(age)} < {_age(grace)})"})
                     continue
                 # The lookups above ran without the lock and may have seen an entry half applied
-                # (its tid in tid_csn, its parts not yet): look again once it is whole. A tid
-                # commits once, so nothing can reference the file after this.
+                # (its tid in tid_csn, its parts not yet): look again once it is whole. After that
+                # no commit names the file: its tid committed already or runs nowhere, and a name
+                # without a running tid is refused this old (commit_parts: half the grace period).
                 with self.state.lock:
                     if not temp and self._referenced(table, stem, path):
                         continue
