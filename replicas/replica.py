@@ -419,9 +419,20 @@ class Replica:
                 visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
             if name not in visible:
                 raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+        # Cleanup keeps the unreferenced files of a running transaction by the tid in their names;
+        # a part named otherwise is kept only while younger than the grace period, so one written
+        # long before it is staged could be collected before or after the commit: refuse it.
+        old_after = max(self.config.gc_grace_seconds, MIN_GRACE) / 2
+        now = time.time()
         for meta in op.added:
             if meta.table != table.name:
                 raise InvalidInput(f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}")
+            if now - meta.created_at > old_after and not meta.name.startswith(txn.id + "_"):
+                raise InvalidInput(
+                    f"part {meta.name} was written {now - meta.created_at:.0f}s ago, more than half the cleanup "
+                    f"grace period ({old_after * 2:g}s), and its name does not carry transaction {txn.id}: "
+                    "cleanup may take it for an orphan. Commit parts soon after writing them, or name them "
+                    "after the transaction that stages them (parts.format.write_part with its id)")
         with txn.lock:
             if txn.state != "running":
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
@@ -478,18 +489,7 @@ class Replica:
             raise InvalidInput("commit_parts needs 'table', a table name")
         if not isinstance(added, list) or not all(isinstance(m, dict) for m in added):
             raise InvalidInput("commit_parts needs 'added', a list of part descriptors")
-        # Their names carry no running transaction's tid, so cleanup would take them for orphans
-        # once older than the grace period: refuse parts written too long ago to be safe.
-        limit = max(self.config.gc_grace_seconds, MIN_GRACE) / 2
-        now = time.time()
         for m in added:
-            written = m.get("created_at")
-            if isinstance(written, (int, float)) and now - written > limit:
-                raise InvalidInput(
-                    f"part {m.get('name')!r} was written {now - written:.0f}s ago, more than half the cleanup "
-                    f"grace period ({limit * 2:g}s): cleanup may collect it as an orphan before or after this "
-                    "commit. Commit parts soon after writing them, or write them inside a transaction "
-                    "(begin, add_parts, commit), whose tid in their names keeps them while it runs")
             m["creation_tid"] = txn.id
         d: dict = {"op": op, "table": table, "added": added}
         if op == "overwrite":

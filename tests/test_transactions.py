@@ -573,6 +573,20 @@ def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coo
     assert c0.snapshot() > before and c0.read("cparts_bad").num_rows == 0
 
 
+def test_old_parts_are_staged_only_under_their_transactions_name(c0: Client) -> None:
+    """Cleanup keeps a running transaction's files by the tid in their names; a part written long
+    ago under another name could be collected around its commit, so staging it is refused."""
+    c0.create_table("stale_parts", SCHEMA)
+    long_ago = time.time() - 3600
+    with c0.transaction() as tx:
+        foreign = dataclasses.replace(written(c0, "stale_parts", rows(1), by="job-7"), created_at=long_ago)
+        with pytest.raises(InvalidInput, match=f"does not carry transaction {tx.id}"):
+            tx.add_parts("stale_parts", [foreign])
+        own = dataclasses.replace(written(c0, "stale_parts", rows(2, start=5), by=tx.id), created_at=long_ago)
+        tx.add_parts("stale_parts", [own])  # a long job's part, kept by its running transaction's name
+    assert ids(c0.read("stale_parts", snapshot=tx.csn)) == [5, 6]
+
+
 @pytest.mark.parametrize("op", ["insert", "overwrite"])  # answered on the I/O thread / a worker
 @pytest.mark.parametrize("fault", ["reply", "request"])
 def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.LocalCluster, c0: Client,
