@@ -481,7 +481,9 @@ class Transaction:
         """Stage parts already written to storage (by Spark executors) as one INSERT or INSERT
         OVERWRITE; the overwrite replaces ``partitions``, or those the parts are in (the whole
         table when it is not partitioned). Returns the rows added. If staging fails the parts
-        are deleted: nothing references them."""
+        are deleted: nothing references them. A part written more than half the replica's
+        ``gc_grace_seconds`` ago must be named after this transaction (``write_part(..., tx.id)``,
+        as Spark's executors do): cleanup keeps a running transaction's files by that name."""
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
