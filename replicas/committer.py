@@ -22,7 +22,7 @@ import random
 import threading
 import time
 import uuid
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
@@ -42,7 +42,7 @@ from tenacity import (
 )
 
 from coordinator.catalog import TableDef
-from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check
+from coordinator.conflicts import DATA_CHANGING, Kind, Policy, Summary, check
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
 from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
@@ -255,6 +255,7 @@ class Committer:
         accepted: list[tuple[Pending, Plan]] = []
         taken: set[str] = set()
         deferred: list[Pending] = []
+        in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
         for p in members:
             try:
                 plan = self._plan(p)
@@ -267,11 +268,13 @@ class Committer:
                 p.key_hints |= missing
                 deferred.append(p)
                 continue
-            if keys & taken:
+            if keys & taken and not self._fits_beside(p.txn, plan.effect, in_batch):
                 deferred.append(p)
                 continue
             taken |= keys
             accepted.append((p, plan))
+            for (table, pkey), kinds in plan.effect.kinds.items():
+                in_batch[(table, pkey)].append(Summary(p.txn.id, frozenset(kinds), plan.effect.removed_in(table, pkey)))
         if not accepted:
             if deferred and len(deferred) == len(members):
                 raise NeedKeys("re-reading target versions")
@@ -422,6 +425,26 @@ class Committer:
                     self.state.winners(t, pk, txn.snapshot) for (t, pk) in list(self.state.history) if t == table
                 )
         return rebase
+
+    def _fits_beside(self, txn: RunningTxn, eff: Effect, in_batch: dict[tuple[str, str], list[Summary]]) -> bool:
+        """Whether a member whose checked targets members already accepted into this batch also
+        touch may share their multi: exactly when committing right after them would succeed with
+        the same effect (the rules pass against them, and any rebase they call for is an INSERT's,
+        which changes nothing). Otherwise it waits for the next batch, decided against the
+        committed state. An ``append`` table's concurrent INSERTs thus share one CSN, as
+        ``parts`` INSERTs always could (they check no target)."""
+        for (table, pkey), kinds in eff.kinds.items():
+            earlier = in_batch.get((table, pkey))
+            if not earlier:
+                continue
+            removed = eff.removed_in(table, pkey)
+            v = check(self._policy(table), Summary(txn.id, frozenset(kinds), removed), earlier)
+            if not v.ok or (v.rebase and (removed or not kinds <= {Kind.INSERT})):
+                return False
+        for table in eff.whole_tables:
+            if self._policy(table) is not Policy.PARTS and any(t == table for t, _ in in_batch):
+                return False  # a whole-table statement would be replayed on what they add
+        return True
 
     def _checked_keys(self, eff: Effect) -> set[str]:
         keys: set[str] = set()

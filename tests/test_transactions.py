@@ -21,7 +21,7 @@ from zkutil import new_chroot
 
 import coordinator
 from coordinator.client import Client, Transaction
-from coordinator.errors import CorruptMetadata, InvalidInput, TransactionAborted
+from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput, TransactionAborted
 from coordinator.versions import EPOCH_STRIDE, split_csn
 from coordinator.zkserver import ZooKeeperServer
 from parts.format import PartMeta, write_part
@@ -223,39 +223,50 @@ def test_time_travel_by_snapshot_and_as_of(c0: Client, c1: Client) -> None:
 # Group commit and atomicity
 
 
-def test_group_commit_shares_csns(cluster: coordinator.LocalCluster) -> None:
-    """32 transactions committing at once on one replica share ZooKeeper multis: fewer CSNs
-    than commits. Every commit succeeds and every row is there."""
+def simultaneous_commits(cluster: coordinator.LocalCluster, table: str, n: int, start: int,
+                         overwrite: int | None = None) -> tuple[list[Transaction], list[int | BaseException], list[Client]]:
+    """``n`` transactions on replica 2, each inserting one row (ids ``start``..; transaction
+    ``overwrite`` overwrites the table with its row instead), all begun before any commits, then
+    committed at once from ``n`` threads (a barrier)."""
+    clients = [cluster.client(2) for _ in range(n)]
+    txs = [cl.begin() for cl in clients]
+    for i, tx in enumerate(txs):
+        (tx.overwrite if i == overwrite else tx.insert)(table, rows(1, start=start + i))
+    barrier = threading.Barrier(n)
+    outcomes: list[int | BaseException] = [RuntimeError("no outcome")] * n
+
+    def commit(i: int) -> None:
+        try:
+            barrier.wait(timeout=60)
+            outcomes[i] = txs[i].commit()
+        except BaseException as exc:  # the caller asserts on it
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return txs, outcomes, clients
+
+
+@pytest.mark.parametrize("policy", ["parts", "append"])
+def test_group_commit_shares_csns(cluster: coordinator.LocalCluster, policy: str) -> None:
+    """32 transactions inserting into one target at once on one replica share ZooKeeper multis:
+    fewer CSNs than commits. Every commit succeeds and every row is there. Under ``parts``
+    INSERTs check no target; under ``append`` they check the table's target and pass the rules
+    against each other, so they share a multi too."""
     n = 32
+    table = f"gc_{policy}"
     setup = cluster.client(2)
-    setup.create_table("gc", SCHEMA)
+    setup.create_table(table, SCHEMA, conflict_policy=policy)
     shared_seen = False
     total = 0
     for round_no in range(3):  # a round may, rarely, not overlap; a non-batching commit never does
-        clients = [cluster.client(2) for _ in range(n)]
-        txs = [cl.begin() for cl in clients]
-        for i, tx in enumerate(txs):
-            tx.insert("gc", rows(1, start=1000 * round_no + i))
-        barrier = threading.Barrier(n)
-        csns: list[int | None] = [None] * n
-        errors: list[BaseException] = []
-
-        def commit(i: int) -> None:
-            try:
-                barrier.wait(timeout=60)
-                csns[i] = txs[i].commit()
-            except BaseException as exc:  # reported below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=commit, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        assert not errors, errors
-        assert all(c is not None for c in csns)
+        txs, csns, clients = simultaneous_commits(cluster, table, n, 1000 * round_no)
+        assert all(isinstance(c, int) for c in csns), csns
         total += n
-        got = setup.read("gc", snapshot=max(csns))
+        got = setup.read(table, snapshot=max(csns))
         assert got.num_rows == total
         assert set(ids(got)) >= {1000 * round_no + i for i in range(n)}
         for tx in txs:
@@ -266,6 +277,42 @@ def test_group_commit_shares_csns(cluster: coordinator.LocalCluster) -> None:
             shared_seen = True
             break
     assert shared_seen, "no two of 32 simultaneous commits ever shared a CSN: no group commit"
+
+
+def test_append_overwrite_among_simultaneous_inserts_is_serial(cluster: coordinator.LocalCluster) -> None:
+    """``append``: an OVERWRITE committed at once with INSERTs replaces what committed before it;
+    INSERTs sharing its multi or later stay. The result is that of a serial order: an INSERT's
+    row is there exactly when its CSN is not below the OVERWRITE's."""
+    setup = cluster.client(2)
+    setup.create_table("ap_race", SCHEMA, conflict_policy="append")
+    commit_insert(setup, "ap_race", rows(3, start=100))
+    txs, outcomes, clients = simultaneous_commits(cluster, "ap_race", 12, 0, overwrite=5)
+    assert all(isinstance(o, int) for o in outcomes), outcomes
+    at = outcomes[5]
+    expected = sorted(i for i, csn in enumerate(outcomes) if csn >= at)
+    assert ids(setup.read("ap_race", snapshot=max(outcomes))) == expected
+    assert ids(setup.read("ap_race", snapshot=at - 1))[-3:] == [100, 101, 102]
+    for cl in clients:
+        cl.close()
+
+
+def test_simultaneous_maxcompute_inserts_one_wins(cluster: coordinator.LocalCluster) -> None:
+    """Under ``maxcompute`` an INSERT fails after another INSERT committed to its target since its
+    snapshot: of 8 INSERTs begun at one snapshot and committed at once (so several reach the
+    committer together), exactly one commits; every other names it and leaves nothing behind."""
+    setup = cluster.client(2)
+    setup.create_table("mc_race", SCHEMA, conflict_policy="maxcompute")
+    txs, outcomes, clients = simultaneous_commits(cluster, "mc_race", 8, 0)
+    won = [(tx, o) for tx, o in zip(txs, outcomes) if isinstance(o, int)]
+    assert len(won) == 1, outcomes
+    winner, csn = won[0]
+    for o in outcomes:
+        if not isinstance(o, int):
+            assert isinstance(o, ConflictError) and o.winner == winner.id, o
+    assert ids(setup.read("mc_race", snapshot=csn)) == [txs.index(winner)]
+    assert ids(setup.read("mc_race")) == [txs.index(winner)]
+    for cl in clients:
+        cl.close()
 
 
 def test_multi_table_commit_is_atomic_at_one_csn(c0: Client, c1: Client) -> None:
