@@ -55,11 +55,17 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 MAX_BATCH = 512
+LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 
 
 class NeedKeys(Exception):
     """A member's rebased effect checks targets whose versions were not read: read them too."""
+
+
+class _LocalMiss(VersionMoved):
+    """A first attempt on locally applied target versions was refused (another replica committed
+    to a target since) or saw the state move while deciding."""
 
 
 @dataclass
@@ -101,6 +107,8 @@ class Committer:
         self._thread = threading.Thread(target=self._run, name="committer", daemon=True)
         self.batches = 0
         self.committed = 0
+        self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
+        self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
 
     def start(self) -> None:
         self._thread.start()
@@ -213,19 +221,26 @@ class Committer:
     def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
         deferred: list[Pending] = []
 
-        def attempt_once() -> None:
+        def attempt_once(local: bool = False) -> None:
             nonlocal deferred
             live = [p for p in batch if not p.done.is_set()]
             deferred = []
             if not live:
                 return
-            deferred = self._attempt(live)
+            deferred = self._attempt(live, local)
 
         try:
+            local = self.batches >= self._local_off_until
             try:
-                attempt_once()  # the common case, without the retry machinery's cost per batch
-            except (VersionMoved, NeedKeys):
-                time.sleep(random.uniform(0, RETRY_WAIT))
+                attempt_once(local)  # the common case, without the retry machinery's cost per batch
+            except (VersionMoved, NeedKeys) as exc:
+                if local and isinstance(exc, _LocalMiss):
+                    # Another replica committed to a target since this one applied it: read the
+                    # versions from ZooKeeper for a while (other replicas are writing too).
+                    self.local_misses += 1
+                    self._local_off_until = self.batches + LOCAL_OFF_BATCHES
+                else:
+                    time.sleep(random.uniform(0, RETRY_WAIT))
                 for attempt in self._retrying():
                     with attempt:
                         attempt_once()
@@ -235,20 +250,30 @@ class Committer:
                     self._fail(p, TransactionAborted(f"commit could not get through contention: {exc}"))
         return [p for p in deferred if not p.done.is_set()]
 
-    def _attempt(self, members: list[Pending]) -> list[Pending]:
-        """Decide every member, commit the accepted ones in one multi; return the deferred."""
+    def _attempt(self, members: list[Pending], local: bool = False) -> list[Pending]:
+        """Decide every member, commit the accepted ones in one multi; return the deferred.
+
+        ``local``: take the checked targets' versions from the state this replica has applied
+        instead of reading them from ZooKeeper (a round trip saved per batch). The multi's
+        version checks still refuse the commit if another replica committed to one of them
+        since (``_LocalMiss``); the state must not change while the batch is decided, which the
+        applied CSN, read before and checked under the state lock after, tells."""
         wanted: set[str] = set()
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
-        try:
-            versions = self.log.read_versions(sorted(wanted)) if wanted else {}
-        except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
-            self.replica._connected.wait(self.replica.config.session_timeout)
-            raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {exc!r}") from exc
-        if versions:
-            self.replica.follower.poke()
-        if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
-            raise VersionMoved("this replica did not catch up with the targets' versions in time")
+        applied_before = self.state.applied
+        if local:
+            versions: dict[str, int | None] = {k: self.state.versions.get(k) for k in wanted}
+        else:
+            try:
+                versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+            except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
+                self.replica._connected.wait(self.replica.config.session_timeout)
+                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {exc!r}") from exc
+            if versions:
+                self.replica.follower.poke()
+            if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
+                raise VersionMoved("this replica did not catch up with the targets' versions in time")
         if self.state.failure is not None:
             raise self.state.failure
 
@@ -263,6 +288,9 @@ class Committer:
                 self._fail(p, exc)
                 continue
             keys = set(plan.checked)
+            if local:
+                for k in keys - versions.keys():
+                    versions[k] = self.state.versions.get(k)
             missing = {k for k in keys if k not in versions}
             if missing:
                 p.key_hints |= missing
@@ -284,11 +312,17 @@ class Committer:
         for k, v in list(expected.items()):
             table, pkey = k.split("/", 1)[0], ("/" in k)
             if pkey and v is None:  # a new partition node: the table-level version moves too
+                if local and table not in versions:
+                    versions[table] = self.state.versions.get(table)
                 expected[table] = versions.get(table)
                 if table not in versions:
                     for p, _ in accepted:
                         p.key_hints.add(table)
                     raise NeedKeys(f"table-level version of {table}")
+        if local and expected:
+            with self.state.lock:  # no entry is half applied while this holds
+                if self.state.applied != applied_before:
+                    raise _LocalMiss("entries were applied while the batch was decided: deciding again")
         now = time.time()
         txns, parsed_txns = [], []
         for p, plan in accepted:
@@ -309,7 +343,12 @@ class Committer:
 
         try:
             with self.replica.follower.local_commit() as hand_over:
-                result = self.log.commit(data, expected)
+                try:
+                    result = self.log.commit(data, expected)
+                except VersionMoved as exc:
+                    if local and expected:
+                        raise _LocalMiss(str(exc)) from exc
+                    raise
                 hand_over(result.epoch, result.seq, data, own)  # WAL + apply, here if it can
         except UNKNOWN_OUTCOME as exc:
             csn = self._resolve_outcome(accepted[0][0].txn.id, exc)

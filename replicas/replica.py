@@ -686,6 +686,8 @@ class Replica:
             "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
             "settings": {name: getattr(self.config, name) for name, *_ in OPTIONS},
+            "committer": {"commits": self.committer.committed, "batches": self.committer.batches,
+                          "local_version_misses": self.committer.local_misses},
         }
 
     def entry_bytes(self, entry: dict) -> bytes:

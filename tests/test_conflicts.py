@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -730,3 +731,76 @@ def test_maxcompute_whole_table_truncate(clients: list[Client], order: str) -> N
         assert info.value.winner == tx_t.id
         assert_left_nothing(clients, table, tx_i)
         assert_contents(clients, table, csn, [])
+
+
+# ---------------------------------------------------------------------------------------------
+# A replica deciding on target versions it applied locally, one step behind another replica
+
+
+@pytest.mark.parametrize("policy,later_wins", [("maxcompute", False), ("append", True)])
+def test_stale_local_versions_never_let_a_conflict_through(zk_address: str, tmp_path, policy: str,
+                                                           later_wins: bool) -> None:
+    """Replica B decides its batch on the target versions it has applied, without a ZooKeeper
+    read; here it has not applied A's INSERT yet (its follower is held back). The multi's version
+    check refuses that first attempt; B reads the versions, waits for A's commit to be applied,
+    and decides again: under ``maxcompute`` its INSERT loses to A's, under ``append`` it commits
+    after it. Either way as if B had seen A's commit from the start."""
+    from coordinator.catalog import TableDef
+    from parts.format import write_part
+    from replicas.replica import Replica, ReplicaConfig
+    from replicas.transactions import Op
+
+    schema = pa.schema([("id", pa.int64())])
+
+    def replica(host: str) -> Replica:
+        r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
+                                  data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
+        r.start()
+        return r
+
+    a, b = replica("ra"), replica("rb")
+    try:
+        b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
+        ta, tb = a.begin(), b.begin()
+        for r, t, v in ((a, ta, 1), (b, tb, 2)):
+            r.stage(t.id, Op("insert", "stale", added=[write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id)]))
+        gate = threading.Event()
+        pull = b.follower._pull
+        b.follower._pull = lambda: gate.wait(60) and pull()  # B applies nothing until the gate opens
+        csn_a = a.commit(ta.id)
+        outcome: list[object] = []
+        committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.commit(tb.id))))
+        committing.start()
+        assert _eventually(lambda: b.committer.local_misses == 1), "B's first attempt was not refused"
+        assert b.info()["committer"]["local_version_misses"] == 1
+        gate.set()
+        committing.join(60)
+        if later_wins:
+            assert isinstance(outcome[0], int) and outcome[0] > csn_a, outcome
+        else:
+            assert isinstance(outcome[0], ConflictError) and outcome[0].winner == ta.id, outcome
+        final = max(csn_a, outcome[0] if isinstance(outcome[0], int) else 0)
+        for r in (a, b):
+            r.state.wait_applied(final, 30)
+            got = sorted(m.name for m in r.state.visible("stale", final))
+            assert len(got) == (2 if later_wins else 1)
+    finally:
+        for r in (b, a):
+            r.stop()
+
+
+def _outcome_of(fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except Exception as exc:  # the test asserts on it
+        return exc
+
+
+def _eventually(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Poll a condition another thread makes true (bounded)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        threading.Event().wait(0.01)
+    return True
