@@ -359,9 +359,14 @@ class Replica:
 
             validate_name("table", name)
             if self.state.table(name) is None and self.zk.exists(self.log.path("tables", name)):
-                # Created through another replica and not applied here yet: catch up before
-                # answering, so that a table that exists is never reported unknown.
-                self.follower.pull()
+                # Created through another replica and not applied here yet: wait for the follower
+                # to apply it, so that a table that exists is never reported unknown. (Not a
+                # pull() of our own: that runs for as long as commits keep coming.)
+                self.follower.poke()
+                with self.state.lock:
+                    self.state.applied_cond.wait_for(
+                        lambda: self.state.table(name) is not None or self.state.failure is not None,
+                        self.config.read_wait_seconds)
                 t = self.state.table(name, snapshot)
             if t is None:
                 created = self.state.table(name)

@@ -804,3 +804,33 @@ def _eventually(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
             return False
         threading.Event().wait(0.01)
     return True
+
+
+def test_a_table_created_elsewhere_is_waited_for_not_reported_unknown(zk_address: str, tmp_path) -> None:
+    """Replica B is asked about a table that A created and B has not applied yet (its follower
+    held back): B waits for its follower to apply the creation and answers with the table."""
+    from coordinator.catalog import TableDef
+    from replicas.replica import Replica, ReplicaConfig
+
+    def replica(host: str) -> Replica:
+        r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
+                                  data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
+        r.start()
+        return r
+
+    a, b = replica("ta"), replica("tb")
+    try:
+        gate = threading.Event()
+        pull = b.follower._pull
+        b.follower._pull = lambda: gate.wait(60) and pull()
+        a.create_table(TableDef.new("elsewhere", pa.schema([("id", pa.int64())])))
+        assert b.state.table("elsewhere") is None
+        answer: list[object] = []
+        asking = threading.Thread(target=lambda: answer.append(_outcome_of(lambda: b.table("elsewhere"))))
+        asking.start()
+        gate.set()
+        asking.join(60)
+        assert isinstance(answer[0], TableDef) and answer[0].name == "elsewhere", answer
+    finally:
+        for r in (b, a):
+            r.stop()
