@@ -734,11 +734,38 @@ def test_maxcompute_whole_table_truncate(clients: list[Client], order: str) -> N
 
 
 # ---------------------------------------------------------------------------------------------
-# A replica deciding on target versions it applied locally, one step behind another replica
+# A replica one step behind another (two replicas in this process, one follower held back)
+
+
+@pytest.fixture
+def two_replicas(zk_address: str, tmp_path) -> Iterator[tuple]:
+    """Replicas A and B in this process on one ZooKeeper root and storage, without background
+    merges or cleanup."""
+    from replicas.replica import Replica, ReplicaConfig
+
+    started = []
+    try:
+        for host in ("ra", "rb"):
+            r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
+                                      data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
+            r.start()
+            started.append(r)
+        yield tuple(started)
+    finally:
+        for r in reversed(started):
+            r.stop()
+
+
+def hold_follower(replica) -> threading.Event:
+    """Until the returned event is set, the replica's follower applies nothing."""
+    gate = threading.Event()
+    pull = replica.follower._pull
+    replica.follower._pull = lambda: gate.wait(60) and pull()
+    return gate
 
 
 @pytest.mark.parametrize("policy,later_wins", [("maxcompute", False), ("append", True)])
-def test_stale_local_versions_never_let_a_conflict_through(zk_address: str, tmp_path, policy: str,
+def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, policy: str,
                                                            later_wins: bool) -> None:
     """Replica B decides its batch on the target versions it has applied, without a ZooKeeper
     read; here it has not applied A's INSERT yet (its follower is held back). The multi's version
@@ -747,46 +774,49 @@ def test_stale_local_versions_never_let_a_conflict_through(zk_address: str, tmp_
     after it. Either way as if B had seen A's commit from the start."""
     from coordinator.catalog import TableDef
     from parts.format import write_part
-    from replicas.replica import Replica, ReplicaConfig
     from replicas.transactions import Op
 
     schema = pa.schema([("id", pa.int64())])
+    a, b = two_replicas
+    b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
+    ta, tb = a.begin(), b.begin()
+    for r, t, v in ((a, ta, 1), (b, tb, 2)):
+        r.stage(t.id, Op("insert", "stale", added=[write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id)]))
+    gate = hold_follower(b)
+    csn_a = a.commit(ta.id)
+    outcome: list[object] = []
+    committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.commit(tb.id))))
+    committing.start()
+    assert _eventually(lambda: b.committer.local_misses == 1), "B's first attempt was not refused"
+    assert b.info()["committer"]["local_version_misses"] == 1
+    gate.set()
+    committing.join(60)
+    if later_wins:
+        assert isinstance(outcome[0], int) and outcome[0] > csn_a, outcome
+    else:
+        assert isinstance(outcome[0], ConflictError) and outcome[0].winner == ta.id, outcome
+    final = max(csn_a, outcome[0] if isinstance(outcome[0], int) else 0)
+    for r in (a, b):
+        r.state.wait_applied(final, 30)
+        got = sorted(m.name for m in r.state.visible("stale", final))
+        assert len(got) == (2 if later_wins else 1)
 
-    def replica(host: str) -> Replica:
-        r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
-                                  data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
-        r.start()
-        return r
 
-    a, b = replica("ra"), replica("rb")
-    try:
-        b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
-        ta, tb = a.begin(), b.begin()
-        for r, t, v in ((a, ta, 1), (b, tb, 2)):
-            r.stage(t.id, Op("insert", "stale", added=[write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id)]))
-        gate = threading.Event()
-        pull = b.follower._pull
-        b.follower._pull = lambda: gate.wait(60) and pull()  # B applies nothing until the gate opens
-        csn_a = a.commit(ta.id)
-        outcome: list[object] = []
-        committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.commit(tb.id))))
-        committing.start()
-        assert _eventually(lambda: b.committer.local_misses == 1), "B's first attempt was not refused"
-        assert b.info()["committer"]["local_version_misses"] == 1
-        gate.set()
-        committing.join(60)
-        if later_wins:
-            assert isinstance(outcome[0], int) and outcome[0] > csn_a, outcome
-        else:
-            assert isinstance(outcome[0], ConflictError) and outcome[0].winner == ta.id, outcome
-        final = max(csn_a, outcome[0] if isinstance(outcome[0], int) else 0)
-        for r in (a, b):
-            r.state.wait_applied(final, 30)
-            got = sorted(m.name for m in r.state.visible("stale", final))
-            assert len(got) == (2 if later_wins else 1)
-    finally:
-        for r in (b, a):
-            r.stop()
+def test_a_table_created_elsewhere_is_waited_for_not_reported_unknown(two_replicas: tuple) -> None:
+    """Replica B is asked about a table that A created and B has not applied yet (its follower
+    held back): B waits for its follower to apply the creation and answers with the table."""
+    from coordinator.catalog import TableDef
+
+    a, b = two_replicas
+    gate = hold_follower(b)
+    a.create_table(TableDef.new("elsewhere", pa.schema([("id", pa.int64())])))
+    assert b.state.table("elsewhere") is None
+    answer: list[object] = []
+    asking = threading.Thread(target=lambda: answer.append(_outcome_of(lambda: b.table("elsewhere"))))
+    asking.start()
+    gate.set()
+    asking.join(60)
+    assert isinstance(answer[0], TableDef) and answer[0].name == "elsewhere", answer
 
 
 def _outcome_of(fn: Callable[[], object]) -> object:
@@ -804,33 +834,3 @@ def _eventually(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
             return False
         threading.Event().wait(0.01)
     return True
-
-
-def test_a_table_created_elsewhere_is_waited_for_not_reported_unknown(zk_address: str, tmp_path) -> None:
-    """Replica B is asked about a table that A created and B has not applied yet (its follower
-    held back): B waits for its follower to apply the creation and answers with the table."""
-    from coordinator.catalog import TableDef
-    from replicas.replica import Replica, ReplicaConfig
-
-    def replica(host: str) -> Replica:
-        r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
-                                  data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
-        r.start()
-        return r
-
-    a, b = replica("ta"), replica("tb")
-    try:
-        gate = threading.Event()
-        pull = b.follower._pull
-        b.follower._pull = lambda: gate.wait(60) and pull()
-        a.create_table(TableDef.new("elsewhere", pa.schema([("id", pa.int64())])))
-        assert b.state.table("elsewhere") is None
-        answer: list[object] = []
-        asking = threading.Thread(target=lambda: answer.append(_outcome_of(lambda: b.table("elsewhere"))))
-        asking.start()
-        gate.set()
-        asking.join(60)
-        assert isinstance(answer[0], TableDef) and answer[0].name == "elsewhere", answer
-    finally:
-        for r in (b, a):
-            r.stop()
