@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +40,7 @@ from parts.ops import (
 from parts.storage import Storage
 
 CALL_TIMEOUT = 600.0
+T = TypeVar("T")
 OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
 
 
@@ -102,18 +103,21 @@ class Client:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
             pass
-        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
-                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
-            with attempt:
-                try:
-                    found = TableDef.from_dict(self.call("table", name=tdef.name))
-                except errors.TableNotFound:
-                    try:  # never created (or still on its way): ask again; a twin is refused
-                        return self.call("create_table", **args)["csn"]
-                    except InvalidInput as exc:
-                        if "already exists" not in exc.message:
-                            raise
-                        raise _StillCommitting(tdef.name) from None  # look it up again
+
+        def look_up() -> TableDef | int:
+            try:
+                return TableDef.from_dict(self.call("table", name=tdef.name))
+            except errors.TableNotFound:
+                try:  # never created (or still on its way): ask again; a twin is refused
+                    return self.call("create_table", **args)["csn"]
+                except InvalidInput as exc:
+                    if "already exists" not in exc.message:
+                        raise
+                    raise _StillCommitting(f"the creation of table {tdef.name!r}") from None  # look again
+
+        found = _until_decided(look_up)
+        if isinstance(found, int):
+            return found
         if found.to_dict() | {"created_csn": 0} != tdef.to_dict():
             raise InvalidInput(f"table {tdef.name!r} already exists with another definition", table=tdef.name)
         self._tables[tdef.name] = found
@@ -579,20 +583,29 @@ def _as_table(data: Any, table: str) -> pa.Table:
     return data
 
 
-def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
-    """Ask until the replica answers and the commit is no longer in progress."""
+def _until_decided(step: Callable[[], T]) -> T:
+    """``step`` until the replica answers and raises no ``_StillCommitting`` (bounded)."""
     try:
         for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
                                 retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
             with attempt:
-                status = lookup()
-                if status.status == "committing":
-                    raise _StillCommitting(status.tid)
+                return step()
     except _StillCommitting as exc:
-        raise ReplicaUnavailable(f"the commit of {exc.args[0] or 'the parts'} was still in progress after "
-                                 f"{OUTCOME_WAIT:g}s (ZooKeeper away?); commit_status tells its outcome once "
-                                 "the replica decides it") from None
-    return status
+        raise ReplicaUnavailable(f"{exc.args[0]} was still in progress after {OUTCOME_WAIT:g}s (ZooKeeper "
+                                 "away?); commit_status tells its outcome once the replica decides it") from None
+    raise AssertionError("unreachable")
+
+
+def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
+    """Ask until the replica answers and the commit is no longer in progress."""
+
+    def decided() -> CommitStatus:
+        status = lookup()
+        if status.status == "committing":
+            raise _StillCommitting(f"the commit of {status.tid or 'the parts'}")
+        return status
+
+    return _until_decided(decided)
 
 
 def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
