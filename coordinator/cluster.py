@@ -115,6 +115,19 @@ class LocalCluster:
             self._wait_ready(i)
         return self.replica_addresses[i]
 
+    def pause_replica(self, i: int) -> None:
+        """SIGSTOP replica ``i``: a long GC pause or a frozen VM, for fault tests."""
+        proc = self._procs[i]
+        if proc is None or proc.poll() is not None:
+            raise InvalidInput(f"replica {i} is not running")
+        proc.send_signal(signal.SIGSTOP)
+
+    def resume_replica(self, i: int) -> None:
+        """SIGCONT replica ``i`` after :meth:`pause_replica`."""
+        proc = self._procs[i]
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+
     def _wait_ready(self, i: int, timeout: float = 90.0) -> None:
         ready = self._replica_dir(i) / "address"
 
@@ -145,6 +158,7 @@ class LocalCluster:
     def stop_replica(self, i: int, timeout: float = 15.0) -> None:
         proc = self._procs[i]
         if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused replica handles SIGTERM only once resumed
             proc.terminate()
             try:
                 proc.wait(timeout)

@@ -12,6 +12,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                rules need to see the commits on that partition
     replicas/<host>            per-replica node; its data version is the replica's incarnation
     replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
+    fence                      the orphan fence (coordinator/fence.py): files cleanup condemned
+                               and has not confirmed deleted; every commit multi checks its version
     checkpoint                 the log tail (coordinator/checkpoint.py): {"csn": C, "path": P,
                                "trimmed_epoch": E, "retained": M}: the state up to CSN C is in
                                the checkpoint file P in storage; epochs <= E may be gone (whole
@@ -19,7 +21,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                no longer served
     locks/trim                 kazoo Lock: the one replica that writes checkpoints and trims
 
-The commit point is one multi: ``set_data(target, version=v)`` (or ``create``) for each target
+The commit point is one multi: ``check(fence, version=f)`` (see coordinator/fence.py),
+``set_data(target, version=v)`` (or ``create``) for each target
 the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
 sealed epoch, and ``create(log/e-<epoch>/c-, sequence=True)`` carrying the entry. Either all of it
 happens or none. A version miss means another commit touched a checked target after we read its
@@ -46,6 +49,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 
 from coordinator import jsonwire
 from coordinator.errors import CorruptMetadata
+from coordinator.fence import FenceMoved
 from coordinator.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
 
 log = logging.getLogger(__name__)
@@ -215,15 +219,19 @@ class CsnLog:
         return out
 
     # -- the commit point ----------------------------------------------------------------------
-    def commit(self, entry: bytes, expected: dict[str, int | None]) -> CommitResult:
-        """One multi: bump every target at its expected version and append the entry.
+    def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None) -> CommitResult:
+        """One multi: check the orphan fence at version ``fence`` (coordinator/fence.py), bump
+        every target at its expected version and append the entry.
 
-        Raises VersionMoved when a target or the epoch moved (retry after re-deciding);
-        kazoo's ConnectionLoss/SessionExpired propagate: the outcome is then unknown and the
-        caller must look for its entry in the log before answering anybody.
+        Raises FenceMoved when the fence moved (re-verify the files, retry), VersionMoved when a
+        target or the epoch moved (retry after re-deciding); kazoo's ConnectionLoss/SessionExpired
+        propagate: the outcome is then unknown and the caller must look for its entry in the log
+        before answering anybody.
         """
         epoch = self.current_epoch()
         t = self.zk.transaction()
+        if fence is not None:
+            t.check(self.path("fence"), fence)
         for key, version in sorted(expected.items()):
             path = self.target_path(key)
             if version is None:
@@ -238,6 +246,8 @@ class CsnLog:
             real = [r for r in failures if isinstance(r, (BadVersionError, NodeExistsError, NoNodeError))]
             if not real:
                 raise failures[0]
+            if fence is not None and isinstance(results[0], (BadVersionError, NoNodeError)):
+                raise FenceMoved(f"the orphan fence moved past version {fence}")
             # The epoch check is the op just before the create; a miss there means sealed.
             if isinstance(results[-2], (BadVersionError, NoNodeError)):
                 self.current_epoch(refresh=True)

@@ -314,6 +314,19 @@ class Storage:
         except Exception as exc:
             raise self._fail("exists", relpath, exc) from None
 
+    def missing(self, relpaths: list[str]) -> list[str]:
+        """The paths among ``relpaths`` that name no file: a stat each, remote ones concurrently
+        (a commit verifies its staged files with it, see coordinator/fence.py)."""
+        if self._fs is None:
+            return [p for p in relpaths if not os.path.isfile(self._local(p))]
+        if len(relpaths) <= 1:
+            return [p for p in relpaths if not self.exists(p)]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(16, len(relpaths))) as pool:
+            found = list(pool.map(self.exists, relpaths))
+        return [p for p, ok in zip(relpaths, found) if not ok]
+
     def list(self, prefix: str = "") -> list[str]:
         """Relative paths of all files whose path starts with ``prefix``, recursively, sorted."""
         _validate_relpath(prefix, allow_empty=True)

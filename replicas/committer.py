@@ -44,10 +44,12 @@ from tenacity import (
 from coordinator.catalog import TableDef
 from coordinator.conflicts import DATA_CHANGING, Kind, Policy, Summary, check
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
+from coordinator.fence import FenceMoved
 from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
-from parts.format import PartMeta
+from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
+from replicas import failpoints
 from replicas.follower import OwnEntry
 from replicas.transactions import Effect, Op, RunningTxn
 
@@ -77,6 +79,7 @@ class Pending:
     error: Exception | None = None
     key_hints: set[str] = field(default_factory=set)
     extra_files: list[PartMeta] = field(default_factory=list)
+    files_verified_at: int | None = None  # the fence version after which its staged files were seen
 
     callback: Callable[[int | None, Exception | None], None] | None = None
 
@@ -262,6 +265,7 @@ class Committer:
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
         applied_before = self.state.applied
+        fence, condemned = self.replica.fence.current()  # read before the files are verified
         if local:
             versions: dict[str, int | None] = {k: self.state.versions.get(k) for k in wanted}
         else:
@@ -284,6 +288,7 @@ class Committer:
         for p in members:
             try:
                 plan = self._plan(p)
+                self._verify_files(p, plan, fence, condemned)
             except MergetxnError as exc:
                 self._fail(p, exc)
                 continue
@@ -341,10 +346,14 @@ class Committer:
             self.replica.storage.put(path, data)
             data = encode_entry({"v": 1, "manifest": path})
 
+        failpoints.hit("before_commit_multi")
         try:
             with self.replica.follower.local_commit() as hand_over:
                 try:
-                    result = self.log.commit(data, expected)
+                    result = self.log.commit(data, expected, fence)
+                except FenceMoved as exc:
+                    self.replica.fence.refresh()  # then every staged file is verified again
+                    raise VersionMoved(str(exc)) from exc
                 except VersionMoved as exc:
                     if local and expected:
                         raise _LocalMiss(str(exc)) from exc
@@ -366,6 +375,29 @@ class Committer:
                     self.replica._delete_file(meta.path)
             p.resolve(csn)
         return deferred
+
+    def _verify_files(self, p: Pending, plan: Plan, fence: int, condemned: frozenset[str]) -> None:
+        """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
+        that stalled between staging and committing). Checked against fence version ``fence``,
+        which the multi checks too: see coordinator/fence.py for why that closes the race."""
+        staged = [m for op in p.txn.ops for m in op.added if m.name in plan.effect.added]
+        if not staged:
+            return
+        for m in staged:
+            if m.path in condemned or sidecar_path(m.path) in condemned:
+                raise TransactionAborted(
+                    f"transaction {p.txn.id} cannot commit: cleanup took its part {m.name} ({m.path}) for an "
+                    "orphan (the transaction looked abandoned: its replica stalled longer than the grace "
+                    "period); nothing of it was committed", id=p.txn.id, part=m.name)
+        if p.files_verified_at == fence:
+            return
+        gone = self.replica.storage.missing([m.path for m in staged])
+        if gone:
+            raise TransactionAborted(
+                f"transaction {p.txn.id} cannot commit: its part file {gone[0]} is gone from storage "
+                "(collected by cleanup as an orphan, or deleted by hand); nothing of it was committed",
+                id=p.txn.id, path=gone[0])
+        p.files_verified_at = fence
 
     def _resolve_outcome(self, tid: str, exc: Exception) -> int | None:
         """After a lost connection: did our multi commit? Answer only once we know."""

@@ -23,7 +23,9 @@ grace period (``gc_grace_seconds``, never below :data:`MIN_GRACE`) unless the tr
 the part's name is still running on an alive replica (replicas publish the ids of their running
 transactions older than :data:`RUNNING_MIN_AGE`). Before deciding, the pass reads the alive nodes
 and then catches up with the log, so a transaction that committed after the publication is seen as
-committed. Only files under table directories whose names have the shape of part files are ever
+committed. All of that only spares the transactions that look alive; what makes deleting safe is
+the orphan fence (coordinator/fence.py): part files are announced there before they are deleted,
+and no commit can name an announced or deleted file, however long its replica stalled. Only files under table directories whose names have the shape of part files are ever
 considered, so manifests and checkpoints are never touched.
 
 **Merges.** A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; when a
@@ -54,6 +56,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import COMPACTIONS, Kind
+from coordinator.fence import MAX_PENDING
 from coordinator.errors import (
     ConflictError,
     CorruptMetadata,
@@ -480,6 +483,7 @@ class Maintenance:
         storage = self.replica.storage
         young = 0
         now = time.time()
+        condemned: list[tuple[str, dict, str]] = []  # (path, report entry, why): deleted behind the fence
         for table in sorted(self.state.tables):
 
             def unreferenced(path: str, table: str = table) -> bool:
@@ -517,20 +521,57 @@ class Maintenance:
                     kept.append({**entry, "reason": f"{why}, but younger than the grace period "
                                                     f"({_age(age)} < {_age(grace)})"})
                     continue
-                # The lookups above ran without the lock and may have seen an entry half applied
-                # (its tid in tid_csn, its parts not yet): look again once it is whole. After that
-                # no commit names the file: its tid committed already or runs nowhere, and a name
-                # without a running tid is refused this old (commit_parts: half the grace period).
-                with self.state.lock:
-                    if not temp and self._referenced(table, stem, path):
-                        continue
-                try:
+                why = f"orphan: {why} (age {_age(age)} >= grace {_age(grace)})"
+                if not temp:
+                    condemned.append((path, entry, why))
+                    continue
+                try:  # a temporary file is never named by a commit
                     storage.delete(path)
                 except Exception as exc:
                     kept.append({**entry, "reason": f"delete failed: {exc!r}"})
                     continue
-                removed.append({**entry, "reason": f"orphan: {why} (age {_age(age)} >= grace {_age(grace)})"})
+                removed.append({**entry, "reason": why})
+        self._delete_behind_fence(condemned, removed, kept)
         return young
+
+    def _delete_behind_fence(self, condemned: list[tuple[str, dict, str]], removed: list[dict],
+                             kept: list[dict]) -> None:
+        """Delete part files decided orphans, and those an earlier pass condemned and did not
+        finish, so that no commit can name them (coordinator/fence.py): announce them on the
+        fence, catch up with the log, keep what a commit applied meanwhile names, delete the
+        rest, confirm."""
+        fence = self.replica.fence
+        _, pending = fence.current()
+        if not condemned and not pending:
+            return
+        announced, pending = fence.announce(path for path, _, _ in condemned)
+        now_set = set(announced)
+        for path, entry, _ in condemned:
+            if path not in now_set and path not in pending:
+                kept.append({**entry, "reason": f"orphan, left for the next pass (at most {MAX_PENDING} "
+                                                "files are condemned at a time)"})
+        # Every commit applied before the announcement is in the log now; any later one that
+        # names these files is refused by the fence.
+        self._catch_up()
+        ours = {path: (entry, why) for path, entry, why in condemned if path in pending}
+        earlier = sorted(pending - ours.keys())
+        settled: list[str] = []
+        for path in list(ours) + earlier:
+            entry, why = ours.get(path) or ({"path": path, "part": None, "table": path.split("/", 1)[0]},
+                                            "orphan condemned by an earlier cleanup pass that did not finish")
+            found = _part_file(path)
+            with self.state.lock:
+                if found is not None and self._referenced(entry["table"], found[0], path):
+                    settled.append(path)  # committed before the announcement: not an orphan
+                    continue
+            try:
+                self.replica.storage.delete(path)
+            except Exception as exc:
+                kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                continue
+            settled.append(path)
+            removed.append({**entry, "part": entry["part"] or (found[0] if found else None), "reason": why})
+        fence.confirm(settled)
 
     def _referenced(self, table: str, stem: str, path: str) -> bool:
         """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the

@@ -33,6 +33,7 @@ from coordinator.errors import (
     TableNotFound,
     TransactionAborted,
 )
+from coordinator.fence import OrphanFence
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
 from coordinator.zklog import CsnLog, PollHandler, encode_entry
 from parts.format import PartMeta
@@ -106,6 +107,7 @@ class Replica:
             handler=PollHandler(),
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
+        self.fence = OrphanFence(self.zk, self.log.path("fence"), config.host_id)
         self.wal: Wal | None = None
         self.follower: Follower | None = None
         self.committer = None
@@ -150,6 +152,7 @@ class Replica:
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
         self.log.ensure_layout()
+        self.fence.start()
         self._register()
         self.tail = checkpoint.LogTail(self)
         self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)

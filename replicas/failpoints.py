@@ -1,0 +1,28 @@
+"""Failpoints: named places in the replica where a fault test can hold a thread.
+
+A test that must stop a replica at an exact point (between deciding a commit and its multi, say)
+cannot get there with signals alone. Failpoints are off unless the replica process runs with
+``MERGETXN_FAILPOINTS`` naming a directory; then a test arms point ``name`` by creating the file
+``<dir>/<name>``, and the first thread that reaches it creates ``<dir>/<name>.reached`` and waits
+until the test removes ``<dir>/<name>``. Disabled, :func:`hit` costs one global lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_DIR = os.environ.get("MERGETXN_FAILPOINTS") or None
+
+
+def hit(name: str) -> None:
+    """Hold here while failpoint ``name`` is armed (see the module docstring)."""
+    if _DIR is None:
+        return
+    armed = os.path.join(_DIR, name)
+    if not os.path.exists(armed):
+        return
+    with open(armed + ".reached", "w"):
+        pass
+    while os.path.exists(armed):  # the test decides when to go on: poll its signal
+        time.sleep(0.01)
