@@ -56,7 +56,6 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import COMPACTIONS, Kind
-from coordinator.fence import MAX_PENDING
 from coordinator.errors import (
     ConflictError,
     CorruptMetadata,
@@ -65,6 +64,7 @@ from coordinator.errors import (
     ReplicaUnavailable,
     SnapshotUnavailable,
 )
+from coordinator.fence import MAX_PENDING
 from coordinator.versions import COUNTER_STRIDE, Tid
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
