@@ -55,6 +55,7 @@ import pyarrow as pa  # noqa: E402
 
 from coordinator import checkpoint  # noqa: E402
 from coordinator.catalog import TableDef  # noqa: E402
+from coordinator.model import LogEntry, WalEntry  # noqa: E402
 from coordinator.visibility import is_visible  # noqa: E402
 from parts.format import PartMeta  # noqa: E402
 from parts.ops import partition_key  # noqa: E402
@@ -108,7 +109,7 @@ class History:
 
 def apply_all(state: ReplicaState, entries: Iterable[tuple[int, dict]]) -> None:
     for csn, entry in entries:
-        state.apply(csn, 0, csn - 1, entry)
+        state.apply(csn, 0, csn - 1, LogEntry.from_dict(entry, f"CSN {csn}"))
 
 
 # -- the lookup as it was before (for comparison), verbatim on the same state --------------------
@@ -181,7 +182,7 @@ def lookup_cases(st: ReplicaState) -> dict[str, Callable[[], list]]:
 
 def bench_lookup(sizes: list[int], merges: bool) -> list[dict]:
     st = ReplicaState()
-    st.apply(1, 0, 0, ddl_entry())
+    st.apply(1, 0, 0, LogEntry.from_dict(ddl_entry(), "ddl"))
     hist = History(merges)
     out = []
     for n in sizes:
@@ -206,7 +207,7 @@ def bench_lookup(sizes: list[int], merges: bool) -> list[dict]:
 
 def bench_checkpoint(n: int) -> dict:
     st = ReplicaState()
-    st.apply(1, 0, 0, ddl_entry())
+    st.apply(1, 0, 0, LogEntry.from_dict(ddl_entry(), "ddl"))
     hist = History(False)
     apply_all(st, ((hist.i + 2, hist.next()) for _ in range(n)))
     t0 = time.perf_counter()
@@ -231,17 +232,16 @@ def write_log(zk, csn_log, wal, entries: list[tuple[int, dict]]) -> None:
     """The same entries into ZooKeeper (sequential creates, pipelined) and the WAL (the follower's
     record format: what a replica that applied them would have written)."""
     from coordinator.versions import split_csn
-    from coordinator.zklog import encode_entry
 
     pending = []
     for csn, entry in entries:
         epoch, seq = split_csn(csn)
-        pending.append((seq, zk.create_async(f"{csn_log.epoch_path(epoch)}/c-", encode_entry(entry), sequence=True)))
+        pending.append((seq, zk.create_async(f"{csn_log.epoch_path(epoch)}/c-", LogEntry.from_dict(entry, "bench").encode(), sequence=True)))
     for seq, a in pending:
         assert a.get().endswith(f"c-{seq:010d}"), "log sequence numbers out of step"
     for i in range(0, len(entries), 2000):
         chunk = entries[i:i + 2000]
-        wal.append([{"csn": c, "epoch": 0, "seq": c - 1, "entry": e} for c, e in chunk], sync=False)
+        wal.append([WalEntry(c, 0, c - 1, raw=e) for c, e in chunk], sync=False)
     wal.append([], sync=True)
 
 

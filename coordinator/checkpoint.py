@@ -47,6 +47,7 @@ import pyarrow as pa
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
+from coordinator.model import AliveRecord, WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.versions import csn_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,18 +141,6 @@ def read_local(path: Path) -> dict | None:
     except CorruptMetadata as exc:
         log.error("%s; ignoring it", exc)
         return None
-
-
-def parse_alive(data: bytes) -> tuple[int, int | None]:
-    """``(applied, oldest running snapshot or None)`` from a ``replicas/<host>/alive`` node.
-    A node without ``applied`` (a replica that has not published it yet) counts as 0."""
-    try:
-        d = json.loads(data or b"{}")
-    except ValueError:
-        return 0, None
-    applied = d.get("applied")
-    ms = d.get("min_snapshot")
-    return (int(applied) if isinstance(applied, int) else 0), (int(ms) if isinstance(ms, int) else None)
 
 
 def raise_retained(csn_log: Any, csn: int) -> None:
@@ -364,8 +353,11 @@ class LogTail:
                 data, _ = self.zk.retry(self.zk.get, f"{root}/{host}/alive")
             except NoNodeError:
                 continue  # not alive: it rebuilds from the checkpoint when it comes back
-            applied, oldest = parse_alive(data)
-            floor = min(floor, applied if oldest is None else min(applied, oldest))
+            rec = AliveRecord.decode(data)
+            if rec.malformed:
+                return 0  # cannot tell what it needs: trim nothing
+            oldest = rec.oldest_txn_snapshot
+            floor = min(floor, rec.applied if oldest is None else min(rec.applied, oldest))
         return floor
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -422,11 +414,11 @@ class LogTail:
             write_local(self.local_path, encode(payload))
             running = self.replica.txns
 
-            def keep(rec: dict) -> bool:
-                if "entry" in rec:
-                    return int(rec["csn"]) > csn
-                return "staged" in rec and rec["staged"] in running
+            def keep(rec: WalRecord) -> bool:
+                if isinstance(rec, WalEntry):
+                    return rec.csn > csn
+                return isinstance(rec, WalStaged) and rec.tid in running
 
-            self.replica.wal.compact(keep, head=[{"base": csn}])
+            self.replica.wal.compact(keep, head=[WalBase(csn)])
             self._local_at = count
             return csn

@@ -47,7 +47,6 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 
-from coordinator import jsonwire
 from coordinator.errors import CorruptMetadata
 from coordinator.fence import FenceMoved
 from coordinator.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
@@ -55,7 +54,6 @@ from coordinator.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_
 log = logging.getLogger(__name__)
 
 MAX_INLINE_ENTRY = 900_000  # znodes are limited to about 1 MB
-ENTRY_FORMAT = 1
 
 
 class VersionMoved(Exception):
@@ -277,24 +275,6 @@ class CsnLog:
     def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
         """Set a one-shot watch for the creation of the next entry; True if it already exists."""
         return self.zk.exists(self.entry_path(epoch, seq), watch=callback) is not None
-
-
-def encode_entry(entry: dict) -> bytes:
-    return jsonwire.dumps(entry, sort_keys=True)
-
-
-def decode_entry(data: bytes, where: str) -> dict:
-    """Parse a log entry; anything malformed is CorruptMetadata naming the znode."""
-    try:
-        entry = jsonwire.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
-    if not isinstance(entry, dict) or entry.get("v") != ENTRY_FORMAT:
-        raise CorruptMetadata(f"log entry {where} has no supported format version (want v={ENTRY_FORMAT})")
-    if "manifest" not in entry:
-        if not isinstance(entry.get("txns", []), list) or not isinstance(entry.get("versions", {}), dict):
-            raise CorruptMetadata(f"log entry {where} has malformed 'txns' or 'versions'")
-    return entry
 
 
 class PollHandler(SequentialThreadingHandler):

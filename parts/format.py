@@ -16,7 +16,6 @@ import re
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -25,134 +24,10 @@ import pyarrow.parquet as pq
 
 from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
 from parts import ops
+from parts.meta import PartMeta, sidecar_path  # noqa: F401 - importers of the part format get both
 from parts.storage import Storage
 
 COMPRESSION = "zstd"
-_CHECKSUM_RE = re.compile(r"^crc32:[0-9a-f]{8}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
-_SCALARS = (type(None), bool, int, float, str)
-
-
-@dataclass(frozen=True)
-class PartMeta:
-    """What a commit records about a part: enough to find, verify and prune it unopened."""
-
-    name: str
-    table: str
-    partition: tuple
-    path: str
-    rows: int
-    size: int
-    checksum: str
-    stats: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    creation_tid: str = ""
-    created_at: float = 0.0
-
-    @property
-    def partition_key(self) -> str:
-        """Canonical partition string (see :func:`parts.ops.partition_key`)."""
-        return ops.partition_key(self.partition)
-
-    @property
-    def meta_path(self) -> str:
-        """Path of the JSON sidecar."""
-        return sidecar_path(self.path)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form (tuples become lists)."""
-        return {
-            "name": self.name,
-            "table": self.table,
-            "partition": list(self.partition),
-            "path": self.path,
-            "rows": self.rows,
-            "size": self.size,
-            "checksum": self.checksum,
-            "stats": {k: (None if v is None else list(v)) for k, v in self.stats.items()},
-            "creation_tid": self.creation_tid,
-            "created_at": self.created_at,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Any) -> PartMeta:
-        """Validate and rebuild; CorruptMetadata names the first field that is wrong."""
-        if not isinstance(d, dict):
-            raise CorruptMetadata(f"part metadata must be a JSON object, got {type(d).__name__}")
-        where = f"part metadata {d.get('path') or d.get('name')!r}"
-
-        def need(key: str, types: tuple[type, ...], what: str) -> Any:
-            if key not in d:
-                raise CorruptMetadata(f"{where}: missing key {key!r}")
-            value = d[key]
-            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise CorruptMetadata(f"{where}: {key!r} must be {what}, got {value!r}")
-            return value
-
-        name = need("name", (str,), "a part name")
-        if not _NAME_RE.match(name):
-            raise CorruptMetadata(f"{where}: 'name' {name!r} is not a valid part name")
-        table = need("table", (str,), "a table name")
-        try:
-            ops.validate_name("table", table)
-        except InvalidInput as exc:
-            raise CorruptMetadata(f"{where}: {exc.message}") from None
-        partition = need("partition", (list, tuple), "a list of scalars")
-        if not all(isinstance(v, _SCALARS) for v in partition):
-            raise CorruptMetadata(
-                f"{where}: 'partition' must hold only JSON scalars, got {partition!r}"
-            )
-        path = need("path", (str,), "a relative path")
-        if path.startswith("/") or ".." in path.split("/") or not path.endswith(".parquet"):
-            raise CorruptMetadata(f"{where}: 'path' {path!r} is not a relative .parquet path")
-        rows = need("rows", (int,), "a non-negative integer")
-        size = need("size", (int,), "a non-negative integer")
-        if rows < 0 or size < 0:
-            raise CorruptMetadata(
-                f"{where}: 'rows' and 'size' must be non-negative, got {rows}, {size}"
-            )
-        checksum = need("checksum", (str,), "a checksum string")
-        if not _CHECKSUM_RE.match(checksum):
-            raise CorruptMetadata(f"{where}: 'checksum' {checksum!r} is not 'crc32:<8 hex digits>'")
-        raw_stats = need("stats", (dict,), "an object of column -> [min, max]")
-        stats: dict[str, tuple[Any, Any]] = {}
-        for col, rng in raw_stats.items():
-            if rng is None:
-                stats[col] = (None, None)
-                continue
-            if not (
-                isinstance(rng, (list, tuple))
-                and len(rng) == 2
-                and all(isinstance(v, _SCALARS) for v in rng)
-            ):
-                raise CorruptMetadata(
-                    f"{where}: stats for column {col!r} must be [min, max], got {rng!r}"
-                )
-            stats[col] = (rng[0], rng[1])
-        creation_tid = need("creation_tid", (str,), "a transaction id string")
-        created_at = need("created_at", (int, float), "a number (epoch seconds)")
-        if not math.isfinite(created_at):
-            raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {created_at!r}")
-        return cls(
-            name=name,
-            table=table,
-            partition=tuple(partition),
-            path=path,
-            rows=rows,
-            size=size,
-            checksum=checksum,
-            stats=stats,
-            creation_tid=creation_tid,
-            created_at=float(created_at),
-        )
-
-
-def sidecar_path(parquet_path: str) -> str:
-    """``x.parquet`` -> ``x.json``."""
-    return (
-        parquet_path[: -len(".parquet")] + ".json"
-        if parquet_path.endswith(".parquet")
-        else parquet_path + ".json"
-    )
 
 
 def checksum_of(data: bytes) -> str:

@@ -41,16 +41,17 @@ from tenacity import (
     wait_random,
 )
 
+from coordinator import jsonwire
 from coordinator.catalog import TableDef
 from coordinator.conflicts import DATA_CHANGING, Kind, Policy, Summary, check
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
 from coordinator.fence import FenceMoved
+from coordinator.model import LogEntry, ManifestPointer, TxnRecord
 from coordinator.versions import csn_of, epoch_full
-from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, encode_entry, target_key
+from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, target_key
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
-from replicas.follower import OwnEntry
 from replicas.transactions import Effect, Op, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -191,16 +192,14 @@ class Committer:
     # -- DDL ---------------------------------------------------------------------------------
     def _create_table(self, p: Pending) -> None:
         tdef = p.table
-        entry = {"v": 1, "time": time.time(), "versions": {tdef.name: 0}, "txns": [],
-                 "ddl": [{"create_table": tdef.to_dict()}]}
-        data = encode_entry(entry)
+        data = LogEntry(time=time.time(), versions={tdef.name: 0}, ddl=(tdef,)).encode()
         zk = self.log.zk
         try:
             for attempt in self._retrying():
                 with attempt:
                     epoch = self.log.current_epoch()
                     t = zk.transaction()
-                    t.create(self.log.path("tables", tdef.name), encode_entry(tdef.to_dict()))
+                    t.create(self.log.path("tables", tdef.name), jsonwire.dumps(tdef.to_dict(), sort_keys=True))
                     t.create(self.log.target_path(tdef.name), b"")
                     t.check(self.log.epoch_path(epoch), 0)
                     t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
@@ -329,22 +328,18 @@ class Committer:
                 if self.state.applied != applied_before:
                     raise _LocalMiss("entries were applied while the batch was decided: deciding again")
         now = time.time()
-        txns, parsed_txns = [], []
+        txns = []
         for p, plan in accepted:
             data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks)
-            time_version = now if data_change else None
-            changes = plan.effect.changes()
-            txns.append({"tid": p.txn.id, "time_version": time_version, "changes": [c.to_dict() for c in changes]})
-            parsed_txns.append((p.txn.id, time_version, changes))
-        new_versions = {k: (0 if v is None else v + 1) for k, v in expected.items()}
-        entry = {"v": 1, "time": now, "versions": new_versions, "txns": txns}
-        # What parse_entry would make of the entry: this replica applies its own commit from it.
-        own = OwnEntry(entry, encode_entry(entry), ([], parsed_txns, new_versions))
-        data = own.data
+            txns.append(TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes())))
+        entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
+                         txns=tuple(txns))
+        own = (entry, entry.encode())  # this replica applies its own commit from these
+        data = own[1]
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
             self.replica.storage.put(path, data)
-            data = encode_entry({"v": 1, "manifest": path})
+            data = ManifestPointer(path).encode()
 
         failpoints.hit("before_commit_multi")
         try:

@@ -18,25 +18,16 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from coordinator.errors import CorruptMetadata
+from coordinator.model import LogEntry, ManifestPointer, WalEntry, decode_log_node
 from coordinator.versions import csn_of
-from coordinator.zklog import CsnLog, decode_entry
+from coordinator.zklog import CsnLog
 from replicas.state import ReplicaState
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class OwnEntry:
-    """A log entry as the committer built it: the dict, its encoding (the full entry, also
-    when ZooKeeper holds a manifest pointer) and what ``ReplicaState.parse_entry`` would return."""
-
-    entry: dict
-    data: bytes
-    parsed: tuple
 
 BATCH = 256
 TRIMMED = (-1, -1)  # _next_position: the position lies in a trimmed epoch (restore a checkpoint)
@@ -48,7 +39,7 @@ class Follower:
         csn_log: CsnLog,
         state: ReplicaState,
         wal: Wal,
-        load_manifest: Callable[[dict], dict],
+        load_manifest: Callable[[ManifestPointer], bytes],
         load_checkpoint: Callable[[dict], None] | None = None,
     ) -> None:
         self.log = csn_log
@@ -101,11 +92,23 @@ class Follower:
             self._idle.set()
             self._wake.set()  # look past it (re-arm the watch) if no other commit follows
 
-    def _hand_over(self, epoch: int, seq: int, data: bytes, own: OwnEntry | None = None) -> None:
+    def _hand_over(self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None) -> None:
         if not self.apply_own(epoch, seq, data, own):
             self.offer(epoch, seq, data)
 
-    def apply_own(self, epoch: int, seq: int, data: bytes, own: OwnEntry | None = None,
+    def decode(self, data: bytes, where: str) -> tuple[LogEntry, bytes]:
+        """A log znode's data as the entry and its full encoding (a manifest's, if it points to
+        one); CorruptMetadata naming ``where`` if it does not decode whole."""
+        node = decode_log_node(data, where)
+        if isinstance(node, LogEntry):
+            return node, data
+        raw = self.load_manifest(node)
+        entry = decode_log_node(raw, node.path)
+        if not isinstance(entry, LogEntry):
+            raise CorruptMetadata(f"manifest {node.path} named by {where} points to another manifest")
+        return entry, raw
+
+    def apply_own(self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None,
                   timeout: float = 5.0) -> bool:
         """Apply an entry this replica just committed, in the caller's thread, when it is the
         next one here (WAL first, as for any entry). Saves the committer a hand-over to the
@@ -119,17 +122,10 @@ class Follower:
             if self.state.position != (epoch, seq):
                 return False  # earlier entries are not applied yet: the follower fetches them
             csn = csn_of(epoch, seq)
-            if own is not None:
-                entry, parsed = own.entry, own.parsed
-                self.wal.append_entry(csn, epoch, seq, own.data)
-            else:
-                where = self.log.entry_path(epoch, seq)
-                entry = decode_entry(data, where)
-                if "manifest" in entry:
-                    entry = self.load_manifest(entry)
-                parsed = self.state.parse_entry(entry, where)  # as in a pull: refused whole, before the WAL
-                self.wal.append([{"csn": csn, "epoch": epoch, "seq": seq, "entry": entry}])
-            self.state.apply(csn, epoch, seq, entry, parsed)
+            # As in a pull: decoded (refused whole) before the WAL sees it.
+            entry, raw = own if own is not None else self.decode(data, self.log.entry_path(epoch, seq))
+            self.wal.append([WalEntry(csn, epoch, seq, entry, raw)])
+            self.state.apply(csn, epoch, seq, entry)
             self._after_own = True
             return True
         except Exception as exc:  # leave it to the follower thread, which retries
@@ -174,15 +170,15 @@ class Follower:
                 batch = self._fetch_batch()
                 if not batch:
                     return progressed
-                self.wal.append([{"csn": c, "epoch": e, "seq": s, "entry": en} for c, e, s, en, _ in batch])
-                for csn, epoch, seq, entry, parsed in batch:
-                    self.state.apply(csn, epoch, seq, entry, parsed)
+                self.wal.append([WalEntry(c, e, s, en, raw) for c, e, s, en, raw in batch])
+                for csn, epoch, seq, entry, _ in batch:
+                    self.state.apply(csn, epoch, seq, entry)
                 progressed = True
                 if self.state.failure is not None:
                     with self.state.lock:
                         self.state.failure = None
 
-    def _fetch_batch(self) -> list[tuple[int, int, int, dict, tuple]]:
+    def _fetch_batch(self) -> list[tuple[int, int, int, LogEntry, bytes]]:
         epoch, seq = self.state.position
         out = []
         own = False
@@ -229,15 +225,12 @@ class Follower:
                 continue
             where = self.log.entry_path(epoch, seq)
             try:
-                entry = decode_entry(data, where)
-                if "manifest" in entry:
-                    entry = self.load_manifest(entry)
-                parsed = self.state.parse_entry(entry, where)  # refuse it whole, before the WAL sees it
+                entry, raw = self.decode(data, where)  # refuse it whole, before the WAL sees it
             except CorruptMetadata:
                 if out:
                     break  # apply the good entries before it; the next batch reports it
                 raise
-            out.append((csn_of(epoch, seq), epoch, seq, entry, parsed))
+            out.append((csn_of(epoch, seq), epoch, seq, entry, raw))
             seq += 1
         return out
 

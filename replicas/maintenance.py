@@ -65,6 +65,7 @@ from coordinator.errors import (
     SnapshotUnavailable,
 )
 from coordinator.fence import MAX_PENDING
+from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
@@ -270,34 +271,18 @@ class Maintenance:
                 break
         return oldest, picked, ([] if overflow else running), overflow
 
-    def alive_fields(self) -> dict:
-        """What this replica adds to its alive node (Replica._alive_data): the oldest snapshot in
-        use (transactions and read leases), the oldest holders, long-running transaction ids."""
-        oldest, picked, running, overflow = self.in_use()
-        return {"oldest_snapshot": oldest, "snapshots": [list(p) for p in picked], "running": running,
-                "running_overflow": overflow}
-
-    def alive(self) -> dict[str, dict]:
-        """Alive replicas' published data, ``oldest_snapshot`` being the lowest of what each
-        publishes (applied CSN, oldest transaction, oldest snapshot in use; 0 when it publishes
-        none of them: it then keeps everything); this replica's own computed now."""
+    def alive(self) -> dict[str, AliveRecord]:
+        """Alive replicas' published records (a malformed one keeps everything: its
+        ``oldest_snapshot`` is 0); this replica's own computed now."""
         zk = self.replica.zk
-        out: dict[str, dict] = {}
+        out: dict[str, AliveRecord] = {}
         for host in zk.retry(zk.get_children, self.replica.log.path("replicas")):
             try:
                 data, _ = zk.retry(zk.get, self.replica.log.path("replicas", host, "alive"))
             except NoNodeError:
                 continue
-            try:
-                d = json.loads(data)
-                vals = [d.get(k) for k in ("applied", "min_snapshot", "oldest_snapshot")]
-                vals = [int(v) for v in vals if isinstance(v, int) and not isinstance(v, bool)]
-                d["oldest_snapshot"] = min(vals) if vals else 0
-            except (ValueError, TypeError, AttributeError):
-                d = {"oldest_snapshot": 0, "malformed": True}  # conservative: keeps everything
-            out[host] = d
-        out[self.replica.host_id] = {"address": self.replica.address, "incarnation": self.replica.incarnation,
-                                     **self.alive_fields()}
+            out[host] = AliveRecord.decode(data)
+        out[self.replica.host_id] = self.replica.alive_record()
         return out
 
     # -- retention -----------------------------------------------------------------------------
@@ -386,8 +371,8 @@ class Maintenance:
         grace = max(grace, MIN_GRACE)
         alive = self.alive()  # first the published data, then the log (see the module docstring)
         self._catch_up()
-        alive[self.replica.host_id].update(self.alive_fields())
-        min_snapshot = min(d["oldest_snapshot"] for d in alive.values())
+        alive[self.replica.host_id] = self.replica.alive_record()
+        min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
         node = self._raise_gc_node(min_snapshot)
         done = node["collected"]
@@ -433,16 +418,16 @@ class Maintenance:
         }
 
     @staticmethod
-    def _holders(alive: dict[str, dict]) -> list[tuple[int, str, str]]:
+    def _holders(alive: dict[str, AliveRecord]) -> list[tuple[int, str, str]]:
         """(snapshot, host, holder) for every published snapshot in use, oldest first; a replica
         whose oldest is its own snapshot version shows as holder "replica snapshot"."""
         out = []
         for host, d in alive.items():
-            pairs = [(int(s), str(h)) for s, h in d.get("snapshots", ()) if isinstance(s, int)]
+            pairs = list(d.snapshots)
             for s, h in pairs:
                 out.append((s, host, h))
-            if not pairs or d["oldest_snapshot"] < min(s for s, _ in pairs):
-                out.append((d["oldest_snapshot"], host, "replica snapshot"))
+            if not pairs or d.oldest_snapshot < min(s for s, _ in pairs):
+                out.append((d.oldest_snapshot, host, "replica snapshot"))
         return sorted(out)
 
     @staticmethod
@@ -461,7 +446,7 @@ class Maintenance:
         return (f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
                 f"({self._holder_text(host, holder, s)})")
 
-    def _collect_orphans(self, alive: dict[str, dict], grace: float, removed: list[dict], kept: list[dict],
+    def _collect_orphans(self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict],
                          detail: bool = True) -> int:
         """Delete the part files no commit references once they are older than the grace period.
 
@@ -473,11 +458,10 @@ class Maintenance:
         overflow_hosts: set[str] = set()
         incarnations: dict[str, int] = {}
         for host, d in alive.items():
-            running.update(str(t) for t in d.get("running", ()))
-            if d.get("running_overflow") or d.get("malformed") or "running" not in d:
+            running.update(d.running)
+            if not d.knows_running:
                 overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
-            if isinstance(d.get("incarnation"), int):
-                incarnations[host] = d["incarnation"]
+            incarnations[host] = d.incarnation
         with self.replica._txn_lock:
             running.update(self.replica.txns)
         storage = self.replica.storage
@@ -883,7 +867,7 @@ class Maintenance:
         try:
             alive = self.alive()
         except Exception:  # introspection must not fail on a ZooKeeper hiccup
-            alive = {self.replica.host_id: {"oldest_snapshot": self.state.applied, **self.alive_fields()}}
+            alive = {self.replica.host_id: self.replica.alive_record()}
         # Only transactions and read leases are named: "awaiting gc" otherwise (a lagging replica's
         # own snapshot version holds cleanup back too, but says nothing about this part).
         holders = [h for h in self._holders(alive) if h[2] != "replica snapshot"]

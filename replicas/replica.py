@@ -34,8 +34,9 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.fence import OrphanFence
+from coordinator.model import AliveRecord, ManifestPointer, WalBase, WalEntry, WalStaged
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
-from coordinator.zklog import CsnLog, PollHandler, encode_entry
+from coordinator.zklog import CsnLog, PollHandler
 from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
@@ -125,7 +126,7 @@ class Replica:
         staged: dict[str, list[str]] = {}
         # A compacted WAL starts with {"base": C}: its entries continue the local snapshot at C.
         records = self.wal.records()
-        base = int(records[0]["base"]) if records and "base" in records[0] else 0
+        base = records[0].csn if records and isinstance(records[0], WalBase) else 0
         local = checkpoint.read_local(data_dir / checkpoint.LOCAL_NAME)
         if local is not None:
             try:
@@ -138,16 +139,16 @@ class Replica:
                       "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
         with checkpoint.no_gc():  # a long replay builds many long-lived objects (see ReplicaState.restore)
             for rec in records:
-                if "entry" in rec and replay:
+                if isinstance(rec, WalEntry) and replay:
                     try:
-                        self.state.apply(int(rec["csn"]), int(rec["epoch"]), int(rec["seq"]), rec["entry"])
-                    except (CorruptMetadata, KeyError, TypeError, ValueError) as exc:
+                        self.state.apply(rec.csn, rec.epoch, rec.seq, rec.log_entry(f"WAL {self.wal.path}"))
+                    except CorruptMetadata as exc:
                         # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
                         log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
                                   self.wal.path, exc)
                         replay = False
-                elif "staged" in rec:
-                    staged.setdefault(rec["staged"], []).extend(rec.get("paths", ()))
+                elif isinstance(rec, WalStaged):
+                    staged.setdefault(rec.tid, []).extend(rec.paths)
         gc.freeze()
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
@@ -201,12 +202,16 @@ class Replica:
     def _alive_data(self) -> bytes:
         """What replicas/<host>/alive says: where we are, and (for trimming the log tail and for
         cleanup) the applied CSN and the oldest snapshot a running transaction here uses."""
+        return self.alive_record().encode()
+
+    def alive_record(self) -> AliveRecord:
+        oldest, picked, running, overflow = self.maintenance.in_use()  # cleanup: snapshots in use
         with self._txn_lock:
             snaps = [t.snapshot for t in self.txns.values()]
             applied = self.state.applied
-        return json.dumps({"address": self.address, "incarnation": self.incarnation, "applied": applied,
-                           "min_snapshot": min(snaps) if snaps else None,
-                           **self.maintenance.alive_fields()}).encode()  # cleanup: snapshots in use
+        return AliveRecord(address=self.address, incarnation=self.incarnation, applied=applied,
+                           oldest_txn_snapshot=min(snaps) if snaps else None, oldest_snapshot=min(oldest, applied),
+                           snapshots=tuple(picked), running=tuple(running), running_overflow=overflow)
 
     def min_needed(self) -> int:
         """The lowest CSN this replica still needs: applied, or an older running snapshot."""
@@ -264,15 +269,11 @@ class Replica:
         except Exception as exc:  # pragma: no cover - retried on the next session event
             log.warning("could not re-register after a new session: %r", exc)
 
-    def _load_manifest(self, pointer: dict) -> dict:
-        from coordinator.zklog import decode_entry
-
-        path = str(pointer["manifest"])
+    def _load_manifest(self, pointer: ManifestPointer) -> bytes:
         try:
-            data = self.storage.get(path)
+            return self.storage.get(pointer.path)
         except Exception as exc:
-            raise CorruptMetadata(f"manifest {path} named by the log cannot be read: {exc}") from exc
-        return decode_entry(data, path)
+            raise CorruptMetadata(f"manifest {pointer.path} named by the log cannot be read: {exc}") from exc
 
     def _remove_uncommitted(self, staged: dict[str, list[str]]) -> None:
         """Parts written by transactions that never committed are never visible: delete them."""
@@ -452,7 +453,7 @@ class Replica:
             txn.ops.append(op)
             txn.rows += op.rows
         if op.added:
-            self.wal.append([{"staged": txn.id, "paths": [m.path for m in op.added]}], sync=False)
+            self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
 
     def visible_parts(self, table: str, txn_id: str | None = None, snapshot: int | None = None,
                       as_of: float | None = None, pkeys: list[str] | None = None,
@@ -697,6 +698,3 @@ class Replica:
             "committer": {"commits": self.committer.committed, "batches": self.committer.batches,
                           "local_version_misses": self.committer.local_misses},
         }
-
-    def entry_bytes(self, entry: dict) -> bytes:
-        return encode_entry(entry)

@@ -19,7 +19,7 @@ from coordinator.catalog import TableDef
 from coordinator.checkpoint import no_gc
 from coordinator.conflicts import Kind, Summary
 from coordinator.errors import CorruptMetadata
-from coordinator.versions import Tid
+from coordinator.model import Change, LogEntry
 from coordinator.visibility import is_visible
 from parts.format import PartMeta
 from parts.ops import partition_key
@@ -124,36 +124,6 @@ class PartRecord:
         return partition_key(self.meta.partition)
 
 
-@dataclass(frozen=True)
-class Change:
-    """What one transaction of an entry did to one target (table partition)."""
-
-    table: str
-    pkey: str
-    kinds: tuple[Kind, ...]
-    added: tuple[PartMeta, ...]
-    removed: tuple[str, ...]
-
-    def to_dict(self) -> dict:
-        return {
-            "table": self.table,
-            "pkey": self.pkey,
-            "kinds": [k.value for k in self.kinds],
-            "added": [m.to_dict() for m in self.added],
-            "removed": list(self.removed),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Change:
-        return cls(
-            str(d["table"]),
-            str(d["pkey"]),
-            tuple(Kind(k) for k in d["kinds"]),
-            tuple(PartMeta.from_dict(m) for m in d.get("added", ())),
-            tuple(str(n) for n in d.get("removed", ())),
-        )
-
-
 class ReplicaState:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -179,22 +149,22 @@ class ReplicaState:
         # a replica rebuilt from a checkpoint has nothing else (coordinator/checkpoint.py).
 
     # -- applying the log ------------------------------------------------------------------
-    def apply(self, csn: int, epoch: int, seq: int, entry: dict, parsed: tuple | None = None) -> None:
-        """Apply one decoded entry. Idempotent: an entry at or below ``applied`` is skipped."""
+    def apply(self, csn: int, epoch: int, seq: int, entry: LogEntry) -> None:
+        """Apply one entry (validated whole when it was decoded, so never half applied).
+        Idempotent: an entry at or below ``applied`` is skipped."""
         with self.lock:
             if csn <= self.applied:
                 return
-            ddl, txns, versions = parsed or self.parse_entry(entry, f"at CSN {csn} (epoch {epoch}, seq {seq})")
-            for t in ddl:
+            for t in entry.ddl:
                 self.tables[t.name] = t.with_csn(csn)
             data_time = None
-            for tid, time_version, changes in txns:
-                self.tid_csn[tid] = csn
-                if time_version is not None:
-                    data_time = time_version
-                for ch in changes:
-                    self._apply_change(csn, tid, ch)
-            for k, v in versions.items():
+            for txn in entry.txns:
+                self.tid_csn[txn.tid] = csn
+                if txn.time_version is not None:
+                    data_time = txn.time_version
+                for ch in txn.changes:
+                    self._apply_change(csn, txn.tid, ch)
+            for k, v in entry.versions.items():
                 if v > self.versions.get(k, -1):
                     self.versions[k] = v
             if data_time is not None:
@@ -204,27 +174,6 @@ class ReplicaState:
             self.position = (epoch, seq + 1)
             self.applied_count += 1
             self.applied_cond.notify_all()
-
-    @staticmethod
-    def parse_entry(entry: dict, where: str) -> tuple[list[TableDef], list[tuple[str, float | None, list[Change]]],
-                                                      dict[str, int]]:
-        """Decode an entry's DDL, transactions and target versions without changing anything, so
-        that a malformed entry is refused whole (CorruptMetadata naming ``where``), never half
-        applied and never written to the WAL."""
-        try:
-            ddl = [TableDef.from_dict(d["create_table"]) for d in entry.get("ddl", ())]
-            txns = []
-            for t in entry.get("txns", ()):
-                Tid.parse(t["tid"])
-                tv = t.get("time_version")
-                txns.append((str(t["tid"]), None if tv is None else float(tv),
-                             [Change.from_dict(c) for c in t.get("changes", ())]))
-            versions = {str(k): int(v) for k, v in entry.get("versions", {}).items()}
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptMetadata(f"log entry {where} is malformed: {exc!r}") from exc
-        except CorruptMetadata as exc:
-            raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
-        return ddl, txns, versions
 
     def _apply_change(self, csn: int, tid: str, ch: Change) -> None:
         live = self.live[ch.table]

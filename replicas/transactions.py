@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from coordinator.conflicts import Kind
 from coordinator.errors import InvalidInput
+from coordinator.model import Change
 from coordinator.versions import Tid
 from parts.format import PartMeta
 from parts.ops import partition_key
-from replicas.state import Change
 
 OP_KINDS = {
     "insert": Kind.INSERT,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from coordinator import jsonwire
 from coordinator.errors import CorruptMetadata
+from coordinator.model import WalRecord, wal_record_body, wal_record_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class Wal:
         self._records = list(self._scan())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def _scan(self) -> Iterator[dict]:
+    def _scan(self) -> Iterator[WalRecord]:
         if not self.path.exists():
             return
         data = self.path.read_bytes()
@@ -62,7 +63,7 @@ class Wal:
                 raise CorruptMetadata(f"WAL {self.path} record at byte {pos} does not parse: {exc}") from exc
             pos += _HEADER.size + length
             good_end = pos
-            yield record
+            yield wal_record_from_dict(record, f"WAL {self.path} record at byte {pos - _HEADER.size - length}")
         if good_end < len(data):
             self.dropped_tail = len(data) - good_end
             log.warning("WAL %s: dropping a torn last record (%d bytes)", self.path, self.dropped_tail)
@@ -82,21 +83,15 @@ class Wal:
                 return True
         return False
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[WalRecord]:
         """The records found when the WAL was opened, in order."""
         return self._records
 
-    def append(self, records: list[dict], sync: bool = True) -> None:
+    def append(self, records: list[WalRecord], sync: bool = True) -> None:
         """Append records; with ``sync`` they are on disk when this returns. Writes are
         serialised, fsyncs are not held under the write lock: an unsynced append (a staged part,
         which must survive a process kill but not a power loss) never waits on an fsync."""
-        self._write([jsonwire.dumps(r) for r in records], sync)
-
-    def append_entry(self, csn: int, epoch: int, seq: int, entry: bytes, sync: bool = True) -> None:
-        """Append a log entry record around the entry's JSON encoding as it is (the record
-        ``append`` would write for ``{"csn", "epoch", "seq", "entry"}``, without encoding the
-        entry a second time)."""
-        self._write([b'{"csn":%d,"epoch":%d,"seq":%d,"entry":%b}' % (csn, epoch, seq, entry)], sync)
+        self._write([wal_record_body(r) for r in records], sync)
 
     def _write(self, bodies: list[bytes], sync: bool) -> None:
         buf = bytearray()
@@ -110,7 +105,7 @@ class Wal:
             with self._sync_lock:
                 os.fsync(self._fd)
 
-    def compact(self, keep: Callable[[dict], bool], head: Iterable[dict] = ()) -> int:
+    def compact(self, keep: Callable[[WalRecord], bool], head: Iterable[WalRecord] = ()) -> int:
         """Rewrite the WAL as ``head`` plus the records ``keep`` accepts (a local state snapshot
         now holds the rest: see coordinator/checkpoint.py). Atomic: a new file is written and
         fsynced, then renamed over this one; appends wait meanwhile. Returns records dropped."""
@@ -121,7 +116,7 @@ class Wal:
             finally:
                 self.compacting = False
 
-    def _compact(self, keep: Callable[[dict], bool], head: Iterable[dict]) -> int:
+    def _compact(self, keep: Callable[[WalRecord], bool], head: Iterable[WalRecord]) -> int:
         kept, dropped = list(head), 0
         for rec in self._scan():
             if keep(rec):
@@ -131,7 +126,7 @@ class Wal:
         tmp = self.path.with_name(self.path.name + ".compact")
         buf = bytearray()
         for r in kept:
-            body = jsonwire.dumps(r)
+            body = wal_record_body(r)
             buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
         with open(tmp, "wb") as fh:
             fh.write(buf)

@@ -37,7 +37,8 @@ from zkutil import make_chroot  # tests/ is on sys.path
 from coordinator.client import Client, Transaction
 from coordinator.cluster import LocalCluster
 from coordinator.errors import MergetxnError, ReplicaUnavailable, TransactionAborted
-from coordinator.zklog import CsnLog, decode_entry
+from coordinator.model import ManifestPointer, decode_log_node
+from coordinator.zklog import CsnLog
 from coordinator.zkserver import ZooKeeperEnsemble, ZooKeeperServer
 from parts.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
@@ -92,11 +93,10 @@ def log_mentions(zk: KazooClient, storage: Storage, tid: str) -> int:
     n = 0
     for epoch in csn_log.epochs():
         for seq in csn_log.list_seqs(epoch):
-            data = csn_log.fetch(epoch, seq)
-            entry = decode_entry(data, f"{epoch}/{seq}")
-            if "manifest" in entry:
-                entry = decode_entry(storage.get(entry["manifest"]), entry["manifest"])
-            n += sum(1 for t in entry.get("txns", ()) if t.get("tid") == tid)
+            entry = decode_log_node(csn_log.fetch(epoch, seq), f"{epoch}/{seq}")
+            if isinstance(entry, ManifestPointer):
+                entry = decode_log_node(storage.get(entry.path), entry.path)
+            n += sum(1 for t in entry.txns if t.tid == tid)
     return n
 
 

@@ -26,6 +26,7 @@ from kazoo.client import KazooClient
 from coordinator import checkpoint
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
+from coordinator.model import LogEntry, WalBase, WalEntry
 from coordinator.versions import split_csn
 from parts.format import PartMeta, new_part_name
 from replicas.replica import Replica, ReplicaConfig
@@ -122,11 +123,13 @@ def rows(n: int, start: int = 0) -> pa.Table:
 
 
 def meta_commit(replica: Replica, table: str) -> int:
-    """A commit inserting one metadata-only part (no file: nobody reads it)."""
+    """A commit inserting one part whose file is a placeholder byte (nobody reads it; a commit
+    verifies only that its files exist)."""
     txn = replica.begin()
     name = new_part_name(txn.id)
     meta = PartMeta(name=name, table=table, partition=(), path=f"{table}/_/{name}.parquet", rows=1, size=1,
                     checksum="crc32:00000000", stats={}, creation_tid=txn.id, created_at=time.time())
+    replica.storage.put(meta.path, b"x", durable=False)
     replica.stage(txn.id, Op("insert", table, added=[meta], rows=1))
     return replica.commit(txn.id)
 
@@ -195,7 +198,7 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path: Path) -> None:
 
     st = ReplicaState()
     tdef = TableDef.new("t", SCHEMA, partition_by=("v",))
-    st.apply(1, 0, 0, {"v": 1, "ddl": [{"create_table": tdef.to_dict()}], "txns": [], "versions": {"t": 0}})
+    st.apply(1, 0, 0, LogEntry(time=1.0, versions={"t": 0}, ddl=(tdef,)))
     names = []
     for i in range(1, 40):
         tid = f"T{i}-{i}-r0"
@@ -205,10 +208,11 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path: Path) -> None:
                 "size": 10, "checksum": "crc32:0000abcd", "stats": {"id": [i, i + 1], "v": [None, None]},
                 "creation_tid": tid, "created_at": 1.5 + i}
         removed = [names[i - 5]] if i % 4 == 0 else []
-        st.apply(i + 1, 0, i, {"v": 1, "time": 2.0 + i, "versions": {"t": i},
-                               "txns": [{"tid": tid, "time_version": None if i % 7 == 0 else 2.0 + i, "changes": [
-                                   {"table": "t", "pkey": f'["p{i % 3}"]', "kinds": ["INSERT"] + (["MUTATE"] if removed else []),
-                                    "added": [meta], "removed": removed}]}]})
+        st.apply(i + 1, 0, i, LogEntry.from_dict({
+            "v": 1, "time": 2.0 + i, "versions": {"t": i},
+            "txns": [{"tid": tid, "time_version": None if i % 7 == 0 else 2.0 + i, "changes": [
+                {"table": "t", "pkey": f'["p{i % 3}"]', "kinds": ["INSERT"] + (["MUTATE"] if removed else []),
+                 "added": [meta], "removed": removed}]}]}, "test"))
     data = checkpoint.encode(st.export())
     back = ReplicaState()
     back.restore(checkpoint.decode(data, "mem"), "mem")
@@ -279,8 +283,8 @@ def test_log_stays_bounded_over_thousands_of_commits(cluster, zk: KazooClient) -
         w = Wal(copy)
         records = w.records()
         w.close()
-        entries = [r for r in records if "entry" in r]
-        assert "base" in records[0], f"replica {i}: WAL not compacted"
+        entries = [r for r in records if isinstance(r, WalEntry)]
+        assert isinstance(records[0], WalBase), f"replica {i}: WAL not compacted"
         assert len(entries) <= SMALL["local_checkpoint_every"] + 200, (i, len(entries))
         assert (nd.config.data_dir / checkpoint.LOCAL_NAME).exists()
 

@@ -18,6 +18,7 @@ from zkutil import new_chroot  # tests/ is on sys.path
 
 import coordinator
 from coordinator.client import Client
+from coordinator.model import WalEntry
 from coordinator.versions import COUNTER_STRIDE
 from coordinator.zkserver import ZooKeeperServer
 from replicas.wal import Wal
@@ -77,14 +78,14 @@ def state_of(client: Client, tables: list[str]) -> dict:
     }
 
 
-def wal_entries(path: Path) -> list[dict]:
+def wal_entries(path: Path) -> list[WalEntry]:
     """The entry records of a stopped replica's WAL (read from a copy: opening may truncate)."""
     copy = path.with_name("wal.copy")
     shutil.copyfile(path, copy)
     try:
         wal = Wal(copy)
         wal.close()
-        return [r for r in wal.records() if "entry" in r]
+        return [r for r in wal.records() if isinstance(r, WalEntry)]
     finally:
         copy.unlink()
 
@@ -110,7 +111,7 @@ def test_restart_recovers_same_state_from_wal(cluster: coordinator.LocalCluster,
     before = state_of(c0, ["wal_a", "wal_b"])
     cluster.stop_replica(0)
     entries = wal_entries(wal_path(cluster, 0))
-    assert entries and max(r["csn"] for r in entries) == before["snapshot"]
+    assert entries and max(r.csn for r in entries) == before["snapshot"]
     elapsed = restart(cluster, 0)
     record_property("replica_restart_seconds", round(elapsed, 3))
     assert elapsed < 60
@@ -196,7 +197,7 @@ def test_torn_last_wal_record_is_dropped(cluster: coordinator.LocalCluster, rest
     wal = Wal(copy)
     wal.close()
     assert wal.dropped_tail == 0
-    csns = [r["csn"] for r in wal.records() if "entry" in r]
+    csns = [r.csn for r in wal.records() if isinstance(r, WalEntry)]
     assert max(csns) >= last
     restart(cluster, 1)
     assert ids(cluster.client(1).read("torn", snapshot=last)) == list(range(7))

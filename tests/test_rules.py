@@ -26,6 +26,7 @@ from coordinator.conflicts import (
     check,
     later_succeeds,
 )
+from coordinator.model import LogEntry
 from coordinator.versions import (
     COUNTER_STRIDE,
     EPOCH_STRIDE,
@@ -523,7 +524,7 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
     """
     tdef = TableDef.new("t", pa.schema([("k", pa.int64())]))
     st = ReplicaState()
-    st.apply(1, 0, 0, {"v": 1, "txns": [], "ddl": [{"create_table": tdef.to_dict()}]})
+    st.apply(1, 0, 0, LogEntry(time=0.0, versions={}, ddl=(tdef,)))
 
     def change(tid: str, added: list[str], removed: list[str]) -> dict:
         return {
@@ -554,7 +555,7 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
     own_meta = PartMeta.from_dict(_meta("r1", T_R))
     for applied in range(1, 5):
         if applied in log:
-            st.apply(applied, 0, applied - 1, {"v": 1, "txns": [log[applied]]})
+            st.apply(applied, 0, applied - 1, LogEntry.from_dict({"v": 1, "txns": [log[applied]]}, "test"))
         done = {n: v for n, v in versions.items() if v[1] <= applied}
         for snapshot in range(applied + 1):
             # a plain read

@@ -1,0 +1,296 @@
+"""The typed contracts between the layers, each encoded and decoded in one place.
+
+Pure: no ZooKeeper, no storage, no sockets. Everything that a replica writes for others to read
+(a log entry, a WAL record, its alive node) or answers about a transaction's fate is one type
+here, so that a field added by a later feature is added once:
+
+* :class:`LogEntry` (with :class:`TxnRecord` and :class:`Change`): one znode of the CSN log (or
+  the manifest file a :class:`ManifestPointer` names when the entry is too large for ZooKeeper);
+* :data:`WalRecord`: :class:`WalEntry` (an applied log entry), :class:`WalStaged` (part files a
+  running transaction wrote), :class:`WalBase` (the local state snapshot a compacted WAL continues);
+* :class:`AliveRecord`: what ``replicas/<host>/alive`` says (read by cleanup and the log tail);
+* :class:`TxnState` and :class:`CommitStatus`: a transaction's state, on the replica and over RPC.
+
+Decoding validates: anything malformed is :class:`~coordinator.errors.CorruptMetadata` naming
+where it came from, and nothing is half decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from coordinator import jsonwire
+from coordinator.catalog import TableDef
+from coordinator.conflicts import Kind
+from coordinator.errors import CorruptMetadata
+from coordinator.versions import Tid
+from parts.meta import PartMeta
+
+ENTRY_FORMAT = 1
+
+
+class TxnState(StrEnum):
+    RUNNING = "running"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+# -- the log --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Change:
+    """What one transaction of an entry did to one target (table partition)."""
+
+    table: str
+    pkey: str
+    kinds: tuple[Kind, ...]
+    added: tuple[PartMeta, ...]
+    removed: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "table": self.table,
+            "pkey": self.pkey,
+            "kinds": [k.value for k in self.kinds],
+            "added": [m.to_dict() for m in self.added],
+            "removed": list(self.removed),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Change:
+        return cls(
+            str(d["table"]),
+            str(d["pkey"]),
+            tuple(Kind(k) for k in d["kinds"]),
+            tuple(PartMeta.from_dict(m) for m in d.get("added", ())),
+            tuple(str(n) for n in d.get("removed", ())),
+        )
+
+
+@dataclass(frozen=True)
+class TxnRecord:
+    """One committed transaction in an entry: its tid, time version (None for compactions) and
+    changes per target."""
+
+    tid: str
+    time_version: float | None
+    changes: tuple[Change, ...]
+
+    def to_dict(self) -> dict:
+        return {"tid": self.tid, "time_version": self.time_version, "changes": [c.to_dict() for c in self.changes]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TxnRecord:
+        Tid.parse(d["tid"])
+        tv = d.get("time_version")
+        return cls(str(d["tid"]), None if tv is None else float(tv),
+                   tuple(Change.from_dict(c) for c in d.get("changes", ())))
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One commit point: the transactions that share its CSN, tables it creates, and the new
+    version of every conflict target it bumped."""
+
+    time: float
+    versions: dict[str, int]
+    txns: tuple[TxnRecord, ...] = ()
+    ddl: tuple[TableDef, ...] = ()
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"v": ENTRY_FORMAT, "time": self.time, "versions": dict(self.versions),
+                             "txns": [t.to_dict() for t in self.txns]}
+        if self.ddl:
+            d["ddl"] = [{"create_table": t.to_dict()} for t in self.ddl]
+        return d
+
+    def encode(self) -> bytes:
+        return jsonwire.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> LogEntry:
+        """Validate a decoded entry whole (CorruptMetadata naming ``where``): a malformed entry is
+        refused before anything applies it or the WAL records it."""
+        if not isinstance(d, dict) or d.get("v") != ENTRY_FORMAT:
+            raise CorruptMetadata(f"log entry {where} has no supported format version (want v={ENTRY_FORMAT})")
+        try:
+            return cls(
+                time=float(d.get("time", 0.0)),
+                versions={str(k): int(v) for k, v in d.get("versions", {}).items()},
+                txns=tuple(TxnRecord.from_dict(t) for t in d.get("txns", ())),
+                ddl=tuple(TableDef.from_dict(x["create_table"]) for x in d.get("ddl", ())),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptMetadata(f"log entry {where} is malformed: {exc!r}") from exc
+        except CorruptMetadata as exc:
+            raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
+
+
+@dataclass(frozen=True)
+class ManifestPointer:
+    """What the znode holds when the entry went to a manifest file in storage (too large)."""
+
+    path: str
+
+    def encode(self) -> bytes:
+        return jsonwire.dumps({"v": ENTRY_FORMAT, "manifest": self.path}, sort_keys=True)
+
+
+def decode_log_node(data: bytes, where: str) -> LogEntry | ManifestPointer:
+    """A log znode's data (or a manifest file's): the entry, or the pointer to its manifest."""
+    try:
+        d = jsonwire.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
+    if isinstance(d, dict) and d.get("v") == ENTRY_FORMAT and "manifest" in d:
+        if not isinstance(d["manifest"], str):
+            raise CorruptMetadata(f"log entry {where} names a manifest that is not a path: {d['manifest']!r}")
+        return ManifestPointer(d["manifest"])
+    return LogEntry.from_dict(d, where)
+
+
+# -- the WAL --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WalEntry:
+    """A log entry applied here (the WAL caches the log: replayed on restart). Written with
+    ``entry`` (and its encoding in ``raw`` when at hand, so it is not encoded twice); read back
+    with ``raw`` holding the decoded JSON, validated only when replayed (:meth:`log_entry`)."""
+
+    csn: int
+    epoch: int
+    seq: int
+    entry: LogEntry | None = None
+    raw: bytes | dict | None = field(default=None, repr=False, compare=False)
+
+    def log_entry(self, where: str) -> LogEntry:
+        if self.entry is not None:
+            return self.entry
+        return LogEntry.from_dict(self.raw, f"{where} (CSN {self.csn})")
+
+
+@dataclass(frozen=True)
+class WalStaged:
+    """Part files a running transaction wrote: deleted on restart unless it committed."""
+
+    tid: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WalBase:
+    """First record of a compacted WAL: its entries continue the local state snapshot at ``csn``."""
+
+    csn: int
+
+
+WalRecord = WalEntry | WalStaged | WalBase
+
+
+def wal_record_body(rec: WalRecord) -> bytes:
+    """A WAL record's encoding (the one place that knows it)."""
+    if isinstance(rec, WalEntry):
+        if isinstance(rec.raw, bytes):
+            body = rec.raw
+        elif rec.raw is not None:
+            body = jsonwire.dumps(rec.raw)
+        else:
+            body = rec.entry.encode()
+        return b'{"csn":%d,"epoch":%d,"seq":%d,"entry":%b}' % (rec.csn, rec.epoch, rec.seq, body)
+    if isinstance(rec, WalStaged):
+        return jsonwire.dumps({"staged": rec.tid, "paths": list(rec.paths)})
+    return jsonwire.dumps({"base": rec.csn})
+
+
+def wal_record_from_dict(d: Any, where: str) -> WalRecord:
+    """A decoded WAL record by its kind (an entry's own fields are checked when it is replayed)."""
+    try:
+        if "entry" in d:
+            return WalEntry(int(d["csn"]), int(d["epoch"]), int(d["seq"]), raw=d["entry"])
+        if "staged" in d:
+            return WalStaged(str(d["staged"]), tuple(str(p) for p in d.get("paths", ())))
+        if "base" in d:
+            return WalBase(int(d["base"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptMetadata(f"{where}: record is malformed: {exc!r}") from exc
+    raise CorruptMetadata(f"{where}: record of no known kind: {sorted(d) if isinstance(d, dict) else d!r}")
+
+
+# -- the alive node -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AliveRecord:
+    """``replicas/<host>/alive``: where a replica serves, what it applied, and the snapshots and
+    transactions it still needs (cleanup and the log tail keep what those can see).
+
+    ``oldest_snapshot`` is the lowest CSN the replica needs; a node that does not parse decodes as
+    ``malformed`` with ``oldest_snapshot`` 0, so readers keep everything (conservative)."""
+
+    address: str = ""
+    incarnation: int = 0
+    applied: int = 0
+    oldest_txn_snapshot: int | None = None  # of its running transactions (the log tail keeps it)
+    oldest_snapshot: int = 0  # of everything in use there: transactions, reads, its own applied
+    snapshots: tuple[tuple[int, str], ...] = ()  # the oldest holder of each distinct snapshot
+    running: tuple[str, ...] = ()  # running transactions old enough to publish
+    running_overflow: bool = False
+    malformed: bool = False
+
+    def encode(self) -> bytes:
+        return jsonwire.dumps({
+            "address": self.address, "incarnation": self.incarnation, "applied": self.applied,
+            "min_snapshot": self.oldest_txn_snapshot, "oldest_snapshot": self.oldest_snapshot, "snapshots": [list(p) for p in self.snapshots],
+            "running": list(self.running), "running_overflow": self.running_overflow,
+        })
+
+    @property
+    def knows_running(self) -> bool:
+        """Whether ``running`` lists every long-enough running transaction (else keep them all)."""
+        return not (self.running_overflow or self.malformed)
+
+    @classmethod
+    def decode(cls, data: bytes) -> AliveRecord:
+        def csn(v: Any) -> int | None:
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        try:
+            d = jsonwire.loads(data)
+            applied = csn(d.get("applied"))
+            needs = [v for v in (applied, csn(d.get("oldest_snapshot")), csn(d.get("min_snapshot"))) if v is not None]
+            return cls(
+                address=str(d.get("address", "")),
+                incarnation=int(d.get("incarnation", 0)),
+                applied=applied or 0,
+                oldest_txn_snapshot=csn(d.get("min_snapshot")),
+                oldest_snapshot=min(needs) if needs else 0,
+                snapshots=tuple((int(s), str(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
+                running=tuple(str(t) for t in d.get("running", ())),
+                running_overflow=bool(d.get("running_overflow")) or "running" not in d,
+            )
+        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
+            return cls(malformed=True)
+
+
+# -- outcomes -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CommitStatus:
+    """What ``commit_status`` answers, on the replica and in the client alike."""
+
+    tid: str
+    status: str  # a TxnState value, or "not_committed" (no replica can tell more)
+    csn: int | None = None
+    reason: str = ""
+
+    def to_dict(self) -> dict:
+        return {"tid": self.tid, "status": str(self.status), "csn": self.csn, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CommitStatus:
+        return cls(str(d.get("tid", "")), str(d["status"]), d.get("csn"), str(d.get("reason", "")))
+
+
+__all__ = [
+    "AliveRecord", "Change", "CommitStatus", "LogEntry", "ManifestPointer", "TxnRecord", "TxnState",
+    "WalBase", "WalEntry", "WalRecord", "WalStaged", "decode_log_node", "wal_record_body",
+    "wal_record_from_dict",
+]
