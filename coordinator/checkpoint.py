@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.versions import csn_of
+from coordinator.zklog import decode_tail, encode_tail
+from coordinator.zkrecipes import cas_update
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica
@@ -58,6 +60,7 @@ MAGIC = b"MERGETXN-CHECKPOINT\n"
 FORMAT = 1
 CHECKPOINT_DIR = "_checkpoints"
 LOCAL_NAME = "state.ckpt"
+EMPTY_TAIL = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}  # before the first checkpoint
 KEEP_CHECKPOINTS = 2  # a follower may be reading the previous one while a new one is named
 ALIVE_REFRESH_SECONDS = 0.25
 
@@ -157,27 +160,22 @@ def parse_alive(data: bytes) -> tuple[int, int | None]:
 def raise_retained(csn_log: Any, csn: int) -> None:
     """Make snapshots below ``csn`` unavailable cluster-wide (never lowers it). For cleanup that
     deletes part files only snapshots older than ``csn`` could read."""
-    zk = csn_log.zk
-    while True:
-        tail, version = csn_log.read_tail()
-        if tail is None:
-            tail = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}
+    path = csn_log.tail_path()
+
+    def change(data: bytes | None) -> bytes | None:
+        tail = decode_tail(data, path) if data is not None else dict(EMPTY_TAIL)
         if int(tail["retained"]) >= csn:
-            return
-        tail["retained"] = int(csn)
-        try:
-            _write_tail(zk, csn_log.tail_path(), tail, version)
-            return
-        except (BadVersionError, NodeExistsError):
-            continue
+            return None
+        return encode_tail({**tail, "retained": int(csn)})
+
+    cas_update(csn_log.zk, path, change)
 
 
 def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
-    data = json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
     if version < 0:
-        zk.retry(zk.create, path, data)
+        zk.retry(zk.create, path, encode_tail(tail))
     else:
-        zk.retry(zk.set, path, data, version=version)
+        zk.retry(zk.set, path, encode_tail(tail), version=version)
 
 
 # -- the per-replica worker -------------------------------------------------------------------
@@ -336,7 +334,7 @@ class LogTail:
         if not to_trim:
             return out
         need = max((last for _, last in to_trim if last is not None), default=0)
-        new_tail = dict(tail or {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0})
+        new_tail = dict(tail or EMPTY_TAIL)
         if int(new_tail["csn"]) < need:
             csn, path = self.write_checkpoint()
             new_tail.update(csn=csn, path=path)
