@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from kazoo.exceptions import NoNodeError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.versions import csn_of
@@ -176,6 +177,14 @@ def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
         zk.retry(zk.create, path, encode_tail(tail))
     else:
         zk.retry(zk.set, path, encode_tail(tail), version=version)
+
+
+class _Replaced(Exception):
+    """The checkpoint being loaded was replaced by a newer one (and may be gone)."""
+
+
+# LogTail.load_checkpoint: a replaced checkpoint is skipped for the newer one, at most twice.
+_NEXT_CHECKPOINT = Retrying(retry=retry_if_exception_type(_Replaced), stop=stop_after_attempt(3), reraise=True)
 
 
 # -- the per-replica worker -------------------------------------------------------------------
@@ -394,22 +403,27 @@ class LogTail:
         """Replace this replica's state with the checkpoint ``tail`` names (the follower calls
         this, holding its pull lock, when its position was trimmed), then save it locally so the
         WAL never holds entries on both sides of the jump."""
-        for _ in range(3):
-            path = str(tail["path"])
+        named = [tail]  # the checkpoint to read: a newer round may replace it meanwhile
+
+        def read() -> tuple[dict, str]:
+            path = str(named[-1]["path"])
             try:
-                payload = decode(self.storage.get(path), path)
+                return decode(self.storage.get(path), path), path
             except (OSError, CorruptMetadata) as exc:
                 newer, _ = self.log.read_tail()
                 if newer is None or newer.get("path") == path:
                     raise CorruptMetadata(f"checkpoint {path} named by {self.log.tail_path()} cannot be "
                                           f"read: {exc}") from exc
-                tail = newer  # a newer round replaced it meanwhile
-                continue
-            self.state.restore(payload, path)
-            self.checkpoints_loaded += 1
-            self.save_local()
-            return
-        raise CorruptMetadata(f"checkpoints kept being replaced while loading {tail.get('path')}")
+                named.append(newer)
+                raise _Replaced(f"checkpoints kept being replaced while loading {newer.get('path')}") from exc
+
+        try:
+            payload, path = _NEXT_CHECKPOINT(read)
+        except _Replaced as exc:
+            raise CorruptMetadata(str(exc)) from None
+        self.state.restore(payload, path)
+        self.checkpoints_loaded += 1
+        self.save_local()
 
     def save_local(self) -> int:
         """Write ``state.ckpt`` and cut the WAL down to what follows it; returns its CSN."""
