@@ -44,11 +44,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.model import AliveRecord, WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.versions import csn_of
+from coordinator.zklog import decode_tail, encode_tail
+from coordinator.zkrecipes import cas_update
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica
@@ -59,6 +62,7 @@ MAGIC = b"MERGETXN-CHECKPOINT\n"
 FORMAT = 1
 CHECKPOINT_DIR = "_checkpoints"
 LOCAL_NAME = "state.ckpt"
+EMPTY_TAIL = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}  # before the first checkpoint
 KEEP_CHECKPOINTS = 2  # a follower may be reading the previous one while a new one is named
 ALIVE_REFRESH_SECONDS = 0.25
 
@@ -146,27 +150,30 @@ def read_local(path: Path) -> dict | None:
 def raise_retained(csn_log: Any, csn: int) -> None:
     """Make snapshots below ``csn`` unavailable cluster-wide (never lowers it). For cleanup that
     deletes part files only snapshots older than ``csn`` could read."""
-    zk = csn_log.zk
-    while True:
-        tail, version = csn_log.read_tail()
-        if tail is None:
-            tail = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}
+    path = csn_log.tail_path()
+
+    def change(data: bytes | None) -> bytes | None:
+        tail = decode_tail(data, path) if data is not None else dict(EMPTY_TAIL)
         if int(tail["retained"]) >= csn:
-            return
-        tail["retained"] = int(csn)
-        try:
-            _write_tail(zk, csn_log.tail_path(), tail, version)
-            return
-        except (BadVersionError, NodeExistsError):
-            continue
+            return None
+        return encode_tail({**tail, "retained": int(csn)})
+
+    cas_update(csn_log.zk, path, change)
 
 
 def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
-    data = json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
     if version < 0:
-        zk.retry(zk.create, path, data)
+        zk.retry(zk.create, path, encode_tail(tail))
     else:
-        zk.retry(zk.set, path, data, version=version)
+        zk.retry(zk.set, path, encode_tail(tail), version=version)
+
+
+class _Replaced(Exception):
+    """The checkpoint being loaded was replaced by a newer one (and may be gone)."""
+
+
+# LogTail.load_checkpoint: a replaced checkpoint is skipped for the newer one, at most twice.
+_NEXT_CHECKPOINT = Retrying(retry=retry_if_exception_type(_Replaced), stop=stop_after_attempt(3), reraise=True)
 
 
 # -- the per-replica worker -------------------------------------------------------------------
@@ -325,7 +332,7 @@ class LogTail:
         if not to_trim:
             return out
         need = max((last for _, last in to_trim if last is not None), default=0)
-        new_tail = dict(tail or {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0})
+        new_tail = dict(tail or EMPTY_TAIL)
         if int(new_tail["csn"]) < need:
             csn, path = self.write_checkpoint()
             new_tail.update(csn=csn, path=path)
@@ -388,22 +395,27 @@ class LogTail:
         """Replace this replica's state with the checkpoint ``tail`` names (the follower calls
         this, holding its pull lock, when its position was trimmed), then save it locally so the
         WAL never holds entries on both sides of the jump."""
-        for _ in range(3):
-            path = str(tail["path"])
+        named = [tail]  # the checkpoint to read: a newer round may replace it meanwhile
+
+        def read() -> tuple[dict, str]:
+            path = str(named[-1]["path"])
             try:
-                payload = decode(self.storage.get(path), path)
+                return decode(self.storage.get(path), path), path
             except (OSError, CorruptMetadata) as exc:
                 newer, _ = self.log.read_tail()
                 if newer is None or newer.get("path") == path:
                     raise CorruptMetadata(f"checkpoint {path} named by {self.log.tail_path()} cannot be "
                                           f"read: {exc}") from exc
-                tail = newer  # a newer round replaced it meanwhile
-                continue
-            self.state.restore(payload, path)
-            self.checkpoints_loaded += 1
-            self.save_local()
-            return
-        raise CorruptMetadata(f"checkpoints kept being replaced while loading {tail.get('path')}")
+                named.append(newer)
+                raise _Replaced(f"checkpoints kept being replaced while loading {newer.get('path')}") from exc
+
+        try:
+            payload, path = _NEXT_CHECKPOINT(read)
+        except _Replaced as exc:
+            raise CorruptMetadata(str(exc)) from None
+        self.state.restore(payload, path)
+        self.checkpoints_loaded += 1
+        self.save_local()
 
     def save_local(self) -> int:
         """Write ``state.ckpt`` and cut the WAL down to what follows it; returns its CSN."""

@@ -30,6 +30,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator.errors import InvalidInput, MergetxnError
+from replicas.settings import click_options
 
 ENV_REPLICA = "MERGETXN_REPLICA"
 EXIT_ERROR = 2
@@ -403,131 +404,30 @@ def replica() -> None:
     """Run a replica process."""
 
 
-def _replica_settings(command: Callable) -> Callable:
-    """An option per tunable replica setting (merges, cleanup, the log tail's retention)."""
-    from replicas.maintenance import OPTIONS
-
-    for name, typ, default, minimum, text in reversed(OPTIONS):
-        env = "MERGETXN_" + name.upper()
-        kind = click.IntRange(min=minimum) if typ is int else click.FloatRange(min=minimum)
-        command = click.option("--" + name.replace("_", "-"), name, type=kind, default=default, envvar=env,
-                               show_default=True, help=f"{text[0].upper()}{text[1:]} (env {env}).")(command)
-    return command
-
-
 @replica.command("start")
-@click.option(
-    "--zk",
-    "zk_address",
-    required=True,
-    metavar="HOSTS",
-    help="ZooKeeper connection string (host:port[,host:port...][/chroot]).",
-)
-@click.option(
-    "--storage",
-    required=True,
-    metavar="URL",
-    help="Part storage: a local path or s3://bucket/prefix.",
-)
-@click.option("--host-id", required=True, help="This replica's stable id (letters, digits, _ . -).")
-@click.option(
-    "--data-dir",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Local directory for the WAL.",
-)
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=0,
-    show_default=True,
-    help="Port (0: a free one).",
-)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
-@click.option("--root", default="/mergetxn", show_default=True, help="ZooKeeper root node.")
-@click.option(
-    "--epoch-size",
-    type=click.IntRange(min=1),
-    default=None,
-    help="CSNs per epoch before a new epoch starts (default: the maximum).",
-)
-@click.option(
-    "--txn-max-seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    default=3600.0,
-    show_default=True,
-    help="A transaction running longer is aborted.",
-)
-@click.option(
-    "--txn-max-rows",
-    type=click.IntRange(min=1),
-    default=100_000_000,
-    show_default=True,
-    help="A transaction staging more rows is aborted.",
-)
-@click.option(
-    "--session-timeout",
-    type=click.FloatRange(min=1),
-    default=10.0,
-    show_default=True,
-    help="ZooKeeper session timeout in seconds.",
-)
-@_replica_settings
-def replica_start(
-    zk_address: str,
-    storage: str,
-    host_id: str,
-    data_dir: Path,
-    port: int,
-    host: str,
-    root: str,
-    epoch_size: int | None,
-    txn_max_seconds: float,
-    txn_max_rows: int,
-    session_timeout: float,
-    **settings: float | int,
-) -> None:
+@click_options
+def replica_start(**values: Any) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
 
     Prints READY <address> once it serves; Ctrl-C or SIGTERM stops it cleanly.
     """
-    import logging
-
     from coordinator.versions import check_host_id
-    from replicas.maintenance import check_setting
-    from replicas.replica import ReplicaConfig
-    from replicas.server import serve
+    from replicas.server import run
+    from replicas.settings import ReplicaConfig
 
+    host_id = values["host_id"]
     try:
         check_host_id(host_id)
     except ValueError as exc:
         raise InvalidInput(str(exc)) from None
-    logging.basicConfig(
-        level=os.environ.get("MERGETXN_LOG", "WARNING"),
-        stream=sys.stderr,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
-    config = ReplicaConfig(
-        zk=zk_address,
-        storage_url=storage,
-        host_id=host_id,
-        data_dir=data_dir,
-        root=root,
-        epoch_size=epoch_size,
-        host=host,
-        port=port,
-        txn_max_seconds=txn_max_seconds,
-        txn_max_rows=txn_max_rows,
-        session_timeout=session_timeout,
-        **{name: check_setting(name, value) for name, value in settings.items()},
-    )
+    config = ReplicaConfig(**values)
     console(stderr=True).print(
-        f"replica {host_id}: ZooKeeper {redact(zk_address)}, storage {redact(storage)}, WAL in "
-        f"{data_dir}",
+        f"replica {host_id}: ZooKeeper {redact(config.zk)}, storage {redact(config.storage_url)}, WAL in "
+        f"{config.data_dir}",
         soft_wrap=True,
     )
     try:
-        serve(config)
+        run(config)
     except MergetxnError:
         raise
     except Exception as exc:  # e.g. ZooKeeper unreachable: one line, not a traceback

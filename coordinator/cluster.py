@@ -37,9 +37,10 @@ class LocalCluster:
         root: str = "/mergetxn",
         settings: dict[str, float | int] | None = None,
     ) -> None:
-        """``settings``: tunable replica settings by name (``replicas.maintenance.OPTIONS``:
-        merges, cleanup, ``retain_entries`` and the rest of the log tail), for every replica."""
-        from replicas.maintenance import check_setting
+        """``settings``: tunable replica settings by name (``replicas.settings.TUNABLE``: merges,
+        cleanup, ``retain_entries`` and the rest of the log tail), for every replica. Every value
+        is checked (``replicas.settings.SETTINGS``) before anything starts."""
+        from replicas.settings import SETTINGS, check_setting
 
         if settings is not None and not isinstance(settings, dict):
             raise InvalidInput(f"settings must be a dict of replica settings, not {type(settings).__name__}")
@@ -48,11 +49,11 @@ class LocalCluster:
         self.n = replicas
         self._zk_arg = zk_address
         self.storage_url = storage_url or str(self.workdir / "storage")
-        self.epoch_size = epoch_size
-        self.txn_max_seconds = txn_max_seconds
-        self.txn_max_rows = txn_max_rows
-        self.session_timeout = session_timeout
-        self.root = root
+        self.epoch_size = SETTINGS["epoch_size"].check(epoch_size)
+        self.txn_max_seconds = SETTINGS["txn_max_seconds"].check(txn_max_seconds)
+        self.txn_max_rows = SETTINGS["txn_max_rows"].check(txn_max_rows)
+        self.session_timeout = SETTINGS["session_timeout"].check(session_timeout)
+        self.root = SETTINGS["root"].check(root)
         self.zk = None
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
@@ -93,17 +94,14 @@ class LocalCluster:
         d.mkdir(parents=True, exist_ok=True)
         ready = d / "address"
         ready.unlink(missing_ok=True)
-        argv = [
-            sys.executable, "-m", "replicas.server",
-            "--zk", self.zk.address, "--storage", self.storage_url, "--host-id", f"r{i}",
-            "--data-dir", str(d), "--port", str(self._ports[i]), "--root", self.root,
-            "--txn-max-seconds", str(self.txn_max_seconds), "--txn-max-rows", str(self.txn_max_rows),
-            "--session-timeout", str(self.session_timeout), "--ready-file", str(ready),
-        ]
-        if self.epoch_size:
-            argv += ["--epoch-size", str(self.epoch_size)]
-        for name, value in self.settings.items():
-            argv += ["--" + name.replace("_", "-"), str(value)]
+        from replicas.settings import command_line
+
+        argv = [sys.executable, "-m", "replicas.server", "--ready-file", str(ready), *command_line({
+            "zk": self.zk.address, "storage_url": self.storage_url, "host_id": f"r{i}", "data_dir": d,
+            "port": self._ports[i], "root": self.root, "epoch_size": self.epoch_size,
+            "txn_max_seconds": self.txn_max_seconds, "txn_max_rows": self.txn_max_rows,
+            "session_timeout": self.session_timeout, **self.settings,
+        })]
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
 from coordinator import errors, jsonwire
 
 log = logging.getLogger(__name__)
@@ -355,30 +357,31 @@ class RpcClient:
     def call(self, action: str, args: dict) -> Any:
         """One request/answer. A failure before anything was sent is retried once on a new
         connection (a replica restarted since the last call); a failure after sending is
-        ReplicaUnavailable, because the action may or may not have happened."""
-        payload = frame({"a": action, "b": args})
-        for attempt in (0, 1):
-            sock, rfile = self._connection()
-            try:
-                sock.sendall(payload)
-            except OSError as exc:
-                self._drop()
-                if attempt == 0:
-                    continue
-                raise errors.ReplicaUnavailable(f"replica {self.address} is unreachable: {exc}") from None
-            try:
-                reply = read_frame(rfile)
-            except (EOFError, OSError, ValueError) as exc:
-                self._drop()
-                if attempt == 0 and isinstance(exc, EOFError) and action in IDEMPOTENT:
-                    continue
-                raise errors.ReplicaUnavailable(
-                    f"replica {self.address} did not answer {action!r}: {exc or type(exc).__name__}"
-                ) from None
-            if not reply.get("ok"):
-                raise errors.from_dict(reply.get("error") or {})
-            return reply.get("result")
-        raise AssertionError("unreachable")
+        ReplicaUnavailable, because the action may or may not have happened, except that an
+        action in IDEMPOTENT whose connection closed before it answered is sent once more."""
+        try:
+            return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}))
+        except _Resend as exc:
+            raise errors.ReplicaUnavailable(str(exc)) from None
+
+    def _attempt(self, action: str, payload: bytes) -> Any:
+        sock, rfile = self._connection()
+        try:
+            sock.sendall(payload)
+        except OSError as exc:
+            self._drop()
+            raise _Resend(f"replica {self.address} is unreachable: {exc}") from None
+        try:
+            reply = read_frame(rfile)
+        except (EOFError, OSError, ValueError) as exc:
+            self._drop()
+            message = f"replica {self.address} did not answer {action!r}: {exc or type(exc).__name__}"
+            if isinstance(exc, EOFError) and action in IDEMPOTENT:
+                raise _Resend(message) from None
+            raise errors.ReplicaUnavailable(message) from None
+        if not reply.get("ok"):
+            raise errors.from_dict(reply.get("error") or {})
+        return reply.get("result")
 
     def close(self) -> None:
         with self._lock:
@@ -389,6 +392,15 @@ class RpcClient:
                     pass
             self._all.clear()
         self._local = threading.local()
+
+
+class _Resend(Exception):
+    """An attempt of RpcClient.call failed where sending the request again is safe; the message
+    is what the caller gets as ReplicaUnavailable if it was the last attempt."""
+
+
+# The resend policy of RpcClient.call: a second attempt, at once, after a _Resend.
+_RESEND_ONCE = Retrying(retry=retry_if_exception_type(_Resend), stop=stop_after_attempt(2), reraise=True)
 
 
 def _alive(sock: socket.socket) -> bool:

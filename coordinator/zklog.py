@@ -114,14 +114,7 @@ class CsnLog:
             if watch is not None:
                 self.zk.retry(self.zk.exists, self.tail_path(), watch=watch)
             return None, -1
-        try:
-            tail = json.loads(data)
-            for k in ("csn", "trimmed_epoch", "retained"):
-                int(tail[k])
-            str(tail["path"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptMetadata(f"znode {self.tail_path()} does not parse: {exc!r}") from exc
-        return tail, stat.version
+        return decode_tail(data, self.tail_path()), stat.version
 
     def trimmed_epoch(self) -> int:
         """Epochs up to this one may have been removed from ZooKeeper (-1: none)."""
@@ -275,6 +268,23 @@ class CsnLog:
     def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
         """Set a one-shot watch for the creation of the next entry; True if it already exists."""
         return self.zk.exists(self.entry_path(epoch, seq), watch=callback) is not None
+
+
+def encode_tail(tail: dict) -> bytes:
+    """The checkpoint node's data (see coordinator/checkpoint.py)."""
+    return json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode_tail(data: bytes, where: str) -> dict:
+    """Parse the checkpoint node's data; anything malformed is CorruptMetadata naming the znode."""
+    try:
+        tail = json.loads(data)
+        for k in ("csn", "trimmed_epoch", "retained"):
+            int(tail[k])
+        str(tail["path"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptMetadata(f"znode {where} does not parse: {exc!r}") from exc
+    return tail
 
 
 class PollHandler(SequentialThreadingHandler):

@@ -81,69 +81,6 @@ EVENT_RING = 10_000
 _PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
 _TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
 
-# Tunable ReplicaConfig fields: (field, type, default, minimum, help). `mergetxn replica start`,
-# `python -m replicas.server` and LocalCluster(settings=...) all take them; the command lines read
-# their defaults from MERGETXN_<FIELD> environment variables.
-OPTIONS: list[tuple[str, type, float | int, float | int, str]] = [
-    ("merge_interval", float, 1.0, 0, "seconds between looks for background merges (0: never)"),
-    ("merge_min_parts", int, 8, 2, "a partition with this many small parts gets a minor merge"),
-    ("merge_max_parts", int, 64, 2, "at most this many parts go into one merge"),
-    ("merge_small_bytes", int, 32 * 1024 * 1024, 0, "parts smaller than this are small"),
-    ("major_min_parts", int, 2, 2, "an idle partition with this many parts gets a major merge"),
-    ("major_idle_seconds", float, 600.0, 0, "a partition is idle when its newest part is this old"),
-    ("major_max_bytes", int, 256 * 1024 * 1024, 0, "no major merge of a partition larger than this"),
-    ("gc_interval", float, 10.0, 0, "seconds between background cleanup passes (0: never)"),
-    ("gc_grace_seconds", float, 60.0, 0, "unreferenced files younger than this are kept"),
-    ("read_lease_seconds", float, 300.0, 0, "a plain read (Spark's included) keeps its snapshot in use this long"),
-    # The log tail (coordinator/checkpoint.py).
-    ("retain_entries", int, 5000, 0,
-     "the newest log entries kept in ZooKeeper: snapshots within them stay readable (time travel)"),
-    ("checkpoint_every", int, 1000, 1, "seal the open epoch, checkpoint and trim once it holds this many entries"),
-    ("local_checkpoint_every", int, 5000, 1, "write the local state snapshot and compact the WAL every this many entries"),
-    ("tail_check_seconds", float, 1.0, 0.05, "seconds between looks at the log tail"),
-]
-
-
-def check_setting(name: str, value: Any) -> float | int:
-    """The value of tunable ``name`` as its type, or InvalidInput naming what is wrong."""
-    spec = {o[0]: o for o in OPTIONS}.get(name)
-    if spec is None:
-        raise InvalidInput(f"unknown replica setting {name!r}; known: {', '.join(o[0] for o in OPTIONS)}")
-    _, typ, _, minimum, _ = spec
-    try:
-        if isinstance(value, bool) or (typ is int and isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        v = typ(value)
-    except (TypeError, ValueError):
-        raise InvalidInput(f"replica setting {name} must be {'an integer' if typ is int else 'a number'}, "
-                           f"not {value!r}") from None
-    if not math.isfinite(v) or v < minimum:
-        raise InvalidInput(f"replica setting {name} must be at least {minimum}, not {value!r}")
-    return v
-
-
-def add_arguments(parser: Any) -> None:
-    """Command-line options for :data:`OPTIONS` (replicas/server.py)."""
-    import argparse
-    import os
-
-    def parse(name: str) -> Callable[[str], float | int]:
-        def convert(text: str) -> float | int:
-            try:
-                return check_setting(name, text)
-            except InvalidInput as exc:
-                raise argparse.ArgumentTypeError(exc.message) from None
-        return convert
-
-    for name, _typ, default, _minimum, text in OPTIONS:
-        env = "MERGETXN_" + name.upper()
-        parser.add_argument("--" + name.replace("_", "-"), type=parse(name), default=os.environ.get(env, default),
-                            help=f"{text} (default {default}; env {env})")
-
-
-def config_values(args: Any) -> dict[str, Any]:
-    return {name: check_setting(name, getattr(args, name)) for name, *_ in OPTIONS}
-
 
 def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
     """(part name, is a temporary file, stem match) for a part file or sidecar under a table's

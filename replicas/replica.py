@@ -12,10 +12,10 @@ import gc
 import itertools
 import json
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,48 +41,13 @@ from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.follower import Follower
-from replicas.maintenance import MIN_GRACE, OPTIONS, Maintenance
+from replicas.maintenance import MIN_GRACE, Maintenance
+from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
 from replicas.transactions import Op, RunningTxn
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReplicaConfig:
-    zk: str
-    storage_url: str
-    host_id: str
-    data_dir: Path
-    root: str = "/mergetxn"
-    epoch_size: int | None = None
-    host: str = "127.0.0.1"
-    port: int = 0
-    txn_max_seconds: float = 3600.0
-    txn_max_rows: int = 100_000_000
-    # Background merges and cleanup (replicas/maintenance.py; OPTIONS there documents each).
-    merge_interval: float = 1.0
-    merge_min_parts: int = 8
-    merge_max_parts: int = 64
-    merge_small_bytes: int = 32 * 1024 * 1024
-    major_min_parts: int = 2
-    major_idle_seconds: float = 600.0
-    major_max_bytes: int = 256 * 1024 * 1024
-    gc_interval: float = 10.0
-    gc_grace_seconds: float = 60.0
-    read_lease_seconds: float = 300.0
-    read_wait_seconds: float = 30.0
-    session_timeout: float = 10.0
-    storage_options: dict | None = field(default=None, repr=False)
-    # The log tail (coordinator/checkpoint.py): seal the open epoch, checkpoint and trim once it
-    # holds checkpoint_every entries, keeping the newest retain_entries; write state.ckpt and
-    # compact the WAL every local_checkpoint_every applied entries; how often to look (and to
-    # publish the applied CSN and oldest snapshot in use).
-    checkpoint_every: int = 1000
-    retain_entries: int = 5000  # the newest entries stay in the log: snapshots within them are served (time travel)
-    local_checkpoint_every: int = 5000
-    tail_check_seconds: float = 1.0
 
 
 class Replica:
@@ -694,7 +659,8 @@ class Replica:
             "incarnation": self.incarnation,
             "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
-            "settings": {name: getattr(self.config, name) for name, *_ in OPTIONS},
+            "settings": tunables(self.config),
+            "switch_interval": sys.getswitchinterval(),
             "committer": {"commits": self.committer.committed, "batches": self.committer.batches,
                           "local_version_misses": self.committer.local_misses},
         }

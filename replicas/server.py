@@ -20,8 +20,9 @@ from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
-from replicas import maintenance
-from replicas.replica import Replica, ReplicaConfig
+from replicas import settings
+from replicas.replica import Replica
+from replicas.settings import ReplicaConfig
 from replicas.transactions import Op
 
 log = logging.getLogger(__name__)
@@ -229,6 +230,23 @@ class ReplicaServer(RpcServer):
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
 
 
+# The RPC I/O thread, the committer and kazoo's thread hand the GIL to each other at every system
+# call; a shorter switch interval than the default 5 ms keeps their wake-up latency down, while a
+# very short one (0.5 ms) costs more in forced switches than it gains (measured with
+# benchmarks/commit_throughput.py: 2 ms gave the most commits per second).
+SWITCH_INTERVAL = 0.002
+
+
+def run(config: ReplicaConfig, ready_file: Path | None = None) -> None:
+    """A replica process: what ``python -m replicas.server`` and ``mergetxn replica start`` run.
+    Sets this process's GIL switch interval and logging (level from ``MERGETXN_LOG``), then
+    :func:`serve`."""
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    logging.basicConfig(level=os.environ.get("MERGETXN_LOG", "WARNING"), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    serve(config, ready_file)
+
+
 def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     """Run a replica until SIGTERM/SIGINT; print ``READY <address>`` once it serves."""
     replica = Replica(config)
@@ -260,33 +278,10 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m replicas.server")
-    p.add_argument("--zk", required=True)
-    p.add_argument("--storage", required=True)
-    p.add_argument("--host-id", required=True)
-    p.add_argument("--data-dir", required=True)
-    p.add_argument("--root", default="/mergetxn")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--epoch-size", type=int, default=None)
-    p.add_argument("--txn-max-seconds", type=float, default=3600.0)
-    p.add_argument("--txn-max-rows", type=int, default=100_000_000)
-    p.add_argument("--session-timeout", type=float, default=10.0)
+    settings.add_arguments(p)
     p.add_argument("--ready-file", default=None)
-    maintenance.add_arguments(p)
     a = p.parse_args(argv)
-    # The RPC I/O thread, the committer and kazoo's thread hand the GIL to each other at every
-    # system call; a shorter switch interval than the default 5 ms keeps their wake-up latency down,
-    # while a very short one (0.5 ms) costs more in forced switches than it gains (measured with
-    # benchmarks/commit_throughput.py: 2 ms gave the most commits per second).
-    sys.setswitchinterval(0.002)
-    logging.basicConfig(level=os.environ.get("MERGETXN_LOG", "WARNING"), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = ReplicaConfig(
-        zk=a.zk, storage_url=a.storage, host_id=a.host_id, data_dir=Path(a.data_dir), root=a.root,
-        epoch_size=a.epoch_size, host=a.host, port=a.port, txn_max_seconds=a.txn_max_seconds,
-        txn_max_rows=a.txn_max_rows, session_timeout=a.session_timeout, **maintenance.config_values(a),
-    )
-    serve(config, Path(a.ready_file) if a.ready_file else None)
+    run(settings.from_arguments(a), Path(a.ready_file) if a.ready_file else None)
 
 
 if __name__ == "__main__":

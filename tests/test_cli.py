@@ -31,6 +31,7 @@ from coordinator.cli import cli, parse_schema
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
 from coordinator.zkserver import ZooKeeperServer
+from replicas.server import SWITCH_INTERVAL
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = "id:int64,name:string,day:date32"
@@ -346,6 +347,16 @@ def test_replica_start_refuses_a_bad_setting() -> None:
     assert r.exit_code == 2 and "--retain-entries" in r.output and "x>=0" in r.output
 
 
+def test_replica_server_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
+    from replicas.server import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--zk", "127.0.0.1:1", "--storage", "/tmp/x", "--host-id", "r9", "--data-dir", "/tmp/x",
+              "--retain-entries", "-1"])
+    assert exit_.value.code == 2
+    assert "replica setting retain_entries must be at least 0" in capsys.readouterr().err
+
+
 # -- servers, as subprocesses -------------------------------------------------------------------
 
 
@@ -431,8 +442,10 @@ def test_replica_start_joins_the_cluster(
     )
     try:
         address = wait_for_line(proc, "READY").split()[1]
-        settings = connect(address).call("info")["settings"]
+        info = connect(address).call("info")
+        settings = info["settings"]
         assert (settings["retain_entries"], settings["gc_grace_seconds"]) == (123, 42.0)
+        assert info["switch_interval"] == pytest.approx(SWITCH_INTERVAL)  # the same process set-up as replicas.server
         r = CliRunner().invoke(cli, ["read", "joined", "--snapshot", tx.csn, "--replica", address])
         assert r.exit_code == 0, r.output
         assert "5 rows of joined" in r.output

@@ -4,7 +4,7 @@ against real ZooKeeper and real replica processes (replicas/maintenance.py).
 Two module-scoped clusters on the session's ZooKeeper: ``auto`` (two replicas, background merges
 and cleanup running at short intervals) and ``manual`` (two replicas, nothing in the background,
 so cleanup reports are deterministic). Settings reach the replica processes through the
-settings given to LocalCluster (``replicas.maintenance.OPTIONS``).
+settings given to LocalCluster (``replicas.settings``).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from parts.format import write_part
 from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
+from replicas.server import SWITCH_INTERVAL
 from replicas.transactions import Op
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int32()), ("v", pa.string())])
@@ -90,14 +91,18 @@ def manual(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer)
 
 def test_settings_reach_every_replica_and_bad_ones_start_nothing(auto: LocalCluster, tmp_path: Path) -> None:
     for i in range(2):
-        settings = auto.client(i).call("info")["settings"]
+        info = auto.client(i).call("info")
+        settings = info["settings"]
         assert settings["merge_min_parts"] == 4 and settings["gc_interval"] == 0.5
+        assert info["switch_interval"] == pytest.approx(SWITCH_INTERVAL)
         assert settings["retain_entries"] == 5000  # not given: the default
     for bad, why in (({"retain_entrys": 10}, "unknown replica setting 'retain_entrys'"),
                      ({"retain_entries": -1}, "at least 0"), ({"merge_min_parts": 2.5}, "an integer"),
                      ({"gc_interval": "soon"}, "a number")):
         with pytest.raises(InvalidInput, match=why):
             LocalCluster(tmp_path / "never", replicas=1, settings=bad)
+    with pytest.raises(InvalidInput, match="txn_max_rows must be at least 1"):
+        LocalCluster(tmp_path / "never", replicas=1, txn_max_rows=0)
     assert not (tmp_path / "never").exists()
 
 

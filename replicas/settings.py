@@ -1,0 +1,215 @@
+"""The replica's settings, declared once: :class:`ReplicaConfig`.
+
+Each field that a command line may set carries a :class:`Setting` (help, range, command-line flag,
+whether it is *tunable*). Everything else is derived from these declarations:
+
+* the options of ``python -m replicas.server`` (:func:`add_arguments`, :func:`from_arguments`) and
+  of ``mergetxn replica start`` (:func:`click_options`), with the same names, defaults and ranges;
+* the tunable settings (merges, cleanup, the log tail) also take their command-line defaults from
+  ``MERGETXN_<NAME>`` environment variables, are what ``LocalCluster(settings={...})`` accepts
+  (:func:`check_setting`) and what a replica's ``info`` reports;
+* the command line that :class:`coordinator.LocalCluster` gives a replica process
+  (:func:`command_line`).
+
+Fields without a :class:`Setting` are set only by code: ``storage_options`` (credentials for s3fs,
+never on a command line) and ``read_wait_seconds``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from coordinator.errors import InvalidInput
+
+
+@dataclass(frozen=True)
+class Setting:
+    """How one :class:`ReplicaConfig` field is set from outside the process."""
+
+    name: str
+    type: type  # int, float, str or Path (``int | None`` fields: int, None allowed)
+    default: Any  # dataclasses.MISSING: required
+    help: str  # a phrase: lower-case start unless a name, no final stop
+    minimum: float | None = None
+    maximum: float | None = None
+    above: bool = False  # the minimum itself is out of range
+    tunable: bool = False
+    flag: str = ""  # the command-line name without dashes, when it differs from the field name
+    metavar: str | None = None
+
+    @property
+    def option(self) -> str:
+        return "--" + (self.flag or self.name).replace("_", "-")
+
+    @property
+    def env(self) -> str | None:
+        return "MERGETXN_" + self.name.upper() if self.tunable else None
+
+    @property
+    def required(self) -> bool:
+        return self.default is MISSING
+
+    def range_text(self) -> str:
+        if self.maximum is not None:
+            return f"from {self.minimum} to {self.maximum}"
+        return f"{'more than' if self.above else 'at least'} {self.minimum}"
+
+    def check(self, value: Any) -> Any:
+        """``value`` (or its text) as this setting's type, or InvalidInput naming what is wrong."""
+        if value is None and self.default is None:
+            return None
+        if self.type is Path:
+            return Path(value)
+        if self.type is str:
+            if not isinstance(value, str):
+                raise InvalidInput(f"replica setting {self.name} must be a string, not {value!r}")
+            return value
+        try:
+            if isinstance(value, bool) or (self.type is int and isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            v = self.type(value)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"replica setting {self.name} must be "
+                               f"{'an integer' if self.type is int else 'a number'}, not {value!r}") from None
+        low = self.minimum is not None and (v < self.minimum or (self.above and v == self.minimum))
+        high = self.maximum is not None and v > self.maximum
+        if not math.isfinite(v) or low or high:
+            raise InvalidInput(f"replica setting {self.name} must be {self.range_text()}, not {value!r}")
+        return v
+
+
+def _setting(default: Any = MISSING, help: str = "", **spec: Any) -> Any:
+    return field(default=default, metadata={"setting": {"help": help, **spec}})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplicaConfig:
+    zk: str = _setting(help="ZooKeeper connection string (host:port[,host:port...][/chroot])", metavar="HOSTS")
+    storage_url: str = _setting(help="part storage: a local path or s3://bucket/prefix", flag="storage",
+                                metavar="URL")
+    host_id: str = _setting(help="this replica's stable id (letters, digits, _ . -)")
+    data_dir: Path = _setting(help="local directory for the WAL")
+    port: int = _setting(0, "port (0: a free one)", minimum=0, maximum=65535)
+    host: str = _setting("127.0.0.1", "interface to listen on")
+    root: str = _setting("/mergetxn", "ZooKeeper root node")
+    epoch_size: int | None = _setting(None, "CSNs per epoch before a new epoch starts (default: the maximum)",
+                                      minimum=1)
+    txn_max_seconds: float = _setting(3600.0, "a transaction running longer is aborted", minimum=0, above=True)
+    txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
+    session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
+    storage_options: dict | None = field(default=None, repr=False)
+    read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
+    # Tunable: background merges and cleanup (replicas/maintenance.py).
+    merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
+                                     tunable=True)
+    merge_min_parts: int = _setting(8, "a partition with this many small parts gets a minor merge", minimum=2,
+                                    tunable=True)
+    merge_max_parts: int = _setting(64, "at most this many parts go into one merge", minimum=2, tunable=True)
+    merge_small_bytes: int = _setting(32 * 1024 * 1024, "parts smaller than this are small", minimum=0,
+                                      tunable=True)
+    major_min_parts: int = _setting(2, "an idle partition with this many parts gets a major merge", minimum=2,
+                                    tunable=True)
+    major_idle_seconds: float = _setting(600.0, "a partition is idle when its newest part is this old", minimum=0,
+                                         tunable=True)
+    major_max_bytes: int = _setting(256 * 1024 * 1024, "no major merge of a partition larger than this",
+                                    minimum=0, tunable=True)
+    gc_interval: float = _setting(10.0, "seconds between background cleanup passes (0: never)", minimum=0,
+                                  tunable=True)
+    gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0,
+                                       tunable=True)
+    read_lease_seconds: float = _setting(300.0, "a plain read (Spark's included) keeps its snapshot in use this long",
+                                         minimum=0, tunable=True)
+    # Tunable: the log tail (coordinator/checkpoint.py).
+    retain_entries: int = _setting(
+        5000, "the newest log entries kept in ZooKeeper: snapshots within them stay readable (time travel)",
+        minimum=0, tunable=True)
+    checkpoint_every: int = _setting(1000, "seal the open epoch, checkpoint and trim once it holds this many entries",
+                                     minimum=1, tunable=True)
+    local_checkpoint_every: int = _setting(
+        5000, "write the local state snapshot and compact the WAL every this many entries", minimum=1, tunable=True)
+    tail_check_seconds: float = _setting(1.0, "seconds between looks at the log tail", minimum=0.05, tunable=True)
+
+
+def _settings() -> dict[str, Setting]:
+    hints = typing.get_type_hints(ReplicaConfig)
+    out = {}
+    for f in fields(ReplicaConfig):
+        if "setting" in f.metadata:
+            typ = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+            out[f.name] = Setting(name=f.name, type=typ, default=f.default, **f.metadata["setting"])
+    return out
+
+
+SETTINGS: dict[str, Setting] = _settings()
+TUNABLE: tuple[str, ...] = tuple(name for name, s in SETTINGS.items() if s.tunable)
+
+
+def check_setting(name: str, value: Any) -> Any:
+    """The value of tunable setting ``name`` as its type, or InvalidInput naming what is wrong."""
+    if name not in TUNABLE:
+        raise InvalidInput(f"unknown replica setting {name!r}; known: {', '.join(TUNABLE)}")
+    return SETTINGS[name].check(value)
+
+
+def tunables(config: ReplicaConfig) -> dict[str, Any]:
+    return {name: getattr(config, name) for name in TUNABLE}
+
+
+def command_line(values: Mapping[str, Any]) -> list[str]:
+    """Options of ``python -m replicas.server`` for setting ``values`` (None: left out)."""
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is not None:
+            argv += [SETTINGS[name].option, str(value)]
+    return argv
+
+
+def add_arguments(parser: Any) -> None:
+    """An argparse option per setting (``python -m replicas.server``)."""
+    import argparse
+
+    def parse(s: Setting) -> Callable[[str], Any]:
+        def convert(text: str) -> Any:
+            try:
+                return s.check(text)
+            except InvalidInput as exc:
+                raise argparse.ArgumentTypeError(exc.message) from None
+        return convert
+
+    for s in SETTINGS.values():
+        if s.required:
+            parser.add_argument(s.option, dest=s.name, type=parse(s), required=True, metavar=s.metavar, help=s.help)
+            continue
+        default = os.environ.get(s.env, s.default) if s.env else s.default
+        parser.add_argument(s.option, dest=s.name, type=parse(s), default=default, metavar=s.metavar,
+                            help=f"{s.help} (default {s.default}{f'; env {s.env}' if s.env else ''})")
+
+
+def from_arguments(args: Any) -> ReplicaConfig:
+    return ReplicaConfig(**{name: getattr(args, name) for name in SETTINGS})
+
+
+def click_options(command: Callable) -> Callable:
+    """A click option per setting (``mergetxn replica start``), each passed by its field name."""
+    import click
+
+    for s in reversed(SETTINGS.values()):
+        if s.type is int:
+            kind: Any = click.IntRange(min=s.minimum, max=s.maximum, min_open=s.above)
+        elif s.type is float:
+            kind = click.FloatRange(min=s.minimum, max=s.maximum, min_open=s.above)
+        elif s.type is Path:
+            kind = click.Path(file_okay=False, path_type=Path)
+        else:
+            kind = None
+        text = s.help[0].upper() + s.help[1:] + (f" (env {s.env})." if s.env else ".")
+        default = None if s.required else s.default
+        command = click.option(s.option, s.name, type=kind, required=s.required, default=default, envvar=s.env,
+                               show_default=default is not None, metavar=s.metavar, help=text)(command)
+    return command
