@@ -17,6 +17,11 @@ Policies (SPEC.md):
 When the later transaction may commit but something committed meanwhile, :class:`Verdict`
 says ``rebase``: its operations must be replayed on the current parts (metadata only where its
 inputs are intact). Under ``parts`` nothing is ever replayed: an OVERWRITE removes what it saw.
+
+A loss carries its :class:`~coordinator.errors.ConflictKind`: ``TARGET_CHANGED`` when a
+``maxcompute`` or ``append`` cell fails; under ``parts``, ``SOURCES_REMOVED`` when the loser's removals on the
+target were a compaction's (it compacted there, and neither overwrote nor mutated),
+``PART_REMOVED_TWICE`` otherwise.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from coordinator.errors import ConflictKind
 
 
 class Kind(StrEnum):
@@ -42,6 +49,7 @@ class Policy(StrEnum):
 
 COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})
 DATA_CHANGING = frozenset(Kind) - COMPACTIONS
+_REMOVING_STATEMENTS = frozenset({Kind.OVERWRITE, Kind.MUTATE})  # besides compactions, what removes parts
 
 _O, _I, _M, _MI, _MA = Kind.OVERWRITE, Kind.INSERT, Kind.MUTATE, Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT
 
@@ -79,6 +87,7 @@ class Verdict:
     rebase: bool = False
     winner: str | None = None
     reason: str = ""
+    kind: ConflictKind | None = None  # set exactly when not ok
 
 
 def later_succeeds(policy: Policy, earlier: Kind, later: Kind) -> bool:
@@ -100,7 +109,10 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
             both = later.removed & winner.removed
             if both:
                 part = sorted(both)[0]
-                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}")
+                compacted = later.kinds & COMPACTIONS and not later.kinds & _REMOVING_STATEMENTS
+                kind = ConflictKind.SOURCES_REMOVED if compacted else ConflictKind.PART_REMOVED_TWICE
+                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}",
+                               kind=kind)
             continue
         for e in sorted(winner.kinds):
             for lk in sorted(later.kinds):
@@ -109,6 +121,8 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
                         False,
                         winner=winner.tid,
                         reason=f"{lk.value} conflicts with {e.value} committed earlier by {winner.tid} ({policy.value} policy)",
+                        kind=ConflictKind.TARGET_CHANGED,
                     )
     others = [w for w in earlier if w.tid != later.tid]
     return Verdict(True, rebase=bool(others) and policy is not Policy.PARTS)
+

@@ -455,7 +455,7 @@ class Committer:
                 where = f"table {table!r}" + (f" partition {pkey}" if pkey != "[]" else "")
                 raise ConflictError(
                     f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
-                    winner=v.winner, table=table, partition=pkey,
+                    winner=v.winner, kind=str(v.kind), table=table, partition=pkey,
                 )
             rebase |= v.rebase
         for table in eff.whole_tables:
