@@ -17,13 +17,24 @@ Policies (SPEC.md):
 When the later transaction may commit but something committed meanwhile, :class:`Verdict`
 says ``rebase``: its operations must be replayed on the current parts (metadata only where its
 inputs are intact). Under ``parts`` nothing is ever replayed: an OVERWRITE removes what it saw.
+
+A loss carries its :class:`~coordinator.errors.ConflictKind`: ``TARGET_CHANGED`` when a
+``maxcompute`` or ``append`` cell fails; under ``parts``, ``SOURCES_REMOVED`` when the loser's
+removals on the target were a compaction's (it compacted there, and neither overwrote nor
+mutated), ``PART_REMOVED_TWICE`` otherwise.
+
+:func:`fits_beside` is the group committer's question (replicas/committer.py): may a transaction
+share one multi with members of the batch that touch the same targets? Which targets a commit
+checks at all is :mod:`coordinator.targets`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+
+from coordinator.errors import ConflictKind
 
 
 class Kind(StrEnum):
@@ -42,6 +53,7 @@ class Policy(StrEnum):
 
 COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})
 DATA_CHANGING = frozenset(Kind) - COMPACTIONS
+_REMOVING_STATEMENTS = frozenset({Kind.OVERWRITE, Kind.MUTATE})  # besides compactions, what removes parts
 
 _O, _I, _M, _MI, _MA = Kind.OVERWRITE, Kind.INSERT, Kind.MUTATE, Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT
 
@@ -79,6 +91,7 @@ class Verdict:
     rebase: bool = False
     winner: str | None = None
     reason: str = ""
+    kind: ConflictKind | None = None  # set exactly when not ok
 
 
 def later_succeeds(policy: Policy, earlier: Kind, later: Kind) -> bool:
@@ -100,7 +113,10 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
             both = later.removed & winner.removed
             if both:
                 part = sorted(both)[0]
-                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}")
+                compacted = later.kinds & COMPACTIONS and not later.kinds & _REMOVING_STATEMENTS
+                kind = ConflictKind.SOURCES_REMOVED if compacted else ConflictKind.PART_REMOVED_TWICE
+                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}",
+                               kind=kind)
             continue
         for e in sorted(winner.kinds):
             for lk in sorted(later.kinds):
@@ -109,6 +125,36 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
                         False,
                         winner=winner.tid,
                         reason=f"{lk.value} conflicts with {e.value} committed earlier by {winner.tid} ({policy.value} policy)",
+                        kind=ConflictKind.TARGET_CHANGED,
                     )
     others = [w for w in earlier if w.tid != later.tid]
     return Verdict(True, rebase=bool(others) and policy is not Policy.PARTS)
+
+
+def fits_beside(
+    policies: Mapping[str, Policy | str],
+    later: Mapping[tuple[str, str], Summary],
+    whole_tables: Iterable[str],
+    in_batch: Mapping[tuple[str, str], Sequence[Summary]],
+) -> bool:
+    """Whether a transaction may join a commit batch whose accepted members touch some of its
+    targets: exactly when committing right after them would succeed with the same effect (the
+    rules pass against them, and any rebase they call for is an INSERT's, which changes
+    nothing). Otherwise it waits for the next batch, decided against the committed state.
+
+    ``later`` is the transaction's effect per (table, partition key), ``whole_tables`` the
+    tables it acts on as a whole (TRUNCATE without partitions), ``in_batch`` the members already
+    accepted per target, in batch order; ``policies`` maps each of its tables to its policy.
+    An ``append`` table's concurrent INSERTs thus share one CSN, as ``parts`` INSERTs always
+    could (they check no target)."""
+    for (table, pkey), summary in later.items():
+        earlier = in_batch.get((table, pkey))
+        if not earlier:
+            continue
+        v = check(policies[table], summary, earlier)
+        if not v.ok or (v.rebase and (summary.removed or not summary.kinds <= {Kind.INSERT})):
+            return False
+    for table in whole_tables:
+        if Policy(policies[table]) is not Policy.PARTS and any(t == table for t, _ in in_batch):
+            return False  # a whole-table statement would be replayed on what they add
+    return True

@@ -7,7 +7,18 @@ whether the failure happened in the client library or inside a replica process.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
+
+
+class ConflictKind(StrEnum):
+    """Which rule a :class:`ConflictError` came from (it travels as ``details["kind"]``)."""
+
+    PART_REMOVED_TWICE = "PART_REMOVED_TWICE"  # parts: both transactions removed the same part
+    TARGET_CHANGED = "TARGET_CHANGED"  # maxcompute/append: what committed to the target since the snapshot forbids it
+    SOURCES_REMOVED = "SOURCES_REMOVED"  # parts: a compaction's source parts were removed meanwhile
+    KEY_WRITTEN = "KEY_WRITTEN"  # keys: a key it writes or locked was written since (reserved)
+    READ_SET_CHANGED = "READ_SET_CHANGED"  # serializable: what it read changed since (reserved)
 
 
 class MergetxnError(Exception):
@@ -24,11 +35,19 @@ class MergetxnError(Exception):
 
 class ConflictError(MergetxnError):
     """A serialization error: a transaction that committed first won; retrying the whole
-    transaction is safe. ``winner`` names the transaction it lost to."""
+    transaction is safe. ``winner`` names the transaction it lost to, ``kind`` which conflict
+    it was (a :class:`ConflictKind`; None when the replica did not say)."""
 
     @property
     def winner(self) -> str | None:
         return self.details.get("winner")
+
+    @property
+    def kind(self) -> ConflictKind | None:
+        try:
+            return ConflictKind(self.details.get("kind"))
+        except ValueError:
+            return None
 
 
 class TransactionAborted(MergetxnError):

@@ -43,12 +43,13 @@ from tenacity import (
 
 from coordinator import jsonwire
 from coordinator.catalog import TableDef
-from coordinator.conflicts import DATA_CHANGING, Kind, Policy, Summary, check
+from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check, fits_beside
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
 from coordinator.fence import FenceMoved
 from coordinator.model import LogEntry, ManifestPointer, TxnRecord
+from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import csn_of, epoch_full
-from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved, target_key
+from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
@@ -422,28 +423,22 @@ class Committer:
     def _policy(self, table: str) -> Policy:
         return self.replica.table(table).conflict_policy
 
+    def _policies(self, tables) -> dict[str, Policy]:
+        return {t: self._policy(t) for t in tables}
+
     def _initial_keys(self, p: Pending) -> set[str]:
-        keys: set[str] = set()
-        for op in p.txn.ops:
-            policy = self._policy(op.table)
-            if policy is Policy.PARTS:
-                for name in op.removed:
-                    rec = self.state.parts.get(name)
-                    if rec is not None:
-                        keys.add(target_key(op.table, rec.pkey))
-                continue
-            keys.add(op.table)
-            for m in op.added:
-                keys.add(target_key(op.table, partition_key(m.partition)))
-            for name in op.removed:
-                rec = self.state.parts.get(name)
-                if rec is not None:
-                    keys.add(target_key(op.table, rec.pkey))
-            for pk in op.partitions or ():
-                keys.add(target_key(op.table, pk))
-            if op.whole_table:
-                keys |= {target_key(op.table, pk) for pk, names in self.state.live.get(op.table, {}).items() if names}
-        return keys
+        parts = self.state.parts
+        statements = [
+            Statement(
+                op.table,
+                added=[partition_key(m.partition) for m in op.added],
+                removed=[rec.pkey for rec in map(parts.get, op.removed) if rec is not None],
+                partitions=op.partitions or (),
+                whole_table=op.whole_table,
+            )
+            for op in p.txn.ops
+        ]
+        return read_keys(self._policies({op.table for op in p.txn.ops}), statements, self.state.live)
 
     def _pkeys_of(self, txn: RunningTxn, names: list[str], own: dict[str, PartMeta]) -> dict[str, str]:
         out = {}
@@ -474,56 +469,34 @@ class Committer:
     def _verdicts(self, txn: RunningTxn, eff: Effect) -> bool:
         """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""
         rebase = False
-        for (table, pkey), kinds in sorted(eff.kinds.items()):
-            policy = self._policy(table)
+        summaries = eff.summaries(txn.id)
+        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
+        for (table, pkey), later in sorted(summaries.items()):
             winners = self.state.winners(table, pkey, txn.snapshot)
-            v = check(policy, Summary(txn.id, frozenset(kinds), eff.removed_in(table, pkey)), winners)
+            v = check(policies[table], later, winners)
             if not v.ok:
                 where = f"table {table!r}" + (f" partition {pkey}" if pkey != "[]" else "")
                 raise ConflictError(
                     f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
-                    winner=v.winner, table=table, partition=pkey,
+                    winner=v.winner, kind=str(v.kind), table=table, partition=pkey,
                 )
             rebase |= v.rebase
-        for table in eff.whole_tables:
-            if self._policy(table) is not Policy.PARTS:
-                rebase |= any(
-                    self.state.winners(t, pk, txn.snapshot) for (t, pk) in list(self.state.history) if t == table
-                )
-        return rebase
+        if rebase or not eff.whole_tables:
+            return rebase
+        targets = whole_table_targets(policies, eff.whole_tables, list(self.state.history))
+        return any(self.state.winners(t, pk, txn.snapshot) for t, pk in targets)
 
     def _fits_beside(self, txn: RunningTxn, eff: Effect, in_batch: dict[tuple[str, str], list[Summary]]) -> bool:
         """Whether a member whose checked targets members already accepted into this batch also
-        touch may share their multi: exactly when committing right after them would succeed with
-        the same effect (the rules pass against them, and any rebase they call for is an INSERT's,
-        which changes nothing). Otherwise it waits for the next batch, decided against the
-        committed state. An ``append`` table's concurrent INSERTs thus share one CSN, as
-        ``parts`` INSERTs always could (they check no target)."""
-        for (table, pkey), kinds in eff.kinds.items():
-            earlier = in_batch.get((table, pkey))
-            if not earlier:
-                continue
-            removed = eff.removed_in(table, pkey)
-            v = check(self._policy(table), Summary(txn.id, frozenset(kinds), removed), earlier)
-            if not v.ok or (v.rebase and (removed or not kinds <= {Kind.INSERT})):
-                return False
-        for table in eff.whole_tables:
-            if self._policy(table) is not Policy.PARTS and any(t == table for t, _ in in_batch):
-                return False  # a whole-table statement would be replayed on what they add
-        return True
+        touch may share their multi (:func:`coordinator.conflicts.fits_beside`)."""
+        summaries = eff.summaries(txn.id)
+        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
+        return fits_beside(policies, summaries, eff.whole_tables, in_batch)
 
     def _checked_keys(self, eff: Effect) -> set[str]:
-        keys: set[str] = set()
-        for (table, pkey), _ in eff.kinds.items():
-            policy = self._policy(table)
-            if policy is Policy.PARTS and not eff.removed_in(table, pkey):
-                continue
-            keys.add(target_key(table, pkey))
-        for table in eff.whole_tables:
-            if self._policy(table) is not Policy.PARTS:
-                keys.add(table)
-                keys |= {target_key(table, pk) for pk, names in self.state.live.get(table, {}).items() if names}
-        return keys
+        summaries = eff.summaries("")
+        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
+        return checked_keys(policies, summaries, eff.whole_tables, self.state.live)
 
     def _replay(self, p: Pending) -> Effect:
         """Re-apply the transaction's operations on the parts as they are now."""

@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from coordinator.conflicts import Kind
+from coordinator.conflicts import Kind, Summary
 from coordinator.errors import InvalidInput
 from coordinator.model import Change
 from coordinator.versions import Tid
@@ -117,6 +117,13 @@ class Effect:
 
     def removed_in(self, table: str, pkey: str) -> frozenset[str]:
         return frozenset(n for n, tp in self.removed.items() if tp == (table, pkey))
+
+    def summaries(self, tid: str) -> dict[tuple[str, str], Summary]:
+        """The effect per target, as the conflict rules and target selection take it."""
+        removed: dict[tuple[str, str], set[str]] = defaultdict(set)
+        for name, tp in self.removed.items():
+            removed[tp].add(name)
+        return {tp: Summary(tid, frozenset(kinds), frozenset(removed.get(tp, ()))) for tp, kinds in self.kinds.items()}
 
     def changes(self) -> list[Change]:
         """Per-target change records for the log entry, deterministic order (the committer

@@ -26,7 +26,7 @@ from zkutil import new_chroot  # tests/ is on sys.path
 
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
-from coordinator.errors import ConflictError
+from coordinator.errors import ConflictError, ConflictKind
 from coordinator.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
@@ -309,6 +309,7 @@ def run_pair(
         with pytest.raises(ConflictError) as info:
             tx_l.commit()
         assert info.value.winner == tx_e.id, info.value.message
+        assert info.value.kind is ConflictKind.TARGET_CHANGED, info.value.details
         final, expected = e_csn, after_earlier
         assert_left_nothing(clients, table, tx_l)
     assert_contents(clients, table, final, expected)
@@ -435,6 +436,7 @@ def test_parts_two_deletes_of_one_part(clients: list[Client], reps: tuple[int, i
     with pytest.raises(ConflictError) as info:
         tx_l.commit()
     assert info.value.winner == tx_e.id
+    assert info.value.kind is ConflictKind.PART_REMOVED_TWICE, info.value.details
     assert_left_nothing(clients, table, tx_l)
     assert_contents(clients, table, e_csn, [r for r in seed if r["k"] != 1])
 
@@ -524,6 +526,7 @@ def test_parts_compaction_with_removed_source_fails(
     with pytest.raises(ConflictError) as info:
         tx_c.commit()
     assert info.value.winner == tx_e.id
+    assert info.value.kind is ConflictKind.SOURCES_REMOVED, info.value.details
     assert_left_nothing(clients, table, tx_c)
     assert_contents(clients, table, e_csn, expected)
 

@@ -13,6 +13,7 @@ import itertools
 import pyarrow as pa
 import pytest
 
+from coordinator import jsonwire
 from coordinator.catalog import TableDef
 from coordinator.conflicts import (
     COMPACTIONS,
@@ -26,6 +27,7 @@ from coordinator.conflicts import (
     check,
     later_succeeds,
 )
+from coordinator.errors import ConflictError, ConflictKind, from_dict
 from coordinator.model import LogEntry
 from coordinator.versions import (
     COUNTER_STRIDE,
@@ -114,9 +116,11 @@ def test_maxcompute_cell(earlier: str, later: str) -> None:
     if want:
         assert v.rebase is True
         assert v.winner is None
+        assert v.kind is None
     else:
         assert v.winner == "E"
         assert later in v.reason and earlier in v.reason
+        assert v.kind is ConflictKind.TARGET_CHANGED
 
 
 def test_maxcompute_table_shape() -> None:
@@ -139,9 +143,10 @@ def test_append_cell(earlier: str, later: str) -> None:
     v = check(Policy.APPEND, Summary.of("L", [later]), [Summary.of("E", [earlier])])
     assert v.ok is want
     if want:
-        assert v.rebase is True and v.winner is None
+        assert v.rebase is True and v.winner is None and v.kind is None
     else:
         assert v.winner == "E"
+        assert v.kind is ConflictKind.TARGET_CHANGED
 
 
 # =============================================================================================
@@ -170,8 +175,9 @@ def test_parts_cell(
     later_removed: tuple[str, ...],
     overlap: bool,
 ) -> None:
-    """Kinds never matter under ``parts``; an overlap of removed parts always loses to the
-    earlier tid; nothing is ever rebased (an OVERWRITE removes what it saw)."""
+    """Kinds never decide under ``parts``; an overlap of removed parts always loses to the
+    earlier tid; nothing is ever rebased (an OVERWRITE removes what it saw). The loss is a
+    compaction's lost sources when the later transaction compacted, else a part removed twice."""
     v = check(
         "parts",
         Summary.of("L", [later], later_removed),
@@ -182,8 +188,10 @@ def test_parts_cell(
         assert v.winner == "E"
         common = sorted(set(earlier_removed) & set(later_removed))
         assert any(p in v.reason for p in common)
+        compaction = later in ("MINOR_COMPACT", "MAJOR_COMPACT")
+        assert v.kind is (ConflictKind.SOURCES_REMOVED if compaction else ConflictKind.PART_REMOVED_TWICE)
     else:
-        assert v.ok and not v.rebase and v.winner is None
+        assert v.ok and not v.rebase and v.winner is None and v.kind is None
     assert later_succeeds(Policy.PARTS, Kind(earlier), Kind(later)) is True
 
 
@@ -227,6 +235,21 @@ def test_kind_sets(policy: str) -> None:
             assert v.ok is want, (ek, lk)
             assert v.rebase is want
             assert v.winner == (None if want else "E")
+            assert v.kind is (None if want else ConflictKind.TARGET_CHANGED)
+
+
+def test_parts_kind_sets() -> None:
+    """Under ``parts`` a loss is SOURCES_REMOVED exactly when the later transaction's removals
+    on the target were a compaction's: it compacted there and neither overwrote nor mutated (an
+    INSERT removes nothing; an OVERWRITE, TRUNCATE, DELETE or UPDATE that removed the part makes
+    it a part removed twice). The earlier transaction's kinds never matter."""
+    for ek in _nonempty_subsets(KIND_NAMES):
+        for lk in _nonempty_subsets(KIND_NAMES):
+            v = check("parts", Summary.of("L", lk, ["p1"]), [Summary.of("E", ek, ["p1"])])
+            compacted = bool({"MINOR_COMPACT", "MAJOR_COMPACT"} & set(lk))
+            removed_otherwise = bool({"OVERWRITE", "MUTATE"} & set(lk))
+            want = ConflictKind.SOURCES_REMOVED if compacted and not removed_otherwise else ConflictKind.PART_REMOVED_TWICE
+            assert not v.ok and v.winner == "E" and v.kind is want, (ek, lk)
 
 
 @pytest.mark.parametrize("policy", ["maxcompute", "append"])
@@ -265,6 +288,30 @@ def test_parts_winner_is_first_overlapping() -> None:
         [Summary.of("E1", ["OVERWRITE"], ["p9"]), Summary.of("E2", ["INSERT"], [])],
     )
     assert v.ok and not v.rebase
+
+
+def test_conflict_kinds() -> None:
+    """The kinds a caller can tell apart: three that the policies raise, two reserved for keys
+    tables and serializable transactions."""
+    assert {k.value for k in ConflictKind} == {
+        "PART_REMOVED_TWICE", "TARGET_CHANGED", "SOURCES_REMOVED", "KEY_WRITTEN", "READ_SET_CHANGED",
+    }
+
+
+@pytest.mark.parametrize("kind", list(ConflictKind))
+def test_conflict_kind_survives_the_wire(kind: ConflictKind) -> None:
+    """A replica's ConflictError is JSON on the RPC and rebuilt by the client: ``kind`` and
+    ``winner`` come through, ``kind`` as the enum."""
+    exc = ConflictError("lost", winner="(1, 2, 'r0')", kind=str(kind), table="t", partition="[]")
+    back = from_dict(jsonwire.loads(jsonwire.dumps(exc.to_dict())))
+    assert type(back) is ConflictError
+    assert back.kind is kind and back.winner == "(1, 2, 'r0')" and back.message == "lost"
+    assert ConflictError("lost", kind=kind).kind is kind
+
+
+@pytest.mark.parametrize("details", [{}, {"kind": None}, {"kind": "FROM_A_NEWER_REPLICA"}, {"kind": ["x"]}])
+def test_conflict_kind_unknown_is_none(details: dict) -> None:
+    assert ConflictError("lost", **details).kind is None
 
 
 def test_bad_policy_and_kind_are_rejected() -> None:
