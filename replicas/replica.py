@@ -362,6 +362,12 @@ class Replica:
                 # Created through another replica and not applied here yet: wait for the follower
                 # to apply it, so that a table that exists is never reported unknown. (Not a
                 # pull() of our own: that runs for as long as commits keep coming.)
+                if self.state.failure is not None:
+                    # The log stopped at an entry that does not parse: look again now; this
+                    # raises CorruptMetadata naming the node while it still does not parse.
+                    self.follower.pull()
+                    with self.state.lock:
+                        self.state.failure = None
                 self.follower.poke()
                 with self.state.lock:
                     self.state.applied_cond.wait_for(
