@@ -9,6 +9,7 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,7 +134,9 @@ class Client:
 
     # -- transactions ------------------------------------------------------------------------
     def begin(self) -> Transaction:
-        r = self.call("begin")
+        # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
+        # transaction, instead of leaving the first one running unseen on the replica.
+        r = self.call("begin", token=uuid.uuid4().hex)
         return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"])
 
     def join(self, txn_id: str) -> Transaction:

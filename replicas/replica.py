@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +46,11 @@ from replicas.transactions import Op, RunningTxn
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
+
+# A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
+# the transaction the first one began, for this long after it, among this many recent tokens.
+BEGIN_TOKEN_SECONDS = 60.0
+BEGIN_TOKENS_MAX = 100_000
 
 
 @dataclass
@@ -94,6 +100,7 @@ class Replica:
         self.finished: dict[str, RunningTxn] = {}
         self._parts_calls: dict[str, int] = {}  # first part name of one-call commits on workers
         self._txn_lock = threading.Lock()
+        self._begun: OrderedDict[str, tuple[float, RunningTxn]] = OrderedDict()  # begin token -> txn
         self._counter = itertools.count()
         self._stop = threading.Event()
         self.incarnation = 0
@@ -386,16 +393,28 @@ class Replica:
         return self.committer.create_table(tdef)
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self) -> RunningTxn:
+    def begin(self, token: str | None = None) -> RunningTxn:
+        """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
+        with the same token gets the transaction the first one began instead of another."""
+        if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
+            raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
         if not self._connected.wait(self.config.session_timeout) or self._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         self.maintenance.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
+            now = time.monotonic()
+            while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
+                                   or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS):
+                self._begun.popitem(last=False)
+            if token is not None and token in self._begun:
+                return self._begun[token][1]
             tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
             txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
             self.txns[txn.id] = txn
+            if token is not None:
+                self._begun[token] = (now, txn)
         self.maintenance.on_begin(txn)
         return txn
 

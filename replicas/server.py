@@ -195,7 +195,7 @@ class ReplicaServer(RpcServer):
         return {"csn": self.replica.commit(a["id"])}
 
     def _begin(self, a: dict) -> dict:
-        txn = self.replica.begin()
+        txn = self.replica.begin(a.get("token"))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot}
 
     def _visible(self, a: dict) -> dict:
