@@ -476,28 +476,37 @@ class Replica:
         if op.added:
             self.wal.append([{"staged": txn.id, "paths": [m.path for m in op.added]}], sync=False)
 
-    def visible_parts(self, table: str, txn_id: str | None = None, snapshot: int | None = None,
-                      as_of: float | None = None, pkeys: list[str] | None = None,
-                      fresh: bool = False) -> tuple[int, list[PartMeta]]:
-        """Parts visible to a transaction or at a snapshot. A plain read leases its snapshot (see
-        replicas/maintenance.py) and fails with SnapshotUnavailable if cleanup took a part it
-        needs (``fresh``: read the cleanup watermark from ZooKeeper, not the watched copy)."""
-        if txn_id is not None:
-            txn = self.running(txn_id)
-            self.table(table, None)
-            added, removed = txn.own_parts()
-            return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+    def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
+        """Parts visible to a transaction: at its snapshot, with its own writes."""
+        txn = self.running(txn_id)
+        self.table(table, None)
+        added, removed = txn.own_parts()
+        return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+
+    def read_parts(self, table: str, snapshot: int | None = None, as_of: float | None = None,
+                   pkeys: list[str] | None = None, fresh: bool = False,
+                   lease: str = "read") -> tuple[int, list[PartMeta], str | None]:
+        """Parts visible at a snapshot (the latest by default), for a read outside a transaction:
+        the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/maintenance.py)
+        until the reader releases the lease id returned, or it lapses. SnapshotUnavailable if
+        cleanup took a part it needs (``fresh``: read the cleanup watermark from ZooKeeper, not
+        the watched copy); nothing stays leased when this fails."""
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
         self.maintenance.ensure_applied_watermark()
         if snapshot is None and as_of is None:
-            snap = self.maintenance.lease(None)
+            snap, lease_id = self.maintenance.lease(None, lease)
         else:
-            snap = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of))
-        self.table(table, snap)
-        metas = self.state.visible(table, snap, pkeys=pkeys)
-        self.maintenance.check_retained(table, snap, metas, fresh)
-        return snap, metas
+            snap, lease_id = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of), lease)
+        try:
+            self.table(table, snap)
+            metas = self.state.visible(table, snap, pkeys=pkeys)
+            self.maintenance.check_retained(table, snap, metas, fresh)
+        except BaseException:
+            if lease_id is not None:
+                self.maintenance.release(lease_id)
+            raise
+        return snap, metas, lease_id
 
     def commit(self, txn_id: str) -> int:
         txn = self._start_commit(txn_id)

@@ -596,7 +596,9 @@ class MergetxnReader(DataSourceReader):
             if s.as_of is not None:
                 args["as_of"] = s.as_of
             try:
-                r = client.call("visible", **args)
+                # The job's snapshot stays in use until the lease lapses (read_lease_seconds after
+                # planning): Spark tells a reader nothing when the job ends, so there is no release.
+                r = client.call("visible", lease="spark", **args)
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
