@@ -18,8 +18,7 @@ Without this the CSN log grows by one znode per commit for as long as the cluste
   One replica at a time does this, under the kazoo Lock ``<root>/locks/trim``.
 * **Retained**: ``M`` is the last CSN removed from the log. A snapshot below ``M`` (a read at an
   explicit snapshot, time travel) gets SnapshotUnavailable naming both numbers; no running
-  transaction can be below it (it bounded the trim). Cleanup that deletes part files which only
-  older snapshots could read should raise it too (:func:`raise_retained`).
+  transaction can be below it (it bounded the trim).
 * **Local snapshots**: every ``local_checkpoint_every`` applied entries a replica writes its state
   to ``<data_dir>/state.ckpt`` (same encoding, atomic rename) and rewrites its WAL as a ``base``
   record plus the entries after it, so a restart loads one file and replays a short tail instead
@@ -44,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoNodeError
 
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.versions import csn_of
@@ -152,24 +151,6 @@ def parse_alive(data: bytes) -> tuple[int, int | None]:
     applied = d.get("applied")
     ms = d.get("min_snapshot")
     return (int(applied) if isinstance(applied, int) else 0), (int(ms) if isinstance(ms, int) else None)
-
-
-def raise_retained(csn_log: Any, csn: int) -> None:
-    """Make snapshots below ``csn`` unavailable cluster-wide (never lowers it). For cleanup that
-    deletes part files only snapshots older than ``csn`` could read."""
-    zk = csn_log.zk
-    while True:
-        tail, version = csn_log.read_tail()
-        if tail is None:
-            tail = {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 0}
-        if int(tail["retained"]) >= csn:
-            return
-        tail["retained"] = int(csn)
-        try:
-            _write_tail(zk, csn_log.tail_path(), tail, version)
-            return
-        except (BadVersionError, NodeExistsError):
-            continue
 
 
 def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
