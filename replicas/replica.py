@@ -35,7 +35,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
-from coordinator.zklog import CsnLog, PollHandler, encode_entry
+from coordinator.zklog import CsnLog, PollHandler
 from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
@@ -728,6 +728,3 @@ class Replica:
             "committer": {"commits": self.committer.committed, "batches": self.committer.batches,
                           "local_version_misses": self.committer.local_misses},
         }
-
-    def entry_bytes(self, entry: dict) -> bytes:
-        return encode_entry(entry)
