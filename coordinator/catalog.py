@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -20,7 +20,6 @@ class TableDef:
     conflict_policy: Policy = Policy.PARTS
     auto_merge: bool = True
     created_csn: int = 0
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def new(

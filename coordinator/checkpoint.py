@@ -18,8 +18,7 @@ Without this the CSN log grows by one znode per commit for as long as the cluste
   One replica at a time does this, under the kazoo Lock ``<root>/locks/trim``.
 * **Retained**: ``M`` is the last CSN removed from the log. A snapshot below ``M`` (a read at an
   explicit snapshot, time travel) gets SnapshotUnavailable naming both numbers; no running
-  transaction can be below it (it bounded the trim). Cleanup that deletes part files which only
-  older snapshots could read should raise it too (:func:`raise_retained`).
+  transaction can be below it (it bounded the trim).
 * **Local snapshots**: every ``local_checkpoint_every`` applied entries a replica writes its state
   to ``<data_dir>/state.ckpt`` (same encoding, atomic rename) and rewrites its WAL as a ``base``
   record plus the entries after it, so a restart loads one file and replays a short tail instead
@@ -50,8 +49,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.model import AliveRecord, WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.versions import csn_of
-from coordinator.zklog import decode_tail, encode_tail
-from coordinator.zkrecipes import cas_update
+from coordinator.zklog import encode_tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica
@@ -147,18 +145,6 @@ def read_local(path: Path) -> dict | None:
         return None
 
 
-def raise_retained(csn_log: Any, csn: int) -> None:
-    """Make snapshots below ``csn`` unavailable cluster-wide (never lowers it). For cleanup that
-    deletes part files only snapshots older than ``csn`` could read."""
-    path = csn_log.tail_path()
-
-    def change(data: bytes | None) -> bytes | None:
-        tail = decode_tail(data, path) if data is not None else dict(EMPTY_TAIL)
-        if int(tail["retained"]) >= csn:
-            return None
-        return encode_tail({**tail, "retained": int(csn)})
-
-    cas_update(csn_log.zk, path, change)
 
 
 def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:

@@ -9,6 +9,8 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -133,7 +135,9 @@ class Client:
 
     # -- transactions ------------------------------------------------------------------------
     def begin(self) -> Transaction:
-        r = self.call("begin")
+        # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
+        # transaction, instead of leaving the first one running unseen on the replica.
+        r = self.call("begin", token=uuid.uuid4().hex)
         return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"])
 
     def join(self, txn_id: str) -> Transaction:
@@ -176,17 +180,51 @@ class Client:
             args["as_of"] = _timestamp(as_of, "as_of")
         r = self.call("visible", **args)
         try:
-            return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+            with self._leased(r):
+                return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
         except errors.CorruptPart:
-            # Cleanup may have taken a part between the listing and the read. Ask again with the
-            # watermark read fresh: SnapshotUnavailable then says so; a latest read starts over.
+            # Cleanup may have taken a part between the listing and the read (a lease that
+            # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
+            # a latest read starts over.
             try:
-                self.call("visible", table=table, snapshot=r["snapshot"], fresh=True)
+                self.call("visible", table=table, snapshot=r["snapshot"], fresh=True, lease="none")
             except errors.SnapshotUnavailable:
                 if snapshot is None and as_of is None:
                     return self.read(table, columns=columns, where=where)
                 raise
             raise
+
+    @contextmanager
+    def _leased(self, answer: dict) -> Iterator[None]:
+        """Keep the read lease named in a replica's ``answer`` (``visible``, ``changes``) while
+        the files are read, renewing it every third of its lapse time, then release it, also on
+        error: once the read has returned its snapshot is no longer in use."""
+        lease = answer.get("lease")
+        if lease is None:
+            yield
+            return
+        done = threading.Event()
+
+        def renew() -> None:
+            try:
+                while not done.wait(answer.get("lease_seconds", 30.0) / 3):
+                    if not self.call("renew", lease=lease)["renewed"]:
+                        return
+            except errors.MergetxnError:
+                return  # the lease lapses; a part cleanup takes meanwhile is reported by the read
+            finally:
+                self._rpc._drop()  # this thread's connection, if it opened one
+
+        renewer = threading.Thread(target=renew, name=f"lease-{lease[:8]}", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            try:
+                self.call("release", lease=lease)
+            except errors.MergetxnError:
+                pass  # it lapses on its own
 
     def _read_parts(self, table: str, metas: list[PartMeta], columns: Sequence[str] | None,
                     where: pc.Expression | None) -> pa.Table:
@@ -267,9 +305,10 @@ class Client:
         r = self.call("changes", table=table, start=lo, end=hi, by=by)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
-            datas = rewrite.read_parts(self.storage, metas)
-        except errors.CorruptPart:
-            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True)  # collected meanwhile?
+            with self._leased(r):
+                datas = rewrite.read_parts(self.storage, metas)
+        except errors.CorruptPart:  # collected meanwhile?
+            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none")
             raise
         schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
         pieces = []

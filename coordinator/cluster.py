@@ -58,7 +58,6 @@ class LocalCluster:
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
         self.replica_addresses: list[str] = [""] * replicas
-        self._clients: dict[int, Client] = {}
 
     @property
     def zk_address(self) -> str:

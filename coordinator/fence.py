@@ -34,14 +34,14 @@ compare-and-swap makes the recipe safe without it too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError
-from kazoo.retry import ForceRetryError
+from kazoo.exceptions import NodeExistsError
 
 from coordinator import jsonwire
 from coordinator.errors import CorruptMetadata
+from coordinator.zkrecipes import cas_update
 
 MAX_PENDING = 4000
 
@@ -109,23 +109,13 @@ class OrphanFence:
         return self.current()
 
     # -- the cleanup side ------------------------------------------------------------------------
-    def _update(self, change) -> frozenset[str]:
-        """Compare-and-swap ``pending -> change(pending)`` (kazoo's counter recipe: a version miss
-        runs the step again through ``zk.retry``); returns the pending set written."""
-        result: list[frozenset[str]] = []
-
-        def step() -> None:
-            data, stat = self.zk.get(self.path)
-            new = frozenset(change(_decode(data, self.path)))
-            try:
-                s = self.zk.set(self.path, _encode(new, self.identity), version=stat.version)
-            except BadVersionError:
-                raise ForceRetryError() from None
-            self._remember(s.version, new)
-            result[:] = [new]
-
-        self.zk.retry(step)
-        return result[0]
+    def _update(self, change: Callable[[frozenset[str]], frozenset[str]]) -> frozenset[str]:
+        """Compare-and-swap ``pending -> change(pending)`` (coordinator/zkrecipes.py); returns the
+        pending set written."""
+        data = cas_update(self.zk, self.path, lambda d: _encode(change(_decode(d or b"", self.path)), self.identity))
+        pending = _decode(data, self.path)
+        self.refresh()
+        return pending
 
     def announce(self, paths: Iterable[str]) -> tuple[list[str], frozenset[str]]:
         """Condemn ``paths`` (at most what fits); returns (the paths announced now, every pending

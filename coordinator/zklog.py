@@ -41,7 +41,7 @@ import select
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -63,11 +63,6 @@ class VersionMoved(Exception):
 def target_key(table: str, pkey: str | None) -> str:
     """Key of a conflict target: the table (``pkey`` None) or one of its partitions."""
     return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
-
-
-def split_target_key(key: str) -> tuple[str, str | None]:
-    table, _, rest = key.partition("/")
-    return table, (unquote(rest) if rest else None)
 
 
 @dataclass(frozen=True)
@@ -180,13 +175,6 @@ class CsnLog:
                 epochs = self.epochs()
                 self._epoch = epochs[-1] if epochs else 0
             return self._epoch
-
-    def is_sealed(self, epoch: int) -> bool:
-        try:
-            _, stat = self.zk.retry(self.zk.get, self.epoch_path(epoch))
-        except NoNodeError:
-            return False
-        return stat.version >= 1
 
     def seal(self, epoch: int) -> None:
         """Close ``epoch`` and open the next one, atomically; a no-op if someone else did."""

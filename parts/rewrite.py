@@ -94,8 +94,7 @@ def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PA
     return groups
 
 
-def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
-            pkeys: list[str] | None = None) -> Rewrite:
+def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str) -> Rewrite:
     """Merge parts per partition; rows are kept as they are (a layout change, no data change)."""
     from coordinator.errors import InvalidInput
 

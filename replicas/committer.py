@@ -44,7 +44,13 @@ from tenacity import (
 from coordinator import jsonwire
 from coordinator.catalog import TableDef
 from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check, fits_beside
-from coordinator.errors import ConflictError, InvalidInput, MergetxnError, TransactionAborted
+from coordinator.errors import (
+    ConflictError,
+    CorruptMetadata,
+    InvalidInput,
+    MergetxnError,
+    TransactionAborted,
+)
 from coordinator.fence import FenceMoved
 from coordinator.model import LogEntry, ManifestPointer, TxnRecord
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
@@ -215,7 +221,13 @@ class Committer:
                         self.log.seal(epoch)
                     csn = csn_of(epoch, seq)
             self.replica.follower.offer(epoch, seq, data)
-            self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
+            try:
+                self.replica.wait_snapshot(csn)  # "created" only once it is applied here
+            except CorruptMetadata as exc:
+                raise CorruptMetadata(
+                    f"table {tdef.name!r} is in the log at CSN {csn} but not applied here, and exists only once "
+                    f"every entry before it applies: {exc.message}",
+                    table=tdef.name, csn=csn) from exc
             p.resolve(csn)
         except MergetxnError as exc:
             p.resolve(error=exc)

@@ -1,10 +1,13 @@
 """Background work of a replica: merges, cleanup, incremental reads and the event log.
 
 **Snapshots in use.** Each replica publishes in its ephemeral node ``replicas/<host>/alive`` the
-oldest snapshot it still serves: the snapshots of its running transactions, of its unexpired read
-leases (a plain read pins its snapshot for ``read_lease_seconds`` so that the client, or a Spark
-executor, can still fetch the files it was told about), and its own snapshot version when nothing
-older is in use. It refreshes the node from the reaper thread (every half second, only when the
+oldest snapshot it still serves: the snapshots of its running transactions, of its read leases,
+and its own snapshot version when nothing older is in use. A lease pins the snapshot of a read
+outside a transaction from the moment the replica answers the part list: a plain read's lease
+(holder "read") until its client has read the files and releases it, or lapses
+:data:`READ_LEASE_SECONDS` after it was taken or last renewed (a client that died mid-read); a
+Spark job's (holder "spark") from planning until it lapses ``read_lease_seconds`` later, since
+Spark tells a reader nothing when the job ends. It refreshes the node from the reaper thread (every half second, only when the
 values changed). A ``begin`` reads the snapshot and registers the transaction under the same lock
 as the publisher computes the value, so a published value never exceeds a snapshot in use.
 
@@ -48,11 +51,13 @@ import math
 import re
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import COMPACTIONS, Kind
@@ -67,6 +72,7 @@ from coordinator.errors import (
 from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
+from coordinator.zkrecipes import cas_update
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
 from parts.storage import is_temp_file
@@ -107,6 +113,18 @@ def _age(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
+READ_LEASE_SECONDS = 30.0  # a plain read's lease lapses this long after it was taken or renewed
+LEASE_HOLDERS = ("read", "spark")
+
+
+@dataclass
+class Lease:
+    snapshot: int
+    holder: str  # "read" (a plain read, released when its client has read the files) or "spark"
+    lapse: float
+    expiry: float  # time.monotonic()
+
+
 class Maintenance:
     """Merges, cleanup, retention checks, incremental reads and events of one replica."""
 
@@ -118,7 +136,7 @@ class Maintenance:
         self.collected = 0
         self._events: deque[dict] = deque(maxlen=EVENT_RING)
         self._event_seq = 0
-        self._leases: dict[int, float] = {}  # snapshot -> monotonic expiry
+        self._leases: dict[str, Lease] = {}  # lease id -> lease
         self._locks: dict[str, Any] = {}
         self._backoff: dict[tuple[str, str], float] = {}
         self._stop = threading.Event()
@@ -173,16 +191,37 @@ class Maintenance:
         return self.watermark
 
     # -- snapshots in use ----------------------------------------------------------------------
-    def lease(self, snapshot: int | None) -> int:
-        """Pin a plain read's snapshot for ``read_lease_seconds``; None means the latest, read
-        under the transaction lock so that the publisher never publishes past it."""
+    def lease(self, snapshot: int | None, holder: str = "read") -> tuple[int, str | None]:
+        """Pin a read's snapshot until :meth:`release` or until the lease lapses (see the module
+        docstring); None means the latest, read under the transaction lock so that the publisher
+        never publishes past it. Returns the snapshot and the lease id (None: no lease, for
+        ``holder`` "none" or a Spark lease with ``read_lease_seconds`` 0)."""
+        if holder not in LEASE_HOLDERS + ("none",):
+            raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {holder!r}")
+        lapse = READ_LEASE_SECONDS if holder == "read" else self.config.read_lease_seconds if holder == "spark" else 0
         with self.replica._txn_lock:
             snap = self.state.applied if snapshot is None else snapshot
-            if self.config.read_lease_seconds > 0:
-                expiry = time.monotonic() + self.config.read_lease_seconds
-                if self._leases.get(snap, 0) < expiry:
-                    self._leases[snap] = expiry
-        return snap
+            if lapse <= 0:
+                return snap, None
+            lease_id = uuid.uuid4().hex
+            self._leases[lease_id] = Lease(snap, holder, lapse, time.monotonic() + lapse)
+        return snap, lease_id
+
+    def renew(self, lease_id: str) -> dict:
+        """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended
+        (cleanup may have taken its parts since)."""
+        now = time.monotonic()
+        with self.replica._txn_lock:
+            lease = self._leases.get(_lease_id(lease_id))
+            if lease is None or lease.expiry <= now:
+                return {"renewed": False}
+            lease.expiry = now + lease.lapse
+        return {"renewed": True, "seconds": lease.lapse}
+
+    def release(self, lease_id: str) -> dict:
+        """End a lease: its snapshot is no longer in use (for it)."""
+        with self.replica._txn_lock:
+            return {"released": self._leases.pop(_lease_id(lease_id), None) is not None}
 
     def in_use(self) -> tuple[int, list[tuple[int, str]], list[str], bool]:
         """(oldest snapshot, up to 16 oldest (snapshot, holder) pairs, ids of running transactions
@@ -191,10 +230,10 @@ class Maintenance:
         with self.replica._txn_lock:
             applied = self.state.applied
             txns = list(self.replica.txns.values())
-            for s in [s for s, exp in self._leases.items() if exp <= now]:
-                del self._leases[s]
-            leases = sorted(self._leases)
-        holders = sorted([(t.snapshot, t.id) for t in txns] + [(s, "read") for s in leases])
+            for lease_id in [k for k, lease in self._leases.items() if lease.expiry <= now]:
+                del self._leases[lease_id]
+            leases = [(lease.snapshot, lease.holder) for lease in self._leases.values()]
+        holders = sorted([(t.snapshot, t.id) for t in txns] + leases)
         oldest = min([applied] + [s for s, _ in holders])
         running = sorted(t.id for t in txns if now - t.started >= RUNNING_MIN_AGE)
         overflow = len(running) > MAX_PUBLISHED_RUNNING
@@ -283,22 +322,17 @@ class Maintenance:
             raise self.state.failure
 
     def _raise_gc_node(self, watermark: int, collected: int | None = None) -> dict:
-        zk = self.replica.zk
-        while True:
-            data, stat = zk.retry(zk.get, self.gc_path)
-            cur = self._parse_gc_node(data)
+        """Raise the node ``gc`` to at least these values (compare-and-swap; never lowers it)."""
+
+        def change(data: bytes | None) -> bytes | None:
+            cur = self._parse_gc_node(data) if data is not None else {"watermark": 0, "collected": 0}
             new = {"watermark": max(cur["watermark"], watermark),
                    "collected": max(cur["collected"], collected if collected is not None else 0)}
             if new == cur:
-                self._set_gc_node(data)
-                return cur
-            payload = json.dumps({**new, "by": self.replica.host_id, "time": time.time()}).encode()
-            try:
-                zk.retry(zk.set, self.gc_path, payload, version=stat.version)
-            except BadVersionError:
-                continue
-            self._set_gc_node(payload)
-            return new
+                return None
+            return json.dumps({**new, "by": self.replica.host_id, "time": time.time()}).encode()
+
+        return self._set_gc_node(cas_update(self.replica.zk, self.gc_path, change))
 
     def _gc_pass(self, grace_seconds: float | None, orphans: bool, detail: bool = True) -> dict:
         started = time.time()
@@ -371,6 +405,8 @@ class Maintenance:
     def _holder_text(host: str, holder: str, snapshot: int) -> str:
         if holder == "read":
             return f"a read at snapshot {snapshot} on {host} (lease)"
+        if holder == "spark":
+            return f"a Spark job reading snapshot {snapshot} through {host} (lease)"
         if holder == "replica snapshot":
             return f"replica {host}, which has applied the log up to {snapshot} only"
         return f"running transaction {holder} on {host} (snapshot {snapshot})"
@@ -752,8 +788,11 @@ class Maintenance:
             out.append(c)
         return out
 
-    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False) -> dict:
-        """Parts added and removed by the commits to ``table`` whose version is in (start, end]."""
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False,
+                lease: str = "read") -> dict:
+        """Parts added and removed by the commits to ``table`` whose version is in (start, end];
+        with ``lease`` (see :meth:`lease`) pinning what they read, named in the answer, when
+        there are any, until the caller releases it. Nothing stays leased if this fails."""
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
         tdef = self.replica.table(table)
@@ -777,12 +816,15 @@ class Maintenance:
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
         commits = self._commits(table, start, end, by)
-        if commits:  # keeps what they read in use until the client has read it (see lease)
-            self.lease(min(c["csn"] for c in commits) - 1)
+        lease_id = None
+        if commits:  # keeps what they read in use until the client has read it
+            lease_id = self.lease(min(c["csn"] for c in commits) - 1, lease)[1]
         w = self.refresh_watermark() if fresh else self.watermark
         gone = [m for c in commits for m in c["added"] + c["removed"]
                 if (r := self.state.parts.get(m.name)) is not None and r.removal_csn is not None and r.removal_csn <= w]
         if gone:
+            if lease_id is not None:
+                self.release(lease_id)
             raise SnapshotUnavailable(
                 f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
                 f"retained: cleanup collected {len(gone)} part(s) they need (parts removed at or before CSN {w}, "
@@ -794,7 +836,7 @@ class Maintenance:
                 rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
             for m in c["added"]:
                 rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
-        return {"table": tdef.name, "by": by, "start": start, "end": end, "parts": rows,
+        return {"table": tdef.name, "by": by, "start": start, "end": end, "parts": rows, "lease": lease_id,
                 "commits": [{"csn": c["csn"], "tid": c["tid"], "time_version": c["time_version"], "kinds": c["kinds"]}
                             for c in commits]}
 
@@ -821,3 +863,9 @@ class Maintenance:
             return "awaiting gc", False
 
         return note
+
+
+def _lease_id(lease_id: Any) -> str:
+    if not isinstance(lease_id, str):
+        raise InvalidInput(f"lease must be a lease id (a string), not {lease_id!r}")
+    return lease_id

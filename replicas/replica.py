@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,6 +50,11 @@ from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
 
+# A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
+# the transaction the first one began, for this long after it, among this many recent tokens.
+BEGIN_TOKEN_SECONDS = 60.0
+BEGIN_TOKENS_MAX = 100_000
+
 
 class Replica:
     def __init__(self, config: ReplicaConfig) -> None:
@@ -61,6 +67,7 @@ class Replica:
         self.finished: dict[str, RunningTxn] = {}
         self._parts_calls: dict[str, int] = {}  # first part name of one-call commits on workers
         self._txn_lock = threading.Lock()
+        self._begun: OrderedDict[str, tuple[float, RunningTxn]] = OrderedDict()  # begin token -> txn
         self._counter = itertools.count()
         self._stop = threading.Event()
         self.incarnation = 0
@@ -331,6 +338,12 @@ class Replica:
                 # Created through another replica and not applied here yet: wait for the follower
                 # to apply it, so that a table that exists is never reported unknown. (Not a
                 # pull() of our own: that runs for as long as commits keep coming.)
+                if self.state.failure is not None:
+                    # The log stopped at an entry that does not parse: look again now; this
+                    # raises CorruptMetadata naming the node while it still does not parse.
+                    self.follower.pull()
+                    with self.state.lock:
+                        self.state.failure = None
                 self.follower.poke()
                 with self.state.lock:
                     self.state.applied_cond.wait_for(
@@ -349,16 +362,28 @@ class Replica:
         return self.committer.create_table(tdef)
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self) -> RunningTxn:
+    def begin(self, token: str | None = None) -> RunningTxn:
+        """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
+        with the same token gets the transaction the first one began instead of another."""
+        if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
+            raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
         if not self._connected.wait(self.config.session_timeout) or self._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         self.maintenance.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
+            now = time.monotonic()
+            while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
+                                   or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS):
+                self._begun.popitem(last=False)
+            if token is not None and token in self._begun:
+                return self._begun[token][1]
             tid = Tid(self.state.applied, local_counter(self.incarnation, next(self._counter)), self.host_id)
             txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
             self.txns[txn.id] = txn
+            if token is not None:
+                self._begun[token] = (now, txn)
         self.maintenance.on_begin(txn)
         return txn
 
@@ -420,28 +445,37 @@ class Replica:
         if op.added:
             self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
 
-    def visible_parts(self, table: str, txn_id: str | None = None, snapshot: int | None = None,
-                      as_of: float | None = None, pkeys: list[str] | None = None,
-                      fresh: bool = False) -> tuple[int, list[PartMeta]]:
-        """Parts visible to a transaction or at a snapshot. A plain read leases its snapshot (see
-        replicas/maintenance.py) and fails with SnapshotUnavailable if cleanup took a part it
-        needs (``fresh``: read the cleanup watermark from ZooKeeper, not the watched copy)."""
-        if txn_id is not None:
-            txn = self.running(txn_id)
-            self.table(table, None)
-            added, removed = txn.own_parts()
-            return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+    def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
+        """Parts visible to a transaction: at its snapshot, with its own writes."""
+        txn = self.running(txn_id)
+        self.table(table, None)
+        added, removed = txn.own_parts()
+        return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+
+    def read_parts(self, table: str, snapshot: int | None = None, as_of: float | None = None,
+                   pkeys: list[str] | None = None, fresh: bool = False,
+                   lease: str = "read") -> tuple[int, list[PartMeta], str | None]:
+        """Parts visible at a snapshot (the latest by default), for a read outside a transaction:
+        the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/maintenance.py)
+        until the reader releases the lease id returned, or it lapses. SnapshotUnavailable if
+        cleanup took a part it needs (``fresh``: read the cleanup watermark from ZooKeeper, not
+        the watched copy); nothing stays leased when this fails."""
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
         self.maintenance.ensure_applied_watermark()
         if snapshot is None and as_of is None:
-            snap = self.maintenance.lease(None)
+            snap, lease_id = self.maintenance.lease(None, lease)
         else:
-            snap = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of))
-        self.table(table, snap)
-        metas = self.state.visible(table, snap, pkeys=pkeys)
-        self.maintenance.check_retained(table, snap, metas, fresh)
-        return snap, metas
+            snap, lease_id = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of), lease)
+        try:
+            self.table(table, snap)
+            metas = self.state.visible(table, snap, pkeys=pkeys)
+            self.maintenance.check_retained(table, snap, metas, fresh)
+        except BaseException:
+            if lease_id is not None:
+                self.maintenance.release(lease_id)
+            raise
+        return snap, metas, lease_id
 
     def commit(self, txn_id: str) -> int:
         txn = self._start_commit(txn_id)

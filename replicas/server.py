@@ -20,7 +20,7 @@ from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
-from replicas import settings
+from replicas import maintenance, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 from replicas.transactions import Op
@@ -56,8 +56,12 @@ class ReplicaServer(RpcServer):
             "commit_parts": replica.commit_parts,
             "compact": self._compact,
             "gc": lambda a: replica.maintenance.gc(a.get("grace_seconds")),
-            "changes": lambda a: replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
-                                                             a.get("by", "id"), bool(a.get("fresh"))),
+            "changes": lambda a: {**replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
+                                                                a.get("by", "id"), bool(a.get("fresh")),
+                                                                a.get("lease", "read")),
+                                  "lease_seconds": maintenance.READ_LEASE_SECONDS},
+            "renew": lambda a: replica.maintenance.renew(a["lease"]),
+            "release": lambda a: replica.maintenance.release(a["lease"]),
             "events": lambda a: replica.maintenance.events(a.get("table"), a.get("since_csn")),
         }
 
@@ -196,16 +200,22 @@ class ReplicaServer(RpcServer):
         return {"csn": self.replica.commit(a["id"])}
 
     def _begin(self, a: dict) -> dict:
-        txn = self.replica.begin()
+        txn = self.replica.begin(a.get("token"))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot}
 
     def _visible(self, a: dict) -> dict:
+        """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of
+        the lease that keeps them until the reader sends ``release`` (see replicas/maintenance.py)."""
         pkeys = None
         if a.get("partitions") is not None:
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
-        snap, metas = self.replica.visible_parts(a["table"], a.get("id"), a.get("snapshot"), a.get("as_of"), pkeys,
-                                                 fresh=bool(a.get("fresh")))
-        return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
+        if a.get("id") is not None:
+            snap, metas = self.replica.visible_parts(a["table"], a["id"], pkeys)
+            return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
+        snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
+                                                     fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
+        return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
+                "lease_seconds": maintenance.READ_LEASE_SECONDS}
 
     def _compact(self, a: dict) -> dict:
         from parts import rewrite

@@ -123,7 +123,7 @@ class ReplicaConfig:
                                   tunable=True)
     gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0,
                                        tunable=True)
-    read_lease_seconds: float = _setting(300.0, "a plain read (Spark's included) keeps its snapshot in use this long",
+    read_lease_seconds: float = _setting(300.0, "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",
                                          minimum=0, tunable=True)
     # Tunable: the log tail (coordinator/checkpoint.py).
     retain_entries: int = _setting(

@@ -268,8 +268,6 @@ class MergetxnDataSource(DataSource):
         s = settings(self.options)
         with connect(s) as client:
             tdef = table_def(client, s)
-            if s.changes is not None:
-                _changes_api(client)
         schema = tdef.schema
         if s.changes is not None:
             schema = schema.append(pa.field("_change", pa.string(), nullable=False))
@@ -596,7 +594,9 @@ class MergetxnReader(DataSourceReader):
             if s.as_of is not None:
                 args["as_of"] = s.as_of
             try:
-                r = client.call("visible", **args)
+                # The job's snapshot stays in use until the lease lapses (read_lease_seconds after
+                # planning): Spark tells a reader nothing when the job ends, so there is no release.
+                r = client.call("visible", lease="spark", **args)
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
@@ -610,7 +610,7 @@ class MergetxnReader(DataSourceReader):
 
     def _changes_partitions(self, client) -> list[InputPartition]:
         start, end, by = self.s.changes
-        data = _changes_api(client)(self.s.table, start, end, by=by)
+        data = client.changes(self.s.table, start, end, by=by)
         out = []
         for i, batch in enumerate(data.combine_chunks().to_batches(max_chunksize=1_000_000)):
             sink = pa.BufferOutputStream()
@@ -766,11 +766,3 @@ def _fit(data: pa.Table, target: pa.Schema) -> pa.Table:
             col = col.cast(f.type)
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in target]))
-
-
-def _changes_api(client):
-    fn = getattr(client, "changes", None)
-    if fn is None:
-        raise InvalidInput("mergetxn: incremental reads (changes_from/changes_to/changes_by) need "
-                           "Client.changes, which this mergetxn installation does not have yet")
-    return fn

@@ -430,6 +430,53 @@ def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garba
     assert sorted(c0.read("g", snapshot=tx.csn).column("id").to_pylist()) == [0, 1, 2, 3, 100]
 
 
+def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.LocalCluster, str]) -> None:
+    """A table created while the log holds an entry that does not parse is not applied anywhere:
+    the creation reports CorruptMetadata naming the bad znode (client and command line, exit code
+    2), never "created"; looking it up says the same, and it exists once an operator repairs the node."""
+    from click.testing import CliRunner
+
+    from coordinator.cli import cli
+
+    cluster, address = poisoned
+    c0 = cluster.client(0)
+    c0.create_table("before", SCHEMA, auto_merge=False)
+    zk = kazoo(address)
+    try:
+        epochs = sorted(zk.get_children("/mergetxn/log"))
+        node = zk.create(f"/mergetxn/log/{epochs[-1]}/c-", b"\x00junk", sequence=True)
+    finally:
+        zk.stop()
+        zk.close()
+
+    with pytest.raises(CorruptMetadata) as info:
+        c0.create_table("behind", SCHEMA, auto_merge=False)
+    assert node in str(info.value), info.value
+    runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[1]})
+    result = runner.invoke(cli, ["table", "create", "behind_cli", "--schema", "id:int64,v:string"],
+                           catch_exceptions=False)
+    assert result.exit_code == 2, result.output
+    assert "created table" not in result.output
+    assert node in result.output, result.output
+    for i in (0, 1):
+        assert not {"behind", "behind_cli"} & set(cluster.client(i).tables())
+        with pytest.raises(CorruptMetadata, match=node):  # not "unknown table": it is in the log
+            cluster.client(i).table("behind")
+
+    # The creations are in the log: once an operator replaces the bad node with an empty entry,
+    # both tables exist on every replica.
+    zk = kazoo(address)
+    try:
+        zk.set(node, json.dumps({"v": 1, "txns": [], "versions": {}}).encode())
+    finally:
+        zk.stop()
+        zk.close()
+    for i in (0, 1):
+        client = cluster.client(i)
+        for name in ("behind", "behind_cli"):
+            assert client.table(name).schema == SCHEMA  # waited for, as a table created elsewhere
+
+
 def test_garbage_table_definition_znode(poisoned: tuple[coordinator.LocalCluster, str]) -> None:
     """The definition a replica uses comes from the log's DDL entry; garbage written into the
     ``tables/<name>`` znode afterwards is never parsed into a schema nor applied, and the table

@@ -410,6 +410,67 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
         c.close()
 
 
+def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer, tmp_path: Path) -> None:
+    """SPEC "Cleanup protects snapshots in use, not a time window": after plain reads of an old
+    snapshot (by snapshot, as_of, changes; on both replicas) have returned, a pass deletes the parts
+    removed after it at once, although read_lease_seconds (for Spark jobs) is the default 300 s;
+    while a read is in progress (its lease taken, not released) the pass keeps them."""
+    t = "lease_read"
+    c = _cluster(tmp_path, zk_server, {"merge_interval": 0, "gc_interval": 0})
+    try:
+        c0, c1 = c.client(0), c.client(1)
+        c0.create_table(t, SCHEMA, auto_merge=False)
+        for i in range(2):
+            with c0.transaction() as tx:
+                tx.insert(t, data([i]))
+        old_snapshot = tx.csn
+        between = dt.datetime.now(dt.UTC)
+        old = [r["path"] for r in c0.parts(t).to_pylist() if r["visible"]]
+        with c0.transaction() as tx:
+            tx.overwrite(t, data([10]))
+        removal = tx.csn
+        c1.wait_for(removal)
+        storage = Storage(c.storage_url)
+
+        for cl in (c1, c0):  # the pass computes replica 0's snapshots in use fresh
+            assert rows(cl.read(t, snapshot=old_snapshot)) == rows(data([0, 1]))
+            assert cl.read(t, as_of=between).num_rows == 2
+            assert cl.changes(t, 0, old_snapshot).num_rows == 2
+        # Replica 1 publishes what it has in use every half second.
+        wait_until(lambda: alive_node(c, 1).get("oldest_snapshot", 0) >= removal, 10,
+                   "replica 1 to publish that its reads hold nothing")
+        report = c0.gc()
+        assert {r["path"] for r in report["removed"] if r["table"] == t} == set(old), report
+        assert not [k for k in report["kept"] if k["table"] == t], report
+        assert not any(s["holder"] == "read" for s in report["snapshots_in_use"]), report
+        assert not any(storage.exists(p) for p in old)
+
+        # A read in progress (the parts answered with a lease, the files not read yet) is kept.
+        before = [r["path"] for r in c0.parts(t).to_pylist() if r["visible"]]
+        snap = c0.snapshot()
+        with c0.transaction() as tx:
+            tx.overwrite(t, data([20]))
+        c1.wait_for(tx.csn)
+        reading = c1.call("visible", table=t, snapshot=snap)
+        assert [m["path"] for m in reading["parts"]] == before and reading["lease"]
+        wait_until(lambda: any(s == snap for s, _ in alive_node(c, 1).get("snapshots", ())), 10,
+                   "replica 1 to publish the read's snapshot")
+        report = c0.gc()
+        kept = {k["path"]: k["reason"] for k in report["kept"] if k["table"] == t}
+        assert set(kept) == set(before) and all(f"a read at snapshot {snap}" in why for why in kept.values()), kept
+        assert all(storage.exists(p) for p in before)
+        assert c1.call("renew", lease=reading["lease"])["renewed"]
+        assert c1.call("release", lease=reading["lease"]) == {"released": True}
+        assert not c1.call("renew", lease=reading["lease"])["renewed"]
+        wait_until(lambda: {r["path"] for r in c0.gc()["removed"] if r["table"] == t} == set(before), 10,
+                   "a pass that removes the parts once the read released its lease")
+        for cl in (c0, c1):
+            assert rows(cl.read(t)) == rows(data([20]))
+            cl.close()
+    finally:
+        c.stop()
+
+
 def test_orphans_are_collected_after_the_grace_period(manual: LocalCluster) -> None:
     t = "gc_orphans"
     c0, c1 = manual.client(0), manual.client(1)

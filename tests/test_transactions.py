@@ -704,3 +704,36 @@ def test_create_table_answer_lost_is_looked_up(cluster: coordinator.LocalCluster
             client.create_table(t, PSCHEMA)
         assert c0.table(t).schema == SCHEMA
         client.close()
+
+
+def test_begin_answer_lost_leaves_one_transaction(cluster: coordinator.LocalCluster, c0: Client) -> None:
+    """The answer to begin is lost and the client sends it again: the replica answers with the
+    transaction it began the first time, so no transaction is left running unseen (holding
+    cleanup and the log tail back until its time limit)."""
+    t = "begin_lost"
+    c0.create_table(t, SCHEMA)
+
+    def running() -> set[str]:
+        return {d["id"] for d in c0.transactions() if d["state"] == "running"}
+
+    before = running()
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        client = coordinator.connect(proxy.address)
+        fired = proxy.drop_reply_of("begin")
+        tx = client.begin()
+        assert fired.is_set()
+        assert running() - before == {tx.id}
+        tx.insert(t, rows(2))
+        csn = tx.commit()
+        client.close()
+    assert ids(c0.read(t, snapshot=csn)) == [0, 1]
+    assert running() - before == set()
+    # A token names one begin: the same token answers the same transaction, another a new one.
+    first = c0.call("begin", token="begin-lost-token")
+    assert c0.call("begin", token="begin-lost-token") == first
+    other = c0.call("begin", token="another-token")
+    assert other["id"] != first["id"]
+    for r in (first, other):
+        c0.call("rollback", id=r["id"])
+    with pytest.raises(InvalidInput, match="token"):
+        c0.call("begin", token=7)
