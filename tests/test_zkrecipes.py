@@ -3,15 +3,10 @@ the one user of it here: raising the retained CSN in the checkpoint node."""
 
 from __future__ import annotations
 
-import json
 import threading
 
-import pytest
 from kazoo.client import KazooClient
 
-from coordinator.checkpoint import raise_retained
-from coordinator.errors import CorruptMetadata
-from coordinator.zklog import CsnLog
 from coordinator.zkrecipes import cas_update
 
 
@@ -52,19 +47,3 @@ def test_concurrent_cas_updates_lose_nothing(zk_address: str) -> None:
         for c in clients:
             c.stop()
             c.close()
-
-
-def test_raise_retained_only_raises(zk_client: KazooClient) -> None:
-    log = CsnLog(zk_client, "/mergetxn")
-    zk_client.ensure_path("/mergetxn")
-    raise_retained(log, 7)
-    tail, _ = log.read_tail()
-    assert tail == {"csn": 0, "path": "", "trimmed_epoch": -1, "retained": 7}
-    zk_client.set(log.tail_path(), json.dumps({**tail, "csn": 9, "path": "_checkpoints/9.ckpt"}).encode())
-    raise_retained(log, 5)
-    assert log.read_tail()[0]["retained"] == 7
-    raise_retained(log, 12)
-    assert log.read_tail()[0] == {"csn": 9, "path": "_checkpoints/9.ckpt", "trimmed_epoch": -1, "retained": 12}
-    zk_client.set(log.tail_path(), b"{not json")
-    with pytest.raises(CorruptMetadata, match="does not parse"):
-        raise_retained(log, 20)
