@@ -19,7 +19,7 @@ Two histories: ``append`` (every part stays visible: the worst case for the late
 ``baseline_*`` is the lookup as it was before this benchmark's changes (kept below verbatim),
 timed on the same state for comparison.
 
-Checkpoint: export + encode, decode + restore of the 100,000-part state (coordinator/checkpoint.py).
+Checkpoint: export + encode, decode + restore of the 100,000-part state (replicas/checkpoint.py).
 
 Restart (real ZooKeeper, embedded from the pyspark jars; an in-process ``Replica``): the log of
 a fresh cluster gets a table and L insert entries (written to ZooKeeper and, in the follower's own
@@ -53,12 +53,12 @@ if str(ROOT) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
-from coordinator import checkpoint  # noqa: E402
 from coordinator.catalog import TableDef  # noqa: E402
 from coordinator.model import LogEntry, WalEntry  # noqa: E402
 from coordinator.visibility import is_visible  # noqa: E402
 from parts.format import PartMeta  # noqa: E402
 from parts.ops import partition_key  # noqa: E402
+from replicas import checkpoint  # noqa: E402
 from replicas.state import ReplicaState  # noqa: E402
 
 TABLE = "t"

@@ -21,12 +21,18 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from coordinator.conflicts import Policy, Summary
-from coordinator.zklog import target_key
 
 Target = tuple[str, str]  # (table, partition key)
 Live = Mapping[str, Mapping[str, Collection[str]]]  # table -> partition key -> its live parts
+
+
+def target_key(table: str, pkey: str | None) -> str:
+    """Key of a conflict target (its znode is ``targets/<key>``): the table (``pkey`` None) or
+    one of its partitions."""
+    return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
     replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
     fence                      the orphan fence (coordinator/fence.py): files cleanup condemned
                                and has not confirmed deleted; every commit multi checks its version
-    checkpoint                 the log tail (coordinator/checkpoint.py): {"csn": C, "path": P,
+    checkpoint                 the log tail (replicas/checkpoint.py): {"csn": C, "path": P,
                                "trimmed_epoch": E, "retained": M}: the state up to CSN C is in
                                the checkpoint file P in storage; epochs <= E may be gone (whole
                                sealed epochs only, all their entries <= C); snapshots < M are
@@ -41,7 +41,6 @@ import select
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from urllib.parse import quote
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -58,11 +57,6 @@ MAX_INLINE_ENTRY = 900_000  # znodes are limited to about 1 MB
 
 class VersionMoved(Exception):
     """A checked target changed, or the epoch was sealed, between read and multi: retry."""
-
-
-def target_key(table: str, pkey: str | None) -> str:
-    """Key of a conflict target: the table (``pkey`` None) or one of its partitions."""
-    return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
 
 
 @dataclass(frozen=True)
@@ -100,7 +94,7 @@ class CsnLog:
     def tail_path(self) -> str:
         return self.path("checkpoint")
 
-    # -- the log tail (written by coordinator/checkpoint.py) -----------------------------------
+    # -- the log tail (written by replicas/checkpoint.py) -----------------------------------
     def read_tail(self, watch: Callable[..., object] | None = None) -> tuple[dict | None, int]:
         """The checkpoint node's data (None before the first checkpoint) and its version."""
         try:
@@ -259,7 +253,7 @@ class CsnLog:
 
 
 def encode_tail(tail: dict) -> bytes:
-    """The checkpoint node's data (see coordinator/checkpoint.py)."""
+    """The checkpoint node's data (see replicas/checkpoint.py)."""
     return json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
 
 

@@ -6,7 +6,7 @@ per entry and never a listing of the whole epoch. The next entry is awaited with
 local commit is applied without a read. A listing is needed only in rare cases: the epoch was
 sealed, or the parent's child counter shows that a sequence number was skipped.
 
-The log's tail is trimmed (coordinator/checkpoint.py): whole sealed epochs are removed once a
+The log's tail is trimmed (replicas/checkpoint.py): whole sealed epochs are removed once a
 checkpoint in storage holds the state they built. Before skipping anything (a gap, the end of an
 epoch, a missing epoch) the follower checks the checkpoint node; when its position lies in a
 trimmed epoch it loads the checkpoint instead (``load_checkpoint``), then follows the tail.

@@ -24,7 +24,6 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
-from coordinator import checkpoint
 from coordinator.catalog import TableDef
 from coordinator.errors import (
     CorruptMetadata,
@@ -41,6 +40,7 @@ from coordinator.zklog import CsnLog, PollHandler
 from parts.format import PartMeta
 from parts.ops import partition_key
 from parts.storage import Storage
+from replicas import checkpoint
 from replicas.follower import Follower
 from replicas.maintenance import MIN_GRACE, Maintenance
 from replicas.settings import ReplicaConfig, tunables

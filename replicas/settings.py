@@ -125,7 +125,7 @@ class ReplicaConfig:
                                        tunable=True)
     read_lease_seconds: float = _setting(300.0, "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",
                                          minimum=0, tunable=True)
-    # Tunable: the log tail (coordinator/checkpoint.py).
+    # Tunable: the log tail (replicas/checkpoint.py).
     retain_entries: int = _setting(
         5000, "the newest log entries kept in ZooKeeper: snapshots within them stay readable (time travel)",
         minimum=0, tunable=True)

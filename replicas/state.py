@@ -16,13 +16,13 @@ from dataclasses import dataclass, fields
 from itertools import chain
 
 from coordinator.catalog import TableDef
-from coordinator.checkpoint import no_gc
 from coordinator.conflicts import Kind, Summary
 from coordinator.errors import CorruptMetadata
 from coordinator.model import Change, LogEntry
 from coordinator.visibility import is_visible
 from parts.format import PartMeta
 from parts.ops import partition_key
+from replicas.checkpoint import no_gc
 
 
 def _name(meta: PartMeta) -> str:
@@ -146,7 +146,7 @@ class ReplicaState:
         self.all_sorted: dict[str, SortedIndex] = {}  # name -> PartRecord of every part
         self.applied_count = 0  # entries applied by this process (local checkpoints count them)
         # Every field above that the log derives must also be in export()/restore() below:
-        # a replica rebuilt from a checkpoint has nothing else (coordinator/checkpoint.py).
+        # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
 
     # -- applying the log ------------------------------------------------------------------
     def apply(self, csn: int, epoch: int, seq: int, entry: LogEntry) -> None:
@@ -279,7 +279,7 @@ class ReplicaState:
                     bisect.insort(out, meta, key=_name)
         return out
 
-    # -- checkpoints (coordinator/checkpoint.py encodes these) ------------------------------------
+    # -- checkpoints (replicas/checkpoint.py encodes these) ------------------------------------
     def export(self) -> dict:
         """Everything the log has built here, as plain JSON-ready data at one CSN (``applied``).
 

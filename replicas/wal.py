@@ -107,7 +107,7 @@ class Wal:
 
     def compact(self, keep: Callable[[WalRecord], bool], head: Iterable[WalRecord] = ()) -> int:
         """Rewrite the WAL as ``head`` plus the records ``keep`` accepts (a local state snapshot
-        now holds the rest: see coordinator/checkpoint.py). Atomic: a new file is written and
+        now holds the rest: see replicas/checkpoint.py). Atomic: a new file is written and
         fsynced, then renamed over this one; appends wait meanwhile. Returns records dropped."""
         with self._lock, self._sync_lock:
             self.compacting = True

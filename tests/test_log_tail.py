@@ -23,12 +23,12 @@ import pyarrow.compute as pc
 import pytest
 from kazoo.client import KazooClient
 
-from coordinator import checkpoint
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.model import LogEntry, WalBase, WalEntry
 from coordinator.versions import split_csn
 from parts.format import PartMeta, new_part_name
+from replicas import checkpoint
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer
 from replicas.state import ReplicaState
