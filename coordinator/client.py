@@ -13,7 +13,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -23,6 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
+from coordinator.model import CommitStatus
 from coordinator.rpc import RpcClient
 from coordinator.versions import Tid
 from parts import rewrite
@@ -48,14 +48,6 @@ OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its repl
 
 class _StillCommitting(Exception):
     pass
-
-
-@dataclass(frozen=True)
-class CommitStatus:
-    tid: str
-    status: str  # committed | running | committing | aborted | not_committed
-    csn: int | None
-    reason: str = ""
 
 
 class Client:
@@ -337,7 +329,7 @@ class Client:
 
     def commit_status(self, tid: Tid | str) -> CommitStatus:
         r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
-        return CommitStatus(r["tid"], r["status"], r["csn"], r.get("reason", ""))
+        return CommitStatus.from_dict(r)
 
     def commit_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
                      partitions: Sequence[Any] | None = None) -> int:
@@ -379,7 +371,7 @@ class Client:
 
     def _part_status(self, table: str, part: str) -> CommitStatus:
         r = self.call("commit_status", table=table, part=part)
-        return CommitStatus(r["tid"], r["status"], r["csn"], r.get("reason", ""))
+        return CommitStatus.from_dict(r)
 
 
 class Transaction:

@@ -52,7 +52,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.fence import FenceMoved
-from coordinator.model import LogEntry, ManifestPointer, TxnRecord
+from coordinator.model import LogEntry, ManifestPointer, TxnRecord, TxnState
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved
@@ -377,7 +377,7 @@ class Committer:
         self.batches += 1
         for p, plan in accepted:
             self.committed += 1
-            self.replica._finish(p.txn, "committed", csn=csn)
+            self.replica._finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
                     self.replica._delete_file(meta.path)
@@ -425,7 +425,7 @@ class Committer:
     def _fail(self, p: Pending, exc: Exception) -> None:
         if p.txn is not None:
             with p.txn.lock:
-                p.txn.state = "running"  # let abort() clean it up
+                p.txn.state = TxnState.RUNNING  # let abort() clean it up
             self.replica.abort(p.txn, str(exc))
             for meta in p.extra_files:
                 self.replica._delete_file(meta.path)

@@ -70,7 +70,7 @@ from coordinator.errors import (
     SnapshotUnavailable,
 )
 from coordinator.fence import MAX_PENDING
-from coordinator.model import AliveRecord
+from coordinator.model import AliveRecord, TxnState
 from coordinator.versions import COUNTER_STRIDE, Tid
 from coordinator.zkrecipes import cas_update
 from parts.format import PartMeta, sidecar_path
@@ -624,7 +624,7 @@ class Maintenance:
             self.record("merge", outcome="failed", reason=exc.message, **event)
             return {"outcome": "failed", "reason": exc.message}
         finally:
-            if txn.state == "running":
+            if txn.state == TxnState.RUNNING:
                 replica.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
@@ -665,7 +665,7 @@ class Maintenance:
         self.record("begin", tid=txn.id, snapshot=txn.snapshot, _txn=txn)
 
     def on_end(self, txn: Any) -> None:
-        if txn.state == "aborted":
+        if txn.state == TxnState.ABORTED:
             self.record("rollback", tid=txn.id, snapshot=txn.snapshot, reason=txn.reason, _txn=txn)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> list[dict]:

@@ -34,7 +34,15 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.fence import OrphanFence
-from coordinator.model import AliveRecord, ManifestPointer, WalBase, WalEntry, WalStaged
+from coordinator.model import (
+    AliveRecord,
+    CommitStatus,
+    ManifestPointer,
+    TxnState,
+    WalBase,
+    WalEntry,
+    WalStaged,
+)
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
 from coordinator.zklog import CsnLog, PollHandler
 from parts.format import PartMeta
@@ -267,7 +275,7 @@ class Replica:
         while not self._stop.wait(0.5):
             now = time.monotonic()
             for txn in list(self.txns.values()):
-                if txn.state == "running" and now - txn.started > self.config.txn_max_seconds:
+                if txn.state == TxnState.RUNNING and now - txn.started > self.config.txn_max_seconds:
                     self.abort(txn, f"transaction {txn.id} exceeded its time limit of {self.config.txn_max_seconds:g}s")
 
     # -- snapshots ---------------------------------------------------------------------------
@@ -396,7 +404,7 @@ class Replica:
 
     def running(self, txn_id: str) -> RunningTxn:
         txn = self.txn(txn_id)
-        if txn.state != "running":
+        if txn.state != TxnState.RUNNING:
             raise TransactionAborted(
                 f"transaction {txn_id} is {txn.state}" + (f": {txn.reason}" if txn.reason else ""), id=txn_id
             )
@@ -433,7 +441,7 @@ class Replica:
                     "cleanup may take it for an orphan. Commit parts soon after writing them, or name them "
                     "after the transaction that stages them (parts.format.write_part with its id)")
         with txn.lock:
-            if txn.state != "running":
+            if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             if txn.rows + op.rows > self.config.txn_max_rows:
                 reason = (f"transaction {txn.id} exceeded its row limit of {self.config.txn_max_rows} "
@@ -480,7 +488,7 @@ class Replica:
     def commit(self, txn_id: str) -> int:
         txn = self._start_commit(txn_id)
         if not txn.ops:
-            self._finish(txn, "committed", csn=txn.snapshot)
+            self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             return txn.snapshot
         return self.committer.submit(txn)
 
@@ -548,24 +556,23 @@ class Replica:
             raise InvalidInput("commit_status by part needs 'table' and 'part' names")
         rec = self.state.parts.get(name)
         if rec is not None and rec.meta.table == table:
-            return {"tid": rec.meta.creation_tid, "status": "committed", "csn": rec.creation_csn, "reason": ""}
+            return CommitStatus(rec.meta.creation_tid, "committed", rec.creation_csn, "").to_dict()
         with self._txn_lock:
             if name in self._parts_calls:
-                return {"tid": "", "status": "committing", "csn": None, "reason": "the call is being answered"}
+                return CommitStatus("", "committing", None, "the call is being answered").to_dict()
             txns = list(self.txns.values()) + list(self.finished.values())
         for txn in txns:
             if any(m.name == name and m.table == table for op in txn.ops for m in op.added):
-                return {"tid": txn.id, "status": txn.state, "csn": txn.csn, "reason": txn.reason}
-        return {"tid": "", "status": "not_committed", "csn": None,
-                "reason": f"no transaction on replica {self.host_id} staged part {name} of {table!r} "
-                          "(the call never reached it, or the replica restarted before committing it)"}
+                return CommitStatus(txn.id, txn.state, txn.csn, txn.reason).to_dict()
+        return CommitStatus("", "not_committed", None, f"no transaction on replica {self.host_id} staged part {name} of {table!r} "
+                          "(the call never reached it, or the replica restarted before committing it)").to_dict()
 
     def commit_async(self, txn_id: str, done: Callable[[int | None, Exception | None], None]) -> None:
         """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,
         from the committer's thread (or this one). Errors found before queueing are raised."""
         txn = self._start_commit(txn_id)
         if not txn.ops:
-            self._finish(txn, "committed", csn=txn.snapshot)
+            self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             done(txn.snapshot, None)
             return
         self.committer.submit_async(txn, done)
@@ -573,9 +580,9 @@ class Replica:
     def _start_commit(self, txn_id: str) -> RunningTxn:
         txn = self.running(txn_id)
         with txn.lock:
-            if txn.state != "running":
+            if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
-            txn.state = "committing"
+            txn.state = TxnState.COMMITTING
         return txn
 
     def ready_to_begin(self) -> bool:
@@ -588,25 +595,25 @@ class Replica:
         """The running transaction, if a statement or commit for it can go ahead with no waiting
         and no cleanup (not past its time limit); None otherwise, and the full path decides."""
         txn = self.txns.get(txn_id) if isinstance(txn_id, str) else None
-        if txn is None or txn.state != "running" or time.monotonic() - txn.started > self.config.txn_max_seconds:
+        if txn is None or txn.state != TxnState.RUNNING or time.monotonic() - txn.started > self.config.txn_max_seconds:
             return None
         return txn
 
     def rollback(self, txn_id: str, reason: str = "rolled back") -> None:
         txn = self.txn(txn_id)
-        if txn.state in ("committed", "committing"):
+        if txn.state in (TxnState.COMMITTED, TxnState.COMMITTING):
             raise InvalidInput(f"transaction {txn_id} is {txn.state} and cannot be rolled back")
         self.abort(txn, reason)
 
     def abort(self, txn: RunningTxn, reason: str) -> bool:
         with txn.lock:
-            if txn.state != "running":
+            if txn.state != TxnState.RUNNING:
                 return False
             self._abort_locked(txn, reason, [])
         return True
 
     def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[Op]) -> None:
-        txn.state, txn.reason = "aborted", reason
+        txn.state, txn.reason = TxnState.ABORTED, reason
         self._retire(txn)
         for op in txn.ops + extra_ops:
             for meta in op.added:
@@ -644,17 +651,15 @@ class Replica:
             raise InvalidInput(str(exc)) from None
         csn = self.state.tid_csn.get(tid)
         if csn is not None:
-            return {"tid": tid, "status": "committed", "csn": csn, "reason": ""}
+            return CommitStatus(tid, "committed", csn, "").to_dict()
         with self._txn_lock:
             txn = self.txns.get(tid) or self.finished.get(tid)
         if txn is not None:
-            return {"tid": tid, "status": txn.state, "csn": txn.csn, "reason": txn.reason}
+            return CommitStatus(tid, txn.state, txn.csn, txn.reason).to_dict()
         host = Tid.parse(tid).host_id
         if host == self.host_id:
-            return {"tid": tid, "status": "aborted", "csn": None,
-                    "reason": "not committed; not running on this replica (it ended or the replica restarted)"}
-        return {"tid": tid, "status": "not_committed", "csn": None,
-                "reason": f"not in the log up to CSN {self.state.applied}; ask replica {host} whether it still runs"}
+            return CommitStatus(tid, "aborted", None, "not committed; not running on this replica (it ended or the replica restarted)").to_dict()
+        return CommitStatus(tid, "not_committed", None, f"not in the log up to CSN {self.state.applied}; ask replica {host} whether it still runs").to_dict()
 
     # -- introspection -----------------------------------------------------------------------
     def part_records(self, table: str) -> list[dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.model import TxnState
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
 from replicas import maintenance, settings
@@ -234,7 +235,7 @@ class ReplicaServer(RpcServer):
                 replica.stage(txn.id, op)
             csn = replica.commit(txn.id)
         except BaseException:
-            if txn.state == "running":
+            if txn.state == TxnState.RUNNING:
                 replica.abort(txn, "compaction failed")
             raise
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from coordinator.conflicts import Kind, Summary
 from coordinator.errors import InvalidInput
-from coordinator.model import Change
+from coordinator.model import Change, TxnState
 from coordinator.versions import Tid
 from parts.format import PartMeta
 from parts.ops import partition_key
@@ -145,7 +145,7 @@ class RunningTxn:
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
     ops: list[Op] = field(default_factory=list)
-    state: str = "running"  # running | committing | committed | aborted
+    state: TxnState = TxnState.RUNNING
     reason: str = ""
     csn: int | None = None
     rows: int = 0
