@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import gc
 import threading
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from itertools import chain
@@ -145,6 +145,11 @@ class ReplicaState:
         self.live_sorted: dict[str, SortedIndex] = {}  # name -> PartMeta of the live parts
         self.all_sorted: dict[str, SortedIndex] = {}  # name -> PartRecord of every part
         self.applied_count = 0  # entries applied by this process (local checkpoints count them)
+        # Parts removed, in removal order (removals are applied in CSN order): prune() forgets
+        # them from the front once no served snapshot can see them, so the state, its lookups
+        # at older snapshots and its checkpoints do not grow with history.
+        self.removals: deque[tuple[int, str]] = deque()
+        self.pruned = 0  # nothing removed at or below it is known here any more
         # Every field above that the log derives must also be in export()/restore() below:
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
 
@@ -187,6 +192,7 @@ class ReplicaState:
             if rec is None:
                 continue
             rec.removal_tid, rec.removal_csn = tid, csn
+            self.removals.append((csn, name))
             live[rec.pkey].discard(name)
             self._index_remove(rec.meta.table, name)
         self.history[(ch.table, ch.pkey)].append((csn, Summary.of(tid, ch.kinds, ch.removed)))
@@ -207,6 +213,36 @@ class ReplicaState:
             if self.position[0] <= epoch:
                 self.position = (epoch + 1, 0)
                 self.applied_cond.notify_all()  # the log tail waits for a sealed epoch to be passed
+
+    def prune(self, floor: int) -> int:
+        """Forget the parts removed at or below ``floor``, and the conflict history at or below
+        it; returns how many part records went. The caller guarantees that no snapshot below
+        ``floor`` is served any more and that the files of those parts are collected: no served
+        snapshot can see such a part (its removal is at or below every one of them), no running
+        transaction's conflict check looks at commits at or below its snapshot, and incremental
+        reads starting below ``floor`` are refused (see ``pruned``)."""
+        with self.lock:
+            floor = min(floor, self.applied)
+            if floor <= self.pruned:
+                return 0
+            gone = 0
+            while self.removals and self.removals[0][0] <= floor:
+                _, name = self.removals.popleft()
+                rec = self.parts.pop(name, None)
+                if rec is None:
+                    continue
+                gone += 1
+                table = rec.meta.table
+                self.by_table[table].discard(name)
+                index = self.all_sorted.get(table)
+                if index is not None:
+                    index.remove(name)
+            for events in self.history.values():
+                i = bisect.bisect_right(events, floor, key=lambda e: e[0])
+                if i:
+                    del events[:i]
+            self.pruned = floor
+            return gone
 
     # -- queries -----------------------------------------------------------------------------
     def winners(self, table: str, pkey: str, snapshot: int) -> list[Summary]:
@@ -296,6 +332,7 @@ class ReplicaState:
             applied, position = self.applied, self.position
             recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn) for r in self.parts.values()]
             tables = [t.to_dict() for t in self.tables.values()]
+            pruned = self.pruned
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
             versions = dict(self.versions)
@@ -342,6 +379,7 @@ class ReplicaState:
             "versions": versions,
             "time_csns": time_csns,
             "time_values": time_values,
+            "pruned": pruned,
         }
 
     def restore(self, payload: dict, where: str) -> None:
@@ -407,6 +445,8 @@ class ReplicaState:
             time_values = [float(v) for v in payload["time_values"]]
             applied = int(payload["applied"])
             position = (int(payload["position"][0]), int(payload["position"][1]))
+            pruned = int(payload.get("pruned", 0))
+            removals = deque(sorted((r.removal_csn, n) for n, r in parts.items() if r.removal_csn is not None))
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise CorruptMetadata(f"checkpoint {where} is malformed: {exc!r}") from exc
         with self.lock:
@@ -415,6 +455,7 @@ class ReplicaState:
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
+            self.pruned, self.removals = pruned, removals
             self.failure = None
             self.applied_cond.notify_all()
 

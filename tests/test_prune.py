@@ -1,0 +1,69 @@
+"""The replica state forgets what no served snapshot can see (ReplicaState.prune), so its size,
+its lookups at older snapshots and its checkpoints do not grow with history. Pure: no I/O."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from coordinator.catalog import TableDef
+from coordinator.conflicts import Kind
+from coordinator.model import Change, LogEntry, TxnRecord
+from coordinator.versions import Tid
+from parts.meta import PartMeta
+from replicas import checkpoint
+from replicas.state import ReplicaState
+
+
+def part(name: str, tid: str) -> PartMeta:
+    return PartMeta(name, "t", (), f"t/_/{name}.parquet", 1, 1, "crc32:00000000", {}, tid)
+
+
+def commit(st: ReplicaState, csn: int, n: int, added: list[str], removed: list[str]) -> None:
+    tid = str(Tid(csn - 1, n, "r0"))
+    kinds = (Kind.MINOR_COMPACT,) if removed else (Kind.INSERT,)
+    change = Change("t", "[]", kinds, tuple(part(a, tid) for a in added), tuple(removed))
+    st.apply(csn, 0, csn - 1, LogEntry(time=float(csn), versions={}, txns=(TxnRecord(tid, None, (change,)),)))
+
+
+def build() -> ReplicaState:
+    """CSN 1 creates t; 2, 3: insert p1, p2; 4: a merge replaces them by m1; 5: insert p3;
+    6: a merge replaces m1 and p3 by m2."""
+    st = ReplicaState()
+    st.apply(1, 0, 0, LogEntry(time=1.0, versions={}, ddl=(TableDef.new("t", pa.schema([("k", pa.int64())])),)))
+    commit(st, 2, 1, ["p1"], [])
+    commit(st, 3, 2, ["p2"], [])
+    commit(st, 4, 3, ["m1"], ["p1", "p2"])
+    commit(st, 5, 4, ["p3"], [])
+    commit(st, 6, 5, ["m2"], ["m1", "p3"])
+    return st
+
+
+def names(st: ReplicaState, snapshot: int) -> list[str]:
+    return [m.name for m in st.visible("t", snapshot)]
+
+
+def test_prune_forgets_only_what_no_served_snapshot_sees() -> None:
+    st = build()
+    before = {s: names(st, s) for s in range(4, 7)}
+    assert st.prune(3) == 0 and set(st.parts) == {"p1", "p2", "m1", "p3", "m2"}
+    assert st.prune(4) == 2  # p1, p2 were removed at 4
+    assert set(st.parts) == {"m1", "p3", "m2"}
+    assert {s: names(st, s) for s in range(4, 7)} == before  # every snapshot >= 4 reads the same
+    assert st.winners("t", "[]", 4) and all(s.tid != str(Tid(3, 3, "r0")) for s in st.winners("t", "[]", 4))
+    assert st.prune(4) == 0 and st.prune(2) == 0  # never lowered, never twice
+    assert st.prune(6) == 2 and set(st.parts) == {"m2"} and names(st, 6) == ["m2"]
+
+
+def test_prune_floor_never_passes_what_is_applied() -> None:
+    st = build()
+    st.prune(100)
+    assert st.pruned == 6
+
+
+def test_pruned_state_survives_a_checkpoint_and_keeps_pruning() -> None:
+    st = build()
+    st.prune(4)
+    back = ReplicaState()
+    back.restore(checkpoint.decode(checkpoint.encode(st.export()), "mem"), "mem")
+    assert back.pruned == 4 and back.export() == st.export()
+    assert back.prune(6) == 2 and set(back.parts) == {"m2"}
