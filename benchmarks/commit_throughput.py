@@ -127,6 +127,7 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
         return op
 
     # Profile mode: the same statements as tx.insert, timed phase by phase on the client.
+    from coordinator.model import Insert
     from parts.ops import conform
     from parts.storage import Storage
 
@@ -149,7 +150,7 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
         tdef = client.table(table)
         parts = tx._write(tdef, conform(tdef.schema, rows, table))
         t2 = time.perf_counter()
-        tx._stage({"op": "insert", "table": table, "added": [m.to_dict() for m in parts]})
+        tx._stage(Insert(table, tuple(parts)))
         t3 = time.perf_counter()
         tx.commit()
         t4 = time.perf_counter()

@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
-from coordinator.model import CommitStatus
+from coordinator.model import CommitStatus, Compact, Insert, Mutate, Overwrite, StagedOp, Truncate
 from coordinator.rpc import RpcClient
 from coordinator.versions import Tid
 from parts import rewrite
@@ -407,19 +407,19 @@ class Transaction:
         if self._ended:
             raise TransactionAborted(f"transaction {self.id} has ended", id=self.id)
 
-    def _stage(self, op: dict) -> None:
+    def _stage(self, op: StagedOp) -> None:
         self._send("stage", [op])
 
-    def _send(self, action: str, ops: list[dict]) -> Any:
+    def _send(self, action: str, ops: list[StagedOp]) -> Any:
         try:
-            return self.client.call(action, id=self.id, ops=ops)
+            return self.client.call(action, id=self.id, ops=[op.to_dict() for op in ops])
         except ReplicaUnavailable:
             raise  # the replica may hold them already: cleanup decides once it is known
         except errors.MergetxnError:
             # Parts the replica refused (or dropped when it aborted): nothing references them.
             for op in ops:
-                for m in op.get("added", ()):
-                    _delete_quietly(self.client.storage, m["path"])
+                for m in op.added:
+                    _delete_quietly(self.client.storage, m.path)
             raise
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
@@ -442,7 +442,7 @@ class Transaction:
         data = conform(tdef.schema, _as_table(data, table), table)
         parts = self._write(tdef, data)
         if parts:
-            self._stage({"op": "insert", "table": table, "added": [m.to_dict() for m in parts]})
+            self._stage(Insert(table, tuple(parts)))
         return data.num_rows
 
     def overwrite(self, table: str, data: pa.Table, partitions: Sequence[Any] | None = None) -> int:
@@ -464,8 +464,7 @@ class Transaction:
             targets = [()]
         removed = [m.name for m in self._visible(table, targets)] if targets else []
         parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id) for p, chunk in split]
-        self._stage({"op": "overwrite", "table": table, "added": [m.to_dict() for m in parts], "removed": removed,
-                     "partitions": [partition_key(p) for p in targets]})
+        self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
@@ -474,9 +473,8 @@ class Transaction:
         tdef = self.client.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         removed = [m.name for m in self._visible(table, targets)]
-        self._stage({"op": "truncate", "table": table, "removed": removed,
-                     "partitions": None if targets is None else [partition_key(p) for p in targets],
-                     "whole_table": targets is None})
+        self._stage(Truncate(table, tuple(removed),
+                             None if targets is None else tuple(partition_key(p) for p in targets)))
         return len(removed)
 
     def delete(self, table: str, where: pc.Expression) -> int:
@@ -485,7 +483,8 @@ class Transaction:
         tdef = self.client.table(table)
         _check_predicate(where, tdef, "delete")
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
-        self._stage_rewrite("delete", tdef, result, where=encode_expression(where, tdef.schema))
+        self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
+                           tuple(result.removed), _rewrite_targets(tdef, None)))
         return result.affected_rows
 
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
@@ -495,8 +494,9 @@ class Transaction:
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
-        self._stage_rewrite("update", tdef, result, where=encode_expression(where, tdef.schema),
-                            assignments=encode_assignments(assigns, tdef.schema))
+        self._stage(Mutate("update", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
+                           tuple(result.removed), _rewrite_targets(tdef, None),
+                           assignments=encode_assignments(assigns, tdef.schema)))
         return result.affected_rows
 
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
@@ -507,8 +507,8 @@ class Transaction:
         tdef = self.client.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
-        self._stage_rewrite("compact", tdef, result, compact_kind=kind,
-                            partitions=None if targets is None else [partition_key(p) for p in targets])
+        pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
+        self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
         return len(result.removed)
 
     def add_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
@@ -525,17 +525,15 @@ class Transaction:
         tdef = self.client.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
-        added = [m.to_dict() for m in metas]
         if op == "insert":
-            if added:
-                self._stage({"op": "insert", "table": table, "added": added})
+            if metas:
+                self._stage(Insert(table, tuple(metas)))
             return sum(m.rows for m in metas)
         targets = _overwrite_targets(tdef, metas, partitions)
         if not targets:
             return 0
         removed = [m.name for m in self._visible(table, targets)]
-        self._stage({"op": "overwrite", "table": table, "added": added, "removed": removed,
-                     "partitions": [partition_key(p) for p in targets]})
+        self._stage(Overwrite(table, tuple(metas), tuple(removed), tuple(partition_key(p) for p in targets)))
         return sum(m.rows for m in metas)
 
     def add_rewrite(self, table: str, kind: str, added: Sequence[PartMeta], removed: Sequence[str],
@@ -548,17 +546,11 @@ class Transaction:
             raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
         tdef = self.client.table(table)
         _check_predicate(where, tdef, kind)
-        extra: dict[str, Any] = {"where": encode_expression(where, tdef.schema)}
+        assigns = None
         if kind == "update":
-            extra["assignments"] = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
-        result = rewrite.Rewrite(added=list(added), removed=list(removed))
-        self._stage_rewrite(kind, tdef, result, **extra)
-
-    def _stage_rewrite(self, op: str, tdef: TableDef, result: rewrite.Rewrite, **extra: Any) -> None:
-        if not tdef.partition_by and extra.get("partitions") is None:
-            extra["partitions"] = [partition_key(())]
-        self._stage({"op": op, "table": tdef.name, "added": [m.to_dict() for m in result.added],
-                     "removed": result.removed, **extra})
+            assigns = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
+        self._stage(Mutate(kind, tdef.name, encode_expression(where, tdef.schema), tuple(added), tuple(removed),
+                           _rewrite_targets(tdef, None), assignments=assigns))
 
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""
@@ -657,6 +649,14 @@ def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequen
                                f"outside the partitions given {targets}")
         return targets
     return present if tdef.partition_by else [()]
+
+
+def _rewrite_targets(tdef: TableDef, pkeys: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """The partitions a rewrite (DELETE, UPDATE, compaction) names: those given, else (None) the
+    ones its parts are in; an unpartitioned table's one target always."""
+    if pkeys is None and not tdef.partition_by:
+        return (partition_key(()),)
+    return pkeys
 
 
 def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:

@@ -9,22 +9,26 @@ here, so that a field added by a later feature is added once:
 * :data:`WalRecord`: :class:`WalEntry` (an applied log entry), :class:`WalStaged` (part files a
   running transaction wrote), :class:`WalBase` (the local state snapshot a compacted WAL continues);
 * :class:`AliveRecord`: what ``replicas/<host>/alive`` says (read by cleanup and the log tail);
-* :class:`TxnState` and :class:`CommitStatus`: a transaction's state, on the replica and over RPC.
+* :class:`TxnState` and :class:`CommitStatus`: a transaction's state, on the replica and over RPC;
+* :data:`StagedOp`: one statement a transaction stages (:class:`Insert`, :class:`Overwrite`,
+  :class:`Truncate`, :class:`Mutate`, :class:`Compact`), sent by the client, decoded by the replica
+  with :func:`op_from_dict`.
 
 Decoding validates: anything malformed is :class:`~coordinator.errors.CorruptMetadata` naming
-where it came from, and nothing is half decoded.
+where it came from (a staged operation, which a client sends: :class:`~coordinator.errors.InvalidInput`
+naming the field), and nothing is half decoded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from coordinator import jsonwire
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Kind
-from coordinator.errors import CorruptMetadata
+from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.versions import Tid
 from parts.meta import PartMeta
 
@@ -36,6 +40,224 @@ class TxnState(StrEnum):
     COMMITTING = "committing"
     COMMITTED = "committed"
     ABORTED = "aborted"
+
+
+# -- staged operations ----------------------------------------------------------------------------
+# One type per statement, told apart by ``kind`` (the ``"op"`` key on the wire). The conflict rules'
+# operation kind (``operation_kind``) is the type's. What a statement cannot have (an INSERT's
+# removed parts, ...) reads as empty, so folding statements into an effect reads them all alike.
+# ``partitions`` are partition keys (parts.ops.partition_key); None: where its parts are.
+
+
+@dataclass(frozen=True)
+class Insert:
+    """INSERT INTO: parts added."""
+
+    table: str
+    added: tuple[PartMeta, ...] = ()
+    kind: Literal["insert"] = field(default="insert", init=False)
+
+    removed: ClassVar[tuple[str, ...]] = ()
+    partitions: ClassVar[None] = None
+    whole_table: ClassVar[bool] = False
+    operation_kind: ClassVar[Kind] = Kind.INSERT
+
+    @property
+    def rows(self) -> int:
+        return sum(m.rows for m in self.added)
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added]}
+
+
+@dataclass(frozen=True)
+class Overwrite:
+    """INSERT OVERWRITE: the parts it saw in ``partitions`` (``removed``) replaced by ``added``."""
+
+    table: str
+    added: tuple[PartMeta, ...] = ()
+    removed: tuple[str, ...] = ()
+    partitions: tuple[str, ...] = ()
+    kind: Literal["overwrite"] = field(default="overwrite", init=False)
+
+    whole_table: ClassVar[bool] = False
+    operation_kind: ClassVar[Kind] = Kind.OVERWRITE
+
+    @property
+    def rows(self) -> int:
+        return sum(m.rows for m in self.added)
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
+                "removed": list(self.removed), "partitions": list(self.partitions)}
+
+
+@dataclass(frozen=True)
+class Truncate:
+    """TRUNCATE of ``partitions``, or (None) of the whole table: the parts it saw removed."""
+
+    table: str
+    removed: tuple[str, ...] = ()
+    partitions: tuple[str, ...] | None = None
+    kind: Literal["truncate"] = field(default="truncate", init=False)
+
+    added: ClassVar[tuple[PartMeta, ...]] = ()
+    rows: ClassVar[int] = 0
+    operation_kind: ClassVar[Kind] = Kind.OVERWRITE
+
+    @property
+    def whole_table(self) -> bool:
+        return self.partitions is None
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "table": self.table, "removed": list(self.removed),
+                "partitions": None if self.partitions is None else list(self.partitions),
+                "whole_table": self.whole_table}
+
+
+@dataclass(frozen=True)
+class Mutate:
+    """DELETE or UPDATE, copy-on-write: ``removed`` parts rewritten as ``added``. The predicate
+    (``where``, substrait, base64) and an update's ``assignments`` (parts.ops.encode_assignments)
+    travel with it, so the replica can redo it on the current parts at commit."""
+
+    kind: Literal["delete", "update"]
+    table: str
+    where: str
+    added: tuple[PartMeta, ...] = ()
+    removed: tuple[str, ...] = ()
+    partitions: tuple[str, ...] | None = None
+    assignments: str | None = None
+
+    whole_table: ClassVar[bool] = False
+    operation_kind: ClassVar[Kind] = Kind.MUTATE
+
+    @property
+    def rows(self) -> int:
+        return sum(m.rows for m in self.added)
+
+    def to_dict(self) -> dict:
+        d = {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
+             "removed": list(self.removed), "partitions": None if self.partitions is None else list(self.partitions),
+             "where": self.where}
+        if self.kind == "update":
+            d["assignments"] = self.assignments
+        return d
+
+
+_COMPACT_KINDS = {"minor": Kind.MINOR_COMPACT, "major": Kind.MAJOR_COMPACT}
+
+
+@dataclass(frozen=True)
+class Compact:
+    """A compaction (``compact_kind`` minor or major): ``removed`` parts merged into ``added``.
+
+    ``rows`` is what counts against the transaction's row limit: 0 unless set (it is not on the
+    wire); ``client.compact`` sets it, a staged or background compaction does not."""
+
+    table: str
+    compact_kind: Literal["minor", "major"]
+    added: tuple[PartMeta, ...] = ()
+    removed: tuple[str, ...] = ()
+    partitions: tuple[str, ...] | None = None
+    rows: int = field(default=0, compare=False)
+    kind: Literal["compact"] = field(default="compact", init=False)
+
+    whole_table: ClassVar[bool] = False
+
+    @property
+    def operation_kind(self) -> Kind:
+        return _COMPACT_KINDS[self.compact_kind]
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
+                "removed": list(self.removed), "partitions": None if self.partitions is None else list(self.partitions),
+                "compact_kind": self.compact_kind}
+
+
+StagedOp = Insert | Overwrite | Truncate | Mutate | Compact
+
+# The keys each operation may carry on the wire besides "op" and "table".
+_OP_KEYS: dict[str, frozenset[str]] = {
+    "insert": frozenset({"added"}),
+    "overwrite": frozenset({"added", "removed", "partitions"}),
+    "truncate": frozenset({"removed", "partitions", "whole_table"}),
+    "delete": frozenset({"added", "removed", "partitions", "where"}),
+    "update": frozenset({"added", "removed", "partitions", "where", "assignments"}),
+    "compact": frozenset({"added", "removed", "partitions", "compact_kind"}),
+}
+_ANY_OP_KEY = frozenset().union(*_OP_KEYS.values())
+
+
+def op_from_dict(d: Any) -> StagedOp:
+    """Decode a staged operation (what :meth:`to_dict` gives). Anything wrong with its shape is
+    InvalidInput naming the field; a bad part descriptor in ``added`` is CorruptMetadata, from
+    :meth:`PartMeta.from_dict`. A key of another kind of operation is accepted only empty (null,
+    false, []), so the encoding that carried every key with those values still decodes."""
+    if not isinstance(d, dict):
+        raise InvalidInput(f"a staged operation must be an object, got {type(d).__name__}")
+    op = d.get("op")
+    if op not in _OP_KEYS:
+        raise InvalidInput(f"unknown operation {op!r}: 'op' must be one of {', '.join(_OP_KEYS)}")
+    table = d.get("table")
+    if not isinstance(table, str):
+        raise InvalidInput(f"{op}: 'table' must be a table name, got {table!r}")
+    for key, value in d.items():
+        if key in ("op", "table") or key in _OP_KEYS[op]:
+            continue
+        if key not in _ANY_OP_KEY:
+            raise InvalidInput(f"{op}: unknown field {key!r}")
+        if not (value is None or value is False or value == []):
+            raise InvalidInput(f"{op}: {key!r} is not a field of {op}, got {value!r}")
+
+    def names(key: str) -> tuple[str, ...]:
+        v = d.get(key)
+        if v is None:
+            return ()
+        if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
+            raise InvalidInput(f"{op}: {key!r} must be a list of part names, got {v!r}")
+        return tuple(v)
+
+    def pkeys() -> tuple[str, ...] | None:
+        v = d.get("partitions")
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
+            raise InvalidInput(f"{op}: 'partitions' must be null or a list of partition keys, got {v!r}")
+        return tuple(v)
+
+    def text(key: str) -> str:
+        v = d.get(key)
+        if not isinstance(v, str):
+            raise InvalidInput(f"{op}: {key!r} must be a string, got {v!r}")
+        return v
+
+    added_raw = d.get("added")
+    if added_raw is not None and not isinstance(added_raw, list):
+        raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {added_raw!r}")
+    added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
+
+    if op == "insert":
+        return Insert(table, added)
+    if op == "overwrite":
+        partitions = pkeys()
+        if partitions is None:
+            raise InvalidInput("overwrite: 'partitions' must be the list of partition keys it replaces")
+        return Overwrite(table, added, names("removed"), partitions)
+    if op == "truncate":
+        partitions = pkeys()
+        whole = d.get("whole_table", partitions is None)
+        if not isinstance(whole, bool) or whole != (partitions is None):
+            raise InvalidInput(f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
+                               f"got {whole!r} with partitions {partitions!r}")
+        return Truncate(table, names("removed"), partitions)
+    if op == "compact":
+        kind = d.get("compact_kind")
+        if kind not in _COMPACT_KINDS:
+            raise InvalidInput(f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {kind!r}")
+        return Compact(table, kind, added, names("removed"), pkeys())
+    return Mutate(op, table, text("where"), added, names("removed"), pkeys(),
+                  text("assignments") if op == "update" else None)
 
 
 # -- the log --------------------------------------------------------------------------------------
@@ -290,7 +512,7 @@ class CommitStatus:
 
 
 __all__ = [
-    "AliveRecord", "Change", "CommitStatus", "LogEntry", "ManifestPointer", "TxnRecord", "TxnState",
-    "WalBase", "WalEntry", "WalRecord", "WalStaged", "decode_log_node", "wal_record_body",
-    "wal_record_from_dict",
+    "AliveRecord", "Change", "CommitStatus", "Compact", "Insert", "LogEntry", "ManifestPointer", "Mutate",
+    "Overwrite", "StagedOp", "Truncate", "TxnRecord", "TxnState", "WalBase", "WalEntry", "WalRecord",
+    "WalStaged", "decode_log_node", "op_from_dict", "wal_record_body", "wal_record_from_dict",
 ]

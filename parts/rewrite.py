@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.model import Compact, Mutate
 from parts.format import PartMeta, read_part, write_part
 from parts.ops import (
     apply_delete,
@@ -112,17 +113,17 @@ def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str)
     return out
 
 
-def redo(storage: Storage, table, op, current: list[PartMeta], tid: str):
+def redo(storage: Storage, table, op: Mutate | Compact, current: list[PartMeta], tid: str) -> Mutate | Compact:
     """Run a staged DELETE, UPDATE or compaction again on ``current`` parts; returns the op with
     the new added/removed parts (its earlier output is superseded)."""
     from dataclasses import replace
 
-    if op.op == "compact":
-        result = compact(storage, table, current, op.compact_kind or "minor", tid)
+    if isinstance(op, Compact):
+        result = compact(storage, table, current, op.compact_kind, tid)
     else:
         where = decode_expression(op.where, table.schema)
-        if op.op == "delete":
+        if op.kind == "delete":
             result = delete(storage, table, current, where, tid)
         else:
             result = update(storage, table, current, where, decode_assignments(op.assignments, table.schema), tid)
-    return replace(op, added=result.added, removed=result.removed, rows=sum(m.rows for m in result.added))
+    return replace(op, added=tuple(result.added), removed=tuple(result.removed))

@@ -52,14 +52,23 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.fence import FenceMoved
-from coordinator.model import LogEntry, ManifestPointer, TxnRecord, TxnState
+from coordinator.model import (
+    Insert,
+    LogEntry,
+    ManifestPointer,
+    Overwrite,
+    StagedOp,
+    Truncate,
+    TxnRecord,
+    TxnState,
+)
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved
 from parts.format import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
-from replicas.transactions import Effect, Op, RunningTxn
+from replicas.transactions import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +473,7 @@ class Committer:
             out[n] = rec.pkey
         return out
 
-    def _fold(self, txn: RunningTxn, ops: list[Op]) -> Effect:
+    def _fold(self, txn: RunningTxn, ops: list[StagedOp]) -> Effect:
         eff = Effect()
         for op in ops:
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
@@ -518,16 +527,16 @@ class Committer:
         eff = Effect()
         for op in txn.ops:
             tdef = self.replica.table(op.table)
-            if tdef.conflict_policy is Policy.PARTS or op.op == "insert":
+            if tdef.conflict_policy is Policy.PARTS or isinstance(op, Insert):
                 eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
                 continue
             pkeys = None if op.whole_table else op.partitions
             own_removed = set(eff.removed) | {m.name for m in eff.discarded}
             current = self.state.visible(op.table, self.state.applied, txn.id, list(eff.added.values()),
                                          own_removed, pkeys)
-            if op.op in ("overwrite", "truncate"):
+            if isinstance(op, Overwrite | Truncate):
                 new_added = {m.name for m in op.added}
-                op = replace(op, removed=[m.name for m in current if m.name not in new_added])
+                op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
                 op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id)

@@ -587,8 +587,8 @@ class Maintenance:
                   before_commit: Callable[[], None] | None = None) -> dict:
         """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
         logged and recorded, never raised; the partition is retried after a short back-off."""
+        from coordinator.model import Compact
         from parts import rewrite
-        from replicas.transactions import Op
 
         replica = self.replica
         txn = replica.begin()
@@ -606,8 +606,8 @@ class Maintenance:
                 self.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
-            op = Op("compact", tdef.name, added=result.added, removed=result.removed, partitions=[pkey],
-                    compact_kind=kind)
+            op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
+                         partitions=(pkey,))
             replica.stage(txn.id, op)
             staged = True
             if before_commit is not None:

@@ -38,10 +38,12 @@ from coordinator.model import (
     AliveRecord,
     CommitStatus,
     ManifestPointer,
+    StagedOp,
     TxnState,
     WalBase,
     WalEntry,
     WalStaged,
+    op_from_dict,
 )
 from coordinator.versions import Tid, check_host_id, local_counter, split_csn
 from coordinator.zklog import CsnLog, PollHandler
@@ -53,7 +55,7 @@ from replicas.follower import Follower
 from replicas.maintenance import MIN_GRACE, Maintenance
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
-from replicas.transactions import Op, RunningTxn
+from replicas.transactions import RunningTxn
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
@@ -413,7 +415,7 @@ class Replica:
             raise TransactionAborted(txn.reason, id=txn_id)
         return txn
 
-    def stage(self, txn_id: str, op: Op) -> None:
+    def stage(self, txn_id: str, op: StagedOp) -> None:
         txn = self.running(txn_id)
         table = self.table(op.table, None)
         own_added, own_removed = txn.own_parts()
@@ -493,7 +495,7 @@ class Replica:
         return self.committer.submit(txn)
 
     # -- one-call commits of parts already in storage (client.commit_parts) -------------------
-    def parts_op(self, txn: RunningTxn, args: dict) -> Op:
+    def parts_op(self, txn: RunningTxn, args: dict) -> StagedOp:
         """The one statement of a one-call commit: the parts become the transaction's own (their
         ``creation_tid``), and an overwrite removes what the transaction sees in the partitions
         it names (the client cannot know them before the transaction exists)."""
@@ -515,7 +517,7 @@ class Replica:
             pkeys = [partition_key(tuple(p)) for p in partitions]
             _, visible = self.visible_parts(table, txn.id, pkeys=pkeys)
             d.update(removed=[m.name for m in visible], partitions=pkeys)
-        return Op.from_dict(d)
+        return op_from_dict(d)
 
     def commit_parts(self, args: dict) -> dict:
         """Begin, stage the parts and commit, in one call; ``{"csn", "tid"}``."""
@@ -612,7 +614,7 @@ class Replica:
             self._abort_locked(txn, reason, [])
         return True
 
-    def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[Op]) -> None:
+    def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[StagedOp]) -> None:
         txn.state, txn.reason = TxnState.ABORTED, reason
         self._retire(txn)
         for op in txn.ops + extra_ops:

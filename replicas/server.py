@@ -18,13 +18,12 @@ from pathlib import Path
 
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, MergetxnError
-from coordinator.model import TxnState
+from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
 from replicas import maintenance, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
-from replicas.transactions import Op
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +191,7 @@ class ReplicaServer(RpcServer):
 
     def _stage(self, a: dict) -> None:
         for op in a["ops"] if "ops" in a else [a["op"]]:
-            self.replica.stage(a["id"], Op.from_dict(op))
+            self.replica.stage(a["id"], op_from_dict(op))
 
     def _commit(self, a: dict) -> dict:
         """Stage the operations that came with the commit (deferred inserts), then commit."""
@@ -229,8 +228,8 @@ class ReplicaServer(RpcServer):
             _, visible = replica.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
             result = rewrite.compact(replica.storage, table, visible, kind, txn.id)
-            op = Op("compact", table.name, added=result.added, removed=result.removed, partitions=pkeys,
-                    compact_kind=kind, rows=sum(m.rows for m in result.added))
+            op = Compact(table.name, kind, added=tuple(result.added), removed=tuple(result.removed),
+                         partitions=None if pkeys is None else tuple(pkeys), rows=sum(m.rows for m in result.added))
             if op.removed:
                 replica.stage(txn.id, op)
             csn = replica.commit(txn.id)

@@ -1,9 +1,9 @@
 """Running transactions on one replica: their staged operations and how those fold into changes.
 
-A transaction stages operations (insert, overwrite, truncate, delete, update, compact), each with
-the parts it added and removed. :func:`fold` turns the operation list into the effect the commit
-entry carries: parts added and removed per target, and the operation kinds per target that the
-conflict rules look at.
+A transaction stages operations (:data:`coordinator.model.StagedOp`: insert, overwrite, truncate,
+delete, update, compact), each with the parts it added and removed. :func:`fold` turns the
+operation list into the effect the commit entry carries: parts added and removed per target, and
+the operation kinds per target that the conflict rules look at.
 """
 
 from __future__ import annotations
@@ -14,76 +14,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from coordinator.conflicts import Kind, Summary
-from coordinator.errors import InvalidInput
-from coordinator.model import Change, TxnState
+from coordinator.model import Change, StagedOp, TxnState
 from coordinator.versions import Tid
 from parts.format import PartMeta
 from parts.ops import partition_key
-
-OP_KINDS = {
-    "insert": Kind.INSERT,
-    "overwrite": Kind.OVERWRITE,
-    "truncate": Kind.OVERWRITE,
-    "delete": Kind.MUTATE,
-    "update": Kind.MUTATE,
-}
-COMPACT_KINDS = {"minor": Kind.MINOR_COMPACT, "major": Kind.MAJOR_COMPACT}
-
-
-@dataclass
-class Op:
-    """One staged statement. ``partitions`` None with ``whole_table`` means every partition."""
-
-    op: str
-    table: str
-    added: list[PartMeta] = field(default_factory=list)
-    removed: list[str] = field(default_factory=list)
-    partitions: list[str] | None = None
-    whole_table: bool = False
-    where: str | None = None  # substrait, base64
-    assignments: str | None = None  # encoded by parts.ops.encode_assignments
-    compact_kind: str | None = None
-    rows: int = 0
-
-    @property
-    def kind(self) -> Kind:
-        if self.op == "compact":
-            return COMPACT_KINDS[self.compact_kind or "minor"]
-        return OP_KINDS[self.op]
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Op:
-        op = d.get("op")
-        if op not in OP_KINDS and op != "compact":
-            raise InvalidInput(f"unknown operation {op!r}")
-        if op == "compact" and d.get("compact_kind") not in COMPACT_KINDS:
-            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {d.get('compact_kind')!r}")
-        added = [PartMeta.from_dict(m) for m in d.get("added") or ()]
-        return cls(
-            op=op,
-            table=str(d["table"]),
-            added=added,
-            removed=[str(n) for n in d.get("removed") or ()],
-            partitions=None if d.get("partitions") is None else [str(p) for p in d["partitions"]],
-            whole_table=bool(d.get("whole_table")),
-            where=d.get("where"),
-            assignments=d.get("assignments"),
-            compact_kind=d.get("compact_kind"),
-            rows=0 if op == "compact" else sum(m.rows for m in added),
-        )
-
-    def to_dict(self) -> dict:
-        return {
-            "op": self.op,
-            "table": self.table,
-            "added": [m.to_dict() for m in self.added],
-            "removed": list(self.removed),
-            "partitions": self.partitions,
-            "whole_table": self.whole_table,
-            "where": self.where,
-            "assignments": self.assignments,
-            "compact_kind": self.compact_kind,
-        }
 
 
 @dataclass
@@ -96,22 +30,22 @@ class Effect:
     whole_tables: set[str] = field(default_factory=set)
     discarded: list[PartMeta] = field(default_factory=list)  # own parts removed again
 
-    def add_op(self, op: Op, removed_pkeys: dict[str, str]) -> None:
+    def add_op(self, op: StagedOp, removed_pkeys: dict[str, str]) -> None:
         """Fold one operation in; ``removed_pkeys`` gives the partition of committed parts."""
         for name in op.removed:
             own = self.added.pop(name, None)
             if own is not None:
                 self.discarded.append(own)
-                self.kinds[(op.table, partition_key(own.partition))].add(op.kind)
+                self.kinds[(op.table, partition_key(own.partition))].add(op.operation_kind)
             else:
                 pkey = removed_pkeys[name]
                 self.removed[name] = (op.table, pkey)
-                self.kinds[(op.table, pkey)].add(op.kind)
+                self.kinds[(op.table, pkey)].add(op.operation_kind)
         for meta in op.added:
             self.added[meta.name] = meta
-            self.kinds[(op.table, partition_key(meta.partition))].add(op.kind)
+            self.kinds[(op.table, partition_key(meta.partition))].add(op.operation_kind)
         for pkey in op.partitions or ():
-            self.kinds[(op.table, pkey)].add(op.kind)
+            self.kinds[(op.table, pkey)].add(op.operation_kind)
         if op.whole_table:
             self.whole_tables.add(op.table)
 
@@ -144,7 +78,7 @@ class RunningTxn:
     snapshot: int
     started: float = field(default_factory=time.monotonic)
     started_wall: float = field(default_factory=time.time)
-    ops: list[Op] = field(default_factory=list)
+    ops: list[StagedOp] = field(default_factory=list)
     state: TxnState = TxnState.RUNNING
     reason: str = ""
     csn: int | None = None

@@ -776,15 +776,15 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
     and decides again: under ``maxcompute`` its INSERT loses to A's, under ``append`` it commits
     after it. Either way as if B had seen A's commit from the start."""
     from coordinator.catalog import TableDef
+    from coordinator.model import Insert
     from parts.format import write_part
-    from replicas.transactions import Op
 
     schema = pa.schema([("id", pa.int64())])
     a, b = two_replicas
     b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
     ta, tb = a.begin(), b.begin()
     for r, t, v in ((a, ta, 1), (b, tb, 2)):
-        r.stage(t.id, Op("insert", "stale", added=[write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id)]))
+        r.stage(t.id, Insert("stale", added=(write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id),)))
     gate = hold_follower(b)
     csn_a = a.commit(ta.id)
     outcome: list[object] = []

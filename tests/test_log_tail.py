@@ -25,14 +25,13 @@ from kazoo.client import KazooClient
 
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
-from coordinator.model import LogEntry, WalBase, WalEntry
+from coordinator.model import Insert, LogEntry, WalBase, WalEntry
 from coordinator.versions import split_csn
 from parts.format import PartMeta, new_part_name
 from replicas import checkpoint
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer
 from replicas.state import ReplicaState
-from replicas.transactions import Op
 from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk
@@ -130,7 +129,7 @@ def meta_commit(replica: Replica, table: str) -> int:
     meta = PartMeta(name=name, table=table, partition=(), path=f"{table}/_/{name}.parquet", rows=1, size=1,
                     checksum="crc32:00000000", stats={}, creation_tid=txn.id, created_at=time.time())
     replica.storage.put(meta.path, b"x", durable=False)
-    replica.stage(txn.id, Op("insert", table, added=[meta], rows=1))
+    replica.stage(txn.id, Insert(table, added=(meta,)))
     return replica.commit(txn.id)
 
 

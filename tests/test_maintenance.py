@@ -29,13 +29,13 @@ from coordinator import LocalCluster
 from coordinator.catalog import TableDef
 from coordinator.cli import cli
 from coordinator.errors import InvalidInput, SnapshotUnavailable, TableNotFound
+from coordinator.model import Insert, Truncate
 from coordinator.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.ops import partition_key
 from parts.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import SWITCH_INTERVAL
-from replicas.transactions import Op
 
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.int32()), ("v", pa.string())])
 
@@ -275,7 +275,7 @@ def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committe
         young = write_part(r.storage, "bg", [], (), data([2]), "T1-1-gone")
         txn = r.begin()
         late = write_part(r.storage, "bg", [], (), data([3]), txn.id)
-        r.stage(txn.id, Op("insert", "bg", added=[late]))
+        r.stage(txn.id, Insert("bg", added=(late,)))
         for m in (ghost, late):
             for p in (m.path, m.meta_path):
                 os.utime(root / p, (old, old))
@@ -309,14 +309,14 @@ def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path:
         for i in range(3):
             txn = r.begin()
             meta = write_part(r.storage, "mc", [], (), data([i]), txn.id)
-            r.stage(txn.id, Op("insert", "mc", added=[meta]))
+            r.stage(txn.id, Insert("mc", added=(meta,)))
             r.commit(txn.id)
         live = r.state.visible("mc", r.state.applied)
         pkey = partition_key(())
 
         def concurrent_truncate() -> None:
             t2 = r.begin()
-            r.stage(t2.id, Op("truncate", "mc", removed=[live[0].name], partitions=[pkey]))
+            r.stage(t2.id, Truncate("mc", removed=(live[0].name,), partitions=(pkey,)))
             r.commit(t2.id)
 
         out = r.maintenance.run_merge(r.table("mc"), "minor", pkey, [m.name for m in live],
