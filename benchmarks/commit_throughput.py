@@ -739,12 +739,12 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
     timed(replicas.committer.Committer, "_plan", "conflict decision (plan)")
     timed(replicas.follower.Follower, "_fetch_batch", "follower fetch batch")
     timed(ReplicaServer, "_begin", "RPC handler: begin")
-    import replicas.replica as rr
-    timed(rr.Replica, "stage", "RPC handler: stage")
-    timed(rr.Replica, "commit", "RPC handler: commit (incl. waiting for group commit)")
+    import replicas.registry as rr
+    timed(rr.Transactions, "stage", "RPC handler: stage")
+    timed(rr.Transactions, "commit", "RPC handler: commit (incl. waiting for group commit)")
     profiled(replicas.committer.Committer, "_commit_batch")
     profiled(replicas.follower.Follower, "pull")
-    profiled(rr.Replica, "stage")
+    profiled(rr.Transactions, "stage")
     profiled(ReplicaServer, "_begin")
 
     work = Path(tempfile.mkdtemp(prefix="mergetxn-profile-"))

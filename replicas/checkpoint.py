@@ -337,7 +337,7 @@ class LogTail:
 
     def floor(self) -> int:
         """Lowest applied CSN or running snapshot over the live replicas, this one included."""
-        floor = self.replica.min_needed()
+        floor = self.replica.transactions.min_needed()
         root = self.log.path("replicas")
         for host in self.zk.retry(self.zk.get_children, root):
             if host == self.replica.host_id:
@@ -410,7 +410,7 @@ class LogTail:
             payload = self.state.export()
             csn = int(payload["applied"])
             write_local(self.local_path, encode(payload))
-            running = self.replica.txns
+            running = self.replica.transactions.txns
 
             def keep(rec: WalRecord) -> bool:
                 if isinstance(rec, WalEntry):

@@ -386,10 +386,10 @@ class Committer:
         self.batches += 1
         for p, plan in accepted:
             self.committed += 1
-            self.replica._finish(p.txn, TxnState.COMMITTED, csn=csn)
+            self.replica.transactions._finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
-                    self.replica._delete_file(meta.path)
+                    self.replica.transactions._delete_file(meta.path)
             p.resolve(csn)
         return deferred
 
@@ -435,9 +435,9 @@ class Committer:
         if p.txn is not None:
             with p.txn.lock:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
-            self.replica.abort(p.txn, str(exc))
+            self.replica.transactions.abort(p.txn, str(exc))
             for meta in p.extra_files:
-                self.replica._delete_file(meta.path)
+                self.replica.transactions._delete_file(meta.path)
         p.resolve(error=exc)
 
     # -- deciding ----------------------------------------------------------------------------

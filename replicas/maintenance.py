@@ -199,7 +199,7 @@ class Maintenance:
         if holder not in LEASE_HOLDERS + ("none",):
             raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {holder!r}")
         lapse = READ_LEASE_SECONDS if holder == "read" else self.config.read_lease_seconds if holder == "spark" else 0
-        with self.replica._txn_lock:
+        with self.replica.transactions._txn_lock:
             snap = self.state.applied if snapshot is None else snapshot
             if lapse <= 0:
                 return snap, None
@@ -211,7 +211,7 @@ class Maintenance:
         """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended
         (cleanup may have taken its parts since)."""
         now = time.monotonic()
-        with self.replica._txn_lock:
+        with self.replica.transactions._txn_lock:
             lease = self._leases.get(_lease_id(lease_id))
             if lease is None or lease.expiry <= now:
                 return {"renewed": False}
@@ -220,16 +220,16 @@ class Maintenance:
 
     def release(self, lease_id: str) -> dict:
         """End a lease: its snapshot is no longer in use (for it)."""
-        with self.replica._txn_lock:
+        with self.replica.transactions._txn_lock:
             return {"released": self._leases.pop(_lease_id(lease_id), None) is not None}
 
     def in_use(self) -> tuple[int, list[tuple[int, str]], list[str], bool]:
         """(oldest snapshot, up to 16 oldest (snapshot, holder) pairs, ids of running transactions
         old enough to publish, overflow). Called with no lock held; takes the transaction lock."""
         now = time.monotonic()
-        with self.replica._txn_lock:
+        with self.replica.transactions._txn_lock:
             applied = self.state.applied
-            txns = list(self.replica.txns.values())
+            txns = list(self.replica.transactions.txns.values())
             for lease_id in [k for k, lease in self._leases.items() if lease.expiry <= now]:
                 del self._leases[lease_id]
             leases = [(lease.snapshot, lease.holder) for lease in self._leases.values()]
@@ -435,8 +435,8 @@ class Maintenance:
             if not d.knows_running:
                 overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
             incarnations[host] = d.incarnation
-        with self.replica._txn_lock:
-            running.update(self.replica.txns)
+        with self.replica.transactions._txn_lock:
+            running.update(self.replica.transactions.txns)
         storage = self.replica.storage
         young = 0
         now = time.time()
@@ -590,29 +590,29 @@ class Maintenance:
         from coordinator.model import Compact
         from parts import rewrite
 
-        replica = self.replica
-        txn = replica.begin()
+        replica, txns = self.replica, self.replica.transactions
+        txn = txns.begin()
         event = {"table": tdef.name, "partition": pkey, "kind": kind, "tid": txn.id, "snapshot": txn.snapshot,
                  "sources": list(sources)}
         result = None
         staged = False
         try:
-            _, visible = replica.visible_parts(tdef.name, txn.id, pkeys=[pkey])
+            _, visible = txns.visible_parts(tdef.name, txn.id, pkeys=[pkey])
             wanted = set(sources)
             parts = [m for m in visible if m.name in wanted]
             if len(parts) < 2:
-                replica.rollback(txn.id, "nothing left to merge")
+                txns.rollback(txn.id, "nothing left to merge")
                 self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
                 self.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))
-            replica.stage(txn.id, op)
+            txns.stage(txn.id, op)
             staged = True
             if before_commit is not None:
                 before_commit()
-            csn = replica.commit(txn.id)
+            csn = txns.commit(txn.id)
         except ConflictError as exc:
             log.info("merge of %s partition %s lost a conflict (retried later): %s", tdef.name, pkey, exc.message)
             self._backoff[(tdef.name, pkey)] = time.monotonic() + 2.0
@@ -625,10 +625,10 @@ class Maintenance:
             return {"outcome": "failed", "reason": exc.message}
         finally:
             if txn.state == TxnState.RUNNING:
-                replica.abort(txn, "merge failed")
+                txns.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
-                    replica._delete_file(m.path)
+                    txns._delete_file(m.path)
         self.record("merge", outcome="committed", csn=csn, **event)
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}
 

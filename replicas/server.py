@@ -35,6 +35,7 @@ class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
         super().__init__(host, port, self.dispatch, inline=self._inline)
         self.replica = replica
+        self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"
         self.handlers = {
             "info": lambda a: replica.info(),
@@ -45,15 +46,15 @@ class ReplicaServer(RpcServer):
             "stage": self._stage,
             "visible": self._visible,
             "commit": self._commit,
-            "rollback": lambda a: replica.rollback(a["id"]),
-            "kill": lambda a: replica.kill(a["id"]),
+            "rollback": lambda a: txns.rollback(a["id"]),
+            "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
             "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
-            "transactions": lambda a: replica.transactions(),
+            "transactions": lambda a: txns.describe(),
             "parts": lambda a: replica.part_records(a["table"]),
-            "commit_status": lambda a: (replica.part_status(a.get("table"), a["part"]) if "part" in a
-                                        else replica.commit_status(a["tid"])),
-            "commit_parts": replica.commit_parts,
+            "commit_status": lambda a: (txns.part_status(a.get("table"), a["part"]) if "part" in a
+                                        else txns.commit_status(a["tid"])),
+            "commit_parts": txns.commit_parts,
             "compact": self._compact,
             "gc": lambda a: replica.maintenance.gc(a.get("grace_seconds")),
             "changes": lambda a: {**replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
@@ -88,7 +89,7 @@ class ReplicaServer(RpcServer):
         wait; anything else (an unknown table to look up, a transaction past a limit to clean
         up, ZooKeeper away) takes the ordinary path, which handles it the same as always."""
         if action == "begin":
-            if not self.replica.ready_to_begin():
+            if not self.transactions.ready_to_begin():
                 return False
             reply(self._envelope(action, self._begin, args))
             return True
@@ -107,7 +108,7 @@ class ReplicaServer(RpcServer):
         return False
 
     def _quick_stage(self, a: dict) -> bool:
-        txn = self.replica.quick_txn(a.get("id"))
+        txn = self.transactions.quick_txn(a.get("id"))
         if txn is None or self.replica.wal.compacting:  # a staged part's WAL record would wait
             return False
         ops = a["ops"] if "ops" in a else [a.get("op")]
@@ -125,7 +126,7 @@ class ReplicaServer(RpcServer):
         return rows <= self.replica.config.txn_max_rows  # over: the full path aborts and cleans up
 
     def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
-        if self.replica.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
+        if self.transactions.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
             return False
         if a.get("ops"):
             staged = self._envelope("stage", self._stage, a)
@@ -137,7 +138,7 @@ class ReplicaServer(RpcServer):
             reply({"ok": True, "result": {"csn": csn}} if error is None else error_reply(error))
 
         try:
-            self.replica.commit_async(a["id"], done)
+            self.transactions.commit_async(a["id"], done)
         except MergetxnError as exc:
             reply(error_reply(exc))
         return True
@@ -146,23 +147,23 @@ class ReplicaServer(RpcServer):
         """A one-call commit of an INSERT of parts: begin, stage and hand to the committer here;
         anything that may wait (an overwrite looks up visible parts) goes to a worker, marked as
         in progress first so that an outcome lookup by part name never misses it."""
-        replica = self.replica
+        replica, txns = self.replica, self.transactions
         a.pop("_inflight", None)
         added, table = a.get("added"), a.get("table")
         quick = (a.get("op", "insert") == "insert" and isinstance(added, list) and isinstance(table, str)
                  and replica.state.table(table) is not None and not replica.wal.compacting
-                 and replica.ready_to_begin())
+                 and txns.ready_to_begin())
         if quick:
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
             quick = rows <= replica.config.txn_max_rows
         if not quick:
             first = added[0] if isinstance(added, list) and added else None
             if isinstance(first, dict) and isinstance(first.get("name"), str):
-                replica.parts_call_started(first["name"])
+                txns.parts_call_started(first["name"])
                 a["_inflight"] = first["name"]
             return False
         try:
-            txn = replica.begin()
+            txn = txns.begin()
         except MergetxnError as exc:
             reply(error_reply(exc))
             return True
@@ -171,12 +172,12 @@ class ReplicaServer(RpcServer):
             reply({"ok": True, "result": {"csn": csn, "tid": txn.id}} if error is None else error_reply(error))
 
         try:
-            op = replica.parts_op(txn, a)
+            op = txns.parts_op(txn, a)
             if op.added:
-                replica.stage(txn.id, op)
-            replica.commit_async(txn.id, done)
+                txns.stage(txn.id, op)
+            txns.commit_async(txn.id, done)
         except Exception as exc:
-            replica.abort(txn, f"commit_parts failed: {exc}")
+            txns.abort(txn, f"commit_parts failed: {exc}")
             reply(error_reply(exc))
         return True
 
@@ -191,16 +192,16 @@ class ReplicaServer(RpcServer):
 
     def _stage(self, a: dict) -> None:
         for op in a["ops"] if "ops" in a else [a["op"]]:
-            self.replica.stage(a["id"], op_from_dict(op))
+            self.transactions.stage(a["id"], op_from_dict(op))
 
     def _commit(self, a: dict) -> dict:
         """Stage the operations that came with the commit (deferred inserts), then commit."""
         if a.get("ops"):
             self._stage(a)
-        return {"csn": self.replica.commit(a["id"])}
+        return {"csn": self.transactions.commit(a["id"])}
 
     def _begin(self, a: dict) -> dict:
-        txn = self.replica.begin(a.get("token"))
+        txn = self.transactions.begin(a.get("token"))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot}
 
     def _visible(self, a: dict) -> dict:
@@ -210,7 +211,7 @@ class ReplicaServer(RpcServer):
         if a.get("partitions") is not None:
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
         if a.get("id") is not None:
-            snap, metas = self.replica.visible_parts(a["table"], a["id"], pkeys)
+            snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
             return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
@@ -220,22 +221,22 @@ class ReplicaServer(RpcServer):
     def _compact(self, a: dict) -> dict:
         from parts import rewrite
 
-        replica = self.replica
+        replica, txns = self.replica, self.transactions
         table = replica.table(a["table"])
-        txn = replica.begin()
+        txn = txns.begin()
         try:
             pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
-            _, visible = replica.visible_parts(table.name, txn.id, pkeys=pkeys)
+            _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
             result = rewrite.compact(replica.storage, table, visible, kind, txn.id)
             op = Compact(table.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=None if pkeys is None else tuple(pkeys), rows=sum(m.rows for m in result.added))
             if op.removed:
-                replica.stage(txn.id, op)
-            csn = replica.commit(txn.id)
+                txns.stage(txn.id, op)
+            csn = txns.commit(txn.id)
         except BaseException:
             if txn.state == TxnState.RUNNING:
-                replica.abort(txn, "compaction failed")
+                txns.abort(txn, "compaction failed")
             raise
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
 

@@ -782,13 +782,13 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
     schema = pa.schema([("id", pa.int64())])
     a, b = two_replicas
     b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
-    ta, tb = a.begin(), b.begin()
+    ta, tb = a.transactions.begin(), b.transactions.begin()
     for r, t, v in ((a, ta, 1), (b, tb, 2)):
-        r.stage(t.id, Insert("stale", added=(write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id),)))
+        r.transactions.stage(t.id, Insert("stale", added=(write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id),)))
     gate = hold_follower(b)
-    csn_a = a.commit(ta.id)
+    csn_a = a.transactions.commit(ta.id)
     outcome: list[object] = []
-    committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.commit(tb.id))))
+    committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.transactions.commit(tb.id))))
     committing.start()
     assert _eventually(lambda: b.committer.local_misses == 1), "B's first attempt was not refused"
     assert b.info()["committer"]["local_version_misses"] == 1

@@ -124,13 +124,13 @@ def rows(n: int, start: int = 0) -> pa.Table:
 def meta_commit(replica: Replica, table: str) -> int:
     """A commit inserting one part whose file is a placeholder byte (nobody reads it; a commit
     verifies only that its files exist)."""
-    txn = replica.begin()
+    txn = replica.transactions.begin()
     name = new_part_name(txn.id)
     meta = PartMeta(name=name, table=table, partition=(), path=f"{table}/_/{name}.parquet", rows=1, size=1,
                     checksum="crc32:00000000", stats={}, creation_tid=txn.id, created_at=time.time())
     replica.storage.put(meta.path, b"x", durable=False)
-    replica.stage(txn.id, Insert(table, added=(meta,)))
-    return replica.commit(txn.id)
+    replica.transactions.stage(txn.id, Insert(table, added=(meta,)))
+    return replica.transactions.commit(txn.id)
 
 
 def commit_many(nodes: list[Node], table: str, n: int, threads: int = 8) -> int:

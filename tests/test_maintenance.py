@@ -273,9 +273,9 @@ def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committe
         r.create_table(TableDef.new("bg", SCHEMA))
         ghost = write_part(r.storage, "bg", [], (), data([1]), "T1-0-gone")
         young = write_part(r.storage, "bg", [], (), data([2]), "T1-1-gone")
-        txn = r.begin()
+        txn = r.transactions.begin()
         late = write_part(r.storage, "bg", [], (), data([3]), txn.id)
-        r.stage(txn.id, Insert("bg", added=(late,)))
+        r.transactions.stage(txn.id, Insert("bg", added=(late,)))
         for m in (ghost, late):
             for p in (m.path, m.meta_path):
                 os.utime(root / p, (old, old))
@@ -284,7 +284,7 @@ def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committe
 
         def list_then_commit(prefix: str, want=None):
             out = listing(prefix, want)  # ``want`` saw the staged part unreferenced
-            committed.append(r.commit(txn.id))
+            committed.append(r.transactions.commit(txn.id))
             return out
 
         r.storage.list_with_mtime = list_then_commit  # type: ignore[method-assign]
@@ -307,17 +307,17 @@ def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path:
     try:
         r.create_table(TableDef.new("mc", SCHEMA))
         for i in range(3):
-            txn = r.begin()
+            txn = r.transactions.begin()
             meta = write_part(r.storage, "mc", [], (), data([i]), txn.id)
-            r.stage(txn.id, Insert("mc", added=(meta,)))
-            r.commit(txn.id)
+            r.transactions.stage(txn.id, Insert("mc", added=(meta,)))
+            r.transactions.commit(txn.id)
         live = r.state.visible("mc", r.state.applied)
         pkey = partition_key(())
 
         def concurrent_truncate() -> None:
-            t2 = r.begin()
-            r.stage(t2.id, Truncate("mc", removed=(live[0].name,), partitions=(pkey,)))
-            r.commit(t2.id)
+            t2 = r.transactions.begin()
+            r.transactions.stage(t2.id, Truncate("mc", removed=(live[0].name,), partitions=(pkey,)))
+            r.transactions.commit(t2.id)
 
         out = r.maintenance.run_merge(r.table("mc"), "minor", pkey, [m.name for m in live],
                                       before_commit=concurrent_truncate)
