@@ -271,7 +271,7 @@ class Client:
         return pa.Table.from_pylist(rows, schema=schema)
 
     def gc(self, grace_seconds: float | None = None) -> dict:
-        """One cleanup pass now (replicas/maintenance.py): ``{"removed": [...], "kept": [...],
+        """One cleanup pass now (replicas/cleanup.py): ``{"removed": [...], "kept": [...],
         "min_snapshot", "watermark", "snapshots_in_use", ...}``, each file with its reason."""
         args: dict[str, Any] = {}
         if grace_seconds is not None:

@@ -28,7 +28,7 @@ from coordinator.model import CommitStatus, StagedOp, TxnState, WalStaged, op_fr
 from coordinator.versions import Tid, local_counter
 from parts.format import PartMeta
 from parts.ops import partition_key
-from replicas.maintenance import MIN_GRACE
+from replicas.cleanup import MIN_GRACE
 from replicas.transactions import RunningTxn
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Transactions:
         # for the session to come back, at most as long as the session could still be alive.
         if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
-        self.replica.maintenance.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
+        self.replica.cleanup.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
             now = time.monotonic()
             while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
@@ -89,7 +89,7 @@ class Transactions:
             self.txns[txn.id] = txn
             if token is not None:
                 self._begun[token] = (now, txn)
-        self.replica.maintenance.on_begin(txn)
+        self.replica.history.on_begin(txn)
         return txn
 
     def txn(self, txn_id: str) -> RunningTxn:
@@ -261,7 +261,7 @@ class Transactions:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the
         cleanup watermark is ahead of this replica)."""
         return (self.replica._connected.is_set() and not self.replica._session_lost.is_set()
-                and self.replica.maintenance.watermark <= self.state.applied)
+                and self.replica.cleanup.watermark <= self.state.applied)
 
     def quick_txn(self, txn_id: object) -> RunningTxn | None:
         """The running transaction, if a statement or commit for it can go ahead with no waiting
@@ -306,7 +306,7 @@ class Transactions:
             self.txns.pop(txn.id, None)
             while len(self.finished) > 10_000:
                 self.finished.pop(next(iter(self.finished)))
-        self.replica.maintenance.on_end(txn)
+        self.replica.history.on_end(txn)
 
     def kill(self, txn_id: str) -> dict:
         txn = self.txn(txn_id)

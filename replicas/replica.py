@@ -1,9 +1,17 @@
 """The replica: follows the log, runs transactions for its clients, serves snapshots.
 
-Threads: the follower (applies the log), the committer (group commit), a reaper (transaction
-limits), and the RPC server's workers calling the methods below. Running transactions live in
-memory only: if the process dies they are gone, and on restart every part they wrote is removed
-because no commit ever named it (the WAL's ``staged`` records say which files to remove).
+This module wires a replica together and runs its life: start and stop, the ZooKeeper session,
+the alive node, snapshots and tables. Its jobs are its parts, each in a module of its own name:
+``transactions`` (replicas/registry.py: running transactions and the staging rules), ``leases``
+(replicas/leases.py: snapshots in use), ``cleanup`` (replicas/cleanup.py), ``merges``
+(replicas/merges.py), ``history`` (replicas/history.py: incremental reads and events), and the
+follower, committer and log tail.
+
+Threads: the follower (applies the log), the committer (group commit), the log tail, a reaper
+(transaction limits), the maintenance thread (merges and cleanup), and the RPC server's workers.
+Running transactions live in memory only: if the process dies they are gone, and on restart every
+part they wrote is removed because no commit ever named it (the WAL's ``staged`` records say
+which files to remove).
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -41,8 +50,11 @@ from coordinator.zklog import CsnLog, PollHandler
 from parts.format import PartMeta
 from parts.storage import Storage
 from replicas import checkpoint
+from replicas.cleanup import Cleanup
 from replicas.follower import Follower
-from replicas.maintenance import Maintenance
+from replicas.history import History
+from replicas.leases import Leases
+from replicas.merges import Merges
 from replicas.registry import Transactions
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
@@ -76,7 +88,10 @@ class Replica:
         self.follower: Follower | None = None
         self.committer = None
         self.transactions = Transactions(self)
-        self.maintenance = Maintenance(self)
+        self.leases = Leases(self)
+        self.cleanup = Cleanup(self)
+        self.merges = Merges(self, self._stop)
+        self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
         self._alive_published: bytes | None = None
         self._session_lost = threading.Event()
@@ -135,12 +150,13 @@ class Replica:
 
         self.committer = Committer(self)
         self.committer.start()
-        self.maintenance.start()
+        self.cleanup.start()
+        self.merges.start()
+        threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
-        self.maintenance.stop()
         if self.tail is not None:
             self.tail.stop()
         if self.committer is not None:
@@ -169,7 +185,7 @@ class Replica:
         return self.alive_record().encode()
 
     def alive_record(self) -> AliveRecord:
-        oldest, picked, running, overflow = self.maintenance.in_use()  # cleanup: snapshots in use
+        oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
         with self.transactions._txn_lock:
             snaps = [t.snapshot for t in self.transactions.txns.values()]
             applied = self.state.applied
@@ -246,6 +262,21 @@ class Replica:
         while not self._stop.wait(0.5):
             self.transactions.reap()
 
+    def _maintain(self) -> None:
+        """The maintenance thread: merges (replicas/merges.py), then cleanup (replicas/cleanup.py),
+        each at its own interval."""
+        c = self.config
+        tick = min([x for x in (c.merge_interval, c.gc_interval, 1.0) if x > 0])
+        while not self._stop.wait(tick):
+            if not self._connected.is_set():
+                continue
+            now = time.monotonic()
+            try:
+                self.merges.background_round(now)
+                self.cleanup.background_pass(now)
+            except Exception as exc:  # keep going: the next round tries again
+                log.warning("maintenance round failed: %r", exc)
+
     # -- snapshots ---------------------------------------------------------------------------
     def snapshot(self) -> int:
         return self.state.applied
@@ -278,6 +309,13 @@ class Replica:
                 f"replica {self.host_id} did not apply snapshot {csn} within {self.config.read_wait_seconds:g}s "
                 f"(applied: {self.state.applied})"
             )
+
+    def catch_up(self) -> None:
+        """Apply everything committed up to now (sync, then pull) before deciding."""
+        self.zk.sync(self.log.path("log"))
+        self.follower.pull()
+        if self.state.failure is not None:
+            raise self.state.failure
 
     def _synced_fetch(self, epoch: int, seq: int) -> bytes | None:
         """Fetch an entry after a ``sync``: the ZooKeeper member this session talks to may lag
@@ -341,31 +379,31 @@ class Replica:
                    pkeys: list[str] | None = None, fresh: bool = False,
                    lease: str = "read") -> tuple[int, list[PartMeta], str | None]:
         """Parts visible at a snapshot (the latest by default), for a read outside a transaction:
-        the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/maintenance.py)
+        the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/leases.py)
         until the reader releases the lease id returned, or it lapses. SnapshotUnavailable if
         cleanup took a part it needs (``fresh``: read the cleanup watermark from ZooKeeper, not
         the watched copy); nothing stays leased when this fails."""
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
-        self.maintenance.ensure_applied_watermark()
+        self.cleanup.ensure_applied_watermark()
         if snapshot is None and as_of is None:
-            snap, lease_id = self.maintenance.lease(None, lease)
+            snap, lease_id = self.leases.lease(None, lease)
         else:
-            snap, lease_id = self.maintenance.lease(self.resolve_snapshot(snapshot, as_of), lease)
+            snap, lease_id = self.leases.lease(self.resolve_snapshot(snapshot, as_of), lease)
         try:
             self.table(table, snap)
             metas = self.state.visible(table, snap, pkeys=pkeys)
-            self.maintenance.check_retained(table, snap, metas, fresh)
+            self.cleanup.check_retained(table, snap, metas, fresh)
         except BaseException:
             if lease_id is not None:
-                self.maintenance.release(lease_id)
+                self.leases.release(lease_id)
             raise
         return snap, metas, lease_id
 
     # -- introspection -----------------------------------------------------------------------
     def part_records(self, table: str) -> list[dict]:
         self.table(table)
-        note = self.maintenance.part_notes()  # why a removed part is still in storage
+        note = self.cleanup.part_notes()  # why a removed part is still in storage
         with self.state.lock:
             names = sorted(self.state.by_table.get(table, ()))
             latest = self.state.applied

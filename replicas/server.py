@@ -21,7 +21,7 @@ from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
-from replicas import maintenance, settings
+from replicas import leases, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 
@@ -56,14 +56,14 @@ class ReplicaServer(RpcServer):
                                         else txns.commit_status(a["tid"])),
             "commit_parts": txns.commit_parts,
             "compact": self._compact,
-            "gc": lambda a: replica.maintenance.gc(a.get("grace_seconds")),
-            "changes": lambda a: {**replica.maintenance.changes(a["table"], a.get("start"), a.get("end"),
-                                                                a.get("by", "id"), bool(a.get("fresh")),
-                                                                a.get("lease", "read")),
-                                  "lease_seconds": maintenance.READ_LEASE_SECONDS},
-            "renew": lambda a: replica.maintenance.renew(a["lease"]),
-            "release": lambda a: replica.maintenance.release(a["lease"]),
-            "events": lambda a: replica.maintenance.events(a.get("table"), a.get("since_csn")),
+            "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
+            "changes": lambda a: {**replica.history.changes(a["table"], a.get("start"), a.get("end"),
+                                                            a.get("by", "id"), bool(a.get("fresh")),
+                                                            a.get("lease", "read")),
+                                  "lease_seconds": leases.READ_LEASE_SECONDS},
+            "renew": lambda a: replica.leases.renew(a["lease"]),
+            "release": lambda a: replica.leases.release(a["lease"]),
+            "events": lambda a: replica.history.events(a.get("table"), a.get("since_csn")),
         }
 
     def dispatch(self, action: str, args: dict) -> dict:
@@ -206,7 +206,7 @@ class ReplicaServer(RpcServer):
 
     def _visible(self, a: dict) -> dict:
         """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of
-        the lease that keeps them until the reader sends ``release`` (see replicas/maintenance.py)."""
+        the lease that keeps them until the reader sends ``release`` (see replicas/leases.py)."""
         pkeys = None
         if a.get("partitions") is not None:
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
@@ -216,7 +216,7 @@ class ReplicaServer(RpcServer):
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
-                "lease_seconds": maintenance.READ_LEASE_SECONDS}
+                "lease_seconds": leases.READ_LEASE_SECONDS}
 
     def _compact(self, a: dict) -> dict:
         from parts import rewrite

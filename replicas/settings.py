@@ -105,7 +105,7 @@ class ReplicaConfig:
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
     storage_options: dict | None = field(default=None, repr=False)
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
-    # Tunable: background merges and cleanup (replicas/maintenance.py).
+    # Tunable: background merges and cleanup (replicas/merges.py, replicas/cleanup.py).
     merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
                                      tunable=True)
     merge_min_parts: int = _setting(8, "a partition with this many small parts gets a minor merge", minimum=2,

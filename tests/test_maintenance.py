@@ -288,7 +288,7 @@ def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committe
             return out
 
         r.storage.list_with_mtime = list_then_commit  # type: ignore[method-assign]
-        report = r.maintenance.gc(orphans=True, detail=False)
+        report = r.cleanup.gc(orphans=True, detail=False)
         assert committed and [p for p, _ in listing("bg/", None)].count(late.path) == 1
         assert {x["path"] for x in report["removed"]} == {ghost.path, ghost.meta_path}
         assert report["young_orphans"] == 2 and not report["kept"]
@@ -319,20 +319,20 @@ def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path:
             r.transactions.stage(t2.id, Truncate("mc", removed=(live[0].name,), partitions=(pkey,)))
             r.transactions.commit(t2.id)
 
-        out = r.maintenance.run_merge(r.table("mc"), "minor", pkey, [m.name for m in live],
+        out = r.merges.run_merge(r.table("mc"), "minor", pkey, [m.name for m in live],
                                       before_commit=concurrent_truncate)
         assert out["outcome"] == "conflict", out
-        ev = [e for e in r.maintenance.events("mc") if e["event"] == "merge"]
+        ev = [e for e in r.history.events("mc") if e["event"] == "merge"]
         assert ev and ev[-1]["outcome"] == "conflict" and "already removed" in ev[-1]["reason"]
         merge_tid = ev[-1]["tid"]
         assert not [p for p in r.storage.list("mc/") if merge_tid.replace(".", "_") in p]
         names = sorted(m.name for m in r.state.visible("mc", r.state.applied))
         assert names == sorted(m.name for m in live[1:])
         # The merge is retried later on what is there now, and then succeeds.
-        r.maintenance._backoff.clear()
-        plan = r.maintenance.plan_merges(r.table("mc"))
+        r.merges._backoff.clear()
+        plan = r.merges.plan_merges(r.table("mc"))
         assert plan == []  # two small parts are below merge_min_parts (8)
-        out = r.maintenance.run_merge(r.table("mc"), "minor", pkey, names)
+        out = r.merges.run_merge(r.table("mc"), "minor", pkey, names)
         assert out["outcome"] == "committed"
         assert len(r.state.visible("mc", r.state.applied)) == 1
     finally:

@@ -1,0 +1,452 @@
+"""Cleanup on one replica: collected parts, the watermark node ``gc``, orphans behind the fence.
+
+**Cleanup** (:meth:`Cleanup.gc`, one pass, under the lock ``gc/lock``): the smallest published
+value over the alive replicas (this replica's computed fresh) is ``min_snapshot``. A part removed by
+a commit at ``removal_csn <= min_snapshot`` is invisible to every snapshot in use and to every later
+one, so its file may go. Before deleting anything the pass raises the watermark in the ZooKeeper
+node ``gc`` (JSON ``{"watermark", "collected"}``, only ever raised): a read at a snapshot that sees a
+part removed at or below the watermark fails with SnapshotUnavailable ("older than retained")
+instead of CorruptPart; snapshots that see only retained parts stay readable. ``collected`` is
+raised after every deletion up to it succeeded, so later passes skip those parts.
+
+Files that no commit references (parts of transactions that never committed, of crashed writers,
+of failed Spark attempts, and temporary files of interrupted puts) are deleted once older than the
+grace period (``gc_grace_seconds``, never below :data:`MIN_GRACE`) unless the transaction named in
+the part's name is still running on an alive replica (replicas publish the ids of their running
+transactions older than ``leases.RUNNING_MIN_AGE``). Before deciding, the pass reads the alive nodes
+and then catches up with the log, so a transaction that committed after the publication is seen as
+committed. All of that only spares the transactions that look alive; what makes deleting safe is
+the orphan fence (coordinator/fence.py): part files are announced there before they are deleted,
+and no commit can name an announced or deleted file, however long its replica stalled. Only files under table directories whose names have the shape of part files are ever
+considered, so manifests and checkpoints are never touched.
+What the snapshots in use are, and how a replica publishes them: replicas/leases.py.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from coordinator.errors import (
+    CorruptMetadata,
+    InvalidInput,
+    ReplicaUnavailable,
+    SnapshotUnavailable,
+)
+from coordinator.fence import MAX_PENDING
+from coordinator.model import AliveRecord
+from coordinator.versions import COUNTER_STRIDE, Tid
+from coordinator.zkrecipes import cas_update
+from parts.format import PartMeta, sidecar_path
+from parts.storage import is_temp_file
+
+if TYPE_CHECKING:
+    from replicas.replica import Replica
+
+log = logging.getLogger(__name__)
+
+MIN_GRACE = 5.0  # seconds; covers the publication lag of running transactions (see leases.RUNNING_MIN_AGE)
+_PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
+_TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
+
+
+def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
+    """(part name, is a temporary file, stem match) for a part file or sidecar under a table's
+    partition directory (or a temporary file of one); None for anything else."""
+    if path.count("/") < 2:
+        return None
+    base = path.rsplit("/", 1)[1]
+    temp = is_temp_file(path)
+    inner = base
+    if temp:
+        t = _TMP_RE.match(base)
+        inner = t.group(1) if t else base
+    if inner.endswith(".parquet"):
+        stem = inner[: -len(".parquet")]
+    elif inner.endswith(".json"):
+        stem = inner[: -len(".json")]
+    else:
+        return None
+    m = _PART_STEM_RE.match(stem)
+    return None if m is None else (stem, temp, m)
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.1f}s"
+
+
+class Cleanup:
+    """Cleanup passes and the retention watermark of one replica (``replica.cleanup``)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.state = replica.state
+        self.config = replica.config
+        self.watermark = 0  # parts removed at or below it may be gone (the ZooKeeper node "gc")
+        self.collected = 0
+        self._last_gc = time.monotonic()
+        self._last_orphans = time.monotonic()
+        self.last_gc_report: dict | None = None
+
+    # -- the watermark node ----------------------------------------------------------------------
+    @property
+    def gc_path(self) -> str:
+        return self.replica.log.path("gc")
+
+    def start(self) -> None:
+        zk = self.replica.zk
+        try:
+            zk.retry(zk.create, self.gc_path, json.dumps({"watermark": 0, "collected": 0}).encode())
+        except NodeExistsError:
+            pass
+        self._set_gc_node(zk.retry(zk.get, self.gc_path)[0])
+        zk.DataWatch(self.gc_path, self._on_gc_node)
+
+    def _on_gc_node(self, data: bytes | None, stat: Any) -> None:
+        if data is not None:
+            try:
+                self._set_gc_node(data)
+            except CorruptMetadata as exc:
+                log.error("%s", exc)
+
+    def _parse_gc_node(self, data: bytes) -> dict:
+        try:
+            d = json.loads(data)
+            return {"watermark": int(d["watermark"]), "collected": int(d.get("collected", 0))}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CorruptMetadata(f"znode {self.gc_path} does not parse: {exc!r}") from exc
+
+    def _set_gc_node(self, data: bytes) -> dict:
+        d = self._parse_gc_node(data)
+        self.watermark = max(self.watermark, d["watermark"])
+        self.collected = max(self.collected, d["collected"])
+        return d
+
+    def refresh_watermark(self) -> int:
+        """Read the watermark now (a client that found a part missing asks again)."""
+        zk = self.replica.zk
+        self._set_gc_node(zk.retry(zk.get, self.gc_path)[0])
+        return self.watermark
+
+    def _raise_gc_node(self, watermark: int, collected: int | None = None) -> dict:
+        """Raise the node ``gc`` to at least these values (compare-and-swap; never lowers it)."""
+
+        def change(data: bytes | None) -> bytes | None:
+            cur = self._parse_gc_node(data) if data is not None else {"watermark": 0, "collected": 0}
+            new = {"watermark": max(cur["watermark"], watermark),
+                   "collected": max(cur["collected"], collected if collected is not None else 0)}
+            if new == cur:
+                return None
+            return json.dumps({**new, "by": self.replica.host_id, "time": time.time()}).encode()
+
+        return self._set_gc_node(cas_update(self.replica.zk, self.gc_path, change))
+
+    # -- retention -----------------------------------------------------------------------------
+    def ensure_applied_watermark(self) -> None:
+        """A replica behind the watermark (restarted from an old WAL) would not know which parts
+        are gone: catch up to it before serving a snapshot."""
+        w = self.watermark
+        if w <= self.state.applied:
+            return
+        self.replica.follower.poke()
+        if not self.state.wait_applied(w, self.config.read_wait_seconds) or self.state.applied < w:
+            if self.state.failure is not None:
+                raise self.state.failure
+            raise ReplicaUnavailable(f"replica {self.replica.host_id} has not applied the cleanup watermark "
+                                     f"{w} yet (applied: {self.state.applied})")
+
+    def check_retained(self, table: str, snapshot: int, metas: list[PartMeta], fresh: bool = False) -> None:
+        """SnapshotUnavailable when a part visible at ``snapshot`` was removed at or below the
+        watermark: cleanup may have deleted its file. Nothing to check at newer snapshots."""
+        w = self.refresh_watermark() if fresh else self.watermark
+        if snapshot >= w:
+            return
+        parts = self.state.parts
+        for m in metas:
+            rec = parts.get(m.name)
+            if rec is not None and rec.removal_csn is not None and rec.removal_csn <= w:
+                raise SnapshotUnavailable(
+                    f"snapshot {snapshot} of table {table!r} is older than retained: cleanup collected parts "
+                    f"removed at or before CSN {w} (part {m.name}, removed at CSN {rec.removal_csn})",
+                    snapshot=snapshot, table=table, retained_from=w,
+                )
+
+    # -- cleanup ---------------------------------------------------------------------------------
+    def background_pass(self, now: float) -> None:
+        """The maintenance thread's turn: a pass every ``gc_interval`` seconds, looking for orphans
+        every ``max(gc_interval, grace / 2)``."""
+        c = self.config
+        if c.gc_interval > 0 and now - self._last_gc >= c.gc_interval:
+            self._last_gc = now
+            orphans = now - self._last_orphans >= max(c.gc_interval, max(c.gc_grace_seconds, MIN_GRACE) / 2)
+            report = self.gc(orphans=orphans, wait=False, detail=False)
+            if report and report["removed"]:
+                log.info("cleanup removed %d files", len(report["removed"]))
+
+    def gc(self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True,
+           detail: bool = True) -> dict | None:
+        """One cleanup pass; None when ``wait`` is False and another replica holds the lock.
+        ``young_orphans`` counts the unreferenced files younger than the grace period; without
+        ``detail`` (background passes) they are not listed one by one in ``kept``."""
+        zk = self.replica.zk
+        lock = zk.Lock(self.gc_path + "/lock", identifier=self.replica.host_id)
+        if not lock.acquire(blocking=wait, timeout=60 if wait else None):
+            if wait:
+                raise ReplicaUnavailable("another cleanup pass held the cleanup lock for 60s")
+            return None
+        try:
+            report = self._gc_pass(grace_seconds, orphans, detail)
+        finally:
+            try:
+                lock.release()
+            except Exception:  # pragma: no cover - session trouble; the node is ephemeral
+                pass
+        self.last_gc_report = report
+        return report
+
+    def alive(self) -> dict[str, AliveRecord]:
+        """Alive replicas' published records (a malformed one keeps everything: its
+        ``oldest_snapshot`` is 0); this replica's own computed now."""
+        zk = self.replica.zk
+        out: dict[str, AliveRecord] = {}
+        for host in zk.retry(zk.get_children, self.replica.log.path("replicas")):
+            try:
+                data, _ = zk.retry(zk.get, self.replica.log.path("replicas", host, "alive"))
+            except NoNodeError:
+                continue
+            out[host] = AliveRecord.decode(data)
+        out[self.replica.host_id] = self.replica.alive_record()
+        return out
+
+    def _gc_pass(self, grace_seconds: float | None, orphans: bool, detail: bool = True) -> dict:
+        started = time.time()
+        grace = self.config.gc_grace_seconds if grace_seconds is None else float(grace_seconds)
+        if not math.isfinite(grace) or grace < 0:
+            raise InvalidInput(f"grace_seconds must be a non-negative number, not {grace_seconds!r}")
+        grace = max(grace, MIN_GRACE)
+        alive = self.alive()  # first the published data, then the log (see the module docstring)
+        self.replica.catch_up()
+        alive[self.replica.host_id] = self.replica.alive_record()
+        min_snapshot = min(d.oldest_snapshot for d in alive.values())
+        holders = self._holders(alive)
+        node = self._raise_gc_node(min_snapshot)
+        done = node["collected"]
+        removed: list[dict] = []
+        kept: list[dict] = []
+        failed = False
+        with self.state.lock:
+            candidates = [r for r in self.state.parts.values() if r.removal_csn is not None and r.removal_csn > done]
+        for rec in sorted(candidates, key=lambda r: (r.removal_csn, r.meta.name)):
+            entry = {"path": rec.meta.path, "part": rec.meta.name, "table": rec.meta.table,
+                     "removal_csn": rec.removal_csn}
+            if rec.removal_csn > min_snapshot:
+                kept.append({**entry, "reason": self._kept_reason(rec, holders, min_snapshot)})
+                continue
+            try:
+                present = self.replica.storage.exists(rec.meta.path)
+                self.replica.storage.delete(rec.meta.path)
+                self.replica.storage.delete(sidecar_path(rec.meta.path))
+            except Exception as exc:
+                failed = True
+                kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                continue
+            if present:
+                removed.append({**entry, "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
+                                                   f"no snapshot in use can see it (oldest in use: {min_snapshot})"})
+        if not failed:
+            self._raise_gc_node(min_snapshot, collected=min_snapshot)
+        young = 0
+        if orphans:
+            young = self._collect_orphans(alive, grace, removed, kept, detail)
+            self._last_orphans = time.monotonic()
+        return {
+            "host": self.replica.host_id,
+            "min_snapshot": min_snapshot,
+            "watermark": self.watermark,
+            "grace_seconds": grace,
+            "snapshots_in_use": [{"host": h, "snapshot": s, "holder": t} for s, h, t in holders],
+            "removed": removed,
+            "kept": kept,
+            "orphans_checked": orphans,
+            "young_orphans": young,
+            "seconds": round(time.time() - started, 3),
+        }
+
+    @staticmethod
+    def _holders(alive: dict[str, AliveRecord]) -> list[tuple[int, str, str]]:
+        """(snapshot, host, holder) for every published snapshot in use, oldest first; a replica
+        whose oldest is its own snapshot version shows as holder "replica snapshot"."""
+        out = []
+        for host, d in alive.items():
+            pairs = list(d.snapshots)
+            for s, h in pairs:
+                out.append((s, host, h))
+            if not pairs or d.oldest_snapshot < min(s for s, _ in pairs):
+                out.append((d.oldest_snapshot, host, "replica snapshot"))
+        return sorted(out)
+
+    @staticmethod
+    def _holder_text(host: str, holder: str, snapshot: int) -> str:
+        if holder == "read":
+            return f"a read at snapshot {snapshot} on {host} (lease)"
+        if holder == "spark":
+            return f"a Spark job reading snapshot {snapshot} through {host} (lease)"
+        if holder == "replica snapshot":
+            return f"replica {host}, which has applied the log up to {snapshot} only"
+        return f"running transaction {holder} on {host} (snapshot {snapshot})"
+
+    def _kept_reason(self, rec: Any, holders: list[tuple[int, str, str]], min_snapshot: int) -> str:
+        for s, host, holder in holders:
+            if rec.creation_csn <= s < rec.removal_csn:
+                return "visible to " + self._holder_text(host, holder, s)
+        s, host, holder = holders[0] if holders else (min_snapshot, "?", "replica snapshot")
+        return (f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
+                f"({self._holder_text(host, holder, s)})")
+
+    def _collect_orphans(self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict],
+                         detail: bool = True) -> int:
+        """Delete the part files no commit references once they are older than the grace period.
+
+        Returns how many unreferenced files are younger than the grace period; with ``detail``
+        False (background passes) those are only counted, not listed one by one in ``kept``. The
+        listing carries each file's mtime; a file is looked up by its part name in the applied
+        state, and a file about to be deleted is checked once more under the state lock."""
+        running: set[str] = set()
+        overflow_hosts: set[str] = set()
+        incarnations: dict[str, int] = {}
+        for host, d in alive.items():
+            running.update(d.running)
+            if not d.knows_running:
+                overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
+            incarnations[host] = d.incarnation
+        with self.replica.transactions._txn_lock:
+            running.update(self.replica.transactions.txns)
+        storage = self.replica.storage
+        young = 0
+        now = time.time()
+        condemned: list[tuple[str, dict, str]] = []  # (path, report entry, why): deleted behind the fence
+        for table in sorted(self.state.tables):
+
+            def unreferenced(path: str, table: str = table) -> bool:
+                found = _part_file(path)
+                return found is not None and (found[1] or not self._referenced(table, found[0], path))
+
+            for path, mtime in storage.list_with_mtime(table + "/", unreferenced):
+                stem, temp, m = _part_file(path)  # type: ignore[misc]
+                age = now - mtime
+                if age < grace:
+                    young += 1
+                    if not detail:
+                        continue
+                try:
+                    tid: Tid | None = Tid.parse(m.group(1))
+                except ValueError:
+                    tid = None
+                tid_s = str(tid) if tid else m.group(1)
+                entry = {"path": path, "part": stem, "table": table}
+                committed = self.state.tid_csn.get(tid_s) if tid is not None else None
+                if committed is not None:
+                    why = f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
+                else:
+                    maybe_running = tid is not None and (tid_s in running or (
+                        tid.host_id in overflow_hosts
+                        # a restarted replica's earlier incarnations have no running transactions
+                        and tid.local_counter // COUNTER_STRIDE >= incarnations.get(tid.host_id, 0)))
+                    if maybe_running:
+                        kept.append({**entry, "reason": f"staged by transaction {tid_s}, which may still be running"})
+                        continue
+                    why = f"its transaction {tid_s} never committed" if tid is not None else "no commit references it"
+                if temp:
+                    why = "temporary file of an interrupted write; " + why
+                if age < grace:
+                    kept.append({**entry, "reason": f"{why}, but younger than the grace period "
+                                                    f"({_age(age)} < {_age(grace)})"})
+                    continue
+                why = f"orphan: {why} (age {_age(age)} >= grace {_age(grace)})"
+                if not temp:
+                    condemned.append((path, entry, why))
+                    continue
+                try:  # a temporary file is never named by a commit
+                    storage.delete(path)
+                except Exception as exc:
+                    kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                    continue
+                removed.append({**entry, "reason": why})
+        self._delete_behind_fence(condemned, removed, kept)
+        return young
+
+    def _delete_behind_fence(self, condemned: list[tuple[str, dict, str]], removed: list[dict],
+                             kept: list[dict]) -> None:
+        """Delete part files decided orphans, and those an earlier pass condemned and did not
+        finish, so that no commit can name them (coordinator/fence.py): announce them on the
+        fence, catch up with the log, keep what a commit applied meanwhile names, delete the
+        rest, confirm."""
+        fence = self.replica.fence
+        _, pending = fence.current()
+        if not condemned and not pending:
+            return
+        announced, pending = fence.announce(path for path, _, _ in condemned)
+        now_set = set(announced)
+        for path, entry, _ in condemned:
+            if path not in now_set and path not in pending:
+                kept.append({**entry, "reason": f"orphan, left for the next pass (at most {MAX_PENDING} "
+                                                "files are condemned at a time)"})
+        # Every commit applied before the announcement is in the log now; any later one that
+        # names these files is refused by the fence.
+        self.replica.catch_up()
+        ours = {path: (entry, why) for path, entry, why in condemned if path in pending}
+        earlier = sorted(pending - ours.keys())
+        settled: list[str] = []
+        for path in list(ours) + earlier:
+            entry, why = ours.get(path) or ({"path": path, "part": None, "table": path.split("/", 1)[0]},
+                                            "orphan condemned by an earlier cleanup pass that did not finish")
+            found = _part_file(path)
+            with self.state.lock:
+                if found is not None and self._referenced(entry["table"], found[0], path):
+                    settled.append(path)  # committed before the announcement: not an orphan
+                    continue
+            try:
+                self.replica.storage.delete(path)
+            except Exception as exc:
+                kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                continue
+            settled.append(path)
+            removed.append({**entry, "part": entry["part"] or (found[0] if found else None), "reason": why})
+        fence.confirm(settled)
+
+    def _referenced(self, table: str, stem: str, path: str) -> bool:
+        """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the
+        applied state keeps a record of every part, removed ones included)."""
+        rec = self.state.parts.get(stem)
+        return rec is not None and rec.meta.table == table and path in (rec.meta.path, sidecar_path(rec.meta.path))
+
+    # -- introspection ---------------------------------------------------------------------------
+    def part_notes(self) -> Callable[[Any], tuple[str | None, bool]]:
+        """A function giving (why_kept, collected) for a part record, for ``client.parts``."""
+        try:
+            alive = self.alive()
+        except Exception:  # introspection must not fail on a ZooKeeper hiccup
+            alive = {self.replica.host_id: self.replica.alive_record()}
+        # Only transactions and read leases are named: "awaiting gc" otherwise (a lagging replica's
+        # own snapshot version holds cleanup back too, but says nothing about this part).
+        holders = [h for h in self._holders(alive) if h[2] != "replica snapshot"]
+        w = self.watermark
+
+        def note(rec: Any) -> tuple[str | None, bool]:
+            if rec.removal_csn is None:
+                return None, False
+            if rec.removal_csn <= w:
+                return None, True
+            for s, host, holder in holders:
+                if rec.creation_csn <= s < rec.removal_csn:
+                    return f"visible to snapshot {s} ({self._holder_text(host, holder, s)})", False
+            return "awaiting gc", False
+
+        return note

@@ -1,0 +1,227 @@
+"""Commit history on one replica: incremental reads (``changes``) and the event log.
+
+Both are derived from what the log built here (part records with their creation and removal
+CSNs, the conflict history's operation kinds per partition, the time versions; checkpoints
+included), so they are the same on every replica. ``changes`` leases what it read
+(replicas/leases.py) and refuses a range whose parts cleanup collected (replicas/cleanup.py).
+
+**Events.** Commit, part-added and part-removed events are derived from the log as applied here
+(the same on every replica); begin, rollback and merge events of this replica are kept in a
+bounded in-memory ring (:data:`EVENT_RING`), lost when the process restarts.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from coordinator.conflicts import COMPACTIONS, Kind
+from coordinator.errors import InvalidInput, SnapshotUnavailable
+from coordinator.model import TxnState
+from coordinator.versions import Tid
+from parts.ops import partition_key
+
+if TYPE_CHECKING:
+    from replicas.replica import Replica
+
+EVENT_RING = 10_000
+
+
+class History:
+    """Incremental reads and events of one replica (``replica.history``)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.state = replica.state
+        self._events: deque[dict] = deque(maxlen=EVENT_RING)
+        self._event_seq = 0
+
+    # -- events ------------------------------------------------------------------------------------
+    def record(self, event: str, **fields: Any) -> None:
+        """A local event (begin, rollback, merge) in the bounded ring."""
+        self._event_seq += 1
+        self._events.append({"time": time.time(), "event": event, "host": self.replica.host_id,
+                             "_seq": self._event_seq, **fields})
+
+    def on_begin(self, txn: Any) -> None:
+        self.record("begin", tid=txn.id, snapshot=txn.snapshot, _txn=txn)
+
+    def on_end(self, txn: Any) -> None:
+        if txn.state == TxnState.ABORTED:
+            self.record("rollback", tid=txn.id, snapshot=txn.snapshot, reason=txn.reason, _txn=txn)
+
+    def events(self, table: str | None = None, since_csn: int | None = None) -> list[dict]:
+        """Events, oldest first: commits and parts from the log; begin, rollback and merges of
+        this replica from its ring. ``since_csn`` keeps commit events above it and local events of
+        transactions whose snapshot is at or above it."""
+        if table is not None:
+            self.replica.table(table)
+        if since_csn is not None and (isinstance(since_csn, bool) or not isinstance(since_csn, int)):
+            raise InvalidInput(f"since_csn must be an integer CSN, not {since_csn!r}")
+        since = -1 if since_csn is None else since_csn
+        out: list[dict] = []
+        tables = [table] if table is not None else sorted(self.state.tables)
+        for t in tables:
+            for c in self._commits(t, since, None):
+                when = c["time_version"] if c["time_version"] is not None else c["written_at"]
+                base = {"time": when, "table": t, "tid": c["tid"], "csn": c["csn"], "host": Tid.parse(c["tid"]).host_id}
+                out.append({**base, "event": "commit", "kinds": ",".join(c["kinds"]),
+                            "rows": sum(m.rows for m in c["added"]), "_order": 0})
+                for m in c["removed"]:
+                    out.append({**base, "event": "part_removed", "part": m.name,
+                                "partition": partition_key(m.partition), "rows": m.rows, "_order": 1})
+                for m in c["added"]:
+                    out.append({**base, "event": "part_added", "part": m.name,
+                                "partition": partition_key(m.partition), "rows": m.rows, "_order": 2})
+        for e in list(self._events):
+            txn = e.get("_txn")
+            snap = e.get("snapshot")
+            if snap is not None and snap < since:
+                continue
+            if e["event"] == "merge":
+                if table is None or e["table"] == table:
+                    out.append({k: v for k, v in e.items() if k not in ("sources", "kind")}
+                               | {"kinds": e["kind"], "part": ",".join(e["sources"]), "_order": 0})
+                continue
+            touched = sorted({op.table for op in txn.ops}) if txn is not None else []
+            if table is not None:
+                if table not in touched:
+                    continue
+                touched = [table]
+            for t in touched or [None]:
+                out.append({k: v for k, v in e.items() if k != "_txn"} | {"table": t, "_order": 0})
+        out.sort(key=lambda e: (e["time"] if e["time"] is not None else 0, e.get("csn") or 0, e["_order"]))
+        for e in out:
+            e.pop("_order", None)
+            e.pop("_seq", None)
+        return out
+
+    # -- commit history (incremental reads) ------------------------------------------------------
+    def _time_versions(self) -> dict[int, float]:
+        with self.state.lock:
+            return dict(zip(self.state.time_csns, self.state.time_values))
+
+    def _commits(self, table: str, lo: float, hi: float | None, by: str = "id") -> list[dict]:
+        """Commits to ``table`` whose version is in (lo, hi], derived from the part records (which
+        parts each CSN added and removed), the conflict history (each commit's operation kinds per
+        partition) and the time versions: all of it is what the log built here, checkpoints included."""
+        st = self.state
+        tv = self._time_versions()
+        with st.lock:
+            recs = [st.parts[n] for n in st.by_table.get(table, ())]
+            history = {pk: list(ev) for (t, pk), ev in st.history.items() if t == table}
+
+        def version(csn: int) -> float | None:
+            return float(csn) if by == "id" else tv.get(csn)
+
+        def in_range(csn: int | None) -> bool:
+            if csn is None:
+                return False
+            v = version(csn)
+            return v is not None and v > lo and (hi is None or v <= hi)
+
+        def kinds_of(pkey: str, csn: int, tid: str) -> frozenset[Kind] | None:
+            ev = history.get(pkey, ())
+            i = bisect.bisect_left(ev, csn, key=lambda e: e[0])
+            while i < len(ev) and ev[i][0] == csn:
+                if ev[i][1].tid == tid:
+                    return ev[i][1].kinds
+                i += 1
+            return None
+
+        commits: dict[tuple[int, str], dict] = {}
+
+        def commit(csn: int, tid: str) -> dict:
+            c = commits.get((csn, tid))
+            if c is None:
+                c = commits[(csn, tid)] = {"csn": csn, "tid": tid, "time_version": tv.get(csn), "added": [],
+                                           "removed": [], "kinds": set(), "written_at": None}
+            return c
+
+        def compaction_only(pkey: str, csn: int, tid: str, c: dict) -> bool:
+            kinds = kinds_of(pkey, csn, tid)
+            if kinds:
+                c["kinds"].update(k.value for k in kinds)
+            return kinds is not None and kinds <= COMPACTIONS
+
+        for rec in recs:
+            pkey = rec.pkey
+            if in_range(rec.creation_csn):
+                c = commit(rec.creation_csn, rec.meta.creation_tid)
+                if not (by == "time" and compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
+                    c["added"].append(rec.meta)
+                    c["written_at"] = max(c["written_at"] or 0.0, rec.meta.created_at)
+            if in_range(rec.removal_csn):
+                c = commit(rec.removal_csn, rec.removal_tid)
+                if not (by == "time" and compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
+                    c["removed"].append(rec.meta)
+        # Commits that added and removed nothing here still happened (e.g. an empty truncate).
+        for pkey, ev in history.items():
+            for csn, s in ev:
+                if in_range(csn) and not (by == "time" and s.kinds <= COMPACTIONS):
+                    commit(csn, s.tid)["kinds"].update(k.value for k in s.kinds)
+        out = []
+        for c in sorted(commits.values(), key=lambda c: (c["csn"], c["tid"])):
+            if by == "time" and not c["added"] and not c["removed"] and c["kinds"] <= {k.value for k in COMPACTIONS}:
+                continue
+            c["added"].sort(key=lambda m: m.name)
+            c["removed"].sort(key=lambda m: m.name)
+            c["kinds"] = sorted(c["kinds"])
+            out.append(c)
+        return out
+
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False,
+                lease: str = "read") -> dict:
+        """Parts added and removed by the commits to ``table`` whose version is in (start, end];
+        with ``lease`` (see :meth:`Leases.lease <replicas.leases.Leases.lease>`) pinning what they read, named in the answer, when
+        there are any, until the caller releases it. Nothing stays leased if this fails."""
+        if by not in ("id", "time"):
+            raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
+        tdef = self.replica.table(table)
+        cleanup = self.replica.cleanup
+        cleanup.ensure_applied_watermark()
+        if by == "id":
+            for what, v in (("start", start), ("end", end)):
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                    raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {v!r}")
+            if start is None:
+                raise InvalidInput("changes: start is required")
+            if end is None:
+                end = self.state.applied
+            else:
+                self.replica.wait_snapshot(end)
+        else:
+            for what, v in (("start", start), ("end", end)):
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                    raise InvalidInput(f"changes by time: {what} must be a timestamp, not {v!r}")
+            if start is None:
+                raise InvalidInput("changes: start is required")
+        if end is not None and end < start:
+            raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
+        commits = self._commits(table, start, end, by)
+        lease_id = None
+        if commits:  # keeps what they read in use until the client has read it
+            lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease)[1]
+        w = cleanup.refresh_watermark() if fresh else cleanup.watermark
+        gone = [m for c in commits for m in c["added"] + c["removed"]
+                if (r := self.state.parts.get(m.name)) is not None and r.removal_csn is not None and r.removal_csn <= w]
+        if gone:
+            if lease_id is not None:
+                self.replica.leases.release(lease_id)
+            raise SnapshotUnavailable(
+                f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
+                f"retained: cleanup collected {len(gone)} part(s) they need (parts removed at or before CSN {w}, "
+                f"e.g. {gone[0].name})", table=table, start=start, end=end, retained_from=w,
+            )
+        rows = []
+        for c in commits:
+            for m in c["removed"]:
+                rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
+            for m in c["added"]:
+                rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
+        return {"table": tdef.name, "by": by, "start": start, "end": end, "parts": rows, "lease": lease_id,
+                "commits": [{"csn": c["csn"], "tid": c["tid"], "time_version": c["time_version"], "kinds": c["kinds"]}
+                            for c in commits]}

@@ -1,0 +1,144 @@
+"""Background merges on one replica.
+
+A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; when a partition has
+``merge_min_parts`` small parts (minor) or has been idle ``major_idle_seconds`` with several parts
+(major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
+catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
+merge that loses a conflict is logged, recorded as an event (replicas/history.py) and retried later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from coordinator.catalog import TableDef
+from coordinator.errors import ConflictError, MergetxnError
+from coordinator.model import TxnState
+from parts.format import PartMeta
+
+if TYPE_CHECKING:
+    from replicas.replica import Replica
+
+log = logging.getLogger(__name__)
+
+
+class Merges:
+    """Merge planning and merge transactions of one replica (``replica.merges``)."""
+
+    def __init__(self, replica: Replica, stopping: threading.Event) -> None:
+        self.replica = replica
+        self.state = replica.state
+        self.config = replica.config
+        self._stop = stopping  # the replica is stopping: no further merges this round
+        self._locks: dict[str, Any] = {}
+        self._backoff: dict[tuple[str, str], float] = {}
+        self._last_round = 0.0
+
+    def start(self) -> None:
+        zk = self.replica.zk
+        zk.retry(zk.ensure_path, self.replica.log.path("leaders"))
+
+    def background_round(self, now: float) -> None:
+        """The maintenance thread's turn: a merge round every ``merge_interval`` seconds."""
+        if self.config.merge_interval > 0 and now - self._last_round >= self.config.merge_interval:
+            self._last_round = now
+            self.merge_round()
+
+    def plan_merges(self, tdef: TableDef) -> list[tuple[str, str, list[PartMeta]]]:
+        """(kind, pkey, sources) per partition that the policy says to merge now."""
+        c = self.config
+        now = time.time()
+        with self.state.lock:  # names only: the metas are looked up after (records are never dropped)
+            live = {pk: list(names) for pk, names in self.state.live.get(tdef.name, {}).items() if len(names) >= 2}
+        parts = self.state.parts
+        plans = []
+        for pkey, names in sorted(live.items()):
+            metas = sorted((parts[n].meta for n in names if n in parts), key=lambda m: m.name)
+            small = [m for m in metas if m.size < c.merge_small_bytes]
+            if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
+                plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
+            elif (len(metas) >= max(2, c.major_min_parts) and len(metas) <= c.merge_max_parts
+                  and sum(m.size for m in metas) <= c.major_max_bytes
+                  and now - max(m.created_at for m in metas) >= c.major_idle_seconds):
+                plans.append(("major", pkey, metas))
+        return [p for p in plans if self._backoff.get((tdef.name, p[1]), 0) <= time.monotonic()]
+
+    def merge_round(self) -> int:
+        """Look at every auto_merge table once; returns how many merges committed here."""
+        done = 0
+        for name in sorted(self.state.tables):
+            tdef = self.state.tables.get(name)
+            if tdef is None or not tdef.auto_merge or self._stop.is_set():
+                continue
+            if not self.plan_merges(tdef):
+                continue
+            lock = self._locks.get(name)
+            if lock is None:
+                lock = self._locks[name] = self.replica.zk.Lock(self.replica.log.path("leaders", name),
+                                                                identifier=self.replica.host_id)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                self.replica.catch_up()  # what another replica merged before we got the lock is seen now
+                for kind, pkey, sources in self.plan_merges(self.replica.table(name)):
+                    if self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome") == "committed":
+                        done += 1
+            finally:
+                try:
+                    lock.release()
+                except Exception:  # pragma: no cover - session trouble; the node is ephemeral
+                    pass
+        return done
+
+    def run_merge(self, tdef: TableDef, kind: str, pkey: str, sources: list[str],
+                  before_commit: Callable[[], None] | None = None) -> dict:
+        """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
+        logged and recorded, never raised; the partition is retried after a short back-off."""
+        from coordinator.model import Compact
+        from parts import rewrite
+
+        replica, txns = self.replica, self.replica.transactions
+        txn = txns.begin()
+        event = {"table": tdef.name, "partition": pkey, "kind": kind, "tid": txn.id, "snapshot": txn.snapshot,
+                 "sources": list(sources)}
+        result = None
+        staged = False
+        try:
+            _, visible = txns.visible_parts(tdef.name, txn.id, pkeys=[pkey])
+            wanted = set(sources)
+            parts = [m for m in visible if m.name in wanted]
+            if len(parts) < 2:
+                txns.rollback(txn.id, "nothing left to merge")
+                self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
+                self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
+                return {"outcome": "skipped"}
+            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
+            op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
+                         partitions=(pkey,))
+            txns.stage(txn.id, op)
+            staged = True
+            if before_commit is not None:
+                before_commit()
+            csn = txns.commit(txn.id)
+        except ConflictError as exc:
+            log.info("merge of %s partition %s lost a conflict (retried later): %s", tdef.name, pkey, exc.message)
+            self._backoff[(tdef.name, pkey)] = time.monotonic() + 2.0
+            self.replica.history.record("merge", outcome="conflict", reason=exc.message, **event)
+            return {"outcome": "conflict", "reason": exc.message}
+        except MergetxnError as exc:
+            log.warning("merge of %s partition %s failed: %s", tdef.name, pkey, exc.message)
+            self._backoff[(tdef.name, pkey)] = time.monotonic() + 10.0
+            self.replica.history.record("merge", outcome="failed", reason=exc.message, **event)
+            return {"outcome": "failed", "reason": exc.message}
+        finally:
+            if txn.state == TxnState.RUNNING:
+                txns.abort(txn, "merge failed")
+            if result is not None and not staged:
+                for m in result.added:
+                    txns._delete_file(m.path)
+        self.replica.history.record("merge", outcome="committed", csn=csn, **event)
+        return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}
