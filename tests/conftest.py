@@ -5,11 +5,11 @@ Sections are independent; add new fixtures in a section of their own below the e
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 
 import pytest
 from kazoo.client import KazooClient
+from support.zk import kazoo, new_chroot  # tests/ is on sys.path
 
 from coordinator.zkserver import ZooKeeperServer
 
@@ -24,12 +24,6 @@ from coordinator.zkserver import ZooKeeperServer
 # =============================================================================================
 
 ZK_FIXTURES = frozenset({"zk_server", "zk_address", "zk_client"})
-
-
-def _kazoo(hosts: str, timeout: float = 10.0) -> KazooClient:
-    client = KazooClient(hosts=hosts, timeout=timeout)
-    client.start(timeout=30)
-    return client
 
 
 @pytest.fixture(scope="session")
@@ -51,25 +45,14 @@ def zk_address(zk_server: ZooKeeperServer) -> str:
 
     The chroot node exists (kazoo does not create it, and every operation under a missing
     chroot fails with NoNodeError)."""
-    chroot = f"/t{uuid.uuid4().hex}"
-    client = _kazoo(zk_server.address)
-    try:
-        client.ensure_path(chroot)
-    finally:
-        client.stop()
-        client.close()
-    return f"{zk_server.address}{chroot}"
+    return new_chroot(zk_server)
 
 
 @pytest.fixture
 def zk_client(zk_address: str) -> Iterator[KazooClient]:
     """A started kazoo client inside this test's chroot (see ``zk_address``)."""
-    client = _kazoo(zk_address)
-    try:
+    with kazoo(zk_address) as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def _mark_zk_tests(items: list[pytest.Item]) -> None:

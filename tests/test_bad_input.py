@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from kazoo.client import KazooClient
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.data import ID_V, id_rows
+from support.waiting import poll
+from support.zk import kazoo, repair_log_node
 
 import coordinator
 from coordinator.client import Client
@@ -32,7 +33,7 @@ from coordinator.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SCHEMA = ID_V
 PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 
 
@@ -40,19 +41,13 @@ PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with coordinator.LocalCluster(tmp_path_factory.mktemp("badinput"), replicas=2,
-                                  zk_address=new_chroot(zk_server)) as c:
+    with make_cluster(tmp_path_factory, zk_server, "badinput", replicas=2) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def cl(cluster: coordinator.LocalCluster) -> Client:
     return cluster.client(0)
-
-
-def rows(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
-                     "v": [f"v{i}" for i in range(start, start + n)]}, schema=SCHEMA)
 
 
 def files_under(root: Path) -> dict[str, int]:
@@ -84,7 +79,7 @@ def base(cl: Client) -> str:
     """A table with committed rows that every test tries to damage."""
     cl.create_table("base", SCHEMA, auto_merge=False)
     with cl.transaction() as tx:
-        tx.insert("base", rows(5))
+        tx.insert("base", id_rows(5))
     return "base"
 
 
@@ -115,7 +110,7 @@ def test_table_name_with_path_characters(cluster: coordinator.LocalCluster, cl: 
         unchanged(cluster, cl, [base], action, InvalidInput, repr(bad))
     tx = cl.begin()
     try:
-        unchanged(cluster, cl, [base], lambda: tx.insert(bad, rows(1)), InvalidInput, repr(bad))
+        unchanged(cluster, cl, [base], lambda: tx.insert(bad, id_rows(1)), InvalidInput, repr(bad))
     finally:
         tx.rollback()
 
@@ -173,7 +168,7 @@ def test_unknown_table(cluster: coordinator.LocalCluster, cl: Client, base: str)
     unchanged(cluster, cl, [base], lambda: cl.parts("nosuch"), TableNotFound, "'nosuch'")
     tx = cl.begin()
     try:
-        unchanged(cluster, cl, [base], lambda: tx.insert("nosuch", rows(1)), TableNotFound, "'nosuch'")
+        unchanged(cluster, cl, [base], lambda: tx.insert("nosuch", id_rows(1)), TableNotFound, "'nosuch'")
         unchanged(cluster, cl, [base], lambda: tx.read("nosuch"), TableNotFound, "'nosuch'")
         unchanged(cluster, cl, [base], lambda: tx.delete("nosuch", pc.field("id") == 1), TableNotFound,
                   "'nosuch'")
@@ -230,7 +225,7 @@ def test_as_of_must_be_timezone_aware(cluster: coordinator.LocalCluster, cl: Cli
 def test_partitions_on_unpartitioned_table(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
     tx = cl.begin()
     try:
-        unchanged(cluster, cl, [base], lambda: tx.overwrite(base, rows(1), partitions=[1]), InvalidInput,
+        unchanged(cluster, cl, [base], lambda: tx.overwrite(base, id_rows(1), partitions=[1]), InvalidInput,
                   repr(base), "not partitioned")
         unchanged(cluster, cl, [base], lambda: tx.truncate(base, partitions=[1]), InvalidInput, repr(base),
                   "not partitioned")
@@ -262,7 +257,7 @@ def test_partitions_on_unpartitioned_table(cluster: coordinator.LocalCluster, cl
 def test_corrupt_part(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
     cl.create_table("corrupt", SCHEMA, auto_merge=False)
     with cl.transaction() as tx:
-        tx.insert("corrupt", rows(50))
+        tx.insert("corrupt", id_rows(50))
     (rel,) = cl.parts("corrupt").column("path").to_pylist()
     path = Path(cluster.storage_url) / rel
     raw = bytearray(path.read_bytes())
@@ -289,19 +284,9 @@ def test_corrupt_part(cluster: coordinator.LocalCluster, cl: Client, base: str) 
 
 
 @pytest.fixture
-def limited(zk_server: ZooKeeperServer, tmp_path: Path) -> Iterator[coordinator.LocalCluster]:
-    with coordinator.LocalCluster(tmp_path / "limits", replicas=1, zk_address=new_chroot(zk_server),
-                                  txn_max_seconds=1, txn_max_rows=100) as c:
+def limited(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    with make_cluster(tmp_path_factory, zk_server, "limits", replicas=1, txn_max_seconds=1, txn_max_rows=100) as c:
         yield c
-
-
-def poll(predicate: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
@@ -311,10 +296,10 @@ def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
 
     # Rows: 60 fit, 60 more exceed 100; the whole transaction is aborted and its files removed.
     tx = cl.begin()
-    tx.insert("lim", rows(60))
+    tx.insert("lim", id_rows(60))
     before = fingerprint(limited, cl, ["lim"])
     with pytest.raises(TransactionAborted) as info:
-        tx.insert("lim", rows(60, start=60))
+        tx.insert("lim", id_rows(60, start=60))
     assert "row limit" in str(info.value) and "100" in str(info.value) and tx.id in str(info.value)
     with pytest.raises(TransactionAborted):
         tx.commit()
@@ -325,7 +310,7 @@ def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
 
     # Time: a transaction older than 1 s is aborted by the replica, even while idle.
     tx = cl.begin()
-    tx.insert("lim", rows(3))
+    tx.insert("lim", id_rows(3))
     assert poll(lambda: cl.commit_status(tx.tid).status == "aborted", timeout=20)
     status = cl.commit_status(tx.tid)
     assert "time limit" in status.reason
@@ -337,7 +322,7 @@ def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
 
     # Within the limits all is well.
     with cl.transaction() as ok:
-        ok.insert("lim", rows(100))
+        ok.insert("lim", id_rows(100))
     assert cl.read("lim").num_rows == 100
 
 
@@ -346,16 +331,10 @@ def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
 
 
 @pytest.fixture
-def poisoned(zk_server: ZooKeeperServer, tmp_path: Path) -> Iterator[tuple[coordinator.LocalCluster, str]]:
-    address = new_chroot(zk_server)
-    with coordinator.LocalCluster(tmp_path / "poisoned", replicas=2, zk_address=address) as c:
-        yield c, address
-
-
-def kazoo(address: str) -> KazooClient:
-    zk = KazooClient(hosts=address)
-    zk.start(timeout=30)
-    return zk
+def poisoned(zk_server: ZooKeeperServer,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[coordinator.LocalCluster, str]]:
+    with make_cluster(tmp_path_factory, zk_server, "poisoned", replicas=2) as c:
+        yield c, c.zk_address
 
 
 @pytest.mark.parametrize("garbage", [
@@ -372,17 +351,13 @@ def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garba
     c0, c1 = cluster.client(0), cluster.client(1)
     c0.create_table("g", SCHEMA, auto_merge=False)
     with c0.transaction() as tx:
-        tx.insert("g", rows(4))
+        tx.insert("g", id_rows(4))
     good = tx.csn
     c1.wait_for(good)
 
-    zk = kazoo(address)
-    try:
+    with kazoo(address) as zk:
         epochs = sorted(zk.get_children("/mergetxn/log"))
         node = zk.create(f"/mergetxn/log/{epochs[-1]}/c-", garbage, sequence=True)
-    finally:
-        zk.stop()
-        zk.close()
     epoch, seq = int(epochs[-1][2:]), int(node.rsplit("-", 1)[1])
     bad = csn_of(epoch, seq)
     assert bad > good
@@ -400,7 +375,7 @@ def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garba
     # A commit cannot go through a log that cannot be applied: it fails clearly.
     with pytest.raises(CorruptMetadata):
         with c0.transaction() as tx:
-            tx.insert("g", rows(1, start=100))
+            tx.insert("g", id_rows(1, start=100))
     assert c0.commit_status(tx.tid).status == "aborted"
     assert sorted(c0.read("g").column("id").to_pylist()) == [0, 1, 2, 3]
 
@@ -415,17 +390,12 @@ def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garba
     assert cluster.replica_pid(0) is not None and cluster.replica_pid(1) is not None
 
     # An operator replaces the node with an empty entry: every replica carries on.
-    zk = kazoo(address)
-    try:
-        zk.set(node, json.dumps({"v": 1, "txns": [], "versions": {}}).encode())
-    finally:
-        zk.stop()
-        zk.close()
+    repair_log_node(address, node)
     for client in (c0, c1):
         client.wait_for(bad)
         assert client.read("g", snapshot=bad).num_rows == 4
     with c1.transaction() as tx:
-        tx.insert("g", rows(1, start=100))
+        tx.insert("g", id_rows(1, start=100))
     assert tx.csn > bad
     assert sorted(c0.read("g", snapshot=tx.csn).column("id").to_pylist()) == [0, 1, 2, 3, 100]
 
@@ -441,13 +411,9 @@ def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.Loc
     cluster, address = poisoned
     c0 = cluster.client(0)
     c0.create_table("before", SCHEMA, auto_merge=False)
-    zk = kazoo(address)
-    try:
+    with kazoo(address) as zk:
         epochs = sorted(zk.get_children("/mergetxn/log"))
         node = zk.create(f"/mergetxn/log/{epochs[-1]}/c-", b"\x00junk", sequence=True)
-    finally:
-        zk.stop()
-        zk.close()
 
     with pytest.raises(CorruptMetadata) as info:
         c0.create_table("behind", SCHEMA, auto_merge=False)
@@ -465,12 +431,7 @@ def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.Loc
 
     # The creations are in the log: once an operator replaces the bad node with an empty entry,
     # both tables exist on every replica.
-    zk = kazoo(address)
-    try:
-        zk.set(node, json.dumps({"v": 1, "txns": [], "versions": {}}).encode())
-    finally:
-        zk.stop()
-        zk.close()
+    repair_log_node(address, node)
     for i in (0, 1):
         client = cluster.client(i)
         for name in ("behind", "behind_cli"):
@@ -484,17 +445,13 @@ def test_garbage_table_definition_znode(poisoned: tuple[coordinator.LocalCluster
     cluster, address = poisoned
     c0 = cluster.client(0)
     c0.create_table("tdef", SCHEMA, auto_merge=False)
-    zk = kazoo(address)
-    try:
+    with kazoo(address) as zk:
         zk.set("/mergetxn/tables/tdef", b"\x00{garbage")
-    finally:
-        zk.stop()
-        zk.close()
     for i in (0, 1):
         fresh = cluster.client(i)  # no cached definition
         assert fresh.table("tdef").schema == SCHEMA
         with fresh.transaction() as tx:
-            tx.insert("tdef", rows(2, start=10 * i))
+            tx.insert("tdef", id_rows(2, start=10 * i))
     cluster.stop_replica(1)
     cluster.start_replica(1)
     c1 = cluster.client(1)

@@ -23,8 +23,9 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner, Result
-from kazoo.client import KazooClient
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.data import sorted_rows
+from support.zk import kazoo
 
 from coordinator import LocalCluster, connect
 from coordinator.cli import cli, parse_schema
@@ -44,9 +45,7 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
 ) -> Iterator[LocalCluster]:
     """One replica on the session's ZooKeeper, in a chroot of its own."""
-    with LocalCluster(
-        tmp_path_factory.mktemp("cli"), replicas=1, zk_address=new_chroot(zk_server, "cli")
-    ) as c:
+    with make_cluster(tmp_path_factory, zk_server, "cli", replicas=1) as c:
         yield c
 
 
@@ -66,11 +65,6 @@ def run(cluster: LocalCluster):
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
     return invoke
-
-
-def rows(table: pa.Table) -> list[tuple]:
-    """Rows as sorted tuples: reads return parts in no particular order."""
-    return sorted(tuple(r.values()) for r in table.to_pylist())
 
 
 def sample(first_id: int, n: int, day: dt.date) -> pa.Table:
@@ -113,9 +107,9 @@ def test_create_insert_csv_and_parquet_then_read(run, client: Client, tmp_path: 
     assert "inserted 2 rows into people" in r.output
     csn_pq = int(r.output.split("committed at CSN ")[1].split()[0])
     assert csn_pq > csn_csv
-    expected = rows(pa.concat_tables([csv_rows, pq_rows]))
-    assert rows(client.read("people")) == expected
-    assert rows(client.read("people", snapshot=csn_csv)) == rows(csv_rows)
+    expected = sorted_rows(pa.concat_tables([csv_rows, pq_rows]))
+    assert sorted_rows(client.read("people")) == expected
+    assert sorted_rows(client.read("people", snapshot=csn_csv)) == sorted_rows(csv_rows)
 
     r = run("read", "people")
     assert r.exit_code == 0, r.output
@@ -130,11 +124,11 @@ def test_create_insert_csv_and_parquet_then_read(run, client: Client, tmp_path: 
     assert "wrote 5 rows of people" in r.output
     written = pq.read_table(out)
     assert written.schema == ARROW_SCHEMA
-    assert rows(written) == expected
+    assert sorted_rows(written) == expected
 
     r = run("read", "people", "--snapshot", csn_csv, "-o", tmp_path / "old.parquet")
     assert r.exit_code == 0, r.output
-    assert rows(pq.read_table(tmp_path / "old.parquet")) == rows(csv_rows)
+    assert sorted_rows(pq.read_table(tmp_path / "old.parquet")) == sorted_rows(csv_rows)
 
     r = run("read", "people", "--limit", 2)
     assert r.exit_code == 0, r.output
@@ -162,7 +156,7 @@ def test_insert_overwrite(run, client: Client, tmp_path: Path) -> None:
         tx.insert("ow", pa.concat_tables([sample(1, 3, D1), sample(4, 3, D2)]))
     r = run("insert", "ow", write_csv(tmp_path / "ow.csv", sample(100, 1, D1)), "--overwrite")
     assert r.exit_code == 0, r.output
-    assert rows(client.read("ow")) == rows(pa.concat_tables([sample(100, 1, D1), sample(4, 3, D2)]))
+    assert sorted_rows(client.read("ow")) == sorted_rows(pa.concat_tables([sample(100, 1, D1), sample(4, 3, D2)]))
 
 
 def test_parts_lists_versions(run, client: Client) -> None:
@@ -202,7 +196,7 @@ def test_compact(run, client: Client) -> None:
             tx.insert("squash", sample(10 * i, 2, D1))
         with client.transaction() as tx:
             tx.insert("squash", sample(100 + 10 * i, 2, D2))
-    before = rows(client.read("squash"))
+    before = sorted_rows(client.read("squash"))
     r = run("compact", "squash", "--partition", "2024-01-01")
     assert r.exit_code == 0, r.output
     assert "3 parts merged into 1" in r.output
@@ -212,7 +206,7 @@ def test_compact(run, client: Client) -> None:
     r = run("compact", "squash", "--kind", "major")
     assert r.exit_code == 0, r.output
     assert len([p for p in client.parts("squash").to_pylist() if p["visible"]]) == 2
-    assert rows(client.read("squash")) == before
+    assert sorted_rows(client.read("squash")) == before
 
 
 # -- transactions ------------------------------------------------------------------------------
@@ -395,12 +389,9 @@ def test_zk_start_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     try:
         line = wait_for_line(proc, "ZooKeeper serving at")
         address = line.split("serving at ")[1].split()[0]
-        zk = KazooClient(hosts=address)
-        zk.start(timeout=30)
-        zk.ensure_path("/cli-probe")
-        assert zk.exists("/cli-probe")
-        zk.stop()
-        zk.close()
+        with kazoo(address) as zk:
+            zk.ensure_path("/cli-probe")
+            assert zk.exists("/cli-probe")
         proc.send_signal(signal.SIGTERM)
         rest = proc.communicate(timeout=60)[0]
         assert proc.returncode == 0, rest

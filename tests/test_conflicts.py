@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +21,8 @@ from pathlib import PurePosixPath
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import poll
 
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
@@ -79,9 +79,7 @@ def cluster(
 ) -> Iterator[LocalCluster]:
     """One LocalCluster with 2 replica processes for the module, on the session's ZooKeeper
     (in a chroot of its own)."""
-    with LocalCluster(
-        tmp_path_factory.mktemp("conflicts"), replicas=2, zk_address=new_chroot(zk_server, "conflicts")
-    ) as c:
+    with make_cluster(tmp_path_factory, zk_server, "conflicts", replicas=2) as c:
         yield c
 
 
@@ -790,7 +788,7 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
     outcome: list[object] = []
     committing = threading.Thread(target=lambda: outcome.append(_outcome_of(lambda: b.transactions.commit(tb.id))))
     committing.start()
-    assert _eventually(lambda: b.committer.local_misses == 1), "B's first attempt was not refused"
+    assert poll(lambda: b.committer.local_misses == 1, interval=0.01), "B's first attempt was not refused"
     assert b.info()["committer"]["local_version_misses"] == 1
     gate.set()
     committing.join(60)
@@ -827,13 +825,3 @@ def _outcome_of(fn: Callable[[], object]) -> object:
         return fn()
     except Exception as exc:  # the test asserts on it
         return exc
-
-
-def _eventually(cond: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Poll a condition another thread makes true (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        threading.Event().wait(0.01)
-    return True

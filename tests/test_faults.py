@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 import pyarrow as pa
 import pytest
 from kazoo.client import KazooClient
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import NotYet, eventually
+from support.zk import kazoo, make_chroot
 from zkproxy import ZkProxy  # tests/ is on sys.path (rootdir-relative test modules)
-from zkutil import make_chroot  # tests/ is on sys.path
 
 from coordinator.client import Client, Transaction
 from coordinator.cluster import LocalCluster
@@ -50,28 +50,6 @@ ROOT = "/mergetxn"
 SCHEMA = pa.schema([("k", pa.int64()), ("j", pa.int64())])
 ROWS = 3  # rows per transaction and table: a key is present with exactly ROWS rows or not at all
 PROXIED_SESSION_TIMEOUT = 3.0
-T = TypeVar("T")
-
-
-class NotYet(Exception):
-    """A condition polled with tenacity does not hold yet."""
-
-
-def eventually(
-    check: Callable[[], T],
-    timeout: float = 30.0,
-    retry_on: tuple[type[BaseException], ...] = (),
-) -> T:
-    """Poll ``check`` until it returns without raising NotYet (or ``retry_on``); bounded."""
-    for attempt in Retrying(
-        retry=retry_if_exception_type((NotYet, *retry_on)),
-        stop=stop_after_delay(timeout),
-        wait=wait_fixed(0.1),
-        reraise=True,
-    ):
-        with attempt:
-            return check()
-    raise AssertionError("unreachable")
 
 
 def rows(key: int) -> pa.Table:
@@ -125,23 +103,15 @@ def zk_chroot(zk_server: ZooKeeperServer) -> str:
 @pytest.fixture(scope="module")
 def observer(zk_server: ZooKeeperServer, zk_chroot: str) -> Iterator[KazooClient]:
     """A kazoo client straight to ZooKeeper (no proxy) for looking at znodes from outside."""
-    zk = KazooClient(hosts=zk_server.address + zk_chroot)
-    zk.start(timeout=30)
-    yield zk
-    zk.stop()
-    zk.close()
+    with kazoo(zk_server.address + zk_chroot) as zk:
+        yield zk
 
 
 @pytest.fixture(scope="module")
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, zk_chroot: str
 ) -> Iterator[LocalCluster]:
-    with LocalCluster(
-        tmp_path_factory.mktemp("faults"),
-        replicas=2,
-        zk_address=zk_server.address + zk_chroot,
-        root=ROOT,
-    ) as c:
+    with make_cluster(tmp_path_factory, zk_server.address + zk_chroot, "faults", replicas=2, root=ROOT) as c:
         yield c
 
 

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from kazoo.client import KazooClient
+from support.data import ID_V, id_rows  # tests/ is on sys.path
 
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
@@ -36,7 +36,7 @@ from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk
 
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SCHEMA = ID_V
 ROOT = "/mergetxn"
 SMALL = {"checkpoint_every": 60, "retain_entries": 60, "local_checkpoint_every": 150, "tail_check_seconds": 0.05}
 
@@ -97,14 +97,8 @@ def cluster(zk_address: str, tmp_path: Path) -> Iterator[Callable[..., list[Node
 
 
 @pytest.fixture
-def zk(zk_address: str) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zk_address)
-    client.start(timeout=30)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+def zk(zk_client: KazooClient) -> KazooClient:
+    return zk_client
 
 
 def log_znodes(zk: KazooClient) -> int:
@@ -114,11 +108,6 @@ def log_znodes(zk: KazooClient) -> int:
         stat = zk.exists(f"{ROOT}/log/{e}")
         total += 1 + (stat.numChildren if stat else 0)
     return total
-
-
-def rows(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
-                     "v": [f"v{i}" for i in range(start, start + n)]}, schema=SCHEMA)
 
 
 def meta_commit(replica: Replica, table: str) -> int:
@@ -299,7 +288,7 @@ def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk:
     c0.create_table("kept_filler", SCHEMA, auto_merge=False)
     for k in range(10):
         with c0.transaction() as tx:
-            tx.insert("kept", rows(5, start=10 * k))
+            tx.insert("kept", id_rows(5, start=10 * k))
     with c0.transaction() as tx:
         tx.delete("kept", pc.field("id") < 7)
     r1.r.wait_snapshot(r0.r.state.applied)
@@ -308,10 +297,10 @@ def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk:
 
     for k in range(10, 200):
         with c0.transaction() as tx:
-            tx.insert("kept", rows(2, start=10 * k))
+            tx.insert("kept", id_rows(2, start=10 * k))
         if k == 120:
             with c0.transaction() as tx:
-                tx.overwrite("kept", rows(3, start=5000))
+                tx.overwrite("kept", id_rows(3, start=5000))
     settle([r0])
     commit_until([r0], "kept_filler", lambda: tail_of(r0)["trimmed_epoch"] >= r1_position[0], "a trim past r1")
     tail = tail_of(r0)
@@ -329,7 +318,7 @@ def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk:
         assert c1.read("kept", snapshot=snap).sort_by("id").equals(c0.read("kept", snapshot=snap).sort_by("id"))
     # r1 commits on top of the rebuilt state, and r0 sees it.
     with c1.transaction() as tx:
-        tx.insert("kept", rows(1, start=99_999))
+        tx.insert("kept", id_rows(1, start=99_999))
     r0.r.wait_snapshot(tx.csn)
     assert 99_999 in c0.read("kept").column("id").to_pylist()
     # Its WAL now continues the checkpoint (no entries from before the jump).
@@ -362,7 +351,7 @@ def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> No
     c1.create_table("held_filler", SCHEMA, auto_merge=False)
     commit_until([r0], "held_filler", lambda: tail_of(r0)["trimmed_epoch"] >= 0, "a first trim")
     with c1.transaction() as tx:
-        tx.insert("held", rows(4))
+        tx.insert("held", id_rows(4))
     tx_old = c1.begin()
     snap = tx_old.snapshot
     r1.r.refresh_alive()
@@ -372,7 +361,7 @@ def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> No
     assert int(tail["retained"]) <= snap, f"trimmed past the running snapshot {snap}: {tail}"
     assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is not None, "the entry after S was trimmed"
     assert sorted(tx_old.read("held").column("id").to_pylist()) == [0, 1, 2, 3]
-    tx_old.insert("held", rows(1, start=77))
+    tx_old.insert("held", id_rows(1, start=77))
     csn = tx_old.commit()
     assert csn > snap
     r1.r.refresh_alive()
@@ -390,7 +379,7 @@ def test_snapshot_older_than_retained_is_refused(cluster) -> None:
     c.create_table("old", SCHEMA, auto_merge=False)
     c.create_table("old_filler", SCHEMA, auto_merge=False)
     with c.transaction() as tx:
-        tx.insert("old", rows(3))
+        tx.insert("old", id_rows(3))
     first = tx.csn
     early = datetime.now(UTC)
     commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
@@ -413,7 +402,7 @@ def test_restart_with_a_damaged_local_snapshot_rebuilds(cluster) -> None:
     c = r0.client()
     c.create_table("damaged", SCHEMA, auto_merge=False)
     with c.transaction() as tx:
-        tx.insert("damaged", rows(3))
+        tx.insert("damaged", id_rows(3))
     commit_until([r0], "damaged", lambda: tail_of(r0)["trimmed_epoch"] >= 1, "a trim")
     r0.r.tail.save_local()
     meta_commit(r0.r, "damaged")  # an entry in the WAL after the snapshot

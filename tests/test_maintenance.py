@@ -22,8 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
-from kazoo.client import KazooClient
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.data import sorted_rows
+from support.waiting import wait_until
+from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.catalog import TableDef
@@ -45,48 +47,20 @@ def data(ids: list[int], p: int | list[int] = 0, v: str = "x") -> pa.Table:
     return pa.table({"id": ids, "p": ps, "v": [f"{v}{i}" for i in ids]}, schema=SCHEMA)
 
 
-def rows(table: pa.Table) -> list[tuple]:
-    return sorted(tuple(r.values()) for r in table.to_pylist())
-
-
-def wait_until(cond: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    """Poll ``cond`` (a background effect with no event to wait on) until it holds or time is up."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
-
-
-def _cluster(tmp: Path, zk_server: ZooKeeperServer, settings: dict[str, float]) -> LocalCluster:
-    c = LocalCluster(tmp, replicas=2, zk_address=new_chroot(zk_server, "maint"), settings=settings)
-    c.start()
-    return c
-
-
 @pytest.fixture(scope="module")
 def auto(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    c = _cluster(tmp_path_factory.mktemp("auto"), zk_server, {
+    with make_cluster(tmp_path_factory, zk_server, "auto", replicas=2, settings={
         "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0.5, "read_lease_seconds": 1,
-    })
-    try:
+    }) as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")
 def manual(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    c = _cluster(tmp_path_factory.mktemp("manual"), zk_server, {
+    with make_cluster(tmp_path_factory, zk_server, "manual", replicas=2, settings={
         "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1,
-    })
-    try:
+    }) as c:
         yield c
-    finally:
-        c.stop()
 
 
 def test_settings_reach_every_replica_and_bad_ones_start_nothing(auto: LocalCluster, tmp_path: Path) -> None:
@@ -107,13 +81,8 @@ def test_settings_reach_every_replica_and_bad_ones_start_nothing(auto: LocalClus
 
 
 def alive_node(cluster: LocalCluster, i: int) -> dict:
-    zk = KazooClient(hosts=cluster.zk_address)
-    zk.start(timeout=30)
-    try:
+    with kazoo(cluster.zk_address) as zk:
         raw, _ = zk.get(f"/mergetxn/replicas/r{i}/alive")
-    finally:
-        zk.stop()
-        zk.close()
     return json.loads(raw)
 
 
@@ -137,10 +106,10 @@ def test_merges_beside_writers_and_an_old_reader(auto: LocalCluster) -> None:
         batch = data([10 * i, 10 * i + 1], p=[0, 1])
         with c0.transaction() as tx:
             tx.insert(t, batch)
-        expected += rows(batch)
+        expected += sorted_rows(batch)
     c1.wait_for(tx.csn)
     reader = c1.begin()
-    base = rows(reader.read(t))
+    base = sorted_rows(reader.read(t))
     assert base == sorted(expected)
     needed = [r for r in c0.parts(t).to_pylist() if r["visible"]]
     assert len(needed) == 6
@@ -156,7 +125,7 @@ def test_merges_beside_writers_and_an_old_reader(auto: LocalCluster) -> None:
                 batch = data([1000 * (k + 1) + j], p=[j % 2])
                 with cl.transaction() as tx:
                     tx.insert(t, batch)
-                inserted[k] += rows(batch)
+                inserted[k] += sorted_rows(batch)
         except BaseException as exc:  # reported below: a writer must never fail
             errors.append(exc)
         finally:
@@ -167,7 +136,7 @@ def test_merges_beside_writers_and_an_old_reader(auto: LocalCluster) -> None:
         th.start()
     reads = 0
     while any(th.is_alive() for th in threads):
-        assert rows(reader.read(t)) == base
+        assert sorted_rows(reader.read(t)) == base
         reads += 1
     for th in threads:
         th.join()
@@ -190,14 +159,14 @@ def test_merges_beside_writers_and_an_old_reader(auto: LocalCluster) -> None:
         assert p["path"] not in {r["path"] for r in report["removed"]}
         assert reader.id in kept[p["path"]], kept[p["path"]]
         assert storage.exists(p["path"])
-    assert rows(reader.read(t)) == base
-    assert rows(c0.read(t)) == sorted(expected)
-    assert rows(c1.read(t)) == sorted(expected)
+    assert sorted_rows(reader.read(t)) == base
+    assert sorted_rows(c0.read(t)) == sorted(expected)
+    assert sorted_rows(c1.read(t)) == sorted(expected)
 
     reader.rollback()
     wait_until(lambda: not any(storage.exists(p["path"]) for p in needed), 30,
                "background cleanup to delete the reader's parts after it ended")
-    assert rows(c0.read(t)) == sorted(expected)
+    assert sorted_rows(c0.read(t)) == sorted(expected)
     recs = {r["name"]: r for r in c0.parts(t).to_pylist()}
     assert all(recs[p["name"]]["collected"] for p in needed)
     for c in (c0, c1):
@@ -216,7 +185,7 @@ def test_two_replicas_never_run_the_same_merge(auto: LocalCluster) -> None:
         batch = data([j])
         with (c0 if j % 2 else c1).transaction() as tx:
             tx.insert(t, batch)
-        expected += rows(batch)
+        expected += sorted_rows(batch)
 
     def settled() -> bool:
         live = [r for r in c0.parts(t).to_pylist() if r["visible"]]
@@ -231,14 +200,9 @@ def test_two_replicas_never_run_the_same_merge(auto: LocalCluster) -> None:
     commits = [e for e in c0.events(t).to_pylist() if e["event"] == "commit" and e["kinds"] == "MINOR_COMPACT"]
     assert sorted(e["csn"] for e in commits) == sorted(e["csn"] for e in merges)
     assert all(e["time"] is not None for e in commits)
-    zk = KazooClient(hosts=auto.zk_address)
-    zk.start(timeout=30)
-    try:
+    with kazoo(auto.zk_address) as zk:
         assert zk.exists(f"/mergetxn/leaders/{t}") is not None
-    finally:
-        zk.stop()
-        zk.close()
-    assert rows(c1.read(t)) == sorted(expected)
+    assert sorted_rows(c1.read(t)) == sorted(expected)
 
 
 def test_auto_merge_false_is_left_alone(auto: LocalCluster) -> None:
@@ -358,7 +322,7 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
 
     c1.wait_for(tx.csn)
     reader = c1.begin()  # on the other replica
-    base = rows(reader.read(t))
+    base = sorted_rows(reader.read(t))
     wait_until(lambda: holds(manual, 1, reader.id), 10, "replica 1 to publish the reader's snapshot")
     with c0.transaction() as tx:
         tx.overwrite(t, data([100, 101]))
@@ -376,7 +340,7 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
     for p in old:
         assert notes[p["name"]]["why_kept"].startswith(f"visible to snapshot {reader.snapshot}")
         assert notes[p["name"]]["collected"] is False
-    assert rows(reader.read(t)) == base
+    assert sorted_rows(reader.read(t)) == base
 
     reader.rollback()
     wait_until(lambda: not holds(manual, 1, reader.id), 10, "replica 1 to publish that the reader ended")
@@ -400,8 +364,8 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
             c.read(t, as_of=before)
         with pytest.raises(SnapshotUnavailable, match="older than retained"):
             c.changes(t, reader.snapshot, removal)
-        assert rows(c.read(t)) == rows(data([100, 101]))
-        assert rows(c.read(other, snapshot=reader.snapshot)) == rows(data([7]))  # nothing of it was removed
+        assert sorted_rows(c.read(t)) == sorted_rows(data([100, 101]))
+        assert sorted_rows(c.read(other, snapshot=reader.snapshot)) == sorted_rows(data([7]))  # nothing of it was removed
         assert c.changes(t, removal).num_rows == 0
     # A second pass finds nothing more to do for this table.
     again = c0.gc()
@@ -410,14 +374,15 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
         c.close()
 
 
-def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer, tmp_path: Path) -> None:
+def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
     """SPEC "Cleanup protects snapshots in use, not a time window": after plain reads of an old
     snapshot (by snapshot, as_of, changes; on both replicas) have returned, a pass deletes the parts
     removed after it at once, although read_lease_seconds (for Spark jobs) is the default 300 s;
     while a read is in progress (its lease taken, not released) the pass keeps them."""
     t = "lease_read"
-    c = _cluster(tmp_path, zk_server, {"merge_interval": 0, "gc_interval": 0})
-    try:
+    with make_cluster(tmp_path_factory, zk_server, "lease_read", replicas=2,
+                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
         c0, c1 = c.client(0), c.client(1)
         c0.create_table(t, SCHEMA, auto_merge=False)
         for i in range(2):
@@ -433,7 +398,7 @@ def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer, 
         storage = Storage(c.storage_url)
 
         for cl in (c1, c0):  # the pass computes replica 0's snapshots in use fresh
-            assert rows(cl.read(t, snapshot=old_snapshot)) == rows(data([0, 1]))
+            assert sorted_rows(cl.read(t, snapshot=old_snapshot)) == sorted_rows(data([0, 1]))
             assert cl.read(t, as_of=between).num_rows == 2
             assert cl.changes(t, 0, old_snapshot).num_rows == 2
         # Replica 1 publishes what it has in use every half second.
@@ -465,10 +430,8 @@ def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer, 
         wait_until(lambda: {r["path"] for r in c0.gc()["removed"] if r["table"] == t} == set(before), 10,
                    "a pass that removes the parts once the read released its lease")
         for cl in (c0, c1):
-            assert rows(cl.read(t)) == rows(data([20]))
+            assert sorted_rows(cl.read(t)) == sorted_rows(data([20]))
             cl.close()
-    finally:
-        c.stop()
 
 
 def test_orphans_are_collected_after_the_grace_period(manual: LocalCluster) -> None:
@@ -521,13 +484,13 @@ def test_orphans_are_collected_after_the_grace_period(manual: LocalCluster) -> N
     assert "staged by transaction" in kept[staged[0]] and running.id in kept[staged[0]]
     assert storage.exists(young.path) and storage.exists(staged[0]) and storage.exists(foreign)
     c0.wait_for(running.commit())
-    assert rows(c0.read(t)) == rows(data([1, 5]))
+    assert sorted_rows(c0.read(t)) == sorted_rows(data([1, 5]))
     # Past the grace period the young orphan goes too (grace never drops below MIN_GRACE).
     age(young.path)
     report = c0.gc(grace_seconds=0)
     assert young.path in {r["path"] for r in report["removed"]}
     assert storage.exists(foreign)
-    assert rows(c1.read(t)) == rows(data([1, 5]))
+    assert sorted_rows(c1.read(t)) == sorted_rows(data([1, 5]))
     for c in (c0, c1):
         c.close()
 
@@ -557,7 +520,7 @@ def test_changes_by_id_and_by_time_row_by_row(manual: LocalCluster) -> None:
         csn = fn()
         csns.append(csn)
         times.append(dt.datetime.now(dt.UTC))
-        snaps.append(rows(c.read(t, snapshot=csn)))
+        snaps.append(sorted_rows(c.read(t, snapshot=csn)))
 
     def txn(body: Callable) -> Callable[[], int]:
         def run() -> int:
@@ -592,11 +555,11 @@ def test_changes_by_id_and_by_time_row_by_row(manual: LocalCluster) -> None:
         assert ins + Counter(snaps[i - 1]) == dels + Counter(snaps[i]), i
         by_id.append(ch)
     ins, dels = split(by_id[0])
-    assert dels == Counter() and ins == Counter(rows(data([0, 1, 2, 3, 4, 5], p=[0, 1, 0, 1, 0, 1])))
+    assert dels == Counter() and ins == Counter(sorted_rows(data([0, 1, 2, 3, 4, 5], p=[0, 1, 0, 1, 0, 1])))
     ins, dels = split(by_id[2])  # copy-on-write DELETE: rewritten parts out, their survivors in
     assert dels - ins == Counter(r for r in snaps[2] if r[0] % 3 == 0) and not ins - dels
     ins, dels = split(by_id[3])  # OVERWRITE of partition 1
-    assert dels == Counter(r for r in snaps[3] if r[1] == 1) and ins == Counter(rows(data([100, 101, 102], p=1)))
+    assert dels == Counter(r for r in snaps[3] if r[1] == 1) and ins == Counter(sorted_rows(data([100, 101, 102], p=1)))
     ins, dels = split(by_id[MERGE - 1])  # the merge: the same rows out and in, by ID version
     assert ins == dels == Counter(snaps[4]) and ins
     ins, dels = split(by_id[5])
@@ -606,8 +569,8 @@ def test_changes_by_id_and_by_time_row_by_row(manual: LocalCluster) -> None:
     assert order == sorted(order)
 
     whole = c.changes(t, csns[0], csns[7], by="id")
-    assert rows(whole) == sorted(r for ch in by_id for r in rows(ch))
-    assert rows(c.changes(t, csns[5])) == rows(pa.concat_tables(by_id[5:]))  # end defaults to latest
+    assert sorted_rows(whole) == sorted(r for ch in by_id for r in sorted_rows(ch))
+    assert sorted_rows(c.changes(t, csns[5])) == sorted_rows(pa.concat_tables(by_id[5:]))  # end defaults to latest
 
     # By time version: the merge never appears; everything else exactly as by ID.
     for i in range(1, 8):
@@ -615,11 +578,11 @@ def test_changes_by_id_and_by_time_row_by_row(manual: LocalCluster) -> None:
         if i == MERGE:
             assert ch.num_rows == 0 and ch.schema == whole.schema
         else:
-            assert rows(ch) == rows(by_id[i - 1]), i
+            assert sorted_rows(ch) == sorted_rows(by_id[i - 1]), i
     by_time = c.changes(t, times[0], times[7], by="time")
     assert csns[MERGE] not in by_time.column("_csn").to_pylist()
-    assert rows(by_time) == sorted(r for i, ch in enumerate(by_id, 1) if i != MERGE for r in rows(ch))
-    assert rows(c.changes(t, times[0], by="time")) == rows(by_time)
+    assert sorted_rows(by_time) == sorted(r for i, ch in enumerate(by_id, 1) if i != MERGE for r in sorted_rows(ch))
+    assert sorted_rows(c.changes(t, times[0], by="time")) == sorted_rows(by_time)
 
     with pytest.raises(InvalidInput, match="by must be"):
         c.changes(t, 0, by="version")

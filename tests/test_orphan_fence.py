@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.errors import TransactionAborted
@@ -45,17 +46,10 @@ def failpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer,
             failpoints: Path) -> Iterator[LocalCluster]:
     """Two replicas, nothing in the background (cleanup runs when a test asks), failpoints on."""
-    old = os.environ.get("MERGETXN_FAILPOINTS")
-    os.environ["MERGETXN_FAILPOINTS"] = str(failpoints)
-    try:
-        with LocalCluster(tmp_path_factory.mktemp("fence"), replicas=2, zk_address=new_chroot(zk_server),
-                          settings={"gc_interval": 0, "merge_interval": 0}) as c:
-            yield c
-    finally:
-        if old is None:
-            os.environ.pop("MERGETXN_FAILPOINTS", None)
-        else:
-            os.environ["MERGETXN_FAILPOINTS"] = old
+    with make_cluster(tmp_path_factory, zk_server, "fence", replicas=2,
+                      settings={"gc_interval": 0, "merge_interval": 0},
+                      env={"MERGETXN_FAILPOINTS": str(failpoints)}) as c:
+        yield c
 
 
 def staged_files(cluster: LocalCluster, table: str, tid: str) -> list[str]:
@@ -158,8 +152,6 @@ def test_commit_parts_of_a_collected_file(cluster: LocalCluster) -> None:
 def test_a_pass_that_died_after_condemning_is_finished_by_the_next(cluster: LocalCluster) -> None:
     """Files announced on the fence by a pass that never confirmed them stay refused, and the
     next pass deletes and confirms them."""
-    from kazoo.client import KazooClient
-
     from coordinator.fence import OrphanFence
 
     t = "fence_leftover"
@@ -168,9 +160,7 @@ def test_a_pass_that_died_after_condemning_is_finished_by_the_next(cluster: Loca
     tx = c0.begin()
     tx.insert(t, pa.table({"id": [4]}, schema=SCHEMA))
     files = staged_files(cluster, t, tx.id)
-    zk = KazooClient(hosts=cluster.zk_address)
-    zk.start(timeout=30)
-    try:
+    with kazoo(cluster.zk_address) as zk:
         fence = OrphanFence(zk, cluster.root.rstrip("/") + "/fence", "dead-pass")
         fence.start()
         fence.announce(files)  # ... and the pass dies here, before deleting anything
@@ -179,7 +169,4 @@ def test_a_pass_that_died_after_condemning_is_finished_by_the_next(cluster: Loca
         cluster.client(1).gc(grace_seconds=0)
         assert fence.refresh()[1] == frozenset()
         assert not any(Storage(cluster.storage_url).exists(p) for p in files)
-    finally:
-        zk.stop()
-        zk.close()
     assert_readable(cluster, t, [])

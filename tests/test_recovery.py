@@ -11,10 +11,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from zkutil import new_chroot  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
 from coordinator.client import Client
@@ -25,15 +25,14 @@ from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk
 
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SCHEMA = ID_V
 
 
 
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with coordinator.LocalCluster(tmp_path_factory.mktemp("recovery"), replicas=3,
-                                  zk_address=new_chroot(zk_server)) as c:
+    with make_cluster(tmp_path_factory, zk_server, "recovery", replicas=3) as c:
         yield c
 
 
@@ -44,21 +43,6 @@ def restore(cluster: coordinator.LocalCluster) -> Iterator[None]:
     for i in range(cluster.n):
         if cluster.replica_pid(i) is None:
             cluster.start_replica(i)
-
-
-def rows(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
-                     "v": [f"v{i}" for i in range(start, start + n)]}, schema=SCHEMA)
-
-
-def commit_insert(client: Client, table: str, data: pa.Table) -> int:
-    with client.transaction() as tx:
-        tx.insert(table, data)
-    return tx.csn
-
-
-def ids(t: pa.Table) -> list[int]:
-    return sorted(t.column("id").to_pylist())
 
 
 def wal_path(cluster: coordinator.LocalCluster, i: int) -> Path:
@@ -105,7 +89,7 @@ def test_restart_recovers_same_state_from_wal(cluster: coordinator.LocalCluster,
     c0.create_table("wal_a", SCHEMA, auto_merge=False)
     c0.create_table("wal_b", SCHEMA, auto_merge=False)
     for k in range(8):
-        commit_insert(c0, "wal_a" if k % 2 else "wal_b", rows(3, start=10 * k))
+        commit_insert(c0, "wal_a" if k % 2 else "wal_b", id_rows(3, start=10 * k))
     with c0.transaction() as tx:
         tx.delete("wal_a", pc.field("id") == 10)
     before = state_of(c0, ["wal_a", "wal_b"])
@@ -119,7 +103,7 @@ def test_restart_recovers_same_state_from_wal(cluster: coordinator.LocalCluster,
     assert after == before
     # It keeps working: a new commit lands on top of the recovered state.
     c0 = cluster.client(0)
-    csn = commit_insert(c0, "wal_a", rows(1, start=999))
+    csn = commit_insert(c0, "wal_a", id_rows(1, start=999))
     assert csn > before["snapshot"]
     assert ids(c0.read("wal_a")) == before["rows"]["wal_a"] + [999]
 
@@ -130,12 +114,12 @@ def test_down_replica_catches_up_from_zookeeper(cluster: coordinator.LocalCluste
     table = f"catchup_{how}"
     c0 = cluster.client(0)
     c0.create_table(table, SCHEMA, auto_merge=False)
-    commit_insert(c0, table, rows(2))
+    commit_insert(c0, table, id_rows(2))
     cluster.client(1).wait_for(c0.snapshot())
     (cluster.stop_replica if how == "stop" else cluster.kill_replica)(1)
     last = 0
     for k in range(12):
-        last = commit_insert(cluster.client(k % 2 * 2), table, rows(1, start=100 + k))  # replicas 0 and 2
+        last = commit_insert(cluster.client(k % 2 * 2), table, id_rows(1, start=100 + k))  # replicas 0 and 2
     cluster.client(0).wait_for(last)
     restart(cluster, 1)
     c1 = cluster.client(1)
@@ -148,9 +132,9 @@ def test_killed_replica_loses_nothing_committed_and_shows_nothing_uncommitted(
         cluster: coordinator.LocalCluster, restore: None) -> None:
     c2 = cluster.client(2)
     c2.create_table("killed", SCHEMA, auto_merge=False)
-    committed = commit_insert(c2, "killed", rows(5))
+    committed = commit_insert(c2, "killed", id_rows(5))
     open_tx = c2.begin()
-    open_tx.insert("killed", rows(5, start=50))
+    open_tx.insert("killed", id_rows(5, start=50))
     staged = open_tx.read("killed")
     assert staged.num_rows == 10
     part_files = {p.name for p in (Path(cluster.storage_url) / "killed").rglob("*.parquet")}
@@ -174,7 +158,7 @@ def test_torn_last_wal_record_is_dropped(cluster: coordinator.LocalCluster, rest
     c0 = cluster.client(0)
     c0.create_table("torn", SCHEMA, auto_merge=False)
     for k in range(4):
-        last = commit_insert(c0, "torn", rows(1, start=k))
+        last = commit_insert(c0, "torn", id_rows(1, start=k))
     cluster.client(1).wait_for(last)
     cluster.stop_replica(1)
     path = wal_path(cluster, 1)
@@ -183,7 +167,7 @@ def test_torn_last_wal_record_is_dropped(cluster: coordinator.LocalCluster, rest
         fh.truncate(size - 5)  # the last record (an applied entry) is now torn
     # Others commit meanwhile; the torn entry and these must all come from ZooKeeper.
     for k in range(4, 7):
-        last = commit_insert(c0, "torn", rows(1, start=k))
+        last = commit_insert(c0, "torn", id_rows(1, start=k))
     restart(cluster, 1)
     assert cluster.replica_pid(1) is not None
     c1 = cluster.client(1)
@@ -206,7 +190,7 @@ def test_torn_last_wal_record_is_dropped(cluster: coordinator.LocalCluster, rest
 def test_lost_data_directory_is_rebuilt_from_the_log(cluster: coordinator.LocalCluster, restore: None) -> None:
     c0 = cluster.client(0)
     c0.create_table("lost", SCHEMA, auto_merge=False)
-    last = commit_insert(c0, "lost", rows(3))
+    last = commit_insert(c0, "lost", id_rows(3))
     c1 = cluster.client(1)
     c1.wait_for(last)
     tid_before = c1.begin().tid

@@ -22,6 +22,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import poll
 
 import coordinator
 from coordinator.client import Client
@@ -78,16 +80,6 @@ def visible_parts(client: Client, table: str) -> list[dict]:
     return [p for p in client.parts(table).to_pylist() if p["visible"]]
 
 
-def poll(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.05) -> bool:
-    """Bounded wait for something another process makes true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def writer(df, replica: str, mode: str = "append", **options: str):
     w = df.write.format("mergetxn").option("replica", replica).mode(mode)
     for k, v in options.items():
@@ -123,7 +115,7 @@ def local_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with coordinator.LocalCluster(tmp_path_factory.mktemp("sparkcluster"), replicas=2) as c:
+    with make_cluster(tmp_path_factory, None, "sparkcluster", replicas=2) as c:
         yield c
 
 
@@ -438,7 +430,7 @@ def test_job_cancelled_mid_way_leaves_nothing(spark, c0: Client, r0: str, cluste
 
     def cancel_when_mid_way() -> None:
         # Partitions 1-3 have written their parts; partition 0 hangs.
-        if poll(lambda: (marks / "blocked").exists() and len(sidecars()) >= 3):
+        if poll(lambda: (marks / "blocked").exists() and len(sidecars()) >= 3, timeout=60):
             sc.cancelJobsWithTag("sp-cancel")
         (marks / "release").write_text("1")
 
@@ -502,7 +494,7 @@ def test_reads_keep_their_snapshot_while_new_writes_commit(spark, c0: Client, r0
 
     t = threading.Thread(target=run)
     t.start()
-    assert poll(lambda: (marks / "reading").exists())
+    assert poll(lambda: (marks / "reading").exists(), timeout=60)
     with c0.transaction() as tx:
         tx.overwrite("sp_snap", pa.table({"id": [7000], "k": ["n"], "v": [0.0]}, schema=SCHEMA))
     writer(frame(spark, rows(9000, 5)), r0).save("sp_snap")

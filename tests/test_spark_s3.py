@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.cluster import make_cluster  # tests/ is on sys.path
 from test_spark import (  # tests/ is on sys.path (rootdir-relative test modules)
     DDL,
     SCHEMA,
@@ -56,23 +57,10 @@ def endpoint() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def cluster(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
-           "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)  # the replica processes inherit these, and only they
-    c = coordinator.LocalCluster(tmp_path_factory.mktemp("sparks3"), replicas=1,
-                                 storage_url=f"s3://{BUCKET}/{PREFIX}")
-    try:
-        c.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    try:
+           "AWS_DEFAULT_REGION": "us-east-1"}  # the replica processes inherit these, and only they
+    with make_cluster(tmp_path_factory, None, "sparks3", replicas=1, env=env,
+                      storage_url=f"s3://{BUCKET}/{PREFIX}") as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,15 @@ import datetime as dt
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from rpcproxy import RpcProxy  # tests/ is on sys.path
-from zkutil import new_chroot
+from support.cluster import make_cluster
+from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
 from coordinator.client import Client, Transaction
@@ -28,7 +29,7 @@ from parts.format import PartMeta, write_part
 
 pytestmark = pytest.mark.zk
 
-SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
+SCHEMA = ID_V
 PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
 
 
@@ -41,8 +42,7 @@ PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     """One 3-replica cluster for the module (tests use distinct table names)."""
-    with coordinator.LocalCluster(tmp_path_factory.mktemp("txcluster"), replicas=3,
-                                  zk_address=new_chroot(zk_server)) as c:
+    with make_cluster(tmp_path_factory, zk_server, "txcluster", replicas=3) as c:
         yield c
 
 
@@ -56,11 +56,6 @@ def c1(cluster: coordinator.LocalCluster) -> Client:
     return cluster.client(1)
 
 
-def rows(n: int, start: int = 0, tag: str = "x") -> pa.Table:
-    return pa.table({"id": pa.array(range(start, start + n), pa.int64()),
-                     "v": [f"{tag}{i}" for i in range(start, start + n)]}, schema=SCHEMA)
-
-
 def prows(p: int, ids: list[int], tag: str = "x") -> pa.Table:
     return pa.table({"p": pa.array([p] * len(ids), pa.int64()), "id": pa.array(ids, pa.int64()),
                      "v": [f"{tag}{i}" for i in ids]}, schema=PSCHEMA)
@@ -72,30 +67,11 @@ def as_set(t: pa.Table, *cols: str) -> set[tuple]:
     return set(zip(*(t.column(c).to_pylist() for c in cols))) if t.num_rows else set()
 
 
-def ids(t: pa.Table) -> list[int]:
-    return sorted(t.column("id").to_pylist())
-
-
 def storage_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
     root = Path(cluster.storage_url) / table
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
 
 
-def poll(predicate: Callable[[], bool], timeout: float = 30.0, interval: float = 0.05) -> bool:
-    """Bounded wait for a condition that another process makes true."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def commit_insert(client: Client, table: str, data: pa.Table) -> int:
-    with client.transaction() as tx:
-        tx.insert(table, data)
-    assert tx.csn is not None
-    return tx.csn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,9 +83,9 @@ def test_read_your_writes_inside_and_across_transactions(c0: Client) -> None:
     c0.create_table("ryw", SCHEMA)
     tx = c0.begin()
     assert tx.read("ryw").num_rows == 0
-    tx.insert("ryw", rows(3))
+    tx.insert("ryw", id_rows(3))
     assert ids(tx.read("ryw")) == [0, 1, 2]
-    tx.insert("ryw", rows(2, start=10))
+    tx.insert("ryw", id_rows(2, start=10))
     assert ids(tx.read("ryw")) == [0, 1, 2, 10, 11]
     # Another transaction does not see uncommitted rows.
     other = c0.begin()
@@ -121,7 +97,7 @@ def test_read_your_writes_inside_and_across_transactions(c0: Client) -> None:
         with c0.transaction() as tx2:
             assert tx2.snapshot >= csn
             assert len(tx2.read("ryw")) == 5 + k
-            tx2.insert("ryw", rows(1, start=100 + k))
+            tx2.insert("ryw", id_rows(1, start=100 + k))
         assert tx2.csn > csn
         csn = tx2.csn
         assert ids(c0.read("ryw")) == [0, 1, 2, 10, 11] + [100 + i for i in range(k + 1)]
@@ -130,11 +106,11 @@ def test_read_your_writes_inside_and_across_transactions(c0: Client) -> None:
 def test_rollback_leaves_nothing(cluster: coordinator.LocalCluster, c0: Client) -> None:
     """Rolled-back parts never become visible, are not listed as parts, and their files are gone."""
     c0.create_table("rb", SCHEMA)
-    commit_insert(c0, "rb", rows(2))
+    commit_insert(c0, "rb", id_rows(2))
     before_parts = c0.parts("rb").to_pylist()
     before_files = storage_files(cluster, "rb")
     tx = c0.begin()
-    tx.insert("rb", rows(5, start=50))
+    tx.insert("rb", id_rows(5, start=50))
     assert len(storage_files(cluster, "rb")) > len(before_files)  # the part was written
     tx.rollback()
     assert ids(c0.read("rb")) == [0, 1]
@@ -150,7 +126,7 @@ def test_context_manager_rolls_back_on_exception(cluster: coordinator.LocalClust
     before_files = storage_files(cluster, "rbctx")
     with pytest.raises(RuntimeError, match="boom"):
         with c0.transaction() as tx:
-            tx.insert("rbctx", rows(4))
+            tx.insert("rbctx", id_rows(4))
             raise RuntimeError("boom")
     assert tx.csn is None
     assert c0.read("rbctx").num_rows == 0
@@ -167,10 +143,10 @@ def test_snapshot_isolation_across_replicas(c0: Client, c1: Client) -> None:
     """A transaction begun on replica 0 never sees what replica 1 commits after its snapshot,
     even once replica 0 has applied that commit; a new transaction does."""
     c0.create_table("si", SCHEMA)
-    commit_insert(c0, "si", rows(3))
+    commit_insert(c0, "si", id_rows(3))
     tx = c0.begin()
     first = tx.read("si")
-    csn = commit_insert(c1, "si", rows(4, start=20, tag="late"))
+    csn = commit_insert(c1, "si", id_rows(4, start=20, tag="late"))
     assert csn > tx.snapshot
     c0.wait_for(csn)
     assert c0.snapshot() >= csn
@@ -178,7 +154,7 @@ def test_snapshot_isolation_across_replicas(c0: Client, c1: Client) -> None:
     assert as_set(first) == as_set(second)
     assert ids(second) == [0, 1, 2]
     # The transaction's own writes come on top of its snapshot, still without the other commit.
-    tx.insert("si", rows(1, start=9))
+    tx.insert("si", id_rows(1, start=9))
     assert ids(tx.read("si")) == [0, 1, 2, 9]
     tx.commit()
     with c0.transaction() as fresh:
@@ -189,7 +165,7 @@ def test_commit_on_one_replica_readable_on_another_at_its_csn(c0: Client, c1: Cl
                                                               cluster: coordinator.LocalCluster) -> None:
     """read(snapshot=csn) on replica 0 waits until it has applied replica 1's commit."""
     c1.create_table("xrep", SCHEMA)
-    csn = commit_insert(c1, "xrep", rows(6))
+    csn = commit_insert(c1, "xrep", id_rows(6))
     assert ids(c0.read("xrep", snapshot=csn)) == list(range(6))
     c2 = cluster.client(2)
     assert ids(c2.read("xrep", snapshot=csn)) == list(range(6))
@@ -199,9 +175,9 @@ def test_commit_on_one_replica_readable_on_another_at_its_csn(c0: Client, c1: Cl
 
 def test_time_travel_by_snapshot_and_as_of(c0: Client, c1: Client) -> None:
     c0.create_table("tt", SCHEMA)
-    csn1 = commit_insert(c0, "tt", rows(2))
+    csn1 = commit_insert(c0, "tt", id_rows(2))
     between = dt.datetime.now(dt.UTC)
-    csn2 = commit_insert(c1, "tt", rows(2, start=2))
+    csn2 = commit_insert(c1, "tt", id_rows(2, start=2))
     with c0.transaction() as tx:
         tx.delete("tt", pc.field("id") == 0)
     csn3 = tx.csn
@@ -231,7 +207,7 @@ def simultaneous_commits(cluster: coordinator.LocalCluster, table: str, n: int, 
     clients = [cluster.client(2) for _ in range(n)]
     txs = [cl.begin() for cl in clients]
     for i, tx in enumerate(txs):
-        (tx.overwrite if i == overwrite else tx.insert)(table, rows(1, start=start + i))
+        (tx.overwrite if i == overwrite else tx.insert)(table, id_rows(1, start=start + i))
     barrier = threading.Barrier(n)
     outcomes: list[int | BaseException] = [RuntimeError("no outcome")] * n
 
@@ -285,7 +261,7 @@ def test_append_overwrite_among_simultaneous_inserts_is_serial(cluster: coordina
     row is there exactly when its CSN is not below the OVERWRITE's."""
     setup = cluster.client(2)
     setup.create_table("ap_race", SCHEMA, conflict_policy="append")
-    commit_insert(setup, "ap_race", rows(3, start=100))
+    commit_insert(setup, "ap_race", id_rows(3, start=100))
     txs, outcomes, clients = simultaneous_commits(cluster, "ap_race", 12, 0, overwrite=5)
     assert all(isinstance(o, int) for o in outcomes), outcomes
     at = outcomes[5]
@@ -319,7 +295,7 @@ def test_multi_table_commit_is_atomic_at_one_csn(c0: Client, c1: Client) -> None
     c0.create_table("mt_a", SCHEMA)
     c0.create_table("mt_b", PSCHEMA, partition_by=["p"])
     with c0.transaction() as tx:
-        tx.insert("mt_a", rows(3))
+        tx.insert("mt_a", id_rows(3))
         tx.insert("mt_b", pa.concat_tables([prows(1, [1, 2]), prows(2, [3])]))
     csn = tx.csn
     for table in ("mt_a", "mt_b"):
@@ -341,9 +317,9 @@ def test_multi_table_commit_is_atomic_at_one_csn(c0: Client, c1: Client) -> None
 
 
 @pytest.fixture
-def epoch_cluster(zk_server: ZooKeeperServer, tmp_path: Path) -> Iterator[coordinator.LocalCluster]:
-    with coordinator.LocalCluster(tmp_path / "epochs", replicas=2, zk_address=new_chroot(zk_server),
-                                  epoch_size=3) as c:
+def epoch_cluster(zk_server: ZooKeeperServer,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    with make_cluster(tmp_path_factory, zk_server, "epochs", replicas=2, epoch_size=3) as c:
         yield c
 
 
@@ -358,7 +334,7 @@ def test_epoch_rollover(epoch_cluster: coordinator.LocalCluster) -> None:
     expected: list[int] = []
     for i in range(30):
         who = i % 2
-        csn = commit_insert(cl[who], "ep", rows(1, start=i))
+        csn = commit_insert(cl[who], "ep", id_rows(1, start=i))
         assert csn > last[who], f"CSN went backwards on client {who}: {csn} after {last[who]}"
         last[who] = csn
         expected.append(i)
@@ -377,7 +353,7 @@ def test_epoch_rollover(epoch_cluster: coordinator.LocalCluster) -> None:
     # Replica 1 misses several epochs, then catches up from ZooKeeper.
     epoch_cluster.stop_replica(1)
     for i in range(30, 42):
-        csn = commit_insert(cl[0], "ep", rows(1, start=i))
+        csn = commit_insert(cl[0], "ep", id_rows(1, start=i))
         expected.append(i)
         history.append((csn, list(expected)))
     assert split_csn(history[-1][0])[0] >= split_csn(history[29][0])[0] + 3
@@ -388,7 +364,7 @@ def test_epoch_rollover(epoch_cluster: coordinator.LocalCluster) -> None:
     for csn, want in history[::5]:
         assert ids(fresh.read("ep", snapshot=csn)) == want
     # And it commits into the current epoch.
-    csn = commit_insert(fresh, "ep", rows(1, start=99))
+    csn = commit_insert(fresh, "ep", id_rows(1, start=99))
     assert csn > history[-1][0]
     assert ids(cl[0].read("ep", snapshot=csn)) == expected + [99]
 
@@ -442,9 +418,9 @@ def test_overwrite_partitions(c0: Client) -> None:
     assert as_set(c0.read("ow"), "p", "id") == {(1, 10), (2, 40), (4, 11)}
     # Unpartitioned: overwrite replaces everything, inside the transaction too.
     c0.create_table("ow_flat", SCHEMA)
-    commit_insert(c0, "ow_flat", rows(5))
+    commit_insert(c0, "ow_flat", id_rows(5))
     with c0.transaction() as tx:
-        tx.overwrite("ow_flat", rows(2, start=70))
+        tx.overwrite("ow_flat", id_rows(2, start=70))
         assert ids(tx.read("ow_flat")) == [70, 71]
     assert ids(c0.read("ow_flat")) == [70, 71]
 
@@ -504,13 +480,13 @@ def test_parts_columns_after_insert_and_delete(c0: Client) -> None:
 def test_commit_status_and_transactions_and_kill(c0: Client, c1: Client) -> None:
     c0.create_table("ops", SCHEMA)
     done = c0.begin()
-    done.insert("ops", rows(1))
+    done.insert("ops", id_rows(1))
     done.commit()
     aborted = c0.begin()
-    aborted.insert("ops", rows(1, start=5))
+    aborted.insert("ops", id_rows(1, start=5))
     aborted.rollback()
     running = c0.begin()
-    running.insert("ops", rows(2, start=10))
+    running.insert("ops", id_rows(2, start=10))
 
     st = c0.commit_status(done.tid)
     assert (st.status, st.csn) == ("committed", done.csn)
@@ -528,7 +504,7 @@ def test_commit_status_and_transactions_and_kill(c0: Client, c1: Client) -> None
     assert done.id not in listed and aborted.id not in listed
 
     victim = c0.begin()
-    victim.insert("ops", rows(3, start=20))
+    victim.insert("ops", id_rows(3, start=20))
     c0.kill(victim.id)
     assert victim.id not in {t["id"] for t in c0.transactions()}
     with pytest.raises(TransactionAborted, match="killed"):
@@ -566,7 +542,7 @@ def test_commit_parts_is_one_atomic_transaction(cluster: coordinator.LocalCluste
     """Parts written beforehand become visible together at the CSN the call returns, on every
     replica, as the parts of one transaction (its id is their creation_tid)."""
     c1.wait_for(c0.create_table("cparts", SCHEMA))
-    metas = [written(c0, "cparts", rows(2)), written(c0, "cparts", rows(3, start=10))]
+    metas = [written(c0, "cparts", id_rows(2)), written(c0, "cparts", id_rows(3, start=10))]
     csn = c1.commit_parts("cparts", metas)
     c0.wait_for(csn)
     for client in (c0, c1):
@@ -604,19 +580,19 @@ def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coo
                                                                      c0: Client) -> None:
     c0.create_table("cparts_bad", SCHEMA)
     before = c0.snapshot()
-    good = written(c0, "cparts_bad", rows(1))
-    bad = dataclasses.replace(written(c0, "cparts_bad", rows(1, start=5)), checksum="md5:nope")
+    good = written(c0, "cparts_bad", id_rows(1))
+    bad = dataclasses.replace(written(c0, "cparts_bad", id_rows(1, start=5)), checksum="md5:nope")
     with pytest.raises(CorruptMetadata, match="checksum"):
         c0.commit_parts("cparts_bad", [good, bad])
     assert c0.snapshot() == before and c0.read("cparts_bad").num_rows == 0
     assert not storage_files(cluster, "cparts_bad")
-    stale = dataclasses.replace(written(c0, "cparts_bad", rows(1)), created_at=time.time() - 3600)
+    stale = dataclasses.replace(written(c0, "cparts_bad", id_rows(1)), created_at=time.time() - 3600)
     with pytest.raises(InvalidInput, match="grace period"):
         c0.commit_parts("cparts_bad", [stale])
     assert c0.snapshot() == before and not storage_files(cluster, "cparts_bad")
     c0.create_table("cparts_other", SCHEMA)
     with pytest.raises(InvalidInput, match="do not belong"):
-        c0.commit_parts("cparts_bad", [written(c0, "cparts_other", rows(1))])
+        c0.commit_parts("cparts_bad", [written(c0, "cparts_other", id_rows(1))])
     assert c0.snapshot() > before and c0.read("cparts_bad").num_rows == 0
 
 
@@ -626,10 +602,10 @@ def test_old_parts_are_staged_only_under_their_transactions_name(c0: Client) -> 
     c0.create_table("stale_parts", SCHEMA)
     long_ago = time.time() - 3600
     with c0.transaction() as tx:
-        foreign = dataclasses.replace(written(c0, "stale_parts", rows(1), by="job-7"), created_at=long_ago)
+        foreign = dataclasses.replace(written(c0, "stale_parts", id_rows(1), by="job-7"), created_at=long_ago)
         with pytest.raises(InvalidInput, match=f"does not carry transaction {tx.id}"):
             tx.add_parts("stale_parts", [foreign])
-        own = dataclasses.replace(written(c0, "stale_parts", rows(2, start=5), by=tx.id), created_at=long_ago)
+        own = dataclasses.replace(written(c0, "stale_parts", id_rows(2, start=5), by=tx.id), created_at=long_ago)
         tx.add_parts("stale_parts", [own])  # a long job's part, kept by its running transaction's name
     assert ids(c0.read("stale_parts", snapshot=tx.csn)) == [5, 6]
 
@@ -645,7 +621,7 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.Loca
     c0.create_table(t, SCHEMA)
     with RpcProxy(cluster.replica_addresses[0]) as proxy:
         client = coordinator.connect(proxy.address)
-        metas = [written(client, t, rows(2))]
+        metas = [written(client, t, id_rows(2))]
         fired = proxy.drop_reply_of("commit_parts") if fault == "reply" else proxy.drop_request_of("commit_parts")
         if fault == "reply":
             csn = client.commit_parts(t, metas, op=op)
@@ -671,7 +647,7 @@ def test_commit_answer_lost_between_client_and_replica(cluster: coordinator.Loca
     with RpcProxy(cluster.replica_addresses[0]) as proxy:
         client = coordinator.connect(proxy.address)
         tx = client.begin()
-        tx.insert(t, rows(3))
+        tx.insert(t, id_rows(3))
         fired = proxy.drop_reply_of("commit") if fault == "reply" else proxy.drop_request_of("commit")
         if fault == "reply":
             csn = tx.commit()
@@ -723,7 +699,7 @@ def test_begin_answer_lost_leaves_one_transaction(cluster: coordinator.LocalClus
         tx = client.begin()
         assert fired.is_set()
         assert running() - before == {tx.id}
-        tx.insert(t, rows(2))
+        tx.insert(t, id_rows(2))
         csn = tx.commit()
         client.close()
     assert ids(c0.read(t, snapshot=csn)) == [0, 1]

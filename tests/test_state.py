@@ -1,0 +1,305 @@
+"""The replica's pure parts: its state (replicas/state.py: everything derived from the log) and
+a transaction's effect (replicas/transactions.py: staged operations folded into what the commit
+entry carries and the conflict rules look at).
+
+No ZooKeeper, no storage. Seed 004's visibility rule, exhaustively against the state, is
+tests/test_rules.py's; the conflict rules and batching decisions over summaries (fits_beside)
+are tests/test_rules.py's and tests/test_targets.py's; the checkpoint file format is
+tests/test_log_tail.py's. Staged operations are built by ``support.builders.staged`` only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from support.builders import change, entry, part, staged, table_def, tid  # tests/ is on sys.path
+
+from coordinator.conflicts import Kind, Summary, fits_beside
+from coordinator.errors import CorruptMetadata
+from coordinator.model import Change
+from coordinator.versions import Tid
+from replicas.state import ReplicaState
+from replicas.transactions import Effect, RunningTxn
+
+A, B, C, R = tid(1), tid(2), tid(3), tid(4)
+P1, P2 = '[1]', '[2]'
+
+
+def names(metas: list) -> list[str]:
+    return [m.name for m in metas]
+
+
+def built() -> ReplicaState:
+    """CSN 1 creates t (partitioned by p); 2: A adds a1 (p=1), a2 (p=2); 3: B overwrites p=1
+    (removes a1, adds b1); 4: a compaction C of p=2 (a2 -> c2, no time version)."""
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    st.apply(2, 0, 1, entry((A, [change("t", (1,), [Kind.INSERT], added=[part("a1", partition=(1,), creator=A)]),
+                                 change("t", (2,), [Kind.INSERT], added=[part("a2", partition=(2,), creator=A)])]),
+                            time=2.0, time_version=2.0))
+    st.apply(3, 0, 2, entry((B, [change("t", (1,), [Kind.OVERWRITE], added=[part("b1", partition=(1,), creator=B)],
+                                        removed=["a1"])]),
+                            versions={f"t/{P1}": 1}, time=3.0, time_version=3.0))
+    st.apply(4, 0, 3, entry((C, [change("t", (2,), [Kind.MINOR_COMPACT],
+                                        added=[part("c2", partition=(2,), creator=C)], removed=["a2"])]),
+                            versions={f"t/{P2}": 1}, time=4.0, time_version=None))
+    return st
+
+
+# =============================================================================================
+# The replica state
+# =============================================================================================
+
+
+def test_apply_records_position_tables_and_commits() -> None:
+    st = built()
+    assert st.applied == 4 and st.position == (0, 4) and st.applied_count == 4
+    assert st.tid_csn == {A: 2, B: 3, C: 4}
+    assert st.table("t").created_csn == 1
+    assert st.table("t", snapshot=0) is None and st.table("t", snapshot=1) is not None
+    assert st.table("nosuch") is None
+    rec = st.parts["a1"]
+    assert (rec.creation_csn, rec.removal_tid, rec.removal_csn, rec.pkey) == (2, B, 3, P1)
+    assert st.parts["b1"].removal_csn is None
+
+
+@pytest.mark.parametrize("snapshot,visible", [
+    (0, []), (1, []), (2, ["a1", "a2"]), (3, ["a2", "b1"]), (4, ["b1", "c2"]), (99, ["b1", "c2"]),
+])
+def test_visible_at_each_snapshot(snapshot: int, visible: list[str]) -> None:
+    """Older snapshots take the slow path (every record), the latest the sorted live index:
+    both answer in name order."""
+    assert names(built().visible("t", snapshot)) == visible
+
+
+def test_visible_in_chosen_partitions_and_with_own_writes() -> None:
+    st = built()
+    assert names(st.visible("t", 4, pkeys=[P2])) == ["c2"]
+    assert names(st.visible("t", 2, pkeys=[P1])) == ["a1"]
+    assert names(st.visible("t", 4, pkeys=[])) == []
+    own = part("r1", partition=(1,), creator=R)
+    # A running reader R sees its own part and not what it removed, on both paths.
+    assert names(st.visible("t", 4, R, [own], {"b1"})) == ["c2", "r1"]
+    assert names(st.visible("t", 2, R, [own], {"a2"})) == ["a1", "r1"]
+    assert names(st.visible("t", 2, R, [own], set(), pkeys=[P2])) == ["a2"]
+    assert names(st.visible("other", 4)) == []
+
+
+def test_versions_only_go_up() -> None:
+    st = built()
+    assert st.versions == {"t": 0, f"t/{P1}": 1, f"t/{P2}": 1}
+    st.apply(5, 0, 4, entry((R, []), versions={f"t/{P1}": 0, f"t/{P2}": 2}))
+    assert st.versions == {"t": 0, f"t/{P1}": 1, f"t/{P2}": 2}
+
+
+def test_winners_are_the_commits_on_one_target_after_a_snapshot() -> None:
+    st = built()
+    assert st.winners("t", P1, 1) == [Summary(A, frozenset({Kind.INSERT})),
+                                      Summary(B, frozenset({Kind.OVERWRITE}), frozenset({"a1"}))]
+    assert st.winners("t", P1, 2) == [Summary(B, frozenset({Kind.OVERWRITE}), frozenset({"a1"}))]
+    assert st.winners("t", P1, 3) == []
+    assert st.winners("t", P2, 2) == [Summary(C, frozenset({Kind.MINOR_COMPACT}), frozenset({"a2"}))]
+    assert st.winners("t", "[3]", 0) == [] and st.winners("u", P1, 0) == []
+    assert sorted(st.history) == [("t", P1), ("t", P2)]
+
+
+def test_csn_at_time_counts_data_changing_commits_only() -> None:
+    st = built()  # the compaction at CSN 4 has no time version
+    assert [st.csn_at_time(w) for w in (0.5, 2.0, 2.5, 3.0, 100.0)] == [0, 2, 2, 3, 3]
+
+
+def test_an_entry_at_or_below_applied_is_skipped() -> None:
+    st = built()
+    before = st.export()
+    again = entry((A, [change("t", (1,), [Kind.INSERT], added=[part("zz", partition=(1,), creator=A)])]),
+                  versions={"t": 9})
+    st.apply(4, 0, 3, again)  # the entry at applied, again
+    st.apply(2, 0, 1, again)  # an older one
+    assert st.export() == before and st.applied_count == 4
+    assert "zz" not in st.parts
+
+
+def test_removing_a_part_the_state_never_had_is_no_error() -> None:
+    st = built()
+    st.apply(5, 0, 4, entry((R, [change("t", (1,), [Kind.MUTATE], removed=["ghost", "b1"])])))
+    assert "ghost" not in st.parts and st.parts["b1"].removal_csn == 5
+    assert names(st.visible("t", 5)) == ["c2"]
+
+
+def test_advance_epoch_moves_the_position_forward_only() -> None:
+    st = built()
+    st.advance_epoch(0)
+    assert st.position == (1, 0)
+    st.advance_epoch(0)
+    assert st.position == (1, 0)
+    st.apply(2**31 + 1, 1, 0, entry((R, [])))
+    assert st.position == (1, 1)
+
+
+def test_wait_applied_and_versions_answer_at_once_when_there() -> None:
+    st = built()
+    assert st.wait_applied(4, 0) and not st.wait_applied(5, 0)
+    assert st.wait_versions({f"t/{P1}": 1, "t/[9]": None}, 0)
+    assert not st.wait_versions({f"t/{P1}": 2}, 0)
+
+
+def test_export_restore_round_trip() -> None:
+    st = built()
+    back = ReplicaState()
+    back.restore(copy.deepcopy(st.export()), "mem")
+    assert back.export() == st.export()
+    assert (back.applied, back.position, back.tid_csn, back.versions) == (st.applied, st.position, st.tid_csn,
+                                                                        st.versions)
+    assert back.table("t") == st.table("t")
+    for snapshot in range(6):
+        assert back.visible("t", snapshot) == st.visible("t", snapshot)
+        for pkey in (P1, P2):
+            assert back.winners("t", pkey, snapshot) == st.winners("t", pkey, snapshot)
+    assert back.csn_at_time(3.5) == st.csn_at_time(3.5)
+    # ... and it carries on from there as the original does.
+    nxt = entry((R, [change("t", (2,), [Kind.OVERWRITE], removed=["c2"])]), versions={f"t/{P2}": 2})
+    for s in (st, back):
+        s.apply(5, 0, 4, nxt)
+    assert back.export() == st.export()
+
+
+def test_restore_of_a_checkpoint_written_without_a_part_field_takes_its_default() -> None:
+    payload = built().export()
+    parts = payload["parts"]
+    parts["fields"].remove("created_at")
+    del parts["created_at"]
+    back = ReplicaState()
+    back.restore(payload, "old")
+    assert {m.created_at for m in back.visible("t", 4)} == {0.0}
+    assert names(back.visible("t", 4)) == ["b1", "c2"]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda p: p.pop("history"),
+    lambda p: p["parts"].pop("removal_csn"),
+    lambda p: p["parts"]["creation_csn"].pop(),
+    lambda p: p["parts"]["stats_values"].append(7),
+    lambda p: p.update(applied="many"),
+    lambda p: p["history"]["kind_sets"].append(["BOGUS"]),
+], ids=["no-history", "no-column", "short-column", "stats-misshaped", "bad-applied", "bad-kind"])
+def test_a_malformed_checkpoint_leaves_the_state_untouched(damage) -> None:
+    st = built()
+    payload = st.export()
+    damage(payload)
+    before = st.export()
+    with pytest.raises(CorruptMetadata, match="checkpoint mem-7 is malformed"):
+        st.restore(payload, "mem-7")
+    assert st.export() == before
+
+
+# =============================================================================================
+# Effects: a transaction's staged operations, folded
+# =============================================================================================
+
+COMMITTED = {"b1": P1, "c2": P2}  # committed parts a transaction may remove, and their targets
+
+
+def fold(*ops) -> Effect:
+    """What the committer does: fold each operation in, committed parts' targets looked up."""
+    eff = Effect()
+    for op in ops:
+        eff.add_op(op, {n: COMMITTED[n] for n in op.removed if n not in eff.added})
+    return eff
+
+
+def test_an_insert_adds_parts_on_their_targets() -> None:
+    eff = fold(staged("insert", added=[part("n1", partition=(1,)), part("n2", partition=(2,))]))
+    assert sorted(eff.added) == ["n1", "n2"] and not eff.removed and not eff.whole_tables
+    assert eff.kinds == {("t", P1): {Kind.INSERT}, ("t", P2): {Kind.INSERT}}
+
+
+def test_removing_committed_parts_records_their_target() -> None:
+    eff = fold(staged("overwrite", added=[part("n1", partition=(1,))], removed=["b1"], partitions=[P1]))
+    assert eff.removed == {"b1": ("t", P1)}
+    assert eff.kinds == {("t", P1): {Kind.OVERWRITE}}
+    assert eff.removed_in("t", P1) == {"b1"} and eff.removed_in("t", P2) == frozenset()
+
+
+def test_removing_an_own_part_discards_it() -> None:
+    own = part("n1", partition=(1,))
+    eff = fold(staged("insert", added=[own]), staged("delete", added=[part("n1b", partition=(1,))], removed=["n1"]))
+    assert sorted(eff.added) == ["n1b"] and eff.discarded == [own] and not eff.removed
+    assert eff.kinds == {("t", P1): {Kind.INSERT, Kind.MUTATE}}
+
+
+def test_partitions_and_whole_table_without_parts() -> None:
+    """A TRUNCATE of partitions with nothing in them still acts on them; without partitions it
+    acts on the whole table."""
+    eff = fold(staged("truncate", partitions=["[3]"]), staged("truncate", table="u", whole_table=True))
+    assert eff.kinds == {("t", "[3]"): {Kind.OVERWRITE}}
+    assert eff.whole_tables == {"u"}
+
+
+@pytest.mark.parametrize("op,compact_kind,kind", [
+    ("insert", None, Kind.INSERT), ("overwrite", None, Kind.OVERWRITE), ("truncate", None, Kind.OVERWRITE),
+    ("delete", None, Kind.MUTATE), ("update", None, Kind.MUTATE),
+    ("compact", "minor", Kind.MINOR_COMPACT), ("compact", "major", Kind.MAJOR_COMPACT),
+])
+def test_each_operation_folds_to_its_kind(op: str, compact_kind: str | None, kind: Kind) -> None:
+    eff = fold(staged(op, added=[part("n2", partition=(2,))], removed=["c2"], compact_kind=compact_kind))
+    assert eff.kinds == {("t", P2): {kind}}
+
+
+def sample_effect() -> Effect:
+    return fold(
+        staged("insert", added=[part("n1", partition=(1,)), part("n2", partition=(2,))]),
+        staged("delete", added=[part("m1", partition=(1,))], removed=["b1"]),
+        staged("insert", table="u", added=[part("x", table="u")]),
+    )
+
+
+def test_summaries_per_target() -> None:
+    assert sample_effect().summaries(R) == {
+        ("t", P1): Summary(R, frozenset({Kind.INSERT, Kind.MUTATE}), frozenset({"b1"})),
+        ("t", P2): Summary(R, frozenset({Kind.INSERT})),
+        ("u", "[]"): Summary(R, frozenset({Kind.INSERT})),
+    }
+
+
+def test_changes_are_in_a_deterministic_order() -> None:
+    chs = sample_effect().changes()
+    assert chs == [
+        Change("t", P1, (Kind.INSERT, Kind.MUTATE), (part("m1", partition=(1,)), part("n1", partition=(1,))),
+               ("b1",)),
+        Change("t", P2, (Kind.INSERT,), (part("n2", partition=(2,)),), ()),
+        Change("u", "[]", (Kind.INSERT,), (part("x", table="u"),), ()),
+    ]
+    assert sample_effect().changes() == chs
+
+
+def test_changes_applied_give_the_state_the_effect_describes() -> None:
+    st = built()
+    st.apply(5, 0, 4, entry((R, sample_effect().changes()), ddl=[table_def("u", partitioned=False)]))
+    assert names(st.visible("t", 5)) == ["c2", "m1", "n1", "n2"]
+    assert names(st.visible("u", 5)) == ["x"]
+    assert st.winners("t", P1, 4) == [sample_effect().summaries(R)[("t", P1)]]
+
+
+def test_own_parts_of_a_running_transaction() -> None:
+    txn = RunningTxn(Tid.parse(R), snapshot=4)
+    txn.ops = [staged("insert", added=[part("n1", partition=(1,)), part("n2", partition=(2,))]),
+               staged("delete", added=[part("m1", partition=(1,))], removed=["n1", "b1"])]
+    added, removed = txn.own_parts()
+    assert sorted(names(added)) == ["m1", "n2"] and removed == {"b1"}
+    assert txn.id == R
+
+
+def test_what_the_committer_hands_the_batching_rule() -> None:
+    """Effects folded as the committer folds them, judged by the batching rule: two INSERTs into
+    one partition share a batch under ``parts`` and ``append`` (under ``maxcompute`` the later
+    one loses); a DELETE of the part another member overwrites waits for the next batch."""
+    first = fold(staged("insert", added=[part("n1", partition=(1,))]))
+    second = fold(staged("insert", added=[part("n2", partition=(1,))]))
+    in_batch = {k: [s] for k, s in first.summaries(A).items()}
+    for policy in ("parts", "maxcompute", "append"):
+        fits = fits_beside({"t": policy}, second.summaries(B), second.whole_tables, in_batch)
+        assert fits is (policy != "maxcompute"), policy
+    a = fold(staged("overwrite", removed=["b1"], partitions=[P1]))
+    b = fold(staged("delete", removed=["b1"]))
+    in_batch = {k: [s] for k, s in a.summaries(A).items()}
+    assert not fits_beside({"t": "parts"}, b.summaries(B), b.whole_tables, in_batch)
