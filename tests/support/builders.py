@@ -1,8 +1,8 @@
 """Pure values for unit tests of the replica state, effects and the model: parts, changes, log
 entries and staged operations, with defaults for everything a test does not care about.
 
-Staged operations are built only through :func:`staged`, so a change to how ``Op`` is
-constructed (a tagged union in the making) is adapted here once."""
+Staged operations are built only through :func:`staged`, so a change to how a staged operation is
+constructed is adapted here once."""
 
 from __future__ import annotations
 
@@ -12,11 +12,20 @@ import pyarrow as pa
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Kind
-from coordinator.model import Change, LogEntry, TxnRecord
+from coordinator.model import (
+    Change,
+    Compact,
+    Insert,
+    LogEntry,
+    Mutate,
+    Overwrite,
+    StagedOp,
+    Truncate,
+    TxnRecord,
+)
 from coordinator.versions import Tid
 from parts.meta import PartMeta
 from parts.ops import partition_key
-from replicas.transactions import Op
 
 ID_SCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 
@@ -52,8 +61,17 @@ def entry(*txns: tuple[str, list[Change]], versions: dict[str, int] | None = Non
 
 
 def staged(op: str, table: str = "t", added: Iterable[PartMeta] = (), removed: Iterable[str] = (),
-           partitions: list[str] | None = None, whole_table: bool = False, compact_kind: str | None = None) -> Op:
+           partitions: list[str] | None = None, whole_table: bool = False,
+           compact_kind: str | None = None) -> StagedOp:
     """One staged operation (``op``: insert, overwrite, truncate, delete, update, compact)."""
-    added = list(added)
-    return Op(op, table, added=added, removed=list(removed), partitions=partitions, whole_table=whole_table,
-              compact_kind=compact_kind, rows=sum(m.rows for m in added))
+    added, removed = tuple(added), tuple(removed)
+    parts = None if partitions is None else tuple(partitions)
+    if op == "insert":
+        return Insert(table, added)
+    if op == "overwrite":
+        return Overwrite(table, added, removed, parts or ())
+    if op == "truncate":
+        return Truncate(table, removed, None if whole_table else parts)
+    if op in ("delete", "update"):
+        return Mutate(op, table, "where", added, removed, parts, "set" if op == "update" else None)
+    return Compact(table, compact_kind or "minor", added, removed, parts)
