@@ -221,14 +221,22 @@ class LogTail:
         return int(tail.get("retained", 0)) if tail else 0
 
     def check_snapshot(self, snapshot: int, context: str = "") -> None:
-        """SnapshotUnavailable when ``snapshot`` is older than what the cluster retains."""
-        oldest = self.retained
+        """SnapshotUnavailable when ``snapshot`` is older than what the cluster retains (the log
+        tail, or what this replica's state has forgotten: see :meth:`prune`)."""
+        oldest = max(self.retained, self.state.pruned)
         if snapshot < oldest:
             raise SnapshotUnavailable(
                 f"snapshot {snapshot} is older than what is retained (oldest: {oldest})"
                 + (f" ({context})" if context else ""),
                 snapshot=snapshot, oldest=oldest,
             )
+
+    def prune(self) -> int:
+        """Forget, in this replica's state, the parts no served snapshot can see any more: those
+        removed at or below both the retained log (snapshots below it are refused) and cleanup's
+        ``collected`` (their files are gone). So the state, its checkpoints and lookups at older
+        snapshots stay the size of what is live and retained, however long the history."""
+        return self.state.prune(min(self.retained, self.replica.cleanup.collected))
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -242,6 +250,7 @@ class LogTail:
                 if time.monotonic() - last < self.config.tail_check_seconds:
                     continue
                 last = time.monotonic()
+                self.prune()
                 if self.state.applied_count - self._local_at >= self.config.local_checkpoint_every:
                     self.save_local()
                 if self._due():

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after each pass) at most this long
+
 
 class Merges:
     """Merge planning and merge transactions of one replica (``replica.merges``)."""
@@ -84,9 +86,16 @@ class Merges:
                 continue
             try:
                 self.replica.catch_up()  # what another replica merged before we got the lock is seen now
-                for kind, pkey, sources in self.plan_merges(self.replica.table(name)):
-                    if self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome") == "committed":
-                        done += 1
+                # Plan again after merges that committed (writers keep adding parts): a round
+                # that merged once per partition fell behind a few busy writers, and every part
+                # left unmerged costs each later read and merge.
+                budget = time.monotonic() + MERGE_ROUND_SECONDS
+                while not self._stop.is_set():
+                    merged = sum(self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome")
+                                 == "committed" for kind, pkey, sources in self.plan_merges(self.replica.table(name)))
+                    done += merged
+                    if not merged or time.monotonic() > budget:
+                        break
             finally:
                 try:
                     lock.release()

@@ -414,3 +414,47 @@ def test_restart_with_a_damaged_local_snapshot_rebuilds(cluster) -> None:
     r0.start()
     assert r0.r.tail.checkpoints_loaded == 1
     assert part_view(r0.r, "damaged") == before
+
+
+def test_state_forgets_what_no_served_snapshot_sees(cluster) -> None:
+    """Overwrites remove parts; once cleanup collected them and the log is trimmed past their
+    removal, every replica forgets their records (the state does not grow with history), while
+    reads at every retained snapshot, changes from the retained point and a restart from the
+    checkpoint still give the same rows; older reads and changes are refused."""
+    nodes = cluster(2, **SMALL, gc_interval=0, merge_interval=0)
+    c = nodes[0].client()
+    c.create_table("churn", SCHEMA, auto_merge=False)
+    c.create_table("churn_filler", SCHEMA, auto_merge=False)
+    csns = []
+    for i in range(30):  # every overwrite removes the part the one before wrote
+        with c.transaction() as tx:
+            tx.overwrite("churn", id_rows(3, start=10 * i))
+        csns.append(tx.csn)
+    first = csns[0]
+    commit_until(nodes, "churn_filler", lambda: int(tail_of(nodes[0])["retained"]) > csns[-2], "a trim past the overwrites")
+    c.gc(grace_seconds=0)  # collects the removed parts (nothing reads them)
+    for n in nodes:
+        n.r.wait_snapshot(max(m.r.state.applied for m in nodes))
+        n.r.tail.prune()
+    for n in nodes:
+        churn = [r for r in n.r.state.parts.values() if r.meta.table == "churn"]
+        assert len(churn) == 1, (n.r.host_id, len(churn))  # the 29 removed ones are forgotten
+        assert n.r.state.pruned >= csns[-2]
+    latest = sorted(nodes[1].client().read("churn").column("id").to_pylist())
+    assert latest == list(range(290, 293))
+    oldest = max(n.r.tail.retained for n in nodes)
+    assert sorted(c.read("churn", snapshot=max(oldest, csns[-1])).column("id").to_pylist()) == latest
+    with pytest.raises(SnapshotUnavailable, match="older than what is retained"):
+        c.read("churn", snapshot=first)
+    with pytest.raises(SnapshotUnavailable, match="older than what is retained"):
+        c.changes("churn", first)
+    assert c.changes("churn", oldest).num_rows == 0  # nothing touched it since
+    nodes[1].stop()
+    back = Node(nodes[1].config.zk, nodes[1].config.storage_url, nodes[1].config.data_dir, "r1", **SMALL,
+                gc_interval=0, merge_interval=0).start()
+    try:
+        assert sorted(back.client().read("churn").column("id").to_pylist()) == latest
+        back.r.tail.prune()  # its WAL replayed what it had forgotten; the log tail forgets it again
+        assert len([r for r in back.r.state.parts.values() if r.meta.table == "churn"]) == 1
+    finally:
+        back.stop()
