@@ -56,7 +56,7 @@ import pyarrow as pa  # noqa: E402
 from coordinator.catalog import TableDef  # noqa: E402
 from coordinator.model import LogEntry, WalEntry  # noqa: E402
 from coordinator.visibility import is_visible  # noqa: E402
-from parts.format import PartMeta  # noqa: E402
+from parts.meta import PartMeta  # noqa: E402
 from parts.ops import partition_key  # noqa: E402
 from replicas import checkpoint  # noqa: E402
 from replicas.state import ReplicaState  # noqa: E402

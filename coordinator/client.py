@@ -26,7 +26,8 @@ from coordinator.model import CommitStatus, Compact, Insert, Mutate, Overwrite, 
 from coordinator.rpc import RpcClient
 from coordinator.versions import Tid
 from parts import rewrite
-from parts.format import PartMeta, write_part
+from parts.format import write_part
+from parts.meta import PartMeta
 from parts.ops import (
     _json_scalar,
     assignments,

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
 from parts import ops
-from parts.meta import PartMeta, sidecar_path  # noqa: F401 - importers of the part format get both
+from parts.meta import PartMeta
 from parts.storage import Storage
 
 COMPRESSION = "zstd"

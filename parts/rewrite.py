@@ -17,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.model import Compact, Mutate
-from parts.format import PartMeta, read_part, write_part
+from parts.format import read_part, write_part
+from parts.meta import PartMeta
 from parts.ops import (
     apply_delete,
     apply_update,

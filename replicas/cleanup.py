@@ -44,7 +44,7 @@ from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
 from coordinator.zkrecipes import cas_update
-from parts.format import PartMeta, sidecar_path
+from parts.meta import PartMeta, sidecar_path
 from parts.storage import is_temp_file
 
 if TYPE_CHECKING:

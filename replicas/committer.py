@@ -65,7 +65,7 @@ from coordinator.model import (
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import csn_of, epoch_full
 from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved
-from parts.format import PartMeta, sidecar_path
+from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
 from replicas.transactions import Effect, RunningTxn

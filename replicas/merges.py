@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from coordinator.catalog import TableDef
 from coordinator.errors import ConflictError, MergetxnError
 from coordinator.model import TxnState
-from parts.format import PartMeta
+from parts.meta import PartMeta
 
 if TYPE_CHECKING:
     from replicas.replica import Replica

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import CommitStatus, StagedOp, TxnState, WalStaged, op_from_dict
 from coordinator.versions import Tid, local_counter
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.cleanup import MIN_GRACE
 from replicas.transactions import RunningTxn

@@ -47,7 +47,7 @@ from coordinator.model import (
 )
 from coordinator.versions import check_host_id, split_csn
 from coordinator.zklog import CsnLog, PollHandler
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from parts.storage import Storage
 from replicas import checkpoint
 from replicas.cleanup import Cleanup

@@ -20,7 +20,7 @@ from coordinator.conflicts import Kind, Summary
 from coordinator.errors import CorruptMetadata
 from coordinator.model import Change, LogEntry
 from coordinator.visibility import is_visible
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.checkpoint import no_gc
 

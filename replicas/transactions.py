@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from coordinator.conflicts import Kind, Summary
 from coordinator.model import Change, StagedOp, TxnState
 from coordinator.versions import Tid
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from parts.ops import partition_key
 
 

@@ -45,7 +45,8 @@ from pyspark.sql.types import StructType
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable
-from parts.format import PartMeta, read_part, write_part
+from parts.format import read_part, write_part
+from parts.meta import PartMeta
 from parts.ops import conform, may_match, split_by_partition
 from parts.storage import Storage
 

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from parts.ops import (
     assignments,
     check_expression,

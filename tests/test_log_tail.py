@@ -27,7 +27,8 @@ from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.model import Insert, LogEntry, WalBase, WalEntry
 from coordinator.versions import split_csn
-from parts.format import PartMeta, new_part_name
+from parts.format import new_part_name
+from parts.meta import PartMeta
 from replicas import checkpoint
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer

@@ -13,7 +13,8 @@ import pytest
 
 from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
 from parts import ops
-from parts.format import PartMeta, new_part_name, read_meta, read_part, write_part
+from parts.format import new_part_name, read_meta, read_part, write_part
+from parts.meta import PartMeta
 from parts.storage import Storage, is_temp_file
 
 SCHEMA = pa.schema(

@@ -42,7 +42,7 @@ from coordinator.versions import (
     split_csn,
 )
 from coordinator.visibility import is_visible
-from parts.format import PartMeta
+from parts.meta import PartMeta
 from replicas.state import ReplicaState
 
 # =============================================================================================

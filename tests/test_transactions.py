@@ -25,7 +25,8 @@ from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput, TransactionAborted
 from coordinator.versions import EPOCH_STRIDE, split_csn
 from coordinator.zkserver import ZooKeeperServer
-from parts.format import PartMeta, write_part
+from parts.format import write_part
+from parts.meta import PartMeta
 
 pytestmark = pytest.mark.zk
 
