@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pytest
 from kazoo.client import KazooClient
 from support.data import ID_V, id_rows  # tests/ is on sys.path
+from support.waiting import wait_until
 
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
@@ -434,13 +435,13 @@ def test_state_forgets_what_no_served_snapshot_sees(cluster) -> None:
     first = csns[0]
     commit_until(nodes, "churn_filler", lambda: int(tail_of(nodes[0])["retained"]) > csns[-2], "a trim past the overwrites")
     c.gc(grace_seconds=0)  # collects the removed parts (nothing reads them)
-    for n in nodes:
+    for n in nodes:  # each replica learns the collected CSN and the retained log by watches
         n.r.wait_snapshot(max(m.r.state.applied for m in nodes))
-        n.r.tail.prune()
+        wait_until(lambda n=n: n.r.tail.prune() >= 0 and n.r.state.pruned >= csns[-2], 30,
+                   f"replica {n.r.host_id} to forget what cleanup collected")
     for n in nodes:
         churn = [r for r in n.r.state.parts.values() if r.meta.table == "churn"]
         assert len(churn) == 1, (n.r.host_id, len(churn))  # the 29 removed ones are forgotten
-        assert n.r.state.pruned >= csns[-2]
     latest = sorted(nodes[1].client().read("churn").column("id").to_pylist())
     assert latest == list(range(290, 293))
     oldest = max(n.r.tail.retained for n in nodes)
