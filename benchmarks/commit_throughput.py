@@ -489,7 +489,7 @@ def bench_mergetxn(workdir: Path, zk_address: str, zk_pid: int | None, replicas:
                    cases: list[tuple[str, str, int, bool]], warmup: float, seconds: float,
                    log: Callable[[str], None]) -> dict:
     """``cases``: (result name, worker kind, writers, spread over replicas)."""
-    from coordinator.cluster import LocalCluster
+    from mergetxn.cluster import LocalCluster
 
     out = {}
     with LocalCluster(workdir, replicas=replicas, zk_address=zk_address, root=root) as cluster:
@@ -682,7 +682,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
     import replicas.state
     import replicas.wal
     from coordinator.client import Client
-    from coordinator.zkserver import ZooKeeperServer
+    from mergetxn.zkserver import ZooKeeperServer
     from replicas.replica import Replica, ReplicaConfig
     from replicas.server import ReplicaServer
 
@@ -869,7 +869,7 @@ def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> N
     On this VM the first minute or two of load after an idle spell runs slow (every case of a
     first round, the raw ZooKeeper ones included, 10-40 % below the same case minutes later),
     which made a first round's ratios say more about the machine than about the code."""
-    from coordinator.zkserver import ZooKeeperServer
+    from mergetxn.zkserver import ZooKeeperServer
 
     log(f"warming the machine up ({seconds:g} s of unmeasured 4-writer mergetxn inserts)")
     zk = ZooKeeperServer(work / "zookeeper")
@@ -885,7 +885,7 @@ def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> N
 def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
     """Every group once, each ZooKeeper group on a fresh ZooKeeper server: the raw cases leave
     ~80,000 znodes (40 MB) behind, whose heap and snapshots would slow whatever ran after them."""
-    from coordinator.zkserver import ZooKeeperServer
+    from mergetxn.zkserver import ZooKeeperServer
 
     results: dict[str, dict] = {}
 

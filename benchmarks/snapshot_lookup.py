@@ -249,7 +249,7 @@ def bench_restart(lengths: list[int], workdir: Path, tail: int = 5000) -> list[d
     from kazoo.client import KazooClient
 
     from coordinator.zklog import CsnLog
-    from coordinator.zkserver import ZooKeeperServer
+    from mergetxn.zkserver import ZooKeeperServer
     from replicas.replica import Replica, ReplicaConfig
     from replicas.wal import Wal
 

@@ -15,14 +15,14 @@ from coordinator.versions import Tid
 
 if TYPE_CHECKING:
     from coordinator.client import Client, CommitStatus, Transaction, connect
-    from coordinator.cluster import LocalCluster
+    from mergetxn.cluster import LocalCluster
 
 _LAZY = {
     "Client": "coordinator.client",
     "CommitStatus": "coordinator.client",
     "Transaction": "coordinator.client",
     "connect": "coordinator.client",
-    "LocalCluster": "coordinator.cluster",
+    "LocalCluster": "mergetxn.cluster",
 }
 
 __all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "errors"]

@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 from support.zk import kazoo, new_chroot  # tests/ is on sys.path
 
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 
 # =============================================================================================
 # ZooKeeper

@@ -29,7 +29,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.versions import csn_of, split_csn
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 
@@ -406,7 +406,7 @@ def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.Loc
     2), never "created"; looking it up says the same, and it exists once an operator repairs the node."""
     from click.testing import CliRunner
 
-    from coordinator.cli import cli
+    from mergetxn.cli import cli
 
     cluster, address = poisoned
     c0 = cluster.client(0)

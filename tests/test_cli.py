@@ -28,10 +28,10 @@ from support.data import sorted_rows
 from support.zk import kazoo
 
 from coordinator import LocalCluster, connect
-from coordinator.cli import cli, parse_schema
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.cli import cli, parse_schema
+from mergetxn.zkserver import ZooKeeperServer
 from replicas.server import SWITCH_INTERVAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -356,7 +356,7 @@ def test_replica_server_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]
 
 def cli_argv(*args: str) -> list[str]:
     exe = ROOT / ".venv" / "bin" / "mergetxn"
-    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "coordinator.cli"]
+    base = [str(exe)] if exe.exists() else [sys.executable, "-m", "mergetxn.cli"]
     return [*base, *map(str, args)]
 
 
@@ -508,7 +508,7 @@ def test_quickstart_reports_a_wrong_outcome(
     are skipped, and the cluster is still stopped."""
     from rich.console import Console
 
-    from coordinator import quickstart
+    from mergetxn import quickstart
 
     def wrong(self: quickstart.Workload) -> str:
         raise quickstart.StepFailed("B's UPDATE committed; it should have lost to A")

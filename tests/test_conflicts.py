@@ -27,7 +27,7 @@ from support.waiting import poll
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, ConflictKind
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 

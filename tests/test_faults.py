@@ -35,11 +35,11 @@ from support.zk import kazoo, make_chroot
 from zkproxy import ZkProxy  # tests/ is on sys.path (rootdir-relative test modules)
 
 from coordinator.client import Client, Transaction
-from coordinator.cluster import LocalCluster
 from coordinator.errors import MergetxnError, ReplicaUnavailable, TransactionAborted
 from coordinator.model import ManifestPointer, decode_log_node
 from coordinator.zklog import CsnLog
-from coordinator.zkserver import ZooKeeperEnsemble, ZooKeeperServer
+from mergetxn.cluster import LocalCluster
+from mergetxn.zkserver import ZooKeeperEnsemble, ZooKeeperServer
 from parts.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer

@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("coordinator", "parts", "replicas", "spark")
+PACKAGES = ("coordinator", "mergetxn", "parts", "replicas", "spark")
 
 
 def module_graph() -> dict[str, set[str]]:

@@ -29,10 +29,10 @@ from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.catalog import TableDef
-from coordinator.cli import cli
 from coordinator.errors import InvalidInput, SnapshotUnavailable, TableNotFound
 from coordinator.model import Insert, Truncate
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.cli import cli
+from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.ops import partition_key
 from parts.storage import Storage

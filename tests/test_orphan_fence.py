@@ -27,7 +27,7 @@ from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.errors import TransactionAborted
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.storage import Storage
 

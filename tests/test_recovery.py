@@ -20,7 +20,7 @@ import coordinator
 from coordinator.client import Client
 from coordinator.model import WalEntry
 from coordinator.versions import COUNTER_STRIDE
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk

@@ -24,7 +24,7 @@ import coordinator
 from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput, TransactionAborted
 from coordinator.versions import EPOCH_STRIDE, split_csn
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.meta import PartMeta
 

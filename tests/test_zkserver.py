@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, SessionExpiredError
 from kazoo.retry import KazooRetry
 
-from coordinator.zkserver import (
+from mergetxn.zkserver import (
     ExternalZooKeeper,
     ZooKeeperEnsemble,
     ZooKeeperServer,
@@ -240,7 +240,7 @@ def test_server_dies_with_its_python_parent(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from coordinator.zkserver import ZooKeeperServer
+        from mergetxn.zkserver import ZooKeeperServer
         s = ZooKeeperServer({str(tmp_path / "zk")!r})
         s.start()
         print(s.pid, s.port, flush=True)

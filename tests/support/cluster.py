@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from coordinator.cluster import LocalCluster
-from coordinator.zkserver import ZooKeeperServer
+from mergetxn.cluster import LocalCluster
+from mergetxn.zkserver import ZooKeeperServer
 from support.zk import new_chroot
 
 

@@ -36,8 +36,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator.client import Client
-from coordinator.cluster import LocalCluster
 from coordinator.errors import ConflictError, InvalidInput, MergetxnError
+from mergetxn.cluster import LocalCluster
 
 REPLICAS = 3
 WRITER_COMMITS = 25  # per writer

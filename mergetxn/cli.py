@@ -377,7 +377,7 @@ def zk_start(directory: Path, port: int | None) -> None:
 
     Prints its address; Ctrl-C or SIGTERM stops it cleanly.
     """
-    from coordinator.zkserver import ZooKeeperServer
+    from mergetxn.zkserver import ZooKeeperServer
 
     server = ZooKeeperServer(directory, port=port or None)
     out = console()
@@ -774,7 +774,7 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
     transactions, conflicts, rebased retries, multi-table commits, snapshot reads, time travel
     and a Spark job writing two tables in one transaction, print a summary, and stop everything.
     Exit code 0 only if every step behaved."""
-    from coordinator.quickstart import run
+    from mergetxn.quickstart import run
 
     raise SystemExit(run(workdir, keep, console()))
 

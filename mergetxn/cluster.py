@@ -13,7 +13,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, ReplicaUnavailable
-from coordinator.zkserver import start_zookeeper
+from mergetxn.zkserver import start_zookeeper
 
 
 class LocalCluster:

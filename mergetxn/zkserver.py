@@ -868,7 +868,7 @@ def start_zookeeper(workdir: Path | str, address: str | None = None) -> ZooKeepe
 
 
 def _main(argv: list[str] | None = None) -> int:
-    """``python -m coordinator.zkserver [workdir] [port]``: run a standalone server until
+    """``python -m mergetxn.zkserver [workdir] [port]``: run a standalone server until
     Ctrl-C (handy for poking at it with zkCli or kazoo)."""
     args = sys.argv[1:] if argv is None else argv
     workdir = Path(args[0]) if args else Path(".mergetxn") / "zookeeper"
