@@ -202,11 +202,11 @@ class History:
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
         first = start if by == "id" else self.state.csn_at_time(start)
-        if self.replica.tail is not None:  # commits below the retained log are forgotten here
-            try:
-                self.replica.tail.check_snapshot(first, f"changes of {table!r} from {start} by {by}")
-            except SnapshotUnavailable as exc:
-                raise SnapshotUnavailable(exc.message, table=table, start=start, **exc.details) from None
+        if first < self.state.pruned:  # changes come from the state, which forgot what is below
+            raise SnapshotUnavailable(
+                f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "
+                f"at or below CSN {self.state.pruned} are forgotten (the log is trimmed and cleanup "
+                "collected their parts)", table=table, start=start, retained_from=self.state.pruned)
         commits = self._commits(table, start, end, by)
         lease_id = None
         if commits:  # keeps what they read in use until the client has read it
