@@ -240,6 +240,15 @@ class CsnLog:
         except NoNodeError:
             return None
 
+    def last_csn(self) -> int:
+        """CSN of the newest entry in the log now (0 if none): the last of the newest epoch that
+        holds any (a freshly opened epoch is empty). Call after a ``sync`` to see the leader's."""
+        for epoch in reversed(self.epochs()[-2:]):
+            seqs = self.list_seqs(epoch)
+            if seqs:
+                return csn_of(epoch, seqs[-1])
+        return 0
+
     def list_seqs(self, epoch: int) -> list[int]:
         try:
             names = self.zk.retry(self.zk.get_children, self.epoch_path(epoch))

@@ -311,9 +311,16 @@ class Replica:
             )
 
     def catch_up(self) -> None:
-        """Apply everything committed up to now (sync, then pull) before deciding."""
+        """Apply everything committed up to now before deciding (cleanup's orphan fence relies on
+        it: every commit that happened before the fence moved must be seen). A pull alone is not
+        enough: it stops where this replica's own commit is in flight, and entries of other
+        replicas may lie beyond; so wait until the last entry ZooKeeper holds now is applied."""
         self.zk.sync(self.log.path("log"))
         self.follower.pull()
+        end = self.log.last_csn()
+        if not self.state.wait_applied(end, self.config.read_wait_seconds) and self.state.failure is None:
+            raise ReplicaUnavailable(f"replica {self.host_id} did not apply the log up to CSN {end} "
+                                     f"in {self.config.read_wait_seconds:g}s (applied: {self.state.applied})")
         if self.state.failure is not None:
             raise self.state.failure
 

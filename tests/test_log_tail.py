@@ -460,3 +460,24 @@ def test_state_forgets_what_no_served_snapshot_sees(cluster) -> None:
         assert len([r for r in back.r.state.parts.values() if r.meta.table == "churn"]) == 1
     finally:
         back.stop()
+
+
+def test_catch_up_sees_other_replicas_commits_beyond_a_local_commit_in_flight(cluster) -> None:
+    """Cleanup's orphan fence needs every commit made before the fence moved to be applied when
+    it decides. A pull stops where this replica's own commit is in flight (it hands its entry over
+    itself), so entries of other replicas beyond it used to be left out: catch_up now waits until
+    the newest entry ZooKeeper holds is applied."""
+    a, b = cluster(2, **SMALL, gc_interval=0, merge_interval=0)
+    b.client().create_table("inflight", SCHEMA, auto_merge=False)
+    a.r.wait_snapshot(b.r.state.applied)
+    a.r.follower._idle.clear()  # as during a local commit multi on replica a
+    seen: list[int] = []
+    try:
+        csn = meta_commit(b.r, "inflight")  # another replica's commit, in ZooKeeper now
+        caller = threading.Thread(target=lambda: (a.r.catch_up(), seen.append(a.r.state.applied)))
+        caller.start()
+        caller.join(0.5)  # a catch_up that does not wait has long returned by now
+    finally:
+        a.r.follower._idle.set()  # the local commit handed its entry over
+    caller.join(30)
+    assert seen and seen[0] >= csn, f"catch_up returned at CSN {seen} before applying {csn}"
