@@ -14,12 +14,14 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
     replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
     fence                      the orphan fence (coordinator/fence.py): files cleanup condemned
                                and has not confirmed deleted; every commit multi checks its version
+    gc                         cleanup's watermark (replicas/cleanup.py); gc/lock: one pass at a time
+    leaders/<table>            kazoo Lock: the one replica that merges a table (replicas/merges.py)
+    locks/trim                 kazoo Lock: the one replica that checkpoints and trims
     checkpoint                 the log tail (replicas/checkpoint.py): {"csn": C, "path": P,
                                "trimmed_epoch": E, "retained": M}: the state up to CSN C is in
                                the checkpoint file P in storage; epochs <= E may be gone (whole
                                sealed epochs only, all their entries <= C); snapshots < M are
                                no longer served
-    locks/trim                 kazoo Lock: the one replica that writes checkpoints and trims
 
 The commit point is one multi: ``check(fence, version=f)`` (see coordinator/fence.py),
 ``set_data(target, version=v)`` (or ``create``) for each target
@@ -93,6 +95,36 @@ class CsnLog:
 
     def tail_path(self) -> str:
         return self.path("checkpoint")
+
+    def log_path(self) -> str:
+        return self.path("log")
+
+    def table_path(self, table: str) -> str:
+        return self.path("tables", table)
+
+    def replicas_path(self) -> str:
+        return self.path("replicas")
+
+    def replica_path(self, host: str) -> str:
+        return self.path("replicas", host)
+
+    def alive_path(self, host: str) -> str:
+        return self.path("replicas", host, "alive")
+
+    def gc_path(self) -> str:
+        return self.path("gc")
+
+    def gc_lock_path(self) -> str:
+        return self.path("gc", "lock")
+
+    def fence_path(self) -> str:
+        return self.path("fence")
+
+    def leaders_path(self, table: str | None = None) -> str:
+        return self.path("leaders") if table is None else self.path("leaders", table)
+
+    def trim_lock_path(self) -> str:
+        return self.path("locks", "trim")
 
     # -- the log tail (written by replicas/checkpoint.py) -----------------------------------
     def read_tail(self, watch: Callable[..., object] | None = None) -> tuple[dict | None, int]:
@@ -204,7 +236,7 @@ class CsnLog:
         epoch = self.current_epoch()
         t = self.zk.transaction()
         if fence is not None:
-            t.check(self.path("fence"), fence)
+            t.check(self.fence_path(), fence)
         for key, version in sorted(expected.items()):
             path = self.target_path(key)
             if version is None:

@@ -43,11 +43,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from kazoo.exceptions import NoNodeError
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
+from coordinator.alive import read_alive
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
-from coordinator.model import AliveRecord, WalBase, WalEntry, WalRecord, WalStaged
+from coordinator.model import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.versions import csn_of
 from coordinator.zklog import encode_tail
 
@@ -194,7 +194,7 @@ class LogTail:
         from kazoo.recipe.watchers import DataWatch
 
         DataWatch(self.zk, self.log.tail_path(), self._on_tail)
-        self._lock = self.zk.Lock(self.log.path("locks", "trim"), identifier=self.replica.host_id)
+        self._lock = self.zk.Lock(self.log.trim_lock_path(), identifier=self.replica.host_id)
         self._thread.start()
 
     def stop(self) -> None:
@@ -347,15 +347,9 @@ class LogTail:
     def floor(self) -> int:
         """Lowest applied CSN or running snapshot over the live replicas, this one included."""
         floor = self.replica.transactions.min_needed()
-        root = self.log.path("replicas")
-        for host in self.zk.retry(self.zk.get_children, root):
+        for host, rec in read_alive(self.zk, self.log).items():
             if host == self.replica.host_id:
-                continue
-            try:
-                data, _ = self.zk.retry(self.zk.get, f"{root}/{host}/alive")
-            except NoNodeError:
-                continue  # not alive: it rebuilds from the checkpoint when it comes back
-            rec = AliveRecord.decode(data)
+                continue  # this replica: min_needed() above, computed now (replicas that are not alive rebuild from the checkpoint)
             if rec.malformed:
                 return 0  # cannot tell what it needs: trim nothing
             oldest = rec.oldest_txn_snapshot

@@ -32,8 +32,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import NodeExistsError
 
+from coordinator.alive import read_alive
 from coordinator.errors import (
     CorruptMetadata,
     InvalidInput,
@@ -98,7 +99,7 @@ class Cleanup:
     # -- the watermark node ----------------------------------------------------------------------
     @property
     def gc_path(self) -> str:
-        return self.replica.log.path("gc")
+        return self.replica.log.gc_path()
 
     def start(self) -> None:
         zk = self.replica.zk
@@ -196,7 +197,7 @@ class Cleanup:
         ``young_orphans`` counts the unreferenced files younger than the grace period; without
         ``detail`` (background passes) they are not listed one by one in ``kept``."""
         zk = self.replica.zk
-        lock = zk.Lock(self.gc_path + "/lock", identifier=self.replica.host_id)
+        lock = zk.Lock(self.replica.log.gc_lock_path(), identifier=self.replica.host_id)
         if not lock.acquire(blocking=wait, timeout=60 if wait else None):
             if wait:
                 raise ReplicaUnavailable("another cleanup pass held the cleanup lock for 60s")
@@ -214,14 +215,7 @@ class Cleanup:
     def alive(self) -> dict[str, AliveRecord]:
         """Alive replicas' published records (a malformed one keeps everything: its
         ``oldest_snapshot`` is 0); this replica's own computed now."""
-        zk = self.replica.zk
-        out: dict[str, AliveRecord] = {}
-        for host in zk.retry(zk.get_children, self.replica.log.path("replicas")):
-            try:
-                data, _ = zk.retry(zk.get, self.replica.log.path("replicas", host, "alive"))
-            except NoNodeError:
-                continue
-            out[host] = AliveRecord.decode(data)
+        out = read_alive(self.replica.zk, self.replica.log)
         out[self.replica.host_id] = self.replica.alive_record()
         return out
 

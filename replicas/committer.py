@@ -215,7 +215,7 @@ class Committer:
                 with attempt:
                     epoch = self.log.current_epoch()
                     t = zk.transaction()
-                    t.create(self.log.path("tables", tdef.name), jsonwire.dumps(tdef.to_dict(), sort_keys=True))
+                    t.create(self.log.table_path(tdef.name), jsonwire.dumps(tdef.to_dict(), sort_keys=True))
                     t.create(self.log.target_path(tdef.name), b"")
                     t.check(self.log.epoch_path(epoch), 0)
                     t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
@@ -424,7 +424,7 @@ class Committer:
             with attempt:
                 if not zk.connected:
                     raise ConnectionLoss("waiting for ZooKeeper")
-                zk.sync(self.log.path("log"))
+                zk.sync(self.log.log_path())
                 self.replica.follower.pull()
         csn = self.state.tid_csn.get(tid)
         if csn is None and self.replica._session_lost.is_set():

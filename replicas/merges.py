@@ -42,7 +42,7 @@ class Merges:
 
     def start(self) -> None:
         zk = self.replica.zk
-        zk.retry(zk.ensure_path, self.replica.log.path("leaders"))
+        zk.retry(zk.ensure_path, self.replica.log.leaders_path())
 
     def background_round(self, now: float) -> None:
         """The maintenance thread's turn: a merge round every ``merge_interval`` seconds."""
@@ -80,7 +80,7 @@ class Merges:
                 continue
             lock = self._locks.get(name)
             if lock is None:
-                lock = self._locks[name] = self.replica.zk.Lock(self.replica.log.path("leaders", name),
+                lock = self._locks[name] = self.replica.zk.Lock(self.replica.log.leaders_path(name),
                                                                 identifier=self.replica.host_id)
             if not lock.acquire(blocking=False):
                 continue

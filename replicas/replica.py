@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
 
+from coordinator.alive import AliveNode
 from coordinator.catalog import TableDef
 from coordinator.errors import (
     CorruptMetadata,
@@ -83,7 +83,7 @@ class Replica:
             handler=PollHandler(),
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
-        self.fence = OrphanFence(self.zk, self.log.path("fence"), config.host_id)
+        self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
         self.wal: Wal | None = None
         self.follower: Follower | None = None
         self.committer = None
@@ -93,7 +93,7 @@ class Replica:
         self.merges = Merges(self, self._stop)
         self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
-        self._alive_published: bytes | None = None
+        self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
 
@@ -173,16 +173,11 @@ class Replica:
 
     def _register(self) -> None:
         """Bump this host's incarnation (tids stay unique across restarts) and say we are alive."""
-        node = self.log.path("replicas", self.host_id)
+        node = self.log.replica_path(self.host_id)
         self.zk.retry(self.zk.ensure_path, node)
         stat = self.zk.retry(self.zk.set, node, json.dumps({"host_id": self.host_id}).encode())
         self.incarnation = stat.version
-        self._publish_alive()
-
-    def _alive_data(self) -> bytes:
-        """What replicas/<host>/alive says: where we are, and (for trimming the log tail and for
-        cleanup) the applied CSN and the oldest snapshot a running transaction here uses."""
-        return self.alive_record().encode()
+        self.alive.publish()
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
@@ -195,31 +190,11 @@ class Replica:
 
     def refresh_alive(self) -> None:
         """Republish the alive node when what it says changed (the log-tail thread, each tick)."""
-        data = self._alive_data()
-        if data == self._alive_published:
-            return
-        try:
-            self.zk.retry(self.zk.set, self.log.path("replicas", self.host_id, "alive"), data)
-            self._alive_published = data
-        except NoNodeError:
-            self._publish_alive()
-
-    def _publish_alive(self) -> None:
-        node = self.log.path("replicas", self.host_id, "alive")
-        data = self._alive_data()
-        self._alive_published = data
-        try:
-            self.zk.retry(self.zk.create, node, data, ephemeral=True)
-        except NodeExistsError:
-            try:
-                self.zk.retry(self.zk.delete, node)
-            except NoNodeError:
-                pass
-            self.zk.retry(self.zk.create, node, data, ephemeral=True)
+        self.alive.refresh()
 
     def set_address(self, address: str) -> None:
         self.address = address
-        self._publish_alive()
+        self.alive.publish()
 
     def _on_zk_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
@@ -240,7 +215,7 @@ class Replica:
 
     def _after_new_session(self) -> None:
         try:
-            self._publish_alive()
+            self.alive.publish()
         except Exception as exc:  # pragma: no cover - retried on the next session event
             log.warning("could not re-register after a new session: %r", exc)
 
@@ -315,7 +290,7 @@ class Replica:
         it: every commit that happened before the fence moved must be seen). A pull alone is not
         enough: it stops where this replica's own commit is in flight, and entries of other
         replicas may lie beyond; so wait until the last entry ZooKeeper holds now is applied."""
-        self.zk.sync(self.log.path("log"))
+        self.zk.sync(self.log.log_path())
         self.follower.pull()
         end = self.log.last_csn()
         if not self.state.wait_applied(end, self.config.read_wait_seconds) and self.state.failure is None:
@@ -327,7 +302,7 @@ class Replica:
     def _synced_fetch(self, epoch: int, seq: int) -> bytes | None:
         """Fetch an entry after a ``sync``: the ZooKeeper member this session talks to may lag
         the leader (an ensemble), so a commit made through another member can look missing."""
-        self.zk.sync(self.log.path("log"))
+        self.zk.sync(self.log.log_path())
         return self.log.fetch(epoch, seq)
 
     def resolve_snapshot(self, snapshot: int | None, as_of: float | None) -> int:
@@ -355,7 +330,7 @@ class Replica:
             from parts.ops import validate_name
 
             validate_name("table", name)
-            if self.state.table(name) is None and self.zk.exists(self.log.path("tables", name)):
+            if self.state.table(name) is None and self.zk.exists(self.log.table_path(name)):
                 # Created through another replica and not applied here yet: wait for the follower
                 # to apply it, so that a table that exists is never reported unknown. (Not a
                 # pull() of our own: that runs for as long as commits keep coming.)
