@@ -46,7 +46,7 @@ import pyarrow as pa
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from coordinator.alive import read_alive
-from coordinator.errors import CorruptMetadata, SnapshotUnavailable
+from coordinator.errors import CorruptMetadata
 from coordinator.model import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.versions import csn_of
 from coordinator.zklog import encode_tail
@@ -219,17 +219,6 @@ class LogTail:
     def retained(self) -> int:
         tail = self.tail
         return int(tail.get("retained", 0)) if tail else 0
-
-    def check_snapshot(self, snapshot: int, context: str = "") -> None:
-        """SnapshotUnavailable when ``snapshot`` is older than what the cluster retains (the log
-        tail, or what this replica's state has forgotten: see :meth:`prune`)."""
-        oldest = max(self.retained, self.state.pruned)
-        if snapshot < oldest:
-            raise SnapshotUnavailable(
-                f"snapshot {snapshot} is older than what is retained (oldest: {oldest})"
-                + (f" ({context})" if context else ""),
-                snapshot=snapshot, oldest=oldest,
-            )
 
     def prune(self) -> int:
         """Forget, in this replica's state, the parts no served snapshot can see any more: those

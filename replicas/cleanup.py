@@ -39,13 +39,12 @@ from coordinator.errors import (
     CorruptMetadata,
     InvalidInput,
     ReplicaUnavailable,
-    SnapshotUnavailable,
 )
 from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
 from coordinator.zkrecipes import cas_update
-from parts.meta import PartMeta, sidecar_path
+from parts.meta import sidecar_path
 from parts.storage import is_temp_file
 
 if TYPE_CHECKING:
@@ -148,36 +147,6 @@ class Cleanup:
             return json.dumps({**new, "by": self.replica.host_id, "time": time.time()}).encode()
 
         return self._set_gc_node(cas_update(self.replica.zk, self.gc_path, change))
-
-    # -- retention -----------------------------------------------------------------------------
-    def ensure_applied_watermark(self) -> None:
-        """A replica behind the watermark (restarted from an old WAL) would not know which parts
-        are gone: catch up to it before serving a snapshot."""
-        w = self.watermark
-        if w <= self.state.applied:
-            return
-        self.replica.follower.poke()
-        if not self.state.wait_applied(w, self.config.read_wait_seconds) or self.state.applied < w:
-            if self.state.failure is not None:
-                raise self.state.failure
-            raise ReplicaUnavailable(f"replica {self.replica.host_id} has not applied the cleanup watermark "
-                                     f"{w} yet (applied: {self.state.applied})")
-
-    def check_retained(self, table: str, snapshot: int, metas: list[PartMeta], fresh: bool = False) -> None:
-        """SnapshotUnavailable when a part visible at ``snapshot`` was removed at or below the
-        watermark: cleanup may have deleted its file. Nothing to check at newer snapshots."""
-        w = self.refresh_watermark() if fresh else self.watermark
-        if snapshot >= w:
-            return
-        parts = self.state.parts
-        for m in metas:
-            rec = parts.get(m.name)
-            if rec is not None and rec.removal_csn is not None and rec.removal_csn <= w:
-                raise SnapshotUnavailable(
-                    f"snapshot {snapshot} of table {table!r} is older than retained: cleanup collected parts "
-                    f"removed at or before CSN {w} (part {m.name}, removed at CSN {rec.removal_csn})",
-                    snapshot=snapshot, table=table, retained_from=w,
-                )
 
     # -- cleanup ---------------------------------------------------------------------------------
     def background_pass(self, now: float) -> None:

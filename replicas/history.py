@@ -181,8 +181,7 @@ class History:
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
         tdef = self.replica.table(table)
-        cleanup = self.replica.cleanup
-        cleanup.ensure_applied_watermark()
+        self.replica.retention.ensure_applied()
         if by == "id":
             for what, v in (("start", start), ("end", end)):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -202,26 +201,17 @@ class History:
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
         first = start if by == "id" else self.state.csn_at_time(start)
-        if first < self.state.pruned:  # changes come from the state, which forgot what is below
-            raise SnapshotUnavailable(
-                f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "
-                f"at or below CSN {self.state.pruned} are forgotten (the log is trimmed and cleanup "
-                "collected their parts)", table=table, start=start, retained_from=self.state.pruned)
         commits = self._commits(table, start, end, by)
         lease_id = None
         if commits:  # keeps what they read in use until the client has read it
             lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease)[1]
-        w = cleanup.refresh_watermark() if fresh else cleanup.watermark
-        gone = [m for c in commits for m in c["added"] + c["removed"]
-                if (r := self.state.parts.get(m.name)) is not None and r.removal_csn is not None and r.removal_csn <= w]
-        if gone:
+        try:
+            self.replica.retention.check_changes(table, start, end, by, first,
+                                                 [m for c in commits for m in c["added"] + c["removed"]], fresh)
+        except SnapshotUnavailable:
             if lease_id is not None:
                 self.replica.leases.release(lease_id)
-            raise SnapshotUnavailable(
-                f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
-                f"retained: cleanup collected {len(gone)} part(s) they need (parts removed at or before CSN {w}, "
-                f"e.g. {gone[0].name})", table=table, start=start, end=end, retained_from=w,
-            )
+            raise
         rows = []
         for c in commits:
             for m in c["removed"]:

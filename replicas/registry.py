@@ -76,7 +76,7 @@ class Transactions:
         # for the session to come back, at most as long as the session could still be alive.
         if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
-        self.replica.cleanup.ensure_applied_watermark()  # never a snapshot whose parts cleanup took
+        self.replica.retention.ensure_applied()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
             now = time.monotonic()
             while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX

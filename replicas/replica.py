@@ -22,7 +22,6 @@ import logging
 import sys
 import threading
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
@@ -56,6 +55,7 @@ from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
 from replicas.registry import Transactions
+from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
 from replicas.wal import Wal
@@ -93,6 +93,7 @@ class Replica:
         self.merges = Merges(self, self._stop)
         self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
+        self.retention = Retention(self)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
@@ -310,14 +311,12 @@ class Replica:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
             snap = self.state.csn_at_time(float(as_of))
-            if self.tail is not None:
-                when = datetime.fromtimestamp(float(as_of), UTC).isoformat()
-                self.tail.check_snapshot(snap, f"the last data-changing commit at or before as_of {when}")
+            self.retention.check_as_of(snap, as_of)
             return snap
         if snapshot is None:
             return self.state.applied
-        if self.tail is not None and isinstance(snapshot, int):
-            self.tail.check_snapshot(snapshot)  # reads below the retained log are refused
+        if isinstance(snapshot, int):
+            self.retention.check(snapshot)  # refused below what is retained
         self.wait_snapshot(snapshot)
         return snapshot
 
@@ -367,7 +366,7 @@ class Replica:
         the watched copy); nothing stays leased when this fails."""
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
-        self.cleanup.ensure_applied_watermark()
+        self.retention.ensure_applied()
         if snapshot is None and as_of is None:
             snap, lease_id = self.leases.lease(None, lease)
         else:
@@ -375,7 +374,7 @@ class Replica:
         try:
             self.table(table, snap)
             metas = self.state.visible(table, snap, pkeys=pkeys)
-            self.cleanup.check_retained(table, snap, metas, fresh)
+            self.retention.check(snap, table, metas, fresh)
         except BaseException:
             if lease_id is not None:
                 self.leases.release(lease_id)
