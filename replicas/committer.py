@@ -197,11 +197,20 @@ class Committer:
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
 
-    def _retrying(self) -> Retrying:
+    def _retrying(self, after_local_miss: bool = False) -> Retrying:
+        """The one retry policy of a commit: a batch (or a table creation) is decided again after
+        a version miss or when it needs more target versions, up to 500 times or 2 minutes, with a
+        short random wait (none after a refused first attempt on local versions: it reads them
+        from ZooKeeper next, which is wait enough)."""
+
+        def wait(retry_state) -> float:
+            exc = retry_state.outcome.exception()
+            return 0.0 if after_local_miss and isinstance(exc, _LocalMiss) else random.uniform(0, RETRY_WAIT)
+
         return Retrying(
             retry=retry_if_exception_type((VersionMoved, NeedKeys)),
             stop=stop_after_attempt(500) | stop_after_delay(120),
-            wait=wait_random(0, RETRY_WAIT),
+            wait=wait,
             reraise=True,
         )
 
@@ -253,21 +262,22 @@ class Committer:
                 return
             deferred = self._attempt(live, local)
 
+        # The first attempt decides on the target versions this replica has applied (no round
+        # trip) unless a recent one was refused; later attempts read them from ZooKeeper.
+        local_first = self.batches >= self._local_off_until
         try:
-            local = self.batches >= self._local_off_until
-            try:
-                attempt_once(local)  # the common case, without the retry machinery's cost per batch
-            except (VersionMoved, NeedKeys) as exc:
-                if local and isinstance(exc, _LocalMiss):
-                    # Another replica committed to a target since this one applied it: read the
-                    # versions from ZooKeeper for a while (other replicas are writing too).
-                    self.local_misses += 1
-                    self._local_off_until = self.batches + LOCAL_OFF_BATCHES
-                else:
-                    time.sleep(random.uniform(0, RETRY_WAIT))
-                for attempt in self._retrying():
-                    with attempt:
-                        attempt_once()
+            for attempt in self._retrying(after_local_miss=True):
+                with attempt:
+                    first = attempt.retry_state.attempt_number == 1
+                    try:
+                        attempt_once(local_first and first)
+                    except _LocalMiss:
+                        if local_first and first:
+                            # Another replica committed to a target since this one applied it:
+                            # read the versions from ZooKeeper for a while (others write too).
+                            self.local_misses += 1
+                            self._local_off_until = self.batches + LOCAL_OFF_BATCHES
+                        raise
         except (VersionMoved, NeedKeys) as exc:
             for p in batch:
                 if not p.done.is_set():
