@@ -24,7 +24,6 @@ What the snapshots in use are, and how a replica publishes them: replicas/leases
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -32,18 +31,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import NodeExistsError
-
 from coordinator.alive import read_alive
 from coordinator.errors import (
-    CorruptMetadata,
     InvalidInput,
     ReplicaUnavailable,
 )
 from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
-from coordinator.zkrecipes import cas_update
+from coordinator.watermark import Watermark
 from parts.meta import sidecar_path
 from parts.storage import is_temp_file
 
@@ -89,64 +85,29 @@ class Cleanup:
         self.replica = replica
         self.state = replica.state
         self.config = replica.config
-        self.watermark = 0  # parts removed at or below it may be gone (the ZooKeeper node "gc")
-        self.collected = 0
+        self.node = Watermark(replica.zk, replica.log.gc_path(), replica.host_id)
         self._last_gc = time.monotonic()
         self._last_orphans = time.monotonic()
         self.last_gc_report: dict | None = None
 
-    # -- the watermark node ----------------------------------------------------------------------
-    @property
-    def gc_path(self) -> str:
-        return self.replica.log.gc_path()
-
+    # -- the watermark node (coordinator/watermark.py) ---------------------------------------------
     def start(self) -> None:
-        zk = self.replica.zk
-        try:
-            zk.retry(zk.create, self.gc_path, json.dumps({"watermark": 0, "collected": 0}).encode())
-        except NodeExistsError:
-            pass
-        self._set_gc_node(zk.retry(zk.get, self.gc_path)[0])
-        zk.DataWatch(self.gc_path, self._on_gc_node)
+        self.node.on_error = lambda exc: log.error("%s", exc)
+        self.node.start()
 
-    def _on_gc_node(self, data: bytes | None, stat: Any) -> None:
-        if data is not None:
-            try:
-                self._set_gc_node(data)
-            except CorruptMetadata as exc:
-                log.error("%s", exc)
+    @property
+    def watermark(self) -> int:
+        """Parts removed at or below it may be gone from storage."""
+        return self.node.watermark
 
-    def _parse_gc_node(self, data: bytes) -> dict:
-        try:
-            d = json.loads(data)
-            return {"watermark": int(d["watermark"]), "collected": int(d.get("collected", 0))}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptMetadata(f"znode {self.gc_path} does not parse: {exc!r}") from exc
-
-    def _set_gc_node(self, data: bytes) -> dict:
-        d = self._parse_gc_node(data)
-        self.watermark = max(self.watermark, d["watermark"])
-        self.collected = max(self.collected, d["collected"])
-        return d
+    @property
+    def collected(self) -> int:
+        """Every part removed at or below it is deleted."""
+        return self.node.collected
 
     def refresh_watermark(self) -> int:
         """Read the watermark now (a client that found a part missing asks again)."""
-        zk = self.replica.zk
-        self._set_gc_node(zk.retry(zk.get, self.gc_path)[0])
-        return self.watermark
-
-    def _raise_gc_node(self, watermark: int, collected: int | None = None) -> dict:
-        """Raise the node ``gc`` to at least these values (compare-and-swap; never lowers it)."""
-
-        def change(data: bytes | None) -> bytes | None:
-            cur = self._parse_gc_node(data) if data is not None else {"watermark": 0, "collected": 0}
-            new = {"watermark": max(cur["watermark"], watermark),
-                   "collected": max(cur["collected"], collected if collected is not None else 0)}
-            if new == cur:
-                return None
-            return json.dumps({**new, "by": self.replica.host_id, "time": time.time()}).encode()
-
-        return self._set_gc_node(cas_update(self.replica.zk, self.gc_path, change))
+        return self.node.refresh()
 
     # -- cleanup ---------------------------------------------------------------------------------
     def background_pass(self, now: float) -> None:
@@ -199,8 +160,7 @@ class Cleanup:
         alive[self.replica.host_id] = self.replica.alive_record()
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
-        node = self._raise_gc_node(min_snapshot)
-        done = node["collected"]
+        _, done = self.node.raise_to(min_snapshot)
         removed: list[dict] = []
         kept: list[dict] = []
         failed = False
@@ -224,7 +184,7 @@ class Cleanup:
                 removed.append({**entry, "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
                                                    f"no snapshot in use can see it (oldest in use: {min_snapshot})"})
         if not failed:
-            self._raise_gc_node(min_snapshot, collected=min_snapshot)
+            self.node.raise_to(min_snapshot, collected=min_snapshot)
         young = 0
         if orphans:
             young = self._collect_orphans(alive, grace, removed, kept, detail)
