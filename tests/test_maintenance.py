@@ -1,5 +1,5 @@
 """Background merges, cleanup that respects snapshots in use, incremental reads and the event log,
-against real ZooKeeper and real replica processes (replicas/maintenance.py).
+against real ZooKeeper and real replica processes (replicas/merges.py, cleanup.py, leases.py, history.py).
 
 Two module-scoped clusters on the session's ZooKeeper: ``auto`` (two replicas, background merges
 and cleanup running at short intervals) and ``manual`` (two replicas, nothing in the background,
