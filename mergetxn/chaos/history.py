@@ -1,0 +1,144 @@
+"""What a chaos run saw: every transaction attempt, every fault, and the final state of each replica.
+
+The history is the only thing the checker reads, so it holds exactly what a client observed and
+nothing the harness inferred. It is written as JSON lines (``history.jsonl``): one header line,
+then one line per operation and per fault in the order they ended, then one line per replica's
+final read.
+
+A transaction is a list of micro-operations in the order the client ran them (Elle's shape):
+
+* ``["r", table, key, value]``: a read of one key; ``value`` is what the read returned (a sorted
+  list of elements for a ``set`` table, an integer for a ``register`` table, ``None`` when the
+  key had no row);
+* ``["r", table, None, {key: value, ...}]``: a read of the whole table (keys with no row absent);
+* ``["append", table, key, element]``: add a unique element to a ``set`` table's key;
+* ``["delete", table, key, element]``: remove an element from a ``set`` table's key;
+* ``["set", table, key, value]``: a ``register`` table's key now holds ``value``.
+
+Keys are strings in JSON (a table's keys are whatever the workload uses, compared as strings).
+Element values are unique across the whole run (the workload draws them from one counter), so a
+read element names the transaction that wrote it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Outcome = Literal["committed", "aborted", "indeterminate"]
+TableKind = Literal["set", "register"]
+
+
+@dataclass
+class Op:
+    """One transaction attempt by one client.
+
+    ``outcome``: ``committed`` (``csn`` known), ``aborted`` (``error`` names the exception class),
+    or ``indeterminate`` (the client could not learn it; ``resolved`` says how it was learnt later,
+    with ``commit_status``, and then ``outcome`` is updated; one left ``indeterminate`` is a
+    finding). ``snapshot`` is the transaction's snapshot CSN (``None`` if ``begin`` failed).
+    ``start`` and ``end`` are seconds since the run began.
+    """
+
+    index: int
+    process: int
+    replica: int
+    workload: str
+    tid: str | None
+    snapshot: int | None
+    start: float
+    end: float
+    mops: list[list[Any]]
+    outcome: Outcome
+    csn: int | None = None
+    error: str | None = None
+    message: str = ""
+    resolved: str | None = None
+    type: Literal["op"] = field(default="op", init=False)
+
+
+@dataclass
+class Fault:
+    """One injected fault: what, on which target (a host, a replica, a ZooKeeper member, a
+    client), from ``start`` until it was healed at ``end`` (seconds since the run began), and
+    ``recovered``: when every replica served commits again afterwards (``None``: not measured)."""
+
+    kind: str
+    target: str
+    start: float
+    end: float
+    detail: str = ""
+    recovered: float | None = None
+    type: Literal["fault"] = field(default="fault", init=False)
+
+
+@dataclass
+class Final:
+    """What replica ``replica`` returned after the run, healed: every table read at the same
+    ``csn``, and ``statuses``: its ``commit_status`` answer (``[status, csn]``) for every tid the
+    history names."""
+
+    replica: int
+    csn: int
+    tables: dict[str, dict[str, Any]]
+    statuses: dict[str, list[Any]] = field(default_factory=dict)
+    type: Literal["final"] = field(default="final", init=False)
+
+
+@dataclass
+class Header:
+    """The run's parameters and the tables: their kind and their contents before the first
+    operation (``initial``: table -> key -> value; keys absent hold no row)."""
+
+    seed: int
+    workload: str
+    nemesis: str
+    tables: dict[str, TableKind]
+    initial: dict[str, dict[str, Any]] = field(default_factory=dict)
+    started: str = ""  # wall-clock time of the run's start, ISO 8601
+    form: str = ""  # "namespaces" or "loopback"
+    type: Literal["header"] = field(default="header", init=False)
+
+
+@dataclass
+class History:
+    header: Header
+    ops: list[Op] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+    finals: list[Final] = field(default_factory=list)
+
+    def records(self) -> Iterator[dict]:
+        yield asdict(self.header)
+        for rec in sorted([*self.ops, *self.faults], key=lambda r: r.end):
+            yield asdict(rec)
+        for rec in self.finals:
+            yield asdict(rec)
+
+    def write(self, path: Path) -> None:
+        with open(path, "w") as f:
+            for rec in self.records():
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_records(cls, records: Iterable[dict]) -> History:
+        kinds = {"header": Header, "op": Op, "fault": Fault, "final": Final}
+        header, ops, faults, finals = None, [], [], []
+        for rec in records:
+            rec = dict(rec)
+            kind = rec.pop("type")
+            obj = kinds[kind](**rec)
+            if kind == "header":
+                header = obj
+            else:
+                {"op": ops, "fault": faults, "final": finals}[kind].append(obj)
+        if header is None:
+            raise ValueError("a history starts with a header record")
+        return cls(header, ops, faults, finals)
+
+    @classmethod
+    def read(cls, path: Path) -> History:
+        with open(path) as f:
+            return cls.from_records(json.loads(line) for line in f if line.strip())
