@@ -1,0 +1,392 @@
+"""The chaos workloads: client threads that run transactions and record what they observed.
+
+Each client is a thread with its own connection to one replica. It runs one transaction after
+another and records each attempt as an :class:`~mergetxn.chaos.history.Op` whose micro-operations
+(``mops``) are exactly what the client asked and what it was answered, in order. A client whose
+replica cannot be reached moves to the next replica for its next transaction (failover).
+
+Two workloads:
+
+* ``list-append`` over ``la0`` (policy ``parts``) and ``la1`` (policy ``append``), both
+  partitioned by ``key`` (so deletes on different keys never conflict and merges work per key):
+  a transaction reads keys, appends unique elements and sometimes deletes an element it read.
+* ``bank``: ``bank(acct, balance)`` partitioned by ``acct`` under ``parts``: every account is a
+  partition of its own, so a transfer conflicts exactly with the transfers that update one of its
+  two accounts (both remove that account's part: first committer wins) and transfers on other
+  accounts commit beside it. A transfer reads the whole table, so the total is checkable in
+  every snapshot it saw; read-only transactions read it too.
+
+Outcomes: ``commit()`` returned -> committed; ``ConflictError`` / ``TransactionAborted`` /
+``InvalidInput`` -> aborted; anything after which the client cannot know (``ReplicaUnavailable``,
+a socket error, an unknown error) -> ``indeterminate``, resolved after the run with
+``commit_status``. A failing statement is followed by a rollback: the op is aborted if the
+rollback was answered, indeterminate otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from coordinator.client import Client, Transaction
+from coordinator.errors import (
+    ConflictError,
+    InvalidInput,
+    MergetxnError,
+    TransactionAborted,
+)
+from mergetxn.chaos.history import Op, TableKind
+
+# A chaos client waits at most this long for one answer: the library's default (10 minutes) is
+# for long reads, and would let one partitioned connection freeze a client for the whole run.
+CLIENT_TIMEOUT = 10.0
+DEFINITE = (ConflictError, TransactionAborted, InvalidInput)  # the transaction did not commit
+KEYS = 8
+LA_SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
+BANK_SCHEMA = pa.schema([("acct", pa.int64()), ("balance", pa.int64())])
+PROBE_SCHEMA = pa.schema([("replica", pa.int64()), ("n", pa.int64())])
+ACCOUNTS = 10
+INITIAL_BALANCE = 100
+KILLED_CLIENT = "kill-client"  # the workload name of killed clients' ops
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Recorder:
+    """What every client shares: the run's clock, op numbers, the element counter, the ops."""
+
+    def __init__(self, t0: float | None = None) -> None:
+        self.t0 = time.monotonic() if t0 is None else t0
+        self._lock = threading.Lock()
+        self._index = itertools.count()
+        self._element = itertools.count(1)
+        self.ops: list[Op] = []
+
+    def now(self) -> float:
+        """Seconds since the run began."""
+        return round(time.monotonic() - self.t0, 4)
+
+    def element(self) -> int:
+        """An element no other append of this run uses, so a read element names its writer."""
+        with self._lock:
+            return next(self._element)
+
+    def add(self, **fields: Any) -> Op:
+        with self._lock:
+            op = Op(index=next(self._index), **fields)
+            self.ops.append(op)
+        return op
+
+
+class Workload:
+    """One workload's tables, their set-up and its transactions."""
+
+    name: str = ""
+    tables: dict[str, TableKind] = {}
+
+    def create(self, client: Client) -> dict[str, dict[str, Any]]:
+        """Create the tables and insert their initial rows; returns them (history ``initial``)."""
+        raise NotImplementedError
+
+    def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        """Run the statements of one transaction, appending each micro-operation to ``mops`` as it
+        happens (a write before it is sent: it may take effect even if its answer is lost)."""
+        raise NotImplementedError
+
+
+class ListAppend(Workload):
+    name = "list-append"
+    tables: dict[str, TableKind] = {"la0": "set", "la1": "set"}
+    policies = {"la0": "parts", "la1": "append"}
+
+    def create(self, client: Client) -> dict[str, dict[str, Any]]:
+        for table, policy in self.policies.items():
+            create_table(client, table, LA_SCHEMA, ["key"], policy)
+        return {}
+
+    def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        seen: dict[tuple[str, int], list[int]] = {}
+        for _ in range(rng.randint(1, 4)):
+            table, key = rng.choice(list(self.tables)), rng.randrange(KEYS)
+            roll = rng.random()
+            if roll < 0.15 and seen.get((table, key)):
+                elem = rng.choice(seen[(table, key)])
+                mops.append(["delete", table, str(key), elem])
+                tx.delete(table, (pc.field("key") == key) & (pc.field("elem") == elem))
+                seen[(table, key)].remove(elem)
+            elif roll < 0.55:
+                data = tx.read(table, where=pc.field("key") == key)
+                elems = sorted(data.column("elem").to_pylist())
+                mops.append(["r", table, str(key), elems or None])
+                seen[(table, key)] = list(elems)
+            else:
+                elem = rec.element()
+                mops.append(["append", table, str(key), elem])
+                tx.insert(table, pa.table({"key": [key], "elem": [elem]}, schema=LA_SCHEMA))
+
+
+class Bank(Workload):
+    name = "bank"
+    tables: dict[str, TableKind] = {"bank": "register"}
+
+    def create(self, client: Client) -> dict[str, dict[str, Any]]:
+        create_table(client, "bank", BANK_SCHEMA, ["acct"], "parts")
+        accts = list(range(ACCOUNTS))
+        with client.transaction() as tx:
+            tx.insert("bank", pa.table({"acct": accts, "balance": [INITIAL_BALANCE] * ACCOUNTS}, schema=BANK_SCHEMA))
+        return {"bank": {str(a): INITIAL_BALANCE for a in accts}}
+
+    def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        balances = register_values(tx.read("bank"), "acct", "balance")
+        mops.append(["r", "bank", None, balances])
+        if rng.random() < 0.3:
+            return  # read-only: the snapshot's total is what it checks
+        rich = [a for a, b in balances.items() if isinstance(b, int) and b > 0]
+        if not rich or len(balances) < 2:
+            return
+        src = rng.choice(rich)
+        dst = rng.choice([a for a in balances if a != src])
+        if not isinstance(balances[dst], int):
+            return  # an anomalous read (two rows for one account): the checker reports it
+        amount = rng.randint(1, min(balances[src], 20))
+        for acct, value in ((src, balances[src] - amount), (dst, balances[dst] + amount)):
+            mops.append(["set", "bank", acct, value])
+            tx.update("bank", pc.field("acct") == int(acct), {"balance": value})
+
+
+WORKLOADS: dict[str, type[Workload]] = {"list-append": ListAppend, "bank": Bank}
+
+
+def workloads_for(name: str) -> list[Workload]:
+    """``list-append``, ``bank`` or ``all``."""
+    if name == "all":
+        return [cls() for cls in WORKLOADS.values()]
+    if name not in WORKLOADS:
+        raise InvalidInput(f"unknown workload {name!r}: choose from {', '.join([*WORKLOADS, 'all'])}")
+    return [WORKLOADS[name]()]
+
+
+def create_table(client: Client, name: str, schema: pa.Schema, partition_by: list[str], policy: str) -> None:
+    client.create_table(name, schema, partition_by=partition_by, conflict_policy=policy, auto_merge=True)
+
+
+def set_values(data: pa.Table, key: str = "key", elem: str = "elem") -> dict[str, list[int]]:
+    """A ``set`` table's rows as key -> sorted elements (duplicates kept: they are anomalies)."""
+    out: dict[str, list[int]] = {}
+    for k, e in zip(data.column(key).to_pylist(), data.column(elem).to_pylist()):
+        out.setdefault(str(k), []).append(e)
+    return {k: sorted(v) for k, v in sorted(out.items(), key=lambda kv: int(kv[0]))}
+
+
+def register_values(data: pa.Table, key: str, value: str) -> dict[str, Any]:
+    """A ``register`` table's rows as key -> value. A key with several rows (an anomaly that a
+    dict would hide) gets the sorted list of its values, which never equals an integer."""
+    out: dict[str, list[int]] = {}
+    for k, v in zip(data.column(key).to_pylist(), data.column(value).to_pylist()):
+        out.setdefault(str(k), []).append(v)
+    return {k: (v[0] if len(v) == 1 else sorted(v)) for k, v in sorted(out.items(), key=lambda kv: int(kv[0]))}
+
+
+def connect(address: str) -> Client:
+    """A client with the chaos timeout (see :data:`CLIENT_TIMEOUT`)."""
+    return Client(address, timeout=CLIENT_TIMEOUT)
+
+
+# -- one transaction ------------------------------------------------------------------------------
+
+
+def run_transaction(client: Client, replica: int, process: int, workload: Workload, rng: random.Random,
+                    rec: Recorder) -> Op:
+    """Begin, run the workload's statements, commit; record the attempt with its outcome."""
+    start = rec.now()
+    mops: list[list[Any]] = []
+    base = {"process": process, "replica": replica, "workload": workload.name, "start": start}
+    try:
+        tx = client.begin()
+    except Exception as exc:  # nothing was staged: this attempt cannot commit anything
+        return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
+                       error=type(exc).__name__, message=f"begin failed: {_message(exc)}")
+    base |= {"tid": tx.id, "snapshot": tx.snapshot}
+    try:
+        workload.transaction(tx, rng, mops, rec)
+    except Exception as exc:
+        outcome, note = _roll_back(tx)
+        return rec.add(**base, end=rec.now(), mops=mops, outcome=outcome, error=type(exc).__name__,
+                       message=f"{_message(exc)}; {note}")
+    try:
+        csn = tx.commit()
+    except DEFINITE as exc:
+        return rec.add(**base, end=rec.now(), mops=mops, outcome="aborted", error=type(exc).__name__,
+                       message=_message(exc))
+    except Exception as exc:  # the client cannot know: resolved after the run
+        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__,
+                       message=_message(exc))
+    return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
+
+
+def _roll_back(tx: Transaction) -> tuple[str, str]:
+    """Roll back after a failed statement: aborted once the replica answered, else indeterminate."""
+    try:
+        tx.rollback()
+    except DEFINITE as exc:  # already ended there (aborted by the replica, or unknown to it)
+        return "aborted", f"rollback answered {type(exc).__name__}"
+    except Exception as exc:
+        return "indeterminate", f"rollback failed: {type(exc).__name__}"
+    return "aborted", "rolled back"
+
+
+def _message(exc: BaseException) -> str:
+    text = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+    return text[:500]
+
+
+# -- clients --------------------------------------------------------------------------------------
+
+
+class Worker(threading.Thread):
+    """One client: transactions one after another until told to stop, failing over to the next
+    replica for its next transaction when its replica cannot be reached."""
+
+    def __init__(self, process: int, home: int, addresses: Callable[[], list[str]], workload: Workload,
+                 rec: Recorder, stop: threading.Event, seed: int) -> None:
+        super().__init__(name=f"chaos-client-{process}", daemon=True)
+        self.process = process
+        self.replica = home
+        self.addresses = addresses
+        self.workload = workload
+        self.rec = rec
+        self.stop_event = stop
+        self.rng = random.Random(seed)
+        self.clients: dict[int, Client] = {}
+        self.failovers = 0
+
+    def _client(self, i: int) -> Client:
+        client = self.clients.get(i)
+        address = self.addresses()[i]
+        if client is None or client.address != address:
+            if client is not None:
+                client.close()
+            client = self.clients[i] = connect(address)
+        return client
+
+    def _fail_over(self) -> None:
+        self.replica = (self.replica + 1) % len(self.addresses())
+        self.failovers += 1
+
+    def run(self) -> None:
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    client = self._client(self.replica)
+                except (MergetxnError, OSError):
+                    self._fail_over()
+                    self.stop_event.wait(0.05)
+                    continue
+                op = run_transaction(client, self.replica, self.process, self.workload, self.rng, self.rec)
+                if op.error in ("ReplicaUnavailable", "OSError", "ConnectionError", "TimeoutError") \
+                        or (op.tid is None and op.error):
+                    self._fail_over()
+                    self.stop_event.wait(0.05)
+        finally:
+            for client in self.clients.values():
+                client.close()
+
+
+# -- a client killed between writing its parts and committing ----------------------------------
+
+_KILLED_CLIENT_CODE = r"""# mergetxn chaos: a client killed between writing its parts and committing
+import json, sys
+import pyarrow as pa
+from coordinator.client import Client
+address, key, elems = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+try:
+    client = Client(address, timeout=10.0)
+    tx = client.begin()
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc)[:300]}), flush=True)
+    sys.exit(3)
+print(json.dumps({"tid": tx.id, "snapshot": tx.snapshot}), flush=True)
+tx.insert("la0", pa.table({"key": [key] * len(elems), "elem": elems},
+                          schema=pa.schema([("key", pa.int64()), ("elem", pa.int64())])))
+print(json.dumps({"inserted": len(elems)}), flush=True)
+sys.stdin.read()  # waits here until SIGKILLed
+"""
+
+
+@dataclass
+class KilledClient:
+    op: Op | None
+    detail: str
+
+
+def kill_client(address: str, replica: int, process: int, rec: Recorder, rng: random.Random,
+                timeout: float = 20.0) -> KilledClient:
+    """Run a client as a child process that begins, inserts elements into ``la0`` and is SIGKILLed
+    once its insert returned (or after ``timeout``), never committing or rolling back. Its op is
+    recorded as indeterminate: after the run ``commit_status`` must say it did not commit (the
+    transaction is killed there if it still runs) and none of its elements may ever be read."""
+    key = rng.randrange(KEYS)
+    elems = [rec.element() for _ in range(rng.randint(1, 3))]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    start = rec.now()
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT_CODE, address, str(key), json.dumps(elems)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    lines: list[dict] = []
+    deadline = time.monotonic() + timeout
+    buf = b""
+    try:
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and not any("inserted" in m or "error" in m for m in lines):
+            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    lines.append(json.loads(line))
+                except ValueError:
+                    pass
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+    began = next((m for m in lines if "tid" in m), None)
+    inserted = any("inserted" in m for m in lines)
+    mops = [["append", "la0", str(key), e] for e in elems]
+    if began is None:
+        error = next((m for m in lines if "error" in m), {"error": "Killed", "message": "killed before begin answered"})
+        op = rec.add(process=process, replica=replica, workload=KILLED_CLIENT, tid=None, snapshot=None, start=start,
+                     end=rec.now(), mops=[], outcome="aborted", error=error["error"],
+                     message=f"begin failed: {error.get('message', '')}")
+        return KilledClient(op, f"r{replica}: begin failed ({error['error']})")
+    op = rec.add(process=process, replica=replica, workload=KILLED_CLIENT, tid=began["tid"], snapshot=began["snapshot"],
+                 start=start, end=rec.now(), mops=mops, outcome="indeterminate", error="Killed",
+                 message="client SIGKILLed " + ("after its insert returned" if inserted else "before its insert returned"))
+    return KilledClient(op, f"r{replica}: {began['tid']} killed {'after' if inserted else 'during'} its insert of {elems}")
