@@ -1,0 +1,327 @@
+"""The nemesis: faults at random times, from a seed, on the targets a cluster form supports.
+
+Two lanes inject faults at once, each: pick a kind (among those allowed and supported) and a
+target whose resources the other lane does not hold, inject, hold 0.3-2 s, heal, then measure
+recovery: the time until every replica (but those the other lane is faulting) commits a tiny
+probe transaction into the table ``probe`` (which the checker ignores). Resources keep the
+combinations sane: one network fault at a time (``heal()`` undoes all of them), one fault at a
+time that touches the ZooKeeper quorum (never two members down, or a member down during a
+split), one fault per replica.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from coordinator.client import Client
+from coordinator.errors import InvalidInput
+from mergetxn.chaos.history import Fault
+from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
+
+HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
+PAUSE = (0.0, 0.3)  # seconds a lane waits between faults
+RECOVERY_LIMIT = 60.0  # a replica that commits no probe in this long after a heal: not recovered
+PROBE_TIMEOUT = 5.0
+
+
+class ChaosCluster(Protocol):
+    """What the nemesis and the run need of a cluster form (hosts.py's clusters and
+    run.SingleHostCluster)."""
+
+    hosts: int
+    replica_addresses: list[str]
+
+    def supports(self) -> set[str]: ...
+    def kill_replica(self, i: int) -> None: ...
+    def start_replica(self, i: int) -> Any: ...
+    def pause_replica(self, i: int) -> None: ...
+    def resume_replica(self, i: int) -> None: ...
+    def replica_running(self, i: int) -> bool: ...
+
+
+# Every kind, in the order the report lists them. "kill-client" is the harness's own: any form.
+KINDS = [
+    "kill-replica", "pause-replica", "kill-zk", "kill-zk-leader", "isolate", "partition-majority",
+    "cut-from-zk", "bridge", "slow", "expire-session", "wal-full", "kill-client",
+]
+HARNESS_KINDS = {"kill-client"}
+
+
+def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]]:
+    """The kinds ``--nemesis`` asks for (``all``, ``none`` or a comma list) that this form can
+    inject, and those ``all`` had to leave out. A kind asked for by name that the form cannot
+    inject is an error, not a silent omission."""
+    can = [k for k in KINDS if k in supported or k in HARNESS_KINDS]
+    text = option.strip().lower()
+    if text == "none":
+        return [], []
+    if text == "all":
+        return can, [k for k in KINDS if k not in can]
+    asked = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in asked if k not in KINDS]
+    if unknown:
+        raise InvalidInput(f"unknown fault kind(s) {unknown}: choose from {', '.join(KINDS)}, 'all' or 'none'")
+    missing = [k for k in asked if k not in can]
+    if missing:
+        raise InvalidInput(f"fault kind(s) {missing} need a cluster form that supports them "
+                           f"(this one supports {sorted(set(can))}); try --form namespaces")
+    return list(dict.fromkeys(asked)), []
+
+
+@dataclass
+class Plan:
+    """One fault chosen: its kind, target, what it holds, and how to inject and heal it."""
+
+    kind: str
+    target: str
+    resources: frozenset[str]
+    inject: Callable[[], str]  # returns a detail
+    heal: Callable[[], None]
+
+
+class Prober:
+    """Commits one-row transactions into ``probe`` on a replica: "does it serve commits?"."""
+
+    def __init__(self, addresses: Callable[[], list[str]]) -> None:
+        self.addresses = addresses
+        self.clients: dict[int, Client] = {}
+        self.n = 0
+
+    def probe(self, i: int) -> int:
+        try:
+            address = self.addresses()[i]
+            client = self.clients.get(i)
+            if client is None or client.address != address:
+                client = self.clients[i] = Client(address, timeout=PROBE_TIMEOUT)
+            self.n += 1
+            with client.transaction() as tx:
+                tx.insert("probe", pa.table({"replica": [i], "n": [self.n]}, schema=PROBE_SCHEMA))
+            return tx.csn
+        except BaseException:
+            dropped = self.clients.pop(i, None)
+            if dropped is not None:
+                dropped.close()
+            raise
+
+    def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT) -> list[int]:
+        """Probe each replica until it commits (bounded); returns those that never did."""
+        failed = []
+        for i in replicas:
+            try:
+                for attempt in Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1),
+                                        retry=retry_if_exception_type(Exception)):
+                    with attempt:
+                        self.probe(i)
+            except RetryError:
+                failed.append(i)
+        return failed
+
+    def close(self) -> None:
+        for client in self.clients.values():
+            client.close()
+        self.clients.clear()
+
+
+class Nemesis:
+    """Injects faults in ``lanes`` threads until :meth:`stop`; every fault ends healed."""
+
+    def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
+                 kill_client: Callable[[int, random.Random], str], lanes: int = 2,
+                 hold: tuple[float, float] = HOLD) -> None:
+        self.cluster = cluster
+        self.kinds = list(kinds)
+        self.seed = seed
+        self.rec = rec
+        self.kill_client = kill_client
+        self.hold = hold
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []  # a fault that could not be injected or healed (reported)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._held: dict[int, frozenset[str]] = {}
+        self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
+                         for n in range(lanes if kinds else 0)]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Stop injecting; each lane heals its current fault and measures its recovery first."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+
+    # -- choosing -------------------------------------------------------------------------------
+    def _addresses(self) -> list[str]:
+        return list(self.cluster.replica_addresses)
+
+    def plans(self, kind: str, rng: random.Random) -> list[Plan]:
+        """Every way to inject ``kind`` now (one per target), in random order."""
+        c: Any = self.cluster
+        n = self.cluster.hosts
+        out: list[Plan] = []
+
+        def replica_plans(kind: str, inject: Callable[[int], str], heal: Callable[[int], None],
+                          extra: frozenset[str] = frozenset()) -> None:
+            for i in range(n):
+                out.append(Plan(kind, f"r{i}", frozenset({f"replica{i}"}) | extra,
+                                (lambda i=i: inject(i)), (lambda i=i: heal(i))))
+
+        def done(text: str) -> Callable[[int], str]:
+            return lambda i: text
+
+        if kind == "kill-replica":
+            replica_plans(kind, lambda i: (c.kill_replica(i), "SIGKILL")[1], lambda i: c.start_replica(i))
+        elif kind == "pause-replica":
+            replica_plans(kind, lambda i: (c.pause_replica(i), "SIGSTOP")[1], lambda i: c.resume_replica(i))
+        elif kind == "expire-session":
+            replica_plans(kind, lambda i: (c.expire_session(i), "session expired and reconnected")[1],
+                          lambda i: None)
+        elif kind == "wal-full":
+            replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
+        elif kind == "kill-client":
+            replica_plans(kind, lambda i: self.kill_client(i, rng), lambda i: None)
+        elif kind == "kill-zk":
+            for i in range(n):
+                out.append(Plan(kind, f"zk{i}", frozenset({"zk"}), (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
+                                (lambda i=i: c.start_zk(i))))
+        elif kind == "kill-zk-leader":
+            member: dict[str, int] = {}
+
+            def kill_leader() -> str:
+                leader = c.zk_leader()
+                member["i"] = rng.randrange(n) if leader is None else leader
+                c.kill_zk(member["i"])
+                return f"SIGKILL zk{member['i']}" + (" (leader)" if leader is not None else " (no leader known)")
+
+            out.append(Plan(kind, "zk-leader", frozenset({"zk"}), kill_leader,
+                            lambda: c.start_zk(member["i"]) if "i" in member else None))
+        elif kind == "isolate":
+            for i in range(n):
+                out.append(Plan(kind, f"host{i}", frozenset({"net", "zk", f"replica{i}"}),
+                                (lambda i=i: (c.isolate(i), "host cut from every other host")[1]), c.heal))
+        elif kind == "partition-majority":
+            hosts = list(range(n))
+            rng.shuffle(hosts)
+            minority = hosts[: (n - 1) // 2] or hosts[:1]
+            majority = [h for h in hosts if h not in minority]
+            groups = [sorted(majority), sorted(minority)]
+            out.append(Plan(kind, f"{groups[0]}|{groups[1]}", frozenset({"net", "zk"}),
+                            lambda: (c.partition(groups), f"groups {groups}")[1], c.heal))
+        elif kind == "cut-from-zk":
+            for i in range(n):
+                out.append(Plan(kind, f"r{i}", frozenset({"net", f"replica{i}"}),
+                                (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
+                                c.heal))
+        elif kind == "bridge" and n >= 3:
+            a, b, m = rng.sample(range(n), 3)
+
+            def bridge() -> str:
+                if rng.random() < 0.5:  # a and b cannot talk; m reaches both (Jepsen's bridge)
+                    c.cut_one_way(a, b)
+                    c.cut_one_way(b, a)
+                    return f"host{a} and host{b} cut from each other, host{m} bridges"
+                c.cut_one_way(a, b)  # asymmetric: a's packets to b and m are dropped, theirs reach a
+                c.cut_one_way(a, m)
+                return f"host{a} cannot send to host{b} nor host{m} (one way)"
+
+            out.append(Plan(kind, f"host{a}", frozenset({"net", "zk"}), bridge, c.heal))
+        elif kind == "slow":
+            for i in range(n):
+                delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
+                out.append(Plan(kind, f"host{i}", frozenset({"net", "zk"}),
+                                (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
+                                c.heal))
+        rng.shuffle(out)
+        return out
+
+    def _reserve(self, lane: int, rng: random.Random) -> Plan | None:
+        for _ in range(8):
+            kind = rng.choice(self.kinds)
+            with self._lock:
+                taken = frozenset().union(*(r for n, r in self._held.items() if n != lane))
+                for plan in self.plans(kind, rng):
+                    if not plan.resources & taken:
+                        self._held[lane] = plan.resources
+                        return plan
+        return None
+
+    def _release(self, lane: int) -> None:
+        with self._lock:
+            self._held.pop(lane, None)
+
+    def _replicas_free(self, lane: int) -> list[int]:
+        with self._lock:
+            taken = frozenset().union(*(r for n, r in self._held.items() if n != lane))
+        return [i for i in range(self.cluster.hosts) if f"replica{i}" not in taken]
+
+    # -- one lane -------------------------------------------------------------------------------
+    def _lane(self, lane: int) -> None:
+        rng = random.Random(f"{self.seed}-nemesis-{lane}")
+        prober = Prober(self._addresses)
+        try:
+            while not self._stop.is_set():
+                plan = self._reserve(lane, rng)
+                if plan is None:
+                    self._stop.wait(0.1)
+                    continue
+                try:
+                    self._one(lane, plan, rng, prober)
+                finally:
+                    self._release(lane)
+                self._stop.wait(rng.uniform(*PAUSE))
+        finally:
+            prober.close()
+
+    def _one(self, lane: int, plan: Plan, rng: random.Random, prober: Prober) -> None:
+        start = self.rec.now()
+        try:
+            detail = plan.inject()
+        except Exception as exc:
+            detail = f"inject failed: {type(exc).__name__}: {exc}"
+            self.errors.append(f"{plan.kind} {plan.target}: {detail}")
+        if plan.kind not in ("kill-client", "expire-session"):
+            self._stop.wait(rng.uniform(*self.hold))
+        end = self.rec.now()
+        try:
+            plan.heal()
+            healed = self.rec.now() - end
+            if healed >= 0.05:
+                detail += f"; healed in {healed:.2f}s"
+        except Exception as exc:
+            detail += f"; heal failed: {type(exc).__name__}: {exc}"
+            self.errors.append(f"{plan.kind} {plan.target}: heal failed: {type(exc).__name__}: {exc}")
+        failed = prober.wait_serving(self._replicas_free(lane))
+        recovered = None if failed else self.rec.now()
+        if failed:
+            detail += f"; replica(s) {failed} served no commit within {RECOVERY_LIMIT:g}s"
+        with self._lock:
+            self.faults.append(Fault(plan.kind, plan.target, start, end, str(detail or ""), recovered))
+
+
+def wait_all_serving(addresses: Callable[[], list[str]], n: int, limit: float = RECOVERY_LIMIT) -> list[int]:
+    """Every replica commits a probe (bounded); returns those that did not."""
+    prober = Prober(addresses)
+    try:
+        return prober.wait_serving(list(range(n)), limit)
+    finally:
+        prober.close()
+
+
+def sleep_until(deadline: float, stop: threading.Event | None = None) -> None:
+    """Wait until ``time.monotonic()`` reaches ``deadline`` (early if ``stop`` is set)."""
+    while (left := deadline - time.monotonic()) > 0:
+        if stop is not None and stop.wait(min(left, 0.5)):
+            return
+        if stop is None:
+            time.sleep(min(left, 0.5))
