@@ -1,0 +1,328 @@
+"""A chaos run's report: what a person reads after a campaign, and the files a CI keeps.
+
+Into the report directory: ``history.jsonl`` (the history, :meth:`History.write`),
+``findings.json`` (every finding: kind, message, ops), ``summary.json`` (faults by kind with
+their recovery times, transactions by outcome and workload, anomalies by kind) and
+``timeline.html``: one self-contained page (inline SVG, no script, no dependency) with a lane
+per client and a bar per transaction coloured by its outcome, the faults as translucent bands,
+and commits by CSN over time beneath, on one axis in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mergetxn.chaos.history import Fault, History, Op
+
+FILES = ("history.jsonl", "findings.json", "summary.json", "timeline.html")
+OUTCOME_COLOURS = {"committed": "#2e9e44", "aborted": "#e8a33d", "indeterminate": "#d62728"}
+FAULT_COLOURS = {
+    "kill-replica": "#d62728", "pause-replica": "#9467bd", "kill-zk": "#8c564b", "kill-zk-leader": "#e377c2",
+    "isolate": "#1f77b4", "partition-majority": "#17becf", "cut-from-zk": "#bcbd22", "bridge": "#7f7f7f",
+    "slow": "#ff7f0e", "expire-session": "#393b79", "wal-full": "#637939", "kill-client": "#843c39",
+}
+WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+
+
+def verdict(findings: list[Any]) -> int:
+    """The exit code: 0 only when the checker found nothing."""
+    return 0 if not findings else 1
+
+
+def finding_dict(finding: Any) -> dict[str, Any]:
+    """A finding as JSON-able data, whatever class the checker uses for it."""
+    if dataclasses.is_dataclass(finding) and not isinstance(finding, type):
+        return dataclasses.asdict(finding)
+    if isinstance(finding, dict):
+        return dict(finding)
+    return {"kind": getattr(finding, "kind", "?"), "message": getattr(finding, "message", str(finding)),
+            "ops": list(getattr(finding, "ops", []) or [])}
+
+
+def describe(finding: Any) -> str:
+    """One line for a finding: the checker's own wording when it has one."""
+    try:
+        from mergetxn.chaos.checker import describe as checker_describe
+
+        return checker_describe(finding)
+    except ImportError:
+        d = finding_dict(finding)
+        return f"{d.get('kind')}: {d.get('message')}"
+
+
+def _anomalies(findings: list[Any]) -> dict[str, int]:
+    try:
+        from mergetxn.chaos.checker import summary
+
+        return dict(summary(findings))
+    except ImportError:
+        return dict(Counter(str(finding_dict(f).get("kind")) for f in findings))
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return round(values[0], 3)
+    return round(statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1], 3)
+
+
+def recovery(fault: Fault) -> float | None:
+    """Seconds from a fault's heal until every replica committed again (None: not measured)."""
+    return None if fault.recovered is None else max(0.0, fault.recovered - fault.end)
+
+
+def summarize(history: History, findings: list[Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The numbers ``summary.json`` holds and the printed summary shows."""
+    ops = history.ops
+    by_outcome = Counter(o.outcome for o in ops)
+    by_workload: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for o in ops:
+        by_workload[o.workload][o.outcome] += 1
+    errors = Counter(o.error for o in ops if o.outcome == "aborted" and o.error)
+    resolved = Counter(o.outcome for o in ops if o.resolved)
+    faults: dict[str, dict[str, Any]] = {}
+    for kind in sorted({f.kind for f in history.faults}):
+        of_kind = [f for f in history.faults if f.kind == kind]
+        times = [r for f in of_kind if (r := recovery(f)) is not None]
+        faults[kind] = {"count": len(of_kind), "recovery_p50": _pct(times, 50),
+                        "recovery_max": round(max(times), 3) if times else None,
+                        "unrecovered": sum(1 for f in of_kind if f.recovered is None),
+                        "held_mean": round(statistics.fmean(f.end - f.start for f in of_kind), 3)}
+    commits = [o.csn for o in ops if o.outcome == "committed" and o.csn is not None]
+    h = history.header
+    return {
+        "seed": h.seed, "form": h.form, "workload": h.workload, "nemesis": h.nemesis, "started": h.started,
+        "duration": round(max([0.0, *(o.end for o in ops), *(f.end for f in history.faults)]), 3),
+        "ops": {"total": len(ops), "by_outcome": dict(by_outcome),
+                "by_workload": {w: dict(c) for w, c in sorted(by_workload.items())},
+                "aborted_by_error": dict(errors.most_common()), "resolved": dict(resolved),
+                "unresolved": by_outcome.get("indeterminate", 0),
+                "max_csn": max(commits, default=None)},
+        "faults": {"total": len(history.faults), "by_kind": faults},
+        "anomalies": _anomalies(findings),
+        "findings": len(findings),
+        "replicas": len(history.finals),
+        **(extra or {}),
+    }
+
+
+def write_report(history: History, findings: list[Any], summary: dict[str, Any], directory: Path) -> None:
+    """The four report files (see the module doc)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    history.write(directory / "history.jsonl")
+    (directory / "findings.json").write_text(json.dumps([finding_dict(f) for f in findings], indent=1, default=str))
+    (directory / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (directory / "timeline.html").write_text(timeline_html(history, findings))
+
+
+def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, limit: int = 30) -> None:
+    """Faults by kind (count, recovery p50/max), transactions by outcome and workload, anomalies."""
+    s = summary
+    out.print(f"[bold]chaos run[/] seed {s['seed']}, form {escape(str(s['form']))}, workload "
+              f"{escape(str(s['workload']))}, {s['duration']:.1f}s")
+    ft = Table(title=f"faults ({s['faults']['total']})", title_justify="left")
+    for col in ("kind", "count", "held mean s", "recovery p50 s", "recovery max s", "unrecovered"):
+        ft.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, f in s["faults"]["by_kind"].items():
+        ft.add_row(kind, str(f["count"]), f"{f['held_mean']:.2f}", _num(f["recovery_p50"]), _num(f["recovery_max"]),
+                   str(f["unrecovered"]))
+    out.print(ft)
+    ot = Table(title=f"transactions ({s['ops']['total']})", title_justify="left")
+    outcomes = ["committed", "aborted", "indeterminate"]
+    for col in ("workload", *outcomes):
+        ot.add_column(col, justify="left" if col == "workload" else "right")
+    for w, c in s["ops"]["by_workload"].items():
+        ot.add_row(w, *(str(c.get(k, 0)) for k in outcomes))
+    ot.add_row("[bold]all[/]", *(f"[bold]{s['ops']['by_outcome'].get(k, 0)}[/]" for k in outcomes))
+    out.print(ot)
+    if s["ops"]["aborted_by_error"]:
+        out.print("aborted by error: " + ", ".join(f"{k} {v}" for k, v in s["ops"]["aborted_by_error"].items()))
+    if s["ops"]["resolved"]:
+        out.print("indeterminate, resolved by commit_status: "
+                  + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items()))
+    for problem in s.get("problems") or []:
+        out.print(f"[yellow]harness: {escape(problem)}[/]")
+    if not findings:
+        out.print("[bold green]no anomaly found[/]")
+        return
+    out.print(f"[bold red]{len(findings)} finding(s):[/] "
+              + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items()))
+    for f in findings[:limit]:
+        out.print(f"  [red]{escape(describe(f))}[/]", soft_wrap=True)
+    if len(findings) > limit:
+        out.print(f"  ... and {len(findings) - limit} more in findings.json")
+
+
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+# -- the timeline -----------------------------------------------------------------------------------
+
+
+def _nice_step(span: float, target: int = 12) -> float:
+    raw = max(span / target, 1e-9)
+    for step in (0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600):
+        if step >= raw:
+            return float(step)
+    return 3600.0 * (raw // 3600 + 1)
+
+
+def _op_title(o: Op) -> str:
+    mops = " ".join(json.dumps(m, separators=(",", ":")) for m in o.mops)
+    if len(mops) > 300:
+        mops = mops[:300] + "..."
+    lines = [f"op {o.index} client {o.process} on r{o.replica} ({o.workload}) {o.start:.2f}-{o.end:.2f}s",
+             f"{o.tid or 'no tid'} snapshot {o.snapshot}",
+             f"{o.outcome}" + (f" at CSN {o.csn}" if o.csn is not None else "") + (f" ({o.error})" if o.error else ""),
+             mops]
+    if o.resolved:
+        lines.append(f"resolved: {o.resolved}")
+    if o.message:
+        lines.append(o.message[:300])
+    return "\n".join(lines)
+
+
+def timeline_html(history: History, findings: list[Any] | None = None) -> str:
+    """The timeline page (see the module doc)."""
+    findings = findings or []
+    ops, faults = history.ops, history.faults
+    esc = html.escape
+    end = max([1.0, *(o.end for o in ops), *(f.recovered or f.end for f in faults)])
+    left, right, width = 130, 20, 1500
+    plot_w = width - left - right
+    x = lambda t: left + plot_w * max(0.0, t) / end  # noqa: E731
+    lanes = sorted({o.process for o in ops})
+    lane_h, lane_gap = 12, 3
+    workload_of = {}
+    for o in ops:
+        workload_of.setdefault(o.process, o.workload)
+    # fault labels in rows so overlapping faults stay legible
+    label_rows: list[float] = []
+    placed: list[tuple[Fault, int]] = []
+    for f in sorted(faults, key=lambda f: f.start):
+        label_w = (len(f.kind) + len(f.target) + 1) * 6.2 * end / plot_w
+        row = next((r for r, last in enumerate(label_rows) if last <= f.start), None)
+        if row is None:
+            row = len(label_rows)
+            label_rows.append(0.0)
+        label_rows[row] = f.start + label_w
+        placed.append((f, row))
+    label_h = 13
+    top = 20 + max(1, len(label_rows)) * label_h
+    lanes_h = len(lanes) * (lane_h + lane_gap)
+    axis_y = top + lanes_h + 4
+    csn_top, csn_h = axis_y + 40, 170
+    height = csn_top + csn_h + 40
+    svg: list[str] = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+                      f'font-family="sans-serif" font-size="11">']
+    svg.append('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+               'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#888" '
+               'stroke-width="1.5" stroke-opacity="0.35"/></pattern></defs>')
+    step = _nice_step(end)
+    # grid and axis
+    t = 0.0
+    while t <= end + 1e-9:
+        gx = x(t)
+        svg.append(f'<line x1="{gx:.1f}" y1="{top - 4}" x2="{gx:.1f}" y2="{csn_top + csn_h}" stroke="#eee"/>')
+        svg.append(f'<text x="{gx:.1f}" y="{axis_y + 14}" text-anchor="middle" fill="#444">{t:g}</text>')
+        t += step
+    svg.append(f'<text x="{left + plot_w / 2:.0f}" y="{axis_y + 30}" text-anchor="middle" fill="#222">'
+               'seconds since the run began</text>')
+    svg.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" stroke="#444"/>')
+    # fault bands (behind the bars), their recovery as hatching, labels above
+    for f, row in placed:
+        colour = FAULT_COLOURS.get(f.kind, "#999")
+        x0, x1 = x(f.start), max(x(f.end), x(f.start) + 1.5)
+        title = esc(f"{f.kind} {f.target} {f.start:.2f}-{f.end:.2f}s: {f.detail}"
+                    + (f"; recovered after {f.recovered - f.end:.2f}s" if f.recovered is not None else "; not recovered"))
+        svg.append(f'<g><title>{title}</title>'
+                   f'<rect x="{x0:.1f}" y="{top - 2}" width="{x1 - x0:.1f}" height="{lanes_h + 4}" fill="{colour}" '
+                   f'fill-opacity="0.16"/>'
+                   f'<rect x="{x0:.1f}" y="{csn_top}" width="{x1 - x0:.1f}" height="{csn_h}" fill="{colour}" '
+                   f'fill-opacity="0.10"/>')
+        if f.recovered is not None and f.recovered > f.end:
+            svg.append(f'<rect x="{x1:.1f}" y="{top - 2}" width="{max(0.5, x(f.recovered) - x1):.1f}" '
+                       f'height="{lanes_h + 4}" fill="url(#hatch)"/>')
+        ly = 16 + row * label_h
+        svg.append(f'<line x1="{x0:.1f}" y1="{ly + 2}" x2="{x0:.1f}" y2="{top - 2}" stroke="{colour}" '
+                   f'stroke-opacity="0.6"/><text x="{x0 + 2:.1f}" y="{ly}" fill="{colour}">'
+                   f'{esc(f.kind)} {esc(f.target)}</text></g>')
+    # lanes and bars
+    for n, p in enumerate(lanes):
+        y = top + n * (lane_h + lane_gap)
+        name = "killed clients" if workload_of.get(p) == "kill-client" else f"client {p} ({workload_of.get(p, '')})"
+        svg.append(f'<text x="{left - 6}" y="{y + lane_h - 2}" text-anchor="end" fill="#333">{esc(name)}</text>')
+    row_of = {p: n for n, p in enumerate(lanes)}
+    for o in ops:
+        y = top + row_of[o.process] * (lane_h + lane_gap)
+        x0 = x(o.start)
+        w = max(1.0, x(o.end) - x0)
+        stroke = ' stroke="#d62728" stroke-width="1.5"' if o.resolved else ""
+        svg.append(f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
+                   f'fill="{OUTCOME_COLOURS.get(o.outcome, "#999")}"{stroke}><title>{esc(_op_title(o))}</title></rect>')
+    # commits by CSN
+    commits = [o for o in ops if o.outcome == "committed" and o.csn is not None]
+    svg.append(f'<rect x="{left}" y="{csn_top}" width="{plot_w}" height="{csn_h}" fill="none" stroke="#999"/>')
+    svg.append(f'<text x="{left - 6}" y="{csn_top + 12}" text-anchor="end" fill="#333">commits by CSN</text>')
+    if commits:
+        lo, hi = min(o.csn for o in commits), max(o.csn for o in commits)  # type: ignore[type-var]
+        span = max(1, hi - lo)
+        y = lambda c: csn_top + csn_h - 4 - (csn_h - 8) * (c - lo) / span  # noqa: E731
+        svg.append(f'<text x="{left - 6}" y="{csn_top + csn_h}" text-anchor="end" fill="#666">{lo}</text>')
+        svg.append(f'<text x="{left - 6}" y="{csn_top + 26}" text-anchor="end" fill="#666">{hi}</text>')
+        wl = sorted({o.workload for o in ops})
+        colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
+        for o in commits:
+            svg.append(f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}"/>')
+    else:
+        wl, colour = [], {}
+    svg.append("</svg>")
+    # legend and page
+    legend = "".join(f'<span class="key"><i style="background:{c}"></i>{esc(k)}</span>'
+                     for k, c in OUTCOME_COLOURS.items())
+    legend += '<span class="key"><i style="background:#2e9e44;outline:2px solid #d62728"></i>' \
+              'indeterminate, resolved later (fill: the outcome learnt)</span>'
+    kinds = sorted({f.kind for f in faults})
+    fault_legend = "".join(f'<span class="key"><i style="background:{FAULT_COLOURS.get(k, "#999")};opacity:.5">'
+                           f'</i>{esc(k)}</span>' for k in kinds)
+    fault_legend += '<span class="key"><i style="background:repeating-linear-gradient(45deg,#bbb 0 2px,#fff 2px 5px)">' \
+                    '</i>until every replica committed again</span>' if kinds else ""
+    wl_legend = "".join(f'<span class="key"><i style="background:{colour[w]};border-radius:50%"></i>{esc(w)}</span>'
+                        for w in wl)
+    h = history.header
+    counts = Counter(o.outcome for o in ops)
+    verdict_html = ('<p class="ok">no anomaly found</p>' if not findings else
+                    f'<p class="bad">{len(findings)} finding(s)</p><ul>'
+                    + "".join(f"<li>{esc(describe(f))}</li>" for f in findings[:50]) + "</ul>")
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>mergetxn chaos: seed {h.seed}</title>
+<style>
+body {{ font-family: sans-serif; margin: 16px; color: #222; }}
+.key {{ margin-right: 14px; white-space: nowrap; font-size: 13px; }}
+.key i {{ display: inline-block; width: 14px; height: 10px; margin-right: 4px; vertical-align: middle; }}
+.ok {{ color: #2e9e44; font-weight: bold; }} .bad {{ color: #d62728; font-weight: bold; }}
+.meta {{ color: #555; }} svg {{ border: 1px solid #ddd; }}
+</style></head><body>
+<h2>mergetxn chaos run, seed {h.seed}</h2>
+<p class="meta">form {esc(h.form)}, workload {esc(h.workload)}, started {esc(h.started)};
+{len(ops)} transactions ({counts.get('committed', 0)} committed, {counts.get('aborted', 0)} aborted,
+{counts.get('indeterminate', 0)} unresolved), {len(faults)} faults; hover a bar or a band for details.</p>
+{verdict_html}
+<p>transactions: {legend}</p>
+<p>faults: {fault_legend or 'none'}</p>
+<p>commits by CSN: {wl_legend or 'none'}</p>
+{''.join(svg)}
+</body></html>
+"""
