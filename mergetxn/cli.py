@@ -779,6 +779,71 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
     raise SystemExit(run(workdir, keep, console()))
 
 
+# -- chaos ---------------------------------------------------------------------------------------
+
+
+@cli.command(short_help="Run workloads under injected faults and check the history.")
+@click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
+              help="How long the workloads and the nemesis run (setup and checking come on top).")
+@click.option("--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed).")
+@click.option("--workload", type=click.Choice(["list-append", "bank", "all"]), default="all", show_default=True)
+@click.option("--nemesis", default="all", show_default=True, metavar="KINDS",
+              help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
+                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client), "
+                   "'all' (every kind this form supports) or 'none'.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("chaos-report"), show_default=True,
+              help="Directory for history.jsonl, findings.json, summary.json and timeline.html.")
+@click.option("--clients-per-replica", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Clients per replica and workload.")
+@click.option("--form", type=click.Choice(["auto", "namespaces", "loopback", "single"]), default="auto",
+              show_default=True, help="Simulated hosts in network namespaces (needs root), on loopback, "
+                                      "or a single host (one ZooKeeper, replica signal faults only).")
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).")
+@click.option("--cleanup", "cleanup_only", is_flag=True,
+              help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
+@click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Check a saved history.jsonl and write its report, without running anything.")
+def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_dir: Path,
+          clients_per_replica: int, form: str, workdir: Path | None, cleanup_only: bool,
+          check_history: Path | None) -> None:
+    """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
+    and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
+    and check the history for isolation anomalies, lost commits, divergent replicas and
+    unresolved outcomes. Exit code 0 only when nothing was found, 1 when something was
+    (each finding printed), 2 when the run could not be set up."""
+    import random
+    import tempfile
+
+    from mergetxn.chaos import report
+    from mergetxn.chaos.run import cleanup, conclude, history_from, run_chaos
+
+    out = console()
+    workdir = workdir or Path(tempfile.gettempdir()) / "mergetxn-chaos"
+    if cleanup_only:
+        done = cleanup(workdir)
+        out.print("\n".join(escape(d) for d in done) if done else "nothing to clean up")
+        return
+    if check_history is not None:
+        result = conclude(history_from(check_history), report_dir)
+    else:
+        if seed is None:
+            seed = random.SystemRandom().randrange(2**31)
+        out.print(f"seed {seed} (rerun with --seed {seed})")
+        try:
+            result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
+                               say=lambda text: out.print(escape(text), style="dim"))
+        except KeyboardInterrupt:
+            print_error("interrupted; the cluster was stopped")
+            raise SystemExit(130) from None
+        except (MergetxnError, OSError, RuntimeError, TimeoutError) as exc:
+            fail(f"the chaos run could not be set up or finished: {type(exc).__name__}: {exc}")
+    report.print_summary(result.summary, result.findings, out)
+    out.print(f"report: {escape(str(report_dir))}/ ({', '.join(report.FILES)})")
+    raise SystemExit(result.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console script entry point (``mergetxn``)."""
     cli.main(args=argv, prog_name="mergetxn")

@@ -1,0 +1,482 @@
+"""One chaos run: a cluster, workloads and a nemesis for a while, then heal, resolve, read, check.
+
+:func:`run_chaos` is what ``mergetxn chaos`` runs. The order after the faults matters: the nemesis
+stops (every fault healed), the cluster is healed again as a whole (anything still down is
+restarted), the run waits until every replica commits again, then the clients stop; every
+indeterminate outcome is resolved with ``commit_status`` (a transaction still running for a client
+that is gone is killed first: no caller may be left not knowing); every replica is read at one
+CSN; the checker reads the history; the report is written. :func:`conclude` is that last part on
+its own, so a saved or hand-made history can be checked without a cluster.
+
+Three cluster forms: ``namespaces`` and ``loopback`` (``mergetxn.chaos.hosts``: a ZooKeeper
+ensemble of 3, network faults) and ``single`` (:class:`SingleHostCluster`: one ZooKeeper server
+and three replica processes on this machine, replica signal faults only).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from coordinator.client import Client
+from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.versions import Tid
+from mergetxn.chaos import report
+from mergetxn.chaos.history import Final, Header, History, Op
+from mergetxn.chaos.nemesis import Nemesis, choose_kinds, wait_all_serving
+from mergetxn.chaos.workloads import (
+    PROBE_SCHEMA,
+    Recorder,
+    Worker,
+    create_table,
+    kill_client,
+    register_values,
+    set_values,
+    workloads_for,
+)
+from mergetxn.cluster import LocalCluster
+
+FORMS = ("auto", "namespaces", "loopback", "single")
+SESSION_TIMEOUT = 4.0  # short, so an expired or cut replica is noticed within a fault's recovery
+# Replica settings for a run: merges, cleanup and the log tail all busy within seconds, so they
+# run under the faults too (defaults would wait minutes before the first checkpoint or major merge).
+REPLICA_SETTINGS: dict[str, float | int] = {
+    "merge_interval": 0.5, "merge_min_parts": 4, "major_idle_seconds": 3.0, "gc_interval": 2.0,
+    "gc_grace_seconds": 20.0, "checkpoint_every": 500, "retain_entries": 1000, "local_checkpoint_every": 500,
+}
+RESOLVE_LIMIT = 60.0  # seconds to learn one indeterminate outcome
+FINAL_TIMEOUT = 60.0
+PIDS_FILE = "chaos-pids.json"
+
+
+# -- the single-host form -------------------------------------------------------------------------
+
+
+class SingleHostCluster:
+    """One machine, one ZooKeeper server, ``hosts`` replica processes (``LocalCluster``), with the
+    interface of ``mergetxn.chaos.hosts``' clusters. Only the replica signal faults exist here;
+    it is the form that runs wherever mergetxn runs (no root, no ensemble)."""
+
+    form = "single"
+
+    def __init__(self, workdir: str | os.PathLike, hosts: int = 3, session_timeout: float = SESSION_TIMEOUT,
+                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.hosts = hosts
+        self._local = LocalCluster(self.workdir, replicas=hosts, storage_url=storage_url,
+                                   session_timeout=session_timeout, settings=replica_settings)
+
+    @property
+    def zk_address(self) -> str:
+        return self._local.zk_address
+
+    @property
+    def replica_addresses(self) -> list[str]:
+        return self._local.replica_addresses
+
+    @property
+    def storage_url(self) -> str:
+        return self._local.storage_url
+
+    def __enter__(self) -> SingleHostCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._local.start()
+        finally:
+            self._write_pids()
+
+    def stop(self) -> None:
+        try:
+            self._local.stop()
+        finally:
+            (self.workdir / PIDS_FILE).unlink(missing_ok=True)
+
+    def supports(self) -> set[str]:
+        return {"kill-replica", "pause-replica"}
+
+    def kill_replica(self, i: int) -> None:
+        self._local.kill_replica(i)
+
+    def start_replica(self, i: int) -> str:
+        try:
+            return self._local.start_replica(i)
+        finally:
+            self._write_pids()
+
+    def pause_replica(self, i: int) -> None:
+        self._local.pause_replica(i)
+
+    def resume_replica(self, i: int) -> None:
+        self._local.resume_replica(i)
+
+    def replica_running(self, i: int) -> bool:
+        return self._local.replica_pid(i) is not None
+
+    def heal(self) -> None:
+        """No network faults exist in this form: nothing to undo."""
+
+    def _write_pids(self) -> None:
+        """Record what runs, so :func:`cleanup_single` can stop it after a crashed harness
+        (replica processes run in sessions of their own and outlive their parent)."""
+        zk = self._local.zk
+        pids = [p for p in [zk.pid if zk is not None else None,
+                            *(self._local.replica_pid(i) for i in range(self.hosts))] if p]
+        (self.workdir / PIDS_FILE).write_text(json.dumps(pids))
+
+
+def cleanup_single(workdir: Path) -> list[int]:
+    """Kill the processes an earlier single-host run in ``workdir`` left (those recorded in its
+    pid file whose command line still names ``workdir``); returns their pids."""
+    path = Path(workdir).resolve() / PIDS_FILE
+    try:
+        pids = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    killed = []
+    for pid in pids:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(Path(workdir).resolve()) in cmdline:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    continue
+            killed.append(pid)
+    path.unlink(missing_ok=True)
+    return killed
+
+
+def cleanup(workdir: Path) -> list[str]:
+    """Remove what an earlier run left: its processes (single form), the hosts' namespaces and
+    rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
+    done = [f"killed pid {p}" for p in cleanup_single(workdir)]
+    try:
+        from mergetxn.chaos import hosts
+    except ImportError:
+        hosts = None  # type: ignore[assignment]
+    if hosts is not None:
+        result = hosts.cleanup()
+        if result:
+            done.append(f"hosts: {result}")
+    cluster_dir = Path(workdir) / "cluster"
+    if cluster_dir.exists():
+        shutil.rmtree(cluster_dir, ignore_errors=True)
+        done.append(f"removed {cluster_dir}")
+    return done
+
+
+def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
+                 replica_settings: dict[str, float | int] | None = None) -> Any:
+    """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
+    them, else loopback (``hosts.make_cluster`` decides), else the single-host form."""
+    if form not in FORMS:
+        raise InvalidInput(f"unknown form {form!r}: choose from {', '.join(FORMS)}")
+    settings = dict(REPLICA_SETTINGS if replica_settings is None else replica_settings)
+    if form == "single":
+        return SingleHostCluster(workdir, 3, session_timeout, settings)
+    try:
+        from mergetxn.chaos import hosts
+    except ImportError:
+        if form == "auto":
+            return SingleHostCluster(workdir, 3, session_timeout, settings)
+        raise InvalidInput(f"form {form!r} needs mergetxn.chaos.hosts, which this installation lacks") from None
+    if form == "auto":
+        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+    cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
+    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+
+
+def form_of(cluster: Any) -> str:
+    return str(getattr(cluster, "form", None) or type(cluster).__name__.removesuffix("Cluster").lower())
+
+
+# -- after the run --------------------------------------------------------------------------------
+
+
+def heal_everything(cluster: Any) -> list[str]:
+    """Undo every fault the nemesis may have left and start whatever is down; returns errors."""
+    problems: list[str] = []
+    supported = cluster.supports()
+
+    def attempt(what: str, fn: Callable[[], Any]) -> None:
+        try:
+            fn()
+        except Exception as exc:
+            problems.append(f"{what}: {type(exc).__name__}: {exc}")
+
+    if supported & {"isolate", "partition-majority", "cut-from-zk", "bridge", "slow"}:
+        attempt("heal the network", cluster.heal)
+    for i in range(cluster.hosts):
+        if supported & {"kill-zk", "kill-zk-leader"}:
+            attempt(f"start zk{i}", lambda i=i: cluster.start_zk(i))
+        if "wal-full" in supported:
+            attempt(f"free r{i}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
+        if "pause-replica" in supported:
+            attempt(f"resume r{i}", lambda i=i: cluster.resume_replica(i))
+        if not cluster.replica_running(i):
+            attempt(f"start r{i}", lambda i=i: cluster.start_replica(i))
+    return problems
+
+
+def _retrying(limit: float, wait: float = 0.2) -> Retrying:
+    return Retrying(stop=stop_after_delay(limit), wait=wait_fixed(wait), retry=retry_if_exception_type(Exception),
+                    reraise=True)
+
+
+class _Undecided(Exception):
+    pass
+
+
+def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: float = RESOLVE_LIMIT) -> int:
+    """Learn the outcome of every indeterminate op with ``commit_status``, asked of every replica:
+    ``committed`` from any of them, or ``aborted`` (the owner's answer, or anyone's once the owner
+    is gone); a transaction still ``running`` (its client is gone) is killed on its replica first,
+    then asked again. Rounds over the undecided ones until ``limit`` seconds passed. Updates the
+    ops in place (``resolved`` says how); returns how many stay unresolved."""
+    clients = [Client(a, timeout=10.0) for a in addresses]
+    index = {h: i for i, h in enumerate(host_ids)}
+    pending = [op for op in ops if op.outcome == "indeterminate" and op.tid is not None]
+    killed: dict[int, str] = {}
+    last: dict[int, str] = {}
+
+    def ask(op: Op) -> tuple[str, int | None, str] | None:
+        owner = index.get(Tid.parse(op.tid or "").host_id)
+        answers: dict[int, Any] = {}
+        for i, client in enumerate(clients):
+            try:
+                answers[i] = client.commit_status(op.tid or "")
+            except (MergetxnError, OSError):
+                continue
+        last[op.index] = ", ".join(f"r{i}: {st.status}" for i, st in answers.items()) or "no replica answered"
+        for i, st in answers.items():
+            if st.status == "committed":
+                return "committed", st.csn, f"r{i} answered committed at CSN {st.csn}"
+        for i, st in answers.items():
+            if st.status == "aborted":
+                return "aborted", None, f"r{i} answered aborted ({st.reason})"
+        if owner is not None and owner in answers and answers[owner].status == "running":
+            try:
+                clients[owner].kill(op.tid or "")
+                killed[op.index] = f"killed on r{owner} (still running, its client gone)"
+            except (MergetxnError, OSError):
+                pass
+        return None
+
+    def round_() -> None:
+        for op in list(pending):
+            decided = ask(op)
+            if decided is None:
+                continue
+            status, csn, how = decided
+            op.outcome = status  # type: ignore[assignment]
+            op.csn = csn
+            op.resolved = "; ".join(x for x in (killed.get(op.index), f"commit_status: {how}") if x)
+            pending.remove(op)
+        if pending:
+            raise _Undecided(f"{len(pending)} undecided")
+
+    try:
+        try:
+            _retrying(limit, 0.5)(round_)
+        except _Undecided:
+            pass
+        for op in pending:
+            op.message += f"; unresolved after {limit:g}s ({last.get(op.index, 'not asked')})"
+    finally:
+        for c in clients:
+            c.close()
+    return len(pending)
+
+
+def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str]) -> list[Final]:
+    """Every replica's contents at one CSN (the highest any replica applied) and its
+    ``commit_status`` answer for each of ``tids``."""
+    clients = [Client(a, timeout=FINAL_TIMEOUT) for a in addresses]
+    try:
+        csn = max(_retrying(FINAL_TIMEOUT)(c.snapshot) for c in clients)
+        finals = []
+        for i, client in enumerate(clients):
+            contents: dict[str, dict[str, Any]] = {}
+            for table, kind in tables.items():
+                data = _retrying(FINAL_TIMEOUT, 0.5)(lambda t=table: client.read(t, snapshot=csn))
+                if kind == "set":
+                    contents[table] = set_values(data)
+                else:
+                    contents[table] = register_values(data, data.schema.names[0], data.schema.names[1])
+            statuses: dict[str, list[Any]] = {}
+            for tid in tids:
+                try:
+                    st = _retrying(10.0)(lambda t=tid: client.commit_status(t))
+                    statuses[tid] = [st.status, st.csn]
+                except Exception as exc:
+                    statuses[tid] = [f"error: {type(exc).__name__}", None]
+            finals.append(Final(i, csn, contents, statuses))
+        return finals
+    finally:
+        for c in clients:
+            c.close()
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """A run's outcome: the history, what the checker found, the summary, where the report is."""
+
+    history: History
+    findings: list[Any]
+    summary: dict[str, Any]
+    report_dir: Path | None
+    problems: list[str] = field(default_factory=list)  # the harness's own troubles (healing, setup)
+
+    @property
+    def exit_code(self) -> int:
+        return report.verdict(self.findings)
+
+
+def conclude(history: History, report_dir: Path | None, problems: list[str] | None = None,
+             extra: dict[str, Any] | None = None) -> Result:
+    """Check a history and write its report (``report_dir`` None: no files)."""
+    from mergetxn.chaos.checker import check
+
+    findings = check(history)
+    summary = report.summarize(history, findings, extra={**(extra or {}), "problems": problems or []})
+    if report_dir is not None:
+        report.write_report(history, findings, summary, Path(report_dir))
+    return Result(history, findings, summary, None if report_dir is None else Path(report_dir), problems or [])
+
+
+def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = None, workload: str = "all",
+              nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
+              clients_per_replica: int = 2, form: str = "auto",
+              say: Callable[[str], None] = lambda text: None) -> Result:
+    """Run a chaos campaign (see the module doc); ``say`` hears progress lines."""
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    if clients_per_replica < 1:
+        raise InvalidInput(f"clients per replica must be at least 1, not {clients_per_replica}")
+    if seconds <= 0:
+        raise InvalidInput(f"seconds must be positive, not {seconds}")
+    wls = workloads_for(workload)
+    workdir = Path(workdir).resolve()
+    for line in cleanup(workdir):
+        say(f"cleanup: {line}")
+    cluster = open_cluster(form, workdir / "cluster")
+    kinds, left_out = choose_kinds(nemesis, cluster.supports())
+    rng = random.Random(seed)
+    rec = Recorder()
+    stop = threading.Event()
+    workers: list[Worker] = []
+    nem: Nemesis | None = None
+    problems: list[str] = []
+    try:
+        say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
+        cluster.start()
+        addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
+        admin = Client(cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
+        try:
+            initial: dict[str, dict[str, Any]] = {}
+            tables: dict[str, Any] = {}
+            for w in wls:
+                initial |= w.create(admin)
+                tables |= w.tables
+            create_table(admin, "probe", PROBE_SCHEMA, [], "parts")
+            host_ids = []
+            for a in cluster.replica_addresses:
+                with Client(a, timeout=FINAL_TIMEOUT) as c:
+                    host_ids.append(c.host_id)
+        finally:
+            admin.close()
+        failed = wait_all_serving(addresses, cluster.hosts)
+        if failed:
+            raise RuntimeError(f"replica(s) {failed} never committed after start")
+        header = Header(seed=seed, workload=workload, nemesis=",".join(kinds) or "none", tables=tables,
+                        initial=initial, started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+                        form=form_of(cluster))
+        if left_out:
+            say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
+        say(f"seed {seed}; workload {workload}; faults {header.nemesis}; {seconds:g}s")
+        rec.t0 = time.monotonic()
+        n = cluster.hosts * clients_per_replica * len(wls)
+        workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
+                          rng.randrange(2**31)) for p in range(n)]
+        killed_process = n  # one timeline lane for every killed client
+
+        def kill_one(i: int, r: random.Random) -> str:
+            return kill_client(cluster.replica_addresses[i], i, killed_process, rec, r).detail
+
+        nem = Nemesis(cluster, kinds, seed, rec, kill_one)
+        for w in workers:
+            w.start()
+        nem.start()
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, 5.0))
+            say(f"{rec.now():6.1f}s  {len(rec.ops)} ops, {len(nem.faults)} faults")
+        say("stopping the nemesis; healing")
+        nem.stop()
+        problems += nem.errors
+        problems += heal_everything(cluster)
+        failed = wait_all_serving(addresses, cluster.hosts)
+        if failed:
+            problems.append(f"replica(s) {failed} served no commit {60}s after healing")
+        stop.set()
+        for w in workers:
+            w.join(60)
+        say("resolving indeterminate outcomes")
+        ops = sorted(rec.ops, key=lambda o: o.index)
+        resolve(ops, cluster.replica_addresses, host_ids)
+        tids = [o.tid for o in ops if o.tid and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
+        say("reading every replica at one CSN")
+        finals = take_finals(cluster.replica_addresses, tables, tids)
+        history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
+        say("checking the history")
+        return conclude(history, None if report_dir is None else Path(report_dir), problems,
+                        extra={"seconds": seconds, "clients": n,
+                               "failovers": sum(w.failovers for w in workers), "left_out": left_out})
+    finally:
+        stop.set()
+        if nem is not None:
+            nem.stop(30)
+        for w in workers:
+            w.join(15)
+        cluster.stop()
+
+
+def history_from(path: Path) -> History:
+    """A history written by a run (``history.jsonl``), for ``mergetxn chaos --check-history``."""
+    if not Path(path).exists():
+        raise InvalidInput(f"no history at {path}")
+    try:
+        return History.read(Path(path))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidInput(f"{path} is not a chaos history: {exc}") from None
+
+
+__all__ = ["FORMS", "Result", "SingleHostCluster", "cleanup", "conclude", "history_from", "open_cluster",
+           "resolve", "run_chaos", "take_finals"]
