@@ -275,17 +275,20 @@ def timeline_html(history: History, findings: list[Any] | None = None) -> str:
     # commits by CSN
     commits = [o for o in ops if o.outcome == "committed" and o.csn is not None]
     svg.append(f'<rect x="{left}" y="{csn_top}" width="{plot_w}" height="{csn_h}" fill="none" stroke="#999"/>')
-    svg.append(f'<text x="{left - 6}" y="{csn_top + 12}" text-anchor="end" fill="#333">commits by CSN</text>')
     if commits:
-        lo, hi = min(o.csn for o in commits), max(o.csn for o in commits)  # type: ignore[type-var]
-        span = max(1, hi - lo)
-        y = lambda c: csn_top + csn_h - 4 - (csn_h - 8) * (c - lo) / span  # noqa: E731
-        svg.append(f'<text x="{left - 6}" y="{csn_top + csn_h}" text-anchor="end" fill="#666">{lo}</text>')
-        svg.append(f'<text x="{left - 6}" y="{csn_top + 26}" text-anchor="end" fill="#666">{hi}</text>')
-        wl = sorted({o.workload for o in ops})
+        # By rank: a new epoch makes CSNs jump by 2**31, which would flatten a linear scale.
+        order = sorted({o.csn for o in commits if o.csn is not None})
+        rank = {c: n for n, c in enumerate(order)}
+        span = max(1, len(order) - 1)
+        y = lambda c: csn_top + csn_h - 4 - (csn_h - 8) * rank[c] / span  # noqa: E731
+        for c in dict.fromkeys([order[0], order[len(order) // 2], order[-1]]):
+            svg.append(f'<text x="{left - 6}" y="{y(c) + 4:.1f}" text-anchor="end" fill="#666">{c}</text>')
+        svg.append(f'<text x="{left}" y="{csn_top - 5}" fill="#333">CSN of each commit</text>')
+        wl = sorted({o.workload for o in commits})
         colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
         for o in commits:
-            svg.append(f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}"/>')
+            svg.append(f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
+                       f'<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on r{o.replica}</title></circle>')
     else:
         wl, colour = [], {}
     svg.append("</svg>")
@@ -322,7 +325,7 @@ body {{ font-family: sans-serif; margin: 16px; color: #222; }}
 {verdict_html}
 <p>transactions: {legend}</p>
 <p>faults: {fault_legend or 'none'}</p>
-<p>commits by CSN: {wl_legend or 'none'}</p>
+<p>commits by CSN (lower panel, in commit order; a new epoch makes CSNs jump): {wl_legend or 'none'}</p>
 {''.join(svg)}
 </body></html>
 """

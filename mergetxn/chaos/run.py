@@ -31,7 +31,7 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.client import Client
-from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, SnapshotUnavailable
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
@@ -314,27 +314,42 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
 
 def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str]) -> list[Final]:
     """Every replica's contents at one CSN (the highest any replica applied) and its
-    ``commit_status`` answer for each of ``tids``."""
+    ``commit_status`` answer for each of ``tids``.
+
+    Nothing pins that CSN (a plain read pins its snapshot only while it reads), so a merge that
+    commits meanwhile and a cleanup pass after it can make it unreadable (SnapshotUnavailable):
+    then every replica is read again at the newest CSN, until the merges have settled."""
     clients = [Client(a, timeout=FINAL_TIMEOUT) for a in addresses]
-    try:
+
+    def contents_at_one_csn() -> tuple[int, list[dict[str, dict[str, Any]]]]:
         csn = max(_retrying(FINAL_TIMEOUT)(c.snapshot) for c in clients)
-        finals = []
-        for i, client in enumerate(clients):
+        out = []
+        for client in clients:
             contents: dict[str, dict[str, Any]] = {}
             for table, kind in tables.items():
-                data = _retrying(FINAL_TIMEOUT, 0.5)(lambda t=table: client.read(t, snapshot=csn))
+                data = Retrying(stop=stop_after_delay(FINAL_TIMEOUT), wait=wait_fixed(0.5), reraise=True,
+                                retry=retry_if_exception_type((ReplicaUnavailable, OSError)))(
+                    lambda t=table, c=client: c.read(t, snapshot=csn))
                 if kind == "set":
                     contents[table] = set_values(data)
                 else:
                     contents[table] = register_values(data, data.schema.names[0], data.schema.names[1])
+            out.append(contents)
+        return csn, out
+
+    try:
+        csn, contents = Retrying(stop=stop_after_delay(2 * FINAL_TIMEOUT), wait=wait_fixed(1.0), reraise=True,
+                                 retry=retry_if_exception_type(SnapshotUnavailable))(contents_at_one_csn)
+        finals = []
+        for i, client in enumerate(clients):
             statuses: dict[str, list[Any]] = {}
             for tid in tids:
                 try:
-                    st = _retrying(10.0)(lambda t=tid: client.commit_status(t))
+                    st = _retrying(10.0)(lambda t=tid, c=client: c.commit_status(t))
                     statuses[tid] = [st.status, st.csn]
                 except Exception as exc:
                     statuses[tid] = [f"error: {type(exc).__name__}", None]
-            finals.append(Final(i, csn, contents, statuses))
+            finals.append(Final(i, csn, contents[i], statuses))
         return finals
     finally:
         for c in clients:
@@ -451,7 +466,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         say("resolving indeterminate outcomes")
         ops = sorted(rec.ops, key=lambda o: o.index)
         resolve(ops, cluster.replica_addresses, host_ids)
-        tids = [o.tid for o in ops if o.tid and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
+        # A transaction that wrote nothing commits without a log entry: no replica can name a CSN for it.
+        tids = [o.tid for o in ops if o.tid and writes(o)
+                and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
         say("reading every replica at one CSN")
         finals = take_finals(cluster.replica_addresses, tables, tids)
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
@@ -468,6 +485,11 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         cluster.stop()
 
 
+def writes(op: Op) -> bool:
+    """Whether ``op`` asked for any write (only those reach the log)."""
+    return any(m[0] != "r" for m in op.mops)
+
+
 def history_from(path: Path) -> History:
     """A history written by a run (``history.jsonl``), for ``mergetxn chaos --check-history``."""
     if not Path(path).exists():
@@ -479,4 +501,4 @@ def history_from(path: Path) -> History:
 
 
 __all__ = ["FORMS", "Result", "SingleHostCluster", "cleanup", "conclude", "history_from", "open_cluster",
-           "resolve", "run_chaos", "take_finals"]
+           "resolve", "run_chaos", "take_finals", "writes"]

@@ -1,0 +1,126 @@
+"""``mergetxn chaos`` end to end on the single-host form, and its verdict on a damaged history.
+
+One campaign (about 25 s of workload under replica kills, pauses and killed clients) runs
+through the command line as a user runs it; the tests read what it wrote: the report files, the
+history (committed, aborted and resolved ops, faults, every replica's final contents), and its
+exit code. The checker's failure path is driven through the same command with a history whose
+one read was damaged (``--check-history``), so no cluster is faked for it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mergetxn.chaos.history import History
+from mergetxn.chaos.run import conclude, writes
+from mergetxn.cli import cli
+
+pytestmark = pytest.mark.slow
+
+SECONDS = 25
+SEED = 20240611
+FILES = {"history.jsonl", "findings.json", "summary.json", "timeline.html"}
+
+
+@dataclass
+class Campaign:
+    exit_code: int
+    output: str
+    report: Path
+    history: History
+
+
+@pytest.fixture(scope="module")
+def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
+    base = tmp_path_factory.mktemp("chaos")
+    report = base / "report"
+    result = CliRunner().invoke(cli, [
+        "chaos", "--seconds", str(SECONDS), "--seed", str(SEED), "--form", "single", "--workload", "all",
+        "--nemesis", "kill-replica,pause-replica,kill-client", "--workdir", str(base / "work"),
+        "--report", str(report),
+    ])
+    history = History.read(report / "history.jsonl") if (report / "history.jsonl").exists() else None
+    assert history is not None, f"no history written; exit {result.exit_code}\n{result.output}\n{result.exception!r}"
+    yield Campaign(result.exit_code, result.output, report, history)
+
+
+def test_campaign_passes_and_writes_its_report(campaign: Campaign) -> None:
+    assert campaign.exit_code == 0, campaign.output
+    assert FILES <= {p.name for p in campaign.report.iterdir()}
+    assert json.loads((campaign.report / "findings.json").read_text()) == []
+    summary = json.loads((campaign.report / "summary.json").read_text())
+    assert summary["seed"] == SEED and summary["findings"] == 0
+    assert summary["ops"]["total"] == len(campaign.history.ops)
+    page = (campaign.report / "timeline.html").read_text()
+    assert "<svg" in page and "seconds since the run began" in page and "no anomaly found" in page
+    assert "no anomaly found" in campaign.output and f"seed {SEED}" in campaign.output
+
+
+def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
+    h = campaign.history
+    outcomes = {o.outcome for o in h.ops}
+    assert {"committed", "aborted"} <= outcomes
+    assert "indeterminate" not in outcomes, [o for o in h.ops if o.outcome == "indeterminate"]
+    assert {o.workload for o in h.ops} >= {"list-append", "bank"}
+    assert any(o.error == "ConflictError" for o in h.ops)  # transfers on one account collide
+    kinds = {f.kind for f in h.faults}
+    assert kinds == {"kill-replica", "pause-replica", "kill-client"}, kinds
+    assert all(f.recovered is not None for f in h.faults), [f for f in h.faults if f.recovered is None]
+    killed = [o for o in h.ops if o.workload == "kill-client" and o.tid]
+    assert killed and all(o.resolved and o.outcome == "aborted" for o in killed), killed
+    assert all(o.mops and o.mops[0][0] == "append" for o in killed)
+    # every op with a tid names it once; every mop is of the documented shape
+    tids = [o.tid for o in h.ops if o.tid]
+    assert len(tids) == len(set(tids))
+    assert all(m[0] in {"r", "append", "delete", "set"} and len(m) == 4 for o in h.ops for m in o.mops)
+
+
+def test_replicas_end_identical_and_the_bank_total_holds(campaign: Campaign) -> None:
+    finals = campaign.history.finals
+    assert len(finals) == 3
+    assert len({f.csn for f in finals}) == 1
+    assert all(f.tables == finals[0].tables for f in finals)
+    assert sum(finals[0].tables["bank"].values()) == 10 * 100
+    committed = [o for o in campaign.history.ops if o.outcome == "committed" and o.tid and writes(o)]
+    for f in finals:  # every replica knows every committed writer at its CSN
+        assert all(f.statuses[o.tid] == ["committed", o.csn] for o in committed)
+
+
+def _damaged(history: History) -> tuple[History, int]:
+    """The history with one element dropped from one committed read that returned two or more."""
+    data = [dict(r) for r in history.records()]
+    for rec in data:
+        if rec["type"] == "op" and rec["outcome"] == "committed" and rec["workload"] == "list-append":
+            for m in rec["mops"]:
+                if m[0] == "r" and m[3] and len(m[3]) >= 2:
+                    m[3] = m[3][1:]
+                    return History.from_records(data), rec["index"]
+    raise AssertionError("no committed read of two or more elements to damage")
+
+
+def test_a_damaged_history_fails_the_check(campaign: Campaign, tmp_path: Path) -> None:
+    damaged, index = _damaged(campaign.history)
+    result = conclude(damaged, None)
+    assert result.findings and result.exit_code == 1
+    assert any(index in (getattr(f, "ops", None) or []) for f in result.findings), result.findings
+    path = tmp_path / "damaged.jsonl"
+    damaged.write(path)
+    report = tmp_path / "report"
+    out = CliRunner().invoke(cli, ["chaos", "--check-history", str(path), "--report", str(report)])
+    assert out.exit_code == 1, out.output
+    assert "finding" in out.output
+    assert FILES <= {p.name for p in report.iterdir()}
+    assert json.loads((report / "findings.json").read_text())
+
+
+def test_fault_kinds_the_form_cannot_inject_are_refused(tmp_path: Path) -> None:
+    out = CliRunner().invoke(cli, ["chaos", "--seconds", "5", "--form", "single", "--nemesis", "isolate",
+                                   "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "report")])
+    assert out.exit_code == 2
+    assert "isolate" in out.output and "namespaces" in out.output
