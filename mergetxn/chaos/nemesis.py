@@ -19,7 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import (
+    Retrying,
+    retry_if_not_exception_type,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from coordinator.client import Client
 from coordinator.errors import InvalidInput
@@ -111,16 +116,27 @@ class Prober:
                 dropped.close()
             raise
 
-    def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT) -> list[int]:
-        """Probe each replica until it commits (bounded); returns those that never did."""
+    def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT,
+                     skip: Callable[[int], bool] = lambda i: False) -> list[int]:
+        """Probe each replica until it commits (bounded); returns those that never did. A replica
+        for which ``skip`` turns true meanwhile (another lane is faulting it) is not waited for."""
+
+        class _Skipped(Exception):
+            pass
+
+        def attempt(i: int) -> None:
+            if skip(i):
+                raise _Skipped
+            self.probe(i)
+
         failed = []
         for i in replicas:
             try:
-                for attempt in Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1),
-                                        retry=retry_if_exception_type(Exception)):
-                    with attempt:
-                        self.probe(i)
-            except RetryError:
+                Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1), reraise=True,
+                         retry=retry_if_not_exception_type(_Skipped))(attempt, i)
+            except _Skipped:
+                continue
+            except Exception:
                 failed.append(i)
         return failed
 
@@ -260,10 +276,10 @@ class Nemesis:
         with self._lock:
             self._held.pop(lane, None)
 
-    def _replicas_free(self, lane: int) -> list[int]:
+    def _held_by_others(self, lane: int, i: int) -> bool:
+        """Whether another lane is faulting replica ``i`` (its recovery is that lane's to measure)."""
         with self._lock:
-            taken = frozenset().union(*(r for n, r in self._held.items() if n != lane))
-        return [i for i in range(self.cluster.hosts) if f"replica{i}" not in taken]
+            return any(f"replica{i}" in r for n, r in self._held.items() if n != lane)
 
     # -- one lane -------------------------------------------------------------------------------
     def _lane(self, lane: int) -> None:
@@ -301,7 +317,7 @@ class Nemesis:
         except Exception as exc:
             detail += f"; heal failed: {type(exc).__name__}: {exc}"
             self.errors.append(f"{plan.kind} {plan.target}: heal failed: {type(exc).__name__}: {exc}")
-        failed = prober.wait_serving(self._replicas_free(lane))
+        failed = prober.wait_serving(list(range(self.cluster.hosts)), skip=lambda i: self._held_by_others(lane, i))
         recovered = None if failed else self.rec.now()
         if failed:
             detail += f"; replica(s) {failed} served no commit within {RECOVERY_LIMIT:g}s"
