@@ -831,6 +831,11 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
         if seed is None:
             seed = random.SystemRandom().randrange(2**31)
         out.print(f"seed {seed} (rerun with --seed {seed})")
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt  # SIGTERM stops the run as Ctrl-C does: healed, cluster stopped
+
+        previous = signal.signal(signal.SIGTERM, interrupt)
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
                                say=lambda text: out.print(escape(text), style="dim"))
@@ -839,6 +844,8 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
             raise SystemExit(130) from None
         except (MergetxnError, OSError, RuntimeError, TimeoutError) as exc:
             fail(f"the chaos run could not be set up or finished: {type(exc).__name__}: {exc}")
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     report.print_summary(result.summary, result.findings, out)
     out.print(f"report: {escape(str(report_dir))}/ ({', '.join(report.FILES)})")
     raise SystemExit(result.exit_code)

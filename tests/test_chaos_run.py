@@ -10,6 +10,9 @@ one read was damaged (``--check-history``), so no cluster is faked for it.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from mergetxn.chaos.history import History
-from mergetxn.chaos.run import conclude, writes
+from mergetxn.chaos.run import PIDS_FILE, conclude, writes
 from mergetxn.cli import cli
 
 pytestmark = pytest.mark.slow
@@ -124,3 +127,26 @@ def test_fault_kinds_the_form_cannot_inject_are_refused(tmp_path: Path) -> None:
                                    "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "report")])
     assert out.exit_code == 2
     assert "isolate" in out.output and "namespaces" in out.output
+
+
+def test_cleanup_stops_what_a_killed_run_left(tmp_path: Path) -> None:
+    """A harness killed with SIGKILL leaves its replica processes (sessions of their own);
+    ``--cleanup`` finds them by the pid file in the run's directory, and only those naming it."""
+    cluster_dir = tmp_path / "work" / "cluster"
+    cluster_dir.mkdir(parents=True)
+    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(cluster_dir)],
+                            start_new_session=True)
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        (cluster_dir / PIDS_FILE).write_text(json.dumps([mine.pid, stranger.pid]))
+        out = CliRunner().invoke(cli, ["chaos", "--cleanup", "--workdir", str(tmp_path / "work")])
+        assert out.exit_code == 0, out.output
+        assert f"killed pid {mine.pid}" in out.output and str(stranger.pid) not in out.output
+        assert mine.wait(10) == -signal.SIGKILL
+        assert stranger.poll() is None
+        assert not cluster_dir.exists()
+    finally:
+        for p in (mine, stranger):
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -161,6 +161,7 @@ class Nemesis:
         self.faults: list[Fault] = []
         self.errors: list[str] = []  # a fault that could not be injected or healed (reported)
         self._stop = threading.Event()
+        self._abort = threading.Event()
         self._lock = threading.Lock()
         self._held: dict[int, frozenset[str]] = {}
         self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
@@ -171,8 +172,11 @@ class Nemesis:
         for t in self._threads:
             t.start()
 
-    def stop(self, timeout: float = 120.0) -> None:
-        """Stop injecting; each lane heals its current fault and measures its recovery first."""
+    def stop(self, timeout: float = 120.0, measure: bool = True) -> None:
+        """Stop injecting; each lane heals its current fault and (``measure``) its recovery first.
+        An interrupted run does not measure: it only heals, then stops the cluster."""
+        if not measure:
+            self._abort.set()
         self._stop.set()
         for t in self._threads:
             t.join(timeout)
@@ -317,8 +321,11 @@ class Nemesis:
         except Exception as exc:
             detail += f"; heal failed: {type(exc).__name__}: {exc}"
             self.errors.append(f"{plan.kind} {plan.target}: heal failed: {type(exc).__name__}: {exc}")
-        failed = prober.wait_serving(list(range(self.cluster.hosts)), skip=lambda i: self._held_by_others(lane, i))
-        recovered = None if failed else self.rec.now()
+        failed = prober.wait_serving(list(range(self.cluster.hosts)),
+                                     skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
+        if self._abort.is_set():
+            failed, detail = [], detail + "; recovery not measured (run interrupted)"
+        recovered = None if failed or self._abort.is_set() else self.rec.now()
         if failed:
             detail += f"; replica(s) {failed} served no commit within {RECOVERY_LIMIT:g}s"
         with self._lock:

@@ -173,7 +173,8 @@ def cleanup_single(workdir: Path) -> list[int]:
 def cleanup(workdir: Path) -> list[str]:
     """Remove what an earlier run left: its processes (single form), the hosts' namespaces and
     rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
-    done = [f"killed pid {p}" for p in cleanup_single(workdir)]
+    cluster_dir = Path(workdir) / "cluster"
+    done = [f"killed pid {p}" for p in cleanup_single(cluster_dir)]
     try:
         from mergetxn.chaos import hosts
     except ImportError:
@@ -182,7 +183,6 @@ def cleanup(workdir: Path) -> list[str]:
         result = hosts.cleanup()
         if result:
             done.append(f"hosts: {result}")
-    cluster_dir = Path(workdir) / "cluster"
     if cluster_dir.exists():
         shutil.rmtree(cluster_dir, ignore_errors=True)
         done.append(f"removed {cluster_dir}")
@@ -479,7 +479,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     finally:
         stop.set()
         if nem is not None:
-            nem.stop(30)
+            nem.stop(30, measure=False)
         for w in workers:
             w.join(15)
         cluster.stop()
