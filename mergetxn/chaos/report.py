@@ -157,7 +157,7 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
         out.print("[bold green]no anomaly found[/]")
         return
     out.print(f"[bold red]{len(findings)} finding(s):[/] "
-              + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items()))
+              + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items() if v))
     for f in findings[:limit]:
         out.print(f"  [red]{escape(describe(f))}[/]", soft_wrap=True)
     if len(findings) > limit:

@@ -38,10 +38,10 @@ from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.nemesis import Nemesis, choose_kinds, wait_all_serving
 from mergetxn.chaos.workloads import (
     PROBE_SCHEMA,
+    KillClients,
     Recorder,
     Worker,
     create_table,
-    kill_client,
     register_values,
     set_values,
     workloads_for,
@@ -408,6 +408,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     stop = threading.Event()
     workers: list[Worker] = []
     nem: Nemesis | None = None
+    killers: KillClients | None = None
     problems: list[str] = []
     try:
         say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
@@ -440,12 +441,11 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         n = cluster.hosts * clients_per_replica * len(wls)
         workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
                           rng.randrange(2**31)) for p in range(n)]
-        killed_process = n  # one timeline lane for every killed client
-
-        def kill_one(i: int, r: random.Random) -> str:
-            return kill_client(cluster.replica_addresses[i], i, killed_process, rec, r).detail
-
-        nem = Nemesis(cluster, kinds, seed, rec, kill_one)
+        killers = KillClients(rec, n)  # one timeline lane for every killed client
+        if "kill-client" in kinds:
+            killers.prepare()
+        nem = Nemesis(cluster, kinds, seed, rec,
+                      lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail)
         for w in workers:
             w.start()
         nem.start()
@@ -480,6 +480,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         stop.set()
         if nem is not None:
             nem.stop(30, measure=False)
+        if killers is not None:
+            killers.close()
         for w in workers:
             w.join(15)
         cluster.stop()

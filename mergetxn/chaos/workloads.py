@@ -312,7 +312,11 @@ _KILLED_CLIENT_CODE = r"""# mergetxn chaos: a client killed between writing its 
 import json, sys
 import pyarrow as pa
 from coordinator.client import Client
-address, key, elems = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+print(json.dumps({"ready": True}), flush=True)
+job = json.loads(sys.stdin.readline() or "null")
+if job is None:
+    sys.exit(0)
+address, key, elems = job["address"], job["key"], job["elems"]
 try:
     client = Client(address, timeout=10.0)
     tx = client.begin()
@@ -333,60 +337,107 @@ class KilledClient:
     detail: str
 
 
-def kill_client(address: str, replica: int, process: int, rec: Recorder, rng: random.Random,
-                timeout: float = 20.0) -> KilledClient:
-    """Run a client as a child process that begins, inserts elements into ``la0`` and is SIGKILLed
-    once its insert returned (or after ``timeout``), never committing or rolling back. Its op is
-    recorded as indeterminate: after the run ``commit_status`` must say it did not commit (the
-    transaction is killed there if it still runs) and none of its elements may ever be read."""
-    key = rng.randrange(KEYS)
-    elems = [rec.element() for _ in range(rng.randint(1, 3))]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    start = rec.now()
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT_CODE, address, str(key), json.dumps(elems)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    lines: list[dict] = []
-    deadline = time.monotonic() + timeout
-    buf = b""
-    try:
-        assert proc.stdout is not None
-        while time.monotonic() < deadline and not any("inserted" in m or "error" in m for m in lines):
-            ready, _, _ = select.select([proc.stdout], [], [], 0.1)
-            if not ready:
-                if proc.poll() is not None:
-                    break
-                continue
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                try:
-                    lines.append(json.loads(line))
-                except ValueError:
-                    pass
-    finally:
+class KillClients:
+    """Clients run as child processes that begin, insert elements into ``la0`` and are SIGKILLed
+    once their insert returned, never committing or rolling back: a client process killed between
+    writing its parts and committing. One child is kept started ahead (Python and pyarrow take a
+    second to import), so the fault itself is short. Their ops are recorded as indeterminate;
+    after the run ``commit_status`` must say they did not commit (a transaction still running is
+    killed there first), and none of their elements may ever be read."""
+
+    def __init__(self, rec: Recorder, process: int) -> None:
+        self.rec = rec
+        self.process = process
+        self._next: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        return subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT_CODE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+
+    def prepare(self) -> None:
+        """Start the first child ahead."""
+        with self._lock:
+            if self._next is None:
+                self._next = self._spawn()
+
+    def _take(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            proc, self._next = self._next, self._spawn()
+        return proc if proc is not None and proc.poll() is None else self._spawn()
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self._next = self._next, None
+        if proc is not None:
+            _kill(proc)
+
+    def kill_one(self, address: str, replica: int, rng: random.Random, timeout: float = 20.0) -> KilledClient:
+        rec = self.rec
+        key = rng.randrange(KEYS)
+        elems = [rec.element() for _ in range(rng.randint(1, 3))]
+        start = rec.now()
+        proc = self._take()
+        lines: list[dict] = []
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write((json.dumps({"address": address, "key": key, "elems": elems}) + "\n").encode())
+            proc.stdin.flush()
+            _read_until(proc, lines, time.monotonic() + timeout, lambda m: "inserted" in m or "error" in m)
+        except OSError:
             pass
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
+        finally:
+            _kill(proc)
+        began = next((m for m in lines if "tid" in m), None)
+        inserted = any("inserted" in m for m in lines)
+        base = {"process": self.process, "replica": replica, "workload": KILLED_CLIENT, "start": start}
+        if began is None:
+            error = next((m for m in lines if "error" in m),
+                         {"error": "Killed", "message": "killed before begin answered"})
+            op = rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=[], outcome="aborted",
+                         error=error["error"], message=f"begin failed: {error.get('message', '')}")
+            return KilledClient(op, f"r{replica}: begin failed ({error['error']})")
+        mops: list[list[Any]] = [["append", "la0", str(key), e] for e in elems]
+        when = "after its insert returned" if inserted else "before its insert returned"
+        op = rec.add(**base, tid=began["tid"], snapshot=began["snapshot"], end=rec.now(), mops=mops,
+                     outcome="indeterminate", error="Killed", message=f"client SIGKILLed {when}")
+        return KilledClient(op, f"{began['tid']} SIGKILLed {when} (elements {elems})")
+
+
+def _read_until(proc: subprocess.Popen[bytes], lines: list[dict], deadline: float,
+                done: Callable[[dict], bool]) -> None:
+    """Collect the child's JSON lines until one satisfies ``done``, it exits, or the deadline."""
+    assert proc.stdout is not None
+    buf = b""
+    while time.monotonic() < deadline and not any(done(m) for m in lines):
+        ready, _, _ = select.select([proc.stdout], [], [], 0.1)
+        if not ready:
+            if proc.poll() is not None:
+                return
+            continue
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            return
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                lines.append(json.loads(line))
+            except ValueError:
+                pass
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            try:
                 stream.close()
-    began = next((m for m in lines if "tid" in m), None)
-    inserted = any("inserted" in m for m in lines)
-    mops = [["append", "la0", str(key), e] for e in elems]
-    if began is None:
-        error = next((m for m in lines if "error" in m), {"error": "Killed", "message": "killed before begin answered"})
-        op = rec.add(process=process, replica=replica, workload=KILLED_CLIENT, tid=None, snapshot=None, start=start,
-                     end=rec.now(), mops=[], outcome="aborted", error=error["error"],
-                     message=f"begin failed: {error.get('message', '')}")
-        return KilledClient(op, f"r{replica}: begin failed ({error['error']})")
-    op = rec.add(process=process, replica=replica, workload=KILLED_CLIENT, tid=began["tid"], snapshot=began["snapshot"],
-                 start=start, end=rec.now(), mops=mops, outcome="indeterminate", error="Killed",
-                 message="client SIGKILLed " + ("after its insert returned" if inserted else "before its insert returned"))
-    return KilledClient(op, f"r{replica}: {began['tid']} killed {'after' if inserted else 'during'} its insert of {elems}")
+            except OSError:
+                pass
