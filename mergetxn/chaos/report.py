@@ -34,9 +34,10 @@ FAULT_COLOURS = {
 WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 
 
-def verdict(findings: list[Any]) -> int:
-    """The exit code: 0 only when the checker found nothing."""
-    return 0 if not findings else 1
+def verdict(findings: list[Any], incomplete: list[str] | None = None) -> int:
+    """The exit code: 0 only when the checker found nothing and the check was whole (every
+    replica served again and was read at the end)."""
+    return 0 if not findings and not incomplete else 1
 
 
 def finding_dict(finding: Any) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def write_report(history: History, findings: list[Any], summary: dict[str, Any],
     history.write(directory / "history.jsonl")
     (directory / "findings.json").write_text(json.dumps([finding_dict(f) for f in findings], indent=1, default=str))
     (directory / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    (directory / "timeline.html").write_text(timeline_html(history, findings))
+    (directory / "timeline.html").write_text(timeline_html(history, findings, summary.get("incomplete")))
 
 
 def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, limit: int = 30) -> None:
@@ -153,8 +154,10 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
                   + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items()))
     for problem in s.get("problems") or []:
         out.print(f"[yellow]harness: {escape(problem)}[/]")
+    for reason in s.get("incomplete") or []:
+        out.print(f"[bold red]check incomplete: {escape(reason)}[/]", soft_wrap=True)
     if not findings:
-        out.print("[bold green]no anomaly found[/]")
+        out.print("[bold green]no anomaly found[/]" if not s.get("incomplete") else "no anomaly found in what was checked")
         return
     out.print(f"[bold red]{len(findings)} finding(s):[/] "
               + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items() if v))
@@ -194,7 +197,7 @@ def _op_title(o: Op) -> str:
     return "\n".join(lines)
 
 
-def timeline_html(history: History, findings: list[Any] | None = None) -> str:
+def timeline_html(history: History, findings: list[Any] | None = None, incomplete: list[str] | None = None) -> str:
     """The timeline page (see the module doc)."""
     findings = findings or []
     ops, faults = history.ops, history.faults
@@ -306,7 +309,8 @@ def timeline_html(history: History, findings: list[Any] | None = None) -> str:
                         for w in wl)
     h = history.header
     counts = Counter(o.outcome for o in ops)
-    verdict_html = ('<p class="ok">no anomaly found</p>' if not findings else
+    verdict_html = "".join(f'<p class="bad">check incomplete: {esc(r)}</p>' for r in incomplete or [])
+    verdict_html += ('<p class="ok">no anomaly found</p>' if not findings else
                     f'<p class="bad">{len(findings)} finding(s)</p><ul>'
                     + "".join(f"<li>{esc(describe(f))}</li>" for f in findings[:50]) + "</ul>")
     return f"""<!DOCTYPE html>

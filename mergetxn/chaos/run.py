@@ -35,7 +35,7 @@ from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, 
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
-from mergetxn.chaos.nemesis import Nemesis, choose_kinds, wait_all_serving
+from mergetxn.chaos.nemesis import RECOVERY_LIMIT, Nemesis, choose_kinds, wait_all_serving
 from mergetxn.chaos.workloads import (
     PROBE_SCHEMA,
     KillClients,
@@ -368,22 +368,27 @@ class Result:
     summary: dict[str, Any]
     report_dir: Path | None
     problems: list[str] = field(default_factory=list)  # the harness's own troubles (healing, setup)
+    incomplete: list[str] = field(default_factory=list)  # why the check could not be whole
 
     @property
     def exit_code(self) -> int:
-        return report.verdict(self.findings)
+        return report.verdict(self.findings, self.incomplete)
 
 
 def conclude(history: History, report_dir: Path | None, problems: list[str] | None = None,
-             extra: dict[str, Any] | None = None) -> Result:
-    """Check a history and write its report (``report_dir`` None: no files)."""
+             incomplete: list[str] | None = None, extra: dict[str, Any] | None = None) -> Result:
+    """Check a history and write its report (``report_dir`` None: no files). ``problems``: the
+    harness's own troubles, reported; ``incomplete``: why the check could not be whole (a replica
+    that never served again, finals that could not be read), which fails the run as a finding does."""
     from mergetxn.chaos.checker import check
 
     findings = check(history)
-    summary = report.summarize(history, findings, extra={**(extra or {}), "problems": problems or []})
+    summary = report.summarize(history, findings, extra={**(extra or {}), "problems": problems or [],
+                                                         "incomplete": incomplete or []})
     if report_dir is not None:
         report.write_report(history, findings, summary, Path(report_dir))
-    return Result(history, findings, summary, None if report_dir is None else Path(report_dir), problems or [])
+    return Result(history, findings, summary, None if report_dir is None else Path(report_dir), problems or [],
+                  incomplete or [])
 
 
 def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = None, workload: str = "all",
@@ -410,6 +415,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     nem: Nemesis | None = None
     killers: KillClients | None = None
     problems: list[str] = []
+    incomplete: list[str] = []
     try:
         say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
         cluster.start()
@@ -459,7 +465,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         problems += heal_everything(cluster)
         failed = wait_all_serving(addresses, cluster.hosts)
         if failed:
-            problems.append(f"replica(s) {failed} served no commit {60}s after healing")
+            incomplete.append(f"replica(s) {failed} served no commit {RECOVERY_LIMIT:g}s after healing")
         stop.set()
         for w in workers:
             w.join(60)
@@ -470,10 +476,14 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         tids = [o.tid for o in ops if o.tid and writes(o)
                 and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
         say("reading every replica at one CSN")
-        finals = take_finals(cluster.replica_addresses, tables, tids)
+        try:
+            finals = take_finals(cluster.replica_addresses, tables, tids)
+        except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
+            finals = []
+            incomplete.append(f"could not read every replica at one CSN: {type(exc).__name__}: {exc}")
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
-        return conclude(history, None if report_dir is None else Path(report_dir), problems,
+        return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
                         extra={"seconds": seconds, "clients": n,
                                "failovers": sum(w.failovers for w in workers), "left_out": left_out})
     finally:
