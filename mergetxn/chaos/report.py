@@ -32,6 +32,9 @@ FAULT_COLOURS = {
     "slow": "#ff7f0e", "expire-session": "#393b79", "wal-full": "#637939", "kill-client": "#843c39",
 }
 WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+# Errors a transaction meets under faults by design; any other class is worth a look even when
+# the checker finds no anomaly (a read failing on a missing part, a corrupt entry...).
+EXPECTED_ERRORS = frozenset({"ConflictError", "TransactionAborted", "ReplicaUnavailable", "Killed"})
 
 
 def verdict(findings: list[Any], incomplete: list[str] | None = None) -> int:
@@ -92,6 +95,7 @@ def summarize(history: History, findings: list[Any], extra: dict[str, Any] | Non
         by_workload[o.workload][o.outcome] += 1
     errors = Counter(o.error for o in ops if o.outcome == "aborted" and o.error)
     resolved = Counter(o.outcome for o in ops if o.resolved)
+    unexpected = Counter(o.error for o in ops if o.error and o.error not in EXPECTED_ERRORS)
     faults: dict[str, dict[str, Any]] = {}
     for kind in sorted({f.kind for f in history.faults}):
         of_kind = [f for f in history.faults if f.kind == kind]
@@ -109,6 +113,9 @@ def summarize(history: History, findings: list[Any], extra: dict[str, Any] | Non
                 "by_workload": {w: dict(c) for w, c in sorted(by_workload.items())},
                 "aborted_by_error": dict(errors.most_common()), "resolved": dict(resolved),
                 "unresolved": by_outcome.get("indeterminate", 0),
+                "unexpected_errors": dict(unexpected.most_common()),
+                "unexpected_examples": {e: next({"index": o.index, "message": o.message[:300]} for o in ops
+                                                if o.error == e) for e in unexpected},
                 "max_csn": max(commits, default=None)},
         "faults": {"total": len(history.faults), "by_kind": faults},
         "anomalies": _anomalies(findings),
@@ -149,6 +156,11 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
     out.print(ot)
     if s["ops"]["aborted_by_error"]:
         out.print("aborted by error: " + ", ".join(f"{k} {v}" for k, v in s["ops"]["aborted_by_error"].items()))
+    for error, n in s["ops"].get("unexpected_errors", {}).items():
+        example = s["ops"].get("unexpected_examples", {}).get(error)
+        out.print(f"[yellow]unexpected error {escape(error)} in {n} transaction(s)"
+                  + (f", e.g. op {example['index']}: {escape(example['message'])}" if example else "") + "[/]",
+                  soft_wrap=True)
     if s["ops"]["resolved"]:
         out.print("indeterminate, resolved by commit_status: "
                   + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items()))

@@ -66,8 +66,9 @@ PIDS_FILE = "chaos-pids.json"
 
 class SingleHostCluster:
     """One machine, one ZooKeeper server, ``hosts`` replica processes (``LocalCluster``), with the
-    interface of ``mergetxn.chaos.hosts``' clusters. Only the replica signal faults exist here;
-    it is the form that runs wherever mergetxn runs (no root, no ensemble)."""
+    interface of ``mergetxn.chaos.hosts``' clusters. Only the replica signal faults exist here
+    (SIGKILL, SIGSTOP, and a SIGSTOP past the session timeout for session expiry); it is the form
+    that runs wherever mergetxn runs (no root, no ensemble)."""
 
     form = "single"
 
@@ -111,7 +112,7 @@ class SingleHostCluster:
             (self.workdir / PIDS_FILE).unlink(missing_ok=True)
 
     def supports(self) -> set[str]:
-        return {"kill-replica", "pause-replica"}
+        return {"kill-replica", "pause-replica", "expire-session"}
 
     def kill_replica(self, i: int) -> None:
         self._local.kill_replica(i)
@@ -130,6 +131,16 @@ class SingleHostCluster:
 
     def replica_running(self, i: int) -> bool:
         return self._local.replica_pid(i) is not None
+
+    def expire_session(self, i: int) -> None:
+        """Expire replica ``i``'s ZooKeeper session the way a long GC pause does: SIGSTOP for
+        longer than the session timeout (ZooKeeper gives up on it), then SIGCONT; the replica
+        finds its session gone when it wakes and must open a new one."""
+        self._local.pause_replica(i)
+        try:
+            time.sleep(self._local.session_timeout * 1.5 + 0.5)
+        finally:
+            self._local.resume_replica(i)
 
     def heal(self) -> None:
         """No network faults exist in this form: nothing to undo."""
