@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.retry import KazooRetry
+from tenacity import Retrying, retry_if_exception, stop_never, wait_fixed
 
 from coordinator.alive import AliveNode
 from coordinator.catalog import TableDef
@@ -239,13 +240,14 @@ class Replica:
     def _after_new_session(self) -> None:
         """A new session after an expired one: register a new incarnation (the transactions of
         the old one were aborted, and another replica may have decided them meanwhile) before
-        beginning anything again."""
-        try:
-            with self._register_lock:
-                self._register()
-            self._session_lost.clear()
-        except Exception as exc:  # retried on the next session event
-            log.warning("could not re-register after a new session: %r", exc)
+        beginning anything again. Retried until it works or the replica stops: begins wait."""
+        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self._stop.is_set()), wait=wait_fixed(0.5),
+                                stop=stop_never, reraise=True, before_sleep=lambda rs: log.warning(
+                                    "could not re-register after a new session: %r", rs.outcome.exception())):
+            with attempt:
+                with self._register_lock:
+                    self._register()
+        self._session_lost.clear()
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:
         try:
