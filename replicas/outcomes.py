@@ -77,8 +77,8 @@ class Outcomes:
         if incarnation_of(tid) > self.replica.incarnation:
             return CommitStatus(tid_text, TxnState.ABORTED, None,
                                 f"no such transaction: replica {tid.host_id} is at incarnation {self.replica.incarnation}")
-        return CommitStatus(tid_text, TxnState.ABORTED, None,
-                            "not committed; not running on this replica (it ended, or the replica restarted)")
+        return CommitStatus(tid_text, TxnState.ABORTED, None, "not committed; not running on this replica (it ended, or "
+                            "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)")
 
     def _final(self, tid_text: str, why: str) -> CommitStatus:
         """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
@@ -95,7 +95,8 @@ class Outcomes:
             return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered")
         if stat.version > incarnation:
             return self._final(tid_text, f"not committed, and it never will be: replica {tid.host_id} restarted "
-                                         f"or was fenced since it began the transaction")
+                                         f"or was fenced since it began the transaction (one that wrote nothing "
+                                         f"committed at its snapshot without a log entry)")
         if stat.version < incarnation:
             return CommitStatus(tid_text, TxnState.ABORTED, None, f"no such transaction: replica {tid.host_id} "
                                 f"has not reached incarnation {incarnation}")
