@@ -358,7 +358,11 @@ class Client:
         except ReplicaUnavailable:
             if not metas:
                 raise
-            status = _await_outcome(lambda: self._part_status(table, metas[0].name))
+            status = _await_outcome(lambda: self._part_status(table, metas[0].name),
+                                    f"the commit of part {metas[0].name} of {table!r}",
+                                    f"client.commit_status by part ({table!r}, {metas[0].name!r}) on replica {self.address}")
+        except errors.OutcomeUnknown:
+            raise  # it may have committed: the files stay
         except errors.MergetxnError:
             for m in metas:  # refused, or aborted by the replica: nothing references them
                 _delete_quietly(self.storage, m.path)
@@ -573,14 +577,15 @@ class Transaction:
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
         again) whether it committed, instead of leaving the caller not knowing."""
-        status = _await_outcome(lambda: self.client.commit_status(self.id))
+        what, how = f"transaction {self.id}", f"commit_status({self.id!r}) on any replica"
+        status = _await_outcome(lambda: self.client.commit_status(self.id), what, how)
         if status.status == "running":
             # The commit never reached the replica (the connection broke before it was read):
             # end the transaction there, so that "did not commit" stays true.
             try:
                 self.client.call("rollback", id=self.id)
             except InvalidInput:  # it is committing or committed after all
-                status = _await_outcome(lambda: self.client.commit_status(self.id))
+                status = _await_outcome(lambda: self.client.commit_status(self.id), what, how)
             else:
                 status = CommitStatus(self.id, "aborted", None, "the commit request never reached the replica")
         if status.status == "committed":
@@ -620,8 +625,9 @@ def _until_decided(step: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
-    """Ask until the replica answers and the commit is no longer in progress."""
+def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> CommitStatus:
+    """Ask until the replica answers and the commit is no longer in progress. ``what`` names
+    the commit, ``how`` how to ask later: said by the OutcomeUnknown raised on giving up."""
 
     def decided() -> CommitStatus:
         status = lookup()
@@ -629,7 +635,13 @@ def _await_outcome(lookup: Callable[[], CommitStatus]) -> CommitStatus:
             raise _StillCommitting(f"the commit of {status.tid or 'the parts'}")
         return status
 
-    return _until_decided(decided)
+    try:
+        return _until_decided(decided)
+    except ReplicaUnavailable as exc:
+        raise errors.OutcomeUnknown(
+            f"the outcome of {what} is being decided: its replica did not answer within {OUTCOME_WAIT:g}s "
+            f"({exc.message}). {how} answers committed (with the CSN) or aborted once the replica decides, or "
+            "once it is gone (its ZooKeeper session expired or it restarted): any replica can then decide it") from None
 
 
 def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:

@@ -79,6 +79,12 @@ class ReplicaUnavailable(MergetxnError):
     """The replica could not be reached, or timed out waiting for the log."""
 
 
+class OutcomeUnknown(ReplicaUnavailable):
+    """A commit was sent and its answer lost, and its replica did not answer again in time: the
+    outcome is being decided. ``commit_status`` on any replica answers ``committed`` or
+    ``aborted`` once the replica decides, or once it is gone (SPEC.md, "Outcomes")."""
+
+
 _BY_NAME = {
     cls.__name__: cls
     for cls in (
@@ -91,6 +97,7 @@ _BY_NAME = {
         CorruptPart,
         CorruptMetadata,
         ReplicaUnavailable,
+        OutcomeUnknown,
     )
 }
 

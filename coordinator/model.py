@@ -499,7 +499,7 @@ class CommitStatus:
     """What ``commit_status`` answers, on the replica and in the client alike."""
 
     tid: str
-    status: str  # a TxnState value, or "not_committed" (no replica can tell more)
+    status: str  # a TxnState value: "committed" (csn set), "aborted", "running" or "committing"
     csn: int | None = None
     reason: str = ""
 

@@ -59,6 +59,11 @@ def local_counter(incarnation: int, n: int) -> int:
     return incarnation * COUNTER_STRIDE + n
 
 
+def incarnation_of(tid: Tid) -> int:
+    """The incarnation of its replica that began ``tid`` (the owner node's version then)."""
+    return tid.local_counter // COUNTER_STRIDE
+
+
 def csn_of(epoch: int, seq: int) -> int:
     """CSN of sequence number ``seq`` in ``epoch``. CSNs start at 1 so that 0 means 'nothing'."""
     if epoch < 0 or not 0 <= seq < EPOCH_STRIDE:

@@ -10,7 +10,9 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                by whole-table operations that must see every partition
     targets/<table>/<pkey>     partition-level version, bumped by every commit whose conflict
                                rules need to see the commits on that partition
-    replicas/<host>            per-replica node; its data version is the replica's incarnation
+    replicas/<host>            per-replica node (the owner node); its data version is the replica's
+                               incarnation, bumped when it starts or gets a new session, and by
+                               another replica that decides the transactions of a replica gone
     replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
     fence                      the orphan fence (coordinator/fence.py): files cleanup condemned
                                and has not confirmed deleted; every commit multi checks its version
@@ -23,7 +25,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                sealed epochs only, all their entries <= C); snapshots < M are
                                no longer served
 
-The commit point is one multi: ``check(fence, version=f)`` (see coordinator/fence.py),
+The commit point is one multi: ``check(replicas/<host>, version=incarnation)`` (the committing
+replica's owner node: see replicas/outcomes.py), ``check(fence, version=f)`` (coordinator/fence.py),
 ``set_data(target, version=v)`` (or ``create``) for each target
 the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
 sealed epoch, and ``create(log/e-<epoch>/c-, sequence=True)`` carrying the entry. Either all of it
@@ -59,6 +62,12 @@ MAX_INLINE_ENTRY = 900_000  # znodes are limited to about 1 MB
 
 class VersionMoved(Exception):
     """A checked target changed, or the epoch was sealed, between read and multi: retry."""
+
+
+class OwnerFenced(Exception):
+    """The owner node moved past the incarnation the commit was made under: this replica
+    restarted, re-registered after a lost session, or another replica decided its transactions
+    (replicas/outcomes.py). The multi did not happen and must not be retried."""
 
 
 @dataclass(frozen=True)
@@ -224,17 +233,22 @@ class CsnLog:
         return out
 
     # -- the commit point ----------------------------------------------------------------------
-    def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None) -> CommitResult:
-        """One multi: check the orphan fence at version ``fence`` (coordinator/fence.py), bump
-        every target at its expected version and append the entry.
+    def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None,
+               owner: tuple[str, int] | None = None) -> CommitResult:
+        """One multi: check the owner node at the committing replica's incarnation (``owner``:
+        path and version; see replicas/outcomes.py), check the orphan fence at version ``fence``
+        (coordinator/fence.py), bump every target at its expected version and append the entry.
 
-        Raises FenceMoved when the fence moved (re-verify the files, retry), VersionMoved when a
+        Raises OwnerFenced when the owner node moved (the transactions can never commit under
+        that incarnation), FenceMoved when the fence moved (re-verify the files, retry), VersionMoved when a
         target or the epoch moved (retry after re-deciding); kazoo's ConnectionLoss/SessionExpired
         propagate: the outcome is then unknown and the caller must look for its entry in the log
         before answering anybody.
         """
         epoch = self.current_epoch()
         t = self.zk.transaction()
+        if owner is not None:
+            t.check(owner[0], owner[1])
         if fence is not None:
             t.check(self.fence_path(), fence)
         for key, version in sorted(expected.items()):
@@ -251,7 +265,12 @@ class CsnLog:
             real = [r for r in failures if isinstance(r, (BadVersionError, NodeExistsError, NoNodeError))]
             if not real:
                 raise failures[0]
-            if fence is not None and isinstance(results[0], (BadVersionError, NoNodeError)):
+            first = 0
+            if owner is not None:
+                if isinstance(results[0], (BadVersionError, NoNodeError)):
+                    raise OwnerFenced(f"owner node {owner[0]} moved past version {owner[1]}")
+                first = 1
+            if fence is not None and isinstance(results[first], (BadVersionError, NoNodeError)):
                 raise FenceMoved(f"the orphan fence moved past version {fence}")
             # The epoch check is the op just before the create; a miss there means sealed.
             if isinstance(results[-2], (BadVersionError, NoNodeError)):

@@ -63,8 +63,8 @@ from coordinator.model import (
     TxnState,
 )
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
-from coordinator.versions import csn_of, epoch_full
-from coordinator.zklog import MAX_INLINE_ENTRY, VersionMoved
+from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
+from coordinator.zklog import MAX_INLINE_ENTRY, OwnerFenced, VersionMoved
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
@@ -80,6 +80,14 @@ RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a 
 
 class NeedKeys(Exception):
     """A member's rebased effect checks targets whose versions were not read: read them too."""
+
+
+class _Fenced(Exception):
+    """The commit multi found this replica's owner node past the batch's incarnation."""
+
+    def __init__(self, incarnation: int, message: str) -> None:
+        super().__init__(message)
+        self.incarnation = incarnation
 
 
 class _LocalMiss(VersionMoved):
@@ -282,6 +290,16 @@ class Committer:
             for p in batch:
                 if not p.done.is_set():
                     self._fail(p, TransactionAborted(f"commit could not get through contention: {exc}"))
+        except _Fenced as exc:
+            # Another replica decided these transactions (aborted) while this one looked gone:
+            # the multi did not happen and never will under that incarnation.
+            for p in batch:
+                if not p.done.is_set():
+                    self._fail(p, TransactionAborted(
+                        f"transaction {p.txn.id} did not commit: replica {self.replica.host_id}'s incarnation "
+                        f"{exc.incarnation} was fenced by another replica while this one looked gone ({exc})",
+                        id=p.txn.id))
+            self.replica.fenced(exc.incarnation)
         return [p for p in deferred if not p.done.is_set()]
 
     def _attempt(self, members: list[Pending], local: bool = False) -> list[Pending]:
@@ -296,6 +314,7 @@ class Committer:
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
         applied_before = self.state.applied
+        incarnation = self.replica.incarnation  # the owner node's version every member must hold
         fence, condemned = self.replica.fence.current()  # read before the files are verified
         if local:
             versions: dict[str, int | None] = {k: self.state.versions.get(k) for k in wanted}
@@ -318,6 +337,10 @@ class Committer:
         in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
         for p in members:
             try:
+                if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
+                    raise TransactionAborted(
+                        f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.replica.host_id} "
+                        "(its ZooKeeper session expired since): it can no longer commit", id=p.txn.id)
                 plan = self._plan(p)
                 self._verify_files(p, plan, fence, condemned)
             except MergetxnError as exc:
@@ -377,7 +400,10 @@ class Committer:
         try:
             with self.replica.follower.local_commit() as hand_over:
                 try:
-                    result = self.log.commit(data, expected, fence)
+                    result = self.log.commit(data, expected, fence,
+                                             owner=(self.log.replica_path(self.replica.host_id), incarnation))
+                except OwnerFenced as exc:
+                    raise _Fenced(incarnation, str(exc)) from exc
                 except FenceMoved as exc:
                     self.replica.fence.refresh()  # then every staged file is verified again
                     raise VersionMoved(str(exc)) from exc

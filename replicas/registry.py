@@ -236,8 +236,8 @@ class Transactions:
         for txn in txns:
             if any(m.name == name and m.table == table for op in txn.ops for m in op.added):
                 return CommitStatus(txn.id, txn.state, txn.csn, txn.reason).to_dict()
-        return CommitStatus("", "not_committed", None, f"no transaction on replica {self.host_id} staged part {name} of {table!r} "
-                          "(the call never reached it, or the replica restarted before committing it)").to_dict()
+        return CommitStatus("", TxnState.ABORTED, None, f"no transaction on replica {self.host_id} staged part {name} of "
+                            f"{table!r} (the call never reached it, or the replica restarted before committing it)").to_dict()
 
     def commit_async(self, txn_id: str, done: Callable[[int | None, Exception | None], None]) -> None:
         """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,
@@ -318,22 +318,9 @@ class Transactions:
         with self._txn_lock:
             return [t.describe() for t in self.txns.values()]
 
-    def commit_status(self, tid: str) -> dict:
-        try:
-            Tid.parse(tid)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from None
-        csn = self.state.tid_csn.get(tid)
-        if csn is not None:
-            return CommitStatus(tid, "committed", csn, "").to_dict()
-        with self._txn_lock:
-            txn = self.txns.get(tid) or self.finished.get(tid)
-        if txn is not None:
-            return CommitStatus(tid, txn.state, txn.csn, txn.reason).to_dict()
-        host = Tid.parse(tid).host_id
-        if host == self.host_id:
-            return CommitStatus(tid, "aborted", None, "not committed; not running on this replica (it ended or the replica restarted)").to_dict()
-        return CommitStatus(tid, "not_committed", None, f"not in the log up to CSN {self.state.applied}; ask replica {host} whether it still runs").to_dict()
+    def commit_status(self, tid: str, forwarded: bool = False) -> dict:
+        """Any transaction's outcome, decided here when its replica is gone (replicas/outcomes.py)."""
+        return self.replica.outcomes.status(tid, forward=not forwarded).to_dict()
 
     def min_needed(self) -> int:
         """The lowest CSN this replica still needs: applied, or an older running snapshot."""

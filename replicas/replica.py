@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.retry import KazooRetry
+from tenacity import Retrying, retry_if_exception, stop_never, wait_fixed
 
 from coordinator.alive import AliveNode
 from coordinator.catalog import TableDef
@@ -44,7 +45,7 @@ from coordinator.model import (
     WalEntry,
     WalStaged,
 )
-from coordinator.versions import check_host_id, split_csn
+from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
 from coordinator.zklog import CsnLog, PollHandler
 from parts.meta import PartMeta
 from parts.storage import Storage
@@ -54,6 +55,7 @@ from replicas.follower import Follower
 from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
+from replicas.outcomes import Outcomes
 from replicas.registry import Transactions
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
@@ -94,9 +96,11 @@ class Replica:
         self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
         self.retention = Retention(self)
+        self.outcomes = Outcomes(self)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
+        self._register_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -173,12 +177,32 @@ class Replica:
             self.wal.close()
 
     def _register(self) -> None:
-        """Bump this host's incarnation (tids stay unique across restarts) and say we are alive."""
+        """Bump this host's incarnation and say we are alive. Tids carry the incarnation (unique
+        across restarts), and every commit multi checks it (replicas/outcomes.py): transactions
+        of an earlier incarnation can never commit after this."""
         node = self.log.replica_path(self.host_id)
         self.zk.retry(self.zk.ensure_path, node)
         stat = self.zk.retry(self.zk.set, node, json.dumps({"host_id": self.host_id}).encode())
         self.incarnation = stat.version
         self.alive.publish()
+
+    def fenced(self, incarnation: int) -> None:
+        """A commit multi found the owner node past ``incarnation``: another replica decided this
+        one's transactions while it looked gone (its alive node was missing). Abort what runs
+        under that incarnation and register a new one (once: a later call sees it moved)."""
+        with self._register_lock:
+            if self.incarnation != incarnation:
+                return
+            log.warning("replica %s: incarnation %d was fenced by another replica; aborting its transactions and "
+                        "registering again", self.host_id, incarnation)
+            self._abort_incarnation(incarnation, f"replica {self.host_id}'s incarnation {incarnation} was fenced by "
+                                                 "another replica that decided its transactions (aborted) while it looked gone")
+            self._register()
+
+    def _abort_incarnation(self, incarnation: int, reason: str) -> None:
+        with self.transactions._txn_lock:
+            victims = [t for t in self.transactions.txns.values() if incarnation_of(Tid.parse(t.id)) <= incarnation]
+        self.transactions.abort_all(reason, victims)
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
@@ -209,16 +233,21 @@ class Replica:
                 victims = list(self.transactions.txns.values())
             threading.Thread(target=self.transactions.abort_all, args=(reason, victims), name="abort-all", daemon=True).start()
         elif state == KazooState.CONNECTED and self._session_lost.is_set():
-            self._session_lost.clear()
             threading.Thread(target=self._after_new_session, daemon=True).start()
         if self.follower is not None:
             self.follower.poke()
 
     def _after_new_session(self) -> None:
-        try:
-            self.alive.publish()
-        except Exception as exc:  # pragma: no cover - retried on the next session event
-            log.warning("could not re-register after a new session: %r", exc)
+        """A new session after an expired one: register a new incarnation (the transactions of
+        the old one were aborted, and another replica may have decided them meanwhile) before
+        beginning anything again. Retried until it works or the replica stops: begins wait."""
+        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self._stop.is_set()), wait=wait_fixed(0.5),
+                                stop=stop_never, reraise=True, before_sleep=lambda rs: log.warning(
+                                    "could not re-register after a new session: %r", rs.outcome.exception())):
+            with attempt:
+                with self._register_lock:
+                    self._register()
+        self._session_lost.clear()
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:
         try:

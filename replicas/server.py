@@ -53,7 +53,7 @@ class ReplicaServer(RpcServer):
             "transactions": lambda a: txns.describe(),
             "parts": lambda a: replica.part_records(a["table"]),
             "commit_status": lambda a: (txns.part_status(a.get("table"), a["part"]) if "part" in a
-                                        else txns.commit_status(a["tid"])),
+                                        else txns.commit_status(a["tid"], bool(a.get("forwarded")))),
             "commit_parts": txns.commit_parts,
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),

@@ -261,7 +261,7 @@ def assert_left_nothing(clients: list[Client], table: str, loser: Transaction) -
     assert not [f for f in files if PurePosixPath(f).name.startswith(f"{loser.id}_")], files
     owner = next(c for c in clients if c.host_id == loser.tid.host_id)
     status = owner.commit_status(loser.id)
-    assert status.status in ("aborted", "not_committed") and status.csn is None, status
+    assert status.status == "aborted" and status.csn is None, status
     assert loser.csn is None
 
 

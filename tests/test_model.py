@@ -177,7 +177,7 @@ def test_an_alive_node_without_running_does_not_know_its_running() -> None:
     CommitStatus(tid(1), TxnState.COMMITTED, 17),
     CommitStatus(tid(2), TxnState.ABORTED, None, "time limit of 1 s exceeded"),
     CommitStatus(tid(3), TxnState.RUNNING),
-    CommitStatus(tid(4), "not_committed"),
+    CommitStatus(tid(4), "aborted"),
 ])
 def test_commit_status_round_trips(status: CommitStatus) -> None:
     wire = jsonwire.loads(jsonwire.dumps(status.to_dict()))

@@ -556,7 +556,7 @@ def test_commit_parts_is_one_atomic_transaction(cluster: coordinator.LocalCluste
     (tid,) = tids
     assert c0.commit_status(tid).status == "committed" and c0.commit_status(tid).csn == csn
     assert c1._part_status("cparts", metas[0].name).csn == csn
-    assert c1._part_status("cparts", "never_0123456789abcdef").status == "not_committed"
+    assert c1._part_status("cparts", "never_0123456789abcdef").status == "aborted"
     assert c1.commit_parts("cparts", []) == c1.snapshot()  # nothing to commit: the snapshot
 
 

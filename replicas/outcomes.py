@@ -1,0 +1,135 @@
+"""Outcomes decidable from any replica (SPEC.md, "Outcomes").
+
+A transaction commits only through the commit multi of the replica that began it (its owner),
+and that multi checks the owner node ``replicas/<host>`` at the version the owner registered
+with: its incarnation, which every tid carries (coordinator/versions.py). So the owner node is a
+fence, as ClickHouse checks its session in the same multi:
+
+* while the owner node still holds the tid's incarnation and the owner is alive (its ephemeral
+  alive node exists), only the owner can decide: ask it;
+* once the owner node moved past that incarnation (the owner restarted, or re-registered after
+  its session expired), no multi of the tid can happen any more: whatever the log holds after a
+  catch-up is final;
+* when the owner is gone (no alive node: its session expired or it stopped) but its node still
+  holds the tid's incarnation, this replica bumps the owner node by compare-and-swap (fencing
+  that incarnation) and then reads the log: committed with its CSN, or aborted for good. An owner
+  that comes back finds its incarnation moved and cannot commit the transaction any more.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from kazoo.exceptions import BadVersionError, NoNodeError
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random
+
+from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable
+from coordinator.model import AliveRecord, CommitStatus, TxnState
+from coordinator.rpc import RpcClient
+from coordinator.versions import Tid, incarnation_of
+
+log = logging.getLogger(__name__)
+
+ASK_OWNER_SECONDS = 3.0  # how long a forwarded question waits for the owner's answer
+DECIDE_SECONDS = 30.0  # how long deciding retries while the owner node keeps moving
+
+
+class _Moved(Exception):
+    """The owner node moved while this replica was fencing it: look again."""
+
+
+class Outcomes:
+    """``commit_status`` for a transaction of any replica."""
+
+    def __init__(self, replica) -> None:
+        self.replica = replica
+
+    def status(self, tid_text: str, forward: bool = True) -> CommitStatus:
+        """The outcome of ``tid_text``. ``forward``: ask the owner when only it can decide (a
+        forwarded question is not forwarded again)."""
+        try:
+            tid = Tid.parse(tid_text)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from None
+        tid_text = str(tid)
+        committed = self._committed(tid_text)
+        if committed is not None:
+            return committed
+        if tid.host_id == self.replica.host_id:
+            return self._own(tid, tid_text)
+        for attempt in Retrying(retry=retry_if_exception_type(_Moved), stop=stop_after_delay(DECIDE_SECONDS),
+                                wait=wait_random(0.01, 0.1), reraise=True):
+            with attempt:
+                return self._foreign(tid, tid_text, forward)
+        raise AssertionError("unreachable")
+
+    def _committed(self, tid_text: str) -> CommitStatus | None:
+        csn = self.replica.state.tid_csn.get(tid_text)
+        return None if csn is None else CommitStatus(tid_text, TxnState.COMMITTED, csn, "")
+
+    def _own(self, tid: Tid, tid_text: str) -> CommitStatus:
+        txns = self.replica.transactions
+        with txns._txn_lock:
+            txn = txns.txns.get(tid_text) or txns.finished.get(tid_text)
+        if txn is not None:
+            return CommitStatus(tid_text, txn.state, txn.csn, txn.reason)
+        if incarnation_of(tid) > self.replica.incarnation:
+            return CommitStatus(tid_text, TxnState.ABORTED, None,
+                                f"no such transaction: replica {tid.host_id} is at incarnation {self.replica.incarnation}")
+        return CommitStatus(tid_text, TxnState.ABORTED, None, "not committed; not running on this replica (it ended, or "
+                            "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)")
+
+    def _final(self, tid_text: str, why: str) -> CommitStatus:
+        """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
+        self.replica.catch_up()
+        return self._committed(tid_text) or CommitStatus(tid_text, TxnState.ABORTED, None, why)
+
+    def _foreign(self, tid: Tid, tid_text: str, forward: bool) -> CommitStatus:
+        zk, layout = self.replica.zk, self.replica.log
+        owner_path = layout.replica_path(tid.host_id)
+        incarnation = incarnation_of(tid)
+        zk.retry(zk.sync, owner_path)
+        stat = zk.retry(zk.exists, owner_path)
+        if stat is None:
+            return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered")
+        if stat.version > incarnation:
+            return self._final(tid_text, f"not committed, and it never will be: replica {tid.host_id} restarted "
+                                         f"or was fenced since it began the transaction (one that wrote nothing "
+                                         f"committed at its snapshot without a log entry)")
+        if stat.version < incarnation:
+            return CommitStatus(tid_text, TxnState.ABORTED, None, f"no such transaction: replica {tid.host_id} "
+                                f"has not reached incarnation {incarnation}")
+        try:
+            data, _ = zk.retry(zk.get, layout.alive_path(tid.host_id))
+        except NoNodeError:
+            data = None
+        if data is None:
+            # The owner is gone: fence its incarnation, then the log decides.
+            fenced = json.dumps({"host_id": tid.host_id, "fenced_by": self.replica.host_id}).encode()
+            try:
+                zk.retry(zk.set, owner_path, fenced, version=stat.version)
+            except (BadVersionError, NoNodeError):
+                raise _Moved() from None
+            log.warning("replica %s is gone: fenced its incarnation %d to decide %s", tid.host_id, incarnation, tid_text)
+            return self._final(tid_text, f"not committed, and it never will be: replica {tid.host_id} was gone "
+                                         f"(no live ZooKeeper session); replica {self.replica.host_id} fenced it")
+        if not forward:
+            return CommitStatus(tid_text, TxnState.RUNNING, None, f"replica {tid.host_id} is alive and decides it")
+        return self._ask_owner(tid, tid_text, AliveRecord.decode(data))
+
+    def _ask_owner(self, tid: Tid, tid_text: str, alive: AliveRecord) -> CommitStatus:
+        """The owner is alive and only it can decide: ask it."""
+        pending = (f"replica {tid.host_id} (at {alive.address or 'no address yet'}) is alive in ZooKeeper and decides "
+                   f"this transaction, but did not answer")
+        if not alive.address:
+            return CommitStatus(tid_text, TxnState.COMMITTING, None, pending)
+        client = RpcClient(alive.address, ASK_OWNER_SECONDS)
+        try:
+            answer = CommitStatus.from_dict(client.call("commit_status", {"tid": tid_text, "forwarded": True}))
+        except (ReplicaUnavailable, MergetxnError, OSError) as exc:
+            return CommitStatus(tid_text, TxnState.COMMITTING, None, f"{pending} ({exc}); ask again: once it answers or "
+                                "its session expires, any replica decides")
+        finally:
+            client.close()
+        return self._committed(tid_text) or answer

@@ -1,0 +1,427 @@
+"""The chaos checker on hand-made histories: valid ones of each workload shape give no finding,
+and each anomaly gives its own kind (and no other where that is possible). Pure code, no cluster.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from mergetxn.chaos.checker import KINDS, Finding, check, describe, summary
+from mergetxn.chaos.history import Final, Header, History, Op
+
+AUTO = "auto"
+
+
+def r(t: str, k: Any, v: Any) -> list:
+    return ["r", t, k, v]
+
+
+def a(t: str, k: Any, e: Any) -> list:
+    return ["append", t, k, e]
+
+
+def d(t: str, k: Any, e: Any) -> list:
+    return ["delete", t, k, e]
+
+
+def s(t: str, k: Any, v: Any) -> list:
+    return ["set", t, k, v]
+
+
+def op(*mops: list, snap: int | None = 0, csn: int | None = None, outcome: str | None = None,
+       tid: str | None = AUTO, replica: int = 0, resolved: str | None = None) -> Op:
+    """An op; committed when it has a csn, aborted otherwise (``hist`` numbers it)."""
+    outcome = outcome or ("committed" if csn is not None else "aborted")
+    return Op(-1, 0, replica, "test", tid, snap, 0.0, 1.0, [list(m) for m in mops], outcome,  # type: ignore[arg-type]
+              csn, error=None if outcome == "committed" else "ConflictError", resolved=resolved)
+
+
+def hist(*ops: Op, tables: dict | None = None, initial: dict | None = None,
+         workload: str = "append", finals: tuple[Final, ...] = ()) -> History:
+    tables = tables or {"s": "set", "g": "register"}
+    for i, o in enumerate(ops):
+        o.index = i
+        if o.tid == AUTO:
+            o.tid = f"t{i}"
+    return History(Header(1, workload, "none", tables, initial or {}), list(ops), [], list(finals))
+
+
+def statuses(h: History) -> dict[str, list]:
+    """What a healthy replica answers for every tid: committed ones with their csn."""
+    return {o.tid: ["committed", o.csn] if o.outcome == "committed" else ["aborted", None]
+            for o in h.ops if o.tid is not None}
+
+
+def with_finals(h: History, csn: int, tables: dict, replicas: int = 3) -> History:
+    h.finals = [Final(i, csn, tables, statuses(h)) for i in range(replicas)]
+    return h
+
+
+def kinds(h: History) -> set[str]:
+    return {f.kind for f in check(h)}
+
+
+def only(h: History, kind: str) -> list[Finding]:
+    found = check(h)
+    assert {f.kind for f in found} == {kind}, [describe(f) for f in found]
+    return found
+
+
+# -- valid histories ---------------------------------------------------------------------------
+
+def valid_append() -> History:
+    h = hist(
+        op(r("s", 1, [100]), a("s", 1, 1), r("s", 1, [1, 100]), snap=0, csn=1),
+        # a group commit: two ops share csn 2
+        op(r("s", 1, [1, 100]), a("s", 1, 2), snap=1, csn=2),
+        op(a("s", 2, 3), r("s", 2, [3]), snap=1, csn=2),
+        # aborted, but its reads (own append included) were consistent
+        op(r("s", 1, [1, 2, 100]), a("s", 1, 4), r("s", 1, [1, 2, 4, 100]), snap=2),
+        # indeterminate, later resolved committed by commit_status
+        op(d("s", 1, 100), r("s", 1, [1, 2]), snap=2, csn=3, resolved="commit_status"),
+        # whole-table read; own append then delete leaves no row
+        op(r("s", None, {"1": [1, 2], "2": [3]}), a("s", 3, 5), d("s", 3, 5), r("s", 3, None),
+           r("s", None, {"1": [1, 2], "2": [3]}), snap=3, csn=4),
+        op(snap=None, tid=None),  # begin failed
+        # a stale snapshot sees the old state; read-only, its csn is its snapshot
+        op(r("s", 1, [1, 100]), r("s", 2, []), snap=1, csn=1),
+        # concurrent appends to one key are fine
+        op(a("s", 2, 6), snap=3, csn=5),
+        op(a("s", 2, 7), r("s", 2, [3, 7]), snap=3, csn=6),
+        initial={"s": {"1": [100]}},
+    )
+    return with_finals(h, 6, {"s": {"1": [1, 2], "2": [3, 6, 7]}})
+
+
+def valid_bank() -> History:
+    init = {"b": {"w": 0, "x": 10, "y": 10, "z": 0}}
+    h = hist(
+        op(r("b", None, {"w": 0, "x": 10, "y": 10, "z": 0}), s("b", "x", 5), s("b", "z", 5),
+           r("b", None, {"w": 0, "x": 5, "y": 10, "z": 5}), snap=0, csn=1),
+        op(r("b", "y", 10), s("b", "y", 7), r("b", "y", 7), s("b", "x", 8), snap=1, csn=2),
+        # group commit of disjoint keys
+        op(r("b", "z", 5), s("b", "z", 4), s("b", "x", 9), snap=2, csn=3),
+        op(r("b", "y", 7), s("b", "y", 6), s("b", "w", 1), snap=2, csn=3, replica=1),
+        op(r("b", None, {"w": 1, "x": 9, "y": 6, "z": 4}), s("b", "x", 0), snap=3),  # aborted
+        op(r("b", None, {"w": 0, "x": 10, "y": 10, "z": 0}), snap=0, csn=0),  # read-only
+        tables={"b": "register"}, initial=init, workload="bank",
+    )
+    return with_finals(h, 3, {"b": {"w": 1, "x": 9, "y": 6, "z": 4}})
+
+
+@pytest.mark.parametrize("make", [valid_append, valid_bank])
+def test_valid_history_has_no_finding(make) -> None:
+    h = make()
+    assert check(h) == []
+    assert sum(summary(check(h)).values()) == 0
+    assert set(summary([])) == set(KINDS)
+
+
+def test_valid_history_survives_json_lines(tmp_path) -> None:
+    h = valid_append()
+    h.write(tmp_path / "history.jsonl")
+    assert check(History.read(tmp_path / "history.jsonl")) == []
+
+
+def test_empty_history() -> None:
+    assert check(hist()) == []
+
+
+# -- one anomaly each ----------------------------------------------------------------------------
+
+def test_si_read_missing_a_committed_element() -> None:
+    [f] = only(hist(op(a("s", 1, 1), csn=1), op(r("s", 1, []), snap=1, csn=1)), "si-read")
+    assert f.ops[0] == 1 and 0 in f.ops
+    assert "expected [1], got no row" in f.message and "snapshot 1" in f.message and "t1" in f.message
+
+
+def test_si_read_from_the_future() -> None:
+    [f] = only(hist(op(a("s", 1, 1), csn=2), op(r("s", 1, [1]), snap=1)), "si-read")
+    assert "expected no row, got [1]" in f.message
+
+
+def test_si_read_missing_own_write() -> None:
+    only(hist(op(a("s", 1, 1), r("s", 1, []), snap=0)), "si-read")
+
+
+def test_si_read_whole_table_names_the_key() -> None:
+    h = hist(op(a("s", 1, 1), a("s", 2, 2), csn=1), op(r("s", None, {"1": [1]}), snap=1))
+    [f] = only(h, "si-read")
+    assert "s['2']" in f.message
+
+
+def test_si_read_stale_register_and_duplicate_element() -> None:
+    h = hist(op(s("g", "k", 1), a("s", 1, 9), csn=1), op(s("g", "k", 2), snap=1, csn=2),
+             op(r("g", "k", 1), r("s", 1, [9, 9]), snap=2))
+    assert [f.kind for f in check(h)] == ["si-read", "si-read"]
+
+
+def test_aborted_read() -> None:
+    for outcome in ("aborted", "indeterminate"):
+        h = hist(op(a("s", 1, 7), outcome=outcome, resolved=None),
+                 op(r("s", 1, [7]), snap=0, csn=0))
+        found = [f for f in check(h) if f.kind != "unresolved"]
+        assert [f.kind for f in found] == ["aborted-read"], found
+        assert found[0].ops == (1, 0)
+
+
+def test_aborted_read_of_a_register() -> None:
+    h = hist(op(s("g", "k", 1), csn=1), op(s("g", "k", 42), snap=1), op(r("g", "k", 42), snap=1))
+    only(h, "aborted-read")
+
+
+def test_aborted_register_value_equal_to_a_committed_one_is_si_read() -> None:
+    h = hist(op(s("g", "k", 1), csn=1), op(s("g", "k", 2), snap=1), op(s("g", "k", 2), snap=1, csn=2),
+             op(r("g", "k", 2), snap=1))
+    only(h, "si-read")
+
+
+def test_intermediate_read_of_a_set() -> None:
+    h = hist(op(a("s", 1, 5), d("s", 1, 5), a("s", 1, 6), csn=1), op(r("s", 1, [5, 6]), snap=1))
+    [f] = only(h, "intermediate-read")
+    assert f.ops == (1, 0)
+
+
+def test_intermediate_read_of_a_register() -> None:
+    h = hist(op(s("g", "k", 1), s("g", "k", 2), csn=1), op(r("g", "k", 1), snap=1))
+    only(h, "intermediate-read")
+
+
+def test_lost_update_on_a_register() -> None:
+    h = hist(op(s("g", "k", 1), snap=0, csn=1), op(r("g", "k", None), s("g", "k", 2), snap=0, csn=2))
+    [f] = only(h, "lost-update")
+    assert f.ops == (0, 1)
+
+
+def test_lost_update_in_one_group_commit() -> None:
+    [f] = only(hist(op(s("g", "k", 1), snap=0, csn=1), op(s("g", "k", 2), snap=0, csn=1)), "lost-update")
+    assert f.ops == (0, 1)
+
+
+def test_lost_update_two_deletes_of_one_element() -> None:
+    h = hist(op(a("s", 1, 1), csn=1), op(d("s", 1, 1), snap=1, csn=2), op(d("s", 1, 1), snap=1, csn=3))
+    only(h, "lost-update")
+
+
+def test_no_lost_update_when_not_overlapping() -> None:
+    assert check(hist(op(s("g", "k", 1), csn=1), op(s("g", "k", 2), snap=1, csn=2))) == []
+
+
+def test_final_missing_an_acknowledged_element_is_a_lost_commit() -> None:
+    h = hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1, csn=2))
+    with_finals(h, 2, {"s": {"1": [1]}}, replicas=1)
+    [f] = only(h, "lost-commit")
+    assert "expected [1, 2], got [1]" in f.message and f.ops == (1,)
+
+
+def test_status_aborted_for_an_acknowledged_commit() -> None:
+    h = with_finals(hist(op(a("s", 1, 1), csn=1)), 1, {"s": {"1": [1]}}, replicas=2)
+    h.finals[1].statuses["t0"] = ["aborted", None]
+    [f] = only(h, "lost-commit")
+    assert "replica 1 answers aborted" in f.message
+
+
+def test_status_with_another_csn() -> None:
+    h = with_finals(hist(op(a("s", 1, 1), csn=1)), 1, {"s": {"1": [1]}}, replicas=1)
+    h.finals[0].statuses["t0"] = ["committed", 3]
+    only(h, "lost-commit")
+
+
+def test_read_only_commit_needs_no_status() -> None:
+    h = with_finals(hist(op(r("s", 1, None), csn=0)), 0, {})
+    h.finals[0].statuses["t0"] = ["not_committed", None]
+    assert check(h) == []
+
+
+def test_replicas_diverging_at_one_csn() -> None:
+    h = with_finals(hist(op(a("s", 1, 1), csn=1)), 1, {"s": {"1": [1]}}, replicas=2)
+    h.finals[1] = Final(1, 1, {"s": {"1": [1], "2": [99]}}, h.finals[1].statuses)
+    assert kinds(h) == {"divergence", "lost-commit"}  # replica 1 also differs from the model
+    [div] = [f for f in check(h) if f.kind == "divergence"]
+    assert "s['2']" in div.message
+
+
+def test_replicas_at_different_csns() -> None:
+    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1, csn=2)), 2,
+                    {"s": {"1": [1, 2]}}, replicas=2)
+    h.finals[0] = Final(0, 1, {"s": {"1": [1]}}, h.finals[0].statuses)
+    found = only(h, "divergence")
+    assert len(found) == 2  # different csns, and replica 0 behind op 1's commit
+    assert found[1].ops == (1,)
+
+
+def test_reused_tid() -> None:
+    [f] = only(hist(op(a("s", 1, 1), csn=1, tid="x"), op(a("s", 1, 2), snap=1, csn=2, tid="x")),
+               "tid-reused")
+    assert f.ops == (0, 1)
+
+
+def test_unresolved() -> None:
+    [f] = only(hist(op(a("s", 1, 1), outcome="indeterminate")), "unresolved")
+    assert f.ops == (0,) and "indeterminate" in f.message
+
+
+def test_committed_without_csn_is_unresolved() -> None:
+    only(hist(op(a("s", 1, 1), outcome="committed")), "unresolved")
+
+
+def test_bank_total_broken_in_a_read_and_a_final() -> None:
+    init = {"b": {"x": 10, "y": 10}}
+    h = hist(op(r("b", None, {"x": 10, "y": 10}), s("b", "x", 5), csn=1),  # money vanished
+             op(r("b", None, {"x": 5, "y": 10}), snap=1),
+             tables={"b": "register"}, initial=init, workload="bank")
+    with_finals(h, 1, {"b": {"x": 5, "y": 10}}, replicas=1)
+    found = only(h, "invariant")
+    assert len(found) == 2 and "sum 15, not 20" in found[0].message
+
+
+def test_bank_table_by_name_in_another_workload() -> None:
+    h = hist(op(s("bank1", "x", 5), csn=1), op(r("bank1", None, {"x": 5}), snap=1),
+             tables={"bank1": "register", "g": "register"}, initial={"bank1": {"x": 10}})
+    only(h, "invariant")
+    h.header.tables = {"g": "register"}
+    assert check(h) == []
+
+
+def test_bank_read_after_own_write_is_not_checked() -> None:
+    h = hist(op(s("b", "x", 5), r("b", None, {"x": 5, "y": 10}), snap=0),
+             tables={"b": "register"}, initial={"b": {"x": 10, "y": 10}}, workload="bank")
+    assert check(h) == []
+
+
+def test_final_showing_an_aborted_element() -> None:
+    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1)), 1,
+                    {"s": {"1": [1, 2]}}, replicas=1)
+    [f] = only(h, "aborted-visible")
+    assert f.ops == (1,)
+
+
+def test_malformed_reads_are_findings_not_crashes() -> None:
+    h = hist(op(r("s", 1, 5), r("g", "k", [1, 2]), r("s", None, None), snap=0))
+    assert [f.kind for f in check(h)] == ["si-read", "si-read"]
+
+
+def test_describe_and_summary() -> None:
+    f = Finding("lost-update", "x and y", (1, 2))
+    assert describe(f) == "lost-update: x and y [ops 1, 2]"
+    assert summary([f, f])["lost-update"] == 2 and summary([f])["si-read"] == 0
+
+
+def test_kinds_are_documented() -> None:
+    assert set(KINDS) == {
+        "si-read", "aborted-read", "intermediate-read", "lost-update", "lost-commit",
+        "divergence", "tid-reused", "unresolved", "invariant", "aborted-visible",
+    }
+    assert all(KINDS.values())
+
+
+# -- generated histories -----------------------------------------------------------------------
+
+def generate(seed: int, n: int = 60) -> History:
+    """A valid history: ops begin at the latest csn or (append-only) an older one, commit in csn
+    order (sometimes two at one csn, writing disjoint keys), sometimes abort; every read is the
+    model's state at the snapshot plus the op's own writes."""
+    rnd = random.Random(seed)
+    keys = ["1", "2", "3"]
+    states: list[dict] = [{"s": {}, "g": {}}]  # state after csn i
+    ops: list[Op] = []
+    elem = 0
+    for _ in range(n):
+        group = 2 if rnd.random() < 0.2 else 1
+        csn, latest = len(states), len(states) - 1
+        used: set[str] = set()
+        for _ in range(group):
+            free = [k for k in keys if k not in used]
+            old = rnd.random() < 0.3 or not free  # an old snapshot only reads and appends
+            free = free or keys
+            mops: list[list] = []
+            snap = rnd.randrange(latest + 1) if old else latest
+            own = {t: dict(v) for t, v in states[snap].items()}
+            for _ in range(rnd.randint(1, 5)):
+                k = rnd.choice(free)
+                x = rnd.random()
+                if x < 0.3:
+                    mops.append(r("s", k, sorted(own["s"].get(k, []))))
+                elif x < 0.4:
+                    mops.append(r("s", None, {kk: sorted(v) for kk, v in own["s"].items() if v}))
+                elif x < 0.5:
+                    mops.append(r("g", k, own["g"].get(k)))
+                elif x < 0.75:
+                    elem += 1
+                    mops.append(a("s", k, elem))
+                    own["s"][k] = own["s"].get(k, set()) | {elem}
+                elif x < 0.85 and not old and own["s"].get(k):
+                    e = rnd.choice(sorted(own["s"][k]))
+                    mops.append(d("s", k, e))
+                    own["s"][k] = own["s"][k] - {e}
+                    used.add(k)
+                elif not old:
+                    elem += 1
+                    mops.append(s("g", k, elem))
+                    own["g"][k] = elem
+                    used.add(k)
+            commit = rnd.random() < 0.8
+            writes = any(m[0] != "r" for m in mops)
+            ops.append(op(*mops, snap=snap, csn=(csn if writes else snap) if commit else None))
+            if commit and writes:
+                if len(states) == csn:  # the group's first commit
+                    states.append({t: dict(v) for t, v in states[latest].items()})
+                for m in mops:
+                    if m[0] == "append":
+                        states[-1]["s"][m[2]] = states[-1]["s"].get(m[2], set()) | {m[3]}
+                    elif m[0] == "delete":
+                        states[-1]["s"][m[2]] = states[-1]["s"][m[2]] - {m[3]}
+                    elif m[0] == "set":
+                        states[-1]["g"][m[2]] = m[3]
+    last = states[-1]
+    h = hist(*ops)
+    tables = {"s": {k: sorted(v) for k, v in last["s"].items() if v}, "g": dict(last["g"])}
+    return with_finals(h, len(states) - 1, tables)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_valid_histories(seed: int) -> None:
+    h = generate(seed)
+    assert [describe(f) for f in check(h)] == []
+
+
+def test_op_order_in_the_file_does_not_matter() -> None:
+    """history.jsonl lists ops in the order they ended, not by index."""
+    h = generate(7)
+    expected = check(h)
+    random.Random(7).shuffle(h.ops)
+    assert check(h) == expected == []
+    h.ops[0].mops.append(r("s", "1", [-1]))
+    assert kinds(h) == {"si-read"}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_histories_missing_one_element(seed: int) -> None:
+    h = generate(seed)
+    rnd = random.Random(seed)
+    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None
+             and m[3]]
+    if not reads:
+        pytest.skip("no non-empty set read")
+    o, m = rnd.choice(reads)
+    drop = rnd.choice(m[3])
+    m[3] = [e for e in m[3] if e != drop]
+    found = only(h, "si-read")
+    assert found[0].ops[0] == o.index
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_histories_reading_an_aborted_element(seed: int) -> None:
+    h = generate(seed)
+    rnd = random.Random(seed)
+    aborted = [(m[2], m[3]) for o in h.ops if o.outcome == "aborted" for m in o.mops
+               if m[0] == "append"]
+    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None]
+    key, elem = rnd.choice(aborted)
+    o, m = rnd.choice([(o, m) for o, m in reads if m[2] == key and elem not in (m[3] or [])])
+    m[3] = sorted([*(m[3] or []), elem])
+    [f] = only(h, "aborted-read")
+    assert f.ops[0] == o.index
