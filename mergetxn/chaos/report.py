@@ -34,7 +34,7 @@ FAULT_COLOURS = {
 WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 # Errors a transaction meets under faults by design; any other class is worth a look even when
 # the checker finds no anomaly (a read failing on a missing part, a corrupt entry...).
-EXPECTED_ERRORS = frozenset({"ConflictError", "TransactionAborted", "ReplicaUnavailable", "Killed"})
+EXPECTED_ERRORS = frozenset({"ConflictError", "TransactionAborted", "ReplicaUnavailable", "OutcomeUnknown", "Killed"})
 
 
 def verdict(findings: list[Any], incomplete: list[str] | None = None) -> int:

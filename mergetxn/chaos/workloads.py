@@ -56,6 +56,8 @@ from mergetxn.chaos.history import Op, TableKind
 # for long reads, and would let one partitioned connection freeze a client for the whole run.
 CLIENT_TIMEOUT = 10.0
 DEFINITE = (ConflictError, TransactionAborted, InvalidInput)  # the transaction did not commit
+# Errors after which a client tries another replica for its next transaction.
+UNREACHABLE = frozenset({"ReplicaUnavailable", "OutcomeUnknown", "OSError", "ConnectionError", "TimeoutError"})
 KEYS = 8
 LA_SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
 BANK_SCHEMA = pa.schema([("acct", pa.int64()), ("balance", pa.int64())])
@@ -297,7 +299,7 @@ class Worker(threading.Thread):
                     self.stop_event.wait(0.05)
                     continue
                 op = run_transaction(client, self.replica, self.process, self.workload, self.rng, self.rec)
-                if op.error in ("ReplicaUnavailable", "OSError", "ConnectionError", "TimeoutError") \
+                if op.error in UNREACHABLE \
                         or (op.tid is None and op.error):
                     self._fail_over()
                     self.stop_event.wait(0.05)
