@@ -34,7 +34,7 @@ from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
 HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
 PAUSE = (0.0, 0.3)  # seconds a lane waits between faults
 RECOVERY_LIMIT = 60.0  # a replica that commits no probe in this long after a heal: not recovered
-PROBE_TIMEOUT = 5.0
+PROBE_TIMEOUT = 2.0  # a probe commit takes milliseconds; one stuck on a replica another lane froze must not hold the lane
 
 
 class ChaosCluster(Protocol):
