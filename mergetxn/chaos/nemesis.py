@@ -52,19 +52,27 @@ class ChaosCluster(Protocol):
     def replica_running(self, i: int) -> bool: ...
 
 
-# Every kind, in the order the report lists them. "kill-client" is the harness's own: any form.
-KINDS = [
-    "kill-replica", "pause-replica", "kill-zk", "kill-zk-leader", "isolate", "partition-majority",
-    "cut-from-zk", "bridge", "slow", "expire-session", "wal-full", "kill-client",
-]
-HARNESS_KINDS = {"kill-client"}
+# Every kind, in the order the report lists them, with the cluster fault it needs (the names of
+# ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form.
+NEEDS: dict[str, str | None] = {
+    "kill-replica": "kill_replica", "pause-replica": "pause_replica", "kill-zk": "kill_zk",
+    "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
+    "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow", "expire-session": "expire_session",
+    "wal-full": "fill_wal_disk", "kill-client": None,
+}
+KINDS = list(NEEDS)
+
+
+def can_inject(kind: str, supported: set[str]) -> bool:
+    need = NEEDS[kind]
+    return need is None or need in {s.replace("-", "_") for s in supported}
 
 
 def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]]:
     """The kinds ``--nemesis`` asks for (``all``, ``none`` or a comma list) that this form can
     inject, and those ``all`` had to leave out. A kind asked for by name that the form cannot
     inject is an error, not a silent omission."""
-    can = [k for k in KINDS if k in supported or k in HARNESS_KINDS]
+    can = [k for k in KINDS if can_inject(k, supported)]
     text = option.strip().lower()
     if text == "none":
         return [], []
@@ -151,8 +159,10 @@ class Nemesis:
 
     def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
                  kill_client: Callable[[int, random.Random], str], lanes: int = 2,
-                 hold: tuple[float, float] = HOLD) -> None:
+                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None) -> None:
+        """``replica_names``: how targets name replica i (its host id), default ``r<i>``."""
         self.cluster = cluster
+        self.replica_names = replica_names or [f"r{i}" for i in range(cluster.hosts)]
         self.kinds = list(kinds)
         self.seed = seed
         self.rec = rec
@@ -191,10 +201,14 @@ class Nemesis:
         n = self.cluster.hosts
         out: list[Plan] = []
 
+        rname = self.replica_names
+        host_name = getattr(c, "host_name", None)
+        hname = [host_name(i) if host_name else f"host{i}" for i in range(n)]
+
         def replica_plans(kind: str, inject: Callable[[int], str], heal: Callable[[int], None],
                           extra: frozenset[str] = frozenset()) -> None:
             for i in range(n):
-                out.append(Plan(kind, f"r{i}", frozenset({f"replica{i}"}) | extra,
+                out.append(Plan(kind, rname[i], frozenset({f"replica{i}"}) | extra,
                                 (lambda i=i: inject(i)), (lambda i=i: heal(i))))
 
         def done(text: str) -> Callable[[int], str]:
@@ -204,17 +218,17 @@ class Nemesis:
             replica_plans(kind, lambda i: (c.kill_replica(i), "SIGKILL")[1], lambda i: c.start_replica(i))
         elif kind == "pause-replica":
             replica_plans(kind, lambda i: (c.pause_replica(i), "SIGSTOP")[1], lambda i: c.resume_replica(i))
-        elif kind == "expire-session":
+        elif kind == "expire-session":  # the hosts' forms cut the replica from ZooKeeper: a network fault
             replica_plans(kind, lambda i: (c.expire_session(i), "session expired and reconnected")[1],
-                          lambda i: None)
+                          lambda i: None, frozenset({"net"}))
         elif kind == "wal-full":
             replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
         elif kind == "kill-client":
             replica_plans(kind, lambda i: self.kill_client(i, rng), lambda i: None)
         elif kind == "kill-zk":
             for i in range(n):
-                out.append(Plan(kind, f"zk{i}", frozenset({"zk"}), (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
-                                (lambda i=i: c.start_zk(i))))
+                out.append(Plan(kind, f"zk@{hname[i]}", frozenset({"zk"}),
+                                (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]), (lambda i=i: c.start_zk(i))))
         elif kind == "kill-zk-leader":
             member: dict[str, int] = {}
 
@@ -222,13 +236,13 @@ class Nemesis:
                 leader = c.zk_leader()
                 member["i"] = rng.randrange(n) if leader is None else leader
                 c.kill_zk(member["i"])
-                return f"SIGKILL zk{member['i']}" + (" (leader)" if leader is not None else " (no leader known)")
+                return f"SIGKILL zk@{hname[member['i']]}" + (" (leader)" if leader is not None else " (no leader known)")
 
             out.append(Plan(kind, "zk-leader", frozenset({"zk"}), kill_leader,
                             lambda: c.start_zk(member["i"]) if "i" in member else None))
         elif kind == "isolate":
             for i in range(n):
-                out.append(Plan(kind, f"host{i}", frozenset({"net", "zk", f"replica{i}"}),
+                out.append(Plan(kind, hname[i], frozenset({"net", "zk", f"replica{i}"}),
                                 (lambda i=i: (c.isolate(i), "host cut from every other host")[1]), c.heal))
         elif kind == "partition-majority":
             hosts = list(range(n))
@@ -236,11 +250,12 @@ class Nemesis:
             minority = hosts[: (n - 1) // 2] or hosts[:1]
             majority = [h for h in hosts if h not in minority]
             groups = [sorted(majority), sorted(minority)]
-            out.append(Plan(kind, f"{groups[0]}|{groups[1]}", frozenset({"net", "zk"}),
-                            lambda: (c.partition(groups), f"groups {groups}")[1], c.heal))
+            label = "|".join(",".join(hname[h] for h in g) for g in groups)
+            out.append(Plan(kind, label, frozenset({"net", "zk"}),
+                            lambda: (c.partition(groups), f"{label} (majority|minority)")[1], c.heal))
         elif kind == "cut-from-zk":
             for i in range(n):
-                out.append(Plan(kind, f"r{i}", frozenset({"net", f"replica{i}"}),
+                out.append(Plan(kind, rname[i], frozenset({"net", f"replica{i}"}),
                                 (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
                                 c.heal))
         elif kind == "bridge" and n >= 3:
@@ -250,16 +265,16 @@ class Nemesis:
                 if rng.random() < 0.5:  # a and b cannot talk; m reaches both (Jepsen's bridge)
                     c.cut_one_way(a, b)
                     c.cut_one_way(b, a)
-                    return f"host{a} and host{b} cut from each other, host{m} bridges"
+                    return f"{hname[a]} and {hname[b]} cut from each other, {hname[m]} bridges"
                 c.cut_one_way(a, b)  # asymmetric: a's packets to b and m are dropped, theirs reach a
                 c.cut_one_way(a, m)
-                return f"host{a} cannot send to host{b} nor host{m} (one way)"
+                return f"{hname[a]} cannot send to {hname[b]} nor {hname[m]} (one way)"
 
-            out.append(Plan(kind, f"host{a}", frozenset({"net", "zk"}), bridge, c.heal))
+            out.append(Plan(kind, hname[a], frozenset({"net", "zk"}), bridge, c.heal))
         elif kind == "slow":
             for i in range(n):
                 delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
-                out.append(Plan(kind, f"host{i}", frozenset({"net", "zk"}),
+                out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
                                 (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
                                 c.heal))
         rng.shuffle(out)

@@ -198,7 +198,7 @@ def _op_title(o: Op) -> str:
     mops = " ".join(json.dumps(m, separators=(",", ":")) for m in o.mops)
     if len(mops) > 300:
         mops = mops[:300] + "..."
-    lines = [f"op {o.index} client {o.process} on r{o.replica} ({o.workload}) {o.start:.2f}-{o.end:.2f}s",
+    lines = [f"op {o.index} client {o.process} on replica #{o.replica} ({o.workload}) {o.start:.2f}-{o.end:.2f}s",
              f"{o.tid or 'no tid'} snapshot {o.snapshot}",
              f"{o.outcome}" + (f" at CSN {o.csn}" if o.csn is not None else "") + (f" ({o.error})" if o.error else ""),
              mops]
@@ -303,7 +303,7 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
         for o in commits:
             svg.append(f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
-                       f'<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on r{o.replica}</title></circle>')
+                       f'<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on replica #{o.replica}</title></circle>')
     else:
         wl, colour = [], {}
     svg.append("</svg>")

@@ -112,7 +112,7 @@ class SingleHostCluster:
             (self.workdir / PIDS_FILE).unlink(missing_ok=True)
 
     def supports(self) -> set[str]:
-        return {"kill-replica", "pause-replica", "expire-session"}
+        return {"kill_replica", "pause_replica", "expire_session"}
 
     def kill_replica(self, i: int) -> None:
         self._local.kill_replica(i)
@@ -231,7 +231,7 @@ def form_of(cluster: Any) -> str:
 def heal_everything(cluster: Any) -> list[str]:
     """Undo every fault the nemesis may have left and start whatever is down; returns errors."""
     problems: list[str] = []
-    supported = cluster.supports()
+    supported = {s.replace("-", "_") for s in cluster.supports()}
 
     def attempt(what: str, fn: Callable[[], Any]) -> None:
         try:
@@ -239,14 +239,14 @@ def heal_everything(cluster: Any) -> list[str]:
         except Exception as exc:
             problems.append(f"{what}: {type(exc).__name__}: {exc}")
 
-    if supported & {"isolate", "partition-majority", "cut-from-zk", "bridge", "slow"}:
+    if supported & {"isolate", "partition", "cut_from_zk", "cut_one_way", "slow", "lossy", "expire_session"}:
         attempt("heal the network", cluster.heal)
     for i in range(cluster.hosts):
-        if supported & {"kill-zk", "kill-zk-leader"}:
-            attempt(f"start zk{i}", lambda i=i: cluster.start_zk(i))
-        if "wal-full" in supported:
+        if "kill_zk" in supported and not getattr(cluster, "zk_running", lambda i: False)(i):
+            attempt(f"start ZooKeeper member {i}", lambda i=i: cluster.start_zk(i))
+        if "fill_wal_disk" in supported:
             attempt(f"free r{i}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
-        if "pause-replica" in supported:
+        if "pause_replica" in supported:
             attempt(f"resume r{i}", lambda i=i: cluster.resume_replica(i))
         if not cluster.replica_running(i):
             attempt(f"start r{i}", lambda i=i: cluster.start_replica(i))
@@ -462,7 +462,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if "kill-client" in kinds:
             killers.prepare()
         nem = Nemesis(cluster, kinds, seed, rec,
-                      lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail)
+                      lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
+                      replica_names=host_ids)
         for w in workers:
             w.start()
         nem.start()

@@ -400,7 +400,7 @@ class KillClients:
                          {"error": "Killed", "message": "killed before begin answered"})
             op = rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=[], outcome="aborted",
                          error=error["error"], message=f"begin failed: {error.get('message', '')}")
-            return KilledClient(op, f"r{replica}: begin failed ({error['error']})")
+            return KilledClient(op, f"begin on replica #{replica} failed ({error['error']})")
         mops: list[list[Any]] = [["append", "la0", str(key), e] for e in elems]
         when = "after its insert returned" if inserted else "before its insert returned"
         op = rec.add(**base, tid=began["tid"], snapshot=began["snapshot"], end=rec.now(), mops=mops,
