@@ -109,20 +109,34 @@ class Prober:
         self.n = 0
 
     def probe(self, i: int) -> int:
-        try:
-            address = self.addresses()[i]
-            client = self.clients.get(i)
-            if client is None or client.address != address:
-                client = self.clients[i] = Client(address, timeout=PROBE_TIMEOUT)
-            self.n += 1
-            with client.transaction() as tx:
-                tx.insert("probe", pa.table({"replica": [i], "n": [self.n]}, schema=PROBE_SCHEMA))
-            return tx.csn
-        except BaseException:
-            dropped = self.clients.pop(i, None)
-            if dropped is not None:
-                dropped.close()
-            raise
+        """One probe commit on replica ``i``, given up after :data:`PROBE_TIMEOUT` seconds. It
+        runs in a thread of its own because a commit whose answer is lost waits for its outcome
+        inside the client library (up to 15 s): a stuck probe is abandoned, with its client."""
+        address = self.addresses()[i]
+        client = self.clients.get(i)
+        if client is None or client.address != address:
+            client = self.clients[i] = Client(address, timeout=PROBE_TIMEOUT)
+        self.n += 1
+        result: list[Any] = []
+
+        def commit() -> None:
+            try:
+                with client.transaction() as tx:
+                    tx.insert("probe", pa.table({"replica": [i], "n": [self.n]}, schema=PROBE_SCHEMA))
+                result.append(tx.csn)
+            except BaseException as exc:  # handed to the caller
+                result.append(exc)
+
+        thread = threading.Thread(target=commit, name=f"probe-r{i}", daemon=True)
+        thread.start()
+        thread.join(PROBE_TIMEOUT + 0.5)
+        if not result or isinstance(result[0], BaseException):
+            self.clients.pop(i, None)
+            if not result:  # still running: its thread closes nothing, the client is dropped
+                raise TimeoutError(f"probe on replica {i} did not finish in {PROBE_TIMEOUT + 0.5:g}s")
+            client.close()
+            raise result[0]
+        return result[0]
 
     def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT,
                      skip: Callable[[int], bool] = lambda i: False) -> list[int]:
