@@ -282,17 +282,17 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
                 answers[i] = client.commit_status(op.tid or "")
             except (MergetxnError, OSError):
                 continue
-        last[op.index] = ", ".join(f"r{i}: {st.status}" for i, st in answers.items()) or "no replica answered"
+        last[op.index] = ", ".join(f"{host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
         for i, st in answers.items():
             if st.status == "committed":
-                return "committed", st.csn, f"r{i} answered committed at CSN {st.csn}"
+                return "committed", st.csn, f"{host_ids[i]} answered committed at CSN {st.csn}"
         for i, st in answers.items():
             if st.status == "aborted":
-                return "aborted", None, f"r{i} answered aborted ({st.reason})"
+                return "aborted", None, f"{host_ids[i]} answered aborted ({st.reason})"
         if owner is not None and owner in answers and answers[owner].status == "running":
             try:
                 clients[owner].kill(op.tid or "")
-                killed[op.index] = f"killed on r{owner} (still running, its client gone)"
+                killed[op.index] = f"killed on {host_ids[owner]} (still running, its client gone)"
             except (MergetxnError, OSError):
                 pass
         return None
