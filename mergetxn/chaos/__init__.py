@@ -1,0 +1,1 @@
+"""The fault-injection harness: simulated hosts, workloads, nemesis, history, checker, report."""
