@@ -55,7 +55,7 @@ class Relay:
         try:
             server = socket.create_connection(self.proxy.upstream, timeout=5)
         except OSError as exc:
-            log.info("%s: upstream %s unreachable: %r", self.proxy.name, self.proxy.upstream, exc)
+            log.debug("%s: upstream %s unreachable: %r", self.proxy.name, self.proxy.upstream, exc)
             self.close()
             return
         server.settimeout(None)
