@@ -185,15 +185,10 @@ def cleanup(workdir: Path) -> list[str]:
     """Remove what an earlier run left: its processes (single form), the hosts' namespaces and
     rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
     cluster_dir = Path(workdir) / "cluster"
+    from mergetxn.chaos import hosts
+
     done = [f"killed pid {p}" for p in cleanup_single(cluster_dir)]
-    try:
-        from mergetxn.chaos import hosts
-    except ImportError:
-        hosts = None  # type: ignore[assignment]
-    if hosts is not None:
-        result = hosts.cleanup()
-        if result:
-            done.append(f"hosts: {result}")
+    done += hosts.cleanup(workdir=cluster_dir)
     if cluster_dir.exists():
         shutil.rmtree(cluster_dir, ignore_errors=True)
         done.append(f"removed {cluster_dir}")
@@ -203,18 +198,14 @@ def cleanup(workdir: Path) -> list[str]:
 def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
                  replica_settings: dict[str, float | int] | None = None) -> Any:
     """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
-    them, else loopback (``hosts.make_cluster`` decides), else the single-host form."""
+    them, else loopback (``hosts.make_cluster`` decides and says why)."""
     if form not in FORMS:
         raise InvalidInput(f"unknown form {form!r}: choose from {', '.join(FORMS)}")
     settings = dict(REPLICA_SETTINGS if replica_settings is None else replica_settings)
     if form == "single":
         return SingleHostCluster(workdir, 3, session_timeout, settings)
-    try:
-        from mergetxn.chaos import hosts
-    except ImportError:
-        if form == "auto":
-            return SingleHostCluster(workdir, 3, session_timeout, settings)
-        raise InvalidInput(f"form {form!r} needs mergetxn.chaos.hosts, which this installation lacks") from None
+    from mergetxn.chaos import hosts
+
     if form == "auto":
         return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
@@ -418,6 +409,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
     cluster = open_cluster(form, workdir / "cluster")
+    if getattr(cluster, "fallback_reason", None):
+        say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
     kinds, left_out = choose_kinds(nemesis, cluster.supports())
     rng = random.Random(seed)
     rec = Recorder()
