@@ -895,6 +895,7 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
     and check the history for isolation anomalies, lost commits, divergent replicas and
     unresolved outcomes. Exit code 0 only when nothing was found, 1 when something was
     (each finding printed), 2 when the run could not be set up."""
+    import logging
     import random
     import tempfile
 
@@ -902,6 +903,7 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
     from mergetxn.chaos.run import cleanup, conclude, history_from, run_chaos
 
     out = console()
+    logging.getLogger("kazoo").setLevel(logging.ERROR)  # the nemesis's own ZooKeeper clients see every fault
     workdir = workdir or Path(tempfile.gettempdir()) / "mergetxn-chaos"
     if cleanup_only:
         done = cleanup(workdir)

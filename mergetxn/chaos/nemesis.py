@@ -57,15 +57,16 @@ class ChaosCluster(Protocol):
 NEEDS: dict[str, str | None] = {
     "kill-replica": "kill_replica", "pause-replica": "pause_replica", "kill-zk": "kill_zk",
     "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
-    "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow", "expire-session": "expire_session",
+    "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow|lossy", "expire-session": "expire_session",
     "wal-full": "fill_wal_disk", "kill-client": None,
 }
 KINDS = list(NEEDS)
 
 
 def can_inject(kind: str, supported: set[str]) -> bool:
+    """Whether a form supporting ``supported`` can inject ``kind`` (``a|b``: either will do)."""
     need = NEEDS[kind]
-    return need is None or need in {s.replace("-", "_") for s in supported}
+    return need is None or bool(set(need.split("|")) & {s.replace("-", "_") for s in supported})
 
 
 def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]]:
@@ -286,11 +287,18 @@ class Nemesis:
 
             out.append(Plan(kind, hname[a], frozenset({"net", "zk"}), bridge, c.heal))
         elif kind == "slow":
+            delays = "slow" in {s.replace("-", "_") for s in c.supports()}  # else only losses (no netem)
             for i in range(n):
                 delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
-                out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
-                                (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
-                                c.heal))
+                if delays:
+                    out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
+                                    (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
+                                    c.heal))
+                else:
+                    loss = rng.choice([5, 10, 20, 30])
+                    out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
+                                    (lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]),
+                                    c.heal))
         rng.shuffle(out)
         return out
 

@@ -259,7 +259,7 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
     is gone); a transaction still ``running`` (its client is gone) is killed on its replica first,
     then asked again. Rounds over the undecided ones until ``limit`` seconds passed. Updates the
     ops in place (``resolved`` says how); returns how many stay unresolved."""
-    clients = [Client(a, timeout=10.0) for a in addresses]
+    clients: dict[int, Client] = {}  # opened when first reachable: a replica may be down for good
     index = {h: i for i, h in enumerate(host_ids)}
     pending = [op for op in ops if op.outcome == "indeterminate" and op.tid is not None]
     killed: dict[int, str] = {}
@@ -268,9 +268,11 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
     def ask(op: Op) -> tuple[str, int | None, str] | None:
         owner = index.get(Tid.parse(op.tid or "").host_id)
         answers: dict[int, Any] = {}
-        for i, client in enumerate(clients):
+        for i, address in enumerate(addresses):
             try:
-                answers[i] = client.commit_status(op.tid or "")
+                if i not in clients:
+                    clients[i] = Client(address, timeout=10.0)
+                answers[i] = clients[i].commit_status(op.tid or "")
             except (MergetxnError, OSError):
                 continue
         last[op.index] = ", ".join(f"{host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
@@ -309,19 +311,21 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
         for op in pending:
             op.message += f"; unresolved after {limit:g}s ({last.get(op.index, 'not asked')})"
     finally:
-        for c in clients:
+        for c in clients.values():
             c.close()
     return len(pending)
 
 
-def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str]) -> list[Final]:
-    """Every replica's contents at one CSN (the highest any replica applied) and its
-    ``commit_status`` answer for each of ``tids``.
+def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str],
+                replicas: list[int] | None = None) -> list[Final]:
+    """Every replica's (of ``replicas``, default all) contents at one CSN (the highest any of
+    them applied) and its ``commit_status`` answer for each of ``tids``.
 
     Nothing pins that CSN (a plain read pins its snapshot only while it reads), so a merge that
     commits meanwhile and a cleanup pass after it can make it unreadable (SnapshotUnavailable):
     then every replica is read again at the newest CSN, until the merges have settled."""
-    clients = [Client(a, timeout=FINAL_TIMEOUT) for a in addresses]
+    which = list(range(len(addresses))) if replicas is None else list(replicas)
+    clients = [_retrying(FINAL_TIMEOUT, 0.5)(lambda a=addresses[i]: Client(a, timeout=FINAL_TIMEOUT)) for i in which]
 
     def contents_at_one_csn() -> tuple[int, list[dict[str, dict[str, Any]]]]:
         csn = max(_retrying(FINAL_TIMEOUT)(c.snapshot) for c in clients)
@@ -351,7 +355,7 @@ def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str]) -
                     statuses[tid] = [st.status, st.csn]
                 except Exception as exc:
                     statuses[tid] = [f"error: {type(exc).__name__}", None]
-            finals.append(Final(i, csn, contents[i], statuses))
+            finals.append(Final(which[i], csn, contents[i], statuses))
         return finals
     finally:
         for c in clients:
@@ -469,8 +473,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         problems += nem.errors
         problems += heal_everything(cluster)
         failed = wait_all_serving(addresses, cluster.hosts)
-        if failed:
-            incomplete.append(f"replica(s) {failed} served no commit {RECOVERY_LIMIT:g}s after healing")
+        for i in failed:
+            incomplete.append(f"replica {host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
+                              f"(its log: {_log_hint(cluster, i)})")
         stop.set()
         for w in workers:
             w.join(60)
@@ -482,7 +487,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
                 and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
         say("reading every replica at one CSN")
         try:
-            finals = take_finals(cluster.replica_addresses, tables, tids)
+            finals = take_finals(cluster.replica_addresses, tables, tids,
+                                 [i for i in range(cluster.hosts) if i not in failed])
         except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
             finals = []
             incomplete.append(f"could not read every replica at one CSN: {type(exc).__name__}: {exc}")
@@ -500,6 +506,17 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         for w in workers:
             w.join(15)
         cluster.stop()
+
+
+def _log_hint(cluster: Any, i: int) -> str:
+    """Where replica ``i``'s log is, for a message (each form keeps it elsewhere)."""
+    for candidate in (getattr(cluster, "host_dir", None), getattr(cluster, "_replica_dir", None)):
+        if candidate is not None:
+            return str(candidate(i) / "replica.log")
+    local = getattr(cluster, "_local", None)
+    if local is not None:
+        return str(local._replica_dir(i) / "replica.log")
+    return "see the cluster directory"
 
 
 def writes(op: Op) -> bool:
