@@ -345,7 +345,7 @@ class Nemesis:
         try:
             detail = plan.inject()
         except Exception as exc:
-            detail = f"inject failed: {type(exc).__name__}: {exc}"
+            detail = f"inject failed: {brief(exc)}"
             self.errors.append(f"{plan.kind} {plan.target}: {detail}")
         if plan.kind not in ("kill-client", "expire-session"):
             self._stop.wait(rng.uniform(*self.hold))
@@ -356,9 +356,12 @@ class Nemesis:
             if healed >= 0.05:
                 detail += f"; healed in {healed:.2f}s"
         except Exception as exc:
-            detail += f"; heal failed: {type(exc).__name__}: {exc}"
-            self.errors.append(f"{plan.kind} {plan.target}: heal failed: {type(exc).__name__}: {exc}")
-        failed = prober.wait_serving(list(range(self.cluster.hosts)),
+            detail += f"; heal failed: {brief(exc)}"
+            self.errors.append(f"{plan.kind} {plan.target}: heal failed: {brief(exc)}")
+        down = [i for i in range(self.cluster.hosts) if not self.cluster.replica_running(i)]
+        if down:  # a replica whose restart failed: the end of the run tries again and reports it
+            detail += f"; not probed, not running: {[self.replica_names[i] for i in down]}"
+        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down],
                                      skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
         if self._abort.is_set():
             failed, detail = [], detail + "; recovery not measured (run interrupted)"
@@ -367,6 +370,17 @@ class Nemesis:
             detail += f"; replica(s) {failed} served no commit within {RECOVERY_LIMIT:g}s"
         with self._lock:
             self.faults.append(Fault(plan.kind, plan.target, start, end, str(detail or ""), recovered))
+
+
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """An error in one line: its first line and, when it runs on (a log tail), its last one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if len(lines) > 1:
+        text += f" ... {lines[-1]}"
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
 
 
 def wait_all_serving(addresses: Callable[[], list[str]], n: int, limit: float = RECOVERY_LIMIT) -> list[int]:

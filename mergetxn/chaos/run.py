@@ -35,7 +35,7 @@ from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, 
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
-from mergetxn.chaos.nemesis import RECOVERY_LIMIT, Nemesis, choose_kinds, wait_all_serving
+from mergetxn.chaos.nemesis import RECOVERY_LIMIT, Nemesis, brief, choose_kinds, wait_all_serving
 from mergetxn.chaos.workloads import (
     PROBE_SCHEMA,
     KillClients,
@@ -219,8 +219,9 @@ def form_of(cluster: Any) -> str:
 # -- after the run --------------------------------------------------------------------------------
 
 
-def heal_everything(cluster: Any) -> list[str]:
-    """Undo every fault the nemesis may have left and start whatever is down; returns errors."""
+def heal_everything(cluster: Any, names: list[str]) -> list[str]:
+    """Undo every fault the nemesis may have left and start whatever is down; returns errors.
+    ``names``: the replicas' host ids, for the messages."""
     problems: list[str] = []
     supported = {s.replace("-", "_") for s in cluster.supports()}
 
@@ -228,7 +229,7 @@ def heal_everything(cluster: Any) -> list[str]:
         try:
             fn()
         except Exception as exc:
-            problems.append(f"{what}: {type(exc).__name__}: {exc}")
+            problems.append(f"{what}: {brief(exc)}")
 
     if supported & {"isolate", "partition", "cut_from_zk", "cut_one_way", "slow", "lossy", "expire_session"}:
         attempt("heal the network", cluster.heal)
@@ -236,11 +237,11 @@ def heal_everything(cluster: Any) -> list[str]:
         if "kill_zk" in supported and not getattr(cluster, "zk_running", lambda i: False)(i):
             attempt(f"start ZooKeeper member {i}", lambda i=i: cluster.start_zk(i))
         if "fill_wal_disk" in supported:
-            attempt(f"free r{i}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
+            attempt(f"free {names[i]}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
         if "pause_replica" in supported:
-            attempt(f"resume r{i}", lambda i=i: cluster.resume_replica(i))
+            attempt(f"resume {names[i]}", lambda i=i: cluster.resume_replica(i))
         if not cluster.replica_running(i):
-            attempt(f"start r{i}", lambda i=i: cluster.start_replica(i))
+            attempt(f"start {names[i]}", lambda i=i: cluster.start_replica(i))
     return problems
 
 
@@ -471,7 +472,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         say("stopping the nemesis; healing")
         nem.stop()
         problems += nem.errors
-        problems += heal_everything(cluster)
+        problems += heal_everything(cluster, host_ids)
         failed = wait_all_serving(addresses, cluster.hosts)
         for i in failed:
             incomplete.append(f"replica {host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
@@ -491,7 +492,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
                                  [i for i in range(cluster.hosts) if i not in failed])
         except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
             finals = []
-            incomplete.append(f"could not read every replica at one CSN: {type(exc).__name__}: {exc}")
+            incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
