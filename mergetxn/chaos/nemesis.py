@@ -63,6 +63,10 @@ NEEDS: dict[str, str | None] = {
 KINDS = list(NEEDS)
 
 
+# Kinds whose heal (a ZooKeeper member's restart) runs beside the lane: see Nemesis._heal_in_background.
+BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader"})
+
+
 def can_inject(kind: str, supported: set[str]) -> bool:
     """Whether a form supporting ``supported`` can inject ``kind`` (``a|b``: either will do)."""
     need = NEEDS[kind]
@@ -188,7 +192,8 @@ class Nemesis:
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._lock = threading.Lock()
-        self._held: dict[int, frozenset[str]] = {}
+        self._held: dict[int | str, frozenset[str]] = {}  # by lane, and by a restart under way
+        self._healers: list[threading.Thread] = []
         self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
                          for n in range(lanes if kinds else 0)]
 
@@ -204,6 +209,8 @@ class Nemesis:
             self._abort.set()
         self._stop.set()
         for t in self._threads:
+            t.join(timeout)
+        for t in list(self._healers):
             t.join(timeout)
 
     # -- choosing -------------------------------------------------------------------------------
@@ -350,26 +357,60 @@ class Nemesis:
         if plan.kind not in ("kill-client", "expire-session"):
             self._stop.wait(rng.uniform(*self.hold))
         end = self.rec.now()
-        try:
-            plan.heal()
-            healed = self.rec.now() - end
-            if healed >= 0.05:
-                detail += f"; healed in {healed:.2f}s"
-        except Exception as exc:
-            detail += f"; heal failed: {brief(exc)}"
-            self.errors.append(f"{plan.kind} {plan.target}: heal failed: {brief(exc)}")
+        fault = Fault(plan.kind, plan.target, start, end, str(detail or ""), None)
+        if plan.kind in BACKGROUND_HEAL:
+            self._heal_in_background(plan, fault)
+        else:
+            try:
+                plan.heal()
+                healed = self.rec.now() - end
+                if healed >= 0.05:
+                    fault.detail += f"; healed in {healed:.2f}s"
+            except Exception as exc:
+                fault.detail += f"; heal failed: {brief(exc)}"
+                self.errors.append(f"{plan.kind} {plan.target}: heal failed: {brief(exc)}")
         down = [i for i in range(self.cluster.hosts) if not self.cluster.replica_running(i)]
+        notes = []
         if down:  # a replica whose restart failed: the end of the run tries again and reports it
-            detail += f"; not probed, not running: {[self.replica_names[i] for i in down]}"
+            notes.append(f"not probed, not running: {[self.replica_names[i] for i in down]}")
         failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down],
                                      skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
         if self._abort.is_set():
-            failed, detail = [], detail + "; recovery not measured (run interrupted)"
-        recovered = None if failed or self._abort.is_set() else self.rec.now()
+            failed, notes = [], [*notes, "recovery not measured (run interrupted)"]
         if failed:
-            detail += f"; replica(s) {failed} served no commit within {RECOVERY_LIMIT:g}s"
+            notes.append(f"replica(s) {[self.replica_names[i] for i in failed]} served no commit within "
+                         f"{RECOVERY_LIMIT:g}s")
         with self._lock:
-            self.faults.append(Fault(plan.kind, plan.target, start, end, str(detail or ""), recovered))
+            fault.recovered = None if failed or self._abort.is_set() else self.rec.now()
+            fault.detail += "".join(f"; {n}" for n in notes)
+            self.faults.append(fault)
+
+    def _heal_in_background(self, plan: Plan, fault: Fault) -> None:
+        """Restart a ZooKeeper member in a thread of its own: a member takes many seconds to
+        rejoin while the other two serve, and the lane need not wait for it. The fault's
+        resources stay held until the member serves, so nothing touching the quorum starts
+        meanwhile; its detail says when it served again."""
+        token = f"restart-{fault.kind}-{fault.start}"
+        with self._lock:
+            self._held[token] = plan.resources
+
+        def restart() -> None:
+            began = self.rec.now()
+            try:
+                plan.heal()
+                note = f"; the member served again {self.rec.now() - began:.2f}s after its restart began"
+            except Exception as exc:
+                note = f"; restart failed: {brief(exc)}"
+                self.errors.append(f"{plan.kind} {plan.target}: restart failed: {brief(exc)}")
+            finally:
+                with self._lock:
+                    self._held.pop(token, None)
+            with self._lock:
+                fault.detail += note
+
+        thread = threading.Thread(target=restart, name=f"nemesis-{token}", daemon=True)
+        self._healers.append(thread)
+        thread.start()
 
 
 def brief(exc: BaseException, limit: int = 300) -> str:
