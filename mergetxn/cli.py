@@ -370,16 +370,56 @@ def zk() -> None:
     help="Data and log directory (kept across restarts).",
 )
 @click.option(
-    "--port", type=click.IntRange(0, 65535), default=None, help="Client port (default: a free one)."
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Client port of a standalone server (default: a free one).",
 )
-def zk_start(directory: Path, port: int | None) -> None:
-    """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground.
+@click.option(
+    "--id",
+    "myid",
+    type=click.IntRange(1, 255),
+    default=None,
+    help="Run member N (1-based myid) of the ensemble given by --members instead of a "
+    "standalone server.",
+)
+@click.option(
+    "--members",
+    default=None,
+    metavar="H:C:Q:E,...",
+    help="Every member of the ensemble in id order, as host:clientPort:quorumPort:electionPort "
+    "separated by commas; member --id listens on its own host.",
+)
+@click.option(
+    "--tick-ms",
+    type=click.IntRange(10, 60000),
+    default=200,
+    show_default=True,
+    help="ZooKeeper tickTime: sessions may be as short as 2 ticks.",
+)
+def zk_start(
+    directory: Path, port: int | None, myid: int | None, members: str | None, tick_ms: int
+) -> None:
+    """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground: a
+    standalone server, or with --id and --members one member of an ensemble.
 
-    Prints its address; Ctrl-C or SIGTERM stops it cleanly.
+    Prints its address (a member prints READY <address> once it has joined a quorum and
+    serves); Ctrl-C or SIGTERM stops it cleanly.
     """
+    if myid is None and members is None:
+        _zk_standalone(directory, port, tick_ms)
+        return
+    if myid is None or members is None:
+        fail("--id and --members go together: give both to run a member of an ensemble")
+    if port is not None:
+        fail("--port is for a standalone server; a member's client port comes from --members")
+    _zk_member(directory, myid, members, tick_ms)
+
+
+def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
     from mergetxn.zkserver import ZooKeeperServer
 
-    server = ZooKeeperServer(directory, port=port or None)
+    server = ZooKeeperServer(directory, port=port or None, tick_ms=tick_ms)
     out = console()
     with stop_signals() as stop:
         try:
@@ -397,6 +437,48 @@ def zk_start(directory: Path, port: int | None) -> None:
         finally:
             server.stop()
     out.print("ZooKeeper stopped.")
+
+
+#: A member's JVM: ZooKeeper holds only metadata here, and a host runs a replica beside it.
+MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m")
+
+
+def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> None:
+    """One member of an ensemble, in the foreground until SIGTERM/SIGINT. A member without a
+    quorum is not an error (its peers may start later): it waits, and says READY once it
+    serves."""
+    from mergetxn.zkserver import ZooKeeperMember, parse_members
+
+    try:
+        members = parse_members(members_text)
+    except ValueError as exc:
+        fail(f"bad --members: {exc}")
+    if myid > len(members):
+        fail(f"--id {myid} names no member: --members lists {len(members)}")
+    member = ZooKeeperMember(directory, myid, members, tick_ms, jvm_flags=MEMBER_JVM_FLAGS)
+    out = console()
+    with stop_signals() as stop:
+        try:
+            member.start(wait=False)
+        except (RuntimeError, OSError) as exc:
+            member.stop()
+            fail(f"ZooKeeper member {myid} did not start: {exc}")
+        out.print(
+            f"ZooKeeper member {myid} of {len(members)} started at [bold]{member.address}[/] "
+            f"(data and logs in {member.workdir}); waiting for a quorum. Ctrl-C stops it."
+        )
+        sys.stdout.flush()
+        serving = False
+        try:
+            while not stop.wait(0.2):
+                if not member.running:
+                    fail(f"ZooKeeper member {myid} exited unexpectedly; see {member.log_file}")
+                if not serving and member.mode() is not None:
+                    serving = True
+                    print(f"READY {member.address}", flush=True)
+        finally:
+            member.stop()
+    out.print(f"ZooKeeper member {myid} stopped.")
 
 
 @cli.group()

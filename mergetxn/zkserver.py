@@ -8,8 +8,10 @@ wheel, which we depend on anyway, ships ``zookeeper-3.9.x.jar`` with everything 
 This module starts and stops such servers:
 
 * :class:`ZooKeeperServer`: one standalone server (``ZooKeeperServerMain``).
-* :class:`ZooKeeperEnsemble`: a quorum of ``QuorumPeerMain`` processes on 127.0.0.1, for tests
-  that kill a member while clients keep working.
+* :class:`ZooKeeperMember`: one member (``QuorumPeerMain``) of a static ensemble whose members
+  may live on different hosts (``mergetxn zk start --id N --members ...``).
+* :class:`ZooKeeperEnsemble`: a quorum of such members on 127.0.0.1, for tests that kill a
+  member while clients keep working.
 * :func:`start_zookeeper`: what the product uses; an address given by the user (argument or
   ``MERGETXN_ZK``), else a testcontainers ZooKeeper when Docker answers, else the embedded server.
 
@@ -33,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +49,9 @@ from tenacity import (
 )
 
 __all__ = [
+    "MemberAddress",
     "ZooKeeperEnsemble",
+    "ZooKeeperMember",
     "ZooKeeperHandle",
     "ZooKeeperNotReady",
     "ZooKeeperServer",
@@ -55,6 +60,7 @@ __all__ = [
     "find_pyspark_jars",
     "four_letter_word",
     "java_executable",
+    "parse_members",
     "server_mode",
     "start_zookeeper",
 ]
@@ -219,13 +225,13 @@ def server_mode(host: str, port: int, timeout: float = 2.0) -> str | None:
     return m.group(1) if m else None
 
 
-def _ensure_port_free(port: int, what: str) -> None:
+def _ensure_port_free(port: int, what: str, host: str = LOCALHOST) -> None:
     """Refuse to start on a port something already listens on: a leftover server there would
     answer our readiness probe and hide that our own JVM failed to bind."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(1.0)
-        if s.connect_ex((LOCALHOST, port)) == 0:
-            raise RuntimeError(f"cannot start {what}: port {port} on {LOCALHOST} is in use")
+        if s.connect_ex((host, port)) == 0:
+            raise RuntimeError(f"cannot start {what}: port {port} on {host} is in use")
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -584,11 +590,193 @@ class ZooKeeperServer:
 
 
 # --------------------------------------------------------------------------------------------
-# Ensemble
+# Ensemble members
+
+
+@dataclass(frozen=True)
+class MemberAddress:
+    """Where one ensemble member listens: ``host:clientPort:quorumPort:electionPort``."""
+
+    host: str
+    client_port: int
+    quorum_port: int
+    election_port: int
+
+    @property
+    def client_address(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.client_port}:{self.quorum_port}:{self.election_port}"
+
+
+def parse_members(text: str) -> list[MemberAddress]:
+    """``host:clientPort:quorumPort:electionPort,...`` (in myid order) as addresses.
+
+    Raises ValueError naming the item that does not parse, so a command line can say which."""
+    items = [item.strip() for item in text.split(",")]
+    if not text.strip() or any(not item for item in items):
+        raise ValueError(
+            f"{text!r} is not a list of host:clientPort:quorumPort:electionPort items "
+            "separated by commas"
+        )
+    members: list[MemberAddress] = []
+    for item in items:
+        parts = item.split(":")
+        if len(parts) != 4 or not parts[0]:
+            raise ValueError(f"member {item!r} is not host:clientPort:quorumPort:electionPort")
+        try:
+            ports = [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ValueError(f"member {item!r} has a port that is not a number") from None
+        if not all(1 <= p <= 65535 for p in ports):
+            raise ValueError(f"member {item!r} has a port outside 1..65535")
+        if len(set(ports)) != 3:
+            raise ValueError(f"member {item!r} uses one port twice")
+        members.append(MemberAddress(parts[0], *ports))
+    taken: dict[tuple[str, int], str] = {}
+    for m in members:
+        for port in (m.client_port, m.quorum_port, m.election_port):
+            other = taken.setdefault((m.host, port), str(m))
+            if other != str(m):
+                raise ValueError(f"members {other!r} and {str(m)!r} both use {m.host}:{port}")
+    return members
+
+
+class ZooKeeperMember:
+    """One member (``QuorumPeerMain``) of a static ZooKeeper ensemble.
+
+    ``members`` lists every member in myid order (``myid`` is 1-based); this one listens on its
+    own entry's host (client port, quorum port, election port), so members may live on
+    different hosts (network namespaces) or share 127.0.0.1 with distinct ports. Data lives in
+    ``workdir/data`` (kept across restarts), logs in ``workdir/zookeeper.log`` and
+    ``workdir/zookeeper.out``. Used by :class:`ZooKeeperEnsemble` and ``mergetxn zk start --id``.
+    """
+
+    def __init__(
+        self,
+        workdir: Path | str,
+        myid: int,
+        members: Iterable[MemberAddress],
+        tick_ms: int = 200,
+        jvm_flags: Iterable[str] = (),
+    ) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.members = list(members)
+        if not 1 <= myid <= len(self.members):
+            raise ValueError(
+                f"member id {myid} is not between 1 and the number of members ({len(self.members)})"
+            )
+        self.myid = myid
+        self.tick_ms = tick_ms
+        self.jvm_flags = tuple(jvm_flags)
+        self.me = self.members[myid - 1]
+        self.log_file = self.workdir / "zookeeper.log"
+        self.out_file = self.workdir / "zookeeper.out"
+        self._proc: _JavaProcess | None = None
+
+    @property
+    def address(self) -> str:
+        """This member's client address, ``host:port``."""
+        return self.me.client_address
+
+    @property
+    def ensemble_address(self) -> str:
+        """Every member's client address: a kazoo hosts string."""
+        return ",".join(m.client_address for m in self.members)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.running else None
+
+    def mode(self) -> str | None:
+        """'leader' / 'follower' while it serves, else None."""
+        return server_mode(self.me.host, self.me.client_port)
+
+    def _configure(self) -> list[str]:
+        data = self.workdir / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{self.myid}\n")
+        settings: dict[str, Any] = {
+            **_session_settings(self.tick_ms),
+            "initLimit": 20,
+            "syncLimit": 10,
+            "dataDir": data,
+            "clientPort": self.me.client_port,
+            "clientPortAddress": self.me.host,
+            "reconfigEnabled": "false",
+            "standaloneEnabled": "false",
+        }
+        for j, m in enumerate(self.members, start=1):
+            settings[f"server.{j}"] = f"{m.host}:{m.quorum_port}:{m.election_port}"
+        cfg = self.workdir / "zoo.cfg"
+        log4j2 = self.workdir / "log4j2.properties"
+        _write_cfg(cfg, settings)
+        log4j2.write_text(_log4j2_config(self.log_file))
+        # Election connects to dead peers time out after cnxTimeout (5 s by default); keep
+        # re-elections after a kill quick.
+        return _java_argv(
+            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
+            cfg,
+            log4j2,
+            self.workdir,
+            extra_flags=("-Dzookeeper.cnxTimeout=1000", *self.jvm_flags),
+        )
+
+    def start(self, timeout: float = 60, wait: bool = True) -> str:
+        """Start the JVM; with ``wait``, return once it serves (which needs a quorum)."""
+        if not self.running:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            me = self.me
+            for port in (me.client_port, me.quorum_port, me.election_port):
+                _ensure_port_free(port, f"ZooKeeper member {self.myid}", me.host)
+            self._proc = _JavaProcess(self._configure(), self.out_file, self.workdir)
+            self._proc.start()
+        if wait:
+            self.wait_serving(timeout)
+        return self.address
+
+    def check_alive(self) -> None:
+        """Raise RuntimeError with the log's tail when the JVM is not running."""
+        if not self.running:
+            raise RuntimeError(
+                f"ZooKeeper member {self.myid} exited; last log lines:\n"
+                f"{_tail(self.out_file)}\n{_tail(self.log_file)}"
+            )
+
+    def wait_serving(self, timeout: float = 60) -> str:
+        """Block until it reports a mode (it joined a quorum); raise if the JVM exits."""
+
+        def check() -> str:
+            self.check_alive()
+            mode = self.mode()
+            if mode is None:
+                raise ZooKeeperNotReady(f"member {self.myid} ({self.address}) not serving yet")
+            return mode
+
+        return _wait_until(check, timeout, f"ZooKeeper member {self.myid} {self.address}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Graceful stop: SIGTERM, then SIGKILL after ``timeout``. Idempotent."""
+        if self._proc is not None:
+            self._proc.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash); the others keep a quorum while a majority lives."""
+        if self._proc is not None:
+            self._proc.kill()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"ZooKeeperMember({self.myid}, {self.me}, {state})"
 
 
 class ZooKeeperEnsemble:
-    """A ZooKeeper quorum of ``size`` ``QuorumPeerMain`` processes on 127.0.0.1.
+    """A ZooKeeper quorum of ``size`` :class:`ZooKeeperMember` processes on 127.0.0.1.
 
     Each member has its own client, quorum and election ports (chosen once, kept across
     restarts) and its own ``workdir/zk<i>`` data directory. Members are numbered 0..size-1
@@ -606,7 +794,13 @@ class ZooKeeperEnsemble:
         self.client_ports = ports[0:size]
         self.quorum_ports = ports[size : 2 * size]
         self.election_ports = ports[2 * size : 3 * size]
-        self._procs: list[_JavaProcess | None] = [None] * size
+        addresses = [
+            MemberAddress(LOCALHOST, c, q, e)
+            for c, q, e in zip(self.client_ports, self.quorum_ports, self.election_ports)
+        ]
+        self.members = [
+            ZooKeeperMember(self.member_dir(i), i + 1, addresses, tick_ms) for i in range(size)
+        ]
 
     @property
     def address(self) -> str:
@@ -620,12 +814,11 @@ class ZooKeeperEnsemble:
         return self.workdir / f"zk{i}"
 
     def running(self, i: int) -> bool:
-        proc = self._procs[i]
-        return proc is not None and proc.running
+        return self.members[i].running
 
     def mode(self, i: int) -> str | None:
         """'leader' / 'follower' when member i serves, else None."""
-        return server_mode(LOCALHOST, self.client_ports[i])
+        return self.members[i].mode()
 
     def leader(self) -> int | None:
         """Index of the current leader, if any member reports being it."""
@@ -634,59 +827,11 @@ class ZooKeeperEnsemble:
                 return i
         return None
 
-    def _configure(self, i: int) -> list[str]:
-        mdir = self.member_dir(i)
-        data = mdir / "data"
-        data.mkdir(parents=True, exist_ok=True)
-        (data / "myid").write_text(f"{i + 1}\n")
-        settings: dict[str, Any] = {
-            **_session_settings(self.tick_ms),
-            "initLimit": 20,
-            "syncLimit": 10,
-            "dataDir": data,
-            "clientPort": self.client_ports[i],
-            "clientPortAddress": LOCALHOST,
-            "reconfigEnabled": "false",
-            "standaloneEnabled": "false",
-        }
-        for j in range(self.size):
-            settings[f"server.{j + 1}"] = (
-                f"{LOCALHOST}:{self.quorum_ports[j]}:{self.election_ports[j]}"
-            )
-        cfg = mdir / "zoo.cfg"
-        log4j2 = mdir / "log4j2.properties"
-        _write_cfg(cfg, settings)
-        log4j2.write_text(_log4j2_config(mdir / "zookeeper.log"))
-        # Election connects to dead peers time out after cnxTimeout (5 s by default); keep
-        # re-elections after a kill quick.
-        return _java_argv(
-            "org.apache.zookeeper.server.quorum.QuorumPeerMain",
-            cfg,
-            log4j2,
-            mdir,
-            extra_flags=("-Dzookeeper.cnxTimeout=1000",),
-        )
-
-    def _start_process(self, i: int) -> None:
-        if self.running(i):
-            return
-        mdir = self.member_dir(i)
-        for port in (self.client_ports[i], self.quorum_ports[i], self.election_ports[i]):
-            _ensure_port_free(port, f"ZooKeeper member {i}")
-        proc = _JavaProcess(self._configure(i), mdir / "zookeeper.out", mdir)
-        proc.start()
-        self._procs[i] = proc
-
     def _wait_members(self, members: list[int], timeout: float) -> None:
         def check() -> None:
             waiting = []
             for i in members:
-                if not self.running(i):
-                    mdir = self.member_dir(i)
-                    raise RuntimeError(
-                        f"ZooKeeper member {i} exited; last log lines:\n"
-                        f"{_tail(mdir / 'zookeeper.out')}\n{_tail(mdir / 'zookeeper.log')}"
-                    )
+                self.members[i].check_alive()
                 if self.mode(i) is None:
                     waiting.append(i)
             if waiting:
@@ -696,27 +841,23 @@ class ZooKeeperEnsemble:
 
     def start(self, timeout: float = 90) -> str:
         """Start every member and return :attr:`address` once all of them serve."""
-        for i in range(self.size):
-            self._start_process(i)
+        for member in self.members:
+            member.start(wait=False)
         self._wait_members(list(range(self.size)), timeout)
         return self.address
 
     def start_member(self, i: int, timeout: float = 60) -> None:
         """(Re)start member i and wait until it has rejoined the quorum and serves."""
-        self._start_process(i)
+        self.members[i].start(wait=False)
         self._wait_members([i], timeout)
 
     def kill_member(self, i: int) -> None:
         """SIGKILL member i (a crash); the others keep a quorum while a majority lives."""
-        proc = self._procs[i]
-        if proc is not None:
-            proc.kill()
+        self.members[i].kill()
 
     def stop_member(self, i: int, timeout: float = 15.0) -> None:
         """Graceful stop of member i."""
-        proc = self._procs[i]
-        if proc is not None:
-            proc.stop(timeout)
+        self.members[i].stop(timeout)
 
     def wait_quorum(self, timeout: float = 60) -> None:
         """Wait until a majority of members serve (after a kill or a restart)."""

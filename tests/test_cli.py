@@ -341,6 +341,27 @@ def test_replica_start_refuses_a_bad_setting() -> None:
     assert r.exit_code == 2 and "--retain-entries" in r.output and "x>=0" in r.output
 
 
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--id", "1", "--members", "10.0.0.1:2181:2888"], "bad --members: member '10.0.0.1:2181:2888'"),
+        (["--id", "1", "--members", "h1:2181:2888:x,h2:2181:2888:3888"], "bad --members: member 'h1:2181:2888:x'"),
+        (["--id", "1", "--members", "h1:2181:2888:3888,,h2:1:2:3"], "bad --members"),
+        (["--id", "1", "--members", "h1:2181:2888:99999"], "outside 1..65535"),
+        (["--id", "1", "--members", "h1:2181:2888:3888,h1:2181:2889:3889"], "both use h1:2181"),
+        (["--id", "4", "--members", "h1:1:2:3,h2:1:2:3,h3:1:2:3"], "--id 4 names no member"),
+        (["--id", "1"], "--id and --members go together"),
+        (["--members", "h1:1:2:3"], "--id and --members go together"),
+        (["--id", "1", "--members", "h1:1:2:3", "--port", "5"], "--port is for a standalone server"),
+    ],
+)
+def test_zk_start_member_refuses_bad_arguments(args: list[str], expected: str, tmp_path: Path) -> None:
+    r = CliRunner().invoke(cli, ["zk", "start", "--dir", str(tmp_path / "zk"), *args])
+    assert r.exit_code == 2, r.output
+    assert expected in r.output
+    assert not (tmp_path / "zk").exists()  # nothing started, nothing written
+
+
 def test_replica_server_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]) -> None:
     from replicas.server import main
 

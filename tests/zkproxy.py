@@ -21,6 +21,9 @@ Faults (each armed fault hits exactly one multi, of whichever connection sends o
 
 A :class:`Fault` says whether (and when) it fired, so a test can assert the fault it meant to
 inject really happened, instead of passing on a run where it did not.
+
+The listening, connection bookkeeping and partitions are :class:`mergetxn.chaos.proxy.TcpProxy`'s
+(the chaos harness's general proxy); this module adds only ZooKeeper's framing.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import socket
 import struct
 import threading
 from dataclasses import dataclass, field
+
+from mergetxn.chaos.proxy import Relay, TcpProxy
 
 log = logging.getLogger(__name__)
 
@@ -79,37 +84,21 @@ def _send_packet(sock: socket.socket, body: bytes) -> None:
         raise _Closed(str(exc)) from None
 
 
-class _Connection:
-    """One client connection and its upstream twin; two pump threads, cut together."""
+class _ZkRelay(Relay):
+    """One client connection relayed packet by packet, so a fault can strike around a multi."""
 
-    def __init__(self, proxy: ZkProxy, client: socket.socket, server: socket.socket) -> None:
-        self.proxy = proxy
-        self.client = client
-        self.server = server
-        self._doomed: dict[
-            int, Fault
-        ] = {}  # xid of a forwarded multi -> fault waiting for its reply
-        self._lock = threading.Lock()
-        self._closed = False
+    def __init__(self, proxy: ZkProxy, client: socket.socket) -> None:
+        super().__init__(proxy, client)
+        self.zk = proxy
+        # xid of a forwarded multi -> the fault waiting for its reply
+        self._doomed: dict[int, Fault] = {}
 
-    def start(self) -> None:
+    def pumps(self) -> None:
         for target, name in ((self._client_to_server, "c2s"), (self._server_to_client, "s2c")):
             threading.Thread(target=target, name=f"zkproxy-{name}", daemon=True).start()
 
-    def close(self) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        for s in (self.client, self.server):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        self.proxy._forget(self)
-
     def _client_to_server(self) -> None:
+        assert self.server is not None
         try:
             _send_packet(self.server, _read_packet(self.client))  # ConnectRequest: no header
             while True:
@@ -117,7 +106,7 @@ class _Connection:
                 if len(body) >= _REQ_HEADER.size:
                     xid, op = _REQ_HEADER.unpack_from(body)
                     if op == MULTI:
-                        fault = self.proxy._on_multi()
+                        fault = self.zk._on_multi()
                         if fault is not None and fault.kind == "instead":
                             fault.xid = xid
                             log.info(
@@ -136,6 +125,7 @@ class _Connection:
             self.close()
 
     def _server_to_client(self) -> None:
+        assert self.server is not None
         try:
             _send_packet(self.client, _read_packet(self.server))  # ConnectResponse
             while True:
@@ -157,47 +147,22 @@ class _Connection:
             self.close()
 
 
-class ZkProxy:
+class ZkProxy(TcpProxy):
     """A threaded TCP proxy on 127.0.0.1 in front of ``upstream`` (``host:port``)."""
 
-    def __init__(self, upstream: str) -> None:
-        host, _, port = upstream.rpartition(":")
-        self.upstream = (host, int(port))
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._listener.getsockname()[1]
-        self._conns: set[_Connection] = set()
-        self._lock = threading.Lock()
-        self._faults: list[Fault] = []
-        self._blocked = threading.Event()
-        self._stopped = threading.Event()
-        self.multis_seen = 0
-        self.accepted = 0
-        self._thread = threading.Thread(
-            target=self._accept_loop, name="zkproxy-accept", daemon=True
-        )
+    relay_class = _ZkRelay
 
-    @property
-    def address(self) -> str:
-        """``127.0.0.1:port``: give it to kazoo instead of the server's address."""
-        return f"127.0.0.1:{self.port}"
+    def __init__(self, upstream: str) -> None:
+        super().__init__(upstream, name="zkproxy")
+        self._faults: list[Fault] = []
+        self.multis_seen = 0
 
     def start(self) -> ZkProxy:
-        self._thread.start()
+        super().start()
         return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-        try:
-            self._listener.close()
-        except OSError:
-            pass
-        self.drop_all()
 
     def __enter__(self) -> ZkProxy:
         return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- faults --------------------------------------------------------------------------------
     def drop_after_next_multi(self) -> Fault:
@@ -212,24 +177,8 @@ class ZkProxy:
         with self._lock:
             self._faults.clear()
 
-    def block(self) -> None:
-        """Partition: cut every connection and refuse (accept and close) new ones."""
-        self._blocked.set()
-        self.drop_all()
-
-    def unblock(self) -> None:
-        self._blocked.clear()
-
-    def drop_all(self) -> None:
-        with self._lock:
-            conns = list(self._conns)
-        for c in conns:
-            c.close()
-
-    @property
-    def connections(self) -> int:
-        with self._lock:
-            return len(self._conns)
+    # block() / unblock() / drop_all() / connections: TcpProxy's (block cuts live connections
+    # and refuses new ones at once).
 
     # -- internals -----------------------------------------------------------------------------
     def _arm(self, kind: str) -> Fault:
@@ -243,31 +192,3 @@ class ZkProxy:
         with self._lock:
             self.multis_seen += 1
             return self._faults.pop(0) if self._faults else None
-
-    def _forget(self, conn: _Connection) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-
-    def _accept_loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._blocked.is_set():
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(self.upstream, timeout=5)
-                server.settimeout(None)
-            except OSError as exc:
-                log.info("zkproxy: upstream %s unreachable: %r", self.upstream, exc)
-                client.close()
-                continue
-            for s in (client, server):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Connection(self, client, server)
-            with self._lock:
-                self._conns.add(conn)
-                self.accepted += 1
-            conn.start()
