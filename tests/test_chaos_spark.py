@@ -29,7 +29,7 @@ from coordinator.client import Client
 from mergetxn.chaos.checker import check, describe
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.spark_cluster import MARKER, SparkStandalone, _processes, cleanup_spark
-from mergetxn.chaos.spark_workload import SparkWorkload, set_values
+from mergetxn.chaos.spark_workload import SparkWorker, SparkWorkload, set_values
 
 pytestmark = pytest.mark.slow
 
@@ -127,36 +127,36 @@ def session(standalone: SparkStandalone):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_jobs_make_a_history_the_checker_accepts(session, standalone, clients, tmp_path: Path) -> None:
+def test_jobs_make_a_history_the_checker_accepts(session, standalone, cluster, clients, tmp_path: Path) -> None:
+    """A planned job thread on replica 0 (every kind of job) beside a SparkWorker on replica 1
+    (jobs at random), both on the one session."""
     wl = SparkWorkload(tmp_path / "traces", table="spw", keys=3, partitions=2)
     wl.create(clients[0])
     rec = Recorder()
-    plans = [["append", "overwrite", "txn", "read", "overwrite"],
-             ["txn", "append", "overwrite", "read", "append"]]
-    errors: list[BaseException] = []
-
-    def run(process: int, kinds: list[str]) -> None:
-        rng = random.Random(process)
-        client = clients[process]
-        try:
-            for kind in kinds:
-                t0 = time.monotonic()
-                op = wl.job(session, client, process, process, rng, rec, kind=kind)
-                note = "" if op.outcome == "committed" else f" {op.error}: {op.message}"
-                print(f"{kind} job on r{process}: {op.outcome} in {time.monotonic() - t0:.1f}s{note}")
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run, args=(p, kinds)) for p, kinds in enumerate(plans)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
-    assert not errors, errors
+    stop = threading.Event()
+    worker = SparkWorker(1, 1, lambda: list(cluster.replica_addresses), wl, session, rec, stop, seed=5)
+    worker.start()
+    rng = random.Random(0)
+    try:
+        for kind in ("append", "overwrite", "txn", "read", "overwrite", "append"):
+            t0 = time.monotonic()
+            op = wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
+            note = "" if op.outcome == "committed" else f" {op.error}: {op.message}"
+            print(f"{kind} job on r0: {op.outcome} in {time.monotonic() - t0:.1f}s{note}")
+    finally:
+        stop.set()
+        worker.join(300)
+    assert worker.error is None and not worker.is_alive()
     h = history(wl, rec, clients)
+    for o in h.ops:
+        if o.process == 1 or o.outcome != "committed":
+            print(f"op {o.index} on r{o.replica} ({o.mops[0][0] if o.mops else '-'}...): {o.outcome} "
+                  f"{o.error or ''} {o.message[:300]}")
     assert_clean(h)
+    assert any(o.process == 1 for o in h.ops)
     outcomes = Counter(o.outcome for o in h.ops)
     assert outcomes["committed"] >= len(h.ops) // 2, [(o.outcome, o.error, o.message) for o in h.ops]
+
     def kind(o: Op) -> str:
         return o.mops[0][0] if o.mops[0][0] != "r" else "txn" if o.tid else "read"
 
