@@ -127,7 +127,7 @@ def session(standalone: SparkStandalone):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_jobs_make_a_history_the_checker_accepts(session, standalone, cluster, clients, tmp_path: Path) -> None:
+def test_jobs_make_a_history_the_checker_accepts(session, cluster, clients, tmp_path: Path) -> None:
     """A planned job thread on replica 0 (every kind of job) beside a SparkWorker on replica 1
     (jobs at random), both on the one session."""
     wl = SparkWorkload(tmp_path / "traces", table="spw", keys=3, partitions=2)
@@ -138,7 +138,7 @@ def test_jobs_make_a_history_the_checker_accepts(session, standalone, cluster, c
     worker.start()
     rng = random.Random(0)
     try:
-        for kind in ("append", "overwrite", "txn", "read", "overwrite", "append"):
+        for kind in ("append", "overwrite", "txn", "read", "overwrite"):
             t0 = time.monotonic()
             op = wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
             note = "" if op.outcome == "committed" else f" {op.error}: {op.message}"
@@ -147,6 +147,9 @@ def test_jobs_make_a_history_the_checker_accepts(session, standalone, cluster, c
         stop.set()
         worker.join(300)
     assert worker.error is None and not worker.is_alive()
+    for _ in range(3):  # overwrites may lose conflicts (to each other, to merges): one that commits
+        if wl.job(session, clients[0], 0, 0, rng, rec, kind="overwrite").outcome == "committed":
+            break
     h = history(wl, rec, clients)
     for o in h.ops:
         if o.process == 1 or o.outcome != "committed":
@@ -171,7 +174,7 @@ def test_jobs_make_a_history_the_checker_accepts(session, standalone, cluster, c
 def test_executor_killed_mid_task_still_exactly_once(session, standalone, clients, tmp_path: Path) -> None:
     marks = tmp_path / "marks"
     marks.mkdir()
-    wl = SparkWorkload(tmp_path / "traces", table="spk", keys=3, partitions=10, delay=0.6, marks=marks)
+    wl = SparkWorkload(tmp_path / "traces", table="spk", keys=3, partitions=8, delay=0.5, marks=marks)
     wl.create(clients[0])
     rec = Recorder()
     rng = random.Random(7)
@@ -184,7 +187,7 @@ def test_executor_killed_mid_task_still_exactly_once(session, standalone, client
     t0 = time.monotonic()
     job.start()
     # Both executors are running tasks of this job (each sleeps `delay` before writing its rows).
-    assert poll(lambda: len({p.name.split("-")[0] for p in marks.iterdir() if p.name not in before}) >= 2,
+    assert poll(lambda: len({p.name.split("-")[1] for p in marks.iterdir() if p.name not in before}) >= 2,
                 timeout=120, interval=0.05)
     victim = standalone.kill_executor(app)
     assert victim is not None
@@ -194,7 +197,7 @@ def test_executor_killed_mid_task_still_exactly_once(session, standalone, client
     assert op.outcome == "committed", (op.error, op.message)
     # The killed executor's tasks ran again: more attempts than tasks, or a retry attempt.
     attempts = [p.name.split("-") for p in marks.iterdir() if p.name not in before]
-    assert len(attempts) > wl.partitions or any(int(a[2]) > 0 for a in attempts), attempts
+    assert len(attempts) > wl.partitions or any(int(a[3]) > 0 for a in attempts), attempts
     assert victim.pid not in {e.pid for e in standalone.executors()}
     for kind in ("append", "read"):  # the session works on (a new executor comes)
         wl.job(session, clients[1], 1, 2, rng, rec, kind=kind)

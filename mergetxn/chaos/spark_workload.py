@@ -83,11 +83,13 @@ class Recorder(Protocol):
 class Rows:
     """The function of a write job's tasks (``mapPartitionsWithIndex`` over row numbers; no
     pandas needed, which ``mapInArrow`` would want on the driver): row ``i`` is ``(keys[i],
-    elems[i])``; each task attempt touches a file ``<pid>-<partition>-<attempt>`` in ``marks``
-    as it starts, then sleeps ``delay`` seconds."""
+    elems[i])``; each task attempt touches a file ``<tag>-<pid>-<partition>-<attempt>`` in
+    ``marks`` as it starts (``tag`` names the job: Python workers and partition numbers are
+    reused by the next job), then sleeps ``delay`` seconds."""
 
-    def __init__(self, keys: list[int], elems: list[int], delay: float = 0.0, marks: str | None = None) -> None:
-        self.keys, self.elems, self.delay, self.marks = keys, elems, delay, marks
+    def __init__(self, keys: list[int], elems: list[int], delay: float = 0.0, marks: str | None = None,
+                 tag: str = "job") -> None:
+        self.keys, self.elems, self.delay, self.marks, self.tag = keys, elems, delay, marks, tag
 
     def __call__(self, index: int, ids: Iterator[int]) -> Iterator[tuple[int, int]]:
         if self.marks:
@@ -95,7 +97,7 @@ class Rows:
 
             ctx = TaskContext.get()
             attempt = ctx.attemptNumber() if ctx else 0
-            Path(self.marks, f"{os.getpid()}-{index}-{attempt}").touch()
+            Path(self.marks, f"{self.tag}-{os.getpid()}-{index}-{attempt}").touch()
         if self.delay:
             time.sleep(self.delay)
         for i in ids:
@@ -170,15 +172,18 @@ class SparkWorkload:
                             auto_merge=self.auto_merge)
         return {}
 
-    def _trace(self) -> Path:
+    def _job_number(self) -> int:
         with self._lock:
-            n = next(self._jobs)
-        return self.workdir / f"job-{n}.jsonl"
+            return next(self._jobs)
+
+    def _trace(self) -> Path:
+        return self.workdir / f"job{self._job_number()}.jsonl"
 
     def _frame(self, session: Any, keys: list[int], elems: list[int]) -> Any:
         parts = max(1, min(self.partitions, len(elems)))
         rdd = session.sparkContext.parallelize(range(len(elems)), parts)
-        return session.createDataFrame(rdd.mapPartitionsWithIndex(Rows(keys, elems, self.delay, self.marks)), DDL)
+        rows = Rows(keys, elems, self.delay, self.marks, tag=f"w{self._job_number()}")
+        return session.createDataFrame(rdd.mapPartitionsWithIndex(rows), DDL)
 
     def _writer(self, df: Any, address: str, mode: str, **options: str) -> Any:
         w = df.write.format("mergetxn").option("replica", address).mode(mode)
