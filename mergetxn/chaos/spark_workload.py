@@ -35,6 +35,7 @@ after the run resolves it, as for the other workloads).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -159,7 +160,7 @@ class SparkWorkload:
         self.marks = None if marks is None else str(marks)
         self.weights = tuple(weights)
         self.auto_merge = auto_merge
-        self._jobs = iter(range(1 << 62))
+        self._jobs = itertools.count()
         self._lock = threading.Lock()
 
     @property
