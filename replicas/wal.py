@@ -4,7 +4,8 @@ Records are ``<length:u32><crc32:u32><payload>``, appended and fsynced in batche
 records are read until the first one that is short or fails its checksum: a crash while
 appending leaves at most a torn last record, which is dropped (the file is truncated there)
 rather than treated as fatal, because the entry it held is still in ZooKeeper's log.
-A bad record followed by good ones is not a torn tail but corruption, and is reported.
+A bad record followed by good ones is not a torn tail but corruption, and is reported. A write
+that fails (a full disk) is cut back to where it began, so it never leaves one.
 """
 
 from __future__ import annotations
@@ -99,8 +100,16 @@ class Wal:
             buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
         view = memoryview(buf)
         with self._lock:
-            while view:
-                view = view[os.write(self._fd, view):]
+            start = os.fstat(self._fd).st_size
+            try:
+                while view:
+                    view = view[os.write(self._fd, view):]
+            except OSError:
+                # A full disk (or any failed write) can cut a record short; later appends would
+                # follow it and the next open would find a corrupt record followed by valid ones.
+                # Cut the file back to where this write began: the records were not written.
+                os.ftruncate(self._fd, start)
+                raise
         if sync:
             with self._sync_lock:
                 os.fsync(self._fd)

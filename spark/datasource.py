@@ -18,6 +18,14 @@ Where each piece runs matters, because nothing in the driver's Python memory rea
 With option ``txn`` the write joins a transaction that the driver opened (``client.begin()``) and
 only stages into it: several writes, to several tables, then become visible at one CSN when the
 driver commits, or never.
+
+A job that commits on its own does so in a planner process, so the driver learns neither its
+transaction nor its CSN from ``save()``. Option ``trace_commits`` (a file on the driver's host)
+tells it: one JSON line when the write begins its transaction (``{"event": "begin", "table",
+"txn", "snapshot"}``; or ``"join"`` with option ``txn``), one when it staged its parts into a
+joined transaction (``"staged"``, with the number of ``parts``), and one once its own transaction committed
+(``"committed"``, with ``csn``). With the transaction id known before any task runs, a caller
+whose job failed or whose driver lost the answer can always ask ``commit_status``.
 """
 
 from __future__ import annotations
@@ -87,6 +95,7 @@ class Settings:
     rows_per_part: int | None = None
     split_bytes: int = SPLIT_BYTES
     trace_reads: str | None = None
+    trace_commits: str | None = None
     storage_options: dict | None = field(default=None, repr=False)
 
 
@@ -198,6 +207,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
         rows_per_part=_int_option(options, "rows_per_part", 1),
         split_bytes=_int_option(options, "split_bytes", 1) or SPLIT_BYTES,
         trace_reads=_option(options, "trace_reads"),
+        trace_commits=_option(options, "trace_commits"),
         storage_options=storage_options(options),
     )
 
@@ -293,6 +303,14 @@ class MergetxnDataSource(DataSource):
                 tx = join(client, s)
             else:
                 tx = client.begin()
+            if s.trace_commits:
+                event = {"event": "join"} if s.txn is not None else {"event": "begin", "snapshot": tx.snapshot}
+                try:
+                    _trace_commit(s.trace_commits, {**event, "table": s.table, "txn": tx.id})
+                except InvalidInput:
+                    if s.txn is None:
+                        _rollback_quietly(tx)
+                    raise
         return MergetxnWriter(s, tdef.to_dict(), url, tx.id, own=s.txn is None, overwrite=overwrite)
 
 
@@ -453,14 +471,20 @@ class MergetxnWriter(DataSourceArrowWriter):
                 raise type(exc)(f"mergetxn: staging the write to {s.table!r} in transaction "
                                 f"{self.txn_id} failed: {exc.message}", **exc.details) from None
             if not self.own:
+                if s.trace_commits:
+                    _trace_commit(s.trace_commits, {"event": "staged", "table": s.table, "txn": self.txn_id,
+                                                    "parts": len(metas)}, quiet=True)
                 return
             try:
-                tx.commit()
+                csn = tx.commit()
             except errors.ConflictError as exc:
                 raise errors.ConflictError(
                     f"mergetxn: the write to {s.table!r} (transaction {self.txn_id}) conflicts with "
                     f"transaction {exc.winner}, which committed first; nothing of this write is "
                     f"visible. {exc.message}", **exc.details) from None
+            if s.trace_commits:
+                _trace_commit(s.trace_commits, {"event": "committed", "table": s.table, "txn": self.txn_id,
+                                                "csn": csn, "parts": len(metas)}, quiet=True)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove what the accepted tasks wrote, unless a commit may reference it."""
@@ -746,6 +770,26 @@ def _trace(path: str, m: PartMeta) -> None:
     """Option ``trace_reads``: append ``<table> <part>`` per part read (tests, debugging)."""
     line = f"{m.table} {m.name}\n".encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _trace_commit(path: str, event: dict, quiet: bool = False) -> None:
+    """Option ``trace_commits``: append one JSON line (see the module's docstring). ``quiet``
+    after the commit: a trace that cannot be written must not make a committed job fail (the
+    caller still has the ``begin`` line to ask ``commit_status`` with)."""
+    import json
+
+    line = (json.dumps(event, sort_keys=True) + "\n").encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        if quiet:
+            return
+        raise InvalidInput(f"mergetxn: option 'trace_commits': cannot write {path!r}: {exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.write(fd, line)

@@ -31,6 +31,10 @@ def s(t: str, k: Any, v: Any) -> list:
     return ["set", t, k, v]
 
 
+def ow(t: str, k: Any, xs: list) -> list:
+    return ["overwrite", t, k, xs]
+
+
 def op(*mops: list, snap: int | None = 0, csn: int | None = None, outcome: str | None = None,
        tid: str | None = AUTO, replica: int = 0, resolved: str | None = None) -> Op:
     """An op; committed when it has a csn, aborted otherwise (``hist`` numbers it)."""
@@ -112,7 +116,33 @@ def valid_bank() -> History:
     return with_finals(h, 3, {"b": {"w": 1, "x": 9, "y": 6, "z": 4}})
 
 
-@pytest.mark.parametrize("make", [valid_append, valid_bank])
+def valid_overwrite() -> History:
+    """Spark jobs' INSERT OVERWRITE of one key under ``parts``: what the job saw goes, what others
+    committed after its snapshot stays."""
+    h = hist(
+        op(a("s", 1, 1), snap=0, csn=1),
+        # overwrites key 1 as of csn 1 (elements 100 and 1), reads its own result
+        op(r("s", 1, [1, 100]), ow("s", 1, [10, 11]), r("s", 1, [10, 11]), snap=1, csn=3),
+        # concurrent with it: an append after its snapshot survives the overwrite
+        op(a("s", 1, 2), snap=1, csn=2),
+        op(r("s", 1, [2, 10, 11]), r("s", None, {"1": [2, 10, 11]}), snap=3, csn=3),
+        # two overwrites of a key empty at both snapshots both commit: nothing was removed twice
+        op(ow("s", 2, [20]), snap=3, csn=4),
+        op(ow("s", 2, [21]), snap=3, csn=5),
+        op(r("s", 2, [20, 21]), snap=5, csn=5),
+        # appends then overwrites in one op: only the overwrite's elements are left
+        op(a("s", 3, 30), ow("s", 3, [31, 32]), r("s", 3, [31, 32]), snap=5, csn=6),
+        # an aborted overwrite changes nothing
+        op(ow("s", 1, [40]), snap=6),
+        op(r("s", None, {"1": [2, 10, 11], "2": [20, 21], "3": [31, 32]}), snap=6, csn=6),
+        # a job that joined a driver transaction: read, Spark append, overwrite of another key
+        op(r("s", 1, [2, 10, 11]), a("s", 1, 50), ow("s", 2, [51]), snap=6, csn=7),
+        initial={"s": {"1": [100]}},
+    )
+    return with_finals(h, 7, {"s": {"1": [2, 10, 11, 50], "2": [51], "3": [31, 32]}})
+
+
+@pytest.mark.parametrize("make", [valid_append, valid_bank, valid_overwrite])
 def test_valid_history_has_no_finding(make) -> None:
     h = make()
     assert check(h) == []
@@ -120,8 +150,9 @@ def test_valid_history_has_no_finding(make) -> None:
     assert set(summary([])) == set(KINDS)
 
 
-def test_valid_history_survives_json_lines(tmp_path) -> None:
-    h = valid_append()
+@pytest.mark.parametrize("make", [valid_append, valid_overwrite])
+def test_valid_history_survives_json_lines(tmp_path, make) -> None:
+    h = make()
     h.write(tmp_path / "history.jsonl")
     assert check(History.read(tmp_path / "history.jsonl")) == []
 
@@ -292,6 +323,63 @@ def test_bank_read_after_own_write_is_not_checked() -> None:
     assert check(h) == []
 
 
+def test_overwrite_that_left_what_it_saw_is_si_read() -> None:
+    h = hist(op(a("s", 1, 1), snap=0, csn=1),
+             op(ow("s", 1, [2]), snap=1, csn=2),
+             op(r("s", 1, [1, 2]), snap=2, csn=2))
+    [f] = only(h, "si-read")
+    assert "expected [2], got [1, 2]" in f.message and f.ops == (2, 0)
+
+
+def test_overwrite_that_removed_a_later_commit_is_si_read() -> None:
+    """An element committed after the overwrite's snapshot must survive it."""
+    h = hist(op(a("s", 1, 1), snap=0, csn=1),
+             op(ow("s", 1, [3]), snap=1, csn=3),
+             op(a("s", 1, 2), snap=1, csn=2),
+             op(r("s", 1, [3]), snap=3, csn=3))
+    [f] = only(h, "si-read")
+    assert "expected [2, 3], got [3]" in f.message
+
+
+def test_two_overlapping_overwrites_removing_one_element_are_a_lost_update() -> None:
+    h = hist(op(a("s", 1, 1), snap=0, csn=1),
+             op(ow("s", 1, [2]), snap=1, csn=2),
+             op(ow("s", 1, [3]), snap=1, csn=3))
+    [f] = only(h, "lost-update")
+    assert f.ops == (1, 2) and "delete 1 from s['1']" in f.message
+    # one after the other (the second saw the first): fine
+    h = hist(op(a("s", 1, 1), snap=0, csn=1),
+             op(ow("s", 1, [2]), snap=1, csn=2),
+             op(ow("s", 1, [3]), snap=2, csn=3),
+             op(r("s", 1, [3]), snap=3, csn=3))
+    assert check(h) == []
+
+
+def test_overwrite_beside_a_delete_of_an_element_it_saw_is_a_lost_update() -> None:
+    h = hist(op(a("s", 1, 1), a("s", 1, 2), snap=0, csn=1),
+             op(d("s", 1, 1), snap=1, csn=2),
+             op(ow("s", 1, [3]), snap=1, csn=2))
+    assert kinds(h) == {"lost-update"}
+
+
+def test_reading_an_element_the_op_itself_overwrote_is_intermediate() -> None:
+    h = hist(op(a("s", 1, 1), ow("s", 1, [2]), snap=0, csn=1),
+             op(r("s", 1, [1, 2]), snap=1, csn=1))
+    only(h, "intermediate-read")
+
+
+def test_aborted_overwrite_elements_visible() -> None:
+    h = hist(op(ow("s", 1, [1]), snap=0, outcome="aborted"),
+             op(r("s", 1, [1]), snap=0, csn=0))
+    only(h, "aborted-read")
+
+
+def test_final_still_holding_what_an_overwrite_removed_is_a_lost_commit() -> None:
+    h = hist(op(a("s", 1, 1), snap=0, csn=1), op(ow("s", 1, [2]), snap=1, csn=2))
+    with_finals(h, 2, {"s": {"1": [1, 2]}})
+    assert kinds(h) == {"lost-commit"}
+
+
 def test_final_showing_an_aborted_element() -> None:
     h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1)), 1,
                     {"s": {"1": [1, 2]}}, replicas=1)
@@ -320,10 +408,11 @@ def test_kinds_are_documented() -> None:
 
 # -- generated histories -----------------------------------------------------------------------
 
-def generate(seed: int, n: int = 60) -> History:
+def generate(seed: int, n: int = 60, overwrites: bool = False) -> History:
     """A valid history: ops begin at the latest csn or (append-only) an older one, commit in csn
     order (sometimes two at one csn, writing disjoint keys), sometimes abort; every read is the
-    model's state at the snapshot plus the op's own writes."""
+    model's state at the snapshot plus the op's own writes. With ``overwrites``, ops at the
+    latest csn also overwrite keys (what they saw goes; appends of concurrent older ops stay)."""
     rnd = random.Random(seed)
     keys = ["1", "2", "3"]
     states: list[dict] = [{"s": {}, "g": {}}]  # state after csn i
@@ -338,6 +427,7 @@ def generate(seed: int, n: int = 60) -> History:
             old = rnd.random() < 0.3 or not free  # an old snapshot only reads and appends
             free = free or keys
             mops: list[list] = []
+            removed: list[set] = []  # per overwrite mop: what it saw
             snap = rnd.randrange(latest + 1) if old else latest
             own = {t: dict(v) for t, v in states[snap].items()}
             for _ in range(rnd.randint(1, 5)):
@@ -353,6 +443,13 @@ def generate(seed: int, n: int = 60) -> History:
                     elem += 1
                     mops.append(a("s", k, elem))
                     own["s"][k] = own["s"].get(k, set()) | {elem}
+                elif overwrites and x < 0.8 and not old:
+                    new = list(range(elem + 1, elem + 1 + rnd.randint(0, 2)))
+                    elem += len(new)
+                    mops.append(ow("s", k, new))
+                    removed.append(set(own["s"].get(k, set())))
+                    own["s"][k] = set(new)
+                    used.add(k)
                 elif x < 0.85 and not old and own["s"].get(k):
                     e = rnd.choice(sorted(own["s"][k]))
                     mops.append(d("s", k, e))
@@ -369,6 +466,7 @@ def generate(seed: int, n: int = 60) -> History:
             if commit and writes:
                 if len(states) == csn:  # the group's first commit
                     states.append({t: dict(v) for t, v in states[latest].items()})
+                saw = iter(removed)
                 for m in mops:
                     if m[0] == "append":
                         states[-1]["s"][m[2]] = states[-1]["s"].get(m[2], set()) | {m[3]}
@@ -376,6 +474,8 @@ def generate(seed: int, n: int = 60) -> History:
                         states[-1]["s"][m[2]] = states[-1]["s"][m[2]] - {m[3]}
                     elif m[0] == "set":
                         states[-1]["g"][m[2]] = m[3]
+                    elif m[0] == "overwrite":
+                        states[-1]["s"][m[2]] = (states[-1]["s"].get(m[2], set()) - next(saw)) | set(m[3])
     last = states[-1]
     h = hist(*ops)
     tables = {"s": {k: sorted(v) for k, v in last["s"].items() if v}, "g": dict(last["g"])}
@@ -386,6 +486,27 @@ def generate(seed: int, n: int = 60) -> History:
 def test_generated_valid_histories(seed: int) -> None:
     h = generate(seed)
     assert [describe(f) for f in check(h)] == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_valid_histories_with_overwrites(seed: int) -> None:
+    h = generate(seed, overwrites=True)
+    assert any(m[0] == "overwrite" for o in h.ops if o.outcome == "committed" for m in o.mops)
+    assert [describe(f) for f in check(h)] == []
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_generated_histories_with_overwrites_missing_one_element(seed: int) -> None:
+    h = generate(seed, overwrites=True)
+    rnd = random.Random(seed)
+    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None
+             and m[3]]
+    if not reads:
+        pytest.skip("no non-empty set read")
+    o, m = rnd.choice(reads)
+    drop = rnd.choice(m[3])
+    m[3] = [e for e in m[3] if e != drop]
+    assert only(h, "si-read")[0].ops[0] == o.index
 
 
 def test_op_order_in_the_file_does_not_matter() -> None:

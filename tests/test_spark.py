@@ -303,6 +303,50 @@ def test_txn_option_commits_two_tables_at_one_csn(spark, c0: Client, r0: str, cl
         writer(frame(spark, rows(0, 1)), r0, txn=tx3.id).save("sp_orders")
 
 
+def test_trace_commits_tells_the_driver_its_transaction_and_csn(spark, c0: Client, r0: str,
+                                                               tmp_path: Path) -> None:
+    """A job committing on its own does so in a planner process: option trace_commits is how
+    the driver learns its transaction (before any task runs) and its CSN."""
+    c0.create_table("sp_trace", SCHEMA, partition_by=["k"], auto_merge=False)
+    trace = tmp_path / "commits.jsonl"
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in trace.read_text().splitlines()]
+
+    writer(frame(spark, rows(0, 20)), r0, trace_commits=str(trace)).save("sp_trace")
+    begin, committed = events()
+    assert begin["event"] == "begin" and committed["event"] == "committed"
+    assert begin["txn"] == committed["txn"] and begin["table"] == committed["table"] == "sp_trace"
+    parts = visible_parts(c0, "sp_trace")
+    assert {p["creation_tid"] for p in parts} == {begin["txn"]}
+    assert {p["creation_csn"] for p in parts} == {committed["csn"]} and committed["parts"] == len(parts)
+    assert begin["snapshot"] < committed["csn"]
+    assert c0.commit_status(begin["txn"]).csn == committed["csn"]
+
+    # A failed job: its transaction is known, and it did not commit.
+    trace.unlink()
+    rdd = spark.sparkContext.parallelize(rows(100, 40), 4).mapPartitionsWithIndex(_always_fail_partition_zero)
+    with pytest.raises(Exception, match="injected failure on every attempt"):
+        writer(spark.createDataFrame(rdd, DDL), r0, trace_commits=str(trace)).save("sp_trace")
+    [begin] = events()
+    assert c0.commit_status(begin["txn"]).status == "aborted"
+
+    # Joining a driver's transaction: "join", then "staged"; the driver commits.
+    trace.unlink()
+    tx = c0.begin()
+    writer(frame(spark, rows(200, 10)), r0, txn=tx.id, trace_commits=str(trace)).save("sp_trace")
+    assert [(e["event"], e["txn"]) for e in events()] == [("join", tx.id), ("staged", tx.id)]
+    assert events()[1]["parts"] > 0
+    tx.commit()
+
+    # A trace that cannot be written fails the job before anything runs, leaving no transaction.
+    running = {t["id"] for t in c0.transactions()}
+    with pytest.raises(Exception, match="option 'trace_commits': cannot write"):
+        writer(frame(spark, rows(300, 5)), r0, trace_commits=str(tmp_path / "no" / "such.jsonl")).save("sp_trace")
+    assert {t["id"] for t in c0.transactions()} == running
+    assert as_rows(c0.read("sp_trace")) == sorted(rows(0, 20) + rows(200, 10))
+
+
 # ---------------------------------------------------------------------------------------------
 # Task retries and aborted jobs: every row exactly once, orphans never visible
 

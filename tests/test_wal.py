@@ -171,3 +171,46 @@ def test_corrupt_large_record_in_middle_raises(tmp_path: Path) -> None:
     with pytest.raises(CorruptMetadata, match="followed by valid"):
         Wal(path)
     assert path.read_bytes() == bytes(data)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path):
+    """A 64 KiB tmpfs: a real full disk (needs root, as the chaos harness's WAL fault does)."""
+    import subprocess
+
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_write_that_fills_the_disk_leaves_no_torn_record(tiny_disk: Path) -> None:
+    """Found by `mergetxn chaos` (the wal-full fault): a write cut short by a full disk left a
+    torn record, later appends followed it, and the next start refused the WAL ("corrupt record
+    ... followed by valid ones"). The failed write is now cut back; the WAL stays usable."""
+    path = tiny_disk / "wal.log"
+    wal = Wal(path)
+    written: list[WalEntry] = []
+    big = [WalEntry(i, 0, i - 1, raw={"v": 1, "txns": [], "pad": "y" * 3000}) for i in range(1, 200)]
+    with pytest.raises(OSError):
+        for rec in big:
+            wal.append([rec])
+            written.append(rec)
+    assert written, "nothing fit on the disk"
+    assert path.stat().st_size == offsets(path)[-1]  # the file ends where its last whole record does
+    wal.close()
+    again = Wal(path)
+    assert keys(again.records()) == keys(written) and again.dropped_tail == 0
+    # Once there is room again, appends go on after the last whole record.
+    data = path.read_bytes()
+    path.write_bytes(data[: offsets(path)[-2]])  # make room: drop the last record
+    again.close()
+    third = Wal(path)
+    third.append(records(1, start=500))
+    third.close()
+    assert keys(Wal(path).records()) == keys(written[:-1] + records(1, start=500))

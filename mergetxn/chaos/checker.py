@@ -12,6 +12,13 @@ op that did not commit wrote is ``aborted-read`` (G1a), one that a committed op 
 deleted within itself is ``intermediate-read`` (G1b), and any other difference (a missing
 committed element, one from a later commit, a stale value) is ``si-read``. Element values are
 unique across a run, so ``(table, key, element)`` names its writer.
+
+An ``overwrite`` micro-operation (a Spark job's INSERT OVERWRITE of one key's partition) removes
+what its op saw: when the op is applied at its csn it becomes the deletes of the key's elements
+in the state at its snapshot (plus its own earlier writes) and the appends of its new elements
+(:attr:`Model.effects`), so elements committed by others after its snapshot stay, and two
+overlapping overwrites that both removed an element are a lost update like two deletes of it.
+Within the op itself (its own later reads) it simply replaces the key.
 """
 
 from __future__ import annotations
@@ -29,10 +36,11 @@ KINDS: dict[str, str] = {
     "snapshot plus the op's own earlier writes (missing, stale or future data)",
     "aborted-read": "G1a: a read returns an element or value that only an op that did not "
     "commit (aborted or indeterminate) wrote on that key",
-    "intermediate-read": "G1b: a read returns an element a committed op appended then deleted, "
-    "or a register value a committed op set then overwrote, within the op",
+    "intermediate-read": "G1b: a read returns an element a committed op appended then deleted "
+    "(or overwrote), or a register value a committed op set then overwrote, within the op",
     "lost-update": "two committed ops with overlapping lifetimes (the later one's snapshot < "
-    "the earlier one's csn, or the same csn) both set a register key or both delete an element",
+    "the earlier one's csn, or the same csn) both set a register key or both delete an element "
+    "(an overwrite deletes the elements of the key it saw)",
     "lost-commit": "an acknowledged commit that a replica's commit_status contradicts, or a "
     "final state that differs from the expected state at its csn",
     "divergence": "replicas' finals at different csns, finals at one csn that differ, or a "
@@ -102,10 +110,14 @@ def _norm(kind: str, value: Any) -> Any:
 
 def _write(table: dict[str, Any], verb: str, key: str, x: Any) -> None:
     """Apply one write micro-operation to a table of the model (mutates ``table``)."""
-    x = _frozen(x)
-    if verb != "set":
+    if verb == "overwrite":  # from the op's own view of the key: a replacement
+        x = frozenset(_elements(x))
+    elif verb != "set":
+        x = _frozen(x)
         old = table.get(key, frozenset())
         x = old | {x} if verb == "append" else old - {x}
+    else:
+        x = _frozen(x)
     if x is None or x == frozenset():
         table.pop(key, None)
     else:
@@ -114,8 +126,9 @@ def _write(table: dict[str, Any], verb: str, key: str, x: Any) -> None:
 
 class Model:
     """Everything the rules share, computed once: table kinds, which ops committed, the states
-    by CSN, and who wrote each ``(table, key, element or value)`` (``kept``: still there at the
-    end of that op, i.e. not an intermediate write)."""
+    by CSN, what each committed op did to them (``effects``: its mops with every ``overwrite``
+    turned into deletes of what it saw and appends), and who wrote each ``(table, key, element
+    or value)`` (``kept``: still there at the end of that op, i.e. not an intermediate write)."""
 
     def __init__(self, history: History) -> None:
         self.history = history
@@ -136,11 +149,35 @@ class Model:
         self.csns = sorted(groups)
         self.groups = [sorted(groups[c], key=lambda o: o.index) for c in self.csns]
         self.states = [self.apply({}, initial)]
+        self.effects: dict[int, list[list[Any]]] = {}
         for group in self.groups:
-            self.states.append(self.apply(self.states[-1], (x for o in group for x in o.mops)))
+            for o in group:
+                self.effects[o.index] = self._effect(o)
+            self.states.append(self.apply(self.states[-1], (x for o in group for x in self.effects[o.index])))
 
     def kind(self, table: str) -> str:
         return self.kinds.get(table, "register")
+
+    def _effect(self, o: Op) -> list[list[Any]]:
+        """Op ``o``'s mops as applied at its csn: each ``overwrite`` becomes the deletes of the
+        key's elements in the op's view (the state at its snapshot plus its own earlier writes)
+        and the appends of its elements. Called in csn order, so the snapshot's state is built
+        (an op without a snapshot, or a malformed one at or after its csn, sees the state just
+        before its commit)."""
+        if not any(m[0] == "overwrite" for m in o.mops):
+            return o.mops
+        built = len(self.states) - 1
+        at = built if o.snapshot is None else min(bisect_right(self.csns, o.snapshot), built)
+        view, out = self.states[at], []
+        for m in o.mops:
+            if m[0] == "overwrite":
+                t, k = m[1], str(m[2])
+                out += [["delete", t, k, x] for x in _order(view.get(t, {}).get(k) or ())]
+                out += [["append", t, k, x] for x in _elements(m[3])]
+            else:
+                out.append(m)
+            view = self.apply(view, [m])
+        return out
 
     def _initial_mops(self, initial: dict[str, dict[str, Any]]) -> Iterator[list[Any]]:
         """The initial contents as writes, to go through the same code as commits."""
@@ -156,12 +193,23 @@ class Model:
         write was still there when the op ended."""
         last: dict[tuple[str, str], Any] = {}  # register key -> the op's final value
         gone: set[tuple[str, str, Any]] = set()  # elements the op deleted after appending
+        added: dict[tuple[str, str], list[Any]] = defaultdict(list)  # set key -> the op's elements
         written = []
         for verb, t, k, x in (m for m in mops if m[0] != "r"):
-            k, x = str(k), _frozen(x)
+            k = str(k)
+            if verb == "overwrite":  # its earlier elements on the key are gone, these written
+                self.kinds.setdefault(t, "set")
+                gone.update((t, k, y) for y in added.pop((t, k), []))
+                for y in _elements(x):
+                    written.append((t, k, y))
+                    added[(t, k)].append(y)
+                    gone.discard((t, k, y))
+                continue
+            x = _frozen(x)
             if verb == "append":
                 self.kinds.setdefault(t, "set")
                 written.append((t, k, x))
+                added[(t, k)].append(x)
                 gone.discard((t, k, x))
             elif verb == "delete":
                 gone.add((t, k, x))
@@ -266,14 +314,15 @@ def _reads(m: Model) -> Iterator[Finding]:
 
 def _lost_updates(m: Model) -> Iterator[Finding]:
     """Two committed ops that overlap (B's snapshot < A's csn <= B's csn, or one group commit)
-    writing the same register key or deleting the same element: one of them did not see the
-    other's write, which snapshot isolation's first-committer-wins forbids."""
+    writing the same register key or deleting the same element (an overwrite deletes what it
+    saw): one of them did not see the other's write, which snapshot isolation's
+    first-committer-wins forbids (and the ``parts`` policy's "two removals of one part")."""
     touched: dict[tuple[str, str, Any], list[Op]] = defaultdict(list)
     for group in m.groups:  # so each list is in csn order
         for o in group:
             targets = {
                 (t, str(k), _frozen(x) if v == "delete" else None)
-                for v, t, k, x in o.mops
+                for v, t, k, x in m.effects[o.index]
                 if v in ("set", "delete")
             }
             for target in sorted(targets, key=repr):

@@ -13,6 +13,11 @@ A transaction is a list of micro-operations in the order the client ran them (El
 * ``["r", table, None, {key: value, ...}]``: a read of the whole table (keys with no row absent);
 * ``["append", table, key, element]``: add a unique element to a ``set`` table's key;
 * ``["delete", table, key, element]``: remove an element from a ``set`` table's key;
+* ``["overwrite", table, key, [elements]]``: replace a ``set`` table's key (its partition) with
+  ``elements``, under the ``parts`` policy's meaning: the elements of that key visible at the
+  op's snapshot (with the op's own earlier writes) are removed and ``elements`` added; elements
+  that other ops committed there after the snapshot stay (an INSERT OVERWRITE removes the parts
+  it saw, not parts committed after it began);
 * ``["set", table, key, value]``: a ``register`` table's key now holds ``value``.
 
 Keys are strings in JSON (a table's keys are whatever the workload uses, compared as strings).

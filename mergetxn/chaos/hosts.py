@@ -60,6 +60,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -326,15 +327,31 @@ def _owner_processes(prefix: str) -> list[tuple[int, int]]:
 # Leftovers and clean-up
 
 
+# The names this module gives things, and only those: other tools on the machine may use the
+# same prefix for names of their own (say mtx-sp1), which a clean-up must leave alone.
+def _namespace_name(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"{re.escape(prefix)}-h\d+")
+
+
+def _link_name(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"{re.escape(prefix)}(br0|v\d+[bh])")
+
+
+def _mount_source(prefix: str) -> re.Pattern[str]:
+    return re.compile(rf"{re.escape(prefix)}-wal-(\d+)-h\d+")
+
+
 def _namespaces(prefix: str) -> list[str]:
+    """This module's namespaces (``<prefix>-h<n>``)."""
     if shutil.which("ip") is None:
         return []
     done = _run(["ip", "netns", "list"], check=False)
     names = [line.split()[0] for line in done.stdout.splitlines() if line.strip()]
-    return [n for n in names if n.startswith(f"{prefix}-")]
+    return [n for n in names if _namespace_name(prefix).fullmatch(n)]
 
 
 def _links(prefix: str) -> list[str]:
+    """This module's links in the root namespace (``<prefix>br0``, ``<prefix>v<n>b``)."""
     if shutil.which("ip") is None:
         return []
     done = _run(["ip", "-o", "link", "show"], check=False)
@@ -343,7 +360,7 @@ def _links(prefix: str) -> list[str]:
         fields = line.split(":", 2)
         if len(fields) >= 2:
             name = fields[1].strip().split("@")[0]
-            if name.startswith(prefix):
+            if _link_name(prefix).fullmatch(name):
                 out.append(name)
     return out
 
@@ -361,7 +378,7 @@ def _mounts(prefix: str, workdir: Path | None = None) -> list[tuple[str, str]]:
         if len(fields) < 3 or fields[2] != "tmpfs":
             continue
         source, point = fields[0], fields[1].replace("\\040", " ")
-        ours = source.startswith(f"{prefix}-wal-")
+        ours = _mount_source(prefix).fullmatch(source) is not None
         under = workdir is not None and (point + "/").startswith(str(workdir) + "/")
         if ours or under:
             out.append((source, point))
@@ -370,19 +387,30 @@ def _mounts(prefix: str, workdir: Path | None = None) -> list[tuple[str, str]]:
 
 def _mount_owner(source: str, prefix: str) -> int | None:
     """The harness pid in a mount source ``<prefix>-wal-<pid>-h<n>``."""
-    rest = source[len(f"{prefix}-wal-") :]
-    head = rest.split("-", 1)[0]
-    return int(head) if head.isdigit() else None
+    m = _mount_source(prefix).fullmatch(source)
+    return int(m.group(1)) if m else None
 
 
-def leftovers(prefix: str = PREFIX, workdir: Path | str | None = None) -> list[str]:
+def leftovers(
+    prefix: str = PREFIX, workdir: Path | str | None = None, owner: int | None = None
+) -> list[str]:
     """Everything a harness of ``prefix`` made that still exists (live harnesses' included):
-    namespaces, links, tmpfs mounts, processes. Empty after a clean stop or :func:`cleanup`."""
+    namespaces, links, tmpfs mounts, processes; with ``owner``, only the mounts and processes
+    of the harness with that pid (namespaces and links have no owner but the lock's holder).
+    Empty after a clean stop or :func:`cleanup`."""
     wd = Path(workdir).resolve() if workdir is not None else None
     out = [f"namespace {n}" for n in _namespaces(prefix)]
     out += [f"link {n}" for n in _links(prefix)]
-    out += [f"tmpfs {src} on {point}" for src, point in _mounts(prefix, wd)]
-    out += [f"process {pid} (harness {owner})" for pid, owner in _owner_processes(prefix)]
+    out += [
+        f"tmpfs {src} on {point}"
+        for src, point in _mounts(prefix, wd)
+        if owner is None or _mount_owner(src, prefix) in (owner, None)
+    ]
+    out += [
+        f"process {pid} (harness {harness})"
+        for pid, harness in _owner_processes(prefix)
+        if owner is None or harness == owner
+    ]
     return out
 
 

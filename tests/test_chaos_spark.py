@@ -1,0 +1,231 @@
+"""The Spark workload of ``mergetxn chaos`` on a Spark standalone cluster (a master and two
+workers from the pyspark package's classes, on loopback) against a LocalCluster (a real
+ZooKeeper and two replicas): the history its jobs make passes the checker; an executor SIGKILLed
+in the middle of a job's tasks still gives every committed element exactly once; stopping the
+standalone cluster leaves no process of it behind.
+
+One LocalCluster, one standalone cluster and one SparkSession serve the module (one SparkContext
+per process); each test uses its own table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import poll
+
+from coordinator.client import Client
+from mergetxn.chaos.checker import check, describe
+from mergetxn.chaos.history import Final, Header, History, Op
+from mergetxn.chaos.spark_cluster import MARKER, SparkStandalone, _processes, cleanup_spark
+from mergetxn.chaos.spark_workload import SparkWorker, SparkWorkload, set_values
+
+pytestmark = pytest.mark.slow
+
+
+class Recorder:
+    """The run's clock, op numbers, element counter and ops (as the chaos runner's)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._index = itertools.count()
+        self._element = itertools.count(1)
+        self.ops: list[Op] = []
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 4)
+
+    def element(self) -> int:
+        with self._lock:
+            return next(self._element)
+
+    def add(self, **fields: Any) -> Op:
+        with self._lock:
+            op = Op(index=next(self._index), **fields)
+            self.ops.append(op)
+        return op
+
+
+def finals(clients: list[Client], table: str, ops: list[Op]) -> list[Final]:
+    """Every replica's contents at one CSN, and its commit_status answer for every tid."""
+    csn = max(c.snapshot() for c in clients)
+    out = []
+    for i, c in enumerate(clients):
+        c.wait_for(csn)
+        contents = {table: set_values(c.read(table, snapshot=csn))}
+        statuses = {}
+        for o in ops:
+            if o.tid is not None:
+                st = c.commit_status(o.tid)
+                statuses[o.tid] = [st.status, st.csn]
+        out.append(Final(i, csn, contents, statuses))
+    return out
+
+
+def history(workload: SparkWorkload, rec: Recorder, clients: list[Client]) -> History:
+    """The run's history (also written next to the job traces, to look at after a failure)."""
+    header = Header(seed=0, workload="spark", nemesis="none", tables=workload.tables, form="loopback")
+    h = History(header, list(rec.ops), [], finals(clients, workload.table, rec.ops))
+    h.write(workload.workdir / "history.jsonl")
+    return h
+
+
+def assert_clean(h: History) -> None:
+    found = check(h)
+    assert not found, "\n".join(describe(f) for f in found)
+    assert not [o for o in h.ops if o.outcome == "indeterminate"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    with make_cluster(tmp_path_factory, None, "chaosspark", replicas=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def clients(cluster) -> list[Client]:
+    return [cluster.client(i) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalone]:
+    sa = SparkStandalone(tmp_path_factory.mktemp("standalone"))
+    t0 = time.monotonic()
+    sa.start()
+    print(f"standalone cluster started in {time.monotonic() - t0:.1f}s {sa.timings}")
+    try:
+        yield sa
+    finally:
+        sa.stop()
+
+
+@pytest.fixture(scope="module")
+def session(standalone: SparkStandalone):
+    t0 = time.monotonic()
+    s = standalone.session("mergetxn-chaos-spark")
+    print(f"session with {len(standalone.executors())} executors in {time.monotonic() - t0:.1f}s")
+    yield s
+    s.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_jobs_make_a_history_the_checker_accepts(session, cluster, clients, tmp_path: Path) -> None:
+    """A planned job thread on replica 0 (every kind of job) beside a SparkWorker on replica 1
+    (jobs at random), both on the one session."""
+    wl = SparkWorkload(tmp_path / "traces", table="spw", keys=3, partitions=2)
+    wl.create(clients[0])
+    rec = Recorder()
+    stop = threading.Event()
+    worker = SparkWorker(1, 1, lambda: list(cluster.replica_addresses), wl, session, rec, stop, seed=5)
+    worker.start()
+    rng = random.Random(0)
+    try:
+        for kind in ("append", "overwrite", "txn", "read", "overwrite"):
+            t0 = time.monotonic()
+            op = wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
+            note = "" if op.outcome == "committed" else f" {op.error}: {op.message}"
+            print(f"{kind} job on r0: {op.outcome} in {time.monotonic() - t0:.1f}s{note}")
+    finally:
+        stop.set()
+        worker.join(300)
+    assert worker.error is None and not worker.is_alive()
+    for _ in range(3):  # overwrites may lose conflicts (to each other, to merges): one that commits
+        if wl.job(session, clients[0], 0, 0, rng, rec, kind="overwrite").outcome == "committed":
+            break
+    h = history(wl, rec, clients)
+    for o in h.ops:
+        if o.process == 1 or o.outcome != "committed":
+            print(f"op {o.index} on r{o.replica} ({o.mops[0][0] if o.mops else '-'}...): {o.outcome} "
+                  f"{o.error or ''} {o.message[:300]}")
+    assert_clean(h)
+    assert any(o.process == 1 for o in h.ops)
+    outcomes = Counter(o.outcome for o in h.ops)
+    assert outcomes["committed"] >= len(h.ops) // 2, [(o.outcome, o.error, o.message) for o in h.ops]
+
+    def kind(o: Op) -> str:
+        return o.mops[0][0] if o.mops[0][0] != "r" else "txn" if o.tid else "read"
+
+    committed = {kind(o) for o in h.ops if o.outcome == "committed"}
+    assert {"append", "overwrite", "read"} <= committed, committed
+    # A job that committed on its own: its tid, snapshot and csn came from the data source.
+    own = [o for o in h.ops if o.outcome == "committed" and o.mops[0][0] in ("append", "overwrite")]
+    assert all(o.tid and o.snapshot is not None and o.csn > o.snapshot for o in own)
+    assert all(st == ["committed", o.csn] for o in own for st in [h.finals[0].statuses[o.tid]])
+
+
+def test_executor_killed_mid_task_still_exactly_once(session, standalone, clients, tmp_path: Path) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    wl = SparkWorkload(tmp_path / "traces", table="spk", keys=3, partitions=8, delay=0.5, marks=marks)
+    wl.create(clients[0])
+    rec = Recorder()
+    rng = random.Random(7)
+    for kind in ("append", "overwrite"):
+        wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
+    app = session.sparkContext.applicationId
+    result: list[Op] = []
+    job = threading.Thread(target=lambda: result.append(wl.job(session, clients[0], 0, 1, rng, rec, kind="append")))
+    before = {p.name for p in marks.iterdir()}
+    t0 = time.monotonic()
+    job.start()
+    # Both executors are running tasks of this job (each sleeps `delay` before writing its rows).
+    assert poll(lambda: len({p.name.split("-")[1] for p in marks.iterdir() if p.name not in before}) >= 2,
+                timeout=120, interval=0.05)
+    victim = standalone.kill_executor(app)
+    assert victim is not None
+    job.join(300)
+    print(f"job with executor {victim.executor_id} killed: {time.monotonic() - t0:.1f}s")
+    [op] = result
+    assert op.outcome == "committed", (op.error, op.message)
+    # The killed executor's tasks ran again: more attempts than tasks, or a retry attempt.
+    attempts = [p.name.split("-") for p in marks.iterdir() if p.name not in before]
+    assert len(attempts) > wl.partitions or any(int(a[3]) > 0 for a in attempts), attempts
+    assert victim.pid not in {e.pid for e in standalone.executors()}
+    for kind in ("append", "read"):  # the session works on (a new executor comes)
+        wl.job(session, clients[1], 1, 2, rng, rec, kind=kind)
+    h = history(wl, rec, clients)
+    assert_clean(h)
+    # Every element of the job exactly once, on every replica.
+    got = Counter(e for f in h.finals for elems in f.tables["spk"].values() for e in elems)
+    written = [m[3] for m in op.mops]
+    assert all(got[e] == len(h.finals) for e in written), {e: got[e] for e in written}
+
+
+def test_stop_leaves_no_process_behind(session, standalone: SparkStandalone) -> None:
+    workdir = standalone.workdir
+    assert standalone.executors(), "the session's executors run"
+    # A leftover of a harness that died: any process carrying the cluster's marker.
+    stray = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER: str(workdir)}, start_new_session=True)
+    try:
+        pids = {pid for pid, _ in _processes(workdir)}
+        assert stray.pid in pids and len(pids) >= 5  # master, 2 workers, 2 executors, the stray
+        session.stop()
+        standalone.stop()
+        assert stray.wait(10) is not None  # stop() ends with cleanup_spark
+        assert _processes(workdir) == [] and cleanup_spark(workdir) == []
+        alive = [p for p in pids if Path(f"/proc/{p}").exists() and
+                 "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+        assert alive == []
+        assert standalone._state() is None  # the master's port is closed
+    finally:
+        if stray.poll() is None:
+            stray.kill()
+            stray.wait()
