@@ -4,8 +4,9 @@ proxy in front of it, and a short campaign with S3 errors and timeouts.
 The proxy tests talk plain S3 (boto3, and mergetxn's own ``Storage``) to moto through the proxy:
 the chosen fraction is answered with S3 errors that never reach moto, the rest is forwarded, and
 stalled requests meet their fates when the fault heals. The campaign runs the loopback form with
-every replica on ``s3://`` and checks the verdict, the faults, the outcomes, that every committed
-part is in the bucket, and that nothing is left running.
+every replica on ``s3://`` and checks the verdict (which includes reading every replica at one CSN
+from the bucket: a committed part missing from S3 fails it), the faults, the outcomes, and that
+nothing is left running.
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 
 from botocore.config import Config  # noqa: E402
-from botocore.exceptions import ClientError, ConnectionClosedError, EndpointConnectionError, ReadTimeoutError  # noqa: E402
+from botocore.exceptions import (  # noqa: E402
+    ClientError,
+    ConnectionClosedError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 
 from mergetxn.chaos import s3 as chaos_s3  # noqa: E402
 from mergetxn.chaos.s3 import S3FaultProxy, S3Storage  # noqa: E402
@@ -186,11 +192,15 @@ def test_stalls_hold_until_healed_then_meet_their_fates(storage: S3Storage, prox
 # -- a short campaign ---------------------------------------------------------------------------------
 
 SECONDS = 30
-SEED = 20261124
+# The nemesis's lanes draw their kinds from seeded generators: with this seed lane 0 begins with
+# s3-errors then s3-timeouts and lane 1 with kill-replica twice (no two faults contend, so the
+# order holds whatever the timing). A change to how the nemesis draws may need another seed.
+SEED = 20261196
 
 
 def _our_processes() -> list[int]:
-    """Processes this test process started that still run (moto's server, replicas...)."""
+    """Processes this test process started as a chaos harness that still run (moto's server,
+    replicas, ZooKeeper members)."""
     me = str(os.getpid())
     out = []
     for entry in os.listdir("/proc"):
@@ -233,8 +243,8 @@ def test_campaign_passes_with_both_s3_faults(campaign: object) -> None:
     assert report["storage"] == "s3"
 
 
-def test_nothing_is_left_running_and_no_secret_written(campaign: object) -> None:
-    assert _our_processes() == []
+def test_nothing_is_left_running_and_no_secret_written(campaign: object, storage: S3Storage) -> None:
+    assert set(_our_processes()) - {storage.moto_pid} == set()  # the proxy tests' server is this module's
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
         assert name not in os.environ or os.environ[name] != "", name
     report = Path(campaign.report_dir)  # type: ignore[attr-defined]
