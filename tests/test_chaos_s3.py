@@ -221,9 +221,20 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     base = tmp_path_factory.mktemp("chaos-s3")
     lines: list[str] = []
-    result = run_chaos(base / "work", SECONDS, SEED, "all", "s3-errors,s3-timeouts,kill-replica", base / "report",
-                       form="loopback", storage="s3", say=lines.append)
+    seen: list[dict[str, str]] = []  # the environment the run gave its replicas and clients
+    set_env = S3Storage._set_env
+
+    def spy(self: S3Storage) -> None:
+        seen.append(dict(self.environment))
+        set_env(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(S3Storage, "_set_env", spy)
+        result = run_chaos(base / "work", SECONDS, SEED, "all", "s3-errors,s3-timeouts,kill-replica",
+                           base / "report", form="loopback", storage="s3", say=lines.append)
     result.lines = lines  # type: ignore[attr-defined]
+    result.base = base  # type: ignore[attr-defined]
+    result.env = seen[0]  # type: ignore[attr-defined]
     yield result
 
 
@@ -245,11 +256,16 @@ def test_campaign_passes_with_both_s3_faults(campaign: object) -> None:
 
 def test_nothing_is_left_running_and_no_secret_written(campaign: object, storage: S3Storage) -> None:
     assert set(_our_processes()) - {storage.moto_pid} == set()  # the proxy tests' server is this module's
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
-        assert name not in os.environ or os.environ[name] != "", name
-    report = Path(campaign.report_dir)  # type: ignore[attr-defined]
-    text = "".join(p.read_text(errors="replace") for p in report.iterdir() if p.is_file())
-    assert "AWS_SECRET_ACCESS_KEY" not in text
+    env = campaign.env  # type: ignore[attr-defined]
+    assert env["AWS_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):  # restored
+        assert os.environ.get(name) != env[name], name
+    secret = env["AWS_SECRET_ACCESS_KEY"]
+    files = [p for p in campaign.base.rglob("*") if p.is_file()]  # type: ignore[attr-defined]
+    assert any(p.name == "replica.log" for p in files) and any(p.name == "moto.log" for p in files)
+    leaks = [str(p) for p in files if secret.encode() in p.read_bytes()]
+    assert leaks == [], leaks
+    assert not any(secret in line for line in campaign.lines)  # type: ignore[attr-defined]
 
 
 def test_nemesis_all_includes_the_s3_kinds_only_with_s3() -> None:
