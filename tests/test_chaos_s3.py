@@ -293,3 +293,13 @@ def test_nemesis_all_includes_the_s3_kinds_only_with_s3() -> None:
     assert not {"s3-errors", "s3-timeouts"} & set(kinds) and {"s3-errors", "s3-timeouts"} <= set(left_out)
     rng = random.Random(1)
     assert chaos_s3.plans("s3-errors", object(), rng) == []
+
+
+def test_s3_kinds_by_name_need_s3_storage(tmp_path: Path) -> None:
+    from coordinator.errors import InvalidInput
+    from mergetxn.chaos.run import run_chaos
+
+    with pytest.raises(InvalidInput, match="--storage s3"):
+        run_chaos(tmp_path, 5, 1, "all", "kill-replica,s3-errors", None, form="single")
+    chaos_s3.check_kinds("all", "dir")
+    chaos_s3.check_kinds("s3-timeouts", "s3")

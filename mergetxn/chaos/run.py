@@ -422,15 +422,14 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         raise InvalidInput(f"seconds must be positive, not {seconds}")
     if storage not in STORAGES:
         raise InvalidInput(f"unknown storage {storage!r}: choose from {', '.join(STORAGES)}")
+    from mergetxn.chaos.s3 import S3Storage, check_kinds
+
+    check_kinds(nemesis, storage)
     wls = workloads_for(workload)
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
-    s3 = None
-    if storage == "s3":
-        from mergetxn.chaos.s3 import S3Storage
-
-        s3 = S3Storage(workdir / "cluster" / "s3", seed=seed)
+    s3 = S3Storage(workdir / "cluster" / "s3", seed=seed) if storage == "s3" else None
     cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None)
     if s3 is not None:
         s3.attach(cluster)

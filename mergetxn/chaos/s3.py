@@ -716,6 +716,16 @@ def plans(kind: str, cluster: Any, rng: random.Random) -> list[Any]:
     return [Plan(kind, "s3", frozenset({"s3"}), lambda: s3.inject(kind, rng), s3.heal)]
 
 
+def check_kinds(option: str, storage: str) -> None:
+    """An S3 fault kind asked for by name needs ``--storage s3`` (``all`` just leaves it out)."""
+    from coordinator.errors import InvalidInput
+
+    asked = {k.strip() for k in option.lower().split(",")}
+    named = sorted(asked & set(KINDS))
+    if named and storage != "s3":
+        raise InvalidInput(f"fault kind(s) {named} need S3 storage: add --storage s3")
+
+
 @contextlib.contextmanager
 def moto_server(workdir: str | os.PathLike, seed: int | None = None) -> Iterator[S3Storage]:
     """An :class:`S3Storage` on 127.0.0.1 without a cluster (tests, trying the proxy by hand)."""
@@ -727,4 +737,5 @@ def moto_server(workdir: str | os.PathLike, seed: int | None = None) -> Iterator
         storage.stop()
 
 
-__all__ = ["BUCKET", "ERRORS", "KINDS", "S3FaultProxy", "S3Storage", "error_response", "moto_server", "plans"]
+__all__ = ["BUCKET", "ERRORS", "KINDS", "S3FaultProxy", "S3Storage", "check_kinds", "error_response", "moto_server",
+           "plans"]
