@@ -308,7 +308,9 @@ class Storage:
         path = self._remote(relpath)
         try:
             self._fs.invalidate_cache(path)
-            return bool(self._fs.isfile(path))
+            # Not fs.isfile: s3fs answers False for any error, so an S3 outage would read as
+            # "the file is gone" (found by mergetxn chaos's s3-errors fault).
+            return self._fs.info(path).get("type") == "file"
         except FileNotFoundError:
             return False
         except Exception as exc:
