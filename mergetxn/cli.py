@@ -871,8 +871,8 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 @click.option("--workload", type=click.Choice(["list-append", "bank", "all"]), default="all", show_default=True)
 @click.option("--nemesis", default="all", show_default=True, metavar="KINDS",
               help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
-                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client), "
-                   "'all' (every kind this form supports) or 'none'.")
+                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
+                   "s3-errors, s3-timeouts with --storage s3), 'all' (every kind this form supports) or 'none'.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("chaos-report"), show_default=True,
               help="Directory for history.jsonl, findings.json, summary.json and timeline.html.")
@@ -883,13 +883,16 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
                                       "or a single host (one ZooKeeper, replica signal faults only).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).")
+@click.option("--storage", type=click.Choice(["dir", "s3"]), default="dir", show_default=True,
+              help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
+                   "(behind a fault proxy: the s3-errors and s3-timeouts faults).")
 @click.option("--cleanup", "cleanup_only", is_flag=True,
               help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Check a saved history.jsonl and write its report, without running anything.")
 def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_dir: Path,
           clients_per_replica: int, form: str, workdir: Path | None, cleanup_only: bool,
-          check_history: Path | None) -> None:
+          check_history: Path | None, storage: str) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -922,7 +925,7 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
-                               say=lambda text: out.print(escape(text), style="dim"))
+                               say=lambda text: out.print(escape(text), style="dim"), storage=storage)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

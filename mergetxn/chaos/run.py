@@ -49,6 +49,7 @@ from mergetxn.chaos.workloads import (
 from mergetxn.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")
+STORAGES = ("dir", "s3")
 SESSION_TIMEOUT = 4.0  # short, so an expired or cut replica is noticed within a fault's recovery
 # Replica settings for a run: merges, cleanup and the log tail all busy within seconds, so they
 # run under the faults too (defaults would wait minutes before the first checkpoint or major merge).
@@ -78,6 +79,7 @@ class SingleHostCluster:
         self.hosts = hosts
         self._local = LocalCluster(self.workdir, replicas=hosts, storage_url=storage_url,
                                    session_timeout=session_timeout, settings=replica_settings)
+        self.services: list[Any] = []  # started before ZooKeeper and the replicas (S3 storage)
 
     @property
     def zk_address(self) -> str:
@@ -101,6 +103,8 @@ class SingleHostCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            for service in self.services:
+                service.start(self)
             self._local.start()
         finally:
             self._write_pids()
@@ -110,6 +114,8 @@ class SingleHostCluster:
             self._local.stop()
         finally:
             (self.workdir / PIDS_FILE).unlink(missing_ok=True)
+            for service in reversed(self.services):
+                service.stop()
 
     def supports(self) -> set[str]:
         return {"kill_replica", "pause_replica", "expire_session"}
@@ -196,20 +202,22 @@ def cleanup(workdir: Path) -> list[str]:
 
 
 def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None) -> Any:
+                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None) -> Any:
     """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
-    them, else loopback (``hosts.make_cluster`` decides and says why)."""
+    them, else loopback (``hosts.make_cluster`` decides and says why). ``storage_url``: where
+    the parts are (default: a directory in ``workdir``)."""
     if form not in FORMS:
         raise InvalidInput(f"unknown form {form!r}: choose from {', '.join(FORMS)}")
     settings = dict(REPLICA_SETTINGS if replica_settings is None else replica_settings)
     if form == "single":
-        return SingleHostCluster(workdir, 3, session_timeout, settings)
+        return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url)
     from mergetxn.chaos import hosts
 
     if form == "auto":
-        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings,
+                                  storage_url=storage_url)
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url)
 
 
 def form_of(cluster: Any) -> str:
@@ -231,6 +239,8 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
         except Exception as exc:
             problems.append(f"{what}: {brief(exc)}")
 
+    if getattr(cluster, "s3", None) is not None:  # first: a replica cannot start while S3 fails
+        attempt("heal S3", cluster.s3.heal)
     if supported & {"isolate", "partition", "cut_from_zk", "cut_one_way", "slow", "lossy", "expire_session"}:
         attempt("heal the network", cluster.heal)
     for i in range(cluster.hosts):
@@ -401,22 +411,32 @@ def conclude(history: History, report_dir: Path | None, problems: list[str] | No
 def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = None, workload: str = "all",
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
-              say: Callable[[str], None] = lambda text: None) -> Result:
-    """Run a chaos campaign (see the module doc); ``say`` hears progress lines."""
+              say: Callable[[str], None] = lambda text: None, storage: str = "dir") -> Result:
+    """Run a chaos campaign (see the module doc); ``say`` hears progress lines. ``storage``:
+    ``dir`` (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
         raise InvalidInput(f"clients per replica must be at least 1, not {clients_per_replica}")
     if seconds <= 0:
         raise InvalidInput(f"seconds must be positive, not {seconds}")
+    if storage not in STORAGES:
+        raise InvalidInput(f"unknown storage {storage!r}: choose from {', '.join(STORAGES)}")
     wls = workloads_for(workload)
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
-    cluster = open_cluster(form, workdir / "cluster")
+    s3 = None
+    if storage == "s3":
+        from mergetxn.chaos.s3 import S3Storage
+
+        s3 = S3Storage(workdir / "cluster" / "s3", seed=seed)
+    cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None)
+    if s3 is not None:
+        s3.attach(cluster)
     if getattr(cluster, "fallback_reason", None):
         say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
-    kinds, left_out = choose_kinds(nemesis, cluster.supports())
+    kinds, left_out = choose_kinds(nemesis, cluster.supports() | (s3.supports() if s3 else set()))
     rng = random.Random(seed)
     rec = Recorder()
     stop = threading.Event()
@@ -428,6 +448,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     try:
         say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
         cluster.start()
+        if s3 is not None:
+            say(f"parts in {s3.url} on moto's S3 server, reached through a fault proxy at {s3.proxy.url}")
         addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
         admin = Client(cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
         try:
@@ -497,7 +519,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         say("checking the history")
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
                         extra={"seconds": seconds, "clients": n,
-                               "failovers": sum(w.failovers for w in workers), "left_out": left_out})
+                               "failovers": sum(w.failovers for w in workers), "left_out": left_out,
+                               "storage": storage, **({"s3": s3.stats()} if s3 else {})})
     finally:
         stop.set()
         if nem is not None:
