@@ -1,12 +1,18 @@
 """The nemesis: faults at random times, from a seed, on the targets a cluster form supports.
 
-Two lanes inject faults at once, each: pick a kind (among those allowed and supported) and a
-target whose resources the other lane does not hold, inject, hold 0.3-2 s, heal, then measure
-recovery: the time until every replica (but those the other lane is faulting) commits a tiny
-probe transaction into the table ``probe`` (which the checker ignores). Resources keep the
+Three lanes inject faults at once, each: pick a kind (among those allowed and supported) and a
+target whose resources no other lane holds, inject, hold 0.3-2 s, heal, then measure recovery:
+the time until every replica (but those another lane is faulting) commits a tiny probe
+transaction into the table ``probe`` (which the checker ignores). Resources keep the
 combinations sane: one network fault at a time (``heal()`` undoes all of them), one fault at a
 time that touches the ZooKeeper quorum (never two members down, or a member down during a
-split), one fault per replica.
+split), one fault per replica and never every replica at once (clients always have one to fail
+over to), one Spark executor at a time.
+
+Kinds are drawn at random, except that a kind injected fewer than :data:`MIN_EACH` times comes
+first whenever its resources are free: a short campaign still holds every kind it asked for.
+With ``max_faults`` the lanes stop after that many faults (:attr:`Nemesis.finished` is set once
+they all ended, healed and measured).
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
 PAUSE = (0.0, 0.3)  # seconds a lane waits between faults
 RECOVERY_LIMIT = 60.0  # a replica that commits no probe in this long after a heal: not recovered
 PROBE_TIMEOUT = 2.0  # a probe commit takes milliseconds; one stuck on a replica another lane froze must not hold the lane
+LANES = 3
+MIN_EACH = 3  # every kind this many times before the draw is uniform
+# Kinds whose fault is over when it is injected: no hold (a killed client is dead, an expiry
+# blocks until the session expired and came back, a killed executor is replaced by its worker).
+NO_HOLD = frozenset({"kill-client", "expire-session", "kill-executor"})
 
 
 class ChaosCluster(Protocol):
@@ -53,12 +64,13 @@ class ChaosCluster(Protocol):
 
 
 # Every kind, in the order the report lists them, with the cluster fault it needs (the names of
-# ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form.
+# ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form;
+# "kill-executor" needs the Spark workload (the run adds "kill_executor" to what it supports).
 NEEDS: dict[str, str | None] = {
     "kill-replica": "kill_replica", "pause-replica": "pause_replica", "kill-zk": "kill_zk",
     "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
     "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow|lossy", "expire-session": "expire_session",
-    "wal-full": "fill_wal_disk", "kill-client": None,
+    "wal-full": "fill_wal_disk", "kill-client": None, "kill-executor": "kill_executor",
 }
 KINDS = list(NEEDS)
 
@@ -88,6 +100,9 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
     if unknown:
         raise InvalidInput(f"unknown fault kind(s) {unknown}: choose from {', '.join(KINDS)}, 'all' or 'none'")
     missing = [k for k in asked if k not in can]
+    if "kill-executor" in missing:
+        raise InvalidInput("fault kind kill-executor kills a Spark executor: it needs the Spark workload "
+                           "(--workload spark, or --spark)")
     if missing:
         raise InvalidInput(f"fault kind(s) {missing} need a cluster form that supports them "
                            f"(this one supports {sorted(set(can))}); try --form namespaces")
@@ -103,6 +118,18 @@ class Plan:
     resources: frozenset[str]
     inject: Callable[[], str]  # returns a detail
     heal: Callable[[], None]
+
+
+class ExecutorFaults(Protocol):
+    """The Spark side of the run, for ``kill-executor``."""
+
+    def kill(self, rng: random.Random) -> str:
+        """SIGKILL an executor mid-task; returns a detail."""
+        ...
+
+    def restore(self) -> None:
+        """Return once the killed executor's replacement runs (bounded)."""
+        ...
 
 
 class Prober:
@@ -177,10 +204,20 @@ class Nemesis:
     """Injects faults in ``lanes`` threads until :meth:`stop`; every fault ends healed."""
 
     def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
-                 kill_client: Callable[[int, random.Random], str], lanes: int = 2,
-                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None) -> None:
-        """``replica_names``: how targets name replica i (its host id), default ``r<i>``."""
+                 kill_client: Callable[[int, random.Random], str], lanes: int = LANES,
+                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None,
+                 executors: ExecutorFaults | None = None, max_faults: int | None = None) -> None:
+        """``replica_names``: how targets name replica i (its host id), default ``r<i>``;
+        ``executors``: the Spark side, for ``kill-executor``; ``max_faults``: stop after that
+        many faults (None: until :meth:`stop`)."""
+        if "kill-executor" in kinds and executors is None:
+            raise InvalidInput("fault kind kill-executor needs the Spark workload")
         self.cluster = cluster
+        self.executors = executors
+        self.max_faults = max_faults
+        self.finished = threading.Event()  # every lane ended (max_faults reached, or stopped)
+        self._started: dict[str, int] = {}  # faults begun, by kind
+        self._lanes_left = lanes if kinds else 0
         self.replica_names = replica_names or [f"r{i}" for i in range(cluster.hosts)]
         self.kinds = list(kinds)
         self.seed = seed
@@ -196,6 +233,8 @@ class Nemesis:
         self._healers: list[threading.Thread] = []
         self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
                          for n in range(lanes if kinds else 0)]
+        if not self._threads:
+            self.finished.set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -247,6 +286,9 @@ class Nemesis:
             replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
         elif kind == "kill-client":
             replica_plans(kind, lambda i: self.kill_client(i, rng), lambda i: None)
+        elif kind == "kill-executor" and self.executors is not None:
+            ex = self.executors
+            out.append(Plan(kind, "executor", frozenset({"spark"}), lambda: ex.kill(rng), ex.restore))
         elif kind == "kill-zk":
             for i in range(n):
                 out.append(Plan(kind, f"zk@{hname[i]}", frozenset({"zk"}),
@@ -309,16 +351,37 @@ class Nemesis:
         rng.shuffle(out)
         return out
 
+    def _fits(self, plan: Plan, taken: frozenset[str]) -> bool:
+        """Whether ``plan`` may start beside the faults holding ``taken``: no resource twice,
+        and some replica left unfaulted."""
+        if plan.resources & taken:
+            return False
+        replicas = {r for r in plan.resources | taken if r.startswith("replica")}
+        return len(replicas) < self.cluster.hosts or self.cluster.hosts == 1
+
     def _reserve(self, lane: int, rng: random.Random) -> Plan | None:
-        for _ in range(8):
-            kind = rng.choice(self.kinds)
+        """A fault to inject now (its resources held for ``lane``), None when nothing fits or
+        ``max_faults`` were begun. Kinds begun fewer than MIN_EACH times come first."""
+        with self._lock:
+            wanting = [k for k in self.kinds if self._started.get(k, 0) < MIN_EACH]
+        rng.shuffle(wanting)
+        draws = wanting + [rng.choice(self.kinds) for _ in range(8)]
+        for kind in draws:
+            plans = self.plans(kind, rng)
             with self._lock:
+                if self.max_faults is not None and sum(self._started.values()) >= self.max_faults:
+                    return None
                 taken = frozenset().union(*(r for n, r in self._held.items() if n != lane))
-                for plan in self.plans(kind, rng):
-                    if not plan.resources & taken:
+                for plan in plans:
+                    if self._fits(plan, taken):
                         self._held[lane] = plan.resources
+                        self._started[kind] = self._started.get(kind, 0) + 1
                         return plan
         return None
+
+    def _quota_reached(self) -> bool:
+        with self._lock:
+            return self.max_faults is not None and sum(self._started.values()) >= self.max_faults
 
     def _release(self, lane: int) -> None:
         with self._lock:
@@ -337,6 +400,8 @@ class Nemesis:
             while not self._stop.is_set():
                 plan = self._reserve(lane, rng)
                 if plan is None:
+                    if self._quota_reached():
+                        break
                     self._stop.wait(0.1)
                     continue
                 try:
@@ -346,6 +411,13 @@ class Nemesis:
                 self._stop.wait(rng.uniform(*PAUSE))
         finally:
             prober.close()
+            with self._lock:
+                self._lanes_left -= 1
+                last = self._lanes_left == 0
+            if last:  # the restarts under way end too before the nemesis is finished
+                for t in list(self._healers):
+                    t.join(RECOVERY_LIMIT)
+                self.finished.set()
 
     def _one(self, lane: int, plan: Plan, rng: random.Random, prober: Prober) -> None:
         start = self.rec.now()
@@ -354,7 +426,7 @@ class Nemesis:
         except Exception as exc:
             detail = f"inject failed: {brief(exc)}"
             self.errors.append(f"{plan.kind} {plan.target}: {detail}")
-        if plan.kind not in ("kill-client", "expire-session"):
+        if plan.kind not in NO_HOLD:
             self._stop.wait(rng.uniform(*self.hold))
         end = self.rec.now()
         fault = Fault(plan.kind, plan.target, start, end, str(detail or ""), None)
