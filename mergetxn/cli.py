@@ -439,8 +439,11 @@ def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
     out.print("ZooKeeper stopped.")
 
 
-#: A member's JVM: ZooKeeper holds only metadata here, and a host runs a replica beside it.
-MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m")
+#: A member's JVM: ZooKeeper holds only metadata here, and a host runs a replica beside it. C1
+#: only: a member that restarts (after a crash, a kill by mergetxn chaos) serves again in about
+#: half the time on a busy machine, where C2's compiler threads compete with everything else
+#: for the cores while the JVM starts; ZooKeeper's work here never needs C2's code.
+MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m", "-XX:TieredStopAtLevel=1")
 
 
 def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> None:

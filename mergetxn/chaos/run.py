@@ -58,7 +58,10 @@ from mergetxn.chaos.workloads import (
 from mergetxn.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")
-SESSION_TIMEOUT = 4.0  # short, so an expired or cut replica is noticed within a fault's recovery
+# Short, so an expired or cut replica is noticed within a fault's recovery and expire-session
+# takes about 3 s (cut until ZooKeeper expires the session, then a new one); 5 ticks of the
+# harness's ZooKeeper (200 ms), well above its minimum of 2.
+SESSION_TIMEOUT = 2.0
 # Replica settings for a run: merges, cleanup and the log tail all busy within seconds, so they
 # run under the faults too (defaults would wait minutes before the first checkpoint or major merge).
 REPLICA_SETTINGS: dict[str, float | int] = {
