@@ -17,6 +17,7 @@ they all ended, healed and measured).
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -75,8 +76,8 @@ NEEDS: dict[str, str | None] = {
 KINDS = list(NEEDS)
 
 
-# Kinds whose heal (a ZooKeeper member's restart) runs beside the lane: see Nemesis._heal_in_background.
-BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader"})
+# Kinds whose heal (a restart: seconds) runs beside the lane: see Nemesis._heal_in_background.
+BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica"})
 
 
 def can_inject(kind: str, supported: set[str]) -> bool:
@@ -118,6 +119,7 @@ class Plan:
     resources: frozenset[str]
     inject: Callable[[], str]  # returns a detail
     heal: Callable[[], None]
+    replica: int | None = None  # the replica it faults, if one
 
 
 class ExecutorFaults(Protocol):
@@ -139,6 +141,7 @@ class Prober:
         self.addresses = addresses
         self.clients: dict[int, Client] = {}
         self.n = 0
+        self._count = itertools.count(1)
 
     def probe(self, i: int) -> int:
         """One probe commit on replica ``i``, given up after :data:`PROBE_TIMEOUT` seconds. It
@@ -148,13 +151,13 @@ class Prober:
         client = self.clients.get(i)
         if client is None or client.address != address:
             client = self.clients[i] = Client(address, timeout=PROBE_TIMEOUT)
-        self.n += 1
+        n = self.n = next(self._count)
         result: list[Any] = []
 
         def commit() -> None:
             try:
                 with client.transaction() as tx:
-                    tx.insert("probe", pa.table({"replica": [i], "n": [self.n]}, schema=PROBE_SCHEMA))
+                    tx.insert("probe", pa.table({"replica": [i], "n": [n]}, schema=PROBE_SCHEMA))
                 result.append(tx.csn)
             except BaseException as exc:  # handed to the caller
                 result.append(exc)
@@ -172,8 +175,9 @@ class Prober:
 
     def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT,
                      skip: Callable[[int], bool] = lambda i: False) -> list[int]:
-        """Probe each replica until it commits (bounded); returns those that never did. A replica
-        for which ``skip`` turns true meanwhile (another lane is faulting it) is not waited for."""
+        """Probe each replica until it commits (bounded), all at once; returns those that never
+        did. A replica for which ``skip`` turns true meanwhile (another lane is faulting it) is
+        not waited for."""
 
         class _Skipped(Exception):
             pass
@@ -183,16 +187,23 @@ class Prober:
                 raise _Skipped
             self.probe(i)
 
-        failed = []
-        for i in replicas:
+        failed: list[int] = []
+
+        def wait(i: int) -> None:
             try:
                 Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1), reraise=True,
                          retry=retry_if_not_exception_type(_Skipped))(attempt, i)
             except _Skipped:
-                continue
+                pass
             except Exception:
                 failed.append(i)
-        return failed
+
+        threads = [threading.Thread(target=wait, args=(i,), name=f"probe-wait-r{i}", daemon=True) for i in replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(failed)
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -231,6 +242,7 @@ class Nemesis:
         self._lock = threading.Lock()
         self._held: dict[int | str, frozenset[str]] = {}  # by lane, and by a restart under way
         self._healers: list[threading.Thread] = []
+        self._tokens = itertools.count()
         self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
                          for n in range(lanes if kinds else 0)]
         if not self._threads:
@@ -270,7 +282,7 @@ class Nemesis:
                           extra: frozenset[str] = frozenset()) -> None:
             for i in range(n):
                 out.append(Plan(kind, rname[i], frozenset({f"replica{i}"}) | extra,
-                                (lambda i=i: inject(i)), (lambda i=i: heal(i))))
+                                (lambda i=i: inject(i)), (lambda i=i: heal(i)), i))
 
         def done(text: str) -> Callable[[int], str]:
             return lambda i: text
@@ -430,8 +442,12 @@ class Nemesis:
             self._stop.wait(rng.uniform(*self.hold))
         end = self.rec.now()
         fault = Fault(plan.kind, plan.target, start, end, str(detail or ""), None)
-        if plan.kind in BACKGROUND_HEAL:
-            self._heal_in_background(plan, fault)
+        # When every replica served again: the lane's probes and, for a restart beside the lane,
+        # the restarted replica's; whichever ends last settles fault.recovered (see _settle).
+        measures: dict[str, Any] = {}
+        background = plan.kind in BACKGROUND_HEAL
+        if background:
+            self._heal_in_background(plan, fault, measures)
         else:
             try:
                 plan.heal()
@@ -441,11 +457,12 @@ class Nemesis:
             except Exception as exc:
                 fault.detail += f"; heal failed: {brief(exc)}"
                 self.errors.append(f"{plan.kind} {plan.target}: heal failed: {brief(exc)}")
-        down = [i for i in range(self.cluster.hosts) if not self.cluster.replica_running(i)]
+        mine = plan.replica if background else None  # its restart is measured beside the lane
+        down = [i for i in range(self.cluster.hosts) if i != mine and not self.cluster.replica_running(i)]
         notes = []
-        if down:  # a replica whose restart failed: the end of the run tries again and reports it
+        if down:  # a replica whose restart failed or is under way: the end of the run tries again
             notes.append(f"not probed, not running: {[self.replica_names[i] for i in down]}")
-        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down],
+        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down and i != mine],
                                      skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
         if self._abort.is_set():
             failed, notes = [], [*notes, "recovery not measured (run interrupted)"]
@@ -453,25 +470,55 @@ class Nemesis:
             notes.append(f"replica(s) {[self.replica_names[i] for i in failed]} served no commit within "
                          f"{RECOVERY_LIMIT:g}s")
         with self._lock:
-            fault.recovered = None if failed or self._abort.is_set() else self.rec.now()
+            measures["lane"] = None if failed or self._abort.is_set() else self.rec.now()
             fault.detail += "".join(f"; {n}" for n in notes)
+            self._settle(fault, measures, background)
             self.faults.append(fault)
 
-    def _heal_in_background(self, plan: Plan, fault: Fault) -> None:
-        """Restart a ZooKeeper member in a thread of its own: a member takes many seconds to
-        rejoin while the other two serve, and the lane need not wait for it. The fault's
-        resources stay held until the member serves, so nothing touching the quorum starts
-        meanwhile; its detail says when it served again."""
-        token = f"restart-{fault.kind}-{fault.start}"
+    @staticmethod
+    def _settle(fault: Fault, measures: dict[str, Any], background: bool) -> None:
+        """Set ``fault.recovered`` once both measures are in (called under the lock): the later
+        one, or None when either failed (``measures["heal"]`` is None when the restart has
+        nothing to measure: a ZooKeeper member, whose clients the lane's probes stand for)."""
+        if "lane" not in measures or (background and "heal" not in measures):
+            return
+        lane, heal = measures["lane"], measures.get("heal")
+        fault.recovered = None if lane is None or heal is False else max(lane, heal or lane)
+
+    def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
+        """Restart a ZooKeeper member or a replica in a thread of its own: a restart takes
+        seconds (a JVM, a Python process replaying its WAL), and the lane need not wait for it.
+        The fault's resources stay held until the restarted process serves (a member: answers as
+        part of the quorum; a replica: commits a probe), so nothing touching the quorum, or that
+        replica, starts meanwhile; its detail says when it served again."""
+        token = f"restart-{next(self._tokens)}"
         with self._lock:
             self._held[token] = plan.resources
 
         def restart() -> None:
             began = self.rec.now()
+            heal: float | bool | None = None
             try:
                 plan.heal()
-                note = f"; the member served again {self.rec.now() - began:.2f}s after its restart began"
+                took = self.rec.now() - began
+                if plan.replica is None:
+                    note = f"; the member served again {took:.2f}s after its restart began"
+                else:
+                    note = f"; restarted in {took:.2f}s"
+                    if not self._abort.is_set():
+                        prober = Prober(self._addresses)
+                        try:
+                            gone = prober.wait_serving([plan.replica], skip=lambda i: self._abort.is_set())
+                        finally:
+                            prober.close()
+                        if gone:
+                            heal = False
+                            note += f"; it served no commit within {RECOVERY_LIMIT:g}s"
+                        elif not self._abort.is_set():
+                            heal = self.rec.now()
+                            note += f", committing {heal - began - took:.2f}s later"
             except Exception as exc:
+                heal = False
                 note = f"; restart failed: {brief(exc)}"
                 self.errors.append(f"{plan.kind} {plan.target}: restart failed: {brief(exc)}")
             finally:
@@ -479,6 +526,8 @@ class Nemesis:
                     self._held.pop(token, None)
             with self._lock:
                 fault.detail += note
+                measures["heal"] = heal
+                self._settle(fault, measures, True)
 
         thread = threading.Thread(target=restart, name=f"nemesis-{token}", daemon=True)
         self._healers.append(thread)
