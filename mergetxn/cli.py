@@ -439,8 +439,11 @@ def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
     out.print("ZooKeeper stopped.")
 
 
-#: A member's JVM: ZooKeeper holds only metadata here, and a host runs a replica beside it.
-MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m")
+#: A member's JVM: ZooKeeper holds only metadata here, and a host runs a replica beside it. C1
+#: only: a member that restarts (after a crash, a kill by mergetxn chaos) serves again in about
+#: half the time on a busy machine, where C2's compiler threads compete with everything else
+#: for the cores while the JVM starts; ZooKeeper's work here never needs C2's code.
+MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m", "-XX:TieredStopAtLevel=1")
 
 
 def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> None:
@@ -866,13 +869,29 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 
 @cli.command(short_help="Run workloads under injected faults and check the history.")
 @click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="How long the workloads and the nemesis run (setup and checking come on top).")
+              help="How long the workloads and the nemesis run at most (setup and checking come on top).")
+@click.option("--faults", "max_faults", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Stop injecting after N faults: the run ends once they are healed and measured, or at "
+                   "--seconds; fewer than N by then fails the run (exit code 1). For a CI campaign of a "
+                   "known size, e.g. --faults 200 --seconds 300.")
 @click.option("--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed).")
-@click.option("--workload", type=click.Choice(["list-append", "bank", "all"]), default="all", show_default=True)
+@click.option("--workload", type=click.Choice(["list-append", "bank", "spark", "all"]), default="all",
+              show_default=True,
+              help="'all' is list-append and bank; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
+                   "driver transaction, reads) through the data source on a Spark standalone cluster (a master "
+                   "and a worker per other host, executors on other hosts than the driver).")
+@click.option("--spark", is_flag=True,
+              help="Add the Spark workload to the others. Spark is heavy (a master, two workers, two "
+                   "executors and the driver: six JVMs more, about 40 s to start): on a small machine it "
+                   "slows every other client, so it is left out unless asked for.")
 @click.option("--nemesis", default="all", show_default=True, metavar="KINDS",
               help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
                    "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
-                   "s3-errors, s3-timeouts with --storage s3), 'all' (every kind this form supports) or 'none'.")
+                   "s3-errors, s3-timeouts with --storage s3; kill-executor: a Spark executor SIGKILLed mid-task, "
+                   "with the Spark workload only), 'all' (every kind this form and workload support) or 'none'.")
+@click.option("--lanes", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Faults the nemesis may have under way at once (each waits for the recovery of its last "
+                   "one); fewer lanes leave slow jobs (Spark) more time between faults.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("chaos-report"), show_default=True,
               help="Directory for history.jsonl, findings.json, summary.json and timeline.html.")
@@ -890,9 +909,9 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
               help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Check a saved history.jsonl and write its report, without running anything.")
-def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_dir: Path,
-          clients_per_replica: int, form: str, workdir: Path | None, cleanup_only: bool,
-          check_history: Path | None, storage: str) -> None:
+def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
+          lanes: int, report_dir: Path, clients_per_replica: int, form: str, workdir: Path | None,
+          cleanup_only: bool, check_history: Path | None, storage: str) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -925,7 +944,8 @@ def chaos(seconds: float, seed: int | None, workload: str, nemesis: str, report_
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
-                               say=lambda text: out.print(escape(text), style="dim"), storage=storage)
+                               say=lambda text: out.print(escape(text), style="dim"), spark=spark,
+                               max_faults=max_faults, lanes=lanes, storage=storage)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

@@ -131,9 +131,6 @@ def test_every_kind_of_request_survives_the_proxy(storage: S3Storage, proxy: S3F
     assert not st.exists("k/x")
 
 
-@pytest.mark.xfail(strict=True, reason="mergetxn finding: Storage.exists() on S3 answers False on any error "
-                   "(fsspec's isfile swallows every exception), so a commit's check of its staged files "
-                   "calls them gone during an S3 outage")
 def test_exists_does_not_answer_false_during_an_s3_outage(storage: S3Storage, proxy: S3FaultProxy) -> None:
     from parts.storage import Storage
 
@@ -156,9 +153,6 @@ def test_exists_does_not_answer_false_during_an_s3_outage(storage: S3Storage, pr
     assert False not in answers and ["k/x"] not in answers, answers
 
 
-@pytest.mark.xfail(strict=True, reason="mergetxn finding: opening S3 storage during an S3 outage raises InvalidInput "
-                   "'bucket ... does not exist or is not accessible' (s3fs's bucket probe swallows the 5xx), so a "
-                   "replica restarted then exits with status 2 and connect() reports bad input")
 def test_opening_storage_during_an_s3_outage_is_not_bad_input(storage: S3Storage, proxy: S3FaultProxy) -> None:
     from coordinator.errors import InvalidInput
     from parts.storage import Storage
@@ -208,9 +202,7 @@ def test_stalls_hold_until_healed_then_meet_their_fates(storage: S3Storage, prox
 # -- a short campaign ---------------------------------------------------------------------------------
 
 SECONDS = 30
-# The nemesis's lanes draw their kinds from seeded generators: with this seed lane 0 begins with
-# s3-errors then s3-timeouts and lane 1 with kill-replica twice (no two faults contend, so the
-# order holds whatever the timing). A change to how the nemesis draws may need another seed.
+# Any seed: the nemesis injects every kind asked for (MIN_EACH times) before it draws at random.
 SEED = 20261196
 
 

@@ -14,6 +14,7 @@ import itertools
 import os
 import random
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -229,3 +230,35 @@ def test_stop_leaves_no_process_behind(session, standalone: SparkStandalone) -> 
         if stray.poll() is None:
             stray.kill()
             stray.wait()
+
+
+def test_chaos_spark_workload_under_executor_and_replica_kills(tmp_path: Path) -> None:
+    """``mergetxn chaos --workload spark`` end to end on the single-host form, in a process of
+    its own (one SparkContext per process): Spark jobs commit while executors are SIGKILLed
+    mid-task and replicas are killed, the checker finds nothing, and nothing of Spark is left."""
+    from mergetxn.chaos.history import History
+
+    root = Path(__file__).resolve().parent.parent
+    work, report = tmp_path / "work", tmp_path / "report"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
+    t0 = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "mergetxn.cli", "chaos", "--seconds", "60", "--seed", "11", "--form", "single",
+         "--workload", "spark", "--nemesis", "kill-executor,kill-replica", "--lanes", "1",
+         "--workdir", str(work), "--report", str(report)],
+        capture_output=True, text=True, timeout=400, env=env, cwd=root)
+    took = time.monotonic() - t0
+    print(f"chaos run with Spark: exit {done.returncode} in {took:.0f}s\n{done.stdout[-3000:]}")
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
+    h = History.read(report / "history.jsonl")
+    spark_ops = [o for o in h.ops if o.workload == "spark"]
+    committed = [o for o in spark_ops if o.outcome == "committed"]
+    assert any(o.tid and any(m[0] != "r" for m in o.mops) for o in committed), \
+        [(o.outcome, o.error, o.message[:200]) for o in spark_ops]
+    assert "sp0" in h.header.tables and h.header.workload == "spark"
+    kills = [f for f in h.faults if f.kind == "kill-executor"]
+    assert any(f.detail.startswith("SIGKILL executor") for f in kills), [f.detail for f in h.faults]
+    assert {f.kind for f in h.faults} <= {"kill-executor", "kill-replica"}
+    assert all(f.tables["sp0"] == h.finals[0].tables["sp0"] for f in h.finals)
+    assert _processes(work / "spark" / "standalone") == []
+    assert took < 300

@@ -1,16 +1,23 @@
 """The nemesis: faults at random times, from a seed, on the targets a cluster form supports.
 
-Two lanes inject faults at once, each: pick a kind (among those allowed and supported) and a
-target whose resources the other lane does not hold, inject, hold 0.3-2 s, heal, then measure
-recovery: the time until every replica (but those the other lane is faulting) commits a tiny
-probe transaction into the table ``probe`` (which the checker ignores). Resources keep the
+Three lanes inject faults at once, each: pick a kind (among those allowed and supported) and a
+target whose resources no other lane holds, inject, hold 0.3-2 s, heal, then measure recovery:
+the time until every replica (but those another lane is faulting) commits a tiny probe
+transaction into the table ``probe`` (which the checker ignores). Resources keep the
 combinations sane: one network fault at a time (``heal()`` undoes all of them), one fault at a
 time that touches the ZooKeeper quorum (never two members down, or a member down during a
-split), one fault per replica.
+split), one fault per replica and never every replica at once (clients always have one to fail
+over to), one Spark executor at a time.
+
+Kinds are drawn at random, except that a kind injected fewer than :data:`MIN_EACH` times comes
+first whenever its resources are free: a short campaign still holds every kind it asked for.
+With ``max_faults`` the lanes stop after that many faults (:attr:`Nemesis.finished` is set once
+they all ended, healed and measured).
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import time
@@ -35,6 +42,11 @@ HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
 PAUSE = (0.0, 0.3)  # seconds a lane waits between faults
 RECOVERY_LIMIT = 60.0  # a replica that commits no probe in this long after a heal: not recovered
 PROBE_TIMEOUT = 2.0  # a probe commit takes milliseconds; one stuck on a replica another lane froze must not hold the lane
+LANES = 3
+MIN_EACH = 3  # every kind this many times before the draw is uniform
+# Kinds whose fault is over when it is injected: no hold (a killed client is dead, an expiry
+# blocks until the session expired and came back, a killed executor is replaced by its worker).
+NO_HOLD = frozenset({"kill-client", "expire-session", "kill-executor"})
 
 
 class ChaosCluster(Protocol):
@@ -53,19 +65,20 @@ class ChaosCluster(Protocol):
 
 
 # Every kind, in the order the report lists them, with the cluster fault it needs (the names of
-# ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form.
+# ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form;
+# "kill-executor" needs the Spark workload (the run adds "kill_executor" to what it supports).
 NEEDS: dict[str, str | None] = {
     "kill-replica": "kill_replica", "pause-replica": "pause_replica", "kill-zk": "kill_zk",
     "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
     "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow|lossy", "expire-session": "expire_session",
-    "wal-full": "fill_wal_disk", "kill-client": None,
+    "wal-full": "fill_wal_disk", "kill-client": None, "kill-executor": "kill_executor",
     "s3-errors": "s3_errors", "s3-timeouts": "s3_timeouts",  # with S3 storage only: mergetxn.chaos.s3
 }
 KINDS = list(NEEDS)
 
 
-# Kinds whose heal (a ZooKeeper member's restart) runs beside the lane: see Nemesis._heal_in_background.
-BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader"})
+# Kinds whose heal (a restart: seconds) runs beside the lane: see Nemesis._heal_in_background.
+BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica"})
 
 
 def can_inject(kind: str, supported: set[str]) -> bool:
@@ -89,6 +102,9 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
     if unknown:
         raise InvalidInput(f"unknown fault kind(s) {unknown}: choose from {', '.join(KINDS)}, 'all' or 'none'")
     missing = [k for k in asked if k not in can]
+    if "kill-executor" in missing:
+        raise InvalidInput("fault kind kill-executor kills a Spark executor: it needs the Spark workload "
+                           "(--workload spark, or --spark)")
     if missing:
         raise InvalidInput(f"fault kind(s) {missing} need a cluster form that supports them "
                            f"(this one supports {sorted(set(can))}); try --form namespaces")
@@ -104,6 +120,19 @@ class Plan:
     resources: frozenset[str]
     inject: Callable[[], str]  # returns a detail
     heal: Callable[[], None]
+    replica: int | None = None  # the replica it faults, if one
+
+
+class ExecutorFaults(Protocol):
+    """The Spark side of the run, for ``kill-executor``."""
+
+    def kill(self, rng: random.Random) -> str:
+        """SIGKILL an executor mid-task; returns a detail."""
+        ...
+
+    def restore(self) -> None:
+        """Return once the killed executor's replacement runs (bounded)."""
+        ...
 
 
 class Prober:
@@ -113,6 +142,7 @@ class Prober:
         self.addresses = addresses
         self.clients: dict[int, Client] = {}
         self.n = 0
+        self._count = itertools.count(1)
 
     def probe(self, i: int) -> int:
         """One probe commit on replica ``i``, given up after :data:`PROBE_TIMEOUT` seconds. It
@@ -122,13 +152,13 @@ class Prober:
         client = self.clients.get(i)
         if client is None or client.address != address:
             client = self.clients[i] = Client(address, timeout=PROBE_TIMEOUT)
-        self.n += 1
+        n = self.n = next(self._count)
         result: list[Any] = []
 
         def commit() -> None:
             try:
                 with client.transaction() as tx:
-                    tx.insert("probe", pa.table({"replica": [i], "n": [self.n]}, schema=PROBE_SCHEMA))
+                    tx.insert("probe", pa.table({"replica": [i], "n": [n]}, schema=PROBE_SCHEMA))
                 result.append(tx.csn)
             except BaseException as exc:  # handed to the caller
                 result.append(exc)
@@ -146,8 +176,9 @@ class Prober:
 
     def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT,
                      skip: Callable[[int], bool] = lambda i: False) -> list[int]:
-        """Probe each replica until it commits (bounded); returns those that never did. A replica
-        for which ``skip`` turns true meanwhile (another lane is faulting it) is not waited for."""
+        """Probe each replica until it commits (bounded), all at once; returns those that never
+        did. A replica for which ``skip`` turns true meanwhile (another lane is faulting it) is
+        not waited for."""
 
         class _Skipped(Exception):
             pass
@@ -157,16 +188,23 @@ class Prober:
                 raise _Skipped
             self.probe(i)
 
-        failed = []
-        for i in replicas:
+        failed: list[int] = []
+
+        def wait(i: int) -> None:
             try:
                 Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1), reraise=True,
                          retry=retry_if_not_exception_type(_Skipped))(attempt, i)
             except _Skipped:
-                continue
+                pass
             except Exception:
                 failed.append(i)
-        return failed
+
+        threads = [threading.Thread(target=wait, args=(i,), name=f"probe-wait-r{i}", daemon=True) for i in replicas]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sorted(failed)
 
     def close(self) -> None:
         for client in self.clients.values():
@@ -178,10 +216,20 @@ class Nemesis:
     """Injects faults in ``lanes`` threads until :meth:`stop`; every fault ends healed."""
 
     def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
-                 kill_client: Callable[[int, random.Random], str], lanes: int = 2,
-                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None) -> None:
-        """``replica_names``: how targets name replica i (its host id), default ``r<i>``."""
+                 kill_client: Callable[[int, random.Random], str], lanes: int = LANES,
+                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None,
+                 executors: ExecutorFaults | None = None, max_faults: int | None = None) -> None:
+        """``replica_names``: how targets name replica i (its host id), default ``r<i>``;
+        ``executors``: the Spark side, for ``kill-executor``; ``max_faults``: stop after that
+        many faults (None: until :meth:`stop`)."""
+        if "kill-executor" in kinds and executors is None:
+            raise InvalidInput("fault kind kill-executor needs the Spark workload")
         self.cluster = cluster
+        self.executors = executors
+        self.max_faults = max_faults
+        self.finished = threading.Event()  # every lane ended (max_faults reached, or stopped)
+        self._started: dict[str, int] = {}  # faults begun, by kind
+        self._lanes_left = lanes if kinds else 0
         self.replica_names = replica_names or [f"r{i}" for i in range(cluster.hosts)]
         self.kinds = list(kinds)
         self.seed = seed
@@ -195,8 +243,11 @@ class Nemesis:
         self._lock = threading.Lock()
         self._held: dict[int | str, frozenset[str]] = {}  # by lane, and by a restart under way
         self._healers: list[threading.Thread] = []
+        self._tokens = itertools.count()
         self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
                          for n in range(lanes if kinds else 0)]
+        if not self._threads:
+            self.finished.set()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -232,7 +283,7 @@ class Nemesis:
                           extra: frozenset[str] = frozenset()) -> None:
             for i in range(n):
                 out.append(Plan(kind, rname[i], frozenset({f"replica{i}"}) | extra,
-                                (lambda i=i: inject(i)), (lambda i=i: heal(i))))
+                                (lambda i=i: inject(i)), (lambda i=i: heal(i)), i))
 
         def done(text: str) -> Callable[[int], str]:
             return lambda i: text
@@ -248,6 +299,9 @@ class Nemesis:
             replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
         elif kind == "kill-client":
             replica_plans(kind, lambda i: self.kill_client(i, rng), lambda i: None)
+        elif kind == "kill-executor" and self.executors is not None:
+            ex = self.executors
+            out.append(Plan(kind, "executor", frozenset({"spark"}), lambda: ex.kill(rng), ex.restore))
         elif kind == "kill-zk":
             for i in range(n):
                 out.append(Plan(kind, f"zk@{hname[i]}", frozenset({"zk"}),
@@ -314,16 +368,37 @@ class Nemesis:
         rng.shuffle(out)
         return out
 
+    def _fits(self, plan: Plan, taken: frozenset[str]) -> bool:
+        """Whether ``plan`` may start beside the faults holding ``taken``: no resource twice,
+        and some replica left unfaulted."""
+        if plan.resources & taken:
+            return False
+        replicas = {r for r in plan.resources | taken if r.startswith("replica")}
+        return len(replicas) < self.cluster.hosts or self.cluster.hosts == 1
+
     def _reserve(self, lane: int, rng: random.Random) -> Plan | None:
-        for _ in range(8):
-            kind = rng.choice(self.kinds)
+        """A fault to inject now (its resources held for ``lane``), None when nothing fits or
+        ``max_faults`` were begun. Kinds begun fewer than MIN_EACH times come first."""
+        with self._lock:
+            wanting = [k for k in self.kinds if self._started.get(k, 0) < MIN_EACH]
+        rng.shuffle(wanting)
+        draws = wanting + [rng.choice(self.kinds) for _ in range(8)]
+        for kind in draws:
+            plans = self.plans(kind, rng)
             with self._lock:
+                if self.max_faults is not None and sum(self._started.values()) >= self.max_faults:
+                    return None
                 taken = frozenset().union(*(r for n, r in self._held.items() if n != lane))
-                for plan in self.plans(kind, rng):
-                    if not plan.resources & taken:
+                for plan in plans:
+                    if self._fits(plan, taken):
                         self._held[lane] = plan.resources
+                        self._started[kind] = self._started.get(kind, 0) + 1
                         return plan
         return None
+
+    def _quota_reached(self) -> bool:
+        with self._lock:
+            return self.max_faults is not None and sum(self._started.values()) >= self.max_faults
 
     def _release(self, lane: int) -> None:
         with self._lock:
@@ -342,6 +417,8 @@ class Nemesis:
             while not self._stop.is_set():
                 plan = self._reserve(lane, rng)
                 if plan is None:
+                    if self._quota_reached():
+                        break
                     self._stop.wait(0.1)
                     continue
                 try:
@@ -351,6 +428,13 @@ class Nemesis:
                 self._stop.wait(rng.uniform(*PAUSE))
         finally:
             prober.close()
+            with self._lock:
+                self._lanes_left -= 1
+                last = self._lanes_left == 0
+            if last:  # the restarts under way end too before the nemesis is finished
+                for t in list(self._healers):
+                    t.join(RECOVERY_LIMIT)
+                self.finished.set()
 
     def _one(self, lane: int, plan: Plan, rng: random.Random, prober: Prober) -> None:
         start = self.rec.now()
@@ -359,12 +443,16 @@ class Nemesis:
         except Exception as exc:
             detail = f"inject failed: {brief(exc)}"
             self.errors.append(f"{plan.kind} {plan.target}: {detail}")
-        if plan.kind not in ("kill-client", "expire-session"):
+        if plan.kind not in NO_HOLD:
             self._stop.wait(rng.uniform(*self.hold))
         end = self.rec.now()
         fault = Fault(plan.kind, plan.target, start, end, str(detail or ""), None)
-        if plan.kind in BACKGROUND_HEAL:
-            self._heal_in_background(plan, fault)
+        # When every replica served again: the lane's probes and, for a restart beside the lane,
+        # the restarted replica's; whichever ends last settles fault.recovered (see _settle).
+        measures: dict[str, Any] = {}
+        background = plan.kind in BACKGROUND_HEAL
+        if background:
+            self._heal_in_background(plan, fault, measures)
         else:
             try:
                 plan.heal()
@@ -374,11 +462,12 @@ class Nemesis:
             except Exception as exc:
                 fault.detail += f"; heal failed: {brief(exc)}"
                 self.errors.append(f"{plan.kind} {plan.target}: heal failed: {brief(exc)}")
-        down = [i for i in range(self.cluster.hosts) if not self.cluster.replica_running(i)]
+        mine = plan.replica if background else None  # its restart is measured beside the lane
+        down = [i for i in range(self.cluster.hosts) if i != mine and not self.cluster.replica_running(i)]
         notes = []
-        if down:  # a replica whose restart failed: the end of the run tries again and reports it
+        if down:  # a replica whose restart failed or is under way: the end of the run tries again
             notes.append(f"not probed, not running: {[self.replica_names[i] for i in down]}")
-        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down],
+        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down and i != mine],
                                      skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
         if self._abort.is_set():
             failed, notes = [], [*notes, "recovery not measured (run interrupted)"]
@@ -386,25 +475,55 @@ class Nemesis:
             notes.append(f"replica(s) {[self.replica_names[i] for i in failed]} served no commit within "
                          f"{RECOVERY_LIMIT:g}s")
         with self._lock:
-            fault.recovered = None if failed or self._abort.is_set() else self.rec.now()
+            measures["lane"] = None if failed or self._abort.is_set() else self.rec.now()
             fault.detail += "".join(f"; {n}" for n in notes)
+            self._settle(fault, measures, background)
             self.faults.append(fault)
 
-    def _heal_in_background(self, plan: Plan, fault: Fault) -> None:
-        """Restart a ZooKeeper member in a thread of its own: a member takes many seconds to
-        rejoin while the other two serve, and the lane need not wait for it. The fault's
-        resources stay held until the member serves, so nothing touching the quorum starts
-        meanwhile; its detail says when it served again."""
-        token = f"restart-{fault.kind}-{fault.start}"
+    @staticmethod
+    def _settle(fault: Fault, measures: dict[str, Any], background: bool) -> None:
+        """Set ``fault.recovered`` once both measures are in (called under the lock): the later
+        one, or None when either failed (``measures["heal"]`` is None when the restart has
+        nothing to measure: a ZooKeeper member, whose clients the lane's probes stand for)."""
+        if "lane" not in measures or (background and "heal" not in measures):
+            return
+        lane, heal = measures["lane"], measures.get("heal")
+        fault.recovered = None if lane is None or heal is False else max(lane, heal or lane)
+
+    def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
+        """Restart a ZooKeeper member or a replica in a thread of its own: a restart takes
+        seconds (a JVM, a Python process replaying its WAL), and the lane need not wait for it.
+        The fault's resources stay held until the restarted process serves (a member: answers as
+        part of the quorum; a replica: commits a probe), so nothing touching the quorum, or that
+        replica, starts meanwhile; its detail says when it served again."""
+        token = f"restart-{next(self._tokens)}"
         with self._lock:
             self._held[token] = plan.resources
 
         def restart() -> None:
             began = self.rec.now()
+            heal: float | bool | None = None
             try:
                 plan.heal()
-                note = f"; the member served again {self.rec.now() - began:.2f}s after its restart began"
+                took = self.rec.now() - began
+                if plan.replica is None:
+                    note = f"; the member served again {took:.2f}s after its restart began"
+                else:
+                    note = f"; restarted in {took:.2f}s"
+                    if not self._abort.is_set():
+                        prober = Prober(self._addresses)
+                        try:
+                            gone = prober.wait_serving([plan.replica], skip=lambda i: self._abort.is_set())
+                        finally:
+                            prober.close()
+                        if gone:
+                            heal = False
+                            note += f"; it served no commit within {RECOVERY_LIMIT:g}s"
+                        elif not self._abort.is_set():
+                            heal = self.rec.now()
+                            note += f", committing {heal - began - took:.2f}s later"
             except Exception as exc:
+                heal = False
                 note = f"; restart failed: {brief(exc)}"
                 self.errors.append(f"{plan.kind} {plan.target}: restart failed: {brief(exc)}")
             finally:
@@ -412,6 +531,8 @@ class Nemesis:
                     self._held.pop(token, None)
             with self._lock:
                 fault.detail += note
+                measures["heal"] = heal
+                self._settle(fault, measures, True)
 
         thread = threading.Thread(target=restart, name=f"nemesis-{token}", daemon=True)
         self._healers.append(thread)

@@ -11,6 +11,13 @@ its own, so a saved or hand-made history can be checked without a cluster.
 Three cluster forms: ``namespaces`` and ``loopback`` (``mergetxn.chaos.hosts``: a ZooKeeper
 ensemble of 3, network faults) and ``single`` (:class:`SingleHostCluster`: one ZooKeeper server
 and three replica processes on this machine, replica signal faults only).
+
+The Spark workload (``workload="spark"``, or ``spark=True`` beside the others) adds a Spark
+standalone cluster on the same hosts (:class:`SparkSide`): its master on the first host, a worker
+on each other host, the driver in the harness, so executors run on other hosts than the driver;
+its jobs go through the ``mergetxn`` data source and are recorded in the same history, and the
+fault ``kill-executor`` becomes possible. It is heavy (five JVMs more, and Python workers), so
+``all`` leaves it out unless asked.
 """
 
 from __future__ import annotations
@@ -35,8 +42,17 @@ from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, 
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
-from mergetxn.chaos.nemesis import RECOVERY_LIMIT, Nemesis, brief, choose_kinds, wait_all_serving
+from mergetxn.chaos.nemesis import (
+    LANES,
+    RECOVERY_LIMIT,
+    Nemesis,
+    brief,
+    choose_kinds,
+    wait_all_serving,
+)
 from mergetxn.chaos.workloads import (
+    CLIENT_TIMEOUT,
+    LA_SCHEMA,
     PROBE_SCHEMA,
     KillClients,
     Recorder,
@@ -50,7 +66,10 @@ from mergetxn.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")
 STORAGES = ("dir", "s3")
-SESSION_TIMEOUT = 4.0  # short, so an expired or cut replica is noticed within a fault's recovery
+# Short, so an expired or cut replica is noticed within a fault's recovery and expire-session
+# takes about 3 s (cut until ZooKeeper expires the session, then a new one); 5 ticks of the
+# harness's ZooKeeper (200 ms), well above its minimum of 2.
+SESSION_TIMEOUT = 2.0
 # Replica settings for a run: merges, cleanup and the log tail all busy within seconds, so they
 # run under the faults too (defaults would wait minutes before the first checkpoint or major merge).
 REPLICA_SETTINGS: dict[str, float | int] = {
@@ -60,6 +79,9 @@ REPLICA_SETTINGS: dict[str, float | int] = {
 RESOLVE_LIMIT = 60.0  # seconds to learn one indeterminate outcome
 FINAL_TIMEOUT = 60.0
 PIDS_FILE = "chaos-pids.json"
+SPARK_JOBS = 2  # Spark job threads (one session): each job uses both executors
+SPARK_TASK_DELAY = 0.3  # seconds each Spark task sleeps first, so an executor can be killed mid-task
+SPARK_JOIN = 180.0  # seconds a Spark job thread may take to finish its job after the run
 
 
 # -- the single-host form -------------------------------------------------------------------------
@@ -192,12 +214,15 @@ def cleanup(workdir: Path) -> list[str]:
     rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
     cluster_dir = Path(workdir) / "cluster"
     from mergetxn.chaos import hosts
+    from mergetxn.chaos.spark_cluster import cleanup_spark
 
     done = [f"killed pid {p}" for p in cleanup_single(cluster_dir)]
+    done += [f"killed Spark process {line}" for line in cleanup_spark(Path(workdir) / "spark" / "standalone")]
     done += hosts.cleanup(workdir=cluster_dir)
-    if cluster_dir.exists():
-        shutil.rmtree(cluster_dir, ignore_errors=True)
-        done.append(f"removed {cluster_dir}")
+    for d in (cluster_dir, Path(workdir) / "spark"):
+        if d.exists():
+            shutil.rmtree(d, ignore_errors=True)
+            done.append(f"removed {d}")
     return done
 
 
@@ -218,6 +243,143 @@ def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIME
                                   storage_url=storage_url)
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
     return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url)
+
+
+class SparkSide:
+    """The Spark workload's world in a run: a standalone cluster on the run's hosts, one driver
+    session in this process, the workload and its job threads; and ``kill-executor``
+    (:class:`~mergetxn.chaos.nemesis.ExecutorFaults`).
+
+    Namespace form: the master in the first host's namespace on its address, a worker in each
+    other host's namespace, the driver here at the bridge's address (the executors, on the
+    workers' hosts, reach it there). Other forms: everything on 127.0.0.1."""
+
+    def __init__(self, cluster: Any, workdir: Path, task_delay: float = SPARK_TASK_DELAY) -> None:
+        from mergetxn.chaos.spark_cluster import SparkStandalone
+        from mergetxn.chaos.spark_workload import SparkWorkload
+
+        self.workdir = Path(workdir)
+        self.task_delay = task_delay
+        n = cluster.hosts
+        if hasattr(cluster, "namespace") and hasattr(cluster, "host_address"):
+            from mergetxn.chaos.hosts import BRIDGE_ADDRESS
+
+            others = list(range(1, n)) or [0]
+            self.standalone = SparkStandalone(
+                self.workdir / "standalone", master_host=cluster.host_address(0),
+                worker_hosts=[cluster.host_address(i) for i in others],
+                netns=[cluster.namespace(0), *(cluster.namespace(i) for i in others)])
+            self.driver_host = BRIDGE_ADDRESS
+        else:
+            self.standalone = SparkStandalone(self.workdir / "standalone")
+            self.driver_host = "127.0.0.1"
+        self.marks = self.workdir / "marks"
+        self.marks.mkdir(parents=True, exist_ok=True)
+        self.workload = SparkWorkload(self.workdir / "traces", delay=task_delay, marks=self.marks)
+        self.session: Any = None
+        self.app_id: str | None = None
+        self._victim: Any = None
+        self.workers: list[Any] = []
+        self.timings: dict[str, float] = {}
+
+    @property
+    def executors_wanted(self) -> int:
+        return len(self.standalone.worker_hosts)
+
+    def start(self) -> None:
+        """The standalone cluster, then the driver's session; returns once every worker runs
+        an executor of it."""
+        from pyspark import SparkContext
+
+        if SparkContext._active_spark_context is not None:  # one per process: it would be reused
+            raise RuntimeError("a SparkContext already runs in this process; the Spark workload needs its own")
+        t0 = time.monotonic()
+        self.standalone.start()
+        self.timings["standalone"] = round(time.monotonic() - t0, 1)
+        os.environ["SPARK_LOCAL_IP"] = self.driver_host  # the driver's own address (else it warns)
+        self.session = self.standalone.session("mergetxn-chaos", driver_host=self.driver_host, log_level="WARN",
+                                               **self.standalone.driver_log_conf())
+        self.app_id = self.session.sparkContext.applicationId
+        if not self._wait_registered(120.0):
+            raise RuntimeError(f"Spark: {len(self.registered())} of {self.executors_wanted} executors registered "
+                               f"with the driver within 120s (logs in {self.standalone.workdir})")
+        self.timings["start"] = round(time.monotonic() - t0, 1)
+
+    def registered(self) -> list[str]:
+        """The ids of the executors the driver has now (registered, not lost)."""
+        ids = self.session.sparkContext._jsc.sc().getExecutorIds()
+        return [str(ids.apply(i)) for i in range(ids.size())]
+
+    def _wait_registered(self, timeout: float, without: str | None = None) -> bool:
+        """Wait until the driver has every executor (none of them ``without``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = self.registered()
+            if len(ids) >= self.executors_wanted and without not in ids:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)
+
+    def start_jobs(self, first_process: int, addresses: Callable[[], list[str]], hosts: int, rec: Recorder,
+                   stop: threading.Event, rng: random.Random, jobs: int = SPARK_JOBS) -> None:
+        from mergetxn.chaos.spark_workload import SparkWorker
+
+        self.workers = [SparkWorker(first_process + j, j % hosts, addresses, self.workload, self.session, rec, stop,
+                                    rng.randrange(2**31), timeout=CLIENT_TIMEOUT) for j in range(jobs)]
+        for w in self.workers:
+            w.start()
+
+    def join(self, timeout: float = SPARK_JOIN) -> list[str]:
+        """Wait for the job threads (told to stop); returns what went wrong with them."""
+        problems = []
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            w.join(max(0.0, deadline - time.monotonic()))
+            if w.is_alive():
+                problems.append(f"Spark job thread {w.name} still ran {timeout:g}s after the run (its op is missing)")
+            elif w.error is not None:
+                problems.append(f"Spark job thread {w.name} failed: {brief(w.error)}")
+        return problems
+
+    # -- kill-executor ------------------------------------------------------------------------
+    def kill(self, rng: random.Random) -> str:
+        """SIGKILL the executor of a task that has just begun (see
+        :meth:`SparkStandalone.kill_executor_mid_task`), or nothing when no task runs."""
+        self._victim = None
+        victim, how = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
+                                                             app_id=self.app_id)
+        if victim is None:
+            return how
+        self._victim = victim
+        return f"SIGKILL executor {victim.executor_id} on {victim.host} (pid {victim.pid}) {how}"
+
+    def restore(self) -> None:
+        """Return once the killed executor is gone and its replacement has registered with the
+        driver (the worker starts one at once: a JVM, seconds on a busy machine)."""
+        victim = getattr(self, "_victim", None)
+        if victim is None:
+            return
+        if not self.standalone.wait_gone(victim.pid, 10.0):
+            raise RuntimeError(f"executor {victim.executor_id} (pid {victim.pid}) still runs 10s after SIGKILL")
+        if not self._wait_registered(RECOVERY_LIMIT, without=victim.executor_id):
+            raise RuntimeError(f"{len(self.registered())} of {self.executors_wanted} executors registered "
+                               f"{RECOVERY_LIMIT:g}s after executor {victim.executor_id} was killed")
+
+    def stop(self) -> list[str]:
+        """Stop the session and the standalone cluster (nothing of it is left); returns errors."""
+        problems = []
+        if self.session is not None:
+            try:
+                self.session.stop()
+            except Exception as exc:
+                problems.append(f"stopping the Spark session: {brief(exc)}")
+            self.session = None
+        try:
+            self.standalone.stop()
+        except Exception as exc:
+            problems.append(f"stopping the Spark cluster: {brief(exc)}")
+        return problems
 
 
 def form_of(cluster: Any) -> str:
@@ -411,9 +573,16 @@ def conclude(history: History, report_dir: Path | None, problems: list[str] | No
 def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = None, workload: str = "all",
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
-              say: Callable[[str], None] = lambda text: None, storage: str = "dir") -> Result:
-    """Run a chaos campaign (see the module doc); ``say`` hears progress lines. ``storage``:
-    ``dir`` (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
+              say: Callable[[str], None] = lambda text: None, spark: bool = False,
+              max_faults: int | None = None, lanes: int = LANES, storage: str = "dir") -> Result:
+    """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
+
+    ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
+    add the Spark workload to the others. ``max_faults``: the nemesis stops after that many
+    faults and the run ends once they are healed and measured, or at ``seconds`` (then fewer
+    faults than asked make the check incomplete: exit code 1). ``lanes``: how many faults the
+    nemesis may have under way at once. ``storage``: ``dir`` (a directory every host sees) or
+    ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -425,7 +594,12 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     from mergetxn.chaos.s3 import S3Storage, check_kinds
 
     check_kinds(nemesis, storage)
-    wls = workloads_for(workload)
+    if lanes < 1:
+        raise InvalidInput(f"lanes must be at least 1, not {lanes}")
+    if max_faults is not None and max_faults < 1:
+        raise InvalidInput(f"faults must be at least 1, not {max_faults}")
+    use_spark = spark or workload == "spark"
+    wls = [] if workload == "spark" else workloads_for(workload)
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
@@ -435,13 +609,17 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         s3.attach(cluster)
     if getattr(cluster, "fallback_reason", None):
         say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
-    kinds, left_out = choose_kinds(nemesis, cluster.supports() | (s3.supports() if s3 else set()))
+    supported = (set(cluster.supports()) | ({"kill_executor"} if use_spark else set())
+                 | (s3.supports() if s3 else set()))
+    kinds, left_out = choose_kinds(nemesis, supported)
+    left_out = [k for k in left_out if k != "kill-executor"]  # not the form's doing: no Spark workload
     rng = random.Random(seed)
     rec = Recorder()
     stop = threading.Event()
     workers: list[Worker] = []
     nem: Nemesis | None = None
     killers: KillClients | None = None
+    sp: SparkSide | None = None
     problems: list[str] = []
     incomplete: list[str] = []
     try:
@@ -450,6 +628,12 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if s3 is not None:
             say(f"parts in {s3.url} on moto's S3 server, reached through a fault proxy at {s3.proxy.url}")
         addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
+        if use_spark:
+            sp = SparkSide(cluster, workdir / "spark")
+            say(f"starting Spark: master on {sp.standalone.master_host}, workers on "
+                f"{', '.join(sp.standalone.worker_hosts)}, the driver here at {sp.driver_host}")
+            sp.start()
+            say(f"Spark up in {sp.timings['start']:g}s with {sp.executors_wanted} executors")
         admin = Client(cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
         try:
             initial: dict[str, dict[str, Any]] = {}
@@ -457,6 +641,12 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             for w in wls:
                 initial |= w.create(admin)
                 tables |= w.tables
+            if sp is not None:
+                initial |= sp.workload.create(admin)
+                tables |= sp.workload.tables
+            if "kill-client" in kinds and "la0" not in tables:  # the killed clients insert there
+                create_table(admin, "la0", LA_SCHEMA, ["key"], "parts")
+                tables["la0"] = "set"
             create_table(admin, "probe", PROBE_SCHEMA, [], "parts")
             host_ids = []
             for a in cluster.replica_addresses:
@@ -467,12 +657,14 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         failed = wait_all_serving(addresses, cluster.hosts)
         if failed:
             raise RuntimeError(f"replica(s) {failed} never committed after start")
-        header = Header(seed=seed, workload=workload, nemesis=",".join(kinds) or "none", tables=tables,
+        name = workload if not use_spark or workload == "spark" else f"{workload}+spark"
+        header = Header(seed=seed, workload=name, nemesis=",".join(kinds) or "none", tables=tables,
                         initial=initial, started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                         form=form_of(cluster))
         if left_out:
             say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
-        say(f"seed {seed}; workload {workload}; faults {header.nemesis}; {seconds:g}s")
+        quota = "" if max_faults is None else f", or until {max_faults} faults"
+        say(f"seed {seed}; workload {name}; faults {header.nemesis}; {seconds:g}s{quota}")
         rec.t0 = time.monotonic()
         n = cluster.hosts * clients_per_replica * len(wls)
         workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
@@ -482,17 +674,22 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             killers.prepare()
         nem = Nemesis(cluster, kinds, seed, rec,
                       lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
-                      replica_names=host_ids)
+                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes)
         for w in workers:
             w.start()
+        if sp is not None:
+            sp.start_jobs(n + 1, addresses, cluster.hosts, rec, stop, rng)
         nem.start()
         deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            time.sleep(min(left, 5.0))
+        while (left := deadline - time.monotonic()) > 0 and not (max_faults and nem.finished.is_set()):
+            nem.finished.wait(min(left, 5.0))
             say(f"{rec.now():6.1f}s  {len(rec.ops)} ops, {len(nem.faults)} faults")
         say("stopping the nemesis; healing")
         nem.stop()
         problems += nem.errors
+        if max_faults is not None and len(nem.faults) < max_faults:
+            incomplete.append(f"only {len(nem.faults)} of the {max_faults} faults asked for were injected "
+                              f"in {seconds:g}s")
         problems += heal_everything(cluster, host_ids)
         failed = wait_all_serving(addresses, cluster.hosts)
         for i in failed:
@@ -501,6 +698,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         stop.set()
         for w in workers:
             w.join(60)
+        if sp is not None:
+            problems += sp.join()
+            problems += sp.stop()
         say("resolving indeterminate outcomes")
         ops = sorted(rec.ops, key=lambda o: o.index)
         resolve(ops, cluster.replica_addresses, host_ids)
@@ -517,8 +717,10 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
-                        extra={"seconds": seconds, "clients": n,
-                               "failovers": sum(w.failovers for w in workers), "left_out": left_out,
+                        extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
+                               "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
+                               "left_out": left_out, "max_faults": max_faults,
+                               "run_seconds": round(rec.now(), 1),
                                "storage": storage, **({"s3": s3.stats()} if s3 else {})})
     finally:
         stop.set()
@@ -528,6 +730,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             killers.close()
         for w in workers:
             w.join(15)
+        if sp is not None:
+            sp.join(30)
+            sp.stop()
         cluster.stop()
 
 

@@ -260,7 +260,59 @@ class SparkStandalone:
             os.kill(victim.pid, signal.SIGKILL)
         return victim
 
+    def executor_of(self, pid: int) -> Executor | None:
+        """The executor of this cluster that process ``pid`` runs under (itself, or one of its
+        descendants: the executor's Python daemon and the workers it forks), None if none."""
+        execs = {e.pid: e for e in self.executors()}
+        seen: set[int] = set()
+        while pid > 1 and pid not in seen:
+            if pid in execs:
+                return execs[pid]
+            seen.add(pid)
+            pid = _parent(pid)
+        return None
+
+    def kill_executor_mid_task(self, marks: str | os.PathLike, started_within: float, wait: float = 30.0,
+                               app_id: str | None = None) -> tuple[Executor | None, str]:
+        """SIGKILL an executor while it runs a task: wait (up to ``wait`` seconds) for a task
+        attempt that started less than ``started_within`` seconds ago (its mark file in
+        ``marks``, see ``mergetxn.chaos.spark_workload.Rows``: named ``<tag>-<pid>-<partition>-
+        <attempt>`` after the Python worker running it) and kill the executor that worker runs
+        under. Returns the executor killed (None when no task ran within the wait: nothing is
+        killed then) and a sentence saying what it was doing."""
+        deadline = time.monotonic() + wait
+        marks = Path(marks)
+        while True:
+            now = time.time()
+            for name, mtime in _recent_marks(marks, now - started_within):
+                with contextlib.suppress(ValueError, IndexError):
+                    tag, pid, partition, attempt = name.rsplit("-", 3)
+                    victim = self.executor_of(int(pid))
+                    if victim is not None and (app_id is None or victim.app_id == app_id):
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(victim.pid, signal.SIGKILL)
+                        return victim, (f"while it ran task {partition} (attempt {attempt}) of job {tag}, "
+                                        f"{now - mtime:.2f}s after the task began")
+            if time.monotonic() >= deadline:
+                return None, f"no task ran within {wait:g}s: nothing killed"
+            time.sleep(0.05)
+
+    def wait_gone(self, pid: int, timeout: float) -> bool:
+        """Wait until process ``pid`` is gone (or a zombie); returns whether it is."""
+        deadline = time.monotonic() + timeout
+        while pid in {p for p, _ in _processes(self.workdir)}:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
     # -- a driver -----------------------------------------------------------------------------
+    def driver_log_conf(self) -> dict[str, str]:
+        """Session settings that send the driver's log to ``driver.log`` in the work directory
+        instead of the console (for a harness that prints its own progress)."""
+        conf = _log4j2(self.workdir / "log4j2-driver.properties", self.workdir / "driver.log")
+        return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={conf}"}
+
     def conf(self, app_name: str, driver_host: str = "127.0.0.1") -> dict[str, str]:
         """The session settings for a driver of this cluster at ``driver_host`` (the address
         the executors reach it at: 127.0.0.1 in the loopback form, the harness's bridge address
@@ -285,11 +337,14 @@ class SparkStandalone:
             "spark.sql.shuffle.partitions": "2",
             "spark.network.timeout": "60s",
             "spark.executor.heartbeatInterval": "5s",
+            # Executors only hand rows to Python workers here: C1 starts a replacement faster.
+            "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         }
 
-    def session(self, app_name: str, driver_host: str = "127.0.0.1", **extra: str) -> Any:
+    def session(self, app_name: str, driver_host: str = "127.0.0.1", log_level: str = "ERROR", **extra: str) -> Any:
         """A SparkSession of this cluster with the mergetxn data source registered (one
-        SparkContext per process: stop the session before making another)."""
+        SparkContext per process: stop the session before making another); ``log_level``: what
+        the driver prints (``extra`` may send its log elsewhere)."""
         from pyspark.sql import SparkSession
 
         import spark as mergetxn_spark
@@ -300,7 +355,7 @@ class SparkStandalone:
         for k, v in (self.conf(app_name, driver_host) | extra).items():
             builder = builder.config(k, v)
         session = builder.getOrCreate()
-        session.sparkContext.setLogLevel("ERROR")
+        session.sparkContext.setLogLevel(log_level)
         mergetxn_spark.register(session)
         return session
 
@@ -312,6 +367,37 @@ def _arg(argv: list[str], name: str) -> str:
     with contextlib.suppress(ValueError, IndexError):
         return argv[argv.index(name) + 1]
     return ""
+
+
+def _parent(pid: int) -> int:
+    """Process ``pid``'s parent (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _recent_marks(marks: Path, since: float) -> list[tuple[str, float]]:
+    """``(name, mtime)`` of the mark files touched after ``since`` (epoch seconds), newest
+    first; older ones (more than a minute) are removed on the way, so the directory stays
+    small over a long run."""
+    out = []
+    try:
+        entries = list(os.scandir(marks))
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            mtime = entry.stat().st_mtime
+        except OSError:
+            continue
+        if mtime >= since:
+            out.append((entry.name, mtime))
+        elif mtime < since - 60:
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+    return sorted(out, key=lambda nm: -nm[1])
 
 
 def _processes(workdir: Path) -> list[tuple[int, list[str]]]:
