@@ -110,6 +110,11 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
     return list(dict.fromkeys(asked)), []
 
 
+class NothingToFault(Exception):
+    """Raised by a plan's inject when there was nothing to fault after all (no Spark task ran):
+    no fault is recorded or counted."""
+
+
 @dataclass
 class Plan:
     """One fault chosen: its kind, target, what it holds, and how to inject and heal it."""
@@ -435,6 +440,10 @@ class Nemesis:
         start = self.rec.now()
         try:
             detail = plan.inject()
+        except NothingToFault:
+            with self._lock:
+                self._started[plan.kind] -= 1
+            return
         except Exception as exc:
             detail = f"inject failed: {brief(exc)}"
             self.errors.append(f"{plan.kind} {plan.target}: {detail}")

@@ -42,7 +42,15 @@ from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, 
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
-from mergetxn.chaos.nemesis import LANES, RECOVERY_LIMIT, Nemesis, brief, choose_kinds, wait_all_serving
+from mergetxn.chaos.nemesis import (
+    LANES,
+    RECOVERY_LIMIT,
+    Nemesis,
+    NothingToFault,
+    brief,
+    choose_kinds,
+    wait_all_serving,
+)
 from mergetxn.chaos.workloads import (
     CLIENT_TIMEOUT,
     LA_SCHEMA,
@@ -265,6 +273,7 @@ class SparkSide:
         self.session: Any = None
         self.app_id: str | None = None
         self._victim: Any = None
+        self._hit: set[str] = set()  # jobs (tags) that lost an executor: their retries are spared
         self.workers: list[Any] = []
         self.timings: dict[str, float] = {}
 
@@ -331,13 +340,16 @@ class SparkSide:
     # -- kill-executor ------------------------------------------------------------------------
     def kill(self, rng: random.Random) -> str:
         """SIGKILL the executor of a task that has just begun (see
-        :meth:`SparkStandalone.kill_executor_mid_task`), or nothing when no task runs."""
+        :meth:`SparkStandalone.kill_executor_mid_task`); NothingToFault when no task runs. A job
+        loses one executor at most: its retried tasks are spared, so it can finish (on two
+        executors that each take seconds to replace, a job hit again and again never would)."""
         self._victim = None
-        victim, how = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
-                                                             app_id=self.app_id)
-        if victim is None:
-            return how
+        victim, how, job = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
+                                                                  app_id=self.app_id, spare=self._hit)
+        if victim is None or job is None:
+            raise NothingToFault(how)
         self._victim = victim
+        self._hit.add(job)
         return f"SIGKILL executor {victim.executor_id} on {victim.host} (pid {victim.pid}) {how}"
 
     def restore(self) -> None:
