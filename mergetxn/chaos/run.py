@@ -82,6 +82,7 @@ PIDS_FILE = "chaos-pids.json"
 SPARK_JOBS = 2  # Spark job threads (one session): each job uses both executors
 SPARK_TASK_DELAY = 0.3  # seconds each Spark task sleeps first, so an executor can be killed mid-task
 SPARK_JOIN = 180.0  # seconds a Spark job thread may take to finish its job after the run
+SPARK_LANES = 1  # the nemesis's lanes by default when Spark runs (see run_chaos)
 
 
 # -- the single-host form -------------------------------------------------------------------------
@@ -209,7 +210,6 @@ def cleanup(workdir: Path) -> list[str]:
     rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
     cluster_dir = Path(workdir) / "cluster"
     from mergetxn.chaos import hosts
-
     from mergetxn.chaos.spark_cluster import cleanup_spark
 
     done = [f"killed pid {p}" for p in cleanup_single(cluster_dir)]
@@ -570,25 +570,28 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
-              max_faults: int | None = None, lanes: int = LANES) -> Result:
+              max_faults: int | None = None, lanes: int | None = None) -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
     add the Spark workload to the others. ``max_faults``: the nemesis stops after that many
     faults and the run ends once they are healed and measured, or at ``seconds`` (then fewer
     faults than asked make the check incomplete: exit code 1). ``lanes``: how many faults the
-    nemesis may have under way at once."""
+    nemesis may have under way at once; by default :data:`LANES`, or :data:`SPARK_LANES` with the
+    Spark workload (on a small machine its jobs take tens of seconds under load, and with three
+    lanes nearly every one of them meets a killed or cut replica before it commits)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
         raise InvalidInput(f"clients per replica must be at least 1, not {clients_per_replica}")
     if seconds <= 0:
         raise InvalidInput(f"seconds must be positive, not {seconds}")
+    use_spark = spark or workload == "spark"
+    lanes = lanes if lanes is not None else SPARK_LANES if use_spark else LANES
     if lanes < 1:
         raise InvalidInput(f"lanes must be at least 1, not {lanes}")
     if max_faults is not None and max_faults < 1:
         raise InvalidInput(f"faults must be at least 1, not {max_faults}")
-    use_spark = spark or workload == "spark"
     wls = [] if workload == "spark" else workloads_for(workload)
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
@@ -648,7 +651,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if left_out:
             say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
         quota = "" if max_faults is None else f", or until {max_faults} faults"
-        say(f"seed {seed}; workload {name}; faults {header.nemesis}; {seconds:g}s{quota}")
+        say(f"seed {seed}; workload {name}; faults {header.nemesis} ({lanes} at a time); {seconds:g}s{quota}")
         rec.t0 = time.monotonic()
         n = cluster.hosts * clients_per_replica * len(wls)
         workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
@@ -703,7 +706,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
                         extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
                                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
-                               "left_out": left_out, "max_faults": max_faults,
+                               "left_out": left_out, "max_faults": max_faults, "lanes": lanes,
                                "run_seconds": round(rec.now(), 1)})
     finally:
         stop.set()
