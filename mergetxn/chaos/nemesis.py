@@ -77,7 +77,7 @@ KINDS = list(NEEDS)
 
 
 # Kinds whose heal (a restart: seconds) runs beside the lane: see Nemesis._heal_in_background.
-BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica"})
+BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica", "kill-executor"})
 
 
 def can_inject(kind: str, supported: set[str]) -> bool:
@@ -222,15 +222,18 @@ class Nemesis:
     def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
                  kill_client: Callable[[int, random.Random], str], lanes: int = LANES,
                  hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None,
-                 executors: ExecutorFaults | None = None, max_faults: int | None = None) -> None:
+                 executors: ExecutorFaults | None = None, max_faults: int | None = None,
+                 pause: tuple[float, float] = PAUSE) -> None:
         """``replica_names``: how targets name replica i (its host id), default ``r<i>``;
         ``executors``: the Spark side, for ``kill-executor``; ``max_faults``: stop after that
-        many faults (None: until :meth:`stop`)."""
+        many faults (None: until :meth:`stop`); ``pause``: the range of seconds a lane waits
+        between two faults."""
         if "kill-executor" in kinds and executors is None:
             raise InvalidInput("fault kind kill-executor needs the Spark workload")
         self.cluster = cluster
         self.executors = executors
         self.max_faults = max_faults
+        self.pause = pause
         self.finished = threading.Event()  # every lane ended (max_faults reached, or stopped)
         self._started: dict[str, int] = {}  # faults begun, by kind
         self._lanes_left = lanes if kinds else 0
@@ -425,7 +428,7 @@ class Nemesis:
                     self._one(lane, plan, rng, prober)
                 finally:
                     self._release(lane)
-                self._stop.wait(rng.uniform(*PAUSE))
+                self._stop.wait(rng.uniform(*self.pause))
         finally:
             prober.close()
             with self._lock:
@@ -495,8 +498,9 @@ class Nemesis:
         fault.recovered = None if lane is None or heal is False else max(lane, heal or lane)
 
     def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
-        """Restart a ZooKeeper member or a replica in a thread of its own: a restart takes
-        seconds (a JVM, a Python process replaying its WAL), and the lane need not wait for it.
+        """Restart a ZooKeeper member or a replica (or wait for a killed Spark executor's
+        replacement) in a thread of its own: a restart takes seconds (a JVM, a Python process
+        replaying its WAL), and the lane need not wait for it.
         The fault's resources stay held until the restarted process serves (a member: answers as
         part of the quorum; a replica: commits a probe), so nothing touching the quorum, or that
         replica, starts meanwhile; its detail says when it served again."""
@@ -510,7 +514,10 @@ class Nemesis:
             try:
                 plan.heal()
                 took = self.rec.now() - began
-                if plan.replica is None:
+                if plan.kind == "kill-executor":  # recovered once the replacement registered
+                    note = f"; its replacement registered with the driver {took:.2f}s later"
+                    heal = self.rec.now()
+                elif plan.replica is None:
                     note = f"; the member served again {took:.2f}s after its restart began"
                 else:
                     note = f"; restarted in {took:.2f}s"

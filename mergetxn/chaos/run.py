@@ -44,6 +44,7 @@ from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.nemesis import (
     LANES,
+    PAUSE,
     RECOVERY_LIMIT,
     Nemesis,
     NothingToFault,
@@ -83,6 +84,7 @@ SPARK_JOBS = 2  # Spark job threads (one session): each job uses both executors
 SPARK_TASK_DELAY = 0.3  # seconds each Spark task sleeps first, so an executor can be killed mid-task
 SPARK_JOIN = 180.0  # seconds a Spark job thread may take to finish its job after the run
 SPARK_LANES = 1  # the nemesis's lanes by default when Spark runs (see run_chaos)
+SPARK_PAUSE = 10.0  # and the longest pause of a lane between two faults (a job takes 5-30 s here)
 
 
 # -- the single-host form -------------------------------------------------------------------------
@@ -298,7 +300,16 @@ class SparkSide:
         if not self._wait_registered(120.0):
             raise RuntimeError(f"Spark: {len(self.registered())} of {self.executors_wanted} executors registered "
                                f"with the driver within 120s (logs in {self.standalone.workdir})")
+        self.timings["executors"] = round(time.monotonic() - t0, 1)
+        self._warm_up()
         self.timings["start"] = round(time.monotonic() - t0, 1)
+
+    def _warm_up(self) -> None:
+        """A first job on every executor that imports what the data source's tasks import: the
+        executors' Python workers (reused by later tasks) start cold otherwise, and the first
+        real job would take tens of seconds of the run."""
+        n = 2 * self.executors_wanted
+        self.session.sparkContext.parallelize(range(n), n).mapPartitions(_import_data_source).collect()
 
     def registered(self) -> list[str]:
         """The ids of the executors the driver has now (registered, not lost)."""
@@ -378,6 +389,13 @@ class SparkSide:
         except Exception as exc:
             problems.append(f"stopping the Spark cluster: {brief(exc)}")
         return problems
+
+
+def _import_data_source(rows: Any) -> list[int]:
+    """A Spark task that imports the data source's modules in its Python worker."""
+    import spark.datasource  # noqa: F401
+
+    return [len(list(rows))]
 
 
 def form_of(cluster: Any) -> str:
@@ -570,7 +588,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
-              max_faults: int | None = None, lanes: int | None = None) -> Result:
+              max_faults: int | None = None, lanes: int | None = None, pause: float | None = None) -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
@@ -579,7 +597,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     faults than asked make the check incomplete: exit code 1). ``lanes``: how many faults the
     nemesis may have under way at once; by default :data:`LANES`, or :data:`SPARK_LANES` with the
     Spark workload (on a small machine its jobs take tens of seconds under load, and with three
-    lanes nearly every one of them meets a killed or cut replica before it commits)."""
+    lanes nearly every one of them meets a killed or cut replica before it commits). ``pause``:
+    a lane waits a random time up to this many seconds between two faults; by default
+    0.3 s, or :data:`SPARK_PAUSE` with the Spark workload (same reason)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -588,8 +608,11 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         raise InvalidInput(f"seconds must be positive, not {seconds}")
     use_spark = spark or workload == "spark"
     lanes = lanes if lanes is not None else SPARK_LANES if use_spark else LANES
+    pause = pause if pause is not None else SPARK_PAUSE if use_spark else PAUSE[1]
     if lanes < 1:
         raise InvalidInput(f"lanes must be at least 1, not {lanes}")
+    if not 0 <= pause <= 3600:
+        raise InvalidInput(f"pause must be between 0 and 3600 seconds, not {pause}")
     if max_faults is not None and max_faults < 1:
         raise InvalidInput(f"faults must be at least 1, not {max_faults}")
     wls = [] if workload == "spark" else workloads_for(workload)
@@ -661,7 +684,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             killers.prepare()
         nem = Nemesis(cluster, kinds, seed, rec,
                       lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
-                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes)
+                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes,
+                      pause=(0.0, pause))
         for w in workers:
             w.start()
         if sp is not None:
@@ -706,7 +730,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
                         extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
                                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
-                               "left_out": left_out, "max_faults": max_faults, "lanes": lanes,
+                               "left_out": left_out, "max_faults": max_faults, "lanes": lanes, "pause": pause,
                                "run_seconds": round(rec.now(), 1)})
     finally:
         stop.set()
