@@ -886,9 +886,9 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
                    "slows every other client, so it is left out unless asked for.")
 @click.option("--nemesis", default="all", show_default=True, metavar="KINDS",
               help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
-                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client, "
-                   "kill-executor: a Spark executor SIGKILLed mid-task, with the Spark workload only), "
-                   "'all' (every kind this form and workload support) or 'none'.")
+                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
+                   "s3-errors, s3-timeouts with --storage s3; kill-executor: a Spark executor SIGKILLed mid-task, "
+                   "with the Spark workload only), 'all' (every kind this form and workload support) or 'none'.")
 @click.option("--lanes", type=click.IntRange(min=1), default=None,
               help="Faults the nemesis may have under way at once (each lane waits for the recovery of its "
                    "last one). Default 3, or 1 with the Spark workload, whose jobs take tens of seconds on a "
@@ -906,13 +906,16 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
                                       "or a single host (one ZooKeeper, replica signal faults only).")
 @click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).")
+@click.option("--storage", type=click.Choice(["dir", "s3"]), default="dir", show_default=True,
+              help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
+                   "(behind a fault proxy: the s3-errors and s3-timeouts faults).")
 @click.option("--cleanup", "cleanup_only", is_flag=True,
               help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Check a saved history.jsonl and write its report, without running anything.")
 def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
-          lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str, workdir: Path | None,
-          cleanup_only: bool, check_history: Path | None) -> None:
+          lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str,
+          workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -946,7 +949,7 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
                                say=lambda text: out.print(escape(text), style="dim"), spark=spark,
-                               max_faults=max_faults, lanes=lanes, pause=pause)
+                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

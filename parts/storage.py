@@ -142,16 +142,29 @@ class Storage:
             probe = bucket
         else:
             probe = root
-        try:
-            reachable = fs.exists(probe)
-        except Exception as exc:
-            raise InvalidInput(
-                f"storage {self._safe_url} is unreachable ({self._why(exc)})"
-            ) from None
-        if scheme in ("s3", "s3a") and not reachable:
-            raise InvalidInput(
-                f"storage {self._safe_url}: bucket {probe!r} does not exist or is not accessible"
-            )
+        if scheme in ("s3", "s3a"):
+            # Not fs.exists: s3fs answers False for any error, so an S3 outage would read as a
+            # missing bucket (bad input) and a replica restarted during it would give up.
+            try:
+                fs.invalidate_cache(probe)
+                fs.info(probe)
+            except FileNotFoundError:
+                raise InvalidInput(
+                    f"storage {self._safe_url}: bucket {probe!r} does not exist or is not accessible"
+                ) from None
+            except (PermissionError, TypeError, ValueError) as exc:  # credentials, options
+                raise InvalidInput(
+                    f"storage {self._safe_url}: bucket {probe!r} is not accessible ({self._why(exc)})"
+                ) from None
+            except Exception as exc:
+                raise OSError(f"storage {self._safe_url} is unreachable ({self._why(exc)})") from None
+        else:
+            try:
+                fs.exists(probe)
+            except Exception as exc:
+                raise InvalidInput(
+                    f"storage {self._safe_url} is unreachable ({self._why(exc)})"
+                ) from None
         self._fs = fs
         return root
 
@@ -308,7 +321,9 @@ class Storage:
         path = self._remote(relpath)
         try:
             self._fs.invalidate_cache(path)
-            return bool(self._fs.isfile(path))
+            # Not fs.isfile: s3fs answers False for any error, so an S3 outage would read as
+            # "the file is gone" (found by mergetxn chaos's s3-errors fault).
+            return self._fs.info(path).get("type") == "file"
         except FileNotFoundError:
             return False
         except Exception as exc:

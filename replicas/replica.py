@@ -56,6 +56,7 @@ from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
 from replicas.outcomes import Outcomes
+from replicas.pauses import PauseGuard
 from replicas.registry import Transactions
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
@@ -97,6 +98,7 @@ class Replica:
         self.tail: checkpoint.LogTail | None = None
         self.retention = Retention(self)
         self.outcomes = Outcomes(self)
+        self.pauses = PauseGuard(self)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._session_lost = threading.Event()
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
@@ -159,6 +161,7 @@ class Replica:
         self.merges.start()
         threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
+        self.pauses.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -445,6 +448,7 @@ class Replica:
             "snapshot": self.state.applied,
             "epoch_size": self.log.epoch_size,
             "incarnation": self.incarnation,
+            "pauses": self.pauses.pauses,  # times it stood still long enough to make sure of its session
             "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
             "settings": tunables(self.config),

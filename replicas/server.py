@@ -70,6 +70,11 @@ class ReplicaServer(RpcServer):
         handler = self.handlers.get(action)
         if handler is None:
             return {"ok": False, "error": InvalidInput(f"unknown replica action {action!r}").to_dict()}
+        if action != "info":
+            try:  # after standing still, nothing is answered before the session is made sure of
+                self.replica.pauses.wait_awake(self.replica.config.read_wait_seconds)
+            except MergetxnError as exc:
+                return {"ok": False, "error": exc.to_dict()}
         return self._envelope(action, handler, args)
 
     def _envelope(self, action: str, handler: Callable[[dict], object], args: dict) -> dict:
@@ -87,7 +92,10 @@ class ReplicaServer(RpcServer):
     def _inline(self, action: str, args: dict, reply: Callable[[dict], None]) -> bool:
         """begin, stage and commit answered without a worker thread when nothing in them can
         wait; anything else (an unknown table to look up, a transaction past a limit to clean
-        up, ZooKeeper away) takes the ordinary path, which handles it the same as always."""
+        up, ZooKeeper away, the replica just back from standing still) takes the ordinary path,
+        which handles it the same as always."""
+        if not self.replica.pauses.awake():
+            return False
         if action == "begin":
             if not self.transactions.ready_to_begin():
                 return False

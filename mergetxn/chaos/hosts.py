@@ -609,6 +609,8 @@ class _Cluster:
         ]
         self._mounted: list[Path] = []
         self._balloons: dict[int, Path] = {}
+        # started once the network exists and before any process, stopped after them (S3 storage)
+        self.services: list[Any] = []
         self._started = False
         self._lock = threading.RLock()
 
@@ -687,6 +689,8 @@ class _Cluster:
                 if "://" not in self.storage_url:
                     Path(self.storage_url).mkdir(parents=True, exist_ok=True)
                 self._setup()
+                for service in self.services:
+                    service.start(self)
                 for i in range(self.hosts):
                     self.host_dir(i).mkdir(parents=True, exist_ok=True)
                     self.wal_dir(i).mkdir(parents=True, exist_ok=True)
@@ -729,6 +733,7 @@ class _Cluster:
                     (f"stop ZooKeeper {i}", lambda i=i: self._zk[i].stop(20.0))
                     for i in range(self.hosts)
                 ),
+                *((f"stop {s!r}", s.stop) for s in reversed(self.services)),
                 ("balloons", self._remove_balloons),
                 ("unmount", self._unmount_all),
                 ("teardown", self._teardown),

@@ -72,6 +72,7 @@ NEEDS: dict[str, str | None] = {
     "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
     "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow|lossy", "expire-session": "expire_session",
     "wal-full": "fill_wal_disk", "kill-client": None, "kill-executor": "kill_executor",
+    "s3-errors": "s3_errors", "s3-timeouts": "s3_timeouts",  # with S3 storage only: mergetxn.chaos.s3
 }
 KINDS = list(NEEDS)
 
@@ -368,6 +369,10 @@ class Nemesis:
                     out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
                                     (lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]),
                                     c.heal))
+        elif kind in ("s3-errors", "s3-timeouts"):
+            from mergetxn.chaos import s3
+
+            out += s3.plans(kind, c, rng)
         rng.shuffle(out)
         return out
 

@@ -30,6 +30,7 @@ FAULT_COLOURS = {
     "kill-replica": "#d62728", "pause-replica": "#9467bd", "kill-zk": "#8c564b", "kill-zk-leader": "#e377c2",
     "isolate": "#1f77b4", "partition-majority": "#17becf", "cut-from-zk": "#bcbd22", "bridge": "#7f7f7f",
     "slow": "#ff7f0e", "expire-session": "#393b79", "wal-full": "#637939", "kill-client": "#843c39",
+    "s3-errors": "#e6550d", "s3-timeouts": "#fdae6b",
 }
 WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 # Errors a transaction meets under faults by design; any other class is worth a look even when

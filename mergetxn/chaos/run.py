@@ -67,6 +67,7 @@ from mergetxn.chaos.workloads import (
 from mergetxn.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")
+STORAGES = ("dir", "s3")
 # Short, so an expired or cut replica is noticed within a fault's recovery and expire-session
 # takes about 3 s (cut until ZooKeeper expires the session, then a new one); 5 ticks of the
 # harness's ZooKeeper (200 ms), well above its minimum of 2.
@@ -104,6 +105,7 @@ class SingleHostCluster:
         self.hosts = hosts
         self._local = LocalCluster(self.workdir, replicas=hosts, storage_url=storage_url,
                                    session_timeout=session_timeout, settings=replica_settings)
+        self.services: list[Any] = []  # started before ZooKeeper and the replicas (S3 storage)
 
     @property
     def zk_address(self) -> str:
@@ -127,6 +129,8 @@ class SingleHostCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
+            for service in self.services:
+                service.start(self)
             self._local.start()
         finally:
             self._write_pids()
@@ -136,6 +140,8 @@ class SingleHostCluster:
             self._local.stop()
         finally:
             (self.workdir / PIDS_FILE).unlink(missing_ok=True)
+            for service in reversed(self.services):
+                service.stop()
 
     def supports(self) -> set[str]:
         return {"kill_replica", "pause_replica", "expire_session"}
@@ -225,20 +231,22 @@ def cleanup(workdir: Path) -> list[str]:
 
 
 def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None) -> Any:
+                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None) -> Any:
     """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
-    them, else loopback (``hosts.make_cluster`` decides and says why)."""
+    them, else loopback (``hosts.make_cluster`` decides and says why). ``storage_url``: where
+    the parts are (default: a directory in ``workdir``)."""
     if form not in FORMS:
         raise InvalidInput(f"unknown form {form!r}: choose from {', '.join(FORMS)}")
     settings = dict(REPLICA_SETTINGS if replica_settings is None else replica_settings)
     if form == "single":
-        return SingleHostCluster(workdir, 3, session_timeout, settings)
+        return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url)
     from mergetxn.chaos import hosts
 
     if form == "auto":
-        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings,
+                                  storage_url=storage_url)
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings)
+    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url)
 
 
 class SparkSide:
@@ -417,6 +425,8 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
         except Exception as exc:
             problems.append(f"{what}: {brief(exc)}")
 
+    if getattr(cluster, "s3", None) is not None:  # first: a replica cannot start while S3 fails
+        attempt("heal S3", cluster.s3.heal)
     if supported & {"isolate", "partition", "cut_from_zk", "cut_one_way", "slow", "lossy", "expire_session"}:
         attempt("heal the network", cluster.heal)
     for i in range(cluster.hosts):
@@ -588,7 +598,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
-              max_faults: int | None = None, lanes: int | None = None, pause: float | None = None) -> Result:
+              max_faults: int | None = None, lanes: int | None = None, pause: float | None = None,
+              storage: str = "dir") -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
@@ -599,13 +610,19 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     Spark workload (on a small machine its jobs take tens of seconds under load, and with three
     lanes nearly every one of them meets a killed or cut replica before it commits). ``pause``:
     a lane waits a random time up to this many seconds between two faults; by default
-    0.3 s, or :data:`SPARK_PAUSE` with the Spark workload (same reason)."""
+    0.3 s, or :data:`SPARK_PAUSE` with the Spark workload (same reason). ``storage``: ``dir``
+    (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
         raise InvalidInput(f"clients per replica must be at least 1, not {clients_per_replica}")
     if seconds <= 0:
         raise InvalidInput(f"seconds must be positive, not {seconds}")
+    if storage not in STORAGES:
+        raise InvalidInput(f"unknown storage {storage!r}: choose from {', '.join(STORAGES)}")
+    from mergetxn.chaos.s3 import S3Storage, check_kinds
+
+    check_kinds(nemesis, storage)
     use_spark = spark or workload == "spark"
     lanes = lanes if lanes is not None else SPARK_LANES if use_spark else LANES
     pause = pause if pause is not None else SPARK_PAUSE if use_spark else PAUSE[1]
@@ -619,10 +636,14 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
-    cluster = open_cluster(form, workdir / "cluster")
+    s3 = S3Storage(workdir / "cluster" / "s3", seed=seed) if storage == "s3" else None
+    cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None)
+    if s3 is not None:
+        s3.attach(cluster)
     if getattr(cluster, "fallback_reason", None):
         say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
-    supported = set(cluster.supports()) | ({"kill_executor"} if use_spark else set())
+    supported = (set(cluster.supports()) | ({"kill_executor"} if use_spark else set())
+                 | (s3.supports() if s3 else set()))
     kinds, left_out = choose_kinds(nemesis, supported)
     left_out = [k for k in left_out if k != "kill-executor"]  # not the form's doing: no Spark workload
     rng = random.Random(seed)
@@ -637,6 +658,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     try:
         say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
         cluster.start()
+        if s3 is not None:
+            say(f"parts in {s3.url} on moto's S3 server, reached through a fault proxy at {s3.proxy.url}")
         addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
         if use_spark:
             sp = SparkSide(cluster, workdir / "spark")
@@ -731,7 +754,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
                         extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
                                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
                                "left_out": left_out, "max_faults": max_faults, "lanes": lanes, "pause": pause,
-                               "run_seconds": round(rec.now(), 1)})
+                               "run_seconds": round(rec.now(), 1),
+                               "storage": storage, **({"s3": s3.stats()} if s3 else {})})
     finally:
         stop.set()
         if nem is not None:
