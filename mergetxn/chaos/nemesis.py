@@ -502,6 +502,25 @@ class Nemesis:
         lane, heal = measures["lane"], measures.get("heal")
         fault.recovered = None if lane is None or heal is False else max(lane, heal or lane)
 
+    def _restart(self, plan: Plan) -> list[str]:
+        """``plan.heal()``; a replica that fails to start (its storage is down: another lane's S3
+        fault) is started again, as a supervisor would, until it starts or RECOVERY_LIMIT
+        seconds passed. Returns why the failed starts failed."""
+        if plan.replica is None:
+            plan.heal()
+            return []
+        deadline = time.monotonic() + RECOVERY_LIMIT
+        failed: list[str] = []
+        while True:
+            try:
+                plan.heal()
+                return failed
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                failed.append(brief(exc, 200))
+                time.sleep(0.5)
+
     def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
         """Restart a ZooKeeper member or a replica (or wait for a killed Spark executor's
         replacement) in a thread of its own: a restart takes seconds (a JVM, a Python process
@@ -517,7 +536,7 @@ class Nemesis:
             began = self.rec.now()
             heal: float | bool | None = None
             try:
-                plan.heal()
+                retries = self._restart(plan)
                 took = self.rec.now() - began
                 if plan.kind == "kill-executor":  # recovered once the replacement registered
                     note = f"; its replacement registered with the driver {took:.2f}s later"
@@ -526,6 +545,8 @@ class Nemesis:
                     note = f"; the member served again {took:.2f}s after its restart began"
                 else:
                     note = f"; restarted in {took:.2f}s"
+                    if retries:
+                        note += f" ({len(retries)} failed start(s) first: {retries[-1]})"
                     if not self._abort.is_set():
                         prober = Prober(self._addresses)
                         try:
