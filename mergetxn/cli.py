@@ -889,9 +889,13 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
                    "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
                    "s3-errors, s3-timeouts with --storage s3; kill-executor: a Spark executor SIGKILLed mid-task, "
                    "with the Spark workload only), 'all' (every kind this form and workload support) or 'none'.")
-@click.option("--lanes", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Faults the nemesis may have under way at once (each waits for the recovery of its last "
-                   "one); fewer lanes leave slow jobs (Spark) more time between faults.")
+@click.option("--lanes", type=click.IntRange(min=1), default=None,
+              help="Faults the nemesis may have under way at once (each lane waits for the recovery of its "
+                   "last one). Default 3, or 1 with the Spark workload, whose jobs take tens of seconds on a "
+                   "small machine and with three lanes nearly all meet a killed or cut replica.")
+@click.option("--pause", type=click.FloatRange(min=0, max=3600), default=None, metavar="SECONDS",
+              help="A lane waits a random time up to this long between two faults. Default 0.3, or 10 with "
+                   "the Spark workload (same reason).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("chaos-report"), show_default=True,
               help="Directory for history.jsonl, findings.json, summary.json and timeline.html.")
@@ -910,8 +914,8 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Check a saved history.jsonl and write its report, without running anything.")
 def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
-          lanes: int, report_dir: Path, clients_per_replica: int, form: str, workdir: Path | None,
-          cleanup_only: bool, check_history: Path | None, storage: str) -> None:
+          lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str,
+          workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -945,7 +949,7 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
                                say=lambda text: out.print(escape(text), style="dim"), spark=spark,
-                               max_faults=max_faults, lanes=lanes, storage=storage)
+                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

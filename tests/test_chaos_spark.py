@@ -244,7 +244,7 @@ def test_chaos_spark_workload_under_executor_and_replica_kills(tmp_path: Path) -
     t0 = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "mergetxn.cli", "chaos", "--seconds", "60", "--seed", "11", "--form", "single",
-         "--workload", "spark", "--nemesis", "kill-executor,kill-replica", "--lanes", "1",
+         "--workload", "spark", "--nemesis", "kill-executor,kill-replica",
          "--workdir", str(work), "--report", str(report)],
         capture_output=True, text=True, timeout=400, env=env, cwd=root)
     took = time.monotonic() - t0

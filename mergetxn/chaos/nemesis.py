@@ -78,7 +78,7 @@ KINDS = list(NEEDS)
 
 
 # Kinds whose heal (a restart: seconds) runs beside the lane: see Nemesis._heal_in_background.
-BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica"})
+BACKGROUND_HEAL = frozenset({"kill-zk", "kill-zk-leader", "kill-replica", "kill-executor"})
 
 
 def can_inject(kind: str, supported: set[str]) -> bool:
@@ -109,6 +109,11 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
         raise InvalidInput(f"fault kind(s) {missing} need a cluster form that supports them "
                            f"(this one supports {sorted(set(can))}); try --form namespaces")
     return list(dict.fromkeys(asked)), []
+
+
+class NothingToFault(Exception):
+    """Raised by a plan's inject when there was nothing to fault after all (no Spark task ran):
+    no fault is recorded or counted."""
 
 
 @dataclass
@@ -218,15 +223,18 @@ class Nemesis:
     def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
                  kill_client: Callable[[int, random.Random], str], lanes: int = LANES,
                  hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None,
-                 executors: ExecutorFaults | None = None, max_faults: int | None = None) -> None:
+                 executors: ExecutorFaults | None = None, max_faults: int | None = None,
+                 pause: tuple[float, float] = PAUSE) -> None:
         """``replica_names``: how targets name replica i (its host id), default ``r<i>``;
         ``executors``: the Spark side, for ``kill-executor``; ``max_faults``: stop after that
-        many faults (None: until :meth:`stop`)."""
+        many faults (None: until :meth:`stop`); ``pause``: the range of seconds a lane waits
+        between two faults."""
         if "kill-executor" in kinds and executors is None:
             raise InvalidInput("fault kind kill-executor needs the Spark workload")
         self.cluster = cluster
         self.executors = executors
         self.max_faults = max_faults
+        self.pause = pause
         self.finished = threading.Event()  # every lane ended (max_faults reached, or stopped)
         self._started: dict[str, int] = {}  # faults begun, by kind
         self._lanes_left = lanes if kinds else 0
@@ -425,7 +433,7 @@ class Nemesis:
                     self._one(lane, plan, rng, prober)
                 finally:
                     self._release(lane)
-                self._stop.wait(rng.uniform(*PAUSE))
+                self._stop.wait(rng.uniform(*self.pause))
         finally:
             prober.close()
             with self._lock:
@@ -440,6 +448,10 @@ class Nemesis:
         start = self.rec.now()
         try:
             detail = plan.inject()
+        except NothingToFault:
+            with self._lock:
+                self._started[plan.kind] -= 1
+            return
         except Exception as exc:
             detail = f"inject failed: {brief(exc)}"
             self.errors.append(f"{plan.kind} {plan.target}: {detail}")
@@ -490,9 +502,29 @@ class Nemesis:
         lane, heal = measures["lane"], measures.get("heal")
         fault.recovered = None if lane is None or heal is False else max(lane, heal or lane)
 
+    def _restart(self, plan: Plan) -> list[str]:
+        """``plan.heal()``; a replica that fails to start (its storage is down: another lane's S3
+        fault) is started again, as a supervisor would, until it starts or RECOVERY_LIMIT
+        seconds passed. Returns why the failed starts failed."""
+        if plan.replica is None:
+            plan.heal()
+            return []
+        deadline = time.monotonic() + RECOVERY_LIMIT
+        failed: list[str] = []
+        while True:
+            try:
+                plan.heal()
+                return failed
+            except Exception as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                failed.append(brief(exc, 200))
+                time.sleep(0.5)
+
     def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
-        """Restart a ZooKeeper member or a replica in a thread of its own: a restart takes
-        seconds (a JVM, a Python process replaying its WAL), and the lane need not wait for it.
+        """Restart a ZooKeeper member or a replica (or wait for a killed Spark executor's
+        replacement) in a thread of its own: a restart takes seconds (a JVM, a Python process
+        replaying its WAL), and the lane need not wait for it.
         The fault's resources stay held until the restarted process serves (a member: answers as
         part of the quorum; a replica: commits a probe), so nothing touching the quorum, or that
         replica, starts meanwhile; its detail says when it served again."""
@@ -504,12 +536,17 @@ class Nemesis:
             began = self.rec.now()
             heal: float | bool | None = None
             try:
-                plan.heal()
+                retries = self._restart(plan)
                 took = self.rec.now() - began
-                if plan.replica is None:
+                if plan.kind == "kill-executor":  # recovered once the replacement registered
+                    note = f"; its replacement registered with the driver {took:.2f}s later"
+                    heal = self.rec.now()
+                elif plan.replica is None:
                     note = f"; the member served again {took:.2f}s after its restart began"
                 else:
                     note = f"; restarted in {took:.2f}s"
+                    if retries:
+                        note += f" ({len(retries)} failed start(s) first: {retries[-1]})"
                     if not self._abort.is_set():
                         prober = Prober(self._addresses)
                         try:

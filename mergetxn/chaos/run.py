@@ -44,8 +44,10 @@ from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.nemesis import (
     LANES,
+    PAUSE,
     RECOVERY_LIMIT,
     Nemesis,
+    NothingToFault,
     brief,
     choose_kinds,
     wait_all_serving,
@@ -82,6 +84,8 @@ PIDS_FILE = "chaos-pids.json"
 SPARK_JOBS = 2  # Spark job threads (one session): each job uses both executors
 SPARK_TASK_DELAY = 0.3  # seconds each Spark task sleeps first, so an executor can be killed mid-task
 SPARK_JOIN = 180.0  # seconds a Spark job thread may take to finish its job after the run
+SPARK_LANES = 1  # the nemesis's lanes by default when Spark runs (see run_chaos)
+SPARK_PAUSE = 10.0  # and the longest pause of a lane between two faults (a job takes 5-30 s here)
 
 
 # -- the single-host form -------------------------------------------------------------------------
@@ -279,6 +283,7 @@ class SparkSide:
         self.session: Any = None
         self.app_id: str | None = None
         self._victim: Any = None
+        self._hit: set[str] = set()  # jobs (tags) that lost an executor: their retries are spared
         self.workers: list[Any] = []
         self.timings: dict[str, float] = {}
 
@@ -303,7 +308,16 @@ class SparkSide:
         if not self._wait_registered(120.0):
             raise RuntimeError(f"Spark: {len(self.registered())} of {self.executors_wanted} executors registered "
                                f"with the driver within 120s (logs in {self.standalone.workdir})")
+        self.timings["executors"] = round(time.monotonic() - t0, 1)
+        self._warm_up()
         self.timings["start"] = round(time.monotonic() - t0, 1)
+
+    def _warm_up(self) -> None:
+        """A first job on every executor that imports what the data source's tasks import: the
+        executors' Python workers (reused by later tasks) start cold otherwise, and the first
+        real job would take tens of seconds of the run."""
+        n = 2 * self.executors_wanted
+        self.session.sparkContext.parallelize(range(n), n).mapPartitions(_import_data_source).collect()
 
     def registered(self) -> list[str]:
         """The ids of the executors the driver has now (registered, not lost)."""
@@ -345,13 +359,16 @@ class SparkSide:
     # -- kill-executor ------------------------------------------------------------------------
     def kill(self, rng: random.Random) -> str:
         """SIGKILL the executor of a task that has just begun (see
-        :meth:`SparkStandalone.kill_executor_mid_task`), or nothing when no task runs."""
+        :meth:`SparkStandalone.kill_executor_mid_task`); NothingToFault when no task runs. A job
+        loses one executor at most: its retried tasks are spared, so it can finish (on two
+        executors that each take seconds to replace, a job hit again and again never would)."""
         self._victim = None
-        victim, how = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
-                                                             app_id=self.app_id)
-        if victim is None:
-            return how
+        victim, how, job = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
+                                                                  app_id=self.app_id, spare=self._hit)
+        if victim is None or job is None:
+            raise NothingToFault(how)
         self._victim = victim
+        self._hit.add(job)
         return f"SIGKILL executor {victim.executor_id} on {victim.host} (pid {victim.pid}) {how}"
 
     def restore(self) -> None:
@@ -380,6 +397,13 @@ class SparkSide:
         except Exception as exc:
             problems.append(f"stopping the Spark cluster: {brief(exc)}")
         return problems
+
+
+def _import_data_source(rows: Any) -> list[int]:
+    """A Spark task that imports the data source's modules in its Python worker."""
+    import spark.datasource  # noqa: F401
+
+    return [len(list(rows))]
 
 
 def form_of(cluster: Any) -> str:
@@ -574,15 +598,20 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
-              max_faults: int | None = None, lanes: int = LANES, storage: str = "dir") -> Result:
+              max_faults: int | None = None, lanes: int | None = None, pause: float | None = None,
+              storage: str = "dir") -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
     add the Spark workload to the others. ``max_faults``: the nemesis stops after that many
     faults and the run ends once they are healed and measured, or at ``seconds`` (then fewer
     faults than asked make the check incomplete: exit code 1). ``lanes``: how many faults the
-    nemesis may have under way at once. ``storage``: ``dir`` (a directory every host sees) or
-    ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
+    nemesis may have under way at once; by default :data:`LANES`, or :data:`SPARK_LANES` with the
+    Spark workload (on a small machine its jobs take tens of seconds under load, and with three
+    lanes nearly every one of them meets a killed or cut replica before it commits). ``pause``:
+    a lane waits a random time up to this many seconds between two faults; by default
+    0.3 s, or :data:`SPARK_PAUSE` with the Spark workload (same reason). ``storage``: ``dir``
+    (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -594,11 +623,15 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     from mergetxn.chaos.s3 import S3Storage, check_kinds
 
     check_kinds(nemesis, storage)
+    use_spark = spark or workload == "spark"
+    lanes = lanes if lanes is not None else SPARK_LANES if use_spark else LANES
+    pause = pause if pause is not None else SPARK_PAUSE if use_spark else PAUSE[1]
     if lanes < 1:
         raise InvalidInput(f"lanes must be at least 1, not {lanes}")
+    if not 0 <= pause <= 3600:
+        raise InvalidInput(f"pause must be between 0 and 3600 seconds, not {pause}")
     if max_faults is not None and max_faults < 1:
         raise InvalidInput(f"faults must be at least 1, not {max_faults}")
-    use_spark = spark or workload == "spark"
     wls = [] if workload == "spark" else workloads_for(workload)
     workdir = Path(workdir).resolve()
     for line in cleanup(workdir):
@@ -664,7 +697,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if left_out:
             say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
         quota = "" if max_faults is None else f", or until {max_faults} faults"
-        say(f"seed {seed}; workload {name}; faults {header.nemesis}; {seconds:g}s{quota}")
+        say(f"seed {seed}; workload {name}; faults {header.nemesis} ({lanes} at a time); {seconds:g}s{quota}")
         rec.t0 = time.monotonic()
         n = cluster.hosts * clients_per_replica * len(wls)
         workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
@@ -674,7 +707,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             killers.prepare()
         nem = Nemesis(cluster, kinds, seed, rec,
                       lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
-                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes)
+                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes,
+                      pause=(0.0, pause))
         for w in workers:
             w.start()
         if sp is not None:
@@ -719,7 +753,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
                         extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
                                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
-                               "left_out": left_out, "max_faults": max_faults,
+                               "left_out": left_out, "max_faults": max_faults, "lanes": lanes, "pause": pause,
                                "run_seconds": round(rec.now(), 1),
                                "storage": storage, **({"s3": s3.stats()} if s3 else {})})
     finally:

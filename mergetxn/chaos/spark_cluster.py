@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -273,13 +273,15 @@ class SparkStandalone:
         return None
 
     def kill_executor_mid_task(self, marks: str | os.PathLike, started_within: float, wait: float = 30.0,
-                               app_id: str | None = None) -> tuple[Executor | None, str]:
+                               app_id: str | None = None, spare: Container[str] = ()
+                               ) -> tuple[Executor | None, str, str | None]:
         """SIGKILL an executor while it runs a task: wait (up to ``wait`` seconds) for a task
         attempt that started less than ``started_within`` seconds ago (its mark file in
         ``marks``, see ``mergetxn.chaos.spark_workload.Rows``: named ``<tag>-<pid>-<partition>-
         <attempt>`` after the Python worker running it) and kill the executor that worker runs
-        under. Returns the executor killed (None when no task ran within the wait: nothing is
-        killed then) and a sentence saying what it was doing."""
+        under; tasks of the jobs named in ``spare`` (their tags) are left alone. Returns the
+        executor killed (None when no task ran within the wait: nothing is killed then), a
+        sentence saying what it was doing, and the tag of the job whose task it ran."""
         deadline = time.monotonic() + wait
         marks = Path(marks)
         while True:
@@ -287,14 +289,16 @@ class SparkStandalone:
             for name, mtime in _recent_marks(marks, now - started_within):
                 with contextlib.suppress(ValueError, IndexError):
                     tag, pid, partition, attempt = name.rsplit("-", 3)
+                    if tag in spare:
+                        continue
                     victim = self.executor_of(int(pid))
                     if victim is not None and (app_id is None or victim.app_id == app_id):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(victim.pid, signal.SIGKILL)
                         return victim, (f"while it ran task {partition} (attempt {attempt}) of job {tag}, "
-                                        f"{now - mtime:.2f}s after the task began")
+                                        f"{now - mtime:.2f}s after the task began"), tag
             if time.monotonic() >= deadline:
-                return None, f"no task ran within {wait:g}s: nothing killed"
+                return None, f"no task ran within {wait:g}s: nothing killed", None
             time.sleep(0.05)
 
     def wait_gone(self, pid: int, timeout: float) -> bool:
