@@ -15,7 +15,6 @@ for the grace period to pass.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.failpoints import commit_held_at_multi
 from support.zk import kazoo
 
 from coordinator import LocalCluster
@@ -101,38 +101,21 @@ def test_stall_during_the_commit(cluster: LocalCluster, failpoints: Path) -> Non
     t = "fence_stall_commit"
     c0 = cluster.client(0)
     c0.create_table(t, SCHEMA)
-    armed = failpoints / "before_commit_multi"
-    armed.touch()
     tx = c0.begin()
     tx.insert(t, pa.table({"id": [7]}, schema=SCHEMA))
-    outcome: list[object] = []
-    committer = threading.Thread(target=lambda: outcome.append(_commit(tx)))
-    committer.start()
-    try:
-        reached = failpoints / "before_commit_multi.reached"
-        deadline = time.monotonic() + 30
-        while not reached.exists():  # the committer decided the commit and verified its files
-            assert time.monotonic() < deadline, "the commit never reached its multi"
-            time.sleep(0.01)
+    with commit_held_at_multi(failpoints, tx) as held:  # decided, its files verified
         cluster.pause_replica(0)
-        files = staged_files(cluster, t, tx.id)
-        age(cluster, files)
-        collect(cluster, files)
-    finally:
-        armed.unlink(missing_ok=True)
-        cluster.resume_replica(0)
-        committer.join(60)
+        try:
+            files = staged_files(cluster, t, tx.id)
+            age(cluster, files)
+            collect(cluster, files)
+        finally:
+            cluster.resume_replica(0)
+    outcome = held.outcome
     assert len(outcome) == 1
     assert isinstance(outcome[0], TransactionAborted), f"the commit returned {outcome[0]!r}"
     assert "cleanup took its part" in str(outcome[0]) or "is gone from storage" in str(outcome[0])
     assert_readable(cluster, t, [])
-
-
-def _commit(tx) -> object:
-    try:
-        return tx.commit()
-    except Exception as exc:  # the outcome is what the test asserts
-        return exc
 
 
 def test_commit_parts_of_a_collected_file(cluster: LocalCluster) -> None:

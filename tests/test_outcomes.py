@@ -13,14 +13,13 @@ seconds (the tests wait for it with a deadline, not a sleep).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.failpoints import commit_held_at_multi
 from support.waiting import NotYet, eventually
 from support.zk import kazoo
 
@@ -91,26 +90,16 @@ def test_an_owner_that_comes_back_cannot_commit_what_another_replica_decided(
     t = "outcomes_frozen"
     c0 = cluster.client(0)
     c0.create_table(t, SCHEMA)
-    armed = failpoints / "before_commit_multi"
-    armed.touch()
     tx = c0.begin()
     tx.insert(t, pa.table({"id": [7]}, schema=SCHEMA))
-    outcome: list[object] = []
-    committer = threading.Thread(target=lambda: outcome.append(_commit(tx)))
-    committer.start()
-    try:
-        reached = failpoints / "before_commit_multi.reached"
-        deadline = time.monotonic() + 30
-        while not reached.exists():
-            assert time.monotonic() < deadline, "the commit never reached its multi"
-            time.sleep(0.01)
+    with commit_held_at_multi(failpoints, tx) as held:
         cluster.pause_replica(0)
-        decided = status_becomes(cluster, 1, tx.id, "aborted")
-        assert decided.csn is None
-    finally:
-        armed.unlink(missing_ok=True)
-        cluster.resume_replica(0)
-        committer.join(90)
+        try:
+            decided = status_becomes(cluster, 1, tx.id, "aborted")
+            assert decided.csn is None
+        finally:
+            cluster.resume_replica(0)
+    outcome = held.outcome
     assert len(outcome) == 1
     assert isinstance(outcome[0], TransactionAborted), f"the owner committed after all: {outcome[0]!r}"
     c1 = cluster.client(1)
@@ -157,13 +146,6 @@ def test_a_restarted_owners_transactions_are_decided_everywhere(cluster: LocalCl
     for i in (0, 1):
         status = cluster.client(i).commit_status(tx.id)
         assert status.status == "aborted", (i, status)
-
-
-def _commit(tx) -> object:
-    try:
-        return tx.commit()
-    except Exception as exc:  # the outcome is what the test asserts
-        return exc
 
 
 def test_a_commit_that_cannot_learn_its_outcome_says_how_to_ask(monkeypatch: pytest.MonkeyPatch) -> None:
