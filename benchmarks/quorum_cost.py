@@ -6,6 +6,8 @@ ZooKeeper server on loopback, the same workload, in one run.
   ZooKeeper ensemble of 3 (one member per host) and a replica per host, all started through the
   CLI; writers in the root namespace reach the replicas over the bridge (veth pairs, the kernel's
   network stack, no added delay). A commit is a quorum write: the leader waits for one follower.
+  The replicas' WALs stay on the work directory's disk, as in the loopback case (the chaos
+  harness puts them on tmpfs, where an fsync costs nothing).
 * ``loopback``: ``mergetxn.cluster.LocalCluster``: one standalone ZooKeeper server and 3 replicas
   on 127.0.0.1 (what the other benchmarks and the tests use).
 
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mtx-quorum-") as tmp:
         work = Path(tmp)
         log("3 hosts (network namespaces, ensemble of 3):")
-        with NamespaceCluster(work / "hosts", hosts=3, session_timeout=10.0) as cluster:
+        with NamespaceCluster(work / "hosts", hosts=3, session_timeout=10.0, wal_tmpfs=False) as cluster:
             result["hosts"] = bench(cluster, "hosts", a.warmup, a.seconds, log)
         log("loopback (one ZooKeeper server, 3 replicas on 127.0.0.1):")
         with LocalCluster(work / "loopback", replicas=3) as cluster:

@@ -588,7 +588,11 @@ class _Cluster:
         replica_settings: dict[str, Any] | None = None,
         storage_url: str | None = None,
         zk_tick_ms: int = 200,
+        wal_tmpfs: bool = True,
     ) -> None:
+        """``wal_tmpfs``: each replica's WAL on a small tmpfs of its own (when root), so a full
+        disk can be injected; False keeps it on the work directory's disk (benchmarks: an fsync
+        on tmpfs costs nothing, so a comparison with replicas on disk would flatter the hosts)."""
         if not 1 <= hosts <= 200:
             raise InvalidInput(f"hosts must be between 1 and 200, not {hosts!r}")
         self.workdir = Path(workdir).resolve()
@@ -597,6 +601,7 @@ class _Cluster:
         self.replica_settings = self._check_settings(replica_settings or {})
         self.storage_url = storage_url or str(self.workdir / "storage")
         self.zk_tick_ms = zk_tick_ms
+        self.wal_tmpfs = wal_tmpfs
         self.owner = f"{PREFIX}:{os.getpid()}"
         self.timings: dict[str, float] = {}
         self._zk = [
@@ -1010,7 +1015,7 @@ class _Cluster:
 
     def _mount_wal(self, i: int) -> None:
         """Replica i's WAL directory on a tmpfs of its own, so it can be filled."""
-        if not self._can_mount():
+        if not (self.wal_tmpfs and self._can_mount()):
             return
         point = self.wal_dir(i)
         source = f"{PREFIX}-wal-{os.getpid()}-h{i + 1}"
@@ -1184,6 +1189,8 @@ class NamespaceCluster(_Cluster):
 
     def supports(self) -> set[str]:
         kinds = set(FAULT_KINDS)  # root, so the WAL disks are tmpfs mounts
+        if not self.wal_tmpfs:
+            kinds.discard("fill_wal_disk")
         if not self._netem:
             kinds.discard("slow")  # a kernel without sch_netem cannot delay packets
         return kinds
