@@ -36,10 +36,12 @@ class LocalCluster:
         session_timeout: float = 10.0,
         root: str = "/mergetxn",
         settings: dict[str, float | int] | None = None,
+        metrics: bool = False,
     ) -> None:
         """``settings``: tunable replica settings by name (``replicas.settings.TUNABLE``: merges,
         cleanup, ``retain_entries`` and the rest of the log tail), for every replica. Every value
-        is checked (``replicas.settings.SETTINGS``) before anything starts."""
+        is checked (``replicas.settings.SETTINGS``) before anything starts. ``metrics``: every
+        replica serves Prometheus metrics on a free port (its ``info`` says where)."""
         from replicas.settings import SETTINGS, check_setting
 
         if settings is not None and not isinstance(settings, dict):
@@ -54,6 +56,7 @@ class LocalCluster:
         self.txn_max_rows = SETTINGS["txn_max_rows"].check(txn_max_rows)
         self.session_timeout = SETTINGS["session_timeout"].check(session_timeout)
         self.root = SETTINGS["root"].check(root)
+        self.metrics = bool(metrics)
         self.zk = None
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
@@ -99,7 +102,7 @@ class LocalCluster:
             "zk": self.zk.address, "storage_url": self.storage_url, "host_id": f"r{i}", "data_dir": d,
             "port": self._ports[i], "root": self.root, "epoch_size": self.epoch_size,
             "txn_max_seconds": self.txn_max_seconds, "txn_max_rows": self.txn_max_rows,
-            "session_timeout": self.session_timeout, **self.settings,
+            "session_timeout": self.session_timeout, "metrics_port": 0 if self.metrics else None, **self.settings,
         })]
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)

@@ -239,6 +239,10 @@ class LogTail:
                 if time.monotonic() - last < self.config.tail_check_seconds:
                     continue
                 last = time.monotonic()
+                try:  # the log's end, for the lag in info and the metrics (replicas/metrics.py)
+                    self.replica.log_watch.observe()
+                except Exception as exc:  # connection trouble: a number in a report, next time
+                    log.debug("log watch: %r", exc)
                 self.prune()
                 if self.state.applied_count - self._local_at >= self.config.local_checkpoint_every:
                     self.save_local()

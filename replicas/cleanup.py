@@ -89,6 +89,11 @@ class Cleanup:
         self._last_gc = time.monotonic()
         self._last_orphans = time.monotonic()
         self.last_gc_report: dict | None = None
+        self.last_gc_at: float | None = None  # wall time the last pass here ended (or failed)
+        self.last_gc_error: str | None = None
+        self.passes = 0  # metrics: passes run here, failed, files removed
+        self.failures = 0
+        self.files_removed = 0
 
     # -- the watermark node (coordinator/watermark.py) ---------------------------------------------
     def start(self) -> None:
@@ -134,12 +139,19 @@ class Cleanup:
             return None
         try:
             report = self._gc_pass(grace_seconds, orphans, detail)
+        except Exception as exc:
+            self.passes += 1
+            self.failures += 1
+            self.last_gc_at, self.last_gc_error = time.time(), f"{type(exc).__name__}: {exc}"
+            raise
         finally:
             try:
                 lock.release()
             except Exception:  # pragma: no cover - session trouble; the node is ephemeral
                 pass
-        self.last_gc_report = report
+        self.passes += 1
+        self.files_removed += len(report["removed"])
+        self.last_gc_report, self.last_gc_at, self.last_gc_error = report, time.time(), None
         return report
 
     def alive(self) -> dict[str, AliveRecord]:

@@ -68,6 +68,7 @@ from coordinator.zklog import MAX_INLINE_ENTRY, OwnerFenced, VersionMoved
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
+from replicas.metrics import CommitStats
 from replicas.transactions import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class Pending:
     key_hints: set[str] = field(default_factory=set)
     extra_files: list[PartMeta] = field(default_factory=list)
     files_verified_at: int | None = None  # the fence version after which its staged files were seen
+    queued: float = field(default_factory=time.monotonic)  # the commit latency metric starts here
 
     callback: Callable[[int | None, Exception | None], None] | None = None
 
@@ -136,6 +138,7 @@ class Committer:
         self.batches = 0
         self.committed = 0
         self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
+        self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
 
     def start(self) -> None:
@@ -420,8 +423,10 @@ class Committer:
             csn = result.csn
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
+        now = time.monotonic()
         for p, plan in accepted:
             self.committed += 1
+            self.stats.observe(now - p.queued)
             self.replica.transactions._finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
@@ -468,6 +473,8 @@ class Committer:
         return csn
 
     def _fail(self, p: Pending, exc: Exception) -> None:
+        self.stats.failure(exc.details.get("kind") if isinstance(exc, ConflictError) else None,
+                           conflict=isinstance(exc, ConflictError))
         if p.txn is not None:
             with p.txn.lock:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up

@@ -23,6 +23,7 @@ from coordinator.errors import CorruptMetadata
 from coordinator.model import LogEntry, ManifestPointer, WalEntry, decode_log_node
 from coordinator.versions import csn_of
 from coordinator.zklog import CsnLog
+from replicas import failpoints
 from replicas.state import ReplicaState
 from replicas.wal import Wal
 
@@ -170,6 +171,7 @@ class Follower:
                 batch = self._fetch_batch()
                 if not batch:
                     return progressed
+                failpoints.hit("follower_apply")  # a test holds this replica behind the log here
                 self.wal.append([WalEntry(c, e, s, en, raw) for c, e, s, en, raw in batch])
                 for csn, epoch, seq, entry, _ in batch:
                     self.state.apply(csn, epoch, seq, entry)

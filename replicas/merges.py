@@ -39,6 +39,7 @@ class Merges:
         self._locks: dict[str, Any] = {}
         self._backoff: dict[tuple[str, str], float] = {}
         self._last_round = 0.0
+        self.outcomes: dict[str, int] = {"committed": 0, "conflict": 0, "failed": 0, "skipped": 0}  # metrics
 
     def start(self) -> None:
         zk = self.replica.zk
@@ -123,6 +124,7 @@ class Merges:
             if len(parts) < 2:
                 txns.rollback(txn.id, "nothing left to merge")
                 self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
+                self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
@@ -136,11 +138,13 @@ class Merges:
         except ConflictError as exc:
             log.info("merge of %s partition %s lost a conflict (retried later): %s", tdef.name, pkey, exc.message)
             self._backoff[(tdef.name, pkey)] = time.monotonic() + 2.0
+            self.outcomes["conflict"] += 1
             self.replica.history.record("merge", outcome="conflict", reason=exc.message, **event)
             return {"outcome": "conflict", "reason": exc.message}
         except MergetxnError as exc:
             log.warning("merge of %s partition %s failed: %s", tdef.name, pkey, exc.message)
             self._backoff[(tdef.name, pkey)] = time.monotonic() + 10.0
+            self.outcomes["failed"] += 1
             self.replica.history.record("merge", outcome="failed", reason=exc.message, **event)
             return {"outcome": "failed", "reason": exc.message}
         finally:
@@ -150,4 +154,5 @@ class Merges:
                 for m in result.added:
                     txns._delete_file(m.path)
         self.replica.history.record("merge", outcome="committed", csn=csn, **event)
+        self.outcomes["committed"] += 1
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}

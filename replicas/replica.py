@@ -55,6 +55,7 @@ from replicas.follower import Follower
 from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
+from replicas.metrics import LogWatch
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
 from replicas.registry import Transactions
@@ -96,6 +97,8 @@ class Replica:
         self.merges = Merges(self, self._stop)
         self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
+        self.log_watch = LogWatch(self)
+        self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.retention = Retention(self)
         self.outcomes = Outcomes(self)
         self.pauses = PauseGuard(self)
@@ -439,13 +442,42 @@ class Replica:
         return out
 
     def info(self) -> dict:
+        """What this replica is and how it is doing (the ``info`` action, ``mergetxn status``).
+        Answered on the RPC I/O thread: memory only, no ZooKeeper or storage request (the log's
+        end and the file sizes are what the log-tail thread last saw: replicas/metrics.py)."""
+        applied = self.state.applied
+        watch = self.log_watch
+        lag_entries, lag_seconds = watch.lag(applied)
+        oldest, picked, _, _ = self.leases.in_use()
+        holder = next((h for s, h in picked if s == oldest), "replica snapshot")
+        last_gc = self.cleanup.last_gc_report
+        committer = self.committer
         return {
             "host_id": self.host_id,
             "address": self.address,
+            "metrics_address": self.metrics_address,
             "storage_url": self.storage.url,
             "zk": self.config.zk,
+            "zk_state": str(self.zk.state),
+            "zk_connected": self._connected.is_set(),
             "root": self.log.root,
-            "snapshot": self.state.applied,
+            "snapshot": applied,
+            "applied_csn": applied,
+            "log_failure": None if self.state.failure is None else str(self.state.failure),
+            "log": {"end_csn": watch.end, "entries": watch.entries, "epochs": watch.epochs,
+                    "observed_at": watch.observed_at, "retained": self.tail.retained if self.tail else 0,
+                    "wal_bytes": watch.wal_bytes, "local_checkpoint_bytes": watch.local_checkpoint_bytes,
+                    "checkpoint": watch.checkpoint},
+            "lag": {"entries": lag_entries, "seconds": round(lag_seconds, 3)},
+            "oldest_snapshot": {"snapshot": oldest, "holder": holder},
+            "running_transactions": len(self.transactions.txns),
+            "cleanup": {"passes": self.cleanup.passes, "failures": self.cleanup.failures,
+                        "files_removed": self.cleanup.files_removed, "last_at": self.cleanup.last_gc_at,
+                        "last_error": self.cleanup.last_gc_error, "watermark": self.cleanup.watermark,
+                        "last": None if last_gc is None else {
+                            k: (len(v) if isinstance(v, list) else v) for k, v in last_gc.items()
+                            if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")}},
+            "merges": dict(self.merges.outcomes),
             "epoch_size": self.log.epoch_size,
             "incarnation": self.incarnation,
             "pauses": self.pauses.pauses,  # times it stood still long enough to make sure of its session
@@ -453,6 +485,8 @@ class Replica:
             "tables": sorted(self.state.tables),
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
-            "committer": {"commits": self.committer.committed, "batches": self.committer.batches,
-                          "local_version_misses": self.committer.local_misses},
+            "committer": None if committer is None else {
+                "commits": committer.committed, "batches": committer.batches,
+                "local_version_misses": committer.local_misses, "failed": committer.stats.failed,
+                "conflicts": {k: n for k, n in committer.stats.conflicts.items() if n}},
         }

@@ -21,7 +21,7 @@ from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import RpcServer, error_reply
 from parts.ops import partition_key
-from replicas import leases, settings
+from replicas import leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 
@@ -258,19 +258,26 @@ SWITCH_INTERVAL = 0.002
 
 def run(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     """A replica process: what ``python -m replicas.server`` and ``mergetxn replica start`` run.
-    Sets this process's GIL switch interval and logging (level from ``MERGETXN_LOG``), then
-    :func:`serve`."""
+    Sets this process's GIL switch interval and logging (replicas/logs.py: ``MERGETXN_LOG`` and
+    ``MERGETXN_LOG_FILE``, unless the command line set it up already), then :func:`serve`."""
     sys.setswitchinterval(SWITCH_INTERVAL)
-    logging.basicConfig(level=os.environ.get("MERGETXN_LOG", "WARNING"), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not logs.configured():
+        logs.configure()
     serve(config, ready_file)
 
 
 def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
-    """Run a replica until SIGTERM/SIGINT; print ``READY <address>`` once it serves."""
+    """Run a replica until SIGTERM/SIGINT; print ``READY <address>`` once it serves (and first
+    ``METRICS <url>`` when it serves metrics, ``--metrics-port``)."""
     replica = Replica(config)
     replica.start()
     server = ReplicaServer(replica, config.host, config.port)
+    metrics_server = None
+    if config.metrics_port is not None:
+        from replicas import metrics
+
+        replica.metrics_address, metrics_server = metrics.serve(replica, config.host, config.metrics_port)
+        print(f"METRICS http://{replica.metrics_address}/metrics", flush=True)
     replica.set_address(server.address)
     stop = threading.Event()
 
@@ -290,6 +297,8 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     while not stop.wait(0.2):
         pass
     server.shutdown()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     replica.stop()
 
 

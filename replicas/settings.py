@@ -97,6 +97,8 @@ class ReplicaConfig:
     data_dir: Path = _setting(help="local directory for the WAL")
     port: int = _setting(0, "port (0: a free one)", minimum=0, maximum=65535)
     host: str = _setting("127.0.0.1", "interface to listen on")
+    metrics_port: int | None = _setting(None, "port of the Prometheus metrics endpoint on the same interface "
+                                        "(0: a free one; default: no endpoint)", minimum=0, maximum=65535)
     root: str = _setting("/mergetxn", "ZooKeeper root node")
     epoch_size: int | None = _setting(None, "CSNs per epoch before a new epoch starts (default: the maximum)",
                                       minimum=1)

@@ -1,0 +1,232 @@
+"""What a replica measures about itself, and its Prometheus endpoint.
+
+Counting must cost the commit path nothing it can feel: the committer keeps plain integers that
+only its own thread writes (:class:`CommitStats`: conflicts by kind, a latency histogram as
+bucket counts), merges and cleanup count their outcomes the same way, and everything else
+(applied CSN, lag, running transactions) is read when someone asks. :class:`ReplicaCollector`
+turns it all into metric families at scrape time, in a registry of the replica's own (never the
+process-global default one), served by ``prometheus_client``'s HTTP server when the replica
+runs with ``--metrics-port`` (:func:`serve`).
+
+:class:`LogWatch` is what the log-tail thread sees of the log each tick (replicas/checkpoint.py):
+the newest entry in ZooKeeper, how many entries it holds, the sizes of the WAL and the
+checkpoints. A replica's lag is then the entries between its applied CSN and that end, and the
+seconds since it first saw an entry it has not applied yet (0 when it has applied all it saw).
+``info`` (and ``mergetxn status``) report both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator.errors import ConflictKind
+from coordinator.versions import csn_of, split_csn
+
+if TYPE_CHECKING:  # pragma: no cover
+    from replicas.replica import Replica
+
+log = logging.getLogger(__name__)
+
+#: Upper bounds (seconds) of the commit latency histogram's buckets; +Inf is implied.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+MAX_PENDING = 10_000  # LogWatch: log ends seen and not applied yet that it remembers
+
+
+class CommitStats:
+    """Counted by the committer thread only (a single writer, so no lock): failed commits,
+    conflicts by :class:`ConflictKind`, and the latency of successful commits from the queue
+    to the decision, as histogram bucket counts."""
+
+    def __init__(self) -> None:
+        self.conflicts: dict[str, int] = {str(k): 0 for k in ConflictKind}
+        self.failed = 0  # commits that did not commit, conflicts included
+        self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.latency_sum = 0.0
+
+    def failure(self, conflict_kind: Any = None, conflict: bool = False) -> None:
+        self.failed += 1
+        if conflict:
+            kind = str(conflict_kind) if conflict_kind is not None else "UNKNOWN"
+            self.conflicts[kind] = self.conflicts.get(kind, 0) + 1
+
+    def observe(self, seconds: float) -> None:
+        self.latency_counts[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
+
+class LogWatch:
+    """The log as the log-tail thread last saw it (:meth:`observe`, every tail tick); read by
+    ``info`` and the metrics without any ZooKeeper request."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.end = 0  # CSN of the newest entry in ZooKeeper
+        self.entries = 0  # entries ZooKeeper holds (every epoch not trimmed)
+        self.epochs = 0
+        self.observed_at: float | None = None  # wall time of the last observation
+        self.wal_bytes = 0
+        self.local_checkpoint_bytes = 0
+        self.checkpoint: dict | None = None  # the cluster checkpoint: csn, path, bytes, time
+        self._counts: dict[int, int] = {}  # entries per epoch, as last seen
+        self._sealed: dict[int, tuple[int, int]] = {}  # sealed epochs (they never change): entries, last CSN
+        self._pending: tuple[tuple[int, float], ...] = ()  # (end, monotonic time first seen) > applied
+
+    def observe(self) -> None:
+        """Look at the log's end and the files (the log-tail thread; a few small requests)."""
+        r = self.replica
+        counts: dict[int, int] = {}
+        end = 0
+        for e in r.log.epochs():
+            if e in self._sealed:
+                counts[e], last = self._sealed[e]
+            else:
+                stat = r.zk.exists(r.log.epoch_path(e))
+                if stat is None:
+                    continue
+                counts[e] = stat.numChildren
+                # A sequential child's number is the parent's cversion when it was created.
+                last = csn_of(e, stat.cversion - 1) if stat.cversion > 0 else 0
+                if stat.version >= 1:
+                    self._sealed[e] = (counts[e], last)
+            end = max(end, last)
+        for e in [e for e in self._sealed if e not in counts]:
+            del self._sealed[e]  # trimmed
+        applied = r.state.applied
+        now = time.monotonic()
+        pending = [p for p in self._pending if p[0] > applied]
+        if end > applied and (not pending or end > pending[-1][0]) and len(pending) < MAX_PENDING:
+            pending.append((end, now))
+        self._pending = tuple(pending)
+        self._counts, self.end, self.entries, self.epochs = counts, end, sum(counts.values()), len(counts)
+        self.wal_bytes = _size(r.wal.path) if r.wal is not None else 0
+        self.local_checkpoint_bytes = _size(Path(r.config.data_dir) / "state.ckpt")
+        self._look_at_checkpoint()
+        self.observed_at = time.time()
+
+    def _look_at_checkpoint(self) -> None:
+        tail = self.replica.tail.tail if self.replica.tail is not None else None
+        if not tail:
+            self.checkpoint = None
+            return
+        if self.checkpoint is None or self.checkpoint.get("path") != tail.get("path"):
+            try:
+                size = self.replica.storage.size(str(tail["path"]))
+            except Exception as exc:  # noqa: BLE001 - only a number in a report
+                log.debug("checkpoint size of %s: %r", tail.get("path"), exc)
+                size = None
+            self.checkpoint = {"csn": tail.get("csn"), "path": tail.get("path"), "bytes": size,
+                               "time": tail.get("time"), "retained": tail.get("retained")}
+
+    def lag(self, applied: int) -> tuple[int, float]:
+        """(entries, seconds) this replica is behind the log's end as last seen."""
+        pending = self._pending
+        oldest = next((t for csn, t in pending if csn > applied), None)
+        seconds = 0.0 if oldest is None else max(0.0, time.monotonic() - oldest)
+        return self._entries_after(applied), seconds
+
+    def _entries_after(self, applied: int) -> int:
+        end, counts = self.end, self._counts
+        if end <= applied:
+            return 0
+        if applied <= 0:
+            return sum(counts.values())
+        ea, sa = split_csn(applied)
+        ee, se = split_csn(end)
+        if ea == ee:
+            return se - sa
+        return max(0, counts.get(ea, 0) - (sa + 1)) + sum(n for e, n in counts.items() if ea < e <= ee)
+
+
+def _size(path: str | os.PathLike) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+class ReplicaCollector:
+    """The replica's metrics, computed at scrape time from what it counts (see the module
+    docstring)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+
+    def describe(self) -> list:
+        return []  # no describe-time collection: the registry would call collect() for it
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        r = self.replica
+        labels = ["replica"]
+        host = [r.host_id]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            m = CounterMetricFamily(f"mergetxn_{name}", doc, labels=labels)
+            m.add_metric(host, value)
+            return m
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            m = GaugeMetricFamily(f"mergetxn_{name}", doc, labels=labels)
+            m.add_metric(host, value)
+            return m
+
+        c = r.committer
+        if c is not None:
+            yield counter("commits", "Transactions committed through this replica", c.committed)
+            yield counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", c.batches)
+            yield counter("commit_failures", "Commits that did not commit (conflicts included)", c.stats.failed)
+            yield counter("local_version_misses", "First attempts on locally applied target versions that "
+                          "ZooKeeper refused", c.local_misses)
+            conflicts = CounterMetricFamily("mergetxn_conflicts", "Commits that lost a conflict, by kind",
+                                            labels=["replica", "kind"])
+            for kind, n in sorted(c.stats.conflicts.items()):
+                conflicts.add_metric([r.host_id, kind], n)
+            yield conflicts
+            counts, total = list(c.stats.latency_counts), c.stats.latency_sum
+            buckets, cumulative = [], 0
+            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts):
+                cumulative += n
+                buckets.append((bound, cumulative))
+            latency = HistogramMetricFamily("mergetxn_commit_latency_seconds", "Time from a commit request "
+                                            "reaching the committer to its decision", labels=labels)
+            latency.add_metric(host, buckets, total)
+            yield latency
+        applied = r.state.applied
+        entries, seconds = r.log_watch.lag(applied)
+        yield gauge("applied_csn", "CSN up to which this replica applied the log", applied)
+        yield gauge("log_end_csn", "CSN of the newest log entry this replica saw in ZooKeeper", r.log_watch.end)
+        yield gauge("log_entries", "Log entries ZooKeeper holds", r.log_watch.entries)
+        yield gauge("lag_entries", "Log entries not applied here yet", entries)
+        yield gauge("lag_seconds", "Seconds since this replica saw an entry it has not applied yet", seconds)
+        yield gauge("running_transactions", "Transactions running on this replica", len(r.transactions.txns))
+        yield gauge("wal_bytes", "Size of the WAL", r.log_watch.wal_bytes)
+        yield counter("cleanup_passes", "Cleanup passes run by this replica", r.cleanup.passes)
+        yield counter("cleanup_failures", "Cleanup passes that failed", r.cleanup.failures)
+        yield counter("cleanup_files_removed", "Files removed by cleanup passes here", r.cleanup.files_removed)
+        merges = CounterMetricFamily("mergetxn_merges", "Background merges run here, by outcome",
+                                     labels=["replica", "outcome"])
+        for outcome, n in sorted(r.merges.outcomes.items()):
+            merges.add_metric([r.host_id, outcome], n)
+        yield merges
+
+
+def serve(replica: Replica, host: str, port: int) -> tuple[str, Any]:
+    """Serve ``replica``'s metrics at ``http://host:port/metrics`` (port 0: a free one) from a
+    registry of its own; returns ``(host:port, server)`` (``server.shutdown()`` stops it)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ReplicaCollector(replica))
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return f"{host}:{server.server_port}", server
