@@ -188,6 +188,32 @@ class Client:
             raise
 
     @contextmanager
+    def scan(self, table: str, snapshot: int | None = None,
+             as_of: dt.datetime | None = None) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
+        """Read ``table`` at one snapshot part by part, one part in memory at a time (the
+        command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
+        giving each part's rows in the table's schema. The snapshot stays leased until the
+        block ends."""
+        args: dict[str, Any] = {"table": table}
+        if snapshot is not None:
+            if isinstance(snapshot, bool) or not isinstance(snapshot, int):
+                raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
+            args["snapshot"] = snapshot
+        if as_of is not None:
+            args["as_of"] = _timestamp(as_of, "as_of")
+        r = self.call("visible", **args)
+        metas = [PartMeta.from_dict(m) for m in r["parts"]]
+        schema = self.table(table).schema
+
+        def tables() -> Iterator[pa.Table]:
+            for meta in metas:
+                data = rewrite.read_parts(self.storage, [meta])[0]
+                yield data if data.schema == schema else data.cast(schema)
+
+        with self._leased(r):
+            yield r["snapshot"], metas, tables()
+
+    @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
         """Keep the read lease named in a replica's ``answer`` (``visible``, ``changes``) while
         the files are read, renewing it every third of its lapse time, then release it, also on

@@ -2,15 +2,17 @@
 
 Servers run in the foreground (``zk start``, ``replica start``) so a process supervisor or a
 terminal owns them. Client commands talk to one replica (``--replica host:port`` or
-``MERGETXN_REPLICA``). Every error from :mod:`coordinator.errors` ends the command with one red
-line ``error: <message>`` on stderr and exit code 2, never a traceback: an operator should see
-what was wrong, not where in the code it was found.
+``MERGETXN_REPLICA``) and wait ``--timeout`` seconds at most for it to answer. Every error ends
+the command with one red line ``error: <message>`` on stderr and an exit code that says which
+kind of error it was (:data:`EXIT_CODES`), never a traceback (unless ``--log-level DEBUG``): an
+operator should see what was wrong, not where in the code it was found.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import re
 import signal
@@ -29,11 +31,64 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from coordinator import errors
 from coordinator.errors import InvalidInput, MergetxnError
+from replicas import logs
 from replicas.settings import click_options
 
+log = logging.getLogger(__name__)
+
 ENV_REPLICA = "MERGETXN_REPLICA"
-EXIT_ERROR = 2
+ENV_TIMEOUT = "MERGETXN_TIMEOUT"
+DEFAULT_TIMEOUT = 10.0  # seconds a replica has to answer: a port that accepts and never answers fails fast
+WORK_TIMEOUT = 600.0  # compact and gc: how long the work may take once the replica answered
+
+# Exit codes, distinct per kind of failure (README "Command line" lists them).
+EXIT_OK = 0
+EXIT_UNHEALTHY = 1  # status: something is unhealthy; chaos: findings
+EXIT_USAGE = 2  # bad arguments or input (click's usage errors too); nothing was changed
+EXIT_NOT_FOUND = 3  # no such table, snapshot not (or no longer) available
+EXIT_CONFLICT = 4  # the transaction lost a conflict: retrying it is safe
+EXIT_UNAVAILABLE = 5  # a replica or ZooKeeper could not be reached or did not answer in time
+EXIT_AUTH = 6  # authentication failed
+EXIT_ABORTED = 7  # the transaction was aborted (killed, past a limit, session lost)
+EXIT_CORRUPT = 8  # a part file or log entry does not match what was written
+EXIT_INTERNAL = 70  # anything unexpected (a bug): run again with --log-level DEBUG for the traceback
+EXIT_INTERRUPTED = 130
+EXIT_ERROR = EXIT_USAGE  # what fail() ends with unless told
+
+EXIT_CODES = {
+    EXIT_OK: "success",
+    EXIT_UNHEALTHY: "unhealthy (status) or findings (chaos)",
+    EXIT_USAGE: "usage error or invalid input; nothing was changed",
+    EXIT_NOT_FOUND: "not found: no such table, or the snapshot is not available",
+    EXIT_CONFLICT: "conflict: another transaction committed first; retrying is safe",
+    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout)",
+    EXIT_AUTH: "authentication failed",
+    EXIT_ABORTED: "the transaction was aborted",
+    EXIT_CORRUPT: "corrupt data: a part or log entry does not match what was written",
+    EXIT_INTERNAL: "internal error (a bug); --log-level DEBUG shows the traceback",
+}
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code for an error a command ended with (see :data:`EXIT_CODES`)."""
+    # By name: coordinator.errors may not have this class yet (the security work adds it).
+    if any(c.__name__ == "AuthenticationFailed" for c in type(exc).__mro__):
+        return EXIT_AUTH
+    for cls, code in (
+        (errors.ConflictError, EXIT_CONFLICT),
+        (errors.TableNotFound, EXIT_NOT_FOUND),
+        (errors.SnapshotUnavailable, EXIT_NOT_FOUND),
+        (errors.InvalidInput, EXIT_USAGE),
+        (errors.ReplicaUnavailable, EXIT_UNAVAILABLE),
+        (errors.TransactionAborted, EXIT_ABORTED),
+        (errors.CorruptPart, EXIT_CORRUPT),
+        (errors.CorruptMetadata, EXIT_CORRUPT),
+    ):
+        if isinstance(exc, cls):
+            return code
+    return EXIT_INTERNAL
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,21 +124,34 @@ def print_error(message: str) -> None:
     console(stderr=True).print(f"error: {escape(message)}", style="bold red", soft_wrap=True)
 
 
-def fail(message: str) -> None:
-    """End the command with a clear error (exit code 2)."""
+def fail(message: str, code: int = EXIT_ERROR) -> None:
+    """End the command with a clear error (exit code 2 unless told)."""
     print_error(message)
-    raise SystemExit(EXIT_ERROR)
+    raise SystemExit(code)
 
 
 class MergetxnGroup(click.Group):
-    """A click group that turns mergetxn errors into one red line and exit code 2."""
+    """A click group that ends every error with one red line and its exit code
+    (:func:`exit_code`): mergetxn errors by kind, anything else as internal (70), its traceback
+    only in the log at DEBUG."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
         except MergetxnError as exc:
+            log.debug("command failed", exc_info=True)
             print_error(exc.message)
-            ctx.exit(EXIT_ERROR)
+            ctx.exit(exit_code(exc))
+        except KeyboardInterrupt:
+            print_error("interrupted")
+            ctx.exit(EXIT_INTERRUPTED)
+        except Exception as exc:
+            log.debug("command failed unexpectedly", exc_info=True)
+            code = EXIT_UNAVAILABLE if isinstance(exc, OSError) else EXIT_INTERNAL  # storage, network
+            print_error(f"{type(exc).__name__}: {exc}")
+            ctx.exit(code)
 
 
 def _cell(value: Any) -> str:
@@ -277,57 +345,199 @@ def partition_values(client: Any, table: str, values: tuple[str, ...]) -> list[A
     return out
 
 
-def read_file(path: Path, schema: pa.Schema) -> pa.Table:
-    """A Parquet or CSV file as an Arrow table; CSV columns are parsed with the table's types."""
+CSV_BLOCK_BYTES = 4 << 20
+
+
+def file_batches(path: Path, schema: pa.Schema, batch_rows: int) -> tuple[int | None, Iterator[pa.Table]]:
+    """A Parquet or CSV file as tables of about ``batch_rows`` rows, read as they are asked for
+    (never the whole file in memory), and its row count when the file says (Parquet). CSV
+    columns are parsed with the table's types."""
     suffixes = [s.lower() for s in path.suffixes]
     try:
         if suffixes and suffixes[-1] in (".parquet", ".pq", ".parq"):
             import pyarrow.parquet as pq
 
-            return pq.read_table(path)
+            pf = pq.ParquetFile(path)
+
+            def parquet() -> Iterator[pa.Table]:
+                for batch in pf.iter_batches(batch_size=batch_rows):
+                    yield pa.Table.from_batches([batch])
+
+            return pf.metadata.num_rows, _reading(path, parquet())
         if ".csv" in suffixes or ".tsv" in suffixes:
             import pyarrow.csv as pcsv
 
             delimiter = "\t" if ".tsv" in suffixes else ","
             types = {f.name: f.type for f in schema}
-            return pcsv.read_csv(
+            reader = pcsv.open_csv(
                 path,
+                read_options=pcsv.ReadOptions(block_size=CSV_BLOCK_BYTES),
                 parse_options=pcsv.ParseOptions(delimiter=delimiter),
                 convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=True),
             )
+
+            def csv() -> Iterator[pa.Table]:
+                pending: list[pa.RecordBatch] = []
+                have = 0
+                for batch in reader:
+                    pending.append(batch)
+                    have += batch.num_rows
+                    if have >= batch_rows:
+                        yield pa.Table.from_batches(pending)
+                        pending, have = [], 0
+                if pending:
+                    yield pa.Table.from_batches(pending)
+
+            return None, _reading(path, csv())
     except (pa.ArrowException, OSError) as exc:
         raise InvalidInput(f"cannot read {path}: {exc}") from None
     raise InvalidInput(f"cannot tell the format of {path}: use a .parquet or .csv file")
+
+
+def _reading(path: Path, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
+    """``tables`` with a read error anywhere in the file reported as bad input."""
+    try:
+        yield from tables
+    except (pa.ArrowException, OSError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc}") from None
+
+
+def _json_value(value: Any) -> Any:
+    """JSON for what ``json`` does not know: dates and times as ISO 8601, bytes as hex,
+    decimals as strings."""
+    if isinstance(value, (dt.date, dt.datetime, dt.time)):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def echo_json(value: Any) -> None:
+    """One JSON document on stdout (what ``--json`` prints)."""
+    click.echo(json.dumps(value, default=_json_value))
+
+
+def long_timeout() -> float:
+    """How long compact and gc wait for the work, once the replica answered within --timeout."""
+    return max(call_timeout(), WORK_TIMEOUT)
+
+
+@contextmanager
+def working(description: str) -> Iterator[None]:
+    """A spinner on stderr while the block runs (nothing when stderr is not a terminal)."""
+    err = console(stderr=True)
+    if not err.is_terminal:
+        yield
+        return
+    with err.status(escape(description) + "...", spinner="dots"):
+        yield
+
+
+@contextmanager
+def progress(description: str, total: float | None) -> Iterator[Callable[[float], None]]:
+    """A progress bar on stderr (rows, out of ``total`` when known) while the block runs; nothing
+    when stderr is not a terminal, so scripts and logs see only the result. Yields ``advance``."""
+    err = console(stderr=True)
+    if not err.is_terminal:
+        yield lambda n: None
+        return
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               TextColumn("{task.completed:,.0f}" + (f" of {total:,.0f}" if total else "") + " rows"),
+               TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=True) as bar:
+        task = bar.add_task(escape(description), total=total)
+        yield lambda n: bar.advance(task, n)
 
 
 # ---------------------------------------------------------------------------------------------
 # Commands
 
 
-@click.group(cls=MergetxnGroup, context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mergetxn")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _exit_codes_epilog() -> str:
+    return "\b\nExit codes:\n" + "\n".join(f"  {code:>3}  {text}" for code, text in EXIT_CODES.items())
+
+
+def _set_up_logging(ctx: click.Context, spec: str | None, file: Path | None) -> None:
+    try:
+        logs.configure(spec, file)
+    except InvalidInput as exc:
+        raise click.BadParameter(exc.message, ctx=ctx, param_hint="--log-level/--log-file") from None
+
+
+@click.group(cls=MergetxnGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=_exit_codes_epilog())
+@click.version_option(_version(), "--version", prog_name="mergetxn", message="%(prog)s %(version)s")
+@click.option("--log-level", "log_level", envvar=logs.ENV_LEVEL, default="WARNING", show_default=True,
+              metavar="LEVEL[,LOGGER=LEVEL...]",
+              help="Level of mergetxn's own log lines; other libraries (kazoo, botocore, ...) stay at "
+                   f"WARNING unless named, e.g. INFO,kazoo=DEBUG (env {logs.ENV_LEVEL}).")
+@click.option("--log-file", "log_file", envvar=logs.ENV_FILE, type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help=f"Append log lines to this file instead of stderr (env {logs.ENV_FILE}).")
+@click.pass_context
+def cli(ctx: click.Context, log_level: str, log_file: Path | None) -> None:
     """mergetxn: transactions for replicated MergeTree-style tables.
 
     Start with `mergetxn quickstart` to see it work on this machine. Client commands talk to
-    one replica: pass --replica host:port or set MERGETXN_REPLICA.
+    one replica: pass --replica host:port or set MERGETXN_REPLICA. `mergetxn status` checks a
+    whole cluster (its exit code makes it a health check).
     """
+    _set_up_logging(ctx, log_level, log_file)
 
 
 def replica_option(f: Callable) -> Callable:
-    return click.option(
+    return timeout_option(click.option(
         "--replica",
         envvar=ENV_REPLICA,
         required=True,
         metavar="HOST:PORT",
         help=f"Replica to talk to (default: ${ENV_REPLICA}).",
+    )(f))
+
+
+def timeout_option(f: Callable) -> Callable:
+    """``--timeout``: how long a replica (or ZooKeeper) has to answer; kept in the context."""
+
+    def keep(ctx: click.Context, param: click.Parameter, value: float) -> float:
+        ctx.meta["mergetxn.timeout"] = value
+        return value
+
+    return click.option(
+        "--timeout",
+        type=click.FloatRange(min=0, min_open=True),
+        envvar=ENV_TIMEOUT,
+        default=DEFAULT_TIMEOUT,
+        show_default=True,
+        expose_value=False,
+        callback=keep,
+        metavar="SECONDS",
+        help=f"Seconds to wait for a replica to connect and answer each request (env {ENV_TIMEOUT}).",
     )(f)
 
 
+def call_timeout() -> float:
+    """This command's ``--timeout``."""
+    ctx = click.get_current_context(silent=True)
+    return (ctx.meta.get("mergetxn.timeout") if ctx else None) or DEFAULT_TIMEOUT
+
+
 @contextmanager
-def connected(address: str) -> Iterator[Any]:
+def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.client import Client
 
-    client = Client(address)
+    client = Client(address, timeout=timeout or call_timeout())
     try:
         yield client
     finally:
@@ -403,8 +613,8 @@ def zk_start(
     """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground: a
     standalone server, or with --id and --members one member of an ensemble.
 
-    Prints its address (a member prints READY <address> once it has joined a quorum and
-    serves); Ctrl-C or SIGTERM stops it cleanly.
+    Prints READY <host:port> once it serves (a member: once it has joined a quorum); Ctrl-C or
+    SIGTERM stops it cleanly.
     """
     if myid is None and members is None:
         _zk_standalone(directory, port, tick_ms)
@@ -429,7 +639,7 @@ def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
             fail(f"ZooKeeper did not start: {exc}")
         out.print(f"ZooKeeper serving at [bold]{address}[/] (data and logs in {server.workdir})")
         out.print("Ctrl-C stops it.")
-        sys.stdout.flush()
+        print(f"READY {address}", flush=True)  # the one line a script waits for
         try:
             while not stop.wait(0.5):
                 if not server.running:
@@ -489,12 +699,44 @@ def replica() -> None:
     """Run a replica process."""
 
 
+def _load_config(ctx: click.Context, param: click.Parameter, path: Path | None) -> Path | None:
+    """``--config FILE``: a TOML file of replica settings (names as the flags', with _ or -),
+    used as the defaults of the flags; flags and environment variables override it."""
+    if path is None:
+        return None
+    import tomllib
+
+    from replicas.settings import SETTINGS
+
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise click.BadParameter(f"cannot read {path}: {exc}", ctx=ctx, param=param) from None
+    by_flag = {s.option[2:]: name for name, s in SETTINGS.items()}
+    defaults = {}
+    for key, value in values.items():
+        name = by_flag.get(key.replace("_", "-"), key.replace("-", "_"))
+        if name not in SETTINGS or isinstance(value, (dict, list)):
+            known = ", ".join(s.option[2:] for s in SETTINGS.values())
+            raise click.BadParameter(f"{path}: unknown replica setting {key!r}; known: {known}", ctx=ctx,
+                                     param=param)
+        defaults[name] = value
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return path
+
+
 @replica.command("start")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              is_eager=True, expose_value=False, callback=_load_config, metavar="FILE",
+              help="A TOML file of settings (e.g. zk = \"h:2181\", storage = \"s3://b/w\", port = 7070); "
+                   "flags and MERGETXN_* variables override it.")
 @click_options
 def replica_start(**values: Any) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
 
-    Prints READY <address> once it serves; Ctrl-C or SIGTERM stops it cleanly.
+    Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
+    Ctrl-C or SIGTERM stops it cleanly.
     """
     from coordinator.versions import check_host_id
     from replicas.server import run
@@ -516,7 +758,8 @@ def replica_start(**values: Any) -> None:
     except MergetxnError:
         raise
     except Exception as exc:  # e.g. ZooKeeper unreachable: one line, not a traceback
-        fail(f"replica {host_id} failed: {type(exc).__name__}: {exc}")
+        log.debug("replica failed", exc_info=True)
+        fail(f"replica {host_id} failed: {type(exc).__name__}: {exc}", EXIT_UNAVAILABLE)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -554,6 +797,7 @@ def table() -> None:
     help="Conflict policy for concurrent writers.",
 )
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
 def table_create(
     name: str,
@@ -562,6 +806,7 @@ def table_create(
     primary_key: tuple[str, ...],
     policy: str,
     no_auto_merge: bool,
+    as_json: bool,
     replica: str,
 ) -> None:
     """Create table NAME."""
@@ -577,16 +822,23 @@ def table_create(
             conflict_policy=policy,
             auto_merge=not no_auto_merge,
         )
+    if as_json:
+        echo_json({"table": name, "csn": csn, "policy": policy, "partition_by": pby, "primary_key": pkey})
+        return
     extra = f", partitioned by {', '.join(pby)}" if pby else ""
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
 
 
 @table.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the names as one JSON list.")
 @replica_option
-def table_list(replica: str) -> None:
+def table_list(as_json: bool, replica: str) -> None:
     """List the tables."""
     with connected(replica) as client:
         names = client.tables()
+    if as_json:
+        echo_json(names)
+        return
     for n in names:
         click.echo(n)
 
@@ -603,21 +855,57 @@ def table_list(replica: str) -> None:
     help="INSERT OVERWRITE: replace the partitions present in FILE "
     "(the whole table if unpartitioned).",
 )
+@click.option("--batch-rows", type=click.IntRange(min=1), default=1_000_000, show_default=True,
+              help="Rows read from FILE at a time (each batch is written as parts of its own).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
-def insert(table_name: str, file: Path, overwrite: bool, replica: str) -> None:
+def insert(table_name: str, file: Path, overwrite: bool, batch_rows: int, as_json: bool, replica: str) -> None:
     """Insert the rows of FILE (Parquet or CSV, by extension) into TABLE in one transaction.
 
-    Columns are conformed to the table's schema; a mismatch is an error and changes nothing.
+    FILE is read by batches (never whole in memory); each batch is written to storage as it
+    comes, and the transaction commits once at the end. Columns are conformed to the table's
+    schema; a mismatch is an error and changes nothing.
     """
+    from parts.format import write_part
+    from parts.meta import sidecar_path
+    from parts.ops import conform, split_by_partition
+
     with connected(replica) as client:
         tdef = client.table(table_name)
-        data = read_file(file, tdef.schema)
+        total, batches = file_batches(file, tdef.schema, batch_rows)
+        written: list[Any] = []
+        rows = 0
         with client.transaction() as tx:
-            rows = tx.overwrite(table_name, data) if overwrite else tx.insert(table_name, data)
+            try:
+                with progress(f"writing {file.name}", total) as advance:
+                    for data in batches:
+                        data = conform(tdef.schema, data, table_name,
+                                       what="overwrite" if overwrite else "insert into")
+                        for partition, chunk in split_by_partition(data, list(tdef.partition_by)):
+                            written.append(write_part(client.storage, table_name, list(tdef.partition_by),
+                                                      partition, chunk, tx.id))
+                        rows += data.num_rows
+                        advance(data.num_rows)
+                tx.add_parts(table_name, written, op="overwrite" if overwrite else "insert")
+            except BaseException:
+                for meta in written:  # nothing references them: do not leave them to cleanup
+                    for path in (meta.path, sidecar_path(meta.path)):
+                        try:
+                            client.storage.delete(path)
+                        except OSError:
+                            pass
+                raise
+    if as_json:
+        echo_json({"table": table_name, "rows": rows, "parts": len(written), "csn": tx.csn, "tid": tx.id,
+                   "overwrite": overwrite})
+        return
     verb = "overwrote with" if overwrite else "inserted"
     console().print(
         f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})"
     )
+
+
+READ_FORMATS = ("table", "csv", "json", "parquet")
 
 
 @cli.command(short_help="Read a table at a snapshot or time.")
@@ -635,14 +923,23 @@ def insert(table_name: str, file: Path, overwrite: bool, replica: str) -> None:
     "-o",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write all rows to this Parquet file instead of printing.",
+    help="Write all rows to this file (format from --format, else from its extension: .csv, "
+    ".json/.jsonl, else Parquet) instead of printing.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(READ_FORMATS),
+    default=None,
+    help="table: the first --limit rows, for a terminal (the default without --output); csv, json "
+    "(one object per line) or parquet: every row, to --output or stdout, streamed part by part.",
 )
 @click.option(
     "--limit",
     type=click.IntRange(min=0),
     default=50,
     show_default=True,
-    help="Rows to print (ignored with --output).",
+    help="Rows to print (--format table only).",
 )
 @replica_option
 def read(
@@ -650,6 +947,7 @@ def read(
     snapshot: int | None,
     as_of: str | None,
     output: Path | None,
+    fmt: str | None,
     limit: int,
     replica: str,
 ) -> None:
@@ -657,24 +955,84 @@ def read(
     if snapshot is not None and as_of is not None:
         raise InvalidInput("give either --snapshot or --as-of, not both")
     when = parse_as_of(as_of) if as_of is not None else None
-    with connected(replica) as client:
-        if snapshot is None and when is None:
-            snapshot = client.snapshot()
-        data = client.read(table_name, snapshot=snapshot, as_of=when)
-    at = f"at snapshot {snapshot}" if when is None else f"as of {when.isoformat()}"
-    out = console()
-    if output is not None:
-        import pyarrow.parquet as pq
+    if fmt is None:
+        fmt = "table" if output is None else _format_of(output)
+    if fmt == "table" and output is not None:
+        raise InvalidInput("--format table prints to the terminal; give csv, json or parquet with --output")
+    with connected(replica) as client, client.scan(table_name, snapshot=snapshot, as_of=when) as (snap, metas, parts):
+        total = sum(m.rows for m in metas)
+        at = f"at snapshot {snap}" if when is None else f"as of {when.isoformat()}"
+        if fmt == "table":
+            shown: list[pa.Table] = []
+            have = 0
+            for data in parts:
+                if have >= limit:
+                    break
+                shown.append(data.slice(0, limit - have))
+                have += shown[-1].num_rows
+            schema = client.table(table_name).schema
+            out = console()
+            out.print(arrow_table(pa.concat_tables(shown) if shown else schema.empty_table()))
+            more = f" (showing {limit})" if total > limit else ""
+            out.print(f"{total} rows of {escape(table_name)} {at}{more}")
+            return
+        schema = client.table(table_name).schema
+        rows = write_rows(parts, schema, fmt, output, total)
+    where = f" to {output}" if output is not None else ""
+    text = f"wrote {rows} rows of {escape(table_name)} {at}{where}"
+    console(stderr=output is None).print(text)
 
-        try:
-            pq.write_table(data, output)
-        except (OSError, pa.ArrowException) as exc:
-            raise InvalidInput(f"cannot write {output}: {exc}") from None
-        out.print(f"wrote {data.num_rows} rows of {escape(table_name)} {at} to {output}")
-        return
-    out.print(arrow_table(data, limit=limit))
-    more = f" (showing {limit})" if data.num_rows > limit else ""
-    out.print(f"{data.num_rows} rows of {escape(table_name)} {at}{more}")
+
+def _format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".json", ".jsonl", ".ndjson"):
+        return "json"
+    return "parquet"
+
+
+def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: Path | None,
+               total: int | None = None) -> int:
+    """Write ``tables`` as they come (one in memory at a time) in ``fmt`` to ``output`` or
+    stdout; the number of rows written."""
+    rows = 0
+    try:
+        sink: Any = click.get_binary_stream("stdout") if output is None else open(output, "wb")  # noqa: SIM115
+    except OSError as exc:
+        raise InvalidInput(f"cannot write {output}: {exc}") from None
+    try:
+        with progress(f"reading into {output.name}" if output is not None else "reading", total) as advance:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                with pq.ParquetWriter(sink, schema) as writer:
+                    for data in tables:
+                        writer.write_table(data)
+                        rows += data.num_rows
+                        advance(data.num_rows)
+            elif fmt == "csv":
+                import pyarrow.csv as pcsv
+
+                with pcsv.CSVWriter(sink, schema) as writer:
+                    for data in tables:
+                        writer.write_table(data)
+                        rows += data.num_rows
+                        advance(data.num_rows)
+            else:
+                for data in tables:
+                    for batch in data.to_batches(max_chunksize=10_000):
+                        sink.write("".join(json.dumps(r, default=_json_value) + "\n"
+                                           for r in batch.to_pylist()).encode())
+                    rows += data.num_rows
+                    advance(data.num_rows)
+        sink.flush()
+    except (OSError, pa.ArrowException) as exc:
+        raise InvalidInput(f"cannot write {output or 'stdout'}: {exc}") from None
+    finally:
+        if output is not None:
+            sink.close()
+    return rows
 
 
 @cli.command(short_help="List a table's parts and their versions.")
@@ -697,8 +1055,8 @@ def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
     else:
         rows = [r for r in rows if not r.get("collected")]  # in storage: visible, or why kept
     if as_json:
-        for r in rows:
-            click.echo(json.dumps(r))
+        for r in rows:  # the partition as its values, not as JSON text inside JSON
+            echo_json({**r, "partition": json.loads(r["partition"])})
         return
     cols = [
         "name",
@@ -735,16 +1093,20 @@ def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
     metavar="VALUE",
     help="Only this partition (repeatable; several partition columns: a JSON list).",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
-def compact(table_name: str, kind: str, partitions: tuple[str, ...], replica: str) -> None:
-    """Compact TABLE now, as a transaction of its own."""
+def compact(table_name: str, kind: str, partitions: tuple[str, ...], as_json: bool, replica: str) -> None:
+    """Compact TABLE now, as a transaction of its own.
+
+    The replica has --timeout to answer; the compaction itself may then take up to 10 minutes
+    (or --timeout, if longer)."""
     out = console()
     with connected(replica) as client:
         before = client.parts(table_name).to_pylist()
         values = partition_values(client, table_name, partitions)
         started = time.monotonic()
-        with out.status(f"compacting {escape(table_name)} ({kind})...", spinner="dots"):
-            csn = client.compact(table_name, kind=kind, partitions=values)
+        with working(f"compacting {table_name} ({kind})"), connected(replica, long_timeout()) as slow:
+            csn = slow.compact(table_name, kind=kind, partitions=values)
         elapsed = time.monotonic() - started
         after = client.parts(table_name).to_pylist()
     seen = {r["name"] for r in before}
@@ -752,6 +1114,10 @@ def compact(table_name: str, kind: str, partitions: tuple[str, ...], replica: st
     vis_after = sum(1 for r in after if r["visible"])
     removed = sum(1 for r in after if r["removal_csn"] == csn)
     added = sum(1 for r in after if r["name"] not in seen and r["creation_csn"] == csn)
+    if as_json:
+        echo_json({"table": table_name, "kind": kind, "csn": csn, "merged": removed, "into": added,
+                   "visible_before": vis_before, "visible_after": vis_after, "seconds": round(elapsed, 3)})
+        return
     if removed == 0 and added == 0:
         out.print(
             f"nothing to compact in {escape(table_name)} ({kind}); "
@@ -770,11 +1136,16 @@ def compact(table_name: str, kind: str, partitions: tuple[str, ...], replica: st
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @replica_option
 def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
-    """Run one garbage-collection pass now and show what was removed and kept, and why."""
-    with connected(replica) as client:
+    """Run one garbage-collection pass now and show what was removed and kept, and why.
+
+    The replica has --timeout to answer; the pass itself may then take up to 10 minutes (or
+    --timeout, if longer)."""
+    with connected(replica):  # answers within --timeout: then the pass may take its time
+        pass
+    with working("collecting garbage"), connected(replica, long_timeout()) as client:
         result = client.gc(grace_seconds=grace_seconds)
     if as_json:
-        click.echo(json.dumps(result, default=str))
+        echo_json(result)
         return
     out = console()
     cols = ["table", "path", "reason"]
@@ -791,11 +1162,113 @@ def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
 
 
 @cli.command(short_help="Print the replica's snapshot CSN.")
+@click.option("--json", "as_json", is_flag=True, help='Print {"snapshot": CSN}.')
 @replica_option
-def snapshot(replica: str) -> None:
+def snapshot(as_json: bool, replica: str) -> None:
     """Print the replica's snapshot CSN (everything up to it is applied there)."""
     with connected(replica) as client:
-        click.echo(client.snapshot())
+        csn = client.snapshot()
+    if as_json:
+        echo_json({"snapshot": csn})
+        return
+    click.echo(csn)
+
+
+@cli.command(short_help="Check the cluster's health (exit code 1 when unhealthy).")
+@click.option("--replica", envvar=ENV_REPLICA, default=None, metavar="HOST:PORT",
+              help=f"Ask this replica where ZooKeeper is (default: ${ENV_REPLICA}).")
+@click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
+              help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.")
+@click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
+@click.option("--max-lag-seconds", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="A replica behind the log's end for longer is unhealthy.")
+@click.option("--ignore-host", "ignore", multiple=True, metavar="HOST_ID",
+              help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as one JSON object.")
+@timeout_option
+def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds: float,
+           ignore: tuple[str, ...], as_json: bool) -> None:
+    """Show the cluster: ZooKeeper's members and their mode; every replica's applied CSN, lag
+    behind the log's end (entries and seconds), running transactions and oldest snapshot in use
+    (and who holds it); the log's and checkpoints' size; the last cleanup pass.
+
+    Exit code 0 when healthy, 1 when something is not (a ZooKeeper member down, a replica down,
+    unreachable, without a ZooKeeper session, stopped at a bad log entry, or lagging more than
+    --max-lag-seconds): each problem is named, so it serves as a health check.
+    """
+    from mergetxn.status import gather
+
+    if replica is None and zk_hosts is None:
+        raise click.UsageError(f"give --replica (or set {ENV_REPLICA}) or --zk")
+    kazoo_log = logging.getLogger("kazoo")
+    if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is reported once, below
+        kazoo_log.setLevel(logging.CRITICAL)
+    with working("gathering the cluster's status"):
+        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore)
+    if as_json:
+        echo_json(report)
+    else:
+        print_status(report)
+    raise SystemExit(EXIT_OK if report["healthy"] else EXIT_UNHEALTHY)
+
+
+def _bytes(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _ago(when: Any) -> str:
+    return "" if not isinstance(when, (int, float)) else f"{max(0.0, time.time() - when):.0f}s ago"
+
+
+def print_status(report: dict) -> None:
+    out = console()
+    zk = report["zookeeper"]
+    if zk["members"]:
+        out.print(rows_table([{**m, "mode": m["mode"] or "DOWN"} for m in zk["members"]],
+                             ["address", "mode", "zxid", "nodes", "connections"],
+                             title=f"ZooKeeper {escape(str(zk['hosts']))}"))
+    rows = []
+    for r in report["replicas"].values():
+        row = {"replica": r["host_id"], "address": r.get("address") or "", "state": r["state"]}
+        if r["state"] == "ok":
+            oldest = r["oldest_snapshot"]
+            row.update(applied=r["applied_csn"], lag=f"{r['lag_entries']} / {r['lag_seconds']:.1f}s",
+                       running=r["running_transactions"], oldest=f"{oldest['snapshot']} ({oldest['holder']})",
+                       wal=_bytes(r["wal_bytes"]), metrics=r.get("metrics_address") or "",
+                       cleanup=_ago(r["cleanup"].get("last_at")))
+        if r.get("ignored"):
+            row["state"] += " (ignored)"
+        rows.append(row)
+    out.print(rows_table(rows, ["replica", "address", "state", "applied", "lag", "running", "oldest", "wal",
+                                "cleanup", "metrics"], title="replicas (lag: entries / seconds)"))
+    lg = report.get("log")
+    if lg:
+        ck = lg.get("checkpoint")
+        checkpoint = f"checkpoint at CSN {ck['csn']} ({_ago(ck.get('time'))})" if ck else "no checkpoint yet"
+        out.print(f"log: end CSN {lg['end_csn']}, {lg['entries']} entries in {lg['epochs']} epoch(s) in ZooKeeper; "
+                  f"snapshots below {lg['retained']} trimmed; {checkpoint}; cleanup watermark "
+                  f"{lg.get('cleanup_watermark')}")
+    oldest = report.get("oldest_snapshot")
+    if oldest:
+        out.print(f"oldest snapshot in use: {oldest['snapshot']}, held by {escape(str(oldest['holder']))} on "
+                  f"{escape(oldest['host'])}; running transactions: {report['running_transactions']}")
+    last = report.get("last_cleanup")
+    if last:
+        result = f"failed: {last['last_error']}" if last.get("last_error") else (
+            f"removed {(last.get('last') or {}).get('removed', 0)} files")
+        out.print(f"last cleanup: on {escape(last['host'])} {_ago(last['last_at'])}, {escape(result)}")
+    for p in report["problems"]:
+        out.print(f"problem: {escape(p)}", style="bold red", soft_wrap=True)
+    if report["healthy"]:
+        out.print("healthy", style="bold green")
+    else:
+        out.print(f"UNHEALTHY: {len(report['problems'])} problem(s)", style="bold red")
 
 
 # -- transactions ------------------------------------------------------------------------------
@@ -815,7 +1288,7 @@ def txn_list(as_json: bool, replica: str) -> None:
         txns = client.transactions()
     if as_json:
         for t in txns:
-            click.echo(json.dumps(t))
+            echo_json(t)
         return
     rows = [
         {**t, "age": f"{t.get('age_seconds', 0):.1f}s", "tables": ",".join(t.get("tables") or ())}
@@ -831,11 +1304,15 @@ def txn_list(as_json: bool, replica: str) -> None:
 
 @txn.command("kill")
 @click.argument("txn_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the replica's answer as one JSON object.")
 @replica_option
-def txn_kill(txn_id: str, replica: str) -> None:
+def txn_kill(txn_id: str, as_json: bool, replica: str) -> None:
     """Abort running transaction ID (its parts are removed; its commit will fail)."""
     with connected(replica) as client:
         result = client.kill(txn_id)
+    if as_json:
+        echo_json(result)
+        return
     state = result.get("state", "?") if isinstance(result, dict) else "?"
     reason = result.get("reason", "") if isinstance(result, dict) else ""
     console().print(

@@ -403,7 +403,7 @@ def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garba
 def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.LocalCluster, str]) -> None:
     """A table created while the log holds an entry that does not parse is not applied anywhere:
     the creation reports CorruptMetadata naming the bad znode (client and command line, exit code
-    2), never "created"; looking it up says the same, and it exists once an operator repairs the node."""
+    8: corrupt data), never "created"; looking it up says the same, and it exists once an operator repairs the node."""
     from click.testing import CliRunner
 
     from mergetxn.cli import cli
@@ -421,7 +421,7 @@ def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.Loc
     runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[1]})
     result = runner.invoke(cli, ["table", "create", "behind_cli", "--schema", "id:int64,v:string"],
                            catch_exceptions=False)
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == 8, result.output
     assert "created table" not in result.output
     assert node in result.output, result.output
     for i in (0, 1):

@@ -245,9 +245,9 @@ def test_snapshot(run, client: Client) -> None:
 # -- bad input ---------------------------------------------------------------------------------
 
 
-def assert_clean_error(r: Result, *words: str) -> None:
-    """Exit code 2, one 'error:' line naming what was wrong, no traceback."""
-    assert r.exit_code == 2, r.output
+def assert_clean_error(r: Result, *words: str, code: int = 2) -> None:
+    """Exit code ``code`` (2: invalid input), one 'error:' line naming what was wrong, no traceback."""
+    assert r.exit_code == code, r.output
     lines = [line for line in r.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.output
     assert "Traceback" not in r.output
@@ -257,11 +257,11 @@ def assert_clean_error(r: Result, *words: str) -> None:
 
 def test_unknown_table(run, client: Client, tmp_path: Path) -> None:
     before = client.snapshot()
-    assert_clean_error(run("read", "no_such_table"), "no_such_table")
-    assert_clean_error(run("parts", "no_such_table"), "no_such_table")
+    assert_clean_error(run("read", "no_such_table"), "no_such_table", code=3)
+    assert_clean_error(run("parts", "no_such_table"), "no_such_table", code=3)
     csv = write_csv(tmp_path / "x.csv", sample(1, 1, D1))
-    assert_clean_error(run("insert", "no_such_table", csv), "no_such_table")
-    assert_clean_error(run("compact", "no_such_table"), "no_such_table")
+    assert_clean_error(run("insert", "no_such_table", csv), "no_such_table", code=3)
+    assert_clean_error(run("compact", "no_such_table"), "no_such_table", code=3)
     assert client.snapshot() == before
 
 
@@ -275,8 +275,8 @@ def test_bad_input_changes_nothing(run, client: Client, tmp_path: Path) -> None:
     assert_clean_error(run("table", "create", "a/b", "--schema", "id:int64"), "a/b")
     assert_clean_error(run("table", "create", "t2", "--schema", "id:int65"), "int65")
     assert_clean_error(run("table", "create", "strict", "--schema", SCHEMA), "strict", "exists")
-    assert_clean_error(run("read", "strict", "--snapshot", before + 10**6), "snapshot")
-    assert_clean_error(run("txn", "kill", "T1-999-nohost"), "T1-999-nohost")
+    assert_clean_error(run("read", "strict", "--snapshot", before + 10**6), "snapshot", code=3)
+    assert_clean_error(run("txn", "kill", "T1-999-nohost"), "T1-999-nohost", code=7)  # TransactionAborted
     assert client.snapshot() == before
     assert client.read("strict").num_rows == 0
     assert "t2" not in client.tables()
@@ -284,7 +284,7 @@ def test_bad_input_changes_nothing(run, client: Client, tmp_path: Path) -> None:
 
 def test_unreachable_replica(cluster: LocalCluster) -> None:
     r = CliRunner().invoke(cli, ["snapshot", "--replica", "127.0.0.1:1"])
-    assert_clean_error(r, "127.0.0.1:1")
+    assert_clean_error(r, "127.0.0.1:1", code=5)
 
 
 def test_gc(run) -> None:
