@@ -538,6 +538,7 @@ def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.client import Client
 
     client = Client(address, timeout=timeout or call_timeout())
+    log.debug("connected to replica %s at %s", client.host_id, address)
     try:
         yield client
     finally:
@@ -998,7 +999,9 @@ def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: 
     stdout; the number of rows written."""
     rows = 0
     try:
-        sink: Any = click.get_binary_stream("stdout") if output is None else open(output, "wb")  # noqa: SIM115
+        if output is None:
+            sys.stdout.flush()
+        sink: Any = sys.stdout.buffer if output is None else open(output, "wb")  # noqa: SIM115
     except OSError as exc:
         raise InvalidInput(f"cannot write {output}: {exc}") from None
     try:

@@ -21,6 +21,7 @@ entry it cannot apply, and a replica lagging more than ``max_lag_seconds``.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +29,8 @@ from typing import Any
 
 from coordinator.errors import MergetxnError
 from coordinator.versions import csn_of
+
+log = logging.getLogger(__name__)
 
 
 def _members(hosts: str) -> list[tuple[str, int]]:
@@ -72,11 +75,16 @@ def replica_info(address: str, timeout: float) -> dict[str, Any]:
 
     try:
         with Client(address, timeout=timeout) as client:
-            return client.call("info")
+            info = client.call("info")
     except MergetxnError as exc:
+        log.debug("replica at %s: %s", address, exc.message)
         return {"error": exc.message}
     except OSError as exc:
+        log.debug("replica at %s: %r", address, exc)
         return {"error": f"{type(exc).__name__}: {exc}"}
+    log.debug("replica %s at %s: applied %s, lag %s", info.get("host_id"), address, info.get("applied_csn"),
+              info.get("lag"))
+    return info
 
 
 def _read_zookeeper(hosts: str, root: str, timeout: float) -> dict[str, Any]:

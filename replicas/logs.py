@@ -59,7 +59,7 @@ def configure(spec: str | None = None, file: str | os.PathLike | None = None) ->
         except OSError as exc:
             raise InvalidInput(f"cannot open log file {file}: {exc}") from None
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _Stderr()
     handler.setFormatter(logging.Formatter(FORMAT))
     handler._mergetxn = True  # type: ignore[attr-defined]
     root.addHandler(handler)
@@ -70,6 +70,21 @@ def configure(spec: str | None = None, file: str | os.PathLike | None = None) ->
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
     _configured = True
+
+
+class _Stderr(logging.StreamHandler):
+    """To whatever ``sys.stderr`` is when a line is written (a test harness swaps it)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
 
 
 def configured() -> bool:

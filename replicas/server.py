@@ -291,6 +291,8 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
         tmp = Path(str(ready_file) + ".tmp")
         tmp.write_text(server.address)
         os.replace(tmp, ready_file)
+    log.info("replica %s serving at %s%s", config.host_id, server.address,
+             f", metrics at http://{replica.metrics_address}/metrics" if replica.metrics_address else "")
     print(f"READY {server.address}", flush=True)
     # A bare wait() never wakes for a signal that the kernel delivered to another thread
     # (Python runs handlers only on the main thread, between bytecodes): poll instead.

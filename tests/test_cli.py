@@ -410,6 +410,7 @@ def test_zk_start_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     try:
         line = wait_for_line(proc, "ZooKeeper serving at")
         address = line.split("serving at ")[1].split()[0]
+        assert wait_for_line(proc, "READY").split() == ["READY", address]  # the line a script waits for
         with kazoo(address) as zk:
             zk.ensure_path("/cli-probe")
             assert zk.exists("/cli-probe")
