@@ -1207,7 +1207,7 @@ def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is reported once, below
         kazoo_log.setLevel(logging.CRITICAL)
     with working("gathering the cluster's status"):
-        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore)
+        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore, connect=connected)
     if as_json:
         echo_json(report)
     else:

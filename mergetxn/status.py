@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any
 
 from coordinator.errors import MergetxnError
@@ -69,12 +71,20 @@ def member_status(host: str, port: int, timeout: float) -> dict[str, Any]:
     return out
 
 
-def replica_info(address: str, timeout: float) -> dict[str, Any]:
-    """A replica's ``info`` within ``timeout``, or ``{"error": ...}``."""
+Connect = Callable[[str, float], AbstractContextManager[Any]]
+
+
+def _client(address: str, timeout: float) -> AbstractContextManager[Any]:
     from coordinator.client import Client
 
+    return Client(address, timeout=timeout)
+
+
+def replica_info(address: str, timeout: float, connect: Connect = _client) -> dict[str, Any]:
+    """A replica's ``info`` within ``timeout``, or ``{"error": ...}``; ``connect(address,
+    timeout)`` gives a client as a context manager (the command line's, with its credentials)."""
     try:
-        with Client(address, timeout=timeout) as client:
+        with connect(address, timeout) as client:
             info = client.call("info")
     except MergetxnError as exc:
         log.debug("replica at %s: %s", address, exc.message)
@@ -151,7 +161,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float) -> dict[str, Any]:
 
 
 def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", timeout: float = 10.0,
-           max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+           max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = (), connect: Connect = _client) -> dict[str, Any]:
     """The cluster's status as plain data (see the module docstring): ``healthy`` and
     ``problems`` first, then ``zookeeper``, ``log``, ``replicas`` (by host id), and the
     cluster-wide ``oldest_snapshot``, ``running_transactions`` and ``last_cleanup``.
@@ -161,7 +171,7 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
                               "max_lag_seconds": max_lag_seconds}
     infos: dict[str, dict] = {}  # by address
     if replica is not None:
-        first = replica_info(replica, timeout)
+        first = replica_info(replica, timeout, connect)
         infos[replica] = first
         if "error" in first:
             problems.append(f"replica at {replica} does not answer: {first['error']}")
@@ -186,7 +196,7 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     hosts = sorted(set(found.get("registered", ())) | set(alive))
     addresses = {h: alive[h]["address"] for h in hosts if h in alive and alive[h]["address"]}
     with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
-        asked = {a: pool.submit(replica_info, a, timeout) for a in addresses.values() if a not in infos}
+        asked = {a: pool.submit(replica_info, a, timeout, connect) for a in addresses.values() if a not in infos}
         infos.update({a: f.result() for a, f in asked.items()})
     replicas: dict[str, dict] = {}
     for h in hosts:

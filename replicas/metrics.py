@@ -190,7 +190,7 @@ class ReplicaCollector:
                           "ZooKeeper refused", c.local_misses)
             conflicts = CounterMetricFamily("mergetxn_conflicts", "Commits that lost a conflict, by kind",
                                             labels=["replica", "kind"])
-            for kind, n in sorted(c.stats.conflicts.items()):
+            for kind, n in sorted(c.stats.conflicts.copy().items()):  # a copy: a new kind may come
                 conflicts.add_metric([r.host_id, kind], n)
             yield conflicts
             counts, total = list(c.stats.latency_counts), c.stats.latency_sum
@@ -216,7 +216,7 @@ class ReplicaCollector:
         yield counter("cleanup_files_removed", "Files removed by cleanup passes here", r.cleanup.files_removed)
         merges = CounterMetricFamily("mergetxn_merges", "Background merges run here, by outcome",
                                      labels=["replica", "outcome"])
-        for outcome, n in sorted(r.merges.outcomes.items()):
+        for outcome, n in sorted(r.merges.outcomes.copy().items()):
             merges.add_metric([r.host_id, outcome], n)
         yield merges
 

@@ -488,5 +488,5 @@ class Replica:
             "committer": None if committer is None else {
                 "commits": committer.committed, "batches": committer.batches,
                 "local_version_misses": committer.local_misses, "failed": committer.stats.failed,
-                "conflicts": {k: n for k, n in committer.stats.conflicts.items() if n}},
+                "conflicts": {k: n for k, n in committer.stats.conflicts.copy().items() if n}},
         }
