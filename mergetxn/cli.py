@@ -68,6 +68,7 @@ EXIT_CODES = {
     EXIT_ABORTED: "the transaction was aborted",
     EXIT_CORRUPT: "corrupt data: a part or log entry does not match what was written",
     EXIT_INTERNAL: "internal error (a bug); --log-level DEBUG shows the traceback",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
 
 

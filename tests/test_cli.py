@@ -325,6 +325,7 @@ def test_every_command_has_help() -> None:
         ["compact"],
         ["gc"],
         ["snapshot"],
+        ["status"],
         ["txn", "list"],
         ["txn", "kill"],
         ["quickstart"],
