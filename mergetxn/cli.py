@@ -314,6 +314,11 @@ def cli() -> None:
 
 
 def replica_option(f: Callable) -> Callable:
+    f = click.option(  # a secured cluster's credentials; connected() reads them from the context
+        "--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
+        expose_value=False, callback=lambda ctx, param, value: ctx.meta.__setitem__("mergetxn.credentials", value),
+        metavar="FILE", help="The secured cluster's credentials file (default: $MERGETXN_CREDENTIALS).",
+    )(f)
     return click.option(
         "--replica",
         envvar=ENV_REPLICA,
@@ -327,7 +332,8 @@ def replica_option(f: Callable) -> Callable:
 def connected(address: str) -> Iterator[Any]:
     from coordinator.client import Client
 
-    client = Client(address)
+    ctx = click.get_current_context(silent=True)
+    client = Client(address, credentials=ctx.meta.get("mergetxn.credentials") if ctx else None)
     try:
         yield client
     finally:
@@ -960,6 +966,37 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
     report.print_summary(result.summary, result.findings, out)
     out.print(f"report: {escape(str(report_dir))}/ ({', '.join(report.FILES)})")
     raise SystemExit(result.exit_code)
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def security() -> None:
+    """Credentials for a secured cluster (TLS, authentication, ZooKeeper ACLs)."""
+
+
+@security.command("init")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"), show_default=True,
+              metavar="HOST", help="An IP address or DNS name clients reach replicas at (repeat for each).")
+@click.option("--user", default="mergetxn", show_default=True, help="The cluster's user name.")
+def security_init(directory: Path, hosts: tuple[str, ...], user: str) -> None:
+    """Make a private CA, one replica certificate for every --host, and a new secret in DIRECTORY.
+
+    Writes ca.pem, replica.pem, replica.key and two credentials files (mode 0600):
+    credentials.json for `replica start --credentials` and client.json for clients
+    (`--credentials` or MERGETXN_CREDENTIALS). The secret is never printed.
+    """
+    from coordinator.security import CLIENT_FILE, REPLICA_FILE, make_cluster_credentials
+
+    if (directory / REPLICA_FILE).exists():
+        fail(f"{directory / REPLICA_FILE} exists: remove the directory's files to make new credentials")
+    make_cluster_credentials(directory, hosts, user)
+    out = console()
+    out.print(f"credentials for user {user!r} and host(s) {', '.join(hosts)} in {directory}:", soft_wrap=True)
+    out.print(f"  replicas: mergetxn replica start --credentials {directory / REPLICA_FILE} ...", soft_wrap=True)
+    out.print(f"  clients:  MERGETXN_CREDENTIALS={directory / CLIENT_FILE} (or --credentials)", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
