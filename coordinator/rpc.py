@@ -462,7 +462,7 @@ class RpcClient:
             conn = (sock, sock.makefile("rb")) if self._tls is None else self._secure(sock)
             self._local.conn = conn
             with self._lock:
-                self._all.append(sock)
+                self._all.append(conn[0])
         return conn
 
     def _secure(self, sock: socket.socket) -> tuple[ssl.SSLSocket, BinaryIO]:

@@ -25,6 +25,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import poll
 
 import coordinator
 from coordinator import errors
@@ -124,8 +125,13 @@ def test_the_right_credentials_get_answers_large_ones_whole(secured: RpcServer, 
         assert client.call("echo", {"n": 1}) == ["echo", 1]
         assert len(client.call("big", {"size": 8 * 1024 * 1024})) == 8 * 1024 * 1024  # many TLS records
         assert client.call("echo", {"n": 2}) == ["echo", 2]  # the same connection, still in step
+        other = threading.Thread(target=client.call, args=("echo", {"n": 3}))  # a connection of its own
+        other.start()
+        other.join(10)
+        assert poll(lambda: len(secured._conns) == 2, timeout=10)
     finally:
         client.close()
+    assert poll(lambda: not secured._conns, timeout=10)  # close() closed every thread's TLS connection
 
 
 def test_concurrent_authenticated_clients_each_get_their_own_answers(secured: RpcServer, made: Credentials) -> None:
