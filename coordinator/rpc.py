@@ -22,6 +22,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
 AUTH_FRAME = 64 * 1024  # the largest frame a peer that has not authenticated may send
+AUTH_SECONDS = 10.0  # a connection that has not authenticated by then is closed
 _TLS_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello record
 
 
@@ -113,6 +115,8 @@ class RpcServer:
         self.inline = inline
         self.tls = tls
         self.authenticate = authenticate
+        self.auth_seconds = AUTH_SECONDS
+        self._unauthenticated: dict[_Conn, float] = {}  # connection -> when it is closed unless it authenticated
         self._listener = socket.create_server((host, port), backlog=256)
         self._listener.setblocking(False)
         self.server_address = self._listener.getsockname()
@@ -155,6 +159,8 @@ class RpcServer:
                             self._flush(conn)
                         if mask & selectors.EVENT_READ and not conn.closed:
                             self._read(conn)
+                if self._unauthenticated:
+                    self._expire_unauthenticated()
         finally:
             for conn in list(self._conns):
                 self._close(conn)
@@ -217,6 +223,8 @@ class RpcServer:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = _Conn(sock, self.authenticate is None, self.tls is not None)
             self._conns.add(conn)
+            if not conn.authed:
+                self._unauthenticated[conn] = time.monotonic() + self.auth_seconds
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _close(self, conn: _Conn) -> None:
@@ -224,6 +232,7 @@ class RpcServer:
             return
         conn.closed = True
         self._conns.discard(conn)
+        self._unauthenticated.pop(conn, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -273,6 +282,7 @@ class RpcServer:
                 log.info("TLS: cannot wrap a connection: %r", exc)
                 conn.closed = True
                 self._conns.discard(conn)
+                self._unauthenticated.pop(conn, None)
                 sock.close()
                 return
             self._sel.register(sock, selectors.EVENT_READ, conn)
@@ -292,6 +302,13 @@ class RpcServer:
         self._sel.modify(sock, selectors.EVENT_READ, conn)
         if sock.pending():
             self._read(conn)
+
+    def _expire_unauthenticated(self) -> None:
+        """Close the connections that did not authenticate in time (they hold descriptors)."""
+        now = time.monotonic()
+        for conn in [c for c, deadline in self._unauthenticated.items() if deadline <= now]:
+            log.info("closed a connection from %s: no authentication within %gs", _peer(conn.sock), self.auth_seconds)
+            self._close(conn)
 
     def _refuse_plaintext(self, conn: _Conn) -> None:
         """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
@@ -325,6 +342,7 @@ class RpcServer:
             return
         conn.authed = True
         conn.max_frame = MAX_FRAME
+        self._unauthenticated.pop(conn, None)
         self._send(conn, {"ok": True, "result": {"user": args.get("user")}})
 
     def _next(self, conn: _Conn) -> None:

@@ -225,6 +225,19 @@ def test_a_large_unauthenticated_frame_is_refused_and_the_server_keeps_serving(
     client.close()
 
 
+def test_a_connection_that_never_authenticates_is_closed(secured: RpcServer, made: Credentials) -> None:
+    secured.auth_seconds = 0.5
+    silent = socket.create_connection(("127.0.0.1", secured.port), timeout=10)  # sends nothing at all
+    sock, rfile = tls_socket(secured, made)  # a TLS handshake, then nothing
+    with silent, sock:
+        assert silent.recv(1) == b""
+        assert rfile.read(1) == b""
+    client = RpcClient(address(secured), 10, made.client())  # authenticated ones stay
+    assert client.call("echo", {"n": 1}) == ["echo", 1]
+    assert poll(lambda: len(secured._conns) == 1, timeout=10)
+    client.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # A secured LocalCluster
 
