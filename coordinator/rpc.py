@@ -486,6 +486,7 @@ class RpcClient:
     def _secure(self, sock: socket.socket) -> tuple[ssl.SSLSocket, BinaryIO]:
         """TLS over ``sock``, then ``auth``: the connection as :meth:`_connection` keeps it."""
         where = f"replica {self.address}"
+        sock.settimeout(min(self._timeout, 10.0))  # the handshake and auth, as for the connect
         try:
             tls = self._tls.wrap_socket(sock, server_hostname=self._endpoint[0])
         except ssl.SSLCertVerificationError as exc:
@@ -516,6 +517,7 @@ class RpcClient:
         if not reply.get("ok"):
             tls.close()
             raise errors.from_dict(reply.get("error") or {})
+        tls.settimeout(self._timeout)
         return tls, rfile
 
     def _drop(self) -> None:

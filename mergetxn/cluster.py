@@ -94,8 +94,9 @@ class LocalCluster:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        if self.secure and self._credentials is None:
-            self._credentials = make_cluster_credentials(self.workdir / "security", hosts=("127.0.0.1", "localhost"))
+        if self.secure and self._credentials is None:  # kept in the workdir: a restart on it keeps them
+            self._credentials = (Credentials.from_file(self._credentials_file()) if self._credentials_file().exists()
+                                 else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost")))
         self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg)
         try:
             for i in range(self.n):

@@ -316,6 +316,17 @@ def test_the_right_credentials_work_end_to_end(cluster: coordinator.LocalCluster
         c1.close()
 
 
+def test_a_restarted_replica_is_secured_with_the_same_credentials(cluster: coordinator.LocalCluster,
+                                                                  c0: coordinator.Client) -> None:
+    cluster.kill_replica(1)
+    cluster.start_replica(1)
+    with pytest.raises(errors.AuthenticationFailed):
+        coordinator.connect(cluster.replica_addresses[1])
+    with cluster.client(1) as c1:
+        c1.call("wait", snapshot=c0.snapshot())
+        assert c1.tables() == c0.tables()
+
+
 def test_a_path_or_the_environment_gives_the_credentials(cluster: coordinator.LocalCluster,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     path = cluster.workdir / "security" / CLIENT_FILE
