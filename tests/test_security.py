@@ -257,8 +257,13 @@ def c0(cluster: coordinator.LocalCluster) -> Iterator[coordinator.Client]:
     client.close()
 
 
-def zk_root(cluster: coordinator.LocalCluster) -> str:
-    return cluster.root
+@pytest.fixture(scope="module")
+def events(c0: coordinator.Client) -> str:
+    """A table with two rows, created once for the module's tests."""
+    c0.create_table("events", SCHEMA, auto_merge=False)
+    with c0.transaction() as tx:
+        tx.insert("events", pa.table({"id": [1, 2], "k": ["a", "b"]}))
+    return "events"
 
 
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
@@ -294,13 +299,13 @@ def test_a_wrong_secret_gets_authentication_failed(cluster: coordinator.LocalClu
 
 
 def test_the_right_credentials_work_end_to_end(cluster: coordinator.LocalCluster, c0: coordinator.Client) -> None:
-    c0.create_table("events", SCHEMA, auto_merge=False)
+    c0.create_table("e2e", SCHEMA, auto_merge=False)
     with c0.transaction() as tx:
-        tx.insert("events", pa.table({"id": [1, 2], "k": ["a", "b"]}))
+        tx.insert("e2e", pa.table({"id": [1, 2], "k": ["a", "b"]}))
     csn = tx.csn
     c1 = coordinator.connect(cluster.replica_addresses[1], credentials=cluster.credentials)
     try:
-        assert sorted(c1.read("events", snapshot=csn).column("id").to_pylist()) == [1, 2]
+        assert sorted(c1.read("e2e", snapshot=csn).column("id").to_pylist()) == [1, 2]
         assert c1.commit_status(tx.id).status == "committed"
         running = c0.begin()
         # Asked on replica 1, the owner (replica 0) decides: a question forwarded replica to
@@ -308,10 +313,10 @@ def test_the_right_credentials_work_end_to_end(cluster: coordinator.LocalCluster
         assert c1.commit_status(running.id).status == "running"
         running.rollback()
         with c0.transaction() as tx2:
-            tx2.truncate("events")
+            tx2.truncate("e2e")
         report = c0.gc()
         assert report is not None
-        assert c0.read("events").num_rows == 0
+        assert c0.read("e2e").num_rows == 0
     finally:
         c1.close()
 
@@ -384,7 +389,7 @@ def test_a_large_unauthenticated_frame_is_refused_and_the_replica_keeps_serving(
 
 
 def test_secrets_appear_in_no_log_command_line_info_or_error(cluster: coordinator.LocalCluster,
-                                                           c0: coordinator.Client) -> None:
+                                                           c0: coordinator.Client, events: str) -> None:
     secret = cluster.credentials.secret
     with c0.transaction() as tx:  # something for the DEBUG logs to say
         tx.insert("events", pa.table({"id": [9], "k": ["z"]}))
@@ -411,7 +416,7 @@ def test_secrets_appear_in_no_log_command_line_info_or_error(cluster: coordinato
 # The command line
 
 
-def test_cli_takes_credentials_by_option_or_environment(cluster: coordinator.LocalCluster) -> None:
+def test_cli_takes_credentials_by_option_or_environment(cluster: coordinator.LocalCluster, events: str) -> None:
     runner = CliRunner()
     path = str(cluster.workdir / "security" / CLIENT_FILE)
     address = cluster.replica_addresses[0]
@@ -424,6 +429,40 @@ def test_cli_takes_credentials_by_option_or_environment(cluster: coordinator.Loc
     by_env = runner.invoke(cli, ["snapshot", "--replica", address], env={"MERGETXN_CREDENTIALS": path})
     assert by_env.exit_code == 0, by_env.output
     assert cluster.credentials.secret not in refused.output + by_option.output + by_env.output
+
+
+def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: coordinator.LocalCluster,
+                                                                      c0: coordinator.Client, events: str,
+                                                                      tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+    import sys
+
+    from test_cli import cli_env, wait_for_line
+
+    creds_file = cluster.workdir / "security" / REPLICA_FILE
+    loose = tmp_path / "loose"  # the same files, but the credentials file readable by the group
+    shutil.copytree(creds_file.parent, loose)
+    (loose / REPLICA_FILE).chmod(0o640)
+    argv = [sys.executable, "-m", "mergetxn.cli", "replica", "start", "--zk", cluster.zk_address,
+            "--storage", cluster.storage_url, "--host-id", "clisecure", "--data-dir", str(tmp_path / "wal")]
+    refused = subprocess.run([*argv, "--credentials", str(loose / REPLICA_FILE)], capture_output=True, text=True,
+                             env=cli_env(), timeout=120)
+    assert refused.returncode == 2 and "chmod 600" in refused.stderr
+    env = {**cli_env(), "MERGETXN_CREDENTIALS": str(creds_file)}  # the environment names the file
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        address = wait_for_line(proc, "READY").split()[1]
+        assert cluster.credentials.secret not in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace")
+        with pytest.raises(errors.AuthenticationFailed):
+            coordinator.connect(address)
+        with coordinator.connect(address, credentials=cluster.credentials) as c:
+            assert c.call("info")["secure"] is True
+            c.call("wait", snapshot=c0.snapshot())
+            assert "events" in c.tables()
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def test_cli_security_init_writes_private_credentials(tmp_path: Path) -> None:
