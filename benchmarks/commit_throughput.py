@@ -114,7 +114,7 @@ PHASES: dict[str, float] = collections.defaultdict(float)  # filled by timed wri
 def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
     from coordinator.client import Client
 
-    client = Client(params["addresses"][idx % len(params["addresses"])])
+    client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
     rows = ten_rows(idx)
     table = params["table"]
 

@@ -9,6 +9,7 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -19,11 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator import errors
+from coordinator import errors, security
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import CommitStatus, Compact, Insert, Mutate, Overwrite, StagedOp, Truncate
 from coordinator.rpc import RpcClient
+from coordinator.security import Credentials
 from coordinator.versions import Tid
 from parts import rewrite
 from parts.format import write_part
@@ -52,13 +54,16 @@ class _StillCommitting(Exception):
 
 
 class Client:
-    """A client of one replica (``host:port``)."""
+    """A client of one replica (``host:port``). ``credentials``: a secured cluster's
+    (a :class:`coordinator.security.Credentials` or the path of its credentials file); by
+    default the file named by ``MERGETXN_CREDENTIALS``, if set."""
 
-    def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT) -> None:
+    def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT,
+                 credentials: Credentials | str | os.PathLike | None = None) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
         self.address = address
-        self._rpc = RpcClient(address, timeout)
+        self._rpc = RpcClient(address, timeout, security.resolve(credentials))
         self._tables: dict[str, TableDef] = {}
         info = self.call("info")
         self.host_id: str = info["host_id"]
@@ -625,9 +630,12 @@ class Transaction:
         self.client.call("rollback", id=self.id)
 
 
-def connect(address: str, storage_options: dict | None = None) -> Client:
-    """A client of the replica at ``host:port``."""
-    return Client(address, storage_options)
+def connect(address: str, storage_options: dict | None = None,
+            credentials: Credentials | str | os.PathLike | None = None, timeout: float = CALL_TIMEOUT) -> Client:
+    """A client of the replica at ``host:port``; ``credentials`` for a secured cluster
+    (``cluster.credentials``, or the path of its credentials file; default: the file named by
+    ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed."""
+    return Client(address, storage_options, timeout, credentials)
 
 
 def _as_table(data: Any, table: str) -> pa.Table:

@@ -85,6 +85,13 @@ class OutcomeUnknown(ReplicaUnavailable):
     ``aborted`` once the replica decides, or once it is gone (SPEC.md, "Outcomes")."""
 
 
+class AuthenticationFailed(MergetxnError):
+    """The replica refused this connection: it serves only clients that come over TLS with the
+    cluster's credentials. Pass ``credentials=`` (a ``coordinator.security.Credentials`` or the
+    path of the cluster's credentials file) or set ``MERGETXN_CREDENTIALS`` to that file.
+    Nothing was changed. Never retried: the same credentials fail the same way."""
+
+
 _BY_NAME = {
     cls.__name__: cls
     for cls in (
@@ -98,6 +105,7 @@ _BY_NAME = {
         CorruptMetadata,
         ReplicaUnavailable,
         OutcomeUnknown,
+        AuthenticationFailed,
     )
 }
 

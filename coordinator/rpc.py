@@ -5,6 +5,12 @@ Each request is ``{"a": action, "b": args}`` and each answer ``{"ok": true, "res
 descriptors, snapshots, transaction ids); data goes to storage directly. A call costs about a
 sixth of the CPU of a gRPC (Arrow Flight) action in Python, which is what bounds the commit rate
 of small transactions on a small machine.
+
+A secured server (``tls`` and ``authenticate``; coordinator/security.py) speaks TLS only and
+answers nothing but ``{"a": "auth", "b": {"user", "secret"}}`` until a connection has
+authenticated; frames of unauthenticated peers are limited to ``AUTH_FRAME`` bytes. A peer that
+does not start a TLS handshake gets one plaintext ``AuthenticationFailed`` frame and is closed,
+so a client without credentials learns why. Unsecured servers behave and cost as before.
 """
 
 from __future__ import annotations
@@ -13,21 +19,29 @@ import logging
 import select
 import selectors
 import socket
+import ssl
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
 from coordinator import errors, jsonwire
 
+if TYPE_CHECKING:
+    from coordinator.security import Credentials
+
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024
+AUTH_FRAME = 64 * 1024  # the largest frame a peer that has not authenticated may send
+AUTH_SECONDS = 10.0  # a connection that has not authenticated by then is closed
+_TLS_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello record
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes:
@@ -55,6 +69,8 @@ Reply = Callable[[dict], None]
 # from any thread); False to have ``dispatch`` run it on a worker thread. Runs on the I/O thread,
 # so it must never block: it takes only what it can answer (or hand on) at once.
 Inline = Callable[[str, dict, Reply], bool]
+# ``authenticate(args)``: whether the arguments of an ``auth`` request name the cluster's identity.
+Authenticate = Callable[[dict], bool]
 
 
 def error_reply(exc: BaseException) -> dict:
@@ -63,10 +79,15 @@ def error_reply(exc: BaseException) -> dict:
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "outbuf", "busy", "closed", "close_after", "in_next")
+    __slots__ = ("sock", "inbuf", "outbuf", "busy", "closed", "close_after", "in_next", "authed", "max_frame",
+                 "handshake", "tls")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, authed: bool = True, tls: bool = False) -> None:
         self.sock = sock
+        self.authed = authed  # may send any request (always, on an unsecured server)
+        self.max_frame = MAX_FRAME if authed else AUTH_FRAME
+        self.tls = tls
+        self.handshake = tls  # waiting for the first bytes, then for the TLS handshake
         self.inbuf = bytearray()
         self.outbuf = bytearray()
         self.busy = False  # a request of this connection is being answered
@@ -88,9 +109,14 @@ class RpcServer:
     """
 
     def __init__(self, host: str, port: int, dispatch: Dispatch, inline: Inline | None = None,
-                 workers: int = 128) -> None:
+                 workers: int = 128, tls: ssl.SSLContext | None = None,
+                 authenticate: Authenticate | None = None) -> None:
         self.dispatch = dispatch
         self.inline = inline
+        self.tls = tls
+        self.authenticate = authenticate
+        self.auth_seconds = AUTH_SECONDS
+        self._unauthenticated: dict[_Conn, float] = {}  # connection -> when it is closed unless it authenticated
         self._listener = socket.create_server((host, port), backlog=256)
         self._listener.setblocking(False)
         self.server_address = self._listener.getsockname()
@@ -126,10 +152,15 @@ class RpcServer:
                         self._run_calls()
                     else:
                         conn: _Conn = key.data
+                        if conn.handshake:
+                            self._handshake(conn)
+                            continue
                         if mask & selectors.EVENT_WRITE:
                             self._flush(conn)
                         if mask & selectors.EVENT_READ and not conn.closed:
                             self._read(conn)
+                if self._unauthenticated:
+                    self._expire_unauthenticated()
         finally:
             for conn in list(self._conns):
                 self._close(conn)
@@ -190,8 +221,10 @@ class RpcServer:
                 return
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock)
+            conn = _Conn(sock, self.authenticate is None, self.tls is not None)
             self._conns.add(conn)
+            if not conn.authed:
+                self._unauthenticated[conn] = time.monotonic() + self.auth_seconds
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _close(self, conn: _Conn) -> None:
@@ -199,6 +232,7 @@ class RpcServer:
             return
         conn.closed = True
         self._conns.discard(conn)
+        self._unauthenticated.pop(conn, None)
         try:
             self._sel.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -208,7 +242,10 @@ class RpcServer:
     def _read(self, conn: _Conn) -> None:
         try:
             data = conn.sock.recv(1 << 18)
-        except (BlockingIOError, InterruptedError):
+            if conn.tls:
+                while conn.sock.pending():  # decrypted bytes inside SSL: epoll does not see them
+                    data += conn.sock.recv(1 << 18)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
             self._close(conn)
@@ -218,6 +255,95 @@ class RpcServer:
             return
         conn.inbuf += data
         self._next(conn)
+
+    # -- TLS and authentication (secured servers only) -----------------------------------------
+    def _handshake(self, conn: _Conn) -> None:
+        """A new connection of a TLS server: refuse a peer that does not start with a TLS
+        handshake, else drive the handshake without blocking."""
+        sock = conn.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(conn)
+                return
+            if not first:
+                self._close(conn)
+                return
+            if first[0] != _TLS_HANDSHAKE:
+                self._refuse_plaintext(conn)
+                return
+            self._sel.unregister(sock)
+            try:
+                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as exc:
+                log.info("TLS: cannot wrap a connection: %r", exc)
+                conn.closed = True
+                self._conns.discard(conn)
+                self._unauthenticated.pop(conn, None)
+                sock.close()
+                return
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._sel.modify(sock, selectors.EVENT_READ, conn)
+            return
+        except ssl.SSLWantWriteError:
+            self._sel.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        except OSError as exc:  # ssl.SSLError included: a bad certificate, a scanner, a reset
+            log.info("TLS handshake from %s failed: %s", _peer(sock), exc)
+            self._close(conn)
+            return
+        conn.handshake = False
+        self._sel.modify(sock, selectors.EVENT_READ, conn)
+        if sock.pending():
+            self._read(conn)
+
+    def _expire_unauthenticated(self) -> None:
+        """Close the connections that did not authenticate in time (they hold descriptors)."""
+        now = time.monotonic()
+        for conn in [c for c, deadline in self._unauthenticated.items() if deadline <= now]:
+            log.info("closed a connection from %s: no authentication within %gs", _peer(conn.sock), self.auth_seconds)
+            self._close(conn)
+
+    def _refuse_plaintext(self, conn: _Conn) -> None:
+        """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
+        so the close is a FIN the peer reads the answer before, not a reset)."""
+        try:
+            for _ in range(16):
+                if not conn.sock.recv(1 << 16):
+                    break
+        except OSError:
+            pass
+        conn.handshake = False
+        log.info("refused a connection from %s: not TLS", _peer(conn.sock))
+        self._refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        conn.busy = True
+        conn.close_after = True
+        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(
+            f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+            f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)").to_dict()})
+
+    def _authenticate(self, conn: _Conn, request: Any) -> None:
+        """The first request of a connection to a secured server: ``auth``, or it is closed."""
+        args = request.get("b") if isinstance(request, dict) else None
+        if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
+            self._refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
+            return
+        if not self.authenticate(args):
+            log.warning("authentication failed from %s (user %r)", _peer(conn.sock), str(args.get("user"))[:100])
+            self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
+            return
+        conn.authed = True
+        conn.max_frame = MAX_FRAME
+        self._unauthenticated.pop(conn, None)
+        self._send(conn, {"ok": True, "result": {"user": args.get("user")}})
 
     def _next(self, conn: _Conn) -> None:
         """Answer the requests waiting in the connection's buffer, one at a time."""
@@ -232,7 +358,7 @@ class RpcServer:
     def _next_requests(self, conn: _Conn) -> None:
         while not conn.busy and not conn.closed and not conn.close_after and len(conn.inbuf) >= _HEADER.size:
             (n,) = _HEADER.unpack_from(conn.inbuf)
-            if n > MAX_FRAME:
+            if n > conn.max_frame:
                 self._answer_and_close(conn, f"frame of {n} bytes exceeds the limit")
                 return
             if len(conn.inbuf) < _HEADER.size + n:
@@ -245,6 +371,9 @@ class RpcServer:
                 self._answer_and_close(conn, str(exc))
                 return
             conn.busy = True
+            if not conn.authed:
+                self._authenticate(conn, request)
+                continue
             if not isinstance(request, dict) or not isinstance(request.get("b", {}), dict):
                 self._send(conn, {"ok": False, "error": errors.InvalidInput(
                     "request must be {a: action, b: {args}}").to_dict()})
@@ -252,6 +381,9 @@ class RpcServer:
             self._request(conn, str(request.get("a")), request.get("b") or {})
 
     def _answer_and_close(self, conn: _Conn, why: str) -> None:
+        if not conn.authed:
+            self._refuse(conn, f"replica {_local(conn.sock)} refused a request before authentication ({why})")
+            return
         conn.busy = True
         conn.close_after = True
         self._send(conn, {"ok": False, "error": errors.InvalidInput(f"bad request: {why}").to_dict()})
@@ -298,7 +430,7 @@ class RpcServer:
             while conn.outbuf:
                 n = conn.sock.send(conn.outbuf)
                 del conn.outbuf[:n]
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
             return
         except OSError:
@@ -314,15 +446,21 @@ class RpcServer:
 
 
 class RpcClient:
-    """One connection per calling thread, opened on first use and reopened after a failure."""
+    """One connection per calling thread, opened on first use and reopened after a failure.
 
-    def __init__(self, address: str, timeout: float) -> None:
+    With ``credentials`` (coordinator/security.py) each connection is TLS, verified against the
+    credentials' CA, and begins with an ``auth`` request; a refusal is AuthenticationFailed,
+    never retried."""
+
+    def __init__(self, address: str, timeout: float, credentials: Credentials | None = None) -> None:
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit():
             raise errors.InvalidInput(f"replica address must be 'host:port', not {address!r}")
         self.address = address
         self._endpoint = (host, int(port))
         self._timeout = timeout
+        self._credentials = credentials
+        self._tls = None if credentials is None else credentials.client_context()
         self._local = threading.local()
         self._all: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -339,11 +477,48 @@ class RpcClient:
                 raise errors.ReplicaUnavailable(f"replica {self.address} is unreachable: {exc}") from None
             sock.settimeout(self._timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = (sock, sock.makefile("rb"))
+            conn = (sock, sock.makefile("rb")) if self._tls is None else self._secure(sock)
             self._local.conn = conn
             with self._lock:
-                self._all.append(sock)
+                self._all.append(conn[0])
         return conn
+
+    def _secure(self, sock: socket.socket) -> tuple[ssl.SSLSocket, BinaryIO]:
+        """TLS over ``sock``, then ``auth``: the connection as :meth:`_connection` keeps it."""
+        where = f"replica {self.address}"
+        sock.settimeout(min(self._timeout, 10.0))  # the handshake and auth, as for the connect
+        try:
+            tls = self._tls.wrap_socket(sock, server_hostname=self._endpoint[0])
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise errors.AuthenticationFailed(
+                f"{where} presented a certificate this client does not accept ({exc.verify_message}): the "
+                f"credentials' ca_file must be the CA that signed the replicas' certificate, and the certificate "
+                f"must name {self._endpoint[0]!r}") from None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, TimeoutError, ConnectionError) as exc:
+            sock.close()
+            raise errors.ReplicaUnavailable(f"{where} closed the connection during the TLS handshake: {exc}") from None
+        except ssl.SSLError as exc:
+            sock.close()
+            raise errors.AuthenticationFailed(
+                f"{where} did not complete a TLS handshake ({exc.reason or exc}): is it started without "
+                "--credentials? A client with credentials talks to replicas only over TLS") from None
+        except OSError as exc:
+            sock.close()
+            raise errors.ReplicaUnavailable(f"{where} is unreachable: {exc}") from None
+        rfile = tls.makefile("rb")
+        try:
+            tls.sendall(frame({"a": "auth", "b": self._credentials.auth_request()}))
+            reply = read_frame(rfile)
+        except (EOFError, OSError, ValueError) as exc:
+            tls.close()
+            raise errors.ReplicaUnavailable(f"{where} did not answer the authentication: "
+                                            f"{exc or type(exc).__name__}") from None
+        if not reply.get("ok"):
+            tls.close()
+            raise errors.from_dict(reply.get("error") or {})
+        tls.settimeout(self._timeout)
+        return tls, rfile
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -404,12 +579,31 @@ _RESEND_ONCE = Retrying(retry=retry_if_exception_type(_Resend), stop=stop_after_
 
 
 def _alive(sock: socket.socket) -> bool:
-    """Whether an idle connection is still open (a restarted replica closed the old ones)."""
+    """Whether an idle connection is still open (a restarted replica closed the old ones). An
+    idle TLS connection has nothing to read (replicas send no session tickets) but a close."""
     try:
         readable, _, _ = select.select([sock], [], [], 0)
+        if readable and isinstance(sock, ssl.SSLSocket):
+            return False
         return not readable or sock.recv(1, socket.MSG_PEEK) != b""
     except (OSError, ValueError):
         return False
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except (OSError, ValueError):
+        return "a peer"
+    return f"{host}:{port}"
+
+
+def _local(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except (OSError, ValueError):
+        return "(address unknown)"
+    return f"{host}:{port}"
 
 
 # Actions that may be sent again when a connection closed before answering.

@@ -499,6 +499,11 @@ def cli(ctx: click.Context, log_level: str, log_file: Path | None) -> None:
 
 
 def replica_option(f: Callable) -> Callable:
+    f = click.option(  # a secured cluster's credentials; connected() reads them from the context
+        "--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
+        expose_value=False, callback=lambda ctx, param, value: ctx.meta.__setitem__("mergetxn.credentials", value),
+        metavar="FILE", help="The secured cluster's credentials file (default: $MERGETXN_CREDENTIALS).",
+    )(f)
     return timeout_option(click.option(
         "--replica",
         envvar=ENV_REPLICA,
@@ -538,7 +543,9 @@ def call_timeout() -> float:
 def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.client import Client
 
-    client = Client(address, timeout=timeout or call_timeout())
+    ctx = click.get_current_context(silent=True)
+    client = Client(address, timeout=timeout or call_timeout(),
+                    credentials=ctx.meta.get("mergetxn.credentials") if ctx else None)
     log.debug("connected to replica %s at %s", client.host_id, address)
     try:
         yield client
@@ -1189,9 +1196,13 @@ def snapshot(as_json: bool, replica: str) -> None:
 @click.option("--ignore-host", "ignore", multiple=True, metavar="HOST_ID",
               help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as one JSON object.")
+@click.option("--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): for its "
+                   "replicas and its ZooKeeper nodes.")
 @timeout_option
 def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds: float,
-           ignore: tuple[str, ...], as_json: bool) -> None:
+           ignore: tuple[str, ...], as_json: bool, credentials: Path | None) -> None:
     """Show the cluster: ZooKeeper's members and their mode; every replica's applied CSN, lag
     behind the log's end (entries and seconds), running transactions and oldest snapshot in use
     (and who holds it); the log's and checkpoints' size; the last cleanup pass.
@@ -1200,15 +1211,19 @@ def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds
     unreachable, without a ZooKeeper session, stopped at a bad log entry, or lagging more than
     --max-lag-seconds): each problem is named, so it serves as a health check.
     """
+    from coordinator.security import Credentials
     from mergetxn.status import gather
 
+    creds = None if credentials is None else Credentials.from_file(credentials)
+    click.get_current_context().meta["mergetxn.credentials"] = creds  # connected() takes them
     if replica is None and zk_hosts is None:
         raise click.UsageError(f"give --replica (or set {ENV_REPLICA}) or --zk")
     kazoo_log = logging.getLogger("kazoo")
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is reported once, below
         kazoo_log.setLevel(logging.CRITICAL)
     with working("gathering the cluster's status"):
-        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore, connect=connected)
+        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore, connect=connected,
+                        credentials=creds)
     if as_json:
         echo_json(report)
     else:
@@ -1441,6 +1456,37 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
     report.print_summary(result.summary, result.findings, out)
     out.print(f"report: {escape(str(report_dir))}/ ({', '.join(report.FILES)})")
     raise SystemExit(result.exit_code)
+
+
+# -- security ----------------------------------------------------------------------------------
+
+
+@cli.group()
+def security() -> None:
+    """Credentials for a secured cluster (TLS, authentication, ZooKeeper ACLs)."""
+
+
+@security.command("init")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"), show_default=True,
+              metavar="HOST", help="An IP address or DNS name clients reach replicas at (repeat for each).")
+@click.option("--user", default="mergetxn", show_default=True, help="The cluster's user name.")
+def security_init(directory: Path, hosts: tuple[str, ...], user: str) -> None:
+    """Make a private CA, one replica certificate for every --host, and a new secret in DIRECTORY.
+
+    Writes ca.pem, replica.pem, replica.key and two credentials files (mode 0600):
+    credentials.json for `replica start --credentials` and client.json for clients
+    (`--credentials` or MERGETXN_CREDENTIALS). The secret is never printed.
+    """
+    from coordinator.security import CLIENT_FILE, REPLICA_FILE, make_cluster_credentials
+
+    if (directory / REPLICA_FILE).exists():
+        fail(f"{directory / REPLICA_FILE} exists: remove the directory's files to make new credentials")
+    make_cluster_credentials(directory, hosts, user)
+    out = console()
+    out.print(f"credentials for user {user!r} and host(s) {', '.join(hosts)} in {directory}:", soft_wrap=True)
+    out.print(f"  replicas: mergetxn replica start --credentials {directory / REPLICA_FILE} ...", soft_wrap=True)
+    out.print(f"  clients:  MERGETXN_CREDENTIALS={directory / CLIENT_FILE} (or --credentials)", soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

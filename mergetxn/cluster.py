@@ -13,6 +13,12 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, ReplicaUnavailable
+from coordinator.security import (
+    ENV_CREDENTIALS,
+    REPLICA_FILE,
+    Credentials,
+    make_cluster_credentials,
+)
 from mergetxn.zkserver import start_zookeeper
 
 
@@ -22,6 +28,11 @@ class LocalCluster:
     Replica ``i`` keeps its host id (``r<i>``), data directory and port across
     :meth:`kill_replica` / :meth:`start_replica`, so a restarted replica recovers from its WAL
     and clients find it at the same address.
+
+    ``secure=True``: new credentials in ``workdir/security`` (coordinator/security.py); the
+    replicas serve only TLS clients that authenticate, and keep the ZooKeeper root under ACLs of
+    the cluster's identity. :attr:`credentials` is what ``coordinator.connect`` takes, and
+    :meth:`client` uses it. Processes get the credentials file's path, never the secret.
     """
 
     def __init__(
@@ -37,6 +48,7 @@ class LocalCluster:
         root: str = "/mergetxn",
         settings: dict[str, float | int] | None = None,
         metrics: bool = False,
+        secure: bool = False,
     ) -> None:
         """``settings``: tunable replica settings by name (``replicas.settings.TUNABLE``: merges,
         cleanup, ``retain_entries`` and the rest of the log tail), for every replica. Every value
@@ -57,6 +69,8 @@ class LocalCluster:
         self.session_timeout = SETTINGS["session_timeout"].check(session_timeout)
         self.root = SETTINGS["root"].check(root)
         self.metrics = bool(metrics)
+        self.secure = bool(secure)
+        self._credentials = None
         self.zk = None
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
@@ -65,6 +79,14 @@ class LocalCluster:
     @property
     def zk_address(self) -> str:
         return self.zk.address
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The cluster's credentials for clients (None unless ``secure``)."""
+        return None if self._credentials is None else self._credentials.client()
+
+    def _credentials_file(self) -> Path:
+        return self.workdir / "security" / REPLICA_FILE
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -75,6 +97,9 @@ class LocalCluster:
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.secure and self._credentials is None:  # kept in the workdir: a restart on it keeps them
+            self._credentials = (Credentials.from_file(self._credentials_file()) if self._credentials_file().exists()
+                                 else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost")))
         self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg)
         try:
             for i in range(self.n):
@@ -103,8 +128,10 @@ class LocalCluster:
             "port": self._ports[i], "root": self.root, "epoch_size": self.epoch_size,
             "txn_max_seconds": self.txn_max_seconds, "txn_max_rows": self.txn_max_rows,
             "session_timeout": self.session_timeout, "metrics_port": 0 if self.metrics else None, **self.settings,
+            "credentials_file": self._credentials_file() if self.secure else None,
         })]
         env = dict(os.environ)
+        env.pop(ENV_CREDENTIALS, None)  # the replicas' credentials are what ``secure`` says
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         log = open(d / "replica.log", "ab")
@@ -175,7 +202,7 @@ class LocalCluster:
         """A client of replica ``i`` (a new one each call; they are cheap)."""
         if not self.replica_addresses[i]:
             raise ReplicaUnavailable(f"replica {i} is not running")
-        return Client(self.replica_addresses[i])
+        return Client(self.replica_addresses[i], credentials=self.credentials)
 
     def stop(self) -> None:
         deadline = time.monotonic() + 20

@@ -97,8 +97,9 @@ def replica_info(address: str, timeout: float, connect: Connect = _client) -> di
     return info
 
 
-def _read_zookeeper(hosts: str, root: str, timeout: float) -> dict[str, Any]:
-    """What ZooKeeper holds about the cluster (read only)."""
+def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = None) -> dict[str, Any]:
+    """What ZooKeeper holds about the cluster (read only). ``credentials``: a secured cluster's
+    (:class:`coordinator.security.Credentials`), whose digest identity its nodes' ACLs require."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import NoNodeError
     from kazoo.retry import KazooRetry
@@ -108,7 +109,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float) -> dict[str, Any]:
     from coordinator.zklog import CsnLog
 
     zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-                     command_retry=KazooRetry(max_tries=2, delay=0.05))
+                     command_retry=KazooRetry(max_tries=2, delay=0.05),
+                     auth_data=None if credentials is None else credentials.zk_auth())
     try:
         zk.start(timeout=timeout)
     except Exception as exc:  # kazoo's timeout, or a bad connection string
@@ -161,7 +163,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float) -> dict[str, Any]:
 
 
 def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", timeout: float = 10.0,
-           max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = (), connect: Connect = _client) -> dict[str, Any]:
+           max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = (), connect: Connect = _client,
+           credentials: Any = None) -> dict[str, Any]:
     """The cluster's status as plain data (see the module docstring): ``healthy`` and
     ``problems`` first, then ``zookeeper``, ``log``, ``replicas`` (by host id), and the
     cluster-wide ``oldest_snapshot``, ``running_transactions`` and ``last_cleanup``.
@@ -183,7 +186,7 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         members = _members(zk_hosts)
         with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
             states = [pool.submit(member_status, h, p, min(timeout, 5.0)) for h, p in members]
-            read = pool.submit(_read_zookeeper, zk_hosts, root, timeout)
+            read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
             zookeeper["members"] = [f.result() for f in states]
             found = read.result()
         for m in zookeeper["members"]:

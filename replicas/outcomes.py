@@ -124,7 +124,7 @@ class Outcomes:
                    f"this transaction, but did not answer")
         if not alive.address:
             return CommitStatus(tid_text, TxnState.COMMITTING, None, pending)
-        client = RpcClient(alive.address, ASK_OWNER_SECONDS)
+        client = RpcClient(alive.address, ASK_OWNER_SECONDS, self.replica.config.credentials)
         try:
             answer = CommitStatus.from_dict(client.call("commit_status", {"tid": tid_text, "forwarded": True}))
         except (ReplicaUnavailable, MergetxnError, OSError) as exc:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import NoAuthError
 from kazoo.retry import KazooRetry
 from tenacity import Retrying, retry_if_exception, stop_never, wait_fixed
 
@@ -79,12 +80,21 @@ class Replica:
         self._stop = threading.Event()
         self.incarnation = 0
         self.address = ""
+        creds = config.credentials
+        if creds is not None:
+            # The cluster's identity in ZooKeeper: every node this replica creates (kazoo's
+            # default_acl: creates, ensure_path's parents, multis and recipes alike) may be read
+            # and written by that identity only. kazoo logs its auth packet at DEBUG: redact it.
+            for name in ("kazoo.client", "kazoo.protocol.connection"):
+                logging.getLogger(name).addFilter(creds.redactor())
         self.zk = KazooClient(
             hosts=config.zk,
             timeout=config.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
+            auth_data=None if creds is None else creds.zk_auth(),
+            default_acl=None if creds is None else creds.zk_acl(),
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
@@ -141,7 +151,13 @@ class Replica:
         gc.freeze()
         self.zk.add_listener(self._on_zk_state)
         self.zk.start(timeout=max(30.0, self.config.session_timeout))
-        self.log.ensure_layout()
+        try:
+            self.log.ensure_layout()
+        except NoAuthError:
+            raise InvalidInput(
+                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
+                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)") from None
+        self._check_root_acl()
         self.fence.start()
         self._register()
         self.tail = checkpoint.LogTail(self)
@@ -165,6 +181,17 @@ class Replica:
         threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
         self.pauses.start()
+
+    def _check_root_acl(self) -> None:
+        """A secured replica on a root that anyone may read or write (created by an unsecured
+        cluster: ZooKeeper ACLs are set when a node is created, never inherited) says so."""
+        if self.config.credentials is None:
+            return
+        acls, _ = self.zk.retry(self.zk.get_acls, self.log.root)
+        if any(acl.id.scheme != "digest" for acl in acls):
+            log.error("the ZooKeeper root %s is open to others (ACL %s): it was created without credentials. "
+                      "Secure it with setAcl -R %s digest:<user>:<digest>:cdrwa (zkCli), or use a new root",
+                      self.log.root, [f"{a.id.scheme}:{a.id.id}" for a in acls], self.log.root)
 
     def stop(self) -> None:
         self._stop.set()
@@ -485,6 +512,7 @@ class Replica:
             "tables": sorted(self.state.tables),
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
+            "secure": self.config.credentials is not None,  # TLS, authentication, ZooKeeper ACLs
             "committer": None if committer is None else {
                 "commits": committer.committed, "batches": committer.batches,
                 "local_version_misses": committer.local_misses, "failed": committer.stats.failed,

@@ -33,7 +33,10 @@ _ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions"})
 
 class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(host, port, self.dispatch, inline=self._inline)
+        creds = replica.config.credentials  # secured: TLS and the cluster's identity (coordinator/rpc.py)
+        super().__init__(host, port, self.dispatch, inline=self._inline,
+                         tls=None if creds is None else creds.server_context(),
+                         authenticate=None if creds is None else creds.authenticator())
         self.replica = replica
         self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"

@@ -12,7 +12,9 @@ whether it is *tunable*). Everything else is derived from these declarations:
   (:func:`command_line`).
 
 Fields without a :class:`Setting` are set only by code: ``storage_options`` (credentials for s3fs,
-never on a command line) and ``read_wait_seconds``.
+never on a command line), ``read_wait_seconds``, and ``credentials``: the cluster's identity
+(coordinator/security.py), read from the file named by the ``credentials_file`` setting
+(``--credentials FILE`` or ``MERGETXN_CREDENTIALS``); a secret never goes on a command line.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import InvalidInput
+from coordinator.security import ENV_CREDENTIALS, Credentials
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,8 @@ class Setting:
     tunable: bool = False
     flag: str = ""  # the command-line name without dashes, when it differs from the field name
     metavar: str | None = None
+    envvar: str = ""  # the environment variable giving the default, when not MERGETXN_<NAME> of a tunable
+    file: bool = False  # a Path setting naming a file, not a directory
 
     @property
     def option(self) -> str:
@@ -49,7 +54,7 @@ class Setting:
 
     @property
     def env(self) -> str | None:
-        return "MERGETXN_" + self.name.upper() if self.tunable else None
+        return self.envvar or ("MERGETXN_" + self.name.upper() if self.tunable else None)
 
     @property
     def required(self) -> bool:
@@ -62,7 +67,7 @@ class Setting:
 
     def check(self, value: Any) -> Any:
         """``value`` (or its text) as this setting's type, or InvalidInput naming what is wrong."""
-        if value is None and self.default is None:
+        if (value is None or value == "") and self.default is None:
             return None
         if self.type is Path:
             return Path(value)
@@ -105,7 +110,11 @@ class ReplicaConfig:
     txn_max_seconds: float = _setting(3600.0, "a transaction running longer is aborted", minimum=0, above=True)
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
+    credentials_file: Path | None = _setting(
+        None, "the cluster's credentials file (mergetxn security init): TLS and authentication for clients, "
+        "ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
     storage_options: dict | None = field(default=None, repr=False)
+    credentials: Credentials | None = field(default=None, repr=False, compare=False)  # from credentials_file
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
     # Tunable: background merges and cleanup (replicas/merges.py, replicas/cleanup.py).
     merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
@@ -136,6 +145,14 @@ class ReplicaConfig:
     local_checkpoint_every: int = _setting(
         5000, "write the local state snapshot and compact the WAL every this many entries", minimum=1, tunable=True)
     tail_check_seconds: float = _setting(1.0, "seconds between looks at the log tail", minimum=0.05, tunable=True)
+
+    def __post_init__(self) -> None:
+        if self.credentials is None and self.credentials_file is not None:
+            object.__setattr__(self, "credentials", Credentials.from_file(self.credentials_file))
+        c = self.credentials
+        if c is not None and (c.cert_file is None or c.ca_file is None):
+            raise InvalidInput(f"credentials file {self.credentials_file or ''}: a replica needs ca_file, cert_file "
+                               "and key_file (the replicas' file from mergetxn security init, not the clients')")
 
 
 def _settings() -> dict[str, Setting]:
@@ -207,7 +224,7 @@ def click_options(command: Callable) -> Callable:
         elif s.type is float:
             kind = click.FloatRange(min=s.minimum, max=s.maximum, min_open=s.above)
         elif s.type is Path:
-            kind = click.Path(file_okay=False, path_type=Path)
+            kind = click.Path(file_okay=s.file, dir_okay=not s.file, path_type=Path)
         else:
             kind = None
         text = s.help[0].upper() + s.help[1:] + (f" (env {s.env})." if s.env else ".")

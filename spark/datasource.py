@@ -84,7 +84,10 @@ BATCH_ROWS = 65_536
 
 @dataclass(frozen=True)
 class Settings:
-    """Parsed options. ``storage_options`` may hold credentials: it is never printed."""
+    """Parsed options. ``storage_options`` may hold credentials: it is never printed.
+    ``credentials`` is the path of a secured cluster's credentials file (option ``credentials``,
+    else ``MERGETXN_CREDENTIALS`` where the client runs): options may show in plans, so only the
+    path ever travels, and the driver and every task read the file where they run."""
 
     table: str
     replica: str
@@ -97,6 +100,7 @@ class Settings:
     trace_reads: str | None = None
     trace_commits: str | None = None
     storage_options: dict | None = field(default=None, repr=False)
+    credentials: str | None = None
 
 
 def _option(options: Any, name: str) -> str | None:
@@ -209,6 +213,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
         trace_reads=_option(options, "trace_reads"),
         trace_commits=_option(options, "trace_commits"),
         storage_options=storage_options(options),
+        credentials=_option(options, "credentials"),
     )
 
 
@@ -217,7 +222,7 @@ def connect(s: Settings):
     from coordinator.client import Client
 
     try:
-        return Client(s.replica, s.storage_options)
+        return Client(s.replica, s.storage_options, credentials=s.credentials)
     except ReplicaUnavailable as exc:
         raise ReplicaUnavailable(f"mergetxn: cannot reach replica {s.replica} (option 'replica'): "
                                  f"{exc.message}") from None

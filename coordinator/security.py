@@ -1,0 +1,330 @@
+"""The cluster's identity: who may talk to a replica, and to ZooKeeper under the mergetxn root.
+
+A secured cluster has one identity, :class:`Credentials` (a user and a secret), kept in a
+credentials file (JSON or TOML, mode 0600) beside a private CA:
+
+* replicas accept clients only over TLS (their certificate is signed by the CA in ``ca_file``)
+  and only after an ``auth`` request carrying the identity (coordinator/rpc.py);
+* replicas log in to ZooKeeper with the identity (digest scheme) and create every node under
+  the root with an ACL that lets only that identity read or write it (replicas/replica.py).
+
+A credentials file names its other files relative to its own directory::
+
+    {"user": "mergetxn", "secret": "...", "ca_file": "ca.pem",
+     "cert_file": "replica.pem", "key_file": "replica.key"}
+
+``cert_file``/``key_file`` (the replica's certificate and key) only a replica needs; clients use
+a file without them. :func:`make_cluster_credentials` (``mergetxn security init``) makes both.
+The secret is never printed: not in ``repr``, errors, logs, ``info`` or a command line (a
+process takes the file's path, ``--credentials FILE`` or ``MERGETXN_CREDENTIALS``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import json
+import logging
+import os
+import secrets
+import ssl
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from coordinator.errors import InvalidInput
+
+ENV_CREDENTIALS = "MERGETXN_CREDENTIALS"
+DEFAULT_USER = "mergetxn"
+MIN_SECRET = 16  # characters; make_cluster_credentials makes 43
+CLIENT_FILE = "client.json"  # what make_cluster_credentials writes for clients (no replica key)
+REPLICA_FILE = "credentials.json"  # and for replicas
+
+
+@dataclass(frozen=True, repr=False)
+class Credentials:
+    """The cluster's identity and the TLS files that go with it (see the module docstring)."""
+
+    user: str
+    secret: str = field(repr=False)
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.user, str) or not self.user or ":" in self.user:
+            raise InvalidInput(f"credentials: user must be a non-empty name without ':', not {self.user!r}")
+        if not isinstance(self.secret, str) or len(self.secret) < MIN_SECRET:
+            raise InvalidInput(f"credentials: the secret must be a string of at least {MIN_SECRET} characters "
+                               "(mergetxn security init makes one)")
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if (self.cert_file is None) != (self.key_file is None):
+            raise InvalidInput("credentials: cert_file and key_file go together (a replica needs both)")
+
+    def __repr__(self) -> str:
+        files = ", ".join(f"{n}={str(getattr(self, n))!r}" for n in ("ca_file", "cert_file", "key_file")
+                          if getattr(self, n) is not None)
+        return f"Credentials(user={self.user!r}, secret='***'{', ' + files if files else ''})"
+
+    __str__ = __repr__
+
+    # -- files -------------------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> Credentials:
+        """Read a credentials file (JSON, or TOML when it ends in .toml). Refused when anyone
+        but its owner may read it (it holds the secret): ``chmod 600`` it."""
+        path = Path(path).expanduser()
+        _check_private(path, "credentials file")
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise InvalidInput(f"credentials file {path} cannot be read: {exc.strerror or exc}") from None
+        try:
+            if path.suffix == ".toml":
+                import tomllib
+
+                data = tomllib.loads(text)
+            else:
+                data = json.loads(text)
+        except ValueError as exc:
+            raise InvalidInput(f"credentials file {path} does not parse as "
+                               f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}") from None
+        if not isinstance(data, dict):
+            raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
+        unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file"})
+        if unknown:
+            raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
+        for name in ("user", "secret"):
+            if not isinstance(data.get(name), str):
+                raise InvalidInput(f"credentials file {path}: field {name!r} (a string) is missing")
+
+        def file(name: str) -> Path | None:
+            value = data.get(name)
+            if value is None:
+                return None
+            if not isinstance(value, str):
+                raise InvalidInput(f"credentials file {path}: field {name!r} must be a path")
+            p = Path(value).expanduser()
+            p = p if p.is_absolute() else path.parent.resolve() / p
+            if not p.is_file():
+                raise InvalidInput(f"credentials file {path}: {name} {p} does not exist")
+            return p
+
+        try:
+            creds = cls(data["user"], data["secret"], file("ca_file"), file("cert_file"), file("key_file"))
+        except InvalidInput as exc:
+            raise InvalidInput(f"credentials file {path}: {exc.message.removeprefix('credentials: ')}") from None
+        if creds.key_file is not None:
+            _check_private(creds.key_file, "private key")
+        return creds
+
+    @classmethod
+    def from_env(cls) -> Credentials | None:
+        """The credentials file named by ``MERGETXN_CREDENTIALS``, or None when it is not set."""
+        path = os.environ.get(ENV_CREDENTIALS, "").strip()
+        return cls.from_file(path) if path else None
+
+    def to_file(self, path: str | os.PathLike) -> Path:
+        """Write this as a JSON credentials file (mode 0600), naming files beside it relatively."""
+        path = Path(path)
+
+        def rel(p: Path | None) -> str | None:
+            if p is None:
+                return None
+            p = Path(p).resolve()
+            return p.name if p.parent == path.parent.resolve() else str(p)
+
+        data = {"user": self.user, "secret": self.secret, "ca_file": rel(self.ca_file),
+                "cert_file": rel(self.cert_file), "key_file": rel(self.key_file)}
+        _write_private(path, json.dumps({k: v for k, v in data.items() if v is not None}, indent=2) + "\n")
+        return path
+
+    def client(self) -> Credentials:
+        """The same identity without the replica's certificate and key (what clients need)."""
+        return replace(self, cert_file=None, key_file=None)
+
+    # -- TLS and the check of an ``auth`` request ---------------------------------------------
+    def client_context(self) -> ssl.SSLContext:
+        """TLS 1.2+ verifying the replica's certificate against ``ca_file``, host name or IP
+        address included."""
+        if self.ca_file is None:
+            raise InvalidInput("credentials: ca_file (the CA that signed the replicas' certificate) is needed "
+                               "to connect")
+        try:
+            return _client_context(self.ca_file, self.ca_file.stat().st_mtime_ns)
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInput(f"credentials: CA file {self.ca_file} does not load: {exc}") from None
+
+    def server_context(self) -> ssl.SSLContext:
+        """TLS 1.2+ with the replica's certificate and key."""
+        if self.cert_file is None or self.key_file is None:
+            raise InvalidInput("credentials: a replica needs cert_file and key_file (its certificate and key; "
+                               "mergetxn security init writes them)")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        # No session tickets: an idle client connection then has nothing to read but a close,
+        # which is how the client tells it is still open (coordinator/rpc.py, _alive).
+        ctx.num_tickets = 0
+        try:
+            ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise InvalidInput(f"credentials: certificate {self.cert_file} with key {self.key_file} does not "
+                               f"load: {exc}") from None
+        return ctx
+
+    def authenticator(self) -> Callable[[dict], bool]:
+        """The check of an ``auth`` request's ``{"user", "secret"}`` (constant-time compares)."""
+        user, secret = self.user.encode(), self.secret.encode()
+
+        def check(args: dict) -> bool:
+            u, s = args.get("user"), args.get("secret")
+            if not isinstance(u, str) or not isinstance(s, str):
+                return False
+            return hmac.compare_digest(u.encode(), user) & hmac.compare_digest(s.encode(), secret)
+
+        return check
+
+    def auth_request(self) -> dict:
+        """The arguments of the ``auth`` request a client sends first on each connection."""
+        return {"user": self.user, "secret": self.secret}
+
+    # -- ZooKeeper -----------------------------------------------------------------------------
+    def zk_auth(self) -> list[tuple[str, str]]:
+        """kazoo's ``auth_data``: the digest identity."""
+        return [("digest", f"{self.user}:{self.secret}")]
+
+    def zk_acl(self) -> list:
+        """kazoo's ``default_acl``: every permission for this identity, none for anyone else."""
+        from kazoo.security import make_digest_acl
+
+        return [make_digest_acl(self.user, self.secret, all=True)]
+
+    def redactor(self) -> logging.Filter:
+        """A logging filter that replaces the secret in any record (kazoo logs its auth packet)."""
+        return _Redact(self.secret)
+
+
+@functools.lru_cache(maxsize=16)
+def _client_context(ca_file: Path, mtime_ns: int) -> ssl.SSLContext:
+    """One context per CA file (as it is now): loading it costs more than a connection's handshake."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # verifies the certificate and the host name or IP
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_verify_locations(cafile=str(ca_file))
+    return ctx
+
+
+class _Redact(logging.Filter):
+    def __init__(self, secret: str) -> None:
+        super().__init__()
+        self._secret = secret
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if self._secret in message:
+            record.msg, record.args = message.replace(self._secret, "***"), None
+        return True
+
+
+def resolve(credentials: Credentials | str | os.PathLike | None) -> Credentials | None:
+    """``credentials`` as given (a path is read), or from ``MERGETXN_CREDENTIALS`` when None."""
+    if credentials is None:
+        return Credentials.from_env()
+    if isinstance(credentials, Credentials):
+        return credentials
+    if isinstance(credentials, (str, os.PathLike)):
+        return Credentials.from_file(credentials)
+    raise InvalidInput(f"credentials must be a Credentials or the path of a credentials file, "
+                       f"not {type(credentials).__name__}")
+
+
+def _check_private(path: Path, what: str) -> None:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise InvalidInput(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if st.st_mode & 0o077:
+        raise InvalidInput(f"{what} {path} may be read by others (mode {stat.S_IMODE(st.st_mode):04o}): it holds "
+                           f"a secret; make it private with: chmod 600 {path}")
+
+
+def _write_private(path: Path, text: str | bytes) -> None:
+    """Write a file only its owner may read (created 0600, replaced atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode() if isinstance(text, str) else text)
+    os.replace(tmp, path)
+
+
+def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] = ("127.0.0.1", "localhost"),
+                             user: str = DEFAULT_USER, days: int = 825) -> Credentials:
+    """Make a private CA, a replica certificate for ``hosts`` (IP addresses and DNS names, as
+    clients will address the replicas) and a new secret in ``directory``:
+
+    ``ca.pem`` (the CA certificate: what clients verify replicas with), ``replica.pem`` and
+    ``replica.key`` (one certificate for every replica), ``credentials.json`` (for replicas) and
+    ``client.json`` (for clients: no replica key). Keys and credentials files are mode 0600. The
+    CA's key is not kept: to add a host, make new credentials and hand them out again.
+
+    Returns the replicas' credentials (``.client()`` gives the clients')."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    hosts = list(dict.fromkeys(h.strip() for h in hosts if h and h.strip()))
+    if not hosts:
+        raise InvalidInput("make_cluster_credentials: give at least one host (IP address or DNS name)")
+    sans: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            sans.append(x509.DNSName(h))
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn cluster CA {secrets.token_hex(4)}")])
+    ca_cert = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn replica")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    (d / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
+    (d / "replica.pem").write_bytes(cert.public_bytes(pem))
+    _write_private(d / "replica.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                        serialization.NoEncryption()))
+    creds = Credentials(user, secrets.token_urlsafe(32), d / "ca.pem", d / "replica.pem", d / "replica.key")
+    creds.to_file(d / REPLICA_FILE)
+    creds.client().to_file(d / CLIENT_FILE)
+    return Credentials.from_file(d / REPLICA_FILE)
