@@ -46,6 +46,7 @@ from parts.storage import Storage
 
 CALL_TIMEOUT = 600.0
 T = TypeVar("T")
+CONNECT_TIMEOUT = 10.0  # the first answer (info) of a new client: a port that accepts and never answers
 OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
 
 
@@ -65,7 +66,7 @@ class Client:
         self.address = address
         self._rpc = RpcClient(address, timeout, security.resolve(credentials))
         self._tables: dict[str, TableDef] = {}
-        info = self.call("info")
+        info = self._rpc.call("info", {}, timeout=CONNECT_TIMEOUT)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
 

@@ -529,18 +529,28 @@ class RpcClient:
             except OSError:
                 pass
 
-    def call(self, action: str, args: dict) -> Any:
+    def call(self, action: str, args: dict, timeout: float | None = None) -> Any:
         """One request/answer. A failure before anything was sent is retried once on a new
         connection (a replica restarted since the last call); a failure after sending is
         ReplicaUnavailable, because the action may or may not have happened, except that an
-        action in IDEMPOTENT whose connection closed before it answered is sent once more."""
+        action in IDEMPOTENT whose connection closed before it answered is sent once more.
+        ``timeout``: for this call's answer instead of the client's (a call that must be quick)."""
         try:
-            return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}))
+            return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}), timeout)
         except _Resend as exc:
             raise errors.ReplicaUnavailable(str(exc)) from None
 
-    def _attempt(self, action: str, payload: bytes) -> Any:
+    def _attempt(self, action: str, payload: bytes, timeout: float | None = None) -> Any:
         sock, rfile = self._connection()
+        if timeout is not None:
+            sock.settimeout(min(timeout, self._timeout))
+        try:
+            return self._exchange(sock, rfile, action, payload)
+        finally:
+            if timeout is not None and getattr(self._local, "conn", None) is not None:
+                sock.settimeout(self._timeout)
+
+    def _exchange(self, sock: socket.socket, rfile: BinaryIO, action: str, payload: bytes) -> Any:
         try:
             sock.sendall(payload)
         except OSError as exc:

@@ -143,3 +143,36 @@ def test_shutdown_closes_connections(served) -> None:
     assert rfile.read(1) == b""
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", server.port), timeout=2).sendall(b"x" * 10)
+
+
+def test_connect_to_a_port_that_never_answers_fails_instead_of_hanging(monkeypatch) -> None:
+    """A port that accepts and never answers (a stopped process behind a proxy, the wrong
+    service): ``connect`` raises ReplicaUnavailable after CONNECT_TIMEOUT, not after the
+    600 s call timeout; and a call with its own timeout keeps the connection's for the next."""
+    import time
+
+    from coordinator import client
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        monkeypatch.setattr(client, "CONNECT_TIMEOUT", 0.5)
+        started = time.monotonic()
+        with pytest.raises(errors.ReplicaUnavailable, match="did not answer 'info'"):
+            client.connect(address)
+        assert time.monotonic() - started < 30  # the guarantee: no hang of CALL_TIMEOUT (600 s)
+    finally:
+        silent.close()
+
+
+def test_a_call_timeout_applies_to_that_call_only(served) -> None:
+    service, server = served
+    rpc = RpcClient(f"127.0.0.1:{server.port}", timeout=30.0)
+    assert rpc.call("echo", {"n": 1}, timeout=0.5) == ["echo", 1]
+    sock, _ = rpc._connection()
+    assert sock.gettimeout() == 30.0  # the connection keeps the client's timeout for the next call
+    with pytest.raises(errors.ReplicaUnavailable, match="did not answer 'slow'"):
+        rpc.call("slow", {"n": 2}, timeout=0.2)  # its gate is closed: it cannot answer in time
+    service.gate.set()
+    assert rpc.call("echo", {"n": 3}) == ["echo", 3]  # a new connection
+    rpc.close()
