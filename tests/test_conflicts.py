@@ -293,9 +293,15 @@ def run_pair(
     schema = PSCHEMA if partitioned else SCHEMA
     seed_csn, seed = create_seeded(clients, table, policy, partitioned)
     tx_e, tx_l = begin_pair(clients, reps, seed_csn)
+    # the time-travel reads below need these snapshots kept: cleanup protects snapshots in use,
+    # and a plain read pins nothing, so running transactions hold them until the end
+    pins = [clients[reps[0]].begin()]
+    assert pins[0].snapshot == seed_csn
     earlier.run(tx_e, table, schema)
     later.run(tx_l, table, schema)
     e_csn = tx_e.commit()
+    pins.append(clients[reps[0]].begin())
+    assert pins[1].snapshot == e_csn
     after_earlier = earlier.apply(seed)
     if later_succeeds:
         l_csn = tx_l.commit()
@@ -319,6 +325,8 @@ def run_pair(
     parts = clients[1].parts(table).to_pylist()
     assert all(p["creation_csn"] == e_csn for p in parts if p["creation_tid"] == tx_e.id)
     assert_files_are_recorded(clients, table, tx_e)
+    for pin in pins:
+        pin.rollback()
 
 
 def cells() -> list:
@@ -572,6 +580,7 @@ def test_multi_table_commit_is_one_csn(clients: list[Client], rep: int) -> None:
     _, seed_x = create_seeded(clients, x, "parts")
     seed_csn, seed_y = create_seeded(clients, y, "maxcompute")
     new_x, new_y = [{"k": 8, "v": 80}], [{"k": 9, "v": 90}, {"k": 10, "v": 100}]
+    pin = clients[rep].begin()  # keeps CSN-1 readable below: a plain read pins nothing
     with clients[rep].transaction() as tx:
         assert tx.snapshot == seed_csn
         tx.insert(x, pa.Table.from_pylist(new_x, schema=SCHEMA))
@@ -588,6 +597,8 @@ def test_multi_table_commit_is_one_csn(clients: list[Client], rep: int) -> None:
         assert rows_of(c.read(y, snapshot=csn)) == model_rows(seed_y + new_y)
         assert rows_of(c.read(x, snapshot=csn - 1)) == model_rows(seed_x)
         assert rows_of(c.read(y, snapshot=csn - 1)) == model_rows(seed_y)
+        if c is clients[-1]:
+            pin.rollback()
         for t in (x, y):
             parts = c.parts(t).to_pylist()
             mine = [p for p in parts if p["creation_tid"] == tx.id]
@@ -628,6 +639,7 @@ def test_multi_statement_folding(clients: list[Client], policy: str) -> None:
     of parts it wrote and removed again are gone."""
     table = table_name("ms")
     seed_csn, seed = create_seeded(clients, table, policy)
+    pin = clients[1].begin()  # keeps the seed readable below: a plain read pins nothing
     with clients[1].transaction() as tx:
         tx.insert(
             table, pa.Table.from_pylist([{"k": 20, "v": 1}, {"k": 21, "v": 1}], schema=SCHEMA)
@@ -639,6 +651,7 @@ def test_multi_statement_folding(clients: list[Client], policy: str) -> None:
     want = [dict(r, v=7) if r["k"] == 4 else r for r in seed] + [{"k": 20, "v": 7}]
     assert_contents(clients, table, tx.csn, want)
     assert rows_of(clients[0].read(table, snapshot=tx.csn - 1)) == model_rows(seed)
+    pin.rollback()
     assert_files_are_recorded(clients, table, tx)
     assert seed_csn < tx.csn
 
