@@ -135,7 +135,10 @@ class Client:
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
-        tid = Tid.parse(txn_id)
+        try:
+            tid = Tid.parse(txn_id)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"join: {exc}", id=txn_id) from None
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
@@ -564,7 +567,11 @@ class Transaction:
 
     # -- ending -------------------------------------------------------------------------------
     def commit(self) -> int:
-        """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing)."""
+        """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing).
+        Called again after it committed, it returns the same CSN (a retrying caller must not
+        write twice)."""
+        if self.csn is not None:
+            return self.csn
         self._check_open()
         try:
             self.csn = self.client.call("commit", id=self.id)["csn"]
@@ -593,6 +600,10 @@ class Transaction:
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
+        """Roll back; nothing it staged becomes visible. InvalidInput after it committed."""
+        if self.csn is not None:
+            raise InvalidInput(f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back",
+                               id=self.id, csn=self.csn)
         if self._ended:
             return
         self._ended = True
@@ -682,8 +693,39 @@ def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:
         values = tuple(p) if isinstance(p, (tuple, list)) else (p,)
         if len(values) != len(tdef.partition_by):
             raise InvalidInput(f"partition {p!r} does not match partition columns {list(tdef.partition_by)}")
+        for col, v in zip(tdef.partition_by, values):
+            _check_partition_value(tdef, col, v)
         out.append(tuple(_json_scalar(v) for v in values))
     return out
+
+
+def _check_partition_value(tdef: TableDef, column: str, value: Any) -> None:
+    """A partition value given by the caller (truncate, overwrite, compact ``partitions=``) must
+    be of its column's type: a value of another type names no partition, and the statement would
+    silently do nothing."""
+    if value is None:
+        return
+    t = tdef.schema.field(column).type
+    if pa.types.is_boolean(t):
+        ok = isinstance(value, bool)
+    elif pa.types.is_integer(t):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        ok = isinstance(value, str)
+    elif pa.types.is_date(t):
+        ok = isinstance(value, dt.date) and not isinstance(value, dt.datetime)
+        if isinstance(value, str):
+            try:
+                dt.date.fromisoformat(value)
+                ok = True
+            except ValueError:
+                ok = False
+    else:
+        ok = True
+    if not ok:
+        raise InvalidInput(f"partition value {value!r} ({type(value).__name__}) does not match partition column "
+                           f"{column!r} of table {tdef.name!r}, which is {t}", table=tdef.name, column=column,
+                           value=repr(value))
 
 
 def _check_predicate(where: Any, tdef: TableDef, what: str) -> None:

@@ -123,11 +123,18 @@ def write_part(
         created_at=time.time(),
     )
     storage.put(path, raw)
-    storage.put(
-        meta.meta_path,
-        json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
-        durable=False,  # advisory: the commit entry carries the same metadata
-    )
+    try:
+        storage.put(
+            meta.meta_path,
+            json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
+            durable=False,  # advisory: the commit entry carries the same metadata
+        )
+    except OSError:
+        try:  # nothing will reference the part: do not leave it for cleanup
+            storage.delete(path)
+        except OSError:
+            pass
+        raise
     return meta
 
 

@@ -23,7 +23,13 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
+from coordinator.errors import (
+    InvalidInput,
+    ReplicaUnavailable,
+    StorageError,
+    TransactionAborted,
+    storage_error,
+)
 from coordinator.model import CommitStatus, StagedOp, TxnState, WalStaged, op_from_dict
 from coordinator.versions import Tid, local_counter
 from parts.meta import PartMeta
@@ -148,7 +154,15 @@ class Transactions:
             txn.ops.append(op)
             txn.rows += op.rows
         if op.added:
-            self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+            try:
+                self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+            except OSError as exc:
+                # Without its record a restart could not delete the files: roll back now.
+                err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
+                reason = (f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
+                          f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there")
+                self.abort(txn, reason)
+                raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
         """Parts visible to a transaction: at its snapshot, with its own writes."""
@@ -309,6 +323,10 @@ class Transactions:
         self.replica.history.on_end(txn)
 
     def kill(self, txn_id: str) -> dict:
+        try:
+            Tid.parse(txn_id)
+        except ValueError as exc:
+            raise InvalidInput(f"kill: {exc}", id=txn_id) from None
         txn = self.txn(txn_id)
         self.abort(txn, f"transaction {txn_id} was killed by an operator")
         return txn.describe()

@@ -342,6 +342,9 @@ class Replica:
         if snapshot is not None and as_of is not None:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
+            if isinstance(as_of, bool) or not isinstance(as_of, (int, float)):
+                raise InvalidInput(f"as_of must be a timestamp, not {as_of!r}")
+            self.retention.check_not_future(float(as_of), "as_of")
             snap = self.state.csn_at_time(float(as_of))
             self.retention.check_as_of(snap, as_of)
             return snap
