@@ -22,7 +22,16 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from coordinator import errors
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
-from coordinator.model import CommitStatus, Compact, Insert, Mutate, Overwrite, StagedOp, Truncate
+from coordinator.model import (
+    CommitStatus,
+    Compact,
+    DropTable,
+    Insert,
+    Mutate,
+    Overwrite,
+    StagedOp,
+    Truncate,
+)
 from coordinator.rpc import RpcClient
 from coordinator.versions import Tid
 from parts import rewrite
@@ -59,7 +68,9 @@ class Client:
             raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
         self.address = address
         self._rpc = RpcClient(address, timeout)
-        self._tables: dict[str, TableDef] = {}
+        # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
+        # S uses one when the last catalog change at or before S (begin says it) is not after it.
+        self._tables: dict[str, tuple[TableDef, int]] = {}
         info = self.call("info")
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
@@ -113,15 +124,76 @@ class Client:
         found = _until_decided(look_up)
         if isinstance(found, int):
             return found
-        if found.to_dict() | {"created_csn": 0} != tdef.to_dict():
+        if not found.same_definition(tdef):
             raise InvalidInput(f"table {tdef.name!r} already exists with another definition", table=tdef.name)
-        self._tables[tdef.name] = found
         return found.created_csn
 
     def table(self, name: str) -> TableDef:
+        """The table's definition as this client last looked it up (the latest then)."""
         if name not in self._tables:
-            self._tables[name] = TableDef.from_dict(self.call("table", name=name))
-        return self._tables[name]
+            return self._table_at(name, None, None)
+        return self._tables[name][0]
+
+    def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef:
+        """The definition at ``snapshot`` (None: the latest), whose last catalog change is ``ddl``
+        (None: unknown): from the cache when it holds there, else asked."""
+        cached = self._tables.get(name)
+        if cached is not None and snapshot is not None and ddl is not None:
+            tdef, at = cached
+            if tdef.csn <= snapshot and ddl <= at:
+                return tdef
+        d = self.call("table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
+        tdef, at = TableDef.from_dict(d), int(d.get("at") or 0)
+        if cached is None or at >= cached[1]:
+            self._tables[name] = (tdef, at)
+        return tdef
+
+    def describe_table(self, name: str, snapshot: int | None = None) -> dict:
+        """The table at ``snapshot`` (the latest by default): ``schema`` (a pyarrow.Schema),
+        ``partition_by``, ``primary_key``, ``conflict_policy``, ``auto_merge``, ``created_csn``,
+        ``schema_version`` and ``version_csn`` (the CSN of its last ALTER, 0 if none), what it
+        holds (``parts``, ``rows``, ``bytes``, ``partitions``), and its ``history`` (created,
+        altered: CSN each)."""
+        d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
+        d["schema"] = TableDef.from_dict(d).schema
+        d["partition_by"], d["primary_key"] = tuple(d["partition_by"]), tuple(d["primary_key"])
+        d.setdefault("version_csn", 0)
+        d.setdefault("ddl_version", 0)
+        d.pop("changes", None)
+        return d
+
+    def drop_table(self, name: str) -> int:
+        """DROP TABLE as a transaction of its own; returns its CSN. Reads at older snapshots still
+        see the table (while retained); its files are collected by cleanup once no snapshot in
+        use sees them; a table of the same name may be created afterwards."""
+        with self.transaction() as tx:
+            tx.drop_table(name)
+        assert tx.csn is not None
+        return tx.csn
+
+    def alter_table(self, name: str, add_columns: pa.Schema | Sequence[pa.Field] | None = None,
+                    rename_columns: Mapping[str, str] | None = None) -> int:
+        """ALTER TABLE: add nullable columns (rows written before read them as null) and rename
+        columns ({old: new}; rows written before read under the new names). Returns the CSN from
+        which the new schema holds. Partition and key columns cannot be renamed; a bad alter is
+        InvalidInput naming the problem and changes nothing."""
+        if add_columns is not None and not isinstance(add_columns, pa.Schema):
+            if isinstance(add_columns, pa.Field):
+                add_columns = [add_columns]
+            if not isinstance(add_columns, Sequence) or not all(isinstance(f, pa.Field) for f in add_columns):
+                raise InvalidInput(f"alter {name!r}: add_columns must be a pyarrow.Schema or a list of "
+                                   f"pyarrow.Field, not {add_columns!r}")
+            add_columns = pa.schema(list(add_columns))
+        if rename_columns is not None and not isinstance(rename_columns, Mapping):
+            raise InvalidInput(f"alter {name!r}: rename_columns must map old column names to new ones")
+        args: dict[str, Any] = {"name": name}
+        if add_columns is not None:
+            args["add_columns"] = schema_to_json(add_columns)
+        if rename_columns is not None:
+            args["rename_columns"] = dict(rename_columns)
+        csn = self.call("alter_table", **args)["csn"]
+        self._tables.pop(name, None)
+        return csn
 
     def tables(self) -> list[str]:
         return self.call("tables")
@@ -131,7 +203,7 @@ class Client:
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex)
-        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"])
+        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -177,7 +249,8 @@ class Client:
         r = self.call("visible", **args)
         try:
             with self._leased(r):
-                return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+                tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+                return self._read_parts(tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
             # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
@@ -222,20 +295,20 @@ class Client:
             except errors.MergetxnError:
                 pass  # it lapses on its own
 
-    def _read_parts(self, table: str, metas: list[PartMeta], columns: Sequence[str] | None,
+    def _read_parts(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
                     where: pc.Expression | None) -> pa.Table:
-        tdef = self.table(table)
+        """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now)."""
+        table = tdef.name
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
                 raise InvalidInput(f"table {table!r} has no column(s) {missing}")
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {table!r}")
-            metas = [m for m in metas if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
-        tables = rewrite.read_parts(self.storage, metas)
+            metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by),
+                                                   m.partition, where, tdef.schema)]
+        tables = rewrite.read_parts(self.storage, metas, table=tdef)
         data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
-        if data.schema != tdef.schema:
-            data = data.cast(tdef.schema)
         if where is not None:
             data = data.filter(where)
         if columns is not None:
@@ -297,20 +370,19 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
-        tdef = self.table(table)
         r = self.call("changes", table=table, start=lo, end=hi, by=by)
+        # the schema at the end of the range (the latest when it is open, or by time)
+        tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
-                datas = rewrite.read_parts(self.storage, metas)
+                datas = rewrite.read_parts(self.storage, metas, table=tdef)
         except errors.CorruptPart:  # collected meanwhile?
             self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none")
             raise
         schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
         pieces = []
         for p, data in zip(r["parts"], datas):
-            if data.schema != tdef.schema:
-                data = data.cast(tdef.schema)
             n = data.num_rows
             data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
@@ -385,8 +457,10 @@ class Client:
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
-    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False) -> None:
+    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False,
+                 ddl: int | None = None) -> None:
         self.client = client
+        self._ddl = ddl  # the last catalog change at or before the snapshot (None: unknown)
         self.tid = tid
         self.id = txn_id
         self.snapshot = snapshot
@@ -432,9 +506,21 @@ class Transaction:
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
         return [
-            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id)
+            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
+                       tdef.ddl_version)
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
+
+    def table(self, name: str) -> TableDef:
+        """The table's definition as this transaction sees it (at its snapshot; the latest for
+        a table created since)."""
+        try:
+            return self.client._table_at(name, self.snapshot, self._ddl)
+        except errors.TableNotFound:
+            latest = self.client._table_at(name, None, None)
+            if latest.created_csn <= self.snapshot:
+                raise
+            return latest  # created after the snapshot: a transaction may write it
 
     def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
         args: dict[str, Any] = {"table": table, "id": self.id}
@@ -446,7 +532,7 @@ class Transaction:
     def insert(self, table: str, data: pa.Table) -> int:
         """INSERT INTO; returns the number of rows."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         data = conform(tdef.schema, _as_table(data, table), table)
         parts = self._write(tdef, data)
         if parts:
@@ -457,7 +543,7 @@ class Transaction:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
@@ -471,14 +557,15 @@ class Transaction:
         else:
             targets = [()]
         removed = [m.name for m in self._visible(table, targets)] if targets else []
-        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id) for p, chunk in split]
+        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id, tdef.ddl_version)
+                 for p, chunk in split]
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),
@@ -488,7 +575,7 @@ class Transaction:
     def delete(self, table: str, where: pc.Expression) -> int:
         """DELETE WHERE ``where``; returns the number of rows deleted."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, "delete")
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
         self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
@@ -498,7 +585,7 @@ class Transaction:
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
@@ -512,7 +599,7 @@ class Transaction:
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
@@ -530,7 +617,7 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
         if op == "insert":
@@ -552,7 +639,7 @@ class Transaction:
         self._check_open()
         if kind not in ("delete", "update"):
             raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, kind)
         assigns = None
         if kind == "update":
@@ -563,7 +650,15 @@ class Transaction:
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""
         self._check_open()
-        return self.client._read_parts(table, self._visible(table), columns, where)
+        return self.client._read_parts(self.table(table), self._visible(table), columns, where)
+
+    def drop_table(self, table: str) -> None:
+        """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are
+        removed then, whoever committed them); a transaction that wrote the table and commits
+        after it fails with ConflictError naming the drop. It cannot also write the table."""
+        self._check_open()
+        self.table(table)
+        self._stage(DropTable(table))
 
     # -- ending -------------------------------------------------------------------------------
     def commit(self) -> int:

@@ -415,4 +415,5 @@ def _alive(sock: socket.socket) -> bool:
 # Actions that may be sent again when a connection closed before answering.
 IDEMPOTENT = frozenset({
     "info", "begin", "table", "tables", "visible", "snapshot", "wait", "transactions", "parts", "commit_status",
+    "describe_table",
 })

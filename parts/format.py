@@ -99,6 +99,7 @@ def write_part(
     partition: tuple,
     data: pa.Table,
     creation_tid: str,
+    schema_version: int = 0,
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
     Once this returns, the part can be referenced by a commit."""
@@ -121,6 +122,7 @@ def write_part(
         stats=column_stats(data),
         creation_tid=str(creation_tid),
         created_at=time.time(),
+        schema_version=schema_version,
     )
     storage.put(path, raw)
     try:
