@@ -15,6 +15,7 @@ columns renamed since carry their new names, columns added since are null.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -148,7 +149,8 @@ class TableDef:
                 what = "partition" if old in self.partition_by else "primary key"
                 problems.append(f"cannot rename {what} column {old!r}")
         targets = list(renames.values())
-        after = [renames.get(n, n) for n in names]
+        after = {renames.get(n, n) for n in names}
+        added = Counter(f.name for f in adds)
         for new in sorted(set(targets)):
             if targets.count(new) > 1:
                 problems.append(f"two columns cannot both be renamed to {new!r}")
@@ -156,7 +158,7 @@ class TableDef:
                 problems.append(f"cannot rename to {new!r}: the table has a column {new!r}")
         for f in adds:
             validate_name("column", f.name)
-            if f.name in after or [g.name for g in adds].count(f.name) > 1:
+            if f.name in after or added[f.name] > 1:
                 problems.append(f"cannot add column {f.name!r}: the table has a column {f.name!r}")
             if not f.nullable:
                 problems.append(f"cannot add column {f.name!r} as not nullable: the rows already in the table "

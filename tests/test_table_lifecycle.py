@@ -322,7 +322,7 @@ def test_restart_keeps_drops_and_schema_versions(cluster: coordinator.LocalClust
 
 
 def test_cli_table_subcommands(cluster: coordinator.LocalCluster, c0: Client) -> None:
-    from mergetxn.cli import main
+    from mergetxn.cli import cli as main
 
     runner = CliRunner()
     addr = cluster.replica_addresses[0]
