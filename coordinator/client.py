@@ -134,6 +134,15 @@ class Client:
             return self._table_at(name, None, None)
         return self._tables[name][0]
 
+    def table_at(self, name: str, snapshot: int | None = None, as_of: dt.datetime | float | None = None) -> TableDef:
+        """The table's definition at ``snapshot`` (a CSN) or ``as_of`` (a time), else the latest
+        now (asked, not cached): the schema that a read there returns."""
+        if as_of is not None:
+            when = as_of if isinstance(as_of, float | int) else _timestamp(as_of, "as_of")
+            d = self.call("table", name=name, as_of=when)
+            return TableDef.from_dict(d)
+        return self._table_at(name, snapshot, None)
+
     def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef:
         """The definition at ``snapshot`` (None: the latest), whose last catalog change is ``ddl``
         (None: unknown): from the cache when it holds there, else asked."""

@@ -205,6 +205,8 @@ class ReplicaServer(RpcServer):
         snapshot it holds at (``at``): a client may use it for any snapshot whose last catalog
         change is at or before that."""
         snap = a.get("snapshot")
+        if a.get("as_of") is not None:
+            snap = self.replica.resolve_snapshot(None, a["as_of"])
         if snap is not None:
             return {**self.replica.table(a["name"], snap).to_dict(), "at": snap}
         self.replica.table(a["name"])  # waits for a table created elsewhere
