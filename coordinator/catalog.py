@@ -1,14 +1,32 @@
-"""Table definitions: what the log's DDL entries carry and what clients conform data to."""
+"""Table definitions: what the log's DDL entries carry and what clients conform data to.
+
+A table's life is a list of records by CSN, all derived from the log: a :class:`TableDef` when
+it is created (``created_csn``) and each time it is altered (``version_csn``), and a
+:class:`TableDropped` when it is dropped (a table of the same name may be created again after
+it). ``ddl_version`` is the data version of the table's znode ``tables/<name>`` after that DDL:
+every DDL on the name bumps it, and every commit that writes the table checks it, so no commit
+decided on a definition that a concurrent DDL replaced can happen.
+
+Schema changes (``ALTER TABLE``): adding a nullable column and renaming a column. A part records
+the ``ddl_version`` of the definition it was written for (``PartMeta.schema_version``);
+:meth:`TableDef.upgrade` reads a part written for an older version under this definition:
+columns renamed since carry their new names, columns added since are null.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
 from coordinator.conflicts import Policy
 from coordinator.errors import CorruptMetadata, InvalidInput
 from parts.ops import schema_from_json, schema_to_json, validate_name, validate_schema
+
+# A schema change, recorded in the definition: (ddl_version it came with, "add" | "rename",
+# the column's name after it, its name before it: "" for an added column).
+SchemaChange = tuple[int, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -20,6 +38,14 @@ class TableDef:
     conflict_policy: Policy = Policy.PARTS
     auto_merge: bool = True
     created_csn: int = 0
+    version_csn: int = 0  # the CSN of the DDL that made this definition (0: its creation)
+    ddl_version: int = 0  # the table znode's version after that DDL; parts record it
+    changes: tuple[SchemaChange, ...] = ()  # every schema change since the creation, in order
+
+    @property
+    def csn(self) -> int:
+        """The CSN from which this definition holds."""
+        return self.version_csn or self.created_csn
 
     @classmethod
     def new(
@@ -49,7 +75,7 @@ class TableDef:
         return cls(name, schema, partition_by, primary_key, policy, auto_merge)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "name": self.name,
             "schema": schema_to_json(self.schema),
             "partition_by": list(self.partition_by),
@@ -58,6 +84,19 @@ class TableDef:
             "auto_merge": self.auto_merge,
             "created_csn": self.created_csn,
         }
+        if self.version_csn:
+            d["version_csn"] = self.version_csn
+        if self.ddl_version:
+            d["ddl_version"] = self.ddl_version
+        if self.changes:
+            d["changes"] = [list(c) for c in self.changes]
+        return d
+
+    def same_definition(self, other: TableDef) -> bool:
+        """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
+        return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge) == (
+            other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge
+        ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
     def from_dict(cls, d: dict) -> TableDef:
@@ -70,10 +109,143 @@ class TableDef:
                 conflict_policy=Policy(d.get("conflict_policy", "parts")),
                 auto_merge=bool(d.get("auto_merge", True)),
                 created_csn=int(d.get("created_csn") or 0),
+                version_csn=int(d.get("version_csn") or 0),
+                ddl_version=int(d.get("ddl_version") or 0),
+                changes=tuple(_change(c) for c in d.get("changes") or ()),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {exc!r}") from exc
 
     def with_csn(self, csn: int) -> TableDef:
-        return TableDef(self.name, self.schema, self.partition_by, self.primary_key,
-                        self.conflict_policy, self.auto_merge, csn)
+        """As applied at ``csn``: a creation (``created_csn`` 0 in the entry) is created there,
+        an alteration holds from there."""
+        if self.created_csn == 0:
+            return replace(self, created_csn=csn, version_csn=0)
+        return replace(self, version_csn=csn)
+
+    # -- schema changes ------------------------------------------------------------------------
+    def altered(self, add_columns: pa.Schema | list | None = None, rename_columns: dict | None = None,
+                version: int | None = None) -> TableDef:
+        """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended) and
+        ``rename_columns`` ({old: new}). Every problem is InvalidInput naming it, and nothing
+        is changed then. The result holds from the next ddl_version (its CSN is set when the
+        log applies it; ``version``: its ddl_version, by default the next)."""
+        adds = _fields(add_columns, self.name)
+        renames = rename_columns or {}
+        if not isinstance(renames, dict):
+            raise InvalidInput(f"alter {self.name!r}: rename_columns must map old names to new ones, "
+                               f"not {type(renames).__name__}")
+        if not adds and not renames:
+            raise InvalidInput(f"alter {self.name!r}: nothing to change (give add_columns or rename_columns)")
+        names = list(self.schema.names)
+        problems = []
+        keys = set(self.partition_by) | set(self.primary_key)
+        for old, new in renames.items():
+            for n in (old, new):
+                validate_name("column", n)
+            if old not in names:
+                problems.append(f"cannot rename unknown column {old!r} (columns: {names})")
+            elif old in keys:
+                what = "partition" if old in self.partition_by else "primary key"
+                problems.append(f"cannot rename {what} column {old!r}")
+        targets = list(renames.values())
+        after = {renames.get(n, n) for n in names}
+        added = Counter(f.name for f in adds)
+        for new in sorted(set(targets)):
+            if targets.count(new) > 1:
+                problems.append(f"two columns cannot both be renamed to {new!r}")
+            elif new in names and new not in renames:
+                problems.append(f"cannot rename to {new!r}: the table has a column {new!r}")
+        for f in adds:
+            validate_name("column", f.name)
+            if f.name in after or added[f.name] > 1:
+                problems.append(f"cannot add column {f.name!r}: the table has a column {f.name!r}")
+            if not f.nullable:
+                problems.append(f"cannot add column {f.name!r} as not nullable: the rows already in the table "
+                                "have no value for it (add it nullable)")
+        if problems:
+            raise InvalidInput(f"alter {self.name!r}: {'; '.join(problems)}; nothing was changed", table=self.name)
+        v = self.ddl_version + 1 if version is None else version
+        fields = [self.schema.field(i).with_name(renames.get(n, n)) for i, n in enumerate(names)] + list(adds)
+        schema = pa.schema(fields, metadata=self.schema.metadata)
+        validate_schema(schema, list(self.partition_by), list(self.primary_key))
+        changes = self.changes + tuple((v, "rename", new, old) for old, new in renames.items()) \
+            + tuple((v, "add", f.name, "") for f in adds)
+        return replace(self, schema=schema, ddl_version=v, version_csn=0, changes=changes)
+
+    def names_at(self, schema_version: int) -> list[str | None]:
+        """For each column of this definition, its name in a part written for
+        ``schema_version`` (None: the column did not exist then)."""
+        out: list[str | None] = list(self.schema.names)
+        versions = sorted({c[0] for c in self.changes if c[0] > schema_version}, reverse=True)
+        for v in versions:  # undo one ALTER at a time, its changes all at once (a swap of names)
+            back = {name: (None if kind == "add" else before) for cv, kind, name, before in self.changes if cv == v}
+            out = [back[n] if n in back else n for n in out]
+        return out
+
+    def upgrade(self, data: pa.Table, schema_version: int) -> pa.Table:
+        """Rows of a part written for ``schema_version``, under this definition: renamed columns
+        under their names now, added columns null, in this schema's order and types."""
+        if schema_version >= self.ddl_version or not self.changes:
+            return data if data.schema == self.schema else data.cast(self.schema)
+        cols = []
+        for f, old in zip(self.schema, self.names_at(schema_version)):
+            if old is None or old not in data.column_names:
+                cols.append(pa.nulls(data.num_rows, f.type))
+            else:
+                col = data.column(old)
+                cols.append(col if col.type.equals(f.type) else col.cast(f.type))
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def stats_at(self, stats: dict, schema_version: int) -> dict:
+        """A part's column statistics under this definition's names (for pruning)."""
+        if schema_version >= self.ddl_version or not self.changes:
+            return dict(stats)
+        out = {}
+        for name, old in zip(self.schema.names, self.names_at(schema_version)):
+            if old is not None and old in stats:
+                out[name] = stats[old]
+        return out
+
+
+@dataclass(frozen=True)
+class TableDropped:
+    """The record a DROP TABLE leaves: the table does not exist from ``csn`` on (a table of the
+    same name may be created later). ``tid`` is the transaction that dropped it."""
+
+    name: str
+    tid: str
+    ddl_version: int
+    csn: int = 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "tid": self.tid, "ddl_version": self.ddl_version, "csn": self.csn}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableDropped:
+        try:
+            return cls(str(d["name"]), str(d["tid"]), int(d["ddl_version"]), int(d.get("csn") or 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptMetadata(f"table drop record does not parse: {exc!r}") from exc
+
+
+TableRecord = TableDef | TableDropped
+
+
+def _change(c: object) -> SchemaChange:
+    if not isinstance(c, list | tuple) or len(c) != 4 or c[1] not in ("add", "rename"):
+        raise ValueError(f"schema change {c!r} is not [version, 'add'|'rename', name, before]")
+    return (int(c[0]), str(c[1]), str(c[2]), str(c[3]))
+
+
+def _fields(add_columns: object, table: str) -> list[pa.Field]:
+    if add_columns is None:
+        return []
+    if isinstance(add_columns, pa.Field):
+        add_columns = [add_columns]
+    if isinstance(add_columns, pa.Schema):
+        return list(add_columns)
+    if isinstance(add_columns, list | tuple) and all(isinstance(f, pa.Field) for f in add_columns):
+        return list(add_columns)
+    raise InvalidInput(f"alter {table!r}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
+                       f"not {add_columns!r}")

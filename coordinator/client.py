@@ -23,7 +23,16 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 from coordinator import errors, security
 from coordinator.catalog import TableDef
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
-from coordinator.model import CommitStatus, Compact, Insert, Mutate, Overwrite, StagedOp, Truncate
+from coordinator.model import (
+    CommitStatus,
+    Compact,
+    DropTable,
+    Insert,
+    Mutate,
+    Overwrite,
+    StagedOp,
+    Truncate,
+)
 from coordinator.rpc import RpcClient
 from coordinator.security import Credentials
 from coordinator.versions import Tid
@@ -65,7 +74,9 @@ class Client:
             raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
         self.address = address
         self._rpc = RpcClient(address, timeout, security.resolve(credentials))
-        self._tables: dict[str, TableDef] = {}
+        # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
+        # S uses one when the last catalog change at or before S (begin says it) is not after it.
+        self._tables: dict[str, tuple[TableDef, int]] = {}
         info = self._rpc.call("info", {}, timeout=CONNECT_TIMEOUT)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
@@ -119,15 +130,85 @@ class Client:
         found = _until_decided(look_up)
         if isinstance(found, int):
             return found
-        if found.to_dict() | {"created_csn": 0} != tdef.to_dict():
+        if not found.same_definition(tdef):
             raise InvalidInput(f"table {tdef.name!r} already exists with another definition", table=tdef.name)
-        self._tables[tdef.name] = found
         return found.created_csn
 
     def table(self, name: str) -> TableDef:
+        """The table's definition as this client last looked it up (the latest then)."""
         if name not in self._tables:
-            self._tables[name] = TableDef.from_dict(self.call("table", name=name))
-        return self._tables[name]
+            return self._table_at(name, None, None)
+        return self._tables[name][0]
+
+    def table_at(self, name: str, snapshot: int | None = None, as_of: dt.datetime | float | None = None) -> TableDef:
+        """The table's definition at ``snapshot`` (a CSN) or ``as_of`` (a time), else the latest
+        now (asked, not cached): the schema that a read there returns."""
+        if as_of is not None:
+            when = as_of if isinstance(as_of, float | int) else _timestamp(as_of, "as_of")
+            d = self.call("table", name=name, as_of=when)
+            return TableDef.from_dict(d)
+        return self._table_at(name, snapshot, None)
+
+    def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef:
+        """The definition at ``snapshot`` (None: the latest), whose last catalog change is ``ddl``
+        (None: unknown): from the cache when it holds there, else asked."""
+        cached = self._tables.get(name)
+        if cached is not None and snapshot is not None and ddl is not None:
+            tdef, at = cached
+            if tdef.csn <= snapshot and ddl <= at:
+                return tdef
+        d = self.call("table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
+        tdef, at = TableDef.from_dict(d), int(d.get("at") or 0)
+        if cached is None or at >= cached[1]:
+            self._tables[name] = (tdef, at)
+        return tdef
+
+    def describe_table(self, name: str, snapshot: int | None = None) -> dict:
+        """The table at ``snapshot`` (the latest by default): ``schema`` (a pyarrow.Schema),
+        ``partition_by``, ``primary_key``, ``conflict_policy``, ``auto_merge``, ``created_csn``,
+        ``schema_version`` and ``version_csn`` (the CSN of its last ALTER, 0 if none), what it
+        holds (``parts``, ``rows``, ``bytes``, ``partitions``), and its ``history`` (created,
+        altered: CSN each)."""
+        d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
+        d["schema"] = TableDef.from_dict(d).schema
+        d["partition_by"], d["primary_key"] = tuple(d["partition_by"]), tuple(d["primary_key"])
+        d.setdefault("version_csn", 0)
+        d.setdefault("ddl_version", 0)
+        d.pop("changes", None)
+        return d
+
+    def drop_table(self, name: str) -> int:
+        """DROP TABLE as a transaction of its own; returns its CSN. Reads at older snapshots still
+        see the table (while retained); its files are collected by cleanup once no snapshot in
+        use sees them; a table of the same name may be created afterwards."""
+        with self.transaction() as tx:
+            tx.drop_table(name)
+        assert tx.csn is not None
+        return tx.csn
+
+    def alter_table(self, name: str, add_columns: pa.Schema | Sequence[pa.Field] | None = None,
+                    rename_columns: Mapping[str, str] | None = None) -> int:
+        """ALTER TABLE: add nullable columns (rows written before read them as null) and rename
+        columns ({old: new}; rows written before read under the new names). Returns the CSN from
+        which the new schema holds. Partition and key columns cannot be renamed; a bad alter is
+        InvalidInput naming the problem and changes nothing."""
+        if add_columns is not None and not isinstance(add_columns, pa.Schema):
+            if isinstance(add_columns, pa.Field):
+                add_columns = [add_columns]
+            if not isinstance(add_columns, Sequence) or not all(isinstance(f, pa.Field) for f in add_columns):
+                raise InvalidInput(f"alter {name!r}: add_columns must be a pyarrow.Schema or a list of "
+                                   f"pyarrow.Field, not {add_columns!r}")
+            add_columns = pa.schema(list(add_columns))
+        if rename_columns is not None and not isinstance(rename_columns, Mapping):
+            raise InvalidInput(f"alter {name!r}: rename_columns must map old column names to new ones")
+        args: dict[str, Any] = {"name": name}
+        if add_columns is not None:
+            args["add_columns"] = schema_to_json(add_columns)
+        if rename_columns is not None:
+            args["rename_columns"] = dict(rename_columns)
+        csn = self.call("alter_table", **args)["csn"]
+        self._tables.pop(name, None)
+        return csn
 
     def tables(self) -> list[str]:
         return self.call("tables")
@@ -137,11 +218,14 @@ class Client:
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex)
-        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"])
+        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
-        tid = Tid.parse(txn_id)
+        try:
+            tid = Tid.parse(txn_id)
+        except (ValueError, TypeError) as exc:
+            raise InvalidInput(f"join: {exc}", id=txn_id) from None
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
@@ -170,17 +254,11 @@ class Client:
         where: pc.Expression | None = None,
     ) -> pa.Table:
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
-        args: dict[str, Any] = {"table": table}
-        if snapshot is not None:
-            if isinstance(snapshot, bool) or not isinstance(snapshot, int):
-                raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
-            args["snapshot"] = snapshot
-        if as_of is not None:
-            args["as_of"] = _timestamp(as_of, "as_of")
-        r = self.call("visible", **args)
+        r = self.call("visible", **_visible_args(table, snapshot, as_of))
         try:
             with self._leased(r):
-                return self._read_parts(table, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+                tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+                return self._read_parts(tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
             # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
@@ -200,24 +278,15 @@ class Client:
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
         giving each part's rows in the table's schema. The snapshot stays leased until the
         block ends."""
-        args: dict[str, Any] = {"table": table}
-        if snapshot is not None:
-            if isinstance(snapshot, bool) or not isinstance(snapshot, int):
-                raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
-            args["snapshot"] = snapshot
-        if as_of is not None:
-            args["as_of"] = _timestamp(as_of, "as_of")
-        r = self.call("visible", **args)
+        r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
-        schema = self.table(table).schema
 
-        def tables() -> Iterator[pa.Table]:
-            for meta in metas:
-                data = rewrite.read_parts(self.storage, [meta])[0]
-                yield data if data.schema == schema else data.cast(schema)
+        def tables(tdef: TableDef) -> Iterator[pa.Table]:
+            for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
+                yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
 
         with self._leased(r):
-            yield r["snapshot"], metas, tables()
+            yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
 
     @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
@@ -251,20 +320,20 @@ class Client:
             except errors.MergetxnError:
                 pass  # it lapses on its own
 
-    def _read_parts(self, table: str, metas: list[PartMeta], columns: Sequence[str] | None,
+    def _read_parts(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
                     where: pc.Expression | None) -> pa.Table:
-        tdef = self.table(table)
+        """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now)."""
+        table = tdef.name
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
                 raise InvalidInput(f"table {table!r} has no column(s) {missing}")
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {table!r}")
-            metas = [m for m in metas if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
-        tables = rewrite.read_parts(self.storage, metas)
+            metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by),
+                                                   m.partition, where, tdef.schema)]
+        tables = rewrite.read_parts(self.storage, metas, table=tdef)
         data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
-        if data.schema != tdef.schema:
-            data = data.cast(tdef.schema)
         if where is not None:
             data = data.filter(where)
         if columns is not None:
@@ -326,20 +395,19 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
-        tdef = self.table(table)
         r = self.call("changes", table=table, start=lo, end=hi, by=by)
+        # the schema at the end of the range (the latest when it is open, or by time)
+        tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
-                datas = rewrite.read_parts(self.storage, metas)
+                datas = rewrite.read_parts(self.storage, metas, table=tdef)
         except errors.CorruptPart:  # collected meanwhile?
             self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none")
             raise
         schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
         pieces = []
         for p, data in zip(r["parts"], datas):
-            if data.schema != tdef.schema:
-                data = data.cast(tdef.schema)
             n = data.num_rows
             data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
@@ -414,8 +482,10 @@ class Client:
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
-    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False) -> None:
+    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False,
+                 ddl: int | None = None) -> None:
         self.client = client
+        self._ddl = ddl  # the last catalog change at or before the snapshot (None: unknown)
         self.tid = tid
         self.id = txn_id
         self.snapshot = snapshot
@@ -461,9 +531,21 @@ class Transaction:
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
         return [
-            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id)
+            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
+                       tdef.ddl_version)
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
+
+    def table(self, name: str) -> TableDef:
+        """The table's definition as this transaction sees it (at its snapshot; the latest for
+        a table created since)."""
+        try:
+            return self.client._table_at(name, self.snapshot, self._ddl)
+        except errors.TableNotFound:
+            latest = self.client._table_at(name, None, None)
+            if latest.created_csn <= self.snapshot:
+                raise
+            return latest  # created after the snapshot: a transaction may write it
 
     def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
         args: dict[str, Any] = {"table": table, "id": self.id}
@@ -475,7 +557,7 @@ class Transaction:
     def insert(self, table: str, data: pa.Table) -> int:
         """INSERT INTO; returns the number of rows."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         data = conform(tdef.schema, _as_table(data, table), table)
         parts = self._write(tdef, data)
         if parts:
@@ -486,7 +568,7 @@ class Transaction:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
@@ -500,14 +582,15 @@ class Transaction:
         else:
             targets = [()]
         removed = [m.name for m in self._visible(table, targets)] if targets else []
-        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id) for p, chunk in split]
+        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id, tdef.ddl_version)
+                 for p, chunk in split]
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),
@@ -517,7 +600,7 @@ class Transaction:
     def delete(self, table: str, where: pc.Expression) -> int:
         """DELETE WHERE ``where``; returns the number of rows deleted."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, "delete")
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
         self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
@@ -527,7 +610,7 @@ class Transaction:
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
@@ -541,7 +624,7 @@ class Transaction:
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
@@ -559,7 +642,7 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
         if op == "insert":
@@ -581,7 +664,7 @@ class Transaction:
         self._check_open()
         if kind not in ("delete", "update"):
             raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
-        tdef = self.client.table(table)
+        tdef = self.table(table)
         _check_predicate(where, tdef, kind)
         assigns = None
         if kind == "update":
@@ -592,11 +675,23 @@ class Transaction:
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""
         self._check_open()
-        return self.client._read_parts(table, self._visible(table), columns, where)
+        return self.client._read_parts(self.table(table), self._visible(table), columns, where)
+
+    def drop_table(self, table: str) -> None:
+        """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are
+        removed then, whoever committed them); a transaction that wrote the table and commits
+        after it fails with ConflictError naming the drop. It cannot also write the table."""
+        self._check_open()
+        self.table(table)
+        self._stage(DropTable(table))
 
     # -- ending -------------------------------------------------------------------------------
     def commit(self) -> int:
-        """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing)."""
+        """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing).
+        Called again after it committed, it returns the same CSN (a retrying caller must not
+        write twice)."""
+        if self.csn is not None:
+            return self.csn
         self._check_open()
         try:
             self.csn = self.client.call("commit", id=self.id)["csn"]
@@ -625,6 +720,10 @@ class Transaction:
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
+        """Roll back; nothing it staged becomes visible. InvalidInput after it committed."""
+        if self.csn is not None:
+            raise InvalidInput(f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back",
+                               id=self.id, csn=self.csn)
         if self._ended:
             return
         self._ended = True
@@ -637,6 +736,18 @@ def connect(address: str, storage_options: dict | None = None,
     (``cluster.credentials``, or the path of its credentials file; default: the file named by
     ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed."""
     return Client(address, storage_options, timeout, credentials)
+
+
+def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
+    """The ``visible`` request of a read at the latest snapshot, ``snapshot`` or ``as_of``."""
+    args: dict[str, Any] = {"table": table}
+    if snapshot is not None:
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int):
+            raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
+        args["snapshot"] = snapshot
+    if as_of is not None:
+        args["as_of"] = _timestamp(as_of, "as_of")
+    return args
 
 
 def _as_table(data: Any, table: str) -> pa.Table:
@@ -717,8 +828,39 @@ def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:
         values = tuple(p) if isinstance(p, (tuple, list)) else (p,)
         if len(values) != len(tdef.partition_by):
             raise InvalidInput(f"partition {p!r} does not match partition columns {list(tdef.partition_by)}")
+        for col, v in zip(tdef.partition_by, values):
+            _check_partition_value(tdef, col, v)
         out.append(tuple(_json_scalar(v) for v in values))
     return out
+
+
+def _check_partition_value(tdef: TableDef, column: str, value: Any) -> None:
+    """A partition value given by the caller (truncate, overwrite, compact ``partitions=``) must
+    be of its column's type: a value of another type names no partition, and the statement would
+    silently do nothing."""
+    if value is None:
+        return
+    t = tdef.schema.field(column).type
+    if pa.types.is_boolean(t):
+        ok = isinstance(value, bool)
+    elif pa.types.is_integer(t):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        ok = isinstance(value, str)
+    elif pa.types.is_date(t):
+        ok = isinstance(value, dt.date) and not isinstance(value, dt.datetime)
+        if isinstance(value, str):
+            try:
+                dt.date.fromisoformat(value)
+                ok = True
+            except ValueError:
+                ok = False
+    else:
+        ok = True
+    if not ok:
+        raise InvalidInput(f"partition value {value!r} ({type(value).__name__}) does not match partition column "
+                           f"{column!r} of table {tdef.name!r}, which is {t}", table=tdef.name, column=column,
+                           value=repr(value))
 
 
 def _check_predicate(where: Any, tdef: TableDef, what: str) -> None:

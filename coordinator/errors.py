@@ -19,6 +19,7 @@ class ConflictKind(StrEnum):
     SOURCES_REMOVED = "SOURCES_REMOVED"  # parts: a compaction's source parts were removed meanwhile
     KEY_WRITTEN = "KEY_WRITTEN"  # keys: a key it writes or locked was written since (reserved)
     READ_SET_CHANGED = "READ_SET_CHANGED"  # serializable: what it read changed since (reserved)
+    TABLE_DROPPED = "TABLE_DROPPED"  # the table it writes was dropped (or dropped and created again) since
 
 
 class MergetxnError(Exception):
@@ -75,6 +76,19 @@ class CorruptMetadata(MergetxnError):
     """A ZooKeeper node, WAL record or manifest holds data that does not parse."""
 
 
+class StorageError(MergetxnError, OSError):
+    """Storage refused a write or a read (disk full, read-only, permission denied, the object
+    store erred): ``details`` carry the ``path``, the OS ``reason`` and its ``errno`` name. What
+    the failing statement would have done did not happen. Also an :class:`OSError`, so code that
+    handled the raw error keeps working."""
+
+    def __init__(self, message: str, **details: Any) -> None:
+        MergetxnError.__init__(self, message, **details)
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class ReplicaUnavailable(MergetxnError):
     """The replica could not be reached, or timed out waiting for the log."""
 
@@ -103,11 +117,34 @@ _BY_NAME = {
         SnapshotUnavailable,
         CorruptPart,
         CorruptMetadata,
+        StorageError,
         ReplicaUnavailable,
         OutcomeUnknown,
         AuthenticationFailed,
     )
 }
+
+
+def storage_error(exc: OSError, op: str, path: str, where: str = "") -> StorageError:
+    """A :class:`StorageError` for an OSError of ``op`` (put, get, delete) on ``path``: the OS
+    reason, its errno name and what to do about it."""
+    import errno as _errno
+
+    if isinstance(exc, StorageError):
+        return exc
+    code = exc.errno
+    name = _errno.errorcode.get(code, "") if isinstance(code, int) else ""
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    advice = {
+        "ENOSPC": "the disk is full: free space (or collect garbage: mergetxn gc) and try again",
+        "EDQUOT": "the disk quota is exhausted: free space and try again",
+        "EROFS": "the file system is read-only: remount it writable and try again",
+        "EACCES": "permission denied: give the process write access to the storage directory",
+        "EPERM": "operation not permitted: give the process write access to the storage directory",
+    }.get(name, "check the storage and try again")
+    label = f"{reason} ({name})" if name else reason
+    return StorageError(f"storage {op} of {path!r}{' in ' + where if where else ''} failed: {label}; {advice}",
+                        path=path, op=op, reason=reason, errno=name or None)
 
 
 def from_dict(payload: dict[str, Any]) -> MergetxnError:

@@ -26,7 +26,7 @@ from enum import StrEnum
 from typing import Any, ClassVar, Literal
 
 from coordinator import jsonwire
-from coordinator.catalog import TableDef
+from coordinator.catalog import TableDef, TableDropped, TableRecord
 from coordinator.conflicts import Kind
 from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.versions import Tid
@@ -175,7 +175,27 @@ class Compact:
                 "compact_kind": self.compact_kind}
 
 
-StagedOp = Insert | Overwrite | Truncate | Mutate | Compact
+@dataclass(frozen=True)
+class DropTable:
+    """DROP TABLE: from the transaction's CSN on the table does not exist. What it removes is
+    not listed: the log's apply removes every part of the table live at that CSN (so a part
+    committed elsewhere just before it is removed too, on every replica alike)."""
+
+    table: str
+    kind: Literal["drop_table"] = field(default="drop_table", init=False)
+
+    added: ClassVar[tuple[PartMeta, ...]] = ()
+    removed: ClassVar[tuple[str, ...]] = ()
+    partitions: ClassVar[None] = None
+    whole_table: ClassVar[bool] = False
+    rows: ClassVar[int] = 0
+    operation_kind: ClassVar[Kind] = Kind.OVERWRITE
+
+    def to_dict(self) -> dict:
+        return {"op": self.kind, "table": self.table}
+
+
+StagedOp = Insert | Overwrite | Truncate | Mutate | Compact | DropTable
 
 # The keys each operation may carry on the wire besides "op" and "table".
 _OP_KEYS: dict[str, frozenset[str]] = {
@@ -185,6 +205,7 @@ _OP_KEYS: dict[str, frozenset[str]] = {
     "delete": frozenset({"added", "removed", "partitions", "where"}),
     "update": frozenset({"added", "removed", "partitions", "where", "assignments"}),
     "compact": frozenset({"added", "removed", "partitions", "compact_kind"}),
+    "drop_table": frozenset(),
 }
 _ANY_OP_KEY = frozenset().union(*_OP_KEYS.values())
 
@@ -237,6 +258,8 @@ def op_from_dict(d: Any) -> StagedOp:
         raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {added_raw!r}")
     added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
 
+    if op == "drop_table":
+        return DropTable(table)
     if op == "insert":
         return Insert(table, added)
     if op == "overwrite":
@@ -313,19 +336,20 @@ class TxnRecord:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """One commit point: the transactions that share its CSN, tables it creates, and the new
-    version of every conflict target it bumped."""
+    """One commit point: the transactions that share its CSN, the tables it creates, alters
+    (a :class:`TableDef` with ``created_csn`` set: the whole new definition) or drops
+    (:class:`TableDropped`), and the new version of every conflict target it bumped."""
 
     time: float
     versions: dict[str, int]
     txns: tuple[TxnRecord, ...] = ()
-    ddl: tuple[TableDef, ...] = ()
+    ddl: tuple[TableRecord, ...] = ()
 
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"v": ENTRY_FORMAT, "time": self.time, "versions": dict(self.versions),
                              "txns": [t.to_dict() for t in self.txns]}
         if self.ddl:
-            d["ddl"] = [{"create_table": t.to_dict()} for t in self.ddl]
+            d["ddl"] = [_ddl_to_dict(t) for t in self.ddl]
         return d
 
     def encode(self) -> bytes:
@@ -342,12 +366,29 @@ class LogEntry:
                 time=float(d.get("time", 0.0)),
                 versions={str(k): int(v) for k, v in d.get("versions", {}).items()},
                 txns=tuple(TxnRecord.from_dict(t) for t in d.get("txns", ())),
-                ddl=tuple(TableDef.from_dict(x["create_table"]) for x in d.get("ddl", ())),
+                ddl=tuple(_ddl_from_dict(x) for x in d.get("ddl", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptMetadata(f"log entry {where} is malformed: {exc!r}") from exc
         except CorruptMetadata as exc:
             raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
+
+
+def _ddl_to_dict(t: TableRecord) -> dict:
+    if isinstance(t, TableDropped):
+        return {"drop_table": t.to_dict()}
+    return {"alter_table" if t.created_csn else "create_table": t.to_dict()}
+
+
+def _ddl_from_dict(x: dict) -> TableRecord:
+    if "drop_table" in x:
+        return TableDropped.from_dict(x["drop_table"])
+    if "alter_table" in x:
+        t = TableDef.from_dict(x["alter_table"])
+        if not t.created_csn:
+            raise ValueError(f"alter_table of {t.name!r} names no created_csn")
+        return t
+    return TableDef.from_dict(x["create_table"])
 
 
 @dataclass(frozen=True)
@@ -512,7 +553,7 @@ class CommitStatus:
 
 
 __all__ = [
-    "AliveRecord", "Change", "CommitStatus", "Compact", "Insert", "LogEntry", "ManifestPointer", "Mutate",
+    "AliveRecord", "Change", "CommitStatus", "Compact", "DropTable", "Insert", "LogEntry", "ManifestPointer", "Mutate",
     "Overwrite", "StagedOp", "Truncate", "TxnRecord", "TxnState", "WalBase", "WalEntry", "WalRecord",
     "WalStaged", "decode_log_node", "op_from_dict", "wal_record_body", "wal_record_from_dict",
 ]

@@ -5,7 +5,10 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
     config                     {"epoch_size": N}: written once, when the cluster is first used
     log/e-<epoch>              one parent per epoch; data version 0 = open, >= 1 = sealed
     log/e-<epoch>/c-<seq>      one entry per commit: JSON (or a pointer to a manifest in storage)
-    tables/<table>             the table definition (JSON)
+    tables/<table>             one per table name: its data version is bumped by every DDL on the name
+                               (create again after a drop, alter, drop), and checked by every commit
+                               that writes the table; data: a small marker, TOMBSTONE once dropped
+                               (the definitions are in the log's DDL entries)
     targets/<table>            table-level version: bumped when a partition node is created and
                                by whole-table operations that must see every partition
     targets/<table>/<pkey>     partition-level version, bumped by every commit whose conflict
@@ -62,6 +65,24 @@ MAX_INLINE_ENTRY = 900_000  # znodes are limited to about 1 MB
 
 class VersionMoved(Exception):
     """A checked target changed, or the epoch was sealed, between read and multi: retry."""
+
+
+class TableMoved(VersionMoved):
+    """A table znode a commit checks (or sets, for a DDL) moved: a DDL on it happened since the
+    definition the commit was decided on. ``tables`` names them."""
+
+    def __init__(self, message: str, tables: list[str]) -> None:
+        super().__init__(message)
+        self.tables = tables
+
+
+TOMBSTONE = b'{"dropped":true}'
+
+
+def table_node_dropped(data: bytes | None) -> bool:
+    """Whether a ``tables/<name>`` znode's data says the table was dropped (anything else,
+    garbage included, reads as a table that exists: its name stays taken)."""
+    return data == TOMBSTONE
 
 
 class OwnerFenced(Exception):
@@ -234,7 +255,8 @@ class CsnLog:
 
     # -- the commit point ----------------------------------------------------------------------
     def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None,
-               owner: tuple[str, int] | None = None) -> CommitResult:
+               owner: tuple[str, int] | None = None,
+               tables: dict[str, tuple[int, bytes | None]] | None = None) -> CommitResult:
         """One multi: check the owner node at the committing replica's incarnation (``owner``:
         path and version; see replicas/outcomes.py), check the orphan fence at version ``fence``
         (coordinator/fence.py), bump every target at its expected version and append the entry.
@@ -251,6 +273,12 @@ class CsnLog:
             t.check(owner[0], owner[1])
         if fence is not None:
             t.check(self.fence_path(), fence)
+        table_ops = sorted((tables or {}).items())
+        for name, (version, data) in table_ops:  # a DDL sets it (data), a write checks it
+            if data is None:
+                t.check(self.table_path(name), version)
+            else:
+                t.set_data(self.table_path(name), data, version=version)
         for key, version in sorted(expected.items()):
             path = self.target_path(key)
             if version is None:
@@ -270,8 +298,14 @@ class CsnLog:
                 if isinstance(results[0], (BadVersionError, NoNodeError)):
                     raise OwnerFenced(f"owner node {owner[0]} moved past version {owner[1]}")
                 first = 1
-            if fence is not None and isinstance(results[first], (BadVersionError, NoNodeError)):
-                raise FenceMoved(f"the orphan fence moved past version {fence}")
+            if fence is not None:
+                if isinstance(results[first], (BadVersionError, NoNodeError)):
+                    raise FenceMoved(f"the orphan fence moved past version {fence}")
+                first += 1
+            moved = [name for (name, _), r in zip(table_ops, results[first:first + len(table_ops)])
+                     if isinstance(r, (BadVersionError, NoNodeError))]
+            if moved:
+                raise TableMoved(f"a DDL changed table(s) {moved} since the commit was decided", moved)
             # The epoch check is the op just before the create; a miss there means sealed.
             if isinstance(results[-2], (BadVersionError, NoNodeError)):
                 self.current_epoch(refresh=True)

@@ -776,7 +776,7 @@ def replica_start(**values: Any) -> None:
 
 @cli.group()
 def table() -> None:
-    """Create and list tables."""
+    """Create, describe, alter, drop and list tables."""
 
 
 @table.command("create")
@@ -838,6 +838,75 @@ def table_create(
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
 
 
+@table.command("drop")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@replica_option
+def table_drop(name: str, as_json: bool, replica: str) -> None:
+    """Drop table NAME (a transaction: reads at older snapshots still see it; cleanup collects
+    its files once no snapshot in use does)."""
+    with connected(replica) as client:
+        csn = client.drop_table(name)
+    if as_json:
+        click.echo(json.dumps({"table": name, "csn": csn}))
+        return
+    console().print(f"dropped table [bold]{escape(name)}[/] at CSN {csn}")
+
+
+def _describe_json(d: dict) -> dict:
+    out = {k: v for k, v in d.items() if k != "schema"}
+    out["columns"] = [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in d["schema"]]
+    out["partition_by"], out["primary_key"] = list(d["partition_by"]), list(d["primary_key"])
+    return out
+
+
+@table.command("describe")
+@click.argument("name")
+@click.option("--snapshot", type=int, default=None, help="Describe it at this CSN (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@replica_option
+def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str) -> None:
+    """Show table NAME: columns, partitioning, key, policy, creation CSN, schema version, parts and rows."""
+    with connected(replica) as client:
+        d = _describe_json(client.describe_table(name, snapshot=snapshot))
+    if as_json:
+        click.echo(json.dumps(d, default=str))
+        return
+    out = console()
+    out.print(rows_table(d["columns"], ["name", "type", "nullable"], title=f"table {d['name']}"))
+    out.print(f"partition by: {', '.join(d['partition_by']) or '-'}; primary key: {', '.join(d['primary_key']) or '-'}; "
+              f"policy {d['conflict_policy']}; auto merge {'on' if d['auto_merge'] else 'off'}")
+    out.print(f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"
+              + (f" (altered at CSN {d['version_csn']})" if d.get("version_csn") else "")
+              + f"; at snapshot {d['snapshot']}: {d['parts']} parts, {d['rows']} rows in {d['partitions']} partitions")
+
+
+@table.command("alter")
+@click.argument("name")
+@click.option("--add-column", "add", multiple=True, metavar="NAME:TYPE",
+              help="Add a nullable column (repeatable; rows written before read it as null).")
+@click.option("--rename-column", "rename", multiple=True, metavar="OLD=NEW", help="Rename a column (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the new description as JSON.")
+@replica_option
+def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], as_json: bool, replica: str) -> None:
+    """Alter table NAME: add nullable columns, rename columns."""
+    adds = parse_schema(",".join(add)) if add else None
+    renames = {}
+    for item in rename:
+        if "=" not in item:
+            raise InvalidInput(f"--rename-column {item!r} must be OLD=NEW")
+        old, new = (x.strip() for x in item.split("=", 1))
+        renames[old] = new
+    with connected(replica) as client:
+        csn = client.alter_table(name, add_columns=adds, rename_columns=renames or None)
+        d = _describe_json(client.describe_table(name))
+    if as_json:
+        click.echo(json.dumps({**d, "csn": csn}, default=str))
+        return
+    console().print(f"altered table [bold]{escape(name)}[/] at CSN {csn}: columns "
+                    f"{', '.join(c['name'] + ' ' + c['type'] for c in d['columns'])}")
+
+
 @table.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print the names as one JSON list.")
 @replica_option
@@ -880,11 +949,11 @@ def insert(table_name: str, file: Path, overwrite: bool, batch_rows: int, as_jso
     from parts.ops import conform, split_by_partition
 
     with connected(replica) as client:
-        tdef = client.table(table_name)
-        total, batches = file_batches(file, tdef.schema, batch_rows)
         written: list[Any] = []
         rows = 0
         with client.transaction() as tx:
+            tdef = tx.table(table_name)  # as the transaction sees it: its schema and schema version
+            total, batches = file_batches(file, tdef.schema, batch_rows)
             try:
                 with progress(f"writing {file.name}", total) as advance:
                     for data in batches:
@@ -892,7 +961,7 @@ def insert(table_name: str, file: Path, overwrite: bool, batch_rows: int, as_jso
                                        what="overwrite" if overwrite else "insert into")
                         for partition, chunk in split_by_partition(data, list(tdef.partition_by)):
                             written.append(write_part(client.storage, table_name, list(tdef.partition_by),
-                                                      partition, chunk, tx.id))
+                                                      partition, chunk, tx.id, tdef.ddl_version))
                         rows += data.num_rows
                         advance(data.num_rows)
                 tx.add_parts(table_name, written, op="overwrite" if overwrite else "insert")
@@ -979,13 +1048,13 @@ def read(
                     break
                 shown.append(data.slice(0, limit - have))
                 have += shown[-1].num_rows
-            schema = client.table(table_name).schema
+            schema = client.table_at(table_name, snap).schema
             out = console()
             out.print(arrow_table(pa.concat_tables(shown) if shown else schema.empty_table()))
             more = f" (showing {limit})" if total > limit else ""
             out.print(f"{total} rows of {escape(table_name)} {at}{more}")
             return
-        schema = client.table(table_name).schema
+        schema = client.table_at(table_name, snap).schema
         rows = write_rows(parts, schema, fmt, output, total)
     where = f" to {output}" if output is not None else ""
     text = f"wrote {rows} rows of {escape(table_name)} {at}{where}"

@@ -99,6 +99,7 @@ def write_part(
     partition: tuple,
     data: pa.Table,
     creation_tid: str,
+    schema_version: int = 0,
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
     Once this returns, the part can be referenced by a commit."""
@@ -121,13 +122,21 @@ def write_part(
         stats=column_stats(data),
         creation_tid=str(creation_tid),
         created_at=time.time(),
+        schema_version=schema_version,
     )
     storage.put(path, raw)
-    storage.put(
-        meta.meta_path,
-        json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
-        durable=False,  # advisory: the commit entry carries the same metadata
-    )
+    try:
+        storage.put(
+            meta.meta_path,
+            json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
+            durable=False,  # advisory: the commit entry carries the same metadata
+        )
+    except OSError:
+        try:  # nothing will reference the part: do not leave it for cleanup
+            storage.delete(path)
+        except OSError:
+            pass
+        raise
     return meta
 
 

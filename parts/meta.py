@@ -33,6 +33,7 @@ class PartMeta:
     stats: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     creation_tid: str = ""
     created_at: float = 0.0
+    schema_version: int = 0  # the table definition's ddl_version it was written for (coordinator/catalog.py)
 
     @property
     def partition_key(self) -> str:
@@ -57,6 +58,7 @@ class PartMeta:
             "stats": {k: (None if v is None else list(v)) for k, v in self.stats.items()},
             "creation_tid": self.creation_tid,
             "created_at": self.created_at,
+            **({"schema_version": self.schema_version} if self.schema_version else {}),
         }
 
     @classmethod
@@ -118,6 +120,9 @@ class PartMeta:
         created_at = need("created_at", (int, float), "a number (epoch seconds)")
         if not math.isfinite(created_at):
             raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {created_at!r}")
+        schema_version = d.get("schema_version", 0)
+        if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
+            raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {schema_version!r}")
         return cls(
             name=name,
             table=table,
@@ -129,6 +134,7 @@ class PartMeta:
             stats=stats,
             creation_tid=creation_tid,
             created_at=float(created_at),
+            schema_version=schema_version,
         )
 
 

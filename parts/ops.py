@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import re
+from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
@@ -99,15 +100,17 @@ def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: lis
         raise InvalidInput(f"schema must be a pyarrow.Schema, got {type(schema).__name__}")
     if len(schema) == 0:
         raise InvalidInput("schema has no columns")
-    for name in schema.names:
+    names = schema.names  # a new list at every access: once (a table may have thousands of columns)
+    for name in names:
         validate_name("column", name)
-    dups = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    dups = sorted(n for n, k in Counter(names).items() if k > 1)
     if dups:
         raise InvalidInput(f"schema has duplicate column(s) {dups}")
+    known = set(names)
     for kind, cols in (("partition", partition_by), ("primary key", primary_key)):
         if isinstance(cols, str) or not all(isinstance(c, str) for c in cols):
             raise InvalidInput(f"{kind} columns must be a list of column names, got {cols!r}")
-        missing = [c for c in cols if c not in schema.names]
+        missing = [c for c in cols if c not in known]
         if missing:
             raise InvalidInput(
                 f"{kind} column(s) {missing} not in schema (columns: {schema.names})"
@@ -180,17 +183,20 @@ def conform(
         )
     names = data.column_names
     problems: list[str] = []
-    dups = sorted({n for n in names if names.count(n) > 1})
+    dups = sorted(n for n, k in Counter(names).items() if k > 1)
     if dups:
         problems.append(f"duplicate column(s) {dups}")
-    missing = [n for n in schema.names if n not in names]
-    extra = [n for n in names if n not in schema.names]
+    have, want = set(names), schema.names
+    wanted = set(want)
+    missing = [n for n in want if n not in have]
+    extra = [n for n in names if n not in wanted]
     if missing:
         problems.append(f"missing column(s) {missing}")
     if extra:
         problems.append(f"unexpected column(s) {extra}")
+    dup_set = set(dups)
     for field in schema:
-        if field.name not in names or field.name in dups:
+        if field.name not in have or field.name in dup_set:
             continue
         src = data.schema.field(field.name).type
         if not _lossless(src, field.type):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.catalog import TableDef
 from coordinator.model import Compact, Mutate
 from parts.format import read_part, write_part
 from parts.meta import PartMeta
@@ -39,17 +40,27 @@ class Rewrite:
     affected_rows: int = 0
 
 
-def read_parts(storage: Storage, parts: list[PartMeta], columns: list[str] | None = None) -> list[pa.Table]:
-    """Read several parts at once (I/O bound: threads overlap the reads); order is kept."""
+def read_parts(storage: Storage, parts: list[PartMeta], columns: list[str] | None = None,
+               table: TableDef | None = None) -> list[pa.Table]:
+    """Read several parts at once (I/O bound: threads overlap the reads); order is kept. With
+    ``table``, each part is read under that definition (columns renamed or added since it was
+    written: :meth:`TableDef.upgrade`)."""
+    def one(p: PartMeta) -> pa.Table:
+        data = read_part(storage, p, columns if table is None else None)
+        if table is None:
+            return data
+        data = table.upgrade(data, p.schema_version)
+        return data if columns is None else data.select(list(columns))
+
     if len(parts) <= 1:
-        return [read_part(storage, p, columns) for p in parts]
+        return [one(p) for p in parts]
     with ThreadPoolExecutor(max_workers=min(8, len(parts))) as pool:
-        return list(pool.map(lambda p: read_part(storage, p, columns), parts))
+        return list(pool.map(one, parts))
 
 
 def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartMeta]:
     return [
-        write_part(storage, table.name, list(table.partition_by), partition, chunk, tid)
+        write_part(storage, table.name, list(table.partition_by), partition, chunk, tid, table.ddl_version)
         for partition, chunk in split_by_partition(data, list(table.partition_by))
     ]
 
@@ -57,9 +68,10 @@ def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartM
 def _rewrite(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str,
              change: Callable[[pa.Table], tuple[pa.Table, int]]) -> Rewrite:
     candidates = [p for p in parts
-                  if may_match(dict(p.stats), list(table.partition_by), p.partition, where, table.schema)]
+                  if may_match(table.stats_at(p.stats, p.schema_version), list(table.partition_by), p.partition,
+                               where, table.schema)]
     out = Rewrite()
-    for meta, data in zip(candidates, read_parts(storage, candidates)):
+    for meta, data in zip(candidates, read_parts(storage, candidates, table=table)):
         new, n = change(data)
         if n == 0:
             continue
@@ -104,13 +116,13 @@ def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str)
         raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
     out = Rewrite()
     for group in choose_sources(parts, kind):
-        tables = read_parts(storage, group)
+        tables = read_parts(storage, group, table=table)
         merged = pa.concat_tables(tables) if tables else pa.Table.from_pylist([], schema=table.schema)
         out.removed.extend(m.name for m in group)
         out.affected_rows += merged.num_rows
         if merged.num_rows:
             out.added.append(write_part(storage, table.name, list(table.partition_by),
-                                        tuple(group[0].partition), merged, tid))
+                                        tuple(group[0].partition), merged, tid, table.ddl_version))
     return out
 
 

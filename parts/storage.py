@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, StorageError, storage_error
 
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "key", "credential", "session")
 _BAD_SEGMENTS = {"", ".", ".."}
@@ -229,7 +229,10 @@ class Storage:
     def _fail(self, op: str, relpath: str, exc: BaseException) -> OSError:
         if isinstance(exc, FileNotFoundError):
             return FileNotFoundError(f"storage {self._safe_url}: {relpath!r} does not exist")
-        return OSError(f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})")
+        if isinstance(exc, OSError) and isinstance(exc.errno, int):
+            return storage_error(exc, op, relpath, self._safe_url)
+        return StorageError(f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})",
+                            path=relpath, op=op, reason=self._why(exc), errno=None)
 
     def put(self, relpath: str, data: bytes, durable: bool = True) -> None:
         """Store ``data`` at ``relpath`` atomically (visible whole or not at all) and, unless
@@ -239,7 +242,10 @@ class Storage:
                 f"storage put {relpath!r}: data must be bytes, got {type(data).__name__}"
             )
         if self._fs is None:
-            self._put_local(self._local(relpath), bytes(data), durable)
+            try:
+                self._put_local(self._local(relpath), bytes(data), durable)
+            except OSError as exc:  # disk full, read-only, no permission: say which and where
+                raise storage_error(exc, "put", relpath, self._safe_url) from None
             return
         path = self._remote(relpath)
         try:

@@ -25,11 +25,12 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
-    NodeExistsError,
+    NoNodeError,
     OperationTimeoutError,
     SessionExpiredError,
 )
@@ -41,18 +42,20 @@ from tenacity import (
     wait_random,
 )
 
-from coordinator import jsonwire
-from coordinator.catalog import TableDef
+from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check, fits_beside
 from coordinator.errors import (
     ConflictError,
+    ConflictKind,
     CorruptMetadata,
     InvalidInput,
     MergetxnError,
+    TableNotFound,
     TransactionAborted,
 )
 from coordinator.fence import FenceMoved
 from coordinator.model import (
+    DropTable,
     Insert,
     LogEntry,
     ManifestPointer,
@@ -64,7 +67,14 @@ from coordinator.model import (
 )
 from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
-from coordinator.zklog import MAX_INLINE_ENTRY, OwnerFenced, VersionMoved
+from coordinator.zklog import (
+    MAX_INLINE_ENTRY,
+    TOMBSTONE,
+    OwnerFenced,
+    TableMoved,
+    VersionMoved,
+    table_node_dropped,
+)
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
@@ -77,6 +87,7 @@ UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError,
 MAX_BATCH = 512
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
+_TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
 
 
 class NeedKeys(Exception):
@@ -99,7 +110,8 @@ class _LocalMiss(VersionMoved):
 @dataclass
 class Pending:
     txn: RunningTxn | None = None
-    table: TableDef | None = None
+    table: TableDef | None = None  # CREATE TABLE
+    alter: tuple[str, Any, Any] | None = None  # ALTER TABLE: name, add_columns, rename_columns
     done: threading.Event = field(default_factory=threading.Event)
     csn: int | None = None
     error: Exception | None = None
@@ -109,6 +121,10 @@ class Pending:
     queued: float = field(default_factory=time.monotonic)  # the commit latency metric starts here
 
     callback: Callable[[int | None, Exception | None], None] | None = None
+
+    @property
+    def ddl(self) -> bool:
+        return self.table is not None or self.alter is not None
 
     def resolve(self, csn: int | None = None, error: Exception | None = None) -> None:
         self.csn, self.error = csn, error
@@ -140,6 +156,7 @@ class Committer:
         self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
+        self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
 
     def start(self) -> None:
         self._thread.start()
@@ -170,6 +187,12 @@ class Committer:
             raise p.error
         return p.csn
 
+    def alter_table(self, name: str, add_columns: Any, rename_columns: Any) -> int:
+        p = self._enqueue(Pending(alter=(name, add_columns, rename_columns)))
+        if p.error is not None:
+            raise p.error
+        return p.csn
+
     def _enqueue(self, p: Pending) -> Pending:
         with self._cond:
             self._queue.append(p)
@@ -185,15 +208,17 @@ class Committer:
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     break
-                if self._queue[0].table is not None:
+                if self._queue[0].ddl:
                     batch = [self._queue.popleft()]
                 else:
                     batch = []
-                    while self._queue and self._queue[0].table is None and len(batch) < MAX_BATCH:
+                    while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH:
                         batch.append(self._queue.popleft())
             try:
                 if batch[0].table is not None:
                     self._create_table(batch[0])
+                elif batch[0].alter is not None:
+                    self._alter_table(batch[0])
                 else:
                     deferred = self._commit_batch(batch)
                     if deferred:
@@ -227,39 +252,111 @@ class Committer:
 
     # -- DDL ---------------------------------------------------------------------------------
     def _create_table(self, p: Pending) -> None:
-        tdef = p.table
-        data = LogEntry(time=time.time(), versions={tdef.name: 0}, ddl=(tdef,)).encode()
+        """CREATE TABLE: the table znode created (or, after a drop, set at its version: so the
+        commits that checked the dropped table's version fail) and the DDL entry, in one multi."""
+        zk, name = self.log.zk, p.table.name
+        try:
+            for attempt in self._retrying():
+                with attempt:
+                    node, stat = self._table_node(name)
+                    if stat is not None and not table_node_dropped(node):
+                        raise InvalidInput(f"table {name!r} already exists", table=name)
+                    tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
+                    new_target = zk.exists(self.log.target_path(name)) is None
+                    entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
+                    t = zk.transaction()
+                    if stat is None:
+                        t.create(self.log.table_path(name), _TABLE_NODE)
+                    else:
+                        t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)
+                    if new_target:
+                        t.create(self.log.target_path(name), b"")
+                    csn = self._log_ddl(t, entry)
+            self._applied_here(csn, name)
+            p.resolve(csn)
+        except MergetxnError as exc:
+            p.resolve(error=exc)
+
+    def _alter_table(self, p: Pending) -> None:
+        """ALTER TABLE: the new definition, decided on the current one, and the table znode set
+        at the version that one holds (a concurrent DDL or drop makes it decide again)."""
+        name, add_columns, rename_columns = p.alter
         zk = self.log.zk
         try:
             for attempt in self._retrying():
                 with attempt:
-                    epoch = self.log.current_epoch()
+                    node, stat = self._table_node(name)
+                    cur = self.state.tables.get(name)
+                    if stat is None or table_node_dropped(node):
+                        raise TableNotFound(f"unknown table {name!r}", table=name)
+                    if cur is None or cur.ddl_version < stat.version:
+                        self._catch_up_tables([name])  # a DDL applied elsewhere first, then decide
+                        cur = self.state.tables.get(name)
+                        if cur is None:
+                            raise TableNotFound(f"unknown table {name!r}", table=name)
+                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1)
+                    entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
                     t = zk.transaction()
-                    t.create(self.log.table_path(tdef.name), jsonwire.dumps(tdef.to_dict(), sort_keys=True))
-                    t.create(self.log.target_path(tdef.name), b"")
-                    t.check(self.log.epoch_path(epoch), 0)
-                    t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
-                    results = t.commit()
-                    if isinstance(results[0], NodeExistsError):
-                        raise InvalidInput(f"table {tdef.name!r} already exists", table=tdef.name)
-                    if any(isinstance(r, Exception) for r in results):
-                        self.log.current_epoch(refresh=True)
-                        raise VersionMoved(str(results))
-                    seq = int(results[-1].rsplit("-", 1)[1])
-                    if epoch_full(seq, self.log.epoch_size):
-                        self.log.seal(epoch)
-                    csn = csn_of(epoch, seq)
-            self.replica.follower.offer(epoch, seq, data)
-            try:
-                self.replica.wait_snapshot(csn)  # "created" only once it is applied here
-            except CorruptMetadata as exc:
-                raise CorruptMetadata(
-                    f"table {tdef.name!r} is in the log at CSN {csn} but not applied here, and exists only once "
-                    f"every entry before it applies: {exc.message}",
-                    table=tdef.name, csn=csn) from exc
+                    t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)
+                    csn = self._log_ddl(t, entry)
+            self._applied_here(csn, name)
             p.resolve(csn)
         except MergetxnError as exc:
             p.resolve(error=exc)
+
+    def _table_node(self, name: str) -> tuple[bytes | None, Any]:
+        try:
+            return self.log.zk.get(self.log.table_path(name))
+        except NoNodeError:
+            return None, None
+
+    def _log_ddl(self, t: Any, entry: LogEntry) -> int:
+        """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
+        is too large for a znode: a table of thousands of columns). Returns the CSN."""
+        data = entry.encode()
+        if len(data) > MAX_INLINE_ENTRY:
+            path = f"_manifests/{uuid.uuid4().hex}.json"
+            self.replica.storage.put(path, data)
+            data = ManifestPointer(path).encode()
+        epoch = self.log.current_epoch()
+        t.check(self.log.epoch_path(epoch), 0)
+        t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
+        results = t.commit()
+        if any(isinstance(r, Exception) for r in results):
+            self.log.current_epoch(refresh=True)
+            raise VersionMoved(str(results))
+        seq = int(results[-1].rsplit("-", 1)[1])
+        if epoch_full(seq, self.log.epoch_size):
+            self.log.seal(epoch)
+        self.replica.follower.offer(epoch, seq, data)
+        return csn_of(epoch, seq)
+
+    def _applied_here(self, csn: int, name: str) -> None:
+        try:
+            self.replica.wait_snapshot(csn)  # done only once it is applied here
+        except CorruptMetadata as exc:
+            raise CorruptMetadata(
+                f"table {name!r} is in the log at CSN {csn} but not applied here, and exists only once "
+                f"every entry before it applies: {exc.message}",
+                table=name, csn=csn) from exc
+
+    def _catch_up_tables(self, names: list[str]) -> None:
+        """After a table znode was found past the definition applied here: apply the log up to
+        now. A znode still ahead then was changed outside the log (by hand): its version is
+        taken as it is, so commits to the table are not refused for ever."""
+        self.replica.catch_up()
+        for name in names:
+            _, stat = self._table_node(name)
+            rec = self.state.record(name)
+            if stat is not None and rec is not None and stat.version > rec.ddl_version:
+                log.warning("table znode %s is at version %d, its last DDL in the log at %d: changed outside "
+                            "the log; checking that version from now on", name, stat.version, rec.ddl_version)
+                self._drift[name] = stat.version
+
+    def _table_version(self, name: str) -> int:
+        rec = self.state.record(name)
+        v = rec.ddl_version if rec is not None else 0
+        return max(v, self._drift.get(name, -1))
 
     # -- transactions ------------------------------------------------------------------------
     def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
@@ -317,6 +414,9 @@ class Committer:
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints
         applied_before = self.state.applied
+        # The table versions before any decision: a DDL applied while the batch is decided then
+        # makes the multi's table checks fail instead of letting a stale decision through.
+        table_versions = {t: self._table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
         incarnation = self.replica.incarnation  # the owner node's version every member must hold
         fence, condemned = self.replica.fence.current()  # read before the files are verified
         if local:
@@ -336,6 +436,8 @@ class Committer:
 
         accepted: list[tuple[Pending, Plan]] = []
         taken: set[str] = set()
+        dropping: set[str] = set()  # tables a member of the batch drops
+        writing: set[str] = set()  # tables the other members write
         deferred: list[Pending] = []
         in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
         for p in members:
@@ -361,6 +463,13 @@ class Committer:
             if keys & taken and not self._fits_beside(p.txn, plan.effect, in_batch):
                 deferred.append(p)
                 continue
+            drops = {op.table for op in p.txn.ops if isinstance(op, DropTable)}
+            writes = {op.table for op in p.txn.ops} - drops
+            if drops & (dropping | writing) or writes & dropping:
+                deferred.append(p)  # a drop goes alone with its table: the next batch decides the rest
+                continue
+            dropping |= drops
+            writing |= writes
             taken |= keys
             accepted.append((p, plan))
             for (table, pkey), kinds in plan.effect.kinds.items():
@@ -385,13 +494,24 @@ class Committer:
             with self.state.lock:  # no entry is half applied while this holds
                 if self.state.applied != applied_before:
                     raise _LocalMiss("entries were applied while the batch was decided: deciding again")
+        # Every table written is checked at the version of the definition it was decided on, and
+        # a dropped one set past it: no commit decided before a DDL on its table happens after it.
+        tables: dict[str, tuple[int, bytes | None]] = {t: (table_versions[t], None) for t in writing}
+        ddl = []
+        for p, _ in accepted:
+            for op in p.txn.ops:
+                if isinstance(op, DropTable):
+                    v = table_versions[op.table]
+                    tables[op.table] = (v, TOMBSTONE)
+                    ddl.append(TableDropped(op.table, p.txn.id, v + 1))
         now = time.time()
         txns = []
         for p, plan in accepted:
-            data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks)
+            data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks) or any(
+                isinstance(op, DropTable) for op in p.txn.ops)
             txns.append(TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes())))
         entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
-                         txns=tuple(txns))
+                         txns=tuple(txns), ddl=tuple(ddl))
         own = (entry, entry.encode())  # this replica applies its own commit from these
         data = own[1]
         if len(data) > MAX_INLINE_ENTRY:
@@ -404,7 +524,11 @@ class Committer:
             with self.replica.follower.local_commit() as hand_over:
                 try:
                     result = self.log.commit(data, expected, fence,
-                                             owner=(self.log.replica_path(self.replica.host_id), incarnation))
+                                             owner=(self.log.replica_path(self.replica.host_id), incarnation),
+                                             tables=tables)
+                except TableMoved as exc:
+                    self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
+                    raise
                 except OwnerFenced as exc:
                     raise _Fenced(incarnation, str(exc)) from exc
                 except FenceMoved as exc:
@@ -485,7 +609,12 @@ class Committer:
 
     # -- deciding ----------------------------------------------------------------------------
     def _policy(self, table: str) -> Policy:
-        return self.replica.table(table).conflict_policy
+        t = self.state.tables.get(table)
+        if t is None and isinstance(self.state.record(table), TableDropped):
+            # dropped: the member loses to the drop (_plan); until then, the last definition's
+            return next((r.conflict_policy for r in reversed(self.state.catalog.get(table, []))
+                         if isinstance(r, TableDef)), Policy.PARTS)
+        return (t or self.replica.table(table)).conflict_policy
 
     def _policies(self, tables) -> dict[str, Policy]:
         return {t: self._policy(t) for t in tables}
@@ -524,11 +653,26 @@ class Committer:
 
     def _plan(self, p: Pending) -> Plan:
         txn = p.txn
+        for table in sorted({op.table for op in txn.ops}):
+            self._check_not_dropped(txn, table)
         eff = self._fold(txn, txn.ops)
         if self._verdicts(txn, eff):
             eff = self._replay(p)
             self._verdicts(txn, eff)
         return Plan(eff, self._checked_keys(eff))
+
+    def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
+        """A transaction writing (or dropping) a table that was dropped after its snapshot loses to
+        the drop, whether or not a table of that name was created again since."""
+        drop = self.state.dropped_since(table, txn.snapshot)
+        if drop is None and self.state.tables.get(table) is None:
+            rec = self.state.record(table)
+            drop = rec if isinstance(rec, TableDropped) else None
+        if drop is not None:
+            raise ConflictError(
+                f"transaction {txn.id} lost to {drop.tid} on table {table!r}: the table was dropped at CSN "
+                f"{drop.csn} (after this transaction's snapshot {txn.snapshot})",
+                winner=drop.tid, kind=str(ConflictKind.TABLE_DROPPED), table=table, csn=drop.csn)
 
     def _verdicts(self, txn: RunningTxn, eff: Effect) -> bool:
         """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""

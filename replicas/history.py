@@ -198,6 +198,9 @@ class History:
                     raise InvalidInput(f"changes by time: {what} must be a timestamp, not {v!r}")
             if start is None:
                 raise InvalidInput("changes: start is required")
+            for what, v in (("start", start), ("end", end)):
+                if v is not None:
+                    self.replica.retention.check_not_future(float(v), f"changes by time: {what}")
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
         first = start if by == "id" else self.state.csn_at_time(start)

@@ -23,8 +23,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
-from coordinator.model import CommitStatus, StagedOp, TxnState, WalStaged, op_from_dict
+from coordinator.errors import (
+    InvalidInput,
+    ReplicaUnavailable,
+    StorageError,
+    TransactionAborted,
+    storage_error,
+)
+from coordinator.model import CommitStatus, DropTable, StagedOp, TxnState, WalStaged, op_from_dict
 from coordinator.versions import Tid, local_counter
 from parts.meta import PartMeta
 from parts.ops import partition_key
@@ -113,6 +119,21 @@ class Transactions:
     def stage(self, txn_id: str, op: StagedOp) -> None:
         txn = self.running(txn_id)
         table = self.table(op.table, None)
+        dropping = {o.table for o in txn.ops if isinstance(o, DropTable)}
+        if op.table in dropping or (isinstance(op, DropTable) and any(o.table == op.table for o in txn.ops)):
+            raise InvalidInput(f"transaction {txn.id} drops table {op.table!r} and cannot also write it "
+                               "(nor drop it twice)", table=op.table, id=txn.id)
+        if op.added:
+            # Parts are written for the definition the transaction sees (at its snapshot, or
+            # the latest for a table created since): one written for another is refused.
+            seen = self.state.table(op.table, txn.snapshot) or table
+            stale = [m for m in op.added if m.schema_version != seen.ddl_version]
+            if stale:
+                raise InvalidInput(
+                    f"part {stale[0].name} was written for version {stale[0].schema_version} of table "
+                    f"{op.table!r}'s schema, transaction {txn.id} sees version {seen.ddl_version} "
+                    f"(columns {seen.schema.names}): write the rows for the table as the transaction sees it",
+                    table=op.table, schema_version=seen.ddl_version)
         own_added, own_removed = txn.own_parts()
         own_names = {m.name for m in own_added}
         visible = None
@@ -148,12 +169,21 @@ class Transactions:
             txn.ops.append(op)
             txn.rows += op.rows
         if op.added:
-            self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+            try:
+                self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+            except OSError as exc:
+                # Without its record a restart could not delete the files: roll back now.
+                err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
+                reason = (f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
+                          f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there")
+                self.abort(txn, reason)
+                raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
         """Parts visible to a transaction: at its snapshot, with its own writes."""
         txn = self.running(txn_id)
-        self.table(table, None)
+        if self.state.table(table, txn.snapshot) is None:  # as it sees it: dropped since is still there
+            self.table(table, None)
         added, removed = txn.own_parts()
         return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
 
@@ -309,6 +339,10 @@ class Transactions:
         self.replica.history.on_end(txn)
 
     def kill(self, txn_id: str) -> dict:
+        try:
+            Tid.parse(txn_id)
+        except ValueError as exc:
+            raise InvalidInput(f"kill: {exc}", id=txn_id) from None
         txn = self.txn(txn_id)
         self.abort(txn, f"transaction {txn_id} was killed by an operator")
         return txn.describe()

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
 from tenacity import Retrying, retry_if_exception, stop_never, wait_fixed
 
 from coordinator.alive import AliveNode
-from coordinator.catalog import TableDef
+from coordinator.catalog import TableDef, TableDropped
 from coordinator.errors import (
     CorruptMetadata,
     InvalidInput,
@@ -47,7 +47,7 @@ from coordinator.model import (
     WalStaged,
 )
 from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
-from coordinator.zklog import CsnLog, PollHandler
+from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta
 from parts.storage import Storage
 from replicas import checkpoint
@@ -372,6 +372,9 @@ class Replica:
         if snapshot is not None and as_of is not None:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
+            if isinstance(as_of, bool) or not isinstance(as_of, (int, float)):
+                raise InvalidInput(f"as_of must be a timestamp, not {as_of!r}")
+            self.retention.check_not_future(float(as_of), "as_of")
             snap = self.state.csn_at_time(float(as_of))
             self.retention.check_as_of(snap, as_of)
             return snap
@@ -391,7 +394,7 @@ class Replica:
             from parts.ops import validate_name
 
             validate_name("table", name)
-            if self.state.table(name) is None and self.zk.exists(self.log.table_path(name)):
+            if self.state.table(name) is None and self._table_node_live(name):
                 # Created through another replica and not applied here yet: wait for the follower
                 # to apply it, so that a table that exists is never reported unknown. (Not a
                 # pull() of our own: that runs for as long as commits keep coming.)
@@ -412,11 +415,40 @@ class Replica:
                 if created is not None:
                     raise TableNotFound(f"table {name!r} does not exist at snapshot {snapshot} "
                                         f"(created at CSN {created.created_csn})", table=name)
+                rec = self.state.record(name, snapshot)
+                if isinstance(rec, TableDropped):
+                    raise TableNotFound(f"table {name!r} was dropped at CSN {rec.csn} (by {rec.tid})",
+                                        table=name, dropped_csn=rec.csn)
                 raise TableNotFound(f"unknown table {name!r}", table=name)
         return t
 
+    def _table_node_live(self, name: str) -> bool:
+        """Whether ZooKeeper holds table ``name`` as existing (created, maybe not applied here)."""
+        try:
+            data, _ = self.zk.get(self.log.table_path(name))
+        except NoNodeError:
+            return False
+        return not table_node_dropped(data)
+
     def create_table(self, tdef: TableDef) -> int:
         return self.committer.create_table(tdef)
+
+    def alter_table(self, name: str, add_columns: object, rename_columns: object) -> int:
+        self.table(name)  # TableNotFound first, as every statement says it
+        return self.committer.alter_table(name, add_columns, rename_columns)
+
+    def describe_table(self, name: str, snapshot: int | None = None) -> dict:
+        """A table's definition at a snapshot (the latest by default) with what it holds then."""
+        snap = self.state.applied if snapshot is None else self.resolve_snapshot(snapshot, None)
+        tdef = self.table(name, snap)
+        metas = self.state.visible(name, snap)
+        with self.state.lock:
+            records = [r for r in self.state.catalog.get(name, ()) if r.csn >= tdef.created_csn and r.csn <= snap]
+        return {**tdef.to_dict(), "snapshot": snap, "schema_version": tdef.ddl_version,
+                "parts": len(metas), "rows": sum(m.rows for m in metas), "bytes": sum(m.size for m in metas),
+                "partitions": len({m.partition_key for m in metas}),
+                "history": [{"csn": r.csn, "ddl_version": r.ddl_version,
+                             "what": "created" if r.csn == tdef.created_csn else "altered"} for r in records]}
 
     def read_parts(self, table: str, snapshot: int | None = None, as_of: float | None = None,
                    pkeys: list[str] | None = None, fresh: bool = False,

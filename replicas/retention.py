@@ -16,6 +16,7 @@ forgotten.
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,19 @@ class Retention:
     def check_as_of(self, snapshot: int, as_of: float) -> None:
         when = datetime.fromtimestamp(float(as_of), UTC).isoformat()
         self.check(snapshot, context=f"the last data-changing commit at or before as_of {when}")
+
+    @staticmethod
+    def check_not_future(when: float, what: str) -> None:
+        """A time in the future names no snapshot yet: a read "as of" it now would return the
+        latest data and a later one other data (not repeatable). Refused, as a CSN beyond the
+        log is."""
+        now = time.time()
+        if when > now:
+            at = datetime.fromtimestamp(float(when), UTC).isoformat()
+            raise SnapshotUnavailable(
+                f"{what} {at} is in the future (the replica's clock reads "
+                f"{datetime.fromtimestamp(now, UTC).isoformat()}): no snapshot exists for it yet",
+                time=when, now=now)
 
     def check_changes(self, table: str, start: object, end: object, by: str, first: int,
                       metas: list[PartMeta], fresh: bool = False) -> None:

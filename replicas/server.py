@@ -43,7 +43,9 @@ class ReplicaServer(RpcServer):
         self.handlers = {
             "info": lambda a: replica.info(),
             "create_table": self._create_table,
-            "table": lambda a: replica.table(a["name"], a.get("snapshot")).to_dict(),
+            "table": self._table,
+            "alter_table": self._alter_table,
+            "describe_table": lambda a: replica.describe_table(a["name"], a.get("snapshot")),
             "tables": lambda a: sorted(replica.state.tables),
             "begin": self._begin,
             "stage": self._stage,
@@ -201,6 +203,27 @@ class ReplicaServer(RpcServer):
         )
         return {"csn": self.replica.create_table(tdef)}
 
+    def _table(self, a: dict) -> dict:
+        """A table's definition at ``snapshot`` (the latest: at what is applied now), with the
+        snapshot it holds at (``at``): a client may use it for any snapshot whose last catalog
+        change is at or before that."""
+        snap = a.get("snapshot")
+        if a.get("as_of") is not None:
+            snap = self.replica.resolve_snapshot(None, a["as_of"])
+        if snap is not None:
+            return {**self.replica.table(a["name"], snap).to_dict(), "at": snap}
+        self.replica.table(a["name"])  # waits for a table created elsewhere
+        at = self.replica.state.applied
+        return {**self.replica.table(a["name"], at).to_dict(), "at": at}
+
+    def _alter_table(self, a: dict) -> dict:
+        from parts.ops import schema_from_json
+
+        add = a.get("add_columns")
+        add_schema = None if add is None else schema_from_json(add)
+        renames = a.get("rename_columns")
+        return {"csn": self.replica.alter_table(a["name"], add_schema, renames)}
+
     def _stage(self, a: dict) -> None:
         for op in a["ops"] if "ops" in a else [a["op"]]:
             self.transactions.stage(a["id"], op_from_dict(op))
@@ -213,7 +236,8 @@ class ReplicaServer(RpcServer):
 
     def _begin(self, a: dict) -> dict:
         txn = self.transactions.begin(a.get("token"))
-        return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot}
+        return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot,
+                "ddl": self.replica.state.last_ddl(txn.snapshot)}
 
     def _visible(self, a: dict) -> dict:
         """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of
@@ -227,7 +251,7 @@ class ReplicaServer(RpcServer):
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
-                "lease_seconds": leases.READ_LEASE_SECONDS}
+                "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap)}
 
     def _compact(self, a: dict) -> dict:
         from parts import rewrite

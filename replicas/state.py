@@ -12,10 +12,10 @@ import gc
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import chain
 
-from coordinator.catalog import TableDef
+from coordinator.catalog import TableDef, TableDropped, TableRecord
 from coordinator.conflicts import Kind, Summary
 from coordinator.errors import CorruptMetadata
 from coordinator.model import Change, LogEntry
@@ -27,6 +27,10 @@ from replicas.checkpoint import no_gc
 
 def _name(meta: PartMeta) -> str:
     return meta.name
+
+
+def _record_csn(r: TableRecord) -> int:
+    return r.csn
 
 
 class SortedIndex:
@@ -130,7 +134,10 @@ class ReplicaState:
         self.applied_cond = threading.Condition(self.lock)
         self.applied = 0
         self.position = (0, 0)  # (epoch, next sequence number) to fetch
-        self.tables: dict[str, TableDef] = {}
+        self.tables: dict[str, TableDef] = {}  # the tables that exist now (the last record of each name)
+        # Every name's records, by CSN: created, altered, dropped (coordinator/catalog.py).
+        self.catalog: dict[str, list[TableRecord]] = {}
+        self.ddl_csns: list[int] = []  # CSNs of the entries that changed the catalog, ascending
         self.parts: dict[str, PartRecord] = {}
         self.by_table: dict[str, set[str]] = defaultdict(set)
         self.live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
@@ -161,7 +168,9 @@ class ReplicaState:
             if csn <= self.applied:
                 return
             for t in entry.ddl:
-                self.tables[t.name] = t.with_csn(csn)
+                self._apply_ddl(csn, t, entry.txns)
+            if entry.ddl:
+                self.ddl_csns.append(csn)
             data_time = None
             for txn in entry.txns:
                 self.tid_csn[txn.tid] = csn
@@ -179,6 +188,25 @@ class ReplicaState:
             self.position = (epoch, seq + 1)
             self.applied_count += 1
             self.applied_cond.notify_all()
+
+    def _apply_ddl(self, csn: int, t: TableRecord, txns: Iterable) -> None:
+        if isinstance(t, TableDropped):
+            self.catalog.setdefault(t.name, []).append(replace(t, csn=csn))
+            self.tables.pop(t.name, None)
+            # Every part of the table live now goes, whichever commit (on whichever replica)
+            # added it: so every replica removes the same ones. The drop is their removal.
+            live = self.live.pop(t.name, {})
+            self.live_sorted.pop(t.name, None)
+            for pkey, names in sorted(live.items()):
+                for name in names:
+                    rec = self.parts[name]
+                    rec.removal_tid, rec.removal_csn = t.tid, csn
+                    self.removals.append((csn, name))
+                self.history[(t.name, pkey)].append((csn, Summary.of(t.tid, (Kind.OVERWRITE,), names)))
+            return
+        t = t.with_csn(csn)
+        self.catalog.setdefault(t.name, []).append(t)
+        self.tables[t.name] = t
 
     def _apply_change(self, csn: int, tid: str, ch: Change) -> None:
         live = self.live[ch.table]
@@ -241,6 +269,12 @@ class ReplicaState:
                 i = bisect.bisect_right(events, floor, key=lambda e: e[0])
                 if i:
                     del events[:i]
+            for name, records in list(self.catalog.items()):
+                i = bisect.bisect_right(records, floor, key=_record_csn)
+                if i and isinstance(records[i - 1], TableDropped) and i == len(records):
+                    del self.catalog[name]  # dropped for good: no served snapshot sees it
+                elif i > 1:
+                    self.catalog[name] = records[i - 1:]  # the one that holds at floor stays
             self.pruned = floor
             return gone
 
@@ -253,12 +287,39 @@ class ReplicaState:
             return [s for _, s in events[i:]]
 
     def table(self, name: str, snapshot: int | None = None) -> TableDef | None:
-        # No lock: one dict lookup is atomic, and a TableDef is never changed once applied
-        # (every statement of every transaction asks; the state lock is the committer's).
+        """The definition of ``name`` at ``snapshot`` (None: now); None if it did not exist then."""
+        # No lock for the latest: one dict lookup is atomic, and a TableDef is never changed once
+        # applied (every statement of every transaction asks; the state lock is the committer's).
         t = self.tables.get(name)
-        if t is None or (snapshot is not None and t.created_csn > snapshot):
+        if t is not None and (snapshot is None or t.csn <= snapshot):
+            return t
+        if snapshot is None:
             return None
-        return t
+        rec = self.record(name, snapshot)
+        return rec if isinstance(rec, TableDef) else None
+
+    def record(self, name: str, snapshot: int | None = None) -> TableRecord | None:
+        """The last catalog record of ``name`` at or before ``snapshot`` (None: now)."""
+        records = list(self.catalog.get(name, ()))  # a copy: apply may append meanwhile
+        if snapshot is not None:
+            records = records[:bisect.bisect_right(records, snapshot, key=_record_csn)]
+        return records[-1] if records else None
+
+    def dropped_since(self, name: str, snapshot: int) -> TableDropped | None:
+        """The drop that ended the table ``name`` a transaction at ``snapshot`` sees, if it was
+        dropped since (and maybe created again)."""
+        seen = self.table(name, snapshot)
+        if seen is None:
+            return None
+        for rec in list(self.catalog.get(name, ())):
+            if isinstance(rec, TableDropped) and rec.csn > snapshot:
+                return rec
+        return None
+
+    def last_ddl(self, snapshot: int) -> int:
+        """The CSN of the last catalog change at or before ``snapshot`` (0: none)."""
+        i = bisect.bisect_right(self.ddl_csns, snapshot)
+        return self.ddl_csns[i - 1] if i else 0
 
     def visible(
         self,
@@ -332,6 +393,8 @@ class ReplicaState:
             applied, position = self.applied, self.position
             recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn) for r in self.parts.values()]
             tables = [t.to_dict() for t in self.tables.values()]
+            catalog = [{"dropped": r.to_dict()} if isinstance(r, TableDropped) else {"table": r.to_dict()}
+                       for records in self.catalog.values() for r in records]
             pruned = self.pruned
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
@@ -372,6 +435,7 @@ class ReplicaState:
             "applied": applied,
             "position": list(position),
             "tables": tables,
+            "catalog": catalog,
             "parts": parts,
             "tids": tids,
             "tid_csns": tid_csns,
@@ -394,6 +458,14 @@ class ReplicaState:
     def _restore(self, payload: dict, where: str) -> None:
         try:
             tables = {d["name"]: TableDef.from_dict(d) for d in payload["tables"]}
+            catalog: dict[str, list[TableRecord]] = {}
+            if "catalog" in payload:
+                for d in payload["catalog"]:
+                    r = TableDropped.from_dict(d["dropped"]) if "dropped" in d else TableDef.from_dict(d["table"])
+                    catalog.setdefault(r.name, []).append(r)
+            else:  # written before tables could be altered or dropped
+                catalog = {name: [t] for name, t in tables.items()}
+            ddl_csns = sorted({_record_csn(r) for records in catalog.values() for r in records})
             cols = payload["parts"]
             names = list(cols["fields"])
             columns = [cols[n] for n in names]
@@ -451,6 +523,7 @@ class ReplicaState:
             raise CorruptMetadata(f"checkpoint {where} is malformed: {exc!r}") from exc
         with self.lock:
             self.tables, self.parts, self.by_table, self.live = tables, parts, by_table, live
+            self.catalog, self.ddl_csns = catalog, ddl_csns
             self.live_sorted, self.tid_csn, self.history, self.versions = live_sorted, tid_csn, history, versions
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values

@@ -229,8 +229,13 @@ def connect(s: Settings):
 
 
 def table_def(client, s: Settings) -> TableDef:
+    """The table's definition at the read's snapshot (``snapshot``, ``as_of``, the end of a
+    ``changes`` range by id), else the latest: a read sees the schema at its snapshot."""
+    snapshot = s.snapshot
+    if snapshot is None and s.changes is not None and s.changes[2] == "id":
+        snapshot = s.changes[1]
     try:
-        return client.table(s.table)
+        return client.table_at(s.table, snapshot=snapshot, as_of=s.as_of)
     except errors.TableNotFound as exc:
         raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
                                    f"{exc.message}", table=s.table) from None
@@ -301,13 +306,23 @@ class MergetxnDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         s = settings(self.options, write=True)
         with connect(s) as client:
-            tdef = table_def(client, s)
-            check_write_schema(tdef, schema)
             url = client.call("info")["storage_url"]
             if s.txn is not None:
                 tx = join(client, s)
             else:
                 tx = client.begin()
+            try:  # the rows are written for the table as the transaction sees it
+                tdef = tx.table(s.table)
+                check_write_schema(tdef, schema)
+            except errors.TableNotFound as exc:
+                if s.txn is None:
+                    _rollback_quietly(tx)
+                raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
+                                           f"{exc.message}", table=s.table) from None
+            except BaseException:
+                if s.txn is None:
+                    _rollback_quietly(tx)
+                raise
             if s.trace_commits:
                 event = {"event": "join"} if s.txn is not None else {"event": "begin", "snapshot": tx.snapshot}
                 try:
@@ -457,7 +472,7 @@ class MergetxnWriter(DataSourceArrowWriter):
         data = _align_time_zones(pa.Table.from_batches(batches), tdef.schema)
         data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
         return [
-            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id)
+            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version)
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
 
@@ -634,7 +649,8 @@ class MergetxnReader(DataSourceReader):
         if where is not None:
             tdef = TableDef.from_dict(self.tdef)
             metas = [m for m in metas
-                     if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
+                     if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition,
+                                  where, tdef.schema)]
         return [PartsPartition(i, [m.to_dict() for m in group])
                 for i, group in enumerate(_group(metas, s.split_bytes))]
 
@@ -675,7 +691,8 @@ class MergetxnReader(DataSourceReader):
             return
         storage = storage_for(self.storage_url, self.s.storage_options)
         metas = [PartMeta.from_dict(d) for d in partition.parts]
-        for data in _prefetch(storage, metas, self.s.trace_reads):
+        tdef = TableDef.from_dict(self.tdef)
+        for data in _prefetch(storage, metas, self.s.trace_reads, tdef):
             yield from _fit(data, target).to_batches(max_chunksize=BATCH_ROWS)
 
 
@@ -749,14 +766,17 @@ def _group(metas: list[PartMeta], split_bytes: int) -> list[list[PartMeta]]:
     return groups
 
 
-def _prefetch(storage: Storage, metas: list[PartMeta], trace: str | None) -> Iterator[pa.Table]:
-    """Read the parts in order, the next one in the background while this one is consumed."""
+def _prefetch(storage: Storage, metas: list[PartMeta], trace: str | None,
+              tdef: TableDef | None = None) -> Iterator[pa.Table]:
+    """Read the parts in order, the next one in the background while this one is consumed;
+    with ``tdef``, each under that definition (columns renamed or added since it was written)."""
     from concurrent.futures import ThreadPoolExecutor
 
     def load(m: PartMeta) -> pa.Table:
         if trace:
             _trace(trace, m)
-        return read_part(storage, m)
+        data = read_part(storage, m)
+        return data if tdef is None else tdef.upgrade(data, m.schema_version)
 
     if len(metas) <= 1:
         for m in metas:

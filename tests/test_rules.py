@@ -291,10 +291,10 @@ def test_parts_winner_is_first_overlapping() -> None:
 
 
 def test_conflict_kinds() -> None:
-    """The kinds a caller can tell apart: three that the policies raise, two reserved for keys
-    tables and serializable transactions."""
+    """The kinds a caller can tell apart: three that the policies raise, one a drop of the table
+    raises, two reserved for keys tables and serializable transactions."""
     assert {k.value for k in ConflictKind} == {
-        "PART_REMOVED_TWICE", "TARGET_CHANGED", "SOURCES_REMOVED", "KEY_WRITTEN", "READ_SET_CHANGED",
+        "PART_REMOVED_TWICE", "TARGET_CHANGED", "SOURCES_REMOVED", "TABLE_DROPPED", "KEY_WRITTEN", "READ_SET_CHANGED",
     }
 
 

@@ -586,6 +586,27 @@ def test_incremental_read_of_changes(spark, c0: Client, r0: str) -> None:
     hold.rollback()
 
 
+def test_reads_see_the_schema_at_their_snapshot_after_an_alter(spark, c0: Client, r0: str) -> None:
+    """A column renamed and one added: the data source reads the parts written before under
+    the new schema (the renamed column by its new name, the added one null), reads at an older
+    snapshot with the schema then, and writes must match the new schema."""
+    c0.create_table("sp_alter", SCHEMA, auto_merge=False)
+    writer(frame(spark, rows(0, 6)), r0).save("sp_alter")
+    before = c0.snapshot()
+    c0.alter_table("sp_alter", add_columns=[pa.field("note", pa.string())], rename_columns={"v": "value"})
+    df = reader(spark, r0).load("sp_alter")
+    assert [f.name for f in df.schema.fields] == ["id", "k", "value", "note"]
+    assert spark_rows(df, ("id", "k", "value", "note")) == sorted(r + (None,) for r in rows(0, 6))
+    old = reader(spark, r0, snapshot=str(before)).load("sp_alter")
+    assert [f.name for f in old.schema.fields] == ["id", "k", "v"]
+    assert spark_rows(old) == sorted(rows(0, 6))
+    with pytest.raises(Exception, match="value|note"):
+        writer(frame(spark, rows(10, 2)), r0).save("sp_alter")  # the old schema
+    writer(frame(spark, [(20, "a", 1.5, "n")], ddl="id bigint, k string, value double, note string"),
+           r0).save("sp_alter")
+    assert spark_rows(reader(spark, r0).load("sp_alter").where("id = 20"), ("id", "value", "note")) == [(20, 1.5, "n")]
+
+
 # ---------------------------------------------------------------------------------------------
 # Pruning, proven by the parts actually read
 

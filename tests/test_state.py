@@ -303,3 +303,34 @@ def test_what_the_committer_hands_the_batching_rule() -> None:
     b = fold(staged("delete", removed=["b1"]))
     in_batch = {k: [s] for k, s in a.summaries(A).items()}
     assert not fits_beside({"t": "parts"}, b.summaries(B), b.whole_tables, in_batch)
+
+
+def test_catalog_records_drops_alters_and_round_trips_through_a_checkpoint() -> None:
+    """Drop, create again, alter: each snapshot sees the table as it was then, the drop removed
+    every part live at it (also one it never listed), and a checkpoint restores it all."""
+    import dataclasses
+
+    import pyarrow as pa
+
+    from coordinator.catalog import TableDropped
+    from coordinator.model import LogEntry
+
+    st = built()
+    d = tid(5)
+    st.apply(5, 0, 4, LogEntry(time=5.0, versions={}, txns=(), ddl=(TableDropped("t", d, 1),)))
+    assert st.table("t") is None and st.table("t", snapshot=4) is not None and st.table("t", snapshot=5) is None
+    assert st.visible("t", 5) == [] and names(st.visible("t", 4)) == ["b1", "c2"]
+    assert {st.parts[n].removal_csn for n in ("b1", "c2")} == {5} and st.parts["b1"].removal_tid == d
+    assert st.dropped_since("t", 4).csn == 5 and st.dropped_since("t", 5) is None
+    st.apply(6, 0, 5, entry(ddl=[dataclasses.replace(table_def("t"), ddl_version=2)]))
+    alt = st.table("t").altered(add_columns=[pa.field("extra", pa.int64())])
+    st.apply(7, 0, 6, LogEntry(time=7.0, versions={}, ddl=(alt,)))
+    assert st.table("t").version_csn == 7 and st.table("t", snapshot=6).version_csn == 0
+    assert st.table("t", snapshot=6).created_csn == 6 and st.dropped_since("t", 4).csn == 5
+    assert [st.last_ddl(s) for s in (0, 1, 4, 5, 6, 7, 9)] == [0, 1, 1, 5, 6, 7, 7]
+    back = ReplicaState()
+    back.restore(copy.deepcopy(st.export()), "mem")
+    assert back.export() == st.export()
+    for s in range(9):
+        assert back.table("t", s) == st.table("t", s) and back.record("t", s) == st.record("t", s)
+        assert back.last_ddl(s) == st.last_ddl(s)
