@@ -339,10 +339,23 @@ def test_cli_table_subcommands(cluster: coordinator.LocalCluster, c0: Client) ->
     assert r.exit_code == 2 and "ghost" in r.output
     r = runner.invoke(main, ["table", "describe", "clitab", "--replica", addr])
     assert r.exit_code == 0 and "label" in r.output
+    # insert and read by the command line after the ALTER: parts for the new schema version
+    before = c0.snapshot()
+    src = cluster.workdir / "clitab.csv"
+    src.write_text("id,label,n\n1,a,10\n2,b,20\n")
+    r = runner.invoke(main, ["insert", "clitab", str(src), "--replica", addr, "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["read", "clitab", "--replica", addr, "--format", "json"])
+    assert r.exit_code == 0, r.output
+    rows = sorted((json.loads(line) for line in r.stdout.splitlines() if line.strip()), key=lambda x: x["id"])
+    assert rows == [{"id": 1, "label": "a", "n": 10}, {"id": 2, "label": "b", "n": 20}]
+    r = runner.invoke(main, ["read", "clitab", "--replica", addr, "--format", "csv", "--snapshot", str(before)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[0].replace('"', "") == "id,label,n"  # the schema at that snapshot
     r = runner.invoke(main, ["table", "drop", "clitab", "--replica", addr, "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["csn"] > 0
     r = runner.invoke(main, ["table", "drop", "clitab", "--replica", addr])
-    assert r.exit_code == 2 and "clitab" in r.output
+    assert r.exit_code == 3 and "clitab" in r.output  # 3: not found
     r = runner.invoke(main, ["table", "describe", "clitab", "--replica", addr])
-    assert r.exit_code == 2
+    assert r.exit_code == 3
