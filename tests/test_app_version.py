@@ -98,6 +98,25 @@ def test_entry_and_state_carry_app_versions() -> None:
     assert again.apps == st.apps == {"a": (4, 2), "b": (0, 1)}
 
 
+def test_spark_options() -> None:
+    """The Spark data source's options app_id/app_version (a write without txn), checked before
+    any task runs (the write itself: tests/test_spark.py)."""
+    from spark.datasource import settings
+
+    base = {"path": "t", "replica": "h:1"}
+    assert settings({**base, "app_id": "s", "app_version": "4"}, write=True).app == ("s", 4)
+    assert settings(base, write=True).app is None
+    for bad, match in (({"app_id": "s"}, "together"), ({"app_version": "1"}, "together"),
+                       ({"app_id": "s", "app_version": "-1"}, "app_version"),
+                       ({"app_id": "s", "app_version": "x"}, "app_version"),
+                       ({"app_id": "", "app_version": "1"}, "app_id"),
+                       ({"app_id": "s", "app_version": "1", "txn": "T1-1-r0"}, "txn")):
+        with pytest.raises(InvalidInput, match=match):
+            settings({**base, **bad}, write=True)
+    with pytest.raises(InvalidInput, match="writes"):
+        settings({**base, "app_id": "s", "app_version": "1"})
+
+
 # ---------------------------------------------------------------------------------------------
 # One cluster of two replica processes for the module (tests use distinct app ids and tables)
 
