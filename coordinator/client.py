@@ -22,6 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator import errors, security
 from coordinator.catalog import TableDef
+from coordinator.conflicts import check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (
     CommitStatus,
@@ -428,12 +429,20 @@ class Client:
             row["time"] = None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
         return pa.Table.from_pylist(rows, schema=schema)
 
+    def app_version(self, app_id: str) -> int | None:
+        """The highest version of application ``app_id`` committed (``tx.set_app_version``), or
+        None. Answered from the replica's memory: after a commit of this client returns, it is
+        seen; a commit made through another replica a moment ago may not be yet (a lower answer,
+        never a higher one: the commit itself is decided against the whole log)."""
+        app_id, _ = check_app_version(app_id, 0)
+        return self.call("app_version", app_id=app_id)["version"]
+
     def commit_status(self, tid: Tid | str) -> CommitStatus:
         r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
         return CommitStatus.from_dict(r)
 
     def commit_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
-                     partitions: Sequence[Any] | None = None) -> int:
+                     partitions: Sequence[Any] | None = None, apps: Mapping[str, int] | None = None) -> int:
         """Commit parts already written to storage as a transaction of their own, in one round
         trip: the replica begins, stages them as one INSERT (or INSERT OVERWRITE of
         ``partitions``, as :meth:`Transaction.add_parts`) and commits. Returns the CSN.
@@ -444,15 +453,19 @@ class Client:
         transaction's tid, so nothing keeps cleanup from taking them for orphans: parts written
         (``created_at``) more than half the replica's ``gc_grace_seconds`` ago are refused. If the
         commit fails the parts are deleted; if the connection breaks, the replica is asked, by part
-        name, whether it committed, so the caller is never left not knowing."""
+        name, whether it committed, so the caller is never left not knowing. ``apps`` (app id ->
+        version) makes it an idempotent commit, as :meth:`Transaction.set_app_version` does."""
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
+        apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
         tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
         if op == "overwrite":
             args["partitions"] = [list(p) for p in _overwrite_targets(tdef, metas, partitions)]
+        if apps:
+            args["apps"] = apps
         try:
             return self.call("commit_parts", **args)["csn"]
         except ReplicaUnavailable:
@@ -671,6 +684,18 @@ class Transaction:
             assigns = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
         self._stage(Mutate(kind, tdef.name, encode_expression(where, tdef.schema), tuple(added), tuple(removed),
                            _rewrite_targets(tdef, None), assignments=assigns))
+
+    def set_app_version(self, app_id: str, version: int) -> None:
+        """Record in this commit that application ``app_id`` reached ``version`` (an integer >= 0):
+        an exactly-once sink's batch id. The commit then fails with
+        :class:`~coordinator.errors.DuplicateCommit`, making nothing visible, if a version of
+        ``app_id`` at or above it was committed before it (by any replica); otherwise
+        ``client.app_version(app_id)`` answers ``version`` from its CSN on. Several applications
+        may be set in one transaction; set again for the same one, the last version counts.
+        A transaction with nothing else in it commits (a sink's empty batch)."""
+        self._check_open()
+        app_id, version = check_app_version(app_id, version)
+        self.client.call("set_app_version", id=self.id, app_id=app_id, version=version)
 
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""

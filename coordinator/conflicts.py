@@ -26,6 +26,12 @@ mutated), ``PART_REMOVED_TWICE`` otherwise.
 :func:`fits_beside` is the group committer's question (replicas/committer.py): may a transaction
 share one multi with members of the batch that touch the same targets? Which targets a commit
 checks at all is :mod:`coordinator.targets`.
+
+Idempotent commits (``tx.set_app_version``) have a rule of their own, :func:`check_app_versions`:
+a transaction that carries an application's version at or below the committed one loses with
+:class:`~coordinator.errors.DuplicateCommit`. The committer decides it against the state at the
+version of the application's target node (:func:`coordinator.targets.app_key`), which the commit
+multi checks and bumps, so two commits of one application are decided one after the other.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from coordinator.errors import ConflictKind
+from coordinator.errors import ConflictKind, DuplicateCommit, InvalidInput
 
 
 class Kind(StrEnum):
@@ -158,3 +164,36 @@ def fits_beside(
         if Policy(policies[table]) is not Policy.PARTS and any(t == table for t, _ in in_batch):
             return False  # a whole-table statement would be replayed on what they add
     return True
+
+
+# -- idempotent commits -----------------------------------------------------------------------------
+MAX_APP_ID = 256  # characters
+MAX_APP_VERSION = 2**63 - 1  # a signed 64-bit integer, as JSON readers elsewhere take it
+
+
+def check_app_version(app_id: object, version: object) -> tuple[str, int]:
+    """An application id and version a transaction may record (``tx.set_app_version``), or
+    InvalidInput naming what is wrong: the id a non-empty string of at most 256 characters with no
+    control characters, the version an integer from 0 to 2**63 - 1 (not a bool)."""
+    if not isinstance(app_id, str) or not 0 < len(app_id) <= MAX_APP_ID or not app_id.isprintable():
+        raise InvalidInput(f"app_id must be a non-empty string of at most {MAX_APP_ID} printable characters, "
+                           f"not {app_id!r}", app_id=app_id if isinstance(app_id, str) else repr(app_id))
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_APP_VERSION:
+        raise InvalidInput(f"the version of application {app_id!r} must be an integer from 0 to {MAX_APP_VERSION}, "
+                           f"not {version!r}", app_id=app_id, version=repr(version))
+    return app_id, version
+
+
+def check_app_versions(tid: str, apps: Mapping[str, int],
+                       committed: Mapping[str, tuple[int, int]]) -> DuplicateCommit | None:
+    """Whether transaction ``tid`` carrying ``apps`` (app id -> version) may commit after
+    ``committed`` (app id -> (version, CSN that holds it)): the DuplicateCommit it loses with (the
+    first app in name order whose version is at or below the committed one), or None."""
+    for app_id, version in sorted(apps.items()):
+        held = committed.get(app_id)
+        if held is not None and version <= held[0]:
+            return DuplicateCommit(
+                f"transaction {tid} is a duplicate commit of application {app_id!r} version {version}: "
+                f"CSN {held[1]} already holds version {held[0]}; nothing of it was committed",
+                app_id=app_id, version=version, csn=held[1], committed_version=held[0], id=tid)
+    return None

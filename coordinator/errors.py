@@ -56,6 +56,25 @@ class TransactionAborted(MergetxnError):
     replica lost its ZooKeeper session)."""
 
 
+class DuplicateCommit(TransactionAborted):
+    """An idempotent commit found its application version already committed
+    (``tx.set_app_version``): the transaction made nothing visible and was rolled back. ``app_id``
+    and ``version`` are what it carried; ``csn`` is the commit that holds that application's
+    version (``committed_version``) at or above it."""
+
+    @property
+    def app_id(self) -> str | None:
+        return self.details.get("app_id")
+
+    @property
+    def version(self) -> int | None:
+        return self.details.get("version")
+
+    @property
+    def csn(self) -> int | None:
+        return self.details.get("csn")
+
+
 class InvalidInput(MergetxnError):
     """Bad names, schemas, expressions or arguments; nothing was changed."""
 
@@ -112,6 +131,7 @@ _BY_NAME = {
         MergetxnError,
         ConflictError,
         TransactionAborted,
+        DuplicateCommit,
         InvalidInput,
         TableNotFound,
         SnapshotUnavailable,

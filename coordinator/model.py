@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from coordinator import jsonwire
 from coordinator.catalog import TableDef, TableDropped, TableRecord
-from coordinator.conflicts import Kind
+from coordinator.conflicts import Kind, check_app_version
 from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.versions import Tid
 from parts.meta import PartMeta
@@ -316,22 +316,34 @@ class Change:
 
 @dataclass(frozen=True)
 class TxnRecord:
-    """One committed transaction in an entry: its tid, time version (None for compactions) and
-    changes per target."""
+    """One committed transaction in an entry: its tid, time version (None for compactions),
+    changes per target, and the application versions it recorded (``apps``: app id -> version,
+    ``tx.set_app_version``; on the wire only when there are any)."""
 
     tid: str
     time_version: float | None
     changes: tuple[Change, ...]
+    apps: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"tid": self.tid, "time_version": self.time_version, "changes": [c.to_dict() for c in self.changes]}
+        d = {"tid": self.tid, "time_version": self.time_version, "changes": [c.to_dict() for c in self.changes]}
+        if self.apps:
+            d["apps"] = dict(self.apps)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> TxnRecord:
         Tid.parse(d["tid"])
         tv = d.get("time_version")
+        apps = d.get("apps") or {}
+        if not isinstance(apps, dict):
+            raise ValueError(f"'apps' of {d['tid']} must be an object of app id -> version, not {apps!r}")
+        try:
+            apps = dict(check_app_version(k, v) for k, v in apps.items())
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
         return cls(str(d["tid"]), None if tv is None else float(tv),
-                   tuple(Change.from_dict(c) for c in d.get("changes", ())))
+                   tuple(Change.from_dict(c) for c in d.get("changes", ())), apps)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ the rules would look at moves a version the multi checks:
   that holds live parts, and the table node also moves whenever a partition node is created, so
   that the statement sees partitions that appear after its snapshot.
 
+An application that commits idempotently (``tx.set_app_version``) has a target of its own,
+:func:`app_key`: every commit carrying a version of it checks and bumps that node, so commits of
+one application are decided in commit order (coordinator/conflicts.py, ``check_app_versions``).
+
 No I/O: the committer (replicas/committer.py) hands in what its state knows. Partition keys are
 ``parts.ops.partition_key`` strings (``"[]"`` for an unpartitioned table).
 """
@@ -33,6 +37,16 @@ def target_key(table: str, pkey: str | None) -> str:
     """Key of a conflict target (its znode is ``targets/<key>``): the table (``pkey`` None) or
     one of its partitions."""
     return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
+
+
+APP_PREFIX = "@app:"  # no table name starts so (parts.ops: names are identifiers)
+
+
+def app_key(app_id: str) -> str:
+    """Key of an application's target (``targets/@app:<id>``): the id with every character but
+    ASCII letters, digits, ``_`` and ``-`` percent-encoded (UTF-8), so any id is one znode name."""
+    safe = all(c.isascii() and (c.isalnum() or c in "_-") for c in app_id)
+    return APP_PREFIX + (app_id if safe else quote(app_id, safe="").replace(".", "%2E").replace("~", "%7E"))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                by whole-table operations that must see every partition
     targets/<table>/<pkey>     partition-level version, bumped by every commit whose conflict
                                rules need to see the commits on that partition
+    targets/@app:<id>          an application of idempotent commits (coordinator/targets.py,
+                               app_key): bumped by every commit that records a version of it
     replicas/<host>            per-replica node (the owner node); its data version is the replica's
                                incarnation, bumped when it starts or gets a new session, and by
                                another replica that decides the transactions of a replica gone

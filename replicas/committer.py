@@ -43,7 +43,14 @@ from tenacity import (
 )
 
 from coordinator.catalog import TableDef, TableDropped
-from coordinator.conflicts import DATA_CHANGING, Policy, Summary, check, fits_beside
+from coordinator.conflicts import (
+    DATA_CHANGING,
+    Policy,
+    Summary,
+    check,
+    check_app_versions,
+    fits_beside,
+)
 from coordinator.errors import (
     ConflictError,
     ConflictKind,
@@ -65,7 +72,7 @@ from coordinator.model import (
     TxnRecord,
     TxnState,
 )
-from coordinator.targets import Statement, checked_keys, read_keys, whole_table_targets
+from coordinator.targets import Statement, app_key, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
 from coordinator.zklog import (
     MAX_INLINE_ENTRY,
@@ -448,10 +455,14 @@ class Committer:
                         "(its ZooKeeper session expired since): it can no longer commit", id=p.txn.id)
                 plan = self._plan(p)
                 self._verify_files(p, plan, fence, condemned)
+                duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
+                if duplicate is not None:
+                    raise duplicate
             except MergetxnError as exc:
                 self._fail(p, exc)
                 continue
-            keys = set(plan.checked)
+            app_keys = {app_key(a) for a in p.txn.apps}
+            keys = set(plan.checked) | app_keys
             if local:
                 for k in keys - versions.keys():
                     versions[k] = self.state.versions.get(k)
@@ -460,7 +471,9 @@ class Committer:
                 p.key_hints |= missing
                 deferred.append(p)
                 continue
-            if keys & taken and not self._fits_beside(p.txn, plan.effect, in_batch):
+            if keys & taken and (app_keys & taken or not self._fits_beside(p.txn, plan.effect, in_batch)):
+                # An application's versions are decided one commit at a time: the next batch
+                # decides this one against the commit of the member that took its app key.
                 deferred.append(p)
                 continue
             drops = {op.table for op in p.txn.ops if isinstance(op, DropTable)}
@@ -509,7 +522,8 @@ class Committer:
         for p, plan in accepted:
             data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks) or any(
                 isinstance(op, DropTable) for op in p.txn.ops)
-            txns.append(TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes())))
+            txns.append(TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes()),
+                                  dict(p.txn.apps)))
         entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
                          txns=tuple(txns), ddl=tuple(ddl))
         own = (entry, entry.encode())  # this replica applies its own commit from these
@@ -631,7 +645,8 @@ class Committer:
             )
             for op in p.txn.ops
         ]
-        return read_keys(self._policies({op.table for op in p.txn.ops}), statements, self.state.live)
+        keys = read_keys(self._policies({op.table for op in p.txn.ops}), statements, self.state.live)
+        return keys | {app_key(a) for a in p.txn.apps}
 
     def _pkeys_of(self, txn: RunningTxn, names: list[str], own: dict[str, PartMeta]) -> dict[str, str]:
         out = {}

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from coordinator.conflicts import check_app_version
 from coordinator.errors import (
     InvalidInput,
     ReplicaUnavailable,
@@ -179,6 +180,27 @@ class Transactions:
                 self.abort(txn, reason)
                 raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
+    def set_app_version(self, txn_id: str, app_id: object, version: object) -> None:
+        """Record in the transaction that application ``app_id`` reached ``version``
+        (idempotent commits, SPEC.md): its commit loses with DuplicateCommit if that application
+        has a version at or above it committed by then. Set again for the same application in
+        one transaction, the last version set counts."""
+        app_id, version = check_app_version(app_id, version)
+        txn = self.running(txn_id)
+        with txn.lock:
+            if txn.state != TxnState.RUNNING:
+                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
+            txn.apps[app_id] = version
+
+    def app_version(self, app_id: object) -> dict:
+        """The highest version of ``app_id`` committed, as far as this replica applied the log
+        (``{"version": None, "csn": None}`` if none): a lagging replica may answer lower, never
+        higher, and a commit is decided against the log's end whatever it answered."""
+        app_id, _ = check_app_version(app_id, 0)
+        held = self.state.app_version(app_id)
+        return {"version": None if held is None else held[0], "csn": None if held is None else held[1],
+                "applied": self.state.applied}
+
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
         """Parts visible to a transaction: at its snapshot, with its own writes."""
         txn = self.running(txn_id)
@@ -189,7 +211,7 @@ class Transactions:
 
     def commit(self, txn_id: str) -> int:
         txn = self._start_commit(txn_id)
-        if not txn.ops:
+        if not txn.ops and not txn.apps:
             self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             return txn.snapshot
         return self.replica.committer.submit(txn)
@@ -219,6 +241,14 @@ class Transactions:
             d.update(removed=[m.name for m in visible], partitions=pkeys)
         return op_from_dict(d)
 
+    def parts_apps(self, txn: RunningTxn, args: dict) -> None:
+        """The application versions a one-call commit records (``apps``: app id -> version)."""
+        apps = args.get("apps") or {}
+        if not isinstance(apps, dict):
+            raise InvalidInput(f"commit_parts 'apps' must map app ids to versions, not {apps!r}")
+        for app_id, version in apps.items():
+            self.set_app_version(txn.id, app_id, version)
+
     def commit_parts(self, args: dict) -> dict:
         """Begin, stage the parts and commit, in one call; ``{"csn", "tid"}``."""
         name = args.pop("_inflight", None)
@@ -228,6 +258,7 @@ class Transactions:
                 op = self.parts_op(txn, args)
                 if op.added or op.removed or op.partitions:
                     self.stage(txn.id, op)
+                self.parts_apps(txn, args)
                 csn = self.commit(txn.id)
             except BaseException as exc:
                 self.abort(txn, f"commit_parts failed: {exc}")
@@ -273,7 +304,7 @@ class Transactions:
         """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,
         from the committer's thread (or this one). Errors found before queueing are raised."""
         txn = self._start_commit(txn_id)
-        if not txn.ops:
+        if not txn.ops and not txn.apps:
             self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             done(txn.snapshot, None)
             return

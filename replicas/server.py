@@ -28,7 +28,7 @@ from replicas.settings import ReplicaConfig
 log = logging.getLogger(__name__)
 
 # Actions that only read what the replica holds in memory: never a wait, never any I/O.
-_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions"})
+_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version"})
 
 
 class ReplicaServer(RpcServer):
@@ -51,6 +51,8 @@ class ReplicaServer(RpcServer):
             "stage": self._stage,
             "visible": self._visible,
             "commit": self._commit,
+            "set_app_version": lambda a: txns.set_app_version(a["id"], a["app_id"], a["version"]),
+            "app_version": lambda a: txns.app_version(a["app_id"]),
             "rollback": lambda a: txns.rollback(a["id"]),
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
@@ -188,6 +190,7 @@ class ReplicaServer(RpcServer):
             op = txns.parts_op(txn, a)
             if op.added:
                 txns.stage(txn.id, op)
+            txns.parts_apps(txn, a)
             txns.commit_async(txn.id, done)
         except Exception as exc:
             txns.abort(txn, f"commit_parts failed: {exc}")

@@ -144,6 +144,9 @@ class ReplicaState:
         self.tid_csn: dict[str, int] = {}
         self.history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
         self.versions: dict[str, int] = {}
+        # Idempotent commits: app id -> (highest version committed, the CSN that holds it). State,
+        # not history: never pruned, carried by every checkpoint.
+        self.apps: dict[str, tuple[int, int]] = {}
         self.time_csns: list[int] = []  # CSNs of data-changing commits, ascending
         self.time_values: list[float] = []  # their time versions
         self.failure: Exception | None = None  # a log entry that could not be applied
@@ -178,6 +181,10 @@ class ReplicaState:
                     data_time = txn.time_version
                 for ch in txn.changes:
                     self._apply_change(csn, txn.tid, ch)
+                for app_id, version in txn.apps.items():
+                    held = self.apps.get(app_id)
+                    if held is None or version > held[0]:
+                        self.apps[app_id] = (version, csn)
             for k, v in entry.versions.items():
                 if v > self.versions.get(k, -1):
                     self.versions[k] = v
@@ -399,6 +406,7 @@ class ReplicaState:
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
             versions = dict(self.versions)
+            apps = {app_id: list(held) for app_id, held in self.apps.items()}
             time_csns, time_values = list(self.time_csns), list(self.time_values)
         names = [f.name for f in fields(PartMeta) if f.name != "stats"]
         metas = [r[0] for r in recs]
@@ -441,6 +449,7 @@ class ReplicaState:
             "tid_csns": tid_csns,
             "history": h,
             "versions": versions,
+            "apps": apps,
             "time_csns": time_csns,
             "time_values": time_values,
             "pruned": pruned,
@@ -513,6 +522,7 @@ class ReplicaState:
                 r = removed.get(i)
                 history[keys[k]].append((csn, Summary(tid, kind_sets[ks], none if r is None else frozenset(r))))
             versions = {str(k): int(v) for k, v in payload["versions"].items()}
+            apps = {str(k): (int(v), int(c)) for k, (v, c) in payload.get("apps", {}).items()}
             time_csns = [int(c) for c in payload["time_csns"]]
             time_values = [float(v) for v in payload["time_values"]]
             applied = int(payload["applied"])
@@ -525,12 +535,18 @@ class ReplicaState:
             self.tables, self.parts, self.by_table, self.live = tables, parts, by_table, live
             self.catalog, self.ddl_csns = catalog, ddl_csns
             self.live_sorted, self.tid_csn, self.history, self.versions = live_sorted, tid_csn, history, versions
+            self.apps = apps
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
             self.pruned, self.removals = pruned, removals
             self.failure = None
             self.applied_cond.notify_all()
+
+    def app_version(self, app_id: str) -> tuple[int, int] | None:
+        """The highest version of application ``app_id`` committed up to ``applied``, and the CSN
+        that holds it (None: none)."""
+        return self.apps.get(app_id)
 
     def csn_at_time(self, when: float) -> int:
         """Snapshot of the last data-changing commit at or before ``when`` (0 if none)."""

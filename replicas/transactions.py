@@ -83,6 +83,7 @@ class RunningTxn:
     reason: str = ""
     csn: int | None = None
     rows: int = 0
+    apps: dict[str, int] = field(default_factory=dict)  # app id -> version (tx.set_app_version)
     lock: threading.Lock = field(default_factory=threading.Lock)
     id: str = field(init=False)  # str(tid), asked for many times per commit
 
@@ -111,6 +112,7 @@ class RunningTxn:
             "started_at": self.started_wall,
             "operations": len(self.ops),
             "rows": self.rows,
+            "apps": dict(self.apps),
             "tables": sorted({op.table for op in self.ops}),
             "reason": self.reason,
             "csn": self.csn,

@@ -19,6 +19,10 @@ With option ``txn`` the write joins a transaction that the driver opened (``clie
 only stages into it: several writes, to several tables, then become visible at one CSN when the
 driver commits, or never.
 
+Options ``app_id`` and ``app_version`` (a write without ``txn``) make the job's commit idempotent
+(``tx.set_app_version``): a version at or below the one committed for that application fails the
+job with ``DuplicateCommit`` and nothing of it is visible (an exactly-once sink's batch).
+
 A job that commits on its own does so in a planner process, so the driver learns neither its
 transaction nor its CSN from ``save()``. Option ``trace_commits`` (a file on the driver's host)
 tells it: one JSON line when the write begins its transaction (``{"event": "begin", "table",
@@ -60,7 +64,7 @@ from parts.storage import Storage
 
 NAME = "mergetxn"
 REPLICA_ENV = "MERGETXN_REPLICA"  # fallback for option `replica`
-WRITE_OPTIONS = frozenset({"replica", "txn", "rows_per_part"})
+WRITE_OPTIONS = frozenset({"replica", "txn", "rows_per_part", "app_id", "app_version"})
 READ_ONLY_OPTIONS = ("snapshot", "as_of", "changes_from", "changes_to", "changes_by")
 S3_OPTIONS = {
     "s3_endpoint": "endpoint_url",
@@ -101,6 +105,7 @@ class Settings:
     trace_commits: str | None = None
     storage_options: dict | None = field(default=None, repr=False)
     credentials: str | None = None
+    app: tuple[str, int] | None = None  # options app_id, app_version: an idempotent write's
 
 
 def _option(options: Any, name: str) -> str | None:
@@ -183,6 +188,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
     elif _option(options, "txn") is not None:
         raise InvalidInput("mergetxn: option 'txn' applies to writes; a transaction's own reads "
                            "go through the Python client (tx.read)")
+    app = _app_option(options, write)
     snapshot = _int_option(options, "snapshot")
     as_of = _time_option(options, "as_of")
     if snapshot is not None and as_of is not None:
@@ -214,7 +220,26 @@ def settings(options: Any, *, write: bool = False) -> Settings:
         trace_commits=_option(options, "trace_commits"),
         storage_options=storage_options(options),
         credentials=_option(options, "credentials"),
+        app=app,
     )
+
+
+def _app_option(options: Any, write: bool) -> tuple[str, int] | None:
+    """Options ``app_id`` and ``app_version``: a write without ``txn`` commits idempotently
+    (``tx.set_app_version``); both or neither, and only on such a write."""
+    from coordinator.conflicts import check_app_version
+
+    app_id, version = _option(options, "app_id"), _option(options, "app_version")
+    if app_id is None and version is None:
+        return None
+    if not write:
+        raise InvalidInput("mergetxn: options 'app_id' and 'app_version' apply to writes, not reads")
+    if app_id is None or version is None:
+        raise InvalidInput("mergetxn: options 'app_id' and 'app_version' go together: give both")
+    if _option(options, "txn") is not None:
+        raise InvalidInput("mergetxn: options 'app_id'/'app_version' make a write commit on its own; with "
+                           "option 'txn' set the version on the transaction (tx.set_app_version)")
+    return check_app_version(app_id, _int_option(options, "app_version", 0))
 
 
 def connect(s: Settings):
@@ -485,6 +510,8 @@ class MergetxnWriter(DataSourceArrowWriter):
             op = "overwrite" if self.overwrite else "insert"
             try:
                 tx.add_parts(s.table, metas, op=op)
+                if self.own and s.app is not None:
+                    tx.set_app_version(*s.app)  # DuplicateCommit at the commit if it was committed
             except errors.MergetxnError as exc:
                 if self.own:
                     _rollback_quietly(tx)

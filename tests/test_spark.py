@@ -264,6 +264,20 @@ def test_conflict_names_the_winner_and_leaves_nothing(spark, c0: Client, r0: str
     assert all(p["creation_tid"] == winner for p in visible_parts(c0, "sp_mc"))
 
 
+def test_app_version_options_make_a_write_idempotent(spark, c0: Client, r0: str) -> None:
+    """Options app_id/app_version: the job's commit records the version; the same batch written
+    again fails naming the CSN that holds it, and leaves nothing visible."""
+    c0.create_table("sp_sink", SCHEMA, auto_merge=False)
+    writer(frame(spark, rows(0, 4)), r0, app_id="sp-sink", app_version="3").save("sp_sink")
+    assert c0.app_version("sp-sink") == 3
+    before = as_rows(c0.read("sp_sink"))
+    with pytest.raises(Exception, match="DuplicateCommit|duplicate commit of application 'sp-sink' version 3"):
+        writer(frame(spark, rows(100, 4)), r0, app_id="sp-sink", app_version="3").save("sp_sink")
+    assert as_rows(c0.read("sp_sink")) == before
+    writer(frame(spark, rows(100, 4)), r0, app_id="sp-sink", app_version="4").save("sp_sink")
+    assert c0.app_version("sp-sink") == 4 and len(as_rows(c0.read("sp_sink"))) == 8
+
+
 # ---------------------------------------------------------------------------------------------
 # Several writes, several tables, one transaction
 
