@@ -19,8 +19,11 @@ moves when a partition node is created, so new partitions are seen) and the node
 partition the predicates may reach. Every commit that removes parts, and under ``maxcompute`` and
 ``append`` every commit, checks and bumps its partitions' nodes, so a change of the read set by
 another replica between the decision and the multi makes the multi miss and the decision is made
-again. A ``parts`` INSERT checks no node (coordinator/targets.py); for those the committer decides
-on the log as it stands after catching up with ZooKeeper, see docs/architecture.md.
+again. A ``parts`` INSERT checks no node (coordinator/targets.py: such INSERTs never contend), so
+each table also has a write counter, :func:`counter_key`: every commit that writes a ``parts``
+table or drops any table bumps it whatever its version (no contention), and a serializable commit
+reads the counters of the tables it read, catches up with the log, decides, and checks them at
+those versions in its multi. Counters are not conflict targets: no log entry records them.
 
 No I/O: the committer (replicas/committer.py) hands in what its state knows.
 """
@@ -40,6 +43,14 @@ from parts.ops import decode_expression, may_match, partition_from_key
 SNAPSHOT = "snapshot"
 SERIALIZABLE = "serializable"
 ISOLATIONS = (SNAPSHOT, SERIALIZABLE)
+
+
+COUNTER_SUFFIX = "@writes"  # no table name holds "@" (parts.ops: names are identifiers)
+
+
+def counter_key(table: str) -> str:
+    """Key of a table's write counter (its znode is ``targets/<table>@writes``)."""
+    return table + COUNTER_SUFFIX
 
 
 def check_isolation(value: object) -> str:

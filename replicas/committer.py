@@ -73,7 +73,7 @@ from coordinator.model import (
     TxnRecord,
     TxnState,
 )
-from coordinator.readsets import Shape, Touch, check_reads
+from coordinator.readsets import Shape, Touch, check_reads, counter_key
 from coordinator.readsets import read_keys as read_set_keys
 from coordinator.targets import Statement, app_key, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
@@ -167,6 +167,7 @@ class Committer:
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
+        self._counters: set[str] = set()  # write counters known to exist (coordinator/readsets.py)
 
     def start(self) -> None:
         self._thread.start()
@@ -423,7 +424,9 @@ class Committer:
         wanted: set[str] = set()
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints | self._read_keys(p)
+        read_counters: dict[str, int] = {}
         if any(self._serializable(p) for p in members):
+            read_counters = self._read_counters(members)  # then catch up: every write before is seen
             self._catch_up_for_reads()
         applied_before = self.state.applied
         # The table versions before any decision: a DDL applied while the batch is decided then
@@ -447,6 +450,7 @@ class Committer:
             raise self.state.failure
 
         accepted: list[tuple[Pending, Plan]] = []
+        counters_checked: dict[str, int] = {}
         taken: set[str] = set()
         dropping: set[str] = set()  # tables a member of the batch drops
         writing: set[str] = set()  # tables the other members write
@@ -496,6 +500,9 @@ class Committer:
             dropping |= drops
             writing |= writes
             taken |= keys
+            if reading:
+                counters_checked.update({counter_key(r.table): read_counters[counter_key(r.table)]
+                                         for r in p.txn.reads})
             accepted.append((p, plan))
             for (table, pkey), kinds in plan.effect.kinds.items():
                 in_batch[(table, pkey)].append(Summary(p.txn.id, frozenset(kinds), plan.effect.removed_in(table, pkey)))
@@ -545,13 +552,14 @@ class Committer:
             self.replica.storage.put(path, data)
             data = ManifestPointer(path).encode()
 
+        counters = (counters_checked, self._counters_bumped(writing, dropping))
         failpoints.hit("before_commit_multi")
         try:
             with self.replica.follower.local_commit() as hand_over:
                 try:
                     result = self.log.commit(data, expected, fence,
                                              owner=(self.log.replica_path(self.replica.host_id), incarnation),
-                                             tables=tables)
+                                             tables=tables, counters=counters)
                 except TableMoved as exc:
                     self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
                     raise
@@ -741,6 +749,29 @@ class Committer:
             self.replica.catch_up()
         except MergetxnError as exc:
             raise VersionMoved(f"could not catch up with the log to decide a read set: {exc}") from exc
+
+    def _read_counters(self, members: list[Pending]) -> dict[str, int]:
+        """The write counters of every table a serializable member read, as ZooKeeper has them."""
+        keys = {counter_key(r.table) for p in members if self._serializable(p) for r in p.txn.reads}
+        try:
+            found = self.log.ensure_counters(keys)
+        except UNKNOWN_OUTCOME as exc:
+            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {exc!r}") from exc
+        self._counters |= keys
+        return found
+
+    def _counters_bumped(self, writing: set[str], dropping: set[str]) -> set[str]:
+        """The write counters a batch bumps: of every ``parts`` table written (their INSERTs move
+        no target) and every table dropped; created first where this replica never saw them."""
+        keys = {counter_key(t) for t in writing if self._policy(t) is Policy.PARTS}
+        keys |= {counter_key(t) for t in dropping}
+        if keys - self._counters:
+            try:
+                self.log.ensure_counters(keys - self._counters)
+            except UNKNOWN_OUTCOME as exc:
+                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {exc!r}") from exc
+            self._counters |= keys
+        return keys
 
     def _shapes(self, tables) -> dict[str, Shape]:
         out = {}

@@ -7,18 +7,20 @@ exactly one of them, on one replica and on two, naming the winner; under snapsho
 same skew commits both. A read-only serializable transaction never fails. A read of one partition
 is not failed by a commit to another (every policy), nor a predicate read by a commit whose parts
 cannot match it by their statistics; a delete's predicate is a read. Concurrency is ordered with
-barriers.
+barriers; the race between a decision and its multi with the replica's failpoint.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
+from support.failpoints import commit_held_at_multi
 from support.data import ID_V, id_rows, ids
 
 import coordinator
@@ -283,3 +285,39 @@ def test_bad_isolation(c0: Client) -> None:
             c0.begin(isolation=bad)
         with pytest.raises(InvalidInput, match="isolation"), c0.transaction(isolation=bad):
             pass
+
+
+@pytest.fixture(scope="module")
+def held_cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
+        tuple[coordinator.LocalCluster, Path]]:
+    """Two replicas; replica 0 with failpoints, replica 1 restarted without them (so a commit held
+    on replica 0 never holds replica 1's)."""
+    points = tmp_path_factory.mktemp("serial_failpoints")
+    with make_cluster(tmp_path_factory, zk_server, "serial_held", replicas=2,
+                      settings={"gc_interval": 0, "merge_interval": 0},
+                      env={"MERGETXN_FAILPOINTS": str(points)}) as c:
+        c.stop_replica(1)
+        c.start_replica(1)
+        yield c, points
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_commit_between_the_decision_and_the_multi_is_caught(
+        held_cluster: tuple[coordinator.LocalCluster, Path], policy: str) -> None:
+    """Replica 0 decides a serializable commit and is held just before its multi; replica 1 then
+    commits an INSERT into the partition it read (under ``parts`` such an INSERT moves no conflict
+    target: the table's write counter catches it). Released, the multi misses and the decision,
+    made again, fails naming that INSERT."""
+    cluster, points = held_cluster
+    c0, c1 = cluster.client(0), cluster.client(1)
+    table = f"held_{policy}"
+    _kv(c0, table, policy)
+    c1.wait_for(c0.snapshot())
+    tx = c0.begin(isolation="serializable")
+    tx.read(table, where=pc.field("p") == "A")
+    tx.insert(table + "_out", id_rows(1))
+    with commit_held_at_multi(points, tx) as held:
+        winner = _insert_kv(c1, table, "A", 2)
+    (outcome,) = held.outcome
+    assert isinstance(outcome, ConflictError), outcome
+    assert outcome.kind is ConflictKind.READ_SET_CHANGED and outcome.winner == winner
