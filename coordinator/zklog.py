@@ -15,6 +15,10 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                rules need to see the commits on that partition
     targets/@app:<id>          an application of idempotent commits (coordinator/targets.py,
                                app_key): bumped by every commit that records a version of it
+    targets/<table>@writes     the table's write counter (coordinator/readsets.py): bumped with no
+                               version check by every commit that writes a ``parts`` table or drops
+                               a table, checked by a serializable commit that read the table; not a
+                               conflict target (no entry records its version)
     replicas/<host>            per-replica node (the owner node); its data version is the replica's
                                incarnation, bumped when it starts or gets a new session, and by
                                another replica that decides the transactions of a replica gone
@@ -33,7 +37,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
 The commit point is one multi: ``check(replicas/<host>, version=incarnation)`` (the committing
 replica's owner node: see replicas/outcomes.py), ``check(fence, version=f)`` (coordinator/fence.py),
 ``set_data(target, version=v)`` (or ``create``) for each target
-the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
+the conflict rules check, the write counters a serializable commit checks and those the commit
+bumps, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
 sealed epoch, and ``create(log/e-<epoch>/c-, sequence=True)`` carrying the entry. Either all of it
 happens or none. A version miss means another commit touched a checked target after we read its
 version: the caller re-reads, re-decides with the conflict rules, and tries again (the kazoo

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
-from support.failpoints import commit_held_at_multi
 from support.data import ID_V, id_rows, ids
+from support.failpoints import commit_held_at_multi
 
 import coordinator
 from coordinator.client import Client, Transaction
