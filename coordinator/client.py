@@ -34,6 +34,7 @@ from coordinator.model import (
     StagedOp,
     Truncate,
 )
+from coordinator.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
 from coordinator.rpc import RpcClient
 from coordinator.security import Credentials
 from coordinator.versions import Tid
@@ -215,11 +216,18 @@ class Client:
         return self.call("tables")
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self) -> Transaction:
+    def begin(self, isolation: str = SNAPSHOT) -> Transaction:
+        """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
+        conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
+        changed what its reads returned or could have returned fails it; see
+        coordinator/readsets.py)."""
+        isolation = check_isolation(isolation)
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex)
-        return Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
+        tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
+        tx._isolation = isolation
+        return tx
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -230,9 +238,9 @@ class Client:
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
-    def transaction(self) -> Iterator[Transaction]:
+    def transaction(self, isolation: str = SNAPSHOT) -> Iterator[Transaction]:
         """Commits on normal exit, rolls back on an exception."""
-        tx = self.begin()
+        tx = self.begin(isolation=isolation)
         try:
             yield tx
         except BaseException:
@@ -505,6 +513,19 @@ class Transaction:
         self.csn: int | None = None
         self.joined = joined
         self._ended = False
+        self._isolation = SNAPSHOT  # set by Client.begin
+
+    @property
+    def isolation(self) -> str:
+        """``"snapshot"`` or ``"serializable"`` (``client.begin(isolation=...)``)."""
+        return self._isolation
+
+    def _record_read(self, tdef: TableDef, where: pc.Expression | None) -> None:
+        """A serializable transaction's read, recorded on its replica for the commit to check."""
+        if self._isolation != SERIALIZABLE:
+            return
+        encoded = None if where is None else encode_expression(where, tdef.schema)
+        self.client.call("add_read", id=self.id, read=Read(tdef.name, encoded).to_dict())
 
     def __repr__(self) -> str:
         return f"Transaction({self.id}, snapshot={self.snapshot}, csn={self.csn})"
@@ -615,6 +636,7 @@ class Transaction:
         self._check_open()
         tdef = self.table(table)
         _check_predicate(where, tdef, "delete")
+        self._record_read(tdef, where)
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
         self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
                            tuple(result.removed), _rewrite_targets(tdef, None)))
@@ -626,6 +648,7 @@ class Transaction:
         tdef = self.table(table)
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
+        self._record_read(tdef, where)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
         self._stage(Mutate("update", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
                            tuple(result.removed), _rewrite_targets(tdef, None),
@@ -700,7 +723,9 @@ class Transaction:
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""
         self._check_open()
-        return self.client._read_parts(self.table(table), self._visible(table), columns, where)
+        tdef = self.table(table)
+        self._record_read(tdef, where)
+        return self.client._read_parts(tdef, self._visible(table), columns, where)
 
     def drop_table(self, table: str) -> None:
         """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are

@@ -15,6 +15,10 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                rules need to see the commits on that partition
     targets/@app:<id>          an application of idempotent commits (coordinator/targets.py,
                                app_key): bumped by every commit that records a version of it
+    targets/<table>@writes     the table's write counter (coordinator/readsets.py): bumped with no
+                               version check by every commit that writes a ``parts`` table or drops
+                               a table, checked by a serializable commit that read the table; not a
+                               conflict target (no entry records its version)
     replicas/<host>            per-replica node (the owner node); its data version is the replica's
                                incarnation, bumped when it starts or gets a new session, and by
                                another replica that decides the transactions of a replica gone
@@ -33,7 +37,8 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
 The commit point is one multi: ``check(replicas/<host>, version=incarnation)`` (the committing
 replica's owner node: see replicas/outcomes.py), ``check(fence, version=f)`` (coordinator/fence.py),
 ``set_data(target, version=v)`` (or ``create``) for each target
-the conflict rules check, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
+the conflict rules check, the write counters a serializable commit checks and those the commit
+bumps, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
 sealed epoch, and ``create(log/e-<epoch>/c-, sequence=True)`` carrying the entry. Either all of it
 happens or none. A version miss means another commit touched a checked target after we read its
 version: the caller re-reads, re-decides with the conflict rules, and tries again (the kazoo
@@ -49,7 +54,7 @@ import json
 import logging
 import select
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
@@ -255,13 +260,34 @@ class CsnLog:
             out[k] = None if stat is None else stat.version
         return out
 
+    def ensure_counters(self, keys: Iterable[str]) -> dict[str, int]:
+        """Current version of each counter node (see :meth:`commit`), creating the missing ones."""
+        out: dict[str, int] = {}
+        for k in sorted(set(keys)):
+            path = self.target_path(k)
+            stat = self.zk.exists(path)
+            if stat is None:
+                try:
+                    self.zk.create(path, b"")
+                except NodeExistsError:
+                    pass
+                stat = self.zk.exists(path)
+            if stat is None:
+                raise VersionMoved(f"counter node {path} vanished")
+            out[k] = stat.version
+        return out
+
     # -- the commit point ----------------------------------------------------------------------
     def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None,
                owner: tuple[str, int] | None = None,
-               tables: dict[str, tuple[int, bytes | None]] | None = None) -> CommitResult:
+               tables: dict[str, tuple[int, bytes | None]] | None = None,
+               counters: tuple[Mapping[str, int], Iterable[str]] = ({}, ())) -> CommitResult:
         """One multi: check the owner node at the committing replica's incarnation (``owner``:
         path and version; see replicas/outcomes.py), check the orphan fence at version ``fence``
         (coordinator/fence.py), bump every target at its expected version and append the entry.
+        ``counters``: nodes checked at a version (a serializable commit's read tables), then nodes
+        bumped whatever their version (tables written); see coordinator/readsets.py and
+        :meth:`ensure_counters`. They are not conflict targets: no entry records their versions.
 
         Raises OwnerFenced when the owner node moved (the transactions can never commit under
         that incarnation), FenceMoved when the fence moved (re-verify the files, retry), VersionMoved when a
@@ -287,6 +313,10 @@ class CsnLog:
                 t.create(path, b"")
             else:
                 t.set_data(path, b"", version=version)
+        for key, version in sorted(counters[0].items()):  # checked before this multi bumps any
+            t.check(self.target_path(key), version)
+        for key in sorted(set(counters[1])):
+            t.set_data(self.target_path(key), b"", version=-1)
         t.check(self.epoch_path(epoch), 0)
         t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
         results = t.commit()

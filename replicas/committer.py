@@ -44,6 +44,7 @@ from tenacity import (
 
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import (
+    COMPACTIONS,
     DATA_CHANGING,
     Policy,
     Summary,
@@ -72,6 +73,8 @@ from coordinator.model import (
     TxnRecord,
     TxnState,
 )
+from coordinator.readsets import Shape, Touch, check_reads, counter_key
+from coordinator.readsets import read_keys as read_set_keys
 from coordinator.targets import Statement, app_key, checked_keys, read_keys, whole_table_targets
 from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
 from coordinator.zklog import (
@@ -164,6 +167,7 @@ class Committer:
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
+        self._counters: set[str] = set()  # write counters known to exist (coordinator/readsets.py)
 
     def start(self) -> None:
         self._thread.start()
@@ -419,7 +423,11 @@ class Committer:
         applied CSN, read before and checked under the state lock after, tells."""
         wanted: set[str] = set()
         for p in members:
-            wanted |= self._initial_keys(p) | p.key_hints
+            wanted |= self._initial_keys(p) | p.key_hints | self._read_keys(p)
+        read_counters: dict[str, int] = {}
+        if any(self._serializable(p) for p in members):
+            read_counters = self._read_counters(members)  # then catch up: every write before is seen
+            self._catch_up_for_reads()
         applied_before = self.state.applied
         # The table versions before any decision: a DDL applied while the batch is decided then
         # makes the multi's table checks fail instead of letting a stale decision through.
@@ -442,6 +450,7 @@ class Committer:
             raise self.state.failure
 
         accepted: list[tuple[Pending, Plan]] = []
+        counters_checked: dict[str, int] = {}
         taken: set[str] = set()
         dropping: set[str] = set()  # tables a member of the batch drops
         writing: set[str] = set()  # tables the other members write
@@ -458,17 +467,24 @@ class Committer:
                 duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
                 if duplicate is not None:
                     raise duplicate
+                self._check_reads(p)
             except MergetxnError as exc:
                 self._fail(p, exc)
                 continue
             app_keys = {app_key(a) for a in p.txn.apps}
-            keys = set(plan.checked) | app_keys
+            reading = self._read_keys(p)
+            keys = set(plan.checked) | app_keys | reading
             if local:
                 for k in keys - versions.keys():
                     versions[k] = self.state.versions.get(k)
             missing = {k for k in keys if k not in versions}
             if missing:
                 p.key_hints |= missing
+                deferred.append(p)
+                continue
+            if reading and (reading & taken or {r.table for r in p.txn.reads} & (writing | dropping)):
+                # What a serializable member read is written by a member accepted before it: the
+                # next batch decides it against their commit.
                 deferred.append(p)
                 continue
             if keys & taken and (app_keys & taken or not self._fits_beside(p.txn, plan.effect, in_batch)):
@@ -484,6 +500,9 @@ class Committer:
             dropping |= drops
             writing |= writes
             taken |= keys
+            if reading:
+                counters_checked.update({counter_key(r.table): read_counters[counter_key(r.table)]
+                                         for r in p.txn.reads})
             accepted.append((p, plan))
             for (table, pkey), kinds in plan.effect.kinds.items():
                 in_batch[(table, pkey)].append(Summary(p.txn.id, frozenset(kinds), plan.effect.removed_in(table, pkey)))
@@ -533,13 +552,14 @@ class Committer:
             self.replica.storage.put(path, data)
             data = ManifestPointer(path).encode()
 
+        counters = (counters_checked, self._counters_bumped(writing, dropping))
         failpoints.hit("before_commit_multi")
         try:
             with self.replica.follower.local_commit() as hand_over:
                 try:
                     result = self.log.commit(data, expected, fence,
                                              owner=(self.log.replica_path(self.replica.host_id), incarnation),
-                                             tables=tables)
+                                             tables=tables, counters=counters)
                 except TableMoved as exc:
                     self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
                     raise
@@ -715,6 +735,94 @@ class Committer:
         summaries = eff.summaries(txn.id)
         policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
         return fits_beside(policies, summaries, eff.whole_tables, in_batch)
+
+    # -- serializable transactions (coordinator/readsets.py) ------------------------------------
+    @staticmethod
+    def _serializable(p: Pending) -> bool:
+        """A member whose read set is checked: it read something and writes something."""
+        return p.txn is not None and bool(p.txn.reads) and bool(p.txn.ops)
+
+    def _catch_up_for_reads(self) -> None:
+        """Apply the log up to its end before deciding read sets: a ``parts`` INSERT committed by
+        another replica moves no target node, so only the log itself shows it."""
+        try:
+            self.replica.catch_up()
+        except MergetxnError as exc:
+            raise VersionMoved(f"could not catch up with the log to decide a read set: {exc}") from exc
+
+    def _read_counters(self, members: list[Pending]) -> dict[str, int]:
+        """The write counters of every table a serializable member read, as ZooKeeper has them."""
+        keys = {counter_key(r.table) for p in members if self._serializable(p) for r in p.txn.reads}
+        try:
+            found = self.log.ensure_counters(keys)
+        except UNKNOWN_OUTCOME as exc:
+            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {exc!r}") from exc
+        self._counters |= keys
+        return found
+
+    def _counters_bumped(self, writing: set[str], dropping: set[str]) -> set[str]:
+        """The write counters a batch bumps: of every ``parts`` table written (their INSERTs move
+        no target) and every table dropped; created first where this replica never saw them."""
+        keys = {counter_key(t) for t in writing if self._policy(t) is Policy.PARTS}
+        keys |= {counter_key(t) for t in dropping}
+        if keys - self._counters:
+            try:
+                self.log.ensure_counters(keys - self._counters)
+            except UNKNOWN_OUTCOME as exc:
+                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {exc!r}") from exc
+            self._counters |= keys
+        return keys
+
+    def _shapes(self, tables) -> dict[str, Shape]:
+        out = {}
+        for t in tables:
+            tdef = self.state.tables.get(t)
+            if tdef is not None:
+                out[t] = Shape(tuple(tdef.partition_by), tdef.schema)
+        return out
+
+    def _known_pkeys(self, table: str) -> set[str]:
+        with self.state.lock:
+            return set(self.state.live.get(table, {})) | {pk for t, pk in self.state.history if t == table}
+
+    def _read_keys(self, p: Pending) -> set[str]:
+        """Targets a serializable member checks and bumps for its reads (readsets.read_keys)."""
+        if not self._serializable(p):
+            return set()
+        tables = {r.table for r in p.txn.reads}
+        return read_set_keys(p.txn.reads, {t: self._known_pkeys(t) for t in tables}, self._shapes(tables))
+
+    def _check_reads(self, p: Pending) -> None:
+        """Fail a serializable member whose read set a commit after its snapshot changed: every
+        part of a table it read added or removed since, except by compactions (they change no
+        row), decided by readsets.check_reads."""
+        if not self._serializable(p):
+            return
+        txn = p.txn
+        tables = {r.table for r in txn.reads}
+        touched: list[Touch] = []
+        with self.state.lock:
+            compacted, changed = set(), set()  # tids that only compacted these tables, and others
+            for (t, _), events in self.state.history.items():
+                if t in tables:
+                    for csn, s in events:
+                        if csn > txn.snapshot:
+                            (compacted if s.kinds <= COMPACTIONS else changed).add(s.tid)
+            compactions = compacted - changed
+            for t in tables:
+                for name in self.state.by_table.get(t, ()):
+                    rec = self.state.parts.get(name)
+                    if rec is None:
+                        continue
+                    m = rec.meta
+                    if rec.creation_csn > txn.snapshot and m.creation_tid not in compactions:
+                        touched.append(Touch(m.creation_tid, rec.creation_csn, t, name, m.partition, m.stats, True))
+                    if (rec.removal_csn is not None and rec.removal_csn > txn.snapshot
+                            and rec.removal_tid not in compactions):
+                        touched.append(Touch(rec.removal_tid, rec.removal_csn, t, name, m.partition, m.stats, False))
+        lost = check_reads(txn.id, txn.reads, touched, self._shapes(tables))
+        if lost is not None:
+            raise lost
 
     def _checked_keys(self, eff: Effect) -> set[str]:
         summaries = eff.summaries("")

@@ -32,6 +32,7 @@ from coordinator.errors import (
     storage_error,
 )
 from coordinator.model import CommitStatus, DropTable, StagedOp, TxnState, WalStaged, op_from_dict
+from coordinator.readsets import Read
 from coordinator.versions import Tid, local_counter
 from parts.meta import PartMeta
 from parts.ops import partition_key
@@ -191,6 +192,18 @@ class Transactions:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             txn.apps[app_id] = version
+
+    def add_read(self, txn_id: str, read: object) -> None:
+        """Record a read of a serializable transaction (coordinator/readsets.py): at commit, if it
+        wrote something, a commit after its snapshot that changed what this read returned or
+        could have returned fails it. The same read recorded twice counts once."""
+        r = Read.from_dict(read)
+        txn = self.running(txn_id)
+        with txn.lock:
+            if txn.state != TxnState.RUNNING:
+                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
+            if r not in txn.reads:
+                txn.reads.append(r)
 
     def app_version(self, app_id: object) -> dict:
         """The highest version of ``app_id`` committed, as far as this replica applied the log

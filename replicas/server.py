@@ -53,6 +53,7 @@ class ReplicaServer(RpcServer):
             "commit": self._commit,
             "set_app_version": lambda a: txns.set_app_version(a["id"], a["app_id"], a["version"]),
             "app_version": lambda a: txns.app_version(a["app_id"]),
+            "add_read": lambda a: txns.add_read(a["id"], a["read"]),
             "rollback": lambda a: txns.rollback(a["id"]),
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},

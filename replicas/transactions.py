@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from coordinator.conflicts import Kind, Summary
 from coordinator.model import Change, StagedOp, TxnState
+from coordinator.readsets import Read
 from coordinator.versions import Tid
 from parts.meta import PartMeta
 from parts.ops import partition_key
@@ -84,6 +85,7 @@ class RunningTxn:
     csn: int | None = None
     rows: int = 0
     apps: dict[str, int] = field(default_factory=dict)  # app id -> version (tx.set_app_version)
+    reads: list[Read] = field(default_factory=list)  # a serializable transaction's (coordinator/readsets.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
     id: str = field(init=False)  # str(tid), asked for many times per commit
 
