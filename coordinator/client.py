@@ -104,14 +104,23 @@ class Client:
         primary_key: Sequence[str] = (),
         conflict_policy: str = "parts",
         auto_merge: bool = True,
+        lock_groups: Mapping[str, Sequence[str]] | None = None,
+        atomicity: str = "full",
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
-        sent again if it does not), so the caller is never left not knowing."""
-        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge)
+        sent again if it does not), so the caller is never left not knowing.
+        ``conflict_policy="keys"`` (with ``primary_key``, ``lock_groups``, ``atomicity``): a
+        keys table (SPEC.md "Keys tables", coordinator/keys.py)."""
+        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
+                            atomicity)
         args = {"name": tdef.name, "schema": schema_to_json(tdef.schema), "partition_by": list(tdef.partition_by),
                 "primary_key": list(tdef.primary_key), "conflict_policy": tdef.conflict_policy.value,
                 "auto_merge": tdef.auto_merge}
+        if tdef.lock_groups:
+            args["lock_groups"] = {g: list(cols) for g, cols in tdef.lock_groups}
+        if tdef.atomicity != "full":
+            args["atomicity"] = tdef.atomicity
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:

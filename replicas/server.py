@@ -202,7 +202,8 @@ class ReplicaServer(RpcServer):
 
         tdef = TableDef.new(
             a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
-            a.get("conflict_policy", "parts"), a.get("auto_merge", True),
+            a.get("conflict_policy", "parts"), a.get("auto_merge", True), a.get("lock_groups"),
+            a.get("atomicity", "full"),
         )
         return {"csn": self.replica.create_table(tdef)}
 
