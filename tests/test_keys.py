@@ -5,12 +5,15 @@ ZooKeeper and real replicas where a commit is involved; the rules themselves are
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
+from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Policy
@@ -116,3 +119,143 @@ def test_create_table_is_stored_and_seen_by_every_replica(clients) -> None:
         a.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", lock_groups={"g": ["a"]})
     with pytest.raises(InvalidInput, match="needs a primary_key"):
         a.create_table("nokey", SCHEMA, conflict_policy="keys")
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: versions and the fold on read
+
+
+def put(rows: list[dict], seq: int = 1, op: int = keys.PUT) -> pa.Table:
+    data = pa.Table.from_pylist(rows, schema=pa.schema([SCHEMA.field(n) for n in SCHEMA.names if n in rows[0]]))
+    return keys.versions(SCHEMA, ("k",), "t", data, op, seq)
+
+
+def test_versions_layout_and_input_checks() -> None:
+    v = put([{"k": 1, "a": "x"}, {"k": 2, "b": 5}][:1], seq=7)
+    assert v.schema == keys.file_schema(SCHEMA, ("k",))
+    assert v.to_pylist() == [{"k": 1, "a": "x", "b": None, "c": None, "_op": 0, "_seq": 7, "_cols": None}]
+    u = put([{"k": 1, "b": 3}], op=keys.UPDATE)
+    assert u.column("_cols").to_pylist() == ["b"]
+    d = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([3], pa.int64()), "a": ["ignored"]}),
+                      keys.DELETE, 1)
+    assert d.to_pylist()[0] | {"_seq": 0} == {"k": 3, "a": None, "b": None, "c": None, "_op": 2, "_seq": 0,
+                                               "_cols": None}
+    for data, says in [
+        (pa.table({"a": ["x"]}), "missing primary key column(s) ['k']"),
+        (pa.table({"k": [1], "zz": [1]}), "unknown column(s) ['zz']"),
+        (pa.table({"k": pa.array([None, 1], pa.int64())}), "primary key column 'k' has nulls"),
+        (pa.table({"k": [1], "b": ["not a number"]}), "column 'b'"),
+    ]:
+        with pytest.raises(InvalidInput, match=re.escape(says)):
+            keys.versions(SCHEMA, ("k",), "t", data, keys.PUT, 1)
+    strict = SCHEMA.set(3, pa.field("c", pa.float64(), nullable=False))
+    with pytest.raises(InvalidInput, match=re.escape("leaves non-nullable column(s) ['c'] unset")):
+        keys.versions(strict, ("k",), "t", pa.table({"k": [1], "a": ["x"]}), keys.UPDATE, 1)
+
+
+def rows_of(t: pa.Table) -> list[dict]:
+    return t.to_pylist()
+
+
+def test_merge_latest_version_per_key_by_csn_then_seq() -> None:
+    first = put([{"k": 1, "a": "old", "b": 1}, {"k": 2, "a": "two", "b": 2}])
+    second = put([{"k": 1, "a": "new"}])  # overwrite mode: b becomes null
+    # Parts given out of order: the fold goes by creation CSN, not by the list's order.
+    got = keys.merge(SCHEMA, ("k",), [(20, second), (10, first)])
+    assert rows_of(got) == [{"k": 1, "a": "new", "b": None, "c": None}, {"k": 2, "a": "two", "b": 2, "c": None}]
+    # At a snapshot before the second commit (its part not visible): the first version.
+    assert rows_of(keys.merge(SCHEMA, ("k",), [(10, first)]))[0] == {"k": 1, "a": "old", "b": 1, "c": None}
+    # Within one part (one transaction) a later row of the same key wins.
+    dup = put([{"k": 5, "a": "x"}, {"k": 5, "a": "y"}])
+    assert rows_of(keys.merge(SCHEMA, ("k",), [(3, dup)])) == [{"k": 5, "a": "y", "b": None, "c": None}]
+
+
+def test_merge_update_mode_keeps_absent_columns_and_delete_removes() -> None:
+    base = put([{"k": 1, "a": "a0", "b": 1, "c": 1.5}, {"k": 2, "a": "b0", "b": 2, "c": 2.5}])
+    upd = put([{"k": 1, "b": 10}], op=keys.UPDATE)
+    new = put([{"k": 3, "c": 9.0}], seq=2, op=keys.UPDATE)  # no row yet: the others null
+    dele = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([2], pa.int64())}), keys.DELETE, 1)
+    got = rows_of(keys.merge(SCHEMA, ("k",), [(1, base), (2, upd), (2, new), (3, dele)]))
+    assert got == [{"k": 1, "a": "a0", "b": 10, "c": 1.5}, {"k": 3, "a": None, "b": None, "c": 9.0}]
+    # Delete then re-insert: the key is back with only the new values; own writes (OWN) come last.
+    again = put([{"k": 2, "a": "back"}], seq=2)
+    own_delete = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.DELETE, 1)
+    got = rows_of(keys.merge(SCHEMA, ("k",), [(keys.OWN, own_delete), (keys.OWN, again), (1, base), (3, dele)]))
+    assert got == [{"k": 2, "a": "back", "b": None, "c": None}]
+    assert keys.merge(SCHEMA, ("k",), []).schema == SCHEMA
+
+
+def test_merge_on_a_composite_key_sorts_by_key() -> None:
+    schema = pa.schema([pa.field("p", pa.string(), False), pa.field("k", pa.int64(), False), pa.field("v", pa.int64())])
+    rows = pa.table({"p": ["b", "a", "a"], "k": [1, 2, 1], "v": [1, 2, 3]}, schema=schema)
+    v = keys.versions(schema, ("p", "k"), "t", rows, keys.PUT, 1)
+    got = keys.merge(schema, ("p", "k"), [(1, v)])
+    assert [(r["p"], r["k"]) for r in got.to_pylist()] == [("a", 1), ("a", 2), ("b", 1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Writes and reads by key against the cluster
+
+
+def kt(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=pa.schema([SCHEMA.field(n) for n in SCHEMA.names if n in rows[0]]))
+
+
+def test_overwrite_and_update_mode_contents(clients) -> None:
+    a, _ = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"k": 1, "a": "x", "b": 1, "c": 1.0}, {"k": 2, "a": "y", "b": 2, "c": 2.0}]))
+    with a.transaction() as tx:
+        tx.upsert(name, kt([{"k": 1, "a": "x2"}]))  # overwrite mode: b, c null
+        tx.upsert(name, kt([{"k": 2, "b": 20}]), update=True)  # update mode: a, c kept
+    assert rows_of(a.read(name)) == [{"k": 1, "a": "x2", "b": None, "c": None}, {"k": 2, "a": "y", "b": 20, "c": 2.0}]
+    assert rows_of(a.read(name, columns=["k", "b"], where=pc.field("b") > 5)) == [{"k": 2, "b": 20}]
+    with a.transaction() as tx, pytest.raises(InvalidInput, match="needs a keys table"):
+        a.create_table(f"plain{name}", SCHEMA)
+        tx.upsert(f"plain{name}", kt([{"k": 1}]))
+
+
+def test_reads_one_row_per_key_at_old_and_new_snapshots_and_with_own_writes(clients) -> None:
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"k": 1, "a": "v1"}, {"k": 2, "a": "v1"}]))
+    s1 = tx.csn
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"k": 1, "a": "v2"}]))
+        tx.delete_keys(name, pa.table({"k": pa.array([2], pa.int64())}))
+        # Inside: its own writes over the snapshot, one row per key.
+        assert rows_of(tx.read(name, columns=["k", "a"])) == [{"k": 1, "a": "v2"}]
+    s2 = tx.csn
+    b.wait_for(s2)
+    for c in (a, b):
+        assert rows_of(c.read(name, snapshot=s1, columns=["k", "a"])) == [{"k": 1, "a": "v1"}, {"k": 2, "a": "v1"}]
+        assert rows_of(c.read(name, snapshot=s2, columns=["k", "a"])) == [{"k": 1, "a": "v2"}]
+    # A transaction that began before s2 still reads s1's rows.
+
+
+def test_delete_where_then_reinsert(clients) -> None:
+    a, _ = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"k": i, "b": i} for i in range(6)]))
+    with a.transaction() as tx:
+        assert tx.delete(name, pc.field("b") >= 3) == 3
+        assert rows_of(tx.read(name, columns=["k"])) == [{"k": 0}, {"k": 1}, {"k": 2}]
+    assert a.read(name).num_rows == 3
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"k": 4, "a": "again"}]))
+    assert rows_of(a.read(name, where=pc.field("k") == 4)) == [{"k": 4, "a": "again", "b": None, "c": None}]
+
+
+def test_unsupported_statements_on_keys_tables_say_so(clients) -> None:
+    a, _ = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        for call in (lambda: tx.overwrite(name, kt([{"k": 1}])), lambda: tx.compact(name),
+                     lambda: tx.update(name, pc.field("k") == 1, {"b": 1})):
+            with pytest.raises(InvalidInput, match="not supported yet"):
+                call()
+    with pytest.raises(InvalidInput, match="not supported yet"):
+        a.changes(name, 0)
