@@ -170,3 +170,47 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
 
 def _sort_key(item: tuple[tuple, dict]) -> tuple:
     return tuple((v is None, v) for v in item[0])
+
+
+# -- locks -------------------------------------------------------------------------------------
+# A lock is a lock group's name or PRIMARY. Writing a key takes the locks of the columns it
+# writes: every lock in overwrite mode, the groups of the written columns in update mode (a
+# column in no group is under PRIMARY), PRIMARY for a delete. PRIMARY overlaps every lock.
+PRIMARY = "@primary"  # no group is named so (groups are identifiers)
+KeyLocks = dict[tuple, frozenset[str]]  # key -> the locks written under it
+
+
+def locks(op: int, written: Iterable[str], lock_groups: Sequence[tuple[str, Sequence[str]]]) -> frozenset[str]:
+    """The locks a version of ``op`` takes; ``written``: an update's non-key columns."""
+    if op == PUT:
+        return frozenset([PRIMARY, *(g for g, _ in lock_groups)])
+    if op == DELETE:
+        return frozenset([PRIMARY])
+    group_of = {c: g for g, cols in lock_groups for c in cols}
+    return frozenset(group_of.get(c, PRIMARY) for c in written) or frozenset([PRIMARY])
+
+
+def overlap(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether two sets of locks on one key collide."""
+    return bool(a and b) and (bool(a & b) or PRIMARY in a or PRIMARY in b)
+
+
+def written_locks(data: pa.Table, primary_key: Sequence[str],
+                  lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks:
+    """Key -> locks for the versions of a part (its key columns, ``_op`` and ``_cols``)."""
+    out: dict[tuple, frozenset[str]] = {}
+    cache: dict[tuple[int, str | None], frozenset[str]] = {}
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    for i, (op, written) in enumerate(zip(data.column(OP).to_pylist(), data.column(COLS).to_pylist())):
+        held = cache.get((op, written))
+        if held is None:
+            held = cache[(op, written)] = locks(op, (written or "").split(",") if written else (), lock_groups)
+        key = tuple(c[i] for c in cols)
+        out[key] = out.get(key, frozenset()) | held
+    return out
+
+
+def first_collision(mine: KeyLocks, theirs: KeyLocks) -> tuple | None:
+    """A key (the least) that both wrote under overlapping locks, or None."""
+    both = [k for k in mine.keys() & theirs.keys() if overlap(mine[k], theirs[k])]
+    return min(both, key=lambda k: tuple((v is None, v) for v in k)) if both else None

@@ -6,6 +6,7 @@ ZooKeeper and real replicas where a commit is involved; the rules themselves are
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -17,7 +18,7 @@ from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput
+from coordinator.errors import ConflictError, ConflictKind, InvalidInput
 from mergetxn.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema([
@@ -259,3 +260,173 @@ def test_unsupported_statements_on_keys_tables_say_so(clients) -> None:
                 call()
     with pytest.raises(InvalidInput, match="not supported yet"):
         a.changes(name, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: locks
+
+
+GROUPS = (("g1", ("a", "b")), ("g2", ("c",)))
+
+
+def test_locks_taken_per_mode() -> None:
+    P = keys.PRIMARY
+    assert keys.locks(keys.PUT, (), GROUPS) == {P, "g1", "g2"}
+    assert keys.locks(keys.DELETE, (), GROUPS) == {P}
+    assert keys.locks(keys.UPDATE, ("a",), GROUPS) == {"g1"}
+    assert keys.locks(keys.UPDATE, ("b", "c"), GROUPS) == {"g1", "g2"}
+    assert keys.locks(keys.UPDATE, ("a",), ()) == {P}  # a column in no group is under the primary lock
+    assert keys.locks(keys.UPDATE, (), GROUPS) == {P}  # keys only: the row itself
+
+
+def test_lock_overlap() -> None:
+    P = keys.PRIMARY
+    g1, g2, p = frozenset({"g1"}), frozenset({"g2"}), frozenset({P})
+    assert not keys.overlap(g1, g2) and keys.overlap(g1, g1)
+    assert keys.overlap(p, g1) and keys.overlap(g2, p) and keys.overlap(p, p)
+    assert not keys.overlap(frozenset(), p)
+
+
+def test_written_locks_and_first_collision() -> None:
+    schema = SCHEMA
+    upd = keys.versions(schema, ("k",), "t", pa.table({"k": pa.array([1, 2], pa.int64()), "c": [1.0, 2.0]}),
+                        keys.UPDATE, 1)
+    mine = keys.written_locks(upd, ("k",), GROUPS)
+    assert mine == {(1,): {"g2"}, (2,): {"g2"}}
+    theirs = keys.written_locks(put([{"k": 2, "a": "x"}], op=keys.UPDATE), ("k",), GROUPS)
+    assert keys.first_collision(mine, theirs) is None  # other group, same key
+    theirs = keys.written_locks(put([{"k": 3}, {"k": 2}]), ("k",), GROUPS)  # overwrite: every lock
+    assert keys.first_collision(mine, theirs) == (2,)
+    assert keys.first_collision(mine, keys.written_locks(put([{"k": 9}]), ("k",), GROUPS)) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Key-level conflicts at commit, first committer wins
+
+
+def one(k: int, **cols) -> pa.Table:
+    return kt([{"k": k, **cols}])
+
+
+def test_later_writer_of_a_key_loses_even_after_the_winner_is_done(clients) -> None:
+    a, b = clients
+    name = new_table(a)
+    ta, tb = a.begin(), a.begin()  # A and B begin together
+    ta.insert(name, one(7, a="A"))
+    ta.commit()
+    tb.insert(name, one(7, a="B"))
+    with pytest.raises(ConflictError) as e:
+        tb.commit()
+    err = e.value
+    assert err.kind is ConflictKind.KEY_WRITTEN and err.winner == ta.id
+    assert err.details["table"] == name and err.details["key"] == [7]
+    assert ta.id in err.message and name in err.message and "'k': 7" in err.message
+    assert rows_of(a.read(name, columns=["k", "a"])) == [{"k": 7, "a": "A"}]
+    # Began after A committed (its snapshot holds A's commit): no conflict.
+    b.wait_for(ta.csn)
+    with b.transaction() as tx:
+        tx.insert(name, one(7, a="C"))
+    a.wait_for(tx.csn)
+    # A delete is a write of the key too.
+    tc, td = a.begin(), a.begin()
+    tc.delete_keys(name, pa.table({"k": pa.array([7], pa.int64())}))
+    tc.commit()
+    td.upsert(name, one(7, b=1), update=True)
+    with pytest.raises(ConflictError, match="lost to"):
+        td.commit()
+
+
+def test_different_keys_never_conflict_in_one_part_or_partition(clients) -> None:
+    a, _ = clients
+    schema = pa.schema([pa.field("p", pa.string(), False), pa.field("k", pa.int64(), False), pa.field("v", pa.int64())])
+    name = f"ktp{next(_n)}"
+    a.create_table(name, schema, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys")
+    with a.transaction() as tx:
+        tx.insert(name, pa.table({"p": ["x", "x", "y"], "k": [1, 2, 1], "v": [0, 0, 0]}, schema=schema))
+    t1, t2 = a.begin(), a.begin()
+    t1.insert(name, pa.table({"p": ["x"], "k": [1], "v": [1]}, schema=schema))
+    t2.insert(name, pa.table({"p": ["x", "y"], "k": [2, 1], "v": [2, 2]}, schema=schema))
+    t1.commit()
+    t2.commit()
+    assert [(r["p"], r["k"], r["v"]) for r in a.read(name).to_pylist()] == [("x", 1, 1), ("x", 2, 2), ("y", 1, 2)]
+    # The same key in the same partition then conflicts.
+    t3, t4 = a.begin(), a.begin()
+    t3.insert(name, pa.table({"p": ["y"], "k": [1], "v": [3]}, schema=schema))
+    t4.insert(name, pa.table({"p": ["y"], "k": [1], "v": [4]}, schema=schema))
+    t3.commit()
+    with pytest.raises(ConflictError):
+        t4.commit()
+
+
+def test_lock_groups(clients) -> None:
+    a, b = clients
+    name = new_table(a, lock_groups={"g1": ["a", "b"], "g2": ["c"]})
+    with a.transaction() as tx:
+        tx.insert(name, one(1, a="a0", b=0, c=0.0))
+    b.wait_for(tx.csn)  # B's snapshots hold the row: only the writers below overlap
+    # Different groups of the same row, update mode: both commit, both columns kept.
+    t1, t2 = a.begin(), b.begin()
+    t1.upsert(name, one(1, a="a1"), update=True)
+    t2.upsert(name, one(1, c=2.0), update=True)
+    t1.commit()
+    t2.commit()
+    a.wait_for(t2.csn)
+    assert rows_of(a.read(name)) == [{"k": 1, "a": "a1", "b": 0, "c": 2.0}]
+    cases = [  # (first, second, conflicts)
+        (lambda t: t.upsert(name, one(1, a="x"), update=True), lambda t: t.upsert(name, one(1, b=9), update=True), True),
+        (lambda t: t.delete_keys(name, one(1).select(["k"])), lambda t: t.upsert(name, one(1, c=9.0), update=True), True),
+        (lambda t: t.upsert(name, one(1, c=1.0), update=True), lambda t: t.insert(name, one(1, a="o")), True),
+        (lambda t: t.upsert(name, one(1, c=1.0), update=True), lambda t: t.upsert(name, one(1, a="u"), update=True), False),
+    ]
+    for first, second, conflicts in cases:
+        b.wait_for(a.snapshot())
+        t1, t2 = a.begin(), b.begin()
+        first(t1)
+        second(t2)
+        t1.commit()
+        if conflicts:
+            with pytest.raises(ConflictError) as e:
+                t2.commit()
+            assert e.value.kind is ConflictKind.KEY_WRITTEN and e.value.winner == t1.id
+        else:
+            t2.commit()
+
+
+@pytest.mark.parametrize("same_key", [True, False], ids=["same key", "different keys"])
+@pytest.mark.parametrize("replicas", [(0, 1), (0, 0)], ids=["two replicas", "one replica"])
+def test_racing_writers(cluster, clients, same_key: bool, replicas: tuple[int, int]) -> None:
+    a, _ = clients
+    name = new_table(a)
+    conns = [cluster.client(i) for i in replicas]
+    try:
+        for round_ in range(8):
+            barrier = threading.Barrier(2)
+            results: list[object] = [None, None]
+
+            def writer(i: int) -> None:
+                c = conns[i]
+                tx = c.begin()
+                tx.insert(name, one(round_ if same_key else 100 * round_ + i, a=f"w{i}"))
+                barrier.wait()
+                try:
+                    results[i] = tx.commit()
+                except ConflictError as exc:
+                    results[i] = exc
+
+            threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            lost = [r for r in results if isinstance(r, ConflictError)]
+            if same_key:
+                assert len(lost) == 1, results
+                assert lost[0].kind is ConflictKind.KEY_WRITTEN
+            else:
+                assert not lost, results
+        snap = max(r for r in results if isinstance(r, int))
+        a.wait_for(snap)
+        assert a.read(name).num_rows == (8 if same_key else 16)
+    finally:
+        for c in conns:
+            c.close()
