@@ -665,7 +665,7 @@ class Transaction:
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed."""
         self._check_open()
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "truncate (use delete)")
         targets = None if partitions is None else _partitions(tdef, partitions)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),

@@ -255,7 +255,7 @@ def test_unsupported_statements_on_keys_tables_say_so(clients) -> None:
     name = new_table(a)
     with a.transaction() as tx:
         for call in (lambda: tx.overwrite(name, kt([{"k": 1}])), lambda: tx.compact(name),
-                     lambda: tx.update(name, pc.field("k") == 1, {"b": 1})):
+                     lambda: tx.update(name, pc.field("k") == 1, {"b": 1}), lambda: tx.truncate(name)):
             with pytest.raises(InvalidInput, match="not supported yet"):
                 call()
     with pytest.raises(InvalidInput, match="not supported yet"):
