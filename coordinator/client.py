@@ -628,6 +628,19 @@ class Transaction:
         tdef = _keys_table(self.table(table), "delete_keys")
         return self._write_versions(tdef, keys_, keys.DELETE)
 
+    def lock_keys(self, table: str, keys_: pa.Table, mode: str = "shared_strong") -> int:
+        """Read-lock keys of a keys table (a pyarrow.Table of the key columns) until the commit:
+        it then fails with ConflictError if a transaction that committed after this one's
+        snapshot wrote one of them. ``"shared_strong"`` also makes a transaction that writes
+        one of them and commits after this one, from an older snapshot, fail;
+        ``"shared_weak"`` leaves nothing behind. Read locks never conflict with each other.
+        Returns the number of keys given."""
+        self._check_open()
+        tdef = _keys_table(self.table(table), "lock_keys")
+        if mode not in keys.LOCK_MODES:
+            raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {mode!r}", table=table)
+        return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
+
     def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
         versions = keys.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op,
                                  self._seq + 1)

@@ -6,7 +6,8 @@ leaves some unset) and three hidden columns:
 
 * ``_op``: :data:`PUT` (overwrite mode: ``tx.insert``, ``tx.upsert(update=False)``; absent
   columns are null), :data:`UPDATE` (``tx.upsert(update=True)``: only the columns named in
-  ``_cols`` change) or :data:`DELETE`;
+  ``_cols`` change), :data:`DELETE`, or a read lock (``tx.lock_keys``: :data:`LOCK_STRONG`,
+  :data:`LOCK_WEAK`), which reads skip;
 * ``_seq``: the order of the version within its transaction (later writes win);
 * ``_cols``: for an update, the written non-key columns, comma-separated.
 
@@ -24,6 +25,8 @@ import pyarrow as pa
 from coordinator.errors import InvalidInput
 
 PUT, UPDATE, DELETE = 0, 1, 2
+LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
+LOCK_MODES = {"shared_strong": LOCK_STRONG, "shared_weak": LOCK_WEAK}
 OP, SEQ, COLS = "_op", "_seq", "_cols"
 HIDDEN = (OP, SEQ, COLS)
 ATOMICITY = ("full", "none")
@@ -105,7 +108,7 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     UPDATE, any of the others (all under DELETE are ignored but keys); InvalidInput names what
     is wrong (unknown or missing key columns, a null key, wrong types, and for UPDATE an absent
     non-nullable column)."""
-    what = {PUT: "write", UPDATE: "update", DELETE: "delete"}[op]
+    what = {PUT: "write", UPDATE: "update", DELETE: "delete", LOCK_STRONG: "lock", LOCK_WEAK: "lock"}[op]
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
@@ -118,7 +121,7 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     missing = [k for k in primary_key if k not in names]
     if missing:
         problems.append(f"missing primary key column(s) {missing}")
-    if op == DELETE:
+    if op in (DELETE, LOCK_STRONG, LOCK_WEAK):
         names = [n for n in names if n in primary_key]
     elif op == UPDATE:
         absent = [f.name for f in schema if f.name not in names and not f.nullable and f.name not in primary_key]
@@ -156,6 +159,8 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     names = schema.names
     current: dict[tuple, dict | None] = {}
     for _, _, r in rows:
+        if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+            continue
         key = tuple(r[k] for k in primary_key)
         if r[OP] == DELETE:
             current[key] = None
@@ -176,7 +181,12 @@ def _sort_key(item: tuple[tuple, dict]) -> tuple:
 # A lock is a lock group's name or PRIMARY. Writing a key takes the locks of the columns it
 # writes: every lock in overwrite mode, the groups of the written columns in update mode (a
 # column in no group is under PRIMARY), PRIMARY for a delete. PRIMARY overlaps every lock.
+# A read lock (STRONG, WEAK) collides with any write of the key by the other side; a strong one
+# committed also makes later writers fail, a weak one leaves nothing (seed 003). Read locks
+# never collide with each other.
 PRIMARY = "@primary"  # no group is named so (groups are identifiers)
+STRONG, WEAK = "@read:strong", "@read:weak"
+READS = frozenset({STRONG, WEAK})
 KeyLocks = dict[tuple, frozenset[str]]  # key -> the locks written under it
 
 
@@ -186,6 +196,10 @@ def locks(op: int, written: Iterable[str], lock_groups: Sequence[tuple[str, Sequ
         return frozenset([PRIMARY, *(g for g, _ in lock_groups)])
     if op == DELETE:
         return frozenset([PRIMARY])
+    if op == LOCK_STRONG:
+        return frozenset([STRONG])
+    if op == LOCK_WEAK:
+        return frozenset([WEAK])
     group_of = {c: g for g, cols in lock_groups for c in cols}
     return frozenset(group_of.get(c, PRIMARY) for c in written) or frozenset([PRIMARY])
 
@@ -210,7 +224,24 @@ def written_locks(data: pa.Table, primary_key: Sequence[str],
     return out
 
 
+def collide(mine: frozenset[str], theirs: frozenset[str]) -> bool:
+    """Whether a committing transaction holding ``mine`` on a key loses to one that committed
+    after its snapshot holding ``theirs`` there."""
+    mw, tw = mine - READS, theirs - READS
+    return overlap(mw, tw) or (bool(mw) and STRONG in theirs) or (bool(tw) and bool(mine & READS))
+
+
 def first_collision(mine: KeyLocks, theirs: KeyLocks) -> tuple | None:
-    """A key (the least) that both wrote under overlapping locks, or None."""
-    both = [k for k in mine.keys() & theirs.keys() if overlap(mine[k], theirs[k])]
+    """A key (the least) on which ``mine`` collides with ``theirs`` (:func:`collide`), or None."""
+    both = [k for k in mine.keys() & theirs.keys() if collide(mine[k], theirs[k])]
     return min(both, key=lambda k: tuple((v is None, v) for v in k)) if both else None
+
+
+def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
+    """How two lock sets on a key collide (:func:`collide`), for the loser's message."""
+    mw, tw = mine - READS, theirs - READS
+    if overlap(mw, tw):
+        return "wrote it under an overlapping lock"
+    if mw and STRONG in theirs:
+        return "held a strong read lock on it"
+    return "wrote it while this transaction held a read lock on it"

@@ -1,9 +1,10 @@
 """Key-level conflicts of keys tables at commit (SPEC.md "Keys tables"; the rules are pure, in
 coordinator/keys.py).
 
-A transaction that writes a keys table loses with ``ConflictError`` (kind ``KEY_WRITTEN``)
-when, for a key it writes, a transaction that committed after its snapshot wrote that key under
-an overlapping lock. The keys and locks of a part are read from its file (key columns and the
+A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind
+``KEY_WRITTEN``) when, for a key it writes, a transaction that committed after its snapshot wrote
+that key under an overlapping lock or held a strong read lock on it, or, for a key it
+read-locked, such a transaction wrote it (``keys.collide``). The keys and locks of a part are read from its file (key columns and the
 hidden ``_op``/``_cols`` only) and cached by part name: parts never change.
 
 Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
@@ -59,13 +60,14 @@ class KeyConflicts:
                 for k, held in self._locks(tdef, m).items():
                     written[k] = written.get(k, frozenset()) | held
             for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
-                key = keys.first_collision(written, self._locks(tdef, meta))
+                theirs = self._locks(tdef, meta)
+                key = keys.first_collision(written, theirs)
                 if key is not None:
                     shown = dict(zip(tdef.primary_key, key))
                     raise ConflictError(
-                        f"transaction {tid} lost to {winner} on table {table!r}: key {shown} was written by {winner} "
-                        f"(committed at CSN {csn}, after this transaction's snapshot {snapshot}) under an "
-                        "overlapping lock",
+                        f"transaction {tid} lost to {winner} on table {table!r} key {shown}: {winner} "
+                        f"{keys.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
+                        f"snapshot {snapshot})",
                         winner=winner, kind=str(ConflictKind.KEY_WRITTEN), table=table, key=list(key), csn=csn)
 
     def _committed_since(self, table: str, pkey: str, snapshot: int, tid: str) -> list[tuple[int, str, PartMeta]]:

@@ -430,3 +430,67 @@ def test_racing_writers(cluster, clients, same_key: bool, replicas: tuple[int, i
     finally:
         for c in conns:
             c.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Read locks (tx.lock_keys)
+
+
+def test_read_lock_collisions() -> None:
+    P, S, W = keys.PRIMARY, keys.STRONG, keys.WEAK
+    w, g = frozenset({P, "g1"}), frozenset({"g1"})
+    assert keys.locks(keys.LOCK_STRONG, (), GROUPS) == {S} and keys.locks(keys.LOCK_WEAK, (), GROUPS) == {W}
+    # A writer loses to a committed strong lock, not to a weak one.
+    assert keys.collide(w, frozenset({S})) and keys.collide(g, frozenset({S}))
+    assert not keys.collide(w, frozenset({W}))
+    # A reader (either mode) loses to a committed write.
+    assert keys.collide(frozenset({S}), g) and keys.collide(frozenset({W}), w)
+    # Read locks never collide with each other.
+    for a in (S, W):
+        for b in (S, W):
+            assert not keys.collide(frozenset({a}), frozenset({b}))
+    # A transaction that read-locked a key and wrote another group of it: the read lock sees the write.
+    assert keys.collide(frozenset({S, "g2"}), frozenset({"g1"}))
+    assert "strong read lock" in keys.why(w, frozenset({S}))
+    # Lock rows are never rows.
+    lock = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.LOCK_STRONG, 5)
+    assert keys.merge(SCHEMA, ("k",), [(1, put([{"k": 1, "a": "x"}])), (2, lock)]).num_rows == 1
+    assert keys.merge(SCHEMA, ("k",), [(2, lock)]).num_rows == 0
+
+
+@pytest.mark.parametrize("mode", ["shared_strong", "shared_weak"])
+def test_lock_keys(clients, mode: str) -> None:
+    a, _ = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, one(1, a="v"))
+    k1 = pa.table({"k": pa.array([1], pa.int64())})
+    # The locker commits first: a writer from an older snapshot fails only after a strong lock.
+    locker, writer = a.begin(), a.begin()
+    assert locker.lock_keys(name, k1, mode=mode) == 1
+    writer.upsert(name, one(1, b=2), update=True)
+    locker.commit()
+    if mode == "shared_strong":
+        with pytest.raises(ConflictError) as e:
+            writer.commit()
+        assert e.value.winner == locker.id and "strong read lock" in e.value.message
+    else:
+        writer.commit()
+    # The writer commits first: the locker fails in either mode.
+    locker, writer = a.begin(), a.begin()
+    locker.lock_keys(name, k1, mode=mode)
+    writer.insert(name, one(1, a="w"))
+    writer.commit()
+    with pytest.raises(ConflictError) as e:
+        locker.commit()
+    assert e.value.kind is ConflictKind.KEY_WRITTEN and e.value.winner == writer.id
+    # Two lockers of one key both commit; other keys are free; lock rows are never read.
+    t1, t2, t3 = a.begin(), a.begin(), a.begin()
+    t1.lock_keys(name, k1, mode=mode)
+    t2.lock_keys(name, k1, mode="shared_strong")
+    t3.insert(name, one(2, a="other"))
+    for t in (t1, t2, t3):
+        t.commit()
+    assert rows_of(a.read(name, columns=["k", "a"])) == [{"k": 1, "a": "w"}, {"k": 2, "a": "other"}]
+    with a.transaction() as tx, pytest.raises(InvalidInput, match="lock_keys mode"):
+        tx.lock_keys(name, k1, mode="exclusive")
