@@ -16,10 +16,12 @@ columns renamed since carry their new names, columns added since are null.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
+from coordinator import keys
 from coordinator.conflicts import Policy
 from coordinator.errors import CorruptMetadata, InvalidInput
 from parts.ops import schema_from_json, schema_to_json, validate_name, validate_schema
@@ -41,6 +43,8 @@ class TableDef:
     version_csn: int = 0  # the CSN of the DDL that made this definition (0: its creation)
     ddl_version: int = 0  # the table znode's version after that DDL; parts record it
     changes: tuple[SchemaChange, ...] = ()  # every schema change since the creation, in order
+    lock_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()  # keys tables: (group, its columns), by name
+    atomicity: str = "full"  # keys tables: "full" | "none"
 
     @property
     def csn(self) -> int:
@@ -56,8 +60,12 @@ class TableDef:
         primary_key=(),
         conflict_policy: str = "parts",
         auto_merge: bool = True,
+        lock_groups: Mapping[str, Sequence[str]] | None = None,
+        atomicity: str = "full",
     ) -> TableDef:
-        """Validate a CREATE TABLE request; every problem is InvalidInput naming it."""
+        """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
+        table (:mod:`coordinator.keys`) never merges automatically: its parts are versions of
+        rows, folded only on read."""
         validate_name("table", name)
         if not isinstance(schema, pa.Schema):
             raise InvalidInput(f"schema of table {name!r} must be a pyarrow.Schema, not {type(schema).__name__}")
@@ -72,7 +80,11 @@ class TableDef:
             raise InvalidInput(f"unknown conflict_policy {conflict_policy!r}; choose one of {choices}") from None
         if not isinstance(auto_merge, bool):
             raise InvalidInput("auto_merge must be True or False")
-        return cls(name, schema, partition_by, primary_key, policy, auto_merge)
+        groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
+        if policy is Policy.KEYS:
+            auto_merge = False
+        return cls(name, schema, partition_by, primary_key, policy, auto_merge, lock_groups=groups,
+                   atomicity=atomicity)
 
     def to_dict(self) -> dict:
         d = {
@@ -90,12 +102,18 @@ class TableDef:
             d["ddl_version"] = self.ddl_version
         if self.changes:
             d["changes"] = [list(c) for c in self.changes]
+        if self.lock_groups:
+            d["lock_groups"] = {g: list(cols) for g, cols in self.lock_groups}
+        if self.atomicity != "full":
+            d["atomicity"] = self.atomicity
         return d
 
     def same_definition(self, other: TableDef) -> bool:
         """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
-        return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge) == (
-            other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge
+        return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge,
+                self.lock_groups, self.atomicity) == (
+            other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge,
+            other.lock_groups, other.atomicity
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -112,6 +130,9 @@ class TableDef:
                 version_csn=int(d.get("version_csn") or 0),
                 ddl_version=int(d.get("ddl_version") or 0),
                 changes=tuple(_change(c) for c in d.get("changes") or ()),
+                lock_groups=tuple(sorted((str(g), tuple(map(str, cols)))
+                                         for g, cols in (d.get("lock_groups") or {}).items())),
+                atomicity=str(d.get("atomicity", "full")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {exc!r}") from exc
@@ -130,6 +151,9 @@ class TableDef:
         ``rename_columns`` ({old: new}). Every problem is InvalidInput naming it, and nothing
         is changed then. The result holds from the next ddl_version (its CSN is set when the
         log applies it; ``version``: its ddl_version, by default the next)."""
+        if self.conflict_policy is Policy.KEYS:
+            raise InvalidInput(f"alter {self.name!r}: schema changes of keys tables are not supported yet; "
+                               "nothing was changed", table=self.name)
         adds = _fields(add_columns, self.name)
         renames = rename_columns or {}
         if not isinstance(renames, dict):

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator import errors, security
+from coordinator import errors, keys, security
 from coordinator.catalog import TableDef
-from coordinator.conflicts import check_app_version
+from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (
     CommitStatus,
@@ -39,7 +39,7 @@ from coordinator.rpc import RpcClient
 from coordinator.security import Credentials
 from coordinator.versions import Tid
 from parts import rewrite
-from parts.format import write_part
+from parts.format import read_part, write_part
 from parts.meta import PartMeta
 from parts.ops import (
     _json_scalar,
@@ -105,14 +105,23 @@ class Client:
         primary_key: Sequence[str] = (),
         conflict_policy: str = "parts",
         auto_merge: bool = True,
+        lock_groups: Mapping[str, Sequence[str]] | None = None,
+        atomicity: str = "full",
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
-        sent again if it does not), so the caller is never left not knowing."""
-        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge)
+        sent again if it does not), so the caller is never left not knowing.
+        ``conflict_policy="keys"`` (with ``primary_key``, ``lock_groups``, ``atomicity``): a
+        keys table (SPEC.md "Keys tables", coordinator/keys.py)."""
+        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
+                            atomicity)
         args = {"name": tdef.name, "schema": schema_to_json(tdef.schema), "partition_by": list(tdef.partition_by),
                 "primary_key": list(tdef.primary_key), "conflict_policy": tdef.conflict_policy.value,
                 "auto_merge": tdef.auto_merge}
+        if tdef.lock_groups:
+            args["lock_groups"] = {g: list(cols) for g, cols in tdef.lock_groups}
+        if tdef.atomicity != "full":
+            args["atomicity"] = tdef.atomicity
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
@@ -267,7 +276,8 @@ class Client:
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
-                return self._read_parts(tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where)
+                return self._read_parts(tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where,
+                                        r.get("csns"))
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
             # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
@@ -287,6 +297,7 @@ class Client:
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
         giving each part's rows in the table's schema. The snapshot stays leased until the
         block ends."""
+        _not_keys(self.table(table), "scan (use read)")
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
 
@@ -330,13 +341,17 @@ class Client:
                 pass  # it lapses on its own
 
     def _read_parts(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
-                    where: pc.Expression | None) -> pa.Table:
-        """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now)."""
+                    where: pc.Expression | None, csns: Mapping[str, int] | None = None) -> pa.Table:
+        """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
+        A keys table's parts are versions folded to one row per key (:func:`keys.merge`), in the
+        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own)."""
         table = tdef.name
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
                 raise InvalidInput(f"table {table!r} has no column(s) {missing}")
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._read_keys(tdef, metas, columns, where, csns or {})
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {table!r}")
             metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by),
@@ -348,6 +363,17 @@ class Client:
         if columns is not None:
             data = data.select(list(columns))
         return data
+
+    def _read_keys(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
+                   where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
+        if where is not None:  # after the fold: a newer version may move a row out of (or into) it
+            check_expression(where, tdef.schema, f"filter on {tdef.name!r}")
+        datas = [read_part(self.storage, m) for m in metas]
+        data = keys.merge(tdef.schema, tdef.primary_key,
+                          [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
+        if where is not None:
+            data = data.filter(where)
+        return data if columns is None else data.select(list(columns))
 
     def snapshot(self) -> int:
         """The replica's snapshot version: everything up to it is applied there."""
@@ -361,7 +387,7 @@ class Client:
         """Compact now, as a transaction of its own; returns its CSN."""
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        self.table(table)
+        _not_keys(self.table(table), "compact")
         parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
@@ -404,6 +430,7 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
+        _not_keys(self.table(table), "changes")
         r = self.call("changes", table=table, start=lo, end=hi, by=by)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
@@ -466,7 +493,7 @@ class Client:
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "commit_parts")
         metas = list(metas)
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
@@ -514,6 +541,7 @@ class Transaction:
         self.joined = joined
         self._ended = False
         self._isolation = SNAPSHOT  # set by Client.begin
+        self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/keys.py)
 
     @property
     def isolation(self) -> str:
@@ -581,6 +609,10 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
+    def _visible_csns(self, table: str) -> tuple[list[PartMeta], dict[str, int]]:
+        r = self.client.call("visible", table=table, id=self.id)
+        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
+
     def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
         args: dict[str, Any] = {"table": table, "id": self.id}
         if pkeys is not None:
@@ -589,20 +621,63 @@ class Transaction:
 
     # -- statements -------------------------------------------------------------------------
     def insert(self, table: str, data: pa.Table) -> int:
-        """INSERT INTO; returns the number of rows."""
+        """INSERT INTO; returns the number of rows. On a keys table: rows by key in overwrite
+        mode (:meth:`upsert` with ``update=False``)."""
         self._check_open()
         tdef = self.table(table)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._write_versions(tdef, data, keys.PUT)
         data = conform(tdef.schema, _as_table(data, table), table)
         parts = self._write(tdef, data)
         if parts:
             self._stage(Insert(table, tuple(parts)))
         return data.num_rows
 
+    def upsert(self, table: str, data: pa.Table, update: bool = False) -> int:
+        """Write rows by key into a keys table; returns the number of rows. ``update=False``
+        (overwrite mode): a row replaces any earlier row with its key, columns absent from
+        ``data`` null. ``update=True``: absent columns keep the values they had (a key with no
+        row yet gets nulls there); every non-nullable column must be written."""
+        self._check_open()
+        tdef = _keys_table(self.table(table), "upsert")
+        return self._write_versions(tdef, data, keys.UPDATE if update else keys.PUT)
+
+    def delete_keys(self, table: str, keys_: pa.Table) -> int:
+        """Delete the rows of a keys table with these keys (a pyarrow.Table of the key columns;
+        keys without a row are fine); returns the number of keys given."""
+        self._check_open()
+        tdef = _keys_table(self.table(table), "delete_keys")
+        return self._write_versions(tdef, keys_, keys.DELETE)
+
+    def lock_keys(self, table: str, keys_: pa.Table, mode: str = "shared_strong") -> int:
+        """Read-lock keys of a keys table (a pyarrow.Table of the key columns) until the commit:
+        it then fails with ConflictError if a transaction that committed after this one's
+        snapshot wrote one of them. ``"shared_strong"`` also makes a transaction that writes
+        one of them and commits after this one, from an older snapshot, fail;
+        ``"shared_weak"`` leaves nothing behind. Read locks never conflict with each other.
+        Returns the number of keys given."""
+        self._check_open()
+        tdef = _keys_table(self.table(table), "lock_keys")
+        if mode not in keys.LOCK_MODES:
+            raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {mode!r}", table=table)
+        return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
+
+    def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
+        versions = keys.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op,
+                                 self._seq + 1)
+        self._seq += versions.num_rows
+        parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
+                            tdef.ddl_version)
+                 for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
+        if parts:
+            self._stage(Insert(tdef.name, tuple(parts)))
+        return versions.num_rows
+
     def overwrite(self, table: str, data: pa.Table, partitions: Sequence[Any] | None = None) -> int:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
         self._check_open()
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "overwrite")
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
@@ -624,7 +699,7 @@ class Transaction:
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed."""
         self._check_open()
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "truncate (use delete)")
         targets = None if partitions is None else _partitions(tdef, partitions)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),
@@ -632,11 +707,14 @@ class Transaction:
         return len(removed)
 
     def delete(self, table: str, where: pc.Expression) -> int:
-        """DELETE WHERE ``where``; returns the number of rows deleted."""
+        """DELETE WHERE ``where``; returns the number of rows deleted. On a keys table it
+        deletes by key the rows that match at this transaction's snapshot, with its own writes."""
         self._check_open()
         tdef = self.table(table)
         _check_predicate(where, tdef, "delete")
         self._record_read(tdef, where)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._write_versions(tdef, self.read(table, list(tdef.primary_key), where), keys.DELETE)
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
         self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
                            tuple(result.removed), _rewrite_targets(tdef, None)))
@@ -645,7 +723,7 @@ class Transaction:
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "update (use upsert(update=True))")
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
         self._record_read(tdef, where)
@@ -660,7 +738,7 @@ class Transaction:
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "compact")
         targets = None if partitions is None else _partitions(tdef, partitions)
         result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
@@ -678,7 +756,7 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "add_parts")
         metas = list(metas)
         _check_own_parts(tdef, metas)
         if op == "insert":
@@ -700,7 +778,7 @@ class Transaction:
         self._check_open()
         if kind not in ("delete", "update"):
             raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
-        tdef = self.table(table)
+        tdef = _not_keys(self.table(table), "add_rewrite")
         _check_predicate(where, tdef, kind)
         assigns = None
         if kind == "update":
@@ -723,9 +801,10 @@ class Transaction:
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes."""
         self._check_open()
+        metas, csns = self._visible_csns(table)
         tdef = self.table(table)
         self._record_read(tdef, where)
-        return self.client._read_parts(tdef, self._visible(table), columns, where)
+        return self.client._read_parts(tdef, metas, columns, where, csns)
 
     def drop_table(self, table: str) -> None:
         """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are
@@ -798,6 +877,19 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
     if as_of is not None:
         args["as_of"] = _timestamp(as_of, "as_of")
     return args
+
+
+def _keys_table(tdef: TableDef, what: str) -> TableDef:
+    if tdef.conflict_policy is not Policy.KEYS:
+        raise InvalidInput(f"{what} needs a keys table; {tdef.name!r} has conflict_policy "
+                           f"{tdef.conflict_policy.value!r}", table=tdef.name)
+    return tdef
+
+
+def _not_keys(tdef: TableDef, what: str) -> TableDef:
+    if tdef.conflict_policy is Policy.KEYS:
+        raise InvalidInput(f"{what} on keys table {tdef.name!r} is not supported yet", table=tdef.name)
+    return tdef
 
 
 def _as_table(data: Any, table: str) -> pa.Table:

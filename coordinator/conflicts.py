@@ -55,6 +55,7 @@ class Policy(StrEnum):
     PARTS = "parts"
     MAXCOMPUTE = "maxcompute"
     APPEND = "append"
+    KEYS = "keys"  # seed 003: rows by primary key (coordinator/keys.py)
 
 
 COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})

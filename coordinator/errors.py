@@ -17,7 +17,7 @@ class ConflictKind(StrEnum):
     PART_REMOVED_TWICE = "PART_REMOVED_TWICE"  # parts: both transactions removed the same part
     TARGET_CHANGED = "TARGET_CHANGED"  # maxcompute/append: what committed to the target since the snapshot forbids it
     SOURCES_REMOVED = "SOURCES_REMOVED"  # parts: a compaction's source parts were removed meanwhile
-    KEY_WRITTEN = "KEY_WRITTEN"  # keys: a key it writes or locked was written since (reserved)
+    KEY_WRITTEN = "KEY_WRITTEN"  # keys: a key it writes was written since under an overlapping lock
     READ_SET_CHANGED = "READ_SET_CHANGED"  # serializable: what it read changed since (reserved)
     TABLE_DROPPED = "TABLE_DROPPED"  # the table it writes was dropped (or dropped and created again) since
 

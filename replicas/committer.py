@@ -88,6 +88,7 @@ from coordinator.zklog import (
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
+from replicas.keylocks import KeyConflicts, shares_target
 from replicas.metrics import CommitStats
 from replicas.transactions import Effect, RunningTxn
 
@@ -168,6 +169,7 @@ class Committer:
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
         self._counters: set[str] = set()  # write counters known to exist (coordinator/readsets.py)
+        self.key_conflicts = KeyConflicts(self.state, replica.storage, replica.table)  # keys tables
 
     def start(self) -> None:
         self._thread.start()
@@ -694,6 +696,7 @@ class Committer:
         if self._verdicts(txn, eff):
             eff = self._replay(p)
             self._verdicts(txn, eff)
+        self.key_conflicts.check(txn.id, txn.snapshot, eff.added, self._policies({m.table for m in eff.added.values()}))
         return Plan(eff, self._checked_keys(eff))
 
     def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
@@ -734,6 +737,8 @@ class Committer:
         touch may share their multi (:func:`coordinator.conflicts.fits_beside`)."""
         summaries = eff.summaries(txn.id)
         policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
+        if shares_target(policies, summaries, in_batch):
+            return False  # keys: decided against the committed state, after the member before it
         return fits_beside(policies, summaries, eff.whole_tables, in_batch)
 
     # -- serializable transactions (coordinator/readsets.py) ------------------------------------

@@ -203,7 +203,8 @@ class ReplicaServer(RpcServer):
 
         tdef = TableDef.new(
             a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
-            a.get("conflict_policy", "parts"), a.get("auto_merge", True),
+            a.get("conflict_policy", "parts"), a.get("auto_merge", True), a.get("lock_groups"),
+            a.get("atomicity", "full"),
         )
         return {"csn": self.replica.create_table(tdef)}
 
@@ -251,11 +252,19 @@ class ReplicaServer(RpcServer):
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
         if a.get("id") is not None:
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
-            return {"snapshot": snap, "parts": [m.to_dict() for m in metas]}
+            return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
-                "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap)}
+                "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap),
+                **self._csns(metas)}
+
+    def _csns(self, metas: list) -> dict:
+        """``csns``: the creation CSN of each committed part (a transaction's own parts have
+        none), which a keys table's read orders versions by (coordinator/keys.py)."""
+        parts = self.replica.state.parts
+        with self.replica.state.lock:
+            return {"csns": {m.name: rec.creation_csn for m in metas if (rec := parts.get(m.name)) is not None}}
 
     def _compact(self, a: dict) -> dict:
         from parts import rewrite

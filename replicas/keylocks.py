@@ -1,0 +1,85 @@
+"""Key-level conflicts of keys tables at commit (SPEC.md "Keys tables"; the rules are pure, in
+coordinator/keys.py).
+
+A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind
+``KEY_WRITTEN``) when, for a key it writes, a transaction that committed after its snapshot wrote
+that key under an overlapping lock or held a strong read lock on it, or, for a key it
+read-locked, such a transaction wrote it (``keys.collide``). The keys and locks of a part are read from its file (key columns and the
+hidden ``_op``/``_cols`` only) and cached by part name: parts never change.
+
+Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
+its target node (the partition's; :mod:`coordinator.targets`), and the committer decides against
+the state at the versions it read: a commit of another replica in between moves the version and
+the multi misses, and the batch is decided again. Within one batch, a member never shares a
+keys target with another (:func:`shares_target`): the next batch decides it against the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from coordinator import keys
+from coordinator.catalog import TableDef
+from coordinator.conflicts import Policy
+from coordinator.errors import ConflictError, ConflictKind
+from parts.format import read_part
+from parts.meta import PartMeta
+from parts.ops import partition_key
+
+CACHE_PARTS = 4096
+
+
+class KeyConflicts:
+    def __init__(self, state, storage, table_of: Callable[[str], TableDef]) -> None:
+        self.state = state
+        self.storage = storage
+        self.table_of = table_of
+        self._cache: dict[str, keys.KeyLocks] = {}
+
+    def _locks(self, tdef: TableDef, meta: PartMeta) -> keys.KeyLocks:
+        got = self._cache.get(meta.name)
+        if got is None:
+            data = read_part(self.storage, meta, [*tdef.primary_key, keys.OP, keys.COLS])
+            got = keys.written_locks(data, tdef.primary_key, tdef.lock_groups)
+            if len(self._cache) >= CACHE_PARTS:
+                self._cache.clear()
+            self._cache[meta.name] = got
+        return got
+
+    def check(self, tid: str, snapshot: int, added: Mapping[str, PartMeta], policies: Mapping[str, Policy]) -> None:
+        """Raise ConflictError if a part ``tid`` adds to a keys table collides with a part that
+        another transaction committed there after ``snapshot`` (the earliest such commit)."""
+        mine: dict[tuple[str, str], list[PartMeta]] = {}
+        for meta in added.values():
+            if policies.get(meta.table) is Policy.KEYS:
+                mine.setdefault((meta.table, partition_key(meta.partition)), []).append(meta)
+        for (table, pkey), metas in sorted(mine.items()):
+            tdef = self.table_of(table)
+            written: keys.KeyLocks = {}
+            for m in metas:
+                for k, held in self._locks(tdef, m).items():
+                    written[k] = written.get(k, frozenset()) | held
+            for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
+                theirs = self._locks(tdef, meta)
+                key = keys.first_collision(written, theirs)
+                if key is not None:
+                    shown = dict(zip(tdef.primary_key, key))
+                    raise ConflictError(
+                        f"transaction {tid} lost to {winner} on table {table!r} key {shown}: {winner} "
+                        f"{keys.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
+                        f"snapshot {snapshot})",
+                        winner=winner, kind=str(ConflictKind.KEY_WRITTEN), table=table, key=list(key), csn=csn)
+
+    def _committed_since(self, table: str, pkey: str, snapshot: int, tid: str) -> list[tuple[int, str, PartMeta]]:
+        with self.state.lock:
+            found = [(rec.creation_csn, rec.meta.creation_tid, rec.meta) for rec in self.state.parts.values()
+                     if rec.creation_csn > snapshot and rec.meta.table == table and rec.pkey == pkey
+                     and rec.meta.creation_tid != tid]
+        return sorted(found, key=lambda t: t[0])
+
+
+def shares_target(policies: Mapping[str, Policy], targets: Iterable[tuple[str, str]],
+                  in_batch: Mapping[tuple[str, str], object]) -> bool:
+    """Whether a member writes a keys-table target that a member already accepted in the batch
+    writes (then it waits for the next batch)."""
+    return any(policies.get(t) is Policy.KEYS and (t, pk) in in_batch for t, pk in targets)
