@@ -68,3 +68,22 @@ def _mark_zk_tests(items: list[pytest.Item]) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _mark_zk_tests(items)
+
+
+# =============================================================================================
+# Clients of a module's cluster
+#
+# A test module that defines a module-scoped `cluster` fixture (a LocalCluster, usually from
+# support.cluster.make_cluster) gets `c0` and `c1`, clients of its replicas 0 and 1, for the
+# module. A module that needs other clients (credentials, a timeout) defines its own.
+# =============================================================================================
+
+
+@pytest.fixture(scope="module")
+def c0(cluster):  # noqa: ANN001 - the requesting module's LocalCluster
+    return cluster.client(0)
+
+
+@pytest.fixture(scope="module")
+def c1(cluster):  # noqa: ANN001
+    return cluster.client(1)

@@ -127,16 +127,6 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
         yield c
 
 
-@pytest.fixture(scope="module")
-def c0(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(0)
-
-
-@pytest.fixture(scope="module")
-def c1(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(1)
-
-
 def files_of(cluster: coordinator.LocalCluster, tid: str) -> list[Path]:
     """Files in storage written by transaction ``tid`` (part names carry it)."""
     stem = tid.replace(":", "_")

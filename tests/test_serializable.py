@@ -99,16 +99,6 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
         yield c
 
 
-@pytest.fixture(scope="module")
-def c0(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(0)
-
-
-@pytest.fixture(scope="module")
-def c1(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(1)
-
-
 def _bank(client: Client, name: str, policy: str) -> None:
     client.create_table(name, BANK, partition_by=["acct"], conflict_policy=policy)
     with client.transaction() as tx:

@@ -120,11 +120,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.Lo
 
 
 @pytest.fixture(scope="module")
-def c0(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(0)
-
-
-@pytest.fixture(scope="module")
 def r0(cluster: coordinator.LocalCluster) -> str:
     return cluster.replica_addresses[0]
 

@@ -37,16 +37,6 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
         yield c
 
 
-@pytest.fixture(scope="module")
-def c0(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(0)
-
-
-@pytest.fixture(scope="module")
-def c1(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(1)
-
-
 def part_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
     root = Path(cluster.storage_url) / table
     return {str(p.relative_to(root)) for p in root.rglob("*.parquet")} if root.exists() else set()

@@ -47,16 +47,6 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
         yield c
 
 
-@pytest.fixture(scope="module")
-def c0(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(0)
-
-
-@pytest.fixture(scope="module")
-def c1(cluster: coordinator.LocalCluster) -> Client:
-    return cluster.client(1)
-
-
 def prows(p: int, ids: list[int], tag: str = "x") -> pa.Table:
     return pa.table({"p": pa.array([p] * len(ids), pa.int64()), "id": pa.array(ids, pa.int64()),
                      "v": [f"{tag}{i}" for i in ids]}, schema=PSCHEMA)
