@@ -31,6 +31,38 @@ from parts.ops import schema_from_json, schema_to_json, validate_name, validate_
 SchemaChange = tuple[int, str, str, str]
 
 
+KEYS_TXN_MAX_SECONDS = 60.0  # seed 003's defaults for a keys table's transactions
+KEYS_TXN_MAX_ROWS = 100_000
+
+
+def check_limits(table: str, seconds: object, rows: object) -> tuple[float | None, int | None]:
+    """Validate a table's transaction limits: each None or a positive number (rows: an integer);
+    InvalidInput naming the bad value otherwise."""
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
+                or seconds == float("inf"):
+            raise InvalidInput(f"txn_max_seconds of table {table!r} must be a positive number of seconds, "
+                               f"not {seconds!r}", table=table, txn_max_seconds=repr(seconds))
+        seconds = float(seconds)
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InvalidInput(f"txn_max_rows of table {table!r} must be a positive integer, not {rows!r}",
+                               table=table, txn_max_rows=repr(rows))
+    return seconds, rows
+
+
+def effective_limits(tables, replica_seconds: float, replica_rows: int) -> tuple[float, str | None, int, str | None]:
+    """The limits binding a transaction that wrote ``tables`` (TableDefs): the smallest among the
+    tables' own and the replica-wide ones, each with the table it comes from (None: the replica)."""
+    seconds, s_from, rows, r_from = replica_seconds, None, replica_rows, None
+    for t in sorted(tables, key=lambda t: t.name):
+        if t.txn_max_seconds is not None and t.txn_max_seconds < seconds:
+            seconds, s_from = t.txn_max_seconds, t.name
+        if t.txn_max_rows is not None and t.txn_max_rows < rows:
+            rows, r_from = t.txn_max_rows, t.name
+    return seconds, s_from, rows, r_from
+
+
 @dataclass(frozen=True)
 class TableDef:
     name: str
@@ -45,6 +77,8 @@ class TableDef:
     changes: tuple[SchemaChange, ...] = ()  # every schema change since the creation, in order
     lock_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()  # keys tables: (group, its columns), by name
     atomicity: str = "full"  # keys tables: "full" | "none"
+    txn_max_seconds: float | None = None  # per-table transaction limits (None: only the replica-wide ones)
+    txn_max_rows: int | None = None
 
     @property
     def csn(self) -> int:
@@ -62,6 +96,8 @@ class TableDef:
         auto_merge: bool = True,
         lock_groups: Mapping[str, Sequence[str]] | None = None,
         atomicity: str = "full",
+        txn_max_seconds: float | None = None,
+        txn_max_rows: int | None = None,
     ) -> TableDef:
         """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
         table (:mod:`coordinator.keys`) never merges automatically: its parts are versions of
@@ -83,8 +119,14 @@ class TableDef:
         groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
         if policy is Policy.KEYS:
             auto_merge = False
+            # Seed 003's defaults for keys tables (SPEC.md "Keys tables", "Limits per table").
+            if txn_max_seconds is None:
+                txn_max_seconds = KEYS_TXN_MAX_SECONDS
+            if txn_max_rows is None:
+                txn_max_rows = KEYS_TXN_MAX_ROWS
+        txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
         return cls(name, schema, partition_by, primary_key, policy, auto_merge, lock_groups=groups,
-                   atomicity=atomicity)
+                   atomicity=atomicity, txn_max_seconds=txn_max_seconds, txn_max_rows=txn_max_rows)
 
     def to_dict(self) -> dict:
         d = {
@@ -106,14 +148,18 @@ class TableDef:
             d["lock_groups"] = {g: list(cols) for g, cols in self.lock_groups}
         if self.atomicity != "full":
             d["atomicity"] = self.atomicity
+        if self.txn_max_seconds is not None:
+            d["txn_max_seconds"] = self.txn_max_seconds
+        if self.txn_max_rows is not None:
+            d["txn_max_rows"] = self.txn_max_rows
         return d
 
     def same_definition(self, other: TableDef) -> bool:
         """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
         return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge,
-                self.lock_groups, self.atomicity) == (
+                self.lock_groups, self.atomicity, self.txn_max_seconds, self.txn_max_rows) == (
             other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge,
-            other.lock_groups, other.atomicity
+            other.lock_groups, other.atomicity, other.txn_max_seconds, other.txn_max_rows
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -133,6 +179,8 @@ class TableDef:
                 lock_groups=tuple(sorted((str(g), tuple(map(str, cols)))
                                          for g, cols in (d.get("lock_groups") or {}).items())),
                 atomicity=str(d.get("atomicity", "full")),
+                txn_max_seconds=None if d.get("txn_max_seconds") is None else float(d["txn_max_seconds"]),
+                txn_max_rows=None if d.get("txn_max_rows") is None else int(d["txn_max_rows"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {exc!r}") from exc

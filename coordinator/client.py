@@ -107,14 +107,19 @@ class Client:
         auto_merge: bool = True,
         lock_groups: Mapping[str, Sequence[str]] | None = None,
         atomicity: str = "full",
+        txn_max_seconds: float | None = None,
+        txn_max_rows: int | None = None,
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
         sent again if it does not), so the caller is never left not knowing.
         ``conflict_policy="keys"`` (with ``primary_key``, ``lock_groups``, ``atomicity``): a
-        keys table (SPEC.md "Keys tables", coordinator/keys.py)."""
+        keys table (SPEC.md "Keys tables", coordinator/keys.py). ``txn_max_seconds`` and
+        ``txn_max_rows``: limits for the transactions writing this table (the smallest among the
+        tables a transaction wrote and the replica's binds it); a keys table defaults to 60 s and
+        100,000 rows, others to none (only the replica-wide limits)."""
         tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
-                            atomicity)
+                            atomicity, txn_max_seconds, txn_max_rows)
         args = {"name": tdef.name, "schema": schema_to_json(tdef.schema), "partition_by": list(tdef.partition_by),
                 "primary_key": list(tdef.primary_key), "conflict_policy": tdef.conflict_policy.value,
                 "auto_merge": tdef.auto_merge}
@@ -122,6 +127,10 @@ class Client:
             args["lock_groups"] = {g: list(cols) for g, cols in tdef.lock_groups}
         if tdef.atomicity != "full":
             args["atomicity"] = tdef.atomicity
+        if tdef.txn_max_seconds is not None:
+            args["txn_max_seconds"] = tdef.txn_max_seconds
+        if tdef.txn_max_rows is not None:
+            args["txn_max_rows"] = tdef.txn_max_rows
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:

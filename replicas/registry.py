@@ -113,10 +113,27 @@ class Transactions:
             raise TransactionAborted(
                 f"transaction {txn_id} is {txn.state}" + (f": {txn.reason}" if txn.reason else ""), id=txn_id
             )
-        if time.monotonic() - txn.started > self.config.txn_max_seconds:
-            self.abort(txn, f"transaction {txn.id} exceeded its time limit of {self.config.txn_max_seconds:g}s")
+        if time.monotonic() - txn.started > self.time_limit(txn)[0]:
+            self.abort(txn, self.time_reason(txn))
             raise TransactionAborted(txn.reason, id=txn_id)
         return txn
+
+    def time_limit(self, txn: RunningTxn) -> tuple[float, str | None]:
+        """The time limit binding ``txn``: the smallest among its tables' and the replica's."""
+        if txn.max_seconds is not None and txn.max_seconds[0] < self.config.txn_max_seconds:
+            return txn.max_seconds
+        return self.config.txn_max_seconds, None
+
+    def row_limit(self, txn: RunningTxn) -> tuple[int, str | None]:
+        if txn.max_rows is not None and txn.max_rows[0] < self.config.txn_max_rows:
+            return txn.max_rows
+        return self.config.txn_max_rows, None
+
+    def time_reason(self, txn: RunningTxn) -> str:
+        seconds, table = self.time_limit(txn)
+        if table is None:
+            return f"transaction {txn.id} exceeded its time limit of {seconds:g}s"
+        return f"transaction {txn.id} exceeded the time limit (txn_max_seconds) of table {table!r}, {seconds:g}s"
 
     def stage(self, txn_id: str, op: StagedOp) -> None:
         txn = self.running(txn_id)
@@ -163,9 +180,24 @@ class Transactions:
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
-            if txn.rows + op.rows > self.config.txn_max_rows:
-                reason = (f"transaction {txn.id} exceeded its row limit of {self.config.txn_max_rows} "
-                          f"({txn.rows + op.rows} rows staged)")
+            # A table with limits of its own binds the transaction from its first write there.
+            if table.txn_max_seconds is not None and (txn.max_seconds is None
+                                                      or table.txn_max_seconds < txn.max_seconds[0]):
+                txn.max_seconds = (table.txn_max_seconds, table.name)
+            if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
+                txn.max_rows = (table.txn_max_rows, table.name)
+            max_rows, rows_from = self.row_limit(txn)
+            if txn.rows + op.rows > max_rows:
+                if rows_from is None:
+                    reason = (f"transaction {txn.id} exceeded its row limit of {max_rows} "
+                              f"({txn.rows + op.rows} rows staged)")
+                else:
+                    reason = (f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
+                              f"{max_rows} ({txn.rows + op.rows} rows staged)")
+                self._abort_locked(txn, reason, [op])
+                raise TransactionAborted(reason, id=txn.id)
+            if time.monotonic() - txn.started > self.time_limit(txn)[0]:
+                reason = self.time_reason(txn)
                 self._abort_locked(txn, reason, [op])
                 raise TransactionAborted(reason, id=txn.id)
             txn.ops.append(op)
@@ -341,7 +373,7 @@ class Transactions:
         """The running transaction, if a statement or commit for it can go ahead with no waiting
         and no cleanup (not past its time limit); None otherwise, and the full path decides."""
         txn = self.txns.get(txn_id) if isinstance(txn_id, str) else None
-        if txn is None or txn.state != TxnState.RUNNING or time.monotonic() - txn.started > self.config.txn_max_seconds:
+        if txn is None or txn.state != TxnState.RUNNING or time.monotonic() - txn.started > self.time_limit(txn)[0]:
             return None
         return txn
 
@@ -417,5 +449,5 @@ class Transactions:
         """Abort the running transactions past their time limit (the replica's reaper thread)."""
         now = time.monotonic()
         for txn in list(self.txns.values()):
-            if txn.state == TxnState.RUNNING and now - txn.started > self.config.txn_max_seconds:
-                self.abort(txn, f"transaction {txn.id} exceeded its time limit of {self.config.txn_max_seconds:g}s")
+            if txn.state == TxnState.RUNNING and now - txn.started > self.time_limit(txn)[0]:
+                self.abort(txn, self.time_reason(txn))

@@ -131,15 +131,19 @@ class ReplicaServer(RpcServer):
         if not isinstance(ops, list):
             return False
         rows = txn.rows
+        limit = self.transactions.row_limit(txn)[0]
         for op in ops:
             if not isinstance(op, dict) or not isinstance(op.get("table"), str):
                 return False
-            if self.replica.state.table(op["table"]) is None:
+            tdef = self.replica.state.table(op["table"])
+            if tdef is None:
                 return False  # maybe created elsewhere and not applied here yet: that path waits
+            if tdef.txn_max_rows is not None:
+                limit = min(limit, tdef.txn_max_rows)
             added = op.get("added") or ()
             if op.get("op") != "compact" and isinstance(added, list):
                 rows += sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
-        return rows <= self.replica.config.txn_max_rows  # over: the full path aborts and cleans up
+        return rows <= limit  # over: the full path aborts and cleans up
 
     def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
         if self.transactions.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
@@ -171,7 +175,8 @@ class ReplicaServer(RpcServer):
                  and txns.ready_to_begin())
         if quick:
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
-            quick = rows <= replica.config.txn_max_rows
+            tdef = replica.state.table(table)
+            quick = rows <= min(replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows)
         if not quick:
             first = added[0] if isinstance(added, list) and added else None
             if isinstance(first, dict) and isinstance(first.get("name"), str):
@@ -204,7 +209,7 @@ class ReplicaServer(RpcServer):
         tdef = TableDef.new(
             a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
             a.get("conflict_policy", "parts"), a.get("auto_merge", True), a.get("lock_groups"),
-            a.get("atomicity", "full"),
+            a.get("atomicity", "full"), a.get("txn_max_seconds"), a.get("txn_max_rows"),
         )
         return {"csn": self.replica.create_table(tdef)}
 

@@ -84,6 +84,10 @@ class RunningTxn:
     reason: str = ""
     csn: int | None = None
     rows: int = 0
+    # The smallest per-table limits among the tables it staged into (catalog.effective_limits),
+    # each with its table; None: only the replica-wide limit.
+    max_seconds: tuple[float, str] | None = None
+    max_rows: tuple[int, str] | None = None
     apps: dict[str, int] = field(default_factory=dict)  # app id -> version (tx.set_app_version)
     reads: list[Read] = field(default_factory=list)  # a serializable transaction's (coordinator/readsets.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
