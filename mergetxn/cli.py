@@ -796,15 +796,27 @@ def table() -> None:
     help="Partition column (repeat for several; a comma list also works).",
 )
 @click.option(
-    "--primary-key", multiple=True, metavar="COL", help="Primary key column (repeatable)."
+    "--primary-key", multiple=True, metavar="COL", help="Primary key column (repeatable; a comma list also works)."
 )
 @click.option(
     "--policy",
-    type=click.Choice(["parts", "maxcompute", "append"]),
+    type=click.Choice(["parts", "maxcompute", "append", "keys"]),
     default="parts",
     show_default=True,
-    help="Conflict policy for concurrent writers.",
+    help="Conflict policy for concurrent writers (keys: a keys table, needs --primary-key).",
 )
+@click.option(
+    "--lock-group", "lock_group", multiple=True, metavar="NAME=COL1,COL2",
+    help="Keys tables: a lock group and its columns (repeatable).",
+)
+@click.option(
+    "--atomicity", type=click.Choice(["full", "none"]), default="full", show_default=True,
+    help="Keys tables: full (transactions) or none (each write on its own).",
+)
+@click.option("--txn-max-seconds", type=float, default=None,
+              help="Abort a transaction writing this table after this many seconds (keys tables: 60).")
+@click.option("--txn-max-rows", type=int, default=None,
+              help="Abort a transaction staging more rows than this (keys tables: 100000).")
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
@@ -814,6 +826,10 @@ def table_create(
     partition_by: tuple[str, ...],
     primary_key: tuple[str, ...],
     policy: str,
+    lock_group: tuple[str, ...],
+    atomicity: str,
+    txn_max_seconds: float | None,
+    txn_max_rows: int | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
@@ -822,6 +838,12 @@ def table_create(
     schema = parse_schema(schema_text)
     pby = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
     pkey = [c.strip() for p in primary_key for c in p.split(",") if c.strip()]
+    groups: dict[str, list[str]] = {}
+    for spec in lock_group:
+        gname, sep, cols = spec.partition("=")
+        if not sep or not gname.strip():
+            raise click.BadParameter(f"{spec!r} is not NAME=COL1,COL2", param_hint="--lock-group")
+        groups[gname.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
     with connected(replica) as client:
         csn = client.create_table(
             name,
@@ -830,9 +852,15 @@ def table_create(
             primary_key=pkey,
             conflict_policy=policy,
             auto_merge=not no_auto_merge,
+            lock_groups=groups or None,
+            atomicity=atomicity,
+            txn_max_seconds=txn_max_seconds,
+            txn_max_rows=txn_max_rows,
         )
     if as_json:
-        echo_json({"table": name, "csn": csn, "policy": policy, "partition_by": pby, "primary_key": pkey})
+        echo_json({"table": name, "csn": csn, "policy": policy, "partition_by": pby, "primary_key": pkey,
+                   "lock_groups": groups, "atomicity": atomicity,
+                   "txn_max_seconds": txn_max_seconds, "txn_max_rows": txn_max_rows})
         return
     extra = f", partitioned by {', '.join(pby)}" if pby else ""
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
@@ -857,6 +885,10 @@ def _describe_json(d: dict) -> dict:
     out = {k: v for k, v in d.items() if k != "schema"}
     out["columns"] = [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in d["schema"]]
     out["partition_by"], out["primary_key"] = list(d["partition_by"]), list(d["primary_key"])
+    out.setdefault("lock_groups", {})
+    out.setdefault("atomicity", "full")
+    out.setdefault("txn_max_seconds", None)
+    out.setdefault("txn_max_rows", None)
     return out
 
 
@@ -876,6 +908,12 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
     out.print(rows_table(d["columns"], ["name", "type", "nullable"], title=f"table {d['name']}"))
     out.print(f"partition by: {', '.join(d['partition_by']) or '-'}; primary key: {', '.join(d['primary_key']) or '-'}; "
               f"policy {d['conflict_policy']}; auto merge {'on' if d['auto_merge'] else 'off'}")
+    if d["conflict_policy"] == "keys":
+        groups = "; ".join(f"{g}={','.join(cols)}" for g, cols in d["lock_groups"].items()) or "-"
+        out.print(f"lock groups: {escape(groups)}; atomicity {d['atomicity']}")
+    limits = [f"{d['txn_max_seconds']:g}s" if d["txn_max_seconds"] is not None else None,
+              f"{d['txn_max_rows']} rows" if d["txn_max_rows"] is not None else None]
+    out.print("transaction limits: " + (", ".join(x for x in limits if x) or "the replica's only"))
     out.print(f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"
               + (f" (altered at CSN {d['version_csn']})" if d.get("version_csn") else "")
               + f"; at snapshot {d['snapshot']}: {d['parts']} parts, {d['rows']} rows in {d['partitions']} partitions")
