@@ -120,17 +120,7 @@ class Client:
         100,000 rows, others to none (only the replica-wide limits)."""
         tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
                             atomicity, txn_max_seconds, txn_max_rows)
-        args = {"name": tdef.name, "schema": schema_to_json(tdef.schema), "partition_by": list(tdef.partition_by),
-                "primary_key": list(tdef.primary_key), "conflict_policy": tdef.conflict_policy.value,
-                "auto_merge": tdef.auto_merge}
-        if tdef.lock_groups:
-            args["lock_groups"] = {g: list(cols) for g, cols in tdef.lock_groups}
-        if tdef.atomicity != "full":
-            args["atomicity"] = tdef.atomicity
-        if tdef.txn_max_seconds is not None:
-            args["txn_max_seconds"] = tdef.txn_max_seconds
-        if tdef.txn_max_rows is not None:
-            args["txn_max_rows"] = tdef.txn_max_rows
+        args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
@@ -874,6 +864,11 @@ def connect(address: str, storage_options: dict | None = None,
     (``cluster.credentials``, or the path of its credentials file; default: the file named by
     ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed."""
     return Client(address, storage_options, timeout, credentials)
+
+
+# The fields of a table's definition (TableDef.to_dict) that a CREATE sends; the rest the log decides.
+_CREATE_FIELDS = frozenset({"name", "schema", "partition_by", "primary_key", "conflict_policy", "auto_merge",
+                            "lock_groups", "atomicity", "txn_max_seconds", "txn_max_rows"})
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:

@@ -1121,18 +1121,11 @@ def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: 
         raise InvalidInput(f"cannot write {output}: {exc}") from None
     try:
         with progress(f"reading into {output.name}" if output is not None else "reading", total) as advance:
-            if fmt == "parquet":
+            if fmt in ("parquet", "csv"):
+                import pyarrow.csv as pcsv
                 import pyarrow.parquet as pq
 
-                with pq.ParquetWriter(sink, schema) as writer:
-                    for data in tables:
-                        writer.write_table(data)
-                        rows += data.num_rows
-                        advance(data.num_rows)
-            elif fmt == "csv":
-                import pyarrow.csv as pcsv
-
-                with pcsv.CSVWriter(sink, schema) as writer:
+                with (pq.ParquetWriter if fmt == "parquet" else pcsv.CSVWriter)(sink, schema) as writer:
                     for data in tables:
                         writer.write_table(data)
                         rows += data.num_rows
