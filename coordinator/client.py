@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator import errors, keys, security
 from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy, check_app_version
+from coordinator.conflicts import COMPACTIONS, Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (
     CommitStatus,
@@ -43,6 +43,7 @@ from parts.format import read_part, write_part
 from parts.meta import PartMeta
 from parts.ops import (
     _json_scalar,
+    apply_update,
     assignments,
     check_expression,
     conform,
@@ -294,13 +295,20 @@ class Client:
              as_of: dt.datetime | None = None) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
         """Read ``table`` at one snapshot part by part, one part in memory at a time (the
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
-        giving each part's rows in the table's schema. The snapshot stays leased until the
+        giving each part's rows in the table's schema (for a keys table: each partition's rows,
+        one per key; ``parts`` then counts versions). The snapshot stays leased until the
         block ends."""
-        _not_keys(self.table(table), "scan (use read)")
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
 
         def tables(tdef: TableDef) -> Iterator[pa.Table]:
+            if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: fold each alone
+                by_partition: dict[str, list[PartMeta]] = {}
+                for meta in metas:
+                    by_partition.setdefault(partition_key(meta.partition), []).append(meta)
+                for _, group in sorted(by_partition.items()):
+                    yield self._read_keys(tdef, group, None, None, r.get("csns") or {})
+                return
             for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
                 yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
 
@@ -429,10 +437,12 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
-        _not_keys(self.table(table), "changes")
         r = self.call("changes", table=table, start=lo, end=hi, by=by)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
+        if tdef.conflict_policy is Policy.KEYS:
+            with self._leased(r):
+                return self._key_changes(tdef, r)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
@@ -447,6 +457,26 @@ class Client:
             data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
+    def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
+        """``changes`` of a keys table: row changes per key (:func:`keys.row_changes`) from the
+        versions the commits in the range wrote, folded onto the rows those keys had at the
+        snapshot before the first of them (which the answer's lease holds). Parts that only
+        compactions added are left out: they write no new version."""
+        compactions = {k.value for k in COMPACTIONS}
+        writers = {c["csn"] for c in r.get("commits", []) if not set(c["kinds"]) <= compactions}
+        added: dict[int, list[PartMeta]] = {}
+        for p in r["parts"]:
+            meta = PartMeta.from_dict(p["part"])
+            if p["change"] == "insert" and p["csn"] in writers:
+                added.setdefault(p["csn"], []).append(meta)
+        if not added:
+            return keys.changes_schema(tdef.schema).empty_table()
+        commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
+        written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
+        first = commits[0][0]
+        before = self.read(tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written))
+        return keys.row_changes(tdef.schema, tdef.primary_key, before, commits)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
         """The event log (like ClickHouse's transactions_info_log): commit, part_added and
@@ -492,7 +522,10 @@ class Client:
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
-        tdef = _not_keys(self.table(table), "commit_parts")
+        tdef = self.table(table)
+        if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
+            raise InvalidInput(f"commit_parts op='overwrite' on keys table {table!r}: the keys to delete are read in "
+                               "a transaction; use tx.add_parts(..., op='overwrite')", table=table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
@@ -676,7 +709,9 @@ class Transaction:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "overwrite")
+        tdef = self.table(table)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._overwrite_keys(tdef, data, partitions)
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
@@ -695,11 +730,43 @@ class Transaction:
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
+    def _overwrite_keys(self, tdef: TableDef, data: Any, partitions: Sequence[Any] | None) -> int:
+        """INSERT OVERWRITE of a keys table: every key the target partitions hold at this
+        transaction's snapshot (with its own writes) is deleted, then ``data`` written in
+        overwrite mode; a key in both ends with the new row."""
+        data = _as_table(data, tdef.name)
+        keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, 0)  # the data's problems first
+        present = [p for p, _ in split_by_partition(data.select(list(tdef.partition_by)), list(tdef.partition_by))]
+        if partitions is not None:
+            targets = _partitions(tdef, partitions)
+            outside = [p for p in present if p not in targets]
+            if outside:
+                raise InvalidInput(f"overwrite of {tdef.name!r}: data has rows in partition(s) {outside} "
+                                   f"outside the partitions given {targets}")
+        else:
+            targets = present if tdef.partition_by else None
+        self._delete_all_keys(tdef, targets)
+        return self._write_versions(tdef, data, keys.PUT)
+
+    def _delete_all_keys(self, tdef: TableDef, targets: list[tuple] | None) -> int:
+        """Delete every key of ``targets`` (partitions; None: the whole table) that a read here
+        returns; the read is part of a serializable transaction's read set."""
+        where = None if targets is None else _in_partitions(tdef, targets)
+        if targets == []:
+            return 0
+        self._record_read(tdef, where)
+        metas, csns = self._visible_csns(tdef.name)
+        live = self.client._read_parts(tdef, metas, list(tdef.primary_key), where, csns)
+        return self._write_versions(tdef, live, keys.DELETE) if live.num_rows else 0
+
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
-        """TRUNCATE the table or some partitions; returns the number of parts removed."""
+        """TRUNCATE the table or some partitions; returns the number of parts removed (on a keys
+        table: the number of keys deleted, each by a delete version)."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "truncate (use delete)")
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._delete_all_keys(tdef, targets)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),
                              None if targets is None else tuple(partition_key(p) for p in targets)))
@@ -722,15 +789,31 @@ class Transaction:
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "update (use upsert(update=True))")
+        tdef = self.table(table)
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._update_keys(tdef, where, assigns)
         self._record_read(tdef, where)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
         self._stage(Mutate("update", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
                            tuple(result.removed), _rewrite_targets(tdef, None),
                            assignments=encode_assignments(assigns, tdef.schema)))
         return result.affected_rows
+
+    def _update_keys(self, tdef: TableDef, where: pc.Expression, assigns: dict[str, pc.Expression]) -> int:
+        """UPDATE of a keys table: the rows matching at this transaction's snapshot (with its own
+        writes) get update-mode versions of the assigned columns (so only their lock groups are
+        taken)."""
+        fixed = [c for c in assigns if c in tdef.primary_key]
+        if fixed:
+            raise InvalidInput(f"update of keys table {tdef.name!r} cannot set primary key column(s) {fixed} "
+                               "(delete the row and insert it under the new key)", table=tdef.name)
+        matched = self.read(tdef.name, where=where)  # recorded in the read set
+        if not matched.num_rows:
+            return 0
+        updated, _ = apply_update(matched, where, assigns)
+        return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keys.UPDATE)
 
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
         """Stage a compaction in this transaction; returns the number of parts it replaces."""
@@ -755,9 +838,13 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
-        tdef = _not_keys(self.table(table), "add_parts")
+        tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
+        if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
+            targets = _overwrite_targets(tdef, metas, partitions)
+            self._delete_all_keys(tdef, None if not tdef.partition_by else targets)
+            op = "insert"  # the versions written after the deletes replace them
         if op == "insert":
             if metas:
                 self._stage(Insert(table, tuple(metas)))
@@ -940,6 +1027,11 @@ def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
     strangers = [m.name for m in metas if m.table != tdef.name]
     if strangers:
         raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {tdef.name!r}")
+    if tdef.conflict_policy is Policy.KEYS:
+        rows = [m.name for m in metas if keys.OP not in m.stats]
+        if rows:
+            raise InvalidInput(f"part(s) {rows[:5]} of keys table {tdef.name!r} hold rows, not versions: write them "
+                               "with coordinator.keys.versions (as tx.insert/upsert do)", table=tdef.name)
 
 
 def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequence[Any] | None) -> list[tuple]:
@@ -954,6 +1046,18 @@ def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequen
                                f"outside the partitions given {targets}")
         return targets
     return present if tdef.partition_by else [()]
+
+
+def _in_partitions(tdef: TableDef, targets: Sequence[tuple]) -> pc.Expression:
+    """A filter matching the rows of the partitions ``targets`` (values of ``partition_by``)."""
+    expr = None
+    for values in targets:
+        term = None
+        for col, v in zip(tdef.partition_by, values):
+            eq = pc.field(col) == pa.scalar(v, tdef.schema.field(col).type)
+            term = eq if term is None else term & eq
+        expr = term if expr is None else expr | term
+    return expr if expr is not None else pc.scalar(True)
 
 
 def _rewrite_targets(tdef: TableDef, pkeys: tuple[str, ...] | None) -> tuple[str, ...] | None:

@@ -245,3 +245,75 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
     if mw and STRONG in theirs:
         return "held a strong read lock on it"
     return "wrote it while this transaction held a read lock on it"
+
+
+# -- changes -----------------------------------------------------------------------------------
+def key_of(row: Mapping[str, Any], primary_key: Sequence[str]) -> tuple:
+    return tuple(row[k] for k in primary_key)
+
+
+def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str],
+                  primary_key: Sequence[str]) -> tuple | None:
+    """Fold one version row onto ``current`` (key -> row, None once deleted) as :func:`merge`
+    does; returns its key (None for a read lock, which changes nothing)."""
+    if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+        return None
+    key = key_of(r, primary_key)
+    if r[OP] == DELETE:
+        current[key] = None
+    elif r[OP] == PUT:
+        current[key] = {c: r[c] for c in names}
+    else:
+        before = current.get(key) or {c: r[c] if c in primary_key else None for c in names}
+        current[key] = {**before, **{c: r[c] for c in (r[COLS] or "").split(",") if c}}
+    return key
+
+
+def changes_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
+
+
+def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
+                commits: Iterable[tuple[int, Sequence[pa.Table]]]) -> pa.Table:
+    """The row changes of a keys table, one commit after the other: for each key a commit wrote
+    whose row it changed, a ``delete`` of the row it had (if any) and an ``insert`` of the row
+    it has after (if any), deletes first, keys sorted, with ``_csn``. ``before``: the rows (at
+    least those of the keys written) at the snapshot before the first commit; ``commits``:
+    ``(csn, version tables)`` in CSN order. A rewrite of a row to the same values, a read lock
+    and a delete of a missing key change nothing and show nothing, so what the rows of ``changes``
+    add up to is always what a read at the end returns."""
+    names = schema.names
+    current: dict[tuple, dict | None] = {key_of(r, primary_key): r for r in before.to_pylist()}
+    out: list[dict] = []
+    for csn, parts in commits:
+        rows = sorted((r for t in parts for r in t.to_pylist()), key=lambda r: r[SEQ])
+        old: dict[tuple, dict | None] = {}
+        for r in rows:
+            key = key_of(r, primary_key)
+            if key not in old:
+                old[key] = current.get(key)
+            apply_version(current, r, names, primary_key)
+        deletes, inserts = [], []
+        for key in sorted(old, key=lambda k: tuple((v is None, v) for v in k)):
+            was, now = old[key], current.get(key)
+            if was == now:
+                continue
+            if was is not None:
+                deletes.append({**was, "_change": "delete", "_csn": csn})
+            if now is not None:
+                inserts.append({**now, "_change": "insert", "_csn": csn})
+        out += deletes + inserts
+    return pa.Table.from_pylist(out, schema=changes_schema(schema))
+
+
+def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -> Any:
+    """A filter matching (at least) the keys of ``rows``: ``isin`` per key column."""
+    import pyarrow.compute as pc
+
+    expr = None
+    for k in primary_key:
+        values = pa.array(sorted(set(rows.column(k).to_pylist()), key=lambda v: (v is None, v)),
+                          schema.field(k).type)
+        term = pc.field(k).isin(values)
+        expr = term if expr is None else expr & term
+    return expr

@@ -250,18 +250,6 @@ def test_delete_where_then_reinsert(clients) -> None:
     assert rows_of(a.read(name, where=pc.field("k") == 4)) == [{"k": 4, "a": "again", "b": None, "c": None}]
 
 
-def test_unsupported_statements_on_keys_tables_say_so(clients) -> None:
-    a, _ = clients
-    name = new_table(a)
-    with a.transaction() as tx:
-        for call in (lambda: tx.overwrite(name, kt([{"k": 1}])), lambda: tx.compact(name),
-                     lambda: tx.update(name, pc.field("k") == 1, {"b": 1}), lambda: tx.truncate(name)):
-            with pytest.raises(InvalidInput, match="not supported yet"):
-                call()
-    with pytest.raises(InvalidInput, match="not supported yet"):
-        a.changes(name, 0)
-
-
 # ---------------------------------------------------------------------------------------------
 # Pure: locks
 
