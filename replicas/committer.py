@@ -783,7 +783,8 @@ class Committer:
         for t in tables:
             tdef = self.state.tables.get(t)
             if tdef is not None:
-                out[t] = Shape(tuple(tdef.partition_by), tdef.schema)
+                out[t] = Shape(tuple(tdef.partition_by), tdef.schema,
+                               tuple(tdef.primary_key) if tdef.conflict_policy is Policy.KEYS else None)
         return out
 
     def _known_pkeys(self, table: str) -> set[str]:
