@@ -590,6 +590,50 @@ class Workload:
         )
         return f"{old.num_rows} rows at CSN {self.writer_csn} and as of {when}, {now.num_rows} now"
 
+    def keys_table(self) -> str:
+        """Seed 003's keys tables: first committer wins per key, the error names the key; lock
+        groups let writers of different columns of one row both commit."""
+        c0, c1 = self.c(0), self.c(1)
+        schema = pa.schema([pa.field("customer", pa.int64(), nullable=False), ("name", pa.string()),
+                            ("balance", pa.float64()), ("segment", pa.string())])
+        csn = c0.create_table("customers", schema, primary_key=["customer"], conflict_policy="keys",
+                              lock_groups={"money": ["balance"], "profile": ["name", "segment"]})
+        with c0.transaction() as tx:
+            tx.insert("customers", pa.Table.from_pylist(
+                [{"customer": i, "name": f"c{i}", "balance": 100.0, "segment": "new"} for i in range(1, 4)],
+                schema=schema))
+        c1.wait_for(tx.csn)
+        self.say(f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
+                 "money = balance and profile = name, segment")
+        a, b = c0.begin(), c1.begin()
+        self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both upsert customer 1")
+        a.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [150.0]}), update=True)
+        b.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [10.0]}), update=True)
+        csn_a = a.commit()
+        try:
+            b.commit()
+        except ConflictError as exc:
+            self.say(f"A committed at CSN {csn_a}; B's commit fails:")
+            self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
+            expect(exc.winner == a.id and "'customer': 1" in exc.message,
+                   f"the error should name the winner {a.id} and the key customer 1: {exc.message}")
+        else:
+            raise StepFailed("B's upsert of customer 1 committed; it should have lost to A")
+        # Different lock groups of the same row: both commit, both changes are there.
+        m, p = c0.begin(), c1.begin()
+        m.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "balance": [175.0]}), update=True)
+        p.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"],
+                                        "segment": ["gold"]}), update=True)
+        m.commit()
+        p.commit()
+        c0.wait_for(p.csn)
+        row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
+        expect(row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
+               f"customer 2 should hold both writers' columns, holds {row}")
+        self.say(f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
+                 f"(CSNs {m.csn}, {p.csn}): {row[0]}")
+        return "B lost to A on customer 1 (the error names the key); two lock groups of customer 2 both committed"
+
     def spark_job(self) -> str:
         started = time.perf_counter()
         self.spark = LocalSpark(self.cluster.workdir)
@@ -799,6 +843,7 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
         ("multi-table commit", work.multi_table),
         ("snapshot read on r2", work.snapshot_read),
         ("time travel", work.time_travel),
+        ("keys table: first committer wins per key", work.keys_table),
         ("Spark job: two tables, one txn", work.spark_job),
     ]
     results: list[StepResult] = []
