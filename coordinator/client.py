@@ -386,7 +386,6 @@ class Client:
         """Compact now, as a transaction of its own; returns its CSN."""
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        _not_keys(self.table(table), "compact")
         parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
@@ -608,15 +607,17 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
-    def _visible_csns(self, table: str) -> tuple[list[PartMeta], dict[str, int]]:
-        r = self.client.call("visible", table=table, id=self.id)
-        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
-
-    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
+        """The parts visible to this transaction (in ``pkeys``, when given) and the creation
+        CSN of each committed one (its own parts have none)."""
         args: dict[str, Any] = {"table": table, "id": self.id}
         if pkeys is not None:
             args["partitions"] = [list(p) for p in pkeys]
-        return [PartMeta.from_dict(m) for m in self.client.call("visible", **args)["parts"]]
+        r = self.client.call("visible", **args)
+        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
+
+    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+        return self._visible_csns(table, pkeys)[0]
 
     # -- statements -------------------------------------------------------------------------
     def insert(self, table: str, data: pa.Table) -> int:
@@ -737,9 +738,10 @@ class Transaction:
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = _not_keys(self.table(table), "compact")
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
-        result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
+        visible, csns = self._visible_csns(table, targets)
+        result = rewrite.compact(self.client.storage, tdef, visible, kind, self.id, csns)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
         self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
         return len(result.removed)

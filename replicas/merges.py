@@ -127,7 +127,9 @@ class Merges:
                 self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
-            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
+            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/keys.py)
+                csns = {m.name: self.state.parts[m.name].creation_csn for m in visible if m.name in self.state.parts}
+            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))
             txns.stage(txn.id, op)
