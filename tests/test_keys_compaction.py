@@ -174,3 +174,110 @@ def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
     out = write_part(storage, "t", ["p"], (0,), keys.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], {}),
                      "2.1.h")
     assert not keys.folded(written) and keys.folded(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# One replica in this process: background merges of chosen parts (replicas/merges.py)
+
+
+@pytest.fixture
+def replica(zk_address: str, tmp_path: Path) -> Iterator[Replica]:
+    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="kc0",
+                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def _keys_table(r: Replica, name: str = "kc") -> TableDef:
+    r.create_table(TableDef.new(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys",
+                                auto_merge=False))
+    return r.table(name)
+
+
+def _commit(r: Replica, table: str, data: pa.Table) -> int:
+    """One transaction writing ``data`` (versions in the part layout) to the partition of its rows."""
+    txn = r.transactions.begin()
+    p = data.column("p")[0].as_py()
+    meta = write_part(r.storage, table, ["p"], (p,), data, txn.id)
+    r.transactions.stage(txn.id, Insert(table, added=(meta,)))
+    return r.transactions.commit(txn.id)
+
+
+def _read_at(r: Replica, table: str, snapshot: int) -> list[dict]:
+    from parts.format import read_part
+
+    metas = r.state.visible(table, snapshot)
+    csns = {m.name: r.state.parts[m.name].creation_csn for m in metas}
+    return rows_of(keys.merge(SCHEMA, PK, [(csns[m.name], read_part(r.storage, m)) for m in metas]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merges_of_random_part_subsets_keep_every_snapshot(replica: Replica, seed: int) -> None:
+    """Random writes (puts, updates, deletes, read locks) over a few keys in two partitions,
+    merged in random subsets of the live parts (interleaving with parts left out, merging merge
+    output again): a read at every snapshot since the first commit returns what it returned
+    before any merge."""
+    r, rng = replica, random.Random(seed)
+    tdef = _keys_table(r)
+    seq, expected = 0, {}
+    for step in range(14):
+        p = rng.randrange(2)
+        data, seq = random_versions(rng, seq, rng.randint(1, 3), p=p)
+        csn = _commit(r, "kc", data)
+        expected[csn] = _read_at(r, "kc", csn)
+        if step % 3 == 2:
+            pkey = partition_key((p,))
+            live = sorted(m.name for m in r.state.visible("kc", r.state.applied, pkeys=[pkey]))
+            if len(live) >= 2:
+                sources = rng.sample(live, rng.randint(2, len(live)))
+                out = r.merges.run_merge(tdef, "minor", pkey, sources)
+                assert out["outcome"] == "committed", out
+                expected[out["csn"]] = expected[max(expected)]
+                assert {s: _read_at(r, "kc", s) for s in expected} == expected
+    # every partition merged whole: one version per live key is left, no deletes, no locks
+    for p in range(2):
+        pkey = partition_key((p,))
+        live = [m.name for m in r.state.visible("kc", r.state.applied, pkeys=[pkey])]
+        if len(live) >= 2:
+            out = r.merges.run_merge(tdef, "major", pkey, live)
+            expected[out["csn"]] = expected[max(expected)]
+    assert {s: _read_at(r, "kc", s) for s in expected} == expected
+    from parts.format import read_part
+
+    left = [read_part(r.storage, m) for m in r.state.visible("kc", r.state.applied)]
+    versions = pa.concat_tables([t.select([*PK, keys.OP]) for t in left]) if left else None
+    if versions is not None:
+        assert set(versions.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
+        assert versions.num_rows == len(expected[max(expected)])
+
+
+def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -> None:
+    """Two merges over one part: the later one to commit finds its source gone and is redone on
+    the parts there now (keys policy: a compaction writes no key, so nothing to lose to)."""
+    r = replica
+    tdef = _keys_table(r)
+    for i, op in enumerate([keys.PUT, keys.UPDATE, keys.DELETE, keys.PUT]):
+        cols = {"a": f"v{i}"} if op in (keys.PUT, keys.UPDATE) else {}
+        _commit(r, "kc", _v(0, i % 2, op, i, **cols))
+    want = _read_at(r, "kc", r.state.applied)
+    pkey = partition_key((0,))
+    live = sorted(r.state.visible("kc", r.state.applied, pkeys=[pkey]), key=lambda m: r.state.parts[m.name].creation_csn)
+    names = [m.name for m in live]
+
+    def other_merge() -> None:
+        t = r.transactions.begin()
+        from coordinator.model import Compact
+        from parts import rewrite
+
+        res = rewrite.compact(r.storage, tdef, live[:2], "major", t.id,
+                              {m.name: r.state.parts[m.name].creation_csn for m in live}, live)
+        r.transactions.stage(t.id, Compact("kc", "minor", tuple(res.added), tuple(res.removed), (pkey,)))
+        r.transactions.commit(t.id)
+
+    out = r.merges.run_merge(tdef, "major", pkey, names, before_commit=other_merge)
+    assert out["outcome"] == "committed", out
+    assert _read_at(r, "kc", r.state.applied) == want
+    assert len(r.state.visible("kc", r.state.applied)) == 1
