@@ -281,3 +281,221 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
     assert out["outcome"] == "committed", out
     assert _read_at(r, "kc", r.state.applied) == want
     assert len(r.state.visible("kc", r.state.applied)) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster of replica processes: client.compact, tx.compact, background merges, conflicts, gc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
+    with make_cluster(tmp_path_factory, zk_server, "keyscompact", replicas=2, settings={
+        "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0, "read_lease_seconds": 1,
+    }) as c:
+        yield c
+
+
+@pytest.fixture
+def clients(cluster) -> Iterator[tuple[Client, Client]]:
+    a, b = (cluster.client(i) for i in range(2))
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+_n = iter(range(10**6))
+
+
+def new_table(c: Client, auto_merge: bool = False) -> str:
+    name = f"kc{next(_n)}"
+    c.create_table(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys", auto_merge=auto_merge)
+    return name
+
+
+def kt(rows: list[dict], cols: tuple[str, ...] = ("p", "k", "a", "b")) -> pa.Table:
+    return pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows],
+                                schema=pa.schema([SCHEMA.field(c) for c in cols]))
+
+
+def random_transaction(tx, table: str, rng: random.Random, nkeys: int = 4) -> None:
+    for _ in range(rng.randint(1, 3)):
+        p, k, v, op = rng.randrange(2), rng.randrange(nkeys), rng.randrange(100), rng.choice(OPS)
+        if op == "put":
+            tx.insert(table, kt([{"p": p, "k": k, "a": f"a{v}", "b": v}]))
+        elif op.startswith("update"):
+            cols = ("p", "k", *(c for c in "ab" if c in op[7:]))
+            tx.upsert(table, kt([{"p": p, "k": k, "a": f"u{v}", "b": v}], cols), update=True)
+        elif op == "delete":
+            tx.delete_keys(table, kt([{"p": p, "k": k}], ("p", "k")))
+        else:
+            tx.lock_keys(table, kt([{"p": p, "k": k}], ("p", "k")), mode=rng.choice(["shared_strong", "shared_weak"]))
+
+
+def read_all(c: Client, table: str, snapshots) -> dict[int, list[dict]]:
+    return {s: rows_of(c.read(table, snapshot=s)) for s in snapshots}
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_client_compact_minor_major_and_partial_keep_every_snapshot(clients, seed: int) -> None:
+    """Random histories; after a minor compaction of one partition, then of all, then a major
+    one: a read at every snapshot since the table's first commit (on both replicas) returns
+    what it returned before any compaction."""
+    a, b = clients
+    rng = random.Random(seed)
+    name = new_table(a)
+    first = a.snapshot()
+    for _ in range(12):
+        with a.transaction() as tx:
+            random_transaction(tx, name, rng)
+    expected = read_all(a, name, range(first, a.snapshot() + 1))
+    for kind, partitions in (("minor", [1]), ("minor", None), ("major", [0]), ("major", None)):
+        csn = a.compact(name, kind, partitions)
+        expected[csn] = expected[max(expected)]
+        b.wait_for(csn)
+        assert read_all(a, name, expected) == expected, (kind, partitions)
+        assert read_all(b, name, expected) == expected, (kind, partitions)
+    parts = a.parts(name).to_pylist()
+    assert len([p for p in parts if p["visible"]]) <= 2  # one per partition (none if all deleted)
+
+
+def test_tx_compact_overlapping_writers_commits_and_loses_nothing(clients) -> None:
+    """A compaction staged in a transaction that overlaps writers of the same keys: writers that
+    commit after its snapshot (before it is staged, and between staging and commit) succeed and
+    so does the compaction; a transaction that began before the compaction committed and writes
+    a key the compaction rewrote commits after it; every write stays, in commit order."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": k, "a": "base", "b": k} for k in range(4)]))
+    with a.transaction() as tx:
+        tx.upsert(name, kt([{"p": 0, "k": 0, "a": "one"}], ("p", "k", "a")), update=True)
+        tx.delete_keys(name, kt([{"p": 0, "k": 2}], ("p", "k")))
+    b.wait_for(a.snapshot())
+    comp = a.begin()
+    late = b.begin()  # began before the compaction commits, writes after it
+    with b.transaction() as w:  # commits after the compaction's snapshot, before it is staged
+        w.upsert(name, kt([{"p": 0, "k": 0, "b": 100}], ("p", "k", "b")), update=True)
+    assert comp.compact(name, "major") == 3
+    before = rows_of(comp.read(name))
+    with b.transaction() as w:  # after the compaction was staged, before it commits
+        w.insert(name, kt([{"p": 0, "k": 1, "a": "new"}]))
+    csn = comp.commit()
+    assert before == [{"p": 0, "k": 0, "a": "one", "b": 0}, {"p": 0, "k": 1, "a": "base", "b": 1},
+                      {"p": 0, "k": 3, "a": "base", "b": 3}]
+    late.upsert(name, kt([{"p": 0, "k": 3, "a": "late"}], ("p", "k", "a")), update=True)
+    a.wait_for(late.commit())
+    assert rows_of(a.read(name)) == [{"p": 0, "k": 0, "a": "one", "b": 100}, {"p": 0, "k": 1, "a": "new", "b": None},
+                                     {"p": 0, "k": 3, "a": "late", "b": 3}]
+    assert rows_of(a.read(name, snapshot=csn))[:2] == [{"p": 0, "k": 0, "a": "one", "b": 100},
+                                                       {"p": 0, "k": 1, "a": "new", "b": None}]
+
+
+def test_key_check_after_a_compaction_sees_real_writers_only(clients) -> None:
+    """A transaction that began before a writer and a compaction of the writer's part still
+    loses to that writer on its key (the writer's part was compacted away), and a transaction
+    writing another key the compaction rewrote commits."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": k, "a": "base"} for k in range(3)]))
+    b.wait_for(a.snapshot())
+    t1, t2 = b.begin(), b.begin()
+    with a.transaction() as w:
+        w.upsert(name, kt([{"p": 0, "k": 1, "a": "w"}], ("p", "k", "a")), update=True)
+    writer = w.tid
+    a.compact(name, "major")
+    b.wait_for(a.snapshot())
+    t2.insert(name, kt([{"p": 0, "k": 2, "a": "t2"}]))  # k=2 is in the compaction's output only
+    t2.commit()
+    t1.insert(name, kt([{"p": 0, "k": 1, "a": "t1"}]))
+    with pytest.raises(ConflictError) as e:
+        t1.commit()
+    assert e.value.winner == str(writer) and e.value.details["kind"] == str(ConflictKind.KEY_WRITTEN)
+    assert rows_of(a.read(name))[1:] == [{"p": 0, "k": 1, "a": "w", "b": None}, {"p": 0, "k": 2, "a": "t2", "b": None}]
+
+
+def test_gc_keeps_a_compacted_writer_part_a_running_transaction_checks_against(clients) -> None:
+    """Cleanup keeps the part of a writer that committed after a running transaction's snapshot
+    even once a compaction removed it and no snapshot in use can see it: the running
+    transaction's key check reads it at commit, and still loses to that writer."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": 1, "a": "base"}]))
+    t1 = a.begin()  # on the replica that runs the pass: its running transactions are read fresh
+    with a.transaction() as w:
+        w.insert(name, kt([{"p": 0, "k": 1, "a": "w"}]))
+    a.wait_for(w.csn)
+    writer_parts = {p["name"] for p in a.parts(name).to_pylist() if p["creation_tid"] == str(w.tid)}
+    assert writer_parts
+    a.compact(name, "major")
+    with a.transaction() as w2:  # nothing in use can see the writer's part any more
+        w2.insert(name, kt([{"p": 0, "k": 5, "a": "later"}]))
+    report = a.gc()
+    assert not writer_parts & {r["part"] for r in report["removed"]}
+    kept = {r["part"]: r["reason"] for r in report["kept"]}
+    assert writer_parts <= kept.keys()
+    assert "key check at commit reads it" in kept[next(iter(writer_parts))], kept
+    t1.insert(name, kt([{"p": 0, "k": 1, "a": "t1"}]))
+    with pytest.raises(ConflictError) as e:
+        t1.commit()
+    assert e.value.winner == str(w.tid)
+    # once no transaction that old runs (the other replica republishes what it runs), it goes
+    gone: set[str] = set()
+
+    def collected() -> bool:
+        gone.update(r["part"] for r in a.gc()["removed"])
+        return writer_parts <= gone
+
+    wait_until(collected, what="the writer's part collected")
+
+
+def test_background_merges_beside_writers_keep_every_snapshot(clients) -> None:
+    """auto_merge on a keys table: merges run in the background while two writers keep writing
+    (one partition each, so they never collide with each other); no writer ever fails, and a
+    read at every commit's snapshot returns what the writes up to it make (a model of them),
+    whatever merges ran meanwhile."""
+    a, b = clients
+    name = new_table(a, auto_merge=True)
+    first = a.snapshot()
+    writes: list[tuple[int, int, int, int | None]] = []  # (csn, p, k, b; None for a delete)
+    failures: list[Exception] = []
+    lock = threading.Lock()
+
+    def writer(c: Client, p: int, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for i in range(24):
+                k, delete = rng.randrange(3), rng.random() < 0.2
+                with c.transaction() as tx:
+                    if delete:
+                        tx.delete_keys(name, kt([{"p": p, "k": k}], ("p", "k")))
+                    else:
+                        tx.upsert(name, kt([{"p": p, "k": k, "b": i}], ("p", "k", "b")), update=True)
+                with lock:
+                    writes.append((tx.csn, p, k, None if delete else i))
+        except Exception as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(c, p, p)) for c, p in ((a, 0), (b, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+    def merges() -> list[dict]:
+        return [e for c in (a, b) for e in c.events(name).to_pylist()
+                if e["event"] == "merge" and e["outcome"] == "committed"]
+
+    assert wait_until(merges, what="a background merge of the keys table")
+    b.wait_for(a.snapshot())
+    for s in range(first, a.snapshot() + 1):
+        model: dict[tuple, int | None] = {}
+        for csn, p, k, v in sorted(writes):
+            if csn <= s:
+                model[(p, k)] = v
+        want = [{"p": p, "k": k, "a": None, "b": v} for (p, k), v in sorted(model.items()) if v is not None]
+        assert rows_of(a.read(name, snapshot=s)) == want, s
