@@ -174,14 +174,16 @@ def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible
     for group in groups:
         names = {m.name for m in group}
         hi = max(_versions_of(m, csns)[1] for m in group)
+        # Committed parts, and a transaction's own compaction output (its rows keep their versions).
         others = [m for m in visible
-                  if m.name not in names and m.name in csns and tuple(m.partition) == tuple(group[0].partition)
+                  if m.name not in names and (m.name in csns or keys.folded(m))
+                  and tuple(m.partition) == tuple(group[0].partition)
                   and _versions_of(m, csns)[0] <= hi and _may_share_keys(m, group, pk)]
         seen: dict[tuple, list[keys.Version]] = {}
         columns = [*pk, keys.OP, keys.SEQ]
         for m in others:
             data = read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else []))
-            for k, vs in keys.row_versions(data, csns[m.name], pk).items():
+            for k, vs in keys.row_versions(data, csns.get(m.name, 0), pk).items():
                 seen.setdefault(k, []).extend(vs)
         datas = read_parts(storage, group)
         merged = keys.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)], seen)
