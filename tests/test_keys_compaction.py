@@ -10,14 +10,12 @@ compaction and cleanup keeping what a running transaction's key check needs.
 
 from __future__ import annotations
 
-import itertools
 import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 from support.waiting import wait_until
