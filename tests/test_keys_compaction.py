@@ -23,6 +23,7 @@ from support.waiting import wait_until
 from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
+from coordinator.conflicts import Kind, Policy, Summary, check
 from coordinator.errors import ConflictError, ConflictKind
 from coordinator.model import Insert
 from mergetxn.zkserver import ZooKeeperServer
@@ -172,6 +173,17 @@ def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
     out = write_part(storage, "t", ["p"], (0,), keys.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], {}),
                      "2.1.h")
     assert not keys.folded(written) and keys.folded(out)
+
+
+
+@pytest.mark.parametrize("earlier", list(Kind))
+@pytest.mark.parametrize("later", list(Kind))
+def test_keys_policy_lets_every_later_kind_commit_and_rebases_it(earlier: Kind, later: Kind) -> None:
+    """Under ``keys`` only keys decide (replicas/keylocks.py): for every pair of kinds, the same
+    removed part included (two compactions of one source), the later one commits, rebased (a
+    compaction whose sources went is redone on the current parts)."""
+    v = check(Policy.KEYS, Summary.of("L", [later], ["part1"]), [Summary.of("E", [earlier], ["part1"])])
+    assert v.ok and v.rebase and v.kind is None
 
 
 # ---------------------------------------------------------------------------------------------
