@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator import errors, keys, security
 from coordinator.catalog import TableDef
-from coordinator.conflicts import COMPACTIONS, Policy, check_app_version
+from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (
     CommitStatus,
@@ -394,7 +394,6 @@ class Client:
         """Compact now, as a transaction of its own; returns its CSN."""
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        _not_keys(self.table(table), "compact")
         parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
@@ -463,12 +462,10 @@ class Client:
         versions the commits in the range wrote, folded onto the rows those keys had at the
         snapshot before the first of them (which the answer's lease holds). Parts that only
         compactions added are left out: they write no new version."""
-        compactions = {k.value for k in COMPACTIONS}
-        writers = {c["csn"] for c in r.get("commits", []) if not set(c["kinds"]) <= compactions}
         added: dict[int, list[PartMeta]] = {}
         for p in r["parts"]:
             meta = PartMeta.from_dict(p["part"])
-            if p["change"] == "insert" and p["csn"] in writers:
+            if p["change"] == "insert" and not keys.folded(meta):
                 added.setdefault(p["csn"], []).append(meta)
         if not added:
             return keys.changes_schema(tdef.schema).empty_table()
@@ -641,15 +638,17 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
-    def _visible_csns(self, table: str) -> tuple[list[PartMeta], dict[str, int]]:
-        r = self.client.call("visible", table=table, id=self.id)
-        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
-
-    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
+        """The parts visible to this transaction (in ``pkeys``, when given) and the creation
+        CSN of each committed one (its own parts have none)."""
         args: dict[str, Any] = {"table": table, "id": self.id}
         if pkeys is not None:
             args["partitions"] = [list(p) for p in pkeys]
-        return [PartMeta.from_dict(m) for m in self.client.call("visible", **args)["parts"]]
+        r = self.client.call("visible", **args)
+        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
+
+    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+        return self._visible_csns(table, pkeys)[0]
 
     # -- statements -------------------------------------------------------------------------
     def insert(self, table: str, data: pa.Table) -> int:
@@ -820,9 +819,10 @@ class Transaction:
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = _not_keys(self.table(table), "compact")
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
-        result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
+        visible, csns = self._visible_csns(table, targets)
+        result = rewrite.compact(self.client.storage, tdef, visible, kind, self.id, csns)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
         self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
         return len(result.removed)

@@ -11,12 +11,27 @@ leaves some unset) and three hidden columns:
 * ``_seq``: the order of the version within its transaction (later writes win);
 * ``_cols``: for an update, the written non-key columns, comma-separated.
 
-Reads fold versions per key (:func:`merge`): the versions of committed parts in creation-CSN
-order, then ``_seq``; a transaction's own parts come after everything committed.
+A compaction's output part has a fourth, ``_ver``: each row's *version*, the CSN of the commit
+that wrote it (a part written by a transaction has none: its rows' version is the part's
+creation CSN). Reads fold versions per key (:func:`merge`) in (version, ``_seq``) order; a
+transaction's own parts come after everything committed.
+
+Compaction (:func:`fold`) replaces the versions of its source parts by fewer versions that every
+read seeing the output folds to the same rows. A folded row keeps the version of the last one it
+replaces, so it sorts exactly where that one did: a part written between two sources' commits, or
+after the sources but before the compaction committed, keeps its place in the order (the
+compaction's own CSN orders nothing). Only versions with no version of another part between them
+are folded together (a run); a run of UPDATEs stays an UPDATE (the base may be in a part the
+compaction did not read), and a DELETE is dropped only when no older version of its key exists
+in any part. Read locks are dropped: a compaction's output is never a key write
+(:func:`folded`; replicas/keylocks.py skips it), and the parts it replaced stay in storage while a
+transaction whose snapshot precedes them runs (replicas/cleanup.py), so the commit-time key check
+still reads them.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,8 +42,8 @@ from coordinator.errors import InvalidInput
 PUT, UPDATE, DELETE = 0, 1, 2
 LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
 LOCK_MODES = {"shared_strong": LOCK_STRONG, "shared_weak": LOCK_WEAK}
-OP, SEQ, COLS = "_op", "_seq", "_cols"
-HIDDEN = (OP, SEQ, COLS)
+OP, SEQ, COLS, VER = "_op", "_seq", "_cols", "_ver"
+HIDDEN = (OP, SEQ, COLS, VER)
 ATOMICITY = ("full", "none")
 OWN = float("inf")  # the order of a transaction's own (uncommitted) parts
 
@@ -149,12 +164,14 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
 def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[float, pa.Table]]) -> pa.Table:
     """One row per key from versions: ``parts`` are ``(order, rows in the part layout)``, the
     order a committed part's creation CSN (or :data:`OWN`). For each key the versions are
-    folded in (order, ``_seq``) order: PUT replaces the row, UPDATE sets the columns it wrote
-    on the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
+    folded in (version, ``_seq``) order, a row's version its ``_ver`` (compaction output) or
+    else its part's order: PUT replaces the row, UPDATE sets the columns it wrote on the row so
+    far (on none: the others null), DELETE removes it. Rows come sorted by key."""
     rows: list[tuple[Any, int, dict]] = []
     for order, data in parts:
         for r in data.to_pylist():
-            rows.append((order, r[SEQ], r))
+            ver = r.get(VER)
+            rows.append((order if ver is None else ver, r[SEQ], r))
     rows.sort(key=lambda t: (t[0], t[1]))
     names = schema.names
     current: dict[tuple, dict | None] = {}
@@ -175,6 +192,99 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
 
 def _sort_key(item: tuple[tuple, dict]) -> tuple:
     return tuple((v is None, v) for v in item[0])
+
+
+# -- compaction --------------------------------------------------------------------------------
+Version = tuple[int, int]  # (version CSN, _seq): a version's place in its key's order
+
+
+def folded_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The layout of a compaction's output part: a written part's plus ``_ver``."""
+    return file_schema(schema, primary_key).append(pa.field(VER, pa.int64(), False))
+
+
+def folded(meta: Any) -> bool:
+    """Whether a part (its :class:`~parts.meta.PartMeta`) is a compaction's output, told from its
+    metadata alone: its column statistics name every column of the file, and only a compaction
+    writes ``_ver``. Such a part writes no key (its versions were written, and checked, before)."""
+    return VER in meta.stats
+
+
+def row_versions(data: pa.Table, order: int, primary_key: Sequence[str]) -> dict[tuple, list[Version]]:
+    """Key -> the versions (:data:`Version`) of a committed part's rows (``order``: its creation
+    CSN), read locks left out: they are no versions reads see. ``data`` needs the key columns,
+    ``_op``, ``_seq`` and, for a compaction's output, ``_ver``."""
+    out: dict[tuple, list[Version]] = {}
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    ops, seqs = data.column(OP).to_pylist(), data.column(SEQ).to_pylist()
+    vers = data.column(VER).to_pylist() if VER in data.column_names else [None] * data.num_rows
+    for i, (op, seq, ver) in enumerate(zip(ops, seqs, vers)):
+        if op not in (LOCK_STRONG, LOCK_WEAK):
+            out.setdefault(tuple(c[i] for c in cols), []).append((order if ver is None else ver, seq))
+    return out
+
+
+def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]],
+         others: Mapping[tuple, Sequence[Version]]) -> pa.Table:
+    """A compaction's output (:func:`folded_schema`, sorted by key then version) from the
+    versions of its ``sources`` (``(creation CSN, rows)`` of committed parts) given ``others``:
+    key -> the versions of that key in every other part a read may combine with the output (the
+    parts visible beside the sources; later ones sort after them all and need not be given).
+
+    Per key, the sources' versions between two versions of ``others`` form a run, folded to one
+    version placed where the run's last one was (its ``_ver`` and ``_seq``): a PUT or DELETE
+    absorbs what precedes it in the run, later UPDATEs apply onto it (a DELETE followed by
+    UPDATEs becomes a PUT with the other columns null, as a read folds them); a run of UPDATEs
+    stays one UPDATE of the union of their columns. A run that ends deleted and has no version of
+    ``others`` before it is dropped: no older version is left for it to hide. Read locks go."""
+    names = list(schema.names)
+    by_key: dict[tuple, list[tuple[int, int, dict]]] = {}
+    for order, data in sources:
+        for r in data.to_pylist():
+            if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+                continue
+            ver = r.get(VER)
+            by_key.setdefault(tuple(r[k] for k in primary_key), []).append((order if ver is None else ver, r[SEQ], r))
+    out: list[dict] = []
+    for key, vs in sorted(by_key.items(), key=_sort_key):
+        vs.sort(key=lambda t: (t[0], t[1]))
+        theirs = sorted(others.get(key, ()))
+        run: list[dict] = []
+        for i, (ver, seq, r) in enumerate(vs):
+            run.append(r)
+            nxt = vs[i + 1] if i + 1 < len(vs) else None
+            at = bisect_left(theirs, (ver, seq))
+            if nxt is not None and bisect_left(theirs, (nxt[0], nxt[1])) == at:
+                continue  # no other version between this one and the next: same run
+            row = _fold_run(run, names, primary_key)
+            run = []
+            if row[OP] == DELETE and at == 0:
+                continue
+            out.append({**row, SEQ: seq, VER: ver})
+    return pa.Table.from_pylist(out, schema=folded_schema(schema, primary_key))
+
+
+def _fold_run(run: list[dict], names: list[str], primary_key: Sequence[str]) -> dict:
+    """One version equivalent to applying ``run`` in order onto any row (or none)."""
+    op: int | None = None
+    row: dict[str, Any] = {}
+    written: list[str] = []
+    for r in run:
+        if r[OP] == PUT:
+            op, row = PUT, {c: r[c] for c in names}
+        elif r[OP] == DELETE:
+            op, row = DELETE, {c: r[c] if c in primary_key else None for c in names}
+        else:
+            cols = [c for c in (r[COLS] or "").split(",") if c]
+            if op is None or op == UPDATE:
+                op = UPDATE
+                written += [c for c in cols if c not in written]
+                row = {**(row or {c: r[c] if c in primary_key else None for c in names}), **{c: r[c] for c in cols}}
+            else:
+                base = row if op == PUT else {c: r[c] if c in primary_key else None for c in names}
+                op, row = PUT, {**base, **{c: r[c] for c in cols}}
+    cols_text = ",".join(c for c in names if c in written) if op == UPDATE else None
+    return {**row, OP: op, COLS: cols_text}
 
 
 # -- locks -------------------------------------------------------------------------------------

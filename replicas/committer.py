@@ -855,7 +855,9 @@ class Committer:
                 op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
-                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id)
+                with self.state.lock:  # a keys table's compaction orders versions by them
+                    csns = {m.name: r.creation_csn for m in current if (r := self.state.parts.get(m.name))}
+                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id, csns)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
         return eff

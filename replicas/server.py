@@ -281,7 +281,7 @@ class ReplicaServer(RpcServer):
             pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
             _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
-            result = rewrite.compact(replica.storage, table, visible, kind, txn.id)
+            result = rewrite.compact(replica.storage, table, visible, kind, txn.id, self._csns(visible)["csns"])
             op = Compact(table.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=None if pkeys is None else tuple(pkeys), rows=sum(m.rows for m in result.added))
             if op.removed:

@@ -40,7 +40,7 @@ def keys_def(**kw) -> TableDef:
 
 def test_definition_round_trips_with_lock_groups_and_atomicity() -> None:
     t = keys_def(lock_groups={"g2": ["c"], "g1": ["a", "b"]}, atomicity="none")
-    assert t.conflict_policy is Policy.KEYS and not t.auto_merge
+    assert t.conflict_policy is Policy.KEYS and t.auto_merge and not keys_def(auto_merge=False).auto_merge
     assert t.lock_groups == (("g1", ("a", "b")), ("g2", ("c",)))
     back = TableDef.from_dict(t.to_dict())
     assert back == t and back.same_definition(t)
