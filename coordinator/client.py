@@ -460,8 +460,8 @@ class Client:
     def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
         """``changes`` of a keys table: row changes per key (:func:`keys.row_changes`) from the
         versions the commits in the range wrote, folded onto the rows those keys had at the
-        snapshot before the first of them (which the answer's lease holds). Parts that only
-        compactions added are left out: they write no new version."""
+        snapshot before the first of them (which the answer's lease holds). A compaction's output
+        is left out: it writes no new version (:func:`keys.folded`)."""
         added: dict[int, list[PartMeta]] = {}
         for p in r["parts"]:
             meta = PartMeta.from_dict(p["part"])

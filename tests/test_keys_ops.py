@@ -267,3 +267,45 @@ def test_write_skew_on_a_keys_table_is_prevented_under_serializable(cluster) -> 
     t1.commit()
     with pytest.raises(ConflictError, match="READ_SET_CHANGED|read"):
         t2.commit()
+
+
+def test_changes_leave_compactions_out(cluster) -> None:
+    """A compaction of a keys table writes no new version: ``changes`` over a range with one
+    shows only the writers' row changes, and still adds up to the reads."""
+    c = cluster.client(0)
+    name = new_table(c, auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert(name, rows(("x", 1, "a", 1), ("x", 2, "b", 2)))
+    s0 = tx.csn
+    with c.transaction() as tx:
+        tx.insert(name, rows(("x", 1, "A", 10)))
+    c.compact(name, kind="major")
+    with c.transaction() as tx:
+        tx.delete_keys(name, pa.table({"p": ["x"], "k": pa.array([2], pa.int64())}))
+    ch = c.changes(name, s0)
+    assert [(r["_change"], r["k"], r["a"]) for r in ch.to_pylist()] == [
+        ("delete", 1, "a"), ("insert", 1, "A"), ("delete", 2, "b")]
+    assert replay(as_set(c.read(name, snapshot=s0)), ch) == as_set(c.read(name))
+
+
+def test_changes_ignore_a_compaction_that_committed_after_a_newer_write(cluster) -> None:
+    """A compaction staged before a writer commits and committed after it holds an older
+    version of the writer's key (ordered by its ``_ver``): were its output a write, ``changes``
+    would show the row going back."""
+    c = cluster.client(0)
+    name = new_table(c, auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert(name, rows(("x", 1, "a", 1)))
+    with c.transaction() as tx:
+        tx.insert(name, rows(("x", 2, "b", 2)))
+    s0 = tx.csn
+    comp = c.begin()
+    assert comp.compact(name, kind="major") == 2
+    with c.transaction() as w:
+        w.insert(name, rows(("x", 1, "new", 5)))
+    comp.commit()
+    assert comp.csn > w.csn
+    assert as_set(c.read(name)) == {("x", 1, "new", 5), ("x", 2, "b", 2)}
+    ch = c.changes(name, s0)
+    assert [(r["_change"], r["a"], r["_csn"]) for r in ch.to_pylist()] == [
+        ("delete", "a", w.csn), ("insert", "new", w.csn)]
