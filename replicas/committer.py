@@ -87,6 +87,7 @@ from coordinator.zklog import (
 )
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
+from coordinator.atomicity import NONE
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts, shares_target
 from replicas.metrics import CommitStats
@@ -458,7 +459,15 @@ class Committer:
         writing: set[str] = set()  # tables the other members write
         deferred: list[Pending] = []
         in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
+        held: set[str] = set()  # client sessions with an async commit deferred in this attempt
         for p in members:
+            # One client's async commits get CSNs in the order it made them: once one of them
+            # waits for the next batch, so do its later ones (replicas/async_commits.py).
+            if deferred and deferred[-1].txn.async_session is not None:
+                held.add(deferred[-1].txn.async_session)
+            if p.txn.async_session in held:
+                deferred.append(p)
+                continue
             try:
                 if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
                     raise TransactionAborted(
@@ -696,7 +705,9 @@ class Committer:
         if self._verdicts(txn, eff):
             eff = self._replay(p)
             self._verdicts(txn, eff)
-        self.key_conflicts.check(txn.id, txn.snapshot, eff.added, self._policies({m.table for m in eff.added.values()}))
+        if txn.atomicity != NONE:  # atomicity "none" takes no locks: the later commit wins per key
+            self.key_conflicts.check(txn.id, txn.snapshot, eff.added,
+                                     self._policies({m.table for m in eff.added.values()}))
         return Plan(eff, self._checked_keys(eff))
 
     def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
