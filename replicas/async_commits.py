@@ -65,6 +65,7 @@ class AsyncCommits:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self.accepted = 0  # all sessions: what ``info`` reports
         self.failed = 0
+        self.flushing = 0  # flushes waiting now
 
     def accept(self, txn: RunningTxn, submit: Submit) -> None:
         """Record ``txn`` (state committing, its session set) as pending and queue its commit
@@ -117,14 +118,18 @@ class AsyncCommits:
             for tid in ack:
                 s.failed.pop(tid, None)
             waiting = set(s.pending)
-            while waiting & s.pending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ReplicaUnavailable(
-                        f"flush: {len(waiting & s.pending)} async commit(s) of this client were still being "
-                        f"committed after {timeout:g}s (ZooKeeper away?); flush again, or ask commit_status",
-                        pending=sorted(waiting & s.pending)[:10])
-                self._cond.wait(left)
+            self.flushing += 1
+            try:
+                while waiting & s.pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ReplicaUnavailable(
+                            f"flush: {len(waiting & s.pending)} async commit(s) of this client were still being "
+                            f"committed after {timeout:g}s (ZooKeeper away?); flush again, or ask commit_status",
+                            pending=sorted(waiting & s.pending)[:10])
+                    self._cond.wait(left)
+            finally:
+                self.flushing -= 1
             return {"csn": s.last_csn, "accepted": s.accepted, "complete": s.complete,
                     "failed": [{"id": tid, **err} for tid, err in s.failed.items()]}
 
@@ -143,6 +148,7 @@ class AsyncCommits:
     def describe(self) -> dict:
         with self._cond:
             return {"accepted": self.accepted, "failed": self.failed, "sessions": len(self._sessions),
+                    "flushing": self.flushing,
                     "pending": sum(len(s.pending) for s in self._sessions.values())}
 
 

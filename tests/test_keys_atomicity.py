@@ -408,12 +408,16 @@ def test_one_clients_async_commits_get_csns_in_its_order(held) -> None:
     assert a1.commit() is None and a2.commit() is None  # answered while the committer is held
     assert len(queue) == 3
     assert c.commit_status(a1.id).status == "committing"
+    flushed: list[object] = []
+    flusher = threading.Thread(target=lambda: flushed.append(c.flush()))  # waits for both
+    flusher.start()
+    wait_until(lambda: node.r.async_commits.flushing == 1, 30, "the flush to wait", interval=0.01)
     release()
     t.join(30)
-    last = c.flush()
+    flusher.join(60)
     s1, s2 = c.commit_status(a1.id), c.commit_status(a2.id)
     assert s1.status == s2.status == "committed"
-    assert first.csn < s1.csn <= s2.csn == last
+    assert first.csn < s1.csn <= s2.csn == flushed[0] == c.flush()
     assert kv(c.read(x))[(1, 1)] == "a1"  # the later commit of the key won
 
 
