@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors, keys, security
-from coordinator.catalog import TableDef
 from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
+from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (

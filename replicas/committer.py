@@ -42,6 +42,7 @@ from tenacity import (
     wait_random,
 )
 
+from coordinator.atomicity import NONE
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import (
     COMPACTIONS,
@@ -87,7 +88,6 @@ from coordinator.zklog import (
 )
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
-from coordinator.atomicity import NONE
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts, shares_target
 from replicas.metrics import CommitStats
