@@ -278,7 +278,7 @@ class Client:
                 unflushed, acks = list(self._unflushed), list(self._acks)
             r = self.call("flush", session=self.session, ack=acks)
             known = min(len(unflushed), int(r["accepted"])) if r.get("complete", True) else 0
-            failed: list[dict] = list(r["failed"])
+            failed = {f["id"]: f for f in r["failed"]}
             csns = [] if r["csn"] is None else [int(r["csn"])]
             for tid in unflushed[:len(unflushed) - known]:  # accepted by an earlier process of the replica
                 status = _await_outcome(lambda tid=tid: self.commit_status(tid), f"async commit {tid}",
@@ -286,9 +286,8 @@ class Client:
                 if status.status == "committed":
                     csns.append(status.csn)
                 else:
-                    failed.append({"id": tid, "type": "TransactionAborted",
-                                   "message": status.reason or f"{status.status} (its replica restarted before it was "
-                                                               "durable)"})
+                    failed.setdefault(tid, {"id": tid, "type": "TransactionAborted",
+                                            "message": status.reason or status.status})
             with self._async_lock:
                 del self._unflushed[:len(unflushed)]
                 self._acks = [f["id"] for f in r["failed"]]
@@ -297,10 +296,10 @@ class Client:
                 self._async_csn = max(csns) if csns else None
                 last = self._async_csn
         if failed:
-            shown = "; ".join(f"{f['id']}: {f.get('type', 'error')}: {f['message']}" for f in failed[:5])
+            shown = "; ".join(f"{f['id']}: {f.get('type', 'error')}: {f['message']}" for f in list(failed.values())[:5])
             more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
             raise TransactionAborted(f"{len(failed)} async commit(s) of this client did not commit{more}: {shown}",
-                                     ids=[f["id"] for f in failed], csn=last)
+                                     ids=list(failed), csn=last)
         return last
 
     def _async_queued(self, tid: str) -> None:
