@@ -378,7 +378,7 @@ class Transactions:
         txn = self.running(txn_id)
         # The modes of the transaction and of the tables it writes must agree (seed 003: checked
         # at commit); a mismatch ends it, rolled back, before anything is queued.
-        wrong = mismatch(txn.id, txn.atomicity, list(txn.ops), self.state.tables.get)
+        wrong = self.mismatch(txn)
         if wrong is not None:
             self.abort(txn, wrong.message)
             raise wrong
@@ -387,6 +387,11 @@ class Transactions:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             txn.state = TxnState.COMMITTING
         return txn
+
+    def mismatch(self, txn: RunningTxn) -> InvalidInput | None:
+        """Why ``txn``'s atomicity and that of a table it writes disagree, if they do
+        (coordinator/atomicity.py), against the tables as this replica has them now."""
+        return mismatch(txn.id, txn.atomicity, list(txn.ops), self.state.tables.get)
 
     def ready_to_begin(self) -> bool:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the

@@ -147,8 +147,11 @@ class ReplicaServer(RpcServer):
         return rows <= limit  # over: the full path aborts and cleans up
 
     def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
-        if self.transactions.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
+        txn = self.transactions.quick_txn(a.get("id"))
+        if txn is None or (a.get("ops") and not self._quick_stage(a)):
             return False
+        if not a.get("ops") and self.transactions.mismatch(txn) is not None:
+            return False  # the worker ends it: deleting its files is I/O
         if a.get("ops"):
             staged = self._envelope("stage", self._stage, a)
             if not staged["ok"]:
