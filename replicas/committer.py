@@ -97,6 +97,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 MAX_BATCH = 512
+ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Committer._take_batch)
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 _TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
@@ -222,12 +223,7 @@ class Committer:
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     break
-                if self._queue[0].ddl:
-                    batch = [self._queue.popleft()]
-                else:
-                    batch = []
-                    while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH:
-                        batch.append(self._queue.popleft())
+                batch = self._take_batch()
             try:
                 if batch[0].table is not None:
                     self._create_table(batch[0])
@@ -246,6 +242,29 @@ class Committer:
                             f"commit failed: {exc!r}"))
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
+
+    def _take_batch(self) -> list[Pending]:
+        """The next batch, taken from the queue under its lock: a DDL alone, else up to
+        MAX_BATCH commits in queue order, at most ASYNC_PER_BATCH of them async commits of one
+        client session. A client's backlog of async commits to one keys target commits one per
+        batch anyway (two writes of a key never share a CSN); the cap keeps the rest of it from
+        being looked at, and deferred, in every batch. Those left keep their order at the head."""
+        if self._queue[0].ddl:
+            return [self._queue.popleft()]
+        batch: list[Pending] = []
+        later: list[Pending] = []
+        taken: dict[str, int] = {}
+        while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH and len(later) < MAX_BATCH:
+            p = self._queue.popleft()
+            session = p.txn.async_session if p.txn is not None else None
+            if session is not None:
+                if taken.get(session, 0) >= ASYNC_PER_BATCH:
+                    later.append(p)
+                    continue
+                taken[session] = taken.get(session, 0) + 1
+            batch.append(p)
+        self._queue.extendleft(reversed(later))
+        return batch
 
     def _retrying(self, after_local_miss: bool = False) -> Retrying:
         """The one retry policy of a commit: a batch (or a table creation) is decided again after

@@ -411,6 +411,42 @@ def test_one_clients_async_commits_get_csns_in_its_order(held) -> None:
     assert kv(c.read(x))[(1, 1)] == "a1"  # the later commit of the key won
 
 
+def test_a_backlog_of_async_commits_commits_in_the_clients_order(held) -> None:
+    """40 async commits of one client over three tables (some targets shared, some not) queue
+    behind a held batch, with another client's commits in between; released, they commit in the
+    order made (non-decreasing CSNs), more than a batch's share of one session at a time, and
+    the last write of each key wins."""
+    node, hold, release = held
+    c, other = node.client(), node.client()
+    tables = [new_table(c) for _ in range(3)]
+    hold(tables[0])
+    mine = []
+    for i in range(40):
+        table = tables[(i * i) % 3]
+        tx = c.begin(atomicity="none", durability="async")
+        tx.insert(table, rows((i % 2, 1, f"c{i}"), (7, i, f"c{i}")))
+        assert tx.commit() is None
+        mine.append((tx, table))
+        if i % 10 == 0:
+            o = other.begin(atomicity="none", durability="async")
+            o.insert(table, rows((9, i, "other")))
+            o.commit()
+    assert len(node.r.committer._queue) == 44
+    release()
+    last = c.flush()
+    csns = [c.commit_status(tx.id).csn for tx, _ in mine]
+    assert csns == sorted(csns) and csns[-1] == last
+    other.flush()
+    for table in tables:
+        expect = {}
+        for i, (tx, t) in enumerate(mine):
+            if t == table:
+                expect[(i % 2, 1)] = f"c{i}"
+                expect[(7, i)] = f"c{i}"
+        got = kv(c.read(table, where=pc.field("p") < 9))
+        assert got == expect
+
+
 def test_commit_status_and_cleanup_while_an_async_commit_is_queued(held, tmp_path: Path) -> None:
     """While queued, an async commit is ``committing`` and cleanup keeps its files (they look old
     enough to be orphans: their transaction is still running here); once released it commits
