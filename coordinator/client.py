@@ -306,9 +306,6 @@ class Client:
         with self._async_lock:
             self._unflushed.append(tid)
 
-    def _async_known(self, csn: int) -> None:
-        with self._async_lock:
-            self._async_csn = csn if self._async_csn is None else max(self._async_csn, csn)
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -928,9 +925,10 @@ class Transaction:
                 self.csn = r["csn"]
         except ReplicaUnavailable:
             # Whether it was queued is not known: wait for its outcome as a sync commit would.
+            # Committed, it was queued: flush counts it among the replica's (see Client.flush).
             self.csn = self._outcome()
             if self._durability == ASYNC:
-                self.client._async_known(self.csn)
+                self.client._async_queued(self.id)
         finally:
             self._ended = True
         return None if self._durability == ASYNC else self.csn
