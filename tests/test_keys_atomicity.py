@@ -26,6 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from rpcproxy import RpcProxy  # tests/ is on sys.path
 from support.cluster import make_cluster
 from support.waiting import wait_until
 from test_log_tail import Node
@@ -342,6 +343,33 @@ def test_flush_names_an_async_commit_that_failed(clients) -> None:
     assert "dropped" in e.value.message
     assert a.commit_status(doomed.id).status == "aborted"
     assert a.flush() == csn  # reported once; the last CSN is still the good one's
+
+
+def test_lost_answers_of_an_async_commit_and_of_a_flush(cluster, clients) -> None:
+    """The answer of an async commit lost (the connection cut after the replica queued it): the
+    client waits for its outcome as a sync commit would, still returns None, and flush counts
+    it. The answer of a flush lost: it is sent again, and the failure it reported is reported
+    by the second one too (failures are dropped only when a later flush acknowledges them)."""
+    a, _ = clients
+    name = new_table(a)
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        c = Client(proxy.address)
+        tx = c.begin(atomicity="none", durability="async")
+        tx.insert(name, rows((1, 1, "answer lost")))
+        fired = proxy.drop_reply_of("commit")
+        assert tx.commit() is None
+        assert fired.is_set() and tx.csn is not None
+        assert c.flush() == tx.csn
+        doomed = c.begin(atomicity="none", durability="async")
+        doomed.insert(name, rows((1, 2, "doomed")))
+        a.drop_table(name)
+        assert doomed.commit() is None
+        fired = proxy.drop_reply_of("flush")
+        with pytest.raises(TransactionAborted) as e:
+            c.flush()
+        assert fired.is_set() and e.value.details["ids"] == [doomed.id]
+        assert c.flush() == tx.csn
+        c.close()
 
 
 # ---------------------------------------------------------------------------------------------
