@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors, keys, security
+from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
@@ -80,6 +81,14 @@ class Client:
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
         # S uses one when the last catalog change at or before S (begin says it) is not after it.
         self._tables: dict[str, tuple[TableDef, int]] = {}
+        # Async commits (durability="async") of this client: the replica records them under this
+        # session; flush() accounts for each one made since the last flush (see flush).
+        self.session = uuid.uuid4().hex
+        self._async_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
+        self._async_csn: int | None = None  # the last CSN of an async commit known durable
+        self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
         info = self._rpc.call("info", {}, timeout=CONNECT_TIMEOUT)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
@@ -225,18 +234,79 @@ class Client:
         return self.call("tables")
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self, isolation: str = SNAPSHOT) -> Transaction:
+    def begin(self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
         changed what its reads returned or could have returned fails it; see
-        coordinator/readsets.py)."""
+        coordinator/readsets.py).
+
+        ``atomicity`` (SPEC.md "Keys tables", seed 003): ``"full"``, or ``"none"`` to write keys
+        tables created with ``atomicity="none"`` (and only those; a mismatch either way fails the
+        commit with InvalidInput naming both modes, checked at commit). Such a transaction takes
+        no locks and never conflicts (the later commit wins per key), and its reads see the latest
+        applied state plus its own writes, not its snapshot; snapshot isolation only.
+        ``durability="async"`` (only with ``atomicity="none"``): ``commit()`` returns None once the
+        replica holds the commit in memory; :meth:`flush` waits until it is durable. See
+        coordinator/atomicity.py and replicas/async_commits.py."""
         isolation = check_isolation(isolation)
+        atomicity, durability = check_modes(atomicity, durability, isolation)
+        modes: dict[str, Any] = {}
+        if atomicity != FULL:
+            modes["atomicity"] = atomicity
+        if durability != SYNC:
+            modes.update(durability=durability, session=self.session)
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
-        r = self.call("begin", token=uuid.uuid4().hex)
+        r = self.call("begin", token=uuid.uuid4().hex, **modes)
         tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
-        tx._isolation = isolation
+        tx._isolation, tx._atomicity, tx._durability = isolation, atomicity, durability
         return tx
+
+    def flush(self) -> int | None:
+        """Wait until every async commit (``durability="async"``) this client made is durable in
+        ZooKeeper and applied on its replica; returns the CSN of the last one (None if this
+        client never made one that committed). Raises TransactionAborted naming the async
+        commits that did not commit (each failure is reported by one flush), including those
+        lost because the replica process died before they were durable: a crash loses at most
+        the async commits not flushed, each entirely.
+
+        The replica answers for the commits its process accepted; those it does not know of (it
+        restarted since) are asked one by one with commit_status, which decides them once their
+        replica is gone. Right after an async commit returned, reads (this client's too) may not
+        see it yet; after flush() they do."""
+        with self._flush_lock:
+            with self._async_lock:
+                unflushed, acks = list(self._unflushed), list(self._acks)
+            r = self.call("flush", session=self.session, ack=acks)
+            known = min(len(unflushed), int(r["accepted"])) if r.get("complete", True) else 0
+            failed = {f["id"]: f for f in r["failed"]}
+            csns = [] if r["csn"] is None else [int(r["csn"])]
+            for tid in unflushed[:len(unflushed) - known]:  # accepted by an earlier process of the replica
+                status = _await_outcome(lambda tid=tid: self.commit_status(tid), f"async commit {tid}",
+                                        f"commit_status({tid!r}) on any replica")
+                if status.status == "committed":
+                    csns.append(status.csn)
+                else:
+                    failed.setdefault(tid, {"id": tid, "type": "TransactionAborted",
+                                            "message": status.reason or status.status})
+            with self._async_lock:
+                del self._unflushed[:len(unflushed)]
+                self._acks = [f["id"] for f in r["failed"]]
+                if self._async_csn is not None:
+                    csns.append(self._async_csn)
+                self._async_csn = max(csns) if csns else None
+                last = self._async_csn
+        if failed:
+            shown = "; ".join(f"{f['id']}: {f.get('type', 'error')}: {f['message']}" for f in list(failed.values())[:5])
+            more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+            raise TransactionAborted(f"{len(failed)} async commit(s) of this client did not commit{more}: {shown}",
+                                     ids=list(failed), csn=last)
+        return last
+
+    def _async_queued(self, tid: str) -> None:
+        with self._async_lock:
+            self._unflushed.append(tid)
+
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -247,9 +317,10 @@ class Client:
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
-    def transaction(self, isolation: str = SNAPSHOT) -> Iterator[Transaction]:
-        """Commits on normal exit, rolls back on an exception."""
-        tx = self.begin(isolation=isolation)
+    def transaction(self, isolation: str = SNAPSHOT, atomicity: str = FULL,
+                    durability: str = SYNC) -> Iterator[Transaction]:
+        """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
+        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability)
         try:
             yield tx
         except BaseException:
@@ -570,12 +641,25 @@ class Transaction:
         self.joined = joined
         self._ended = False
         self._isolation = SNAPSHOT  # set by Client.begin
+        self._atomicity = FULL  # set by Client.begin (a joined transaction: its replica knows)
+        self._durability = SYNC
+        self._queued = False  # an async commit was accepted (queued) by the replica
         self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/keys.py)
 
     @property
     def isolation(self) -> str:
         """``"snapshot"`` or ``"serializable"`` (``client.begin(isolation=...)``)."""
         return self._isolation
+
+    @property
+    def atomicity(self) -> str:
+        """``"full"`` or ``"none"`` (``client.begin(atomicity=...)``)."""
+        return self._atomicity
+
+    @property
+    def durability(self) -> str:
+        """``"sync"`` or ``"async"`` (``client.begin(durability=...)``)."""
+        return self._durability
 
     def _record_read(self, tdef: TableDef, where: pc.Expression | None) -> None:
         """A serializable transaction's read, recorded on its replica for the commit to check."""
@@ -689,6 +773,10 @@ class Transaction:
         Returns the number of keys given."""
         self._check_open()
         tdef = _keys_table(self.table(table), "lock_keys")
+        if self._atomicity == NONE:
+            raise InvalidInput(f"lock_keys on {table!r}: transaction {self.id} was begun with atomicity='none', "
+                               "which takes no locks (its commits never conflict); lock keys in a transaction begun "
+                               "with atomicity='full' on a table whose atomicity is 'full'", table=table, id=self.id)
         if mode not in keys.LOCK_MODES:
             raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {mode!r}", table=table)
         return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
@@ -885,7 +973,9 @@ class Transaction:
         self.client.call("set_app_version", id=self.id, app_id=app_id, version=version)
 
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
-        """Rows at this transaction's snapshot, with its own writes."""
+        """Rows at this transaction's snapshot, with its own writes; begun with
+        ``atomicity="none"``: the latest state its replica applied at the time of the read,
+        with its own writes (seed 003: non-atomic transactions read the latest data)."""
         self._check_open()
         metas, csns = self._visible_csns(table)
         tdef = self.table(table)
@@ -901,20 +991,34 @@ class Transaction:
         self._stage(DropTable(table))
 
     # -- ending -------------------------------------------------------------------------------
-    def commit(self) -> int:
+    def commit(self) -> int | None:
         """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing).
         Called again after it committed, it returns the same CSN (a retrying caller must not
-        write twice)."""
+        write twice). Begun with ``durability="async"``: returns None once the replica holds
+        the commit in memory, before ZooKeeper does (``client.flush()`` waits for it; a replica
+        crash before then loses it entirely); ``csn`` stays None (``commit_status(tx.id)`` tells
+        it later)."""
         if self.csn is not None:
-            return self.csn
+            return None if self._durability == ASYNC else self.csn
+        if self._queued:
+            return None
         self._check_open()
         try:
-            self.csn = self.client.call("commit", id=self.id)["csn"]
+            r = self.client.call("commit", id=self.id)
+            if r.get("queued"):
+                self._queued = True
+                self.client._async_queued(self.id)
+            else:
+                self.csn = r["csn"]
         except ReplicaUnavailable:
+            # Whether it was queued is not known: wait for its outcome as a sync commit would.
+            # Committed, it was queued: flush counts it among the replica's (see Client.flush).
             self.csn = self._outcome()
+            if self._durability == ASYNC:
+                self.client._async_queued(self.id)
         finally:
             self._ended = True
-        return self.csn
+        return None if self._durability == ASYNC else self.csn
 
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
