@@ -367,6 +367,12 @@ class Client:
                    where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
         if where is not None:  # after the fold: a newer version may move a row out of (or into) it
             check_expression(where, tdef.schema, f"filter on {tdef.name!r}")
+            # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
+            # part whose key summary cannot hold one of them adds no version the fold would keep.
+            wanted = keys.point_keys(where, tdef.schema, tdef.primary_key)
+            if wanted is not None:
+                hashed = {k: keys.key_hash(k) for k in wanted}
+                metas = [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
         datas = [read_part(self.storage, m) for m in metas]
         data = keys.merge(tdef.schema, tdef.primary_key,
                           [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
@@ -666,7 +672,7 @@ class Transaction:
                                  self._seq + 1)
         self._seq += versions.num_rows
         parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
-                            tdef.ddl_version)
+                            tdef.ddl_version, primary_key=tdef.primary_key)
                  for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
