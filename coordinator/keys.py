@@ -266,13 +266,14 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
 #   (bit b is bit ``b % 8`` of byte ``b // 8``). Never Python's ``hash()``: it is salted per
 #   process.
 #
-# ``m`` is BITS_PER_KEY bits per distinct key (at least 64, at most MAX_FILTER_BITS, a multiple
+# ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most MAX_FILTER_BITS, a multiple
 # of 8) and k = HASHES: about 1% false positives up to MAX_FILTER_BITS / BITS_PER_KEY keys per
 # part, more beyond (a bigger part is still pruned by its range). A filter never says "absent"
 # for a key the part holds; "present" is only a maybe, so every user verifies candidates.
 BITS_PER_KEY = 10
 HASHES = 7
 MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
+MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.005% false positives
 _ORDERED = (bool, int, str)
 
 
@@ -308,7 +309,7 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``."""
     cols = [data.column(k).to_pylist() for k in primary_key]
     distinct = set(zip(*cols)) if cols else set()
-    m = min(max_bits, max(64, len(distinct) * bits_per_key))
+    m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
     m += -m % 8
     bits = bytearray(m // 8)
     for key in distinct:

@@ -101,7 +101,7 @@ def test_filter_size_is_bounded() -> None:
     s = keys.summarize(data, ["k"], max_bits=4096)
     assert s["m"] == 4096 and len(keys._bits(s["bloom"])) == 512
     assert all(keys.may_hold(s, (k,)) for k in range(10_000))
-    assert keys.summarize(data.slice(0, 0), ["k"])["m"] == 64  # an empty part still has a (tiny) filter
+    assert keys.summarize(data.slice(0, 0), ["k"])["m"] == keys.MIN_FILTER_BITS  # an empty part still has a (tiny) filter
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,3 +324,25 @@ def test_point_reads_read_only_parts_that_may_hold_the_key_and_equal_the_fold(cl
     counted.clear()
     assert client.read(name, where=K < 50).equals(everything.filter(K < 50))
     assert len(counted) >= 30
+
+
+def test_members_with_different_keys_share_a_batch_and_a_key_in_common_waits(tmp_path) -> None:
+    from coordinator.conflicts import Summary
+
+    storage = Storage(str(tmp_path))
+    check = _checker(storage, ReplicaState())
+    a, b, c = (summarized_part(storage, "t", ks, tid(i)) for i, ks in ((1, [1, 2]), (2, [3, 4]), (3, [4, 5])))
+    for i, m in ((1, a), (2, b), (3, c)):
+        check.check(tid(i), 0, {m.name: m}, {"t": Policy.KEYS})
+    policies = {"t": Policy.KEYS}
+    target = ("t", "[]")
+
+    def member(i: int) -> dict:
+        return {target: Summary(tid(i), frozenset({Kind.INSERT}))}
+
+    in_batch = {target: [member(1)[target]]}
+    assert not check.shares_target(policies, member(2), in_batch)  # keys 3, 4 beside 1, 2
+    in_batch[target].append(member(2)[target])
+    assert check.shares_target(policies, member(3), in_batch)  # key 4 in common with member 2
+    assert check.shares_target(policies, member(9), in_batch)  # keys unknown: wait
+    assert not check.shares_target({"t": Policy.PARTS}, member(3), in_batch)
