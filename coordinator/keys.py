@@ -429,3 +429,58 @@ def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit:
     if found is None or len(found) > limit or any(len(a) != len(pk) for a in found):
         return None
     return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
+
+
+def point_hint(where: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict | None:
+    """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
+    (:func:`point_keys`), so the replica lists only the parts that may hold them:
+    ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
+    not JSON scalars)."""
+    found = point_keys(where, schema, primary_key)
+    if found is None or not all(isinstance(v, _ORDERED + (float,)) for k in found for v in k):
+        return None
+    return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}
+
+
+def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict[tuple, tuple[int, int]] | None:
+    """The keys of a reader's :func:`point_hint` as the table at the read's snapshot holds them
+    (``key -> key_hash``), or None to prune nothing: the hint was made for other key columns (a
+    definition the reader had cached), or a value is not exactly one of the column's. Each
+    value is cast to its column's type and must come back unchanged, so the keys are exactly
+    those the reader's filter can match."""
+    if hint is None:
+        return None
+    if not (isinstance(hint, dict) and isinstance(hint.get("key_columns"), list) and isinstance(hint.get("keys"), list)
+            and all(isinstance(k, list) for k in hint["keys"])):
+        raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {hint!r}")
+    if hint["key_columns"] != list(primary_key) or not primary_key:
+        return None
+    out = {}
+    types = [schema.field(c).type for c in primary_key]
+    for key in hint["keys"]:
+        if len(key) != len(primary_key):
+            return None
+        try:
+            cast = tuple(pa.scalar(v).cast(t, safe=True).as_py() for v, t in zip(key, types))
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if cast != tuple(key) or any(type(a) is not type(b) for a, b in zip(cast, key)):
+            return None
+        out[cast] = key_hash(cast)
+    return out
+
+
+def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:
+    """A filter expression keeping the rows of the keys ``wanted`` (none if empty)."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) == 1:
+        k = primary_key[0]
+        return pc.field(k).isin(pa.array([key[0] for key in wanted], schema.field(k).type))
+    expr = pc.scalar(False)
+    for key in wanted:
+        term = pc.scalar(True)
+        for c, v in zip(primary_key, key):
+            term = term & (pc.field(c) == v)
+        expr = expr | term
+    return expr

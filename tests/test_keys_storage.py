@@ -23,7 +23,7 @@ from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Kind, Policy
-from coordinator.errors import ConflictError, CorruptMetadata
+from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
 from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
 from parts.meta import PartMeta
@@ -346,3 +346,38 @@ def test_members_with_different_keys_share_a_batch_and_a_key_in_common_waits(tmp
     assert check.shares_target(policies, member(3), in_batch)  # key 4 in common with member 2
     assert check.shares_target(policies, member(9), in_batch)  # keys unknown: wait
     assert not check.shares_target({"t": Policy.PARTS}, member(3), in_batch)
+
+
+def test_point_hint_is_exact_or_ignored() -> None:
+    hint = keys.point_hint(K == 5, SCHEMA, ("k",))
+    assert hint == {"key_columns": ["k"], "keys": [[5]]}
+    assert keys.hint_hashes(hint, SCHEMA, ("k",)) == {(5,): keys.key_hash((5,))}
+    # Made from a definition the reader had cached that is not the table's at the snapshot: ignored.
+    as_string = pa.schema([pa.field("k", pa.string(), False)])
+    assert keys.hint_hashes(hint, as_string, ("k",)) is None
+    assert keys.hint_hashes(hint, PK2, ("p", "k")) is None
+    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[5.5]]}, SCHEMA, ("k",)) is None
+    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[2**40]]}, pa.schema([pa.field("k", pa.int32(), False)]),
+                            ("k",)) is None
+    with pytest.raises(InvalidInput, match="point hint"):
+        keys.hint_hashes({"keys": 5}, SCHEMA, ("k",))
+    assert keys.point_hint(K > 5, SCHEMA, ("k",)) is None
+
+
+def test_the_replica_lists_only_parts_that_may_hold_a_hinted_key(client: Client) -> None:
+    name = "ks_hint"
+    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys")
+    for i in range(20):
+        with client.transaction() as tx:
+            tx.insert(name, pa.table({"k": pa.array(range(i * 10, i * 10 + 10), pa.int64())}))
+    every = client.call("visible", table=name, lease="none")["parts"]
+    hinted = client.call("visible", table=name, lease="none", point_hint={"key_columns": ["k"], "keys": [[42]]})
+    assert len(every) == 20 and len(hinted["parts"]) == 1 and set(hinted["csns"]) == {hinted["parts"][0]["name"]}
+    stale = client.call("visible", table=name, lease="none", point_hint={"key_columns": ["x"], "keys": [[42]]})
+    assert len(stale["parts"]) == 20
+    with client.transaction() as tx:
+        tx.insert(name, pa.table({"k": pa.array([42], pa.int64()), "a": ["mine"]}))
+        own = client.call("visible", table=name, id=tx.id, point_hint={"key_columns": ["k"], "keys": [[42]]})
+        assert len(own["parts"]) == 2  # the committed one and its own
+        assert tx.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
+    assert client.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
