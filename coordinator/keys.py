@@ -266,9 +266,10 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
 #   (bit b is bit ``b % 8`` of byte ``b // 8``). Never Python's ``hash()``: it is salted per
 #   process.
 #
-# ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most MAX_FILTER_BITS, a multiple
-# of 8) and k = HASHES: about 1% false positives up to MAX_FILTER_BITS / BITS_PER_KEY keys per
-# part, more beyond (a bigger part is still pruned by its range). A filter never says "absent"
+# ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
+# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 1% false positives up to
+# MAX_FILTER_BITS / BITS_PER_KEY keys per part, more beyond (a bigger part is still pruned by
+# its range). A filter never says "absent"
 # for a key the part holds; "present" is only a maybe, so every user verifies candidates.
 BITS_PER_KEY = 10
 HASHES = 7
