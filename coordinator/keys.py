@@ -267,14 +267,14 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
 #   process.
 #
 # ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
-# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 1% false positives up to
-# MAX_FILTER_BITS / BITS_PER_KEY keys per part, more beyond (a bigger part is still pruned by
+# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.05% false positives up to
+# MAX_FILTER_BITS / BITS_PER_KEY (32,768) keys per part, more beyond (a bigger part is still pruned by
 # its range). A filter never says "absent"
 # for a key the part holds; "present" is only a maybe, so every user verifies candidates.
-BITS_PER_KEY = 10
-HASHES = 7
+BITS_PER_KEY = 16
+HASHES = 11
 MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
-MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.005% false positives
+MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false positives
 _ORDERED = (bool, int, str)
 
 
@@ -379,10 +379,29 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
 
 def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
     """Whether a part with this summary may hold a version of any of the keys (``key ->
-    key_hash(key)``)."""
+    key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
+    part committed since a snapshot with every key it writes)."""
     if summary is None:
         return True
-    return any(may_hold(summary, k, h) for k, h in hashed.items())
+    lo, hi = summary.get("lo"), summary.get("hi")
+    if lo is not None:
+        lo, hi = tuple(lo), tuple(hi)
+    m, k, bits = summary["m"], summary["k"], _bits(summary["bloom"])
+    for key, (h1, h2) in hashed.items():
+        if lo is not None:
+            try:
+                if key < lo or key > hi:
+                    continue
+            except TypeError:
+                pass
+        a, b = h1 % m, h2 % m
+        for _ in range(k):
+            if not bits[a >> 3] >> (a & 7) & 1:
+                break
+            a = (a + b) % m
+        else:
+            return True
+    return False
 
 
 def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024) -> list[tuple] | None:
