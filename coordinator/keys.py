@@ -275,6 +275,8 @@ BITS_PER_KEY = 16
 HASHES = 11
 MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
 MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false positives
+EXACT_ROWS = 64  # a part of at most this many versions lists them in its summary
+_OPS = (PUT, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK)
 _ORDERED = (bool, int, str)
 
 
@@ -305,11 +307,19 @@ def key_hash(key: Sequence[Any]) -> tuple[int, int]:
 
 
 def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BITS_PER_KEY,
-              max_bits: int = MAX_FILTER_BITS) -> dict:
+              max_bits: int = MAX_FILTER_BITS, exact_rows: int = EXACT_ROWS) -> dict:
     """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
-    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``."""
+    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, plus, for a
+    part of at most ``exact_rows`` versions whose keys are ints, strings or bools, ``"exact"``:
+    each version's ``[*key, _op, _cols]`` (a small commit's key set in its change set, so the
+    conflict check needs no read of it at all; :func:`exact_locks`)."""
     cols = [data.column(k).to_pylist() for k in primary_key]
     distinct = set(zip(*cols)) if cols else set()
+    exact = None
+    if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
+            and all(isinstance(v, _ORDERED) for key in distinct for v in key)):
+        exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
+                                                                 data.column(COLS).to_pylist())]
     m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
     m += -m % 8
     bits = bytearray(m // 8)
@@ -321,7 +331,25 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     lo = hi = None
     if distinct and all(isinstance(v, _ORDERED) for v in next(iter(distinct))):
         lo, hi = list(min(distinct)), list(max(distinct))
-    return {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
+    out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
+    if exact is not None:
+        out["exact"] = exact
+    return out
+
+
+def exact_locks(summary: Mapping[str, Any] | None, key_columns: int,
+                lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks | None:
+    """Key -> locks of a part from its summary's ``"exact"`` versions, as :func:`written_locks`
+    gives them from the file; None when it has none (or they do not fit ``key_columns``)."""
+    rows = None if summary is None else summary.get("exact")
+    if rows is None or any(len(r) != key_columns + 2 for r in rows):
+        return None
+    out: dict[tuple, frozenset[str]] = {}
+    for r in rows:
+        key, op, written = tuple(r[:key_columns]), r[key_columns], r[key_columns + 1]
+        held = locks(op, written.split(",") if written else (), lock_groups)
+        out[key] = out.get(key, frozenset()) | held
+    return out
 
 
 def summary_problem(s: Any) -> str | None:
@@ -347,6 +375,13 @@ def summary_problem(s: Any) -> str | None:
             return f"{end!r} must be a list of ints, strings or bools, got {v!r}"
     if (s.get("lo") is None) != (s.get("hi") is None):
         return "'lo' and 'hi' must be both set or both null"
+    exact = s.get("exact")
+    if exact is not None and not (
+            isinstance(exact, list)
+            and all(isinstance(r, list) and len(r) >= 3 and all(isinstance(v, _ORDERED) for v in r[:-2])
+                    and isinstance(r[-2], int) and not isinstance(r[-2], bool) and r[-2] in _OPS
+                    and (r[-1] is None or isinstance(r[-1], str)) for r in exact)):
+        return "'exact' must list [*key, op, columns] versions"
     return None
 
 

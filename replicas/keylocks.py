@@ -10,9 +10,11 @@ The parts committed on the target since the snapshot come from the state's index
 (``ReplicaState.created_since``: a bisection, not a scan of every part under the state lock). A
 part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/keys.py)
 cannot hold any key the committer writes or locks is skipped unopened; the others are verified
-exactly: their keys and locks are read from the file (key columns and the hidden ``_op``/``_cols``
-only) and cached by part name (parts never change). So a filter's false positive costs a read,
-never a conflict.
+exactly: their keys and locks come from the summary's exact versions when the part is small
+(``keys.exact_locks``: a commit of at most ``keys.EXACT_ROWS`` versions lists them), else are
+read from the file (key columns and the hidden ``_op``/``_cols`` only), cached by part name
+(parts never change). So a filter's false positive costs at most a read, never a conflict; the
+committer's own parts are found the same way.
 
 Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
 its target node (the partition's; :mod:`coordinator.targets`), and the committer decides against
@@ -55,6 +57,8 @@ class KeyConflicts:
 
     def _locks(self, tdef: TableDef, meta: PartMeta) -> keys.KeyLocks:
         got = self._cache.get(meta.name)
+        if got is None:
+            got = keys.exact_locks(meta.key_summary, len(tdef.primary_key), tdef.lock_groups)
         if got is None:
             data = read_part(self.storage, meta, [*tdef.primary_key, keys.OP, keys.COLS])
             self.reads += 1

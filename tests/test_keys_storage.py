@@ -151,6 +151,7 @@ def test_summary_round_trips_and_is_validated(tmp_path) -> None:
     assert keys.may_hold(None, (99,))  # a part without one is never pruned
     for bad, says in [({**meta.key_summary, "m": 12}, "'m'"), ({**meta.key_summary, "bloom": "!!"}, "base64"),
                       ({**meta.key_summary, "bloom": "AAAA"}, "bits"), ({**meta.key_summary, "lo": None}, "both"),
+                      ({**meta.key_summary, "exact": [[1, 9, None]]}, "exact"),
                       ("x", "object")]:
         with pytest.raises(CorruptMetadata, match=says):
             PartMeta.from_dict({**meta.to_dict(), "key_summary": bad})
@@ -212,27 +213,65 @@ def _checker(storage: Storage, st: ReplicaState) -> KeyConflicts:
 def test_conflict_check_reads_only_candidate_parts(tmp_path) -> None:
     storage = Storage(str(tmp_path))
     rng = random.Random(7)
-    theirs = [summarized_part(storage, "t", rng.sample(range(10_000), 10), tid(i, host="r1")) for i in range(40)]
+    # Parts too big to list their versions in the summary: the filter decides, candidates are read.
+    theirs = [summarized_part(storage, "t", rng.sample(range(100_000), 100), tid(i, host="r1")) for i in range(40)]
+    assert all("exact" not in m.key_summary for m in theirs)
     st = _state_with([(i + 2, m) for i, m in enumerate(theirs)])
     taken: set[tuple] = set()
     for m in theirs:
         taken.update(keys.written_locks(_read(storage, m), ("k",), ()).keys())
-    free = [k for k in range(10_000) if (k,) not in taken][:10]
-    mine = summarized_part(storage, "t", free, tid(99))
+    free = [k for k in range(100_000) if (k,) not in taken][:200]
+    mine = summarized_part(storage, "t", free, tid(99))  # 200 keys: read too
     check = _checker(storage, st)
     check.check(tid(99), 1, {mine.name: mine}, {"t": Policy.KEYS})  # no conflict: different keys
     hashed = {(k,): keys.key_hash((k,)) for k in free}
     candidates = sum(keys.may_hold_any(m.key_summary, hashed) for m in theirs)
     assert check.reads == 1 + candidates and check.skipped == 40 - candidates
-    assert candidates < 10  # the filters ruled out most of the 40 (about 1% per key and part)
-    # A key one of them wrote is a candidate there, verified, and conflicts.
+    assert candidates < 10  # the filters ruled out most of the 40 (about 0.05% per key and part)
+    # A key one of them wrote is a candidate there, read, verified, and conflicts.
     clash = summarized_part(storage, "t", [free[0], sorted(taken)[5][0]], tid(98))
-    with pytest.raises(ConflictError, match="lost to"):
-        _checker(storage, st).check(tid(98), 1, {clash.name: clash}, {"t": Policy.KEYS})
-    # At a snapshot past every one of them there is nothing to look at.
+    with pytest.raises(ConflictError, match="lost to") as e:
+        (c2 := _checker(storage, st)).check(tid(98), 1, {clash.name: clash}, {"t": Policy.KEYS})
+    assert e.value.details["key"] == [sorted(taken)[5][0]] and c2.reads >= 1
+    # At a snapshot past every one of them there is nothing to look at (a small part of its
+    # own is known from its summary: no read at all).
     late = _checker(storage, st)
     late.check(tid(98), 100, {clash.name: clash}, {"t": Policy.KEYS})
-    assert late.reads == 1 and late.skipped == 0
+    assert late.reads == 0 and late.skipped == 0
+
+
+def test_small_commits_are_checked_from_their_summaries_alone(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    rng = random.Random(5)
+    theirs = [summarized_part(storage, "t", rng.sample(range(1000), 10), tid(i, host="r1")) for i in range(30)]
+    st = _state_with([(i + 2, m) for i, m in enumerate(theirs)])
+    written = {k for m in theirs for k, *_ in m.key_summary["exact"]}
+    mine = summarized_part(storage, "t", [k for k in range(1000) if k not in written][:10], tid(99))
+    check = _checker(storage, st)
+    check.check(tid(99), 1, {mine.name: mine}, {"t": Policy.KEYS})
+    assert check.reads == 0
+    clash = summarized_part(storage, "t", [min(written)], tid(98))
+    with pytest.raises(ConflictError):
+        _checker(storage, st).check(tid(98), 1, {clash.name: clash}, {"t": Policy.KEYS})
+
+
+def test_exact_versions_give_the_locks_the_file_gives(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    groups = (("g1", ("a",)), ("g2", ("b",)))
+    rng = random.Random(11)
+    for _ in range(20):
+        parts = []
+        for seq, op in enumerate(rng.sample([keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK], 3)):
+            ks = pa.array(rng.sample(range(30), 5), pa.int64())
+            cols = {"k": ks, **({"a": pa.array(["x"] * 5)} if rng.random() < 0.5 else {}),
+                    **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keys.UPDATE else {})}
+            parts.append(keys.versions(SCHEMA, ("k",), "t", pa.table(cols), op, seq * 10 + 1))
+        data = pa.concat_tables(parts)
+        meta = write_part(storage, "t", [], (), data, tid(1), primary_key=("k",))
+        assert keys.exact_locks(meta.key_summary, 1, groups) == keys.written_locks(_read(storage, meta), ("k",), groups)
+    big = write_part(storage, "t", [], (), keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}),
+                                                         keys.PUT, 1), tid(1), primary_key=("k",))
+    assert keys.exact_locks(big.key_summary, 1, groups) is None  # past EXACT_ROWS: read it
 
 
 def _read(storage: Storage, meta: PartMeta) -> pa.Table:
@@ -252,7 +291,7 @@ def test_a_filter_false_positive_never_makes_a_conflict(tmp_path) -> None:
     mine = summarized_part(storage, "t", [4, 5], tid(2))
     check = _checker(storage, st)
     check.check(tid(2), 1, {mine.name: mine}, {"t": Policy.KEYS})  # read and verified: no conflict
-    assert check.reads == 2 and check.skipped == 0
+    assert check.reads == 1 and check.skipped == 0
 
 
 # ---------------------------------------------------------------------------------------------
