@@ -343,7 +343,7 @@ class Client:
         where: pc.Expression | None = None,
     ) -> pa.Table:
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
-        r = self.call("visible", **_visible_args(table, snapshot, as_of))
+        r = self.call("visible", **_visible_args(table, snapshot, as_of), **_point_hint(self._tables.get(table), where))
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -444,9 +444,19 @@ class Client:
 
     def _read_keys(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
                    where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
+        wanted = None
         if where is not None:  # after the fold: a newer version may move a row out of (or into) it
             check_expression(where, tdef.schema, f"filter on {tdef.name!r}")
+            # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
+            # part whose key summary cannot hold one of them adds no version the fold would keep.
+            wanted = keys.point_keys(where, tdef.schema, tdef.primary_key)
+            if wanted is not None:
+                hashed = {k: keys.key_hash(k) for k in wanted}
+                metas = [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
         datas = [read_part(self.storage, m) for m in metas]
+        if where is not None and wanted is not None:
+            # Only those keys' versions matter (the fold is per key): fold those alone.
+            datas = [d.filter(keys.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
         data = keys.merge(tdef.schema, tdef.primary_key,
                           [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
         if where is not None:
@@ -722,10 +732,12 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
-    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
-        """The parts visible to this transaction (in ``pkeys``, when given) and the creation
-        CSN of each committed one (its own parts have none)."""
-        args: dict[str, Any] = {"table": table, "id": self.id}
+    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None,
+                      hint: Mapping[str, Any] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
+        """The parts visible to this transaction (in ``pkeys``, when given; only those that may
+        hold the keys of a point read's ``hint``) and the creation CSN of each committed one
+        (its own parts have none)."""
+        args: dict[str, Any] = {"table": table, "id": self.id, **(hint or {})}
         if pkeys is not None:
             args["partitions"] = [list(p) for p in pkeys]
         r = self.client.call("visible", **args)
@@ -786,7 +798,7 @@ class Transaction:
                                  self._seq + 1)
         self._seq += versions.num_rows
         parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
-                            tdef.ddl_version)
+                            tdef.ddl_version, primary_key=tdef.primary_key)
                  for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
@@ -977,8 +989,8 @@ class Transaction:
         ``atomicity="none"``: the latest state its replica applied at the time of the read,
         with its own writes (seed 003: non-atomic transactions read the latest data)."""
         self._check_open()
-        metas, csns = self._visible_csns(table)
         tdef = self.table(table)
+        metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
         self._record_read(tdef, where)
         return self.client._read_parts(tdef, metas, columns, where, csns)
 
@@ -1072,6 +1084,19 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
     if as_of is not None:
         args["as_of"] = _timestamp(as_of, "as_of")
     return args
+
+
+def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> dict[str, Any]:
+    """``point_hint`` for the ``visible`` request of a read of a keys table whose filter fixes
+    whole keys (``keys.point_hint``), from the definition the client has cached: the replica
+    prunes with it only where the table at the read's snapshot has the same key columns."""
+    if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
+        return {}
+    try:
+        hint = keys.point_hint(where, cached[0].schema, cached[0].primary_key)
+    except (InvalidInput, TypeError, ValueError, pa.ArrowException):
+        return {}
+    return {} if hint is None else {"point_hint": hint}
 
 
 def _keys_table(tdef: TableDef, what: str) -> TableDef:

@@ -191,7 +191,8 @@ def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible
         out.affected_rows += merged.num_rows
         if merged.num_rows:
             out.added.append(write_part(storage, table.name, list(table.partition_by),
-                                        tuple(group[0].partition), merged, tid, table.ddl_version))
+                                        tuple(group[0].partition), merged, tid, table.ddl_version,
+                                        primary_key=pk))  # its key summary: point reads prune it
     return out
 
 

@@ -89,7 +89,7 @@ from coordinator.zklog import (
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
-from replicas.keylocks import KeyConflicts, shares_target
+from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.transactions import Effect, RunningTxn
 
@@ -767,8 +767,8 @@ class Committer:
         touch may share their multi (:func:`coordinator.conflicts.fits_beside`)."""
         summaries = eff.summaries(txn.id)
         policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
-        if shares_target(policies, summaries, in_batch):
-            return False  # keys: decided against the committed state, after the member before it
+        if self.key_conflicts.shares_target(policies, summaries, in_batch):
+            return False  # keys: a key in common is decided against the committed state, in the next batch
         return fits_beside(policies, summaries, eff.whole_tables, in_batch)
 
     # -- serializable transactions (coordinator/readsets.py) ------------------------------------

@@ -16,7 +16,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from coordinator import keys
 from coordinator.catalog import TableDef
+from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import RpcServer, error_reply
@@ -270,12 +272,28 @@ class ReplicaServer(RpcServer):
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
         if a.get("id") is not None:
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
+            metas = self._may_hold(a, snap, metas)
             return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
+        metas = self._may_hold(a, snap, metas)
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
                 "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap),
                 **self._csns(metas)}
+
+    def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
+        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/keys.py)
+        gets only the parts whose key summary may hold one of them: the others hold no version
+        of those keys, so the fold the reader does is the same without them."""
+        if a.get("point_hint") is None:
+            return metas
+        tdef = self.replica.state.table(a["table"], snapshot)
+        if tdef is None or tdef.conflict_policy is not Policy.KEYS:
+            return metas
+        hashed = keys.hint_hashes(a["point_hint"], tdef.schema, tdef.primary_key)
+        if hashed is None:
+            return metas
+        return [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
 
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have

@@ -501,7 +501,8 @@ class MergetxnWriter(DataSourceArrowWriter):
         else:
             data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
         return [
-            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version)
+            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version,
+                       primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ())
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
 
