@@ -408,7 +408,7 @@ def test_point_hint_is_exact_or_ignored() -> None:
 
 def test_the_replica_lists_only_parts_that_may_hold_a_hinted_key(client: Client) -> None:
     name = "ks_hint"
-    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys")
+    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
     for i in range(20):
         with client.transaction() as tx:
             tx.insert(name, pa.table({"k": pa.array(range(i * 10, i * 10 + 10), pa.int64())}))
