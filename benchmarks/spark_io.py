@@ -195,7 +195,8 @@ def main() -> None:
             import pyspark
 
             results["machine"]["spark"] = pyspark.__version__
-            roots = [session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
+            roots = [os.getpid(),  # the driver: write_table adopts the files here
+                     session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
                      cluster.replica_pid(0)]
             schema = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("v", pa.float64()), ("s", pa.string())])
             for rows in sizes:

@@ -172,15 +172,21 @@ def parse_where(where: Any, tdef: TableDef) -> list[tuple[str, str, Any]]:
 
 
 def _arrow_where(terms: list[tuple[str, str, Any]]) -> pc.Expression | None:
+    """The terms that can rule a part out (comparisons, ``in`` as an OR of equalities) as one
+    expression for ``may_match``; ``!=`` and ``not in`` prune nothing and are left to Spark."""
     expr = None
     for col, op, value in terms:
         f = pc.field(col)
-        if op in ("in", "not in"):
-            term = f.isin(list(value))
-            term = ~term if op == "not in" else term
+        if op == "in":
+            term = None
+            for v in value:
+                term = (f == v) if term is None else (term | (f == v))
+            if term is None:
+                continue
+        elif op in ("!=", "not in"):
+            continue
         else:
-            term = {"==": f == value, "!=": f != value, "<": f < value, "<=": f <= value,
-                    ">": f > value, ">=": f >= value}[op]
+            term = {"==": f == value, "<": f < value, "<=": f <= value, ">": f > value, ">=": f >= value}[op]
         expr = term if expr is None else expr & term
     return expr
 
