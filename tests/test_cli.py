@@ -503,7 +503,7 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         "snapshot read on r2",
         "time travel",
         "Spark job: two tables, one txn",
-        "Spark reads on r2 with option snapshot",
+        "Spark reads on r2 with read_table(snapshot=...)",
         "quickstart summary",
         "all 9 steps behaved as expected",
     ):
