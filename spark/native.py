@@ -48,8 +48,9 @@ import time
 import warnings
 import weakref
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import pyarrow as pa
@@ -67,7 +68,8 @@ REPLICA_ENV = "MERGETXN_REPLICA"
 REPLICA_CONF = "spark.mergetxn.replica"  # set by spark.register(session, replica=...)
 RELEASE_LINGER = 10.0  # seconds a read's snapshot stays leased after its DataFrame is gone
 VERIFY_PAGES = {"parquet.page.verify-checksum.enabled": "true"}
-WRITE_PAGES = {"parquet.page.write-checksum.enabled": "true"}
+WRITE_OPTIONS = {"parquet.page.write-checksum.enabled": "true",
+                 "mapreduce.fileoutputcommitter.algorithm.version": "1"}  # Spark's default committer
 _OPS = {"==", "=", "!=", "<", "<=", ">", ">=", "in", "not in"}
 _THREADS = 8
 
@@ -235,9 +237,6 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
             if not isinstance(as_of, dt.datetime) or as_of.utcoffset() is None:
                 raise InvalidInput(f"mergetxn: as_of must be a timezone-aware datetime, not {as_of!r}")
             args["as_of"] = as_of.timestamp()
-        tdef = client.table_at(table, snapshot=snapshot, as_of=as_of)
-        _not_keys(tdef, "read_table")
-        terms = parse_where(where, tdef)
         r = client.call("visible", lease="read", **args)
     except BaseException:
         client.close()
@@ -245,8 +244,9 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
     hold = _Hold(client, r.get("lease"), float(r.get("lease_seconds") or 30.0), session)
     try:
         snap = r["snapshot"]
-        if tdef.ddl_version != (r.get("ddl") or tdef.ddl_version):
-            tdef = client.table_at(table, snapshot=snap)
+        tdef = client.table_at(table, snapshot=snap)  # the schema a read at this snapshot returns
+        _not_keys(tdef, "read_table")
+        terms = parse_where(where, tdef)
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         why = _blocker(client.storage, tdef, metas)
         if why is not None:
@@ -499,21 +499,14 @@ def _write_parts(df: Any, tdef: TableDef, storage: Any, txn_id: str) -> list[Par
     staging = os.path.join(root, tdef.name, STAGING_DIR, stem)
     hidden = [f"__mergetxn_p{i}" for i in range(len(tdef.partition_by))]
     data = _prepare(df, tdef, hidden)
-    session = df.sparkSession
-    key = "spark.sql.parquet.outputTimestampType"
-    before = _conf(session, key)
     w = data.write.mode("errorifexists")
-    for k, v in WRITE_PAGES.items():
+    for k, v in WRITE_OPTIONS.items():
         w = w.option(k, v)
     if hidden:
         w = w.partitionBy(*hidden)
     try:
-        session.conf.set(key, "TIMESTAMP_MICROS")  # what pyarrow reads back as the table's timestamps
-        try:
+        with _micros_timestamps(df.sparkSession):
             w.parquet("file://" + staging)
-        finally:
-            if before is not None:
-                session.conf.set(key, before)
         if not os.path.exists(os.path.join(staging, "_SUCCESS")):
             raise errors.TransactionAborted(f"mergetxn: the Spark job writing {tdef.name!r} did not commit "
                                             f"its output (no _SUCCESS in {staging})")
@@ -526,6 +519,32 @@ def _write_parts(df: Any, tdef: TableDef, storage: Any, txn_id: str) -> list[Par
         return metas
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+_ts_lock = threading.Lock()
+_ts_users: dict[int, list] = {}  # id(session) -> [writes running, the setting before the first]
+_TS_KEY = "spark.sql.parquet.outputTimestampType"
+
+
+@contextmanager
+def _micros_timestamps(session: Any) -> Iterator[None]:
+    """Timestamps written as TIMESTAMP_MICROS (what pyarrow reads back as the table's type), not
+    Spark's default INT96. A session setting (no per-write option exists): set by the first of
+    this process's concurrent writes on the session, restored by the last."""
+    key = id(session)
+    with _ts_lock:
+        entry = _ts_users.setdefault(key, [0, _conf(session, _TS_KEY)])
+        entry[0] += 1
+        session.conf.set(_TS_KEY, "TIMESTAMP_MICROS")
+    try:
+        yield
+    finally:
+        with _ts_lock:
+            entry[0] -= 1
+            if entry[0] == 0:
+                del _ts_users[key]
+                if entry[1] is not None:
+                    session.conf.set(_TS_KEY, entry[1])
 
 
 def _committed_files(staging: str) -> list[str]:
