@@ -354,7 +354,7 @@ class _Hold:
                 try:
                     if not self.client.call("renew", lease=self.lease)["renewed"]:
                         break  # lapsed: a file cleanup takes meanwhile fails the read, never changes it
-                except errors.MergetxnError:
+                except Exception:
                     break
                 last_renew = now
         self.release()
@@ -369,10 +369,13 @@ class _Hold:
         try:
             if self.lease is not None:
                 self.client.call("release", lease=self.lease)
-        except errors.MergetxnError:
-            pass  # it lapses on its own
+        except Exception:
+            pass  # it lapses on its own (also when the replica is gone at exit)
         finally:
-            self.client.close()
+            try:
+                self.client.close()
+            except Exception:
+                pass
 
     @classmethod
     def release_all(cls) -> None:

@@ -333,3 +333,17 @@ def test_corrupt_or_truncated_part_is_detected(spark, c0: Client) -> None:
         mspark.read_table(spark, "nt_bad")
     path.write_bytes(raw)
     assert mspark.read_table(spark, "nt_bad").count() == 500
+
+
+def test_a_table_spark_cannot_read_natively_falls_back_to_the_data_source(spark, c0: Client) -> None:
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("at", pa.timestamp("ns", tz="UTC"))])
+    c0.create_table("nt_nanos", schema, auto_merge=False)
+    with c0.transaction() as tx:
+        tx.insert("nt_nanos", pa.table({"id": [1, 2], "at": pa.array([1_000, 2_000], pa.timestamp("ns", tz="UTC"))},
+                                       schema=schema))
+    with pytest.warns(native.NativeFallback, match="nanosecond"):
+        df = mspark.read_table(spark, "nt_nanos", where=[("id", ">", 1)])
+    assert [r["id"] for r in df.collect()] == [2]
+    with pytest.warns(native.NativeFallback, match="nanosecond"):
+        mspark.write_table(df.selectExpr("id + 10 as id", "at"), "nt_nanos")
+    assert sorted(c0.read("nt_nanos").column("id").to_pylist()) == [1, 2, 12]
