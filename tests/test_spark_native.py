@@ -176,13 +176,17 @@ def test_snapshot_and_as_of_reads_while_writes_commit(spark, c0: Client) -> None
 def test_snapshot_held_while_dataframe_lives(spark, c0: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     c0.create_table("nt_hold", SCHEMA, auto_merge=False)
     mspark.write_table(frame(spark, 0, 30), "nt_hold")
+    mspark.write_table(frame(spark, 30, 10), "nt_hold")
     df = mspark.read_table(spark, "nt_hold")
     old = {p["name"] for p in visible(c0, "nt_hold")}
-    # A concurrent overwrite removes every part the DataFrame reads, then cleanup runs.
-    mspark.write_table(frame(spark, 100, 5), "nt_hold", mode="overwrite")
+    # A concurrent major compaction replaces every part the DataFrame reads, then cleanup runs.
+    c0.compact("nt_hold", kind="major")
+    assert not old & {p["name"] for p in visible(c0, "nt_hold")}
     report = c0.gc(grace_seconds=0)
     assert not {r.get("part") for r in report["removed"]} & old
-    assert srows(df) == expected(0, 30)  # evaluated after cleanup: the files were kept
+    mspark.write_table(frame(spark, 100, 5), "nt_hold", mode="overwrite")
+    assert not {r.get("part") for r in c0.gc(grace_seconds=0)["removed"]} & old
+    assert srows(df) == expected(0, 40)  # evaluated after cleanup: the files were kept
     # Once the DataFrame is gone (and no job runs) the lease is released and cleanup takes them.
     monkeypatch.setattr(native, "RELEASE_LINGER", 0.5)
     del df
