@@ -651,6 +651,8 @@ class Workload:
     def _spark_job(self, session: Any, started: float) -> str:
         from pyspark.sql import functions as F
 
+        from spark.native import read_table, write_table
+
         c0, c1, c2 = self.c(0), self.c(1), self.c(2)
         r0, r2 = self.cluster.replica_addresses[0], self.cluster.replica_addresses[2]
         boot = time.perf_counter() - started
@@ -662,20 +664,16 @@ class Workload:
         def spark_counts(snapshot: int | None) -> dict[str, int]:
             """One Spark job over both tables: the Spark job's rows and the other client's."""
 
-            def load(table: str):
-                r = session.read.format("mergetxn").option("replica", r2)
-                if snapshot is not None:
-                    r = r.option("snapshot", str(snapshot))
-                return r.load(table)
+            def load(table: str, where: list | None = None):
+                # Spark's own Parquet reader over the parts visible at the snapshot (spark/native.py).
+                return read_table(session, table, snapshot=snapshot, replica=r2, where=where)
 
             orders = (
-                load("orders")
-                .where(F.col("day") == F.lit(SPARK_DAY))
+                load("orders", where=[("day", "==", SPARK_DAY)])  # skips the other days' parts
                 .select(F.lit("orders").alias("what"))
             )
             events = (
-                load("events")
-                .where(F.col("source").isin("spark", "beside-r1"))
+                load("events", where=[("source", "in", ["spark", "beside-r1"])])
                 .select(F.concat(F.lit("events/"), F.col("source")).alias("what"))
             )
             got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
@@ -687,7 +685,7 @@ class Workload:
         try:
             self.say(
                 f"the driver opens T = {tx.id} on r0 (snapshot {tx.snapshot}); a Spark job "
-                "appends to both tables with option txn"
+                "appends to both tables with spark.write_table(txn=T): Spark's own Parquet writer"
             )
             orders_df = session.range(8_000_000, 8_000_000 + SPARK_ORDERS, numPartitions=2).select(
                 F.col("id"),
@@ -703,13 +701,9 @@ class Workload:
             )
 
             def save(df, table: str) -> None:
-                (
-                    df.write.format("mergetxn")
-                    .option("replica", r0)
-                    .option("txn", tx.id)
-                    .mode("append")
-                    .save(table)
-                )
+                # Spark's own Parquet writer; the files join T as parts (None: T commits them).
+                expect(write_table(df, table, txn=tx, replica=r0) is None,
+                       f"write_table into T returned a CSN for {table}")
 
             save(orders_df, "orders")
             # Beside it, another client on another replica commits on its own.
@@ -762,7 +756,7 @@ class Workload:
         expect(at == want_at, f"Spark read at CSN {csn}: {at}, expected {want_at}")
         expect(prior == want_prior, f"Spark read at CSN {csn - 1}: {prior}, expected {want_prior}")
         self.say(
-            f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with option snapshot: at {csn} "
+            f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with read_table(snapshot=...): at {csn} "
             f"orders {at['orders']} + events {at['events/spark']}, at {csn - 1} 0 + 0 "
             "(both or neither; r1's rows in both)"
         )

@@ -30,6 +30,10 @@ from parts.meta import PartMeta
 from parts.storage import Storage
 
 COMPRESSION = "zstd"
+# <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
+# spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
+# unreferenced part of that transaction (replicas/cleanup.py).
+STAGING_DIR = "_staging"
 
 
 def checksum_of(data: bytes) -> str:

@@ -41,6 +41,7 @@ from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
 from coordinator.watermark import Watermark
+from parts.format import STAGING_DIR
 from parts.meta import sidecar_path
 from parts.storage import is_temp_file
 
@@ -57,9 +58,15 @@ _NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders 
 
 def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
     """(part name, is a temporary file, stem match) for a part file or sidecar under a table's
-    partition directory (or a temporary file of one); None for anything else."""
+    partition directory (or a temporary file of one), or any file under a staging directory
+    ``<table>/_staging/<txn>_<16 hex>/`` (its name then stands for the part: never referenced);
+    None for anything else."""
     if path.count("/") < 2:
         return None
+    segments = path.split("/", 3)
+    if len(segments) == 4 and segments[1] == STAGING_DIR:
+        staged = _PART_STEM_RE.match(segments[2])
+        return None if staged is None else (segments[2], False, staged)
     base = path.rsplit("/", 1)[1]
     temp = is_temp_file(path)
     inner = base

@@ -504,7 +504,7 @@ def test_quickstart_end_to_end(tmp_path: Path) -> None:
         "key {'customer': 1}",
         "two lock groups of customer 2 both committed",
         "Spark job: two tables, one txn",
-        "Spark reads on r2 with option snapshot",
+        "Spark reads on r2 with read_table(snapshot=...)",
         "quickstart summary",
         "all 10 steps behaved as expected",
     ):
