@@ -31,9 +31,9 @@ Spark's filesystem (Hadoop's) reaches a local directory; it cannot reach storage
 opens with fsspec/s3fs (``s3://``) unless Hadoop's S3 connector (``s3a://``) is on Spark's class
 path with the same credentials, which this module does not configure. For any storage that is not
 a local directory, and for tables Spark's Parquet reader cannot read as they are (nanosecond
-timestamps, unsigned 64-bit integers, renamed columns), both functions say why (a warning) and
-take the data source path, with the same guarantees. Keys tables (``conflict_policy="keys"``)
-need their versions folded per key: InvalidInput, use ``format("mergetxn")``.
+timestamps, unsigned 64-bit integers, renamed columns) and for keys tables (versions folded per
+key), both functions say why (a warning) and take the data source path, with the same
+guarantees.
 """
 
 from __future__ import annotations
@@ -108,15 +108,11 @@ def _client(address: str):
         raise errors.ReplicaUnavailable(f"mergetxn: cannot reach replica {address}: {exc.message}") from None
 
 
-def _not_keys(tdef: TableDef, what: str) -> None:
-    if tdef.conflict_policy is Policy.KEYS:
-        raise InvalidInput(f"mergetxn: spark.{what} does not handle keys table {tdef.name!r} "
-                           f"(conflict_policy='keys': versions are folded per key); use "
-                           f"format('mergetxn')", table=tdef.name)
-
-
 def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = ()) -> str | None:
     """Why Spark's own Parquet reader/writer cannot serve this table here (None: it can)."""
+    if tdef.conflict_policy is Policy.KEYS:
+        return ("it is a keys table (conflict_policy='keys'): its parts hold versions, folded per key "
+                "on read and written with their hidden columns")
     if not storage.is_local:
         return (f"storage {storage.url} is not a local directory; Spark's filesystem cannot reach "
                 f"what mergetxn opens through fsspec (s3:// via s3fs) without Hadoop's S3 connector")
@@ -245,7 +241,6 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
     try:
         snap = r["snapshot"]
         tdef = client.table_at(table, snapshot=snap)  # the schema a read at this snapshot returns
-        _not_keys(tdef, "read_table")
         terms = parse_where(where, tdef)
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         why = _blocker(client.storage, tdef, metas)
@@ -424,7 +419,6 @@ def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, repl
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: unknown table {table!r} (replica {address}): "
                                            f"{exc.message}", table=table) from None
-            _not_keys(tdef, "write_table")
             check_write_schema(tdef, df.schema)
             why = _blocker(client.storage, tdef)
             if why is not None:
