@@ -423,6 +423,7 @@ def test_key_check_after_a_compaction_sees_real_writers_only(clients) -> None:
     with pytest.raises(ConflictError) as e:
         t1.commit()
     assert e.value.winner == str(writer) and e.value.details["kind"] == str(ConflictKind.KEY_WRITTEN)
+    a.wait_for(t2.csn)  # t2 committed through the other replica
     assert rows_of(a.read(name))[1:] == [{"p": 0, "k": 1, "a": "w", "b": None}, {"p": 0, "k": 2, "a": "t2", "b": None}]
 
 
