@@ -106,6 +106,7 @@ class Settings:
     trace_commits: str | None = None
     storage_options: dict | None = field(default=None, repr=False)
     credentials: str | None = None
+    lease: str = "spark"  # option 'lease': "none" when the caller holds the snapshot (spark.read_table)
     app: tuple[str, int] | None = None  # options app_id, app_version: an idempotent write's
 
 
@@ -208,9 +209,14 @@ def settings(options: Any, *, write: bool = False) -> Settings:
             changes = (_time_option(options, "changes_from"), _time_option(options, "changes_to"), by)
         else:
             raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
+    lease = (_option(options, "lease") or "spark").lower()
+    if lease not in ("spark", "none"):
+        raise InvalidInput(f"mergetxn: option 'lease' must be 'spark' (the read keeps its snapshot in use "
+                           f"read_lease_seconds after planning) or 'none' (the caller holds it), not {lease!r}")
     return Settings(
         table=table,
         replica=replica,
+        lease=lease,
         txn=_option(options, "txn"),
         snapshot=snapshot,
         as_of=None if as_of is None else as_of.timestamp(),
@@ -683,7 +689,7 @@ class MergetxnReader(DataSourceReader):
             try:
                 # The job's snapshot stays in use until the lease lapses (read_lease_seconds after
                 # planning): Spark tells a reader nothing when the job ends, so there is no release.
-                r = client.call("visible", lease="spark", **args)
+                r = client.call("visible", lease=s.lease, **args)
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
         metas = [PartMeta.from_dict(m) for m in r["parts"]]

@@ -244,12 +244,13 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
         terms = parse_where(where, tdef)
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         why = _blocker(client.storage, tdef, metas)
-        if why is not None:
-            hold.release()
+        if why is not None:  # the data source reads the snapshot this hold keeps in use
             _fallback("read_table", why)
             df = (session.read.format("mergetxn").option("replica", address)
-                  .option("snapshot", str(snap)).load(table))
-            return df if not terms else df.where(_spark_where(terms))
+                  .option("snapshot", str(snap)).option("lease", "none").load(table))
+            df = df if not terms else df.where(_spark_where(terms))
+            hold.attach(df, snap, [m.name for m in metas])
+            return df
         expr = _arrow_where(terms)
         if expr is not None:
             metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version),

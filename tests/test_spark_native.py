@@ -195,9 +195,14 @@ def test_snapshot_held_while_dataframe_lives(spark, c0: Client, monkeypatch: pyt
     monkeypatch.setattr(native, "RELEASE_LINGER", 0.5)
     del df
     assert poll(lambda: not native.holds(), timeout=30, interval=0.2)
-    assert poll(lambda: not (old & {r.get("part") for r in c0.gc(grace_seconds=0)["kept"]})
-                and not any(Path(c0.storage.url, "nt_hold").rglob(f"{next(iter(old))}.parquet")),
-                timeout=60, interval=1.0)
+    last: dict = {}
+
+    def collected() -> bool:
+        last["report"] = c0.gc(grace_seconds=0)
+        return (not (old & {r.get("part") for r in last["report"]["kept"]})
+                and not any(Path(c0.storage.url, "nt_hold").rglob(f"{next(iter(old))}.parquet")))
+
+    assert poll(collected, timeout=60, interval=1.0), [r.get("reason") for r in last["report"]["kept"] if r.get("part") in old]
 
 
 # ---------------------------------------------------------------------------------------------
