@@ -1,0 +1,287 @@
+"""Structured Streaming through `format("mergetxn")` (spark/streaming.py) against real Spark (local
+mode), a real ZooKeeper and a real replica.
+
+The sink: every micro-batch committed exactly once, across restarts from the checkpoint, when the
+commit runner dies after the parts are written and before the commit (the batch runs again and
+commits once) or after the commit and before Spark's commit log (Spark replays the batch; the
+replay's DuplicateCommit is a success and leaves no file), and when a checkpoint's commit log
+entry is lost. Two racing commits with the same app version are tested without Spark in
+tests/test_app_version.py (exactly one wins).
+
+The source: changes with CSNs as offsets, resumed from the checkpoint without gaps or repeats
+while other commits land between runs; by time, compactions never appear.
+
+The input of the sink is a directory of Parquet files filled between runs, one file a batch
+(`maxFilesPerTrigger=1`), each run `trigger(availableNow=True)`: the batches are known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.cluster import make_cluster  # tests/ is on sys.path
+from test_spark import DDL, SCHEMA, as_rows, local_files, new_session, rows, visible_parts
+
+import coordinator
+from coordinator.client import Client
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    with make_cluster(tmp_path_factory, None, "streamcluster", replicas=1) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def r0(cluster: coordinator.LocalCluster) -> str:
+    return cluster.replica_addresses[0]
+
+
+@pytest.fixture(scope="module")
+def spark(cluster: coordinator.LocalCluster):
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    session = new_session("mergetxn-streaming-tests")
+    yield session
+    session.stop()
+
+
+def arrow(data: list[tuple]) -> pa.Table:
+    return pa.table({"id": [r[0] for r in data], "k": [r[1] for r in data], "v": [r[2] for r in data]},
+                    schema=SCHEMA)
+
+
+class Input:
+    """A directory of Parquet files that a file stream reads one file per batch."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "input"
+        self.dir.mkdir()
+        self.n = 0
+
+    def add(self, data: list[tuple]) -> None:
+        pq.write_table(arrow(data), self.dir / f"f{self.n:04d}.parquet")
+        self.n += 1
+
+
+def run_sink(spark, src: Input, ckpt: Path, table: str, replica: str, **options: str) -> None:
+    """One run of the query over what the input holds now, from ``ckpt``."""
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet(str(src.dir))
+    w = df.writeStream.format("mergetxn").option("replica", replica).option("checkpointLocation", str(ckpt))
+    for k, v in options.items():
+        w = w.option(k, v)
+    q = w.trigger(availableNow=True).start(table)
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+
+def query_id(ckpt: Path) -> str:
+    return json.loads((ckpt / "metadata").read_text().splitlines()[0])["id"]
+
+
+def commit_csns(client: Client, table: str) -> set[int]:
+    return {p["creation_csn"] for p in visible_parts(client, table)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The sink
+
+
+def test_each_batch_committed_once_across_restarts(spark, c0: Client, r0: str, tmp_path: Path) -> None:
+    c0.create_table("ss_once", SCHEMA, auto_merge=False)
+    src, ckpt = Input(tmp_path), tmp_path / "ckpt"
+    for i in range(3):
+        src.add(rows(i * 10, 10))
+    run_sink(spark, src, ckpt, "ss_once", r0)
+    assert as_rows(c0.read("ss_once")) == sorted(rows(0, 30))
+    assert len(commit_csns(c0, "ss_once")) == 3  # one commit per micro-batch
+    app = "spark-stream:" + query_id(ckpt)
+    assert c0.app_version(app) == 2
+
+    # A restart from the checkpoint goes on with batches 3 and 4, nothing of 0..2 again.
+    src.add(rows(30, 5))
+    src.add(rows(35, 5))
+    run_sink(spark, src, ckpt, "ss_once", r0)
+    assert as_rows(c0.read("ss_once")) == sorted(rows(0, 40))
+    assert len(commit_csns(c0, "ss_once")) == 5 and c0.app_version(app) == 4
+    # A new checkpoint is a new query: its batches start at 0 again and are not taken for replays.
+    run_sink(spark, src, tmp_path / "ckpt2", "ss_once", r0)
+    assert c0.read("ss_once").num_rows == 80
+
+
+def _only_visible_files(cluster: coordinator.LocalCluster, c0: Client, table: str) -> bool:
+    root = Path(cluster.storage_url) / table
+    visible = {str(Path(cluster.storage_url) / p["path"]) for p in visible_parts(c0, table)}
+    return {str(root / f) for f in local_files(cluster, table)} == visible
+
+
+def test_commit_runner_dies_before_the_commit(spark, cluster, c0: Client, r0: str, tmp_path: Path) -> None:
+    """Parts written, nothing committed: the restarted query runs the batch again, once."""
+    c0.create_table("ss_before", SCHEMA, auto_merge=False)
+    src, ckpt, fp = Input(tmp_path), tmp_path / "ckpt", tmp_path / "fp"
+    fp.mkdir()
+    src.add(rows(0, 10))
+    run_sink(spark, src, ckpt, "ss_before", r0)
+    src.add(rows(10, 10))
+    (fp / "stream_before_commit").touch()
+    with pytest.raises(Exception):
+        run_sink(spark, src, ckpt, "ss_before", r0, failpoints=str(fp))
+    assert (fp / "stream_before_commit.reached").exists()
+    assert as_rows(c0.read("ss_before")) == sorted(rows(0, 10))
+    # Spark aborts the failed batch (its transaction rolled back, its parts deleted); a driver
+    # killed outright leaves them to cleanup: either way none is visible.
+    run_sink(spark, src, ckpt, "ss_before", r0)
+    assert as_rows(c0.read("ss_before")) == sorted(rows(0, 20))
+    assert c0.app_version("spark-stream:" + query_id(ckpt)) == 1
+
+
+def test_commit_runner_dies_after_the_commit_replay_is_exactly_once(spark, cluster, c0: Client, r0: str,
+                                                                    tmp_path: Path) -> None:
+    """Committed at the replica, not in Spark's commit log: Spark replays the batch on restart
+    and the replay changes nothing (and leaves no file behind)."""
+    c0.create_table("ss_after", SCHEMA, auto_merge=False)
+    src, ckpt, fp = Input(tmp_path), tmp_path / "ckpt", tmp_path / "fp"
+    fp.mkdir()
+    src.add(rows(0, 10))
+    src.add(rows(10, 10))
+    (fp / "stream_after_commit").touch()
+    with pytest.raises(Exception):
+        run_sink(spark, src, ckpt, "ss_after", r0, failpoints=str(fp))
+    assert (fp / "stream_after_commit.reached").exists()
+    assert as_rows(c0.read("ss_after")) == sorted(rows(0, 10))  # batch 0 committed at the replica
+    assert not (ckpt / "commits" / "0").exists()  # ... and not in Spark's commit log
+    run_sink(spark, src, ckpt, "ss_after", r0)
+    assert as_rows(c0.read("ss_after")) == sorted(rows(0, 20))
+    assert (ckpt / "commits" / "1").exists()
+    assert _only_visible_files(cluster, c0, "ss_after")  # the replay's parts were deleted
+
+
+def test_lost_commit_log_entry_replays_once(spark, cluster, c0: Client, r0: str, tmp_path: Path) -> None:
+    c0.create_table("ss_replay", SCHEMA, auto_merge=False)
+    src, ckpt = Input(tmp_path), tmp_path / "ckpt"
+    for i in range(2):
+        src.add(rows(i * 10, 10))
+    run_sink(spark, src, ckpt, "ss_replay", r0)
+    before = visible_parts(c0, "ss_replay")
+    for name in ("1", ".1.crc"):  # Spark runs batch 1 again on restart
+        (ckpt / "commits" / name).unlink(missing_ok=True)
+    run_sink(spark, src, ckpt, "ss_replay", r0)
+    assert (ckpt / "commits" / "1").exists()
+    assert as_rows(c0.read("ss_replay")) == sorted(rows(0, 20))
+    assert visible_parts(c0, "ss_replay") == before
+    assert _only_visible_files(cluster, c0, "ss_replay")
+
+
+def test_sink_bad_options(spark, c0: Client, r0: str, tmp_path: Path) -> None:
+    c0.create_table("ss_bad", SCHEMA, auto_merge=False)
+    src = Input(tmp_path)
+    src.add(rows(0, 3))
+    with pytest.raises(Exception, match=r"option 'app_version' does not apply to a stream"):
+        run_sink(spark, src, tmp_path / "c1", "ss_bad", r0, app_version="3")
+    with pytest.raises(Exception, match=r"unknown table 'ss_nope'"):
+        run_sink(spark, src, tmp_path / "c2", "ss_nope", r0)
+    assert c0.read("ss_bad").num_rows == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The source
+
+
+def run_source(spark, ckpt: Path, out: Path, table: str, replica: str, **options: str) -> None:
+    """One run of a stream of ``table``'s changes into Parquet files under ``out``."""
+    r = spark.readStream.format("mergetxn").option("replica", replica)
+    for k, v in options.items():
+        r = r.option(k, v)
+    q = (r.load(table).writeStream.format("parquet").option("path", str(out))
+         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+
+def streamed(spark, out: Path) -> list[tuple]:
+    if not out.exists():
+        return []
+    return sorted((r["_csn"], r["_change"], r["id"]) for r in spark.read.parquet(str(out)).collect())
+
+
+def insert(client: Client, table: str, data: list[tuple]) -> int:
+    with client.transaction() as tx:
+        tx.insert(table, arrow(data))
+    return tx.csn
+
+
+def test_source_resumes_from_its_checkpoint_without_gaps_or_repeats(spark, c0: Client, r0: str,
+                                                                    tmp_path: Path) -> None:
+    c0.create_table("ss_src", SCHEMA, auto_merge=False)
+    c0.create_table("ss_other", SCHEMA, auto_merge=False)
+    insert(c0, "ss_src", rows(0, 3))  # before the start: never streamed
+    start = c0.snapshot()
+    a = insert(c0, "ss_src", rows(3, 3))
+    b = insert(c0, "ss_src", rows(6, 2))
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    run_source(spark, ckpt, out, "ss_src", r0, changes_from=str(start))
+    expected = [(a, "insert", i) for i in range(3, 6)] + [(b, "insert", i) for i in range(6, 8)]
+    assert streamed(spark, out) == sorted(expected)
+
+    # Between runs: commits to the table (an overwrite: its deletes too) and to another table.
+    c = insert(c0, "ss_src", rows(8, 2))
+    insert(c0, "ss_other", rows(0, 5))
+    with c0.transaction() as tx:
+        tx.overwrite("ss_src", arrow(rows(100, 1)))
+    d = tx.csn
+    run_source(spark, ckpt, out, "ss_src", r0, changes_from=str(start))
+    expected += [(c, "insert", i) for i in range(8, 10)]
+    expected += [(d, "delete", i) for i in range(0, 10)] + [(d, "insert", 100)]
+    assert streamed(spark, out) == sorted(expected)  # each change once, none missing
+
+    # A run with nothing new adds nothing.
+    run_source(spark, ckpt, out, "ss_src", r0, changes_from=str(start))
+    assert streamed(spark, out) == sorted(expected)
+
+
+def test_source_by_time_leaves_compactions_out(spark, c0: Client, r0: str, tmp_path: Path) -> None:
+    c0.create_table("ss_time", SCHEMA, auto_merge=False)
+    pin = c0.begin()  # keeps cleanup from collecting what the compaction removed before the streams read it
+    start = pin.snapshot
+    a = insert(c0, "ss_time", rows(0, 2))
+    b = insert(c0, "ss_time", rows(2, 2))
+    compaction = c0.compact("ss_time", kind="major")
+    c = insert(c0, "ss_time", rows(4, 1))
+    inserts = [(a, "insert", 0), (a, "insert", 1), (b, "insert", 2), (b, "insert", 3), (c, "insert", 4)]
+    out_time, out_id = tmp_path / "by_time", tmp_path / "by_id"
+    run_source(spark, tmp_path / "ck_time", out_time, "ss_time", r0, changes_from=str(start), changes_by="time")
+    assert streamed(spark, out_time) == sorted(inserts)
+    run_source(spark, tmp_path / "ck_id", out_id, "ss_time", r0, changes_from=str(start))
+    by_id = streamed(spark, out_id)
+    assert {r[0] for r in by_id} == {a, b, compaction, c}  # by id the compaction's rewrite shows
+    assert sorted(r for r in by_id if r[0] == compaction) == sorted(
+        [(compaction, "delete", i) for i in range(4)] + [(compaction, "insert", i) for i in range(4)])
+    pin.rollback()
+
+
+def test_source_needs_changes_from(spark, c0: Client, r0: str, tmp_path: Path) -> None:
+    c0.create_table("ss_src_bad", SCHEMA, auto_merge=False)
+    with pytest.raises(Exception, match=r"needs option 'changes_from'"):
+        run_source(spark, tmp_path / "ck", tmp_path / "out", "ss_src_bad", r0)
+    with pytest.raises(Exception, match=r"'changes_from' must be an integer, not 'yesterday'"):
+        run_source(spark, tmp_path / "ck2", tmp_path / "out2", "ss_src_bad", r0, changes_from="yesterday")
+    # 'latest': only what commits from the query's start.
+    insert(c0, "ss_src_bad", rows(0, 2))
+    run_source(spark, tmp_path / "ck3", tmp_path / "out3", "ss_src_bad", r0, changes_from="latest")
+    assert streamed(spark, tmp_path / "out3") == []
+    d = insert(c0, "ss_src_bad", rows(2, 1))
+    run_source(spark, tmp_path / "ck3", tmp_path / "out3", "ss_src_bad", r0, changes_from="latest")
+    assert streamed(spark, tmp_path / "out3") == [(d, "insert", 2)]
