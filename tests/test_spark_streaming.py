@@ -285,3 +285,30 @@ def test_source_needs_changes_from(spark, c0: Client, r0: str, tmp_path: Path) -
     d = insert(c0, "ss_src_bad", rows(2, 1))
     run_source(spark, tmp_path / "ck3", tmp_path / "out3", "ss_src_bad", r0, changes_from="latest")
     assert streamed(spark, tmp_path / "out3") == [(d, "insert", 2)]
+
+
+def test_changes_by_id_without_compactions_is_by_time(c0: Client) -> None:
+    """What a by-time stream reads per batch: by id with CSN bounds, leaving out what by time
+    leaves out (a compaction's rewrite), the same rows as by time."""
+    import datetime as dt
+
+    c0.create_table("ss_nocompact", SCHEMA, auto_merge=False)
+    pin = c0.begin()  # keeps what the compaction removed readable
+    t0 = dt.datetime.now(dt.UTC)
+    start = pin.snapshot
+    a = insert(c0, "ss_nocompact", rows(0, 2))
+    b = insert(c0, "ss_nocompact", rows(2, 2))
+    compaction = c0.compact("ss_nocompact", kind="major")
+    insert(c0, "ss_nocompact", rows(4, 1))
+
+    def keyed(t: pa.Table) -> list[tuple]:
+        return sorted(zip(t.column("_csn").to_pylist(), t.column("_change").to_pylist(), t.column("id").to_pylist()))
+
+    by_time = keyed(c0.changes("ss_nocompact", t0, by="time"))
+    assert keyed(c0.changes("ss_nocompact", start, by="id", compactions=False)) == by_time
+    assert compaction not in {r[0] for r in by_time} and {a, b} <= {r[0] for r in by_time}
+    assert compaction in {r[0] for r in keyed(c0.changes("ss_nocompact", start, by="id"))}
+    # CSN bounds hold: (a, compaction] by id without compactions is b's rows only.
+    assert keyed(c0.changes("ss_nocompact", a, compaction, by="id", compactions=False)) == [
+        (b, "insert", 2), (b, "insert", 3)]
+    pin.rollback()
