@@ -40,13 +40,15 @@ planned partitions (Arrow IPC), as the batch source's incremental reads do.
 
 Option ``failpoints`` (a directory; tests): when ``<dir>/stream_before_commit`` or
 ``<dir>/stream_after_commit`` exists, the commit runner that reaches that point removes it,
-creates ``<name>.reached`` and dies (``os._exit``), as a driver killed there would.
+creates ``<name>.reached`` and dies (``os._exit``), as a driver killed there would; if the file
+says ``hold``, it waits there instead, for the test to kill the driver itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -279,11 +281,15 @@ def _failpoint(directory: str | None, name: str) -> None:
         return
     armed = os.path.join(directory, name)
     try:
+        with open(armed) as f:
+            hold = f.read().strip() == "hold"
         os.remove(armed)
     except FileNotFoundError:
         return
     with open(armed + ".reached", "w"):
         pass
+    while hold:  # until the driver is killed
+        time.sleep(0.05)
     os._exit(70)
 
 

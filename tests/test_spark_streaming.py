@@ -4,8 +4,8 @@ mode), a real ZooKeeper and a real replica.
 The sink: every micro-batch committed exactly once, across restarts from the checkpoint, when the
 commit runner dies after the parts are written and before the commit (the batch runs again and
 commits once) or after the commit and before Spark's commit log (Spark replays the batch; the
-replay's DuplicateCommit is a success and leaves no file), and when a checkpoint's commit log
-entry is lost. Two racing commits with the same app version are tested without Spark in
+replay's DuplicateCommit is a success and leaves no file), the same with the whole driver (a
+process of its own) SIGKILLed at those points, and when a checkpoint's commit log entry is lost. Two racing commits with the same app version are tested without Spark in
 tests/test_app_version.py (exactly one wins).
 
 The source: changes with CSNs as offsets, resumed from the checkpoint without gaps or repeats
@@ -18,6 +18,7 @@ The input of the sink is a directory of Parquet files filled between runs, one f
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -312,3 +313,74 @@ def test_changes_by_id_without_compactions_is_by_time(c0: Client) -> None:
     assert keyed(c0.changes("ss_nocompact", a, compaction, by="id", compactions=False)) == [
         (b, "insert", 2), (b, "insert", 3)]
     pin.rollback()
+
+
+# ---------------------------------------------------------------------------------------------
+# A driver killed outright (SIGKILL of its process group: no abort, no cleanup of its own)
+
+DRIVER = r"""
+import sys
+sys.path[:0] = [{root!r}, {tests!r}]
+from test_spark import DDL, new_session
+spark = new_session("killed-driver", master="local[2]")
+df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet({src!r})
+q = (df.writeStream.format("mergetxn").option("replica", {replica!r}).option("checkpointLocation", {ckpt!r})
+     .option("failpoints", {fp!r}).trigger(availableNow=True).start({table!r}))
+q.awaitTermination()
+"""
+
+
+@pytest.mark.parametrize("point", ["stream_before_commit", "stream_after_commit"])
+def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client, r0: str, tmp_path: Path,
+                                                      point: str) -> None:
+    """The driver (a process of its own) is SIGKILLed while batch 1's commit runner is held at
+    ``point``: parts written and not committed, or committed at the replica and not in Spark's
+    commit log. Restarted from the checkpoint, the query leaves every row exactly once; what the
+    dead batch wrote is never visible, and cleanup collects it once its transaction is gone."""
+    import os
+    import signal
+    import subprocess
+
+    from support.waiting import wait_until
+    from test_spark import ROOT, gc_collects
+
+    table = f"ss_kill_{point.split('_')[1]}"
+    c0.create_table(table, SCHEMA, auto_merge=False)
+    src, ckpt, fp = Input(tmp_path), tmp_path / "ckpt", tmp_path / "fp"
+    fp.mkdir()
+    src.add(rows(0, 10))
+    run_sink(spark, src, ckpt, table, r0)  # batch 0, committed
+    src.add(rows(10, 10))
+    (fp / point).write_text("hold")
+    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), src=str(src.dir), replica=r0,
+                           ckpt=str(ckpt), fp=str(fp), table=table)
+    driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: (fp / f"{point}.reached").exists() or driver.poll() is not None, timeout=240)
+        assert (fp / f"{point}.reached").exists(), f"the driver exited ({driver.returncode}) before {point}"
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+    assert (ckpt / "commits" / "0").exists() and not (ckpt / "commits" / "1").exists()
+    committed = rows(0, 20) if point == "stream_after_commit" else rows(0, 10)
+    assert as_rows(c0.read(table)) == sorted(committed)
+
+    run_sink(spark, src, ckpt, table, r0)
+    assert as_rows(c0.read(table)) == sorted(rows(0, 20))
+    assert c0.app_version("spark-stream:" + query_id(ckpt)) == 1
+    # Before the commit, the dead batch's transaction still runs (until txn_max_seconds) and
+    # keeps its parts; once it is gone, cleanup collects them. After it, nothing is left.
+    for t in c0.transactions():
+        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", t["id"]) + "_"  # parts are named after their transaction
+        if t["state"] == "running" and any(f.startswith(prefix) for f in _file_names(cluster, table)):
+            c0.kill(t["id"])
+    assert gc_collects(c0, lambda: set(local_files(cluster, table)) - _visible_files(c0, table))
+
+
+def _file_names(cluster: coordinator.LocalCluster, table: str) -> set[str]:
+    return {Path(f).name for f in local_files(cluster, table)}
+
+
+def _visible_files(c0: Client, table: str) -> set[str]:
+    return {str(Path(p["path"]).relative_to(table)) for p in visible_parts(c0, table)}
