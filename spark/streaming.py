@@ -34,8 +34,10 @@ resumes from its checkpoint's offset. The latest offset is the last CSN at or be
 snapshot that changed the table: every commit at or below a replica's snapshot is applied there,
 so no commit can later appear inside a range already read (no gaps), and none is read twice (the
 ranges do not overlap). ``changes_by="time"`` leaves compaction commits out, keeping CSN offsets.
-Changes older than what cleanup retained fail the query with ``SnapshotUnavailable`` instead of
-being skipped; a lagging stream pins nothing. Rows travel from the driver to the tasks in the
+While the query runs, its reader holds a read lease at the start of its next batch (renewed by
+a thread of the stream reader's process), so cleanup keeps what the stream has yet to read
+however far it lags; while it is stopped nothing is pinned, and changes older than what cleanup
+retained then fail the query with ``SnapshotUnavailable`` instead of being skipped. Rows travel from the driver to the tasks in the
 planned partitions (Arrow IPC), as the batch source's incremental reads do.
 
 Option ``failpoints`` (a directory; tests): when ``<dir>/stream_before_commit`` or
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -311,12 +314,60 @@ class MergetxnStreamReader(DataSourceStreamReader):
         self.src = src
         self.schema_json = schema.json()
         self._last: int | None = None  # this process's last latestOffset
+        self._pin: tuple[int, str | None] | None = None  # (CSN, read lease) where the next batch starts
+        self._pin_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._lease_seconds = 30.0
         names = set(schema.fieldNames())
         if not {"_change", "_csn"} <= names:
             raise InvalidInput("mergetxn: a stream of changes needs option 'changes_from' (a CSN or 'latest')")
         with connect(src.s) as client:
             snap = client.snapshot()
             self._changes(client, snap, snap)  # fails now where changes cannot be read (keys tables)
+
+    # -- the pin: cleanup keeps what the next batch reads --------------------------------------
+    def _pin_at(self, csn: int) -> None:
+        """Hold a read lease at ``csn`` (the start of the next batch) in place of the last one, so
+        that cleanup keeps every part that the changes after it need while the query runs, however
+        far behind it falls (a compaction and cleanup between two batches included). Renewed by a
+        thread of this process (the stream reader's, which lives as long as the query); it lapses
+        if the process dies. SnapshotUnavailable if ``csn`` is already older than retained."""
+        with self._pin_lock:
+            if self._pin is not None and self._pin[0] == csn:
+                return
+            with connect(self.src.s) as client:
+                r = client.call("visible", table=self.src.s.table, snapshot=csn, partitions=[], lease="read")
+                old, self._pin = self._pin, (csn, r.get("lease"))
+                self._lease_seconds = float(r.get("lease_seconds") or 30.0)
+                if old is not None and old[1] is not None:
+                    _release_quietly(client, old[1])
+            if self._renewer is None:
+                self._renewer = threading.Thread(target=self._renew, name="mergetxn-stream-pin", daemon=True)
+                self._renewer.start()
+
+    def _renew(self) -> None:
+        while not self._stopped.wait(self._lease_seconds / 3):
+            with self._pin_lock:
+                lease = None if self._pin is None else self._pin[1]
+                if lease is None:
+                    continue
+                try:
+                    with connect(self.src.s) as client:
+                        client.call("renew", lease=lease)
+                except errors.MergetxnError:
+                    pass  # tried again at the next tick; a lapsed lease shows as SnapshotUnavailable
+
+    def stop(self) -> None:
+        self._stopped.set()
+        with self._pin_lock:
+            pin, self._pin = self._pin, None
+        if pin is not None and pin[1] is not None:
+            try:
+                with connect(self.src.s) as client:
+                    _release_quietly(client, pin[1])
+            except errors.MergetxnError:
+                pass  # it lapses
 
     def _changes(self, client, start: int, end: int) -> pa.Table:
         s = self.src.s
@@ -328,9 +379,12 @@ class MergetxnStreamReader(DataSourceStreamReader):
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
         if self.src.start is not None:
-            return {"csn": self.src.start}
-        with connect(self.src.s) as client:
-            return {"csn": client.snapshot()}
+            start = self.src.start
+        else:
+            with connect(self.src.s) as client:
+                start = client.snapshot()
+        self._pin_at(start)
+        return {"csn": start}
 
     def latestOffset(self) -> dict:  # noqa: N802
         """The replica's snapshot (every commit at or below it is applied there); once this
@@ -355,6 +409,7 @@ class MergetxnStreamReader(DataSourceStreamReader):
         lo, hi = _csn(start), _csn(end)
         if hi <= lo:
             return []
+        self._pin_at(lo)
         with connect(self.src.s) as client:
             data = self._changes(client, lo, hi)
         out = []
@@ -374,7 +429,15 @@ class MergetxnStreamReader(DataSourceStreamReader):
                 yield _fit(pa.Table.from_batches([batch]), target).to_batches()[0]
 
     def commit(self, end: dict) -> None:
-        """Nothing to release: the ranges read pin nothing."""
+        """Spark will not ask for changes at or before ``end`` again: the pin moves there."""
+        self._pin_at(_csn(end))
+
+
+def _release_quietly(client, lease: str) -> None:
+    try:
+        client.call("release", lease=lease)
+    except errors.MergetxnError:
+        pass  # it lapses
 
 
 def _csn(offset: Mapping[str, Any]) -> int:

@@ -384,3 +384,39 @@ def _file_names(cluster: coordinator.LocalCluster, table: str) -> set[str]:
 
 def _visible_files(c0: Client, table: str) -> set[str]:
     return {str(Path(p["path"]).relative_to(table)) for p in visible_parts(c0, table)}
+
+
+def test_a_running_stream_pins_what_it_has_yet_to_read(c0: Client, r0: str) -> None:
+    """Between two batches of a running query, a compaction removes the parts the next batch
+    reads and cleanup runs: the reader's lease at the start of its next batch keeps them. Driven
+    as Spark drives the reader (initialOffset, latestOffset, partitions, read, commit), in this
+    process."""
+    from spark.datasource import MergetxnDataSource
+
+    c0.create_table("ss_pin", SCHEMA, auto_merge=False)
+    start = c0.snapshot()
+    source = MergetxnDataSource({"path": "ss_pin", "replica": r0, "changes_from": str(start), "changes_by": "time"})
+    reader = source.streamReader(source.schema())
+
+    def batch(lo: dict, hi: dict) -> list[tuple]:
+        out = []
+        for part in reader.partitions(lo, hi):
+            for b in reader.read(part):
+                out += zip(b.column("_csn").to_pylist(), b.column("_change").to_pylist(), b.column("id").to_pylist())
+        return sorted(out)
+
+    try:
+        off0 = reader.initialOffset()
+        a = insert(c0, "ss_pin", rows(0, 2))
+        off1 = reader.latestOffset()
+        assert batch(off0, off1) == [(a, "insert", 0), (a, "insert", 1)]
+        reader.commit(off1)
+
+        b = insert(c0, "ss_pin", rows(2, 2))
+        c0.compact("ss_pin", kind="major")  # removes a's and b's parts
+        c0.gc(grace_seconds=0)
+        off2 = reader.latestOffset()
+        assert batch(off1, off2) == [(b, "insert", 2), (b, "insert", 3)]
+        reader.commit(off2)
+    finally:
+        reader.stop()
