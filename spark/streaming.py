@@ -326,6 +326,10 @@ class MergetxnStreamReader(DataSourceStreamReader):
             snap = client.snapshot()
             self._changes(client, snap, snap)  # fails now where changes cannot be read (keys tables)
 
+    def __getstate__(self) -> dict:
+        """What the tasks' ``read`` needs; the pin stays with the reader's process."""
+        return {"src": self.src, "schema_json": self.schema_json}
+
     # -- the pin: cleanup keeps what the next batch reads --------------------------------------
     def _pin_at(self, csn: int) -> None:
         """Hold a read lease at ``csn`` (the start of the next batch) in place of the last one, so

@@ -18,6 +18,7 @@ The input of the sink is a directory of Parquet files filled between runs, one f
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -70,7 +71,10 @@ class Input:
         self.n = 0
 
     def add(self, data: list[tuple]) -> None:
-        pq.write_table(arrow(data), self.dir / f"f{self.n:04d}.parquet")
+        path = self.dir / f"f{self.n:04d}.parquet"
+        pq.write_table(arrow(data), path)
+        when = 1_700_000_000 + self.n  # the file source takes the oldest first: one file per batch, in order
+        os.utime(path, (when, when))
         self.n += 1
 
 
@@ -337,7 +341,6 @@ def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client
     ``point``: parts written and not committed, or committed at the replica and not in Spark's
     commit log. Restarted from the checkpoint, the query leaves every row exactly once; what the
     dead batch wrote is never visible, and cleanup collects it once its transaction is gone."""
-    import os
     import signal
     import subprocess
 
