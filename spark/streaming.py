@@ -30,15 +30,16 @@ streams the rows of the parts added (``_change`` "insert") and removed ("delete"
 with ``_csn``; offsets are ``{"csn": n}``, a batch covers (start, end] and reads it with
 ``client.changes``. ``changes_from`` is required (it gives the stream its schema): a CSN, the
 changes after it, or ``"latest"``, the changes committed from the query's start. A restarted query
-resumes from its checkpoint's offset. The latest offset is the last CSN at or below the replica's
-snapshot that changed the table: every commit at or below a replica's snapshot is applied there,
-so no commit can later appear inside a range already read (no gaps), and none is read twice (the
-ranges do not overlap). ``changes_by="time"`` leaves compaction commits out, keeping CSN offsets.
-While the query runs, its reader holds a read lease at the start of its next batch (renewed by
-a thread of the stream reader's process), so cleanup keeps what the stream has yet to read
-however far it lags; while it is stopped nothing is pinned, and changes older than what cleanup
-retained then fail the query with ``SnapshotUnavailable`` instead of being skipped. Rows travel from the driver to the tasks in the
-planned partitions (Arrow IPC), as the batch source's incremental reads do.
+resumes from its checkpoint's offset. The latest offset never passes the replica's snapshot:
+every commit at or below a replica's snapshot is applied there, so no commit can later appear
+inside a range already read (no gaps), and none is read twice (the ranges do not overlap); after
+its first answer it is the last commit that changed the table, so commits elsewhere make no empty
+batches. ``changes_by="time"`` leaves compaction commits out, keeping CSN offsets. While the query
+runs, its reader holds a read lease at the start of its next batch (renewed by a thread of the
+stream reader's process), so cleanup keeps what the stream has yet to read however far it lags;
+while it is stopped nothing is pinned, and changes older than what cleanup retained then fail the
+query with ``SnapshotUnavailable`` instead of being skipped. Rows travel from the driver to the
+tasks in the planned partitions (Arrow IPC), as the batch source's incremental reads do.
 
 Option ``failpoints`` (a directory; tests): when ``<dir>/stream_before_commit`` or
 ``<dir>/stream_after_commit`` exists, the commit runner that reaches that point removes it,
