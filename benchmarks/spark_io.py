@@ -11,7 +11,12 @@ Besides wall time, each case reports the CPU seconds that the Spark JVM and its 
 (the process tree of the JVM) and the replica spent: on a small shared machine wall time moves
 with whatever else runs, CPU time much less.
 
-A third system shows the floor of the road itself: ``plainpq``, a bare Python data source that
+``native`` is the fast path (spark/native.py): ``spark.write_table(df, t, mode="overwrite")``
+(Spark's own Parquet writer into a staging directory, the driver commits the files as parts) and
+``spark.read_table(session, t)`` (Spark's own Parquet reader over the visible parts), measured in
+the same rounds; its ratios ``native / parquet`` are the targets (write <= 1.10x, read <= 1.05x).
+
+A fourth system shows the floor of the road itself: ``plainpq``, a bare Python data source that
 writes each task's Arrow batches as one Parquet file with pyarrow and reads files back the same
 way (no transaction, replica, checksum or part metadata). Spark moves the rows between the JVM and
 the Python workers as Arrow for any Python data source, and on two cores that conversion alone
@@ -190,7 +195,8 @@ def main() -> None:
             import pyspark
 
             results["machine"]["spark"] = pyspark.__version__
-            roots = [session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
+            roots = [os.getpid(),  # the driver: write_table adopts the files here
+                     session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
                      cluster.replica_pid(0)]
             schema = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("v", pa.float64()), ("s", pa.string())])
             for rows in sizes:
@@ -203,26 +209,36 @@ def main() -> None:
                 frame(session, 10_000).write.format("mergetxn").mode("overwrite").save(table)
                 frame(session, 10_000).write.mode("overwrite").parquet(path)
                 session.read.format("mergetxn").load(table).write.format("noop").mode("overwrite").save()
+                native_table = f"native_{rows}"
+                client.create_table(native_table, schema)
+                mergetxn_spark.write_table(frame(session, 10_000), native_table, mode="overwrite")
+                mergetxn_spark.read_table(session, native_table).write.format("noop").mode("overwrite").save()
                 session.read.parquet(path).write.format("noop").mode("overwrite").save()
                 frame(session, 10_000).write.format("plainpq").mode("overwrite").save(plain)
                 session.read.format("plainpq").load(plain).write.format("noop").mode("overwrite").save()
                 runs: dict[str, list[tuple[float, float]]] = {
-                    k: [] for k in ("write_mergetxn", "write_parquet", "write_plainpq",
-                                    "read_mergetxn", "read_parquet", "read_plainpq")}
+                    k: [] for k in ("write_mergetxn", "write_native", "write_parquet", "write_plainpq",
+                                    "read_mergetxn", "read_native", "read_parquet", "read_plainpq")}
                 for _ in range(a.repeat):
                     runs["write_mergetxn"].append(timed(
                         lambda: df.write.format("mergetxn").mode("overwrite").save(table), roots))
                     runs["write_parquet"].append(timed(lambda: df.write.mode("overwrite").parquet(path), roots))
+                    runs["write_native"].append(timed(
+                        lambda: mergetxn_spark.write_table(df, native_table, mode="overwrite"), roots))
                     runs["write_plainpq"].append(timed(
                         lambda: df.write.format("plainpq").mode("overwrite").save(plain), roots))
                     runs["read_mergetxn"].append(timed(lambda: session.read.format("mergetxn").load(table)
                                                        .write.format("noop").mode("overwrite").save(), roots))
                     runs["read_parquet"].append(timed(lambda: session.read.parquet(path)
                                                       .write.format("noop").mode("overwrite").save(), roots))
+                    runs["read_native"].append(timed(lambda: mergetxn_spark.read_table(session, native_table)
+                                                     .write.format("noop").mode("overwrite").save(), roots))
                     runs["read_plainpq"].append(timed(lambda: session.read.format("plainpq").load(plain)
                                                       .write.format("noop").mode("overwrite").save(), roots))
                 assert client.read(table, columns=["id"]).num_rows == rows
                 assert session.read.format("mergetxn").load(table).count() == rows
+                assert mergetxn_spark.read_table(session, native_table).count() == rows
+                assert client.read(native_table, columns=["id"]).num_rows == rows
                 parts = client.parts(table).filter(pa.compute.field("visible")).num_rows
                 wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
                 cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
@@ -233,6 +249,10 @@ def main() -> None:
                     "read_ratio": round(wall["read_mergetxn"] / wall["read_parquet"], 3),
                     "write_cpu_ratio": round(cpu["write_mergetxn"] / cpu["write_parquet"], 3),
                     "read_cpu_ratio": round(cpu["read_mergetxn"] / cpu["read_parquet"], 3),
+                    "native_write_ratio": round(wall["write_native"] / wall["write_parquet"], 3),
+                    "native_read_ratio": round(wall["read_native"] / wall["read_parquet"], 3),
+                    "native_write_cpu_ratio": round(cpu["write_native"] / cpu["write_parquet"], 3),
+                    "native_read_cpu_ratio": round(cpu["read_native"] / cpu["read_parquet"], 3),
                     "write_vs_plainpq": round(wall["write_mergetxn"] / wall["write_plainpq"], 3),
                     "read_vs_plainpq": round(wall["read_mergetxn"] / wall["read_plainpq"], 3),
                     "runs": runs,
@@ -241,20 +261,24 @@ def main() -> None:
                 print(f"{rows:>9} rows: write {wall['write_mergetxn']:.2f}s vs {wall['write_parquet']:.2f}s "
                       f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x; plainpq {wall['write_plainpq']:.2f}s), "
                       f"read {wall['read_mergetxn']:.2f}s vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, "
-                      f"CPU {r['read_cpu_ratio']:.2f}x; plainpq {wall['read_plainpq']:.2f}s)", flush=True)
+                      f"CPU {r['read_cpu_ratio']:.2f}x; plainpq {wall['read_plainpq']:.2f}s); native write "
+                      f"{wall['write_native']:.2f}s ({r['native_write_ratio']:.2f}x), read {wall['read_native']:.2f}s "
+                      f"({r['native_read_ratio']:.2f}x)", flush=True)
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print("| rows | op | mergetxn | parquet | plainpq (bare Python data source) | mergetxn / parquet | "
-          "mergetxn / plainpq |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| rows | op | native (read_table/write_table) | mergetxn data source | parquet | "
+          "plainpq (bare Python data source) | native / parquet | data source / parquet | data source / plainpq |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for rows, r in results["sizes"].items():
         w, c = r["wall"], r["cpu"]
         for op in ("write", "read"):
-            print(f"| {int(rows):,} | {op} | {w[op + '_mergetxn']:.2f}s ({c[op + '_mergetxn']:.1f} cpu-s) | "
+            print(f"| {int(rows):,} | {op} | {w[op + '_native']:.2f}s ({c[op + '_native']:.1f} cpu-s) | "
+                  f"{w[op + '_mergetxn']:.2f}s ({c[op + '_mergetxn']:.1f} cpu-s) | "
                   f"{w[op + '_parquet']:.2f}s ({c[op + '_parquet']:.1f}) | "
                   f"{w[op + '_plainpq']:.2f}s ({c[op + '_plainpq']:.1f}) | "
+                  f"{r['native_' + op + '_ratio']:.2f}x (CPU {r['native_' + op + '_cpu_ratio']:.2f}x) | "
                   f"{r[op + '_ratio']:.2f}x (CPU {r[op + '_cpu_ratio']:.2f}x) | {r[op + '_vs_plainpq']:.2f}x |")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -118,7 +118,6 @@ class TableDef:
             raise InvalidInput("auto_merge must be True or False")
         groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
         if policy is Policy.KEYS:
-            auto_merge = False
             # Seed 003's defaults for keys tables (SPEC.md "Keys tables", "Limits per table").
             if txn_max_seconds is None:
                 txn_max_seconds = KEYS_TXN_MAX_SECONDS

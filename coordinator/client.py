@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors, keys, security
+from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
@@ -43,6 +44,7 @@ from parts.format import read_part, write_part
 from parts.meta import PartMeta
 from parts.ops import (
     _json_scalar,
+    apply_update,
     assignments,
     check_expression,
     conform,
@@ -79,6 +81,14 @@ class Client:
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
         # S uses one when the last catalog change at or before S (begin says it) is not after it.
         self._tables: dict[str, tuple[TableDef, int]] = {}
+        # Async commits (durability="async") of this client: the replica records them under this
+        # session; flush() accounts for each one made since the last flush (see flush).
+        self.session = uuid.uuid4().hex
+        self._async_lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
+        self._async_csn: int | None = None  # the last CSN of an async commit known durable
+        self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
         info = self._rpc.call("info", {}, timeout=CONNECT_TIMEOUT)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
@@ -224,18 +234,79 @@ class Client:
         return self.call("tables")
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self, isolation: str = SNAPSHOT) -> Transaction:
+    def begin(self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
         changed what its reads returned or could have returned fails it; see
-        coordinator/readsets.py)."""
+        coordinator/readsets.py).
+
+        ``atomicity`` (SPEC.md "Keys tables", seed 003): ``"full"``, or ``"none"`` to write keys
+        tables created with ``atomicity="none"`` (and only those; a mismatch either way fails the
+        commit with InvalidInput naming both modes, checked at commit). Such a transaction takes
+        no locks and never conflicts (the later commit wins per key), and its reads see the latest
+        applied state plus its own writes, not its snapshot; snapshot isolation only.
+        ``durability="async"`` (only with ``atomicity="none"``): ``commit()`` returns None once the
+        replica holds the commit in memory; :meth:`flush` waits until it is durable. See
+        coordinator/atomicity.py and replicas/async_commits.py."""
         isolation = check_isolation(isolation)
+        atomicity, durability = check_modes(atomicity, durability, isolation)
+        modes: dict[str, Any] = {}
+        if atomicity != FULL:
+            modes["atomicity"] = atomicity
+        if durability != SYNC:
+            modes.update(durability=durability, session=self.session)
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
-        r = self.call("begin", token=uuid.uuid4().hex)
+        r = self.call("begin", token=uuid.uuid4().hex, **modes)
         tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
-        tx._isolation = isolation
+        tx._isolation, tx._atomicity, tx._durability = isolation, atomicity, durability
         return tx
+
+    def flush(self) -> int | None:
+        """Wait until every async commit (``durability="async"``) this client made is durable in
+        ZooKeeper and applied on its replica; returns the CSN of the last one (None if this
+        client never made one that committed). Raises TransactionAborted naming the async
+        commits that did not commit (each failure is reported by one flush), including those
+        lost because the replica process died before they were durable: a crash loses at most
+        the async commits not flushed, each entirely.
+
+        The replica answers for the commits its process accepted; those it does not know of (it
+        restarted since) are asked one by one with commit_status, which decides them once their
+        replica is gone. Right after an async commit returned, reads (this client's too) may not
+        see it yet; after flush() they do."""
+        with self._flush_lock:
+            with self._async_lock:
+                unflushed, acks = list(self._unflushed), list(self._acks)
+            r = self.call("flush", session=self.session, ack=acks)
+            known = min(len(unflushed), int(r["accepted"])) if r.get("complete", True) else 0
+            failed = {f["id"]: f for f in r["failed"]}
+            csns = [] if r["csn"] is None else [int(r["csn"])]
+            for tid in unflushed[:len(unflushed) - known]:  # accepted by an earlier process of the replica
+                status = _await_outcome(lambda tid=tid: self.commit_status(tid), f"async commit {tid}",
+                                        f"commit_status({tid!r}) on any replica")
+                if status.status == "committed":
+                    csns.append(status.csn)
+                else:
+                    failed.setdefault(tid, {"id": tid, "type": "TransactionAborted",
+                                            "message": status.reason or status.status})
+            with self._async_lock:
+                del self._unflushed[:len(unflushed)]
+                self._acks = [f["id"] for f in r["failed"]]
+                if self._async_csn is not None:
+                    csns.append(self._async_csn)
+                self._async_csn = max(csns) if csns else None
+                last = self._async_csn
+        if failed:
+            shown = "; ".join(f"{f['id']}: {f.get('type', 'error')}: {f['message']}" for f in list(failed.values())[:5])
+            more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
+            raise TransactionAborted(f"{len(failed)} async commit(s) of this client did not commit{more}: {shown}",
+                                     ids=list(failed), csn=last)
+        return last
+
+    def _async_queued(self, tid: str) -> None:
+        with self._async_lock:
+            self._unflushed.append(tid)
+
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -246,9 +317,10 @@ class Client:
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
-    def transaction(self, isolation: str = SNAPSHOT) -> Iterator[Transaction]:
-        """Commits on normal exit, rolls back on an exception."""
-        tx = self.begin(isolation=isolation)
+    def transaction(self, isolation: str = SNAPSHOT, atomicity: str = FULL,
+                    durability: str = SYNC) -> Iterator[Transaction]:
+        """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
+        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability)
         try:
             yield tx
         except BaseException:
@@ -271,7 +343,7 @@ class Client:
         where: pc.Expression | None = None,
     ) -> pa.Table:
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
-        r = self.call("visible", **_visible_args(table, snapshot, as_of))
+        r = self.call("visible", **_visible_args(table, snapshot, as_of), **_point_hint(self._tables.get(table), where))
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -294,13 +366,20 @@ class Client:
              as_of: dt.datetime | None = None) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
         """Read ``table`` at one snapshot part by part, one part in memory at a time (the
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
-        giving each part's rows in the table's schema. The snapshot stays leased until the
+        giving each part's rows in the table's schema (for a keys table: each partition's rows,
+        one per key; ``parts`` then counts versions). The snapshot stays leased until the
         block ends."""
-        _not_keys(self.table(table), "scan (use read)")
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
 
         def tables(tdef: TableDef) -> Iterator[pa.Table]:
+            if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: fold each alone
+                by_partition: dict[str, list[PartMeta]] = {}
+                for meta in metas:
+                    by_partition.setdefault(partition_key(meta.partition), []).append(meta)
+                for _, group in sorted(by_partition.items()):
+                    yield self._read_keys(tdef, group, None, None, r.get("csns") or {})
+                return
             for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
                 yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
 
@@ -365,9 +444,19 @@ class Client:
 
     def _read_keys(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
                    where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
+        wanted = None
         if where is not None:  # after the fold: a newer version may move a row out of (or into) it
             check_expression(where, tdef.schema, f"filter on {tdef.name!r}")
+            # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
+            # part whose key summary cannot hold one of them adds no version the fold would keep.
+            wanted = keys.point_keys(where, tdef.schema, tdef.primary_key)
+            if wanted is not None:
+                hashed = {k: keys.key_hash(k) for k in wanted}
+                metas = [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
         datas = [read_part(self.storage, m) for m in metas]
+        if where is not None and wanted is not None:
+            # Only those keys' versions matter (the fold is per key): fold those alone.
+            datas = [d.filter(keys.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
         data = keys.merge(tdef.schema, tdef.primary_key,
                           [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
         if where is not None:
@@ -386,7 +475,6 @@ class Client:
         """Compact now, as a transaction of its own; returns its CSN."""
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        _not_keys(self.table(table), "compact")
         parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
@@ -433,10 +521,12 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
-        _not_keys(self.table(table), "changes")
         r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
+        if tdef.conflict_policy is Policy.KEYS:
+            with self._leased(r):
+                return self._key_changes(tdef, r)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
@@ -451,6 +541,24 @@ class Client:
             data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
+    def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
+        """``changes`` of a keys table: row changes per key (:func:`keys.row_changes`) from the
+        versions the commits in the range wrote, folded onto the rows those keys had at the
+        snapshot before the first of them (which the answer's lease holds). A compaction's output
+        is left out: it writes no new version (:func:`keys.folded`)."""
+        added: dict[int, list[PartMeta]] = {}
+        for p in r["parts"]:
+            meta = PartMeta.from_dict(p["part"])
+            if p["change"] == "insert" and not keys.folded(meta):
+                added.setdefault(p["csn"], []).append(meta)
+        if not added:
+            return keys.changes_schema(tdef.schema).empty_table()
+        commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
+        written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
+        first = commits[0][0]
+        before = self.read(tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written))
+        return keys.row_changes(tdef.schema, tdef.primary_key, before, commits)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
         """The event log (like ClickHouse's transactions_info_log): commit, part_added and
@@ -496,7 +604,10 @@ class Client:
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
-        tdef = _not_keys(self.table(table), "commit_parts")
+        tdef = self.table(table)
+        if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
+            raise InvalidInput(f"commit_parts op='overwrite' on keys table {table!r}: the keys to delete are read in "
+                               "a transaction; use tx.add_parts(..., op='overwrite')", table=table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
@@ -544,12 +655,25 @@ class Transaction:
         self.joined = joined
         self._ended = False
         self._isolation = SNAPSHOT  # set by Client.begin
+        self._atomicity = FULL  # set by Client.begin (a joined transaction: its replica knows)
+        self._durability = SYNC
+        self._queued = False  # an async commit was accepted (queued) by the replica
         self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/keys.py)
 
     @property
     def isolation(self) -> str:
         """``"snapshot"`` or ``"serializable"`` (``client.begin(isolation=...)``)."""
         return self._isolation
+
+    @property
+    def atomicity(self) -> str:
+        """``"full"`` or ``"none"`` (``client.begin(atomicity=...)``)."""
+        return self._atomicity
+
+    @property
+    def durability(self) -> str:
+        """``"sync"`` or ``"async"`` (``client.begin(durability=...)``)."""
+        return self._durability
 
     def _record_read(self, tdef: TableDef, where: pc.Expression | None) -> None:
         """A serializable transaction's read, recorded on its replica for the commit to check."""
@@ -612,15 +736,19 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
-    def _visible_csns(self, table: str) -> tuple[list[PartMeta], dict[str, int]]:
-        r = self.client.call("visible", table=table, id=self.id)
+    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None,
+                      hint: Mapping[str, Any] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
+        """The parts visible to this transaction (in ``pkeys``, when given; only those that may
+        hold the keys of a point read's ``hint``) and the creation CSN of each committed one
+        (its own parts have none)."""
+        args: dict[str, Any] = {"table": table, "id": self.id, **(hint or {})}
+        if pkeys is not None:
+            args["partitions"] = [list(p) for p in pkeys]
+        r = self.client.call("visible", **args)
         return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
 
     def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
-        args: dict[str, Any] = {"table": table, "id": self.id}
-        if pkeys is not None:
-            args["partitions"] = [list(p) for p in pkeys]
-        return [PartMeta.from_dict(m) for m in self.client.call("visible", **args)["parts"]]
+        return self._visible_csns(table, pkeys)[0]
 
     # -- statements -------------------------------------------------------------------------
     def insert(self, table: str, data: pa.Table) -> int:
@@ -661,6 +789,10 @@ class Transaction:
         Returns the number of keys given."""
         self._check_open()
         tdef = _keys_table(self.table(table), "lock_keys")
+        if self._atomicity == NONE:
+            raise InvalidInput(f"lock_keys on {table!r}: transaction {self.id} was begun with atomicity='none', "
+                               "which takes no locks (its commits never conflict); lock keys in a transaction begun "
+                               "with atomicity='full' on a table whose atomicity is 'full'", table=table, id=self.id)
         if mode not in keys.LOCK_MODES:
             raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {mode!r}", table=table)
         return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
@@ -670,7 +802,7 @@ class Transaction:
                                  self._seq + 1)
         self._seq += versions.num_rows
         parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
-                            tdef.ddl_version)
+                            tdef.ddl_version, primary_key=tdef.primary_key)
                  for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
@@ -680,7 +812,9 @@ class Transaction:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "overwrite")
+        tdef = self.table(table)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._overwrite_keys(tdef, data, partitions)
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
@@ -699,11 +833,43 @@ class Transaction:
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
+    def _overwrite_keys(self, tdef: TableDef, data: Any, partitions: Sequence[Any] | None) -> int:
+        """INSERT OVERWRITE of a keys table: every key the target partitions hold at this
+        transaction's snapshot (with its own writes) is deleted, then ``data`` written in
+        overwrite mode; a key in both ends with the new row."""
+        data = _as_table(data, tdef.name)
+        keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, 0)  # the data's problems first
+        present = [p for p, _ in split_by_partition(data.select(list(tdef.partition_by)), list(tdef.partition_by))]
+        if partitions is not None:
+            targets = _partitions(tdef, partitions)
+            outside = [p for p in present if p not in targets]
+            if outside:
+                raise InvalidInput(f"overwrite of {tdef.name!r}: data has rows in partition(s) {outside} "
+                                   f"outside the partitions given {targets}")
+        else:
+            targets = present if tdef.partition_by else None
+        self._delete_all_keys(tdef, targets)
+        return self._write_versions(tdef, data, keys.PUT)
+
+    def _delete_all_keys(self, tdef: TableDef, targets: list[tuple] | None) -> int:
+        """Delete every key of ``targets`` (partitions; None: the whole table) that a read here
+        returns; the read is part of a serializable transaction's read set."""
+        where = None if targets is None else _in_partitions(tdef, targets)
+        if targets == []:
+            return 0
+        self._record_read(tdef, where)
+        metas, csns = self._visible_csns(tdef.name)
+        live = self.client._read_parts(tdef, metas, list(tdef.primary_key), where, csns)
+        return self._write_versions(tdef, live, keys.DELETE) if live.num_rows else 0
+
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
-        """TRUNCATE the table or some partitions; returns the number of parts removed."""
+        """TRUNCATE the table or some partitions; returns the number of parts removed (on a keys
+        table: the number of keys deleted, each by a delete version)."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "truncate (use delete)")
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._delete_all_keys(tdef, targets)
         removed = [m.name for m in self._visible(table, targets)]
         self._stage(Truncate(table, tuple(removed),
                              None if targets is None else tuple(partition_key(p) for p in targets)))
@@ -726,9 +892,11 @@ class Transaction:
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
-        tdef = _not_keys(self.table(table), "update (use upsert(update=True))")
+        tdef = self.table(table)
         _check_predicate(where, tdef, "update")
         assigns = assignments(dict(set), tdef.schema)
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._update_keys(tdef, where, assigns)
         self._record_read(tdef, where)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
         self._stage(Mutate("update", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
@@ -736,14 +904,29 @@ class Transaction:
                            assignments=encode_assignments(assigns, tdef.schema)))
         return result.affected_rows
 
+    def _update_keys(self, tdef: TableDef, where: pc.Expression, assigns: dict[str, pc.Expression]) -> int:
+        """UPDATE of a keys table: the rows matching at this transaction's snapshot (with its own
+        writes) get update-mode versions of the assigned columns (so only their lock groups are
+        taken)."""
+        fixed = [c for c in assigns if c in tdef.primary_key]
+        if fixed:
+            raise InvalidInput(f"update of keys table {tdef.name!r} cannot set primary key column(s) {fixed} "
+                               "(delete the row and insert it under the new key)", table=tdef.name)
+        matched = self.read(tdef.name, where=where)  # recorded in the read set
+        if not matched.num_rows:
+            return 0
+        updated, _ = apply_update(matched, where, assigns)
+        return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keys.UPDATE)
+
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
         """Stage a compaction in this transaction; returns the number of parts it replaces."""
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
-        tdef = _not_keys(self.table(table), "compact")
+        tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
-        result = rewrite.compact(self.client.storage, tdef, self._visible(table, targets), kind, self.id)
+        visible, csns = self._visible_csns(table, targets)
+        result = rewrite.compact(self.client.storage, tdef, visible, kind, self.id, csns)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
         self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
         return len(result.removed)
@@ -759,9 +942,13 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
-        tdef = _not_keys(self.table(table), "add_parts")
+        tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
+        if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
+            targets = _overwrite_targets(tdef, metas, partitions)
+            self._delete_all_keys(tdef, None if not tdef.partition_by else targets)
+            op = "insert"  # the versions written after the deletes replace them
         if op == "insert":
             if metas:
                 self._stage(Insert(table, tuple(metas)))
@@ -802,10 +989,12 @@ class Transaction:
         self.client.call("set_app_version", id=self.id, app_id=app_id, version=version)
 
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
-        """Rows at this transaction's snapshot, with its own writes."""
+        """Rows at this transaction's snapshot, with its own writes; begun with
+        ``atomicity="none"``: the latest state its replica applied at the time of the read,
+        with its own writes (seed 003: non-atomic transactions read the latest data)."""
         self._check_open()
-        metas, csns = self._visible_csns(table)
         tdef = self.table(table)
+        metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
         self._record_read(tdef, where)
         return self.client._read_parts(tdef, metas, columns, where, csns)
 
@@ -818,20 +1007,34 @@ class Transaction:
         self._stage(DropTable(table))
 
     # -- ending -------------------------------------------------------------------------------
-    def commit(self) -> int:
+    def commit(self) -> int | None:
         """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing).
         Called again after it committed, it returns the same CSN (a retrying caller must not
-        write twice)."""
+        write twice). Begun with ``durability="async"``: returns None once the replica holds
+        the commit in memory, before ZooKeeper does (``client.flush()`` waits for it; a replica
+        crash before then loses it entirely); ``csn`` stays None (``commit_status(tx.id)`` tells
+        it later)."""
         if self.csn is not None:
-            return self.csn
+            return None if self._durability == ASYNC else self.csn
+        if self._queued:
+            return None
         self._check_open()
         try:
-            self.csn = self.client.call("commit", id=self.id)["csn"]
+            r = self.client.call("commit", id=self.id)
+            if r.get("queued"):
+                self._queued = True
+                self.client._async_queued(self.id)
+            else:
+                self.csn = r["csn"]
         except ReplicaUnavailable:
+            # Whether it was queued is not known: wait for its outcome as a sync commit would.
+            # Committed, it was queued: flush counts it among the replica's (see Client.flush).
             self.csn = self._outcome()
+            if self._durability == ASYNC:
+                self.client._async_queued(self.id)
         finally:
             self._ended = True
-        return self.csn
+        return None if self._durability == ASYNC else self.csn
 
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
@@ -885,6 +1088,19 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
     if as_of is not None:
         args["as_of"] = _timestamp(as_of, "as_of")
     return args
+
+
+def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> dict[str, Any]:
+    """``point_hint`` for the ``visible`` request of a read of a keys table whose filter fixes
+    whole keys (``keys.point_hint``), from the definition the client has cached: the replica
+    prunes with it only where the table at the read's snapshot has the same key columns."""
+    if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
+        return {}
+    try:
+        hint = keys.point_hint(where, cached[0].schema, cached[0].primary_key)
+    except (InvalidInput, TypeError, ValueError, pa.ArrowException):
+        return {}
+    return {} if hint is None else {"point_hint": hint}
 
 
 def _keys_table(tdef: TableDef, what: str) -> TableDef:
@@ -944,6 +1160,11 @@ def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
     strangers = [m.name for m in metas if m.table != tdef.name]
     if strangers:
         raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {tdef.name!r}")
+    if tdef.conflict_policy is Policy.KEYS:
+        rows = [m.name for m in metas if keys.OP not in m.stats]
+        if rows:
+            raise InvalidInput(f"part(s) {rows[:5]} of keys table {tdef.name!r} hold rows, not versions: write them "
+                               "with coordinator.keys.versions (as tx.insert/upsert do)", table=tdef.name)
 
 
 def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequence[Any] | None) -> list[tuple]:
@@ -958,6 +1179,18 @@ def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequen
                                f"outside the partitions given {targets}")
         return targets
     return present if tdef.partition_by else [()]
+
+
+def _in_partitions(tdef: TableDef, targets: Sequence[tuple]) -> pc.Expression:
+    """A filter matching the rows of the partitions ``targets`` (values of ``partition_by``)."""
+    expr = None
+    for values in targets:
+        term = None
+        for col, v in zip(tdef.partition_by, values):
+            eq = pc.field(col) == pa.scalar(v, tdef.schema.field(col).type)
+            term = eq if term is None else term & eq
+        expr = term if expr is None else expr | term
+    return expr if expr is not None else pc.scalar(True)
 
 
 def _rewrite_targets(tdef: TableDef, pkeys: tuple[str, ...] | None) -> tuple[str, ...] | None:

@@ -11,12 +11,31 @@ leaves some unset) and three hidden columns:
 * ``_seq``: the order of the version within its transaction (later writes win);
 * ``_cols``: for an update, the written non-key columns, comma-separated.
 
-Reads fold versions per key (:func:`merge`): the versions of committed parts in creation-CSN
-order, then ``_seq``; a transaction's own parts come after everything committed.
+A compaction's output part has a fourth, ``_ver``: each row's *version*, the CSN of the commit
+that wrote it (a part written by a transaction has none: its rows' version is the part's
+creation CSN). Reads fold versions per key (:func:`merge`) in (version, ``_seq``) order; a
+transaction's own parts come after everything committed.
+
+Compaction (:func:`fold`) replaces the versions of its source parts by fewer versions that every
+read seeing the output folds to the same rows. A folded row keeps the version of the last one it
+replaces, so it sorts exactly where that one did: a part written between two sources' commits, or
+after the sources but before the compaction committed, keeps its place in the order (the
+compaction's own CSN orders nothing). Only versions with no version of another part between them
+are folded together (a run); a run of UPDATEs stays an UPDATE (the base may be in a part the
+compaction did not read), and a DELETE is dropped only when no older version of its key exists
+in any part. Read locks are dropped: a compaction's output is never a key write
+(:func:`folded`; replicas/keylocks.py skips it), and the parts it replaced stay in storage while a
+transaction whose snapshot precedes them runs (replicas/cleanup.py), so the commit-time key check
+still reads them.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import hashlib
+import struct
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -27,8 +46,8 @@ from coordinator.errors import InvalidInput
 PUT, UPDATE, DELETE = 0, 1, 2
 LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
 LOCK_MODES = {"shared_strong": LOCK_STRONG, "shared_weak": LOCK_WEAK}
-OP, SEQ, COLS = "_op", "_seq", "_cols"
-HIDDEN = (OP, SEQ, COLS)
+OP, SEQ, COLS, VER = "_op", "_seq", "_cols", "_ver"
+HIDDEN = (OP, SEQ, COLS, VER)
 ATOMICITY = ("full", "none")
 OWN = float("inf")  # the order of a transaction's own (uncommitted) parts
 
@@ -149,12 +168,14 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
 def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[float, pa.Table]]) -> pa.Table:
     """One row per key from versions: ``parts`` are ``(order, rows in the part layout)``, the
     order a committed part's creation CSN (or :data:`OWN`). For each key the versions are
-    folded in (order, ``_seq``) order: PUT replaces the row, UPDATE sets the columns it wrote
-    on the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
+    folded in (version, ``_seq``) order, a row's version its ``_ver`` (compaction output) or
+    else its part's order: PUT replaces the row, UPDATE sets the columns it wrote on the row so
+    far (on none: the others null), DELETE removes it. Rows come sorted by key."""
     rows: list[tuple[Any, int, dict]] = []
     for order, data in parts:
         for r in data.to_pylist():
-            rows.append((order, r[SEQ], r))
+            ver = r.get(VER)
+            rows.append((order if ver is None else ver, r[SEQ], r))
     rows.sort(key=lambda t: (t[0], t[1]))
     names = schema.names
     current: dict[tuple, dict | None] = {}
@@ -175,6 +196,99 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
 
 def _sort_key(item: tuple[tuple, dict]) -> tuple:
     return tuple((v is None, v) for v in item[0])
+
+
+# -- compaction --------------------------------------------------------------------------------
+Version = tuple[int, int]  # (version CSN, _seq): a version's place in its key's order
+
+
+def folded_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The layout of a compaction's output part: a written part's plus ``_ver``."""
+    return file_schema(schema, primary_key).append(pa.field(VER, pa.int64(), False))
+
+
+def folded(meta: Any) -> bool:
+    """Whether a part (its :class:`~parts.meta.PartMeta`) is a compaction's output, told from its
+    metadata alone: its column statistics name every column of the file, and only a compaction
+    writes ``_ver``. Such a part writes no key (its versions were written, and checked, before)."""
+    return VER in meta.stats
+
+
+def row_versions(data: pa.Table, order: int, primary_key: Sequence[str]) -> dict[tuple, list[Version]]:
+    """Key -> the versions (:data:`Version`) of a committed part's rows (``order``: its creation
+    CSN), read locks left out: they are no versions reads see. ``data`` needs the key columns,
+    ``_op``, ``_seq`` and, for a compaction's output, ``_ver``."""
+    out: dict[tuple, list[Version]] = {}
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    ops, seqs = data.column(OP).to_pylist(), data.column(SEQ).to_pylist()
+    vers = data.column(VER).to_pylist() if VER in data.column_names else [None] * data.num_rows
+    for i, (op, seq, ver) in enumerate(zip(ops, seqs, vers)):
+        if op not in (LOCK_STRONG, LOCK_WEAK):
+            out.setdefault(tuple(c[i] for c in cols), []).append((order if ver is None else ver, seq))
+    return out
+
+
+def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]],
+         others: Mapping[tuple, Sequence[Version]]) -> pa.Table:
+    """A compaction's output (:func:`folded_schema`, sorted by key then version) from the
+    versions of its ``sources`` (``(creation CSN, rows)`` of committed parts) given ``others``:
+    key -> the versions of that key in every other part a read may combine with the output (the
+    parts visible beside the sources; later ones sort after them all and need not be given).
+
+    Per key, the sources' versions between two versions of ``others`` form a run, folded to one
+    version placed where the run's last one was (its ``_ver`` and ``_seq``): a PUT or DELETE
+    absorbs what precedes it in the run, later UPDATEs apply onto it (a DELETE followed by
+    UPDATEs becomes a PUT with the other columns null, as a read folds them); a run of UPDATEs
+    stays one UPDATE of the union of their columns. A run that ends deleted and has no version of
+    ``others`` before it is dropped: no older version is left for it to hide. Read locks go."""
+    names = list(schema.names)
+    by_key: dict[tuple, list[tuple[int, int, dict]]] = {}
+    for order, data in sources:
+        for r in data.to_pylist():
+            if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+                continue
+            ver = r.get(VER)
+            by_key.setdefault(tuple(r[k] for k in primary_key), []).append((order if ver is None else ver, r[SEQ], r))
+    out: list[dict] = []
+    for key, vs in sorted(by_key.items(), key=_sort_key):
+        vs.sort(key=lambda t: (t[0], t[1]))
+        theirs = sorted(others.get(key, ()))
+        run: list[dict] = []
+        for i, (ver, seq, r) in enumerate(vs):
+            run.append(r)
+            nxt = vs[i + 1] if i + 1 < len(vs) else None
+            at = bisect_left(theirs, (ver, seq))
+            if nxt is not None and bisect_left(theirs, (nxt[0], nxt[1])) == at:
+                continue  # no other version between this one and the next: same run
+            row = _fold_run(run, names, primary_key)
+            run = []
+            if row[OP] == DELETE and at == 0:
+                continue
+            out.append({**row, SEQ: seq, VER: ver})
+    return pa.Table.from_pylist(out, schema=folded_schema(schema, primary_key))
+
+
+def _fold_run(run: list[dict], names: list[str], primary_key: Sequence[str]) -> dict:
+    """One version equivalent to applying ``run`` in order onto any row (or none)."""
+    op: int | None = None
+    row: dict[str, Any] = {}
+    written: list[str] = []
+    for r in run:
+        if r[OP] == PUT:
+            op, row = PUT, {c: r[c] for c in names}
+        elif r[OP] == DELETE:
+            op, row = DELETE, {c: r[c] if c in primary_key else None for c in names}
+        else:
+            cols = [c for c in (r[COLS] or "").split(",") if c]
+            if op is None or op == UPDATE:
+                op = UPDATE
+                written += [c for c in cols if c not in written]
+                row = {**(row or {c: r[c] if c in primary_key else None for c in names}), **{c: r[c] for c in cols}}
+            else:
+                base = row if op == PUT else {c: r[c] if c in primary_key else None for c in names}
+                op, row = PUT, {**base, **{c: r[c] for c in cols}}
+    cols_text = ",".join(c for c in names if c in written) if op == UPDATE else None
+    return {**row, OP: op, COLS: cols_text}
 
 
 # -- locks -------------------------------------------------------------------------------------
@@ -245,3 +359,363 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
     if mw and STRONG in theirs:
         return "held a strong read lock on it"
     return "wrote it while this transaction held a read lock on it"
+
+
+# -- changes -----------------------------------------------------------------------------------
+def key_of(row: Mapping[str, Any], primary_key: Sequence[str]) -> tuple:
+    return tuple(row[k] for k in primary_key)
+
+
+def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str],
+                  primary_key: Sequence[str]) -> tuple | None:
+    """Fold one version row onto ``current`` (key -> row, None once deleted) as :func:`merge`
+    does; returns its key (None for a read lock, which changes nothing)."""
+    if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+        return None
+    key = key_of(r, primary_key)
+    if r[OP] == DELETE:
+        current[key] = None
+    elif r[OP] == PUT:
+        current[key] = {c: r[c] for c in names}
+    else:
+        before = current.get(key) or {c: r[c] if c in primary_key else None for c in names}
+        current[key] = {**before, **{c: r[c] for c in (r[COLS] or "").split(",") if c}}
+    return key
+
+
+def changes_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
+
+
+def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
+                commits: Iterable[tuple[int, Sequence[pa.Table]]]) -> pa.Table:
+    """The row changes of a keys table, one commit after the other: for each key a commit wrote
+    whose row it changed, a ``delete`` of the row it had (if any) and an ``insert`` of the row
+    it has after (if any), deletes first, keys sorted, with ``_csn``. ``before``: the rows (at
+    least those of the keys written) at the snapshot before the first commit; ``commits``:
+    ``(csn, version tables)`` in CSN order. A rewrite of a row to the same values, a read lock
+    and a delete of a missing key change nothing and show nothing, so what the rows of ``changes``
+    add up to is always what a read at the end returns."""
+    names = schema.names
+    current: dict[tuple, dict | None] = {key_of(r, primary_key): r for r in before.to_pylist()}
+    out: list[dict] = []
+    for csn, parts in commits:
+        rows = sorted((r for t in parts for r in t.to_pylist()), key=lambda r: r[SEQ])
+        old: dict[tuple, dict | None] = {}
+        for r in rows:
+            key = key_of(r, primary_key)
+            if key not in old:
+                old[key] = current.get(key)
+            apply_version(current, r, names, primary_key)
+        deletes, inserts = [], []
+        for key in sorted(old, key=lambda k: tuple((v is None, v) for v in k)):
+            was, now = old[key], current.get(key)
+            if was == now:
+                continue
+            if was is not None:
+                deletes.append({**was, "_change": "delete", "_csn": csn})
+            if now is not None:
+                inserts.append({**now, "_change": "insert", "_csn": csn})
+        out += deletes + inserts
+    return pa.Table.from_pylist(out, schema=changes_schema(schema))
+
+
+def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -> Any:
+    """A filter matching (at least) the keys of ``rows``: ``isin`` per key column."""
+    import pyarrow.compute as pc
+
+    expr = None
+    for k in primary_key:
+        values = pa.array(sorted(set(rows.column(k).to_pylist()), key=lambda v: (v is None, v)),
+                          schema.field(k).type)
+        term = pc.field(k).isin(values)
+        expr = term if expr is None else expr & term
+
+# -- key summaries: which keys a part may hold, without reading it ------------------------------
+# A keys-table part records, in its metadata (PartMeta.key_summary), the least and greatest key
+# it holds (when every key column is an int, a string or a bool: JSON scalars that order as
+# Arrow orders them) and a Bloom filter over its keys. The filter is fixed and documented, so
+# that every process, now and later, probes what another wrote:
+#
+# * a key (a tuple of Python values, one per primary key column, as ``to_pylist`` gives them)
+#   is encoded by :func:`encode_key`: per value a one-byte type tag, a 4-byte big-endian length
+#   and the payload (ints in decimal, strings in UTF-8, floats as IEEE big-endian with -0.0 as
+#   0.0, other types as their ``repr``);
+# * h1, h2 = the two little-endian unsigned 64-bit halves of blake2b (16-byte digest) of that,
+#   h2 forced odd; the filter of ``m`` bits sets bit ``(h1 + i*h2) mod m`` for i < ``k``
+#   (bit b is bit ``b % 8`` of byte ``b // 8``). Never Python's ``hash()``: it is salted per
+#   process.
+#
+# ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
+# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.05% false positives up to
+# MAX_FILTER_BITS / BITS_PER_KEY (32,768) keys per part, more beyond (a bigger part is still pruned by
+# its range). A filter never says "absent"
+# for a key the part holds; "present" is only a maybe, so every user verifies candidates.
+BITS_PER_KEY = 16
+HASHES = 11
+MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
+MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false positives
+EXACT_ROWS = 64  # a part of at most this many versions lists them in its summary
+_OPS = (PUT, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK)
+_ORDERED = (bool, int, str)
+
+
+def encode_key(key: Sequence[Any]) -> bytes:
+    """The bytes a key is hashed from (see above); equal keys of one table give equal bytes."""
+    out = bytearray()
+    for v in key:
+        if isinstance(v, bool):
+            tag, body = b"b", b"\x01" if v else b"\x00"
+        elif isinstance(v, int):
+            tag, body = b"i", str(v).encode()
+        elif isinstance(v, str):
+            tag, body = b"s", v.encode("utf-8")
+        elif isinstance(v, bytes):
+            tag, body = b"y", v
+        elif isinstance(v, float):
+            tag, body = b"f", struct.pack(">d", v + 0.0 if v == 0 else v)
+        else:
+            tag, body = b"r", f"{type(v).__name__}:{v!r}".encode()
+        out += tag + len(body).to_bytes(4, "big") + body
+    return bytes(out)
+
+
+def key_hash(key: Sequence[Any]) -> tuple[int, int]:
+    """``(h1, h2)`` of a key (see above): computed once per key, probed against many filters."""
+    d = hashlib.blake2b(encode_key(key), digest_size=16).digest()
+    return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
+
+
+def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BITS_PER_KEY,
+              max_bits: int = MAX_FILTER_BITS, exact_rows: int = EXACT_ROWS) -> dict:
+    """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
+    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, plus, for a
+    part of at most ``exact_rows`` versions whose keys are ints, strings or bools, ``"exact"``:
+    each version's ``[*key, _op, _cols]`` (a small commit's key set in its change set, so the
+    conflict check needs no read of it at all; :func:`exact_locks`)."""
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    distinct = set(zip(*cols)) if cols else set()
+    exact = None
+    if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
+            and all(isinstance(v, _ORDERED) for key in distinct for v in key)):
+        exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
+                                                                 data.column(COLS).to_pylist())]
+    m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
+    m += -m % 8
+    bits = bytearray(m // 8)
+    for key in distinct:
+        h1, h2 = key_hash(key)
+        for i in range(HASHES):
+            b = (h1 + i * h2) % m
+            bits[b >> 3] |= 1 << (b & 7)
+    lo = hi = None
+    if distinct and all(isinstance(v, _ORDERED) for v in next(iter(distinct))):
+        lo, hi = list(min(distinct)), list(max(distinct))
+    out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
+    if exact is not None:
+        out["exact"] = exact
+    return out
+
+
+def exact_locks(summary: Mapping[str, Any] | None, key_columns: int,
+                lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks | None:
+    """Key -> locks of a part from its summary's ``"exact"`` versions, as :func:`written_locks`
+    gives them from the file; None when it has none (or they do not fit ``key_columns``)."""
+    rows = None if summary is None else summary.get("exact")
+    if rows is None or any(len(r) != key_columns + 2 for r in rows):
+        return None
+    out: dict[tuple, frozenset[str]] = {}
+    for r in rows:
+        key, op, written = tuple(r[:key_columns]), r[key_columns], r[key_columns + 1]
+        held = locks(op, written.split(",") if written else (), lock_groups)
+        out[key] = out.get(key, frozenset()) | held
+    return out
+
+
+def summary_problem(s: Any) -> str | None:
+    """What is wrong with a key summary read from metadata, or None."""
+    if not isinstance(s, dict):
+        return f"must be an object, got {type(s).__name__}"
+    m, k, bloom = s.get("m"), s.get("k"), s.get("bloom")
+    if not (isinstance(m, int) and not isinstance(m, bool) and m > 0 and m % 8 == 0):
+        return f"'m' must be a positive multiple of 8, got {m!r}"
+    if not (isinstance(k, int) and not isinstance(k, bool) and 0 < k <= 64):
+        return f"'k' must be an integer in 1..64, got {k!r}"
+    if not isinstance(bloom, str):
+        return "'bloom' must be a base64 string"
+    try:
+        raw = _bits(bloom)
+    except ValueError:
+        return "'bloom' is not base64"
+    if len(raw) * 8 != m:
+        return f"'bloom' holds {len(raw) * 8} bits, 'm' says {m}"
+    for end in ("lo", "hi"):
+        v = s.get(end)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, _ORDERED) for x in v)):
+            return f"{end!r} must be a list of ints, strings or bools, got {v!r}"
+    if (s.get("lo") is None) != (s.get("hi") is None):
+        return "'lo' and 'hi' must be both set or both null"
+    exact = s.get("exact")
+    if exact is not None and not (
+            isinstance(exact, list)
+            and all(isinstance(r, list) and len(r) >= 3 and all(isinstance(v, _ORDERED) for v in r[:-2])
+                    and isinstance(r[-2], int) and not isinstance(r[-2], bool) and r[-2] in _OPS
+                    and (r[-1] is None or isinstance(r[-1], str)) for r in exact)):
+        return "'exact' must list [*key, op, columns] versions"
+    return None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bits(bloom: str) -> bytes:
+    return base64.b64decode(bloom, validate=True)
+
+
+def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tuple[int, int] | None = None) -> bool:
+    """False only when a part with this summary holds no version of ``key`` (no summary:
+    True). ``hashed``: :func:`key_hash` of the key, when the caller probes many parts."""
+    if summary is None:
+        return True
+    lo, hi = summary.get("lo"), summary.get("hi")
+    if lo is not None:
+        t = tuple(key)
+        try:
+            if t < tuple(lo) or t > tuple(hi):
+                return False
+        except TypeError:  # a key of other types than the part's: let the filter say
+            pass
+    h1, h2 = hashed if hashed is not None else key_hash(key)
+    m, bits = summary["m"], _bits(summary["bloom"])
+    for i in range(summary["k"]):
+        b = (h1 + i * h2) % m
+        if not bits[b >> 3] >> (b & 7) & 1:
+            return False
+    return True
+
+
+def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
+    """Whether a part with this summary may hold a version of any of the keys (``key ->
+    key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
+    part committed since a snapshot with every key it writes)."""
+    if summary is None:
+        return True
+    lo, hi = summary.get("lo"), summary.get("hi")
+    if lo is not None:
+        lo, hi = tuple(lo), tuple(hi)
+    m, k, bits = summary["m"], summary["k"], _bits(summary["bloom"])
+    for key, (h1, h2) in hashed.items():
+        if lo is not None:
+            try:
+                if key < lo or key > hi:
+                    continue
+            except TypeError:
+                pass
+        a, b = h1 % m, h2 % m
+        for _ in range(k):
+            if not bits[a >> 3] >> (a & 7) & 1:
+                break
+            a = (a + b) % m
+        else:
+            return True
+    return False
+
+
+def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024) -> list[tuple] | None:
+    """The keys a filter can match, when it fixes every primary key column by equality (an AND
+    of ``column == literal`` terms, maybe with other terms, or an OR of such): ``k == 5``,
+    ``(a == 1) & (b == "x")``, ``(k == 1) | (k == 2)``. None when it does not (or when in
+    doubt, or past ``limit`` keys): then every part may hold a match. The literals are cast to
+    the key columns' types (as the comparison does), so the keys are what the part data holds."""
+    from parts.ops import _UNSUPPORTED, _compile  # the pruning parser: one reading of filters
+
+    if where is None:
+        return None
+    tree = _compile(where, schema)
+    if tree is _UNSUPPORTED:
+        return None
+    pk = set(primary_key)
+
+    def assignments(node: tuple) -> list[dict] | None:
+        """Alternatives, each fixing some key columns; None: not understood."""
+        if node[0] in ("and", "or"):
+            left, right = assignments(node[1]), assignments(node[2])
+            if left is None or right is None:
+                return None
+            if node[0] == "or":
+                return left + right
+            out = []
+            for a in left:
+                for b in right:
+                    if all(a[c] == b[c] for c in a.keys() & b.keys()):
+                        out.append({**a, **b})
+            return out if len(out) <= limit else None
+        _, (kind, ref), op, value, _flipped = node
+        name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
+        if op != "==" or name not in pk:
+            return [{}]  # no constraint on the key (it only narrows further)
+        try:
+            cast = pa.scalar(value).cast(schema.field(name).type, safe=True).as_py()
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if cast != value or type(cast) is not type(value):
+            return None  # not a lossless cast: leave it to the filter after the fold
+        return [{name: cast}]
+
+    found = assignments(tree)
+    if found is None or len(found) > limit or any(len(a) != len(pk) for a in found):
+        return None
+    return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
+
+
+def point_hint(where: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict | None:
+    """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
+    (:func:`point_keys`), so the replica lists only the parts that may hold them:
+    ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
+    not JSON scalars)."""
+    found = point_keys(where, schema, primary_key)
+    if found is None or not all(isinstance(v, _ORDERED + (float,)) for k in found for v in k):
+        return None
+    return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}
+
+
+def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict[tuple, tuple[int, int]] | None:
+    """The keys of a reader's :func:`point_hint` as the table at the read's snapshot holds them
+    (``key -> key_hash``), or None to prune nothing: the hint was made for other key columns (a
+    definition the reader had cached), or a value is not exactly one of the column's. Each
+    value is cast to its column's type and must come back unchanged, so the keys are exactly
+    those the reader's filter can match."""
+    if hint is None:
+        return None
+    if not (isinstance(hint, dict) and isinstance(hint.get("key_columns"), list) and isinstance(hint.get("keys"), list)
+            and all(isinstance(k, list) for k in hint["keys"])):
+        raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {hint!r}")
+    if hint["key_columns"] != list(primary_key) or not primary_key:
+        return None
+    out = {}
+    types = [schema.field(c).type for c in primary_key]
+    for key in hint["keys"]:
+        if len(key) != len(primary_key):
+            return None
+        try:
+            cast = tuple(pa.scalar(v).cast(t, safe=True).as_py() for v, t in zip(key, types))
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if cast != tuple(key) or any(type(a) is not type(b) for a, b in zip(cast, key)):
+            return None
+        out[cast] = key_hash(cast)
+    return out
+
+
+def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:
+    """A filter expression keeping the rows of the keys ``wanted`` (none if empty)."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) == 1:
+        k = primary_key[0]
+        return pc.field(k).isin(pa.array([key[0] for key in wanted], schema.field(k).type))
+    expr = pc.scalar(False)
+    for key in wanted:
+        term = pc.scalar(True)
+        for c, v in zip(primary_key, key):
+            term = term & (pc.field(c) == v)
+        expr = expr | term
+    return expr

@@ -98,6 +98,10 @@ class Shape:
 
     partition_by: Sequence[str]
     schema: pa.Schema
+    # A keys table's primary key: a new version of a key changes that key's row whatever the
+    # version's other values are (an overwrite with a non-matching value removes a matching
+    # row), so only the key columns' statistics may rule a part out.
+    primary_key: Sequence[str] | None = None
 
 
 def _predicate(read: Read, shape: Shape) -> Any:
@@ -116,8 +120,10 @@ def may_touch(read: Read, touch: Touch, shape: Shape) -> bool:
     have returned (False only when its partition values or statistics rule the predicate out)."""
     if touch.table != read.table:
         return False
-    return may_match(dict(touch.stats), list(shape.partition_by), touch.partition, _predicate(read, shape),
-                     shape.schema)
+    stats = dict(touch.stats)
+    if shape.primary_key is not None:
+        stats = {c: v for c, v in stats.items() if c in shape.primary_key}
+    return may_match(stats, list(shape.partition_by), touch.partition, _predicate(read, shape), shape.schema)
 
 
 def check_reads(tid: str, reads: Iterable[Read], touched: Iterable[Touch],

@@ -619,5 +619,5 @@ def _local(sock: socket.socket) -> str:
 # Actions that may be sent again when a connection closed before answering.
 IDEMPOTENT = frozenset({
     "info", "begin", "table", "tables", "visible", "snapshot", "wait", "transactions", "parts", "commit_status",
-    "describe_table", "app_version", "set_app_version", "add_read",
+    "describe_table", "app_version", "set_app_version", "add_read", "flush",
 })

@@ -32,6 +32,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator import errors
+from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, MergetxnError
 from replicas import logs
 from replicas.settings import click_options
@@ -1076,7 +1077,11 @@ def read(
     if fmt == "table" and output is not None:
         raise InvalidInput("--format table prints to the terminal; give csv, json or parquet with --output")
     with connected(replica) as client, client.scan(table_name, snapshot=snapshot, as_of=when) as (snap, metas, parts):
-        total = sum(m.rows for m in metas)
+        if client.table_at(table_name, snap).conflict_policy is Policy.KEYS:
+            parts = list(parts)  # versions fold per partition: the row count is known after
+            total = sum(t.num_rows for t in parts)
+        else:
+            total = sum(m.rows for m in metas)
         at = f"at snapshot {snap}" if when is None else f"as of {when.isoformat()}"
         if fmt == "table":
             shown: list[pa.Table] = []

@@ -590,6 +590,50 @@ class Workload:
         )
         return f"{old.num_rows} rows at CSN {self.writer_csn} and as of {when}, {now.num_rows} now"
 
+    def keys_table(self) -> str:
+        """Seed 003's keys tables: first committer wins per key, the error names the key; lock
+        groups let writers of different columns of one row both commit."""
+        c0, c1 = self.c(0), self.c(1)
+        schema = pa.schema([pa.field("customer", pa.int64(), nullable=False), ("name", pa.string()),
+                            ("balance", pa.float64()), ("segment", pa.string())])
+        csn = c0.create_table("customers", schema, primary_key=["customer"], conflict_policy="keys",
+                              lock_groups={"money": ["balance"], "profile": ["name", "segment"]})
+        with c0.transaction() as tx:
+            tx.insert("customers", pa.Table.from_pylist(
+                [{"customer": i, "name": f"c{i}", "balance": 100.0, "segment": "new"} for i in range(1, 4)],
+                schema=schema))
+        c1.wait_for(tx.csn)
+        self.say(f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
+                 "money = balance and profile = name, segment")
+        a, b = c0.begin(), c1.begin()
+        self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both upsert customer 1")
+        a.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [150.0]}), update=True)
+        b.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [10.0]}), update=True)
+        csn_a = a.commit()
+        try:
+            b.commit()
+        except ConflictError as exc:
+            self.say(f"A committed at CSN {csn_a}; B's commit fails:")
+            self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
+            expect(exc.winner == a.id and "'customer': 1" in exc.message,
+                   f"the error should name the winner {a.id} and the key customer 1: {exc.message}")
+        else:
+            raise StepFailed("B's upsert of customer 1 committed; it should have lost to A")
+        # Different lock groups of the same row: both commit, both changes are there.
+        m, p = c0.begin(), c1.begin()
+        m.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "balance": [175.0]}), update=True)
+        p.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"],
+                                        "segment": ["gold"]}), update=True)
+        m.commit()
+        p.commit()
+        c0.wait_for(p.csn)
+        row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
+        expect(row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
+               f"customer 2 should hold both writers' columns, holds {row}")
+        self.say(f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
+                 f"(CSNs {m.csn}, {p.csn}): {row[0]}")
+        return "B lost to A on customer 1 (the error names the key); two lock groups of customer 2 both committed"
+
     def spark_job(self) -> str:
         started = time.perf_counter()
         self.spark = LocalSpark(self.cluster.workdir)
@@ -607,6 +651,8 @@ class Workload:
     def _spark_job(self, session: Any, started: float) -> str:
         from pyspark.sql import functions as F
 
+        from spark.native import read_table, write_table
+
         c0, c1, c2 = self.c(0), self.c(1), self.c(2)
         r0, r2 = self.cluster.replica_addresses[0], self.cluster.replica_addresses[2]
         boot = time.perf_counter() - started
@@ -618,20 +664,16 @@ class Workload:
         def spark_counts(snapshot: int | None) -> dict[str, int]:
             """One Spark job over both tables: the Spark job's rows and the other client's."""
 
-            def load(table: str):
-                r = session.read.format("mergetxn").option("replica", r2)
-                if snapshot is not None:
-                    r = r.option("snapshot", str(snapshot))
-                return r.load(table)
+            def load(table: str, where: list | None = None):
+                # Spark's own Parquet reader over the parts visible at the snapshot (spark/native.py).
+                return read_table(session, table, snapshot=snapshot, replica=r2, where=where)
 
             orders = (
-                load("orders")
-                .where(F.col("day") == F.lit(SPARK_DAY))
+                load("orders", where=[("day", "==", SPARK_DAY)])  # skips the other days' parts
                 .select(F.lit("orders").alias("what"))
             )
             events = (
-                load("events")
-                .where(F.col("source").isin("spark", "beside-r1"))
+                load("events", where=[("source", "in", ["spark", "beside-r1"])])
                 .select(F.concat(F.lit("events/"), F.col("source")).alias("what"))
             )
             got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
@@ -643,7 +685,7 @@ class Workload:
         try:
             self.say(
                 f"the driver opens T = {tx.id} on r0 (snapshot {tx.snapshot}); a Spark job "
-                "appends to both tables with option txn"
+                "appends to both tables with spark.write_table(txn=T): Spark's own Parquet writer"
             )
             orders_df = session.range(8_000_000, 8_000_000 + SPARK_ORDERS, numPartitions=2).select(
                 F.col("id"),
@@ -659,13 +701,9 @@ class Workload:
             )
 
             def save(df, table: str) -> None:
-                (
-                    df.write.format("mergetxn")
-                    .option("replica", r0)
-                    .option("txn", tx.id)
-                    .mode("append")
-                    .save(table)
-                )
+                # Spark's own Parquet writer; the files join T as parts (None: T commits them).
+                expect(write_table(df, table, txn=tx, replica=r0) is None,
+                       f"write_table into T returned a CSN for {table}")
 
             save(orders_df, "orders")
             # Beside it, another client on another replica commits on its own.
@@ -718,7 +756,7 @@ class Workload:
         expect(at == want_at, f"Spark read at CSN {csn}: {at}, expected {want_at}")
         expect(prior == want_prior, f"Spark read at CSN {csn - 1}: {prior}, expected {want_prior}")
         self.say(
-            f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with option snapshot: at {csn} "
+            f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with read_table(snapshot=...): at {csn} "
             f"orders {at['orders']} + events {at['events/spark']}, at {csn - 1} 0 + 0 "
             "(both or neither; r1's rows in both)"
         )
@@ -799,6 +837,7 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
         ("multi-table commit", work.multi_table),
         ("snapshot read on r2", work.snapshot_read),
         ("time travel", work.time_travel),
+        ("keys table: first committer wins per key", work.keys_table),
         ("Spark job: two tables, one txn", work.spark_job),
     ]
     results: list[StepResult] = []

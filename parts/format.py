@@ -16,18 +16,24 @@ import re
 import time
 import uuid
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from coordinator import keys
 from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
 from parts import ops
 from parts.meta import PartMeta
 from parts.storage import Storage
 
 COMPRESSION = "zstd"
+# <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
+# spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
+# unreferenced part of that transaction (replicas/cleanup.py).
+STAGING_DIR = "_staging"
 
 
 def checksum_of(data: bytes) -> str:
@@ -100,9 +106,11 @@ def write_part(
     data: pa.Table,
     creation_tid: str,
     schema_version: int = 0,
+    primary_key: Sequence[str] = (),
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
-    Once this returns, the part can be referenced by a commit."""
+    Once this returns, the part can be referenced by a commit. ``primary_key`` (a keys table's)
+    adds the key summary (coordinator/keys.py) to the metadata."""
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
     partition = tuple(ops._json_scalar(v) for v in partition)
@@ -123,6 +131,7 @@ def write_part(
         creation_tid=str(creation_tid),
         created_at=time.time(),
         schema_version=schema_version,
+        key_summary=keys.summarize(data, primary_key) if primary_key else None,
     )
     storage.put(path, raw)
     try:

@@ -34,6 +34,10 @@ class PartMeta:
     creation_tid: str = ""
     created_at: float = 0.0
     schema_version: int = 0  # the table definition's ddl_version it was written for (coordinator/catalog.py)
+    # A keys-table part's key range and Bloom filter (coordinator/keys.py "key summaries"), so the
+    # key conflict check and point reads skip parts unopened; None (older parts, other tables):
+    # the part may hold any key.
+    key_summary: dict[str, Any] | None = None
 
     @property
     def partition_key(self) -> str:
@@ -59,6 +63,7 @@ class PartMeta:
             "creation_tid": self.creation_tid,
             "created_at": self.created_at,
             **({"schema_version": self.schema_version} if self.schema_version else {}),
+            **({"key_summary": self.key_summary} if self.key_summary is not None else {}),
         }
 
     @classmethod
@@ -123,6 +128,13 @@ class PartMeta:
         schema_version = d.get("schema_version", 0)
         if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
             raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {schema_version!r}")
+        key_summary = d.get("key_summary")
+        if key_summary is not None:
+            from coordinator.keys import summary_problem
+
+            problem = summary_problem(key_summary)
+            if problem is not None:
+                raise CorruptMetadata(f"{where}: 'key_summary' {problem}")
         return cls(
             name=name,
             table=table,
@@ -135,6 +147,7 @@ class PartMeta:
             creation_tid=creation_tid,
             created_at=float(created_at),
             schema_version=schema_version,
+            key_summary=key_summary,
         )
 
 

@@ -9,13 +9,14 @@ replacements, and says which parts it replaced.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.model import Compact, Mutate
 from parts.format import read_part, write_part
@@ -108,12 +109,25 @@ def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PA
     return groups
 
 
-def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str) -> Rewrite:
-    """Merge parts per partition; rows are kept as they are (a layout change, no data change)."""
+def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
+            csns: Mapping[str, int] | None = None, visible: list[PartMeta] | None = None) -> Rewrite:
+    """Merge parts per partition; rows are kept as they are (a layout change, no data change).
+
+    A keys table's parts are versions: they are folded (:func:`_compact_keys`), which needs
+    ``csns`` (part name -> creation CSN of each committed part; parts without one, a
+    transaction's own, are left alone) and ``visible``, every part visible beside ``parts`` in
+    their partitions (default: ``parts``), whose versions decide what may be folded together."""
+    from coordinator.conflicts import Policy
     from coordinator.errors import InvalidInput
 
     if kind not in ("minor", "major"):
         raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+    if table.conflict_policy is Policy.KEYS:
+        if csns is None:
+            raise ValueError("compacting a keys table needs the creation CSNs of its parts")
+        committed = [p for p in parts if p.name in csns]
+        return _compact_keys(storage, table, choose_sources(committed, kind),
+                             parts if visible is None else visible, csns, tid)
     out = Rewrite()
     for group in choose_sources(parts, kind):
         tables = read_parts(storage, group, table=table)
@@ -126,13 +140,71 @@ def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str)
     return out
 
 
-def redo(storage: Storage, table, op: Mutate | Compact, current: list[PartMeta], tid: str) -> Mutate | Compact:
-    """Run a staged DELETE, UPDATE or compaction again on ``current`` parts; returns the op with
-    the new added/removed parts (its earlier output is superseded)."""
+def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
+    """The least and greatest version a keys-table part holds, from its metadata."""
+    if keys.folded(meta):
+        lo, hi = meta.stats[keys.VER]
+        return int(lo), int(hi)
+    return csns[meta.name], csns[meta.name]
+
+
+def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[str, ...]) -> bool:
+    """False when a key column's min/max statistics show ``meta`` holds no key of ``group``."""
+    for col in primary_key:
+        ranges = [m.stats.get(col) for m in [meta, *group]]
+        if any(r is None or r[0] is None for r in ranges):
+            continue
+        try:
+            lo, hi = min(r[0] for r in ranges[1:]), max(r[1] for r in ranges[1:])
+            if ranges[0][1] < lo or ranges[0][0] > hi:
+                return False
+        except TypeError:
+            continue
+    return True
+
+
+def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta],
+                  csns: Mapping[str, int], tid: str) -> Rewrite:
+    """Fold each group's versions into one part (:func:`coordinator.keys.fold`). The versions of
+    the other visible parts of the partition that precede the group's last version (and may hold
+    its keys, by their statistics) are read, key columns only: they split the folding into runs
+    and keep DELETEs that still hide an older version."""
+    pk = tuple(table.primary_key)
+    out = Rewrite()
+    for group in groups:
+        names = {m.name for m in group}
+        hi = max(_versions_of(m, csns)[1] for m in group)
+        # Committed parts, and a transaction's own compaction output (its rows keep their versions).
+        others = [m for m in visible
+                  if m.name not in names and (m.name in csns or keys.folded(m))
+                  and tuple(m.partition) == tuple(group[0].partition)
+                  and _versions_of(m, csns)[0] <= hi and _may_share_keys(m, group, pk)]
+        seen: dict[tuple, list[keys.Version]] = {}
+        columns = [*pk, keys.OP, keys.SEQ]
+        for m in others:
+            data = read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else []))
+            for k, vs in keys.row_versions(data, csns.get(m.name, 0), pk).items():
+                seen.setdefault(k, []).extend(vs)
+        datas = read_parts(storage, group)
+        merged = keys.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)], seen)
+        out.removed.extend(m.name for m in group)
+        out.affected_rows += merged.num_rows
+        if merged.num_rows:
+            out.added.append(write_part(storage, table.name, list(table.partition_by),
+                                        tuple(group[0].partition), merged, tid, table.ddl_version,
+                                        primary_key=pk))  # its key summary: point reads prune it
+    return out
+
+
+def redo(storage: Storage, table, op: Mutate | Compact, current: list[PartMeta], tid: str,
+         csns: Mapping[str, int] | None = None) -> Mutate | Compact:
+    """Run a staged DELETE, UPDATE or compaction again on ``current`` parts (``csns``: their
+    creation CSNs, which a keys table's compaction needs); returns the op with the new
+    added/removed parts (its earlier output is superseded)."""
     from dataclasses import replace
 
     if isinstance(op, Compact):
-        result = compact(storage, table, current, op.compact_kind, tid)
+        result = compact(storage, table, current, op.compact_kind, tid, csns)
     else:
         where = decode_expression(op.where, table.schema)
         if op.kind == "delete":

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from coordinator.alive import read_alive
+from coordinator.conflicts import Policy
 from coordinator.errors import (
     InvalidInput,
     ReplicaUnavailable,
@@ -40,6 +41,7 @@ from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
 from coordinator.watermark import Watermark
+from parts.format import STAGING_DIR
 from parts.meta import sidecar_path
 from parts.storage import is_temp_file
 
@@ -51,13 +53,20 @@ log = logging.getLogger(__name__)
 MIN_GRACE = 5.0  # seconds; covers the publication lag of running transactions (see leases.RUNNING_MIN_AGE)
 _PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
 _TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
+_NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders of a snapshot that write nothing
 
 
 def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
     """(part name, is a temporary file, stem match) for a part file or sidecar under a table's
-    partition directory (or a temporary file of one); None for anything else."""
+    partition directory (or a temporary file of one), or any file under a staging directory
+    ``<table>/_staging/<txn>_<16 hex>/`` (its name then stands for the part: never referenced);
+    None for anything else."""
     if path.count("/") < 2:
         return None
+    segments = path.split("/", 3)
+    if len(segments) == 4 and segments[1] == STAGING_DIR:
+        staged = _PART_STEM_RE.match(segments[2])
+        return None if staged is None else (segments[2], False, staged)
     base = path.rsplit("/", 1)[1]
     temp = is_temp_file(path)
     inner = base
@@ -241,6 +250,14 @@ class Cleanup:
         for s, host, holder in holders:
             if rec.creation_csn <= s < rec.removal_csn:
                 return "visible to " + self._holder_text(host, holder, s)
+        tdef = self.state.tables.get(rec.meta.table)
+        if tdef is not None and tdef.conflict_policy is Policy.KEYS:
+            # A keys table's part written after a running transaction's snapshot is what that
+            # transaction's commit-time key check reads (replicas/keylocks.py), compacted or not.
+            for s, host, holder in holders:
+                if s < rec.creation_csn and holder not in _NOT_TRANSACTIONS:
+                    return (f"written at CSN {rec.creation_csn}, after the snapshot of "
+                            f"{self._holder_text(host, holder, s)}, whose key check at commit reads it")
         s, host, holder = holders[0] if holders else (min_snapshot, "?", "replica snapshot")
         return (f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
                 f"({self._holder_text(host, holder, s)})")

@@ -42,6 +42,7 @@ from tenacity import (
     wait_random,
 )
 
+from coordinator.atomicity import NONE
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import (
     COMPACTIONS,
@@ -88,7 +89,7 @@ from coordinator.zklog import (
 from parts.meta import PartMeta, sidecar_path
 from parts.ops import partition_key
 from replicas import failpoints
-from replicas.keylocks import KeyConflicts, shares_target
+from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.transactions import Effect, RunningTxn
 
@@ -96,6 +97,7 @@ log = logging.getLogger(__name__)
 
 UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
 MAX_BATCH = 512
+ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Committer._take_batch)
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 _TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
@@ -221,12 +223,7 @@ class Committer:
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     break
-                if self._queue[0].ddl:
-                    batch = [self._queue.popleft()]
-                else:
-                    batch = []
-                    while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH:
-                        batch.append(self._queue.popleft())
+                batch = self._take_batch()
             try:
                 if batch[0].table is not None:
                     self._create_table(batch[0])
@@ -245,6 +242,29 @@ class Committer:
                             f"commit failed: {exc!r}"))
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
+
+    def _take_batch(self) -> list[Pending]:
+        """The next batch, taken from the queue under its lock: a DDL alone, else up to
+        MAX_BATCH commits in queue order, at most ASYNC_PER_BATCH of them async commits of one
+        client session. A client's backlog of async commits to one keys target commits one per
+        batch anyway (two writes of a key never share a CSN); the cap keeps the rest of it from
+        being looked at, and deferred, in every batch. Those left keep their order at the head."""
+        if self._queue[0].ddl:
+            return [self._queue.popleft()]
+        batch: list[Pending] = []
+        later: list[Pending] = []
+        taken: dict[str, int] = {}
+        while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH and len(later) < MAX_BATCH:
+            p = self._queue.popleft()
+            session = p.txn.async_session if p.txn is not None else None
+            if session is not None:
+                if taken.get(session, 0) >= ASYNC_PER_BATCH:
+                    later.append(p)
+                    continue
+                taken[session] = taken.get(session, 0) + 1
+            batch.append(p)
+        self._queue.extendleft(reversed(later))
+        return batch
 
     def _retrying(self, after_local_miss: bool = False) -> Retrying:
         """The one retry policy of a commit: a batch (or a table creation) is decided again after
@@ -458,7 +478,15 @@ class Committer:
         writing: set[str] = set()  # tables the other members write
         deferred: list[Pending] = []
         in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
+        held: set[str] = set()  # client sessions with an async commit deferred in this attempt
         for p in members:
+            # One client's async commits get CSNs in the order it made them: once one of them
+            # waits for the next batch, so do its later ones (replicas/async_commits.py).
+            if deferred and deferred[-1].txn.async_session is not None:
+                held.add(deferred[-1].txn.async_session)
+            if p.txn.async_session in held:
+                deferred.append(p)
+                continue
             try:
                 if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
                     raise TransactionAborted(
@@ -696,7 +724,9 @@ class Committer:
         if self._verdicts(txn, eff):
             eff = self._replay(p)
             self._verdicts(txn, eff)
-        self.key_conflicts.check(txn.id, txn.snapshot, eff.added, self._policies({m.table for m in eff.added.values()}))
+        if txn.atomicity != NONE:  # atomicity "none" takes no locks: the later commit wins per key
+            self.key_conflicts.check(txn.id, txn.snapshot, eff.added,
+                                     self._policies({m.table for m in eff.added.values()}))
         return Plan(eff, self._checked_keys(eff))
 
     def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
@@ -737,8 +767,8 @@ class Committer:
         touch may share their multi (:func:`coordinator.conflicts.fits_beside`)."""
         summaries = eff.summaries(txn.id)
         policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
-        if shares_target(policies, summaries, in_batch):
-            return False  # keys: decided against the committed state, after the member before it
+        if self.key_conflicts.shares_target(policies, summaries, in_batch):
+            return False  # keys: a key in common is decided against the committed state, in the next batch
         return fits_beside(policies, summaries, eff.whole_tables, in_batch)
 
     # -- serializable transactions (coordinator/readsets.py) ------------------------------------
@@ -783,7 +813,8 @@ class Committer:
         for t in tables:
             tdef = self.state.tables.get(t)
             if tdef is not None:
-                out[t] = Shape(tuple(tdef.partition_by), tdef.schema)
+                out[t] = Shape(tuple(tdef.partition_by), tdef.schema,
+                               tuple(tdef.primary_key) if tdef.conflict_policy is Policy.KEYS else None)
         return out
 
     def _known_pkeys(self, table: str) -> set[str]:
@@ -854,7 +885,9 @@ class Committer:
                 op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
-                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id)
+                with self.state.lock:  # a keys table's compaction orders versions by them
+                    csns = {m.name: r.creation_csn for m in current if (r := self.state.parts.get(m.name))}
+                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id, csns)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
         return eff

@@ -4,29 +4,43 @@ coordinator/keys.py).
 A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind
 ``KEY_WRITTEN``) when, for a key it writes, a transaction that committed after its snapshot wrote
 that key under an overlapping lock or held a strong read lock on it, or, for a key it
-read-locked, such a transaction wrote it (``keys.collide``). The keys and locks of a part are read from its file (key columns and the
-hidden ``_op``/``_cols`` only) and cached by part name: parts never change.
+read-locked, such a transaction wrote it (``keys.collide``).
+
+The parts committed on the target since the snapshot come from the state's index by creation CSN
+(``ReplicaState.created_since``: a bisection, not a scan of every part under the state lock). A
+part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/keys.py)
+cannot hold any key the committer writes or locks is skipped unopened; the others are verified
+exactly: their keys and locks come from the summary's exact versions when the part is small
+(``keys.exact_locks``: a commit of at most ``keys.EXACT_ROWS`` versions lists them), else are
+read from the file (key columns and the hidden ``_op``/``_cols`` only), cached by part name
+(parts never change). So a filter's false positive costs at most a read, never a conflict; the
+committer's own parts are found the same way.
 
 Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
 its target node (the partition's; :mod:`coordinator.targets`), and the committer decides against
 the state at the versions it read: a commit of another replica in between moves the version and
-the multi misses, and the batch is decided again. Within one batch, a member never shares a
-keys target with another (:func:`shares_target`): the next batch decides it against the first.
+the multi misses, and the batch is decided again. Within one batch, members share a keys target
+only when they have no key in common there (:meth:`KeyConflicts.shares_target`, from the keys
+:meth:`KeyConflicts.check` just read for each): a member with a key in common waits for the next
+batch, which decides it against the first one's commit. So writers of different keys share one
+multi (group commit), as appends to a ``parts`` table do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 
 from coordinator import keys
 from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy
+from coordinator.conflicts import Policy, Summary
 from coordinator.errors import ConflictError, ConflictKind
 from parts.format import read_part
 from parts.meta import PartMeta
 from parts.ops import partition_key
 
 CACHE_PARTS = 4096
+PLANNED = 4096  # members whose keys are remembered for batching (a batch is far smaller)
 
 
 class KeyConflicts:
@@ -35,11 +49,21 @@ class KeyConflicts:
         self.storage = storage
         self.table_of = table_of
         self._cache: dict[str, keys.KeyLocks] = {}
+        # tid -> (table, partition key) -> the keys it writes or locks there, as its last check
+        # found them: what shares_target compares members of one batch by.
+        self._planned: OrderedDict[str, dict[tuple[str, str], frozenset[tuple]]] = OrderedDict()
+        self.reads = 0  # parts read from storage (their keys and locks), for tests and benchmarks
+        self.skipped = 0  # parts committed since a snapshot that their summary ruled out unread
 
     def _locks(self, tdef: TableDef, meta: PartMeta) -> keys.KeyLocks:
+        if keys.folded(meta):
+            return {}  # a compaction's output writes no key (coordinator/keys.py, "Compaction")
         got = self._cache.get(meta.name)
         if got is None:
+            got = keys.exact_locks(meta.key_summary, len(tdef.primary_key), tdef.lock_groups)
+        if got is None:
             data = read_part(self.storage, meta, [*tdef.primary_key, keys.OP, keys.COLS])
+            self.reads += 1
             got = keys.written_locks(data, tdef.primary_key, tdef.lock_groups)
             if len(self._cache) >= CACHE_PARTS:
                 self._cache.clear()
@@ -53,13 +77,23 @@ class KeyConflicts:
         for meta in added.values():
             if policies.get(meta.table) is Policy.KEYS:
                 mine.setdefault((meta.table, partition_key(meta.partition)), []).append(meta)
+        planned: dict[tuple[str, str], frozenset[tuple]] = {}
+        self._planned[tid] = planned
+        self._planned.move_to_end(tid)
+        while len(self._planned) > PLANNED:
+            self._planned.popitem(last=False)
         for (table, pkey), metas in sorted(mine.items()):
             tdef = self.table_of(table)
             written: keys.KeyLocks = {}
             for m in metas:
                 for k, held in self._locks(tdef, m).items():
                     written[k] = written.get(k, frozenset()) | held
+            planned[(table, pkey)] = frozenset(written)
+            hashed = {k: keys.key_hash(k) for k in written}
             for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
+                if not keys.may_hold_any(meta.key_summary, hashed):
+                    self.skipped += 1
+                    continue
                 theirs = self._locks(tdef, meta)
                 key = keys.first_collision(written, theirs)
                 if key is not None:
@@ -71,15 +105,22 @@ class KeyConflicts:
                         winner=winner, kind=str(ConflictKind.KEY_WRITTEN), table=table, key=list(key), csn=csn)
 
     def _committed_since(self, table: str, pkey: str, snapshot: int, tid: str) -> list[tuple[int, str, PartMeta]]:
-        with self.state.lock:
-            found = [(rec.creation_csn, rec.meta.creation_tid, rec.meta) for rec in self.state.parts.values()
-                     if rec.creation_csn > snapshot and rec.meta.table == table and rec.pkey == pkey
-                     and rec.meta.creation_tid != tid]
-        return sorted(found, key=lambda t: t[0])
+        return [(csn, meta.creation_tid, meta) for csn, meta in self.state.created_since(table, pkey, snapshot)
+                if meta.creation_tid != tid]
 
-
-def shares_target(policies: Mapping[str, Policy], targets: Iterable[tuple[str, str]],
-                  in_batch: Mapping[tuple[str, str], object]) -> bool:
-    """Whether a member writes a keys-table target that a member already accepted in the batch
-    writes (then it waits for the next batch)."""
-    return any(policies.get(t) is Policy.KEYS and (t, pk) in in_batch for t, pk in targets)
+    def shares_target(self, policies: Mapping[str, Policy], targets: Mapping[tuple[str, str], Summary],
+                      in_batch: Mapping[tuple[str, str], list[Summary]]) -> bool:
+        """Whether a member (``targets``: its summaries per target) must wait for the next batch
+        because it has a key in common with a member already accepted into the batch on a keys
+        target they both write (or the keys of either are not known here)."""
+        for target, mine in targets.items():
+            if policies.get(target[0]) is not Policy.KEYS or target not in in_batch:
+                continue
+            my_keys = self._planned.get(mine.tid, {}).get(target)
+            if my_keys is None:
+                return True
+            for other in in_batch[target]:
+                theirs = self._planned.get(other.tid, {}).get(target)
+                if theirs is None or not my_keys.isdisjoint(theirs):
+                    return True
+        return False

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from coordinator.catalog import TableDef
+from coordinator.conflicts import Policy
 from coordinator.errors import ConflictError, MergetxnError
 from coordinator.model import TxnState
 from parts.meta import PartMeta
@@ -60,7 +61,11 @@ class Merges:
         parts = self.state.parts
         plans = []
         for pkey, names in sorted(live.items()):
-            metas = sorted((parts[n].meta for n in names if n in parts), key=lambda m: m.name)
+            # A keys table's minor merge takes its parts in commit order: parts next to each
+            # other in version order fold into fewer versions (coordinator/keys.py, "runs").
+            order = ((lambda m: (parts[m.name].creation_csn, m.name)) if tdef.conflict_policy is Policy.KEYS
+                     else (lambda m: m.name))
+            metas = sorted((parts[n].meta for n in names if n in parts), key=order)
             small = [m for m in metas if m.size < c.merge_small_bytes]
             if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
                 plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
@@ -127,7 +132,9 @@ class Merges:
                 self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
-            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id)  # exactly these parts
+            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/keys.py)
+                csns = {m.name: self.state.parts[m.name].creation_csn for m in visible if m.name in self.state.parts}
+            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))
             txns.stage(txn.id, op)

@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from coordinator.atomicity import FULL, SYNC, check_modes, check_session, mismatch
 from coordinator.conflicts import check_app_version
 from coordinator.errors import (
     InvalidInput,
@@ -31,7 +32,7 @@ from coordinator.errors import (
     TransactionAborted,
     storage_error,
 )
-from coordinator.model import CommitStatus, DropTable, StagedOp, TxnState, WalStaged, op_from_dict
+from coordinator.model import CommitStatus, Compact, DropTable, StagedOp, TxnState, WalStaged, op_from_dict
 from coordinator.readsets import Read
 from coordinator.versions import Tid, local_counter
 from parts.meta import PartMeta
@@ -75,11 +76,16 @@ class Transactions:
         return self.replica.wal
 
     # -- begin, lookup, staging, commit ------------------------------------------------------
-    def begin(self, token: str | None = None) -> RunningTxn:
+    def begin(self, token: str | None = None, atomicity: object = FULL, durability: object = SYNC,
+              session: object = None) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
-        with the same token gets the transaction the first one began instead of another."""
+        with the same token gets the transaction the first one began instead of another.
+        ``atomicity``/``durability`` (coordinator/atomicity.py; ``session`` names the client
+        whose ``flush`` waits for an async commit)."""
         if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
             raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
+        atomicity, durability = check_modes(atomicity, durability)
+        session = check_session(session, durability)
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
         if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
@@ -93,7 +99,8 @@ class Transactions:
             if token is not None and token in self._begun:
                 return self._begun[token][1]
             tid = Tid(self.state.applied, local_counter(self.replica.incarnation, next(self._counter)), self.host_id)
-            txn = RunningTxn(tid=tid, snapshot=tid.start_csn)
+            txn = RunningTxn(tid=tid, snapshot=tid.start_csn, atomicity=atomicity, durability=durability,
+                             session=session)
             self.txns[txn.id] = txn
             if token is not None:
                 self._begun[token] = (now, txn)
@@ -187,7 +194,9 @@ class Transactions:
             if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
                 txn.max_rows = (table.txn_max_rows, table.name)
             max_rows, rows_from = self.row_limit(txn)
-            if txn.rows + op.rows > max_rows:
+            # A compaction rewrites rows it does not change: seed 003's limit is on what a
+            # transaction writes (a keys table's 100,000 would otherwise refuse its compaction).
+            if not isinstance(op, Compact) and txn.rows + op.rows > max_rows:
                 if rows_from is None:
                     reason = (f"transaction {txn.id} exceeded its row limit of {max_rows} "
                               f"({txn.rows + op.rows} rows staged)")
@@ -201,7 +210,7 @@ class Transactions:
                 self._abort_locked(txn, reason, [op])
                 raise TransactionAborted(reason, id=txn.id)
             txn.ops.append(op)
-            txn.rows += op.rows
+            txn.rows += 0 if isinstance(op, Compact) else op.rows
         if op.added:
             try:
                 self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
@@ -247,18 +256,26 @@ class Transactions:
                 "applied": self.state.applied}
 
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
-        """Parts visible to a transaction: at its snapshot, with its own writes."""
+        """Parts visible to a transaction: at its snapshot, with its own writes. One begun with
+        atomicity "none" reads the latest applied state instead (seed 003: non-atomic
+        transactions read the most recently written data); its snapshot, older, keeps cleanup
+        away from every part visible at any later CSN while it runs."""
         txn = self.running(txn_id)
-        if self.state.table(table, txn.snapshot) is None:  # as it sees it: dropped since is still there
+        snapshot = self.state.applied if txn.latest_reads else txn.snapshot
+        if self.state.table(table, snapshot) is None:  # as it sees it: dropped since is still there
             self.table(table, None)
         added, removed = txn.own_parts()
-        return txn.snapshot, self.state.visible(table, txn.snapshot, txn.id, added, removed, pkeys)
+        return snapshot, self.state.visible(table, snapshot, txn.id, added, removed, pkeys)
 
-    def commit(self, txn_id: str) -> int:
+    def commit(self, txn_id: str) -> int | None:
+        """Commit; the CSN, or None for an async commit (queued: client.flush() waits for it)."""
         txn = self._start_commit(txn_id)
         if not txn.ops and not txn.apps:
             self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             return txn.snapshot
+        if txn.async_session is not None:
+            self.replica.async_commits.accept(txn, self.replica.committer.submit_async)
+            return None
         return self.replica.committer.submit(txn)
 
     # -- one-call commits of parts already in storage (client.commit_parts) -------------------
@@ -353,15 +370,30 @@ class Transactions:
             self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             done(txn.snapshot, None)
             return
+        if txn.async_session is not None:  # answered now: None, queued (replicas/async_commits.py)
+            self.replica.async_commits.accept(txn, self.replica.committer.submit_async)
+            done(None, None)
+            return
         self.replica.committer.submit_async(txn, done)
 
     def _start_commit(self, txn_id: str) -> RunningTxn:
         txn = self.running(txn_id)
+        # The modes of the transaction and of the tables it writes must agree (seed 003: checked
+        # at commit); a mismatch ends it, rolled back, before anything is queued.
+        wrong = self.mismatch(txn)
+        if wrong is not None:
+            self.abort(txn, wrong.message)
+            raise wrong
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             txn.state = TxnState.COMMITTING
         return txn
+
+    def mismatch(self, txn: RunningTxn) -> InvalidInput | None:
+        """Why ``txn``'s atomicity and that of a table it writes disagree, if they do
+        (coordinator/atomicity.py), against the tables as this replica has them now."""
+        return mismatch(txn.id, txn.atomicity, list(txn.ops), self.state.tables.get)
 
     def ready_to_begin(self) -> bool:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the

@@ -51,6 +51,7 @@ from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta
 from parts.storage import Storage
 from replicas import checkpoint
+from replicas.async_commits import AsyncCommits
 from replicas.cleanup import Cleanup
 from replicas.follower import Follower
 from replicas.history import History
@@ -66,6 +67,8 @@ from replicas.state import ReplicaState
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
+
+STOP_DRAIN_SECONDS = 10.0  # a graceful stop commits the async commits it accepted, waiting at most this
 
 # A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
 # the transaction the first one began, for this long after it, among this many recent tokens.
@@ -102,6 +105,7 @@ class Replica:
         self.follower: Follower | None = None
         self.committer = None
         self.transactions = Transactions(self)
+        self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.leases = Leases(self)
         self.cleanup = Cleanup(self)
         self.merges = Merges(self, self._stop)
@@ -194,6 +198,8 @@ class Replica:
                       self.log.root, [f"{a.id.scheme}:{a.id.id}" for a in acls], self.log.root)
 
     def stop(self) -> None:
+        if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
+            log.warning("stopping with async commits still queued: they are lost (their clients' flush says so)")
         self._stop.set()
         if self.tail is not None:
             self.tail.stop()
@@ -549,4 +555,5 @@ class Replica:
                 "commits": committer.committed, "batches": committer.batches,
                 "local_version_misses": committer.local_misses, "failed": committer.stats.failed,
                 "conflicts": {k: n for k, n in committer.stats.conflicts.copy().items() if n}},
+            "async_commits": self.async_commits.describe(),
         }

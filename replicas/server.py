@@ -16,7 +16,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from coordinator import keys
 from coordinator.catalog import TableDef
+from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import RpcServer, error_reply
@@ -54,6 +56,7 @@ class ReplicaServer(RpcServer):
             "set_app_version": lambda a: txns.set_app_version(a["id"], a["app_id"], a["version"]),
             "app_version": lambda a: txns.app_version(a["app_id"]),
             "add_read": lambda a: txns.add_read(a["id"], a["read"]),
+            "flush": self._flush_async,
             "rollback": lambda a: txns.rollback(a["id"]),
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
@@ -146,8 +149,11 @@ class ReplicaServer(RpcServer):
         return rows <= limit  # over: the full path aborts and cleans up
 
     def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
-        if self.transactions.quick_txn(a.get("id")) is None or (a.get("ops") and not self._quick_stage(a)):
+        txn = self.transactions.quick_txn(a.get("id"))
+        if txn is None or (a.get("ops") and not self._quick_stage(a)):
             return False
+        if not a.get("ops") and self.transactions.mismatch(txn) is not None:
+            return False  # the worker ends it: deleting its files is I/O
         if a.get("ops"):
             staged = self._envelope("stage", self._stage, a)
             if not staged["ok"]:
@@ -155,7 +161,7 @@ class ReplicaServer(RpcServer):
                 return True
 
         def done(csn: int | None, error: Exception | None) -> None:
-            reply({"ok": True, "result": {"csn": csn}} if error is None else error_reply(error))
+            reply({"ok": True, "result": _committed(csn)} if error is None else error_reply(error))
 
         try:
             self.transactions.commit_async(a["id"], done)
@@ -242,12 +248,21 @@ class ReplicaServer(RpcServer):
         """Stage the operations that came with the commit (deferred inserts), then commit."""
         if a.get("ops"):
             self._stage(a)
-        return {"csn": self.transactions.commit(a["id"])}
+        return _committed(self.transactions.commit(a["id"]))
 
     def _begin(self, a: dict) -> dict:
-        txn = self.transactions.begin(a.get("token"))
+        txn = self.transactions.begin(a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"),
+                                      a.get("session"))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot,
                 "ddl": self.replica.state.last_ddl(txn.snapshot)}
+
+    def _flush_async(self, a: dict) -> dict:
+        """``client.flush()``: wait for the async commits of session ``session`` queued so far
+        (replicas/async_commits.py); ``ack`` names the failures the client already reported."""
+        session, ack = a["session"], a.get("ack") or []
+        if not isinstance(session, str) or not isinstance(ack, list) or not all(isinstance(t, str) for t in ack):
+            raise InvalidInput("flush needs 'session' (a string) and 'ack' (a list of transaction ids)")
+        return self.replica.async_commits.flush(session, ack)
 
     def _visible(self, a: dict) -> dict:
         """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of
@@ -257,12 +272,28 @@ class ReplicaServer(RpcServer):
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
         if a.get("id") is not None:
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
+            metas = self._may_hold(a, snap, metas)
             return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
                                                      fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
+        metas = self._may_hold(a, snap, metas)
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
                 "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap),
                 **self._csns(metas)}
+
+    def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
+        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/keys.py)
+        gets only the parts whose key summary may hold one of them: the others hold no version
+        of those keys, so the fold the reader does is the same without them."""
+        if a.get("point_hint") is None:
+            return metas
+        tdef = self.replica.state.table(a["table"], snapshot)
+        if tdef is None or tdef.conflict_policy is not Policy.KEYS:
+            return metas
+        hashed = keys.hint_hashes(a["point_hint"], tdef.schema, tdef.primary_key)
+        if hashed is None:
+            return metas
+        return [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
 
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have
@@ -281,7 +312,7 @@ class ReplicaServer(RpcServer):
             pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
             _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
-            result = rewrite.compact(replica.storage, table, visible, kind, txn.id)
+            result = rewrite.compact(replica.storage, table, visible, kind, txn.id, self._csns(visible)["csns"])
             op = Compact(table.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=None if pkeys is None else tuple(pkeys), rows=sum(m.rows for m in result.added))
             if op.removed:
@@ -292,6 +323,11 @@ class ReplicaServer(RpcServer):
                 txns.abort(txn, "compaction failed")
             raise
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
+
+
+def _committed(csn: int | None) -> dict:
+    """A commit's answer: its CSN, or (None) that it was queued as an async commit."""
+    return {"csn": csn} if csn is not None else {"csn": None, "queued": True}
 
 
 # The RPC I/O thread, the committer and kazoo's thread hand the GIL to each other at every system

@@ -29,6 +29,10 @@ def _name(meta: PartMeta) -> str:
     return meta.name
 
 
+def _first(t: tuple) -> int:
+    return t[0]
+
+
 def _record_csn(r: TableRecord) -> int:
     return r.csn
 
@@ -160,6 +164,10 @@ class ReplicaState:
         # at older snapshots and its checkpoints do not grow with history.
         self.removals: deque[tuple[int, str]] = deque()
         self.pruned = 0  # nothing removed at or below it is known here any more
+        # Parts added per (table, partition key), as (creation CSN, name) in CSN order: the commits
+        # since a snapshot on one target without scanning every part (replicas/keylocks.py).
+        # Derived from ``parts`` (restore rebuilds it); prune drops what is at or below its floor.
+        self.created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
         # Every field above that the log derives must also be in export()/restore() below:
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
 
@@ -220,6 +228,7 @@ class ReplicaState:
         for meta in ch.added:
             rec = self.parts[meta.name] = PartRecord(meta, csn)
             self.by_table[ch.table].add(meta.name)
+            self.created[(ch.table, partition_key(meta.partition))].append((csn, meta.name))
             live[partition_key(meta.partition)].add(meta.name)
             self._index_add(ch.table, meta, rec)
         for name in ch.removed:
@@ -276,6 +285,12 @@ class ReplicaState:
                 i = bisect.bisect_right(events, floor, key=lambda e: e[0])
                 if i:
                     del events[:i]
+            for target, added in list(self.created.items()):
+                i = bisect.bisect_right(added, floor, key=_first)
+                if i == len(added):
+                    del self.created[target]
+                elif i:
+                    del added[:i]
             for name, records in list(self.catalog.items()):
                 i = bisect.bisect_right(records, floor, key=_record_csn)
                 if i and isinstance(records[i - 1], TableDropped) and i == len(records):
@@ -286,6 +301,14 @@ class ReplicaState:
             return gone
 
     # -- queries -----------------------------------------------------------------------------
+    def created_since(self, table: str, pkey: str, snapshot: int) -> list[tuple[int, PartMeta]]:
+        """``(creation CSN, meta)`` of the parts added to one target (a partition key) by commits
+        after ``snapshot``, in CSN order: a bisection, not a scan of every part."""
+        with self.lock:
+            added = self.created.get((table, pkey), ())
+            i = bisect.bisect_right(added, snapshot, key=_first)
+            return [(csn, self.parts[name].meta) for csn, name in added[i:] if name in self.parts]
+
     def winners(self, table: str, pkey: str, snapshot: int) -> list[Summary]:
         """Commits on one target after ``snapshot``, in commit order."""
         with self.lock:
@@ -529,6 +552,15 @@ class ReplicaState:
             position = (int(payload["position"][0]), int(payload["position"][1]))
             pruned = int(payload.get("pruned", 0))
             removals = deque(sorted((r.removal_csn, n) for n, r in parts.items() if r.removal_csn is not None))
+            created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+            for n, r in parts.items():
+                if r.creation_csn > pruned:
+                    pk = pkeys.get(r.meta.partition)
+                    if pk is None:
+                        pk = pkeys[r.meta.partition] = partition_key(r.meta.partition)
+                    created[(r.meta.table, pk)].append((r.creation_csn, n))
+            for added in created.values():
+                added.sort()
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise CorruptMetadata(f"checkpoint {where} is malformed: {exc!r}") from exc
         with self.lock:
@@ -540,6 +572,7 @@ class ReplicaState:
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
             self.pruned, self.removals = pruned, removals
+            self.created = created
             self.failure = None
             self.applied_cond.notify_all()
 

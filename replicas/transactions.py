@@ -90,11 +90,27 @@ class RunningTxn:
     max_rows: tuple[int, str] | None = None
     apps: dict[str, int] = field(default_factory=dict)  # app id -> version (tx.set_app_version)
     reads: list[Read] = field(default_factory=list)  # a serializable transaction's (coordinator/readsets.py)
+    # coordinator/atomicity.py: "none" takes no key locks and reads the latest applied state;
+    # durability "async" is answered once queued, its outcome kept for client.flush() under ``session``.
+    atomicity: str = "full"
+    durability: str = "sync"
+    session: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     id: str = field(init=False)  # str(tid), asked for many times per commit
 
     def __post_init__(self) -> None:
         self.id = str(self.tid)
+
+    @property
+    def latest_reads(self) -> bool:
+        """Whether its reads see the latest applied state instead of its snapshot (atomicity
+        "none": seed 003's non-atomic transactions read the most recently written data)."""
+        return self.atomicity == "none"
+
+    @property
+    def async_session(self) -> str | None:
+        """The client session whose async commits this one is ordered after (None: not async)."""
+        return self.session if self.durability == "async" else None
 
     def own_parts(self) -> tuple[list[PartMeta], set[str]]:
         """Parts this transaction added and still keeps, and committed parts it removed."""
@@ -122,4 +138,6 @@ class RunningTxn:
             "tables": sorted({op.table for op in self.ops}),
             "reason": self.reason,
             "csn": self.csn,
+            "atomicity": self.atomicity,
+            "durability": self.durability,
         }

@@ -1,4 +1,6 @@
-"""PySpark integration: the `mergetxn` data source (Spark 4 Python Data Source API).
+"""PySpark integration: the `mergetxn` data source (Spark 4 Python Data Source API), and
+``read_table`` / ``write_table`` (spark/native.py), which move rows with Spark's own Parquet reader
+and writer and do the transaction on the driver.
 
 ``spark.register(session)`` makes ``format("mergetxn")`` available in a session and turns on
 Spark's filter pushdown for Python data sources, which the data source uses to skip parts.
@@ -24,6 +26,10 @@ def register(spark: Any, replica: str | None = None) -> None:
         source = _with_default_replica(replica)
     spark.dataSource.register(source)
     spark.conf.set(PUSHDOWN_CONF, "true")
+    if replica is not None:
+        from spark.native import REPLICA_CONF
+
+        spark.conf.set(REPLICA_CONF, replica)  # read_table / write_table without replica=
 
 
 def _with_default_replica(replica: str) -> type:
@@ -49,6 +55,10 @@ def __getattr__(name: str) -> Any:
         from spark import datasource
 
         return getattr(datasource, name)
+    if name in ("read_table", "write_table"):
+        from spark import native
+
+        return getattr(native, name)
     if name in ("delete", "update"):
         from spark import mutate
 
@@ -56,4 +66,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spark' has no attribute {name!r}")
 
 
-__all__ = ["PUSHDOWN_CONF", "MergetxnDataSource", "delete", "register", "update"]
+__all__ = ["PUSHDOWN_CONF", "MergetxnDataSource", "delete", "read_table", "register", "update", "write_table"]

@@ -54,8 +54,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator import errors
+from coordinator import errors, keys
 from coordinator.catalog import TableDef
+from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, ReplicaUnavailable
 from parts.format import read_part, write_part
 from parts.meta import PartMeta
@@ -511,11 +512,24 @@ class MergetxnWriter(DataSourceArrowWriter):
 
     def _flush(self, storage: Storage, tdef: TableDef, batches: list[pa.RecordBatch]) -> list[PartMeta]:
         data = _align_time_zones(pa.Table.from_batches(batches), tdef.schema)
-        data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
+        if tdef.conflict_policy is Policy.KEYS:  # rows by key in overwrite mode, as tx.insert writes them
+            data = keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, self._next_seq(data.num_rows))
+        else:
+            data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
         return [
-            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version)
+            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version,
+                       primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ())
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
+
+    def _next_seq(self, n: int) -> int:
+        """The first ``_seq`` of ``n`` versions: each task numbers its own from its partition id
+        on (2**40 apart), so versions of one job never share one (a key written twice in one job
+        keeps the later row of the later task)."""
+        task = _task_ids()[0]
+        first = getattr(self, "_seq", (task << 40) + 1)
+        self._seq = first + n
+        return first
 
     # -- driver -------------------------------------------------------------------------------
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -638,9 +652,10 @@ def _delete_quietly(storage: Storage, path: str) -> None:
 class PartsPartition(InputPartition):
     """One read task: a few parts of one snapshot (descriptors only; no credentials)."""
 
-    def __init__(self, index: int, parts: list[dict]) -> None:
+    def __init__(self, index: int, parts: list[dict], csns: dict[str, int] | None = None) -> None:
         super().__init__(index)
         self.parts = parts
+        self.csns = csns  # a keys table's partition: part -> creation CSN, the order its versions fold in
 
     def __repr__(self) -> str:
         return f"PartsPartition({self.value}, {len(self.parts)} part(s))"
@@ -689,8 +704,10 @@ class MergetxnReader(DataSourceReader):
                 raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         where = self.where()
+        tdef = TableDef.from_dict(self.tdef)
+        if tdef.conflict_policy is Policy.KEYS:
+            return _keys_partitions(tdef, metas, r.get("csns") or {}, where)
         if where is not None:
-            tdef = TableDef.from_dict(self.tdef)
             metas = [m for m in metas
                      if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition,
                                   where, tdef.schema)]
@@ -735,6 +752,13 @@ class MergetxnReader(DataSourceReader):
         storage = storage_for(self.storage_url, self.s.storage_options)
         metas = [PartMeta.from_dict(d) for d in partition.parts]
         tdef = TableDef.from_dict(self.tdef)
+        if partition.csns is not None:  # a keys table's partition: its versions fold to one row per key
+            csns = partition.csns
+            folded = keys.merge(tdef.schema, tdef.primary_key,
+                                [(csns.get(m.name, keys.OWN), d)
+                                 for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))])
+            yield from _fit(folded, target).to_batches(max_chunksize=BATCH_ROWS)
+            return
         for data in _prefetch(storage, metas, self.s.trace_reads, tdef):
             yield from _fit(data, target).to_batches(max_chunksize=BATCH_ROWS)
 
@@ -776,6 +800,19 @@ class PruningReader(MergetxnReader):
                 elif isinstance(f, In) and 0 < len(value) <= 64 and all(_prunable(v) for v in value):
                     self.pushed.append((attr[0], "in", tuple(value)))
             yield f  # Spark evaluates every filter on the rows it gets
+
+
+def _keys_partitions(tdef: TableDef, metas: list[PartMeta], csns: dict[str, int],
+                     where: pc.Expression | None) -> list[InputPartition]:
+    """Read tasks of a keys table: one per table partition (a key lives in one), all its parts
+    folded together. Only partition values prune: a part whose statistics miss the filter may
+    still hold the newest version of a row that another part's older version matches."""
+    by_partition: dict[str, list[PartMeta]] = {}
+    for m in metas:
+        if where is None or may_match({}, list(tdef.partition_by), m.partition, where, tdef.schema):
+            by_partition.setdefault(m.partition_key, []).append(m)
+    return [PartsPartition(i, [m.to_dict() for m in group], {m.name: csns[m.name] for m in group if m.name in csns})
+            for i, (_, group) in enumerate(sorted(by_partition.items()))]
 
 
 def _prunable(value: Any) -> bool:

@@ -40,7 +40,7 @@ def keys_def(**kw) -> TableDef:
 
 def test_definition_round_trips_with_lock_groups_and_atomicity() -> None:
     t = keys_def(lock_groups={"g2": ["c"], "g1": ["a", "b"]}, atomicity="none")
-    assert t.conflict_policy is Policy.KEYS and not t.auto_merge
+    assert t.conflict_policy is Policy.KEYS and t.auto_merge and not keys_def(auto_merge=False).auto_merge
     assert t.lock_groups == (("g1", ("a", "b")), ("g2", ("c",)))
     back = TableDef.from_dict(t.to_dict())
     assert back == t and back.same_definition(t)
@@ -248,18 +248,6 @@ def test_delete_where_then_reinsert(clients) -> None:
     with a.transaction() as tx:
         tx.insert(name, kt([{"k": 4, "a": "again"}]))
     assert rows_of(a.read(name, where=pc.field("k") == 4)) == [{"k": 4, "a": "again", "b": None, "c": None}]
-
-
-def test_unsupported_statements_on_keys_tables_say_so(clients) -> None:
-    a, _ = clients
-    name = new_table(a)
-    with a.transaction() as tx:
-        for call in (lambda: tx.overwrite(name, kt([{"k": 1}])), lambda: tx.compact(name),
-                     lambda: tx.update(name, pc.field("k") == 1, {"b": 1}), lambda: tx.truncate(name)):
-            with pytest.raises(InvalidInput, match="not supported yet"):
-                call()
-    with pytest.raises(InvalidInput, match="not supported yet"):
-        a.changes(name, 0)
 
 
 # ---------------------------------------------------------------------------------------------

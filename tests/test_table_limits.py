@@ -95,6 +95,24 @@ def test_past_the_row_limit_aborts_and_leaves_nothing(cluster, c0: Client) -> No
     wait_until(lambda: part_files(cluster, "rowlim") == files, timeout=10, what="the aborted parts deleted")
 
 
+def test_a_compaction_is_not_held_to_the_row_limit(cluster, c0: Client) -> None:
+    """A compaction rewrites rows without changing them: a table of more rows than its
+    txn_max_rows still compacts (client.compact and tx.compact)."""
+    c0.create_table("rowlimc", ID_V, auto_merge=False, txn_max_rows=5)
+    for i in range(3):
+        with c0.transaction() as tx:
+            tx.insert("rowlimc", id_rows(4))
+    c0.compact("rowlimc", kind="major")
+    assert c0.read("rowlimc").num_rows == 12
+    assert sum(p["visible"] for p in c0.parts("rowlimc").to_pylist()) == 1
+    with c0.transaction() as tx:
+        tx.insert("rowlimc", id_rows(4))
+    with c0.transaction() as tx:
+        tx.compact("rowlimc", kind="major")
+        tx.insert("rowlimc", id_rows(1))
+    assert c0.read("rowlimc").num_rows == 17
+
+
 @pytest.mark.zk
 def test_past_the_time_limit_the_sweeper_aborts(cluster, c0: Client, c1: Client) -> None:
     c0.create_table("timelim", ID_V, auto_merge=False, txn_max_seconds=0.5)

@@ -1,0 +1,539 @@
+"""Compaction of keys tables (SPEC.md "Keys tables": "Compaction folds versions and deletes away;
+it never changes what a read at any retained snapshot returns"; coordinator/keys.py "Compaction").
+
+Three layers: the pure fold against the pure read (random histories, every subset of parts);
+an in-process replica whose background merge is driven part by part (random subsets that
+interleave with parts left out, compactions of compactions); a cluster of replica processes
+for client.compact, tx.compact overlapping writers, background merges, the key check after a
+compaction and cleanup keeping what a running transaction's key check needs.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from support.cluster import make_cluster
+from support.waiting import wait_until
+
+from coordinator import keys
+from coordinator.catalog import TableDef
+from coordinator.client import Client
+from coordinator.conflicts import Kind, Policy, Summary, check
+from coordinator.errors import ConflictError, ConflictKind
+from coordinator.model import Insert
+from mergetxn.zkserver import ZooKeeperServer
+from parts.format import write_part
+from parts.ops import partition_key
+from replicas.replica import Replica, ReplicaConfig
+
+SCHEMA = pa.schema([
+    pa.field("p", pa.int64(), nullable=False),
+    pa.field("k", pa.int64(), nullable=False),
+    pa.field("a", pa.string()),
+    pa.field("b", pa.int64()),
+])
+PK = ("p", "k")
+OPS = ("put", "update_a", "update_b", "update_ab", "delete", "lock")
+
+
+def rows_of(t: pa.Table) -> list[dict]:
+    return sorted(t.to_pylist(), key=lambda r: (r["p"], r["k"]))
+
+
+def random_versions(rng: random.Random, seq: int, n: int, p: int = 0, nkeys: int = 3) -> tuple[pa.Table, int]:
+    """One transaction's versions of ``n`` random writes (keys.versions layout), from ``seq`` on."""
+    pieces = []
+    for _ in range(n):
+        k, op, v = rng.randrange(nkeys), rng.choice(OPS), rng.randrange(100)
+        if op == "put":
+            data, code = {"p": [p], "k": [k], "a": [f"a{v}"], "b": [v]}, keys.PUT
+        elif op.startswith("update"):
+            data, code = {"p": [p], "k": [k]}, keys.UPDATE
+            if "a" in op[7:]:
+                data["a"] = [f"u{v}"]
+            if "b" in op[7:]:
+                data["b"] = [v]
+        elif op == "delete":
+            data, code = {"p": [p], "k": [k]}, keys.DELETE
+        else:
+            data, code = {"p": [p], "k": [k]}, rng.choice([keys.LOCK_STRONG, keys.LOCK_WEAK])
+        present = pa.schema([SCHEMA.field(c) for c in data])
+        pieces.append(keys.versions(SCHEMA, PK, "t", pa.table(data, schema=present), code, seq))
+        seq += 1
+    return pa.concat_tables(pieces), seq
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: keys.fold against keys.merge
+
+
+def _history(rng: random.Random, nparts: int) -> list[tuple[int, pa.Table]]:
+    seq, parts = 0, []
+    for i in range(nparts):
+        data, seq = random_versions(rng, seq, rng.randint(1, 4))
+        parts.append((10 * (i + 1), data))  # creation CSNs 10, 20, ...
+    return parts
+
+
+def _others(parts: list[tuple[int, pa.Table]]) -> dict[tuple, list[keys.Version]]:
+    out: dict[tuple, list[keys.Version]] = {}
+    for csn, data in parts:
+        for k, vs in keys.row_versions(data, csn, PK).items():
+            out.setdefault(k, []).extend(vs)
+    return out
+
+
+def _fold(parts, chosen, fold_csn: int, use_ver: bool = True):
+    """The parts a read sees after compacting ``chosen`` at ``fold_csn``."""
+    sources = [parts[i] for i in chosen]
+    rest = [p for i, p in enumerate(parts) if i not in chosen]
+    out = keys.fold(SCHEMA, PK, sources, _others(rest))
+    if not use_ver:  # the mutation: the folded part ordered by its own creation CSN
+        out = out.drop_columns([keys.VER])
+    return rest + ([(fold_csn, out)] if out.num_rows else [])
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_fold_keeps_every_read_that_sees_it(seed: int) -> None:
+    """For random histories, any subset of parts folded (contiguous or not, a fold of folds too)
+    reads the same as its sources, with parts written after the compaction's snapshot added."""
+    rng = random.Random(seed)
+    parts = _history(rng, rng.randint(2, 6))
+    chosen = set(rng.sample(range(len(parts)), rng.randint(1, len(parts))))
+    later, _ = random_versions(rng, 1000, rng.randint(1, 3))
+    before = keys.merge(SCHEMA, PK, parts)
+    after_parts = _fold(parts, chosen, 10 * len(parts) + 5)
+    assert rows_of(keys.merge(SCHEMA, PK, after_parts)) == rows_of(before)
+    # a writer that committed after the compaction's snapshot (before or after its commit)
+    late = 10 * len(parts) + 2
+    assert (rows_of(keys.merge(SCHEMA, PK, after_parts + [(late, later)]))
+            == rows_of(keys.merge(SCHEMA, PK, parts + [(late, later)])))
+    # and a second compaction of what is there now, the first output among its sources or not
+    again = set(rng.sample(range(len(after_parts)), rng.randint(min(1, len(after_parts)), len(after_parts))))
+    assert rows_of(keys.merge(SCHEMA, PK, _fold(after_parts, again, 10 * len(parts) + 7))) == rows_of(before)
+
+
+def test_fold_of_everything_leaves_one_version_per_live_key_and_no_lock_rows() -> None:
+    for seed in range(30):
+        parts = _history(random.Random(seed), 5)
+        out = keys.fold(SCHEMA, PK, parts, {})
+        live = keys.merge(SCHEMA, PK, parts)
+        assert out.num_rows == live.num_rows  # deletes with nothing older dropped, one row per key
+        assert set(out.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
+        assert rows_of(keys.merge(SCHEMA, PK, [(99, out)])) == rows_of(live)
+
+
+def _v(p, k, op, seq, **cols):
+    data = {"p": [p], "k": [k], **{c: [v] for c, v in cols.items()}}
+    return keys.versions(SCHEMA, PK, "t", pa.table(data, schema=pa.schema([SCHEMA.field(c) for c in data])), op, seq)
+
+
+def test_fold_rules_case_by_case() -> None:
+    put, upd_a, upd_b, dele = (_v(0, 1, keys.PUT, 0, a="x", b=1), _v(0, 1, keys.UPDATE, 1, a="y"),
+                               _v(0, 1, keys.UPDATE, 2, b=7), _v(0, 1, keys.DELETE, 3))
+    # UPDATEs with no base stay one UPDATE of both columns (a part left out may hold the base).
+    out = keys.fold(SCHEMA, PK, [(20, upd_a), (30, upd_b)], {(0, 1): [(10, 0)]}).to_pylist()
+    assert [(r[keys.OP], r[keys.COLS], r["a"], r["b"], r[keys.VER]) for r in out] == [(keys.UPDATE, "a,b", "y", 7, 30)]
+    # onto a PUT they become a PUT
+    out = keys.fold(SCHEMA, PK, [(10, put), (20, upd_a)], {}).to_pylist()
+    assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, "y", 1)]
+    # a DELETE with an older version elsewhere stays; with none it goes
+    assert keys.fold(SCHEMA, PK, [(20, dele)], {(0, 1): [(10, 0)]}).column(keys.OP).to_pylist() == [keys.DELETE]
+    assert keys.fold(SCHEMA, PK, [(10, put), (20, dele)], {}).num_rows == 0
+    # a version of another part between two sources splits the fold into two runs
+    out = keys.fold(SCHEMA, PK, [(10, put), (30, upd_b)], {(0, 1): [(20, 5)]}).to_pylist()
+    assert [(r[keys.OP], r[keys.VER]) for r in out] == [(keys.PUT, 10), (keys.UPDATE, 30)]
+    # a DELETE then an UPDATE is a PUT with the other columns null (as a read folds it)
+    out = keys.fold(SCHEMA, PK, [(20, dele), (30, upd_b)], {(0, 1): [(10, 0)]}).to_pylist()
+    assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, None, 7)]
+
+
+def test_mutation_folded_part_ordered_by_its_creation_csn_changes_reads() -> None:
+    """Without the per-row version, a part written between the sources' commits and the
+    compaction's is overridden by an older folded version: some history shows it."""
+    broke = 0
+    for seed in range(60):
+        rng = random.Random(seed)
+        parts = _history(rng, 4)
+        before = rows_of(keys.merge(SCHEMA, PK, parts))
+        broke += rows_of(keys.merge(SCHEMA, PK, _fold(parts, {0, 2}, 45, use_ver=False))) != before
+    assert broke
+
+
+def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
+    from parts.storage import Storage
+
+    storage = Storage(str(tmp_path))
+    written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x"), "1.1.h")
+    out = write_part(storage, "t", ["p"], (0,), keys.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], {}),
+                     "2.1.h")
+    assert not keys.folded(written) and keys.folded(out)
+
+
+
+@pytest.mark.parametrize("earlier", list(Kind))
+@pytest.mark.parametrize("later", list(Kind))
+def test_keys_policy_lets_every_later_kind_commit_and_rebases_it(earlier: Kind, later: Kind) -> None:
+    """Under ``keys`` only keys decide (replicas/keylocks.py): for every pair of kinds, the same
+    removed part included (two compactions of one source), the later one commits, rebased (a
+    compaction whose sources went is redone on the current parts)."""
+    v = check(Policy.KEYS, Summary.of("L", [later], ["part1"]), [Summary.of("E", [earlier], ["part1"])])
+    assert v.ok and v.rebase and v.kind is None
+
+
+# ---------------------------------------------------------------------------------------------
+# One replica in this process: background merges of chosen parts (replicas/merges.py)
+
+
+@pytest.fixture
+def replica(zk_address: str, tmp_path: Path) -> Iterator[Replica]:
+    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="kc0",
+                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def _keys_table(r: Replica, name: str = "kc") -> TableDef:
+    r.create_table(TableDef.new(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys",
+                                auto_merge=False))
+    return r.table(name)
+
+
+def _commit(r: Replica, table: str, data: pa.Table) -> int:
+    """One transaction writing ``data`` (versions in the part layout) to the partition of its rows."""
+    txn = r.transactions.begin()
+    p = data.column("p")[0].as_py()
+    meta = write_part(r.storage, table, ["p"], (p,), data, txn.id)
+    r.transactions.stage(txn.id, Insert(table, added=(meta,)))
+    return r.transactions.commit(txn.id)
+
+
+def _read_at(r: Replica, table: str, snapshot: int) -> list[dict]:
+    from parts.format import read_part
+
+    metas = r.state.visible(table, snapshot)
+    csns = {m.name: r.state.parts[m.name].creation_csn for m in metas}
+    return rows_of(keys.merge(SCHEMA, PK, [(csns[m.name], read_part(r.storage, m)) for m in metas]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_merges_of_random_part_subsets_keep_every_snapshot(replica: Replica, seed: int) -> None:
+    """Random writes (puts, updates, deletes, read locks) over a few keys in two partitions,
+    merged in random subsets of the live parts (interleaving with parts left out, merging merge
+    output again): a read at every snapshot since the first commit returns what it returned
+    before any merge."""
+    r, rng = replica, random.Random(seed)
+    tdef = _keys_table(r)
+    seq, expected = 0, {}
+    for step in range(14):
+        p = rng.randrange(2)
+        data, seq = random_versions(rng, seq, rng.randint(1, 3), p=p)
+        csn = _commit(r, "kc", data)
+        expected[csn] = _read_at(r, "kc", csn)
+        if step % 3 == 2:
+            pkey = partition_key((p,))
+            live = sorted(m.name for m in r.state.visible("kc", r.state.applied, pkeys=[pkey]))
+            if len(live) >= 2:
+                sources = rng.sample(live, rng.randint(2, len(live)))
+                out = r.merges.run_merge(tdef, "minor", pkey, sources)
+                assert out["outcome"] == "committed", out
+                expected[out["csn"]] = expected[max(expected)]
+                assert {s: _read_at(r, "kc", s) for s in expected} == expected
+    # every partition merged whole: one version per live key is left, no deletes, no locks
+    for p in range(2):
+        pkey = partition_key((p,))
+        live = [m.name for m in r.state.visible("kc", r.state.applied, pkeys=[pkey])]
+        if len(live) >= 2:
+            out = r.merges.run_merge(tdef, "major", pkey, live)
+            expected[out["csn"]] = expected[max(expected)]
+    assert {s: _read_at(r, "kc", s) for s in expected} == expected
+    from parts.format import read_part
+
+    left = [read_part(r.storage, m) for m in r.state.visible("kc", r.state.applied)]
+    versions = pa.concat_tables([t.select([*PK, keys.OP]) for t in left]) if left else None
+    if versions is not None:
+        assert set(versions.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
+        assert versions.num_rows == len(expected[max(expected)])
+
+
+def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -> None:
+    """Two merges over one part: the later one to commit finds its source gone and is redone on
+    the parts there now (keys policy: a compaction writes no key, so nothing to lose to)."""
+    r = replica
+    tdef = _keys_table(r)
+    for i, op in enumerate([keys.PUT, keys.UPDATE, keys.DELETE, keys.PUT]):
+        cols = {"a": f"v{i}"} if op in (keys.PUT, keys.UPDATE) else {}
+        _commit(r, "kc", _v(0, i % 2, op, i, **cols))
+    want = _read_at(r, "kc", r.state.applied)
+    pkey = partition_key((0,))
+    live = sorted(r.state.visible("kc", r.state.applied, pkeys=[pkey]), key=lambda m: r.state.parts[m.name].creation_csn)
+    names = [m.name for m in live]
+
+    def other_merge() -> None:
+        t = r.transactions.begin()
+        from coordinator.model import Compact
+        from parts import rewrite
+
+        res = rewrite.compact(r.storage, tdef, live[:2], "major", t.id,
+                              {m.name: r.state.parts[m.name].creation_csn for m in live}, live)
+        r.transactions.stage(t.id, Compact("kc", "minor", tuple(res.added), tuple(res.removed), (pkey,)))
+        r.transactions.commit(t.id)
+
+    out = r.merges.run_merge(tdef, "major", pkey, names, before_commit=other_merge)
+    assert out["outcome"] == "committed", out
+    assert _read_at(r, "kc", r.state.applied) == want
+    assert len(r.state.visible("kc", r.state.applied)) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# A cluster of replica processes: client.compact, tx.compact, background merges, conflicts, gc
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
+    with make_cluster(tmp_path_factory, zk_server, "keyscompact", replicas=2, settings={
+        "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0, "read_lease_seconds": 1,
+    }) as c:
+        yield c
+
+
+@pytest.fixture
+def clients(cluster) -> Iterator[tuple[Client, Client]]:
+    a, b = (cluster.client(i) for i in range(2))
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
+
+
+_n = iter(range(10**6))
+
+
+def new_table(c: Client, auto_merge: bool = False) -> str:
+    name = f"kc{next(_n)}"
+    c.create_table(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys", auto_merge=auto_merge)
+    return name
+
+
+def kt(rows: list[dict], cols: tuple[str, ...] = ("p", "k", "a", "b")) -> pa.Table:
+    return pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows],
+                                schema=pa.schema([SCHEMA.field(c) for c in cols]))
+
+
+def random_transaction(tx, table: str, rng: random.Random, nkeys: int = 4) -> None:
+    for _ in range(rng.randint(1, 3)):
+        p, k, v, op = rng.randrange(2), rng.randrange(nkeys), rng.randrange(100), rng.choice(OPS)
+        if op == "put":
+            tx.insert(table, kt([{"p": p, "k": k, "a": f"a{v}", "b": v}]))
+        elif op.startswith("update"):
+            cols = ("p", "k", *(c for c in "ab" if c in op[7:]))
+            tx.upsert(table, kt([{"p": p, "k": k, "a": f"u{v}", "b": v}], cols), update=True)
+        elif op == "delete":
+            tx.delete_keys(table, kt([{"p": p, "k": k}], ("p", "k")))
+        else:
+            tx.lock_keys(table, kt([{"p": p, "k": k}], ("p", "k")), mode=rng.choice(["shared_strong", "shared_weak"]))
+
+
+def read_all(c: Client, table: str, snapshots) -> dict[int, list[dict]]:
+    return {s: rows_of(c.read(table, snapshot=s)) for s in snapshots}
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_client_compact_minor_major_and_partial_keep_every_snapshot(clients, seed: int) -> None:
+    """Random histories; after a minor compaction of one partition, then of all, then a major
+    one: a read at every snapshot since the table's first commit (on both replicas) returns
+    what it returned before any compaction."""
+    a, b = clients
+    rng = random.Random(seed)
+    name = new_table(a)
+    first = a.snapshot()
+    for _ in range(12):
+        with a.transaction() as tx:
+            random_transaction(tx, name, rng)
+    expected = read_all(a, name, range(first, a.snapshot() + 1))
+    for kind, partitions in (("minor", [1]), ("minor", None), ("major", [0]), ("major", None)):
+        csn = a.compact(name, kind, partitions)
+        expected[csn] = expected[max(expected)]
+        b.wait_for(csn)
+        assert read_all(a, name, expected) == expected, (kind, partitions)
+        assert read_all(b, name, expected) == expected, (kind, partitions)
+    parts = a.parts(name).to_pylist()
+    assert len([p for p in parts if p["visible"]]) <= 2  # one per partition (none if all deleted)
+
+
+def test_tx_compact_overlapping_writers_commits_and_loses_nothing(clients) -> None:
+    """A compaction staged in a transaction that overlaps writers of the same keys: writers that
+    commit after its snapshot (before it is staged, and between staging and commit) succeed and
+    so does the compaction; a transaction that began before the compaction committed and writes
+    a key the compaction rewrote commits after it; every write stays, in commit order."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": k, "a": "base", "b": k} for k in range(4)]))
+    with a.transaction() as tx:
+        tx.upsert(name, kt([{"p": 0, "k": 0, "a": "one"}], ("p", "k", "a")), update=True)
+        tx.delete_keys(name, kt([{"p": 0, "k": 2}], ("p", "k")))
+    b.wait_for(a.snapshot())
+    comp = a.begin()
+    late = b.begin()  # began before the compaction commits, writes after it
+    with b.transaction() as w:  # commits after the compaction's snapshot, before it is staged
+        w.upsert(name, kt([{"p": 0, "k": 0, "b": 100}], ("p", "k", "b")), update=True)
+    assert comp.compact(name, "major") == 3
+    before = rows_of(comp.read(name))
+    with b.transaction() as w:  # after the compaction was staged, before it commits
+        w.insert(name, kt([{"p": 0, "k": 1, "a": "new"}]))
+    csn = comp.commit()
+    assert before == [{"p": 0, "k": 0, "a": "one", "b": 0}, {"p": 0, "k": 1, "a": "base", "b": 1},
+                      {"p": 0, "k": 3, "a": "base", "b": 3}]
+    late.upsert(name, kt([{"p": 0, "k": 3, "a": "late"}], ("p", "k", "a")), update=True)
+    a.wait_for(late.commit())
+    assert rows_of(a.read(name)) == [{"p": 0, "k": 0, "a": "one", "b": 100}, {"p": 0, "k": 1, "a": "new", "b": None},
+                                     {"p": 0, "k": 3, "a": "late", "b": 3}]
+    assert rows_of(a.read(name, snapshot=csn))[:2] == [{"p": 0, "k": 0, "a": "one", "b": 100},
+                                                       {"p": 0, "k": 1, "a": "new", "b": None}]
+
+
+def test_key_check_after_a_compaction_sees_real_writers_only(clients) -> None:
+    """A transaction that began before a writer and a compaction of the writer's part still
+    loses to that writer on its key (the writer's part was compacted away), and a transaction
+    writing another key the compaction rewrote commits."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": k, "a": "base"} for k in range(3)]))
+    b.wait_for(a.snapshot())
+    t1, t2 = b.begin(), b.begin()
+    with a.transaction() as w:
+        w.upsert(name, kt([{"p": 0, "k": 1, "a": "w"}], ("p", "k", "a")), update=True)
+    writer = w.tid
+    a.compact(name, "major")
+    b.wait_for(a.snapshot())
+    t2.insert(name, kt([{"p": 0, "k": 2, "a": "t2"}]))  # k=2 is in the compaction's output only
+    t2.commit()
+    t1.insert(name, kt([{"p": 0, "k": 1, "a": "t1"}]))
+    with pytest.raises(ConflictError) as e:
+        t1.commit()
+    assert e.value.winner == str(writer) and e.value.details["kind"] == str(ConflictKind.KEY_WRITTEN)
+    a.wait_for(t2.csn)  # t2 committed through the other replica
+    assert rows_of(a.read(name))[1:] == [{"p": 0, "k": 1, "a": "w", "b": None}, {"p": 0, "k": 2, "a": "t2", "b": None}]
+
+
+def test_gc_keeps_a_compacted_writer_part_a_running_transaction_checks_against(clients) -> None:
+    """Cleanup keeps the part of a writer that committed after a running transaction's snapshot
+    even once a compaction removed it and no snapshot in use can see it: the running
+    transaction's key check reads it at commit, and still loses to that writer."""
+    a, b = clients
+    name = new_table(a)
+    with a.transaction() as tx:
+        tx.insert(name, kt([{"p": 0, "k": 1, "a": "base"}]))
+    t1 = a.begin()  # on the replica that runs the pass: its running transactions are read fresh
+    with a.transaction() as w:
+        w.insert(name, kt([{"p": 0, "k": 1, "a": "w"}]))
+    a.wait_for(w.csn)
+    writer_parts = {p["name"] for p in a.parts(name).to_pylist() if p["creation_tid"] == str(w.tid)}
+    assert writer_parts
+    a.compact(name, "major")
+    with a.transaction() as w2:  # nothing in use can see the writer's part any more
+        w2.insert(name, kt([{"p": 0, "k": 5, "a": "later"}]))
+
+    def kept_for_the_key_check() -> bool:
+        """Every pass keeps it; once the other replica's published progress passes w2 (a pass
+        may first keep it for that replica), the reason is the key check."""
+        report = a.gc()
+        assert not writer_parts & {r["part"] for r in report["removed"]}
+        kept = {r["part"]: r["reason"] for r in report["kept"]}
+        assert writer_parts <= kept.keys()
+        return "key check at commit reads it" in kept[next(iter(writer_parts))]
+
+    wait_until(kept_for_the_key_check, what="the pass keeping the writer's part for the key check")
+    t1.insert(name, kt([{"p": 0, "k": 1, "a": "t1"}]))
+    with pytest.raises(ConflictError) as e:
+        t1.commit()
+    assert e.value.winner == str(w.tid)
+    # once no transaction that old runs (the other replica republishes what it runs), it goes
+    gone: set[str] = set()
+
+    def collected() -> bool:
+        gone.update(r["part"] for r in a.gc()["removed"])
+        return writer_parts <= gone
+
+    wait_until(collected, what="the writer's part collected")
+
+
+def test_background_merges_beside_writers_keep_every_snapshot(clients) -> None:
+    """auto_merge on a keys table: merges run in the background while two writers keep writing
+    (one partition each, so they never collide with each other); no writer ever fails, and a
+    read at every commit's snapshot returns what the writes up to it make (a model of them),
+    whatever merges ran meanwhile."""
+    a, b = clients
+    name = new_table(a, auto_merge=True)
+    first = a.snapshot()
+    writes: list[tuple[int, int, int, int | None]] = []  # (csn, p, k, b; None for a delete)
+    failures: list[Exception] = []
+    lock = threading.Lock()
+
+    def writer(c: Client, p: int, seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for i in range(24):
+                k, delete = rng.randrange(3), rng.random() < 0.2
+                with c.transaction() as tx:
+                    if delete:
+                        tx.delete_keys(name, kt([{"p": p, "k": k}], ("p", "k")))
+                    else:
+                        tx.upsert(name, kt([{"p": p, "k": k, "b": i}], ("p", "k", "b")), update=True)
+                with lock:
+                    writes.append((tx.csn, p, k, None if delete else i))
+        except Exception as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(c, p, p)) for c, p in ((a, 0), (b, 1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+    def merges() -> list[dict]:
+        return [e for c in (a, b) for e in c.events(name).to_pylist()
+                if e["event"] == "merge" and e["outcome"] == "committed"]
+
+    assert wait_until(merges, what="a background merge of the keys table")
+    b.wait_for(a.snapshot())
+    for s in range(first, a.snapshot() + 1):
+        model: dict[tuple, int | None] = {}
+        for csn, p, k, v in sorted(writes):
+            if csn <= s:
+                model[(p, k)] = v
+        want = [{"p": p, "k": k, "a": None, "b": v} for (p, k), v in sorted(model.items()) if v is not None]
+        assert rows_of(a.read(name, snapshot=s)) == want, s
+
+
+def test_a_second_compaction_in_one_transaction_respects_the_first_ones_output(tmp_path: Path) -> None:
+    """A transaction's own compaction output is no source of a later compaction in it (it has no
+    CSN yet), but its versions still split what that compaction folds: a DELETE between them stays."""
+    from parts import rewrite
+    from parts.format import read_part
+    from parts.storage import Storage
+
+    storage = Storage(str(tmp_path))
+    tdef = TableDef.new("t", SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys")
+    a = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x", b=7), "1.1.h")
+    c = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.DELETE, 0), "2.1.h")
+    b = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.UPDATE, 0, a="y"), "3.1.h")
+    csns = {a.name: 10, c.name: 20, b.name: 30}
+    first = rewrite.compact(storage, tdef, [a, b], "major", "9.1.h", csns, [a, b, c])
+    own = first.added
+    second = rewrite.compact(storage, tdef, [*own, c], "major", "9.1.h", csns)
+    after = [(keys.OWN, read_part(storage, m)) for m in [*own, *second.added]]
+    want = keys.merge(SCHEMA, PK, [(csns[m.name], read_part(storage, m)) for m in (a, c, b)])
+    assert rows_of(keys.merge(SCHEMA, PK, after)) == rows_of(want) == [{"p": 0, "k": 1, "a": "y", "b": None}]

@@ -1,0 +1,425 @@
+"""Storage of keys-table versions that stays fast (issue 12 item 3): the per-part key summary
+(key range and Bloom filter, coordinator/keys.py "key summaries"), the state's index of parts by
+creation CSN per target, the key conflict check that skips parts unread, and point reads that
+read only the parts that may hold the key. Pure parts first, then against a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import string
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from support.builders import change, entry, tid
+from support.cluster import make_cluster
+
+import coordinator.client as client_module
+from coordinator import keys
+from coordinator.catalog import TableDef
+from coordinator.client import Client
+from coordinator.conflicts import Kind, Policy
+from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
+from mergetxn.zkserver import ZooKeeperServer
+from parts.format import write_part
+from parts.meta import PartMeta
+from parts.ops import partition_key
+from parts.storage import Storage
+from replicas import checkpoint
+from replicas.keylocks import KeyConflicts
+from replicas.state import ReplicaState
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("a", pa.string()), pa.field("b", pa.int64())])
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: the filter and the summary
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_letters + "éß€😀 ,;\x00") for _ in range(rng.randint(0, 12)))
+
+
+KEY_KINDS = {
+    "int": (pa.schema([pa.field("k", pa.int64(), False)]), lambda r: (r.randint(-2**63, 2**63 - 1),)),
+    "small_int": (pa.schema([pa.field("k", pa.int32(), False)]), lambda r: (r.randint(-1000, 1000),)),
+    "string": (pa.schema([pa.field("k", pa.string(), False)]), lambda r: (_word(r),)),
+    "str_int": (pa.schema([pa.field("s", pa.string(), False), pa.field("i", pa.int64(), False)]),
+                lambda r: (_word(r), r.randint(-50, 50))),
+    "bool_int": (pa.schema([pa.field("b", pa.bool_(), False), pa.field("i", pa.int16(), False)]),
+                 lambda r: (r.random() < 0.5, r.randint(-300, 300))),
+    "float": (pa.schema([pa.field("f", pa.float64(), False)]), lambda r: (r.choice([0.0, -0.0, r.uniform(-1e9, 1e9)]),)),
+    "date_bytes": (pa.schema([pa.field("d", pa.date32(), False), pa.field("y", pa.binary(), False)]),
+                   lambda r: (dt.date(2000, 1, 1) + dt.timedelta(days=r.randint(0, 9000)), r.randbytes(r.randint(0, 6)))),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KEY_KINDS))
+@pytest.mark.parametrize("seed", range(5))
+def test_filter_never_says_absent_for_a_key_the_part_holds(kind: str, seed: int) -> None:
+    schema, gen = KEY_KINDS[kind]
+    rng = random.Random(f"{kind}-{seed}")
+    held = [gen(rng) for _ in range(rng.choice([1, 7, 300, 2000]))]
+    data = pa.Table.from_pylist([dict(zip(schema.names, k)) for k in held], schema=schema)
+    summary = keys.summarize(data, schema.names)
+    assert keys.summary_problem(summary) is None
+    # Every key the part holds, as the data reads back (to_pylist), is a maybe.
+    for key in zip(*(data.column(n).to_pylist() for n in schema.names)):
+        assert keys.may_hold(summary, key)
+        assert keys.may_hold(summary, key, keys.key_hash(key))
+        assert keys.may_hold_any(summary, {key: keys.key_hash(key)})
+    # And the filter does rule out most keys it does not hold (about 0.05% false positives),
+    # one key at a time or many at once alike.
+    absent = {gen(rng) for _ in range(2000)} - set(held)
+    maybe = [k for k in absent if keys.may_hold(summary, k)]
+    assert len(maybe) <= 0.01 * len(absent) + 2
+    assert [k for k in absent if keys.may_hold_any(summary, {k: keys.key_hash(k)})] == maybe
+
+
+def test_the_hash_is_fixed_and_not_pythons() -> None:
+    # Pinned values: another process (any PYTHONHASHSEED) and a later version probe the same bits.
+    assert keys.encode_key((5, "x")) == b"i\x00\x00\x00\x015s\x00\x00\x00\x01x"
+    assert keys.key_hash((5,)) == keys.key_hash([5])
+    assert keys.key_hash((0.0,)) == keys.key_hash((-0.0,))  # Arrow compares them equal
+    assert keys.key_hash((1,)) != keys.key_hash((True,)) and keys.key_hash(("1",)) != keys.key_hash((1,))
+    h1, h2 = keys.key_hash((5,))
+    assert h2 % 2 == 1 and 0 <= h1 < 2**64
+    data = pa.table({"k": pa.array([1, 2, 3], pa.int64())})
+    assert keys.summarize(data, ["k"]) == keys.summarize(data, ["k"])
+    assert keys.summarize(data, ["k"])["lo"] == [1] and keys.summarize(data, ["k"])["hi"] == [3]
+
+
+def test_the_range_rules_out_without_the_filter() -> None:
+    data = pa.table({"k": pa.array(range(100, 200), pa.int64())})
+    full = {**keys.summarize(data, ["k"]), "bloom": keys.base64.b64encode(b"\xff" * 8).decode(), "m": 64}
+    assert keys.may_hold(full, (150,)) and not keys.may_hold(full, (99,)) and not keys.may_hold(full, (200,))
+
+
+def test_filter_size_is_bounded() -> None:
+    data = pa.table({"k": pa.array(range(10_000), pa.int64())})
+    s = keys.summarize(data, ["k"], max_bits=4096)
+    assert s["m"] == 4096 and len(keys._bits(s["bloom"])) == 512
+    assert all(keys.may_hold(s, (k,)) for k in range(10_000))
+    assert keys.summarize(data.slice(0, 0), ["k"])["m"] == keys.MIN_FILTER_BITS  # an empty part still has a (tiny) filter
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: which keys a filter fixes
+
+PK2 = pa.schema([pa.field("p", pa.string(), False), pa.field("k", pa.int32(), False), pa.field("v", pa.int64())])
+K, P, V = pc.field("k"), pc.field("p"), pc.field("v")
+
+POINTS = [
+    (SCHEMA, ("k",), K == 5, [(5,)]),
+    (SCHEMA, ("k",), (K == 5) & (pc.field("a") == "x"), [(5,)]),
+    (SCHEMA, ("k",), (K == 5) | (K == 2), [(2,), (5,)]),
+    (SCHEMA, ("k",), (K == 5) & (K == 6), []),  # matches nothing: no part is needed
+    (SCHEMA, ("k",), K > 5, None),
+    (SCHEMA, ("k",), (K == 5) | (pc.field("b") == 1), None),
+    (SCHEMA, ("k",), K == 5.5, None),  # not a value of the column: no pruning, the filter decides
+    (SCHEMA, ("k",), pc.field("b") == 5, None),
+    (PK2, ("p", "k"), (P == "x") & (K == 3), [("x", 3)]),
+    (PK2, ("p", "k"), K == 3, None),  # one key column free
+    (PK2, ("p", "k"), ((P == "x") | (P == "y")) & (K == 1) & (V > 0), [("x", 1), ("y", 1)]),
+]
+
+
+@pytest.mark.parametrize(("schema", "pk", "where", "want"), POINTS, ids=[str(w) for _, _, w, _ in POINTS])
+def test_point_keys(schema: pa.Schema, pk: tuple, where: pc.Expression, want: list | None) -> None:
+    assert keys.point_keys(where, schema, pk) == want
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure: metadata, the log entry and the checkpoint carry the summary
+
+
+def summarized_part(storage: Storage, table: str, rows: list[int], creator: str, partition: tuple = ()) -> PartMeta:
+    data = keys.versions(SCHEMA, ("k",), table, pa.table({"k": pa.array(rows, pa.int64())}), keys.PUT, 1)
+    return write_part(storage, table, ["k"] if partition else [], partition, data, creator, primary_key=("k",))
+
+
+def test_summary_round_trips_and_is_validated(tmp_path) -> None:
+    meta = summarized_part(Storage(str(tmp_path)), "t", [3, 1, 2], tid(1))
+    assert meta.key_summary is not None and meta.key_summary["lo"] == [1] and meta.key_summary["hi"] == [3]
+    assert PartMeta.from_dict(meta.to_dict()) == meta
+    old = {k: v for k, v in meta.to_dict().items() if k != "key_summary"}  # written before summaries
+    assert PartMeta.from_dict(old).key_summary is None
+    assert keys.may_hold(None, (99,))  # a part without one is never pruned
+    for bad, says in [({**meta.key_summary, "m": 12}, "'m'"), ({**meta.key_summary, "bloom": "!!"}, "base64"),
+                      ({**meta.key_summary, "bloom": "AAAA"}, "bits"), ({**meta.key_summary, "lo": None}, "both"),
+                      ({**meta.key_summary, "exact": [[1, 9, None]]}, "exact"),
+                      ("x", "object")]:
+        with pytest.raises(CorruptMetadata, match=says):
+            PartMeta.from_dict({**meta.to_dict(), "key_summary": bad})
+
+
+def _state_with(parts: list[tuple[int, PartMeta]]) -> ReplicaState:
+    st = ReplicaState()
+    for i, (csn, meta) in enumerate(parts):
+        st.apply(csn, 0, i, entry((meta.creation_tid, [change(meta.table, meta.partition, (Kind.INSERT,), [meta])])))
+    return st
+
+
+def test_summary_and_index_survive_a_checkpoint(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    metas = [summarized_part(storage, "t", [i, i + 10], tid(i)) for i in range(1, 6)]
+    st = _state_with([(10 * i, m) for i, m in enumerate(metas, 1)])
+    back = ReplicaState()
+    back.restore(checkpoint.decode(checkpoint.encode(st.export()), "test"), "test")
+    assert [m for _, m in back.created_since("t", "[]", 0)] == metas
+    assert back.created_since("t", "[]", 25) == st.created_since("t", "[]", 25)
+    assert [c for c, _ in back.created_since("t", "[]", 25)] == [30, 40, 50]
+    # A checkpoint written before summaries existed (no such column) restores with none.
+    payload = st.export()
+    payload["parts"]["fields"].remove("key_summary")
+    del payload["parts"]["key_summary"]
+    old = ReplicaState()
+    old.restore(payload, "old")
+    assert [m.key_summary for _, m in old.created_since("t", "[]", 0)] == [None] * 5
+
+
+def test_created_since_index_matches_a_scan_and_prunes(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    rng = random.Random(1)
+    parts = []
+    for csn in range(1, 60):
+        table = rng.choice(["t", "u"])
+        parts.append((csn, summarized_part(storage, table, [csn], tid(csn), partition=(rng.randint(0, 2),))))
+    st = _state_with(parts)
+    for snapshot in (0, 17, 58, 59):
+        for table in ("t", "u"):
+            for p in range(3):
+                pkey = partition_key((p,))
+                scan = sorted((r.creation_csn, r.meta.name) for r in st.parts.values()
+                              if r.creation_csn > snapshot and r.meta.table == table and r.pkey == pkey)
+                assert [(c, m.name) for c, m in st.created_since(table, pkey, snapshot)] == scan
+    st.prune(30)
+    assert all(c > 30 for added in st.created.values() for c, _ in added)
+
+
+# ---------------------------------------------------------------------------------------------
+# The key conflict check, in process against real part files
+
+
+def _checker(storage: Storage, st: ReplicaState) -> KeyConflicts:
+    tdef = TableDef.new("t", SCHEMA, primary_key=("k",), conflict_policy="keys")
+    return KeyConflicts(st, storage, lambda name: tdef)
+
+
+def test_conflict_check_reads_only_candidate_parts(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    rng = random.Random(7)
+    # Parts too big to list their versions in the summary: the filter decides, candidates are read.
+    theirs = [summarized_part(storage, "t", rng.sample(range(100_000), 100), tid(i, host="r1")) for i in range(40)]
+    assert all("exact" not in m.key_summary for m in theirs)
+    st = _state_with([(i + 2, m) for i, m in enumerate(theirs)])
+    taken: set[tuple] = set()
+    for m in theirs:
+        taken.update(keys.written_locks(_read(storage, m), ("k",), ()).keys())
+    free = [k for k in range(100_000) if (k,) not in taken][:200]
+    mine = summarized_part(storage, "t", free, tid(99))  # 200 keys: read too
+    check = _checker(storage, st)
+    check.check(tid(99), 1, {mine.name: mine}, {"t": Policy.KEYS})  # no conflict: different keys
+    hashed = {(k,): keys.key_hash((k,)) for k in free}
+    candidates = sum(keys.may_hold_any(m.key_summary, hashed) for m in theirs)
+    assert check.reads == 1 + candidates and check.skipped == 40 - candidates
+    assert candidates < 10  # the filters ruled out most of the 40 (about 0.05% per key and part)
+    # A key one of them wrote is a candidate there, read, verified, and conflicts.
+    clash = summarized_part(storage, "t", [free[0], sorted(taken)[5][0]], tid(98))
+    with pytest.raises(ConflictError, match="lost to") as e:
+        (c2 := _checker(storage, st)).check(tid(98), 1, {clash.name: clash}, {"t": Policy.KEYS})
+    assert e.value.details["key"] == [sorted(taken)[5][0]] and c2.reads >= 1
+    # At a snapshot past every one of them there is nothing to look at (a small part of its
+    # own is known from its summary: no read at all).
+    late = _checker(storage, st)
+    late.check(tid(98), 100, {clash.name: clash}, {"t": Policy.KEYS})
+    assert late.reads == 0 and late.skipped == 0
+
+
+def test_small_commits_are_checked_from_their_summaries_alone(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    rng = random.Random(5)
+    theirs = [summarized_part(storage, "t", rng.sample(range(1000), 10), tid(i, host="r1")) for i in range(30)]
+    st = _state_with([(i + 2, m) for i, m in enumerate(theirs)])
+    written = {k for m in theirs for k, *_ in m.key_summary["exact"]}
+    mine = summarized_part(storage, "t", [k for k in range(1000) if k not in written][:10], tid(99))
+    check = _checker(storage, st)
+    check.check(tid(99), 1, {mine.name: mine}, {"t": Policy.KEYS})
+    assert check.reads == 0
+    clash = summarized_part(storage, "t", [min(written)], tid(98))
+    with pytest.raises(ConflictError):
+        _checker(storage, st).check(tid(98), 1, {clash.name: clash}, {"t": Policy.KEYS})
+
+
+def test_exact_versions_give_the_locks_the_file_gives(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    groups = (("g1", ("a",)), ("g2", ("b",)))
+    rng = random.Random(11)
+    for _ in range(20):
+        parts = []
+        for seq, op in enumerate(rng.sample([keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK], 3)):
+            ks = pa.array(rng.sample(range(30), 5), pa.int64())
+            cols = {"k": ks, **({"a": pa.array(["x"] * 5)} if rng.random() < 0.5 else {}),
+                    **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keys.UPDATE else {})}
+            parts.append(keys.versions(SCHEMA, ("k",), "t", pa.table(cols), op, seq * 10 + 1))
+        data = pa.concat_tables(parts)
+        meta = write_part(storage, "t", [], (), data, tid(1), primary_key=("k",))
+        assert keys.exact_locks(meta.key_summary, 1, groups) == keys.written_locks(_read(storage, meta), ("k",), groups)
+    big = write_part(storage, "t", [], (), keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}),
+                                                         keys.PUT, 1), tid(1), primary_key=("k",))
+    assert keys.exact_locks(big.key_summary, 1, groups) is None  # past EXACT_ROWS: read it
+
+
+def _read(storage: Storage, meta: PartMeta) -> pa.Table:
+    from parts.format import read_part
+
+    return read_part(storage, meta)
+
+
+def test_a_filter_false_positive_never_makes_a_conflict(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    winner = summarized_part(storage, "t", [1, 2, 3], tid(1, host="r1"))
+    # Every bit set, no range: the filter says "maybe" for every key (a forced false positive).
+    saturated = dataclasses.replace(winner, key_summary={"lo": None, "hi": None, "m": 64, "k": keys.HASHES,
+                                                         "bloom": keys.base64.b64encode(b"\xff" * 8).decode()})
+    assert keys.may_hold(saturated.key_summary, (4,))
+    st = _state_with([(5, saturated)])
+    mine = summarized_part(storage, "t", [4, 5], tid(2))
+    check = _checker(storage, st)
+    check.check(tid(2), 1, {mine.name: mine}, {"t": Policy.KEYS})  # read and verified: no conflict
+    assert check.reads == 1 and check.skipped == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Point reads against a cluster
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
+    with make_cluster(tmp_path_factory, zk_server, "keys-storage", replicas=1) as c:
+        yield c
+
+
+@pytest.fixture
+def client(cluster) -> Iterator[Client]:
+    c = cluster.client(0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Paths of the parts the client reads (every read of a keys table goes through read_part)."""
+    seen: list[str] = []
+    real = client_module.read_part
+
+    def read_part(storage, meta, *a, **kw):
+        seen.append(meta.path)
+        return real(storage, meta, *a, **kw)
+
+    monkeypatch.setattr(client_module, "read_part", read_part)
+    return seen
+
+
+def test_point_reads_read_only_parts_that_may_hold_the_key_and_equal_the_fold(client: Client, counted) -> None:
+    name = "ks_point"  # no background merges: the count of parts read is the point
+    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+    rng = random.Random(3)
+    for i in range(30):  # 30 parts: puts, updates and deletes of keys in 0..99
+        with client.transaction() as tx:
+            ks = rng.sample(range(100), 5)
+            if i % 3 == 2:
+                tx.upsert(name, pa.table({"k": pa.array(ks, pa.int64()), "b": pa.array([i] * 5, pa.int64())}),
+                          update=True)
+            else:
+                tx.insert(name, pa.table({"k": pa.array(ks, pa.int64()), "a": [f"v{i}"] * 5}))
+            if i % 4 == 3:
+                tx.delete_keys(name, pa.table({"k": pa.array(rng.sample(range(100), 2), pa.int64())}))
+    counted.clear()
+    everything = client.read(name)
+    assert len(set(counted)) >= 30
+    for key in [*range(100), 1000, -1]:
+        counted.clear()
+        got = client.read(name, where=K == key)
+        assert got.equals(everything.filter(K == key)), key
+        assert len(counted) < 12, (key, len(counted))  # of 30+: the ones that may hold it
+    counted.clear()
+    both = client.read(name, where=(K == 3) | (K == 4))
+    assert both.equals(everything.filter((K == 3) | (K == 4))) and len(counted) < 20
+    # In a transaction, with its own writes (its own part carries a summary too).
+    with client.transaction() as tx:
+        tx.upsert(name, pa.table({"k": pa.array([7], pa.int64()), "b": pa.array([-7], pa.int64())}), update=True)
+        counted.clear()
+        mine = tx.read(name, where=K == 7)
+        assert len(counted) < 12
+        assert mine.equals(tx.read(name).filter(K == 7)) and mine.column("b").to_pylist() == [-7]
+        metas, _ = tx._visible_csns(name)
+        assert metas and all(m.key_summary is not None for m in metas)
+    # Not a point filter: every part is read.
+    everything = client.read(name)
+    counted.clear()
+    assert client.read(name, where=K < 50).equals(everything.filter(K < 50))
+    assert len(counted) >= 30
+
+
+def test_members_with_different_keys_share_a_batch_and_a_key_in_common_waits(tmp_path) -> None:
+    from coordinator.conflicts import Summary
+
+    storage = Storage(str(tmp_path))
+    check = _checker(storage, ReplicaState())
+    a, b, c = (summarized_part(storage, "t", ks, tid(i)) for i, ks in ((1, [1, 2]), (2, [3, 4]), (3, [4, 5])))
+    for i, m in ((1, a), (2, b), (3, c)):
+        check.check(tid(i), 0, {m.name: m}, {"t": Policy.KEYS})
+    policies = {"t": Policy.KEYS}
+    target = ("t", "[]")
+
+    def member(i: int) -> dict:
+        return {target: Summary(tid(i), frozenset({Kind.INSERT}))}
+
+    in_batch = {target: [member(1)[target]]}
+    assert not check.shares_target(policies, member(2), in_batch)  # keys 3, 4 beside 1, 2
+    in_batch[target].append(member(2)[target])
+    assert check.shares_target(policies, member(3), in_batch)  # key 4 in common with member 2
+    assert check.shares_target(policies, member(9), in_batch)  # keys unknown: wait
+    assert not check.shares_target({"t": Policy.PARTS}, member(3), in_batch)
+
+
+def test_point_hint_is_exact_or_ignored() -> None:
+    hint = keys.point_hint(K == 5, SCHEMA, ("k",))
+    assert hint == {"key_columns": ["k"], "keys": [[5]]}
+    assert keys.hint_hashes(hint, SCHEMA, ("k",)) == {(5,): keys.key_hash((5,))}
+    # Made from a definition the reader had cached that is not the table's at the snapshot: ignored.
+    as_string = pa.schema([pa.field("k", pa.string(), False)])
+    assert keys.hint_hashes(hint, as_string, ("k",)) is None
+    assert keys.hint_hashes(hint, PK2, ("p", "k")) is None
+    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[5.5]]}, SCHEMA, ("k",)) is None
+    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[2**40]]}, pa.schema([pa.field("k", pa.int32(), False)]),
+                            ("k",)) is None
+    with pytest.raises(InvalidInput, match="point hint"):
+        keys.hint_hashes({"keys": 5}, SCHEMA, ("k",))
+    assert keys.point_hint(K > 5, SCHEMA, ("k",)) is None
+
+
+def test_the_replica_lists_only_parts_that_may_hold_a_hinted_key(client: Client) -> None:
+    name = "ks_hint"
+    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+    for i in range(20):
+        with client.transaction() as tx:
+            tx.insert(name, pa.table({"k": pa.array(range(i * 10, i * 10 + 10), pa.int64())}))
+    every = client.call("visible", table=name, lease="none")["parts"]
+    hinted = client.call("visible", table=name, lease="none", point_hint={"key_columns": ["k"], "keys": [[42]]})
+    assert len(every) == 20 and len(hinted["parts"]) == 1 and set(hinted["csns"]) == {hinted["parts"][0]["name"]}
+    stale = client.call("visible", table=name, lease="none", point_hint={"key_columns": ["x"], "keys": [[42]]})
+    assert len(stale["parts"]) == 20
+    with client.transaction() as tx:
+        tx.insert(name, pa.table({"k": pa.array([42], pa.int64()), "a": ["mine"]}))
+        own = client.call("visible", table=name, id=tx.id, point_hint={"key_columns": ["k"], "keys": [[42]]})
+        assert len(own["parts"]) == 2  # the committed one and its own
+        assert tx.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
+    assert client.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
