@@ -325,7 +325,7 @@ class MergetxnStreamReader(DataSourceStreamReader):
             raise InvalidInput("mergetxn: a stream of changes needs option 'changes_from' (a CSN or 'latest')")
         with connect(src.s) as client:
             snap = client.snapshot()
-            self._changes(client, snap, snap)  # fails now where changes cannot be read (keys tables)
+            self._changes(client, snap, snap)  # fails now where changes cannot be read (an unknown table)
 
     def __getstate__(self) -> dict:
         """What the tasks' ``read`` needs; the pin stays with the reader's process."""
