@@ -8,7 +8,9 @@ parts, one idempotent commit per micro-batch through a replica) or by
 ``writeStream.format("parquet")`` (Spark's file sink and its metadata log). Each round starts a
 new query over a new checkpoint and a new output; rounds rotate the sinks; the median of
 ``--repeat`` rounds is reported, with the ratio of times mergetxn / parquet (the target is at
-most 1.2). A third sink, ``plainpq`` (a bare Python streaming sink writing Parquet with pyarrow,
+most 1.2). A fourth, ``native``, is ``spark.write_stream`` (``foreachBatch`` with Spark's own
+Parquet writer under each batch, committed by ``write_table`` with the same idempotent app
+version). A third sink, ``plainpq`` (a bare Python streaming sink writing Parquet with pyarrow,
 committing nothing), shows the floor of Spark's Python streaming write path. CPU seconds of the Spark JVM's process tree and of the replica are reported beside the
 wall time (see spark_io.py).
 
@@ -97,6 +99,12 @@ def plain_stream_source() -> type:
 
 def run(session, source: Path, sink: str, target: str, checkpoint: Path, replica: str) -> None:
     df = session.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet(str(source))
+    if sink == "native":  # spark.write_stream: foreachBatch + write_table, exactly once by batch id
+        import spark as mergetxn_spark
+
+        mergetxn_spark.write_stream(df, target, str(checkpoint), replica=replica,
+                                    trigger={"availableNow": True}).awaitTermination()
+        return
     w = df.writeStream.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
     if sink == "mergetxn":
         q = w.format("mergetxn").option("replica", replica).start(target)
@@ -150,24 +158,28 @@ def main() -> None:
             run(session, work / "input", "mergetxn", "warm", work / "ck-warm-m", replica)
             run(session, work / "input", "parquet", str(work / "out-warm"), work / "ck-warm-p", replica)
             run(session, work / "input", "plainpq", str(work / "plain-warm"), work / "ck-warm-x", replica)
+            client.create_table("warm_native", schema)
+            run(session, work / "input", "native", "warm_native", work / "ck-warm-n", replica)
             for i in range(a.repeat):
                 table = f"stream_{i}"
                 client.create_table(table, schema)
-                sinks = ["mergetxn", "parquet", "plainpq"]
-                for sink in sinks[i % 3:] + sinks[:i % 3]:
-                    target = table if sink == "mergetxn" else str(work / f"out-{sink}-{i}")
+                client.create_table(f"{table}_native", schema)
+                sinks = ["mergetxn", "parquet", "plainpq", "native"]
+                for sink in sinks[i % 4:] + sinks[:i % 4]:
+                    target = {"mergetxn": table, "native": f"{table}_native"}.get(sink, str(work / f"out-{sink}-{i}"))
                     wall, cpu = timed(lambda: run(session, work / "input", sink, target, work / f"ck-{sink}-{i}",
                                                   replica), roots)
                     results["rounds"].append({"round": i, "sink": sink, "seconds": wall, "cpu_seconds": cpu})
                     print(f"round {i} {sink:8s} {wall:6.2f}s  {total / wall:12,.0f} rows/s  cpu {cpu:6.2f}s",
                           flush=True)
                 assert client.read(table, columns=["id"]).num_rows == total
+                assert client.read(f"{table}_native", columns=["id"]).num_rows == total
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     summary = {}
-    for sink in ("mergetxn", "parquet", "plainpq"):
+    for sink in ("mergetxn", "parquet", "plainpq", "native"):
         secs = [r["seconds"] for r in results["rounds"] if r["sink"] == sink]
         cpus = [r["cpu_seconds"] for r in results["rounds"] if r["sink"] == sink]
         summary[sink] = {"median_seconds": statistics.median(secs), "rows_per_second": total / statistics.median(secs),
@@ -180,6 +192,10 @@ def main() -> None:
                                                    / summary["plainpq"]["median_seconds"])
     summary["ratio_time_plainpq_over_parquet"] = (summary["plainpq"]["median_seconds"]
                                                   / summary["parquet"]["median_seconds"])
+    summary["ratio_time_native_over_parquet"] = (summary["native"]["median_seconds"]
+                                                 / summary["parquet"]["median_seconds"])
+    summary["ratio_cpu_native_over_parquet"] = (summary["native"]["median_cpu_seconds"]
+                                                / summary["parquet"]["median_cpu_seconds"])
     results["summary"] = summary
     print(json.dumps(summary, indent=2))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

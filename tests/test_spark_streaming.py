@@ -442,3 +442,37 @@ def test_keys_table_stream_writes_by_key_and_streams_row_changes(spark, c0: Clie
     expected = [(first, "insert", i) for i in range(5)]
     expected += [(second, "delete", i) for i in (3, 4)] + [(second, "insert", i) for i in range(3, 8)]
     assert streamed(spark, out) == sorted(expected)
+
+
+def run_native(spark, src: Input, ckpt: Path, table: str, replica: str) -> None:
+    import spark as mspark
+
+    df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet(str(src.dir))
+    q = mspark.write_stream(df, table, str(ckpt), replica=replica, trigger={"availableNow": True})
+    try:
+        q.awaitTermination()
+    finally:
+        q.stop()
+
+
+def test_write_stream_native_each_batch_once_across_restarts_and_replays(spark, cluster, c0: Client, r0: str,
+                                                                        tmp_path: Path) -> None:
+    """spark.write_stream (Spark's own Parquet writer under foreachBatch): one commit per batch,
+    a restart goes on, a batch replayed after its commit (its commit-log entry lost) adds
+    nothing; the app version is the query's."""
+    c0.create_table("ss_native", SCHEMA, auto_merge=False)
+    src, ckpt = Input(tmp_path), tmp_path / "ckpt"
+    for i in range(2):
+        src.add(rows(i * 10, 10))
+    run_native(spark, src, ckpt, "ss_native", r0)
+    assert as_rows(c0.read("ss_native")) == sorted(rows(0, 20))
+    assert len(commit_csns(c0, "ss_native")) == 2
+    assert c0.app_version("spark-stream:" + query_id(ckpt)) == 1
+    before = visible_parts(c0, "ss_native")
+    for name in ("1", ".1.crc"):
+        (ckpt / "commits" / name).unlink(missing_ok=True)
+    src.add(rows(20, 5))
+    run_native(spark, src, ckpt, "ss_native", r0)
+    assert as_rows(c0.read("ss_native")) == sorted(rows(0, 25))  # batch 1 once, batch 2 added
+    assert [p for p in visible_parts(c0, "ss_native") if p["name"] in {b["name"] for b in before}] == before
+    assert len(commit_csns(c0, "ss_native")) == 3
