@@ -502,13 +502,17 @@ class Client:
             args["grace_seconds"] = grace_seconds
         return self.call("gc", **args)
 
-    def changes(self, table: str, start: Any, end: Any = None, by: str = "id") -> pa.Table:
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id",
+                compactions: bool = True) -> pa.Table:
         """Rows of the parts added and removed by the commits whose version is in (start, end]:
         CSNs for ``by="id"`` (compactions included), aware datetimes for ``by="time"`` (compaction
         commits have no time version and never appear). The table's columns plus ``_change``
-        ("insert" or "delete") and ``_csn``, in commit order, deletes before inserts."""
+        ("insert" or "delete") and ``_csn``, in commit order, deletes before inserts.
+        ``compactions=False`` by id leaves out what by time leaves out, with CSN bounds (a stream
+        of changes by time whose offsets are CSNs)."""
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
+        extra = {} if compactions else {"compactions": False}
         if by == "time":
             lo: Any = _timestamp(start, "start")
             hi: Any = None if end is None else _timestamp(end, "end")
@@ -517,7 +521,7 @@ class Client:
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
                     raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
             lo, hi = start, end
-        r = self.call("changes", table=table, start=lo, end=hi, by=by)
+        r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
         if tdef.conflict_policy is Policy.KEYS:
@@ -528,7 +532,7 @@ class Client:
             with self._leased(r):
                 datas = rewrite.read_parts(self.storage, metas, table=tdef)
         except errors.CorruptPart:  # collected meanwhile?
-            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none")
+            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none", **extra)
             raise
         schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
         pieces = []

@@ -104,10 +104,13 @@ class History:
         with self.state.lock:
             return dict(zip(self.state.time_csns, self.state.time_values))
 
-    def _commits(self, table: str, lo: float, hi: float | None, by: str = "id") -> list[dict]:
+    def _commits(self, table: str, lo: float, hi: float | None, by: str = "id",
+                 compactions: bool = True) -> list[dict]:
         """Commits to ``table`` whose version is in (lo, hi], derived from the part records (which
         parts each CSN added and removed), the conflict history (each commit's operation kinds per
-        partition) and the time versions: all of it is what the log built here, checkpoints included."""
+        partition) and the time versions: all of it is what the log built here, checkpoints included.
+        Without ``compactions`` (always so by time) what only compacted a partition is left out."""
+        data_only = by == "time" or not compactions
         st = self.state
         tv = self._time_versions()
         with st.lock:
@@ -115,7 +118,9 @@ class History:
             history = {pk: list(ev) for (t, pk), ev in st.history.items() if t == table}
 
         def version(csn: int) -> float | None:
-            return float(csn) if by == "id" else tv.get(csn)
+            if by == "id":  # without compactions, only the commits that have a time version
+                return float(csn) if compactions or csn in tv else None
+            return tv.get(csn)
 
         def in_range(csn: int | None) -> bool:
             if csn is None:
@@ -151,21 +156,21 @@ class History:
             pkey = rec.pkey
             if in_range(rec.creation_csn):
                 c = commit(rec.creation_csn, rec.meta.creation_tid)
-                if not (by == "time" and compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
+                if not (data_only and compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
                     c["added"].append(rec.meta)
                     c["written_at"] = max(c["written_at"] or 0.0, rec.meta.created_at)
             if in_range(rec.removal_csn):
                 c = commit(rec.removal_csn, rec.removal_tid)
-                if not (by == "time" and compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
+                if not (data_only and compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
                     c["removed"].append(rec.meta)
         # Commits that added and removed nothing here still happened (e.g. an empty truncate).
         for pkey, ev in history.items():
             for csn, s in ev:
-                if in_range(csn) and not (by == "time" and s.kinds <= COMPACTIONS):
+                if in_range(csn) and not (data_only and s.kinds <= COMPACTIONS):
                     commit(csn, s.tid)["kinds"].update(k.value for k in s.kinds)
         out = []
         for c in sorted(commits.values(), key=lambda c: (c["csn"], c["tid"])):
-            if by == "time" and not c["added"] and not c["removed"] and c["kinds"] <= {k.value for k in COMPACTIONS}:
+            if data_only and not c["added"] and not c["removed"] and c["kinds"] <= {k.value for k in COMPACTIONS}:
                 continue
             c["added"].sort(key=lambda m: m.name)
             c["removed"].sort(key=lambda m: m.name)
@@ -174,8 +179,9 @@ class History:
         return out
 
     def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False,
-                lease: str = "read") -> dict:
-        """Parts added and removed by the commits to ``table`` whose version is in (start, end];
+                lease: str = "read", compactions: bool = True) -> dict:
+        """Parts added and removed by the commits to ``table`` whose version is in (start, end]
+        (by id without ``compactions``: leaving out what by time leaves out, keyed by CSNs);
         with ``lease`` (see :meth:`Leases.lease <replicas.leases.Leases.lease>`) pinning what they read, named in the answer, when
         there are any, until the caller releases it. Nothing stays leased if this fails."""
         if by not in ("id", "time"):
@@ -204,7 +210,7 @@ class History:
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
         first = start if by == "id" else self.state.csn_at_time(start)
-        commits = self._commits(table, start, end, by)
+        commits = self._commits(table, start, end, by, compactions)
         lease_id = None
         if commits:  # keeps what they read in use until the client has read it
             lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease)[1]

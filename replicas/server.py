@@ -70,7 +70,7 @@ class ReplicaServer(RpcServer):
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
             "changes": lambda a: {**replica.history.changes(a["table"], a.get("start"), a.get("end"),
                                                             a.get("by", "id"), bool(a.get("fresh")),
-                                                            a.get("lease", "read")),
+                                                            a.get("lease", "read"), a.get("compactions", True) is not False),
                                   "lease_seconds": leases.READ_LEASE_SECONDS},
             "renew": lambda a: replica.leases.renew(a["lease"]),
             "release": lambda a: replica.leases.release(a["lease"]),

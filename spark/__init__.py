@@ -59,6 +59,10 @@ def __getattr__(name: str) -> Any:
         from spark import native
 
         return getattr(native, name)
+    if name == "write_stream":
+        from spark import streaming
+
+        return streaming.write_stream
     if name in ("delete", "update"):
         from spark import mutate
 
@@ -66,4 +70,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spark' has no attribute {name!r}")
 
 
-__all__ = ["PUSHDOWN_CONF", "MergetxnDataSource", "delete", "read_table", "register", "update", "write_table"]
+__all__ = ["PUSHDOWN_CONF", "MergetxnDataSource", "delete", "read_table", "register", "update", "write_stream",
+           "write_table"]

@@ -318,7 +318,9 @@ class MergetxnDataSource(DataSource):
         return NAME
 
     def schema(self) -> StructType:
-        s = settings(self.options)
+        from spark.streaming import schema_options
+
+        s = settings(schema_options(self.options))
         with connect(s) as client:
             tdef = table_def(client, s)
         schema = tdef.schema
@@ -364,6 +366,20 @@ class MergetxnDataSource(DataSource):
                         _rollback_quietly(tx)
                     raise
         return MergetxnWriter(s, tdef.to_dict(), url, tx.id, own=s.txn is None, overwrite=overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):  # noqa: N802 - Spark's name
+        """``df.writeStream.format("mergetxn")``: each micro-batch committed exactly once
+        (spark/streaming.py)."""
+        from spark.streaming import stream_writer
+
+        return stream_writer(self.options, schema, overwrite)
+
+    def streamReader(self, schema: StructType):  # noqa: N802 - Spark's name
+        """``spark.readStream.format("mergetxn")``: the table's changes, CSNs as offsets
+        (spark/streaming.py)."""
+        from spark.streaming import stream_reader
+
+        return stream_reader(self.options, schema)
 
 
 def _pushdown_enabled() -> bool:

@@ -395,12 +395,15 @@ atexit.register(_Hold.release_all)
 # Writes
 
 
-def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, replica: str | None = None) -> int | None:
+def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, replica: str | None = None,
+                app_version: tuple[str, int] | None = None) -> int | None:
     """Write ``df`` to ``table`` with Spark's own Parquet writer and commit the files as parts:
     ``mode`` "append" (INSERT) or "overwrite" (INSERT OVERWRITE of the partitions written, the
     whole table when it is not partitioned, as the data source does). Returns the CSN, or None
     when it joined ``txn`` (a transaction or its id, open on that replica): the parts then become
-    visible when the transaction commits, or never."""
+    visible when the transaction commits, or never. ``app_version`` (``(app_id, version)``) makes
+    the commit idempotent (``tx.set_app_version``: DuplicateCommit if that version or a later one
+    was committed), as an exactly-once streaming sink needs (:func:`spark.streaming.write_stream`)."""
     from spark.datasource import check_write_schema
 
     validate_name("table", table)
@@ -434,6 +437,8 @@ def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, repl
                     for m in metas:  # add_parts deletes them when it refuses; a lost answer leaves them to gc
                         _unlink_quietly(os.path.join(os.path.abspath(client.storage.url), *m.path.split("/")))
                     raise
+            if app_version is not None:
+                tx.set_app_version(*app_version)
             if not own:
                 return None
             return tx.commit()
