@@ -32,7 +32,15 @@ from coordinator.errors import (
     TransactionAborted,
     storage_error,
 )
-from coordinator.model import CommitStatus, Compact, DropTable, StagedOp, TxnState, WalStaged, op_from_dict
+from coordinator.model import (
+    CommitStatus,
+    Compact,
+    DropTable,
+    StagedOp,
+    TxnState,
+    WalStaged,
+    op_from_dict,
+)
 from coordinator.readsets import Read
 from coordinator.versions import Tid, local_counter
 from parts.meta import PartMeta
