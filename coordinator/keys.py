@@ -180,22 +180,36 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     names = schema.names
     current: dict[tuple, dict | None] = {}
     for _, _, r in rows:
-        if r[OP] in (LOCK_STRONG, LOCK_WEAK):
-            continue
-        key = tuple(r[k] for k in primary_key)
-        if r[OP] == DELETE:
-            current[key] = None
-        elif r[OP] == PUT:
-            current[key] = {c: r[c] for c in names}
-        else:
-            before = current.get(key) or {c: r[c] if c in primary_key else None for c in names}
-            current[key] = {**before, **{c: r[c] for c in (r[COLS] or "").split(",") if c}}
+        apply_version(current, r, names, primary_key)
     live = [row for _, row in sorted(((k, v) for k, v in current.items() if v is not None), key=_sort_key)]
     return pa.Table.from_pylist(live, schema=schema)
 
 
 def _sort_key(item: tuple[tuple, dict]) -> tuple:
     return tuple((v is None, v) for v in item[0])
+
+
+def key_of(row: Mapping[str, Any], primary_key: Sequence[str]) -> tuple:
+    return tuple(row[k] for k in primary_key)
+
+
+def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str],
+                  primary_key: Sequence[str]) -> tuple | None:
+    """Fold one version row onto ``current`` (key -> row, None once deleted): PUT replaces the
+    row, UPDATE sets the columns it wrote (on no row: the others null), DELETE removes it; the
+    step of :func:`merge` and :func:`row_changes`. Returns its key (None for a read lock, which
+    changes nothing)."""
+    if r[OP] in (LOCK_STRONG, LOCK_WEAK):
+        return None
+    key = key_of(r, primary_key)
+    if r[OP] == DELETE:
+        current[key] = None
+    elif r[OP] == PUT:
+        current[key] = {c: r[c] for c in names}
+    else:
+        before = current.get(key) or {c: r[c] if c in primary_key else None for c in names}
+        current[key] = {**before, **{c: r[c] for c in (r[COLS] or "").split(",") if c}}
+    return key
 
 
 # -- compaction --------------------------------------------------------------------------------
@@ -362,27 +376,6 @@ def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
 
 
 # -- changes -----------------------------------------------------------------------------------
-def key_of(row: Mapping[str, Any], primary_key: Sequence[str]) -> tuple:
-    return tuple(row[k] for k in primary_key)
-
-
-def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str],
-                  primary_key: Sequence[str]) -> tuple | None:
-    """Fold one version row onto ``current`` (key -> row, None once deleted) as :func:`merge`
-    does; returns its key (None for a read lock, which changes nothing)."""
-    if r[OP] in (LOCK_STRONG, LOCK_WEAK):
-        return None
-    key = key_of(r, primary_key)
-    if r[OP] == DELETE:
-        current[key] = None
-    elif r[OP] == PUT:
-        current[key] = {c: r[c] for c in names}
-    else:
-        before = current.get(key) or {c: r[c] if c in primary_key else None for c in names}
-        current[key] = {**before, **{c: r[c] for c in (r[COLS] or "").split(",") if c}}
-    return key
-
-
 def changes_schema(schema: pa.Schema) -> pa.Schema:
     return schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
 
