@@ -118,6 +118,7 @@ class Replica:
         self.pauses = PauseGuard(self)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._session_lost = threading.Event()
+        self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
         self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
         self._register_lock = threading.Lock()
 
@@ -270,7 +271,9 @@ class Replica:
             reason = f"replica {self.host_id} lost its ZooKeeper session"
             with self.transactions._txn_lock:  # only these: a BEGIN after this belongs to the new session
                 victims = list(self.transactions.txns.values())
-            threading.Thread(target=self.transactions.abort_all, args=(reason, victims), name="abort-all", daemon=True).start()
+            self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims),
+                                              name="abort-all", daemon=True)
+            self._aborting.start()
         elif state == KazooState.CONNECTED and self._session_lost.is_set():
             threading.Thread(target=self._after_new_session, daemon=True).start()
         if self.follower is not None:
@@ -286,6 +289,12 @@ class Replica:
             with attempt:
                 with self._register_lock:
                     self._register()
+        # The lost session's transactions must be aborted before this replica counts as back
+        # (the pause guard opens its gate on that): a read of one of them served from memory
+        # would list parts that cleanup elsewhere took meanwhile (CorruptPart; CI, under load).
+        aborting = self._aborting
+        if aborting is not None:
+            aborting.join()
         self._session_lost.clear()
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:

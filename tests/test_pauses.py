@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
-from support.waiting import wait_until
+from support.waiting import poll, wait_until
 from support.zk import kazoo
 
 from coordinator import LocalCluster
@@ -62,3 +62,36 @@ def test_a_replica_back_from_a_long_pause_serves_nothing_that_cleanup_took(clust
         assert fresh.read("t").column("k").to_pylist() == [2]
     assert a.read("t").column("k").to_pylist() == [2]
     assert a.call("info")["pauses"] >= 1
+
+
+def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborted(
+        zk_address: str, tmp_path) -> None:
+    """After a lost session, the replica is back (``_session_lost`` cleared, which the pause
+    guard waits for) only once every transaction of the old session is aborted, however long
+    aborting one takes (here: its lock held by a statement in progress)."""
+    from kazoo.client import KazooState
+
+    from coordinator.model import TxnState
+    from replicas.replica import Replica
+    from replicas.settings import ReplicaConfig
+
+    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="lost0",
+                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r.start()
+    try:
+        txn = r.transactions.begin()
+        before = r.incarnation
+        txn.lock.acquire()  # a statement of it in progress: its abort waits for this
+        try:
+            r._on_zk_state(KazooState.LOST)
+            r._on_zk_state(KazooState.CONNECTED)  # re-registers in a thread
+            wait_until(lambda: r.incarnation != before, 10, "the new registration")
+            # Registered, the old transaction not yet aborted: not back (a second's look).
+            assert not poll(lambda: not r._session_lost.is_set(), timeout=1.0, interval=0.05), \
+                "back before the old session's transaction was aborted"
+        finally:
+            txn.lock.release()
+        wait_until(lambda: not r._session_lost.is_set(), 10, "back once the transaction is aborted")
+        assert txn.state == TxnState.ABORTED
+    finally:
+        r.stop()
