@@ -798,9 +798,17 @@ class Transaction:
         return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
 
     def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
-        versions = keys.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op,
-                                 self._seq + 1)
-        self._seq += versions.num_rows
+        return self._stage_versions(tdef, keys.versions(tdef.schema, tdef.primary_key, tdef.name,
+                                                        _as_table(data, tdef.name), op, 1))
+
+    def _stage_versions(self, tdef: TableDef, versions: pa.Table) -> int:
+        """Number ``versions`` after this transaction's earlier ones (``_seq``: later writes win)
+        and stage them as parts; returns how many."""
+        n = versions.num_rows
+        i = versions.schema.get_field_index(keys.SEQ)
+        versions = versions.set_column(i, versions.schema.field(i), pa.array(range(self._seq + 1, self._seq + 1 + n),
+                                                                              pa.int64()))
+        self._seq += n
         parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
                             tdef.ddl_version, primary_key=tdef.primary_key)
                  for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
@@ -838,7 +846,7 @@ class Transaction:
         transaction's snapshot (with its own writes) is deleted, then ``data`` written in
         overwrite mode; a key in both ends with the new row."""
         data = _as_table(data, tdef.name)
-        keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, 0)  # the data's problems first
+        versions = keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, 1)  # its problems first
         present = [p for p, _ in split_by_partition(data.select(list(tdef.partition_by)), list(tdef.partition_by))]
         if partitions is not None:
             targets = _partitions(tdef, partitions)
@@ -849,14 +857,14 @@ class Transaction:
         else:
             targets = present if tdef.partition_by else None
         self._delete_all_keys(tdef, targets)
-        return self._write_versions(tdef, data, keys.PUT)
+        return self._stage_versions(tdef, versions)
 
     def _delete_all_keys(self, tdef: TableDef, targets: list[tuple] | None) -> int:
         """Delete every key of ``targets`` (partitions; None: the whole table) that a read here
         returns; the read is part of a serializable transaction's read set."""
-        where = None if targets is None else _in_partitions(tdef, targets)
         if targets == []:
             return 0
+        where = None if targets is None else _in_partitions(tdef, targets)
         self._record_read(tdef, where)
         metas, csns = self._visible_csns(tdef.name)
         live = self.client._read_parts(tdef, metas, list(tdef.primary_key), where, csns)
