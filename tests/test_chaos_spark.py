@@ -216,8 +216,11 @@ def test_stop_leaves_no_process_behind(session, standalone: SparkStandalone) -> 
     # A leftover of a harness that died: any process carrying the cluster's marker.
     stray = subprocess.Popen(["sleep", "600"], env={**os.environ, MARKER: str(workdir)}, start_new_session=True)
     try:
+        # Popen returns when the exec closes its error pipe, before the kernel has set up the
+        # new image's environment: until then /proc/<pid>/environ reads empty.
+        assert poll(lambda: stray.pid in {pid for pid, _ in _processes(workdir)}, 10)
         pids = {pid for pid, _ in _processes(workdir)}
-        assert stray.pid in pids and len(pids) >= 5  # master, 2 workers, 2 executors, the stray
+        assert len(pids) >= 5  # master, 2 workers, 2 executors, the stray
         session.stop()
         standalone.stop()
         assert stray.wait(10) is not None  # stop() ends with cleanup_spark

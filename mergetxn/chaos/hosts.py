@@ -223,6 +223,36 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or gone): SIGSTOP is delivered to each thread
+    as it next enters the kernel, so a thread on the other CPU may still answer a request sent
+    right after ``kill`` returned."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+def _wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
+    """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
+    uninterruptible wait, an fsync, stops only once it returns)."""
+    deadline = time.monotonic() + timeout
+    while not all(_stopped(p) for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 class _Proc:
     """One CLI process of the cluster (a ZooKeeper member or a replica): its own session, its
     output appended to ``log_path``."""
@@ -894,6 +924,8 @@ class _Cluster:
             raise HostsError(f"replica r{i + 1} is not running")
         proc.signal(signal.SIGSTOP)
         proc.paused = True
+        if proc.pid is not None and not _wait_stopped(_tree(proc.pid)):
+            log.warning("replica r%d: SIGSTOP sent, some thread still runs after 10 s", i + 1)
         log.info("paused replica r%d", i + 1)
 
     def resume_replica(self, i: int) -> None:
