@@ -1476,9 +1476,9 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
                    "--seconds; fewer than N by then fails the run (exit code 1). For a CI campaign of a "
                    "known size, e.g. --faults 200 --seconds 300.")
 @click.option("--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed).")
-@click.option("--workload", type=click.Choice(["list-append", "bank", "spark", "all"]), default="all",
+@click.option("--workload", type=click.Choice(["list-append", "bank", "keys", "spark", "all"]), default="all",
               show_default=True,
-              help="'all' is list-append and bank; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
+              help="'all' is list-append, bank and keys; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
                    "driver transaction, reads) through the data source on a Spark standalone cluster (a master "
                    "and a worker per other host, executors on other hosts than the driver).")
 @click.option("--spark", is_flag=True,

@@ -70,8 +70,13 @@ def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
     outcomes = {o.outcome for o in h.ops}
     assert {"committed", "aborted"} <= outcomes
     assert "indeterminate" not in outcomes, [o for o in h.ops if o.outcome == "indeterminate"]
-    assert {o.workload for o in h.ops} >= {"list-append", "bank"}
+    assert {o.workload for o in h.ops} >= {"list-append", "bank", "keys"}
     assert any(o.error == "ConflictError" for o in h.ops)  # transfers on one account collide
+    keys = [o for o in h.ops if o.workload == "keys"]
+    # first committer wins per key: writers of one key collide, and the key names the loser's cause
+    assert any(o.error == "ConflictError" and "kv" in (o.message or "") for o in keys)
+    assert {m[0] for o in keys if o.outcome == "committed" for m in o.mops} == {"r", "set"}
+    assert any(m[0] == "set" and m[3] is None for o in keys if o.outcome == "committed" for m in o.mops)
     kinds = {f.kind for f in h.faults}
     assert kinds == {"kill-replica", "pause-replica", "kill-client"}, kinds
     assert all(f.recovered is not None for f in h.faults), [f for f in h.faults if f.recovered is None]
@@ -120,6 +125,37 @@ def test_a_damaged_history_fails_the_check(campaign: Campaign, tmp_path: Path) -
     assert "finding" in out.output
     assert FILES <= {p.name for p in report.iterdir()}
     assert json.loads((report / "findings.json").read_text())
+
+
+def _key_writers(history: History) -> list[tuple[int, int]]:
+    """Pairs of committed keys ops (earlier, later by csn) that set one key, the later one
+    beginning after the earlier one committed (so first committer wins let both through)."""
+    setters: dict[str, list] = {}
+    for o in sorted(history.ops, key=lambda o: o.csn or 0):
+        if o.workload == "keys" and o.outcome == "committed":
+            for k in {m[2] for m in o.mops if m[0] == "set"}:
+                setters.setdefault(k, []).append(o)
+    return [(a.index, b.index) for ops in setters.values() for a, b in zip(ops, ops[1:])
+            if a.csn < b.csn and b.snapshot >= a.csn]
+
+
+def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
+    """The keys workload's guarantees are checked, not assumed: a committed point read given
+    another value, and a key's second writer moved to a snapshot before the first one's commit
+    (two overlapping writers of one key both committed), are each found."""
+    data = [dict(r) for r in campaign.history.records()]
+    ops = {r["index"]: r for r in data if r["type"] == "op"}
+    read = next(r for r in ops.values() if r["workload"] == "keys" and r["outcome"] == "committed"
+                and any(m[0] == "r" and m[2] is not None and m[3] is not None for m in r["mops"]))
+    mop = next(m for m in read["mops"] if m[0] == "r" and m[2] is not None and m[3] is not None)
+    saved, mop[3] = mop[3], mop[3] + 10**9  # a value nobody wrote
+    found = conclude(History.from_records(data), None).findings
+    assert any(f.kind == "si-read" and read["index"] in f.ops for f in found), found
+    mop[3] = saved
+    first, second = _key_writers(campaign.history)[0]
+    ops[second]["snapshot"] = ops[first]["csn"] - 1
+    found = conclude(History.from_records(data), None).findings
+    assert any(f.kind == "lost-update" and {first, second} <= set(f.ops) for f in found), found
 
 
 def test_fault_kinds_the_form_cannot_inject_are_refused(tmp_path: Path) -> None:

@@ -15,6 +15,11 @@ Two workloads:
   two accounts (both remove that account's part: first committer wins) and transfers on other
   accounts commit beside it. A transfer reads the whole table, so the total is checkable in
   every snapshot it saw; read-only transactions read it too.
+* ``keys``: ``kv(k, v, p)``, a keys table (primary key ``(k, p)``, partitioned by ``p = k % 3``, with
+  background merges folding versions): a transaction reads keys (point reads, sometimes under a
+  strong read lock, sometimes the whole table), writes unique values by key in overwrite or update
+  mode and deletes keys; some run serializable. Each key is a register, so first committer wins
+  per key is checked as the lost-update rule, and every read against the state at its snapshot.
 
 Outcomes: ``commit()`` returned -> committed; ``ConflictError`` / ``TransactionAborted`` /
 ``InvalidInput`` -> aborted; anything after which the client cannot know (``ReplicaUnavailable``,
@@ -61,6 +66,9 @@ UNREACHABLE = frozenset({"ReplicaUnavailable", "OutcomeUnknown", "OSError", "Con
 KEYS = 8
 LA_SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
 BANK_SCHEMA = pa.schema([("acct", pa.int64()), ("balance", pa.int64())])
+KV_SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64()),
+                       pa.field("p", pa.int64(), nullable=False)])
+KV_KEYS = 16
 PROBE_SCHEMA = pa.schema([("replica", pa.int64()), ("n", pa.int64())])
 ACCOUNTS = 10
 INITIAL_BALANCE = 100
@@ -99,6 +107,10 @@ class Workload:
 
     name: str = ""
     tables: dict[str, TableKind] = {}
+
+    def isolation(self, rng: random.Random) -> str:
+        """The isolation level of the next transaction."""
+        return "snapshot"
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
         """Create the tables and insert their initial rows; returns them (history ``initial``)."""
@@ -170,11 +182,49 @@ class Bank(Workload):
             tx.update("bank", pc.field("acct") == int(acct), {"balance": value})
 
 
-WORKLOADS: dict[str, type[Workload]] = {"list-append": ListAppend, "bank": Bank}
+class Keys(Workload):
+    name = "keys"
+    tables: dict[str, TableKind] = {"kv": "register"}
+    serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
+
+    def create(self, client: Client) -> dict[str, dict[str, Any]]:
+        client.create_table("kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
+                            auto_merge=True)
+        return {}
+
+    def isolation(self, rng: random.Random) -> str:
+        return "serializable" if rng.random() < self.serializable else "snapshot"
+
+    def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        for _ in range(rng.randint(1, 4)):
+            key, roll = rng.randrange(KV_KEYS), rng.random()
+            if roll < 0.1:
+                mops.append(["r", "kv", None, register_values(tx.read("kv"), "k", "v")])
+            elif roll < 0.45:
+                if rng.random() < 0.25:  # a strong read lock: a later writer from an older snapshot fails
+                    tx.lock_keys("kv", kv_key(key))
+                got = register_values(tx.read("kv", where=pc.field("k") == key), "k", "v")
+                mops.append(["r", "kv", str(key), got.get(str(key))])
+            elif roll < 0.9:
+                value = rec.element()
+                mops.append(["set", "kv", str(key), value])
+                tx.upsert("kv", pa.table({"k": [key], "v": [value], "p": [key % 3]}, schema=KV_SCHEMA),
+                          update=rng.random() < 0.3)
+            else:
+                mops.append(["set", "kv", str(key), None])
+                tx.delete_keys("kv", kv_key(key))
+
+
+def kv_key(key: int) -> pa.Table:
+    """The full primary key of ``kv`` for ``key`` (the partition column is part of it)."""
+    return pa.table({"k": [key], "p": [key % 3]}, schema=pa.schema([KV_SCHEMA.field("k"), KV_SCHEMA.field("p")]))
+
+
+WORKLOADS: dict[str, type[Workload]] = {"list-append": ListAppend, "bank": Bank, "keys": Keys}
 
 
 def workloads_for(name: str) -> list[Workload]:
-    """``list-append``, ``bank`` or ``all``."""
+    """``list-append``, ``bank``, ``keys`` or ``all``."""
     if name == "all":
         return [cls() for cls in WORKLOADS.values()]
     if name not in WORKLOADS:
@@ -218,7 +268,7 @@ def run_transaction(client: Client, replica: int, process: int, workload: Worklo
     mops: list[list[Any]] = []
     base = {"process": process, "replica": replica, "workload": workload.name, "start": start}
     try:
-        tx = client.begin()
+        tx = client.begin(isolation=workload.isolation(rng))
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
         return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
                        error=type(exc).__name__, message=f"begin failed: {_message(exc)}")
