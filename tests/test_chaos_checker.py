@@ -241,6 +241,49 @@ def test_no_lost_update_when_not_overlapping() -> None:
     assert check(hist(op(s("g", "k", 1), csn=1), op(s("g", "k", 2), snap=1, csn=2))) == []
 
 
+def serializable(o: Op) -> Op:
+    o.isolation = "serializable"
+    return o
+
+
+def write_skew(iso: str) -> History:
+    """Seed 003's invariant x + y >= 1 (both 1): two ops each read both keys at snapshot 0 and
+    set the other one to 0; both commit, which snapshot isolation allows."""
+    ops = [op(r("g", "x", None), r("g", "y", None), s("g", k, 0), snap=0, csn=c) for k, c in (("x", 1), ("y", 2))]
+    for o in ops:
+        o.isolation = iso
+    return hist(*ops)
+
+
+def test_write_skew_is_a_read_set_change_only_for_serializable_ops() -> None:
+    assert check(write_skew("snapshot")) == []
+    [f] = only(write_skew("serializable"), "read-set-changed")
+    assert f.ops == (1, 0) and "csn 1" in f.message  # the later committer read what the first wrote
+
+
+def test_read_set_whole_table_read_and_a_group_commit() -> None:
+    # a whole-table read is changed by a write of any key of that table, not of another table
+    h = hist(op(s("g", "z", 1), snap=0, csn=1), serializable(op(r("g", None, {}), s("g", "w", 2), snap=0, csn=2)))
+    only(h, "read-set-changed")
+    h = hist(op(a("s", 1, 1), snap=0, csn=1), serializable(op(r("g", None, {}), s("g", "w", 2), snap=0, csn=2)))
+    assert check(h) == []
+    # one group commit has a serial order with the reader first; a commit before the snapshot is no change
+    assert check(hist(op(s("g", "z", 1), csn=1), serializable(op(r("g", "z", None), s("g", "w", 2), csn=1)))) == []
+    assert check(hist(op(s("g", "z", 1), csn=1), serializable(op(r("g", "z", 1), s("g", "w", 2), snap=1, csn=2)))) == []
+
+
+def test_reads_of_other_ops_do_not_change_a_read_set() -> None:
+    # an op that only read the key commits (at a csn of its own) between the snapshot and the csn
+    h = hist(op(r("g", "x", None), snap=0, csn=1), serializable(op(r("g", "x", None), s("g", "y", 1), snap=0, csn=2)))
+    assert check(h) == []
+
+
+def test_read_only_and_aborted_serializable_ops_are_not_checked() -> None:
+    # read-only: commits at its snapshot (its reads were one snapshot); aborted: did not commit
+    assert check(hist(op(s("g", "x", 1), csn=1), serializable(op(r("g", "x", None), snap=0, csn=0)))) == []
+    assert check(hist(op(s("g", "x", 1), csn=1), serializable(op(r("g", "x", None), s("g", "y", 1), snap=0)))) == []
+
+
 def test_final_missing_an_acknowledged_element_is_a_lost_commit() -> None:
     h = hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1, csn=2))
     with_finals(h, 2, {"s": {"1": [1]}}, replicas=1)
@@ -401,7 +444,7 @@ def test_describe_and_summary() -> None:
 def test_kinds_are_documented() -> None:
     assert set(KINDS) == {
         "si-read", "aborted-read", "intermediate-read", "lost-update", "lost-commit",
-        "divergence", "tid-reused", "unresolved", "invariant", "aborted-visible",
+        "divergence", "tid-reused", "unresolved", "invariant", "aborted-visible", "read-set-changed",
     }
     assert all(KINDS.values())
 

@@ -141,8 +141,9 @@ def _key_writers(history: History) -> list[tuple[int, int]]:
 
 def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     """The keys workload's guarantees are checked, not assumed: a committed point read given
-    another value, and a key's second writer moved to a snapshot before the first one's commit
-    (two overlapping writers of one key both committed), are each found."""
+    another value, a key's second writer moved to a snapshot before the first one's commit
+    (two overlapping writers of one key both committed), and a serializable writer moved to a
+    snapshot before a write of a key it read (its read set changed), are each found."""
     data = [dict(r) for r in campaign.history.records()]
     ops = {r["index"]: r for r in data if r["type"] == "op"}
     read = next(r for r in ops.values() if r["workload"] == "keys" and r["outcome"] == "committed"
@@ -153,9 +154,31 @@ def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     assert any(f.kind == "si-read" and read["index"] in f.ops for f in found), found
     mop[3] = saved
     first, second = _key_writers(campaign.history)[0]
-    ops[second]["snapshot"] = ops[first]["csn"] - 1
+    saved, ops[second]["snapshot"] = ops[second]["snapshot"], ops[first]["csn"] - 1
     found = conclude(History.from_records(data), None).findings
     assert any(f.kind == "lost-update" and {first, second} <= set(f.ops) for f in found), found
+    ops[second]["snapshot"] = saved
+    # A serializable writer that read a key: moved to a snapshot before that key's last writer.
+    reader, writer = _serializable_read_after_write(campaign.history)
+    ops[reader]["snapshot"] = ops[writer]["csn"] - 1
+    found = conclude(History.from_records(data), None).findings
+    assert any(f.kind == "read-set-changed" and f.ops == (reader, writer) for f in found), found
+
+
+def _serializable_read_after_write(history: History) -> tuple[int, int]:
+    """A committed serializable keys op with writes and a point read of a key, and the last
+    committed op that set that key before the reader's snapshot."""
+    committed = [o for o in history.ops if o.workload == "keys" and o.outcome == "committed"]
+    for o in committed:
+        if o.isolation != "serializable" or o.csn <= o.snapshot:
+            continue
+        for m in o.mops:
+            if m[0] == "r" and m[2] is not None:
+                before = [w for w in committed if w.csn <= o.snapshot and w.csn > 0
+                          and any(x[0] == "set" and x[2] == m[2] for x in w.mops)]
+                if before:
+                    return o.index, max(before, key=lambda w: w.csn).index
+    raise AssertionError("no committed serializable keys op read a key written before its snapshot")
 
 
 def test_fault_kinds_the_form_cannot_inject_are_refused(tmp_path: Path) -> None:

@@ -19,6 +19,11 @@ in the state at its snapshot (plus its own earlier writes) and the appends of it
 (:attr:`Model.effects`), so elements committed by others after its snapshot stay, and two
 overlapping overwrites that both removed an element are a lost update like two deletes of it.
 Within the op itself (its own later reads) it simply replaces the key.
+
+An op run with ``isolation="serializable"`` is checked against its read set as well: once it
+commits with writes, no op committed between its snapshot and its csn may have written a key it
+read (any key of a table it read whole). Ops of one group commit (one csn) are left out: the
+group has a serial order in which the reader comes first.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ KINDS: dict[str, str] = {
     "(an overwrite deletes the elements of the key it saw)",
     "lost-commit": "an acknowledged commit that a replica's commit_status contradicts, or a "
     "final state that differs from the expected state at its csn",
+    "read-set-changed": "a committed serializable op that wrote something read a key (or a whole "
+    "table) that another op, committed after its snapshot and before its csn, wrote: what its reads "
+    "returned or could have returned changed before it committed (write skew)",
     "divergence": "replicas' finals at different csns, finals at one csn that differ, or a "
     "final behind an acknowledged commit",
     "tid-reused": "two ops with the same tid",
@@ -339,6 +347,37 @@ def _lost_updates(m: Model) -> Iterator[Finding]:
                     yield Finding("lost-update", msg, (a.index, b.index))
 
 
+def _read_sets(m: Model) -> Iterator[Finding]:
+    """read-set-changed: a committed serializable writer whose reads another commit between its
+    snapshot and its csn changed (SPEC.md "Serializable transactions")."""
+    by_key: dict[tuple[str, str], list[Op]] = defaultdict(list)
+    by_table: dict[str, list[Op]] = defaultdict(list)
+    for group in m.groups:  # so each list is in csn order
+        for o in group:
+            keys = {(t, str(k)) for v, t, k, _ in m.effects[o.index] if v != "r"}  # its writes
+            for key in sorted(keys):
+                by_key[key].append(o)
+            for t in sorted({t for t, _ in keys}):
+                by_table[t].append(o)
+    for o in m.ops:
+        if o.isolation != "serializable" or o.index not in m.committed or o.snapshot is None \
+                or o.csn is None or o.csn <= o.snapshot:
+            continue  # a serializable op that wrote nothing commits at its snapshot: always fine
+        seen: set[int] = set()
+        for pos, (verb, t, k, _) in enumerate(o.mops):
+            if verb != "r":
+                continue
+            writers = by_table[t] if k is None else by_key[(t, str(k))]
+            csns = [w.csn for w in writers]
+            for w in writers[bisect_right(csns, o.snapshot) : bisect_right(csns, o.csn - 1)]:
+                if w.index != o.index and w.index not in seen:
+                    seen.add(w.index)
+                    what = f"{t}[{k!r}]" if k is not None else f"table {t}"
+                    msg = (f"serializable op {o.index} read {what} (mop {pos}) at snapshot {o.snapshot} and "
+                           f"committed at csn {o.csn}, but op {w.index} wrote it at csn {w.csn} in between")
+                    yield Finding("read-set-changed", msg, (o.index, w.index))
+
+
 def _statuses(m: Model) -> Iterator[Finding]:
     """An acknowledged commit must be confirmed, with its csn, by every replica asked. A commit
     that wrote nothing is not in the log (its csn is its snapshot), so no replica can confirm it."""
@@ -438,7 +477,7 @@ def _invariant(m: Model) -> Iterator[Finding]:
 
 
 Rule = Callable[[Model], Iterator[Finding]]
-RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _statuses, _finals, _invariant)
+RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _read_sets, _statuses, _finals, _invariant)
 
 
 def check(history: History) -> list[Finding]:

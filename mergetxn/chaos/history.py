@@ -62,6 +62,7 @@ class Op:
     error: str | None = None
     message: str = ""
     resolved: str | None = None
+    isolation: str = "snapshot"  # or "serializable": its read set is checked too
     type: Literal["op"] = field(default="op", init=False)
 
 

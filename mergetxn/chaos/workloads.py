@@ -267,8 +267,11 @@ def run_transaction(client: Client, replica: int, process: int, workload: Worklo
     start = rec.now()
     mops: list[list[Any]] = []
     base = {"process": process, "replica": replica, "workload": workload.name, "start": start}
+    isolation = workload.isolation(rng)
+    if isolation != "snapshot":
+        base["isolation"] = isolation
     try:
-        tx = client.begin(isolation=workload.isolation(rng))
+        tx = client.begin(isolation=isolation)
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
         return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
                        error=type(exc).__name__, message=f"begin failed: {_message(exc)}")
