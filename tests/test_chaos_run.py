@@ -77,6 +77,10 @@ def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
     assert any(o.error == "ConflictError" and "kv" in (o.message or "") for o in keys)
     assert {m[0] for o in keys if o.outcome == "committed" for m in o.mops} == {"r", "set"}
     assert any(m[0] == "set" and m[3] is None for o in keys if o.outcome == "committed" for m in o.mops)
+    # lock groups: writes of one group alone (update mode) of kvg committed for both groups
+    singles = [{m[1] for m in o.mops if m[0] == "set" and m[1].startswith("kvg/")}
+               for o in keys if o.outcome == "committed"]
+    assert {"kvg/a"} in singles and {"kvg/b"} in singles
     kinds = {f.kind for f in h.faults}
     assert kinds == {"kill-replica", "pause-replica", "kill-client"}, kinds
     assert all(f.recovered is not None for f in h.faults), [f for f in h.faults if f.recovered is None]
@@ -133,7 +137,7 @@ def _key_writers(history: History) -> list[tuple[int, int]]:
     setters: dict[str, list] = {}
     for o in sorted(history.ops, key=lambda o: o.csn or 0):
         if o.workload == "keys" and o.outcome == "committed":
-            for k in {m[2] for m in o.mops if m[0] == "set"}:
+            for k in {(m[1], m[2]) for m in o.mops if m[0] == "set"}:
                 setters.setdefault(k, []).append(o)
     return [(a.index, b.index) for ops in setters.values() for a, b in zip(ops, ops[1:])
             if a.csn < b.csn and b.snapshot >= a.csn]
@@ -175,7 +179,7 @@ def _serializable_read_after_write(history: History) -> tuple[int, int]:
         for m in o.mops:
             if m[0] == "r" and m[2] is not None:
                 before = [w for w in committed if w.csn <= o.snapshot and w.csn > 0
-                          and any(x[0] == "set" and x[2] == m[2] for x in w.mops)]
+                          and any(x[0] == "set" and x[1:3] == m[1:3] for x in w.mops)]
                 if before:
                     return o.index, max(before, key=lambda w: w.csn).index
     raise AssertionError("no committed serializable keys op read a key written before its snapshot")

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.client import Client
@@ -60,6 +61,7 @@ from mergetxn.chaos.workloads import (
     Recorder,
     Worker,
     create_table,
+    register_table,
     register_values,
     set_values,
     workloads_for,
@@ -529,14 +531,18 @@ def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str],
         out = []
         for client in clients:
             contents: dict[str, dict[str, Any]] = {}
+            read: dict[str, pa.Table] = {}
             for table, kind in tables.items():
-                data = Retrying(stop=stop_after_delay(FINAL_TIMEOUT), wait=wait_fixed(0.5), reraise=True,
-                                retry=retry_if_exception_type((ReplicaUnavailable, OSError)))(
-                    lambda t=table, c=client: c.read(t, snapshot=csn))
+                physical, column = register_table(table)
+                if physical not in read:
+                    read[physical] = Retrying(stop=stop_after_delay(FINAL_TIMEOUT), wait=wait_fixed(0.5), reraise=True,
+                                              retry=retry_if_exception_type((ReplicaUnavailable, OSError)))(
+                        lambda t=physical, c=client: c.read(t, snapshot=csn))
+                data = read[physical]
                 if kind == "set":
                     contents[table] = set_values(data)
                 else:
-                    contents[table] = register_values(data, data.schema.names[0], data.schema.names[1])
+                    contents[table] = register_values(data, data.schema.names[0], column or data.schema.names[1])
             out.append(contents)
         return csn, out
 

@@ -15,11 +15,14 @@ Two workloads:
   two accounts (both remove that account's part: first committer wins) and transfers on other
   accounts commit beside it. A transfer reads the whole table, so the total is checkable in
   every snapshot it saw; read-only transactions read it too.
-* ``keys``: ``kv(k, v, p)``, a keys table (primary key ``(k, p)``, partitioned by ``p = k % 3``, with
-  background merges folding versions): a transaction reads keys (point reads, sometimes under a
-  strong read lock, sometimes the whole table), writes unique values by key in overwrite or update
-  mode and deletes keys; some run serializable. Each key is a register, so first committer wins
-  per key is checked as the lost-update rule, and every read against the state at its snapshot.
+* ``keys``: ``kv(k, v, p)`` and ``kvg(k, a, b, p)``, keys tables (primary key ``(k, p)``,
+  partitioned by ``p = k % 3``, background merges folding versions; ``kvg``'s ``a`` and ``b`` in
+  lock groups of their own): a transaction reads keys (point reads, sometimes under a strong read
+  lock, sometimes a whole table), writes unique values by key in overwrite or update mode (on
+  ``kvg`` one group or both) and deletes keys; some run serializable. Each value column of each key
+  is a register (``kv``, ``kvg/a``, ``kvg/b``), so first committer wins per key and lock group is
+  checked as the lost-update rule, writers of different groups must both take effect, and every
+  read is checked against the state at its snapshot.
 
 Outcomes: ``commit()`` returned -> committed; ``ConflictError`` / ``TransactionAborted`` /
 ``InvalidInput`` -> aborted; anything after which the client cannot know (``ReplicaUnavailable``,
@@ -68,6 +71,8 @@ LA_SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
 BANK_SCHEMA = pa.schema([("acct", pa.int64()), ("balance", pa.int64())])
 KV_SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64()),
                        pa.field("p", pa.int64(), nullable=False)])
+KVG_SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.int64()), ("b", pa.int64()),
+                        pa.field("p", pa.int64(), nullable=False)])
 KV_KEYS = 16
 PROBE_SCHEMA = pa.schema([("replica", pa.int64()), ("n", pa.int64())])
 ACCOUNTS = 10
@@ -183,13 +188,22 @@ class Bank(Workload):
 
 
 class Keys(Workload):
+    """Two keys tables: ``kv`` (one value column under the primary lock) and ``kvg`` (columns
+    ``a`` and ``b`` in lock groups of their own). Each value column of each key is a register of
+    the history: ``kv``, ``kvg/a`` and ``kvg/b`` (:func:`register_table`)."""
+
     name = "keys"
-    tables: dict[str, TableKind] = {"kv": "register"}
+    tables: dict[str, TableKind] = {"kv": "register", "kvg/a": "register", "kvg/b": "register"}
+    columns = {"kv": {"v": "kv"}, "kvg": {"a": "kvg/a", "b": "kvg/b"}}  # table -> column -> register
+    schemas = {"kv": KV_SCHEMA, "kvg": KVG_SCHEMA}
+    keys = {"kv": KV_KEYS, "kvg": 4}  # few rows in kvg, so writers of its two groups of one row overlap
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
         client.create_table("kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
                             auto_merge=True)
+        client.create_table("kvg", KVG_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
+                            auto_merge=True, lock_groups={"ga": ["a"], "gb": ["b"]})
         return {}
 
     def isolation(self, rng: random.Random) -> str:
@@ -197,26 +211,45 @@ class Keys(Workload):
 
     def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
         for _ in range(rng.randint(1, 4)):
-            key, roll = rng.randrange(KV_KEYS), rng.random()
+            table = rng.choice(list(self.columns))
+            columns, schema = self.columns[table], self.schemas[table]
+            key, roll = rng.randrange(self.keys[table]), rng.random()
             if roll < 0.1:
-                mops.append(["r", "kv", None, register_values(tx.read("kv"), "k", "v")])
+                data = tx.read(table)
+                mops.extend(["r", reg, None, register_values(data, "k", c)] for c, reg in columns.items())
             elif roll < 0.45:
                 if rng.random() < 0.25:  # a strong read lock: a later writer from an older snapshot fails
-                    tx.lock_keys("kv", kv_key(key))
-                got = register_values(tx.read("kv", where=pc.field("k") == key), "k", "v")
-                mops.append(["r", "kv", str(key), got.get(str(key))])
+                    tx.lock_keys(table, kv_key(key))
+                data = tx.read(table, where=pc.field("k") == key)
+                mops.extend(["r", reg, str(key), register_values(data, "k", c).get(str(key))]
+                            for c, reg in columns.items())
             elif roll < 0.9:
-                value = rec.element()
-                mops.append(["set", "kv", str(key), value])
-                tx.upsert("kv", pa.table({"k": [key], "v": [value], "p": [key % 3]}, schema=KV_SCHEMA),
-                          update=rng.random() < 0.3)
+                # Some columns (kvg: one group, or both) in update mode (only their groups' locks)
+                # or overwrite mode (every lock; the columns left out become null).
+                written = [c for c in columns if rng.random() < 0.6] or [rng.choice(list(columns))]
+                update = rng.random() < 0.5
+                row: dict[str, list[int]] = {"k": [key], "p": [key % 3]}
+                for c in columns:
+                    if c in written:
+                        row[c] = [rec.element()]
+                        mops.append(["set", columns[c], str(key), row[c][0]])
+                    elif not update:
+                        mops.append(["set", columns[c], str(key), None])
+                tx.upsert(table, pa.table(row, schema=pa.schema([schema.field(c) for c in row])), update=update)
             else:
-                mops.append(["set", "kv", str(key), None])
-                tx.delete_keys("kv", kv_key(key))
+                mops.extend(["set", reg, str(key), None] for reg in columns.values())
+                tx.delete_keys(table, kv_key(key))
+
+
+def register_table(name: str) -> tuple[str, str | None]:
+    """A history table name as (table, value column): ``kvg/a`` is column ``a`` of table ``kvg``;
+    a plain name is its table's second column (the first is the key)."""
+    table, _, column = name.partition("/")
+    return table, column or None
 
 
 def kv_key(key: int) -> pa.Table:
-    """The full primary key of ``kv`` for ``key`` (the partition column is part of it)."""
+    """The full primary key of ``kv`` or ``kvg`` for ``key`` (the partition column is part of it)."""
     return pa.table({"k": [key], "p": [key % 3]}, schema=pa.schema([KV_SCHEMA.field("k"), KV_SCHEMA.field("p")]))
 
 
@@ -245,12 +278,14 @@ def set_values(data: pa.Table, key: str = "key", elem: str = "elem") -> dict[str
 
 
 def register_values(data: pa.Table, key: str, value: str) -> dict[str, Any]:
-    """A ``register`` table's rows as key -> value. A key with several rows (an anomaly that a
-    dict would hide) gets the sorted list of its values, which never equals an integer."""
-    out: dict[str, list[int]] = {}
+    """A ``register`` table's rows as key -> value; a null value is no value (a keys table's
+    column that a write left out). A key with several rows (an anomaly that a dict would hide)
+    gets the sorted list of its values, which never equals an integer."""
+    out: dict[str, list[Any]] = {}
     for k, v in zip(data.column(key).to_pylist(), data.column(value).to_pylist()):
         out.setdefault(str(k), []).append(v)
-    return {k: (v[0] if len(v) == 1 else sorted(v)) for k, v in sorted(out.items(), key=lambda kv: int(kv[0]))}
+    return {k: (v[0] if len(v) == 1 else sorted(v, key=lambda x: (x is None, x or 0)))
+            for k, v in sorted(out.items(), key=lambda kv: int(kv[0])) if v != [None]}
 
 
 def connect(address: str) -> Client:
