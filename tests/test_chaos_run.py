@@ -81,6 +81,10 @@ def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
     singles = [{m[1] for m in o.mops if m[0] == "set" and m[1].startswith("kvg/")}
                for o in keys if o.outcome == "committed"]
     assert {"kvg/a"} in singles and {"kvg/b"} in singles
+    # atomicity "none": sync and async commits; async ones acknowledged by a flush, all resolved
+    lww = [o for o in keys if o.atomicity == "none"]
+    assert {o.durability for o in lww if o.outcome == "committed"} == {"sync", "async"}
+    assert any(o.flushed and o.outcome == "committed" and o.resolved for o in lww)
     kinds = {f.kind for f in h.faults}
     assert kinds == {"kill-replica", "pause-replica", "kill-client"}, kinds
     assert all(f.recovered is not None for f in h.faults), [f for f in h.faults if f.recovered is None]
@@ -136,7 +140,7 @@ def _key_writers(history: History) -> list[tuple[int, int]]:
     beginning after the earlier one committed (so first committer wins let both through)."""
     setters: dict[str, list] = {}
     for o in sorted(history.ops, key=lambda o: o.csn or 0):
-        if o.workload == "keys" and o.outcome == "committed":
+        if o.workload == "keys" and o.outcome == "committed" and o.atomicity == "full":
             for k in {(m[1], m[2]) for m in o.mops if m[0] == "set"}:
                 setters.setdefault(k, []).append(o)
     return [(a.index, b.index) for ops in setters.values() for a, b in zip(ops, ops[1:])
@@ -146,8 +150,9 @@ def _key_writers(history: History) -> list[tuple[int, int]]:
 def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     """The keys workload's guarantees are checked, not assumed: a committed point read given
     another value, a key's second writer moved to a snapshot before the first one's commit
-    (two overlapping writers of one key both committed), and a serializable writer moved to a
-    snapshot before a write of a key it read (its read set changed), are each found."""
+    (two overlapping writers of one key both committed), an async commit acknowledged by a flush
+    that did not commit, and a serializable writer moved to a snapshot before a write of a key it
+    read (its read set changed), are each found."""
     data = [dict(r) for r in campaign.history.records()]
     ops = {r["index"]: r for r in data if r["type"] == "op"}
     read = next(r for r in ops.values() if r["workload"] == "keys" and r["outcome"] == "committed"
@@ -162,6 +167,14 @@ def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     found = conclude(History.from_records(data), None).findings
     assert any(f.kind == "lost-update" and {first, second} <= set(f.ops) for f in found), found
     ops[second]["snapshot"] = saved
+    # A flushed async commit that did not commit.
+    flushed = next(r for r in ops.values() if r["flushed"] and r["outcome"] == "committed"
+                   and any(m[0] == "set" for m in r["mops"]))
+    flushed["outcome"], flushed["csn"] = "aborted", None
+    found = conclude(History.from_records(data), None).findings
+    assert any(f.kind == "lost-commit" and f.ops == (flushed["index"],) and "flush" in f.message for f in found), found
+    data = [dict(r) for r in campaign.history.records()]  # undamaged again
+    ops = {r["index"]: r for r in data if r["type"] == "op"}
     # A serializable writer that read a key: moved to a snapshot before that key's last writer.
     reader, writer = _serializable_read_after_write(campaign.history)
     ops[reader]["snapshot"] = ops[writer]["csn"] - 1

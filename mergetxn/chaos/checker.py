@@ -20,6 +20,13 @@ in the state at its snapshot (plus its own earlier writes) and the appends of it
 overlapping overwrites that both removed an element are a lost update like two deletes of it.
 Within the op itself (its own later reads) it simply replaces the key.
 
+An ``lww`` table (written by ``atomicity="none"`` transactions: no locks, the later CSN wins)
+has no lost-update rule, and its reads see the latest state the replica applied, not the
+snapshot: a value read there must be the key's value at the snapshot or one a commit after it
+wrote (or the op's own write); G1a and G1b hold as everywhere. An async commit
+(``durability="async"``) is acknowledged by the flush that covered it (``flushed``): it must
+then commit, and one client's async commits on one replica commit in the order it made them.
+
 An op run with ``isolation="serializable"`` is checked against its read set as well: once it
 commits with writes, no op committed between its snapshot and its csn may have written a key it
 read (any key of a table it read whole). Ops of one group commit (one csn) are left out: the
@@ -46,11 +53,14 @@ KINDS: dict[str, str] = {
     "lost-update": "two committed ops with overlapping lifetimes (the later one's snapshot < "
     "the earlier one's csn, or the same csn) both set a register key or both delete an element "
     "(an overwrite deletes the elements of the key it saw)",
-    "lost-commit": "an acknowledged commit that a replica's commit_status contradicts, or a "
-    "final state that differs from the expected state at its csn",
+    "lost-commit": "an acknowledged commit that a replica's commit_status contradicts, an async "
+    "commit that a flush acknowledged but that did not commit, or a final state that differs from "
+    "the expected state at its csn",
     "read-set-changed": "a committed serializable op that wrote something read a key (or a whole "
     "table) that another op, committed after its snapshot and before its csn, wrote: what its reads "
     "returned or could have returned changed before it committed (write skew)",
+    "async-order": "two async commits of one client on one replica committed in the other order "
+    "than the client made them",
     "divergence": "replicas' finals at different csns, finals at one csn that differ, or a "
     "final behind an acknowledged commit",
     "tid-reused": "two ops with the same tid",
@@ -303,21 +313,44 @@ def _keyed(table: Any) -> dict[str, Any]:
 def _reads(m: Model) -> Iterator[Finding]:
     """si-read, aborted-read and intermediate-read: every read of every op with a snapshot,
     whatever its outcome (an aborted op's reads were served all the same)."""
+    later = _later_values(m)
     for o in m.ops:
         if o.snapshot is None:
             continue
         own = m.state_at(o.snapshot)  # plus the op's own writes so far
+        written: set[tuple[str, str]] = set()
         for pos, (verb, t, k, x) in enumerate(o.mops):
             if verb != "r":
                 own = m.apply(own, [o.mops[pos]])
+                written.add((t, str(k)))
                 continue
             want = own.get(t, {})
             got = _keyed(x) if k is None else {str(k): x}
             keys = sorted(set(want) | set(got)) if k is None else [str(k)]
             for key, cause, w, g, xs in m.diff(t, want, got, keys):
+                if cause == "si-read" and m.kind(t) == "lww" and (t, key) not in written \
+                        and g in later(t, key, o.snapshot):
+                    continue  # the latest applied state: at the snapshot or after it
                 where = f"{_op_name(o)} read {t}[{key!r}] (mop {pos}) at snapshot {o.snapshot}"
                 msg = _message(cause, where, m.kind(t), w, g, xs)
                 yield Finding(cause, msg, (o.index, *m.wrote(t, key, xs)))
+
+
+def _later_values(m: Model) -> Callable[[str, str, int], set[Any]]:
+    """``later(t, key, snapshot)``: the values an ``lww`` key may be read with by an op whose
+    snapshot is ``snapshot`` (its value then, or one a commit after it wrote; ``None``: no row)."""
+    sets: dict[tuple[str, str], list[tuple[int, Any]]] = defaultdict(list)  # in csn order
+    for group in m.groups:
+        for o in group:
+            for verb, t, k, x in m.effects[o.index]:
+                if verb == "set" and m.kind(t) == "lww":
+                    sets[(t, str(k))].append((o.csn, _frozen(x)))
+
+    def later(t: str, key: str, snapshot: int) -> set[Any]:
+        writes = sets.get((t, key), [])
+        csns = [c for c, _ in writes]
+        return {m.state_at(snapshot).get(t, {}).get(key)} | {x for _, x in writes[bisect_right(csns, snapshot):]}
+    return later
 
 
 def _lost_updates(m: Model) -> Iterator[Finding]:
@@ -331,7 +364,7 @@ def _lost_updates(m: Model) -> Iterator[Finding]:
             targets = {
                 (t, str(k), _frozen(x) if v == "delete" else None)
                 for v, t, k, x in m.effects[o.index]
-                if v in ("set", "delete")
+                if v in ("set", "delete") and m.kind(t) != "lww"  # lww: the later commit wins
             }
             for target in sorted(targets, key=repr):
                 touched[target].append(o)
@@ -376,6 +409,24 @@ def _read_sets(m: Model) -> Iterator[Finding]:
                     msg = (f"serializable op {o.index} read {what} (mop {pos}) at snapshot {o.snapshot} and "
                            f"committed at csn {o.csn}, but op {w.index} wrote it at csn {w.csn} in between")
                     yield Finding("read-set-changed", msg, (o.index, w.index))
+
+
+def _async_commits(m: Model) -> Iterator[Finding]:
+    """A flush acknowledged these async commits: each must have committed (lost-commit); and a
+    client's async commits on one replica take CSNs in the order it made them (async-order)."""
+    last: dict[tuple[int, int], Op] = {}
+    for o in sorted(m.ops, key=lambda o: o.index):  # a client's ops in the order it made them
+        if o.durability != "async" or all(x[0] == "r" for x in o.mops):
+            continue  # one that wrote nothing has nothing to lose or order (no log entry)
+        if o.flushed and o.index not in m.committed:
+            yield Finding("lost-commit", f"{_op_name(o)}: a flush acknowledged this async commit, but it "
+                          f"is {o.outcome} ({o.resolved or o.message})", (o.index,))
+        if o.index in m.committed:
+            before = last.get((o.process, o.replica))
+            if before is not None and before.csn > o.csn:  # one csn: one group, applied in op order
+                yield Finding("async-order", f"{_op_name(before)} committed at csn {before.csn}, "
+                              f"after {_op_name(o)} (made later) at csn {o.csn}", (before.index, o.index))
+            last[(o.process, o.replica)] = o
 
 
 def _statuses(m: Model) -> Iterator[Finding]:
@@ -477,7 +528,8 @@ def _invariant(m: Model) -> Iterator[Finding]:
 
 
 Rule = Callable[[Model], Iterator[Finding]]
-RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _read_sets, _statuses, _finals, _invariant)
+RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _read_sets, _async_commits, _statuses, _finals,
+                           _invariant)
 
 
 def check(history: History) -> list[Finding]:

@@ -18,7 +18,9 @@ A transaction is a list of micro-operations in the order the client ran them (El
   op's snapshot (with the op's own earlier writes) are removed and ``elements`` added; elements
   that other ops committed there after the snapshot stay (an INSERT OVERWRITE removes the parts
   it saw, not parts committed after it began);
-* ``["set", table, key, value]``: a ``register`` table's key now holds ``value``.
+* ``["set", table, key, value]``: a ``register`` table's key now holds ``value``. An ``lww``
+  table is a register table written only by transactions with ``atomicity="none"``: no locks,
+  the later commit wins per key, and reads see the latest state the replica applied.
 
 Keys are strings in JSON (a table's keys are whatever the workload uses, compared as strings).
 Element values are unique across the whole run (the workload draws them from one counter), so a
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 Outcome = Literal["committed", "aborted", "indeterminate"]
-TableKind = Literal["set", "register"]
+TableKind = Literal["set", "register", "lww"]
 
 
 @dataclass
@@ -63,6 +65,9 @@ class Op:
     message: str = ""
     resolved: str | None = None
     isolation: str = "snapshot"  # or "serializable": its read set is checked too
+    atomicity: str = "full"  # or "none": no locks, the later commit wins, reads of the latest state
+    durability: str = "sync"  # or "async": commit() returned None; ``flushed`` once a flush covered it
+    flushed: bool = False
     type: Literal["op"] = field(default="op", init=False)
 
 

@@ -113,9 +113,10 @@ class Workload:
     name: str = ""
     tables: dict[str, TableKind] = {}
 
-    def isolation(self, rng: random.Random) -> str:
-        """The isolation level of the next transaction."""
-        return "snapshot"
+    def modes(self, rng: random.Random) -> dict[str, str]:
+        """The next transaction's ``begin`` arguments that differ from the defaults
+        (``isolation``, ``atomicity``, ``durability``)."""
+        return {}
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
         """Create the tables and insert their initial rows; returns them (history ``initial``)."""
@@ -193,25 +194,33 @@ class Keys(Workload):
     the history: ``kv``, ``kvg/a`` and ``kvg/b`` (:func:`register_table`)."""
 
     name = "keys"
-    tables: dict[str, TableKind] = {"kv": "register", "kvg/a": "register", "kvg/b": "register"}
+    tables: dict[str, TableKind] = {"kv": "register", "kvg/a": "register", "kvg/b": "register", "kvn": "lww"}
     columns = {"kv": {"v": "kv"}, "kvg": {"a": "kvg/a", "b": "kvg/b"}}  # table -> column -> register
     schemas = {"kv": KV_SCHEMA, "kvg": KVG_SCHEMA}
-    keys = {"kv": KV_KEYS, "kvg": 4}  # few rows in kvg, so writers of its two groups of one row overlap
+    keys = {"kv": KV_KEYS, "kvg": 4, "kvn": 8}  # few rows in kvg, so writers of its two groups of one row overlap
+    none = 0.2  # the share of transactions with atomicity "none" (on kvn), most of them async
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
         client.create_table("kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
                             auto_merge=True)
+        client.create_table("kvn", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
+                            auto_merge=True, atomicity="none")
         client.create_table("kvg", KVG_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
                             auto_merge=True, lock_groups={"ga": ["a"], "gb": ["b"]})
         return {}
 
-    def isolation(self, rng: random.Random) -> str:
-        return "serializable" if rng.random() < self.serializable else "snapshot"
+    def modes(self, rng: random.Random) -> dict[str, str]:
+        roll = rng.random()
+        if roll < self.none:
+            return {"atomicity": "none"} | ({"durability": "async"} if rng.random() < 0.6 else {})
+        return {"isolation": "serializable"} if roll < self.none + self.serializable else {}
 
     def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        if tx.atomicity == "none":
+            return self._last_writer_wins(tx, rng, mops, rec)
         for _ in range(rng.randint(1, 4)):
-            table = rng.choice(list(self.columns))
+            table = rng.choice(["kv", "kvg"])
             columns, schema = self.columns[table], self.schemas[table]
             key, roll = rng.randrange(self.keys[table]), rng.random()
             if roll < 0.1:
@@ -239,6 +248,26 @@ class Keys(Workload):
             else:
                 mops.extend(["set", reg, str(key), None] for reg in columns.values())
                 tx.delete_keys(table, kv_key(key))
+
+    def _last_writer_wins(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
+        """On ``kvn`` (atomicity "none"): reads of the latest state, writes of several keys
+        (a commit is whole or absent, never torn), deletes."""
+        for _ in range(rng.randint(1, 4)):
+            key, roll = rng.randrange(self.keys["kvn"]), rng.random()
+            if roll < 0.1:
+                mops.append(["r", "kvn", None, register_values(tx.read("kvn"), "k", "v")])
+            elif roll < 0.35:
+                got = register_values(tx.read("kvn", where=pc.field("k") == key), "k", "v")
+                mops.append(["r", "kvn", str(key), got.get(str(key))])
+            elif roll < 0.9:
+                keys_ = sorted(set(rng.sample(range(self.keys["kvn"]), rng.randint(1, 3))))
+                values = [rec.element() for _ in keys_]
+                mops.extend(["set", "kvn", str(k), v] for k, v in zip(keys_, values))
+                tx.upsert("kvn", pa.table({"k": keys_, "v": values, "p": [k % 3 for k in keys_]}, schema=KV_SCHEMA),
+                          update=rng.random() < 0.3)
+            else:
+                mops.append(["set", "kvn", str(key), None])
+                tx.delete_keys("kvn", kv_key(key))
 
 
 def register_table(name: str) -> tuple[str, str | None]:
@@ -302,11 +331,10 @@ def run_transaction(client: Client, replica: int, process: int, workload: Worklo
     start = rec.now()
     mops: list[list[Any]] = []
     base = {"process": process, "replica": replica, "workload": workload.name, "start": start}
-    isolation = workload.isolation(rng)
-    if isolation != "snapshot":
-        base["isolation"] = isolation
+    modes = workload.modes(rng)
+    base |= modes
     try:
-        tx = client.begin(isolation=isolation)
+        tx = client.begin(**modes)
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
         return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
                        error=type(exc).__name__, message=f"begin failed: {_message(exc)}")
@@ -325,6 +353,8 @@ def run_transaction(client: Client, replica: int, process: int, workload: Worklo
     except Exception as exc:  # the client cannot know: resolved after the run
         return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__,
                        message=_message(exc))
+    if csn is None:  # durability "async": queued on the replica; a flush or commit_status tells
+        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", message="async commit queued")
     return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
 
 
@@ -362,6 +392,7 @@ class Worker(threading.Thread):
         self.stop_event = stop
         self.rng = random.Random(seed)
         self.clients: dict[int, Client] = {}
+        self.unflushed: dict[int, list[Op]] = {}  # replica -> its client's async commits no flush covered
         self.failovers = 0
 
     def _client(self, i: int) -> Client:
@@ -370,8 +401,31 @@ class Worker(threading.Thread):
         if client is None or client.address != address:
             if client is not None:
                 client.close()
+                self.unflushed.pop(i, None)  # left to commit_status after the run
             client = self.clients[i] = connect(address)
         return client
+
+    def _flush(self, client: Client, i: int) -> None:
+        """``client.flush()``: the async commits it covered are acknowledged (``flushed``: they
+        must commit), those it names failed are aborted. An error that says nothing leaves them
+        to the next flush (the client keeps them) or to commit_status after the run."""
+        pending = self.unflushed.get(i, [])
+        try:
+            client.flush()
+        except TransactionAborted as exc:
+            failed = set(getattr(exc, "ids", None) or ())
+            for op in pending:
+                if op.tid in failed:
+                    op.outcome, op.error = "aborted", "TransactionAborted"
+                    op.message += f"; flush: {_message(exc)}"
+                else:
+                    op.flushed = True
+        except Exception:
+            return
+        else:
+            for op in pending:
+                op.flushed = True
+        pending.clear()
 
     def _fail_over(self) -> None:
         self.replica = (self.replica + 1) % len(self.addresses())
@@ -387,6 +441,10 @@ class Worker(threading.Thread):
                     self.stop_event.wait(0.05)
                     continue
                 op = run_transaction(client, self.replica, self.process, self.workload, self.rng, self.rec)
+                if op.durability == "async" and op.outcome == "indeterminate" and op.error is None:
+                    self.unflushed.setdefault(self.replica, []).append(op)
+                if self.unflushed.get(self.replica) and self.rng.random() < 0.3:
+                    self._flush(client, self.replica)
                 if op.error in UNREACHABLE \
                         or (op.tid is None and op.error):
                     self._fail_over()
