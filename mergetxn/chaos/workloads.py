@@ -5,7 +5,7 @@ another and records each attempt as an :class:`~mergetxn.chaos.history.Op` whose
 (``mops``) are exactly what the client asked and what it was answered, in order. A client whose
 replica cannot be reached moves to the next replica for its next transaction (failover).
 
-Two workloads:
+Three workloads:
 
 * ``list-append`` over ``la0`` (policy ``parts``) and ``la1`` (policy ``append``), both
   partitioned by ``key`` (so deletes on different keys never conflict and merges work per key):
@@ -22,7 +22,10 @@ Two workloads:
   ``kvg`` one group or both) and deletes keys; some run serializable. Each value column of each key
   is a register (``kv``, ``kvg/a``, ``kvg/b``), so first committer wins per key and lock group is
   checked as the lost-update rule, writers of different groups must both take effect, and every
-  read is checked against the state at its snapshot.
+  read is checked against the state at its snapshot. A fifth of its transactions write ``kvn``
+  instead, a keys table with ``atomicity="none"`` (an ``lww`` table of the history: no locks, the
+  later commit wins), most of them with ``durability="async"``: the client flushes now and then,
+  and the commits a flush covered must have committed.
 
 Outcomes: ``commit()`` returned -> committed; ``ConflictError`` / ``TransactionAborted`` /
 ``InvalidInput`` -> aborted; anything after which the client cannot know (``ReplicaUnavailable``,
