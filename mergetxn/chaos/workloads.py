@@ -416,7 +416,9 @@ class Worker(threading.Thread):
         try:
             client.flush()
         except TransactionAborted as exc:
-            failed = set(getattr(exc, "ids", None) or ())
+            if not isinstance(exc.details.get("ids"), list):
+                return  # not a flush's answer naming its failures: nothing learnt
+            failed = set(exc.details["ids"])
             for op in pending:
                 if op.tid in failed:
                     op.outcome, op.error = "aborted", "TransactionAborted"
