@@ -138,10 +138,11 @@ def test_jobs_make_a_history_the_checker_accepts(session, cluster, clients, tmp_
     worker = SparkWorker(1, 1, lambda: list(cluster.replica_addresses), wl, session, rec, stop, seed=5)
     worker.start()
     rng = random.Random(0)
+    planned: dict[str, Op] = {}
     try:
-        for kind in ("append", "overwrite", "txn", "read", "overwrite"):
+        for kind in ("append", "overwrite", "txn", "read", "native", "native-read", "overwrite"):
             t0 = time.monotonic()
-            op = wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
+            op = planned[kind] = wl.job(session, clients[0], 0, 0, rng, rec, kind=kind)
             note = "" if op.outcome == "committed" else f" {op.error}: {op.message}"
             print(f"{kind} job on r0: {op.outcome} in {time.monotonic() - t0:.1f}s{note}")
     finally:
@@ -164,6 +165,9 @@ def test_jobs_make_a_history_the_checker_accepts(session, cluster, clients, tmp_
     def kind(o: Op) -> str:
         return o.mops[0][0] if o.mops[0][0] != "r" else "txn" if o.tid else "read"
 
+    # Spark's own Parquet reader and writer (spark.read_table / write_table) in the same history
+    assert planned["native-read"].outcome == "committed" and planned["native-read"].mops
+    assert planned["native"].outcome == "committed" or planned["native"].error == "ConflictError", planned["native"]
     committed = {kind(o) for o in h.ops if o.outcome == "committed"}
     assert {"append", "overwrite", "read"} <= committed, committed
     # A job that committed on its own: its tid, snapshot and csn came from the data source.

@@ -17,6 +17,9 @@ job, so a read element names the job that wrote it. Jobs, chosen at random:
   sometimes appends or deletes an element from the driver, then commits.
 * ``read``: a Spark read of the whole table at a snapshot (``option("snapshot", S)``, S the
   replica's snapshot when the job starts); a read-only op whose csn is its snapshot.
+* ``native``: as ``txn``, but Spark's own Parquet writer (``spark.write_table(df, table,
+  txn=tx.id)``, an append or an overwrite of one key) instead of the data source.
+* ``native-read``: as ``read``, through ``spark.read_table`` (Spark's own Parquet reader).
 
 Rows are made on the executors (:class:`Rows`) from the job's lists, so a task
 that runs again makes the same rows; ``delay`` seconds of sleep per task make a job slow enough
@@ -57,8 +60,8 @@ NAME = "spark"
 TABLE = "sp0"
 SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
 DDL = "key long, elem long"
-KINDS = ("append", "overwrite", "txn", "read")
-WEIGHTS = (0.4, 0.2, 0.3, 0.1)
+KINDS = ("append", "overwrite", "txn", "read", "native", "native-read")
+WEIGHTS = (0.3, 0.15, 0.2, 0.1, 0.15, 0.1)
 # A mergetxn error named in a Spark exception's text (Spark wraps what the planner raised).
 _ERROR_NAMES = sorted((n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.MergetxnError)),
                       key=len, reverse=True)
@@ -199,10 +202,11 @@ class SparkWorkload:
         and record it."""
         kind = kind or rng.choices(KINDS, self.weights)[0]
         base = {"process": process, "replica": replica, "workload": NAME, "start": rec.now()}
-        if kind == "read":
-            return self._read(session, client, base, rec)
-        if kind == "txn":
-            return self._txn(session, client, base, rng, rec)
+        if kind in ("read", "native-read"):
+            return self._read(session, client, base, rec, native=kind == "native-read")
+        if kind in ("txn", "native"):
+            return self._txn(session, client, base, rng, rec,
+                             self._native_statements if kind == "native" else self._txn_statements)
         if kind == "overwrite":
             key = rng.randrange(self.keys)
             elems = [rec.element() for _ in range(rng.randint(1, 3))]
@@ -254,8 +258,11 @@ class SparkWorkload:
         return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=name,
                        message=f"{message}; commit_status: {status.status}")
 
-    def _read(self, session: Any, client: Client, base: dict, rec: Recorder) -> Op:
-        """A Spark read of the whole table at the replica's current snapshot."""
+    def _read(self, session: Any, client: Client, base: dict, rec: Recorder, native: bool = False) -> Op:
+        """A Spark read of the whole table at the replica's current snapshot: through the data
+        source, or ``native``ly (``spark.read_table``)."""
+        from spark.native import read_table
+
         try:
             snapshot = client.snapshot()
         except Exception as exc:
@@ -263,8 +270,11 @@ class SparkWorkload:
                            error=type(exc).__name__, message=f"snapshot failed: {exc}"[:500])
         base |= {"tid": None, "snapshot": snapshot}
         try:
-            df = (session.read.format("mergetxn").option("replica", client.address)
-                  .option("snapshot", str(snapshot)).load(self.table))
+            if native:
+                df = read_table(session, self.table, snapshot=snapshot, replica=client.address)
+            else:
+                df = (session.read.format("mergetxn").option("replica", client.address)
+                      .option("snapshot", str(snapshot)).load(self.table))
             rows = [(r["key"], r["elem"]) for r in df.collect()]
         except Exception as exc:
             return rec.add(**base, end=rec.now(), mops=[], outcome="aborted", error=error_name(exc),
@@ -273,8 +283,10 @@ class SparkWorkload:
         mops = [["r", self.table, None, set_values(data)]]
         return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=snapshot)
 
-    def _txn(self, session: Any, client: Client, base: dict, rng: random.Random, rec: Recorder) -> Op:
-        """Spark writes inside a transaction the driver opened, beside the driver's own."""
+    def _txn(self, session: Any, client: Client, base: dict, rng: random.Random, rec: Recorder,
+             statements: Callable[..., None]) -> Op:
+        """Spark writes inside a transaction the driver opened (``statements``), beside the
+        driver's own."""
         mops: list[list[Any]] = []
         try:
             tx = client.begin()
@@ -283,7 +295,7 @@ class SparkWorkload:
                            error=type(exc).__name__, message=f"begin failed: {exc}"[:500])
         base |= {"tid": tx.id, "snapshot": tx.snapshot}
         try:
-            self._txn_statements(session, client, tx, rng, rec, mops)
+            statements(session, client, tx, rng, rec, mops)
         except Exception as exc:
             outcome, note = _roll_back(tx)
             return rec.add(**base, end=rec.now(), mops=mops, outcome=outcome, error=error_name(exc),
@@ -321,6 +333,28 @@ class SparkWorkload:
             e = rec.element()
             mops.append(["append", self.table, str(key), e])
             tx.insert(self.table, pa.table({"key": [key], "elem": [e]}, schema=SCHEMA))
+
+
+    def _native_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
+                           mops: list[list[Any]]) -> None:
+        """A read of a key, then Spark's own Parquet writer into the transaction: an append over
+        a few keys, or an overwrite of one key's partition."""
+        from spark.native import write_table
+
+        key = rng.randrange(self.keys)
+        seen = sorted(tx.read(self.table, where=pc.field("key") == key).column("elem").to_pylist())
+        mops.append(["r", self.table, str(key), seen or None])
+        if rng.random() < 0.3:
+            new = [rec.element() for _ in range(rng.randint(1, 3))]
+            mops.append(["overwrite", self.table, str(key), new])
+            write_table(self._frame(session, [key] * len(new), new), self.table, "overwrite", txn=tx.id,
+                        replica=client.address)
+            return
+        n = rng.randint(1, max(1, self.rows[1] // 2))
+        elems = [rec.element() for _ in range(n)]
+        keys = [rng.randrange(self.keys) for _ in range(n)]
+        mops += [["append", self.table, str(k), e] for k, e in zip(keys, elems)]
+        write_table(self._frame(session, keys, elems), self.table, "append", txn=tx.id, replica=client.address)
 
 
 def _roll_back(tx: Transaction) -> tuple[str, str]:
