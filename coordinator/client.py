@@ -266,7 +266,7 @@ class Client:
         """Wait until every async commit (``durability="async"``) this client made is durable in
         ZooKeeper and applied on its replica; returns the CSN of the last one (None if this
         client never made one that committed). Raises TransactionAborted naming the async
-        commits that did not commit (each failure is reported by one flush), including those
+        commits that did not commit (their ids in ``exc.ids``; each failure is reported by one flush), including those
         lost because the replica process died before they were durable: a crash loses at most
         the async commits not flushed, each entirely.
 

@@ -53,7 +53,16 @@ class ConflictError(MergetxnError):
 
 class TransactionAborted(MergetxnError):
     """The transaction can no longer commit (rolled back, killed, past its limits, or its
-    replica lost its ZooKeeper session)."""
+    replica lost its ZooKeeper session). ``ids``: the transactions it is about (the one that
+    failed; for ``client.flush()``, every async commit that did not commit)."""
+
+    @property
+    def ids(self) -> list[str]:
+        ids = self.details.get("ids")
+        if isinstance(ids, list):
+            return list(ids)
+        one = self.details.get("id")
+        return [one] if isinstance(one, str) else []
 
 
 class DuplicateCommit(TransactionAborted):

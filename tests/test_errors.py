@@ -20,6 +20,7 @@ from support.data import ID_V, id_rows, ids
 import coordinator
 from coordinator.client import Client
 from coordinator.errors import (
+    DuplicateCommit,
     InvalidInput,
     SnapshotUnavailable,
     StorageError,
@@ -257,3 +258,9 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
             cluster.stop()
     finally:
         _umount(replica_dir)
+
+
+def test_transaction_aborted_names_its_transactions() -> None:
+    assert TransactionAborted("x", ids=["a", "b"]).ids == ["a", "b"]  # a flush: every failed commit
+    assert TransactionAborted("x", id="T1-2-r1").ids == ["T1-2-r1"]
+    assert TransactionAborted("x").ids == [] and DuplicateCommit("x", id="t").ids == ["t"]

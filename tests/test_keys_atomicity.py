@@ -339,7 +339,7 @@ def test_flush_names_an_async_commit_that_failed(clients) -> None:
     assert doomed.commit() is None  # answered: queued; the committer then finds the table dropped
     with pytest.raises(TransactionAborted) as e:
         a.flush()
-    assert doomed.id in e.value.message and e.value.details["ids"] == [doomed.id]
+    assert doomed.id in e.value.message and e.value.details["ids"] == [doomed.id] == e.value.ids
     assert "dropped" in e.value.message
     assert a.commit_status(doomed.id).status == "aborted"
     assert a.flush() == csn  # reported once; the last CSN is still the good one's

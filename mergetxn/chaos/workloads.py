@@ -416,9 +416,9 @@ class Worker(threading.Thread):
         try:
             client.flush()
         except TransactionAborted as exc:
-            if not isinstance(exc.details.get("ids"), list):
+            if "ids" not in exc.details:
                 return  # not a flush's answer naming its failures: nothing learnt
-            failed = set(exc.details["ids"])
+            failed = set(exc.ids)
             for op in pending:
                 if op.tid in failed:
                     op.outcome, op.error = "aborted", "TransactionAborted"
