@@ -156,8 +156,9 @@ class Storage:
                 raise InvalidInput(
                     f"storage {self._safe_url}: bucket {probe!r} is not accessible ({self._why(exc)})"
                 ) from None
-            except Exception as exc:
-                raise OSError(f"storage {self._safe_url} is unreachable ({self._why(exc)})") from None
+            except Exception as exc:  # an outage: a StorageError (an OSError too), never bad input
+                raise StorageError(f"storage {self._safe_url} is unreachable ({self._why(exc)})",
+                                   path=probe, op="open", reason=self._why(exc), errno=None) from None
         else:
             try:
                 fs.exists(probe)

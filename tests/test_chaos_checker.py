@@ -644,3 +644,13 @@ def test_generated_histories_reading_an_aborted_element(seed: int) -> None:
     m[3] = sorted([*(m[3] or []), elem])
     [f] = only(h, "aborted-read")
     assert f.ops[0] == o.index
+
+
+def test_storage_errors_are_expected_only_under_storage_faults() -> None:
+    from mergetxn.chaos.report import summarize
+
+    h = hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1))
+    h.ops[1].error = "StorageError"
+    for nemesis, unexpected in (("kill-replica,wal-full", {}), ("s3-errors", {}), ("kill-replica", {"StorageError": 1})):
+        h.header.nemesis = nemesis
+        assert summarize(h, [])["ops"]["unexpected_errors"] == unexpected

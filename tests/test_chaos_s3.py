@@ -154,7 +154,7 @@ def test_exists_does_not_answer_false_during_an_s3_outage(storage: S3Storage, pr
 
 
 def test_opening_storage_during_an_s3_outage_is_not_bad_input(storage: S3Storage, proxy: S3FaultProxy) -> None:
-    from coordinator.errors import InvalidInput
+    from coordinator.errors import InvalidInput, StorageError
     from parts.storage import Storage
 
     proxy.errors(1.0, ("SlowDown",))
@@ -164,6 +164,7 @@ def test_opening_storage_during_an_s3_outage_is_not_bad_input(storage: S3Storage
     finally:
         proxy.heal()
     assert not isinstance(err.value, InvalidInput), err.value
+    assert isinstance(err.value, StorageError) and "unreachable" in err.value.message, err.value  # a MergetxnError
 
 
 def test_stalls_hold_until_healed_then_meet_their_fates(storage: S3Storage, proxy: S3FaultProxy) -> None:

@@ -96,7 +96,10 @@ def summarize(history: History, findings: list[Any], extra: dict[str, Any] | Non
         by_workload[o.workload][o.outcome] += 1
     errors = Counter(o.error for o in ops if o.outcome == "aborted" and o.error)
     resolved = Counter(o.outcome for o in ops if o.resolved)
-    unexpected = Counter(o.error for o in ops if o.error and o.error not in EXPECTED_ERRORS)
+    # A full WAL disk and an S3 outage are storage faults by design: their StorageErrors are expected.
+    storage_faults = {"wal-full", "s3-errors", "s3-timeouts"} & set(history.header.nemesis.split(","))
+    expected = EXPECTED_ERRORS | ({"StorageError"} if storage_faults else set())
+    unexpected = Counter(o.error for o in ops if o.error and o.error not in expected)
     faults: dict[str, dict[str, Any]] = {}
     for kind in sorted({f.kind for f in history.faults}):
         of_kind = [f for f in history.faults if f.kind == kind]
