@@ -339,17 +339,18 @@ def _reads(m: Model) -> Iterator[Finding]:
 def _later_values(m: Model) -> Callable[[str, str, int], set[Any]]:
     """``later(t, key, snapshot)``: the values an ``lww`` key may be read with by an op whose
     snapshot is ``snapshot`` (its value then, or one a commit after it wrote; ``None``: no row)."""
-    sets: dict[tuple[str, str], list[tuple[int, Any]]] = defaultdict(list)  # in csn order
+    csns: dict[tuple[str, str], list[int]] = defaultdict(list)  # in csn order
+    values: dict[tuple[str, str], list[Any]] = defaultdict(list)
     for group in m.groups:
         for o in group:
             for verb, t, k, x in m.effects[o.index]:
                 if verb == "set" and m.kind(t) == "lww":
-                    sets[(t, str(k))].append((o.csn, _frozen(x)))
+                    csns[(t, str(k))].append(o.csn)
+                    values[(t, str(k))].append(_frozen(x))
 
     def later(t: str, key: str, snapshot: int) -> set[Any]:
-        writes = sets.get((t, key), [])
-        csns = [c for c, _ in writes]
-        return {m.state_at(snapshot).get(t, {}).get(key)} | {x for _, x in writes[bisect_right(csns, snapshot):]}
+        after = values.get((t, key), [])[bisect_right(csns.get((t, key), []), snapshot):]
+        return {m.state_at(snapshot).get(t, {}).get(key), *after}
     return later
 
 
@@ -392,6 +393,8 @@ def _read_sets(m: Model) -> Iterator[Finding]:
                 by_key[key].append(o)
             for t in sorted({t for t, _ in keys}):
                 by_table[t].append(o)
+    key_csns = {k: [w.csn for w in ws] for k, ws in by_key.items()}
+    table_csns = {t: [w.csn for w in ws] for t, ws in by_table.items()}
     for o in m.ops:
         if o.isolation != "serializable" or o.index not in m.committed or o.snapshot is None \
                 or o.csn is None or o.csn <= o.snapshot:
@@ -401,7 +404,7 @@ def _read_sets(m: Model) -> Iterator[Finding]:
             if verb != "r":
                 continue
             writers = by_table[t] if k is None else by_key[(t, str(k))]
-            csns = [w.csn for w in writers]
+            csns = table_csns.get(t, []) if k is None else key_csns.get((t, str(k)), [])
             for w in writers[bisect_right(csns, o.snapshot) : bisect_right(csns, o.csn - 1)]:
                 if w.index != o.index and w.index not in seen:
                     seen.add(w.index)

@@ -74,7 +74,13 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_delay,
+    wait_fixed,
+)
 
 from coordinator.errors import InvalidInput
 from coordinator.zklog import CsnLog
@@ -245,12 +251,8 @@ def _stopped(pid: int) -> bool:
 def _wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
     """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
     uninterruptible wait, an fsync, stops only once it returns)."""
-    deadline = time.monotonic() + timeout
-    while not all(_stopped(p) for p in pids):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    return Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.01), retry=retry_if_result(lambda ok: not ok),
+                    retry_error_callback=lambda state: False)(lambda: all(_stopped(p) for p in pids))
 
 
 class _Proc:

@@ -308,11 +308,16 @@ class SparkWorkload:
                            message=_message(exc))
         return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
 
-    def _txn_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
-                        mops: list[list[Any]]) -> None:
+    def _read_key(self, tx: Transaction, rng: random.Random, mops: list[list[Any]]) -> tuple[int, list[int]]:
+        """The driver's read of one key in the transaction (recorded): the key, its elements."""
         key = rng.randrange(self.keys)
         seen = sorted(tx.read(self.table, where=pc.field("key") == key).column("elem").to_pylist())
         mops.append(["r", self.table, str(key), seen or None])
+        return key, seen
+
+    def _txn_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
+                        mops: list[list[Any]]) -> None:
+        key, seen = self._read_key(tx, rng, mops)
         n = rng.randint(1, max(1, self.rows[1] // 2))
         elems = [rec.element() for _ in range(n)]
         keys = [rng.randrange(self.keys) for _ in range(n)]
@@ -334,16 +339,13 @@ class SparkWorkload:
             mops.append(["append", self.table, str(key), e])
             tx.insert(self.table, pa.table({"key": [key], "elem": [e]}, schema=SCHEMA))
 
-
     def _native_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
                            mops: list[list[Any]]) -> None:
         """A read of a key, then Spark's own Parquet writer into the transaction: an append over
         a few keys, or an overwrite of one key's partition."""
         from spark.native import write_table
 
-        key = rng.randrange(self.keys)
-        seen = sorted(tx.read(self.table, where=pc.field("key") == key).column("elem").to_pylist())
-        mops.append(["r", self.table, str(key), seen or None])
+        key, seen = self._read_key(tx, rng, mops)
         if rng.random() < 0.3:
             new = [rec.element() for _ in range(rng.randint(1, 3))]
             mops.append(["overwrite", self.table, str(key), new])
