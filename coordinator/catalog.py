@@ -15,6 +15,7 @@ columns renamed since carry their new names, columns added since are null.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,6 +52,19 @@ def check_limits(table: str, seconds: object, rows: object) -> tuple[float | Non
     return seconds, rows
 
 
+def check_retention(table: str, seconds: object) -> float | None:
+    """Validate a table's history retention: None (the replica-wide default) or a finite number
+    of seconds >= 0; InvalidInput naming ``retention_seconds`` otherwise."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise InvalidInput(f"retention_seconds of table {table!r} must be a finite number of seconds >= 0 "
+                           f"(or None: the replica-wide default), not {seconds!r}",
+                           table=table, retention_seconds=repr(seconds)[:100])
+    return float(seconds)
+
+
 def effective_limits(tables, replica_seconds: float, replica_rows: int) -> tuple[float, str | None, int, str | None]:
     """The limits binding a transaction that wrote ``tables`` (TableDefs): the smallest among the
     tables' own and the replica-wide ones, each with the table it comes from (None: the replica)."""
@@ -79,6 +93,9 @@ class TableDef:
     atomicity: str = "full"  # keys tables: "full" | "none"
     txn_max_seconds: float | None = None  # per-table transaction limits (None: only the replica-wide ones)
     txn_max_rows: int | None = None
+    # History retention (SPEC.md "History retention"): removed parts kept this many seconds after
+    # the commit that removed them (None: the replica-wide default, ``retention_seconds``).
+    retention_seconds: float | None = None
 
     @property
     def csn(self) -> int:
@@ -98,6 +115,7 @@ class TableDef:
         atomicity: str = "full",
         txn_max_seconds: float | None = None,
         txn_max_rows: int | None = None,
+        retention_seconds: float | None = None,
     ) -> TableDef:
         """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
         table (:mod:`coordinator.keys`) never merges automatically: its parts are versions of
@@ -124,8 +142,10 @@ class TableDef:
             if txn_max_rows is None:
                 txn_max_rows = KEYS_TXN_MAX_ROWS
         txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
+        retention_seconds = check_retention(name, retention_seconds)
         return cls(name, schema, partition_by, primary_key, policy, auto_merge, lock_groups=groups,
-                   atomicity=atomicity, txn_max_seconds=txn_max_seconds, txn_max_rows=txn_max_rows)
+                   atomicity=atomicity, txn_max_seconds=txn_max_seconds, txn_max_rows=txn_max_rows,
+                   retention_seconds=retention_seconds)
 
     def to_dict(self) -> dict:
         d = {
@@ -151,14 +171,18 @@ class TableDef:
             d["txn_max_seconds"] = self.txn_max_seconds
         if self.txn_max_rows is not None:
             d["txn_max_rows"] = self.txn_max_rows
+        if self.retention_seconds is not None:
+            d["retention_seconds"] = self.retention_seconds
         return d
 
     def same_definition(self, other: TableDef) -> bool:
         """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
         return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge,
-                self.lock_groups, self.atomicity, self.txn_max_seconds, self.txn_max_rows) == (
+                self.lock_groups, self.atomicity, self.txn_max_seconds, self.txn_max_rows,
+                self.retention_seconds) == (
             other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge,
-            other.lock_groups, other.atomicity, other.txn_max_seconds, other.txn_max_rows
+            other.lock_groups, other.atomicity, other.txn_max_seconds, other.txn_max_rows,
+            other.retention_seconds
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -180,6 +204,7 @@ class TableDef:
                 atomicity=str(d.get("atomicity", "full")),
                 txn_max_seconds=None if d.get("txn_max_seconds") is None else float(d["txn_max_seconds"]),
                 txn_max_rows=None if d.get("txn_max_rows") is None else int(d["txn_max_rows"]),
+                retention_seconds=None if d.get("retention_seconds") is None else float(d["retention_seconds"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {exc!r}") from exc
@@ -193,11 +218,21 @@ class TableDef:
 
     # -- schema changes ------------------------------------------------------------------------
     def altered(self, add_columns: pa.Schema | list | None = None, rename_columns: dict | None = None,
-                version: int | None = None) -> TableDef:
-        """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended) and
-        ``rename_columns`` ({old: new}). Every problem is InvalidInput naming it, and nothing
-        is changed then. The result holds from the next ddl_version (its CSN is set when the
-        log applies it; ``version``: its ddl_version, by default the next)."""
+                version: int | None = None, retention: tuple[float | None] | None = None) -> TableDef:
+        """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended),
+        ``rename_columns`` ({old: new}) and ``retention`` (a 1-tuple: the new
+        ``retention_seconds``, None in it meaning the replica-wide default). Every problem is
+        InvalidInput naming it, and nothing is changed then. The result holds from the next
+        ddl_version (its CSN is set when the log applies it; ``version``: its ddl_version, by
+        default the next)."""
+        if retention is not None:
+            if not isinstance(retention, tuple) or len(retention) != 1:
+                raise InvalidInput(f"alter {self.name!r}: retention must be a 1-tuple")
+            seconds = check_retention(self.name, retention[0])
+            if add_columns is None and not rename_columns:
+                v = self.ddl_version + 1 if version is None else version
+                return replace(self, retention_seconds=seconds, ddl_version=v, version_csn=0)
+            return replace(self.altered(add_columns, rename_columns, version), retention_seconds=seconds)
         if self.conflict_policy is Policy.KEYS:
             raise InvalidInput(f"alter {self.name!r}: schema changes of keys tables are not supported yet; "
                                "nothing was changed", table=self.name)
@@ -207,7 +242,8 @@ class TableDef:
             raise InvalidInput(f"alter {self.name!r}: rename_columns must map old names to new ones, "
                                f"not {type(renames).__name__}")
         if not adds and not renames:
-            raise InvalidInput(f"alter {self.name!r}: nothing to change (give add_columns or rename_columns)")
+            raise InvalidInput(f"alter {self.name!r}: nothing to change (give add_columns, rename_columns or "
+                               "retention_seconds)")
         names = list(self.schema.names)
         problems = []
         keys = set(self.partition_by) | set(self.primary_key)

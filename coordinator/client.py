@@ -22,7 +22,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator import errors, keys, security
 from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
-from coordinator.catalog import TableDef
+from coordinator.catalog import TableDef, check_retention
 from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from coordinator.model import (
@@ -61,6 +61,9 @@ CALL_TIMEOUT = 600.0
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10.0  # the first answer (info) of a new client: a port that accepts and never answers
 OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
+
+
+_UNCHANGED = object()  # alter_table: a setting not given stays as it is
 
 
 class _StillCommitting(Exception):
@@ -119,6 +122,7 @@ class Client:
         atomicity: str = "full",
         txn_max_seconds: float | None = None,
         txn_max_rows: int | None = None,
+        retention_seconds: float | None = None,
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
@@ -127,9 +131,11 @@ class Client:
         keys table (SPEC.md "Keys tables", coordinator/keys.py). ``txn_max_seconds`` and
         ``txn_max_rows``: limits for the transactions writing this table (the smallest among the
         tables a transaction wrote and the replica's binds it); a keys table defaults to 60 s and
-        100,000 rows, others to none (only the replica-wide limits)."""
+        100,000 rows, others to none (only the replica-wide limits). ``retention_seconds``: how
+        long snapshots and ``changes`` of this table stay readable after a commit replaced what
+        they saw (SPEC.md "History retention"; None: the replica-wide default, 3600 s)."""
         tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
-                            atomicity, txn_max_seconds, txn_max_rows)
+                            atomicity, txn_max_seconds, txn_max_rows, retention_seconds)
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
         try:
             return self.call("create_table", **args)["csn"]
@@ -207,11 +213,15 @@ class Client:
         return tx.csn
 
     def alter_table(self, name: str, add_columns: pa.Schema | Sequence[pa.Field] | None = None,
-                    rename_columns: Mapping[str, str] | None = None) -> int:
-        """ALTER TABLE: add nullable columns (rows written before read them as null) and rename
-        columns ({old: new}; rows written before read under the new names). Returns the CSN from
-        which the new schema holds. Partition and key columns cannot be renamed; a bad alter is
-        InvalidInput naming the problem and changes nothing."""
+                    rename_columns: Mapping[str, str] | None = None,
+                    retention_seconds: float | None | object = _UNCHANGED) -> int:
+        """ALTER TABLE: add nullable columns (rows written before read them as null), rename
+        columns ({old: new}; rows written before read under the new names) and change the
+        table's ``retention_seconds`` (None: back to the replica-wide default). Returns the CSN
+        from which the new definition holds. Partition and key columns cannot be renamed; a bad
+        alter is InvalidInput naming the problem and changes nothing."""
+        if retention_seconds is not _UNCHANGED:
+            check_retention(name, retention_seconds)
         if add_columns is not None and not isinstance(add_columns, pa.Schema):
             if isinstance(add_columns, pa.Field):
                 add_columns = [add_columns]
@@ -226,6 +236,8 @@ class Client:
             args["add_columns"] = schema_to_json(add_columns)
         if rename_columns is not None:
             args["rename_columns"] = dict(rename_columns)
+        if retention_seconds is not _UNCHANGED:
+            args["retention_seconds"] = retention_seconds
         csn = self.call("alter_table", **args)["csn"]
         self._tables.pop(name, None)
         return csn
@@ -1083,7 +1095,8 @@ def connect(address: str, storage_options: dict | None = None,
 
 # The fields of a table's definition (TableDef.to_dict) that a CREATE sends; the rest the log decides.
 _CREATE_FIELDS = frozenset({"name", "schema", "partition_by", "primary_key", "conflict_policy", "auto_merge",
-                            "lock_groups", "atomicity", "txn_max_seconds", "txn_max_rows"})
+                            "lock_groups", "atomicity", "txn_max_seconds", "txn_max_rows",
+                            "retention_seconds"})
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:

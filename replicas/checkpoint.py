@@ -16,9 +16,10 @@ Without this the CSN log grows by one znode per commit for as long as the cluste
   then the entries are deleted, so a follower that finds an entry missing always finds a
   checkpoint that covers it (replicas/follower.py loads it and follows the tail from there).
   One replica at a time does this, under the kazoo Lock ``<root>/locks/trim``.
-* **Retained**: ``M`` is the last CSN removed from the log. A snapshot below ``M`` (a read at an
-  explicit snapshot, time travel) gets SnapshotUnavailable naming both numbers; no running
-  transaction can be below it (it bounded the trim).
+* **Retained**: ``M`` is the last CSN removed from the log (a follower below it loads the
+  checkpoint). It does not limit reads: snapshots and ``changes`` are served from the state, whose
+  records stay for the tables' retention windows however much of the log is trimmed (what a
+  replica still serves is decided in one place, replicas/retention.py).
 * **Local snapshots**: every ``local_checkpoint_every`` applied entries a replica writes its state
   to ``<data_dir>/state.ckpt`` (same encoding, atomic rename) and rewrites its WAL as a ``base``
   record plus the entries after it, so a restart loads one file and replays a short tail instead
@@ -222,10 +223,10 @@ class LogTail:
 
     def prune(self) -> int:
         """Forget, in this replica's state, the parts no served snapshot can see any more: those
-        removed at or below both the retained log (snapshots below it are refused) and cleanup's
-        ``collected`` (their files are gone). So the state, its checkpoints and lookups at older
-        snapshots stay the size of what is live and retained, however long the history."""
-        return self.state.prune(min(self.retained, self.replica.cleanup.collected))
+        removed at or below cleanup's ``collected`` (their files are gone, past their tables'
+        retention windows: replicas/retention.py), never at or above a commit still in a window. So the state, its checkpoints and lookups at
+        older snapshots stay the size of what is live and retained, however long the history."""
+        return self.state.prune(min(self.replica.cleanup.collected, self.replica.retention.window_floor()))
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -309,7 +310,7 @@ class LogTail:
         to_trim: list[tuple[int, int | None]] = []
         for e in sealed:
             if kept - counts[e] < self.config.retain_entries:
-                break  # keep the newest retain_entries entries (time travel within them)
+                break  # keep the newest retain_entries entries (a lagging follower need not load a checkpoint)
             seqs = self.log.list_seqs(e)
             last = csn_of(e, seqs[-1]) if seqs else None
             if last is not None and last > limit:

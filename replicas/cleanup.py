@@ -3,11 +3,14 @@
 **Cleanup** (:meth:`Cleanup.gc`, one pass, under the lock ``gc/lock``): the smallest published
 value over the alive replicas (this replica's computed fresh) is ``min_snapshot``. A part removed by
 a commit at ``removal_csn <= min_snapshot`` is invisible to every snapshot in use and to every later
-one, so its file may go. Before deleting anything the pass raises the watermark in the ZooKeeper
-node ``gc`` (JSON ``{"watermark", "collected"}``, only ever raised): a read at a snapshot that sees a
-part removed at or below the watermark fails with SnapshotUnavailable ("older than retained")
-instead of CorruptPart; snapshots that see only retained parts stay readable. ``collected`` is
-raised after every deletion up to it succeeded, so later passes skip those parts.
+one; it is kept still for its table's retention window (SPEC.md "History retention"): until
+``removal_time + retention_seconds``, the table's as defined at ``min_snapshot`` (the replica-wide
+default when it sets none), so that every snapshot and ``changes`` range in the window stays
+readable. Before deleting anything the pass raises the ZooKeeper node ``gc``
+(coordinator/watermark.py: the watermark and each table's horizon, only ever raised): a read that
+would need a part that may be gone fails with SnapshotUnavailable ("older than retained") instead of
+CorruptPart, on every replica alike. ``collected`` is raised to the highest CSN at or below which
+every removed part is deleted, so later passes skip those parts and replicas forget them.
 
 Files that no commit references (parts of transactions that never committed, of crashed writers,
 of failed Spark attempts, and temporary files of interrupted puts) are deleted once older than the
@@ -29,6 +32,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from coordinator.alive import read_alive
@@ -40,7 +44,7 @@ from coordinator.errors import (
 from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
 from coordinator.versions import COUNTER_STRIDE, Tid
-from coordinator.watermark import Watermark
+from coordinator.watermark import Marks, Watermark
 from parts.format import STAGING_DIR
 from parts.meta import sidecar_path
 from parts.storage import is_temp_file
@@ -119,6 +123,11 @@ class Cleanup:
         """Every part removed at or below it is deleted."""
         return self.node.collected
 
+    @property
+    def marks(self) -> Marks:
+        """The watched copy of the ``gc`` node: which removed parts may be gone."""
+        return self.node.marks
+
     def refresh_watermark(self) -> int:
         """Read the watermark now (a client that found a part missing asks again)."""
         return self.node.refresh()
@@ -181,31 +190,47 @@ class Cleanup:
         alive[self.replica.host_id] = self.replica.alive_record()
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
-        _, done = self.node.raise_to(min_snapshot)
+        with self.state.lock:
+            candidates = [r for r in self.state.parts.values()
+                          if r.removal_csn is not None and r.removal_csn > self.collected]
+            tables = sorted({r.meta.table for r in candidates if r.removal_csn <= min_snapshot})
+        windows = {t: self.replica.retention.table_seconds(t, min_snapshot) for t in tables}
+        marks = self.node.raise_to(min_snapshot, horizons={t: started - w for t, w in windows.items()})
         removed: list[dict] = []
         kept: list[dict] = []
-        failed = False
-        with self.state.lock:
-            candidates = [r for r in self.state.parts.values() if r.removal_csn is not None and r.removal_csn > done]
+        window_kept = 0
+        lowest_kept: int | None = None  # the lowest removal CSN of a part still in storage
         for rec in sorted(candidates, key=lambda r: (r.removal_csn, r.meta.name)):
             entry = {"path": rec.meta.path, "part": rec.meta.name, "table": rec.meta.table,
                      "removal_csn": rec.removal_csn}
-            if rec.removal_csn > min_snapshot:
-                kept.append({**entry, "reason": self._kept_reason(rec, holders, min_snapshot)})
+            if not marks.may_be_gone(rec.meta.table, rec.removal_csn, rec.removal_time):
+                if lowest_kept is None:
+                    lowest_kept = rec.removal_csn
+                if rec.removal_csn > min_snapshot:
+                    kept.append({**entry, "reason": self._kept_reason(rec, holders, min_snapshot)})
+                    continue
+                window_kept += 1
+                if detail:
+                    kept.append({**entry, "reason": self._window_reason(rec, windows.get(rec.meta.table))})
                 continue
             try:
                 present = self.replica.storage.exists(rec.meta.path)
                 self.replica.storage.delete(rec.meta.path)
                 self.replica.storage.delete(sidecar_path(rec.meta.path))
             except Exception as exc:
-                failed = True
+                if lowest_kept is None:
+                    lowest_kept = rec.removal_csn
                 kept.append({**entry, "reason": f"delete failed: {exc!r}"})
                 continue
             if present:
+                window = windows.get(rec.meta.table)
                 removed.append({**entry, "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
-                                                   f"no snapshot in use can see it (oldest in use: {min_snapshot})"})
-        if not failed:
-            self.node.raise_to(min_snapshot, collected=min_snapshot)
+                                                   f"no snapshot in use can see it (oldest in use: {min_snapshot})"
+                                                   + ("" if window is None else
+                                                      f" and its table's retention window ({window:g}s) has passed")})
+        collected = marks.watermark if lowest_kept is None else min(marks.watermark, lowest_kept - 1)
+        if collected > marks.collected:
+            self.node.raise_to(min_snapshot, collected=collected)
         young = 0
         if orphans:
             young = self._collect_orphans(alive, grace, removed, kept, detail)
@@ -216,8 +241,10 @@ class Cleanup:
             "watermark": self.watermark,
             "grace_seconds": grace,
             "snapshots_in_use": [{"host": h, "snapshot": s, "holder": t} for s, h, t in holders],
+            "retention_seconds": windows,
             "removed": removed,
             "kept": kept,
+            "kept_for_window": window_kept,
             "orphans_checked": orphans,
             "young_orphans": young,
             "seconds": round(time.time() - started, 3),
@@ -245,6 +272,14 @@ class Cleanup:
         if holder == "replica snapshot":
             return f"replica {host}, which has applied the log up to {snapshot} only"
         return f"running transaction {holder} on {host} (snapshot {snapshot})"
+
+    @staticmethod
+    def _window_reason(rec: Any, window: float | None) -> str:
+        removed_at = rec.removal_time or 0.0
+        until = datetime.fromtimestamp(removed_at + (window or 0.0), UTC).isoformat()
+        return (f"kept for the retention window of table {rec.meta.table!r} (retention_seconds={window:g}): "
+                f"removed at CSN {rec.removal_csn} at {datetime.fromtimestamp(removed_at, UTC).isoformat()}, "
+                f"kept until {until}")
 
     def _kept_reason(self, rec: Any, holders: list[tuple[int, str, str]], min_snapshot: int) -> str:
         for s, host, holder in holders:
@@ -389,13 +424,18 @@ class Cleanup:
         # Only transactions and read leases are named: "awaiting gc" otherwise (a lagging replica's
         # own snapshot version holds cleanup back too, but says nothing about this part).
         holders = [h for h in self._holders(alive) if h[2] != "replica snapshot"]
-        w = self.watermark
+        marks = self.node.marks
+        retention = self.replica.retention
+        now = time.time()
 
         def note(rec: Any) -> tuple[str | None, bool]:
             if rec.removal_csn is None:
                 return None, False
-            if rec.removal_csn <= w:
+            if marks.may_be_gone(rec.meta.table, rec.removal_csn, rec.removal_time):
                 return None, True
+            window = retention.table_seconds(rec.meta.table, rec.removal_csn)
+            if rec.removal_time is not None and rec.removal_time + window > now:
+                return self._window_reason(rec, window), False
             for s, host, holder in holders:
                 if rec.creation_csn <= s < rec.removal_csn:
                     return f"visible to snapshot {s} ({self._holder_text(host, holder, s)})", False

@@ -124,7 +124,8 @@ class _LocalMiss(VersionMoved):
 class Pending:
     txn: RunningTxn | None = None
     table: TableDef | None = None  # CREATE TABLE
-    alter: tuple[str, Any, Any] | None = None  # ALTER TABLE: name, add_columns, rename_columns
+    # ALTER TABLE: name, add_columns, rename_columns, retention (None: unchanged; else a 1-tuple)
+    alter: tuple[str, Any, Any, Any] | None = None
     done: threading.Event = field(default_factory=threading.Event)
     csn: int | None = None
     error: Exception | None = None
@@ -202,8 +203,8 @@ class Committer:
             raise p.error
         return p.csn
 
-    def alter_table(self, name: str, add_columns: Any, rename_columns: Any) -> int:
-        p = self._enqueue(Pending(alter=(name, add_columns, rename_columns)))
+    def alter_table(self, name: str, add_columns: Any, rename_columns: Any, retention: Any = None) -> int:
+        p = self._enqueue(Pending(alter=(name, add_columns, rename_columns, retention)))
         if p.error is not None:
             raise p.error
         return p.csn
@@ -313,7 +314,7 @@ class Committer:
     def _alter_table(self, p: Pending) -> None:
         """ALTER TABLE: the new definition, decided on the current one, and the table znode set
         at the version that one holds (a concurrent DDL or drop makes it decide again)."""
-        name, add_columns, rename_columns = p.alter
+        name, add_columns, rename_columns, retention = p.alter
         zk = self.log.zk
         try:
             for attempt in self._retrying():
@@ -327,7 +328,7 @@ class Committer:
                         cur = self.state.tables.get(name)
                         if cur is None:
                             raise TableNotFound(f"unknown table {name!r}", table=name)
-                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1)
+                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1, retention=retention)
                     entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
                     t = zk.transaction()
                     t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)

@@ -383,7 +383,7 @@ class Replica:
         self.zk.sync(self.log.log_path())
         return self.log.fetch(epoch, seq)
 
-    def resolve_snapshot(self, snapshot: int | None, as_of: float | None) -> int:
+    def resolve_snapshot(self, snapshot: int | None, as_of: float | None, table: str | None = None) -> int:
         if snapshot is not None and as_of is not None:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
@@ -391,12 +391,12 @@ class Replica:
                 raise InvalidInput(f"as_of must be a timestamp, not {as_of!r}")
             self.retention.check_not_future(float(as_of), "as_of")
             snap = self.state.csn_at_time(float(as_of))
-            self.retention.check_as_of(snap, as_of)
+            self.retention.check_as_of(snap, as_of, table)
             return snap
         if snapshot is None:
             return self.state.applied
         if isinstance(snapshot, int):
-            self.retention.check(snapshot)  # refused below what is retained
+            self.retention.check(snapshot, table)  # refused below what is retained
         self.wait_snapshot(snapshot)
         return snapshot
 
@@ -448,18 +448,20 @@ class Replica:
     def create_table(self, tdef: TableDef) -> int:
         return self.committer.create_table(tdef)
 
-    def alter_table(self, name: str, add_columns: object, rename_columns: object) -> int:
+    def alter_table(self, name: str, add_columns: object, rename_columns: object, retention: object = None) -> int:
         self.table(name)  # TableNotFound first, as every statement says it
-        return self.committer.alter_table(name, add_columns, rename_columns)
+        return self.committer.alter_table(name, add_columns, rename_columns, retention)
 
     def describe_table(self, name: str, snapshot: int | None = None) -> dict:
         """A table's definition at a snapshot (the latest by default) with what it holds then."""
-        snap = self.state.applied if snapshot is None else self.resolve_snapshot(snapshot, None)
+        snap = self.state.applied if snapshot is None else self.resolve_snapshot(snapshot, None, name)
         tdef = self.table(name, snap)
         metas = self.state.visible(name, snap)
         with self.state.lock:
             records = [r for r in self.state.catalog.get(name, ()) if r.csn >= tdef.created_csn and r.csn <= snap]
-        return {**tdef.to_dict(), "snapshot": snap, "schema_version": tdef.ddl_version,
+        return {**tdef.to_dict(), "retention_seconds": self.retention.seconds(tdef),
+                "retention_default": tdef.retention_seconds is None,
+                "snapshot": snap, "schema_version": tdef.ddl_version,
                 "parts": len(metas), "rows": sum(m.rows for m in metas), "bytes": sum(m.size for m in metas),
                 "partitions": len({m.partition_key for m in metas}),
                 "history": [{"csn": r.csn, "ddl_version": r.ddl_version,
@@ -479,7 +481,7 @@ class Replica:
         if snapshot is None and as_of is None:
             snap, lease_id = self.leases.lease(None, lease)
         else:
-            snap, lease_id = self.leases.lease(self.resolve_snapshot(snapshot, as_of), lease)
+            snap, lease_id = self.leases.lease(self.resolve_snapshot(snapshot, as_of, table), lease)
         try:
             self.table(table, snap)
             metas = self.state.visible(table, snap, pkeys=pkeys)

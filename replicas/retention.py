@@ -1,14 +1,20 @@
 """What a replica still serves: one check on every read outside a transaction.
 
-Three numbers decide it, each raised by what the cluster did and never lowered:
+History retention (SPEC.md "History retention"): a part removed by a commit at time ``t`` stays in
+storage until ``t + retention_seconds`` of its table (the replica-wide default when the table sets
+none), and beyond that while a snapshot in use sees it. Cleanup (replicas/cleanup.py) decides
+that, and writes what it may have deleted into the ``gc`` node before deleting
+(coordinator/watermark.py, :class:`Marks`): every replica answers "may be gone" from that node
+alone, so a read is refused (SnapshotUnavailable naming the table's retention) on every replica
+alike, never served with a file missing.
 
-* the log tail's ``retained`` (replicas/checkpoint.py): snapshots below it are refused whole (the
-  time-travel window: the newest ``retain_entries`` log entries);
-* cleanup's ``watermark`` (replicas/cleanup.py): parts removed at or below it may be gone from
-  storage, so a snapshot that sees one is refused, while older snapshots that see only kept parts
-  stay readable (SPEC: cleanup deletes a removed part as soon as no snapshot in use sees it);
-* the state's ``pruned`` floor, derived from both (``min(retained, collected)``): what this
-  replica has forgotten (ReplicaState.prune); never above ``retained``.
+The state's ``pruned`` floor is cleanup's ``collected`` (every part removed at or below it is
+deleted), held below every commit still inside the longest window (:meth:`Retention.window_floor`):
+a replica forgets those parts' records and the history up to it (ReplicaState.prune), so a
+snapshot below the floor is refused whole, and so is a ``changes`` range starting below it in a
+table that existed there. That is the one notion of what is retained: the log tail's trimming
+(replicas/checkpoint.py) only bounds what ZooKeeper holds, and reads never need a trimmed entry
+(the state and its checkpoints carry every record in the window).
 
 Transactions need none of this: their snapshots are in use, so nothing they see is collected or
 forgotten.
@@ -20,7 +26,9 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from coordinator.catalog import TableDef
 from coordinator.errors import ReplicaUnavailable, SnapshotUnavailable
+from coordinator.watermark import Marks
 from parts.meta import PartMeta
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,10 +40,42 @@ class Retention:
         self.replica = replica
         self.state = replica.state
 
-    def oldest(self) -> int:
-        """The oldest snapshot served whole."""
-        tail = self.replica.tail
-        return max(tail.retained if tail is not None else 0, self.state.pruned)
+    def oldest(self, table: str | None = None) -> int:
+        """The oldest snapshot served whole (of ``table``: below it this replica forgot something
+        of that table; without one, anything)."""
+        return self.state.pruned if table is None else self.state.lost_below(table)
+
+    def seconds(self, tdef: TableDef | None) -> float:
+        """The retention window of a table definition: its own, else the replica-wide default."""
+        if tdef is not None and tdef.retention_seconds is not None:
+            return tdef.retention_seconds
+        return float(self.replica.config.retention_seconds)
+
+    def table_seconds(self, table: str, at: int) -> float:
+        """The window of ``table`` as defined at CSN ``at`` (or, dropped by then, as last defined)."""
+        tdef = self.state.table(table, at)
+        if tdef is None:
+            with self.state.lock:
+                defs = [r for r in self.state.catalog.get(table, ()) if isinstance(r, TableDef)]
+            tdef = defs[-1] if defs else None
+        return self.seconds(tdef)
+
+    def window_floor(self) -> int:
+        """The last data-changing commit before the longest window of any table began: every
+        snapshot and ``changes`` range in a window starts above it, so the state never forgets
+        anything at or above it (its history included) while it is in a window."""
+        with self.state.lock:
+            defs = [r for records in self.state.catalog.values() for r in records if isinstance(r, TableDef)]
+        longest = max((self.seconds(t) for t in defs), default=self.seconds(None))
+        return self.state.csn_at_time(time.time() - longest)
+
+    def _window_text(self, table: str | None) -> str:
+        if table is None:
+            return (f"; replicas keep history for {self.seconds(None):g}s by default (retention_seconds; a table "
+                    "may set its own), and beyond that only while a snapshot is in use")
+        seconds = self.table_seconds(table, self.state.applied)
+        return (f"; table {table!r} keeps history for {seconds:g}s (retention_seconds), and beyond that only "
+                "while a snapshot is in use")
 
     def ensure_applied(self) -> None:
         """A replica behind cleanup's watermark (restarted from an old WAL) would not know which
@@ -55,31 +95,34 @@ class Retention:
         """SnapshotUnavailable unless ``snapshot`` is served: not below the oldest served whole,
         and none of ``metas`` (the parts visible at it) collected by cleanup (``fresh``: read
         cleanup's watermark from ZooKeeper, not the watched copy)."""
-        oldest = self.oldest()
+        oldest = self.oldest(table)
         if snapshot < oldest:
             raise SnapshotUnavailable(
                 f"snapshot {snapshot} is older than what is retained (oldest: {oldest})"
-                + (f" ({context})" if context else ""),
+                + (f" ({context})" if context else "") + self._window_text(table),
                 snapshot=snapshot, oldest=oldest,
             )
         if not metas:
             return
         cleanup = self.replica.cleanup
-        w = cleanup.refresh_watermark() if fresh else cleanup.watermark
-        if snapshot >= w:
+        if fresh:
+            cleanup.refresh_watermark()
+        marks = cleanup.marks
+        if snapshot >= marks.watermark:
             return
-        gone = self.collected(metas, w)
+        gone = self.collected(metas, marks)
         if gone:
             m, removal = gone[0]
             raise SnapshotUnavailable(
                 f"snapshot {snapshot} of table {table!r} is older than retained: cleanup collected parts "
-                f"removed at or before CSN {w} (part {m.name}, removed at CSN {removal})",
-                snapshot=snapshot, table=table, retained_from=w,
+                f"it sees (part {m.name}, removed at CSN {removal})" + self._window_text(table),
+                snapshot=snapshot, table=table, retained_from=marks.watermark,
+                retention_seconds=self.table_seconds(table, self.state.applied) if table else None,
             )
 
-    def check_as_of(self, snapshot: int, as_of: float) -> None:
+    def check_as_of(self, snapshot: int, as_of: float, table: str | None = None) -> None:
         when = datetime.fromtimestamp(float(as_of), UTC).isoformat()
-        self.check(snapshot, context=f"the last data-changing commit at or before as_of {when}")
+        self.check(snapshot, table, context=f"the last data-changing commit at or before as_of {when}")
 
     @staticmethod
     def check_not_future(when: float, what: str) -> None:
@@ -98,28 +141,30 @@ class Retention:
                       metas: list[PartMeta], fresh: bool = False) -> None:
         """For incremental reads from ``start`` (its CSN ``first``): refused below what this
         replica forgot (changes come from the state), and when cleanup collected a part they name."""
-        pruned = self.state.pruned
+        pruned = self.state.lost_below(table)
         if first < pruned:
             raise SnapshotUnavailable(
                 f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "
-                f"at or below CSN {pruned} are forgotten (the log is trimmed and cleanup "
-                "collected their parts)", table=table, start=start, retained_from=pruned)
+                f"at or below CSN {pruned} are forgotten (cleanup collected their parts)" + self._window_text(table),
+                table=table, start=start, retained_from=pruned)
         cleanup = self.replica.cleanup
-        w = cleanup.refresh_watermark() if fresh else cleanup.watermark
-        gone = self.collected(metas, w)
+        if fresh:
+            cleanup.refresh_watermark()
+        gone = self.collected(metas, cleanup.marks)
         if gone:
             raise SnapshotUnavailable(
                 f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
-                f"retained: cleanup collected {len(gone)} part(s) they need (parts removed at or before CSN {w}, "
-                f"e.g. {gone[0][0].name})", table=table, start=start, end=end, retained_from=w,
+                f"retained: cleanup collected {len(gone)} part(s) they need (e.g. {gone[0][0].name}, removed at "
+                f"CSN {gone[0][1]})" + self._window_text(table), table=table, start=start, end=end,
+                retained_from=cleanup.marks.watermark,
             )
 
-    def collected(self, metas: list[PartMeta], watermark: int) -> list[tuple[PartMeta, int]]:
-        """The parts among ``metas`` removed at or below ``watermark``, with their removal CSN."""
+    def collected(self, metas: list[PartMeta], marks: Marks) -> list[tuple[PartMeta, int]]:
+        """The parts among ``metas`` that cleanup may have deleted, with their removal CSN."""
         parts = self.state.parts
         out = []
         for m in metas:
             rec = parts.get(m.name)
-            if rec is not None and rec.removal_csn is not None and rec.removal_csn <= watermark:
+            if rec is not None and marks.may_be_gone(m.table, rec.removal_csn, rec.removal_time):
                 out.append((m, rec.removal_csn))
         return out

@@ -216,6 +216,7 @@ class ReplicaServer(RpcServer):
             a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
             a.get("conflict_policy", "parts"), a.get("auto_merge", True), a.get("lock_groups"),
             a.get("atomicity", "full"), a.get("txn_max_seconds"), a.get("txn_max_rows"),
+            a.get("retention_seconds"),
         )
         return {"csn": self.replica.create_table(tdef)}
 
@@ -238,7 +239,8 @@ class ReplicaServer(RpcServer):
         add = a.get("add_columns")
         add_schema = None if add is None else schema_from_json(add)
         renames = a.get("rename_columns")
-        return {"csn": self.replica.alter_table(a["name"], add_schema, renames)}
+        retention = (a["retention_seconds"],) if "retention_seconds" in a else None
+        return {"csn": self.replica.alter_table(a["name"], add_schema, renames, retention)}
 
     def _stage(self, a: dict) -> None:
         for op in a["ops"] if "ops" in a else [a["op"]]:

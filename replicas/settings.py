@@ -134,11 +134,16 @@ class ReplicaConfig:
                                   tunable=True)
     gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0,
                                        tunable=True)
+    retention_seconds: float = _setting(
+        3600.0, "removed parts are kept this many seconds after the commit that removed them, so snapshots "
+        "and changes within that window stay readable (a table's own retention_seconds overrides it)",
+        minimum=0, tunable=True)
     read_lease_seconds: float = _setting(300.0, "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",
                                          minimum=0, tunable=True)
     # Tunable: the log tail (replicas/checkpoint.py).
     retain_entries: int = _setting(
-        5000, "the newest log entries kept in ZooKeeper: snapshots within them stay readable (time travel)",
+        5000, "the newest log entries kept in ZooKeeper (a replica that fell behind them loads a checkpoint; "
+        "what reads may see is retention_seconds')",
         minimum=0, tunable=True)
     checkpoint_every: int = _setting(1000, "seal the open epoch, checkpoint and trim once it holds this many entries",
                                      minimum=1, tunable=True)

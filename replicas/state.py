@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import logging
 import threading
 from collections import defaultdict, deque
 from collections.abc import Iterable
@@ -23,6 +24,8 @@ from coordinator.visibility import is_visible
 from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.checkpoint import no_gc
+
+log = logging.getLogger(__name__)
 
 
 def _name(meta: PartMeta) -> str:
@@ -126,6 +129,7 @@ class PartRecord:
     creation_csn: int
     removal_tid: str | None = None
     removal_csn: int | None = None
+    removal_time: float | None = None  # the removing commit's time (its log entry's): history retention
 
     @property
     def pkey(self) -> str:
@@ -164,6 +168,11 @@ class ReplicaState:
         # at older snapshots and its checkpoints do not grow with history.
         self.removals: deque[tuple[int, str]] = deque()
         self.pruned = 0  # nothing removed at or below it is known here any more
+        # Per table name, the highest CSN of anything prune() forgot of it (a part's removal, a
+        # commit in its history, a superseded definition): a snapshot of it below that, or its
+        # changes from below that, would be incomplete. Reads of tables prune() never touched stay
+        # served however far ``pruned`` moved (replicas/retention.py).
+        self.lost: dict[str, int] = {}
         # Parts added per (table, partition key), as (creation CSN, name) in CSN order: the commits
         # since a snapshot on one target without scanning every part (replicas/keylocks.py).
         # Derived from ``parts`` (restore rebuilds it); prune drops what is at or below its floor.
@@ -179,7 +188,7 @@ class ReplicaState:
             if csn <= self.applied:
                 return
             for t in entry.ddl:
-                self._apply_ddl(csn, t, entry.txns)
+                self._apply_ddl(csn, t, entry.time)
             if entry.ddl:
                 self.ddl_csns.append(csn)
             data_time = None
@@ -188,7 +197,7 @@ class ReplicaState:
                 if txn.time_version is not None:
                     data_time = txn.time_version
                 for ch in txn.changes:
-                    self._apply_change(csn, txn.tid, ch)
+                    self._apply_change(csn, txn.tid, ch, entry.time)
                 for app_id, version in txn.apps.items():
                     held = self.apps.get(app_id)
                     if held is None or version > held[0]:
@@ -204,7 +213,7 @@ class ReplicaState:
             self.applied_count += 1
             self.applied_cond.notify_all()
 
-    def _apply_ddl(self, csn: int, t: TableRecord, txns: Iterable) -> None:
+    def _apply_ddl(self, csn: int, t: TableRecord, when: float) -> None:
         if isinstance(t, TableDropped):
             self.catalog.setdefault(t.name, []).append(replace(t, csn=csn))
             self.tables.pop(t.name, None)
@@ -215,7 +224,7 @@ class ReplicaState:
             for pkey, names in sorted(live.items()):
                 for name in names:
                     rec = self.parts[name]
-                    rec.removal_tid, rec.removal_csn = t.tid, csn
+                    rec.removal_tid, rec.removal_csn, rec.removal_time = t.tid, csn, when
                     self.removals.append((csn, name))
                 self.history[(t.name, pkey)].append((csn, Summary.of(t.tid, (Kind.OVERWRITE,), names)))
             return
@@ -223,9 +232,16 @@ class ReplicaState:
         self.catalog.setdefault(t.name, []).append(t)
         self.tables[t.name] = t
 
-    def _apply_change(self, csn: int, tid: str, ch: Change) -> None:
+    def _apply_change(self, csn: int, tid: str, ch: Change, when: float) -> None:
         live = self.live[ch.table]
         for meta in ch.added:
+            if meta.name in self.parts:
+                # A part name is committed at most once (the replica refuses it when staged); a
+                # second commit naming it (two replicas raced, a hostile entry) adds nothing, on
+                # every replica alike: snapshots stay immutable.
+                log.warning("CSN %d adds part %s of %r that CSN %d committed: ignored", csn, meta.name,
+                            ch.table, self.parts[meta.name].creation_csn)
+                continue
             rec = self.parts[meta.name] = PartRecord(meta, csn)
             self.by_table[ch.table].add(meta.name)
             self.created[(ch.table, partition_key(meta.partition))].append((csn, meta.name))
@@ -235,7 +251,9 @@ class ReplicaState:
             rec = self.parts.get(name)
             if rec is None:
                 continue
-            rec.removal_tid, rec.removal_csn = tid, csn
+            if rec.removal_csn is not None:
+                continue  # removed once already (never by a valid entry: deterministic anyway)
+            rec.removal_tid, rec.removal_csn, rec.removal_time = tid, csn, when
             self.removals.append((csn, name))
             live[rec.pkey].discard(name)
             self._index_remove(rec.meta.table, name)
@@ -270,20 +288,25 @@ class ReplicaState:
             if floor <= self.pruned:
                 return 0
             gone = 0
+            lost = self.lost
             while self.removals and self.removals[0][0] <= floor:
-                _, name = self.removals.popleft()
+                removed_at, name = self.removals.popleft()
                 rec = self.parts.pop(name, None)
                 if rec is None:
                     continue
                 gone += 1
                 table = rec.meta.table
+                if removed_at > lost.get(table, 0):
+                    lost[table] = removed_at
                 self.by_table[table].discard(name)
                 index = self.all_sorted.get(table)
                 if index is not None:
                     index.remove(name)
-            for events in self.history.values():
+            for (table, _), events in self.history.items():
                 i = bisect.bisect_right(events, floor, key=lambda e: e[0])
                 if i:
+                    if events[i - 1][0] > lost.get(table, 0):
+                        lost[table] = events[i - 1][0]
                     del events[:i]
             for target, added in list(self.created.items()):
                 i = bisect.bisect_right(added, floor, key=_first)
@@ -297,10 +320,15 @@ class ReplicaState:
                     del self.catalog[name]  # dropped for good: no served snapshot sees it
                 elif i > 1:
                     self.catalog[name] = records[i - 1:]  # the one that holds at floor stays
+                    lost[name] = max(lost.get(name, 0), records[i - 1].csn)
             self.pruned = floor
             return gone
 
     # -- queries -----------------------------------------------------------------------------
+    def lost_below(self, table: str) -> int:
+        """A snapshot of ``table`` below this, or its changes from below it, are incomplete here."""
+        return self.lost.get(table, 0)
+
     def created_since(self, table: str, pkey: str, snapshot: int) -> list[tuple[int, PartMeta]]:
         """``(creation CSN, meta)`` of the parts added to one target (a partition key) by commits
         after ``snapshot``, in CSN order: a bisection, not a scan of every part."""
@@ -421,11 +449,12 @@ class ReplicaState:
     def _export(self) -> dict:
         with self.lock:
             applied, position = self.applied, self.position
-            recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn) for r in self.parts.values()]
+            recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn, r.removal_time)
+                    for r in self.parts.values()]
             tables = [t.to_dict() for t in self.tables.values()]
             catalog = [{"dropped": r.to_dict()} if isinstance(r, TableDropped) else {"table": r.to_dict()}
                        for records in self.catalog.values() for r in records]
-            pruned = self.pruned
+            pruned, lost = self.pruned, dict(self.lost)
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
             versions = dict(self.versions)
@@ -449,6 +478,7 @@ class ReplicaState:
         parts["creation_csn"] = [r[1] for r in recs]
         parts["removal_tid"] = [r[2] for r in recs]
         parts["removal_csn"] = [r[3] for r in recs]
+        parts["removal_time"] = [r[4] for r in recs]
         kind_sets: dict[frozenset, int] = {}
         h: dict = {"keys": [], "key": [], "csn": [], "tid": [], "kinds": [], "removed_at": [], "removed": []}
         for i, (key, events) in enumerate(history):
@@ -476,6 +506,7 @@ class ReplicaState:
             "time_csns": time_csns,
             "time_values": time_values,
             "pruned": pruned,
+            "lost": lost,
         }
 
     def restore(self, payload: dict, where: str) -> None:
@@ -522,9 +553,11 @@ class ReplicaState:
             by_table: dict[str, set[str]] = defaultdict(set)
             live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
             pkeys: dict[tuple, str] = {}
-            for meta, ccsn, rtid, rcsn in zip(metas, cols["creation_csn"], cols["removal_tid"],
-                                              cols["removal_csn"], strict=True):
-                parts[meta.name] = PartRecord(meta, int(ccsn), rtid, None if rcsn is None else int(rcsn))
+            rtimes = cols.get("removal_time") or [None] * len(metas)  # absent: written before retention
+            for meta, ccsn, rtid, rcsn, rtime in zip(metas, cols["creation_csn"], cols["removal_tid"],
+                                                     cols["removal_csn"], rtimes, strict=True):
+                parts[meta.name] = PartRecord(meta, int(ccsn), rtid, None if rcsn is None else int(rcsn),
+                                              None if rtime is None else float(rtime))
                 by_table[meta.table].add(meta.name)
                 if rcsn is None:
                     pk = pkeys.get(meta.partition)
@@ -551,6 +584,10 @@ class ReplicaState:
             applied = int(payload["applied"])
             position = (int(payload["position"][0]), int(payload["position"][1]))
             pruned = int(payload.get("pruned", 0))
+            if "lost" in payload:
+                lost = {str(k): int(v) for k, v in payload["lost"].items()}
+            else:  # written before: everything below its floor may be incomplete
+                lost = {name: pruned for name in catalog}
             removals = deque(sorted((r.removal_csn, n) for n, r in parts.items() if r.removal_csn is not None))
             created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
             for n, r in parts.items():
@@ -571,7 +608,7 @@ class ReplicaState:
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
-            self.pruned, self.removals = pruned, removals
+            self.pruned, self.removals, self.lost = pruned, removals, lost
             self.created = created
             self.failure = None
             self.applied_cond.notify_all()

@@ -40,7 +40,8 @@ pytestmark = pytest.mark.zk
 
 SCHEMA = ID_V
 ROOT = "/mergetxn"
-SMALL = {"checkpoint_every": 60, "retain_entries": 60, "local_checkpoint_every": 150, "tail_check_seconds": 0.05}
+SMALL = {"checkpoint_every": 60, "retain_entries": 60, "local_checkpoint_every": 150, "tail_check_seconds": 0.05,
+         "retention_seconds": 0.0}  # cleanup collects as soon as nothing in use sees a part
 
 
 class Node:
@@ -372,10 +373,31 @@ def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> No
     assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is None
 
 
-def test_snapshot_older_than_retained_is_refused(cluster) -> None:
-    """After trimming, a read at a snapshot below the retained point, and time travel to before
-    it, get SnapshotUnavailable naming the snapshot and the oldest retained one; a snapshot at
-    the retained point still reads."""
+def test_trimmed_log_keeps_snapshots_in_the_retention_window(cluster) -> None:
+    """Trimming the log does not cut time travel (SPEC.md "History retention"): snapshots are
+    served from the state, which keeps every record in the window; a read at a snapshot whose
+    entry is no longer in ZooKeeper, and time travel to before it, return what they returned."""
+    (r0,) = cluster(1, **{**SMALL, "retention_seconds": 3600.0})
+    c = r0.client()
+    c.create_table("old", SCHEMA, auto_merge=False)
+    c.create_table("old_filler", SCHEMA, auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert("old", id_rows(3))
+    first = tx.csn
+    early = datetime.now(UTC)
+    with c.transaction() as tx:
+        tx.truncate("old")
+    commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
+    c.gc()
+    assert c.read("old", snapshot=first).num_rows == 3
+    assert c.read("old", as_of=early).num_rows == 3
+    assert c.read("old").num_rows == 0
+
+
+def test_beyond_the_window_a_trimmed_snapshot_is_refused(cluster) -> None:
+    """With retention_seconds=0, once cleanup collected what a snapshot saw and the state forgot
+    it, a read there and time travel to before it get SnapshotUnavailable naming the snapshot, the
+    oldest one served and the table's retention; the latest snapshot still reads."""
     (r0,) = cluster(1, **SMALL)
     c = r0.client()
     c.create_table("old", SCHEMA, auto_merge=False)
@@ -384,16 +406,20 @@ def test_snapshot_older_than_retained_is_refused(cluster) -> None:
         tx.insert("old", id_rows(3))
     first = tx.csn
     early = datetime.now(UTC)
+    with c.transaction() as tx:
+        tx.overwrite("old", id_rows(2))
     commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
-    oldest = r0.r.tail.retained
+    c.gc()
+    r0.r.tail.prune()
+    oldest = r0.r.state.lost_below("old")  # the overwrite's removal: what the state forgot of 'old'
     assert oldest > first
     with pytest.raises(SnapshotUnavailable) as exc:
         c.read("old", snapshot=first)
     assert f"snapshot {first} is older than what is retained (oldest: {oldest})" in str(exc.value)
+    assert "retention_seconds" in str(exc.value)
     with pytest.raises(SnapshotUnavailable, match=f"older than what is retained \\(oldest: {oldest}\\)"):
         c.read("old", as_of=early)
-    assert c.read("old", snapshot=oldest).num_rows == 3
-    assert c.read("old").num_rows == 3
+    assert c.read("old").num_rows == 2
 
 
 def test_restart_with_a_damaged_local_snapshot_rebuilds(cluster) -> None:
