@@ -609,10 +609,14 @@ class Client:
         ingester) this is a third of the round trips of begin, add_parts and commit. The parts
         become the transaction's own (their ``creation_tid``). Their names carry no running
         transaction's tid, so nothing keeps cleanup from taking them for orphans: parts written
-        (``created_at``) more than half the replica's ``gc_grace_seconds`` ago are refused. If the
-        commit fails the parts are deleted; if the connection breaks, the replica is asked, by part
-        name, whether it committed, so the caller is never left not knowing. ``apps`` (app id ->
-        version) makes it an idempotent commit, as :meth:`Transaction.set_app_version` does."""
+        (``created_at``) more than half the replica's ``gc_grace_seconds`` ago are refused. A part
+        is committed at most once: parts that a commit already named are refused (InvalidInput
+        naming the part and its CSN), unless this is that very commit sent again (the same parts,
+        all of them), which is answered with its CSN. The files are the caller's: a refused or
+        failed commit leaves them (cleanup collects them once older than the grace period if no
+        commit names them). If the connection breaks, the replica is asked, by part name, whether
+        it committed, so the caller is never left not knowing. ``apps`` (app id -> version) makes it
+        an idempotent commit, as :meth:`Transaction.set_app_version` does."""
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
@@ -635,16 +639,8 @@ class Client:
             status = _await_outcome(lambda: self._part_status(table, metas[0].name),
                                     f"the commit of part {metas[0].name} of {table!r}",
                                     f"client.commit_status by part ({table!r}, {metas[0].name!r}) on replica {self.address}")
-        except errors.OutcomeUnknown:
-            raise  # it may have committed: the files stay
-        except errors.MergetxnError:
-            for m in metas:  # refused, or aborted by the replica: nothing references them
-                _delete_quietly(self.storage, m.path)
-            raise
         if status.status == "committed":
             return status.csn
-        for m in metas:
-            _delete_quietly(self.storage, m.path)
         raise TransactionAborted(f"the commit of {len(metas)} part(s) to {table!r} did not happen: "
                                  f"{status.reason or status.status}", id=status.tid or None)
 
@@ -715,19 +711,22 @@ class Transaction:
         if self._ended:
             raise TransactionAborted(f"transaction {self.id} has ended", id=self.id)
 
-    def _stage(self, op: StagedOp) -> None:
-        self._send("stage", [op])
+    def _stage(self, op: StagedOp, written: bool = True) -> None:
+        self._send("stage", [op], written)
 
-    def _send(self, action: str, ops: list[StagedOp]) -> Any:
+    def _send(self, action: str, ops: list[StagedOp], written: bool = True) -> Any:
+        """``written``: the parts of ``ops`` are files this call wrote for this transaction (not
+        parts handed to it); a refusal deletes those, and only those no commit names."""
         try:
             return self.client.call(action, id=self.id, ops=[op.to_dict() for op in ops])
         except ReplicaUnavailable:
             raise  # the replica may hold them already: cleanup decides once it is known
         except errors.MergetxnError:
-            # Parts the replica refused (or dropped when it aborted): nothing references them.
-            for op in ops:
-                for m in op.added:
-                    _delete_quietly(self.client.storage, m.path)
+            if written:
+                for op in ops:
+                    for m in op.added:
+                        if m.name.startswith(self.id + "_"):  # this transaction's own: no commit names it
+                            _delete_quietly(self.client.storage, m.path)
             raise
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
@@ -955,8 +954,9 @@ class Transaction:
                   partitions: Sequence[Any] | None = None) -> int:
         """Stage parts already written to storage (by Spark executors) as one INSERT or INSERT
         OVERWRITE; the overwrite replaces ``partitions``, or those the parts are in (the whole
-        table when it is not partitioned). Returns the rows added. If staging fails the parts
-        are deleted: nothing references them. A part written more than half the replica's
+        table when it is not partitioned). Returns the rows added. The files are the caller's:
+        a refused call leaves them (cleanup collects them once older than the grace period if no
+        commit names them; a rolled-back transaction's replica deletes those named after it). A part written more than half the replica's
         ``gc_grace_seconds`` ago must be named after this transaction (``write_part(..., tx.id)``,
         as Spark's executors do): cleanup keeps a running transaction's files by that name."""
         self._check_open()
@@ -971,13 +971,14 @@ class Transaction:
             op = "insert"  # the versions written after the deletes replace them
         if op == "insert":
             if metas:
-                self._stage(Insert(table, tuple(metas)))
+                self._stage(Insert(table, tuple(metas)), written=False)
             return sum(m.rows for m in metas)
         targets = _overwrite_targets(tdef, metas, partitions)
         if not targets:
             return 0
         removed = [m.name for m in self._visible(table, targets)]
-        self._stage(Overwrite(table, tuple(metas), tuple(removed), tuple(partition_key(p) for p in targets)))
+        self._stage(Overwrite(table, tuple(metas), tuple(removed), tuple(partition_key(p) for p in targets)),
+                    written=False)
         return sum(m.rows for m in metas)
 
     def add_rewrite(self, table: str, kind: str, added: Sequence[PartMeta], removed: Sequence[str],
@@ -994,7 +995,7 @@ class Transaction:
         if kind == "update":
             assigns = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
         self._stage(Mutate(kind, tdef.name, encode_expression(where, tdef.schema), tuple(added), tuple(removed),
-                           _rewrite_targets(tdef, None), assignments=assigns))
+                           _rewrite_targets(tdef, None), assignments=assigns), written=False)
 
     def set_app_version(self, app_id: str, version: int) -> None:
         """Record in this commit that application ``app_id`` reached ``version`` (an integer >= 0):

@@ -224,6 +224,17 @@ class Storage:
     def _local(self, relpath: str) -> str:
         return os.path.join(self._root, *_validate_relpath(relpath).split("/"))
 
+    def contained(self, relpath: str) -> bool:
+        """Whether ``relpath`` names a file inside the storage root once symbolic links are
+        followed (a link in a table's directory pointing elsewhere makes it False). Object stores
+        have no links: always True there."""
+        if self._fs is not None:
+            _validate_relpath(relpath)
+            return True
+        root = os.path.realpath(self._root)
+        where = os.path.realpath(os.path.dirname(self._local(relpath)))
+        return where == root or where.startswith(root + os.sep)
+
     def _remote(self, relpath: str) -> str:
         return f"{self._root}/{_validate_relpath(relpath)}"
 
@@ -306,8 +317,12 @@ class Storage:
             raise self._fail("get", relpath, exc) from None
 
     def delete(self, relpath: str) -> None:
-        """Remove a file; a missing one is not an error (cleanup may run twice)."""
+        """Remove a file; a missing one is not an error (cleanup may run twice). A local path that
+        leads out of the storage root through a symbolic link is refused (InvalidInput)."""
         if self._fs is None:
+            if not self.contained(relpath):
+                raise InvalidInput(f"storage path {relpath!r} leads out of the storage root through a symbolic "
+                                   "link: not deleted", path=relpath)
             try:
                 os.unlink(self._local(relpath))
             except FileNotFoundError:

@@ -43,6 +43,8 @@ from coordinator.model import (
 )
 from coordinator.readsets import Read
 from coordinator.versions import Tid, local_counter
+from coordinator.catalog import TableDef
+from parts.format import part_path
 from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.cleanup import MIN_GRACE
@@ -181,11 +183,10 @@ class Transactions:
         # Cleanup keeps the unreferenced files of a running transaction by the tid in their names;
         # a part named otherwise is kept only while younger than the grace period, so one written
         # long before it is staged could be collected before or after the commit: refuse it.
+        self.check_added(table, op.added, own_names, txn.id)
         old_after = max(self.config.gc_grace_seconds, MIN_GRACE) / 2
         now = time.time()
         for meta in op.added:
-            if meta.table != table.name:
-                raise InvalidInput(f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}")
             if now - meta.created_at > old_after and not meta.name.startswith(txn.id + "_"):
                 raise InvalidInput(
                     f"part {meta.name} was written {now - meta.created_at:.0f}s ago, more than half the cleanup "
@@ -229,6 +230,54 @@ class Transactions:
                           f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there")
                 self.abort(txn, reason)
                 raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
+
+    def check_added(self, table: TableDef, added: tuple[PartMeta, ...], own_names: set[str], txn_id: str) -> None:
+        """What a statement adds must be parts of its own (InvalidInput otherwise, nothing
+        staged): each part of ``table``, its file where that table's layout puts a part of that
+        name and partition (never another table's file, never a path out of the storage root
+        through a link: a rollback deletes what was staged), staged once, and named by no commit
+        before (a part name is committed at most once: snapshots never change)."""
+        own = set(own_names)
+        for meta in added:
+            if meta.table != table.name:
+                raise InvalidInput(f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}",
+                                   part=meta.name, table=table.name)
+            want = part_path(table.name, list(table.partition_by), meta.partition, meta.name)
+            if meta.path != want:
+                raise InvalidInput(f"part {meta.name} of table {table.name!r} names the file {meta.path!r}; a part of "
+                                   f"that name and partition is the file {want!r}", part=meta.name, table=table.name)
+            if meta.name in own:
+                raise InvalidInput(f"part {meta.name} is staged twice by transaction {txn_id}", part=meta.name)
+            own.add(meta.name)
+            rec = self.state.parts.get(meta.name)
+            if rec is not None:
+                raise InvalidInput(
+                    f"part {meta.name} of table {rec.meta.table!r} was committed at CSN {rec.creation_csn} (by "
+                    f"{rec.meta.creation_tid}): a part is committed at most once; nothing was changed",
+                    part=meta.name, table=rec.meta.table, csn=rec.creation_csn)
+            if not self.storage.contained(meta.path):
+                raise InvalidInput(f"part {meta.name}'s file {meta.path!r} leads out of the storage root through a "
+                                   "symbolic link", part=meta.name, table=table.name)
+
+    def committed_retry(self, args: dict) -> dict | None:
+        """A one-call commit sent again (its answer was lost): every part it names was committed
+        by one transaction, whose parts in that table are exactly these. Answered with that
+        commit (``{"csn", "tid"}``) instead of refused; None for anything else."""
+        table, added = args.get("table"), args.get("added")
+        if not isinstance(table, str) or not isinstance(added, list) or not added:
+            return None
+        names = {m.get("name") for m in added if isinstance(m, dict)}
+        recs = [self.state.parts.get(n) for n in names]
+        if len(names) != len(added) or any(r is None or r.meta.table != table for r in recs):
+            return None
+        tids = {r.meta.creation_tid for r in recs}
+        csns = {r.creation_csn for r in recs}
+        if len(tids) != 1 or len(csns) != 1:
+            return None
+        tid = next(iter(tids))
+        with self.state.lock:
+            theirs = {n for n in self.state.by_table.get(table, ()) if self.state.parts[n].meta.creation_tid == tid}
+        return {"csn": next(iter(csns)), "tid": tid} if theirs == names else None
 
     def set_app_version(self, txn_id: str, app_id: object, version: object) -> None:
         """Record in the transaction that application ``app_id`` reached ``version``
@@ -323,6 +372,9 @@ class Transactions:
         """Begin, stage the parts and commit, in one call; ``{"csn", "tid"}``."""
         name = args.pop("_inflight", None)
         try:
+            retried = self.committed_retry(args)
+            if retried is not None:
+                return retried
             txn = self.begin()
             try:
                 op = self.parts_op(txn, args)
@@ -436,7 +488,18 @@ class Transactions:
         self._retire(txn)
         for op in txn.ops + extra_ops:
             for meta in op.added:
-                self._delete_file(meta.path)
+                if self._its_own_file(txn, meta):
+                    self._delete_file(meta.path)
+
+    def _its_own_file(self, txn: RunningTxn, meta: PartMeta) -> bool:
+        """Whether an aborted transaction's staged part is a file it wrote and nothing names: its
+        name carries the transaction's id (what its client and Spark executors write), and no
+        commit named it. Parts handed to it under other names (``commit_parts``, ``add_parts`` of
+        files written earlier) are their writer's: cleanup collects them as orphans after the grace
+        period if no commit names them."""
+        if not meta.name.startswith(txn.id + "_"):
+            return False
+        return self.state.parts.get(meta.name) is None
 
     def abort_all(self, reason: str, txns: list[RunningTxn] | None = None) -> None:
         for txn in list(self.txns.values()) if txns is None else txns:

@@ -183,6 +183,11 @@ class ReplicaServer(RpcServer):
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
             tdef = replica.state.table(table)
             quick = rows <= min(replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows)
+        if quick:
+            retried = txns.committed_retry(a)
+            if retried is not None:
+                reply({"ok": True, "result": retried})
+                return True
         if not quick:
             first = added[0] if isinstance(added, list) and added else None
             if isinstance(first, dict) and isinstance(first.get("name"), str):

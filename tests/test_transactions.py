@@ -567,8 +567,11 @@ def test_commit_parts_overwrite_replaces_what_its_snapshot_sees(c0: Client) -> N
     assert c0.snapshot() == before
 
 
-def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coordinator.LocalCluster,
-                                                                     c0: Client) -> None:
+def test_commit_parts_refused_changes_nothing_and_leaves_the_callers_files(cluster: coordinator.LocalCluster,
+                                                                           c0: Client) -> None:
+    """A refused one-call commit makes nothing visible, and the files it was handed stay: they are
+    the caller's (issue 19: a refusal deleted a caller's valid part); cleanup collects what no
+    commit names once older than the grace period."""
     c0.create_table("cparts_bad", SCHEMA)
     before = c0.snapshot()
     good = written(c0, "cparts_bad", id_rows(1))
@@ -576,15 +579,19 @@ def test_commit_parts_refused_deletes_its_parts_and_changes_nothing(cluster: coo
     with pytest.raises(CorruptMetadata, match="checksum"):
         c0.commit_parts("cparts_bad", [good, bad])
     assert c0.snapshot() == before and c0.read("cparts_bad").num_rows == 0
-    assert not storage_files(cluster, "cparts_bad")
+    files = {str(Path(m.path).relative_to("cparts_bad")) for m in (good, bad)}
+    assert files <= storage_files(cluster, "cparts_bad")
     stale = dataclasses.replace(written(c0, "cparts_bad", id_rows(1)), created_at=time.time() - 3600)
     with pytest.raises(InvalidInput, match="grace period"):
         c0.commit_parts("cparts_bad", [stale])
-    assert c0.snapshot() == before and not storage_files(cluster, "cparts_bad")
+    assert c0.snapshot() == before
+    assert str(Path(stale.path).relative_to("cparts_bad")) in storage_files(cluster, "cparts_bad")
     c0.create_table("cparts_other", SCHEMA)
     with pytest.raises(InvalidInput, match="do not belong"):
         c0.commit_parts("cparts_bad", [written(c0, "cparts_other", id_rows(1))])
     assert c0.snapshot() > before and c0.read("cparts_bad").num_rows == 0
+    c0.commit_parts("cparts_bad", [good])  # the caller's part, still there, commits later
+    assert c0.read("cparts_bad").num_rows == 1
 
 
 def test_old_parts_are_staged_only_under_their_transactions_name(c0: Client) -> None:
@@ -607,7 +614,9 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.Loca
                                                        fault: str, op: str) -> None:
     """The connection breaks during the one call: after the replica committed ('reply': the
     answer is lost), or before it heard of it ('request'). The caller gets the CSN, or a
-    TransactionAborted with the parts deleted; never "unknown"."""
+    TransactionAborted with its files left to it; never "unknown". The same call sent again
+    after the commit is answered with that commit's CSN and changes nothing (a part is committed
+    at most once: snapshots never change)."""
     t = f"cparts_lost_{fault}_{op}"
     c0.create_table(t, SCHEMA)
     with RpcProxy(cluster.replica_addresses[0]) as proxy:
@@ -618,11 +627,16 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.Loca
             csn = client.commit_parts(t, metas, op=op)
             assert fired.is_set()
             assert ids(c0.read(t, snapshot=csn)) == [0, 1]
+            assert client.commit_parts(t, metas, op=op) == csn  # the retry of a job that lost the answer
+            parts = c0.parts(t).to_pylist()
+            assert [(p["name"], p["creation_csn"]) for p in parts] == [(metas[0].name, csn)]
+            assert ids(c0.read(t, snapshot=csn)) == [0, 1] and ids(c0.read(t)) == [0, 1]
         else:
             with pytest.raises(TransactionAborted, match="did not happen"):
                 client.commit_parts(t, metas, op=op)
             assert fired.is_set()
-            assert c0.read(t).num_rows == 0 and not storage_files(cluster, t)
+            assert c0.read(t).num_rows == 0
+            assert (Path(cluster.storage_url) / metas[0].path).exists()  # the caller's file
         client.close()
 
 
