@@ -514,6 +514,17 @@ class Client:
             args["grace_seconds"] = grace_seconds
         return self.call("gc", **args)
 
+    def check(self, tables: str | Sequence[str] | None = None, checksums: bool = True) -> dict:
+        """Check storage against the log: every part a read may still need (visible at the latest
+        snapshot, or removed and kept for the retention window) is present, of the size and (with
+        ``checksums``, reading every file) the checksum it was committed with. ``{"snapshot",
+        "ok", "tables": [{"table", "parts", "bytes", "problems": [{"part", "path", "problem",
+        "visible"}]}]}``; ``tables``: one name, several, or every table (None)."""
+        args: dict[str, Any] = {"checksums": bool(checksums)}
+        if tables is not None:
+            args["tables"] = [tables] if isinstance(tables, str) else list(tables)
+        return self.call("check", **args)
+
     def changes(self, table: str, start: Any, end: Any = None, by: str = "id",
                 compactions: bool = True) -> pa.Table:
         """Rows of the parts added and removed by the commits whose version is in (start, end]:

@@ -818,6 +818,9 @@ def table() -> None:
               help="Abort a transaction writing this table after this many seconds (keys tables: 60).")
 @click.option("--txn-max-rows", type=int, default=None,
               help="Abort a transaction staging more rows than this (keys tables: 100000).")
+@click.option("--retention-seconds", type=float, default=None,
+              help="Keep snapshots and changes of this table readable this long after a commit replaced what "
+                   "they saw (default: the replicas' retention_seconds, 3600).")
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
@@ -831,6 +834,7 @@ def table_create(
     atomicity: str,
     txn_max_seconds: float | None,
     txn_max_rows: int | None,
+    retention_seconds: float | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
@@ -857,11 +861,13 @@ def table_create(
             atomicity=atomicity,
             txn_max_seconds=txn_max_seconds,
             txn_max_rows=txn_max_rows,
+            retention_seconds=retention_seconds,
         )
     if as_json:
         echo_json({"table": name, "csn": csn, "policy": policy, "partition_by": pby, "primary_key": pkey,
                    "lock_groups": groups, "atomicity": atomicity,
-                   "txn_max_seconds": txn_max_seconds, "txn_max_rows": txn_max_rows})
+                   "txn_max_seconds": txn_max_seconds, "txn_max_rows": txn_max_rows,
+                   "retention_seconds": retention_seconds})
         return
     extra = f", partitioned by {', '.join(pby)}" if pby else ""
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
@@ -915,6 +921,9 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
     limits = [f"{d['txn_max_seconds']:g}s" if d["txn_max_seconds"] is not None else None,
               f"{d['txn_max_rows']} rows" if d["txn_max_rows"] is not None else None]
     out.print("transaction limits: " + (", ".join(x for x in limits if x) or "the replica's only"))
+    if d.get("retention_seconds") is not None:
+        out.print(f"history retention: {d['retention_seconds']:g}s"
+                  + (" (the replicas' default)" if d.get("retention_default") else " (the table's own)"))
     out.print(f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"
               + (f" (altered at CSN {d['version_csn']})" if d.get("version_csn") else "")
               + f"; at snapshot {d['snapshot']}: {d['parts']} parts, {d['rows']} rows in {d['partitions']} partitions")
@@ -925,10 +934,13 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
 @click.option("--add-column", "add", multiple=True, metavar="NAME:TYPE",
               help="Add a nullable column (repeatable; rows written before read it as null).")
 @click.option("--rename-column", "rename", multiple=True, metavar="OLD=NEW", help="Rename a column (repeatable).")
+@click.option("--retention-seconds", "retention", default=None, metavar="SECONDS|default",
+              help="The table's history retention in seconds, or 'default' for the replicas' retention_seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print the new description as JSON.")
 @replica_option
-def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], as_json: bool, replica: str) -> None:
-    """Alter table NAME: add nullable columns, rename columns."""
+def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], retention: str | None, as_json: bool,
+                replica: str) -> None:
+    """Alter table NAME: add nullable columns, rename columns, change its history retention."""
     adds = parse_schema(",".join(add)) if add else None
     renames = {}
     for item in rename:
@@ -936,8 +948,18 @@ def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], as_jso
             raise InvalidInput(f"--rename-column {item!r} must be OLD=NEW")
         old, new = (x.strip() for x in item.split("=", 1))
         renames[old] = new
+    extra: dict = {}
+    if retention is not None:
+        if retention.strip().lower() == "default":
+            extra["retention_seconds"] = None
+        else:
+            try:
+                extra["retention_seconds"] = float(retention)
+            except ValueError:
+                raise InvalidInput(f"--retention-seconds {retention!r} must be a number of seconds or 'default'",
+                                   retention_seconds=retention[:100]) from None
     with connected(replica) as client:
-        csn = client.alter_table(name, add_columns=adds, rename_columns=renames or None)
+        csn = client.alter_table(name, add_columns=adds, rename_columns=renames or None, **extra)
         d = _describe_json(client.describe_table(name))
     if as_json:
         click.echo(json.dumps({**d, "csn": csn}, default=str))
@@ -1271,10 +1293,39 @@ def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
         out.print(rows_table(result["kept"], cols, title="kept"))
     in_use = ", ".join(f"{s['snapshot']} ({s['holder']} on {s['host']})" for s in result["snapshots_in_use"][:5])
     out.print(
-        f"removed {len(result['removed'])} files, kept {len(result['kept'])}; oldest snapshot in use "
+        f"removed {len(result['removed'])} files, kept {len(result['kept'])} "
+        f"({result.get('kept_for_window', 0)} for tables' retention windows); oldest snapshot in use "
         f"{result['min_snapshot']} [{escape(in_use)}]; parts removed at or before CSN "
-        f"{result['watermark']} are gone ({result['seconds']:.2f}s)"
+        f"{result['watermark']} and past their table's window are gone ({result['seconds']:.2f}s)"
     )
+
+
+@cli.command(short_help="Check storage against the log (every part file present and as committed).")
+@click.argument("tables", nargs=-1)
+@click.option("--quick", is_flag=True, help="Presence and sizes only (no file is read).")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@replica_option
+def check(tables: tuple[str, ...], quick: bool, as_json: bool, replica: str) -> None:
+    """Check that every part a read may still need (visible now, or kept for time travel within
+    the retention window) is in storage with the size and checksum it was committed with; TABLES
+    (default: every table). Exit 8 when a file is missing or differs, naming each part."""
+    with connected(replica):
+        pass
+    with working("checking part files"), connected(replica, long_timeout()) as client:
+        result = client.check(list(tables) or None, checksums=not quick)
+    if as_json:
+        echo_json(result)
+    else:
+        out = console()
+        problems = [{"table": t["table"], **p} for t in result["tables"] for p in t["problems"]]
+        if problems:
+            out.print(rows_table(problems, ["table", "part", "problem"], title="problems"))
+        for t in result["tables"]:
+            state = "ok" if not t["problems"] else f"{len(t['problems'])} problem(s)"
+            out.print(f"{escape(t['table'])}: {t['parts']} parts, {t['bytes']} bytes: {state}")
+    if not result["ok"]:
+        n = sum(len(t["problems"]) for t in result["tables"])
+        fail(f"{n} part file(s) missing or not as committed (snapshot {result['snapshot']})", EXIT_CORRUPT)
 
 
 @cli.command(short_help="Print the replica's snapshot CSN.")
@@ -1305,16 +1356,19 @@ def snapshot(as_json: bool, replica: str) -> None:
               default=None, metavar="FILE",
               help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): for its "
                    "replicas and its ZooKeeper nodes.")
+@click.option("--no-storage-check", "no_storage", is_flag=True,
+              help="Skip the check that every part file a read may need is in storage (presence and size).")
 @timeout_option
 def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds: float,
-           ignore: tuple[str, ...], as_json: bool, credentials: Path | None) -> None:
+           ignore: tuple[str, ...], as_json: bool, credentials: Path | None, no_storage: bool) -> None:
     """Show the cluster: ZooKeeper's members and their mode; every replica's applied CSN, lag
     behind the log's end (entries and seconds), running transactions and oldest snapshot in use
     (and who holds it); the log's and checkpoints' size; the last cleanup pass.
 
     Exit code 0 when healthy, 1 when something is not (a ZooKeeper member down, a replica down,
     unreachable, without a ZooKeeper session, stopped at a bad log entry, or lagging more than
-    --max-lag-seconds): each problem is named, so it serves as a health check.
+    --max-lag-seconds; a part file that a read needs missing or of another size): each problem is
+    named, so it serves as a health check.
     """
     from coordinator.security import Credentials
     from mergetxn.status import gather
@@ -1328,7 +1382,7 @@ def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds
         kazoo_log.setLevel(logging.CRITICAL)
     with working("gathering the cluster's status"):
         report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore, connect=connected,
-                        credentials=creds)
+                        credentials=creds, storage=not no_storage)
     if as_json:
         echo_json(report)
     else:

@@ -16,7 +16,8 @@ the check:
 The report is plain data (:func:`gather`); ``problems`` lists what makes it unhealthy: a
 ZooKeeper member down or ZooKeeper unreachable, a registered replica without an alive node
 (down) or one that does not answer, a replica without a ZooKeeper session or stopped at a log
-entry it cannot apply, and a replica lagging more than ``max_lag_seconds``.
+entry it cannot apply, a replica lagging more than ``max_lag_seconds``, and a part file that a read
+may need missing from storage or of another size (``mergetxn check`` reads every file).
 """
 
 from __future__ import annotations
@@ -97,6 +98,17 @@ def replica_info(address: str, timeout: float, connect: Connect = _client) -> di
     return info
 
 
+def storage_check(address: str, timeout: float, connect: Connect = _client) -> dict[str, Any]:
+    """The quick storage check (presence and sizes) of every table through one replica."""
+    try:
+        with connect(address, timeout) as client:
+            return client.call("check", checksums=False)
+    except MergetxnError as exc:
+        return {"error": exc.message}
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = None) -> dict[str, Any]:
     """What ZooKeeper holds about the cluster (read only). ``credentials``: a secured cluster's
     (:class:`coordinator.security.Credentials`), whose digest identity its nodes' ACLs require."""
@@ -164,11 +176,13 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
 
 def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", timeout: float = 10.0,
            max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = (), connect: Connect = _client,
-           credentials: Any = None) -> dict[str, Any]:
+           credentials: Any = None, storage: bool = True) -> dict[str, Any]:
     """The cluster's status as plain data (see the module docstring): ``healthy`` and
     ``problems`` first, then ``zookeeper``, ``log``, ``replicas`` (by host id), and the
     cluster-wide ``oldest_snapshot``, ``running_transactions`` and ``last_cleanup``.
-    ``ignore``: host ids of replicas retired for good (their registration stays in ZooKeeper)."""
+    ``ignore``: host ids of replicas retired for good (their registration stays in ZooKeeper).
+    ``storage``: check that every part file a read may need is in storage, of its size
+    (replicas/storage_check.py, through the first replica that answers; no file is read)."""
     problems: list[str] = []
     report: dict[str, Any] = {"healthy": False, "problems": problems, "checked_at": time.time(),
                               "max_lag_seconds": max_lag_seconds}
@@ -242,6 +256,14 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     cleaned = [r for r in ok if r["cleanup"]["last_at"] is not None]
     last = max(cleaned, key=lambda r: r["cleanup"]["last_at"], default=None)
     report["last_cleanup"] = None if last is None else {"host": last["host_id"], **last["cleanup"]}
+    if ok and storage:
+        report["storage"] = storage_check(ok[0]["address"], timeout, connect)
+        if "error" in report["storage"]:
+            problems.append(f"storage check through replica {ok[0]['host_id']} failed: {report['storage']['error']}")
+        for t in report["storage"].get("tables", ()):
+            for p in t["problems"][:10]:
+                problems.append(f"table {t['table']!r}: part {p['part']}: {p['problem']} (reads of it fail; "
+                                f"mergetxn check {t['table']} lists every one)")
     if replica is None and zk_hosts is None:
         problems.append("nothing to check: give --replica or --zk")
     report["healthy"] = not problems

@@ -149,6 +149,22 @@ def write_part(
     return meta
 
 
+def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str | None:
+    """What is wrong with a part's file in storage (missing, another size, another checksum), or
+    None when it is as written. Without ``checksum`` only its presence and size are looked at."""
+    try:
+        if not checksum:
+            size = storage.size(meta.path)
+            return None if size == meta.size else f"has {size} bytes, {meta.size} were written"
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        return "is missing"
+    if len(raw) != meta.size:
+        return f"has {len(raw)} bytes, {meta.size} were written"
+    actual = checksum_of(raw)
+    return None if actual == meta.checksum else f"has checksum {actual}, {meta.checksum} was written"
+
+
 def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None) -> pa.Table:
     """The part's rows, only after its size and checksum match what was recorded."""
     try:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from coordinator.atomicity import FULL, SYNC, check_modes, check_session, mismatch
+from coordinator.catalog import TableDef
 from coordinator.conflicts import check_app_version
 from coordinator.errors import (
     InvalidInput,
@@ -43,7 +44,6 @@ from coordinator.model import (
 )
 from coordinator.readsets import Read
 from coordinator.versions import Tid, local_counter
-from coordinator.catalog import TableDef
 from parts.format import part_path
 from parts.meta import PartMeta
 from parts.ops import partition_key

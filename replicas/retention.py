@@ -141,7 +141,7 @@ class Retention:
                       metas: list[PartMeta], fresh: bool = False) -> None:
         """For incremental reads from ``start`` (its CSN ``first``): refused below what this
         replica forgot (changes come from the state), and when cleanup collected a part they name."""
-        pruned = self.state.lost_below(table)
+        pruned = self.state.lost_below(table, history=True)
         if first < pruned:
             raise SnapshotUnavailable(
                 f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "

@@ -26,6 +26,7 @@ from parts.ops import partition_key
 from replicas import leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
+from replicas.storage_check import check_tables
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class ReplicaServer(RpcServer):
             "renew": lambda a: replica.leases.renew(a["lease"]),
             "release": lambda a: replica.leases.release(a["lease"]),
             "events": lambda a: replica.history.events(a.get("table"), a.get("since_csn")),
+            "check": self._check,
         }
 
     def dispatch(self, action: str, args: dict) -> dict:
@@ -213,6 +215,20 @@ class ReplicaServer(RpcServer):
             txns.abort(txn, f"commit_parts failed: {exc}")
             reply(error_reply(exc))
         return True
+
+    def _check(self, a: dict) -> dict:
+        """The storage check (replicas/storage_check.py) of ``tables`` (every table by default)."""
+        tables = a.get("tables")
+        if tables is None:
+            tables = sorted(self.replica.state.tables)
+        if not isinstance(tables, list) or not all(isinstance(t, str) for t in tables):
+            raise InvalidInput("check: tables must be a list of table names")
+        for t in tables:
+            self.replica.table(t)  # TableNotFound names it
+        checksums = a.get("checksums", True)
+        if not isinstance(checksums, bool):
+            raise InvalidInput("check: checksums must be true or false")
+        return check_tables(self.replica.state, self.replica.storage, self.replica.cleanup.marks, tables, checksums)
 
     def _create_table(self, a: dict) -> dict:
         from parts.ops import schema_from_json

@@ -168,11 +168,13 @@ class ReplicaState:
         # at older snapshots and its checkpoints do not grow with history.
         self.removals: deque[tuple[int, str]] = deque()
         self.pruned = 0  # nothing removed at or below it is known here any more
-        # Per table name, the highest CSN of anything prune() forgot of it (a part's removal, a
-        # commit in its history, a superseded definition): a snapshot of it below that, or its
-        # changes from below that, would be incomplete. Reads of tables prune() never touched stay
-        # served however far ``pruned`` moved (replicas/retention.py).
+        # Per table name, the highest CSN of what prune() forgot of it that a snapshot read needs
+        # (a part's removal, a superseded definition): a snapshot of it below that would be
+        # incomplete; ``lost_history`` also counts its commits' summaries, which ``changes``
+        # needs. Reads of tables prune() never touched stay served however far ``pruned`` moved
+        # (replicas/retention.py).
         self.lost: dict[str, int] = {}
+        self.lost_history: dict[str, int] = {}
         # Parts added per (table, partition key), as (creation CSN, name) in CSN order: the commits
         # since a snapshot on one target without scanning every part (replicas/keylocks.py).
         # Derived from ``parts`` (restore rebuilds it); prune drops what is at or below its floor.
@@ -302,11 +304,12 @@ class ReplicaState:
                 index = self.all_sorted.get(table)
                 if index is not None:
                     index.remove(name)
+            lost_history = self.lost_history
             for (table, _), events in self.history.items():
                 i = bisect.bisect_right(events, floor, key=lambda e: e[0])
                 if i:
-                    if events[i - 1][0] > lost.get(table, 0):
-                        lost[table] = events[i - 1][0]
+                    if events[i - 1][0] > lost_history.get(table, 0):
+                        lost_history[table] = events[i - 1][0]
                     del events[:i]
             for target, added in list(self.created.items()):
                 i = bisect.bisect_right(added, floor, key=_first)
@@ -325,9 +328,11 @@ class ReplicaState:
             return gone
 
     # -- queries -----------------------------------------------------------------------------
-    def lost_below(self, table: str) -> int:
-        """A snapshot of ``table`` below this, or its changes from below it, are incomplete here."""
-        return self.lost.get(table, 0)
+    def lost_below(self, table: str, history: bool = False) -> int:
+        """A snapshot of ``table`` below this is incomplete here (``history``: its ``changes``
+        from below it are)."""
+        lost = self.lost.get(table, 0)
+        return max(lost, self.lost_history.get(table, 0)) if history else lost
 
     def created_since(self, table: str, pkey: str, snapshot: int) -> list[tuple[int, PartMeta]]:
         """``(creation CSN, meta)`` of the parts added to one target (a partition key) by commits
@@ -454,7 +459,7 @@ class ReplicaState:
             tables = [t.to_dict() for t in self.tables.values()]
             catalog = [{"dropped": r.to_dict()} if isinstance(r, TableDropped) else {"table": r.to_dict()}
                        for records in self.catalog.values() for r in records]
-            pruned, lost = self.pruned, dict(self.lost)
+            pruned, lost, lost_history = self.pruned, dict(self.lost), dict(self.lost_history)
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
             versions = dict(self.versions)
@@ -507,6 +512,7 @@ class ReplicaState:
             "time_values": time_values,
             "pruned": pruned,
             "lost": lost,
+            "lost_history": lost_history,
         }
 
     def restore(self, payload: dict, where: str) -> None:
@@ -586,8 +592,10 @@ class ReplicaState:
             pruned = int(payload.get("pruned", 0))
             if "lost" in payload:
                 lost = {str(k): int(v) for k, v in payload["lost"].items()}
+                lost_history = {str(k): int(v) for k, v in payload.get("lost_history", {}).items()}
             else:  # written before: everything below its floor may be incomplete
                 lost = {name: pruned for name in catalog}
+                lost_history = dict(lost)
             removals = deque(sorted((r.removal_csn, n) for n, r in parts.items() if r.removal_csn is not None))
             created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
             for n, r in parts.items():
@@ -608,7 +616,7 @@ class ReplicaState:
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
-            self.pruned, self.removals, self.lost = pruned, removals, lost
+            self.pruned, self.removals, self.lost, self.lost_history = pruned, removals, lost, lost_history
             self.created = created
             self.failure = None
             self.applied_cond.notify_all()

@@ -1,0 +1,46 @@
+"""The check of storage against the log (``mergetxn check``, ``client.check``, ``mergetxn status``).
+
+Every part a read may still need must be in storage as it was committed: the parts visible at
+the latest snapshot, and the removed ones cleanup has not collected (those are what time travel
+and ``changes`` within the retention window read; coordinator/watermark.py says which may be
+gone). A file that is missing, of another size or (with checksums) of another content makes a
+read fail with CorruptPart; this finds it before a reader does, and names each part.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from coordinator.watermark import Marks
+from parts.format import verify_file
+from parts.storage import Storage
+from replicas.state import ReplicaState
+
+
+def needed_parts(state: ReplicaState, marks: Marks, table: str) -> list:
+    """The part records of ``table`` whose files a read may still need, by name."""
+    with state.lock:
+        recs = [state.parts[n] for n in state.by_table.get(table, ()) if n in state.parts]
+    return sorted((r for r in recs if not marks.may_be_gone(table, r.removal_csn, r.removal_time)),
+                  key=lambda r: r.meta.name)
+
+
+def check_tables(state: ReplicaState, storage: Storage, marks: Marks, tables: Iterable[str],
+                 checksums: bool = True) -> dict:
+    """``{"snapshot", "tables": [{"table", "parts", "bytes", "problems": [{"part", "path",
+    "problem", "visible"}]}], "ok"}`` for each table (checksums read every file; without,
+    presence and sizes only)."""
+    snapshot = state.applied
+    out = []
+    for table in tables:
+        problems = []
+        recs = needed_parts(state, marks, table)
+        for rec in recs:
+            why = verify_file(storage, rec.meta, checksums)
+            if why is not None:
+                problems.append({"part": rec.meta.name, "path": rec.meta.path, "visible": rec.removal_csn is None,
+                                 "creation_csn": rec.creation_csn, "problem": f"file {rec.meta.path!r} {why}"})
+        out.append({"table": table, "parts": len(recs), "bytes": sum(r.meta.size for r in recs),
+                    "problems": problems})
+    return {"snapshot": snapshot, "checksums": checksums, "tables": out,
+            "ok": not any(t["problems"] for t in out)}
