@@ -490,7 +490,7 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     distinct = set(zip(*cols)) if cols else set()
     exact = None
     if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
-            and all(isinstance(v, _ORDERED) for key in distinct for v in key)):
+            and all(isinstance(v, _ORDERED) and not _long(v) for key in distinct for v in key)):
         exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
                                                                  data.column(COLS).to_pylist())]
     m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
@@ -507,6 +507,46 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
     if exact is not None:
         out["exact"] = exact
+    return bound_summary(out)
+
+
+def _long(v: Any) -> bool:
+    from parts.ops import STAT_PREFIX
+
+    return isinstance(v, str) and len(v) > STAT_PREFIX
+
+
+def _bound_key(key: list, upper: bool) -> list | None:
+    """A key range end with its first long string cut (``parts.ops.lower_bound`` /
+    ``upper_bound``) and the columns after it dropped: a shorter key orders before every key
+    it is a prefix of, and a cut string already orders strictly before (after) the original, so
+    the result still bounds every key of the part. None when no upper bound exists."""
+    from parts.ops import lower_bound, upper_bound
+
+    for i, v in enumerate(key):
+        if _long(v):
+            cut = upper_bound(v) if upper else lower_bound(v)
+            return None if cut is None else [*key[:i], cut]
+    return key
+
+
+def bound_summary(s: dict) -> dict:
+    """A key summary whose size does not grow with its keys' lengths: ``lo`` and ``hi`` bounded
+    (:func:`_bound_key`; both None when ``hi`` has no bound: the Bloom filter still prunes) and
+    ``exact`` left out when a key in it is long (the conflict check then reads the part). ``s``
+    itself when nothing in it is long; ranges and ``exact`` written before stay as they were
+    only when short, so old parts keep correct (if less sharp) summaries."""
+    lo, hi, exact = s.get("lo"), s.get("hi"), s.get("exact")
+    long_end = any(isinstance(end, list) and any(_long(v) for v in end) for end in (lo, hi))
+    long_exact = isinstance(exact, list) and any(isinstance(r, list) and any(_long(v) for v in r[:-2]) for r in exact)
+    if not (long_end or long_exact):
+        return s
+    out = dict(s)
+    if long_exact:
+        del out["exact"]
+    if long_end and isinstance(lo, list) and isinstance(hi, list):
+        lo, hi = _bound_key(lo, upper=False), _bound_key(hi, upper=True)
+        out["lo"], out["hi"] = (lo, hi) if hi is not None else (None, None)
     return out
 
 

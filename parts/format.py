@@ -56,7 +56,9 @@ def _iso(value: Any) -> Any:
 
 def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
     """Min/max per column where ordering is meaningful and exact in JSON; (None, None) when all
-    values are null. Floats with NaN or infinities are left out rather than misreport."""
+    values are null. Floats with NaN or infinities are left out rather than misreport. Long
+    strings are bounded (:func:`parts.ops.bound_stats`): a prefix for the min, an incremented
+    prefix (or None: no upper bound) for the max, so one long value never makes metadata long."""
     stats: dict[str, tuple[Any, Any]] = {}
     for name, col in zip(data.column_names, data.columns):
         t = col.type
@@ -89,7 +91,7 @@ def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
         if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
             continue
         stats[name] = (lo, hi)
-    return stats
+    return ops.bound_stats(stats)
 
 
 def part_path(table: str, partition_by: list[str], partition: tuple, name: str) -> str:

@@ -121,6 +121,7 @@ class PartMeta:
                     f"{where}: stats for column {col!r} must be [min, max], got {rng!r}"
                 )
             stats[col] = (rng[0], rng[1])
+        stats = ops.bound_stats(stats)  # a client's (or an old part's) long min/max: bounded here
         creation_tid = need("creation_tid", (str,), "a transaction id string")
         created_at = need("created_at", (int, float), "a number (epoch seconds)")
         if not math.isfinite(created_at):
@@ -130,11 +131,12 @@ class PartMeta:
             raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {schema_version!r}")
         key_summary = d.get("key_summary")
         if key_summary is not None:
-            from coordinator.keys import summary_problem
+            from coordinator.keys import bound_summary, summary_problem
 
             problem = summary_problem(key_summary)
             if problem is not None:
                 raise CorruptMetadata(f"{where}: 'key_summary' {problem}")
+            key_summary = bound_summary(key_summary)
         return cls(
             name=name,
             table=table,

@@ -573,6 +573,69 @@ def apply_update(
 
 
 # ---------------------------------------------------------------------------------------------
+# Statistics bounds
+
+
+# Column statistics keep at most this many characters (strings) or bytes (binaries) of a min or
+# max: a part's metadata travels in every log entry, WAL record, checkpoint and sidecar, so one
+# long value must not make it long (Iceberg keeps 16 characters, Parquet's column index 64
+# bytes, Delta 32 characters). 64 keeps UUIDs, ISO times, paths and composite ids exact, so
+# pruning and the key summaries' exact key lists (coordinator/keys.py) lose nothing on them.
+STAT_PREFIX = 64
+_MAX_CODE_POINT = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)  # never in UTF-8 (so never in an Arrow string): skipped
+
+
+def lower_bound(value: Any, limit: int = STAT_PREFIX) -> Any:
+    """A min statistic bounded to ``limit`` characters (bytes): its prefix, which orders at or
+    before it. Other values are returned as they are."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return value[:limit]
+    return value
+
+
+def upper_bound(value: Any, limit: int = STAT_PREFIX) -> Any:
+    """A max statistic bounded to ``limit`` characters (bytes): the value itself when short
+    enough, else its prefix with the last character (byte) that can grow incremented and what
+    follows dropped (as Parquet and Iceberg do), which orders after every value with that prefix.
+    None when there is no such bound (the prefix is all U+10FFFF, or all 0xFF): no upper bound.
+    Strings order by code point, which is the UTF-8 byte order Arrow compares in; the surrogate
+    code points, absent from UTF-8, are stepped over."""
+    if not isinstance(value, (str, bytes)) or len(value) <= limit:
+        return value
+    prefix = value[:limit]
+    if isinstance(prefix, bytes):
+        for i in range(len(prefix) - 1, -1, -1):
+            if prefix[i] < 0xFF:
+                return prefix[:i] + bytes([prefix[i] + 1])
+        return None
+    for i in range(len(prefix) - 1, -1, -1):
+        code = ord(prefix[i]) + 1
+        if code <= _MAX_CODE_POINT:
+            if _SURROGATES[0] <= code <= _SURROGATES[1]:
+                code = _SURROGATES[1] + 1
+            return prefix[:i] + chr(code)
+    return None
+
+
+def bound_range(lo: Any, hi: Any, limit: int = STAT_PREFIX) -> tuple[Any, Any]:
+    """``(lower_bound(lo), upper_bound(hi))``; for a long ``hi`` with no upper bound the pair
+    is ``(lo', None)``: values from ``lo'`` up, without end (:func:`may_match` reads it so)."""
+    return lower_bound(lo, limit), upper_bound(hi, limit)
+
+
+def bound_stats(stats: dict[str, Any], limit: int = STAT_PREFIX) -> dict[str, Any]:
+    """Column statistics with every min and max bounded (:func:`bound_range`); ``stats`` itself
+    when nothing in it is longer than ``limit`` (the usual case, checked without copying)."""
+    def long(v: Any) -> bool:
+        return isinstance(v, (str, bytes)) and len(v) > limit
+
+    if not any(rng is not None and (long(rng[0]) or long(rng[1])) for rng in stats.values()):
+        return stats
+    return {col: rng if rng is None else bound_range(rng[0], rng[1], limit) for col, rng in stats.items()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Pruning
 
 
@@ -736,10 +799,13 @@ def _may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Sche
         if schema.get_field_index(ref) < 0:
             return True
         typ = schema.field(ref).type
-    trio = _comparable(value, rng[0], rng[1], typ)
+    unbounded = rng[1] is None  # a truncated max with no upper bound: values from lo up
+    trio = _comparable(value, rng[0], rng[0] if unbounded else rng[1], typ)
     if trio is None:
         return True
     value, lo, hi = trio
+    if unbounded:
+        return lo < value if op == "<" else lo <= value if op in ("==", "<=") else True
     if op == "==":
         return lo <= value <= hi
     if op == "!=":
@@ -815,13 +881,8 @@ def may_match(
             isinstance(rng, (list, tuple)) and len(rng) == 2 and rng[0] is None and rng[1] is None
         ):
             ranges[col] = None
-        elif (
-            isinstance(rng, (list, tuple))
-            and len(rng) == 2
-            and rng[0] is not None
-            and rng[1] is not None
-        ):
-            ranges[col] = (rng[0], rng[1])
+        elif isinstance(rng, (list, tuple)) and len(rng) == 2 and rng[0] is not None:
+            ranges[col] = (rng[0], rng[1])  # rng[1] None: no upper bound (upper_bound)
     for col, value in zip(partition_by or (), partition or ()):
         ranges[col] = None if value is None else (value, value)
     return _may(tree, ranges, schema)
