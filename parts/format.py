@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator import keys
-from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
+from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts import ops
 from parts.meta import PartMeta
 from parts.storage import Storage
@@ -156,17 +156,17 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
     try:
         raw = storage.get(meta.path)
     except FileNotFoundError:
-        raise CorruptPart(f"part {meta.path!r} is missing from {storage}", path=meta.path) from None
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
     if len(raw) != meta.size:
         raise CorruptPart(
-            f"part {meta.path!r} has {len(raw)} bytes, {meta.size} were written "
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written "
             "(truncated or replaced)",
             path=meta.path,
         )
     actual = checksum_of(raw)
     if actual != meta.checksum:
         raise CorruptPart(
-            f"part {meta.path!r} checksum is {actual}, {meta.checksum} was written", path=meta.path
+            f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path
         )
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))
@@ -174,16 +174,16 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
             unknown = [c for c in columns if c not in pf.schema_arrow.names]
             if unknown:
                 raise InvalidInput(
-                    f"read of part {meta.path!r}: unknown column(s) {unknown}", missing=unknown
+                    f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown
                 )
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(
-            f"part {meta.path!r} does not parse as Parquet: {exc}", path=meta.path
+            f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path
         ) from None
     if result.num_rows != meta.rows:
         raise CorruptPart(
-            f"part {meta.path!r} has {result.num_rows} rows, {meta.rows} were written",
+            f"part {quote(meta.path)} has {result.num_rows} rows, {meta.rows} were written",
             path=meta.path,
         )
     return result
@@ -197,11 +197,11 @@ def read_meta(storage: Storage, relpath: str) -> PartMeta:
         d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptMetadata(
-            f"part metadata {relpath!r} is not JSON: {exc}", path=relpath
+            f"part metadata {quote(relpath)} is not JSON: {clip(exc)}", path=relpath
         ) from None
     meta = PartMeta.from_dict(d)
     if meta.meta_path != relpath:
         raise CorruptMetadata(
-            f"part metadata {relpath!r} describes another file {meta.path!r}", path=relpath
+            f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath
         )
     return meta

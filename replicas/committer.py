@@ -61,6 +61,7 @@ from coordinator.errors import (
     MergetxnError,
     TableNotFound,
     TransactionAborted,
+    quote,
 )
 from coordinator.fence import FenceMoved
 from coordinator.model import (
@@ -239,7 +240,7 @@ class Committer:
                 for p in batch:
                     if not p.done.is_set():
                         self._fail(p, exc if isinstance(exc, MergetxnError) else TransactionAborted(
-                            f"commit failed: {exc!r}"))
+                            f"commit failed: {quote(exc)}"))
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
 
@@ -293,7 +294,7 @@ class Committer:
                 with attempt:
                     node, stat = self._table_node(name)
                     if stat is not None and not table_node_dropped(node):
-                        raise InvalidInput(f"table {name!r} already exists", table=name)
+                        raise InvalidInput(f"table {quote(name)} already exists", table=name)
                     tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
                     new_target = zk.exists(self.log.target_path(name)) is None
                     entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
@@ -321,12 +322,12 @@ class Committer:
                     node, stat = self._table_node(name)
                     cur = self.state.tables.get(name)
                     if stat is None or table_node_dropped(node):
-                        raise TableNotFound(f"unknown table {name!r}", table=name)
+                        raise TableNotFound(f"unknown table {quote(name)}", table=name)
                     if cur is None or cur.ddl_version < stat.version:
                         self._catch_up_tables([name])  # a DDL applied elsewhere first, then decide
                         cur = self.state.tables.get(name)
                         if cur is None:
-                            raise TableNotFound(f"unknown table {name!r}", table=name)
+                            raise TableNotFound(f"unknown table {quote(name)}", table=name)
                     new = cur.altered(add_columns, rename_columns, version=stat.version + 1)
                     entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
                     t = zk.transaction()
@@ -369,7 +370,7 @@ class Committer:
             self.replica.wait_snapshot(csn)  # done only once it is applied here
         except CorruptMetadata as exc:
             raise CorruptMetadata(
-                f"table {name!r} is in the log at CSN {csn} but not applied here, and exists only once "
+                f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
                 f"every entry before it applies: {exc.message}",
                 table=name, csn=csn) from exc
 
@@ -463,7 +464,7 @@ class Committer:
                 versions = self.log.read_versions(sorted(wanted)) if wanted else {}
             except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
                 self.replica._connected.wait(self.replica.config.session_timeout)
-                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {exc!r}") from exc
+                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
             if versions:
                 self.replica.follower.poke()
             if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
@@ -738,7 +739,7 @@ class Committer:
             drop = rec if isinstance(rec, TableDropped) else None
         if drop is not None:
             raise ConflictError(
-                f"transaction {txn.id} lost to {drop.tid} on table {table!r}: the table was dropped at CSN "
+                f"transaction {txn.id} lost to {drop.tid} on table {quote(table)}: the table was dropped at CSN "
                 f"{drop.csn} (after this transaction's snapshot {txn.snapshot})",
                 winner=drop.tid, kind=str(ConflictKind.TABLE_DROPPED), table=table, csn=drop.csn)
 
@@ -751,7 +752,7 @@ class Committer:
             winners = self.state.winners(table, pkey, txn.snapshot)
             v = check(policies[table], later, winners)
             if not v.ok:
-                where = f"table {table!r}" + (f" partition {pkey}" if pkey != "[]" else "")
+                where = f"table {quote(table)}" + (f" partition {pkey}" if pkey != "[]" else "")
                 raise ConflictError(
                     f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
                     winner=v.winner, kind=str(v.kind), table=table, partition=pkey,
@@ -791,7 +792,7 @@ class Committer:
         try:
             found = self.log.ensure_counters(keys)
         except UNKNOWN_OUTCOME as exc:
-            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {exc!r}") from exc
+            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {quote(exc)}") from exc
         self._counters |= keys
         return found
 
@@ -804,7 +805,7 @@ class Committer:
             try:
                 self.log.ensure_counters(keys - self._counters)
             except UNKNOWN_OUTCOME as exc:
-                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {exc!r}") from exc
+                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {quote(exc)}") from exc
             self._counters |= keys
         return keys
 
