@@ -654,7 +654,7 @@ _TOKEN_RE = re.compile(
       (?P<op>==|!=|<=|>=|<|>) |
       (?P<kw>and|or)(?![A-Za-z0-9_]) |
       FieldPath\((?P<path>\d+)\) |
-      (?P<str>"(?:[^"\\]|\\.)*") |
+      (?P<str>"[^"\\]*(?:\\.[^"\\]*)*") |  # unrolled: linear and fast on a long literal
       (?P<date>\d{4}-\d{2}-\d{2})(?![\d:.\sT]\d) |
       (?P<num>-?(?:\d+\.?\d*(?:e[+-]?\d+)?|inf|nan)) |
       (?P<bool>true|false)(?![A-Za-z0-9_]) |

@@ -42,6 +42,7 @@ from tenacity import (
     wait_random,
 )
 
+from coordinator import jsonwire
 from coordinator.atomicity import NONE
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import (
@@ -102,6 +103,14 @@ ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Co
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 _TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
+
+
+def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
+    """The refusal of a commit whose log record is over the ``max_commit_bytes`` setting."""
+    return InvalidInput(
+        f"{what} would add {size} bytes of metadata to the log (its part descriptors and statistics), more "
+        f"than the replica setting max_commit_bytes ({limit}); nothing was committed: commit fewer parts per "
+        "transaction, or raise max_commit_bytes", size=size, max_commit_bytes=limit, **details)
 
 
 class NeedKeys(Exception):
@@ -348,6 +357,8 @@ class Committer:
         """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
         is too large for a znode: a table of thousands of columns). Returns the CSN."""
         data = entry.encode()
+        if len(data) > self.replica.config.max_commit_bytes:
+            raise commit_too_large("the definition change", len(data), self.replica.config.max_commit_bytes)
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
             self.replica.storage.put(path, data)
@@ -577,6 +588,10 @@ class Committer:
         entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
                          txns=tuple(txns), ddl=tuple(ddl))
         own = (entry, entry.encode())  # this replica applies its own commit from these
+        if len(own[1]) > self.replica.config.max_commit_bytes:
+            too_large = self._too_large(accepted, txns)
+            if too_large:  # fail those, decide the others again (nothing was written yet)
+                return deferred + [p for p, _ in accepted if p not in too_large]
         data = own[1]
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
@@ -660,6 +675,19 @@ class Committer:
         if csn is None and self.replica._session_lost.is_set():
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn
+
+    def _too_large(self, accepted: list[tuple[Pending, Plan]], txns: list[TxnRecord]) -> list[Pending]:
+        """Fail the members whose record in the entry is over ``max_commit_bytes`` (what one
+        commit adds to the log and to every WAL) with InvalidInput naming the setting; return
+        them. A batch of members each under the limit commits whatever its total."""
+        limit = self.replica.config.max_commit_bytes
+        failed = []
+        for (p, _), rec in zip(accepted, txns):
+            size = len(jsonwire.dumps(rec.to_dict()))
+            if size > limit:
+                self._fail(p, commit_too_large(f"transaction {p.txn.id}", size, limit, id=p.txn.id))
+                failed.append(p)
+        return failed
 
     def _fail(self, p: Pending, exc: Exception) -> None:
         self.stats.failure(exc.details.get("kind") if isinstance(exc, ConflictError) else None,

@@ -11,14 +11,25 @@ in Arrow's (UTF-8 bytes). The second half runs a real cluster with a 64 MiB stri
 from __future__ import annotations
 
 import itertools
+import json
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from kazoo.client import KazooClient
+from support.cluster import make_cluster  # tests/ is on sys.path
 
 from coordinator import errors, keys
-from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.client import Client, Transaction
+from coordinator.errors import ConflictError, ConflictKind, InvalidInput, MergetxnError
+from coordinator.model import LogEntry, ManifestPointer, decode_log_node
+from coordinator.versions import split_csn
+from coordinator.zklog import CsnLog
+from mergetxn.cluster import LocalCluster
+from mergetxn.zkserver import ZooKeeperServer
 from parts import ops
 from parts.format import column_stats
 from parts.meta import PartMeta
@@ -180,3 +191,184 @@ def test_error_messages_and_details_are_bounded() -> None:
     with pytest.raises(InvalidInput) as info:
         ops.assignments({"s": "q" * 1_000_000 + "\x00"}, pa.schema([("s", pa.int64())]))
     assert len(info.value.message) < 1000
+
+
+# ---------------------------------------------------------------------------------------------
+# A real cluster: a 64 MiB string, long keys, long read sets, the commit size limit
+
+BIG = "m" * (64 * 1024 * 1024)  # the issue's value: one row of it made a 128 MiB sidecar
+SV = pa.schema([("id", pa.int64()), ("s", pa.string())])
+KEYED = pa.schema([pa.field("k", pa.string(), nullable=False), ("v", pa.int64())])
+LIMIT_BYTES = 64 * 1024  # max_commit_bytes here: its minimum, so that a commit of 300 parts is over
+
+
+@pytest.fixture(scope="module")
+def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with make_cluster(tmp_path_factory, zk_server, "bounds", replicas=2,
+                      settings={"max_commit_bytes": LIMIT_BYTES, "merge_interval": 0}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def zk(cluster: LocalCluster) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=cluster.zk_address)
+    client.start()
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def entry_bytes(cluster: LocalCluster, zk: KazooClient, csn: int) -> tuple[bytes, LogEntry]:
+    """The log entry of ``csn`` as stored (its manifest's bytes when it went to one) and decoded."""
+    data, _ = zk.get(CsnLog(zk).entry_path(*split_csn(csn)))
+    node = decode_log_node(data, str(csn))
+    if isinstance(node, ManifestPointer):
+        data = (Path(cluster.storage_url) / node.path).read_bytes()
+        node = decode_log_node(data, node.path)
+    return data, node
+
+
+def added_parts(entry: LogEntry) -> list[PartMeta]:
+    return [m for t in entry.txns for c in t.changes for m in c.added]
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_64_mib_string_leaves_small_metadata_everywhere(cluster: LocalCluster, zk: KazooClient,
+                                                         c0: Client, c1: Client) -> None:
+    """One row with a 64 MiB string: its sidecar, its log entry, the WAL growth on each replica,
+    the replicas' memory and an error message quoting it all stay small; reads and min/max
+    pruning on that column still return exactly the right rows."""
+    c0.create_table("big", SV, auto_merge=False)
+    c1.wait_for(c0.snapshot())
+    wals = [dir_bytes(Path(cluster.workdir) / f"replica-{i}") for i in range(2)]
+    rss = [rss_bytes(cluster.replica_pid(i)) for i in range(2)]
+    with c0.transaction() as tx:
+        tx.insert("big", pa.table({"id": [1], "s": [BIG]}, schema=SV))
+    big_csn = tx.csn
+    with c0.transaction() as tx:
+        tx.insert("big", pa.table({"id": [2, 3], "s": ["a", "zz"]}, schema=SV))
+    c1.wait_for(tx.csn)
+
+    data, entry = entry_bytes(cluster, zk, big_csn)
+    assert len(data) < 16 * 1024, len(data)
+    (meta,) = added_parts(entry)
+    assert meta.stats["s"] == ("m" * ops.STAT_PREFIX, "m" * (ops.STAT_PREFIX - 1) + "n")
+    sidecar = Path(cluster.storage_url) / meta.meta_path
+    assert sidecar.stat().st_size < 8 * 1024
+    assert not list((Path(cluster.storage_url) / "_manifests").glob("*"))  # no manifest needed
+    for i in range(2):
+        assert dir_bytes(Path(cluster.workdir) / f"replica-{i}") - wals[i] < 256 * 1024
+        assert rss_bytes(cluster.replica_pid(i)) - rss[i] < 128 * 1024 * 1024
+
+    def ids_where(where: pc.Expression) -> list[int]:
+        return sorted(c1.read("big", where=where).column("id").to_pylist())
+
+    assert ids_where(pc.field("s") == BIG) == [1]  # (each step with a 64 MiB literal takes seconds)
+    assert ids_where(pc.field("s") > "m") == [1, 3]
+    assert ids_where(pc.field("s") < "m" * 100) == [2]
+    assert ids_where(pc.field("s") >= "m" * 64) == [1, 3]
+    assert ids_where(pc.field("s") != "a") == [1, 3]
+    schema = c0.describe_table("big")["schema"]
+    assert not ops.may_match(meta.stats, [], (), pc.field("s") == "a", schema)  # still pruned
+    assert not ops.may_match(meta.stats, [], (), pc.field("s") > "n", schema)
+
+    with pytest.raises(InvalidInput) as info:
+        c0.read("big", where=pc.field("nosuch") == BIG)
+    assert len(info.value.message) < 1000 and "nosuch" in info.value.message
+    assert len(str(info.value.to_dict())) < 4000
+    with pytest.raises(InvalidInput) as info:
+        with c0.transaction() as tx:
+            tx.update("big", pc.field("id") == 1, {"id": BIG})
+    assert len(info.value.message) < 1000
+
+
+def test_point_lookup_and_key_conflicts_on_long_string_keys(cluster: LocalCluster, zk: KazooClient,
+                                                           c0: Client, c1: Client) -> None:
+    """Keys longer than the statistics keep: a point read still finds exactly its row (the key
+    summary's range is cut, never wrong), a second writer of the same long key still loses, a
+    writer of another long key with the same 64-character prefix does not, and the key summary
+    in the log stays small."""
+    c0.create_table("longkeys", KEYED, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+    prefix = "p" * 5000
+    keys_ = [prefix + "a", prefix + "b", prefix + "c", "short"]
+    with c0.transaction() as tx:
+        tx.insert("longkeys", pa.table({"k": keys_, "v": [0, 1, 2, 3]}, schema=KEYED))
+    _, entry = entry_bytes(cluster, zk, tx.csn)
+    (meta,) = added_parts(entry)
+    assert len(json.dumps(meta.to_dict())) < 4096
+    c1.wait_for(tx.csn)
+    for i, k in enumerate(keys_):
+        assert c1.read("longkeys", where=pc.field("k") == k).to_pylist() == [{"k": k, "v": i}]
+    assert c1.read("longkeys", where=pc.field("k") == prefix + "z").num_rows == 0
+
+    a, b, other = c0.begin(), c1.begin(), c1.begin()
+    a.insert("longkeys", pa.table({"k": [prefix + "b"], "v": [10]}, schema=KEYED))
+    b.insert("longkeys", pa.table({"k": [prefix + "b"], "v": [20]}, schema=KEYED))
+    other.insert("longkeys", pa.table({"k": [prefix + "d"], "v": [30]}, schema=KEYED))
+    won = a.commit()
+    c1.wait_for(won)
+    with pytest.raises(ConflictError) as info:
+        b.commit()
+    assert info.value.kind is ConflictKind.KEY_WRITTEN and len(info.value.message) < 2000
+    other.commit()
+    assert c1.read("longkeys", where=pc.field("k") == prefix + "b").to_pylist() == [{"k": prefix + "b", "v": 10}]
+
+
+def test_serializable_read_sets_with_long_strings(cluster: LocalCluster, zk: KazooClient,
+                                                 c0: Client, c1: Client) -> None:
+    """A serializable read of a long value still loses to a commit that adds a row with it (the
+    cut statistics still bound it), and not to one whose values differ within the prefix kept."""
+    c0.create_table("skew", SV, auto_merge=False)
+    long_a, long_b = "a" * 3000, "b" * 3000
+    for rows in ([1], [2]):
+        with c0.transaction() as tx:
+            tx.insert("skew", pa.table({"id": rows, "s": ["seed"]}, schema=SV))
+    c1.wait_for(tx.csn)
+
+    def reader(value: str) -> Transaction:
+        tx = c1.begin(isolation="serializable")
+        tx.read("skew", where=pc.field("s") == value)
+        tx.insert("skew", pa.table({"id": [100], "s": ["mine"]}, schema=SV))
+        return tx
+
+    loses, keeps = reader(long_a + "x"), reader(long_b)
+    with c0.transaction() as tx:
+        tx.insert("skew", pa.table({"id": [3], "s": [long_a + "y"]}, schema=SV))
+    _, entry = entry_bytes(cluster, zk, tx.csn)
+    assert len(json.dumps(added_parts(entry)[0].to_dict())) < 4096
+    c1.wait_for(tx.csn)
+    with pytest.raises(ConflictError) as info:
+        loses.commit()
+    assert info.value.kind is ConflictKind.READ_SET_CHANGED
+    keeps.commit()
+
+
+def test_a_commit_over_max_commit_bytes_is_refused_and_changes_nothing(cluster: LocalCluster, c0: Client,
+                                                                      c1: Client) -> None:
+    """What one commit adds to the log (and every WAL) is bounded by the replica setting
+    max_commit_bytes: a transaction over it fails with InvalidInput naming the setting, leaves
+    nothing visible; one under it commits."""
+    c0.create_table("wide", SV, partition_by=("id",), auto_merge=False)
+    before = c0.snapshot()
+    with pytest.raises(InvalidInput, match="max_commit_bytes") as info:
+        with c0.transaction() as tx:
+            tx.insert("wide", pa.table({"id": list(range(300)), "s": ["x"] * 300}, schema=SV))
+    assert info.value.details["max_commit_bytes"] == LIMIT_BYTES
+    assert info.value.details["size"] > LIMIT_BYTES
+    assert c0.read("wide").num_rows == 0 and c0.snapshot() == before
+    with c0.transaction() as tx:
+        tx.insert("wide", pa.table({"id": list(range(20)), "s": ["x"] * 20}, schema=SV))
+    c1.wait_for(tx.csn)
+    assert c1.read("wide").num_rows == 20
