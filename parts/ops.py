@@ -869,7 +869,8 @@ def may_match(
     """False only when no row of a part with these statistics and partition values can satisfy
     ``where``. Understands AND/OR of comparisons between a column and a literal; anything else
     (or any doubt) is True. ``schema`` resolves positional references (decoded expressions)
-    and lets comparisons use the column types."""
+    and lets comparisons use the column types. Statistics are bounds, not values (long strings
+    are cut: :func:`bound_range`); ``(min, None)`` is a range without an upper bound."""
     if where is None:
         return True
     tree = _compile(where, schema)
