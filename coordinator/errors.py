@@ -83,7 +83,8 @@ class MergetxnError(Exception):
     """Base of every mergetxn error."""
 
     def __init__(self, message: str, **details: Any) -> None:
-        message = clip(message, MAX_MESSAGE)
+        if len(message) > MAX_MESSAGE + 64:  # (a message cut once, rebuilt by from_dict, stays as it is)
+            message = clip(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
         self.details = details
