@@ -42,7 +42,7 @@ def _bounded(details: dict[str, Any]) -> dict[str, Any]:
     budget = [MAX_DETAILS]
 
     def walk(value: Any, depth: int) -> Any:
-        if isinstance(value, dict):
+        if isinstance(value, dict) and depth < 3:
             out: dict[str, Any] = {}
             for i, (k, v) in enumerate(value.items()):
                 if budget[0] <= 0:
@@ -83,7 +83,7 @@ class MergetxnError(Exception):
     """Base of every mergetxn error."""
 
     def __init__(self, message: str, **details: Any) -> None:
-        if len(message) > MAX_MESSAGE + 64:  # (a message cut once, rebuilt by from_dict, stays as it is)
+        if isinstance(message, str) and len(message) > MAX_MESSAGE + 64:  # (a message cut once, rebuilt by from_dict, stays as it is)
             message = clip(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
