@@ -108,6 +108,7 @@ class PartMeta:
             raise CorruptMetadata(f"{where}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
         raw_stats = need("stats", (dict,), "an object of column -> [min, max]")
         stats: dict[str, tuple[Any, Any]] = {}
+        cut = ops.STAT_PREFIX
         for col, rng in raw_stats.items():
             if rng is None:
                 stats[col] = (None, None)
@@ -120,8 +121,10 @@ class PartMeta:
                 raise CorruptMetadata(
                     f"{where}: stats for column {quote(col)} must be [min, max], got {quote(rng)}"
                 )
-            stats[col] = (rng[0], rng[1])
-        stats = ops.bound_stats(stats)  # a client's (or an old part's) long min/max: bounded here
+            lo, hi = rng
+            if (isinstance(lo, str) and len(lo) > cut) or (isinstance(hi, str) and len(hi) > cut):
+                lo, hi = ops.bound_range(lo, hi)  # a client's (or an old part's) long min/max
+            stats[col] = (lo, hi)
         creation_tid = need("creation_tid", (str,), "a transaction id string")
         created_at = need("created_at", (int, float), "a number (epoch seconds)")
         if not math.isfinite(created_at):

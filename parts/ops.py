@@ -627,10 +627,14 @@ def bound_range(lo: Any, hi: Any, limit: int = STAT_PREFIX) -> tuple[Any, Any]:
 def bound_stats(stats: dict[str, Any], limit: int = STAT_PREFIX) -> dict[str, Any]:
     """Column statistics with every min and max bounded (:func:`bound_range`); ``stats`` itself
     when nothing in it is longer than ``limit`` (the usual case, checked without copying)."""
-    def long(v: Any) -> bool:
-        return isinstance(v, (str, bytes)) and len(v) > limit
-
-    if not any(rng is not None and (long(rng[0]) or long(rng[1])) for rng in stats.values()):
+    cut = (str, bytes)
+    for rng in stats.values():  # inlined: every decoded part's metadata comes through here
+        if rng is None:
+            continue
+        lo, hi = rng
+        if (isinstance(lo, cut) and len(lo) > limit) or (isinstance(hi, cut) and len(hi) > limit):
+            break
+    else:
         return stats
     return {col: rng if rng is None else bound_range(rng[0], rng[1], limit) for col, rng in stats.items()}
 
