@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, quote
 from coordinator.model import Compact, DropTable, StagedOp
 from coordinator.readsets import SERIALIZABLE, SNAPSHOT
 
@@ -37,13 +37,13 @@ def check_modes(atomicity: object, durability: object, isolation: str = SNAPSHOT
     """The ``(atomicity, durability)`` a transaction may be begun with, or InvalidInput naming
     the bad value (or the bad combination) and the choices."""
     if not isinstance(atomicity, str) or atomicity not in ATOMICITIES:
-        raise InvalidInput(f"atomicity must be one of {list(ATOMICITIES)}, not {atomicity!r}",
+        raise InvalidInput(f"atomicity must be one of {list(ATOMICITIES)}, not {quote(atomicity)}",
                            atomicity=repr(atomicity))
     if not isinstance(durability, str) or durability not in DURABILITIES:
-        raise InvalidInput(f"durability must be one of {list(DURABILITIES)}, not {durability!r}",
+        raise InvalidInput(f"durability must be one of {list(DURABILITIES)}, not {quote(durability)}",
                            durability=repr(durability))
     if durability == ASYNC and atomicity != NONE:
-        raise InvalidInput(f"durability='async' needs atomicity='none' (not {atomicity!r}): only non-atomic "
+        raise InvalidInput(f"durability='async' needs atomicity='none' (not {quote(atomicity)}): only non-atomic "
                            "transactions may commit before ZooKeeper holds the commit",
                            atomicity=atomicity, durability=durability)
     if atomicity == NONE and isolation == SERIALIZABLE:
@@ -57,8 +57,8 @@ def check_session(session: object, durability: str) -> str | None:
     if session is None and durability == SYNC:
         return None
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION or not session.isprintable():
-        raise InvalidInput(f"durability={durability!r} needs a session: a string of 1 to {MAX_SESSION} printable "
-                           f"characters naming the client, not {session!r}")
+        raise InvalidInput(f"durability={quote(durability)} needs a session: a string of 1 to {MAX_SESSION} printable "
+                           f"characters naming the client, not {quote(session)}")
     return session
 
 
@@ -83,7 +83,7 @@ def mismatch(txn_id: str, atomicity: str, ops: Iterable[StagedOp],
             if atomicity == NONE:
                 what = "compacts" if isinstance(op, Compact) else "drops"
                 return InvalidInput(
-                    f"transaction {txn_id} was begun with atomicity='none' and {what} table {op.table!r}: such a "
+                    f"transaction {txn_id} was begun with atomicity='none' and {what} table {quote(op.table)}: such a "
                     f"transaction only writes rows by key into tables whose atomicity is 'none'; do this in a "
                     f"transaction begun with atomicity='full'",
                     id=txn_id, table=op.table, atomicity=atomicity, table_atomicity=table_atomicity(tdef))
@@ -92,8 +92,8 @@ def mismatch(txn_id: str, atomicity: str, ops: Iterable[StagedOp],
         if wanted != atomicity:
             kind = "" if tdef.conflict_policy is Policy.KEYS else f" (a {tdef.conflict_policy.value} table, not keys)"
             return InvalidInput(
-                f"transaction {txn_id} was begun with atomicity={atomicity!r} but writes table {op.table!r}, whose "
-                f"atomicity is {wanted!r}{kind}: the modes must match (begin it with atomicity={wanted!r}); "
+                f"transaction {txn_id} was begun with atomicity={quote(atomicity)} but writes table {quote(op.table)}, whose "
+                f"atomicity is {quote(wanted)}{kind}: the modes must match (begin it with atomicity={quote(wanted)}); "
                 "nothing of it was committed",
                 id=txn_id, table=op.table, atomicity=atomicity, table_atomicity=wanted)
     return None

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from coordinator import keys
 from coordinator.conflicts import Policy
-from coordinator.errors import CorruptMetadata, InvalidInput
+from coordinator.errors import CorruptMetadata, InvalidInput, quote
 from parts.ops import schema_from_json, schema_to_json, validate_name, validate_schema
 
 # A schema change, recorded in the definition: (ddl_version it came with, "add" | "rename",
@@ -42,12 +42,12 @@ def check_limits(table: str, seconds: object, rows: object) -> tuple[float | Non
     if seconds is not None:
         if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
                 or seconds == float("inf"):
-            raise InvalidInput(f"txn_max_seconds of table {table!r} must be a positive number of seconds, "
-                               f"not {seconds!r}", table=table, txn_max_seconds=repr(seconds))
+            raise InvalidInput(f"txn_max_seconds of table {quote(table)} must be a positive number of seconds, "
+                               f"not {quote(seconds)}", table=table, txn_max_seconds=repr(seconds))
         seconds = float(seconds)
     if rows is not None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise InvalidInput(f"txn_max_rows of table {table!r} must be a positive integer, not {rows!r}",
+            raise InvalidInput(f"txn_max_rows of table {quote(table)} must be a positive integer, not {quote(rows)}",
                                table=table, txn_max_rows=repr(rows))
     return seconds, rows
 
@@ -59,8 +59,8 @@ def check_retention(table: str, seconds: object) -> float | None:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
             or seconds < 0:
-        raise InvalidInput(f"retention_seconds of table {table!r} must be a finite number of seconds >= 0 "
-                           f"(or None: the replica-wide default), not {seconds!r}",
+        raise InvalidInput(f"retention_seconds of table {quote(table)} must be a finite number of seconds >= 0 "
+                           f"(or None: the replica-wide default), not {quote(seconds)}",
                            table=table, retention_seconds=repr(seconds)[:100])
     return float(seconds)
 
@@ -122,7 +122,7 @@ class TableDef:
         rows, folded only on read."""
         validate_name("table", name)
         if not isinstance(schema, pa.Schema):
-            raise InvalidInput(f"schema of table {name!r} must be a pyarrow.Schema, not {type(schema).__name__}")
+            raise InvalidInput(f"schema of table {quote(name)} must be a pyarrow.Schema, not {type(schema).__name__}")
         if isinstance(partition_by, str) or isinstance(primary_key, str):
             raise InvalidInput("partition_by and primary_key take a sequence of column names, not a string")
         partition_by, primary_key = tuple(partition_by), tuple(primary_key)
@@ -131,7 +131,7 @@ class TableDef:
             policy = Policy(conflict_policy)
         except ValueError:
             choices = ", ".join(p.value for p in Policy)
-            raise InvalidInput(f"unknown conflict_policy {conflict_policy!r}; choose one of {choices}") from None
+            raise InvalidInput(f"unknown conflict_policy {quote(conflict_policy)}; choose one of {choices}") from None
         if not isinstance(auto_merge, bool):
             raise InvalidInput("auto_merge must be True or False")
         groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
@@ -207,7 +207,7 @@ class TableDef:
                 retention_seconds=None if d.get("retention_seconds") is None else float(d["retention_seconds"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptMetadata(f"table definition does not parse: {exc!r}") from exc
+            raise CorruptMetadata(f"table definition does not parse: {quote(exc)}") from exc
 
     def with_csn(self, csn: int) -> TableDef:
         """As applied at ``csn``: a creation (``created_csn`` 0 in the entry) is created there,
@@ -234,15 +234,15 @@ class TableDef:
                 return replace(self, retention_seconds=seconds, ddl_version=v, version_csn=0)
             return replace(self.altered(add_columns, rename_columns, version), retention_seconds=seconds)
         if self.conflict_policy is Policy.KEYS:
-            raise InvalidInput(f"alter {self.name!r}: schema changes of keys tables are not supported yet; "
+            raise InvalidInput(f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; "
                                "nothing was changed", table=self.name)
         adds = _fields(add_columns, self.name)
         renames = rename_columns or {}
         if not isinstance(renames, dict):
-            raise InvalidInput(f"alter {self.name!r}: rename_columns must map old names to new ones, "
+            raise InvalidInput(f"alter {quote(self.name)}: rename_columns must map old names to new ones, "
                                f"not {type(renames).__name__}")
         if not adds and not renames:
-            raise InvalidInput(f"alter {self.name!r}: nothing to change (give add_columns, rename_columns or "
+            raise InvalidInput(f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or "
                                "retention_seconds)")
         names = list(self.schema.names)
         problems = []
@@ -251,27 +251,27 @@ class TableDef:
             for n in (old, new):
                 validate_name("column", n)
             if old not in names:
-                problems.append(f"cannot rename unknown column {old!r} (columns: {names})")
+                problems.append(f"cannot rename unknown column {quote(old)} (columns: {names})")
             elif old in keys:
                 what = "partition" if old in self.partition_by else "primary key"
-                problems.append(f"cannot rename {what} column {old!r}")
+                problems.append(f"cannot rename {what} column {quote(old)}")
         targets = list(renames.values())
         after = {renames.get(n, n) for n in names}
         added = Counter(f.name for f in adds)
         for new in sorted(set(targets)):
             if targets.count(new) > 1:
-                problems.append(f"two columns cannot both be renamed to {new!r}")
+                problems.append(f"two columns cannot both be renamed to {quote(new)}")
             elif new in names and new not in renames:
-                problems.append(f"cannot rename to {new!r}: the table has a column {new!r}")
+                problems.append(f"cannot rename to {quote(new)}: the table has a column {quote(new)}")
         for f in adds:
             validate_name("column", f.name)
             if f.name in after or added[f.name] > 1:
-                problems.append(f"cannot add column {f.name!r}: the table has a column {f.name!r}")
+                problems.append(f"cannot add column {quote(f.name)}: the table has a column {quote(f.name)}")
             if not f.nullable:
-                problems.append(f"cannot add column {f.name!r} as not nullable: the rows already in the table "
+                problems.append(f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
                                 "have no value for it (add it nullable)")
         if problems:
-            raise InvalidInput(f"alter {self.name!r}: {'; '.join(problems)}; nothing was changed", table=self.name)
+            raise InvalidInput(f"alter {quote(self.name)}: {'; '.join(problems)}; nothing was changed", table=self.name)
         v = self.ddl_version + 1 if version is None else version
         fields = [self.schema.field(i).with_name(renames.get(n, n)) for i, n in enumerate(names)] + list(adds)
         schema = pa.schema(fields, metadata=self.schema.metadata)
@@ -333,7 +333,7 @@ class TableDropped:
         try:
             return cls(str(d["name"]), str(d["tid"]), int(d["ddl_version"]), int(d.get("csn") or 0))
         except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptMetadata(f"table drop record does not parse: {exc!r}") from exc
+            raise CorruptMetadata(f"table drop record does not parse: {quote(exc)}") from exc
 
 
 TableRecord = TableDef | TableDropped
@@ -341,7 +341,7 @@ TableRecord = TableDef | TableDropped
 
 def _change(c: object) -> SchemaChange:
     if not isinstance(c, list | tuple) or len(c) != 4 or c[1] not in ("add", "rename"):
-        raise ValueError(f"schema change {c!r} is not [version, 'add'|'rename', name, before]")
+        raise ValueError(f"schema change {quote(c)} is not [version, 'add'|'rename', name, before]")
     return (int(c[0]), str(c[1]), str(c[2]), str(c[3]))
 
 
@@ -354,5 +354,5 @@ def _fields(add_columns: object, table: str) -> list[pa.Field]:
         return list(add_columns)
     if isinstance(add_columns, list | tuple) and all(isinstance(f, pa.Field) for f in add_columns):
         return list(add_columns)
-    raise InvalidInput(f"alter {table!r}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
-                       f"not {add_columns!r}")
+    raise InvalidInput(f"alter {quote(table)}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
+                       f"not {quote(add_columns)}")

@@ -24,7 +24,7 @@ from coordinator import errors, keys, security
 from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef, check_retention
 from coordinator.conflicts import Policy, check_app_version
-from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
+from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
 from coordinator.model import (
     CommitStatus,
     Compact,
@@ -78,7 +78,7 @@ class Client:
     def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT,
                  credentials: Credentials | str | os.PathLike | None = None) -> None:
         if not isinstance(address, str) or ":" not in address:
-            raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
+            raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
         self.address = address
         self._rpc = RpcClient(address, timeout, security.resolve(credentials))
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
@@ -151,13 +151,13 @@ class Client:
                 except InvalidInput as exc:
                     if "already exists" not in exc.message:
                         raise
-                    raise _StillCommitting(f"the creation of table {tdef.name!r}") from None  # look again
+                    raise _StillCommitting(f"the creation of table {quote(tdef.name)}") from None  # look again
 
         found = _until_decided(look_up)
         if isinstance(found, int):
             return found
         if not found.same_definition(tdef):
-            raise InvalidInput(f"table {tdef.name!r} already exists with another definition", table=tdef.name)
+            raise InvalidInput(f"table {quote(tdef.name)} already exists with another definition", table=tdef.name)
         return found.created_csn
 
     def table(self, name: str) -> TableDef:
@@ -226,11 +226,11 @@ class Client:
             if isinstance(add_columns, pa.Field):
                 add_columns = [add_columns]
             if not isinstance(add_columns, Sequence) or not all(isinstance(f, pa.Field) for f in add_columns):
-                raise InvalidInput(f"alter {name!r}: add_columns must be a pyarrow.Schema or a list of "
-                                   f"pyarrow.Field, not {add_columns!r}")
+                raise InvalidInput(f"alter {quote(name)}: add_columns must be a pyarrow.Schema or a list of "
+                                   f"pyarrow.Field, not {quote(add_columns)}")
             add_columns = pa.schema(list(add_columns))
         if rename_columns is not None and not isinstance(rename_columns, Mapping):
-            raise InvalidInput(f"alter {name!r}: rename_columns must map old column names to new ones")
+            raise InvalidInput(f"alter {quote(name)}: rename_columns must map old column names to new ones")
         args: dict[str, Any] = {"name": name}
         if add_columns is not None:
             args["add_columns"] = schema_to_json(add_columns)
@@ -295,7 +295,7 @@ class Client:
             csns = [] if r["csn"] is None else [int(r["csn"])]
             for tid in unflushed[:len(unflushed) - known]:  # accepted by an earlier process of the replica
                 status = _await_outcome(lambda tid=tid: self.commit_status(tid), f"async commit {tid}",
-                                        f"commit_status({tid!r}) on any replica")
+                                        f"commit_status({quote(tid)}) on any replica")
                 if status.status == "committed":
                     csns.append(status.csn)
                 else:
@@ -439,11 +439,11 @@ class Client:
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
-                raise InvalidInput(f"table {table!r} has no column(s) {missing}")
+                raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
         if tdef.conflict_policy is Policy.KEYS:
             return self._read_keys(tdef, metas, columns, where, csns or {})
         if where is not None:
-            check_expression(where, tdef.schema, f"filter on {table!r}")
+            check_expression(where, tdef.schema, f"filter on {quote(table)}")
             metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by),
                                                    m.partition, where, tdef.schema)]
         tables = rewrite.read_parts(self.storage, metas, table=tdef)
@@ -458,7 +458,7 @@ class Client:
                    where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
         wanted = None
         if where is not None:  # after the fold: a newer version may move a row out of (or into) it
-            check_expression(where, tdef.schema, f"filter on {tdef.name!r}")
+            check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
             # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
             # part whose key summary cannot hold one of them adds no version the fold would keep.
             wanted = keys.point_keys(where, tdef.schema, tdef.primary_key)
@@ -486,7 +486,7 @@ class Client:
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
         """Compact now, as a transaction of its own; returns its CSN."""
         if kind not in ("minor", "major"):
-            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {quote(kind)}")
         parts = None if partitions is None else [list(p) for p in _partitions(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
@@ -534,7 +534,7 @@ class Client:
         ``compactions=False`` by id leaves out what by time leaves out, with CSN bounds (a stream
         of changes by time whose offsets are CSNs)."""
         if by not in ("id", "time"):
-            raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
+            raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
         extra = {} if compactions else {"compactions": False}
         if by == "time":
             lo: Any = _timestamp(start, "start")
@@ -542,7 +542,7 @@ class Client:
         else:
             for what, v in (("start", start), ("end", end)):
                 if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
-                    raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {v!r}")
+                    raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {quote(v)}")
             lo, hi = start, end
         r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
@@ -629,11 +629,11 @@ class Client:
         it committed, so the caller is never left not knowing. ``apps`` (app id -> version) makes it
         an idempotent commit, as :meth:`Transaction.set_app_version` does."""
         if op not in ("insert", "overwrite"):
-            raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {op!r}")
+            raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {quote(op)}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
-            raise InvalidInput(f"commit_parts op='overwrite' on keys table {table!r}: the keys to delete are read in "
+            raise InvalidInput(f"commit_parts op='overwrite' on keys table {quote(table)}: the keys to delete are read in "
                                "a transaction; use tx.add_parts(..., op='overwrite')", table=table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
@@ -648,11 +648,11 @@ class Client:
             if not metas:
                 raise
             status = _await_outcome(lambda: self._part_status(table, metas[0].name),
-                                    f"the commit of part {metas[0].name} of {table!r}",
-                                    f"client.commit_status by part ({table!r}, {metas[0].name!r}) on replica {self.address}")
+                                    f"the commit of part {metas[0].name} of {quote(table)}",
+                                    f"client.commit_status by part ({quote(table)}, {quote(metas[0].name)}) on replica {self.address}")
         if status.status == "committed":
             return status.csn
-        raise TransactionAborted(f"the commit of {len(metas)} part(s) to {table!r} did not happen: "
+        raise TransactionAborted(f"the commit of {len(metas)} part(s) to {quote(table)} did not happen: "
                                  f"{status.reason or status.status}", id=status.tid or None)
 
     def _part_status(self, table: str, part: str) -> CommitStatus:
@@ -812,11 +812,11 @@ class Transaction:
         self._check_open()
         tdef = _keys_table(self.table(table), "lock_keys")
         if self._atomicity == NONE:
-            raise InvalidInput(f"lock_keys on {table!r}: transaction {self.id} was begun with atomicity='none', "
+            raise InvalidInput(f"lock_keys on {quote(table)}: transaction {self.id} was begun with atomicity='none', "
                                "which takes no locks (its commits never conflict); lock keys in a transaction begun "
                                "with atomicity='full' on a table whose atomicity is 'full'", table=table, id=self.id)
         if mode not in keys.LOCK_MODES:
-            raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {mode!r}", table=table)
+            raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {quote(mode)}", table=table)
         return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
 
     def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
@@ -851,7 +851,7 @@ class Transaction:
             targets = _partitions(tdef, partitions)
             outside = [p for p, _ in split if p not in targets]
             if outside:
-                raise InvalidInput(f"overwrite of {table!r}: data has rows in partition(s) {outside} "
+                raise InvalidInput(f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
                                    f"outside the partitions given {targets}")
         elif tdef.partition_by:
             targets = [p for p, _ in split]
@@ -874,7 +874,7 @@ class Transaction:
             targets = _partitions(tdef, partitions)
             outside = [p for p in present if p not in targets]
             if outside:
-                raise InvalidInput(f"overwrite of {tdef.name!r}: data has rows in partition(s) {outside} "
+                raise InvalidInput(f"overwrite of {quote(tdef.name)}: data has rows in partition(s) {quote(outside)} "
                                    f"outside the partitions given {targets}")
         else:
             targets = present if tdef.partition_by else None
@@ -940,7 +940,7 @@ class Transaction:
         taken)."""
         fixed = [c for c in assigns if c in tdef.primary_key]
         if fixed:
-            raise InvalidInput(f"update of keys table {tdef.name!r} cannot set primary key column(s) {fixed} "
+            raise InvalidInput(f"update of keys table {quote(tdef.name)} cannot set primary key column(s) {fixed} "
                                "(delete the row and insert it under the new key)", table=tdef.name)
         matched = self.read(tdef.name, where=where)  # recorded in the read set
         if not matched.num_rows:
@@ -952,7 +952,7 @@ class Transaction:
         """Stage a compaction in this transaction; returns the number of parts it replaces."""
         self._check_open()
         if kind not in ("minor", "major"):
-            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+            raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {quote(kind)}")
         tdef = self.table(table)
         targets = None if partitions is None else _partitions(tdef, partitions)
         visible, csns = self._visible_csns(table, targets)
@@ -972,7 +972,7 @@ class Transaction:
         as Spark's executors do): cleanup keeps a running transaction's files by that name."""
         self._check_open()
         if op not in ("insert", "overwrite"):
-            raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {op!r}")
+            raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {quote(op)}")
         tdef = self.table(table)
         metas = list(metas)
         _check_own_parts(tdef, metas)
@@ -999,7 +999,7 @@ class Transaction:
         the replica can redo it if a rebase finds its inputs rewritten."""
         self._check_open()
         if kind not in ("delete", "update"):
-            raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {kind!r}")
+            raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {quote(kind)}")
         tdef = _not_keys(self.table(table), "add_rewrite")
         _check_predicate(where, tdef, kind)
         assigns = None
@@ -1071,7 +1071,7 @@ class Transaction:
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
         again) whether it committed, instead of leaving the caller not knowing."""
-        what, how = f"transaction {self.id}", f"commit_status({self.id!r}) on any replica"
+        what, how = f"transaction {self.id}", f"commit_status({quote(self.id)}) on any replica"
         status = _await_outcome(lambda: self.client.commit_status(self.id), what, how)
         if status.status == "running":
             # The commit never reached the replica (the connection broke before it was read):
@@ -1116,7 +1116,7 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
     args: dict[str, Any] = {"table": table}
     if snapshot is not None:
         if isinstance(snapshot, bool) or not isinstance(snapshot, int):
-            raise InvalidInput(f"snapshot must be an integer CSN, not {snapshot!r}")
+            raise InvalidInput(f"snapshot must be an integer CSN, not {quote(snapshot)}")
         args["snapshot"] = snapshot
     if as_of is not None:
         args["as_of"] = _timestamp(as_of, "as_of")
@@ -1138,14 +1138,14 @@ def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None
 
 def _keys_table(tdef: TableDef, what: str) -> TableDef:
     if tdef.conflict_policy is not Policy.KEYS:
-        raise InvalidInput(f"{what} needs a keys table; {tdef.name!r} has conflict_policy "
-                           f"{tdef.conflict_policy.value!r}", table=tdef.name)
+        raise InvalidInput(f"{what} needs a keys table; {quote(tdef.name)} has conflict_policy "
+                           f"{quote(tdef.conflict_policy.value)}", table=tdef.name)
     return tdef
 
 
 def _not_keys(tdef: TableDef, what: str) -> TableDef:
     if tdef.conflict_policy is Policy.KEYS:
-        raise InvalidInput(f"{what} on keys table {tdef.name!r} is not supported yet", table=tdef.name)
+        raise InvalidInput(f"{what} on keys table {quote(tdef.name)} is not supported yet", table=tdef.name)
     return tdef
 
 
@@ -1153,7 +1153,7 @@ def _as_table(data: Any, table: str) -> pa.Table:
     if isinstance(data, pa.RecordBatch):
         return pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
-        raise InvalidInput(f"data for {table!r} must be a pyarrow.Table, not {type(data).__name__}")
+        raise InvalidInput(f"data for {quote(table)} must be a pyarrow.Table, not {type(data).__name__}")
     return data
 
 
@@ -1192,11 +1192,11 @@ def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> C
 def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
     strangers = [m.name for m in metas if m.table != tdef.name]
     if strangers:
-        raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {tdef.name!r}")
+        raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {quote(tdef.name)}")
     if tdef.conflict_policy is Policy.KEYS:
         rows = [m.name for m in metas if keys.OP not in m.stats]
         if rows:
-            raise InvalidInput(f"part(s) {rows[:5]} of keys table {tdef.name!r} hold rows, not versions: write them "
+            raise InvalidInput(f"part(s) {rows[:5]} of keys table {quote(tdef.name)} hold rows, not versions: write them "
                                "with coordinator.keys.versions (as tx.insert/upsert do)", table=tdef.name)
 
 
@@ -1208,7 +1208,7 @@ def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequen
         targets = _partitions(tdef, partitions)
         outside = [p for p in present if p not in targets]
         if outside:
-            raise InvalidInput(f"overwrite of {tdef.name!r}: parts in partition(s) {outside} "
+            raise InvalidInput(f"overwrite of {quote(tdef.name)}: parts in partition(s) {quote(outside)} "
                                f"outside the partitions given {targets}")
         return targets
     return present if tdef.partition_by else [()]
@@ -1236,14 +1236,14 @@ def _rewrite_targets(tdef: TableDef, pkeys: tuple[str, ...] | None) -> tuple[str
 
 def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:
     if not tdef.partition_by:
-        raise InvalidInput(f"table {tdef.name!r} is not partitioned; partitions must be None")
+        raise InvalidInput(f"table {quote(tdef.name)} is not partitioned; partitions must be None")
     if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
-        raise InvalidInput(f"partitions must be a list of partition values, not {partitions!r}")
+        raise InvalidInput(f"partitions must be a list of partition values, not {quote(partitions)}")
     out = []
     for p in partitions:
         values = tuple(p) if isinstance(p, (tuple, list)) else (p,)
         if len(values) != len(tdef.partition_by):
-            raise InvalidInput(f"partition {p!r} does not match partition columns {list(tdef.partition_by)}")
+            raise InvalidInput(f"partition {quote(p)} does not match partition columns {list(tdef.partition_by)}")
         for col, v in zip(tdef.partition_by, values):
             _check_partition_value(tdef, col, v)
         out.append(tuple(_json_scalar(v) for v in values))
@@ -1274,20 +1274,20 @@ def _check_partition_value(tdef: TableDef, column: str, value: Any) -> None:
     else:
         ok = True
     if not ok:
-        raise InvalidInput(f"partition value {value!r} ({type(value).__name__}) does not match partition column "
-                           f"{column!r} of table {tdef.name!r}, which is {t}", table=tdef.name, column=column,
+        raise InvalidInput(f"partition value {quote(value)} ({type(value).__name__}) does not match partition column "
+                           f"{quote(column)} of table {quote(tdef.name)}, which is {t}", table=tdef.name, column=column,
                            value=repr(value))
 
 
 def _check_predicate(where: Any, tdef: TableDef, what: str) -> None:
     if not isinstance(where, pc.Expression):
-        raise InvalidInput(f"{what} on {tdef.name!r}: where must be a pyarrow.compute.Expression, not {type(where).__name__}")
-    check_expression(where, tdef.schema, f"{what} on {tdef.name!r}")
+        raise InvalidInput(f"{what} on {quote(tdef.name)}: where must be a pyarrow.compute.Expression, not {type(where).__name__}")
+    check_expression(where, tdef.schema, f"{what} on {quote(tdef.name)}")
 
 
 def _timestamp(when: Any, what: str) -> float:
     if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
-        raise InvalidInput(f"{what} must be a timezone-aware datetime, not {when!r}")
+        raise InvalidInput(f"{what} must be a timezone-aware datetime, not {quote(when)}")
     return when.timestamp()
 
 

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from coordinator.errors import ConflictKind, DuplicateCommit, InvalidInput
+from coordinator.errors import ConflictKind, DuplicateCommit, InvalidInput, quote
 
 
 class Kind(StrEnum):
@@ -178,10 +178,10 @@ def check_app_version(app_id: object, version: object) -> tuple[str, int]:
     control characters, the version an integer from 0 to 2**63 - 1 (not a bool)."""
     if not isinstance(app_id, str) or not 0 < len(app_id) <= MAX_APP_ID or not app_id.isprintable():
         raise InvalidInput(f"app_id must be a non-empty string of at most {MAX_APP_ID} printable characters, "
-                           f"not {app_id!r}", app_id=app_id if isinstance(app_id, str) else repr(app_id))
+                           f"not {quote(app_id)}", app_id=app_id if isinstance(app_id, str) else repr(app_id))
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_APP_VERSION:
-        raise InvalidInput(f"the version of application {app_id!r} must be an integer from 0 to {MAX_APP_VERSION}, "
-                           f"not {version!r}", app_id=app_id, version=repr(version))
+        raise InvalidInput(f"the version of application {quote(app_id)} must be an integer from 0 to {MAX_APP_VERSION}, "
+                           f"not {quote(version)}", app_id=app_id, version=repr(version))
     return app_id, version
 
 
@@ -194,7 +194,7 @@ def check_app_versions(tid: str, apps: Mapping[str, int],
         held = committed.get(app_id)
         if held is not None and version <= held[0]:
             return DuplicateCommit(
-                f"transaction {tid} is a duplicate commit of application {app_id!r} version {version}: "
+                f"transaction {tid} is a duplicate commit of application {quote(app_id)} version {version}: "
                 f"CSN {held[1]} already holds version {held[0]}; nothing of it was committed",
                 app_id=app_id, version=version, csn=held[1], committed_version=held[0], id=tid)
     return None

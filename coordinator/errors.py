@@ -7,8 +7,65 @@ whether the failure happened in the client library or inside a replica process.
 
 from __future__ import annotations
 
+import reprlib
 from enum import StrEnum
 from typing import Any
+
+QUOTE_LIMIT = 200  # characters of a value an error message quotes (quote)
+MAX_MESSAGE = 4096  # characters of a whole message: a backstop for text no call site cut
+MAX_DETAILS = 1 << 20  # characters of an error's details, about (a flush's failed ids fit)
+_REPR = reprlib.Repr()  # repr of nested values without building the whole text
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, QUOTE_LIMIT, QUOTE_LIMIT
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 20
+
+
+def clip(text: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` (made a string) cut to ``limit`` characters, ending in ``... (N characters)``
+    when cut: what a message may hold of an expression, a key or a reason from outside."""
+    text = text if isinstance(text, str) else str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quote(value: Any, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` for a message, at most about ``limit`` characters: a long string or bytes
+    shows its start and its length, a container its first items (the value may come from a
+    client: a message must not grow with it)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        unit = "characters" if isinstance(value, str) else "bytes"
+        return f"{value[:limit]!r}... ({len(value)} {unit})"
+    return clip(_REPR.repr(value), limit)
+
+
+def _bounded(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` with strings clipped, containers cut after a few levels and everything cut
+    once about ``MAX_DETAILS`` characters were given (``to_dict``: what crosses the wire)."""
+    budget = [MAX_DETAILS]
+
+    def walk(value: Any, depth: int) -> Any:
+        if isinstance(value, dict) and depth < 3:
+            out: dict[str, Any] = {}
+            for i, (k, v) in enumerate(value.items()):
+                if budget[0] <= 0:
+                    out["..."] = f"{len(value) - i} more"
+                    break
+                out[clip(k)] = walk(v, depth + 1)
+            return out
+        if isinstance(value, (list, tuple, set, frozenset)) and depth < 3:
+            items: list[Any] = []
+            for i, v in enumerate(value):
+                if budget[0] <= 0:
+                    items.append(f"... ({len(value) - i} more)")
+                    break
+                items.append(walk(v, depth + 1))
+            return items
+        if isinstance(value, str):
+            value = clip(value, 1000)
+        elif not isinstance(value, (int, float, bool, type(None))):
+            value = quote(value)
+        budget[0] -= len(value) if isinstance(value, str) else 8
+        return value
+
+    return walk(details, 0)
 
 
 class ConflictKind(StrEnum):
@@ -26,12 +83,14 @@ class MergetxnError(Exception):
     """Base of every mergetxn error."""
 
     def __init__(self, message: str, **details: Any) -> None:
+        if isinstance(message, str) and len(message) > MAX_MESSAGE + 64:  # (a message cut once, rebuilt by from_dict, stays as it is)
+            message = clip(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
         self.details = details
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": type(self).__name__, "message": self.message, "details": self.details}
+        return {"type": type(self).__name__, "message": self.message, "details": _bounded(self.details)}
 
 
 class ConflictError(MergetxnError):

@@ -41,7 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, quote
 
 PUT, UPDATE, DELETE = 0, 1, 2
 LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
@@ -58,16 +58,16 @@ def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], 
     """Validate what a ``keys`` table adds to CREATE TABLE (the schema and column names are
     checked before); returns the lock groups as sorted ``(group, columns)`` pairs. Every
     problem is InvalidInput naming it."""
-    where = f"create table {name!r}"
+    where = f"create table {quote(name)}"
     if policy != "keys":
         if lock_groups:
-            raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {policy!r})", table=name)
+            raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {quote(policy)})", table=name)
         if atomicity != "full":
-            raise InvalidInput(f"{where}: atomicity={atomicity!r} needs conflict_policy='keys' (not {policy!r})",
+            raise InvalidInput(f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})",
                                table=name)
         return ()
     if atomicity not in ATOMICITY:
-        raise InvalidInput(f"{where}: atomicity must be 'full' or 'none', not {atomicity!r}", table=name)
+        raise InvalidInput(f"{where}: atomicity must be 'full' or 'none', not {quote(atomicity)}", table=name)
     if not primary_key:
         raise InvalidInput(f"{where}: conflict_policy='keys' needs a primary_key", table=name)
     problems = []
@@ -88,21 +88,21 @@ def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], 
     owner: dict[str, str] = {}
     for group, cols in (lock_groups or {}).items():
         if not isinstance(group, str) or not group.isidentifier():
-            problems.append(f"lock group name {group!r} is not an identifier")
+            problems.append(f"lock group name {quote(group)} is not an identifier")
             continue
         if isinstance(cols, str) or not isinstance(cols, Iterable):
-            problems.append(f"lock group {group!r} must list column names, not {cols!r}")
+            problems.append(f"lock group {quote(group)} must list column names, not {quote(cols)}")
             continue
         cols = tuple(cols)
         if not cols:
-            problems.append(f"lock group {group!r} has no columns")
+            problems.append(f"lock group {quote(group)} has no columns")
         for c in cols:
             if c not in schema.names:
-                problems.append(f"lock group {group!r}: unknown column {c!r}")
+                problems.append(f"lock group {quote(group)}: unknown column {quote(c)}")
             elif c in primary_key:
-                problems.append(f"lock group {group!r}: {c!r} is a primary key column (keys are under every lock)")
+                problems.append(f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)")
             elif c in owner:
-                problems.append(f"column {c!r} is in lock groups {owner[c]!r} and {group!r} (at most one)")
+                problems.append(f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)")
             else:
                 owner[c] = group
         groups.append((group, cols))
@@ -131,15 +131,15 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
-        raise InvalidInput(f"{what} {table!r}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
+        raise InvalidInput(f"{what} {quote(table)}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
     names = data.column_names
     problems = []
     unknown = [n for n in names if n not in schema.names]
     if unknown:
-        problems.append(f"unknown column(s) {unknown}")
+        problems.append(f"unknown column(s) {quote(unknown)}")
     missing = [k for k in primary_key if k not in names]
     if missing:
-        problems.append(f"missing primary key column(s) {missing}")
+        problems.append(f"missing primary key column(s) {quote(missing)}")
     if op in (DELETE, LOCK_STRONG, LOCK_WEAK):
         names = [n for n in names if n in primary_key]
     elif op == UPDATE:
@@ -147,10 +147,10 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
         if absent:
             problems.append(f"update mode leaves non-nullable column(s) {absent} unset: write them too")
     if problems:
-        raise InvalidInput(f"{what} {table!r}: {'; '.join(problems)}", table=table)
+        raise InvalidInput(f"{what} {quote(table)}: {'; '.join(problems)}", table=table)
     for k in primary_key:
         if data.column(k).null_count:
-            raise InvalidInput(f"{what} {table!r}: primary key column {k!r} has nulls", table=table)
+            raise InvalidInput(f"{what} {quote(table)}: primary key column {quote(k)} has nulls", table=table)
     from parts.ops import conform  # types and losslessness as every write checks them
 
     present = pa.schema([schema.field(n) for n in schema.names if n in names])
@@ -490,7 +490,7 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     distinct = set(zip(*cols)) if cols else set()
     exact = None
     if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
-            and all(isinstance(v, _ORDERED) for key in distinct for v in key)):
+            and all(isinstance(v, _ORDERED) and not _long(v) for key in distinct for v in key)):
         exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
                                                                  data.column(COLS).to_pylist())]
     m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
@@ -507,6 +507,46 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
     if exact is not None:
         out["exact"] = exact
+    return bound_summary(out)
+
+
+def _long(v: Any) -> bool:
+    from parts.ops import STAT_PREFIX
+
+    return isinstance(v, str) and len(v) > STAT_PREFIX
+
+
+def _bound_key(key: list, upper: bool) -> list | None:
+    """A key range end with its first long string cut (``parts.ops.lower_bound`` /
+    ``upper_bound``) and the columns after it dropped: a shorter key orders before every key
+    it is a prefix of, and a cut string already orders strictly before (after) the original, so
+    the result still bounds every key of the part. None when no upper bound exists."""
+    from parts.ops import lower_bound, upper_bound
+
+    for i, v in enumerate(key):
+        if _long(v):
+            cut = upper_bound(v) if upper else lower_bound(v)
+            return None if cut is None else [*key[:i], cut]
+    return key
+
+
+def bound_summary(s: dict) -> dict:
+    """A key summary whose size does not grow with its keys' lengths: ``lo`` and ``hi`` bounded
+    (:func:`_bound_key`; both None when ``hi`` has no bound: the Bloom filter still prunes) and
+    ``exact`` left out when a key in it is long (the conflict check then reads the part). ``s``
+    itself when nothing in it is long; ranges and ``exact`` written before stay as they were
+    only when short, so old parts keep correct (if less sharp) summaries."""
+    lo, hi, exact = s.get("lo"), s.get("hi"), s.get("exact")
+    long_end = any(isinstance(end, list) and any(_long(v) for v in end) for end in (lo, hi))
+    long_exact = isinstance(exact, list) and any(isinstance(r, list) and any(_long(v) for v in r[:-2]) for r in exact)
+    if not (long_end or long_exact):
+        return s
+    out = dict(s)
+    if long_exact:
+        del out["exact"]
+    if long_end and isinstance(lo, list) and isinstance(hi, list):
+        lo, hi = _bound_key(lo, upper=False), _bound_key(hi, upper=True)
+        out["lo"], out["hi"] = (lo, hi) if hi is not None else (None, None)
     return out
 
 
@@ -531,9 +571,9 @@ def summary_problem(s: Any) -> str | None:
         return f"must be an object, got {type(s).__name__}"
     m, k, bloom = s.get("m"), s.get("k"), s.get("bloom")
     if not (isinstance(m, int) and not isinstance(m, bool) and m > 0 and m % 8 == 0):
-        return f"'m' must be a positive multiple of 8, got {m!r}"
+        return f"'m' must be a positive multiple of 8, got {quote(m)}"
     if not (isinstance(k, int) and not isinstance(k, bool) and 0 < k <= 64):
-        return f"'k' must be an integer in 1..64, got {k!r}"
+        return f"'k' must be an integer in 1..64, got {quote(k)}"
     if not isinstance(bloom, str):
         return "'bloom' must be a base64 string"
     try:
@@ -545,7 +585,7 @@ def summary_problem(s: Any) -> str | None:
     for end in ("lo", "hi"):
         v = s.get(end)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, _ORDERED) for x in v)):
-            return f"{end!r} must be a list of ints, strings or bools, got {v!r}"
+            return f"{quote(end)} must be a list of ints, strings or bools, got {quote(v)}"
     if (s.get("lo") is None) != (s.get("hi") is None):
         return "'lo' and 'hi' must be both set or both null"
     exact = s.get("exact")
@@ -680,7 +720,7 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
         return None
     if not (isinstance(hint, dict) and isinstance(hint.get("key_columns"), list) and isinstance(hint.get("keys"), list)
             and all(isinstance(k, list) for k in hint["keys"])):
-        raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {hint!r}")
+        raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {quote(hint)}")
     if hint["key_columns"] != list(primary_key) or not primary_key:
         return None
     out = {}

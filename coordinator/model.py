@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Literal
 from coordinator import jsonwire
 from coordinator.catalog import TableDef, TableDropped, TableRecord
 from coordinator.conflicts import Kind, check_app_version
-from coordinator.errors import CorruptMetadata, InvalidInput
+from coordinator.errors import CorruptMetadata, InvalidInput, quote
 from coordinator.versions import Tid
 from parts.meta import PartMeta
 
@@ -219,24 +219,24 @@ def op_from_dict(d: Any) -> StagedOp:
         raise InvalidInput(f"a staged operation must be an object, got {type(d).__name__}")
     op = d.get("op")
     if op not in _OP_KEYS:
-        raise InvalidInput(f"unknown operation {op!r}: 'op' must be one of {', '.join(_OP_KEYS)}")
+        raise InvalidInput(f"unknown operation {quote(op)}: 'op' must be one of {', '.join(_OP_KEYS)}")
     table = d.get("table")
     if not isinstance(table, str):
-        raise InvalidInput(f"{op}: 'table' must be a table name, got {table!r}")
+        raise InvalidInput(f"{op}: 'table' must be a table name, got {quote(table)}")
     for key, value in d.items():
         if key in ("op", "table") or key in _OP_KEYS[op]:
             continue
         if key not in _ANY_OP_KEY:
-            raise InvalidInput(f"{op}: unknown field {key!r}")
+            raise InvalidInput(f"{op}: unknown field {quote(key)}")
         if not (value is None or value is False or value == []):
-            raise InvalidInput(f"{op}: {key!r} is not a field of {op}, got {value!r}")
+            raise InvalidInput(f"{op}: {quote(key)} is not a field of {op}, got {quote(value)}")
 
     def names(key: str) -> tuple[str, ...]:
         v = d.get(key)
         if v is None:
             return ()
         if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
-            raise InvalidInput(f"{op}: {key!r} must be a list of part names, got {v!r}")
+            raise InvalidInput(f"{op}: {quote(key)} must be a list of part names, got {quote(v)}")
         return tuple(v)
 
     def pkeys() -> tuple[str, ...] | None:
@@ -244,18 +244,18 @@ def op_from_dict(d: Any) -> StagedOp:
         if v is None:
             return None
         if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
-            raise InvalidInput(f"{op}: 'partitions' must be null or a list of partition keys, got {v!r}")
+            raise InvalidInput(f"{op}: 'partitions' must be null or a list of partition keys, got {quote(v)}")
         return tuple(v)
 
     def text(key: str) -> str:
         v = d.get(key)
         if not isinstance(v, str):
-            raise InvalidInput(f"{op}: {key!r} must be a string, got {v!r}")
+            raise InvalidInput(f"{op}: {quote(key)} must be a string, got {quote(v)}")
         return v
 
     added_raw = d.get("added")
     if added_raw is not None and not isinstance(added_raw, list):
-        raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {added_raw!r}")
+        raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {quote(added_raw)}")
     added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
 
     if op == "drop_table":
@@ -272,12 +272,12 @@ def op_from_dict(d: Any) -> StagedOp:
         whole = d.get("whole_table", partitions is None)
         if not isinstance(whole, bool) or whole != (partitions is None):
             raise InvalidInput(f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
-                               f"got {whole!r} with partitions {partitions!r}")
+                               f"got {quote(whole)} with partitions {quote(partitions)}")
         return Truncate(table, names("removed"), partitions)
     if op == "compact":
         kind = d.get("compact_kind")
         if kind not in _COMPACT_KINDS:
-            raise InvalidInput(f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {kind!r}")
+            raise InvalidInput(f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {quote(kind)}")
         return Compact(table, kind, added, names("removed"), pkeys())
     return Mutate(op, table, text("where"), added, names("removed"), pkeys(),
                   text("assignments") if op == "update" else None)
@@ -337,7 +337,7 @@ class TxnRecord:
         tv = d.get("time_version")
         apps = d.get("apps") or {}
         if not isinstance(apps, dict):
-            raise ValueError(f"'apps' of {d['tid']} must be an object of app id -> version, not {apps!r}")
+            raise ValueError(f"'apps' of {d['tid']} must be an object of app id -> version, not {quote(apps)}")
         try:
             apps = dict(check_app_version(k, v) for k, v in apps.items())
         except InvalidInput as exc:
@@ -381,7 +381,7 @@ class LogEntry:
                 ddl=tuple(_ddl_from_dict(x) for x in d.get("ddl", ())),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptMetadata(f"log entry {where} is malformed: {exc!r}") from exc
+            raise CorruptMetadata(f"log entry {where} is malformed: {quote(exc)}") from exc
         except CorruptMetadata as exc:
             raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
 
@@ -398,7 +398,7 @@ def _ddl_from_dict(x: dict) -> TableRecord:
     if "alter_table" in x:
         t = TableDef.from_dict(x["alter_table"])
         if not t.created_csn:
-            raise ValueError(f"alter_table of {t.name!r} names no created_csn")
+            raise ValueError(f"alter_table of {quote(t.name)} names no created_csn")
         return t
     return TableDef.from_dict(x["create_table"])
 
@@ -421,7 +421,7 @@ def decode_log_node(data: bytes, where: str) -> LogEntry | ManifestPointer:
         raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
     if isinstance(d, dict) and d.get("v") == ENTRY_FORMAT and "manifest" in d:
         if not isinstance(d["manifest"], str):
-            raise CorruptMetadata(f"log entry {where} names a manifest that is not a path: {d['manifest']!r}")
+            raise CorruptMetadata(f"log entry {where} names a manifest that is not a path: {quote(d['manifest'])}")
         return ManifestPointer(d["manifest"])
     return LogEntry.from_dict(d, where)
 
@@ -488,8 +488,8 @@ def wal_record_from_dict(d: Any, where: str) -> WalRecord:
         if "base" in d:
             return WalBase(int(d["base"]))
     except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptMetadata(f"{where}: record is malformed: {exc!r}") from exc
-    raise CorruptMetadata(f"{where}: record of no known kind: {sorted(d) if isinstance(d, dict) else d!r}")
+        raise CorruptMetadata(f"{where}: record is malformed: {quote(exc)}") from exc
+    raise CorruptMetadata(f"{where}: record of no known kind: {quote(sorted(d) if isinstance(d, dict) else d)}")
 
 
 # -- the alive node -------------------------------------------------------------------------------

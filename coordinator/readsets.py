@@ -36,7 +36,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.errors import ConflictError, ConflictKind, CorruptMetadata, InvalidInput
+from coordinator.errors import ConflictError, ConflictKind, CorruptMetadata, InvalidInput, quote
 from coordinator.targets import target_key
 from parts.ops import decode_expression, may_match, partition_from_key
 
@@ -56,7 +56,7 @@ def counter_key(table: str) -> str:
 def check_isolation(value: object) -> str:
     """An isolation level ``begin`` accepts, or InvalidInput naming the value and the choices."""
     if not isinstance(value, str) or value not in ISOLATIONS:
-        raise InvalidInput(f"isolation must be one of {list(ISOLATIONS)}, not {value!r}", isolation=repr(value))
+        raise InvalidInput(f"isolation must be one of {list(ISOLATIONS)}, not {quote(value)}", isolation=repr(value))
     return value
 
 
@@ -75,7 +75,7 @@ class Read:
     def from_dict(cls, d: Any) -> Read:
         if not isinstance(d, dict) or not isinstance(d.get("table"), str) or not (
                 d.get("where") is None or isinstance(d.get("where"), str)):
-            raise InvalidInput(f"a read must be {{'table': str, 'where': str | None}}, not {d!r}")
+            raise InvalidInput(f"a read must be {{'table': str, 'where': str | None}}, not {quote(d)}")
         return cls(d["table"], d.get("where"))
 
 
@@ -144,7 +144,7 @@ def check_reads(tid: str, reads: Iterable[Read], touched: Iterable[Touch],
                 continue
             what = "every row" if r.where is None else "a predicate"
             return ConflictError(
-                f"transaction {tid} lost to {t.tid} on table {t.table!r}: it read {what} of {t.table!r} and "
+                f"transaction {tid} lost to {t.tid} on table {quote(t.table)}: it read {what} of {quote(t.table)} and "
                 f"{t.tid} (CSN {t.csn}, after its snapshot) {'added' if t.added else 'removed'} part {t.part} "
                 f"in partition {list(t.partition)} that may hold such rows (serializable isolation)",
                 winner=t.tid, kind=str(ConflictKind.READ_SET_CHANGED), table=t.table,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from coordinator.errors import quote
+
 EPOCH_STRIDE = 2**31
 COUNTER_STRIDE = 2**32
 DEFAULT_EPOCH_SIZE = 1_000_000
@@ -43,13 +45,13 @@ class Tid(NamedTuple):
         """Parse ``str(tid)``; raises ValueError naming the bad text."""
         m = _TID_RE.fullmatch(text or "")
         if not m:
-            raise ValueError(f"not a transaction id: {text!r} (expected T<start_csn>-<counter>-<host>)")
+            raise ValueError(f"not a transaction id: {quote(text)} (expected T<start_csn>-<counter>-<host>)")
         return cls(int(m.group(1)), int(m.group(2)), m.group(3))
 
 
 def check_host_id(host_id: str) -> str:
     if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id):
-        raise ValueError(f"host id {host_id!r} must be 1-64 characters of letters, digits, '_', '.', '-'")
+        raise ValueError(f"host id {quote(host_id)} must be 1-64 characters of letters, digits, '_', '.', '-'")
     return host_id
 
 
@@ -82,7 +84,7 @@ def seq_of_node(name: str) -> int:
     """Sequence number of a log znode name such as ``c-0000000042``."""
     m = _SEQ_NODE_RE.fullmatch(name)
     if not m:
-        raise ValueError(f"not a log entry node: {name!r}")
+        raise ValueError(f"not a log entry node: {quote(name)}")
     return int(m.group(1))
 
 

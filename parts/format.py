@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from coordinator import keys
-from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
+from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts import ops
 from parts.meta import PartMeta
 from parts.storage import Storage
@@ -56,7 +56,9 @@ def _iso(value: Any) -> Any:
 
 def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
     """Min/max per column where ordering is meaningful and exact in JSON; (None, None) when all
-    values are null. Floats with NaN or infinities are left out rather than misreport."""
+    values are null. Floats with NaN or infinities are left out rather than misreport. Long
+    strings are bounded (:func:`parts.ops.bound_stats`): a prefix for the min, an incremented
+    prefix (or None: no upper bound) for the max, so one long value never makes metadata long."""
     stats: dict[str, tuple[Any, Any]] = {}
     for name, col in zip(data.column_names, data.columns):
         t = col.type
@@ -89,7 +91,7 @@ def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
         if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
             continue
         stats[name] = (lo, hi)
-    return stats
+    return ops.bound_stats(stats)
 
 
 def part_path(table: str, partition_by: list[str], partition: tuple, name: str) -> str:
@@ -170,17 +172,17 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
     try:
         raw = storage.get(meta.path)
     except FileNotFoundError:
-        raise CorruptPart(f"part {meta.path!r} is missing from {storage}", path=meta.path) from None
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
     if len(raw) != meta.size:
         raise CorruptPart(
-            f"part {meta.path!r} has {len(raw)} bytes, {meta.size} were written "
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written "
             "(truncated or replaced)",
             path=meta.path,
         )
     actual = checksum_of(raw)
     if actual != meta.checksum:
         raise CorruptPart(
-            f"part {meta.path!r} checksum is {actual}, {meta.checksum} was written", path=meta.path
+            f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path
         )
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))
@@ -188,16 +190,16 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
             unknown = [c for c in columns if c not in pf.schema_arrow.names]
             if unknown:
                 raise InvalidInput(
-                    f"read of part {meta.path!r}: unknown column(s) {unknown}", missing=unknown
+                    f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown
                 )
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(
-            f"part {meta.path!r} does not parse as Parquet: {exc}", path=meta.path
+            f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path
         ) from None
     if result.num_rows != meta.rows:
         raise CorruptPart(
-            f"part {meta.path!r} has {result.num_rows} rows, {meta.rows} were written",
+            f"part {quote(meta.path)} has {result.num_rows} rows, {meta.rows} were written",
             path=meta.path,
         )
     return result
@@ -211,11 +213,11 @@ def read_meta(storage: Storage, relpath: str) -> PartMeta:
         d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise CorruptMetadata(
-            f"part metadata {relpath!r} is not JSON: {exc}", path=relpath
+            f"part metadata {quote(relpath)} is not JSON: {clip(exc)}", path=relpath
         ) from None
     meta = PartMeta.from_dict(d)
     if meta.meta_path != relpath:
         raise CorruptMetadata(
-            f"part metadata {relpath!r} describes another file {meta.path!r}", path=relpath
+            f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath
         )
     return meta

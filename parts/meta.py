@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.errors import CorruptMetadata, InvalidInput
+from coordinator.errors import CorruptMetadata, InvalidInput, quote
 from parts import ops
 
 _CHECKSUM_RE = re.compile(r"^crc32:[0-9a-f]{8}$")
@@ -71,19 +71,19 @@ class PartMeta:
         """Validate and rebuild; CorruptMetadata names the first field that is wrong."""
         if not isinstance(d, dict):
             raise CorruptMetadata(f"part metadata must be a JSON object, got {type(d).__name__}")
-        where = f"part metadata {d.get('path') or d.get('name')!r}"
+        where = f"part metadata {quote(d.get('path') or d.get('name'))}"
 
         def need(key: str, types: tuple[type, ...], what: str) -> Any:
             if key not in d:
-                raise CorruptMetadata(f"{where}: missing key {key!r}")
+                raise CorruptMetadata(f"{where}: missing key {quote(key)}")
             value = d[key]
             if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise CorruptMetadata(f"{where}: {key!r} must be {what}, got {value!r}")
+                raise CorruptMetadata(f"{where}: {quote(key)} must be {what}, got {quote(value)}")
             return value
 
         name = need("name", (str,), "a part name")
         if not _NAME_RE.match(name):
-            raise CorruptMetadata(f"{where}: 'name' {name!r} is not a valid part name")
+            raise CorruptMetadata(f"{where}: 'name' {quote(name)} is not a valid part name")
         table = need("table", (str,), "a table name")
         try:
             ops.validate_name("table", table)
@@ -92,11 +92,11 @@ class PartMeta:
         partition = need("partition", (list, tuple), "a list of scalars")
         if not all(isinstance(v, _SCALARS) for v in partition):
             raise CorruptMetadata(
-                f"{where}: 'partition' must hold only JSON scalars, got {partition!r}"
+                f"{where}: 'partition' must hold only JSON scalars, got {quote(partition)}"
             )
         path = need("path", (str,), "a relative path")
         if path.startswith("/") or ".." in path.split("/") or not path.endswith(".parquet"):
-            raise CorruptMetadata(f"{where}: 'path' {path!r} is not a relative .parquet path")
+            raise CorruptMetadata(f"{where}: 'path' {quote(path)} is not a relative .parquet path")
         rows = need("rows", (int,), "a non-negative integer")
         size = need("size", (int,), "a non-negative integer")
         if rows < 0 or size < 0:
@@ -105,9 +105,10 @@ class PartMeta:
             )
         checksum = need("checksum", (str,), "a checksum string")
         if not _CHECKSUM_RE.match(checksum):
-            raise CorruptMetadata(f"{where}: 'checksum' {checksum!r} is not 'crc32:<8 hex digits>'")
+            raise CorruptMetadata(f"{where}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
         raw_stats = need("stats", (dict,), "an object of column -> [min, max]")
         stats: dict[str, tuple[Any, Any]] = {}
+        cut = ops.STAT_PREFIX
         for col, rng in raw_stats.items():
             if rng is None:
                 stats[col] = (None, None)
@@ -118,23 +119,27 @@ class PartMeta:
                 and all(isinstance(v, _SCALARS) for v in rng)
             ):
                 raise CorruptMetadata(
-                    f"{where}: stats for column {col!r} must be [min, max], got {rng!r}"
+                    f"{where}: stats for column {quote(col)} must be [min, max], got {quote(rng)}"
                 )
-            stats[col] = (rng[0], rng[1])
+            lo, hi = rng
+            if (isinstance(lo, str) and len(lo) > cut) or (isinstance(hi, str) and len(hi) > cut):
+                lo, hi = ops.bound_range(lo, hi)  # a client's (or an old part's) long min/max
+            stats[col] = (lo, hi)
         creation_tid = need("creation_tid", (str,), "a transaction id string")
         created_at = need("created_at", (int, float), "a number (epoch seconds)")
         if not math.isfinite(created_at):
-            raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {created_at!r}")
+            raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {quote(created_at)}")
         schema_version = d.get("schema_version", 0)
         if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
-            raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {schema_version!r}")
+            raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}")
         key_summary = d.get("key_summary")
         if key_summary is not None:
-            from coordinator.keys import summary_problem
+            from coordinator.keys import bound_summary, summary_problem
 
             problem = summary_problem(key_summary)
             if problem is not None:
                 raise CorruptMetadata(f"{where}: 'key_summary' {problem}")
+            key_summary = bound_summary(key_summary)
         return cls(
             name=name,
             table=table,

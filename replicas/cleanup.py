@@ -40,6 +40,7 @@ from coordinator.conflicts import Policy
 from coordinator.errors import (
     InvalidInput,
     ReplicaUnavailable,
+    quote,
 )
 from coordinator.fence import MAX_PENDING
 from coordinator.model import AliveRecord
@@ -183,7 +184,7 @@ class Cleanup:
         started = time.time()
         grace = self.config.gc_grace_seconds if grace_seconds is None else float(grace_seconds)
         if not math.isfinite(grace) or grace < 0:
-            raise InvalidInput(f"grace_seconds must be a non-negative number, not {grace_seconds!r}")
+            raise InvalidInput(f"grace_seconds must be a non-negative number, not {quote(grace_seconds)}")
         grace = max(grace, MIN_GRACE)
         alive = self.alive()  # first the published data, then the log (see the module docstring)
         self.replica.catch_up()
@@ -220,7 +221,7 @@ class Cleanup:
             except Exception as exc:
                 if lowest_kept is None:
                     lowest_kept = rec.removal_csn
-                kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                 continue
             if present:
                 window = windows.get(rec.meta.table)
@@ -363,7 +364,7 @@ class Cleanup:
                 try:  # a temporary file is never named by a commit
                     storage.delete(path)
                 except Exception as exc:
-                    kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                    kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                     continue
                 removed.append({**entry, "reason": why})
         self._delete_behind_fence(condemned, removed, kept)
@@ -402,7 +403,7 @@ class Cleanup:
             try:
                 self.replica.storage.delete(path)
             except Exception as exc:
-                kept.append({**entry, "reason": f"delete failed: {exc!r}"})
+                kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                 continue
             settled.append(path)
             removed.append({**entry, "part": entry["part"] or (found[0] if found else None), "reason": why})

@@ -42,6 +42,7 @@ from tenacity import (
     wait_random,
 )
 
+from coordinator import jsonwire
 from coordinator.atomicity import NONE
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.conflicts import (
@@ -61,6 +62,7 @@ from coordinator.errors import (
     MergetxnError,
     TableNotFound,
     TransactionAborted,
+    quote,
 )
 from coordinator.fence import FenceMoved
 from coordinator.model import (
@@ -101,6 +103,14 @@ ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Co
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
 _TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
+
+
+def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
+    """The refusal of a commit whose log record is over the ``max_commit_bytes`` setting."""
+    return InvalidInput(
+        f"{what} would add {size} bytes of metadata to the log (its part descriptors and statistics), more "
+        f"than the replica setting max_commit_bytes ({limit}); nothing was committed: commit fewer parts per "
+        "transaction, or raise max_commit_bytes", size=size, max_commit_bytes=limit, **details)
 
 
 class NeedKeys(Exception):
@@ -240,7 +250,7 @@ class Committer:
                 for p in batch:
                     if not p.done.is_set():
                         self._fail(p, exc if isinstance(exc, MergetxnError) else TransactionAborted(
-                            f"commit failed: {exc!r}"))
+                            f"commit failed: {quote(exc)}"))
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
 
@@ -294,7 +304,7 @@ class Committer:
                 with attempt:
                     node, stat = self._table_node(name)
                     if stat is not None and not table_node_dropped(node):
-                        raise InvalidInput(f"table {name!r} already exists", table=name)
+                        raise InvalidInput(f"table {quote(name)} already exists", table=name)
                     tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
                     new_target = zk.exists(self.log.target_path(name)) is None
                     entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
@@ -322,12 +332,12 @@ class Committer:
                     node, stat = self._table_node(name)
                     cur = self.state.tables.get(name)
                     if stat is None or table_node_dropped(node):
-                        raise TableNotFound(f"unknown table {name!r}", table=name)
+                        raise TableNotFound(f"unknown table {quote(name)}", table=name)
                     if cur is None or cur.ddl_version < stat.version:
                         self._catch_up_tables([name])  # a DDL applied elsewhere first, then decide
                         cur = self.state.tables.get(name)
                         if cur is None:
-                            raise TableNotFound(f"unknown table {name!r}", table=name)
+                            raise TableNotFound(f"unknown table {quote(name)}", table=name)
                     new = cur.altered(add_columns, rename_columns, version=stat.version + 1, retention=retention)
                     entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
                     t = zk.transaction()
@@ -348,6 +358,8 @@ class Committer:
         """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
         is too large for a znode: a table of thousands of columns). Returns the CSN."""
         data = entry.encode()
+        if len(data) > self.replica.config.max_commit_bytes:
+            raise commit_too_large("the definition change", len(data), self.replica.config.max_commit_bytes)
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
             self.replica.storage.put(path, data)
@@ -370,7 +382,7 @@ class Committer:
             self.replica.wait_snapshot(csn)  # done only once it is applied here
         except CorruptMetadata as exc:
             raise CorruptMetadata(
-                f"table {name!r} is in the log at CSN {csn} but not applied here, and exists only once "
+                f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
                 f"every entry before it applies: {exc.message}",
                 table=name, csn=csn) from exc
 
@@ -464,7 +476,7 @@ class Committer:
                 versions = self.log.read_versions(sorted(wanted)) if wanted else {}
             except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
                 self.replica._connected.wait(self.replica.config.session_timeout)
-                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {exc!r}") from exc
+                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
             if versions:
                 self.replica.follower.poke()
             if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
@@ -577,6 +589,10 @@ class Committer:
         entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
                          txns=tuple(txns), ddl=tuple(ddl))
         own = (entry, entry.encode())  # this replica applies its own commit from these
+        if len(own[1]) > self.replica.config.max_commit_bytes:
+            too_large = self._too_large(accepted, txns)
+            if too_large:  # fail those, decide the others again (nothing was written yet)
+                return deferred + [p for p, _ in accepted if p not in too_large]
         data = own[1]
         if len(data) > MAX_INLINE_ENTRY:
             path = f"_manifests/{uuid.uuid4().hex}.json"
@@ -661,6 +677,19 @@ class Committer:
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn
 
+    def _too_large(self, accepted: list[tuple[Pending, Plan]], txns: list[TxnRecord]) -> list[Pending]:
+        """Fail the members whose record in the entry is over ``max_commit_bytes`` (what one
+        commit adds to the log and to every WAL) with InvalidInput naming the setting; return
+        them. A batch of members each under the limit commits whatever its total."""
+        limit = self.replica.config.max_commit_bytes
+        failed = []
+        for (p, _), rec in zip(accepted, txns):
+            size = len(jsonwire.dumps(rec.to_dict()))
+            if size > limit:
+                self._fail(p, commit_too_large(f"transaction {p.txn.id}", size, limit, id=p.txn.id))
+                failed.append(p)
+        return failed
+
     def _fail(self, p: Pending, exc: Exception) -> None:
         self.stats.failure(exc.details.get("kind") if isinstance(exc, ConflictError) else None,
                            conflict=isinstance(exc, ConflictError))
@@ -739,7 +768,7 @@ class Committer:
             drop = rec if isinstance(rec, TableDropped) else None
         if drop is not None:
             raise ConflictError(
-                f"transaction {txn.id} lost to {drop.tid} on table {table!r}: the table was dropped at CSN "
+                f"transaction {txn.id} lost to {drop.tid} on table {quote(table)}: the table was dropped at CSN "
                 f"{drop.csn} (after this transaction's snapshot {txn.snapshot})",
                 winner=drop.tid, kind=str(ConflictKind.TABLE_DROPPED), table=table, csn=drop.csn)
 
@@ -752,7 +781,7 @@ class Committer:
             winners = self.state.winners(table, pkey, txn.snapshot)
             v = check(policies[table], later, winners)
             if not v.ok:
-                where = f"table {table!r}" + (f" partition {pkey}" if pkey != "[]" else "")
+                where = f"table {quote(table)}" + (f" partition {pkey}" if pkey != "[]" else "")
                 raise ConflictError(
                     f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
                     winner=v.winner, kind=str(v.kind), table=table, partition=pkey,
@@ -792,7 +821,7 @@ class Committer:
         try:
             found = self.log.ensure_counters(keys)
         except UNKNOWN_OUTCOME as exc:
-            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {exc!r}") from exc
+            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {quote(exc)}") from exc
         self._counters |= keys
         return found
 
@@ -805,7 +834,7 @@ class Committer:
             try:
                 self.log.ensure_counters(keys - self._counters)
             except UNKNOWN_OUTCOME as exc:
-                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {exc!r}") from exc
+                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {quote(exc)}") from exc
             self._counters |= keys
         return keys
 

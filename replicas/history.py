@@ -19,7 +19,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from coordinator.conflicts import COMPACTIONS, Kind
-from coordinator.errors import InvalidInput, SnapshotUnavailable
+from coordinator.errors import InvalidInput, SnapshotUnavailable, quote
 from coordinator.model import TxnState
 from coordinator.versions import Tid
 from parts.ops import partition_key
@@ -60,7 +60,7 @@ class History:
         if table is not None:
             self.replica.table(table)
         if since_csn is not None and (isinstance(since_csn, bool) or not isinstance(since_csn, int)):
-            raise InvalidInput(f"since_csn must be an integer CSN, not {since_csn!r}")
+            raise InvalidInput(f"since_csn must be an integer CSN, not {quote(since_csn)}")
         since = -1 if since_csn is None else since_csn
         out: list[dict] = []
         tables = [table] if table is not None else sorted(self.state.tables)
@@ -185,13 +185,13 @@ class History:
         with ``lease`` (see :meth:`Leases.lease <replicas.leases.Leases.lease>`) pinning what they read, named in the answer, when
         there are any, until the caller releases it. Nothing stays leased if this fails."""
         if by not in ("id", "time"):
-            raise InvalidInput(f"by must be 'id' or 'time', not {by!r}")
+            raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
         tdef = self.replica.table(table)
         self.replica.retention.ensure_applied()
         if by == "id":
             for what, v in (("start", start), ("end", end)):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                    raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {v!r}")
+                    raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {quote(v)}")
             if start is None:
                 raise InvalidInput("changes: start is required")
             if end is None:
@@ -201,14 +201,14 @@ class History:
         else:
             for what, v in (("start", start), ("end", end)):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                    raise InvalidInput(f"changes by time: {what} must be a timestamp, not {v!r}")
+                    raise InvalidInput(f"changes by time: {what} must be a timestamp, not {quote(v)}")
             if start is None:
                 raise InvalidInput("changes: start is required")
             for what, v in (("start", start), ("end", end)):
                 if v is not None:
                     self.replica.retention.check_not_future(float(v), f"changes by time: {what}")
         if end is not None and end < start:
-            raise InvalidInput(f"changes: end {end!r} is before start {start!r}")
+            raise InvalidInput(f"changes: end {quote(end)} is before start {quote(start)}")
         first = start if by == "id" else self.state.csn_at_time(start)
         commits = self._commits(table, start, end, by, compactions)
         lease_id = None

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from coordinator import keys
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy, Summary
-from coordinator.errors import ConflictError, ConflictKind
+from coordinator.errors import ConflictError, ConflictKind, quote
 from parts.format import read_part
 from parts.meta import PartMeta
 from parts.ops import partition_key
@@ -99,7 +99,7 @@ class KeyConflicts:
                 if key is not None:
                     shown = dict(zip(tdef.primary_key, key))
                     raise ConflictError(
-                        f"transaction {tid} lost to {winner} on table {table!r} key {shown}: {winner} "
+                        f"transaction {tid} lost to {winner} on table {table!r} key {quote(shown)}: {winner} "
                         f"{keys.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
                         f"snapshot {snapshot})",
                         winner=winner, kind=str(ConflictKind.KEY_WRITTEN), table=table, key=list(key), csn=csn)

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, quote
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -55,7 +55,7 @@ class Leases:
         never publishes past it. Returns the snapshot and the lease id (None: no lease, for
         ``holder`` "none" or a Spark lease with ``read_lease_seconds`` 0)."""
         if holder not in LEASE_HOLDERS + ("none",):
-            raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {holder!r}")
+            raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {quote(holder)}")
         lapse = READ_LEASE_SECONDS if holder == "read" else self.config.read_lease_seconds if holder == "spark" else 0
         with self.replica.transactions._txn_lock:
             snap = self.state.applied if snapshot is None else snapshot
@@ -108,5 +108,5 @@ class Leases:
 
 def _lease_id(lease_id: Any) -> str:
     if not isinstance(lease_id, str):
-        raise InvalidInput(f"lease must be a lease id (a string), not {lease_id!r}")
+        raise InvalidInput(f"lease must be a lease id (a string), not {quote(lease_id)}")
     return lease_id

@@ -37,6 +37,7 @@ from coordinator.errors import (
     ReplicaUnavailable,
     SnapshotUnavailable,
     TableNotFound,
+    quote,
 )
 from coordinator.fence import OrphanFence
 from coordinator.model import (
@@ -337,7 +338,7 @@ class Replica:
     def wait_snapshot(self, csn: int) -> None:
         """Block until ``csn`` is applied here (bounded), or raise a clear error."""
         if not isinstance(csn, int) or isinstance(csn, bool) or csn < 0:
-            raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {csn!r}")
+            raise InvalidInput(f"snapshot must be a non-negative integer CSN, not {quote(csn)}")
         if csn <= self.state.applied:
             return  # a snapshot already applied needs nothing more, even if later entries fail
         if self.state.failure is not None:
@@ -388,7 +389,7 @@ class Replica:
             raise InvalidInput("give either snapshot or as_of, not both")
         if as_of is not None:
             if isinstance(as_of, bool) or not isinstance(as_of, (int, float)):
-                raise InvalidInput(f"as_of must be a timestamp, not {as_of!r}")
+                raise InvalidInput(f"as_of must be a timestamp, not {quote(as_of)}")
             self.retention.check_not_future(float(as_of), "as_of")
             snap = self.state.csn_at_time(float(as_of))
             self.retention.check_as_of(snap, as_of, table)
@@ -428,13 +429,13 @@ class Replica:
             if t is None:
                 created = self.state.table(name)
                 if created is not None:
-                    raise TableNotFound(f"table {name!r} does not exist at snapshot {snapshot} "
+                    raise TableNotFound(f"table {quote(name)} does not exist at snapshot {snapshot} "
                                         f"(created at CSN {created.created_csn})", table=name)
                 rec = self.state.record(name, snapshot)
                 if isinstance(rec, TableDropped):
-                    raise TableNotFound(f"table {name!r} was dropped at CSN {rec.csn} (by {rec.tid})",
+                    raise TableNotFound(f"table {quote(name)} was dropped at CSN {rec.csn} (by {rec.tid})",
                                         table=name, dropped_csn=rec.csn)
-                raise TableNotFound(f"unknown table {name!r}", table=name)
+                raise TableNotFound(f"unknown table {quote(name)}", table=name)
         return t
 
     def _table_node_live(self, name: str) -> bool:

@@ -150,6 +150,11 @@ class ReplicaConfig:
     local_checkpoint_every: int = _setting(
         5000, "write the local state snapshot and compact the WAL every this many entries", minimum=1, tunable=True)
     tail_check_seconds: float = _setting(1.0, "seconds between looks at the log tail", minimum=0.05, tunable=True)
+    # Tunable: the metadata one commit adds to the log, every WAL and every replica's memory
+    # (replicas/committer.py refuses a larger one with InvalidInput; docs/guarantees.md).
+    max_commit_bytes: int = _setting(
+        64 * 1024 * 1024, "a transaction (or DDL) whose log entry record is larger is refused at commit",
+        minimum=64 * 1024, tunable=True)
 
     def __post_init__(self) -> None:
         if self.credentials is None and self.credentials_file is not None:
