@@ -77,7 +77,8 @@ class Client:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {address!r}")
         self.address = address
-        self._rpc = RpcClient(address, timeout, security.resolve(credentials))
+        self.credentials = security.resolve(credentials)  # who this client logs in as (None: unsecured)
+        self._rpc = RpcClient(address, timeout, self.credentials)
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
         # S uses one when the last catalog change at or before S (begin says it) is not after it.
         self._tables: dict[str, tuple[TableDef, int]] = {}
@@ -483,6 +484,27 @@ class Client:
 
     def kill(self, txn_id: str) -> dict:
         return self.call("kill", id=str(txn_id))
+
+    # -- users (secured clusters; an admin's calls) ------------------------------------------
+    def create_user(self, name: str, role: str, tables: Sequence[str] | None = None) -> Credentials:
+        """Add a user of role ``"admin"``, ``"writer"`` or ``"reader"`` with grants on ``tables``
+        (None: every table, those created later included); returns its credentials (a new
+        secret and this client's CA file), what ``coordinator.connect(..., credentials=)``
+        takes: keep them (``.to_file(path)``), the cluster keeps only a salted hash."""
+        new = security.make_user_credentials(name, None if self.credentials is None else self.credentials.ca_file)
+        if tables is not None and not isinstance(tables, str):
+            tables = sorted(tables) if isinstance(tables, (set, frozenset)) else list(tables)
+        self.call("create_user", name=name, role=role, tables=tables, secret=new.secret)
+        return new
+
+    def drop_user(self, name: str) -> None:
+        """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
+        every replica, also on its connections already open."""
+        self.call("drop_user", name=name)
+
+    def users(self) -> list[dict]:
+        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``."""
+        return self.call("users")
 
     def parts(self, table: str) -> pa.Table:
         rows = self.call("parts", table=table)

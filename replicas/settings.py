@@ -116,6 +116,11 @@ class ReplicaConfig:
     storage_options: dict | None = field(default=None, repr=False)
     credentials: Credentials | None = field(default=None, repr=False, compare=False)  # from credentials_file
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
+    # Tunable: quotas per user of a secured cluster (replicas/registry.py, replicas/leases.py).
+    user_max_transactions: int = _setting(1000, "running transactions one user may hold on this replica "
+                                          "(secured clusters)", minimum=1, tunable=True)
+    user_max_read_leases: int = _setting(1000, "read leases one user may hold on this replica (secured clusters)",
+                                         minimum=1, tunable=True)
     # Tunable: background merges and cleanup (replicas/merges.py, replicas/cleanup.py).
     merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
                                      tunable=True)
