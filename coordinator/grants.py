@@ -81,6 +81,7 @@ OP_RIGHTS: dict[str, Right] = {
     "drop_table": Right.ADMIN,
 }
 _ADMIN_ONLY = Rule(Right.ADMIN)
+_SHOWN = {"visible": "read"}  # an action by the statement a user made (client.read, tx.read, scans)
 # Why a right is refused; READ's is also why a writer may not write a table it has no grant on.
 _WHY = {Right.READ: "the user has no grant on that table", Right.WRITE: "writers and admins only",
         Right.KILL: "writers (their own transactions) and admins only", Right.ADMIN: "admins only"}
@@ -107,6 +108,7 @@ def check(who: Grantee, action: str, args: Mapping[str, Any],
     ``owner_of(id)``: the user that began the transaction ``id`` names, None when this replica
     does not hold it (the action itself then fails as it would for anyone)."""
     rule = ACTIONS.get(action, _ADMIN_ONLY)
+    action = _SHOWN.get(action, action)
     table = args.get(rule.table) if rule.table is not None else None
     if action == "events" and table is None and who.tables is not None and who.role is not Role.ADMIN:
         _deny(who, action, None, Right.READ, "it names no table and the user has grants on some tables only")
