@@ -10,7 +10,6 @@ ZooKeeper and two replica processes, every call over TLS as one of the users mad
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -494,8 +493,9 @@ def test_cli_add_user_users_drop_user_and_the_exit_code_of_a_refusal(
     assert again.exit_code != 0 and "exists" in again.output  # never overwrites a credentials file
 
 
-def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factory: pytest.TempPathFactory) -> None:
-    with make_cluster(tmp_path_factory, None, "open", replicas=1) as c, c.client(0) as client:
+def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factory: pytest.TempPathFactory,
+                                                                 zk_server: object) -> None:
+    with make_cluster(tmp_path_factory, zk_server, "open", replicas=1) as c, c.client(0) as client:
         assert c.credentials is None
         with pytest.raises(errors.InvalidInput, match="only a secured cluster"):
             c.add_user("u", R)
@@ -506,4 +506,3 @@ def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factor
         tx.insert("t", ROWS)
         client.kill(tx.id)
         assert client.gc() is not None
-        assert os.environ.get("MERGETXN_CREDENTIALS") in (None, "")
