@@ -512,10 +512,10 @@ def test_spark_data_source_with_the_credentials_option(cluster: coordinator.Loca
     from test_spark import new_session
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    path = str(cluster.workdir / "security" / CLIENT_FILE)
     address = cluster.replica_addresses[0]
     c0.create_table("sp_secure", pa.schema([("id", pa.int64()), ("k", pa.string()), ("v", pa.float64())]),
                     auto_merge=False)
+    path = str(cluster.add_user("spark_etl", "writer", ["sp_secure"]).to_file(cluster.workdir / "spark_etl.json"))
     session = new_session("mergetxn-security")
     try:
         df = session.createDataFrame([(1, "a", 0.5), (2, "b", 1.0)], "id long, k string, v double")
