@@ -80,6 +80,10 @@ OP_RIGHTS: dict[str, Right] = {
     "insert": _W, "overwrite": _W, "truncate": _W, "delete": _W, "update": _W, "compact": _W,
     "drop_table": Right.ADMIN,
 }
+# What a client may say it is doing in a stage request ("statement"), to have a refusal name it as
+# the user wrote it (a keys table's upsert stages an insert); the operations decide the right.
+STATEMENTS = frozenset({"insert", "upsert", "overwrite", "truncate", "delete", "delete_keys", "update", "compact",
+                        "lock_keys", "drop_table"})
 _ADMIN_ONLY = Rule(Right.ADMIN)
 _SHOWN = {"visible": "read"}  # an action by the statement a user made (client.read, tx.read, scans)
 # Why a right is refused; READ's is also why a writer may not write a table it has no grant on.
@@ -119,7 +123,9 @@ def check(who: Grantee, action: str, args: Mapping[str, Any],
             kind = op.get("op") if isinstance(op, dict) else None
             op_table = op.get("table") if isinstance(op, dict) else None
             right = OP_RIGHTS.get(kind, Right.ADMIN) if isinstance(kind, str) else Right.ADMIN
-            _need(who, kind if isinstance(kind, str) else action, right, op_table)
+            named = args.get("statement")
+            shown = named if named in STATEMENTS else kind if isinstance(kind, str) else action
+            _need(who, shown, right, op_table)
     if rule.txn and who.role is not Role.ADMIN and isinstance(args.get("id"), str):
         owner = owner_of(args["id"])
         if owner is not None and owner != who.name:

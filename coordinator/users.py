@@ -27,6 +27,7 @@ from typing import Any
 
 from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.grants import Grantee, Role
+from parts.ops import validate_name
 
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # the scrypt paper's interactive setting: ~60 ms here
 MIN_SECRET, MAX_SECRET = 16, 256  # characters
@@ -54,8 +55,6 @@ def check_role(role: object) -> Role:
 
 def check_tables(tables: object, role: Role) -> tuple[str, ...] | None:
     """``None`` (every table, those created later included) or a list of table names."""
-    from parts.ops import validate_name
-
     if tables is None:
         return None
     if role is Role.ADMIN:

@@ -32,6 +32,7 @@ from parts.ops import partition_key
 from replicas import leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
+from replicas.users import Users
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class ReplicaServer(RpcServer):
         principal = a.get(PRINCIPAL)
         return None if principal is None or self.replica.users is None else self.replica.users.grantee(principal)
 
-    def _users(self):  # noqa: ANN202 - replicas.users.Users
+    def _users(self) -> Users:
         if self.replica.users is None:
             raise InvalidInput(f"replica {self.address} is not secured: it has no users (start it with --credentials)")
         return self.replica.users

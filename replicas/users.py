@@ -25,6 +25,7 @@ import hmac
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,19 +157,17 @@ class Users:
 
     def drop(self, name: object) -> dict:
         """Remove a user: its credentials are refused from now on, on every replica."""
-        if not isinstance(name, str) or name not in self._users and self._fresh().get(name) is None:
-            raise InvalidInput(f"no user {str(name)[:80]!r}", field="name")
         dropped: list[UserRecord] = []
 
         def remove(users: dict[str, UserRecord]) -> bool:
-            held = users.pop(name, None)
+            held = users.pop(name, None) if isinstance(name, str) else None
             if held is not None:
                 dropped[:] = [held]
             return held is not None
 
         self._change(remove)
         if not dropped:
-            raise InvalidInput(f"no user {name[:80]!r}", field="name")
+            raise InvalidInput(f"no user {str(name)[:80]!r}", field="name")
         return dropped[0].public()
 
     def describe(self) -> list[dict]:
@@ -176,11 +175,7 @@ class Users:
         with self._lock:
             return [u.public() for _, u in sorted(self._users.items())]
 
-    def _fresh(self) -> dict[str, UserRecord]:
-        self.refresh()
-        return self._users
-
-    def _change(self, change: Any) -> None:
+    def _change(self, change: Callable[[dict[str, UserRecord]], bool]) -> None:
         """Apply ``change(users) -> changed`` to the node atomically (a versioned set: the
         compare-and-swap of coordinator/zkrecipes.py), then to this replica's copy at once."""
 

@@ -156,6 +156,19 @@ def test_a_transaction_of_another_user_is_not_yours_to_touch() -> None:
         grants.check(writer, action, {**args, "id": "not-here"}, owners)  # not held here: the action says so itself
 
 
+def test_a_statement_name_names_a_refusal_and_never_grants_anything() -> None:
+    reader, writer = Grantee("r", Role.READER), Grantee("w", Role.WRITER)
+    upsert = {"id": "x", "statement": "upsert", "ops": [{"op": "insert", "table": "t"}]}
+    with pytest.raises(errors.PermissionDenied, match="may not upsert on table 't'"):
+        grants.check(reader, "stage", upsert)
+    grants.check(writer, "stage", upsert)
+    disguised = {"id": "x", "statement": "insert", "ops": [{"op": "drop_table", "table": "t"}]}
+    with pytest.raises(errors.PermissionDenied, match="admins only"):
+        grants.check(writer, "stage", disguised)  # the operation decides, whatever it is called
+    with pytest.raises(errors.PermissionDenied, match="may not insert"):
+        grants.check(reader, "stage", {**upsert, "statement": "<script>"})  # an unknown name is not shown
+
+
 def test_user_records_keep_a_salted_hash_never_the_secret() -> None:
     one, two = UserRecord.new("u", "reader", None, "x" * 30), UserRecord.new("v", "reader", None, "x" * 30)
     assert one.secret_hash != two.secret_hash  # salted
@@ -312,6 +325,29 @@ def test_a_refused_statement_leaves_the_transaction_usable(cluster: coordinator.
         csn = tx.commit()
         assert 20 in admin.read("t", snapshot=csn).column("id").to_pylist()
         assert admin.read("other").num_rows == ROWS.num_rows
+
+
+def test_refusals_on_a_keys_table_name_the_statement_the_user_made(
+        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    admin.create_table("kv", pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.string())]),
+                       primary_key=["k"], conflict_policy="keys")
+    with admin.transaction() as tx:
+        tx.upsert("kv", pa.table({"k": [1], "v": ["a"]}))
+    keys_ = pa.table({"k": pa.array([1], pa.int64())})
+    with connect(cluster, made[R]) as reader:
+        tx = reader.begin()
+        before = state(admin)
+        for statement, call in (("upsert", lambda: tx.upsert("kv", pa.table({"k": [2], "v": ["b"]}))),
+                                ("delete_keys", lambda: tx.delete_keys("kv", keys_)),
+                                ("lock_keys", lambda: tx.lock_keys("kv", keys_)),
+                                ("insert", lambda: tx.insert("kv", pa.table({"k": [3], "v": ["c"]}))),
+                                ("truncate", lambda: tx.truncate("kv"))):
+            with pytest.raises(errors.PermissionDenied,
+                               match=rf"user 'reader1' \(reader\) may not {statement} on table 'kv'"):
+                call()
+        assert tx.read("kv").num_rows == 1
+        tx.commit()
+        assert state(admin) == before and admin.read("kv").num_rows == 1
 
 
 def test_a_writer_kills_its_own_transactions_only(cluster: coordinator.LocalCluster, admin: coordinator.Client,
