@@ -105,7 +105,9 @@ class Users:
     # -- logins and calls --------------------------------------------------------------------
     def authenticate(self, args: dict) -> Principal | None:
         """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused).
-        Constant-time compares; an unknown user costs what a known one does."""
+        Constant-time compares; an unknown user costs what a known one does. A user that the
+        watch brought while its secret was being checked (made through another replica just
+        before this login) is checked once more against its record."""
         user, secret = args.get("user"), args.get("secret")
         if not isinstance(user, str) or not isinstance(secret, str) or len(user) > _MAX_LOGIN \
                 or len(secret) > _MAX_LOGIN:
@@ -115,6 +117,14 @@ class Users:
                 secret.encode(), ident.secret.encode()):
             return Principal(ident.user, replica=True)
         record = self._users.get(user)
+        for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
+            principal = self._check(user, secret, record)
+            if principal is not None or self._users.get(user) is record:
+                return principal
+            record = self._users.get(user)
+        return None
+
+    def _check(self, user: str, secret: str, record: UserRecord | None) -> Principal | None:
         stamp = record.secret_hash if record is not None else records.decoy()
         mark = hmac.new(self._key, b"\0".join((user.encode(), stamp.encode(), secret.encode())), hashlib.sha256).digest()
         known = self._verified.get(user)
