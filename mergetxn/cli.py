@@ -1607,25 +1607,32 @@ def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str
               help="admin: everything; writer: reads and writes of its tables; reader: reads of its tables.")
 @click.option("--table", "tables", multiple=True, metavar="TABLE",
               help="A table the user has grants on (repeat for each; default: every table, later ones too).")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--out", "out_file", default=None, metavar="FILE|-",
               help="Where to write the user's credentials file (default: NAME.json beside the CA file of "
-                   "--credentials). Never overwritten.")
+                   "--credentials; never overwritten). '-': print it on stdout instead (to pipe into a "
+                   "secret store; the only time a secret is printed).")
 @replica_option
-def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: Path | None, replica: str) -> None:
+def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: str | None, replica: str) -> None:
     """Add user NAME (as an admin: --credentials) and write its credentials file (mode 0600:
     its name, a new secret and the CA file). Hand that file to the user; the cluster keeps only
-    a salted hash of the secret, which is never printed."""
+    a salted hash of the secret, which is printed only with --out -."""
     with connected(replica) as client:
         if client.credentials is None:
             fail("security add-user: give an admin's credentials (--credentials or MERGETXN_CREDENTIALS)")
         ca = client.credentials.ca_file
-        path = out_file or (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
-        if path.exists():
+        path = None if out_file == "-" else Path(out_file) if out_file else \
+            (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
+        if path is not None and path.exists():
             fail(f"{path} exists: remove it or give --out")
         creds = client.create_user(name, role, list(tables) or None)
+    grants = ", ".join(tables) if tables else "every table"
+    if path is None:
+        click.echo(json.dumps({"user": creds.user, "secret": creds.secret,
+                               **({"ca_file": str(creds.ca_file.resolve())} if creds.ca_file else {})}, indent=2))
+        console(stderr=True).print(f"user {name!r} ({role}, tables: {grants}) added", soft_wrap=True)
+        return
     creds.to_file(path)
-    console().print(f"user {name!r} ({role}, tables: {', '.join(tables) if tables else 'every table'}): "
-                    f"credentials in {path}", soft_wrap=True)
+    console().print(f"user {name!r} ({role}, tables: {grants}): credentials in {path}", soft_wrap=True)
 
 
 @security.command("drop-user")

@@ -106,6 +106,8 @@ class Transactions:
             while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
                                    or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS):
                 self._begun.popitem(last=False)
+            if token is not None and owner is not None:
+                token = f"{owner}\0{token}"  # a token names a begin of its own user only
             if token is not None and token in self._begun:
                 return self._begun[token][1]
             if owner is not None:

@@ -527,6 +527,15 @@ def test_cli_add_user_users_drop_user_and_the_exit_code_of_a_refusal(
     assert runner.invoke(cli, ["snapshot", *as_writer]).exit_code == EXIT_AUTH
     again = runner.invoke(cli, ["security", "add-user", "cli_w2", "--role", "reader", "--out", str(out_file), *common])
     assert again.exit_code != 0 and "exists" in again.output  # never overwrites a credentials file
+    printed = CliRunner().invoke(cli, ["security", "add-user", "cli_r", "--role", "reader", "--out", "-", *common])
+    assert printed.exit_code == 0, printed.output
+    shown = json.loads(printed.stdout)
+    assert shown["user"] == "cli_r" and Path(shown["ca_file"]).is_file()
+    piped = tmp_path / "piped.json"
+    piped.write_text(printed.stdout)
+    piped.chmod(0o600)
+    with coordinator.connect(cluster.replica_addresses[1], credentials=piped) as c:
+        assert "t" in c.tables()
 
 
 def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factory: pytest.TempPathFactory,
