@@ -88,7 +88,7 @@ class Replica:
         self.address = ""
         creds = config.credentials
         if creds is not None:
-            # The cluster's identity in ZooKeeper: every node this replica creates (kazoo's
+            # The replicas' identity in ZooKeeper: every node this replica creates (kazoo's
             # default_acl: creates, ensure_path's parents, multis and recipes alike) may be read
             # and written by that identity only. kazoo logs its auth packet at DEBUG: redact it.
             for name in ("kazoo.client", "kazoo.protocol.connection"):

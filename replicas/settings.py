@@ -12,7 +12,7 @@ whether it is *tunable*). Everything else is derived from these declarations:
   (:func:`command_line`).
 
 Fields without a :class:`Setting` are set only by code: ``storage_options`` (credentials for s3fs,
-never on a command line), ``read_wait_seconds``, and ``credentials``: the cluster's identity
+never on a command line), ``read_wait_seconds``, and ``credentials``: the replicas' identity
 (coordinator/security.py), read from the file named by the ``credentials_file`` setting
 (``--credentials FILE`` or ``MERGETXN_CREDENTIALS``); a secret never goes on a command line.
 """
