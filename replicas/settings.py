@@ -111,8 +111,8 @@ class ReplicaConfig:
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
     credentials_file: Path | None = _setting(
-        None, "the cluster's credentials file (mergetxn security init): TLS and authentication for clients, "
-        "ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
+        None, "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
+        "grants for clients, ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
     storage_options: dict | None = field(default=None, repr=False)
     credentials: Credentials | None = field(default=None, repr=False, compare=False)  # from credentials_file
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
