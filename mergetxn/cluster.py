@@ -93,11 +93,11 @@ class LocalCluster:
     def add_user(self, name: str, role: str, tables: list[str] | None = None) -> Credentials:
         """A new user of role ``"admin"``, ``"writer"`` or ``"reader"`` with grants on ``tables``
         (None: every table); its credentials (``client.create_user`` as the admin)."""
-        if self._admin is None:
+        if not self.secure:
             raise InvalidInput("add_user: only a secured cluster has users (LocalCluster(..., secure=True))")
         running = [i for i, a in enumerate(self.replica_addresses) if a and self.replica_pid(i)]
-        if not running:
-            raise ReplicaUnavailable("add_user: no replica is running")
+        if self._admin is None or not running:
+            raise ReplicaUnavailable("add_user: no replica is running (start the cluster first)")
         with self.client(running[0]) as c:
             return c.create_user(name, role, tables)
 
