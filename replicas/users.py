@@ -6,7 +6,7 @@ and an operator's ``mergetxn status --credentials <replica file>`` present), and
 records live in one ZooKeeper node (coordinator/users.py). The replicas' identity is no user: it
 is not listed, cannot be dropped, and may do everything (whoever holds it holds ZooKeeper).
 
-A login (``auth``) costs one scrypt (about 60 ms) the first time a user's secret is checked on a
+A login (``auth``) costs one scrypt (about 15 ms) the first time a user's secret is checked on a
 replica; after that the replica remembers a keyed hash of what verified (per user, for the
 record it was checked against), so the next logins with the same credentials cost microseconds,
 less than a commit. A wrong secret, or an unknown user, always costs the scrypt.
