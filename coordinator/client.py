@@ -9,6 +9,7 @@ before the replica hears of it.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import threading
 import uuid
@@ -80,7 +81,8 @@ class Client:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
         self.address = address
-        self._rpc = RpcClient(address, timeout, security.resolve(credentials))
+        self.credentials = security.resolve(credentials)  # who this client logs in as (None: unsecured)
+        self._rpc = RpcClient(address, timeout, self.credentials)
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
         # S uses one when the last catalog change at or before S (begin says it) is not after it.
         self._tables: dict[str, tuple[TableDef, int]] = {}
@@ -496,6 +498,27 @@ class Client:
     def kill(self, txn_id: str) -> dict:
         return self.call("kill", id=str(txn_id))
 
+    # -- users (secured clusters; an admin's calls) ------------------------------------------
+    def create_user(self, name: str, role: str, tables: Sequence[str] | None = None) -> Credentials:
+        """Add a user of role ``"admin"``, ``"writer"`` or ``"reader"`` with grants on ``tables``
+        (None: every table, those created later included); returns its credentials (a new
+        secret and this client's CA file), what ``coordinator.connect(..., credentials=)``
+        takes: keep them (``.to_file(path)``), the cluster keeps only a salted hash."""
+        new = security.make_user_credentials(name, None if self.credentials is None else self.credentials.ca_file)
+        if tables is not None and not isinstance(tables, str):
+            tables = sorted(tables) if isinstance(tables, (set, frozenset)) else list(tables)
+        self.call("create_user", name=name, role=role, tables=tables, secret=new.secret)
+        return new
+
+    def drop_user(self, name: str) -> None:
+        """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
+        every replica, also on its connections already open."""
+        self.call("drop_user", name=name)
+
+    def users(self) -> list[dict]:
+        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``."""
+        return self.call("users")
+
     def parts(self, table: str) -> pa.Table:
         rows = self.call("parts", table=table)
         schema = pa.schema([
@@ -660,6 +683,27 @@ class Client:
         return CommitStatus.from_dict(r)
 
 
+def _named(statement: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Name the statement a Transaction method makes in the stage requests it sends, so that a
+    refusal (PermissionDenied) names it as the user wrote it: a keys table's upsert, delete_keys
+    or lock_keys stages an insert. It only names; the replica checks the operations themselves."""
+
+    def wrap(method: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(method)
+        def named(self: Transaction, *args: Any, **kwargs: Any) -> T:
+            if self._statement is not None:  # called by another statement: that one names it
+                return method(self, *args, **kwargs)
+            self._statement = statement
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self._statement = None
+
+        return named
+
+    return wrap
+
+
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
@@ -678,6 +722,7 @@ class Transaction:
         self._durability = SYNC
         self._queued = False  # an async commit was accepted (queued) by the replica
         self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/keys.py)
+        self._statement: str | None = None  # the statement being made (see _named)
 
     @property
     def isolation(self) -> str:
@@ -728,8 +773,9 @@ class Transaction:
     def _send(self, action: str, ops: list[StagedOp], written: bool = True) -> Any:
         """``written``: the parts of ``ops`` are files this call wrote for this transaction (not
         parts handed to it); a refusal deletes those, and only those no commit names."""
+        named = {} if self._statement is None else {"statement": self._statement}
         try:
-            return self.client.call(action, id=self.id, ops=[op.to_dict() for op in ops])
+            return self.client.call(action, id=self.id, ops=[op.to_dict() for op in ops], **named)
         except ReplicaUnavailable:
             raise  # the replica may hold them already: cleanup decides once it is known
         except errors.MergetxnError:
@@ -773,6 +819,7 @@ class Transaction:
         return self._visible_csns(table, pkeys)[0]
 
     # -- statements -------------------------------------------------------------------------
+    @_named("insert")
     def insert(self, table: str, data: pa.Table) -> int:
         """INSERT INTO; returns the number of rows. On a keys table: rows by key in overwrite
         mode (:meth:`upsert` with ``update=False``)."""
@@ -786,6 +833,7 @@ class Transaction:
             self._stage(Insert(table, tuple(parts)))
         return data.num_rows
 
+    @_named("upsert")
     def upsert(self, table: str, data: pa.Table, update: bool = False) -> int:
         """Write rows by key into a keys table; returns the number of rows. ``update=False``
         (overwrite mode): a row replaces any earlier row with its key, columns absent from
@@ -795,6 +843,7 @@ class Transaction:
         tdef = _keys_table(self.table(table), "upsert")
         return self._write_versions(tdef, data, keys.UPDATE if update else keys.PUT)
 
+    @_named("delete_keys")
     def delete_keys(self, table: str, keys_: pa.Table) -> int:
         """Delete the rows of a keys table with these keys (a pyarrow.Table of the key columns;
         keys without a row are fine); returns the number of keys given."""
@@ -802,6 +851,7 @@ class Transaction:
         tdef = _keys_table(self.table(table), "delete_keys")
         return self._write_versions(tdef, keys_, keys.DELETE)
 
+    @_named("lock_keys")
     def lock_keys(self, table: str, keys_: pa.Table, mode: str = "shared_strong") -> int:
         """Read-lock keys of a keys table (a pyarrow.Table of the key columns) until the commit:
         it then fails with ConflictError if a transaction that committed after this one's
@@ -838,6 +888,7 @@ class Transaction:
             self._stage(Insert(tdef.name, tuple(parts)))
         return versions.num_rows
 
+    @_named("overwrite")
     def overwrite(self, table: str, data: pa.Table, partitions: Sequence[Any] | None = None) -> int:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
         whole table when it is not partitioned)."""
@@ -892,6 +943,7 @@ class Transaction:
         live = self.client._read_parts(tdef, metas, list(tdef.primary_key), where, csns)
         return self._write_versions(tdef, live, keys.DELETE) if live.num_rows else 0
 
+    @_named("truncate")
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed (on a keys
         table: the number of keys deleted, each by a delete version)."""
@@ -905,6 +957,7 @@ class Transaction:
                              None if targets is None else tuple(partition_key(p) for p in targets)))
         return len(removed)
 
+    @_named("delete")
     def delete(self, table: str, where: pc.Expression) -> int:
         """DELETE WHERE ``where``; returns the number of rows deleted. On a keys table it
         deletes by key the rows that match at this transaction's snapshot, with its own writes."""
@@ -919,6 +972,7 @@ class Transaction:
                            tuple(result.removed), _rewrite_targets(tdef, None)))
         return result.affected_rows
 
+    @_named("update")
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
         self._check_open()
@@ -948,6 +1002,7 @@ class Transaction:
         updated, _ = apply_update(matched, where, assigns)
         return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keys.UPDATE)
 
+    @_named("compact")
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
         """Stage a compaction in this transaction; returns the number of parts it replaces."""
         self._check_open()
@@ -1030,6 +1085,7 @@ class Transaction:
         self._record_read(tdef, where)
         return self.client._read_parts(tdef, metas, columns, where, csns)
 
+    @_named("drop_table")
     def drop_table(self, table: str) -> None:
         """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are
         removed then, whoever committed them); a transaction that wrote the table and commits

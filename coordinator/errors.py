@@ -193,6 +193,19 @@ class AuthenticationFailed(MergetxnError):
     Nothing was changed. Never retried: the same credentials fail the same way."""
 
 
+class PermissionDenied(MergetxnError):
+    """The user this connection authenticated as may not make this call (SPEC.md "Users, roles
+    and grants": its role or its table grants do not allow it). The message names the user, the
+    action and the table (``details``: ``user``, ``role``, ``action``, ``table``). Nothing was
+    changed; in a transaction only the statement failed, and the transaction stays usable."""
+
+
+class QuotaExceeded(PermissionDenied):
+    """The user holds as many running transactions (or read leases) on this replica as its quota
+    allows (``details``: ``quota``, the replica setting; ``value``, its limit; ``user``). Nothing
+    was changed: end one (commit, roll back, finish the read) and ask again."""
+
+
 _BY_NAME = {
     cls.__name__: cls
     for cls in (
@@ -209,6 +222,8 @@ _BY_NAME = {
         ReplicaUnavailable,
         OutcomeUnknown,
         AuthenticationFailed,
+        PermissionDenied,
+        QuotaExceeded,
     )
 }
 

@@ -69,8 +69,11 @@ Reply = Callable[[dict], None]
 # from any thread); False to have ``dispatch`` run it on a worker thread. Runs on the I/O thread,
 # so it must never block: it takes only what it can answer (or hand on) at once.
 Inline = Callable[[str, dict, Reply], bool]
-# ``authenticate(args)``: whether the arguments of an ``auth`` request name the cluster's identity.
-Authenticate = Callable[[dict], bool]
+# ``authenticate(args)``: who the arguments of an ``auth`` request name (a principal), or None
+# (refused). The principal is kept on the connection and set as ``args[PRINCIPAL]`` of each of its
+# requests, over anything the peer sent under that name (None on an unsecured server).
+Authenticate = Callable[[dict], Any]
+PRINCIPAL = "_principal"
 
 
 def error_reply(exc: BaseException) -> dict:
@@ -80,7 +83,7 @@ def error_reply(exc: BaseException) -> dict:
 
 class _Conn:
     __slots__ = ("sock", "inbuf", "outbuf", "busy", "closed", "close_after", "in_next", "authed", "max_frame",
-                 "handshake", "tls")
+                 "handshake", "tls", "principal")
 
     def __init__(self, sock: socket.socket, authed: bool = True, tls: bool = False) -> None:
         self.sock = sock
@@ -94,6 +97,7 @@ class _Conn:
         self.closed = False
         self.close_after = False  # close once the outgoing bytes are sent (a malformed request)
         self.in_next = False  # _next is running for it (an answer given inline continues its loop)
+        self.principal: Any = None  # who it authenticated as (what authenticate returned)
 
 
 class RpcServer:
@@ -336,11 +340,13 @@ class RpcServer:
         if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
             self._refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
             return
-        if not self.authenticate(args):
+        principal = self.authenticate(args)
+        if not principal:
             log.warning("authentication failed from %s (user %r)", _peer(conn.sock), str(args.get("user"))[:100])
             self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
             return
         conn.authed = True
+        conn.principal = principal
         conn.max_frame = MAX_FRAME
         self._unauthenticated.pop(conn, None)
         self._send(conn, {"ok": True, "result": {"user": args.get("user")}})
@@ -389,6 +395,7 @@ class RpcServer:
         self._send(conn, {"ok": False, "error": errors.InvalidInput(f"bad request: {why}").to_dict()})
 
     def _request(self, conn: _Conn, action: str, args: dict) -> None:
+        args[PRINCIPAL] = conn.principal
         answered = False
 
         def reply(envelope: dict) -> None:

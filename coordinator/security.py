@@ -1,22 +1,30 @@
-"""The cluster's identity: who may talk to a replica, and to ZooKeeper under the mergetxn root.
+"""A secured cluster's two identities: the replicas' and its users' (SPEC.md "Security" and
+"Users, roles and grants").
 
-A secured cluster has one identity, :class:`Credentials` (a user and a secret), kept in a
-credentials file (JSON or TOML, mode 0600) beside a private CA:
-
-* replicas accept clients only over TLS (their certificate is signed by the CA in ``ca_file``)
-  and only after an ``auth`` request carrying the identity (coordinator/rpc.py);
-* replicas log in to ZooKeeper with the identity (digest scheme) and create every node under
-  the root with an ACL that lets only that identity read or write it (replicas/replica.py).
+* **The replicas' identity** (:class:`Credentials` with a certificate and key, the replica
+  credentials file ``credentials.json``): a user name and secret that log in to ZooKeeper (digest
+  scheme; every node under the root carries an ACL that lets only this identity read or write it,
+  replicas/replica.py), the replicas' TLS certificate and key, and what one replica presents to
+  another (a forwarded ``commit_status``). Only replicas (and an operator's ``mergetxn status``)
+  hold it.
+* **Users** (:class:`Credentials` without certificate or key, e.g. ``admin.json``): a user name,
+  a secret and the CA that signed the replicas' certificate. They log in to replicas only, over
+  TLS with an ``auth`` request (coordinator/rpc.py); the replicas check them against the users
+  stored in ZooKeeper, salted and hashed (coordinator/users.py, replicas/users.py), and each call
+  against the user's role and grants (coordinator/grants.py). Nothing in a user's file logs in to
+  ZooKeeper: its secret is no ZooKeeper identity's, and :meth:`Credentials.zk_auth` refuses it.
 
 A credentials file names its other files relative to its own directory::
 
-    {"user": "mergetxn", "secret": "...", "ca_file": "ca.pem",
-     "cert_file": "replica.pem", "key_file": "replica.key"}
+    {"user": "mergetxn", "secret": "...", "ca_file": "ca.pem", "cert_file": "replica.pem",
+     "key_file": "replica.key", "admin": {"user": "admin", "hash": "scrypt$..."}}   (replicas)
+    {"user": "admin", "secret": "...", "ca_file": "ca.pem"}                          (a user)
 
-``cert_file``/``key_file`` (the replica's certificate and key) only a replica needs; clients use
-a file without them. :func:`make_cluster_credentials` (``mergetxn security init``) makes both.
-The secret is never printed: not in ``repr``, errors, logs, ``info`` or a command line (a
-process takes the file's path, ``--credentials FILE`` or ``MERGETXN_CREDENTIALS``).
+``admin`` (the replicas' file only) is the first admin user, salted and hashed: the first replica
+to start on a new root stores it (replicas/users.py); later ones find the users there.
+:func:`make_cluster_credentials` (``mergetxn security init``) makes both files. A secret is never
+printed: not in ``repr``, errors, logs, ``info`` or a command line (a process takes the file's
+path, ``--credentials FILE`` or ``MERGETXN_CREDENTIALS``).
 """
 
 from __future__ import annotations
@@ -38,19 +46,23 @@ from coordinator.errors import InvalidInput
 ENV_CREDENTIALS = "MERGETXN_CREDENTIALS"
 DEFAULT_USER = "mergetxn"
 MIN_SECRET = 16  # characters; make_cluster_credentials makes 43
-CLIENT_FILE = "client.json"  # what make_cluster_credentials writes for clients (no replica key)
+DEFAULT_ADMIN = "admin"
+ADMIN_FILE = "admin.json"  # what make_cluster_credentials writes for the first admin user
+CLIENT_FILE = ADMIN_FILE  # the clients' file: a user's (the admin's, until an admin adds others)
 REPLICA_FILE = "credentials.json"  # and for replicas
 
 
 @dataclass(frozen=True, repr=False)
 class Credentials:
-    """The cluster's identity and the TLS files that go with it (see the module docstring)."""
+    """An identity and the TLS files that go with it: the replicas' (with ``cert_file`` and
+    ``key_file``) or a user's (see the module docstring)."""
 
     user: str
     secret: str = field(repr=False)
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    admin: tuple[str, str] | None = field(default=None, repr=False)  # the first admin: (name, secret hash)
 
     def __post_init__(self) -> None:
         if not isinstance(self.user, str) or not self.user or ":" in self.user:
@@ -95,7 +107,7 @@ class Credentials:
                                f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}") from None
         if not isinstance(data, dict):
             raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
-        unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file"})
+        unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
         if unknown:
             raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
         for name in ("user", "secret"):
@@ -114,8 +126,13 @@ class Credentials:
                 raise InvalidInput(f"credentials file {path}: {name} {p} does not exist")
             return p
 
+        admin = data.get("admin")
+        if admin is not None and not (isinstance(admin, dict) and isinstance(admin.get("user"), str)
+                                      and isinstance(admin.get("hash"), str)):
+            raise InvalidInput(f"credentials file {path}: field 'admin' must hold the first admin's user and hash")
         try:
-            creds = cls(data["user"], data["secret"], file("ca_file"), file("cert_file"), file("key_file"))
+            creds = cls(data["user"], data["secret"], file("ca_file"), file("cert_file"), file("key_file"),
+                        None if admin is None else (admin["user"], admin["hash"]))
         except InvalidInput as exc:
             raise InvalidInput(f"credentials file {path}: {exc.message.removeprefix('credentials: ')}") from None
         if creds.key_file is not None:
@@ -139,13 +156,21 @@ class Credentials:
             return p.name if p.parent == path.parent.resolve() else str(p)
 
         data = {"user": self.user, "secret": self.secret, "ca_file": rel(self.ca_file),
-                "cert_file": rel(self.cert_file), "key_file": rel(self.key_file)}
+                "cert_file": rel(self.cert_file), "key_file": rel(self.key_file),
+                "admin": None if self.admin is None else {"user": self.admin[0], "hash": self.admin[1]}}
         _write_private(path, json.dumps({k: v for k, v in data.items() if v is not None}, indent=2) + "\n")
         return path
 
+    @property
+    def is_replica(self) -> bool:
+        """Whether this is the replicas' identity (it has their certificate and key)."""
+        return self.cert_file is not None
+
     def client(self) -> Credentials:
-        """The same identity without the replica's certificate and key (what clients need)."""
-        return replace(self, cert_file=None, key_file=None)
+        """The same identity without the replica's certificate and key: for the replicas'
+        identity, what a replica (or an operator's ``mergetxn status``) presents to a replica.
+        Never hand it to users: it is the ZooKeeper identity (give them a user's credentials)."""
+        return replace(self, cert_file=None, key_file=None, admin=None)
 
     # -- TLS and the check of an ``auth`` request ---------------------------------------------
     def client_context(self) -> ssl.SSLContext:
@@ -176,15 +201,17 @@ class Credentials:
                                f"load: {exc}") from None
         return ctx
 
-    def authenticator(self) -> Callable[[dict], bool]:
-        """The check of an ``auth`` request's ``{"user", "secret"}`` (constant-time compares)."""
+    def authenticator(self) -> Callable[[dict], str | None]:
+        """The check of an ``auth`` request's ``{"user", "secret"}`` naming this identity alone
+        (constant-time compares): the user name, or None. A replica checks users too
+        (replicas/users.py); this serves an RPC server with one identity."""
         user, secret = self.user.encode(), self.secret.encode()
 
-        def check(args: dict) -> bool:
+        def check(args: dict) -> str | None:
             u, s = args.get("user"), args.get("secret")
             if not isinstance(u, str) or not isinstance(s, str):
-                return False
-            return hmac.compare_digest(u.encode(), user) & hmac.compare_digest(s.encode(), secret)
+                return None
+            return self.user if hmac.compare_digest(u.encode(), user) & hmac.compare_digest(s.encode(), secret) else None
 
         return check
 
@@ -194,14 +221,21 @@ class Credentials:
 
     # -- ZooKeeper -----------------------------------------------------------------------------
     def zk_auth(self) -> list[tuple[str, str]]:
-        """kazoo's ``auth_data``: the digest identity."""
+        """kazoo's ``auth_data``: the replicas' digest identity (a user's credentials have none)."""
+        self._zk_identity()
         return [("digest", f"{self.user}:{self.secret}")]
 
     def zk_acl(self) -> list:
         """kazoo's ``default_acl``: every permission for this identity, none for anyone else."""
         from kazoo.security import make_digest_acl
 
+        self._zk_identity()
         return [make_digest_acl(self.user, self.secret, all=True)]
+
+    def _zk_identity(self) -> None:
+        if not self.is_replica:
+            raise InvalidInput(f"credentials of user {self.user!r} log in to replicas only: ZooKeeper takes the "
+                               "replicas' credentials file (mergetxn security init's credentials.json)")
 
     def redactor(self) -> logging.Filter:
         """A logging filter that replaces the secret in any record (kazoo logs its auth packet)."""
@@ -262,17 +296,28 @@ def _write_private(path: Path, text: str | bytes) -> None:
     os.replace(tmp, path)
 
 
+def make_user_credentials(name: str, ca_file: Path | None) -> Credentials:
+    """A user's credentials with a new secret (43 characters, 256 random bits)."""
+    return Credentials(name, secrets.token_urlsafe(32), ca_file)
+
+
 def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] = ("127.0.0.1", "localhost"),
-                             user: str = DEFAULT_USER, days: int = 825) -> Credentials:
+                             user: str = DEFAULT_USER, days: int = 825, admin: str = DEFAULT_ADMIN) -> Credentials:
     """Make a private CA, a replica certificate for ``hosts`` (IP addresses and DNS names, as
     clients will address the replicas) and a new secret in ``directory``:
 
     ``ca.pem`` (the CA certificate: what clients verify replicas with), ``replica.pem`` and
-    ``replica.key`` (one certificate for every replica), ``credentials.json`` (for replicas) and
-    ``client.json`` (for clients: no replica key). Keys and credentials files are mode 0600. The
-    CA's key is not kept: to add a host, make new credentials and hand them out again.
+    ``replica.key`` (one certificate for every replica), ``credentials.json`` (the replicas'
+    identity, ``user``, with the first admin's name and salted hash) and ``admin.json`` (the
+    admin user ``admin``'s credentials, for clients). Keys and credentials files are mode 0600.
+    The CA's key is not kept: to add a host, make new credentials and hand them out again.
 
-    Returns the replicas' credentials (``.client()`` gives the clients')."""
+    Returns the replicas' credentials (:func:`admin_credentials` reads the admin's)."""
+    from coordinator.users import check_name, hash_secret
+
+    check_name(admin)
+    if admin == user:
+        raise InvalidInput(f"the admin user must have another name than the replicas' identity {user!r}")
     import datetime as dt
     import ipaddress
 
@@ -324,7 +369,14 @@ def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] 
     (d / "replica.pem").write_bytes(cert.public_bytes(pem))
     _write_private(d / "replica.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
                                                         serialization.NoEncryption()))
-    creds = Credentials(user, secrets.token_urlsafe(32), d / "ca.pem", d / "replica.pem", d / "replica.key")
+    first = make_user_credentials(admin, d / "ca.pem")
+    creds = Credentials(user, secrets.token_urlsafe(32), d / "ca.pem", d / "replica.pem", d / "replica.key",
+                        (admin, hash_secret(first.secret)))
     creds.to_file(d / REPLICA_FILE)
-    creds.client().to_file(d / CLIENT_FILE)
+    first.to_file(d / ADMIN_FILE)
     return Credentials.from_file(d / REPLICA_FILE)
+
+
+def admin_credentials(directory: str | os.PathLike) -> Credentials:
+    """The first admin user's credentials that :func:`make_cluster_credentials` wrote."""
+    return Credentials.from_file(Path(directory) / ADMIN_FILE)

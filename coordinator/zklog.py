@@ -157,6 +157,10 @@ class CsnLog:
     def fence_path(self) -> str:
         return self.path("fence")
 
+    def users_path(self) -> str:
+        """A secured cluster's users (coordinator/users.py), under the replicas' ACL."""
+        return self.path("users")
+
     def leaders_path(self, table: str | None = None) -> str:
         return self.path("leaders") if table is None else self.path("leaders", table)
 

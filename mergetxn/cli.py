@@ -54,6 +54,7 @@ EXIT_UNAVAILABLE = 5  # a replica or ZooKeeper could not be reached or did not a
 EXIT_AUTH = 6  # authentication failed
 EXIT_ABORTED = 7  # the transaction was aborted (killed, past a limit, session lost)
 EXIT_CORRUPT = 8  # a part file or log entry does not match what was written
+EXIT_DENIED = 9  # permission denied: the user's role or grants do not allow it (or a quota is reached)
 EXIT_INTERNAL = 70  # anything unexpected (a bug): run again with --log-level DEBUG for the traceback
 EXIT_INTERRUPTED = 130
 EXIT_ERROR = EXIT_USAGE  # what fail() ends with unless told
@@ -68,6 +69,7 @@ EXIT_CODES = {
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
     EXIT_CORRUPT: "corrupt data: a part or log entry does not match what was written",
+    EXIT_DENIED: "permission denied: the user's role or grants do not allow it, or its quota is reached",
     EXIT_INTERNAL: "internal error (a bug); --log-level DEBUG shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
@@ -79,6 +81,7 @@ def exit_code(exc: BaseException) -> int:
     if any(c.__name__ == "AuthenticationFailed" for c in type(exc).__mro__):
         return EXIT_AUTH
     for cls, code in (
+        (errors.PermissionDenied, EXIT_DENIED),
         (errors.ConflictError, EXIT_CONFLICT),
         (errors.TableNotFound, EXIT_NOT_FOUND),
         (errors.SnapshotUnavailable, EXIT_NOT_FOUND),
@@ -1622,30 +1625,94 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
 
 @cli.group()
 def security() -> None:
-    """Credentials for a secured cluster (TLS, authentication, ZooKeeper ACLs)."""
+    """A secured cluster's credentials and users (TLS, users with roles and grants, ZooKeeper ACLs)."""
 
 
 @security.command("init")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"), show_default=True,
               metavar="HOST", help="An IP address or DNS name clients reach replicas at (repeat for each).")
-@click.option("--user", default="mergetxn", show_default=True, help="The cluster's user name.")
-def security_init(directory: Path, hosts: tuple[str, ...], user: str) -> None:
-    """Make a private CA, one replica certificate for every --host, and a new secret in DIRECTORY.
+@click.option("--user", default="mergetxn", show_default=True,
+              help="The replicas' identity (their ZooKeeper digest user; no user logs in with it).")
+@click.option("--admin", default="admin", show_default=True, help="The first admin user's name.")
+def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str) -> None:
+    """Make a private CA, one replica certificate for every --host, the replicas' identity and
+    the first admin user in DIRECTORY.
 
     Writes ca.pem, replica.pem, replica.key and two credentials files (mode 0600):
-    credentials.json for `replica start --credentials` and client.json for clients
-    (`--credentials` or MERGETXN_CREDENTIALS). The secret is never printed.
+    credentials.json, the replicas' (`replica start --credentials`; it also logs in to
+    ZooKeeper) and admin.json, the admin user's (clients: `--credentials` or
+    MERGETXN_CREDENTIALS; `security add-user` makes more users). No secret is printed.
     """
-    from coordinator.security import CLIENT_FILE, REPLICA_FILE, make_cluster_credentials
+    from coordinator.security import ADMIN_FILE, REPLICA_FILE, make_cluster_credentials
 
     if (directory / REPLICA_FILE).exists():
         fail(f"{directory / REPLICA_FILE} exists: remove the directory's files to make new credentials")
-    make_cluster_credentials(directory, hosts, user)
+    make_cluster_credentials(directory, hosts, user, admin=admin)
     out = console()
-    out.print(f"credentials for user {user!r} and host(s) {', '.join(hosts)} in {directory}:", soft_wrap=True)
+    out.print(f"credentials for host(s) {', '.join(hosts)} in {directory}:", soft_wrap=True)
     out.print(f"  replicas: mergetxn replica start --credentials {directory / REPLICA_FILE} ...", soft_wrap=True)
-    out.print(f"  clients:  MERGETXN_CREDENTIALS={directory / CLIENT_FILE} (or --credentials)", soft_wrap=True)
+    out.print(f"  admin {admin!r}: MERGETXN_CREDENTIALS={directory / ADMIN_FILE} (or --credentials)", soft_wrap=True)
+
+
+@security.command("add-user")
+@click.argument("name")
+@click.option("--role", type=click.Choice(["admin", "writer", "reader"]), required=True,
+              help="admin: everything; writer: reads and writes of its tables; reader: reads of its tables.")
+@click.option("--table", "tables", multiple=True, metavar="TABLE",
+              help="A table the user has grants on (repeat for each; default: every table, later ones too).")
+@click.option("--out", "out_file", default=None, metavar="FILE|-",
+              help="Where to write the user's credentials file (default: NAME.json beside the CA file of "
+                   "--credentials; never overwritten). '-': print it on stdout instead (to pipe into a "
+                   "secret store; the only time a secret is printed).")
+@replica_option
+def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: str | None, replica: str) -> None:
+    """Add user NAME (as an admin: --credentials) and write its credentials file (mode 0600:
+    its name, a new secret and the CA file). Hand that file to the user; the cluster keeps only
+    a salted hash of the secret, which is printed only with --out -."""
+    with connected(replica) as client:
+        if client.credentials is None:
+            fail("security add-user: give an admin's credentials (--credentials or MERGETXN_CREDENTIALS)")
+        ca = client.credentials.ca_file
+        path = None if out_file == "-" else Path(out_file) if out_file else \
+            (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
+        if path is not None and path.exists():
+            fail(f"{path} exists: remove it or give --out")
+        creds = client.create_user(name, role, list(tables) or None)
+    grants = ", ".join(tables) if tables else "every table"
+    if path is None:
+        click.echo(json.dumps({"user": creds.user, "secret": creds.secret,
+                               **({"ca_file": str(creds.ca_file.resolve())} if creds.ca_file else {})}, indent=2))
+        console(stderr=True).print(f"user {name!r} ({role}, tables: {grants}) added", soft_wrap=True)
+        return
+    creds.to_file(path)
+    console().print(f"user {name!r} ({role}, tables: {grants}): credentials in {path}", soft_wrap=True)
+
+
+@security.command("drop-user")
+@click.argument("name")
+@replica_option
+def security_drop_user(name: str, replica: str) -> None:
+    """Drop user NAME (as an admin): its credentials are refused from now on, on every replica."""
+    with connected(replica) as client:
+        client.drop_user(name)
+    console().print(f"user {name!r} dropped", soft_wrap=True)
+
+
+@security.command("users")
+@click.option("--json", "as_json", is_flag=True, help="Print the users as a JSON list.")
+@replica_option
+def security_users(as_json: bool, replica: str) -> None:
+    """List the users (as an admin): name, role and tables."""
+    with connected(replica) as client:
+        users = client.users()
+    if as_json:
+        echo_json(users)
+        return
+    table = Table("name", "role", "tables")
+    for u in users:
+        table.add_row(escape(u["name"]), u["role"], "every table" if u["tables"] is None else escape(", ".join(u["tables"])))
+    console().print(table)
 
 
 def main(argv: list[str] | None = None) -> None:

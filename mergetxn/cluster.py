@@ -17,6 +17,7 @@ from coordinator.security import (
     ENV_CREDENTIALS,
     REPLICA_FILE,
     Credentials,
+    admin_credentials,
     make_cluster_credentials,
 )
 from mergetxn.zkserver import start_zookeeper
@@ -29,10 +30,12 @@ class LocalCluster:
     :meth:`kill_replica` / :meth:`start_replica`, so a restarted replica recovers from its WAL
     and clients find it at the same address.
 
-    ``secure=True``: new credentials in ``workdir/security`` (coordinator/security.py); the
-    replicas serve only TLS clients that authenticate, and keep the ZooKeeper root under ACLs of
-    the cluster's identity. :attr:`credentials` is what ``coordinator.connect`` takes, and
-    :meth:`client` uses it. Processes get the credentials file's path, never the secret.
+    ``secure=True``: new credentials in ``workdir/security`` (coordinator/security.py): the
+    replicas' identity (their TLS certificate and the ZooKeeper identity: the root is under its
+    ACLs) and the first admin user's. The replicas serve only TLS clients that log in as a user,
+    and check every call against the user's role and grants. :attr:`credentials` are the admin's
+    (what ``coordinator.connect`` takes, and :meth:`client` uses); :meth:`add_user` makes more
+    users. Processes get the credentials file's path, never a secret.
     """
 
     def __init__(
@@ -70,7 +73,8 @@ class LocalCluster:
         self.root = SETTINGS["root"].check(root)
         self.metrics = bool(metrics)
         self.secure = bool(secure)
-        self._credentials = None
+        self._credentials: Credentials | None = None  # the replicas' identity
+        self._admin: Credentials | None = None
         self.zk = None
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
@@ -82,8 +86,20 @@ class LocalCluster:
 
     @property
     def credentials(self) -> Credentials | None:
-        """The cluster's credentials for clients (None unless ``secure``)."""
-        return None if self._credentials is None else self._credentials.client()
+        """The admin user's credentials (None unless ``secure``): what ``coordinator.connect``
+        takes. They log in to replicas only, never to ZooKeeper."""
+        return self._admin
+
+    def add_user(self, name: str, role: str, tables: list[str] | None = None) -> Credentials:
+        """A new user of role ``"admin"``, ``"writer"`` or ``"reader"`` with grants on ``tables``
+        (None: every table); its credentials (``client.create_user`` as the admin)."""
+        if not self.secure:
+            raise InvalidInput("add_user: only a secured cluster has users (LocalCluster(..., secure=True))")
+        running = [i for i, a in enumerate(self.replica_addresses) if a and self.replica_pid(i)]
+        if self._admin is None or not running:
+            raise ReplicaUnavailable("add_user: no replica is running (start the cluster first)")
+        with self.client(running[0]) as c:
+            return c.create_user(name, role, tables)
 
     def _credentials_file(self) -> Path:
         return self.workdir / "security" / REPLICA_FILE
@@ -100,6 +116,7 @@ class LocalCluster:
         if self.secure and self._credentials is None:  # kept in the workdir: a restart on it keeps them
             self._credentials = (Credentials.from_file(self._credentials_file()) if self._credentials_file().exists()
                                  else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost")))
+            self._admin = admin_credentials(self.workdir / "security")
         self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg)
         try:
             for i in range(self.n):

@@ -179,7 +179,7 @@ class History:
         return out
 
     def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False,
-                lease: str = "read", compactions: bool = True) -> dict:
+                lease: str = "read", compactions: bool = True, owner: str | None = None) -> dict:
         """Parts added and removed by the commits to ``table`` whose version is in (start, end]
         (by id without ``compactions``: leaving out what by time leaves out, keyed by CSNs);
         with ``lease`` (see :meth:`Leases.lease <replicas.leases.Leases.lease>`) pinning what they read, named in the answer, when
@@ -213,7 +213,7 @@ class History:
         commits = self._commits(table, start, end, by, compactions)
         lease_id = None
         if commits:  # keeps what they read in use until the client has read it
-            lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease)[1]
+            lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
         try:
             self.replica.retention.check_changes(table, start, end, by, first,
                                                  [m for c in commits for m in c["added"] + c["removed"]], fresh)

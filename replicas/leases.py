@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.errors import InvalidInput, quote
+from coordinator.errors import InvalidInput, QuotaExceeded, quote
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -38,6 +38,7 @@ class Lease:
     holder: str  # "read" (a plain read, released when its client has read the files) or "spark"
     lapse: float
     expiry: float  # time.monotonic()
+    owner: str | None = None  # the user that took it (secured clusters): quota user_max_read_leases
 
 
 class Leases:
@@ -49,11 +50,12 @@ class Leases:
         self.config = replica.config
         self._leases: dict[str, Lease] = {}  # lease id -> lease
 
-    def lease(self, snapshot: int | None, holder: str = "read") -> tuple[int, str | None]:
+    def lease(self, snapshot: int | None, holder: str = "read", owner: str | None = None) -> tuple[int, str | None]:
         """Pin a read's snapshot until :meth:`release` or until the lease lapses (see the module
         docstring); None means the latest, read under the transaction lock so that the publisher
         never publishes past it. Returns the snapshot and the lease id (None: no lease, for
-        ``holder`` "none" or a Spark lease with ``read_lease_seconds`` 0)."""
+        ``holder`` "none" or a Spark lease with ``read_lease_seconds`` 0). ``owner``: the user
+        taking it, who may hold at most ``user_max_read_leases`` here (else QuotaExceeded)."""
         if holder not in LEASE_HOLDERS + ("none",):
             raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {quote(holder)}")
         lapse = READ_LEASE_SECONDS if holder == "read" else self.config.read_lease_seconds if holder == "spark" else 0
@@ -61,9 +63,20 @@ class Leases:
             snap = self.state.applied if snapshot is None else snapshot
             if lapse <= 0:
                 return snap, None
+            now = time.monotonic()
+            if owner is not None:
+                self._check_quota(owner, now)
             lease_id = uuid.uuid4().hex
-            self._leases[lease_id] = Lease(snap, holder, lapse, time.monotonic() + lapse)
+            self._leases[lease_id] = Lease(snap, holder, lapse, now + lapse, owner)
         return snap, lease_id
+
+    def _check_quota(self, owner: str, now: float) -> None:
+        limit = self.config.user_max_read_leases
+        if sum(1 for lease in self._leases.values() if lease.owner == owner and lease.expiry > now) >= limit:
+            raise QuotaExceeded(
+                f"user {owner!r} holds {limit} read leases on replica {self.replica.host_id}, its quota "
+                f"(user_max_read_leases={limit}): finish (release) a read first, or wait until one lapses",
+                user=owner, quota="user_max_read_leases", value=limit)
 
     def renew(self, lease_id: str) -> dict:
         """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended

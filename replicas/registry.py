@@ -28,6 +28,7 @@ from coordinator.catalog import TableDef
 from coordinator.conflicts import check_app_version
 from coordinator.errors import (
     InvalidInput,
+    QuotaExceeded,
     ReplicaUnavailable,
     StorageError,
     TransactionAborted,
@@ -87,11 +88,12 @@ class Transactions:
 
     # -- begin, lookup, staging, commit ------------------------------------------------------
     def begin(self, token: str | None = None, atomicity: object = FULL, durability: object = SYNC,
-              session: object = None) -> RunningTxn:
+              session: object = None, owner: str | None = None) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
         with the same token gets the transaction the first one began instead of another.
         ``atomicity``/``durability`` (coordinator/atomicity.py; ``session`` names the client
-        whose ``flush`` waits for an async commit)."""
+        whose ``flush`` waits for an async commit). ``owner``: the user beginning it (secured
+        clusters), who may hold at most ``user_max_transactions`` running ones here."""
         if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
             raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         atomicity, durability = check_modes(atomicity, durability)
@@ -106,16 +108,30 @@ class Transactions:
             while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
                                    or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS):
                 self._begun.popitem(last=False)
+            if token is not None and owner is not None:
+                token = f"{owner}\0{token}"  # a token names a begin of its own user only
             if token is not None and token in self._begun:
                 return self._begun[token][1]
+            if owner is not None:
+                self._check_quota(owner)
             tid = Tid(self.state.applied, local_counter(self.replica.incarnation, next(self._counter)), self.host_id)
             txn = RunningTxn(tid=tid, snapshot=tid.start_csn, atomicity=atomicity, durability=durability,
-                             session=session)
+                             session=session, owner=owner)
             self.txns[txn.id] = txn
             if token is not None:
                 self._begun[token] = (now, txn)
         self.replica.history.on_begin(txn)
         return txn
+
+    def _check_quota(self, owner: str) -> None:
+        """QuotaExceeded when ``owner`` holds ``user_max_transactions`` running transactions here
+        (called under the transaction lock, so that concurrent begins cannot both pass)."""
+        limit = self.config.user_max_transactions
+        if sum(1 for t in self.txns.values() if t.owner == owner) >= limit:
+            raise QuotaExceeded(
+                f"user {owner!r} holds {limit} running transactions on replica {self.host_id}, its quota "
+                f"(user_max_transactions={limit}): commit or roll back one first", user=owner,
+                quota="user_max_transactions", value=limit)
 
     def txn(self, txn_id: str) -> RunningTxn:
         # Lookups need no lock (each is atomic); the lock orders begin and retire among writers.
@@ -368,14 +384,14 @@ class Transactions:
         for app_id, version in apps.items():
             self.set_app_version(txn.id, app_id, version)
 
-    def commit_parts(self, args: dict) -> dict:
+    def commit_parts(self, args: dict, owner: str | None = None) -> dict:
         """Begin, stage the parts and commit, in one call; ``{"csn", "tid"}``."""
         name = args.pop("_inflight", None)
         try:
             retried = self.committed_retry(args)
             if retried is not None:
                 return retried
-            txn = self.begin()
+            txn = self.begin(owner=owner)
             try:
                 op = self.parts_op(txn, args)
                 if op.added or op.removed or op.partitions:

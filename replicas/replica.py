@@ -40,6 +40,7 @@ from coordinator.errors import (
     quote,
 )
 from coordinator.fence import OrphanFence
+from coordinator.grants import Role
 from coordinator.model import (
     AliveRecord,
     ManifestPointer,
@@ -47,6 +48,7 @@ from coordinator.model import (
     WalEntry,
     WalStaged,
 )
+from coordinator.users import UserRecord
 from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
 from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta
@@ -65,6 +67,7 @@ from replicas.registry import Transactions
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
+from replicas.users import Users
 from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
@@ -86,7 +89,7 @@ class Replica:
         self.address = ""
         creds = config.credentials
         if creds is not None:
-            # The cluster's identity in ZooKeeper: every node this replica creates (kazoo's
+            # The replicas' identity in ZooKeeper: every node this replica creates (kazoo's
             # default_acl: creates, ensure_path's parents, multis and recipes alike) may be read
             # and written by that identity only. kazoo logs its auth packet at DEBUG: redact it.
             for name in ("kazoo.client", "kazoo.protocol.connection"):
@@ -101,6 +104,8 @@ class Replica:
             default_acl=None if creds is None else creds.zk_acl(),
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
+        # A secured replica's users (replicas/users.py): who may log in, and with which grants.
+        self.users = None if creds is None else Users(self.zk, self.log.users_path(), creds)
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
         self.wal: Wal | None = None
         self.follower: Follower | None = None
@@ -164,6 +169,8 @@ class Replica:
                 f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
                 f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)") from None
         self._check_root_acl()
+        if self.users is not None:
+            self.users.start(self._first_admin())
         self.fence.start()
         self._register()
         self.tail = checkpoint.LogTail(self)
@@ -198,6 +205,12 @@ class Replica:
             log.error("the ZooKeeper root %s is open to others (ACL %s): it was created without credentials. "
                       "Secure it with setAcl -R %s digest:<user>:<digest>:cdrwa (zkCli), or use a new root",
                       self.log.root, [f"{a.id.scheme}:{a.id.id}" for a in acls], self.log.root)
+
+    def _first_admin(self) -> UserRecord | None:
+        """The admin user ``mergetxn security init`` made (in the replicas' credentials file):
+        stored by the first replica that starts on a root without users."""
+        admin = self.config.credentials.admin
+        return None if admin is None else UserRecord(admin[0], Role.ADMIN, None, admin[1], time.time())
 
     def stop(self) -> None:
         if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
@@ -469,20 +482,21 @@ class Replica:
                              "what": "created" if r.csn == tdef.created_csn else "altered"} for r in records]}
 
     def read_parts(self, table: str, snapshot: int | None = None, as_of: float | None = None,
-                   pkeys: list[str] | None = None, fresh: bool = False,
-                   lease: str = "read") -> tuple[int, list[PartMeta], str | None]:
+                   pkeys: list[str] | None = None, fresh: bool = False, lease: str = "read",
+                   owner: str | None = None) -> tuple[int, list[PartMeta], str | None]:
         """Parts visible at a snapshot (the latest by default), for a read outside a transaction:
         the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/leases.py)
         until the reader releases the lease id returned, or it lapses. SnapshotUnavailable if
         cleanup took a part it needs (``fresh``: read the cleanup watermark from ZooKeeper, not
-        the watched copy); nothing stays leased when this fails."""
+        the watched copy); nothing stays leased when this fails. ``owner``: the user reading
+        (its lease counts against its quota)."""
         if snapshot is None and as_of is None:
             self.table(table)  # catches up first if the table was just created elsewhere
         self.retention.ensure_applied()
         if snapshot is None and as_of is None:
-            snap, lease_id = self.leases.lease(None, lease)
+            snap, lease_id = self.leases.lease(None, lease, owner)
         else:
-            snap, lease_id = self.leases.lease(self.resolve_snapshot(snapshot, as_of, table), lease)
+            snap, lease_id = self.leases.lease(self.resolve_snapshot(snapshot, as_of, table), lease, owner)
         try:
             self.table(table, snap)
             metas = self.state.visible(table, snap, pkeys=pkeys)
@@ -562,7 +576,7 @@ class Replica:
             "tables": sorted(self.state.tables),
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
-            "secure": self.config.credentials is not None,  # TLS, authentication, ZooKeeper ACLs
+            "secure": self.config.credentials is not None,  # TLS, users and grants, ZooKeeper ACLs
             "committer": None if committer is None else {
                 "commits": committer.committed, "batches": committer.batches,
                 "local_version_misses": committer.local_misses, "failed": committer.stats.failed,

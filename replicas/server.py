@@ -4,6 +4,12 @@ Every action takes a JSON object and answers ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"type", "message", "details"}}``, so the client re-raises the same
 error class (see :mod:`coordinator.errors`). Data never passes through here: clients read and
 write part files in storage themselves and exchange part descriptors with the replica.
+
+On a secured replica every request comes from a principal (who its connection authenticated as,
+replicas/users.py) and is checked against the grants (coordinator/grants.py) before its handler
+runs, on the inline path and the worker path alike: a call the user may not make is answered
+PermissionDenied and changes nothing. Transactions, leases and running-transaction lists are the
+user's own (its name is the owner recorded on them; quotas count by it).
 """
 
 from __future__ import annotations
@@ -16,17 +22,18 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from coordinator import keys
+from coordinator import grants, keys
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
-from coordinator.rpc import RpcServer, error_reply
+from coordinator.rpc import PRINCIPAL, RpcServer, error_reply
 from parts.ops import partition_key
 from replicas import leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 from replicas.storage_check import check_tables
+from replicas.users import Users
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +43,10 @@ _ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "ap
 
 class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
-        creds = replica.config.credentials  # secured: TLS and the cluster's identity (coordinator/rpc.py)
+        creds = replica.config.credentials  # secured: TLS, users and grants (coordinator/rpc.py)
         super().__init__(host, port, self.dispatch, inline=self._inline,
                          tls=None if creds is None else creds.server_context(),
-                         authenticate=None if creds is None else creds.authenticator())
+                         authenticate=None if replica.users is None else replica.users.authenticate)
         self.replica = replica
         self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"
@@ -49,7 +56,7 @@ class ReplicaServer(RpcServer):
             "table": self._table,
             "alter_table": self._alter_table,
             "describe_table": lambda a: replica.describe_table(a["name"], a.get("snapshot")),
-            "tables": lambda a: sorted(replica.state.tables),
+            "tables": self._tables,
             "begin": self._begin,
             "stage": self._stage,
             "visible": self._visible,
@@ -62,27 +69,77 @@ class ReplicaServer(RpcServer):
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
             "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
-            "transactions": lambda a: txns.describe(),
+            "transactions": self._transactions,
             "parts": lambda a: replica.part_records(a["table"]),
             "commit_status": lambda a: (txns.part_status(a.get("table"), a["part"]) if "part" in a
                                         else txns.commit_status(a["tid"], bool(a.get("forwarded")))),
-            "commit_parts": txns.commit_parts,
+            "commit_parts": lambda a: txns.commit_parts(a, owner=_user(a)),
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
             "changes": lambda a: {**replica.history.changes(a["table"], a.get("start"), a.get("end"),
                                                             a.get("by", "id"), bool(a.get("fresh")),
-                                                            a.get("lease", "read"), a.get("compactions", True) is not False),
+                                                            a.get("lease", "read"), a.get("compactions", True) is not False,
+                                                            owner=_user(a)),
                                   "lease_seconds": leases.READ_LEASE_SECONDS},
             "renew": lambda a: replica.leases.renew(a["lease"]),
             "release": lambda a: replica.leases.release(a["lease"]),
             "events": lambda a: replica.history.events(a.get("table"), a.get("since_csn")),
             "check": self._check,
+            "users": lambda a: self._users().describe(),
+            "create_user": lambda a: self._users().create(a["name"], a["role"], a.get("tables"), a["secret"]),
+            "drop_user": lambda a: self._users().drop(a["name"]),
         }
+
+    # -- who asks, and whether they may (secured replicas) -------------------------------------
+    def _denied(self, action: str, args: dict) -> dict | None:
+        """The answer refusing ``action`` to the request's principal, or None when it may go
+        ahead (always, on an unsecured replica): see coordinator/grants.py."""
+        users = self.replica.users
+        if users is None:
+            return None
+        try:
+            principal = args.get(PRINCIPAL)
+            if principal is None:
+                raise AuthenticationFailed(f"replica {self.address} requires authentication")
+            grants.check(users.grantee(principal), action, args, self._owner)
+        except MergetxnError as exc:
+            return {"ok": False, "error": exc.to_dict()}
+        return None
+
+    def _owner(self, txn_id: str) -> str | None:
+        txn = self.transactions.txns.get(txn_id) or self.transactions.finished.get(txn_id)
+        return None if txn is None else txn.owner
+
+    def _grantee(self, a: dict) -> grants.Grantee | None:
+        principal = a.get(PRINCIPAL)
+        return None if principal is None or self.replica.users is None else self.replica.users.grantee(principal)
+
+    def _users(self) -> Users:
+        if self.replica.users is None:
+            raise InvalidInput(f"replica {self.address} is not secured: it has no users (start it with --credentials)")
+        return self.replica.users
+
+    def _transactions(self, a: dict) -> list[dict]:
+        """The running transactions: a non-admin's own only."""
+        who, listed = self._grantee(a), self.transactions.describe()
+        if who is None or who.role is grants.Role.ADMIN:
+            return listed
+        return [t for t in listed if t.get("owner") == who.name]
+
+    def _tables(self, a: dict) -> list[str]:
+        """The tables: those a user has grants on, when it has grants on some only."""
+        who, names = self._grantee(a), sorted(self.replica.state.tables)
+        if who is None or who.tables is None or who.role is grants.Role.ADMIN:
+            return names
+        return [n for n in names if n in who.tables]
 
     def dispatch(self, action: str, args: dict) -> dict:
         handler = self.handlers.get(action)
         if handler is None:
             return {"ok": False, "error": InvalidInput(f"unknown replica action {action!r}").to_dict()}
+        denied = self._denied(action, args)
+        if denied is not None:
+            return denied
         if action != "info":
             try:  # after standing still, nothing is answered before the session is made sure of
                 self.replica.pauses.wait_awake(self.replica.config.read_wait_seconds)
@@ -109,6 +166,11 @@ class ReplicaServer(RpcServer):
         which handles it the same as always."""
         if not self.replica.pauses.awake():
             return False
+        if action in self.handlers:
+            denied = self._denied(action, args)
+            if denied is not None:
+                reply(denied)
+                return True
         if action == "begin":
             if not self.transactions.ready_to_begin():
                 return False
@@ -197,7 +259,7 @@ class ReplicaServer(RpcServer):
                 a["_inflight"] = first["name"]
             return False
         try:
-            txn = txns.begin()
+            txn = txns.begin(owner=_user(a))
         except MergetxnError as exc:
             reply(error_reply(exc))
             return True
@@ -275,7 +337,7 @@ class ReplicaServer(RpcServer):
 
     def _begin(self, a: dict) -> dict:
         txn = self.transactions.begin(a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"),
-                                      a.get("session"))
+                                      a.get("session"), owner=_user(a))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot,
                 "ddl": self.replica.state.last_ddl(txn.snapshot)}
 
@@ -298,7 +360,8 @@ class ReplicaServer(RpcServer):
             metas = self._may_hold(a, snap, metas)
             return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
-                                                     fresh=bool(a.get("fresh")), lease=a.get("lease", "read"))
+                                                     fresh=bool(a.get("fresh")), lease=a.get("lease", "read"),
+                                                     owner=_user(a))
         metas = self._may_hold(a, snap, metas)
         return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
                 "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap),
@@ -330,7 +393,7 @@ class ReplicaServer(RpcServer):
 
         replica, txns = self.replica, self.transactions
         table = replica.table(a["table"])
-        txn = txns.begin()
+        txn = txns.begin(owner=_user(a))
         try:
             pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
             _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
@@ -346,6 +409,12 @@ class ReplicaServer(RpcServer):
                 txns.abort(txn, "compaction failed")
             raise
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
+
+
+def _user(a: dict) -> str | None:
+    """The name of the user a request comes from (None on an unsecured replica)."""
+    principal = a.get(PRINCIPAL)
+    return None if principal is None else principal.name
 
 
 def _committed(csn: int | None) -> dict:

@@ -12,7 +12,7 @@ whether it is *tunable*). Everything else is derived from these declarations:
   (:func:`command_line`).
 
 Fields without a :class:`Setting` are set only by code: ``storage_options`` (credentials for s3fs,
-never on a command line), ``read_wait_seconds``, and ``credentials``: the cluster's identity
+never on a command line), ``read_wait_seconds``, and ``credentials``: the replicas' identity
 (coordinator/security.py), read from the file named by the ``credentials_file`` setting
 (``--credentials FILE`` or ``MERGETXN_CREDENTIALS``); a secret never goes on a command line.
 """
@@ -111,11 +111,16 @@ class ReplicaConfig:
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
     credentials_file: Path | None = _setting(
-        None, "the cluster's credentials file (mergetxn security init): TLS and authentication for clients, "
-        "ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
+        None, "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
+        "grants for clients, ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
     storage_options: dict | None = field(default=None, repr=False)
     credentials: Credentials | None = field(default=None, repr=False, compare=False)  # from credentials_file
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
+    # Tunable: quotas per user of a secured cluster (replicas/registry.py, replicas/leases.py).
+    user_max_transactions: int = _setting(1000, "running transactions one user may hold on this replica "
+                                          "(secured clusters)", minimum=1, tunable=True)
+    user_max_read_leases: int = _setting(1000, "read leases one user may hold on this replica (secured clusters)",
+                                         minimum=1, tunable=True)
     # Tunable: background merges and cleanup (replicas/merges.py, replicas/cleanup.py).
     merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
                                      tunable=True)

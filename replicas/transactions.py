@@ -95,6 +95,7 @@ class RunningTxn:
     atomicity: str = "full"
     durability: str = "sync"
     session: str | None = None
+    owner: str | None = None  # the user that began it (secured clusters: replicas/users.py)
     lock: threading.Lock = field(default_factory=threading.Lock)
     id: str = field(init=False)  # str(tid), asked for many times per commit
 
@@ -140,4 +141,5 @@ class RunningTxn:
             "csn": self.csn,
             "atomicity": self.atomicity,
             "durability": self.durability,
+            "owner": self.owner,
         }

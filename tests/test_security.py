@@ -49,11 +49,16 @@ def test_credentials_files_are_private_and_never_show_the_secret(made: Credentia
     d = made.ca_file.parent
     for name in (REPLICA_FILE, CLIENT_FILE, "replica.key"):
         assert (d / name).stat().st_mode & 0o777 == 0o600, name
+    # Two identities (SPEC.md "Users, roles and grants"): the clients' file is the first admin
+    # user's, with a secret of its own; the replicas' file holds only the admin's salted hash.
     client = Credentials.from_file(d / CLIENT_FILE)
-    assert (client.user, client.secret, client.ca_file) == (made.user, made.secret, made.ca_file)
-    assert client.cert_file is None and client.key_file is None
+    assert (client.user, client.ca_file) == ("admin", made.ca_file)
+    assert client.secret != made.secret and client.secret not in (d / REPLICA_FILE).read_text()
+    assert made.admin is not None and made.admin[0] == "admin" and made.admin[1].startswith("scrypt$")
+    assert client.cert_file is None and client.key_file is None and not client.is_replica
     for shown in (repr(made), str(made), repr(client), f"{made}", repr([made])):
-        assert made.secret not in shown and "***" in shown
+        assert made.secret not in shown and client.secret not in shown and "***" in shown
+        assert made.admin[1] not in shown
 
 
 def test_a_credentials_file_others_may_read_is_refused_naming_the_fix(made: Credentials, tmp_path: Path) -> None:
@@ -266,6 +271,11 @@ def events(c0: coordinator.Client) -> str:
     return "events"
 
 
+def replicas_identity(cluster: coordinator.LocalCluster) -> Credentials:
+    """The replicas' credentials (the ZooKeeper identity): no user holds them."""
+    return Credentials.from_file(cluster.workdir / "security" / REPLICA_FILE)
+
+
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
     zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth)
     zk.start(timeout=30)
@@ -282,7 +292,7 @@ def test_without_credentials_a_client_gets_authentication_failed_and_nothing_cha
         raw.call("create_table", {"name": "sneaky", "schema": []})
     raw.close()
     assert "sneaky" not in c0.tables()
-    zk = kazoo_client(cluster, cluster.credentials.zk_auth())
+    zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
     try:
         assert not zk.exists(f"{cluster.root}/tables/sneaky")
     finally:
@@ -345,7 +355,8 @@ def test_a_path_or_the_environment_gives_the_credentials(cluster: coordinator.Lo
 def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalCluster, c0: coordinator.Client) -> None:
     c0.create_table("acl_probe", SCHEMA, auto_merge=False)
     root = cluster.root
-    for auth in (None, [("digest", "intruder:whatever-it-is")]):
+    admin = cluster.credentials  # a user, the admin included, holds no ZooKeeper identity
+    for auth in (None, [("digest", "intruder:whatever-it-is")], [("digest", f"{admin.user}:{admin.secret}")]):
         zk = kazoo_client(cluster, auth)
         try:
             for call in (lambda: zk.get(f"{root}/tables/acl_probe"), lambda: zk.get_children(f"{root}/log"),
@@ -357,7 +368,7 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
         finally:
             zk.stop()
             zk.close()
-    zk = kazoo_client(cluster, cluster.credentials.zk_auth())
+    zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
     try:
         data, stat = zk.get(f"{root}/tables/acl_probe")  # the identity reads it (a marker: the definition is in the log)
         assert stat.version >= 0 and isinstance(json.loads(data), dict)
@@ -391,26 +402,29 @@ def test_a_large_unauthenticated_frame_is_refused_and_the_replica_keeps_serving(
 
 def test_secrets_appear_in_no_log_command_line_info_or_error(cluster: coordinator.LocalCluster,
                                                            c0: coordinator.Client, events: str) -> None:
-    secret = cluster.credentials.secret
+    secrets = (cluster.credentials.secret, replicas_identity(cluster).secret)  # the admin's, the replicas'
     with c0.transaction() as tx:  # something for the DEBUG logs to say
         tx.insert("events", pa.table({"id": [9], "k": ["z"]}))
     info = c0.call("info")
-    assert info["secure"] is True and secret not in json.dumps(info)
-    assert secret not in repr(cluster.credentials) and secret not in str(cluster.credentials)
+    assert info["secure"] is True
+    for secret in secrets:
+        assert secret not in json.dumps(info)
+        assert secret not in repr(cluster.credentials) and secret not in str(cluster.credentials)
     pids = [cluster.replica_pid(i) for i in range(cluster.n)] + [cluster.zk.pid]
     assert all(pids)
     for pid in pids:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        assert secret not in cmdline
+        assert not any(secret in cmdline for secret in secrets)
     logs = [cluster.workdir / f"replica-{i}" / "replica.log" for i in range(cluster.n)]
     logs += [p for p in (cluster.workdir / "zookeeper").rglob("*") if p.is_file() and p.suffix in (".log", ".out")]
     assert any("kazoo" in p.read_text(errors="replace") for p in logs[:cluster.n])  # DEBUG did log
     for p in logs:
-        assert secret not in p.read_text(errors="replace"), p
+        text = p.read_text(errors="replace")
+        assert not any(secret in text for secret in secrets), p
     # an error that carries a transaction's details
     with pytest.raises(errors.MergetxnError) as err:
         c0.call("rollback", id="not-a-tid")
-    assert secret not in str(err.value) and secret not in repr(err.value)
+    assert not any(secret in str(err.value) or secret in repr(err.value) for secret in secrets)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +444,7 @@ def test_cli_takes_credentials_by_option_or_environment(cluster: coordinator.Loc
     by_env = runner.invoke(cli, ["snapshot", "--replica", address], env={"MERGETXN_CREDENTIALS": path})
     assert by_env.exit_code == 0, by_env.output
     assert cluster.credentials.secret not in refused.output + by_option.output + by_env.output
+    assert replicas_identity(cluster).secret not in refused.output + by_option.output + by_env.output
 
 
 def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: coordinator.LocalCluster,
@@ -454,7 +469,7 @@ def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: c
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         address = wait_for_line(proc, "READY").split()[1]
-        assert cluster.credentials.secret not in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace")
+        assert replicas_identity(cluster).secret not in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace")
         with pytest.raises(errors.AuthenticationFailed):
             coordinator.connect(address)
         with coordinator.connect(address, credentials=cluster.credentials) as c:
@@ -471,7 +486,9 @@ def test_cli_security_init_writes_private_credentials(tmp_path: Path) -> None:
                                       "--host", "replica1"])
     assert result.exit_code == 0, result.output
     creds = Credentials.from_file(tmp_path / "sec" / REPLICA_FILE)
-    assert creds.secret not in result.output
+    admin = Credentials.from_file(tmp_path / "sec" / CLIENT_FILE)  # the first admin user's
+    assert creds.secret not in result.output and admin.secret not in result.output
+    assert admin.user == "admin" and creds.admin[0] == "admin" and str(tmp_path / "sec" / CLIENT_FILE) in result.output
     from cryptography import x509
 
     cert = x509.load_pem_x509_certificate(creds.cert_file.read_bytes())
@@ -495,10 +512,10 @@ def test_spark_data_source_with_the_credentials_option(cluster: coordinator.Loca
     from test_spark import new_session
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    path = str(cluster.workdir / "security" / CLIENT_FILE)
     address = cluster.replica_addresses[0]
     c0.create_table("sp_secure", pa.schema([("id", pa.int64()), ("k", pa.string()), ("v", pa.float64())]),
                     auto_merge=False)
+    path = str(cluster.add_user("spark_etl", "writer", ["sp_secure"]).to_file(cluster.workdir / "spark_etl.json"))
     session = new_session("mergetxn-security")
     try:
         df = session.createDataFrame([(1, "a", 0.5), (2, "b", 1.0)], "id long, k string, v double")

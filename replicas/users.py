@@ -1,0 +1,197 @@
+"""The users a secured replica serves, kept current from ZooKeeper, and the check of each login.
+
+Two identities log in to a secured replica (coordinator/security.py): the replicas' own (the
+ZooKeeper digest identity, which replica-to-replica calls such as a forwarded ``commit_status``
+and an operator's ``mergetxn status --credentials <replica file>`` present), and users, whose
+records live in one ZooKeeper node (coordinator/users.py). The replicas' identity is no user: it
+is not listed, cannot be dropped, and may do everything (whoever holds it holds ZooKeeper).
+
+A login (``auth``) costs one scrypt (about 15 ms) the first time a user's secret is checked on a
+replica; after that the replica remembers a keyed hash of what verified (per user, for the
+record it was checked against), so the next logins with the same credentials cost microseconds,
+less than a commit. A wrong secret, or an unknown user, always costs the scrypt.
+
+The node is watched: a change made through any replica reaches every replica's copy as soon as
+ZooKeeper tells it (the replica that made it applies it at once). A principal (who a connection
+authenticated as) is looked up again in that copy on every call: a dropped user's open
+connection gets AuthenticationFailed from its next call on, as does a new login with its
+credentials; a role or grant changed counts from the next call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.exceptions import NodeExistsError
+
+from coordinator import users as records
+from coordinator.errors import AuthenticationFailed, CorruptMetadata, InvalidInput
+from coordinator.grants import Grantee, Role
+from coordinator.security import Credentials
+from coordinator.users import UserRecord
+from coordinator.zkrecipes import cas_update
+
+log = logging.getLogger(__name__)
+
+_MAX_LOGIN = 256  # characters of a user name or secret in an auth request worth checking
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a connection authenticated as: a user (with the stamp of the record it logged in
+    with: the record's secret hash) or the replicas' identity."""
+
+    name: str
+    stamp: str = ""
+    replica: bool = False
+
+    def __repr__(self) -> str:
+        return f"Principal({self.name!r}{', replica' if self.replica else ''})"
+
+
+class Users:
+    """``replica.users``: the users of a secured cluster as this replica knows them."""
+
+    def __init__(self, zk: Any, path: str, identity: Credentials) -> None:
+        self.zk = zk
+        self.path = path
+        self.identity = identity
+        self._lock = threading.Lock()
+        self._version = -1
+        self._users: dict[str, UserRecord] = {}
+        self._key = os.urandom(32)  # keys the remembered logins: they mean nothing outside this process
+        self._verified: dict[str, bytes] = {}  # user -> keyed hash of (record, secret) that verified
+
+    # -- the copy ----------------------------------------------------------------------------
+    def start(self, bootstrap: UserRecord | None = None) -> None:
+        """Create the node if the cluster has none yet (with ``bootstrap``, the admin that
+        ``mergetxn security init`` made, when given), read it and watch it."""
+        first = {} if bootstrap is None else {bootstrap.name: bootstrap}
+        try:
+            self.zk.retry(self.zk.create, self.path, records.encode(first))
+        except NodeExistsError:
+            pass
+        self.refresh()
+        self.zk.DataWatch(self.path, self._on_change)
+
+    def refresh(self) -> None:
+        data, stat = self.zk.retry(self.zk.get, self.path)
+        self._remember(stat.version, records.decode(data, self.path))
+
+    def _on_change(self, data: bytes | None, stat: Any) -> None:
+        if data is None or stat is None:  # the node is gone: no user logs in until it is back
+            with self._lock:
+                self._version, self._users, self._verified = -1, {}, {}
+            return
+        try:
+            self._remember(stat.version, records.decode(data, self.path))
+        except CorruptMetadata as exc:
+            log.error("%s: keeping the users as they were", exc)
+
+    def _remember(self, version: int, users: dict[str, UserRecord]) -> None:
+        with self._lock:
+            if version <= self._version:
+                return
+            self._version, self._users = version, users
+            self._verified = {n: v for n, v in self._verified.items() if n in users}
+
+    # -- logins and calls --------------------------------------------------------------------
+    def authenticate(self, args: dict) -> Principal | None:
+        """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused).
+        Constant-time compares; an unknown user costs what a known one does. A user that the
+        watch brought while its secret was being checked (made through another replica just
+        before this login) is checked once more against its record."""
+        user, secret = args.get("user"), args.get("secret")
+        if not isinstance(user, str) or not isinstance(secret, str) or len(user) > _MAX_LOGIN \
+                or len(secret) > _MAX_LOGIN:
+            return None
+        ident = self.identity
+        if hmac.compare_digest(user.encode(), ident.user.encode()) & hmac.compare_digest(
+                secret.encode(), ident.secret.encode()):
+            return Principal(ident.user, replica=True)
+        record = self._users.get(user)
+        for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
+            principal = self._check(user, secret, record)
+            if principal is not None or self._users.get(user) is record:
+                return principal
+            record = self._users.get(user)
+        return None
+
+    def _check(self, user: str, secret: str, record: UserRecord | None) -> Principal | None:
+        stamp = record.secret_hash if record is not None else records.decoy()
+        mark = hmac.new(self._key, b"\0".join((user.encode(), stamp.encode(), secret.encode())), hashlib.sha256).digest()
+        known = self._verified.get(user)
+        if record is not None and known is not None and hmac.compare_digest(known, mark):
+            return Principal(user, stamp)
+        if not records.verify_secret(secret, stamp) or record is None:
+            return None
+        with self._lock:
+            if self._users.get(user) is record:
+                self._verified[user] = mark
+        return Principal(user, stamp)
+
+    def grantee(self, principal: Principal) -> Grantee:
+        """Who ``principal`` is now, for the grants (coordinator/grants.py); AuthenticationFailed
+        once its user was dropped or made again with other credentials."""
+        if principal.replica:
+            return Grantee(principal.name, Role.ADMIN)
+        record = self._users.get(principal.name)
+        if record is None or record.secret_hash != principal.stamp:
+            raise AuthenticationFailed(f"user {principal.name!r} was dropped (or made again with other credentials): "
+                                       "log in with current credentials", user=principal.name)
+        return record.grantee()
+
+    # -- what an admin changes ---------------------------------------------------------------
+    def create(self, name: object, role: object, tables: object, secret: object) -> dict:
+        """Add a user (InvalidInput if the name is taken or anything is wrong); its record."""
+        new = UserRecord.new(name, role, tables, secret)
+        if new.name == self.identity.user:
+            raise InvalidInput(f"user name {new.name!r} is the replicas' own identity: choose another", field="name")
+
+        def add(users: dict[str, UserRecord]) -> bool:
+            held = users.get(new.name)
+            if held is not None and held.secret_hash != new.secret_hash:  # (the same: a retry after a lost answer)
+                raise InvalidInput(f"user {new.name!r} exists already: drop it first to make it again", field="name")
+            users[new.name] = new
+            return held is None
+
+        self._change(add)
+        return new.public()
+
+    def drop(self, name: object) -> dict:
+        """Remove a user: its credentials are refused from now on, on every replica."""
+        dropped: list[UserRecord] = []
+
+        def remove(users: dict[str, UserRecord]) -> bool:
+            held = users.pop(name, None) if isinstance(name, str) else None
+            if held is not None:
+                dropped[:] = [held]
+            return held is not None
+
+        self._change(remove)
+        if not dropped:
+            raise InvalidInput(f"no user {str(name)[:80]!r}", field="name")
+        return dropped[0].public()
+
+    def describe(self) -> list[dict]:
+        """Every user (never a secret or its hash), by name."""
+        with self._lock:
+            return [u.public() for _, u in sorted(self._users.items())]
+
+    def _change(self, change: Callable[[dict[str, UserRecord]], bool]) -> None:
+        """Apply ``change(users) -> changed`` to the node atomically (a versioned set: the
+        compare-and-swap of coordinator/zkrecipes.py), then to this replica's copy at once."""
+
+        def step(data: bytes | None) -> bytes | None:
+            users = records.decode(data, self.path)
+            return records.encode(users) if change(users) else None
+
+        cas_update(self.zk, self.path, step)
+        self.refresh()
