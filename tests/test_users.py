@@ -78,6 +78,7 @@ MATRIX_TEXT = """
 | users | no | no | yes |
 | create_user | no | no | yes |
 | drop_user | no | no | yes |
+| check | no | no | yes |
 | some_future_action | no | no | yes |
 """
 
