@@ -1567,13 +1567,17 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 @click.option("--storage", type=click.Choice(["dir", "s3"]), default="dir", show_default=True,
               help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
                    "(behind a fault proxy: the s3-errors and s3-timeouts faults).")
+@click.option("--hostile/--no-hostile", default=True, show_default=True,
+              help="Run the hostile-client lane beside the workloads: junk frames, idle connections and forged "
+                   "parts sent to random replicas (a forged part accepted, or a part file lost, is a finding).")
 @click.option("--cleanup", "cleanup_only", is_flag=True,
               help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Check a saved history.jsonl and write its report, without running anything.")
 def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
           lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str,
-          workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str) -> None:
+          workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str,
+          hostile: bool) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -1607,7 +1611,7 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
                                say=lambda text: out.print(escape(text), style="dim"), spark=spark,
-                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage)
+                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage, hostile=hostile)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

@@ -43,6 +43,7 @@ from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, 
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
+from mergetxn.chaos.hostile import Hostile
 from mergetxn.chaos.nemesis import (
     LANES,
     PAUSE,
@@ -608,7 +609,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
               max_faults: int | None = None, lanes: int | None = None, pause: float | None = None,
-              storage: str = "dir") -> Result:
+              storage: str = "dir", hostile: bool = True) -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
@@ -620,7 +621,10 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     lanes nearly every one of them meets a killed or cut replica before it commits). ``pause``:
     a lane waits a random time up to this many seconds between two faults; by default
     0.3 s, or :data:`SPARK_PAUSE` with the Spark workload (same reason). ``storage``: ``dir``
-    (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``)."""
+    (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``). ``hostile``:
+    run the hostile-client lane beside the workloads (``mergetxn.chaos.hostile``): junk frames,
+    idle connections and forged parts at random replicas; a forged part accepted is a problem, and
+    after the run every table's part files are checked against the log."""
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -662,6 +666,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     nem: Nemesis | None = None
     killers: KillClients | None = None
     sp: SparkSide | None = None
+    lane: Hostile | None = None
     problems: list[str] = []
     incomplete: list[str] = []
     try:
@@ -722,6 +727,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             w.start()
         if sp is not None:
             sp.start_jobs(n + 1, addresses, cluster.hosts, rec, stop, rng)
+        if hostile:
+            lane = Hostile(addresses, stop, rng.randrange(2**31))
+            lane.start()
         nem.start()
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0 and not (max_faults and nem.finished.is_set()):
@@ -744,6 +752,12 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if sp is not None:
             problems += sp.join()
             problems += sp.stop()
+        if lane is not None:
+            lane.join(60)
+            problems += lane.findings
+            if lane.is_alive() or lane.error is not None:
+                problems.append(f"the hostile lane {'did not stop' if lane.is_alive() else 'failed'}: "
+                                f"{lane.summary()['error']}")
         say("resolving indeterminate outcomes")
         ops = sorted(rec.ops, key=lambda o: o.index)
         resolve(ops, cluster.replica_addresses, host_ids)
@@ -757,6 +771,9 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
             finals = []
             incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
+        serving = [i for i in range(cluster.hosts) if i not in failed]
+        if serving:
+            problems += check_storage(cluster.replica_addresses[serving[0]])
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
@@ -764,7 +781,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
                                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
                                "left_out": left_out, "max_faults": max_faults, "lanes": lanes, "pause": pause,
                                "run_seconds": round(rec.now(), 1),
-                               "storage": storage, **({"s3": s3.stats()} if s3 else {})})
+                               "storage": storage, **({"s3": s3.stats()} if s3 else {}),
+                               **({"hostile": lane.summary()} if lane is not None else {})})
     finally:
         stop.set()
         if nem is not None:
@@ -777,6 +795,17 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
             sp.join(30)
             sp.stop()
         cluster.stop()
+
+
+def check_storage(address: str) -> list[str]:
+    """Every part file a read may still need, checked against the log (size and checksum) through
+    one replica: a file that a refused, forged or aborted call deleted is found here."""
+    try:
+        with Client(address, timeout=FINAL_TIMEOUT) as c:
+            result = c.check()
+    except Exception as exc:  # the check cannot be complete without it
+        return [f"could not check the part files through {address}: {brief(exc)}"]
+    return [f"table {t['table']!r}: part {p['part']}: {p['problem']}" for t in result["tables"] for p in t["problems"]]
 
 
 def _log_hint(cluster: Any, i: int) -> str:
