@@ -108,20 +108,31 @@ def test_errors_come_back_as_their_class(served) -> None:
     client.close()
 
 
-@pytest.mark.parametrize("payload", [
-    struct.pack(">I", 5) + b"{nope",  # not JSON
-    struct.pack(">I", 1 << 30),  # a length beyond the limit
-])
-def test_malformed_frame_gets_an_error_and_the_connection_closes(served, payload: bytes) -> None:
+def test_malformed_frame_gets_an_error_and_the_connection_closes(served) -> None:
     _, server = served
     sock, rfile = raw_connection(server)
-    sock.sendall(payload)
+    sock.sendall(struct.pack(">I", 5) + b"{nope")  # not JSON
     reply = read_frame(rfile)
     assert reply["ok"] is False and "bad request" in reply["error"]["message"]
     assert rfile.read(1) == b""  # closed by the server
     sock.close()
     # the server itself is unaffected
     assert RpcClient(f"127.0.0.1:{server.port}", 10).call("echo", {"n": 2}) == ["echo", 2]
+
+
+def test_a_frame_over_the_limit_is_answered_and_skipped(served) -> None:
+    """A request beyond the frame limit is answered InvalidInput naming the limit, its bytes
+    are skipped as they arrive (never buffered), and the connection carries on."""
+    _, server = served
+    limit = server.limits.max_frame
+    sock, rfile = raw_connection(server)
+    sock.sendall(struct.pack(">I", limit + 10))
+    reply = read_frame(rfile)
+    assert reply["ok"] is False and reply["error"]["type"] == "InvalidInput"
+    assert f"limit of {limit} bytes" in reply["error"]["message"]
+    sock.sendall(b"x" * (limit + 10) + frame({"a": "echo", "b": {"n": 4}}))
+    assert read_frame(rfile)["result"] == ["echo", 4]
+    sock.close()
 
 
 def test_request_of_the_wrong_shape_is_refused_and_the_connection_stays(served) -> None:
