@@ -103,6 +103,8 @@ def closed_by_server(sock: socket.socket) -> bool:
         while True:
             if not sock.recv(1 << 16):
                 return True
+    except TimeoutError:
+        return False
     except OSError:  # reset: closed too
         return True
 
