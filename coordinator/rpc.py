@@ -56,6 +56,7 @@ FD_RESERVE = 32  # descriptors kept for everything but connections (ZooKeeper, W
 LOGIN_BURST = 5  # failed logins a peer address may make at once ...
 LOGIN_EVERY = 1.0  # ... and then one every this many seconds
 _MAX_ACTION = 64  # the longest action name a request may carry
+_FREE = 64 * 1024  # a partial frame this small is read on even when the buffer budget is spent
 
 
 def _read_exact(f: BinaryIO, n: int) -> bytes:
@@ -104,6 +105,13 @@ class Limits:
     max_connections: int = 1024
     max_per_peer: int = 256
     idle_seconds: float = 300.0
+
+    @property
+    def max_buffered(self) -> int:
+        """The bytes of partial frames all connections may hold together: four of the largest.
+        Beyond it a connection with more than 64 KiB of a frame is not read (small requests
+        go on) until others complete theirs or are closed for idleness."""
+        return 4 * self.max_frame
 
 
 def peer_key(host: str) -> str:
@@ -226,6 +234,8 @@ class RpcServer:
         self._rare = _Rare()
         self._unauthenticated: dict[_Conn, float] = {}  # connection -> when it is closed unless it authenticated
         self._per_peer: dict[str, int] = {}
+        self._buffered = 0  # bytes in every connection's inbuf
+        self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
         self._cap = self.limits.max_connections
         self._accept_paused_until = 0.0
         self._next_tick = 0.0
@@ -248,6 +258,11 @@ class RpcServer:
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of requests read and not yet handled, over every connection."""
+        return self._buffered
 
     # -- the I/O thread ----------------------------------------------------------------------
     def serve(self) -> None:
@@ -412,6 +427,10 @@ class RpcServer:
             self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
             self._close(conn)
         self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
+        if self._starved and self._buffered <= self.limits.max_buffered:
+            starved, self._starved = self._starved, set()
+            for conn in starved:
+                self._watch(conn)
         self.logins.prune(now)
 
     def _expire_unauthenticated(self, now: float) -> None:
@@ -431,6 +450,9 @@ class RpcServer:
                 events = selectors.EVENT_WRITE | (selectors.EVENT_READ if conn.want_read else 0)
             else:
                 events = 0 if conn.busy or conn.close_after else selectors.EVENT_READ
+                if events and len(conn.inbuf) > _FREE and self._buffered > self.limits.max_buffered:
+                    events = 0  # memory: the others' partial frames hold the budget (see Limits)
+                    self._starved.add(conn)
         if events == conn.events:
             return
         if not conn.events:
@@ -450,6 +472,9 @@ class RpcServer:
         if left > 0:
             self._per_peer[conn.peer] = left
         self._unauthenticated.pop(conn, None)
+        self._starved.discard(conn)
+        self._buffered -= len(conn.inbuf)
+        conn.inbuf = bytearray()
         if conn.events:
             try:
                 self._sel.unregister(conn.sock)
@@ -479,6 +504,7 @@ class RpcServer:
             if not data:
                 return
         conn.inbuf += data
+        self._buffered += len(data)
         self._next(conn)
 
     # -- TLS and authentication (secured servers only) -----------------------------------------
@@ -593,6 +619,7 @@ class RpcServer:
                 return
             body = bytes(conn.inbuf[_HEADER.size:_HEADER.size + n])
             del conn.inbuf[:_HEADER.size + n]
+            self._buffered -= _HEADER.size + n
             try:
                 request = jsonwire.loads(body)
             except (ValueError, RecursionError, MemoryError) as exc:  # jsonwire raises ValueError only
@@ -619,6 +646,7 @@ class RpcServer:
             return
         take = min(len(conn.inbuf) - _HEADER.size, n)
         del conn.inbuf[:_HEADER.size + take]
+        self._buffered -= _HEADER.size + take
         conn.discard = n - take
         conn.busy = True
         self._send(conn, {"ok": False, "error": errors.InvalidInput(

@@ -317,3 +317,32 @@ def test_peers_are_counted_by_address_and_ipv6_by_slash_64(host: str, key: str) 
     from coordinator.rpc import peer_key
 
     assert peer_key(host) == key
+
+
+def test_partial_frames_together_stay_within_the_buffer_budget() -> None:
+    """Many connections each holding most of a frame: beyond Limits.max_buffered (four
+    frames) a connection with more than 64 KiB of a frame is not read until others finish or
+    go idle, so memory stays bounded; a small request on another connection is still served."""
+    from coordinator.rpc import _CHUNK, _FREE, Limits
+
+    svc = Service()
+    limits = Limits(max_frame=1 << 20)
+    server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, limits=limits)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    hogs = []
+    try:
+        for _ in range(16):  # 16 frames of 1 MiB declared, all but 10 bytes sent
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(struct.pack(">I", 1 << 20) + b"x" * ((1 << 20) - 10))
+            hogs.append(sock)
+        wait_until(lambda: server.buffered >= limits.max_buffered, 10, "the budget to be reached", interval=0.01)
+        client = RpcClient(f"127.0.0.1:{server.port}", 10)
+        assert client.call("echo", {"n": 1}) == ["echo", 1]  # every connection's bytes had their turn
+        assert server.buffered <= limits.max_buffered + len(hogs) * (_FREE + _CHUNK), server.buffered
+        client.close()
+    finally:
+        for sock in hogs:
+            sock.close()
+        server.shutdown()
+        thread.join(10)
