@@ -312,7 +312,10 @@ class RpcServer:
             elif conn.outbuf:
                 self._flush(conn)
             elif mask & selectors.EVENT_READ:
-                self._read(conn)
+                if conn.busy:  # more bytes while its request is answered: not read until then
+                    self._watch(conn, 0)
+                else:
+                    self._read(conn)
         except Exception:
             self._rare("conn-bug", logging.ERROR, "closed a connection from %s: its request broke the server",
                        conn.peer, exc_info=True)
@@ -442,15 +445,22 @@ class RpcServer:
 
     def _watch(self, conn: _Conn, events: int | None = None) -> None:
         """Have the selector watch ``conn`` for what it waits for: the answer's sending, else
-        its next request unless one is in progress (backpressure), else nothing."""
+        its next request unless one is in progress (backpressure), else nothing. A connection
+        whose request is in progress stays watched for reading until the peer sends more
+        (then :meth:`_serve_conn` stops it): a client waiting for its answer costs no
+        selector call per request."""
         if conn.closed:
             return
         if events is None:
             if conn.outbuf:
                 events = selectors.EVENT_WRITE | (selectors.EVENT_READ if conn.want_read else 0)
+            elif conn.busy or conn.close_after:
+                if conn.events == selectors.EVENT_READ:
+                    return
+                events = 0
             else:
-                events = 0 if conn.busy or conn.close_after else selectors.EVENT_READ
-                if events and len(conn.inbuf) > _FREE and self._buffered > self.limits.max_buffered:
+                events = selectors.EVENT_READ
+                if len(conn.inbuf) > _FREE and self._buffered > self.limits.max_buffered:
                     events = 0  # memory: the others' partial frames hold the budget (see Limits)
                     self._starved.add(conn)
         if events == conn.events:

@@ -261,7 +261,8 @@ def click_options(command: Callable) -> Callable:
     """A click option per setting (``mergetxn replica start``), each passed by its field name."""
     import click
 
-    command = click.option("--insecure", "insecure", is_flag=True, default=False, help=INSECURE_HELP + ".")(command)
+    command = click.option("--insecure", "insecure", is_flag=True, default=False,
+                           help=INSECURE_HELP[0].upper() + INSECURE_HELP[1:] + ".")(command)
     for s in reversed(SETTINGS.values()):
         if s.type is int:
             kind: Any = click.IntRange(min=s.minimum, max=s.maximum, min_open=s.above)
