@@ -26,3 +26,13 @@ def hit(name: str) -> None:
         pass
     while os.path.exists(armed):  # the test decides when to go on: poll its signal
         time.sleep(0.01)
+
+
+def enabled() -> bool:
+    """Whether failpoints are on in this process (``MERGETXN_FAILPOINTS``)."""
+    return _DIR is not None
+
+
+def armed(name: str) -> bool:
+    """Whether failpoint ``name`` is armed now: for a place that fails instead of holding."""
+    return _DIR is not None and os.path.exists(os.path.join(_DIR, name))

@@ -29,7 +29,7 @@ from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError
 from coordinator.model import Compact, TxnState, op_from_dict
 from coordinator.rpc import PRINCIPAL, RpcServer, error_reply
 from parts.ops import partition_key
-from replicas import leases, logs, settings
+from replicas import failpoints, leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 from replicas.storage_check import check_tables
@@ -46,7 +46,8 @@ class ReplicaServer(RpcServer):
         creds = replica.config.credentials  # secured: TLS, users and grants (coordinator/rpc.py)
         super().__init__(host, port, self.dispatch, inline=self._inline,
                          tls=None if creds is None else creds.server_context(),
-                         authenticate=None if replica.users is None else replica.users.authenticate)
+                         authenticate=None if replica.users is None else replica.users.authenticate,
+                         limits=replica.config.limits())
         self.replica = replica
         self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"
@@ -459,7 +460,9 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    threading.Thread(target=server.serve_forever, name="rpc", daemon=True).start()
+    if failpoints.enabled():  # a test breaks the loop here (tests/test_hostile_rpc.py)
+        server.fault = _loop_fault
+    threading.Thread(target=_serve_or_exit, args=(server,), name="rpc", daemon=True).start()
     if ready_file is not None:
         tmp = Path(str(ready_file) + ".tmp")
         tmp.write_text(server.address)
@@ -477,6 +480,27 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     replica.stop()
 
 
+# The exit status of a replica whose RPC loop died (a bug): its supervisor restarts it.
+EXIT_RPC_DIED = 70
+
+
+def _serve_or_exit(server: ReplicaServer) -> None:
+    """Serve; should the loop die, end the process: a replica that stays registered while it
+    no longer listens is worse than one that is gone (clients and peers move on from that)."""
+    try:
+        server.serve_forever()
+    except BaseException:
+        log.critical("the RPC loop of replica %s died: exiting with status %d so that it is restarted",
+                     server.address, EXIT_RPC_DIED)
+        logging.shutdown()
+        os._exit(EXIT_RPC_DIED)
+
+
+def _loop_fault() -> None:
+    if failpoints.armed("rpc_loop_dies"):
+        raise RuntimeError("failpoint rpc_loop_dies")
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
@@ -484,7 +508,11 @@ def main(argv: list[str] | None = None) -> None:
     settings.add_arguments(p)
     p.add_argument("--ready-file", default=None)
     a = p.parse_args(argv)
-    run(settings.from_arguments(a), Path(a.ready_file) if a.ready_file else None)
+    try:
+        config = settings.from_arguments(a)
+    except InvalidInput as exc:  # protected mode, say: one line, exit status 2
+        p.error(exc.message)
+    run(config, Path(a.ready_file) if a.ready_file else None)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@ Fields without a :class:`Setting` are set only by code: ``storage_options`` (cre
 never on a command line), ``read_wait_seconds``, and ``credentials``: the replicas' identity
 (coordinator/security.py), read from the file named by the ``credentials_file`` setting
 (``--credentials FILE`` or ``MERGETXN_CREDENTIALS``); a secret never goes on a command line.
+``insecure`` is the one flag without a value (``--insecure``, both command lines): without it, a
+replica without credentials refuses a non-loopback ``host`` (protected mode, :func:`is_loopback`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import typing
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.errors import InvalidInput
+from coordinator.rpc import AUTH_FRAME, MAX_FRAME, Limits
 from coordinator.security import ENV_CREDENTIALS, Credentials
 
 
@@ -160,6 +164,18 @@ class ReplicaConfig:
     max_commit_bytes: int = _setting(
         64 * 1024 * 1024, "a transaction (or DDL) whose log entry record is larger is refused at commit",
         minimum=64 * 1024, tunable=True)
+    # Tunable: what clients may hold of the replica (coordinator/rpc.py, Limits).
+    max_frame_bytes: int = _setting(
+        64 * 1024 * 1024, "the largest request an authenticated client may send, in bytes (a larger one is "
+        "refused with an error naming this limit)", minimum=AUTH_FRAME, maximum=MAX_FRAME, tunable=True)
+    max_connections: int = _setting(1024, "client connections open at once (fewer if the descriptor limit leaves "
+                                    "less room); more are closed at once", minimum=1, tunable=True)
+    max_connections_per_peer: int = _setting(256, "client connections open at once from one address (an IPv6 /64)",
+                                             minimum=1, tunable=True)
+    idle_seconds: float = _setting(300.0, "a client connection without a request in progress this long is closed "
+                                   "(clients reconnect by themselves)", minimum=0, above=True, tunable=True)
+    # Not a Setting (a flag without a value): serve unsecured on a non-loopback --host anyway.
+    insecure: bool = False
 
     def __post_init__(self) -> None:
         if self.credentials is None and self.credentials_file is not None:
@@ -168,6 +184,32 @@ class ReplicaConfig:
         if c is not None and (c.cert_file is None or c.ca_file is None):
             raise InvalidInput(f"credentials file {self.credentials_file or ''}: a replica needs ca_file, cert_file "
                                "and key_file (the replicas' file from mergetxn security init, not the clients')")
+        if c is None and not self.insecure and not is_loopback(self.host):
+            raise InvalidInput(
+                f"refusing to serve without TLS or authentication on {self.host or 'every interface'!r} (protected "
+                "mode): anyone who reaches that address could read, write and drop every table. Start it with "
+                "--credentials FILE (mergetxn security init), or listen on a loopback address (--host 127.0.0.1), "
+                "or pass --insecure if this network is trusted")
+
+    def limits(self) -> Limits:
+        """What clients may hold of this replica (coordinator/rpc.py)."""
+        return Limits(max_frame=self.max_frame_bytes, max_connections=self.max_connections,
+                      max_per_peer=self.max_connections_per_peer, idle_seconds=self.idle_seconds)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether listening on ``host`` serves this machine only: ``localhost`` or a loopback
+    address. Any other name counts as routable (it is not resolved: a name may change)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+INSECURE_HELP = ("serve without --credentials on a non-loopback --host (protected mode refuses that "
+                 "otherwise): only on a network where every peer is trusted")
 
 
 def _settings() -> dict[str, Setting]:
@@ -223,16 +265,19 @@ def add_arguments(parser: Any) -> None:
         default = os.environ.get(s.env, s.default) if s.env else s.default
         parser.add_argument(s.option, dest=s.name, type=parse(s), default=default, metavar=s.metavar,
                             help=f"{s.help} (default {s.default}{f'; env {s.env}' if s.env else ''})")
+    parser.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
 
 
 def from_arguments(args: Any) -> ReplicaConfig:
-    return ReplicaConfig(**{name: getattr(args, name) for name in SETTINGS})
+    return ReplicaConfig(**{name: getattr(args, name) for name in SETTINGS}, insecure=bool(args.insecure))
 
 
 def click_options(command: Callable) -> Callable:
     """A click option per setting (``mergetxn replica start``), each passed by its field name."""
     import click
 
+    command = click.option("--insecure", "insecure", is_flag=True, default=False,
+                           help=INSECURE_HELP[0].upper() + INSECURE_HELP[1:] + ".")(command)
     for s in reversed(SETTINGS.values()):
         if s.type is int:
             kind: Any = click.IntRange(min=s.minimum, max=s.maximum, min_open=s.above)

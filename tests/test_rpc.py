@@ -10,6 +10,7 @@ import struct
 import threading
 
 import pytest
+from support.waiting import wait_until  # tests/ is on sys.path
 
 from coordinator import errors
 from coordinator.rpc import RpcClient, RpcServer, frame, read_frame
@@ -108,20 +109,31 @@ def test_errors_come_back_as_their_class(served) -> None:
     client.close()
 
 
-@pytest.mark.parametrize("payload", [
-    struct.pack(">I", 5) + b"{nope",  # not JSON
-    struct.pack(">I", 1 << 30),  # a length beyond the limit
-])
-def test_malformed_frame_gets_an_error_and_the_connection_closes(served, payload: bytes) -> None:
+def test_malformed_frame_gets_an_error_and_the_connection_closes(served) -> None:
     _, server = served
     sock, rfile = raw_connection(server)
-    sock.sendall(payload)
+    sock.sendall(struct.pack(">I", 5) + b"{nope")  # not JSON
     reply = read_frame(rfile)
     assert reply["ok"] is False and "bad request" in reply["error"]["message"]
     assert rfile.read(1) == b""  # closed by the server
     sock.close()
     # the server itself is unaffected
     assert RpcClient(f"127.0.0.1:{server.port}", 10).call("echo", {"n": 2}) == ["echo", 2]
+
+
+def test_a_frame_over_the_limit_is_answered_and_skipped(served) -> None:
+    """A request beyond the frame limit is answered InvalidInput naming the limit, its bytes
+    are skipped as they arrive (never buffered), and the connection carries on."""
+    _, server = served
+    limit = server.limits.max_frame
+    sock, rfile = raw_connection(server)
+    sock.sendall(struct.pack(">I", limit + 10))
+    reply = read_frame(rfile)
+    assert reply["ok"] is False and reply["error"]["type"] == "InvalidInput"
+    assert f"limit of {limit} bytes" in reply["error"]["message"]
+    sock.sendall(b"x" * (limit + 10) + frame({"a": "echo", "b": {"n": 4}}))
+    assert read_frame(rfile)["result"] == ["echo", 4]
+    sock.close()
 
 
 def test_request_of_the_wrong_shape_is_refused_and_the_connection_stays(served) -> None:
@@ -176,3 +188,161 @@ def test_a_call_timeout_applies_to_that_call_only(served) -> None:
     service.gate.set()
     assert rpc.call("echo", {"n": 3}) == ["echo", 3]  # a new connection
     rpc.close()
+
+
+# -- a server survives its clients (SPEC.md, "A replica survives its clients") ---------------------
+
+
+def test_a_connection_is_not_read_while_its_request_is_answered(served) -> None:
+    """Backpressure: while a request of a connection is in progress, the server reads no more
+    of it, so what the peer sends meanwhile stays in the kernel (whose buffers fill and stop
+    the sender) instead of piling up in the replica's memory."""
+    svc, server = served
+    sock, rfile = raw_connection(server)
+    sock.sendall(frame({"a": "slow", "b": {"n": 1}}))
+    pad = frame({"a": "echo", "b": {"n": 2, "pad": "x" * (1 << 20)}})
+    sock.settimeout(3)
+    with pytest.raises(TimeoutError):  # 64 MiB do not fit in the kernel's buffers
+        sock.sendall(pad * 64)
+    svc.gate.set()
+    sock.settimeout(10)
+    assert read_frame(rfile)["result"] == ["slow", 1]
+    sock.close()
+
+
+class _OutOfDescriptors:
+    """A listener whose accept fails with EMFILE (while ``failing``), counting the calls."""
+
+    def __init__(self, listener: socket.socket) -> None:
+        self.listener, self.failing, self.calls = listener, True, []
+
+    def accept(self):  # noqa: ANN201
+        import errno
+        import time
+
+        self.calls.append(time.monotonic())
+        if self.failing:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.listener.accept()
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.listener, name)
+
+
+def test_accept_out_of_descriptors_backs_off_instead_of_spinning(caplog) -> None:
+    """EMFILE on accept: the listener is not polled for ACCEPT_PAUSE (the pending connection
+    waits in the backlog), one log line per LOG_EVERY, and it is accepted once descriptors
+    are back."""
+    import logging
+
+    from coordinator import rpc
+
+    svc = Service()
+    server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline)
+    flaky = server._listener = _OutOfDescriptors(server._listener)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    caplog.set_level(logging.WARNING, logger="coordinator.rpc")
+    thread.start()
+    try:
+        pending = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # waits in the backlog
+        started = len(flaky.calls)
+        wait_until(lambda: len(flaky.calls) >= started + 3, 10, "three accept attempts", interval=0.02)
+        spread = flaky.calls[-1] - flaky.calls[-3]
+        assert spread >= 1.5 * rpc.ACCEPT_PAUSE, spread  # spinning made thousands a second
+        assert len([r for r in caplog.records if "accept failed" in r.getMessage()]) == 1
+        flaky.failing = False
+        pending.sendall(frame({"a": "echo", "b": {"n": 5}}))
+        assert read_frame(pending.makefile("rb"))["result"] == ["echo", 5]
+        pending.close()
+    finally:
+        server.shutdown()
+        thread.join(10)
+
+
+def test_a_loop_that_dies_raises_from_serve() -> None:
+    """A failure of the loop itself (not of one connection) ends serve() with the exception,
+    listener closed: its caller (replicas/server.py) exits the process."""
+    svc = Service()
+    server = RpcServer("127.0.0.1", 0, svc.dispatch)
+
+    def broken() -> None:
+        raise RuntimeError("injected")
+
+    server.fault = broken
+    raised: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            server.serve()
+        except BaseException as exc:  # what the test asserts
+            raised.append(exc)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        server.shutdown()
+    assert [str(e) for e in raised] == ["injected"]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.port), timeout=2)
+
+
+@pytest.mark.parametrize("failures, after, waits", [
+    (4, 0.0, False),  # within the burst
+    (5, 0.0, True),  # the burst spent
+    (5, 0.99, True),
+    (5, 1.01, False),  # one token back after LOGIN_EVERY
+    (8, 3.5, True),
+    (8, 4.01, False),
+])
+def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: float, waits: bool) -> None:
+    from coordinator.rpc import LoginThrottle
+
+    throttle = LoginThrottle(burst=5, every=1.0)
+    for _ in range(failures):
+        throttle.failed("10.0.0.1", 100.0)
+    assert (throttle.wait("10.0.0.1", 100.0 + after) > 0) is waits
+    assert throttle.wait("10.0.0.2", 100.0) == 0  # another address
+    throttle.prune(1000.0)
+    assert throttle.wait("10.0.0.1", 1000.0) == 0
+
+
+@pytest.mark.parametrize("host, key", [
+    ("10.1.2.3", "10.1.2.3"),
+    ("::ffff:10.1.2.3", "10.1.2.3"),
+    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+    ("fe80::1%eth0", "fe80::/64"),
+])
+def test_peers_are_counted_by_address_and_ipv6_by_slash_64(host: str, key: str) -> None:
+    from coordinator.rpc import peer_key
+
+    assert peer_key(host) == key
+
+
+def test_partial_frames_together_stay_within_the_buffer_budget() -> None:
+    """Many connections each holding most of a frame: beyond Limits.max_buffered (four
+    frames) a connection with more than 64 KiB of a frame is not read until others finish or
+    go idle, so memory stays bounded; a small request on another connection is still served."""
+    from coordinator.rpc import _CHUNK, _FREE, Limits
+
+    svc = Service()
+    limits = Limits(max_frame=1 << 20)
+    server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, limits=limits)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    hogs = []
+    try:
+        for _ in range(16):  # 16 frames of 1 MiB declared, all but 10 bytes sent
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            sock.sendall(struct.pack(">I", 1 << 20) + b"x" * ((1 << 20) - 10))
+            hogs.append(sock)
+        wait_until(lambda: server.buffered >= limits.max_buffered, 10, "the budget to be reached", interval=0.01)
+        client = RpcClient(f"127.0.0.1:{server.port}", 10)
+        assert client.call("echo", {"n": 1}) == ["echo", 1]  # every connection's bytes had their turn
+        assert server.buffered <= limits.max_buffered + len(hogs) * (_FREE + _CHUNK), server.buffered
+        client.close()
+    finally:
+        for sock in hogs:
+            sock.close()
+        server.shutdown()
+        thread.join(10)

@@ -878,8 +878,10 @@ class _Cluster:
             "session_timeout": self.session_timeout,
             **self.replica_settings,
         }
+        # --insecure: the harness's cluster is unsecured, on addresses of its own network
+        # namespaces (protected mode refuses a non-loopback --host otherwise).
         self._replicas[i].start(
-            self._cli(i, "replica", "start", *command_line(values)), self._env(), self.host_dir(i)
+            self._cli(i, "replica", "start", *command_line(values), "--insecure"), self._env(), self.host_dir(i)
         )
 
     def _replica_bind(self, i: int) -> tuple[str, int]:
