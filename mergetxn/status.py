@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -49,14 +50,14 @@ def _members(hosts: str) -> list[tuple[str, int]]:
     return out
 
 
-def member_status(host: str, port: int, timeout: float) -> dict[str, Any]:
+def member_status(host: str, port: int, timeout: float, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """One ZooKeeper member's ``srvr`` answer: its mode (standalone, leader, follower), or why
-    it is down."""
+    it is down. ``context``: a secured cluster's ZooKeeper answers over TLS only."""
     from mergetxn.zkserver import four_letter_word
 
     out: dict[str, Any] = {"address": f"{host}:{port}", "mode": None, "ok": False}
     try:
-        reply = four_letter_word(host, port, "srvr", timeout)
+        reply = four_letter_word(host, port, "srvr", timeout, context)
     except OSError as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out
@@ -106,11 +107,11 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
 
     from coordinator import jsonwire
     from coordinator.alive import read_alive
+    from coordinator.security import zk_client_args
     from coordinator.zklog import CsnLog
 
     zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-                     command_retry=KazooRetry(max_tries=2, delay=0.05),
-                     auth_data=None if credentials is None else credentials.zk_auth())
+                     command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
     try:
         zk.start(timeout=timeout)
     except Exception as exc:  # kazoo's timeout, or a bad connection string
@@ -185,7 +186,8 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     if zk_hosts is not None:
         members = _members(zk_hosts)
         with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
-            states = [pool.submit(member_status, h, p, min(timeout, 5.0)) for h, p in members]
+            context = None if credentials is None else credentials.client_context()  # secured: TLS only
+            states = [pool.submit(member_status, h, p, min(timeout, 5.0), context) for h, p in members]
             read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
             zookeeper["members"] = [f.result() for f in states]
             found = read.result()

@@ -253,7 +253,14 @@ class Follower:
         self.state.advance_epoch(int(tail["trimmed_epoch"]))
 
     def _next_position(self, epoch: int, seq: int, have_some: bool) -> tuple[int, int] | None:
-        """Where the log continues after a missing ``(epoch, seq)``, or None to wait."""
+        """Where the log continues after a missing ``(epoch, seq)``, or None to wait.
+
+        Sequence numbers are dense: ZooKeeper gives a sequential child the parent's child
+        counter (``cversion``), only commits create children of an epoch, a failed multi gives
+        none out, and nothing deletes an entry of an epoch the tail has not trimmed. So a
+        missing entry below the end of the log (a later entry in its epoch, or a number its
+        sealed epoch gave out) was deleted: CorruptMetadata naming it, never a skip (a skipped
+        commit would be applied by some replicas and not by others)."""
         # The data watch fires when the epoch is sealed (or trimmed): look past its end then.
         stat = self.log.zk.exists(self.log.epoch_path(epoch), watch=self.poke)
         sealed = stat is not None and stat.version >= 1
@@ -269,8 +276,20 @@ class Follower:
         later = [s for s in self.log.list_seqs(epoch) if s >= seq]
         if (later or sealed or stat is None) and epoch <= self.log.trimmed_epoch():
             return TRIMMED  # never skip entries that were trimmed: the checkpoint has them
-        if later:
-            return (epoch, later[0])
+        if later or (sealed and stat is not None and seq < stat.cversion):
+            end = self.log.entry_path(epoch, later[-1]) if later else f"the end of sealed {self.log.epoch_path(epoch)}"
+            raise CorruptMetadata(missing_entry(self.log.entry_path(epoch, seq), end))
         if sealed:
             return (epoch + 1, 0)
+        if stat is None and any(e > epoch for e in self.log.epochs()):
+            raise CorruptMetadata(f"log epoch {self.log.epoch_path(epoch)} is missing below the end of the log "
+                                  f"(later epochs exist and the log tail has not trimmed it): its entries were "
+                                  f"deleted; see docs/architecture.md, \"A log entry that does not parse\"")
         return None
+
+
+def missing_entry(node: str, end: str) -> str:
+    """The message of a log entry gone from below the end of the log."""
+    return (f"log entry {node} is missing below the end of the log ({end} exists) and the log tail has not "
+            f"trimmed it: it was deleted; never skipped, see docs/architecture.md, \"A log entry that does not "
+            f"parse\"")

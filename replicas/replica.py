@@ -46,6 +46,7 @@ from coordinator.model import (
     WalEntry,
     WalStaged,
 )
+from coordinator.security import zk_client_args
 from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
 from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta
@@ -96,8 +97,8 @@ class Replica:
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
-            auth_data=None if creds is None else creds.zk_auth(),
             default_acl=None if creds is None else creds.zk_acl(),
+            **zk_client_args(creds),  # secured: the digest identity, over TLS checking ZooKeeper's host name
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)

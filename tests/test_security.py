@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
 from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
@@ -267,7 +267,9 @@ def events(c0: coordinator.Client) -> str:
 
 
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
-    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth)
+    # The cluster's ZooKeeper serves TLS only (tests/test_zk_hardening.py).
+    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth, use_ssl=True,
+                     ca=str(cluster.credentials.ca_file), check_hostname=True)
     zk.start(timeout=30)
     return zk
 
@@ -352,7 +354,7 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
                          lambda: zk.get(root), lambda: zk.set(f"{root}/config", b"{}"),
                          lambda: zk.create(f"{root}/tables/evil", b"{}"), lambda: zk.delete(f"{root}/fence"),
                          lambda: zk.set_acls(root, OPEN_ACL_UNSAFE)):
-                with pytest.raises(NoAuthError):
+                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):  # anonymous: session closed
                     call()
         finally:
             zk.stop()
