@@ -201,7 +201,8 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     hosts = sorted(set(found.get("registered", ())) | set(alive))
     addresses = {h: alive[h]["address"] for h in hosts if h in alive and alive[h]["address"]}
     with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
-        asked = {a: pool.submit(replica_info, a, timeout, connect) for a in addresses.values() if a not in infos}
+        ask = _in_callers_context(replica_info)
+        asked = {a: pool.submit(ask, a, timeout, connect) for a in addresses.values() if a not in infos}
         infos.update({a: f.result() for a, f in asked.items()})
     replicas: dict[str, dict] = {}
     for h in hosts:
@@ -248,6 +249,27 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         problems.append("nothing to check: give --replica or --zk")
     report["healthy"] = not problems
     return report
+
+
+def _in_callers_context(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with the caller's click context pushed: the command line's ``connect`` takes
+    the credentials (``--credentials``) from it, and click keeps contexts per thread, so the
+    pool's threads would connect without them (every replica but the first "unreachable")."""
+    import click
+    from click.globals import pop_context, push_context
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return fn
+
+    def run(*args: Any) -> Any:
+        push_context(ctx)
+        try:
+            return fn(*args)
+        finally:
+            pop_context()
+
+    return run
 
 
 def _from_info(info: dict) -> dict[str, Any]:

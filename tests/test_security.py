@@ -347,18 +347,19 @@ def test_a_path_or_the_environment_gives_the_credentials(cluster: coordinator.Lo
 def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalCluster, c0: coordinator.Client) -> None:
     c0.create_table("acl_probe", SCHEMA, auto_merge=False)
     root = cluster.root
+    calls = (lambda zk: zk.get(f"{root}/tables/acl_probe"), lambda zk: zk.get_children(f"{root}/log"),
+             lambda zk: zk.get(root), lambda zk: zk.set(f"{root}/config", b"{}"),
+             lambda zk: zk.create(f"{root}/tables/evil", b"{}"), lambda zk: zk.delete(f"{root}/fence"),
+             lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE))
     for auth in (None, [("digest", "intruder:whatever-it-is")]):
-        zk = kazoo_client(cluster, auth)
-        try:
-            for call in (lambda: zk.get(f"{root}/tables/acl_probe"), lambda: zk.get_children(f"{root}/log"),
-                         lambda: zk.get(root), lambda: zk.set(f"{root}/config", b"{}"),
-                         lambda: zk.create(f"{root}/tables/evil", b"{}"), lambda: zk.delete(f"{root}/fence"),
-                         lambda: zk.set_acls(root, OPEN_ACL_UNSAFE)):
-                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):  # anonymous: session closed
-                    call()
-        finally:
-            zk.stop()
-            zk.close()
+        for call in calls:  # a session each: ZooKeeper closes an anonymous one at its first request
+            zk = kazoo_client(cluster, auth)
+            try:
+                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
+                    call(zk)
+            finally:
+                zk.stop()
+                zk.close()
     zk = kazoo_client(cluster, cluster.credentials.zk_auth())
     try:
         data, stat = zk.get(f"{root}/tables/acl_probe")  # the identity reads it (a marker: the definition is in the log)

@@ -1,0 +1,241 @@
+"""ZooKeeper in a secured cluster (issue 20, items 4 and 5).
+
+Its client port is TLS only, a session without the replicas' identity is closed at its first
+request, only ``srvr`` of the four-letter words is served, ``/`` carries the identity's ACL, an
+ensemble's members talk mutual TLS; ``mergetxn status`` works on it. And the log is never
+skipped: a committed entry deleted under a fresh replica's feet stops that replica with
+CorruptMetadata naming the node, ``mergetxn status`` reports it, no replica diverges.
+
+All against the real processes: a secured LocalCluster (its own embedded ZooKeeper) and a
+secured 3-member ZooKeeperEnsemble.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
+from kazoo.security import OPEN_ACL_UNSAFE
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import wait_until
+
+import coordinator
+from coordinator.errors import CorruptMetadata
+from coordinator.security import REPLICA_FILE, make_cluster_credentials, zk_client_args
+from coordinator.versions import split_csn
+from coordinator.zklog import CsnLog
+from mergetxn.cli import cli
+from mergetxn.zkserver import ZooKeeperEnsemble, four_letter_word
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
+EXIT_UNHEALTHY = 1
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    """Three secured replicas and their own (secured) ZooKeeper."""
+    with make_cluster(tmp_path_factory, None, "zkhard", replicas=3, secure=True) as c:
+        yield c
+
+
+def kazoo(hosts: str, **kwargs: object) -> KazooClient:
+    zk = KazooClient(hosts=hosts, timeout=10, connection_retry={"max_tries": 0}, **kwargs)
+    zk.start(timeout=15)
+    return zk
+
+
+def close(zk: KazooClient) -> None:
+    zk.stop()
+    zk.close()
+
+
+def tls_args(cluster: coordinator.LocalCluster) -> dict:
+    """TLS that verifies ZooKeeper's certificate, and no identity."""
+    return {"use_ssl": True, "ca": str(cluster.credentials.ca_file), "check_hostname": True}
+
+
+def replica_identity(cluster: coordinator.LocalCluster) -> dict:
+    return zk_client_args(cluster._credentials)
+
+
+def host_port(cluster: coordinator.LocalCluster) -> tuple[str, int]:
+    host, port = cluster.zk_address.split("/", 1)[0].rsplit(":", 1)
+    return host, int(port)
+
+
+def test_an_anonymous_session_is_closed_at_its_first_request(cluster: coordinator.LocalCluster) -> None:
+    zk = kazoo(cluster.zk_address, **tls_args(cluster))
+    try:
+        with pytest.raises(SessionClosedRequireSaslError):
+            zk.create("/anonymous", b"x")
+    finally:
+        close(zk)
+    admin = kazoo(cluster.zk_address, **replica_identity(cluster))
+    try:
+        assert admin.exists("/anonymous") is None
+    finally:
+        close(admin)
+
+
+def test_the_plain_client_port_is_gone(cluster: coordinator.LocalCluster) -> None:
+    """No clear-text session: a plain kazoo client never connects, a plain four-letter word gets
+    no answer (the digest secret never crosses the wire in clear)."""
+    zk = KazooClient(hosts=cluster.zk_address, timeout=3, connection_retry={"max_tries": 1},
+                     auth_data=cluster.credentials.zk_auth())
+    with pytest.raises(Exception):  # noqa: B017, PT011 - kazoo's timeout or a dropped connection
+        zk.start(timeout=5)
+    zk.stop()
+    zk.close()
+    host, port = host_port(cluster)
+    try:
+        reply = four_letter_word(host, port, "srvr", timeout=3)
+    except OSError:
+        reply = ""
+    assert "Mode:" not in reply
+    cfg = (cluster.workdir / "zookeeper" / "zoo.cfg").read_text()
+    assert "secureClientPort=" in cfg and "\nclientPort=" not in cfg
+
+
+def test_a_tls_session_with_the_identity_works_and_checks_the_host_name(cluster: coordinator.LocalCluster) -> None:
+    zk = kazoo(cluster.zk_address, **replica_identity(cluster))
+    try:
+        assert {"log", "tables", "replicas"} <= set(zk.get_children(cluster.root))
+        zk.create(f"{cluster.root}/probe", b"x", acl=cluster.credentials.zk_acl())
+        zk.delete(f"{cluster.root}/probe")
+    finally:
+        close(zk)
+    # The certificate names 127.0.0.1 and localhost: any other name is refused.
+    ctx = ssl.create_default_context(cafile=str(cluster.credentials.ca_file))
+    host, port = host_port(cluster)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        ctx.wrap_socket(socket.create_connection((host, port), timeout=5), server_hostname="zk.example.org")
+
+
+def test_four_letter_words_are_limited_to_srvr(cluster: coordinator.LocalCluster) -> None:
+    host, port = host_port(cluster)
+    ctx = cluster.credentials.client_context()
+    assert "Mode: standalone" in four_letter_word(host, port, "srvr", 5, ctx)
+    for word in ("dump", "cons", "wchc", "envi", "stat", "mntr", "conf", "crst"):
+        reply = four_letter_word(host, port, word, 5, ctx)
+        assert "not in the whitelist" in reply, (word, reply)
+        assert cluster.root not in reply and "127.0.0.1" not in reply
+
+
+def test_the_root_is_not_world_writable(cluster: coordinator.LocalCluster) -> None:
+    admin = kazoo(cluster.zk_address, **replica_identity(cluster))
+    try:
+        acls, _ = admin.get_acls("/")
+        assert acls and all(acl.id.scheme == "digest" for acl in acls)
+    finally:
+        close(admin)
+    # Another digest identity (digest logs anyone in; only ACLs tell identities apart).
+    zk = kazoo(cluster.zk_address, **tls_args(cluster), auth_data=[("digest", "intruder:whatever-it-is")])
+    try:
+        for call in (lambda: zk.create("/evil", b"x"), lambda: zk.set_acls("/", OPEN_ACL_UNSAFE),
+                     lambda: zk.delete(cluster.root, recursive=False), lambda: zk.get_children("/"),
+                     lambda: zk.delete(f"{cluster.root}/fence")):
+            with pytest.raises(NoAuthError):
+                call()
+    finally:
+        close(zk)
+
+
+def test_status_works_on_a_secured_cluster(cluster: coordinator.LocalCluster) -> None:
+    path = str(cluster.workdir / "security" / REPLICA_FILE)
+    result = CliRunner().invoke(cli, ["status", "--replica", cluster.replica_addresses[0], "--credentials", path,
+                                      "--json"], env={"MERGETXN_CREDENTIALS": ""})
+    assert result.exit_code == 0, result.output
+    assert '"mode": "standalone"' in result.output
+    assert cluster.credentials.secret not in result.output
+
+
+@pytest.mark.slow
+def test_a_secured_ensemble_with_mutual_tls_between_members_serves(tmp_path: Path) -> None:
+    creds = make_cluster_credentials(tmp_path / "security")
+    with ZooKeeperEnsemble(tmp_path / "zk", size=3, credentials=creds) as ensemble:
+        modes = sorted(ensemble.mode(i) or "" for i in range(3))
+        assert modes == ["follower", "follower", "leader"]
+        for i in range(3):
+            cfg = (ensemble.member_dir(i) / "zoo.cfg").read_text()
+            assert "sslQuorum=true" in cfg and "ssl.quorum.clientAuth=need" in cfg and "\nclientPort=" not in cfg
+        args = zk_client_args(creds)
+        writer = kazoo(ensemble.member_address(0), **args)
+        reader = kazoo(ensemble.member_address(2), **args)
+        try:
+            writer.create("/mergetxn-probe", b"through the quorum", acl=creds.zk_acl())
+            reader.sync("/mergetxn-probe")
+            assert reader.get("/mergetxn-probe")[0] == b"through the quorum"
+        finally:
+            close(writer)
+            close(reader)
+        anonymous = kazoo(ensemble.member_address(1), use_ssl=True, ca=str(creds.ca_file), check_hostname=True)
+        try:
+            with pytest.raises(SessionClosedRequireSaslError):
+                anonymous.get("/mergetxn-probe")
+        finally:
+            close(anonymous)
+        # A member whose quorum certificate comes from other credentials is not let in.
+        other = make_cluster_credentials(tmp_path / "other")
+        from mergetxn.zkserver import ZooKeeperTls
+
+        stranger = ZooKeeperTls.from_credentials(other, tmp_path / "stranger", quorum_host="127.0.0.1")
+        ensemble.stop_member(2)
+        shutil.copy(stranger.quorum_keystore, ensemble.members[2].tls.quorum_keystore)
+        ensemble.members[2].start(wait=False)
+        log = ensemble.member_dir(2) / "zookeeper.log"
+        wait_until(lambda: log.exists() and "SSLHandshakeException" in log.read_text(errors="replace")
+                   or any("SSLHandshakeException" in (ensemble.member_dir(i) / "zookeeper.log").read_text(errors="replace")
+                          for i in (0, 1)), 60, "a refused quorum handshake")
+        assert ensemble.mode(2) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The log is never skipped (runs last: it leaves the module's cluster with a hole in its log)
+
+
+@pytest.mark.slow
+def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: coordinator.LocalCluster) -> None:
+    cluster.stop_replica(2)
+    shutil.rmtree(cluster.workdir / "replica-2")  # a fresh replica: it will read the whole log from ZooKeeper
+    c0 = cluster.client(0)
+    c0.create_table("holes", SCHEMA, auto_merge=False)
+    csns = []
+    for i in range(3):
+        with c0.transaction() as tx:
+            tx.insert("holes", pa.table({"id": [i], "k": [str(i)]}))
+        csns.append(tx.csn)
+    final = csns[-1]
+    epoch, seq = split_csn(csns[1])
+    zk = kazoo(cluster.zk_address, **replica_identity(cluster))  # whoever holds the replicas' identity
+    try:
+        node = CsnLog(zk, cluster.root).entry_path(epoch, seq)
+        zk.delete(node)
+    finally:
+        close(zk)
+
+    cluster.start_replica(2)
+    c2 = cluster.client(2)
+    failure = wait_until(lambda: c2.call("info").get("log_failure"), 60, "replica 2 to stop at the hole")
+    assert node in failure and "missing" in failure
+    assert c2.snapshot() < csns[1]
+    with pytest.raises(CorruptMetadata, match=node):
+        c2.read("holes", snapshot=final)
+    for i in (0, 1):  # the replicas that applied it before it went still have every commit
+        assert sorted(cluster.client(i).read("holes", snapshot=final).column("id").to_pylist()) == [0, 1, 2]
+
+    path = str(cluster.workdir / "security" / REPLICA_FILE)
+    result = CliRunner().invoke(cli, ["status", "--replica", cluster.replica_addresses[0], "--credentials", path],
+                                env={"MERGETXN_CREDENTIALS": ""})
+    assert result.exit_code == EXIT_UNHEALTHY, result.output
+    flat = " ".join(result.output.split())
+    assert "r2" in flat and node.rsplit("/", 1)[1] in flat
