@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
+from kazoo.exceptions import BadVersionError, NoAuthError, SessionClosedRequireSaslError
 from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
@@ -201,6 +201,23 @@ def test_a_secured_ensemble_with_mutual_tls_between_members_serves(tmp_path: Pat
 
 # ---------------------------------------------------------------------------------------------
 # The log is never skipped (runs last: it leaves the module's cluster with a hole in its log)
+
+
+def test_sequence_numbers_are_dense_and_a_deleted_one_is_not_given_again(zk_client: KazooClient) -> None:
+    """What the follower's rule rests on (replicas/follower.py, _next_position): a multi that
+    fails gives out no sequence number (a commit that lost its version check leaves no gap), and
+    the number of a deleted entry is never given out again (a deleted entry is a hole below the
+    later ones, which the follower refuses)."""
+    zk_client.create("/e", b"")
+    assert zk_client.create("/e/c-", b"", sequence=True).endswith("c-0000000000")
+    t = zk_client.transaction()
+    t.check("/e", 5)  # a version miss, as a commit that lost a race
+    t.create("/e/c-", b"", sequence=True)
+    assert isinstance(t.commit()[0], BadVersionError)
+    assert zk_client.create("/e/c-", b"", sequence=True).endswith("c-0000000001")
+    zk_client.delete("/e/c-0000000001")
+    assert zk_client.create("/e/c-", b"", sequence=True).endswith("c-0000000002")
+    assert sorted(zk_client.get_children("/e")) == ["c-0000000000", "c-0000000002"]
 
 
 @pytest.mark.slow
