@@ -4,8 +4,8 @@ Gathered from three places, each asked with a time limit so that nothing that ha
 the check:
 
 * **ZooKeeper's members** (from the connection string): each is asked ``srvr`` (a four-letter
-  command, whitelisted by ``mergetxn zk start``) for its mode; a member that does not answer is
-  down.
+  command, whitelisted by ``mergetxn zk start``; the only one a secured server answers, over TLS
+  checked against the cluster CA) for its mode; a member that does not answer is down.
 * **ZooKeeper's data** (read only): the replicas registered under ``<root>/replicas`` and the
   alive node each live one publishes (coordinator/alive.py), the log's end and size, the
   checkpoint node, cleanup's watermark.
@@ -16,7 +16,8 @@ the check:
 The report is plain data (:func:`gather`); ``problems`` lists what makes it unhealthy: a
 ZooKeeper member down or ZooKeeper unreachable, a registered replica without an alive node
 (down) or one that does not answer, a replica without a ZooKeeper session or stopped at a log
-entry it cannot apply, and a replica lagging more than ``max_lag_seconds``.
+entry it cannot apply (one that does not parse, or one missing below the end of the log: the
+message names the node), and a replica lagging more than ``max_lag_seconds``.
 """
 
 from __future__ import annotations
