@@ -109,7 +109,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     from coordinator import jsonwire
     from coordinator.alive import read_alive
     from coordinator.security import zk_client_args
-    from coordinator.zklog import CsnLog
+    from coordinator.zklog import CsnLog, given_out
 
     zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
                      command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
@@ -135,8 +135,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
                 continue
             epochs += 1
             entries += stat.numChildren
-            if stat.cversion > 0:  # a sequential child's number is the parent's cversion
-                end = max(end, csn_of(e, stat.cversion - 1))
+            if given_out(stat) > 0:  # the last sequence number the epoch gave out
+                end = max(end, csn_of(e, given_out(stat) - 1))
         tail, _ = layout.read_tail()
         try:
             gc = jsonwire.loads(zk.get(layout.gc_path())[0])

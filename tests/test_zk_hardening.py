@@ -232,6 +232,48 @@ def test_sequence_numbers_are_dense_and_a_deleted_one_is_not_given_again(zk_clie
     assert sorted(zk_client.get_children("/e")) == ["c-0000000000", "c-0000000002"]
 
 
+def test_the_follower_refuses_every_hole_below_the_end_and_waits_at_the_end(zk_client: KazooClient) -> None:
+    """Where the log continues after a missing entry (Follower._next_position), on a log built
+    in a real ZooKeeper: a hole below a later entry, below a sealed epoch's count, or a missing
+    epoch below a later one is CorruptMetadata naming it; the end of the log is waited at; an
+    epoch the tail trimmed sends the follower to the checkpoint."""
+    from coordinator.zklog import encode_tail
+    from replicas.follower import TRIMMED, Follower
+    from replicas.state import ReplicaState
+
+    log = CsnLog(zk_client, "/mergetxn", epoch_size=1000)
+    log.ensure_layout()
+    follower = Follower(log, ReplicaState(), None, lambda pointer: b"")  # type: ignore[arg-type]
+
+    def append(epoch: int) -> str:
+        return zk_client.create(f"{log.epoch_path(epoch)}/c-", b"{}", sequence=True)
+
+    nodes = [append(0) for _ in range(5)]
+    assert follower._next_position(0, 5, False) is None  # the end: wait there
+    zk_client.delete(nodes[2])
+    with pytest.raises(CorruptMetadata, match=nodes[2]):
+        follower._next_position(0, 2, False)
+    zk_client.delete(nodes[4])  # the last one: nothing later, but its number was given out
+    with pytest.raises(CorruptMetadata, match=nodes[4]):
+        follower._next_position(0, 4, False)
+    assert follower._next_position(0, 5, False) is None  # still the end: wait there
+    later = append(0)
+    assert later.endswith("c-0000000005")  # a deleted number is not given out again
+    with pytest.raises(CorruptMetadata, match=nodes[4]):
+        follower._next_position(0, 4, False)
+    log.seal(0)
+    assert follower._next_position(0, int(later.rsplit("-", 1)[1]) + 1, False) == (1, 0)  # past a sealed end
+    with pytest.raises(CorruptMetadata, match=nodes[2]):
+        follower._next_position(0, 2, False)
+    log.seal(1)
+    zk_client.delete(log.epoch_path(1))  # an empty sealed epoch gone, epoch 2 after it
+    with pytest.raises(CorruptMetadata, match=log.epoch_path(1)):
+        follower._next_position(1, 0, False)
+    zk_client.create(log.tail_path(), encode_tail({"csn": 0, "path": "", "trimmed_epoch": 1, "retained": 0}))
+    assert follower._next_position(0, 2, False) == TRIMMED  # trimmed: the checkpoint has it
+    assert follower._next_position(1, 0, False) == TRIMMED
+
+
 @pytest.mark.slow
 def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: coordinator.LocalCluster) -> None:
     cluster.stop_replica(2)
