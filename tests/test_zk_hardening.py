@@ -29,7 +29,7 @@ from support.waiting import wait_until
 
 import coordinator
 from coordinator.errors import CorruptMetadata
-from coordinator.security import REPLICA_FILE, make_cluster_credentials, zk_client_args
+from coordinator.security import REPLICA_FILE, Credentials, make_cluster_credentials, zk_client_args
 from coordinator.versions import split_csn
 from coordinator.zklog import CsnLog
 from mergetxn.cli import cli
@@ -59,13 +59,19 @@ def close(zk: KazooClient) -> None:
     zk.close()
 
 
+def replicas(cluster: coordinator.LocalCluster) -> Credentials:
+    """The replicas' identity (the one ZooKeeper knows; a user's credentials log in to replicas only)."""
+    return Credentials.from_file(cluster.workdir / "security" / REPLICA_FILE)
+
+
 def tls_args(cluster: coordinator.LocalCluster) -> dict:
     """TLS that verifies ZooKeeper's certificate, and no identity."""
-    return {"use_ssl": True, "ca": str(cluster.credentials.ca_file), "check_hostname": True}
+    return {"use_ssl": True, "ca": str(replicas(cluster).ca_file), "check_hostname": True}
 
 
 def replica_identity(cluster: coordinator.LocalCluster) -> dict:
-    return zk_client_args(cluster._credentials)
+    """kazoo's arguments for the replicas' identity over TLS."""
+    return zk_client_args(replicas(cluster))
 
 
 def host_port(cluster: coordinator.LocalCluster) -> tuple[str, int]:
@@ -91,7 +97,7 @@ def test_the_plain_client_port_is_gone(cluster: coordinator.LocalCluster) -> Non
     """No clear-text session: a plain kazoo client never connects, a plain four-letter word gets
     no answer (the digest secret never crosses the wire in clear)."""
     zk = KazooClient(hosts=cluster.zk_address, timeout=3, connection_retry={"max_tries": 1},
-                     auth_data=cluster.credentials.zk_auth())
+                     auth_data=replicas(cluster).zk_auth())
     with pytest.raises(Exception):  # noqa: B017, PT011 - kazoo's timeout or a dropped connection
         zk.start(timeout=5)
     zk.stop()
@@ -110,12 +116,12 @@ def test_a_tls_session_with_the_identity_works_and_checks_the_host_name(cluster:
     zk = kazoo(cluster.zk_address, **replica_identity(cluster))
     try:
         assert {"log", "tables", "replicas"} <= set(zk.get_children(cluster.root))
-        zk.create(f"{cluster.root}/probe", b"x", acl=cluster.credentials.zk_acl())
+        zk.create(f"{cluster.root}/probe", b"x", acl=replicas(cluster).zk_acl())
         zk.delete(f"{cluster.root}/probe")
     finally:
         close(zk)
     # The certificate names 127.0.0.1 and localhost: any other name is refused.
-    ctx = ssl.create_default_context(cafile=str(cluster.credentials.ca_file))
+    ctx = ssl.create_default_context(cafile=str(replicas(cluster).ca_file))
     host, port = host_port(cluster)
     with pytest.raises(ssl.SSLCertVerificationError):
         ctx.wrap_socket(socket.create_connection((host, port), timeout=5), server_hostname="zk.example.org")
@@ -123,7 +129,7 @@ def test_a_tls_session_with_the_identity_works_and_checks_the_host_name(cluster:
 
 def test_four_letter_words_are_limited_to_srvr(cluster: coordinator.LocalCluster) -> None:
     host, port = host_port(cluster)
-    ctx = cluster.credentials.client_context()
+    ctx = replicas(cluster).client_context()
     assert "Mode: standalone" in four_letter_word(host, port, "srvr", 5, ctx)
     for word in ("dump", "cons", "wchc", "envi", "stat", "mntr", "conf", "crst"):
         reply = four_letter_word(host, port, word, 5, ctx)
@@ -156,7 +162,7 @@ def test_status_works_on_a_secured_cluster(cluster: coordinator.LocalCluster) ->
                                       "--json"], env={"MERGETXN_CREDENTIALS": ""})
     assert result.exit_code == 0, result.output
     assert '"mode": "standalone"' in result.output
-    assert cluster.credentials.secret not in result.output
+    assert replicas(cluster).secret not in result.output
 
 
 @pytest.mark.slow
