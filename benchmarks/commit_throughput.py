@@ -834,12 +834,13 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
 # ------------------------------------------------------------------------------------------
 
 
-def warm_up_zookeeper(address: str, seconds: float = 4.0) -> None:
+def warm_up_zookeeper(address: str, seconds: float = 4.0, **client_args: object) -> None:
     """Give a new ZooKeeper server's JIT the commit path's work (creates, multis, exists
-    watches) before anything is measured on it, then remove what that left behind."""
+    watches) before anything is measured on it, then remove what that left behind.
+    ``client_args``: kazoo's, for a secured server (coordinator.security.zk_client_args)."""
     from kazoo.client import KazooClient
 
-    zk = KazooClient(hosts=address, timeout=30)
+    zk = KazooClient(hosts=address, timeout=30, **client_args)
     zk.start(timeout=30)
     try:
         zk.ensure_path("/warmup")

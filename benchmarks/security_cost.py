@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """The price of security: commit throughput and latency of a secured cluster (TLS, client
-authentication, ZooKeeper ACLs: ``LocalCluster(secure=True)``) against an unsecured one, the
-same workload, in one run.
+authentication, ZooKeeper ACLs and ZooKeeper over TLS: ``LocalCluster(secure=True)``) against an
+unsecured one, the same workload, in one run.
 
-Both clusters (1 replica each, the pure commit path) run at once on one fresh embedded
-ZooKeeper server, each under a root of its own; the cases alternate between them round by round
+Both clusters (1 replica each, the pure commit path) run at once, each on a fresh embedded
+ZooKeeper server of its own (the secured cluster's serves TLS only and requires its identity,
+as ``LocalCluster(secure=True)`` starts it); the cases alternate between them round by round
 (plain, secure, plain, secure, ...) so that the VM's drift over minutes moves both sides alike.
 Case: benchmarks/commit_throughput.py's 10-row insert transactions, 4 writers (one process
 each, each its own ``Client``: one TLS connection per writer thread, authenticated once). Per
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from coordinator.security import CLIENT_FILE, make_cluster_credentials
+    from coordinator.security import CLIENT_FILE, make_cluster_credentials, zk_client_args
     from mergetxn.cluster import LocalCluster
     from mergetxn.zkserver import ZooKeeperServer
 
@@ -92,16 +93,21 @@ def main(argv: list[str] | None = None) -> int:
             rpc["secure"].append(rpc_cpu_per_call(a.rpc_calls, creds))
         result["rpc_cpu_us_per_call"] = {k: min(v) for k, v in rpc.items()} | {"all": rpc}
         log(f"RPC CPU per call (us, best of 3): plain {min(rpc['plain'])}, TLS + auth {min(rpc['secure'])}")
-        with ZooKeeperServer(work / "zookeeper") as zk:
-            ct.warm_up_zookeeper(zk.address)
-            with LocalCluster(work / "plain", replicas=1, zk_address=zk.address, root="/plain") as plain, \
-                    LocalCluster(work / "secure", replicas=1, zk_address=zk.address, root="/secure",
+        # The secured cluster's credentials first: its ZooKeeper serves with them, and
+        # LocalCluster(secure=True) uses those it finds in its workdir.
+        cluster_creds = make_cluster_credentials(work / "secure" / "security")
+        with ZooKeeperServer(work / "zookeeper") as plain_zk, \
+                ZooKeeperServer(work / "zookeeper-secure", credentials=cluster_creds) as secure_zk:
+            ct.warm_up_zookeeper(plain_zk.address)
+            ct.warm_up_zookeeper(secure_zk.address, **zk_client_args(cluster_creds))
+            with LocalCluster(work / "plain", replicas=1, zk_address=plain_zk.address, root="/plain") as plain, \
+                    LocalCluster(work / "secure", replicas=1, zk_address=secure_zk.address, root="/secure",
                                  secure=True) as secure:
-                sides = {"plain": (plain, None),
-                         "secure": (secure, str(secure.workdir / "security" / CLIENT_FILE))}
+                sides = {"plain": (plain, None, plain_zk),
+                         "secure": (secure, str(secure.workdir / "security" / CLIENT_FILE), secure_zk)}
                 for r in range(a.rounds):
                     rnd: dict = {}
-                    for side, (cluster, creds) in sides.items():
+                    for side, (cluster, creds, zk) in sides.items():
                         admin = cluster.client(0)
                         for case, kind, writers in CASES:
                             table = f"{ct.TABLE}_{case}_{r}"

@@ -380,3 +380,108 @@ def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] 
 def admin_credentials(directory: str | os.PathLike) -> Credentials:
     """The first admin user's credentials that :func:`make_cluster_credentials` wrote."""
     return Credentials.from_file(Path(directory) / ADMIN_FILE)
+
+
+# -- ZooKeeper in a secured cluster: TLS stores and kazoo's arguments (the replicas' identity) ----
+#
+# ZooKeeper serves its clients over TLS only (secureClientPort, PEM stores) with the replica
+# certificate and key, which clients check against the cluster CA and their host name; sessions
+# authenticate with the digest identity (enforce.auth). The CA's key is not kept, so the quorum
+# (member to member, mutual TLS) gets its own CA, derived from the secret: every member holding
+# the replicas' credentials makes the same CA key on its own host and signs its own certificate,
+# and nobody without the secret can make one (mergetxn/zkserver.py, docs/architecture.md).
+
+ZK_SERVER_STORE = "zookeeper-server.pem"  # key and certificate ZooKeeper serves its client port with
+ZK_TRUST_STORE = "zookeeper-ca.pem"  # the cluster CA (verifies nothing on the client port: no client certificates)
+ZK_QUORUM_STORE = "zookeeper-quorum.pem"  # this member's quorum key and certificate
+ZK_QUORUM_TRUST = "zookeeper-quorum-ca.pem"  # the quorum CA derived from the secret
+
+
+def zk_client_args(creds: Credentials | None) -> dict:
+    """kazoo ``KazooClient`` keyword arguments for the replicas' identity: the digest identity
+    and TLS that verifies ZooKeeper's certificate against the cluster CA and the host name
+    (``{}`` for an unsecured cluster)."""
+    if creds is None:
+        return {}
+    if creds.ca_file is None:
+        raise InvalidInput("credentials: ca_file is needed to reach a secured cluster's ZooKeeper over TLS")
+    return {"auth_data": creds.zk_auth(), "use_ssl": True, "ca": str(creds.ca_file), "verify_certs": True,
+            "check_hostname": True}
+
+
+def zk_server_stores(creds: Credentials, directory: str | os.PathLike) -> tuple[Path, Path]:
+    """ZooKeeper's client-port PEM key store (the replica key and certificate in one file,
+    mode 0600) and trust store (the cluster CA), written in ``directory``."""
+    if creds.cert_file is None or creds.key_file is None or creds.ca_file is None:
+        raise InvalidInput("credentials: ZooKeeper's TLS needs the replicas' credentials file (ca_file, cert_file "
+                           "and key_file; mergetxn security init writes them)")
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    try:
+        key, cert, ca = creds.key_file.read_bytes(), creds.cert_file.read_bytes(), creds.ca_file.read_bytes()
+    except OSError as exc:
+        raise InvalidInput(f"credentials: a TLS file does not read: {exc.strerror or exc}") from None
+    _write_private(d / ZK_SERVER_STORE, key + cert)
+    _write_private(d / ZK_TRUST_STORE, ca)
+    return d / ZK_SERVER_STORE, d / ZK_TRUST_STORE
+
+
+def _quorum_ca(creds: Credentials) -> tuple:
+    """The quorum CA's key (derived from the secret: the same on every member) and certificate."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from cryptography.x509.oid import NameOID
+
+    order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256
+    seed = HKDF(hashes.SHA256(), 48, salt=b"mergetxn zookeeper quorum", info=creds.user.encode()).derive(
+        creds.secret.encode())
+    key = ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn ZooKeeper quorum CA")])
+    start = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(1).not_valid_before(start).not_valid_after(start + dt.timedelta(days=365 * 30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    return key, cert
+
+
+def zk_quorum_stores(creds: Credentials, directory: str | os.PathLike, host: str, days: int = 825
+                     ) -> tuple[Path, Path]:
+    """A member's quorum PEM key store (a new key and a certificate for ``host``, usable as TLS
+    server and client, signed by the quorum CA; mode 0600) and trust store (the quorum CA)."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_key, ca_cert = _quorum_ca(creds)
+    try:
+        san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        san = x509.DNSName(host)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn ZooKeeper {host}")]))
+            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    d = Path(directory)
+    _write_private(d / ZK_QUORUM_STORE, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                          serialization.NoEncryption()) + cert.public_bytes(pem))
+    _write_private(d / ZK_QUORUM_TRUST, ca_cert.public_bytes(pem))
+    return d / ZK_QUORUM_STORE, d / ZK_QUORUM_TRUST

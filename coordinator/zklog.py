@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 
 from coordinator.errors import CorruptMetadata
@@ -355,11 +355,18 @@ class CsnLog:
 
     # -- reading the log -------------------------------------------------------------------
     def fetch(self, epoch: int, seq: int) -> bytes | None:
+        """An entry's data, None when the node does not exist; CorruptMetadata naming the node
+        when it exists but this identity may not read it (its ACL was changed): the follower
+        stops there rather than treating it as absent."""
+        path = self.entry_path(epoch, seq)
         try:
-            data, _ = self.zk.retry(self.zk.get, self.entry_path(epoch, seq))
+            data, _ = self.zk.retry(self.zk.get, path)
             return data
         except NoNodeError:
             return None
+        except NoAuthError:
+            raise CorruptMetadata(f"log entry {path} cannot be read with this replica's identity (NoAuth: its "
+                                  f"ACL was changed); never skipped") from None
 
     def last_csn(self) -> int:
         """CSN of the newest entry in the log now (0 if none): the last of the newest epoch that
@@ -375,11 +382,23 @@ class CsnLog:
             names = self.zk.retry(self.zk.get_children, self.epoch_path(epoch))
         except NoNodeError:
             return []
-        return sorted(seq_of_node(n) for n in names if n.startswith("c-"))
+        try:
+            return sorted(seq_of_node(n) for n in names if n.startswith("c-"))
+        except ValueError as exc:  # a child no commit made: the log was written by hand
+            raise CorruptMetadata(f"log epoch {self.epoch_path(epoch)} has a child that is no log entry: "
+                                  f"{exc}") from None
 
     def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
         """Set a one-shot watch for the creation of the next entry; True if it already exists."""
         return self.zk.exists(self.entry_path(epoch, seq), watch=callback) is not None
+
+
+def given_out(stat: object) -> int:
+    """How many sequence numbers an epoch node has given out (its children are numbered from 0
+    in creation order): the children created under it. ZooKeeper counts creations and deletions
+    of children in ``cversion`` and keeps ``numChildren``, so creations = (cversion +
+    numChildren) / 2; a failed multi changes neither (tests/test_zk_hardening.py)."""
+    return (stat.cversion + stat.numChildren) // 2  # type: ignore[attr-defined]
 
 
 def encode_tail(tail: dict) -> bytes:

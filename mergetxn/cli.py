@@ -620,8 +620,12 @@ def zk() -> None:
     show_default=True,
     help="ZooKeeper tickTime: sessions may be as short as 2 ticks.",
 )
+@click.option("--credentials", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="A secured cluster's replica credentials file (mergetxn security init): TLS only on the "
+                   "client port and between members, sessions without the identity refused, / under its ACL.")
 def zk_start(
-    directory: Path, port: int | None, myid: int | None, members: str | None, tick_ms: int
+    directory: Path, port: int | None, myid: int | None, members: str | None, tick_ms: int,
+    credentials: Path | None,
 ) -> None:
     """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground: a
     standalone server, or with --id and --members one member of an ensemble.
@@ -629,20 +633,23 @@ def zk_start(
     Prints READY <host:port> once it serves (a member: once it has joined a quorum); Ctrl-C or
     SIGTERM stops it cleanly.
     """
+    from coordinator.security import Credentials
+
+    creds = None if credentials is None else Credentials.from_file(credentials)
     if myid is None and members is None:
-        _zk_standalone(directory, port, tick_ms)
+        _zk_standalone(directory, port, tick_ms, creds)
         return
     if myid is None or members is None:
         fail("--id and --members go together: give both to run a member of an ensemble")
     if port is not None:
         fail("--port is for a standalone server; a member's client port comes from --members")
-    _zk_member(directory, myid, members, tick_ms)
+    _zk_member(directory, myid, members, tick_ms, creds)
 
 
-def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
+def _zk_standalone(directory: Path, port: int | None, tick_ms: int, creds: Any = None) -> None:
     from mergetxn.zkserver import ZooKeeperServer
 
-    server = ZooKeeperServer(directory, port=port or None, tick_ms=tick_ms)
+    server = ZooKeeperServer(directory, port=port or None, tick_ms=tick_ms, credentials=creds)
     out = console()
     with stop_signals() as stop:
         try:
@@ -669,7 +676,7 @@ def _zk_standalone(directory: Path, port: int | None, tick_ms: int) -> None:
 MEMBER_JVM_FLAGS = ("-Xms16m", "-Xmx192m", "-XX:TieredStopAtLevel=1")
 
 
-def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> None:
+def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int, creds: Any = None) -> None:
     """One member of an ensemble, in the foreground until SIGTERM/SIGINT. A member without a
     quorum is not an error (its peers may start later): it waits, and says READY once it
     serves."""
@@ -681,7 +688,7 @@ def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> N
         fail(f"bad --members: {exc}")
     if myid > len(members):
         fail(f"--id {myid} names no member: --members lists {len(members)}")
-    member = ZooKeeperMember(directory, myid, members, tick_ms, jvm_flags=MEMBER_JVM_FLAGS)
+    member = ZooKeeperMember(directory, myid, members, tick_ms, jvm_flags=MEMBER_JVM_FLAGS, credentials=creds)
     out = console()
     with stop_signals() as stop:
         try:
@@ -701,6 +708,10 @@ def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int) -> N
                     fail(f"ZooKeeper member {myid} exited unexpectedly; see {member.log_file}")
                 if not serving and member.mode() is not None:
                     serving = True
+                    if creds is not None:  # every member does it (idempotent): / under the identity's ACL
+                        from mergetxn.zkserver import harden_root
+
+                        harden_root(member.address, creds)
                     print(f"READY {member.address}", flush=True)
         finally:
             member.stop()

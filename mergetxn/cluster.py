@@ -117,7 +117,9 @@ class LocalCluster:
             self._credentials = (Credentials.from_file(self._credentials_file()) if self._credentials_file().exists()
                                  else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost")))
             self._admin = admin_credentials(self.workdir / "security")
-        self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg)
+        # Secure: the embedded ZooKeeper serves TLS only, refuses sessions without the replicas'
+        # identity and keeps / under its ACL (mergetxn/zkserver.py, ZooKeeperTls).
+        self.zk = start_zookeeper(self.workdir / "zookeeper", self._zk_arg, self._credentials)
         try:
             for i in range(self.n):
                 self.start_replica(i, wait=False)

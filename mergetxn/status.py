@@ -4,8 +4,8 @@ Gathered from three places, each asked with a time limit so that nothing that ha
 the check:
 
 * **ZooKeeper's members** (from the connection string): each is asked ``srvr`` (a four-letter
-  command, whitelisted by ``mergetxn zk start``) for its mode; a member that does not answer is
-  down.
+  command, whitelisted by ``mergetxn zk start``; the only one a secured server answers, over TLS
+  checked against the cluster CA) for its mode; a member that does not answer is down.
 * **ZooKeeper's data** (read only): the replicas registered under ``<root>/replicas`` and the
   alive node each live one publishes (coordinator/alive.py), the log's end and size, the
   checkpoint node, cleanup's watermark.
@@ -16,14 +16,16 @@ the check:
 The report is plain data (:func:`gather`); ``problems`` lists what makes it unhealthy: a
 ZooKeeper member down or ZooKeeper unreachable, a registered replica without an alive node
 (down) or one that does not answer, a replica without a ZooKeeper session or stopped at a log
-entry it cannot apply, a replica lagging more than ``max_lag_seconds``, and a part file that a read
-may need missing from storage or of another size (``mergetxn check`` reads every file).
+entry it cannot apply (one that does not parse, or one missing below the end of the log: the
+message names the node), a replica lagging more than ``max_lag_seconds``, and a part file that a
+read may need missing from storage or of another size (``mergetxn check`` reads every file).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import ssl
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,14 +52,14 @@ def _members(hosts: str) -> list[tuple[str, int]]:
     return out
 
 
-def member_status(host: str, port: int, timeout: float) -> dict[str, Any]:
+def member_status(host: str, port: int, timeout: float, context: ssl.SSLContext | None = None) -> dict[str, Any]:
     """One ZooKeeper member's ``srvr`` answer: its mode (standalone, leader, follower), or why
-    it is down."""
+    it is down. ``context``: a secured cluster's ZooKeeper answers over TLS only."""
     from mergetxn.zkserver import four_letter_word
 
     out: dict[str, Any] = {"address": f"{host}:{port}", "mode": None, "ok": False}
     try:
-        reply = four_letter_word(host, port, "srvr", timeout)
+        reply = four_letter_word(host, port, "srvr", timeout, context)
     except OSError as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out
@@ -118,11 +120,11 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
 
     from coordinator import jsonwire
     from coordinator.alive import read_alive
-    from coordinator.zklog import CsnLog
+    from coordinator.security import zk_client_args
+    from coordinator.zklog import CsnLog, given_out
 
     zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-                     command_retry=KazooRetry(max_tries=2, delay=0.05),
-                     auth_data=None if credentials is None else credentials.zk_auth())
+                     command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
     try:
         zk.start(timeout=timeout)
     except Exception as exc:  # kazoo's timeout, or a bad connection string
@@ -145,8 +147,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
                 continue
             epochs += 1
             entries += stat.numChildren
-            if stat.cversion > 0:  # a sequential child's number is the parent's cversion
-                end = max(end, csn_of(e, stat.cversion - 1))
+            if given_out(stat) > 0:  # the last sequence number the epoch gave out
+                end = max(end, csn_of(e, given_out(stat) - 1))
         tail, _ = layout.read_tail()
         try:
             gc = jsonwire.loads(zk.get(layout.gc_path())[0])
@@ -199,7 +201,8 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     if zk_hosts is not None:
         members = _members(zk_hosts)
         with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
-            states = [pool.submit(member_status, h, p, min(timeout, 5.0)) for h, p in members]
+            context = None if credentials is None else credentials.client_context()  # secured: TLS only
+            states = [pool.submit(member_status, h, p, min(timeout, 5.0), context) for h, p in members]
             read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
             zookeeper["members"] = [f.result() for f in states]
             found = read.result()
@@ -213,7 +216,8 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     hosts = sorted(set(found.get("registered", ())) | set(alive))
     addresses = {h: alive[h]["address"] for h in hosts if h in alive and alive[h]["address"]}
     with ThreadPoolExecutor(max_workers=max(1, len(addresses))) as pool:
-        asked = {a: pool.submit(replica_info, a, timeout, connect) for a in addresses.values() if a not in infos}
+        ask = _in_callers_context(replica_info)
+        asked = {a: pool.submit(ask, a, timeout, connect) for a in addresses.values() if a not in infos}
         infos.update({a: f.result() for a, f in asked.items()})
     replicas: dict[str, dict] = {}
     for h in hosts:
@@ -268,6 +272,27 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         problems.append("nothing to check: give --replica or --zk")
     report["healthy"] = not problems
     return report
+
+
+def _in_callers_context(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` run with the caller's click context pushed: the command line's ``connect`` takes
+    the credentials (``--credentials``) from it, and click keeps contexts per thread, so the
+    pool's threads would connect without them (every replica but the first "unreachable")."""
+    import click
+    from click.globals import pop_context, push_context
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return fn
+
+    def run(*args: Any) -> Any:
+        push_context(ctx)
+        try:
+            return fn(*args)
+        finally:
+            pop_context()
+
+    return run
 
 
 def _from_info(info: dict) -> dict[str, Any]:

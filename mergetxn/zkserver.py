@@ -30,6 +30,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,7 +39,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tenacity import (
     RetryError,
@@ -48,7 +49,13 @@ from tenacity import (
     wait_fixed,
 )
 
+if TYPE_CHECKING:
+    from coordinator.security import Credentials
+
 __all__ = [
+    "STATUS_WORDS",
+    "ZooKeeperTls",
+    "harden_root",
     "MemberAddress",
     "ZooKeeperEnsemble",
     "ZooKeeperMember",
@@ -198,27 +205,34 @@ def _free_ports(n: int, host: str = LOCALHOST) -> list[int]:
             s.close()
 
 
-def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0) -> str:
+def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0,
+                     context: ssl.SSLContext | None = None) -> str:
     """Send a ZooKeeper four-letter command (``ruok``, ``srvr``, ``stat``, ``mntr``...) and
-    return the reply. The embedded servers whitelist all of them."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(word.encode("ascii"))
-        chunks: list[bytes] = []
-        while True:
-            data = s.recv(65536)
-            if not data:
-                break
-            chunks.append(data)
+    return the reply. Unsecured embedded servers whitelist all of them; a secured one serves
+    only :data:`STATUS_WORDS`, over TLS (``context``: one that verifies its certificate)."""
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        s = raw if context is None else context.wrap_socket(raw, server_hostname=host)
+        with s:
+            s.sendall(word.encode("ascii"))
+            chunks: list[bytes] = []
+            while sum(map(len, chunks)) < 1 << 20:  # bounded: srvr is a few hundred bytes
+                try:
+                    data = s.recv(65536)
+                except ssl.SSLEOFError:  # closed without a TLS close_notify: the reply is whole
+                    break
+                if not data:
+                    break
+                chunks.append(data)
     return b"".join(chunks).decode("utf-8", "replace")
 
 
-def server_mode(host: str, port: int, timeout: float = 2.0) -> str | None:
+def server_mode(host: str, port: int, timeout: float = 2.0, context: ssl.SSLContext | None = None) -> str | None:
     """'standalone', 'leader' or 'follower' when the server serves requests, else None.
 
     ``ruok`` answers "imok" even for a quorum member without a quorum; ``srvr`` reports a
     Mode only when the server really serves, so that is what readiness checks use."""
     try:
-        reply = four_letter_word(host, port, "srvr", timeout)
+        reply = four_letter_word(host, port, "srvr", timeout, context)
     except OSError:
         return None
     m = re.search(r"^Mode: (\w+)", reply, re.MULTILINE)
@@ -472,6 +486,95 @@ def _session_settings(tick_ms: int) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Secure mode: what a secured cluster's ZooKeeper serves with
+
+#: The four-letter words a secured server answers: ``srvr`` is all ``mergetxn status`` and the
+#: readiness checks send. ``dump``, ``cons``, ``wchc``, ``envi``... (paths, sessions, client
+#: addresses, the environment) are refused.
+STATUS_WORDS = "srvr"
+
+NETTY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+
+
+@dataclass(frozen=True)
+class ZooKeeperTls:
+    """PEM stores a secured ZooKeeper serves with (made by :meth:`from_credentials` from the
+    cluster's credentials, coordinator/security.py): the client port's key store (the replica
+    certificate, which clients check against the cluster CA and the host name) and trust store,
+    and for an ensemble member the quorum's (mutual TLS, a CA derived from the secret)."""
+
+    keystore: Path
+    truststore: Path
+    quorum_keystore: Path | None = None
+    quorum_truststore: Path | None = None
+
+    @classmethod
+    def from_credentials(cls, creds: Credentials, directory: Path, quorum_host: str | None = None) -> ZooKeeperTls:
+        """Write the stores in ``directory`` (keys mode 0600); ``quorum_host``: this member's
+        host, for an ensemble member's quorum certificate."""
+        from coordinator.security import zk_quorum_stores, zk_server_stores
+
+        keystore, truststore = zk_server_stores(creds, directory)
+        if quorum_host is None:
+            return cls(keystore, truststore)
+        return cls(keystore, truststore, *zk_quorum_stores(creds, directory, quorum_host))
+
+    def client_context(self) -> ssl.SSLContext:
+        """TLS that verifies the server's certificate and host name (readiness checks)."""
+        ctx = ssl.create_default_context(cafile=str(self.truststore))
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        return ctx
+
+    def settings(self, host: str, port: int) -> dict[str, Any]:
+        """zoo.cfg for the client side: TLS only (no clientPort), sessions that do not
+        authenticate (digest) are closed at their first request, only :data:`STATUS_WORDS`."""
+        out: dict[str, Any] = {
+            "secureClientPort": port,
+            "secureClientPortAddress": host,
+            "serverCnxnFactory": NETTY,
+            "ssl.keyStore.location": self.keystore,
+            "ssl.keyStore.type": "PEM",
+            "ssl.trustStore.location": self.truststore,
+            "ssl.trustStore.type": "PEM",
+            "ssl.clientAuth": "none",  # clients authenticate with the digest identity, inside TLS
+            "enforce.auth.enabled": "true",
+            "enforce.auth.schemes": "digest",
+            "4lw.commands.whitelist": STATUS_WORDS,
+        }
+        if self.quorum_keystore is not None:
+            out.update({
+                "sslQuorum": "true",  # members talk mutual TLS: only holders of the secret join
+                "ssl.quorum.keyStore.location": self.quorum_keystore,
+                "ssl.quorum.keyStore.type": "PEM",
+                "ssl.quorum.trustStore.location": self.quorum_truststore,
+                "ssl.quorum.trustStore.type": "PEM",
+                "ssl.quorum.clientAuth": "need",
+                "ssl.quorum.hostnameVerification": "true",
+            })
+        return out
+
+
+def harden_root(hosts: str, creds: Credentials, timeout: float = 30.0) -> None:
+    """Give ``/`` (world-writable in a new ZooKeeper) and ``/zookeeper/quota`` the ACL of the
+    cluster's identity only, so that no other session creates, deletes or re-ACLs anything
+    there. Idempotent; every member of an ensemble may do it."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import NoNodeError
+
+    from coordinator.security import zk_client_args
+
+    zk = KazooClient(hosts=hosts, timeout=timeout, **zk_client_args(creds))
+    zk.start(timeout=timeout)
+    try:
+        for path in ("/", "/zookeeper/quota"):
+            with contextlib.suppress(NoNodeError):
+                zk.set_acls(path, creds.zk_acl())
+    finally:
+        zk.stop()
+        zk.close()
+
+
+# --------------------------------------------------------------------------------------------
 # Standalone server
 
 
@@ -482,6 +585,10 @@ class ZooKeeperServer:
     instance on the same workdir keep every znode. The port is chosen once (free port when
     None) and kept across restarts, so clients reconnect to the same address. Logs go to
     ``workdir/zookeeper.log`` (log4j) and ``workdir/zookeeper.out`` (JVM stdout/stderr).
+
+    ``credentials`` (a secured cluster's replica credentials): TLS only on the port, sessions
+    without the identity refused, ``/`` under the identity's ACL (:class:`ZooKeeperTls`,
+    :func:`harden_root`); the stores are written in ``workdir/tls``.
     """
 
     def __init__(
@@ -490,8 +597,11 @@ class ZooKeeperServer:
         port: int | None = None,
         tick_ms: int = 200,
         extra_config: Mapping[str, Any] | None = None,
+        credentials: Credentials | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
+        self.credentials = credentials
+        self.tls = None if credentials is None else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls")
         self.port = port if port is not None else _free_ports(1)[0]
         self.tick_ms = tick_ms
         self.extra_config = dict(extra_config or {})
@@ -518,11 +628,12 @@ class ZooKeeperServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "zoo.cfg"
         log4j2 = self.workdir / "log4j2.properties"
+        port = ({"clientPort": self.port, "clientPortAddress": LOCALHOST} if self.tls is None
+                else self.tls.settings(LOCALHOST, self.port))
         settings = {
             **_session_settings(self.tick_ms),
             "dataDir": self.data_dir,
-            "clientPort": self.port,
-            "clientPortAddress": LOCALHOST,
+            **port,
             **self.extra_config,
         }
         _write_cfg(cfg, settings)
@@ -538,6 +649,8 @@ class ZooKeeperServer:
             self._proc = _JavaProcess(self._configure(), self.out_file, self.workdir)
             self._proc.start()
         self.wait_serving(timeout)
+        if self.credentials is not None:
+            harden_root(self.address, self.credentials, timeout)
         return self.address
 
     def wait_serving(self, timeout: float = 60) -> None:
@@ -549,7 +662,7 @@ class ZooKeeperServer:
                     f"ZooKeeper on port {self.port} exited; last log lines:\n"
                     f"{_tail(self.out_file)}\n{_tail(self.log_file)}"
                 )
-            mode = server_mode(LOCALHOST, self.port)
+            mode = server_mode(LOCALHOST, self.port, context=None if self.tls is None else self.tls.client_context())
             if mode is None:
                 raise ZooKeeperNotReady(f"{self.address} not serving yet")
             return mode
@@ -660,8 +773,10 @@ class ZooKeeperMember:
         members: Iterable[MemberAddress],
         tick_ms: int = 200,
         jvm_flags: Iterable[str] = (),
+        credentials: Credentials | None = None,
     ) -> None:
         self.workdir = Path(workdir).resolve()
+        self.credentials = credentials
         self.members = list(members)
         if not 1 <= myid <= len(self.members):
             raise ValueError(
@@ -671,6 +786,8 @@ class ZooKeeperMember:
         self.tick_ms = tick_ms
         self.jvm_flags = tuple(jvm_flags)
         self.me = self.members[myid - 1]
+        self.tls = (None if credentials is None
+                    else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls", quorum_host=self.me.host))
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
         self._proc: _JavaProcess | None = None
@@ -695,7 +812,8 @@ class ZooKeeperMember:
 
     def mode(self) -> str | None:
         """'leader' / 'follower' while it serves, else None."""
-        return server_mode(self.me.host, self.me.client_port)
+        return server_mode(self.me.host, self.me.client_port,
+                           context=None if self.tls is None else self.tls.client_context())
 
     def _configure(self) -> list[str]:
         data = self.workdir / "data"
@@ -706,8 +824,8 @@ class ZooKeeperMember:
             "initLimit": 20,
             "syncLimit": 10,
             "dataDir": data,
-            "clientPort": self.me.client_port,
-            "clientPortAddress": self.me.host,
+            **({"clientPort": self.me.client_port, "clientPortAddress": self.me.host} if self.tls is None
+               else self.tls.settings(self.me.host, self.me.client_port)),
             "reconfigEnabled": "false",
             "standaloneEnabled": "false",
         }
@@ -784,7 +902,10 @@ class ZooKeeperEnsemble:
     clients connected with :attr:`address` keep reading and writing.
     """
 
-    def __init__(self, workdir: Path | str, size: int = 3, tick_ms: int = 200) -> None:
+    def __init__(self, workdir: Path | str, size: int = 3, tick_ms: int = 200,
+                 credentials: Credentials | None = None) -> None:
+        """``credentials``: a secured ensemble (TLS for clients and between members, sessions
+        without the identity refused, ``/`` hardened once it serves; see :class:`ZooKeeperTls`)."""
         if size < 1:
             raise ValueError("an ensemble needs at least one member")
         self.workdir = Path(workdir).resolve()
@@ -798,8 +919,10 @@ class ZooKeeperEnsemble:
             MemberAddress(LOCALHOST, c, q, e)
             for c, q, e in zip(self.client_ports, self.quorum_ports, self.election_ports)
         ]
+        self.credentials = credentials
         self.members = [
-            ZooKeeperMember(self.member_dir(i), i + 1, addresses, tick_ms) for i in range(size)
+            ZooKeeperMember(self.member_dir(i), i + 1, addresses, tick_ms, credentials=credentials)
+            for i in range(size)
         ]
 
     @property
@@ -844,6 +967,8 @@ class ZooKeeperEnsemble:
         for member in self.members:
             member.start(wait=False)
         self._wait_members(list(range(self.size)), timeout)
+        if self.credentials is not None:
+            harden_root(self.address, self.credentials, timeout)
         return self.address
 
     def start_member(self, i: int, timeout: float = 60) -> None:
@@ -983,7 +1108,8 @@ def _docker_available() -> bool:
         return False
 
 
-def start_zookeeper(workdir: Path | str, address: str | None = None) -> ZooKeeperHandle:
+def start_zookeeper(workdir: Path | str, address: str | None = None,
+                    credentials: Credentials | None = None) -> ZooKeeperHandle:
     """A ZooKeeper for mergetxn to use, started if need be. In order of preference:
 
     1. ``address`` (or the ``MERGETXN_ZK`` environment variable): a ZooKeeper the user runs;
@@ -993,12 +1119,21 @@ def start_zookeeper(workdir: Path | str, address: str | None = None) -> ZooKeepe
     3. the embedded :class:`ZooKeeperServer` from the pyspark jars, with ``workdir`` as its
        directory (data in ``workdir/data``, logs in ``workdir/zookeeper.log``).
 
-    The result has ``.address`` (a kazoo hosts string) and ``.stop()``.
+    The result has ``.address`` (a kazoo hosts string) and ``.stop()``. With ``credentials``
+    (a secured cluster) what is started is the embedded server, secured (TLS only, identity
+    required, ``/`` hardened: :class:`ZooKeeperServer`); a given address is used as it is.
     """
     choice = address or os.environ.get("MERGETXN_ZK") or ""
     choice = choice.strip()
     if choice and choice not in ("embedded", "docker"):
         return ExternalZooKeeper(choice)
+    if credentials is not None:
+        if choice == "docker":
+            raise RuntimeError("a secured cluster runs the embedded ZooKeeper (TLS, enforced authentication); "
+                               "MERGETXN_ZK=docker starts a plain one: unset it or give an address")
+        secured = ZooKeeperServer(workdir, credentials=credentials)
+        secured.start()
+        return secured
     if choice == "docker" or (not choice and _docker_available()):
         container = ContainerZooKeeper()
         container.start()

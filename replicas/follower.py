@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from coordinator.errors import CorruptMetadata
 from coordinator.model import LogEntry, ManifestPointer, WalEntry, decode_log_node
 from coordinator.versions import csn_of
-from coordinator.zklog import CsnLog
+from coordinator.zklog import CsnLog, given_out
 from replicas import failpoints
 from replicas.state import ReplicaState
 from replicas.wal import Wal
@@ -253,11 +253,19 @@ class Follower:
         self.state.advance_epoch(int(tail["trimmed_epoch"]))
 
     def _next_position(self, epoch: int, seq: int, have_some: bool) -> tuple[int, int] | None:
-        """Where the log continues after a missing ``(epoch, seq)``, or None to wait."""
+        """Where the log continues after a missing ``(epoch, seq)``, or None to wait.
+
+        Sequence numbers are dense: ZooKeeper numbers an epoch's children in creation order,
+        only commits create them, a failed multi gives out no number, and nothing deletes an
+        entry of an epoch the tail has not trimmed. So a missing entry whose number its epoch
+        gave out (:func:`given_out`), or below a later entry, was deleted: CorruptMetadata
+        naming it, never a skip (a skipped commit would be applied by some replicas and not
+        by others, silently)."""
         # The data watch fires when the epoch is sealed (or trimmed): look past its end then.
         stat = self.log.zk.exists(self.log.epoch_path(epoch), watch=self.poke)
         sealed = stat is not None and stat.version >= 1
-        if not sealed and stat is not None and stat.cversion <= seq:
+        end = -1 if stat is None else given_out(stat)  # the number the next entry of the epoch gets
+        if not sealed and stat is not None and end <= seq:
             if not have_some:
                 pokes = self._pokes
                 if self.log.watch_next(epoch, seq, self.poke):
@@ -269,8 +277,21 @@ class Follower:
         later = [s for s in self.log.list_seqs(epoch) if s >= seq]
         if (later or sealed or stat is None) and epoch <= self.log.trimmed_epoch():
             return TRIMMED  # never skip entries that were trimmed: the checkpoint has them
-        if later:
-            return (epoch, later[0])
+        if later or seq < end:
+            why = (f"{self.log.entry_path(epoch, later[0])} exists" if later
+                   else f"{self.log.epoch_path(epoch)} gave out numbers up to {end - 1}")
+            raise CorruptMetadata(missing_entry(self.log.entry_path(epoch, seq), why))
         if sealed:
             return (epoch + 1, 0)
+        if stat is None and any(e > epoch for e in self.log.epochs()):
+            raise CorruptMetadata(f"log epoch {self.log.epoch_path(epoch)} is missing below the end of the log "
+                                  f"(later epochs exist and the log tail has not trimmed it): its entries were "
+                                  f"deleted; never skipped, see docs/architecture.md, \"A log entry that does not "
+                                  f"parse\"")
         return None
+
+
+def missing_entry(node: str, why: str) -> str:
+    """The message of a log entry gone from below the end of the log."""
+    return (f"log entry {node} is missing below the end of the log ({why}) and the log tail has not trimmed "
+            f"it: it was deleted; never skipped, see docs/architecture.md, \"A log entry that does not parse\"")

@@ -49,6 +49,7 @@ from coordinator.model import (
     WalStaged,
 )
 from coordinator.users import UserRecord
+from coordinator.security import zk_client_args
 from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
 from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta
@@ -100,8 +101,8 @@ class Replica:
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
-            auth_data=None if creds is None else creds.zk_auth(),
             default_acl=None if creds is None else creds.zk_acl(),
+            **zk_client_args(creds),  # secured: the digest identity, over TLS checking ZooKeeper's host name
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
         # A secured replica's users (replicas/users.py): who may log in, and with which grants.

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
 from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
@@ -277,7 +277,9 @@ def replicas_identity(cluster: coordinator.LocalCluster) -> Credentials:
 
 
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
-    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth)
+    # The cluster's ZooKeeper serves TLS only (tests/test_zk_hardening.py).
+    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth, use_ssl=True,
+                     ca=str(cluster.credentials.ca_file), check_hostname=True)
     zk.start(timeout=30)
     return zk
 
@@ -356,18 +358,19 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
     c0.create_table("acl_probe", SCHEMA, auto_merge=False)
     root = cluster.root
     admin = cluster.credentials  # a user, the admin included, holds no ZooKeeper identity
+    calls = (lambda zk: zk.get(f"{root}/tables/acl_probe"), lambda zk: zk.get_children(f"{root}/log"),
+             lambda zk: zk.get(root), lambda zk: zk.set(f"{root}/config", b"{}"),
+             lambda zk: zk.create(f"{root}/tables/evil", b"{}"), lambda zk: zk.delete(f"{root}/fence"),
+             lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE))
     for auth in (None, [("digest", "intruder:whatever-it-is")], [("digest", f"{admin.user}:{admin.secret}")]):
-        zk = kazoo_client(cluster, auth)
-        try:
-            for call in (lambda: zk.get(f"{root}/tables/acl_probe"), lambda: zk.get_children(f"{root}/log"),
-                         lambda: zk.get(root), lambda: zk.set(f"{root}/config", b"{}"),
-                         lambda: zk.create(f"{root}/tables/evil", b"{}"), lambda: zk.delete(f"{root}/fence"),
-                         lambda: zk.set_acls(root, OPEN_ACL_UNSAFE)):
-                with pytest.raises(NoAuthError):
-                    call()
-        finally:
-            zk.stop()
-            zk.close()
+        for call in calls:  # a session each: ZooKeeper closes an anonymous one at its first request
+            zk = kazoo_client(cluster, auth)
+            try:
+                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
+                    call(zk)
+            finally:
+                zk.stop()
+                zk.close()
     zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
     try:
         data, stat = zk.get(f"{root}/tables/acl_probe")  # the identity reads it (a marker: the definition is in the log)

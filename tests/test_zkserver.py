@@ -355,3 +355,58 @@ def test_ensemble_without_quorum_stops_serving_and_recovers(tmp_path: Path) -> N
         finally:
             client.stop()
             client.close()
+
+
+def test_zk_start_with_credentials_serves_tls_only_to_the_identity(tmp_path: Path) -> None:
+    """``mergetxn zk start --credentials FILE``: the secured server (TLS only, the identity
+    required, ``/`` under its ACL), as LocalCluster(secure=True) starts it."""
+    from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
+
+    from coordinator.security import REPLICA_FILE, make_cluster_credentials, zk_client_args
+
+    creds = make_cluster_credentials(tmp_path / "security")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mergetxn.cli", "zk", "start", "--dir", str(tmp_path / "zk"),
+         "--credentials", str(tmp_path / "security" / REPLICA_FILE)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
+    try:
+        address = None
+        for line in proc.stdout:
+            if line.startswith("READY "):
+                address = line.split()[1]
+                break
+        assert address, f"no READY line (rc={proc.poll()})"
+        host, port = address.rsplit(":", 1)
+        assert "Mode: standalone" in four_letter_word(host, int(port), "srvr", 5, creds.client_context())
+        try:  # no clear text: the TLS port answers a plain four-letter word with nothing
+            plain = four_letter_word(host, int(port), "srvr", 5)
+        except OSError:
+            plain = ""
+        assert "Mode:" not in plain
+        ok = KazooClient(hosts=address, timeout=10, **zk_client_args(creds))
+        ok.start(timeout=30)
+        try:
+            ok.create("/probe", b"x", acl=creds.zk_acl())
+            assert all(acl.id.scheme == "digest" for acl in ok.get_acls("/")[0])
+        finally:
+            ok.stop()
+            ok.close()
+        for auth in (None, [("digest", "intruder:whatever-it-is")]):
+            other = KazooClient(hosts=address, timeout=10, auth_data=auth, use_ssl=True, ca=str(creds.ca_file),
+                                check_hostname=True)
+            other.start(timeout=30)
+            try:
+                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
+                    other.create("/evil", b"x")
+            finally:
+                other.stop()
+                other.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
