@@ -48,8 +48,8 @@ from coordinator.model import (
     WalEntry,
     WalStaged,
 )
-from coordinator.users import UserRecord
 from coordinator.security import zk_client_args
+from coordinator.users import UserRecord
 from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
 from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
 from parts.meta import PartMeta

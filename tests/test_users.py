@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
 from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
@@ -26,7 +26,7 @@ import coordinator
 from coordinator import errors, grants
 from coordinator.grants import Grantee, Role
 from coordinator.rpc import RpcClient
-from coordinator.security import REPLICA_FILE, Credentials
+from coordinator.security import REPLICA_FILE, Credentials, zk_client_args
 from coordinator.users import UserRecord, decode, encode, verify_secret
 from mergetxn.cli import EXIT_AUTH, EXIT_DENIED, cli
 
@@ -471,19 +471,22 @@ def test_nothing_a_user_holds_logs_in_to_zookeeper(cluster: coordinator.LocalClu
         assert creds.cert_file is None and creds.key_file is None
         with pytest.raises(errors.InvalidInput, match="replicas only"):
             creds.zk_auth()
-        # What a user holds, tried as a ZooKeeper identity anyway: it is nobody's there.
-        zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=[("digest", f"{creds.user}:{creds.secret}")])
-        zk.start(timeout=30)
-        try:
-            for call in (lambda: zk.get(root), lambda: zk.get_children(f"{root}/log"),
-                         lambda: zk.get(f"{root}/users"), lambda: zk.set(f"{root}/users", b'{"users": {}}'),
-                         lambda: zk.create(f"{root}/log/forged", b"{}"), lambda: zk.create(f"{root}/tables/forged", b"{}"),
-                         lambda: zk.delete(f"{root}/fence"), lambda: zk.set_acls(root, OPEN_ACL_UNSAFE)):
-                with pytest.raises(NoAuthError):
-                    call()
-        finally:
-            zk.stop()
-            zk.close()
+        # What a user holds, tried as a ZooKeeper identity anyway (over the TLS-only client port,
+        # tests/test_zk_hardening.py): it is nobody's there.
+        for call in (lambda zk: zk.get(root), lambda zk: zk.get_children(f"{root}/log"),
+                     lambda zk: zk.get(f"{root}/users"), lambda zk: zk.set(f"{root}/users", b'{"users": {}}'),
+                     lambda zk: zk.create(f"{root}/log/forged", b"{}"),
+                     lambda zk: zk.create(f"{root}/tables/forged", b"{}"),
+                     lambda zk: zk.delete(f"{root}/fence"), lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE)):
+            zk = KazooClient(hosts=cluster.zk_address, timeout=10, use_ssl=True, ca=str(creds.ca_file),
+                             check_hostname=True, auth_data=[("digest", f"{creds.user}:{creds.secret}")])
+            zk.start(timeout=30)
+            try:  # a session each: ZooKeeper may close one that fails to authenticate
+                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
+                    call(zk)
+            finally:
+                zk.stop()
+                zk.close()
 
 
 def test_user_secrets_appear_in_no_log_error_listing_or_zookeeper_node(
@@ -495,7 +498,7 @@ def test_user_secrets_appear_in_no_log_error_listing_or_zookeeper_node(
     secrets = [c.secret for c in (*made.values(), mine, wrong, cluster.credentials)]
     shown = [str(info.value), repr(info.value), json.dumps(admin.users()), repr(mine), str(mine), repr(made)]
     replicas = Credentials.from_file(cluster.workdir / "security" / REPLICA_FILE)
-    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=replicas.zk_auth())
+    zk = KazooClient(hosts=cluster.zk_address, timeout=10, **zk_client_args(replicas))
     zk.start(timeout=30)
     try:
         node = zk.get(f"{cluster.root}/users")[0].decode()
