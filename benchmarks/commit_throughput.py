@@ -177,7 +177,7 @@ def _premade_parts(params: dict, idx: int) -> tuple[Any, Any, str, Iterator[str]
     from parts.format import new_part_name, write_part
     from parts.storage import _fsync_dir
 
-    client = Client(params["addresses"][idx % len(params["addresses"])])
+    client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
     table = params["table"]
     tdef = client.table(table)
     template = write_part(client.storage, table, list(tdef.partition_by), (), ten_rows(idx), f"bench-w{idx}")

@@ -7,8 +7,10 @@ Both clusters (1 replica each, the pure commit path) run at once, each on a fres
 ZooKeeper server of its own (the secured cluster's serves TLS only and requires its identity,
 as ``LocalCluster(secure=True)`` starts it); the cases alternate between them round by round
 (plain, secure, plain, secure, ...) so that the VM's drift over minutes moves both sides alike.
-Case: benchmarks/commit_throughput.py's 10-row insert transactions, 4 writers (one process
-each, each its own ``Client``: one TLS connection per writer thread, authenticated once). Per
+Cases: benchmarks/commit_throughput.py's 10-row insert transactions, 4 writers, and its
+metadata-only one-call commits (``commit_parts`` of pre-written parts), 16 clients (one process
+each, each its own ``Client``: one TLS connection per writer, authenticated once as the admin
+user, so every request also passes the replica's grant check). Per
 case the best round of each side is reported, and the ratio secure/plain.
 
 Also, less sensitive to a busy machine: the CPU time (server and client, one process) of one
@@ -34,7 +36,8 @@ for p in (ROOT, ROOT / "benchmarks"):
 
 import commit_throughput as ct  # noqa: E402
 
-CASES = [("insert_4_writers", "mergetxn_insert", 4)]
+CASES = [("insert_4_writers", "mergetxn_insert", 4), ("commit_parts_16_clients", "mergetxn_commit_parts", 16)]
+LINKS_PER_WRITER_PER_S = 250  # pre-made part files per metadata-only writer and second (commit_throughput.py)
 
 
 def rpc_cpu_per_call(calls: int, creds) -> float:
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                             table = f"{ct.TABLE}_{case}_{r}"
                             admin.create_table(table, ct.ten_rows().schema, auto_merge=False)
                             params = {"addresses": list(cluster.replica_addresses), "table": table,
-                                      "credentials": creds}
+                                      "credentials": creds, "storage_root": cluster.storage_url,
+                                      "links": int((a.warmup + a.seconds) * LINKS_PER_WRITER_PER_S) + 200}
                             watch = {"zookeeper": zk.pid, "replica-0": cluster.replica_pid(0)}
                             t = ct.run_processes(kind, params, writers, a.warmup, a.seconds, watch)
                             rnd.setdefault(case, {})[side] = ct.summarize(t, a.seconds, writers=writers)
