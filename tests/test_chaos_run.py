@@ -65,6 +65,18 @@ def test_campaign_passes_and_writes_its_report(campaign: Campaign) -> None:
     assert "no anomaly found" in campaign.output and f"seed {SEED}" in campaign.output
 
 
+def test_the_hostile_lane_ran_and_nothing_it_sent_got_through(campaign: Campaign) -> None:
+    """The hostile-client lane (junk frames, idle connections, forged parts) ran beside the
+    workloads by default; every forged part was refused and every replica kept serving (the
+    campaign passed, every replica read at one CSN and every part file checked)."""
+    hostile = json.loads((campaign.report / "summary.json").read_text())["hostile"]
+    assert hostile["findings"] == [] and hostile["error"] is None
+    counts = hostile["counts"]
+    assert sum(n for k, n in counts.items() if k.startswith("junk:")) > 0
+    forged = sum(n for k, n in counts.items() if k.startswith("forged:"))
+    assert forged == sum(n for k, n in counts.items() if k.startswith("forged-refused:"))
+
+
 def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
     h = campaign.history
     outcomes = {o.outcome for o in h.ops}
