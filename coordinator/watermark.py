@@ -148,13 +148,20 @@ class Watermark:
         return self._remember(Marks.parse(self.zk.retry(self.zk.get, self.path)[0], self.path))
 
     def raise_to(self, watermark: int, collected: int | None = None,
-                 horizons: Mapping[str, float] | None = None) -> Marks:
-        """Raise the node to at least these values; returns what it holds then."""
+                 horizons: Mapping[str, float] | None = None, keep: set[str] | None = None) -> Marks:
+        """Raise the node to at least these values; returns what it holds then. With ``keep``
+        (a pass that collected every removed part at or below ``collected``), the horizons of
+        the other tables go and ``legacy`` is raised to ``collected``: every part they could still
+        say "gone" of is at or below it, so the node stays the size of the tables with removed
+        parts still in storage, however many tables come and go."""
         want = Marks(watermark, collected or 0, dict(horizons or {}))
 
         def change(data: bytes | None) -> bytes | None:
             cur = Marks.parse(data, self.path) if data is not None else Marks()
             new = cur.merged(want)
+            if keep is not None and collected is not None:
+                new = Marks(new.watermark, new.collected, {t: h for t, h in new.horizons.items() if t in keep},
+                            max(new.legacy, min(collected, new.collected)))
             return None if new == cur else new.to_bytes(self.identity)
 
         data = cas_update(self.zk, self.path, change)

@@ -231,7 +231,10 @@ class Cleanup:
                                                       f" and its table's retention window ({window:g}s) has passed")})
         collected = marks.watermark if lowest_kept is None else min(marks.watermark, lowest_kept - 1)
         if collected > marks.collected:
-            self.node.raise_to(min_snapshot, collected=collected)
+            # Tables with a removed part still in storage above it keep their horizon; for the
+            # others everything their horizon could say is "gone" is at or below it (legacy).
+            keep = {r.meta.table for r in candidates if r.removal_csn > collected}
+            self.node.raise_to(min_snapshot, collected=collected, keep=keep)
         young = 0
         if orphans:
             young = self._collect_orphans(alive, grace, removed, kept, detail)

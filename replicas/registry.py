@@ -282,7 +282,7 @@ class Transactions:
         table, added = args.get("table"), args.get("added")
         if not isinstance(table, str) or not isinstance(added, list) or not added:
             return None
-        names = {m.get("name") for m in added if isinstance(m, dict)}
+        names = {m["name"] for m in added if isinstance(m, dict) and isinstance(m.get("name"), str)}
         recs = [self.state.parts.get(n) for n in names]
         if len(names) != len(added) or any(r is None or r.meta.table != table for r in recs):
             return None

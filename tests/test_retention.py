@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import id_rows, ids
 from support.waiting import wait_until
+from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.client import Client
@@ -205,6 +206,36 @@ def test_zero_keeps_only_snapshots_in_use(win: LocalCluster, c0: Client) -> None
         with pytest.raises(SnapshotUnavailable, match="keeps history for 0s"):
             c.read(t, snapshot=a)
         c.close()
+
+
+def test_the_gc_node_keeps_horizons_only_of_tables_with_parts_in_storage(
+        tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> None:
+    """Once cleanup collected every removed part at or below a table's removals (``collected``
+    is one number for the cluster: a part kept for a longer window holds it back), that table's
+    horizon leaves the gc node (what it could say is covered by ``legacy``), so the node holds
+    the tables with removals still in storage, not every table ever cleaned; reads keep being
+    refused alike."""
+    with make_cluster(tmp_path_factory, zk_server, "retention-node", replicas=1, settings={
+            "retention_seconds": 0, "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1}) as win:
+        c0 = win.client(0)
+        _horizon_goes(win, c0)
+        c0.close()
+
+
+def _horizon_goes(win: LocalCluster, c0: Client) -> None:
+    t = "rt_node"
+    c0.create_table(t, SCHEMA, auto_merge=False)
+    a = commit(c0, t, id_rows(3))
+    with c0.transaction() as tx:
+        tx.overwrite(t, id_rows(1, start=7))
+    wait_until(lambda: any(r["table"] == t for r in c0.gc()["removed"]), 30, "cleanup to take the part")
+    c0.gc()  # the pass after: collected is past the removal, the horizon goes
+    with kazoo(win.zk_address) as zk:
+        marks = Marks.parse(zk.get(f"{win.root}/gc")[0], "gc")
+    assert t not in marks.horizons and marks.legacy >= tx.csn
+    assert marks.may_be_gone(t, tx.csn, time.time())
+    with pytest.raises(SnapshotUnavailable):
+        c0.read(t, snapshot=a)
 
 
 def test_the_window_survives_a_replica_restart(win: LocalCluster, c0: Client) -> None:
