@@ -103,6 +103,7 @@ class Storage:
         _collect_secrets(self._options, self._secrets)
         self._fs: Any = None
         self._root: str
+        self._real_root: str | None = None  # the local root with links resolved (contained())
         if scheme in ("", "file", "local"):
             self._root = self._init_local(url, scheme)
         else:
@@ -231,7 +232,9 @@ class Storage:
         if self._fs is not None:
             _validate_relpath(relpath)
             return True
-        root = os.path.realpath(self._root)
+        root = self._real_root
+        if root is None:
+            root = self._real_root = os.path.realpath(self._root)
         where = os.path.realpath(os.path.dirname(self._local(relpath)))
         return where == root or where.startswith(root + os.sep)
 
