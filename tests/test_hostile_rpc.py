@@ -49,8 +49,9 @@ def plain(tmp_path_factory: pytest.TempPathFactory, zk_server) -> Iterator[Local
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory, zk_server) -> Iterator[LocalCluster]:  # noqa: ANN001
-    with make_cluster(tmp_path_factory, zk_server, "hostile-secure", replicas=1, secure=True,
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    # A ZooKeeper of its own: a secured cluster's serves TLS only (the session's does not).
+    with make_cluster(tmp_path_factory, None, "hostile-secure", replicas=1, secure=True,
                       settings={"max_frame_bytes": MiB}) as c:
         c.client(0).create_table("t", ID_V, auto_merge=False)
         yield c
