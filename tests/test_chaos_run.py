@@ -1,6 +1,6 @@
 """``mergetxn chaos`` end to end on the single-host form, and its verdict on a damaged history.
 
-One campaign (about 25 s of workload under replica kills, pauses and killed clients) runs
+One campaign (about 40 s of workload under replica kills, pauses and killed clients) runs
 through the command line as a user runs it; the tests read what it wrote: the report files, the
 history (committed, aborted and resolved ops, faults, every replica's final contents), and its
 exit code. The checker's failure path is driven through the same command with a history whose
@@ -26,7 +26,7 @@ from mergetxn.cli import cli
 
 pytestmark = pytest.mark.slow
 
-SECONDS = 25
+SECONDS = 40  # long enough that every kind of keys write commits under the hostile lane's load too
 SEED = 20240611
 FILES = {"history.jsonl", "findings.json", "summary.json", "timeline.html"}
 
