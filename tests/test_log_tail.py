@@ -373,11 +373,9 @@ def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> No
     assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is None
 
 
-def test_trimmed_log_keeps_snapshots_in_the_retention_window(cluster) -> None:
-    """Trimming the log does not cut time travel (SPEC.md "History retention"): snapshots are
-    served from the state, which keeps every record in the window; a read at a snapshot whose
-    entry is no longer in ZooKeeper, and time travel to before it, return what they returned."""
-    (r0,) = cluster(1, **{**SMALL, "retention_seconds": 3600.0})
+def replaced_then_trimmed(r0: Node, replace: Callable) -> tuple:
+    """Table ``old``: 3 rows at CSN ``first`` (time ``early``), then ``replace(tx)`` removes them;
+    filler commits until the log is trimmed past ``first``; a cleanup pass. ``(client, first, early)``."""
     c = r0.client()
     c.create_table("old", SCHEMA, auto_merge=False)
     c.create_table("old_filler", SCHEMA, auto_merge=False)
@@ -386,9 +384,18 @@ def test_trimmed_log_keeps_snapshots_in_the_retention_window(cluster) -> None:
     first = tx.csn
     early = datetime.now(UTC)
     with c.transaction() as tx:
-        tx.truncate("old")
+        replace(tx)
     commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
     c.gc()
+    return c, first, early
+
+
+def test_trimmed_log_keeps_snapshots_in_the_retention_window(cluster) -> None:
+    """Trimming the log does not cut time travel (SPEC.md "History retention"): snapshots are
+    served from the state, which keeps every record in the window; a read at a snapshot whose
+    entry is no longer in ZooKeeper, and time travel to before it, return what they returned."""
+    (r0,) = cluster(1, **{**SMALL, "retention_seconds": 3600.0})
+    c, first, early = replaced_then_trimmed(r0, lambda tx: tx.truncate("old"))
     assert c.read("old", snapshot=first).num_rows == 3
     assert c.read("old", as_of=early).num_rows == 3
     assert c.read("old").num_rows == 0
@@ -399,17 +406,7 @@ def test_beyond_the_window_a_trimmed_snapshot_is_refused(cluster) -> None:
     it, a read there and time travel to before it get SnapshotUnavailable naming the snapshot, the
     oldest one served and the table's retention; the latest snapshot still reads."""
     (r0,) = cluster(1, **SMALL)
-    c = r0.client()
-    c.create_table("old", SCHEMA, auto_merge=False)
-    c.create_table("old_filler", SCHEMA, auto_merge=False)
-    with c.transaction() as tx:
-        tx.insert("old", id_rows(3))
-    first = tx.csn
-    early = datetime.now(UTC)
-    with c.transaction() as tx:
-        tx.overwrite("old", id_rows(2))
-    commit_until([r0], "old_filler", lambda: int(tail_of(r0)["retained"]) > first, "a trim past the first commit")
-    c.gc()
+    c, first, early = replaced_then_trimmed(r0, lambda tx: tx.overwrite("old", id_rows(2)))
     r0.r.tail.prune()
     oldest = r0.r.state.lost_below("old")  # the overwrite's removal: what the state forgot of 'old'
     assert oldest > first
