@@ -1581,6 +1581,10 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 @click.option("--hostile/--no-hostile", default=True, show_default=True,
               help="Run the hostile-client lane beside the workloads: junk frames, idle connections and forged "
                    "parts sent to random replicas (a forged part accepted, or a part file lost, is a finding).")
+@click.option("--secure/--no-secure", default=False, show_default=True,
+              help="A secured cluster: TLS to the replicas and a TLS-only ZooKeeper ensemble under the replicas' "
+                   "identity, every client logged in as the admin; the hostile lane also makes calls a reader's "
+                   "and a writer's grants deny (each must be refused and change nothing). Not with --spark.")
 @click.option("--cleanup", "cleanup_only", is_flag=True,
               help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
 @click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -1588,7 +1592,7 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
           lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str,
           workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str,
-          hostile: bool) -> None:
+          hostile: bool, secure: bool) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -1622,7 +1626,8 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
         try:
             result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
                                say=lambda text: out.print(escape(text), style="dim"), spark=spark,
-                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage, hostile=hostile)
+                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage, hostile=hostile,
+                               secure=secure)
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None

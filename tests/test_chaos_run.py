@@ -238,3 +238,28 @@ def test_cleanup_stops_what_a_killed_run_left(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
+    """``--secure``: TLS, users and grants; every client logs in as the admin, and the hostile lane
+    adds calls that a reader's or a writer's grants deny (and a dropped user's login): each was
+    refused, nothing they asked for happened, and the run found nothing."""
+    report = tmp_path / "report"
+    result = CliRunner().invoke(cli, [
+        "chaos", "--secure", "--seconds", "20", "--seed", "7", "--form", "single", "--workload", "list-append",
+        "--nemesis", "kill-replica,pause-replica", "--workdir", str(tmp_path / "work"), "--report", str(report),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "starting the secured single cluster" in result.output
+    hostile = json.loads((report / "summary.json").read_text())["hostile"]
+    assert hostile["findings"] == [] and hostile["error"] is None
+    counts = hostile["counts"]
+    denied = {k.split(":", 1)[1]: n for k, n in counts.items() if k.startswith("denied:")}
+    assert sum(denied.values()) > 0, counts
+    assert all(counts.get(f"denied-refused:{kind}") == n for kind, n in denied.items()), counts
+
+
+def test_a_secured_campaign_has_no_spark_workload(tmp_path: Path) -> None:
+    out = CliRunner().invoke(cli, ["chaos", "--secure", "--spark", "--seconds", "5", "--form", "single",
+                                   "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "report")])
+    assert out.exit_code == 2 and "Spark" in out.output

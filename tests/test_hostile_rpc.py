@@ -373,3 +373,55 @@ def test_insecure_loopback_and_secured_replicas_start_as_before(tmp_path: Path) 
     assert ReplicaConfig(**base, host="0.0.0.0", credentials=creds).credentials is creds
     with pytest.raises(errors.InvalidInput, match="protected mode"):
         ReplicaConfig(**base, host="0.0.0.0")
+
+
+# -- the chaos harness's hostile lane: denied calls ---------------------------------------------------
+
+
+def test_the_chaos_lanes_denied_calls_are_each_refused_and_change_nothing(secure: LocalCluster) -> None:
+    """Every call the hostile lane of ``mergetxn chaos --secure`` makes with a reader's or a
+    writer's grants (and a dropped user's login) is refused on a secured replica, and its check
+    afterwards finds nothing changed."""
+    import threading
+
+    from mergetxn.chaos.hostile import Hostile
+
+    address = secure.replica_addresses[0]
+    lane = Hostile(lambda: [address], threading.Event(), seed=5, credentials=secure.credentials)
+    with secure.client(0) as admin:
+        lane.prepare(admin)
+        calls = lane.denied_calls(admin)
+    assert len(calls) >= 10
+    for kind, (role, call) in sorted(calls.items()):
+        lane.try_denied(address, role, kind, call)
+    assert lane.findings == []
+    assert all(lane.counts[f"denied-refused:{kind}"] == 1 for kind in calls), lane.counts
+    assert lane.verify(address) == []
+    still_serves(secure)
+
+
+def test_the_chaos_lane_reports_an_allowed_call_and_what_a_denied_one_left(secure: LocalCluster) -> None:
+    """The lane's verdicts can fail: a call the grants allow is a finding, and rows in the lane's
+    table or a table it only tried to create are found afterwards."""
+    import threading
+
+    import pyarrow as pa
+
+    from mergetxn.chaos.hostile import DENIED_TABLE, LANE_SCHEMA, LANE_TABLE, Hostile
+
+    address = secure.replica_addresses[0]
+    lane = Hostile(lambda: [address], threading.Event(), seed=6, credentials=secure.credentials)
+    with secure.client(0) as admin:
+        lane.prepare(admin)
+        lane.try_denied(address, "writer", "writer-reads-its-table", lambda c: c.read(LANE_TABLE))
+        assert len(lane.findings) == 1 and "writer-reads-its-table" in lane.findings[0]
+        with admin.transaction() as tx:
+            tx.insert(LANE_TABLE, pa.table({"id": [1]}, schema=LANE_SCHEMA))
+        admin.create_table(DENIED_TABLE, LANE_SCHEMA)
+        try:
+            problems = lane.verify(address)
+            assert any(LANE_TABLE in p and "rows" in p for p in problems), problems
+            assert any(DENIED_TABLE in p for p in problems), problems
+        finally:
+            admin.drop_table(DENIED_TABLE)
+            admin.drop_table(LANE_TABLE)

@@ -83,6 +83,13 @@ from tenacity import (
 )
 
 from coordinator.errors import InvalidInput
+from coordinator.security import (
+    ADMIN_FILE,
+    ENV_CREDENTIALS,
+    REPLICA_FILE,
+    make_cluster_credentials,
+    zk_client_args,
+)
 from coordinator.zklog import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
 from mergetxn.zkserver import MemberAddress, _free_ports, server_mode
@@ -621,10 +628,16 @@ class _Cluster:
         storage_url: str | None = None,
         zk_tick_ms: int = 200,
         wal_tmpfs: bool = True,
+        secure: bool = False,
     ) -> None:
         """``wal_tmpfs``: each replica's WAL on a small tmpfs of its own (when root), so a full
         disk can be injected; False keeps it on the work directory's disk (benchmarks: an fsync
-        on tmpfs costs nothing, so a comparison with replicas on disk would flatter the hosts)."""
+        on tmpfs costs nothing, so a comparison with replicas on disk would flatter the hosts).
+
+        ``secure``: a secured cluster (SPEC.md "Security"): new credentials in
+        ``workdir/security`` naming every host's address, the ensemble TLS-only with its mutual-TLS
+        quorum and the replicas' identity, replicas that serve logged-in users only.
+        :attr:`credentials_path` is the first admin's file (what clients take)."""
         if not 1 <= hosts <= 200:
             raise InvalidInput(f"hosts must be between 1 and 200, not {hosts!r}")
         self.workdir = Path(workdir).resolve()
@@ -634,6 +647,8 @@ class _Cluster:
         self.storage_url = storage_url or str(self.workdir / "storage")
         self.zk_tick_ms = zk_tick_ms
         self.wal_tmpfs = wal_tmpfs
+        self.secure = bool(secure)
+        self._replica_credentials = None  # the replicas' identity once made (secure only)
         self.owner = f"{PREFIX}:{os.getpid()}"
         self.timings: dict[str, float] = {}
         self._zk = [
@@ -703,6 +718,26 @@ class _Cluster:
         """Where the harness's clients reach each replica."""
         return [f"{h}:{p}" for h, p in (self._replica_listen(i) for i in range(self.hosts))]
 
+    @property
+    def security_dir(self) -> Path:
+        return self.workdir / "security"
+
+    @property
+    def credentials_path(self) -> Path | None:
+        """The first admin user's credentials file of a secured cluster (None when unsecured)."""
+        return self.security_dir / ADMIN_FILE if self.secure else None
+
+    def _make_credentials(self) -> None:
+        """The cluster's CA, the certificate every member and replica serves (naming each address
+        the harness, the replicas and the members use) and the two identities."""
+        hosts = [m.host for m in self._member_addresses()]
+        hosts += [h for h, _ in (self._replica_listen(i) for i in range(self.hosts))]
+        self._replica_credentials = make_cluster_credentials(self.security_dir, [*hosts, "127.0.0.1", "localhost"])
+
+    def _tls(self) -> Any:
+        """The TLS context the harness checks the members' four-letter words with (None: plain)."""
+        return None if self._replica_credentials is None else self._replica_credentials.client_context()
+
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self: T) -> T:
         self.start()  # type: ignore[attr-defined]
@@ -726,6 +761,8 @@ class _Cluster:
                 if "://" not in self.storage_url:
                     Path(self.storage_url).mkdir(parents=True, exist_ok=True)
                 self._setup()
+                if self.secure:
+                    self._make_credentials()
                 for service in self.services:
                     service.start(self)
                 for i in range(self.hosts):
@@ -795,7 +832,11 @@ class _Cluster:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env[ENV_OWNER] = self.owner
         env["PYTHONUNBUFFERED"] = "1"
+        env.pop(ENV_CREDENTIALS, None)  # the members' and replicas' credentials are what ``secure`` says
         return env
+
+    def _credentials_args(self) -> list[str]:
+        return ["--credentials", str(self.security_dir / REPLICA_FILE)] if self.secure else []
 
     def _cli(self, i: int, *args: str) -> list[str]:
         return [*self._exec_prefix(i), sys.executable, "-m", "mergetxn.cli", *args]
@@ -815,6 +856,7 @@ class _Cluster:
             str(self.host_dir(i) / "zk"),
             "--tick-ms",
             str(self.zk_tick_ms),
+            *self._credentials_args(),
         )
         env = self._env()
         # A member that is killed and restarted all run long must rejoin fast on busy cores: skip
@@ -830,7 +872,7 @@ class _Cluster:
         def check() -> None:
             if not proc.running:
                 raise proc.exited()
-            if server_mode(member.host, member.client_port, timeout=1.0) is None:
+            if server_mode(member.host, member.client_port, timeout=1.0, context=self._tls()) is None:
                 raise _NotYet(f"member {i + 1} at {member.client_address} not serving")
 
         _wait(check, timeout, f"ZooKeeper member {i + 1} ({self.host_name(i)})", interval=0.1)
@@ -856,7 +898,7 @@ class _Cluster:
     def zk_mode(self, i: int) -> str | None:
         """'leader' / 'follower' while host i's member serves (as the harness sees it)."""
         m = self._member_addresses()[self._index(i)]
-        return server_mode(m.host, m.client_port, timeout=1.0) if self._zk[i].running else None
+        return server_mode(m.host, m.client_port, timeout=1.0, context=self._tls()) if self._zk[i].running else None
 
     def zk_leader(self) -> int | None:
         """The host whose member leads, if the harness reaches one that says so."""
@@ -878,10 +920,11 @@ class _Cluster:
             "session_timeout": self.session_timeout,
             **self.replica_settings,
         }
-        # --insecure: the harness's cluster is unsecured, on addresses of its own network
-        # namespaces (protected mode refuses a non-loopback --host otherwise).
+        # Unsecured: --insecure, on addresses of the harness's own network namespaces (protected
+        # mode refuses a non-loopback --host otherwise).
+        security = self._credentials_args() or ["--insecure"]
         self._replicas[i].start(
-            self._cli(i, "replica", "start", *command_line(values), "--insecure"), self._env(), self.host_dir(i)
+            self._cli(i, "replica", "start", *command_line(values), *security), self._env(), self.host_dir(i)
         )
 
     def _replica_bind(self, i: int) -> tuple[str, int]:
@@ -1030,7 +1073,7 @@ class _Cluster:
     @contextlib.contextmanager
     def _observer(self) -> Iterator[KazooClient]:
         """A kazoo client of the harness on the whole ensemble."""
-        zk = KazooClient(hosts=self.zk_address, timeout=10.0)
+        zk = KazooClient(hosts=self.zk_address, timeout=10.0, **zk_client_args(self._replica_credentials))
         zk.start(timeout=30)
         try:
             yield zk

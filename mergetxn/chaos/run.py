@@ -22,6 +22,7 @@ fault ``kill-executor`` becomes possible. It is heavy (five JVMs more, and Pytho
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -30,7 +31,7 @@ import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_f
 
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, SnapshotUnavailable
+from coordinator.security import ADMIN_FILE, ENV_CREDENTIALS, Credentials
 from coordinator.versions import Tid
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
@@ -106,11 +108,13 @@ class SingleHostCluster:
     form = "single"
 
     def __init__(self, workdir: str | os.PathLike, hosts: int = 3, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None) -> None:
+                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None,
+                 secure: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.hosts = hosts
+        self.secure = bool(secure)
         self._local = LocalCluster(self.workdir, replicas=hosts, storage_url=storage_url,
-                                   session_timeout=session_timeout, settings=replica_settings)
+                                   session_timeout=session_timeout, settings=replica_settings, secure=secure)
         self.services: list[Any] = []  # started before ZooKeeper and the replicas (S3 storage)
 
     @property
@@ -124,6 +128,11 @@ class SingleHostCluster:
     @property
     def storage_url(self) -> str:
         return self._local.storage_url
+
+    @property
+    def credentials_path(self) -> Path | None:
+        """The first admin user's credentials file of a secured cluster (None when unsecured)."""
+        return self.workdir / "security" / ADMIN_FILE if self.secure else None
 
     def __enter__(self) -> SingleHostCluster:
         self.start()
@@ -237,22 +246,44 @@ def cleanup(workdir: Path) -> list[str]:
 
 
 def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None) -> Any:
+                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None,
+                 secure: bool = False) -> Any:
     """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
     them, else loopback (``hosts.make_cluster`` decides and says why). ``storage_url``: where
-    the parts are (default: a directory in ``workdir``)."""
+    the parts are (default: a directory in ``workdir``). ``secure``: TLS, users and grants, the
+    ZooKeeper ensemble TLS-only under the replicas' identity (``credentials_path``: the admin's)."""
     if form not in FORMS:
         raise InvalidInput(f"unknown form {form!r}: choose from {', '.join(FORMS)}")
     settings = dict(REPLICA_SETTINGS if replica_settings is None else replica_settings)
     if form == "single":
-        return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url)
+        return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url, secure=secure)
     from mergetxn.chaos import hosts
 
     if form == "auto":
         return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings,
-                                  storage_url=storage_url)
+                                  storage_url=storage_url, secure=secure)
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url)
+    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url,
+               secure=secure)
+
+
+@contextlib.contextmanager
+def client_credentials(path: Path | None) -> Iterator[None]:
+    """Every client of the run (the workloads', the probes', the killed clients' processes, the
+    checks') logs in as the admin of a secured cluster: ``MERGETXN_CREDENTIALS`` names its file
+    while the run lasts, as an operator's environment would."""
+    before = os.environ.get(ENV_CREDENTIALS)
+    if path is None:
+        os.environ.pop(ENV_CREDENTIALS, None)
+    else:
+        os.environ[ENV_CREDENTIALS] = str(path)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(ENV_CREDENTIALS, None)
+        else:
+            os.environ[ENV_CREDENTIALS] = before
 
 
 class SparkSide:
@@ -609,7 +640,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
               clients_per_replica: int = 2, form: str = "auto",
               say: Callable[[str], None] = lambda text: None, spark: bool = False,
               max_faults: int | None = None, lanes: int | None = None, pause: float | None = None,
-              storage: str = "dir", hostile: bool = True) -> Result:
+              storage: str = "dir", hostile: bool = True, secure: bool = False) -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
@@ -624,7 +655,22 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     (a directory every host sees) or ``s3`` (moto's S3 server, ``mergetxn.chaos.s3``). ``hostile``:
     run the hostile-client lane beside the workloads (``mergetxn.chaos.hostile``): junk frames,
     idle connections and forged parts at random replicas; a forged part accepted is a problem, and
-    after the run every table's part files are checked against the log."""
+    after the run every table's part files are checked against the log; on a secured cluster it also
+    makes calls that a reader's or writer's grants deny (each must raise PermissionDenied and change
+    nothing). ``secure``: the cluster is secured (``open_cluster``); every client logs in as its
+    admin."""
+    if secure and (spark or workload == "spark"):
+        raise InvalidInput("a secured chaos run has no Spark workload yet: its executors would need the "
+                           "credentials file too (run --secure without --spark)")
+    with client_credentials(None):  # an unsecured run's clients present nothing, whatever the caller's environment
+        return _run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form, say,
+                          spark, max_faults, lanes, pause, storage, hostile, secure)
+
+
+def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, workload: str, nemesis: str,
+               report_dir: str | os.PathLike | None, clients_per_replica: int, form: str,
+               say: Callable[[str], None], spark: bool, max_faults: int | None, lanes: int | None,
+               pause: float | None, storage: str, hostile: bool, secure: bool) -> Result:
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -650,7 +696,7 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     for line in cleanup(workdir):
         say(f"cleanup: {line}")
     s3 = S3Storage(workdir / "cluster" / "s3", seed=seed) if storage == "s3" else None
-    cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None)
+    cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=secure)
     if s3 is not None:
         s3.attach(cluster)
     if getattr(cluster, "fallback_reason", None):
@@ -670,8 +716,10 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     problems: list[str] = []
     incomplete: list[str] = []
     try:
-        say(f"starting the {form_of(cluster)} cluster in {workdir / 'cluster'}")
+        say(f"starting the {'secured ' if secure else ''}{form_of(cluster)} cluster in {workdir / 'cluster'}")
         cluster.start()
+        if secure:
+            os.environ[ENV_CREDENTIALS] = str(cluster.credentials_path)  # restored by client_credentials
         if s3 is not None:
             say(f"parts in {s3.url} on moto's S3 server, reached through a fault proxy at {s3.proxy.url}")
         addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
@@ -728,7 +776,8 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         if sp is not None:
             sp.start_jobs(n + 1, addresses, cluster.hosts, rec, stop, rng)
         if hostile:
-            lane = Hostile(addresses, stop, rng.randrange(2**31))
+            lane = Hostile(addresses, stop, rng.randrange(2**31),
+                           credentials=Credentials.from_file(cluster.credentials_path) if secure else None)
             lane.start()
         nem.start()
         deadline = time.monotonic() + seconds
@@ -774,6 +823,11 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
         serving = [i for i in range(cluster.hosts) if i not in failed]
         if serving:
             problems += check_storage(cluster.replica_addresses[serving[0]])
+            if lane is not None:
+                try:
+                    problems += lane.verify(cluster.replica_addresses[serving[0]])
+                except MergetxnError as exc:
+                    incomplete.append(f"could not check what the hostile lane's denied calls left: {brief(exc)}")
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
         return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
