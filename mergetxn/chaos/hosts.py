@@ -74,10 +74,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 from tenacity import (
     Retrying,
     retry_if_exception_type,
     retry_if_result,
+    stop_after_attempt,
     stop_after_delay,
     wait_fixed,
 )
@@ -1074,7 +1076,12 @@ class _Cluster:
     def _observer(self) -> Iterator[KazooClient]:
         """A kazoo client of the harness on the whole ensemble."""
         zk = KazooClient(hosts=self.zk_address, timeout=10.0, **zk_client_args(self._replica_credentials))
-        zk.start(timeout=30)
+        # A member being killed or cut and a busy machine (a TLS handshake per member tried) can
+        # take a first connection past 30 s: the harness's own client tries again, not the run.
+        for attempt in Retrying(retry=retry_if_exception_type(KazooTimeoutError), stop=stop_after_attempt(3),
+                                wait=wait_fixed(1.0), reraise=True):
+            with attempt:
+                zk.start(timeout=30)
         try:
             yield zk
         finally:
