@@ -68,7 +68,7 @@ EXIT_CODES = {
     EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout)",
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
-    EXIT_CORRUPT: "corrupt data: a part or log entry does not match what was written",
+    EXIT_CORRUPT: "corrupt data: a part, log entry or backup does not match what was written",
     EXIT_DENIED: "permission denied: the user's role or grants do not allow it, or its quota is reached",
     EXIT_INTERNAL: "internal error (a bug); --log-level DEBUG shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",

@@ -305,3 +305,18 @@ def test_changes_cli_equals_client_changes(cluster: LocalCluster, client: Client
     shown = invoke(cluster, "changes", "ch_t", "--from", a)
     assert shown.exit_code == 0 and "changed rows of ch_t" in shown.output
     one_error_line(invoke(cluster, "changes", "ch_t", "--from", c, "--to", a), 2, "before start")
+
+
+def test_a_backup_holds_its_snapshot_while_it_copies(cluster: LocalCluster, client: Client) -> None:
+    """What backup copies under: ``Client.pin`` leases the snapshot, so cleanup keeps files that a
+    later commit removed (retention 0: nothing else keeps them) until the block ends."""
+    client.create_table("pin_t", SCHEMA, retention_seconds=0, auto_merge=False)
+    insert(client, "pin_t", rows(0, 3))
+    with client.pin("pin_t") as (tdef, snap, metas, csns):
+        assert tdef.name == "pin_t" and [csns[m.name] for m in metas] == [snap]
+        with client.transaction() as tx:
+            tx.overwrite("pin_t", rows(10, 2))
+        client.gc(grace_seconds=0)
+        assert all(client.storage.exists(m.path) for m in metas)  # the copy can still read them
+    client.gc(grace_seconds=0)
+    assert not any(client.storage.exists(m.path) for m in metas)  # released: collected
