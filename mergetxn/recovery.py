@@ -22,7 +22,9 @@ from the log (kind, rows of the parts added and removed, tid, the replica that r
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import json
 import os
 import time
@@ -256,8 +258,17 @@ def history(client: Client, table: str, limit: int = 50) -> list[dict]:
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
         raise InvalidInput(f"limit must be an integer from 1 to {HISTORY_LIMIT}, not {quote(limit)}")
     described = client.describe_table(table)
-    events = client.events(table).to_pylist()
-    return summarize(events, described.get("history") or [])[-limit:]
+    ddl = described.get("history") or []
+    # Ask for the recent commits only (a long history is many events): a window of CSNs below the
+    # snapshot, widened until it holds ``limit`` entries or reaches the start.
+    span = 4 * limit
+    while True:
+        since = max(0, described["snapshot"] - span)
+        entries = summarize(client.events(table, since_csn=since or None).to_pylist(),
+                            [h for h in ddl if h["csn"] > since])
+        if since == 0 or len(entries) >= limit:
+            return entries[-limit:]
+        span *= 4
 
 
 def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
@@ -282,12 +293,14 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
         out.append({"csn": h["csn"], "time": None, "kind": "create" if h.get("what") == "created" else "alter",
                     "rows_added": 0, "rows_removed": 0, "tid": None, "host": None, "reason": None})
 
+    # An abort has no CSN: it goes after the last commit made before it (by time).
+    timed = sorted((c["time"], c["csn"]) for c in commits.values() if c["time"] is not None)
+    times, highest = [t for t, _ in timed], list(itertools.accumulate((csn for _, csn in timed), max))
+
     def order(entry: dict) -> tuple:
         if entry["csn"] is not None:
             return (entry["csn"], 0 if entry["kind"] in ("create", "alter") else 1)
-        # an abort: after the commits made before it (its time against theirs)
-        t = entry["time"]
-        before = [c["csn"] for c in commits.values() if c["time"] is not None and t is not None and c["time"] <= t]
-        return (max(before, default=0), 2)
+        i = bisect.bisect_right(times, entry["time"]) if entry["time"] is not None else 0
+        return (highest[i - 1] if i else 0, 2)
 
     return sorted(out, key=order)

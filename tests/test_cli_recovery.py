@@ -320,3 +320,21 @@ def test_a_backup_holds_its_snapshot_while_it_copies(cluster: LocalCluster, clie
         assert all(client.storage.exists(m.path) for m in metas)  # the copy can still read them
     client.gc(grace_seconds=0)
     assert not any(client.storage.exists(m.path) for m in metas)  # released: collected
+
+
+def test_restore_in_place_fills_a_column_added_since_and_refuses_another_kind_of_table(
+        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    client.create_table("ia_t", SCHEMA)
+    csn = insert(client, "ia_t", rows(0, 3))
+    assert invoke(cluster, "backup", "ia_t", tmp_path / "b").exit_code == 0
+    client.alter_table("ia_t", add_columns=[pa.field("note", pa.string())])
+    r = invoke(cluster, "restore", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    got = client.read("ia_t")
+    assert got.column("note").null_count == 3
+    assert sorted_rows(got.drop_columns(["note"])) == sorted_rows(client.read("ia_t", snapshot=csn))
+    client.drop_table("ia_t")
+    client.create_table("ia_t", KEYS, primary_key=["k"], conflict_policy="keys")
+    snap = client.snapshot()
+    one_error_line(invoke(cluster, "restore", tmp_path / "b"), 2, "not of the backup's kind", "--as")
+    assert client.snapshot() == snap
