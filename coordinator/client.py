@@ -410,7 +410,10 @@ class Client:
         with self._leased(r):
             tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
             metas = [PartMeta.from_dict(m) for m in r["parts"]]
-            csns = {str(k): int(v) for k, v in (r.get("csns") or {}).items()}
+            try:
+                csns = {str(k): int(v) for k, v in (r.get("csns") or {}).items()}
+            except (AttributeError, TypeError, ValueError):
+                raise errors.CorruptMetadata(f"replica {self.address} answered creation CSNs that do not parse") from None
             yield tdef, r["snapshot"], metas, csns
 
     @contextmanager

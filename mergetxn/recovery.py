@@ -105,10 +105,6 @@ class Backup:
     definition: TableDef
     parts: tuple[tuple[PartMeta, int | None], ...]  # each part, its path in the backup, and its CSN
 
-    @property
-    def rows(self) -> int:
-        return sum(m.rows for m, _ in self.parts)
-
 
 def load(directory: str) -> tuple[Storage, Backup]:
     """Read and validate ``directory``'s manifest, then check every file it names (size and
@@ -182,28 +178,32 @@ def restore(client: Client, directory: str, as_name: str | None = None) -> dict:
     if exists:
         current = client.table_at(target)
         _same_kind(current, b.definition)
+        written = 0
         with client.transaction(atomicity=current.atomicity) as tx:
             tx.truncate(target)
             for data in _rows(src, b):
                 tx.insert(target, conform(data, current.schema, target))
-        return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": b.rows, "created": False}
+                written += data.num_rows
+        return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": written, "created": False}
     d = b.definition
     client.create_table(target, d.schema, partition_by=d.partition_by, primary_key=d.primary_key,
                         conflict_policy=d.conflict_policy.value, auto_merge=d.auto_merge,
                         lock_groups=dict(d.lock_groups) or None, atomicity=d.atomicity,
                         txn_max_seconds=d.txn_max_seconds, txn_max_rows=d.txn_max_rows,
                         retention_seconds=d.retention_seconds)
+    written = 0
     try:
         with client.transaction(atomicity=d.atomicity) as tx:
             for data in _rows(src, b):
                 tx.insert(target, data)
+                written += data.num_rows
     except BaseException:
         try:  # the table was made for this restore: leave nothing half done
             client.drop_table(target)
         except MergetxnError:
             pass
         raise
-    return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": b.rows, "created": True}
+    return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": written, "created": True}
 
 
 def _same_kind(current: TableDef, backed_up: TableDef) -> None:

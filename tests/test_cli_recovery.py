@@ -20,6 +20,7 @@ import pytest
 from click.testing import CliRunner, Result
 from support.cluster import environ, make_cluster  # tests/ is on sys.path
 from support.data import sorted_rows
+from support.waiting import wait_until
 
 from coordinator import LocalCluster
 from coordinator.client import Client
@@ -214,6 +215,7 @@ def test_keys_table_backup_and_restore(cluster: LocalCluster, client: Client, tm
         tx.insert("kv_t", pa.table({"k": pa.array([1, 9], pa.int64()), "a": ["later", "later"]}))
     r = invoke(cluster, "restore", tmp_path / "b", "--as", "kv_copy", "--json")
     assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["rows"] == 3  # rows restored, one per key (not versions)
     copy = client.read("kv_copy")
     assert copy.to_pylist() == expected.to_pylist()
     d = client.describe_table("kv_copy")
@@ -312,14 +314,24 @@ def test_a_backup_holds_its_snapshot_while_it_copies(cluster: LocalCluster, clie
     later commit removed (retention 0: nothing else keeps them) until the block ends."""
     client.create_table("pin_t", SCHEMA, retention_seconds=0, auto_merge=False)
     insert(client, "pin_t", rows(0, 3))
-    with client.pin("pin_t") as (tdef, snap, metas, csns):
+    with client.pin("pin_t") as (tdef, snap, metas, csns), cluster.client(1) as other:
         assert tdef.name == "pin_t" and [csns[m.name] for m in metas] == [snap]
         with client.transaction() as tx:
             tx.overwrite("pin_t", rows(10, 2))
-        client.gc(grace_seconds=0)
+        other.wait_for(tx.csn)
+
+        def replicas_past_it() -> bool:  # only the pin keeps the old snapshot in use now
+            in_use = client.gc(grace_seconds=0)["snapshots_in_use"]
+            return all(u["snapshot"] >= tx.csn for u in in_use if u["holder"] == "replica snapshot")
+
+        wait_until(replicas_past_it, what="every replica's snapshot past the overwrite")
         assert all(client.storage.exists(m.path) for m in metas)  # the copy can still read them
-    client.gc(grace_seconds=0)
-    assert not any(client.storage.exists(m.path) for m in metas)  # released: collected
+
+    def collected() -> bool:
+        client.gc(grace_seconds=0)
+        return not any(client.storage.exists(m.path) for m in metas)
+
+    wait_until(collected, what="the unpinned files collected")
 
 
 def test_restore_in_place_fills_a_column_added_since_and_refuses_another_kind_of_table(
