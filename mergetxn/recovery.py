@@ -57,6 +57,9 @@ KIND_NAMES = {"INSERT": "insert", "OVERWRITE": "overwrite", "MUTATE": "mutate",
 def backup(client: Client, table: str, directory: str, snapshot: int | None = None) -> dict:
     """Copy ``table`` at ``snapshot`` (a CSN; the latest by default) into ``directory``; returns
     the manifest written. Refuses a directory that already holds a backup (InvalidInput)."""
+    if inside(client.storage.url, directory):
+        raise InvalidInput(f"backup directory {quote(directory)} is inside the cluster's storage, where cleanup "
+                           "collects files no commit names: give a directory outside it")
     dest = _storage(directory, create=True)
     if dest.exists(MANIFEST):
         raise InvalidInput(f"{quote(directory)} already holds a backup ({MANIFEST}); give an empty directory")
@@ -80,6 +83,19 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
 
 def _part_file(name: str) -> str:
     return f"{PARTS_DIR}/{name}.parquet"
+
+
+def inside(storage_url: str, directory: str) -> bool:
+    """Whether ``directory`` is ``storage_url`` or under it (pure but for resolving local links)."""
+    def norm(url: str) -> tuple[str, str]:
+        if "://" not in url or url.startswith("file://"):
+            return "file", os.path.realpath(os.path.expanduser(url.removeprefix("file://")))
+        scheme, rest = url.split("://", 1)
+        return ("s3" if scheme.lower() in ("s3", "s3a") else scheme.lower()), rest.rstrip("/")
+
+    (s_scheme, s_path), (d_scheme, d_path) = norm(storage_url), norm(directory)
+    sep = os.sep if s_scheme == "file" else "/"
+    return s_scheme == d_scheme and (d_path == s_path or d_path.startswith(s_path.rstrip(sep) + sep))
 
 
 def _storage(directory: str, create: bool) -> Storage:

@@ -23,11 +23,14 @@ from support.data import sorted_rows
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
+from coordinator.catalog import TableDef
 from coordinator.client import Client
-from coordinator.errors import TableNotFound
+from coordinator.errors import CorruptMetadata, TableNotFound
 from mergetxn.cli import cli
+from mergetxn.recovery import FORMAT, inside, parse_manifest
 from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
+from parts.storage import Storage
 
 SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.string()), ("v", pa.string())])
 KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string()), ("b", pa.int64())])
@@ -196,6 +199,9 @@ def test_a_tampered_or_truncated_backup_is_refused_and_changes_nothing(
     one_error_line(invoke(cluster, "restore", tmp_path / "nowhere"), 2, "does not exist")
     assert not (tmp_path / "nowhere").exists()
     one_error_line(invoke(cluster, "backup", "tp_t", tmp_path / "b2", "--snapshot", 10**12), 3)
+    inner = Path(cluster.storage_url) / "tp_t" / "backup"  # cleanup would take its files for orphans
+    one_error_line(invoke(cluster, "backup", "tp_t", inner), 2, "inside the cluster's storage")
+    assert not inner.exists()
 
 
 def test_keys_table_backup_and_restore(cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
@@ -350,3 +356,26 @@ def test_restore_in_place_fills_a_column_added_since_and_refuses_another_kind_of
     snap = client.snapshot()
     one_error_line(invoke(cluster, "restore", tmp_path / "b"), 2, "not of the backup's kind", "--as")
     assert client.snapshot() == snap
+
+
+# -- pure ----------------------------------------------------------------------------------------
+def test_a_directory_inside_storage_is_told_apart() -> None:
+    assert inside("/data/st", "/data/st/events/b") and inside("/data/st/", "/data/st")
+    assert not inside("/data/st", "/data/st2/b") and not inside("/data/st", "s3://st/b")
+    assert inside("s3://bucket/wh", "s3a://bucket/wh/bk") and not inside("s3://bucket/wh", "s3://bucket/wh2")
+
+
+def test_a_manifest_that_disagrees_with_itself_is_corrupt_metadata(tmp_path: Path) -> None:
+    meta = write_part(Storage(str(tmp_path)), "m_t", [], (), rows(0, 2), "job-m")
+    tdef = TableDef.new("m_t", SCHEMA, (), (), "parts", True, None, "full", None, None, None)
+    entry = {"file": f"parts/{meta.name}.parquet", "size": meta.size, "checksum": meta.checksum, "csn": 3,
+             "meta": meta.to_dict()}
+    good = {"format": FORMAT, "table": "m_t", "csn": 3, "definition": tdef.to_dict(), "parts": [entry]}
+    assert parse_manifest(json.dumps(good).encode(), "d").parts[0][0].path == entry["file"]
+    for bad in ({**good, "format": "x"}, {**good, "csn": "3"}, {**good, "table": "other"},
+                {**good, "parts": [{**entry, "file": "../../etc/passwd"}]}, {**good, "parts": [{**entry, "size": 1}]},
+                {**good, "parts": [{**entry, "meta": {**entry["meta"], "name": "../x"}}]}, {**good, "definition": {}}):
+        with pytest.raises(CorruptMetadata):
+            parse_manifest(json.dumps(bad).encode(), "d")
+    with pytest.raises(CorruptMetadata):
+        parse_manifest(b"[" * 100_000, "d")
