@@ -1397,7 +1397,7 @@ def restore(directory: str, as_name: str | None, as_json: bool, replica: str) ->
                     f"{result['from_csn']}; committed at CSN {result['csn']}")
 
 
-@cli.command(short_help="A table's commits: kind, rows, who, and why aborts failed.")
+@cli.command(short_help="A table's commits: kind, rows, who; aborts and why.")
 @click.argument("table_name", metavar="TABLE")
 @click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True,
               help="The most recent entries to print.")
