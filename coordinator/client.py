@@ -401,6 +401,22 @@ class Client:
             yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
 
     @contextmanager
+    def pin(self, table: str, snapshot: int | None = None) -> Iterator[tuple[TableDef, int, list[PartMeta], dict[str, int]]]:
+        """The parts of ``table`` visible at ``snapshot`` (the latest by default) as files, for a
+        copy of them (``mergetxn backup``): yields ``(definition, snapshot, parts, csns)``,
+        ``csns`` each part's creation CSN (what orders a keys table's versions). The snapshot
+        stays leased, so cleanup keeps every file, until the block ends."""
+        r = self.call("visible", **_visible_args(table, snapshot, None))
+        with self._leased(r):
+            tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+            metas = [PartMeta.from_dict(m) for m in r["parts"]]
+            try:
+                csns = {str(k): int(v) for k, v in (r.get("csns") or {}).items()}
+            except (AttributeError, TypeError, ValueError):
+                raise errors.CorruptMetadata(f"replica {self.address} answered creation CSNs that do not parse") from None
+            yield tdef, r["snapshot"], metas, csns
+
+    @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
         """Keep the read lease named in a replica's ``answer`` (``visible``, ``changes``) while
         the files are read, renewing it every third of its lapse time, then release it, also on

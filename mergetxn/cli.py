@@ -68,7 +68,7 @@ EXIT_CODES = {
     EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout)",
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
-    EXIT_CORRUPT: "corrupt data: a part or log entry does not match what was written",
+    EXIT_CORRUPT: "corrupt data: a part, log entry or backup does not match what was written",
     EXIT_DENIED: "permission denied: the user's role or grants do not allow it, or its quota is reached",
     EXIT_INTERNAL: "internal error (a bug); --log-level DEBUG shows the traceback",
     EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
@@ -1316,13 +1316,17 @@ def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
 
 @cli.command(short_help="Check storage against the log (every part file present and as committed).")
 @click.argument("tables", nargs=-1)
+@click.option("--all", "every", is_flag=True, help="Every table (the default when no TABLE is given).")
 @click.option("--quick", is_flag=True, help="Presence and sizes only (no file is read).")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @replica_option
-def check(tables: tuple[str, ...], quick: bool, as_json: bool, replica: str) -> None:
+def check(tables: tuple[str, ...], every: bool, quick: bool, as_json: bool, replica: str) -> None:
     """Check that every part a read may still need (visible now, or kept for time travel within
-    the retention window) is in storage with the size and checksum it was committed with; TABLES
-    (default: every table). Exit 8 when a file is missing or differs, naming each part."""
+    the retention window) is in storage with the size and checksum it was committed with; TABLES,
+    or every table (--all, or none named). Exit 8 when a file is missing or differs, naming each
+    part; the error line names the first tables and files."""
+    if every and tables:
+        raise InvalidInput("give TABLE names or --all, not both")
     with connected(replica):
         pass
     with working("checking part files"), connected(replica, long_timeout()) as client:
@@ -1337,9 +1341,118 @@ def check(tables: tuple[str, ...], quick: bool, as_json: bool, replica: str) -> 
         for t in result["tables"]:
             state = "ok" if not t["problems"] else f"{len(t['problems'])} problem(s)"
             out.print(f"{escape(t['table'])}: {t['parts']} parts, {t['bytes']} bytes: {state}")
+        ok = sum(1 for t in result["tables"] if not t["problems"])
+        out.print(f"{ok} of {len(result['tables'])} table(s) ok at snapshot {result['snapshot']}")
     if not result["ok"]:
-        n = sum(len(t["problems"]) for t in result["tables"])
-        fail(f"{n} part file(s) missing or not as committed (snapshot {result['snapshot']})", EXIT_CORRUPT)
+        found = [f"{t['table']}: {p['problem']}" for t in result["tables"] for p in t["problems"]]
+        more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
+        fail(f"{len(found)} part file(s) missing or not as committed (snapshot {result['snapshot']}): "
+             f"{'; '.join(found[:3])}{more}", EXIT_CORRUPT)
+
+
+@cli.command(short_help="Copy a table's definition and parts at a CSN into a directory.")
+@click.argument("table_name", metavar="TABLE")
+@click.argument("directory", metavar="DIR")
+@click.option("--snapshot", type=click.IntRange(min=0), default=None, help="Back up at this CSN (default: the latest).")
+@click.option("--json", "as_json", is_flag=True, help="Print the manifest written as one JSON object.")
+@replica_option
+def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool, replica: str) -> None:
+    """Copy TABLE at one snapshot into DIR (a local directory or an fsspec URL such as s3://):
+    every visible part file, byte for byte, and manifest.json (definition, CSN, each part's size
+    and checksum). The snapshot is held while the files are copied."""
+    from mergetxn import recovery
+
+    with connected(replica):
+        pass
+    with working(f"backing up {table_name}"), connected(replica, long_timeout()) as client:
+        manifest = recovery.backup(client, table_name, directory, snapshot)
+    if as_json:
+        echo_json({k: v for k, v in manifest.items() if k != "parts"} | {"parts": len(manifest["parts"])})
+        return
+    console().print(f"backed up {escape(table_name)} at CSN {manifest['csn']}: {len(manifest['parts'])} parts, "
+                    f"{manifest['rows']} rows, {manifest['bytes']} bytes to {escape(redact(directory))}")
+
+
+@cli.command(short_help="Restore a backup as one transaction (under a new name or in place).")
+@click.argument("directory", metavar="DIR")
+@click.option("--as", "as_name", default=None, metavar="NAME",
+              help="Restore into a new table of this name (default: the backed-up table: replaced in "
+              "place if it exists, created if not).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@replica_option
+def restore(directory: str, as_name: str | None, as_json: bool, replica: str) -> None:
+    """Restore the table backed up in DIR at its CSN, as one transaction. Every file is checked
+    against the manifest first: a damaged backup is refused (exit 8) and changes nothing."""
+    from mergetxn import recovery
+
+    with connected(replica):
+        pass
+    with working("restoring"), connected(replica, long_timeout()) as client:
+        result = recovery.restore(client, directory, as_name)
+    if as_json:
+        echo_json(result)
+        return
+    how = "into new table" if result["created"] else "in place into"
+    console().print(f"restored {result['rows']} rows {how} {escape(result['table'])} as of backup CSN "
+                    f"{result['from_csn']}; committed at CSN {result['csn']}")
+
+
+@cli.command(short_help="A table's commits: kind, rows, who; aborts and why.")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True,
+              help="The most recent entries to print.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="json: one object per line.")
+@replica_option
+def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
+    """TABLE's history, oldest first: each commit's CSN, time, kind, rows of the parts it added
+    and removed, transaction and replica; its DDL; and the aborts this replica remembers, with
+    their reason."""
+    from mergetxn import recovery
+
+    with connected(replica) as client:
+        entries = recovery.history(client, table_name, limit)
+    if fmt == "json":
+        for e in entries:
+            echo_json(e)
+        return
+    out = console()
+    out.print(rows_table(entries, ["csn", "time", "kind", "rows_added", "rows_removed", "tid", "host", "reason"]))
+    out.print(f"{len(entries)} entries of {escape(table_name)}'s history (--limit {limit})")
+
+
+@cli.command(short_help="Rows a table's commits added and removed between two CSNs.")
+@click.argument("table_name", metavar="TABLE")
+@click.option("--from", "start", type=click.IntRange(min=0), required=True, help="After this CSN.")
+@click.option("--to", "end", type=click.IntRange(min=0), default=None, help="Up to this CSN (default: the latest).")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the rows to this file (format from --format, else from its extension).")
+@click.option("--format", "fmt", type=click.Choice(READ_FORMATS), default=None,
+              help="table: the first --limit rows (the default without --output); csv, json or parquet: "
+              "every row, to --output or stdout.")
+@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Rows to print (--format table only).")
+@replica_option
+def changes(table_name: str, start: int, end: int | None, output: Path | None, fmt: str | None, limit: int,
+            replica: str) -> None:
+    """The rows added (_change insert) and removed (_change delete) by TABLE's commits whose CSN
+    is in (--from, --to], with the _csn of each: client.changes by id."""
+    if fmt is None:
+        fmt = "table" if output is None else _format_of(output)
+    if fmt == "table" and output is not None:
+        raise InvalidInput("--format table prints to the terminal; give csv, json or parquet with --output")
+    with connected(replica) as client:
+        data = client.changes(table_name, start, end)
+    span = f"({start}, {'latest' if end is None else end}]"
+    if fmt == "table":
+        out = console()
+        out.print(arrow_table(data.slice(0, limit)))
+        more = f" (showing {limit})" if data.num_rows > limit else ""
+        out.print(f"{data.num_rows} changed rows of {escape(table_name)} in {span}{more}")
+        return
+    rows = write_rows(iter([data]), data.schema, fmt, output, data.num_rows)
+    where = f" to {output}" if output is not None else ""
+    console(stderr=output is None).print(f"wrote {rows} changed rows of {escape(table_name)} in {span}{where}")
 
 
 @cli.command(short_help="Print the replica's snapshot CSN.")
