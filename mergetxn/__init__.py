@@ -1,7 +1,56 @@
-"""The tools on top of the layers: what an operator or a test runs.
+"""mergetxn: transactions for replicated MergeTree-style tables.
 
-``mergetxn.cli`` (the ``mergetxn`` command), ``mergetxn.quickstart`` (the main job on the embedded
-default), ``mergetxn.cluster`` (``LocalCluster``: ZooKeeper and replica processes on this machine,
-also ``coordinator.LocalCluster``) and ``mergetxn.zkserver`` (an embedded ZooKeeper server or
-ensemble from the jars in the pyspark wheel). Nothing below imports them.
+``import mergetxn`` gives the public API (SPEC.md "One public import"): :func:`connect`,
+:class:`LocalCluster` (the embedded default), :mod:`mergetxn.errors` (the classes of
+``coordinator.errors``, the same objects), :mod:`mergetxn.spark` (``register``, ``read_table``,
+``write_table``, ``write_stream``), and the :class:`Client`, :class:`Transaction`,
+:class:`CommitStatus` and :class:`Tid` types. Every name keeps working where it was
+(``coordinator.connect``, ``spark.read_table``, ...). The names load on first use, so that
+``mergetxn.cli`` and the replica processes it starts do not pay for the client or Spark.
+
+The tools live beside them: ``mergetxn.cli`` (the ``mergetxn`` command), ``mergetxn.quickstart``,
+``mergetxn.cluster``, ``mergetxn.zkserver``, ``mergetxn.chaos``; nothing in the layers below
+imports them.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from coordinator.client import Client, CommitStatus, Transaction, connect
+    from coordinator.versions import Tid
+    from mergetxn import errors, spark
+    from mergetxn.cluster import LocalCluster
+
+# name -> (module, attribute or None for the module itself)
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "connect": ("coordinator.client", "connect"),
+    "Client": ("coordinator.client", "Client"),
+    "Transaction": ("coordinator.client", "Transaction"),
+    "CommitStatus": ("coordinator.client", "CommitStatus"),
+    "Tid": ("coordinator.versions", "Tid"),
+    "LocalCluster": ("mergetxn.cluster", "LocalCluster"),
+    "errors": ("mergetxn.errors", None),
+    "spark": ("mergetxn.spark", None),
+}
+
+__all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "errors", "spark"]
+
+
+def __getattr__(name: str) -> Any:
+    entry = _LAZY.get(name)
+    if entry is None:
+        raise AttributeError(f"module 'mergetxn' has no attribute {name!r}")
+    import importlib
+
+    module, attribute = entry
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
