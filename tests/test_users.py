@@ -51,6 +51,8 @@ MATRIX_TEXT = """
 | flush | yes | yes | yes |
 | renew | yes | yes | yes |
 | release | yes | yes | yes |
+| heartbeat | yes | yes | yes |
+| peers | yes | yes | yes |
 | table | yes | yes | yes |
 | describe_table | yes | yes | yes |
 | parts | yes | yes | yes |
@@ -250,7 +252,7 @@ def raw_args(action: str, txn: str | None, table: str = "t") -> tuple[str, dict]
         return "stage", {"id": txn, "ops": [op]}
     args: dict = {
         "wait": {"snapshot": 0}, "commit_status": {"tid": txn or "0-0-r0"}, "app_version": {"app_id": "app"},
-        "flush": {"session": "s", "ack": []}, "renew": {"lease": "nope"}, "release": {"lease": "nope"},
+        "flush": {"session": "s", "ack": []}, "renew": {"lease": "nope"}, "release": {"lease": "nope"}, "heartbeat": {"session": "s"},
         "table": {"name": table}, "describe_table": {"name": table}, "parts": {"table": table},
         "changes": {"table": table, "start": 0}, "events": {"table": table}, "visible": {"table": table},
         "add_read": {"id": txn, "read": {"table": table, "where": None}}, "rollback": {"id": txn},
