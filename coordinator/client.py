@@ -88,10 +88,13 @@ class _StillCommitting(Exception):
 class Client:
     """A client of one replica (``host:port``). ``credentials``: a secured cluster's
     (a :class:`coordinator.security.Credentials` or the path of its credentials file); by
-    default the file named by ``MERGETXN_CREDENTIALS``, if set."""
+    default the file named by ``MERGETXN_CREDENTIALS``, if set. ``timeout``: seconds a call waits
+    for its answer; ``long_calls``: the actions that wait longer, and their least wait (default
+    :data:`LONG_CALLS`; the command line passes ``{}``: its ``--timeout`` bounds every request)."""
 
     def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT,
-                 credentials: Credentials | str | os.PathLike | None = None) -> None:
+                 credentials: Credentials | str | os.PathLike | None = None,
+                 long_calls: Mapping[str, float] | None = None) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
@@ -99,6 +102,7 @@ class Client:
                                f"not {quote(timeout)}")
         self.address = address
         self.timeout = float(timeout)
+        self._long_calls = dict(LONG_CALLS if long_calls is None else _check_long_calls(long_calls))
         self.credentials = security.resolve(credentials)  # who this client logs in as (None: unsecured)
         self._rpc = RpcClient(address, self.timeout, self.credentials)
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
@@ -122,8 +126,8 @@ class Client:
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
         """One request; its answer is waited for ``timeout`` seconds, or longer for the calls
-        that legitimately take longer (:data:`LONG_CALLS`)."""
-        return self._rpc.call(action, args, timeout=max(self.timeout, LONG_CALLS.get(action, 0.0)))
+        that legitimately take longer (``long_calls``)."""
+        return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
 
     def close(self) -> None:
         self._heartbeat.close()
@@ -1264,6 +1268,16 @@ def _not_keys(tdef: TableDef, what: str) -> TableDef:
     if tdef.conflict_policy is Policy.KEYS:
         raise InvalidInput(f"{what} on keys table {quote(tdef.name)} is not supported yet", table=tdef.name)
     return tdef
+
+
+def _check_long_calls(long_calls: object) -> Mapping[str, float]:
+    """``Client(long_calls=...)``: action names to seconds in (0, MAX_TIMEOUT], or InvalidInput."""
+    if not isinstance(long_calls, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_TIMEOUT
+            for k, v in long_calls.items()):
+        raise InvalidInput(f"long_calls must map action names to seconds above 0 and at most {MAX_TIMEOUT:g}, "
+                           f"not {quote(long_calls)}")
+    return long_calls
 
 
 def _as_table(data: Any, table: str) -> pa.Table:

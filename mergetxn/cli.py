@@ -548,7 +548,7 @@ def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.client import Client
 
     ctx = click.get_current_context(silent=True)
-    client = Client(address, timeout=timeout or call_timeout(),
+    client = Client(address, timeout=timeout or call_timeout(), long_calls={},  # --timeout bounds each request
                     credentials=ctx.meta.get("mergetxn.credentials") if ctx else None)
     log.debug("connected to replica %s at %s", client.host_id, address)
     try:

@@ -306,3 +306,15 @@ def test_sessions_survive_the_replica_standing_still() -> None:
 def test_a_session_id_is_bounded(bad: object) -> None:
     with pytest.raises(InvalidInput):
         check_session_id(bad)
+
+
+def test_the_command_line_bounds_every_request_by_its_timeout(cluster: LocalCluster) -> None:
+    """``mergetxn`` promises that --timeout bounds each request: its client has no long-call
+    allowances (a commit to a stopped replica fails within it), while a library client has them."""
+    from mergetxn.cli import connected
+
+    with connected(cluster.replica_addresses[0], 5.0) as cli_client:
+        assert cli_client._long_calls == {}
+    assert cluster.client(0)._long_calls == client_module.LONG_CALLS
+    with pytest.raises(InvalidInput, match="long_calls"):
+        client_module.Client(cluster.replica_addresses[0], long_calls={"commit": -1})
