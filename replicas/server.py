@@ -58,7 +58,7 @@ class ReplicaServer(RpcServer):
         self._peers_seen: tuple[float, list[str]] | None = None
         self._peers_lock = threading.Lock()
         self.handlers = {
-            "info": lambda a: replica.info(),
+            "info": self._info,
             "create_table": self._create_table,
             "table": self._table,
             "alter_table": self._alter_table,
@@ -127,6 +127,14 @@ class ReplicaServer(RpcServer):
         if self.replica.users is None:
             raise InvalidInput(f"replica {self.address} is not secured: it has no users (start it with --credentials)")
         return self.replica.users
+
+    def _info(self, a: dict) -> dict:
+        """The replica's ``info``; a non-admin sees only its own notable transactions in it."""
+        info, who = self.replica.info(), self._grantee(a)
+        if who is not None and who.role is not grants.Role.ADMIN:
+            info["transactions"] = {kind: [t for t in rows if t.get("owner") == who.name]
+                                    for kind, rows in info["transactions"].items()}
+        return info
 
     def _transactions(self, a: dict) -> list[dict]:
         """The running transactions: a non-admin's own only."""
