@@ -563,3 +563,22 @@ def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factor
         tx.insert("t", ROWS)
         client.kill(tx.id)
         assert client.gc() is not None
+
+
+def test_info_shows_a_non_admin_only_its_own_notable_transactions(
+        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    """``info`` lists long-running transactions with their user and client session (what
+    ``mergetxn status`` shows): a writer sees its own there, not another user's; an admin sees all."""
+    admin.create_table("notable", SCHEMA, txn_max_seconds=20)  # long-running after a tenth of that
+    with connect(cluster, made[W]) as w:
+        theirs, mine = admin.begin(), w.begin()
+        theirs.insert("notable", ROWS)
+        mine.insert("notable", ROWS)
+
+        def listed(client: coordinator.Client) -> set[str]:
+            return {t["id"] for t in client.call("info")["transactions"]["long_running"]}
+
+        assert poll(lambda: {theirs.id, mine.id} <= listed(admin), timeout=10), listed(admin)
+        assert listed(w) == {mine.id}
+        mine.rollback()
+        theirs.rollback()
