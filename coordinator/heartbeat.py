@@ -58,11 +58,11 @@ class Heartbeat:
         with self._lock:
             self._held.add(txn)
             self._holds += 1
-            if self._thread is None and not self._stop.is_set():
+            if self._thread is None and not self._stop.is_set():  # its first beat at once: peers learnt early
                 self._thread = threading.Thread(target=self._run, name=f"mergetxn-heartbeat-{self.session[:8]}",
                                                 daemon=True)
+                self._wake.set()
                 self._thread.start()
-        self._wake.set()
 
     def release(self, txn: Any) -> None:
         with self._lock:

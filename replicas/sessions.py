@@ -32,6 +32,11 @@ def check_session_id(session: object) -> str:
     return session
 
 
+# A gap between two expiry checks (the reaper looks every 0.5 s) longer than half the timeout,
+# and at least this, is this process standing still, not its clients.
+MIN_GAP = 1.0
+
+
 class Sessions:
     """When each client session holding running transactions was last heard from."""
 
@@ -63,11 +68,11 @@ class Sessions:
     def expired(self, holding: Iterable[str], now: float) -> dict[str, float]:
         """The sessions among ``holding`` (those with running transactions) silent past the
         timeout, with how long; sessions holding nothing any more are forgotten. A gap in these
-        checks longer than half the timeout means this process stood still (or was starved):
+        checks longer than half the timeout (and MIN_GAP) means this process stood still (or was starved):
         then nobody could be heard, so every session is heard from now instead of expired."""
         holding = set(holding)
         with self._lock:
-            stood_still = self._last_check is not None and now - self._last_check > self.timeout / 2
+            stood_still = self._last_check is not None and now - self._last_check > max(self.timeout / 2, MIN_GAP)
             self._last_check = now
             for s in [s for s in self._heard if s not in holding]:
                 del self._heard[s]

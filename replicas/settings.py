@@ -117,7 +117,7 @@ class ReplicaConfig:
     # Tunable: client sessions (replicas/sessions.py).
     client_session_timeout: float = _setting(
         30.0, "seconds a client session may go unheard (no heartbeat: its process died, stood still or was cut "
-        "off) before its running transactions are aborted", minimum=0.5, maximum=3600, tunable=True)
+        "off) before its running transactions are aborted", minimum=1, maximum=3600, tunable=True)
     credentials_file: Path | None = _setting(
         None, "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
         "grants for clients, ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
