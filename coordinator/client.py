@@ -13,6 +13,7 @@ import functools
 import os
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef, check_retention
 from coordinator.conflicts import Policy, check_app_version
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
+from coordinator.heartbeat import Heartbeat
 from coordinator.model import (
     CommitStatus,
     Compact,
@@ -58,10 +60,22 @@ from parts.ops import (
 )
 from parts.storage import Storage
 
-CALL_TIMEOUT = 600.0
+CALL_TIMEOUT = 30.0  # seconds an ordinary call waits for its answer (connect(timeout=...))
+# Calls whose work legitimately takes longer than an ordinary answer wait at least this long:
+# waits for a snapshot or a table (the replica's read_wait_seconds, 30 s), commits (the group
+# committer, a ZooKeeper member failing over, a rebase that redoes a mutation), and calls that
+# read or rewrite data on the replica (a compaction, a cleanup pass, a check with checksums).
+LONG_CALLS: dict[str, float] = {
+    "begin": 60.0, "table": 60.0, "describe_table": 60.0, "visible": 60.0, "wait": 60.0, "stage": 60.0,
+    "events": 60.0, "flush": 120.0, "changes": 300.0,
+    "commit": 300.0, "commit_parts": 300.0, "create_table": 300.0, "alter_table": 300.0,
+    "compact": 3600.0, "gc": 3600.0, "check": 3600.0,
+}
+MAX_TIMEOUT = 86_400.0
 T = TypeVar("T")
 CONNECT_TIMEOUT = 10.0  # the first answer (info) of a new client: a port that accepts and never answers
 OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
+OUTCOME_ASK = 3.0  # how long one question about that outcome waits for an answer (any replica)
 
 
 _UNCHANGED = object()  # alter_table: a setting not given stays as it is
@@ -74,35 +88,49 @@ class _StillCommitting(Exception):
 class Client:
     """A client of one replica (``host:port``). ``credentials``: a secured cluster's
     (a :class:`coordinator.security.Credentials` or the path of its credentials file); by
-    default the file named by ``MERGETXN_CREDENTIALS``, if set."""
+    default the file named by ``MERGETXN_CREDENTIALS``, if set. ``timeout``: seconds a call waits
+    for its answer; ``long_calls``: the actions that wait longer, and their least wait (default
+    :data:`LONG_CALLS`; the command line passes ``{}``: its ``--timeout`` bounds every request)."""
 
     def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT,
-                 credentials: Credentials | str | os.PathLike | None = None) -> None:
+                 credentials: Credentials | str | os.PathLike | None = None,
+                 long_calls: Mapping[str, float] | None = None) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+            raise InvalidInput(f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, "
+                               f"not {quote(timeout)}")
         self.address = address
+        self.timeout = float(timeout)
+        self._long_calls = dict(LONG_CALLS if long_calls is None else _check_long_calls(long_calls))
         self.credentials = security.resolve(credentials)  # who this client logs in as (None: unsecured)
-        self._rpc = RpcClient(address, timeout, self.credentials)
+        self._rpc = RpcClient(address, self.timeout, self.credentials)
         # Definitions by name with the snapshot they were looked up at: a transaction at snapshot
         # S uses one when the last catalog change at or before S (begin says it) is not after it.
         self._tables: dict[str, tuple[TableDef, int]] = {}
         # Async commits (durability="async") of this client: the replica records them under this
         # session; flush() accounts for each one made since the last flush (see flush).
+        # The session also holds this client's transactions: see coordinator/heartbeat.py.
         self.session = uuid.uuid4().hex
+        self._heartbeat = Heartbeat(self._rpc, self.session)
+        weakref.finalize(self, self._heartbeat.close)
         self._async_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
-        info = self._rpc.call("info", {}, timeout=CONNECT_TIMEOUT)  # answered at once by a live replica
+        info = self._rpc.call("info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout))  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
-        return self._rpc.call(action, args)
+        """One request; its answer is waited for ``timeout`` seconds, or longer for the calls
+        that legitimately take longer (``long_calls``)."""
+        return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
 
     def close(self) -> None:
+        self._heartbeat.close()
         self._rpc.close()
 
     def __enter__(self) -> Client:
@@ -248,7 +276,8 @@ class Client:
         return self.call("tables")
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC) -> Transaction:
+    def begin(self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC,
+              detached: bool = False) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
         changed what its reads returned or could have returned fails it; see
@@ -261,19 +290,34 @@ class Client:
         applied state plus its own writes, not its snapshot; snapshot isolation only.
         ``durability="async"`` (only with ``atomicity="none"``): ``commit()`` returns None once the
         replica holds the commit in memory; :meth:`flush` waits until it is durable. See
-        coordinator/atomicity.py and replicas/async_commits.py."""
+        coordinator/atomicity.py and replicas/async_commits.py.
+
+        The transaction belongs to this client's session, which the client keeps alive while it
+        holds it (coordinator/heartbeat.py): once this process dies, stands still or is cut off
+        for the replica's ``client_session_timeout``, the replica aborts it. ``detached=True``:
+        no session holds it (a Spark job hands its transaction from the process that began it to
+        the one that commits it); only its time limit (``txn_max_seconds``) ends it then."""
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
+        if not isinstance(detached, bool):
+            raise InvalidInput(f"detached must be True or False, not {quote(detached)}")
+        if detached and durability != SYNC:
+            raise InvalidInput("a detached transaction cannot have durability='async' (client.flush() follows "
+                               "async commits by the client's session)")
         modes: dict[str, Any] = {}
         if atomicity != FULL:
             modes["atomicity"] = atomicity
         if durability != SYNC:
-            modes.update(durability=durability, session=self.session)
+            modes["durability"] = durability
+        if not detached:
+            modes["session"] = self.session
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex, **modes)
         tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
         tx._isolation, tx._atomicity, tx._durability = isolation, atomicity, durability
+        if not detached:
+            self._heartbeat.hold(tx, r.get("client_session_timeout"))
         return tx
 
     def flush(self) -> int | None:
@@ -649,6 +693,23 @@ class Client:
         r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
         return CommitStatus.from_dict(r)
 
+    def _status_anywhere(self, tid: str) -> CommitStatus:
+        """``commit_status`` from this client's replica or, when it does not answer (it died or
+        stands still), from another live replica (learnt beforehand: coordinator/heartbeat.py),
+        which decides the outcome once the owner is gone. Each question waits OUTCOME_ASK."""
+        try:
+            return CommitStatus.from_dict(self._rpc.call("commit_status", {"tid": tid}, timeout=OUTCOME_ASK))
+        except ReplicaUnavailable as own:
+            for address in self._heartbeat.peers:
+                other = RpcClient(address, OUTCOME_ASK, self.credentials)
+                try:
+                    return CommitStatus.from_dict(other.call("commit_status", {"tid": tid}))
+                except ReplicaUnavailable:
+                    continue
+                finally:
+                    other.close()
+            raise own
+
     def commit_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
                      partitions: Sequence[Any] | None = None, apps: Mapping[str, int] | None = None) -> int:
         """Commit parts already written to storage as a transaction of their own, in one round
@@ -778,6 +839,10 @@ class Transaction:
                 self.rollback()
             except errors.MergetxnError:
                 pass
+
+    def _end(self) -> None:
+        self._ended = True
+        self.client._heartbeat.release(self)  # its session need not be kept alive for it any more
 
     def _check_open(self) -> None:
         if self._ended:
@@ -1137,14 +1202,14 @@ class Transaction:
             if self._durability == ASYNC:
                 self.client._async_queued(self.id)
         finally:
-            self._ended = True
+            self._end()
         return None if self._durability == ASYNC else self.csn
 
     def _outcome(self) -> int:
         """The connection broke after the commit was sent: ask the replica (once it answers
         again) whether it committed, instead of leaving the caller not knowing."""
         what, how = f"transaction {self.id}", f"commit_status({quote(self.id)}) on any replica"
-        status = _await_outcome(lambda: self.client.commit_status(self.id), what, how)
+        status = _await_outcome(lambda: self.client._status_anywhere(self.id), what, how)
         if status.status == "running":
             # The commit never reached the replica (the connection broke before it was read):
             # end the transaction there, so that "did not commit" stays true.
@@ -1165,7 +1230,7 @@ class Transaction:
                                id=self.id, csn=self.csn)
         if self._ended:
             return
-        self._ended = True
+        self._end()
         self.client.call("rollback", id=self.id)
 
 
@@ -1219,6 +1284,16 @@ def _not_keys(tdef: TableDef, what: str) -> TableDef:
     if tdef.conflict_policy is Policy.KEYS:
         raise InvalidInput(f"{what} on keys table {quote(tdef.name)} is not supported yet", table=tdef.name)
     return tdef
+
+
+def _check_long_calls(long_calls: object) -> Mapping[str, float]:
+    """``Client(long_calls=...)``: action names to seconds in (0, MAX_TIMEOUT], or InvalidInput."""
+    if not isinstance(long_calls, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_TIMEOUT
+            for k, v in long_calls.items()):
+        raise InvalidInput(f"long_calls must map action names to seconds above 0 and at most {MAX_TIMEOUT:g}, "
+                           f"not {quote(long_calls)}")
+    return long_calls
 
 
 def _as_table(data: Any, table: str) -> pa.Table:

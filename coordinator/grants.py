@@ -58,6 +58,8 @@ ACTIONS: dict[str, Rule] = {
     "info": Rule(_R), "tables": Rule(_R), "snapshot": Rule(_R), "wait": Rule(_R),
     "app_version": Rule(_R), "flush": Rule(_R), "renew": Rule(_R), "release": Rule(_R),
     "transactions": Rule(_R),  # a non-admin sees its own only (replicas/server.py)
+    "heartbeat": Rule(_R),  # a client's session is alive (replicas/sessions.py)
+    "peers": Rule(_R),  # the other live replicas' addresses (where to ask for an outcome)
     "commit_status": Rule(_R, "table"),  # by tid, or by part with its table
     # A table's definition (its schema: what a statement needs first) any user may look up, as
     # PostgreSQL's catalogs are; what a table holds only a user with a grant on it.

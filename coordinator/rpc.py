@@ -845,7 +845,8 @@ class RpcClient:
         connection (a replica restarted since the last call); a failure after sending is
         ReplicaUnavailable, because the action may or may not have happened, except that an
         action in IDEMPOTENT whose connection closed before it answered is sent once more.
-        ``timeout``: for this call's answer instead of the client's (a call that must be quick)."""
+        ``timeout``: for this call's answer instead of the client's (a call that must be quick,
+        or one that legitimately takes longer)."""
         try:
             return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}), timeout)
         except _Resend as exc:
@@ -854,7 +855,7 @@ class RpcClient:
     def _attempt(self, action: str, payload: bytes, timeout: float | None = None) -> Any:
         sock, rfile = self._connection()
         if timeout is not None:
-            sock.settimeout(min(timeout, self._timeout))
+            sock.settimeout(timeout)
         try:
             return self._exchange(sock, rfile, action, payload)
         finally:
@@ -930,5 +931,5 @@ def _local(sock: socket.socket) -> str:
 # Actions that may be sent again when a connection closed before answering.
 IDEMPOTENT = frozenset({
     "info", "begin", "table", "tables", "visible", "snapshot", "wait", "transactions", "parts", "commit_status",
-    "describe_table", "app_version", "set_app_version", "add_read", "flush",
+    "describe_table", "app_version", "set_app_version", "add_read", "flush", "heartbeat", "peers",
 })

@@ -548,7 +548,7 @@ def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.client import Client
 
     ctx = click.get_current_context(silent=True)
-    client = Client(address, timeout=timeout or call_timeout(),
+    client = Client(address, timeout=timeout or call_timeout(), long_calls={},  # --timeout bounds each request
                     credentials=ctx.meta.get("mergetxn.credentials") if ctx else None)
     log.debug("connected to replica %s at %s", client.host_id, address)
     try:
@@ -1531,6 +1531,14 @@ def _ago(when: Any) -> str:
     return "" if not isinstance(when, (int, float)) else f"{max(0.0, time.time() - when):.0f}s ago"
 
 
+def _holder(t: dict) -> str:
+    """Who holds a running transaction: its user and client session (replicas/sessions.py)."""
+    who = f"user {t['owner']}, " if t.get("owner") else ""
+    if t.get("session") is None:
+        return who + "no client session (only its time limit ends it)"
+    return who + f"client session {t['session']} (last heard {t['session_silent_seconds']:.1f}s ago)"
+
+
 def print_status(report: dict) -> None:
     out = console()
     zk = report["zookeeper"]
@@ -1563,6 +1571,10 @@ def print_status(report: dict) -> None:
     if oldest:
         out.print(f"oldest snapshot in use: {oldest['snapshot']}, held by {escape(str(oldest['holder']))} on "
                   f"{escape(oldest['host'])}; running transactions: {report['running_transactions']}")
+    for kind, what in (("long_running", "long-running"), ("orphaned", "orphaned")):
+        for t in (report.get("transactions") or {}).get(kind, ()):
+            out.print(f"{what} transaction {escape(t['id'])} on {escape(t['host'])}: {t['age_seconds']:.0f}s old, "
+                      f"held by {escape(_holder(t))}", soft_wrap=True)
     last = report.get("last_cleanup")
     if last:
         result = f"failed: {last['last_error']}" if last.get("last_error") else (

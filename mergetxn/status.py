@@ -257,6 +257,9 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     oldest = min(ok, key=lambda r: r["oldest_snapshot"]["snapshot"], default=None)
     report["oldest_snapshot"] = None if oldest is None else {**oldest["oldest_snapshot"], "host": oldest["host_id"]}
     report["running_transactions"] = sum(r["running_transactions"] for r in ok)
+    report["transactions"] = {kind: sorted(({**t, "host": r["host_id"]} for r in ok for t in r["transactions"][kind]),
+                                           key=lambda t: -t["age_seconds"])
+                              for kind in ("long_running", "orphaned")}
     cleaned = [r for r in ok if r["cleanup"]["last_at"] is not None]
     last = max(cleaned, key=lambda r: r["cleanup"]["last_at"], default=None)
     report["last_cleanup"] = None if last is None else {"host": last["host_id"], **last["cleanup"]}
@@ -313,4 +316,6 @@ def _from_info(info: dict) -> dict[str, Any]:
         "log_failure": info.get("log_failure"),
         "metrics_address": info.get("metrics_address"),
         "committer": info.get("committer"),
+        # Long-running and orphaned transactions with their holders (replicas/registry.py notable).
+        "transactions": info.get("transactions") or {"long_running": [], "orphaned": []},
     }

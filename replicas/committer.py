@@ -626,6 +626,7 @@ class Committer:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
         else:
             csn = result.csn
+        failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/test_sessions.py)
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
         now = time.monotonic()

@@ -49,6 +49,7 @@ from parts.format import part_path
 from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.cleanup import MIN_GRACE
+from replicas.sessions import Sessions, check_session_id
 from replicas.transactions import RunningTxn
 
 if TYPE_CHECKING:
@@ -79,6 +80,7 @@ class Transactions:
         self._txn_lock = threading.Lock()
         self._begun: OrderedDict[str, tuple[float, RunningTxn]] = OrderedDict()  # begin token -> txn
         self._counter = itertools.count()
+        self.sessions = Sessions(self.config.client_session_timeout)  # replicas/sessions.py
 
     @property
     def wal(self) -> Wal:
@@ -98,6 +100,8 @@ class Transactions:
             raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         atomicity, durability = check_modes(atomicity, durability)
         session = check_session(session, durability)
+        if session is not None:  # a sync transaction's session holds it (replicas/sessions.py)
+            session = check_session_id(session)
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
         if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
@@ -118,6 +122,8 @@ class Transactions:
             txn = RunningTxn(tid=tid, snapshot=tid.start_csn, atomicity=atomicity, durability=durability,
                              session=session, owner=owner)
             self.txns[txn.id] = txn
+            if session is not None:
+                self.sessions.began(session, now)
             if token is not None:
                 self._begun[token] = (now, txn)
         self.replica.history.on_begin(txn)
@@ -565,8 +571,49 @@ class Transactions:
             log.warning("could not delete %s: %r", relpath, exc)
 
     def reap(self) -> None:
-        """Abort the running transactions past their time limit (the replica's reaper thread)."""
+        """Abort the running transactions past their time limit, and those whose client session
+        went silent (the replica's reaper thread, replicas/sessions.py)."""
         now = time.monotonic()
         for txn in list(self.txns.values()):
             if txn.state == TxnState.RUNNING and now - txn.started > self.time_limit(txn)[0]:
                 self.abort(txn, self.time_reason(txn))
+        with self._txn_lock:  # with begin: a session that began a transaction is never forgotten
+            running = [t for t in self.txns.values() if t.state == TxnState.RUNNING and t.session is not None]
+            gone = self.sessions.expired({t.session for t in running}, now)
+        for txn in running:
+            if txn.session in gone:
+                if self.abort(txn, self.session_reason(txn, gone[txn.session])):
+                    log.info("transaction %s aborted: %s", txn.id, txn.reason)
+
+    def session_reason(self, txn: RunningTxn, silent: float) -> str:
+        timeout = self.config.client_session_timeout
+        return (f"transaction {txn.id} was aborted: its client session {txn.session} was not heard from for "
+                f"{silent:.1f}s, more than the session timeout (client_session_timeout={timeout:g}s): the client "
+                "process died, stood still or lost its connection")
+
+    def heartbeat(self, session: object) -> dict:
+        """A client's session is alive: its running transactions here stay."""
+        session = check_session_id(session)
+        known = self.sessions.heard(session, time.monotonic())
+        return {"known": known, "client_session_timeout": self.config.client_session_timeout}
+
+    def notable(self) -> dict:
+        """Running transactions an operator should look at (``mergetxn status``): long-running
+        ones (past a tenth of their time limit) and orphaned ones (their client session silent for
+        half the session timeout, or held by no session and older than the session timeout: only
+        their time limit ends those), each with its holder."""
+        now, timeout = time.monotonic(), self.config.client_session_timeout
+        long, orphaned = [], []
+        with self._txn_lock:
+            txns = [t for t in self.txns.values() if t.state == TxnState.RUNNING]
+        for t in txns:
+            age = now - t.started
+            silent = self.sessions.silent_for(t.session, now) if t.session is not None else None
+            row = {"id": t.id, "age_seconds": round(age, 3), "owner": t.owner, "session": t.session,
+                   "session_silent_seconds": None if silent is None else round(silent, 3)}
+            if age > self.time_limit(t)[0] / 10:
+                long.append(row)
+            if (silent is not None and silent > timeout / 2) or (silent is None and age > timeout):
+                orphaned.append(row)
+        by_age = lambda r: -r["age_seconds"]  # noqa: E731
+        return {"long_running": sorted(long, key=by_age)[:20], "orphaned": sorted(orphaned, key=by_age)[:20]}

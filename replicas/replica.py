@@ -563,6 +563,7 @@ class Replica:
             "lag": {"entries": lag_entries, "seconds": round(lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": len(self.transactions.txns),
+            "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
             "cleanup": {"passes": self.cleanup.passes, "failures": self.cleanup.failures,
                         "files_removed": self.cleanup.files_removed, "last_at": self.cleanup.last_gc_at,
                         "last_error": self.cleanup.last_gc_error, "watermark": self.cleanup.watermark,

@@ -19,10 +19,12 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from coordinator import grants, keys
+from coordinator.alive import read_alive
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy
 from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError
@@ -37,8 +39,10 @@ from replicas.users import Users
 
 log = logging.getLogger(__name__)
 
+PEERS_SECONDS = 2.0  # how long the answer to ``peers`` is reused (it reads every alive node)
+
 # Actions that only read what the replica holds in memory: never a wait, never any I/O.
-_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version"})
+_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version", "heartbeat"})
 
 
 class ReplicaServer(RpcServer):
@@ -51,8 +55,10 @@ class ReplicaServer(RpcServer):
         self.replica = replica
         self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"
+        self._peers_seen: tuple[float, list[str]] | None = None
+        self._peers_lock = threading.Lock()
         self.handlers = {
-            "info": lambda a: replica.info(),
+            "info": self._info,
             "create_table": self._create_table,
             "table": self._table,
             "alter_table": self._alter_table,
@@ -67,6 +73,8 @@ class ReplicaServer(RpcServer):
             "add_read": lambda a: txns.add_read(a["id"], a["read"]),
             "flush": self._flush_async,
             "rollback": lambda a: txns.rollback(a["id"]),
+            "heartbeat": lambda a: txns.heartbeat(a["session"]),
+            "peers": self._peers,
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
             "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
@@ -120,12 +128,31 @@ class ReplicaServer(RpcServer):
             raise InvalidInput(f"replica {self.address} is not secured: it has no users (start it with --credentials)")
         return self.replica.users
 
+    def _info(self, a: dict) -> dict:
+        """The replica's ``info``; a non-admin sees only its own notable transactions in it."""
+        info, who = self.replica.info(), self._grantee(a)
+        if who is not None and who.role is not grants.Role.ADMIN:
+            info["transactions"] = {kind: [t for t in rows if t.get("owner") == who.name]
+                                    for kind, rows in info["transactions"].items()}
+        return info
+
     def _transactions(self, a: dict) -> list[dict]:
         """The running transactions: a non-admin's own only."""
         who, listed = self._grantee(a), self.transactions.describe()
         if who is None or who.role is grants.Role.ADMIN:
             return listed
         return [t for t in listed if t.get("owner") == who.name]
+
+    def _peers(self, a: dict) -> dict:
+        """The addresses of the other live replicas: where a client asks for the outcome of a
+        commit whose replica died before answering (coordinator/heartbeat.py)."""
+        with self._peers_lock:
+            now = time.monotonic()
+            if self._peers_seen is None or now - self._peers_seen[0] > PEERS_SECONDS:
+                alive = read_alive(self.replica.zk, self.replica.log)
+                self._peers_seen = (now, sorted(r.address for h, r in alive.items()
+                                                if r.address and h != self.replica.host_id))
+            return {"replicas": list(self._peers_seen[1])}
 
     def _tables(self, a: dict) -> list[str]:
         """The tables: those a user has grants on, when it has grants on some only."""
@@ -340,7 +367,8 @@ class ReplicaServer(RpcServer):
         txn = self.transactions.begin(a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"),
                                       a.get("session"), owner=_user(a))
         return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot,
-                "ddl": self.replica.state.last_ddl(txn.snapshot)}
+                "ddl": self.replica.state.last_ddl(txn.snapshot),
+                "client_session_timeout": self.replica.config.client_session_timeout}
 
     def _flush_async(self, a: dict) -> dict:
         """``client.flush()``: wait for the async commits of session ``session`` queued so far

@@ -114,6 +114,10 @@ class ReplicaConfig:
     txn_max_seconds: float = _setting(3600.0, "a transaction running longer is aborted", minimum=0, above=True)
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
+    # Tunable: client sessions (replicas/sessions.py).
+    client_session_timeout: float = _setting(
+        30.0, "seconds a client session may go unheard (no heartbeat: its process died, stood still or was cut "
+        "off) before its running transactions are aborted", minimum=1, maximum=3600, tunable=True)
     credentials_file: Path | None = _setting(
         None, "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
         "grants for clients, ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)

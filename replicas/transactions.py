@@ -142,4 +142,5 @@ class RunningTxn:
             "atomicity": self.atomicity,
             "durability": self.durability,
             "owner": self.owner,
+            "session": self.session,  # the client session holding it (replicas/sessions.py)
         }

@@ -343,8 +343,8 @@ class MergetxnDataSource(DataSource):
             url = client.call("info")["storage_url"]
             if s.txn is not None:
                 tx = join(client, s)
-            else:
-                tx = client.begin()
+            else:  # committed by another process (the commit runner): no client session holds it
+                tx = client.begin(detached=True)
             try:  # the rows are written for the table as the transaction sees it
                 tdef = tx.table(s.table)
                 check_write_schema(tdef, schema)

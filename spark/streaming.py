@@ -223,7 +223,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
                                            f"{exc.message}", table=s.table) from None
             check_write_schema(tdef, StructType.fromJson(_loads(self.schema_json)))
             url = client.call("info")["storage_url"]
-            tx = client.begin()
+            tx = client.begin(detached=True)  # committed by the commit runner: no client session holds it
             self.tdef, self.storage_url, self.txn_id = tdef.to_dict(), url, tx.id
 
     def _batch_writer(self, txn_id: str) -> MergetxnWriter:

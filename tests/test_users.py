@@ -51,6 +51,8 @@ MATRIX_TEXT = """
 | flush | yes | yes | yes |
 | renew | yes | yes | yes |
 | release | yes | yes | yes |
+| heartbeat | yes | yes | yes |
+| peers | yes | yes | yes |
 | table | yes | yes | yes |
 | describe_table | yes | yes | yes |
 | parts | yes | yes | yes |
@@ -250,7 +252,7 @@ def raw_args(action: str, txn: str | None, table: str = "t") -> tuple[str, dict]
         return "stage", {"id": txn, "ops": [op]}
     args: dict = {
         "wait": {"snapshot": 0}, "commit_status": {"tid": txn or "0-0-r0"}, "app_version": {"app_id": "app"},
-        "flush": {"session": "s", "ack": []}, "renew": {"lease": "nope"}, "release": {"lease": "nope"},
+        "flush": {"session": "s", "ack": []}, "renew": {"lease": "nope"}, "release": {"lease": "nope"}, "heartbeat": {"session": "s"},
         "table": {"name": table}, "describe_table": {"name": table}, "parts": {"table": table},
         "changes": {"table": table, "start": 0}, "events": {"table": table}, "visible": {"table": table},
         "add_read": {"id": txn, "read": {"table": table, "where": None}}, "rollback": {"id": txn},
@@ -561,3 +563,22 @@ def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factor
         tx.insert("t", ROWS)
         client.kill(tx.id)
         assert client.gc() is not None
+
+
+def test_info_shows_a_non_admin_only_its_own_notable_transactions(
+        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    """``info`` lists long-running transactions with their user and client session (what
+    ``mergetxn status`` shows): a writer sees its own there, not another user's; an admin sees all."""
+    admin.create_table("notable", SCHEMA, txn_max_seconds=20)  # long-running after a tenth of that
+    with connect(cluster, made[W]) as w:
+        theirs, mine = admin.begin(), w.begin()
+        theirs.insert("notable", ROWS)
+        mine.insert("notable", ROWS)
+
+        def listed(client: coordinator.Client) -> set[str]:
+            return {t["id"] for t in client.call("info")["transactions"]["long_running"]}
+
+        assert poll(lambda: {theirs.id, mine.id} <= listed(admin), timeout=10), listed(admin)
+        assert listed(w) == {mine.id}
+        mine.rollback()
+        theirs.rollback()
