@@ -760,7 +760,9 @@ def replica_start(**values: Any) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
 
     Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
-    Ctrl-C or SIGTERM stops it cleanly.
+    Ctrl-C or SIGTERM stops it cleanly, SIGHUP reopens --log-file. Refused (exit 2, nothing
+    registered) when a live replica holds --host-id, a port is in use or --storage is not the
+    cluster's.
     """
     from coordinator.versions import check_host_id
     from replicas.server import run
