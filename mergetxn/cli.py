@@ -817,6 +817,9 @@ def replica_retire(host_id: str, replica: str | None, zk_hosts: str | None, root
         with connected(replica) as client:
             info = client.call("info")
         zk_hosts, root = info["zk"], info["root"]
+    kazoo_log = logging.getLogger("kazoo")
+    if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is one error line
+        kazoo_log.setLevel(logging.CRITICAL)
     incarnation = retire(zk_hosts, root, host_id, call_timeout(), creds)
     console().print(f"replica {host_id} retired (its incarnation {incarnation} is fenced); `mergetxn status` no "
                     "longer counts it", soft_wrap=True)
