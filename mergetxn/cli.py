@@ -760,7 +760,9 @@ def replica_start(**values: Any) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
 
     Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
-    Ctrl-C or SIGTERM stops it cleanly.
+    Ctrl-C or SIGTERM stops it cleanly, SIGHUP reopens --log-file. Refused (exit 2, nothing
+    registered) when a live replica holds --host-id, a port is in use or --storage is not the
+    cluster's.
     """
     from coordinator.versions import check_host_id
     from replicas.server import run
@@ -784,6 +786,43 @@ def replica_start(**values: Any) -> None:
     except Exception as exc:  # e.g. ZooKeeper unreachable: one line, not a traceback
         log.debug("replica failed", exc_info=True)
         fail(f"replica {host_id} failed: {type(exc).__name__}: {exc}", EXIT_UNAVAILABLE)
+
+
+@replica.command("retire")
+@click.argument("host_id", metavar="ID")
+@click.option("--replica", envvar=ENV_REPLICA, default=None, metavar="HOST:PORT",
+              help=f"Ask this (other) replica where ZooKeeper is (default: ${ENV_REPLICA}).")
+@click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
+              help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.")
+@click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
+@click.option("--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, metavar="FILE",
+              help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): its ZooKeeper "
+                   "nodes are the replicas' identity's only.")
+@timeout_option
+def replica_retire(host_id: str, replica: str | None, zk_hosts: str | None, root: str,
+                   credentials: Path | None) -> None:
+    """Retire replica ID for good: `status` stops counting it, and no transaction it began can
+    commit any more. Refused (exit 2) while it is alive (stop it first) or if no replica ID is
+    registered. Starting a replica with that --host-id again registers it anew.
+    """
+    from coordinator.security import Credentials
+    from mergetxn.status import retire
+
+    creds = None if credentials is None else Credentials.from_file(credentials)
+    click.get_current_context().meta["mergetxn.credentials"] = creds  # connected() takes them
+    if zk_hosts is None:
+        if replica is None:
+            raise click.UsageError(f"give --replica (or set {ENV_REPLICA}) or --zk")
+        with connected(replica) as client:
+            info = client.call("info")
+        zk_hosts, root = info["zk"], info["root"]
+    kazoo_log = logging.getLogger("kazoo")
+    if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is one error line
+        kazoo_log.setLevel(logging.CRITICAL)
+    incarnation = retire(zk_hosts, root, host_id, call_timeout(), creds)
+    console().print(f"replica {host_id} retired (its incarnation {incarnation} is fenced); `mergetxn status` no "
+                    "longer counts it", soft_wrap=True)
 
 
 # -- tables ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Any
 
-from coordinator.errors import MergetxnError
+from coordinator.errors import InvalidInput, MergetxnError
 from coordinator.versions import csn_of
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
 
     from coordinator import jsonwire
     from coordinator.alive import read_alive
+    from coordinator.alive import registered as registered_hosts
     from coordinator.security import zk_client_args
     from coordinator.zklog import CsnLog, given_out
 
@@ -138,7 +139,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
         layout = CsnLog(zk, root)
         if zk.exists(layout.log_path()) is None:
             return {"error": f"no mergetxn cluster at {hosts} under {layout.root} (no {layout.log_path()})"}
-        registered = sorted(zk.get_children(layout.replicas_path())) if zk.exists(layout.replicas_path()) else []
+        registered = registered_hosts(zk, layout) if zk.exists(layout.replicas_path()) else []
         alive = read_alive(zk, layout)
         end, entries, epochs = 0, 0, 0
         for e in layout.epochs():
@@ -173,6 +174,37 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
             zk.stop()
             zk.close()
         except Exception:  # pragma: no cover - closing anyway
+            pass
+
+
+def retire(hosts: str, root: str, host_id: str, timeout: float, credentials: Any = None) -> int:
+    """Retire replica ``host_id`` for good (coordinator/alive.py, :func:`~coordinator.alive.retire`):
+    refused (InvalidInput) while it is alive or if it was never registered; ReplicaUnavailable
+    when ZooKeeper does not answer within ``timeout``. Returns the incarnation it fenced."""
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    from coordinator.alive import retire as retire_host
+    from coordinator.errors import ReplicaUnavailable
+    from coordinator.security import zk_client_args
+    from coordinator.zklog import CsnLog
+
+    zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
+                     command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
+    try:
+        try:
+            zk.start(timeout=timeout)
+        except Exception as exc:  # kazoo's timeout, or a bad connection string
+            raise ReplicaUnavailable(f"cannot connect to ZooKeeper {hosts}: {type(exc).__name__}: {exc}") from None
+        layout = CsnLog(zk, root)
+        if zk.exists(layout.log_path()) is None:
+            raise InvalidInput(f"no mergetxn cluster at {hosts} under {layout.root}", root=layout.root)
+        return retire_host(zk, layout, host_id)
+    finally:
+        try:
+            zk.stop()
+            zk.close()
+        except Exception:  # pragma: no cover - giving up anyway
             pass
 
 
@@ -226,7 +258,7 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         info = infos.get(addresses.get(h, ""), {}) if h in addresses else {}
         if h not in alive:
             row["state"] = "down"
-            row["error"] = "registered, but no alive node (stopped, or its ZooKeeper session expired)"
+            row["error"] = "registered, but no alive node (stopped, or its ZooKeeper session expired; retire it for good with `mergetxn replica retire`)"
         elif "error" in info:
             row["state"] = "unreachable"
             row["error"] = info["error"]

@@ -141,9 +141,7 @@ class Cleanup:
         if c.gc_interval > 0 and now - self._last_gc >= c.gc_interval:
             self._last_gc = now
             orphans = now - self._last_orphans >= max(c.gc_interval, max(c.gc_grace_seconds, MIN_GRACE) / 2)
-            report = self.gc(orphans=orphans, wait=False, detail=False)
-            if report and report["removed"]:
-                log.info("cleanup removed %d files", len(report["removed"]))
+            self.gc(orphans=orphans, wait=False, detail=False)
 
     def gc(self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True,
            detail: bool = True) -> dict | None:
@@ -171,6 +169,9 @@ class Cleanup:
         self.passes += 1
         self.files_removed += len(report["removed"])
         self.last_gc_report, self.last_gc_at, self.last_gc_error = report, time.time(), None
+        log.info("cleanup pass: removed %d files, kept %d, young orphans %s, watermark CSN %s, %.2fs",
+                 len(report["removed"]), len(report.get("kept", ())),
+                 report.get("young_orphans"), report.get("watermark"), report.get("seconds") or 0.0)
         return report
 
     def alive(self) -> dict[str, AliveRecord]:

@@ -629,6 +629,8 @@ class Committer:
         failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/test_sessions.py)
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
+        log.info("committed a batch of %d transaction(s) at CSN %d: %s%s", len(accepted), csn,
+                 ", ".join(p.txn.id if p.txn is not None else "?" for p, _ in accepted[:5]), ", ..." if len(accepted) > 5 else "")
         now = time.monotonic()
         for p, plan in accepted:
             self.committed += 1
@@ -697,7 +699,7 @@ class Committer:
         if p.txn is not None:
             with p.txn.lock:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
-            self.replica.transactions.abort(p.txn, str(exc))
+            self.replica.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
                 self.replica.transactions._delete_file(meta.path)
         p.resolve(error=exc)

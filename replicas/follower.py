@@ -69,7 +69,8 @@ class Follower:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a start that failed may never have started it
+            self._thread.join(timeout=5)
 
     def poke(self, *_: object) -> None:
         self._pokes += 1

@@ -6,11 +6,17 @@ logger, e.g. ``"DEBUG"`` or ``"INFO,kazoo=DEBUG"``. Every other library stays at
 named: at DEBUG kazoo logs every ZooKeeper packet and botocore every request, signatures
 included. Lines go to stderr, or to a file (appended) when one is given. Environment defaults:
 ``MERGETXN_LOG`` (the spec) and ``MERGETXN_LOG_FILE``.
+
+A log file is rotated from outside (``logrotate``, then ``kill -HUP``): a replica's SIGHUP calls
+:func:`reopen`, which opens the file at its path again (a new one if it was moved away); the
+handler also notices by itself that its file was moved or removed (``WatchedFileHandler``), so a
+line is never written into a rotated-away file for long.
 """
 
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import os
 import sys
 from pathlib import Path
@@ -55,7 +61,7 @@ def configure(spec: str | None = None, file: str | os.PathLike | None = None) ->
     if file is not None:
         try:
             Path(file).parent.mkdir(parents=True, exist_ok=True)
-            handler: logging.Handler = logging.FileHandler(file, encoding="utf-8")
+            handler: logging.Handler = logging.handlers.WatchedFileHandler(file, encoding="utf-8")
         except OSError as exc:
             raise InvalidInput(f"cannot open log file {file}: {exc}") from None
     else:
@@ -85,6 +91,23 @@ class _Stderr(logging.StreamHandler):
     @stream.setter
     def stream(self, value) -> None:
         pass
+
+
+def reopen() -> None:
+    """Open the log file again at its path (after a rotation: a replica's SIGHUP); nothing for
+    stderr. Each handler's own lock orders it with the threads writing lines."""
+    for h in logging.getLogger().handlers:
+        if getattr(h, "_mergetxn", False) and isinstance(h, logging.FileHandler):
+            h.acquire()
+            try:
+                if h.stream is not None:
+                    h.stream.close()
+                h.stream = h._open()
+                if isinstance(h, logging.handlers.WatchedFileHandler):
+                    h._statstream()
+            finally:
+                h.release()
+    logging.getLogger(__name__).info("log file reopened")
 
 
 def configured() -> bool:

@@ -13,17 +13,24 @@ the newest entry in ZooKeeper, how many entries it holds, the sizes of the WAL a
 checkpoints. A replica's lag is then the entries between its applied CSN and that end, and the
 seconds since it first saw an entry it has not applied yet (0 when it has applied all it saw).
 ``info`` (and ``mergetxn status``) report both.
+
+The same port answers ``/healthz`` (200 while the process and its RPC loop run) and ``/ready``
+(200 while the replica serves and is caught up: see :func:`ready_problem`; 503 with the reason
+otherwise), for supervisors and load balancers; every other path but ``/metrics`` is 404.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import platform
+import threading
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from coordinator.errors import ConflictKind
 from coordinator.versions import csn_of, split_csn
@@ -36,6 +43,43 @@ log = logging.getLogger(__name__)
 #: Upper bounds (seconds) of the commit latency histogram's buckets; +Inf is implied.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 MAX_PENDING = 10_000  # LogWatch: log ends seen and not applied yet that it remembers
+READY_MAX_LAG_SECONDS = 3.0  # /ready: how long an entry seen in the log may stay unapplied
+ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")  # kazoo's KazooState values
+
+#: Why transactions end aborted, as the ``reason`` label of ``mergetxn_transactions_aborted_total``
+#: (replicas/registry.py counts them), matched against the start of the reason when none is given.
+ABORT_REASONS = ("rolled_back", "killed", "conflict", "time_limit", "row_limit", "session_lost",
+                 "client_session_timeout", "fenced",
+                 "storage", "invalid", "failed", "other")
+
+
+def abort_kind(reason: str) -> str:
+    """The ``reason`` label for an abort whose caller named no kind, from its message."""
+    text = reason.lower()
+    for needle, kind in (("killed by an operator", "killed"), ("time limit", "time_limit"),
+                         ("row limit", "row_limit"), ("lost its zookeeper session", "session_lost"),
+                         ("was fenced", "fenced"), ("rolled back", "rolled_back")):
+        if needle in text:
+            return kind
+    return "other"
+
+
+def ready_problem(serving: bool, zk_state: str, session_lost: bool, awake: bool, log_failure: object,
+                  lag_seconds: float, max_lag: float = READY_MAX_LAG_SECONDS) -> str | None:
+    """Why a replica is not ready to take clients (None when it is): not serving yet, without a
+    usable ZooKeeper session, standing still since a pause, stopped at a log entry it cannot
+    apply, or an entry it saw in the log left unapplied for more than ``max_lag`` seconds."""
+    if not serving:
+        return "not serving yet"
+    if zk_state != "CONNECTED" or session_lost:
+        return f"no usable ZooKeeper session ({'LOST' if session_lost else zk_state})"
+    if not awake:
+        return "making sure of its ZooKeeper session after standing still"
+    if log_failure is not None:
+        return f"stopped at a log entry it cannot apply: {log_failure}"
+    if lag_seconds > max_lag:
+        return f"catching up: an entry of the log has waited {lag_seconds:.1f}s (more than {max_lag:g}s)"
+    return None
 
 
 class CommitStats:
@@ -219,14 +263,88 @@ class ReplicaCollector:
         for outcome, n in sorted(r.merges.outcomes.copy().items()):
             merges.add_metric([r.host_id, outcome], n)
         yield merges
+        aborted = CounterMetricFamily("mergetxn_transactions_aborted", "Transactions that ended aborted here, "
+                                      "by reason", labels=["replica", "reason"])
+        counts = r.transactions.abort_counts()
+        for reason in sorted(set(ABORT_REASONS) | set(counts)):
+            aborted.add_metric([r.host_id, reason], counts.get(reason, 0))
+        yield aborted
+        state = str(r.zk.state)
+        session = GaugeMetricFamily("mergetxn_zookeeper_session_state", "1 for the state this replica's ZooKeeper "
+                                    "session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",
+                                    labels=["replica", "state"])
+        for name in ZK_STATES:
+            session.add_metric([r.host_id, name], 1 if state == name else 0)
+        yield session
+        yield gauge("zookeeper_session_lost", "1 while the session was lost and a new one is not registered yet",
+                    1 if r._session_lost.is_set() else 0)
+        yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", r.incarnation)
+        yield gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
+        info = GaugeMetricFamily("mergetxn_build_info", "The mergetxn version this replica runs (always 1)",
+                                 labels=["replica", "version", "python"])
+        info.add_metric([r.host_id, _build_version(), platform.python_version()], 1)
+        yield info
 
 
-def serve(replica: Replica, host: str, port: int) -> tuple[str, Any]:
+def _build_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mergetxn")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def replica_ready_problem(r: Replica, serving: bool) -> str | None:
+    """:func:`ready_problem` of replica ``r`` now (memory only)."""
+    _, lag_seconds = r.log_watch.lag(r.state.applied)
+    return ready_problem(serving and r.committer is not None, str(r.zk.state), r._session_lost.is_set(),
+                         r.pauses.awake(), r.state.failure, lag_seconds)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        pass
+
+
+def app(replica: Replica, serving: Callable[[], bool], metrics_app: Callable) -> Callable:
+    """The WSGI application of the metrics port: ``/metrics``, ``/healthz``, ``/ready``, else 404."""
+
+    def answer(start_response: Callable, status: str, text: str) -> list[bytes]:
+        body = (text + "\n").encode()
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+        return [body]
+
+    def application(environ: dict, start_response: Callable) -> list[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/metrics":
+            return metrics_app(environ, start_response)
+        if path == "/healthz":
+            if serving():
+                return answer(start_response, "200 OK", "ok")
+            return answer(start_response, "503 Service Unavailable", "the RPC loop is not running")
+        if path == "/ready":
+            problem = replica_ready_problem(replica, serving())
+            if problem is None:
+                return answer(start_response, "200 OK", "ready")
+            return answer(start_response, "503 Service Unavailable", f"not ready: {problem}")
+        return answer(start_response, "404 Not Found", "not found: try /metrics, /healthz or /ready")
+
+    return application
+
+
+def serve(replica: Replica, host: str, port: int, serving: Callable[[], bool] = lambda: True) -> tuple[str, Any]:
     """Serve ``replica``'s metrics at ``http://host:port/metrics`` (port 0: a free one) from a
-    registry of its own; returns ``(host:port, server)`` (``server.shutdown()`` stops it)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    registry of its own, with the process collector, plus ``/healthz`` and ``/ready``
+    (``serving``: whether the RPC loop runs); returns ``(host:port, server)``
+    (``server.shutdown()`` stops it)."""
+    from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReplicaCollector(replica))
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return f"{host}:{server.server_port}", server
+    ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+    httpd = make_server(host, port, app(replica, serving, make_wsgi_app(registry)), ThreadingWSGIServer,
+                        handler_class=_Quiet)
+    threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
+    return f"{host}:{httpd.server_port}", httpd

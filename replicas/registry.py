@@ -19,7 +19,7 @@ import itertools
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ from parts.format import part_path
 from parts.meta import PartMeta
 from parts.ops import partition_key
 from replicas.cleanup import MIN_GRACE
+from replicas.metrics import abort_kind
 from replicas.sessions import Sessions, check_session_id
 from replicas.transactions import RunningTxn
 
@@ -81,6 +82,8 @@ class Transactions:
         self._begun: OrderedDict[str, tuple[float, RunningTxn]] = OrderedDict()  # begin token -> txn
         self._counter = itertools.count()
         self.sessions = Sessions(self.config.client_session_timeout)  # replicas/sessions.py
+        self._aborted: Counter[str] = Counter()  # ended aborted, by reason kind (replicas/metrics.py)
+        self._aborted_lock = threading.Lock()
 
     @property
     def wal(self) -> Wal:
@@ -234,11 +237,11 @@ class Transactions:
                 else:
                     reason = (f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
                               f"{max_rows} ({txn.rows + op.rows} rows staged)")
-                self._abort_locked(txn, reason, [op])
+                self._abort_locked(txn, reason, [op], "row_limit")
                 raise TransactionAborted(reason, id=txn.id)
             if time.monotonic() - txn.started > self.time_limit(txn)[0]:
                 reason = self.time_reason(txn)
-                self._abort_locked(txn, reason, [op])
+                self._abort_locked(txn, reason, [op], "time_limit")
                 raise TransactionAborted(reason, id=txn.id)
             txn.ops.append(op)
             txn.rows += 0 if isinstance(op, Compact) else op.rows
@@ -250,7 +253,7 @@ class Transactions:
                 err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
                 reason = (f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
                           f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there")
-                self.abort(txn, reason)
+                self.abort(txn, reason, "storage")
                 raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
     def check_added(self, table: TableDef, added: tuple[PartMeta, ...], own_names: set[str], txn_id: str) -> None:
@@ -405,7 +408,7 @@ class Transactions:
                 self.parts_apps(txn, args)
                 csn = self.commit(txn.id)
             except BaseException as exc:
-                self.abort(txn, f"commit_parts failed: {exc}")
+                self.abort(txn, f"commit_parts failed: {exc}", "failed")
                 raise
             return {"csn": csn, "tid": txn.id}
         finally:
@@ -464,7 +467,7 @@ class Transactions:
         # at commit); a mismatch ends it, rolled back, before anything is queued.
         wrong = self.mismatch(txn)
         if wrong is not None:
-            self.abort(txn, wrong.message)
+            self.abort(txn, wrong.message, "invalid")
             raise wrong
         with txn.lock:
             if txn.state != TxnState.RUNNING:
@@ -496,17 +499,23 @@ class Transactions:
         txn = self.txn(txn_id)
         if txn.state in (TxnState.COMMITTED, TxnState.COMMITTING):
             raise InvalidInput(f"transaction {txn_id} is {txn.state} and cannot be rolled back")
-        self.abort(txn, reason)
+        self.abort(txn, reason, "rolled_back")
 
-    def abort(self, txn: RunningTxn, reason: str) -> bool:
+    def abort(self, txn: RunningTxn, reason: str, kind: str | None = None) -> bool:
+        """Abort ``txn`` if it runs; ``kind``: why, as the metrics count it (one of
+        replicas/metrics.py's ABORT_REASONS; by default read from ``reason``)."""
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 return False
-            self._abort_locked(txn, reason, [])
+            self._abort_locked(txn, reason, [], kind)
         return True
 
-    def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[StagedOp]) -> None:
+    def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[StagedOp], kind: str | None = None) -> None:
         txn.state, txn.reason = TxnState.ABORTED, reason
+        kind = kind or abort_kind(reason)
+        with self._aborted_lock:
+            self._aborted[kind] += 1
+        log.info("transaction %s aborted (%s): %s", txn.id, kind, reason)
         self._retire(txn)
         for op in txn.ops + extra_ops:
             for meta in op.added:
@@ -523,9 +532,14 @@ class Transactions:
             return False
         return self.state.parts.get(meta.name) is None
 
-    def abort_all(self, reason: str, txns: list[RunningTxn] | None = None) -> None:
+    def abort_all(self, reason: str, txns: list[RunningTxn] | None = None, kind: str | None = None) -> None:
         for txn in list(self.txns.values()) if txns is None else txns:
-            self.abort(txn, reason)
+            self.abort(txn, reason, kind)
+
+    def abort_counts(self) -> dict[str, int]:
+        """Transactions that ended aborted here, by reason kind (the metrics read it)."""
+        with self._aborted_lock:
+            return dict(self._aborted)
 
     def _finish(self, txn: RunningTxn, state: str, csn: int | None = None, reason: str = "") -> None:
         txn.state, txn.csn, txn.reason = state, csn, reason
@@ -545,7 +559,7 @@ class Transactions:
         except ValueError as exc:
             raise InvalidInput(f"kill: {exc}", id=txn_id) from None
         txn = self.txn(txn_id)
-        self.abort(txn, f"transaction {txn_id} was killed by an operator")
+        self.abort(txn, f"transaction {txn_id} was killed by an operator", "killed")  # logs it at INFO
         return txn.describe()
 
     def describe(self) -> list[dict]:
@@ -582,8 +596,7 @@ class Transactions:
             gone = self.sessions.expired({t.session for t in running}, now)
         for txn in running:
             if txn.session in gone:
-                if self.abort(txn, self.session_reason(txn, gone[txn.session])):
-                    log.info("transaction %s aborted: %s", txn.id, txn.reason)
+                self.abort(txn, self.session_reason(txn, gone[txn.session]), "client_session_timeout")
 
     def session_reason(self, txn: RunningTxn, silent: float) -> str:
         timeout = self.config.client_session_timeout

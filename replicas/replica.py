@@ -27,9 +27,16 @@ from pathlib import Path
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
-from tenacity import Retrying, retry_if_exception, stop_never, wait_fixed
+from tenacity import (
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_delay,
+    stop_never,
+    wait_fixed,
+)
 
-from coordinator.alive import AliveNode
+from coordinator.alive import AliveNode, check_host_free
 from coordinator.catalog import TableDef, TableDropped
 from coordinator.errors import (
     CorruptMetadata,
@@ -68,6 +75,7 @@ from replicas.registry import Transactions
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
+from replicas.storage_check import startup_probe
 from replicas.users import Users
 from replicas.wal import Wal
 
@@ -131,6 +139,64 @@ class Replica:
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
+        """Recover and join: claim the host id (refused while a live process holds it), replay
+        the WAL, catch up from ZooKeeper, check that storage holds what the log names, and only
+        then register (a new incarnation and the alive node): a start that fails before that
+        leaves nothing registered. The caller binds its ports and sets ``address`` first."""
+        began = time.monotonic()
+        self.zk.add_listener(self._on_zk_state)
+        self.zk.start(timeout=max(30.0, self.config.session_timeout))
+        try:
+            self.log.ensure_layout()
+        except NoAuthError:
+            raise InvalidInput(
+                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
+                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)") from None
+        # Before the WAL is opened: a second process with this host id (and maybe this data
+        # directory) must not touch the live one's files or registration.
+        check_host_free(self.zk, self.log, self.host_id, self.address, self.config.session_timeout)
+        staged, replayed, local_csn = self._recover_local()
+        self._check_root_acl()
+        if self.users is not None:
+            self.users.start(self._first_admin())
+        self.fence.start()
+        self.tail = checkpoint.LogTail(self)
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
+        from_wal = self.state.applied
+        try:
+            self.follower.pull()
+        except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
+            if exc.details.get("manifest"):
+                raise self._wrong_storage(str(exc)) from None
+            log.error("cannot apply the log: %s", exc)
+            with self.state.lock:
+                self.state.failure = exc
+                self.state.applied_cond.notify_all()
+        if self.state.failure is not None and self.state.failure.details.get("manifest"):
+            raise self._wrong_storage(str(self.state.failure))
+        self._check_storage()
+        self._register()
+        self.follower.start()
+        self.tail.start()
+        removed = self._remove_uncommitted(staged)
+        from replicas.committer import Committer
+
+        self.committer = Committer(self)
+        self.committer.start()
+        self.cleanup.start()
+        self.merges.start()
+        threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
+        threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
+        self.pauses.start()
+        log.info("replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
+                 "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
+                 self.host_id, time.monotonic() - began, local_csn, replayed, from_wal, self.state.applied,
+                 removed, self.incarnation)
+
+    def _recover_local(self) -> tuple[dict[str, list[str]], int, int]:
+        """Open the WAL and load the local snapshot plus the WAL's entries; returns the staged
+        parts by transaction (deleted once known uncommitted), the records replayed and the
+        local snapshot's CSN."""
         data_dir = Path(self.config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         self.wal = Wal(data_dir / "wal.log")
@@ -144,15 +210,18 @@ class Replica:
                 self.state.restore(local, str(data_dir / checkpoint.LOCAL_NAME))
             except CorruptMetadata as exc:
                 log.error("%s; rebuilding from ZooKeeper", exc)
+        local_csn = self.state.applied
         replay = self.state.applied >= base
         if not replay:
             log.error("WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
                       "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
+        replayed = 0
         with checkpoint.no_gc():  # a long replay builds many long-lived objects (see ReplicaState.restore)
             for rec in records:
                 if isinstance(rec, WalEntry) and replay:
                     try:
                         self.state.apply(rec.csn, rec.epoch, rec.seq, rec.log_entry(f"WAL {self.wal.path}"))
+                        replayed += 1
                     except CorruptMetadata as exc:
                         # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
                         log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
@@ -161,40 +230,25 @@ class Replica:
                 elif isinstance(rec, WalStaged):
                     staged.setdefault(rec.tid, []).extend(rec.paths)
         gc.freeze()
-        self.zk.add_listener(self._on_zk_state)
-        self.zk.start(timeout=max(30.0, self.config.session_timeout))
-        try:
-            self.log.ensure_layout()
-        except NoAuthError:
-            raise InvalidInput(
-                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
-                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)") from None
-        self._check_root_acl()
-        if self.users is not None:
-            self.users.start(self._first_admin())
-        self.fence.start()
-        self._register()
-        self.tail = checkpoint.LogTail(self)
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
-        try:
-            self.follower.pull()
-        except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
-            log.error("cannot apply the log: %s", exc)
-            with self.state.lock:
-                self.state.failure = exc
-                self.state.applied_cond.notify_all()
-        self.follower.start()
-        self.tail.start()
-        self._remove_uncommitted(staged)
-        from replicas.committer import Committer
+        return staged, replayed, local_csn
 
-        self.committer = Committer(self)
-        self.committer.start()
-        self.cleanup.start()
-        self.merges.start()
-        threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
-        threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
-        self.pauses.start()
+    def _check_storage(self) -> None:
+        """Refuse to serve on storage that holds none of the newest parts the log names (a wrong
+        ``--storage``); transient storage errors are retried for a while, then refuse too."""
+        try:
+            for attempt in Retrying(retry=retry_if_exception_type(OSError), stop=stop_after_delay(30),
+                                    wait=wait_fixed(0.5), reraise=True):
+                with attempt:
+                    problem = startup_probe(self.state, self.storage)
+        except OSError as exc:
+            raise ReplicaUnavailable(f"replica {self.host_id} cannot read its storage {self.storage.url}: {exc}",
+                                     storage=self.storage.url) from None
+        if problem is not None:
+            raise self._wrong_storage(problem)
+
+    def _wrong_storage(self, problem: str) -> InvalidInput:
+        return InvalidInput(f"replica {self.host_id}: storage {self.storage.url} does not hold what the log names "
+                            f"({problem}); is --storage the cluster's storage?", storage=self.storage.url)
 
     def _check_root_acl(self) -> None:
         """A secured replica on a root that anyone may read or write (created by an unsecured
@@ -214,6 +268,10 @@ class Replica:
         return None if admin is None else UserRecord(admin[0], Role.ADMIN, None, admin[1], time.time())
 
     def stop(self) -> None:
+        """Stop cleanly (also after a start that failed): drain async commits, stop the
+        threads, end the session (the alive node goes with it) and close the WAL."""
+        log.info("replica %s stopping at CSN %d (%d running transactions end with it)", self.host_id,
+                 self.state.applied, len(self.transactions.txns))
         if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
             log.warning("stopping with async commits still queued: they are lost (their clients' flush says so)")
         self._stop.set()
@@ -230,6 +288,7 @@ class Replica:
             pass
         if self.wal is not None:
             self.wal.close()
+        log.info("replica %s stopped", self.host_id)
 
     def _register(self) -> None:
         """Bump this host's incarnation and say we are alive. Tids carry the incarnation (unique
@@ -257,7 +316,7 @@ class Replica:
     def _abort_incarnation(self, incarnation: int, reason: str) -> None:
         with self.transactions._txn_lock:
             victims = [t for t in self.transactions.txns.values() if incarnation_of(Tid.parse(t.id)) <= incarnation]
-        self.transactions.abort_all(reason, victims)
+        self.transactions.abort_all(reason, victims, "fenced")
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
@@ -273,8 +332,11 @@ class Replica:
         self.alive.refresh()
 
     def set_address(self, address: str) -> None:
+        """Where this replica serves (set before :meth:`start`; republished if it changes)."""
+        changed = address != self.address
         self.address = address
-        self.alive.publish()
+        if changed and self.incarnation:
+            self.alive.publish()
 
     def _on_zk_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
@@ -286,7 +348,9 @@ class Replica:
             reason = f"replica {self.host_id} lost its ZooKeeper session"
             with self.transactions._txn_lock:  # only these: a BEGIN after this belongs to the new session
                 victims = list(self.transactions.txns.values())
-            self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims),
+            if not self._stop.is_set():  # not the end of a clean stop
+                log.warning("%s: aborting its %d running transactions", reason, len(victims))
+            self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims, "session_lost"),
                                               name="abort-all", daemon=True)
             self._aborting.start()
         elif state == KazooState.CONNECTED and self._session_lost.is_set():
@@ -316,15 +380,20 @@ class Replica:
         try:
             return self.storage.get(pointer.path)
         except Exception as exc:
-            raise CorruptMetadata(f"manifest {pointer.path} named by the log cannot be read: {exc}") from exc
+            raise CorruptMetadata(f"manifest {pointer.path} named by the log cannot be read: {exc}",
+                                  manifest=pointer.path) from exc
 
-    def _remove_uncommitted(self, staged: dict[str, list[str]]) -> None:
-        """Parts written by transactions that never committed are never visible: delete them."""
+    def _remove_uncommitted(self, staged: dict[str, list[str]]) -> int:
+        """Parts written by transactions that never committed are never visible: delete them
+        (returns how many files)."""
+        removed = 0
         for tid, paths in staged.items():
             if tid in self.state.tid_csn:
                 continue
             for p in paths:
                 self.transactions._delete_file(p)
+                removed += 1
+        return removed
 
     def _reaper(self) -> None:
         while not self._stop.wait(0.5):

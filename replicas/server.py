@@ -14,6 +14,7 @@ user's own (its name is the owner recorded on them; quotas count by it).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
@@ -22,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from coordinator import grants, keys
 from coordinator.alive import read_alive
@@ -37,7 +39,9 @@ from replicas.settings import ReplicaConfig
 from replicas.storage_check import check_tables
 from replicas.users import Users
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("replicas.server")  # not __name__: it is __main__ under python -m
+
+T = TypeVar("T")
 
 PEERS_SECONDS = 2.0  # how long the answer to ``peers`` is reused (it reads every alive node)
 
@@ -470,27 +474,43 @@ def run(config: ReplicaConfig, ready_file: Path | None = None) -> None:
 
 def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     """Run a replica until SIGTERM/SIGINT; print ``READY <address>`` once it serves (and first
-    ``METRICS <url>`` when it serves metrics, ``--metrics-port``)."""
+    ``METRICS <url>`` when it serves metrics, ``--metrics-port``). Its ports are bound before it
+    registers, so a port in use fails the start with nothing registered; SIGHUP reopens the log
+    file (replicas/logs.py), for logrotate."""
     replica = Replica(config)
-    replica.start()
-    server = ReplicaServer(replica, config.host, config.port)
+    server = _bind(lambda: ReplicaServer(replica, config.host, config.port), "--port", config.host, config.port)
     metrics_server = None
-    if config.metrics_port is not None:
-        from replicas import metrics
+    rpc = threading.Thread(target=_serve_or_exit, args=(server,), name="rpc", daemon=True)
+    try:
+        if config.metrics_port is not None:
+            from replicas import metrics
 
-        replica.metrics_address, metrics_server = metrics.serve(replica, config.host, config.metrics_port)
+            replica.metrics_address, metrics_server = _bind(
+                lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
+                "--metrics-port", config.host, config.metrics_port)
+        replica.set_address(server.address)
+        replica.start()
+    except BaseException:
+        server.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        replica.stop()
+        raise
+    if replica.metrics_address:
         print(f"METRICS http://{replica.metrics_address}/metrics", flush=True)
-    replica.set_address(server.address)
     stop = threading.Event()
 
     def on_signal(signum, frame):
+        log.info("replica %s got %s: shutting down", config.host_id, signal.Signals(signum).name)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    hup = threading.Event()  # reopened by the loop below, not in the handler (it may interrupt a log line)
+    signal.signal(signal.SIGHUP, lambda signum, frame: hup.set())
     if failpoints.enabled():  # a test breaks the loop here (tests/test_hostile_rpc.py)
         server.fault = _loop_fault
-    threading.Thread(target=_serve_or_exit, args=(server,), name="rpc", daemon=True).start()
+    rpc.start()
     if ready_file is not None:
         tmp = Path(str(ready_file) + ".tmp")
         tmp.write_text(server.address)
@@ -501,11 +521,23 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     # A bare wait() never wakes for a signal that the kernel delivered to another thread
     # (Python runs handlers only on the main thread, between bytecodes): poll instead.
     while not stop.wait(0.2):
-        pass
+        if hup.is_set():
+            hup.clear()
+            logs.reopen()
     server.shutdown()
     if metrics_server is not None:
         metrics_server.shutdown()
     replica.stop()
+
+
+def _bind(make: Callable[[], T], flag: str, host: str, port: int) -> T:
+    """``make()`` (a server binding ``host:port``), with a port in use refused as InvalidInput."""
+    try:
+        return make()
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise InvalidInput(f"{flag} {port}: {host}:{port} is in use by another process", port=port) from None
+        raise
 
 
 # The exit status of a replica whose RPC loop died (a bug): its supervisor restarts it.
@@ -540,7 +572,11 @@ def main(argv: list[str] | None = None) -> None:
         config = settings.from_arguments(a)
     except InvalidInput as exc:  # protected mode, say: one line, exit status 2
         p.error(exc.message)
-    run(config, Path(a.ready_file) if a.ready_file else None)
+    try:
+        run(config, Path(a.ready_file) if a.ready_file else None)
+    except InvalidInput as exc:  # a host id held, a port in use, the wrong storage: one line, status 2
+        log.error("replica %s did not start: %s", config.host_id, exc.message)
+        p.exit(2, f"error: {exc.message}\n")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ read fail with CorruptPart; this finds it before a reader does, and names each p
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable
 
 from coordinator.watermark import Marks
@@ -44,3 +45,24 @@ def check_tables(state: ReplicaState, storage: Storage, marks: Marks, tables: It
                     "problems": problems})
     return {"snapshot": snapshot, "checksums": checksums, "tables": out,
             "ok": not any(t["problems"] for t in out)}
+
+
+#: How many of the newest visible parts a starting replica looks for in its storage.
+PROBE_PARTS = 8
+
+
+def startup_probe(state: ReplicaState, storage: Storage, sample: int = PROBE_PARTS) -> str | None:
+    """Why ``storage`` cannot be the storage the log describes, or None: it holds none of the
+    ``sample`` newest parts visible at the applied snapshot (a wrong ``--storage``; one missing
+    file among present ones is a damaged table, for ``check`` and ``status``, not a reason to
+    refuse to start). Storage errors propagate (the caller retries them)."""
+    with state.lock:
+        recs = heapq.nlargest(sample, (r for r in state.parts.values() if r.removal_csn is None),
+                              key=lambda r: r.creation_csn or 0)
+    if not recs:
+        return None
+    paths = [r.meta.path for r in recs]
+    gone = storage.missing(paths)
+    if len(gone) < len(paths):
+        return None
+    return f"none of the {len(paths)} newest parts the log names is there, e.g. {paths[0]!r}"
