@@ -276,6 +276,8 @@ class Follower:
         if not sealed and stat is not None and self.log.zk.exists(self.log.entry_path(epoch, seq)) is not None:
             return (epoch, seq)  # created since our read: no need to list the whole epoch
         later = [s for s in self.log.list_seqs(epoch) if s >= seq]
+        if later and later[0] == seq:
+            return (epoch, seq)  # created after our read (and its epoch sealed since): read it again
         if (later or sealed or stat is None) and epoch <= self.log.trimmed_epoch():
             return TRIMMED  # never skip entries that were trimmed: the checkpoint has them
         if later or seq < end:

@@ -280,6 +280,26 @@ def test_the_follower_refuses_every_hole_below_the_end_and_waits_at_the_end(zk_c
     assert follower._next_position(1, 0, False) == TRIMMED
 
 
+def test_an_entry_made_after_the_followers_read_in_an_epoch_sealed_since_is_read_not_refused(
+        zk_client: KazooClient) -> None:
+    """The race of an epoch rollover: the follower reads entry (e, s) before its commit creates
+    it, then the epoch is sealed (the next commit went to a new epoch); the entry exists when the
+    follower looks again, so it is read, not taken for a deleted one (before the fix: CorruptMetadata
+    "missing below the end of the log (... exists)" naming the very entry that exists; CI found it
+    in test_epoch_rollover under load)."""
+    from replicas.follower import Follower
+    from replicas.state import ReplicaState
+
+    log = CsnLog(zk_client, "/mergetxn", epoch_size=3)
+    log.ensure_layout()
+    follower = Follower(log, ReplicaState(), None, lambda pointer: b"")  # type: ignore[arg-type]
+    for _ in range(3):
+        zk_client.create(f"{log.epoch_path(0)}/c-", b"{}", sequence=True)
+    log.seal(0)
+    assert follower._next_position(0, 2, False) == (0, 2)
+    assert follower._next_position(0, 3, False) == (1, 0)
+
+
 @pytest.mark.slow
 def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: coordinator.LocalCluster) -> None:
     cluster.stop_replica(2)
