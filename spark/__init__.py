@@ -18,9 +18,15 @@ PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 def register(spark: Any, replica: str | None = None) -> None:
     """Register the data source with ``spark`` (a SparkSession). With ``replica``, reads and
-    writes that give no ``replica`` option use this one."""
+    writes that give no ``replica`` option use this one.
+
+    When neither ``spark.pyspark.python`` nor ``PYSPARK_PYTHON`` names the interpreter of Spark's
+    Python workers, they run ``python3`` from PATH: if that one cannot import mergetxn (a virtual
+    environment's interpreter runs this driver, say), the data source could only fail later in
+    every task with ``ModuleNotFoundError``; this raises InvalidInput now, saying what to set."""
     from spark.datasource import MergetxnDataSource
 
+    check_worker_python(spark)
     source = MergetxnDataSource
     if replica is not None:
         source = _with_default_replica(replica)
@@ -30,6 +36,40 @@ def register(spark: Any, replica: str | None = None) -> None:
         from spark.native import REPLICA_CONF
 
         spark.conf.set(REPLICA_CONF, replica)  # read_table / write_table without replica=
+
+
+def check_worker_python(spark: Any) -> None:
+    """Refuse a session whose Python workers would run an interpreter without mergetxn (only when
+    the session leaves the choice to PATH: an interpreter named on purpose may live on other hosts)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from coordinator.errors import InvalidInput
+
+    try:
+        named = spark.conf.get("spark.pyspark.python", None)
+    except Exception:  # noqa: BLE001 - a Spark Connect session or an odd conf: nothing to check here
+        return
+    if named or os.environ.get("PYSPARK_PYTHON"):
+        return
+    found = shutil.which("python3")
+    if found is None:
+        raise InvalidInput("Spark's Python workers run `python3` from PATH and there is none; set PYSPARK_PYTHON="
+                           f"{sys.executable} (or spark.pyspark.python) before creating the SparkSession")
+    if os.path.realpath(found) == os.path.realpath(sys.executable):
+        return
+    try:
+        probe = subprocess.run([found, "-c", "import coordinator.client, spark.datasource"], capture_output=True,
+                               text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return  # cannot tell: let Spark say
+    if probe.returncode != 0:
+        why = (probe.stderr.strip().splitlines() or [f"it exited with status {probe.returncode}"])[-1][:200]
+        raise InvalidInput(f"Spark's Python workers would run {found} (python3 from PATH), which cannot import "
+                           f"mergetxn ({why}); set PYSPARK_PYTHON={sys.executable} (or "
+                           f".config('spark.pyspark.python', {sys.executable!r})) before creating the SparkSession")
 
 
 def _with_default_replica(replica: str) -> type:

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import json
 import math
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -307,6 +309,71 @@ def arrow_schema(schema: StructType) -> pa.Schema:
 
 
 # ---------------------------------------------------------------------------------------------
+# Tables in Spark's session catalog (CREATE TABLE t USING mergetxn OPTIONS (...))
+#
+# Spark hands a CREATE TABLE's options to the data source's schema() (with keys of its own:
+# ``provider``, ``location``, ``owner``, ``option.*``) and keeps them in the catalog, but a later
+# SELECT or INSERT on the table reaches the data source with no options at all (Spark 4.1), only
+# with the schema the catalog kept. So schema() writes the table's options into each field's
+# metadata and reader()/writer() read them back from there when they got no table name.
+# Secrets stay out (S3 keys, tokens: give them through the environment to such tables).
+
+CATALOG_METADATA = "mergetxn.table_options"
+_CATALOG_KEYS = ("provider", "location", "owner")  # what Spark's session catalog adds to a CREATE's options
+_SECRET_OPTION = re.compile(r"secret|token|password|key$", re.IGNORECASE)
+_MAX_CATALOG_OPTIONS = 16 * 1024  # characters of JSON worth reading back
+
+
+def catalog_options(options: Any) -> dict[str, str] | None:
+    """A CREATE TABLE's options worth keeping for the table's later reads and writes (None: the
+    options are not a CREATE TABLE's)."""
+    keys = {str(k).lower() for k in options}
+    if "provider" not in keys or not ({"path", "location"} & keys):
+        return None
+    out = {str(k).lower(): str(v) for k, v in options.items()
+           if str(k).lower() not in _CATALOG_KEYS and not str(k).lower().startswith("option.")
+           and not _SECRET_OPTION.search(str(k))}
+    out.setdefault("path", str(options.get("location")))
+    return out
+
+
+def with_catalog_options(schema: StructType, options: Any) -> StructType:
+    """``schema`` carrying a CREATE TABLE's options in its fields' metadata (unchanged otherwise)."""
+    kept = catalog_options(options)
+    if kept is None:
+        return schema
+    from pyspark.sql.types import StructField
+
+    text = json.dumps(kept, sort_keys=True)
+    return StructType([StructField(f.name, f.dataType, f.nullable, {**(f.metadata or {}), CATALOG_METADATA: text})
+                       for f in schema.fields])
+
+
+def table_options(options: Any, schema: StructType | None, write: bool = False) -> Any:
+    """The options of one read or write: as given, or, for a table of the session catalog (no
+    table name given), those its CREATE TABLE kept in the schema (reads at the table's
+    ``snapshot``/``as_of``; writes without them)."""
+    if _option(options, "path") is not None or schema is None:
+        return options
+    texts = {(f.metadata or {}).get(CATALOG_METADATA) for f in schema.fields} - {None}
+    if not texts:
+        return options
+    if len(texts) != 1:
+        raise InvalidInput("mergetxn: the table's columns name different mergetxn tables in their metadata")
+    text = texts.pop()
+    try:
+        kept = json.loads(text) if isinstance(text, str) and len(text) <= _MAX_CATALOG_OPTIONS else None
+    except ValueError:
+        kept = None
+    if not isinstance(kept, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in kept.items()):
+        raise InvalidInput(f"mergetxn: the catalog's {CATALOG_METADATA} metadata does not parse; create the "
+                           "table again (CREATE TABLE ... USING mergetxn OPTIONS (path 'table', replica 'host:port'))")
+    if write:
+        kept = {k: v for k, v in kept.items() if k not in READ_ONLY_OPTIONS}
+    return {**dict(options), **kept}
+
+
+# ---------------------------------------------------------------------------------------------
 # The data source
 
 
@@ -327,10 +394,10 @@ class MergetxnDataSource(DataSource):
         if s.changes is not None:
             schema = schema.append(pa.field("_change", pa.string(), nullable=False))
             schema = schema.append(pa.field("_csn", pa.int64(), nullable=False))
-        return spark_schema(schema)
+        return with_catalog_options(spark_schema(schema), self.options)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        s = settings(self.options)
+        s = settings(table_options(self.options, schema))
         with connect(s) as client:
             tdef = table_def(client, s)
             url = client.call("info")["storage_url"]
@@ -338,7 +405,7 @@ class MergetxnDataSource(DataSource):
         return cls(s, schema, tdef.to_dict(), url)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
-        s = settings(self.options, write=True)
+        s = settings(table_options(self.options, schema, write=True), write=True)
         with connect(s) as client:
             url = client.call("info")["storage_url"]
             if s.txn is not None:
