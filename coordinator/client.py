@@ -668,13 +668,14 @@ class Client:
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
         """The event log (like ClickHouse's transactions_info_log): commit, part_added and
-        part_removed from the log, begin, rollback and merge from this replica's bounded ring."""
+        part_removed from the log, begin, rollback and merge from this replica's bounded ring
+        (``user``: who began the transaction, in a secured cluster)."""
         rows = self.call("events", table=table, since_csn=since_csn)
         schema = pa.schema([
             ("time", pa.timestamp("us", tz="UTC")), ("event", pa.string()), ("table", pa.string()),
             ("tid", pa.string()), ("csn", pa.int64()), ("snapshot", pa.int64()), ("part", pa.string()),
             ("partition", pa.string()), ("rows", pa.int64()), ("kinds", pa.string()), ("outcome", pa.string()),
-            ("reason", pa.string()), ("host", pa.string()),
+            ("reason", pa.string()), ("host", pa.string()), ("user", pa.string()),
         ])
         for row in rows:
             t = row.get("time")

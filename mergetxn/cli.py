@@ -1456,7 +1456,7 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
             echo_json(e)
         return
     out = console()
-    out.print(rows_table(entries, ["csn", "time", "kind", "rows_added", "rows_removed", "tid", "host", "reason"]))
+    out.print(rows_table(entries, ["csn", "time", "kind", "rows_added", "rows_removed", "tid", "host", "user", "reason"]))
     out.print(f"{len(entries)} entries of {escape(table_name)}'s history (--limit {limit})")
 
 

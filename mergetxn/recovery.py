@@ -269,7 +269,8 @@ def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
 # -- history -----------------------------------------------------------------------------------
 def history(client: Client, table: str, limit: int = 50) -> list[dict]:
     """The last ``limit`` entries of ``table``'s history, oldest first: commits (``csn``,
-    ``time``, ``kind``, ``rows_added``, ``rows_removed``, ``tid``, ``host``), its DDL and the
+    ``time``, ``kind``, ``rows_added``, ``rows_removed``, ``tid``, ``host``, ``user``: who began it,
+    in a secured cluster, as long as the asked replica remembers its begin), its DDL and the
     aborts this replica remembers (``kind`` "abort", ``reason``)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= HISTORY_LIMIT:
         raise InvalidInput(f"limit must be an integer from 1 to {HISTORY_LIMIT}, not {quote(limit)}")
@@ -291,6 +292,7 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
     """History entries from ``client.events`` rows and ``describe_table``'s ``history`` (pure)."""
     commits: dict[tuple[int, str], dict] = {}
     out: list[dict] = []
+    users = {e.get("tid"): e.get("user") for e in events if e["event"] == "begin" and e.get("user")}
     for e in events:
         key = (e.get("csn"), e.get("tid"))
         if e["event"] == "commit":
@@ -298,16 +300,16 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
             commits[key] = entry = {"csn": e["csn"], "time": e.get("time"),
                                     "kind": ", ".join(KIND_NAMES.get(k, k.lower()) for k in kinds) or "empty",
                                     "rows_added": e.get("rows") or 0, "rows_removed": 0, "tid": e["tid"],
-                                    "host": e.get("host"), "reason": None}
+                                    "host": e.get("host"), "user": users.get(e["tid"]), "reason": None}
             out.append(entry)
         elif e["event"] == "part_removed" and key in commits:
             commits[key]["rows_removed"] += e.get("rows") or 0
         elif e["event"] == "rollback":
             out.append({"csn": None, "time": e.get("time"), "kind": "abort", "rows_added": 0, "rows_removed": 0,
-                        "tid": e.get("tid"), "host": e.get("host"), "reason": e.get("reason")})
+                        "tid": e.get("tid"), "host": e.get("host"), "user": e.get("user"), "reason": e.get("reason")})
     for h in ddl:
         out.append({"csn": h["csn"], "time": None, "kind": "create" if h.get("what") == "created" else "alter",
-                    "rows_added": 0, "rows_removed": 0, "tid": None, "host": None, "reason": None})
+                    "rows_added": 0, "rows_removed": 0, "tid": None, "host": None, "user": None, "reason": None})
 
     # An abort has no CSN: it goes after the last commit made before it (by time).
     timed = sorted((c["time"], c["csn"]) for c in commits.values() if c["time"] is not None)

@@ -47,11 +47,12 @@ class History:
                              "_seq": self._event_seq, **fields})
 
     def on_begin(self, txn: Any) -> None:
-        self.record("begin", tid=txn.id, snapshot=txn.snapshot, _txn=txn)
+        self.record("begin", tid=txn.id, snapshot=txn.snapshot, user=getattr(txn, "owner", None), _txn=txn)
 
     def on_end(self, txn: Any) -> None:
         if txn.state == TxnState.ABORTED:
-            self.record("rollback", tid=txn.id, snapshot=txn.snapshot, reason=txn.reason, _txn=txn)
+            self.record("rollback", tid=txn.id, snapshot=txn.snapshot, reason=txn.reason,
+                        user=getattr(txn, "owner", None), _txn=txn)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> list[dict]:
         """Events, oldest first: commits and parts from the log; begin, rollback and merges of

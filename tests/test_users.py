@@ -582,3 +582,25 @@ def test_info_shows_a_non_admin_only_its_own_notable_transactions(
         assert listed(w) == {mine.id}
         mine.rollback()
         theirs.rollback()
+
+
+def test_history_names_the_user_who_committed_and_who_aborted(cluster: coordinator.LocalCluster,
+                                                               admin: coordinator.Client,
+                                                               made: dict[str, Credentials]) -> None:
+    """``mergetxn history`` says who: a writer's commit and its rolled-back transaction carry its
+    name (from the replica's begin and rollback events), the admin's commit the admin's."""
+    from mergetxn.recovery import history
+
+    admin.create_table("who", SCHEMA)
+    writer = connect(cluster, made[W])
+    with writer.transaction() as tx:
+        tx.insert("who", pa.table({"id": [1], "k": ["a"]}))
+    tx2 = writer.begin()
+    tx2.insert("who", pa.table({"id": [2], "k": ["b"]}))
+    tx2.rollback()
+    with admin.transaction() as tx3:
+        tx3.insert("who", pa.table({"id": [3], "k": ["c"]}))
+    by_tid = {e["tid"]: e for e in history(admin, "who")}
+    assert by_tid[str(tx.tid)]["user"] == made[W].user and by_tid[str(tx.tid)]["kind"] == "insert"
+    assert by_tid[str(tx2.tid)]["user"] == made[W].user and by_tid[str(tx2.tid)]["kind"] == "abort"
+    assert by_tid[str(tx3.tid)]["user"] == cluster.credentials.user
