@@ -3,17 +3,18 @@ that scans Arrow datasets reads them with its own filter pushdown.
 
 Each part is one Parquet fragment of the table's schema (as defined at the snapshot) whose
 partition expression is the part's partition values: a filter on a partition column skips whole
-parts before a byte is read, and the footer's row-group statistics (read here, once) skip row
-groups inside the rest. Every part file holds its partition columns itself, so a row reads the same
+parts before a byte is read, and the footers' row-group statistics skip row groups inside the
+rest. Every part file holds its partition columns itself, so a row reads the same
 whether its value comes from the file or from the expression. A part written before a column was
 added lacks it: the dataset's schema makes it null, as ``client.read`` does. A part written before
 a column was *renamed* cannot be read by name from its file; those few are read and upgraded in
 memory (:meth:`TableDef.upgrade`) and joined to the file fragments as one in-memory child.
 
-Before the dataset is handed out each file's footer is read against what the commit recorded
-(its size and row count, as ``spark.read_table`` checks): a truncated, replaced or missing file is
-``CorruptPart`` naming it, not a wrong answer later inside an engine. Checksums are not verified
-(that would read every byte twice); ``client.check`` does that.
+Before the dataset is handed out each file's size is compared with what the commit recorded: a
+truncated, replaced or missing file is ``CorruptPart`` naming it, not a wrong answer later inside
+an engine. Footers are left to the scan, which reads only those of the parts a filter keeps (a
+file the same size as its part but unreadable fails there, in the engine's words). Checksums are
+not verified (that would read every byte twice); ``client.check`` does that.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from coordinator.catalog import TableDef
-from coordinator.errors import CorruptPart, clip, quote
+from coordinator.errors import CorruptPart, quote
 from parts.meta import PartMeta
 from parts.rewrite import read_parts
 from parts.storage import Storage
 
-FOOTER_THREADS = 8  # footers read at once (object stores: latency-bound)
+SIZE_THREADS = 16  # object store sizes asked at once (latency-bound)
 
 
 def partition_expression(tdef: TableDef, partition: Sequence[Any]) -> pc.Expression:
@@ -73,7 +74,7 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
                           partition_expression=partition_expression(tdef, m.partition))
         for m in by_file
     ]
-    _check_footers(by_file, fragments)
+    _check_sizes(storage, by_file)
     files = ds.FileSystemDataset(fragments, tdef.schema, fmt, filesystem)
     upgraded = [m for m in metas if _renamed_since(tdef, m)]
     if not upgraded:
@@ -87,27 +88,21 @@ def table_dataset(tdef: TableDef, data: pa.Table) -> ds.Dataset:
     return ds.dataset(data.cast(tdef.schema) if data.schema != tdef.schema else data)
 
 
-def _check_footers(metas: Sequence[PartMeta], fragments: Sequence[ds.ParquetFileFragment]) -> None:
-    """Read each footer (kept in its fragment for pruning and the scan) and compare it with the
-    commit's record; ``CorruptPart`` names the first file that disagrees."""
-    def check(pair: tuple[PartMeta, ds.ParquetFileFragment]) -> None:
-        meta, fragment = pair
+def _check_sizes(storage: Storage, metas: Sequence[PartMeta]) -> None:
+    """Each part's file is there with the size its commit recorded; ``CorruptPart`` names the
+    first that is not (a stat each; on an object store, several at once)."""
+    def check(meta: PartMeta) -> None:
         try:
-            fragment.ensure_complete_metadata()
-            rows = fragment.metadata.num_rows
+            size = storage.size(meta.path)
         except FileNotFoundError:
-            raise CorruptPart(f"part {quote(meta.path)} is missing", path=meta.path) from None
-        except (pa.ArrowException, OSError) as exc:
-            raise CorruptPart(f"part {quote(meta.path)} has no readable Parquet footer where its "
-                              f"{meta.size} bytes end (truncated or replaced): {clip(exc)}", path=meta.path) from None
-        if rows != meta.rows:
-            raise CorruptPart(f"part {quote(meta.path)} has {rows} rows in its footer, {meta.rows} were written",
-                              path=meta.path)
+            raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+        if size != meta.size:
+            raise CorruptPart(f"part {quote(meta.path)} has {size} bytes, {meta.size} were written "
+                              "(truncated or replaced)", path=meta.path)
 
-    pairs = list(zip(metas, fragments))
-    if len(pairs) <= 1:
-        for pair in pairs:
-            check(pair)
+    if storage.is_local or len(metas) <= 1:
+        for meta in metas:
+            check(meta)
         return
-    with ThreadPoolExecutor(max_workers=min(FOOTER_THREADS, len(pairs))) as pool:
-        list(pool.map(check, pairs))
+    with ThreadPoolExecutor(max_workers=min(SIZE_THREADS, len(metas))) as pool:
+        list(pool.map(check, metas))

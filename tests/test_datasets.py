@@ -251,7 +251,7 @@ def test_bad_input_raises_what_read_raises(client: Client) -> None:
 
 
 def test_a_part_file_unlike_its_commit_is_corrupt_part_naming_it(tmp_path: Path) -> None:
-    """Footers are checked against the commit's record before an engine sees the file."""
+    """Files are checked against the commit's record (present, its size) before an engine sees them."""
     storage = Storage(str(tmp_path))
     tdef = TableDef.new("ds_corrupt", WIDE, ("day", "region"), (), "parts", True, None, "full", None, None, None)
     good = write_part(storage, tdef.name, ["day", "region"], (DAYS[0], "eu"), wide_rows(0, 3, DAYS[0], "eu"), "T1-1-h")
