@@ -26,7 +26,13 @@ from support.waiting import wait_until
 from coordinator import LocalCluster
 from coordinator.catalog import TableDef
 from coordinator.client import Client
-from coordinator.errors import CorruptPart, InvalidInput, SnapshotUnavailable, TableNotFound
+from coordinator.errors import (
+    CorruptPart,
+    InvalidInput,
+    SnapshotUnavailable,
+    TableNotFound,
+    TransactionAborted,
+)
 from mergetxn.zkserver import ZooKeeperServer
 from parts.dataset import snapshot_dataset
 from parts.format import read_part, write_part
@@ -187,7 +193,7 @@ def test_a_transactions_dataset_has_its_own_writes_and_not_later_commits(cluster
         con.register("v", d)
         assert con.sql("SELECT count(*) FROM v WHERE day = DATE '2024-06-02'").fetchall() == [(2,)]
     tx.rollback()
-    with pytest.raises(Exception, match="has ended"):
+    with pytest.raises(TransactionAborted, match="has ended"):
         with tx.dataset(t):
             pass
 
