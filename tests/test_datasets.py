@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,12 +48,13 @@ WIDE = pa.schema([
     pa.field("x", pa.float64()), pa.field("ok", pa.bool_()), pa.field("s", pa.string()),
 ])
 DAYS = [dt.date(2024, 6, d) for d in (1, 2, 3)]
+LEASE_SECONDS = 1  # a read lease not renewed lapses after this
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     with make_cluster(tmp_path_factory, zk_server, "datasets", replicas=2, settings={
-        "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1,
+        "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": LEASE_SECONDS,
     }) as c:
         yield c
 
@@ -209,6 +211,7 @@ def test_the_snapshot_is_held_until_the_block_ends(cluster: LocalCluster, client
         commit(client, t, wide_rows(10 * i, 4, DAYS[0], "eu"))
     expected = client.read(t)
     with client.dataset(t) as d, cluster.client(1) as other:
+        opened = time.monotonic()
         names = set(d.files)
         assert len(names) == 3
         client.compact(t, kind="major")
@@ -216,11 +219,12 @@ def test_the_snapshot_is_held_until_the_block_ends(cluster: LocalCluster, client
             tx.overwrite(t, wide_rows(99, 1, DAYS[0], "eu"))
         other.wait_for(tx.csn)
 
-        def past_it() -> bool:  # only the dataset's lease keeps the old snapshot in use now
-            in_use = client.gc(grace_seconds=0)["snapshots_in_use"]
-            return all(u["snapshot"] >= tx.csn for u in in_use if u["holder"] == "replica snapshot")
+        def past_it() -> bool:  # only the dataset's lease keeps the old snapshot in use now,
+            in_use = client.gc(grace_seconds=0)["snapshots_in_use"]  # and only by its renewals
+            return all(u["snapshot"] >= tx.csn for u in in_use if u["holder"] == "replica snapshot") \
+                and time.monotonic() - opened > 3 * LEASE_SECONDS
 
-        wait_until(past_it, what="every replica's snapshot past the overwrite")
+        wait_until(past_it, what="every replica's snapshot past the overwrite, the lease renewed")
         client.gc(grace_seconds=0)
         assert all(os.path.exists(f) for f in names)
         con = duckdb.connect()
@@ -264,6 +268,7 @@ def test_a_part_file_unlike_its_commit_is_corrupt_part_naming_it(tmp_path: Path)
     bad = write_part(storage, tdef.name, ["day", "region"], (DAYS[1], "eu"), wide_rows(5, 3, DAYS[1], "eu"), "T1-1-h")
     same_rows(snapshot_dataset(storage, tdef, [good, bad]).to_table(),
               pa.concat_tables([read_part(storage, good), read_part(storage, bad)]))
+    assert snapshot_dataset(storage, tdef, []).to_table() == WIDE.empty_table()  # no parts: no rows
     path = storage.arrow_path(bad.path)
     with open(path, "rb") as f:
         raw = f.read()
