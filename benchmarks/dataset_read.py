@@ -15,7 +15,9 @@ Cases, each timed ``--rounds`` times (median reported; the order alternates per 
   selects for that filter are reported beside the total.
 
 ``dataset`` times ``with client.dataset(t) as ds: con.register(...); con.sql(...).fetchall()``
-whole (the ``visible`` call and lease, the footer checks, DuckDB's scan through Arrow);
+whole (the ``visible`` call and lease, the size checks, DuckDB's scan through Arrow); ``view``
+the same with ``parts.dataset.duckdb_view(con, "v", ds)`` instead of ``register`` (DuckDB's own
+Parquet reader over the dataset's files);
 ``dataset query`` the SQL alone on a dataset already open; ``direct`` times
 ``read_parquet([...the part files...])`` with the same SQL (its file list given, as a reader that
 already knows the paths would: no listing). Wall seconds and this process's CPU seconds (DuckDB
@@ -46,6 +48,8 @@ sys.path.insert(0, str(ROOT))
 import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
+
+from parts.dataset import duckdb_view  # noqa: E402
 
 TABLE = "bench_events"
 SCHEMA = pa.schema([("day", pa.date32()), ("id", pa.int64()), ("n", pa.int64()), ("x", pa.float64()),
@@ -126,19 +130,25 @@ def main(argv: list[str] | None = None) -> int:
                 finally:
                     con.unregister("t")
 
+        def through_view(where: str) -> list:
+            with client.dataset(TABLE) as ds_:
+                duckdb_view(con, "v", ds_)
+                return con.sql(AGG.format(src="v", where=where)).fetchall()
+
         def direct(where: str) -> list:
             return con.sql(AGG.format(src=direct_src, where=where)).fetchall()
 
         for name, where in cases.items():
-            assert rounded(through_dataset(where)) == rounded(direct(where)), f"{name}: the two reads disagree"  # a warm-up too
-            runs: dict[str, list[tuple[float, float]]] = {"dataset": [], "dataset query": [], "direct": []}
+            expected = rounded(direct(where))  # the reads agree (and are warmed up)
+            assert rounded(through_dataset(where)) == expected == rounded(through_view(where)), name
+            runs: dict[str, list[tuple[float, float]]] = {"dataset": [], "dataset query": [], "view": [], "direct": []}
+            ways = {"dataset": through_dataset, "view": through_view, "direct": direct}
             with client.dataset(TABLE) as held:
                 con.register("held", held)
                 for r in range(a.rounds):
-                    order = ["dataset", "direct"] if r % 2 == 0 else ["direct", "dataset"]
+                    order = ["dataset", "view", "direct"] if r % 2 == 0 else ["direct", "view", "dataset"]
                     for kind in order:
-                        fn = (lambda w=where: through_dataset(w)) if kind == "dataset" else (lambda w=where: direct(w))
-                        runs[kind].append(timed(fn)[:2])
+                        runs[kind].append(timed(lambda k=kind, w=where: ways[k](w))[:2])
                     runs["dataset query"].append(timed(lambda w=where: con.sql(AGG.format(src="held", where=w)).fetchall())[:2])
                 con.unregister("held")
             summary = {k: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v),
@@ -147,10 +157,13 @@ def main(argv: list[str] | None = None) -> int:
             summary["ratio"] = summary["dataset"]["wall_s"] / base
             summary["ratio_query"] = summary["dataset query"]["wall_s"] / base
             summary["ratio_cpu"] = summary["dataset"]["cpu_s"] / summary["direct"]["cpu_s"]
+            summary["ratio_view"] = summary["view"]["wall_s"] / base
+            summary["ratio_view_cpu"] = summary["view"]["cpu_s"] / summary["direct"]["cpu_s"]
             results[name] = summary
             log(f"{name}: dataset {summary['dataset']['wall_s']:.3f} s, query alone "
                 f"{summary['dataset query']['wall_s']:.3f} s, direct {base:.3f} s: "
-                f"{summary['ratio']:.2f}x ({summary['ratio_query']:.2f}x query alone, CPU {summary['ratio_cpu']:.2f}x)")
+                f"{summary['ratio']:.2f}x ({summary['ratio_query']:.2f}x query alone, CPU {summary['ratio_cpu']:.2f}x); "
+                f"duckdb_view {summary['view']['wall_s']:.3f} s: {summary['ratio_view']:.2f}x (CPU {summary['ratio_view_cpu']:.2f}x)")
         client.close()
     print(json.dumps(results, indent=2))
     if a.out:

@@ -10,6 +10,11 @@ added lacks it: the dataset's schema makes it null, as ``client.read`` does. A p
 a column was *renamed* cannot be read by name from its file; those few are read and upgraded in
 memory (:meth:`TableDef.upgrade`) and joined to the file fragments as one in-memory child.
 
+DuckDB scanning an Arrow dataset lets pyarrow decode the pages and then converts the arrays,
+about twice the CPU of its own Parquet reader (benchmarks/README.md). :func:`duckdb_view` gives
+DuckDB the files themselves where that reads the same rows: a dataset of local parts that all
+hold every column.
+
 Before the dataset is handed out each file's size is compared with what the commit recorded: a
 truncated, replaced or missing file is ``CorruptPart`` naming it, not a wrong answer later inside
 an engine. Footers are left to the scan, which reads only those of the parts a filter keeps (a
@@ -20,6 +25,7 @@ not verified (that would read every byte twice); ``client.check`` does that.
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -27,9 +33,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from coordinator.catalog import TableDef
-from coordinator.errors import CorruptPart, quote
+from coordinator.errors import CorruptPart, InvalidInput, quote
 from parts.meta import PartMeta
 from parts.rewrite import read_parts
 from parts.storage import Storage
@@ -56,31 +63,44 @@ def _typed(value: Any, typ: pa.DataType) -> pa.Scalar:
     return pa.scalar(value, typ)
 
 
-def _renamed_since(tdef: TableDef, meta: PartMeta) -> bool:
-    """Whether the part's file names a column otherwise than ``tdef`` does (a rename since it
-    was written); columns added since are merely absent, which the dataset schema fills."""
-    return any(old is not None and old != now for now, old in zip(tdef.schema.names, tdef.names_at(meta.schema_version)))
+WHOLE, LACKING, RENAMED = "whole", "lacking", "renamed"  # a part's file against the definition
+
+
+def _shape(tdef: TableDef, meta: PartMeta) -> str:
+    """How the part's file stands to ``tdef``: every column under its name now (``WHOLE``),
+    some column added since and absent (``LACKING``: the dataset schema fills null), or some
+    column renamed since (``RENAMED``: only an upgrade in memory reads it by its new name)."""
+    before = tdef.names_at(meta.schema_version)
+    if any(old is not None and old != now for now, old in zip(tdef.schema.names, before)):
+        return RENAMED
+    return LACKING if any(old is None for old in before) else WHOLE
 
 
 def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]) -> ds.Dataset:
     """The rows of ``metas`` (the parts visible at one snapshot, of table ``tdef``) as a dataset
-    of ``tdef.schema``: a ``FileSystemDataset`` of one fragment per part, or a ``UnionDataset`` of
-    it and the upgraded rows of parts written before a rename."""
+    of ``tdef.schema``: a ``FileSystemDataset`` of one fragment per part; when some parts predate
+    an ``alter_table``, a ``UnionDataset`` of the parts holding every column, those lacking a
+    column added since (each a fragment too), and the upgraded rows of those written before a
+    rename (in memory)."""
     filesystem = storage.arrow_filesystem()
     fmt = ds.ParquetFileFormat()
-    by_file = [m for m in metas if not _renamed_since(tdef, m)]
-    fragments = [
-        fmt.make_fragment(storage.arrow_path(m.path), filesystem, file_size=m.size,
-                          partition_expression=partition_expression(tdef, m.partition))
-        for m in by_file
-    ]
-    _check_sizes(storage, by_file)
-    files = ds.FileSystemDataset(fragments, tdef.schema, fmt, filesystem)
-    upgraded = [m for m in metas if _renamed_since(tdef, m)]
-    if not upgraded:
-        return files
-    rows = ds.dataset(pa.concat_tables(read_parts(storage, upgraded, table=tdef)))
-    return ds.dataset([files, rows])
+    shapes: dict[str, list[PartMeta]] = {WHOLE: [], LACKING: [], RENAMED: []}
+    for m in metas:
+        shapes[_shape(tdef, m)].append(m)
+    _check_sizes(storage, shapes[WHOLE] + shapes[LACKING])
+
+    def files(group: list[PartMeta]) -> ds.FileSystemDataset:
+        fragments = [fmt.make_fragment(storage.arrow_path(m.path), filesystem, file_size=m.size,
+                                       partition_expression=partition_expression(tdef, m.partition))
+                     for m in group]
+        return ds.FileSystemDataset(fragments, tdef.schema, fmt, filesystem)
+
+    children: list[ds.Dataset] = [files(shapes[kind]) for kind in (WHOLE, LACKING) if shapes[kind]]
+    if shapes[RENAMED]:
+        children.append(ds.dataset(pa.concat_tables(read_parts(storage, shapes[RENAMED], table=tdef))))
+    if len(children) <= 1:
+        return children[0] if children else files([])
+    return ds.dataset(children)
 
 
 def table_dataset(tdef: TableDef, data: pa.Table) -> ds.Dataset:
@@ -106,3 +126,34 @@ def _check_sizes(storage: Storage, metas: Sequence[PartMeta]) -> None:
         return
     with ThreadPoolExecutor(max_workers=min(SIZE_THREADS, len(metas))) as pool:
         list(pool.map(check, metas))
+
+
+def duckdb_view(con: Any, name: str, dataset: ds.Dataset) -> None:
+    """Make ``name`` a temporary view of ``dataset`` (from ``client.dataset``) on the DuckDB
+    connection ``con``: DuckDB's own Parquet reader over the part files, their columns cast to
+    the types ``con.register`` would give, when every fragment is a local file holding every
+    column (one ``FileSystemDataset``); otherwise the dataset registered (Arrow). Same rows,
+    types and pruning either way. Like the dataset, use it inside the block that holds it."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise InvalidInput(f"view name must be a non-empty string, not {quote(name)}")
+    if not (isinstance(dataset, ds.FileSystemDataset) and isinstance(dataset.filesystem, pafs.LocalFileSystem)
+            and dataset.files):
+        con.register(name, dataset)
+        return
+    probe = f"__mergetxn_schema_{uuid.uuid4().hex}"
+    con.register(probe, dataset.schema.empty_table())
+    try:
+        types = {row[0]: row[1] for row in con.execute(f"DESCRIBE {_ident(probe)}").fetchall()}
+    finally:
+        con.unregister(probe)
+    columns = ", ".join(f"CAST({_ident(c)} AS {types[c]}) AS {_ident(c)}" for c in dataset.schema.names)
+    files = ", ".join(_literal(f) for f in dataset.files)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_ident(name)} AS SELECT {columns} FROM read_parquet([{files}])")
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"

@@ -35,7 +35,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from mergetxn.zkserver import ZooKeeperServer
-from parts.dataset import snapshot_dataset
+from parts.dataset import duckdb_view, snapshot_dataset
 from parts.format import read_part, write_part
 from parts.storage import Storage
 
@@ -116,8 +116,7 @@ def test_a_dataset_holds_what_read_returns_at_the_latest_and_an_older_snapshot(c
             assert isinstance(d, ds.Dataset)
             same_rows(d.to_table(), expected)
     with client.dataset(t) as d:
-        assert isinstance(d, ds.FileSystemDataset)
-        assert len(d.files) == len([p for p in client.parts(t).to_pylist() if p["visible"]]) == 4
+        assert len(list(d.get_fragments())) == len([p for p in client.parts(t).to_pylist() if p["visible"]]) == 4
         assert d.to_table().column("note").null_count == 9  # the older parts lack it
     with client.dataset(t, as_of=dt.datetime.now(UTC)) as d:
         same_rows(d.to_table(), client.read(t))
@@ -301,6 +300,41 @@ def test_duckdb_and_polars_query_it_with_pushdown(client: Client) -> None:
         frame = pl.scan_pyarrow_dataset(d).filter((pl.col("day") == DAYS[2]) & (pl.col("ok"))).select("id").collect()
         expected = whole.filter((pc.field("day") == DAYS[2]) & pc.field("ok")).column("id").to_pylist()
         assert sorted(frame["id"].to_list()) == sorted(expected)
+
+
+def test_duckdb_view_reads_with_duckdbs_own_reader_what_register_reads(client: Client) -> None:
+    """``duckdb_view``: the same rows and DuckDB types as ``con.register``; on local parts that
+    hold every column DuckDB's Parquet reader runs (and prunes files by the filter), otherwise
+    (a column added since some parts, a keys table) the registered dataset does."""
+    plain, altered, keyed = "ds_view", "ds_view_altered", "ds_view_keys"
+    for t in (plain, altered):
+        client.create_table(t, WIDE, partition_by=["day", "region"], auto_merge=False)
+        for i, day in enumerate(DAYS):
+            commit(client, t, wide_rows(10 * i, 4, day, "eu" if i else None))
+    client.alter_table(altered, add_columns=[pa.field("note", pa.string())])
+    commit(client, altered, wide_rows(90, 2, DAYS[0], "us").append_column("note", pa.array(["n1", "n2"])))
+    client.create_table(keyed, pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]),
+                        primary_key=["k"], conflict_policy="keys")
+    commit(client, keyed, pa.table({"k": [1, 2], "a": ["x", "y"]}))
+    query = "SELECT * FROM {} WHERE day = DATE '2024-06-02' ORDER BY id"
+    for t, native in ((plain, True), (altered, False), (keyed, False)):
+        with client.dataset(t) as d:
+            con = duckdb.connect()
+            con.register("arrow", d)
+            duckdb_view(con, "native", d)
+            assert con.sql("DESCRIBE native").fetchall() == con.sql("DESCRIBE arrow").fetchall()
+            plan = "".join(str(row) for row in con.sql("EXPLAIN ANALYZE SELECT * FROM native").fetchall())
+            assert ("READ_PARQUET" in plan) == native, t
+            if t == keyed:
+                assert sorted(con.sql("SELECT * FROM native").fetchall()) == [(1, "x"), (2, "y")]
+                continue
+            assert con.sql(query.format("native")).fetch_arrow_table() == con.sql(query.format("arrow")).fetch_arrow_table()
+            assert con.sql("SELECT count(*) FROM native").fetchall() == [(client.read(t).num_rows,)]
+            if native:
+                pruned = "".join(str(row) for row in con.sql("EXPLAIN ANALYZE " + query.format("native")).fetchall())
+                assert re.search(r"Scanning Files:\W+1/3", pruned), pruned  # DuckDB's own pruning
+    with pytest.raises(InvalidInput, match="view name"):
+        duckdb_view(duckdb.connect(), "", ds.dataset(pa.table({"a": [1]})))
 
 
 def readme_snippets() -> list[str]:
