@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors, keys, security
@@ -43,6 +44,7 @@ from coordinator.rpc import RpcClient
 from coordinator.security import Credentials
 from coordinator.versions import Tid
 from parts import rewrite
+from parts.dataset import snapshot_dataset, table_dataset
 from parts.format import read_part, write_part
 from parts.meta import PartMeta
 from parts.ops import (
@@ -459,6 +461,39 @@ class Client:
             except (AttributeError, TypeError, ValueError):
                 raise errors.CorruptMetadata(f"replica {self.address} answered creation CSNs that do not parse") from None
             yield tdef, r["snapshot"], metas, csns
+
+    @contextmanager
+    def dataset(self, table: str, snapshot: int | None = None,
+                as_of: dt.datetime | None = None) -> Iterator[ds.Dataset]:
+        """``table`` at the latest snapshot, at ``snapshot`` or ``as_of`` as a
+        ``pyarrow.dataset.Dataset`` for DuckDB, Polars and other Arrow engines: the rows ``read``
+        returns, each part a fragment with its partition expression and footer statistics (a
+        filter skips parts unread); a keys table's fold (one row per key) in memory. Engines read
+        the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends."""
+        latest = snapshot is None and as_of is None
+        for attempt in range(2):
+            r = self.call("visible", **_visible_args(table, snapshot, as_of))
+            with self._leased(r):
+                tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+                try:
+                    built = self._dataset(tdef, [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns"))
+                except errors.CorruptPart:
+                    # As in read: a part taken by cleanup after a lapsed lease is SnapshotUnavailable
+                    # (a latest snapshot starts over once); anything else is the file's fault.
+                    try:
+                        self.call("visible", table=table, snapshot=r["snapshot"], fresh=True, lease="none")
+                    except errors.SnapshotUnavailable:
+                        if latest and attempt == 0:
+                            continue
+                        raise
+                    raise
+                yield built
+                return
+
+    def _dataset(self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int] | None) -> ds.Dataset:
+        if tdef.conflict_policy is Policy.KEYS:  # versions fold per key: the fold is the dataset
+            return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
+        return snapshot_dataset(self.storage, tdef, metas)
 
     @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
@@ -1166,6 +1201,18 @@ class Transaction:
         metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
         self._record_read(tdef, where)
         return self.client._read_parts(tdef, metas, columns, where, csns)
+
+    @contextmanager
+    def dataset(self, table: str) -> Iterator[ds.Dataset]:
+        """This transaction's view of ``table`` (its snapshot plus its own writes) as a
+        ``pyarrow.dataset.Dataset``, as ``client.dataset`` gives one; a serializable transaction
+        records it as a read of the whole table. The running transaction keeps its snapshot (and
+        its own files) in use, so no lease is taken; use it before the transaction ends."""
+        self._check_open()
+        tdef = self.table(table)
+        metas, csns = self._visible_csns(table)
+        self._record_read(tdef, None)
+        yield self.client._dataset(tdef, metas, csns)
 
     @_named("drop_table")
     def drop_table(self, table: str) -> None:

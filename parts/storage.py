@@ -222,6 +222,20 @@ class Storage:
         """True when files live in a local directory (fsync-based durability)."""
         return self._fs is None
 
+    def arrow_filesystem(self) -> Any:
+        """This storage as a ``pyarrow.fs.FileSystem`` (for ``pyarrow.dataset`` and the engines
+        that scan one): the local file system, or the fsspec one (s3fs) wrapped for Arrow, with
+        the same credentials. Paths on it: :meth:`arrow_path`."""
+        import pyarrow.fs as pafs
+
+        if self._fs is None:
+            return pafs.LocalFileSystem()
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self._fs))
+
+    def arrow_path(self, relpath: str) -> str:
+        """Where ``relpath`` is on :meth:`arrow_filesystem`."""
+        return self._local(relpath) if self._fs is None else self._remote(relpath)
+
     def _local(self, relpath: str) -> str:
         return os.path.join(self._root, *_validate_relpath(relpath).split("/"))
 

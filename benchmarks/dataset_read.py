@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""DuckDB reading a table through ``client.dataset`` against DuckDB reading the same Parquet
+files directly (issue 25's benchmark; target: at most 1.2x).
+
+One 1-replica LocalCluster; a ``parts`` table of ``--rows`` rows (default 10,000,000) in
+``--days`` date partitions (default 20), loaded in ``--loads`` inserts (default 10) whose rows
+span every day, so each insert adds one part per day (200 parts of 50,000 rows by default).
+Columns: ``day`` (date32, the partition column), ``id`` (int64), ``n`` (int64), ``x`` (float64),
+``s`` (a short string).
+
+Cases, each timed ``--rounds`` times (median reported; the order alternates per round):
+
+- **all**: ``SELECT day, count(*), sum(n), avg(x), max(s) ... GROUP BY day`` over every row.
+- **one day**: the same with ``WHERE day = <the middle day>``; the fragments (parts) the dataset
+  selects for that filter are reported beside the total.
+
+``dataset`` times ``with client.dataset(t) as ds: con.register(...); con.sql(...).fetchall()``
+whole (the ``visible`` call and lease, the size checks, DuckDB's scan through Arrow); ``view``
+the same with ``parts.dataset.duckdb_view(con, "v", ds)`` instead of ``register`` (DuckDB's own
+Parquet reader over the dataset's files);
+``dataset query`` the SQL alone on a dataset already open; ``direct`` times
+``read_parquet([...the part files...])`` with the same SQL (its file list given, as a reader that
+already knows the paths would: no listing). Wall seconds and this process's CPU seconds (DuckDB
+and Arrow run their threads in it).
+
+    .venv/bin/python benchmarks/dataset_read.py [--rows 10000000] [--days 20] [--loads 10] [--rounds 5] \\
+        [--threads N] [--out benchmarks/results/dataset_read.json]
+
+Scratch data lives in a temporary directory, removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import duckdb  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+from parts.dataset import duckdb_view  # noqa: E402
+
+TABLE = "bench_events"
+SCHEMA = pa.schema([("day", pa.date32()), ("id", pa.int64()), ("n", pa.int64()), ("x", pa.float64()),
+                    ("s", pa.string())])
+FIRST_DAY = dt.date(2024, 1, 1)
+AGG = "SELECT day, count(*) AS rows_, sum(n) AS n, avg(x) AS x, max(s) AS s FROM {src}{where} GROUP BY day ORDER BY day"
+
+
+def chunk(start: int, rows: int, days: int) -> pa.Table:
+    """``rows`` rows from id ``start``, their days round-robin over ``days`` days."""
+    ids = pa.array(range(start, start + rows), pa.int64())
+    day_index = pc.remainder(ids, days).cast(pa.int32())
+    first = (FIRST_DAY - dt.date(1970, 1, 1)).days
+    day = pc.add(day_index, pa.scalar(first, pa.int32())).view(pa.date32())
+    n = pc.remainder(pc.multiply(ids, 7), 1000)
+    x = pc.divide(ids.cast(pa.float64()), 3.0)
+    s = pc.binary_join_element_wise("s", pc.remainder(ids, 997).cast(pa.string()), "")
+    return pa.table([day, ids, n, x, s], schema=SCHEMA)
+
+
+def rounded(rows: list) -> list:
+    """Result rows with the average rounded (summation order differs between scans)."""
+    return [(day, count, n, round(x, 6), s) for day, count, n, x, s in rows]
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return time.perf_counter() - wall, time.process_time() - cpu, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=10_000_000)
+    ap.add_argument("--days", type=int, default=20)
+    ap.add_argument("--loads", type=int, default=10, help="inserts the rows are loaded in (parts = loads x days)")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: DuckDB's)")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+
+    from mergetxn.cluster import LocalCluster
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    results: dict[str, Any] = {"rows": a.rows, "days": a.days, "loads": a.loads, "rounds": a.rounds,
+                               "threads": a.threads, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+                               "duckdb": duckdb.__version__, "pyarrow": pa.__version__}
+    with tempfile.TemporaryDirectory(prefix="mergetxn-dsbench-") as work, \
+            LocalCluster(Path(work) / "cluster", replicas=1, settings={"merge_interval": 0}) as cluster:
+        client = cluster.client(0)
+        client.create_table(TABLE, SCHEMA, partition_by=["day"], auto_merge=False)
+        per_load = -(-a.rows // a.loads)
+        t0 = time.perf_counter()
+        for start in range(0, a.rows, per_load):
+            with client.transaction() as tx:
+                tx.insert(TABLE, chunk(start, min(per_load, a.rows - start), a.days))
+        log(f"loaded {a.rows:,} rows in {time.perf_counter() - t0:.1f} s")
+
+        mid = FIRST_DAY + dt.timedelta(days=a.days // 2)
+        with client.dataset(TABLE) as d:
+            paths = list(d.files)
+            selected = len(list(d.get_fragments(filter=pc.field("day") == mid)))
+        results.update(parts=len(paths), parts_selected_one_day=selected)
+        log(f"{len(paths)} parts; the filter day = {mid} selects {selected} fragments")
+        con = duckdb.connect()
+        if a.threads:
+            con.execute(f"SET threads = {a.threads}")
+        direct_src = "read_parquet([" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "])"
+        cases = {"all": "", "one day": f" WHERE day = DATE '{mid.isoformat()}'"}
+
+        def through_dataset(where: str) -> list:
+            with client.dataset(TABLE) as ds_:
+                con.register("t", ds_)
+                try:
+                    return con.sql(AGG.format(src="t", where=where)).fetchall()
+                finally:
+                    con.unregister("t")
+
+        def through_view(where: str) -> list:
+            with client.dataset(TABLE) as ds_:
+                duckdb_view(con, "v", ds_)
+                return con.sql(AGG.format(src="v", where=where)).fetchall()
+
+        def direct(where: str) -> list:
+            return con.sql(AGG.format(src=direct_src, where=where)).fetchall()
+
+        for name, where in cases.items():
+            expected = rounded(direct(where))  # the reads agree (and are warmed up)
+            assert rounded(through_dataset(where)) == expected == rounded(through_view(where)), name
+            runs: dict[str, list[tuple[float, float]]] = {"dataset": [], "dataset query": [], "view": [], "direct": []}
+            ways = {"dataset": through_dataset, "view": through_view, "direct": direct}
+            with client.dataset(TABLE) as held:
+                con.register("held", held)
+                for r in range(a.rounds):
+                    order = ["dataset", "view", "direct"] if r % 2 == 0 else ["direct", "view", "dataset"]
+                    for kind in order:
+                        runs[kind].append(timed(lambda k=kind, w=where: ways[k](w))[:2])
+                    runs["dataset query"].append(timed(lambda w=where: con.sql(AGG.format(src="held", where=w)).fetchall())[:2])
+                con.unregister("held")
+            summary = {k: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v),
+                           "walls": [round(w, 4) for w, _ in v]} for k, v in runs.items()}
+            base = summary["direct"]["wall_s"]
+            summary["ratio"] = summary["dataset"]["wall_s"] / base
+            summary["ratio_query"] = summary["dataset query"]["wall_s"] / base
+            summary["ratio_cpu"] = summary["dataset"]["cpu_s"] / summary["direct"]["cpu_s"]
+            summary["ratio_view"] = summary["view"]["wall_s"] / base
+            summary["ratio_view_cpu"] = summary["view"]["cpu_s"] / summary["direct"]["cpu_s"]
+            results[name] = summary
+            log(f"{name}: dataset {summary['dataset']['wall_s']:.3f} s, query alone "
+                f"{summary['dataset query']['wall_s']:.3f} s, direct {base:.3f} s: "
+                f"{summary['ratio']:.2f}x ({summary['ratio_query']:.2f}x query alone, CPU {summary['ratio_cpu']:.2f}x); "
+                f"duckdb_view {summary['view']['wall_s']:.3f} s: {summary['ratio_view']:.2f}x (CPU {summary['ratio_view_cpu']:.2f}x)")
+        client.close()
+    print(json.dumps(results, indent=2))
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
