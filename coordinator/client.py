@@ -827,7 +827,7 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._write_versions(tdef, data, keys.PUT)
-        data = conform(tdef.schema, _as_table(data, table), table)
+        data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         parts = self._write(tdef, data)
         if parts:
             self._stage(Insert(table, tuple(parts)))
@@ -896,7 +896,7 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._overwrite_keys(tdef, data, partitions)
-        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
+        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite", required=tdef.partition_by)
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
             targets = _partitions(tdef, partitions)
