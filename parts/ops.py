@@ -95,6 +95,9 @@ def _is_partition_type(t: pa.DataType) -> bool:
     )
 
 
+CHANGE_COLUMNS = ("_change", "_csn")  # what changes() adds to a table's columns: no table may have them
+
+
 def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: list[str]) -> None:
     """Reject schemas a table cannot have, naming each problem."""
     if not isinstance(schema, pa.Schema):
@@ -108,6 +111,10 @@ def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: lis
     if dups:
         raise InvalidInput(f"schema has duplicate column(s) {dups}")
     known = set(names)
+    reserved = [n for n in CHANGE_COLUMNS if n in known]
+    if reserved:
+        raise InvalidInput(f"column name(s) {reserved} are reserved: incremental reads (changes) add them to "
+                           "a table's columns")
     for kind, cols in (("partition", partition_by), ("primary key", primary_key)):
         if isinstance(cols, str) or not all(isinstance(c, str) for c in cols):
             raise InvalidInput(f"{kind} columns must be a list of column names, got {quote(cols)}")
