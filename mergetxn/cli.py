@@ -34,6 +34,7 @@ from rich.table import Table
 from coordinator import errors
 from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, MergetxnError, quote
+from mergetxn.jsonrows import json_value, table_lines
 from replicas import logs
 from replicas.settings import click_options
 
@@ -408,21 +409,9 @@ def _reading(path: Path, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
         raise InvalidInput(f"cannot read {path}: {exc}") from None
 
 
-def _json_value(value: Any) -> Any:
-    """JSON for what ``json`` does not know: dates and times as ISO 8601, bytes as hex,
-    decimals as strings."""
-    if isinstance(value, (dt.date, dt.datetime, dt.time)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    return str(value)
-
-
 def echo_json(value: Any) -> None:
     """One JSON document on stdout (what ``--json`` prints)."""
-    click.echo(json.dumps(value, default=_json_value))
+    click.echo(json.dumps(value, default=json_value))
 
 
 def long_timeout() -> float:
@@ -1246,9 +1235,8 @@ def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: 
                         advance(data.num_rows)
             else:
                 for data in tables:
-                    for batch in data.to_batches(max_chunksize=10_000):
-                        sink.write("".join(json.dumps(r, default=_json_value) + "\n"
-                                           for r in batch.to_pylist()).encode())
+                    for chunk in table_lines(data):  # vectorised (mergetxn/jsonrows.py)
+                        sink.write(chunk)
                     rows += data.num_rows
                     advance(data.num_rows)
         sink.flush()
