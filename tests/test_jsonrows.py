@@ -12,7 +12,7 @@ import random
 import pyarrow as pa
 import pytest
 
-from mergetxn.jsonrows import lines, table_lines
+from mergetxn.jsonrows import lines, stream, table_lines
 
 
 def reference(t: pa.Table) -> str:
@@ -86,3 +86,11 @@ def test_empty_shapes_and_batches() -> None:
 def test_all_null_columns(ty: pa.DataType) -> None:
     t = pa.table({"c": pa.nulls(3, ty)})
     assert bytes(lines(t)).decode() == reference(t)
+
+
+def test_stream_keeps_the_order_of_tables_and_batches() -> None:
+    tables = [pa.table({"a": list(range(s, s + n))}) for s, n in ((0, 70_000), (70_000, 5), (70_005, 200_000))]
+    out = list(stream(iter(tables), workers=2))
+    assert sum(n for _, n in out) == 270_005
+    text = b"".join(bytes(c) for c, _ in out)
+    assert text == b"".join(f'{{"a": {i}}}\n'.encode() for i in range(270_005))
