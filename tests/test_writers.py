@@ -20,6 +20,7 @@ from coordinator.client import Client
 from coordinator.errors import InvalidInput
 from mergetxn.cli import cli
 from mergetxn.zkserver import ZooKeeperServer
+from parts.format import write_part
 
 BASE = pa.schema([pa.field("id", pa.int64(), nullable=False), ("p", pa.string()), ("v", pa.string())])
 NOTE = pa.field("note", pa.string())
@@ -71,6 +72,18 @@ def test_client_writes_lacking_an_added_nullable_column_fill_null(client: Client
     with client.transaction() as tx:
         tx.overwrite(t, old_rows(5, 1))
     assert by_id(client, t) == [{"id": 5, "p": "a", "v": "v5", "note": None}]
+
+
+def test_a_committed_part_file_lacking_a_nullable_column_reads_null(client: Client) -> None:
+    """A part a writer made itself (``write_part`` + ``commit_parts``, as Spark's native writer
+    commits its files) without the added column: reads give null there, as for parts written
+    before the alter."""
+    t = altered(client, "w_parts")
+    tdef = client.table(t)
+    meta = write_part(client.storage, t, ["p"], ("a",), old_rows(0, 2), "job-1", tdef.ddl_version)
+    client.commit_parts(t, [meta])
+    assert by_id(client, t) == [{"id": 0, "p": "a", "v": "v0", "note": None},
+                                {"id": 1, "p": "a", "v": "v1", "note": None}]
 
 
 def test_absent_required_and_extra_columns_are_still_refused(client: Client) -> None:
