@@ -47,6 +47,10 @@ def _seconds(v: Any) -> str | None:
     return "a finite number of seconds >= 0"
 
 
+def _seconds_or_none(v: Any) -> str | None:
+    return None if v is None else _seconds(v)  # None: the default (a table's: the replica's)
+
+
 def _flag(v: Any) -> str | None:
     return None if isinstance(v, bool) else "True or False"
 
@@ -84,7 +88,7 @@ def _time_or_seconds(v: Any) -> str | None:
 def _csn_or_time(v: Any) -> str | None:
     if _count(v) is None or _time(v) is None:
         return None
-    return "a CSN (by='id') or a timezone-aware datetime (by='time')"
+    return "an integer CSN (by='id') or a timezone-aware datetime (by='time')"
 
 
 def _expression(v: Any) -> str | None:
@@ -147,7 +151,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "snapshot": _count, "since_csn": _count, "version": _count, "txn_max_rows": _count,
     "start": _csn_or_time, "end": _csn_or_time,
     "as_of": _time_or_seconds,
-    "grace_seconds": _seconds, "retention_seconds": _seconds, "txn_max_seconds": _seconds,
+    "grace_seconds": _seconds_or_none, "retention_seconds": _seconds_or_none, "txn_max_seconds": _seconds_or_none,
     "update": _flag, "compactions": _flag, "checksums": _flag, "auto_merge": _flag,
     "columns": _names, "partition_by": _names, "primary_key": _names, "removed": _names,
     "tables": _names_or_one,
