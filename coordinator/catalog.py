@@ -293,10 +293,14 @@ class TableDef:
     def upgrade(self, data: pa.Table, schema_version: int) -> pa.Table:
         """Rows of a part written for ``schema_version``, under this definition: renamed columns
         under their names now, added columns null, in this schema's order and types."""
+        if data.schema == self.schema:
+            return data
         if schema_version >= self.ddl_version or not self.changes:
-            return data if data.schema == self.schema else data.cast(self.schema)
+            olds: Sequence[str | None] = self.schema.names  # a file lacking a column (a writer's subset) reads null there
+        else:
+            olds = self.names_at(schema_version)
         cols = []
-        for f, old in zip(self.schema, self.names_at(schema_version)):
+        for f, old in zip(self.schema, olds):
             if old is None or old not in data.column_names:
                 cols.append(pa.nulls(data.num_rows, f.type))
             else:

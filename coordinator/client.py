@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 import os
 import threading
 import uuid
@@ -24,6 +25,7 @@ import pyarrow.dataset as ds
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator import errors, keys, security
+from coordinator.arguments import checked, checked_methods
 from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef, check_retention
 from coordinator.conflicts import Policy, check_app_version
@@ -48,6 +50,7 @@ from parts.dataset import snapshot_dataset, table_dataset
 from parts.format import read_part, write_part
 from parts.meta import PartMeta
 from parts.ops import (
+    CHANGE_COLUMNS,
     _json_scalar,
     apply_update,
     assignments,
@@ -87,6 +90,7 @@ class _StillCommitting(Exception):
     pass
 
 
+@checked_methods
 class Client:
     """A client of one replica (``host:port``). ``credentials``: a secured cluster's
     (a :class:`coordinator.security.Credentials` or the path of its credentials file); by
@@ -99,6 +103,7 @@ class Client:
                  long_calls: Mapping[str, float] | None = None) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
+        _check_connect_args(timeout, storage_options)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
             raise InvalidInput(f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, "
                                f"not {quote(timeout)}")
@@ -665,6 +670,11 @@ class Client:
         r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
+        clash = [c for c in CHANGE_COLUMNS if c in tdef.schema.names]
+        if clash:  # a table created before the names were reserved
+            with self._leased(r):
+                raise InvalidInput(f"changes of {quote(table)}: the table has column(s) {clash}, the names changes "
+                                   "gives its own columns; rename them (alter_table rename_columns)", table=table)
         if tdef.conflict_policy is Policy.KEYS:
             with self._leased(r):
                 return self._key_changes(tdef, r)
@@ -767,11 +777,11 @@ class Client:
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {quote(op)}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
+        metas = _part_metas(metas, f"commit_parts to {quote(table)}")
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
             raise InvalidInput(f"commit_parts op='overwrite' on keys table {quote(table)}: the keys to delete are read in "
                                "a transaction; use tx.add_parts(..., op='overwrite')", table=table)
-        metas = list(metas)
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
         if op == "overwrite":
@@ -817,6 +827,27 @@ def _named(statement: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
     return wrap
 
 
+def _decided_once(commit: Callable[..., T]) -> Callable[..., T]:
+    """Make ``commit`` decide once whatever the threads: callers after the first (concurrent or
+    later) wait for its decision and get the same answer, its CSN or the error it raised, never
+    a TransactionAborted for a transaction that committed (issue 21)."""
+
+    @functools.wraps(commit)
+    def once(self: Transaction) -> T:
+        with self._commit_lock:
+            if self._commit_error is not None:
+                raise self._commit_error
+            try:
+                return commit(self)
+            except errors.MergetxnError as exc:
+                if self._ended and self.csn is None:
+                    self._commit_error = exc
+                raise
+
+    return once
+
+
+@checked_methods
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
@@ -836,6 +867,8 @@ class Transaction:
         self._queued = False  # an async commit was accepted (queued) by the replica
         self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/keys.py)
         self._statement: str | None = None  # the statement being made (see _named)
+        self._commit_lock = threading.Lock()  # see _decided_once
+        self._commit_error: errors.MergetxnError | None = None
 
     @property
     def isolation(self) -> str:
@@ -944,7 +977,7 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._write_versions(tdef, data, keys.PUT)
-        data = conform(tdef.schema, _as_table(data, table), table)
+        data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         parts = self._write(tdef, data)
         if parts:
             self._stage(Insert(table, tuple(parts)))
@@ -1013,7 +1046,7 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._overwrite_keys(tdef, data, partitions)
-        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite")
+        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite", required=tdef.partition_by)
         split = split_by_partition(data, list(tdef.partition_by))
         if partitions is not None:
             targets = _partitions(tdef, partitions)
@@ -1145,8 +1178,8 @@ class Transaction:
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {quote(op)}")
+        metas = _part_metas(metas, f"add_parts to {quote(table)}")
         tdef = self.table(table)
-        metas = list(metas)
         _check_own_parts(tdef, metas)
         if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
             targets = _overwrite_targets(tdef, metas, partitions)
@@ -1224,6 +1257,7 @@ class Transaction:
         self._stage(DropTable(table))
 
     # -- ending -------------------------------------------------------------------------------
+    @_decided_once
     def commit(self) -> int | None:
         """Commit atomically; returns the CSN (the snapshot for a transaction that wrote nothing).
         Called again after it committed, it returns the same CSN (a retrying caller must not
@@ -1282,6 +1316,7 @@ class Transaction:
         self.client.call("rollback", id=self.id)
 
 
+@functools.partial(checked, "connect")
 def connect(address: str, storage_options: dict | None = None,
             credentials: Credentials | str | os.PathLike | None = None, timeout: float = CALL_TIMEOUT) -> Client:
     """A client of the replica at ``host:port``; ``credentials`` for a secured cluster
@@ -1294,6 +1329,16 @@ def connect(address: str, storage_options: dict | None = None,
 _CREATE_FIELDS = frozenset({"name", "schema", "partition_by", "primary_key", "conflict_policy", "auto_merge",
                             "lock_groups", "atomicity", "txn_max_seconds", "txn_max_rows",
                             "retention_seconds"})
+
+
+def _check_connect_args(timeout: Any, storage_options: Any) -> None:
+    """``connect``'s own arguments, refused as InvalidInput before any socket is opened."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+            or timeout <= 0:
+        raise InvalidInput(f"timeout must be a positive finite number of seconds, not {quote(timeout)}")
+    if storage_options is not None and (not isinstance(storage_options, Mapping)
+                                        or not all(isinstance(k, str) for k in storage_options)):
+        raise InvalidInput(f"storage_options must be a mapping of option names to values, not {quote(storage_options)}")
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
@@ -1382,6 +1427,19 @@ def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> C
             f"the outcome of {what} is being decided: its replica did not answer within {OUTCOME_WAIT:g}s "
             f"({exc.message}). {how} answers committed (with the CSN) or aborted once the replica decides, or "
             "once it is gone (its ZooKeeper session expired or it restarted): any replica can then decide it") from None
+
+
+def _part_metas(metas: Any, what: str) -> list[PartMeta]:
+    """``metas`` as a list of PartMeta, or InvalidInput naming what else it holds (a caller's
+    argument: a name, a dict or a path is not a part descriptor)."""
+    if isinstance(metas, (str, bytes, Mapping)) or not isinstance(metas, (Sequence, set, frozenset, Iterator)):
+        raise InvalidInput(f"{what}: parts must be a list of PartMeta (parts.meta), not {quote(metas)}")
+    out = list(metas)
+    bad = [m for m in out if not isinstance(m, PartMeta)]
+    if bad:
+        raise InvalidInput(f"{what}: parts must be PartMeta (parts.meta: write_part returns them), "
+                           f"not {quote(bad[0])} ({type(bad[0]).__name__})")
+    return out
 
 
 def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:

@@ -151,6 +151,11 @@ class TableNotFound(InvalidInput):
     """The table does not exist (at the snapshot in question)."""
 
 
+class TransactionNotFound(InvalidInput):
+    """No transaction of that id runs on, or recently ended on, the replica asked (it may run on
+    another replica: its id names it). Nothing was changed."""
+
+
 class SnapshotUnavailable(InvalidInput):
     """The snapshot asked for is newer than the log or older than what is retained."""
 
@@ -215,6 +220,7 @@ _BY_NAME = {
         DuplicateCommit,
         InvalidInput,
         TableNotFound,
+        TransactionNotFound,
         SnapshotUnavailable,
         CorruptPart,
         CorruptMetadata,

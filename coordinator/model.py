@@ -212,8 +212,8 @@ _ANY_OP_KEY = frozenset().union(*_OP_KEYS.values())
 
 def op_from_dict(d: Any) -> StagedOp:
     """Decode a staged operation (what :meth:`to_dict` gives). Anything wrong with its shape is
-    InvalidInput naming the field; a bad part descriptor in ``added`` is CorruptMetadata, from
-    :meth:`PartMeta.from_dict`. A key of another kind of operation is accepted only empty (null,
+    InvalidInput naming the field, a bad part descriptor in ``added`` included (it comes from a
+    caller: what :meth:`PartMeta.from_dict` calls CorruptMetadata is bad input here). A key of another kind of operation is accepted only empty (null,
     false, []), so the encoding that carried every key with those values still decodes."""
     if not isinstance(d, dict):
         raise InvalidInput(f"a staged operation must be an object, got {type(d).__name__}")
@@ -256,7 +256,10 @@ def op_from_dict(d: Any) -> StagedOp:
     added_raw = d.get("added")
     if added_raw is not None and not isinstance(added_raw, list):
         raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {quote(added_raw)}")
-    added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
+    try:
+        added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
+    except CorruptMetadata as exc:  # a caller's descriptor: bad input, not corrupt storage (exit 2, not 8)
+        raise InvalidInput(f"{op}: {exc.message}", table=table) from None
 
     if op == "drop_table":
         return DropTable(table)

@@ -33,7 +33,9 @@ from rich.table import Table
 
 from coordinator import errors
 from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput, MergetxnError
+from coordinator.errors import InvalidInput, MergetxnError, quote
+from mergetxn.jsonrows import json_value
+from mergetxn.jsonrows import stream as json_stream
 from replicas import logs
 from replicas.settings import click_options
 
@@ -63,7 +65,7 @@ EXIT_CODES = {
     EXIT_OK: "success",
     EXIT_UNHEALTHY: "unhealthy (status) or findings (chaos)",
     EXIT_USAGE: "usage error or invalid input; nothing was changed",
-    EXIT_NOT_FOUND: "not found: no such table, or the snapshot is not available",
+    EXIT_NOT_FOUND: "not found: no such table or transaction, or the snapshot is not available",
     EXIT_CONFLICT: "conflict: another transaction committed first; retrying is safe",
     EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout)",
     EXIT_AUTH: "authentication failed",
@@ -84,6 +86,7 @@ def exit_code(exc: BaseException) -> int:
         (errors.PermissionDenied, EXIT_DENIED),
         (errors.ConflictError, EXIT_CONFLICT),
         (errors.TableNotFound, EXIT_NOT_FOUND),
+        (errors.TransactionNotFound, EXIT_NOT_FOUND),
         (errors.SnapshotUnavailable, EXIT_NOT_FOUND),
         (errors.InvalidInput, EXIT_USAGE),
         (errors.ReplicaUnavailable, EXIT_UNAVAILABLE),
@@ -407,21 +410,9 @@ def _reading(path: Path, tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
         raise InvalidInput(f"cannot read {path}: {exc}") from None
 
 
-def _json_value(value: Any) -> Any:
-    """JSON for what ``json`` does not know: dates and times as ISO 8601, bytes as hex,
-    decimals as strings."""
-    if isinstance(value, (dt.date, dt.datetime, dt.time)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    return str(value)
-
-
 def echo_json(value: Any) -> None:
     """One JSON document on stdout (what ``--json`` prints)."""
-    click.echo(json.dumps(value, default=_json_value))
+    click.echo(json.dumps(value, default=json_value))
 
 
 def long_timeout() -> float:
@@ -1045,56 +1036,128 @@ def table_list(as_json: bool, replica: str) -> None:
     "--overwrite",
     is_flag=True,
     help="INSERT OVERWRITE: replace the partitions present in FILE "
-    "(the whole table if unpartitioned).",
+    "(the whole table if unpartitioned). Not for keys tables, which are written by key.",
 )
+@click.option("--update", is_flag=True,
+              help="Keys tables: update mode (columns FILE lacks keep their values; "
+                   "without it a row replaces its key's row, absent columns null).")
 @click.option("--batch-rows", type=click.IntRange(min=1), default=1_000_000, show_default=True,
               help="Rows read from FILE at a time (each batch is written as parts of its own).")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
-def insert(table_name: str, file: Path, overwrite: bool, batch_rows: int, as_json: bool, replica: str) -> None:
+def insert(table_name: str, file: Path, overwrite: bool, update: bool, batch_rows: int, as_json: bool,
+           replica: str) -> None:
     """Insert the rows of FILE (Parquet or CSV, by extension) into TABLE in one transaction.
 
     FILE is read by batches (never whole in memory); each batch is written to storage as it
     comes, and the transaction commits once at the end. Columns are conformed to the table's
-    schema; a mismatch is an error and changes nothing.
+    schema (nullable columns FILE lacks are null); a mismatch is an error and changes nothing.
+    A keys table is written by key, as client upserts are. A FILE without rows commits nothing.
     """
-    from parts.format import write_part
-    from parts.meta import sidecar_path
-    from parts.ops import conform, split_by_partition
-
     with connected(replica) as client:
-        written: list[Any] = []
-        rows = 0
-        with client.transaction() as tx:
+        tx = client.begin()
+        try:
             tdef = tx.table(table_name)  # as the transaction sees it: its schema and schema version
+            by_key = tdef.conflict_policy is Policy.KEYS
+            if by_key and overwrite:
+                raise errors.InvalidInput(f"insert --overwrite: {quote(table_name)} is a keys table, written by "
+                                          "key (a row replaces its key's row): drop --overwrite, or truncate first")
+            if update and not by_key:
+                raise errors.InvalidInput(f"insert --update: {quote(table_name)} is not a keys table "
+                                          "(update mode writes by key)")
+            writer = _KeyWriter(tx, table_name, update) if by_key else _PartWriter(client, tx, tdef, overwrite)
             total, batches = file_batches(file, tdef.schema, batch_rows)
+            rows = 0
             try:
                 with progress(f"writing {file.name}", total) as advance:
                     for data in batches:
-                        data = conform(tdef.schema, data, table_name,
-                                       what="overwrite" if overwrite else "insert into")
-                        for partition, chunk in split_by_partition(data, list(tdef.partition_by)):
-                            written.append(write_part(client.storage, table_name, list(tdef.partition_by),
-                                                      partition, chunk, tx.id, tdef.ddl_version))
-                        rows += data.num_rows
+                        rows += writer.add(data)
                         advance(data.num_rows)
-                tx.add_parts(table_name, written, op="overwrite" if overwrite else "insert")
+                parts = writer.finish()
             except BaseException:
-                for meta in written:  # nothing references them: do not leave them to cleanup
-                    for path in (meta.path, sidecar_path(meta.path)):
-                        try:
-                            client.storage.delete(path)
-                        except OSError:
-                            pass
+                writer.discard()
                 raise
+            if rows == 0:
+                tx.rollback()
+            else:
+                tx.commit()
+        except BaseException:
+            if tx.csn is None:
+                try:
+                    tx.rollback()
+                except errors.MergetxnError:
+                    pass
+            raise
+    csn = tx.csn if rows else None
     if as_json:
-        echo_json({"table": table_name, "rows": rows, "parts": len(written), "csn": tx.csn, "tid": tx.id,
-                   "overwrite": overwrite})
+        echo_json({"table": table_name, "rows": rows, "parts": parts, "csn": csn, "tid": tx.id if rows else None,
+                   "overwrite": overwrite, "update": update})
         return
-    verb = "overwrote with" if overwrite else "inserted"
+    if rows == 0:
+        console().print(f"{escape(file.name)} holds no rows: nothing inserted into {escape(table_name)}, "
+                        "nothing committed")
+        return
+    verb = "overwrote with" if overwrite else ("updated by key" if update else "inserted")
     console().print(
         f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})"
     )
+
+
+class _KeyWriter:
+    """Each batch staged by key (``tx.upsert``: versions, locks and nulls as a client writes
+    them); the replica's transaction owns what it staged."""
+
+    def __init__(self, tx: Any, table_name: str, update: bool) -> None:
+        self.tx, self.table, self.update, self.staged = tx, table_name, update, 0
+
+    def add(self, data: pa.Table) -> int:
+        if data.num_rows == 0:
+            return 0
+        self.staged += 1
+        return self.tx.upsert(self.table, data, update=self.update)
+
+    def finish(self) -> int:
+        return self.staged
+
+    def discard(self) -> None:
+        pass
+
+
+class _PartWriter:
+    """Each batch conformed and written as parts as it comes; :meth:`finish` stages them all in
+    one statement (INSERT, or OVERWRITE of the partitions present). :meth:`discard` deletes the
+    parts written so far: nothing references them, so cleanup need not wait for them."""
+
+    def __init__(self, client: Any, tx: Any, tdef: Any, overwrite: bool) -> None:
+        self.client, self.tx, self.tdef, self.overwrite = client, tx, tdef, overwrite
+        self.written: list[Any] = []
+
+    def add(self, data: pa.Table) -> int:
+        from parts.format import write_part
+        from parts.ops import conform, split_by_partition
+
+        tdef = self.tdef
+        data = conform(tdef.schema, data, tdef.name, what="overwrite" if self.overwrite else "insert into",
+                       required=tdef.partition_by)
+        for partition, chunk in split_by_partition(data, list(tdef.partition_by)):
+            self.written.append(write_part(self.client.storage, tdef.name, list(tdef.partition_by),
+                                           partition, chunk, self.tx.id, tdef.ddl_version))
+        return data.num_rows
+
+    def finish(self) -> int:
+        if self.written:
+            self.tx.add_parts(self.tdef.name, self.written, op="overwrite" if self.overwrite else "insert")
+        return len(self.written)
+
+    def discard(self) -> None:
+        from parts.meta import sidecar_path
+
+        for meta in self.written:
+            for path in (meta.path, sidecar_path(meta.path)):
+                try:
+                    self.client.storage.delete(path)
+                except OSError:
+                    pass
 
 
 READ_FORMATS = ("table", "csv", "json", "parquet")
@@ -1211,12 +1274,10 @@ def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: 
                         rows += data.num_rows
                         advance(data.num_rows)
             else:
-                for data in tables:
-                    for batch in data.to_batches(max_chunksize=10_000):
-                        sink.write("".join(json.dumps(r, default=_json_value) + "\n"
-                                           for r in batch.to_pylist()).encode())
-                    rows += data.num_rows
-                    advance(data.num_rows)
+                for chunk, n in json_stream(tables):  # vectorised, two threads (mergetxn/jsonrows.py)
+                    sink.write(chunk)
+                    rows += n
+                    advance(n)
         sink.flush()
     except (OSError, pa.ArrowException) as exc:
         raise InvalidInput(f"cannot write {output or 'stdout'}: {exc}") from None

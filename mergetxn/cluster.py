@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from coordinator.arguments import checked, checked_methods
 from coordinator.client import Client
-from coordinator.errors import InvalidInput, ReplicaUnavailable
+from coordinator.errors import InvalidInput, ReplicaUnavailable, quote
 from coordinator.security import (
     ENV_CREDENTIALS,
     REPLICA_FILE,
@@ -22,7 +26,24 @@ from coordinator.security import (
 )
 from mergetxn.zkserver import start_zookeeper
 
+T = TypeVar("T")
 
+
+def _replica_index(method: Callable[..., T]) -> Callable[..., T]:
+    """Refuse a replica index that is not one of this cluster's (a negative one would name a
+    replica from the end: ``kill_replica(-1)`` must not kill the last one)."""
+
+    @functools.wraps(method)
+    def indexed(self: LocalCluster, *args: Any, **kwargs: Any) -> T:
+        i = args[0] if args else kwargs.get("i", 0)
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n:
+            raise InvalidInput(f"replica index must be an integer from 0 to {self.n - 1}, not {quote(i)}")
+        return method(self, *args, **kwargs)
+
+    return indexed
+
+
+@checked_methods
 class LocalCluster:
     """Context manager: ZooKeeper + ``replicas`` replica processes, local storage in ``workdir``.
 
@@ -38,6 +59,7 @@ class LocalCluster:
     users. Processes get the credentials file's path, never a secret.
     """
 
+    @functools.partial(checked, "LocalCluster")
     def __init__(
         self,
         workdir: str | os.PathLike,
@@ -132,6 +154,7 @@ class LocalCluster:
     def _replica_dir(self, i: int) -> Path:
         return self.workdir / f"replica-{i}"
 
+    @_replica_index
     def start_replica(self, i: int, wait: bool = True) -> str:
         """Start (or restart) replica ``i``; returns its address once it serves."""
         if self._procs[i] is not None and self._procs[i].poll() is None:
@@ -161,6 +184,7 @@ class LocalCluster:
             self._wait_ready(i)
         return self.replica_addresses[i]
 
+    @_replica_index
     def pause_replica(self, i: int) -> None:
         """SIGSTOP replica ``i``: a long GC pause or a frozen VM, for fault tests."""
         proc = self._procs[i]
@@ -168,6 +192,7 @@ class LocalCluster:
             raise InvalidInput(f"replica {i} is not running")
         proc.send_signal(signal.SIGSTOP)
 
+    @_replica_index
     def resume_replica(self, i: int) -> None:
         """SIGCONT replica ``i`` after :meth:`pause_replica`."""
         proc = self._procs[i]
@@ -193,6 +218,7 @@ class LocalCluster:
         self.replica_addresses[i] = address
         self._ports[i] = int(address.rsplit(":", 1)[1])
 
+    @_replica_index
     def kill_replica(self, i: int) -> None:
         """SIGKILL replica ``i`` (fault tests): no shutdown code runs."""
         proc = self._procs[i]
@@ -201,6 +227,7 @@ class LocalCluster:
             proc.wait()
         self._procs[i] = None
 
+    @_replica_index
     def stop_replica(self, i: int, timeout: float = 15.0) -> None:
         proc = self._procs[i]
         if proc is not None and proc.poll() is None:
@@ -213,10 +240,12 @@ class LocalCluster:
                 proc.wait()
         self._procs[i] = None
 
+    @_replica_index
     def replica_pid(self, i: int) -> int | None:
         proc = self._procs[i]
         return proc.pid if proc is not None and proc.poll() is None else None
 
+    @_replica_index
     def client(self, i: int = 0) -> Client:
         """A client of replica ``i`` (a new one each call; they are cheap)."""
         if not self.replica_addresses[i]:

@@ -16,6 +16,7 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import quote as url_quote
 
@@ -94,6 +95,9 @@ def _is_partition_type(t: pa.DataType) -> bool:
     )
 
 
+CHANGE_COLUMNS = ("_change", "_csn")  # what changes() adds to a table's columns: no table may have them
+
+
 def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: list[str]) -> None:
     """Reject schemas a table cannot have, naming each problem."""
     if not isinstance(schema, pa.Schema):
@@ -107,6 +111,10 @@ def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: lis
     if dups:
         raise InvalidInput(f"schema has duplicate column(s) {dups}")
     known = set(names)
+    reserved = [n for n in CHANGE_COLUMNS if n in known]
+    if reserved:
+        raise InvalidInput(f"column name(s) {reserved} are reserved: incremental reads (changes) add them to "
+                           "a table's columns")
     for kind, cols in (("partition", partition_by), ("primary key", primary_key)):
         if isinstance(cols, str) or not all(isinstance(c, str) for c in cols):
             raise InvalidInput(f"{kind} columns must be a list of column names, got {quote(cols)}")
@@ -170,10 +178,16 @@ def _lossless(src: pa.DataType, dst: pa.DataType) -> bool:
 
 
 def conform(
-    schema: pa.Schema, data: pa.Table, table: str, *, what: str = "insert into"
+    schema: pa.Schema, data: pa.Table, table: str, *, what: str = "insert into",
+    required: Sequence[str] = (),
 ) -> pa.Table:
     """Return ``data`` with exactly the table's columns, order and types, or raise InvalidInput
-    listing every offending column, so a client learns all that is wrong at once."""
+    listing every offending column, so a client learns all that is wrong at once.
+
+    A nullable column that ``data`` lacks is filled with typed nulls (as ``INSERT ... BY NAME``
+    does), so that producers written before an ``alter_table`` added it keep working; absent
+    non-nullable columns, and absent ``required`` ones (partition and key columns: they decide
+    where a row lives), are refused."""
     prefix = f"{what} {quote(table)}"
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
@@ -188,7 +202,9 @@ def conform(
         problems.append(f"duplicate column(s) {quote(dups)}")
     have, want = set(names), schema.names
     wanted = set(want)
-    missing = [n for n in want if n not in have]
+    needed = set(required)
+    missing = [f.name for f in schema
+               if f.name not in have and (not f.nullable or f.name in needed)]
     extra = [n for n in names if n not in wanted]
     if missing:
         problems.append(f"missing column(s) {quote(missing)}")
@@ -205,6 +221,9 @@ def conform(
         raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
     columns = []
     for field in schema:
+        if field.name not in have:
+            columns.append(pa.nulls(data.num_rows, field.type))
+            continue
         col = data.column(field.name)
         if not col.type.equals(field.type):
             try:

@@ -32,6 +32,7 @@ from coordinator.errors import (
     ReplicaUnavailable,
     StorageError,
     TransactionAborted,
+    TransactionNotFound,
     storage_error,
 )
 from coordinator.model import (
@@ -558,7 +559,10 @@ class Transactions:
             Tid.parse(txn_id)
         except ValueError as exc:
             raise InvalidInput(f"kill: {exc}", id=txn_id) from None
-        txn = self.txn(txn_id)
+        txn = self.txns.get(txn_id) or self.finished.get(txn_id)
+        if txn is None:  # not "aborted": nothing was (exit 3, not 7)
+            raise TransactionNotFound(f"kill: no transaction {txn_id} runs on replica {self.host_id} (nor ended "
+                                      "there recently; a transaction runs on the replica its id names)", id=txn_id)
         self.abort(txn, f"transaction {txn_id} was killed by an operator", "killed")  # logs it at INFO
         return txn.describe()
 

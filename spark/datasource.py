@@ -477,7 +477,8 @@ def check_write_schema(tdef: TableDef, schema: StructType) -> None:
     empty = pa.Table.from_batches([], schema=pa.schema([f.with_nullable(True) for f in incoming]))
     empty = _align_time_zones(empty, tdef.schema)
     try:
-        conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to")
+        conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to",
+                required=tdef.partition_by)
     except InvalidInput as exc:
         raise InvalidInput(f"{exc.message} (table columns: "
                            f"{[f'{f.name} {f.type}' for f in tdef.schema]})", table=tdef.name) from None
@@ -588,7 +589,7 @@ class MergetxnWriter(DataSourceArrowWriter):
         if tdef.conflict_policy is Policy.KEYS:  # rows by key in overwrite mode, as tx.insert writes them
             data = keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, self._next_seq(data.num_rows))
         else:
-            data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to")
+            data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to", required=tdef.partition_by)
         return [
             write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version,
                        primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ())

@@ -471,8 +471,8 @@ def _join(client: Any, txn_id: str, address: str, table: str):
 
 
 def _prepare(df: Any, tdef: TableDef, hidden: list[str]):
-    """The DataFrame as the table stores it: its columns in order and types, a NOT NULL column
-    failing the task on a null, and a copy of each partition column to partition the files by
+    """The DataFrame as the table stores it: its columns in order and types (a nullable column
+    it lacks as nulls), a NOT NULL column failing the task on a null, and a copy of each partition column to partition the files by
     (so every file keeps the partition columns themselves, as every part does)."""
     from pyspark.sql import functions as F
 
@@ -482,6 +482,9 @@ def _prepare(df: Any, tdef: TableDef, hidden: list[str]):
     have = {f.name: f for f in df.schema}
     cols = []
     for f in target.fields:
+        if f.name not in have:  # a nullable column the DataFrame lacks (check_write_schema let it by)
+            cols.append(F.lit(None).cast(f.dataType).alias(f.name))
+            continue
         c = F.col(f"`{f.name}`")
         if have[f.name].dataType != f.dataType:
             c = c.cast(f.dataType)

@@ -127,10 +127,15 @@ def test_bad_input_is_invalid_input_naming_the_field(d: object, needle: str) -> 
     assert needle in info.value.message, info.value.message
 
 
-def test_a_bad_part_descriptor_is_corrupt_metadata_as_before() -> None:
-    """The part descriptors keep their own decoder (parts/meta.py) and its error."""
+def test_a_bad_part_descriptor_from_a_caller_is_invalid_input() -> None:
+    """The part descriptors keep their own decoder (parts/meta.py), whose CorruptMetadata is for
+    what the log and storage hold; a staged operation comes from a caller, so there it is bad
+    input (exit 2, not 8: issue 21)."""
+    bad = {**A.to_dict(), "checksum": "md5:x"}
     with pytest.raises(CorruptMetadata, match="checksum"):
-        op_from_dict({"op": "insert", "table": "t", "added": [{**A.to_dict(), "checksum": "md5:x"}]})
+        PartMeta.from_dict(bad)
+    with pytest.raises(InvalidInput, match="insert: part metadata .*checksum"):
+        op_from_dict({"op": "insert", "table": "t", "added": [bad]})
 
 
 def test_operations_are_frozen() -> None:

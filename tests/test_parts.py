@@ -398,10 +398,26 @@ def test_conform_reorders_and_casts_safely():
     assert out.to_pylist() == [{"id": 7, "name": "x", "day": dt.date(2024, 1, 1), "score": 1.5}]
 
 
+def test_conform_fills_absent_nullable_columns_and_refuses_absent_required_ones():
+    """Writers after an alter_table: a nullable column the data lacks is typed nulls; a
+    non-nullable one, or a required one (partition or key), is refused by name."""
+    out = ops.conform(SCHEMA, pa.table({"score": [2.5], "id": [3]}), "events")
+    assert out.schema.equals(SCHEMA)
+    assert out.to_pylist() == [{"id": 3, "name": None, "day": None, "score": 2.5}]
+    empty = ops.conform(SCHEMA, pa.table({"id": pa.array([], pa.int64())}), "events")
+    assert empty.num_rows == 0 and empty.schema.equals(SCHEMA)
+    with pytest.raises(InvalidInput, match=r"missing column\(s\) \['id'\]"):
+        ops.conform(SCHEMA, pa.table({"name": ["x"]}), "events")
+    with pytest.raises(InvalidInput, match=r"missing column\(s\) \['day'\]"):
+        ops.conform(SCHEMA, pa.table({"id": [1]}), "events", required=["day"])
+    with pytest.raises(InvalidInput, match=r"unexpected column\(s\) \['zz'\]"):
+        ops.conform(SCHEMA, pa.table({"id": [1], "zz": [1]}), "events")
+
+
 def test_conform_names_every_offending_column():
     data = pa.table({"id": ["1"], "name": ["x"], "foo": [1], "score": [1.0]})
     with pytest.raises(InvalidInput) as err:
-        ops.conform(SCHEMA, data, "events")
+        ops.conform(SCHEMA, data, "events", required=("day",))  # 'day' as a partition column
     msg = err.value.message
     assert msg.startswith("insert into 'events':")
     assert "missing column(s) ['day']" in msg

@@ -153,6 +153,22 @@ def test_not_null_bad_input_and_keys_tables(spark, c0: Client) -> None:
     assert sorted(tuple(r) for r in got.collect()) == expected(0, 5)
 
 
+def test_writes_lacking_an_added_nullable_column_fill_null(spark, c0: Client, r0: str) -> None:
+    """SPEC, third stage: after alter_table adds a nullable column, a DataFrame without it writes
+    null there, through write_table (Spark's Parquet writer) and the data source alike; a missing
+    non-nullable column is still refused by name, before any task runs."""
+    c0.create_table("nt_added", SCHEMA, auto_merge=False)
+    c0.alter_table("nt_added", add_columns=[pa.field("note", pa.string())])
+    mspark.write_table(frame(spark, 0, 3), "nt_added")
+    frame(spark, 3, 2).write.format("mergetxn").option("replica", r0).mode("append").save("nt_added")
+    got = sorted(c0.read("nt_added").to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["note"]) for r in got] == [(i, None) for i in range(5)]
+    assert sorted(tuple(r)[:3] for r in mspark.read_table(spark, "nt_added").collect()) == expected(0, 5)
+    with pytest.raises(InvalidInput, match=r"missing column\(s\) \['id'\]"):
+        mspark.write_table(frame(spark, 0, 1).drop("id"), "nt_added")
+    assert c0.read("nt_added").num_rows == 5
+
+
 def local_files_of(c: Client, table: str) -> set[str]:
     root = Path(c.storage.url) / table
     return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()} if root.exists() else set()

@@ -185,22 +185,23 @@ def test_add_column(c0: Client, c1: Client) -> None:
     for c in (c0, c1):
         assert c.read("grow").to_pylist() == [{"id": 0, "v": "v0", "n": None}, {"id": 1, "v": "v1", "n": None}]
     assert c0.read("grow", snapshot=old).schema == ID_V  # the schema at that snapshot
-    # inserts now need the column
+    # writers that predate the column go on: it is nullable, so they write null (SPEC, third stage)
     tx = c1.begin()
-    with pytest.raises(InvalidInput, match="missing column.*'n'"):
-        tx.insert("grow", id_rows(1, start=5))
+    tx.insert("grow", id_rows(1, start=4))
     tx.insert("grow", pa.table({"id": [5], "v": ["x"], "n": [7]}, schema=new_schema))
     tx.commit()
     c0.wait_for(tx.csn)
-    assert sorted(c0.read("grow").to_pylist(), key=lambda r: r["id"])[-1] == {"id": 5, "v": "x", "n": 7}
+    assert sorted(c0.read("grow").to_pylist(), key=lambda r: r["id"])[-2:] == [
+        {"id": 4, "v": "v4", "n": None}, {"id": 5, "v": "x", "n": 7}]
     assert c0.read("grow", where=pc.field("n") == 7).num_rows == 1
-    assert c0.read("grow", where=pc.field("n").is_null()).num_rows == 2
+    assert c0.read("grow", where=pc.field("n").is_null()).num_rows == 3
     d = c0.describe_table("grow")
     assert d["schema"] == new_schema and d["schema_version"] == 1 and d["version_csn"] == altered
     # compaction merges parts of both schema versions
     c0.compact("grow", kind="major")
     assert sorted(c0.read("grow").to_pylist(), key=lambda r: r["id"]) == [
-        {"id": 0, "v": "v0", "n": None}, {"id": 1, "v": "v1", "n": None}, {"id": 5, "v": "x", "n": 7}]
+        {"id": 0, "v": "v0", "n": None}, {"id": 1, "v": "v1", "n": None}, {"id": 4, "v": "v4", "n": None},
+        {"id": 5, "v": "x", "n": 7}]
     # changes see the schema at their end
     ch = c0.changes("grow", 0, old)
     assert ch.schema.names == ["id", "v", "_change", "_csn"]

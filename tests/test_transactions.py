@@ -22,7 +22,7 @@ from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
 from coordinator.client import Client, Transaction
-from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput, TransactionAborted
+from coordinator.errors import ConflictError, InvalidInput, TransactionAborted
 from coordinator.versions import EPOCH_STRIDE, split_csn
 from mergetxn.zkserver import ZooKeeperServer
 from parts.format import write_part
@@ -576,7 +576,7 @@ def test_commit_parts_refused_changes_nothing_and_leaves_the_callers_files(clust
     before = c0.snapshot()
     good = written(c0, "cparts_bad", id_rows(1))
     bad = dataclasses.replace(written(c0, "cparts_bad", id_rows(1, start=5)), checksum="md5:nope")
-    with pytest.raises(CorruptMetadata, match="checksum"):
+    with pytest.raises(InvalidInput, match="checksum"):  # a caller's descriptor: bad input, not corrupt data
         c0.commit_parts("cparts_bad", [good, bad])
     assert c0.snapshot() == before and c0.read("cparts_bad").num_rows == 0
     files = {str(Path(m.path).relative_to("cparts_bad")) for m in (good, bad)}
