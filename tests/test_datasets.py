@@ -256,7 +256,9 @@ def test_bad_input_raises_what_read_raises(client: Client) -> None:
         with pytest.raises(error) as from_dataset:
             with client.dataset(**args):
                 pytest.fail("a dataset of bad input")
-        assert str(from_dataset.value) == str(from_read.value)
+        # the same refusal; argument checks name the call they refused (client.read: / client.dataset:)
+        assert str(from_dataset.value).removeprefix("client.dataset: ") == \
+            str(from_read.value).removeprefix("client.read: ")
 
 
 def test_a_part_file_unlike_its_commit_is_corrupt_part_naming_it(tmp_path: Path) -> None:
