@@ -261,6 +261,7 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
                           schema.field(k).type)
         term = pc.field(k).isin(values)
         expr = term if expr is None else expr & term
+    return expr
 
 
 # -- key summaries: which keys a part may hold, without reading it ------------------------------
