@@ -33,7 +33,6 @@ from coordinator.keys import (
     COLS,
     DELETE,
     LOCK_STRONG,
-    LOCK_WEAK,
     OP,
     OWN,
     PUT,
@@ -234,11 +233,25 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
 
 
 def _sorted(data: pa.Table, primary_key: Sequence[str], tagged: bool = False) -> pa.Table:
-    """``data`` stably sorted by key, version, ``_seq`` (and, in a compaction, sources first)."""
-    by = [(k, "ascending") for k in primary_key] + [(_V, "ascending"), (SEQ, "ascending")]
-    if tagged:
-        by.append((_TAG, "ascending"))
+    """``data`` stably sorted by key, version, ``_seq`` (and, in a compaction, sources first).
+    Versions that already come in (version, ``_seq``) order (parts given in CSN order, as a
+    read's usually are) need only a stable sort by key: about half the cost on one column."""
+    keyed = [(k, "ascending") for k in primary_key]
+    by = keyed + [(_V, "ascending"), (SEQ, "ascending")] + ([(_TAG, "ascending")] if tagged else [])
+    if not tagged and _in_version_order(data):
+        by = keyed
     return data.take(pc.sort_indices(data, sort_keys=by)).combine_chunks()
+
+
+def _in_version_order(data: pa.Table) -> bool:
+    """Whether each row's (version, ``_seq``) is at or after the row before's."""
+    if data.num_rows < 2:
+        return True
+    ver, seq = data.column(_V), data.column(SEQ)
+    v0, v1 = ver.slice(0, data.num_rows - 1), ver.slice(1)
+    s0, s1 = seq.slice(0, data.num_rows - 1), seq.slice(1)
+    ok = pc.or_(pc.greater(v1, v0), pc.and_(pc.equal(v1, v0), pc.greater_equal(s1, s0)))
+    return bool(pc.all(ok).as_py())
 
 
 def _key_starts(data: pa.Table, primary_key: Sequence[str]) -> pa.Array:

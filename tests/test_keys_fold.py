@@ -34,12 +34,12 @@ KEY_TYPES = {
     "bool": (pa.bool_(), [False, True]),
     "decimal": (pa.decimal128(9, 2), [decimal.Decimal("-1.50"), decimal.Decimal("0.00"), decimal.Decimal("3.25")]),
     "timestamp": (pa.timestamp("us", tz="UTC"),
-                  [dt.datetime(2021, 5, 1, tzinfo=dt.timezone.utc), dt.datetime(2021, 5, 2, tzinfo=dt.timezone.utc)]),
+                  [dt.datetime(2021, 5, 1, tzinfo=dt.UTC), dt.datetime(2021, 5, 2, tzinfo=dt.UTC)]),
 }
 VALUE_TYPES = {
     "int64": (pa.int64(), st.integers(-(2 ** 63), 2 ** 63 - 1)),
     "string": (pa.string(), st.text(max_size=4)),
-    "float64": (pa.float64(), st.floats(allow_nan=False)),
+    "float64": (pa.float64(), st.floats()),  # NaN too: an unchanged NaN is no change
     "bool": (pa.bool_(), st.booleans()),
 }
 OPS = [keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK]
@@ -104,9 +104,9 @@ def histories(draw: st.DrawFn, own: bool = True, allow_folded: bool = True):
 
 
 def same(got: pa.Table, want: pa.Table) -> None:
+    """Same schema, rows, order and values; repr tells -0.0 from 0.0 and takes NaN as NaN."""
     assert got.schema.equals(want.schema, check_metadata=True), (got.schema, want.schema)
-    assert repr(got.to_pylist()) == repr(want.to_pylist())  # repr: -0.0 is not 0.0
-    assert got.equals(want)
+    assert repr(got.to_pylist()) == repr(want.to_pylist())
 
 
 @FAST
@@ -183,3 +183,34 @@ def test_a_version_of_another_part_tied_with_a_source_version_splits_no_run() ->
     got = keyfold.fold(schema, ("k",), [(10, put), (20, upd)], theirs)
     same(got, ref.fold(schema, ("k",), [(10, put), (20, upd)], {(1,): [(20, 1)]}))
     assert got.select(["v", keys.OP, keys.VER]).to_pylist() == [{"v": "b", keys.OP: keys.PUT, keys.VER: 20}]
+
+
+def test_an_update_after_a_delete_takes_its_own_key_value() -> None:
+    """-0.0 and 0.0 are one key; after a DELETE, an UPDATE makes the row anew from its own key
+    value, as the reference does (and a PUT's row keeps the PUT's). Written out: random
+    histories rarely put the two zeros in that order."""
+    schema = pa.schema([pa.field("k", pa.float64(), nullable=False), pa.field("v", pa.string())])
+    pk = ("k",)
+    put = keys.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["a"]}), keys.PUT, 0)
+    dele = keys.versions(schema, pk, "t", pa.table({"k": [-0.0]}), keys.DELETE, 1)
+    upd = keys.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["b"]}), keys.UPDATE, 2)
+    parts = [(1, put), (2, dele), (3, upd)]
+    got = keyfold.merge(schema, pk, parts)
+    same(got, ref.merge(schema, pk, parts))
+    assert repr(got.to_pylist()) == repr([{"k": 0.0, "v": "b"}])
+    same(keyfold.fold(schema, pk, parts, None), ref.fold(schema, pk, parts, {}))
+
+
+def test_a_row_an_update_leaves_as_it_was_is_no_change_even_with_nan() -> None:
+    """A column carried from the row before is unchanged though NaN != NaN (the reference's
+    dicts hold the same float object); a PUT of NaN over NaN is a change in both. Written out:
+    random histories rarely leave a whole row with a NaN as it was."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("x", pa.float64()),
+                        pa.field("s", pa.string())])
+    pk = ("k",)
+    before = pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}, schema=schema)
+    upd = keys.versions(schema, pk, "t", pa.table({"k": [1], "s": ["a"]}), keys.UPDATE, 0)
+    put = keys.versions(schema, pk, "t", pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}), keys.PUT, 0)
+    assert keyfold.row_changes(schema, pk, before, [(5, [upd])]).num_rows == 0
+    for commits in ([(5, [upd])], [(5, [put])], [(5, [upd]), (6, [put])]):
+        same(keyfold.row_changes(schema, pk, before, commits), ref.row_changes(schema, pk, before, commits))
