@@ -17,8 +17,17 @@ key conflict check, all in one run on one 1-replica LocalCluster.
     (10-key upserts of other keys, interleaved with its own: odd keys against even ones) old, N
     in 10, 100, 1,000, against a control begun after those commits (nothing to check); the
     difference is what checking the N commits costs.
+(d) **Whole-table read and major compaction** (issue 24): a keys table of ``--read-keys`` keys
+    (1M) loaded in 100 upserts, then 20 upserts each rewriting 1% of the keys (auto-merge off,
+    so a read folds every version), against a ``parts`` table of the same rows in 100 inserts:
+    ``client.read`` of each (best of 3), then ``client.compact(kind="major")`` of the keys table
+    (versions folded per second) and the read after it.
 
     .venv/bin/python benchmarks/keys_bench.py [--quick] [--seconds 10] [--out benchmarks/results/keys_bench.json]
+    .venv/bin/python benchmarks/keys_bench.py --only read [--read-keys 1000000]   # (d) alone
+
+``MERGETXN_CODE=<checkout>`` runs another checkout's code (client and replicas) with this script:
+old and new measured side by side on the same machine.
 
 Scratch data lives in a temporary directory, removed at the end.
 """
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import random
 import statistics
 import sys
@@ -37,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(os.environ.get("MERGETXN_CODE") or Path(__file__).resolve().parent.parent)
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -261,6 +271,61 @@ def bench_conflict_check(client: Any, other: Any, n: int, counts: list[int], rep
 
 
 # ------------------------------------------------------------------------------------------
+# (d) whole-table read of a keys table against a parts table; major compaction
+
+
+def _best(f: Callable[[], Any], rounds: int = 3) -> tuple[float, Any]:
+    best, out = float("inf"), None
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        out = f()
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
+    """Issue 24's table: ``n`` keys in 100 upserts, 20 upserts of 1% of the keys each; the same
+    ``n`` rows in a ``parts`` table in 100 inserts. Reads of both, major compaction, read after."""
+    keys_t, parts_t = "kv_read", "parts_read"
+    client.create_table(keys_t, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+    client.create_table(parts_t, SCHEMA, conflict_policy="parts", auto_merge=False)
+    rng = random.Random(3)
+    order = list(range(n))
+    rng.shuffle(order)
+    per = n // 100
+    t0 = time.time()
+    for i in range(100):
+        batch = order[i * per:(i + 1) * per]
+        for table in (keys_t, parts_t):
+            with client.transaction() as tx:
+                (tx.upsert if table == keys_t else tx.insert)(table, rows(batch, 0))
+    for r in range(20):
+        with client.transaction() as tx:
+            tx.upsert(keys_t, rows(sorted(rng.sample(range(n), n // 100)), r + 1))
+    versions = n + 20 * (n // 100)
+    log(f"  loaded {n:,} keys ({versions:,} versions in 120 commits) and {n:,} rows in 100 ({time.time() - t0:.1f} s)")
+    out: dict[str, Any] = {"keys": n, "versions": versions}
+    out["keys_read_s"], got = _best(lambda: client.read(keys_t))
+    assert got.num_rows == n, got.num_rows
+    out["parts_read_s"], got = _best(lambda: client.read(parts_t))
+    assert got.num_rows == n, got.num_rows
+    out["keys_over_parts"] = round(out["keys_read_s"] / out["parts_read_s"], 2)
+    log(f"  whole read: keys table {out['keys_read_s']:.2f} s, parts table {out['parts_read_s']:.2f} s "
+        f"({out['keys_over_parts']}x)")
+    t0 = time.perf_counter()
+    client.compact(keys_t, kind="major")
+    out["major_compaction_s"] = round(time.perf_counter() - t0, 2)
+    out["major_compaction_versions_per_s"] = round(versions / out["major_compaction_s"])
+    out["keys_read_after_compaction_s"], got = _best(lambda: client.read(keys_t))
+    assert got.num_rows == n, got.num_rows
+    log(f"  major compaction: {out['major_compaction_s']:.2f} s ({out['major_compaction_versions_per_s']:,} "
+        f"versions/s); read after it {out['keys_read_after_compaction_s']:.2f} s")
+    for k in ("keys_read_s", "parts_read_s", "keys_read_after_compaction_s"):
+        out[k] = round(out[k], 3)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--lookups", type=int, default=None)
     ap.add_argument("--skip-delta", action="store_true")
+    ap.add_argument("--only", choices=["read"], default=None, help="run one case alone: (d) the whole-table read")
+    ap.add_argument("--read-keys", type=int, default=None, help="keys of case (d)'s table (default 1,000,000)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     quick = a.quick
@@ -283,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     lookups = a.lookups or (20 if quick else 200)
     counts = [10, 100] if quick else [10, 100, 1000]
     repeats = {10: 5, 100: 2} if quick else {10: 20, 100: 8, 1000: 3}
-    out_path = a.out or (None if quick else str(Path(__file__).resolve().parent / "results" / "keys_bench.json"))
+    out_path = a.out or (None if quick or a.only else str(Path(__file__).resolve().parent / "results" / "keys_bench.json"))
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -295,6 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mergetxn-keys-") as work, \
             LocalCluster(Path(work) / "cluster", replicas=1) as cluster:
         client, other = cluster.client(0), cluster.client(0)
+        read_keys = a.read_keys or (20_000 if quick else 1_000_000)
+        if a.only == "read":
+            log(f"whole-table read, {read_keys:,} keys (code: {ROOT})")
+            results["whole_read"] = bench_whole_read(client, read_keys, log)
+            client.close()
+            other.close()
+            return _report(a, results, quick, n, parts, seconds, started, out_path, log)
         log(f"keys table of {n:,} keys over {parts:,} parts")
         order = load_keys(client, n, parts, log)
         results["lookup"] = bench_lookups(client, n, lookups, log)
@@ -326,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"conflicts {results['deltalake_merge']['conflict_share']:.2%})")
         log("key conflict check")
         results["conflict_check"] = bench_conflict_check(client, other, n, counts, repeats, log)
+        log(f"whole-table read, {read_keys:,} keys")
+        results["whole_read"] = bench_whole_read(client, read_keys, log)
         client.close()
         other.close()
 
@@ -342,6 +418,11 @@ def main(argv: list[str] | None = None) -> int:
         "lookup_p50_under_20ms": results["lookup"]["p50_ms"] < 20,
     }
     log(f"targets: {results['targets']}")
+    return _report(a, results, quick, n, parts, seconds, started, out_path, log)
+
+
+def _report(a: Any, results: dict, quick: bool, n: int, parts: int, seconds: float, started: float,
+            out_path: str | None, log: Callable[[str], None]) -> int:
     report = {"benchmark": "keys_bench", "quick": quick, "keys": n, "parts": parts, "writers": a.writers,
               "seconds_per_case": seconds,
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator import errors, keys, security
+from coordinator import errors, keyfold, keys, security
 from coordinator.arguments import checked, checked_methods
 from coordinator.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
 from coordinator.catalog import TableDef, check_retention
@@ -535,7 +535,7 @@ class Client:
     def _read_parts(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
                     where: pc.Expression | None, csns: Mapping[str, int] | None = None) -> pa.Table:
         """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
-        A keys table's parts are versions folded to one row per key (:func:`keys.merge`), in the
+        A keys table's parts are versions folded to one row per key (:func:`keyfold.merge`), in the
         order of ``csns`` (part name -> creation CSN; a part without one is the reader's own)."""
         table = tdef.name
         if columns is not None:
@@ -571,7 +571,7 @@ class Client:
         if where is not None and wanted is not None:
             # Only those keys' versions matter (the fold is per key): fold those alone.
             datas = [d.filter(keys.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
-        data = keys.merge(tdef.schema, tdef.primary_key,
+        data = keyfold.merge(tdef.schema, tdef.primary_key,
                           [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
         if where is not None:
             data = data.filter(where)
@@ -694,7 +694,7 @@ class Client:
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
     def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
-        """``changes`` of a keys table: row changes per key (:func:`keys.row_changes`) from the
+        """``changes`` of a keys table: row changes per key (:func:`keyfold.row_changes`) from the
         versions the commits in the range wrote, folded onto the rows those keys had at the
         snapshot before the first of them (which the answer's lease holds). A compaction's output
         is left out: it writes no new version (:func:`keys.folded`)."""
@@ -709,7 +709,7 @@ class Client:
         written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
         first = commits[0][0]
         before = self.read(tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written))
-        return keys.row_changes(tdef.schema, tdef.primary_key, before, commits)
+        return keyfold.row_changes(tdef.schema, tdef.primary_key, before, commits)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
         """The event log (like ClickHouse's transactions_info_log): commit, part_added and

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from coordinator import keys
+from coordinator import keyfold, keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Policy
@@ -244,7 +244,7 @@ def _rows(src: Storage, b: Backup) -> Iterator[pa.Table]:
         by_partition.setdefault(meta.partition_key, []).append((meta, csn))
     for _, group in sorted(by_partition.items()):
         versions = [(keys.OWN if csn is None else csn, read_part(src, meta)) for meta, csn in group]
-        yield keys.merge(tdef.schema, tdef.primary_key, versions)
+        yield keyfold.merge(tdef.schema, tdef.primary_key, versions)
 
 
 def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator import keys
+from coordinator import keyfold, keys
 from coordinator.catalog import TableDef
 from coordinator.model import Compact, Mutate
 from parts.format import read_part, write_part
@@ -165,7 +165,7 @@ def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[st
 
 def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta],
                   csns: Mapping[str, int], tid: str) -> Rewrite:
-    """Fold each group's versions into one part (:func:`coordinator.keys.fold`). The versions of
+    """Fold each group's versions into one part (:func:`coordinator.keyfold.fold`). The versions of
     the other visible parts of the partition that precede the group's last version (and may hold
     its keys, by their statistics) are read, key columns only: they split the folding into runs
     and keep DELETEs that still hide an older version."""
@@ -179,14 +179,12 @@ def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible
                   if m.name not in names and (m.name in csns or keys.folded(m))
                   and tuple(m.partition) == tuple(group[0].partition)
                   and _versions_of(m, csns)[0] <= hi and _may_share_keys(m, group, pk)]
-        seen: dict[tuple, list[keys.Version]] = {}
         columns = [*pk, keys.OP, keys.SEQ]
-        for m in others:
-            data = read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else []))
-            for k, vs in keys.row_versions(data, csns.get(m.name, 0), pk).items():
-                seen.setdefault(k, []).extend(vs)
+        seen = [keyfold.version_rows(read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else [])),
+                                     csns.get(m.name, 0), pk) for m in others]
         datas = read_parts(storage, group)
-        merged = keys.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)], seen)
+        merged = keyfold.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)],
+                              pa.concat_tables(seen) if seen else None)
         out.removed.extend(m.name for m in group)
         out.affected_rows += merged.num_rows
         if merged.num_rows:

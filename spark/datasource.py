@@ -56,7 +56,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator import errors, keys
+from coordinator import errors, keyfold, keys
 from coordinator.catalog import TableDef
 from coordinator.conflicts import Policy
 from coordinator.errors import InvalidInput, ReplicaUnavailable
@@ -828,7 +828,7 @@ class MergetxnReader(DataSourceReader):
         tdef = TableDef.from_dict(self.tdef)
         if partition.csns is not None:  # a keys table's partition: its versions fold to one row per key
             csns = partition.csns
-            folded = keys.merge(tdef.schema, tdef.primary_key,
+            folded = keyfold.merge(tdef.schema, tdef.primary_key,
                                 [(csns.get(m.name, keys.OWN), d)
                                  for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))])
             yield from _fit(folded, target).to_batches(max_chunksize=BATCH_ROWS)

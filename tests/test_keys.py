@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator import keys
+from coordinator import keyfold, keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Policy
@@ -162,13 +162,13 @@ def test_merge_latest_version_per_key_by_csn_then_seq() -> None:
     first = put([{"k": 1, "a": "old", "b": 1}, {"k": 2, "a": "two", "b": 2}])
     second = put([{"k": 1, "a": "new"}])  # overwrite mode: b becomes null
     # Parts given out of order: the fold goes by creation CSN, not by the list's order.
-    got = keys.merge(SCHEMA, ("k",), [(20, second), (10, first)])
+    got = keyfold.merge(SCHEMA, ("k",), [(20, second), (10, first)])
     assert rows_of(got) == [{"k": 1, "a": "new", "b": None, "c": None}, {"k": 2, "a": "two", "b": 2, "c": None}]
     # At a snapshot before the second commit (its part not visible): the first version.
-    assert rows_of(keys.merge(SCHEMA, ("k",), [(10, first)]))[0] == {"k": 1, "a": "old", "b": 1, "c": None}
+    assert rows_of(keyfold.merge(SCHEMA, ("k",), [(10, first)]))[0] == {"k": 1, "a": "old", "b": 1, "c": None}
     # Within one part (one transaction) a later row of the same key wins.
     dup = put([{"k": 5, "a": "x"}, {"k": 5, "a": "y"}])
-    assert rows_of(keys.merge(SCHEMA, ("k",), [(3, dup)])) == [{"k": 5, "a": "y", "b": None, "c": None}]
+    assert rows_of(keyfold.merge(SCHEMA, ("k",), [(3, dup)])) == [{"k": 5, "a": "y", "b": None, "c": None}]
 
 
 def test_merge_update_mode_keeps_absent_columns_and_delete_removes() -> None:
@@ -176,21 +176,21 @@ def test_merge_update_mode_keeps_absent_columns_and_delete_removes() -> None:
     upd = put([{"k": 1, "b": 10}], op=keys.UPDATE)
     new = put([{"k": 3, "c": 9.0}], seq=2, op=keys.UPDATE)  # no row yet: the others null
     dele = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([2], pa.int64())}), keys.DELETE, 1)
-    got = rows_of(keys.merge(SCHEMA, ("k",), [(1, base), (2, upd), (2, new), (3, dele)]))
+    got = rows_of(keyfold.merge(SCHEMA, ("k",), [(1, base), (2, upd), (2, new), (3, dele)]))
     assert got == [{"k": 1, "a": "a0", "b": 10, "c": 1.5}, {"k": 3, "a": None, "b": None, "c": 9.0}]
     # Delete then re-insert: the key is back with only the new values; own writes (OWN) come last.
     again = put([{"k": 2, "a": "back"}], seq=2)
     own_delete = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.DELETE, 1)
-    got = rows_of(keys.merge(SCHEMA, ("k",), [(keys.OWN, own_delete), (keys.OWN, again), (1, base), (3, dele)]))
+    got = rows_of(keyfold.merge(SCHEMA, ("k",), [(keys.OWN, own_delete), (keys.OWN, again), (1, base), (3, dele)]))
     assert got == [{"k": 2, "a": "back", "b": None, "c": None}]
-    assert keys.merge(SCHEMA, ("k",), []).schema == SCHEMA
+    assert keyfold.merge(SCHEMA, ("k",), []).schema == SCHEMA
 
 
 def test_merge_on_a_composite_key_sorts_by_key() -> None:
     schema = pa.schema([pa.field("p", pa.string(), False), pa.field("k", pa.int64(), False), pa.field("v", pa.int64())])
     rows = pa.table({"p": ["b", "a", "a"], "k": [1, 2, 1], "v": [1, 2, 3]}, schema=schema)
     v = keys.versions(schema, ("p", "k"), "t", rows, keys.PUT, 1)
-    got = keys.merge(schema, ("p", "k"), [(1, v)])
+    got = keyfold.merge(schema, ("p", "k"), [(1, v)])
     assert [(r["p"], r["k"]) for r in got.to_pylist()] == [("a", 1), ("a", 2), ("b", 1)]
 
 
@@ -442,8 +442,8 @@ def test_read_lock_collisions() -> None:
     assert "strong read lock" in keys.why(w, frozenset({S}))
     # Lock rows are never rows.
     lock = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.LOCK_STRONG, 5)
-    assert keys.merge(SCHEMA, ("k",), [(1, put([{"k": 1, "a": "x"}])), (2, lock)]).num_rows == 1
-    assert keys.merge(SCHEMA, ("k",), [(2, lock)]).num_rows == 0
+    assert keyfold.merge(SCHEMA, ("k",), [(1, put([{"k": 1, "a": "x"}])), (2, lock)]).num_rows == 1
+    assert keyfold.merge(SCHEMA, ("k",), [(2, lock)]).num_rows == 0
 
 
 @pytest.mark.parametrize("mode", ["shared_strong", "shared_weak"])

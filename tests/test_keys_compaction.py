@@ -20,7 +20,7 @@ import pytest
 from support.cluster import make_cluster
 from support.waiting import wait_until
 
-from coordinator import keys
+from coordinator import keyfold, keys
 from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.conflicts import Kind, Policy, Summary, check
@@ -80,19 +80,22 @@ def _history(rng: random.Random, nparts: int) -> list[tuple[int, pa.Table]]:
     return parts
 
 
-def _others(parts: list[tuple[int, pa.Table]]) -> dict[tuple, list[keys.Version]]:
-    out: dict[tuple, list[keys.Version]] = {}
-    for csn, data in parts:
-        for k, vs in keys.row_versions(data, csn, PK).items():
-            out.setdefault(k, []).extend(vs)
-    return out
+def _others(parts: list[tuple[int, pa.Table]]) -> pa.Table | None:
+    found = [keyfold.version_rows(data, csn, PK) for csn, data in parts]
+    return pa.concat_tables(found) if found else None
+
+
+def _theirs(versions: dict[tuple, list[tuple[int, int]]]) -> pa.Table:
+    """Other parts' versions given as key -> [(version, _seq)], as keyfold.fold takes them."""
+    flat = [(*key, ver, seq) for key, vs in versions.items() for ver, seq in vs]
+    return pa.table({c: pa.array([r[i] for r in flat], pa.int64()) for i, c in enumerate([*PK, keys.VER, keys.SEQ])})
 
 
 def _fold(parts, chosen, fold_csn: int, use_ver: bool = True):
     """The parts a read sees after compacting ``chosen`` at ``fold_csn``."""
     sources = [parts[i] for i in chosen]
     rest = [p for i, p in enumerate(parts) if i not in chosen]
-    out = keys.fold(SCHEMA, PK, sources, _others(rest))
+    out = keyfold.fold(SCHEMA, PK, sources, _others(rest))
     if not use_ver:  # the mutation: the folded part ordered by its own creation CSN
         out = out.drop_columns([keys.VER])
     return rest + ([(fold_csn, out)] if out.num_rows else [])
@@ -106,26 +109,26 @@ def test_fold_keeps_every_read_that_sees_it(seed: int) -> None:
     parts = _history(rng, rng.randint(2, 6))
     chosen = set(rng.sample(range(len(parts)), rng.randint(1, len(parts))))
     later, _ = random_versions(rng, 1000, rng.randint(1, 3))
-    before = keys.merge(SCHEMA, PK, parts)
+    before = keyfold.merge(SCHEMA, PK, parts)
     after_parts = _fold(parts, chosen, 10 * len(parts) + 5)
-    assert rows_of(keys.merge(SCHEMA, PK, after_parts)) == rows_of(before)
+    assert rows_of(keyfold.merge(SCHEMA, PK, after_parts)) == rows_of(before)
     # a writer that committed after the compaction's snapshot (before or after its commit)
     late = 10 * len(parts) + 2
-    assert (rows_of(keys.merge(SCHEMA, PK, after_parts + [(late, later)]))
-            == rows_of(keys.merge(SCHEMA, PK, parts + [(late, later)])))
+    assert (rows_of(keyfold.merge(SCHEMA, PK, after_parts + [(late, later)]))
+            == rows_of(keyfold.merge(SCHEMA, PK, parts + [(late, later)])))
     # and a second compaction of what is there now, the first output among its sources or not
     again = set(rng.sample(range(len(after_parts)), rng.randint(min(1, len(after_parts)), len(after_parts))))
-    assert rows_of(keys.merge(SCHEMA, PK, _fold(after_parts, again, 10 * len(parts) + 7))) == rows_of(before)
+    assert rows_of(keyfold.merge(SCHEMA, PK, _fold(after_parts, again, 10 * len(parts) + 7))) == rows_of(before)
 
 
 def test_fold_of_everything_leaves_one_version_per_live_key_and_no_lock_rows() -> None:
     for seed in range(30):
         parts = _history(random.Random(seed), 5)
-        out = keys.fold(SCHEMA, PK, parts, {})
-        live = keys.merge(SCHEMA, PK, parts)
+        out = keyfold.fold(SCHEMA, PK, parts, _theirs({}))
+        live = keyfold.merge(SCHEMA, PK, parts)
         assert out.num_rows == live.num_rows  # deletes with nothing older dropped, one row per key
         assert set(out.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
-        assert rows_of(keys.merge(SCHEMA, PK, [(99, out)])) == rows_of(live)
+        assert rows_of(keyfold.merge(SCHEMA, PK, [(99, out)])) == rows_of(live)
 
 
 def _v(p, k, op, seq, **cols):
@@ -137,19 +140,19 @@ def test_fold_rules_case_by_case() -> None:
     put, upd_a, upd_b, dele = (_v(0, 1, keys.PUT, 0, a="x", b=1), _v(0, 1, keys.UPDATE, 1, a="y"),
                                _v(0, 1, keys.UPDATE, 2, b=7), _v(0, 1, keys.DELETE, 3))
     # UPDATEs with no base stay one UPDATE of both columns (a part left out may hold the base).
-    out = keys.fold(SCHEMA, PK, [(20, upd_a), (30, upd_b)], {(0, 1): [(10, 0)]}).to_pylist()
+    out = keyfold.fold(SCHEMA, PK, [(20, upd_a), (30, upd_b)], _theirs({(0, 1): [(10, 0)]})).to_pylist()
     assert [(r[keys.OP], r[keys.COLS], r["a"], r["b"], r[keys.VER]) for r in out] == [(keys.UPDATE, "a,b", "y", 7, 30)]
     # onto a PUT they become a PUT
-    out = keys.fold(SCHEMA, PK, [(10, put), (20, upd_a)], {}).to_pylist()
+    out = keyfold.fold(SCHEMA, PK, [(10, put), (20, upd_a)], _theirs({})).to_pylist()
     assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, "y", 1)]
     # a DELETE with an older version elsewhere stays; with none it goes
-    assert keys.fold(SCHEMA, PK, [(20, dele)], {(0, 1): [(10, 0)]}).column(keys.OP).to_pylist() == [keys.DELETE]
-    assert keys.fold(SCHEMA, PK, [(10, put), (20, dele)], {}).num_rows == 0
+    assert keyfold.fold(SCHEMA, PK, [(20, dele)], _theirs({(0, 1): [(10, 0)]})).column(keys.OP).to_pylist() == [keys.DELETE]
+    assert keyfold.fold(SCHEMA, PK, [(10, put), (20, dele)], _theirs({})).num_rows == 0
     # a version of another part between two sources splits the fold into two runs
-    out = keys.fold(SCHEMA, PK, [(10, put), (30, upd_b)], {(0, 1): [(20, 5)]}).to_pylist()
+    out = keyfold.fold(SCHEMA, PK, [(10, put), (30, upd_b)], _theirs({(0, 1): [(20, 5)]})).to_pylist()
     assert [(r[keys.OP], r[keys.VER]) for r in out] == [(keys.PUT, 10), (keys.UPDATE, 30)]
     # a DELETE then an UPDATE is a PUT with the other columns null (as a read folds it)
-    out = keys.fold(SCHEMA, PK, [(20, dele), (30, upd_b)], {(0, 1): [(10, 0)]}).to_pylist()
+    out = keyfold.fold(SCHEMA, PK, [(20, dele), (30, upd_b)], _theirs({(0, 1): [(10, 0)]})).to_pylist()
     assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, None, 7)]
 
 
@@ -160,8 +163,8 @@ def test_mutation_folded_part_ordered_by_its_creation_csn_changes_reads() -> Non
     for seed in range(60):
         rng = random.Random(seed)
         parts = _history(rng, 4)
-        before = rows_of(keys.merge(SCHEMA, PK, parts))
-        broke += rows_of(keys.merge(SCHEMA, PK, _fold(parts, {0, 2}, 45, use_ver=False))) != before
+        before = rows_of(keyfold.merge(SCHEMA, PK, parts))
+        broke += rows_of(keyfold.merge(SCHEMA, PK, _fold(parts, {0, 2}, 45, use_ver=False))) != before
     assert broke
 
 
@@ -170,7 +173,7 @@ def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
 
     storage = Storage(str(tmp_path))
     written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x"), "1.1.h")
-    out = write_part(storage, "t", ["p"], (0,), keys.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], {}),
+    out = write_part(storage, "t", ["p"], (0,), keyfold.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], _theirs({})),
                      "2.1.h")
     assert not keys.folded(written) and keys.folded(out)
 
@@ -221,7 +224,7 @@ def _read_at(r: Replica, table: str, snapshot: int) -> list[dict]:
 
     metas = r.state.visible(table, snapshot)
     csns = {m.name: r.state.parts[m.name].creation_csn for m in metas}
-    return rows_of(keys.merge(SCHEMA, PK, [(csns[m.name], read_part(r.storage, m)) for m in metas]))
+    return rows_of(keyfold.merge(SCHEMA, PK, [(csns[m.name], read_part(r.storage, m)) for m in metas]))
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -535,5 +538,5 @@ def test_a_second_compaction_in_one_transaction_respects_the_first_ones_output(t
     own = first.added
     second = rewrite.compact(storage, tdef, [*own, c], "major", "9.1.h", csns)
     after = [(keys.OWN, read_part(storage, m)) for m in [*own, *second.added]]
-    want = keys.merge(SCHEMA, PK, [(csns[m.name], read_part(storage, m)) for m in (a, c, b)])
-    assert rows_of(keys.merge(SCHEMA, PK, after)) == rows_of(want) == [{"p": 0, "k": 1, "a": "y", "b": None}]
+    want = keyfold.merge(SCHEMA, PK, [(csns[m.name], read_part(storage, m)) for m in (a, c, b)])
+    assert rows_of(keyfold.merge(SCHEMA, PK, after)) == rows_of(want) == [{"p": 0, "k": 1, "a": "y", "b": None}]

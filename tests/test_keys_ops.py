@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator import keys
+from coordinator import keyfold, keys
 from coordinator.client import Client
 from coordinator.errors import ConflictError, InvalidInput
 from mergetxn.zkserver import ZooKeeperServer
@@ -69,7 +69,7 @@ def test_row_changes_fold_commits_in_order() -> None:
              v([{"p": "x", "k": 3}], keys.LOCK_STRONG, 3)]),
         (7, [v([{"p": "x", "k": 1, "a": "old", "b": 10}], keys.PUT, 1)]),  # same values: nothing
     ]
-    got = keys.row_changes(SCHEMA, KEY, before, commits).to_pylist()
+    got = keyfold.row_changes(SCHEMA, KEY, before, commits).to_pylist()
     assert got == [
         {"p": "x", "k": 1, "a": "old", "b": 1, "_change": "delete", "_csn": 5},
         {"p": "x", "k": 1, "a": "old", "b": 10, "_change": "insert", "_csn": 5},
