@@ -59,7 +59,15 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     if data.num_rows == 0:
         return schema.empty_table()
     data = _sorted(data, primary_key)
-    fold = _Fold(data, _key_starts(data, primary_key), schema.names, primary_key)
+    starts = _key_starts(data, primary_key)
+    op = data.column(OP)
+    if not pc.any(pc.equal(op, UPDATE)).as_py():
+        # PUTs and DELETEs only (upserts, the usual history): a key is its last version, or gone.
+        # The same rows as the general fold below, in a third of its kernels (a point read's cost).
+        lasts = pc.indices_nonzero(_shifted(starts, True, forward=False))
+        lasts = pc.filter(lasts, pc.not_equal(pc.take(op, lasts), DELETE))
+        return pa.Table.from_arrays([pc.take(data.column(c), lasts) for c in schema.names], schema=schema)
+    fold = _Fold(data, starts, schema.names, primary_key)
     state = fold.at(fold.lasts)
     return state.rows(schema).filter(state.exists())
 
