@@ -255,8 +255,11 @@ def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
     assert hostile["findings"] == [] and hostile["error"] is None
     counts = hostile["counts"]
     denied = {k.split(":", 1)[1]: n for k, n in counts.items() if k.startswith("denied:")}
-    assert sum(denied.values()) > 0, counts
-    assert all(counts.get(f"denied-refused:{kind}") == n for kind, n in denied.items()), counts
+    refused = sum(n for k, n in counts.items() if k.startswith("denied-refused:"))
+    assert sum(denied.values()) > 0 and refused > 0, counts
+    # each refused, or cut short by a fault (a killed replica); what those asked for is checked after the run
+    assert all(counts.get(f"denied-refused:{kind}", 0) + counts.get(f"denied-interrupted:{kind}", 0) == n
+               for kind, n in denied.items()), counts
 
 
 def test_a_secured_campaign_has_no_spark_workload(tmp_path: Path) -> None:
