@@ -415,6 +415,11 @@ def test_the_chaos_lane_reports_an_allowed_call_and_what_a_denied_one_left(secur
         lane.prepare(admin)
         lane.try_denied(address, "writer", "writer-reads-its-table", lambda c: c.read(LANE_TABLE))
         assert len(lane.findings) == 1 and "writer-reads-its-table" in lane.findings[0]
+        # a kill let through (here by an admin, whom the grants allow it) is a finding, not a fault
+        _, kill = lane.denied_calls(admin)["writer-kill-admins-transaction"]
+        lane.users["admin"] = secure.credentials
+        lane.try_denied(address, "admin", "admin-kills-a-transaction", kill)
+        assert len(lane.findings) == 2 and "admin-kills-a-transaction" in lane.findings[1], lane.counts
         with admin.transaction() as tx:
             tx.insert(LANE_TABLE, pa.table({"id": [1]}, schema=LANE_SCHEMA))
         admin.create_table(DENIED_TABLE, LANE_SCHEMA)
