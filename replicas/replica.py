@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -329,7 +330,22 @@ class Replica:
 
     def refresh_alive(self) -> None:
         """Republish the alive node when what it says changed (the log-tail thread, each tick)."""
+        self.exit_if_zookeeper_loop_died()
         self.alive.refresh()
+
+    def exit_if_zookeeper_loop_died(self) -> None:
+        """kazoo's connection thread can die of an exception it does not handle (``RuntimeError:
+        xids do not match`` after a read timed out under faults, found by mergetxn chaos): the
+        client then never connects again and the replica would stay up, registered and deaf. Like
+        a dead RPC loop, that ends the process (status 70) so that a supervisor restarts it."""
+        connection = getattr(self.zk, "_connection", None)
+        stopped = getattr(connection, "connection_stopped", None)
+        if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self._stop.is_set():
+            return
+        log.critical("replica %s: the ZooKeeper client's connection loop died and will not reconnect; exiting "
+                     "(status 70) so that a supervisor restarts the replica", self.host_id)
+        logging.shutdown()
+        os._exit(70)
 
     def set_address(self, address: str) -> None:
         """Where this replica serves (set before :meth:`start`; republished if it changes)."""
