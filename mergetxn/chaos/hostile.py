@@ -38,6 +38,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import pyarrow as pa
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.client import Client
 from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError, PermissionDenied
@@ -50,6 +51,7 @@ _HEADER = struct.Struct(">I")
 IDLE_CONNECTIONS = 40
 IDLE_SECONDS = 3.0
 PAUSE = (0.05, 0.5)  # seconds between two attacks
+DENIED_WAIT_SECONDS = 8.0  # how long a denied call waits for its replica to accept a login
 LANE_TABLE = "hostile_t"  # the lane's own table: no denied write may ever reach it
 DENIED_TABLE = "hostile_created"  # a table a reader and a writer try to create
 DENIED_RETENTION = 1.0  # what a writer tries to set on other tables
@@ -90,17 +92,26 @@ class Hostile(threading.Thread):
         self.error: BaseException | None = None
 
     def run(self) -> None:
-        attacks = [self.junk, self.junk, self.junk, self.idle, self.forged]
-        if self.admin is not None:
-            attacks += [self.denied, self.denied]
         try:
             while not self.stop_event.is_set():
-                addresses = self.addresses()
-                if addresses:
-                    self.rng.choice(attacks)(self.rng.choice(addresses))
-                self.stop_event.wait(self.rng.uniform(*PAUSE))
+                for attack in self.round():
+                    addresses = self.addresses()
+                    if addresses:
+                        attack(self.rng.choice(addresses))
+                    if self.stop_event.wait(self.rng.uniform(*PAUSE)):
+                        break
         except BaseException as exc:  # reported by the run: the lane must not die quietly
             self.error = exc
+
+    def round(self) -> list[Callable[[str], None]]:
+        """One round of attacks in a random order: every kind comes once a round, so a short run
+        under faults still tries each (denied calls, when secured, open the round: they need the
+        replica up and a round's idle connections may take seconds)."""
+        attacks = [self.junk, self.junk, self.junk, self.idle, self.forged]
+        self.rng.shuffle(attacks)
+        if self.admin is not None:
+            attacks = [self.denied, self.denied] + attacks
+        return attacks
 
     # -- junk frames and idle connections ---------------------------------------------------------
     def _connect(self, address: str, tls: bool = False) -> socket.socket | None:
@@ -153,7 +164,12 @@ class Hostile(threading.Thread):
             sock.close()
 
     def idle(self, address: str) -> None:
-        socks = [s for s in (self._connect(address) for _ in range(IDLE_CONNECTIONS)) if s is not None]
+        socks: list[socket.socket] = []
+        for _ in range(IDLE_CONNECTIONS):
+            sock = self._connect(address)
+            if sock is None:  # down or paused (a full backlog): the rest would only wait out their timeouts
+                break
+            socks.append(sock)
         self.counts["idle-connections"] += len(socks)
         self.stop_event.wait(IDLE_SECONDS)
         for s in socks:
@@ -216,8 +232,10 @@ class Hostile(threading.Thread):
                 self.users[role] = admin.create_user(f"hostile_{role}_{self.rng.randrange(1 << 30):x}", role, tables)
 
     def denied(self, address: str) -> None:
-        try:
-            admin = Client(address, timeout=self.timeout, credentials=self.admin)
+        try:  # waits out a restart (a killed replica is back in seconds): a denied call needs it up
+            admin = Retrying(stop=stop_after_delay(DENIED_WAIT_SECONDS), wait=wait_fixed(0.25), reraise=True,
+                             retry=retry_if_exception_type((MergetxnError, OSError)))(
+                lambda: Client(address, timeout=self.timeout, credentials=self.admin))
         except (MergetxnError, OSError):
             self.counts["connect-failed"] += 1
             return
