@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
-from mergetxn.cluster import LocalCluster  # noqa: E402
+from mergetxn.local.cluster import LocalCluster  # noqa: E402
 
 SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
 

@@ -127,9 +127,9 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
         return op
 
     # Profile mode: the same statements as tx.insert, timed phase by phase on the client.
-    from coordinator.model import Insert
-    from parts.ops import conform
-    from parts.storage import Storage
+    from coordinator.core.tabledata import conform
+    from coordinator.model.records import Insert
+    from parts.io.storage import Storage
 
     put = Storage.put
 
@@ -174,8 +174,8 @@ def _premade_parts(params: dict, idx: int) -> tuple[Any, Any, str, Iterator[str]
     commit itself does no data I/O (what a Spark driver commits: parts its executors wrote).
     """
     from coordinator.client import Client
-    from parts.format import new_part_name, write_part
-    from parts.storage import _fsync_dir
+    from parts.io.format import new_part_name, write_part
+    from parts.io.storage import _fsync_dir
 
     client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
     table = params["table"]
@@ -489,7 +489,7 @@ def bench_mergetxn(workdir: Path, zk_address: str, zk_pid: int | None, replicas:
                    cases: list[tuple[str, str, int, bool]], warmup: float, seconds: float,
                    log: Callable[[str], None]) -> dict:
     """``cases``: (result name, worker kind, writers, spread over replicas)."""
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
     out = {}
     with LocalCluster(workdir, replicas=replicas, zk_address=zk_address, root=root) as cluster:
@@ -676,13 +676,13 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
 
     import kazoo.client
 
-    import coordinator.zklog
+    import coordinator.zk.log
     import replicas.committer
     import replicas.follower
     import replicas.state
     import replicas.wal
     from coordinator.client import Client
-    from mergetxn.zkserver import ZooKeeperServer
+    from mergetxn.local.zkserver import ZooKeeperServer
     from replicas.replica import Replica, ReplicaConfig
     from replicas.server import ReplicaServer
 
@@ -733,8 +733,8 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
     timed(replicas.wal.Wal, "append", "WAL append (+fsync for log entries)")
     timed(replicas.state.ReplicaState, "apply", "apply entry to replica state")
     timed(replicas.state.ReplicaState, "wait_applied", "committer waits for apply (follower)")
-    timed(coordinator.zklog.CsnLog, "commit", "ZooKeeper commit multi")
-    timed(coordinator.zklog.CsnLog, "fetch", "ZooKeeper log fetch (follower)")
+    timed(coordinator.zk.log.CsnLog, "commit", "ZooKeeper commit multi")
+    timed(coordinator.zk.log.CsnLog, "fetch", "ZooKeeper log fetch (follower)")
     timed(replicas.committer.Committer, "_commit_batch", "committer batch total")
     timed(replicas.committer.Committer, "_plan", "conflict decision (plan)")
     timed(replicas.follower.Follower, "_fetch_batch", "follower fetch batch")
@@ -837,7 +837,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
 def warm_up_zookeeper(address: str, seconds: float = 4.0, **client_args: object) -> None:
     """Give a new ZooKeeper server's JIT the commit path's work (creates, multis, exists
     watches) before anything is measured on it, then remove what that left behind.
-    ``client_args``: kazoo's, for a secured server (coordinator.security.zk_client_args)."""
+    ``client_args``: kazoo's, for a secured server (coordinator.wire.security.zk_client_args)."""
     from kazoo.client import KazooClient
 
     zk = KazooClient(hosts=address, timeout=30, **client_args)
@@ -870,7 +870,7 @@ def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> N
     On this VM the first minute or two of load after an idle spell runs slow (every case of a
     first round, the raw ZooKeeper ones included, 10-40 % below the same case minutes later),
     which made a first round's ratios say more about the machine than about the code."""
-    from mergetxn.zkserver import ZooKeeperServer
+    from mergetxn.local.zkserver import ZooKeeperServer
 
     log(f"warming the machine up ({seconds:g} s of unmeasured 4-writer mergetxn inserts)")
     zk = ZooKeeperServer(work / "zookeeper")
@@ -886,7 +886,7 @@ def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> N
 def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
     """Every group once, each ZooKeeper group on a fresh ZooKeeper server: the raw cases leave
     ~80,000 znodes (40 MB) behind, whose heap and snapshots would slow whatever ran after them."""
-    from mergetxn.zkserver import ZooKeeperServer
+    from mergetxn.local.zkserver import ZooKeeperServer
 
     results: dict[str, dict] = {}
 

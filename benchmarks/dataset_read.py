@@ -16,7 +16,7 @@ Cases, each timed ``--rounds`` times (median reported; the order alternates per 
 
 ``dataset`` times ``with client.dataset(t) as ds: con.register(...); con.sql(...).fetchall()``
 whole (the ``visible`` call and lease, the size checks, DuckDB's scan through Arrow); ``view``
-the same with ``parts.dataset.duckdb_view(con, "v", ds)`` instead of ``register`` (DuckDB's own
+the same with ``parts.io.dataset.duckdb_view(con, "v", ds)`` instead of ``register`` (DuckDB's own
 Parquet reader over the dataset's files);
 ``dataset query`` the SQL alone on a dataset already open; ``direct`` times
 ``read_parquet([...the part files...])`` with the same SQL (its file list given, as a reader that
@@ -49,7 +49,7 @@ import duckdb  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
-from parts.dataset import duckdb_view  # noqa: E402
+from parts.io.dataset import duckdb_view  # noqa: E402
 
 TABLE = "bench_events"
 SCHEMA = pa.schema([("day", pa.date32()), ("id", pa.int64()), ("n", pa.int64()), ("x", pa.float64()),
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
 
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

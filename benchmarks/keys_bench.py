@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
     started = time.time()
     results: dict[str, Any] = {}

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="parts,append,maxcompute")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "policy_throughput.json"))
     a = ap.parse_args(argv)
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
     out: dict[str, dict] = {}
     started = time.time()

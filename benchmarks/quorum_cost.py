@@ -8,7 +8,7 @@ ZooKeeper server on loopback, the same workload, in one run.
   network stack, no added delay). A commit is a quorum write: the leader waits for one follower.
   The replicas' WALs stay on the work directory's disk, as in the loopback case (the chaos
   harness puts them on tmpfs, where an fsync costs nothing).
-* ``loopback``: ``mergetxn.cluster.LocalCluster``: one standalone ZooKeeper server and 3 replicas
+* ``loopback``: ``mergetxn.local.cluster.LocalCluster``: one standalone ZooKeeper server and 3 replicas
   on 127.0.0.1 (what the other benchmarks and the tests use).
 
 Cases (benchmarks/commit_throughput.py's writers, one process each): 10-row insert transactions
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         print(msg, flush=True)
 
     from mergetxn.chaos.hosts import NamespaceCluster, namespaces_unavailable
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
     why = namespaces_unavailable()
     if why:

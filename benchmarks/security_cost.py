@@ -44,7 +44,7 @@ def rpc_cpu_per_call(calls: int, creds) -> float:
     """Microseconds of process CPU per call of a 200-byte request answered inline."""
     import threading
 
-    from coordinator.rpc import RpcClient, RpcServer
+    from coordinator.wire.rpc import RpcClient, RpcServer
 
     def inline(action: str, args: dict, reply) -> bool:
         reply({"ok": True, "result": {"csn": 1, "id": args["id"]}})
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
-    from coordinator.security import CLIENT_FILE, make_cluster_credentials, zk_client_args
-    from mergetxn.cluster import LocalCluster
-    from mergetxn.zkserver import ZooKeeperServer
+    from coordinator.wire.security import CLIENT_FILE, make_cluster_credentials, zk_client_args
+    from mergetxn.local.cluster import LocalCluster
+    from mergetxn.local.zkserver import ZooKeeperServer
 
     result: dict = {"machine": ct.machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "rounds": []}

@@ -53,11 +53,11 @@ if str(ROOT) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
-from coordinator.catalog import TableDef  # noqa: E402
-from coordinator.model import LogEntry, WalEntry  # noqa: E402
-from coordinator.visibility import is_visible  # noqa: E402
-from parts.meta import PartMeta  # noqa: E402
-from parts.ops import partition_key  # noqa: E402
+from coordinator.core.tabledata import partition_key  # noqa: E402
+from coordinator.core.visibility import is_visible  # noqa: E402
+from coordinator.model.catalog import TableDef  # noqa: E402
+from coordinator.model.records import LogEntry, WalEntry  # noqa: E402
+from parts.model.meta import PartMeta  # noqa: E402
 from replicas import checkpoint  # noqa: E402
 from replicas.state import ReplicaState  # noqa: E402
 
@@ -231,7 +231,7 @@ def bench_checkpoint(n: int) -> dict:
 def write_log(zk, csn_log, wal, entries: list[tuple[int, dict]]) -> None:
     """The same entries into ZooKeeper (sequential creates, pipelined) and the WAL (the follower's
     record format: what a replica that applied them would have written)."""
-    from coordinator.versions import split_csn
+    from coordinator.core.versions import split_csn
 
     pending = []
     for csn, entry in entries:
@@ -248,8 +248,8 @@ def write_log(zk, csn_log, wal, entries: list[tuple[int, dict]]) -> None:
 def bench_restart(lengths: list[int], workdir: Path, tail: int = 5000) -> list[dict]:
     from kazoo.client import KazooClient
 
-    from coordinator.zklog import CsnLog
-    from mergetxn.zkserver import ZooKeeperServer
+    from coordinator.zk.log import CsnLog
+    from mergetxn.local.zkserver import ZooKeeperServer
     from replicas.replica import Replica, ReplicaConfig
     from replicas.wal import Wal
 

@@ -2,7 +2,7 @@
 
 ``import coordinator`` gives the public Python surface: :class:`LocalCluster` (the embedded
 default), :func:`connect`, the :class:`Tid` type, and the errors under ``coordinator.errors``.
-The heavier names load on first use, so that ``parts`` (which needs only ``coordinator.errors``)
+The heavier names load on first use, so that the layers below (which need only ``coordinator.core``)
 can be imported without pulling in the client.
 """
 
@@ -10,19 +10,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from coordinator import errors
-from coordinator.versions import Tid
+from coordinator import errors  # the public name of coordinator/core/errors.py
+from coordinator.core.versions import Tid
 
 if TYPE_CHECKING:
-    from coordinator.client import Client, CommitStatus, Transaction, connect
-    from mergetxn.cluster import LocalCluster
+    from coordinator.api.client import Client, CommitStatus, Transaction, connect
+    from mergetxn.local.cluster import LocalCluster
 
 _LAZY = {
-    "Client": "coordinator.client",
-    "CommitStatus": "coordinator.client",
-    "Transaction": "coordinator.client",
-    "connect": "coordinator.client",
-    "LocalCluster": "mergetxn.cluster",
+    "Client": "coordinator.api.client",
+    "CommitStatus": "coordinator.api.client",
+    "Transaction": "coordinator.api.client",
+    "connect": "coordinator.api.client",
+    "LocalCluster": "mergetxn.local.cluster",
 }
 
 __all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "errors"]

@@ -8,8 +8,8 @@
 (``coordinator.connect``, ``spark.read_table``, ...). The names load on first use, so that
 ``mergetxn.cli`` and the replica processes it starts do not pay for the client or Spark.
 
-The tools live beside them: ``mergetxn.cli`` (the ``mergetxn`` command), ``mergetxn.quickstart``,
-``mergetxn.cluster``, ``mergetxn.zkserver``, ``mergetxn.chaos``; nothing in the layers below
+The tools live beside them: ``mergetxn.cli`` (the ``mergetxn`` command), ``mergetxn.tools.quickstart``,
+``mergetxn.local.cluster``, ``mergetxn.local.zkserver``, ``mergetxn.chaos``; nothing in the layers below
 imports them.
 """
 
@@ -18,19 +18,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coordinator.client import Client, CommitStatus, Transaction, connect
-    from coordinator.versions import Tid
+    from coordinator.api.client import Client, CommitStatus, Transaction, connect
+    from coordinator.core.versions import Tid
     from mergetxn import errors, spark
-    from mergetxn.cluster import LocalCluster
+    from mergetxn.local.cluster import LocalCluster
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "connect": ("coordinator.client", "connect"),
-    "Client": ("coordinator.client", "Client"),
-    "Transaction": ("coordinator.client", "Transaction"),
-    "CommitStatus": ("coordinator.client", "CommitStatus"),
-    "Tid": ("coordinator.versions", "Tid"),
-    "LocalCluster": ("mergetxn.cluster", "LocalCluster"),
+    "connect": ("coordinator.api.client", "connect"),
+    "Client": ("coordinator.api.client", "Client"),
+    "Transaction": ("coordinator.api.client", "Transaction"),
+    "CommitStatus": ("coordinator.api.client", "CommitStatus"),
+    "Tid": ("coordinator.core.versions", "Tid"),
+    "LocalCluster": ("mergetxn.local.cluster", "LocalCluster"),
     "errors": ("mergetxn.errors", None),
     "spark": ("mergetxn.spark", None),
 }

@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from coordinator import errors
-from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput, MergetxnError, quote
-from mergetxn.jsonrows import json_value
-from mergetxn.jsonrows import stream as json_stream
+from coordinator.core import errors
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import InvalidInput, MergetxnError, quote
+from mergetxn.tools.jsonrows import json_value
+from mergetxn.tools.jsonrows import stream as json_stream
 from replicas import logs
 from replicas.settings import click_options
 
@@ -79,7 +79,7 @@ EXIT_CODES = {
 
 def exit_code(exc: BaseException) -> int:
     """The exit code for an error a command ended with (see :data:`EXIT_CODES`)."""
-    # By name: coordinator.errors may not have this class yet (the security work adds it).
+    # By name: coordinator.core.errors may not have this class yet (the security work adds it).
     if any(c.__name__ == "AuthenticationFailed" for c in type(exc).__mro__):
         return EXIT_AUTH
     for cls, code in (
@@ -536,7 +536,7 @@ def call_timeout() -> float:
 
 @contextmanager
 def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
-    from coordinator.client import Client
+    from coordinator.api.client import Client
 
     ctx = click.get_current_context(silent=True)
     client = Client(address, timeout=timeout or call_timeout(), long_calls={},  # --timeout bounds each request
@@ -624,7 +624,7 @@ def zk_start(
     Prints READY <host:port> once it serves (a member: once it has joined a quorum); Ctrl-C or
     SIGTERM stops it cleanly.
     """
-    from coordinator.security import Credentials
+    from coordinator.wire.security import Credentials
 
     creds = None if credentials is None else Credentials.from_file(credentials)
     if myid is None and members is None:
@@ -638,7 +638,7 @@ def zk_start(
 
 
 def _zk_standalone(directory: Path, port: int | None, tick_ms: int, creds: Any = None) -> None:
-    from mergetxn.zkserver import ZooKeeperServer
+    from mergetxn.local.zkserver import ZooKeeperServer
 
     server = ZooKeeperServer(directory, port=port or None, tick_ms=tick_ms, credentials=creds)
     out = console()
@@ -671,7 +671,7 @@ def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int, cred
     """One member of an ensemble, in the foreground until SIGTERM/SIGINT. A member without a
     quorum is not an error (its peers may start later): it waits, and says READY once it
     serves."""
-    from mergetxn.zkserver import ZooKeeperMember, parse_members
+    from mergetxn.local.zkserver import ZooKeeperMember, parse_members
 
     try:
         members = parse_members(members_text)
@@ -700,7 +700,7 @@ def _zk_member(directory: Path, myid: int, members_text: str, tick_ms: int, cred
                 if not serving and member.mode() is not None:
                     serving = True
                     if creds is not None:  # every member does it (idempotent): / under the identity's ACL
-                        from mergetxn.zkserver import harden_root
+                        from mergetxn.local.zkserver import harden_root
 
                         harden_root(member.address, creds)
                     print(f"READY {member.address}", flush=True)
@@ -755,7 +755,7 @@ def replica_start(**values: Any) -> None:
     registered) when a live replica holds --host-id, a port is in use or --storage is not the
     cluster's.
     """
-    from coordinator.versions import check_host_id
+    from coordinator.core.versions import check_host_id
     from replicas.server import run
     from replicas.settings import ReplicaConfig
 
@@ -797,8 +797,8 @@ def replica_retire(host_id: str, replica: str | None, zk_hosts: str | None, root
     commit any more. Refused (exit 2) while it is alive (stop it first) or if no replica ID is
     registered. Starting a replica with that --host-id again registers it anew.
     """
-    from coordinator.security import Credentials
-    from mergetxn.status import retire
+    from coordinator.wire.security import Credentials
+    from mergetxn.tools.status import retire
 
     creds = None if credentials is None else Credentials.from_file(credentials)
     click.get_current_context().meta["mergetxn.credentials"] = creds  # connected() takes them
@@ -1133,8 +1133,8 @@ class _PartWriter:
         self.written: list[Any] = []
 
     def add(self, data: pa.Table) -> int:
-        from parts.format import write_part
-        from parts.ops import conform, split_by_partition
+        from coordinator.core.tabledata import conform, split_by_partition
+        from parts.io.format import write_part
 
         tdef = self.tdef
         data = conform(tdef.schema, data, tdef.name, what="overwrite" if self.overwrite else "insert into",
@@ -1150,7 +1150,7 @@ class _PartWriter:
         return len(self.written)
 
     def discard(self) -> None:
-        from parts.meta import sidecar_path
+        from parts.model.meta import sidecar_path
 
         for meta in self.written:
             for path in (meta.path, sidecar_path(meta.path)):
@@ -1274,7 +1274,7 @@ def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: 
                         rows += data.num_rows
                         advance(data.num_rows)
             else:
-                for chunk, n in json_stream(tables):  # vectorised, two threads (mergetxn/jsonrows.py)
+                for chunk, n in json_stream(tables):  # vectorised, two threads (mergetxn/tools/jsonrows.py)
                     sink.write(chunk)
                     rows += n
                     advance(n)
@@ -1460,7 +1460,7 @@ def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool,
     """Copy TABLE at one snapshot into DIR (a local directory or an fsspec URL such as s3://):
     every visible part file, byte for byte, and manifest.json (definition, CSN, each part's size
     and checksum). The snapshot is held while the files are copied."""
-    from mergetxn import recovery
+    from mergetxn.tools import recovery
 
     with connected(replica):
         pass
@@ -1483,7 +1483,7 @@ def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool,
 def restore(directory: str, as_name: str | None, as_json: bool, replica: str) -> None:
     """Restore the table backed up in DIR at its CSN, as one transaction. Every file is checked
     against the manifest first: a damaged backup is refused (exit 8) and changes nothing."""
-    from mergetxn import recovery
+    from mergetxn.tools import recovery
 
     with connected(replica):
         pass
@@ -1508,7 +1508,7 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
     """TABLE's history, oldest first: each commit's CSN, time, kind, rows of the parts it added
     and removed, transaction and replica; its DDL; and the aborts this replica remembers, with
     their reason."""
-    from mergetxn import recovery
+    from mergetxn.tools import recovery
 
     with connected(replica) as client:
         entries = recovery.history(client, table_name, limit)
@@ -1597,8 +1597,8 @@ def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds
     --max-lag-seconds; a part file that a read needs missing or of another size): each problem is
     named, so it serves as a health check.
     """
-    from coordinator.security import Credentials
-    from mergetxn.status import gather
+    from coordinator.wire.security import Credentials
+    from mergetxn.tools.status import gather
 
     creds = None if credentials is None else Credentials.from_file(credentials)
     click.get_current_context().meta["mergetxn.credentials"] = creds  # connected() takes them
@@ -1753,7 +1753,7 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
     transactions, conflicts, rebased retries, multi-table commits, snapshot reads, time travel
     and a Spark job writing two tables in one transaction, print a summary, and stop everything.
     Exit code 0 only if every step behaved."""
-    from mergetxn.quickstart import run
+    from mergetxn.tools.quickstart import run
 
     raise SystemExit(run(workdir, keep, console()))
 
@@ -1889,7 +1889,7 @@ def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str
     ZooKeeper) and admin.json, the admin user's (clients: `--credentials` or
     MERGETXN_CREDENTIALS; `security add-user` makes more users). No secret is printed.
     """
-    from coordinator.security import ADMIN_FILE, REPLICA_FILE, make_cluster_credentials
+    from coordinator.wire.security import ADMIN_FILE, REPLICA_FILE, make_cluster_credentials
 
     if (directory / REPLICA_FILE).exists():
         fail(f"{directory / REPLICA_FILE} exists: remove the directory's files to make new credentials")

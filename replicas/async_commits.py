@@ -12,7 +12,7 @@ Its outcome is kept here, under the client's session (a random id each ``Client`
 called is decided (durable in ZooKeeper and applied here, or failed), then answers the session's
 last CSN, how many async commits this process accepted for it, and the failures not yet
 acknowledged (a later flush acknowledges them: a flush sent again after a lost answer gets the
-same answer). The client compares the count with the commits it made (coordinator/client.py):
+same answer). The client compares the count with the commits it made (coordinator/api/client.py):
 the ones this process never heard of were accepted by an earlier process of the replica (it
 crashed or restarted), and ``commit_status`` decides each of them.
 
@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from coordinator.errors import MergetxnError, ReplicaUnavailable
+from coordinator.core.errors import MergetxnError, ReplicaUnavailable
 from replicas.transactions import RunningTxn
 
 MAX_SESSIONS = 10_000

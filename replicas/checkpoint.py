@@ -9,7 +9,7 @@ Without this the CSN log grows by one znode per commit for as long as the cluste
 * **Trimming** removes whole *sealed* epochs, never entries of the open one (the follower reads
   the open epoch's child counter to tell "nothing newer" from a gap, and removing children would
   move that counter). So the open epoch is sealed early, once it holds ``checkpoint_every``
-  entries; the next epoch starts at sequence 0 and CSNs stay monotonic (coordinator/versions.py).
+  entries; the next epoch starts at sequence 0 and CSNs stay monotonic (coordinator/core/versions.py).
   An epoch goes only when every entry in it is at or below (1) the applied CSN of every live
   replica, (2) the oldest snapshot of every running transaction (both published in
   ``replicas/<host>/alive``) and (3) the checkpoint's CSN. The checkpoint node is updated first,
@@ -46,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
-from coordinator.alive import read_alive
-from coordinator.errors import CorruptMetadata
-from coordinator.model import WalBase, WalEntry, WalRecord, WalStaged
-from coordinator.versions import csn_of
-from coordinator.zklog import encode_tail
+from coordinator.core.errors import CorruptMetadata
+from coordinator.core.versions import csn_of
+from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
+from coordinator.zk.alive import read_alive
+from coordinator.zk.log import encode_tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica

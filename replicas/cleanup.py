@@ -7,7 +7,7 @@ one; it is kept still for its table's retention window (SPEC.md "History retenti
 ``removal_time + retention_seconds``, the table's as defined at ``min_snapshot`` (the replica-wide
 default when it sets none), so that every snapshot and ``changes`` range in the window stays
 readable. Before deleting anything the pass raises the ZooKeeper node ``gc``
-(coordinator/watermark.py: the watermark and each table's horizon, only ever raised): a read that
+(coordinator/zk/watermark.py: the watermark and each table's horizon, only ever raised): a read that
 would need a part that may be gone fails with SnapshotUnavailable ("older than retained") instead of
 CorruptPart, on every replica alike. ``collected`` is raised to the highest CSN at or below which
 every removed part is deleted, so later passes skip those parts and replicas forget them.
@@ -19,7 +19,7 @@ the part's name is still running on an alive replica (replicas publish the ids o
 transactions older than ``leases.RUNNING_MIN_AGE``). Before deciding, the pass reads the alive nodes
 and then catches up with the log, so a transaction that committed after the publication is seen as
 committed. All of that only spares the transactions that look alive; what makes deleting safe is
-the orphan fence (coordinator/fence.py): part files are announced there before they are deleted,
+the orphan fence (coordinator/zk/fence.py): part files are announced there before they are deleted,
 and no commit can name an announced or deleted file, however long its replica stalled. Only files under table directories whose names have the shape of part files are ever
 considered, so manifests and checkpoints are never touched.
 What the snapshots in use are, and how a replica publishes them: replicas/leases.py.
@@ -35,20 +35,20 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from coordinator.alive import read_alive
-from coordinator.conflicts import Policy
-from coordinator.errors import (
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import (
     InvalidInput,
     ReplicaUnavailable,
     quote,
 )
-from coordinator.fence import MAX_PENDING
-from coordinator.model import AliveRecord
-from coordinator.versions import COUNTER_STRIDE, Tid
-from coordinator.watermark import Marks, Watermark
-from parts.format import STAGING_DIR
-from parts.meta import sidecar_path
-from parts.storage import is_temp_file
+from coordinator.core.versions import COUNTER_STRIDE, Tid
+from coordinator.model.records import AliveRecord
+from coordinator.zk.alive import read_alive
+from coordinator.zk.fence import MAX_PENDING
+from coordinator.zk.watermark import Marks, Watermark
+from parts.io.format import STAGING_DIR
+from parts.io.storage import is_temp_file
+from parts.model.meta import sidecar_path
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -109,7 +109,7 @@ class Cleanup:
         self.failures = 0
         self.files_removed = 0
 
-    # -- the watermark node (coordinator/watermark.py) ---------------------------------------------
+    # -- the watermark node (coordinator/zk/watermark.py) ---------------------------------------------
     def start(self) -> None:
         self.node.on_error = lambda exc: log.error("%s", exc)
         self.node.start()
@@ -377,7 +377,7 @@ class Cleanup:
     def _delete_behind_fence(self, condemned: list[tuple[str, dict, str]], removed: list[dict],
                              kept: list[dict]) -> None:
         """Delete part files decided orphans, and those an earlier pass condemned and did not
-        finish, so that no commit can name them (coordinator/fence.py): announce them on the
+        finish, so that no commit can name them (coordinator/zk/fence.py): announce them on the
         fence, catch up with the log, keep what a commit applied meanwhile names, delete the
         rest, confirm."""
         fence = self.replica.fence

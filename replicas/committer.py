@@ -2,7 +2,7 @@
 
 One thread takes every commit that is waiting, decides each with the conflict rules against the
 commits that happened since its snapshot, and writes all accepted ones in one multi (see
-:mod:`coordinator.zklog`). Two members of a batch never check the same target, so their verdicts
+:mod:`coordinator.zk.log`). Two members of a batch never check the same target, so their verdicts
 cannot depend on each other: a member that would is held for the next batch. When a checked
 target moved between our read and the multi, the whole batch is decided again (tenacity).
 
@@ -42,10 +42,8 @@ from tenacity import (
     wait_random,
 )
 
-from coordinator import jsonwire
-from coordinator.atomicity import NONE
-from coordinator.catalog import TableDef, TableDropped
-from coordinator.conflicts import (
+from coordinator.core import jsonwire
+from coordinator.core.conflicts import (
     COMPACTIONS,
     DATA_CHANGING,
     Policy,
@@ -54,7 +52,7 @@ from coordinator.conflicts import (
     check_app_versions,
     fits_beside,
 )
-from coordinator.errors import (
+from coordinator.core.errors import (
     ConflictError,
     ConflictKind,
     CorruptMetadata,
@@ -64,8 +62,20 @@ from coordinator.errors import (
     TransactionAborted,
     quote,
 )
-from coordinator.fence import FenceMoved
-from coordinator.model import (
+from coordinator.core.readsets import Shape, Touch, check_reads, counter_key
+from coordinator.core.readsets import read_keys as read_set_keys
+from coordinator.core.tabledata import partition_key
+from coordinator.core.targets import (
+    Statement,
+    app_key,
+    checked_keys,
+    read_keys,
+    whole_table_targets,
+)
+from coordinator.core.versions import Tid, csn_of, epoch_full, incarnation_of
+from coordinator.model.atomicity import NONE
+from coordinator.model.catalog import TableDef, TableDropped
+from coordinator.model.records import (
     DropTable,
     Insert,
     LogEntry,
@@ -76,11 +86,8 @@ from coordinator.model import (
     TxnRecord,
     TxnState,
 )
-from coordinator.readsets import Shape, Touch, check_reads, counter_key
-from coordinator.readsets import read_keys as read_set_keys
-from coordinator.targets import Statement, app_key, checked_keys, read_keys, whole_table_targets
-from coordinator.versions import Tid, csn_of, epoch_full, incarnation_of
-from coordinator.zklog import (
+from coordinator.zk.fence import FenceMoved
+from coordinator.zk.log import (
     MAX_INLINE_ENTRY,
     TOMBSTONE,
     OwnerFenced,
@@ -88,8 +95,7 @@ from coordinator.zklog import (
     VersionMoved,
     table_node_dropped,
 )
-from parts.meta import PartMeta, sidecar_path
-from parts.ops import partition_key
+from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
@@ -102,7 +108,7 @@ MAX_BATCH = 512
 ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Committer._take_batch)
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
-_TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zklog.py)
+_TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zk/log.py)
 
 
 def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
@@ -181,7 +187,7 @@ class Committer:
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
-        self._counters: set[str] = set()  # write counters known to exist (coordinator/readsets.py)
+        self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
         self.key_conflicts = KeyConflicts(self.state, replica.storage, replica.table)  # keys tables
 
     def start(self) -> None:
@@ -645,7 +651,7 @@ class Committer:
     def _verify_files(self, p: Pending, plan: Plan, fence: int, condemned: frozenset[str]) -> None:
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
         that stalled between staging and committing). Checked against fence version ``fence``,
-        which the multi checks too: see coordinator/fence.py for why that closes the race."""
+        which the multi checks too: see coordinator/zk/fence.py for why that closes the race."""
         staged = [m for op in p.txn.ops for m in op.added if m.name in plan.effect.added]
         if not staged:
             return
@@ -797,14 +803,14 @@ class Committer:
 
     def _fits_beside(self, txn: RunningTxn, eff: Effect, in_batch: dict[tuple[str, str], list[Summary]]) -> bool:
         """Whether a member whose checked targets members already accepted into this batch also
-        touch may share their multi (:func:`coordinator.conflicts.fits_beside`)."""
+        touch may share their multi (:func:`coordinator.core.conflicts.fits_beside`)."""
         summaries = eff.summaries(txn.id)
         policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
         if self.key_conflicts.shares_target(policies, summaries, in_batch):
             return False  # keys: a key in common is decided against the committed state, in the next batch
         return fits_beside(policies, summaries, eff.whole_tables, in_batch)
 
-    # -- serializable transactions (coordinator/readsets.py) ------------------------------------
+    # -- serializable transactions (coordinator/core/readsets.py) ------------------------------------
     @staticmethod
     def _serializable(p: Pending) -> bool:
         """A member whose read set is checked: it read something and writes something."""
@@ -900,7 +906,7 @@ class Committer:
 
     def _replay(self, p: Pending) -> Effect:
         """Re-apply the transaction's operations on the parts as they are now."""
-        from parts import rewrite
+        from parts.io import rewrite
 
         txn = p.txn
         eff = Effect()

@@ -19,10 +19,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from coordinator.errors import CorruptMetadata
-from coordinator.model import LogEntry, ManifestPointer, WalEntry, decode_log_node
-from coordinator.versions import csn_of
-from coordinator.zklog import CsnLog, given_out
+from coordinator.core.errors import CorruptMetadata
+from coordinator.core.versions import csn_of
+from coordinator.model.records import LogEntry, ManifestPointer, WalEntry, decode_log_node
+from coordinator.zk.log import CsnLog, given_out
 from replicas import failpoints
 from replicas.state import ReplicaState
 from replicas.wal import Wal

@@ -18,11 +18,11 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from coordinator.conflicts import COMPACTIONS, Kind
-from coordinator.errors import InvalidInput, SnapshotUnavailable, quote
-from coordinator.model import TxnState
-from coordinator.versions import Tid
-from parts.ops import partition_key
+from coordinator.core.conflicts import COMPACTIONS, Kind
+from coordinator.core.errors import InvalidInput, SnapshotUnavailable, quote
+from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid
+from coordinator.model.records import TxnState
 
 if TYPE_CHECKING:
     from replicas.replica import Replica

@@ -1,5 +1,5 @@
 """Key-level conflicts of keys tables at commit (SPEC.md "Keys tables"; the rules are pure, in
-coordinator/keys.py).
+coordinator/core/keys.py).
 
 A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind
 ``KEY_WRITTEN``) when, for a key it writes, a transaction that committed after its snapshot wrote
@@ -8,7 +8,7 @@ read-locked, such a transaction wrote it (``keys.collide``).
 
 The parts committed on the target since the snapshot come from the state's index by creation CSN
 (``ReplicaState.created_since``: a bisection, not a scan of every part under the state lock). A
-part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/keys.py)
+part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/core/keys.py)
 cannot hold any key the committer writes or locks is skipped unopened; the others are verified
 exactly: their keys and locks come from the summary's exact versions when the part is small
 (``keys.exact_locks``: a commit of at most ``keys.EXACT_ROWS`` versions lists them), else are
@@ -17,7 +17,7 @@ read from the file (key columns and the hidden ``_op``/``_cols`` only), cached b
 committer's own parts are found the same way.
 
 Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
-its target node (the partition's; :mod:`coordinator.targets`), and the committer decides against
+its target node (the partition's; :mod:`coordinator.core.targets`), and the committer decides against
 the state at the versions it read: a commit of another replica in between moves the version and
 the multi misses, and the batch is decided again. Within one batch, members share a keys target
 only when they have no key in common there (:meth:`KeyConflicts.shares_target`, from the keys
@@ -31,13 +31,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from coordinator import keys
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy, Summary
-from coordinator.errors import ConflictError, ConflictKind, quote
-from parts.format import read_part
-from parts.meta import PartMeta
-from parts.ops import partition_key
+from coordinator.core import keys
+from coordinator.core.conflicts import Policy, Summary
+from coordinator.core.errors import ConflictError, ConflictKind, quote
+from coordinator.core.tabledata import partition_key
+from coordinator.model.catalog import TableDef
+from parts.io.format import read_part
+from parts.model.meta import PartMeta
 
 CACHE_PARTS = 4096
 PLANNED = 4096  # members whose keys are remembered for batching (a batch is far smaller)
@@ -57,7 +57,7 @@ class KeyConflicts:
 
     def _locks(self, tdef: TableDef, meta: PartMeta) -> keys.KeyLocks:
         if keys.folded(meta):
-            return {}  # a compaction's output writes no key (coordinator/keys.py, "Compaction")
+            return {}  # a compaction's output writes no key (coordinator/core/keys.py, "Compaction")
         got = self._cache.get(meta.name)
         if got is None:
             got = keys.exact_locks(meta.key_summary, len(tdef.primary_key), tdef.lock_groups)

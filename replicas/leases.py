@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from coordinator.errors import InvalidInput, QuotaExceeded, quote
+from coordinator.core.errors import InvalidInput, QuotaExceeded, quote
 
 if TYPE_CHECKING:
     from replicas.replica import Replica

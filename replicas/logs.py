@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from coordinator.errors import InvalidInput
+from coordinator.core.errors import InvalidInput
 
 OWN = ("coordinator", "replicas", "parts", "spark", "mergetxn")
 ENV_LEVEL = "MERGETXN_LOG"

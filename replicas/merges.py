@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy
-from coordinator.errors import ConflictError, MergetxnError
-from coordinator.model import TxnState
-from parts.meta import PartMeta
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import ConflictError, MergetxnError
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import TxnState
+from parts.model.meta import PartMeta
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -62,7 +62,7 @@ class Merges:
         plans = []
         for pkey, names in sorted(live.items()):
             # A keys table's minor merge takes its parts in commit order: parts next to each
-            # other in version order fold into fewer versions (coordinator/keys.py, "runs").
+            # other in version order fold into fewer versions (coordinator/core/keys.py, "runs").
             order = ((lambda m: (parts[m.name].creation_csn, m.name)) if tdef.conflict_policy is Policy.KEYS
                      else (lambda m: m.name))
             metas = sorted((parts[n].meta for n in names if n in parts), key=order)
@@ -113,8 +113,8 @@ class Merges:
                   before_commit: Callable[[], None] | None = None) -> dict:
         """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
         logged and recorded, never raised; the partition is retried after a short back-off."""
-        from coordinator.model import Compact
-        from parts import rewrite
+        from coordinator.model.records import Compact
+        from parts.io import rewrite
 
         replica, txns = self.replica, self.replica.transactions
         txn = txns.begin()
@@ -132,7 +132,7 @@ class Merges:
                 self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
-            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/keys.py)
+            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/core/keys.py)
                 csns = {m.name: self.state.parts[m.name].creation_csn for m in visible if m.name in self.state.parts}
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from coordinator.errors import ConflictKind
-from coordinator.versions import csn_of, split_csn
+from coordinator.core.errors import ConflictKind
+from coordinator.core.versions import csn_of, split_csn
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica

@@ -2,7 +2,7 @@
 
 A transaction commits only through the commit multi of the replica that began it (its owner),
 and that multi checks the owner node ``replicas/<host>`` at the version the owner registered
-with: its incarnation, which every tid carries (coordinator/versions.py). So the owner node is a
+with: its incarnation, which every tid carries (coordinator/core/versions.py). So the owner node is a
 fence, as ClickHouse checks its session in the same multi:
 
 * while the owner node still holds the tid's incarnation and the owner is alive (its ephemeral
@@ -24,10 +24,10 @@ import logging
 from kazoo.exceptions import BadVersionError, NoNodeError
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random
 
-from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable
-from coordinator.model import AliveRecord, CommitStatus, TxnState
-from coordinator.rpc import RpcClient
-from coordinator.versions import Tid, incarnation_of
+from coordinator.core.errors import InvalidInput, MergetxnError, ReplicaUnavailable
+from coordinator.core.versions import Tid, incarnation_of
+from coordinator.model.records import AliveRecord, CommitStatus, TxnState
+from coordinator.wire.rpc import RpcClient
 
 log = logging.getLogger(__name__)
 

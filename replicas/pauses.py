@@ -24,7 +24,7 @@ import time
 from kazoo.exceptions import KazooException
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator.errors import CorruptMetadata, MergetxnError, ReplicaUnavailable
+from coordinator.core.errors import CorruptMetadata, MergetxnError, ReplicaUnavailable
 
 log = logging.getLogger(__name__)
 

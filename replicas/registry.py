@@ -1,7 +1,7 @@
 """The running transactions of one replica: begin, lookup, staging rules, commit, rollback.
 
 A transaction lives in memory only, from ``begin`` (its snapshot is the replica's applied CSN
-and its tid is unique across restarts, see :mod:`coordinator.versions`) until it commits, rolls
+and its tid is unique across restarts, see :mod:`coordinator.core.versions`) until it commits, rolls
 back, is killed or passes a limit (``txn_max_seconds``, ``txn_max_rows``). Staging checks what a
 statement removes is visible to the transaction and what it adds is safe from cleanup; the parts
 an aborted transaction wrote are deleted at once. Commits go to the replica's group committer
@@ -23,10 +23,8 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from coordinator.atomicity import FULL, SYNC, check_modes, check_session, mismatch
-from coordinator.catalog import TableDef
-from coordinator.conflicts import check_app_version
-from coordinator.errors import (
+from coordinator.core.conflicts import check_app_version
+from coordinator.core.errors import (
     InvalidInput,
     QuotaExceeded,
     ReplicaUnavailable,
@@ -35,7 +33,12 @@ from coordinator.errors import (
     TransactionNotFound,
     storage_error,
 )
-from coordinator.model import (
+from coordinator.core.readsets import Read
+from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid, local_counter
+from coordinator.model.atomicity import FULL, SYNC, check_modes, check_session, mismatch
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import (
     CommitStatus,
     Compact,
     DropTable,
@@ -44,11 +47,8 @@ from coordinator.model import (
     WalStaged,
     op_from_dict,
 )
-from coordinator.readsets import Read
-from coordinator.versions import Tid, local_counter
-from parts.format import part_path
-from parts.meta import PartMeta
-from parts.ops import partition_key
+from parts.io.format import part_path
+from parts.model.meta import PartMeta
 from replicas.cleanup import MIN_GRACE
 from replicas.metrics import abort_kind
 from replicas.sessions import Sessions, check_session_id
@@ -97,7 +97,7 @@ class Transactions:
               session: object = None, owner: str | None = None) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
         with the same token gets the transaction the first one began instead of another.
-        ``atomicity``/``durability`` (coordinator/atomicity.py; ``session`` names the client
+        ``atomicity``/``durability`` (coordinator/model/atomicity.py; ``session`` names the client
         whose ``flush`` waits for an async commit). ``owner``: the user beginning it (secured
         clusters), who may hold at most ``user_max_transactions`` running ones here."""
         if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
@@ -218,7 +218,7 @@ class Transactions:
                     f"part {meta.name} was written {now - meta.created_at:.0f}s ago, more than half the cleanup "
                     f"grace period ({old_after * 2:g}s), and its name does not carry transaction {txn.id}: "
                     "cleanup may take it for an orphan. Commit parts soon after writing them, or name them "
-                    "after the transaction that stages them (parts.format.write_part with its id)")
+                    "after the transaction that stages them (parts.io.format.write_part with its id)")
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
@@ -318,7 +318,7 @@ class Transactions:
             txn.apps[app_id] = version
 
     def add_read(self, txn_id: str, read: object) -> None:
-        """Record a read of a serializable transaction (coordinator/readsets.py): at commit, if it
+        """Record a read of a serializable transaction (coordinator/core/readsets.py): at commit, if it
         wrote something, a commit after its snapshot that changed what this read returned or
         could have returned fails it. The same read recorded twice counts once."""
         r = Read.from_dict(read)
@@ -478,7 +478,7 @@ class Transactions:
 
     def mismatch(self, txn: RunningTxn) -> InvalidInput | None:
         """Why ``txn``'s atomicity and that of a table it writes disagree, if they do
-        (coordinator/atomicity.py), against the tables as this replica has them now."""
+        (coordinator/model/atomicity.py), against the tables as this replica has them now."""
         return mismatch(txn.id, txn.atomicity, list(txn.ops), self.state.tables.get)
 
     def ready_to_begin(self) -> bool:

@@ -37,9 +37,7 @@ from tenacity import (
     wait_fixed,
 )
 
-from coordinator.alive import AliveNode, check_host_free
-from coordinator.catalog import TableDef, TableDropped
-from coordinator.errors import (
+from coordinator.core.errors import (
     CorruptMetadata,
     InvalidInput,
     ReplicaUnavailable,
@@ -47,21 +45,23 @@ from coordinator.errors import (
     TableNotFound,
     quote,
 )
-from coordinator.fence import OrphanFence
-from coordinator.grants import Role
-from coordinator.model import (
+from coordinator.core.grants import Role
+from coordinator.core.versions import Tid, check_host_id, incarnation_of, split_csn
+from coordinator.model.catalog import TableDef, TableDropped
+from coordinator.model.records import (
     AliveRecord,
     ManifestPointer,
     WalBase,
     WalEntry,
     WalStaged,
 )
-from coordinator.security import zk_client_args
-from coordinator.users import UserRecord
-from coordinator.versions import Tid, check_host_id, incarnation_of, split_csn
-from coordinator.zklog import CsnLog, PollHandler, table_node_dropped
-from parts.meta import PartMeta
-from parts.storage import Storage
+from coordinator.model.users import UserRecord
+from coordinator.wire.security import zk_client_args
+from coordinator.zk.alive import AliveNode, check_host_free
+from coordinator.zk.fence import OrphanFence
+from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
 from replicas import checkpoint
 from replicas.async_commits import AsyncCommits
 from replicas.cleanup import Cleanup
@@ -506,7 +506,7 @@ class Replica:
             raise InvalidInput(f"table name must be a string, not {type(name).__name__}")
         t = self.state.table(name, snapshot)
         if t is None:
-            from parts.ops import validate_name
+            from coordinator.core.tabledata import validate_name
 
             validate_name("table", name)
             if self.state.table(name) is None and self._table_node_live(name):

@@ -4,7 +4,7 @@ History retention (SPEC.md "History retention"): a part removed by a commit at t
 storage until ``t + retention_seconds`` of its table (the replica-wide default when the table sets
 none), and beyond that while a snapshot in use sees it. Cleanup (replicas/cleanup.py) decides
 that, and writes what it may have deleted into the ``gc`` node before deleting
-(coordinator/watermark.py, :class:`Marks`): every replica answers "may be gone" from that node
+(coordinator/zk/watermark.py, :class:`Marks`): every replica answers "may be gone" from that node
 alone, so a read is refused (SnapshotUnavailable naming the table's retention) on every replica
 alike, never served with a file missing.
 
@@ -26,10 +26,10 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from coordinator.catalog import TableDef
-from coordinator.errors import ReplicaUnavailable, SnapshotUnavailable
-from coordinator.watermark import Marks
-from parts.meta import PartMeta
+from coordinator.core.errors import ReplicaUnavailable, SnapshotUnavailable
+from coordinator.model.catalog import TableDef
+from coordinator.zk.watermark import Marks
+from parts.model.meta import PartMeta
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica

@@ -1,12 +1,12 @@
-"""The replica's network face: JSON actions over :mod:`coordinator.rpc`.
+"""The replica's network face: JSON actions over :mod:`coordinator.wire.rpc`.
 
 Every action takes a JSON object and answers ``{"ok": true, "result": ...}`` or
 ``{"ok": false, "error": {"type", "message", "details"}}``, so the client re-raises the same
-error class (see :mod:`coordinator.errors`). Data never passes through here: clients read and
+error class (see :mod:`coordinator.core.errors`). Data never passes through here: clients read and
 write part files in storage themselves and exchange part descriptors with the replica.
 
 On a secured replica every request comes from a principal (who its connection authenticated as,
-replicas/users.py) and is checked against the grants (coordinator/grants.py) before its handler
+replicas/users.py) and is checked against the grants (coordinator/core/grants.py) before its handler
 runs, on the inline path and the worker path alike: a call the user may not make is answered
 PermissionDenied and changes nothing. Transactions, leases and running-transaction lists are the
 user's own (its name is the owner recorded on them; quotas count by it).
@@ -25,14 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from coordinator import grants, keys
-from coordinator.alive import read_alive
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy
-from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError
-from coordinator.model import Compact, TxnState, op_from_dict
-from coordinator.rpc import PRINCIPAL, RpcServer, error_reply
-from parts.ops import partition_key
+from coordinator.core import grants, keys
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError
+from coordinator.core.tabledata import partition_key
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Compact, TxnState, op_from_dict
+from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
+from coordinator.zk.alive import read_alive
 from replicas import failpoints, leases, logs, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
@@ -51,7 +51,7 @@ _ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "ap
 
 class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
-        creds = replica.config.credentials  # secured: TLS, users and grants (coordinator/rpc.py)
+        creds = replica.config.credentials  # secured: TLS, users and grants (coordinator/wire/rpc.py)
         super().__init__(host, port, self.dispatch, inline=self._inline,
                          tls=None if creds is None else creds.server_context(),
                          authenticate=None if replica.users is None else replica.users.authenticate,
@@ -106,7 +106,7 @@ class ReplicaServer(RpcServer):
     # -- who asks, and whether they may (secured replicas) -------------------------------------
     def _denied(self, action: str, args: dict) -> dict | None:
         """The answer refusing ``action`` to the request's principal, or None when it may go
-        ahead (always, on an unsecured replica): see coordinator/grants.py."""
+        ahead (always, on an unsecured replica): see coordinator/core/grants.py."""
         users = self.replica.users
         if users is None:
             return None
@@ -149,7 +149,7 @@ class ReplicaServer(RpcServer):
 
     def _peers(self, a: dict) -> dict:
         """The addresses of the other live replicas: where a client asks for the outcome of a
-        commit whose replica died before answering (coordinator/heartbeat.py)."""
+        commit whose replica died before answering (coordinator/api/heartbeat.py)."""
         with self._peers_lock:
             now = time.monotonic()
             if self._peers_seen is None or now - self._peers_seen[0] > PEERS_SECONDS:
@@ -190,7 +190,7 @@ class ReplicaServer(RpcServer):
             log.exception("action %s failed", action)
             return {"ok": False, "error": MergetxnError(f"{action} failed on the replica: {exc!r}").to_dict()}
 
-    # -- the commit path on the I/O thread (see coordinator/rpc.py) ---------------------------
+    # -- the commit path on the I/O thread (see coordinator/wire/rpc.py) ---------------------------
     def _inline(self, action: str, args: dict, reply: Callable[[dict], None]) -> bool:
         """begin, stage and commit answered without a worker thread when nothing in them can
         wait; anything else (an unknown table to look up, a transaction past a limit to clean
@@ -325,7 +325,7 @@ class ReplicaServer(RpcServer):
         return check_tables(self.replica.state, self.replica.storage, self.replica.cleanup.marks, tables, checksums)
 
     def _create_table(self, a: dict) -> dict:
-        from parts.ops import schema_from_json
+        from coordinator.core.tabledata import schema_from_json
 
         tdef = TableDef.new(
             a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
@@ -349,7 +349,7 @@ class ReplicaServer(RpcServer):
         return {**self.replica.table(a["name"], at).to_dict(), "at": at}
 
     def _alter_table(self, a: dict) -> dict:
-        from parts.ops import schema_from_json
+        from coordinator.core.tabledata import schema_from_json
 
         add = a.get("add_columns")
         add_schema = None if add is None else schema_from_json(add)
@@ -401,7 +401,7 @@ class ReplicaServer(RpcServer):
                 **self._csns(metas)}
 
     def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
-        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/keys.py)
+        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keys.py)
         gets only the parts whose key summary may hold one of them: the others hold no version
         of those keys, so the fold the reader does is the same without them."""
         if a.get("point_hint") is None:
@@ -416,13 +416,13 @@ class ReplicaServer(RpcServer):
 
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have
-        none), which a keys table's read orders versions by (coordinator/keys.py)."""
+        none), which a keys table's read orders versions by (coordinator/core/keys.py)."""
         parts = self.replica.state.parts
         with self.replica.state.lock:
             return {"csns": {m.name: rec.creation_csn for m in metas if (rec := parts.get(m.name)) is not None}}
 
     def _compact(self, a: dict) -> dict:
-        from parts import rewrite
+        from parts.io import rewrite
 
         replica, txns = self.replica, self.transactions
         table = replica.table(a["table"])

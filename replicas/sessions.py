@@ -1,7 +1,7 @@
 """Client sessions: a transaction belongs to the client that began it (SPEC.md, "Operating,
 third stage"), as ClickHouse ends a transaction with its session.
 
-A :class:`coordinator.client.Client` names itself with a random session id, sends it with each
+A :class:`coordinator.api.client.Client` names itself with a random session id, sends it with each
 ``begin`` and, while it holds transactions, a ``heartbeat`` every third of the replica's
 ``client_session_timeout`` from a thread of its own (so a long call on another connection, or a
 reconnection after a network blip, does not silence it). The session is the client, not a TCP
@@ -20,8 +20,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 
-from coordinator.atomicity import MAX_SESSION
-from coordinator.errors import InvalidInput, quote
+from coordinator.core.errors import InvalidInput, quote
+from coordinator.model.atomicity import MAX_SESSION
 
 
 def check_session_id(session: object) -> str:

@@ -13,7 +13,7 @@ whether it is *tunable*). Everything else is derived from these declarations:
 
 Fields without a :class:`Setting` are set only by code: ``storage_options`` (credentials for s3fs,
 never on a command line), ``read_wait_seconds``, and ``credentials``: the replicas' identity
-(coordinator/security.py), read from the file named by the ``credentials_file`` setting
+(coordinator/wire/security.py), read from the file named by the ``credentials_file`` setting
 (``--credentials FILE`` or ``MERGETXN_CREDENTIALS``); a secret never goes on a command line.
 ``insecure`` is the one flag without a value (``--insecure``, both command lines): without it, a
 replica without credentials refuses a non-loopback ``host`` (protected mode, :func:`is_loopback`).
@@ -30,9 +30,9 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from coordinator.errors import InvalidInput
-from coordinator.rpc import AUTH_FRAME, MAX_FRAME, Limits
-from coordinator.security import ENV_CREDENTIALS, Credentials
+from coordinator.core.errors import InvalidInput
+from coordinator.wire.rpc import AUTH_FRAME, MAX_FRAME, Limits
+from coordinator.wire.security import ENV_CREDENTIALS, Credentials
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ class ReplicaConfig:
     max_commit_bytes: int = _setting(
         64 * 1024 * 1024, "a transaction (or DDL) whose log entry record is larger is refused at commit",
         minimum=64 * 1024, tunable=True)
-    # Tunable: what clients may hold of the replica (coordinator/rpc.py, Limits).
+    # Tunable: what clients may hold of the replica (coordinator/wire/rpc.py, Limits).
     max_frame_bytes: int = _setting(
         64 * 1024 * 1024, "the largest request an authenticated client may send, in bytes (a larger one is "
         "refused with an error naming this limit)", minimum=AUTH_FRAME, maximum=MAX_FRAME, tunable=True)
@@ -196,7 +196,7 @@ class ReplicaConfig:
                 "or pass --insecure if this network is trusted")
 
     def limits(self) -> Limits:
-        """What clients may hold of this replica (coordinator/rpc.py)."""
+        """What clients may hold of this replica (coordinator/wire/rpc.py)."""
         return Limits(max_frame=self.max_frame_bytes, max_connections=self.max_connections,
                       max_per_peer=self.max_connections_per_peer, idle_seconds=self.idle_seconds)
 

@@ -16,13 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
-from coordinator.catalog import TableDef, TableDropped, TableRecord
-from coordinator.conflicts import Kind, Summary
-from coordinator.errors import CorruptMetadata
-from coordinator.model import Change, LogEntry
-from coordinator.visibility import is_visible
-from parts.meta import PartMeta
-from parts.ops import partition_key
+from coordinator.core.conflicts import Kind, Summary
+from coordinator.core.errors import CorruptMetadata
+from coordinator.core.tabledata import partition_key
+from coordinator.core.visibility import is_visible
+from coordinator.model.catalog import TableDef, TableDropped, TableRecord
+from coordinator.model.records import Change, LogEntry
+from parts.model.meta import PartMeta
 from replicas.checkpoint import no_gc
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class ReplicaState:
         self.applied = 0
         self.position = (0, 0)  # (epoch, next sequence number) to fetch
         self.tables: dict[str, TableDef] = {}  # the tables that exist now (the last record of each name)
-        # Every name's records, by CSN: created, altered, dropped (coordinator/catalog.py).
+        # Every name's records, by CSN: created, altered, dropped (coordinator/model/catalog.py).
         self.catalog: dict[str, list[TableRecord]] = {}
         self.ddl_csns: list[int] = []  # CSNs of the entries that changed the catalog, ascending
         self.parts: dict[str, PartRecord] = {}

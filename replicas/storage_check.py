@@ -2,7 +2,7 @@
 
 Every part a read may still need must be in storage as it was committed: the parts visible at
 the latest snapshot, and the removed ones cleanup has not collected (those are what time travel
-and ``changes`` within the retention window read; coordinator/watermark.py says which may be
+and ``changes`` within the retention window read; coordinator/zk/watermark.py says which may be
 gone). A file that is missing, of another size or (with checksums) of another content makes a
 read fail with CorruptPart; this finds it before a reader does, and names each part.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from coordinator.watermark import Marks
-from parts.format import verify_file
-from parts.storage import Storage
+from coordinator.zk.watermark import Marks
+from parts.io.format import verify_file
+from parts.io.storage import Storage
 from replicas.state import ReplicaState
 
 

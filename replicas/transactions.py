@@ -1,6 +1,6 @@
 """Running transactions on one replica: their staged operations and how those fold into changes.
 
-A transaction stages operations (:data:`coordinator.model.StagedOp`: insert, overwrite, truncate,
+A transaction stages operations (:data:`coordinator.model.records.StagedOp`: insert, overwrite, truncate,
 delete, update, compact), each with the parts it added and removed. :func:`fold` turns the
 operation list into the effect the commit entry carries: parts added and removed per target, and
 the operation kinds per target that the conflict rules look at.
@@ -13,12 +13,12 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from coordinator.conflicts import Kind, Summary
-from coordinator.model import Change, StagedOp, TxnState
-from coordinator.readsets import Read
-from coordinator.versions import Tid
-from parts.meta import PartMeta
-from parts.ops import partition_key
+from coordinator.core.conflicts import Kind, Summary
+from coordinator.core.readsets import Read
+from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid
+from coordinator.model.records import Change, StagedOp, TxnState
+from parts.model.meta import PartMeta
 
 
 @dataclass
@@ -89,8 +89,8 @@ class RunningTxn:
     max_seconds: tuple[float, str] | None = None
     max_rows: tuple[int, str] | None = None
     apps: dict[str, int] = field(default_factory=dict)  # app id -> version (tx.set_app_version)
-    reads: list[Read] = field(default_factory=list)  # a serializable transaction's (coordinator/readsets.py)
-    # coordinator/atomicity.py: "none" takes no key locks and reads the latest applied state;
+    reads: list[Read] = field(default_factory=list)  # a serializable transaction's (coordinator/core/readsets.py)
+    # coordinator/model/atomicity.py: "none" takes no key locks and reads the latest applied state;
     # durability "async" is answered once queued, its outcome kept for client.flush() under ``session``.
     atomicity: str = "full"
     durability: str = "sync"

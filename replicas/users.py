@@ -1,9 +1,9 @@
 """The users a secured replica serves, kept current from ZooKeeper, and the check of each login.
 
-Two identities log in to a secured replica (coordinator/security.py): the replicas' own (the
+Two identities log in to a secured replica (coordinator/wire/security.py): the replicas' own (the
 ZooKeeper digest identity, which replica-to-replica calls such as a forwarded ``commit_status``
 and an operator's ``mergetxn status --credentials <replica file>`` present), and users, whose
-records live in one ZooKeeper node (coordinator/users.py). The replicas' identity is no user: it
+records live in one ZooKeeper node (coordinator/model/users.py). The replicas' identity is no user: it
 is not listed, cannot be dropped, and may do everything (whoever holds it holds ZooKeeper).
 
 A login (``auth``) costs one scrypt (about 15 ms) the first time a user's secret is checked on a
@@ -31,12 +31,12 @@ from typing import Any
 
 from kazoo.exceptions import NodeExistsError
 
-from coordinator import users as records
-from coordinator.errors import AuthenticationFailed, CorruptMetadata, InvalidInput
-from coordinator.grants import Grantee, Role
-from coordinator.security import Credentials
-from coordinator.users import UserRecord
-from coordinator.zkrecipes import cas_update
+from coordinator.core.errors import AuthenticationFailed, CorruptMetadata, InvalidInput
+from coordinator.core.grants import Grantee, Role
+from coordinator.model import users as records
+from coordinator.model.users import UserRecord
+from coordinator.wire.security import Credentials
+from coordinator.zk.recipes import cas_update
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class Users:
         return Principal(user, stamp)
 
     def grantee(self, principal: Principal) -> Grantee:
-        """Who ``principal`` is now, for the grants (coordinator/grants.py); AuthenticationFailed
+        """Who ``principal`` is now, for the grants (coordinator/core/grants.py); AuthenticationFailed
         once its user was dropped or made again with other credentials."""
         if principal.replica:
             return Grantee(principal.name, Role.ADMIN)
@@ -187,7 +187,7 @@ class Users:
 
     def _change(self, change: Callable[[dict[str, UserRecord]], bool]) -> None:
         """Apply ``change(users) -> changed`` to the node atomically (a versioned set: the
-        compare-and-swap of coordinator/zkrecipes.py), then to this replica's copy at once."""
+        compare-and-swap of coordinator/zk/recipes.py), then to this replica's copy at once."""
 
         def step(data: bytes | None) -> bytes | None:
             users = records.decode(data, self.path)

@@ -18,9 +18,9 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from coordinator import jsonwire
-from coordinator.errors import CorruptMetadata
-from coordinator.model import WalRecord, wal_record_body, wal_record_from_dict
+from coordinator.core import jsonwire
+from coordinator.core.errors import CorruptMetadata
+from coordinator.model.records import WalRecord, wal_record_body, wal_record_from_dict
 
 log = logging.getLogger(__name__)
 

@@ -46,7 +46,7 @@ def check_worker_python(spark: Any) -> None:
     import subprocess
     import sys
 
-    from coordinator.errors import InvalidInput
+    from coordinator.core.errors import InvalidInput
 
     try:
         named = spark.conf.get("spark.pyspark.python", None)
@@ -61,7 +61,7 @@ def check_worker_python(spark: Any) -> None:
     if os.path.realpath(found) == os.path.realpath(sys.executable):
         return
     try:
-        probe = subprocess.run([found, "-c", "import coordinator.client, spark.datasource"], capture_output=True,
+        probe = subprocess.run([found, "-c", "import coordinator.api.client, spark.datasource"], capture_output=True,
                                text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return  # cannot tell: let Spark say
@@ -73,7 +73,7 @@ def check_worker_python(spark: Any) -> None:
 
 
 def _with_default_replica(replica: str) -> type:
-    from coordinator.errors import InvalidInput
+    from coordinator.core.errors import InvalidInput
     from spark.datasource import MergetxnDataSource
 
     if not isinstance(replica, str) or ":" not in replica:

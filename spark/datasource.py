@@ -56,14 +56,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator import errors, keyfold, keys
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Policy
-from coordinator.errors import InvalidInput, ReplicaUnavailable
-from parts.format import read_part, write_part
-from parts.meta import PartMeta
-from parts.ops import conform, may_match, split_by_partition
-from parts.storage import Storage
+from coordinator.core import errors, keyfold, keys
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import InvalidInput, ReplicaUnavailable
+from coordinator.core.tabledata import conform, may_match, split_by_partition
+from coordinator.model.catalog import TableDef
+from parts.io.format import read_part, write_part
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
 
 NAME = "mergetxn"
 REPLICA_ENV = "MERGETXN_REPLICA"  # fallback for option `replica`
@@ -162,7 +162,7 @@ def storage_options(options: Any) -> dict | None:
             given.setdefault(target, value)
     if not given:
         return None
-    from parts.storage import _s3_env_options
+    from parts.io.storage import _s3_env_options
 
     out = _s3_env_options()
     region = given.pop("region", None)
@@ -178,7 +178,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
     if table is None:
         raise InvalidInput("mergetxn: no table name; give it to load()/save(), e.g. "
                            "spark.read.format('mergetxn').load('events')")
-    from parts.ops import validate_name
+    from coordinator.core.tabledata import validate_name
 
     validate_name("table", table)
     replica = _option(options, "replica") or os.environ.get(REPLICA_ENV)
@@ -236,7 +236,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
 def _app_option(options: Any, write: bool) -> tuple[str, int] | None:
     """Options ``app_id`` and ``app_version``: a write without ``txn`` commits idempotently
     (``tx.set_app_version``); both or neither, and only on such a write."""
-    from coordinator.conflicts import check_app_version
+    from coordinator.core.conflicts import check_app_version
 
     app_id, version = _option(options, "app_id"), _option(options, "app_version")
     if app_id is None and version is None:
@@ -253,7 +253,7 @@ def _app_option(options: Any, write: bool) -> tuple[str, int] | None:
 
 def connect(s: Settings):
     """A client of the replica named by the options, with an error a Spark user understands."""
-    from coordinator.client import Client
+    from coordinator.api.client import Client
 
     try:
         return Client(s.replica, s.storage_options, credentials=s.credentials)
@@ -486,7 +486,7 @@ def check_write_schema(tdef: TableDef, schema: StructType) -> None:
 
 def join(client, s: Settings):
     """The driver's open transaction (option ``txn``), checked to be running on this replica."""
-    from coordinator.versions import Tid
+    from coordinator.core.versions import Tid
 
     try:
         tid = Tid.parse(s.txn)
@@ -890,7 +890,7 @@ def _keys_partitions(tdef: TableDef, metas: list[PartMeta], csns: dict[str, int]
 
 
 def _prunable(value: Any) -> bool:
-    """Literals whose order against part statistics is exact (see parts.ops.may_match)."""
+    """Literals whose order against part statistics is exact (see coordinator.core.tabledata.may_match)."""
     if isinstance(value, float):
         return math.isfinite(value)
     return isinstance(value, (bool, int, str)) or (

@@ -3,7 +3,7 @@
 The driver lists the parts visible to the transaction and keeps those whose partition values and
 min/max statistics may hold matching rows; one Spark task per candidate part reads it (checksum
 checked), applies the predicate, and writes the replacement parts straight to storage
-(copy-on-write, as :mod:`parts.rewrite` does for the Python client). The driver then stages all
+(copy-on-write, as :mod:`parts.io.rewrite` does for the Python client). The driver then stages all
 replacements as one DELETE or UPDATE (kind MUTATE) in one transaction and commits it, or, with
 ``txn``, stages them into the caller's transaction. The predicate and assignments travel with the
 staged operation, so a replica that must rebase the transaction can redo them.
@@ -26,11 +26,9 @@ from typing import Any
 
 import pyarrow.compute as pc
 
-from coordinator import errors
-from coordinator.catalog import TableDef
-from coordinator.errors import InvalidInput
-from parts.meta import PartMeta
-from parts.ops import (
+from coordinator.core import errors
+from coordinator.core.errors import InvalidInput
+from coordinator.core.tabledata import (
     assignments,
     check_expression,
     decode_assignments,
@@ -39,6 +37,8 @@ from parts.ops import (
     encode_expression,
     may_match,
 )
+from coordinator.model.catalog import TableDef
+from parts.model.meta import PartMeta
 from spark.datasource import _delete_quietly, connect, join, settings, storage_for, table_def
 
 
@@ -136,7 +136,7 @@ def _rewrite_task(kind: str, tdef_dict: dict, where_text: str, set_text: str | N
                   metas: Iterator[dict]) -> Iterator[tuple[str, list[dict], int]]:
     """On an executor: rewrite each part given; yields (replaced part, new parts, rows affected)
     for parts that held matching rows. A failing attempt removes what it wrote."""
-    from parts import rewrite
+    from parts.io import rewrite
 
     tdef = TableDef.from_dict(tdef_dict)
     where = decode_expression(where_text, tdef.schema)

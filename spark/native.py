@@ -57,12 +57,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator import errors
-from coordinator.catalog import Policy, TableDef
-from coordinator.errors import CorruptPart, InvalidInput
-from parts.format import STAGING_DIR, column_stats, new_part_name, part_path
-from parts.meta import PartMeta
-from parts.ops import _json_scalar, may_match, validate_name
+from coordinator.core import errors
+from coordinator.core.errors import CorruptPart, InvalidInput
+from coordinator.core.tabledata import _json_scalar, may_match, validate_name
+from coordinator.model.catalog import Policy, TableDef
+from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
+from parts.model.meta import PartMeta
 
 REPLICA_ENV = "MERGETXN_REPLICA"
 REPLICA_CONF = "spark.mergetxn.replica"  # set by spark.register(session, replica=...)
@@ -100,7 +100,7 @@ def _conf(session: Any, key: str) -> str | None:
 
 
 def _client(address: str):
-    from coordinator.client import Client
+    from coordinator.api.client import Client
 
     try:
         return Client(address)
@@ -452,7 +452,7 @@ def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, repl
 
 
 def _join(client: Any, txn_id: str, address: str, table: str):
-    from coordinator.versions import Tid
+    from coordinator.core.versions import Tid
 
     try:
         tid = Tid.parse(txn_id)

@@ -66,8 +66,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator import errors
-from coordinator.errors import InvalidInput
+from coordinator.core import errors
+from coordinator.core.errors import InvalidInput
 from spark.datasource import (
     ChangesPartition,
     MergetxnWriter,
@@ -470,7 +470,7 @@ def write_stream(df: Any, table: str, checkpoint_location: str, replica: str | N
     arguments. Returns the StreamingQuery. The road for speed: the rows never cross into Python
     (the ``format("mergetxn")`` sink rides Spark's Python streaming path, about 2x Spark's file sink
     here; benchmarks/spark_streaming.py)."""
-    from coordinator.errors import DuplicateCommit
+    from coordinator.core.errors import DuplicateCommit
     from spark.native import write_table
 
     if output_mode not in ("append", "complete"):

@@ -12,7 +12,7 @@ import pytest
 from kazoo.client import KazooClient
 from support.zk import kazoo, new_chroot  # tests/ is on sys.path
 
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 # =============================================================================================
 # History retention

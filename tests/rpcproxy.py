@@ -1,6 +1,6 @@
 """A fault-injecting TCP proxy in front of a replica's RPC port, for tests of lost answers.
 
-It relays the replica protocol (coordinator/rpc.py: a 4-byte big-endian length, then a JSON
+It relays the replica protocol (coordinator/wire/rpc.py: a 4-byte big-endian length, then a JSON
 object ``{"a": action, "b": args}``; answers are framed the same way) and can cut one
 connection at a chosen point of one action:
 

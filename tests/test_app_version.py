@@ -22,11 +22,11 @@ from test_log_tail import SMALL, Node, commit_until, settle, tail_of
 
 import coordinator
 from coordinator.client import Client
-from coordinator.conflicts import MAX_APP_VERSION, check_app_version, check_app_versions
+from coordinator.core.conflicts import MAX_APP_VERSION, check_app_version, check_app_versions
+from coordinator.core.targets import app_key
 from coordinator.errors import DuplicateCommit, InvalidInput, TransactionAborted, from_dict
-from coordinator.model import LogEntry, TxnRecord
-from coordinator.targets import app_key
-from mergetxn.zkserver import ZooKeeperServer
+from coordinator.model.records import LogEntry, TxnRecord
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas import failpoints
 from replicas.state import ReplicaState
 
@@ -223,7 +223,7 @@ def test_apps_are_independent(c0: Client) -> None:
 def test_commit_parts_with_app_version(cluster: coordinator.LocalCluster, c0: Client) -> None:
     """The one-call commit takes ``apps`` too; a duplicate makes nothing visible and leaves the
     files it was handed to their writer (no commit names them: cleanup collects them later)."""
-    from parts.format import write_part
+    from parts.io.format import write_part
 
     c0.create_table("av_parts", SCHEMA)
     meta = write_part(c0.storage, "av_parts", [], (), id_rows(2), "writer-1")

@@ -19,6 +19,7 @@ from support.zk import kazoo, repair_log_node
 
 import coordinator
 from coordinator.client import Client
+from coordinator.core.versions import csn_of, split_csn
 from coordinator.errors import (
     CorruptMetadata,
     CorruptPart,
@@ -28,8 +29,7 @@ from coordinator.errors import (
     TableNotFound,
     TransactionAborted,
 )
-from coordinator.versions import csn_of, split_csn
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 

@@ -22,17 +22,18 @@ import pytest
 from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
 
-from coordinator import errors, keys
+from coordinator import errors
 from coordinator.client import Client, Transaction
+from coordinator.core import keys
+from coordinator.core import tabledata as ops
+from coordinator.core.versions import split_csn
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput, MergetxnError
-from coordinator.model import LogEntry, ManifestPointer, decode_log_node
-from coordinator.versions import split_csn
-from coordinator.zklog import CsnLog
-from mergetxn.cluster import LocalCluster
-from mergetxn.zkserver import ZooKeeperServer
-from parts import ops
-from parts.format import column_stats
-from parts.meta import PartMeta
+from coordinator.model.records import LogEntry, ManifestPointer, decode_log_node
+from coordinator.zk.log import CsnLog
+from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import column_stats
+from parts.model.meta import PartMeta
 
 # Where UTF-8 changes length, the surrogate gap and the last code point.
 EDGES = ["\x00", "a", "\x7f", "\x80", "\u07ff", "\u0800", "\ud7ff", "\ue000", "\uffff", "\U00010000",

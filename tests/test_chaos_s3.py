@@ -68,7 +68,7 @@ def test_environment_names_the_proxy_and_is_restored(tmp_path: Path) -> None:
         assert st.proxy is not None and os.environ["AWS_ENDPOINT_URL"] == st.proxy.url
         assert os.environ["AWS_SECRET_ACCESS_KEY"] == st.storage_options["secret"]
         assert st.storage_options["secret"] not in repr(st)
-        from parts.storage import Storage
+        from parts.io.storage import Storage
 
         parts = Storage(st.url)  # credentials and endpoint from the environment
         parts.put("a/b.bin", b"payload")
@@ -113,7 +113,7 @@ def test_errors_answer_the_chosen_fraction_and_forward_the_rest(storage: S3Stora
 def test_every_kind_of_request_survives_the_proxy(storage: S3Storage, proxy: S3FaultProxy) -> None:
     """HEAD, GET, PUT with 100-continue, listings, DELETE, errors on each: mergetxn's own storage
     layer through the proxy while it answers every other request with an error."""
-    from parts.storage import Storage
+    from parts.io.storage import Storage
 
     st = Storage(storage.url + "/kinds", storage.storage_options)
     proxy.errors(1.0)
@@ -132,7 +132,7 @@ def test_every_kind_of_request_survives_the_proxy(storage: S3Storage, proxy: S3F
 
 
 def test_exists_does_not_answer_false_during_an_s3_outage(storage: S3Storage, proxy: S3FaultProxy) -> None:
-    from parts.storage import Storage
+    from parts.io.storage import Storage
 
     st = Storage(storage.url + "/outage", storage.storage_options)
     st.put("k/x", b"1")
@@ -155,7 +155,7 @@ def test_exists_does_not_answer_false_during_an_s3_outage(storage: S3Storage, pr
 
 def test_opening_storage_during_an_s3_outage_is_not_bad_input(storage: S3Storage, proxy: S3FaultProxy) -> None:
     from coordinator.errors import InvalidInput, StorageError
-    from parts.storage import Storage
+    from parts.io.storage import Storage
 
     proxy.errors(1.0, ("SlowDown",))
     try:

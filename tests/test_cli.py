@@ -31,7 +31,7 @@ from coordinator import LocalCluster, connect
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
 from mergetxn.cli import cli, parse_schema
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.server import SWITCH_INTERVAL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -531,7 +531,7 @@ def test_quickstart_reports_a_wrong_outcome(
     are skipped, and the cluster is still stopped."""
     from rich.console import Console
 
-    from mergetxn import quickstart
+    from mergetxn.tools import quickstart
 
     def wrong(self: quickstart.Workload) -> str:
         raise quickstart.StepFailed("B's UPDATE committed; it should have lost to A")

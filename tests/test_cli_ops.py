@@ -35,7 +35,7 @@ from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, MergetxnError
 from mergetxn.cli import EXIT_CODES, cli, exit_code
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("day", pa.date32())])
@@ -307,7 +307,7 @@ def test_log_level_debug_writes_own_lines_not_kazoo(cluster: LocalCluster, tmp_p
     p = cli_run("--log-level", "DEBUG", "--log-file", log_file, "status", "--replica", cluster.replica_addresses[0])
     assert p.returncode == 0, p.stdout + p.stderr
     lines = log_file.read_text().splitlines()
-    assert any(" mergetxn.status DEBUG replica r0 at " in line for line in lines), lines
+    assert any(" mergetxn.tools.status DEBUG replica r0 at " in line for line in lines), lines
     assert not [line for line in lines if " kazoo" in line], lines  # status spoke to ZooKeeper through kazoo
     assert "DEBUG" not in p.stderr  # the file, not stderr
 

@@ -23,14 +23,14 @@ from support.data import sorted_rows
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
-from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, TableNotFound
+from coordinator.model.catalog import TableDef
 from mergetxn.cli import cli
-from mergetxn.recovery import FORMAT, inside, parse_manifest
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.storage import Storage
+from mergetxn.local.zkserver import ZooKeeperServer
+from mergetxn.tools.recovery import FORMAT, inside, parse_manifest
+from parts.io.format import write_part
+from parts.io.storage import Storage
 
 SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.string()), ("v", pa.string())])
 KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string()), ("b", pa.int64())])

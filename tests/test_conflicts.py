@@ -27,7 +27,7 @@ from support.waiting import poll
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, ConflictKind
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 
@@ -786,9 +786,9 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
     check refuses that first attempt; B reads the versions, waits for A's commit to be applied,
     and decides again: under ``maxcompute`` its INSERT loses to A's, under ``append`` it commits
     after it. Either way as if B had seen A's commit from the start."""
-    from coordinator.catalog import TableDef
-    from coordinator.model import Insert
-    from parts.format import write_part
+    from coordinator.model.catalog import TableDef
+    from coordinator.model.records import Insert
+    from parts.io.format import write_part
 
     schema = pa.schema([("id", pa.int64())])
     a, b = two_replicas
@@ -819,7 +819,7 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
 def test_a_table_created_elsewhere_is_waited_for_not_reported_unknown(two_replicas: tuple) -> None:
     """Replica B is asked about a table that A created and B has not applied yet (its follower
     held back): B waits for its follower to apply the creation and answers with the table."""
-    from coordinator.catalog import TableDef
+    from coordinator.model.catalog import TableDef
 
     a, b = two_replicas
     gate = hold_follower(b)

@@ -25,7 +25,6 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
-from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.errors import (
     CorruptPart,
@@ -34,10 +33,11 @@ from coordinator.errors import (
     TableNotFound,
     TransactionAborted,
 )
-from mergetxn.zkserver import ZooKeeperServer
-from parts.dataset import duckdb_view, snapshot_dataset
-from parts.format import read_part, write_part
-from parts.storage import Storage
+from coordinator.model.catalog import TableDef
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.dataset import duckdb_view, snapshot_dataset
+from parts.io.format import read_part, write_part
+from parts.io.storage import Storage
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 UTC = dt.UTC

@@ -24,7 +24,7 @@ from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
 from coordinator.errors import InvalidInput, MergetxnError, TableNotFound, TransactionNotFound
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 PARTED = pa.schema([pa.field("id", pa.int64(), nullable=False), ("p", pa.string())])
 KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())])

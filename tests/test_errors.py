@@ -26,8 +26,8 @@ from coordinator.errors import (
     StorageError,
     TransactionAborted,
 )
-from mergetxn.cluster import LocalCluster
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 

@@ -37,11 +37,11 @@ from zkproxy import ZkProxy  # tests/ is on sys.path (rootdir-relative test modu
 
 from coordinator.client import Client, Transaction
 from coordinator.errors import MergetxnError, ReplicaUnavailable, TransactionAborted
-from coordinator.model import ManifestPointer, decode_log_node
-from coordinator.zklog import CsnLog
-from mergetxn.cluster import LocalCluster
-from mergetxn.zkserver import ZooKeeperEnsemble, ZooKeeperServer
-from parts.storage import Storage
+from coordinator.model.records import ManifestPointer, decode_log_node
+from coordinator.zk.log import CsnLog
+from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
+from parts.io.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer
 

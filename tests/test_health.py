@@ -25,7 +25,7 @@ from support.waiting import wait_until
 from coordinator import LocalCluster
 from coordinator.client import Client
 from coordinator.errors import TransactionAborted
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema([("id", pa.int64())])
 

@@ -28,10 +28,10 @@ from support.data import ID_V, commit_insert, id_rows, ids
 from support.waiting import poll, wait_until
 
 from coordinator import errors
-from coordinator.rpc import frame, read_frame
-from coordinator.security import make_cluster_credentials
+from coordinator.wire.rpc import frame, read_frame
+from coordinator.wire.security import make_cluster_credentials
 from mergetxn.cli import cli
-from mergetxn.cluster import LocalCluster
+from mergetxn.local.cluster import LocalCluster
 from replicas.settings import ReplicaConfig
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""``mergetxn read --format json``'s vectorised writer (mergetxn/jsonrows.py) against what the
+"""``mergetxn read --format json``'s vectorised writer (mergetxn/tools/jsonrows.py) against what the
 row-by-row writer it replaced printed: ``json.dumps(row, default=json_value)`` per row. Pure."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import random
 import pyarrow as pa
 import pytest
 
-from mergetxn.jsonrows import lines, stream, table_lines
+from mergetxn.tools.jsonrows import lines, stream, table_lines
 
 
 def reference(t: pa.Table) -> str:
-    from mergetxn.jsonrows import json_value
+    from mergetxn.tools.jsonrows import json_value
 
     return "".join(json.dumps(r, default=json_value) + "\n" for r in t.to_pylist())
 

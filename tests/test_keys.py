@@ -1,6 +1,6 @@
 """Keys tables (SPEC.md "Keys tables", seed 003 YTsaurus dynamic tables), against a real
 ZooKeeper and real replicas where a commit is involved; the rules themselves are pure
-(coordinator/keys.py) and tested without a cluster.
+(coordinator/core/keys.py) and tested without a cluster.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator import keyfold, keys
-from coordinator.catalog import TableDef
 from coordinator.client import Client
-from coordinator.conflicts import Policy
+from coordinator.core import keyfold, keys
+from coordinator.core.conflicts import Policy
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput
-from mergetxn.zkserver import ZooKeeperServer
+from coordinator.model.catalog import TableDef
+from mergetxn.local.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema([
     pa.field("k", pa.int64(), nullable=False),

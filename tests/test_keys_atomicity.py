@@ -1,6 +1,6 @@
 """Keys tables with ``atomicity="none"`` and ``durability="async"`` (SPEC.md "Keys tables", seed
 003's "Weakening guarantees"), against a real ZooKeeper and real replicas; the mode rules are
-pure (coordinator/atomicity.py) and tested without a cluster.
+pure (coordinator/model/atomicity.py) and tested without a cluster.
 
 * Modes: ``client.begin(atomicity=..., durability=...)`` checks its values; a transaction whose
   atomicity differs from a table it writes fails at commit with InvalidInput naming both modes
@@ -31,12 +31,12 @@ from support.cluster import make_cluster
 from support.waiting import wait_until
 from test_log_tail import Node
 
-from coordinator import atomicity
-from coordinator.catalog import TableDef
 from coordinator.client import Client
 from coordinator.errors import ConflictError, InvalidInput, TransactionAborted
-from coordinator.model import Compact, DropTable, Insert
-from mergetxn.zkserver import ZooKeeperServer
+from coordinator.model import atomicity
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Compact, DropTable, Insert
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas import failpoints
 
 SCHEMA = pa.schema([

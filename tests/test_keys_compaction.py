@@ -1,5 +1,5 @@
 """Compaction of keys tables (SPEC.md "Keys tables": "Compaction folds versions and deletes away;
-it never changes what a read at any retained snapshot returns"; coordinator/keys.py "Compaction").
+it never changes what a read at any retained snapshot returns"; coordinator/core/keys.py "Compaction").
 
 Three layers: the pure fold against the pure read (random histories, every subset of parts);
 an in-process replica whose background merge is driven part by part (random subsets that
@@ -20,15 +20,15 @@ import pytest
 from support.cluster import make_cluster
 from support.waiting import wait_until
 
-from coordinator import keyfold, keys
-from coordinator.catalog import TableDef
 from coordinator.client import Client
-from coordinator.conflicts import Kind, Policy, Summary, check
+from coordinator.core import keyfold, keys
+from coordinator.core.conflicts import Kind, Policy, Summary, check
+from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, ConflictKind
-from coordinator.model import Insert
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.ops import partition_key
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Insert
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
 from replicas.replica import Replica, ReplicaConfig
 
 SCHEMA = pa.schema([
@@ -169,7 +169,7 @@ def test_mutation_folded_part_ordered_by_its_creation_csn_changes_reads() -> Non
 
 
 def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
-    from parts.storage import Storage
+    from parts.io.storage import Storage
 
     storage = Storage(str(tmp_path))
     written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x"), "1.1.h")
@@ -220,7 +220,7 @@ def _commit(r: Replica, table: str, data: pa.Table) -> int:
 
 
 def _read_at(r: Replica, table: str, snapshot: int) -> list[dict]:
-    from parts.format import read_part
+    from parts.io.format import read_part
 
     metas = r.state.visible(table, snapshot)
     csns = {m.name: r.state.parts[m.name].creation_csn for m in metas}
@@ -258,7 +258,7 @@ def test_merges_of_random_part_subsets_keep_every_snapshot(replica: Replica, see
             out = r.merges.run_merge(tdef, "major", pkey, live)
             expected[out["csn"]] = expected[max(expected)]
     assert {s: _read_at(r, "kc", s) for s in expected} == expected
-    from parts.format import read_part
+    from parts.io.format import read_part
 
     left = [read_part(r.storage, m) for m in r.state.visible("kc", r.state.applied)]
     versions = pa.concat_tables([t.select([*PK, keys.OP]) for t in left]) if left else None
@@ -282,8 +282,8 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
 
     def other_merge() -> None:
         t = r.transactions.begin()
-        from coordinator.model import Compact
-        from parts import rewrite
+        from coordinator.model.records import Compact
+        from parts.io import rewrite
 
         res = rewrite.compact(r.storage, tdef, live[:2], "major", t.id,
                               {m.name: r.state.parts[m.name].creation_csn for m in live}, live)
@@ -524,9 +524,9 @@ def test_background_merges_beside_writers_keep_every_snapshot(clients) -> None:
 def test_a_second_compaction_in_one_transaction_respects_the_first_ones_output(tmp_path: Path) -> None:
     """A transaction's own compaction output is no source of a later compaction in it (it has no
     CSN yet), but its versions still split what that compaction folds: a DELETE between them stays."""
-    from parts import rewrite
-    from parts.format import read_part
-    from parts.storage import Storage
+    from parts.io import rewrite
+    from parts.io.format import read_part
+    from parts.io.storage import Storage
 
     storage = Storage(str(tmp_path))
     tdef = TableDef.new("t", SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys")

@@ -1,4 +1,4 @@
-"""The columnar fold of keys tables (coordinator/keyfold.py, issue 24) gives exactly what the
+"""The columnar fold of keys tables (coordinator/core/keyfold.py, issue 24) gives exactly what the
 row-by-row fold it replaced gives (tests/support/keys_reference.py): for reads (``merge``),
 compaction (``fold``) and ``changes`` (``row_changes``), on random histories of PUT, UPDATE,
 DELETE and read-lock versions over several parts, with ties and random ``_seq`` orders,
@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import keys_reference as ref
 
-from coordinator import keyfold, keys
+from coordinator.core import keyfold, keys
 
 # Deterministic in CI (no example database, a fixed derivation of examples) and under 30 s.
 FAST = settings(derandomize=True, database=None, max_examples=100, deadline=None,

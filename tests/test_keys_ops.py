@@ -14,11 +14,11 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator import keyfold, keys
 from coordinator.client import Client
+from coordinator.core import keyfold, keys
 from coordinator.errors import ConflictError, InvalidInput
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
 
 SCHEMA = pa.schema([
     pa.field("p", pa.string(), nullable=False),
@@ -242,8 +242,8 @@ def test_parts_written_elsewhere_must_be_versions(cluster) -> None:
 def test_serializable_read_of_a_keys_table_sees_overwrites_with_other_values() -> None:
     """Pure: a later version of a key whose values no longer match a read's predicate still
     changes what the read returned (the row it matched is gone): only key statistics prune."""
-    from coordinator.readsets import Read, Shape, Touch, may_touch
-    from parts.ops import encode_expression
+    from coordinator.core.readsets import Read, Shape, Touch, may_touch
+    from coordinator.core.tabledata import encode_expression
 
     read = Read("t", encode_expression(pc.field("a") == "on", SCHEMA))
     touch = Touch("tid", 5, "t", "part", ("x",), {"a": ("off", "off"), "k": (1, 1), "p": ("x", "x")})

@@ -1,5 +1,5 @@
 """Storage of keys-table versions that stays fast (issue 12 item 3): the per-part key summary
-(key range and Bloom filter, coordinator/keys.py "key summaries"), the state's index of parts by
+(key range and Bloom filter, coordinator/core/keys.py "key summaries"), the state's index of parts by
 creation CSN per target, the key conflict check that skips parts unread, and point reads that
 read only the parts that may hold the key. Pure parts first, then against a cluster.
 """
@@ -19,16 +19,16 @@ from support.builders import change, entry, tid
 from support.cluster import make_cluster
 
 import coordinator.client as client_module
-from coordinator import keys
-from coordinator.catalog import TableDef
 from coordinator.client import Client
-from coordinator.conflicts import Kind, Policy
+from coordinator.core import keys
+from coordinator.core.conflicts import Kind, Policy
+from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.meta import PartMeta
-from parts.ops import partition_key
-from parts.storage import Storage
+from coordinator.model.catalog import TableDef
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
 from replicas import checkpoint
 from replicas.keylocks import KeyConflicts
 from replicas.state import ReplicaState
@@ -275,7 +275,7 @@ def test_exact_versions_give_the_locks_the_file_gives(tmp_path) -> None:
 
 
 def _read(storage: Storage, meta: PartMeta) -> pa.Table:
-    from parts.format import read_part
+    from parts.io.format import read_part
 
     return read_part(storage, meta)
 
@@ -369,7 +369,7 @@ def test_point_reads_read_only_parts_that_may_hold_the_key_and_equal_the_fold(cl
 
 
 def test_members_with_different_keys_share_a_batch_and_a_key_in_common_waits(tmp_path) -> None:
-    from coordinator.conflicts import Summary
+    from coordinator.core.conflicts import Summary
 
     storage = Storage(str(tmp_path))
     check = _checker(storage, ReplicaState())

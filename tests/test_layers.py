@@ -1,30 +1,49 @@
-"""The architecture as a test: no circle of imports between files at module level.
+"""The architecture as a test: folders are layers, and no circle of imports between files.
 
 The layer contract itself (which layer may import which) is import-linter's, in pyproject.toml,
-and ``./dev test`` checks it before the tests run; this adds what a layers contract cannot see,
-a circle among files of one layer. Imports inside functions and under ``TYPE_CHECKING`` are not
-module-level and are left out.
+and ``./dev test`` checks it before the tests run; this adds what a layers contract cannot see:
+that every module lies in a layer and every folder is exactly one layer, and that no circle of
+imports joins files, at module level or through an import inside a function (imports under
+``TYPE_CHECKING`` are for type checkers only and are left out).
 """
 
 from __future__ import annotations
 
 import ast
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("coordinator", "mergetxn", "parts", "replicas", "spark")
 
 
-def module_graph() -> dict[str, set[str]]:
+def modules() -> dict[str, Path]:
     files = {}
     for pkg in PACKAGES:
         for f in (ROOT / pkg).rglob("*.py"):
             name = ".".join(f.relative_to(ROOT).with_suffix("").parts)
             files[name.removesuffix(".__init__")] = f
+    return files
+
+
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for stmt in node.body:
+                skip.update(id(n) for n in ast.walk(stmt))
+    return skip
+
+
+def module_graph(inside_functions: bool = False) -> dict[str, set[str]]:
+    files = modules()
     graph: dict[str, set[str]] = {}
     for name, f in files.items():
         out: set[str] = set()
-        for node in ast.parse(f.read_text()).body:  # module level only
+        tree = ast.parse(f.read_text())
+        skip = _type_checking_only(tree)
+        nodes = [n for n in ast.walk(tree) if id(n) not in skip] if inside_functions else tree.body
+        for node in nodes:
             if isinstance(node, ast.Import):
                 out.update(a.name for a in node.names if a.name in files)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -59,6 +78,55 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_module_level_import_cycle() -> None:
     cycle = find_cycle(module_graph())
     assert cycle is None, "module-level import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_through_imports_inside_functions() -> None:
+    """A function-level import hides a circle from the import system, not from the design."""
+    cycle = find_cycle(module_graph(inside_functions=True))
+    assert cycle is None, "import cycle (counting imports inside functions): " + " -> ".join(cycle)
+
+
+def contract_layers() -> list[list[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["type"] == "layers"]
+    return [[m.strip() for m in layer.replace("|", ":").split(":")] for layer in layers]
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    for i, layer in enumerate(layers):
+        if any(module == m or module.startswith(m + ".") for m in layer):
+            return i
+    return None
+
+
+ROOT_FACADES = set(PACKAGES)  # each root package's __init__: lazy re-exports of its public names
+
+
+def test_every_module_lies_in_a_layer() -> None:
+    layers = contract_layers()
+    outside = sorted(m for m in modules() if m not in ROOT_FACADES and layer_of(m, layers) is None)
+    assert not outside, f"modules in no layer of pyproject.toml's contract: {outside}"
+
+
+def test_every_folder_is_one_layer() -> None:
+    """A sub-package is a layer (or inside one), and the modules that sit directly in a root
+    folder beside its sub-packages are the facade and the CLI: one layer's worth of files does not
+    spread over several folders, and no folder holds two layers."""
+    layers = contract_layers()
+    by_folder: dict[str, set[int]] = {}
+    for name, f in modules().items():
+        if name in ROOT_FACADES:
+            continue
+        folder = ".".join(f.relative_to(ROOT).parent.parts)
+        if f.name == "__init__.py" or folder in ROOT_FACADES:
+            continue  # a sub-package's own __init__ is its folder; a root's modules are checked below
+        by_folder.setdefault(folder, set()).add(layer_of(name, layers))
+    mixed = {folder: sorted(ls) for folder, ls in by_folder.items() if len(ls) != 1}
+    assert not mixed, f"folders spread over several layers: {mixed}"
+    for layer in layers:  # a layer names folders, or (the facade and the CLI) a root's own modules
+        for m in layer:
+            f = modules()[m]
+            assert f.name == "__init__.py" or len(m.split(".")) == 2, f"layer entry {m} is a module inside a folder"
 
 
 def test_the_cycle_finder_finds_one() -> None:

@@ -25,9 +25,9 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 
 from coordinator import LocalCluster
 from coordinator.client import Client
-from coordinator.zklog import CsnLog
+from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -168,8 +168,8 @@ def test_a_replica_restarted_after_a_crash_is_not_refused(cluster: LocalCluster)
 
 
 def test_a_port_bound_by_nobody_is_not_a_live_holder() -> None:
-    from coordinator.alive import holder
-    from coordinator.model import AliveRecord
+    from coordinator.model.records import AliveRecord
+    from coordinator.zk.alive import holder
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

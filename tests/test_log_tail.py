@@ -25,11 +25,11 @@ from support.data import ID_V, id_rows  # tests/ is on sys.path
 from support.waiting import wait_until
 
 from coordinator.client import Client
+from coordinator.core.versions import split_csn
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
-from coordinator.model import Insert, LogEntry, WalBase, WalEntry
-from coordinator.versions import split_csn
-from parts.format import new_part_name
-from parts.meta import PartMeta
+from coordinator.model.records import Insert, LogEntry, WalBase, WalEntry
+from parts.io.format import new_part_name
+from parts.model.meta import PartMeta
 from replicas import checkpoint
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import ReplicaServer
@@ -185,7 +185,7 @@ def part_view(replica: Replica, table: str) -> list[tuple]:
 def test_checkpoint_roundtrip_and_corruption(tmp_path: Path) -> None:
     """Pure: export -> encode -> decode -> restore gives the same state; a torn or altered
     checkpoint is CorruptMetadata, never a half-loaded state."""
-    from coordinator.catalog import TableDef
+    from coordinator.model.catalog import TableDef
 
     st = ReplicaState()
     tdef = TableDef.new("t", SCHEMA, partition_by=("v",))

@@ -28,14 +28,14 @@ from support.waiting import wait_until
 from support.zk import kazoo
 
 from coordinator import LocalCluster
-from coordinator.catalog import TableDef
+from coordinator.core.tabledata import partition_key
 from coordinator.errors import InvalidInput, SnapshotUnavailable, TableNotFound
-from coordinator.model import Insert, Truncate
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Insert, Truncate
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.ops import partition_key
-from parts.storage import Storage
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
+from parts.io.storage import Storage
 from replicas.replica import Replica, ReplicaConfig
 from replicas.server import SWITCH_INTERVAL
 

@@ -1,4 +1,4 @@
-"""coordinator/model.py: each contract encodes and decodes in one place, round trips whole, and
+"""coordinator/model/records.py: each contract encodes and decodes in one place, round trips whole, and
 anything malformed is CorruptMetadata naming where it came from (never half decoded).
 
 Pure: no ZooKeeper, no storage. The WAL's framing (lengths, checksums, torn records) is
@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from support.builders import change, entry, part, table_def, tid  # tests/ is on sys.path
 
-from coordinator import jsonwire
-from coordinator.conflicts import Kind
+from coordinator.core import jsonwire
+from coordinator.core.conflicts import Kind
 from coordinator.errors import CorruptMetadata
-from coordinator.model import (
+from coordinator.model.records import (
     AliveRecord,
     CommitStatus,
     LogEntry,

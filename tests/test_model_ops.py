@@ -1,4 +1,4 @@
-"""Staged operations (coordinator/model.py): one type per statement, one decoder.
+"""Staged operations (coordinator/model/records.py): one type per statement, one decoder.
 
 Pure: no ZooKeeper, no storage. Each kind survives the wire (``to_dict``, JSON, ``op_from_dict``)
 unchanged, carries the conflict rules' operation kind by its type, and anything malformed is
@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator import jsonwire
-from coordinator.conflicts import Kind
+from coordinator.core import jsonwire
+from coordinator.core.conflicts import Kind
 from coordinator.errors import CorruptMetadata, InvalidInput
-from coordinator.model import Compact, Insert, Mutate, Overwrite, StagedOp, Truncate, op_from_dict
-from parts.meta import PartMeta
+from coordinator.model.records import (
+    Compact,
+    Insert,
+    Mutate,
+    Overwrite,
+    StagedOp,
+    Truncate,
+    op_from_dict,
+)
+from parts.model.meta import PartMeta
 
 
 def meta(name: str, rows: int = 3, partition: tuple = (1,)) -> PartMeta:
@@ -128,7 +136,7 @@ def test_bad_input_is_invalid_input_naming_the_field(d: object, needle: str) -> 
 
 
 def test_a_bad_part_descriptor_from_a_caller_is_invalid_input() -> None:
-    """The part descriptors keep their own decoder (parts/meta.py), whose CorruptMetadata is for
+    """The part descriptors keep their own decoder (parts/model/meta.py), whose CorruptMetadata is for
     what the log and storage hold; a staged operation comes from a caller, so there it is bad
     input (exit 2, not 8: issue 21)."""
     bad = {**A.to_dict(), "checksum": "md5:x"}

@@ -1,4 +1,4 @@
-"""No acknowledged commit's data is ever deleted by cleanup (coordinator/fence.py).
+"""No acknowledged commit's data is ever deleted by cleanup (coordinator/zk/fence.py).
 
 Cleanup takes a part file for an orphan when it is older than the grace period and no alive
 replica published its transaction as running. A replica that stalls (SIGSTOP here: a long GC
@@ -27,9 +27,9 @@ from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.errors import TransactionAborted
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.storage import Storage
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
+from parts.io.storage import Storage
 
 pytestmark = pytest.mark.slow
 
@@ -135,7 +135,7 @@ def test_commit_parts_of_a_collected_file(cluster: LocalCluster) -> None:
 def test_a_pass_that_died_after_condemning_is_finished_by_the_next(cluster: LocalCluster) -> None:
     """Files announced on the fence by a pass that never confirmed them stay refused, and the
     next pass deletes and confirms them."""
-    from coordinator.fence import OrphanFence
+    from coordinator.zk.fence import OrphanFence
 
     t = "fence_leftover"
     c0 = cluster.client(0)

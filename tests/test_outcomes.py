@@ -24,9 +24,9 @@ from support.waiting import NotYet, eventually
 from support.zk import kazoo
 
 from coordinator import LocalCluster
+from coordinator.core.versions import Tid, incarnation_of
 from coordinator.errors import TransactionAborted
-from coordinator.versions import Tid, incarnation_of
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.slow
 

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from coordinator.core import tabledata as ops
 from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
-from parts import ops
-from parts.format import new_part_name, read_meta, read_part, write_part
-from parts.meta import PartMeta
-from parts.storage import Storage, is_temp_file
+from parts.io.format import new_part_name, read_meta, read_part, write_part
+from parts.io.storage import Storage, is_temp_file
+from parts.model.meta import PartMeta
 
 SCHEMA = pa.schema(
     [
@@ -276,7 +276,7 @@ def test_unparseable_file_with_matching_checksum_is_corrupt(storage):
     meta = write_part(storage, "t", [], (), sample(), "T1-1-h")
     garbage = b"not parquet at all" * 10
     storage.put(meta.path, garbage)
-    from parts.format import checksum_of
+    from parts.io.format import checksum_of
 
     forged = PartMeta(**{**meta.__dict__, "size": len(garbage), "checksum": checksum_of(garbage)})
     with pytest.raises(CorruptPart, match="Parquet") as err:

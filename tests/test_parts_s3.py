@@ -9,8 +9,8 @@ import pyarrow as pa
 import pytest
 
 from coordinator.errors import CorruptPart, InvalidInput
-from parts.format import read_meta, read_part, write_part
-from parts.storage import Storage
+from parts.io.format import read_meta, read_part, write_part
+from parts.io.storage import Storage
 
 pytestmark = pytest.mark.slow
 

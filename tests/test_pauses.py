@@ -23,7 +23,7 @@ from support.zk import kazoo
 
 from coordinator import LocalCluster
 from coordinator.errors import TransactionAborted
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +71,7 @@ def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborte
     aborting one takes (here: its lock held by a statement in progress)."""
     from kazoo.client import KazooState
 
-    from coordinator.model import TxnState
+    from coordinator.model.records import TxnState
     from replicas.replica import Replica
     from replicas.settings import ReplicaConfig
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Kind
-from coordinator.model import Change, LogEntry, TxnRecord
-from coordinator.versions import Tid
-from parts.meta import PartMeta
+from coordinator.core.conflicts import Kind
+from coordinator.core.versions import Tid
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Change, LogEntry, TxnRecord
+from parts.model.meta import PartMeta
 from replicas import checkpoint
 from replicas.state import ReplicaState
 

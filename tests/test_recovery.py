@@ -18,9 +18,9 @@ from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
 from coordinator.client import Client
-from coordinator.model import WalEntry
-from coordinator.versions import COUNTER_STRIDE
-from mergetxn.zkserver import ZooKeeperServer
+from coordinator.core.versions import COUNTER_STRIDE
+from coordinator.model.records import WalEntry
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.wal import Wal
 
 pytestmark = pytest.mark.zk

@@ -28,11 +28,11 @@ from support.zk import kazoo
 from coordinator import LocalCluster
 from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, InvalidInput, SnapshotUnavailable
-from coordinator.watermark import Marks
+from coordinator.zk.watermark import Marks
 from mergetxn.cli import cli
-from mergetxn.status import gather
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
+from mergetxn.local.zkserver import ZooKeeperServer
+from mergetxn.tools.status import gather
+from parts.io.format import write_part
 
 SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string())])
 PSCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string())])

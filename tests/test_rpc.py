@@ -1,4 +1,4 @@
-"""The RPC server (coordinator/rpc.py): one I/O thread for every connection, answers in request
+"""The RPC server (coordinator/wire/rpc.py): one I/O thread for every connection, answers in request
 order per connection whether a request ran inline, on a worker, or was answered later from
 another thread; large answers arrive whole; a malformed frame gets a clear error and the
 connection is closed; shutdown closes everything. Pure sockets, no replica."""
@@ -13,7 +13,7 @@ import pytest
 from support.waiting import wait_until  # tests/ is on sys.path
 
 from coordinator import errors
-from coordinator.rpc import RpcClient, RpcServer, frame, read_frame
+from coordinator.wire.rpc import RpcClient, RpcServer, frame, read_frame
 
 
 class Service:
@@ -235,13 +235,13 @@ def test_accept_out_of_descriptors_backs_off_instead_of_spinning(caplog) -> None
     are back."""
     import logging
 
-    from coordinator import rpc
+    from coordinator.wire import rpc
 
     svc = Service()
     server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline)
     flaky = server._listener = _OutOfDescriptors(server._listener)
     thread = threading.Thread(target=server.serve, daemon=True)
-    caplog.set_level(logging.WARNING, logger="coordinator.rpc")
+    caplog.set_level(logging.WARNING, logger="coordinator.wire.rpc")
     thread.start()
     try:
         pending = socket.create_connection(("127.0.0.1", server.port), timeout=10)  # waits in the backlog
@@ -296,7 +296,7 @@ def test_a_loop_that_dies_raises_from_serve() -> None:
     (8, 4.01, False),
 ])
 def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: float, waits: bool) -> None:
-    from coordinator.rpc import LoginThrottle
+    from coordinator.wire.rpc import LoginThrottle
 
     throttle = LoginThrottle(burst=5, every=1.0)
     for _ in range(failures):
@@ -314,7 +314,7 @@ def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: floa
     ("fe80::1%eth0", "fe80::/64"),
 ])
 def test_peers_are_counted_by_address_and_ipv6_by_slash_64(host: str, key: str) -> None:
-    from coordinator.rpc import peer_key
+    from coordinator.wire.rpc import peer_key
 
     assert peer_key(host) == key
 
@@ -323,7 +323,7 @@ def test_partial_frames_together_stay_within_the_buffer_budget() -> None:
     """Many connections each holding most of a frame: beyond Limits.max_buffered (four
     frames) a connection with more than 64 KiB of a frame is not read until others finish or
     go idle, so memory stays bounded; a small request on another connection is still served."""
-    from coordinator.rpc import _CHUNK, _FREE, Limits
+    from coordinator.wire.rpc import _CHUNK, _FREE, Limits
 
     svc = Service()
     limits = Limits(max_frame=1 << 20)

@@ -1,4 +1,4 @@
-"""When RpcClient.call sends a request again (coordinator/rpc.py): once, on a new connection,
+"""When RpcClient.call sends a request again (coordinator/wire/rpc.py): once, on a new connection,
 after a failure before anything was sent; after sending, only an IDEMPOTENT action whose
 connection closed before it answered. A scripted server answers or hangs up per request."""
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from coordinator import errors
-from coordinator.rpc import IDEMPOTENT, RpcClient, frame, read_frame
+from coordinator.wire.rpc import IDEMPOTENT, RpcClient, frame, read_frame
 
 
 class Scripted:

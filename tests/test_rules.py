@@ -2,7 +2,7 @@
 
 Every expected value here is written out independently from SPEC.md and the seeds (the tables
 are transcribed as text and parsed), never derived from the module under test, so a wrong cell
-in ``coordinator.conflicts.MAXCOMPUTE`` or a slip in ``is_visible`` makes a test fail.
+in ``coordinator.core.conflicts.MAXCOMPUTE`` or a slip in ``is_visible`` makes a test fail.
 No I/O: this whole module runs in well under a second.
 """
 
@@ -13,9 +13,8 @@ import itertools
 import pyarrow as pa
 import pytest
 
-from coordinator import jsonwire
-from coordinator.catalog import TableDef
-from coordinator.conflicts import (
+from coordinator.core import jsonwire
+from coordinator.core.conflicts import (
     COMPACTIONS,
     DATA_CHANGING,
     MAXCOMPUTE,
@@ -27,9 +26,7 @@ from coordinator.conflicts import (
     check,
     later_succeeds,
 )
-from coordinator.errors import ConflictError, ConflictKind, from_dict
-from coordinator.model import LogEntry
-from coordinator.versions import (
+from coordinator.core.versions import (
     COUNTER_STRIDE,
     EPOCH_STRIDE,
     NO_CSN,
@@ -41,8 +38,11 @@ from coordinator.versions import (
     seq_of_node,
     split_csn,
 )
-from coordinator.visibility import is_visible
-from parts.meta import PartMeta
+from coordinator.core.visibility import is_visible
+from coordinator.errors import ConflictError, ConflictKind, from_dict
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import LogEntry
+from parts.model.meta import PartMeta
 from replicas.state import ReplicaState
 
 # =============================================================================================

@@ -29,8 +29,13 @@ from support.waiting import poll
 
 import coordinator
 from coordinator import errors
-from coordinator.rpc import AUTH_FRAME, RpcClient, RpcServer, frame, read_frame
-from coordinator.security import CLIENT_FILE, REPLICA_FILE, Credentials, make_cluster_credentials
+from coordinator.wire.rpc import AUTH_FRAME, RpcClient, RpcServer, frame, read_frame
+from coordinator.wire.security import (
+    CLIENT_FILE,
+    REPLICA_FILE,
+    Credentials,
+    make_cluster_credentials,
+)
 from mergetxn.cli import cli
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])

@@ -1,6 +1,6 @@
 """Serializable transactions (SPEC.md, "Serializable transactions"): ``client.begin(isolation=
 "serializable")``, against a real ZooKeeper and real replicas, and the pure rule
-(coordinator/readsets.py).
+(coordinator/core/readsets.py).
 
 Write skew (two transactions each read both rows of an invariant and each write one) fails for
 exactly one of them, on one replica and on two, naming the winner; under snapshot isolation the
@@ -25,11 +25,11 @@ from support.failpoints import commit_held_at_multi
 
 import coordinator
 from coordinator.client import Client, Transaction
+from coordinator.core.readsets import Read, Shape, Touch, check_isolation, check_reads, read_keys
+from coordinator.core.tabledata import encode_expression, partition_key
+from coordinator.core.targets import target_key
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput, from_dict
-from coordinator.readsets import Read, Shape, Touch, check_isolation, check_reads, read_keys
-from coordinator.targets import target_key
-from mergetxn.zkserver import ZooKeeperServer
-from parts.ops import encode_expression, partition_key
+from mergetxn.local.zkserver import ZooKeeperServer
 
 BANK = pa.schema([("acct", pa.string()), ("bal", pa.int64())])
 KV = pa.schema([("p", pa.string()), ("id", pa.int64())])

@@ -35,7 +35,7 @@ from coordinator import LocalCluster, connect
 from coordinator import client as client_module
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.sessions import Sessions, check_session_id
 
 SCHEMA = pa.schema([("id", pa.int64())])

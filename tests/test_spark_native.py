@@ -293,7 +293,7 @@ def test_failed_job_leaves_nothing_and_cleanup_collects_staging(spark, c0: Clien
     dead.rollback()
     alive = c0.begin()
     root = Path(c0.storage.url) / "nt_fail" / "_staging"
-    from parts.format import new_part_name
+    from parts.io.format import new_part_name
 
     dead_dir, alive_dir = root / new_part_name(dead.id), root / new_part_name(alive.id)
     for d in (dead_dir, alive_dir):

@@ -14,10 +14,10 @@ import copy
 import pytest
 from support.builders import change, entry, part, staged, table_def, tid  # tests/ is on sys.path
 
-from coordinator.conflicts import Kind, Summary, fits_beside
+from coordinator.core.conflicts import Kind, Summary, fits_beside
+from coordinator.core.versions import Tid
 from coordinator.errors import CorruptMetadata
-from coordinator.model import Change
-from coordinator.versions import Tid
+from coordinator.model.records import Change
 from replicas.state import ReplicaState
 from replicas.transactions import Effect, RunningTxn
 
@@ -312,8 +312,8 @@ def test_catalog_records_drops_alters_and_round_trips_through_a_checkpoint() -> 
 
     import pyarrow as pa
 
-    from coordinator.catalog import TableDropped
-    from coordinator.model import LogEntry
+    from coordinator.model.catalog import TableDropped
+    from coordinator.model.records import LogEntry
 
     st = built()
     d = tid(5)

@@ -25,7 +25,7 @@ from coordinator.errors import (
     InvalidInput,
     TableNotFound,
 )
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
 
@@ -272,7 +272,7 @@ def test_a_table_of_thousands_of_columns(c0: Client, c1: Client) -> None:
     storage, as a large change set does (it failed after 6-93 s as TransactionAborted)."""
     n = 12_000
     schema = pa.schema([("id", pa.int64())] + [(f"column_with_a_long_name_{i:05d}", pa.int64()) for i in range(n)])
-    assert len(coordinator.catalog.TableDef.new("wide", schema).to_dict()["schema"]) > 1_000_000
+    assert len(coordinator.model.catalog.TableDef.new("wide", schema).to_dict()["schema"]) > 1_000_000
     csn = c0.create_table("wide", schema, auto_merge=False)
     c1.wait_for(csn)
     assert c1.describe_table("wide")["schema"] == schema

@@ -15,10 +15,15 @@ from support.data import ID_V, id_rows
 from support.waiting import wait_until
 
 import coordinator
-from coordinator.catalog import KEYS_TXN_MAX_ROWS, KEYS_TXN_MAX_SECONDS, TableDef, effective_limits
 from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
-from mergetxn.zkserver import ZooKeeperServer
+from coordinator.model.catalog import (
+    KEYS_TXN_MAX_ROWS,
+    KEYS_TXN_MAX_SECONDS,
+    TableDef,
+    effective_limits,
+)
+from mergetxn.local.zkserver import ZooKeeperServer
 
 KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])
 

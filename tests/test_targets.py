@@ -1,5 +1,5 @@
-"""Pure checks of conflict target selection (coordinator/targets.py) and of the group
-committer's batching decision (coordinator.conflicts.fits_beside).
+"""Pure checks of conflict target selection (coordinator/core/targets.py) and of the group
+committer's batching decision (coordinator.core.conflicts.fits_beside).
 
 Every statement is written out as the client stages it (coordinator/client.py): an INSERT adds
 parts; an OVERWRITE names its partitions, removes what it saw there and adds; a TRUNCATE removes
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from coordinator.conflicts import Kind, Policy, Summary, fits_beside
-from coordinator.targets import (
+from coordinator.core.conflicts import Kind, Policy, Summary, fits_beside
+from coordinator.core.targets import (
     Statement,
     checked_keys,
     live_partitions,

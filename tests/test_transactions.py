@@ -22,11 +22,11 @@ from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
 from coordinator.client import Client, Transaction
+from coordinator.core.versions import EPOCH_STRIDE, split_csn
 from coordinator.errors import ConflictError, InvalidInput, TransactionAborted
-from coordinator.versions import EPOCH_STRIDE, split_csn
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
-from parts.meta import PartMeta
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
+from parts.model.meta import PartMeta
 
 pytestmark = pytest.mark.zk
 

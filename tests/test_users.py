@@ -2,7 +2,7 @@
 cluster has users with roles and table grants, checked on the replica for every action; the
 replicas' own identity (ZooKeeper, replica to replica) is no user's.
 
-The first part checks the pure matrix (coordinator/grants.py) against a table written out here
+The first part checks the pure matrix (coordinator/core/grants.py) against a table written out here
 from SPEC.md, never derived from the module. The rest drives a LocalCluster(secure=True): its own
 ZooKeeper and two replica processes, every call over TLS as one of the users made here.
 """
@@ -23,11 +23,12 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
 
 import coordinator
-from coordinator import errors, grants
-from coordinator.grants import Grantee, Role
-from coordinator.rpc import RpcClient
-from coordinator.security import REPLICA_FILE, Credentials, zk_client_args
-from coordinator.users import UserRecord, decode, encode, verify_secret
+from coordinator import errors
+from coordinator.core import grants
+from coordinator.core.grants import Grantee, Role
+from coordinator.model.users import UserRecord, decode, encode, verify_secret
+from coordinator.wire.rpc import RpcClient
+from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
 from mergetxn.cli import EXIT_AUTH, EXIT_DENIED, cli
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
@@ -589,7 +590,7 @@ def test_history_names_the_user_who_committed_and_who_aborted(cluster: coordinat
                                                                made: dict[str, Credentials]) -> None:
     """``mergetxn history`` says who: a writer's commit and its rolled-back transaction carry its
     name (from the replica's begin and rollback events), the admin's commit the admin's."""
-    from mergetxn.recovery import history
+    from mergetxn.tools.recovery import history
 
     admin.create_table("who", SCHEMA)
     writer = connect(cluster, made[W])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from coordinator.errors import CorruptMetadata
-from coordinator.model import WalEntry
+from coordinator.model.records import WalEntry
 from replicas.wal import Wal
 
 HEADER = struct.Struct(">II")

@@ -19,8 +19,8 @@ from coordinator import LocalCluster
 from coordinator.client import Client
 from coordinator.errors import InvalidInput
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperServer
-from parts.format import write_part
+from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.format import write_part
 
 BASE = pa.schema([pa.field("id", pa.int64(), nullable=False), ("p", pa.string()), ("v", pa.string())])
 NOTE = pa.field("note", pa.string())

@@ -28,12 +28,17 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 import coordinator
+from coordinator.core.versions import split_csn
 from coordinator.errors import CorruptMetadata
-from coordinator.security import REPLICA_FILE, Credentials, make_cluster_credentials, zk_client_args
-from coordinator.versions import split_csn
-from coordinator.zklog import CsnLog
+from coordinator.wire.security import (
+    REPLICA_FILE,
+    Credentials,
+    make_cluster_credentials,
+    zk_client_args,
+)
+from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
-from mergetxn.zkserver import ZooKeeperEnsemble, four_letter_word
+from mergetxn.local.zkserver import ZooKeeperEnsemble, four_letter_word
 
 pytestmark = pytest.mark.zk
 
@@ -192,7 +197,7 @@ def test_a_secured_ensemble_with_mutual_tls_between_members_serves(tmp_path: Pat
             close(anonymous)
         # A member whose quorum certificate comes from other credentials is not let in.
         other = make_cluster_credentials(tmp_path / "other")
-        from mergetxn.zkserver import ZooKeeperTls
+        from mergetxn.local.zkserver import ZooKeeperTls
 
         stranger = ZooKeeperTls.from_credentials(other, tmp_path / "stranger", quorum_host="127.0.0.1")
         ensemble.stop_member(2)
@@ -243,7 +248,7 @@ def test_the_follower_refuses_every_hole_below_the_end_and_waits_at_the_end(zk_c
     in a real ZooKeeper: a hole below a later entry, below a sealed epoch's count, or a missing
     epoch below a later one is CorruptMetadata naming it; the end of the log is waited at; an
     epoch the tail trimmed sends the follower to the checkpoint."""
-    from coordinator.zklog import encode_tail
+    from coordinator.zk.log import encode_tail
     from replicas.follower import TRIMMED, Follower
     from replicas.state import ReplicaState
 

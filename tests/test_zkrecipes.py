@@ -1,4 +1,4 @@
-"""The compare-and-swap recipe (coordinator/zkrecipes.py) against a real ZooKeeper server, and
+"""The compare-and-swap recipe (coordinator/zk/recipes.py) against a real ZooKeeper server, and
 the one user of it here: raising the retained CSN in the checkpoint node."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 from kazoo.client import KazooClient
 
-from coordinator.zkrecipes import cas_update
+from coordinator.zk.recipes import cas_update
 
 
 def test_cas_update_creates_changes_and_leaves_alone(zk_client: KazooClient) -> None:

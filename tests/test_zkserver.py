@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, SessionExpiredError
 from kazoo.retry import KazooRetry
 
-from mergetxn.zkserver import (
+from mergetxn.local.zkserver import (
     ExternalZooKeeper,
     ZooKeeperEnsemble,
     ZooKeeperServer,
@@ -240,7 +240,7 @@ def test_server_dies_with_its_python_parent(tmp_path: Path) -> None:
         f"""
         import sys
         sys.path.insert(0, {str(REPO)!r})
-        from mergetxn.zkserver import ZooKeeperServer
+        from mergetxn.local.zkserver import ZooKeeperServer
         s = ZooKeeperServer({str(tmp_path / "zk")!r})
         s.start()
         print(s.pid, s.port, flush=True)
@@ -362,7 +362,7 @@ def test_zk_start_with_credentials_serves_tls_only_to_the_identity(tmp_path: Pat
     required, ``/`` under its ACL), as LocalCluster(secure=True) starts it."""
     from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
 
-    from coordinator.security import REPLICA_FILE, make_cluster_credentials, zk_client_args
+    from coordinator.wire.security import REPLICA_FILE, make_cluster_credentials, zk_client_args
 
     creds = make_cluster_credentials(tmp_path / "security")
     proc = subprocess.Popen(

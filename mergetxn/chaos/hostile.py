@@ -40,12 +40,17 @@ from collections.abc import Callable
 import pyarrow as pa
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator.client import Client
-from coordinator.errors import AuthenticationFailed, InvalidInput, MergetxnError, PermissionDenied
-from coordinator.rpc import frame
-from coordinator.security import Credentials
-from parts.format import write_part
-from parts.meta import PartMeta
+from coordinator.api.client import Client
+from coordinator.core.errors import (
+    AuthenticationFailed,
+    InvalidInput,
+    MergetxnError,
+    PermissionDenied,
+)
+from coordinator.wire.rpc import frame
+from coordinator.wire.security import Credentials
+from parts.io.format import write_part
+from parts.model.meta import PartMeta
 
 _HEADER = struct.Struct(">I")
 IDLE_CONNECTIONS = 40

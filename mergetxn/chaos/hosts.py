@@ -84,17 +84,17 @@ from tenacity import (
     wait_fixed,
 )
 
-from coordinator.errors import InvalidInput
-from coordinator.security import (
+from coordinator.core.errors import InvalidInput
+from coordinator.wire.security import (
     ADMIN_FILE,
     ENV_CREDENTIALS,
     REPLICA_FILE,
     make_cluster_credentials,
     zk_client_args,
 )
-from coordinator.zklog import CsnLog
+from coordinator.zk.log import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
-from mergetxn.zkserver import MemberAddress, _free_ports, server_mode
+from mergetxn.local.zkserver import MemberAddress, _free_ports, server_mode
 from replicas.settings import SETTINGS, command_line
 
 log = logging.getLogger(__name__)

@@ -33,8 +33,8 @@ from tenacity import (
     wait_fixed,
 )
 
-from coordinator.client import Client
-from coordinator.errors import InvalidInput
+from coordinator.api.client import Client
+from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
 from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
 

@@ -39,10 +39,15 @@ from typing import Any
 import pyarrow as pa
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from coordinator.client import Client
-from coordinator.errors import InvalidInput, MergetxnError, ReplicaUnavailable, SnapshotUnavailable
-from coordinator.security import ADMIN_FILE, ENV_CREDENTIALS, Credentials
-from coordinator.versions import Tid
+from coordinator.api.client import Client
+from coordinator.core.errors import (
+    InvalidInput,
+    MergetxnError,
+    ReplicaUnavailable,
+    SnapshotUnavailable,
+)
+from coordinator.core.versions import Tid
+from coordinator.wire.security import ADMIN_FILE, ENV_CREDENTIALS, Credentials
 from mergetxn.chaos import report
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.hostile import Hostile
@@ -69,7 +74,7 @@ from mergetxn.chaos.workloads import (
     set_values,
     workloads_for,
 )
-from mergetxn.cluster import LocalCluster
+from mergetxn.local.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")
 STORAGES = ("dir", "s3")

@@ -17,7 +17,7 @@ kinds, each healed:
 
 Credentials (a key and secret made up for the run: moto accepts any) and the endpoint reach the
 replica processes and the harness's clients through the environment only (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``: see ``parts/storage.py``), set in the harness's
+``AWS_SECRET_ACCESS_KEY``, ``AWS_ENDPOINT_URL``: see ``parts/io/storage.py``), set in the harness's
 own environment while the storage runs and restored when it stops; never on a command line,
 never logged. ``AWS_MAX_ATTEMPTS`` is set to :data:`MAX_ATTEMPTS` so that botocore gives up
 after one retry, and S3 faults reach mergetxn within a fault's hold instead of being absorbed by
@@ -555,7 +555,7 @@ class S3Storage:
                 prefix = cluster._exec_prefix(0)
                 listen = BRIDGE_ADDRESS
             else:
-                from mergetxn.zkserver import _free_ports
+                from mergetxn.local.zkserver import _free_ports
 
                 host, port, prefix, listen = "127.0.0.1", _free_ports(1)[0], [], "127.0.0.1"
             self._start_moto(prefix, host, port)
@@ -718,7 +718,7 @@ def plans(kind: str, cluster: Any, rng: random.Random) -> list[Any]:
 
 def check_kinds(option: str, storage: str) -> None:
     """An S3 fault kind asked for by name needs ``--storage s3`` (``all`` just leaves it out)."""
-    from coordinator.errors import InvalidInput
+    from coordinator.core.errors import InvalidInput
 
     asked = {k.strip() for k in option.lower().split(",")}
     named = sorted(asked & set(KINDS))

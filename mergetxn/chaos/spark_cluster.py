@@ -4,7 +4,7 @@ the driver, and an executor that can be killed mid-task.
 
 Every process is ``java -cp <pyspark>/jars/* org.apache.spark.deploy.master.Master`` (or
 ``...worker.Worker``), the JVM and jars that the embedded ZooKeeper uses too
-(:func:`mergetxn.zkserver.java_executable`, :func:`~mergetxn.zkserver.find_pyspark_jars`), with
+(:func:`mergetxn.local.zkserver.java_executable`, :func:`~mergetxn.local.zkserver.find_pyspark_jars`), with
 ``SPARK_HOME`` the pyspark package so that a worker can build its executors' command lines. A
 process runs inside a network namespace when one is given for it (``ip netns exec <ns> ...``;
 index 0 of ``netns`` is the master, then the workers), in its own process group, with its log
@@ -35,7 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mergetxn.zkserver import _free_ports, _JavaProcess, _tail, find_pyspark_jars, java_executable
+from mergetxn.local.zkserver import (
+    _free_ports,
+    _JavaProcess,
+    _tail,
+    find_pyspark_jars,
+    java_executable,
+)
 
 MARKER = "MERGETXN_SPARK_DIR"  # in the environment of every process of one standalone cluster
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
@@ -162,7 +168,7 @@ class SparkStandalone:
         env = [f"{k}={v}" for k, v in sorted(self._env(i).items()) if k != "PWD"]
         prefix = ["ip", "netns", "exec", self.netns[i]] if self.netns[i] else []
         # `env` puts the environment on the command line: the process is started by
-        # mergetxn.zkserver's process holder (own process group, a watchdog tied to this
+        # mergetxn.local.zkserver's process holder (own process group, a watchdog tied to this
         # interpreter), which passes its own environment on.
         return [*prefix, "env", "-i", *env, java_executable(), *DAEMON_JVM_FLAGS,
                 f"-Dlog4j2.configurationFile={conf}", "-cp", f"{find_pyspark_jars()}/*", main_class, *args]

@@ -52,8 +52,8 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator import errors
-from coordinator.client import Client, Transaction
+from coordinator.api.client import Client, Transaction
+from coordinator.core import errors
 from mergetxn.chaos.history import Op, TableKind
 
 NAME = "spark"
@@ -113,7 +113,7 @@ class Rows:
 
 def _named(text: str) -> re.Match | None:
     """Where Spark's text of a Python exception names the mergetxn error raised: the
-    traceback's ``coordinator.errors.X: message`` line, else the first name of one."""
+    traceback's ``coordinator.core.errors.X: message`` line, else the first name of one."""
     return _RAISED_RE.search(text) or _ERROR_RE.search(text)
 
 

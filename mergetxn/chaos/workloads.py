@@ -54,8 +54,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.client import Client, Transaction
-from coordinator.errors import (
+from coordinator.api.client import Client, Transaction
+from coordinator.core.errors import (
     ConflictError,
     InvalidInput,
     MergetxnError,
@@ -464,7 +464,7 @@ class Worker(threading.Thread):
 _KILLED_CLIENT_CODE = r"""# mergetxn chaos: a client killed between writing its parts and committing
 import json, sys
 import pyarrow as pa
-from coordinator.client import Client
+from coordinator.api.client import Client
 print(json.dumps({"ready": True}), flush=True)
 job = json.loads(sys.stdin.readline() or "null")
 if job is None:

@@ -10,9 +10,11 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
-from coordinator.catalog import TableDef
-from coordinator.conflicts import Kind
-from coordinator.model import (
+from coordinator.core.conflicts import Kind
+from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import (
     Change,
     Compact,
     Insert,
@@ -23,9 +25,7 @@ from coordinator.model import (
     Truncate,
     TxnRecord,
 )
-from coordinator.versions import Tid
-from parts.meta import PartMeta
-from parts.ops import partition_key
+from parts.model.meta import PartMeta
 
 ID_SCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from mergetxn.cluster import LocalCluster
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import ZooKeeperServer
 from support.zk import new_chroot
 
 

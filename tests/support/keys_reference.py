@@ -1,6 +1,6 @@
-"""The row-by-row fold of a keys table's versions, as coordinator/keys.py had it before issue 24:
+"""The row-by-row fold of a keys table's versions, as coordinator/core/keys.py had it before issue 24:
 kept only as the reference that tests/test_keys_fold.py checks the columnar fold
-(coordinator/keyfold.py) against. Plain Python over dicts, one version at a time: slow, and easy
+(coordinator/core/keyfold.py) against. Plain Python over dicts, one version at a time: slow, and easy
 to read as the definition of what a read, a compaction and ``changes`` of a keys table give."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.keys import (
+from coordinator.core.keys import (
     COLS,
     DELETE,
     LOCK_STRONG,

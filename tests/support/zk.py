@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 from kazoo.client import KazooClient
 
-from mergetxn.zkserver import ZooKeeperServer
+from mergetxn.local.zkserver import ZooKeeperServer
 
 EMPTY_LOG_ENTRY = json.dumps({"v": 1, "txns": [], "versions": {}}).encode()
 """What an operator writes over a log znode that was never a commit (docs/architecture.md)."""

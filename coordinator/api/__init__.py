@@ -1,0 +1,2 @@
+"""The Python client: ``Client``, ``Transaction``, their argument checks and the session
+heartbeat."""

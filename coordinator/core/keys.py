@@ -1,0 +1,601 @@
+"""Keys tables (SPEC.md "Keys tables", seed 003): the pure rules, no I/O.
+
+A ``keys`` table has a primary key; each write is a *version* of the rows it names. A part of
+such a table holds the key columns, every other column (nullable there: a delete or an update
+leaves some unset) and three hidden columns:
+
+* ``_op``: :data:`PUT` (overwrite mode: ``tx.insert``, ``tx.upsert(update=False)``; absent
+  columns are null), :data:`UPDATE` (``tx.upsert(update=True)``: only the columns named in
+  ``_cols`` change), :data:`DELETE`, or a read lock (``tx.lock_keys``: :data:`LOCK_STRONG`,
+  :data:`LOCK_WEAK`), which reads skip;
+* ``_seq``: the order of the version within its transaction (later writes win);
+* ``_cols``: for an update, the written non-key columns, comma-separated.
+
+A compaction's output part has a fourth, ``_ver``: each row's *version*, the CSN of the commit
+that wrote it (a part written by a transaction has none: its rows' version is the part's
+creation CSN). Reads fold versions per key (:func:`coordinator.core.keyfold.merge`) in (version,
+``_seq``) order; a transaction's own parts come after everything committed.
+
+Compaction (:func:`coordinator.core.keyfold.fold`) replaces the versions of its source parts by fewer
+versions that every read seeing the output folds to the same rows. A folded row keeps the version
+of the last one it replaces, so it sorts exactly where that one did: a part written between two
+sources' commits, or after the sources but before the compaction committed, keeps its place in the
+order (the compaction's own CSN orders nothing). Only versions with no version of another part
+between them are folded together (a run); a run of UPDATEs stays an UPDATE (the base may be in a
+part the compaction did not read), and a DELETE is dropped only when no older version of its key
+exists in any part. Read locks are dropped: a compaction's output is never a key write
+(:func:`folded`; replicas/keylocks.py skips it), and the parts it replaced stay in storage while a
+transaction whose snapshot precedes them runs (replicas/cleanup.py), so the commit-time key check
+still reads them.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from coordinator.core.errors import InvalidInput, quote
+
+PUT, UPDATE, DELETE = 0, 1, 2
+LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
+LOCK_MODES = {"shared_strong": LOCK_STRONG, "shared_weak": LOCK_WEAK}
+OP, SEQ, COLS, VER = "_op", "_seq", "_cols", "_ver"
+HIDDEN = (OP, SEQ, COLS, VER)
+ATOMICITY = ("full", "none")
+OWN = float("inf")  # the order of a transaction's own (uncommitted) parts
+
+
+def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], primary_key: Sequence[str],
+                     policy: str, lock_groups: Mapping[str, Sequence[str]] | None,
+                     atomicity: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Validate what a ``keys`` table adds to CREATE TABLE (the schema and column names are
+    checked before); returns the lock groups as sorted ``(group, columns)`` pairs. Every
+    problem is InvalidInput naming it."""
+    where = f"create table {quote(name)}"
+    if policy != "keys":
+        if lock_groups:
+            raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {quote(policy)})", table=name)
+        if atomicity != "full":
+            raise InvalidInput(f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})",
+                               table=name)
+        return ()
+    if atomicity not in ATOMICITY:
+        raise InvalidInput(f"{where}: atomicity must be 'full' or 'none', not {quote(atomicity)}", table=name)
+    if not primary_key:
+        raise InvalidInput(f"{where}: conflict_policy='keys' needs a primary_key", table=name)
+    problems = []
+    hidden = [c for c in schema.names if c in HIDDEN]
+    if hidden:
+        problems.append(f"column name(s) {hidden} are reserved in a keys table")
+    nullable = [c for c in primary_key if schema.field(c).nullable]
+    if nullable:
+        problems.append(f"primary key column(s) {nullable} must be declared not null "
+                        "(pyarrow.field(..., nullable=False))")
+    outside = [c for c in partition_by if c not in primary_key]
+    if outside:
+        problems.append(f"partition column(s) {outside} must be primary key columns (a key lives in one partition)")
+    groups: list[tuple[str, tuple[str, ...]]] = []
+    if lock_groups is not None and not isinstance(lock_groups, Mapping):
+        problems.append(f"lock_groups must map a group name to column names, not {type(lock_groups).__name__}")
+        lock_groups = None
+    owner: dict[str, str] = {}
+    for group, cols in (lock_groups or {}).items():
+        if not isinstance(group, str) or not group.isidentifier():
+            problems.append(f"lock group name {quote(group)} is not an identifier")
+            continue
+        if isinstance(cols, str) or not isinstance(cols, Iterable):
+            problems.append(f"lock group {quote(group)} must list column names, not {quote(cols)}")
+            continue
+        cols = tuple(cols)
+        if not cols:
+            problems.append(f"lock group {quote(group)} has no columns")
+        for c in cols:
+            if c not in schema.names:
+                problems.append(f"lock group {quote(group)}: unknown column {quote(c)}")
+            elif c in primary_key:
+                problems.append(f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)")
+            elif c in owner:
+                problems.append(f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)")
+            else:
+                owner[c] = group
+        groups.append((group, cols))
+    if problems:
+        raise InvalidInput(f"{where}: {'; '.join(problems)}", table=name)
+    return tuple(sorted(groups))
+
+
+# -- writes ------------------------------------------------------------------------------------
+def file_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The schema of a keys table's part: key columns as declared, the others nullable, then
+    the hidden columns."""
+    fields = [f if f.name in primary_key else f.with_nullable(True) for f in schema]
+    return pa.schema(fields + [pa.field(OP, pa.int8(), False), pa.field(SEQ, pa.int64(), False),
+                               pa.field(COLS, pa.string())])
+
+
+def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa.Table, op: int,
+             seq: int) -> pa.Table:
+    """Rows ``data`` written as versions of ``op`` (PUT, UPDATE or DELETE) in a part's layout,
+    their ``_seq`` from ``seq`` on in row order. ``data`` holds the key columns and, for PUT and
+    UPDATE, any of the others (all under DELETE are ignored but keys); InvalidInput names what
+    is wrong (unknown or missing key columns, a null key, wrong types, and for UPDATE an absent
+    non-nullable column)."""
+    what = {PUT: "write", UPDATE: "update", DELETE: "delete", LOCK_STRONG: "lock", LOCK_WEAK: "lock"}[op]
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if not isinstance(data, pa.Table):
+        raise InvalidInput(f"{what} {quote(table)}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
+    names = data.column_names
+    problems = []
+    unknown = [n for n in names if n not in schema.names]
+    if unknown:
+        problems.append(f"unknown column(s) {quote(unknown)}")
+    missing = [k for k in primary_key if k not in names]
+    if missing:
+        problems.append(f"missing primary key column(s) {quote(missing)}")
+    if op in (DELETE, LOCK_STRONG, LOCK_WEAK):
+        names = [n for n in names if n in primary_key]
+    elif op == UPDATE:
+        absent = [f.name for f in schema if f.name not in names and not f.nullable and f.name not in primary_key]
+        if absent:
+            problems.append(f"update mode leaves non-nullable column(s) {absent} unset: write them too")
+    if problems:
+        raise InvalidInput(f"{what} {quote(table)}: {'; '.join(problems)}", table=table)
+    for k in primary_key:
+        if data.column(k).null_count:
+            raise InvalidInput(f"{what} {quote(table)}: primary key column {quote(k)} has nulls", table=table)
+    from coordinator.core.tabledata import (
+        conform,  # types and losslessness as every write checks them
+    )
+
+    present = pa.schema([schema.field(n) for n in schema.names if n in names])
+    data = conform(present, data.select([n for n in present.names]), table, what=what)
+    n = data.num_rows
+    out = file_schema(schema, primary_key)
+    cols = [data.column(f.name) if f.name in present.names else pa.nulls(n, f.type) for f in schema]
+    written = ",".join(c for c in present.names if c not in primary_key) if op == UPDATE else None
+    cols += [pa.array([op] * n, pa.int8()), pa.array(range(seq, seq + n), pa.int64()),
+             pa.array([written] * n, pa.string())]
+    return pa.Table.from_arrays(cols, schema=out)
+
+
+# -- compaction (the folds of reads, compaction and changes: coordinator/core/keyfold.py) ------------
+def folded_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
+    """The layout of a compaction's output part: a written part's plus ``_ver``."""
+    return file_schema(schema, primary_key).append(pa.field(VER, pa.int64(), False))
+
+
+def folded(meta: Any) -> bool:
+    """Whether a part (its :class:`~parts.model.meta.PartMeta`) is a compaction's output, told from its
+    metadata alone: its column statistics name every column of the file, and only a compaction
+    writes ``_ver``. Such a part writes no key (its versions were written, and checked, before)."""
+    return VER in meta.stats
+
+
+# -- locks -------------------------------------------------------------------------------------
+# A lock is a lock group's name or PRIMARY. Writing a key takes the locks of the columns it
+# writes: every lock in overwrite mode, the groups of the written columns in update mode (a
+# column in no group is under PRIMARY), PRIMARY for a delete. PRIMARY overlaps every lock.
+# A read lock (STRONG, WEAK) collides with any write of the key by the other side; a strong one
+# committed also makes later writers fail, a weak one leaves nothing (seed 003). Read locks
+# never collide with each other.
+PRIMARY = "@primary"  # no group is named so (groups are identifiers)
+STRONG, WEAK = "@read:strong", "@read:weak"
+READS = frozenset({STRONG, WEAK})
+KeyLocks = dict[tuple, frozenset[str]]  # key -> the locks written under it
+
+
+def locks(op: int, written: Iterable[str], lock_groups: Sequence[tuple[str, Sequence[str]]]) -> frozenset[str]:
+    """The locks a version of ``op`` takes; ``written``: an update's non-key columns."""
+    if op == PUT:
+        return frozenset([PRIMARY, *(g for g, _ in lock_groups)])
+    if op == DELETE:
+        return frozenset([PRIMARY])
+    if op == LOCK_STRONG:
+        return frozenset([STRONG])
+    if op == LOCK_WEAK:
+        return frozenset([WEAK])
+    group_of = {c: g for g, cols in lock_groups for c in cols}
+    return frozenset(group_of.get(c, PRIMARY) for c in written) or frozenset([PRIMARY])
+
+
+def overlap(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether two sets of locks on one key collide."""
+    return bool(a and b) and (bool(a & b) or PRIMARY in a or PRIMARY in b)
+
+
+def written_locks(data: pa.Table, primary_key: Sequence[str],
+                  lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks:
+    """Key -> locks for the versions of a part (its key columns, ``_op`` and ``_cols``)."""
+    out: dict[tuple, frozenset[str]] = {}
+    cache: dict[tuple[int, str | None], frozenset[str]] = {}
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    for i, (op, written) in enumerate(zip(data.column(OP).to_pylist(), data.column(COLS).to_pylist())):
+        held = cache.get((op, written))
+        if held is None:
+            held = cache[(op, written)] = locks(op, (written or "").split(",") if written else (), lock_groups)
+        key = tuple(c[i] for c in cols)
+        out[key] = out.get(key, frozenset()) | held
+    return out
+
+
+def collide(mine: frozenset[str], theirs: frozenset[str]) -> bool:
+    """Whether a committing transaction holding ``mine`` on a key loses to one that committed
+    after its snapshot holding ``theirs`` there."""
+    mw, tw = mine - READS, theirs - READS
+    return overlap(mw, tw) or (bool(mw) and STRONG in theirs) or (bool(tw) and bool(mine & READS))
+
+
+def first_collision(mine: KeyLocks, theirs: KeyLocks) -> tuple | None:
+    """A key (the least) on which ``mine`` collides with ``theirs`` (:func:`collide`), or None."""
+    both = [k for k in mine.keys() & theirs.keys() if collide(mine[k], theirs[k])]
+    return min(both, key=lambda k: tuple((v is None, v) for v in k)) if both else None
+
+
+def why(mine: frozenset[str], theirs: frozenset[str]) -> str:
+    """How two lock sets on a key collide (:func:`collide`), for the loser's message."""
+    mw, tw = mine - READS, theirs - READS
+    if overlap(mw, tw):
+        return "wrote it under an overlapping lock"
+    if mw and STRONG in theirs:
+        return "held a strong read lock on it"
+    return "wrote it while this transaction held a read lock on it"
+
+
+# -- changes -----------------------------------------------------------------------------------
+def changes_schema(schema: pa.Schema) -> pa.Schema:
+    return schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
+
+
+def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -> Any:
+    """A filter matching (at least) the keys of ``rows``: ``isin`` per key column."""
+    import pyarrow.compute as pc
+
+    expr = None
+    for k in primary_key:
+        values = pa.array(sorted(set(rows.column(k).to_pylist()), key=lambda v: (v is None, v)),
+                          schema.field(k).type)
+        term = pc.field(k).isin(values)
+        expr = term if expr is None else expr & term
+    return expr
+
+
+# -- key summaries: which keys a part may hold, without reading it ------------------------------
+# A keys-table part records, in its metadata (PartMeta.key_summary), the least and greatest key
+# it holds (when every key column is an int, a string or a bool: JSON scalars that order as
+# Arrow orders them) and a Bloom filter over its keys. The filter is fixed and documented, so
+# that every process, now and later, probes what another wrote:
+#
+# * a key (a tuple of Python values, one per primary key column, as ``to_pylist`` gives them)
+#   is encoded by :func:`encode_key`: per value a one-byte type tag, a 4-byte big-endian length
+#   and the payload (ints in decimal, strings in UTF-8, floats as IEEE big-endian with -0.0 as
+#   0.0, other types as their ``repr``);
+# * h1, h2 = the two little-endian unsigned 64-bit halves of blake2b (16-byte digest) of that,
+#   h2 forced odd; the filter of ``m`` bits sets bit ``(h1 + i*h2) mod m`` for i < ``k``
+#   (bit b is bit ``b % 8`` of byte ``b // 8``). Never Python's ``hash()``: it is salted per
+#   process.
+#
+# ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
+# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.05% false positives up to
+# MAX_FILTER_BITS / BITS_PER_KEY (32,768) keys per part, more beyond (a bigger part is still pruned by
+# its range). A filter never says "absent"
+# for a key the part holds; "present" is only a maybe, so every user verifies candidates.
+BITS_PER_KEY = 16
+HASHES = 11
+MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
+MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false positives
+EXACT_ROWS = 64  # a part of at most this many versions lists them in its summary
+_OPS = (PUT, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK)
+_ORDERED = (bool, int, str)
+
+
+def encode_key(key: Sequence[Any]) -> bytes:
+    """The bytes a key is hashed from (see above); equal keys of one table give equal bytes."""
+    out = bytearray()
+    for v in key:
+        if isinstance(v, bool):
+            tag, body = b"b", b"\x01" if v else b"\x00"
+        elif isinstance(v, int):
+            tag, body = b"i", str(v).encode()
+        elif isinstance(v, str):
+            tag, body = b"s", v.encode("utf-8")
+        elif isinstance(v, bytes):
+            tag, body = b"y", v
+        elif isinstance(v, float):
+            tag, body = b"f", struct.pack(">d", v + 0.0 if v == 0 else v)
+        else:
+            tag, body = b"r", f"{type(v).__name__}:{v!r}".encode()
+        out += tag + len(body).to_bytes(4, "big") + body
+    return bytes(out)
+
+
+def key_hash(key: Sequence[Any]) -> tuple[int, int]:
+    """``(h1, h2)`` of a key (see above): computed once per key, probed against many filters."""
+    d = hashlib.blake2b(encode_key(key), digest_size=16).digest()
+    return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
+
+
+def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BITS_PER_KEY,
+              max_bits: int = MAX_FILTER_BITS, exact_rows: int = EXACT_ROWS) -> dict:
+    """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
+    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, plus, for a
+    part of at most ``exact_rows`` versions whose keys are ints, strings or bools, ``"exact"``:
+    each version's ``[*key, _op, _cols]`` (a small commit's key set in its change set, so the
+    conflict check needs no read of it at all; :func:`exact_locks`)."""
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    distinct = set(zip(*cols)) if cols else set()
+    exact = None
+    if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
+            and all(isinstance(v, _ORDERED) and not _long(v) for key in distinct for v in key)):
+        exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
+                                                                 data.column(COLS).to_pylist())]
+    m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
+    m += -m % 8
+    bits = bytearray(m // 8)
+    for key in distinct:
+        h1, h2 = key_hash(key)
+        for i in range(HASHES):
+            b = (h1 + i * h2) % m
+            bits[b >> 3] |= 1 << (b & 7)
+    lo = hi = None
+    if distinct and all(isinstance(v, _ORDERED) for v in next(iter(distinct))):
+        lo, hi = list(min(distinct)), list(max(distinct))
+    out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
+    if exact is not None:
+        out["exact"] = exact
+    return bound_summary(out)
+
+
+def _long(v: Any) -> bool:
+    from coordinator.core.tabledata import STAT_PREFIX
+
+    return isinstance(v, str) and len(v) > STAT_PREFIX
+
+
+def _bound_key(key: list, upper: bool) -> list | None:
+    """A key range end with its first long string cut (``coordinator.core.tabledata.lower_bound`` /
+    ``upper_bound``) and the columns after it dropped: a shorter key orders before every key
+    it is a prefix of, and a cut string already orders strictly before (after) the original, so
+    the result still bounds every key of the part. None when no upper bound exists."""
+    from coordinator.core.tabledata import lower_bound, upper_bound
+
+    for i, v in enumerate(key):
+        if _long(v):
+            cut = upper_bound(v) if upper else lower_bound(v)
+            return None if cut is None else [*key[:i], cut]
+    return key
+
+
+def bound_summary(s: dict) -> dict:
+    """A key summary whose size does not grow with its keys' lengths: ``lo`` and ``hi`` bounded
+    (:func:`_bound_key`; both None when ``hi`` has no bound: the Bloom filter still prunes) and
+    ``exact`` left out when a key in it is long (the conflict check then reads the part). ``s``
+    itself when nothing in it is long; ranges and ``exact`` written before stay as they were
+    only when short, so old parts keep correct (if less sharp) summaries."""
+    lo, hi, exact = s.get("lo"), s.get("hi"), s.get("exact")
+    long_end = any(isinstance(end, list) and any(_long(v) for v in end) for end in (lo, hi))
+    long_exact = isinstance(exact, list) and any(isinstance(r, list) and any(_long(v) for v in r[:-2]) for r in exact)
+    if not (long_end or long_exact):
+        return s
+    out = dict(s)
+    if long_exact:
+        del out["exact"]
+    if long_end and isinstance(lo, list) and isinstance(hi, list):
+        lo, hi = _bound_key(lo, upper=False), _bound_key(hi, upper=True)
+        out["lo"], out["hi"] = (lo, hi) if hi is not None else (None, None)
+    return out
+
+
+def exact_locks(summary: Mapping[str, Any] | None, key_columns: int,
+                lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks | None:
+    """Key -> locks of a part from its summary's ``"exact"`` versions, as :func:`written_locks`
+    gives them from the file; None when it has none (or they do not fit ``key_columns``)."""
+    rows = None if summary is None else summary.get("exact")
+    if rows is None or any(len(r) != key_columns + 2 for r in rows):
+        return None
+    out: dict[tuple, frozenset[str]] = {}
+    for r in rows:
+        key, op, written = tuple(r[:key_columns]), r[key_columns], r[key_columns + 1]
+        held = locks(op, written.split(",") if written else (), lock_groups)
+        out[key] = out.get(key, frozenset()) | held
+    return out
+
+
+def summary_problem(s: Any) -> str | None:
+    """What is wrong with a key summary read from metadata, or None."""
+    if not isinstance(s, dict):
+        return f"must be an object, got {type(s).__name__}"
+    m, k, bloom = s.get("m"), s.get("k"), s.get("bloom")
+    if not (isinstance(m, int) and not isinstance(m, bool) and m > 0 and m % 8 == 0):
+        return f"'m' must be a positive multiple of 8, got {quote(m)}"
+    if not (isinstance(k, int) and not isinstance(k, bool) and 0 < k <= 64):
+        return f"'k' must be an integer in 1..64, got {quote(k)}"
+    if not isinstance(bloom, str):
+        return "'bloom' must be a base64 string"
+    try:
+        raw = _bits(bloom)
+    except ValueError:
+        return "'bloom' is not base64"
+    if len(raw) * 8 != m:
+        return f"'bloom' holds {len(raw) * 8} bits, 'm' says {m}"
+    for end in ("lo", "hi"):
+        v = s.get(end)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, _ORDERED) for x in v)):
+            return f"{quote(end)} must be a list of ints, strings or bools, got {quote(v)}"
+    if (s.get("lo") is None) != (s.get("hi") is None):
+        return "'lo' and 'hi' must be both set or both null"
+    exact = s.get("exact")
+    if exact is not None and not (
+            isinstance(exact, list)
+            and all(isinstance(r, list) and len(r) >= 3 and all(isinstance(v, _ORDERED) for v in r[:-2])
+                    and isinstance(r[-2], int) and not isinstance(r[-2], bool) and r[-2] in _OPS
+                    and (r[-1] is None or isinstance(r[-1], str)) for r in exact)):
+        return "'exact' must list [*key, op, columns] versions"
+    return None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bits(bloom: str) -> bytes:
+    return base64.b64decode(bloom, validate=True)
+
+
+def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tuple[int, int] | None = None) -> bool:
+    """False only when a part with this summary holds no version of ``key`` (no summary:
+    True). ``hashed``: :func:`key_hash` of the key, when the caller probes many parts."""
+    if summary is None:
+        return True
+    lo: Any = summary.get("lo")
+    hi: Any = summary.get("hi")
+    if lo is not None:
+        t = tuple(key)
+        try:
+            if t < tuple(lo) or t > tuple(hi):
+                return False
+        except TypeError:  # a key of other types than the part's: let the filter say
+            pass
+    h1, h2 = hashed if hashed is not None else key_hash(key)
+    m, bits = summary["m"], _bits(summary["bloom"])
+    for i in range(summary["k"]):
+        b = (h1 + i * h2) % m
+        if not bits[b >> 3] >> (b & 7) & 1:
+            return False
+    return True
+
+
+def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
+    """Whether a part with this summary may hold a version of any of the keys (``key ->
+    key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
+    part committed since a snapshot with every key it writes)."""
+    if summary is None:
+        return True
+    lo: Any = summary.get("lo")
+    hi: Any = summary.get("hi")
+    if lo is not None:
+        lo, hi = tuple(lo), tuple(hi)
+    m, k, bits = summary["m"], summary["k"], _bits(summary["bloom"])
+    for key, (h1, h2) in hashed.items():
+        if lo is not None:
+            try:
+                if key < lo or key > hi:
+                    continue
+            except TypeError:
+                pass
+        a, b = h1 % m, h2 % m
+        for _ in range(k):
+            if not bits[a >> 3] >> (a & 7) & 1:
+                break
+            a = (a + b) % m
+        else:
+            return True
+    return False
+
+
+def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024) -> list[tuple] | None:
+    """The keys a filter can match, when it fixes every primary key column by equality (an AND
+    of ``column == literal`` terms, maybe with other terms, or an OR of such): ``k == 5``,
+    ``(a == 1) & (b == "x")``, ``(k == 1) | (k == 2)``. None when it does not (or when in
+    doubt, or past ``limit`` keys): then every part may hold a match. The literals are cast to
+    the key columns' types (as the comparison does), so the keys are what the part data holds."""
+    from coordinator.core.tabledata import (  # the pruning parser: one reading of filters
+        _UNSUPPORTED,
+        _compile,
+    )
+
+    if where is None:
+        return None
+    tree = _compile(where, schema)
+    if tree is _UNSUPPORTED:
+        return None
+    pk = set(primary_key)
+
+    def assignments(node: tuple) -> list[dict] | None:
+        """Alternatives, each fixing some key columns; None: not understood."""
+        if node[0] in ("and", "or"):
+            left, right = assignments(node[1]), assignments(node[2])
+            if left is None or right is None:
+                return None
+            if node[0] == "or":
+                return left + right
+            out = []
+            for a in left:
+                for b in right:
+                    if all(a[c] == b[c] for c in a.keys() & b.keys()):
+                        out.append({**a, **b})
+            return out if len(out) <= limit else None
+        _, (kind, ref), op, value, _flipped = node
+        name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
+        if op != "==" or name not in pk:
+            return [{}]  # no constraint on the key (it only narrows further)
+        try:
+            cast = pa.scalar(value).cast(schema.field(name).type, safe=True).as_py()
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if cast != value or type(cast) is not type(value):
+            return None  # not a lossless cast: leave it to the filter after the fold
+        return [{name: cast}]
+
+    found = assignments(tree)
+    if found is None or len(found) > limit or any(len(a) != len(pk) for a in found):
+        return None
+    return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
+
+
+def point_hint(where: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict | None:
+    """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
+    (:func:`point_keys`), so the replica lists only the parts that may hold them:
+    ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
+    not JSON scalars)."""
+    found = point_keys(where, schema, primary_key)
+    if found is None or not all(isinstance(v, _ORDERED + (float,)) for k in found for v in k):
+        return None
+    return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}
+
+
+def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict[tuple, tuple[int, int]] | None:
+    """The keys of a reader's :func:`point_hint` as the table at the read's snapshot holds them
+    (``key -> key_hash``), or None to prune nothing: the hint was made for other key columns (a
+    definition the reader had cached), or a value is not exactly one of the column's. Each
+    value is cast to its column's type and must come back unchanged, so the keys are exactly
+    those the reader's filter can match."""
+    if hint is None:
+        return None
+    if not (isinstance(hint, dict) and isinstance(hint.get("key_columns"), list) and isinstance(hint.get("keys"), list)
+            and all(isinstance(k, list) for k in hint["keys"])):
+        raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {quote(hint)}")
+    if hint["key_columns"] != list(primary_key) or not primary_key:
+        return None
+    out = {}
+    types = [schema.field(c).type for c in primary_key]
+    for key in hint["keys"]:
+        if len(key) != len(primary_key):
+            return None
+        try:
+            cast = tuple(pa.scalar(v).cast(t, safe=True).as_py() for v, t in zip(key, types))
+        except (pa.ArrowException, TypeError, ValueError):
+            return None
+        if cast != tuple(key) or any(type(a) is not type(b) for a, b in zip(cast, key)):
+            return None
+        out[cast] = key_hash(cast)
+    return out
+
+
+def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:
+    """A filter expression keeping the rows of the keys ``wanted`` (none if empty)."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) == 1:
+        k = primary_key[0]
+        return pc.field(k).isin(pa.array([key[0] for key in wanted], schema.field(k).type))
+    expr = pc.scalar(False)
+    for key in wanted:
+        term = pc.scalar(True)
+        for c, v in zip(primary_key, key):
+            term = term & (pc.field(c) == v)
+        expr = expr | term
+    return expr

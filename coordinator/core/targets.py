@@ -1,0 +1,117 @@
+"""Conflict targets: which version nodes a commit reads and checks, from plain data.
+
+A target is a table or one of its partitions; its key (:func:`coordinator.zk.log.target_key`) is
+``<table>`` or ``<table>/<quoted partition key>``, and its znode's version is what the commit
+multi checks and bumps. The conflict rules (:mod:`coordinator.core.conflicts`) decide against the
+commits on a target; these functions decide which targets a commit must see, so that any commit
+the rules would look at moves a version the multi checks:
+
+* under ``parts`` only removals conflict: a partition is checked where the transaction removes a
+  committed part; an INSERT checks nothing.
+* under ``maxcompute`` and ``append`` every partition the transaction touches is checked; a
+  whole-table statement (TRUNCATE without partitions) checks the table node and every partition
+  that holds live parts, and the table node also moves whenever a partition node is created, so
+  that the statement sees partitions that appear after its snapshot.
+
+An application that commits idempotently (``tx.set_app_version``) has a target of its own,
+:func:`app_key`: every commit carrying a version of it checks and bumps that node, so commits of
+one application are decided in commit order (coordinator/core/conflicts.py, ``check_app_versions``).
+
+No I/O: the committer (replicas/committer.py) hands in what its state knows. Partition keys are
+``coordinator.core.tabledata.partition_key`` strings (``"[]"`` for an unpartitioned table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from coordinator.core.conflicts import Policy, Summary
+
+Target = tuple[str, str]  # (table, partition key)
+Live = Mapping[str, Mapping[str, Collection[str]]]  # table -> partition key -> its live parts
+
+
+def target_key(table: str, pkey: str | None) -> str:
+    """Key of a conflict target (its znode is ``targets/<key>``): the table (``pkey`` None) or
+    one of its partitions."""
+    return table if pkey is None else f"{table}/{quote(pkey, safe='')}"
+
+
+APP_PREFIX = "@app:"  # no table name starts so (coordinator.core.tabledata: names are identifiers)
+
+
+def app_key(app_id: str) -> str:
+    """Key of an application's target (``targets/@app:<id>``): the id with every character but
+    ASCII letters, digits, ``_`` and ``-`` percent-encoded (UTF-8), so any id is one znode name."""
+    safe = all(c.isascii() and (c.isalnum() or c in "_-") for c in app_id)
+    return APP_PREFIX + (app_id if safe else quote(app_id, safe="").replace(".", "%2E").replace("~", "%7E"))
+
+
+@dataclass(frozen=True)
+class Statement:
+    """What one staged statement touches, before a transaction's statements are folded."""
+
+    table: str
+    added: Collection[str] = ()  # partitions of the parts it adds
+    removed: Collection[str] = ()  # partitions of the committed parts it removes (known ones)
+    partitions: Collection[str] = ()  # partitions it names (overwrite, truncate, compact)
+    whole_table: bool = False
+
+
+def live_partitions(live: Live, table: str) -> set[str]:
+    """Partitions of ``table`` that hold at least one live part."""
+    return {pkey for pkey, names in live.get(table, {}).items() if names}
+
+
+def _whole_table_keys(table: str, live: Live) -> set[str]:
+    return {table} | {target_key(table, pkey) for pkey in live_partitions(live, table)}
+
+
+def read_keys(policies: Mapping[str, Policy | str], statements: Iterable[Statement], live: Live) -> set[str]:
+    """Targets whose versions a transaction's first commit attempt reads, from its statements
+    as staged: what it will check (:func:`checked_keys`) as far as that is known before the
+    fold, plus the table node of every ``maxcompute``/``append`` table it touches (a commit
+    that creates a partition node bumps it too)."""
+    keys: set[str] = set()
+    for st in statements:
+        if Policy(policies[st.table]) is Policy.PARTS:
+            keys.update(target_key(st.table, pkey) for pkey in st.removed)
+            continue
+        keys.add(st.table)
+        for pkeys in (st.added, st.removed, st.partitions):
+            keys.update(target_key(st.table, pkey) for pkey in pkeys)
+        if st.whole_table:
+            keys |= _whole_table_keys(st.table, live)
+    return keys
+
+
+def checked_keys(
+    policies: Mapping[str, Policy | str],
+    effect: Mapping[Target, Summary],
+    whole_tables: Iterable[str],
+    live: Live,
+) -> set[str]:
+    """Targets the commit multi checks and bumps for a transaction's folded effect (its kinds
+    and removed parts per target) and the tables it acts on as a whole."""
+    keys: set[str] = set()
+    for (table, pkey), summary in effect.items():
+        if Policy(policies[table]) is Policy.PARTS and not summary.removed:
+            continue
+        keys.add(target_key(table, pkey))
+    for table in whole_tables:
+        if Policy(policies[table]) is not Policy.PARTS:
+            keys |= _whole_table_keys(table, live)
+    return keys
+
+
+def whole_table_targets(
+    policies: Mapping[str, Policy | str], whole_tables: Iterable[str], known: Iterable[Target]
+) -> set[Target]:
+    """Of the ``known`` targets (every partition with a commit history), those whose commits
+    since the snapshot make a whole-table statement replay on the current parts: all partitions
+    of its table under ``maxcompute`` and ``append``, none under ``parts`` (it removes only what
+    it saw)."""
+    tables = {t for t in whole_tables if Policy(policies[t]) is not Policy.PARTS}
+    return {(t, pkey) for t, pkey in known if t in tables} if tables else set()

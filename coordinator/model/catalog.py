@@ -1,0 +1,367 @@
+"""Table definitions: what the log's DDL entries carry and what clients conform data to.
+
+A table's life is a list of records by CSN, all derived from the log: a :class:`TableDef` when
+it is created (``created_csn``) and each time it is altered (``version_csn``), and a
+:class:`TableDropped` when it is dropped (a table of the same name may be created again after
+it). ``ddl_version`` is the data version of the table's znode ``tables/<name>`` after that DDL:
+every DDL on the name bumps it, and every commit that writes the table checks it, so no commit
+decided on a definition that a concurrent DDL replaced can happen.
+
+Schema changes (``ALTER TABLE``): adding a nullable column and renaming a column. A part records
+the ``ddl_version`` of the definition it was written for (``PartMeta.schema_version``);
+:meth:`TableDef.upgrade` reads a part written for an older version under this definition:
+columns renamed since carry their new names, columns added since are null.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+
+from coordinator.core import keys
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import CorruptMetadata, InvalidInput, quote
+from coordinator.core.tabledata import (
+    schema_from_json,
+    schema_to_json,
+    validate_name,
+    validate_schema,
+)
+
+# A schema change, recorded in the definition: (ddl_version it came with, "add" | "rename",
+# the column's name after it, its name before it: "" for an added column).
+SchemaChange = tuple[int, str, str, str]
+
+
+KEYS_TXN_MAX_SECONDS = 60.0  # seed 003's defaults for a keys table's transactions
+KEYS_TXN_MAX_ROWS = 100_000
+
+
+def check_limits(table: str, seconds: object, rows: object) -> tuple[float | None, int | None]:
+    """Validate a table's transaction limits: each None or a positive number (rows: an integer);
+    InvalidInput naming the bad value otherwise."""
+    if seconds is not None:
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
+                or seconds == float("inf"):
+            raise InvalidInput(f"txn_max_seconds of table {quote(table)} must be a positive number of seconds, "
+                               f"not {quote(seconds)}", table=table, txn_max_seconds=repr(seconds))
+        seconds = float(seconds)
+    if rows is not None:
+        if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
+            raise InvalidInput(f"txn_max_rows of table {quote(table)} must be a positive integer, not {quote(rows)}",
+                               table=table, txn_max_rows=repr(rows))
+    return seconds, rows
+
+
+def check_retention(table: str, seconds: object) -> float | None:
+    """Validate a table's history retention: None (the replica-wide default) or a finite number
+    of seconds >= 0; InvalidInput naming ``retention_seconds`` otherwise."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds < 0:
+        raise InvalidInput(f"retention_seconds of table {quote(table)} must be a finite number of seconds >= 0 "
+                           f"(or None: the replica-wide default), not {quote(seconds)}",
+                           table=table, retention_seconds=repr(seconds)[:100])
+    return float(seconds)
+
+
+def effective_limits(tables, replica_seconds: float, replica_rows: int) -> tuple[float, str | None, int, str | None]:
+    """The limits binding a transaction that wrote ``tables`` (TableDefs): the smallest among the
+    tables' own and the replica-wide ones, each with the table it comes from (None: the replica)."""
+    seconds, s_from, rows, r_from = replica_seconds, None, replica_rows, None
+    for t in sorted(tables, key=lambda t: t.name):
+        if t.txn_max_seconds is not None and t.txn_max_seconds < seconds:
+            seconds, s_from = t.txn_max_seconds, t.name
+        if t.txn_max_rows is not None and t.txn_max_rows < rows:
+            rows, r_from = t.txn_max_rows, t.name
+    return seconds, s_from, rows, r_from
+
+
+@dataclass(frozen=True)
+class TableDef:
+    name: str
+    schema: pa.Schema
+    partition_by: tuple[str, ...] = ()
+    primary_key: tuple[str, ...] = ()
+    conflict_policy: Policy = Policy.PARTS
+    auto_merge: bool = True
+    created_csn: int = 0
+    version_csn: int = 0  # the CSN of the DDL that made this definition (0: its creation)
+    ddl_version: int = 0  # the table znode's version after that DDL; parts record it
+    changes: tuple[SchemaChange, ...] = ()  # every schema change since the creation, in order
+    lock_groups: tuple[tuple[str, tuple[str, ...]], ...] = ()  # keys tables: (group, its columns), by name
+    atomicity: str = "full"  # keys tables: "full" | "none"
+    txn_max_seconds: float | None = None  # per-table transaction limits (None: only the replica-wide ones)
+    txn_max_rows: int | None = None
+    # History retention (SPEC.md "History retention"): removed parts kept this many seconds after
+    # the commit that removed them (None: the replica-wide default, ``retention_seconds``).
+    retention_seconds: float | None = None
+
+    @property
+    def csn(self) -> int:
+        """The CSN from which this definition holds."""
+        return self.version_csn or self.created_csn
+
+    @classmethod
+    def new(
+        cls,
+        name: str,
+        schema: pa.Schema,
+        partition_by=(),
+        primary_key=(),
+        conflict_policy: str = "parts",
+        auto_merge: bool = True,
+        lock_groups: Mapping[str, Sequence[str]] | None = None,
+        atomicity: str = "full",
+        txn_max_seconds: float | None = None,
+        txn_max_rows: int | None = None,
+        retention_seconds: float | None = None,
+    ) -> TableDef:
+        """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
+        table (:mod:`coordinator.core.keys`) never merges automatically: its parts are versions of
+        rows, folded only on read."""
+        validate_name("table", name)
+        if not isinstance(schema, pa.Schema):
+            raise InvalidInput(f"schema of table {quote(name)} must be a pyarrow.Schema, not {type(schema).__name__}")
+        if isinstance(partition_by, str) or isinstance(primary_key, str):
+            raise InvalidInput("partition_by and primary_key take a sequence of column names, not a string")
+        partition_by, primary_key = tuple(partition_by), tuple(primary_key)
+        validate_schema(schema, list(partition_by), list(primary_key))
+        try:
+            policy = Policy(conflict_policy)
+        except ValueError:
+            choices = ", ".join(p.value for p in Policy)
+            raise InvalidInput(f"unknown conflict_policy {quote(conflict_policy)}; choose one of {choices}") from None
+        if not isinstance(auto_merge, bool):
+            raise InvalidInput("auto_merge must be True or False")
+        groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
+        if policy is Policy.KEYS:
+            # Seed 003's defaults for keys tables (SPEC.md "Keys tables", "Limits per table").
+            if txn_max_seconds is None:
+                txn_max_seconds = KEYS_TXN_MAX_SECONDS
+            if txn_max_rows is None:
+                txn_max_rows = KEYS_TXN_MAX_ROWS
+        txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
+        retention_seconds = check_retention(name, retention_seconds)
+        return cls(name, schema, partition_by, primary_key, policy, auto_merge, lock_groups=groups,
+                   atomicity=atomicity, txn_max_seconds=txn_max_seconds, txn_max_rows=txn_max_rows,
+                   retention_seconds=retention_seconds)
+
+    def to_dict(self) -> dict:
+        d = {
+            "name": self.name,
+            "schema": schema_to_json(self.schema),
+            "partition_by": list(self.partition_by),
+            "primary_key": list(self.primary_key),
+            "conflict_policy": self.conflict_policy.value,
+            "auto_merge": self.auto_merge,
+            "created_csn": self.created_csn,
+        }
+        if self.version_csn:
+            d["version_csn"] = self.version_csn
+        if self.ddl_version:
+            d["ddl_version"] = self.ddl_version
+        if self.changes:
+            d["changes"] = [list(c) for c in self.changes]
+        if self.lock_groups:
+            d["lock_groups"] = {g: list(cols) for g, cols in self.lock_groups}
+        if self.atomicity != "full":
+            d["atomicity"] = self.atomicity
+        if self.txn_max_seconds is not None:
+            d["txn_max_seconds"] = self.txn_max_seconds
+        if self.txn_max_rows is not None:
+            d["txn_max_rows"] = self.txn_max_rows
+        if self.retention_seconds is not None:
+            d["retention_seconds"] = self.retention_seconds
+        return d
+
+    def same_definition(self, other: TableDef) -> bool:
+        """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
+        return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge,
+                self.lock_groups, self.atomicity, self.txn_max_seconds, self.txn_max_rows,
+                self.retention_seconds) == (
+            other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge,
+            other.lock_groups, other.atomicity, other.txn_max_seconds, other.txn_max_rows,
+            other.retention_seconds
+        ) and self.schema.equals(other.schema, check_metadata=True)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableDef:
+        try:
+            return cls(
+                name=str(d["name"]),
+                schema=schema_from_json(d["schema"]),
+                partition_by=tuple(d.get("partition_by") or ()),
+                primary_key=tuple(d.get("primary_key") or ()),
+                conflict_policy=Policy(d.get("conflict_policy", "parts")),
+                auto_merge=bool(d.get("auto_merge", True)),
+                created_csn=int(d.get("created_csn") or 0),
+                version_csn=int(d.get("version_csn") or 0),
+                ddl_version=int(d.get("ddl_version") or 0),
+                changes=tuple(_change(c) for c in d.get("changes") or ()),
+                lock_groups=tuple(sorted((str(g), tuple(map(str, cols)))
+                                         for g, cols in (d.get("lock_groups") or {}).items())),
+                atomicity=str(d.get("atomicity", "full")),
+                txn_max_seconds=None if d.get("txn_max_seconds") is None else float(d["txn_max_seconds"]),
+                txn_max_rows=None if d.get("txn_max_rows") is None else int(d["txn_max_rows"]),
+                retention_seconds=None if d.get("retention_seconds") is None else float(d["retention_seconds"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptMetadata(f"table definition does not parse: {quote(exc)}") from exc
+
+    def with_csn(self, csn: int) -> TableDef:
+        """As applied at ``csn``: a creation (``created_csn`` 0 in the entry) is created there,
+        an alteration holds from there."""
+        if self.created_csn == 0:
+            return replace(self, created_csn=csn, version_csn=0)
+        return replace(self, version_csn=csn)
+
+    # -- schema changes ------------------------------------------------------------------------
+    def altered(self, add_columns: pa.Schema | list | None = None, rename_columns: dict | None = None,
+                version: int | None = None, retention: tuple[float | None] | None = None) -> TableDef:
+        """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended),
+        ``rename_columns`` ({old: new}) and ``retention`` (a 1-tuple: the new
+        ``retention_seconds``, None in it meaning the replica-wide default). Every problem is
+        InvalidInput naming it, and nothing is changed then. The result holds from the next
+        ddl_version (its CSN is set when the log applies it; ``version``: its ddl_version, by
+        default the next)."""
+        if retention is not None:
+            if not isinstance(retention, tuple) or len(retention) != 1:
+                raise InvalidInput(f"alter {self.name!r}: retention must be a 1-tuple")
+            seconds = check_retention(self.name, retention[0])
+            if add_columns is None and not rename_columns:
+                v = self.ddl_version + 1 if version is None else version
+                return replace(self, retention_seconds=seconds, ddl_version=v, version_csn=0)
+            return replace(self.altered(add_columns, rename_columns, version), retention_seconds=seconds)
+        if self.conflict_policy is Policy.KEYS:
+            raise InvalidInput(f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; "
+                               "nothing was changed", table=self.name)
+        adds = _fields(add_columns, self.name)
+        renames = rename_columns or {}
+        if not isinstance(renames, dict):
+            raise InvalidInput(f"alter {quote(self.name)}: rename_columns must map old names to new ones, "
+                               f"not {type(renames).__name__}")
+        if not adds and not renames:
+            raise InvalidInput(f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or "
+                               "retention_seconds)")
+        names = list(self.schema.names)
+        problems = []
+        keys = set(self.partition_by) | set(self.primary_key)
+        for old, new in renames.items():
+            for n in (old, new):
+                validate_name("column", n)
+            if old not in names:
+                problems.append(f"cannot rename unknown column {quote(old)} (columns: {names})")
+            elif old in keys:
+                what = "partition" if old in self.partition_by else "primary key"
+                problems.append(f"cannot rename {what} column {quote(old)}")
+        targets = list(renames.values())
+        after = {renames.get(n, n) for n in names}
+        added = Counter(f.name for f in adds)
+        for new in sorted(set(targets)):
+            if targets.count(new) > 1:
+                problems.append(f"two columns cannot both be renamed to {quote(new)}")
+            elif new in names and new not in renames:
+                problems.append(f"cannot rename to {quote(new)}: the table has a column {quote(new)}")
+        for f in adds:
+            validate_name("column", f.name)
+            if f.name in after or added[f.name] > 1:
+                problems.append(f"cannot add column {quote(f.name)}: the table has a column {quote(f.name)}")
+            if not f.nullable:
+                problems.append(f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
+                                "have no value for it (add it nullable)")
+        if problems:
+            raise InvalidInput(f"alter {quote(self.name)}: {'; '.join(problems)}; nothing was changed", table=self.name)
+        v = self.ddl_version + 1 if version is None else version
+        fields = [self.schema.field(i).with_name(renames.get(n, n)) for i, n in enumerate(names)] + list(adds)
+        schema = pa.schema(fields, metadata=self.schema.metadata)
+        validate_schema(schema, list(self.partition_by), list(self.primary_key))
+        changes = self.changes + tuple((v, "rename", new, old) for old, new in renames.items()) \
+            + tuple((v, "add", f.name, "") for f in adds)
+        return replace(self, schema=schema, ddl_version=v, version_csn=0, changes=changes)
+
+    def names_at(self, schema_version: int) -> list[str | None]:
+        """For each column of this definition, its name in a part written for
+        ``schema_version`` (None: the column did not exist then)."""
+        out: list[str | None] = list(self.schema.names)
+        versions = sorted({c[0] for c in self.changes if c[0] > schema_version}, reverse=True)
+        for v in versions:  # undo one ALTER at a time, its changes all at once (a swap of names)
+            back = {name: (None if kind == "add" else before) for cv, kind, name, before in self.changes if cv == v}
+            out = [back[n] if n in back else n for n in out]
+        return out
+
+    def upgrade(self, data: pa.Table, schema_version: int) -> pa.Table:
+        """Rows of a part written for ``schema_version``, under this definition: renamed columns
+        under their names now, added columns null, in this schema's order and types."""
+        if data.schema == self.schema:
+            return data
+        if schema_version >= self.ddl_version or not self.changes:
+            olds: Sequence[str | None] = self.schema.names  # a file lacking a column (a writer's subset) reads null there
+        else:
+            olds = self.names_at(schema_version)
+        cols = []
+        for f, old in zip(self.schema, olds):
+            if old is None or old not in data.column_names:
+                cols.append(pa.nulls(data.num_rows, f.type))
+            else:
+                col = data.column(old)
+                cols.append(col if col.type.equals(f.type) else col.cast(f.type))
+        return pa.Table.from_arrays(cols, schema=self.schema)
+
+    def stats_at(self, stats: dict, schema_version: int) -> dict:
+        """A part's column statistics under this definition's names (for pruning)."""
+        if schema_version >= self.ddl_version or not self.changes:
+            return dict(stats)
+        out = {}
+        for name, old in zip(self.schema.names, self.names_at(schema_version)):
+            if old is not None and old in stats:
+                out[name] = stats[old]
+        return out
+
+
+@dataclass(frozen=True)
+class TableDropped:
+    """The record a DROP TABLE leaves: the table does not exist from ``csn`` on (a table of the
+    same name may be created later). ``tid`` is the transaction that dropped it."""
+
+    name: str
+    tid: str
+    ddl_version: int
+    csn: int = 0
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "tid": self.tid, "ddl_version": self.ddl_version, "csn": self.csn}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableDropped:
+        try:
+            return cls(str(d["name"]), str(d["tid"]), int(d["ddl_version"]), int(d.get("csn") or 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptMetadata(f"table drop record does not parse: {quote(exc)}") from exc
+
+
+TableRecord = TableDef | TableDropped
+
+
+def _change(c: object) -> SchemaChange:
+    if not isinstance(c, list | tuple) or len(c) != 4 or c[1] not in ("add", "rename"):
+        raise ValueError(f"schema change {quote(c)} is not [version, 'add'|'rename', name, before]")
+    return (int(c[0]), str(c[1]), str(c[2]), str(c[3]))
+
+
+def _fields(add_columns: object, table: str) -> list[pa.Field]:
+    if add_columns is None:
+        return []
+    if isinstance(add_columns, pa.Field):
+        add_columns = [add_columns]
+    if isinstance(add_columns, pa.Schema):
+        return list(add_columns)
+    if isinstance(add_columns, list | tuple) and all(isinstance(f, pa.Field) for f in add_columns):
+        return list(add_columns)
+    raise InvalidInput(f"alter {quote(table)}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
+                       f"not {quote(add_columns)}")

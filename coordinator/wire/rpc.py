@@ -1,0 +1,935 @@
+"""The client-replica wire protocol: length-prefixed JSON frames over a persistent TCP connection.
+
+Each request is ``{"a": action, "b": args}`` and each answer ``{"ok": true, "result": ...}`` or
+``{"ok": false, "error": {"type", "message", "details"}}``. Only metadata crosses it (part
+descriptors, snapshots, transaction ids); data goes to storage directly. A call costs about a
+sixth of the CPU of a gRPC (Arrow Flight) action in Python, which is what bounds the commit rate
+of small transactions on a small machine.
+
+A secured server (``tls`` and ``authenticate``; coordinator/wire/security.py) speaks TLS only and
+answers nothing but ``{"a": "auth", "b": {"user", "secret"}}`` until a connection has
+authenticated; frames of unauthenticated peers are limited to ``AUTH_FRAME`` bytes. A peer that
+does not start a TLS handshake gets one plaintext ``AuthenticationFailed`` frame and is closed,
+so a client without credentials learns why. Unsecured servers behave and cost as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import resource
+import select
+import selectors
+import socket
+import ssl
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
+
+from coordinator.core import errors, jsonwire
+
+if TYPE_CHECKING:
+    from coordinator.wire.security import Credentials
+
+log = logging.getLogger(__name__)
+
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 256 * 1024 * 1024  # the largest answer a client reads (a replica's requests: Limits.max_frame)
+AUTH_FRAME = 64 * 1024  # the largest frame a peer that has not authenticated may send
+AUTH_SECONDS = 10.0  # a connection that has not authenticated by then is closed
+_TLS_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello record
+_CHUNK = 1 << 18  # one read of a connection: what it may buffer beyond the frame it is sending
+_ACCEPTS_PER_WAKE = 64  # a flood of connects does not keep the I/O thread from the others
+_TICK = 0.25  # seconds between looks at deadlines (idle, authentication, accept back-off)
+ACCEPT_PAUSE = 0.5  # after accept ran out of descriptors: the listener is not polled this long
+LOG_EVERY = 10.0  # a kind of refusal is logged at most once in this many seconds (with a count)
+FD_RESERVE = 32  # descriptors kept for everything but connections (ZooKeeper, WAL, part files)
+LOGIN_BURST = 5  # failed logins a peer address may make at once ...
+LOGIN_EVERY = 1.0  # ... and then one every this many seconds
+_MAX_ACTION = 64  # the longest action name a request may carry
+_FREE = 64 * 1024  # a partial frame this small is read on even when the buffer budget is spent
+
+
+def _read_exact(f: BinaryIO, n: int) -> bytes:
+    data = f.read(n)
+    if len(data) < n:
+        raise EOFError("connection closed")
+    return data
+
+
+def read_frame(f: BinaryIO) -> Any:
+    (n,) = _HEADER.unpack(_read_exact(f, _HEADER.size))
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes exceeds the limit")
+    return jsonwire.loads(_read_exact(f, n))
+
+
+def frame(obj: Any) -> bytes:
+    body = jsonwire.dumps(obj)
+    return _HEADER.pack(len(body)) + body
+
+
+Dispatch = Callable[[str, dict], dict]
+Reply = Callable[[dict], None]
+# ``inline(action, args, reply)``: True when it took the request (``reply`` is then called once,
+# from any thread); False to have ``dispatch`` run it on a worker thread. Runs on the I/O thread,
+# so it must never block: it takes only what it can answer (or hand on) at once.
+Inline = Callable[[str, dict, Reply], bool]
+# ``authenticate(args)``: who the arguments of an ``auth`` request name (a principal), or None
+# (refused). The principal is kept on the connection and set as ``args[PRINCIPAL]`` of each of its
+# requests, over anything the peer sent under that name (None on an unsecured server).
+Authenticate = Callable[[dict], Any]
+PRINCIPAL = "_principal"
+
+
+def error_reply(exc: BaseException) -> dict:
+    return {"ok": False, "error": exc.to_dict() if isinstance(exc, errors.MergetxnError)
+            else errors.MergetxnError(repr(exc)).to_dict()}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the peers of a server may hold of it (a replica's come from replicas/settings.py):
+    ``max_frame`` bytes in one request of an authenticated peer, ``max_connections`` open at
+    once (fewer if the descriptor limit leaves less room), ``max_per_peer`` of those from one
+    address (an IPv6 /64), and ``idle_seconds`` before a connection without a request in
+    progress is closed (clients reconnect by themselves)."""
+
+    max_frame: int = 64 * 1024 * 1024
+    max_connections: int = 1024
+    max_per_peer: int = 256
+    idle_seconds: float = 300.0
+
+    @property
+    def max_buffered(self) -> int:
+        """The bytes of partial frames all connections may hold together: four of the largest.
+        Beyond it a connection with more than 64 KiB of a frame is not read (small requests
+        go on) until others complete theirs or are closed for idleness."""
+        return 4 * self.max_frame
+
+
+def peer_key(host: str) -> str:
+    """The address a peer's connections and failed logins are counted under: the host, or
+    its /64 for IPv6 (one machine holds a whole /64)."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
+class LoginThrottle:
+    """Failed logins per peer address as a token bucket: ``burst`` at once, then one every
+    ``every`` seconds. A throttled attempt is refused without looking at its secret, so the
+    check itself stays constant-time; a successful login costs nothing. Pure: time comes in."""
+
+    def __init__(self, burst: int = LOGIN_BURST, every: float = LOGIN_EVERY, max_peers: int = 10_000) -> None:
+        self.burst, self.every, self.max_peers = burst, every, max_peers
+        self._spent: dict[str, tuple[float, float]] = {}  # peer -> (tokens spent, when)
+
+    def _owed(self, peer: str, now: float) -> float:
+        spent, at = self._spent.get(peer, (0.0, now))
+        return max(0.0, spent - (now - at) / self.every)
+
+    def wait(self, peer: str, now: float) -> float:
+        """Seconds until ``peer`` may try to log in again (0: now)."""
+        over = self._owed(peer, now) + 1 - self.burst
+        return over * self.every if over > 0 else 0.0
+
+    def failed(self, peer: str, now: float) -> None:
+        self._spent[peer] = (self._owed(peer, now) + 1, now)
+        if len(self._spent) > self.max_peers:
+            self.prune(now)
+            while len(self._spent) > self.max_peers:  # still full: forget the oldest
+                del self._spent[next(iter(self._spent))]
+
+    def prune(self, now: float) -> None:
+        """Forget the peers whose bucket is full again."""
+        for peer in [p for p in self._spent if self._owed(p, now) == 0]:
+            del self._spent[peer]
+
+
+class _Rare:
+    """A log line per kind of event at most once per ``LOG_EVERY`` seconds, saying how many
+    happened since: a flood of refusals must not become a flood of log lines."""
+
+    def __init__(self) -> None:
+        self._next: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+
+    def __call__(self, kind: str, level: int, message: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        self._count[kind] = self._count.get(kind, 0) + 1
+        if now < self._next.get(kind, 0.0):
+            return
+        n = self._count.pop(kind)
+        self._next[kind] = now + LOG_EVERY
+        log.log(level, message + (f" ({n} times in the last {LOG_EVERY:g}s)" if n > 1 else ""), *args,
+                exc_info=exc_info)
+
+
+class _Conn:
+    __slots__ = ("sock", "peer", "inbuf", "outbuf", "busy", "closed", "close_after", "in_next", "authed",
+                 "max_frame", "handshake", "tls", "events", "want_read", "last", "discard", "principal")
+
+    def __init__(self, sock: socket.socket, peer: str, authed: bool, tls: bool, max_frame: int) -> None:
+        self.sock = sock
+        self.peer = peer  # peer_key of its address
+        self.authed = authed  # may send any request (always, on an unsecured server)
+        self.max_frame = max_frame if authed else AUTH_FRAME
+        self.tls = tls
+        self.handshake = tls  # waiting for the first bytes, then for the TLS handshake
+        self.inbuf = bytearray()  # at most one frame and one read beyond it (backpressure)
+        self.outbuf = bytearray()
+        self.busy = False  # a request of this connection is being answered: nothing more is read
+        self.closed = False
+        self.close_after = False  # close once the outgoing bytes are sent (a malformed request)
+        self.in_next = False  # _next is running for it (an answer given inline continues its loop)
+        self.principal: Any = None  # who it authenticated as (what authenticate returned)
+        self.events = 0  # what the selector watches it for (0: not registered)
+        self.want_read = False  # TLS wants to read before it can send the answer
+        self.last = time.monotonic()  # bytes last came in or an answer last went out
+        self.discard = 0  # bytes of a refused, too large request still to skip
+
+
+class RpcServer:
+    """One I/O thread serves every connection (epoll); requests run inline when ``inline`` takes
+    them, otherwise on a pool of worker threads.
+
+    Commits are what this server is for, and on a small machine they are bounded by the replica's
+    CPU under one GIL: a thread per connection spent a large share of it handing the GIL between
+    connection threads. Here begin, stage and commit never leave the I/O thread (a commit is handed
+    to the group committer, whose callback queues the answer back to this thread); only actions
+    that may wait (reads at a snapshot, cleanup, compaction) go to workers. One request per
+    connection is answered at a time, in order; while it is, the connection is not read at all
+    (bytes that arrive meanwhile wait in the kernel), so a connection buffers at most one frame.
+
+    Whatever a peer sends costs it its own connection at most (SPEC.md, "A replica survives its
+    clients"): a frame that does not decode is answered and the connection closed, an exception
+    while handling one connection closes that connection, and the limits (:class:`Limits`) bound
+    what peers hold. Should the loop itself die, :meth:`serve` raises: the replica process exits
+    rather than stay registered without a listener (replicas/server.py).
+    """
+
+    def __init__(self, host: str, port: int, dispatch: Dispatch, inline: Inline | None = None,
+                 workers: int = 128, tls: ssl.SSLContext | None = None,
+                 authenticate: Authenticate | None = None, limits: Limits | None = None) -> None:
+        self.dispatch = dispatch
+        self.inline = inline
+        self.tls = tls
+        self.authenticate = authenticate
+        self.limits = limits or Limits()
+        self.auth_seconds = AUTH_SECONDS
+        self.fault: Callable[[], None] | None = None  # tests: called on each tick of the loop, outside any guard
+        self.logins = LoginThrottle()
+        self._rare = _Rare()
+        self._unauthenticated: dict[_Conn, float] = {}  # connection -> when it is closed unless it authenticated
+        self._per_peer: dict[str, int] = {}
+        self._buffered = 0  # bytes in every connection's inbuf
+        self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
+        self._cap = self.limits.max_connections
+        self._accept_paused_until = 0.0
+        self._next_tick = 0.0
+        self._listener = socket.create_server((host, port), backlog=256)
+        self._listener.setblocking(False)
+        self.server_address = self._listener.getsockname()
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._calls_lock = threading.Lock()
+        self._woken = False
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-worker")
+        self._conns: set[_Conn] = set()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._loop_ident: int | None = None
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of requests read and not yet handled, over every connection."""
+        return self._buffered
+
+    # -- the I/O thread ----------------------------------------------------------------------
+    def serve(self) -> None:
+        """Serve until :meth:`shutdown` (run it in a thread of its own). Raises only if the loop
+        itself failed (a bug): every connection is closed then, and the caller must not go on
+        as if it served (replicas/server.py exits the process)."""
+        self._loop_ident = threading.get_ident()
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        try:
+            self._loop()
+        except BaseException:
+            log.critical("the RPC loop failed: this server no longer serves", exc_info=True)
+            raise
+        finally:
+            for conn in list(self._conns):
+                self._close(conn)
+            for s in (self._listener, self._wake_r, self._wake_w):
+                s.close()
+            self._sel.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._done.set()
+
+    serve_forever = serve
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for key, mask in self._sel.select(_TICK):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    self._run_calls()
+                else:
+                    self._serve_conn(key.data, mask)
+            now = time.monotonic()
+            if now >= self._next_tick:
+                self._next_tick = now + _TICK
+                self._tick(now)
+
+    def _serve_conn(self, conn: _Conn, mask: int) -> None:
+        """One connection's event. Whatever goes wrong here is that connection's end only."""
+        if conn.closed:
+            return
+        try:
+            if conn.handshake:
+                self._handshake(conn)
+            elif conn.outbuf:
+                self._flush(conn)
+            elif mask & selectors.EVENT_READ:
+                if conn.busy:  # more bytes while its request is answered: not read until then
+                    self._watch(conn, 0)
+                else:
+                    self._read(conn)
+        except Exception:
+            self._rare("conn-bug", logging.ERROR, "closed a connection from %s: its request broke the server",
+                       conn.peer, exc_info=True)
+            self._close(conn)
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._wake()
+        if self._loop_ident is not None:
+            self._done.wait(10)
+        else:  # never served
+            self._listener.close()
+            self._pool.shutdown(wait=False)
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread (from any thread)."""
+        with self._calls_lock:
+            self._calls.append(fn)
+            wake, self._woken = not self._woken, True
+        if wake:
+            self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # already awake (the pipe is full) or shut down
+
+    def _run_calls(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        with self._calls_lock:
+            calls, self._calls = self._calls, deque()
+            self._woken = False
+        for fn in calls:
+            try:
+                fn()
+            except Exception:
+                log.exception("RPC I/O callback failed")
+
+    # -- connections: accepting, limits, deadlines -----------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accepting(exc)
+                    return
+                if exc.errno == errno.ECONNABORTED:  # the peer gave up while queued
+                    continue
+                self._rare("accept", logging.WARNING, "accept failed: %r", exc)
+                return
+            peer = peer_key(str(address[0]))
+            why = self._over_limit(peer)
+            if why:
+                self._turn_away(sock, peer, why)
+                continue
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
+            self._conns.add(conn)
+            self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+            if not conn.authed:
+                self._unauthenticated[conn] = time.monotonic() + self.auth_seconds
+            self._watch(conn, selectors.EVENT_READ)
+
+    def _over_limit(self, peer: str) -> str:
+        if len(self._conns) >= self._cap:
+            return f"it has {len(self._conns)} connections, its limit"
+        if self._per_peer.get(peer, 0) >= self.limits.max_per_peer:
+            return f"{self.limits.max_per_peer} connections from {peer} are open, the limit per address"
+        return ""
+
+    def _turn_away(self, sock: socket.socket, peer: str, why: str) -> None:
+        """Close a connection over a limit at once; a plaintext peer is told why first."""
+        self._rare("cap", logging.WARNING, "refused a connection from %s: %s", peer, why)
+        try:
+            if self.tls is None:
+                sock.setblocking(False)
+                sock.send(frame({"ok": False, "error": errors.ReplicaUnavailable(
+                    f"replica {_local(sock)} refused the connection: {why}").to_dict()}))
+        except OSError:
+            pass
+        sock.close()
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors: stop polling the listener a while (connections wait in the
+        backlog) instead of failing accept in a hot loop."""
+        self._rare("emfile", logging.WARNING, "accept failed (%s): not accepting for %gs; %d connections open",
+                   exc.strerror or exc, ACCEPT_PAUSE, len(self._conns))
+        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
+        self._sel.unregister(self._listener)
+
+    def _tick(self, now: float) -> None:
+        """Deadlines: the accept back-off, authentication, idleness; the descriptor room."""
+        if self.fault is not None:
+            self.fault()
+        if self._accept_paused_until and now >= self._accept_paused_until:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
+        if self._unauthenticated:
+            self._expire_unauthenticated(now)
+        idle = self.limits.idle_seconds
+        # Idle: no request in progress (or an answer the peer does not read) for idle_seconds.
+        for conn in [c for c in self._conns if (not c.busy or c.outbuf) and now - c.last > idle]:
+            self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
+            self._close(conn)
+        self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
+        if self._starved and self._buffered <= self.limits.max_buffered:
+            starved, self._starved = self._starved, set()
+            for conn in starved:
+                self._watch(conn)
+        self.logins.prune(now)
+
+    def _expire_unauthenticated(self, now: float) -> None:
+        """Close the connections that did not authenticate in time (they hold descriptors)."""
+        for conn in [c for c, deadline in self._unauthenticated.items() if deadline <= now]:
+            self._rare("unauthenticated", logging.INFO, "closed a connection from %s: no authentication within %gs",
+                       conn.peer, self.auth_seconds)
+            self._close(conn)
+
+    def _watch(self, conn: _Conn, events: int | None = None) -> None:
+        """Have the selector watch ``conn`` for what it waits for: the answer's sending, else
+        its next request unless one is in progress (backpressure), else nothing. A connection
+        whose request is in progress stays watched for reading until the peer sends more
+        (then :meth:`_serve_conn` stops it): a client waiting for its answer costs no
+        selector call per request."""
+        if conn.closed:
+            return
+        if events is None:
+            if conn.outbuf:
+                events = selectors.EVENT_WRITE | (selectors.EVENT_READ if conn.want_read else 0)
+            elif conn.busy or conn.close_after:
+                if conn.events == selectors.EVENT_READ:
+                    return
+                events = 0
+            else:
+                events = selectors.EVENT_READ
+                if len(conn.inbuf) > _FREE and self._buffered > self.limits.max_buffered:
+                    events = 0  # memory: the others' partial frames hold the budget (see Limits)
+                    self._starved.add(conn)
+        if events == conn.events:
+            return
+        if not conn.events:
+            self._sel.register(conn.sock, events, conn)
+        elif not events:
+            self._sel.unregister(conn.sock)
+        else:
+            self._sel.modify(conn.sock, events, conn)
+        conn.events = events
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._conns.discard(conn)
+        left = self._per_peer.pop(conn.peer, 1) - 1
+        if left > 0:
+            self._per_peer[conn.peer] = left
+        self._unauthenticated.pop(conn, None)
+        self._starved.discard(conn)
+        self._buffered -= len(conn.inbuf)
+        conn.inbuf = bytearray()
+        if conn.events:
+            try:
+                self._sel.unregister(conn.sock)
+            except (KeyError, ValueError):
+                pass
+        conn.sock.close()
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(_CHUNK)
+            if conn.tls:
+                while conn.sock.pending():  # decrypted bytes inside SSL: epoll does not see them
+                    data += conn.sock.recv(_CHUNK)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if not data:
+            self._close(conn)
+            return
+        conn.last = time.monotonic()
+        if conn.discard:  # the rest of a refused request
+            skip = min(conn.discard, len(data))
+            conn.discard -= skip
+            data = data[skip:]
+            if not data:
+                return
+        conn.inbuf += data
+        self._buffered += len(data)
+        self._next(conn)
+
+    # -- TLS and authentication (secured servers only) -----------------------------------------
+    def _handshake(self, conn: _Conn) -> None:
+        """A new connection of a TLS server: refuse a peer that does not start with a TLS
+        handshake, else drive the handshake without blocking."""
+        sock = conn.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self._close(conn)
+                return
+            if not first:
+                self._close(conn)
+                return
+            if first[0] != _TLS_HANDSHAKE:
+                self._refuse_plaintext(conn)
+                return
+            self._sel.unregister(sock)
+            conn.events = 0
+            try:
+                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as exc:
+                log.info("TLS: cannot wrap a connection: %r", exc)
+                self._close(conn)
+                return
+            self._watch(conn, selectors.EVENT_READ)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return
+        except OSError as exc:  # ssl.SSLError included: a bad certificate, a scanner, a reset
+            self._rare("tls", logging.INFO, "TLS handshake from %s failed: %s", conn.peer, exc)
+            self._close(conn)
+            return
+        conn.handshake = False
+        self._watch(conn, selectors.EVENT_READ)
+        if sock.pending():
+            self._read(conn)
+
+    def _refuse_plaintext(self, conn: _Conn) -> None:
+        """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
+        so the close is a FIN the peer reads the answer before, not a reset)."""
+        try:
+            for _ in range(16):
+                if not conn.sock.recv(1 << 16):
+                    break
+        except OSError:
+            pass
+        conn.handshake = False
+        self._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
+        self._refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
+
+    def _refuse(self, conn: _Conn, why: str) -> None:
+        conn.busy = True
+        conn.close_after = True
+        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(
+            f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+            f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)").to_dict()})
+
+    def _authenticate(self, conn: _Conn, request: Any) -> None:
+        """The first request of a connection to a secured server: ``auth``, or it is closed.
+        Failed logins are throttled per peer address (:class:`LoginThrottle`)."""
+        args = request.get("b") if isinstance(request, dict) else None
+        if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
+            self._refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
+            return
+        now = time.monotonic()
+        wait = self.logins.wait(conn.peer, now)
+        if wait > 0:
+            self._rare("throttled", logging.WARNING, "refused a login from %s: too many failed logins", conn.peer)
+            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: too many failed logins from "
+                               f"{conn.peer}, try again in {wait:.1f}s")
+            return
+        principal = self.authenticate(args)
+        if not principal:
+            self.logins.failed(conn.peer, now)
+            self._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer,
+                       str(args.get("user"))[:100])
+            self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
+            return
+        conn.authed = True
+        conn.principal = principal
+        conn.max_frame = self.limits.max_frame
+        self._unauthenticated.pop(conn, None)
+        self._send(conn, {"ok": True, "result": {"user": args.get("user")}})
+
+    # -- requests -------------------------------------------------------------------------------
+    def _next(self, conn: _Conn) -> None:
+        """Answer the requests waiting in the connection's buffer, one at a time."""
+        if conn.in_next:
+            return
+        conn.in_next = True
+        try:
+            self._next_requests(conn)
+        finally:
+            conn.in_next = False
+        self._watch(conn)
+
+    def _next_requests(self, conn: _Conn) -> None:
+        while not conn.busy and not conn.closed and not conn.close_after and len(conn.inbuf) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(conn.inbuf)
+            if n > conn.max_frame:
+                self._too_large(conn, n)
+                continue
+            if len(conn.inbuf) < _HEADER.size + n:
+                return
+            body = bytes(conn.inbuf[_HEADER.size:_HEADER.size + n])
+            del conn.inbuf[:_HEADER.size + n]
+            self._buffered -= _HEADER.size + n
+            try:
+                request = jsonwire.loads(body)
+            except (ValueError, RecursionError, MemoryError) as exc:  # jsonwire raises ValueError only
+                self._answer_and_close(conn, f"not JSON: {str(exc)[:200]}")
+                return
+            conn.busy = True
+            if not conn.authed:
+                self._authenticate(conn, request)
+                continue
+            action = request.get("a") if isinstance(request, dict) else None
+            args = request.get("b", {}) if isinstance(request, dict) else None
+            if not isinstance(action, str) or not isinstance(args, dict) or len(action) > _MAX_ACTION:
+                self._send(conn, {"ok": False, "error": errors.InvalidInput(
+                    "request must be {a: action (a short string), b: {args}}").to_dict()})
+                continue
+            self._request(conn, action, args)
+
+    def _too_large(self, conn: _Conn, n: int) -> None:
+        """A request over the frame limit: before authentication the connection is closed;
+        after, the request is answered InvalidInput naming the limit and its bytes are skipped
+        as they come (never buffered), so the connection goes on."""
+        if not conn.authed:
+            self._answer_and_close(conn, f"frame of {n} bytes exceeds the limit of {conn.max_frame}")
+            return
+        take = min(len(conn.inbuf) - _HEADER.size, n)
+        del conn.inbuf[:_HEADER.size + take]
+        self._buffered -= _HEADER.size + take
+        conn.discard = n - take
+        conn.busy = True
+        self._send(conn, {"ok": False, "error": errors.InvalidInput(
+            f"bad request: a request of {n} bytes exceeds replica {_local(conn.sock)}'s limit of {conn.max_frame} "
+            "bytes (its max_frame_bytes setting)", limit=conn.max_frame).to_dict()})
+
+    def _answer_and_close(self, conn: _Conn, why: str) -> None:
+        if not conn.authed:
+            self._refuse(conn, f"replica {_local(conn.sock)} refused a request before authentication ({why})")
+            return
+        conn.busy = True
+        conn.close_after = True
+        self._send(conn, {"ok": False, "error": errors.InvalidInput(f"bad request: {why}").to_dict()})
+
+    def _request(self, conn: _Conn, action: str, args: dict) -> None:
+        args[PRINCIPAL] = conn.principal
+        answered = False
+
+        def reply(envelope: dict) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            if threading.get_ident() == self._loop_ident:
+                self._send(conn, envelope)
+            else:
+                self.call_soon(lambda: self._send(conn, envelope))
+
+        if self.inline is not None:
+            try:
+                if self.inline(action, args, reply):
+                    return
+            except Exception as exc:  # a bug in a fast path must not take the I/O thread down
+                log.exception("inline action %s failed", action)
+                reply(error_reply(exc))
+                return
+        self._pool.submit(self._work, action, args, reply)
+
+    def _work(self, action: str, args: dict, reply: Reply) -> None:
+        try:
+            envelope = self.dispatch(action, args)
+        except BaseException as exc:  # dispatch answers errors itself; this is a last resort
+            envelope = error_reply(exc)
+        reply(envelope)
+
+    def _send(self, conn: _Conn, envelope: dict) -> None:
+        """On the I/O thread: queue the answer and send what the socket takes now."""
+        if conn.closed:
+            return
+        try:
+            conn.outbuf += frame(envelope)
+        except Exception as exc:  # an answer that does not encode is still an answer
+            conn.outbuf += frame(error_reply(errors.MergetxnError(f"the answer could not be encoded: {exc!r}"[:300])))
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        sent = 0
+        try:
+            while conn.outbuf:
+                n = conn.sock.send(conn.outbuf)
+                del conn.outbuf[:n]
+                sent += n
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError) as exc:
+            if sent:
+                conn.last = time.monotonic()
+            conn.want_read = isinstance(exc, ssl.SSLWantReadError)
+            self._watch(conn)
+            return
+        except OSError:
+            self._close(conn)
+            return
+        if conn.close_after:
+            self._close(conn)
+            return
+        conn.last = time.monotonic()
+        conn.busy = False
+        self._next(conn)  # watches it for its next request
+
+
+def _descriptor_room(connections: int) -> int:
+    """How many connections the descriptor limit leaves room for: the soft RLIMIT_NOFILE less
+    what this process holds besides connections, less FD_RESERVE (accept must never be what
+    runs the process out of descriptors for its WAL, ZooKeeper or part files)."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        held = len(os.listdir("/proc/self/fd")) - connections
+    except (OSError, ValueError):
+        return 1 << 30
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 30
+    return max(1, soft - held - FD_RESERVE)
+
+
+class RpcClient:
+    """One connection per calling thread, opened on first use and reopened after a failure.
+
+    With ``credentials`` (coordinator/wire/security.py) each connection is TLS, verified against the
+    credentials' CA, and begins with an ``auth`` request; a refusal is AuthenticationFailed,
+    never retried."""
+
+    def __init__(self, address: str, timeout: float, credentials: Credentials | None = None) -> None:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise errors.InvalidInput(f"replica address must be 'host:port', not {address!r}")
+        self.address = address
+        self._endpoint = (host, int(port))
+        self._timeout = timeout
+        self._credentials = credentials
+        self._tls = None if credentials is None else credentials.client_context()
+        self._local = threading.local()
+        self._all: list[socket.socket] = []
+        self._lock = threading.Lock()
+
+    def _connection(self) -> tuple[socket.socket, BinaryIO]:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and not _alive(conn[0]):
+            self._drop()
+            conn = None
+        if conn is None:
+            try:
+                sock = socket.create_connection(self._endpoint, timeout=min(self._timeout, 10.0))
+            except OSError as exc:
+                raise errors.ReplicaUnavailable(f"replica {self.address} is unreachable: {exc}") from None
+            sock.settimeout(self._timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = (sock, sock.makefile("rb")) if self._tls is None else self._secure(sock)
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn[0])
+        return conn
+
+    def _secure(self, sock: socket.socket) -> tuple[ssl.SSLSocket, BinaryIO]:
+        """TLS over ``sock``, then ``auth``: the connection as :meth:`_connection` keeps it."""
+        where = f"replica {self.address}"
+        sock.settimeout(min(self._timeout, 10.0))  # the handshake and auth, as for the connect
+        try:
+            tls = self._tls.wrap_socket(sock, server_hostname=self._endpoint[0])
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise errors.AuthenticationFailed(
+                f"{where} presented a certificate this client does not accept ({exc.verify_message}): the "
+                f"credentials' ca_file must be the CA that signed the replicas' certificate, and the certificate "
+                f"must name {self._endpoint[0]!r}") from None
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError, TimeoutError, ConnectionError) as exc:
+            sock.close()
+            raise errors.ReplicaUnavailable(f"{where} closed the connection during the TLS handshake: {exc}") from None
+        except ssl.SSLError as exc:
+            sock.close()
+            raise errors.AuthenticationFailed(
+                f"{where} did not complete a TLS handshake ({exc.reason or exc}): is it started without "
+                "--credentials? A client with credentials talks to replicas only over TLS") from None
+        except OSError as exc:
+            sock.close()
+            raise errors.ReplicaUnavailable(f"{where} is unreachable: {exc}") from None
+        rfile = tls.makefile("rb")
+        try:
+            tls.sendall(frame({"a": "auth", "b": self._credentials.auth_request()}))
+            reply = read_frame(rfile)
+        except (EOFError, OSError, ValueError) as exc:
+            tls.close()
+            raise errors.ReplicaUnavailable(f"{where} did not answer the authentication: "
+                                            f"{exc or type(exc).__name__}") from None
+        if not reply.get("ok"):
+            tls.close()
+            raise errors.from_dict(reply.get("error") or {})
+        tls.settimeout(self._timeout)
+        return tls, rfile
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn[0].close()
+            except OSError:
+                pass
+
+    def call(self, action: str, args: dict, timeout: float | None = None) -> Any:
+        """One request/answer. A failure before anything was sent is retried once on a new
+        connection (a replica restarted since the last call); a failure after sending is
+        ReplicaUnavailable, because the action may or may not have happened, except that an
+        action in IDEMPOTENT whose connection closed before it answered is sent once more.
+        ``timeout``: for this call's answer instead of the client's (a call that must be quick,
+        or one that legitimately takes longer)."""
+        try:
+            return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}), timeout)
+        except _Resend as exc:
+            raise errors.ReplicaUnavailable(str(exc)) from None
+
+    def _attempt(self, action: str, payload: bytes, timeout: float | None = None) -> Any:
+        sock, rfile = self._connection()
+        if timeout is not None:
+            sock.settimeout(timeout)
+        try:
+            return self._exchange(sock, rfile, action, payload)
+        finally:
+            if timeout is not None and getattr(self._local, "conn", None) is not None:
+                sock.settimeout(self._timeout)
+
+    def _exchange(self, sock: socket.socket, rfile: BinaryIO, action: str, payload: bytes) -> Any:
+        try:
+            sock.sendall(payload)
+        except OSError as exc:
+            self._drop()
+            raise _Resend(f"replica {self.address} is unreachable: {exc}") from None
+        try:
+            reply = read_frame(rfile)
+        except (EOFError, OSError, ValueError) as exc:
+            self._drop()
+            message = f"replica {self.address} did not answer {action!r}: {exc or type(exc).__name__}"
+            if isinstance(exc, EOFError) and action in IDEMPOTENT:
+                raise _Resend(message) from None
+            raise errors.ReplicaUnavailable(message) from None
+        if not reply.get("ok"):
+            raise errors.from_dict(reply.get("error") or {})
+        return reply.get("result")
+
+    def close(self) -> None:
+        with self._lock:
+            for s in self._all:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+            self._all.clear()
+        self._local = threading.local()
+
+
+class _Resend(Exception):
+    """An attempt of RpcClient.call failed where sending the request again is safe; the message
+    is what the caller gets as ReplicaUnavailable if it was the last attempt."""
+
+
+# The resend policy of RpcClient.call: a second attempt, at once, after a _Resend.
+_RESEND_ONCE = Retrying(retry=retry_if_exception_type(_Resend), stop=stop_after_attempt(2), reraise=True)
+
+
+def _alive(sock: socket.socket) -> bool:
+    """Whether an idle connection is still open (a restarted replica closed the old ones). An
+    idle TLS connection has nothing to read (replicas send no session tickets) but a close."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if readable and isinstance(sock, ssl.SSLSocket):
+            return False
+        return not readable or sock.recv(1, socket.MSG_PEEK) != b""
+    except (OSError, ValueError):
+        return False
+
+
+def _peer(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getpeername()[:2]
+    except (OSError, ValueError):
+        return "a peer"
+    return f"{host}:{port}"
+
+
+def _local(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except (OSError, ValueError):
+        return "(address unknown)"
+    return f"{host}:{port}"
+
+
+# Actions that may be sent again when a connection closed before answering.
+IDEMPOTENT = frozenset({
+    "info", "begin", "table", "tables", "visible", "snapshot", "wait", "transactions", "parts", "commit_status",
+    "describe_table", "app_version", "set_app_version", "add_read", "flush", "heartbeat", "peers",
+})

@@ -1,0 +1,1 @@
+"""The embedded cluster: a local ZooKeeper from the pyspark jars and replica processes."""

@@ -1,0 +1,1 @@
+"""The operator's tools behind the CLI: quickstart, status, recovery, JSON rows."""

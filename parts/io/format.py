@@ -1,0 +1,223 @@
+"""The part format: one Parquet file per part plus a JSON sidecar holding its :class:`PartMeta`.
+
+Layout under the storage root: ``<table>/<partition_dir>/<name>.parquet`` and ``<same>.json``.
+The Parquet file is written first and durably, then the sidecar, so a sidecar always describes
+a complete file. The checksum and size recorded at write time are checked on every read: a part
+that changed, shrank or vanished raises CorruptPart instead of returning wrong rows.
+Version metadata (creation/removal CSN, removal tid) is not stored here: parts are immutable and
+those facts belong to the commit log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import uuid
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from coordinator.core import keys
+from coordinator.core import tabledata as ops
+from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
+
+COMPRESSION = "zstd"
+# <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
+# spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
+# unreferenced part of that transaction (replicas/cleanup.py).
+STAGING_DIR = "_staging"
+
+
+def checksum_of(data: bytes) -> str:
+    """Whole-file checksum kept in :class:`PartMeta` (crc32: cheap, catches bit rot)."""
+    return "crc32:%08x" % (zlib.crc32(data) & 0xFFFFFFFF)
+
+
+def new_part_name(creation_tid: str) -> str:
+    """A unique, file-name-safe part name: the creating tid plus 64 random bits, so Spark task
+    retries and speculative attempts of one transaction never collide."""
+    tid = re.sub(r"[^A-Za-z0-9_.-]", "_", str(creation_tid))[:120] or "tx"
+    if not tid[0].isalnum():
+        tid = "p" + tid
+    return f"{tid}_{uuid.uuid4().hex[:16]}"
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
+def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
+    """Min/max per column where ordering is meaningful and exact in JSON; (None, None) when all
+    values are null. Floats with NaN or infinities are left out rather than misreport. Long
+    strings are bounded (:func:`coordinator.core.tabledata.bound_stats`): a prefix for the min, an incremented
+    prefix (or None: no upper bound) for the max, so one long value never makes metadata long."""
+    stats: dict[str, tuple[Any, Any]] = {}
+    for name, col in zip(data.column_names, data.columns):
+        t = col.type
+        if pa.types.is_timestamp(t):
+            naive = col.cast(pa.timestamp(t.unit)) if t.tz is not None else col
+            mm = pc.min_max(naive)
+            lo, hi = mm["min"], mm["max"]
+            if not lo.is_valid:
+                stats[name] = (None, None)
+                continue
+            bounds = pa.array([lo.value, hi.value], pa.int64()).cast(naive.type)
+            text = pc.strftime(bounds, format="%Y-%m-%dT%H:%M:%S")
+            suffix = "+00:00" if t.tz is not None else ""
+            stats[name] = (text[0].as_py() + suffix, text[1].as_py() + suffix)
+            continue
+        ok = (
+            pa.types.is_integer(t)
+            or pa.types.is_floating(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_date(t)
+            or pa.types.is_boolean(t)
+        )
+        if not ok:
+            continue
+        if pa.types.is_floating(t) and col.null_count < len(col) and pc.any(pc.is_nan(col)).as_py():
+            continue
+        mm = pc.min_max(col)
+        lo, hi = _iso(mm["min"].as_py()), _iso(mm["max"].as_py())
+        if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
+            continue
+        stats[name] = (lo, hi)
+    return ops.bound_stats(stats)
+
+
+def part_path(table: str, partition_by: list[str], partition: tuple, name: str) -> str:
+    """Where a part's Parquet file goes, relative to the storage root."""
+    directory = ops.partition_dir(partition_by, partition)
+    return f"{ops.validate_name('table', table)}/{directory}/{name}.parquet"
+
+
+def write_part(
+    storage: Storage,
+    table: str,
+    partition_by: list[str],
+    partition: tuple,
+    data: pa.Table,
+    creation_tid: str,
+    schema_version: int = 0,
+    primary_key: Sequence[str] = (),
+) -> PartMeta:
+    """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
+    Once this returns, the part can be referenced by a commit. ``primary_key`` (a keys table's)
+    adds the key summary (coordinator/core/keys.py) to the metadata."""
+    if not isinstance(data, pa.Table):
+        raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
+    partition = tuple(ops._json_scalar(v) for v in partition)
+    name = new_part_name(creation_tid)
+    path = part_path(table, list(partition_by), partition, name)
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, compression=COMPRESSION, write_statistics=True)
+    raw = sink.getvalue().to_pybytes()
+    meta = PartMeta(
+        name=name,
+        table=table,
+        partition=partition,
+        path=path,
+        rows=data.num_rows,
+        size=len(raw),
+        checksum=checksum_of(raw),
+        stats=column_stats(data),
+        creation_tid=str(creation_tid),
+        created_at=time.time(),
+        schema_version=schema_version,
+        key_summary=keys.summarize(data, primary_key) if primary_key else None,
+    )
+    storage.put(path, raw)
+    try:
+        storage.put(
+            meta.meta_path,
+            json.dumps(meta.to_dict(), separators=(",", ":"), allow_nan=False).encode("utf-8"),
+            durable=False,  # advisory: the commit entry carries the same metadata
+        )
+    except OSError:
+        try:  # nothing will reference the part: do not leave it for cleanup
+            storage.delete(path)
+        except OSError:
+            pass
+        raise
+    return meta
+
+
+def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str | None:
+    """What is wrong with a part's file in storage (missing, another size, another checksum), or
+    None when it is as written. Without ``checksum`` only its presence and size are looked at."""
+    try:
+        if not checksum:
+            size = storage.size(meta.path)
+            return None if size == meta.size else f"has {size} bytes, {meta.size} were written"
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        return "is missing"
+    if len(raw) != meta.size:
+        return f"has {len(raw)} bytes, {meta.size} were written"
+    actual = checksum_of(raw)
+    return None if actual == meta.checksum else f"has checksum {actual}, {meta.checksum} was written"
+
+
+def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None) -> pa.Table:
+    """The part's rows, only after its size and checksum match what was recorded."""
+    try:
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+    if len(raw) != meta.size:
+        raise CorruptPart(
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written "
+            "(truncated or replaced)",
+            path=meta.path,
+        )
+    actual = checksum_of(raw)
+    if actual != meta.checksum:
+        raise CorruptPart(
+            f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path
+        )
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(raw))
+        if columns is not None:
+            unknown = [c for c in columns if c not in pf.schema_arrow.names]
+            if unknown:
+                raise InvalidInput(
+                    f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown
+                )
+        result = pf.read(columns=columns)
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptPart(
+            f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path
+        ) from None
+    if result.num_rows != meta.rows:
+        raise CorruptPart(
+            f"part {quote(meta.path)} has {result.num_rows} rows, {meta.rows} were written",
+            path=meta.path,
+        )
+    return result
+
+
+def read_meta(storage: Storage, relpath: str) -> PartMeta:
+    """Load a sidecar; CorruptMetadata when it does not parse or describes another file.
+    A missing sidecar raises FileNotFoundError (a writer may have died between the two puts)."""
+    raw = storage.get(relpath)
+    try:
+        d = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptMetadata(
+            f"part metadata {quote(relpath)} is not JSON: {clip(exc)}", path=relpath
+        ) from None
+    meta = PartMeta.from_dict(d)
+    if meta.meta_path != relpath:
+        raise CorruptMetadata(
+            f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath
+        )
+    return meta

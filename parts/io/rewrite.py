@@ -1,0 +1,212 @@
+"""Copy-on-write rewrites of parts: DELETE, UPDATE and compaction.
+
+Shared by the client library (which runs a statement at the transaction's snapshot) and the
+replica (which redoes it on the current parts when a rebase finds its inputs rewritten), so both
+produce the same result. Each function reads only the parts that can hold matching rows, writes
+replacements, and says which parts it replaced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from coordinator.core import keyfold, keys
+from coordinator.core.tabledata import (
+    apply_delete,
+    apply_update,
+    decode_assignments,
+    decode_expression,
+    may_match,
+    split_by_partition,
+)
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Compact, Mutate
+from parts.io.format import read_part, write_part
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
+
+SMALL_PART_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class Rewrite:
+    added: list[PartMeta] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    affected_rows: int = 0
+
+
+def read_parts(storage: Storage, parts: list[PartMeta], columns: list[str] | None = None,
+               table: TableDef | None = None) -> list[pa.Table]:
+    """Read several parts at once (I/O bound: threads overlap the reads); order is kept. With
+    ``table``, each part is read under that definition (columns renamed or added since it was
+    written: :meth:`TableDef.upgrade`)."""
+    def one(p: PartMeta) -> pa.Table:
+        data = read_part(storage, p, columns if table is None else None)
+        if table is None:
+            return data
+        data = table.upgrade(data, p.schema_version)
+        return data if columns is None else data.select(list(columns))
+
+    if len(parts) <= 1:
+        return [one(p) for p in parts]
+    with ThreadPoolExecutor(max_workers=min(8, len(parts))) as pool:
+        return list(pool.map(one, parts))
+
+
+def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartMeta]:
+    return [
+        write_part(storage, table.name, list(table.partition_by), partition, chunk, tid, table.ddl_version)
+        for partition, chunk in split_by_partition(data, list(table.partition_by))
+    ]
+
+
+def _rewrite(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str,
+             change: Callable[[pa.Table], tuple[pa.Table, int]]) -> Rewrite:
+    candidates = [p for p in parts
+                  if may_match(table.stats_at(p.stats, p.schema_version), list(table.partition_by), p.partition,
+                               where, table.schema)]
+    out = Rewrite()
+    for meta, data in zip(candidates, read_parts(storage, candidates, table=table)):
+        new, n = change(data)
+        if n == 0:
+            continue
+        out.removed.append(meta.name)
+        out.affected_rows += n
+        out.added.extend(_write_rows(storage, table, new, tid))
+    return out
+
+
+def delete(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str) -> Rewrite:
+    return _rewrite(storage, table, parts, where, tid, lambda d: apply_delete(d, where))
+
+
+def update(storage: Storage, table, parts: list[PartMeta], where: pc.Expression,
+           assignments: dict[str, pc.Expression], tid: str) -> Rewrite:
+    return _rewrite(storage, table, parts, where, tid, lambda d: apply_update(d, where, assignments))
+
+
+def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PART_BYTES) -> list[list[PartMeta]]:
+    """Groups of parts to merge, one group per partition: minor merges the small parts of a
+    partition (two or more), major rewrites every part of a partition."""
+    by_partition: dict[tuple, list[PartMeta]] = defaultdict(list)
+    for p in parts:
+        by_partition[tuple(p.partition)].append(p)
+    groups = []
+    for _, group in sorted(by_partition.items(), key=lambda kv: str(kv[0])):
+        group = sorted(group, key=lambda m: m.name)
+        if kind == "minor":
+            small = [p for p in group if p.size < small_bytes]
+            if len(small) >= 2:
+                groups.append(small)
+        elif group:
+            groups.append(group)
+    return groups
+
+
+def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
+            csns: Mapping[str, int] | None = None, visible: list[PartMeta] | None = None) -> Rewrite:
+    """Merge parts per partition; rows are kept as they are (a layout change, no data change).
+
+    A keys table's parts are versions: they are folded (:func:`_compact_keys`), which needs
+    ``csns`` (part name -> creation CSN of each committed part; parts without one, a
+    transaction's own, are left alone) and ``visible``, every part visible beside ``parts`` in
+    their partitions (default: ``parts``), whose versions decide what may be folded together."""
+    from coordinator.core.conflicts import Policy
+    from coordinator.core.errors import InvalidInput
+
+    if kind not in ("minor", "major"):
+        raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {kind!r}")
+    if table.conflict_policy is Policy.KEYS:
+        if csns is None:
+            raise ValueError("compacting a keys table needs the creation CSNs of its parts")
+        committed = [p for p in parts if p.name in csns]
+        return _compact_keys(storage, table, choose_sources(committed, kind),
+                             parts if visible is None else visible, csns, tid)
+    out = Rewrite()
+    for group in choose_sources(parts, kind):
+        tables = read_parts(storage, group, table=table)
+        merged = pa.concat_tables(tables) if tables else pa.Table.from_pylist([], schema=table.schema)
+        out.removed.extend(m.name for m in group)
+        out.affected_rows += merged.num_rows
+        if merged.num_rows:
+            out.added.append(write_part(storage, table.name, list(table.partition_by),
+                                        tuple(group[0].partition), merged, tid, table.ddl_version))
+    return out
+
+
+def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
+    """The least and greatest version a keys-table part holds, from its metadata."""
+    if keys.folded(meta):
+        lo, hi = meta.stats[keys.VER]
+        return int(lo), int(hi)
+    return csns[meta.name], csns[meta.name]
+
+
+def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[str, ...]) -> bool:
+    """False when a key column's min/max statistics show ``meta`` holds no key of ``group``."""
+    for col in primary_key:
+        ranges = [m.stats.get(col) for m in [meta, *group]]
+        if any(r is None or r[0] is None for r in ranges):
+            continue
+        try:
+            lo, hi = min(r[0] for r in ranges[1:]), max(r[1] for r in ranges[1:])
+            if ranges[0][1] < lo or ranges[0][0] > hi:
+                return False
+        except TypeError:
+            continue
+    return True
+
+
+def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta],
+                  csns: Mapping[str, int], tid: str) -> Rewrite:
+    """Fold each group's versions into one part (:func:`coordinator.core.keyfold.fold`). The versions of
+    the other visible parts of the partition that precede the group's last version (and may hold
+    its keys, by their statistics) are read, key columns only: they split the folding into runs
+    and keep DELETEs that still hide an older version."""
+    pk = tuple(table.primary_key)
+    out = Rewrite()
+    for group in groups:
+        names = {m.name for m in group}
+        hi = max(_versions_of(m, csns)[1] for m in group)
+        # Committed parts, and a transaction's own compaction output (its rows keep their versions).
+        others = [m for m in visible
+                  if m.name not in names and (m.name in csns or keys.folded(m))
+                  and tuple(m.partition) == tuple(group[0].partition)
+                  and _versions_of(m, csns)[0] <= hi and _may_share_keys(m, group, pk)]
+        columns = [*pk, keys.OP, keys.SEQ]
+        seen = [keyfold.version_rows(read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else [])),
+                                     csns.get(m.name, 0), pk) for m in others]
+        datas = read_parts(storage, group)
+        merged = keyfold.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)],
+                              pa.concat_tables(seen) if seen else None)
+        out.removed.extend(m.name for m in group)
+        out.affected_rows += merged.num_rows
+        if merged.num_rows:
+            out.added.append(write_part(storage, table.name, list(table.partition_by),
+                                        tuple(group[0].partition), merged, tid, table.ddl_version,
+                                        primary_key=pk))  # its key summary: point reads prune it
+    return out
+
+
+def redo(storage: Storage, table, op: Mutate | Compact, current: list[PartMeta], tid: str,
+         csns: Mapping[str, int] | None = None) -> Mutate | Compact:
+    """Run a staged DELETE, UPDATE or compaction again on ``current`` parts (``csns``: their
+    creation CSNs, which a keys table's compaction needs); returns the op with the new
+    added/removed parts (its earlier output is superseded)."""
+    from dataclasses import replace
+
+    if isinstance(op, Compact):
+        result = compact(storage, table, current, op.compact_kind, tid, csns)
+    else:
+        where = decode_expression(op.where, table.schema)
+        if op.kind == "delete":
+            result = delete(storage, table, current, where, tid)
+        else:
+            result = update(storage, table, current, where, decode_assignments(op.assignments, table.schema), tid)
+    return replace(op, added=tuple(result.added), removed=tuple(result.removed))

@@ -1,0 +1,1 @@
+"""A part's metadata record (``PartMeta``), pure."""
