@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""What ``durability="async"`` buys (seed 003: "units of milliseconds at the cost of
-preservation"): one client writing one key per transaction into a keys table with
-``atomicity="none"``, begin + insert + commit in a loop, ``durability="sync"`` against
+"""What ``durability="async"`` buys (YTsaurus: "units of milliseconds at the cost of
+preservation"; docs/rules.md#atomicity-and-durability): one client writing one key per
+transaction into a keys table with ``atomicity="none"``, begin + insert + commit in a loop, ``durability="sync"`` against
 ``"async"`` (then one ``flush()``), alternating round by round on one 1-replica LocalCluster.
 
 Reported per side: the median and 90th percentile of ``tx.commit()`` alone, and the whole loop

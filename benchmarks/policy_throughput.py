@@ -4,8 +4,8 @@ committer batches commits that check a target shows.
 
     .venv/bin/python benchmarks/policy_throughput.py [--seconds 5] [--out benchmarks/results/policy_throughput.json]
 
-Under ``maxcompute`` concurrent INSERTs into one target conflict by the rules (seed 001: the
-later fails), so its writers mostly retry: its rate is that of the rules, not of the committer.
+Under ``maxcompute`` concurrent INSERTs into one target conflict by the rules (docs/rules.md#policy-maxcompute:
+the later fails), so its writers mostly retry: its rate is that of the rules, not of the committer.
 """
 
 from __future__ import annotations

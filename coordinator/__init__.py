@@ -1,7 +1,7 @@
 """mergetxn: transactions for replicated MergeTree-style tables.
 
 ``import coordinator`` gives the public Python surface: :class:`LocalCluster` (the embedded
-default), :func:`connect`, the :class:`Tid` type, and the errors under ``coordinator.errors``.
+default), :func:`connect`, the :class:`Tid` type, and the errors under ``coordinator.core.errors``.
 The heavier names load on first use, so that the layers below (which need only ``coordinator.core``)
 can be imported without pulling in the client.
 """

@@ -1,8 +1,8 @@
 """mergetxn: transactions for replicated MergeTree-style tables.
 
-``import mergetxn`` gives the public API (SPEC.md "One public import"): :func:`connect`,
+``import mergetxn`` gives the public API (docs/surface.md#one-public-import): :func:`connect`,
 :class:`LocalCluster` (the embedded default), :mod:`mergetxn.errors` (the classes of
-``coordinator.errors``, the same objects), :mod:`mergetxn.spark` (``register``, ``read_table``,
+``coordinator.core.errors``, the same objects), :mod:`mergetxn.spark` (``register``, ``read_table``,
 ``write_table``, ``write_stream``), and the :class:`Client`, :class:`Transaction`,
 :class:`CommitStatus` and :class:`Tid` types. Every name keeps working where it was
 (``coordinator.connect``, ``spark.read_table``, ...). The names load on first use, so that

@@ -1,5 +1,5 @@
-"""Async durability (SPEC.md "Keys tables", seed 003's ``durability="async"``): commits answered
-before ZooKeeper holds them, and ``client.flush()``, which waits until they are durable.
+"""Async durability (``durability="async"``, docs/rules.md#atomicity-and-durability): commits
+answered before ZooKeeper holds them, and ``client.flush()``, which waits until they are durable.
 
 A transaction begun with ``durability="async"`` (only ``atomicity="none"``) commits as any other:
 its part files are already in storage (written by the client, named in the WAL's ``staged``

@@ -3,7 +3,7 @@
 **Cleanup** (:meth:`Cleanup.gc`, one pass, under the lock ``gc/lock``): the smallest published
 value over the alive replicas (this replica's computed fresh) is ``min_snapshot``. A part removed by
 a commit at ``removal_csn <= min_snapshot`` is invisible to every snapshot in use and to every later
-one; it is kept still for its table's retention window (SPEC.md "History retention"): until
+one; it is kept still for its table's retention window (docs/rules.md#history-retention): until
 ``removal_time + retention_seconds``, the table's as defined at ``min_snapshot`` (the replica-wide
 default when it sets none), so that every snapshot and ``changes`` range in the window stays
 readable. Before deleting anything the pass raises the ZooKeeper node ``gc``

@@ -1,4 +1,4 @@
-"""Key-level conflicts of keys tables at commit (SPEC.md "Keys tables"; the rules are pure, in
+"""Key-level conflicts of keys tables at commit (docs/rules.md#locks; the rules are pure, in
 coordinator/core/keys.py).
 
 A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind

@@ -1,4 +1,4 @@
-"""Outcomes decidable from any replica (SPEC.md, "Outcomes").
+"""Outcomes decidable from any replica (docs/rules.md#outcomes).
 
 A transaction commits only through the commit multi of the replica that began it (its owner),
 and that multi checks the owner node ``replicas/<host>`` at the version the owner registered

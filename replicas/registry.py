@@ -229,7 +229,7 @@ class Transactions:
             if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
                 txn.max_rows = (table.txn_max_rows, table.name)
             max_rows, rows_from = self.row_limit(txn)
-            # A compaction rewrites rows it does not change: seed 003's limit is on what a
+            # A compaction rewrites rows it does not change: a keys table's limit is on what a
             # transaction writes (a keys table's 100,000 would otherwise refuse its compaction).
             if not isinstance(op, Compact) and txn.rows + op.rows > max_rows:
                 if rows_from is None:
@@ -307,7 +307,7 @@ class Transactions:
 
     def set_app_version(self, txn_id: str, app_id: object, version: object) -> None:
         """Record in the transaction that application ``app_id`` reached ``version``
-        (idempotent commits, SPEC.md): its commit loses with DuplicateCommit if that application
+        (docs/rules.md#idempotent-commits): its commit loses with DuplicateCommit if that application
         has a version at or above it committed by then. Set again for the same application in
         one transaction, the last version set counts."""
         app_id, version = check_app_version(app_id, version)
@@ -340,8 +340,8 @@ class Transactions:
 
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
         """Parts visible to a transaction: at its snapshot, with its own writes. One begun with
-        atomicity "none" reads the latest applied state instead (seed 003: non-atomic
-        transactions read the most recently written data); its snapshot, older, keeps cleanup
+        atomicity "none" reads the latest applied state instead (non-atomic
+        transactions read the most recently written data: docs/rules.md#atomicity-and-durability); its snapshot, older, keeps cleanup
         away from every part visible at any later CSN while it runs."""
         txn = self.running(txn_id)
         snapshot = self.state.applied if txn.latest_reads else txn.snapshot
@@ -464,8 +464,8 @@ class Transactions:
 
     def _start_commit(self, txn_id: str) -> RunningTxn:
         txn = self.running(txn_id)
-        # The modes of the transaction and of the tables it writes must agree (seed 003: checked
-        # at commit); a mismatch ends it, rolled back, before anything is queued.
+        # The modes of the transaction and of the tables it writes must agree (checked at commit,
+        # docs/rules.md#atomicity-and-durability); a mismatch ends it, rolled back, before anything is queued.
         wrong = self.mismatch(txn)
         if wrong is not None:
             self.abort(txn, wrong.message, "invalid")

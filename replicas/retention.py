@@ -1,6 +1,6 @@
 """What a replica still serves: one check on every read outside a transaction.
 
-History retention (SPEC.md "History retention"): a part removed by a commit at time ``t`` stays in
+History retention (docs/rules.md#history-retention): a part removed by a commit at time ``t`` stays in
 storage until ``t + retention_seconds`` of its table (the replica-wide default when the table sets
 none), and beyond that while a snapshot in use sees it. Cleanup (replicas/cleanup.py) decides
 that, and writes what it may have deleted into the ``gc`` node before deleting

@@ -1,5 +1,5 @@
-"""Client sessions: a transaction belongs to the client that began it (SPEC.md, "Operating,
-third stage"), as ClickHouse ends a transaction with its session.
+"""Client sessions: a transaction belongs to the client that began it (docs/rules.md#client-sessions),
+as ClickHouse ends a transaction with its session.
 
 A :class:`coordinator.api.client.Client` names itself with a random session id, sends it with each
 ``begin`` and, while it holds transactions, a ``heartbeat`` every third of the replica's

@@ -393,7 +393,7 @@ class ReplicaState:
         own_removed: frozenset[str] | set[str] = frozenset(),
         pkeys: Iterable[str] | None = None,
     ) -> list[PartMeta]:
-        """Parts of ``table`` visible at ``snapshot`` to ``reader_tid`` (seed 004's rule)."""
+        """Parts of ``table`` visible at ``snapshot`` to ``reader_tid`` (docs/rules.md#visibility)."""
         wanted = None if pkeys is None else set(pkeys)
         with self.lock:
             if snapshot >= self.applied and wanted is None:
@@ -411,7 +411,7 @@ class ReplicaState:
                 out = sorted((self.parts[n].meta for n in names), key=_name)
             else:
                 # An older snapshot: every record of the table, in name order (all_sorted), with
-                # the cheap tests first; seed 004's rule (is_visible) decides the rest.
+                # the cheap tests first; the visibility rule (is_visible) decides the rest.
                 out = []
                 pkey_of: dict[tuple, str] = {}
                 index = self.all_sorted.get(table)

@@ -105,7 +105,8 @@ class RunningTxn:
     @property
     def latest_reads(self) -> bool:
         """Whether its reads see the latest applied state instead of its snapshot (atomicity
-        "none": seed 003's non-atomic transactions read the most recently written data)."""
+        "none": non-atomic transactions read the most recently written data,
+        docs/rules.md#atomicity-and-durability)."""
         return self.atomicity == "none"
 
     @property

@@ -17,7 +17,7 @@ from mergetxn.local.zkserver import ZooKeeperServer
 # =============================================================================================
 # History retention
 #
-# The replica-wide default is an hour (SPEC.md "History retention"). The suites written before
+# The replica-wide default is an hour (docs/rules.md#history-retention). The suites written before
 # retention windows existed assert that cleanup deletes a removed part once no snapshot in use
 # sees it: that is `retention_seconds=0`, which every replica this session starts takes as its
 # default (tunables read MERGETXN_<NAME>). The retention tests (tests/test_retention.py) set the

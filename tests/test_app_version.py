@@ -1,4 +1,4 @@
-"""Idempotent commits (SPEC.md, "Idempotent commits"): ``tx.set_app_version(app_id, version)``
+"""Idempotent commits (docs/rules.md#idempotent-commits): ``tx.set_app_version(app_id, version)``
 and ``client.app_version(app_id)``, against a real ZooKeeper and real replicas.
 
 A commit carrying an application's version at or below the committed one makes nothing visible

@@ -247,8 +247,9 @@ def serializable(o: Op) -> Op:
 
 
 def write_skew(iso: str) -> History:
-    """Seed 003's invariant x + y >= 1 (both 1): two ops each read both keys at snapshot 0 and
-    set the other one to 0; both commit, which snapshot isolation allows."""
+    """Write skew on the invariant x + y >= 1 (both 1; docs/rules.md#serializable-transactions): two
+    ops each read both keys at snapshot 0 and set the other one to 0; both commit, which snapshot
+    isolation allows."""
     ops = [op(r("g", "x", None), r("g", "y", None), s("g", k, 0), snap=0, csn=c) for k, c in (("x", 1), ("y", 2))]
     for o in ops:
         o.isolation = iso

@@ -1,12 +1,12 @@
 """Conflict rules end to end: two replicas, a real ZooKeeper, real parts in local storage.
 
-Each scenario runs two transactions that begin at the same snapshot, stage their work, then
-commit in a fixed order (earlier, later): the explicit order replaces any timing. The outcome of
-the later commit is checked against the tables of SPEC.md (transcribed independently in
-tests/test_rules.py and here), and the final rows against a plain-Python model of the jobs:
-"the final contents are exactly as if the later job had run after the earlier one committed",
-or the earlier job's result alone when the later one fails. A losing transaction must leave
-nothing: no part of it recorded or visible, no file of it in storage, no removal by it.
+Each scenario runs two transactions that begin at the same snapshot, stage their work, then commit
+in a fixed order (earlier, later): the explicit order replaces any timing. The outcome of the later
+commit is checked against the tables of docs/rules.md#conflict-rules (transcribed independently in
+tests/test_rules.py and here), and the final rows against a plain-Python model of the jobs: "the
+final contents are exactly as if the later job had run after the earlier one committed", or the
+earlier job's result alone when the later one fails. A losing transaction must leave nothing: no
+part of it recorded or visible, no file of it in storage, no removal by it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ PSCHEMA = pa.schema([("p", pa.int64()), ("k", pa.int64()), ("v", pa.int64())])
 
 KINDS = ["OVERWRITE", "INSERT", "MUTATE", "MINOR_COMPACT", "MAJOR_COMPACT"]
 
-# SPEC.md, `maxcompute`, verbatim: does the later job succeed? rows: earlier, columns: later.
+# docs/rules.md#policy-maxcompute, verbatim: does the later job succeed?
+# rows: earlier, columns: later.
 MAXCOMPUTE_TEXT = """
 | earlier \\ later | OVERWRITE | INSERT | MUTATE | MINOR_COMPACT | MAJOR_COMPACT |
 | OVERWRITE | succeeds, overwrites | fails | fails | fails | fails |
@@ -63,8 +64,8 @@ assert sum(v for row in MAXCOMPUTE_LATER_SUCCEEDS.values() for v in row.values()
 
 
 def append_later_succeeds(earlier: str, later: str) -> bool:
-    """SPEC.md `append`: INSERT never fails, OVERWRITE succeeds; MUTATE and compactions fail
-    once anything committed to their target since their snapshot (every earlier kind does)."""
+    """docs/rules.md#policy-append: INSERT never fails, OVERWRITE succeeds; MUTATE and compactions
+    fail once anything committed to their target since their snapshot (every earlier kind does)."""
     return later in ("INSERT", "OVERWRITE")
 
 
@@ -426,7 +427,7 @@ def test_different_partitions_never_conflict(
 
 
 # =============================================================================================
-# parts (seed 004)
+# parts (docs/rules.md#policy-parts)
 # =============================================================================================
 
 

@@ -1,6 +1,7 @@
-"""Every engine reads it (SPEC.md third stage, issue 25): ``client.dataset`` and ``tx.dataset``
-as ``pyarrow.dataset.Dataset``s, read by pyarrow, DuckDB and Polars, against real ZooKeeper and
-two real replica processes; the README's engine snippets run as written.
+"""Every engine reads it (docs/surface.md#reads-history-and-operations, issue 25):
+``client.dataset`` and ``tx.dataset`` as ``pyarrow.dataset.Dataset``s, read by pyarrow, DuckDB and
+Polars, against real ZooKeeper and two real replica processes; the README's engine snippets run as
+written.
 
 ``cluster``: nothing in the background (merges and cleanup only when asked), read leases lapsing
 after 1 s (so a dataset block that outlives that is kept only by the renewal).

@@ -1,4 +1,4 @@
-"""A replica survives its clients (SPEC.md, "A replica survives its clients"; issue 20, items 1
+"""A replica survives its clients (docs/surface.md#a-replica-survives-its-clients; issue 20, items 1
 and 7): whatever bytes a peer sends, before or after authentication, cost that peer its own
 connection at most, and the replica keeps serving everyone else's commits and reads.
 

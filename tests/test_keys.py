@@ -1,4 +1,4 @@
-"""Keys tables (SPEC.md "Keys tables", seed 003 YTsaurus dynamic tables), against a real
+"""Keys tables (docs/rules.md#keys-tables, after YTsaurus dynamic tables), against a real
 ZooKeeper and real replicas where a commit is involved; the rules themselves are pure
 (coordinator/core/keys.py) and tested without a cluster.
 """

@@ -1,6 +1,7 @@
-"""Keys tables with ``atomicity="none"`` and ``durability="async"`` (SPEC.md "Keys tables", seed
-003's "Weakening guarantees"), against a real ZooKeeper and real replicas; the mode rules are
-pure (coordinator/model/atomicity.py) and tested without a cluster.
+"""Keys tables with ``atomicity="none"`` and ``durability="async"``
+(docs/rules.md#atomicity-and-durability, after YTsaurus' "Weakening guarantees"), against a real
+ZooKeeper and real replicas; the mode rules are pure (coordinator/model/atomicity.py) and tested without a
+cluster.
 
 * Modes: ``client.begin(atomicity=..., durability=...)`` checks its values; a transaction whose
   atomicity differs from a table it writes fails at commit with InvalidInput naming both modes
@@ -217,10 +218,10 @@ def test_context_manager_takes_the_modes(clients) -> None:
 
 
 def test_non_atomic_writers_of_one_key_both_commit_and_the_later_csn_wins(cluster) -> None:
-    """Seed 003: non-atomic transactions take no locks, the last committed write wins. Two
-    writers of the same key begin together, write, and commit at once (a barrier), 6 rounds, on
-    two replicas and on one: both commit, and the key holds the row of the larger CSN. The same
-    race on an atomicity-full table fails one of them (the control)."""
+    """Non-atomic transactions take no locks (docs/rules.md#atomicity-and-durability), the last
+    committed write wins. Two writers of the same key begin together, write, and commit at once (a
+    barrier), 6 rounds, on two replicas and on one: both commit, and the key holds the row of the
+    larger CSN. The same race on an atomicity-full table fails one of them (the control)."""
     conns = [cluster.client(i) for i in (0, 1, 0)]
     try:
         name, full = new_table(conns[0]), new_table(conns[0], "full")

@@ -1,5 +1,6 @@
-"""Compaction of keys tables (SPEC.md "Keys tables": "Compaction folds versions and deletes away;
-it never changes what a read at any retained snapshot returns"; coordinator/core/keys.py "Compaction").
+"""Compaction of keys tables (docs/rules.md#reads-and-the-fold: compaction folds versions and
+deletes away, and never changes what a read at any retained snapshot returns; coordinator/core/keys.py
+"Compaction").
 
 Three layers: the pure fold against the pure read (random histories, every subset of parts);
 an in-process replica whose background merge is driven part by part (random subsets that

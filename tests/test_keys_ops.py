@@ -1,6 +1,6 @@
-"""Keys tables through every statement and read path besides insert/upsert/delete (SPEC.md
-"Keys tables": reads, ``changes`` and Spark see one row per key): ``changes``, ``scan`` (the
-command line's read), overwrite, truncate, update, and parts written elsewhere
+"""Keys tables through every statement and read path besides insert/upsert/delete
+(docs/rules.md#reads-and-the-fold: reads, ``changes`` and Spark see one row per key): ``changes``,
+``scan`` (the command line's read), overwrite, truncate, update, and parts written elsewhere
 (``add_parts``/``commit_parts``), against a real ZooKeeper and replicas.
 """
 

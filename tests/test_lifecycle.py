@@ -90,7 +90,7 @@ def commit_one(client: Client, n: int) -> int:
 
 
 def test_a_host_id_held_by_a_live_replica_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:
-    """SPEC "Operating, third stage": a second `replica start --host-id r0` exits non-zero naming
+    """docs/surface.md#command-line: a second `replica start --host-id r0` exits non-zero naming
     the host id and the live replica's address, and r0 is untouched (same incarnation, commits)."""
     before = cluster.client(0).call("info")["incarnation"]
     p = cli_run(*start_args(cluster, "r0", tmp_path / "dup"))

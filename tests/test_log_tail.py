@@ -391,7 +391,7 @@ def replaced_then_trimmed(r0: Node, replace: Callable) -> tuple:
 
 
 def test_trimmed_log_keeps_snapshots_in_the_retention_window(cluster) -> None:
-    """Trimming the log does not cut time travel (SPEC.md "History retention"): snapshots are
+    """Trimming the log does not cut time travel (docs/rules.md#history-retention): snapshots are
     served from the state, which keeps every record in the window; a read at a snapshot whose
     entry is no longer in ZooKeeper, and time travel to before it, return what they returned."""
     (r0,) = cluster(1, **{**SMALL, "retention_seconds": 3600.0})

@@ -377,10 +377,11 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
 
 def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
-    """SPEC "Cleanup protects snapshots in use, not a time window": after plain reads of an old
-    snapshot (by snapshot, as_of, changes; on both replicas) have returned, a pass deletes the parts
-    removed after it at once, although read_lease_seconds (for Spark jobs) is the default 300 s;
-    while a read is in progress (its lease taken, not released) the pass keeps them."""
+    """Beyond the retention window only snapshots in use are protected
+    (docs/rules.md#history-retention): after plain reads of an old snapshot (by snapshot, as_of,
+    changes; on both replicas) have returned, a pass deletes the parts removed after it at once,
+    although read_lease_seconds (for Spark jobs) is the default 300 s; while a read is in progress
+    (its lease taken, not released) the pass keeps them."""
     t = "lease_read"
     with make_cluster(tmp_path_factory, zk_server, "lease_read", replicas=2,
                       settings={"merge_interval": 0, "gc_interval": 0}) as c:

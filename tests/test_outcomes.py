@@ -1,4 +1,4 @@
-"""Outcomes decidable from any replica (SPEC.md, "Outcomes"; replicas/outcomes.py).
+"""Outcomes decidable from any replica (docs/rules.md#outcomes; replicas/outcomes.py).
 
 ``commit_status(tid)`` must answer on every replica, and once the transaction's own replica is
 gone (its ZooKeeper session expired, or it restarted) every replica answers ``committed`` or

@@ -1,12 +1,12 @@
 """A replica that stood still (SIGSTOP: a long GC pause, a frozen VM) serves nothing stale.
 
-Found by `mergetxn chaos` (single form, seeds 7 and 11): while a replica was frozen past its
-session timeout, its alive node vanished and cleanup on another replica deleted parts that the
-frozen replica's running transaction and its latest snapshot still saw. When it ran again it
-answered at once, from memory: the running transaction's reads, a new transaction's reads and a
-plain read all failed with ``CorruptPart`` ("missing from storage") instead of the transaction
-being aborted (SPEC: an expired session aborts that replica's running transactions) and new
-reads seeing the current state. replicas/pauses.py closes a gate after such a gap until the
+Found by `mergetxn chaos` (single form, seeds 7 and 11): while a replica was frozen past its session
+timeout, its alive node vanished and cleanup on another replica deleted parts that the frozen
+replica's running transaction and its latest snapshot still saw. When it ran again it answered at
+once, from memory: the running transaction's reads, a new transaction's reads and a plain read all
+failed with ``CorruptPart`` ("missing from storage") instead of the transaction being aborted
+(docs/rules.md#client-sessions: an expired session aborts that replica's running transactions) and
+new reads seeing the current state. replicas/pauses.py closes a gate after such a gap until the
 session is made sure of and the log caught up.
 """
 

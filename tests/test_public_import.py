@@ -1,6 +1,6 @@
-"""One public import (SPEC.md "One public import"): ``import mergetxn`` gives the API, each name
-the very object it is where it was, and the import itself stays light (the replica processes and
-the CLI import the package too)."""
+"""One public import (docs/surface.md#one-public-import): ``import mergetxn`` gives the API, each
+name the very object it is where it was, and the import itself stays light (the replica processes
+and the CLI import the package too)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""History retention (SPEC.md "History retention") and parts no refused or repeated commit can
+"""History retention (docs/rules.md#history-retention) and parts no refused or repeated commit can
 touch (issue 19), against real ZooKeeper and three real replica processes.
 
 ``win``: three replicas with the default window set explicitly (3600 s; the test session's

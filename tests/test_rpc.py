@@ -190,7 +190,7 @@ def test_a_call_timeout_applies_to_that_call_only(served) -> None:
     rpc.close()
 
 
-# -- a server survives its clients (SPEC.md, "A replica survives its clients") ---------------------
+# -- a server survives its clients (docs/surface.md#a-replica-survives-its-clients) -------
 
 
 def test_a_connection_is_not_read_while_its_request_is_answered(served) -> None:

@@ -1,9 +1,10 @@
 """Pure checks of the conflict rules, the visibility rule and the version arithmetic.
 
-Every expected value here is written out independently from SPEC.md and the seeds (the tables
-are transcribed as text and parsed), never derived from the module under test, so a wrong cell
-in ``coordinator.core.conflicts.MAXCOMPUTE`` or a slip in ``is_visible`` makes a test fail.
-No I/O: this whole module runs in well under a second.
+Every expected value here is written out independently from the rules as
+docs/rules.md#conflict-rules and docs/rules.md#visibility state them (the tables are transcribed as
+text and parsed), never derived from the module under test, so a wrong cell in
+``coordinator.core.conflicts.MAXCOMPUTE`` or a slip in ``is_visible`` makes a test fail. No I/O: this
+whole module runs in well under a second.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ from parts.model.meta import PartMeta
 from replicas.state import ReplicaState
 
 # =============================================================================================
-# The tables, transcribed from SPEC.md ("Conflict rules")
+# The tables, transcribed from docs/rules.md#conflict-rules
 # =============================================================================================
 
-# SPEC.md, `maxcompute`: "the earlier-committed job always succeeds; the later one:"
+# docs/rules.md#policy-maxcompute: the earlier-committed job always stands; does the later one
+# succeed?
 MAXCOMPUTE_TEXT = """
 | earlier \\ later | OVERWRITE | INSERT | MUTATE | MINOR_COMPACT | MAJOR_COMPACT |
 |---|---|---|---|---|---|
@@ -83,13 +85,14 @@ CELLS = list(itertools.product(KIND_NAMES, KIND_NAMES))
 
 
 def expected_append(earlier: str, later: str) -> bool:
-    """SPEC.md `append`: INSERT never fails; a later OVERWRITE succeeds; a later MUTATE or
+    """docs/rules.md#policy-append: INSERT never fails; a later OVERWRITE succeeds; a later MUTATE or
     compaction fails if any other transaction committed to its target since its snapshot."""
     return later in ("INSERT", "OVERWRITE")
 
 
 def test_transcription_is_complete() -> None:
-    """The parsed table has all 25 cells and exactly the 12 successes SPEC.md lists."""
+    """The parsed table has all 25 cells and exactly the 12 successes
+    docs/rules.md#policy-maxcompute lists."""
     assert set(EXPECTED_MAXCOMPUTE) == set(CELLS)
     assert sum(EXPECTED_MAXCOMPUTE.values()) == 12
     assert {k.value for k in Kind} == set(KIND_NAMES)
@@ -105,7 +108,7 @@ def test_transcription_is_complete() -> None:
 
 @pytest.mark.parametrize(("earlier", "later"), CELLS)
 def test_maxcompute_cell(earlier: str, later: str) -> None:
-    """One committed earlier job, one later job: the verdict is the SPEC cell; a loss names the
+    """One committed earlier job, one later job: the verdict is the table's cell; a loss names the
     earlier tid; a success after a commit asks for a rebase."""
     want = EXPECTED_MAXCOMPUTE[(earlier, later)]
     assert MAXCOMPUTE[Kind(earlier)][Kind(later)] is want
@@ -322,7 +325,7 @@ def test_bad_policy_and_kind_are_rejected() -> None:
 
 
 # =============================================================================================
-# Visibility (seed 004, "Snapshots and data parts visibility")
+# Visibility (docs/rules.md#visibility: the ClickHouse RFC's "Snapshots and data parts visibility")
 # =============================================================================================
 
 
@@ -334,7 +337,7 @@ def seed_004_visible(
     maxtid: str | None,
     maxcsn: int | None,
 ) -> bool:
-    """Seed 004's bullets, restated. A part is visible when
+    """The ClickHouse RFC's bullets (docs/rules.md#visibility), restated. A part is visible when
 
     * it was created by the current transaction (``mintid == current_tid``), or
     * ``CSN(mintid) && CSN(mintid) <= snapshotVersion && (!CSN(maxtid) ||
@@ -567,7 +570,7 @@ T_A, T_B, T_C, T_R = (str(Tid(1, n, "r0")) for n in range(4))
 def test_replica_state_visibility_matches_seed_rule() -> None:
     """Log: CSN 1 creates table t; 2: A adds p1, p2; 3: B removes p1, adds p3; 4: C removes p2
     and p3, adds p4. At every snapshot, for a plain read and for a running reader R with its own
-    staged part and removal, the state's visible set is what seed 004's rule gives part by part.
+    staged part and removal, the state's visible set is what the visibility rule gives part by part.
     """
     tdef = TableDef.new("t", pa.schema([("k", pa.int64())]))
     st = ReplicaState()

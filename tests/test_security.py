@@ -1,4 +1,4 @@
-"""Security (SPEC.md, "Security"): a secured cluster's replicas serve only TLS clients that
+"""Security (docs/surface.md#security): a secured cluster's replicas serve only TLS clients that
 authenticate with the cluster's credentials, its ZooKeeper nodes are readable and writable by
 that identity only, and its secret appears in no log, error, ``info`` or command line.
 
@@ -54,7 +54,7 @@ def test_credentials_files_are_private_and_never_show_the_secret(made: Credentia
     d = made.ca_file.parent
     for name in (REPLICA_FILE, CLIENT_FILE, "replica.key"):
         assert (d / name).stat().st_mode & 0o777 == 0o600, name
-    # Two identities (SPEC.md "Users, roles and grants"): the clients' file is the first admin
+    # Two identities (docs/surface.md#users-roles-and-grants): the clients' file is the first admin
     # user's, with a secret of its own; the replicas' file holds only the admin's salted hash.
     client = Credentials.from_file(d / CLIENT_FILE)
     assert (client.user, client.ca_file) == ("admin", made.ca_file)

@@ -1,4 +1,4 @@
-"""Serializable transactions (SPEC.md, "Serializable transactions"): ``client.begin(isolation=
+"""Serializable transactions (docs/rules.md#serializable-transactions): ``client.begin(isolation=
 "serializable")``, against a real ZooKeeper and real replicas, and the pure rule
 (coordinator/core/readsets.py).
 

@@ -210,7 +210,8 @@ def test_unknown_table_schema_mismatch_unreachable_replica(spark, c0: Client, r0
     narrow = frame(spark, [(1, 2)], ddl="id bigint, v bigint")
     with pytest.raises(Exception) as ei:
         writer(narrow, r0).save("sp_strict")
-    # 'k' is nullable: a DataFrame lacking it writes null there (SPEC, third stage); 'v' cannot narrow
+    # 'k' is nullable: a DataFrame lacking it writes null there (docs/surface.md#tables);
+    # 'v' cannot narrow
     assert "missing column" not in str(ei.value) and "column 'v' is int64, table has double" in str(ei.value)
     # Nulls in a NOT NULL column: the tasks fail, the job aborts, nothing is visible.
     running = {t["id"] for t in c0.transactions()}

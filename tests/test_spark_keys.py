@@ -1,6 +1,6 @@
-"""Keys tables through the Spark data source (SPEC.md "Keys tables": Spark sees one row per
-key): a write is rows by key in overwrite mode, a read folds versions per partition, the
-seed 003 key conflicts and serializable write skew hold for writes that join a transaction
+"""Keys tables through the Spark data source (docs/rules.md#reads-and-the-fold: Spark sees one row
+per key): a write is rows by key in overwrite mode, a read folds versions per partition, the key
+conflicts (docs/rules.md#locks) and serializable write skew hold for writes that join a transaction
 (option ``txn``), and ``changes`` reads row changes. Real Spark, ZooKeeper and replicas.
 """
 

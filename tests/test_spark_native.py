@@ -154,9 +154,9 @@ def test_not_null_bad_input_and_keys_tables(spark, c0: Client) -> None:
 
 
 def test_writes_lacking_an_added_nullable_column_fill_null(spark, c0: Client, r0: str) -> None:
-    """SPEC, third stage: after alter_table adds a nullable column, a DataFrame without it writes
-    null there, through write_table (Spark's Parquet writer) and the data source alike; a missing
-    non-nullable column is still refused by name, before any task runs."""
+    """docs/surface.md#tables: after alter_table adds a nullable column, a DataFrame without it
+    writes null there, through write_table (Spark's Parquet writer) and the data source alike; a
+    missing non-nullable column is still refused by name, before any task runs."""
     c0.create_table("nt_added", SCHEMA, auto_merge=False)
     c0.alter_table("nt_added", add_columns=[pa.field("note", pa.string())])
     mspark.write_table(frame(spark, 0, 3), "nt_added")

@@ -1,4 +1,4 @@
-"""Spark SQL on the data source (SPEC.md "Every engine reads it"): tables in the session catalog
+"""Spark SQL on the data source (docs/surface.md#spark): tables in the session catalog
 (``CREATE TABLE t USING mergetxn OPTIONS (path ..., replica ...)``), temporary views, SELECT,
 INSERT INTO and INSERT OVERWRITE (the partitions present in the data), a table pinned at a
 snapshot; and ``register`` refusing a session whose workers cannot import mergetxn.

@@ -185,7 +185,8 @@ def test_add_column(c0: Client, c1: Client) -> None:
     for c in (c0, c1):
         assert c.read("grow").to_pylist() == [{"id": 0, "v": "v0", "n": None}, {"id": 1, "v": "v1", "n": None}]
     assert c0.read("grow", snapshot=old).schema == ID_V  # the schema at that snapshot
-    # writers that predate the column go on: it is nullable, so they write null (SPEC, third stage)
+    # writers that predate the column go on: it is nullable, so they write null
+    # (docs/surface.md#tables)
     tx = c1.begin()
     tx.insert("grow", id_rows(1, start=4))
     tx.insert("grow", pa.table({"id": [5], "v": ["x"], "n": [7]}, schema=new_schema))

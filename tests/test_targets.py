@@ -335,9 +335,9 @@ def test_any_target_in_common_can_hold_it_back() -> None:
 
 
 # One member already in the batch on the target, the later one beside it (no shared removal):
-# written out per policy from SPEC.md. A later INSERT fits when the rules let it succeed (its
-# rebase changes nothing); anything else fits only when nothing would be replayed, i.e. only
-# under ``parts``.
+# written out per policy from docs/rules.md#conflict-rules. A later INSERT fits when the rules let
+# it succeed (its rebase changes nothing); anything else fits only when nothing would be replayed,
+# i.e. only under ``parts``.
 MAXCOMPUTE_INSERT_SUCCEEDS_AFTER = {"MINOR_COMPACT", "MAJOR_COMPACT"}
 
 

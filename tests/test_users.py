@@ -1,10 +1,11 @@
-"""Users, roles and grants (SPEC.md "Users, roles and grants" and "Security"): a secured
-cluster has users with roles and table grants, checked on the replica for every action; the
+"""Users, roles and grants (docs/surface.md#users-roles-and-grants and docs/surface.md#security): a
+secured cluster has users with roles and table grants, checked on the replica for every action; the
 replicas' own identity (ZooKeeper, replica to replica) is no user's.
 
-The first part checks the pure matrix (coordinator/core/grants.py) against a table written out here
-from SPEC.md, never derived from the module. The rest drives a LocalCluster(secure=True): its own
-ZooKeeper and two replica processes, every call over TLS as one of the users made here.
+The first part checks the pure matrix (coordinator/core/grants.py) against a table written out here from
+docs/surface.md#users-roles-and-grants, never derived from the module. The rest drives a
+LocalCluster(secure=True): its own ZooKeeper and two replica processes, every call over TLS as one
+of the users made here.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
 ROWS = pa.table({"id": [1, 2], "k": ["a", "b"]})
 
 # =============================================================================================
-# The matrix, transcribed from SPEC.md: which roles may make each replica action
+# The matrix, transcribed from docs/surface.md#users-roles-and-grants: which roles may make each
+# replica action
 # =============================================================================================
 
 R, W, A = "reader", "writer", "admin"

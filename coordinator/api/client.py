@@ -166,12 +166,12 @@ class Client:
         the answer, the replica is asked whether the table exists as asked (and the creation
         sent again if it does not), so the caller is never left not knowing.
         ``conflict_policy="keys"`` (with ``primary_key``, ``lock_groups``, ``atomicity``): a
-        keys table (SPEC.md "Keys tables", coordinator/core/keys.py). ``txn_max_seconds`` and
+        keys table (docs/rules.md#keys-tables, coordinator/core/keys.py). ``txn_max_seconds`` and
         ``txn_max_rows``: limits for the transactions writing this table (the smallest among the
         tables a transaction wrote and the replica's binds it); a keys table defaults to 60 s and
         100,000 rows, others to none (only the replica-wide limits). ``retention_seconds``: how
         long snapshots and ``changes`` of this table stay readable after a commit replaced what
-        they saw (SPEC.md "History retention"; None: the replica-wide default, 3600 s)."""
+        they saw (docs/rules.md#history-retention; None: the replica-wide default, 3600 s)."""
         tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
                             atomicity, txn_max_seconds, txn_max_rows, retention_seconds)
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
@@ -291,7 +291,7 @@ class Client:
         changed what its reads returned or could have returned fails it; see
         coordinator/core/readsets.py).
 
-        ``atomicity`` (SPEC.md "Keys tables", seed 003): ``"full"``, or ``"none"`` to write keys
+        ``atomicity`` (docs/rules.md#atomicity-and-durability): ``"full"``, or ``"none"`` to write keys
         tables created with ``atomicity="none"`` (and only those; a mismatch either way fails the
         commit with InvalidInput naming both modes, checked at commit). Such a transaction takes
         no locks and never conflicts (the later commit wins per key), and its reads see the latest
@@ -1229,7 +1229,8 @@ class Transaction:
     def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
         """Rows at this transaction's snapshot, with its own writes; begun with
         ``atomicity="none"``: the latest state its replica applied at the time of the read,
-        with its own writes (seed 003: non-atomic transactions read the latest data)."""
+        with its own writes (non-atomic transactions read the latest data:
+        docs/rules.md#atomicity-and-durability)."""
         self._check_open()
         tdef = self.table(table)
         metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))

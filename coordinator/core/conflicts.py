@@ -7,12 +7,12 @@ committed to the target after the later one's snapshot ("earlier", in commit ord
 the same way. :func:`check` is one function over those summaries, in the manner of delta-rs's
 conflict checker, so every pair of kinds is testable without ZooKeeper.
 
-Policies (SPEC.md):
+Policies (docs/rules.md#conflict-rules):
 
-* ``maxcompute`` (seeds 000/001): the table below, verbatim.
-* ``append`` (seed 002): INSERT never fails; OVERWRITE succeeds and overwrites; MUTATE and
+* ``maxcompute`` (docs/rules.md#policy-maxcompute): the table below, verbatim.
+* ``append`` (docs/rules.md#policy-append): INSERT never fails; OVERWRITE succeeds and overwrites; MUTATE and
   compactions fail if anything else committed to the target since their snapshot.
-* ``parts`` (seed 004): only two removals of the same part conflict.
+* ``parts`` (docs/rules.md#policy-parts): only two removals of the same part conflict.
 
 When the later transaction may commit but something committed meanwhile, :class:`Verdict`
 says ``rebase``: its operations must be replayed on the current parts (metadata only where its
@@ -55,7 +55,7 @@ class Policy(StrEnum):
     PARTS = "parts"
     MAXCOMPUTE = "maxcompute"
     APPEND = "append"
-    KEYS = "keys"  # seed 003: rows by primary key (coordinator/core/keys.py)
+    KEYS = "keys"  # rows by primary key (docs/rules.md#keys-tables, coordinator/core/keys.py)
 
 
 COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})
@@ -64,7 +64,7 @@ _REMOVING_STATEMENTS = frozenset({Kind.OVERWRITE, Kind.MUTATE})  # besides compa
 
 _O, _I, _M, _MI, _MA = Kind.OVERWRITE, Kind.INSERT, Kind.MUTATE, Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT
 
-# MAXCOMPUTE[earlier][later]: True when the later job succeeds (SPEC.md, seed 001's 25 rows).
+# MAXCOMPUTE[earlier][later]: True when the later job succeeds (docs/rules.md#policy-maxcompute, its 25 cells).
 MAXCOMPUTE: dict[Kind, dict[Kind, bool]] = {
     _O: {_O: True, _I: False, _M: False, _MI: False, _MA: False},
     _I: {_O: True, _I: False, _M: False, _MI: True, _MA: False},
@@ -75,7 +75,7 @@ MAXCOMPUTE: dict[Kind, dict[Kind, bool]] = {
 
 
 def append_later_succeeds(earlier: Kind, later: Kind) -> bool:
-    """The ``append`` policy as a table over kinds (seed 002)."""
+    """The ``append`` policy as a table over kinds (docs/rules.md#policy-append)."""
     return later in (Kind.INSERT, Kind.OVERWRITE)
 
 

@@ -191,7 +191,7 @@ class ReplicaUnavailable(MergetxnError):
 class OutcomeUnknown(ReplicaUnavailable):
     """A commit was sent and its answer lost, and its replica did not answer again in time: the
     outcome is being decided. ``commit_status`` on any replica answers ``committed`` or
-    ``aborted`` once the replica decides, or once it is gone (SPEC.md, "Outcomes")."""
+    ``aborted`` once the replica decides, or once it is gone (docs/rules.md#outcomes)."""
 
 
 class AuthenticationFailed(MergetxnError):
@@ -202,9 +202,9 @@ class AuthenticationFailed(MergetxnError):
 
 
 class PermissionDenied(MergetxnError):
-    """The user this connection authenticated as may not make this call (SPEC.md "Users, roles
-    and grants": its role or its table grants do not allow it). The message names the user, the
-    action and the table (``details``: ``user``, ``role``, ``action``, ``table``). Nothing was
+    """The user this connection authenticated as may not make this call: its role or its table
+    grants do not allow it (docs/surface.md#users-roles-and-grants). The message names the user,
+    the action and the table (``details``: ``user``, ``role``, ``action``, ``table``). Nothing was
     changed; in a transaction only the statement failed, and the transaction stays usable."""
 
 

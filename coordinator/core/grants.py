@@ -1,4 +1,4 @@
-"""Who may do what on a secured cluster (SPEC.md "Users, roles and grants"): the matrix, as data.
+"""Who may do what on a secured cluster (docs/surface.md#users-roles-and-grants): the matrix, as data.
 
 Every replica action maps to a :class:`Rule`: the :class:`Right` it needs, the request field that
 names its table (None: it acts on no table), and whether it acts on a transaction named by the

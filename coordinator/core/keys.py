@@ -1,4 +1,4 @@
-"""Keys tables (SPEC.md "Keys tables", seed 003): the pure rules, no I/O.
+"""Keys tables (docs/rules.md#keys-tables): the pure rules, no I/O.
 
 A ``keys`` table has a primary key; each write is a *version* of the rows it names. A part of
 such a table holds the key columns, every other column (nullable there: a delete or an update
@@ -183,7 +183,7 @@ def folded(meta: Any) -> bool:
 # writes: every lock in overwrite mode, the groups of the written columns in update mode (a
 # column in no group is under PRIMARY), PRIMARY for a delete. PRIMARY overlaps every lock.
 # A read lock (STRONG, WEAK) collides with any write of the key by the other side; a strong one
-# committed also makes later writers fail, a weak one leaves nothing (seed 003). Read locks
+# committed also makes later writers fail, a weak one leaves nothing (docs/rules.md#locks). Read locks
 # never collide with each other.
 PRIMARY = "@primary"  # no group is named so (groups are identifiers)
 STRONG, WEAK = "@read:strong", "@read:weak"

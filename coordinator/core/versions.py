@@ -31,7 +31,7 @@ _SEQ_NODE_RE = re.compile(r"^c-(\d{10})$")
 
 
 class Tid(NamedTuple):
-    """Transaction id (seed 004): the snapshot at BEGIN, a per-replica counter, the replica."""
+    """Transaction id (docs/rules.md#vocabulary): the snapshot at BEGIN, a per-replica counter, the replica."""
 
     start_csn: int
     local_counter: int

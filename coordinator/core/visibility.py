@@ -1,4 +1,4 @@
-"""Which parts a transaction sees: the rule of seed 004, "Snapshots and data parts visibility".
+"""Which parts a transaction sees: the rule of docs/rules.md#visibility (after the ClickHouse RFC).
 
 Pure logic so that it can be checked exhaustively; the replica applies it to its part records.
 """

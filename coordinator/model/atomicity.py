@@ -1,17 +1,18 @@
-"""Atomicity and durability of a transaction (SPEC.md "Keys tables", seed 003): the pure rules.
+"""Atomicity and durability of a transaction (docs/rules.md#atomicity-and-durability): the pure
+rules.
 
 A keys table is created with ``atomicity="full"`` (the default) or ``"none"``, and a transaction
-is begun with one of the two too (``client.begin(atomicity=...)``). Seed 003 makes both sides
-say it, so that the places where non-atomic commits happen are marked in the code, and the
-server checks that they agree at commit: :func:`mismatch`. A transaction begun with
+is begun with one of the two too (``client.begin(atomicity=...)``). Both sides must say it (as
+YTsaurus requires), so that the places where non-atomic commits happen are marked in the code,
+and the server checks that they agree at commit: :func:`mismatch`. A transaction begun with
 ``atomicity="none"`` may only write rows by key into tables created with ``atomicity="none"``;
 one begun with ``"full"`` may not write rows into such a table (it may still compact or drop it:
 those write no rows by key). Anything else is ``InvalidInput`` naming both modes, and the
 transaction ends, rolled back.
 
-``durability="async"`` is only for ``atomicity="none"`` (seed 003: "for non-atomic transactions
-only"); ``atomicity="none"`` is only for snapshot isolation (its reads are not one snapshot, so
-there is no read set to make serializable): :func:`check_modes`.
+``durability="async"`` is only for ``atomicity="none"`` (as in YTsaurus, "for non-atomic
+transactions only"); ``atomicity="none"`` is only for snapshot isolation (its reads are not one
+snapshot, so there is no read set to make serializable): :func:`check_modes`.
 
 No I/O: the registry (replicas/registry.py) hands in the table definitions it holds.
 """

@@ -37,7 +37,7 @@ from coordinator.core.tabledata import (
 SchemaChange = tuple[int, str, str, str]
 
 
-KEYS_TXN_MAX_SECONDS = 60.0  # seed 003's defaults for a keys table's transactions
+KEYS_TXN_MAX_SECONDS = 60.0  # a keys table's default limits (docs/rules.md#transaction-limits)
 KEYS_TXN_MAX_ROWS = 100_000
 
 
@@ -98,7 +98,7 @@ class TableDef:
     atomicity: str = "full"  # keys tables: "full" | "none"
     txn_max_seconds: float | None = None  # per-table transaction limits (None: only the replica-wide ones)
     txn_max_rows: int | None = None
-    # History retention (SPEC.md "History retention"): removed parts kept this many seconds after
+    # History retention (docs/rules.md#history-retention): removed parts kept this many seconds after
     # the commit that removed them (None: the replica-wide default, ``retention_seconds``).
     retention_seconds: float | None = None
 
@@ -141,7 +141,7 @@ class TableDef:
             raise InvalidInput("auto_merge must be True or False")
         groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
         if policy is Policy.KEYS:
-            # Seed 003's defaults for keys tables (SPEC.md "Keys tables", "Limits per table").
+            # The default limits of keys tables (docs/rules.md#transaction-limits).
             if txn_max_seconds is None:
                 txn_max_seconds = KEYS_TXN_MAX_SECONDS
             if txn_max_rows is None:

@@ -1,4 +1,4 @@
-"""A secured cluster's users as stored (SPEC.md "Users, roles and grants"): records and secrets.
+"""A secured cluster's users as stored (docs/surface.md#users-roles-and-grants): records and secrets.
 
 Every user lives in one ZooKeeper node under the mergetxn root (coordinator/zk/log.py,
 ``users_path``), under the replicas' ACL: one JSON object ``{"users": {name: record}}``, changed

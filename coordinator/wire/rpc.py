@@ -217,9 +217,9 @@ class RpcServer:
     connection is answered at a time, in order; while it is, the connection is not read at all
     (bytes that arrive meanwhile wait in the kernel), so a connection buffers at most one frame.
 
-    Whatever a peer sends costs it its own connection at most (SPEC.md, "A replica survives its
-    clients"): a frame that does not decode is answered and the connection closed, an exception
-    while handling one connection closes that connection, and the limits (:class:`Limits`) bound
+    Whatever a peer sends costs it its own connection at most
+    (docs/surface.md#a-replica-survives-its-clients): a frame that does not decode is answered
+    and the connection closed, an exception while handling one connection closes that connection, and the limits (:class:`Limits`) bound
     what peers hold. Should the loop itself die, :meth:`serve` raises: the replica process exits
     rather than stay registered without a listener (replicas/server.py).
     """

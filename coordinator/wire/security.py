@@ -1,5 +1,5 @@
-"""A secured cluster's two identities: the replicas' and its users' (SPEC.md "Security" and
-"Users, roles and grants").
+"""A secured cluster's two identities: the replicas' and its users' (docs/surface.md#security and
+docs/surface.md#users-roles-and-grants).
 
 * **The replicas' identity** (:class:`Credentials` with a certificate and key, the replica
   credentials file ``credentials.json``): a user name and secret that log in to ZooKeeper (digest

@@ -7,7 +7,7 @@ JSON ``{"watermark": W, "collected": C, "horizons": {table: H}, "legacy": L}``. 
 
 (:meth:`Marks.may_be_gone`): ``W`` bounds the snapshots in use (a part removed above it is
 visible to one of them), ``H[T]`` is the end of ``T``'s retention window as the pass saw it (its
-clock minus the table's ``retention_seconds``; SPEC.md "History retention"), and ``L`` is what
+clock minus the table's ``retention_seconds``; docs/rules.md#history-retention), and ``L`` is what
 passes from before retention windows existed collected (every part removed at or below it). A
 pass raises the node *before* deleting, so a read that would need a deleted part is refused with
 SnapshotUnavailable instead of finding a file missing, and every replica decides "gone" from

@@ -383,7 +383,7 @@ def _lost_updates(m: Model) -> Iterator[Finding]:
 
 def _read_sets(m: Model) -> Iterator[Finding]:
     """read-set-changed: a committed serializable writer whose reads another commit between its
-    snapshot and its csn changed (SPEC.md "Serializable transactions")."""
+    snapshot and its csn changed (docs/rules.md#serializable-transactions)."""
     by_key: dict[tuple[str, str], list[Op]] = defaultdict(list)
     by_table: dict[str, list[Op]] = defaultdict(list)
     for group in m.groups:  # so each list is in csn order

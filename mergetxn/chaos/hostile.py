@@ -1,5 +1,5 @@
 """The hostile-client lane of ``mergetxn chaos``: a client that is buggy or malicious, beside the
-honest workloads (SPEC.md "A replica survives its clients").
+honest workloads (docs/surface.md#a-replica-survives-its-clients).
 
 One thread sends, at a random replica each time, what no honest client sends:
 

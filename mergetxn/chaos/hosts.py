@@ -636,7 +636,7 @@ class _Cluster:
         disk can be injected; False keeps it on the work directory's disk (benchmarks: an fsync
         on tmpfs costs nothing, so a comparison with replicas on disk would flatter the hosts).
 
-        ``secure``: a secured cluster (SPEC.md "Security"): new credentials in
+        ``secure``: a secured cluster (docs/surface.md#security): new credentials in
         ``workdir/security`` naming every host's address, the ensemble TLS-only with its mutual-TLS
         quorum and the replicas' identity, replicas that serve logged-in users only.
         :attr:`credentials_path` is the first admin's file (what clients take)."""

@@ -85,7 +85,7 @@ SESSION_TIMEOUT = 2.0
 # Replica settings for a run: merges, cleanup and the log tail all busy within seconds, so they
 # run under the faults too (defaults would wait minutes before the first checkpoint or major merge);
 # a 5 s history window, so cleanup collects within the run while reads of recent snapshots and
-# changes lean on the window (SPEC.md "History retention").
+# changes lean on the window (docs/rules.md#history-retention).
 REPLICA_SETTINGS: dict[str, float | int] = {
     "merge_interval": 0.5, "merge_min_parts": 4, "major_idle_seconds": 3.0, "gc_interval": 2.0,
     "gc_grace_seconds": 20.0, "checkpoint_every": 500, "retain_entries": 1000, "local_checkpoint_every": 500,

@@ -591,7 +591,7 @@ class Workload:
         return f"{old.num_rows} rows at CSN {self.writer_csn} and as of {when}, {now.num_rows} now"
 
     def keys_table(self) -> str:
-        """Seed 003's keys tables: first committer wins per key, the error names the key; lock
+        """Keys tables (docs/rules.md#keys-tables): first committer wins per key, the error names the key; lock
         groups let writers of different columns of one row both commit."""
         c0, c1 = self.c(0), self.c(1)
         schema = pa.schema([pa.field("customer", pa.int64(), nullable=False), ("name", pa.string()),
