@@ -18,7 +18,7 @@ import pytest
 from support.builders import change, entry, tid
 from support.cluster import make_cluster
 
-import coordinator.client as client_module
+import coordinator.api.client as client_module
 from coordinator.client import Client
 from coordinator.core import keys
 from coordinator.core.conflicts import Kind, Policy
