@@ -39,7 +39,7 @@ from parts.dataset import duckdb_view, snapshot_dataset
 from parts.format import read_part, write_part
 from parts.storage import Storage
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 UTC = dt.UTC
 # Partitioned by a date and a nullable string; a timestamp, a float, a bool and a string besides.
 WIDE = pa.schema([

@@ -324,7 +324,7 @@ def test_changes_by_id_without_compactions_is_by_time(c0: Client) -> None:
 
 DRIVER = r"""
 import sys
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = [{root!r}, {tests!r}, {here!r}]
 from test_spark import DDL, new_session
 spark = new_session("killed-driver", master="local[2]")
 df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet({src!r})
@@ -355,7 +355,8 @@ def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client
     run_sink(spark, src, ckpt, table, r0)  # batch 0, committed
     src.add(rows(10, 10))
     (fp / point).write_text("hold")
-    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), src=str(src.dir), replica=r0,
+    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), here=str(Path(__file__).parent),
+                           src=str(src.dir), replica=r0,
                            ckpt=str(ckpt), fp=str(fp), table=table)
     driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
