@@ -6,7 +6,7 @@ commit runner dies after the parts are written and before the commit (the batch 
 commits once) or after the commit and before Spark's commit log (Spark replays the batch; the
 replay's DuplicateCommit is a success and leaves no file), the same with the whole driver (a
 process of its own) SIGKILLed at those points, and when a checkpoint's commit log entry is lost. Two racing commits with the same app version are tested without Spark in
-tests/test_app_version.py (exactly one wins).
+tests/integration/test_app_version.py (exactly one wins).
 
 The source: changes with CSNs as offsets, resumed from the checkpoint without gaps or repeats
 while other commits land between runs; by time, compactions never appear.
