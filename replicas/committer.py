@@ -632,7 +632,7 @@ class Committer:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
         else:
             csn = result.csn
-        failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/test_sessions.py)
+        failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/faults/test_sessions.py)
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
         log.info("committed a batch of %d transaction(s) at CSN %d: %s%s", len(accepted), csn,

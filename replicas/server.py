@@ -508,7 +508,7 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     signal.signal(signal.SIGINT, on_signal)
     hup = threading.Event()  # reopened by the loop below, not in the handler (it may interrupt a log line)
     signal.signal(signal.SIGHUP, lambda signum, frame: hup.set())
-    if failpoints.enabled():  # a test breaks the loop here (tests/test_hostile_rpc.py)
+    if failpoints.enabled():  # a test breaks the loop here (tests/faults/test_hostile_rpc.py)
         server.fault = _loop_fault
     rpc.start()
     if ready_file is not None:

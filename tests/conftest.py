@@ -6,7 +6,9 @@ Sections are independent; add new fixtures in a section of their own below the e
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
@@ -20,8 +22,8 @@ from mergetxn.local.zkserver import ZooKeeperServer
 # The replica-wide default is an hour (docs/rules.md#history-retention). The suites written before
 # retention windows existed assert that cleanup deletes a removed part once no snapshot in use
 # sees it: that is `retention_seconds=0`, which every replica this session starts takes as its
-# default (tunables read MERGETXN_<NAME>). The retention tests (tests/test_retention.py) set the
-# window explicitly, the default included.
+# default (tunables read MERGETXN_<NAME>). The retention tests
+# (tests/integration/test_retention.py) set the window explicitly, the default included.
 # =============================================================================================
 
 os.environ.setdefault("MERGETXN_RETENTION_SECONDS", "0")
@@ -100,3 +102,37 @@ def c0(cluster):  # noqa: ANN001 - the requesting module's LocalCluster
 @pytest.fixture(scope="module")
 def c1(cluster):  # noqa: ANN001
     return cluster.client(1)
+
+
+# =============================================================================================
+# Test folders
+#
+# unit (pure, fast: `./dev test unit`), integration (real ZooKeeper, replica processes, the CLI,
+# an S3 server), faults (kills, pauses, cut connections, storage faults, hostile clients), spark
+# (anything that starts Spark) and chaos (the `mergetxn chaos` harness). None is a package: each
+# folder is on sys.path as tests/ is, so a module imports another's helpers by name wherever
+# either lives and whichever subset runs (`from test_log_tail import Node` in faults/,
+# `from test_cli import cli_env` in spark/). Module names are therefore unique across folders:
+# a duplicate fails the session here, before it can shadow the other.
+# =============================================================================================
+
+TEST_FOLDERS = ("unit", "integration", "faults", "spark", "chaos")
+
+
+def _put_test_folders_on_sys_path() -> None:
+    here = Path(__file__).resolve().parent
+    seen: dict[str, Path] = {}
+    for name in TEST_FOLDERS:
+        folder = here / name
+        for module in sorted(folder.glob("*.py")):
+            if module.stem in seen:
+                raise pytest.UsageError(
+                    f"two test modules named {module.stem}: {seen[module.stem]} "
+                    f"and {module} (test modules are imported by name: rename one)"
+                )
+            seen[module.stem] = module
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+
+
+_put_test_folders_on_sys_path()

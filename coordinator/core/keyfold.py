@@ -19,7 +19,7 @@ Each step is a fixed number of kernels per column, whatever the number of versio
 versions (a point read) the fixed cost is some hundred microseconds.
 
 The row-by-row fold it replaces is kept in tests/support/keys_reference.py, and
-tests/test_keys_fold.py checks on random histories that both give identical tables.
+tests/unit/test_keys_fold.py checks on random histories that both give identical tables.
 """
 
 from __future__ import annotations

@@ -397,7 +397,7 @@ def given_out(stat: object) -> int:
     """How many sequence numbers an epoch node has given out (its children are numbered from 0
     in creation order): the children created under it. ZooKeeper counts creations and deletions
     of children in ``cversion`` and keeps ``numChildren``, so creations = (cversion +
-    numChildren) / 2; a failed multi changes neither (tests/test_zk_hardening.py)."""
+    numChildren) / 2; a failed multi changes neither (tests/integration/test_zk_hardening.py)."""
     return (stat.cversion + stat.numChildren) // 2  # type: ignore[attr-defined]
 
 

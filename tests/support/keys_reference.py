@@ -1,5 +1,5 @@
 """The row-by-row fold of a keys table's versions, as coordinator/core/keys.py had it before issue 24:
-kept only as the reference that tests/test_keys_fold.py checks the columnar fold
+kept only as the reference that tests/unit/test_keys_fold.py checks the columnar fold
 (coordinator/core/keyfold.py) against. Plain Python over dicts, one version at a time: slow, and easy
 to read as the definition of what a read, a compaction and ``changes`` of a keys table give."""
 

@@ -34,7 +34,7 @@ from mergetxn.cli import cli, parse_schema
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.server import SWITCH_INTERVAL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = "id:int64,name:string,day:date32"
 ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("day", pa.date32())])
 D1, D2 = dt.date(2024, 1, 1), dt.date(2024, 1, 2)

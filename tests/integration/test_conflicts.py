@@ -3,7 +3,7 @@
 Each scenario runs two transactions that begin at the same snapshot, stage their work, then commit
 in a fixed order (earlier, later): the explicit order replaces any timing. The outcome of the later
 commit is checked against the tables of docs/rules.md#conflict-rules (transcribed independently in
-tests/test_rules.py and here), and the final rows against a plain-Python model of the jobs: "the
+tests/unit/test_rules.py and here), and the final rows against a plain-Python model of the jobs: "the
 final contents are exactly as if the later job had run after the earlier one committed", or the
 earlier job's result alone when the later one fails. A losing transaction must leave nothing: no
 part of it recorded or visible, no file of it in storage, no removal by it.

@@ -54,7 +54,7 @@ def c0(cluster: coordinator.LocalCluster) -> Iterator[Client]:
 @pytest.fixture(scope="module")
 def spark(cluster: coordinator.LocalCluster):
     """``local[2,4]``: two cores, a task may fail 4 times. (Spark runs no speculative attempt in
-    local mode: tests/test_spark_native_cluster.py has the speculation test, on a standalone
+    local mode: tests/spark/test_spark_native_cluster.py has the speculation test, on a standalone
     cluster.)"""
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession

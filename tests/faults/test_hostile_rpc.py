@@ -357,7 +357,7 @@ def replica_argv(tmp_path: Path, *extra: str) -> list[str]:
 def test_an_unsecured_replica_refuses_a_routable_host(tmp_path: Path, host: str) -> None:
     proc = subprocess.run([sys.executable, "-m", "replicas.server", *replica_argv(tmp_path, "--host", host)],
                           capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 2, proc.stderr
     assert "protected mode" in proc.stderr and "--insecure" in proc.stderr and "--credentials" in proc.stderr
     r = CliRunner().invoke(cli, ["replica", "start", *replica_argv(tmp_path, "--host", host)])

@@ -37,7 +37,7 @@ from coordinator.errors import ConflictError, MergetxnError
 from mergetxn.cli import EXIT_CODES, cli, exit_code
 from mergetxn.local.zkserver import ZooKeeperServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("day", pa.date32())])
 D1, D2 = dt.date(2024, 1, 1), dt.date(2024, 1, 2)
 

@@ -282,7 +282,7 @@ def replicas_identity(cluster: coordinator.LocalCluster) -> Credentials:
 
 
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
-    # The cluster's ZooKeeper serves TLS only (tests/test_zk_hardening.py).
+    # The cluster's ZooKeeper serves TLS only (tests/integration/test_zk_hardening.py).
     zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth, use_ssl=True,
                      ca=str(cluster.credentials.ca_file), check_hostname=True)
     zk.start(timeout=30)

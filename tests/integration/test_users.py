@@ -477,7 +477,7 @@ def test_nothing_a_user_holds_logs_in_to_zookeeper(cluster: coordinator.LocalClu
         with pytest.raises(errors.InvalidInput, match="replicas only"):
             creds.zk_auth()
         # What a user holds, tried as a ZooKeeper identity anyway (over the TLS-only client port,
-        # tests/test_zk_hardening.py): it is nobody's there.
+        # tests/integration/test_zk_hardening.py): it is nobody's there.
         for call in (lambda zk: zk.get(root), lambda zk: zk.get_children(f"{root}/log"),
                      lambda zk: zk.get(f"{root}/users"), lambda zk: zk.set(f"{root}/users", b'{"users": {}}'),
                      lambda zk: zk.create(f"{root}/log/forged", b"{}"),

@@ -2,7 +2,7 @@
 anything malformed is CorruptMetadata naming where it came from (never half decoded).
 
 Pure: no ZooKeeper, no storage. The WAL's framing (lengths, checksums, torn records) is
-tests/test_wal.py's; the conflict kinds on the wire are tests/test_rules.py's."""
+tests/unit/test_wal.py's; the conflict kinds on the wire are tests/unit/test_rules.py's."""
 
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def test_entry_and_state_carry_app_versions() -> None:
 
 def test_spark_options() -> None:
     """The Spark data source's options app_id/app_version (a write without txn), checked before
-    any task runs (the write itself: tests/test_spark.py)."""
+    any task runs (the write itself: tests/spark/test_spark.py)."""
     from spark.datasource import settings
 
     base = {"path": "t", "replica": "h:1"}

@@ -32,7 +32,7 @@ from mergetxn.local.zkserver import (
 
 pytestmark = pytest.mark.zk
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def connect(hosts: str, timeout: float = 10.0) -> KazooClient:

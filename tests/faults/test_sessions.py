@@ -41,7 +41,7 @@ from replicas.sessions import Sessions, check_session_id
 SCHEMA = pa.schema([("id", pa.int64())])
 TIMEOUT = 2.0  # client_session_timeout of the cluster's replicas
 ZK_SESSION = 2.0
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A client process: begins a transaction on the replica at argv[1], writes a row into table
 # argv[2], prints the transaction's id, then waits to be killed or stopped.

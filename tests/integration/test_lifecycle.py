@@ -29,7 +29,7 @@ from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
 from mergetxn.local.zkserver import ZooKeeperServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("id", pa.int64())])
 
 

@@ -245,7 +245,7 @@ def test_chaos_spark_workload_under_executor_and_replica_kills(tmp_path: Path) -
     mid-task and replicas are killed, the checker finds nothing, and nothing of Spark is left."""
     from mergetxn.chaos.history import History
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     work, report = tmp_path / "work", tmp_path / "report"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ commit runner dies after the parts are written and before the commit (the batch 
 commits once) or after the commit and before Spark's commit log (Spark replays the batch; the
 replay's DuplicateCommit is a success and leaves no file), the same with the whole driver (a
 process of its own) SIGKILLed at those points, and when a checkpoint's commit log entry is lost. Two racing commits with the same app version are tested without Spark in
-tests/test_app_version.py (exactly one wins).
+tests/integration/test_app_version.py (exactly one wins).
 
 The source: changes with CSNs as offsets, resumed from the checkpoint without gaps or repeats
 while other commits land between runs; by time, compactions never appear.
@@ -324,7 +324,7 @@ def test_changes_by_id_without_compactions_is_by_time(c0: Client) -> None:
 
 DRIVER = r"""
 import sys
-sys.path[:0] = [{root!r}, {tests!r}]
+sys.path[:0] = [{root!r}, {tests!r}, {here!r}]
 from test_spark import DDL, new_session
 spark = new_session("killed-driver", master="local[2]")
 df = spark.readStream.schema(DDL).option("maxFilesPerTrigger", 1).parquet({src!r})
@@ -355,7 +355,8 @@ def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client
     run_sink(spark, src, ckpt, table, r0)  # batch 0, committed
     src.add(rows(10, 10))
     (fp / point).write_text("hold")
-    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), src=str(src.dir), replica=r0,
+    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), here=str(Path(__file__).parent),
+                           src=str(src.dir), replica=r0,
                            ckpt=str(ckpt), fp=str(fp), table=table)
     driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -13,7 +13,7 @@ import ast
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("coordinator", "mergetxn", "parts", "replicas", "spark")
 
 

@@ -4,7 +4,7 @@ commits, aborts and kills, and a log file that ``logrotate`` plus SIGHUP rotates
 the replica down.
 
 Replica 1 is restarted with what a test needs in its environment (failpoints, a log file), as in
-tests/test_cli_ops.py; each test leaves it running.
+tests/integration/test_cli_ops.py; each test leaves it running.
 """
 
 from __future__ import annotations

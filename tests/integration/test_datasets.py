@@ -40,7 +40,7 @@ from parts.io.dataset import duckdb_view, snapshot_dataset
 from parts.io.format import read_part, write_part
 from parts.io.storage import Storage
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 UTC = dt.UTC
 # Partitioned by a date and a nullable string; a timestamp, a float, a bool and a string besides.
 WIDE = pa.schema([

@@ -3,9 +3,9 @@ a transaction's effect (replicas/transactions.py: staged operations folded into 
 entry carries and the conflict rules look at).
 
 No ZooKeeper, no storage. The visibility rule (docs/rules.md#visibility), exhaustively against the
-state, is tests/test_rules.py's; the conflict rules and batching decisions over summaries
-(fits_beside) are tests/test_rules.py's and tests/test_targets.py's; the checkpoint file format is
-tests/test_log_tail.py's. Staged operations are built by ``support.builders.staged`` only."""
+state, is tests/unit/test_rules.py's; the conflict rules and batching decisions over summaries
+(fits_beside) are tests/unit/test_rules.py's and tests/unit/test_targets.py's; the checkpoint file format is
+tests/integration/test_log_tail.py's. Staged operations are built by ``support.builders.staged`` only."""
 
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ from mergetxn.chaos.hosts import (
 )
 from mergetxn.chaos.proxy import TcpProxy
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])
 # Quiet replicas: no background merges or cleanup passes competing for the two cores.
 QUIET = {"merge_interval": 0, "gc_interval": 0}
