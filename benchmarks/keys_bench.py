@@ -197,7 +197,7 @@ def load_delta(path: Path, order: list[int], parts: int, log: Callable[[str], No
 
 
 def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None]) -> dict:
-    import coordinator.client as client_module
+    import coordinator.api.client as client_module
 
     real, reads = client_module.read_part, [0]
 

@@ -32,7 +32,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import NotYet, eventually
 
 from coordinator import LocalCluster, connect
-from coordinator import client as client_module
+from coordinator.api import client as client_module
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from mergetxn.cli import cli
 from mergetxn.local.zkserver import ZooKeeperServer
