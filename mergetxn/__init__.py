@@ -2,9 +2,10 @@
 
 ``import mergetxn`` gives the public API (docs/surface.md#one-public-import): :func:`connect`,
 :class:`LocalCluster` (the embedded default), :mod:`mergetxn.errors` (the classes of
-``coordinator.core.errors``, the same objects), :mod:`mergetxn.spark` (``register``, ``read_table``,
+``coordinator.errors``, the same objects), :mod:`mergetxn.spark` (``register``, ``read_table``,
 ``write_table``, ``write_stream``), and the :class:`Client`, :class:`Transaction`,
-:class:`CommitStatus` and :class:`Tid` types. Every name keeps working where it was
+:class:`CommitStatus` and :class:`Tid` types, and :func:`duckdb_view` (a dataset read by
+DuckDB's own Parquet reader). Every name keeps working where it was
 (``coordinator.connect``, ``spark.read_table``, ...). The names load on first use, so that
 ``mergetxn.cli`` and the replica processes it starts do not pay for the client or Spark.
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from coordinator.api.client import Client, CommitStatus, Transaction, connect
     from coordinator.core.versions import Tid
     from mergetxn import errors, spark
+    from parts.io.dataset import duckdb_view
     from mergetxn.local.cluster import LocalCluster
 
 # name -> (module, attribute or None for the module itself)
@@ -33,9 +35,10 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "LocalCluster": ("mergetxn.local.cluster", "LocalCluster"),
     "errors": ("mergetxn.errors", None),
     "spark": ("mergetxn.spark", None),
+    "duckdb_view": ("parts.io.dataset", "duckdb_view"),
 }
 
-__all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "errors", "spark"]
+__all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "duckdb_view", "errors", "spark"]
 
 
 def __getattr__(name: str) -> Any:
