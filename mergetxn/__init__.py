@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from coordinator.api.client import Client, CommitStatus, Transaction, connect
     from coordinator.core.versions import Tid
     from mergetxn import errors, spark
-    from parts.io.dataset import duckdb_view
     from mergetxn.local.cluster import LocalCluster
+    from parts.io.dataset import duckdb_view
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {

@@ -22,11 +22,10 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.api.arguments import checked, checked_methods
 from coordinator.api.heartbeat import Heartbeat
-from coordinator.core import errors, keyfold, keys
+from coordinator.core import errors, keyfold, keys, retries
 from coordinator.core.conflicts import Policy, check_app_version
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
@@ -87,8 +86,8 @@ OUTCOME_ASK = 3.0  # how long one question about that outcome waits for an answe
 _UNCHANGED = object()  # alter_table: a setting not given stays as it is
 
 
-class _StillCommitting(Exception):
-    pass
+class _StillCommitting(retries.TryAgain):
+    """The replica has not decided yet (a commit or a table's creation in progress)."""
 
 
 @checked_methods
@@ -1402,8 +1401,7 @@ def _as_table(data: Any, table: str) -> pa.Table:
 def _until_decided(step: Callable[[], T]) -> T:
     """``step`` until the replica answers and raises no ``_StillCommitting`` (bounded)."""
     try:
-        for attempt in Retrying(stop=stop_after_delay(OUTCOME_WAIT), wait=wait_fixed(0.2), reraise=True,
-                                retry=retry_if_exception_type((ReplicaUnavailable, _StillCommitting))):
+        for attempt in retries.outcome(OUTCOME_WAIT, on=(ReplicaUnavailable, _StillCommitting)):
             with attempt:
                 return step()
     except _StillCommitting as exc:

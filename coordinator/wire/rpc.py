@@ -33,9 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
-
-from coordinator.core import errors, jsonwire
+from coordinator.core import errors, jsonwire, retries
 
 if TYPE_CHECKING:
     from coordinator.wire.security import Credentials
@@ -891,13 +889,12 @@ class RpcClient:
         self._local = threading.local()
 
 
-class _Resend(Exception):
+class _Resend(retries.TryAgain):
     """An attempt of RpcClient.call failed where sending the request again is safe; the message
     is what the caller gets as ReplicaUnavailable if it was the last attempt."""
 
 
-# The resend policy of RpcClient.call: a second attempt, at once, after a _Resend.
-_RESEND_ONCE = Retrying(retry=retry_if_exception_type(_Resend), stop=stop_after_attempt(2), reraise=True)
+_RESEND_ONCE = retries.resend_once(on=_Resend)
 
 
 def _alive(sock: socket.socket) -> bool:

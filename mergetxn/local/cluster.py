@@ -12,10 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
 from coordinator.api.arguments import checked, checked_methods
 from coordinator.api.client import Client
+from coordinator.core import retries
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, quote
 from coordinator.wire.security import (
     ENV_CREDENTIALS,
@@ -210,8 +209,7 @@ class LocalCluster:
             if not ready.exists():
                 raise ReplicaUnavailable(f"replica {i} not ready")
 
-        for attempt in Retrying(retry=retry_if_exception_type(ReplicaUnavailable), stop=stop_after_delay(timeout),
-                                wait=wait_fixed(0.05), reraise=True):
+        for attempt in retries.until_ready(timeout, on=ReplicaUnavailable):
             with attempt:
                 check()
         address = ready.read_text().strip()

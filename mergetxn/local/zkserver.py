@@ -41,13 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tenacity import (
-    RetryError,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_fixed,
-)
+from coordinator.core import retries
 
 if TYPE_CHECKING:
     from coordinator.wire.security import Credentials
@@ -455,16 +449,10 @@ def _wait_until(check: Callable[[], Any], timeout: float, what: str, interval: f
     """Poll ``check()`` until it returns without raising ZooKeeperNotReady; other errors
     (a crashed process) propagate at once."""
     try:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(ZooKeeperNotReady),
-            stop=stop_after_delay(timeout),
-            wait=wait_fixed(interval),
-            reraise=False,
-        ):
+        for attempt in retries.until_ready(timeout, on=ZooKeeperNotReady, every=interval):
             with attempt:
                 return check()
-    except RetryError as e:
-        last = e.last_attempt.exception()
+    except ZooKeeperNotReady as last:
         raise TimeoutError(f"{what} not ready after {timeout:.0f}s: {last}") from None
     raise AssertionError("unreachable")
 

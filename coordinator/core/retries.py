@@ -1,0 +1,110 @@
+"""Every retry policy of mergetxn, named, in one place.
+
+A loop that tries something again follows one of the policies below, by name, so that how long,
+how often and on what it tries again is stated once and read here: ``for attempt in
+retries.storage_probe(): with attempt: ...`` (tenacity's ``Retrying``; ``reraise=True``
+everywhere, so the last failure is what the caller sees, never tenacity's ``RetryError``).
+
+A block says "not yet, try again" by raising :class:`TryAgain` (or a subclass, where a caller
+must tell two reasons apart); the policies that retry on it say so. Pure: tenacity and the
+clock only. kazoo's own ``zk.retry`` (a ZooKeeper call retried over a connection loss, with
+kazoo's defaults) is the one retry that lives outside this module: kazoo owns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    stop_never,
+    wait_fixed,
+    wait_random,
+)
+from tenacity.stop import stop_base
+
+ExceptionTypes = type[BaseException] | tuple[type[BaseException], ...]
+
+
+class TryAgain(Exception):
+    """Not yet: the block's policy tries it again. The message says what was not ready, and is
+    what the caller sees if the policy gives up."""
+
+
+def _policy(*, on: ExceptionTypes = TryAgain, seconds: float | None = None, attempts: int | None = None,
+            wait: Callable[[RetryCallState], float] | None = None) -> Retrying:
+    stop: stop_base = stop_never
+    if seconds is not None:
+        stop = stop_after_delay(seconds)
+    if attempts is not None:
+        stop = stop_after_attempt(attempts) if seconds is None else stop_after_attempt(attempts) | stop
+    return Retrying(retry=retry_if_exception_type(on), stop=stop, wait=wait or wait_fixed(0), reraise=True)
+
+
+# -- clients --------------------------------------------------------------------------------------
+def resend_once(on: ExceptionTypes) -> Retrying:
+    """An RPC whose attempt failed where sending it again is safe: one more attempt, at once."""
+    return _policy(on=on, attempts=2)
+
+
+def outcome(seconds: float, on: ExceptionTypes) -> Retrying:
+    """A client waiting for a commit's outcome (its replica deciding, or another replica asked):
+    every 0.2 s, for ``seconds``."""
+    return _policy(on=on, seconds=seconds, wait=wait_fixed(0.2))
+
+
+def until_ready(seconds: float, on: ExceptionTypes = TryAgain, every: float = 0.05) -> Retrying:
+    """Waiting for a process or a server to come up (a replica's address file, ZooKeeper's
+    port): every ``every`` seconds, for ``seconds``."""
+    return _policy(on=on, seconds=seconds, wait=wait_fixed(every))
+
+
+# -- replicas -------------------------------------------------------------------------------------
+def storage_probe(seconds: float = 30.0) -> Retrying:
+    """A starting replica reading its storage: transient OS errors for ``seconds``, twice a
+    second, then the start is refused."""
+    return _policy(on=OSError, seconds=seconds, wait=wait_fixed(0.5))
+
+
+def reregister(stop: threading.Event, log: logging.Logger) -> Retrying:
+    """A replica registering again after a new ZooKeeper session: every 0.5 s until it works or
+    the replica stops (begins wait meanwhile)."""
+    return Retrying(retry=retry_if_exception(lambda exc: not stop.is_set()), wait=wait_fixed(0.5), stop=stop_never,
+                    reraise=True, before_sleep=lambda state: log.warning(
+                        "could not re-register after a new session: %r",
+                        state.outcome.exception() if state.outcome else None))
+
+
+def session_check(seconds: float, on: ExceptionTypes) -> Retrying:
+    """A replica making sure of its ZooKeeper session after it stood still: every 50 ms."""
+    return _policy(on=on, seconds=seconds, wait=wait_fixed(0.05))
+
+
+def commit_attempts(wait: Callable[[RetryCallState], float], on: ExceptionTypes) -> Retrying:
+    """A commit multi that lost a race on a version (another commit moved a target first): at
+    most 500 attempts or 120 s, each after ``wait`` (jittered by the committer)."""
+    return _policy(on=on, attempts=500, seconds=120.0, wait=wait)
+
+
+def log_lookup(seconds: float = 300.0) -> Retrying:
+    """A connection lost during the commit multi: sync and read the log until the outcome is
+    known (on any error), 50-300 ms apart, for ``seconds``."""
+    return Retrying(stop=stop_after_delay(seconds), wait=wait_random(0.05, 0.3), reraise=True)
+
+
+def foreign_outcome(seconds: float, on: ExceptionTypes = TryAgain) -> Retrying:
+    """Deciding another replica's transaction while its owner fence moves: 10-100 ms apart."""
+    return _policy(on=on, seconds=seconds, wait=wait_random(0.01, 0.1))
+
+
+def next_checkpoint(on: ExceptionTypes = TryAgain) -> Retrying:
+    """Loading the checkpoint while another replica replaces it: the newer one, at most twice."""
+    return _policy(on=on, attempts=3)
+
