@@ -475,7 +475,7 @@ class Committer:
             try:
                 versions = self.log.read_versions(sorted(wanted)) if wanted else {}
             except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
-                self.replica._connected.wait(self.replica.config.session_timeout)
+                self.replica.zk_session.connected.wait(self.replica.config.session_timeout)
                 raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
             if versions:
                 self.replica.follower.poke()
@@ -676,7 +676,7 @@ class Committer:
                 zk.sync(self.log.log_path())
                 self.replica.follower.pull()
         csn = self.state.tid_csn.get(tid)
-        if csn is None and self.replica._session_lost.is_set():
+        if csn is None and self.replica.zk_session.lost.is_set():
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn
 

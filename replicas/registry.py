@@ -75,6 +75,7 @@ class Transactions:
         self.host_id = replica.host_id
         self.state = replica.state
         self.storage = replica.storage
+        self.zk_session = replica.zk_session
         self.table = replica.table  # the table lookup (waits for a table created elsewhere)
         self.txns: dict[str, RunningTxn] = {}
         self.finished: dict[str, RunningTxn] = {}
@@ -108,7 +109,7 @@ class Transactions:
             session = check_session_id(session)
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
-        if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
+        if not self.zk_session.wait_usable(self.config.session_timeout):
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         self.replica.retention.ensure_applied()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
@@ -484,8 +485,7 @@ class Transactions:
     def ready_to_begin(self) -> bool:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the
         cleanup watermark is ahead of this replica)."""
-        return (self.replica._connected.is_set() and not self.replica._session_lost.is_set()
-                and self.replica.cleanup.watermark <= self.state.applied)
+        return self.zk_session.usable() and self.replica.cleanup.watermark <= self.state.applied
 
     def quick_txn(self, txn_id: object) -> RunningTxn | None:
         """The running transaction, if a statement or commit for it can go ahead with no waiting

@@ -79,6 +79,7 @@ from replicas.state import ReplicaState
 from replicas.storage_check import startup_probe
 from replicas.users import Users
 from replicas.wal import Wal
+from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Replica:
         self.host_id = config.host_id
         self.storage = Storage(config.storage_url, config.storage_options)
         self.state = ReplicaState()
-        self._stop = threading.Event()
+        self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""
         creds = config.credentials
@@ -124,18 +125,17 @@ class Replica:
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.leases = Leases(self)
         self.cleanup = Cleanup(self)
-        self.merges = Merges(self, self._stop)
+        self.merges = Merges(self, self.zk_session.stop)
         self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
         self.log_watch = LogWatch(self)
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.retention = Retention(self)
         self.outcomes = Outcomes(self)
-        self.pauses = PauseGuard(self)
+        self.pauses = PauseGuard(self.zk, self.log, self.host_id, config.session_timeout, self.zk_session,
+                                 self.catch_up)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
-        self._session_lost = threading.Event()
         self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
-        self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
         self._register_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -275,7 +275,7 @@ class Replica:
                  self.state.applied, len(self.transactions.txns))
         if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
             log.warning("stopping with async commits still queued: they are lost (their clients' flush says so)")
-        self._stop.set()
+        self.zk_session.stop.set()
         if self.tail is not None:
             self.tail.stop()
         if self.committer is not None:
@@ -340,7 +340,7 @@ class Replica:
         a dead RPC loop, that ends the process (status 70) so that a supervisor restarts it."""
         connection = getattr(self.zk, "_connection", None)
         stopped = getattr(connection, "connection_stopped", None)
-        if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self._stop.is_set():
+        if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self.zk_session.stop.is_set():
             return
         log.critical("replica %s: the ZooKeeper client's connection loop died and will not reconnect; exiting "
                      "(status 70) so that a supervisor restarts the replica", self.host_id)
@@ -356,20 +356,20 @@ class Replica:
 
     def _on_zk_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
-            self._connected.set()
+            self.zk_session.connected.set()
         else:
-            self._connected.clear()
+            self.zk_session.connected.clear()
         if state == KazooState.LOST:
-            self._session_lost.set()
+            self.zk_session.lost.set()
             reason = f"replica {self.host_id} lost its ZooKeeper session"
             with self.transactions._txn_lock:  # only these: a BEGIN after this belongs to the new session
                 victims = list(self.transactions.txns.values())
-            if not self._stop.is_set():  # not the end of a clean stop
+            if not self.zk_session.stop.is_set():  # not the end of a clean stop
                 log.warning("%s: aborting its %d running transactions", reason, len(victims))
             self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims, "session_lost"),
                                               name="abort-all", daemon=True)
             self._aborting.start()
-        elif state == KazooState.CONNECTED and self._session_lost.is_set():
+        elif state == KazooState.CONNECTED and self.zk_session.lost.is_set():
             threading.Thread(target=self._after_new_session, daemon=True).start()
         if self.follower is not None:
             self.follower.poke()
@@ -378,7 +378,7 @@ class Replica:
         """A new session after an expired one: register a new incarnation (the transactions of
         the old one were aborted, and another replica may have decided them meanwhile) before
         beginning anything again. Retried until it works or the replica stops: begins wait."""
-        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self._stop.is_set()), wait=wait_fixed(0.5),
+        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self.zk_session.stop.is_set()), wait=wait_fixed(0.5),
                                 stop=stop_never, reraise=True, before_sleep=lambda rs: log.warning(
                                     "could not re-register after a new session: %r", rs.outcome.exception())):
             with attempt:
@@ -390,7 +390,7 @@ class Replica:
         aborting = self._aborting
         if aborting is not None:
             aborting.join()
-        self._session_lost.clear()
+        self.zk_session.lost.clear()
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:
         try:
@@ -412,7 +412,7 @@ class Replica:
         return removed
 
     def _reaper(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self.zk_session.stop.wait(0.5):
             self.transactions.reap()
 
     def _maintain(self) -> None:
@@ -420,8 +420,8 @@ class Replica:
         each at its own interval."""
         c = self.config
         tick = min([x for x in (c.merge_interval, c.gc_interval, 1.0) if x > 0])
-        while not self._stop.wait(tick):
-            if not self._connected.is_set():
+        while not self.zk_session.stop.wait(tick):
+            if not self.zk_session.connected.is_set():
                 continue
             now = time.monotonic()
             try:
@@ -636,7 +636,7 @@ class Replica:
             "storage_url": self.storage.url,
             "zk": self.config.zk,
             "zk_state": str(self.zk.state),
-            "zk_connected": self._connected.is_set(),
+            "zk_connected": self.zk_session.connected.is_set(),
             "root": self.log.root,
             "snapshot": applied,
             "applied_csn": applied,
