@@ -93,6 +93,7 @@ from parts.ops import partition_key
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
+from replicas.registry import delete_part_files
 from replicas.transactions import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -635,10 +636,10 @@ class Committer:
         for p, plan in accepted:
             self.committed += 1
             self.stats.observe(now - p.queued)
-            self.replica.transactions._finish(p.txn, TxnState.COMMITTED, csn=csn)
+            self.replica.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
-                    self.replica.transactions._delete_file(meta.path)
+                    delete_part_files(self.replica.storage, meta.path)
             p.resolve(csn)
         return deferred
 
@@ -701,7 +702,7 @@ class Committer:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
             self.replica.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
-                self.replica.transactions._delete_file(meta.path)
+                delete_part_files(self.replica.storage, meta.path)
         p.resolve(error=exc)
 
     # -- deciding ----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from coordinator.conflicts import Policy
 from coordinator.errors import ConflictError, MergetxnError
 from coordinator.model import TxnState
 from parts.meta import PartMeta
+from replicas.registry import delete_part_files
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -159,7 +160,7 @@ class Merges:
                 txns.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
-                    txns._delete_file(m.path)
+                    delete_part_files(self.replica.storage, m.path)
         self.replica.history.record("merge", outcome="committed", csn=csn, **event)
         self.outcomes["committed"] += 1
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}

@@ -72,7 +72,7 @@ from replicas.merges import Merges
 from replicas.metrics import LogWatch
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
-from replicas.registry import Transactions
+from replicas.registry import Transactions, delete_part_files
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
@@ -123,7 +123,7 @@ class Replica:
         self.committer = None
         self.transactions = Transactions(self)
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
-        self.leases = Leases(self)
+        self.leases = Leases(self.state, config, self.transactions)
         self.cleanup = Cleanup(self)
         self.merges = Merges(self, self.zk_session.stop)
         self.history = History(self)
@@ -315,14 +315,13 @@ class Replica:
             self._register()
 
     def _abort_incarnation(self, incarnation: int, reason: str) -> None:
-        with self.transactions._txn_lock:
-            victims = [t for t in self.transactions.txns.values() if incarnation_of(Tid.parse(t.id)) <= incarnation]
+        victims = [t for t in self.transactions.running_now() if incarnation_of(Tid.parse(t.id)) <= incarnation]
         self.transactions.abort_all(reason, victims, "fenced")
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
-        with self.transactions._txn_lock:
-            snaps = [t.snapshot for t in self.transactions.txns.values()]
+        with self.transactions.begins_held() as txns:
+            snaps = [t.snapshot for t in txns.values()]
             applied = self.state.applied
         return AliveRecord(address=self.address, incarnation=self.incarnation, applied=applied,
                            oldest_txn_snapshot=min(snaps) if snaps else None, oldest_snapshot=min(oldest, applied),
@@ -362,8 +361,7 @@ class Replica:
         if state == KazooState.LOST:
             self.zk_session.lost.set()
             reason = f"replica {self.host_id} lost its ZooKeeper session"
-            with self.transactions._txn_lock:  # only these: a BEGIN after this belongs to the new session
-                victims = list(self.transactions.txns.values())
+            victims = self.transactions.running_now()  # only these: a BEGIN after this belongs to the new session
             if not self.zk_session.stop.is_set():  # not the end of a clean stop
                 log.warning("%s: aborting its %d running transactions", reason, len(victims))
             self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims, "session_lost"),
@@ -407,7 +405,7 @@ class Replica:
             if tid in self.state.tid_csn:
                 continue
             for p in paths:
-                self.transactions._delete_file(p)
+                delete_part_files(self.storage, p)
                 removed += 1
         return removed
 
