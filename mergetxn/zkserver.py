@@ -191,7 +191,7 @@ def java_executable() -> str:
 # Small helpers
 
 
-def _free_ports(n: int, host: str = LOCALHOST) -> list[int]:
+def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
     """n distinct free TCP ports (all held open together so they differ)."""
     socks: list[socket.socket] = []
     try:
@@ -203,6 +203,9 @@ def _free_ports(n: int, host: str = LOCALHOST) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+_free_ports = free_ports  # old name: mergetxn/chaos (hosts, s3, spark_cluster) still imports it
 
 
 def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0,
@@ -602,7 +605,7 @@ class ZooKeeperServer:
         self.workdir = Path(workdir).resolve()
         self.credentials = credentials
         self.tls = None if credentials is None else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls")
-        self.port = port if port is not None else _free_ports(1)[0]
+        self.port = port if port is not None else free_ports(1)[0]
         self.tick_ms = tick_ms
         self.extra_config = dict(extra_config or {})
         self.data_dir = self.workdir / "data"
@@ -911,7 +914,7 @@ class ZooKeeperEnsemble:
         self.workdir = Path(workdir).resolve()
         self.size = size
         self.tick_ms = tick_ms
-        ports = _free_ports(3 * size)
+        ports = free_ports(3 * size)
         self.client_ports = ports[0:size]
         self.quorum_ports = ports[size : 2 * size]
         self.election_ports = ports[2 * size : 3 * size]

@@ -245,7 +245,7 @@ def conform(
 # Partitions
 
 
-def _json_scalar(value: Any) -> Any:
+def json_scalar(value: Any) -> Any:
     """A partition value or statistic as a JSON-safe scalar (dates and times as ISO strings)."""
     if isinstance(value, (_dt.date, _dt.datetime, _dt.time)):
         return value.isoformat()
@@ -256,6 +256,9 @@ def _json_scalar(value: Any) -> Any:
     raise InvalidInput(
         f"value {quote(value)} of type {type(value).__name__} cannot be a partition value"
     )
+
+
+_json_scalar = json_scalar  # old name: coordinator/client.py, parts/format.py, spark/native.py still use it
 
 
 def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tuple, pa.Table]]:
@@ -279,7 +282,7 @@ def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tu
     values = [grouped.column(k).to_pylist() for k in key_names]
     out = []
     for g in range(grouped.num_rows):
-        partition = tuple(_json_scalar(v[g]) for v in values)
+        partition = tuple(json_scalar(v[g]) for v in values)
         indices = lists[g].values
         part = data if len(indices) == data.num_rows else data.take(indices)
         out.append((partition, part))
@@ -292,7 +295,7 @@ def partition_key(partition: tuple) -> str:
         return "[]"  # every part of an unpartitioned table: the commit path asks several times
     try:
         return json.dumps(
-            [_json_scalar(v) for v in partition],
+            [json_scalar(v) for v in partition],
             separators=(",", ":"),
             ensure_ascii=True,
             allow_nan=False,
@@ -320,7 +323,7 @@ def _dir_value(value: Any) -> str:
     if isinstance(value, bool):
         text = "true" if value else "false"
     else:
-        text = str(_json_scalar(value))
+        text = str(json_scalar(value))
     encoded = url_quote(text, safe="")
     if len(encoded) > _MAX_DIR_VALUE:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
