@@ -852,8 +852,7 @@ class Committer:
         return out
 
     def _known_pkeys(self, table: str) -> set[str]:
-        with self.state.lock:
-            return set(self.state.live.get(table, {})) | {pk for t, pk in self.state.history if t == table}
+        return self.state.partition_keys(table)
 
     def _read_keys(self, p: Pending) -> set[str]:
         """Targets a serializable member checks and bumps for its reads (readsets.read_keys)."""
@@ -919,8 +918,7 @@ class Committer:
                 op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
-                with self.state.lock:  # a keys table's compaction orders versions by them
-                    csns = {m.name: r.creation_csn for m in current if (r := self.state.parts.get(m.name))}
+                csns = self.state.creation_csns(m.name for m in current)  # a keys table's compaction orders by them
                 op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id, csns)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))

@@ -102,8 +102,7 @@ class History:
 
     # -- commit history (incremental reads) ------------------------------------------------------
     def _time_versions(self) -> dict[int, float]:
-        with self.state.lock:
-            return dict(zip(self.state.time_csns, self.state.time_values))
+        return self.state.time_versions()
 
     def _commits(self, table: str, lo: float, hi: float | None, by: str = "id",
                  compactions: bool = True) -> list[dict]:

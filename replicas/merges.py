@@ -57,8 +57,7 @@ class Merges:
         """(kind, pkey, sources) per partition that the policy says to merge now."""
         c = self.config
         now = time.time()
-        with self.state.lock:  # names only: the metas are looked up after (records are never dropped)
-            live = {pk: list(names) for pk, names in self.state.live.get(tdef.name, {}).items() if len(names) >= 2}
+        live = self.state.live_names(tdef.name, at_least=2)  # the metas are looked up after
         parts = self.state.parts
         plans = []
         for pkey, names in sorted(live.items()):
@@ -133,8 +132,7 @@ class Merges:
                 self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
-            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/keys.py)
-                csns = {m.name: self.state.parts[m.name].creation_csn for m in visible if m.name in self.state.parts}
+            csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))

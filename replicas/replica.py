@@ -170,9 +170,7 @@ class Replica:
             if exc.details.get("manifest"):
                 raise self._wrong_storage(str(exc)) from None
             log.error("cannot apply the log: %s", exc)
-            with self.state.lock:
-                self.state.failure = exc
-                self.state.applied_cond.notify_all()
+            self.state.set_failure(exc)
         if self.state.failure is not None and self.state.failure.details.get("manifest"):
             raise self._wrong_storage(str(self.state.failure))
         self._check_storage()
@@ -442,8 +440,7 @@ class Replica:
             # The log did not apply last time: look again now (an operator may have repaired
             # the node); this raises CorruptMetadata naming the node while it still does not parse.
             self.follower.pull()
-            with self.state.lock:
-                self.state.failure = None
+            self.state.clear_failure()
             if csn <= self.state.applied:
                 return
         epoch, seq = split_csn(csn)
@@ -515,13 +512,10 @@ class Replica:
                     # The log stopped at an entry that does not parse: look again now; this
                     # raises CorruptMetadata naming the node while it still does not parse.
                     self.follower.pull()
-                    with self.state.lock:
-                        self.state.failure = None
+                    self.state.clear_failure()
                 self.follower.poke()
-                with self.state.lock:
-                    self.state.applied_cond.wait_for(
-                        lambda: self.state.table(name) is not None or self.state.failure is not None,
-                        self.config.read_wait_seconds)
+                self.state.wait_until(lambda: self.state.table(name) is not None or self.state.failure is not None,
+                                      self.config.read_wait_seconds)
                 t = self.state.table(name, snapshot)
             if t is None:
                 created = self.state.table(name)
@@ -555,8 +549,7 @@ class Replica:
         snap = self.state.applied if snapshot is None else self.resolve_snapshot(snapshot, None, name)
         tdef = self.table(name, snap)
         metas = self.state.visible(name, snap)
-        with self.state.lock:
-            records = [r for r in self.state.catalog.get(name, ()) if r.csn >= tdef.created_csn and r.csn <= snap]
+        records = [r for r in self.state.catalog_records(name) if r.csn >= tdef.created_csn and r.csn <= snap]
         return {**tdef.to_dict(), "retention_seconds": self.retention.seconds(tdef),
                 "retention_default": tdef.retention_seconds is None,
                 "snapshot": snap, "schema_version": tdef.ddl_version,
