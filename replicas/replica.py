@@ -126,11 +126,11 @@ class Replica:
         self.leases = Leases(self.state, config, self.transactions)
         self.cleanup = Cleanup(self)
         self.merges = Merges(self, self.zk_session.stop)
-        self.history = History(self)
         self.tail: checkpoint.LogTail | None = None
         self.log_watch = LogWatch(self)
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.retention = Retention(self)
+        self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
         self.outcomes = Outcomes(self)
         self.pauses = PauseGuard(self.zk, self.log, self.host_id, config.session_timeout, self.zk_session,
                                  self.catch_up)
