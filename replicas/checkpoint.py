@@ -291,9 +291,7 @@ class LogTail:
             # Let the follower thread move past the sealed epoch (pull() would wait for its lock
             # as long as the follower is busy applying, i.e. for as long as commits keep coming).
             self.replica.follower.poke()
-            with self.state.lock:
-                self.state.applied_cond.wait_for(
-                    lambda: self.state.position[0] > current or self._stop.is_set(), 10.0)
+            self.state.wait_until(lambda: self.state.position[0] > current or self._stop.is_set(), 10.0)
             current = self.log.current_epoch(refresh=True)
         epochs = [e for e in self.log.epochs() if e > trimmed]
         sealed = [e for e in epochs if e < current]

@@ -318,8 +318,7 @@ class Cleanup:
             if not d.knows_running:
                 overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
             incarnations[host] = d.incarnation
-        with self.replica.transactions._txn_lock:
-            running.update(self.replica.transactions.txns)
+        running.update(t.id for t in self.replica.transactions.running_now())
         storage = self.replica.storage
         young = 0
         now = time.time()

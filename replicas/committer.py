@@ -99,6 +99,7 @@ from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
+from replicas.registry import delete_part_files
 from replicas.transactions import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -481,7 +482,7 @@ class Committer:
             try:
                 versions = self.log.read_versions(sorted(wanted)) if wanted else {}
             except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
-                self.replica._connected.wait(self.replica.config.session_timeout)
+                self.replica.zk_session.connected.wait(self.replica.config.session_timeout)
                 raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
             if versions:
                 self.replica.follower.poke()
@@ -641,10 +642,10 @@ class Committer:
         for p, plan in accepted:
             self.committed += 1
             self.stats.observe(now - p.queued)
-            self.replica.transactions._finish(p.txn, TxnState.COMMITTED, csn=csn)
+            self.replica.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
-                    self.replica.transactions._delete_file(meta.path)
+                    delete_part_files(self.replica.storage, meta.path)
             p.resolve(csn)
         return deferred
 
@@ -682,7 +683,7 @@ class Committer:
                 zk.sync(self.log.log_path())
                 self.replica.follower.pull()
         csn = self.state.tid_csn.get(tid)
-        if csn is None and self.replica._session_lost.is_set():
+        if csn is None and self.replica.zk_session.lost.is_set():
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn
 
@@ -707,7 +708,7 @@ class Committer:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
             self.replica.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
-                self.replica.transactions._delete_file(meta.path)
+                delete_part_files(self.replica.storage, meta.path)
         p.resolve(error=exc)
 
     # -- deciding ----------------------------------------------------------------------------
@@ -857,8 +858,7 @@ class Committer:
         return out
 
     def _known_pkeys(self, table: str) -> set[str]:
-        with self.state.lock:
-            return set(self.state.live.get(table, {})) | {pk for t, pk in self.state.history if t == table}
+        return self.state.partition_keys(table)
 
     def _read_keys(self, p: Pending) -> set[str]:
         """Targets a serializable member checks and bumps for its reads (readsets.read_keys)."""
@@ -924,8 +924,7 @@ class Committer:
                 op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
-                with self.state.lock:  # a keys table's compaction orders versions by them
-                    csns = {m.name: r.creation_csn for m in current if (r := self.state.parts.get(m.name))}
+                csns = self.state.creation_csns(m.name for m in current)  # a keys table's compaction orders by them
                 op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id, csns)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))

@@ -143,9 +143,7 @@ class Follower:
                 progressed = self._pull()
             except CorruptMetadata as exc:
                 log.error("cannot apply the log: %s", exc)
-                with self.state.lock:
-                    self.state.failure = exc
-                    self.state.applied_cond.notify_all()
+                self.state.set_failure(exc)
                 self._stop.wait(2.0)
                 continue
             except Exception as exc:  # connection trouble: wait for the session to come back
@@ -178,8 +176,7 @@ class Follower:
                     self.state.apply(csn, epoch, seq, entry)
                 progressed = True
                 if self.state.failure is not None:
-                    with self.state.lock:
-                        self.state.failure = None
+                    self.state.clear_failure()
 
     def _fetch_batch(self) -> list[tuple[int, int, int, LogEntry, bytes]]:
         epoch, seq = self.state.position

@@ -25,7 +25,12 @@ from coordinator.core.versions import Tid
 from coordinator.model.records import TxnState
 
 if TYPE_CHECKING:
-    from replicas.replica import Replica
+    from collections.abc import Callable
+
+    from coordinator.model.catalog import TableDef
+    from replicas.leases import Leases
+    from replicas.retention import Retention
+    from replicas.state import ReplicaState
 
 EVENT_RING = 10_000
 
@@ -33,9 +38,16 @@ EVENT_RING = 10_000
 class History:
     """Incremental reads and events of one replica (``replica.history``)."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.state = replica.state
+    def __init__(self, state: ReplicaState, host_id: str, table: Callable[..., TableDef],
+                 wait_snapshot: Callable[[int], None], retention: Retention, leases: Leases) -> None:
+        """``table`` and ``wait_snapshot``: the replica's (``Replica.table``, which waits for a
+        table created elsewhere, and ``Replica.wait_snapshot``)."""
+        self.state = state
+        self.host_id = host_id
+        self.table = table
+        self.wait_snapshot = wait_snapshot
+        self.retention = retention
+        self.leases = leases
         self._events: deque[dict] = deque(maxlen=EVENT_RING)
         self._event_seq = 0
 
@@ -43,7 +55,7 @@ class History:
     def record(self, event: str, **fields: Any) -> None:
         """A local event (begin, rollback, merge) in the bounded ring."""
         self._event_seq += 1
-        self._events.append({"time": time.time(), "event": event, "host": self.replica.host_id,
+        self._events.append({"time": time.time(), "event": event, "host": self.host_id,
                              "_seq": self._event_seq, **fields})
 
     def on_begin(self, txn: Any) -> None:
@@ -59,7 +71,7 @@ class History:
         this replica from its ring. ``since_csn`` keeps commit events above it and local events of
         transactions whose snapshot is at or above it."""
         if table is not None:
-            self.replica.table(table)
+            self.table(table)
         if since_csn is not None and (isinstance(since_csn, bool) or not isinstance(since_csn, int)):
             raise InvalidInput(f"since_csn must be an integer CSN, not {quote(since_csn)}")
         since = -1 if since_csn is None else since_csn
@@ -102,8 +114,7 @@ class History:
 
     # -- commit history (incremental reads) ------------------------------------------------------
     def _time_versions(self) -> dict[int, float]:
-        with self.state.lock:
-            return dict(zip(self.state.time_csns, self.state.time_values))
+        return self.state.time_versions()
 
     def _commits(self, table: str, lo: float, hi: float | None, by: str = "id",
                  compactions: bool = True) -> list[dict]:
@@ -187,8 +198,8 @@ class History:
         there are any, until the caller releases it. Nothing stays leased if this fails."""
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
-        tdef = self.replica.table(table)
-        self.replica.retention.ensure_applied()
+        tdef = self.table(table)
+        self.retention.ensure_applied()
         if by == "id":
             for what, v in (("start", start), ("end", end)):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
@@ -198,7 +209,7 @@ class History:
             if end is None:
                 end = self.state.applied
             else:
-                self.replica.wait_snapshot(end)
+                self.wait_snapshot(end)
         else:
             for what, v in (("start", start), ("end", end)):
                 if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
@@ -207,20 +218,20 @@ class History:
                 raise InvalidInput("changes: start is required")
             for what, v in (("start", start), ("end", end)):
                 if v is not None:
-                    self.replica.retention.check_not_future(float(v), f"changes by time: {what}")
+                    self.retention.check_not_future(float(v), f"changes by time: {what}")
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {quote(end)} is before start {quote(start)}")
         first = start if by == "id" else self.state.csn_at_time(start)
         commits = self._commits(table, start, end, by, compactions)
         lease_id = None
         if commits:  # keeps what they read in use until the client has read it
-            lease_id = self.replica.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
+            lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
         try:
-            self.replica.retention.check_changes(table, start, end, by, first,
+            self.retention.check_changes(table, start, end, by, first,
                                                  [m for c in commits for m in c["added"] + c["removed"]], fresh)
         except SnapshotUnavailable:
             if lease_id is not None:
-                self.replica.leases.release(lease_id)
+                self.leases.release(lease_id)
             raise
         rows = []
         for c in commits:

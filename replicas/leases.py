@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any
 from coordinator.core.errors import InvalidInput, QuotaExceeded, quote
 
 if TYPE_CHECKING:
-    from replicas.replica import Replica
+    from replicas.registry import Transactions
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
 
 RUNNING_MIN_AGE = 1.0  # running transactions at least this old are published by id
 MAX_PUBLISHED_RUNNING = 1000  # beyond this a replica publishes "running_overflow" instead
@@ -44,10 +46,10 @@ class Lease:
 class Leases:
     """The read leases of one replica and its snapshots in use (``replica.leases``)."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.state = replica.state
-        self.config = replica.config
+    def __init__(self, state: ReplicaState, config: ReplicaConfig, transactions: Transactions) -> None:
+        self.state = state
+        self.config = config
+        self.transactions = transactions  # its lock orders leases with begins (Transactions.begins_held)
         self._leases: dict[str, Lease] = {}  # lease id -> lease
 
     def lease(self, snapshot: int | None, holder: str = "read", owner: str | None = None) -> tuple[int, str | None]:
@@ -59,7 +61,7 @@ class Leases:
         if holder not in LEASE_HOLDERS + ("none",):
             raise InvalidInput(f"lease must be one of {list(LEASE_HOLDERS + ('none',))}, not {quote(holder)}")
         lapse = READ_LEASE_SECONDS if holder == "read" else self.config.read_lease_seconds if holder == "spark" else 0
-        with self.replica.transactions._txn_lock:
+        with self.transactions.begins_held():
             snap = self.state.applied if snapshot is None else snapshot
             if lapse <= 0:
                 return snap, None
@@ -74,7 +76,7 @@ class Leases:
         limit = self.config.user_max_read_leases
         if sum(1 for lease in self._leases.values() if lease.owner == owner and lease.expiry > now) >= limit:
             raise QuotaExceeded(
-                f"user {owner!r} holds {limit} read leases on replica {self.replica.host_id}, its quota "
+                f"user {owner!r} holds {limit} read leases on replica {self.config.host_id}, its quota "
                 f"(user_max_read_leases={limit}): finish (release) a read first, or wait until one lapses",
                 user=owner, quota="user_max_read_leases", value=limit)
 
@@ -82,7 +84,7 @@ class Leases:
         """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended
         (cleanup may have taken its parts since)."""
         now = time.monotonic()
-        with self.replica.transactions._txn_lock:
+        with self.transactions.begins_held():
             lease = self._leases.get(_lease_id(lease_id))
             if lease is None or lease.expiry <= now:
                 return {"renewed": False}
@@ -91,16 +93,16 @@ class Leases:
 
     def release(self, lease_id: str) -> dict:
         """End a lease: its snapshot is no longer in use (for it)."""
-        with self.replica.transactions._txn_lock:
+        with self.transactions.begins_held():
             return {"released": self._leases.pop(_lease_id(lease_id), None) is not None}
 
     def in_use(self) -> tuple[int, list[tuple[int, str]], list[str], bool]:
         """(oldest snapshot, up to 16 oldest (snapshot, holder) pairs, ids of running transactions
         old enough to publish, overflow). Called with no lock held; takes the transaction lock."""
         now = time.monotonic()
-        with self.replica.transactions._txn_lock:
+        with self.transactions.begins_held() as running:
             applied = self.state.applied
-            txns = list(self.replica.transactions.txns.values())
+            txns = list(running.values())
             for lease_id in [k for k, lease in self._leases.items() if lease.expiry <= now]:
                 del self._leases[lease_id]
             leases = [(lease.snapshot, lease.holder) for lease in self._leases.values()]

@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import ConflictError, MergetxnError
+from coordinator.model import TxnState
 from coordinator.model.catalog import TableDef
-from coordinator.model.records import TxnState
 from parts.model.meta import PartMeta
+from replicas.registry import delete_part_files
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -56,8 +57,7 @@ class Merges:
         """(kind, pkey, sources) per partition that the policy says to merge now."""
         c = self.config
         now = time.time()
-        with self.state.lock:  # names only: the metas are looked up after (records are never dropped)
-            live = {pk: list(names) for pk, names in self.state.live.get(tdef.name, {}).items() if len(names) >= 2}
+        live = self.state.live_names(tdef.name, at_least=2)  # the metas are looked up after
         parts = self.state.parts
         plans = []
         for pkey, names in sorted(live.items()):
@@ -132,8 +132,7 @@ class Merges:
                 self.outcomes["skipped"] += 1
                 self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
-            with self.state.lock:  # a keys table's versions are ordered by them (coordinator/core/keys.py)
-                csns = {m.name: self.state.parts[m.name].creation_csn for m in visible if m.name in self.state.parts}
+            csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
             result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))
@@ -159,7 +158,7 @@ class Merges:
                 txns.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
-                    txns._delete_file(m.path)
+                    delete_part_files(self.replica.storage, m.path)
         self.replica.history.record("merge", outcome="committed", csn=csn, **event)
         self.outcomes["committed"] += 1
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}

@@ -277,7 +277,7 @@ class ReplicaCollector:
             session.add_metric([r.host_id, name], 1 if state == name else 0)
         yield session
         yield gauge("zookeeper_session_lost", "1 while the session was lost and a new one is not registered yet",
-                    1 if r._session_lost.is_set() else 0)
+                    1 if r.zk_session.lost.is_set() else 0)
         yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", r.incarnation)
         yield gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
         info = GaugeMetricFamily("mergetxn_build_info", "The mergetxn version this replica runs (always 1)",
@@ -298,7 +298,7 @@ def _build_version() -> str:
 def replica_ready_problem(r: Replica, serving: bool) -> str | None:
     """:func:`ready_problem` of replica ``r`` now (memory only)."""
     _, lag_seconds = r.log_watch.lag(r.state.applied)
-    return ready_problem(serving and r.committer is not None, str(r.zk.state), r._session_lost.is_set(),
+    return ready_problem(serving and r.committer is not None, str(r.zk.state), r.zk_session.lost.is_set(),
                          r.pauses.awake(), r.state.failure, lag_seconds)
 
 

@@ -69,9 +69,7 @@ class Outcomes:
         return None if csn is None else CommitStatus(tid_text, TxnState.COMMITTED, csn, "")
 
     def _own(self, tid: Tid, tid_text: str) -> CommitStatus:
-        txns = self.replica.transactions
-        with txns._txn_lock:
-            txn = txns.txns.get(tid_text) or txns.finished.get(tid_text)
+        txn = self.replica.transactions.lookup(tid_text)
         if txn is not None:
             return CommitStatus(tid_text, txn.state, txn.csn, txn.reason)
         if incarnation_of(tid) > self.replica.incarnation:

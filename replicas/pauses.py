@@ -20,11 +20,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 from kazoo.exceptions import KazooException
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.core.errors import CorruptMetadata, MergetxnError, ReplicaUnavailable
+from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,17 @@ class _NotYet(Exception):
 
 
 class PauseGuard:
-    def __init__(self, replica) -> None:
-        self.replica = replica
-        timeout = replica.config.session_timeout
+    """The gate of one replica: ``zk`` and ``layout`` (its CsnLog) for the ``sync`` round trip,
+    ``zk_session`` for whether the session is usable (replicas/zksession.py) and the replica's
+    stop, ``catch_up`` to apply the log up to its end (``Replica.catch_up``)."""
+
+    def __init__(self, zk, layout, host_id: str, session_timeout: float, zk_session: ZkSession,
+                 catch_up: Callable[[], None]) -> None:
+        self.zk, self.layout, self.host_id = zk, layout, host_id
+        self.session_timeout = session_timeout
+        self.zk_session = zk_session
+        self.catch_up = catch_up
+        timeout = session_timeout
         # A gap this long may have cost the session (ZooKeeper expires it after ``timeout``,
         # counted from the last ping, which kazoo sends every third of it).
         self.threshold = max(0.5, timeout / 3)
@@ -71,12 +81,12 @@ class PauseGuard:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ReplicaUnavailable(
-                    f"replica {self.replica.host_id} stood still (paused) and is still making sure of its ZooKeeper "
+                    f"replica {self.host_id} stood still (paused) and is still making sure of its ZooKeeper "
                     "session and catching up with the log; try again")
             self._open.wait(min(left, TICK))
 
     def _run(self) -> None:
-        stop = self.replica._stop
+        stop = self.zk_session.stop
         while not stop.wait(TICK):
             now = time.monotonic()
             gap = now - self._stamp
@@ -84,12 +94,12 @@ class PauseGuard:
                 self._open.clear()
                 self.pauses += 1
                 log.warning("replica %s stood still for %.1fs: making sure of its ZooKeeper session before "
-                            "serving again", self.replica.host_id, gap)
+                            "serving again", self.host_id, gap)
                 self._stamp = time.monotonic()  # requests keep waiting: the gate is closed
                 try:
                     self._recover()
                 except Exception as exc:  # the next tick looks again; requests time out meanwhile
-                    log.warning("replica %s could not make sure of its session: %r", self.replica.host_id, exc)
+                    log.warning("replica %s could not make sure of its session: %r", self.host_id, exc)
                     self._stamp = 0.0
                     continue
                 self._open.set()
@@ -98,17 +108,16 @@ class PauseGuard:
     def _recover(self) -> None:
         """A round trip on a session that is usable (after an expiry: a new one, registered),
         then the log up to its end."""
-        replica = self.replica
         for attempt in Retrying(retry=retry_if_exception_type((_NotYet, KazooException, MergetxnError)),
-                                stop=stop_after_delay(max(30.0, 3 * replica.config.session_timeout)),
+                                stop=stop_after_delay(max(30.0, 3 * self.session_timeout)),
                                 wait=wait_fixed(0.05), reraise=True):
             with attempt:
-                if replica._stop.is_set():
+                if self.zk_session.stop.is_set():
                     return
-                replica.zk.sync(replica.log.log_path())  # raises on an expired session
-                if replica._session_lost.is_set() or not replica._connected.is_set():
+                self.zk.sync(self.layout.log_path())  # raises on an expired session
+                if not self.zk_session.usable():
                     raise _NotYet("waiting for a new session to be registered")
                 try:
-                    replica.catch_up()
+                    self.catch_up()
                 except CorruptMetadata:
                     return  # the log stops at an entry that does not parse: serve what came before

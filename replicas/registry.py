@@ -9,8 +9,9 @@ an aborted transaction wrote are deleted at once. Commits go to the replica's gr
 the outcome lookups (``commit_status``, ``part_status``) are here too.
 
 ``_txn_lock`` orders begin and retire among writers (lookups need no lock), and is the lock under
-which the snapshots in use are computed for the alive node (replicas/leases.py), so a published
-value never exceeds the snapshot of a transaction that began.
+which the snapshots in use are computed for the alive node (replicas/leases.py, through
+:meth:`Transactions.begins_held`), so a published value never exceeds the snapshot of a
+transaction that began.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from coordinator.core.conflicts import check_app_version
@@ -55,10 +57,23 @@ from replicas.sessions import Sessions, check_session_id
 from replicas.transactions import RunningTxn
 
 if TYPE_CHECKING:
+    from parts.io.storage import Storage
     from replicas.replica import Replica
     from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
+
+def delete_part_files(storage: Storage, relpath: str) -> None:
+    """Delete a part's file and then, for a Parquet part, its sidecar; a failure is logged, not
+    raised (the files of a transaction that will never be committed: cleanup takes what is left
+    as an orphan after the grace period)."""
+    try:
+        storage.delete(relpath)
+        if relpath.endswith(".parquet"):
+            storage.delete(relpath[: -len(".parquet")] + ".json")
+    except Exception as exc:
+        log.warning("could not delete %s: %r", relpath, exc)
+
 
 # A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
 # the transaction the first one began, for this long after it, among this many recent tokens.
@@ -75,6 +90,7 @@ class Transactions:
         self.host_id = replica.host_id
         self.state = replica.state
         self.storage = replica.storage
+        self.zk_session = replica.zk_session
         self.table = replica.table  # the table lookup (waits for a table created elsewhere)
         self.txns: dict[str, RunningTxn] = {}
         self.finished: dict[str, RunningTxn] = {}
@@ -108,7 +124,7 @@ class Transactions:
             session = check_session_id(session)
         # A short disconnection (a ZooKeeper member failing over) must not fail clients: wait
         # for the session to come back, at most as long as the session could still be alive.
-        if not self.replica._connected.wait(self.config.session_timeout) or self.replica._session_lost.is_set():
+        if not self.zk_session.wait_usable(self.config.session_timeout):
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
         self.replica.retention.ensure_applied()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
@@ -354,7 +370,7 @@ class Transactions:
         """Commit; the CSN, or None for an async commit (queued: client.flush() waits for it)."""
         txn = self._start_commit(txn_id)
         if not txn.ops and not txn.apps:
-            self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
+            self.finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             return txn.snapshot
         if txn.async_session is not None:
             self.replica.async_commits.accept(txn, self.replica.committer.submit_async)
@@ -453,7 +469,7 @@ class Transactions:
         from the committer's thread (or this one). Errors found before queueing are raised."""
         txn = self._start_commit(txn_id)
         if not txn.ops and not txn.apps:
-            self._finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
+            self.finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             done(txn.snapshot, None)
             return
         if txn.async_session is not None:  # answered now: None, queued (replicas/async_commits.py)
@@ -484,8 +500,7 @@ class Transactions:
     def ready_to_begin(self) -> bool:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the
         cleanup watermark is ahead of this replica)."""
-        return (self.replica._connected.is_set() and not self.replica._session_lost.is_set()
-                and self.replica.cleanup.watermark <= self.state.applied)
+        return self.zk_session.usable() and self.replica.cleanup.watermark <= self.state.applied
 
     def quick_txn(self, txn_id: object) -> RunningTxn | None:
         """The running transaction, if a statement or commit for it can go ahead with no waiting
@@ -521,7 +536,7 @@ class Transactions:
         for op in txn.ops + extra_ops:
             for meta in op.added:
                 if self._its_own_file(txn, meta):
-                    self._delete_file(meta.path)
+                    delete_part_files(self.storage, meta.path)
 
     def _its_own_file(self, txn: RunningTxn, meta: PartMeta) -> bool:
         """Whether an aborted transaction's staged part is a file it wrote and nothing names: its
@@ -542,7 +557,8 @@ class Transactions:
         with self._aborted_lock:
             return dict(self._aborted)
 
-    def _finish(self, txn: RunningTxn, state: str, csn: int | None = None, reason: str = "") -> None:
+    def finish(self, txn: RunningTxn, state: str, csn: int | None = None, reason: str = "") -> None:
+        """``txn`` ended ``state`` (the committer: committed at ``csn``); it is running no more."""
         txn.state, txn.csn, txn.reason = state, csn, reason
         self._retire(txn)
 
@@ -566,6 +582,26 @@ class Transactions:
         self.abort(txn, f"transaction {txn_id} was killed by an operator", "killed")  # logs it at INFO
         return txn.describe()
 
+    @contextmanager
+    def begins_held(self) -> Iterator[dict[str, RunningTxn]]:
+        """Hold off begins and retirements while the body runs, and give the running
+        transactions (to read, not to change). What is read of the applied CSN under it is never
+        past the snapshot of a transaction that begins after: the snapshots in use are computed
+        so (replicas/leases.py, the alive record)."""
+        with self._txn_lock:
+            yield self.txns
+
+    def running_now(self) -> list[RunningTxn]:
+        """The running transactions now (a copy taken under the transaction lock)."""
+        with self._txn_lock:
+            return list(self.txns.values())
+
+    def lookup(self, txn_id: str) -> RunningTxn | None:
+        """The transaction ``txn_id``, running or ended lately, or None (under the lock: one that
+        is being retired is found in one place or the other)."""
+        with self._txn_lock:
+            return self.txns.get(txn_id) or self.finished.get(txn_id)
+
     def describe(self) -> list[dict]:
         """The running transactions, as the ``transactions`` action lists them."""
         with self._txn_lock:
@@ -579,14 +615,6 @@ class Transactions:
         """The lowest CSN this replica still needs: applied, or an older running snapshot."""
         with self._txn_lock:
             return min([self.state.applied, *(t.snapshot for t in self.txns.values())])
-
-    def _delete_file(self, relpath: str) -> None:
-        try:
-            self.storage.delete(relpath)
-            if relpath.endswith(".parquet"):
-                self.storage.delete(relpath[: -len(".parquet")] + ".json")
-        except Exception as exc:
-            log.warning("could not delete %s: %r", relpath, exc)
 
     def reap(self) -> None:
         """Abort the running transactions past their time limit, and those whose client session

@@ -72,13 +72,14 @@ from replicas.merges import Merges
 from replicas.metrics import LogWatch
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
-from replicas.registry import Transactions
+from replicas.registry import Transactions, delete_part_files
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
 from replicas.storage_check import startup_probe
 from replicas.users import Users
 from replicas.wal import Wal
+from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Replica:
         self.host_id = config.host_id
         self.storage = Storage(config.storage_url, config.storage_options)
         self.state = ReplicaState()
-        self._stop = threading.Event()
+        self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""
         creds = config.credentials
@@ -122,20 +123,19 @@ class Replica:
         self.committer = None
         self.transactions = Transactions(self)
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
-        self.leases = Leases(self)
+        self.leases = Leases(self.state, config, self.transactions)
         self.cleanup = Cleanup(self)
-        self.merges = Merges(self, self._stop)
-        self.history = History(self)
+        self.merges = Merges(self, self.zk_session.stop)
         self.tail: checkpoint.LogTail | None = None
         self.log_watch = LogWatch(self)
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.retention = Retention(self)
+        self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
         self.outcomes = Outcomes(self)
-        self.pauses = PauseGuard(self)
+        self.pauses = PauseGuard(self.zk, self.log, self.host_id, config.session_timeout, self.zk_session,
+                                 self.catch_up)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
-        self._session_lost = threading.Event()
         self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
-        self._connected = threading.Event()  # set while the session is usable (not SUSPENDED/LOST)
         self._register_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -170,9 +170,7 @@ class Replica:
             if exc.details.get("manifest"):
                 raise self._wrong_storage(str(exc)) from None
             log.error("cannot apply the log: %s", exc)
-            with self.state.lock:
-                self.state.failure = exc
-                self.state.applied_cond.notify_all()
+            self.state.set_failure(exc)
         if self.state.failure is not None and self.state.failure.details.get("manifest"):
             raise self._wrong_storage(str(self.state.failure))
         self._check_storage()
@@ -275,7 +273,7 @@ class Replica:
                  self.state.applied, len(self.transactions.txns))
         if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
             log.warning("stopping with async commits still queued: they are lost (their clients' flush says so)")
-        self._stop.set()
+        self.zk_session.stop.set()
         if self.tail is not None:
             self.tail.stop()
         if self.committer is not None:
@@ -315,14 +313,13 @@ class Replica:
             self._register()
 
     def _abort_incarnation(self, incarnation: int, reason: str) -> None:
-        with self.transactions._txn_lock:
-            victims = [t for t in self.transactions.txns.values() if incarnation_of(Tid.parse(t.id)) <= incarnation]
+        victims = [t for t in self.transactions.running_now() if incarnation_of(Tid.parse(t.id)) <= incarnation]
         self.transactions.abort_all(reason, victims, "fenced")
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
-        with self.transactions._txn_lock:
-            snaps = [t.snapshot for t in self.transactions.txns.values()]
+        with self.transactions.begins_held() as txns:
+            snaps = [t.snapshot for t in txns.values()]
             applied = self.state.applied
         return AliveRecord(address=self.address, incarnation=self.incarnation, applied=applied,
                            oldest_txn_snapshot=min(snaps) if snaps else None, oldest_snapshot=min(oldest, applied),
@@ -340,7 +337,7 @@ class Replica:
         a dead RPC loop, that ends the process (status 70) so that a supervisor restarts it."""
         connection = getattr(self.zk, "_connection", None)
         stopped = getattr(connection, "connection_stopped", None)
-        if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self._stop.is_set():
+        if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self.zk_session.stop.is_set():
             return
         log.critical("replica %s: the ZooKeeper client's connection loop died and will not reconnect; exiting "
                      "(status 70) so that a supervisor restarts the replica", self.host_id)
@@ -356,20 +353,19 @@ class Replica:
 
     def _on_zk_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
-            self._connected.set()
+            self.zk_session.connected.set()
         else:
-            self._connected.clear()
+            self.zk_session.connected.clear()
         if state == KazooState.LOST:
-            self._session_lost.set()
+            self.zk_session.lost.set()
             reason = f"replica {self.host_id} lost its ZooKeeper session"
-            with self.transactions._txn_lock:  # only these: a BEGIN after this belongs to the new session
-                victims = list(self.transactions.txns.values())
-            if not self._stop.is_set():  # not the end of a clean stop
+            victims = self.transactions.running_now()  # only these: a BEGIN after this belongs to the new session
+            if not self.zk_session.stop.is_set():  # not the end of a clean stop
                 log.warning("%s: aborting its %d running transactions", reason, len(victims))
             self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims, "session_lost"),
                                               name="abort-all", daemon=True)
             self._aborting.start()
-        elif state == KazooState.CONNECTED and self._session_lost.is_set():
+        elif state == KazooState.CONNECTED and self.zk_session.lost.is_set():
             threading.Thread(target=self._after_new_session, daemon=True).start()
         if self.follower is not None:
             self.follower.poke()
@@ -378,7 +374,7 @@ class Replica:
         """A new session after an expired one: register a new incarnation (the transactions of
         the old one were aborted, and another replica may have decided them meanwhile) before
         beginning anything again. Retried until it works or the replica stops: begins wait."""
-        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self._stop.is_set()), wait=wait_fixed(0.5),
+        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self.zk_session.stop.is_set()), wait=wait_fixed(0.5),
                                 stop=stop_never, reraise=True, before_sleep=lambda rs: log.warning(
                                     "could not re-register after a new session: %r", rs.outcome.exception())):
             with attempt:
@@ -390,7 +386,7 @@ class Replica:
         aborting = self._aborting
         if aborting is not None:
             aborting.join()
-        self._session_lost.clear()
+        self.zk_session.lost.clear()
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:
         try:
@@ -407,12 +403,12 @@ class Replica:
             if tid in self.state.tid_csn:
                 continue
             for p in paths:
-                self.transactions._delete_file(p)
+                delete_part_files(self.storage, p)
                 removed += 1
         return removed
 
     def _reaper(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self.zk_session.stop.wait(0.5):
             self.transactions.reap()
 
     def _maintain(self) -> None:
@@ -420,8 +416,8 @@ class Replica:
         each at its own interval."""
         c = self.config
         tick = min([x for x in (c.merge_interval, c.gc_interval, 1.0) if x > 0])
-        while not self._stop.wait(tick):
-            if not self._connected.is_set():
+        while not self.zk_session.stop.wait(tick):
+            if not self.zk_session.connected.is_set():
                 continue
             now = time.monotonic()
             try:
@@ -444,8 +440,7 @@ class Replica:
             # The log did not apply last time: look again now (an operator may have repaired
             # the node); this raises CorruptMetadata naming the node while it still does not parse.
             self.follower.pull()
-            with self.state.lock:
-                self.state.failure = None
+            self.state.clear_failure()
             if csn <= self.state.applied:
                 return
         epoch, seq = split_csn(csn)
@@ -517,13 +512,10 @@ class Replica:
                     # The log stopped at an entry that does not parse: look again now; this
                     # raises CorruptMetadata naming the node while it still does not parse.
                     self.follower.pull()
-                    with self.state.lock:
-                        self.state.failure = None
+                    self.state.clear_failure()
                 self.follower.poke()
-                with self.state.lock:
-                    self.state.applied_cond.wait_for(
-                        lambda: self.state.table(name) is not None or self.state.failure is not None,
-                        self.config.read_wait_seconds)
+                self.state.wait_until(lambda: self.state.table(name) is not None or self.state.failure is not None,
+                                      self.config.read_wait_seconds)
                 t = self.state.table(name, snapshot)
             if t is None:
                 created = self.state.table(name)
@@ -557,8 +549,7 @@ class Replica:
         snap = self.state.applied if snapshot is None else self.resolve_snapshot(snapshot, None, name)
         tdef = self.table(name, snap)
         metas = self.state.visible(name, snap)
-        with self.state.lock:
-            records = [r for r in self.state.catalog.get(name, ()) if r.csn >= tdef.created_csn and r.csn <= snap]
+        records = [r for r in self.state.catalog_records(name) if r.csn >= tdef.created_csn and r.csn <= snap]
         return {**tdef.to_dict(), "retention_seconds": self.retention.seconds(tdef),
                 "retention_default": tdef.retention_seconds is None,
                 "snapshot": snap, "schema_version": tdef.ddl_version,
@@ -636,7 +627,7 @@ class Replica:
             "storage_url": self.storage.url,
             "zk": self.config.zk,
             "zk_state": str(self.zk.state),
-            "zk_connected": self._connected.is_set(),
+            "zk_connected": self.zk_session.connected.is_set(),
             "root": self.log.root,
             "snapshot": applied,
             "applied_csn": applied,

@@ -55,8 +55,7 @@ class Retention:
         """The window of ``table`` as defined at CSN ``at`` (or, dropped by then, as last defined)."""
         tdef = self.state.table(table, at)
         if tdef is None:
-            with self.state.lock:
-                defs = [r for r in self.state.catalog.get(table, ()) if isinstance(r, TableDef)]
+            defs = [r for r in self.state.catalog_records(table) if isinstance(r, TableDef)]
             tdef = defs[-1] if defs else None
         return self.seconds(tdef)
 
@@ -64,8 +63,7 @@ class Retention:
         """The last data-changing commit before the longest window of any table began: every
         snapshot and ``changes`` range in a window starts above it, so the state never forgets
         anything at or above it (its history included) while it is in a window."""
-        with self.state.lock:
-            defs = [r for records in self.state.catalog.values() for r in records if isinstance(r, TableDef)]
+        defs = self.state.table_defs()
         longest = max((self.seconds(t) for t in defs), default=self.seconds(None))
         return self.state.csn_at_time(time.time() - longest)
 

@@ -417,9 +417,7 @@ class ReplicaServer(RpcServer):
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have
         none), which a keys table's read orders versions by (coordinator/core/keys.py)."""
-        parts = self.replica.state.parts
-        with self.replica.state.lock:
-            return {"csns": {m.name: rec.creation_csn for m in metas if (rec := parts.get(m.name)) is not None}}
+        return {"csns": self.replica.state.creation_csns(m.name for m in metas)}
 
     def _compact(self, a: dict) -> dict:
         from parts.io import rewrite

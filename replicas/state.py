@@ -12,7 +12,7 @@ import gc
 import logging
 import threading
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
@@ -643,3 +643,58 @@ class ReplicaState:
 
         with self.lock:
             return self.applied_cond.wait_for(lambda: caught_up() or self.failure is not None, timeout)
+
+    # -- what the replica's parts read and set under the state lock --------------------------
+    def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        """Wait, at most ``timeout`` seconds, until ``predicate`` (called under the state lock,
+        after each entry applied or failure set) holds; whether it does."""
+        with self.lock:
+            return self.applied_cond.wait_for(predicate, timeout)
+
+    def set_failure(self, exc: Exception) -> None:
+        """A log entry could not be applied: reads waiting for it stop waiting and report it."""
+        with self.lock:
+            self.failure = exc
+            self.applied_cond.notify_all()
+
+    def clear_failure(self) -> None:
+        """The log applies again (or is to be looked at again)."""
+        with self.lock:
+            self.failure = None
+
+    def creation_csns(self, names: Iterable[str]) -> dict[str, int | None]:
+        """The creation CSN of each committed part among ``names`` (others are left out): a keys
+        table orders the versions of a key by them (coordinator/core/keys.py)."""
+        with self.lock:
+            return {n: rec.creation_csn for n in names if (rec := self.parts.get(n)) is not None}
+
+    def catalog_records(self, name: str) -> list[TableRecord]:
+        """Table ``name``'s records (created, altered, dropped), by CSN."""
+        with self.lock:
+            return list(self.catalog.get(name, ()))
+
+    def table_defs(self) -> list[TableDef]:
+        """Every definition any table had that this replica still knows (not the drops)."""
+        with self.lock:
+            return [r for records in self.catalog.values() for r in records if isinstance(r, TableDef)]
+
+    def part_records(self, table: str) -> list[PartRecord]:
+        """The records of ``table``'s parts, visible or removed (what prune() forgot is gone)."""
+        with self.lock:
+            return [self.parts[n] for n in self.by_table.get(table, ()) if n in self.parts]
+
+    def time_versions(self) -> dict[int, float]:
+        """Each data-changing commit's CSN with its time version."""
+        with self.lock:
+            return dict(zip(self.time_csns, self.time_values))
+
+    def live_names(self, table: str, at_least: int = 1) -> dict[str, list[str]]:
+        """The names of ``table``'s live parts per partition key, for the partitions that hold
+        at least ``at_least`` of them (names only: records are never dropped while live)."""
+        with self.lock:
+            return {pk: list(names) for pk, names in self.live.get(table, {}).items() if len(names) >= at_least}
+
+    def partition_keys(self, table: str) -> set[str]:
+        """The partition keys of ``table`` that hold live parts or have a conflict history."""
+        with self.lock:
+            return set(self.live.get(table, {})) | {pk for t, pk in self.history if t == table}

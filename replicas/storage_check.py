@@ -20,8 +20,7 @@ from replicas.state import ReplicaState
 
 def needed_parts(state: ReplicaState, marks: Marks, table: str) -> list:
     """The part records of ``table`` whose files a read may still need, by name."""
-    with state.lock:
-        recs = [state.parts[n] for n in state.by_table.get(table, ()) if n in state.parts]
+    recs = state.part_records(table)
     return sorted((r for r in recs if not marks.may_be_gone(table, r.removal_csn, r.removal_time)),
                   key=lambda r: r.meta.name)
 

@@ -31,13 +31,13 @@ from coordinator.core.errors import InvalidInput, ReplicaUnavailable, Transactio
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
 from coordinator.core.tabledata import (
     CHANGE_COLUMNS,
-    _json_scalar,
     apply_update,
     assignments,
     check_expression,
     conform,
     encode_assignments,
     encode_expression,
+    json_scalar,
     may_match,
     partition_key,
     schema_to_json,
@@ -519,7 +519,7 @@ class Client:
             except errors.MergetxnError:
                 return  # the lease lapses; a part cleanup takes meanwhile is reported by the read
             finally:
-                self._rpc._drop()  # this thread's connection, if it opened one
+                self._rpc.drop_connection()  # this thread's connection, if it opened one
 
         renewer = threading.Thread(target=renew, name=f"lease-{lease[:8]}", daemon=True)
         renewer.start()
@@ -1499,7 +1499,7 @@ def _partitions(tdef: TableDef, partitions: Sequence[Any]) -> list[tuple]:
             raise InvalidInput(f"partition {quote(p)} does not match partition columns {list(tdef.partition_by)}")
         for col, v in zip(tdef.partition_by, values):
             _check_partition_value(tdef, col, v)
-        out.append(tuple(_json_scalar(v) for v in values))
+        out.append(tuple(json_scalar(v) for v in values))
     return out
 
 

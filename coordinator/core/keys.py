@@ -503,14 +503,14 @@ def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit:
     doubt, or past ``limit`` keys): then every part may hold a match. The literals are cast to
     the key columns' types (as the comparison does), so the keys are what the part data holds."""
     from coordinator.core.tabledata import (  # the pruning parser: one reading of filters
-        _UNSUPPORTED,
-        _compile,
+        UNSUPPORTED,
+        compile_filter,
     )
 
     if where is None:
         return None
-    tree = _compile(where, schema)
-    if tree is _UNSUPPORTED:
+    tree = compile_filter(where, schema)
+    if tree is UNSUPPORTED:
         return None
     pk = set(primary_key)
 

@@ -245,7 +245,7 @@ def conform(
 # Partitions
 
 
-def _json_scalar(value: Any) -> Any:
+def json_scalar(value: Any) -> Any:
     """A partition value or statistic as a JSON-safe scalar (dates and times as ISO strings)."""
     if isinstance(value, (_dt.date, _dt.datetime, _dt.time)):
         return value.isoformat()
@@ -256,6 +256,9 @@ def _json_scalar(value: Any) -> Any:
     raise InvalidInput(
         f"value {quote(value)} of type {type(value).__name__} cannot be a partition value"
     )
+
+
+_json_scalar = json_scalar  # old name: coordinator/client.py, parts/io/format.py, spark/native.py still use it
 
 
 def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tuple, pa.Table]]:
@@ -279,7 +282,7 @@ def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tu
     values = [grouped.column(k).to_pylist() for k in key_names]
     out = []
     for g in range(grouped.num_rows):
-        partition = tuple(_json_scalar(v[g]) for v in values)
+        partition = tuple(json_scalar(v[g]) for v in values)
         indices = lists[g].values
         part = data if len(indices) == data.num_rows else data.take(indices)
         out.append((partition, part))
@@ -292,7 +295,7 @@ def partition_key(partition: tuple) -> str:
         return "[]"  # every part of an unpartitioned table: the commit path asks several times
     try:
         return json.dumps(
-            [_json_scalar(v) for v in partition],
+            [json_scalar(v) for v in partition],
             separators=(",", ":"),
             ensure_ascii=True,
             allow_nan=False,
@@ -320,7 +323,7 @@ def _dir_value(value: Any) -> str:
     if isinstance(value, bool):
         text = "true" if value else "false"
     else:
-        text = str(_json_scalar(value))
+        text = str(json_scalar(value))
     encoded = url_quote(text, safe="")
     if len(encoded) > _MAX_DIR_VALUE:
         digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -852,12 +855,12 @@ def _same(rebuilt: pc.Expression, where: pc.Expression, schema: pa.Schema | None
     return decode_expression(encode_expression(rebuilt, schema), schema).equals(where)
 
 
-_UNSUPPORTED = ("unsupported",)
-_last_compiled: tuple[Any, Any, tuple] = (None, None, _UNSUPPORTED)
+UNSUPPORTED = ("unsupported",)
+_last_compiled: tuple[Any, Any, tuple] = (None, None, UNSUPPORTED)
 
 
-def _compile(where: pc.Expression, schema: pa.Schema | None) -> tuple:
-    """The comparison tree of ``where``, or ``_UNSUPPORTED``. The last result is kept so pruning
+def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple:
+    """The comparison tree of ``where``, or ``UNSUPPORTED``. The last result is kept so pruning
     many parts with one predicate parses it once."""
     global _last_compiled
     last_where, last_schema, last_tree = _last_compiled
@@ -867,7 +870,7 @@ def _compile(where: pc.Expression, schema: pa.Schema | None) -> tuple:
         tokens = _tokens(str(where))
         tree, end = _parse(tokens, 0)
         if end != len(tokens) or not _same(_rebuild(tree), where, schema):
-            tree = _UNSUPPORTED
+            tree = UNSUPPORTED
     except (
         _Unsupported,
         IndexError,
@@ -877,7 +880,7 @@ def _compile(where: pc.Expression, schema: pa.Schema | None) -> tuple:
         InvalidInput,
         CorruptMetadata,
     ):
-        tree = _UNSUPPORTED
+        tree = UNSUPPORTED
     _last_compiled = (where, schema, tree)
     return tree
 
@@ -896,8 +899,8 @@ def may_match(
     are cut: :func:`bound_range`); ``(min, None)`` is a range without an upper bound."""
     if where is None:
         return True
-    tree = _compile(where, schema)
-    if tree is _UNSUPPORTED:
+    tree = compile_filter(where, schema)
+    if tree is UNSUPPORTED:
         return True
     ranges: dict[str, tuple[Any, Any] | None] = {}
     for col, rng in (stats or {}).items():

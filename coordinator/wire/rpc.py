@@ -777,7 +777,7 @@ class RpcClient:
     def _connection(self) -> tuple[socket.socket, BinaryIO]:
         conn = getattr(self._local, "conn", None)
         if conn is not None and not _alive(conn[0]):
-            self._drop()
+            self.drop_connection()
             conn = None
         if conn is None:
             try:
@@ -829,7 +829,8 @@ class RpcClient:
         tls.settimeout(self._timeout)
         return tls, rfile
 
-    def _drop(self) -> None:
+    def drop_connection(self) -> None:
+        """Close this thread's connection, if it has one (a thread about to end that called)."""
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
@@ -864,12 +865,12 @@ class RpcClient:
         try:
             sock.sendall(payload)
         except OSError as exc:
-            self._drop()
+            self.drop_connection()
             raise _Resend(f"replica {self.address} is unreachable: {exc}") from None
         try:
             reply = read_frame(rfile)
         except (EOFError, OSError, ValueError) as exc:
-            self._drop()
+            self.drop_connection()
             message = f"replica {self.address} did not answer {action!r}: {exc or type(exc).__name__}"
             if isinstance(exc, EOFError) and action in IDEMPOTENT:
                 raise _Resend(message) from None

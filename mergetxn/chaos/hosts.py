@@ -94,7 +94,7 @@ from coordinator.wire.security import (
 )
 from coordinator.zk.log import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
-from mergetxn.local.zkserver import MemberAddress, _free_ports, server_mode
+from mergetxn.local.zkserver import MemberAddress, free_ports, server_mode
 from replicas.settings import SETTINGS, command_line
 
 log = logging.getLogger(__name__)
@@ -1448,7 +1448,7 @@ class LoopbackCluster(_Cluster):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        ports = _free_ports(4 * self.hosts)
+        ports = free_ports(4 * self.hosts)
         n = self.hosts
         self._members = [
             MemberAddress("127.0.0.1", ports[i], ports[n + i], ports[2 * n + i]) for i in range(n)

@@ -869,12 +869,12 @@ def check_storage(address: str) -> list[str]:
 
 def _log_hint(cluster: Any, i: int) -> str:
     """Where replica ``i``'s log is, for a message (each form keeps it elsewhere)."""
-    for candidate in (getattr(cluster, "host_dir", None), getattr(cluster, "_replica_dir", None)):
+    for candidate in (getattr(cluster, "host_dir", None), getattr(cluster, "replica_dir", None)):
         if candidate is not None:
             return str(candidate(i) / "replica.log")
     local = getattr(cluster, "_local", None)
     if local is not None:
-        return str(local._replica_dir(i) / "replica.log")
+        return str(local.replica_dir(i) / "replica.log")
     return "see the cluster directory"
 
 

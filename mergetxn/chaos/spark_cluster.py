@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from mergetxn.local.zkserver import (
-    _free_ports,
-    _JavaProcess,
-    _tail,
+    JavaProcess,
     find_pyspark_jars,
+    free_ports,
     java_executable,
+    log_tail,
 )
 
 MARKER = "MERGETXN_SPARK_DIR"  # in the environment of every process of one standalone cluster
@@ -120,8 +120,8 @@ class SparkStandalone:
         self.python = python
         self.worker_memory = worker_memory
         self.executor_memory = executor_memory
-        self.master_port, self.master_ui_port, *self.worker_ports = _free_ports(2 + 2 * len(self.worker_hosts))
-        self._procs: list[_JavaProcess] = []
+        self.master_port, self.master_ui_port, *self.worker_ports = free_ports(2 + 2 * len(self.worker_hosts))
+        self._procs: list[JavaProcess] = []
         self.timings: dict[str, float] = {}
 
     # -- addresses ------------------------------------------------------------------------------
@@ -199,7 +199,7 @@ class SparkStandalone:
         return self
 
     def _start(self, i: int, main_class: str, args: list[str]) -> None:
-        proc = _JavaProcess(self._argv(i, main_class, args), self.workdir / f"{'master' if i == 0 else f'worker-{i}'}.out",
+        proc = JavaProcess(self._argv(i, main_class, args), self.workdir / f"{'master' if i == 0 else f'worker-{i}'}.out",
                             self.workdir)
         proc.start()
         self._procs.append(proc)
@@ -216,7 +216,7 @@ class SparkStandalone:
                 i = dead[0] if dead else procs[-1]
                 out = self._procs[i].log_path if i < len(self._procs) else self.log_path(i)
                 raise SparkClusterError(f"Spark standalone: waiting for {what}: {why}; "
-                                        f"{self.log_path(i)}:\n{_tail(self.log_path(i))}\n{out}:\n{_tail(out)}")
+                                        f"{self.log_path(i)}:\n{log_tail(self.log_path(i))}\n{out}:\n{log_tail(out)}")
             time.sleep(0.2)
 
     def _state(self) -> dict | None:

@@ -150,7 +150,8 @@ class LocalCluster:
             self.stop()
             raise
 
-    def _replica_dir(self, i: int) -> Path:
+    def replica_dir(self, i: int) -> Path:
+        """Replica i's directory (its WAL, log and address file): what a report points at."""
         return self.workdir / f"replica-{i}"
 
     @_replica_index
@@ -158,7 +159,7 @@ class LocalCluster:
         """Start (or restart) replica ``i``; returns its address once it serves."""
         if self._procs[i] is not None and self._procs[i].poll() is None:
             return self.replica_addresses[i]
-        d = self._replica_dir(i)
+        d = self.replica_dir(i)
         d.mkdir(parents=True, exist_ok=True)
         ready = d / "address"
         ready.unlink(missing_ok=True)
@@ -199,12 +200,12 @@ class LocalCluster:
             proc.send_signal(signal.SIGCONT)
 
     def _wait_ready(self, i: int, timeout: float = 90.0) -> None:
-        ready = self._replica_dir(i) / "address"
+        ready = self.replica_dir(i) / "address"
 
         def check() -> None:
             proc = self._procs[i]
             if proc.poll() is not None:
-                tail = (self._replica_dir(i) / "replica.log").read_text(errors="replace")[-3000:]
+                tail = (self.replica_dir(i) / "replica.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"replica {i} exited with {proc.returncode}:\n{tail}")
             if not ready.exists():
                 raise ReplicaUnavailable(f"replica {i} not ready")

@@ -185,7 +185,7 @@ def java_executable() -> str:
 # Small helpers
 
 
-def _free_ports(n: int, host: str = LOCALHOST) -> list[int]:
+def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
     """n distinct free TCP ports (all held open together so they differ)."""
     socks: list[socket.socket] = []
     try:
@@ -197,6 +197,9 @@ def _free_ports(n: int, host: str = LOCALHOST) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+_free_ports = free_ports  # old name: mergetxn/chaos (hosts, s3, spark_cluster) still imports it
 
 
 def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0,
@@ -242,7 +245,7 @@ def _ensure_port_free(port: int, what: str, host: str = LOCALHOST) -> None:
             raise RuntimeError(f"cannot start {what}: port {port} on {host} is in use")
 
 
-def _tail(path: Path, lines: int = 30) -> str:
+def log_tail(path: Path, lines: int = 30) -> str:
     try:
         text = path.read_text(errors="replace")
     except OSError:
@@ -252,7 +255,7 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 # Java processes we started and have not stopped, for the atexit cleanup (a plain set: a server
 # whose handle was dropped must still be stopped at exit).
-_LIVE: set[_JavaProcess] = set()
+_LIVE: set[JavaProcess] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -300,7 +303,7 @@ if alive():
 """
 
 
-class _JavaProcess:
+class JavaProcess:
     """One ZooKeeper JVM in its own process group, with a watchdog tied to this interpreter."""
 
     def __init__(self, argv: list[str], log_path: Path, cwd: Path) -> None:
@@ -590,13 +593,13 @@ class ZooKeeperServer:
         self.workdir = Path(workdir).resolve()
         self.credentials = credentials
         self.tls = None if credentials is None else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls")
-        self.port = port if port is not None else _free_ports(1)[0]
+        self.port = port if port is not None else free_ports(1)[0]
         self.tick_ms = tick_ms
         self.extra_config = dict(extra_config or {})
         self.data_dir = self.workdir / "data"
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
-        self._proc: _JavaProcess | None = None
+        self._proc: JavaProcess | None = None
 
     @property
     def address(self) -> str:
@@ -634,7 +637,7 @@ class ZooKeeperServer:
         """Start the JVM and return :attr:`address` once it really serves requests."""
         if not self.running:
             _ensure_port_free(self.port, f"ZooKeeper in {self.workdir}")
-            self._proc = _JavaProcess(self._configure(), self.out_file, self.workdir)
+            self._proc = JavaProcess(self._configure(), self.out_file, self.workdir)
             self._proc.start()
         self.wait_serving(timeout)
         if self.credentials is not None:
@@ -648,7 +651,7 @@ class ZooKeeperServer:
             if not self.running:
                 raise RuntimeError(
                     f"ZooKeeper on port {self.port} exited; last log lines:\n"
-                    f"{_tail(self.out_file)}\n{_tail(self.log_file)}"
+                    f"{log_tail(self.out_file)}\n{log_tail(self.log_file)}"
                 )
             mode = server_mode(LOCALHOST, self.port, context=None if self.tls is None else self.tls.client_context())
             if mode is None:
@@ -658,7 +661,7 @@ class ZooKeeperServer:
         try:
             _wait_until(check, timeout, f"ZooKeeper {self.address}")
         except TimeoutError as e:
-            raise TimeoutError(f"{e}\nlast log lines:\n{_tail(self.log_file)}") from None
+            raise TimeoutError(f"{e}\nlast log lines:\n{log_tail(self.log_file)}") from None
 
     def stop(self, timeout: float = 15.0) -> None:
         """Graceful stop: SIGTERM, wait up to ``timeout``, then SIGKILL. Idempotent."""
@@ -778,7 +781,7 @@ class ZooKeeperMember:
                     else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls", quorum_host=self.me.host))
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
-        self._proc: _JavaProcess | None = None
+        self._proc: JavaProcess | None = None
 
     @property
     def address(self) -> str:
@@ -840,7 +843,7 @@ class ZooKeeperMember:
             me = self.me
             for port in (me.client_port, me.quorum_port, me.election_port):
                 _ensure_port_free(port, f"ZooKeeper member {self.myid}", me.host)
-            self._proc = _JavaProcess(self._configure(), self.out_file, self.workdir)
+            self._proc = JavaProcess(self._configure(), self.out_file, self.workdir)
             self._proc.start()
         if wait:
             self.wait_serving(timeout)
@@ -851,7 +854,7 @@ class ZooKeeperMember:
         if not self.running:
             raise RuntimeError(
                 f"ZooKeeper member {self.myid} exited; last log lines:\n"
-                f"{_tail(self.out_file)}\n{_tail(self.log_file)}"
+                f"{log_tail(self.out_file)}\n{log_tail(self.log_file)}"
             )
 
     def wait_serving(self, timeout: float = 60) -> str:
@@ -899,7 +902,7 @@ class ZooKeeperEnsemble:
         self.workdir = Path(workdir).resolve()
         self.size = size
         self.tick_ms = tick_ms
-        ports = _free_ports(3 * size)
+        ports = free_ports(3 * size)
         self.client_ports = ports[0:size]
         self.quorum_ports = ports[size : 2 * size]
         self.election_ports = ports[2 * size : 3 * size]

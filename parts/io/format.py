@@ -115,7 +115,7 @@ def write_part(
     adds the key summary (coordinator/core/keys.py) to the metadata."""
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
-    partition = tuple(ops._json_scalar(v) for v in partition)
+    partition = tuple(ops.json_scalar(v) for v in partition)
     name = new_part_name(creation_tid)
     path = part_path(table, list(partition_by), partition, name)
     sink = pa.BufferOutputStream()

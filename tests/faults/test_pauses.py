@@ -66,7 +66,7 @@ def test_a_replica_back_from_a_long_pause_serves_nothing_that_cleanup_took(clust
 
 def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborted(
         zk_address: str, tmp_path) -> None:
-    """After a lost session, the replica is back (``_session_lost`` cleared, which the pause
+    """After a lost session, the replica is back (``zk_session.lost`` cleared, which the pause
     guard waits for) only once every transaction of the old session is aborted, however long
     aborting one takes (here: its lock held by a statement in progress)."""
     from kazoo.client import KazooState
@@ -87,11 +87,11 @@ def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborte
             r._on_zk_state(KazooState.CONNECTED)  # re-registers in a thread
             wait_until(lambda: r.incarnation != before, 10, "the new registration")
             # Registered, the old transaction not yet aborted: not back (a second's look).
-            assert not poll(lambda: not r._session_lost.is_set(), timeout=1.0, interval=0.05), \
+            assert not poll(lambda: not r.zk_session.lost.is_set(), timeout=1.0, interval=0.05), \
                 "back before the old session's transaction was aborted"
         finally:
             txn.lock.release()
-        wait_until(lambda: not r._session_lost.is_set(), 10, "back once the transaction is aborted")
+        wait_until(lambda: not r.zk_session.lost.is_set(), 10, "back once the transaction is aborted")
         assert txn.state == TxnState.ABORTED
     finally:
         r.stop()
