@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt
 
+from coordinator.core import retries
 from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
@@ -155,12 +155,11 @@ def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
         zk.retry(zk.set, path, encode_tail(tail), version=version)
 
 
-class _Replaced(Exception):
+class _Replaced(retries.TryAgain):
     """The checkpoint being loaded was replaced by a newer one (and may be gone)."""
 
 
-# LogTail.load_checkpoint: a replaced checkpoint is skipped for the newer one, at most twice.
-_NEXT_CHECKPOINT = Retrying(retry=retry_if_exception_type(_Replaced), stop=stop_after_attempt(3), reraise=True)
+_NEXT_CHECKPOINT = retries.next_checkpoint(on=_Replaced)
 
 
 # -- the per-replica worker -------------------------------------------------------------------

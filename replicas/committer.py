@@ -34,15 +34,9 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
 )
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_random,
-)
+from tenacity import Retrying
 
-from coordinator.core import jsonwire
+from coordinator.core import jsonwire, retries
 from coordinator.core.conflicts import (
     COMPACTIONS,
     DATA_CHANGING,
@@ -294,12 +288,7 @@ class Committer:
             exc = retry_state.outcome.exception()
             return 0.0 if after_local_miss and isinstance(exc, _LocalMiss) else random.uniform(0, RETRY_WAIT)
 
-        return Retrying(
-            retry=retry_if_exception_type((VersionMoved, NeedKeys)),
-            stop=stop_after_attempt(500) | stop_after_delay(120),
-            wait=wait,
-            reraise=True,
-        )
+        return retries.commit_attempts(wait, on=(VersionMoved, NeedKeys))
 
     # -- DDL ---------------------------------------------------------------------------------
     def _create_table(self, p: Pending) -> None:
@@ -676,7 +665,7 @@ class Committer:
         """After a lost connection: did our multi commit? Answer only once we know."""
         log.warning("connection lost during commit multi (%r); looking up %s in the log", exc, tid)
         zk = self.log.zk
-        for attempt in Retrying(stop=stop_after_delay(300), wait=wait_random(0.05, 0.3), reraise=True):
+        for attempt in retries.log_lookup():
             with attempt:
                 if not zk.connected:
                     raise ConnectionLoss("waiting for ZooKeeper")

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import ConflictError, MergetxnError
-from coordinator.model import TxnState
 from coordinator.model.catalog import TableDef
+from coordinator.model.records import TxnState
 from parts.model.meta import PartMeta
 from replicas.registry import delete_part_files
 

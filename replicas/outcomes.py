@@ -22,8 +22,8 @@ import json
 import logging
 
 from kazoo.exceptions import BadVersionError, NoNodeError
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_random
 
+from coordinator.core import retries
 from coordinator.core.errors import InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.records import AliveRecord, CommitStatus, TxnState
@@ -35,7 +35,7 @@ ASK_OWNER_SECONDS = 3.0  # how long a forwarded question waits for the owner's a
 DECIDE_SECONDS = 30.0  # how long deciding retries while the owner node keeps moving
 
 
-class _Moved(Exception):
+class _Moved(retries.TryAgain):
     """The owner node moved while this replica was fencing it: look again."""
 
 
@@ -58,8 +58,7 @@ class Outcomes:
             return committed
         if tid.host_id == self.replica.host_id:
             return self._own(tid, tid_text)
-        for attempt in Retrying(retry=retry_if_exception_type(_Moved), stop=stop_after_delay(DECIDE_SECONDS),
-                                wait=wait_random(0.01, 0.1), reraise=True):
+        for attempt in retries.foreign_outcome(DECIDE_SECONDS, on=_Moved):
             with attempt:
                 return self._foreign(tid, tid_text, forward)
         raise AssertionError("unreachable")

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 
 from kazoo.exceptions import KazooException
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
+from coordinator.core import retries
 from coordinator.core.errors import CorruptMetadata, MergetxnError, ReplicaUnavailable
 from replicas.zksession import ZkSession
 
@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 TICK = 0.1  # seconds between stamps
 
 
-class _NotYet(Exception):
-    pass
+class _NotYet(retries.TryAgain):
+    """The new session is not registered yet."""
 
 
 class PauseGuard:
@@ -108,9 +108,8 @@ class PauseGuard:
     def _recover(self) -> None:
         """A round trip on a session that is usable (after an expiry: a new one, registered),
         then the log up to its end."""
-        for attempt in Retrying(retry=retry_if_exception_type((_NotYet, KazooException, MergetxnError)),
-                                stop=stop_after_delay(max(30.0, 3 * self.session_timeout)),
-                                wait=wait_fixed(0.05), reraise=True):
+        for attempt in retries.session_check(max(30.0, 3 * self.session_timeout),
+                                             on=(_NotYet, KazooException, MergetxnError)):
             with attempt:
                 if self.zk_session.stop.is_set():
                     return

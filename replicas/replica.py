@@ -28,15 +28,8 @@ from pathlib import Path
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.retry import KazooRetry
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    retry_if_exception_type,
-    stop_after_delay,
-    stop_never,
-    wait_fixed,
-)
 
+from coordinator.core import retries
 from coordinator.core.errors import (
     CorruptMetadata,
     InvalidInput,
@@ -235,8 +228,7 @@ class Replica:
         """Refuse to serve on storage that holds none of the newest parts the log names (a wrong
         ``--storage``); transient storage errors are retried for a while, then refuse too."""
         try:
-            for attempt in Retrying(retry=retry_if_exception_type(OSError), stop=stop_after_delay(30),
-                                    wait=wait_fixed(0.5), reraise=True):
+            for attempt in retries.storage_probe():
                 with attempt:
                     problem = startup_probe(self.state, self.storage)
         except OSError as exc:
@@ -374,9 +366,7 @@ class Replica:
         """A new session after an expired one: register a new incarnation (the transactions of
         the old one were aborted, and another replica may have decided them meanwhile) before
         beginning anything again. Retried until it works or the replica stops: begins wait."""
-        for attempt in Retrying(retry=retry_if_exception(lambda exc: not self.zk_session.stop.is_set()), wait=wait_fixed(0.5),
-                                stop=stop_never, reraise=True, before_sleep=lambda rs: log.warning(
-                                    "could not re-register after a new session: %r", rs.outcome.exception())):
+        for attempt in retries.reregister(self.zk_session.stop, log):
             with attempt:
                 with self._register_lock:
                     self._register()
