@@ -89,11 +89,11 @@ from coordinator.zk.log import (
     VersionMoved,
     table_node_dropped,
 )
+from parts.io.format import delete_part
 from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
-from replicas.registry import delete_part_files
 from replicas.transactions import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
@@ -634,7 +634,7 @@ class Committer:
             self.replica.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
-                    delete_part_files(self.replica.storage, meta.path)
+                    delete_part(self.replica.storage, meta.path)
             p.resolve(csn)
         return deferred
 
@@ -697,7 +697,7 @@ class Committer:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
             self.replica.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
-                delete_part_files(self.replica.storage, meta.path)
+                delete_part(self.replica.storage, meta.path)
         p.resolve(error=exc)
 
     # -- deciding ----------------------------------------------------------------------------

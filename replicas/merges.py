@@ -19,8 +19,8 @@ from coordinator.core.conflicts import Policy
 from coordinator.core.errors import ConflictError, MergetxnError
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import TxnState
+from parts.io.format import delete_part
 from parts.model.meta import PartMeta
-from replicas.registry import delete_part_files
 
 if TYPE_CHECKING:
     from replicas.replica import Replica
@@ -158,7 +158,7 @@ class Merges:
                 txns.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
-                    delete_part_files(self.replica.storage, m.path)
+                    delete_part(self.replica.storage, m.path)
         self.replica.history.record("merge", outcome="committed", csn=csn, **event)
         self.outcomes["committed"] += 1
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}

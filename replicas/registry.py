@@ -49,7 +49,7 @@ from coordinator.model.records import (
     WalStaged,
     op_from_dict,
 )
-from parts.io.format import part_path
+from parts.io.format import delete_part, part_path
 from parts.model.meta import PartMeta
 from replicas.cleanup import MIN_GRACE
 from replicas.metrics import abort_kind
@@ -57,23 +57,10 @@ from replicas.sessions import Sessions, check_session_id
 from replicas.transactions import RunningTxn
 
 if TYPE_CHECKING:
-    from parts.io.storage import Storage
     from replicas.replica import Replica
     from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
-
-def delete_part_files(storage: Storage, relpath: str) -> None:
-    """Delete a part's file and then, for a Parquet part, its sidecar; a failure is logged, not
-    raised (the files of a transaction that will never be committed: cleanup takes what is left
-    as an orphan after the grace period)."""
-    try:
-        storage.delete(relpath)
-        if relpath.endswith(".parquet"):
-            storage.delete(relpath[: -len(".parquet")] + ".json")
-    except Exception as exc:
-        log.warning("could not delete %s: %r", relpath, exc)
-
 
 # A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
 # the transaction the first one began, for this long after it, among this many recent tokens.
@@ -536,7 +523,7 @@ class Transactions:
         for op in txn.ops + extra_ops:
             for meta in op.added:
                 if self._its_own_file(txn, meta):
-                    delete_part_files(self.storage, meta.path)
+                    delete_part(self.storage, meta.path)
 
     def _its_own_file(self, txn: RunningTxn, meta: PartMeta) -> bool:
         """Whether an aborted transaction's staged part is a file it wrote and nothing names: its

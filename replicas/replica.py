@@ -53,6 +53,7 @@ from coordinator.wire.security import zk_client_args
 from coordinator.zk.alive import AliveNode, check_host_free
 from coordinator.zk.fence import OrphanFence
 from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
+from parts.io.format import delete_part
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 from replicas import checkpoint
@@ -65,7 +66,7 @@ from replicas.merges import Merges
 from replicas.metrics import LogWatch
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
-from replicas.registry import Transactions, delete_part_files
+from replicas.registry import Transactions
 from replicas.retention import Retention
 from replicas.settings import ReplicaConfig, tunables
 from replicas.state import ReplicaState
@@ -393,7 +394,7 @@ class Replica:
             if tid in self.state.tid_csn:
                 continue
             for p in paths:
-                delete_part_files(self.storage, p)
+                delete_part(self.storage, p)
                 removed += 1
         return removed
 

@@ -61,7 +61,7 @@ from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
 from parts.io import rewrite
 from parts.io.dataset import snapshot_dataset, table_dataset
-from parts.io.format import read_part, write_part
+from parts.io.format import delete_part, read_part, write_part
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 
@@ -933,7 +933,7 @@ class Transaction:
                 for op in ops:
                     for m in op.added:
                         if m.name.startswith(self.id + "_"):  # this transaction's own: no commit names it
-                            _delete_quietly(self.client.storage, m.path)
+                            delete_part(self.client.storage, m.path)
             raise
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
@@ -1542,11 +1542,3 @@ def _timestamp(when: Any, what: str) -> float:
     if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
         raise InvalidInput(f"{what} must be a timezone-aware datetime, not {quote(when)}")
     return when.timestamp()
-
-
-def _delete_quietly(storage: Storage, path: str) -> None:
-    try:
-        storage.delete(path)
-        storage.delete(path[: -len(".parquet")] + ".json")
-    except Exception:
-        pass

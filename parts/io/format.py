@@ -11,6 +11,7 @@ those facts belong to the commit log.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import time
@@ -27,7 +28,9 @@ from coordinator.core import keys
 from coordinator.core import tabledata as ops
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts.io.storage import Storage
-from parts.model.meta import PartMeta
+from parts.model.meta import PartMeta, sidecar_path
+
+log = logging.getLogger(__name__)
 
 COMPRESSION = "zstd"
 # <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
@@ -221,3 +224,14 @@ def read_meta(storage: Storage, relpath: str) -> PartMeta:
             f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath
         )
     return meta
+
+
+def delete_part(storage: Storage, path: str) -> None:
+    """Delete a part's file and, for a Parquet part, its sidecar, quietly: the one way every
+    layer drops the files of a transaction that will never commit (a failure is logged; cleanup
+    takes whatever is left as an orphan after the grace period)."""
+    for p in (path, sidecar_path(path)) if path.endswith(".parquet") else (path,):
+        try:
+            storage.delete(p)
+        except Exception as exc:  # noqa: BLE001 - quietly, whatever the backend raised
+            log.warning("could not delete %s: %r", p, exc)
