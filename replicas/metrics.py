@@ -28,6 +28,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
@@ -194,9 +195,61 @@ def _size(path: str | os.PathLike) -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class Stats:
+    """One reading of everything the replica counts: ``info`` (replicas/replica.py) and the
+    Prometheus collector both report from it, so the two never count separately."""
+
+    commits: int
+    commit_batches: int
+    commit_failures: int
+    local_version_misses: int
+    conflicts: dict[str, int]  # by kind
+    latency_counts: tuple[int, ...]  # per LATENCY_BUCKETS bound, then +Inf
+    latency_sum: float
+    has_committer: bool
+    applied_csn: int
+    log_end_csn: int
+    log_entries: int
+    lag_entries: int
+    lag_seconds: float
+    running_transactions: int
+    wal_bytes: int
+    cleanup_passes: int
+    cleanup_failures: int
+    cleanup_files_removed: int
+    merges: dict[str, int]  # by outcome
+    aborted: dict[str, int]  # by reason
+    zk_state: str
+    session_lost: bool
+    incarnation: int
+
+
+def read_stats(r: Replica) -> Stats:
+    """The replica's counters now (memory only: answered on the RPC I/O thread and at scrape
+    time alike)."""
+    c = r.committer
+    applied = r.state.applied
+    lag_entries, lag_seconds = r.log_watch.lag(applied)
+    return Stats(
+        commits=c.committed if c else 0, commit_batches=c.batches if c else 0,
+        commit_failures=c.stats.failed if c else 0, local_version_misses=c.local_misses if c else 0,
+        conflicts=dict(c.stats.conflicts.copy()) if c else {},  # a copy: a new kind may come
+        latency_counts=tuple(c.stats.latency_counts) if c else (), latency_sum=c.stats.latency_sum if c else 0.0,
+        has_committer=c is not None,
+        applied_csn=applied, log_end_csn=r.log_watch.end, log_entries=r.log_watch.entries,
+        lag_entries=lag_entries, lag_seconds=lag_seconds,
+        running_transactions=len(r.transactions.txns), wal_bytes=r.log_watch.wal_bytes,
+        cleanup_passes=r.cleanup.passes, cleanup_failures=r.cleanup.failures,
+        cleanup_files_removed=r.cleanup.files_removed,
+        merges=dict(r.merges.outcomes.copy()), aborted=dict(r.transactions.abort_counts()),
+        zk_state=str(r.zk.state), session_lost=r.zk_session.lost.is_set(), incarnation=r.incarnation,
+    )
+
+
 class ReplicaCollector:
-    """The replica's metrics, computed at scrape time from what it counts (see the module
-    docstring)."""
+    """The replica's metrics, computed at scrape time from one :class:`Stats` reading (see the
+    module docstring)."""
 
     def __init__(self, replica: Replica) -> None:
         self.replica = replica
@@ -225,60 +278,55 @@ class ReplicaCollector:
             m.add_metric(host, value)
             return m
 
-        c = r.committer
-        if c is not None:
-            yield counter("commits", "Transactions committed through this replica", c.committed)
-            yield counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", c.batches)
-            yield counter("commit_failures", "Commits that did not commit (conflicts included)", c.stats.failed)
+        s = read_stats(r)
+        if s.has_committer:
+            yield counter("commits", "Transactions committed through this replica", s.commits)
+            yield counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", s.commit_batches)
+            yield counter("commit_failures", "Commits that did not commit (conflicts included)", s.commit_failures)
             yield counter("local_version_misses", "First attempts on locally applied target versions that "
-                          "ZooKeeper refused", c.local_misses)
+                          "ZooKeeper refused", s.local_version_misses)
             conflicts = CounterMetricFamily("mergetxn_conflicts", "Commits that lost a conflict, by kind",
                                             labels=["replica", "kind"])
-            for kind, n in sorted(c.stats.conflicts.copy().items()):  # a copy: a new kind may come
+            for kind, n in sorted(s.conflicts.items()):
                 conflicts.add_metric([r.host_id, kind], n)
             yield conflicts
-            counts, total = list(c.stats.latency_counts), c.stats.latency_sum
             buckets, cumulative = [], 0
-            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts):
+            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), s.latency_counts):
                 cumulative += n
                 buckets.append((bound, cumulative))
             latency = HistogramMetricFamily("mergetxn_commit_latency_seconds", "Time from a commit request "
                                             "reaching the committer to its decision", labels=labels)
-            latency.add_metric(host, buckets, total)
+            latency.add_metric(host, buckets, s.latency_sum)
             yield latency
-        applied = r.state.applied
-        entries, seconds = r.log_watch.lag(applied)
-        yield gauge("applied_csn", "CSN up to which this replica applied the log", applied)
-        yield gauge("log_end_csn", "CSN of the newest log entry this replica saw in ZooKeeper", r.log_watch.end)
-        yield gauge("log_entries", "Log entries ZooKeeper holds", r.log_watch.entries)
-        yield gauge("lag_entries", "Log entries not applied here yet", entries)
-        yield gauge("lag_seconds", "Seconds since this replica saw an entry it has not applied yet", seconds)
-        yield gauge("running_transactions", "Transactions running on this replica", len(r.transactions.txns))
-        yield gauge("wal_bytes", "Size of the WAL", r.log_watch.wal_bytes)
-        yield counter("cleanup_passes", "Cleanup passes run by this replica", r.cleanup.passes)
-        yield counter("cleanup_failures", "Cleanup passes that failed", r.cleanup.failures)
-        yield counter("cleanup_files_removed", "Files removed by cleanup passes here", r.cleanup.files_removed)
+        yield gauge("applied_csn", "CSN up to which this replica applied the log", s.applied_csn)
+        yield gauge("log_end_csn", "CSN of the newest log entry this replica saw in ZooKeeper", s.log_end_csn)
+        yield gauge("log_entries", "Log entries ZooKeeper holds", s.log_entries)
+        yield gauge("lag_entries", "Log entries not applied here yet", s.lag_entries)
+        yield gauge("lag_seconds", "Seconds since this replica saw an entry it has not applied yet", s.lag_seconds)
+        yield gauge("running_transactions", "Transactions running on this replica", s.running_transactions)
+        yield gauge("wal_bytes", "Size of the WAL", s.wal_bytes)
+        yield counter("cleanup_passes", "Cleanup passes run by this replica", s.cleanup_passes)
+        yield counter("cleanup_failures", "Cleanup passes that failed", s.cleanup_failures)
+        yield counter("cleanup_files_removed", "Files removed by cleanup passes here", s.cleanup_files_removed)
         merges = CounterMetricFamily("mergetxn_merges", "Background merges run here, by outcome",
                                      labels=["replica", "outcome"])
-        for outcome, n in sorted(r.merges.outcomes.copy().items()):
+        for outcome, n in sorted(s.merges.items()):
             merges.add_metric([r.host_id, outcome], n)
         yield merges
         aborted = CounterMetricFamily("mergetxn_transactions_aborted", "Transactions that ended aborted here, "
                                       "by reason", labels=["replica", "reason"])
-        counts = r.transactions.abort_counts()
-        for reason in sorted(set(ABORT_REASONS) | set(counts)):
-            aborted.add_metric([r.host_id, reason], counts.get(reason, 0))
+        for reason in sorted(set(ABORT_REASONS) | set(s.aborted)):
+            aborted.add_metric([r.host_id, reason], s.aborted.get(reason, 0))
         yield aborted
-        state = str(r.zk.state)
         session = GaugeMetricFamily("mergetxn_zookeeper_session_state", "1 for the state this replica's ZooKeeper "
                                     "session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",
                                     labels=["replica", "state"])
         for name in ZK_STATES:
-            session.add_metric([r.host_id, name], 1 if state == name else 0)
+            session.add_metric([r.host_id, name], 1 if s.zk_state == name else 0)
         yield session
         yield gauge("zookeeper_session_lost", "1 while the session was lost and a new one is not registered yet",
-                    1 if r.zk_session.lost.is_set() else 0)
-        yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", r.incarnation)
+                    1 if s.session_lost else 0)
+        yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", s.incarnation)
         yield gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
         info = GaugeMetricFamily("mergetxn_build_info", "The mergetxn version this replica runs (always 1)",
                                  labels=["replica", "version", "python"])

@@ -63,7 +63,7 @@ from replicas.follower import Follower
 from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
-from replicas.metrics import LogWatch
+from replicas.metrics import LogWatch, read_stats
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
 from replicas.registry import Transactions
@@ -604,51 +604,50 @@ class Replica:
         """What this replica is and how it is doing (the ``info`` action, ``mergetxn status``).
         Answered on the RPC I/O thread: memory only, no ZooKeeper or storage request (the log's
         end and the file sizes are what the log-tail thread last saw: replicas/metrics.py)."""
-        applied = self.state.applied
+        s = read_stats(self)
         watch = self.log_watch
-        lag_entries, lag_seconds = watch.lag(applied)
         oldest, picked, _, _ = self.leases.in_use()
-        holder = next((h for s, h in picked if s == oldest), "replica snapshot")
+        holder = next((h for snap, h in picked if snap == oldest), "replica snapshot")
         last_gc = self.cleanup.last_gc_report
-        committer = self.committer
         return {
             "host_id": self.host_id,
             "address": self.address,
             "metrics_address": self.metrics_address,
             "storage_url": self.storage.url,
             "zk": self.config.zk,
-            "zk_state": str(self.zk.state),
+            "zk_state": s.zk_state,
             "zk_connected": self.zk_session.connected.is_set(),
             "root": self.log.root,
-            "snapshot": applied,
-            "applied_csn": applied,
+            "snapshot": s.applied_csn,
+            "applied_csn": s.applied_csn,
             "log_failure": None if self.state.failure is None else str(self.state.failure),
-            "log": {"end_csn": watch.end, "entries": watch.entries, "epochs": watch.epochs,
+            "log": {"end_csn": s.log_end_csn, "entries": s.log_entries, "epochs": watch.epochs,
                     "observed_at": watch.observed_at, "retained": self.tail.retained if self.tail else 0,
-                    "wal_bytes": watch.wal_bytes, "local_checkpoint_bytes": watch.local_checkpoint_bytes,
+                    "wal_bytes": s.wal_bytes, "local_checkpoint_bytes": watch.local_checkpoint_bytes,
                     "checkpoint": watch.checkpoint},
-            "lag": {"entries": lag_entries, "seconds": round(lag_seconds, 3)},
+            "lag": {"entries": s.lag_entries, "seconds": round(s.lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
-            "running_transactions": len(self.transactions.txns),
+            "running_transactions": s.running_transactions,
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
-            "cleanup": {"passes": self.cleanup.passes, "failures": self.cleanup.failures,
-                        "files_removed": self.cleanup.files_removed, "last_at": self.cleanup.last_gc_at,
+            "cleanup": {"passes": s.cleanup_passes, "failures": s.cleanup_failures,
+                        "files_removed": s.cleanup_files_removed, "last_at": self.cleanup.last_gc_at,
                         "last_error": self.cleanup.last_gc_error, "watermark": self.cleanup.watermark,
                         "last": None if last_gc is None else {
                             k: (len(v) if isinstance(v, list) else v) for k, v in last_gc.items()
                             if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")}},
-            "merges": dict(self.merges.outcomes),
+            "merges": s.merges,
             "epoch_size": self.log.epoch_size,
-            "incarnation": self.incarnation,
+            "incarnation": s.incarnation,
             "pauses": self.pauses.pauses,  # times it stood still long enough to make sure of its session
             "txn_max_rows": self.config.txn_max_rows,
             "tables": sorted(self.state.tables),
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
             "secure": self.config.credentials is not None,  # TLS, users and grants, ZooKeeper ACLs
-            "committer": None if committer is None else {
-                "commits": committer.committed, "batches": committer.batches,
-                "local_version_misses": committer.local_misses, "failed": committer.stats.failed,
-                "conflicts": {k: n for k, n in committer.stats.conflicts.copy().items() if n}},
+            "committer": None if not s.has_committer else {
+                "commits": s.commits, "batches": s.commit_batches,
+                "local_version_misses": s.local_version_misses, "failed": s.commit_failures,
+                "conflicts": {k: n for k, n in s.conflicts.items() if n}},
+            "aborted": s.aborted,  # by reason, as the metric mergetxn_transactions_aborted_total
             "async_commits": self.async_commits.describe(),
         }

@@ -142,3 +142,29 @@ def test_info_lines_and_sighup_reopens_the_log_file(cluster: LocalCluster, tmp_p
     text = log_file.read_text()
     assert "replica r1 got SIGTERM: shutting down" in text and "replica r1 stopped" in text
     cluster.start_replica(1)
+
+
+def _metric(text: str, name: str, reason: str | None = None) -> float:
+    labels = (f'reason="{reason}",' if reason else "") + 'replica="r0"'
+    m = re.search(rf"^{re.escape(name)}\{{{labels}\}} (\S+)$", text, re.M)
+    assert m is not None, f"{name}{{{labels}}} not in /metrics"
+    return float(m.group(1))
+
+
+def test_info_and_the_metrics_report_one_reading(cluster: LocalCluster) -> None:
+    """``info`` and ``/metrics`` count from one stats snapshot (replicas/metrics.py ``Stats``): with
+    the replica quiet, each counter both report is the same number, the abort reasons included."""
+    client = cluster.client(0)
+    commit_one(client, 900)
+    tx = client.begin()
+    tx.rollback()
+    info = client.call("info")
+    status, text = get(base(cluster, 0) + "/metrics")
+    assert status == 200
+    assert _metric(text, "mergetxn_commits_total") == info["committer"]["commits"] > 0
+    assert _metric(text, "mergetxn_commit_batches_total") == info["committer"]["batches"]
+    assert _metric(text, "mergetxn_applied_csn") == info["applied_csn"]
+    assert _metric(text, "mergetxn_running_transactions") == info["running_transactions"]
+    assert _metric(text, "mergetxn_cleanup_passes_total") == info["cleanup"]["passes"]
+    assert info["aborted"]["rolled_back"] >= 1
+    assert _metric(text, "mergetxn_transactions_aborted_total", "rolled_back") == info["aborted"]["rolled_back"]
