@@ -23,7 +23,13 @@ from parts.io.format import delete_part
 from parts.model.meta import PartMeta
 
 if TYPE_CHECKING:
-    from replicas.replica import Replica
+    from kazoo.client import KazooClient
+
+    from coordinator.zk.log import CsnLog
+    from parts.io.storage import Storage
+    from replicas.registry import Transactions
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +39,14 @@ MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after
 class Merges:
     """Merge planning and merge transactions of one replica (``replica.merges``)."""
 
-    def __init__(self, replica: Replica, stopping: threading.Event) -> None:
-        self.replica = replica
-        self.state = replica.state
-        self.config = replica.config
+    def __init__(self, state: ReplicaState, config: ReplicaConfig, storage: Storage, zk: KazooClient, log: CsnLog,
+                 host_id: str, transactions: Transactions, table: Callable[[str], TableDef],
+                 catch_up: Callable[[], None], record: Callable[..., None], stopping: threading.Event) -> None:
+        """``table``: a table's definition now; ``catch_up``: apply the log up to its end;
+        ``record``: note an event in the replica's history (replicas/history.py)."""
+        self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
+        self.host_id, self.transactions, self.table, self.catch_up, self.record = (
+            host_id, transactions, table, catch_up, record)
         self._stop = stopping  # the replica is stopping: no further merges this round
         self._locks: dict[str, Any] = {}
         self._backoff: dict[tuple[str, str], float] = {}
@@ -44,8 +54,8 @@ class Merges:
         self.outcomes: dict[str, int] = {"committed": 0, "conflict": 0, "failed": 0, "skipped": 0}  # metrics
 
     def start(self) -> None:
-        zk = self.replica.zk
-        zk.retry(zk.ensure_path, self.replica.log.leaders_path())
+        zk = self.zk
+        zk.retry(zk.ensure_path, self.log.leaders_path())
 
     def background_round(self, now: float) -> None:
         """The maintenance thread's turn: a merge round every ``merge_interval`` seconds."""
@@ -86,19 +96,19 @@ class Merges:
                 continue
             lock = self._locks.get(name)
             if lock is None:
-                lock = self._locks[name] = self.replica.zk.Lock(self.replica.log.leaders_path(name),
-                                                                identifier=self.replica.host_id)
+                lock = self._locks[name] = self.zk.Lock(self.log.leaders_path(name),
+                                                                identifier=self.host_id)
             if not lock.acquire(blocking=False):
                 continue
             try:
-                self.replica.catch_up()  # what another replica merged before we got the lock is seen now
+                self.catch_up()  # what another replica merged before we got the lock is seen now
                 # Plan again after merges that committed (writers keep adding parts): a round
                 # that merged once per partition fell behind a few busy writers, and every part
                 # left unmerged costs each later read and merge.
                 budget = time.monotonic() + MERGE_ROUND_SECONDS
                 while not self._stop.is_set():
                     merged = sum(self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome")
-                                 == "committed" for kind, pkey, sources in self.plan_merges(self.replica.table(name)))
+                                 == "committed" for kind, pkey, sources in self.plan_merges(self.table(name)))
                     done += merged
                     if not merged or time.monotonic() > budget:
                         break
@@ -116,7 +126,7 @@ class Merges:
         from coordinator.model.records import Compact
         from parts.io import rewrite
 
-        replica, txns = self.replica, self.replica.transactions
+        txns = self.transactions
         txn = txns.begin()
         event = {"table": tdef.name, "partition": pkey, "kind": kind, "tid": txn.id, "snapshot": txn.snapshot,
                  "sources": list(sources)}
@@ -130,10 +140,10 @@ class Merges:
                 txns.rollback(txn.id, "nothing left to merge")
                 self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
                 self.outcomes["skipped"] += 1
-                self.replica.history.record("merge", outcome="skipped", reason="sources no longer visible", **event)
+                self.record("merge", outcome="skipped", reason="sources no longer visible", **event)
                 return {"outcome": "skipped"}
             csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
-            result = rewrite.compact(replica.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
+            result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
                          partitions=(pkey,))
             txns.stage(txn.id, op)
@@ -145,20 +155,20 @@ class Merges:
             log.info("merge of %s partition %s lost a conflict (retried later): %s", tdef.name, pkey, exc.message)
             self._backoff[(tdef.name, pkey)] = time.monotonic() + 2.0
             self.outcomes["conflict"] += 1
-            self.replica.history.record("merge", outcome="conflict", reason=exc.message, **event)
+            self.record("merge", outcome="conflict", reason=exc.message, **event)
             return {"outcome": "conflict", "reason": exc.message}
         except MergetxnError as exc:
             log.warning("merge of %s partition %s failed: %s", tdef.name, pkey, exc.message)
             self._backoff[(tdef.name, pkey)] = time.monotonic() + 10.0
             self.outcomes["failed"] += 1
-            self.replica.history.record("merge", outcome="failed", reason=exc.message, **event)
+            self.record("merge", outcome="failed", reason=exc.message, **event)
             return {"outcome": "failed", "reason": exc.message}
         finally:
             if txn.state == TxnState.RUNNING:
                 txns.abort(txn, "merge failed")
             if result is not None and not staged:
                 for m in result.added:
-                    delete_part(self.replica.storage, m.path)
-        self.replica.history.record("merge", outcome="committed", csn=csn, **event)
+                    delete_part(self.storage, m.path)
+        self.record("merge", outcome="committed", csn=csn, **event)
         self.outcomes["committed"] += 1
         return {"outcome": "committed", "csn": csn, "removed": len(result.removed), "added": len(result.added)}

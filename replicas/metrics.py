@@ -37,7 +37,12 @@ from coordinator.core.errors import ConflictKind
 from coordinator.core.versions import csn_of, split_csn
 
 if TYPE_CHECKING:  # pragma: no cover
+    from kazoo.client import KazooClient
+
+    from coordinator.zk.log import CsnLog
+    from parts.io.storage import Storage
     from replicas.replica import Replica
+    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +114,13 @@ class LogWatch:
     """The log as the log-tail thread last saw it (:meth:`observe`, every tail tick); read by
     ``info`` and the metrics without any ZooKeeper request."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
+    def __init__(self, zk: KazooClient, log: CsnLog, state: ReplicaState, storage: Storage, data_dir: str,
+                 wal_path: Callable[[], Path | None], tail: Callable[[], dict | None]) -> None:
+        """``wal_path`` and ``tail``: the WAL's file and the cluster checkpoint's record, as they
+        are once the replica started (None before)."""
+        self.zk, self.log, self.state, self.storage = zk, log, state, storage
+        self.local_checkpoint_path = Path(data_dir) / "state.ckpt"
+        self.wal_path, self.tail = wal_path, tail
         self.end = 0  # CSN of the newest entry in ZooKeeper
         self.entries = 0  # entries ZooKeeper holds (every epoch not trimmed)
         self.epochs = 0
@@ -124,14 +134,13 @@ class LogWatch:
 
     def observe(self) -> None:
         """Look at the log's end and the files (the log-tail thread; a few small requests)."""
-        r = self.replica
         counts: dict[int, int] = {}
         end = 0
-        for e in r.log.epochs():
+        for e in self.log.epochs():
             if e in self._sealed:
                 counts[e], last = self._sealed[e]
             else:
-                stat = r.zk.exists(r.log.epoch_path(e))
+                stat = self.zk.exists(self.log.epoch_path(e))
                 if stat is None:
                     continue
                 counts[e] = stat.numChildren
@@ -142,26 +151,27 @@ class LogWatch:
             end = max(end, last)
         for e in [e for e in self._sealed if e not in counts]:
             del self._sealed[e]  # trimmed
-        applied = r.state.applied
+        applied = self.state.applied
         now = time.monotonic()
         pending = [p for p in self._pending if p[0] > applied]
         if end > applied and (not pending or end > pending[-1][0]) and len(pending) < MAX_PENDING:
             pending.append((end, now))
         self._pending = tuple(pending)
         self._counts, self.end, self.entries, self.epochs = counts, end, sum(counts.values()), len(counts)
-        self.wal_bytes = _size(r.wal.path) if r.wal is not None else 0
-        self.local_checkpoint_bytes = _size(Path(r.config.data_dir) / "state.ckpt")
+        wal_path = self.wal_path()
+        self.wal_bytes = _size(wal_path) if wal_path is not None else 0
+        self.local_checkpoint_bytes = _size(self.local_checkpoint_path)
         self._look_at_checkpoint()
         self.observed_at = time.time()
 
     def _look_at_checkpoint(self) -> None:
-        tail = self.replica.tail.tail if self.replica.tail is not None else None
+        tail = self.tail()
         if not tail:
             self.checkpoint = None
             return
         if self.checkpoint is None or self.checkpoint.get("path") != tail.get("path"):
             try:
-                size = self.replica.storage.size(str(tail["path"]))
+                size = self.storage.size(str(tail["path"]))
             except Exception as exc:  # noqa: BLE001 - only a number in a report
                 log.debug("checkpoint size of %s: %r", tail.get("path"), exc)
                 size = None

@@ -119,9 +119,13 @@ class Replica:
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.leases = Leases(self.state, config, self.transactions)
         self.cleanup = Cleanup(self)
-        self.merges = Merges(self, self.zk_session.stop)
+        self.merges = Merges(self.state, config, self.storage, self.zk, self.log, self.host_id, self.transactions,
+                             self.table, self.catch_up, lambda event, **fields: self.history.record(event, **fields),
+                             self.zk_session.stop)
         self.tail: checkpoint.LogTail | None = None
-        self.log_watch = LogWatch(self)
+        self.log_watch = LogWatch(self.zk, self.log, self.state, self.storage, config.data_dir,
+                                  lambda: None if self.wal is None else self.wal.path,
+                                  lambda: None if self.tail is None else self.tail.tail)
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.retention = Retention(self)
         self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
