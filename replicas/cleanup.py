@@ -51,7 +51,16 @@ from parts.io.storage import is_temp_file
 from parts.model.meta import sidecar_path
 
 if TYPE_CHECKING:
-    from replicas.replica import Replica
+    from kazoo.client import KazooClient
+
+    from coordinator.model.records import AliveRecord
+    from coordinator.zk.fence import OrphanFence
+    from coordinator.zk.log import CsnLog
+    from parts.io.storage import Storage
+    from replicas.registry import Transactions
+    from replicas.retention import Retention
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +104,16 @@ def _age(seconds: float) -> str:
 class Cleanup:
     """Cleanup passes and the retention watermark of one replica (``replica.cleanup``)."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.state = replica.state
-        self.config = replica.config
-        self.node = Watermark(replica.zk, replica.log.gc_path(), replica.host_id)
+    def __init__(self, state: ReplicaState, config: ReplicaConfig, storage: Storage, zk: KazooClient, log: CsnLog,
+                 host_id: str, node: Watermark, fence: OrphanFence, retention: Retention, transactions: Transactions,
+                 alive_record: Callable[[], AliveRecord], catch_up: Callable[[], None]) -> None:
+        """``node``: the ``gc`` watermark node this replica raises (shared with ``retention``);
+        ``alive_record``: what this replica would publish now; ``catch_up``: apply the log to
+        its end."""
+        self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
+        self.host_id, self.node, self.fence, self.retention, self.transactions = (
+            host_id, node, fence, retention, transactions)
+        self.alive_record, self.catch_up = alive_record, catch_up
         self._last_gc = time.monotonic()
         self._last_orphans = time.monotonic()
         self.last_gc_report: dict | None = None
@@ -148,8 +162,8 @@ class Cleanup:
         """One cleanup pass; None when ``wait`` is False and another replica holds the lock.
         ``young_orphans`` counts the unreferenced files younger than the grace period; without
         ``detail`` (background passes) they are not listed one by one in ``kept``."""
-        zk = self.replica.zk
-        lock = zk.Lock(self.replica.log.gc_lock_path(), identifier=self.replica.host_id)
+        zk = self.zk
+        lock = zk.Lock(self.log.gc_lock_path(), identifier=self.host_id)
         if not lock.acquire(blocking=wait, timeout=60 if wait else None):
             if wait:
                 raise ReplicaUnavailable("another cleanup pass held the cleanup lock for 60s")
@@ -177,8 +191,8 @@ class Cleanup:
     def alive(self) -> dict[str, AliveRecord]:
         """Alive replicas' published records (a malformed one keeps everything: its
         ``oldest_snapshot`` is 0); this replica's own computed now."""
-        out = read_alive(self.replica.zk, self.replica.log)
-        out[self.replica.host_id] = self.replica.alive_record()
+        out = read_alive(self.zk, self.log)
+        out[self.host_id] = self.alive_record()
         return out
 
     def _gc_pass(self, grace_seconds: float | None, orphans: bool, detail: bool = True) -> dict:
@@ -188,15 +202,15 @@ class Cleanup:
             raise InvalidInput(f"grace_seconds must be a non-negative number, not {quote(grace_seconds)}")
         grace = max(grace, MIN_GRACE)
         alive = self.alive()  # first the published data, then the log (see the module docstring)
-        self.replica.catch_up()
-        alive[self.replica.host_id] = self.replica.alive_record()
+        self.catch_up()
+        alive[self.host_id] = self.alive_record()
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
         with self.state.lock:
             candidates = [r for r in self.state.parts.values()
                           if r.removal_csn is not None and r.removal_csn > self.collected]
             tables = sorted({r.meta.table for r in candidates if r.removal_csn <= min_snapshot})
-        windows = {t: self.replica.retention.table_seconds(t, min_snapshot) for t in tables}
+        windows = {t: self.retention.table_seconds(t, min_snapshot) for t in tables}
         marks = self.node.raise_to(min_snapshot, horizons={t: started - w for t, w in windows.items()})
         removed: list[dict] = []
         kept: list[dict] = []
@@ -216,9 +230,9 @@ class Cleanup:
                     kept.append({**entry, "reason": self._window_reason(rec, windows.get(rec.meta.table))})
                 continue
             try:
-                present = self.replica.storage.exists(rec.meta.path)
-                self.replica.storage.delete(rec.meta.path)
-                self.replica.storage.delete(sidecar_path(rec.meta.path))
+                present = self.storage.exists(rec.meta.path)
+                self.storage.delete(rec.meta.path)
+                self.storage.delete(sidecar_path(rec.meta.path))
             except Exception as exc:
                 if lowest_kept is None:
                     lowest_kept = rec.removal_csn
@@ -241,7 +255,7 @@ class Cleanup:
             young = self._collect_orphans(alive, grace, removed, kept, detail)
             self._last_orphans = time.monotonic()
         return {
-            "host": self.replica.host_id,
+            "host": self.host_id,
             "min_snapshot": min_snapshot,
             "watermark": self.watermark,
             "grace_seconds": grace,
@@ -318,8 +332,8 @@ class Cleanup:
             if not d.knows_running:
                 overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
             incarnations[host] = d.incarnation
-        running.update(t.id for t in self.replica.transactions.running_now())
-        storage = self.replica.storage
+        running.update(t.id for t in self.transactions.running_now())
+        storage = self.storage
         young = 0
         now = time.time()
         condemned: list[tuple[str, dict, str]] = []  # (path, report entry, why): deleted behind the fence
@@ -379,7 +393,7 @@ class Cleanup:
         finish, so that no commit can name them (coordinator/zk/fence.py): announce them on the
         fence, catch up with the log, keep what a commit applied meanwhile names, delete the
         rest, confirm."""
-        fence = self.replica.fence
+        fence = self.fence
         _, pending = fence.current()
         if not condemned and not pending:
             return
@@ -391,7 +405,7 @@ class Cleanup:
                                                 "files are condemned at a time)"})
         # Every commit applied before the announcement is in the log now; any later one that
         # names these files is refused by the fence.
-        self.replica.catch_up()
+        self.catch_up()
         ours = {path: (entry, why) for path, entry, why in condemned if path in pending}
         earlier = sorted(pending - ours.keys())
         settled: list[str] = []
@@ -404,7 +418,7 @@ class Cleanup:
                     settled.append(path)  # committed before the announcement: not an orphan
                     continue
             try:
-                self.replica.storage.delete(path)
+                self.storage.delete(path)
             except Exception as exc:
                 kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                 continue
@@ -424,12 +438,12 @@ class Cleanup:
         try:
             alive = self.alive()
         except Exception:  # introspection must not fail on a ZooKeeper hiccup
-            alive = {self.replica.host_id: self.replica.alive_record()}
+            alive = {self.host_id: self.alive_record()}
         # Only transactions and read leases are named: "awaiting gc" otherwise (a lagging replica's
         # own snapshot version holds cleanup back too, but says nothing about this part).
         holders = [h for h in self._holders(alive) if h[2] != "replica snapshot"]
         marks = self.node.marks
-        retention = self.replica.retention
+        retention = self.retention
         now = time.time()
 
         def note(rec: Any) -> tuple[str | None, bool]:

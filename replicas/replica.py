@@ -53,6 +53,7 @@ from coordinator.wire.security import zk_client_args
 from coordinator.zk.alive import AliveNode, check_host_free
 from coordinator.zk.fence import OrphanFence
 from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
+from coordinator.zk.watermark import Watermark
 from parts.io.format import delete_part
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
@@ -118,7 +119,11 @@ class Replica:
         self.transactions = Transactions(self)
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.leases = Leases(self.state, config, self.transactions)
-        self.cleanup = Cleanup(self)
+        self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
+        self.retention = Retention(self.state, config, self.host_id, self.watermark,
+                                   lambda: None if self.follower is None else self.follower.poke())
+        self.cleanup = Cleanup(self.state, config, self.storage, self.zk, self.log, self.host_id, self.watermark,
+                               self.fence, self.retention, self.transactions, self.alive_record, self.catch_up)
         self.merges = Merges(self.state, config, self.storage, self.zk, self.log, self.host_id, self.transactions,
                              self.table, self.catch_up, lambda event, **fields: self.history.record(event, **fields),
                              self.zk_session.stop)
@@ -127,7 +132,6 @@ class Replica:
                                   lambda: None if self.wal is None else self.wal.path,
                                   lambda: None if self.tail is None else self.tail.tail)
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
-        self.retention = Retention(self)
         self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
         self.outcomes = Outcomes(self)
         self.pauses = PauseGuard(self.zk, self.log, self.host_id, config.session_timeout, self.zk_session,

@@ -23,6 +23,7 @@ forgotten.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -32,13 +33,18 @@ from coordinator.zk.watermark import Marks
 from parts.model.meta import PartMeta
 
 if TYPE_CHECKING:  # pragma: no cover
-    from replicas.replica import Replica
+    from coordinator.zk.watermark import Watermark
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
 
 
 class Retention:
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.state = replica.state
+    def __init__(self, state: ReplicaState, config: ReplicaConfig, host_id: str, node: Watermark,
+                 poke_follower: Callable[[], None]) -> None:
+        """``node``: the watched ``gc`` node (coordinator/zk/watermark.py), which cleanup raises;
+        ``poke_follower``: make the follower look at the log now."""
+        self.state, self.config, self.host_id, self.node = state, config, host_id, node
+        self.poke_follower = poke_follower
 
     def oldest(self, table: str | None = None) -> int:
         """The oldest snapshot served whole (of ``table``: below it this replica forgot something
@@ -49,7 +55,7 @@ class Retention:
         """The retention window of a table definition: its own, else the replica-wide default."""
         if tdef is not None and tdef.retention_seconds is not None:
             return tdef.retention_seconds
-        return float(self.replica.config.retention_seconds)
+        return float(self.config.retention_seconds)
 
     def table_seconds(self, table: str, at: int) -> float:
         """The window of ``table`` as defined at CSN ``at`` (or, dropped by then, as last defined)."""
@@ -78,14 +84,14 @@ class Retention:
     def ensure_applied(self) -> None:
         """A replica behind cleanup's watermark (restarted from an old WAL) would not know which
         parts are gone: catch up to it before serving a snapshot."""
-        w = self.replica.cleanup.watermark
+        w = self.node.watermark
         if w <= self.state.applied:
             return
-        self.replica.follower.poke()
-        if not self.state.wait_applied(w, self.replica.config.read_wait_seconds) or self.state.applied < w:
+        self.poke_follower()
+        if not self.state.wait_applied(w, self.config.read_wait_seconds) or self.state.applied < w:
             if self.state.failure is not None:
                 raise self.state.failure
-            raise ReplicaUnavailable(f"replica {self.replica.host_id} has not applied the cleanup watermark "
+            raise ReplicaUnavailable(f"replica {self.host_id} has not applied the cleanup watermark "
                                      f"{w} yet (applied: {self.state.applied})")
 
     def check(self, snapshot: int, table: str | None = None, metas: list[PartMeta] = (),
@@ -102,10 +108,9 @@ class Retention:
             )
         if not metas:
             return
-        cleanup = self.replica.cleanup
         if fresh:
-            cleanup.refresh_watermark()
-        marks = cleanup.marks
+            self.node.refresh()
+        marks = self.node.marks
         if snapshot >= marks.watermark:
             return
         gone = self.collected(metas, marks)
@@ -145,16 +150,15 @@ class Retention:
                 f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "
                 f"at or below CSN {pruned} are forgotten (cleanup collected their parts)" + self._window_text(table),
                 table=table, start=start, retained_from=pruned)
-        cleanup = self.replica.cleanup
         if fresh:
-            cleanup.refresh_watermark()
-        gone = self.collected(metas, cleanup.marks)
+            self.node.refresh()
+        gone = self.collected(metas, self.node.marks)
         if gone:
             raise SnapshotUnavailable(
                 f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
                 f"retained: cleanup collected {len(gone)} part(s) they need (e.g. {gone[0][0].name}, removed at "
                 f"CSN {gone[0][1]})" + self._window_text(table), table=table, start=start, end=end,
-                retained_from=cleanup.marks.watermark,
+                retained_from=self.node.marks.watermark,
             )
 
     def collected(self, metas: list[PartMeta], marks: Marks) -> list[tuple[PartMeta, int]]:
