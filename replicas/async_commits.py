@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from coordinator.core.errors import MergetxnError, ReplicaUnavailable
-from replicas.transactions import RunningTxn
+from replicas.running import RunningTxn
 
 MAX_SESSIONS = 10_000
 MAX_FAILURES = 1_000

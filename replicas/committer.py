@@ -94,7 +94,7 @@ from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
-from replicas.transactions import Effect, RunningTxn
+from replicas.running import Effect, RunningTxn
 
 log = logging.getLogger(__name__)
 

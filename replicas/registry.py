@@ -53,8 +53,8 @@ from parts.io.format import delete_part, part_path
 from parts.model.meta import PartMeta
 from replicas.cleanup import MIN_GRACE
 from replicas.metrics import abort_kind
+from replicas.running import RunningTxn
 from replicas.sessions import Sessions, check_session_id
-from replicas.transactions import RunningTxn
 
 if TYPE_CHECKING:
     from replicas.replica import Replica

@@ -1,5 +1,5 @@
 """The replica's pure parts: its state (replicas/state.py: everything derived from the log) and
-a transaction's effect (replicas/transactions.py: staged operations folded into what the commit
+a transaction's effect (replicas/running.py: staged operations folded into what the commit
 entry carries and the conflict rules look at).
 
 No ZooKeeper, no storage. The visibility rule (docs/rules.md#visibility), exhaustively against the
@@ -18,8 +18,8 @@ from coordinator.core.conflicts import Kind, Summary, fits_beside
 from coordinator.core.versions import Tid
 from coordinator.errors import CorruptMetadata
 from coordinator.model.records import Change
+from replicas.running import Effect, RunningTxn
 from replicas.state import ReplicaState
-from replicas.transactions import Effect, RunningTxn
 
 A, B, C, R = tid(1), tid(2), tid(3), tid(4)
 P1, P2 = '[1]', '[2]'
