@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mergetxn.chaos.plan import Plan
+
 log = logging.getLogger(__name__)
 
 BUCKET = "mergetxn-chaos"
@@ -705,11 +707,9 @@ class S3Storage:
         return f"{detail}; {hit} of {seen} requests hit in its first {extra:.1f}s"
 
 
-def plans(kind: str, cluster: Any, rng: random.Random) -> list[Any]:
+def plans(kind: str, cluster: Any, rng: random.Random) -> list[Plan]:
     """The nemesis's plans for an S3 fault ``kind`` on ``cluster`` (none without S3 storage):
     one target, the S3 server; one S3 fault at a time (resource ``s3``)."""
-    from mergetxn.chaos.nemesis import Plan
-
     s3: S3Storage | None = getattr(cluster, "s3", None)
     if s3 is None or kind not in KINDS:
         return []
