@@ -38,8 +38,9 @@ from coordinator.core.tabledata import (
     may_match,
 )
 from coordinator.model.catalog import TableDef
+from parts.io.format import delete_part
 from parts.model.meta import PartMeta
-from spark.datasource import _delete_quietly, connect, join, settings, storage_for, table_def
+from spark.options import connect, join, settings, storage_for, table_def
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def _mutate(spark: Any, kind: str, table: str, where: pc.Expression, set_map: Ma
             tx.add_rewrite(table, kind, added, removed, where, set_map)
         except BaseException:
             for m in added:
-                _delete_quietly(client.storage, m.path)
+                delete_part(client.storage, m.path)
             if own:
                 try:
                     tx.rollback()
@@ -156,6 +157,6 @@ def _rewrite_task(kind: str, tdef_dict: dict, where_text: str, set_text: str | N
                 out.append((meta.name, [m.to_dict() for m in result.added], result.affected_rows))
     except BaseException:
         for m in done:
-            _delete_quietly(storage, m.path)
+            delete_part(storage, m.path)
         raise
     return iter(out)

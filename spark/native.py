@@ -59,10 +59,11 @@ import pyarrow.parquet as pq
 
 from coordinator.core import errors
 from coordinator.core.errors import CorruptPart, InvalidInput
-from coordinator.core.tabledata import _json_scalar, may_match, validate_name
+from coordinator.core.tabledata import json_scalar, may_match, validate_name
 from coordinator.model.catalog import Policy, TableDef
 from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
 from parts.model.meta import PartMeta
+from spark.schema import check_write_schema, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
 REPLICA_CONF = "spark.mergetxn.replica"  # set by spark.register(session, replica=...)
@@ -216,8 +217,6 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
     as a DataFrame that Spark's own Parquet reader reads from the parts visible there. ``where``
     (``[(column, op, value), ...]``) skips parts by partition values and min/max and filters
     the rows. The snapshot stays in use while the DataFrame lives (see the module docstring)."""
-    from spark.datasource import spark_schema
-
     validate_name("table", table)
     if snapshot is not None and as_of is not None:
         raise InvalidInput("mergetxn: give either snapshot or as_of, not both")
@@ -404,8 +403,6 @@ def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, repl
     visible when the transaction commits, or never. ``app_version`` (``(app_id, version)``) makes
     the commit idempotent (``tx.set_app_version``: DuplicateCommit if that version or a later one
     was committed), as an exactly-once streaming sink needs (:func:`spark.streaming.write_stream`)."""
-    from spark.datasource import check_write_schema
-
     validate_name("table", table)
     if mode not in ("append", "overwrite"):
         raise InvalidInput(f"mergetxn: write_table mode must be 'append' or 'overwrite', not {mode!r}")
@@ -475,8 +472,6 @@ def _prepare(df: Any, tdef: TableDef, hidden: list[str]):
     it lacks as nulls), a NOT NULL column failing the task on a null, and a copy of each partition column to partition the files by
     (so every file keeps the partition columns themselves, as every part does)."""
     from pyspark.sql import functions as F
-
-    from spark.datasource import spark_schema
 
     target = spark_schema(tdef.schema)
     have = {f.name: f for f in df.schema}
@@ -576,7 +571,7 @@ def _adopt(path: str, tdef: TableDef, root: str, txn_id: str) -> PartMeta | None
     partition: tuple = ()
     if tdef.partition_by:
         first = pf.read_row_group(0, columns=list(tdef.partition_by)).slice(0, 1)
-        partition = tuple(_json_scalar(first.column(c).cast(tdef.schema.field(c).type)[0].as_py())
+        partition = tuple(json_scalar(first.column(c).cast(tdef.schema.field(c).type)[0].as_py())
                           for c in tdef.partition_by)
     name = new_part_name(txn_id)
     rel = part_path(tdef.name, list(tdef.partition_by), partition, name)

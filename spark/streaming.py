@@ -68,49 +68,27 @@ from pyspark.sql.types import StructType
 
 from coordinator.core import errors
 from coordinator.core.errors import InvalidInput
-from spark.datasource import (
-    ChangesPartition,
-    MergetxnWriter,
-    PartsMessage,
-    Settings,
-    _delete_quietly,
-    _fit,
-    _loads,
-    _metas,
-    _option,
-    arrow_schema,
-    check_write_schema,
-    connect,
-    settings,
-)
+from parts.io.format import delete_part
+from spark.changes import changes_partitions, read_changes
+from spark.options import LATEST, Settings, connect, option, settings
+from spark.schema import arrow_schema, check_write_schema
+from spark.writer import MergetxnWriter, PartsMessage, part_metas, rollback_quietly
 
 APP_PREFIX = "spark-stream:"
-LATEST = "latest"
-IPC_ROWS = 1_000_000  # rows per planned partition of a source's batch
 
 
 # ---------------------------------------------------------------------------------------------
 # Options
 
 
-def schema_options(options: Mapping[str, Any]) -> dict:
-    """The options as the batch source's schema() reads them: a stream's ``changes_from`` may be
-    ``"latest"``, which only says that the rows are changes."""
-    out = dict(options)
-    for k, v in options.items():
-        if k.lower() == "changes_from" and str(v).strip().lower() == LATEST:
-            out[k] = "0"
-    return out
-
-
 def _sink_settings(options: Mapping[str, Any]) -> tuple[Settings, str | None]:
     """The sink's settings and its ``app_id`` option; ``app_version`` and ``txn`` do not apply:
     a stream's version is its batch id and each batch commits on its own."""
     for name in ("app_version", "txn"):
-        if _option(options, name) is not None:
+        if option(options, name) is not None:
             raise InvalidInput(f"mergetxn: option {name!r} does not apply to a stream: each micro-batch "
                                "commits on its own, versioned by its batch id")
-    app_id = _option(options, "app_id")
+    app_id = option(options, "app_id")
     rest = {k: v for k, v in options.items() if k.lower() != "app_id"}
     return settings(rest, write=True), app_id
 
@@ -124,13 +102,13 @@ class SourceSettings:
 
 def _source_settings(options: Mapping[str, Any]) -> SourceSettings:
     for name in ("changes_to", "snapshot", "as_of"):
-        if _option(options, name) is not None:
+        if option(options, name) is not None:
             raise InvalidInput(f"mergetxn: option {name!r} does not apply to a stream of changes")
-    start_text = _option(options, "changes_from")
+    start_text = option(options, "changes_from")
     if start_text is None:
         raise InvalidInput("mergetxn: a stream of changes needs option 'changes_from': a CSN (the changes "
                            "committed after it) or 'latest' (those committed from the query's start)")
-    by = (_option(options, "changes_by") or "id").lower()
+    by = (option(options, "changes_by") or "id").lower()
     if by not in ("id", "time"):
         raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
     start: int | None = None
@@ -153,7 +131,7 @@ def _source_settings(options: Mapping[str, Any]) -> SourceSettings:
 def query_app_id(options: Mapping[str, Any], s: Settings) -> str:
     """The application id of a streaming query's commits: option ``app_id``, else derived from the
     query id that Spark keeps in ``<checkpointLocation>/metadata`` (see the module docstring)."""
-    location = _option({k.lower(): v for k, v in options.items()}, "checkpointlocation")
+    location = option({k.lower(): v for k, v in options.items()}, "checkpointlocation")
     if location is None:
         raise InvalidInput("mergetxn: a streaming write needs option 'checkpointLocation' (its commits are "
                            "idempotent by the query's id, kept there) or option 'app_id'")
@@ -197,7 +175,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
         self.s = s
         self.app_id = app_id
         self.options = options  # for the query id at commit (checkpointLocation)
-        self.failpoints = _option(options, "failpoints")
+        self.failpoints = option(options, "failpoints")
         self.schema_json = schema_json
         self.overwrite = overwrite
         self.txn_id: str | None = None  # begun when shipped (__getstate__)
@@ -221,7 +199,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
                                            f"{exc.message}", table=s.table) from None
-            check_write_schema(tdef, StructType.fromJson(_loads(self.schema_json)))
+            check_write_schema(tdef, StructType.fromJson(json.loads(self.schema_json)))
             url = client.call("info")["storage_url"]
             tx = client.begin(detached=True)  # committed by the commit runner: no client session holds it
             self.tdef, self.storage_url, self.txn_id = tdef.to_dict(), url, tx.id
@@ -241,7 +219,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
         """Commit the batch once: a batch committed before (a replay) changes nothing."""
         s = self.s
         app_id = self.app_id or query_app_id(self.options, s)
-        metas = _metas(messages)
+        metas = part_metas(messages)
         txns = {m.txn for m in messages if isinstance(m, StreamPartsMessage) and m.txn}
         if len(txns) > 1:
             raise InvalidInput(f"mergetxn: the tasks of batch {batchId} wrote for transactions {sorted(txns)}")
@@ -254,14 +232,14 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
                 tx.add_parts(s.table, metas, op="insert")
                 tx.set_app_version(app_id, batchId)
             except errors.MergetxnError as exc:
-                _rollback_quietly(tx)
+                rollback_quietly(tx)
                 raise type(exc)(f"mergetxn: staging batch {batchId} of the stream into {s.table!r} failed: "
                                 f"{exc.message}", **exc.details) from None
             try:
                 tx.commit()
             except errors.DuplicateCommit:
                 for m in metas:  # a replay: nothing of it is visible, nothing references its parts
-                    _delete_quietly(client.storage, m.path)
+                    delete_part(client.storage, m.path)
                 return
         _failpoint(self.failpoints, "stream_after_commit")
 
@@ -270,13 +248,6 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
         txns = {m.txn for m in messages if isinstance(m, StreamPartsMessage) and m.txn}
         for txn in txns:
             self._batch_writer(txn).abort([m for m in messages if getattr(m, "txn", None) == txn])
-
-
-def _rollback_quietly(tx) -> None:
-    try:
-        tx.rollback()
-    except errors.MergetxnError:
-        pass
 
 
 def _failpoint(directory: str | None, name: str) -> None:
@@ -417,21 +388,13 @@ class MergetxnStreamReader(DataSourceStreamReader):
         self._pin_at(lo)
         with connect(self.src.s) as client:
             data = self._changes(client, lo, hi)
-        out = []
-        for i, batch in enumerate(data.combine_chunks().to_batches(max_chunksize=IPC_ROWS)):
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, batch.schema) as w:
-                w.write_batch(batch)
-            out.append(ChangesPartition(i, sink.getvalue().to_pybytes()))
-        return out
+        return changes_partitions(data)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if partition is None:
             return
-        target = arrow_schema(StructType.fromJson(_loads(self.schema_json)))
-        with pa.ipc.open_stream(partition.ipc) as r:
-            for batch in r:
-                yield _fit(pa.Table.from_batches([batch]), target).to_batches()[0]
+        target = arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
+        yield from read_changes(partition, target)
 
     def commit(self, end: dict) -> None:
         """Spark will not ask for changes at or before ``end`` again: the pin moves there."""

@@ -258,7 +258,6 @@ def json_scalar(value: Any) -> Any:
     )
 
 
-_json_scalar = json_scalar  # old name: coordinator/client.py, parts/io/format.py, spark/native.py still use it
 
 
 def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tuple, pa.Table]]:

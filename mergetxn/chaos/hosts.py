@@ -616,7 +616,7 @@ class _Cluster:
     """What both forms share: the processes, their waits, the WAL disks and the interface.
 
     Subclasses say where hosts listen (:meth:`_member_addresses`, :meth:`_replica_listen`),
-    how a host's process is started (:meth:`_exec_prefix`), how replica i reaches ZooKeeper
+    how a host's process is started (:meth:`exec_prefix`), how replica i reaches ZooKeeper
     (:meth:`replica_zk_address`), and implement the network faults."""
 
     form = "?"
@@ -703,7 +703,8 @@ class _Cluster:
     def _replica_listen(self, i: int) -> tuple[str, int]:
         raise NotImplementedError
 
-    def _exec_prefix(self, i: int) -> list[str]:
+    def exec_prefix(self, i: int) -> list[str]:
+        """The command prefix that runs a process on host i (nothing on the loopback form)."""
         raise NotImplementedError
 
     def replica_zk_address(self, i: int) -> str:
@@ -841,7 +842,7 @@ class _Cluster:
         return ["--credentials", str(self.security_dir / REPLICA_FILE)] if self.secure else []
 
     def _cli(self, i: int, *args: str) -> list[str]:
-        return [*self._exec_prefix(i), sys.executable, "-m", "mergetxn.cli", *args]
+        return [*self.exec_prefix(i), sys.executable, "-m", "mergetxn.cli", *args]
 
     # -- ZooKeeper --------------------------------------------------------------------------------
     def _spawn_zk(self, i: int) -> None:
@@ -1194,7 +1195,7 @@ class NamespaceCluster(_Cluster):
     def _replica_listen(self, i: int) -> tuple[str, int]:
         return self.host_address(i), REPLICA_PORT
 
-    def _exec_prefix(self, i: int) -> list[str]:
+    def exec_prefix(self, i: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(i)]
 
     def replica_zk_address(self, i: int) -> str:
@@ -1428,7 +1429,7 @@ class NamespaceCluster(_Cluster):
             f"try:\n socket.create_connection(({host!r},{int(port)}),timeout={timeout}).close()\n"
             "except OSError:\n sys.exit(1)\n"
         )
-        done = _run([*self._exec_prefix(src), sys.executable, "-I", "-S", "-c", code], check=False)
+        done = _run([*self.exec_prefix(src), sys.executable, "-I", "-S", "-c", code], check=False)
         return done.returncode == 0
 
 
@@ -1468,7 +1469,7 @@ class LoopbackCluster(_Cluster):
             return "127.0.0.1", self._client_proxies[i].port
         return self._replica_bind(i)
 
-    def _exec_prefix(self, i: int) -> list[str]:
+    def exec_prefix(self, i: int) -> list[str]:
         return []
 
     def replica_zk_address(self, i: int) -> str:

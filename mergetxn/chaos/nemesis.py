@@ -22,7 +22,6 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -36,6 +35,7 @@ from tenacity import (
 from coordinator.api.client import Client
 from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
+from mergetxn.chaos.plan import Plan
 from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
 
 HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
@@ -114,18 +114,6 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
 class NothingToFault(Exception):
     """Raised by a plan's inject when there was nothing to fault after all (no Spark task ran):
     no fault is recorded or counted."""
-
-
-@dataclass
-class Plan:
-    """One fault chosen: its kind, target, what it holds, and how to inject and heal it."""
-
-    kind: str
-    target: str
-    resources: frozenset[str]
-    inject: Callable[[], str]  # returns a detail
-    heal: Callable[[], None]
-    replica: int | None = None  # the replica it faults, if one
 
 
 class ExecutorFaults(Protocol):

@@ -49,6 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mergetxn.chaos.plan import Plan
+
 log = logging.getLogger(__name__)
 
 BUCKET = "mergetxn-chaos"
@@ -552,12 +554,12 @@ class S3Storage:
                 from mergetxn.chaos.hosts import BRIDGE_ADDRESS
 
                 host, port = cluster.host_address(0), NAMESPACE_PORT
-                prefix = cluster._exec_prefix(0)
+                prefix = cluster.exec_prefix(0)
                 listen = BRIDGE_ADDRESS
             else:
-                from mergetxn.local.zkserver import _free_ports
+                from mergetxn.local.zkserver import free_ports
 
-                host, port, prefix, listen = "127.0.0.1", _free_ports(1)[0], [], "127.0.0.1"
+                host, port, prefix, listen = "127.0.0.1", free_ports(1)[0], [], "127.0.0.1"
             self._start_moto(prefix, host, port)
             self._create_bucket()
             self.proxy = S3FaultProxy(self._moto_address, listen, name="mtx-s3proxy", seed=self.seed).start()
@@ -705,11 +707,9 @@ class S3Storage:
         return f"{detail}; {hit} of {seen} requests hit in its first {extra:.1f}s"
 
 
-def plans(kind: str, cluster: Any, rng: random.Random) -> list[Any]:
+def plans(kind: str, cluster: Any, rng: random.Random) -> list[Plan]:
     """The nemesis's plans for an S3 fault ``kind`` on ``cluster`` (none without S3 storage):
     one target, the S3 server; one S3 fault at a time (resource ``s3``)."""
-    from mergetxn.chaos.nemesis import Plan
-
     s3: S3Storage | None = getattr(cluster, "s3", None)
     if s3 is None or kind not in KINDS:
         return []

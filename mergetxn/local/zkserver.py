@@ -199,7 +199,6 @@ def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
             s.close()
 
 
-_free_ports = free_ports  # old name: mergetxn/chaos (hosts, s3, spark_cluster) still imports it
 
 
 def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0,

@@ -70,7 +70,7 @@ def _collect_secrets(options: Any, out: set[str], sensitive: bool = False) -> No
         out.add(options.decode("utf-8", "replace") if isinstance(options, bytes) else options)
 
 
-def _s3_env_options() -> dict[str, Any]:
+def s3_env_options() -> dict[str, Any]:
     """s3fs options from the usual AWS variables (used when no options were given)."""
     opts: dict[str, Any] = {}
     env = os.environ
@@ -97,7 +97,7 @@ class Storage:
         self._url = url
         scheme = urlsplit(url).scheme.lower() if "://" in url else ""
         if scheme in ("s3", "s3a") and options is None:
-            options = _s3_env_options()
+            options = s3_env_options()
         self._options: dict[str, Any] = dict(options or {})
         self._secrets: set[str] = set()
         _collect_secrets(self._options, self._secrets)

@@ -57,16 +57,6 @@ ALLOWED: dict[tuple[str, str], str] = {
 # Reaches still to mend, in files outside this change (another helper's, or being moved): who,
 # and what to do. Remove an entry with its fix.
 NOT_YET: dict[tuple[str, str], str] = {
-    ("spark/native.py", "from coordinator.core.tabledata import _json_scalar"): "spark/ is another helper's: import json_scalar",
-    ("mergetxn/chaos/s3.py", "from mergetxn.local.zkserver import _free_ports"): "import zkserver.free_ports",
-    ("mergetxn/chaos/s3.py", "cluster._exec_prefix"): "a public method of the chaos host clusters (hosts.py)",
-    ("spark/datasource.py", "from parts.io.storage import _s3_env_options"): "spark/ is another helper's",
-    ("spark/mutate.py", "from spark.datasource import _delete_quietly"): "spark/ is another helper's",
-    ("spark/streaming.py", "from spark.datasource import _delete_quietly"): "spark/ is another helper's",
-    ("spark/streaming.py", "from spark.datasource import _fit"): "spark/ is another helper's",
-    ("spark/streaming.py", "from spark.datasource import _loads"): "spark/ is another helper's",
-    ("spark/streaming.py", "from spark.datasource import _metas"): "spark/ is another helper's",
-    ("spark/streaming.py", "from spark.datasource import _option"): "spark/ is another helper's",
 }
 
 
