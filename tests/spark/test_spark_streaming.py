@@ -430,7 +430,10 @@ def test_keys_table_stream_writes_by_key_and_streams_row_changes(spark, c0: Clie
                                                                  tmp_path: Path) -> None:
     """A keys table through both ends: the sink writes each batch by key (a later batch's row
     replaces an earlier one of its key), the source streams row changes per key."""
-    c0.create_table("ss_keys", SCHEMA, primary_key=("id",), conflict_policy="keys", auto_merge=False)
+    # Its own retention window: the source reads changes from before the sink's commits, and with
+    # the session's 0 s cleanup may forget that history first (SnapshotUnavailable, under load).
+    c0.create_table("ss_keys", SCHEMA, primary_key=("id",), conflict_policy="keys", auto_merge=False,
+                    retention_seconds=3600)
     start = c0.snapshot()
     src, ckpt = Input(tmp_path), tmp_path / "ckpt"
     src.add(rows(0, 5))
