@@ -52,7 +52,7 @@ EXIT_UNHEALTHY = 1  # status: something is unhealthy; chaos: findings
 EXIT_USAGE = 2  # bad arguments or input (click's usage errors too); nothing was changed
 EXIT_NOT_FOUND = 3  # no such table, snapshot not (or no longer) available
 EXIT_CONFLICT = 4  # the transaction lost a conflict: retrying it is safe
-EXIT_UNAVAILABLE = 5  # a replica or ZooKeeper could not be reached or did not answer in time
+EXIT_UNAVAILABLE = 5  # a replica, ZooKeeper or storage could not be reached, did not answer or refused
 EXIT_AUTH = 6  # authentication failed
 EXIT_ABORTED = 7  # the transaction was aborted (killed, past a limit, session lost)
 EXIT_CORRUPT = 8  # a part file or log entry does not match what was written
@@ -67,7 +67,7 @@ EXIT_CODES = {
     EXIT_USAGE: "usage error or invalid input; nothing was changed",
     EXIT_NOT_FOUND: "not found: no such table or transaction, or the snapshot is not available",
     EXIT_CONFLICT: "conflict: another transaction committed first; retrying is safe",
-    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout)",
+    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout), or storage refused",
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
     EXIT_CORRUPT: "corrupt data: a part, log entry or backup does not match what was written",
@@ -90,6 +90,7 @@ def exit_code(exc: BaseException) -> int:
         (errors.SnapshotUnavailable, EXIT_NOT_FOUND),
         (errors.InvalidInput, EXIT_USAGE),
         (errors.ReplicaUnavailable, EXIT_UNAVAILABLE),
+        (errors.StorageError, EXIT_UNAVAILABLE),  # storage refused (disk full, read-only): as a raw OSError
         (errors.TransactionAborted, EXIT_ABORTED),
         (errors.CorruptPart, EXIT_CORRUPT),
         (errors.CorruptMetadata, EXIT_CORRUPT),

@@ -33,7 +33,7 @@ from support.waiting import wait_until
 import mergetxn.cli as cli_module
 from coordinator import LocalCluster
 from coordinator.client import Client, Transaction
-from coordinator.errors import ConflictError, MergetxnError
+from coordinator.errors import ConflictError, MergetxnError, StorageError
 from mergetxn.cli import EXIT_CODES, cli, exit_code
 from mergetxn.local.zkserver import ZooKeeperServer
 
@@ -109,6 +109,7 @@ def test_exit_code_of_each_error_kind() -> None:
     assert exit_code(errors.TransactionAborted("killed")) == 7
     assert exit_code(errors.CorruptPart("bits")) == 8
     assert exit_code(MergetxnError("replica action failed")) == 70
+    assert exit_code(StorageError("storage put of 'x' failed: No space left on device (ENOSPC)", path="x")) == 5
     assert len(set(EXIT_CODES)) == len(EXIT_CODES)
 
 
