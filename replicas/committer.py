@@ -350,16 +350,22 @@ class Committer:
         except NoNodeError:
             return None, None
 
+    def _spilled(self, data: bytes) -> bytes:
+        """A log entry's bytes as its znode holds them: itself, or when too large for a znode, a
+        pointer to a manifest in storage holding it (written durably first)."""
+        if len(data) <= MAX_INLINE_ENTRY:
+            return data
+        path = f"_manifests/{uuid.uuid4().hex}.json"
+        self.replica.storage.put(path, data)
+        return ManifestPointer(path).encode()
+
     def _log_ddl(self, t: Any, entry: LogEntry) -> int:
         """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
         is too large for a znode: a table of thousands of columns). Returns the CSN."""
         data = entry.encode()
         if len(data) > self.replica.config.max_commit_bytes:
             raise commit_too_large("the definition change", len(data), self.replica.config.max_commit_bytes)
-        if len(data) > MAX_INLINE_ENTRY:
-            path = f"_manifests/{uuid.uuid4().hex}.json"
-            self.replica.storage.put(path, data)
-            data = ManifestPointer(path).encode()
+        data = self._spilled(data)
         epoch = self.log.current_epoch()
         t.check(self.log.epoch_path(epoch), 0)
         t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
@@ -590,10 +596,7 @@ class Committer:
             if too_large:  # fail those, decide the others again (nothing was written yet)
                 return deferred + [p for p, _ in accepted if p not in too_large]
         data = own[1]
-        if len(data) > MAX_INLINE_ENTRY:
-            path = f"_manifests/{uuid.uuid4().hex}.json"
-            self.replica.storage.put(path, data)
-            data = ManifestPointer(path).encode()
+        data = self._spilled(data)
 
         counters = (counters_checked, self._counters_bumped(writing, dropping))
         failpoints.hit("before_commit_multi")
