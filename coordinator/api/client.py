@@ -321,8 +321,8 @@ class Client:
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex, **modes)
-        tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"))
-        tx._isolation, tx._atomicity, tx._durability = isolation, atomicity, durability
+        tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"), isolation=isolation,
+                         atomicity=atomicity, durability=durability)
         if not detached:
             self._heartbeat.hold(tx, r.get("client_session_timeout"))
         return tx
@@ -389,13 +389,13 @@ class Client:
         try:
             yield tx
         except BaseException:
-            if tx.csn is None and not tx._ended:
+            if tx.csn is None and not tx.ended:
                 try:
                     tx.rollback()
                 except errors.MergetxnError:
                     pass
             raise
-        if not tx._ended:
+        if not tx.ended:
             tx.commit()
 
     # -- reads -------------------------------------------------------------------------------
@@ -852,7 +852,10 @@ class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
     def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False,
-                 ddl: int | None = None) -> None:
+                 ddl: int | None = None, isolation: str = SNAPSHOT, atomicity: str = FULL,
+                 durability: str = SYNC) -> None:
+        """Made by :meth:`Client.begin` (with the modes it began with) or :meth:`Client.join` (a
+        joined transaction's modes are its replica's to know)."""
         self.client = client
         self._ddl = ddl  # the last catalog change at or before the snapshot (None: unknown)
         self.tid = tid
@@ -861,14 +864,17 @@ class Transaction:
         self.csn: int | None = None
         self.joined = joined
         self._ended = False
-        self._isolation = SNAPSHOT  # set by Client.begin
-        self._atomicity = FULL  # set by Client.begin (a joined transaction: its replica knows)
-        self._durability = SYNC
+        self._isolation, self._atomicity, self._durability = isolation, atomicity, durability
         self._queued = False  # an async commit was accepted (queued) by the replica
         self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/core/keys.py)
         self._statement: str | None = None  # the statement being made (see _named)
         self._commit_lock = threading.Lock()  # see _decided_once
         self._commit_error: errors.MergetxnError | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether this client ended it (committed, rolled back, or found it ended)."""
+        return self._ended
 
     @property
     def isolation(self) -> str:
