@@ -19,7 +19,7 @@ the part's name is still running on an alive replica (replicas publish the ids o
 transactions older than ``leases.RUNNING_MIN_AGE``). Before deciding, the pass reads the alive nodes
 and then catches up with the log, so a transaction that committed after the publication is seen as
 committed. All of that only spares the transactions that look alive; what makes deleting safe is
-the orphan fence (coordinator/zk/fence.py): part files are announced there before they are deleted,
+the orphan fence (coordinator/zk/orphan_fence.py): part files are announced there before they are deleted,
 and no commit can name an announced or deleted file, however long its replica stalled. Only files under table directories whose names have the shape of part files are ever
 considered, so manifests and checkpoints are never touched.
 What the snapshots in use are, and how a replica publishes them: replicas/leases.py.
@@ -44,7 +44,7 @@ from coordinator.core.errors import (
 from coordinator.core.versions import COUNTER_STRIDE, Tid
 from coordinator.model.records import AliveRecord
 from coordinator.zk.alive import read_alive
-from coordinator.zk.fence import MAX_PENDING
+from coordinator.zk.orphan_fence import MAX_PENDING
 from coordinator.zk.watermark import Marks, Watermark
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
     from coordinator.model.records import AliveRecord
-    from coordinator.zk.fence import OrphanFence
     from coordinator.zk.log import CsnLog
+    from coordinator.zk.orphan_fence import OrphanFence
     from parts.io.storage import Storage
     from replicas.registry import Transactions
     from replicas.retention import Retention
@@ -390,7 +390,7 @@ class Cleanup:
     def _delete_behind_fence(self, condemned: list[tuple[str, dict, str]], removed: list[dict],
                              kept: list[dict]) -> None:
         """Delete part files decided orphans, and those an earlier pass condemned and did not
-        finish, so that no commit can name them (coordinator/zk/fence.py): announce them on the
+        finish, so that no commit can name them (coordinator/zk/orphan_fence.py): announce them on the
         fence, catch up with the log, keep what a commit applied meanwhile names, delete the
         rest, confirm."""
         fence = self.fence

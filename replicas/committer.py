@@ -80,7 +80,6 @@ from coordinator.model.records import (
     TxnRecord,
     TxnState,
 )
-from coordinator.zk.fence import FenceMoved
 from coordinator.zk.log import (
     MAX_INLINE_ENTRY,
     TOMBSTONE,
@@ -89,6 +88,7 @@ from coordinator.zk.log import (
     VersionMoved,
     table_node_dropped,
 )
+from coordinator.zk.orphan_fence import FenceMoved
 from parts.io.format import delete_part
 from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
@@ -644,7 +644,7 @@ class Committer:
     def _verify_files(self, p: Pending, plan: Plan, fence: int, condemned: frozenset[str]) -> None:
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
         that stalled between staging and committing). Checked against fence version ``fence``,
-        which the multi checks too: see coordinator/zk/fence.py for why that closes the race."""
+        which the multi checks too: see coordinator/zk/orphan_fence.py for why that closes the race."""
         staged = [m for op in p.txn.ops for m in op.added if m.name in plan.effect.added]
         if not staged:
             return

@@ -51,8 +51,8 @@ from coordinator.model.records import (
 from coordinator.model.users import UserRecord
 from coordinator.wire.security import zk_client_args
 from coordinator.zk.alive import AliveNode, check_host_free
-from coordinator.zk.fence import OrphanFence
 from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
+from coordinator.zk.orphan_fence import OrphanFence
 from coordinator.zk.watermark import Watermark
 from parts.io.format import delete_part
 from parts.io.storage import Storage

@@ -23,7 +23,7 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                incarnation, bumped when it starts or gets a new session, and by
                                another replica that decides the transactions of a replica gone
     replicas/<host>/alive      ephemeral: address, applied CSN and oldest snapshot in use there
-    fence                      the orphan fence (coordinator/zk/fence.py): files cleanup condemned
+    fence                      the orphan fence (coordinator/zk/orphan_fence.py): files cleanup condemned
                                and has not confirmed deleted; every commit multi checks its version
     gc                         cleanup's watermark (replicas/cleanup.py); gc/lock: one pass at a time
     leaders/<table>            kazoo Lock: the one replica that merges a table (replicas/merges.py)
@@ -35,7 +35,7 @@ Znode layout under the cluster root (``/mergetxn`` by default)::
                                no longer served
 
 The commit point is one multi: ``check(replicas/<host>, version=incarnation)`` (the committing
-replica's owner node: see replicas/outcomes.py), ``check(fence, version=f)`` (coordinator/zk/fence.py),
+replica's owner node: see replicas/outcomes.py), ``check(fence, version=f)`` (coordinator/zk/orphan_fence.py),
 ``set_data(target, version=v)`` (or ``create``) for each target
 the conflict rules check, the write counters a serializable commit checks and those the commit
 bumps, ``check(log/e-<epoch>, version=0)`` so that nothing is appended to a
@@ -63,7 +63,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
-from coordinator.zk.fence import FenceMoved
+from coordinator.zk.orphan_fence import FenceMoved
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +288,7 @@ class CsnLog:
                counters: tuple[Mapping[str, int], Iterable[str]] = ({}, ())) -> CommitResult:
         """One multi: check the owner node at the committing replica's incarnation (``owner``:
         path and version; see replicas/outcomes.py), check the orphan fence at version ``fence``
-        (coordinator/zk/fence.py), bump every target at its expected version and append the entry.
+        (coordinator/zk/orphan_fence.py), bump every target at its expected version and append the entry.
         ``counters``: nodes checked at a version (a serializable commit's read tables), then nodes
         bumped whatever their version (tables written); see coordinator/core/readsets.py and
         :meth:`ensure_counters`. They are not conflict targets: no entry records their versions.

@@ -370,7 +370,7 @@ class Storage:
 
     def missing(self, relpaths: list[str]) -> list[str]:
         """The paths among ``relpaths`` that name no file: a stat each, remote ones concurrently
-        (a commit verifies its staged files with it, see coordinator/zk/fence.py)."""
+        (a commit verifies its staged files with it, see coordinator/zk/orphan_fence.py)."""
         if self._fs is None:
             return [p for p in relpaths if not os.path.isfile(self._local(p))]
         if len(relpaths) <= 1:

@@ -1,4 +1,4 @@
-"""No acknowledged commit's data is ever deleted by cleanup (coordinator/zk/fence.py).
+"""No acknowledged commit's data is ever deleted by cleanup (coordinator/zk/orphan_fence.py).
 
 Cleanup takes a part file for an orphan when it is older than the grace period and no alive
 replica published its transaction as running. A replica that stalls (SIGSTOP here: a long GC
@@ -135,7 +135,7 @@ def test_commit_parts_of_a_collected_file(cluster: LocalCluster) -> None:
 def test_a_pass_that_died_after_condemning_is_finished_by_the_next(cluster: LocalCluster) -> None:
     """Files announced on the fence by a pass that never confirmed them stay refused, and the
     next pass deletes and confirms them."""
-    from coordinator.zk.fence import OrphanFence
+    from coordinator.zk.orphan_fence import OrphanFence
 
     t = "fence_leftover"
     c0 = cluster.client(0)
