@@ -196,6 +196,15 @@ def json_type(value: Any) -> str:
     return _NAMES.get(type(value)) or type(value).__name__
 
 
+def _shown(value: Any) -> str:
+    """A value as JSON would spell it, with its type, for a message (bounded)."""
+    if value is None:
+        return "null"
+    if type(value) is bool:
+        return f"boolean {'true' if value else 'false'}"
+    return f"{json_type(value)} {quote(value, 80)}"
+
+
 def _unknown_action(action: Any) -> InvalidInput:
     return InvalidInput(f"unknown replica action {quote(action, 64)}", action=clip(action, 64))
 
@@ -217,7 +226,7 @@ def check_request(action: str, args: dict) -> None:
                                action=action, field=clip(name, 64))
         if type(value) not in types:
             want = spec.fields[name].expected
-            raise InvalidInput(f"{action}: field {name!r} must be {want}, not {json_type(value)} {quote(value, 80)}",
+            raise InvalidInput(f"{action}: field {name!r} must be {want}, not {_shown(value)}",
                                action=action, field=name, expected=want)
     for name in spec.required:
         if name not in args:
