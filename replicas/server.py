@@ -5,6 +5,11 @@ Every action takes a JSON object and answers ``{"ok": true, "result": ...}`` or
 error class (see :mod:`coordinator.core.errors`). Data never passes through here: clients read and
 write part files in storage themselves and exchange part descriptors with the replica.
 
+Every request is checked against the protocol's table (coordinator/wire/protocol.py) first, on
+the RPC I/O thread, before the grants and any handler look at it: an unknown action, a missing
+field, a field of another JSON type or one the action does not take is answered InvalidInput
+naming the action and the field, and the connection goes on.
+
 On a secured replica every request comes from a principal (who its connection authenticated as,
 replicas/users.py) and is checked against the grants (coordinator/core/grants.py) before its handler
 runs, on the inline path and the worker path alike: a call the user may not make is answered
@@ -31,6 +36,7 @@ from coordinator.core.errors import AuthenticationFailed, InvalidInput, Mergetxn
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, TxnState, op_from_dict
+from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
 from coordinator.zk.alive import read_alive
 from replicas import failpoints, leases, logs, settings
@@ -195,7 +201,16 @@ class ReplicaServer(RpcServer):
         """begin, stage and commit answered without a worker thread when nothing in them can
         wait; anything else (an unknown table to look up, a transaction past a limit to clean
         up, ZooKeeper away, the replica just back from standing still) takes the ordinary path,
-        which handles it the same as always."""
+        which handles it the same as always.
+
+        Every request comes here first (coordinator/wire/rpc.py), so this is where each is
+        checked against the protocol (coordinator/wire/protocol.py): one that does not match
+        it is answered InvalidInput here and reaches neither the grants nor a handler."""
+        try:
+            protocol.check_request(action, args)
+        except InvalidInput as exc:
+            reply(error_reply(exc))
+            return True
         if not self.replica.pauses.awake():
             return False
         if action in self.handlers:

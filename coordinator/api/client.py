@@ -56,7 +56,7 @@ from coordinator.model.records import (
     StagedOp,
     Truncate,
 )
-from coordinator.wire import security
+from coordinator.wire import protocol, security
 from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
 from parts.io import rewrite
@@ -133,7 +133,9 @@ class Client:
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
         """One request; its answer is waited for ``timeout`` seconds, or longer for the calls
-        that legitimately take longer (``long_calls``)."""
+        that legitimately take longer (``long_calls``). An action or a field the protocol
+        (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent."""
+        protocol.check_call(action, args)
         return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
 
     def close(self) -> None:

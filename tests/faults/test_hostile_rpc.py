@@ -221,6 +221,46 @@ def test_a_frame_over_the_limit_is_refused_naming_it_and_never_buffered(request,
     still_serves(cluster)
 
 
+# Requests off the protocol (coordinator/wire/protocol.py): (request, what the refusal says, the field).
+OFF_PROTOCOL = {
+    "begin with a token that is not a string": ({"a": "begin", "b": {"token": 7}},
+                                                "begin: field 'token' must be a string or null, not integer 7", "token"),
+    "commit with an integer id": ({"a": "commit", "b": {"id": 5}}, "commit: field 'id' must be a string", "id"),
+    "create_table with a list name": ({"a": "create_table", "b": {"name": ["t2"], "schema": "x"}},
+                                      "create_table: field 'name' must be a string, not array ['t2']", "name"),
+    "stage without its id": ({"a": "stage", "b": {"ops": []}}, "stage: the request lacks field 'id'", "id"),
+    "visible with a misspelt field": ({"a": "visible", "b": {"table": "t", "snapshots": 1}},
+                                      "visible: unknown field 'snapshots'", "snapshots"),
+    "wait with a huge value of the wrong type": ({"a": "wait", "b": {"snapshot": "9" * (MiB // 2)}},
+                                                 "wait: field 'snapshot' must be an integer, not string", "snapshot"),
+}
+
+
+@pytest.mark.parametrize("kind", ["plain", "secure"])
+def test_a_request_off_the_protocol_is_refused_naming_the_field_and_the_connection_goes_on(
+        request, kind: str) -> None:  # noqa: ANN001
+    """Checked before the grants and any handler: InvalidInput naming the action, the field
+    and what it takes, in a message of bounded size; the same connection serves the next
+    request, and a client its commits."""
+    cluster: LocalCluster = request.getfixturevalue(kind)
+    tls = kind == "secure"
+    sock = connect(cluster, tls=tls, auth=tls)
+    client = cluster.client(0)
+    before = client.snapshot()
+    for payload, says, field in OFF_PROTOCOL.values():
+        sock.sendall(frame(payload))
+        reply = answer(sock)
+        assert reply is not None and reply["ok"] is False and reply["error"]["type"] == "InvalidInput", reply
+        assert says in reply["error"]["message"] and len(reply["error"]["message"]) < 1000, reply
+        assert reply["error"]["details"]["field"] == field
+        sock.sendall(frame({"a": "info", "b": {}}))
+        assert answer(sock)["ok"] is True  # the same connection carries on
+    assert client.snapshot() == before and "t2" not in client.tables()  # nothing happened
+    client.close()
+    sock.close()
+    still_serves(cluster)
+
+
 def rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
