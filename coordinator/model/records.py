@@ -557,10 +557,17 @@ class AliveRecord:
             applied=applied or 0,
             oldest_txn_snapshot=csn(d.get("min_snapshot")),
             oldest_snapshot=min(needs) if needs else 0,
-            snapshots=tuple((int(s), str(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
-            running=tuple(str(t) for t in d.get("running", ())),
+            snapshots=tuple((int(s), _text(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
+            running=tuple(_text(t) for t in d.get("running", ())),
             running_overflow=bool(d.get("running_overflow")) or "running" not in d,
         )
+
+
+def _text(v: Any) -> str:
+    """A tid or holder name in the alive node: a string (anything else is a malformed node)."""
+    if not isinstance(v, str):
+        raise TypeError(f"a string is needed, not {type(v).__name__}")
+    return v
 
 
 # -- outcomes -------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import base64
 import functools
 import hashlib
 import hmac
+import math
 import os
 import re
 import time
@@ -166,8 +167,11 @@ def decode(data: bytes | None, where: str) -> dict[str, UserRecord]:
             created_at = d.get("created_at") or 0.0
             if isinstance(created_at, bool) or not isinstance(created_at, (int, float, str)):
                 raise ValueError(f"user {quote(name)}: 'created_at' must be a time, not {quote(created_at)}")
+            created = float(created_at)
+            if not math.isfinite(created):
+                raise ValueError(f"user {quote(name)}: 'created_at' must be a finite time")
             out[check_name(name)] = UserRecord(name, role, None if tables is None else tuple(tables), d["secret"],
-                                               float(created_at))
+                                               created)
         return out
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError, InvalidInput) as exc:
         why = "nested too deep" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {clip(exc)}"
