@@ -1,6 +1,7 @@
 """The CSN log and the commit point in ZooKeeper.
 
-Znode layout under the cluster root (``/mergetxn`` by default)::
+Znode layout under the cluster root (``/mergetxn`` by default; each node's body is one typed
+record, encoded and decoded in coordinator/model/znodes.py)::
 
     config                     {"epoch_size": N}: written once, when the cluster is first used
     log/e-<epoch>              one parent per epoch; data version 0 = open, >= 1 = sealed
