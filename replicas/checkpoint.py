@@ -50,7 +50,7 @@ from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.zk.alive import read_alive
-from coordinator.zk.log import encode_tail
+from coordinator.zk.log import decode_tail, encode_tail
 
 if TYPE_CHECKING:  # pragma: no cover
     from replicas.replica import Replica
@@ -209,9 +209,9 @@ class LogTail:
             self.tail = None
             return None
         try:
-            self.tail = json.loads(data)
-        except ValueError:
-            log.error("znode %s does not parse; keeping %r", self.log.tail_path(), self.tail)
+            self.tail = decode_tail(data, self.log.tail_path())
+        except CorruptMetadata as exc:
+            log.error("%s; keeping %r", exc, self.tail)
         return None
 
     # -- what readers see --------------------------------------------------------------------

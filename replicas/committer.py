@@ -80,9 +80,9 @@ from coordinator.model.records import (
     TxnRecord,
     TxnState,
 )
+from coordinator.model.znodes import TABLE_LIVE, TARGET_BODY, TOMBSTONE
 from coordinator.zk.log import (
     MAX_INLINE_ENTRY,
-    TOMBSTONE,
     OwnerFenced,
     TableMoved,
     VersionMoved,
@@ -103,7 +103,7 @@ MAX_BATCH = 512
 ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Committer._take_batch)
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
-_TABLE_NODE = b'{"table":true}'  # a table znode's data while the table exists (see coordinator/zk/log.py)
+_TABLE_NODE = TABLE_LIVE  # a table znode's data while the table exists (coordinator/model/znodes.py, TableNode)
 
 
 def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
@@ -310,7 +310,7 @@ class Committer:
                     else:
                         t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)
                     if new_target:
-                        t.create(self.log.target_path(name), b"")
+                        t.create(self.log.target_path(name), TARGET_BODY)
                     csn = self._log_ddl(t, entry)
             self._applied_here(csn, name)
             p.resolve(csn)

@@ -18,7 +18,6 @@ fence, as ClickHouse checks its session in the same multi:
 
 from __future__ import annotations
 
-import json
 import logging
 
 from kazoo.exceptions import BadVersionError, NoNodeError
@@ -27,6 +26,7 @@ from coordinator.core import retries
 from coordinator.core.errors import InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.records import AliveRecord, CommitStatus, TxnState
+from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.rpc import RpcClient
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,7 @@ class Outcomes:
             data = None
         if data is None:
             # The owner is gone: fence its incarnation, then the log decides.
-            fenced = json.dumps({"host_id": tid.host_id, "fenced_by": self.replica.host_id}).encode()
+            fenced = OwnerRecord(tid.host_id, fenced_by=self.replica.host_id).encode()
             try:
                 zk.retry(zk.set, owner_path, fenced, version=stat.version)
             except (BadVersionError, NoNodeError):

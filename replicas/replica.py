@@ -49,6 +49,7 @@ from coordinator.model.records import (
     WalStaged,
 )
 from coordinator.model.users import UserRecord
+from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.security import zk_client_args
 from coordinator.zk.alive import AliveNode, check_host_free
 from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
@@ -296,7 +297,7 @@ class Replica:
         of an earlier incarnation can never commit after this."""
         node = self.log.replica_path(self.host_id)
         self.zk.retry(self.zk.ensure_path, node)
-        stat = self.zk.retry(self.zk.set, node, json.dumps({"host_id": self.host_id}).encode())
+        stat = self.zk.retry(self.zk.set, node, OwnerRecord(self.host_id).encode())
         self.incarnation = stat.version
         self.alive.publish()
 

@@ -27,9 +27,10 @@ from typing import Any, ClassVar, Literal
 
 from coordinator.core import jsonwire
 from coordinator.core.conflicts import Kind, check_app_version
-from coordinator.core.errors import CorruptMetadata, InvalidInput, quote
+from coordinator.core.errors import CorruptMetadata, InvalidInput, clip, quote
 from coordinator.core.versions import Tid
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
+from coordinator.model.znodes import MALFORMED, corrupt
 from parts.model.meta import PartMeta
 
 ENTRY_FORMAT = 1
@@ -384,8 +385,9 @@ class LogEntry:
                 txns=tuple(TxnRecord.from_dict(t) for t in d.get("txns", ())),
                 ddl=tuple(_ddl_from_dict(x) for x in d.get("ddl", ())),
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptMetadata(f"log entry {where} is malformed: {quote(exc)}") from exc
+        except MALFORMED as exc:  # (RecursionError: nesting too deep to take apart; ArithmeticError: a huge number)
+            why = "nested too deep" if isinstance(exc, RecursionError) else quote(exc)
+            raise CorruptMetadata(f"log entry {where} is malformed: {why}") from None
         except CorruptMetadata as exc:
             raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
 
@@ -421,8 +423,8 @@ def decode_log_node(data: bytes, where: str) -> LogEntry | ManifestPointer:
     """A log znode's data (or a manifest file's): the entry, or the pointer to its manifest."""
     try:
         d = jsonwire.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CorruptMetadata(f"log entry {where} is not valid JSON: {exc}") from exc
+    except (ValueError, TypeError) as exc:  # (UnicodeDecodeError is a ValueError)
+        raise CorruptMetadata(f"log entry {where} is not valid JSON: {clip(exc)}") from None
     if isinstance(d, dict) and d.get("v") == ENTRY_FORMAT and "manifest" in d:
         if not isinstance(d["manifest"], str):
             raise CorruptMetadata(f"log entry {where} names a manifest that is not a path: {quote(d['manifest'])}")
@@ -528,26 +530,44 @@ class AliveRecord:
         return not (self.running_overflow or self.malformed)
 
     @classmethod
-    def decode(cls, data: bytes) -> AliveRecord:
+    def decode(cls, data: bytes, where: str | None = None) -> AliveRecord:
+        """The record a node's body holds. A body that does not parse decodes, without ``where``,
+        as a ``malformed`` record (what readers want: it keeps everything), and with ``where`` is
+        CorruptMetadata naming that node; never anything else (the body is input from outside)."""
+        try:
+            return cls._fields(data)
+        except MALFORMED as exc:
+            if where is None:
+                return cls(malformed=True)
+            raise corrupt(where, exc) from None
+
+    @classmethod
+    def _fields(cls, data: bytes) -> AliveRecord:
         def csn(v: Any) -> int | None:
             return v if isinstance(v, int) and not isinstance(v, bool) else None
 
-        try:
-            d = jsonwire.loads(data)
-            applied = csn(d.get("applied"))
-            needs = [v for v in (applied, csn(d.get("oldest_snapshot")), csn(d.get("min_snapshot"))) if v is not None]
-            return cls(
-                address=str(d.get("address", "")),
-                incarnation=int(d.get("incarnation", 0)),
-                applied=applied or 0,
-                oldest_txn_snapshot=csn(d.get("min_snapshot")),
-                oldest_snapshot=min(needs) if needs else 0,
-                snapshots=tuple((int(s), str(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
-                running=tuple(str(t) for t in d.get("running", ())),
-                running_overflow=bool(d.get("running_overflow")) or "running" not in d,
-            )
-        except (ValueError, TypeError, AttributeError, UnicodeDecodeError):
-            return cls(malformed=True)
+        d = jsonwire.loads(data)
+        if not isinstance(d, dict):
+            raise TypeError(f"a JSON object is needed, not {type(d).__name__}")
+        applied = csn(d.get("applied"))
+        needs = [v for v in (applied, csn(d.get("oldest_snapshot")), csn(d.get("min_snapshot"))) if v is not None]
+        return cls(
+            address=str(d.get("address", "")),
+            incarnation=int(d.get("incarnation", 0)),
+            applied=applied or 0,
+            oldest_txn_snapshot=csn(d.get("min_snapshot")),
+            oldest_snapshot=min(needs) if needs else 0,
+            snapshots=tuple((int(s), _text(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
+            running=tuple(_text(t) for t in d.get("running", ())),
+            running_overflow=bool(d.get("running_overflow")) or "running" not in d,
+        )
+
+
+def _text(v: Any) -> str:
+    """A tid or holder name in the alive node: a string (anything else is a malformed node)."""
+    if not isinstance(v, str):
+        raise TypeError(f"a string is needed, not {type(v).__name__}")
+    return v
 
 
 # -- outcomes -------------------------------------------------------------------------------------

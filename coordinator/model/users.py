@@ -18,14 +18,15 @@ import base64
 import functools
 import hashlib
 import hmac
-import json
+import math
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.core.errors import CorruptMetadata, InvalidInput
+from coordinator.core import jsonwire
+from coordinator.core.errors import CorruptMetadata, InvalidInput, clip, quote
 from coordinator.core.grants import Grantee, Role
 from coordinator.core.tabledata import validate_name
 
@@ -142,31 +143,44 @@ class UserRecord:
 
 
 def decode(data: bytes | None, where: str) -> dict[str, UserRecord]:
-    """The users a node holds (empty for an empty node); CorruptMetadata naming ``where``."""
+    """The users a node holds (empty for an empty node); CorruptMetadata naming ``where`` (a
+    bounded message) for anything else, and nothing else: the body is input from outside."""
     if not data:
         return {}
     try:
-        body = json.loads(data)
+        body = jsonwire.loads(data)  # (bounded nesting: see coordinator/core/jsonwire.py)
+        if not isinstance(body, dict):
+            raise ValueError(f"a JSON object is needed, not {type(body).__name__}")
         users = body["users"]
         if not isinstance(users, dict) or len(users) > MAX_USERS:
             raise ValueError(f"'users' must be an object of at most {MAX_USERS} users")
         out = {}
         for name, d in users.items():
+            if not isinstance(d, dict):
+                raise ValueError(f"user {quote(name)}: a record is an object, not {type(d).__name__}")
             role = Role(d["role"])
             tables = d.get("tables")
             if tables is not None and not (isinstance(tables, list) and all(isinstance(t, str) for t in tables)):
-                raise ValueError(f"user {name!r}: 'tables' must be null or a list of names")
+                raise ValueError(f"user {quote(name)}: 'tables' must be null or a list of names")
             if not isinstance(d["secret"], str):
-                raise ValueError(f"user {name!r}: 'secret' must be a string")
+                raise ValueError(f"user {quote(name)}: 'secret' must be a string")
+            created_at = d.get("created_at") or 0.0
+            if isinstance(created_at, bool) or not isinstance(created_at, (int, float, str)):
+                raise ValueError(f"user {quote(name)}: 'created_at' must be a time, not {quote(created_at)}")
+            created = float(created_at)
+            if not math.isfinite(created):
+                raise ValueError(f"user {quote(name)}: 'created_at' must be a finite time")
             out[check_name(name)] = UserRecord(name, role, None if tables is None else tuple(tables), d["secret"],
-                                               float(d.get("created_at") or 0.0))
+                                               created)
         return out
-    except (ValueError, KeyError, TypeError, AttributeError, InvalidInput) as exc:
-        raise CorruptMetadata(f"users node {where} does not parse: {type(exc).__name__}: {str(exc)[:200]}",
-                              node=where) from None
+    except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError, InvalidInput) as exc:
+        why = "nested too deep" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {clip(exc)}"
+        raise CorruptMetadata(f"users node {clip(where)} does not parse: {why}", node=clip(where)) from None
 
 
 def encode(users: dict[str, UserRecord]) -> bytes:
+    """The users node's body: ``{"users": {name: record}}``, keys sorted. Compact JSON through
+    jsonwire (earlier versions wrote json.dumps's spaces: the same JSON, read alike both ways)."""
     if len(users) > MAX_USERS:
         raise InvalidInput(f"a cluster has at most {MAX_USERS} users")
-    return json.dumps({"users": {n: u.to_dict() for n, u in sorted(users.items())}}, sort_keys=True).encode()
+    return jsonwire.dumps({"users": {n: u.to_dict() for n, u in sorted(users.items())}}, sort_keys=True)

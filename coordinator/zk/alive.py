@@ -10,7 +10,6 @@ only after :func:`check_host_free` found no live process holding it.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from collections.abc import Callable
@@ -18,8 +17,9 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
-from coordinator.core.errors import InvalidInput
+from coordinator.core.errors import CorruptMetadata, InvalidInput
 from coordinator.model.records import AliveRecord
+from coordinator.model.znodes import OwnerRecord
 from coordinator.zk.log import CsnLog
 
 
@@ -66,7 +66,7 @@ def read_alive(zk: KazooClient, layout: CsnLog) -> dict[str, AliveRecord]:
             data, _ = zk.retry(zk.get, layout.alive_path(host))
         except NoNodeError:
             continue
-        out[host] = AliveRecord.decode(data)
+        out[host] = AliveRecord.decode(data)  # (one that does not parse: malformed, keeps everything)
     return out
 
 
@@ -126,11 +126,12 @@ def check_host_free(zk: KazooClient, layout: CsnLog, host_id: str, own_address: 
         time.sleep(0.2)
 
 
-def is_retired(data: bytes) -> bool:
-    """Whether a registration node's data says its replica was retired for good."""
+def is_retired(data: bytes, where: str = "replicas/<host>") -> bool:
+    """Whether a registration node's data says its replica was retired for good (a body that
+    does not parse does not say so)."""
     try:
-        return isinstance(d := json.loads(data), dict) and "retired_at" in d
-    except ValueError:
+        return OwnerRecord.decode(data, where).retired
+    except CorruptMetadata:
         return False
 
 
@@ -142,7 +143,7 @@ def registered(zk: KazooClient, layout: CsnLog) -> list[str]:
             data, _ = zk.retry(zk.get, layout.replica_path(host))
         except NoNodeError:
             continue
-        if not is_retired(data):
+        if not is_retired(data, layout.replica_path(host)):
             out.append(host)
     return sorted(out)
 
@@ -164,9 +165,9 @@ def retire(zk: KazooClient, layout: CsnLog, host_id: str) -> int:
         address = AliveRecord.decode(alive).address or "an address not published yet"
         raise InvalidInput(f"replica {host_id!r} is alive (serving at {address}): stop it before retiring it",
                            host_id=host_id, address=address)
-    record = {"host_id": host_id, "retired_at": time.time()}
+    record = OwnerRecord(host_id, retired_at=time.time())
     try:
-        zk.retry(zk.set, node, json.dumps(record).encode(), version=stat.version)
+        zk.retry(zk.set, node, record.encode(), version=stat.version)
     except BadVersionError:
         raise InvalidInput(f"replica {host_id!r} registered again while it was being retired: stop it, then "
                            "retire it again", host_id=host_id) from None

@@ -1,6 +1,7 @@
 """The CSN log and the commit point in ZooKeeper.
 
-Znode layout under the cluster root (``/mergetxn`` by default)::
+Znode layout under the cluster root (``/mergetxn`` by default; each node's body is one typed
+record, encoded and decoded in coordinator/model/znodes.py)::
 
     config                     {"epoch_size": N}: written once, when the cluster is first used
     log/e-<epoch>              one parent per epoch; data version 0 = open, >= 1 = sealed
@@ -50,7 +51,6 @@ entry that set a target to version ``v`` has seen every commit that touched it u
 
 from __future__ import annotations
 
-import json
 import logging
 import select
 import threading
@@ -63,6 +63,7 @@ from kazoo.handlers.threading import SequentialThreadingHandler
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
+from coordinator.model.znodes import TARGET_BODY, ConfigRecord, EpochNode, TableNode, TailRecord
 from coordinator.zk.orphan_fence import FenceMoved
 
 log = logging.getLogger(__name__)
@@ -83,13 +84,10 @@ class TableMoved(VersionMoved):
         self.tables = tables
 
 
-TOMBSTONE = b'{"dropped":true}'
-
-
 def table_node_dropped(data: bytes | None) -> bool:
     """Whether a ``tables/<name>`` znode's data says the table was dropped (anything else,
     garbage included, reads as a table that exists: its name stays taken)."""
-    return data == TOMBSTONE
+    return TableNode.says_dropped(data)
 
 
 class OwnerFenced(Exception):
@@ -210,21 +208,15 @@ class CsnLog:
         """Create the root layout once; read the cluster's epoch size (first writer decides)."""
         for p in ("log", "tables", "targets", "replicas"):
             self.zk.retry(self.zk.ensure_path, self.path(p))
-        config = json.dumps({"epoch_size": self.epoch_size}).encode()
         try:
-            self.zk.retry(self.zk.create, self.path("config"), config)
+            self.zk.retry(self.zk.create, self.path("config"), ConfigRecord(self.epoch_size).encode())
         except NodeExistsError:
             pass
         data, _ = self.zk.retry(self.zk.get, self.path("config"))
-        try:
-            self.epoch_size = int(json.loads(data)["epoch_size"])
-            if self.epoch_size < 1:
-                raise ValueError("epoch_size < 1")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CorruptMetadata(f"znode {self.path('config')} does not parse: {exc}") from exc
+        self.epoch_size = ConfigRecord.decode(data, self.path("config")).epoch_size
         if not self.epochs():  # a trimmed log has no e-0 any more: never recreate it (open)
             try:
-                self.zk.retry(self.zk.create, self.epoch_path(0), b"")
+                self.zk.retry(self.zk.create, self.epoch_path(0), EpochNode().encode())
             except NodeExistsError:
                 pass
 
@@ -246,8 +238,8 @@ class CsnLog:
     def seal(self, epoch: int) -> None:
         """Close ``epoch`` and open the next one, atomically; a no-op if someone else did."""
         t = self.zk.transaction()
-        t.set_data(self.epoch_path(epoch), b"sealed", version=0)
-        t.create(self.epoch_path(epoch + 1), b"")
+        t.set_data(self.epoch_path(epoch), EpochNode(sealed=True).encode(), version=0)
+        t.create(self.epoch_path(epoch + 1), EpochNode().encode())
         results = t.commit()
         if any(isinstance(r, Exception) for r in results):
             log.debug("epoch %d already sealed: %s", epoch, results)
@@ -272,7 +264,7 @@ class CsnLog:
             stat = self.zk.exists(path)
             if stat is None:
                 try:
-                    self.zk.create(path, b"")
+                    self.zk.create(path, TARGET_BODY)
                 except NodeExistsError:
                     pass
                 stat = self.zk.exists(path)
@@ -314,13 +306,13 @@ class CsnLog:
         for key, version in sorted(expected.items()):
             path = self.target_path(key)
             if version is None:
-                t.create(path, b"")
+                t.create(path, TARGET_BODY)
             else:
-                t.set_data(path, b"", version=version)
+                t.set_data(path, TARGET_BODY, version=version)
         for key, version in sorted(counters[0].items()):  # checked before this multi bumps any
             t.check(self.target_path(key), version)
         for key in sorted(set(counters[1])):
-            t.set_data(self.target_path(key), b"", version=-1)
+            t.set_data(self.target_path(key), TARGET_BODY, version=-1)
         t.check(self.epoch_path(epoch), 0)
         t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
         results = t.commit()
@@ -402,20 +394,15 @@ def given_out(stat: object) -> int:
 
 
 def encode_tail(tail: dict) -> bytes:
-    """The checkpoint node's data (see replicas/checkpoint.py)."""
-    return json.dumps(tail, separators=(",", ":"), sort_keys=True).encode()
+    """The checkpoint node's data from its fields (see replicas/checkpoint.py; the body is a
+    :class:`~coordinator.model.znodes.TailRecord`)."""
+    return TailRecord.from_dict(tail, "the checkpoint node being written").encode()
 
 
 def decode_tail(data: bytes, where: str) -> dict:
-    """Parse the checkpoint node's data; anything malformed is CorruptMetadata naming the znode."""
-    try:
-        tail = json.loads(data)
-        for k in ("csn", "trimmed_epoch", "retained"):
-            int(tail[k])
-        str(tail["path"])
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CorruptMetadata(f"znode {where} does not parse: {exc!r}") from exc
-    return tail
+    """The checkpoint node's fields (:meth:`TailRecord.to_dict`); anything malformed is
+    CorruptMetadata naming the znode."""
+    return TailRecord.decode(data, where).to_dict()
 
 
 class PollHandler(SequentialThreadingHandler):

@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from coordinator.core import jsonwire
 from coordinator.core.errors import CorruptMetadata
+from coordinator.model.znodes import FenceRecord
 from coordinator.zk.recipes import cas_update
 
 MAX_PENDING = 4000
@@ -51,18 +51,11 @@ class FenceMoved(Exception):
 
 
 def _decode(data: bytes, path: str) -> frozenset[str]:
-    try:
-        d = jsonwire.loads(data) if data else {}
-        pending = d.get("pending", [])
-        if not isinstance(pending, list) or not all(isinstance(p, str) for p in pending):
-            raise ValueError("'pending' is not a list of paths")
-        return frozenset(pending)
-    except (ValueError, AttributeError, UnicodeDecodeError) as exc:
-        raise CorruptMetadata(f"znode {path} does not parse: {exc}") from exc
+    return FenceRecord.decode(data, path).pending  # (the body: coordinator/model/znodes.py)
 
 
 def _encode(pending: Iterable[str], by: str) -> bytes:
-    return jsonwire.dumps({"pending": sorted(pending), "by": by})
+    return FenceRecord(frozenset(pending), by).encode()
 
 
 class OrphanFence:

@@ -21,88 +21,21 @@ larger of both, so two passes never lower what the other wrote.
 
 from __future__ import annotations
 
-import math
 import threading
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from coordinator.core import jsonwire
 from coordinator.core.errors import CorruptMetadata
+from coordinator.model.znodes import (  # the node's body (pure); Marks is used from here too
+    MAX_HORIZONS,
+    Marks,
+)
 from coordinator.zk.recipes import cas_update
 
-MAX_HORIZONS = 100_000  # tables named in the node (about 60 bytes each: well within a znode)
-
-
-@dataclass(frozen=True)
-class Marks:
-    """What the ``gc`` node says (pure: parsed, merged and asked without ZooKeeper)."""
-
-    watermark: int = 0
-    collected: int = 0
-    horizons: Mapping[str, float] = field(default_factory=dict)
-    legacy: int = 0
-
-    def may_be_gone(self, table: str, removal_csn: int | None, removal_time: float | None) -> bool:
-        """Whether cleanup may have deleted the part of ``table`` removed at that CSN and time."""
-        if removal_csn is None:
-            return False
-        if removal_csn <= self.legacy:
-            return True
-        if removal_csn > self.watermark:
-            return False
-        horizon = self.horizons.get(table)
-        # A removal recorded without its time (a checkpoint from before retention) counts as old.
-        return horizon is not None and (removal_time is None or removal_time <= horizon)
-
-    def merged(self, other: Marks) -> Marks:
-        """Each number the larger of both (what two passes raised, in either order)."""
-        horizons = dict(self.horizons)
-        for t, h in other.horizons.items():
-            if h > horizons.get(t, -math.inf):
-                horizons[t] = h
-        return Marks(max(self.watermark, other.watermark), max(self.collected, other.collected), horizons,
-                     max(self.legacy, other.legacy))
-
-    def to_bytes(self, identity: str) -> bytes:
-        return jsonwire.dumps({"watermark": self.watermark, "collected": self.collected,
-                               "horizons": dict(sorted(self.horizons.items())), "legacy": self.legacy,
-                               "by": identity, "time": time.time()})
-
-    @classmethod
-    def parse(cls, data: bytes, where: str) -> Marks:
-        """CorruptMetadata naming ``where`` for anything but a node this module wrote. A node
-        written before retention windows (no ``horizons``) collected every part removed at or
-        below its watermark: that is its ``legacy``."""
-        try:
-            d = jsonwire.loads(data)
-            if not isinstance(d, dict):
-                raise TypeError(f"a JSON object is needed, not {type(d).__name__}")
-            w, c = _count(d["watermark"]), _count(d.get("collected", 0))
-            if "horizons" not in d:
-                return cls(w, c, {}, w)
-            raw = d["horizons"]
-            if not isinstance(raw, dict) or len(raw) > MAX_HORIZONS:
-                raise TypeError(f"horizons must map at most {MAX_HORIZONS} table names to times")
-            horizons = {}
-            for t, h in raw.items():
-                if isinstance(h, bool) or not isinstance(h, (int, float)) or not math.isfinite(h):
-                    raise TypeError(f"horizon of {t!r} is not a finite number")
-                horizons[str(t)] = float(h)
-            return cls(w, c, horizons, _count(d.get("legacy", 0)))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise CorruptMetadata(f"znode {where} does not parse: {exc!r}") from exc
-
-
-def _count(v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise TypeError(f"{v!r} is not a CSN")
-    return v
-
+__all__ = ["MAX_HORIZONS", "Marks", "Watermark"]
 
 class Watermark:
     def __init__(self, zk: KazooClient, path: str, identity: str) -> None:
@@ -124,7 +57,7 @@ class Watermark:
     def start(self) -> None:
         """Create the node if needed, read it, and keep the copy current with a watch."""
         try:
-            self.zk.retry(self.zk.create, self.path, Marks().to_bytes(self.identity))
+            self.zk.retry(self.zk.create, self.path, Marks().encode(self.identity))
         except NodeExistsError:
             pass
         self.refresh()
@@ -133,7 +66,7 @@ class Watermark:
     def _on_change(self, data: bytes | None, stat: Any) -> None:
         if data is not None:
             try:
-                self._remember(Marks.parse(data, self.path))
+                self._remember(Marks.decode(data, self.path))
             except CorruptMetadata as exc:
                 if self.on_error is not None:
                     self.on_error(exc)
@@ -145,7 +78,7 @@ class Watermark:
 
     def refresh(self) -> Marks:
         """Read the node now (a reader that found a part missing asks again)."""
-        return self._remember(Marks.parse(self.zk.retry(self.zk.get, self.path)[0], self.path))
+        return self._remember(Marks.decode(self.zk.retry(self.zk.get, self.path)[0], self.path))
 
     def raise_to(self, watermark: int, collected: int | None = None,
                  horizons: Mapping[str, float] | None = None, keep: set[str] | None = None) -> Marks:
@@ -157,12 +90,12 @@ class Watermark:
         want = Marks(watermark, collected or 0, dict(horizons or {}))
 
         def change(data: bytes | None) -> bytes | None:
-            cur = Marks.parse(data, self.path) if data is not None else Marks()
+            cur = Marks.decode(data, self.path) if data is not None else Marks()
             new = cur.merged(want)
             if keep is not None and collected is not None:
                 new = Marks(new.watermark, new.collected, {t: h for t, h in new.horizons.items() if t in keep},
                             max(new.legacy, min(collected, new.collected)))
-            return None if new == cur else new.to_bytes(self.identity)
+            return None if new == cur else new.encode(self.identity)
 
         data = cas_update(self.zk, self.path, change)
-        return self._remember(want if data is None else Marks.parse(data, self.path))
+        return self._remember(want if data is None else Marks.decode(data, self.path))

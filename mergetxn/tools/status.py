@@ -118,7 +118,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     from kazoo.exceptions import NoNodeError
     from kazoo.retry import KazooRetry
 
-    from coordinator.core import jsonwire
+    from coordinator.core.errors import CorruptMetadata
+    from coordinator.model.znodes import Marks
     from coordinator.wire.security import zk_client_args
     from coordinator.zk.alive import read_alive
     from coordinator.zk.alive import registered as registered_hosts
@@ -152,8 +153,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
                 end = max(end, csn_of(e, given_out(stat) - 1))
         tail, _ = layout.read_tail()
         try:
-            gc = jsonwire.loads(zk.get(layout.gc_path())[0])
-        except (NoNodeError, ValueError):
+            gc: Marks | None = Marks.decode(zk.get(layout.gc_path())[0], layout.gc_path())
+        except (NoNodeError, CorruptMetadata):
             gc = None
         return {
             "registered": registered,
@@ -164,8 +165,8 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
             "log": {"end_csn": end, "entries": entries, "epochs": epochs,
                     "retained": int(tail.get("retained", 0)) if tail else 0,
                     "checkpoint": None if not tail else {k: tail.get(k) for k in ("csn", "path", "time")},
-                    "cleanup_watermark": None if gc is None else gc.get("watermark"),
-                    "cleanup_collected": None if gc is None else gc.get("collected")},
+                    "cleanup_watermark": None if gc is None else gc.watermark,
+                    "cleanup_collected": None if gc is None else gc.collected},
         }
     except Exception as exc:  # the session went away meanwhile
         return {"error": f"cannot read ZooKeeper {hosts}: {type(exc).__name__}: {exc}"}
