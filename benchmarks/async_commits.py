@@ -44,9 +44,12 @@ def one_round(client, table: str, durability: str, txns: int) -> dict:
     client.flush()
     total = time.perf_counter() - start
     commit_ms.sort()
-    return {"commit_median_ms": round(statistics.median(commit_ms), 3),
-            "commit_p90_ms": round(commit_ms[int(0.9 * len(commit_ms))], 3),
-            "per_txn_ms_with_flush": round(total / txns * 1e3, 3), "txns": txns}
+    return {
+        "commit_median_ms": round(statistics.median(commit_ms), 3),
+        "commit_p90_ms": round(commit_ms[int(0.9 * len(commit_ms))], 3),
+        "per_txn_ms_with_flush": round(total / txns * 1e3, 3),
+        "txns": txns,
+    }
 
 
 def main() -> None:

@@ -57,11 +57,13 @@ LINKS_PER_WRITER_PER_S = 300
 def ten_rows(seed: int = 0) -> pa.Table:
     """The 10 rows every system appends per commit."""
     base = seed * 10
-    return pa.table({
-        "id": pa.array(range(base, base + 10), pa.int64()),
-        "name": pa.array([f"row-{i}" for i in range(base, base + 10)], pa.string()),
-        "value": pa.array([i * 0.5 for i in range(10)], pa.float64()),
-    })
+    return pa.table(
+        {
+            "id": pa.array(range(base, base + 10), pa.int64()),
+            "name": pa.array([f"row-{i}" for i in range(base, base + 10)], pa.string()),
+            "value": pa.array([i * 0.5 for i in range(10)], pa.float64()),
+        }
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -202,8 +204,9 @@ def _op_mergetxn_metadata(params: dict, idx: int) -> Callable[[], int]:
     def op() -> int:
         name = next(names)
         with client.transaction() as tx:
-            meta = dataclasses.replace(template, name=name, path=f"{directory}/{name}.parquet",
-                                       creation_tid=tx.id, created_at=time.time())
+            meta = dataclasses.replace(
+                template, name=name, path=f"{directory}/{name}.parquet", creation_tid=tx.id, created_at=time.time()
+            )
             tx.add_parts(table, [meta])
         return 0
 
@@ -319,16 +322,19 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
-def run_processes(kind: str, params: dict, writers: int, warmup: float, seconds: float,
-                  watch: dict[str, int | None] | None = None) -> Tally:
+def run_processes(
+    kind: str, params: dict, writers: int, warmup: float, seconds: float, watch: dict[str, int | None] | None = None
+) -> Tally:
     """``writers`` processes run ``kind`` at once; their tallies are summed. The CPU time that
     the processes in ``watch`` (name -> pid) spend during the measured window goes into
     ``Tally.cpu`` (seconds)."""
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     times = ctx.Array("d", 2)
-    procs = [ctx.Process(target=_worker, args=(kind, params, i, ready, go, times, results), daemon=True)
-             for i in range(writers)]
+    procs = [
+        ctx.Process(target=_worker, args=(kind, params, i, ready, go, times, results), daemon=True)
+        for i in range(writers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -341,6 +347,7 @@ def run_processes(kind: str, params: dict, writers: int, warmup: float, seconds:
         go.set()
         cpu0: dict[str, float] = {}
         if watch is not None:
+
             def writers_cpu() -> float:
                 return sum(cpu_seconds(p.pid) for p in procs)
 
@@ -353,8 +360,9 @@ def run_processes(kind: str, params: dict, writers: int, warmup: float, seconds:
             cpu1["writers"] = writers_cpu()
             busy1 = busy_seconds()
             cpu0["other processes"] = 0.0
-            cpu1["other processes"] = max(0.0, (busy1 - busy0) - sum(cpu1[k] - cpu0[k] for k in cpu1
-                                                                    if k != "other processes"))
+            cpu1["other processes"] = max(
+                0.0, (busy1 - busy0) - sum(cpu1[k] - cpu0[k] for k in cpu1 if k != "other processes")
+            )
         tallies = [Tally(**results.get(timeout=warmup + seconds + 300)[1]) for _ in range(writers)]
     finally:
         for p in procs:
@@ -375,8 +383,13 @@ def run_processes(kind: str, params: dict, writers: int, warmup: float, seconds:
     return total
 
 
-def run_threads(make_op: Callable[[int], Callable[[], int]], threads: int, warmup: float, seconds: float,
-                watch: dict[str, int | None] | None = None) -> Tally:
+def run_threads(
+    make_op: Callable[[int], Callable[[], int]],
+    threads: int,
+    warmup: float,
+    seconds: float,
+    watch: dict[str, int | None] | None = None,
+) -> Tally:
     ops = [make_op(i) for i in range(threads)]
     now = time.time()
     warm_end, end = now + warmup, now + warmup + seconds
@@ -425,8 +438,7 @@ def summarize(t: Tally, seconds: float, **extra: Any) -> dict:
     if t.first_errors:
         out["first_errors"] = t.first_errors
     if t.cpu and t.count:
-        out["cpu_ms_per_commit"] = {k: round(v * 1000 / t.count, 3) for k, v in t.cpu.items()
-                                    if k != "other processes"}
+        out["cpu_ms_per_commit"] = {k: round(v * 1000 / t.count, 3) for k, v in t.cpu.items() if k != "other processes"}
     if "other processes" in t.cpu:
         # Share of the machine that processes outside this benchmark used meanwhile: noise.
         out["other_cpu_share"] = round(t.cpu["other processes"] / ((os.cpu_count() or 1) * seconds), 3)
@@ -438,8 +450,9 @@ def summarize(t: Tally, seconds: float, **extra: Any) -> dict:
 # Cases
 
 
-def bench_raw_zookeeper(address: str, zk_pid: int | None, warmup: float, seconds: float,
-                        log: Callable[[str], None]) -> dict:
+def bench_raw_zookeeper(
+    address: str, zk_pid: int | None, warmup: float, seconds: float, log: Callable[[str], None]
+) -> dict:
     from kazoo.client import KazooClient
 
     def kazoo() -> KazooClient:
@@ -453,6 +466,7 @@ def bench_raw_zookeeper(address: str, zk_pid: int | None, warmup: float, seconds
     admin.ensure_path("/raw")
     clients: list[KazooClient] = [admin]
     try:
+
         def case(name: str, threads: int, per_thread_client: bool) -> None:
             own = [kazoo() for _ in range(threads)] if per_thread_client else []
             clients.extend(own)
@@ -465,11 +479,11 @@ def bench_raw_zookeeper(address: str, zk_pid: int | None, warmup: float, seconds
                 def op() -> int:
                     c.create(f"{parent}/c-", payload, sequence=True)
                     return 0
+
                 return op
 
             t = run_threads(make, threads, warmup, seconds, {"zookeeper": zk_pid, "benchmark": os.getpid()})
-            out[name] = summarize(t, seconds, threads=threads,
-                                  clients=threads if per_thread_client else 1)
+            out[name] = summarize(t, seconds, threads=threads, clients=threads if per_thread_client else 1)
             log(f"  {name}: {out[name]['commits_per_s']} creates/s")
 
         case("raw_zk_1_thread", 1, False)
@@ -485,9 +499,17 @@ def bench_raw_zookeeper(address: str, zk_pid: int | None, warmup: float, seconds
     return out
 
 
-def bench_mergetxn(workdir: Path, zk_address: str, zk_pid: int | None, replicas: int, root: str,
-                   cases: list[tuple[str, str, int, bool]], warmup: float, seconds: float,
-                   log: Callable[[str], None]) -> dict:
+def bench_mergetxn(
+    workdir: Path,
+    zk_address: str,
+    zk_pid: int | None,
+    replicas: int,
+    root: str,
+    cases: list[tuple[str, str, int, bool]],
+    warmup: float,
+    seconds: float,
+    log: Callable[[str], None],
+) -> dict:
     """``cases``: (result name, worker kind, writers, spread over replicas)."""
     from mergetxn.local.cluster import LocalCluster
 
@@ -502,12 +524,15 @@ def bench_mergetxn(workdir: Path, zk_address: str, zk_pid: int | None, replicas:
             # at the best rate seen (~2,000/s in all). Not far more: files that no commit names
             # yet are what the replica's cleanup pass lists and weighs every 30 s, and 100,000 of
             # them (the 600/s per writer of earlier runs) cost it 0.1 ms of CPU per commit.
-            params = {"addresses": addresses, "table": table, "storage_root": cluster.storage_url,
-                      "links": int((warmup + seconds) * LINKS_PER_WRITER_PER_S) + 500}
+            params = {
+                "addresses": addresses,
+                "table": table,
+                "storage_root": cluster.storage_url,
+                "links": int((warmup + seconds) * LINKS_PER_WRITER_PER_S) + 500,
+            }
             watch = {"zookeeper": zk_pid, **{f"replica-{i}": cluster.replica_pid(i) for i in range(replicas)}}
             t = run_processes(kind, params, writers, warmup, seconds, watch)
-            out[name] = summarize(t, seconds, writers=writers, replicas=replicas,
-                                  replicas_used=len(addresses))
+            out[name] = summarize(t, seconds, writers=writers, replicas=replicas, replicas_used=len(addresses))
             log(f"  {name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms)")
         admin.close()
     return out
@@ -521,8 +546,9 @@ def bench_deltalake(workdir: Path, warmup: float, seconds: float, log: Callable[
 
         write_deltalake(str(path), ten_rows(), mode="append")  # create the table outside the loop
         name = f"deltalake_insert_{writers}w"
-        out[name] = summarize(run_processes("deltalake", {"path": str(path)}, writers, warmup, seconds, {}),
-                              seconds, writers=writers)
+        out[name] = summarize(
+            run_processes("deltalake", {"path": str(path)}, writers, warmup, seconds, {}), seconds, writers=writers
+        )
         log(f"  {name}: {out[name]['commits_per_s']} commits/s (retries {out[name]['retries']})")
     return out
 
@@ -541,8 +567,9 @@ def bench_pyiceberg(workdir: Path, warmup: float, seconds: float, log: Callable[
         catalog.create_table(ident, schema=ten_rows().schema)
         name = f"pyiceberg_insert_{writers}w"
         params = {"uri": uri, "warehouse": warehouse, "ident": ident}
-        out[name] = summarize(run_processes("pyiceberg", params, writers, warmup, seconds, {}), seconds,
-                              writers=writers)
+        out[name] = summarize(
+            run_processes("pyiceberg", params, writers, warmup, seconds, {}), seconds, writers=writers
+        )
         log(f"  {name}: {out[name]['commits_per_s']} commits/s (retries {out[name]['retries']})")
     return out
 
@@ -566,9 +593,14 @@ def machine() -> dict:
     import pyiceberg
 
     return {
-        "cpus": os.cpu_count(), "cpu": cpu, "memory": mem, "platform": platform.platform(),
-        "python": platform.python_version(), "pyarrow": pa.__version__,
-        "deltalake": deltalake.__version__, "pyiceberg": pyiceberg.__version__,
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "memory": mem,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "pyarrow": pa.__version__,
+        "deltalake": deltalake.__version__,
+        "pyiceberg": pyiceberg.__version__,
         "fsync_per_s": _fsync_rate(),
     }
 
@@ -606,8 +638,7 @@ def ratios(r: dict) -> dict:
         "mergetxn_metadata_16c_over_raw_zk_best": div(get("mergetxn_metadata_16c"), raw_best),
         "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
         "mergetxn_commit_parts_16c_over_raw_zk_best": div(get("mergetxn_commit_parts_16c"), raw_best),
-        "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"),
-                                                              get("raw_zk_1_thread")),
+        "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"), get("raw_zk_1_thread")),
     }
     shares = [v["other_cpu_share"] for v in r.values() if v.get("other_cpu_share") is not None]
     out["max_other_cpu_share"] = max(shares, default=None)  # > ~0.1: other work disturbed the run
@@ -615,7 +646,8 @@ def ratios(r: dict) -> dict:
     out["target_metadata_16c_above_raw_1_thread_met"] = (out["mergetxn_metadata_16c_over_raw_zk_1_thread"] or 0) > 1
     out["target_metadata_16c_above_raw_best_met"] = (out["mergetxn_metadata_16c_over_raw_zk_best"] or 0) > 1
     out["target_commit_parts_16c_above_raw_1_thread_met"] = (
-        out["mergetxn_commit_parts_16c_over_raw_zk_1_thread"] or 0) > 1
+        out["mergetxn_commit_parts_16c_over_raw_zk_1_thread"] or 0
+    ) > 1
     return out
 
 
@@ -625,22 +657,34 @@ def round_ratios(rounds: list[dict]) -> list[dict]:
     out = []
     for r in rounds:
         full = ratios(r)
-        out.append({k: full[k] for k in ("mergetxn_4w_over_deltalake_4w", "mergetxn_metadata_16c_over_raw_zk_1_thread",
-                                          "mergetxn_metadata_16c_over_raw_zk_best",
-                                          "mergetxn_commit_parts_16c_over_raw_zk_1_thread",
-                                          "mergetxn_commit_parts_16c_over_raw_zk_best")})
+        out.append(
+            {
+                k: full[k]
+                for k in (
+                    "mergetxn_4w_over_deltalake_4w",
+                    "mergetxn_metadata_16c_over_raw_zk_1_thread",
+                    "mergetxn_metadata_16c_over_raw_zk_best",
+                    "mergetxn_commit_parts_16c_over_raw_zk_1_thread",
+                    "mergetxn_commit_parts_16c_over_raw_zk_best",
+                )
+            }
+        )
     return out
 
 
 def table_markdown(r: dict) -> str:
-    lines = ["| case | writers | commits/s | p50 ms | p99 ms | retries | errors | CPU ms/commit | other CPU |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | writers | commits/s | p50 ms | p99 ms | retries | errors | CPU ms/commit | other CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, v in r.items():
         w = v.get("writers") or v.get("threads")
         cpu = " + ".join(f"{k} {x}" for k, x in v.get("cpu_ms_per_commit", {}).items())
         other = v.get("other_cpu_share")
-        lines.append(f"| {name} | {w} | {v['commits_per_s']} | {v['p50_ms']} | {v['p99_ms']} | "
-                     f"{v['retries']} | {v['errors']} | {cpu} | {'' if other is None else f'{other:.0%}'} |")
+        lines.append(
+            f"| {name} | {w} | {v['commits_per_s']} | {v['p50_ms']} | {v['p99_ms']} | "
+            f"{v['retries']} | {v['errors']} | {cpu} | {'' if other is None else f'{other:.0%}'} |"
+        )
     return "\n".join(lines)
 
 
@@ -657,7 +701,7 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
             stat = (task / "stat").read_text()
-            comm = stat[stat.index("(") + 1: stat.rindex(")")]
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
             fields = stat.rsplit(")", 1)[1].split()
             tid = int(task.name)
             name = names.get(tid) or comm
@@ -706,6 +750,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             finally:
                 timers[label] += time.perf_counter() - t0
                 calls[label] += 1
+
         setattr(obj, attr, g)
 
     profiles: list[cProfile.Profile] = []
@@ -726,6 +771,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
                 return f(*a, **k)
             finally:
                 prof.disable()
+
         return g
 
     kazoo.client.KazooClient._call = counting_call
@@ -740,6 +786,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
     timed(replicas.follower.Follower, "_fetch_batch", "follower fetch batch")
     timed(ReplicaServer, "_begin", "RPC handler: begin")
     import replicas.registry as rr
+
     timed(rr.Transactions, "stage", "RPC handler: stage")
     timed(rr.Transactions, "commit", "RPC handler: commit (incl. waiting for group commit)")
     profiled(replicas.committer.Committer, "_commit_batch")
@@ -751,8 +798,9 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
     zk = ZooKeeperServer(work / "zookeeper")
     zk.start()
     try:
-        replica = Replica(ReplicaConfig(zk=zk.address, storage_url=str(work / "storage"), host_id="r0",
-                                        data_dir=work / "replica-0"))
+        replica = Replica(
+            ReplicaConfig(zk=zk.address, storage_url=str(work / "storage"), host_id="r0", data_dir=work / "replica-0")
+        )
         replica.start()
         server = ReplicaServer(replica)
         server.handlers = {k: profiled_fn(f) for k, f in server.handlers.items()}
@@ -760,8 +808,13 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
         threading.Thread(target=server.serve, daemon=True).start()
         client = Client(server.address)
         client.create_table(TABLE, ten_rows().schema, auto_merge=False)
-        params = {"addresses": [server.address], "table": TABLE, "storage_root": str(work / "storage"),
-                  "links": int(commits_seconds * 1000) + 2000, "phases": True}
+        params = {
+            "addresses": [server.address],
+            "table": TABLE,
+            "storage_root": str(work / "storage"),
+            "links": int(commits_seconds * 1000) + 2000,
+            "phases": True,
+        }
         run_processes(kind, params, writers, 0.5, 1.0)  # warm the JIT, caches and connections
         zkops.clear()
         timers.clear()
@@ -808,18 +861,25 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             stats.stream = buf
             stats.sort_stats("tottime").print_stats(top)
         result = {
-            "kind": kind, "writers": writers, "seconds": commits_seconds,
-            "commits": committed, "batches": batches,
+            "kind": kind,
+            "writers": writers,
+            "seconds": commits_seconds,
+            "commits": committed,
+            "batches": batches,
             "commits_per_s": round(t.count / commits_seconds, 1),
-            "errors": t.errors, "first_errors": t.first_errors,
+            "errors": t.errors,
+            "first_errors": t.first_errors,
             "client_ms_per_transaction": {k: round(v / max(1, t.count) * 1000, 3) for k, v in t.phases.items()},
             "replica_ms_per_commit": {k: round(v / n * 1000, 3) for k, v in sorted(timers.items())},
             "calls_per_commit": {k: round(v / n, 2) for k, v in sorted(calls.items())},
             "zookeeper_requests_per_commit": {k: round(v / n, 2) for k, v in sorted(zkops.items())},
-            "cpu_ms_per_commit": {"replica process": round((cpu1[0] - cpu0[0]) * 1000 / n, 3),
-                                  "zookeeper": round((cpu1[1] - cpu0[1]) * 1000 / n, 3)},
+            "cpu_ms_per_commit": {
+                "replica process": round((cpu1[0] - cpu0[0]) * 1000 / n, 3),
+                "zookeeper": round((cpu1[1] - cpu0[1]) * 1000 / n, 3),
+            },
             "replica_cpu_ms_per_commit_by_thread": {
-                k: round(v * 1000 / n, 3) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0},
+                k: round(v * 1000 / n, 3) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0
+            },
             "cprofile_top": buf.getvalue(),
         }
         log(json.dumps({k: v for k, v in result.items() if k != "cprofile_top"}, indent=2))
@@ -876,8 +936,17 @@ def warm_up_machine(work: Path, seconds: float, log: Callable[[str], None]) -> N
     zk = ZooKeeperServer(work / "zookeeper")
     zk.start()
     try:
-        bench_mergetxn(work / "cluster", zk.address, zk.pid, 1, "/warmup",
-                       [("machine_warmup", "mergetxn_insert", 4, False)], 1.0, seconds, lambda _msg: None)
+        bench_mergetxn(
+            work / "cluster",
+            zk.address,
+            zk.pid,
+            1,
+            "/warmup",
+            [("machine_warmup", "mergetxn_insert", 4, False)],
+            1.0,
+            seconds,
+            lambda _msg: None,
+        )
     finally:
         zk.stop()
         shutil.rmtree(work, ignore_errors=True)
@@ -907,19 +976,43 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
     if "mergetxn" in groups:
         log("mergetxn, 1 replica:")
         with fresh_zookeeper("mergetxn1") as zk:
-            results.update(bench_mergetxn(work / "mergetxn1", zk.address, zk.pid, 1, "/bench1", [
-                ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
-                ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
-                ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
-                ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
-            ], warmup, seconds, log))
+            results.update(
+                bench_mergetxn(
+                    work / "mergetxn1",
+                    zk.address,
+                    zk.pid,
+                    1,
+                    "/bench1",
+                    [
+                        ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
+                        ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
+                        ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
+                        ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
+                    ],
+                    warmup,
+                    seconds,
+                    log,
+                )
+            )
     if "mergetxn3" in groups:
         log("mergetxn, 3 replicas, writers spread over them:")
         with fresh_zookeeper("mergetxn3") as zk:
-            results.update(bench_mergetxn(work / "mergetxn3", zk.address, zk.pid, 3, "/bench3", [
-                ("mergetxn_3r_insert_4w_spread", "mergetxn_insert", 4, True),
-                ("mergetxn_3r_metadata_16c_spread", "mergetxn_metadata", 16, True),
-            ], warmup, seconds, log))
+            results.update(
+                bench_mergetxn(
+                    work / "mergetxn3",
+                    zk.address,
+                    zk.pid,
+                    3,
+                    "/bench3",
+                    [
+                        ("mergetxn_3r_insert_4w_spread", "mergetxn_insert", 4, True),
+                        ("mergetxn_3r_metadata_16c_spread", "mergetxn_metadata", 16, True),
+                    ],
+                    warmup,
+                    seconds,
+                    log,
+                )
+            )
     if "deltalake" in groups:
         log("deltalake (delta-rs), append:")
         results.update(bench_deltalake(work / "delta", warmup, seconds, log))
@@ -940,8 +1033,9 @@ def least_disturbed(rounds: list[dict]) -> dict:
         runs = [r[name] for r in rounds if name in r]
         best = min(runs, key=lambda v: (round(v.get("other_cpu_share") or 0.0, 2), -v["commits_per_s"]))
         rec = dict(best)
-        rec["rounds"] = [{"commits_per_s": v["commits_per_s"], "other_cpu_share": v.get("other_cpu_share")}
-                         for v in runs]
+        rec["rounds"] = [
+            {"commits_per_s": v["commits_per_s"], "other_cpu_share": v.get("other_cpu_share")} for v in runs
+        ]
         out[name] = rec
     return out
 
@@ -950,17 +1044,34 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per case (default 8)")
     ap.add_argument("--warmup", type=float, default=2.0, help="warm-up seconds per case (default 2)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run every case this many times, rounds interleaved; report per case the round "
-                         "least disturbed by other processes (default 1)")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every case this many times, rounds interleaved; report per case the round "
+        "least disturbed by other processes (default 1)",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
-    ap.add_argument("--only", default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
-                    help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg)")
-    ap.add_argument("--machine-warmup", type=float, default=60.0, metavar="SECONDS",
-                    help="unmeasured 4-writer mergetxn inserts before the first round (default 60; 0: none)")
-    ap.add_argument("--profile", type=float, default=0.0, metavar="SECONDS",
-                    help="instead of the comparison: profile the mergetxn commit path for SECONDS")
+    ap.add_argument(
+        "--only",
+        default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
+        help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg)",
+    )
+    ap.add_argument(
+        "--machine-warmup",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="unmeasured 4-writer mergetxn inserts before the first round (default 60; 0: none)",
+    )
+    ap.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="instead of the comparison: profile the mergetxn commit path for SECONDS",
+    )
     ap.add_argument("--profile-writers", type=int, default=1)
     ap.add_argument("--profile-kind", default="mergetxn_insert", choices=["mergetxn_insert", "mergetxn_metadata"])
     ap.add_argument("--profile-out", default=None)
@@ -1000,10 +1111,15 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "commit_throughput",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
         "wall_seconds": round(time.time() - started, 1),
-        "config": {"seconds_per_case": a.seconds, "warmup_per_case": a.warmup, "rounds": a.repeat,
-                   "machine_warmup_seconds": a.machine_warmup,
-                   "rows_per_commit": 10,
-                   "raw_payload_bytes": RAW_PAYLOAD, "writers": "one process each (raw ZooKeeper: threads)"},
+        "config": {
+            "seconds_per_case": a.seconds,
+            "warmup_per_case": a.warmup,
+            "rounds": a.repeat,
+            "machine_warmup_seconds": a.machine_warmup,
+            "rows_per_commit": 10,
+            "raw_payload_bytes": RAW_PAYLOAD,
+            "writers": "one process each (raw ZooKeeper: threads)",
+        },
         "machine": info,
         "results": results,
         "ratios": {**ratios(results), "per_round": per_round},

@@ -52,8 +52,9 @@ import pyarrow.compute as pc  # noqa: E402
 from parts.io.dataset import duckdb_view  # noqa: E402
 
 TABLE = "bench_events"
-SCHEMA = pa.schema([("day", pa.date32()), ("id", pa.int64()), ("n", pa.int64()), ("x", pa.float64()),
-                    ("s", pa.string())])
+SCHEMA = pa.schema(
+    [("day", pa.date32()), ("id", pa.int64()), ("n", pa.int64()), ("x", pa.float64()), ("s", pa.string())]
+)
 FIRST_DAY = dt.date(2024, 1, 1)
 AGG = "SELECT day, count(*) AS rows_, sum(n) AS n, avg(x) AS x, max(s) AS s FROM {src}{where} GROUP BY day ORDER BY day"
 
@@ -96,11 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    results: dict[str, Any] = {"rows": a.rows, "days": a.days, "loads": a.loads, "rounds": a.rounds,
-                               "threads": a.threads, "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "duckdb": duckdb.__version__, "pyarrow": pa.__version__}
-    with tempfile.TemporaryDirectory(prefix="mergetxn-dsbench-") as work, \
-            LocalCluster(Path(work) / "cluster", replicas=1, settings={"merge_interval": 0}) as cluster:
+    results: dict[str, Any] = {
+        "rows": a.rows,
+        "days": a.days,
+        "loads": a.loads,
+        "rounds": a.rounds,
+        "threads": a.threads,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "duckdb": duckdb.__version__,
+        "pyarrow": pa.__version__,
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="mergetxn-dsbench-") as work,
+        LocalCluster(Path(work) / "cluster", replicas=1, settings={"merge_interval": 0}) as cluster,
+    ):
         client = cluster.client(0)
         client.create_table(TABLE, SCHEMA, partition_by=["day"], auto_merge=False)
         per_load = -(-a.rows // a.loads)
@@ -149,10 +159,18 @@ def main(argv: list[str] | None = None) -> int:
                     order = ["dataset", "view", "direct"] if r % 2 == 0 else ["direct", "view", "dataset"]
                     for kind in order:
                         runs[kind].append(timed(lambda k=kind, w=where: ways[k](w))[:2])
-                    runs["dataset query"].append(timed(lambda w=where: con.sql(AGG.format(src="held", where=w)).fetchall())[:2])
+                    runs["dataset query"].append(
+                        timed(lambda w=where: con.sql(AGG.format(src="held", where=w)).fetchall())[:2]
+                    )
                 con.unregister("held")
-            summary = {k: {"wall_s": statistics.median(w for w, _ in v), "cpu_s": statistics.median(c for _, c in v),
-                           "walls": [round(w, 4) for w, _ in v]} for k, v in runs.items()}
+            summary = {
+                k: {
+                    "wall_s": statistics.median(w for w, _ in v),
+                    "cpu_s": statistics.median(c for _, c in v),
+                    "walls": [round(w, 4) for w, _ in v],
+                }
+                for k, v in runs.items()
+            }
             base = summary["direct"]["wall_s"]
             summary["ratio"] = summary["dataset"]["wall_s"] / base
             summary["ratio_query"] = summary["dataset query"]["wall_s"] / base
@@ -160,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
             summary["ratio_view"] = summary["view"]["wall_s"] / base
             summary["ratio_view_cpu"] = summary["view"]["cpu_s"] / summary["direct"]["cpu_s"]
             results[name] = summary
-            log(f"{name}: dataset {summary['dataset']['wall_s']:.3f} s, query alone "
+            log(
+                f"{name}: dataset {summary['dataset']['wall_s']:.3f} s, query alone "
                 f"{summary['dataset query']['wall_s']:.3f} s, direct {base:.3f} s: "
                 f"{summary['ratio']:.2f}x ({summary['ratio_query']:.2f}x query alone, CPU {summary['ratio_cpu']:.2f}x); "
-                f"duckdb_view {summary['view']['wall_s']:.3f} s: {summary['ratio_view']:.2f}x (CPU {summary['ratio_view_cpu']:.2f}x)")
+                f"duckdb_view {summary['view']['wall_s']:.3f} s: {summary['ratio_view']:.2f}x (CPU {summary['ratio_view_cpu']:.2f}x)"
+            )
         client.close()
     print(json.dumps(results, indent=2))
     if a.out:

@@ -39,8 +39,9 @@ TABLE = "history"
 
 
 def ten_rows(seed: int) -> pa.Table:
-    return pa.table({"id": pa.array(range(seed * 10, seed * 10 + 10), pa.int64()),
-                     "v": [f"row{seed}-{i}" for i in range(10)]})
+    return pa.table(
+        {"id": pa.array(range(seed * 10, seed * 10 + 10), pa.int64()), "v": [f"row{seed}-{i}" for i in range(10)]}
+    )
 
 
 def _writer(address: str, start: int, count: int, done: mp.Value) -> None:
@@ -59,8 +60,10 @@ def grow(address: str, commits: int, writers: int, first: int) -> float:
     """``commits`` insert transactions from ``writers`` processes; returns seconds."""
     done = mp.Value("q", 0)
     per = commits // writers
-    procs = [mp.Process(target=_writer, args=(address, first + k * per, per + (commits % writers if k == 0 else 0),
-                                               done)) for k in range(writers)]
+    procs = [
+        mp.Process(target=_writer, args=(address, first + k * per, per + (commits % writers if k == 0 else 0), done))
+        for k in range(writers)
+    ]
     t0 = time.monotonic()
     for p in procs:
         p.start()
@@ -85,9 +88,12 @@ def sample(client, n: int, first: int) -> dict:
             tx.insert(TABLE, ten_rows(first + i))
         latencies.append(time.perf_counter() - t0)
     latencies.sort()
-    return {"n": n, "p50_ms": round(statistics.median(latencies) * 1e3, 3),
-            "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1e3, 3),
-            "mean_ms": round(statistics.fmean(latencies) * 1e3, 3)}
+    return {
+        "n": n,
+        "p50_ms": round(statistics.median(latencies) * 1e3, 3),
+        "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1e3, 3),
+        "mean_ms": round(statistics.fmean(latencies) * 1e3, 3),
+    }
 
 
 def main() -> None:
@@ -101,8 +107,10 @@ def main() -> None:
 
     import coordinator
 
-    with tempfile.TemporaryDirectory(prefix="mergetxn-history-") as work, \
-            coordinator.LocalCluster(work, replicas=1) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="mergetxn-history-") as work,
+        coordinator.LocalCluster(work, replicas=1) as cluster,
+    ):
         client = cluster.client(0)
         client.create_table(TABLE, ten_rows(0).schema)
         seed = 1
@@ -122,12 +130,17 @@ def main() -> None:
         visible = sum(parts.column("visible").to_pylist())
         print(f"after {args.history + args.samples} commits ({seconds:.0f}s to grow): {late}", flush=True)
     result = {
-        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": platform.platform(),
-        "history": args.history, "writers": args.writers, "grow_seconds": round(seconds, 1),
-        "early": early, "late": late,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": platform.platform(),
+        "history": args.history,
+        "writers": args.writers,
+        "grow_seconds": round(seconds, 1),
+        "early": early,
+        "late": late,
         "ratio_p50": round(late["p50_ms"] / early["p50_ms"], 3),
         "ratio_p99": round(late["p99_ms"] / early["p99_ms"], 3),
-        "visible_parts_at_end": visible, "part_records_at_end": parts.num_rows,
+        "visible_parts_at_end": visible,
+        "part_records_at_end": parts.num_rows,
         "replica_settings": info.get("settings"),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

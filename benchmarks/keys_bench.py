@@ -61,8 +61,14 @@ SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.
 
 def rows(ks: list[int], v: int) -> pa.Table:
     """The rows every system writes: key, a value, a short string."""
-    return pa.table({"k": pa.array(ks, pa.int64()), "v": pa.array([v] * len(ks), pa.int64()),
-                     "s": pa.array([f"s{k % 1000}" for k in ks], pa.string())}, schema=SCHEMA)
+    return pa.table(
+        {
+            "k": pa.array(ks, pa.int64()),
+            "v": pa.array([v] * len(ks), pa.int64()),
+            "s": pa.array([f"s{k % 1000}" for k in ks], pa.string()),
+        },
+        schema=SCHEMA,
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -81,8 +87,13 @@ def _op(kind: str, params: dict, idx: int) -> Callable[[], int]:
             for attempt in range(1000):
                 data = rows(rng.sample(range(n), 10), idx)
                 try:
-                    (DeltaTable(path).merge(data, "t.k = s.k", source_alias="s", target_alias="t")
-                     .when_matched_update_all().when_not_matched_insert_all().execute())
+                    (
+                        DeltaTable(path)
+                        .merge(data, "t.k = s.k", source_alias="s", target_alias="t")
+                        .when_matched_update_all()
+                        .when_not_matched_insert_all()
+                        .execute()
+                    )
                     return attempt
                 except Exception as exc:  # CommitFailedError and friends on concurrent merges
                     if attempt == 999 or not any(w in repr(exc) for w in ("onflict", "ommit", "ersion")):
@@ -121,8 +132,18 @@ def _worker(kind: str, params: dict, idx: int, ready: Any, go: Any, times: Any, 
     ready.put((idx, None))
     go.wait()
     tally = ct.timed_loop(op, times[0], times[1])
-    results.put((idx, {"count": tally.count, "retries": tally.retries, "errors": tally.errors,
-                       "first_errors": tally.first_errors, "latencies": tally.latencies}))
+    results.put(
+        (
+            idx,
+            {
+                "count": tally.count,
+                "retries": tally.retries,
+                "errors": tally.errors,
+                "first_errors": tally.first_errors,
+                "latencies": tally.latencies,
+            },
+        )
+    )
 
 
 def run_writers(kind: str, params: dict, writers: int, warmup: float, seconds: float) -> dict:
@@ -130,8 +151,10 @@ def run_writers(kind: str, params: dict, writers: int, warmup: float, seconds: f
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     times = ctx.Array("d", 2)
-    procs = [ctx.Process(target=_worker, args=(kind, params, i, ready, go, times, results), daemon=True)
-             for i in range(writers)]
+    procs = [
+        ctx.Process(target=_worker, args=(kind, params, i, ready, go, times, results), daemon=True)
+        for i in range(writers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -173,7 +196,7 @@ def load_keys(client: Any, n: int, parts: int, log: Callable[[str], None]) -> li
     t0 = time.time()
     for i in range(parts):
         with client.transaction() as tx:
-            tx.upsert(KEYS_TABLE, rows(order[i * per:(i + 1) * per], 0))
+            tx.upsert(KEYS_TABLE, rows(order[i * per : (i + 1) * per], 0))
     log(f"  loaded {n:,} keys in {parts:,} commits ({time.time() - t0:.1f} s)")
     return order
 
@@ -183,10 +206,14 @@ def load_delta(path: Path, order: list[int], parts: int, log: Callable[[str], No
     from deltalake import DeltaTable, write_deltalake
 
     per = len(order) // parts
-    batches = [rows(order[i * per:(i + 1) * per], 0) for i in range(parts)]
+    batches = [rows(order[i * per : (i + 1) * per], 0) for i in range(parts)]
     t0 = time.time()
-    write_deltalake(str(path), pa.concat_tables(batches), mode="append",
-                    target_file_size=max(1, sum(b.nbytes for b in batches) // parts))
+    write_deltalake(
+        str(path),
+        pa.concat_tables(batches),
+        mode="append",
+        target_file_size=max(1, sum(b.nbytes for b in batches) // parts),
+    )
     files = len(DeltaTable(str(path)).file_uris())
     log(f"  delta table: {len(order):,} keys in {files:,} files ({time.time() - t0:.1f} s)")
     return {"files": files}
@@ -220,11 +247,17 @@ def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None])
     finally:
         client_module.read_part = real
     times.sort()
-    out = {"lookups": lookups, "p50_ms": round(statistics.median(times) * 1000, 2),
-           "p90_ms": round(times[int(0.9 * len(times))] * 1000, 2),
-           "parts_read_mean": round(statistics.mean(per), 3), "parts_read_max": max(per)}
-    log(f"  point lookup: p50 {out['p50_ms']} ms, p90 {out['p90_ms']} ms, "
-        f"parts read {out['parts_read_mean']} (max {out['parts_read_max']})")
+    out = {
+        "lookups": lookups,
+        "p50_ms": round(statistics.median(times) * 1000, 2),
+        "p90_ms": round(times[int(0.9 * len(times))] * 1000, 2),
+        "parts_read_mean": round(statistics.mean(per), 3),
+        "parts_read_max": max(per),
+    }
+    log(
+        f"  point lookup: p50 {out['p50_ms']} ms, p90 {out['p90_ms']} ms, "
+        f"parts read {out['parts_read_mean']} (max {out['parts_read_max']})"
+    )
     return out
 
 
@@ -232,8 +265,9 @@ def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None])
 # (c) the key conflict check against N commits since the snapshot
 
 
-def bench_conflict_check(client: Any, other: Any, n: int, counts: list[int], repeats: dict[int, int],
-                         log: Callable[[str], None]) -> dict:
+def bench_conflict_check(
+    client: Any, other: Any, n: int, counts: list[int], repeats: dict[int, int], log: Callable[[str], None]
+) -> dict:
     """A transaction begins, ``N`` others commit 10-key upserts (random even keys), then it
     upserts 10 keys of its own (random odd keys: no conflict, and key ranges that overlap, so only
     the filters rule the others' parts out) and commits. Beside it, a control transaction begun
@@ -259,14 +293,19 @@ def bench_conflict_check(client: Any, other: Any, n: int, counts: list[int], rep
                     o.upsert(KEYS_TABLE, rows(rng.sample(range(0, n, 2), 10), 1))
             fresh = client.begin()
             pair = [(old, old_lat), (fresh, fresh_lat)]
-            for tx, lat in (pair if r % 2 == 0 else pair[::-1]):
+            for tx, lat in pair if r % 2 == 0 else pair[::-1]:
                 lat.append(commit_timed(tx))
-        row = {"commit_ms": round(statistics.median(old_lat) * 1000, 2),
-               "control_commit_ms": round(statistics.median(fresh_lat) * 1000, 2), "rounds": len(old_lat)}
+        row = {
+            "commit_ms": round(statistics.median(old_lat) * 1000, 2),
+            "control_commit_ms": round(statistics.median(fresh_lat) * 1000, 2),
+            "rounds": len(old_lat),
+        }
         row["check_ms"] = round(row["commit_ms"] - row["control_commit_ms"], 2)
         out[str(count)] = row
-        log(f"  {count:>5} commits since the snapshot: commit {row['commit_ms']} ms, control "
-            f"{row['control_commit_ms']} ms, check ~{row['check_ms']} ms (medians of {row['rounds']})")
+        log(
+            f"  {count:>5} commits since the snapshot: commit {row['commit_ms']} ms, control "
+            f"{row['control_commit_ms']} ms, check ~{row['check_ms']} ms (medians of {row['rounds']})"
+        )
     return out
 
 
@@ -295,7 +334,7 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
     per = n // 100
     t0 = time.time()
     for i in range(100):
-        batch = order[i * per:(i + 1) * per]
+        batch = order[i * per : (i + 1) * per]
         for table in (keys_t, parts_t):
             with client.transaction() as tx:
                 (tx.upsert if table == keys_t else tx.insert)(table, rows(batch, 0))
@@ -310,16 +349,20 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
     out["parts_read_s"], got = _best(lambda: client.read(parts_t))
     assert got.num_rows == n, got.num_rows
     out["keys_over_parts"] = round(out["keys_read_s"] / out["parts_read_s"], 2)
-    log(f"  whole read: keys table {out['keys_read_s']:.2f} s, parts table {out['parts_read_s']:.2f} s "
-        f"({out['keys_over_parts']}x)")
+    log(
+        f"  whole read: keys table {out['keys_read_s']:.2f} s, parts table {out['parts_read_s']:.2f} s "
+        f"({out['keys_over_parts']}x)"
+    )
     t0 = time.perf_counter()
     client.compact(keys_t, kind="major")
     out["major_compaction_s"] = round(time.perf_counter() - t0, 2)
     out["major_compaction_versions_per_s"] = round(versions / out["major_compaction_s"])
     out["keys_read_after_compaction_s"], got = _best(lambda: client.read(keys_t))
     assert got.num_rows == n, got.num_rows
-    log(f"  major compaction: {out['major_compaction_s']:.2f} s ({out['major_compaction_versions_per_s']:,} "
-        f"versions/s); read after it {out['keys_read_after_compaction_s']:.2f} s")
+    log(
+        f"  major compaction: {out['major_compaction_s']:.2f} s ({out['major_compaction_versions_per_s']:,} "
+        f"versions/s); read after it {out['keys_read_after_compaction_s']:.2f} s"
+    )
     for k in ("keys_read_s", "parts_read_s", "keys_read_after_compaction_s"):
         out[k] = round(out[k], 3)
     return out
@@ -350,7 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     lookups = a.lookups or (20 if quick else 200)
     counts = [10, 100] if quick else [10, 100, 1000]
     repeats = {10: 5, 100: 2} if quick else {10: 20, 100: 8, 1000: 3}
-    out_path = a.out or (None if quick or a.only else str(Path(__file__).resolve().parent / "results" / "keys_bench.json"))
+    out_path = a.out or (
+        None if quick or a.only else str(Path(__file__).resolve().parent / "results" / "keys_bench.json")
+    )
 
     def log(msg: str) -> None:
         print(msg, flush=True)
@@ -359,8 +404,10 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.time()
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="mergetxn-keys-") as work, \
-            LocalCluster(Path(work) / "cluster", replicas=1) as cluster:
+    with (
+        tempfile.TemporaryDirectory(prefix="mergetxn-keys-") as work,
+        LocalCluster(Path(work) / "cluster", replicas=1) as cluster,
+    ):
         client, other = cluster.client(0), cluster.client(0)
         read_keys = a.read_keys or (20_000 if quick else 1_000_000)
         if a.only == "read":
@@ -384,20 +431,27 @@ def main(argv: list[str] | None = None) -> int:
             halves[kind].append(r)
             log(f"  {kind}: {r['commits_per_s']} commits/s (p50 {r['p50_ms']} ms, conflicts {r['conflict_share']:.2%})")
         for kind, runs in halves.items():
-            results[kind] = {"commits_per_s": round(statistics.mean(r["commits_per_s"] for r in runs), 1),
-                             "p50_ms": round(statistics.mean(r["p50_ms"] for r in runs), 2),
-                             "conflict_share": round(statistics.mean(r["conflict_share"] for r in runs), 4),
-                             "halves": runs}
-        log(f"  keys upsert {results['keys_upsert']['commits_per_s']} commits/s, parts append "
-            f"{results['parts_append']['commits_per_s']} commits/s (means of both turns)")
+            results[kind] = {
+                "commits_per_s": round(statistics.mean(r["commits_per_s"] for r in runs), 1),
+                "p50_ms": round(statistics.mean(r["p50_ms"] for r in runs), 2),
+                "conflict_share": round(statistics.mean(r["conflict_share"] for r in runs), 4),
+                "halves": runs,
+            }
+        log(
+            f"  keys upsert {results['keys_upsert']['commits_per_s']} commits/s, parts append "
+            f"{results['parts_append']['commits_per_s']} commits/s (means of both turns)"
+        )
         if not a.skip_delta:
             delta = Path(work) / "delta"
             results["delta_layout"] = load_delta(delta, order, parts, log)
-            results["deltalake_merge"] = run_writers("deltalake_merge", {**params, "path": str(delta)}, a.writers,
-                                                     warmup, seconds)
-            log(f"  deltalake merge: {results['deltalake_merge']['commits_per_s']} commits/s "
+            results["deltalake_merge"] = run_writers(
+                "deltalake_merge", {**params, "path": str(delta)}, a.writers, warmup, seconds
+            )
+            log(
+                f"  deltalake merge: {results['deltalake_merge']['commits_per_s']} commits/s "
                 f"(p50 {results['deltalake_merge']['p50_ms']} ms, "
-                f"conflicts {results['deltalake_merge']['conflict_share']:.2%})")
+                f"conflicts {results['deltalake_merge']['conflict_share']:.2%})"
+            )
         log("key conflict check")
         results["conflict_check"] = bench_conflict_check(client, other, n, counts, repeats, log)
         log(f"whole-table read, {read_keys:,} keys")
@@ -413,20 +467,39 @@ def main(argv: list[str] | None = None) -> int:
     slowdown = ratio("parts_append", "keys_upsert")
     over_delta = ratio("keys_upsert", "deltalake_merge")
     results["targets"] = {
-        "parts_over_keys": slowdown, "keys_at_most_1_5x_slower": slowdown is not None and slowdown <= 1.5,
-        "keys_over_deltalake_merge": over_delta, "at_least_10x_deltalake": None if over_delta is None else over_delta >= 10,
+        "parts_over_keys": slowdown,
+        "keys_at_most_1_5x_slower": slowdown is not None and slowdown <= 1.5,
+        "keys_over_deltalake_merge": over_delta,
+        "at_least_10x_deltalake": None if over_delta is None else over_delta >= 10,
         "lookup_p50_under_20ms": results["lookup"]["p50_ms"] < 20,
     }
     log(f"targets: {results['targets']}")
     return _report(a, results, quick, n, parts, seconds, started, out_path, log)
 
 
-def _report(a: Any, results: dict, quick: bool, n: int, parts: int, seconds: float, started: float,
-            out_path: str | None, log: Callable[[str], None]) -> int:
-    report = {"benchmark": "keys_bench", "quick": quick, "keys": n, "parts": parts, "writers": a.writers,
-              "seconds_per_case": seconds,
-              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-              "wall_seconds": round(time.time() - started, 1), "machine": ct.machine(), "results": results}
+def _report(
+    a: Any,
+    results: dict,
+    quick: bool,
+    n: int,
+    parts: int,
+    seconds: float,
+    started: float,
+    out_path: str | None,
+    log: Callable[[str], None],
+) -> int:
+    report = {
+        "benchmark": "keys_bench",
+        "quick": quick,
+        "keys": n,
+        "parts": parts,
+        "writers": a.writers,
+        "seconds_per_case": seconds,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "wall_seconds": round(time.time() - started, 1),
+        "machine": ct.machine(),
+        "results": results,
+    }
     if out_path:
         Path(out_path).parent.mkdir(parents=True, exist_ok=True)
         Path(out_path).write_text(json.dumps(report, indent=2) + "\n")

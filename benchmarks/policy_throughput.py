@@ -42,16 +42,31 @@ def main(argv: list[str] | None = None) -> int:
             for kind, writers in CASES:
                 table = f"p_{policy}_{kind}"
                 admin.create_table(table, ct.ten_rows().schema, conflict_policy=policy, auto_merge=False)
-                params = {"addresses": cluster.replica_addresses, "table": table, "storage_root": cluster.storage_url,
-                          "links": int((a.warmup + a.seconds) * ct.LINKS_PER_WRITER_PER_S) + 500}
-                timings = ct.run_processes(kind, params, writers, a.warmup, a.seconds, {"replica": cluster.replica_pid(0)})
+                params = {
+                    "addresses": cluster.replica_addresses,
+                    "table": table,
+                    "storage_root": cluster.storage_url,
+                    "links": int((a.warmup + a.seconds) * ct.LINKS_PER_WRITER_PER_S) + 500,
+                }
+                timings = ct.run_processes(
+                    kind, params, writers, a.warmup, a.seconds, {"replica": cluster.replica_pid(0)}
+                )
                 name = f"{policy}_{kind.removeprefix('mergetxn_')}_{writers}w"
                 out[name] = ct.summarize(timings, a.seconds, writers=writers)
-                print(f"{name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms, "
-                      f"retries {out[name]['retries']})", flush=True)
+                print(
+                    f"{name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms, "
+                    f"retries {out[name]['retries']})",
+                    flush=True,
+                )
         committer = admin.call("info")["committer"]
-    report = {"benchmark": "policy_throughput", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-              "seconds_per_case": a.seconds, "machine": ct.machine(), "results": out, "committer": committer}
+    report = {
+        "benchmark": "policy_throughput",
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        "seconds_per_case": a.seconds,
+        "machine": ct.machine(),
+        "results": out,
+        "committer": committer,
+    }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"written to {a.out}")

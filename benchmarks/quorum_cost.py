@@ -47,8 +47,10 @@ def bench(cluster, name: str, warmup: float, seconds: float, log) -> dict:
         params = {"addresses": list(cluster.replica_addresses), "table": table}
         t = ct.run_processes("mergetxn_insert", params, writers, warmup, seconds)
         out[case] = ct.summarize(t, seconds, writers=writers)
-        log(f"  {name} {case}: {out[case]['commits_per_s']} commits/s, p50 {out[case]['p50_ms']} ms, "
-            f"p99 {out[case]['p99_ms']} ms")
+        log(
+            f"  {name} {case}: {out[case]['commits_per_s']} commits/s, p50 {out[case]['p50_ms']} ms, "
+            f"p99 {out[case]['p99_ms']} ms"
+        )
     admin.close()
     return out
 
@@ -81,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             result["loopback"] = bench(cluster, "loopback", a.warmup, a.seconds, log)
     result["ratios"] = {
         case: {
-            "throughput_hosts_over_loopback": round(result["hosts"][case]["commits_per_s"]
-                                                    / result["loopback"][case]["commits_per_s"], 2),
+            "throughput_hosts_over_loopback": round(
+                result["hosts"][case]["commits_per_s"] / result["loopback"][case]["commits_per_s"], 2
+            ),
             "p50_hosts_over_loopback": round(result["hosts"][case]["p50_ms"] / result["loopback"][case]["p50_ms"], 2),
             "p99_hosts_over_loopback": round(result["hosts"][case]["p99_ms"] / result["loopback"][case]["p99_ms"], 2),
         }

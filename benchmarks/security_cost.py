@@ -50,9 +50,14 @@ def rpc_cpu_per_call(calls: int, creds) -> float:
         reply({"ok": True, "result": {"csn": 1, "id": args["id"]}})
         return True
 
-    server = RpcServer("127.0.0.1", 0, lambda a, b: {"ok": True}, inline=inline,
-                       tls=None if creds is None else creds.server_context(),
-                       authenticate=None if creds is None else creds.authenticator())
+    server = RpcServer(
+        "127.0.0.1",
+        0,
+        lambda a, b: {"ok": True},
+        inline=inline,
+        tls=None if creds is None else creds.server_context(),
+        authenticate=None if creds is None else creds.authenticator(),
+    )
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     client = RpcClient(f"127.0.0.1:{server.port}", 10, None if creds is None else creds.client())
@@ -85,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     from mergetxn.local.cluster import LocalCluster
     from mergetxn.local.zkserver import ZooKeeperServer
 
-    result: dict = {"machine": ct.machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "rounds": []}
+    result: dict = {
+        "machine": ct.machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rounds": [],
+    }
     with tempfile.TemporaryDirectory(prefix="mtx-security-") as tmp:
         work = Path(tmp)
         creds = make_cluster_credentials(work / "rpc-creds")
@@ -99,15 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         # The secured cluster's credentials first: its ZooKeeper serves with them, and
         # LocalCluster(secure=True) uses those it finds in its workdir.
         cluster_creds = make_cluster_credentials(work / "secure" / "security")
-        with ZooKeeperServer(work / "zookeeper") as plain_zk, \
-                ZooKeeperServer(work / "zookeeper-secure", credentials=cluster_creds) as secure_zk:
+        with (
+            ZooKeeperServer(work / "zookeeper") as plain_zk,
+            ZooKeeperServer(work / "zookeeper-secure", credentials=cluster_creds) as secure_zk,
+        ):
             ct.warm_up_zookeeper(plain_zk.address)
             ct.warm_up_zookeeper(secure_zk.address, **zk_client_args(cluster_creds))
-            with LocalCluster(work / "plain", replicas=1, zk_address=plain_zk.address, root="/plain") as plain, \
-                    LocalCluster(work / "secure", replicas=1, zk_address=secure_zk.address, root="/secure",
-                                 secure=True) as secure:
-                sides = {"plain": (plain, None, plain_zk),
-                         "secure": (secure, str(secure.workdir / "security" / CLIENT_FILE), secure_zk)}
+            with (
+                LocalCluster(work / "plain", replicas=1, zk_address=plain_zk.address, root="/plain") as plain,
+                LocalCluster(
+                    work / "secure", replicas=1, zk_address=secure_zk.address, root="/secure", secure=True
+                ) as secure,
+            ):
+                sides = {
+                    "plain": (plain, None, plain_zk),
+                    "secure": (secure, str(secure.workdir / "security" / CLIENT_FILE), secure_zk),
+                }
                 for r in range(a.rounds):
                     rnd: dict = {}
                     for side, (cluster, creds, zk) in sides.items():
@@ -115,31 +130,45 @@ def main(argv: list[str] | None = None) -> int:
                         for case, kind, writers in CASES:
                             table = f"{ct.TABLE}_{case}_{r}"
                             admin.create_table(table, ct.ten_rows().schema, auto_merge=False)
-                            params = {"addresses": list(cluster.replica_addresses), "table": table,
-                                      "credentials": creds, "storage_root": cluster.storage_url,
-                                      "links": int((a.warmup + a.seconds) * LINKS_PER_WRITER_PER_S) + 200}
+                            params = {
+                                "addresses": list(cluster.replica_addresses),
+                                "table": table,
+                                "credentials": creds,
+                                "storage_root": cluster.storage_url,
+                                "links": int((a.warmup + a.seconds) * LINKS_PER_WRITER_PER_S) + 200,
+                            }
                             watch = {"zookeeper": zk.pid, "replica-0": cluster.replica_pid(0)}
                             t = ct.run_processes(kind, params, writers, a.warmup, a.seconds, watch)
                             rnd.setdefault(case, {})[side] = ct.summarize(t, a.seconds, writers=writers)
                             s = rnd[case][side]
-                            log(f"round {r} {side} {case}: {s['commits_per_s']} commits/s, p50 {s['p50_ms']} ms, "
-                                f"p99 {s['p99_ms']} ms, errors {s.get('errors')}")
+                            log(
+                                f"round {r} {side} {case}: {s['commits_per_s']} commits/s, p50 {s['p50_ms']} ms, "
+                                f"p99 {s['p99_ms']} ms, errors {s.get('errors')}"
+                            )
                         admin.close()
                     result["rounds"].append(rnd)
-    best = {case: {side: max((rnd[case][side] for rnd in result["rounds"]), key=lambda s: s["commits_per_s"])
-                   for side in ("plain", "secure")} for case, _, _ in CASES}
+    best = {
+        case: {
+            side: max((rnd[case][side] for rnd in result["rounds"]), key=lambda s: s["commits_per_s"])
+            for side in ("plain", "secure")
+        }
+        for case, _, _ in CASES
+    }
     result["best"] = best
     result["ratios"] = {
         case: {
             "throughput_secure_over_plain": round(b["secure"]["commits_per_s"] / b["plain"]["commits_per_s"], 3),
             "p50_secure_over_plain": round(b["secure"]["p50_ms"] / b["plain"]["p50_ms"], 3),
-            "per_round_throughput": [round(rnd[case]["secure"]["commits_per_s"] / rnd[case]["plain"]["commits_per_s"], 3)
-                                     for rnd in result["rounds"]],
+            "per_round_throughput": [
+                round(rnd[case]["secure"]["commits_per_s"] / rnd[case]["plain"]["commits_per_s"], 3)
+                for rnd in result["rounds"]
+            ],
         }
         for case, b in best.items()
     }
     result["ratios"]["rpc_cpu_per_call_secure_over_plain"] = round(
-        result["rpc_cpu_us_per_call"]["secure"] / result["rpc_cpu_us_per_call"]["plain"], 3)
+        result["rpc_cpu_us_per_call"]["secure"] / result["rpc_cpu_us_per_call"]["plain"], 3
+    )
     log(json.dumps(result["ratios"], indent=2))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")

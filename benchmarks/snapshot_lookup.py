@@ -74,9 +74,18 @@ def ddl_entry() -> dict:
 
 def part(i: int, tid: str, p: int) -> dict:
     name = f"{tid}_{i:016x}"
-    return {"name": name, "table": TABLE, "partition": [p], "path": f"{TABLE}/p={p}/{name}.parquet", "rows": 10,
-            "size": 4096, "checksum": "crc32:0000abcd", "stats": {"p": [p, p], "x": [i, i + 9]},
-            "creation_tid": tid, "created_at": 1.7e9 + i}
+    return {
+        "name": name,
+        "table": TABLE,
+        "partition": [p],
+        "path": f"{TABLE}/p={p}/{name}.parquet",
+        "rows": 10,
+        "size": 4096,
+        "checksum": "crc32:0000abcd",
+        "stats": {"p": [p, p], "x": [i, i + 9]},
+        "creation_tid": tid,
+        "created_at": 1.7e9 + i,
+    }
 
 
 class History:
@@ -101,10 +110,26 @@ class History:
             removed, self.live[p] = self.live[p][-9:], self.live[p][:-9]
             kinds = ["MINOR_COMPACT"]
         self.live[p].append(meta["name"])
-        return {"v": 1, "time": 1.7e9 + i, "versions": {f"{TABLE}/%5B{p}%5D": i},
-                "txns": [{"tid": tid, "time_version": None if removed else 1.7e9 + i, "changes": [
-                    {"table": TABLE, "pkey": partition_key((p,)), "kinds": kinds, "added": [meta],
-                     "removed": removed}]}]}
+        return {
+            "v": 1,
+            "time": 1.7e9 + i,
+            "versions": {f"{TABLE}/%5B{p}%5D": i},
+            "txns": [
+                {
+                    "tid": tid,
+                    "time_version": None if removed else 1.7e9 + i,
+                    "changes": [
+                        {
+                            "table": TABLE,
+                            "pkey": partition_key((p,)),
+                            "kinds": kinds,
+                            "added": [meta],
+                            "removed": removed,
+                        }
+                    ],
+                }
+            ],
+        }
 
 
 def apply_all(state: ReplicaState, entries: Iterable[tuple[int, dict]]) -> None:
@@ -113,9 +138,15 @@ def apply_all(state: ReplicaState, entries: Iterable[tuple[int, dict]]) -> None:
 
 
 # -- the lookup as it was before (for comparison), verbatim on the same state --------------------
-def baseline_visible(st: ReplicaState, table: str, snapshot: int, reader_tid: str | None = None,
-                     own_added: Iterable[PartMeta] = (), own_removed: frozenset[str] | set[str] = frozenset(),
-                     pkeys: Iterable[str] | None = None) -> list[PartMeta]:
+def baseline_visible(
+    st: ReplicaState,
+    table: str,
+    snapshot: int,
+    reader_tid: str | None = None,
+    own_added: Iterable[PartMeta] = (),
+    own_removed: frozenset[str] | set[str] = frozenset(),
+    pkeys: Iterable[str] | None = None,
+) -> list[PartMeta]:
     wanted = None if pkeys is None else set(pkeys)
     with st.lock:
         if snapshot >= st.applied:
@@ -151,9 +182,12 @@ def timed(fn: Callable[[], object], budget: float = 1.5, max_reps: int = 300) ->
         fn()
         samples.append((time.perf_counter_ns() - t) / 1e6)
     samples.sort()
-    return {"p50_ms": round(statistics.median(samples), 3),
-            "p99_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 3),
-            "mean_ms": round(statistics.fmean(samples), 3), "reps": len(samples)}
+    return {
+        "p50_ms": round(statistics.median(samples), 3),
+        "p99_ms": round(samples[min(len(samples) - 1, int(len(samples) * 0.99))], 3),
+        "mean_ms": round(statistics.fmean(samples), 3),
+        "reps": len(samples),
+    }
 
 
 def lookup_cases(st: ReplicaState) -> dict[str, Callable[[], list]]:
@@ -193,15 +227,23 @@ def bench_lookup(sizes: list[int], merges: bool) -> list[dict]:
         for name, fn in cases.items():  # the new lookup answers exactly what the old one did
             if "baseline_" + name in cases:
                 assert [m.name for m in fn()] == [m.name for m in cases["baseline_" + name]()], name
-        row = {"history": "merges" if merges else "append", "commits": n, "parts": len(st.by_table[TABLE]),
-               "live": len(st.live_sorted[TABLE]), "visible_old": len(cases["old"]()),
-               "apply_s": round(build, 2)}
+        row = {
+            "history": "merges" if merges else "append",
+            "commits": n,
+            "parts": len(st.by_table[TABLE]),
+            "live": len(st.live_sorted[TABLE]),
+            "visible_old": len(cases["old"]()),
+            "apply_s": round(build, 2),
+        }
         for name, fn in cases.items():
             row[name] = timed(fn)
         out.append(row)
-        print(f"  {row['history']:7} {n:>7} commits, {row['parts']:>7} parts ({row['live']} live): "
-              f"latest p50 {row['latest']['p50_ms']} ms (was {row['baseline_latest']['p50_ms']}), "
-              f"old p50 {row['old']['p50_ms']} ms (was {row['baseline_old']['p50_ms']})", flush=True)
+        print(
+            f"  {row['history']:7} {n:>7} commits, {row['parts']:>7} parts ({row['live']} live): "
+            f"latest p50 {row['latest']['p50_ms']} ms (was {row['baseline_latest']['p50_ms']}), "
+            f"old p50 {row['old']['p50_ms']} ms (was {row['baseline_old']['p50_ms']})",
+            flush=True,
+        )
     return out
 
 
@@ -221,8 +263,14 @@ def bench_checkpoint(n: int) -> dict:
     fresh.restore(back, "bench")
     t4 = time.perf_counter()
     assert [m.name for m in fresh.visible(TABLE, fresh.applied)] == [m.name for m in st.visible(TABLE, st.applied)]
-    row = {"parts": n, "export_s": round(t1 - t0, 3), "encode_s": round(t2 - t1, 3), "decode_s": round(t3 - t2, 3),
-           "restore_s": round(t4 - t3, 3), "bytes": len(data)}
+    row = {
+        "parts": n,
+        "export_s": round(t1 - t0, 3),
+        "encode_s": round(t2 - t1, 3),
+        "decode_s": round(t3 - t2, 3),
+        "restore_s": round(t4 - t3, 3),
+        "bytes": len(data),
+    }
     print(f"  checkpoint of {n} parts: {row}", flush=True)
     return row
 
@@ -236,11 +284,18 @@ def write_log(zk, csn_log, wal, entries: list[tuple[int, dict]]) -> None:
     pending = []
     for csn, entry in entries:
         epoch, seq = split_csn(csn)
-        pending.append((seq, zk.create_async(f"{csn_log.epoch_path(epoch)}/c-", LogEntry.from_dict(entry, "bench").encode(), sequence=True)))
+        pending.append(
+            (
+                seq,
+                zk.create_async(
+                    f"{csn_log.epoch_path(epoch)}/c-", LogEntry.from_dict(entry, "bench").encode(), sequence=True
+                ),
+            )
+        )
     for seq, a in pending:
         assert a.get().endswith(f"c-{seq:010d}"), "log sequence numbers out of step"
     for i in range(0, len(entries), 2000):
-        chunk = entries[i:i + 2000]
+        chunk = entries[i : i + 2000]
         wal.append([WalEntry(c, 0, c - 1, raw=e) for c, e in chunk], sync=False)
     wal.append([], sync=True)
 
@@ -275,9 +330,15 @@ def bench_restart(lengths: list[int], workdir: Path, tail: int = 5000) -> list[d
             entries = [(1, ddl_entry())] + [(i + 2, hist.next()) for i in range(n)]
             write_log(zk, csn_log, wal, entries)
             wal.close()
-            config = ReplicaConfig(zk=server.address + chroot, storage_url=str(storage), host_id="r0",
-                                   data_dir=data_dir, checkpoint_every=10**9, local_checkpoint_every=10**9,
-                                   tail_check_seconds=3600.0)
+            config = ReplicaConfig(
+                zk=server.address + chroot,
+                storage_url=str(storage),
+                host_id="r0",
+                data_dir=data_dir,
+                checkpoint_every=10**9,
+                local_checkpoint_every=10**9,
+                tail_check_seconds=3600.0,
+            )
 
             def start() -> tuple[float, Replica]:
                 gc.collect()
@@ -302,9 +363,14 @@ def bench_restart(lengths: list[int], workdir: Path, tail: int = 5000) -> list[d
             snap_tail, r = start()
             assert r.state.applied == n + 1 + tail
             r.stop()
-            row = {"wal_entries": n, "wal_mb": round(wal_bytes / 1e6, 1), "restart_full_wal_s": round(full, 2),
-                   "state_ckpt_mb": round(ckpt_bytes / 1e6, 1), "restart_from_snapshot_s": round(snap, 2),
-                   f"restart_from_snapshot_plus_{tail}_tail_s": round(snap_tail, 2)}
+            row = {
+                "wal_entries": n,
+                "wal_mb": round(wal_bytes / 1e6, 1),
+                "restart_full_wal_s": round(full, 2),
+                "state_ckpt_mb": round(ckpt_bytes / 1e6, 1),
+                "restart_from_snapshot_s": round(snap, 2),
+                f"restart_from_snapshot_plus_{tail}_tail_s": round(snap_tail, 2),
+            }
             rows.append(row)
             print(f"  restart at {n} WAL entries: {row}", flush=True)
             zk.stop()
@@ -322,9 +388,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "snapshot_lookup.json"))
     a = ap.parse_args(argv)
     sizes = [int(s) for s in a.sizes.split(",") if s]
-    result: dict = {"machine": {"python": platform.python_version(), "platform": platform.platform(),
-                                "cpus": __import__("os").cpu_count()},
-                    "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    result: dict = {
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": __import__("os").cpu_count(),
+        },
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     print("lookup:", flush=True)
     result["lookup"] = bench_lookup(sizes, merges=False) + bench_lookup(sizes, merges=True)
     print("checkpoint:", flush=True)

@@ -68,8 +68,9 @@ def plain_source(schema_ddl: str) -> type:
 
             batches = [b for b in iterator if b.num_rows]
             if batches:
-                pq.write_table(pa.Table.from_batches(batches), f"{self.path}/{uuid.uuid4().hex}.parquet",
-                               compression="zstd")
+                pq.write_table(
+                    pa.Table.from_batches(batches), f"{self.path}/{uuid.uuid4().hex}.parquet", compression="zstd"
+                )
             return WriterCommitMessage()
 
     class PlainReader(DataSourceReader):
@@ -130,7 +131,7 @@ def _cpu_by_pid() -> dict[int, tuple[int, float]]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
+        fields = stat[stat.rindex(")") + 2 :].split()
         out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK)
     return out
 
@@ -177,27 +178,34 @@ def main() -> None:
     import spark as mergetxn_spark
 
     work = Path(tempfile.mkdtemp(prefix="mergetxn-spark-bench-"))
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                                 "master": a.master}, "sizes": {}}
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "master": a.master},
+        "sizes": {},
+    }
     try:
         with coordinator.LocalCluster(work / "cluster", replicas=1) as cluster:
             client = cluster.client(0)
             replica = cluster.replica_addresses[0]
-            session = (SparkSession.builder.master(a.master).appName("mergetxn-spark-io")
-                       .config("spark.ui.enabled", "false")
-                       .config("spark.driver.memory", "2g")
-                       .config("spark.pyspark.python", sys.executable)
-                       .config("spark.sql.shuffle.partitions", "2")
-                       .getOrCreate())
+            session = (
+                SparkSession.builder.master(a.master)
+                .appName("mergetxn-spark-io")
+                .config("spark.ui.enabled", "false")
+                .config("spark.driver.memory", "2g")
+                .config("spark.pyspark.python", sys.executable)
+                .config("spark.sql.shuffle.partitions", "2")
+                .getOrCreate()
+            )
             session.sparkContext.setLogLevel("ERROR")
             mergetxn_spark.register(session, replica=replica)
             session.dataSource.register(plain_source("id bigint, k int, v double, s string"))
             import pyspark
 
             results["machine"]["spark"] = pyspark.__version__
-            roots = [os.getpid(),  # the driver: write_table adopts the files here
-                     session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
-                     cluster.replica_pid(0)]
+            roots = [
+                os.getpid(),  # the driver: write_table adopts the files here
+                session.sparkContext._jvm.java.lang.ProcessHandle.current().pid(),
+                cluster.replica_pid(0),
+            ]
             schema = pa.schema([("id", pa.int64()), ("k", pa.int32()), ("v", pa.float64()), ("s", pa.string())])
             for rows in sizes:
                 table = f"bench_{rows}"
@@ -217,24 +225,63 @@ def main() -> None:
                 frame(session, 10_000).write.format("plainpq").mode("overwrite").save(plain)
                 session.read.format("plainpq").load(plain).write.format("noop").mode("overwrite").save()
                 runs: dict[str, list[tuple[float, float]]] = {
-                    k: [] for k in ("write_mergetxn", "write_native", "write_parquet", "write_plainpq",
-                                    "read_mergetxn", "read_native", "read_parquet", "read_plainpq")}
+                    k: []
+                    for k in (
+                        "write_mergetxn",
+                        "write_native",
+                        "write_parquet",
+                        "write_plainpq",
+                        "read_mergetxn",
+                        "read_native",
+                        "read_parquet",
+                        "read_plainpq",
+                    )
+                }
                 for _ in range(a.repeat):
-                    runs["write_mergetxn"].append(timed(
-                        lambda: df.write.format("mergetxn").mode("overwrite").save(table), roots))
+                    runs["write_mergetxn"].append(
+                        timed(lambda: df.write.format("mergetxn").mode("overwrite").save(table), roots)
+                    )
                     runs["write_parquet"].append(timed(lambda: df.write.mode("overwrite").parquet(path), roots))
-                    runs["write_native"].append(timed(
-                        lambda: mergetxn_spark.write_table(df, native_table, mode="overwrite"), roots))
-                    runs["write_plainpq"].append(timed(
-                        lambda: df.write.format("plainpq").mode("overwrite").save(plain), roots))
-                    runs["read_mergetxn"].append(timed(lambda: session.read.format("mergetxn").load(table)
-                                                       .write.format("noop").mode("overwrite").save(), roots))
-                    runs["read_parquet"].append(timed(lambda: session.read.parquet(path)
-                                                      .write.format("noop").mode("overwrite").save(), roots))
-                    runs["read_native"].append(timed(lambda: mergetxn_spark.read_table(session, native_table)
-                                                     .write.format("noop").mode("overwrite").save(), roots))
-                    runs["read_plainpq"].append(timed(lambda: session.read.format("plainpq").load(plain)
-                                                      .write.format("noop").mode("overwrite").save(), roots))
+                    runs["write_native"].append(
+                        timed(lambda: mergetxn_spark.write_table(df, native_table, mode="overwrite"), roots)
+                    )
+                    runs["write_plainpq"].append(
+                        timed(lambda: df.write.format("plainpq").mode("overwrite").save(plain), roots)
+                    )
+                    runs["read_mergetxn"].append(
+                        timed(
+                            lambda: (
+                                session.read.format("mergetxn")
+                                .load(table)
+                                .write.format("noop")
+                                .mode("overwrite")
+                                .save()
+                            ),
+                            roots,
+                        )
+                    )
+                    runs["read_parquet"].append(
+                        timed(lambda: session.read.parquet(path).write.format("noop").mode("overwrite").save(), roots)
+                    )
+                    runs["read_native"].append(
+                        timed(
+                            lambda: (
+                                mergetxn_spark.read_table(session, native_table)
+                                .write.format("noop")
+                                .mode("overwrite")
+                                .save()
+                            ),
+                            roots,
+                        )
+                    )
+                    runs["read_plainpq"].append(
+                        timed(
+                            lambda: (
+                                session.read.format("plainpq").load(plain).write.format("noop").mode("overwrite").save()
+                            ),
+                            roots,
+                        )
+                    )
                 assert client.read(table, columns=["id"]).num_rows == rows
                 assert session.read.format("mergetxn").load(table).count() == rows
                 assert mergetxn_spark.read_table(session, native_table).count() == rows
@@ -258,28 +305,35 @@ def main() -> None:
                     "runs": runs,
                     "parts": parts,
                 }
-                print(f"{rows:>9} rows: write {wall['write_mergetxn']:.2f}s vs {wall['write_parquet']:.2f}s "
-                      f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x; plainpq {wall['write_plainpq']:.2f}s), "
-                      f"read {wall['read_mergetxn']:.2f}s vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, "
-                      f"CPU {r['read_cpu_ratio']:.2f}x; plainpq {wall['read_plainpq']:.2f}s); native write "
-                      f"{wall['write_native']:.2f}s ({r['native_write_ratio']:.2f}x), read {wall['read_native']:.2f}s "
-                      f"({r['native_read_ratio']:.2f}x)", flush=True)
+                print(
+                    f"{rows:>9} rows: write {wall['write_mergetxn']:.2f}s vs {wall['write_parquet']:.2f}s "
+                    f"({r['write_ratio']:.2f}x, CPU {r['write_cpu_ratio']:.2f}x; plainpq {wall['write_plainpq']:.2f}s), "
+                    f"read {wall['read_mergetxn']:.2f}s vs {wall['read_parquet']:.2f}s ({r['read_ratio']:.2f}x, "
+                    f"CPU {r['read_cpu_ratio']:.2f}x; plainpq {wall['read_plainpq']:.2f}s); native write "
+                    f"{wall['write_native']:.2f}s ({r['native_write_ratio']:.2f}x), read {wall['read_native']:.2f}s "
+                    f"({r['native_read_ratio']:.2f}x)",
+                    flush=True,
+                )
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()
-    print("| rows | op | native (read_table/write_table) | mergetxn data source | parquet | "
-          "plainpq (bare Python data source) | native / parquet | data source / parquet | data source / plainpq |")
+    print(
+        "| rows | op | native (read_table/write_table) | mergetxn data source | parquet | "
+        "plainpq (bare Python data source) | native / parquet | data source / parquet | data source / plainpq |"
+    )
     print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for rows, r in results["sizes"].items():
         w, c = r["wall"], r["cpu"]
         for op in ("write", "read"):
-            print(f"| {int(rows):,} | {op} | {w[op + '_native']:.2f}s ({c[op + '_native']:.1f} cpu-s) | "
-                  f"{w[op + '_mergetxn']:.2f}s ({c[op + '_mergetxn']:.1f} cpu-s) | "
-                  f"{w[op + '_parquet']:.2f}s ({c[op + '_parquet']:.1f}) | "
-                  f"{w[op + '_plainpq']:.2f}s ({c[op + '_plainpq']:.1f}) | "
-                  f"{r['native_' + op + '_ratio']:.2f}x (CPU {r['native_' + op + '_cpu_ratio']:.2f}x) | "
-                  f"{r[op + '_ratio']:.2f}x (CPU {r[op + '_cpu_ratio']:.2f}x) | {r[op + '_vs_plainpq']:.2f}x |")
+            print(
+                f"| {int(rows):,} | {op} | {w[op + '_native']:.2f}s ({c[op + '_native']:.1f} cpu-s) | "
+                f"{w[op + '_mergetxn']:.2f}s ({c[op + '_mergetxn']:.1f} cpu-s) | "
+                f"{w[op + '_parquet']:.2f}s ({c[op + '_parquet']:.1f}) | "
+                f"{w[op + '_plainpq']:.2f}s ({c[op + '_plainpq']:.1f}) | "
+                f"{r['native_' + op + '_ratio']:.2f}x (CPU {r['native_' + op + '_cpu_ratio']:.2f}x) | "
+                f"{r[op + '_ratio']:.2f}x (CPU {r[op + '_cpu_ratio']:.2f}x) | {r[op + '_vs_plainpq']:.2f}x |"
+            )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(results, indent=2))

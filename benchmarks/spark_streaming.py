@@ -54,9 +54,14 @@ def make_input(directory: Path, files: int, rows: int) -> None:
     names = pa.array([f"name-{i}" for i in range(1000)])
     for f in range(files):
         ids = pa.array(range(f * rows, (f + 1) * rows), pa.int64())
-        data = pa.table({"id": ids, "k": pc.cast(pc.remainder(ids, 100), pa.int32()),
-                         "v": pa.array([rng.random() * 1000 for _ in range(rows)], pa.float64()),
-                         "s": names.take(pc.remainder(ids, 1000))})
+        data = pa.table(
+            {
+                "id": ids,
+                "k": pc.cast(pc.remainder(ids, 100), pa.int32()),
+                "v": pa.array([rng.random() * 1000 for _ in range(rows)], pa.float64()),
+                "s": names.take(pc.remainder(ids, 1000)),
+            }
+        )
         pq.write_table(data, directory / f"part-{f:04d}.parquet")
 
 
@@ -78,8 +83,9 @@ def plain_stream_source() -> type:
 
             batches = [b for b in iterator if b.num_rows]
             if batches:
-                pq.write_table(pa.Table.from_batches(batches), f"{self.path}/{uuid.uuid4().hex}.parquet",
-                               compression="zstd")
+                pq.write_table(
+                    pa.Table.from_batches(batches), f"{self.path}/{uuid.uuid4().hex}.parquet", compression="zstd"
+                )
             return WriterCommitMessage()
 
         def commit(self, messages, batchId):  # noqa: N803
@@ -102,8 +108,9 @@ def run(session, source: Path, sink: str, target: str, checkpoint: Path, replica
     if sink == "native":  # spark.write_stream: foreachBatch + write_table, exactly once by batch id
         import spark as mergetxn_spark
 
-        mergetxn_spark.write_stream(df, target, str(checkpoint), replica=replica,
-                                    trigger={"availableNow": True}).awaitTermination()
+        mergetxn_spark.write_stream(
+            df, target, str(checkpoint), replica=replica, trigger={"availableNow": True}
+        ).awaitTermination()
         return
     w = df.writeStream.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True)
     if sink == "mergetxn":
@@ -132,19 +139,27 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="mergetxn-stream-bench-"))
     total = a.files * a.rows
-    results: dict = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "master": a.master},
-                     "files": a.files, "rows_per_file": a.rows, "rows": total, "rounds": []}
+    results: dict = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "master": a.master},
+        "files": a.files,
+        "rows_per_file": a.rows,
+        "rows": total,
+        "rounds": [],
+    }
     try:
         make_input(work / "input", a.files, a.rows)
         with coordinator.LocalCluster(work / "cluster", replicas=1) as cluster:
             client = cluster.client(0)
             replica = cluster.replica_addresses[0]
-            session = (SparkSession.builder.master(a.master).appName("mergetxn-spark-streaming")
-                       .config("spark.ui.enabled", "false")
-                       .config("spark.driver.memory", "2g")
-                       .config("spark.pyspark.python", sys.executable)
-                       .config("spark.sql.shuffle.partitions", "2")
-                       .getOrCreate())
+            session = (
+                SparkSession.builder.master(a.master)
+                .appName("mergetxn-spark-streaming")
+                .config("spark.ui.enabled", "false")
+                .config("spark.driver.memory", "2g")
+                .config("spark.pyspark.python", sys.executable)
+                .config("spark.sql.shuffle.partitions", "2")
+                .getOrCreate()
+            )
             session.sparkContext.setLogLevel("ERROR")
             mergetxn_spark.register(session, replica=replica)
             session.dataSource.register(plain_stream_source())
@@ -165,13 +180,15 @@ def main() -> None:
                 client.create_table(table, schema)
                 client.create_table(f"{table}_native", schema)
                 sinks = ["mergetxn", "parquet", "plainpq", "native"]
-                for sink in sinks[i % 4:] + sinks[:i % 4]:
+                for sink in sinks[i % 4 :] + sinks[: i % 4]:
                     target = {"mergetxn": table, "native": f"{table}_native"}.get(sink, str(work / f"out-{sink}-{i}"))
-                    wall, cpu = timed(lambda: run(session, work / "input", sink, target, work / f"ck-{sink}-{i}",
-                                                  replica), roots)
+                    wall, cpu = timed(
+                        lambda: run(session, work / "input", sink, target, work / f"ck-{sink}-{i}", replica), roots
+                    )
                     results["rounds"].append({"round": i, "sink": sink, "seconds": wall, "cpu_seconds": cpu})
-                    print(f"round {i} {sink:8s} {wall:6.2f}s  {total / wall:12,.0f} rows/s  cpu {cpu:6.2f}s",
-                          flush=True)
+                    print(
+                        f"round {i} {sink:8s} {wall:6.2f}s  {total / wall:12,.0f} rows/s  cpu {cpu:6.2f}s", flush=True
+                    )
                 assert client.read(table, columns=["id"]).num_rows == total
                 assert client.read(f"{table}_native", columns=["id"]).num_rows == total
             session.stop()
@@ -182,20 +199,29 @@ def main() -> None:
     for sink in ("mergetxn", "parquet", "plainpq", "native"):
         secs = [r["seconds"] for r in results["rounds"] if r["sink"] == sink]
         cpus = [r["cpu_seconds"] for r in results["rounds"] if r["sink"] == sink]
-        summary[sink] = {"median_seconds": statistics.median(secs), "rows_per_second": total / statistics.median(secs),
-                         "median_cpu_seconds": statistics.median(cpus)}
-    summary["ratio_time_mergetxn_over_parquet"] = (summary["mergetxn"]["median_seconds"]
-                                                   / summary["parquet"]["median_seconds"])
-    summary["ratio_cpu_mergetxn_over_parquet"] = (summary["mergetxn"]["median_cpu_seconds"]
-                                                  / summary["parquet"]["median_cpu_seconds"])
-    summary["ratio_time_mergetxn_over_plainpq"] = (summary["mergetxn"]["median_seconds"]
-                                                   / summary["plainpq"]["median_seconds"])
-    summary["ratio_time_plainpq_over_parquet"] = (summary["plainpq"]["median_seconds"]
-                                                  / summary["parquet"]["median_seconds"])
-    summary["ratio_time_native_over_parquet"] = (summary["native"]["median_seconds"]
-                                                 / summary["parquet"]["median_seconds"])
-    summary["ratio_cpu_native_over_parquet"] = (summary["native"]["median_cpu_seconds"]
-                                                / summary["parquet"]["median_cpu_seconds"])
+        summary[sink] = {
+            "median_seconds": statistics.median(secs),
+            "rows_per_second": total / statistics.median(secs),
+            "median_cpu_seconds": statistics.median(cpus),
+        }
+    summary["ratio_time_mergetxn_over_parquet"] = (
+        summary["mergetxn"]["median_seconds"] / summary["parquet"]["median_seconds"]
+    )
+    summary["ratio_cpu_mergetxn_over_parquet"] = (
+        summary["mergetxn"]["median_cpu_seconds"] / summary["parquet"]["median_cpu_seconds"]
+    )
+    summary["ratio_time_mergetxn_over_plainpq"] = (
+        summary["mergetxn"]["median_seconds"] / summary["plainpq"]["median_seconds"]
+    )
+    summary["ratio_time_plainpq_over_parquet"] = (
+        summary["plainpq"]["median_seconds"] / summary["parquet"]["median_seconds"]
+    )
+    summary["ratio_time_native_over_parquet"] = (
+        summary["native"]["median_seconds"] / summary["parquet"]["median_seconds"]
+    )
+    summary["ratio_cpu_native_over_parquet"] = (
+        summary["native"]["median_cpu_seconds"] / summary["parquet"]["median_cpu_seconds"]
+    )
     results["summary"] = summary
     print(json.dumps(summary, indent=2))
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -177,11 +177,7 @@ def arrow_table(data: pa.Table, title: str | None = None, limit: int | None = No
     """A rich table of the first ``limit`` rows of an Arrow table."""
     out = Table(title=title, title_justify="left")
     for f in data.schema:
-        numeric = (
-            pa.types.is_integer(f.type)
-            or pa.types.is_floating(f.type)
-            or pa.types.is_decimal(f.type)
-        )
+        numeric = pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_decimal(f.type)
         out.add_column(f.name, justify="right" if numeric else "left", overflow="fold")
     shown = data if limit is None else data.slice(0, limit)
     for row in shown.to_pylist():
@@ -303,9 +299,7 @@ def parse_as_of(text: str) -> dt.datetime:
     except ValueError:
         raise InvalidInput(f"--as-of {text!r} is not an ISO 8601 date-time") from None
     if when.tzinfo is None or when.utcoffset() is None:
-        raise InvalidInput(
-            f"--as-of {text!r} has no timezone; add one, e.g. {text.strip()}+00:00 or Z"
-        )
+        raise InvalidInput(f"--as-of {text!r} has no timezone; add one, e.g. {text.strip()}+00:00 or Z")
     return when
 
 
@@ -332,9 +326,7 @@ def partition_values(client: Any, table: str, values: tuple[str, ...]) -> list[A
                     raise ValueError(raw)
                 return raw.lower() in ("true", "1")
         except ValueError:
-            raise InvalidInput(
-                f"partition value {raw!r} does not fit column {col!r} ({t})"
-            ) from None
+            raise InvalidInput(f"partition value {raw!r} does not fit column {col!r} ({t})") from None
         return raw
 
     out = []
@@ -343,9 +335,7 @@ def partition_values(client: Any, table: str, values: tuple[str, ...]) -> list[A
             out.append(typed(cols[0], v))
             continue
         try:
-            items = (
-                json.loads(v) if v.strip().startswith("[") else [s.strip() for s in v.split(",")]
-            )
+            items = json.loads(v) if v.strip().startswith("[") else [s.strip() for s in v.split(",")]
         except ValueError:
             raise InvalidInput(f"partition {v!r} is not a JSON list") from None
         if len(items) != len(cols):
@@ -442,9 +432,13 @@ def progress(description: str, total: float | None) -> Iterator[Callable[[float]
         return
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               TextColumn("{task.completed:,.0f}" + (f" of {total:,.0f}" if total else "") + " rows"),
-               TimeElapsedColumn()]
+    columns = [
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed:,.0f}" + (f" of {total:,.0f}" if total else "") + " rows"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=err, transient=True) as bar:
         task = bar.add_task(escape(description), total=total)
         yield lambda n: bar.advance(task, n)
@@ -474,15 +468,26 @@ def _set_up_logging(ctx: click.Context, spec: str | None, file: Path | None) -> 
         raise click.BadParameter(exc.message, ctx=ctx, param_hint="--log-level/--log-file") from None
 
 
-@click.group(cls=MergetxnGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog=_exit_codes_epilog())
+@click.group(cls=MergetxnGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_exit_codes_epilog())
 @click.version_option(_version(), "--version", prog_name="mergetxn", message="%(prog)s %(version)s")
-@click.option("--log-level", "log_level", envvar=logs.ENV_LEVEL, default="WARNING", show_default=True,
-              metavar="LEVEL[,LOGGER=LEVEL...]",
-              help="Level of mergetxn's own log lines; other libraries (kazoo, botocore, ...) stay at "
-                   f"WARNING unless named, e.g. INFO,kazoo=DEBUG (env {logs.ENV_LEVEL}).")
-@click.option("--log-file", "log_file", envvar=logs.ENV_FILE, type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help=f"Append log lines to this file instead of stderr (env {logs.ENV_FILE}).")
+@click.option(
+    "--log-level",
+    "log_level",
+    envvar=logs.ENV_LEVEL,
+    default="WARNING",
+    show_default=True,
+    metavar="LEVEL[,LOGGER=LEVEL...]",
+    help="Level of mergetxn's own log lines; other libraries (kazoo, botocore, ...) stay at "
+    f"WARNING unless named, e.g. INFO,kazoo=DEBUG (env {logs.ENV_LEVEL}).",
+)
+@click.option(
+    "--log-file",
+    "log_file",
+    envvar=logs.ENV_FILE,
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Append log lines to this file instead of stderr (env {logs.ENV_FILE}).",
+)
 @click.pass_context
 def cli(ctx: click.Context, log_level: str, log_file: Path | None) -> None:
     """mergetxn: transactions for replicated MergeTree-style tables.
@@ -496,17 +501,23 @@ def cli(ctx: click.Context, log_level: str, log_file: Path | None) -> None:
 
 def replica_option(f: Callable) -> Callable:
     f = click.option(  # a secured cluster's credentials; connected() reads them from the context
-        "--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
-        expose_value=False, callback=lambda ctx, param, value: ctx.meta.__setitem__("mergetxn.credentials", value),
-        metavar="FILE", help="The secured cluster's credentials file (default: $MERGETXN_CREDENTIALS).",
+        "--credentials",
+        envvar="MERGETXN_CREDENTIALS",
+        type=click.Path(dir_okay=False, path_type=Path),
+        expose_value=False,
+        callback=lambda ctx, param, value: ctx.meta.__setitem__("mergetxn.credentials", value),
+        metavar="FILE",
+        help="The secured cluster's credentials file (default: $MERGETXN_CREDENTIALS).",
     )(f)
-    return timeout_option(click.option(
-        "--replica",
-        envvar=ENV_REPLICA,
-        required=True,
-        metavar="HOST:PORT",
-        help=f"Replica to talk to (default: ${ENV_REPLICA}).",
-    )(f))
+    return timeout_option(
+        click.option(
+            "--replica",
+            envvar=ENV_REPLICA,
+            required=True,
+            metavar="HOST:PORT",
+            help=f"Replica to talk to (default: ${ENV_REPLICA}).",
+        )(f)
+    )
 
 
 def timeout_option(f: Callable) -> Callable:
@@ -540,8 +551,12 @@ def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
     from coordinator.api.client import Client
 
     ctx = click.get_current_context(silent=True)
-    client = Client(address, timeout=timeout or call_timeout(), long_calls={},  # --timeout bounds each request
-                    credentials=ctx.meta.get("mergetxn.credentials") if ctx else None)
+    client = Client(
+        address,
+        timeout=timeout or call_timeout(),
+        long_calls={},  # --timeout bounds each request
+        credentials=ctx.meta.get("mergetxn.credentials") if ctx else None,
+    )
     log.debug("connected to replica %s at %s", client.host_id, address)
     try:
         yield client
@@ -595,8 +610,7 @@ def zk() -> None:
     "myid",
     type=click.IntRange(1, 255),
     default=None,
-    help="Run member N (1-based myid) of the ensemble given by --members instead of a "
-    "standalone server.",
+    help="Run member N (1-based myid) of the ensemble given by --members instead of a standalone server.",
 )
 @click.option(
     "--members",
@@ -612,11 +626,20 @@ def zk() -> None:
     show_default=True,
     help="ZooKeeper tickTime: sessions may be as short as 2 ticks.",
 )
-@click.option("--credentials", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
-              help="A secured cluster's replica credentials file (mergetxn security init): TLS only on the "
-                   "client port and between members, sessions without the identity refused, / under its ACL.")
+@click.option(
+    "--credentials",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="A secured cluster's replica credentials file (mergetxn security init): TLS only on the "
+    "client port and between members, sessions without the identity refused, / under its ACL.",
+)
 def zk_start(
-    directory: Path, port: int | None, myid: int | None, members: str | None, tick_ms: int,
+    directory: Path,
+    port: int | None,
+    myid: int | None,
+    members: str | None,
+    tick_ms: int,
     credentials: Path | None,
 ) -> None:
     """Run a real ZooKeeper server (from the pyspark jars, Java 17) in the foreground: a
@@ -735,18 +758,24 @@ def _load_config(ctx: click.Context, param: click.Parameter, path: Path | None) 
         name = by_flag.get(key.replace("_", "-"), key.replace("-", "_"))
         if name not in SETTINGS or isinstance(value, (dict, list)):
             known = ", ".join(s.option[2:] for s in SETTINGS.values())
-            raise click.BadParameter(f"{path}: unknown replica setting {key!r}; known: {known}", ctx=ctx,
-                                     param=param)
+            raise click.BadParameter(f"{path}: unknown replica setting {key!r}; known: {known}", ctx=ctx, param=param)
         defaults[name] = value
     ctx.default_map = {**(ctx.default_map or {}), **defaults}
     return path
 
 
 @replica.command("start")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              is_eager=True, expose_value=False, callback=_load_config, metavar="FILE",
-              help="A TOML file of settings (e.g. zk = \"h:2181\", storage = \"s3://b/w\", port = 7070); "
-                   "flags and MERGETXN_* variables override it.")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    is_eager=True,
+    expose_value=False,
+    callback=_load_config,
+    metavar="FILE",
+    help='A TOML file of settings (e.g. zk = "h:2181", storage = "s3://b/w", port = 7070); '
+    "flags and MERGETXN_* variables override it.",
+)
 @click_options
 def replica_start(**values: Any) -> None:
     """Run a replica in the foreground: follows the CSN log, runs transactions, serves snapshots.
@@ -782,18 +811,34 @@ def replica_start(**values: Any) -> None:
 
 @replica.command("retire")
 @click.argument("host_id", metavar="ID")
-@click.option("--replica", envvar=ENV_REPLICA, default=None, metavar="HOST:PORT",
-              help=f"Ask this (other) replica where ZooKeeper is (default: ${ENV_REPLICA}).")
-@click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
-              help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.")
+@click.option(
+    "--replica",
+    envvar=ENV_REPLICA,
+    default=None,
+    metavar="HOST:PORT",
+    help=f"Ask this (other) replica where ZooKeeper is (default: ${ENV_REPLICA}).",
+)
+@click.option(
+    "--zk",
+    "zk_hosts",
+    default=None,
+    metavar="HOSTS",
+    help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.",
+)
 @click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
-@click.option("--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, metavar="FILE",
-              help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): its ZooKeeper "
-                   "nodes are the replicas' identity's only.")
+@click.option(
+    "--credentials",
+    envvar="MERGETXN_CREDENTIALS",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): its ZooKeeper "
+    "nodes are the replicas' identity's only.",
+)
 @timeout_option
-def replica_retire(host_id: str, replica: str | None, zk_hosts: str | None, root: str,
-                   credentials: Path | None) -> None:
+def replica_retire(
+    host_id: str, replica: str | None, zk_hosts: str | None, root: str, credentials: Path | None
+) -> None:
     """Retire replica ID for good: `status` stops counting it, and no transaction it began can
     commit any more. Refused (exit 2) while it is alive (stop it first) or if no replica ID is
     registered. Starting a replica with that --host-id again registers it anew.
@@ -813,8 +858,10 @@ def replica_retire(host_id: str, replica: str | None, zk_hosts: str | None, root
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is one error line
         kazoo_log.setLevel(logging.CRITICAL)
     incarnation = retire(zk_hosts, root, host_id, call_timeout(), creds)
-    console().print(f"replica {host_id} retired (its incarnation {incarnation} is fenced); `mergetxn status` no "
-                    "longer counts it", soft_wrap=True)
+    console().print(
+        f"replica {host_id} retired (its incarnation {incarnation} is fenced); `mergetxn status` no longer counts it",
+        soft_wrap=True,
+    )
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -832,8 +879,7 @@ def table() -> None:
     "schema_text",
     required=True,
     metavar="COLS",
-    help='Columns as name:type pairs, e.g. "id:int64,name:string,day:date32" '
-    "(append ! for NOT NULL).",
+    help='Columns as name:type pairs, e.g. "id:int64,name:string,day:date32" (append ! for NOT NULL).',
 )
 @click.option(
     "--partition-by",
@@ -852,20 +898,38 @@ def table() -> None:
     help="Conflict policy for concurrent writers (keys: a keys table, needs --primary-key).",
 )
 @click.option(
-    "--lock-group", "lock_group", multiple=True, metavar="NAME=COL1,COL2",
+    "--lock-group",
+    "lock_group",
+    multiple=True,
+    metavar="NAME=COL1,COL2",
     help="Keys tables: a lock group and its columns (repeatable).",
 )
 @click.option(
-    "--atomicity", type=click.Choice(["full", "none"]), default="full", show_default=True,
+    "--atomicity",
+    type=click.Choice(["full", "none"]),
+    default="full",
+    show_default=True,
     help="Keys tables: full (transactions) or none (each write on its own).",
 )
-@click.option("--txn-max-seconds", type=float, default=None,
-              help="Abort a transaction writing this table after this many seconds (keys tables: 60).")
-@click.option("--txn-max-rows", type=int, default=None,
-              help="Abort a transaction staging more rows than this (keys tables: 100000).")
-@click.option("--retention-seconds", type=float, default=None,
-              help="Keep snapshots and changes of this table readable this long after a commit replaced what "
-                   "they saw (default: the replicas' retention_seconds, 3600).")
+@click.option(
+    "--txn-max-seconds",
+    type=float,
+    default=None,
+    help="Abort a transaction writing this table after this many seconds (keys tables: 60).",
+)
+@click.option(
+    "--txn-max-rows",
+    type=int,
+    default=None,
+    help="Abort a transaction staging more rows than this (keys tables: 100000).",
+)
+@click.option(
+    "--retention-seconds",
+    type=float,
+    default=None,
+    help="Keep snapshots and changes of this table readable this long after a commit replaced what "
+    "they saw (default: the replicas' retention_seconds, 3600).",
+)
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
@@ -909,10 +973,20 @@ def table_create(
             retention_seconds=retention_seconds,
         )
     if as_json:
-        echo_json({"table": name, "csn": csn, "policy": policy, "partition_by": pby, "primary_key": pkey,
-                   "lock_groups": groups, "atomicity": atomicity,
-                   "txn_max_seconds": txn_max_seconds, "txn_max_rows": txn_max_rows,
-                   "retention_seconds": retention_seconds})
+        echo_json(
+            {
+                "table": name,
+                "csn": csn,
+                "policy": policy,
+                "partition_by": pby,
+                "primary_key": pkey,
+                "lock_groups": groups,
+                "atomicity": atomicity,
+                "txn_max_seconds": txn_max_seconds,
+                "txn_max_rows": txn_max_rows,
+                "retention_seconds": retention_seconds,
+            }
+        )
         return
     extra = f", partitioned by {', '.join(pby)}" if pby else ""
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
@@ -958,33 +1032,52 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
         return
     out = console()
     out.print(rows_table(d["columns"], ["name", "type", "nullable"], title=f"table {d['name']}"))
-    out.print(f"partition by: {', '.join(d['partition_by']) or '-'}; primary key: {', '.join(d['primary_key']) or '-'}; "
-              f"policy {d['conflict_policy']}; auto merge {'on' if d['auto_merge'] else 'off'}")
+    out.print(
+        f"partition by: {', '.join(d['partition_by']) or '-'}; primary key: {', '.join(d['primary_key']) or '-'}; "
+        f"policy {d['conflict_policy']}; auto merge {'on' if d['auto_merge'] else 'off'}"
+    )
     if d["conflict_policy"] == "keys":
         groups = "; ".join(f"{g}={','.join(cols)}" for g, cols in d["lock_groups"].items()) or "-"
         out.print(f"lock groups: {escape(groups)}; atomicity {d['atomicity']}")
-    limits = [f"{d['txn_max_seconds']:g}s" if d["txn_max_seconds"] is not None else None,
-              f"{d['txn_max_rows']} rows" if d["txn_max_rows"] is not None else None]
+    limits = [
+        f"{d['txn_max_seconds']:g}s" if d["txn_max_seconds"] is not None else None,
+        f"{d['txn_max_rows']} rows" if d["txn_max_rows"] is not None else None,
+    ]
     out.print("transaction limits: " + (", ".join(x for x in limits if x) or "the replica's only"))
     if d.get("retention_seconds") is not None:
-        out.print(f"history retention: {d['retention_seconds']:g}s"
-                  + (" (the replicas' default)" if d.get("retention_default") else " (the table's own)"))
-    out.print(f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"
-              + (f" (altered at CSN {d['version_csn']})" if d.get("version_csn") else "")
-              + f"; at snapshot {d['snapshot']}: {d['parts']} parts, {d['rows']} rows in {d['partitions']} partitions")
+        out.print(
+            f"history retention: {d['retention_seconds']:g}s"
+            + (" (the replicas' default)" if d.get("retention_default") else " (the table's own)")
+        )
+    out.print(
+        f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"
+        + (f" (altered at CSN {d['version_csn']})" if d.get("version_csn") else "")
+        + f"; at snapshot {d['snapshot']}: {d['parts']} parts, {d['rows']} rows in {d['partitions']} partitions"
+    )
 
 
 @table.command("alter")
 @click.argument("name")
-@click.option("--add-column", "add", multiple=True, metavar="NAME:TYPE",
-              help="Add a nullable column (repeatable; rows written before read it as null).")
+@click.option(
+    "--add-column",
+    "add",
+    multiple=True,
+    metavar="NAME:TYPE",
+    help="Add a nullable column (repeatable; rows written before read it as null).",
+)
 @click.option("--rename-column", "rename", multiple=True, metavar="OLD=NEW", help="Rename a column (repeatable).")
-@click.option("--retention-seconds", "retention", default=None, metavar="SECONDS|default",
-              help="The table's history retention in seconds, or 'default' for the replicas' retention_seconds.")
+@click.option(
+    "--retention-seconds",
+    "retention",
+    default=None,
+    metavar="SECONDS|default",
+    help="The table's history retention in seconds, or 'default' for the replicas' retention_seconds.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the new description as JSON.")
 @replica_option
-def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], retention: str | None, as_json: bool,
-                replica: str) -> None:
+def table_alter(
+    name: str, add: tuple[str, ...], rename: tuple[str, ...], retention: str | None, as_json: bool, replica: str
+) -> None:
     """Alter table NAME: add nullable columns, rename columns, change its history retention."""
     adds = parse_schema(",".join(add)) if add else None
     renames = {}
@@ -1001,16 +1094,20 @@ def table_alter(name: str, add: tuple[str, ...], rename: tuple[str, ...], retent
             try:
                 extra["retention_seconds"] = float(retention)
             except ValueError:
-                raise InvalidInput(f"--retention-seconds {retention!r} must be a number of seconds or 'default'",
-                                   retention_seconds=retention[:100]) from None
+                raise InvalidInput(
+                    f"--retention-seconds {retention!r} must be a number of seconds or 'default'",
+                    retention_seconds=retention[:100],
+                ) from None
     with connected(replica) as client:
         csn = client.alter_table(name, add_columns=adds, rename_columns=renames or None, **extra)
         d = _describe_json(client.describe_table(name))
     if as_json:
         click.echo(json.dumps({**d, "csn": csn}, default=str))
         return
-    console().print(f"altered table [bold]{escape(name)}[/] at CSN {csn}: columns "
-                    f"{', '.join(c['name'] + ' ' + c['type'] for c in d['columns'])}")
+    console().print(
+        f"altered table [bold]{escape(name)}[/] at CSN {csn}: columns "
+        f"{', '.join(c['name'] + ' ' + c['type'] for c in d['columns'])}"
+    )
 
 
 @table.command("list")
@@ -1039,15 +1136,24 @@ def table_list(as_json: bool, replica: str) -> None:
     help="INSERT OVERWRITE: replace the partitions present in FILE "
     "(the whole table if unpartitioned). Not for keys tables, which are written by key.",
 )
-@click.option("--update", is_flag=True,
-              help="Keys tables: update mode (columns FILE lacks keep their values; "
-                   "without it a row replaces its key's row, absent columns null).")
-@click.option("--batch-rows", type=click.IntRange(min=1), default=1_000_000, show_default=True,
-              help="Rows read from FILE at a time (each batch is written as parts of its own).")
+@click.option(
+    "--update",
+    is_flag=True,
+    help="Keys tables: update mode (columns FILE lacks keep their values; "
+    "without it a row replaces its key's row, absent columns null).",
+)
+@click.option(
+    "--batch-rows",
+    type=click.IntRange(min=1),
+    default=1_000_000,
+    show_default=True,
+    help="Rows read from FILE at a time (each batch is written as parts of its own).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
-def insert(table_name: str, file: Path, overwrite: bool, update: bool, batch_rows: int, as_json: bool,
-           replica: str) -> None:
+def insert(
+    table_name: str, file: Path, overwrite: bool, update: bool, batch_rows: int, as_json: bool, replica: str
+) -> None:
     """Insert the rows of FILE (Parquet or CSV, by extension) into TABLE in one transaction.
 
     FILE is read by batches (never whole in memory); each batch is written to storage as it
@@ -1061,11 +1167,14 @@ def insert(table_name: str, file: Path, overwrite: bool, update: bool, batch_row
             tdef = tx.table(table_name)  # as the transaction sees it: its schema and schema version
             by_key = tdef.conflict_policy is Policy.KEYS
             if by_key and overwrite:
-                raise errors.InvalidInput(f"insert --overwrite: {quote(table_name)} is a keys table, written by "
-                                          "key (a row replaces its key's row): drop --overwrite, or truncate first")
+                raise errors.InvalidInput(
+                    f"insert --overwrite: {quote(table_name)} is a keys table, written by "
+                    "key (a row replaces its key's row): drop --overwrite, or truncate first"
+                )
             if update and not by_key:
-                raise errors.InvalidInput(f"insert --update: {quote(table_name)} is not a keys table "
-                                          "(update mode writes by key)")
+                raise errors.InvalidInput(
+                    f"insert --update: {quote(table_name)} is not a keys table (update mode writes by key)"
+                )
             writer = _KeyWriter(tx, table_name, update) if by_key else _PartWriter(client, tx, tdef, overwrite)
             total, batches = file_batches(file, tdef.schema, batch_rows)
             rows = 0
@@ -1091,17 +1200,25 @@ def insert(table_name: str, file: Path, overwrite: bool, update: bool, batch_row
             raise
     csn = tx.csn if rows else None
     if as_json:
-        echo_json({"table": table_name, "rows": rows, "parts": parts, "csn": csn, "tid": tx.id if rows else None,
-                   "overwrite": overwrite, "update": update})
+        echo_json(
+            {
+                "table": table_name,
+                "rows": rows,
+                "parts": parts,
+                "csn": csn,
+                "tid": tx.id if rows else None,
+                "overwrite": overwrite,
+                "update": update,
+            }
+        )
         return
     if rows == 0:
-        console().print(f"{escape(file.name)} holds no rows: nothing inserted into {escape(table_name)}, "
-                        "nothing committed")
+        console().print(
+            f"{escape(file.name)} holds no rows: nothing inserted into {escape(table_name)}, nothing committed"
+        )
         return
     verb = "overwrote with" if overwrite else ("updated by key" if update else "inserted")
-    console().print(
-        f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})"
-    )
+    console().print(f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})")
 
 
 class _KeyWriter:
@@ -1138,11 +1255,25 @@ class _PartWriter:
         from parts.io.format import write_part
 
         tdef = self.tdef
-        data = conform(tdef.schema, data, tdef.name, what="overwrite" if self.overwrite else "insert into",
-                       required=tdef.partition_by)
+        data = conform(
+            tdef.schema,
+            data,
+            tdef.name,
+            what="overwrite" if self.overwrite else "insert into",
+            required=tdef.partition_by,
+        )
         for partition, chunk in split_by_partition(data, list(tdef.partition_by)):
-            self.written.append(write_part(self.client.storage, tdef.name, list(tdef.partition_by),
-                                           partition, chunk, self.tx.id, tdef.ddl_version))
+            self.written.append(
+                write_part(
+                    self.client.storage,
+                    tdef.name,
+                    list(tdef.partition_by),
+                    partition,
+                    chunk,
+                    self.tx.id,
+                    tdef.ddl_version,
+                )
+            )
         return data.num_rows
 
     def finish(self) -> int:
@@ -1252,8 +1383,9 @@ def _format_of(path: Path) -> str:
     return "parquet"
 
 
-def write_rows(tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: Path | None,
-               total: int | None = None) -> int:
+def write_rows(
+    tables: Iterator[pa.Table], schema: pa.Schema, fmt: str, output: Path | None, total: int | None = None
+) -> int:
     """Write ``tables`` as they come (one in memory at a time) in ``fmt`` to ``output`` or
     stdout; the number of rows written."""
     rows = 0
@@ -1368,14 +1500,21 @@ def compact(table_name: str, kind: str, partitions: tuple[str, ...], as_json: bo
     removed = sum(1 for r in after if r["removal_csn"] == csn)
     added = sum(1 for r in after if r["name"] not in seen and r["creation_csn"] == csn)
     if as_json:
-        echo_json({"table": table_name, "kind": kind, "csn": csn, "merged": removed, "into": added,
-                   "visible_before": vis_before, "visible_after": vis_after, "seconds": round(elapsed, 3)})
+        echo_json(
+            {
+                "table": table_name,
+                "kind": kind,
+                "csn": csn,
+                "merged": removed,
+                "into": added,
+                "visible_before": vis_before,
+                "visible_after": vis_after,
+                "seconds": round(elapsed, 3),
+            }
+        )
         return
     if removed == 0 and added == 0:
-        out.print(
-            f"nothing to compact in {escape(table_name)} ({kind}); "
-            f"{vis_after} visible parts ({elapsed:.2f}s)"
-        )
+        out.print(f"nothing to compact in {escape(table_name)} ({kind}); {vis_after} visible parts ({elapsed:.2f}s)")
         return
     out.print(
         f"compacted {escape(table_name)} ({kind}): {removed} parts merged into {added}; "
@@ -1384,8 +1523,12 @@ def compact(table_name: str, kind: str, partitions: tuple[str, ...], as_json: bo
 
 
 @cli.command(short_help="Run one garbage-collection pass.")
-@click.option("--grace-seconds", type=float, default=None,
-              help="Keep unreferenced files younger than this (default: the replica's setting).")
+@click.option(
+    "--grace-seconds",
+    type=float,
+    default=None,
+    help="Keep unreferenced files younger than this (default: the replica's setting).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @replica_option
 def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
@@ -1447,8 +1590,11 @@ def check(tables: tuple[str, ...], every: bool, quick: bool, as_json: bool, repl
     if not result["ok"]:
         found = [f"{t['table']}: {p['problem']}" for t in result["tables"] for p in t["problems"]]
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
-        fail(f"{len(found)} part file(s) missing or not as committed (snapshot {result['snapshot']}): "
-             f"{'; '.join(found[:3])}{more}", EXIT_CORRUPT)
+        fail(
+            f"{len(found)} part file(s) missing or not as committed (snapshot {result['snapshot']}): "
+            f"{'; '.join(found[:3])}{more}",
+            EXIT_CORRUPT,
+        )
 
 
 @cli.command(short_help="Copy a table's definition and parts at a CSN into a directory.")
@@ -1470,15 +1616,22 @@ def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool,
     if as_json:
         echo_json({k: v for k, v in manifest.items() if k != "parts"} | {"parts": len(manifest["parts"])})
         return
-    console().print(f"backed up {escape(table_name)} at CSN {manifest['csn']}: {len(manifest['parts'])} parts, "
-                    f"{manifest['rows']} rows, {manifest['bytes']} bytes to {escape(redact(directory))}")
+    console().print(
+        f"backed up {escape(table_name)} at CSN {manifest['csn']}: {len(manifest['parts'])} parts, "
+        f"{manifest['rows']} rows, {manifest['bytes']} bytes to {escape(redact(directory))}"
+    )
 
 
 @cli.command(short_help="Restore a backup as one transaction (under a new name or in place).")
 @click.argument("directory", metavar="DIR")
-@click.option("--as", "as_name", default=None, metavar="NAME",
-              help="Restore into a new table of this name (default: the backed-up table: replaced in "
-              "place if it exists, created if not).")
+@click.option(
+    "--as",
+    "as_name",
+    default=None,
+    metavar="NAME",
+    help="Restore into a new table of this name (default: the backed-up table: replaced in "
+    "place if it exists, created if not).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
 def restore(directory: str, as_name: str | None, as_json: bool, replica: str) -> None:
@@ -1494,16 +1647,29 @@ def restore(directory: str, as_name: str | None, as_json: bool, replica: str) ->
         echo_json(result)
         return
     how = "into new table" if result["created"] else "in place into"
-    console().print(f"restored {result['rows']} rows {how} {escape(result['table'])} as of backup CSN "
-                    f"{result['from_csn']}; committed at CSN {result['csn']}")
+    console().print(
+        f"restored {result['rows']} rows {how} {escape(result['table'])} as of backup CSN "
+        f"{result['from_csn']}; committed at CSN {result['csn']}"
+    )
 
 
 @cli.command(short_help="A table's commits: kind, rows, who; aborts and why.")
 @click.argument("table_name", metavar="TABLE")
-@click.option("--limit", type=click.IntRange(min=1, max=10_000), default=50, show_default=True,
-              help="The most recent entries to print.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="json: one object per line.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1, max=10_000),
+    default=50,
+    show_default=True,
+    help="The most recent entries to print.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="json: one object per line.",
+)
 @replica_option
 def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
     """TABLE's history, oldest first: each commit's CSN, time, kind, rows of the parts it added
@@ -1518,7 +1684,9 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
             echo_json(e)
         return
     out = console()
-    out.print(rows_table(entries, ["csn", "time", "kind", "rows_added", "rows_removed", "tid", "host", "user", "reason"]))
+    out.print(
+        rows_table(entries, ["csn", "time", "kind", "rows_added", "rows_removed", "tid", "host", "user", "reason"])
+    )
     out.print(f"{len(entries)} entries of {escape(table_name)}'s history (--limit {limit})")
 
 
@@ -1526,16 +1694,28 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
 @click.argument("table_name", metavar="TABLE")
 @click.option("--from", "start", type=click.IntRange(min=0), required=True, help="After this CSN.")
 @click.option("--to", "end", type=click.IntRange(min=0), default=None, help="Up to this CSN (default: the latest).")
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Write the rows to this file (format from --format, else from its extension).")
-@click.option("--format", "fmt", type=click.Choice(READ_FORMATS), default=None,
-              help="table: the first --limit rows (the default without --output); csv, json or parquet: "
-              "every row, to --output or stdout.")
-@click.option("--limit", type=click.IntRange(min=0), default=50, show_default=True,
-              help="Rows to print (--format table only).")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the rows to this file (format from --format, else from its extension).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(READ_FORMATS),
+    default=None,
+    help="table: the first --limit rows (the default without --output); csv, json or parquet: "
+    "every row, to --output or stdout.",
+)
+@click.option(
+    "--limit", type=click.IntRange(min=0), default=50, show_default=True, help="Rows to print (--format table only)."
+)
 @replica_option
-def changes(table_name: str, start: int, end: int | None, output: Path | None, fmt: str | None, limit: int,
-            replica: str) -> None:
+def changes(
+    table_name: str, start: int, end: int | None, output: Path | None, fmt: str | None, limit: int, replica: str
+) -> None:
     """The rows added (_change insert) and removed (_change delete) by TABLE's commits whose CSN
     is in (--from, --to], with the _csn of each: client.changes by id."""
     if fmt is None:
@@ -1570,25 +1750,62 @@ def snapshot(as_json: bool, replica: str) -> None:
 
 
 @cli.command(short_help="Check the cluster's health (exit code 1 when unhealthy).")
-@click.option("--replica", envvar=ENV_REPLICA, default=None, metavar="HOST:PORT",
-              help=f"Ask this replica where ZooKeeper is (default: ${ENV_REPLICA}).")
-@click.option("--zk", "zk_hosts", default=None, metavar="HOSTS",
-              help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.")
+@click.option(
+    "--replica",
+    envvar=ENV_REPLICA,
+    default=None,
+    metavar="HOST:PORT",
+    help=f"Ask this replica where ZooKeeper is (default: ${ENV_REPLICA}).",
+)
+@click.option(
+    "--zk",
+    "zk_hosts",
+    default=None,
+    metavar="HOSTS",
+    help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.",
+)
 @click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
-@click.option("--max-lag-seconds", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="A replica behind the log's end for longer is unhealthy.")
-@click.option("--ignore-host", "ignore", multiple=True, metavar="HOST_ID",
-              help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.")
+@click.option(
+    "--max-lag-seconds",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="A replica behind the log's end for longer is unhealthy.",
+)
+@click.option(
+    "--ignore-host",
+    "ignore",
+    multiple=True,
+    metavar="HOST_ID",
+    help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as one JSON object.")
-@click.option("--credentials", envvar="MERGETXN_CREDENTIALS", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, metavar="FILE",
-              help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): for its "
-                   "replicas and its ZooKeeper nodes.")
-@click.option("--no-storage-check", "no_storage", is_flag=True,
-              help="Skip the check that every part file a read may need is in storage (presence and size).")
+@click.option(
+    "--credentials",
+    envvar="MERGETXN_CREDENTIALS",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="A secured cluster's credentials file (default: $MERGETXN_CREDENTIALS): for its "
+    "replicas and its ZooKeeper nodes.",
+)
+@click.option(
+    "--no-storage-check",
+    "no_storage",
+    is_flag=True,
+    help="Skip the check that every part file a read may need is in storage (presence and size).",
+)
 @timeout_option
-def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds: float,
-           ignore: tuple[str, ...], as_json: bool, credentials: Path | None, no_storage: bool) -> None:
+def status(
+    replica: str | None,
+    zk_hosts: str | None,
+    root: str,
+    max_lag_seconds: float,
+    ignore: tuple[str, ...],
+    as_json: bool,
+    credentials: Path | None,
+    no_storage: bool,
+) -> None:
     """Show the cluster: ZooKeeper's members and their mode; every replica's applied CSN, lag
     behind the log's end (entries and seconds), running transactions and oldest snapshot in use
     (and who holds it); the log's and checkpoints' size; the last cleanup pass.
@@ -1609,8 +1826,17 @@ def status(replica: str | None, zk_hosts: str | None, root: str, max_lag_seconds
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is reported once, below
         kazoo_log.setLevel(logging.CRITICAL)
     with working("gathering the cluster's status"):
-        report = gather(replica, zk_hosts, root, call_timeout(), max_lag_seconds, ignore, connect=connected,
-                        credentials=creds, storage=not no_storage)
+        report = gather(
+            replica,
+            zk_hosts,
+            root,
+            call_timeout(),
+            max_lag_seconds,
+            ignore,
+            connect=connected,
+            credentials=creds,
+            storage=not no_storage,
+        )
     if as_json:
         echo_json(report)
     else:
@@ -1644,42 +1870,66 @@ def print_status(report: dict) -> None:
     out = console()
     zk = report["zookeeper"]
     if zk["members"]:
-        out.print(rows_table([{**m, "mode": m["mode"] or "DOWN"} for m in zk["members"]],
-                             ["address", "mode", "zxid", "nodes", "connections"],
-                             title=f"ZooKeeper {escape(str(zk['hosts']))}"))
+        out.print(
+            rows_table(
+                [{**m, "mode": m["mode"] or "DOWN"} for m in zk["members"]],
+                ["address", "mode", "zxid", "nodes", "connections"],
+                title=f"ZooKeeper {escape(str(zk['hosts']))}",
+            )
+        )
     rows = []
     for r in report["replicas"].values():
         row = {"replica": r["host_id"], "address": r.get("address") or "", "state": r["state"]}
         if r["state"] == "ok":
             oldest = r["oldest_snapshot"]
-            row.update(applied=r["applied_csn"], lag=f"{r['lag_entries']} / {r['lag_seconds']:.1f}s",
-                       running=r["running_transactions"], oldest=f"{oldest['snapshot']} ({oldest['holder']})",
-                       wal=_bytes(r["wal_bytes"]), metrics=r.get("metrics_address") or "",
-                       cleanup=_ago(r["cleanup"].get("last_at")))
+            row.update(
+                applied=r["applied_csn"],
+                lag=f"{r['lag_entries']} / {r['lag_seconds']:.1f}s",
+                running=r["running_transactions"],
+                oldest=f"{oldest['snapshot']} ({oldest['holder']})",
+                wal=_bytes(r["wal_bytes"]),
+                metrics=r.get("metrics_address") or "",
+                cleanup=_ago(r["cleanup"].get("last_at")),
+            )
         if r.get("ignored"):
             row["state"] += " (ignored)"
         rows.append(row)
-    out.print(rows_table(rows, ["replica", "address", "state", "applied", "lag", "running", "oldest", "wal",
-                                "cleanup", "metrics"], title="replicas (lag: entries / seconds)"))
+    out.print(
+        rows_table(
+            rows,
+            ["replica", "address", "state", "applied", "lag", "running", "oldest", "wal", "cleanup", "metrics"],
+            title="replicas (lag: entries / seconds)",
+        )
+    )
     lg = report.get("log")
     if lg:
         ck = lg.get("checkpoint")
         checkpoint = f"checkpoint at CSN {ck['csn']} ({_ago(ck.get('time'))})" if ck else "no checkpoint yet"
-        out.print(f"log: end CSN {lg['end_csn']}, {lg['entries']} entries in {lg['epochs']} epoch(s) in ZooKeeper; "
-                  f"snapshots below {lg['retained']} trimmed; {checkpoint}; cleanup watermark "
-                  f"{lg.get('cleanup_watermark')}")
+        out.print(
+            f"log: end CSN {lg['end_csn']}, {lg['entries']} entries in {lg['epochs']} epoch(s) in ZooKeeper; "
+            f"snapshots below {lg['retained']} trimmed; {checkpoint}; cleanup watermark "
+            f"{lg.get('cleanup_watermark')}"
+        )
     oldest = report.get("oldest_snapshot")
     if oldest:
-        out.print(f"oldest snapshot in use: {oldest['snapshot']}, held by {escape(str(oldest['holder']))} on "
-                  f"{escape(oldest['host'])}; running transactions: {report['running_transactions']}")
+        out.print(
+            f"oldest snapshot in use: {oldest['snapshot']}, held by {escape(str(oldest['holder']))} on "
+            f"{escape(oldest['host'])}; running transactions: {report['running_transactions']}"
+        )
     for kind, what in (("long_running", "long-running"), ("orphaned", "orphaned")):
         for t in (report.get("transactions") or {}).get(kind, ()):
-            out.print(f"{what} transaction {escape(t['id'])} on {escape(t['host'])}: {t['age_seconds']:.0f}s old, "
-                      f"held by {escape(_holder(t))}", soft_wrap=True)
+            out.print(
+                f"{what} transaction {escape(t['id'])} on {escape(t['host'])}: {t['age_seconds']:.0f}s old, "
+                f"held by {escape(_holder(t))}",
+                soft_wrap=True,
+            )
     last = report.get("last_cleanup")
     if last:
-        result = f"failed: {last['last_error']}" if last.get("last_error") else (
-            f"removed {(last.get('last') or {}).get('removed', 0)} files")
+        result = (
+            f"failed: {last['last_error']}"
+            if last.get("last_error")
+            else (f"removed {(last.get('last') or {}).get('removed', 0)} files")
+        )
         out.print(f"last cleanup: on {escape(last['host'])} {_ago(last['last_at'])}, {escape(result)}")
     for p in report["problems"]:
         out.print(f"problem: {escape(p)}", style="bold red", soft_wrap=True)
@@ -1708,10 +1958,7 @@ def txn_list(as_json: bool, replica: str) -> None:
         for t in txns:
             echo_json(t)
         return
-    rows = [
-        {**t, "age": f"{t.get('age_seconds', 0):.1f}s", "tables": ",".join(t.get("tables") or ())}
-        for t in txns
-    ]
+    rows = [{**t, "age": f"{t.get('age_seconds', 0):.1f}s", "tables": ",".join(t.get("tables") or ())} for t in txns]
     out = console()
     if not rows:
         out.print("no running transactions")
@@ -1733,9 +1980,7 @@ def txn_kill(txn_id: str, as_json: bool, replica: str) -> None:
         return
     state = result.get("state", "?") if isinstance(result, dict) else "?"
     reason = result.get("reason", "") if isinstance(result, dict) else ""
-    console().print(
-        f"transaction {escape(txn_id)}: {state}" + (f" ({escape(reason)})" if reason else "")
-    )
+    console().print(f"transaction {escape(txn_id)}: {state}" + (f" ({escape(reason)})" if reason else ""))
 
 
 # -- quickstart --------------------------------------------------------------------------------
@@ -1763,62 +2008,151 @@ def quickstart(workdir: Path | None, keep: bool) -> None:
 
 
 @cli.command(short_help="Run workloads under injected faults and check the history.")
-@click.option("--seconds", type=click.FloatRange(min=1), default=60.0, show_default=True,
-              help="How long the workloads and the nemesis run at most (setup and checking come on top).")
-@click.option("--faults", "max_faults", type=click.IntRange(min=1), default=None, metavar="N",
-              help="Stop injecting after N faults: the run ends once they are healed and measured, or at "
-                   "--seconds; fewer than N by then fails the run (exit code 1). For a CI campaign of a "
-                   "known size, e.g. --faults 200 --seconds 300.")
-@click.option("--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed).")
-@click.option("--workload", type=click.Choice(["list-append", "bank", "keys", "spark", "all"]), default="all",
-              show_default=True,
-              help="'all' is list-append, bank and keys; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
-                   "driver transaction, reads) through the data source on a Spark standalone cluster (a master "
-                   "and a worker per other host, executors on other hosts than the driver).")
-@click.option("--spark", is_flag=True,
-              help="Add the Spark workload to the others. Spark is heavy (a master, two workers, two "
-                   "executors and the driver: six JVMs more, about 40 s to start): on a small machine it "
-                   "slows every other client, so it is left out unless asked for.")
-@click.option("--nemesis", default="all", show_default=True, metavar="KINDS",
-              help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
-                   "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
-                   "s3-errors, s3-timeouts with --storage s3; kill-executor: a Spark executor SIGKILLed mid-task, "
-                   "with the Spark workload only), 'all' (every kind this form and workload support) or 'none'.")
-@click.option("--lanes", type=click.IntRange(min=1), default=None,
-              help="Faults the nemesis may have under way at once (each lane waits for the recovery of its "
-                   "last one). Default 3, or 1 with the Spark workload, whose jobs take tens of seconds on a "
-                   "small machine and with three lanes nearly all meet a killed or cut replica.")
-@click.option("--pause", type=click.FloatRange(min=0, max=3600), default=None, metavar="SECONDS",
-              help="A lane waits a random time up to this long between two faults. Default 0.3, or 10 with "
-                   "the Spark workload (same reason).")
-@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("chaos-report"), show_default=True,
-              help="Directory for history.jsonl, findings.json, summary.json and timeline.html.")
-@click.option("--clients-per-replica", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Clients per replica and workload.")
-@click.option("--form", type=click.Choice(["auto", "namespaces", "loopback", "single"]), default="auto",
-              show_default=True, help="Simulated hosts in network namespaces (needs root), on loopback, "
-                                      "or a single host (one ZooKeeper, replica signal faults only).")
-@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).")
-@click.option("--storage", type=click.Choice(["dir", "s3"]), default="dir", show_default=True,
-              help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
-                   "(behind a fault proxy: the s3-errors and s3-timeouts faults).")
-@click.option("--hostile/--no-hostile", default=True, show_default=True,
-              help="Run the hostile-client lane beside the workloads: junk frames, idle connections and forged "
-                   "parts sent to random replicas (a forged part accepted, or a part file lost, is a finding).")
-@click.option("--secure/--no-secure", default=False, show_default=True,
-              help="A secured cluster: TLS to the replicas and a TLS-only ZooKeeper ensemble under the replicas' "
-                   "identity, every client logged in as the admin; the hostile lane also makes calls a reader's "
-                   "and a writer's grants deny (each must be refused and change nothing). Not with --spark.")
-@click.option("--cleanup", "cleanup_only", is_flag=True,
-              help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.")
-@click.option("--check-history", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Check a saved history.jsonl and write its report, without running anything.")
-def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: str, spark: bool, nemesis: str,
-          lanes: int | None, pause: float | None, report_dir: Path, clients_per_replica: int, form: str,
-          workdir: Path | None, cleanup_only: bool, check_history: Path | None, storage: str,
-          hostile: bool, secure: bool) -> None:
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=1),
+    default=60.0,
+    show_default=True,
+    help="How long the workloads and the nemesis run at most (setup and checking come on top).",
+)
+@click.option(
+    "--faults",
+    "max_faults",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="N",
+    help="Stop injecting after N faults: the run ends once they are healed and measured, or at "
+    "--seconds; fewer than N by then fails the run (exit code 1). For a CI campaign of a "
+    "known size, e.g. --faults 200 --seconds 300.",
+)
+@click.option(
+    "--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed)."
+)
+@click.option(
+    "--workload",
+    type=click.Choice(["list-append", "bank", "keys", "spark", "all"]),
+    default="all",
+    show_default=True,
+    help="'all' is list-append, bank and keys; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
+    "driver transaction, reads) through the data source on a Spark standalone cluster (a master "
+    "and a worker per other host, executors on other hosts than the driver).",
+)
+@click.option(
+    "--spark",
+    is_flag=True,
+    help="Add the Spark workload to the others. Spark is heavy (a master, two workers, two "
+    "executors and the driver: six JVMs more, about 40 s to start): on a small machine it "
+    "slows every other client, so it is left out unless asked for.",
+)
+@click.option(
+    "--nemesis",
+    default="all",
+    show_default=True,
+    metavar="KINDS",
+    help="Fault kinds, comma separated (kill-replica, pause-replica, kill-zk, kill-zk-leader, isolate, "
+    "partition-majority, cut-from-zk, bridge, slow, expire-session, wal-full, kill-client; "
+    "s3-errors, s3-timeouts with --storage s3; kill-executor: a Spark executor SIGKILLed mid-task, "
+    "with the Spark workload only), 'all' (every kind this form and workload support) or 'none'.",
+)
+@click.option(
+    "--lanes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Faults the nemesis may have under way at once (each lane waits for the recovery of its "
+    "last one). Default 3, or 1 with the Spark workload, whose jobs take tens of seconds on a "
+    "small machine and with three lanes nearly all meet a killed or cut replica.",
+)
+@click.option(
+    "--pause",
+    type=click.FloatRange(min=0, max=3600),
+    default=None,
+    metavar="SECONDS",
+    help="A lane waits a random time up to this long between two faults. Default 0.3, or 10 with "
+    "the Spark workload (same reason).",
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("chaos-report"),
+    show_default=True,
+    help="Directory for history.jsonl, findings.json, summary.json and timeline.html.",
+)
+@click.option(
+    "--clients-per-replica",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Clients per replica and workload.",
+)
+@click.option(
+    "--form",
+    type=click.Choice(["auto", "namespaces", "loopback", "single"]),
+    default="auto",
+    show_default=True,
+    help="Simulated hosts in network namespaces (needs root), on loopback, "
+    "or a single host (one ZooKeeper, replica signal faults only).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).",
+)
+@click.option(
+    "--storage",
+    type=click.Choice(["dir", "s3"]),
+    default="dir",
+    show_default=True,
+    help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
+    "(behind a fault proxy: the s3-errors and s3-timeouts faults).",
+)
+@click.option(
+    "--hostile/--no-hostile",
+    default=True,
+    show_default=True,
+    help="Run the hostile-client lane beside the workloads: junk frames, idle connections and forged "
+    "parts sent to random replicas (a forged part accepted, or a part file lost, is a finding).",
+)
+@click.option(
+    "--secure/--no-secure",
+    default=False,
+    show_default=True,
+    help="A secured cluster: TLS to the replicas and a TLS-only ZooKeeper ensemble under the replicas' "
+    "identity, every client logged in as the admin; the hostile lane also makes calls a reader's "
+    "and a writer's grants deny (each must be refused and change nothing). Not with --spark.",
+)
+@click.option(
+    "--cleanup",
+    "cleanup_only",
+    is_flag=True,
+    help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.",
+)
+@click.option(
+    "--check-history",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Check a saved history.jsonl and write its report, without running anything.",
+)
+def chaos(
+    seconds: float,
+    max_faults: int | None,
+    seed: int | None,
+    workload: str,
+    spark: bool,
+    nemesis: str,
+    lanes: int | None,
+    pause: float | None,
+    report_dir: Path,
+    clients_per_replica: int,
+    form: str,
+    workdir: Path | None,
+    cleanup_only: bool,
+    check_history: Path | None,
+    storage: str,
+    hostile: bool,
+    secure: bool,
+) -> None:
     """Start a cluster, run transactions on every replica while a nemesis kills, pauses, cuts
     and slows its processes, heal, resolve every unknown outcome, read every replica at one CSN,
     and check the history for isolation anomalies, lost commits, divergent replicas and
@@ -1850,10 +2184,24 @@ def chaos(seconds: float, max_faults: int | None, seed: int | None, workload: st
 
         previous = signal.signal(signal.SIGTERM, interrupt)
         try:
-            result = run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form,
-                               say=lambda text: out.print(escape(text), style="dim"), spark=spark,
-                               max_faults=max_faults, lanes=lanes, pause=pause, storage=storage, hostile=hostile,
-                               secure=secure)
+            result = run_chaos(
+                workdir,
+                seconds,
+                seed,
+                workload,
+                nemesis,
+                report_dir,
+                clients_per_replica,
+                form,
+                say=lambda text: out.print(escape(text), style="dim"),
+                spark=spark,
+                max_faults=max_faults,
+                lanes=lanes,
+                pause=pause,
+                storage=storage,
+                hostile=hostile,
+                secure=secure,
+            )
         except KeyboardInterrupt:
             print_error("interrupted; the cluster was stopped")
             raise SystemExit(130) from None
@@ -1876,10 +2224,21 @@ def security() -> None:
 
 @security.command("init")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"), show_default=True,
-              metavar="HOST", help="An IP address or DNS name clients reach replicas at (repeat for each).")
-@click.option("--user", default="mergetxn", show_default=True,
-              help="The replicas' identity (their ZooKeeper digest user; no user logs in with it).")
+@click.option(
+    "--host",
+    "hosts",
+    multiple=True,
+    default=("127.0.0.1", "localhost"),
+    show_default=True,
+    metavar="HOST",
+    help="An IP address or DNS name clients reach replicas at (repeat for each).",
+)
+@click.option(
+    "--user",
+    default="mergetxn",
+    show_default=True,
+    help="The replicas' identity (their ZooKeeper digest user; no user logs in with it).",
+)
 @click.option("--admin", default="admin", show_default=True, help="The first admin user's name.")
 def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str) -> None:
     """Make a private CA, one replica certificate for every --host, the replicas' identity and
@@ -1903,14 +2262,28 @@ def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str
 
 @security.command("add-user")
 @click.argument("name")
-@click.option("--role", type=click.Choice(["admin", "writer", "reader"]), required=True,
-              help="admin: everything; writer: reads and writes of its tables; reader: reads of its tables.")
-@click.option("--table", "tables", multiple=True, metavar="TABLE",
-              help="A table the user has grants on (repeat for each; default: every table, later ones too).")
-@click.option("--out", "out_file", default=None, metavar="FILE|-",
-              help="Where to write the user's credentials file (default: NAME.json beside the CA file of "
-                   "--credentials; never overwritten). '-': print it on stdout instead (to pipe into a "
-                   "secret store; the only time a secret is printed).")
+@click.option(
+    "--role",
+    type=click.Choice(["admin", "writer", "reader"]),
+    required=True,
+    help="admin: everything; writer: reads and writes of its tables; reader: reads of its tables.",
+)
+@click.option(
+    "--table",
+    "tables",
+    multiple=True,
+    metavar="TABLE",
+    help="A table the user has grants on (repeat for each; default: every table, later ones too).",
+)
+@click.option(
+    "--out",
+    "out_file",
+    default=None,
+    metavar="FILE|-",
+    help="Where to write the user's credentials file (default: NAME.json beside the CA file of "
+    "--credentials; never overwritten). '-': print it on stdout instead (to pipe into a "
+    "secret store; the only time a secret is printed).",
+)
 @replica_option
 def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: str | None, replica: str) -> None:
     """Add user NAME (as an admin: --credentials) and write its credentials file (mode 0600:
@@ -1920,15 +2293,28 @@ def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: s
         if client.credentials is None:
             fail("security add-user: give an admin's credentials (--credentials or MERGETXN_CREDENTIALS)")
         ca = client.credentials.ca_file
-        path = None if out_file == "-" else Path(out_file) if out_file else \
-            (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
+        path = (
+            None
+            if out_file == "-"
+            else Path(out_file)
+            if out_file
+            else (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
+        )
         if path is not None and path.exists():
             fail(f"{path} exists: remove it or give --out")
         creds = client.create_user(name, role, list(tables) or None)
     grants = ", ".join(tables) if tables else "every table"
     if path is None:
-        click.echo(json.dumps({"user": creds.user, "secret": creds.secret,
-                               **({"ca_file": str(creds.ca_file.resolve())} if creds.ca_file else {})}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "user": creds.user,
+                    "secret": creds.secret,
+                    **({"ca_file": str(creds.ca_file.resolve())} if creds.ca_file else {}),
+                },
+                indent=2,
+            )
+        )
         console(stderr=True).print(f"user {name!r} ({role}, tables: {grants}) added", soft_wrap=True)
         return
     creds.to_file(path)
@@ -1957,7 +2343,9 @@ def security_users(as_json: bool, replica: str) -> None:
         return
     table = Table("name", "role", "tables")
     for u in users:
-        table.add_row(escape(u["name"]), u["role"], "every table" if u["tables"] is None else escape(", ".join(u["tables"])))
+        table.add_row(
+            escape(u["name"]), u["role"], "every table" if u["tables"] is None else escape(", ".join(u["tables"]))
+        )
     console().print(table)
 
 

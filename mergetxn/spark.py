@@ -11,8 +11,12 @@ if TYPE_CHECKING:
     from spark.native import read_table, write_table
     from spark.streaming import write_stream
 
-_LAZY = {"register": "spark", "read_table": "spark.native", "write_table": "spark.native",
-         "write_stream": "spark.streaming"}
+_LAZY = {
+    "register": "spark",
+    "read_table": "spark.native",
+    "write_table": "spark.native",
+    "write_stream": "spark.streaming",
+}
 
 __all__ = ["read_table", "register", "write_stream", "write_table"]
 

@@ -126,12 +126,17 @@ class AsyncCommits:
                         raise ReplicaUnavailable(
                             f"flush: {len(waiting & s.pending)} async commit(s) of this client were still being "
                             f"committed after {timeout:g}s (ZooKeeper away?); flush again, or ask commit_status",
-                            pending=sorted(waiting & s.pending)[:10])
+                            pending=sorted(waiting & s.pending)[:10],
+                        )
                     self._cond.wait(left)
             finally:
                 self.flushing -= 1
-            return {"csn": s.last_csn, "accepted": s.accepted, "complete": s.complete,
-                    "failed": [{"id": tid, **err} for tid, err in s.failed.items()]}
+            return {
+                "csn": s.last_csn,
+                "accepted": s.accepted,
+                "complete": s.complete,
+                "failed": [{"id": tid, **err} for tid, err in s.failed.items()],
+            }
 
     def drain(self, timeout: float) -> bool:
         """Wait (at most ``timeout``) until no async commit is pending: a replica stopping
@@ -147,9 +152,13 @@ class AsyncCommits:
 
     def describe(self) -> dict:
         with self._cond:
-            return {"accepted": self.accepted, "failed": self.failed, "sessions": len(self._sessions),
-                    "flushing": self.flushing,
-                    "pending": sum(len(s.pending) for s in self._sessions.values())}
+            return {
+                "accepted": self.accepted,
+                "failed": self.failed,
+                "sessions": len(self._sessions),
+                "flushing": self.flushing,
+                "pending": sum(len(s.pending) for s in self._sessions.values()),
+            }
 
 
 def _error(exc: Exception) -> dict:

@@ -84,8 +84,13 @@ def encode(payload: dict) -> bytes:
     """``MAGIC`` + one JSON header line (format, CSN, sizes, CRC of the body) + zstd(JSON)."""
     raw = json.dumps(payload, separators=(",", ":")).encode()
     body = pa.compress(raw, codec="zstd", asbytes=True)
-    header = {"format": FORMAT, "csn": int(payload["applied"]), "raw_size": len(raw),
-              "size": len(body), "crc32": zlib.crc32(body)}
+    header = {
+        "format": FORMAT,
+        "csn": int(payload["applied"]),
+        "raw_size": len(raw),
+        "size": len(body),
+        "crc32": zlib.crc32(body),
+    }
     return MAGIC + json.dumps(header, separators=(",", ":")).encode() + b"\n" + body
 
 
@@ -95,10 +100,10 @@ def decode(data: bytes, where: str) -> dict:
         raise CorruptMetadata(f"checkpoint {where} is not a mergetxn checkpoint")
     end = data.find(b"\n", len(MAGIC))
     try:
-        header = json.loads(data[len(MAGIC):end])
+        header = json.loads(data[len(MAGIC) : end])
         if header.get("format") != FORMAT:
             raise ValueError(f"format {header.get('format')!r}, want {FORMAT}")
-        body = memoryview(data)[end + 1:]
+        body = memoryview(data)[end + 1 :]
         if len(body) != int(header["size"]) or zlib.crc32(body) != int(header["crc32"]):
             raise ValueError("size or CRC mismatch (torn or altered)")
         raw = pa.decompress(body, decompressed_size=int(header["raw_size"]), codec="zstd", asbytes=True)
@@ -144,8 +149,6 @@ def read_local(path: Path) -> dict | None:
     except CorruptMetadata as exc:
         log.error("%s; ignoring it", exc)
         return None
-
-
 
 
 def _write_tail(zk: Any, path: str, tail: dict, version: int) -> None:
@@ -384,8 +387,9 @@ class LogTail:
             except (OSError, CorruptMetadata) as exc:
                 newer, _ = self.log.read_tail()
                 if newer is None or newer.get("path") == path:
-                    raise CorruptMetadata(f"checkpoint {path} named by {self.log.tail_path()} cannot be "
-                                          f"read: {exc}") from exc
+                    raise CorruptMetadata(
+                        f"checkpoint {path} named by {self.log.tail_path()} cannot be read: {exc}"
+                    ) from exc
                 named.append(newer)
                 raise _Replaced(f"checkpoints kept being replaced while loading {newer.get('path')}") from exc
 

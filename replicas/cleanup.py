@@ -104,15 +104,32 @@ def _age(seconds: float) -> str:
 class Cleanup:
     """Cleanup passes and the retention watermark of one replica (``replica.cleanup``)."""
 
-    def __init__(self, state: ReplicaState, config: ReplicaConfig, storage: Storage, zk: KazooClient, log: CsnLog,
-                 host_id: str, node: Watermark, fence: OrphanFence, retention: Retention, transactions: Transactions,
-                 alive_record: Callable[[], AliveRecord], catch_up: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        config: ReplicaConfig,
+        storage: Storage,
+        zk: KazooClient,
+        log: CsnLog,
+        host_id: str,
+        node: Watermark,
+        fence: OrphanFence,
+        retention: Retention,
+        transactions: Transactions,
+        alive_record: Callable[[], AliveRecord],
+        catch_up: Callable[[], None],
+    ) -> None:
         """``node``: the ``gc`` watermark node this replica raises (shared with ``retention``);
         ``alive_record``: what this replica would publish now; ``catch_up``: apply the log to
         its end."""
         self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
         self.host_id, self.node, self.fence, self.retention, self.transactions = (
-            host_id, node, fence, retention, transactions)
+            host_id,
+            node,
+            fence,
+            retention,
+            transactions,
+        )
         self.alive_record, self.catch_up = alive_record, catch_up
         self._last_gc = time.monotonic()
         self._last_orphans = time.monotonic()
@@ -157,8 +174,9 @@ class Cleanup:
             orphans = now - self._last_orphans >= max(c.gc_interval, max(c.gc_grace_seconds, MIN_GRACE) / 2)
             self.gc(orphans=orphans, wait=False, detail=False)
 
-    def gc(self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True,
-           detail: bool = True) -> dict | None:
+    def gc(
+        self, grace_seconds: float | None = None, orphans: bool = True, wait: bool = True, detail: bool = True
+    ) -> dict | None:
         """One cleanup pass; None when ``wait`` is False and another replica holds the lock.
         ``young_orphans`` counts the unreferenced files younger than the grace period; without
         ``detail`` (background passes) they are not listed one by one in ``kept``."""
@@ -183,9 +201,14 @@ class Cleanup:
         self.passes += 1
         self.files_removed += len(report["removed"])
         self.last_gc_report, self.last_gc_at, self.last_gc_error = report, time.time(), None
-        log.info("cleanup pass: removed %d files, kept %d, young orphans %s, watermark CSN %s, %.2fs",
-                 len(report["removed"]), len(report.get("kept", ())),
-                 report.get("young_orphans"), report.get("watermark"), report.get("seconds") or 0.0)
+        log.info(
+            "cleanup pass: removed %d files, kept %d, young orphans %s, watermark CSN %s, %.2fs",
+            len(report["removed"]),
+            len(report.get("kept", ())),
+            report.get("young_orphans"),
+            report.get("watermark"),
+            report.get("seconds") or 0.0,
+        )
         return report
 
     def alive(self) -> dict[str, AliveRecord]:
@@ -207,8 +230,9 @@ class Cleanup:
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
         with self.state.lock:
-            candidates = [r for r in self.state.parts.values()
-                          if r.removal_csn is not None and r.removal_csn > self.collected]
+            candidates = [
+                r for r in self.state.parts.values() if r.removal_csn is not None and r.removal_csn > self.collected
+            ]
             tables = sorted({r.meta.table for r in candidates if r.removal_csn <= min_snapshot})
         windows = {t: self.retention.table_seconds(t, min_snapshot) for t in tables}
         marks = self.node.raise_to(min_snapshot, horizons={t: started - w for t, w in windows.items()})
@@ -217,8 +241,12 @@ class Cleanup:
         window_kept = 0
         lowest_kept: int | None = None  # the lowest removal CSN of a part still in storage
         for rec in sorted(candidates, key=lambda r: (r.removal_csn, r.meta.name)):
-            entry = {"path": rec.meta.path, "part": rec.meta.name, "table": rec.meta.table,
-                     "removal_csn": rec.removal_csn}
+            entry = {
+                "path": rec.meta.path,
+                "part": rec.meta.name,
+                "table": rec.meta.table,
+                "removal_csn": rec.removal_csn,
+            }
             if not marks.may_be_gone(rec.meta.table, rec.removal_csn, rec.removal_time):
                 if lowest_kept is None:
                     lowest_kept = rec.removal_csn
@@ -240,10 +268,14 @@ class Cleanup:
                 continue
             if present:
                 window = windows.get(rec.meta.table)
-                removed.append({**entry, "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
-                                                   f"no snapshot in use can see it (oldest in use: {min_snapshot})"
-                                                   + ("" if window is None else
-                                                      f" and its table's retention window ({window:g}s) has passed")})
+                removed.append(
+                    {
+                        **entry,
+                        "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
+                        f"no snapshot in use can see it (oldest in use: {min_snapshot})"
+                        + ("" if window is None else f" and its table's retention window ({window:g}s) has passed"),
+                    }
+                )
         collected = marks.watermark if lowest_kept is None else min(marks.watermark, lowest_kept - 1)
         if collected > marks.collected:
             # Tables with a removed part still in storage above it keep their horizon; for the
@@ -296,9 +328,11 @@ class Cleanup:
     def _window_reason(rec: Any, window: float | None) -> str:
         removed_at = rec.removal_time or 0.0
         until = datetime.fromtimestamp(removed_at + (window or 0.0), UTC).isoformat()
-        return (f"kept for the retention window of table {rec.meta.table!r} (retention_seconds={window:g}): "
-                f"removed at CSN {rec.removal_csn} at {datetime.fromtimestamp(removed_at, UTC).isoformat()}, "
-                f"kept until {until}")
+        return (
+            f"kept for the retention window of table {rec.meta.table!r} (retention_seconds={window:g}): "
+            f"removed at CSN {rec.removal_csn} at {datetime.fromtimestamp(removed_at, UTC).isoformat()}, "
+            f"kept until {until}"
+        )
 
     def _kept_reason(self, rec: Any, holders: list[tuple[int, str, str]], min_snapshot: int) -> str:
         for s, host, holder in holders:
@@ -310,14 +344,19 @@ class Cleanup:
             # transaction's commit-time key check reads (replicas/keylocks.py), compacted or not.
             for s, host, holder in holders:
                 if s < rec.creation_csn and holder not in _NOT_TRANSACTIONS:
-                    return (f"written at CSN {rec.creation_csn}, after the snapshot of "
-                            f"{self._holder_text(host, holder, s)}, whose key check at commit reads it")
+                    return (
+                        f"written at CSN {rec.creation_csn}, after the snapshot of "
+                        f"{self._holder_text(host, holder, s)}, whose key check at commit reads it"
+                    )
         s, host, holder = holders[0] if holders else (min_snapshot, "?", "replica snapshot")
-        return (f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
-                f"({self._holder_text(host, holder, s)})")
+        return (
+            f"awaiting gc: removed at CSN {rec.removal_csn}, after the oldest snapshot in use "
+            f"({self._holder_text(host, holder, s)})"
+        )
 
-    def _collect_orphans(self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict],
-                         detail: bool = True) -> int:
+    def _collect_orphans(
+        self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict], detail: bool = True
+    ) -> int:
         """Delete the part files no commit references once they are older than the grace period.
 
         Returns how many unreferenced files are younger than the grace period; with ``detail``
@@ -360,10 +399,14 @@ class Cleanup:
                 if committed is not None:
                     why = f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
                 else:
-                    maybe_running = tid is not None and (tid_s in running or (
-                        tid.host_id in overflow_hosts
-                        # a restarted replica's earlier incarnations have no running transactions
-                        and tid.local_counter // COUNTER_STRIDE >= incarnations.get(tid.host_id, 0)))
+                    maybe_running = tid is not None and (
+                        tid_s in running
+                        or (
+                            tid.host_id in overflow_hosts
+                            # a restarted replica's earlier incarnations have no running transactions
+                            and tid.local_counter // COUNTER_STRIDE >= incarnations.get(tid.host_id, 0)
+                        )
+                    )
                     if maybe_running:
                         kept.append({**entry, "reason": f"staged by transaction {tid_s}, which may still be running"})
                         continue
@@ -371,8 +414,9 @@ class Cleanup:
                 if temp:
                     why = "temporary file of an interrupted write; " + why
                 if age < grace:
-                    kept.append({**entry, "reason": f"{why}, but younger than the grace period "
-                                                    f"({_age(age)} < {_age(grace)})"})
+                    kept.append(
+                        {**entry, "reason": f"{why}, but younger than the grace period ({_age(age)} < {_age(grace)})"}
+                    )
                     continue
                 why = f"orphan: {why} (age {_age(age)} >= grace {_age(grace)})"
                 if not temp:
@@ -387,8 +431,9 @@ class Cleanup:
         self._delete_behind_fence(condemned, removed, kept)
         return young
 
-    def _delete_behind_fence(self, condemned: list[tuple[str, dict, str]], removed: list[dict],
-                             kept: list[dict]) -> None:
+    def _delete_behind_fence(
+        self, condemned: list[tuple[str, dict, str]], removed: list[dict], kept: list[dict]
+    ) -> None:
         """Delete part files decided orphans, and those an earlier pass condemned and did not
         finish, so that no commit can name them (coordinator/zk/orphan_fence.py): announce them on the
         fence, catch up with the log, keep what a commit applied meanwhile names, delete the
@@ -401,8 +446,13 @@ class Cleanup:
         now_set = set(announced)
         for path, entry, _ in condemned:
             if path not in now_set and path not in pending:
-                kept.append({**entry, "reason": f"orphan, left for the next pass (at most {MAX_PENDING} "
-                                                "files are condemned at a time)"})
+                kept.append(
+                    {
+                        **entry,
+                        "reason": f"orphan, left for the next pass (at most {MAX_PENDING} "
+                        "files are condemned at a time)",
+                    }
+                )
         # Every commit applied before the announcement is in the log now; any later one that
         # names these files is refused by the fence.
         self.catch_up()
@@ -410,8 +460,10 @@ class Cleanup:
         earlier = sorted(pending - ours.keys())
         settled: list[str] = []
         for path in list(ours) + earlier:
-            entry, why = ours.get(path) or ({"path": path, "part": None, "table": path.split("/", 1)[0]},
-                                            "orphan condemned by an earlier cleanup pass that did not finish")
+            entry, why = ours.get(path) or (
+                {"path": path, "part": None, "table": path.split("/", 1)[0]},
+                "orphan condemned by an earlier cleanup pass that did not finish",
+            )
             found = _part_file(path)
             with self.state.lock:
                 if found is not None and self._referenced(entry["table"], found[0], path):

@@ -111,7 +111,11 @@ def commit_too_large(what: str, size: int, limit: int, **details: Any) -> Invali
     return InvalidInput(
         f"{what} would add {size} bytes of metadata to the log (its part descriptors and statistics), more "
         f"than the replica setting max_commit_bytes ({limit}); nothing was committed: commit fewer parts per "
-        "transaction, or raise max_commit_bytes", size=size, max_commit_bytes=limit, **details)
+        "transaction, or raise max_commit_bytes",
+        size=size,
+        max_commit_bytes=limit,
+        **details,
+    )
 
 
 class NeedKeys(Exception):
@@ -250,8 +254,12 @@ class Committer:
                 log.exception("commit batch failed")
                 for p in batch:
                     if not p.done.is_set():
-                        self._fail(p, exc if isinstance(exc, MergetxnError) else TransactionAborted(
-                            f"commit failed: {quote(exc)}"))
+                        self._fail(
+                            p,
+                            exc
+                            if isinstance(exc, MergetxnError)
+                            else TransactionAborted(f"commit failed: {quote(exc)}"),
+                        )
         for p in list(self._queue):
             self._fail(p, TransactionAborted("replica is shutting down"))
 
@@ -386,7 +394,9 @@ class Committer:
             raise CorruptMetadata(
                 f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
                 f"every entry before it applies: {exc.message}",
-                table=name, csn=csn) from exc
+                table=name,
+                csn=csn,
+            ) from exc
 
     def _catch_up_tables(self, names: list[str]) -> None:
         """After a table znode was found past the definition applied here: apply the log up to
@@ -397,8 +407,13 @@ class Committer:
             _, stat = self._table_node(name)
             rec = self.state.record(name)
             if stat is not None and rec is not None and stat.version > rec.ddl_version:
-                log.warning("table znode %s is at version %d, its last DDL in the log at %d: changed outside "
-                            "the log; checking that version from now on", name, stat.version, rec.ddl_version)
+                log.warning(
+                    "table znode %s is at version %d, its last DDL in the log at %d: changed outside "
+                    "the log; checking that version from now on",
+                    name,
+                    stat.version,
+                    rec.ddl_version,
+                )
                 self._drift[name] = stat.version
 
     def _table_version(self, name: str) -> int:
@@ -443,10 +458,14 @@ class Committer:
             # the multi did not happen and never will under that incarnation.
             for p in batch:
                 if not p.done.is_set():
-                    self._fail(p, TransactionAborted(
-                        f"transaction {p.txn.id} did not commit: replica {self.replica.host_id}'s incarnation "
-                        f"{exc.incarnation} was fenced by another replica while this one looked gone ({exc})",
-                        id=p.txn.id))
+                    self._fail(
+                        p,
+                        TransactionAborted(
+                            f"transaction {p.txn.id} did not commit: replica {self.replica.host_id}'s incarnation "
+                            f"{exc.incarnation} was fenced by another replica while this one looked gone ({exc})",
+                            id=p.txn.id,
+                        ),
+                    )
             self.replica.fenced(exc.incarnation)
         return [p for p in deferred if not p.done.is_set()]
 
@@ -506,7 +525,9 @@ class Committer:
                 if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
                     raise TransactionAborted(
                         f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.replica.host_id} "
-                        "(its ZooKeeper session expired since): it can no longer commit", id=p.txn.id)
+                        "(its ZooKeeper session expired since): it can no longer commit",
+                        id=p.txn.id,
+                    )
                 plan = self._plan(p)
                 self._verify_files(p, plan, fence, condemned)
                 duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
@@ -546,8 +567,9 @@ class Committer:
             writing |= writes
             taken |= keys
             if reading:
-                counters_checked.update({counter_key(r.table): read_counters[counter_key(r.table)]
-                                         for r in p.txn.reads})
+                counters_checked.update(
+                    {counter_key(r.table): read_counters[counter_key(r.table)] for r in p.txn.reads}
+                )
             accepted.append((p, plan))
             for (table, pkey), kinds in plan.effect.kinds.items():
                 in_batch[(table, pkey)].append(Summary(p.txn.id, frozenset(kinds), plan.effect.removed_in(table, pkey)))
@@ -585,11 +607,17 @@ class Committer:
         txns = []
         for p, plan in accepted:
             data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks) or any(
-                isinstance(op, DropTable) for op in p.txn.ops)
-            txns.append(TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes()),
-                                  dict(p.txn.apps)))
-        entry = LogEntry(time=now, versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
-                         txns=tuple(txns), ddl=tuple(ddl))
+                isinstance(op, DropTable) for op in p.txn.ops
+            )
+            txns.append(
+                TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes()), dict(p.txn.apps))
+            )
+        entry = LogEntry(
+            time=now,
+            versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
+            txns=tuple(txns),
+            ddl=tuple(ddl),
+        )
         own = (entry, entry.encode())  # this replica applies its own commit from these
         if len(own[1]) > self.replica.config.max_commit_bytes:
             too_large = self._too_large(accepted, txns)
@@ -603,9 +631,14 @@ class Committer:
         try:
             with self.replica.follower.local_commit() as hand_over:
                 try:
-                    result = self.log.commit(data, expected, fence,
-                                             owner=(self.log.replica_path(self.replica.host_id), incarnation),
-                                             tables=tables, counters=counters)
+                    result = self.log.commit(
+                        data,
+                        expected,
+                        fence,
+                        owner=(self.log.replica_path(self.replica.host_id), incarnation),
+                        tables=tables,
+                        counters=counters,
+                    )
                 except TableMoved as exc:
                     self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
                     raise
@@ -628,8 +661,13 @@ class Committer:
         failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/faults/test_sessions.py)
         self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
         self.batches += 1
-        log.info("committed a batch of %d transaction(s) at CSN %d: %s%s", len(accepted), csn,
-                 ", ".join(p.txn.id if p.txn is not None else "?" for p, _ in accepted[:5]), ", ..." if len(accepted) > 5 else "")
+        log.info(
+            "committed a batch of %d transaction(s) at CSN %d: %s%s",
+            len(accepted),
+            csn,
+            ", ".join(p.txn.id if p.txn is not None else "?" for p, _ in accepted[:5]),
+            ", ..." if len(accepted) > 5 else "",
+        )
         now = time.monotonic()
         for p, plan in accepted:
             self.committed += 1
@@ -653,7 +691,10 @@ class Committer:
                 raise TransactionAborted(
                     f"transaction {p.txn.id} cannot commit: cleanup took its part {m.name} ({m.path}) for an "
                     "orphan (the transaction looked abandoned: its replica stalled longer than the grace "
-                    "period); nothing of it was committed", id=p.txn.id, part=m.name)
+                    "period); nothing of it was committed",
+                    id=p.txn.id,
+                    part=m.name,
+                )
         if p.files_verified_at == fence:
             return
         gone = self.replica.storage.missing([m.path for m in staged])
@@ -661,7 +702,9 @@ class Committer:
             raise TransactionAborted(
                 f"transaction {p.txn.id} cannot commit: its part file {gone[0]} is gone from storage "
                 "(collected by cleanup as an orphan, or deleted by hand); nothing of it was committed",
-                id=p.txn.id, path=gone[0])
+                id=p.txn.id,
+                path=gone[0],
+            )
         p.files_verified_at = fence
 
     def _resolve_outcome(self, tid: str, exc: Exception) -> int | None:
@@ -693,8 +736,9 @@ class Committer:
         return failed
 
     def _fail(self, p: Pending, exc: Exception) -> None:
-        self.stats.failure(exc.details.get("kind") if isinstance(exc, ConflictError) else None,
-                           conflict=isinstance(exc, ConflictError))
+        self.stats.failure(
+            exc.details.get("kind") if isinstance(exc, ConflictError) else None, conflict=isinstance(exc, ConflictError)
+        )
         if p.txn is not None:
             with p.txn.lock:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
@@ -708,8 +752,10 @@ class Committer:
         t = self.state.tables.get(table)
         if t is None and isinstance(self.state.record(table), TableDropped):
             # dropped: the member loses to the drop (_plan); until then, the last definition's
-            return next((r.conflict_policy for r in reversed(self.state.catalog.get(table, []))
-                         if isinstance(r, TableDef)), Policy.PARTS)
+            return next(
+                (r.conflict_policy for r in reversed(self.state.catalog.get(table, [])) if isinstance(r, TableDef)),
+                Policy.PARTS,
+            )
         return (t or self.replica.table(table)).conflict_policy
 
     def _policies(self, tables) -> dict[str, Policy]:
@@ -757,8 +803,9 @@ class Committer:
             eff = self._replay(p)
             self._verdicts(txn, eff)
         if txn.atomicity != NONE:  # atomicity "none" takes no locks: the later commit wins per key
-            self.key_conflicts.check(txn.id, txn.snapshot, eff.added,
-                                     self._policies({m.table for m in eff.added.values()}))
+            self.key_conflicts.check(
+                txn.id, txn.snapshot, eff.added, self._policies({m.table for m in eff.added.values()})
+            )
         return Plan(eff, self._checked_keys(eff))
 
     def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
@@ -772,7 +819,11 @@ class Committer:
             raise ConflictError(
                 f"transaction {txn.id} lost to {drop.tid} on table {quote(table)}: the table was dropped at CSN "
                 f"{drop.csn} (after this transaction's snapshot {txn.snapshot})",
-                winner=drop.tid, kind=str(ConflictKind.TABLE_DROPPED), table=table, csn=drop.csn)
+                winner=drop.tid,
+                kind=str(ConflictKind.TABLE_DROPPED),
+                table=table,
+                csn=drop.csn,
+            )
 
     def _verdicts(self, txn: RunningTxn, eff: Effect) -> bool:
         """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""
@@ -786,7 +837,10 @@ class Committer:
                 where = f"table {quote(table)}" + (f" partition {pkey}" if pkey != "[]" else "")
                 raise ConflictError(
                     f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
-                    winner=v.winner, kind=str(v.kind), table=table, partition=pkey,
+                    winner=v.winner,
+                    kind=str(v.kind),
+                    table=table,
+                    partition=pkey,
                 )
             rebase |= v.rebase
         if rebase or not eff.whole_tables:
@@ -845,8 +899,11 @@ class Committer:
         for t in tables:
             tdef = self.state.tables.get(t)
             if tdef is not None:
-                out[t] = Shape(tuple(tdef.partition_by), tdef.schema,
-                               tuple(tdef.primary_key) if tdef.conflict_policy is Policy.KEYS else None)
+                out[t] = Shape(
+                    tuple(tdef.partition_by),
+                    tdef.schema,
+                    tuple(tdef.primary_key) if tdef.conflict_policy is Policy.KEYS else None,
+                )
         return out
 
     def _known_pkeys(self, table: str) -> set[str]:
@@ -884,8 +941,11 @@ class Committer:
                     m = rec.meta
                     if rec.creation_csn > txn.snapshot and m.creation_tid not in compactions:
                         touched.append(Touch(m.creation_tid, rec.creation_csn, t, name, m.partition, m.stats, True))
-                    if (rec.removal_csn is not None and rec.removal_csn > txn.snapshot
-                            and rec.removal_tid not in compactions):
+                    if (
+                        rec.removal_csn is not None
+                        and rec.removal_csn > txn.snapshot
+                        and rec.removal_tid not in compactions
+                    ):
                         touched.append(Touch(rec.removal_tid, rec.removal_csn, t, name, m.partition, m.stats, False))
         lost = check_reads(txn.id, txn.reads, touched, self._shapes(tables))
         if lost is not None:
@@ -909,8 +969,9 @@ class Committer:
                 continue
             pkeys = None if op.whole_table else op.partitions
             own_removed = set(eff.removed) | {m.name for m in eff.discarded}
-            current = self.state.visible(op.table, self.state.applied, txn.id, list(eff.added.values()),
-                                         own_removed, pkeys)
+            current = self.state.visible(
+                op.table, self.state.applied, txn.id, list(eff.added.values()), own_removed, pkeys
+            )
             if isinstance(op, Overwrite | Truncate):
                 new_added = {m.name for m in op.added}
                 op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))

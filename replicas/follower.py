@@ -110,8 +110,9 @@ class Follower:
             raise CorruptMetadata(f"manifest {node.path} named by {where} points to another manifest")
         return entry, raw
 
-    def apply_own(self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None,
-                  timeout: float = 5.0) -> bool:
+    def apply_own(
+        self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None, timeout: float = 5.0
+    ) -> bool:
         """Apply an entry this replica just committed, in the caller's thread, when it is the
         next one here (WAL first, as for any entry). Saves the committer a hand-over to the
         follower thread, and with ``own`` (the entry as the committer built it) the decoding
@@ -239,14 +240,20 @@ class Follower:
         every trimmed entry) unless everything trimmed is applied here already."""
         tail, _ = self.log.read_tail()
         if tail is None:
-            raise CorruptMetadata(f"log entries at {self.state.position} are missing and "
-                                  f"{self.log.tail_path()} names no checkpoint")
+            raise CorruptMetadata(
+                f"log entries at {self.state.position} are missing and {self.log.tail_path()} names no checkpoint"
+            )
         if self.state.applied < int(tail["csn"]):
             if self.load_checkpoint is None:
-                raise CorruptMetadata(f"log trimmed past CSN {self.state.applied} and this follower cannot "
-                                      f"load checkpoints")
-            log.warning("position %s is below the retained log: loading checkpoint %s (CSN %s)",
-                        self.state.position, tail["path"], tail["csn"])
+                raise CorruptMetadata(
+                    f"log trimmed past CSN {self.state.applied} and this follower cannot load checkpoints"
+                )
+            log.warning(
+                "position %s is below the retained log: loading checkpoint %s (CSN %s)",
+                self.state.position,
+                tail["path"],
+                tail["csn"],
+            )
             self.load_checkpoint(tail)
         self.state.advance_epoch(int(tail["trimmed_epoch"]))
 
@@ -278,20 +285,27 @@ class Follower:
         if (later or sealed or stat is None) and epoch <= self.log.trimmed_epoch():
             return TRIMMED  # never skip entries that were trimmed: the checkpoint has them
         if later or seq < end:
-            why = (f"{self.log.entry_path(epoch, later[0])} exists" if later
-                   else f"{self.log.epoch_path(epoch)} gave out numbers up to {end - 1}")
+            why = (
+                f"{self.log.entry_path(epoch, later[0])} exists"
+                if later
+                else f"{self.log.epoch_path(epoch)} gave out numbers up to {end - 1}"
+            )
             raise CorruptMetadata(missing_entry(self.log.entry_path(epoch, seq), why))
         if sealed:
             return (epoch + 1, 0)
         if stat is None and any(e > epoch for e in self.log.epochs()):
-            raise CorruptMetadata(f"log epoch {self.log.epoch_path(epoch)} is missing below the end of the log "
-                                  f"(later epochs exist and the log tail has not trimmed it): its entries were "
-                                  f"deleted; never skipped, see docs/architecture.md, \"A log entry that does not "
-                                  f"parse\"")
+            raise CorruptMetadata(
+                f"log epoch {self.log.epoch_path(epoch)} is missing below the end of the log "
+                f"(later epochs exist and the log tail has not trimmed it): its entries were "
+                f'deleted; never skipped, see docs/architecture.md, "A log entry that does not '
+                f'parse"'
+            )
         return None
 
 
 def missing_entry(node: str, why: str) -> str:
     """The message of a log entry gone from below the end of the log."""
-    return (f"log entry {node} is missing below the end of the log ({why}) and the log tail has not trimmed "
-            f"it: it was deleted; never skipped, see docs/architecture.md, \"A log entry that does not parse\"")
+    return (
+        f"log entry {node} is missing below the end of the log ({why}) and the log tail has not trimmed "
+        f'it: it was deleted; never skipped, see docs/architecture.md, "A log entry that does not parse"'
+    )

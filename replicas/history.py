@@ -38,8 +38,15 @@ EVENT_RING = 10_000
 class History:
     """Incremental reads and events of one replica (``replica.history``)."""
 
-    def __init__(self, state: ReplicaState, host_id: str, table: Callable[..., TableDef],
-                 wait_snapshot: Callable[[int], None], retention: Retention, leases: Leases) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        host_id: str,
+        table: Callable[..., TableDef],
+        wait_snapshot: Callable[[int], None],
+        retention: Retention,
+        leases: Leases,
+    ) -> None:
         """``table`` and ``wait_snapshot``: the replica's (``Replica.table``, which waits for a
         table created elsewhere, and ``Replica.wait_snapshot``)."""
         self.state = state
@@ -55,16 +62,23 @@ class History:
     def record(self, event: str, **fields: Any) -> None:
         """A local event (begin, rollback, merge) in the bounded ring."""
         self._event_seq += 1
-        self._events.append({"time": time.time(), "event": event, "host": self.host_id,
-                             "_seq": self._event_seq, **fields})
+        self._events.append(
+            {"time": time.time(), "event": event, "host": self.host_id, "_seq": self._event_seq, **fields}
+        )
 
     def on_begin(self, txn: Any) -> None:
         self.record("begin", tid=txn.id, snapshot=txn.snapshot, user=getattr(txn, "owner", None), _txn=txn)
 
     def on_end(self, txn: Any) -> None:
         if txn.state == TxnState.ABORTED:
-            self.record("rollback", tid=txn.id, snapshot=txn.snapshot, reason=txn.reason,
-                        user=getattr(txn, "owner", None), _txn=txn)
+            self.record(
+                "rollback",
+                tid=txn.id,
+                snapshot=txn.snapshot,
+                reason=txn.reason,
+                user=getattr(txn, "owner", None),
+                _txn=txn,
+            )
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> list[dict]:
         """Events, oldest first: commits and parts from the log; begin, rollback and merges of
@@ -81,14 +95,37 @@ class History:
             for c in self._commits(t, since, None):
                 when = c["time_version"] if c["time_version"] is not None else c["written_at"]
                 base = {"time": when, "table": t, "tid": c["tid"], "csn": c["csn"], "host": Tid.parse(c["tid"]).host_id}
-                out.append({**base, "event": "commit", "kinds": ",".join(c["kinds"]),
-                            "rows": sum(m.rows for m in c["added"]), "_order": 0})
+                out.append(
+                    {
+                        **base,
+                        "event": "commit",
+                        "kinds": ",".join(c["kinds"]),
+                        "rows": sum(m.rows for m in c["added"]),
+                        "_order": 0,
+                    }
+                )
                 for m in c["removed"]:
-                    out.append({**base, "event": "part_removed", "part": m.name,
-                                "partition": partition_key(m.partition), "rows": m.rows, "_order": 1})
+                    out.append(
+                        {
+                            **base,
+                            "event": "part_removed",
+                            "part": m.name,
+                            "partition": partition_key(m.partition),
+                            "rows": m.rows,
+                            "_order": 1,
+                        }
+                    )
                 for m in c["added"]:
-                    out.append({**base, "event": "part_added", "part": m.name,
-                                "partition": partition_key(m.partition), "rows": m.rows, "_order": 2})
+                    out.append(
+                        {
+                            **base,
+                            "event": "part_added",
+                            "part": m.name,
+                            "partition": partition_key(m.partition),
+                            "rows": m.rows,
+                            "_order": 2,
+                        }
+                    )
         for e in list(self._events):
             txn = e.get("_txn")
             snap = e.get("snapshot")
@@ -96,8 +133,10 @@ class History:
                 continue
             if e["event"] == "merge":
                 if table is None or e["table"] == table:
-                    out.append({k: v for k, v in e.items() if k not in ("sources", "kind")}
-                               | {"kinds": e["kind"], "part": ",".join(e["sources"]), "_order": 0})
+                    out.append(
+                        {k: v for k, v in e.items() if k not in ("sources", "kind")}
+                        | {"kinds": e["kind"], "part": ",".join(e["sources"]), "_order": 0}
+                    )
                 continue
             touched = sorted({op.table for op in txn.ops}) if txn is not None else []
             if table is not None:
@@ -116,8 +155,7 @@ class History:
     def _time_versions(self) -> dict[int, float]:
         return self.state.time_versions()
 
-    def _commits(self, table: str, lo: float, hi: float | None, by: str = "id",
-                 compactions: bool = True) -> list[dict]:
+    def _commits(self, table: str, lo: float, hi: float | None, by: str = "id", compactions: bool = True) -> list[dict]:
         """Commits to ``table`` whose version is in (lo, hi], derived from the part records (which
         parts each CSN added and removed), the conflict history (each commit's operation kinds per
         partition) and the time versions: all of it is what the log built here, checkpoints included.
@@ -154,8 +192,15 @@ class History:
         def commit(csn: int, tid: str) -> dict:
             c = commits.get((csn, tid))
             if c is None:
-                c = commits[(csn, tid)] = {"csn": csn, "tid": tid, "time_version": tv.get(csn), "added": [],
-                                           "removed": [], "kinds": set(), "written_at": None}
+                c = commits[(csn, tid)] = {
+                    "csn": csn,
+                    "tid": tid,
+                    "time_version": tv.get(csn),
+                    "added": [],
+                    "removed": [],
+                    "kinds": set(),
+                    "written_at": None,
+                }
             return c
 
         def compaction_only(pkey: str, csn: int, tid: str, c: dict) -> bool:
@@ -190,8 +235,17 @@ class History:
             out.append(c)
         return out
 
-    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", fresh: bool = False,
-                lease: str = "read", compactions: bool = True, owner: str | None = None) -> dict:
+    def changes(
+        self,
+        table: str,
+        start: Any,
+        end: Any = None,
+        by: str = "id",
+        fresh: bool = False,
+        lease: str = "read",
+        compactions: bool = True,
+        owner: str | None = None,
+    ) -> dict:
         """Parts added and removed by the commits to ``table`` whose version is in (start, end]
         (by id without ``compactions``: leaving out what by time leaves out, keyed by CSNs);
         with ``lease`` (see :meth:`Leases.lease <replicas.leases.Leases.lease>`) pinning what they read, named in the answer, when
@@ -227,8 +281,9 @@ class History:
         if commits:  # keeps what they read in use until the client has read it
             lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
         try:
-            self.retention.check_changes(table, start, end, by, first,
-                                                 [m for c in commits for m in c["added"] + c["removed"]], fresh)
+            self.retention.check_changes(
+                table, start, end, by, first, [m for c in commits for m in c["added"] + c["removed"]], fresh
+            )
         except SnapshotUnavailable:
             if lease_id is not None:
                 self.leases.release(lease_id)
@@ -239,6 +294,15 @@ class History:
                 rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
             for m in c["added"]:
                 rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
-        return {"table": tdef.name, "by": by, "start": start, "end": end, "parts": rows, "lease": lease_id,
-                "commits": [{"csn": c["csn"], "tid": c["tid"], "time_version": c["time_version"], "kinds": c["kinds"]}
-                            for c in commits]}
+        return {
+            "table": tdef.name,
+            "by": by,
+            "start": start,
+            "end": end,
+            "parts": rows,
+            "lease": lease_id,
+            "commits": [
+                {"csn": c["csn"], "tid": c["tid"], "time_version": c["time_version"], "kinds": c["kinds"]}
+                for c in commits
+            ],
+        }

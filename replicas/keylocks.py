@@ -102,14 +102,26 @@ class KeyConflicts:
                         f"transaction {tid} lost to {winner} on table {table!r} key {quote(shown)}: {winner} "
                         f"{keys.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
                         f"snapshot {snapshot})",
-                        winner=winner, kind=str(ConflictKind.KEY_WRITTEN), table=table, key=list(key), csn=csn)
+                        winner=winner,
+                        kind=str(ConflictKind.KEY_WRITTEN),
+                        table=table,
+                        key=list(key),
+                        csn=csn,
+                    )
 
     def _committed_since(self, table: str, pkey: str, snapshot: int, tid: str) -> list[tuple[int, str, PartMeta]]:
-        return [(csn, meta.creation_tid, meta) for csn, meta in self.state.created_since(table, pkey, snapshot)
-                if meta.creation_tid != tid]
+        return [
+            (csn, meta.creation_tid, meta)
+            for csn, meta in self.state.created_since(table, pkey, snapshot)
+            if meta.creation_tid != tid
+        ]
 
-    def shares_target(self, policies: Mapping[str, Policy], targets: Mapping[tuple[str, str], Summary],
-                      in_batch: Mapping[tuple[str, str], list[Summary]]) -> bool:
+    def shares_target(
+        self,
+        policies: Mapping[str, Policy],
+        targets: Mapping[tuple[str, str], Summary],
+        in_batch: Mapping[tuple[str, str], list[Summary]],
+    ) -> bool:
         """Whether a member (``targets``: its summaries per target) must wait for the next batch
         because it has a key in common with a member already accepted into the batch on a keys
         target they both write (or the keys of either are not known here)."""

@@ -78,7 +78,10 @@ class Leases:
             raise QuotaExceeded(
                 f"user {owner!r} holds {limit} read leases on replica {self.config.host_id}, its quota "
                 f"(user_max_read_leases={limit}): finish (release) a read first, or wait until one lapses",
-                user=owner, quota="user_max_read_leases", value=limit)
+                user=owner,
+                quota="user_max_read_leases",
+                value=limit,
+            )
 
     def renew(self, lease_id: str) -> dict:
         """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended

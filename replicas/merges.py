@@ -39,14 +39,30 @@ MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after
 class Merges:
     """Merge planning and merge transactions of one replica (``replica.merges``)."""
 
-    def __init__(self, state: ReplicaState, config: ReplicaConfig, storage: Storage, zk: KazooClient, log: CsnLog,
-                 host_id: str, transactions: Transactions, table: Callable[[str], TableDef],
-                 catch_up: Callable[[], None], record: Callable[..., None], stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        config: ReplicaConfig,
+        storage: Storage,
+        zk: KazooClient,
+        log: CsnLog,
+        host_id: str,
+        transactions: Transactions,
+        table: Callable[[str], TableDef],
+        catch_up: Callable[[], None],
+        record: Callable[..., None],
+        stopping: threading.Event,
+    ) -> None:
         """``table``: a table's definition now; ``catch_up``: apply the log up to its end;
         ``record``: note an event in the replica's history (replicas/history.py)."""
         self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
         self.host_id, self.transactions, self.table, self.catch_up, self.record = (
-            host_id, transactions, table, catch_up, record)
+            host_id,
+            transactions,
+            table,
+            catch_up,
+            record,
+        )
         self._stop = stopping  # the replica is stopping: no further merges this round
         self._locks: dict[str, Any] = {}
         self._backoff: dict[tuple[str, str], float] = {}
@@ -73,15 +89,21 @@ class Merges:
         for pkey, names in sorted(live.items()):
             # A keys table's minor merge takes its parts in commit order: parts next to each
             # other in version order fold into fewer versions (coordinator/core/keys.py, "runs").
-            order = ((lambda m: (parts[m.name].creation_csn, m.name)) if tdef.conflict_policy is Policy.KEYS
-                     else (lambda m: m.name))
+            order = (
+                (lambda m: (parts[m.name].creation_csn, m.name))
+                if tdef.conflict_policy is Policy.KEYS
+                else (lambda m: m.name)
+            )
             metas = sorted((parts[n].meta for n in names if n in parts), key=order)
             small = [m for m in metas if m.size < c.merge_small_bytes]
             if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
                 plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
-            elif (len(metas) >= max(2, c.major_min_parts) and len(metas) <= c.merge_max_parts
-                  and sum(m.size for m in metas) <= c.major_max_bytes
-                  and now - max(m.created_at for m in metas) >= c.major_idle_seconds):
+            elif (
+                len(metas) >= max(2, c.major_min_parts)
+                and len(metas) <= c.merge_max_parts
+                and sum(m.size for m in metas) <= c.major_max_bytes
+                and now - max(m.created_at for m in metas) >= c.major_idle_seconds
+            ):
                 plans.append(("major", pkey, metas))
         return [p for p in plans if self._backoff.get((tdef.name, p[1]), 0) <= time.monotonic()]
 
@@ -96,8 +118,7 @@ class Merges:
                 continue
             lock = self._locks.get(name)
             if lock is None:
-                lock = self._locks[name] = self.zk.Lock(self.log.leaders_path(name),
-                                                                identifier=self.host_id)
+                lock = self._locks[name] = self.zk.Lock(self.log.leaders_path(name), identifier=self.host_id)
             if not lock.acquire(blocking=False):
                 continue
             try:
@@ -107,8 +128,10 @@ class Merges:
                 # left unmerged costs each later read and merge.
                 budget = time.monotonic() + MERGE_ROUND_SECONDS
                 while not self._stop.is_set():
-                    merged = sum(self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome")
-                                 == "committed" for kind, pkey, sources in self.plan_merges(self.table(name)))
+                    merged = sum(
+                        self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome") == "committed"
+                        for kind, pkey, sources in self.plan_merges(self.table(name))
+                    )
                     done += merged
                     if not merged or time.monotonic() > budget:
                         break
@@ -119,8 +142,9 @@ class Merges:
                     pass
         return done
 
-    def run_merge(self, tdef: TableDef, kind: str, pkey: str, sources: list[str],
-                  before_commit: Callable[[], None] | None = None) -> dict:
+    def run_merge(
+        self, tdef: TableDef, kind: str, pkey: str, sources: list[str], before_commit: Callable[[], None] | None = None
+    ) -> dict:
         """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
         logged and recorded, never raised; the partition is retried after a short back-off."""
         from coordinator.model.records import Compact
@@ -128,8 +152,14 @@ class Merges:
 
         txns = self.transactions
         txn = txns.begin()
-        event = {"table": tdef.name, "partition": pkey, "kind": kind, "tid": txn.id, "snapshot": txn.snapshot,
-                 "sources": list(sources)}
+        event = {
+            "table": tdef.name,
+            "partition": pkey,
+            "kind": kind,
+            "tid": txn.id,
+            "snapshot": txn.snapshot,
+            "sources": list(sources),
+        }
         result = None
         staged = False
         try:
@@ -144,8 +174,7 @@ class Merges:
                 return {"outcome": "skipped"}
             csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
             result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
-            op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed),
-                         partitions=(pkey,))
+            op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed), partitions=(pkey,))
             txns.stage(txn.id, op)
             staged = True
             if before_commit is not None:

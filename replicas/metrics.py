@@ -54,24 +54,47 @@ ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")  # kazoo's KazooState values
 
 #: Why transactions end aborted, as the ``reason`` label of ``mergetxn_transactions_aborted_total``
 #: (replicas/registry.py counts them), matched against the start of the reason when none is given.
-ABORT_REASONS = ("rolled_back", "killed", "conflict", "time_limit", "row_limit", "session_lost",
-                 "client_session_timeout", "fenced",
-                 "storage", "invalid", "failed", "other")
+ABORT_REASONS = (
+    "rolled_back",
+    "killed",
+    "conflict",
+    "time_limit",
+    "row_limit",
+    "session_lost",
+    "client_session_timeout",
+    "fenced",
+    "storage",
+    "invalid",
+    "failed",
+    "other",
+)
 
 
 def abort_kind(reason: str) -> str:
     """The ``reason`` label for an abort whose caller named no kind, from its message."""
     text = reason.lower()
-    for needle, kind in (("killed by an operator", "killed"), ("time limit", "time_limit"),
-                         ("row limit", "row_limit"), ("lost its zookeeper session", "session_lost"),
-                         ("was fenced", "fenced"), ("rolled back", "rolled_back")):
+    for needle, kind in (
+        ("killed by an operator", "killed"),
+        ("time limit", "time_limit"),
+        ("row limit", "row_limit"),
+        ("lost its zookeeper session", "session_lost"),
+        ("was fenced", "fenced"),
+        ("rolled back", "rolled_back"),
+    ):
         if needle in text:
             return kind
     return "other"
 
 
-def ready_problem(serving: bool, zk_state: str, session_lost: bool, awake: bool, log_failure: object,
-                  lag_seconds: float, max_lag: float = READY_MAX_LAG_SECONDS) -> str | None:
+def ready_problem(
+    serving: bool,
+    zk_state: str,
+    session_lost: bool,
+    awake: bool,
+    log_failure: object,
+    lag_seconds: float,
+    max_lag: float = READY_MAX_LAG_SECONDS,
+) -> str | None:
     """Why a replica is not ready to take clients (None when it is): not serving yet, without a
     usable ZooKeeper session, standing still since a pause, stopped at a log entry it cannot
     apply, or an entry it saw in the log left unapplied for more than ``max_lag`` seconds."""
@@ -114,8 +137,16 @@ class LogWatch:
     """The log as the log-tail thread last saw it (:meth:`observe`, every tail tick); read by
     ``info`` and the metrics without any ZooKeeper request."""
 
-    def __init__(self, zk: KazooClient, log: CsnLog, state: ReplicaState, storage: Storage, data_dir: str,
-                 wal_path: Callable[[], Path | None], tail: Callable[[], dict | None]) -> None:
+    def __init__(
+        self,
+        zk: KazooClient,
+        log: CsnLog,
+        state: ReplicaState,
+        storage: Storage,
+        data_dir: str,
+        wal_path: Callable[[], Path | None],
+        tail: Callable[[], dict | None],
+    ) -> None:
         """``wal_path`` and ``tail``: the WAL's file and the cluster checkpoint's record, as they
         are once the replica started (None before)."""
         self.zk, self.log, self.state, self.storage = zk, log, state, storage
@@ -175,8 +206,13 @@ class LogWatch:
             except Exception as exc:  # noqa: BLE001 - only a number in a report
                 log.debug("checkpoint size of %s: %r", tail.get("path"), exc)
                 size = None
-            self.checkpoint = {"csn": tail.get("csn"), "path": tail.get("path"), "bytes": size,
-                               "time": tail.get("time"), "retained": tail.get("retained")}
+            self.checkpoint = {
+                "csn": tail.get("csn"),
+                "path": tail.get("path"),
+                "bytes": size,
+                "time": tail.get("time"),
+                "retained": tail.get("retained"),
+            }
 
     def lag(self, applied: int) -> tuple[int, float]:
         """(entries, seconds) this replica is behind the log's end as last seen."""
@@ -242,18 +278,29 @@ def read_stats(r: Replica) -> Stats:
     applied = r.state.applied
     lag_entries, lag_seconds = r.log_watch.lag(applied)
     return Stats(
-        commits=c.committed if c else 0, commit_batches=c.batches if c else 0,
-        commit_failures=c.stats.failed if c else 0, local_version_misses=c.local_misses if c else 0,
+        commits=c.committed if c else 0,
+        commit_batches=c.batches if c else 0,
+        commit_failures=c.stats.failed if c else 0,
+        local_version_misses=c.local_misses if c else 0,
         conflicts=dict(c.stats.conflicts.copy()) if c else {},  # a copy: a new kind may come
-        latency_counts=tuple(c.stats.latency_counts) if c else (), latency_sum=c.stats.latency_sum if c else 0.0,
+        latency_counts=tuple(c.stats.latency_counts) if c else (),
+        latency_sum=c.stats.latency_sum if c else 0.0,
         has_committer=c is not None,
-        applied_csn=applied, log_end_csn=r.log_watch.end, log_entries=r.log_watch.entries,
-        lag_entries=lag_entries, lag_seconds=lag_seconds,
-        running_transactions=len(r.transactions.txns), wal_bytes=r.log_watch.wal_bytes,
-        cleanup_passes=r.cleanup.passes, cleanup_failures=r.cleanup.failures,
+        applied_csn=applied,
+        log_end_csn=r.log_watch.end,
+        log_entries=r.log_watch.entries,
+        lag_entries=lag_entries,
+        lag_seconds=lag_seconds,
+        running_transactions=len(r.transactions.txns),
+        wal_bytes=r.log_watch.wal_bytes,
+        cleanup_passes=r.cleanup.passes,
+        cleanup_failures=r.cleanup.failures,
         cleanup_files_removed=r.cleanup.files_removed,
-        merges=dict(r.merges.outcomes.copy()), aborted=dict(r.transactions.abort_counts()),
-        zk_state=str(r.zk.state), session_lost=r.zk_session.lost.is_set(), incarnation=r.incarnation,
+        merges=dict(r.merges.outcomes.copy()),
+        aborted=dict(r.transactions.abort_counts()),
+        zk_state=str(r.zk.state),
+        session_lost=r.zk_session.lost.is_set(),
+        incarnation=r.incarnation,
     )
 
 
@@ -293,10 +340,14 @@ class ReplicaCollector:
             yield counter("commits", "Transactions committed through this replica", s.commits)
             yield counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", s.commit_batches)
             yield counter("commit_failures", "Commits that did not commit (conflicts included)", s.commit_failures)
-            yield counter("local_version_misses", "First attempts on locally applied target versions that "
-                          "ZooKeeper refused", s.local_version_misses)
-            conflicts = CounterMetricFamily("mergetxn_conflicts", "Commits that lost a conflict, by kind",
-                                            labels=["replica", "kind"])
+            yield counter(
+                "local_version_misses",
+                "First attempts on locally applied target versions that ZooKeeper refused",
+                s.local_version_misses,
+            )
+            conflicts = CounterMetricFamily(
+                "mergetxn_conflicts", "Commits that lost a conflict, by kind", labels=["replica", "kind"]
+            )
             for kind, n in sorted(s.conflicts.items()):
                 conflicts.add_metric([r.host_id, kind], n)
             yield conflicts
@@ -304,8 +355,11 @@ class ReplicaCollector:
             for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), s.latency_counts):
                 cumulative += n
                 buckets.append((bound, cumulative))
-            latency = HistogramMetricFamily("mergetxn_commit_latency_seconds", "Time from a commit request "
-                                            "reaching the committer to its decision", labels=labels)
+            latency = HistogramMetricFamily(
+                "mergetxn_commit_latency_seconds",
+                "Time from a commit request reaching the committer to its decision",
+                labels=labels,
+            )
             latency.add_metric(host, buckets, s.latency_sum)
             yield latency
         yield gauge("applied_csn", "CSN up to which this replica applied the log", s.applied_csn)
@@ -318,28 +372,40 @@ class ReplicaCollector:
         yield counter("cleanup_passes", "Cleanup passes run by this replica", s.cleanup_passes)
         yield counter("cleanup_failures", "Cleanup passes that failed", s.cleanup_failures)
         yield counter("cleanup_files_removed", "Files removed by cleanup passes here", s.cleanup_files_removed)
-        merges = CounterMetricFamily("mergetxn_merges", "Background merges run here, by outcome",
-                                     labels=["replica", "outcome"])
+        merges = CounterMetricFamily(
+            "mergetxn_merges", "Background merges run here, by outcome", labels=["replica", "outcome"]
+        )
         for outcome, n in sorted(s.merges.items()):
             merges.add_metric([r.host_id, outcome], n)
         yield merges
-        aborted = CounterMetricFamily("mergetxn_transactions_aborted", "Transactions that ended aborted here, "
-                                      "by reason", labels=["replica", "reason"])
+        aborted = CounterMetricFamily(
+            "mergetxn_transactions_aborted",
+            "Transactions that ended aborted here, by reason",
+            labels=["replica", "reason"],
+        )
         for reason in sorted(set(ABORT_REASONS) | set(s.aborted)):
             aborted.add_metric([r.host_id, reason], s.aborted.get(reason, 0))
         yield aborted
-        session = GaugeMetricFamily("mergetxn_zookeeper_session_state", "1 for the state this replica's ZooKeeper "
-                                    "session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",
-                                    labels=["replica", "state"])
+        session = GaugeMetricFamily(
+            "mergetxn_zookeeper_session_state",
+            "1 for the state this replica's ZooKeeper session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",
+            labels=["replica", "state"],
+        )
         for name in ZK_STATES:
             session.add_metric([r.host_id, name], 1 if s.zk_state == name else 0)
         yield session
-        yield gauge("zookeeper_session_lost", "1 while the session was lost and a new one is not registered yet",
-                    1 if s.session_lost else 0)
+        yield gauge(
+            "zookeeper_session_lost",
+            "1 while the session was lost and a new one is not registered yet",
+            1 if s.session_lost else 0,
+        )
         yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", s.incarnation)
         yield gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
-        info = GaugeMetricFamily("mergetxn_build_info", "The mergetxn version this replica runs (always 1)",
-                                 labels=["replica", "version", "python"])
+        info = GaugeMetricFamily(
+            "mergetxn_build_info",
+            "The mergetxn version this replica runs (always 1)",
+            labels=["replica", "version", "python"],
+        )
         info.add_metric([r.host_id, _build_version(), platform.python_version()], 1)
         yield info
 
@@ -356,8 +422,14 @@ def _build_version() -> str:
 def replica_ready_problem(r: Replica, serving: bool) -> str | None:
     """:func:`ready_problem` of replica ``r`` now (memory only)."""
     _, lag_seconds = r.log_watch.lag(r.state.applied)
-    return ready_problem(serving and r.committer is not None, str(r.zk.state), r.zk_session.lost.is_set(),
-                         r.pauses.awake(), r.state.failure, lag_seconds)
+    return ready_problem(
+        serving and r.committer is not None,
+        str(r.zk.state),
+        r.zk_session.lost.is_set(),
+        r.pauses.awake(),
+        r.state.failure,
+        lag_seconds,
+    )
 
 
 class _Quiet(WSGIRequestHandler):
@@ -402,7 +474,8 @@ def serve(replica: Replica, host: str, port: int, serving: Callable[[], bool] = 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReplicaCollector(replica))
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
-    httpd = make_server(host, port, app(replica, serving, make_wsgi_app(registry)), ThreadingWSGIServer,
-                        handler_class=_Quiet)
+    httpd = make_server(
+        host, port, app(replica, serving, make_wsgi_app(registry)), ThreadingWSGIServer, handler_class=_Quiet
+    )
     threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
     return f"{host}:{httpd.server_port}", httpd

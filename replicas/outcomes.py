@@ -72,10 +72,19 @@ class Outcomes:
         if txn is not None:
             return CommitStatus(tid_text, txn.state, txn.csn, txn.reason)
         if incarnation_of(tid) > self.replica.incarnation:
-            return CommitStatus(tid_text, TxnState.ABORTED, None,
-                                f"no such transaction: replica {tid.host_id} is at incarnation {self.replica.incarnation}")
-        return CommitStatus(tid_text, TxnState.ABORTED, None, "not committed; not running on this replica (it ended, or "
-                            "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)")
+            return CommitStatus(
+                tid_text,
+                TxnState.ABORTED,
+                None,
+                f"no such transaction: replica {tid.host_id} is at incarnation {self.replica.incarnation}",
+            )
+        return CommitStatus(
+            tid_text,
+            TxnState.ABORTED,
+            None,
+            "not committed; not running on this replica (it ended, or "
+            "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)",
+        )
 
     def _final(self, tid_text: str, why: str) -> CommitStatus:
         """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
@@ -91,12 +100,19 @@ class Outcomes:
         if stat is None:
             return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered")
         if stat.version > incarnation:
-            return self._final(tid_text, f"not committed, and it never will be: replica {tid.host_id} restarted "
-                                         f"or was fenced since it began the transaction (one that wrote nothing "
-                                         f"committed at its snapshot without a log entry)")
+            return self._final(
+                tid_text,
+                f"not committed, and it never will be: replica {tid.host_id} restarted "
+                f"or was fenced since it began the transaction (one that wrote nothing "
+                f"committed at its snapshot without a log entry)",
+            )
         if stat.version < incarnation:
-            return CommitStatus(tid_text, TxnState.ABORTED, None, f"no such transaction: replica {tid.host_id} "
-                                f"has not reached incarnation {incarnation}")
+            return CommitStatus(
+                tid_text,
+                TxnState.ABORTED,
+                None,
+                f"no such transaction: replica {tid.host_id} has not reached incarnation {incarnation}",
+            )
         try:
             data, _ = zk.retry(zk.get, layout.alive_path(tid.host_id))
         except NoNodeError:
@@ -108,25 +124,36 @@ class Outcomes:
                 zk.retry(zk.set, owner_path, fenced, version=stat.version)
             except (BadVersionError, NoNodeError):
                 raise _Moved() from None
-            log.warning("replica %s is gone: fenced its incarnation %d to decide %s", tid.host_id, incarnation, tid_text)
-            return self._final(tid_text, f"not committed, and it never will be: replica {tid.host_id} was gone "
-                                         f"(no live ZooKeeper session); replica {self.replica.host_id} fenced it")
+            log.warning(
+                "replica %s is gone: fenced its incarnation %d to decide %s", tid.host_id, incarnation, tid_text
+            )
+            return self._final(
+                tid_text,
+                f"not committed, and it never will be: replica {tid.host_id} was gone "
+                f"(no live ZooKeeper session); replica {self.replica.host_id} fenced it",
+            )
         if not forward:
             return CommitStatus(tid_text, TxnState.RUNNING, None, f"replica {tid.host_id} is alive and decides it")
         return self._ask_owner(tid, tid_text, AliveRecord.decode(data))
 
     def _ask_owner(self, tid: Tid, tid_text: str, alive: AliveRecord) -> CommitStatus:
         """The owner is alive and only it can decide: ask it."""
-        pending = (f"replica {tid.host_id} (at {alive.address or 'no address yet'}) is alive in ZooKeeper and decides "
-                   f"this transaction, but did not answer")
+        pending = (
+            f"replica {tid.host_id} (at {alive.address or 'no address yet'}) is alive in ZooKeeper and decides "
+            f"this transaction, but did not answer"
+        )
         if not alive.address:
             return CommitStatus(tid_text, TxnState.COMMITTING, None, pending)
         client = RpcClient(alive.address, ASK_OWNER_SECONDS, self.replica.config.credentials)
         try:
             answer = CommitStatus.from_dict(client.call("commit_status", {"tid": tid_text, "forwarded": True}))
         except (ReplicaUnavailable, MergetxnError, OSError) as exc:
-            return CommitStatus(tid_text, TxnState.COMMITTING, None, f"{pending} ({exc}); ask again: once it answers or "
-                                "its session expires, any replica decides")
+            return CommitStatus(
+                tid_text,
+                TxnState.COMMITTING,
+                None,
+                f"{pending} ({exc}); ask again: once it answers or its session expires, any replica decides",
+            )
         finally:
             client.close()
         return self._committed(tid_text) or answer

@@ -42,8 +42,9 @@ class PauseGuard:
     ``zk_session`` for whether the session is usable (replicas/zksession.py) and the replica's
     stop, ``catch_up`` to apply the log up to its end (``Replica.catch_up``)."""
 
-    def __init__(self, zk, layout, host_id: str, session_timeout: float, zk_session: ZkSession,
-                 catch_up: Callable[[], None]) -> None:
+    def __init__(
+        self, zk, layout, host_id: str, session_timeout: float, zk_session: ZkSession, catch_up: Callable[[], None]
+    ) -> None:
         self.zk, self.layout, self.host_id = zk, layout, host_id
         self.session_timeout = session_timeout
         self.zk_session = zk_session
@@ -82,7 +83,8 @@ class PauseGuard:
             if left <= 0:
                 raise ReplicaUnavailable(
                     f"replica {self.host_id} stood still (paused) and is still making sure of its ZooKeeper "
-                    "session and catching up with the log; try again")
+                    "session and catching up with the log; try again"
+                )
             self._open.wait(min(left, TICK))
 
     def _run(self) -> None:
@@ -93,8 +95,11 @@ class PauseGuard:
             if gap > self.threshold:
                 self._open.clear()
                 self.pauses += 1
-                log.warning("replica %s stood still for %.1fs: making sure of its ZooKeeper session before "
-                            "serving again", self.host_id, gap)
+                log.warning(
+                    "replica %s stood still for %.1fs: making sure of its ZooKeeper session before serving again",
+                    self.host_id,
+                    gap,
+                )
                 self._stamp = time.monotonic()  # requests keep waiting: the gate is closed
                 try:
                     self._recover()
@@ -108,8 +113,9 @@ class PauseGuard:
     def _recover(self) -> None:
         """A round trip on a session that is usable (after an expiry: a new one, registered),
         then the log up to its end."""
-        for attempt in retries.session_check(max(30.0, 3 * self.session_timeout),
-                                             on=(_NotYet, KazooException, MergetxnError)):
+        for attempt in retries.session_check(
+            max(30.0, 3 * self.session_timeout), on=(_NotYet, KazooException, MergetxnError)
+        ):
             with attempt:
                 if self.zk_session.stop.is_set():
                     return

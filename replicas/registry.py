@@ -96,8 +96,14 @@ class Transactions:
         return self.replica.wal
 
     # -- begin, lookup, staging, commit ------------------------------------------------------
-    def begin(self, token: str | None = None, atomicity: object = FULL, durability: object = SYNC,
-              session: object = None, owner: str | None = None) -> RunningTxn:
+    def begin(
+        self,
+        token: str | None = None,
+        atomicity: object = FULL,
+        durability: object = SYNC,
+        session: object = None,
+        owner: str | None = None,
+    ) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
         with the same token gets the transaction the first one began instead of another.
         ``atomicity``/``durability`` (coordinator/model/atomicity.py; ``session`` names the client
@@ -116,8 +122,9 @@ class Transactions:
         self.replica.retention.ensure_applied()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
             now = time.monotonic()
-            while self._begun and (len(self._begun) >= BEGIN_TOKENS_MAX
-                                   or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS):
+            while self._begun and (
+                len(self._begun) >= BEGIN_TOKENS_MAX or next(iter(self._begun.values()))[0] < now - BEGIN_TOKEN_SECONDS
+            ):
                 self._begun.popitem(last=False)
             if token is not None and owner is not None:
                 token = f"{owner}\0{token}"  # a token names a begin of its own user only
@@ -126,8 +133,14 @@ class Transactions:
             if owner is not None:
                 self._check_quota(owner)
             tid = Tid(self.state.applied, local_counter(self.replica.incarnation, next(self._counter)), self.host_id)
-            txn = RunningTxn(tid=tid, snapshot=tid.start_csn, atomicity=atomicity, durability=durability,
-                             session=session, owner=owner)
+            txn = RunningTxn(
+                tid=tid,
+                snapshot=tid.start_csn,
+                atomicity=atomicity,
+                durability=durability,
+                session=session,
+                owner=owner,
+            )
             self.txns[txn.id] = txn
             if session is not None:
                 self.sessions.began(session, now)
@@ -143,8 +156,11 @@ class Transactions:
         if sum(1 for t in self.txns.values() if t.owner == owner) >= limit:
             raise QuotaExceeded(
                 f"user {owner!r} holds {limit} running transactions on replica {self.host_id}, its quota "
-                f"(user_max_transactions={limit}): commit or roll back one first", user=owner,
-                quota="user_max_transactions", value=limit)
+                f"(user_max_transactions={limit}): commit or roll back one first",
+                user=owner,
+                quota="user_max_transactions",
+                value=limit,
+            )
 
     def txn(self, txn_id: str) -> RunningTxn:
         # Lookups need no lock (each is atomic); the lock orders begin and retire among writers.
@@ -186,8 +202,11 @@ class Transactions:
         table = self.table(op.table, None)
         dropping = {o.table for o in txn.ops if isinstance(o, DropTable)}
         if op.table in dropping or (isinstance(op, DropTable) and any(o.table == op.table for o in txn.ops)):
-            raise InvalidInput(f"transaction {txn.id} drops table {op.table!r} and cannot also write it "
-                               "(nor drop it twice)", table=op.table, id=txn.id)
+            raise InvalidInput(
+                f"transaction {txn.id} drops table {op.table!r} and cannot also write it (nor drop it twice)",
+                table=op.table,
+                id=txn.id,
+            )
         if op.added:
             # Parts are written for the definition the transaction sees (at its snapshot, or
             # the latest for a table created since): one written for another is refused.
@@ -198,7 +217,9 @@ class Transactions:
                     f"part {stale[0].name} was written for version {stale[0].schema_version} of table "
                     f"{op.table!r}'s schema, transaction {txn.id} sees version {seen.ddl_version} "
                     f"(columns {seen.schema.names}): write the rows for the table as the transaction sees it",
-                    table=op.table, schema_version=seen.ddl_version)
+                    table=op.table,
+                    schema_version=seen.ddl_version,
+                )
         own_added, own_removed = txn.own_parts()
         own_names = {m.name for m in own_added}
         visible = None
@@ -221,13 +242,15 @@ class Transactions:
                     f"part {meta.name} was written {now - meta.created_at:.0f}s ago, more than half the cleanup "
                     f"grace period ({old_after * 2:g}s), and its name does not carry transaction {txn.id}: "
                     "cleanup may take it for an orphan. Commit parts soon after writing them, or name them "
-                    "after the transaction that stages them (parts.io.format.write_part with its id)")
+                    "after the transaction that stages them (parts.io.format.write_part with its id)"
+                )
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
             # A table with limits of its own binds the transaction from its first write there.
-            if table.txn_max_seconds is not None and (txn.max_seconds is None
-                                                      or table.txn_max_seconds < txn.max_seconds[0]):
+            if table.txn_max_seconds is not None and (
+                txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0]
+            ):
                 txn.max_seconds = (table.txn_max_seconds, table.name)
             if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
                 txn.max_rows = (table.txn_max_rows, table.name)
@@ -236,11 +259,14 @@ class Transactions:
             # transaction writes (a keys table's 100,000 would otherwise refuse its compaction).
             if not isinstance(op, Compact) and txn.rows + op.rows > max_rows:
                 if rows_from is None:
-                    reason = (f"transaction {txn.id} exceeded its row limit of {max_rows} "
-                              f"({txn.rows + op.rows} rows staged)")
+                    reason = (
+                        f"transaction {txn.id} exceeded its row limit of {max_rows} ({txn.rows + op.rows} rows staged)"
+                    )
                 else:
-                    reason = (f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
-                              f"{max_rows} ({txn.rows + op.rows} rows staged)")
+                    reason = (
+                        f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
+                        f"{max_rows} ({txn.rows + op.rows} rows staged)"
+                    )
                 self._abort_locked(txn, reason, [op], "row_limit")
                 raise TransactionAborted(reason, id=txn.id)
             if time.monotonic() - txn.started > self.time_limit(txn)[0]:
@@ -255,8 +281,10 @@ class Transactions:
             except OSError as exc:
                 # Without its record a restart could not delete the files: roll back now.
                 err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
-                reason = (f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
-                          f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there")
+                reason = (
+                    f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
+                    f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there"
+                )
                 self.abort(txn, reason, "storage")
                 raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
@@ -269,12 +297,19 @@ class Transactions:
         own = set(own_names)
         for meta in added:
             if meta.table != table.name:
-                raise InvalidInput(f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}",
-                                   part=meta.name, table=table.name)
+                raise InvalidInput(
+                    f"part {meta.name} belongs to table {meta.table!r}, not {table.name!r}",
+                    part=meta.name,
+                    table=table.name,
+                )
             want = part_path(table.name, list(table.partition_by), meta.partition, meta.name)
             if meta.path != want:
-                raise InvalidInput(f"part {meta.name} of table {table.name!r} names the file {meta.path!r}; a part of "
-                                   f"that name and partition is the file {want!r}", part=meta.name, table=table.name)
+                raise InvalidInput(
+                    f"part {meta.name} of table {table.name!r} names the file {meta.path!r}; a part of "
+                    f"that name and partition is the file {want!r}",
+                    part=meta.name,
+                    table=table.name,
+                )
             if meta.name in own:
                 raise InvalidInput(f"part {meta.name} is staged twice by transaction {txn_id}", part=meta.name)
             own.add(meta.name)
@@ -283,10 +318,16 @@ class Transactions:
                 raise InvalidInput(
                     f"part {meta.name} of table {rec.meta.table!r} was committed at CSN {rec.creation_csn} (by "
                     f"{rec.meta.creation_tid}): a part is committed at most once; nothing was changed",
-                    part=meta.name, table=rec.meta.table, csn=rec.creation_csn)
+                    part=meta.name,
+                    table=rec.meta.table,
+                    csn=rec.creation_csn,
+                )
             if not self.storage.contained(meta.path):
-                raise InvalidInput(f"part {meta.name}'s file {meta.path!r} leads out of the storage root through a "
-                                   "symbolic link", part=meta.name, table=table.name)
+                raise InvalidInput(
+                    f"part {meta.name}'s file {meta.path!r} leads out of the storage root through a symbolic link",
+                    part=meta.name,
+                    table=table.name,
+                )
 
     def committed_retry(self, args: dict) -> dict | None:
         """A one-call commit sent again (its answer was lost): every part it names was committed
@@ -338,8 +379,11 @@ class Transactions:
         higher, and a commit is decided against the log's end whatever it answered."""
         app_id, _ = check_app_version(app_id, 0)
         held = self.state.app_version(app_id)
-        return {"version": None if held is None else held[0], "csn": None if held is None else held[1],
-                "applied": self.state.applied}
+        return {
+            "version": None if held is None else held[0],
+            "csn": None if held is None else held[1],
+            "applied": self.state.applied,
+        }
 
     def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
         """Parts visible to a transaction: at its snapshot, with its own writes. One begun with
@@ -448,8 +492,13 @@ class Transactions:
         for txn in txns:
             if any(m.name == name and m.table == table for op in txn.ops for m in op.added):
                 return CommitStatus(txn.id, txn.state, txn.csn, txn.reason).to_dict()
-        return CommitStatus("", TxnState.ABORTED, None, f"no transaction on replica {self.host_id} staged part {name} of "
-                            f"{table!r} (the call never reached it, or the replica restarted before committing it)").to_dict()
+        return CommitStatus(
+            "",
+            TxnState.ABORTED,
+            None,
+            f"no transaction on replica {self.host_id} staged part {name} of "
+            f"{table!r} (the call never reached it, or the replica restarted before committing it)",
+        ).to_dict()
 
     def commit_async(self, txn_id: str, done: Callable[[int | None, Exception | None], None]) -> None:
         """:meth:`commit` without waiting: ``done(csn, None)`` or ``done(None, error)`` follows,
@@ -564,8 +613,11 @@ class Transactions:
             raise InvalidInput(f"kill: {exc}", id=txn_id) from None
         txn = self.txns.get(txn_id) or self.finished.get(txn_id)
         if txn is None:  # not "aborted": nothing was (exit 3, not 7)
-            raise TransactionNotFound(f"kill: no transaction {txn_id} runs on replica {self.host_id} (nor ended "
-                                      "there recently; a transaction runs on the replica its id names)", id=txn_id)
+            raise TransactionNotFound(
+                f"kill: no transaction {txn_id} runs on replica {self.host_id} (nor ended "
+                "there recently; a transaction runs on the replica its id names)",
+                id=txn_id,
+            )
         self.abort(txn, f"transaction {txn_id} was killed by an operator", "killed")  # logs it at INFO
         return txn.describe()
 
@@ -619,9 +671,11 @@ class Transactions:
 
     def session_reason(self, txn: RunningTxn, silent: float) -> str:
         timeout = self.config.client_session_timeout
-        return (f"transaction {txn.id} was aborted: its client session {txn.session} was not heard from for "
-                f"{silent:.1f}s, more than the session timeout (client_session_timeout={timeout:g}s): the client "
-                "process died, stood still or lost its connection")
+        return (
+            f"transaction {txn.id} was aborted: its client session {txn.session} was not heard from for "
+            f"{silent:.1f}s, more than the session timeout (client_session_timeout={timeout:g}s): the client "
+            "process died, stood still or lost its connection"
+        )
 
     def heartbeat(self, session: object) -> dict:
         """A client's session is alive: its running transactions here stay."""
@@ -641,8 +695,13 @@ class Transactions:
         for t in txns:
             age = now - t.started
             silent = self.sessions.silent_for(t.session, now) if t.session is not None else None
-            row = {"id": t.id, "age_seconds": round(age, 3), "owner": t.owner, "session": t.session,
-                   "session_silent_seconds": None if silent is None else round(silent, 3)}
+            row = {
+                "id": t.id,
+                "age_seconds": round(age, 3),
+                "owner": t.owner,
+                "session": t.session,
+                "session_silent_seconds": None if silent is None else round(silent, 3),
+            }
             if age > self.time_limit(t)[0] / 10:
                 long.append(row)
             if (silent is not None and silent > timeout / 2) or (silent is None and age > timeout):

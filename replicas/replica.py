@@ -84,6 +84,7 @@ STOP_DRAIN_SECONDS = 10.0  # a graceful stop commits the async commits it accept
 # A client sends a token with each begin; a begin sent again with it (its answer was lost) gets
 # the transaction the first one began, for this long after it, among this many recent tokens.
 
+
 class Replica:
     def __init__(self, config: ReplicaConfig) -> None:
         check_host_id(config.host_id)
@@ -121,22 +122,56 @@ class Replica:
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.leases = Leases(self.state, config, self.transactions)
         self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
-        self.retention = Retention(self.state, config, self.host_id, self.watermark,
-                                   lambda: None if self.follower is None else self.follower.poke())
-        self.cleanup = Cleanup(self.state, config, self.storage, self.zk, self.log, self.host_id, self.watermark,
-                               self.fence, self.retention, self.transactions, self.alive_record, self.catch_up)
-        self.merges = Merges(self.state, config, self.storage, self.zk, self.log, self.host_id, self.transactions,
-                             self.table, self.catch_up, lambda event, **fields: self.history.record(event, **fields),
-                             self.zk_session.stop)
+        self.retention = Retention(
+            self.state,
+            config,
+            self.host_id,
+            self.watermark,
+            lambda: None if self.follower is None else self.follower.poke(),
+        )
+        self.cleanup = Cleanup(
+            self.state,
+            config,
+            self.storage,
+            self.zk,
+            self.log,
+            self.host_id,
+            self.watermark,
+            self.fence,
+            self.retention,
+            self.transactions,
+            self.alive_record,
+            self.catch_up,
+        )
+        self.merges = Merges(
+            self.state,
+            config,
+            self.storage,
+            self.zk,
+            self.log,
+            self.host_id,
+            self.transactions,
+            self.table,
+            self.catch_up,
+            lambda event, **fields: self.history.record(event, **fields),
+            self.zk_session.stop,
+        )
         self.tail: checkpoint.LogTail | None = None
-        self.log_watch = LogWatch(self.zk, self.log, self.state, self.storage, config.data_dir,
-                                  lambda: None if self.wal is None else self.wal.path,
-                                  lambda: None if self.tail is None else self.tail.tail)
+        self.log_watch = LogWatch(
+            self.zk,
+            self.log,
+            self.state,
+            self.storage,
+            config.data_dir,
+            lambda: None if self.wal is None else self.wal.path,
+            lambda: None if self.tail is None else self.tail.tail,
+        )
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
         self.outcomes = Outcomes(self)
-        self.pauses = PauseGuard(self.zk, self.log, self.host_id, config.session_timeout, self.zk_session,
-                                 self.catch_up)
+        self.pauses = PauseGuard(
+            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
+        )
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
         self._register_lock = threading.Lock()
@@ -155,7 +190,8 @@ class Replica:
         except NoAuthError:
             raise InvalidInput(
                 f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
-                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)") from None
+                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)"
+            ) from None
         # Before the WAL is opened: a second process with this host id (and maybe this data
         # directory) must not touch the live one's files or registration.
         check_host_free(self.zk, self.log, self.host_id, self.address, self.config.session_timeout)
@@ -190,10 +226,18 @@ class Replica:
         threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
         self.pauses.start()
-        log.info("replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
-                 "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
-                 self.host_id, time.monotonic() - began, local_csn, replayed, from_wal, self.state.applied,
-                 removed, self.incarnation)
+        log.info(
+            "replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
+            "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
+            self.host_id,
+            time.monotonic() - began,
+            local_csn,
+            replayed,
+            from_wal,
+            self.state.applied,
+            removed,
+            self.incarnation,
+        )
 
     def _recover_local(self) -> tuple[dict[str, list[str]], int, int]:
         """Open the WAL and load the local snapshot plus the WAL's entries; returns the staged
@@ -215,8 +259,12 @@ class Replica:
         local_csn = self.state.applied
         replay = self.state.applied >= base
         if not replay:
-            log.error("WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
-                      "ZooKeeper (or the cluster checkpoint)", self.wal.path, base)
+            log.error(
+                "WAL %s continues a local snapshot at CSN %d that did not load; refetching from "
+                "ZooKeeper (or the cluster checkpoint)",
+                self.wal.path,
+                base,
+            )
         replayed = 0
         with checkpoint.no_gc():  # a long replay builds many long-lived objects (see ReplicaState.restore)
             for rec in records:
@@ -226,8 +274,9 @@ class Replica:
                         replayed += 1
                     except CorruptMetadata as exc:
                         # The WAL only caches the log: stop here and fetch the rest from ZooKeeper.
-                        log.error("WAL %s: entry record does not apply (%s); refetching from ZooKeeper",
-                                  self.wal.path, exc)
+                        log.error(
+                            "WAL %s: entry record does not apply (%s); refetching from ZooKeeper", self.wal.path, exc
+                        )
                         replay = False
                 elif isinstance(rec, WalStaged):
                     staged.setdefault(rec.tid, []).extend(rec.paths)
@@ -242,14 +291,18 @@ class Replica:
                 with attempt:
                     problem = startup_probe(self.state, self.storage)
         except OSError as exc:
-            raise ReplicaUnavailable(f"replica {self.host_id} cannot read its storage {self.storage.url}: {exc}",
-                                     storage=self.storage.url) from None
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} cannot read its storage {self.storage.url}: {exc}", storage=self.storage.url
+            ) from None
         if problem is not None:
             raise self._wrong_storage(problem)
 
     def _wrong_storage(self, problem: str) -> InvalidInput:
-        return InvalidInput(f"replica {self.host_id}: storage {self.storage.url} does not hold what the log names "
-                            f"({problem}); is --storage the cluster's storage?", storage=self.storage.url)
+        return InvalidInput(
+            f"replica {self.host_id}: storage {self.storage.url} does not hold what the log names "
+            f"({problem}); is --storage the cluster's storage?",
+            storage=self.storage.url,
+        )
 
     def _check_root_acl(self) -> None:
         """A secured replica on a root that anyone may read or write (created by an unsecured
@@ -258,9 +311,13 @@ class Replica:
             return
         acls, _ = self.zk.retry(self.zk.get_acls, self.log.root)
         if any(acl.id.scheme != "digest" for acl in acls):
-            log.error("the ZooKeeper root %s is open to others (ACL %s): it was created without credentials. "
-                      "Secure it with setAcl -R %s digest:<user>:<digest>:cdrwa (zkCli), or use a new root",
-                      self.log.root, [f"{a.id.scheme}:{a.id.id}" for a in acls], self.log.root)
+            log.error(
+                "the ZooKeeper root %s is open to others (ACL %s): it was created without credentials. "
+                "Secure it with setAcl -R %s digest:<user>:<digest>:cdrwa (zkCli), or use a new root",
+                self.log.root,
+                [f"{a.id.scheme}:{a.id.id}" for a in acls],
+                self.log.root,
+            )
 
     def _first_admin(self) -> UserRecord | None:
         """The admin user ``mergetxn security init`` made (in the replicas' credentials file):
@@ -271,8 +328,12 @@ class Replica:
     def stop(self) -> None:
         """Stop cleanly (also after a start that failed): drain async commits, stop the
         threads, end the session (the alive node goes with it) and close the WAL."""
-        log.info("replica %s stopping at CSN %d (%d running transactions end with it)", self.host_id,
-                 self.state.applied, len(self.transactions.txns))
+        log.info(
+            "replica %s stopping at CSN %d (%d running transactions end with it)",
+            self.host_id,
+            self.state.applied,
+            len(self.transactions.txns),
+        )
         if self.committer is not None and not self.async_commits.drain(STOP_DRAIN_SECONDS):
             log.warning("stopping with async commits still queued: they are lost (their clients' flush says so)")
         self.zk_session.stop.set()
@@ -308,10 +369,17 @@ class Replica:
         with self._register_lock:
             if self.incarnation != incarnation:
                 return
-            log.warning("replica %s: incarnation %d was fenced by another replica; aborting its transactions and "
-                        "registering again", self.host_id, incarnation)
-            self._abort_incarnation(incarnation, f"replica {self.host_id}'s incarnation {incarnation} was fenced by "
-                                                 "another replica that decided its transactions (aborted) while it looked gone")
+            log.warning(
+                "replica %s: incarnation %d was fenced by another replica; aborting its transactions and "
+                "registering again",
+                self.host_id,
+                incarnation,
+            )
+            self._abort_incarnation(
+                incarnation,
+                f"replica {self.host_id}'s incarnation {incarnation} was fenced by "
+                "another replica that decided its transactions (aborted) while it looked gone",
+            )
             self._register()
 
     def _abort_incarnation(self, incarnation: int, reason: str) -> None:
@@ -323,9 +391,16 @@ class Replica:
         with self.transactions.begins_held() as txns:
             snaps = [t.snapshot for t in txns.values()]
             applied = self.state.applied
-        return AliveRecord(address=self.address, incarnation=self.incarnation, applied=applied,
-                           oldest_txn_snapshot=min(snaps) if snaps else None, oldest_snapshot=min(oldest, applied),
-                           snapshots=tuple(picked), running=tuple(running), running_overflow=overflow)
+        return AliveRecord(
+            address=self.address,
+            incarnation=self.incarnation,
+            applied=applied,
+            oldest_txn_snapshot=min(snaps) if snaps else None,
+            oldest_snapshot=min(oldest, applied),
+            snapshots=tuple(picked),
+            running=tuple(running),
+            running_overflow=overflow,
+        )
 
     def refresh_alive(self) -> None:
         """Republish the alive node when what it says changed (the log-tail thread, each tick)."""
@@ -341,8 +416,11 @@ class Replica:
         stopped = getattr(connection, "connection_stopped", None)
         if stopped is None or not stopped.is_set() or self.zk._stopped.is_set() or self.zk_session.stop.is_set():
             return
-        log.critical("replica %s: the ZooKeeper client's connection loop died and will not reconnect; exiting "
-                     "(status 70) so that a supervisor restarts the replica", self.host_id)
+        log.critical(
+            "replica %s: the ZooKeeper client's connection loop died and will not reconnect; exiting "
+            "(status 70) so that a supervisor restarts the replica",
+            self.host_id,
+        )
         logging.shutdown()
         os._exit(70)
 
@@ -364,8 +442,12 @@ class Replica:
             victims = self.transactions.running_now()  # only these: a BEGIN after this belongs to the new session
             if not self.zk_session.stop.is_set():  # not the end of a clean stop
                 log.warning("%s: aborting its %d running transactions", reason, len(victims))
-            self._aborting = threading.Thread(target=self.transactions.abort_all, args=(reason, victims, "session_lost"),
-                                              name="abort-all", daemon=True)
+            self._aborting = threading.Thread(
+                target=self.transactions.abort_all,
+                args=(reason, victims, "session_lost"),
+                name="abort-all",
+                daemon=True,
+            )
             self._aborting.start()
         elif state == KazooState.CONNECTED and self.zk_session.lost.is_set():
             threading.Thread(target=self._after_new_session, daemon=True).start()
@@ -392,8 +474,9 @@ class Replica:
         try:
             return self.storage.get(pointer.path)
         except Exception as exc:
-            raise CorruptMetadata(f"manifest {pointer.path} named by the log cannot be read: {exc}",
-                                  manifest=pointer.path) from exc
+            raise CorruptMetadata(
+                f"manifest {pointer.path} named by the log cannot be read: {exc}", manifest=pointer.path
+            ) from exc
 
     def _remove_uncommitted(self, staged: dict[str, list[str]]) -> int:
         """Parts written by transactions that never committed are never visible: delete them
@@ -447,7 +530,8 @@ class Replica:
         if self.log.fetch(epoch, seq) is None and self._synced_fetch(epoch, seq) is None:
             raise SnapshotUnavailable(
                 f"snapshot {csn} is newer than the log (latest applied here: {self.state.applied})",
-                snapshot=csn, latest=self.state.applied,
+                snapshot=csn,
+                latest=self.state.applied,
             )
         self.follower.poke()
         if not self.state.wait_applied(csn, self.config.read_wait_seconds) or self.state.applied < csn:
@@ -467,8 +551,10 @@ class Replica:
         self.follower.pull()
         end = self.log.last_csn()
         if not self.state.wait_applied(end, self.config.read_wait_seconds) and self.state.failure is None:
-            raise ReplicaUnavailable(f"replica {self.host_id} did not apply the log up to CSN {end} "
-                                     f"in {self.config.read_wait_seconds:g}s (applied: {self.state.applied})")
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} did not apply the log up to CSN {end} "
+                f"in {self.config.read_wait_seconds:g}s (applied: {self.state.applied})"
+            )
         if self.state.failure is not None:
             raise self.state.failure
 
@@ -514,18 +600,26 @@ class Replica:
                     self.follower.pull()
                     self.state.clear_failure()
                 self.follower.poke()
-                self.state.wait_until(lambda: self.state.table(name) is not None or self.state.failure is not None,
-                                      self.config.read_wait_seconds)
+                self.state.wait_until(
+                    lambda: self.state.table(name) is not None or self.state.failure is not None,
+                    self.config.read_wait_seconds,
+                )
                 t = self.state.table(name, snapshot)
             if t is None:
                 created = self.state.table(name)
                 if created is not None:
-                    raise TableNotFound(f"table {quote(name)} does not exist at snapshot {snapshot} "
-                                        f"(created at CSN {created.created_csn})", table=name)
+                    raise TableNotFound(
+                        f"table {quote(name)} does not exist at snapshot {snapshot} "
+                        f"(created at CSN {created.created_csn})",
+                        table=name,
+                    )
                 rec = self.state.record(name, snapshot)
                 if isinstance(rec, TableDropped):
-                    raise TableNotFound(f"table {quote(name)} was dropped at CSN {rec.csn} (by {rec.tid})",
-                                        table=name, dropped_csn=rec.csn)
+                    raise TableNotFound(
+                        f"table {quote(name)} was dropped at CSN {rec.csn} (by {rec.tid})",
+                        table=name,
+                        dropped_csn=rec.csn,
+                    )
                 raise TableNotFound(f"unknown table {quote(name)}", table=name)
         return t
 
@@ -550,17 +644,36 @@ class Replica:
         tdef = self.table(name, snap)
         metas = self.state.visible(name, snap)
         records = [r for r in self.state.catalog_records(name) if r.csn >= tdef.created_csn and r.csn <= snap]
-        return {**tdef.to_dict(), "retention_seconds": self.retention.seconds(tdef),
-                "retention_default": tdef.retention_seconds is None,
-                "snapshot": snap, "schema_version": tdef.ddl_version,
-                "parts": len(metas), "rows": sum(m.rows for m in metas), "bytes": sum(m.size for m in metas),
-                "partitions": len({m.partition_key for m in metas}),
-                "history": [{"csn": r.csn, "ddl_version": r.ddl_version,
-                             "what": "created" if r.csn == tdef.created_csn else "altered"} for r in records]}
+        return {
+            **tdef.to_dict(),
+            "retention_seconds": self.retention.seconds(tdef),
+            "retention_default": tdef.retention_seconds is None,
+            "snapshot": snap,
+            "schema_version": tdef.ddl_version,
+            "parts": len(metas),
+            "rows": sum(m.rows for m in metas),
+            "bytes": sum(m.size for m in metas),
+            "partitions": len({m.partition_key for m in metas}),
+            "history": [
+                {
+                    "csn": r.csn,
+                    "ddl_version": r.ddl_version,
+                    "what": "created" if r.csn == tdef.created_csn else "altered",
+                }
+                for r in records
+            ],
+        }
 
-    def read_parts(self, table: str, snapshot: int | None = None, as_of: float | None = None,
-                   pkeys: list[str] | None = None, fresh: bool = False, lease: str = "read",
-                   owner: str | None = None) -> tuple[int, list[PartMeta], str | None]:
+    def read_parts(
+        self,
+        table: str,
+        snapshot: int | None = None,
+        as_of: float | None = None,
+        pkeys: list[str] | None = None,
+        fresh: bool = False,
+        lease: str = "read",
+        owner: str | None = None,
+    ) -> tuple[int, list[PartMeta], str | None]:
         """Parts visible at a snapshot (the latest by default), for a read outside a transaction:
         the snapshot is leased (``lease``: "read", "spark" or "none"; see replicas/leases.py)
         until the reader releases the lease id returned, or it lapses. SnapshotUnavailable if
@@ -594,19 +707,21 @@ class Replica:
             out = []
             for n in names:
                 rec = self.state.parts[n]
-                out.append({
-                    "name": n,
-                    "partition": json.dumps(list(rec.meta.partition)),
-                    "path": rec.meta.path,
-                    "rows": rec.meta.rows,
-                    "size": rec.meta.size,
-                    "creation_tid": rec.meta.creation_tid,
-                    "creation_csn": rec.creation_csn,
-                    "removal_tid": rec.removal_tid,
-                    "removal_csn": rec.removal_csn,
-                    "visible": rec.removal_csn is None or rec.removal_csn > latest,
-                    **dict(zip(("why_kept", "collected"), note(rec))),
-                })
+                out.append(
+                    {
+                        "name": n,
+                        "partition": json.dumps(list(rec.meta.partition)),
+                        "path": rec.meta.path,
+                        "rows": rec.meta.rows,
+                        "size": rec.meta.size,
+                        "creation_tid": rec.meta.creation_tid,
+                        "creation_csn": rec.creation_csn,
+                        "removal_tid": rec.removal_tid,
+                        "removal_csn": rec.removal_csn,
+                        "visible": rec.removal_csn is None or rec.removal_csn > latest,
+                        **dict(zip(("why_kept", "collected"), note(rec))),
+                    }
+                )
         return out
 
     def info(self) -> dict:
@@ -630,20 +745,35 @@ class Replica:
             "snapshot": s.applied_csn,
             "applied_csn": s.applied_csn,
             "log_failure": None if self.state.failure is None else str(self.state.failure),
-            "log": {"end_csn": s.log_end_csn, "entries": s.log_entries, "epochs": watch.epochs,
-                    "observed_at": watch.observed_at, "retained": self.tail.retained if self.tail else 0,
-                    "wal_bytes": s.wal_bytes, "local_checkpoint_bytes": watch.local_checkpoint_bytes,
-                    "checkpoint": watch.checkpoint},
+            "log": {
+                "end_csn": s.log_end_csn,
+                "entries": s.log_entries,
+                "epochs": watch.epochs,
+                "observed_at": watch.observed_at,
+                "retained": self.tail.retained if self.tail else 0,
+                "wal_bytes": s.wal_bytes,
+                "local_checkpoint_bytes": watch.local_checkpoint_bytes,
+                "checkpoint": watch.checkpoint,
+            },
             "lag": {"entries": s.lag_entries, "seconds": round(s.lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
-            "cleanup": {"passes": s.cleanup_passes, "failures": s.cleanup_failures,
-                        "files_removed": s.cleanup_files_removed, "last_at": self.cleanup.last_gc_at,
-                        "last_error": self.cleanup.last_gc_error, "watermark": self.cleanup.watermark,
-                        "last": None if last_gc is None else {
-                            k: (len(v) if isinstance(v, list) else v) for k, v in last_gc.items()
-                            if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")}},
+            "cleanup": {
+                "passes": s.cleanup_passes,
+                "failures": s.cleanup_failures,
+                "files_removed": s.cleanup_files_removed,
+                "last_at": self.cleanup.last_gc_at,
+                "last_error": self.cleanup.last_gc_error,
+                "watermark": self.cleanup.watermark,
+                "last": None
+                if last_gc is None
+                else {
+                    k: (len(v) if isinstance(v, list) else v)
+                    for k, v in last_gc.items()
+                    if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")
+                },
+            },
             "merges": s.merges,
             "epoch_size": self.log.epoch_size,
             "incarnation": s.incarnation,
@@ -653,10 +783,15 @@ class Replica:
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
             "secure": self.config.credentials is not None,  # TLS, users and grants, ZooKeeper ACLs
-            "committer": None if not s.has_committer else {
-                "commits": s.commits, "batches": s.commit_batches,
-                "local_version_misses": s.local_version_misses, "failed": s.commit_failures,
-                "conflicts": {k: n for k, n in s.conflicts.items() if n}},
+            "committer": None
+            if not s.has_committer
+            else {
+                "commits": s.commits,
+                "batches": s.commit_batches,
+                "local_version_misses": s.local_version_misses,
+                "failed": s.commit_failures,
+                "conflicts": {k: n for k, n in s.conflicts.items() if n},
+            },
             "aborted": s.aborted,  # by reason, as the metric mergetxn_transactions_aborted_total
             "async_commits": self.async_commits.describe(),
         }

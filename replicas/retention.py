@@ -39,8 +39,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class Retention:
-    def __init__(self, state: ReplicaState, config: ReplicaConfig, host_id: str, node: Watermark,
-                 poke_follower: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        state: ReplicaState,
+        config: ReplicaConfig,
+        host_id: str,
+        node: Watermark,
+        poke_follower: Callable[[], None],
+    ) -> None:
         """``node``: the watched ``gc`` node (coordinator/zk/watermark.py), which cleanup raises;
         ``poke_follower``: make the follower look at the log now."""
         self.state, self.config, self.host_id, self.node = state, config, host_id, node
@@ -75,11 +81,15 @@ class Retention:
 
     def _window_text(self, table: str | None) -> str:
         if table is None:
-            return (f"; replicas keep history for {self.seconds(None):g}s by default (retention_seconds; a table "
-                    "may set its own), and beyond that only while a snapshot is in use")
+            return (
+                f"; replicas keep history for {self.seconds(None):g}s by default (retention_seconds; a table "
+                "may set its own), and beyond that only while a snapshot is in use"
+            )
         seconds = self.table_seconds(table, self.state.applied)
-        return (f"; table {table!r} keeps history for {seconds:g}s (retention_seconds), and beyond that only "
-                "while a snapshot is in use")
+        return (
+            f"; table {table!r} keeps history for {seconds:g}s (retention_seconds), and beyond that only "
+            "while a snapshot is in use"
+        )
 
     def ensure_applied(self) -> None:
         """A replica behind cleanup's watermark (restarted from an old WAL) would not know which
@@ -91,11 +101,18 @@ class Retention:
         if not self.state.wait_applied(w, self.config.read_wait_seconds) or self.state.applied < w:
             if self.state.failure is not None:
                 raise self.state.failure
-            raise ReplicaUnavailable(f"replica {self.host_id} has not applied the cleanup watermark "
-                                     f"{w} yet (applied: {self.state.applied})")
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} has not applied the cleanup watermark {w} yet (applied: {self.state.applied})"
+            )
 
-    def check(self, snapshot: int, table: str | None = None, metas: list[PartMeta] = (),
-              fresh: bool = False, context: str = "") -> None:
+    def check(
+        self,
+        snapshot: int,
+        table: str | None = None,
+        metas: list[PartMeta] = (),
+        fresh: bool = False,
+        context: str = "",
+    ) -> None:
         """SnapshotUnavailable unless ``snapshot`` is served: not below the oldest served whole,
         and none of ``metas`` (the parts visible at it) collected by cleanup (``fresh``: read
         cleanup's watermark from ZooKeeper, not the watched copy)."""
@@ -103,8 +120,10 @@ class Retention:
         if snapshot < oldest:
             raise SnapshotUnavailable(
                 f"snapshot {snapshot} is older than what is retained (oldest: {oldest})"
-                + (f" ({context})" if context else "") + self._window_text(table),
-                snapshot=snapshot, oldest=oldest,
+                + (f" ({context})" if context else "")
+                + self._window_text(table),
+                snapshot=snapshot,
+                oldest=oldest,
             )
         if not metas:
             return
@@ -119,7 +138,9 @@ class Retention:
             raise SnapshotUnavailable(
                 f"snapshot {snapshot} of table {table!r} is older than retained: cleanup collected parts "
                 f"it sees (part {m.name}, removed at CSN {removal})" + self._window_text(table),
-                snapshot=snapshot, table=table, retained_from=marks.watermark,
+                snapshot=snapshot,
+                table=table,
+                retained_from=marks.watermark,
                 retention_seconds=self.table_seconds(table, self.state.applied) if table else None,
             )
 
@@ -138,10 +159,13 @@ class Retention:
             raise SnapshotUnavailable(
                 f"{what} {at} is in the future (the replica's clock reads "
                 f"{datetime.fromtimestamp(now, UTC).isoformat()}): no snapshot exists for it yet",
-                time=when, now=now)
+                time=when,
+                now=now,
+            )
 
-    def check_changes(self, table: str, start: object, end: object, by: str, first: int,
-                      metas: list[PartMeta], fresh: bool = False) -> None:
+    def check_changes(
+        self, table: str, start: object, end: object, by: str, first: int, metas: list[PartMeta], fresh: bool = False
+    ) -> None:
         """For incremental reads from ``start`` (its CSN ``first``): refused below what this
         replica forgot (changes come from the state), and when cleanup collected a part they name."""
         pruned = self.state.lost_below(table, history=True)
@@ -149,7 +173,10 @@ class Retention:
             raise SnapshotUnavailable(
                 f"changes of {table!r} from {start} by {by} are older than what is retained: the commits "
                 f"at or below CSN {pruned} are forgotten (cleanup collected their parts)" + self._window_text(table),
-                table=table, start=start, retained_from=pruned)
+                table=table,
+                start=start,
+                retained_from=pruned,
+            )
         if fresh:
             self.node.refresh()
         gone = self.collected(metas, self.node.marks)
@@ -157,7 +184,10 @@ class Retention:
             raise SnapshotUnavailable(
                 f"changes of {table!r} in ({start}, {end if end is not None else 'latest'}] by {by} are older than "
                 f"retained: cleanup collected {len(gone)} part(s) they need (e.g. {gone[0][0].name}, removed at "
-                f"CSN {gone[0][1]})" + self._window_text(table), table=table, start=start, end=end,
+                f"CSN {gone[0][1]})" + self._window_text(table),
+                table=table,
+                start=start,
+                end=end,
                 retained_from=self.node.marks.watermark,
             )
 

@@ -67,8 +67,13 @@ class Effect:
         for m in sorted(self.added.values(), key=lambda m: m.name):
             added[(m.table, partition_key(m.partition))].append(m)
         return [
-            Change(table, pkey, tuple(sorted(kinds, key=lambda k: k.value)), tuple(added.get((table, pkey), ())),
-                   tuple(sorted(self.removed_in(table, pkey))))
+            Change(
+                table,
+                pkey,
+                tuple(sorted(kinds, key=lambda k: k.value)),
+                tuple(added.get((table, pkey), ())),
+                tuple(sorted(self.removed_in(table, pkey))),
+            )
             for (table, pkey), kinds in sorted(self.kinds.items())
         ]
 

@@ -58,10 +58,15 @@ _ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "ap
 class ReplicaServer(RpcServer):
     def __init__(self, replica: Replica, host: str = "127.0.0.1", port: int = 0) -> None:
         creds = replica.config.credentials  # secured: TLS, users and grants (coordinator/wire/rpc.py)
-        super().__init__(host, port, self.dispatch, inline=self._inline,
-                         tls=None if creds is None else creds.server_context(),
-                         authenticate=None if replica.users is None else replica.users.authenticate,
-                         limits=replica.config.limits())
+        super().__init__(
+            host,
+            port,
+            self.dispatch,
+            inline=self._inline,
+            tls=None if creds is None else creds.server_context(),
+            authenticate=None if replica.users is None else replica.users.authenticate,
+            limits=replica.config.limits(),
+        )
         self.replica = replica
         self.transactions = txns = replica.transactions
         self.address = f"{host}:{self.port}"
@@ -90,16 +95,27 @@ class ReplicaServer(RpcServer):
             "wait": lambda a: replica.wait_snapshot(a["snapshot"]),
             "transactions": self._transactions,
             "parts": lambda a: replica.part_records(a["table"]),
-            "commit_status": lambda a: (txns.part_status(a.get("table"), a["part"]) if "part" in a
-                                        else txns.commit_status(a["tid"], bool(a.get("forwarded")))),
+            "commit_status": lambda a: (
+                txns.part_status(a.get("table"), a["part"])
+                if "part" in a
+                else txns.commit_status(a["tid"], bool(a.get("forwarded")))
+            ),
             "commit_parts": lambda a: txns.commit_parts(a, owner=_user(a)),
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
-            "changes": lambda a: {**replica.history.changes(a["table"], a.get("start"), a.get("end"),
-                                                            a.get("by", "id"), bool(a.get("fresh")),
-                                                            a.get("lease", "read"), a.get("compactions", True) is not False,
-                                                            owner=_user(a)),
-                                  "lease_seconds": leases.READ_LEASE_SECONDS},
+            "changes": lambda a: {
+                **replica.history.changes(
+                    a["table"],
+                    a.get("start"),
+                    a.get("end"),
+                    a.get("by", "id"),
+                    bool(a.get("fresh")),
+                    a.get("lease", "read"),
+                    a.get("compactions", True) is not False,
+                    owner=_user(a),
+                ),
+                "lease_seconds": leases.READ_LEASE_SECONDS,
+            },
             "renew": lambda a: replica.leases.renew(a["lease"]),
             "release": lambda a: replica.leases.release(a["lease"]),
             "events": lambda a: replica.history.events(a.get("table"), a.get("since_csn")),
@@ -142,8 +158,9 @@ class ReplicaServer(RpcServer):
         """The replica's ``info``; a non-admin sees only its own notable transactions in it."""
         info, who = self.replica.info(), self._grantee(a)
         if who is not None and who.role is not grants.Role.ADMIN:
-            info["transactions"] = {kind: [t for t in rows if t.get("owner") == who.name]
-                                    for kind, rows in info["transactions"].items()}
+            info["transactions"] = {
+                kind: [t for t in rows if t.get("owner") == who.name] for kind, rows in info["transactions"].items()
+            }
         return info
 
     def _transactions(self, a: dict) -> list[dict]:
@@ -160,8 +177,10 @@ class ReplicaServer(RpcServer):
             now = time.monotonic()
             if self._peers_seen is None or now - self._peers_seen[0] > PEERS_SECONDS:
                 alive = read_alive(self.replica.zk, self.replica.log)
-                self._peers_seen = (now, sorted(r.address for h, r in alive.items()
-                                                if r.address and h != self.replica.host_id))
+                self._peers_seen = (
+                    now,
+                    sorted(r.address for h, r in alive.items() if r.address and h != self.replica.host_id),
+                )
             return {"replicas": list(self._peers_seen[1])}
 
     def _tables(self, a: dict) -> list[str]:
@@ -287,9 +306,14 @@ class ReplicaServer(RpcServer):
         replica, txns = self.replica, self.transactions
         a.pop("_inflight", None)
         added, table = a.get("added"), a.get("table")
-        quick = (a.get("op", "insert") == "insert" and isinstance(added, list) and isinstance(table, str)
-                 and replica.state.table(table) is not None and not replica.wal.compacting
-                 and txns.ready_to_begin())
+        quick = (
+            a.get("op", "insert") == "insert"
+            and isinstance(added, list)
+            and isinstance(table, str)
+            and replica.state.table(table) is not None
+            and not replica.wal.compacting
+            and txns.ready_to_begin()
+        )
         if quick:
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
             tdef = replica.state.table(table)
@@ -343,9 +367,16 @@ class ReplicaServer(RpcServer):
         from coordinator.core.tabledata import schema_from_json
 
         tdef = TableDef.new(
-            a["name"], schema_from_json(a["schema"]), a.get("partition_by", ()), a.get("primary_key", ()),
-            a.get("conflict_policy", "parts"), a.get("auto_merge", True), a.get("lock_groups"),
-            a.get("atomicity", "full"), a.get("txn_max_seconds"), a.get("txn_max_rows"),
+            a["name"],
+            schema_from_json(a["schema"]),
+            a.get("partition_by", ()),
+            a.get("primary_key", ()),
+            a.get("conflict_policy", "parts"),
+            a.get("auto_merge", True),
+            a.get("lock_groups"),
+            a.get("atomicity", "full"),
+            a.get("txn_max_seconds"),
+            a.get("txn_max_rows"),
             a.get("retention_seconds"),
         )
         return {"csn": self.replica.create_table(tdef)}
@@ -383,11 +414,16 @@ class ReplicaServer(RpcServer):
         return _committed(self.transactions.commit(a["id"]))
 
     def _begin(self, a: dict) -> dict:
-        txn = self.transactions.begin(a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"),
-                                      a.get("session"), owner=_user(a))
-        return {"id": txn.id, "tid": list(txn.tid), "snapshot": txn.snapshot,
-                "ddl": self.replica.state.last_ddl(txn.snapshot),
-                "client_session_timeout": self.replica.config.client_session_timeout}
+        txn = self.transactions.begin(
+            a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"), a.get("session"), owner=_user(a)
+        )
+        return {
+            "id": txn.id,
+            "tid": list(txn.tid),
+            "snapshot": txn.snapshot,
+            "ddl": self.replica.state.last_ddl(txn.snapshot),
+            "client_session_timeout": self.replica.config.client_session_timeout,
+        }
 
     def _flush_async(self, a: dict) -> dict:
         """``client.flush()``: wait for the async commits of session ``session`` queued so far
@@ -407,13 +443,24 @@ class ReplicaServer(RpcServer):
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
             metas = self._may_hold(a, snap, metas)
             return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
-        snap, metas, lease = self.replica.read_parts(a["table"], a.get("snapshot"), a.get("as_of"), pkeys,
-                                                     fresh=bool(a.get("fresh")), lease=a.get("lease", "read"),
-                                                     owner=_user(a))
+        snap, metas, lease = self.replica.read_parts(
+            a["table"],
+            a.get("snapshot"),
+            a.get("as_of"),
+            pkeys,
+            fresh=bool(a.get("fresh")),
+            lease=a.get("lease", "read"),
+            owner=_user(a),
+        )
         metas = self._may_hold(a, snap, metas)
-        return {"snapshot": snap, "parts": [m.to_dict() for m in metas], "lease": lease,
-                "lease_seconds": leases.READ_LEASE_SECONDS, "ddl": self.replica.state.last_ddl(snap),
-                **self._csns(metas)}
+        return {
+            "snapshot": snap,
+            "parts": [m.to_dict() for m in metas],
+            "lease": lease,
+            "lease_seconds": leases.READ_LEASE_SECONDS,
+            "ddl": self.replica.state.last_ddl(snap),
+            **self._csns(metas),
+        }
 
     def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
         """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keys.py)
@@ -445,8 +492,14 @@ class ReplicaServer(RpcServer):
             _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
             result = rewrite.compact(replica.storage, table, visible, kind, txn.id, self._csns(visible)["csns"])
-            op = Compact(table.name, kind, added=tuple(result.added), removed=tuple(result.removed),
-                         partitions=None if pkeys is None else tuple(pkeys), rows=sum(m.rows for m in result.added))
+            op = Compact(
+                table.name,
+                kind,
+                added=tuple(result.added),
+                removed=tuple(result.removed),
+                partitions=None if pkeys is None else tuple(pkeys),
+                rows=sum(m.rows for m in result.added),
+            )
             if op.removed:
                 txns.stage(txn.id, op)
             csn = txns.commit(txn.id)
@@ -500,7 +553,10 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
 
             replica.metrics_address, metrics_server = _bind(
                 lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
-                "--metrics-port", config.host, config.metrics_port)
+                "--metrics-port",
+                config.host,
+                config.metrics_port,
+            )
         replica.set_address(server.address)
         replica.start()
     except BaseException:
@@ -528,8 +584,12 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
         tmp = Path(str(ready_file) + ".tmp")
         tmp.write_text(server.address)
         os.replace(tmp, ready_file)
-    log.info("replica %s serving at %s%s", config.host_id, server.address,
-             f", metrics at http://{replica.metrics_address}/metrics" if replica.metrics_address else "")
+    log.info(
+        "replica %s serving at %s%s",
+        config.host_id,
+        server.address,
+        f", metrics at http://{replica.metrics_address}/metrics" if replica.metrics_address else "",
+    )
     print(f"READY {server.address}", flush=True)
     # A bare wait() never wakes for a signal that the kernel delivered to another thread
     # (Python runs handlers only on the main thread, between bytecodes): poll instead.
@@ -563,8 +623,11 @@ def _serve_or_exit(server: ReplicaServer) -> None:
     try:
         server.serve_forever()
     except BaseException:
-        log.critical("the RPC loop of replica %s died: exiting with status %d so that it is restarted",
-                     server.address, EXIT_RPC_DIED)
+        log.critical(
+            "the RPC loop of replica %s died: exiting with status %d so that it is restarted",
+            server.address,
+            EXIT_RPC_DIED,
+        )
         logging.shutdown()
         os._exit(EXIT_RPC_DIED)
 

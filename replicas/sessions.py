@@ -27,8 +27,10 @@ from coordinator.model.atomicity import MAX_SESSION
 def check_session_id(session: object) -> str:
     """A client's session id as sent over the wire, or InvalidInput naming what is wrong."""
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION or not session.isprintable():
-        raise InvalidInput(f"session must be a string of 1 to {MAX_SESSION} printable characters naming the "
-                           f"client, not {quote(session)}")
+        raise InvalidInput(
+            f"session must be a string of 1 to {MAX_SESSION} printable characters naming the "
+            f"client, not {quote(session)}"
+        )
     return session
 
 

@@ -84,8 +84,9 @@ class Setting:
                 raise ValueError
             v = self.type(value)
         except (TypeError, ValueError):
-            raise InvalidInput(f"replica setting {self.name} must be "
-                               f"{'an integer' if self.type is int else 'a number'}, not {value!r}") from None
+            raise InvalidInput(
+                f"replica setting {self.name} must be {'an integer' if self.type is int else 'a number'}, not {value!r}"
+            ) from None
         low = self.minimum is not None and (v < self.minimum or (self.above and v == self.minimum))
         high = self.maximum is not None and v > self.maximum
         if not math.isfinite(v) or low or high:
@@ -100,84 +101,133 @@ def _setting(default: Any = MISSING, help: str = "", **spec: Any) -> Any:
 @dataclass(frozen=True, kw_only=True)
 class ReplicaConfig:
     zk: str = _setting(help="ZooKeeper connection string (host:port[,host:port...][/chroot])", metavar="HOSTS")
-    storage_url: str = _setting(help="part storage: a local path or s3://bucket/prefix", flag="storage",
-                                metavar="URL")
+    storage_url: str = _setting(help="part storage: a local path or s3://bucket/prefix", flag="storage", metavar="URL")
     host_id: str = _setting(help="this replica's stable id (letters, digits, _ . -)")
     data_dir: Path = _setting(help="local directory for the WAL")
     port: int = _setting(0, "port (0: a free one)", minimum=0, maximum=65535)
     host: str = _setting("127.0.0.1", "interface to listen on")
-    metrics_port: int | None = _setting(None, "port of the Prometheus metrics endpoint on the same interface "
-                                        "(0: a free one; default: no endpoint)", minimum=0, maximum=65535)
+    metrics_port: int | None = _setting(
+        None,
+        "port of the Prometheus metrics endpoint on the same interface (0: a free one; default: no endpoint)",
+        minimum=0,
+        maximum=65535,
+    )
     root: str = _setting("/mergetxn", "ZooKeeper root node")
-    epoch_size: int | None = _setting(None, "CSNs per epoch before a new epoch starts (default: the maximum)",
-                                      minimum=1)
+    epoch_size: int | None = _setting(
+        None, "CSNs per epoch before a new epoch starts (default: the maximum)", minimum=1
+    )
     txn_max_seconds: float = _setting(3600.0, "a transaction running longer is aborted", minimum=0, above=True)
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
     # Tunable: client sessions (replicas/sessions.py).
     client_session_timeout: float = _setting(
-        30.0, "seconds a client session may go unheard (no heartbeat: its process died, stood still or was cut "
-        "off) before its running transactions are aborted", minimum=1, maximum=3600, tunable=True)
+        30.0,
+        "seconds a client session may go unheard (no heartbeat: its process died, stood still or was cut "
+        "off) before its running transactions are aborted",
+        minimum=1,
+        maximum=3600,
+        tunable=True,
+    )
     credentials_file: Path | None = _setting(
-        None, "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
-        "grants for clients, ACLs in ZooKeeper", flag="credentials", metavar="FILE", envvar=ENV_CREDENTIALS, file=True)
+        None,
+        "the replicas' credentials file (mergetxn security init's credentials.json): TLS, users and "
+        "grants for clients, ACLs in ZooKeeper",
+        flag="credentials",
+        metavar="FILE",
+        envvar=ENV_CREDENTIALS,
+        file=True,
+    )
     storage_options: dict | None = field(default=None, repr=False)
     credentials: Credentials | None = field(default=None, repr=False, compare=False)  # from credentials_file
     read_wait_seconds: float = 30.0  # how long a read or commit waits for this replica to apply a CSN
     # Tunable: quotas per user of a secured cluster (replicas/registry.py, replicas/leases.py).
-    user_max_transactions: int = _setting(1000, "running transactions one user may hold on this replica "
-                                          "(secured clusters)", minimum=1, tunable=True)
-    user_max_read_leases: int = _setting(1000, "read leases one user may hold on this replica (secured clusters)",
-                                         minimum=1, tunable=True)
+    user_max_transactions: int = _setting(
+        1000, "running transactions one user may hold on this replica (secured clusters)", minimum=1, tunable=True
+    )
+    user_max_read_leases: int = _setting(
+        1000, "read leases one user may hold on this replica (secured clusters)", minimum=1, tunable=True
+    )
     # Tunable: background merges and cleanup (replicas/merges.py, replicas/cleanup.py).
-    merge_interval: float = _setting(1.0, "seconds between looks for background merges (0: never)", minimum=0,
-                                     tunable=True)
-    merge_min_parts: int = _setting(8, "a partition with this many small parts gets a minor merge", minimum=2,
-                                    tunable=True)
+    merge_interval: float = _setting(
+        1.0, "seconds between looks for background merges (0: never)", minimum=0, tunable=True
+    )
+    merge_min_parts: int = _setting(
+        8, "a partition with this many small parts gets a minor merge", minimum=2, tunable=True
+    )
     merge_max_parts: int = _setting(64, "at most this many parts go into one merge", minimum=2, tunable=True)
-    merge_small_bytes: int = _setting(32 * 1024 * 1024, "parts smaller than this are small", minimum=0,
-                                      tunable=True)
-    major_min_parts: int = _setting(2, "an idle partition with this many parts gets a major merge", minimum=2,
-                                    tunable=True)
-    major_idle_seconds: float = _setting(600.0, "a partition is idle when its newest part is this old", minimum=0,
-                                         tunable=True)
-    major_max_bytes: int = _setting(256 * 1024 * 1024, "no major merge of a partition larger than this",
-                                    minimum=0, tunable=True)
-    gc_interval: float = _setting(10.0, "seconds between background cleanup passes (0: never)", minimum=0,
-                                  tunable=True)
-    gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0,
-                                       tunable=True)
+    merge_small_bytes: int = _setting(32 * 1024 * 1024, "parts smaller than this are small", minimum=0, tunable=True)
+    major_min_parts: int = _setting(
+        2, "an idle partition with this many parts gets a major merge", minimum=2, tunable=True
+    )
+    major_idle_seconds: float = _setting(
+        600.0, "a partition is idle when its newest part is this old", minimum=0, tunable=True
+    )
+    major_max_bytes: int = _setting(
+        256 * 1024 * 1024, "no major merge of a partition larger than this", minimum=0, tunable=True
+    )
+    gc_interval: float = _setting(10.0, "seconds between background cleanup passes (0: never)", minimum=0, tunable=True)
+    gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0, tunable=True)
     retention_seconds: float = _setting(
-        3600.0, "removed parts are kept this many seconds after the commit that removed them, so snapshots "
+        3600.0,
+        "removed parts are kept this many seconds after the commit that removed them, so snapshots "
         "and changes within that window stay readable (a table's own retention_seconds overrides it)",
-        minimum=0, tunable=True)
-    read_lease_seconds: float = _setting(300.0, "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",
-                                         minimum=0, tunable=True)
+        minimum=0,
+        tunable=True,
+    )
+    read_lease_seconds: float = _setting(
+        300.0,
+        "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",
+        minimum=0,
+        tunable=True,
+    )
     # Tunable: the log tail (replicas/checkpoint.py).
     retain_entries: int = _setting(
-        5000, "the newest log entries kept in ZooKeeper (a replica that fell behind them loads a checkpoint; "
+        5000,
+        "the newest log entries kept in ZooKeeper (a replica that fell behind them loads a checkpoint; "
         "what reads may see is retention_seconds')",
-        minimum=0, tunable=True)
-    checkpoint_every: int = _setting(1000, "seal the open epoch, checkpoint and trim once it holds this many entries",
-                                     minimum=1, tunable=True)
+        minimum=0,
+        tunable=True,
+    )
+    checkpoint_every: int = _setting(
+        1000, "seal the open epoch, checkpoint and trim once it holds this many entries", minimum=1, tunable=True
+    )
     local_checkpoint_every: int = _setting(
-        5000, "write the local state snapshot and compact the WAL every this many entries", minimum=1, tunable=True)
+        5000, "write the local state snapshot and compact the WAL every this many entries", minimum=1, tunable=True
+    )
     tail_check_seconds: float = _setting(1.0, "seconds between looks at the log tail", minimum=0.05, tunable=True)
     # Tunable: the metadata one commit adds to the log, every WAL and every replica's memory
     # (replicas/committer.py refuses a larger one with InvalidInput; docs/guarantees.md).
     max_commit_bytes: int = _setting(
-        64 * 1024 * 1024, "a transaction (or DDL) whose log entry record is larger is refused at commit",
-        minimum=64 * 1024, tunable=True)
+        64 * 1024 * 1024,
+        "a transaction (or DDL) whose log entry record is larger is refused at commit",
+        minimum=64 * 1024,
+        tunable=True,
+    )
     # Tunable: what clients may hold of the replica (coordinator/wire/rpc.py, Limits).
     max_frame_bytes: int = _setting(
-        64 * 1024 * 1024, "the largest request an authenticated client may send, in bytes (a larger one is "
-        "refused with an error naming this limit)", minimum=AUTH_FRAME, maximum=MAX_FRAME, tunable=True)
-    max_connections: int = _setting(1024, "client connections open at once (fewer if the descriptor limit leaves "
-                                    "less room); more are closed at once", minimum=1, tunable=True)
-    max_connections_per_peer: int = _setting(256, "client connections open at once from one address (an IPv6 /64)",
-                                             minimum=1, tunable=True)
-    idle_seconds: float = _setting(300.0, "a client connection without a request in progress this long is closed "
-                                   "(clients reconnect by themselves)", minimum=0, above=True, tunable=True)
+        64 * 1024 * 1024,
+        "the largest request an authenticated client may send, in bytes (a larger one is "
+        "refused with an error naming this limit)",
+        minimum=AUTH_FRAME,
+        maximum=MAX_FRAME,
+        tunable=True,
+    )
+    max_connections: int = _setting(
+        1024,
+        "client connections open at once (fewer if the descriptor limit leaves less room); more are closed at once",
+        minimum=1,
+        tunable=True,
+    )
+    max_connections_per_peer: int = _setting(
+        256, "client connections open at once from one address (an IPv6 /64)", minimum=1, tunable=True
+    )
+    idle_seconds: float = _setting(
+        300.0,
+        "a client connection without a request in progress this long is closed (clients reconnect by themselves)",
+        minimum=0,
+        above=True,
+        tunable=True,
+    )
     # Not a Setting (a flag without a value): serve unsecured on a non-loopback --host anyway.
     insecure: bool = False
 
@@ -186,19 +236,26 @@ class ReplicaConfig:
             object.__setattr__(self, "credentials", Credentials.from_file(self.credentials_file))
         c = self.credentials
         if c is not None and (c.cert_file is None or c.ca_file is None):
-            raise InvalidInput(f"credentials file {self.credentials_file or ''}: a replica needs ca_file, cert_file "
-                               "and key_file (the replicas' file from mergetxn security init, not the clients')")
+            raise InvalidInput(
+                f"credentials file {self.credentials_file or ''}: a replica needs ca_file, cert_file "
+                "and key_file (the replicas' file from mergetxn security init, not the clients')"
+            )
         if c is None and not self.insecure and not is_loopback(self.host):
             raise InvalidInput(
                 f"refusing to serve without TLS or authentication on {self.host or 'every interface'!r} (protected "
                 "mode): anyone who reaches that address could read, write and drop every table. Start it with "
                 "--credentials FILE (mergetxn security init), or listen on a loopback address (--host 127.0.0.1), "
-                "or pass --insecure if this network is trusted")
+                "or pass --insecure if this network is trusted"
+            )
 
     def limits(self) -> Limits:
         """What clients may hold of this replica (coordinator/wire/rpc.py)."""
-        return Limits(max_frame=self.max_frame_bytes, max_connections=self.max_connections,
-                      max_per_peer=self.max_connections_per_peer, idle_seconds=self.idle_seconds)
+        return Limits(
+            max_frame=self.max_frame_bytes,
+            max_connections=self.max_connections,
+            max_per_peer=self.max_connections_per_peer,
+            idle_seconds=self.idle_seconds,
+        )
 
 
 def is_loopback(host: str) -> bool:
@@ -212,8 +269,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-INSECURE_HELP = ("serve without --credentials on a non-loopback --host (protected mode refuses that "
-                 "otherwise): only on a network where every peer is trusted")
+INSECURE_HELP = (
+    "serve without --credentials on a non-loopback --host (protected mode refuses that "
+    "otherwise): only on a network where every peer is trusted"
+)
 
 
 def _settings() -> dict[str, Setting]:
@@ -260,6 +319,7 @@ def add_arguments(parser: Any) -> None:
                 return s.check(text)
             except InvalidInput as exc:
                 raise argparse.ArgumentTypeError(exc.message) from None
+
         return convert
 
     for s in SETTINGS.values():
@@ -267,8 +327,14 @@ def add_arguments(parser: Any) -> None:
             parser.add_argument(s.option, dest=s.name, type=parse(s), required=True, metavar=s.metavar, help=s.help)
             continue
         default = os.environ.get(s.env, s.default) if s.env else s.default
-        parser.add_argument(s.option, dest=s.name, type=parse(s), default=default, metavar=s.metavar,
-                            help=f"{s.help} (default {s.default}{f'; env {s.env}' if s.env else ''})")
+        parser.add_argument(
+            s.option,
+            dest=s.name,
+            type=parse(s),
+            default=default,
+            metavar=s.metavar,
+            help=f"{s.help} (default {s.default}{f'; env {s.env}' if s.env else ''})",
+        )
     parser.add_argument("--insecure", action="store_true", help=INSECURE_HELP)
 
 
@@ -280,8 +346,9 @@ def click_options(command: Callable) -> Callable:
     """A click option per setting (``mergetxn replica start``), each passed by its field name."""
     import click
 
-    command = click.option("--insecure", "insecure", is_flag=True, default=False,
-                           help=INSECURE_HELP[0].upper() + INSECURE_HELP[1:] + ".")(command)
+    command = click.option(
+        "--insecure", "insecure", is_flag=True, default=False, help=INSECURE_HELP[0].upper() + INSECURE_HELP[1:] + "."
+    )(command)
     for s in reversed(SETTINGS.values()):
         if s.type is int:
             kind: Any = click.IntRange(min=s.minimum, max=s.maximum, min_open=s.above)
@@ -293,6 +360,15 @@ def click_options(command: Callable) -> Callable:
             kind = None
         text = s.help[0].upper() + s.help[1:] + (f" (env {s.env})." if s.env else ".")
         default = None if s.required else s.default
-        command = click.option(s.option, s.name, type=kind, required=s.required, default=default, envvar=s.env,
-                               show_default=default is not None, metavar=s.metavar, help=text)(command)
+        command = click.option(
+            s.option,
+            s.name,
+            type=kind,
+            required=s.required,
+            default=default,
+            envvar=s.env,
+            show_default=default is not None,
+            metavar=s.metavar,
+            help=text,
+        )(command)
     return command

@@ -49,8 +49,8 @@ class SortedIndex:
 
     def __init__(self, items: Iterable[tuple[str, object]] = ()) -> None:
         pairs = sorted(items, key=lambda kv: kv[0])
-        self._keys = [[k for k, _ in pairs[i:i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
-        self._vals = [[v for _, v in pairs[i:i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
+        self._keys = [[k for k, _ in pairs[i : i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
+        self._vals = [[v for _, v in pairs[i : i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
         self._maxes = [ks[-1] for ks in self._keys]
         self._len = len(pairs)
         self._flat: list | None = None
@@ -77,9 +77,9 @@ class SortedIndex:
         self._maxes[c] = keys[-1]
         self._len += 1
         if len(keys) > 2 * self.CHUNK:
-            self._keys[c:c + 1] = [keys[:self.CHUNK], keys[self.CHUNK:]]
-            self._vals[c:c + 1] = [vals[:self.CHUNK], vals[self.CHUNK:]]
-            self._maxes[c:c + 1] = [keys[self.CHUNK - 1], keys[-1]]
+            self._keys[c : c + 1] = [keys[: self.CHUNK], keys[self.CHUNK :]]
+            self._vals[c : c + 1] = [vals[: self.CHUNK], vals[self.CHUNK :]]
+            self._maxes[c : c + 1] = [keys[self.CHUNK - 1], keys[-1]]
 
     def remove(self, key: str) -> None:
         """Remove ``key`` if present."""
@@ -241,8 +241,13 @@ class ReplicaState:
                 # A part name is committed at most once (the replica refuses it when staged); a
                 # second commit naming it (two replicas raced, a hostile entry) adds nothing, on
                 # every replica alike: snapshots stay immutable.
-                log.warning("CSN %d adds part %s of %r that CSN %d committed: ignored", csn, meta.name,
-                            ch.table, self.parts[meta.name].creation_csn)
+                log.warning(
+                    "CSN %d adds part %s of %r that CSN %d committed: ignored",
+                    csn,
+                    meta.name,
+                    ch.table,
+                    self.parts[meta.name].creation_csn,
+                )
                 continue
             rec = self.parts[meta.name] = PartRecord(meta, csn)
             self.by_table[ch.table].add(meta.name)
@@ -322,7 +327,7 @@ class ReplicaState:
                 if i and isinstance(records[i - 1], TableDropped) and i == len(records):
                     del self.catalog[name]  # dropped for good: no served snapshot sees it
                 elif i > 1:
-                    self.catalog[name] = records[i - 1:]  # the one that holds at floor stays
+                    self.catalog[name] = records[i - 1 :]  # the one that holds at floor stays
                     lost[name] = max(lost.get(name, 0), records[i - 1].csn)
             self.pruned = floor
             return gone
@@ -365,7 +370,7 @@ class ReplicaState:
         """The last catalog record of ``name`` at or before ``snapshot`` (None: now)."""
         records = list(self.catalog.get(name, ()))  # a copy: apply may append meanwhile
         if snapshot is not None:
-            records = records[:bisect.bisect_right(records, snapshot, key=_record_csn)]
+            records = records[: bisect.bisect_right(records, snapshot, key=_record_csn)]
         return records[-1] if records else None
 
     def dropped_since(self, name: str, snapshot: int) -> TableDropped | None:
@@ -454,11 +459,13 @@ class ReplicaState:
     def _export(self) -> dict:
         with self.lock:
             applied, position = self.applied, self.position
-            recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn, r.removal_time)
-                    for r in self.parts.values()]
+            recs = [(r.meta, r.creation_csn, r.removal_tid, r.removal_csn, r.removal_time) for r in self.parts.values()]
             tables = [t.to_dict() for t in self.tables.values()]
-            catalog = [{"dropped": r.to_dict()} if isinstance(r, TableDropped) else {"table": r.to_dict()}
-                       for records in self.catalog.values() for r in records]
+            catalog = [
+                {"dropped": r.to_dict()} if isinstance(r, TableDropped) else {"table": r.to_dict()}
+                for records in self.catalog.values()
+                for r in records
+            ]
             pruned, lost, lost_history = self.pruned, dict(self.lost), dict(self.lost_history)
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
             history = [(k, list(v)) for k, v in self.history.items()]
@@ -560,18 +567,22 @@ class ReplicaState:
             live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
             pkeys: dict[tuple, str] = {}
             rtimes = cols.get("removal_time") or [None] * len(metas)  # absent: written before retention
-            for meta, ccsn, rtid, rcsn, rtime in zip(metas, cols["creation_csn"], cols["removal_tid"],
-                                                     cols["removal_csn"], rtimes, strict=True):
-                parts[meta.name] = PartRecord(meta, int(ccsn), rtid, None if rcsn is None else int(rcsn),
-                                              None if rtime is None else float(rtime))
+            for meta, ccsn, rtid, rcsn, rtime in zip(
+                metas, cols["creation_csn"], cols["removal_tid"], cols["removal_csn"], rtimes, strict=True
+            ):
+                parts[meta.name] = PartRecord(
+                    meta, int(ccsn), rtid, None if rcsn is None else int(rcsn), None if rtime is None else float(rtime)
+                )
                 by_table[meta.table].add(meta.name)
                 if rcsn is None:
                     pk = pkeys.get(meta.partition)
                     if pk is None:
                         pk = pkeys[meta.partition] = partition_key(meta.partition)
                     live[meta.table][pk].add(meta.name)
-            live_sorted = {table: SortedIndex((n, parts[n].meta) for names_ in by_pkey.values() for n in names_)
-                           for table, by_pkey in live.items()}
+            live_sorted = {
+                table: SortedIndex((n, parts[n].meta) for names_ in by_pkey.values() for n in names_)
+                for table, by_pkey in live.items()
+            }
             all_sorted = {table: SortedIndex((n, parts[n]) for n in names_) for table, names_ in by_table.items()}
             tid_csn = dict(zip(payload["tids"], payload["tid_csns"], strict=True))
             h = payload["history"]
@@ -638,6 +649,7 @@ class ReplicaState:
 
     def wait_versions(self, expected: dict[str, int | None], timeout: float) -> bool:
         """Wait until every target version read from ZooKeeper is reflected here."""
+
         def caught_up() -> bool:
             return all(v is None or self.versions.get(k, -1) >= v for k, v in expected.items())
 

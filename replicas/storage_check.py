@@ -21,12 +21,14 @@ from replicas.state import ReplicaState
 def needed_parts(state: ReplicaState, marks: Marks, table: str) -> list:
     """The part records of ``table`` whose files a read may still need, by name."""
     recs = state.part_records(table)
-    return sorted((r for r in recs if not marks.may_be_gone(table, r.removal_csn, r.removal_time)),
-                  key=lambda r: r.meta.name)
+    return sorted(
+        (r for r in recs if not marks.may_be_gone(table, r.removal_csn, r.removal_time)), key=lambda r: r.meta.name
+    )
 
 
-def check_tables(state: ReplicaState, storage: Storage, marks: Marks, tables: Iterable[str],
-                 checksums: bool = True) -> dict:
+def check_tables(
+    state: ReplicaState, storage: Storage, marks: Marks, tables: Iterable[str], checksums: bool = True
+) -> dict:
     """``{"snapshot", "tables": [{"table", "parts", "bytes", "problems": [{"part", "path",
     "problem", "visible"}]}], "ok"}`` for each table (checksums read every file; without,
     presence and sizes only)."""
@@ -38,12 +40,17 @@ def check_tables(state: ReplicaState, storage: Storage, marks: Marks, tables: It
         for rec in recs:
             why = verify_file(storage, rec.meta, checksums)
             if why is not None:
-                problems.append({"part": rec.meta.name, "path": rec.meta.path, "visible": rec.removal_csn is None,
-                                 "creation_csn": rec.creation_csn, "problem": f"file {rec.meta.path!r} {why}"})
-        out.append({"table": table, "parts": len(recs), "bytes": sum(r.meta.size for r in recs),
-                    "problems": problems})
-    return {"snapshot": snapshot, "checksums": checksums, "tables": out,
-            "ok": not any(t["problems"] for t in out)}
+                problems.append(
+                    {
+                        "part": rec.meta.name,
+                        "path": rec.meta.path,
+                        "visible": rec.removal_csn is None,
+                        "creation_csn": rec.creation_csn,
+                        "problem": f"file {rec.meta.path!r} {why}",
+                    }
+                )
+        out.append({"table": table, "parts": len(recs), "bytes": sum(r.meta.size for r in recs), "problems": problems})
+    return {"snapshot": snapshot, "checksums": checksums, "tables": out, "ok": not any(t["problems"] for t in out)}
 
 
 #: How many of the newest visible parts a starting replica looks for in its storage.
@@ -56,8 +63,9 @@ def startup_probe(state: ReplicaState, storage: Storage, sample: int = PROBE_PAR
     file among present ones is a damaged table, for ``check`` and ``status``, not a reason to
     refuse to start). Storage errors propagate (the caller retries them)."""
     with state.lock:
-        recs = heapq.nlargest(sample, (r for r in state.parts.values() if r.removal_csn is None),
-                              key=lambda r: r.creation_csn or 0)
+        recs = heapq.nlargest(
+            sample, (r for r in state.parts.values() if r.removal_csn is None), key=lambda r: r.creation_csn or 0
+        )
     if not recs:
         return None
     paths = [r.meta.path for r in recs]

@@ -109,12 +109,17 @@ class Users:
         watch brought while its secret was being checked (made through another replica just
         before this login) is checked once more against its record."""
         user, secret = args.get("user"), args.get("secret")
-        if not isinstance(user, str) or not isinstance(secret, str) or len(user) > _MAX_LOGIN \
-                or len(secret) > _MAX_LOGIN:
+        if (
+            not isinstance(user, str)
+            or not isinstance(secret, str)
+            or len(user) > _MAX_LOGIN
+            or len(secret) > _MAX_LOGIN
+        ):
             return None
         ident = self.identity
         if hmac.compare_digest(user.encode(), ident.user.encode()) & hmac.compare_digest(
-                secret.encode(), ident.secret.encode()):
+            secret.encode(), ident.secret.encode()
+        ):
             return Principal(ident.user, replica=True)
         record = self._users.get(user)
         for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
@@ -126,7 +131,9 @@ class Users:
 
     def _check(self, user: str, secret: str, record: UserRecord | None) -> Principal | None:
         stamp = record.secret_hash if record is not None else records.decoy()
-        mark = hmac.new(self._key, b"\0".join((user.encode(), stamp.encode(), secret.encode())), hashlib.sha256).digest()
+        mark = hmac.new(
+            self._key, b"\0".join((user.encode(), stamp.encode(), secret.encode())), hashlib.sha256
+        ).digest()
         known = self._verified.get(user)
         if record is not None and known is not None and hmac.compare_digest(known, mark):
             return Principal(user, stamp)
@@ -144,8 +151,11 @@ class Users:
             return Grantee(principal.name, Role.ADMIN)
         record = self._users.get(principal.name)
         if record is None or record.secret_hash != principal.stamp:
-            raise AuthenticationFailed(f"user {principal.name!r} was dropped (or made again with other credentials): "
-                                       "log in with current credentials", user=principal.name)
+            raise AuthenticationFailed(
+                f"user {principal.name!r} was dropped (or made again with other credentials): "
+                "log in with current credentials",
+                user=principal.name,
+            )
         return record.grantee()
 
     # -- what an admin changes ---------------------------------------------------------------

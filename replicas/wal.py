@@ -49,7 +49,7 @@ class Wal:
             if pos + _HEADER.size > len(data):
                 break
             length, crc = _HEADER.unpack_from(data, pos)
-            body = data[pos + _HEADER.size: pos + _HEADER.size + length]
+            body = data[pos + _HEADER.size : pos + _HEADER.size + length]
             # A zero length is never written (a record holds JSON): zeros a crash left behind.
             if length == 0 or length > MAX_RECORD or len(body) < length or zlib.crc32(body) != crc:
                 end = pos + _HEADER.size + length
@@ -80,7 +80,7 @@ class Wal:
         for pos in range(start, min(len(data) - _HEADER.size, start + window)):
             length, crc = _HEADER.unpack_from(data, pos)
             end = pos + _HEADER.size + length
-            if 0 < length <= len(data) - pos - _HEADER.size and zlib.crc32(data[pos + _HEADER.size:end]) == crc:
+            if 0 < length <= len(data) - pos - _HEADER.size and zlib.crc32(data[pos + _HEADER.size : end]) == crc:
                 return True
         return False
 
@@ -103,7 +103,7 @@ class Wal:
             start = os.fstat(self._fd).st_size
             try:
                 while view:
-                    view = view[os.write(self._fd, view):]
+                    view = view[os.write(self._fd, view) :]
             except OSError:
                 # A full disk (or any failed write) can cut a record short; later appends would
                 # follow it and the next open would find a corrupt record followed by valid ones.

@@ -56,20 +56,25 @@ def check_worker_python(spark: Any) -> None:
         return
     found = shutil.which("python3")
     if found is None:
-        raise InvalidInput("Spark's Python workers run `python3` from PATH and there is none; set PYSPARK_PYTHON="
-                           f"{sys.executable} (or spark.pyspark.python) before creating the SparkSession")
+        raise InvalidInput(
+            "Spark's Python workers run `python3` from PATH and there is none; set PYSPARK_PYTHON="
+            f"{sys.executable} (or spark.pyspark.python) before creating the SparkSession"
+        )
     if os.path.realpath(found) == os.path.realpath(sys.executable):
         return
     try:
-        probe = subprocess.run([found, "-c", "import coordinator.api.client, spark.datasource"], capture_output=True,
-                               text=True, timeout=60)
+        probe = subprocess.run(
+            [found, "-c", "import coordinator.api.client, spark.datasource"], capture_output=True, text=True, timeout=60
+        )
     except (OSError, subprocess.TimeoutExpired):
         return  # cannot tell: let Spark say
     if probe.returncode != 0:
         why = (probe.stderr.strip().splitlines() or [f"it exited with status {probe.returncode}"])[-1][:200]
-        raise InvalidInput(f"Spark's Python workers would run {found} (python3 from PATH), which cannot import "
-                           f"mergetxn ({why}); set PYSPARK_PYTHON={sys.executable} (or "
-                           f".config('spark.pyspark.python', {sys.executable!r})) before creating the SparkSession")
+        raise InvalidInput(
+            f"Spark's Python workers would run {found} (python3 from PATH), which cannot import "
+            f"mergetxn ({why}); set PYSPARK_PYTHON={sys.executable} (or "
+            f".config('spark.pyspark.python', {sys.executable!r})) before creating the SparkSession"
+        )
 
 
 def _with_default_replica(replica: str) -> type:
@@ -110,5 +115,13 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'spark' has no attribute {name!r}")
 
 
-__all__ = ["PUSHDOWN_CONF", "MergetxnDataSource", "delete", "read_table", "register", "update", "write_stream",
-           "write_table"]
+__all__ = [
+    "PUSHDOWN_CONF",
+    "MergetxnDataSource",
+    "delete",
+    "read_table",
+    "register",
+    "update",
+    "write_stream",
+    "write_table",
+]

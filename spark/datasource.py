@@ -84,7 +84,9 @@ from spark.schema import arrow_schema, check_write_schema, fit, spark_schema
 from spark.writer import MergetxnWriter, rollback_quietly, trace_commit
 
 NAME = "mergetxn"
-SPLIT_ROWS = 1_000_000  # at most this many rows per read task (bytes: option split_bytes), so reads spread over the cores
+SPLIT_ROWS = (
+    1_000_000  # at most this many rows per read task (bytes: option split_bytes), so reads spread over the cores
+)
 BATCH_ROWS = 65_536
 
 
@@ -110,9 +112,13 @@ def catalog_options(options: Any) -> dict[str, str] | None:
     keys = {str(k).lower() for k in options}
     if "provider" not in keys or not ({"path", "location"} & keys):
         return None
-    out = {str(k).lower(): str(v) for k, v in options.items()
-           if str(k).lower() not in _CATALOG_KEYS and not str(k).lower().startswith("option.")
-           and not _SECRET_OPTION.search(str(k))}
+    out = {
+        str(k).lower(): str(v)
+        for k, v in options.items()
+        if str(k).lower() not in _CATALOG_KEYS
+        and not str(k).lower().startswith("option.")
+        and not _SECRET_OPTION.search(str(k))
+    }
     out.setdefault("path", str(options.get("location")))
     return out
 
@@ -125,8 +131,12 @@ def with_catalog_options(schema: StructType, options: Any) -> StructType:
     from pyspark.sql.types import StructField
 
     text = json.dumps(kept, sort_keys=True)
-    return StructType([StructField(f.name, f.dataType, f.nullable, {**(f.metadata or {}), CATALOG_METADATA: text})
-                       for f in schema.fields])
+    return StructType(
+        [
+            StructField(f.name, f.dataType, f.nullable, {**(f.metadata or {}), CATALOG_METADATA: text})
+            for f in schema.fields
+        ]
+    )
 
 
 def table_options(options: Any, schema: StructType | None, write: bool = False) -> Any:
@@ -146,8 +156,10 @@ def table_options(options: Any, schema: StructType | None, write: bool = False) 
     except ValueError:
         kept = None
     if not isinstance(kept, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in kept.items()):
-        raise InvalidInput(f"mergetxn: the catalog's {CATALOG_METADATA} metadata does not parse; create the "
-                           "table again (CREATE TABLE ... USING mergetxn OPTIONS (path 'table', replica 'host:port'))")
+        raise InvalidInput(
+            f"mergetxn: the catalog's {CATALOG_METADATA} metadata does not parse; create the "
+            "table again (CREATE TABLE ... USING mergetxn OPTIONS (path 'table', replica 'host:port'))"
+        )
     if write:
         kept = {k: v for k, v in kept.items() if k not in READ_ONLY_OPTIONS}
     return {**dict(options), **kept}
@@ -196,8 +208,9 @@ class MergetxnDataSource(DataSource):
             except errors.TableNotFound as exc:
                 if s.txn is None:
                     rollback_quietly(tx)
-                raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
-                                           f"{exc.message}", table=s.table) from None
+                raise errors.TableNotFound(
+                    f"mergetxn: unknown table {s.table!r} (replica {s.replica}): {exc.message}", table=s.table
+                ) from None
             except BaseException:
                 if s.txn is None:
                     rollback_quietly(tx)
@@ -297,11 +310,14 @@ class MergetxnReader(DataSourceReader):
         if tdef.conflict_policy is Policy.KEYS:
             return _keys_partitions(tdef, metas, r.get("csns") or {}, where)
         if where is not None:
-            metas = [m for m in metas
-                     if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition,
-                                  where, tdef.schema)]
-        return [PartsPartition(i, [m.to_dict() for m in group])
-                for i, group in enumerate(_group(metas, s.split_bytes))]
+            metas = [
+                m
+                for m in metas
+                if may_match(
+                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
+                )
+            ]
+        return [PartsPartition(i, [m.to_dict() for m in group]) for i, group in enumerate(_group(metas, s.split_bytes))]
 
     def _changes_partitions(self, client) -> list[InputPartition]:
         start, end, by = self.s.changes
@@ -334,9 +350,11 @@ class MergetxnReader(DataSourceReader):
         tdef = TableDef.from_dict(self.tdef)
         if partition.csns is not None:  # a keys table's partition: its versions fold to one row per key
             csns = partition.csns
-            folded = keyfold.merge(tdef.schema, tdef.primary_key,
-                                [(csns.get(m.name, keys.OWN), d)
-                                 for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))])
+            folded = keyfold.merge(
+                tdef.schema,
+                tdef.primary_key,
+                [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))],
+            )
             yield from fit(folded, target).to_batches(max_chunksize=BATCH_ROWS)
             return
         for data in _prefetch(storage, metas, self.s.trace_reads, tdef):
@@ -368,8 +386,14 @@ class PruningReader(MergetxnReader):
             LessThanOrEqual,
         )
 
-        ops = {EqualTo: "==", EqualNullSafe: "==", GreaterThan: ">", GreaterThanOrEqual: ">=",
-               LessThan: "<", LessThanOrEqual: "<="}
+        ops = {
+            EqualTo: "==",
+            EqualNullSafe: "==",
+            GreaterThan: ">",
+            GreaterThanOrEqual: ">=",
+            LessThan: "<",
+            LessThanOrEqual: "<=",
+        }
         names = set(TableDef.from_dict(self.tdef).schema.names)
         for f in filters:
             attr = getattr(f, "attribute", ())
@@ -382,8 +406,9 @@ class PruningReader(MergetxnReader):
             yield f  # Spark evaluates every filter on the rows it gets
 
 
-def _keys_partitions(tdef: TableDef, metas: list[PartMeta], csns: dict[str, int],
-                     where: pc.Expression | None) -> list[InputPartition]:
+def _keys_partitions(
+    tdef: TableDef, metas: list[PartMeta], csns: dict[str, int], where: pc.Expression | None
+) -> list[InputPartition]:
     """Read tasks of a keys table: one per table partition (a key lives in one), all its parts
     folded together. Only partition values prune: a part whose statistics miss the filter may
     still hold the newest version of a row that another part's older version matches."""
@@ -391,16 +416,17 @@ def _keys_partitions(tdef: TableDef, metas: list[PartMeta], csns: dict[str, int]
     for m in metas:
         if where is None or may_match({}, list(tdef.partition_by), m.partition, where, tdef.schema):
             by_partition.setdefault(m.partition_key, []).append(m)
-    return [PartsPartition(i, [m.to_dict() for m in group], {m.name: csns[m.name] for m in group if m.name in csns})
-            for i, (_, group) in enumerate(sorted(by_partition.items()))]
+    return [
+        PartsPartition(i, [m.to_dict() for m in group], {m.name: csns[m.name] for m in group if m.name in csns})
+        for i, (_, group) in enumerate(sorted(by_partition.items()))
+    ]
 
 
 def _prunable(value: Any) -> bool:
     """Literals whose order against part statistics is exact (see coordinator.core.tabledata.may_match)."""
     if isinstance(value, float):
         return math.isfinite(value)
-    return isinstance(value, (bool, int, str)) or (
-        isinstance(value, dt.date) and not isinstance(value, dt.datetime))
+    return isinstance(value, (bool, int, str)) or (isinstance(value, dt.date) and not isinstance(value, dt.datetime))
 
 
 def _group(metas: list[PartMeta], split_bytes: int) -> list[list[PartMeta]]:
@@ -420,8 +446,9 @@ def _group(metas: list[PartMeta], split_bytes: int) -> list[list[PartMeta]]:
     return groups
 
 
-def _prefetch(storage: Storage, metas: list[PartMeta], trace: str | None,
-              tdef: TableDef | None = None) -> Iterator[pa.Table]:
+def _prefetch(
+    storage: Storage, metas: list[PartMeta], trace: str | None, tdef: TableDef | None = None
+) -> Iterator[pa.Table]:
     """Read the parts in order, the next one in the background while this one is consumed;
     with ``tdef``, each under that definition (columns renamed or added since it was written)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -454,5 +481,3 @@ def _trace(path: str, m: PartMeta) -> None:
         os.write(fd, line)
     finally:
         os.close(fd)
-
-

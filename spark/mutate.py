@@ -57,22 +57,42 @@ class Mutation:
     csn: int | None
 
 
-def delete(spark: Any, table: str, where: pc.Expression, replica: str | None = None,
-           txn: str | None = None, options: Mapping[str, str] | None = None) -> Mutation:
+def delete(
+    spark: Any,
+    table: str,
+    where: pc.Expression,
+    replica: str | None = None,
+    txn: str | None = None,
+    options: Mapping[str, str] | None = None,
+) -> Mutation:
     """DELETE FROM ``table`` WHERE ``where`` (a pyarrow.compute.Expression), rewritten on the
     executors and committed as one MUTATE transaction."""
     return _mutate(spark, "delete", table, where, None, replica, txn, options)
 
 
-def update(spark: Any, table: str, where: pc.Expression, set: Mapping[str, Any],  # noqa: A002
-           replica: str | None = None, txn: str | None = None,
-           options: Mapping[str, str] | None = None) -> Mutation:
+def update(
+    spark: Any,
+    table: str,
+    where: pc.Expression,
+    set: Mapping[str, Any],  # noqa: A002
+    replica: str | None = None,
+    txn: str | None = None,
+    options: Mapping[str, str] | None = None,
+) -> Mutation:
     """UPDATE ``table`` SET ``set`` (column -> value or expression) WHERE ``where``."""
     return _mutate(spark, "update", table, where, set, replica, txn, options)
 
 
-def _mutate(spark: Any, kind: str, table: str, where: pc.Expression, set_map: Mapping[str, Any] | None,
-            replica: str | None, txn: str | None, options: Mapping[str, str] | None) -> Mutation:
+def _mutate(
+    spark: Any,
+    kind: str,
+    table: str,
+    where: pc.Expression,
+    set_map: Mapping[str, Any] | None,
+    replica: str | None,
+    txn: str | None,
+    options: Mapping[str, str] | None,
+) -> Mutation:
     opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
     opts["path"] = table
     if replica is not None:
@@ -83,8 +103,9 @@ def _mutate(spark: Any, kind: str, table: str, where: pc.Expression, set_map: Ma
     with connect(s) as client:
         tdef = table_def(client, s)
         if not isinstance(where, pc.Expression):
-            raise InvalidInput(f"mergetxn {kind} on {table!r}: where must be a pyarrow.compute.Expression, "
-                               f"not {type(where).__name__}")
+            raise InvalidInput(
+                f"mergetxn {kind} on {table!r}: where must be a pyarrow.compute.Expression, not {type(where).__name__}"
+            )
         check_expression(where, tdef.schema, f"{kind} on {table!r}")
         encoded_where = encode_expression(where, tdef.schema)
         encoded_set = None
@@ -97,14 +118,22 @@ def _mutate(spark: Any, kind: str, table: str, where: pc.Expression, set_map: Ma
         added: list[PartMeta] = []
         try:
             visible = [PartMeta.from_dict(m) for m in client.call("visible", table=table, id=tx.id)["parts"]]
-            candidates = [m for m in visible
-                          if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)]
+            candidates = [
+                m for m in visible if may_match(dict(m.stats), list(tdef.partition_by), m.partition, where, tdef.schema)
+            ]
             removed: list[str] = []
             rows = 0
             if candidates:
                 task = functools.partial(
-                    _rewrite_task, kind, tdef.to_dict(), encoded_where, encoded_set,
-                    client.call("info")["storage_url"], s.storage_options, tx.id)
+                    _rewrite_task,
+                    kind,
+                    tdef.to_dict(),
+                    encoded_where,
+                    encoded_set,
+                    client.call("info")["storage_url"],
+                    s.storage_options,
+                    tx.id,
+                )
                 rdd = spark.sparkContext.parallelize([m.to_dict() for m in candidates], len(candidates))
                 for name, new_parts, n in rdd.mapPartitions(task).collect():
                     removed.append(name)
@@ -128,13 +157,21 @@ def _mutate(spark: Any, kind: str, table: str, where: pc.Expression, set_map: Ma
                 raise errors.ConflictError(
                     f"mergetxn: {kind} on {table!r} (transaction {tx.id}) conflicts with transaction "
                     f"{exc.winner}, which committed first; nothing of it is visible. {exc.message}",
-                    **exc.details) from None
+                    **exc.details,
+                ) from None
         return Mutation(kind, table, tx.id, rows, len(removed), len(added), csn)
 
 
-def _rewrite_task(kind: str, tdef_dict: dict, where_text: str, set_text: str | None, storage_url: str,
-                  storage_options: dict | None, txn_id: str,
-                  metas: Iterator[dict]) -> Iterator[tuple[str, list[dict], int]]:
+def _rewrite_task(
+    kind: str,
+    tdef_dict: dict,
+    where_text: str,
+    set_text: str | None,
+    storage_url: str,
+    storage_options: dict | None,
+    txn_id: str,
+    metas: Iterator[dict],
+) -> Iterator[tuple[str, list[dict], int]]:
     """On an executor: rewrite each part given; yields (replaced part, new parts, rows affected)
     for parts that held matching rows. A failing attempt removes what it wrote."""
     from parts.io import rewrite
@@ -150,8 +187,7 @@ def _rewrite_task(kind: str, tdef_dict: dict, where_text: str, set_text: str | N
             if kind == "delete":
                 result = rewrite.delete(storage, tdef, [meta], where, txn_id)
             else:
-                result = rewrite.update(storage, tdef, [meta], where,
-                                        decode_assignments(set_text, tdef.schema), txn_id)
+                result = rewrite.update(storage, tdef, [meta], where, decode_assignments(set_text, tdef.schema), txn_id)
             done.extend(result.added)
             if result.removed:
                 out.append((meta.name, [m.to_dict() for m in result.added], result.affected_rows))

@@ -69,8 +69,10 @@ REPLICA_ENV = "MERGETXN_REPLICA"
 REPLICA_CONF = "spark.mergetxn.replica"  # set by spark.register(session, replica=...)
 RELEASE_LINGER = 10.0  # seconds a read's snapshot stays leased after its DataFrame is gone
 VERIFY_PAGES = {"parquet.page.verify-checksum.enabled": "true"}
-WRITE_OPTIONS = {"parquet.page.write-checksum.enabled": "true",
-                 "mapreduce.fileoutputcommitter.algorithm.version": "1"}  # Spark's default committer
+WRITE_OPTIONS = {
+    "parquet.page.write-checksum.enabled": "true",
+    "mapreduce.fileoutputcommitter.algorithm.version": "1",
+}  # Spark's default committer
 _OPS = {"==", "=", "!=", "<", "<=", ">", ">=", "in", "not in"}
 _THREADS = 8
 
@@ -86,8 +88,10 @@ class NativeFallback(UserWarning):
 def _address(session: Any, replica: str | None) -> str:
     address = replica or _conf(session, REPLICA_CONF) or os.environ.get(REPLICA_ENV)
     if not address:
-        raise InvalidInput(f"mergetxn: no replica: pass replica='host:port', or spark.register(session, "
-                           f"replica=...), or set {REPLICA_ENV}")
+        raise InvalidInput(
+            f"mergetxn: no replica: pass replica='host:port', or spark.register(session, "
+            f"replica=...), or set {REPLICA_ENV}"
+        )
     if not isinstance(address, str) or ":" not in address:
         raise InvalidInput(f"mergetxn: replica must be 'host:port', not {address!r}")
     return address
@@ -112,11 +116,15 @@ def _client(address: str):
 def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = ()) -> str | None:
     """Why Spark's own Parquet reader/writer cannot serve this table here (None: it can)."""
     if tdef.conflict_policy is Policy.KEYS:
-        return ("it is a keys table (conflict_policy='keys'): its parts hold versions, folded per key "
-                "on read and written with their hidden columns")
+        return (
+            "it is a keys table (conflict_policy='keys'): its parts hold versions, folded per key "
+            "on read and written with their hidden columns"
+        )
     if not storage.is_local:
-        return (f"storage {storage.url} is not a local directory; Spark's filesystem cannot reach "
-                f"what mergetxn opens through fsspec (s3:// via s3fs) without Hadoop's S3 connector")
+        return (
+            f"storage {storage.url} is not a local directory; Spark's filesystem cannot reach "
+            f"what mergetxn opens through fsspec (s3:// via s3fs) without Hadoop's S3 connector"
+        )
     for f in tdef.schema:
         t = f.type
         if pa.types.is_timestamp(t) and t.unit == "ns":
@@ -131,10 +139,19 @@ def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = ()) -> st
 
 
 def _flat_type(t: pa.DataType) -> bool:
-    return (pa.types.is_integer(t) or pa.types.is_floating(t) and not pa.types.is_float16(t)
-            or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_date32(t)
-            or pa.types.is_timestamp(t) or pa.types.is_decimal128(t))
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_floating(t)
+        and not pa.types.is_float16(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_date32(t)
+        or pa.types.is_timestamp(t)
+        or pa.types.is_decimal128(t)
+    )
 
 
 def _fallback(what: str, why: str) -> None:
@@ -160,8 +177,11 @@ def parse_where(where: Any, tdef: TableDef) -> list[tuple[str, str, Any]]:
             raise InvalidInput(f"mergetxn: where term {term!r} is not (column, op, value)")
         col, op, value = term
         if col not in tdef.schema.names:
-            raise InvalidInput(f"mergetxn: where names column {col!r}, which {tdef.name!r} does not have "
-                               f"(columns: {tdef.schema.names})", missing=[col])
+            raise InvalidInput(
+                f"mergetxn: where names column {col!r}, which {tdef.name!r} does not have "
+                f"(columns: {tdef.schema.names})",
+                missing=[col],
+            )
         if op not in _OPS:
             raise InvalidInput(f"mergetxn: where op {op!r} is not one of {sorted(_OPS)}")
         if op in ("in", "not in") and not isinstance(value, (list, tuple, set, frozenset)):
@@ -201,8 +221,7 @@ def _spark_where(terms: list[tuple[str, str, Any]]):
             term = ~term if op == "not in" else term
         else:
             lit = F.lit(value)
-            term = {"==": c == lit, "!=": c != lit, "<": c < lit, "<=": c <= lit,
-                    ">": c > lit, ">=": c >= lit}[op]
+            term = {"==": c == lit, "!=": c != lit, "<": c < lit, "<=": c <= lit, ">": c > lit, ">=": c >= lit}[op]
         cond = term if cond is None else cond & term
     return cond
 
@@ -211,8 +230,14 @@ def _spark_where(terms: list[tuple[str, str, Any]]):
 # Reads
 
 
-def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.datetime | None = None,
-               replica: str | None = None, where: Any = None):
+def read_table(
+    session: Any,
+    table: str,
+    snapshot: int | None = None,
+    as_of: dt.datetime | None = None,
+    replica: str | None = None,
+    where: Any = None,
+):
     """``table`` at the latest snapshot, at ``snapshot`` (a CSN) or ``as_of`` (an aware datetime),
     as a DataFrame that Spark's own Parquet reader reads from the parts visible there. ``where``
     (``[(column, op, value), ...]``) skips parts by partition values and min/max and filters
@@ -245,15 +270,25 @@ def read_table(session: Any, table: str, snapshot: int | None = None, as_of: dt.
         why = _blocker(client.storage, tdef, metas)
         if why is not None:  # the data source reads the snapshot this hold keeps in use
             _fallback("read_table", why)
-            df = (session.read.format("mergetxn").option("replica", address)
-                  .option("snapshot", str(snap)).option("lease", "none").load(table))
+            df = (
+                session.read.format("mergetxn")
+                .option("replica", address)
+                .option("snapshot", str(snap))
+                .option("lease", "none")
+                .load(table)
+            )
             df = df if not terms else df.where(_spark_where(terms))
             hold.attach(df, snap, [m.name for m in metas])
             return df
         expr = _arrow_where(terms)
         if expr is not None:
-            metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version),
-                                                   list(tdef.partition_by), m.partition, expr, tdef.schema)]
+            metas = [
+                m
+                for m in metas
+                if may_match(
+                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, expr, tdef.schema
+                )
+            ]
         root = os.path.abspath(client.storage.url)
         paths = [os.path.join(root, *m.path.split("/")) for m in metas]
         verify_footers(metas, paths)
@@ -286,15 +321,15 @@ def verify_footers(metas: Sequence[PartMeta], paths: Sequence[str]) -> None:
         except FileNotFoundError:
             raise CorruptPart(f"part {m.path!r} of {m.table!r} is missing", path=m.path) from None
         if size != m.size:
-            raise CorruptPart(f"part {m.path!r} has {size} bytes, {m.size} were written "
-                              "(truncated or replaced)", path=m.path)
+            raise CorruptPart(
+                f"part {m.path!r} has {size} bytes, {m.size} were written (truncated or replaced)", path=m.path
+            )
         try:
             rows = pq.read_metadata(path).num_rows
         except (pa.ArrowException, OSError) as exc:
             raise CorruptPart(f"part {m.path!r} has no readable Parquet footer: {exc}", path=m.path) from None
         if rows != m.rows:
-            raise CorruptPart(f"part {m.path!r} has {rows} rows in its footer, {m.rows} were written",
-                              path=m.path)
+            raise CorruptPart(f"part {m.path!r} has {rows} rows in its footer, {m.rows} were written", path=m.path)
 
     items = list(zip(metas, paths))
     if len(items) <= 4:
@@ -383,8 +418,10 @@ class _Hold:
 def holds() -> list[dict]:
     """The snapshots that read_table DataFrames of this process keep in use (introspection)."""
     with _Hold._lock:
-        return [{"snapshot": h.snapshot, "lease": h.lease, "parts": len(h.parts),
-                 "dataframe_alive": h.gone_at is None} for h in _Hold._live]
+        return [
+            {"snapshot": h.snapshot, "lease": h.lease, "parts": len(h.parts), "dataframe_alive": h.gone_at is None}
+            for h in _Hold._live
+        ]
 
 
 atexit.register(_Hold.release_all)
@@ -394,8 +431,14 @@ atexit.register(_Hold.release_all)
 # Writes
 
 
-def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, replica: str | None = None,
-                app_version: tuple[str, int] | None = None) -> int | None:
+def write_table(
+    df: Any,
+    table: str,
+    mode: str = "append",
+    txn: Any = None,
+    replica: str | None = None,
+    app_version: tuple[str, int] | None = None,
+) -> int | None:
     """Write ``df`` to ``table`` with Spark's own Parquet writer and commit the files as parts:
     ``mode`` "append" (INSERT) or "overwrite" (INSERT OVERWRITE of the partitions written, the
     whole table when it is not partitioned, as the data source does). Returns the CSN, or None
@@ -418,14 +461,14 @@ def write_table(df: Any, table: str, mode: str = "append", txn: Any = None, repl
             try:
                 tdef = tx.table(table)
             except errors.TableNotFound as exc:
-                raise errors.TableNotFound(f"mergetxn: unknown table {table!r} (replica {address}): "
-                                           f"{exc.message}", table=table) from None
+                raise errors.TableNotFound(
+                    f"mergetxn: unknown table {table!r} (replica {address}): {exc.message}", table=table
+                ) from None
             check_write_schema(tdef, df.schema)
             why = _blocker(client.storage, tdef)
             if why is not None:
                 _fallback("write_table", why)
-                (df.write.format("mergetxn").option("replica", address).option("txn", tx.id)
-                 .mode(mode).save(table))
+                (df.write.format("mergetxn").option("replica", address).option("txn", tx.id).mode(mode).save(table))
             else:
                 metas = _write_parts(df, tdef, client.storage, tx.id)
                 try:
@@ -456,14 +499,17 @@ def _join(client: Any, txn_id: str, address: str, table: str):
     except ValueError:
         raise InvalidInput(f"mergetxn: txn must be a transaction id (tx.id), not {txn_id!r}") from None
     if tid.host_id != client.host_id:
-        raise InvalidInput(f"mergetxn: transaction {txn_id} runs on replica {tid.host_id}, but replica "
-                           f"{address} is {client.host_id}; use that replica's address")
+        raise InvalidInput(
+            f"mergetxn: transaction {txn_id} runs on replica {tid.host_id}, but replica "
+            f"{address} is {client.host_id}; use that replica's address"
+        )
     tx = client.join(txn_id)
     try:
         client.call("visible", table=table, id=tx.id, partitions=[])
     except errors.TransactionAborted as exc:
-        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {txn_id}: {exc.message}",
-                                        id=txn_id) from None
+        raise errors.TransactionAborted(
+            f"mergetxn: cannot join transaction {txn_id}: {exc.message}", id=txn_id
+        ) from None
     return tx
 
 
@@ -484,9 +530,12 @@ def _prepare(df: Any, tdef: TableDef, hidden: list[str]):
         if have[f.name].dataType != f.dataType:
             c = c.cast(f.dataType)
         if not f.nullable and have[f.name].nullable:
-            c = F.when(c.isNull(), F.raise_error(F.lit(
-                f"mergetxn: write to {tdef.name!r}: column {f.name!r} is NOT NULL and a row has null")
-            )).otherwise(c)
+            c = F.when(
+                c.isNull(),
+                F.raise_error(
+                    F.lit(f"mergetxn: write to {tdef.name!r}: column {f.name!r} is NOT NULL and a row has null")
+                ),
+            ).otherwise(c)
         cols.append(c.alias(f.name))
     cols += [F.col(f"`{p}`").alias(h) for p, h in zip(tdef.partition_by, hidden)]
     return df.select(*cols)
@@ -509,8 +558,9 @@ def _write_parts(df: Any, tdef: TableDef, storage: Any, txn_id: str) -> list[Par
         with _micros_timestamps(df.sparkSession):
             w.parquet("file://" + staging)
         if not os.path.exists(os.path.join(staging, "_SUCCESS")):
-            raise errors.TransactionAborted(f"mergetxn: the Spark job writing {tdef.name!r} did not commit "
-                                            f"its output (no _SUCCESS in {staging})")
+            raise errors.TransactionAborted(
+                f"mergetxn: the Spark job writing {tdef.name!r} did not commit its output (no _SUCCESS in {staging})"
+            )
         files = _committed_files(staging)
         with ThreadPoolExecutor(max_workers=_THREADS) as pool:
             metas = list(pool.map(lambda f: _adopt(f, tdef, root, txn_id), files))
@@ -553,8 +603,7 @@ def _committed_files(staging: str) -> list[str]:
     out = []
     for dirpath, dirnames, filenames in os.walk(staging):
         dirnames[:] = [d for d in dirnames if d != "_temporary" and not d.startswith(".")]
-        out += [os.path.join(dirpath, f) for f in filenames
-                if f.endswith(".parquet") and not f.startswith(("_", "."))]
+        out += [os.path.join(dirpath, f) for f in filenames if f.endswith(".parquet") and not f.startswith(("_", "."))]
     return sorted(out)
 
 
@@ -571,14 +620,24 @@ def _adopt(path: str, tdef: TableDef, root: str, txn_id: str) -> PartMeta | None
     partition: tuple = ()
     if tdef.partition_by:
         first = pf.read_row_group(0, columns=list(tdef.partition_by)).slice(0, 1)
-        partition = tuple(json_scalar(first.column(c).cast(tdef.schema.field(c).type)[0].as_py())
-                          for c in tdef.partition_by)
+        partition = tuple(
+            json_scalar(first.column(c).cast(tdef.schema.field(c).type)[0].as_py()) for c in tdef.partition_by
+        )
     name = new_part_name(txn_id)
     rel = part_path(tdef.name, list(tdef.partition_by), partition, name)
-    meta = PartMeta(name=name, table=tdef.name, partition=partition, path=rel, rows=md.num_rows,
-                    size=len(raw), checksum="crc32:%08x" % (zlib.crc32(raw) & 0xFFFFFFFF),
-                    stats=footer_stats(md, tdef.schema), creation_tid=txn_id, created_at=time.time(),
-                    schema_version=tdef.ddl_version)
+    meta = PartMeta(
+        name=name,
+        table=tdef.name,
+        partition=partition,
+        path=rel,
+        rows=md.num_rows,
+        size=len(raw),
+        checksum="crc32:%08x" % (zlib.crc32(raw) & 0xFFFFFFFF),
+        stats=footer_stats(md, tdef.schema),
+        creation_tid=txn_id,
+        created_at=time.time(),
+        schema_version=tdef.ddl_version,
+    )
     target = os.path.join(root, *rel.split("/"))
     os.makedirs(os.path.dirname(target), exist_ok=True)
     os.rename(path, target)

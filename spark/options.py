@@ -97,8 +97,9 @@ def time_option(options: Any, name: str) -> dt.datetime | None:
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise InvalidInput(f"mergetxn option {name!r} must be an ISO 8601 time with a zone "
-                           f"or epoch seconds, not {text!r}") from None
+        raise InvalidInput(
+            f"mergetxn option {name!r} must be an ISO 8601 time with a zone or epoch seconds, not {text!r}"
+        ) from None
     if when.tzinfo is None or when.utcoffset() is None:
         raise InvalidInput(f"mergetxn option {name!r} needs a time zone (e.g. {text}+00:00)")
     return when
@@ -128,22 +129,25 @@ def settings(options: Any, *, write: bool = False) -> Settings:
     """Validate the options of one read or write, naming what is wrong."""
     table = option(options, "path")
     if table is None:
-        raise InvalidInput("mergetxn: no table name; give it to load()/save(), e.g. "
-                           "spark.read.format('mergetxn').load('events')")
+        raise InvalidInput(
+            "mergetxn: no table name; give it to load()/save(), e.g. spark.read.format('mergetxn').load('events')"
+        )
     from coordinator.core.tabledata import validate_name
 
     validate_name("table", table)
     replica = option(options, "replica") or os.environ.get(REPLICA_ENV)
     if not replica:
-        raise InvalidInput(f"mergetxn: option 'replica' (host:port of a mergetxn replica) is required "
-                           f"(or set {REPLICA_ENV})")
+        raise InvalidInput(
+            f"mergetxn: option 'replica' (host:port of a mergetxn replica) is required (or set {REPLICA_ENV})"
+        )
     if write:
         misplaced = [n for n in READ_ONLY_OPTIONS if option(options, n) is not None]
         if misplaced:
             raise InvalidInput(f"mergetxn: option(s) {misplaced} apply to reads, not writes")
     elif option(options, "txn") is not None:
-        raise InvalidInput("mergetxn: option 'txn' applies to writes; a transaction's own reads "
-                           "go through the Python client (tx.read)")
+        raise InvalidInput(
+            "mergetxn: option 'txn' applies to writes; a transaction's own reads go through the Python client (tx.read)"
+        )
     app = _app_option(options, write)
     snapshot = int_option(options, "snapshot")
     as_of = time_option(options, "as_of")
@@ -165,8 +169,10 @@ def settings(options: Any, *, write: bool = False) -> Settings:
             raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
     lease = (option(options, "lease") or "spark").lower()
     if lease not in ("spark", "none"):
-        raise InvalidInput(f"mergetxn: option 'lease' must be 'spark' (the read keeps its snapshot in use "
-                           f"read_lease_seconds after planning) or 'none' (the caller holds it), not {lease!r}")
+        raise InvalidInput(
+            f"mergetxn: option 'lease' must be 'spark' (the read keeps its snapshot in use "
+            f"read_lease_seconds after planning) or 'none' (the caller holds it), not {lease!r}"
+        )
     return Settings(
         table=table,
         replica=replica,
@@ -198,8 +204,10 @@ def _app_option(options: Any, write: bool) -> tuple[str, int] | None:
     if app_id is None or version is None:
         raise InvalidInput("mergetxn: options 'app_id' and 'app_version' go together: give both")
     if option(options, "txn") is not None:
-        raise InvalidInput("mergetxn: options 'app_id'/'app_version' make a write commit on its own; with "
-                           "option 'txn' set the version on the transaction (tx.set_app_version)")
+        raise InvalidInput(
+            "mergetxn: options 'app_id'/'app_version' make a write commit on its own; with "
+            "option 'txn' set the version on the transaction (tx.set_app_version)"
+        )
     return check_app_version(app_id, int_option(options, "app_version", 0))
 
 
@@ -224,8 +232,9 @@ def connect(s: Settings):
     try:
         return Client(s.replica, s.storage_options, credentials=s.credentials)
     except ReplicaUnavailable as exc:
-        raise ReplicaUnavailable(f"mergetxn: cannot reach replica {s.replica} (option 'replica'): "
-                                 f"{exc.message}") from None
+        raise ReplicaUnavailable(
+            f"mergetxn: cannot reach replica {s.replica} (option 'replica'): {exc.message}"
+        ) from None
 
 
 def table_def(client, s: Settings) -> TableDef:
@@ -237,8 +246,9 @@ def table_def(client, s: Settings) -> TableDef:
     try:
         return client.table_at(s.table, snapshot=snapshot, as_of=s.as_of)
     except errors.TableNotFound as exc:
-        raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
-                                   f"{exc.message}", table=s.table) from None
+        raise errors.TableNotFound(
+            f"mergetxn: unknown table {s.table!r} (replica {s.replica}): {exc.message}", table=s.table
+        ) from None
 
 
 def join(client, s: Settings):
@@ -250,14 +260,15 @@ def join(client, s: Settings):
     except ValueError:
         raise InvalidInput(f"mergetxn: option 'txn' must be a transaction id (tx.id), not {s.txn!r}") from None
     if tid.host_id != client.host_id:
-        raise InvalidInput(f"mergetxn: transaction {s.txn} runs on replica {tid.host_id}, but option "
-                           f"'replica' names {s.replica} ({client.host_id}); use that replica's address")
+        raise InvalidInput(
+            f"mergetxn: transaction {s.txn} runs on replica {tid.host_id}, but option "
+            f"'replica' names {s.replica} ({client.host_id}); use that replica's address"
+        )
     tx = client.join(s.txn)
     try:
         client.call("visible", table=s.table, id=tx.id, partitions=[])
     except errors.TransactionAborted as exc:
-        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {s.txn}: {exc.message}",
-                                        id=s.txn) from None
+        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {s.txn}: {exc.message}", id=s.txn) from None
     return tx
 
 

@@ -39,16 +39,15 @@ def check_write_schema(tdef: TableDef, schema: StructType) -> None:
     try:
         incoming = arrow_schema(schema)
     except Exception as exc:
-        raise InvalidInput(f"mergetxn: write to {tdef.name!r}: a column type has no Arrow "
-                           f"equivalent: {exc}") from None
+        raise InvalidInput(f"mergetxn: write to {tdef.name!r}: a column type has no Arrow equivalent: {exc}") from None
     empty = pa.Table.from_batches([], schema=pa.schema([f.with_nullable(True) for f in incoming]))
     empty = align_time_zones(empty, tdef.schema)
     try:
-        conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to",
-                required=tdef.partition_by)
+        conform(tdef.schema, empty, tdef.name, what="mergetxn: schema mismatch writing to", required=tdef.partition_by)
     except InvalidInput as exc:
-        raise InvalidInput(f"{exc.message} (table columns: "
-                           f"{[f'{f.name} {f.type}' for f in tdef.schema]})", table=tdef.name) from None
+        raise InvalidInput(
+            f"{exc.message} (table columns: {[f'{f.name} {f.type}' for f in tdef.schema]})", table=tdef.name
+        ) from None
 
 
 def align_time_zones(data: pa.Table, schema: pa.Schema) -> pa.Table:

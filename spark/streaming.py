@@ -86,8 +86,10 @@ def _sink_settings(options: Mapping[str, Any]) -> tuple[Settings, str | None]:
     a stream's version is its batch id and each batch commits on its own."""
     for name in ("app_version", "txn"):
         if option(options, name) is not None:
-            raise InvalidInput(f"mergetxn: option {name!r} does not apply to a stream: each micro-batch "
-                               "commits on its own, versioned by its batch id")
+            raise InvalidInput(
+                f"mergetxn: option {name!r} does not apply to a stream: each micro-batch "
+                "commits on its own, versioned by its batch id"
+            )
     app_id = option(options, "app_id")
     rest = {k: v for k, v in options.items() if k.lower() != "app_id"}
     return settings(rest, write=True), app_id
@@ -106,8 +108,10 @@ def _source_settings(options: Mapping[str, Any]) -> SourceSettings:
             raise InvalidInput(f"mergetxn: option {name!r} does not apply to a stream of changes")
     start_text = option(options, "changes_from")
     if start_text is None:
-        raise InvalidInput("mergetxn: a stream of changes needs option 'changes_from': a CSN (the changes "
-                           "committed after it) or 'latest' (those committed from the query's start)")
+        raise InvalidInput(
+            "mergetxn: a stream of changes needs option 'changes_from': a CSN (the changes "
+            "committed after it) or 'latest' (those committed from the query's start)"
+        )
     by = (option(options, "changes_by") or "id").lower()
     if by not in ("id", "time"):
         raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
@@ -116,8 +120,10 @@ def _source_settings(options: Mapping[str, Any]) -> SourceSettings:
         try:
             start = int(start_text)
         except ValueError:
-            raise InvalidInput(f"mergetxn: a stream's option 'changes_from' must be a CSN (offsets are CSNs, "
-                               f"also by time) or 'latest', not {start_text!r}") from None
+            raise InvalidInput(
+                f"mergetxn: a stream's option 'changes_from' must be a CSN (offsets are CSNs, "
+                f"also by time) or 'latest', not {start_text!r}"
+            ) from None
         if start < 0:
             raise InvalidInput(f"mergetxn: option 'changes_from' must be >= 0, not {start}")
     rest = {k: v for k, v in options.items() if k.lower() not in ("changes_from", "changes_by")}
@@ -133,15 +139,19 @@ def query_app_id(options: Mapping[str, Any], s: Settings) -> str:
     query id that Spark keeps in ``<checkpointLocation>/metadata`` (see the module docstring)."""
     location = option({k.lower(): v for k, v in options.items()}, "checkpointlocation")
     if location is None:
-        raise InvalidInput("mergetxn: a streaming write needs option 'checkpointLocation' (its commits are "
-                           "idempotent by the query's id, kept there) or option 'app_id'")
+        raise InvalidInput(
+            "mergetxn: a streaming write needs option 'checkpointLocation' (its commits are "
+            "idempotent by the query's id, kept there) or option 'app_id'"
+        )
     path = location.rstrip("/") + "/metadata"
     try:
         text = _read_text(path, s)
         query_id = json.loads(text.splitlines()[0])["id"]
     except Exception as exc:  # any file system's error: say what to do instead
-        raise InvalidInput(f"mergetxn: cannot read the streaming query's id from {path!r} ({exc}); give "
-                           "option 'app_id' (stable across restarts of this query, unique to it)") from None
+        raise InvalidInput(
+            f"mergetxn: cannot read the streaming query's id from {path!r} ({exc}); give "
+            "option 'app_id' (stable across restarts of this query, unique to it)"
+        ) from None
     return APP_PREFIX + str(query_id)
 
 
@@ -152,7 +162,7 @@ def _read_text(path: str, s: Settings) -> str:
     import fsspec
 
     if path.startswith("file:") and not path.startswith("file://"):
-        path = "file://" + path[len("file:"):]
+        path = "file://" + path[len("file:") :]
     if path.startswith("s3a://") or path.startswith("s3n://"):
         path = "s3://" + path.split("://", 1)[1]
     opts = dict(s.storage_options or {}) if path.startswith("s3://") else {}
@@ -197,16 +207,18 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
             try:
                 tdef = client.table_at(s.table)
             except errors.TableNotFound as exc:
-                raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
-                                           f"{exc.message}", table=s.table) from None
+                raise errors.TableNotFound(
+                    f"mergetxn: unknown table {s.table!r} (replica {s.replica}): {exc.message}", table=s.table
+                ) from None
             check_write_schema(tdef, StructType.fromJson(json.loads(self.schema_json)))
             url = client.call("info")["storage_url"]
             tx = client.begin(detached=True)  # committed by the commit runner: no client session holds it
             self.tdef, self.storage_url, self.txn_id = tdef.to_dict(), url, tx.id
 
     def _batch_writer(self, txn_id: str) -> MergetxnWriter:
-        return MergetxnWriter(self.s, self.tdef or {}, self.storage_url or "", txn_id, own=True,
-                              overwrite=self.overwrite)
+        return MergetxnWriter(
+            self.s, self.tdef or {}, self.storage_url or "", txn_id, own=True, overwrite=self.overwrite
+        )
 
     # -- executors ----------------------------------------------------------------------------
     def write(self, iterator: Iterator[pa.RecordBatch]) -> StreamPartsMessage:
@@ -233,8 +245,10 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
                 tx.set_app_version(app_id, batchId)
             except errors.MergetxnError as exc:
                 rollback_quietly(tx)
-                raise type(exc)(f"mergetxn: staging batch {batchId} of the stream into {s.table!r} failed: "
-                                f"{exc.message}", **exc.details) from None
+                raise type(exc)(
+                    f"mergetxn: staging batch {batchId} of the stream into {s.table!r} failed: {exc.message}",
+                    **exc.details,
+                ) from None
             try:
                 tx.commit()
             except errors.DuplicateCommit:
@@ -350,8 +364,9 @@ class MergetxnStreamReader(DataSourceStreamReader):
         try:
             return client.changes(s.table, start, end, by="id", compactions=self.src.by == "id")
         except errors.TableNotFound as exc:
-            raise errors.TableNotFound(f"mergetxn: unknown table {s.table!r} (replica {s.replica}): "
-                                       f"{exc.message}", table=s.table) from None
+            raise errors.TableNotFound(
+                f"mergetxn: unknown table {s.table!r} (replica {s.replica}): {exc.message}", table=s.table
+            ) from None
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
         if self.src.start is not None:
@@ -375,8 +390,9 @@ class MergetxnStreamReader(DataSourceStreamReader):
             if start is None or snap <= start:
                 self._last = max(snap, start if start is not None else self.src.start or 0)
                 return {"csn": self._last}
-            r = client.call("changes", table=s.table, start=start, end=snap, by="id", lease="none",
-                            compactions=self.src.by == "id")
+            r = client.call(
+                "changes", table=s.table, start=start, end=snap, by="id", lease="none", compactions=self.src.by == "id"
+            )
         csns = [c["csn"] for c in r["commits"] if c["csn"] <= snap]
         self._last = max(csns, default=start)
         return {"csn": self._last}
@@ -420,9 +436,15 @@ def stream_reader(options: Mapping[str, Any], schema: StructType) -> MergetxnStr
     return MergetxnStreamReader(_source_settings(options), schema)
 
 
-def write_stream(df: Any, table: str, checkpoint_location: str, replica: str | None = None,
-                 app_id: str | None = None, trigger: Mapping[str, Any] | None = None,
-                 output_mode: str = "append") -> Any:
+def write_stream(
+    df: Any,
+    table: str,
+    checkpoint_location: str,
+    replica: str | None = None,
+    app_id: str | None = None,
+    trigger: Mapping[str, Any] | None = None,
+    output_mode: str = "append",
+) -> Any:
     """Start a streaming query writing ``df`` (a streaming DataFrame) into ``table`` with Spark's
     own Parquet writer under each micro-batch (``foreachBatch`` + :func:`spark.native.write_table`),
     each batch committed exactly once as the ``format("mergetxn")`` sink does: an idempotent
@@ -446,8 +468,9 @@ def write_stream(df: Any, table: str, checkpoint_location: str, replica: str | N
         if app_id is not None:
             return app_id
         if "app" not in found:  # Spark wrote the query's id there before the first batch
-            found["app"] = query_app_id({"checkpointLocation": checkpoint_location},
-                                        Settings(table=table, replica=replica or ""))
+            found["app"] = query_app_id(
+                {"checkpointLocation": checkpoint_location}, Settings(table=table, replica=replica or "")
+            )
         return found["app"]
 
     def batch(batch_df: Any, batch_id: int) -> None:

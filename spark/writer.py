@@ -43,8 +43,7 @@ class PartsMessage(WriterCommitMessage):
 class MergetxnWriter(DataSourceArrowWriter):
     """Executors write Arrow batches as parts; the job's commit stages them in one transaction."""
 
-    def __init__(self, s: Settings, tdef: dict, storage_url: str, txn_id: str, own: bool,
-                 overwrite: bool) -> None:
+    def __init__(self, s: Settings, tdef: dict, storage_url: str, txn_id: str, own: bool, overwrite: bool) -> None:
         self.s = s
         self.tdef = tdef
         self.storage_url = storage_url
@@ -109,12 +108,22 @@ class MergetxnWriter(DataSourceArrowWriter):
     def _flush(self, storage: Storage, tdef: TableDef, batches: list[pa.RecordBatch]) -> list[PartMeta]:
         data = align_time_zones(pa.Table.from_batches(batches), tdef.schema)
         if tdef.conflict_policy is Policy.KEYS:  # rows by key in overwrite mode, as tx.insert writes them
-            data = keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, self._next_seq(data.num_rows))
+            data = keys.versions(
+                tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, self._next_seq(data.num_rows)
+            )
         else:
             data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to", required=tdef.partition_by)
         return [
-            write_part(storage, tdef.name, list(tdef.partition_by), partition, chunk, self.txn_id, tdef.ddl_version,
-                       primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ())
+            write_part(
+                storage,
+                tdef.name,
+                list(tdef.partition_by),
+                partition,
+                chunk,
+                self.txn_id,
+                tdef.ddl_version,
+                primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else (),
+            )
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
 
@@ -141,12 +150,17 @@ class MergetxnWriter(DataSourceArrowWriter):
             except errors.MergetxnError as exc:
                 if self.own:
                     rollback_quietly(tx)
-                raise type(exc)(f"mergetxn: staging the write to {s.table!r} in transaction "
-                                f"{self.txn_id} failed: {exc.message}", **exc.details) from None
+                raise type(exc)(
+                    f"mergetxn: staging the write to {s.table!r} in transaction {self.txn_id} failed: {exc.message}",
+                    **exc.details,
+                ) from None
             if not self.own:
                 if s.trace_commits:
-                    trace_commit(s.trace_commits, {"event": "staged", "table": s.table, "txn": self.txn_id,
-                                                    "parts": len(metas)}, quiet=True)
+                    trace_commit(
+                        s.trace_commits,
+                        {"event": "staged", "table": s.table, "txn": self.txn_id, "parts": len(metas)},
+                        quiet=True,
+                    )
                 return
             try:
                 csn = tx.commit()
@@ -154,10 +168,15 @@ class MergetxnWriter(DataSourceArrowWriter):
                 raise errors.ConflictError(
                     f"mergetxn: the write to {s.table!r} (transaction {self.txn_id}) conflicts with "
                     f"transaction {exc.winner}, which committed first; nothing of this write is "
-                    f"visible. {exc.message}", **exc.details) from None
+                    f"visible. {exc.message}",
+                    **exc.details,
+                ) from None
             if s.trace_commits:
-                trace_commit(s.trace_commits, {"event": "committed", "table": s.table, "txn": self.txn_id,
-                                                "csn": csn, "parts": len(metas)}, quiet=True)
+                trace_commit(
+                    s.trace_commits,
+                    {"event": "committed", "table": s.table, "txn": self.txn_id, "csn": csn, "parts": len(metas)},
+                    quiet=True,
+                )
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """Remove what the accepted tasks wrote, unless a commit may reference it."""

@@ -101,7 +101,7 @@ class RpcProxy:
         try:
             while True:
                 frame = _read_frame(client)
-                hit = self._take(str(json.loads(frame[_LEN.size:]).get("a")))
+                hit = self._take(str(json.loads(frame[_LEN.size :]).get("a")))
                 if hit is not None and hit[0] == "request":
                     hit[1].set()
                     break

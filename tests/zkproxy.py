@@ -109,9 +109,7 @@ class _ZkRelay(Relay):
                         fault = self.zk._on_multi()
                         if fault is not None and fault.kind == "instead":
                             fault.xid = xid
-                            log.info(
-                                "zkproxy: dropping the connection instead of multi xid=%d", xid
-                            )
+                            log.info("zkproxy: dropping the connection instead of multi xid=%d", xid)
                             fault.fired.set()
                             return
                         if fault is not None:
@@ -135,9 +133,7 @@ class _ZkRelay(Relay):
                     with self._lock:
                         fault = self._doomed.pop(xid, None)
                     if fault is not None:
-                        log.info(
-                            "zkproxy: multi xid=%d done on the server; dropping its reply", xid
-                        )
+                        log.info("zkproxy: multi xid=%d done on the server; dropping its reply", xid)
                         fault.fired.set()
                         return
                 _send_packet(self.client, body)

@@ -144,26 +144,63 @@ def _path(v: Any) -> str | None:
 
 # By parameter name: what a value of it must be (None: it is). One meaning per name across the API.
 RULES: dict[str, Callable[[Any], str | None]] = {
-    "name": _text, "table": _text, "txn_id": _text, "app_id": _text, "role": _text, "kind": _text,
-    "op": _text, "mode": _text, "isolation": _text, "atomicity": _text, "durability": _text, "by": _text,
-    "conflict_policy": _text, "address": _text,
+    "name": _text,
+    "table": _text,
+    "txn_id": _text,
+    "app_id": _text,
+    "role": _text,
+    "kind": _text,
+    "op": _text,
+    "mode": _text,
+    "isolation": _text,
+    "atomicity": _text,
+    "durability": _text,
+    "by": _text,
+    "conflict_policy": _text,
+    "address": _text,
     "tid": _tid,
-    "snapshot": _count, "since_csn": _count, "version": _count, "txn_max_rows": _count,
-    "start": _csn_or_time, "end": _csn_or_time,
+    "snapshot": _count,
+    "since_csn": _count,
+    "version": _count,
+    "txn_max_rows": _count,
+    "start": _csn_or_time,
+    "end": _csn_or_time,
     "as_of": _time_or_seconds,
-    "grace_seconds": _seconds_or_none, "retention_seconds": _seconds_or_none, "txn_max_seconds": _seconds_or_none,
-    "update": _flag, "compactions": _flag, "checksums": _flag, "auto_merge": _flag,
-    "columns": _names, "partition_by": _names, "primary_key": _names, "removed": _names,
+    "grace_seconds": _seconds_or_none,
+    "retention_seconds": _seconds_or_none,
+    "txn_max_seconds": _seconds_or_none,
+    "update": _flag,
+    "compactions": _flag,
+    "checksums": _flag,
+    "auto_merge": _flag,
+    "columns": _names,
+    "partition_by": _names,
+    "primary_key": _names,
+    "removed": _names,
     "tables": _names_or_one,
     "partitions": _list,
-    "set": _mapping, "apps": _mapping, "lock_groups": _mapping, "rename_columns": _mapping,
+    "set": _mapping,
+    "apps": _mapping,
+    "lock_groups": _mapping,
+    "rename_columns": _mapping,
     "where": _expression,
-    "data": _data, "keys_": _data,
-    "schema": _schema, "add_columns": _fields,
-    "metas": _parts, "added": _parts,
-    "replicas": _replicas, "workdir": _path, "i": _count,  # LocalCluster: its replicas, a replica's index
-    "zk_address": _text, "storage_url": _text, "root": _text, "epoch_size": _count,
-    "session_timeout": _seconds, "metrics": _flag, "secure": _flag, "settings": _mapping,
+    "data": _data,
+    "keys_": _data,
+    "schema": _schema,
+    "add_columns": _fields,
+    "metas": _parts,
+    "added": _parts,
+    "replicas": _replicas,
+    "workdir": _path,
+    "i": _count,  # LocalCluster: its replicas, a replica's index
+    "zk_address": _text,
+    "storage_url": _text,
+    "root": _text,
+    "epoch_size": _count,
+    "session_timeout": _seconds,
+    "metrics": _flag,
+    "secure": _flag,
+    "settings": _mapping,
     "storage_options": _mapping,
 }
 
@@ -183,8 +220,9 @@ def check_arguments(what: str, signature: inspect.Signature, args: tuple, kwargs
             continue
         wanted = rule(value)
         if wanted is not None:
-            raise InvalidInput(f"{what}: {name} must be {wanted}, not {quote(value)} ({type(value).__name__})",
-                               argument=name)
+            raise InvalidInput(
+                f"{what}: {name} must be {wanted}, not {quote(value)} ({type(value).__name__})", argument=name
+            )
 
 
 def checked(what: str, fn: Callable[..., T]) -> Callable[..., T]:

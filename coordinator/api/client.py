@@ -71,10 +71,22 @@ CALL_TIMEOUT = 30.0  # seconds an ordinary call waits for its answer (connect(ti
 # committer, a ZooKeeper member failing over, a rebase that redoes a mutation), and calls that
 # read or rewrite data on the replica (a compaction, a cleanup pass, a check with checksums).
 LONG_CALLS: dict[str, float] = {
-    "begin": 60.0, "table": 60.0, "describe_table": 60.0, "visible": 60.0, "wait": 60.0, "stage": 60.0,
-    "events": 60.0, "flush": 120.0, "changes": 300.0,
-    "commit": 300.0, "commit_parts": 300.0, "create_table": 300.0, "alter_table": 300.0,
-    "compact": 3600.0, "gc": 3600.0, "check": 3600.0,
+    "begin": 60.0,
+    "table": 60.0,
+    "describe_table": 60.0,
+    "visible": 60.0,
+    "wait": 60.0,
+    "stage": 60.0,
+    "events": 60.0,
+    "flush": 120.0,
+    "changes": 300.0,
+    "commit": 300.0,
+    "commit_parts": 300.0,
+    "create_table": 300.0,
+    "alter_table": 300.0,
+    "compact": 3600.0,
+    "gc": 3600.0,
+    "check": 3600.0,
 }
 MAX_TIMEOUT = 86_400.0
 T = TypeVar("T")
@@ -98,15 +110,21 @@ class Client:
     for its answer; ``long_calls``: the actions that wait longer, and their least wait (default
     :data:`LONG_CALLS`; the command line passes ``{}``: its ``--timeout`` bounds every request)."""
 
-    def __init__(self, address: str, storage_options: dict | None = None, timeout: float = CALL_TIMEOUT,
-                 credentials: Credentials | str | os.PathLike | None = None,
-                 long_calls: Mapping[str, float] | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        storage_options: dict | None = None,
+        timeout: float = CALL_TIMEOUT,
+        credentials: Credentials | str | os.PathLike | None = None,
+        long_calls: Mapping[str, float] | None = None,
+    ) -> None:
         if not isinstance(address, str) or ":" not in address:
             raise InvalidInput(f"replica address must be 'host:port', not {quote(address)}")
         _check_connect_args(timeout, storage_options)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
-            raise InvalidInput(f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, "
-                               f"not {quote(timeout)}")
+            raise InvalidInput(
+                f"timeout must be a number of seconds above 0 and at most {MAX_TIMEOUT:g}, not {quote(timeout)}"
+            )
         self.address = address
         self.timeout = float(timeout)
         self._long_calls = dict(LONG_CALLS if long_calls is None else _check_long_calls(long_calls))
@@ -126,7 +144,9 @@ class Client:
         self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
-        info = self._rpc.call("info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout))  # answered at once by a live replica
+        info = self._rpc.call(
+            "info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout)
+        )  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
 
@@ -173,8 +193,19 @@ class Client:
         100,000 rows, others to none (only the replica-wide limits). ``retention_seconds``: how
         long snapshots and ``changes`` of this table stay readable after a commit replaced what
         they saw (docs/rules.md#history-retention; None: the replica-wide default, 3600 s)."""
-        tdef = TableDef.new(name, schema, partition_by, primary_key, conflict_policy, auto_merge, lock_groups,
-                            atomicity, txn_max_seconds, txn_max_rows, retention_seconds)
+        tdef = TableDef.new(
+            name,
+            schema,
+            partition_by,
+            primary_key,
+            conflict_policy,
+            auto_merge,
+            lock_groups,
+            atomicity,
+            txn_max_seconds,
+            txn_max_rows,
+            retention_seconds,
+        )
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
         try:
             return self.call("create_table", **args)["csn"]
@@ -251,9 +282,13 @@ class Client:
         assert tx.csn is not None
         return tx.csn
 
-    def alter_table(self, name: str, add_columns: pa.Schema | Sequence[pa.Field] | None = None,
-                    rename_columns: Mapping[str, str] | None = None,
-                    retention_seconds: float | None | object = _UNCHANGED) -> int:
+    def alter_table(
+        self,
+        name: str,
+        add_columns: pa.Schema | Sequence[pa.Field] | None = None,
+        rename_columns: Mapping[str, str] | None = None,
+        retention_seconds: float | None | object = _UNCHANGED,
+    ) -> int:
         """ALTER TABLE: add nullable columns (rows written before read them as null), rename
         columns ({old: new}; rows written before read under the new names) and change the
         table's ``retention_seconds`` (None: back to the replica-wide default). Returns the CSN
@@ -265,8 +300,10 @@ class Client:
             if isinstance(add_columns, pa.Field):
                 add_columns = [add_columns]
             if not isinstance(add_columns, Sequence) or not all(isinstance(f, pa.Field) for f in add_columns):
-                raise InvalidInput(f"alter {quote(name)}: add_columns must be a pyarrow.Schema or a list of "
-                                   f"pyarrow.Field, not {quote(add_columns)}")
+                raise InvalidInput(
+                    f"alter {quote(name)}: add_columns must be a pyarrow.Schema or a list of "
+                    f"pyarrow.Field, not {quote(add_columns)}"
+                )
             add_columns = pa.schema(list(add_columns))
         if rename_columns is not None and not isinstance(rename_columns, Mapping):
             raise InvalidInput(f"alter {quote(name)}: rename_columns must map old column names to new ones")
@@ -285,8 +322,9 @@ class Client:
         return self.call("tables")
 
     # -- transactions ------------------------------------------------------------------------
-    def begin(self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC,
-              detached: bool = False) -> Transaction:
+    def begin(
+        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, detached: bool = False
+    ) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
         changed what its reads returned or could have returned fails it; see
@@ -311,8 +349,10 @@ class Client:
         if not isinstance(detached, bool):
             raise InvalidInput(f"detached must be True or False, not {quote(detached)}")
         if detached and durability != SYNC:
-            raise InvalidInput("a detached transaction cannot have durability='async' (client.flush() follows "
-                               "async commits by the client's session)")
+            raise InvalidInput(
+                "a detached transaction cannot have durability='async' (client.flush() follows "
+                "async commits by the client's session)"
+            )
         modes: dict[str, Any] = {}
         if atomicity != FULL:
             modes["atomicity"] = atomicity
@@ -323,8 +363,16 @@ class Client:
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex, **modes)
-        tx = Transaction(self, Tid(*r["tid"]), r["id"], r["snapshot"], ddl=r.get("ddl"), isolation=isolation,
-                         atomicity=atomicity, durability=durability)
+        tx = Transaction(
+            self,
+            Tid(*r["tid"]),
+            r["id"],
+            r["snapshot"],
+            ddl=r.get("ddl"),
+            isolation=isolation,
+            atomicity=atomicity,
+            durability=durability,
+        )
         if not detached:
             self._heartbeat.hold(tx, r.get("client_session_timeout"))
         return tx
@@ -348,16 +396,20 @@ class Client:
             known = min(len(unflushed), int(r["accepted"])) if r.get("complete", True) else 0
             failed = {f["id"]: f for f in r["failed"]}
             csns = [] if r["csn"] is None else [int(r["csn"])]
-            for tid in unflushed[:len(unflushed) - known]:  # accepted by an earlier process of the replica
-                status = _await_outcome(lambda tid=tid: self.commit_status(tid), f"async commit {tid}",
-                                        f"commit_status({quote(tid)}) on any replica")
+            for tid in unflushed[: len(unflushed) - known]:  # accepted by an earlier process of the replica
+                status = _await_outcome(
+                    lambda tid=tid: self.commit_status(tid),
+                    f"async commit {tid}",
+                    f"commit_status({quote(tid)}) on any replica",
+                )
                 if status.status == "committed":
                     csns.append(status.csn)
                 else:
-                    failed.setdefault(tid, {"id": tid, "type": "TransactionAborted",
-                                            "message": status.reason or status.status})
+                    failed.setdefault(
+                        tid, {"id": tid, "type": "TransactionAborted", "message": status.reason or status.status}
+                    )
             with self._async_lock:
-                del self._unflushed[:len(unflushed)]
+                del self._unflushed[: len(unflushed)]
                 self._acks = [f["id"] for f in r["failed"]]
                 if self._async_csn is not None:
                     csns.append(self._async_csn)
@@ -366,14 +418,16 @@ class Client:
         if failed:
             shown = "; ".join(f"{f['id']}: {f.get('type', 'error')}: {f['message']}" for f in list(failed.values())[:5])
             more = f" (and {len(failed) - 5} more)" if len(failed) > 5 else ""
-            raise TransactionAborted(f"{len(failed)} async commit(s) of this client did not commit{more}: {shown}",
-                                     ids=list(failed), csn=last)
+            raise TransactionAborted(
+                f"{len(failed)} async commit(s) of this client did not commit{more}: {shown}",
+                ids=list(failed),
+                csn=last,
+            )
         return last
 
     def _async_queued(self, tid: str) -> None:
         with self._async_lock:
             self._unflushed.append(tid)
-
 
     def join(self, txn_id: str) -> Transaction:
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
@@ -384,8 +438,9 @@ class Client:
         return Transaction(self, tid, txn_id, tid.start_csn, joined=True)
 
     @contextmanager
-    def transaction(self, isolation: str = SNAPSHOT, atomicity: str = FULL,
-                    durability: str = SYNC) -> Iterator[Transaction]:
+    def transaction(
+        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC
+    ) -> Iterator[Transaction]:
         """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
         tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability)
         try:
@@ -414,8 +469,9 @@ class Client:
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
-                return self._read_parts(tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where,
-                                        r.get("csns"))
+                return self._read_parts(
+                    tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where, r.get("csns")
+                )
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
             # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
@@ -429,8 +485,9 @@ class Client:
             raise
 
     @contextmanager
-    def scan(self, table: str, snapshot: int | None = None,
-             as_of: dt.datetime | None = None) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
+    def scan(
+        self, table: str, snapshot: int | None = None, as_of: dt.datetime | None = None
+    ) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
         """Read ``table`` at one snapshot part by part, one part in memory at a time (the
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
         giving each part's rows in the table's schema (for a keys table: each partition's rows,
@@ -454,7 +511,9 @@ class Client:
             yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
 
     @contextmanager
-    def pin(self, table: str, snapshot: int | None = None) -> Iterator[tuple[TableDef, int, list[PartMeta], dict[str, int]]]:
+    def pin(
+        self, table: str, snapshot: int | None = None
+    ) -> Iterator[tuple[TableDef, int, list[PartMeta], dict[str, int]]]:
         """The parts of ``table`` visible at ``snapshot`` (the latest by default) as files, for a
         copy of them (``mergetxn backup``): yields ``(definition, snapshot, parts, csns)``,
         ``csns`` each part's creation CSN (what orders a keys table's versions). The snapshot
@@ -466,12 +525,15 @@ class Client:
             try:
                 csns = {str(k): int(v) for k, v in (r.get("csns") or {}).items()}
             except (AttributeError, TypeError, ValueError):
-                raise errors.CorruptMetadata(f"replica {self.address} answered creation CSNs that do not parse") from None
+                raise errors.CorruptMetadata(
+                    f"replica {self.address} answered creation CSNs that do not parse"
+                ) from None
             yield tdef, r["snapshot"], metas, csns
 
     @contextmanager
-    def dataset(self, table: str, snapshot: int | None = None,
-                as_of: dt.datetime | None = None) -> Iterator[ds.Dataset]:
+    def dataset(
+        self, table: str, snapshot: int | None = None, as_of: dt.datetime | None = None
+    ) -> Iterator[ds.Dataset]:
         """``table`` at the latest snapshot, at ``snapshot`` or ``as_of`` as a
         ``pyarrow.dataset.Dataset`` for DuckDB, Polars and other Arrow engines: the rows ``read``
         returns, each part a fragment with its partition expression and footer statistics (a
@@ -534,8 +596,14 @@ class Client:
             except errors.MergetxnError:
                 pass  # it lapses on its own
 
-    def _read_parts(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
-                    where: pc.Expression | None, csns: Mapping[str, int] | None = None) -> pa.Table:
+    def _read_parts(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
+        csns: Mapping[str, int] | None = None,
+    ) -> pa.Table:
         """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
         A keys table's parts are versions folded to one row per key (:func:`keyfold.merge`), in the
         order of ``csns`` (part name -> creation CSN; a part without one is the reader's own)."""
@@ -548,8 +616,13 @@ class Client:
             return self._read_keys(tdef, metas, columns, where, csns or {})
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(table)}")
-            metas = [m for m in metas if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by),
-                                                   m.partition, where, tdef.schema)]
+            metas = [
+                m
+                for m in metas
+                if may_match(
+                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
+                )
+            ]
         tables = rewrite.read_parts(self.storage, metas, table=tdef)
         data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
         if where is not None:
@@ -558,8 +631,14 @@ class Client:
             data = data.select(list(columns))
         return data
 
-    def _read_keys(self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None,
-                   where: pc.Expression | None, csns: Mapping[str, int]) -> pa.Table:
+    def _read_keys(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
+        csns: Mapping[str, int],
+    ) -> pa.Table:
         wanted = None
         if where is not None:  # after the fold: a newer version may move a row out of (or into) it
             check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
@@ -573,8 +652,9 @@ class Client:
         if where is not None and wanted is not None:
             # Only those keys' versions matter (the fold is per key): fold those alone.
             datas = [d.filter(keys.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
-        data = keyfold.merge(tdef.schema, tdef.primary_key,
-                          [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)])
+        data = keyfold.merge(
+            tdef.schema, tdef.primary_key, [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)]
+        )
         if where is not None:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
@@ -623,12 +703,22 @@ class Client:
 
     def parts(self, table: str) -> pa.Table:
         rows = self.call("parts", table=table)
-        schema = pa.schema([
-            ("name", pa.string()), ("partition", pa.string()), ("path", pa.string()), ("rows", pa.int64()),
-            ("size", pa.int64()), ("creation_tid", pa.string()), ("creation_csn", pa.int64()),
-            ("removal_tid", pa.string()), ("removal_csn", pa.int64()), ("visible", pa.bool_()),
-            ("why_kept", pa.string()), ("collected", pa.bool_()),
-        ])
+        schema = pa.schema(
+            [
+                ("name", pa.string()),
+                ("partition", pa.string()),
+                ("path", pa.string()),
+                ("rows", pa.int64()),
+                ("size", pa.int64()),
+                ("creation_tid", pa.string()),
+                ("creation_csn", pa.int64()),
+                ("removal_tid", pa.string()),
+                ("removal_csn", pa.int64()),
+                ("visible", pa.bool_()),
+                ("why_kept", pa.string()),
+                ("collected", pa.bool_()),
+            ]
+        )
         return pa.Table.from_pylist(rows, schema=schema)
 
     def gc(self, grace_seconds: float | None = None) -> dict:
@@ -650,8 +740,7 @@ class Client:
             args["tables"] = [tables] if isinstance(tables, str) else list(tables)
         return self.call("check", **args)
 
-    def changes(self, table: str, start: Any, end: Any = None, by: str = "id",
-                compactions: bool = True) -> pa.Table:
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", compactions: bool = True) -> pa.Table:
         """Rows of the parts added and removed by the commits whose version is in (start, end]:
         CSNs for ``by="id"`` (compactions included), aware datetimes for ``by="time"`` (compaction
         commits have no time version and never appear). The table's columns plus ``_change``
@@ -675,8 +764,11 @@ class Client:
         clash = [c for c in CHANGE_COLUMNS if c in tdef.schema.names]
         if clash:  # a table created before the names were reserved
             with self._leased(r):
-                raise InvalidInput(f"changes of {quote(table)}: the table has column(s) {clash}, the names changes "
-                                   "gives its own columns; rename them (alter_table rename_columns)", table=table)
+                raise InvalidInput(
+                    f"changes of {quote(table)}: the table has column(s) {clash}, the names changes "
+                    "gives its own columns; rename them (alter_table rename_columns)",
+                    table=table,
+                )
         if tdef.conflict_policy is Policy.KEYS:
             with self._leased(r):
                 return self._key_changes(tdef, r)
@@ -710,7 +802,9 @@ class Client:
         commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
         written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
         first = commits[0][0]
-        before = self.read(tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written))
+        before = self.read(
+            tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written)
+        )
         return keyfold.row_changes(tdef.schema, tdef.primary_key, before, commits)
 
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
@@ -718,12 +812,24 @@ class Client:
         part_removed from the log, begin, rollback and merge from this replica's bounded ring
         (``user``: who began the transaction, in a secured cluster)."""
         rows = self.call("events", table=table, since_csn=since_csn)
-        schema = pa.schema([
-            ("time", pa.timestamp("us", tz="UTC")), ("event", pa.string()), ("table", pa.string()),
-            ("tid", pa.string()), ("csn", pa.int64()), ("snapshot", pa.int64()), ("part", pa.string()),
-            ("partition", pa.string()), ("rows", pa.int64()), ("kinds", pa.string()), ("outcome", pa.string()),
-            ("reason", pa.string()), ("host", pa.string()), ("user", pa.string()),
-        ])
+        schema = pa.schema(
+            [
+                ("time", pa.timestamp("us", tz="UTC")),
+                ("event", pa.string()),
+                ("table", pa.string()),
+                ("tid", pa.string()),
+                ("csn", pa.int64()),
+                ("snapshot", pa.int64()),
+                ("part", pa.string()),
+                ("partition", pa.string()),
+                ("rows", pa.int64()),
+                ("kinds", pa.string()),
+                ("outcome", pa.string()),
+                ("reason", pa.string()),
+                ("host", pa.string()),
+                ("user", pa.string()),
+            ]
+        )
         for row in rows:
             t = row.get("time")
             row["time"] = None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
@@ -738,7 +844,9 @@ class Client:
         return self.call("app_version", app_id=app_id)["version"]
 
     def commit_status(self, tid: Tid | str) -> CommitStatus:
-        r = self.call("commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid)))
+        r = self.call(
+            "commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid))
+        )
         return CommitStatus.from_dict(r)
 
     def _status_anywhere(self, tid: str) -> CommitStatus:
@@ -758,8 +866,14 @@ class Client:
                     other.close()
             raise own
 
-    def commit_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
-                     partitions: Sequence[Any] | None = None, apps: Mapping[str, int] | None = None) -> int:
+    def commit_parts(
+        self,
+        table: str,
+        metas: Sequence[PartMeta],
+        op: str = "insert",
+        partitions: Sequence[Any] | None = None,
+        apps: Mapping[str, int] | None = None,
+    ) -> int:
         """Commit parts already written to storage as a transaction of their own, in one round
         trip: the replica begins, stages them as one INSERT (or INSERT OVERWRITE of
         ``partitions``, as :meth:`Transaction.add_parts`) and commits. Returns the CSN.
@@ -782,8 +896,11 @@ class Client:
         metas = _part_metas(metas, f"commit_parts to {quote(table)}")
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS and op == "overwrite":
-            raise InvalidInput(f"commit_parts op='overwrite' on keys table {quote(table)}: the keys to delete are read in "
-                               "a transaction; use tx.add_parts(..., op='overwrite')", table=table)
+            raise InvalidInput(
+                f"commit_parts op='overwrite' on keys table {quote(table)}: the keys to delete are read in "
+                "a transaction; use tx.add_parts(..., op='overwrite')",
+                table=table,
+            )
         _check_own_parts(tdef, metas)
         args: dict[str, Any] = {"table": table, "op": op, "added": [m.to_dict() for m in metas]}
         if op == "overwrite":
@@ -795,13 +912,17 @@ class Client:
         except ReplicaUnavailable:
             if not metas:
                 raise
-            status = _await_outcome(lambda: self._part_status(table, metas[0].name),
-                                    f"the commit of part {metas[0].name} of {quote(table)}",
-                                    f"client.commit_status by part ({quote(table)}, {quote(metas[0].name)}) on replica {self.address}")
+            status = _await_outcome(
+                lambda: self._part_status(table, metas[0].name),
+                f"the commit of part {metas[0].name} of {quote(table)}",
+                f"client.commit_status by part ({quote(table)}, {quote(metas[0].name)}) on replica {self.address}",
+            )
         if status.status == "committed":
             return status.csn
-        raise TransactionAborted(f"the commit of {len(metas)} part(s) to {quote(table)} did not happen: "
-                                 f"{status.reason or status.status}", id=status.tid or None)
+        raise TransactionAborted(
+            f"the commit of {len(metas)} part(s) to {quote(table)} did not happen: {status.reason or status.status}",
+            id=status.tid or None,
+        )
 
     def _part_status(self, table: str, part: str) -> CommitStatus:
         r = self.call("commit_status", table=table, part=part)
@@ -853,9 +974,18 @@ def _decided_once(commit: Callable[..., T]) -> Callable[..., T]:
 class Transaction:
     """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
 
-    def __init__(self, client: Client, tid: Tid, txn_id: str, snapshot: int, joined: bool = False,
-                 ddl: int | None = None, isolation: str = SNAPSHOT, atomicity: str = FULL,
-                 durability: str = SYNC) -> None:
+    def __init__(
+        self,
+        client: Client,
+        tid: Tid,
+        txn_id: str,
+        snapshot: int,
+        joined: bool = False,
+        ddl: int | None = None,
+        isolation: str = SNAPSHOT,
+        atomicity: str = FULL,
+        durability: str = SYNC,
+    ) -> None:
         """Made by :meth:`Client.begin` (with the modes it began with) or :meth:`Client.join` (a
         joined transaction's modes are its replica's to know)."""
         self.client = client
@@ -946,8 +1076,9 @@ class Transaction:
 
     def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
         return [
-            write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
-                       tdef.ddl_version)
+            write_part(
+                self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id, tdef.ddl_version
+            )
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
 
@@ -962,8 +1093,9 @@ class Transaction:
                 raise
             return latest  # created after the snapshot: a transaction may write it
 
-    def _visible_csns(self, table: str, pkeys: list[tuple] | None = None,
-                      hint: Mapping[str, Any] | None = None) -> tuple[list[PartMeta], dict[str, int]]:
+    def _visible_csns(
+        self, table: str, pkeys: list[tuple] | None = None, hint: Mapping[str, Any] | None = None
+    ) -> tuple[list[PartMeta], dict[str, int]]:
         """The parts visible to this transaction (in ``pkeys``, when given; only those that may
         hold the keys of a point read's ``hint``) and the creation CSN of each committed one
         (its own parts have none)."""
@@ -1020,28 +1152,46 @@ class Transaction:
         self._check_open()
         tdef = _keys_table(self.table(table), "lock_keys")
         if self._atomicity == NONE:
-            raise InvalidInput(f"lock_keys on {quote(table)}: transaction {self.id} was begun with atomicity='none', "
-                               "which takes no locks (its commits never conflict); lock keys in a transaction begun "
-                               "with atomicity='full' on a table whose atomicity is 'full'", table=table, id=self.id)
+            raise InvalidInput(
+                f"lock_keys on {quote(table)}: transaction {self.id} was begun with atomicity='none', "
+                "which takes no locks (its commits never conflict); lock keys in a transaction begun "
+                "with atomicity='full' on a table whose atomicity is 'full'",
+                table=table,
+                id=self.id,
+            )
         if mode not in keys.LOCK_MODES:
-            raise InvalidInput(f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {quote(mode)}", table=table)
+            raise InvalidInput(
+                f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {quote(mode)}", table=table
+            )
         return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
 
     def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
-        return self._stage_versions(tdef, keys.versions(tdef.schema, tdef.primary_key, tdef.name,
-                                                        _as_table(data, tdef.name), op, 1))
+        return self._stage_versions(
+            tdef, keys.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op, 1)
+        )
 
     def _stage_versions(self, tdef: TableDef, versions: pa.Table) -> int:
         """Number ``versions`` after this transaction's earlier ones (``_seq``: later writes win)
         and stage them as parts; returns how many."""
         n = versions.num_rows
         i = versions.schema.get_field_index(keys.SEQ)
-        versions = versions.set_column(i, versions.schema.field(i), pa.array(range(self._seq + 1, self._seq + 1 + n),
-                                                                              pa.int64()))
+        versions = versions.set_column(
+            i, versions.schema.field(i), pa.array(range(self._seq + 1, self._seq + 1 + n), pa.int64())
+        )
         self._seq += n
-        parts = [write_part(self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id,
-                            tdef.ddl_version, primary_key=tdef.primary_key)
-                 for partition, chunk in split_by_partition(versions, list(tdef.partition_by))]
+        parts = [
+            write_part(
+                self.client.storage,
+                tdef.name,
+                list(tdef.partition_by),
+                partition,
+                chunk,
+                self.id,
+                tdef.ddl_version,
+                primary_key=tdef.primary_key,
+            )
+            for partition, chunk in split_by_partition(versions, list(tdef.partition_by))
+        ]
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
         return versions.num_rows
@@ -1060,15 +1210,19 @@ class Transaction:
             targets = _partitions(tdef, partitions)
             outside = [p for p, _ in split if p not in targets]
             if outside:
-                raise InvalidInput(f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
-                                   f"outside the partitions given {targets}")
+                raise InvalidInput(
+                    f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
+                    f"outside the partitions given {targets}"
+                )
         elif tdef.partition_by:
             targets = [p for p, _ in split]
         else:
             targets = [()]
         removed = [m.name for m in self._visible(table, targets)] if targets else []
-        parts = [write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id, tdef.ddl_version)
-                 for p, chunk in split]
+        parts = [
+            write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id, tdef.ddl_version)
+            for p, chunk in split
+        ]
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
@@ -1083,8 +1237,10 @@ class Transaction:
             targets = _partitions(tdef, partitions)
             outside = [p for p in present if p not in targets]
             if outside:
-                raise InvalidInput(f"overwrite of {quote(tdef.name)}: data has rows in partition(s) {quote(outside)} "
-                                   f"outside the partitions given {targets}")
+                raise InvalidInput(
+                    f"overwrite of {quote(tdef.name)}: data has rows in partition(s) {quote(outside)} "
+                    f"outside the partitions given {targets}"
+                )
         else:
             targets = present if tdef.partition_by else None
         self._delete_all_keys(tdef, targets)
@@ -1111,8 +1267,9 @@ class Transaction:
         if tdef.conflict_policy is Policy.KEYS:
             return self._delete_all_keys(tdef, targets)
         removed = [m.name for m in self._visible(table, targets)]
-        self._stage(Truncate(table, tuple(removed),
-                             None if targets is None else tuple(partition_key(p) for p in targets)))
+        self._stage(
+            Truncate(table, tuple(removed), None if targets is None else tuple(partition_key(p) for p in targets))
+        )
         return len(removed)
 
     @_named("delete")
@@ -1126,8 +1283,16 @@ class Transaction:
         if tdef.conflict_policy is Policy.KEYS:
             return self._write_versions(tdef, self.read(table, list(tdef.primary_key), where), keys.DELETE)
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
-        self._stage(Mutate("delete", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
-                           tuple(result.removed), _rewrite_targets(tdef, None)))
+        self._stage(
+            Mutate(
+                "delete",
+                tdef.name,
+                encode_expression(where, tdef.schema),
+                tuple(result.added),
+                tuple(result.removed),
+                _rewrite_targets(tdef, None),
+            )
+        )
         return result.affected_rows
 
     @_named("update")
@@ -1141,9 +1306,17 @@ class Transaction:
             return self._update_keys(tdef, where, assigns)
         self._record_read(tdef, where)
         result = rewrite.update(self.client.storage, tdef, self._visible(table), where, assigns, self.id)
-        self._stage(Mutate("update", tdef.name, encode_expression(where, tdef.schema), tuple(result.added),
-                           tuple(result.removed), _rewrite_targets(tdef, None),
-                           assignments=encode_assignments(assigns, tdef.schema)))
+        self._stage(
+            Mutate(
+                "update",
+                tdef.name,
+                encode_expression(where, tdef.schema),
+                tuple(result.added),
+                tuple(result.removed),
+                _rewrite_targets(tdef, None),
+                assignments=encode_assignments(assigns, tdef.schema),
+            )
+        )
         return result.affected_rows
 
     def _update_keys(self, tdef: TableDef, where: pc.Expression, assigns: dict[str, pc.Expression]) -> int:
@@ -1152,8 +1325,11 @@ class Transaction:
         taken)."""
         fixed = [c for c in assigns if c in tdef.primary_key]
         if fixed:
-            raise InvalidInput(f"update of keys table {quote(tdef.name)} cannot set primary key column(s) {fixed} "
-                               "(delete the row and insert it under the new key)", table=tdef.name)
+            raise InvalidInput(
+                f"update of keys table {quote(tdef.name)} cannot set primary key column(s) {fixed} "
+                "(delete the row and insert it under the new key)",
+                table=tdef.name,
+            )
         matched = self.read(tdef.name, where=where)  # recorded in the read set
         if not matched.num_rows:
             return 0
@@ -1174,8 +1350,9 @@ class Transaction:
         self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
         return len(result.removed)
 
-    def add_parts(self, table: str, metas: Sequence[PartMeta], op: str = "insert",
-                  partitions: Sequence[Any] | None = None) -> int:
+    def add_parts(
+        self, table: str, metas: Sequence[PartMeta], op: str = "insert", partitions: Sequence[Any] | None = None
+    ) -> int:
         """Stage parts already written to storage (by Spark executors) as one INSERT or INSERT
         OVERWRITE; the overwrite replaces ``partitions``, or those the parts are in (the whole
         table when it is not partitioned). Returns the rows added. The files are the caller's:
@@ -1201,12 +1378,20 @@ class Transaction:
         if not targets:
             return 0
         removed = [m.name for m in self._visible(table, targets)]
-        self._stage(Overwrite(table, tuple(metas), tuple(removed), tuple(partition_key(p) for p in targets)),
-                    written=False)
+        self._stage(
+            Overwrite(table, tuple(metas), tuple(removed), tuple(partition_key(p) for p in targets)), written=False
+        )
         return sum(m.rows for m in metas)
 
-    def add_rewrite(self, table: str, kind: str, added: Sequence[PartMeta], removed: Sequence[str],
-                    where: pc.Expression, set: Mapping[str, Any] | None = None) -> None:  # noqa: A002
+    def add_rewrite(
+        self,
+        table: str,
+        kind: str,
+        added: Sequence[PartMeta],
+        removed: Sequence[str],
+        where: pc.Expression,
+        set: Mapping[str, Any] | None = None,
+    ) -> None:  # noqa: A002
         """Stage a DELETE or UPDATE whose copy-on-write rewrite was done elsewhere (Spark
         executors): ``removed`` parts replaced by ``added``. ``where``/``set`` travel with it so
         the replica can redo it if a rebase finds its inputs rewritten."""
@@ -1218,8 +1403,18 @@ class Transaction:
         assigns = None
         if kind == "update":
             assigns = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
-        self._stage(Mutate(kind, tdef.name, encode_expression(where, tdef.schema), tuple(added), tuple(removed),
-                           _rewrite_targets(tdef, None), assignments=assigns), written=False)
+        self._stage(
+            Mutate(
+                kind,
+                tdef.name,
+                encode_expression(where, tdef.schema),
+                tuple(added),
+                tuple(removed),
+                _rewrite_targets(tdef, None),
+                assignments=assigns,
+            ),
+            written=False,
+        )
 
     def set_app_version(self, app_id: str, version: int) -> None:
         """Record in this commit that application ``app_id`` reached ``version`` (an integer >= 0):
@@ -1317,8 +1512,9 @@ class Transaction:
     def rollback(self) -> None:
         """Roll back; nothing it staged becomes visible. InvalidInput after it committed."""
         if self.csn is not None:
-            raise InvalidInput(f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back",
-                               id=self.id, csn=self.csn)
+            raise InvalidInput(
+                f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back", id=self.id, csn=self.csn
+            )
         if self._ended:
             return
         self._end()
@@ -1326,8 +1522,12 @@ class Transaction:
 
 
 @functools.partial(checked, "connect")
-def connect(address: str, storage_options: dict | None = None,
-            credentials: Credentials | str | os.PathLike | None = None, timeout: float = CALL_TIMEOUT) -> Client:
+def connect(
+    address: str,
+    storage_options: dict | None = None,
+    credentials: Credentials | str | os.PathLike | None = None,
+    timeout: float = CALL_TIMEOUT,
+) -> Client:
     """A client of the replica at ``host:port``; ``credentials`` for a secured cluster
     (``cluster.credentials``, or the path of its credentials file; default: the file named by
     ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed."""
@@ -1335,18 +1535,30 @@ def connect(address: str, storage_options: dict | None = None,
 
 
 # The fields of a table's definition (TableDef.to_dict) that a CREATE sends; the rest the log decides.
-_CREATE_FIELDS = frozenset({"name", "schema", "partition_by", "primary_key", "conflict_policy", "auto_merge",
-                            "lock_groups", "atomicity", "txn_max_seconds", "txn_max_rows",
-                            "retention_seconds"})
+_CREATE_FIELDS = frozenset(
+    {
+        "name",
+        "schema",
+        "partition_by",
+        "primary_key",
+        "conflict_policy",
+        "auto_merge",
+        "lock_groups",
+        "atomicity",
+        "txn_max_seconds",
+        "txn_max_rows",
+        "retention_seconds",
+    }
+)
 
 
 def _check_connect_args(timeout: Any, storage_options: Any) -> None:
     """``connect``'s own arguments, refused as InvalidInput before any socket is opened."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
-            or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0:
         raise InvalidInput(f"timeout must be a positive finite number of seconds, not {quote(timeout)}")
-    if storage_options is not None and (not isinstance(storage_options, Mapping)
-                                        or not all(isinstance(k, str) for k in storage_options)):
+    if storage_options is not None and (
+        not isinstance(storage_options, Mapping) or not all(isinstance(k, str) for k in storage_options)
+    ):
         raise InvalidInput(f"storage_options must be a mapping of option names to values, not {quote(storage_options)}")
 
 
@@ -1377,8 +1589,10 @@ def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None
 
 def _keys_table(tdef: TableDef, what: str) -> TableDef:
     if tdef.conflict_policy is not Policy.KEYS:
-        raise InvalidInput(f"{what} needs a keys table; {quote(tdef.name)} has conflict_policy "
-                           f"{quote(tdef.conflict_policy.value)}", table=tdef.name)
+        raise InvalidInput(
+            f"{what} needs a keys table; {quote(tdef.name)} has conflict_policy {quote(tdef.conflict_policy.value)}",
+            table=tdef.name,
+        )
     return tdef
 
 
@@ -1391,10 +1605,12 @@ def _not_keys(tdef: TableDef, what: str) -> TableDef:
 def _check_long_calls(long_calls: object) -> Mapping[str, float]:
     """``Client(long_calls=...)``: action names to seconds in (0, MAX_TIMEOUT], or InvalidInput."""
     if not isinstance(long_calls, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_TIMEOUT
-            for k, v in long_calls.items()):
-        raise InvalidInput(f"long_calls must map action names to seconds above 0 and at most {MAX_TIMEOUT:g}, "
-                           f"not {quote(long_calls)}")
+        isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= MAX_TIMEOUT
+        for k, v in long_calls.items()
+    ):
+        raise InvalidInput(
+            f"long_calls must map action names to seconds above 0 and at most {MAX_TIMEOUT:g}, not {quote(long_calls)}"
+        )
     return long_calls
 
 
@@ -1413,8 +1629,10 @@ def _until_decided(step: Callable[[], T]) -> T:
             with attempt:
                 return step()
     except _StillCommitting as exc:
-        raise ReplicaUnavailable(f"{exc.args[0]} was still in progress after {OUTCOME_WAIT:g}s (ZooKeeper "
-                                 "away?); commit_status tells its outcome once the replica decides it") from None
+        raise ReplicaUnavailable(
+            f"{exc.args[0]} was still in progress after {OUTCOME_WAIT:g}s (ZooKeeper "
+            "away?); commit_status tells its outcome once the replica decides it"
+        ) from None
     raise AssertionError("unreachable")
 
 
@@ -1434,7 +1652,8 @@ def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> C
         raise errors.OutcomeUnknown(
             f"the outcome of {what} is being decided: its replica did not answer within {OUTCOME_WAIT:g}s "
             f"({exc.message}). {how} answers committed (with the CSN) or aborted once the replica decides, or "
-            "once it is gone (its ZooKeeper session expired or it restarted): any replica can then decide it") from None
+            "once it is gone (its ZooKeeper session expired or it restarted): any replica can then decide it"
+        ) from None
 
 
 def _part_metas(metas: Any, what: str) -> list[PartMeta]:
@@ -1445,8 +1664,10 @@ def _part_metas(metas: Any, what: str) -> list[PartMeta]:
     out = list(metas)
     bad = [m for m in out if not isinstance(m, PartMeta)]
     if bad:
-        raise InvalidInput(f"{what}: parts must be PartMeta (parts.model.meta: write_part returns them), "
-                           f"not {quote(bad[0])} ({type(bad[0]).__name__})")
+        raise InvalidInput(
+            f"{what}: parts must be PartMeta (parts.model.meta: write_part returns them), "
+            f"not {quote(bad[0])} ({type(bad[0]).__name__})"
+        )
     return out
 
 
@@ -1457,8 +1678,11 @@ def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
     if tdef.conflict_policy is Policy.KEYS:
         rows = [m.name for m in metas if keys.OP not in m.stats]
         if rows:
-            raise InvalidInput(f"part(s) {rows[:5]} of keys table {quote(tdef.name)} hold rows, not versions: write them "
-                               "with coordinator.core.keys.versions (as tx.insert/upsert do)", table=tdef.name)
+            raise InvalidInput(
+                f"part(s) {rows[:5]} of keys table {quote(tdef.name)} hold rows, not versions: write them "
+                "with coordinator.core.keys.versions (as tx.insert/upsert do)",
+                table=tdef.name,
+            )
 
 
 def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequence[Any] | None) -> list[tuple]:
@@ -1469,8 +1693,10 @@ def _overwrite_targets(tdef: TableDef, metas: list[PartMeta], partitions: Sequen
         targets = _partitions(tdef, partitions)
         outside = [p for p in present if p not in targets]
         if outside:
-            raise InvalidInput(f"overwrite of {quote(tdef.name)}: parts in partition(s) {quote(outside)} "
-                               f"outside the partitions given {targets}")
+            raise InvalidInput(
+                f"overwrite of {quote(tdef.name)}: parts in partition(s) {quote(outside)} "
+                f"outside the partitions given {targets}"
+            )
         return targets
     return present if tdef.partition_by else [()]
 
@@ -1535,14 +1761,20 @@ def _check_partition_value(tdef: TableDef, column: str, value: Any) -> None:
     else:
         ok = True
     if not ok:
-        raise InvalidInput(f"partition value {quote(value)} ({type(value).__name__}) does not match partition column "
-                           f"{quote(column)} of table {quote(tdef.name)}, which is {t}", table=tdef.name, column=column,
-                           value=repr(value))
+        raise InvalidInput(
+            f"partition value {quote(value)} ({type(value).__name__}) does not match partition column "
+            f"{quote(column)} of table {quote(tdef.name)}, which is {t}",
+            table=tdef.name,
+            column=column,
+            value=repr(value),
+        )
 
 
 def _check_predicate(where: Any, tdef: TableDef, what: str) -> None:
     if not isinstance(where, pc.Expression):
-        raise InvalidInput(f"{what} on {quote(tdef.name)}: where must be a pyarrow.compute.Expression, not {type(where).__name__}")
+        raise InvalidInput(
+            f"{what} on {quote(tdef.name)}: where must be a pyarrow.compute.Expression, not {type(where).__name__}"
+        )
     check_expression(where, tdef.schema, f"{what} on {quote(tdef.name)}")
 
 

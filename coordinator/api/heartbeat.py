@@ -59,8 +59,9 @@ class Heartbeat:
             self._held.add(txn)
             self._holds += 1
             if self._thread is None and not self._stop.is_set():  # its first beat at once: peers learnt early
-                self._thread = threading.Thread(target=self._run, name=f"mergetxn-heartbeat-{self.session[:8]}",
-                                                daemon=True)
+                self._thread = threading.Thread(
+                    target=self._run, name=f"mergetxn-heartbeat-{self.session[:8]}", daemon=True
+                )
                 self._wake.set()
                 self._thread.start()
 
@@ -86,8 +87,9 @@ class Heartbeat:
                 holds = self._holds
             self._learn_peers()
             try:
-                answer = self._rpc.call("heartbeat", {"session": self.session},
-                                        timeout=max(1.0, self.interval * BEATS_PER_TIMEOUT))
+                answer = self._rpc.call(
+                    "heartbeat", {"session": self.session}, timeout=max(1.0, self.interval * BEATS_PER_TIMEOUT)
+                )
             except MergetxnError as exc:  # the replica away for a moment: the next beat tries again
                 log.debug("heartbeat of session %s: %s", self.session, exc.message)
                 continue

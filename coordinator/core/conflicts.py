@@ -122,8 +122,9 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
                 part = sorted(both)[0]
                 compacted = later.kinds & COMPACTIONS and not later.kinds & _REMOVING_STATEMENTS
                 kind = ConflictKind.SOURCES_REMOVED if compacted else ConflictKind.PART_REMOVED_TWICE
-                return Verdict(False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}",
-                               kind=kind)
+                return Verdict(
+                    False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}", kind=kind
+                )
             continue
         for e in sorted(winner.kinds):
             for lk in sorted(later.kinds):
@@ -177,16 +178,23 @@ def check_app_version(app_id: object, version: object) -> tuple[str, int]:
     InvalidInput naming what is wrong: the id a non-empty string of at most 256 characters with no
     control characters, the version an integer from 0 to 2**63 - 1 (not a bool)."""
     if not isinstance(app_id, str) or not 0 < len(app_id) <= MAX_APP_ID or not app_id.isprintable():
-        raise InvalidInput(f"app_id must be a non-empty string of at most {MAX_APP_ID} printable characters, "
-                           f"not {quote(app_id)}", app_id=app_id if isinstance(app_id, str) else repr(app_id))
+        raise InvalidInput(
+            f"app_id must be a non-empty string of at most {MAX_APP_ID} printable characters, not {quote(app_id)}",
+            app_id=app_id if isinstance(app_id, str) else repr(app_id),
+        )
     if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_APP_VERSION:
-        raise InvalidInput(f"the version of application {quote(app_id)} must be an integer from 0 to {MAX_APP_VERSION}, "
-                           f"not {quote(version)}", app_id=app_id, version=repr(version))
+        raise InvalidInput(
+            f"the version of application {quote(app_id)} must be an integer from 0 to {MAX_APP_VERSION}, "
+            f"not {quote(version)}",
+            app_id=app_id,
+            version=repr(version),
+        )
     return app_id, version
 
 
-def check_app_versions(tid: str, apps: Mapping[str, int],
-                       committed: Mapping[str, tuple[int, int]]) -> DuplicateCommit | None:
+def check_app_versions(
+    tid: str, apps: Mapping[str, int], committed: Mapping[str, tuple[int, int]]
+) -> DuplicateCommit | None:
     """Whether transaction ``tid`` carrying ``apps`` (app id -> version) may commit after
     ``committed`` (app id -> (version, CSN that holds it)): the DuplicateCommit it loses with (the
     first app in name order whose version is at or below the committed one), or None."""
@@ -196,5 +204,10 @@ def check_app_versions(tid: str, apps: Mapping[str, int],
             return DuplicateCommit(
                 f"transaction {tid} is a duplicate commit of application {quote(app_id)} version {version}: "
                 f"CSN {held[1]} already holds version {held[0]}; nothing of it was committed",
-                app_id=app_id, version=version, csn=held[1], committed_version=held[0], id=tid)
+                app_id=app_id,
+                version=version,
+                csn=held[1],
+                committed_version=held[0],
+                id=tid,
+            )
     return None

@@ -83,7 +83,9 @@ class MergetxnError(Exception):
     """Base of every mergetxn error."""
 
     def __init__(self, message: str, **details: Any) -> None:
-        if isinstance(message, str) and len(message) > MAX_MESSAGE + 64:  # (a message cut once, rebuilt by from_dict, stays as it is)
+        if (
+            isinstance(message, str) and len(message) > MAX_MESSAGE + 64
+        ):  # (a message cut once, rebuilt by from_dict, stays as it is)
             message = clip(message, MAX_MESSAGE)
         super().__init__(message)
         self.message = message
@@ -255,8 +257,13 @@ def storage_error(exc: OSError, op: str, path: str, where: str = "") -> StorageE
         "EPERM": "operation not permitted: give the process write access to the storage directory",
     }.get(name, "check the storage and try again")
     label = f"{reason} ({name})" if name else reason
-    return StorageError(f"storage {op} of {path!r}{' in ' + where if where else ''} failed: {label}; {advice}",
-                        path=path, op=op, reason=reason, errno=name or None)
+    return StorageError(
+        f"storage {op} of {path!r}{' in ' + where if where else ''} failed: {label}; {advice}",
+        path=path,
+        op=op,
+        reason=reason,
+        errno=name or None,
+    )
 
 
 def from_dict(payload: dict[str, Any]) -> MergetxnError:

@@ -55,8 +55,14 @@ class Rule:
 _R, _W = Right.READ, Right.WRITE
 ACTIONS: dict[str, Rule] = {
     # Connecting, and what any user may see of the replica.
-    "info": Rule(_R), "tables": Rule(_R), "snapshot": Rule(_R), "wait": Rule(_R),
-    "app_version": Rule(_R), "flush": Rule(_R), "renew": Rule(_R), "release": Rule(_R),
+    "info": Rule(_R),
+    "tables": Rule(_R),
+    "snapshot": Rule(_R),
+    "wait": Rule(_R),
+    "app_version": Rule(_R),
+    "flush": Rule(_R),
+    "renew": Rule(_R),
+    "release": Rule(_R),
     "transactions": Rule(_R),  # a non-admin sees its own only (replicas/server.py)
     "heartbeat": Rule(_R),  # a client's session is alive (replicas/sessions.py)
     "peers": Rule(_R),  # the other live replicas' addresses (where to ask for an outcome)
@@ -65,33 +71,66 @@ ACTIONS: dict[str, Rule] = {
     # PostgreSQL's catalogs are; what a table holds only a user with a grant on it.
     "table": Rule(_R),
     # Reads of a table.
-    "describe_table": Rule(_R, "name"), "parts": Rule(_R, "table"),
-    "changes": Rule(_R, "table"), "events": Rule(_R, "table"), "visible": Rule(_R, "table", txn=True),
+    "describe_table": Rule(_R, "name"),
+    "parts": Rule(_R, "table"),
+    "changes": Rule(_R, "table"),
+    "events": Rule(_R, "table"),
+    "visible": Rule(_R, "table", txn=True),
     # Transactions: a reader begins one to read; its statements are checked one by one.
-    "begin": Rule(_R), "add_read": Rule(_R, txn=True), "rollback": Rule(_R, txn=True),
-    "stage": Rule(_R, txn=True, ops=True), "commit": Rule(_R, txn=True, ops=True),
-    "set_app_version": Rule(_W, txn=True), "kill": Rule(Right.KILL, txn=True),
+    "begin": Rule(_R),
+    "add_read": Rule(_R, txn=True),
+    "rollback": Rule(_R, txn=True),
+    "stage": Rule(_R, txn=True, ops=True),
+    "commit": Rule(_R, txn=True, ops=True),
+    "set_app_version": Rule(_W, txn=True),
+    "kill": Rule(Right.KILL, txn=True),
     # Writes outside a transaction.
-    "commit_parts": Rule(_W, "table"), "compact": Rule(_W, "table"),
+    "commit_parts": Rule(_W, "table"),
+    "compact": Rule(_W, "table"),
     # Admins only.
-    "create_table": Rule(Right.ADMIN, "name"), "alter_table": Rule(Right.ADMIN, "name"), "gc": Rule(Right.ADMIN),
-    "users": Rule(Right.ADMIN), "create_user": Rule(Right.ADMIN), "drop_user": Rule(Right.ADMIN),
+    "create_table": Rule(Right.ADMIN, "name"),
+    "alter_table": Rule(Right.ADMIN, "name"),
+    "gc": Rule(Right.ADMIN),
+    "users": Rule(Right.ADMIN),
+    "create_user": Rule(Right.ADMIN),
+    "drop_user": Rule(Right.ADMIN),
     "check": Rule(Right.ADMIN),  # reads every file of the tables asked (mergetxn check, status)
 }
 
 OP_RIGHTS: dict[str, Right] = {
-    "insert": _W, "overwrite": _W, "truncate": _W, "delete": _W, "update": _W, "compact": _W,
+    "insert": _W,
+    "overwrite": _W,
+    "truncate": _W,
+    "delete": _W,
+    "update": _W,
+    "compact": _W,
     "drop_table": Right.ADMIN,
 }
 # What a client may say it is doing in a stage request ("statement"), to have a refusal name it as
 # the user wrote it (a keys table's upsert stages an insert); the operations decide the right.
-STATEMENTS = frozenset({"insert", "upsert", "overwrite", "truncate", "delete", "delete_keys", "update", "compact",
-                        "lock_keys", "drop_table"})
+STATEMENTS = frozenset(
+    {
+        "insert",
+        "upsert",
+        "overwrite",
+        "truncate",
+        "delete",
+        "delete_keys",
+        "update",
+        "compact",
+        "lock_keys",
+        "drop_table",
+    }
+)
 _ADMIN_ONLY = Rule(Right.ADMIN)
 _SHOWN = {"visible": "read"}  # an action by the statement a user made (client.read, tx.read, scans)
 # Why a right is refused; READ's is also why a writer may not write a table it has no grant on.
-_WHY = {Right.READ: "the user has no grant on that table", Right.WRITE: "writers and admins only",
-        Right.KILL: "writers (their own transactions) and admins only", Right.ADMIN: "admins only"}
+_WHY = {
+    Right.READ: "the user has no grant on that table",
+    Right.WRITE: "writers and admins only",
+    Right.KILL: "writers (their own transactions) and admins only",
+    Right.ADMIN: "admins only",
+}
 
 
 @dataclass(frozen=True)
@@ -109,8 +148,9 @@ class Grantee:
         return self.role is Role.ADMIN or table is None or self.tables is None or table in self.tables
 
 
-def check(who: Grantee, action: str, args: Mapping[str, Any],
-          owner_of: Callable[[str], str | None] = lambda txn_id: None) -> None:
+def check(
+    who: Grantee, action: str, args: Mapping[str, Any], owner_of: Callable[[str], str | None] = lambda txn_id: None
+) -> None:
     """Allow ``action`` with ``args`` for ``who``, or raise PermissionDenied (nothing happened).
     ``owner_of(id)``: the user that began the transaction ``id`` names, None when this replica
     does not hold it (the action itself then fails as it would for anyone)."""
@@ -132,8 +172,13 @@ def check(who: Grantee, action: str, args: Mapping[str, Any],
     if rule.txn and who.role is not Role.ADMIN and isinstance(args.get("id"), str):
         owner = owner_of(args["id"])
         if owner is not None and owner != who.name:
-            _deny(who, action, table if isinstance(table, str) else None, rule.right,
-                  f"transaction {args['id']} belongs to another user")
+            _deny(
+                who,
+                action,
+                table if isinstance(table, str) else None,
+                rule.right,
+                f"transaction {args['id']} belongs to another user",
+            )
 
 
 def _need(who: Grantee, action: str, right: Right, table: object) -> None:
@@ -144,5 +189,10 @@ def _need(who: Grantee, action: str, right: Right, table: object) -> None:
 
 def _deny(who: Grantee, action: str, table: str | None, right: Right, why: str | None = None) -> None:
     on = f" on table {table!r}" if table is not None else ""
-    raise PermissionDenied(f"user {who.name!r} ({who.role}) may not {action}{on}: {why or _WHY[right]}",
-                           user=who.name, role=str(who.role), action=action, table=table)
+    raise PermissionDenied(
+        f"user {who.name!r} ({who.role}) may not {action}{on}: {why or _WHY[right]}",
+        user=who.name,
+        role=str(who.role),
+        action=action,
+        table=table,
+    )

@@ -77,14 +77,20 @@ def version_rows(data: pa.Table, order: int, primary_key: Sequence[str]) -> pa.T
     columns, ``_ver`` and ``_seq``, read locks left out: what :func:`fold` takes as ``others``.
     ``data`` needs the key columns, ``_op``, ``_seq`` and, for a compaction's output, ``_ver``."""
     ver = data.column(VER) if VER in data.column_names else pa.nulls(data.num_rows, pa.int64())
-    out = pa.Table.from_arrays([*(data.column(k) for k in primary_key),
-                                pc.coalesce(ver.cast(pa.int64()), pa.scalar(order, pa.int64())),
-                                data.column(SEQ).cast(pa.int64())], names=[*primary_key, VER, SEQ])
+    out = pa.Table.from_arrays(
+        [
+            *(data.column(k) for k in primary_key),
+            pc.coalesce(ver.cast(pa.int64()), pa.scalar(order, pa.int64())),
+            data.column(SEQ).cast(pa.int64()),
+        ],
+        names=[*primary_key, VER, SEQ],
+    )
     return out.filter(_not_lock(data.column(OP)))
 
 
-def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]],
-         others: pa.Table | None) -> pa.Table:
+def fold(
+    schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]], others: pa.Table | None
+) -> pa.Table:
     """A compaction's output (:func:`~coordinator.core.keys.folded_schema`, sorted by key then
     version) from the versions of its ``sources`` (``(creation CSN, rows)`` of committed parts)
     given ``others``: the versions (:func:`version_rows`) of every other part a read may combine
@@ -104,9 +110,12 @@ def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[
     data = data.append_column(_TAG, pa.repeat(pa.scalar(0, pa.int8()), data.num_rows))
     if others is not None and others.num_rows:
         n = others.num_rows
-        extra = {**{k: others.column(k).cast(schema.field(k).type) for k in primary_key},
-                 _V: others.column(VER).cast(pa.int64()), SEQ: others.column(SEQ).cast(pa.int64()),
-                 _TAG: pa.repeat(pa.scalar(1, pa.int8()), n)}
+        extra = {
+            **{k: others.column(k).cast(schema.field(k).type) for k in primary_key},
+            _V: others.column(VER).cast(pa.int64()),
+            SEQ: others.column(SEQ).cast(pa.int64()),
+            _TAG: pa.repeat(pa.scalar(1, pa.int8()), n),
+        }
         cols = [extra[f.name] if f.name in extra else pa.nulls(n, f.type) for f in data.schema]
         data = pa.concat_tables([data, pa.Table.from_arrays(cols, schema=data.schema)])
     data = _sorted(data, primary_key, tagged=True)
@@ -126,13 +135,19 @@ def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[
     op = state.folded_op()
     keep = pc.invert(pc.and_(pc.equal(op, DELETE), pc.equal(pc.take(older, last), 0)))
     cols = pc.if_else(pc.equal(op, UPDATE), state.written_text(), pa.scalar(None, pa.string()))
-    arrays = [*state.rows(schema).columns, op.cast(pa.int8()), pc.take(data.column(SEQ), last), cols,
-              pc.take(data.column(_V), last)]
+    arrays = [
+        *state.rows(schema).columns,
+        op.cast(pa.int8()),
+        pc.take(data.column(SEQ), last),
+        cols,
+        pc.take(data.column(_V), last),
+    ]
     return pa.Table.from_arrays(arrays, schema=out_schema).filter(keep)
 
 
-def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
-                commits: Iterable[tuple[int, Sequence[pa.Table]]]) -> pa.Table:
+def row_changes(
+    schema: pa.Schema, primary_key: Sequence[str], before: pa.Table, commits: Iterable[tuple[int, Sequence[pa.Table]]]
+) -> pa.Table:
     """The row changes of a keys table, one commit after the other: for each key a commit wrote
     whose row it changed, a ``delete`` of the row it had (if any) and an ``insert`` of the row
     it has after (if any), deletes first, keys sorted, with ``_csn``. ``before``: the rows (at
@@ -150,8 +165,14 @@ def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
     names = schema.names
     n = before.num_rows
     base = pa.Table.from_arrays(
-        [*before.select(names).columns, pa.repeat(pa.scalar(PUT, pa.int8()), n),
-         pa.repeat(pa.scalar(0, pa.int64()), n), pa.nulls(n, pa.string())], names=[*names, OP, SEQ, COLS])
+        [
+            *before.select(names).columns,
+            pa.repeat(pa.scalar(PUT, pa.int8()), n),
+            pa.repeat(pa.scalar(0, pa.int64()), n),
+            pa.nulls(n, pa.string()),
+        ],
+        names=[*names, OP, SEQ, COLS],
+    )
     data = _versions(schema, [(-1, base), *((csn, t) for csn, parts in commits for t in parts)])
     if data.num_rows == 0:
         return out_schema.empty_table()
@@ -211,9 +232,10 @@ def _not_lock(op: pa.ChunkedArray | pa.Array) -> pa.Array:
 def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Table:
     """The versions of ``parts`` in one table (the table's columns as declared but nullable,
     ``_op``, ``_seq``, ``_cols`` and ``_v``), read locks left out, in input order."""
-    layout = pa.schema([f.with_nullable(True) for f in schema]
-                       + [pa.field(OP, pa.int8()), pa.field(SEQ, pa.int64()), pa.field(COLS, pa.string()),
-                          pa.field(_V, pa.int64())])
+    layout = pa.schema(
+        [f.with_nullable(True) for f in schema]
+        + [pa.field(OP, pa.int8()), pa.field(SEQ, pa.int64()), pa.field(COLS, pa.string()), pa.field(_V, pa.int64())]
+    )
     wanted = [f.name for f in layout if f.name != _V]
     pieces = []
     for order, data in parts:
@@ -233,10 +255,17 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
     data = pa.concat_tables(pieces, promote_options="none" if same else "permissive")
     if not data.schema.equals(layout):
         have = set(data.schema.names)
-        data = pa.Table.from_arrays([
-            pa.nulls(data.num_rows, f.type) if f.name not in have
-            else data.column(f.name) if data.schema.field(f.name).type == f.type
-            else data.column(f.name).cast(f.type) for f in layout], schema=layout)
+        data = pa.Table.from_arrays(
+            [
+                pa.nulls(data.num_rows, f.type)
+                if f.name not in have
+                else data.column(f.name)
+                if data.schema.field(f.name).type == f.type
+                else data.column(f.name).cast(f.type)
+                for f in layout
+            ],
+            schema=layout,
+        )
     return data.filter(_not_lock(data.column(OP)))
 
 
@@ -347,8 +376,9 @@ class _State:
         PUT or DELETE when nothing follows it, PUT when UPDATEs do, UPDATE when there is none."""
         reset = self._pick("@reset")
         last_op = pc.take(self.fold.op, self.rows_at).cast(pa.int64())
-        return pc.if_else(pc.is_null(reset), UPDATE,
-                          pc.if_else(pc.fill_null(pc.equal(reset, self.rows_at), False), last_op, PUT))
+        return pc.if_else(
+            pc.is_null(reset), UPDATE, pc.if_else(pc.fill_null(pc.equal(reset, self.rows_at), False), last_op, PUT)
+        )
 
     def written_text(self) -> pa.Array:
         """The non-key columns an UPDATE among these versions writes, comma-separated in table
@@ -357,13 +387,14 @@ class _State:
         m = len(self.rows_at)
         text = pa.repeat(pa.scalar(""), m)
         for at in range(0, len(cols), _MASK_BITS):
-            chunk = cols[at:at + _MASK_BITS]
+            chunk = cols[at : at + _MASK_BITS]
             mask = pa.repeat(pa.scalar(0, pa.int64()), m)
             for bit, c in enumerate(chunk):
                 mask = pc.add(mask, pc.if_else(pc.is_valid(self._pick(f"@update:{c}")), 1 << bit, 0))
             distinct = pc.unique(mask)
-            spelled = pa.array([",".join(c for b, c in enumerate(chunk) if v >> b & 1) for v in distinct.to_pylist()],
-                               pa.string())
+            spelled = pa.array(
+                [",".join(c for b, c in enumerate(chunk) if v >> b & 1) for v in distinct.to_pylist()], pa.string()
+            )
             part = pc.take(spelled, pc.index_in(mask, distinct))
             both = pc.binary_join_element_wise(text, part, ",")  # no nulls here (see _written_masks)
             text = pc.if_else(pc.equal(text, ""), part, pc.if_else(pc.equal(part, ""), text, both))
@@ -377,5 +408,4 @@ def _written_masks(cols: pa.ChunkedArray | pa.Array, names: Sequence[str]) -> di
     pyarrow 26.)"""
     enc = pc.dictionary_encode(cols.combine_chunks() if isinstance(cols, pa.ChunkedArray) else cols)
     values = [set(filter(None, (v or "").split(","))) for v in enc.dictionary.to_pylist()]
-    return {c: pc.fill_null(pc.take(pa.array([c in v for v in values], pa.bool_()), enc.indices), False)
-            for c in names}
+    return {c: pc.fill_null(pc.take(pa.array([c in v for v in values], pa.bool_()), enc.indices), False) for c in names}

@@ -51,9 +51,15 @@ ATOMICITY = ("full", "none")
 OWN = float("inf")  # the order of a transaction's own (uncommitted) parts
 
 
-def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], primary_key: Sequence[str],
-                     policy: str, lock_groups: Mapping[str, Sequence[str]] | None,
-                     atomicity: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def check_definition(
+    name: str,
+    schema: pa.Schema,
+    partition_by: Sequence[str],
+    primary_key: Sequence[str],
+    policy: str,
+    lock_groups: Mapping[str, Sequence[str]] | None,
+    atomicity: str,
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """Validate what a ``keys`` table adds to CREATE TABLE (the schema and column names are
     checked before); returns the lock groups as sorted ``(group, columns)`` pairs. Every
     problem is InvalidInput naming it."""
@@ -62,8 +68,9 @@ def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], 
         if lock_groups:
             raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {quote(policy)})", table=name)
         if atomicity != "full":
-            raise InvalidInput(f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})",
-                               table=name)
+            raise InvalidInput(
+                f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})", table=name
+            )
         return ()
     if atomicity not in ATOMICITY:
         raise InvalidInput(f"{where}: atomicity must be 'full' or 'none', not {quote(atomicity)}", table=name)
@@ -75,8 +82,9 @@ def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], 
         problems.append(f"column name(s) {hidden} are reserved in a keys table")
     nullable = [c for c in primary_key if schema.field(c).nullable]
     if nullable:
-        problems.append(f"primary key column(s) {nullable} must be declared not null "
-                        "(pyarrow.field(..., nullable=False))")
+        problems.append(
+            f"primary key column(s) {nullable} must be declared not null (pyarrow.field(..., nullable=False))"
+        )
     outside = [c for c in partition_by if c not in primary_key]
     if outside:
         problems.append(f"partition column(s) {outside} must be primary key columns (a key lives in one partition)")
@@ -99,9 +107,13 @@ def check_definition(name: str, schema: pa.Schema, partition_by: Sequence[str], 
             if c not in schema.names:
                 problems.append(f"lock group {quote(group)}: unknown column {quote(c)}")
             elif c in primary_key:
-                problems.append(f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)")
+                problems.append(
+                    f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)"
+                )
             elif c in owner:
-                problems.append(f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)")
+                problems.append(
+                    f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)"
+                )
             else:
                 owner[c] = group
         groups.append((group, cols))
@@ -115,12 +127,12 @@ def file_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     """The schema of a keys table's part: key columns as declared, the others nullable, then
     the hidden columns."""
     fields = [f if f.name in primary_key else f.with_nullable(True) for f in schema]
-    return pa.schema(fields + [pa.field(OP, pa.int8(), False), pa.field(SEQ, pa.int64(), False),
-                               pa.field(COLS, pa.string())])
+    return pa.schema(
+        fields + [pa.field(OP, pa.int8(), False), pa.field(SEQ, pa.int64(), False), pa.field(COLS, pa.string())]
+    )
 
 
-def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa.Table, op: int,
-             seq: int) -> pa.Table:
+def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa.Table, op: int, seq: int) -> pa.Table:
     """Rows ``data`` written as versions of ``op`` (PUT, UPDATE or DELETE) in a part's layout,
     their ``_seq`` from ``seq`` on in row order. ``data`` holds the key columns and, for PUT and
     UPDATE, any of the others (all under DELETE are ignored but keys); InvalidInput names what
@@ -130,7 +142,9 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
-        raise InvalidInput(f"{what} {quote(table)}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
+        raise InvalidInput(
+            f"{what} {quote(table)}: data must be a pyarrow.Table, got {type(data).__name__}", table=table
+        )
     names = data.column_names
     problems = []
     unknown = [n for n in names if n not in schema.names]
@@ -160,8 +174,11 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     out = file_schema(schema, primary_key)
     cols = [data.column(f.name) if f.name in present.names else pa.nulls(n, f.type) for f in schema]
     written = ",".join(c for c in present.names if c not in primary_key) if op == UPDATE else None
-    cols += [pa.array([op] * n, pa.int8()), pa.array(range(seq, seq + n), pa.int64()),
-             pa.array([written] * n, pa.string())]
+    cols += [
+        pa.array([op] * n, pa.int8()),
+        pa.array(range(seq, seq + n), pa.int64()),
+        pa.array([written] * n, pa.string()),
+    ]
     return pa.Table.from_arrays(cols, schema=out)
 
 
@@ -210,8 +227,9 @@ def overlap(a: frozenset[str], b: frozenset[str]) -> bool:
     return bool(a and b) and (bool(a & b) or PRIMARY in a or PRIMARY in b)
 
 
-def written_locks(data: pa.Table, primary_key: Sequence[str],
-                  lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks:
+def written_locks(
+    data: pa.Table, primary_key: Sequence[str], lock_groups: Sequence[tuple[str, Sequence[str]]]
+) -> KeyLocks:
     """Key -> locks for the versions of a part (its key columns, ``_op`` and ``_cols``)."""
     out: dict[tuple, frozenset[str]] = {}
     cache: dict[tuple[int, str | None], frozenset[str]] = {}
@@ -259,8 +277,7 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 
     expr = None
     for k in primary_key:
-        values = pa.array(sorted(set(rows.column(k).to_pylist()), key=lambda v: (v is None, v)),
-                          schema.field(k).type)
+        values = pa.array(sorted(set(rows.column(k).to_pylist()), key=lambda v: (v is None, v)), schema.field(k).type)
         term = pc.field(k).isin(values)
         expr = term if expr is None else expr & term
     return expr
@@ -321,8 +338,13 @@ def key_hash(key: Sequence[Any]) -> tuple[int, int]:
     return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
 
 
-def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BITS_PER_KEY,
-              max_bits: int = MAX_FILTER_BITS, exact_rows: int = EXACT_ROWS) -> dict:
+def summarize(
+    data: pa.Table,
+    primary_key: Sequence[str],
+    bits_per_key: int = BITS_PER_KEY,
+    max_bits: int = MAX_FILTER_BITS,
+    exact_rows: int = EXACT_ROWS,
+) -> dict:
     """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
     ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, plus, for a
     part of at most ``exact_rows`` versions whose keys are ints, strings or bools, ``"exact"``:
@@ -331,10 +353,18 @@ def summarize(data: pa.Table, primary_key: Sequence[str], bits_per_key: int = BI
     cols = [data.column(k).to_pylist() for k in primary_key]
     distinct = set(zip(*cols)) if cols else set()
     exact = None
-    if (data.num_rows <= exact_rows and OP in data.column_names and COLS in data.column_names
-            and all(isinstance(v, _ORDERED) and not _long(v) for key in distinct for v in key)):
-        exact = [[*key, op, written] for key, op, written in zip(zip(*cols) if cols else (), data.column(OP).to_pylist(),
-                                                                 data.column(COLS).to_pylist())]
+    if (
+        data.num_rows <= exact_rows
+        and OP in data.column_names
+        and COLS in data.column_names
+        and all(isinstance(v, _ORDERED) and not _long(v) for key in distinct for v in key)
+    ):
+        exact = [
+            [*key, op, written]
+            for key, op, written in zip(
+                zip(*cols) if cols else (), data.column(OP).to_pylist(), data.column(COLS).to_pylist()
+            )
+        ]
     m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
     m += -m % 8
     bits = bytearray(m // 8)
@@ -392,8 +422,9 @@ def bound_summary(s: dict) -> dict:
     return out
 
 
-def exact_locks(summary: Mapping[str, Any] | None, key_columns: int,
-                lock_groups: Sequence[tuple[str, Sequence[str]]]) -> KeyLocks | None:
+def exact_locks(
+    summary: Mapping[str, Any] | None, key_columns: int, lock_groups: Sequence[tuple[str, Sequence[str]]]
+) -> KeyLocks | None:
     """Key -> locks of a part from its summary's ``"exact"`` versions, as :func:`written_locks`
     gives them from the file; None when it has none (or they do not fit ``key_columns``)."""
     rows = None if summary is None else summary.get("exact")
@@ -432,10 +463,18 @@ def summary_problem(s: Any) -> str | None:
         return "'lo' and 'hi' must be both set or both null"
     exact = s.get("exact")
     if exact is not None and not (
-            isinstance(exact, list)
-            and all(isinstance(r, list) and len(r) >= 3 and all(isinstance(v, _ORDERED) for v in r[:-2])
-                    and isinstance(r[-2], int) and not isinstance(r[-2], bool) and r[-2] in _OPS
-                    and (r[-1] is None or isinstance(r[-1], str)) for r in exact)):
+        isinstance(exact, list)
+        and all(
+            isinstance(r, list)
+            and len(r) >= 3
+            and all(isinstance(v, _ORDERED) for v in r[:-2])
+            and isinstance(r[-2], int)
+            and not isinstance(r[-2], bool)
+            and r[-2] in _OPS
+            and (r[-1] is None or isinstance(r[-1], str))
+            for r in exact
+        )
+    ):
         return "'exact' must list [*key, op, columns] versions"
     return None
 
@@ -565,8 +604,12 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
     those the reader's filter can match."""
     if hint is None:
         return None
-    if not (isinstance(hint, dict) and isinstance(hint.get("key_columns"), list) and isinstance(hint.get("keys"), list)
-            and all(isinstance(k, list) for k in hint["keys"])):
+    if not (
+        isinstance(hint, dict)
+        and isinstance(hint.get("key_columns"), list)
+        and isinstance(hint.get("keys"), list)
+        and all(isinstance(k, list) for k in hint["keys"])
+    ):
         raise InvalidInput(f"a point hint must be {{'key_columns': [...], 'keys': [[...], ...]}}, not {quote(hint)}")
     if hint["key_columns"] != list(primary_key) or not primary_key:
         return None

@@ -79,8 +79,11 @@ class Read:
 
     @classmethod
     def from_dict(cls, d: Any) -> Read:
-        if not isinstance(d, dict) or not isinstance(d.get("table"), str) or not (
-                d.get("where") is None or isinstance(d.get("where"), str)):
+        if (
+            not isinstance(d, dict)
+            or not isinstance(d.get("table"), str)
+            or not (d.get("where") is None or isinstance(d.get("where"), str))
+        ):
             raise InvalidInput(f"a read must be {{'table': str, 'where': str | None}}, not {quote(d)}")
         return cls(d["table"], d.get("where"))
 
@@ -132,8 +135,9 @@ def may_touch(read: Read, touch: Touch, shape: Shape) -> bool:
     return may_match(stats, list(shape.partition_by), touch.partition, _predicate(read, shape), shape.schema)
 
 
-def check_reads(tid: str, reads: Iterable[Read], touched: Iterable[Touch],
-                shapes: Mapping[str, Shape]) -> ConflictError | None:
+def check_reads(
+    tid: str, reads: Iterable[Read], touched: Iterable[Touch], shapes: Mapping[str, Shape]
+) -> ConflictError | None:
     """The ConflictError a serializable transaction ``tid`` that wrote something loses with, or
     None: the first (by CSN, then part name) part that a commit after its snapshot added or
     removed and that may match one of its ``reads``. Parts of tables not in ``shapes`` (gone:
@@ -153,16 +157,21 @@ def check_reads(tid: str, reads: Iterable[Read], touched: Iterable[Touch],
                 f"transaction {tid} lost to {t.tid} on table {quote(t.table)}: it read {what} of {quote(t.table)} and "
                 f"{t.tid} (CSN {t.csn}, after its snapshot) {'added' if t.added else 'removed'} part {t.part} "
                 f"in partition {list(t.partition)} that may hold such rows (serializable isolation)",
-                winner=t.tid, kind=str(ConflictKind.READ_SET_CHANGED), table=t.table,
-                partition=list(t.partition), part=t.part, csn=t.csn, predicate=r.where)
+                winner=t.tid,
+                kind=str(ConflictKind.READ_SET_CHANGED),
+                table=t.table,
+                partition=list(t.partition),
+                part=t.part,
+                csn=t.csn,
+                predicate=r.where,
+            )
     return None
 
 
 def partitions_reached(read: Read, pkeys: Iterable[str], shape: Shape) -> set[str]:
     """Of the partition keys ``pkeys``, those a read's predicate may reach by partition values."""
     where = _predicate(read, shape)
-    return {pk for pk in pkeys
-            if may_match({}, list(shape.partition_by), partition_from_key(pk), where, shape.schema)}
+    return {pk for pk in pkeys if may_match({}, list(shape.partition_by), partition_from_key(pk), where, shape.schema)}
 
 
 def read_keys(reads: Iterable[Read], pkeys: Mapping[str, Iterable[str]], shapes: Mapping[str, Shape]) -> set[str]:

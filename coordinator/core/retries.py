@@ -38,8 +38,13 @@ class TryAgain(Exception):
     what the caller sees if the policy gives up."""
 
 
-def _policy(*, on: ExceptionTypes = TryAgain, seconds: float | None = None, attempts: int | None = None,
-            wait: Callable[[RetryCallState], float] | None = None) -> Retrying:
+def _policy(
+    *,
+    on: ExceptionTypes = TryAgain,
+    seconds: float | None = None,
+    attempts: int | None = None,
+    wait: Callable[[RetryCallState], float] | None = None,
+) -> Retrying:
     stop: stop_base = stop_never
     if seconds is not None:
         stop = stop_after_delay(seconds)
@@ -76,10 +81,15 @@ def storage_probe(seconds: float = 30.0) -> Retrying:
 def reregister(stop: threading.Event, log: logging.Logger) -> Retrying:
     """A replica registering again after a new ZooKeeper session: every 0.5 s until it works or
     the replica stops (begins wait meanwhile)."""
-    return Retrying(retry=retry_if_exception(lambda exc: not stop.is_set()), wait=wait_fixed(0.5), stop=stop_never,
-                    reraise=True, before_sleep=lambda state: log.warning(
-                        "could not re-register after a new session: %r",
-                        state.outcome.exception() if state.outcome else None))
+    return Retrying(
+        retry=retry_if_exception(lambda exc: not stop.is_set()),
+        wait=wait_fixed(0.5),
+        stop=stop_never,
+        reraise=True,
+        before_sleep=lambda state: log.warning(
+            "could not re-register after a new session: %r", state.outcome.exception() if state.outcome else None
+        ),
+    )
 
 
 def session_check(seconds: float, on: ExceptionTypes) -> Retrying:
@@ -107,4 +117,3 @@ def foreign_outcome(seconds: float, on: ExceptionTypes = TryAgain) -> Retrying:
 def next_checkpoint(on: ExceptionTypes = TryAgain) -> Retrying:
     """Loading the checkpoint while another replica replaces it: the newer one, at most twice."""
     return _policy(on=on, attempts=3)
-

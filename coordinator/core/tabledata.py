@@ -37,9 +37,7 @@ _MAX_DIR_VALUE = 120
 def validate_name(kind: str, name: str) -> str:
     """Return ``name`` if it is a safe table/column name; names become paths and znode names."""
     if not isinstance(name, str):
-        raise InvalidInput(
-            f"{kind} name {quote(name)} must be a string, not {type(name).__name__}", name=repr(name)
-        )
+        raise InvalidInput(f"{kind} name {quote(name)} must be a string, not {type(name).__name__}", name=repr(name))
     if _NAME_RE.match(name):
         return name
     found = [label for ch, label in _PATH_CHARS if ch in name]
@@ -56,9 +54,7 @@ def validate_name(kind: str, name: str) -> str:
     else:
         bad = sorted({c for c in name if not (c.isascii() and (c.isalnum() or c == "_"))})
         reason = f"contains invalid character(s) {quote(bad)}"
-    raise InvalidInput(
-        f"{kind} name {quote(name)} {reason}; allowed: ^[A-Za-z_][A-Za-z0-9_]{{0,127}}$", name=name
-    )
+    raise InvalidInput(f"{kind} name {quote(name)} {reason}; allowed: ^[A-Za-z_][A-Za-z0-9_]{{0,127}}$", name=name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -80,9 +76,7 @@ def schema_from_json(text: str) -> pa.Schema:
         raw = base64.b64decode(text.strip(), validate=True)
         return pa.ipc.read_schema(pa.py_buffer(raw))
     except (binascii.Error, ValueError, pa.ArrowException) as exc:
-        raise CorruptMetadata(
-            f"serialized schema does not parse: {type(exc).__name__}: {exc}"
-        ) from None
+        raise CorruptMetadata(f"serialized schema does not parse: {type(exc).__name__}: {exc}") from None
 
 
 def _is_partition_type(t: pa.DataType) -> bool:
@@ -113,28 +107,21 @@ def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: lis
     known = set(names)
     reserved = [n for n in CHANGE_COLUMNS if n in known]
     if reserved:
-        raise InvalidInput(f"column name(s) {reserved} are reserved: incremental reads (changes) add them to "
-                           "a table's columns")
+        raise InvalidInput(
+            f"column name(s) {reserved} are reserved: incremental reads (changes) add them to a table's columns"
+        )
     for kind, cols in (("partition", partition_by), ("primary key", primary_key)):
         if isinstance(cols, str) or not all(isinstance(c, str) for c in cols):
             raise InvalidInput(f"{kind} columns must be a list of column names, got {quote(cols)}")
         missing = [c for c in cols if c not in known]
         if missing:
-            raise InvalidInput(
-                f"{kind} column(s) {quote(missing)} not in schema (columns: {clip(schema.names)})"
-            )
+            raise InvalidInput(f"{kind} column(s) {quote(missing)} not in schema (columns: {clip(schema.names)})")
         again = sorted({c for c in cols if list(cols).count(c) > 1})
         if again:
             raise InvalidInput(f"{kind} column(s) {again} listed more than once")
-    bad = [
-        f"{c} ({schema.field(c).type})"
-        for c in partition_by
-        if not _is_partition_type(schema.field(c).type)
-    ]
+    bad = [f"{c} ({schema.field(c).type})" for c in partition_by if not _is_partition_type(schema.field(c).type)]
     if bad:
-        raise InvalidInput(
-            f"partition column(s) {bad} must be of an integer, string, date or bool type"
-        )
+        raise InvalidInput(f"partition column(s) {bad} must be of an integer, string, date or bool type")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,9 +146,7 @@ def _lossless(src: pa.DataType, dst: pa.DataType) -> bool:
     if pa.types.is_integer(src) and pa.types.is_integer(dst):
         if pa.types.is_signed_integer(src):
             return pa.types.is_signed_integer(dst) and dst.bit_width >= src.bit_width
-        return dst.bit_width > src.bit_width or (
-            pa.types.is_unsigned_integer(dst) and dst.bit_width == src.bit_width
-        )
+        return dst.bit_width > src.bit_width or (pa.types.is_unsigned_integer(dst) and dst.bit_width == src.bit_width)
     if pa.types.is_integer(src) and pa.types.is_floating(dst):
         return src.bit_width <= {16: 8, 32: 16, 64: 32}[dst.bit_width]
     if pa.types.is_floating(src) and pa.types.is_floating(dst):
@@ -178,7 +163,11 @@ def _lossless(src: pa.DataType, dst: pa.DataType) -> bool:
 
 
 def conform(
-    schema: pa.Schema, data: pa.Table, table: str, *, what: str = "insert into",
+    schema: pa.Schema,
+    data: pa.Table,
+    table: str,
+    *,
+    what: str = "insert into",
     required: Sequence[str] = (),
 ) -> pa.Table:
     """Return ``data`` with exactly the table's columns, order and types, or raise InvalidInput
@@ -192,9 +181,7 @@ def conform(
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
-        raise InvalidInput(
-            f"{prefix}: data must be a pyarrow.Table, got {type(data).__name__}", table=table
-        )
+        raise InvalidInput(f"{prefix}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
     names = data.column_names
     problems: list[str] = []
     dups = sorted(n for n, k in Counter(names).items() if k > 1)
@@ -203,8 +190,7 @@ def conform(
     have, want = set(names), schema.names
     wanted = set(want)
     needed = set(required)
-    missing = [f.name for f in schema
-               if f.name not in have and (not f.nullable or f.name in needed)]
+    missing = [f.name for f in schema if f.name not in have and (not f.nullable or f.name in needed)]
     extra = [n for n in names if n not in wanted]
     if missing:
         problems.append(f"missing column(s) {quote(missing)}")
@@ -232,9 +218,7 @@ def conform(
                 problems.append(f"column {quote(field.name)} cannot be converted to {field.type}: {clip(exc)}")
                 continue
         if not field.nullable and col.null_count:
-            problems.append(
-                f"column {quote(field.name)} is not nullable but has {col.null_count} null(s)"
-            )
+            problems.append(f"column {quote(field.name)} is not nullable but has {col.null_count} null(s)")
         columns.append(col)
     if problems:
         raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
@@ -253,11 +237,7 @@ def json_scalar(value: Any) -> Any:
         raise InvalidInput(f"value {quote(value)} is not a finite number")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise InvalidInput(
-        f"value {quote(value)} of type {type(value).__name__} cannot be a partition value"
-    )
-
-
+    raise InvalidInput(f"value {quote(value)} of type {type(value).__name__} cannot be a partition value")
 
 
 def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tuple, pa.Table]]:
@@ -309,9 +289,7 @@ def partition_from_key(key: str) -> tuple:
         values = json.loads(key)
     except (TypeError, ValueError) as exc:
         raise CorruptMetadata(f"partition key {quote(key)} is not JSON: {clip(exc)}") from None
-    if not isinstance(values, list) or not all(
-        v is None or isinstance(v, (bool, int, float, str)) for v in values
-    ):
+    if not isinstance(values, list) or not all(v is None or isinstance(v, (bool, int, float, str)) for v in values):
         raise CorruptMetadata(f"partition key {quote(key)} is not a JSON list of scalars")
     return tuple(values)
 
@@ -334,14 +312,10 @@ def partition_dir(partition_by: list[str], partition: tuple) -> str:
     """Hive-style ``col=value/...`` (values percent-encoded) or ``_`` when unpartitioned.
     Only a grouping for humans and tools; the part's metadata holds the exact values."""
     if len(partition_by) != len(partition):
-        raise InvalidInput(
-            f"partition {quote(partition)} does not match partition columns {list(partition_by)}"
-        )
+        raise InvalidInput(f"partition {quote(partition)} does not match partition columns {list(partition_by)}")
     if not partition_by:
         return "_"
-    return "/".join(
-        f"{validate_name('column', c)}={_dir_value(v)}" for c, v in zip(partition_by, partition)
-    )
+    return "/".join(f"{validate_name('column', c)}={_dir_value(v)}" for c, v in zip(partition_by, partition))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,9 +338,7 @@ def _missing_fields(expr: pc.Expression, schema: pa.Schema) -> list[str]:
         try:
             acero.Declaration.from_sequence(
                 [
-                    acero.Declaration(
-                        "table_source", acero.TableSourceNodeOptions(_empty(scratch))
-                    ),
+                    acero.Declaration("table_source", acero.TableSourceNodeOptions(_empty(scratch))),
                     acero.Declaration("project", acero.ProjectNodeOptions([expr], ["x"])),
                 ]
             ).to_table(use_threads=False)
@@ -385,9 +357,7 @@ def _missing_fields(expr: pc.Expression, schema: pa.Schema) -> list[str]:
 def check_expression(expr: pc.Expression, schema: pa.Schema, what: str) -> None:
     """Raise InvalidInput unless ``expr`` is a boolean expression over ``schema``'s columns."""
     if not isinstance(expr, pc.Expression):
-        raise InvalidInput(
-            f"{what}: expected a pyarrow.compute.Expression, got {type(expr).__name__}"
-        )
+        raise InvalidInput(f"{what}: expected a pyarrow.compute.Expression, got {type(expr).__name__}")
     try:
         _empty(schema).filter(expr)
     except _EXPRESSION_ERRORS as exc:
@@ -444,18 +414,12 @@ def decode_expression(text: str, schema: pa.Schema) -> pc.Expression:
         raw = base64.b64decode(text, validate=True)
         bound = pas.deserialize_expressions(pa.py_buffer(raw))
     except (binascii.Error, ValueError, pa.ArrowException) as exc:
-        raise CorruptMetadata(
-            f"encoded expression does not parse: {type(exc).__name__}: {clip(exc)}"
-        ) from None
+        raise CorruptMetadata(f"encoded expression does not parse: {type(exc).__name__}: {clip(exc)}") from None
     if len(bound.expressions) != 1:
-        raise CorruptMetadata(
-            f"encoded expression holds {len(bound.expressions)} expressions, expected 1"
-        )
+        raise CorruptMetadata(f"encoded expression holds {len(bound.expressions)} expressions, expected 1")
     enc = bound.schema
     if enc.names != schema.names or not all(a.type.equals(b.type) for a, b in zip(enc, schema)):
-        raise CorruptMetadata(
-            f"encoded expression was bound to columns {enc.names}, table has {schema.names}"
-        )
+        raise CorruptMetadata(f"encoded expression was bound to columns {enc.names}, table has {schema.names}")
     return next(iter(bound.expressions.values()))
 
 
@@ -463,9 +427,7 @@ def assignments(set_map: dict[str, object], schema: pa.Schema) -> dict[str, pc.E
     """Turn an UPDATE's ``set`` into expressions typed for their columns, checking each now so a
     bad assignment fails before anything is written."""
     if not isinstance(set_map, dict) or not set_map:
-        raise InvalidInput(
-            f"update set must be a non-empty dict of column -> value, got {quote(set_map)}"
-        )
+        raise InvalidInput(f"update set must be a non-empty dict of column -> value, got {quote(set_map)}")
     unknown = [c for c in set_map if c not in schema.names]
     if unknown:
         raise InvalidInput(
@@ -489,11 +451,7 @@ def assignments(set_map: dict[str, object], schema: pa.Schema) -> dict[str, pc.E
             out[col] = value
             continue
         try:
-            scalar = (
-                value.cast(field.type)
-                if isinstance(value, pa.Scalar)
-                else pa.scalar(value, type=field.type)
-            )
+            scalar = value.cast(field.type) if isinstance(value, pa.Scalar) else pa.scalar(value, type=field.type)
         except (
             pa.ArrowInvalid,
             pa.ArrowTypeError,
@@ -513,9 +471,7 @@ def assignments(set_map: dict[str, object], schema: pa.Schema) -> dict[str, pc.E
 
 def encode_assignments(assigns: dict[str, pc.Expression], schema: pa.Schema) -> str:
     """JSON object column -> encoded expression."""
-    return json.dumps(
-        {c: encode_expression(e, schema) for c, e in assigns.items()}, separators=(",", ":")
-    )
+    return json.dumps({c: encode_expression(e, schema) for c, e in assigns.items()}, separators=(",", ":"))
 
 
 def decode_assignments(text: str, schema: pa.Schema) -> dict[str, pc.Expression]:
@@ -524,9 +480,7 @@ def decode_assignments(text: str, schema: pa.Schema) -> dict[str, pc.Expression]
         raw = json.loads(text)
     except (TypeError, ValueError) as exc:
         raise CorruptMetadata(f"encoded assignments are not JSON: {clip(exc)}") from None
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
+    if not isinstance(raw, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
         raise CorruptMetadata("encoded assignments must be a JSON object of column -> string")
     unknown = [c for c in raw if c not in schema.names]
     if unknown:
@@ -554,9 +508,7 @@ def apply_delete(data: pa.Table, where: pc.Expression) -> tuple[pa.Table, int]:
     return data.filter(pc.invert(mask)), deleted
 
 
-def apply_update(
-    data: pa.Table, where: pc.Expression, assignments: dict[str, pc.Expression]
-) -> tuple[pa.Table, int]:
+def apply_update(data: pa.Table, where: pc.Expression, assignments: dict[str, pc.Expression]) -> tuple[pa.Table, int]:
     """Rows after ``UPDATE SET assignments WHERE where`` and how many rows matched. New values
     are computed from the old values of the matching rows only (as SQL does), schema unchanged."""
     unknown = [c for c in assignments if c not in data.column_names]
@@ -576,18 +528,12 @@ def apply_update(
     for col, values in zip(cols, new_values):
         field = data.schema.field(col)
         try:
-            values = (
-                values.cast(field.type, safe=True) if not values.type.equals(field.type) else values
-            )
-            merged = pc.replace_with_mask(
-                data.column(col).combine_chunks(), flat_mask, values.combine_chunks()
-            )
+            values = values.cast(field.type, safe=True) if not values.type.equals(field.type) else values
+            merged = pc.replace_with_mask(data.column(col).combine_chunks(), flat_mask, values.combine_chunks())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
             raise _translate(f"update set {quote(col)}", exc) from None
         if not field.nullable and merged.null_count:
-            raise InvalidInput(
-                f"update set {quote(col)}: column is not nullable but the new value is null"
-            )
+            raise InvalidInput(f"update set {quote(col)}: column is not nullable but the new value is null")
         columns[col] = merged
     arrays = [columns.get(name, data.column(name)) for name in data.column_names]
     return pa.Table.from_arrays(arrays, schema=data.schema), updated
@@ -768,9 +714,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _comparable(
-    value: Any, lo: Any, hi: Any, typ: pa.DataType | None
-) -> tuple[Any, Any, Any] | None:
+def _comparable(value: Any, lo: Any, hi: Any, typ: pa.DataType | None) -> tuple[Any, Any, Any] | None:
     """Literal and bounds as Python values that order exactly as Arrow orders them, or None when
     that cannot be guaranteed (e.g. timestamps, whose ISO text does not compare like instants)."""
     if typ is not None and not (
@@ -903,9 +847,7 @@ def may_match(
         return True
     ranges: dict[str, tuple[Any, Any] | None] = {}
     for col, rng in (stats or {}).items():
-        if rng is None or (
-            isinstance(rng, (list, tuple)) and len(rng) == 2 and rng[0] is None and rng[1] is None
-        ):
+        if rng is None or (isinstance(rng, (list, tuple)) and len(rng) == 2 and rng[0] is None and rng[1] is None):
             ranges[col] = None
         elif isinstance(rng, (list, tuple)) and len(rng) == 2 and rng[0] is not None:
             ranges[col] = (rng[0], rng[1])  # rng[1] None: no upper bound (upper_bound)

@@ -38,18 +38,27 @@ def check_modes(atomicity: object, durability: object, isolation: str = SNAPSHOT
     """The ``(atomicity, durability)`` a transaction may be begun with, or InvalidInput naming
     the bad value (or the bad combination) and the choices."""
     if not isinstance(atomicity, str) or atomicity not in ATOMICITIES:
-        raise InvalidInput(f"atomicity must be one of {list(ATOMICITIES)}, not {quote(atomicity)}",
-                           atomicity=repr(atomicity))
+        raise InvalidInput(
+            f"atomicity must be one of {list(ATOMICITIES)}, not {quote(atomicity)}", atomicity=repr(atomicity)
+        )
     if not isinstance(durability, str) or durability not in DURABILITIES:
-        raise InvalidInput(f"durability must be one of {list(DURABILITIES)}, not {quote(durability)}",
-                           durability=repr(durability))
+        raise InvalidInput(
+            f"durability must be one of {list(DURABILITIES)}, not {quote(durability)}", durability=repr(durability)
+        )
     if durability == ASYNC and atomicity != NONE:
-        raise InvalidInput(f"durability='async' needs atomicity='none' (not {quote(atomicity)}): only non-atomic "
-                           "transactions may commit before ZooKeeper holds the commit",
-                           atomicity=atomicity, durability=durability)
+        raise InvalidInput(
+            f"durability='async' needs atomicity='none' (not {quote(atomicity)}): only non-atomic "
+            "transactions may commit before ZooKeeper holds the commit",
+            atomicity=atomicity,
+            durability=durability,
+        )
     if atomicity == NONE and isolation == SERIALIZABLE:
-        raise InvalidInput("atomicity='none' cannot be serializable: its reads see the latest applied state, "
-                           "not one snapshot (use isolation='snapshot')", atomicity=atomicity, isolation=isolation)
+        raise InvalidInput(
+            "atomicity='none' cannot be serializable: its reads see the latest applied state, "
+            "not one snapshot (use isolation='snapshot')",
+            atomicity=atomicity,
+            isolation=isolation,
+        )
     return atomicity, durability
 
 
@@ -58,8 +67,10 @@ def check_session(session: object, durability: str) -> str | None:
     if session is None and durability == SYNC:
         return None
     if not isinstance(session, str) or not 0 < len(session) <= MAX_SESSION or not session.isprintable():
-        raise InvalidInput(f"durability={quote(durability)} needs a session: a string of 1 to {MAX_SESSION} printable "
-                           f"characters naming the client, not {quote(session)}")
+        raise InvalidInput(
+            f"durability={quote(durability)} needs a session: a string of 1 to {MAX_SESSION} printable "
+            f"characters naming the client, not {quote(session)}"
+        )
     return session
 
 
@@ -69,8 +80,9 @@ def table_atomicity(tdef: TableDef) -> str:
     return tdef.atomicity if tdef.conflict_policy is Policy.KEYS else FULL
 
 
-def mismatch(txn_id: str, atomicity: str, ops: Iterable[StagedOp],
-             table_of: Callable[[str], TableDef | None]) -> InvalidInput | None:
+def mismatch(
+    txn_id: str, atomicity: str, ops: Iterable[StagedOp], table_of: Callable[[str], TableDef | None]
+) -> InvalidInput | None:
     """The InvalidInput a transaction begun with ``atomicity`` fails its commit with, given its
     staged ``ops`` and the tables as they are now (``table_of``: None for one that is gone, which
     the commit decides: it lost to the drop), or None when they agree. Compactions and drops
@@ -87,7 +99,11 @@ def mismatch(txn_id: str, atomicity: str, ops: Iterable[StagedOp],
                     f"transaction {txn_id} was begun with atomicity='none' and {what} table {quote(op.table)}: such a "
                     f"transaction only writes rows by key into tables whose atomicity is 'none'; do this in a "
                     f"transaction begun with atomicity='full'",
-                    id=txn_id, table=op.table, atomicity=atomicity, table_atomicity=table_atomicity(tdef))
+                    id=txn_id,
+                    table=op.table,
+                    atomicity=atomicity,
+                    table_atomicity=table_atomicity(tdef),
+                )
             continue
         wanted = table_atomicity(tdef)
         if wanted != atomicity:
@@ -96,5 +112,9 @@ def mismatch(txn_id: str, atomicity: str, ops: Iterable[StagedOp],
                 f"transaction {txn_id} was begun with atomicity={quote(atomicity)} but writes table {quote(op.table)}, whose "
                 f"atomicity is {quote(wanted)}{kind}: the modes must match (begin it with atomicity={quote(wanted)}); "
                 "nothing of it was committed",
-                id=txn_id, table=op.table, atomicity=atomicity, table_atomicity=wanted)
+                id=txn_id,
+                table=op.table,
+                atomicity=atomicity,
+                table_atomicity=wanted,
+            )
     return None

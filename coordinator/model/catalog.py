@@ -45,15 +45,25 @@ def check_limits(table: str, seconds: object, rows: object) -> tuple[float | Non
     """Validate a table's transaction limits: each None or a positive number (rows: an integer);
     InvalidInput naming the bad value otherwise."""
     if seconds is not None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0 \
-                or seconds == float("inf"):
-            raise InvalidInput(f"txn_max_seconds of table {quote(table)} must be a positive number of seconds, "
-                               f"not {quote(seconds)}", table=table, txn_max_seconds=repr(seconds))
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not seconds > 0
+            or seconds == float("inf")
+        ):
+            raise InvalidInput(
+                f"txn_max_seconds of table {quote(table)} must be a positive number of seconds, not {quote(seconds)}",
+                table=table,
+                txn_max_seconds=repr(seconds),
+            )
         seconds = float(seconds)
     if rows is not None:
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 1:
-            raise InvalidInput(f"txn_max_rows of table {quote(table)} must be a positive integer, not {quote(rows)}",
-                               table=table, txn_max_rows=repr(rows))
+            raise InvalidInput(
+                f"txn_max_rows of table {quote(table)} must be a positive integer, not {quote(rows)}",
+                table=table,
+                txn_max_rows=repr(rows),
+            )
     return seconds, rows
 
 
@@ -62,11 +72,13 @@ def check_retention(table: str, seconds: object) -> float | None:
     of seconds >= 0; InvalidInput naming ``retention_seconds`` otherwise."""
     if seconds is None:
         return None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds < 0:
-        raise InvalidInput(f"retention_seconds of table {quote(table)} must be a finite number of seconds >= 0 "
-                           f"(or None: the replica-wide default), not {quote(seconds)}",
-                           table=table, retention_seconds=repr(seconds)[:100])
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+        raise InvalidInput(
+            f"retention_seconds of table {quote(table)} must be a finite number of seconds >= 0 "
+            f"(or None: the replica-wide default), not {quote(seconds)}",
+            table=table,
+            retention_seconds=repr(seconds)[:100],
+        )
     return float(seconds)
 
 
@@ -148,9 +160,19 @@ class TableDef:
                 txn_max_rows = KEYS_TXN_MAX_ROWS
         txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
         retention_seconds = check_retention(name, retention_seconds)
-        return cls(name, schema, partition_by, primary_key, policy, auto_merge, lock_groups=groups,
-                   atomicity=atomicity, txn_max_seconds=txn_max_seconds, txn_max_rows=txn_max_rows,
-                   retention_seconds=retention_seconds)
+        return cls(
+            name,
+            schema,
+            partition_by,
+            primary_key,
+            policy,
+            auto_merge,
+            lock_groups=groups,
+            atomicity=atomicity,
+            txn_max_seconds=txn_max_seconds,
+            txn_max_rows=txn_max_rows,
+            retention_seconds=retention_seconds,
+        )
 
     def to_dict(self) -> dict:
         d = {
@@ -182,12 +204,28 @@ class TableDef:
 
     def same_definition(self, other: TableDef) -> bool:
         """Whether both define the same table (what a CREATE asked for), whatever their CSNs."""
-        return (self.name, self.partition_by, self.primary_key, self.conflict_policy, self.auto_merge,
-                self.lock_groups, self.atomicity, self.txn_max_seconds, self.txn_max_rows,
-                self.retention_seconds) == (
-            other.name, other.partition_by, other.primary_key, other.conflict_policy, other.auto_merge,
-            other.lock_groups, other.atomicity, other.txn_max_seconds, other.txn_max_rows,
-            other.retention_seconds
+        return (
+            self.name,
+            self.partition_by,
+            self.primary_key,
+            self.conflict_policy,
+            self.auto_merge,
+            self.lock_groups,
+            self.atomicity,
+            self.txn_max_seconds,
+            self.txn_max_rows,
+            self.retention_seconds,
+        ) == (
+            other.name,
+            other.partition_by,
+            other.primary_key,
+            other.conflict_policy,
+            other.auto_merge,
+            other.lock_groups,
+            other.atomicity,
+            other.txn_max_seconds,
+            other.txn_max_rows,
+            other.retention_seconds,
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -204,8 +242,9 @@ class TableDef:
                 version_csn=int(d.get("version_csn") or 0),
                 ddl_version=int(d.get("ddl_version") or 0),
                 changes=tuple(_change(c) for c in d.get("changes") or ()),
-                lock_groups=tuple(sorted((str(g), tuple(map(str, cols)))
-                                         for g, cols in (d.get("lock_groups") or {}).items())),
+                lock_groups=tuple(
+                    sorted((str(g), tuple(map(str, cols))) for g, cols in (d.get("lock_groups") or {}).items())
+                ),
                 atomicity=str(d.get("atomicity", "full")),
                 txn_max_seconds=None if d.get("txn_max_seconds") is None else float(d["txn_max_seconds"]),
                 txn_max_rows=None if d.get("txn_max_rows") is None else int(d["txn_max_rows"]),
@@ -222,8 +261,13 @@ class TableDef:
         return replace(self, version_csn=csn)
 
     # -- schema changes ------------------------------------------------------------------------
-    def altered(self, add_columns: pa.Schema | list | None = None, rename_columns: dict | None = None,
-                version: int | None = None, retention: tuple[float | None] | None = None) -> TableDef:
+    def altered(
+        self,
+        add_columns: pa.Schema | list | None = None,
+        rename_columns: dict | None = None,
+        version: int | None = None,
+        retention: tuple[float | None] | None = None,
+    ) -> TableDef:
         """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended),
         ``rename_columns`` ({old: new}) and ``retention`` (a 1-tuple: the new
         ``retention_seconds``, None in it meaning the replica-wide default). Every problem is
@@ -239,16 +283,20 @@ class TableDef:
                 return replace(self, retention_seconds=seconds, ddl_version=v, version_csn=0)
             return replace(self.altered(add_columns, rename_columns, version), retention_seconds=seconds)
         if self.conflict_policy is Policy.KEYS:
-            raise InvalidInput(f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; "
-                               "nothing was changed", table=self.name)
+            raise InvalidInput(
+                f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; nothing was changed",
+                table=self.name,
+            )
         adds = _fields(add_columns, self.name)
         renames = rename_columns or {}
         if not isinstance(renames, dict):
-            raise InvalidInput(f"alter {quote(self.name)}: rename_columns must map old names to new ones, "
-                               f"not {type(renames).__name__}")
+            raise InvalidInput(
+                f"alter {quote(self.name)}: rename_columns must map old names to new ones, not {type(renames).__name__}"
+            )
         if not adds and not renames:
-            raise InvalidInput(f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or "
-                               "retention_seconds)")
+            raise InvalidInput(
+                f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or retention_seconds)"
+            )
         names = list(self.schema.names)
         problems = []
         keys = set(self.partition_by) | set(self.primary_key)
@@ -273,16 +321,21 @@ class TableDef:
             if f.name in after or added[f.name] > 1:
                 problems.append(f"cannot add column {quote(f.name)}: the table has a column {quote(f.name)}")
             if not f.nullable:
-                problems.append(f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
-                                "have no value for it (add it nullable)")
+                problems.append(
+                    f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
+                    "have no value for it (add it nullable)"
+                )
         if problems:
             raise InvalidInput(f"alter {quote(self.name)}: {'; '.join(problems)}; nothing was changed", table=self.name)
         v = self.ddl_version + 1 if version is None else version
         fields = [self.schema.field(i).with_name(renames.get(n, n)) for i, n in enumerate(names)] + list(adds)
         schema = pa.schema(fields, metadata=self.schema.metadata)
         validate_schema(schema, list(self.partition_by), list(self.primary_key))
-        changes = self.changes + tuple((v, "rename", new, old) for old, new in renames.items()) \
+        changes = (
+            self.changes
+            + tuple((v, "rename", new, old) for old, new in renames.items())
             + tuple((v, "add", f.name, "") for f in adds)
+        )
         return replace(self, schema=schema, ddl_version=v, version_csn=0, changes=changes)
 
     def names_at(self, schema_version: int) -> list[str | None]:
@@ -301,7 +354,9 @@ class TableDef:
         if data.schema == self.schema:
             return data
         if schema_version >= self.ddl_version or not self.changes:
-            olds: Sequence[str | None] = self.schema.names  # a file lacking a column (a writer's subset) reads null there
+            olds: Sequence[str | None] = (
+                self.schema.names
+            )  # a file lacking a column (a writer's subset) reads null there
         else:
             olds = self.names_at(schema_version)
         cols = []
@@ -363,5 +418,7 @@ def _fields(add_columns: object, table: str) -> list[pa.Field]:
         return list(add_columns)
     if isinstance(add_columns, list | tuple) and all(isinstance(f, pa.Field) for f in add_columns):
         return list(add_columns)
-    raise InvalidInput(f"alter {quote(table)}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
-                       f"not {quote(add_columns)}")
+    raise InvalidInput(
+        f"alter {quote(table)}: add_columns must be a pyarrow.Schema or a list of pyarrow.Field, "
+        f"not {quote(add_columns)}"
+    )

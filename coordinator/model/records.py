@@ -89,8 +89,13 @@ class Overwrite:
         return sum(m.rows for m in self.added)
 
     def to_dict(self) -> dict:
-        return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
-                "removed": list(self.removed), "partitions": list(self.partitions)}
+        return {
+            "op": self.kind,
+            "table": self.table,
+            "added": [m.to_dict() for m in self.added],
+            "removed": list(self.removed),
+            "partitions": list(self.partitions),
+        }
 
 
 @dataclass(frozen=True)
@@ -111,9 +116,13 @@ class Truncate:
         return self.partitions is None
 
     def to_dict(self) -> dict:
-        return {"op": self.kind, "table": self.table, "removed": list(self.removed),
-                "partitions": None if self.partitions is None else list(self.partitions),
-                "whole_table": self.whole_table}
+        return {
+            "op": self.kind,
+            "table": self.table,
+            "removed": list(self.removed),
+            "partitions": None if self.partitions is None else list(self.partitions),
+            "whole_table": self.whole_table,
+        }
 
 
 @dataclass(frozen=True)
@@ -138,9 +147,14 @@ class Mutate:
         return sum(m.rows for m in self.added)
 
     def to_dict(self) -> dict:
-        d = {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
-             "removed": list(self.removed), "partitions": None if self.partitions is None else list(self.partitions),
-             "where": self.where}
+        d = {
+            "op": self.kind,
+            "table": self.table,
+            "added": [m.to_dict() for m in self.added],
+            "removed": list(self.removed),
+            "partitions": None if self.partitions is None else list(self.partitions),
+            "where": self.where,
+        }
         if self.kind == "update":
             d["assignments"] = self.assignments
         return d
@@ -171,9 +185,14 @@ class Compact:
         return _COMPACT_KINDS[self.compact_kind]
 
     def to_dict(self) -> dict:
-        return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added],
-                "removed": list(self.removed), "partitions": None if self.partitions is None else list(self.partitions),
-                "compact_kind": self.compact_kind}
+        return {
+            "op": self.kind,
+            "table": self.table,
+            "added": [m.to_dict() for m in self.added],
+            "removed": list(self.removed),
+            "partitions": None if self.partitions is None else list(self.partitions),
+            "compact_kind": self.compact_kind,
+        }
 
 
 @dataclass(frozen=True)
@@ -275,16 +294,21 @@ def op_from_dict(d: Any) -> StagedOp:
         partitions = pkeys()
         whole = d.get("whole_table", partitions is None)
         if not isinstance(whole, bool) or whole != (partitions is None):
-            raise InvalidInput(f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
-                               f"got {quote(whole)} with partitions {quote(partitions)}")
+            raise InvalidInput(
+                f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
+                f"got {quote(whole)} with partitions {quote(partitions)}"
+            )
         return Truncate(table, names("removed"), partitions)
     if op == "compact":
         kind = d.get("compact_kind")
         if kind not in _COMPACT_KINDS:
-            raise InvalidInput(f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {quote(kind)}")
+            raise InvalidInput(
+                f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {quote(kind)}"
+            )
         return Compact(table, kind, added, names("removed"), pkeys())
-    return Mutate(op, table, text("where"), added, names("removed"), pkeys(),
-                  text("assignments") if op == "update" else None)
+    return Mutate(
+        op, table, text("where"), added, names("removed"), pkeys(), text("assignments") if op == "update" else None
+    )
 
 
 # -- the log --------------------------------------------------------------------------------------
@@ -330,8 +354,11 @@ class TxnRecord:
     apps: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"tid": self.tid, "time_version": self.time_version,
-                             "changes": [c.to_dict() for c in self.changes]}
+        d: dict[str, Any] = {
+            "tid": self.tid,
+            "time_version": self.time_version,
+            "changes": [c.to_dict() for c in self.changes],
+        }
         if self.apps:
             d["apps"] = dict(self.apps)
         return d
@@ -347,8 +374,12 @@ class TxnRecord:
             apps = dict(check_app_version(k, v) for k, v in apps.items())
         except InvalidInput as exc:
             raise ValueError(exc.message) from None
-        return cls(str(d["tid"]), None if tv is None else float(tv),
-                   tuple(Change.from_dict(c) for c in d.get("changes", ())), apps)
+        return cls(
+            str(d["tid"]),
+            None if tv is None else float(tv),
+            tuple(Change.from_dict(c) for c in d.get("changes", ())),
+            apps,
+        )
 
 
 @dataclass(frozen=True)
@@ -363,8 +394,12 @@ class LogEntry:
     ddl: tuple[TableRecord, ...] = ()
 
     def to_dict(self) -> dict:
-        d: dict[str, Any] = {"v": ENTRY_FORMAT, "time": self.time, "versions": dict(self.versions),
-                             "txns": [t.to_dict() for t in self.txns]}
+        d: dict[str, Any] = {
+            "v": ENTRY_FORMAT,
+            "time": self.time,
+            "versions": dict(self.versions),
+            "txns": [t.to_dict() for t in self.txns],
+        }
         if self.ddl:
             d["ddl"] = [_ddl_to_dict(t) for t in self.ddl]
         return d
@@ -518,11 +553,18 @@ class AliveRecord:
     malformed: bool = False
 
     def encode(self) -> bytes:
-        return jsonwire.dumps({
-            "address": self.address, "incarnation": self.incarnation, "applied": self.applied,
-            "min_snapshot": self.oldest_txn_snapshot, "oldest_snapshot": self.oldest_snapshot, "snapshots": [list(p) for p in self.snapshots],
-            "running": list(self.running), "running_overflow": self.running_overflow,
-        })
+        return jsonwire.dumps(
+            {
+                "address": self.address,
+                "incarnation": self.incarnation,
+                "applied": self.applied,
+                "min_snapshot": self.oldest_txn_snapshot,
+                "oldest_snapshot": self.oldest_snapshot,
+                "snapshots": [list(p) for p in self.snapshots],
+                "running": list(self.running),
+                "running_overflow": self.running_overflow,
+            }
+        )
 
     @property
     def knows_running(self) -> bool:
@@ -589,7 +631,26 @@ class CommitStatus:
 
 
 __all__ = [
-    "AliveRecord", "Change", "CommitStatus", "Compact", "DropTable", "Insert", "LogEntry", "ManifestPointer", "Mutate",
-    "Overwrite", "StagedOp", "Truncate", "TxnRecord", "TxnState", "WalBase", "WalEntry", "WalRecord",
-    "WalStaged", "decode_log_node", "op_from_dict", "wal_record_body", "wal_record_from_dict",
+    "AliveRecord",
+    "Change",
+    "CommitStatus",
+    "Compact",
+    "DropTable",
+    "Insert",
+    "LogEntry",
+    "ManifestPointer",
+    "Mutate",
+    "Overwrite",
+    "StagedOp",
+    "Truncate",
+    "TxnRecord",
+    "TxnState",
+    "WalBase",
+    "WalEntry",
+    "WalRecord",
+    "WalStaged",
+    "decode_log_node",
+    "op_from_dict",
+    "wal_record_body",
+    "wal_record_from_dict",
 ]

@@ -46,8 +46,10 @@ def check_name(name: object) -> str:
     """A user name: 1 to 64 letters, digits, ``_ . -`` (not starting with ``.`` or ``-``)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
         shown = name[:80] if isinstance(name, str) else type(name).__name__
-        raise InvalidInput(f"user name {shown!r} must be 1 to 64 letters, digits, '_', '.' or '-' (not starting "
-                           "with '.' or '-')", field="name")
+        raise InvalidInput(
+            f"user name {shown!r} must be 1 to 64 letters, digits, '_', '.' or '-' (not starting with '.' or '-')",
+            field="name",
+        )
     return name
 
 
@@ -57,8 +59,7 @@ def check_role(role: object) -> Role:
             return Role(role)
     except ValueError:
         pass
-    raise InvalidInput(f"role must be one of {[str(r) for r in Role]}, not {str(role)[:80]!r}",
-                       field="role")
+    raise InvalidInput(f"role must be one of {[str(r) for r in Role]}, not {str(role)[:80]!r}", field="role")
 
 
 def check_tables(tables: object, role: Role) -> tuple[str, ...] | None:
@@ -68,15 +69,15 @@ def check_tables(tables: object, role: Role) -> tuple[str, ...] | None:
     if role is Role.ADMIN:
         raise InvalidInput("an admin has every table: give tables=None for an admin", field="tables")
     if isinstance(tables, str) or not isinstance(tables, (list, tuple)) or len(tables) > MAX_GRANTS:
-        raise InvalidInput(f"tables must be None (every table) or a list of at most {MAX_GRANTS} table names",
-                           field="tables")
+        raise InvalidInput(
+            f"tables must be None (every table) or a list of at most {MAX_GRANTS} table names", field="tables"
+        )
     return tuple(sorted({validate_name("table", t) for t in tables}))
 
 
 def check_secret(secret: object) -> str:
     if not isinstance(secret, str) or not MIN_SECRET <= len(secret) <= MAX_SECRET or not secret.isprintable():
-        raise InvalidInput(f"a user's secret must be {MIN_SECRET} to {MAX_SECRET} printable characters",
-                           field="secret")
+        raise InvalidInput(f"a user's secret must be {MIN_SECRET} to {MAX_SECRET} printable characters", field="secret")
     return secret
 
 
@@ -94,8 +95,15 @@ def verify_secret(secret: str, encoded: str) -> bool:
         if scheme != "scrypt":
             return False
         want = base64.b64decode(digest)
-        got = hashlib.scrypt(secret.encode(), salt=base64.b64decode(salt), n=int(n), r=int(r), p=int(p),
-                             dklen=len(want), maxmem=64 * 1024 * 1024)
+        got = hashlib.scrypt(
+            secret.encode(),
+            salt=base64.b64decode(salt),
+            n=int(n),
+            r=int(r),
+            p=int(p),
+            dklen=len(want),
+            maxmem=64 * 1024 * 1024,
+        )
     except (ValueError, TypeError):
         return False
     return hmac.compare_digest(got, want)
@@ -134,12 +142,20 @@ class UserRecord:
 
     def public(self) -> dict[str, Any]:
         """What ``client.users()`` shows: never the hash."""
-        return {"name": self.name, "role": str(self.role), "tables": None if self.tables is None else list(self.tables),
-                "created_at": self.created_at}
+        return {
+            "name": self.name,
+            "role": str(self.role),
+            "tables": None if self.tables is None else list(self.tables),
+            "created_at": self.created_at,
+        }
 
     def to_dict(self) -> dict[str, Any]:
-        return {"role": str(self.role), "tables": None if self.tables is None else list(self.tables),
-                "secret": self.secret_hash, "created_at": self.created_at}
+        return {
+            "role": str(self.role),
+            "tables": None if self.tables is None else list(self.tables),
+            "secret": self.secret_hash,
+            "created_at": self.created_at,
+        }
 
 
 def decode(data: bytes | None, where: str) -> dict[str, UserRecord]:
@@ -170,8 +186,9 @@ def decode(data: bytes | None, where: str) -> dict[str, UserRecord]:
             created = float(created_at)
             if not math.isfinite(created):
                 raise ValueError(f"user {quote(name)}: 'created_at' must be a finite time")
-            out[check_name(name)] = UserRecord(name, role, None if tables is None else tuple(tables), d["secret"],
-                                               created)
+            out[check_name(name)] = UserRecord(
+                name, role, None if tables is None else tuple(tables), d["secret"], created
+            )
         return out
     except (ValueError, KeyError, TypeError, AttributeError, ArithmeticError, RecursionError, InvalidInput) as exc:
         why = "nested too deep" if isinstance(exc, RecursionError) else f"{type(exc).__name__}: {clip(exc)}"

@@ -155,7 +155,7 @@ class TableNode:
             return cls(True)
         if d == {"table": True}:
             return cls(False)
-        raise corrupt(where, f"a table node holds {{\"table\":true}} or {{\"dropped\":true}}, not {quote(d)}")
+        raise corrupt(where, f'a table node holds {{"table":true}} or {{"dropped":true}}, not {quote(d)}')
 
     @staticmethod
     def says_dropped(data: bytes | None) -> bool:
@@ -206,9 +206,11 @@ class OwnerRecord:
         d = load_object(data, where)
         try:
             fenced_by, retired_at = d.get("fenced_by"), d.get("retired_at")
-            return cls(text(d.get("host_id", ""), "host_id"),
-                       None if fenced_by is None else text(fenced_by, "fenced_by"),
-                       None if retired_at is None else number(retired_at, "retired_at"))
+            return cls(
+                text(d.get("host_id", ""), "host_id"),
+                None if fenced_by is None else text(fenced_by, "fenced_by"),
+                None if retired_at is None else number(retired_at, "retired_at"),
+            )
         except MALFORMED as exc:
             raise corrupt(where, exc) from None
 
@@ -271,13 +273,24 @@ class Marks:
         for t, h in other.horizons.items():
             if h > horizons.get(t, -math.inf):
                 horizons[t] = h
-        return Marks(max(self.watermark, other.watermark), max(self.collected, other.collected), horizons,
-                     max(self.legacy, other.legacy))
+        return Marks(
+            max(self.watermark, other.watermark),
+            max(self.collected, other.collected),
+            horizons,
+            max(self.legacy, other.legacy),
+        )
 
     def encode(self, by: str = "") -> bytes:
-        return jsonwire.dumps({"watermark": self.watermark, "collected": self.collected,
-                               "horizons": dict(sorted(self.horizons.items())), "legacy": self.legacy,
-                               "by": by, "time": _time.time()})
+        return jsonwire.dumps(
+            {
+                "watermark": self.watermark,
+                "collected": self.collected,
+                "horizons": dict(sorted(self.horizons.items())),
+                "legacy": self.legacy,
+                "by": by,
+                "time": _time.time(),
+            }
+        )
 
     to_bytes = encode  # the name earlier callers use
 
@@ -327,8 +340,12 @@ class TailRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The fields by name, ``time`` only when set (what LogTail keeps and metrics show)."""
-        d: dict[str, Any] = {"csn": self.csn, "path": self.path, "trimmed_epoch": self.trimmed_epoch,
-                             "retained": self.retained}
+        d: dict[str, Any] = {
+            "csn": self.csn,
+            "path": self.path,
+            "trimmed_epoch": self.trimmed_epoch,
+            "retained": self.retained,
+        }
         if self.time is not None:
             d["time"] = self.time
         return d
@@ -343,8 +360,13 @@ class TailRecord:
             raise corrupt(where, f"a JSON object is needed, not {type(d).__name__}")
         try:
             t = d.get("time")
-            return cls(count(d["csn"], "csn"), text(d["path"], "path"), count(d["trimmed_epoch"], "trimmed_epoch", -1),
-                       count(d["retained"], "retained"), None if t is None else number(t, "time"))
+            return cls(
+                count(d["csn"], "csn"),
+                text(d["path"], "path"),
+                count(d["trimmed_epoch"], "trimmed_epoch", -1),
+                count(d["retained"], "retained"),
+                None if t is None else number(t, "time"),
+            )
         except MALFORMED as exc:
             raise corrupt(where, exc) from None
 
@@ -370,6 +392,18 @@ class UsersNode:
 
 
 __all__ = [
-    "MAX_HORIZONS", "TABLE_LIVE", "TARGET_BODY", "TOMBSTONE", "ConfigRecord", "EpochNode", "FenceRecord",
-    "Marks", "OwnerRecord", "TableNode", "TailRecord", "UsersNode", "corrupt", "load_object",
+    "MAX_HORIZONS",
+    "TABLE_LIVE",
+    "TARGET_BODY",
+    "TOMBSTONE",
+    "ConfigRecord",
+    "EpochNode",
+    "FenceRecord",
+    "Marks",
+    "OwnerRecord",
+    "TableNode",
+    "TailRecord",
+    "UsersNode",
+    "corrupt",
+    "load_object",
 ]

@@ -37,14 +37,34 @@ from coordinator.wire.rpc import PRINCIPAL
 
 # JSON types by name, as Python gives them back from coordinator/core/jsonwire.py. Checked by
 # exact type: a JSON true is bool, never an integer; a number may be written 3 or 3.0.
-STRING, INTEGER, NUMBER, BOOLEAN, ARRAY, OBJECT, NULL = "string", "integer", "number", "boolean", "array", "object", "null"
+STRING, INTEGER, NUMBER, BOOLEAN, ARRAY, OBJECT, NULL = (
+    "string",
+    "integer",
+    "number",
+    "boolean",
+    "array",
+    "object",
+    "null",
+)
 _PY: dict[str, tuple[type, ...]] = {
-    STRING: (str,), INTEGER: (int,), NUMBER: (int, float), BOOLEAN: (bool,), ARRAY: (list,), OBJECT: (dict,),
+    STRING: (str,),
+    INTEGER: (int,),
+    NUMBER: (int, float),
+    BOOLEAN: (bool,),
+    ARRAY: (list,),
+    OBJECT: (dict,),
     NULL: (type(None),),
 }
 JSON_TYPES = tuple(_PY)
-_NAMES: dict[type, str] = {str: STRING, int: INTEGER, float: NUMBER, bool: BOOLEAN, list: ARRAY, dict: OBJECT,
-                           type(None): NULL}
+_NAMES: dict[type, str] = {
+    str: STRING,
+    int: INTEGER,
+    float: NUMBER,
+    bool: BOOLEAN,
+    list: ARRAY,
+    dict: OBJECT,
+    type(None): NULL,
+}
 
 # What the RPC layer adds to every request on the server side: the principal the connection
 # authenticated as (None on an unsecured replica; coordinator/wire/rpc.py, replicas/users.py).
@@ -71,8 +91,15 @@ class Field:
         return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-_ARTICLE = {STRING: "a string", INTEGER: "an integer", NUMBER: "a number", BOOLEAN: "true or false",
-            ARRAY: "an array", OBJECT: "an object", NULL: "null"}
+_ARTICLE = {
+    STRING: "a string",
+    INTEGER: "an integer",
+    NUMBER: "a number",
+    BOOLEAN: "true or false",
+    ARRAY: "an array",
+    OBJECT: "an object",
+    NULL: "null",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +115,9 @@ class Action:
     names: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "allowed", {n: frozenset(t for name in f.types for t in _PY[name])
-                                             for n, f in self.fields.items()})
+        object.__setattr__(
+            self, "allowed", {n: frozenset(t for name in f.types for t in _PY[name]) for n, f in self.fields.items()}
+        )
         object.__setattr__(self, "required", tuple(n for n, f in self.fields.items() if f.required))
         object.__setattr__(self, "names", frozenset(self.fields))
         if not set(self.either) <= self.names:
@@ -119,64 +147,106 @@ ACTIONS: dict[str, Action] = {
     "wait": Action({"snapshot": _req(INTEGER, doc="a CSN to wait for")}),
     "tables": Action(_NO_FIELDS),
     "transactions": Action(_NO_FIELDS, doc="the running transactions (a non-admin's own)"),
-    "create_table": Action({
-        "name": _TABLE, "schema": _req(STRING, doc="schema_to_json of the table's schema"),
-        "partition_by": _f(ARRAY), "primary_key": _f(ARRAY), "conflict_policy": _f(STRING),
-        "auto_merge": _f(BOOLEAN), "lock_groups": _f(OBJECT, NULL), "atomicity": _f(STRING),
-        "txn_max_seconds": _f(NUMBER, NULL), "txn_max_rows": _f(INTEGER, NULL), "retention_seconds": _f(NUMBER, NULL),
-    }),
+    "create_table": Action(
+        {
+            "name": _TABLE,
+            "schema": _req(STRING, doc="schema_to_json of the table's schema"),
+            "partition_by": _f(ARRAY),
+            "primary_key": _f(ARRAY),
+            "conflict_policy": _f(STRING),
+            "auto_merge": _f(BOOLEAN),
+            "lock_groups": _f(OBJECT, NULL),
+            "atomicity": _f(STRING),
+            "txn_max_seconds": _f(NUMBER, NULL),
+            "txn_max_rows": _f(INTEGER, NULL),
+            "retention_seconds": _f(NUMBER, NULL),
+        }
+    ),
     "table": Action({"name": _TABLE, "snapshot": _SNAPSHOT, "as_of": _AS_OF}),
     "describe_table": Action({"name": _TABLE, "snapshot": _SNAPSHOT}),
-    "alter_table": Action({
-        "name": _TABLE, "add_columns": _f(STRING, NULL, doc="schema_to_json of the columns to add"),
-        "rename_columns": _f(OBJECT, NULL, doc="old name -> new name"),
-        "retention_seconds": _f(NUMBER, NULL, doc="null: back to the replica-wide default"),
-    }),
+    "alter_table": Action(
+        {
+            "name": _TABLE,
+            "add_columns": _f(STRING, NULL, doc="schema_to_json of the columns to add"),
+            "rename_columns": _f(OBJECT, NULL, doc="old name -> new name"),
+            "retention_seconds": _f(NUMBER, NULL, doc="null: back to the replica-wide default"),
+        }
+    ),
     "parts": Action({"table": _TABLE}),
     # -- transactions -----------------------------------------------------------------------------
-    "begin": Action({
-        "token": _f(STRING, NULL, doc="the client's name for this begin (a begin sent again gets the same one)"),
-        "atomicity": _f(STRING), "durability": _f(STRING),
-        "session": _f(STRING, NULL, doc="the client session holding it (null: detached)"),
-    }),
-    "stage": Action({
-        "id": _TID, "ops": _f(ARRAY, doc="staged operations (coordinator/model/records.py op_from_dict)"),
-        "op": _f(OBJECT, doc="one staged operation (instead of ops)"),
-        "statement": _f(STRING, doc="the statement the user made, for a refusal's message (grants.STATEMENTS)"),
-    }, either=("ops", "op")),
-    "commit": Action({
-        "id": _TID, "ops": _f(ARRAY, NULL, doc="operations staged with the commit"), "statement": _f(STRING),
-    }),
+    "begin": Action(
+        {
+            "token": _f(STRING, NULL, doc="the client's name for this begin (a begin sent again gets the same one)"),
+            "atomicity": _f(STRING),
+            "durability": _f(STRING),
+            "session": _f(STRING, NULL, doc="the client session holding it (null: detached)"),
+        }
+    ),
+    "stage": Action(
+        {
+            "id": _TID,
+            "ops": _f(ARRAY, doc="staged operations (coordinator/model/records.py op_from_dict)"),
+            "op": _f(OBJECT, doc="one staged operation (instead of ops)"),
+            "statement": _f(STRING, doc="the statement the user made, for a refusal's message (grants.STATEMENTS)"),
+        },
+        either=("ops", "op"),
+    ),
+    "commit": Action(
+        {
+            "id": _TID,
+            "ops": _f(ARRAY, NULL, doc="operations staged with the commit"),
+            "statement": _f(STRING),
+        }
+    ),
     "rollback": Action({"id": _TID}),
     "kill": Action({"id": _TID}),
-    "visible": Action({
-        "table": _TABLE, "id": _f(STRING, NULL, doc="a transaction's id: its visible parts"),
-        "snapshot": _SNAPSHOT, "as_of": _AS_OF,
-        "partitions": _f(ARRAY, NULL, doc="partition value lists"), "fresh": _f(BOOLEAN), "lease": _LEASE,
-        "point_hint": _f(OBJECT, NULL, doc="coordinator/core/keys.py point_hint"),
-    }),
+    "visible": Action(
+        {
+            "table": _TABLE,
+            "id": _f(STRING, NULL, doc="a transaction's id: its visible parts"),
+            "snapshot": _SNAPSHOT,
+            "as_of": _AS_OF,
+            "partitions": _f(ARRAY, NULL, doc="partition value lists"),
+            "fresh": _f(BOOLEAN),
+            "lease": _LEASE,
+            "point_hint": _f(OBJECT, NULL, doc="coordinator/core/keys.py point_hint"),
+        }
+    ),
     "add_read": Action({"id": _TID, "read": _req(OBJECT, doc="coordinator/core/readsets.py Read.to_dict")}),
     "set_app_version": Action({"id": _TID, "app_id": _req(STRING), "version": _req(INTEGER)}),
     "app_version": Action({"app_id": _req(STRING)}),
     "flush": Action({"session": _req(STRING), "ack": _f(ARRAY, NULL, doc="transaction ids of failures reported")}),
     "heartbeat": Action({"session": _req(STRING)}),
-    "commit_status": Action({
-        "tid": _f(STRING, doc="a transaction's id"),
-        "forwarded": _f(BOOLEAN, doc="asked by another replica: answer from here, never ask on"),
-        "table": _f(STRING), "part": _f(STRING, doc="a part a one-call commit staged (with its table)"),
-    }, either=("tid", "part")),
-    "commit_parts": Action({
-        "table": _TABLE, "op": _f(STRING, doc='"insert" or "overwrite"'),
-        "added": _req(ARRAY, doc="part descriptors (PartMeta.to_dict)"),
-        "partitions": _f(ARRAY, NULL, doc="an overwrite's partition value lists"),
-        "apps": _f(OBJECT, NULL, doc="app id -> version"),
-    }),
+    "commit_status": Action(
+        {
+            "tid": _f(STRING, doc="a transaction's id"),
+            "forwarded": _f(BOOLEAN, doc="asked by another replica: answer from here, never ask on"),
+            "table": _f(STRING),
+            "part": _f(STRING, doc="a part a one-call commit staged (with its table)"),
+        },
+        either=("tid", "part"),
+    ),
+    "commit_parts": Action(
+        {
+            "table": _TABLE,
+            "op": _f(STRING, doc='"insert" or "overwrite"'),
+            "added": _req(ARRAY, doc="part descriptors (PartMeta.to_dict)"),
+            "partitions": _f(ARRAY, NULL, doc="an overwrite's partition value lists"),
+            "apps": _f(OBJECT, NULL, doc="app id -> version"),
+        }
+    ),
     # -- reads outside a transaction, history ------------------------------------------------------
-    "changes": Action({
-        "table": _TABLE, "start": _f(NUMBER, NULL, doc="a CSN (by id) or a timestamp (by time)"),
-        "end": _f(NUMBER, NULL), "by": _f(STRING, doc='"id" or "time"'), "fresh": _f(BOOLEAN), "lease": _LEASE,
-        "compactions": _f(BOOLEAN),
-    }),
+    "changes": Action(
+        {
+            "table": _TABLE,
+            "start": _f(NUMBER, NULL, doc="a CSN (by id) or a timestamp (by time)"),
+            "end": _f(NUMBER, NULL),
+            "by": _f(STRING, doc='"id" or "time"'),
+            "fresh": _f(BOOLEAN),
+            "lease": _LEASE,
+            "compactions": _f(BOOLEAN),
+        }
+    ),
     "renew": Action({"lease": _req(STRING, doc="a lease id")}),
     "release": Action({"lease": _req(STRING, doc="a lease id")}),
     "events": Action({"table": _f(STRING, NULL), "since_csn": _f(INTEGER, NULL)}),
@@ -185,8 +255,9 @@ ACTIONS: dict[str, Action] = {
     "gc": Action({"grace_seconds": _f(NUMBER, NULL)}),
     "check": Action({"tables": _f(ARRAY, NULL, doc="table names (null: every table)"), "checksums": _f(BOOLEAN)}),
     "users": Action(_NO_FIELDS),
-    "create_user": Action({"name": _req(STRING), "role": _req(STRING), "tables": _f(ARRAY, NULL),
-                           "secret": _req(STRING)}),
+    "create_user": Action(
+        {"name": _req(STRING), "role": _req(STRING), "tables": _f(ARRAY, NULL), "secret": _req(STRING)}
+    ),
     "drop_user": Action({"name": _req(STRING)}),
 }
 
@@ -222,18 +293,28 @@ def check_request(action: str, args: dict) -> None:
         if types is None:
             if name in LAYER_FIELDS:
                 continue
-            raise InvalidInput(f"{action}: unknown field {quote(name, 64)} (it takes {_takes(spec)})",
-                               action=action, field=clip(name, 64))
+            raise InvalidInput(
+                f"{action}: unknown field {quote(name, 64)} (it takes {_takes(spec)})",
+                action=action,
+                field=clip(name, 64),
+            )
         if type(value) not in types:
             want = spec.fields[name].expected
-            raise InvalidInput(f"{action}: field {name!r} must be {want}, not {_shown(value)}",
-                               action=action, field=name, expected=want)
+            raise InvalidInput(
+                f"{action}: field {name!r} must be {want}, not {_shown(value)}",
+                action=action,
+                field=name,
+                expected=want,
+            )
     for name in spec.required:
         if name not in args:
             raise _missing(action, spec, name)
     if spec.either and not any(name in args for name in spec.either):
-        raise InvalidInput(f"{action}: the request needs field {' or '.join(map(repr, spec.either))}",
-                           action=action, field=spec.either[0])
+        raise InvalidInput(
+            f"{action}: the request needs field {' or '.join(map(repr, spec.either))}",
+            action=action,
+            field=spec.either[0],
+        )
 
 
 def check_call(action: str, args: Mapping[str, Any]) -> None:
@@ -246,8 +327,9 @@ def check_call(action: str, args: Mapping[str, Any]) -> None:
     unknown = args.keys() - spec.names
     if unknown:
         name = min(unknown, key=str)
-        raise InvalidInput(f"{action}: unknown field {quote(name, 64)} (it takes {_takes(spec)})",
-                           action=action, field=clip(name, 64))
+        raise InvalidInput(
+            f"{action}: unknown field {quote(name, 64)} (it takes {_takes(spec)})", action=action, field=clip(name, 64)
+        )
     for name in spec.required:
         if name not in args:
             raise _missing(action, spec, name)
@@ -255,8 +337,9 @@ def check_call(action: str, args: Mapping[str, Any]) -> None:
 
 def _missing(action: str, spec: Action, name: str) -> InvalidInput:
     want = spec.fields[name].expected
-    return InvalidInput(f"{action}: the request lacks field {name!r} ({want})", action=action, field=name,
-                        expected=want)
+    return InvalidInput(
+        f"{action}: the request lacks field {name!r} ({want})", action=action, field=name, expected=want
+    )
 
 
 def _takes(spec: Action) -> str:

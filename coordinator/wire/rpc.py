@@ -90,8 +90,10 @@ PRINCIPAL = "_principal"
 
 
 def error_reply(exc: BaseException) -> dict:
-    return {"ok": False, "error": exc.to_dict() if isinstance(exc, errors.MergetxnError)
-            else errors.MergetxnError(repr(exc)).to_dict()}
+    return {
+        "ok": False,
+        "error": exc.to_dict() if isinstance(exc, errors.MergetxnError) else errors.MergetxnError(repr(exc)).to_dict(),
+    }
 
 
 @dataclass(frozen=True)
@@ -175,13 +177,31 @@ class _Rare:
             return
         n = self._count.pop(kind)
         self._next[kind] = now + LOG_EVERY
-        log.log(level, message + (f" ({n} times in the last {LOG_EVERY:g}s)" if n > 1 else ""), *args,
-                exc_info=exc_info)
+        log.log(
+            level, message + (f" ({n} times in the last {LOG_EVERY:g}s)" if n > 1 else ""), *args, exc_info=exc_info
+        )
 
 
 class _Conn:
-    __slots__ = ("sock", "peer", "inbuf", "outbuf", "busy", "closed", "close_after", "in_next", "authed",
-                 "max_frame", "handshake", "tls", "events", "want_read", "last", "discard", "principal")
+    __slots__ = (
+        "sock",
+        "peer",
+        "inbuf",
+        "outbuf",
+        "busy",
+        "closed",
+        "close_after",
+        "in_next",
+        "authed",
+        "max_frame",
+        "handshake",
+        "tls",
+        "events",
+        "want_read",
+        "last",
+        "discard",
+        "principal",
+    )
 
     def __init__(self, sock: socket.socket, peer: str, authed: bool, tls: bool, max_frame: int) -> None:
         self.sock = sock
@@ -222,9 +242,17 @@ class RpcServer:
     rather than stay registered without a listener (replicas/server.py).
     """
 
-    def __init__(self, host: str, port: int, dispatch: Dispatch, inline: Inline | None = None,
-                 workers: int = 128, tls: ssl.SSLContext | None = None,
-                 authenticate: Authenticate | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        dispatch: Dispatch,
+        inline: Inline | None = None,
+        workers: int = 128,
+        tls: ssl.SSLContext | None = None,
+        authenticate: Authenticate | None = None,
+        limits: Limits | None = None,
+    ) -> None:
         self.dispatch = dispatch
         self.inline = inline
         self.tls = tls
@@ -319,8 +347,13 @@ class RpcServer:
                 else:
                     self._read(conn)
         except Exception:
-            self._rare("conn-bug", logging.ERROR, "closed a connection from %s: its request broke the server",
-                       conn.peer, exc_info=True)
+            self._rare(
+                "conn-bug",
+                logging.ERROR,
+                "closed a connection from %s: its request broke the server",
+                conn.peer,
+                exc_info=True,
+            )
             self._close(conn)
 
     def shutdown(self) -> None:
@@ -403,8 +436,16 @@ class RpcServer:
         try:
             if self.tls is None:
                 sock.setblocking(False)
-                sock.send(frame({"ok": False, "error": errors.ReplicaUnavailable(
-                    f"replica {_local(sock)} refused the connection: {why}").to_dict()}))
+                sock.send(
+                    frame(
+                        {
+                            "ok": False,
+                            "error": errors.ReplicaUnavailable(
+                                f"replica {_local(sock)} refused the connection: {why}"
+                            ).to_dict(),
+                        }
+                    )
+                )
         except OSError:
             pass
         sock.close()
@@ -412,8 +453,14 @@ class RpcServer:
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop polling the listener a while (connections wait in the
         backlog) instead of failing accept in a hot loop."""
-        self._rare("emfile", logging.WARNING, "accept failed (%s): not accepting for %gs; %d connections open",
-                   exc.strerror or exc, ACCEPT_PAUSE, len(self._conns))
+        self._rare(
+            "emfile",
+            logging.WARNING,
+            "accept failed (%s): not accepting for %gs; %d connections open",
+            exc.strerror or exc,
+            ACCEPT_PAUSE,
+            len(self._conns),
+        )
         self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
         self._sel.unregister(self._listener)
 
@@ -441,8 +488,13 @@ class RpcServer:
     def _expire_unauthenticated(self, now: float) -> None:
         """Close the connections that did not authenticate in time (they hold descriptors)."""
         for conn in [c for c, deadline in self._unauthenticated.items() if deadline <= now]:
-            self._rare("unauthenticated", logging.INFO, "closed a connection from %s: no authentication within %gs",
-                       conn.peer, self.auth_seconds)
+            self._rare(
+                "unauthenticated",
+                logging.INFO,
+                "closed a connection from %s: no authentication within %gs",
+                conn.peer,
+                self.auth_seconds,
+            )
             self._close(conn)
 
     def _watch(self, conn: _Conn, events: int | None = None) -> None:
@@ -580,9 +632,16 @@ class RpcServer:
     def _refuse(self, conn: _Conn, why: str) -> None:
         conn.busy = True
         conn.close_after = True
-        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(
-            f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
-            f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)").to_dict()})
+        self._send(
+            conn,
+            {
+                "ok": False,
+                "error": errors.AuthenticationFailed(
+                    f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+                    f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
+                ).to_dict(),
+            },
+        )
 
     def _authenticate(self, conn: _Conn, request: Any) -> None:
         """The first request of a connection to a secured server: ``auth``, or it is closed.
@@ -595,14 +654,22 @@ class RpcServer:
         wait = self.logins.wait(conn.peer, now)
         if wait > 0:
             self._rare("throttled", logging.WARNING, "refused a login from %s: too many failed logins", conn.peer)
-            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: too many failed logins from "
-                               f"{conn.peer}, try again in {wait:.1f}s")
+            self._refuse(
+                conn,
+                f"replica {_local(conn.sock)} refused the login: too many failed logins from "
+                f"{conn.peer}, try again in {wait:.1f}s",
+            )
             return
         principal = self.authenticate(args)
         if not principal:
             self.logins.failed(conn.peer, now)
-            self._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer,
-                       str(args.get("user"))[:100])
+            self._rare(
+                "login",
+                logging.WARNING,
+                "authentication failed from %s (user %r)",
+                conn.peer,
+                str(args.get("user"))[:100],
+            )
             self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
             return
         conn.authed = True
@@ -631,8 +698,8 @@ class RpcServer:
                 continue
             if len(conn.inbuf) < _HEADER.size + n:
                 return
-            body = bytes(conn.inbuf[_HEADER.size:_HEADER.size + n])
-            del conn.inbuf[:_HEADER.size + n]
+            body = bytes(conn.inbuf[_HEADER.size : _HEADER.size + n])
+            del conn.inbuf[: _HEADER.size + n]
             self._buffered -= _HEADER.size + n
             try:
                 request = jsonwire.loads(body)
@@ -646,8 +713,15 @@ class RpcServer:
             action = request.get("a") if isinstance(request, dict) else None
             args = request.get("b", {}) if isinstance(request, dict) else None
             if not isinstance(action, str) or not isinstance(args, dict) or len(action) > _MAX_ACTION:
-                self._send(conn, {"ok": False, "error": errors.InvalidInput(
-                    "request must be {a: action (a short string), b: {args}}").to_dict()})
+                self._send(
+                    conn,
+                    {
+                        "ok": False,
+                        "error": errors.InvalidInput(
+                            "request must be {a: action (a short string), b: {args}}"
+                        ).to_dict(),
+                    },
+                )
                 continue
             self._request(conn, action, args)
 
@@ -659,13 +733,21 @@ class RpcServer:
             self._answer_and_close(conn, f"frame of {n} bytes exceeds the limit of {conn.max_frame}")
             return
         take = min(len(conn.inbuf) - _HEADER.size, n)
-        del conn.inbuf[:_HEADER.size + take]
+        del conn.inbuf[: _HEADER.size + take]
         self._buffered -= _HEADER.size + take
         conn.discard = n - take
         conn.busy = True
-        self._send(conn, {"ok": False, "error": errors.InvalidInput(
-            f"bad request: a request of {n} bytes exceeds replica {_local(conn.sock)}'s limit of {conn.max_frame} "
-            "bytes (its max_frame_bytes setting)", limit=conn.max_frame).to_dict()})
+        self._send(
+            conn,
+            {
+                "ok": False,
+                "error": errors.InvalidInput(
+                    f"bad request: a request of {n} bytes exceeds replica {_local(conn.sock)}'s limit of {conn.max_frame} "
+                    "bytes (its max_frame_bytes setting)",
+                    limit=conn.max_frame,
+                ).to_dict(),
+            },
+        )
 
     def _answer_and_close(self, conn: _Conn, why: str) -> None:
         if not conn.authed:
@@ -803,7 +885,8 @@ class RpcClient:
             raise errors.AuthenticationFailed(
                 f"{where} presented a certificate this client does not accept ({exc.verify_message}): the "
                 f"credentials' ca_file must be the CA that signed the replicas' certificate, and the certificate "
-                f"must name {self._endpoint[0]!r}") from None
+                f"must name {self._endpoint[0]!r}"
+            ) from None
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError, TimeoutError, ConnectionError) as exc:
             sock.close()
             raise errors.ReplicaUnavailable(f"{where} closed the connection during the TLS handshake: {exc}") from None
@@ -811,7 +894,8 @@ class RpcClient:
             sock.close()
             raise errors.AuthenticationFailed(
                 f"{where} did not complete a TLS handshake ({exc.reason or exc}): is it started without "
-                "--credentials? A client with credentials talks to replicas only over TLS") from None
+                "--credentials? A client with credentials talks to replicas only over TLS"
+            ) from None
         except OSError as exc:
             sock.close()
             raise errors.ReplicaUnavailable(f"{where} is unreachable: {exc}") from None
@@ -821,8 +905,9 @@ class RpcClient:
             reply = read_frame(rfile)
         except (EOFError, OSError, ValueError) as exc:
             tls.close()
-            raise errors.ReplicaUnavailable(f"{where} did not answer the authentication: "
-                                            f"{exc or type(exc).__name__}") from None
+            raise errors.ReplicaUnavailable(
+                f"{where} did not answer the authentication: {exc or type(exc).__name__}"
+            ) from None
         if not reply.get("ok"):
             tls.close()
             raise errors.from_dict(reply.get("error") or {})
@@ -927,7 +1012,24 @@ def _local(sock: socket.socket) -> str:
 
 
 # Actions that may be sent again when a connection closed before answering.
-IDEMPOTENT = frozenset({
-    "info", "begin", "table", "tables", "visible", "snapshot", "wait", "transactions", "parts", "commit_status",
-    "describe_table", "app_version", "set_app_version", "add_read", "flush", "heartbeat", "peers",
-})
+IDEMPOTENT = frozenset(
+    {
+        "info",
+        "begin",
+        "table",
+        "tables",
+        "visible",
+        "snapshot",
+        "wait",
+        "transactions",
+        "parts",
+        "commit_status",
+        "describe_table",
+        "app_version",
+        "set_app_version",
+        "add_read",
+        "flush",
+        "heartbeat",
+        "peers",
+    }
+)

@@ -68,8 +68,10 @@ class Credentials:
         if not isinstance(self.user, str) or not self.user or ":" in self.user:
             raise InvalidInput(f"credentials: user must be a non-empty name without ':', not {self.user!r}")
         if not isinstance(self.secret, str) or len(self.secret) < MIN_SECRET:
-            raise InvalidInput(f"credentials: the secret must be a string of at least {MIN_SECRET} characters "
-                               "(mergetxn security init makes one)")
+            raise InvalidInput(
+                f"credentials: the secret must be a string of at least {MIN_SECRET} characters "
+                "(mergetxn security init makes one)"
+            )
         for name in ("ca_file", "cert_file", "key_file"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, Path):
@@ -78,8 +80,11 @@ class Credentials:
             raise InvalidInput("credentials: cert_file and key_file go together (a replica needs both)")
 
     def __repr__(self) -> str:
-        files = ", ".join(f"{n}={str(getattr(self, n))!r}" for n in ("ca_file", "cert_file", "key_file")
-                          if getattr(self, n) is not None)
+        files = ", ".join(
+            f"{n}={str(getattr(self, n))!r}"
+            for n in ("ca_file", "cert_file", "key_file")
+            if getattr(self, n) is not None
+        )
         return f"Credentials(user={self.user!r}, secret='***'{', ' + files if files else ''})"
 
     __str__ = __repr__
@@ -103,8 +108,10 @@ class Credentials:
             else:
                 data = json.loads(text)
         except ValueError as exc:
-            raise InvalidInput(f"credentials file {path} does not parse as "
-                               f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}") from None
+            raise InvalidInput(
+                f"credentials file {path} does not parse as "
+                f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}"
+            ) from None
         if not isinstance(data, dict):
             raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
         unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
@@ -127,12 +134,19 @@ class Credentials:
             return p
 
         admin = data.get("admin")
-        if admin is not None and not (isinstance(admin, dict) and isinstance(admin.get("user"), str)
-                                      and isinstance(admin.get("hash"), str)):
+        if admin is not None and not (
+            isinstance(admin, dict) and isinstance(admin.get("user"), str) and isinstance(admin.get("hash"), str)
+        ):
             raise InvalidInput(f"credentials file {path}: field 'admin' must hold the first admin's user and hash")
         try:
-            creds = cls(data["user"], data["secret"], file("ca_file"), file("cert_file"), file("key_file"),
-                        None if admin is None else (admin["user"], admin["hash"]))
+            creds = cls(
+                data["user"],
+                data["secret"],
+                file("ca_file"),
+                file("cert_file"),
+                file("key_file"),
+                None if admin is None else (admin["user"], admin["hash"]),
+            )
         except InvalidInput as exc:
             raise InvalidInput(f"credentials file {path}: {exc.message.removeprefix('credentials: ')}") from None
         if creds.key_file is not None:
@@ -155,9 +169,14 @@ class Credentials:
             p = Path(p).resolve()
             return p.name if p.parent == path.parent.resolve() else str(p)
 
-        data = {"user": self.user, "secret": self.secret, "ca_file": rel(self.ca_file),
-                "cert_file": rel(self.cert_file), "key_file": rel(self.key_file),
-                "admin": None if self.admin is None else {"user": self.admin[0], "hash": self.admin[1]}}
+        data = {
+            "user": self.user,
+            "secret": self.secret,
+            "ca_file": rel(self.ca_file),
+            "cert_file": rel(self.cert_file),
+            "key_file": rel(self.key_file),
+            "admin": None if self.admin is None else {"user": self.admin[0], "hash": self.admin[1]},
+        }
         _write_private(path, json.dumps({k: v for k, v in data.items() if v is not None}, indent=2) + "\n")
         return path
 
@@ -177,8 +196,9 @@ class Credentials:
         """TLS 1.2+ verifying the replica's certificate against ``ca_file``, host name or IP
         address included."""
         if self.ca_file is None:
-            raise InvalidInput("credentials: ca_file (the CA that signed the replicas' certificate) is needed "
-                               "to connect")
+            raise InvalidInput(
+                "credentials: ca_file (the CA that signed the replicas' certificate) is needed to connect"
+            )
         try:
             return _client_context(self.ca_file, self.ca_file.stat().st_mtime_ns)
         except (OSError, ssl.SSLError) as exc:
@@ -187,8 +207,10 @@ class Credentials:
     def server_context(self) -> ssl.SSLContext:
         """TLS 1.2+ with the replica's certificate and key."""
         if self.cert_file is None or self.key_file is None:
-            raise InvalidInput("credentials: a replica needs cert_file and key_file (its certificate and key; "
-                               "mergetxn security init writes them)")
+            raise InvalidInput(
+                "credentials: a replica needs cert_file and key_file (its certificate and key; "
+                "mergetxn security init writes them)"
+            )
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         # No session tickets: an idle client connection then has nothing to read but a close,
@@ -197,8 +219,9 @@ class Credentials:
         try:
             ctx.load_cert_chain(str(self.cert_file), str(self.key_file))
         except (OSError, ssl.SSLError) as exc:
-            raise InvalidInput(f"credentials: certificate {self.cert_file} with key {self.key_file} does not "
-                               f"load: {exc}") from None
+            raise InvalidInput(
+                f"credentials: certificate {self.cert_file} with key {self.key_file} does not load: {exc}"
+            ) from None
         return ctx
 
     def authenticator(self) -> Callable[[dict], str | None]:
@@ -211,7 +234,9 @@ class Credentials:
             u, s = args.get("user"), args.get("secret")
             if not isinstance(u, str) or not isinstance(s, str):
                 return None
-            return self.user if hmac.compare_digest(u.encode(), user) & hmac.compare_digest(s.encode(), secret) else None
+            return (
+                self.user if hmac.compare_digest(u.encode(), user) & hmac.compare_digest(s.encode(), secret) else None
+            )
 
         return check
 
@@ -234,8 +259,10 @@ class Credentials:
 
     def _zk_identity(self) -> None:
         if not self.is_replica:
-            raise InvalidInput(f"credentials of user {self.user!r} log in to replicas only: ZooKeeper takes the "
-                               "replicas' credentials file (mergetxn security init's credentials.json)")
+            raise InvalidInput(
+                f"credentials of user {self.user!r} log in to replicas only: ZooKeeper takes the "
+                "replicas' credentials file (mergetxn security init's credentials.json)"
+            )
 
     def redactor(self) -> logging.Filter:
         """A logging filter that replaces the secret in any record (kazoo logs its auth packet)."""
@@ -271,8 +298,9 @@ def resolve(credentials: Credentials | str | os.PathLike | None) -> Credentials 
         return credentials
     if isinstance(credentials, (str, os.PathLike)):
         return Credentials.from_file(credentials)
-    raise InvalidInput(f"credentials must be a Credentials or the path of a credentials file, "
-                       f"not {type(credentials).__name__}")
+    raise InvalidInput(
+        f"credentials must be a Credentials or the path of a credentials file, not {type(credentials).__name__}"
+    )
 
 
 def _check_private(path: Path, what: str) -> None:
@@ -281,8 +309,10 @@ def _check_private(path: Path, what: str) -> None:
     except OSError as exc:
         raise InvalidInput(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
     if st.st_mode & 0o077:
-        raise InvalidInput(f"{what} {path} may be read by others (mode {stat.S_IMODE(st.st_mode):04o}): it holds "
-                           f"a secret; make it private with: chmod 600 {path}")
+        raise InvalidInput(
+            f"{what} {path} may be read by others (mode {stat.S_IMODE(st.st_mode):04o}): it holds "
+            f"a secret; make it private with: chmod 600 {path}"
+        )
 
 
 def _write_private(path: Path, text: str | bytes) -> None:
@@ -301,8 +331,13 @@ def make_user_credentials(name: str, ca_file: Path | None) -> Credentials:
     return Credentials(name, secrets.token_urlsafe(32), ca_file)
 
 
-def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] = ("127.0.0.1", "localhost"),
-                             user: str = DEFAULT_USER, days: int = 825, admin: str = DEFAULT_ADMIN) -> Credentials:
+def make_cluster_credentials(
+    directory: str | os.PathLike,
+    hosts: Iterable[str] = ("127.0.0.1", "localhost"),
+    user: str = DEFAULT_USER,
+    days: int = 825,
+    admin: str = DEFAULT_ADMIN,
+) -> Credentials:
     """Make a private CA, a replica certificate for ``hosts`` (IP addresses and DNS names, as
     clients will address the replicas) and a new secret in ``directory``:
 
@@ -342,13 +377,28 @@ def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn cluster CA {secrets.token_hex(4)}")])
     ca_cert = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now)
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -356,8 +406,11 @@ def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] 
     cert = (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn replica")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -367,11 +420,18 @@ def make_cluster_credentials(directory: str | os.PathLike, hosts: Iterable[str] 
     pem = serialization.Encoding.PEM
     (d / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
     (d / "replica.pem").write_bytes(cert.public_bytes(pem))
-    _write_private(d / "replica.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                        serialization.NoEncryption()))
+    _write_private(
+        d / "replica.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     first = make_user_credentials(admin, d / "ca.pem")
-    creds = Credentials(user, secrets.token_urlsafe(32), d / "ca.pem", d / "replica.pem", d / "replica.key",
-                        (admin, hash_secret(first.secret)))
+    creds = Credentials(
+        user,
+        secrets.token_urlsafe(32),
+        d / "ca.pem",
+        d / "replica.pem",
+        d / "replica.key",
+        (admin, hash_secret(first.secret)),
+    )
     creds.to_file(d / REPLICA_FILE)
     first.to_file(d / ADMIN_FILE)
     return Credentials.from_file(d / REPLICA_FILE)
@@ -405,16 +465,23 @@ def zk_client_args(creds: Credentials | None) -> dict:
         return {}
     if creds.ca_file is None:
         raise InvalidInput("credentials: ca_file is needed to reach a secured cluster's ZooKeeper over TLS")
-    return {"auth_data": creds.zk_auth(), "use_ssl": True, "ca": str(creds.ca_file), "verify_certs": True,
-            "check_hostname": True}
+    return {
+        "auth_data": creds.zk_auth(),
+        "use_ssl": True,
+        "ca": str(creds.ca_file),
+        "verify_certs": True,
+        "check_hostname": True,
+    }
 
 
 def zk_server_stores(creds: Credentials, directory: str | os.PathLike) -> tuple[Path, Path]:
     """ZooKeeper's client-port PEM key store (the replica key and certificate in one file,
     mode 0600) and trust store (the cluster CA), written in ``directory``."""
     if creds.cert_file is None or creds.key_file is None or creds.ca_file is None:
-        raise InvalidInput("credentials: ZooKeeper's TLS needs the replicas' credentials file (ca_file, cert_file "
-                           "and key_file; mergetxn security init writes them)")
+        raise InvalidInput(
+            "credentials: ZooKeeper's TLS needs the replicas' credentials file (ca_file, cert_file "
+            "and key_file; mergetxn security init writes them)"
+        )
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     try:
@@ -438,20 +505,27 @@ def _quorum_ca(creds: Credentials) -> tuple:
 
     order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256
     seed = HKDF(hashes.SHA256(), 48, salt=b"mergetxn zookeeper quorum", info=creds.user.encode()).derive(
-        creds.secret.encode())
+        creds.secret.encode()
+    )
     key = ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn ZooKeeper quorum CA")])
     start = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(1).not_valid_before(start).not_valid_after(start + dt.timedelta(days=365 * 30))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(start)
+        .not_valid_after(start + dt.timedelta(days=365 * 30))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
-def zk_quorum_stores(creds: Credentials, directory: str | os.PathLike, host: str, days: int = 825
-                     ) -> tuple[Path, Path]:
+def zk_quorum_stores(creds: Credentials, directory: str | os.PathLike, host: str, days: int = 825) -> tuple[Path, Path]:
     """A member's quorum PEM key store (a new key and a certificate for ``host``, usable as TLS
     server and client, signed by the quorum CA; mode 0600) and trust store (the quorum CA)."""
     import datetime as dt
@@ -469,19 +543,28 @@ def zk_quorum_stores(creds: Credentials, directory: str | os.PathLike, host: str
         san = x509.DNSName(host)
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn ZooKeeper {host}")]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now).not_valid_after(now + dt.timedelta(days=days))
-            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn ZooKeeper {host}")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.SubjectAlternativeName([san]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     pem = serialization.Encoding.PEM
     d = Path(directory)
-    _write_private(d / ZK_QUORUM_STORE, key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()) + cert.public_bytes(pem))
+    _write_private(
+        d / ZK_QUORUM_STORE,
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        + cert.public_bytes(pem),
+    )
     _write_private(d / ZK_QUORUM_TRUST, ca_cert.public_bytes(pem))
     return d / ZK_QUORUM_STORE, d / ZK_QUORUM_TRUST

@@ -102,8 +102,14 @@ def holder(record: AliveRecord, own_address: str, probe: Callable[[str], bool] =
     return record.address if probe(record.address) else None
 
 
-def check_host_free(zk: KazooClient, layout: CsnLog, host_id: str, own_address: str, wait: float,
-                    probe: Callable[[str], bool] = reachable) -> None:
+def check_host_free(
+    zk: KazooClient,
+    layout: CsnLog,
+    host_id: str,
+    own_address: str,
+    wait: float,
+    probe: Callable[[str], bool] = reachable,
+) -> None:
     """Refuse (InvalidInput naming the host id and the other process's address) to start as
     ``host_id`` while a live process holds its alive node. A stale node (see :func:`holder`) is
     left for :meth:`AliveNode.publish` to replace; one whose holder is unknown is given ``wait``
@@ -122,7 +128,10 @@ def check_host_free(zk: KazooClient, layout: CsnLog, host_id: str, own_address: 
             raise InvalidInput(
                 f"host id {host_id!r} is held by a live replica at {other}: a second replica with the same "
                 "--host-id would fence it and fail every commit through either. Stop that one first, or choose "
-                "another --host-id", host_id=host_id, address=other)
+                "another --host-id",
+                host_id=host_id,
+                address=other,
+            )
         time.sleep(0.2)
 
 
@@ -163,12 +172,17 @@ def retire(zk: KazooClient, layout: CsnLog, host_id: str) -> int:
         alive = None
     if alive is not None:
         address = AliveRecord.decode(alive).address or "an address not published yet"
-        raise InvalidInput(f"replica {host_id!r} is alive (serving at {address}): stop it before retiring it",
-                           host_id=host_id, address=address)
+        raise InvalidInput(
+            f"replica {host_id!r} is alive (serving at {address}): stop it before retiring it",
+            host_id=host_id,
+            address=address,
+        )
     record = OwnerRecord(host_id, retired_at=time.time())
     try:
         zk.retry(zk.set, node, record.encode(), version=stat.version)
     except BadVersionError:
-        raise InvalidInput(f"replica {host_id!r} registered again while it was being retired: stop it, then "
-                           "retire it again", host_id=host_id) from None
+        raise InvalidInput(
+            f"replica {host_id!r} registered again while it was being retired: stop it, then retire it again",
+            host_id=host_id,
+        ) from None
     return stat.version

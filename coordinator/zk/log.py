@@ -274,10 +274,15 @@ class CsnLog:
         return out
 
     # -- the commit point ----------------------------------------------------------------------
-    def commit(self, entry: bytes, expected: dict[str, int | None], fence: int | None = None,
-               owner: tuple[str, int] | None = None,
-               tables: dict[str, tuple[int, bytes | None]] | None = None,
-               counters: tuple[Mapping[str, int], Iterable[str]] = ({}, ())) -> CommitResult:
+    def commit(
+        self,
+        entry: bytes,
+        expected: dict[str, int | None],
+        fence: int | None = None,
+        owner: tuple[str, int] | None = None,
+        tables: dict[str, tuple[int, bytes | None]] | None = None,
+        counters: tuple[Mapping[str, int], Iterable[str]] = ({}, ()),
+    ) -> CommitResult:
         """One multi: check the owner node at the committing replica's incarnation (``owner``:
         path and version; see replicas/outcomes.py), check the orphan fence at version ``fence``
         (coordinator/zk/orphan_fence.py), bump every target at its expected version and append the entry.
@@ -330,8 +335,11 @@ class CsnLog:
                 if isinstance(results[first], (BadVersionError, NoNodeError)):
                     raise FenceMoved(f"the orphan fence moved past version {fence}")
                 first += 1
-            moved = [name for (name, _), r in zip(table_ops, results[first:first + len(table_ops)])
-                     if isinstance(r, (BadVersionError, NoNodeError))]
+            moved = [
+                name
+                for (name, _), r in zip(table_ops, results[first : first + len(table_ops)])
+                if isinstance(r, (BadVersionError, NoNodeError))
+            ]
             if moved:
                 raise TableMoved(f"a DDL changed table(s) {moved} since the commit was decided", moved)
             # The epoch check is the op just before the create; a miss there means sealed.
@@ -357,8 +365,10 @@ class CsnLog:
         except NoNodeError:
             return None
         except NoAuthError:
-            raise CorruptMetadata(f"log entry {path} cannot be read with this replica's identity (NoAuth: its "
-                                  f"ACL was changed); never skipped") from None
+            raise CorruptMetadata(
+                f"log entry {path} cannot be read with this replica's identity (NoAuth: its "
+                f"ACL was changed); never skipped"
+            ) from None
 
     def last_csn(self) -> int:
         """CSN of the newest entry in the log now (0 if none): the last of the newest epoch that
@@ -377,8 +387,9 @@ class CsnLog:
         try:
             return sorted(seq_of_node(n) for n in names if n.startswith("c-"))
         except ValueError as exc:  # a child no commit made: the log was written by hand
-            raise CorruptMetadata(f"log epoch {self.epoch_path(epoch)} has a child that is no log entry: "
-                                  f"{exc}") from None
+            raise CorruptMetadata(
+                f"log epoch {self.epoch_path(epoch)} has a child that is no log entry: {exc}"
+            ) from None
 
     def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
         """Set a one-shot watch for the creation of the next entry; True if it already exists."""

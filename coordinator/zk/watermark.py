@@ -37,6 +37,7 @@ from coordinator.zk.recipes import cas_update
 
 __all__ = ["MAX_HORIZONS", "Marks", "Watermark"]
 
+
 class Watermark:
     def __init__(self, zk: KazooClient, path: str, identity: str) -> None:
         self.zk = zk
@@ -80,8 +81,13 @@ class Watermark:
         """Read the node now (a reader that found a part missing asks again)."""
         return self._remember(Marks.decode(self.zk.retry(self.zk.get, self.path)[0], self.path))
 
-    def raise_to(self, watermark: int, collected: int | None = None,
-                 horizons: Mapping[str, float] | None = None, keep: set[str] | None = None) -> Marks:
+    def raise_to(
+        self,
+        watermark: int,
+        collected: int | None = None,
+        horizons: Mapping[str, float] | None = None,
+        keep: set[str] | None = None,
+    ) -> Marks:
         """Raise the node to at least these values; returns what it holds then. With ``keep``
         (a pass that collected every removed part at or below ``collected``), the horizons of
         the other tables go and ``legacy`` is raised to ``collected``: every part they could still
@@ -93,8 +99,12 @@ class Watermark:
             cur = Marks.decode(data, self.path) if data is not None else Marks()
             new = cur.merged(want)
             if keep is not None and collected is not None:
-                new = Marks(new.watermark, new.collected, {t: h for t, h in new.horizons.items() if t in keep},
-                            max(new.legacy, min(collected, new.collected)))
+                new = Marks(
+                    new.watermark,
+                    new.collected,
+                    {t: h for t, h in new.horizons.items() if t in keep},
+                    max(new.legacy, min(collected, new.collected)),
+                )
             return None if new == cur else new.encode(self.identity)
 
         data = cas_update(self.zk, self.path, change)

@@ -67,8 +67,7 @@ KINDS: dict[str, str] = {
     "unresolved": "an op still indeterminate, or committed without a csn (it cannot be placed)",
     "invariant": "a bank table's total differs from its initial total in a whole-table read "
     "(taken before the op wrote that table) or in a final",
-    "aborted-visible": "a final contains an element or value that only an op that did not "
-    "commit wrote",
+    "aborted-visible": "a final contains an element or value that only an op that did not commit wrote",
 }
 
 INITIAL = -1  # the "writer" of the initial contents, always committed
@@ -152,9 +151,7 @@ class Model:
         self.history = history
         self.ops = history.ops
         self.kinds: dict[str, str] = dict(history.header.tables)
-        self.committed = {INITIAL} | {
-            o.index for o in self.ops if o.outcome == "committed" and o.csn is not None
-        }
+        self.committed = {INITIAL} | {o.index for o in self.ops if o.outcome == "committed" and o.csn is not None}
         self.writers: dict[tuple[str, str, Any], list[tuple[int, bool]]] = defaultdict(list)
         initial = list(self._initial_mops(history.header.initial))
         self._index_writes(INITIAL, initial)
@@ -328,8 +325,12 @@ def _reads(m: Model) -> Iterator[Finding]:
             got = _keyed(x) if k is None else {str(k): x}
             keys = sorted(set(want) | set(got)) if k is None else [str(k)]
             for key, cause, w, g, xs in m.diff(t, want, got, keys):
-                if cause == "si-read" and m.kind(t) == "lww" and (t, key) not in written \
-                        and g in later(t, key, o.snapshot):
+                if (
+                    cause == "si-read"
+                    and m.kind(t) == "lww"
+                    and (t, key) not in written
+                    and g in later(t, key, o.snapshot)
+                ):
                     continue  # the latest applied state: at the snapshot or after it
                 where = f"{_op_name(o)} read {t}[{key!r}] (mop {pos}) at snapshot {o.snapshot}"
                 msg = _message(cause, where, m.kind(t), w, g, xs)
@@ -349,8 +350,9 @@ def _later_values(m: Model) -> Callable[[str, str, int], set[Any]]:
                     values[(t, str(k))].append(_frozen(x))
 
     def later(t: str, key: str, snapshot: int) -> set[Any]:
-        after = values.get((t, key), [])[bisect_right(csns.get((t, key), []), snapshot):]
+        after = values.get((t, key), [])[bisect_right(csns.get((t, key), []), snapshot) :]
         return {m.state_at(snapshot).get(t, {}).get(key), *after}
+
     return later
 
 
@@ -396,8 +398,13 @@ def _read_sets(m: Model) -> Iterator[Finding]:
     key_csns = {k: [w.csn for w in ws] for k, ws in by_key.items()}
     table_csns = {t: [w.csn for w in ws] for t, ws in by_table.items()}
     for o in m.ops:
-        if o.isolation != "serializable" or o.index not in m.committed or o.snapshot is None \
-                or o.csn is None or o.csn <= o.snapshot:
+        if (
+            o.isolation != "serializable"
+            or o.index not in m.committed
+            or o.snapshot is None
+            or o.csn is None
+            or o.csn <= o.snapshot
+        ):
             continue  # a serializable op that wrote nothing commits at its snapshot: always fine
         seen: set[int] = set()
         for pos, (verb, t, k, _) in enumerate(o.mops):
@@ -409,8 +416,10 @@ def _read_sets(m: Model) -> Iterator[Finding]:
                 if w.index != o.index and w.index not in seen:
                     seen.add(w.index)
                     what = f"{t}[{k!r}]" if k is not None else f"table {t}"
-                    msg = (f"serializable op {o.index} read {what} (mop {pos}) at snapshot {o.snapshot} and "
-                           f"committed at csn {o.csn}, but op {w.index} wrote it at csn {w.csn} in between")
+                    msg = (
+                        f"serializable op {o.index} read {what} (mop {pos}) at snapshot {o.snapshot} and "
+                        f"committed at csn {o.csn}, but op {w.index} wrote it at csn {w.csn} in between"
+                    )
                     yield Finding("read-set-changed", msg, (o.index, w.index))
 
 
@@ -422,13 +431,21 @@ def _async_commits(m: Model) -> Iterator[Finding]:
         if o.durability != "async" or all(x[0] == "r" for x in o.mops):
             continue  # one that wrote nothing has nothing to lose or order (no log entry)
         if o.flushed and o.index not in m.committed:
-            yield Finding("lost-commit", f"{_op_name(o)}: a flush acknowledged this async commit, but it "
-                          f"is {o.outcome} ({o.resolved or o.message})", (o.index,))
+            yield Finding(
+                "lost-commit",
+                f"{_op_name(o)}: a flush acknowledged this async commit, but it "
+                f"is {o.outcome} ({o.resolved or o.message})",
+                (o.index,),
+            )
         if o.index in m.committed:
             before = last.get((o.process, o.replica))
             if before is not None and before.csn > o.csn:  # one csn: one group, applied in op order
-                yield Finding("async-order", f"{_op_name(before)} committed at csn {before.csn}, "
-                              f"after {_op_name(o)} (made later) at csn {o.csn}", (before.index, o.index))
+                yield Finding(
+                    "async-order",
+                    f"{_op_name(before)} committed at csn {before.csn}, "
+                    f"after {_op_name(o)} (made later) at csn {o.csn}",
+                    (before.index, o.index),
+                )
             last[(o.process, o.replica)] = o
 
 
@@ -531,8 +548,7 @@ def _invariant(m: Model) -> Iterator[Finding]:
 
 
 Rule = Callable[[Model], Iterator[Finding]]
-RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _read_sets, _async_commits, _statuses, _finals,
-                           _invariant)
+RULES: tuple[Rule, ...] = (_outcomes, _reads, _lost_updates, _read_sets, _async_commits, _statuses, _finals, _invariant)
 
 
 def check(history: History) -> list[Finding]:

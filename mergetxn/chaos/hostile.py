@@ -81,8 +81,14 @@ def junk_frames() -> dict[str, bytes]:
 class Hostile(threading.Thread):
     """The lane: attacks until ``stop`` is set; ``counts`` and ``findings`` after."""
 
-    def __init__(self, addresses: Callable[[], list[str]], stop: threading.Event, seed: int,
-                 timeout: float = 10.0, credentials: Credentials | None = None) -> None:
+    def __init__(
+        self,
+        addresses: Callable[[], list[str]],
+        stop: threading.Event,
+        seed: int,
+        timeout: float = 10.0,
+        credentials: Credentials | None = None,
+    ) -> None:
         """``credentials``: a secured cluster's admin (the lane makes its users and table with them)."""
         super().__init__(name="hostile", daemon=True)
         self.addresses = addresses
@@ -154,7 +160,7 @@ class Hostile(threading.Thread):
     def junk(self, address: str) -> None:
         kind, data = self.rng.choice(sorted(junk_frames().items()))
         how = "" if self.admin is None else self.rng.choice(["raw", "tls", "logged-in"])
-        sock = (self._logged_in(address) if how == "logged-in" else self._connect(address, tls=how == "tls"))
+        sock = self._logged_in(address) if how == "logged-in" else self._connect(address, tls=how == "tls")
         if sock is None:
             return
         self.counts[f"junk:{kind}" + (f":{how}" if how else "")] += 1
@@ -208,10 +214,13 @@ class Hostile(threading.Thread):
             tdef = client.table(thief)
             attempts = {"committed-part-again": (victim_table, victim)}
             if not tdef.partition_by:  # a part of its own, then pointed at the victim's file
-                mine = write_part(client.storage, thief, [], (), pa.Table.from_pylist([], schema=tdef.schema), tx.id,
-                                  tdef.ddl_version)
-                attempts["another-tables-file"] = (thief, dataclasses.replace(
-                    mine, path=victim.path, size=victim.size, checksum=victim.checksum))
+                mine = write_part(
+                    client.storage, thief, [], (), pa.Table.from_pylist([], schema=tdef.schema), tx.id, tdef.ddl_version
+                )
+                attempts["another-tables-file"] = (
+                    thief,
+                    dataclasses.replace(mine, path=victim.path, size=victim.size, checksum=victim.checksum),
+                )
             for kind, (table, meta) in attempts.items():
                 self.counts[f"forged:{kind}"] += 1
                 try:
@@ -219,8 +228,10 @@ class Hostile(threading.Thread):
                 except InvalidInput:
                     self.counts[f"forged-refused:{kind}"] += 1
                     continue
-                self.findings.append(f"hostile lane: replica {client.address} accepted a forged part ({kind}): "
-                                     f"{meta.name} of {table!r} at {meta.path!r}")
+                self.findings.append(
+                    f"hostile lane: replica {client.address} accepted a forged part ({kind}): "
+                    f"{meta.name} of {table!r} at {meta.path!r}"
+                )
         finally:
             try:
                 tx.rollback()
@@ -238,9 +249,12 @@ class Hostile(threading.Thread):
 
     def denied(self, address: str) -> None:
         try:  # waits out a restart (a killed replica is back in seconds): a denied call needs it up
-            admin = Retrying(stop=stop_after_delay(DENIED_WAIT_SECONDS), wait=wait_fixed(0.25), reraise=True,
-                             retry=retry_if_exception_type((MergetxnError, OSError)))(
-                lambda: Client(address, timeout=self.timeout, credentials=self.admin))
+            admin = Retrying(
+                stop=stop_after_delay(DENIED_WAIT_SECONDS),
+                wait=wait_fixed(0.25),
+                reraise=True,
+                retry=retry_if_exception_type((MergetxnError, OSError)),
+            )(lambda: Client(address, timeout=self.timeout, credentials=self.admin))
         except (MergetxnError, OSError):
             self.counts["connect-failed"] += 1
             return
@@ -273,6 +287,7 @@ class Hostile(threading.Thread):
                 finally:
                     with contextlib.suppress(MergetxnError):  # the statement's outcome is the verdict
                         tx.rollback()
+
             return call
 
         def kill_admins(c: Client) -> None:
@@ -317,8 +332,7 @@ class Hostile(threading.Thread):
         except (MergetxnError, OSError):  # a fault in the way (a replica killed, cut): verify() still checks
             self.counts[f"denied-interrupted:{kind}"] += 1
             return
-        self.findings.append(f"hostile lane: replica {address} let the lane's {role} do what its grants deny "
-                             f"({kind})")
+        self.findings.append(f"hostile lane: replica {address} let the lane's {role} do what its grants deny ({kind})")
 
     def verify(self, address: str) -> list[str]:
         """After the run: nothing a denied call asked for happened (a call that failed some other
@@ -340,6 +354,8 @@ class Hostile(threading.Thread):
         return problems
 
     def summary(self) -> dict:
-        return {"counts": dict(sorted(self.counts.items())), "findings": list(self.findings),
-                "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}"}
-
+        return {
+            "counts": dict(sorted(self.counts.items())),
+            "findings": list(self.findings),
+            "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
+        }

@@ -161,20 +161,14 @@ def _wait(check: Callable[[], T], timeout: float, what: str, interval: float = 0
     raise AssertionError("unreachable")
 
 
-def _run(
-    argv: list[str], input: str | None = None, check: bool = True
-) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run a system command (ip, nft, tc, mount); a failure names the command and its error."""
     try:
-        done = subprocess.run(
-            argv, input=input, capture_output=True, text=True, timeout=30, check=False
-        )
+        done = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise HostsError(f"{' '.join(argv)}: {exc}") from None
     if check and done.returncode != 0:
-        raise HostsError(
-            f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-        )
+        raise HostsError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     return done
 
 
@@ -260,8 +254,12 @@ def _stopped(pid: int) -> bool:
 def _wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
     """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
     uninterruptible wait, an fsync, stops only once it returns)."""
-    return Retrying(stop=stop_after_delay(timeout), wait=wait_fixed(0.01), retry=retry_if_result(lambda ok: not ok),
-                    retry_error_callback=lambda state: False)(lambda: all(_stopped(p) for p in pids))
+    return Retrying(
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.01),
+        retry=retry_if_result(lambda ok: not ok),
+        retry_error_callback=lambda state: False,
+    )(lambda: all(_stopped(p) for p in pids))
 
 
 class _Proc:
@@ -287,9 +285,7 @@ class _Proc:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:
             self.log_offset = out.tell()
-            out.write(
-                f"--- {time.strftime('%H:%M:%S')} starting {self.name}: {' '.join(argv)}\n".encode()
-            )
+            out.write(f"--- {time.strftime('%H:%M:%S')} starting {self.name}: {' '.join(argv)}\n".encode())
             out.flush()
             self.popen = subprocess.Popen(
                 argv,
@@ -342,9 +338,7 @@ class _Proc:
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning(
-                    "%s did not stop in %.0f s after SIGTERM; killing it", self.name, timeout
-                )
+                log.warning("%s did not stop in %.0f s after SIGTERM; killing it", self.name, timeout)
         self.kill()
 
 
@@ -435,9 +429,7 @@ def _mount_owner(source: str, prefix: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def leftovers(
-    prefix: str = PREFIX, workdir: Path | str | None = None, owner: int | None = None
-) -> list[str]:
+def leftovers(prefix: str = PREFIX, workdir: Path | str | None = None, owner: int | None = None) -> list[str]:
     """Everything a harness of ``prefix`` made that still exists (live harnesses' included):
     namespaces, links, tmpfs mounts, processes; with ``owner``, only the mounts and processes
     of the harness with that pid (namespaces and links have no owner but the lock's holder).
@@ -653,14 +645,8 @@ class _Cluster:
         self._replica_credentials = None  # the replicas' identity once made (secure only)
         self.owner = f"{PREFIX}:{os.getpid()}"
         self.timings: dict[str, float] = {}
-        self._zk = [
-            _Proc(f"ZooKeeper member {i + 1} (h{i + 1})", self.host_dir(i) / "zk.out")
-            for i in range(hosts)
-        ]
-        self._replicas = [
-            _Proc(f"replica r{i + 1} (h{i + 1})", self.host_dir(i) / "replica.log")
-            for i in range(hosts)
-        ]
+        self._zk = [_Proc(f"ZooKeeper member {i + 1} (h{i + 1})", self.host_dir(i) / "zk.out") for i in range(hosts)]
+        self._replicas = [_Proc(f"replica r{i + 1} (h{i + 1})", self.host_dir(i) / "replica.log") for i in range(hosts)]
         self._mounted: list[Path] = []
         self._balloons: dict[int, Path] = {}
         # started once the network exists and before any process, stopped after them (S3 storage)
@@ -675,9 +661,7 @@ class _Cluster:
             if name in _FIXED_SETTINGS:
                 raise InvalidInput(f"replica setting {name} is the cluster's to choose")
             if name not in SETTINGS:
-                raise InvalidInput(
-                    f"unknown replica setting {name!r}; known: {', '.join(SETTINGS)}"
-                )
+                raise InvalidInput(f"unknown replica setting {name!r}; known: {', '.join(SETTINGS)}")
             out[name] = SETTINGS[name].check(value)
         return out
 
@@ -802,14 +786,8 @@ class _Cluster:
                 return
             steps: list[tuple[str, Callable[[], None]]] = [
                 ("heal", self.heal),
-                *(
-                    (f"stop replica {i}", lambda i=i: self._replicas[i].stop(15.0))
-                    for i in range(self.hosts)
-                ),
-                *(
-                    (f"stop ZooKeeper {i}", lambda i=i: self._zk[i].stop(20.0))
-                    for i in range(self.hosts)
-                ),
+                *((f"stop replica {i}", lambda i=i: self._replicas[i].stop(15.0)) for i in range(self.hosts)),
+                *((f"stop ZooKeeper {i}", lambda i=i: self._zk[i].stop(20.0)) for i in range(self.hosts)),
                 *((f"stop {s!r}", s.stop) for s in reversed(self.services)),
                 ("balloons", self._remove_balloons),
                 ("unmount", self._unmount_all),
@@ -1003,9 +981,7 @@ class _Cluster:
 
     def _require(self, kind: str) -> None:
         if kind not in self.supports():
-            raise FaultNotSupported(
-                f"{kind} is not supported by the {self.form} form of the simulated hosts"
-            )
+            raise FaultNotSupported(f"{kind} is not supported by the {self.form} form of the simulated hosts")
 
     def heal(self) -> None:
         """Undo every network fault (a full WAL disk is undone by :meth:`free_wal_disk`)."""
@@ -1079,8 +1055,12 @@ class _Cluster:
         zk = KazooClient(hosts=self.zk_address, timeout=10.0, **zk_client_args(self._replica_credentials))
         # A member being killed or cut and a busy machine (a TLS handshake per member tried) can
         # take a first connection past 30 s: the harness's own client tries again, not the run.
-        for attempt in Retrying(retry=retry_if_exception_type(KazooTimeoutError), stop=stop_after_attempt(3),
-                                wait=wait_fixed(1.0), reraise=True):
+        for attempt in Retrying(
+            retry=retry_if_exception_type(KazooTimeoutError),
+            stop=stop_after_attempt(3),
+            wait=wait_fixed(1.0),
+            reraise=True,
+        ):
             with attempt:
                 zk.start(timeout=30)
         try:
@@ -1312,9 +1292,7 @@ class NamespaceCluster(_Cluster):
         harness still reaches all."""
         seen: list[int] = [self._index(h) for g in groups for h in g]
         if sorted(seen) != list(range(self.hosts)):
-            raise InvalidInput(
-                f"partition {groups!r}: every host 0..{self.hosts - 1} must be in exactly one group"
-            )
+            raise InvalidInput(f"partition {groups!r}: every host 0..{self.hosts - 1} must be in exactly one group")
         tag = f"partition-{groups!r}"
         for group in groups:
             others = [self.host_address(h) for h in range(self.hosts) if h not in group]
@@ -1355,17 +1333,13 @@ class NamespaceCluster(_Cluster):
         src, dst = self._index(src), self._index(dst)
         if src == dst:
             raise InvalidInput("cut_one_way needs two different hosts")
-        self._add_rules(
-            src, f"oneway-{src}-{dst}", [("output", f"ip daddr {self.host_address(dst)} drop")]
-        )
+        self._add_rules(src, f"oneway-{src}-{dst}", [("output", f"ip daddr {self.host_address(dst)} drop")])
         log.info("cut %s -> %s", self.host_name(src), self.host_name(dst))
 
     def _probe_netem(self) -> bool:
         """Whether ``tc ... netem`` works here (kernels built without sch_netem refuse it)."""
         outer, _ = self._veth(0)
-        done = _run(
-            ["tc", "qdisc", "add", "dev", outer, "root", "netem", "delay", "0ms"], check=False
-        )
+        done = _run(["tc", "qdisc", "add", "dev", outer, "root", "netem", "delay", "0ms"], check=False)
         if done.returncode != 0:
             log.warning(
                 "no packet delay on these hosts: tc netem failed (%s); slow() is not supported, "
@@ -1404,8 +1378,7 @@ class NamespaceCluster(_Cluster):
                 self.lossy(i, loss_pct)
                 return
             raise FaultNotSupported(
-                "slow needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM); "
-                "lossy() drops packets instead"
+                "slow needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM); lossy() drops packets instead"
             )
         outer, inner = self._veth(i)
         netem = ["netem", "delay", f"{delay_ms}ms", "loss", f"{loss_pct}%", "limit", "100000"]
@@ -1451,9 +1424,7 @@ class LoopbackCluster(_Cluster):
         super().__init__(*args, **kwargs)
         ports = free_ports(4 * self.hosts)
         n = self.hosts
-        self._members = [
-            MemberAddress("127.0.0.1", ports[i], ports[n + i], ports[2 * n + i]) for i in range(n)
-        ]
+        self._members = [MemberAddress("127.0.0.1", ports[i], ports[n + i], ports[2 * n + i]) for i in range(n)]
         self._replica_ports = ports[3 * n :]
         self._zk_proxies: list[list[TcpProxy]] = []
         self._client_proxies: list[TcpProxy] = []
@@ -1485,9 +1456,7 @@ class LoopbackCluster(_Cluster):
                 ]
             )
             host, port = self._replica_bind(i)
-            self._client_proxies.append(
-                TcpProxy(f"{host}:{port}", name=f"{PREFIX}-r{i + 1}").start()
-            )
+            self._client_proxies.append(TcpProxy(f"{host}:{port}", name=f"{PREFIX}-r{i + 1}").start())
 
     def _teardown(self) -> None:
         for proxy in [*self._client_proxies, *(p for ps in self._zk_proxies for p in ps)]:

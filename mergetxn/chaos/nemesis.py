@@ -41,7 +41,9 @@ from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
 HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
 PAUSE = (0.0, 0.3)  # seconds a lane waits between faults
 RECOVERY_LIMIT = 60.0  # a replica that commits no probe in this long after a heal: not recovered
-PROBE_TIMEOUT = 2.0  # a probe commit takes milliseconds; one stuck on a replica another lane froze must not hold the lane
+PROBE_TIMEOUT = (
+    2.0  # a probe commit takes milliseconds; one stuck on a replica another lane froze must not hold the lane
+)
 LANES = 3
 MIN_EACH = 3  # every kind this many times before the draw is uniform
 # Kinds whose fault is over when it is injected: no hold (a killed client is dead, an expiry
@@ -68,11 +70,21 @@ class ChaosCluster(Protocol):
 # ``supports()``, mergetxn.chaos.hosts.FAULT_KINDS); "kill-client" is the harness's own: any form;
 # "kill-executor" needs the Spark workload (the run adds "kill_executor" to what it supports).
 NEEDS: dict[str, str | None] = {
-    "kill-replica": "kill_replica", "pause-replica": "pause_replica", "kill-zk": "kill_zk",
-    "kill-zk-leader": "kill_zk", "isolate": "isolate", "partition-majority": "partition",
-    "cut-from-zk": "cut_from_zk", "bridge": "cut_one_way", "slow": "slow|lossy", "expire-session": "expire_session",
-    "wal-full": "fill_wal_disk", "kill-client": None, "kill-executor": "kill_executor",
-    "s3-errors": "s3_errors", "s3-timeouts": "s3_timeouts",  # with S3 storage only: mergetxn.chaos.s3
+    "kill-replica": "kill_replica",
+    "pause-replica": "pause_replica",
+    "kill-zk": "kill_zk",
+    "kill-zk-leader": "kill_zk",
+    "isolate": "isolate",
+    "partition-majority": "partition",
+    "cut-from-zk": "cut_from_zk",
+    "bridge": "cut_one_way",
+    "slow": "slow|lossy",
+    "expire-session": "expire_session",
+    "wal-full": "fill_wal_disk",
+    "kill-client": None,
+    "kill-executor": "kill_executor",
+    "s3-errors": "s3_errors",
+    "s3-timeouts": "s3_timeouts",  # with S3 storage only: mergetxn.chaos.s3
 }
 KINDS = list(NEEDS)
 
@@ -103,11 +115,15 @@ def choose_kinds(option: str, supported: set[str]) -> tuple[list[str], list[str]
         raise InvalidInput(f"unknown fault kind(s) {unknown}: choose from {', '.join(KINDS)}, 'all' or 'none'")
     missing = [k for k in asked if k not in can]
     if "kill-executor" in missing:
-        raise InvalidInput("fault kind kill-executor kills a Spark executor: it needs the Spark workload "
-                           "(--workload spark, or --spark)")
+        raise InvalidInput(
+            "fault kind kill-executor kills a Spark executor: it needs the Spark workload "
+            "(--workload spark, or --spark)"
+        )
     if missing:
-        raise InvalidInput(f"fault kind(s) {missing} need a cluster form that supports them "
-                           f"(this one supports {sorted(set(can))}); try --form namespaces")
+        raise InvalidInput(
+            f"fault kind(s) {missing} need a cluster form that supports them "
+            f"(this one supports {sorted(set(can))}); try --form namespaces"
+        )
     return list(dict.fromkeys(asked)), []
 
 
@@ -167,8 +183,9 @@ class Prober:
             raise result[0]
         return result[0]
 
-    def wait_serving(self, replicas: list[int], limit: float = RECOVERY_LIMIT,
-                     skip: Callable[[int], bool] = lambda i: False) -> list[int]:
+    def wait_serving(
+        self, replicas: list[int], limit: float = RECOVERY_LIMIT, skip: Callable[[int], bool] = lambda i: False
+    ) -> list[int]:
         """Probe each replica until it commits (bounded), all at once; returns those that never
         did. A replica for which ``skip`` turns true meanwhile (another lane is faulting it) is
         not waited for."""
@@ -185,8 +202,12 @@ class Prober:
 
         def wait(i: int) -> None:
             try:
-                Retrying(stop=stop_after_delay(limit), wait=wait_fixed(0.1), reraise=True,
-                         retry=retry_if_not_exception_type(_Skipped))(attempt, i)
+                Retrying(
+                    stop=stop_after_delay(limit),
+                    wait=wait_fixed(0.1),
+                    reraise=True,
+                    retry=retry_if_not_exception_type(_Skipped),
+                )(attempt, i)
             except _Skipped:
                 pass
             except Exception:
@@ -208,11 +229,20 @@ class Prober:
 class Nemesis:
     """Injects faults in ``lanes`` threads until :meth:`stop`; every fault ends healed."""
 
-    def __init__(self, cluster: ChaosCluster, kinds: list[str], seed: int, rec: Recorder,
-                 kill_client: Callable[[int, random.Random], str], lanes: int = LANES,
-                 hold: tuple[float, float] = HOLD, replica_names: list[str] | None = None,
-                 executors: ExecutorFaults | None = None, max_faults: int | None = None,
-                 pause: tuple[float, float] = PAUSE) -> None:
+    def __init__(
+        self,
+        cluster: ChaosCluster,
+        kinds: list[str],
+        seed: int,
+        rec: Recorder,
+        kill_client: Callable[[int, random.Random], str],
+        lanes: int = LANES,
+        hold: tuple[float, float] = HOLD,
+        replica_names: list[str] | None = None,
+        executors: ExecutorFaults | None = None,
+        max_faults: int | None = None,
+        pause: tuple[float, float] = PAUSE,
+    ) -> None:
         """``replica_names``: how targets name replica i (its host id), default ``r<i>``;
         ``executors``: the Spark side, for ``kill-executor``; ``max_faults``: stop after that
         many faults (None: until :meth:`stop`); ``pause``: the range of seconds a lane waits
@@ -240,8 +270,10 @@ class Nemesis:
         self._held: dict[int | str, frozenset[str]] = {}  # by lane, and by a restart under way
         self._healers: list[threading.Thread] = []
         self._tokens = itertools.count()
-        self._threads = [threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
-                         for n in range(lanes if kinds else 0)]
+        self._threads = [
+            threading.Thread(target=self._lane, args=(n,), name=f"nemesis-{n}", daemon=True)
+            for n in range(lanes if kinds else 0)
+        ]
         if not self._threads:
             self.finished.set()
 
@@ -275,11 +307,20 @@ class Nemesis:
         host_name = getattr(c, "host_name", None)
         hname = [host_name(i) if host_name else f"host{i}" for i in range(n)]
 
-        def replica_plans(kind: str, inject: Callable[[int], str], heal: Callable[[int], None],
-                          extra: frozenset[str] = frozenset()) -> None:
+        def replica_plans(
+            kind: str, inject: Callable[[int], str], heal: Callable[[int], None], extra: frozenset[str] = frozenset()
+        ) -> None:
             for i in range(n):
-                out.append(Plan(kind, rname[i], frozenset({f"replica{i}"}) | extra,
-                                (lambda i=i: inject(i)), (lambda i=i: heal(i)), i))
+                out.append(
+                    Plan(
+                        kind,
+                        rname[i],
+                        frozenset({f"replica{i}"}) | extra,
+                        (lambda i=i: inject(i)),
+                        (lambda i=i: heal(i)),
+                        i,
+                    )
+                )
 
         def done(text: str) -> Callable[[int], str]:
             return lambda i: text
@@ -289,8 +330,12 @@ class Nemesis:
         elif kind == "pause-replica":
             replica_plans(kind, lambda i: (c.pause_replica(i), "SIGSTOP")[1], lambda i: c.resume_replica(i))
         elif kind == "expire-session":  # the hosts' forms cut the replica from ZooKeeper: a network fault
-            replica_plans(kind, lambda i: (c.expire_session(i), "session expired and reconnected")[1],
-                          lambda i: None, frozenset({"net"}))
+            replica_plans(
+                kind,
+                lambda i: (c.expire_session(i), "session expired and reconnected")[1],
+                lambda i: None,
+                frozenset({"net"}),
+            )
         elif kind == "wal-full":
             replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
         elif kind == "kill-client":
@@ -300,8 +345,15 @@ class Nemesis:
             out.append(Plan(kind, "executor", frozenset({"spark"}), lambda: ex.kill(rng), ex.restore))
         elif kind == "kill-zk":
             for i in range(n):
-                out.append(Plan(kind, f"zk@{hname[i]}", frozenset({"zk"}),
-                                (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]), (lambda i=i: c.start_zk(i))))
+                out.append(
+                    Plan(
+                        kind,
+                        f"zk@{hname[i]}",
+                        frozenset({"zk"}),
+                        (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
+                        (lambda i=i: c.start_zk(i)),
+                    )
+                )
         elif kind == "kill-zk-leader":
             member: dict[str, int] = {}
 
@@ -309,14 +361,30 @@ class Nemesis:
                 leader = c.zk_leader()
                 member["i"] = rng.randrange(n) if leader is None else leader
                 c.kill_zk(member["i"])
-                return f"SIGKILL zk@{hname[member['i']]}" + (" (leader)" if leader is not None else " (no leader known)")
+                return f"SIGKILL zk@{hname[member['i']]}" + (
+                    " (leader)" if leader is not None else " (no leader known)"
+                )
 
-            out.append(Plan(kind, "zk-leader", frozenset({"zk"}), kill_leader,
-                            lambda: c.start_zk(member["i"]) if "i" in member else None))
+            out.append(
+                Plan(
+                    kind,
+                    "zk-leader",
+                    frozenset({"zk"}),
+                    kill_leader,
+                    lambda: c.start_zk(member["i"]) if "i" in member else None,
+                )
+            )
         elif kind == "isolate":
             for i in range(n):
-                out.append(Plan(kind, hname[i], frozenset({"net", "zk", f"replica{i}"}),
-                                (lambda i=i: (c.isolate(i), "host cut from every other host")[1]), c.heal))
+                out.append(
+                    Plan(
+                        kind,
+                        hname[i],
+                        frozenset({"net", "zk", f"replica{i}"}),
+                        (lambda i=i: (c.isolate(i), "host cut from every other host")[1]),
+                        c.heal,
+                    )
+                )
         elif kind == "partition-majority":
             hosts = list(range(n))
             rng.shuffle(hosts)
@@ -324,13 +392,26 @@ class Nemesis:
             majority = [h for h in hosts if h not in minority]
             groups = [sorted(majority), sorted(minority)]
             label = "|".join(",".join(hname[h] for h in g) for g in groups)
-            out.append(Plan(kind, label, frozenset({"net", "zk"}),
-                            lambda: (c.partition(groups), f"{label} (majority|minority)")[1], c.heal))
+            out.append(
+                Plan(
+                    kind,
+                    label,
+                    frozenset({"net", "zk"}),
+                    lambda: (c.partition(groups), f"{label} (majority|minority)")[1],
+                    c.heal,
+                )
+            )
         elif kind == "cut-from-zk":
             for i in range(n):
-                out.append(Plan(kind, rname[i], frozenset({"net", f"replica{i}"}),
-                                (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
-                                c.heal))
+                out.append(
+                    Plan(
+                        kind,
+                        rname[i],
+                        frozenset({"net", f"replica{i}"}),
+                        (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
+                        c.heal,
+                    )
+                )
         elif kind == "bridge" and n >= 3:
             a, b, m = rng.sample(range(n), 3)
 
@@ -349,14 +430,26 @@ class Nemesis:
             for i in range(n):
                 delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
                 if delays:
-                    out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
-                                    (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
-                                    c.heal))
+                    out.append(
+                        Plan(
+                            kind,
+                            hname[i],
+                            frozenset({"net", "zk"}),
+                            (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
+                            c.heal,
+                        )
+                    )
                 else:
                     loss = rng.choice([5, 10, 20, 30])
-                    out.append(Plan(kind, hname[i], frozenset({"net", "zk"}),
-                                    (lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]),
-                                    c.heal))
+                    out.append(
+                        Plan(
+                            kind,
+                            hname[i],
+                            frozenset({"net", "zk"}),
+                            (lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]),
+                            c.heal,
+                        )
+                    )
         elif kind in ("s3-errors", "s3-timeouts"):
             from mergetxn.chaos import s3
 
@@ -467,13 +560,16 @@ class Nemesis:
         notes = []
         if down:  # a replica whose restart failed or is under way: the end of the run tries again
             notes.append(f"not probed, not running: {[self.replica_names[i] for i in down]}")
-        failed = prober.wait_serving([i for i in range(self.cluster.hosts) if i not in down and i != mine],
-                                     skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i))
+        failed = prober.wait_serving(
+            [i for i in range(self.cluster.hosts) if i not in down and i != mine],
+            skip=lambda i: self._abort.is_set() or self._held_by_others(lane, i),
+        )
         if self._abort.is_set():
             failed, notes = [], [*notes, "recovery not measured (run interrupted)"]
         if failed:
-            notes.append(f"replica(s) {[self.replica_names[i] for i in failed]} served no commit within "
-                         f"{RECOVERY_LIMIT:g}s")
+            notes.append(
+                f"replica(s) {[self.replica_names[i] for i in failed]} served no commit within {RECOVERY_LIMIT:g}s"
+            )
         with self._lock:
             measures["lane"] = None if failed or self._abort.is_set() else self.rec.now()
             fault.detail += "".join(f"; {n}" for n in notes)

@@ -95,17 +95,13 @@ class Relay:
                     break
                 proxy.wait_flowing()  # what arrived during a partition is held, not delivered
                 if proxy.drop and random.random() < proxy.drop:
-                    log.info(
-                        "%s: dropping a connection (drop probability %s)", proxy.name, proxy.drop
-                    )
+                    log.info("%s: dropping a connection (drop probability %s)", proxy.name, proxy.drop)
                     self.close(reset=True)
                     return
                 due = time.monotonic() + proxy.delay
                 if proxy.loss and random.random() < proxy.loss:
                     due += proxy.loss_penalty
-                last_due = max(
-                    last_due, due
-                )  # TCP delivers in order: nothing overtakes a late chunk
+                last_due = max(last_due, due)  # TCP delivers in order: nothing overtakes a late chunk
                 outbox.put((last_due, data))
         except OSError:
             pass
@@ -180,9 +176,7 @@ class TcpProxy:
         self.loss_penalty = 0.2
         #: probability that a chunk resets its connection
         self.drop = 0.0
-        self._thread = threading.Thread(
-            target=self._accept_loop, name=f"{name}-accept", daemon=True
-        )
+        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
 
     @property
     def address(self) -> str:

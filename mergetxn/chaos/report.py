@@ -27,10 +27,20 @@ from mergetxn.chaos.history import Fault, History, Op
 FILES = ("history.jsonl", "findings.json", "summary.json", "timeline.html")
 OUTCOME_COLOURS = {"committed": "#2e9e44", "aborted": "#e8a33d", "indeterminate": "#d62728"}
 FAULT_COLOURS = {
-    "kill-replica": "#d62728", "pause-replica": "#9467bd", "kill-zk": "#8c564b", "kill-zk-leader": "#e377c2",
-    "isolate": "#1f77b4", "partition-majority": "#17becf", "cut-from-zk": "#bcbd22", "bridge": "#7f7f7f",
-    "slow": "#ff7f0e", "expire-session": "#393b79", "wal-full": "#637939", "kill-client": "#843c39",
-    "s3-errors": "#e6550d", "s3-timeouts": "#fdae6b",
+    "kill-replica": "#d62728",
+    "pause-replica": "#9467bd",
+    "kill-zk": "#8c564b",
+    "kill-zk-leader": "#e377c2",
+    "isolate": "#1f77b4",
+    "partition-majority": "#17becf",
+    "cut-from-zk": "#bcbd22",
+    "bridge": "#7f7f7f",
+    "slow": "#ff7f0e",
+    "expire-session": "#393b79",
+    "wal-full": "#637939",
+    "kill-client": "#843c39",
+    "s3-errors": "#e6550d",
+    "s3-timeouts": "#fdae6b",
 }
 WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 # Errors a transaction meets under faults by design; any other class is worth a look even when
@@ -50,8 +60,11 @@ def finding_dict(finding: Any) -> dict[str, Any]:
         return dataclasses.asdict(finding)
     if isinstance(finding, dict):
         return dict(finding)
-    return {"kind": getattr(finding, "kind", "?"), "message": getattr(finding, "message", str(finding)),
-            "ops": list(getattr(finding, "ops", []) or [])}
+    return {
+        "kind": getattr(finding, "kind", "?"),
+        "message": getattr(finding, "message", str(finding)),
+        "ops": list(getattr(finding, "ops", []) or []),
+    }
 
 
 def describe(finding: Any) -> str:
@@ -104,23 +117,35 @@ def summarize(history: History, findings: list[Any], extra: dict[str, Any] | Non
     for kind in sorted({f.kind for f in history.faults}):
         of_kind = [f for f in history.faults if f.kind == kind]
         times = [r for f in of_kind if (r := recovery(f)) is not None]
-        faults[kind] = {"count": len(of_kind), "recovery_p50": _pct(times, 50),
-                        "recovery_max": round(max(times), 3) if times else None,
-                        "unrecovered": sum(1 for f in of_kind if f.recovered is None),
-                        "held_mean": round(statistics.fmean(f.end - f.start for f in of_kind), 3)}
+        faults[kind] = {
+            "count": len(of_kind),
+            "recovery_p50": _pct(times, 50),
+            "recovery_max": round(max(times), 3) if times else None,
+            "unrecovered": sum(1 for f in of_kind if f.recovered is None),
+            "held_mean": round(statistics.fmean(f.end - f.start for f in of_kind), 3),
+        }
     commits = [o.csn for o in ops if o.outcome == "committed" and o.csn is not None]
     h = history.header
     return {
-        "seed": h.seed, "form": h.form, "workload": h.workload, "nemesis": h.nemesis, "started": h.started,
+        "seed": h.seed,
+        "form": h.form,
+        "workload": h.workload,
+        "nemesis": h.nemesis,
+        "started": h.started,
         "duration": round(max([0.0, *(o.end for o in ops), *(f.end for f in history.faults)]), 3),
-        "ops": {"total": len(ops), "by_outcome": dict(by_outcome),
-                "by_workload": {w: dict(c) for w, c in sorted(by_workload.items())},
-                "aborted_by_error": dict(errors.most_common()), "resolved": dict(resolved),
-                "unresolved": by_outcome.get("indeterminate", 0),
-                "unexpected_errors": dict(unexpected.most_common()),
-                "unexpected_examples": {e: next({"index": o.index, "message": o.message[:300]} for o in ops
-                                                if o.error == e) for e in unexpected},
-                "max_csn": max(commits, default=None)},
+        "ops": {
+            "total": len(ops),
+            "by_outcome": dict(by_outcome),
+            "by_workload": {w: dict(c) for w, c in sorted(by_workload.items())},
+            "aborted_by_error": dict(errors.most_common()),
+            "resolved": dict(resolved),
+            "unresolved": by_outcome.get("indeterminate", 0),
+            "unexpected_errors": dict(unexpected.most_common()),
+            "unexpected_examples": {
+                e: next({"index": o.index, "message": o.message[:300]} for o in ops if o.error == e) for e in unexpected
+            },
+            "max_csn": max(commits, default=None),
+        },
         "faults": {"total": len(history.faults), "by_kind": faults},
         "anomalies": _anomalies(findings),
         "findings": len(findings),
@@ -141,14 +166,22 @@ def write_report(history: History, findings: list[Any], summary: dict[str, Any],
 def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, limit: int = 30) -> None:
     """Faults by kind (count, recovery p50/max), transactions by outcome and workload, anomalies."""
     s = summary
-    out.print(f"[bold]chaos run[/] seed {s['seed']}, form {escape(str(s['form']))}, workload "
-              f"{escape(str(s['workload']))}, {s['duration']:.1f}s")
+    out.print(
+        f"[bold]chaos run[/] seed {s['seed']}, form {escape(str(s['form']))}, workload "
+        f"{escape(str(s['workload']))}, {s['duration']:.1f}s"
+    )
     ft = Table(title=f"faults ({s['faults']['total']})", title_justify="left")
     for col in ("kind", "count", "held mean s", "recovery p50 s", "recovery max s", "unrecovered"):
         ft.add_column(col, justify="left" if col == "kind" else "right")
     for kind, f in s["faults"]["by_kind"].items():
-        ft.add_row(kind, str(f["count"]), f"{f['held_mean']:.2f}", _num(f["recovery_p50"]), _num(f["recovery_max"]),
-                   str(f["unrecovered"]))
+        ft.add_row(
+            kind,
+            str(f["count"]),
+            f"{f['held_mean']:.2f}",
+            _num(f["recovery_p50"]),
+            _num(f["recovery_max"]),
+            str(f["unrecovered"]),
+        )
     out.print(ft)
     ot = Table(title=f"transactions ({s['ops']['total']})", title_justify="left")
     outcomes = ["committed", "aborted", "indeterminate"]
@@ -162,21 +195,29 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
         out.print("aborted by error: " + ", ".join(f"{k} {v}" for k, v in s["ops"]["aborted_by_error"].items()))
     for error, n in s["ops"].get("unexpected_errors", {}).items():
         example = s["ops"].get("unexpected_examples", {}).get(error)
-        out.print(f"[yellow]unexpected error {escape(error)} in {n} transaction(s)"
-                  + (f", e.g. op {example['index']}: {escape(example['message'])}" if example else "") + "[/]",
-                  soft_wrap=True)
+        out.print(
+            f"[yellow]unexpected error {escape(error)} in {n} transaction(s)"
+            + (f", e.g. op {example['index']}: {escape(example['message'])}" if example else "")
+            + "[/]",
+            soft_wrap=True,
+        )
     if s["ops"]["resolved"]:
-        out.print("indeterminate, resolved by commit_status: "
-                  + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items()))
+        out.print(
+            "indeterminate, resolved by commit_status: "
+            + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items())
+        )
     for problem in s.get("problems") or []:
         out.print(f"[yellow]harness: {escape(problem)}[/]")
     for reason in s.get("incomplete") or []:
         out.print(f"[bold red]check incomplete: {escape(reason)}[/]", soft_wrap=True)
     if not findings:
-        out.print("[bold green]no anomaly found[/]" if not s.get("incomplete") else "no anomaly found in what was checked")
+        out.print(
+            "[bold green]no anomaly found[/]" if not s.get("incomplete") else "no anomaly found in what was checked"
+        )
         return
-    out.print(f"[bold red]{len(findings)} finding(s):[/] "
-              + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items() if v))
+    out.print(
+        f"[bold red]{len(findings)} finding(s):[/] " + ", ".join(f"{k} {v}" for k, v in s["anomalies"].items() if v)
+    )
     for f in findings[:limit]:
         out.print(f"  [red]{escape(describe(f))}[/]", soft_wrap=True)
     if len(findings) > limit:
@@ -202,10 +243,12 @@ def _op_title(o: Op) -> str:
     mops = " ".join(json.dumps(m, separators=(",", ":")) for m in o.mops)
     if len(mops) > 300:
         mops = mops[:300] + "..."
-    lines = [f"op {o.index} client {o.process} on replica #{o.replica} ({o.workload}) {o.start:.2f}-{o.end:.2f}s",
-             f"{o.tid or 'no tid'} snapshot {o.snapshot}",
-             f"{o.outcome}" + (f" at CSN {o.csn}" if o.csn is not None else "") + (f" ({o.error})" if o.error else ""),
-             mops]
+    lines = [
+        f"op {o.index} client {o.process} on replica #{o.replica} ({o.workload}) {o.start:.2f}-{o.end:.2f}s",
+        f"{o.tid or 'no tid'} snapshot {o.snapshot}",
+        f"{o.outcome}" + (f" at CSN {o.csn}" if o.csn is not None else "") + (f" ({o.error})" if o.error else ""),
+        mops,
+    ]
     if o.resolved:
         lines.append(f"resolved: {o.resolved}")
     if o.message:
@@ -244,11 +287,15 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
     axis_y = top + lanes_h + 4
     csn_top, csn_h = axis_y + 40, 170
     height = csn_top + csn_h + 40
-    svg: list[str] = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                      f'font-family="sans-serif" font-size="11">']
-    svg.append('<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
-               'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#888" '
-               'stroke-width="1.5" stroke-opacity="0.35"/></pattern></defs>')
+    svg: list[str] = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="sans-serif" font-size="11">'
+    ]
+    svg.append(
+        '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
+        'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#888" '
+        'stroke-width="1.5" stroke-opacity="0.35"/></pattern></defs>'
+    )
     step = _nice_step(end)
     # grid and axis
     t = 0.0
@@ -257,27 +304,37 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         svg.append(f'<line x1="{gx:.1f}" y1="{top - 4}" x2="{gx:.1f}" y2="{csn_top + csn_h}" stroke="#eee"/>')
         svg.append(f'<text x="{gx:.1f}" y="{axis_y + 14}" text-anchor="middle" fill="#444">{t:g}</text>')
         t += step
-    svg.append(f'<text x="{left + plot_w / 2:.0f}" y="{axis_y + 30}" text-anchor="middle" fill="#222">'
-               'seconds since the run began</text>')
+    svg.append(
+        f'<text x="{left + plot_w / 2:.0f}" y="{axis_y + 30}" text-anchor="middle" fill="#222">'
+        "seconds since the run began</text>"
+    )
     svg.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" stroke="#444"/>')
     # fault bands (behind the bars), their recovery as hatching, labels above
     for f, row in placed:
         colour = FAULT_COLOURS.get(f.kind, "#999")
         x0, x1 = x(f.start), max(x(f.end), x(f.start) + 1.5)
-        title = esc(f"{f.kind} {f.target} {f.start:.2f}-{f.end:.2f}s: {f.detail}"
-                    + (f"; recovered after {f.recovered - f.end:.2f}s" if f.recovered is not None else "; not recovered"))
-        svg.append(f'<g><title>{title}</title>'
-                   f'<rect x="{x0:.1f}" y="{top - 2}" width="{x1 - x0:.1f}" height="{lanes_h + 4}" fill="{colour}" '
-                   f'fill-opacity="0.16"/>'
-                   f'<rect x="{x0:.1f}" y="{csn_top}" width="{x1 - x0:.1f}" height="{csn_h}" fill="{colour}" '
-                   f'fill-opacity="0.10"/>')
+        title = esc(
+            f"{f.kind} {f.target} {f.start:.2f}-{f.end:.2f}s: {f.detail}"
+            + (f"; recovered after {f.recovered - f.end:.2f}s" if f.recovered is not None else "; not recovered")
+        )
+        svg.append(
+            f"<g><title>{title}</title>"
+            f'<rect x="{x0:.1f}" y="{top - 2}" width="{x1 - x0:.1f}" height="{lanes_h + 4}" fill="{colour}" '
+            f'fill-opacity="0.16"/>'
+            f'<rect x="{x0:.1f}" y="{csn_top}" width="{x1 - x0:.1f}" height="{csn_h}" fill="{colour}" '
+            f'fill-opacity="0.10"/>'
+        )
         if f.recovered is not None and f.recovered > f.end:
-            svg.append(f'<rect x="{x1:.1f}" y="{top - 2}" width="{max(0.5, x(f.recovered) - x1):.1f}" '
-                       f'height="{lanes_h + 4}" fill="url(#hatch)"/>')
+            svg.append(
+                f'<rect x="{x1:.1f}" y="{top - 2}" width="{max(0.5, x(f.recovered) - x1):.1f}" '
+                f'height="{lanes_h + 4}" fill="url(#hatch)"/>'
+            )
         ly = 16 + row * label_h
-        svg.append(f'<line x1="{x0:.1f}" y1="{ly + 2}" x2="{x0:.1f}" y2="{top - 2}" stroke="{colour}" '
-                   f'stroke-opacity="0.6"/><text x="{x0 + 2:.1f}" y="{ly}" fill="{colour}">'
-                   f'{esc(f.kind)} {esc(f.target)}</text></g>')
+        svg.append(
+            f'<line x1="{x0:.1f}" y1="{ly + 2}" x2="{x0:.1f}" y2="{top - 2}" stroke="{colour}" '
+            f'stroke-opacity="0.6"/><text x="{x0 + 2:.1f}" y="{ly}" fill="{colour}">'
+            f"{esc(f.kind)} {esc(f.target)}</text></g>"
+        )
     # lanes and bars
     for n, p in enumerate(lanes):
         y = top + n * (lane_h + lane_gap)
@@ -289,8 +346,10 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         x0 = x(o.start)
         w = max(1.0, x(o.end) - x0)
         stroke = ' stroke="#d62728" stroke-width="1.5"' if o.resolved else ""
-        svg.append(f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
-                   f'fill="{OUTCOME_COLOURS.get(o.outcome, "#999")}"{stroke}><title>{esc(_op_title(o))}</title></rect>')
+        svg.append(
+            f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
+            f'fill="{OUTCOME_COLOURS.get(o.outcome, "#999")}"{stroke}><title>{esc(_op_title(o))}</title></rect>'
+        )
     # commits by CSN
     commits = [o for o in ops if o.outcome == "committed" and o.csn is not None]
     svg.append(f'<rect x="{left}" y="{csn_top}" width="{plot_w}" height="{csn_h}" fill="none" stroke="#999"/>')
@@ -306,29 +365,45 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         wl = sorted({o.workload for o in commits})
         colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
         for o in commits:
-            svg.append(f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
-                       f'<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on replica #{o.replica}</title></circle>')
+            svg.append(
+                f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
+                f"<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on replica #{o.replica}</title></circle>"
+            )
     else:
         wl, colour = [], {}
     svg.append("</svg>")
     # legend and page
-    legend = "".join(f'<span class="key"><i style="background:{c}"></i>{esc(k)}</span>'
-                     for k, c in OUTCOME_COLOURS.items())
-    legend += '<span class="key"><i style="background:#2e9e44;outline:2px solid #d62728"></i>' \
-              'indeterminate, resolved later (fill: the outcome learnt)</span>'
+    legend = "".join(
+        f'<span class="key"><i style="background:{c}"></i>{esc(k)}</span>' for k, c in OUTCOME_COLOURS.items()
+    )
+    legend += (
+        '<span class="key"><i style="background:#2e9e44;outline:2px solid #d62728"></i>'
+        "indeterminate, resolved later (fill: the outcome learnt)</span>"
+    )
     kinds = sorted({f.kind for f in faults})
-    fault_legend = "".join(f'<span class="key"><i style="background:{FAULT_COLOURS.get(k, "#999")};opacity:.5">'
-                           f'</i>{esc(k)}</span>' for k in kinds)
-    fault_legend += '<span class="key"><i style="background:repeating-linear-gradient(45deg,#bbb 0 2px,#fff 2px 5px)">' \
-                    '</i>until every replica committed again</span>' if kinds else ""
-    wl_legend = "".join(f'<span class="key"><i style="background:{colour[w]};border-radius:50%"></i>{esc(w)}</span>'
-                        for w in wl)
+    fault_legend = "".join(
+        f'<span class="key"><i style="background:{FAULT_COLOURS.get(k, "#999")};opacity:.5"></i>{esc(k)}</span>'
+        for k in kinds
+    )
+    fault_legend += (
+        '<span class="key"><i style="background:repeating-linear-gradient(45deg,#bbb 0 2px,#fff 2px 5px)">'
+        "</i>until every replica committed again</span>"
+        if kinds
+        else ""
+    )
+    wl_legend = "".join(
+        f'<span class="key"><i style="background:{colour[w]};border-radius:50%"></i>{esc(w)}</span>' for w in wl
+    )
     h = history.header
     counts = Counter(o.outcome for o in ops)
     verdict_html = "".join(f'<p class="bad">check incomplete: {esc(r)}</p>' for r in incomplete or [])
-    verdict_html += ('<p class="ok">no anomaly found</p>' if not findings else
-                    f'<p class="bad">{len(findings)} finding(s)</p><ul>'
-                    + "".join(f"<li>{esc(describe(f))}</li>" for f in findings[:50]) + "</ul>")
+    verdict_html += (
+        '<p class="ok">no anomaly found</p>'
+        if not findings
+        else f'<p class="bad">{len(findings)} finding(s)</p><ul>'
+        + "".join(f"<li>{esc(describe(f))}</li>" for f in findings[:50])
+        + "</ul>"
+    )
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>mergetxn chaos: seed {h.seed}</title>
 <style>
@@ -340,12 +415,12 @@ body {{ font-family: sans-serif; margin: 16px; color: #222; }}
 </style></head><body>
 <h2>mergetxn chaos run, seed {h.seed}</h2>
 <p class="meta">form {esc(h.form)}, workload {esc(h.workload)}, started {esc(h.started)};
-{len(ops)} transactions ({counts.get('committed', 0)} committed, {counts.get('aborted', 0)} aborted,
-{counts.get('indeterminate', 0)} unresolved), {len(faults)} faults; hover a bar or a band for details.</p>
+{len(ops)} transactions ({counts.get("committed", 0)} committed, {counts.get("aborted", 0)} aborted,
+{counts.get("indeterminate", 0)} unresolved), {len(faults)} faults; hover a bar or a band for details.</p>
 {verdict_html}
 <p>transactions: {legend}</p>
-<p>faults: {fault_legend or 'none'}</p>
-<p>commits by CSN (lower panel, in commit order; a new epoch makes CSNs jump): {wl_legend or 'none'}</p>
-{''.join(svg)}
+<p>faults: {fault_legend or "none"}</p>
+<p>commits by CSN (lower panel, in commit order; a new epoch makes CSNs jump): {wl_legend or "none"}</p>
+{"".join(svg)}
 </body></html>
 """

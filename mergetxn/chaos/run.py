@@ -87,8 +87,14 @@ SESSION_TIMEOUT = 2.0
 # a 5 s history window, so cleanup collects within the run while reads of recent snapshots and
 # changes lean on the window (docs/rules.md#history-retention).
 REPLICA_SETTINGS: dict[str, float | int] = {
-    "merge_interval": 0.5, "merge_min_parts": 4, "major_idle_seconds": 3.0, "gc_interval": 2.0,
-    "gc_grace_seconds": 20.0, "checkpoint_every": 500, "retain_entries": 1000, "local_checkpoint_every": 500,
+    "merge_interval": 0.5,
+    "merge_min_parts": 4,
+    "major_idle_seconds": 3.0,
+    "gc_interval": 2.0,
+    "gc_grace_seconds": 20.0,
+    "checkpoint_every": 500,
+    "retain_entries": 1000,
+    "local_checkpoint_every": 500,
     "retention_seconds": 5.0,
 }
 RESOLVE_LIMIT = 60.0  # seconds to learn one indeterminate outcome
@@ -112,14 +118,26 @@ class SingleHostCluster:
 
     form = "single"
 
-    def __init__(self, workdir: str | os.PathLike, hosts: int = 3, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None,
-                 secure: bool = False) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        hosts: int = 3,
+        session_timeout: float = SESSION_TIMEOUT,
+        replica_settings: dict[str, float | int] | None = None,
+        storage_url: str | None = None,
+        secure: bool = False,
+    ) -> None:
         self.workdir = Path(workdir).resolve()
         self.hosts = hosts
         self.secure = bool(secure)
-        self._local = LocalCluster(self.workdir, replicas=hosts, storage_url=storage_url,
-                                   session_timeout=session_timeout, settings=replica_settings, secure=secure)
+        self._local = LocalCluster(
+            self.workdir,
+            replicas=hosts,
+            storage_url=storage_url,
+            session_timeout=session_timeout,
+            settings=replica_settings,
+            secure=secure,
+        )
         self.services: list[Any] = []  # started before ZooKeeper and the replicas (S3 storage)
 
     @property
@@ -201,8 +219,11 @@ class SingleHostCluster:
         """Record what runs, so :func:`cleanup_single` can stop it after a crashed harness
         (replica processes run in sessions of their own and outlive their parent)."""
         zk = self._local.zk
-        pids = [p for p in [zk.pid if zk is not None else None,
-                            *(self._local.replica_pid(i) for i in range(self.hosts))] if p]
+        pids = [
+            p
+            for p in [zk.pid if zk is not None else None, *(self._local.replica_pid(i) for i in range(self.hosts))]
+            if p
+        ]
         (self.workdir / PIDS_FILE).write_text(json.dumps(pids))
 
 
@@ -250,9 +271,14 @@ def cleanup(workdir: Path) -> list[str]:
     return done
 
 
-def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIMEOUT,
-                 replica_settings: dict[str, float | int] | None = None, storage_url: str | None = None,
-                 secure: bool = False) -> Any:
+def open_cluster(
+    form: str,
+    workdir: Path,
+    session_timeout: float = SESSION_TIMEOUT,
+    replica_settings: dict[str, float | int] | None = None,
+    storage_url: str | None = None,
+    secure: bool = False,
+) -> Any:
     """The cluster for ``form`` (not started). ``auto``: namespaces when this machine can make
     them, else loopback (``hosts.make_cluster`` decides and says why). ``storage_url``: where
     the parts are (default: a directory in ``workdir``). ``secure``: TLS, users and grants, the
@@ -265,11 +291,23 @@ def open_cluster(form: str, workdir: Path, session_timeout: float = SESSION_TIME
     from mergetxn.chaos import hosts
 
     if form == "auto":
-        return hosts.make_cluster(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings,
-                                  storage_url=storage_url, secure=secure)
+        return hosts.make_cluster(
+            workdir,
+            hosts=3,
+            session_timeout=session_timeout,
+            replica_settings=settings,
+            storage_url=storage_url,
+            secure=secure,
+        )
     cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(workdir, hosts=3, session_timeout=session_timeout, replica_settings=settings, storage_url=storage_url,
-               secure=secure)
+    return cls(
+        workdir,
+        hosts=3,
+        session_timeout=session_timeout,
+        replica_settings=settings,
+        storage_url=storage_url,
+        secure=secure,
+    )
 
 
 @contextlib.contextmanager
@@ -312,9 +350,11 @@ class SparkSide:
 
             others = list(range(1, n)) or [0]
             self.standalone = SparkStandalone(
-                self.workdir / "standalone", master_host=cluster.host_address(0),
+                self.workdir / "standalone",
+                master_host=cluster.host_address(0),
                 worker_hosts=[cluster.host_address(i) for i in others],
-                netns=[cluster.namespace(0), *(cluster.namespace(i) for i in others)])
+                netns=[cluster.namespace(0), *(cluster.namespace(i) for i in others)],
+            )
             self.driver_host = BRIDGE_ADDRESS
         else:
             self.standalone = SparkStandalone(self.workdir / "standalone")
@@ -344,12 +384,15 @@ class SparkSide:
         self.standalone.start()
         self.timings["standalone"] = round(time.monotonic() - t0, 1)
         os.environ["SPARK_LOCAL_IP"] = self.driver_host  # the driver's own address (else it warns)
-        self.session = self.standalone.session("mergetxn-chaos", driver_host=self.driver_host, log_level="WARN",
-                                               **self.standalone.driver_log_conf())
+        self.session = self.standalone.session(
+            "mergetxn-chaos", driver_host=self.driver_host, log_level="WARN", **self.standalone.driver_log_conf()
+        )
         self.app_id = self.session.sparkContext.applicationId
         if not self._wait_registered(120.0):
-            raise RuntimeError(f"Spark: {len(self.registered())} of {self.executors_wanted} executors registered "
-                               f"with the driver within 120s (logs in {self.standalone.workdir})")
+            raise RuntimeError(
+                f"Spark: {len(self.registered())} of {self.executors_wanted} executors registered "
+                f"with the driver within 120s (logs in {self.standalone.workdir})"
+            )
         self.timings["executors"] = round(time.monotonic() - t0, 1)
         self._warm_up()
         self.timings["start"] = round(time.monotonic() - t0, 1)
@@ -377,12 +420,32 @@ class SparkSide:
                 return False
             time.sleep(0.2)
 
-    def start_jobs(self, first_process: int, addresses: Callable[[], list[str]], hosts: int, rec: Recorder,
-                   stop: threading.Event, rng: random.Random, jobs: int = SPARK_JOBS) -> None:
+    def start_jobs(
+        self,
+        first_process: int,
+        addresses: Callable[[], list[str]],
+        hosts: int,
+        rec: Recorder,
+        stop: threading.Event,
+        rng: random.Random,
+        jobs: int = SPARK_JOBS,
+    ) -> None:
         from mergetxn.chaos.spark_workload import SparkWorker
 
-        self.workers = [SparkWorker(first_process + j, j % hosts, addresses, self.workload, self.session, rec, stop,
-                                    rng.randrange(2**31), timeout=CLIENT_TIMEOUT) for j in range(jobs)]
+        self.workers = [
+            SparkWorker(
+                first_process + j,
+                j % hosts,
+                addresses,
+                self.workload,
+                self.session,
+                rec,
+                stop,
+                rng.randrange(2**31),
+                timeout=CLIENT_TIMEOUT,
+            )
+            for j in range(jobs)
+        ]
         for w in self.workers:
             w.start()
 
@@ -405,8 +468,9 @@ class SparkSide:
         loses one executor at most: its retried tasks are spared, so it can finish (on two
         executors that each take seconds to replace, a job hit again and again never would)."""
         self._victim = None
-        victim, how, job = self.standalone.kill_executor_mid_task(self.marks, started_within=self.task_delay,
-                                                                  app_id=self.app_id, spare=self._hit)
+        victim, how, job = self.standalone.kill_executor_mid_task(
+            self.marks, started_within=self.task_delay, app_id=self.app_id, spare=self._hit
+        )
         if victim is None or job is None:
             raise NothingToFault(how)
         self._victim = victim
@@ -422,8 +486,10 @@ class SparkSide:
         if not self.standalone.wait_gone(victim.pid, 10.0):
             raise RuntimeError(f"executor {victim.executor_id} (pid {victim.pid}) still runs 10s after SIGKILL")
         if not self._wait_registered(RECOVERY_LIMIT, without=victim.executor_id):
-            raise RuntimeError(f"{len(self.registered())} of {self.executors_wanted} executors registered "
-                               f"{RECOVERY_LIMIT:g}s after executor {victim.executor_id} was killed")
+            raise RuntimeError(
+                f"{len(self.registered())} of {self.executors_wanted} executors registered "
+                f"{RECOVERY_LIMIT:g}s after executor {victim.executor_id} was killed"
+            )
 
     def stop(self) -> list[str]:
         """Stop the session and the standalone cluster (nothing of it is left); returns errors."""
@@ -484,8 +550,9 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
 
 
 def _retrying(limit: float, wait: float = 0.2) -> Retrying:
-    return Retrying(stop=stop_after_delay(limit), wait=wait_fixed(wait), retry=retry_if_exception_type(Exception),
-                    reraise=True)
+    return Retrying(
+        stop=stop_after_delay(limit), wait=wait_fixed(wait), retry=retry_if_exception_type(Exception), reraise=True
+    )
 
 
 class _Undecided(Exception):
@@ -555,8 +622,9 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
     return len(pending)
 
 
-def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str],
-                replicas: list[int] | None = None) -> list[Final]:
+def take_finals(
+    addresses: list[str], tables: dict[str, str], tids: list[str], replicas: list[int] | None = None
+) -> list[Final]:
     """Every replica's (of ``replicas``, default all) contents at one CSN (the highest any of
     them applied) and its ``commit_status`` answer for each of ``tids``.
 
@@ -575,9 +643,12 @@ def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str],
             for table, kind in tables.items():
                 physical, column = register_table(table)
                 if physical not in read:
-                    read[physical] = Retrying(stop=stop_after_delay(FINAL_TIMEOUT), wait=wait_fixed(0.5), reraise=True,
-                                              retry=retry_if_exception_type((ReplicaUnavailable, OSError)))(
-                        lambda t=physical, c=client: c.read(t, snapshot=csn))
+                    read[physical] = Retrying(
+                        stop=stop_after_delay(FINAL_TIMEOUT),
+                        wait=wait_fixed(0.5),
+                        reraise=True,
+                        retry=retry_if_exception_type((ReplicaUnavailable, OSError)),
+                    )(lambda t=physical, c=client: c.read(t, snapshot=csn))
                 data = read[physical]
                 if kind == "set":
                     contents[table] = set_values(data)
@@ -587,8 +658,12 @@ def take_finals(addresses: list[str], tables: dict[str, str], tids: list[str],
         return csn, out
 
     try:
-        csn, contents = Retrying(stop=stop_after_delay(2 * FINAL_TIMEOUT), wait=wait_fixed(1.0), reraise=True,
-                                 retry=retry_if_exception_type(SnapshotUnavailable))(contents_at_one_csn)
+        csn, contents = Retrying(
+            stop=stop_after_delay(2 * FINAL_TIMEOUT),
+            wait=wait_fixed(1.0),
+            reraise=True,
+            retry=retry_if_exception_type(SnapshotUnavailable),
+        )(contents_at_one_csn)
         finals = []
         for i, client in enumerate(clients):
             statuses: dict[str, list[Any]] = {}
@@ -624,28 +699,47 @@ class Result:
         return report.verdict(self.findings, self.incomplete)
 
 
-def conclude(history: History, report_dir: Path | None, problems: list[str] | None = None,
-             incomplete: list[str] | None = None, extra: dict[str, Any] | None = None) -> Result:
+def conclude(
+    history: History,
+    report_dir: Path | None,
+    problems: list[str] | None = None,
+    incomplete: list[str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Result:
     """Check a history and write its report (``report_dir`` None: no files). ``problems``: the
     harness's own troubles, reported; ``incomplete``: why the check could not be whole (a replica
     that never served again, finals that could not be read), which fails the run as a finding does."""
     from mergetxn.chaos.checker import check
 
     findings = check(history)
-    summary = report.summarize(history, findings, extra={**(extra or {}), "problems": problems or [],
-                                                         "incomplete": incomplete or []})
+    summary = report.summarize(
+        history, findings, extra={**(extra or {}), "problems": problems or [], "incomplete": incomplete or []}
+    )
     if report_dir is not None:
         report.write_report(history, findings, summary, Path(report_dir))
-    return Result(history, findings, summary, None if report_dir is None else Path(report_dir), problems or [],
-                  incomplete or [])
+    return Result(
+        history, findings, summary, None if report_dir is None else Path(report_dir), problems or [], incomplete or []
+    )
 
 
-def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = None, workload: str = "all",
-              nemesis: str = "all", report_dir: str | os.PathLike | None = "chaos-report",
-              clients_per_replica: int = 2, form: str = "auto",
-              say: Callable[[str], None] = lambda text: None, spark: bool = False,
-              max_faults: int | None = None, lanes: int | None = None, pause: float | None = None,
-              storage: str = "dir", hostile: bool = True, secure: bool = False) -> Result:
+def run_chaos(
+    workdir: str | os.PathLike,
+    seconds: float,
+    seed: int | None = None,
+    workload: str = "all",
+    nemesis: str = "all",
+    report_dir: str | os.PathLike | None = "chaos-report",
+    clients_per_replica: int = 2,
+    form: str = "auto",
+    say: Callable[[str], None] = lambda text: None,
+    spark: bool = False,
+    max_faults: int | None = None,
+    lanes: int | None = None,
+    pause: float | None = None,
+    storage: str = "dir",
+    hostile: bool = True,
+    secure: bool = False,
+) -> Result:
     """Run a chaos campaign (see the module doc); ``say`` hears progress lines.
 
     ``workload``: ``list-append``, ``bank``, ``spark`` or ``all`` (the first two); ``spark``:
@@ -665,17 +759,49 @@ def run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None = Non
     nothing). ``secure``: the cluster is secured (``open_cluster``); every client logs in as its
     admin."""
     if secure and (spark or workload == "spark"):
-        raise InvalidInput("a secured chaos run has no Spark workload yet: its executors would need the "
-                           "credentials file too (run --secure without --spark)")
+        raise InvalidInput(
+            "a secured chaos run has no Spark workload yet: its executors would need the "
+            "credentials file too (run --secure without --spark)"
+        )
     with client_credentials(None):  # an unsecured run's clients present nothing, whatever the caller's environment
-        return _run_chaos(workdir, seconds, seed, workload, nemesis, report_dir, clients_per_replica, form, say,
-                          spark, max_faults, lanes, pause, storage, hostile, secure)
+        return _run_chaos(
+            workdir,
+            seconds,
+            seed,
+            workload,
+            nemesis,
+            report_dir,
+            clients_per_replica,
+            form,
+            say,
+            spark,
+            max_faults,
+            lanes,
+            pause,
+            storage,
+            hostile,
+            secure,
+        )
 
 
-def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, workload: str, nemesis: str,
-               report_dir: str | os.PathLike | None, clients_per_replica: int, form: str,
-               say: Callable[[str], None], spark: bool, max_faults: int | None, lanes: int | None,
-               pause: float | None, storage: str, hostile: bool, secure: bool) -> Result:
+def _run_chaos(
+    workdir: str | os.PathLike,
+    seconds: float,
+    seed: int | None,
+    workload: str,
+    nemesis: str,
+    report_dir: str | os.PathLike | None,
+    clients_per_replica: int,
+    form: str,
+    say: Callable[[str], None],
+    spark: bool,
+    max_faults: int | None,
+    lanes: int | None,
+    pause: float | None,
+    storage: str,
+    hostile: bool,
+    secure: bool,
+) -> Result:
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -706,8 +832,7 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
         s3.attach(cluster)
     if getattr(cluster, "fallback_reason", None):
         say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
-    supported = (set(cluster.supports()) | ({"kill_executor"} if use_spark else set())
-                 | (s3.supports() if s3 else set()))
+    supported = set(cluster.supports()) | ({"kill_executor"} if use_spark else set()) | (s3.supports() if s3 else set())
     kinds, left_out = choose_kinds(nemesis, supported)
     left_out = [k for k in left_out if k != "kill-executor"]  # not the form's doing: no Spark workload
     rng = random.Random(seed)
@@ -730,8 +855,10 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
         addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
         if use_spark:
             sp = SparkSide(cluster, workdir / "spark")
-            say(f"starting Spark: master on {sp.standalone.master_host}, workers on "
-                f"{', '.join(sp.standalone.worker_hosts)}, the driver here at {sp.driver_host}")
+            say(
+                f"starting Spark: master on {sp.standalone.master_host}, workers on "
+                f"{', '.join(sp.standalone.worker_hosts)}, the driver here at {sp.driver_host}"
+            )
             sp.start()
             say(f"Spark up in {sp.timings['start']:g}s with {sp.executors_wanted} executors")
         admin = Client(cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
@@ -758,31 +885,53 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
         if failed:
             raise RuntimeError(f"replica(s) {failed} never committed after start")
         name = workload if not use_spark or workload == "spark" else f"{workload}+spark"
-        header = Header(seed=seed, workload=name, nemesis=",".join(kinds) or "none", tables=tables,
-                        initial=initial, started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-                        form=form_of(cluster))
+        header = Header(
+            seed=seed,
+            workload=name,
+            nemesis=",".join(kinds) or "none",
+            tables=tables,
+            initial=initial,
+            started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            form=form_of(cluster),
+        )
         if left_out:
             say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
         quota = "" if max_faults is None else f", or until {max_faults} faults"
         say(f"seed {seed}; workload {name}; faults {header.nemesis} ({lanes} at a time); {seconds:g}s{quota}")
         rec.t0 = time.monotonic()
         n = cluster.hosts * clients_per_replica * len(wls)
-        workers = [Worker(p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop,
-                          rng.randrange(2**31)) for p in range(n)]
+        workers = [
+            Worker(
+                p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop, rng.randrange(2**31)
+            )
+            for p in range(n)
+        ]
         killers = KillClients(rec, n)  # one timeline lane for every killed client
         if "kill-client" in kinds:
             killers.prepare()
-        nem = Nemesis(cluster, kinds, seed, rec,
-                      lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
-                      replica_names=host_ids, executors=sp, max_faults=max_faults, lanes=lanes,
-                      pause=(0.0, pause))
+        nem = Nemesis(
+            cluster,
+            kinds,
+            seed,
+            rec,
+            lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
+            replica_names=host_ids,
+            executors=sp,
+            max_faults=max_faults,
+            lanes=lanes,
+            pause=(0.0, pause),
+        )
         for w in workers:
             w.start()
         if sp is not None:
             sp.start_jobs(n + 1, addresses, cluster.hosts, rec, stop, rng)
         if hostile:
-            lane = Hostile(addresses, stop, rng.randrange(2**31),
-                           credentials=Credentials.from_file(cluster.credentials_path) if secure else None)
+            lane = Hostile(
+                addresses,
+                stop,
+                rng.randrange(2**31),
+                credentials=Credentials.from_file(cluster.credentials_path) if secure else None,
+            )
             lane.start()
         nem.start()
         deadline = time.monotonic() + seconds
@@ -793,13 +942,16 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
         nem.stop()
         problems += nem.errors
         if max_faults is not None and len(nem.faults) < max_faults:
-            incomplete.append(f"only {len(nem.faults)} of the {max_faults} faults asked for were injected "
-                              f"in {seconds:g}s")
+            incomplete.append(
+                f"only {len(nem.faults)} of the {max_faults} faults asked for were injected in {seconds:g}s"
+            )
         problems += heal_everything(cluster, host_ids)
         failed = wait_all_serving(addresses, cluster.hosts)
         for i in failed:
-            incomplete.append(f"replica {host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
-                              f"(its log: {_log_hint(cluster, i)})")
+            incomplete.append(
+                f"replica {host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
+                f"(its log: {_log_hint(cluster, i)})"
+            )
         stop.set()
         for w in workers:
             w.join(60)
@@ -810,18 +962,23 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
             lane.join(60)
             problems += lane.findings
             if lane.is_alive() or lane.error is not None:
-                problems.append(f"the hostile lane {'did not stop' if lane.is_alive() else 'failed'}: "
-                                f"{lane.summary()['error']}")
+                problems.append(
+                    f"the hostile lane {'did not stop' if lane.is_alive() else 'failed'}: {lane.summary()['error']}"
+                )
         say("resolving indeterminate outcomes")
         ops = sorted(rec.ops, key=lambda o: o.index)
         resolve(ops, cluster.replica_addresses, host_ids)
         # A transaction that wrote nothing commits without a log entry: no replica can name a CSN for it.
-        tids = [o.tid for o in ops if o.tid and writes(o)
-                and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")]
+        tids = [
+            o.tid
+            for o in ops
+            if o.tid and writes(o) and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")
+        ]
         say("reading every replica at one CSN")
         try:
-            finals = take_finals(cluster.replica_addresses, tables, tids,
-                                 [i for i in range(cluster.hosts) if i not in failed])
+            finals = take_finals(
+                cluster.replica_addresses, tables, tids, [i for i in range(cluster.hosts) if i not in failed]
+            )
         except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
             finals = []
             incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
@@ -835,13 +992,25 @@ def _run_chaos(workdir: str | os.PathLike, seconds: float, seed: int | None, wor
                     incomplete.append(f"could not check what the hostile lane's denied calls left: {brief(exc)}")
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
         say("checking the history")
-        return conclude(history, None if report_dir is None else Path(report_dir), problems, incomplete,
-                        extra={"seconds": seconds, "clients": n + (len(sp.workers) if sp else 0),
-                               "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
-                               "left_out": left_out, "max_faults": max_faults, "lanes": lanes, "pause": pause,
-                               "run_seconds": round(rec.now(), 1),
-                               "storage": storage, **({"s3": s3.stats()} if s3 else {}),
-                               **({"hostile": lane.summary()} if lane is not None else {})})
+        return conclude(
+            history,
+            None if report_dir is None else Path(report_dir),
+            problems,
+            incomplete,
+            extra={
+                "seconds": seconds,
+                "clients": n + (len(sp.workers) if sp else 0),
+                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
+                "left_out": left_out,
+                "max_faults": max_faults,
+                "lanes": lanes,
+                "pause": pause,
+                "run_seconds": round(rec.now(), 1),
+                "storage": storage,
+                **({"s3": s3.stats()} if s3 else {}),
+                **({"hostile": lane.summary()} if lane is not None else {}),
+            },
+        )
     finally:
         stop.set()
         if nem is not None:
@@ -893,5 +1062,16 @@ def history_from(path: Path) -> History:
         raise InvalidInput(f"{path} is not a chaos history: {exc}") from None
 
 
-__all__ = ["FORMS", "Result", "SingleHostCluster", "cleanup", "conclude", "history_from", "open_cluster",
-           "resolve", "run_chaos", "take_finals", "writes"]
+__all__ = [
+    "FORMS",
+    "Result",
+    "SingleHostCluster",
+    "cleanup",
+    "conclude",
+    "history_from",
+    "open_cluster",
+    "resolve",
+    "run_chaos",
+    "take_finals",
+    "writes",
+]

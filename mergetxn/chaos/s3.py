@@ -174,8 +174,15 @@ class _Head:
         return self.headers.get("connection", "").lower() == "close"
 
 
-def _copy_body(reader: _Reader, head: _Head, out: Callable[[bytes], None], *, response: bool = False,
-               method: str = "", status: int = 0) -> bool:
+def _copy_body(
+    reader: _Reader,
+    head: _Head,
+    out: Callable[[bytes], None],
+    *,
+    response: bool = False,
+    method: str = "",
+    status: int = 0,
+) -> bool:
     """Pass a message's body from ``reader`` to ``out``; returns False when the body ran to the
     end of the connection (so the connection cannot carry another message)."""
     if response and (method == "HEAD" or 100 <= status < 200 or status in (204, 304)):
@@ -366,8 +373,14 @@ class S3FaultProxy:
     faults may change while requests are under way. ``seed`` makes its choices repeatable for
     one sequence of requests."""
 
-    def __init__(self, upstream: str, listen_host: str = "127.0.0.1", listen_port: int = 0,
-                 name: str = "s3proxy", seed: int | None = None) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        listen_host: str = "127.0.0.1",
+        listen_port: int = 0,
+        name: str = "s3proxy",
+        seed: int | None = None,
+    ) -> None:
         host, _, port = upstream.rpartition(":")
         self.upstream = (host, int(port))
         self.name = name
@@ -564,8 +577,7 @@ class S3Storage:
             self._create_bucket()
             self.proxy = S3FaultProxy(self._moto_address, listen, name="mtx-s3proxy", seed=self.seed).start()
             self._set_env()
-            log.info("S3 storage %s: moto at %s, reached through %s", self.url, self._moto_address,
-                     self.proxy.address)
+            log.info("S3 storage %s: moto at %s, reached through %s", self.url, self._moto_address, self.proxy.address)
         except BaseException:
             self.stop()
             raise
@@ -589,8 +601,15 @@ class S3Storage:
         env.update(_owner_env())
         argv = [*prefix, sys.executable, "-m", "moto.server", "-H", host, "-p", str(port)]
         with open(self.workdir / "moto.log", "ab") as out:
-            self._moto = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                          env=env, start_new_session=True, close_fds=True)
+            self._moto = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
         self._moto_address = f"{host}:{port}"
         deadline = time.monotonic() + 60
         while True:
@@ -608,8 +627,13 @@ class S3Storage:
     def _client(self, endpoint: str) -> Any:
         import boto3
 
-        return boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=self._key,
-                            aws_secret_access_key=self._secret, region_name=REGION)
+        return boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=self._key,
+            aws_secret_access_key=self._secret,
+            region_name=REGION,
+        )
 
     def _create_bucket(self) -> None:
         s3 = self._client(f"http://{self._moto_address}")
@@ -627,9 +651,13 @@ class S3Storage:
     def environment(self) -> dict[str, str]:
         """The variables replicas and clients find S3 by (holds the secret: never print it)."""
         assert self.proxy is not None, "not started"
-        return {"AWS_ACCESS_KEY_ID": self._key, "AWS_SECRET_ACCESS_KEY": self._secret,
-                "AWS_ENDPOINT_URL": self.proxy.url, "AWS_DEFAULT_REGION": REGION,
-                "AWS_MAX_ATTEMPTS": str(MAX_ATTEMPTS)}
+        return {
+            "AWS_ACCESS_KEY_ID": self._key,
+            "AWS_SECRET_ACCESS_KEY": self._secret,
+            "AWS_ENDPOINT_URL": self.proxy.url,
+            "AWS_DEFAULT_REGION": REGION,
+            "AWS_MAX_ATTEMPTS": str(MAX_ATTEMPTS),
+        }
 
     @property
     def storage_options(self) -> dict[str, str]:
@@ -695,8 +723,10 @@ class S3Storage:
         elif kind == "s3-timeouts":
             fraction = rng.choice(STALL_FRACTIONS)
             self.proxy.stall(fraction)
-            detail = (f"{fraction:.0%} of S3 requests stalled until healed, then forwarded late, reset unsent "
-                      "or reset with their answer withheld")
+            detail = (
+                f"{fraction:.0%} of S3 requests stalled until healed, then forwarded late, reset unsent "
+                "or reset with their answer withheld"
+            )
         else:
             raise ValueError(f"not an S3 fault kind: {kind!r}")
         before = self.proxy.stats()
@@ -737,5 +767,14 @@ def moto_server(workdir: str | os.PathLike, seed: int | None = None) -> Iterator
         storage.stop()
 
 
-__all__ = ["BUCKET", "ERRORS", "KINDS", "S3FaultProxy", "S3Storage", "check_kinds", "error_response", "moto_server",
-           "plans"]
+__all__ = [
+    "BUCKET",
+    "ERRORS",
+    "KINDS",
+    "S3FaultProxy",
+    "S3Storage",
+    "check_kinds",
+    "error_response",
+    "moto_server",
+    "plans",
+]

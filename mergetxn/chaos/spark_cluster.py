@@ -48,9 +48,15 @@ EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 # The master and the workers only keep books: a small heap, and C1 only (they start faster).
-DAEMON_JVM_FLAGS = ("-Xms32m", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                    "-Djava.net.preferIPv4Stack=true", "-Djava.awt.headless=true",
-                    "-Dspark.master.rest.enabled=false")  # its REST server has a fixed port (6066)
+DAEMON_JVM_FLAGS = (
+    "-Xms32m",
+    "-Xmx256m",
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Djava.net.preferIPv4Stack=true",
+    "-Djava.awt.headless=true",
+    "-Dspark.master.rest.enabled=false",
+)  # its REST server has a fixed port (6066)
 ROOT = Path(__file__).resolve().parents[2]  # the project: executors import its packages from here
 
 
@@ -75,20 +81,24 @@ def _spark_home() -> Path:
 def _log4j2(path: Path, log_file: Path) -> Path:
     """log4j2 properties: INFO to one file (the master's registration lines are what a person
     reads when a worker does not come)."""
-    path.write_text("\n".join([
-        "status = error",
-        "appender.file.type = File",
-        "appender.file.name = FILE",
-        f"appender.file.fileName = {log_file}",
-        "appender.file.append = true",
-        "appender.file.layout.type = PatternLayout",
-        "appender.file.layout.pattern = %d{ISO8601} [%t] %-5level %c{1} - %m%n",
-        "rootLogger.level = info",
-        "rootLogger.appenderRef.file.ref = FILE",
-        "logger.jetty.name = org.sparkproject.jetty",
-        "logger.jetty.level = warn",
-        "",
-    ]))
+    path.write_text(
+        "\n".join(
+            [
+                "status = error",
+                "appender.file.type = File",
+                "appender.file.name = FILE",
+                f"appender.file.fileName = {log_file}",
+                "appender.file.append = true",
+                "appender.file.layout.type = PatternLayout",
+                "appender.file.layout.pattern = %d{ISO8601} [%t] %-5level %c{1} - %m%n",
+                "rootLogger.level = info",
+                "rootLogger.appenderRef.file.ref = FILE",
+                "logger.jetty.name = org.sparkproject.jetty",
+                "logger.jetty.level = warn",
+                "",
+            ]
+        )
+    )
     return path
 
 
@@ -115,8 +125,9 @@ class SparkStandalone:
         self.worker_hosts = tuple(worker_hosts)
         self.netns = tuple(netns) + (None,) * (1 + len(self.worker_hosts) - len(netns))
         if len(self.netns) != 1 + len(self.worker_hosts):
-            raise ValueError(f"netns names the master and each worker: {len(self.worker_hosts) + 1} entries, "
-                             f"not {len(netns)}")
+            raise ValueError(
+                f"netns names the master and each worker: {len(self.worker_hosts) + 1} entries, not {len(netns)}"
+            )
         self.python = python
         self.worker_memory = worker_memory
         self.executor_memory = executor_memory
@@ -151,14 +162,16 @@ class SparkStandalone:
 
     def _env(self, i: int) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            "SPARK_HOME": str(_spark_home()),
-            "SPARK_SCALA_VERSION": "2.13",  # what the launcher would read from its build dirs
-            "PYSPARK_PYTHON": self.python,
-            "SPARK_LOG_DIR": str(self.workdir),
-            "SPARK_LOCAL_IP": self.master_host if i == 0 else self.worker_hosts[i - 1],  # also its UI's
-            MARKER: str(self.workdir),
-        })
+        env.update(
+            {
+                "SPARK_HOME": str(_spark_home()),
+                "SPARK_SCALA_VERSION": "2.13",  # what the launcher would read from its build dirs
+                "PYSPARK_PYTHON": self.python,
+                "SPARK_LOG_DIR": str(self.workdir),
+                "SPARK_LOCAL_IP": self.master_host if i == 0 else self.worker_hosts[i - 1],  # also its UI's
+                MARKER: str(self.workdir),
+            }
+        )
         java_home = Path(java_executable()).resolve().parent.parent
         env.setdefault("JAVA_HOME", str(java_home))
         return env
@@ -170,8 +183,19 @@ class SparkStandalone:
         # `env` puts the environment on the command line: the process is started by
         # mergetxn.local.zkserver's process holder (own process group, a watchdog tied to this
         # interpreter), which passes its own environment on.
-        return [*prefix, "env", "-i", *env, java_executable(), *DAEMON_JVM_FLAGS,
-                f"-Dlog4j2.configurationFile={conf}", "-cp", f"{find_pyspark_jars()}/*", main_class, *args]
+        return [
+            *prefix,
+            "env",
+            "-i",
+            *env,
+            java_executable(),
+            *DAEMON_JVM_FLAGS,
+            f"-Dlog4j2.configurationFile={conf}",
+            "-cp",
+            f"{find_pyspark_jars()}/*",
+            main_class,
+            *args,
+        ]
 
     def start(self, timeout: float = 120.0) -> SparkStandalone:
         """Start the master, then the workers; return once the master lists every worker
@@ -179,19 +203,42 @@ class SparkStandalone:
         t0 = time.monotonic()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._start(0, MASTER_CLASS, ["--host", self.master_host, "--port", str(self.master_port),
-                                          "--webui-port", str(self.master_ui_port)])
+            self._start(
+                0,
+                MASTER_CLASS,
+                ["--host", self.master_host, "--port", str(self.master_port), "--webui-port", str(self.master_ui_port)],
+            )
             self._wait(lambda: self._state() is not None, timeout, "the master to serve its status", [0])
             self.timings["master"] = round(time.monotonic() - t0, 2)
             for w, host in enumerate(self.worker_hosts, start=1):
-                port, ui = self.worker_ports[2 * (w - 1): 2 * w]
+                port, ui = self.worker_ports[2 * (w - 1) : 2 * w]
                 self.worker_dir(w).mkdir(parents=True, exist_ok=True)
-                self._start(w, WORKER_CLASS, [
-                    "--host", host, "--port", str(port), "--webui-port", str(ui), "--cores", "1",
-                    "--memory", self.worker_memory, "--work-dir", str(self.worker_dir(w)), self.master_url])
+                self._start(
+                    w,
+                    WORKER_CLASS,
+                    [
+                        "--host",
+                        host,
+                        "--port",
+                        str(port),
+                        "--webui-port",
+                        str(ui),
+                        "--cores",
+                        "1",
+                        "--memory",
+                        self.worker_memory,
+                        "--work-dir",
+                        str(self.worker_dir(w)),
+                        self.master_url,
+                    ],
+                )
             want = len(self.worker_hosts)
-            self._wait(lambda: len(self.alive_workers()) >= want, timeout - (time.monotonic() - t0),
-                       f"{want} workers to register with the master", range(want + 1))
+            self._wait(
+                lambda: len(self.alive_workers()) >= want,
+                timeout - (time.monotonic() - t0),
+                f"{want} workers to register with the master",
+                range(want + 1),
+            )
         except BaseException:
             self.stop()
             raise
@@ -199,8 +246,9 @@ class SparkStandalone:
         return self
 
     def _start(self, i: int, main_class: str, args: list[str]) -> None:
-        proc = JavaProcess(self._argv(i, main_class, args), self.workdir / f"{'master' if i == 0 else f'worker-{i}'}.out",
-                            self.workdir)
+        proc = JavaProcess(
+            self._argv(i, main_class, args), self.workdir / f"{'master' if i == 0 else f'worker-{i}'}.out", self.workdir
+        )
         proc.start()
         self._procs.append(proc)
 
@@ -215,8 +263,10 @@ class SparkStandalone:
                 why = f"process {dead[0]} exited" if dead else f"not within {timeout:.0f}s"
                 i = dead[0] if dead else procs[-1]
                 out = self._procs[i].log_path if i < len(self._procs) else self.log_path(i)
-                raise SparkClusterError(f"Spark standalone: waiting for {what}: {why}; "
-                                        f"{self.log_path(i)}:\n{log_tail(self.log_path(i))}\n{out}:\n{log_tail(out)}")
+                raise SparkClusterError(
+                    f"Spark standalone: waiting for {what}: {why}; "
+                    f"{self.log_path(i)}:\n{log_tail(self.log_path(i))}\n{out}:\n{log_tail(out)}"
+                )
             time.sleep(0.2)
 
     def _state(self) -> dict | None:
@@ -278,9 +328,14 @@ class SparkStandalone:
             pid = _parent(pid)
         return None
 
-    def kill_executor_mid_task(self, marks: str | os.PathLike, started_within: float, wait: float = 30.0,
-                               app_id: str | None = None, spare: Container[str] = ()
-                               ) -> tuple[Executor | None, str, str | None]:
+    def kill_executor_mid_task(
+        self,
+        marks: str | os.PathLike,
+        started_within: float,
+        wait: float = 30.0,
+        app_id: str | None = None,
+        spare: Container[str] = (),
+    ) -> tuple[Executor | None, str, str | None]:
         """SIGKILL an executor while it runs a task: wait (up to ``wait`` seconds) for a task
         attempt that started less than ``started_within`` seconds ago (its mark file in
         ``marks``, see ``mergetxn.chaos.spark_workload.Rows``: named ``<tag>-<pid>-<partition>-
@@ -301,8 +356,14 @@ class SparkStandalone:
                     if victim is not None and (app_id is None or victim.app_id == app_id):
                         with contextlib.suppress(ProcessLookupError):
                             os.kill(victim.pid, signal.SIGKILL)
-                        return victim, (f"while it ran task {partition} (attempt {attempt}) of job {tag}, "
-                                        f"{now - mtime:.2f}s after the task began"), tag
+                        return (
+                            victim,
+                            (
+                                f"while it ran task {partition} (attempt {attempt}) of job {tag}, "
+                                f"{now - mtime:.2f}s after the task began"
+                            ),
+                            tag,
+                        )
             if time.monotonic() >= deadline:
                 return None, f"no task ran within {wait:g}s: nothing killed", None
             time.sleep(0.05)
@@ -385,7 +446,7 @@ def _parent(pid: int) -> int:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return 0
-    return int(stat[stat.rindex(")") + 2:].split()[1])
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def _recent_marks(marks: Path, since: float) -> list[tuple[str, float]]:

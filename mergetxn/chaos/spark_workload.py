@@ -63,8 +63,11 @@ DDL = "key long, elem long"
 KINDS = ("append", "overwrite", "txn", "read", "native", "native-read")
 WEIGHTS = (0.3, 0.15, 0.2, 0.1, 0.15, 0.1)
 # A mergetxn error named in a Spark exception's text (Spark wraps what the planner raised).
-_ERROR_NAMES = sorted((n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.MergetxnError)),
-                      key=len, reverse=True)
+_ERROR_NAMES = sorted(
+    (n for n, c in vars(errors).items() if isinstance(c, type) and issubclass(c, errors.MergetxnError)),
+    key=len,
+    reverse=True,
+)
 _ERROR_RE = re.compile(r"\b(" + "|".join(_ERROR_NAMES) + r")\b")
 _RAISED_RE = re.compile(r"coordinator\.errors\.(" + "|".join(_ERROR_NAMES) + r"):")  # a traceback's last line
 # Errors after which the transaction certainly did not commit.
@@ -91,8 +94,9 @@ class Rows:
     ``marks`` as it starts (``tag`` names the job: Python workers and partition numbers are
     reused by the next job), then sleeps ``delay`` seconds."""
 
-    def __init__(self, keys: list[int], elems: list[int], delay: float = 0.0, marks: str | None = None,
-                 tag: str = "job") -> None:
+    def __init__(
+        self, keys: list[int], elems: list[int], delay: float = 0.0, marks: str | None = None, tag: str = "job"
+    ) -> None:
         self.keys, self.elems, self.delay, self.marks, self.tag = keys, elems, delay, marks, tag
 
     def __call__(self, index: int, ids: Iterator[int]) -> Iterator[tuple[int, int]]:
@@ -127,7 +131,7 @@ def error_name(exc: BaseException) -> str:
 def _message(exc: BaseException) -> str:
     text = str(exc)
     m = _named(text)
-    return (text[m.start():] if m else text).strip()[:1000]
+    return (text[m.start() :] if m else text).strip()[:1000]
 
 
 def _events(path: Path) -> list[dict]:
@@ -150,9 +154,18 @@ class SparkWorkload:
 
     name = NAME
 
-    def __init__(self, workdir: str | os.PathLike, table: str = TABLE, keys: int = 4, rows: tuple[int, int] = (4, 24),
-                 partitions: int = 4, delay: float = 0.0, marks: str | os.PathLike | None = None,
-                 weights: Sequence[float] = WEIGHTS, auto_merge: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        table: str = TABLE,
+        keys: int = 4,
+        rows: tuple[int, int] = (4, 24),
+        partitions: int = 4,
+        delay: float = 0.0,
+        marks: str | os.PathLike | None = None,
+        weights: Sequence[float] = WEIGHTS,
+        auto_merge: bool = True,
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.table = table
@@ -172,8 +185,9 @@ class SparkWorkload:
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
         """Create the table (empty); the history's ``initial``."""
-        client.create_table(self.table, SCHEMA, partition_by=["key"], conflict_policy="parts",
-                            auto_merge=self.auto_merge)
+        client.create_table(
+            self.table, SCHEMA, partition_by=["key"], conflict_policy="parts", auto_merge=self.auto_merge
+        )
         return {}
 
     def _job_number(self) -> int:
@@ -196,8 +210,16 @@ class SparkWorkload:
         return w
 
     # -- one job --------------------------------------------------------------------------------
-    def job(self, session: Any, client: Client, replica: int, process: int, rng: random.Random, rec: Recorder,
-            kind: str | None = None) -> Op:
+    def job(
+        self,
+        session: Any,
+        client: Client,
+        replica: int,
+        process: int,
+        rng: random.Random,
+        rec: Recorder,
+        kind: str | None = None,
+    ) -> Op:
         """Run one job (``kind``, else one at random by ``weights``) through ``client``'s replica
         and record it."""
         kind = kind or rng.choices(KINDS, self.weights)[0]
@@ -205,8 +227,9 @@ class SparkWorkload:
         if kind in ("read", "native-read"):
             return self._read(session, client, base, rec, native=kind == "native-read")
         if kind in ("txn", "native"):
-            return self._txn(session, client, base, rng, rec,
-                             self._native_statements if kind == "native" else self._txn_statements)
+            return self._txn(
+                session, client, base, rng, rec, self._native_statements if kind == "native" else self._txn_statements
+            )
         if kind == "overwrite":
             key = rng.randrange(self.keys)
             elems = [rec.element() for _ in range(rng.randint(1, 3))]
@@ -220,25 +243,44 @@ class SparkWorkload:
             mops = [["append", self.table, str(k), e] for k, e in zip(keys, elems)]
         else:
             raise ValueError(f"unknown Spark job kind {kind!r}: one of {KINDS}")
-        return self._own(session, client, base, rec, mops, keys, elems, "overwrite" if kind == "overwrite" else "append")
+        return self._own(
+            session, client, base, rec, mops, keys, elems, "overwrite" if kind == "overwrite" else "append"
+        )
 
-    def _own(self, session: Any, client: Client, base: dict, rec: Recorder, mops: list[list[Any]],
-             keys: list[int], elems: list[int], mode: str) -> Op:
+    def _own(
+        self,
+        session: Any,
+        client: Client,
+        base: dict,
+        rec: Recorder,
+        mops: list[list[Any]],
+        keys: list[int],
+        elems: list[int],
+        mode: str,
+    ) -> Op:
         """A job that commits on its own; its transaction from the data source's trace."""
         trace = self._trace()
         error: BaseException | None = None
         try:
-            self._writer(self._frame(session, keys, elems), client.address, mode,
-                         trace_commits=str(trace)).save(self.table)
+            self._writer(self._frame(session, keys, elems), client.address, mode, trace_commits=str(trace)).save(
+                self.table
+            )
         except Exception as exc:  # Py4J / Spark wrap whatever happened
             error = exc
         events = _events(trace)
         began = next((e for e in events if e["event"] == "begin"), None)
         done = next((e for e in events if e["event"] == "committed"), None)
         if began is None:  # the write never began a transaction: nothing of it can commit
-            return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
-                           error=error_name(error) if error else "NoTransaction",
-                           message=_message(error) if error else "the job began no transaction")
+            return rec.add(
+                **base,
+                tid=None,
+                snapshot=None,
+                end=rec.now(),
+                mops=mops,
+                outcome="aborted",
+                error=error_name(error) if error else "NoTransaction",
+                message=_message(error) if error else "the job began no transaction",
+            )
         base |= {"tid": began["txn"], "snapshot": began["snapshot"]}
         if done is not None:
             return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=done["csn"])
@@ -248,15 +290,33 @@ class SparkWorkload:
         try:
             status = client.commit_status(began["txn"])
         except Exception as exc:
-            return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=name,
-                           message=f"{message}; commit_status failed: {type(exc).__name__}")
+            return rec.add(
+                **base,
+                end=rec.now(),
+                mops=mops,
+                outcome="indeterminate",
+                error=name,
+                message=f"{message}; commit_status failed: {type(exc).__name__}",
+            )
         if status.status == "committed":
-            return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=status.csn,
-                           message=f"{message}; commit_status: committed")
+            return rec.add(
+                **base,
+                end=rec.now(),
+                mops=mops,
+                outcome="committed",
+                csn=status.csn,
+                message=f"{message}; commit_status: committed",
+            )
         if status.status == "aborted":
             return rec.add(**base, end=rec.now(), mops=mops, outcome="aborted", error=name, message=message)
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=name,
-                       message=f"{message}; commit_status: {status.status}")
+        return rec.add(
+            **base,
+            end=rec.now(),
+            mops=mops,
+            outcome="indeterminate",
+            error=name,
+            message=f"{message}; commit_status: {status.status}",
+        )
 
     def _read(self, session: Any, client: Client, base: dict, rec: Recorder, native: bool = False) -> Op:
         """A Spark read of the whole table at the replica's current snapshot: through the data
@@ -266,46 +326,81 @@ class SparkWorkload:
         try:
             snapshot = client.snapshot()
         except Exception as exc:
-            return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=[], outcome="aborted",
-                           error=type(exc).__name__, message=f"snapshot failed: {exc}"[:500])
+            return rec.add(
+                **base,
+                tid=None,
+                snapshot=None,
+                end=rec.now(),
+                mops=[],
+                outcome="aborted",
+                error=type(exc).__name__,
+                message=f"snapshot failed: {exc}"[:500],
+            )
         base |= {"tid": None, "snapshot": snapshot}
         try:
             if native:
                 df = read_table(session, self.table, snapshot=snapshot, replica=client.address)
             else:
-                df = (session.read.format("mergetxn").option("replica", client.address)
-                      .option("snapshot", str(snapshot)).load(self.table))
+                df = (
+                    session.read.format("mergetxn")
+                    .option("replica", client.address)
+                    .option("snapshot", str(snapshot))
+                    .load(self.table)
+                )
             rows = [(r["key"], r["elem"]) for r in df.collect()]
         except Exception as exc:
-            return rec.add(**base, end=rec.now(), mops=[], outcome="aborted", error=error_name(exc),
-                           message=_message(exc))
+            return rec.add(
+                **base, end=rec.now(), mops=[], outcome="aborted", error=error_name(exc), message=_message(exc)
+            )
         data = pa.table({"key": [k for k, _ in rows], "elem": [e for _, e in rows]}, schema=SCHEMA)
         mops = [["r", self.table, None, set_values(data)]]
         return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=snapshot)
 
-    def _txn(self, session: Any, client: Client, base: dict, rng: random.Random, rec: Recorder,
-             statements: Callable[..., None]) -> Op:
+    def _txn(
+        self,
+        session: Any,
+        client: Client,
+        base: dict,
+        rng: random.Random,
+        rec: Recorder,
+        statements: Callable[..., None],
+    ) -> Op:
         """Spark writes inside a transaction the driver opened (``statements``), beside the
         driver's own."""
         mops: list[list[Any]] = []
         try:
             tx = client.begin()
         except Exception as exc:
-            return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
-                           error=type(exc).__name__, message=f"begin failed: {exc}"[:500])
+            return rec.add(
+                **base,
+                tid=None,
+                snapshot=None,
+                end=rec.now(),
+                mops=mops,
+                outcome="aborted",
+                error=type(exc).__name__,
+                message=f"begin failed: {exc}"[:500],
+            )
         base |= {"tid": tx.id, "snapshot": tx.snapshot}
         try:
             statements(session, client, tx, rng, rec, mops)
         except Exception as exc:
             outcome, note = _roll_back(tx)
-            return rec.add(**base, end=rec.now(), mops=mops, outcome=outcome, error=error_name(exc),
-                           message=f"{_message(exc)}; {note}")
+            return rec.add(
+                **base,
+                end=rec.now(),
+                mops=mops,
+                outcome=outcome,
+                error=error_name(exc),
+                message=f"{_message(exc)}; {note}",
+            )
         try:
             csn = tx.commit()
         except Exception as exc:
             outcome = "aborted" if error_name(exc) in DEFINITE else "indeterminate"
-            return rec.add(**base, end=rec.now(), mops=mops, outcome=outcome, error=error_name(exc),
-                           message=_message(exc))
+            return rec.add(
+                **base, end=rec.now(), mops=mops, outcome=outcome, error=error_name(exc), message=_message(exc)
+            )
         return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
 
     def _read_key(self, tx: Transaction, rng: random.Random, mops: list[list[Any]]) -> tuple[int, list[int]]:
@@ -315,8 +410,9 @@ class SparkWorkload:
         mops.append(["r", self.table, str(key), seen or None])
         return key, seen
 
-    def _txn_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
-                        mops: list[list[Any]]) -> None:
+    def _txn_statements(
+        self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder, mops: list[list[Any]]
+    ) -> None:
         key, seen = self._read_key(tx, rng, mops)
         n = rng.randint(1, max(1, self.rows[1] // 2))
         elems = [rec.element() for _ in range(n)]
@@ -328,8 +424,9 @@ class SparkWorkload:
             other = rng.randrange(self.keys)
             new = [rec.element() for _ in range(rng.randint(1, 2))]
             mops.append(["overwrite", self.table, str(other), new])
-            self._writer(self._frame(session, [other] * len(new), new), client.address, "overwrite",
-                         txn=tx.id).save(self.table)
+            self._writer(self._frame(session, [other] * len(new), new), client.address, "overwrite", txn=tx.id).save(
+                self.table
+            )
         elif roll < 0.6 and seen:
             gone = rng.choice(seen)
             mops.append(["delete", self.table, str(key), gone])
@@ -339,8 +436,9 @@ class SparkWorkload:
             mops.append(["append", self.table, str(key), e])
             tx.insert(self.table, pa.table({"key": [key], "elem": [e]}, schema=SCHEMA))
 
-    def _native_statements(self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder,
-                           mops: list[list[Any]]) -> None:
+    def _native_statements(
+        self, session: Any, client: Client, tx: Transaction, rng: random.Random, rec: Recorder, mops: list[list[Any]]
+    ) -> None:
         """A read of a key, then Spark's own Parquet writer into the transaction: an append over
         a few keys, or an overwrite of one key's partition."""
         from spark.native import write_table
@@ -349,8 +447,9 @@ class SparkWorkload:
         if rng.random() < 0.3:
             new = [rec.element() for _ in range(rng.randint(1, 3))]
             mops.append(["overwrite", self.table, str(key), new])
-            write_table(self._frame(session, [key] * len(new), new), self.table, "overwrite", txn=tx.id,
-                        replica=client.address)
+            write_table(
+                self._frame(session, [key] * len(new), new), self.table, "overwrite", txn=tx.id, replica=client.address
+            )
             return
         n = rng.randint(1, max(1, self.rows[1] // 2))
         elems = [rec.element() for _ in range(n)]
@@ -375,8 +474,18 @@ class SparkWorker(threading.Thread):
     next replica when its replica cannot be reached (a SparkSession runs jobs from several
     threads at once)."""
 
-    def __init__(self, process: int, home: int, addresses: Callable[[], list[str]], workload: SparkWorkload,
-                 session: Any, rec: Recorder, stop: threading.Event, seed: int, timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        process: int,
+        home: int,
+        addresses: Callable[[], list[str]],
+        workload: SparkWorkload,
+        session: Any,
+        rec: Recorder,
+        stop: threading.Event,
+        seed: int,
+        timeout: float = 10.0,
+    ) -> None:
         super().__init__(name=f"chaos-spark-{process}", daemon=True)
         self.process, self.replica, self.addresses = process, home, addresses
         self.workload, self.session, self.rec, self.stop_event = workload, session, rec, stop

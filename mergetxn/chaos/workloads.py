@@ -72,10 +72,17 @@ UNREACHABLE = frozenset({"ReplicaUnavailable", "OutcomeUnknown", "OSError", "Con
 KEYS = 8
 LA_SCHEMA = pa.schema([("key", pa.int64()), ("elem", pa.int64())])
 BANK_SCHEMA = pa.schema([("acct", pa.int64()), ("balance", pa.int64())])
-KV_SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64()),
-                       pa.field("p", pa.int64(), nullable=False)])
-KVG_SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.int64()), ("b", pa.int64()),
-                        pa.field("p", pa.int64(), nullable=False)])
+KV_SCHEMA = pa.schema(
+    [pa.field("k", pa.int64(), nullable=False), ("v", pa.int64()), pa.field("p", pa.int64(), nullable=False)]
+)
+KVG_SCHEMA = pa.schema(
+    [
+        pa.field("k", pa.int64(), nullable=False),
+        ("a", pa.int64()),
+        ("b", pa.int64()),
+        pa.field("p", pa.int64(), nullable=False),
+    ]
+)
 KV_KEYS = 16
 PROBE_SCHEMA = pa.schema([("replica", pa.int64()), ("n", pa.int64())])
 ACCOUNTS = 10
@@ -205,12 +212,27 @@ class Keys(Workload):
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
-        client.create_table("kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
-                            auto_merge=True)
-        client.create_table("kvn", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
-                            auto_merge=True, atomicity="none")
-        client.create_table("kvg", KVG_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys",
-                            auto_merge=True, lock_groups={"ga": ["a"], "gb": ["b"]})
+        client.create_table(
+            "kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys", auto_merge=True
+        )
+        client.create_table(
+            "kvn",
+            KV_SCHEMA,
+            partition_by=["p"],
+            primary_key=["k", "p"],
+            conflict_policy="keys",
+            auto_merge=True,
+            atomicity="none",
+        )
+        client.create_table(
+            "kvg",
+            KVG_SCHEMA,
+            partition_by=["p"],
+            primary_key=["k", "p"],
+            conflict_policy="keys",
+            auto_merge=True,
+            lock_groups={"ga": ["a"], "gb": ["b"]},
+        )
         return {}
 
     def modes(self, rng: random.Random) -> dict[str, str]:
@@ -233,8 +255,9 @@ class Keys(Workload):
                 if rng.random() < 0.25:  # a strong read lock: a later writer from an older snapshot fails
                     tx.lock_keys(table, kv_key(key))
                 data = tx.read(table, where=pc.field("k") == key)
-                mops.extend(["r", reg, str(key), register_values(data, "k", c).get(str(key))]
-                            for c, reg in columns.items())
+                mops.extend(
+                    ["r", reg, str(key), register_values(data, "k", c).get(str(key))] for c, reg in columns.items()
+                )
             elif roll < 0.9:
                 # Some columns (kvg: one group, or both) in update mode (only their groups' locks)
                 # or overwrite mode (every lock; the columns left out become null).
@@ -266,8 +289,11 @@ class Keys(Workload):
                 keys_ = sorted(set(rng.sample(range(self.keys["kvn"]), rng.randint(1, 3))))
                 values = [rec.element() for _ in keys_]
                 mops.extend(["set", "kvn", str(k), v] for k, v in zip(keys_, values))
-                tx.upsert("kvn", pa.table({"k": keys_, "v": values, "p": [k % 3 for k in keys_]}, schema=KV_SCHEMA),
-                          update=rng.random() < 0.3)
+                tx.upsert(
+                    "kvn",
+                    pa.table({"k": keys_, "v": values, "p": [k % 3 for k in keys_]}, schema=KV_SCHEMA),
+                    update=rng.random() < 0.3,
+                )
             else:
                 mops.append(["set", "kvn", str(key), None])
                 tx.delete_keys("kvn", kv_key(key))
@@ -316,8 +342,11 @@ def register_values(data: pa.Table, key: str, value: str) -> dict[str, Any]:
     out: dict[str, list[Any]] = {}
     for k, v in zip(data.column(key).to_pylist(), data.column(value).to_pylist()):
         out.setdefault(str(k), []).append(v)
-    return {k: (v[0] if len(v) == 1 else sorted(v, key=lambda x: (x is None, x or 0)))
-            for k, v in sorted(out.items(), key=lambda kv: int(kv[0])) if v != [None]}
+    return {
+        k: (v[0] if len(v) == 1 else sorted(v, key=lambda x: (x is None, x or 0)))
+        for k, v in sorted(out.items(), key=lambda kv: int(kv[0]))
+        if v != [None]
+    }
 
 
 def connect(address: str) -> Client:
@@ -328,8 +357,9 @@ def connect(address: str) -> Client:
 # -- one transaction ------------------------------------------------------------------------------
 
 
-def run_transaction(client: Client, replica: int, process: int, workload: Workload, rng: random.Random,
-                    rec: Recorder) -> Op:
+def run_transaction(
+    client: Client, replica: int, process: int, workload: Workload, rng: random.Random, rec: Recorder
+) -> Op:
     """Begin, run the workload's statements, commit; record the attempt with its outcome."""
     start = rec.now()
     mops: list[list[Any]] = []
@@ -339,23 +369,39 @@ def run_transaction(client: Client, replica: int, process: int, workload: Worklo
     try:
         tx = client.begin(**modes)
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
-        return rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=mops, outcome="aborted",
-                       error=type(exc).__name__, message=f"begin failed: {_message(exc)}")
+        return rec.add(
+            **base,
+            tid=None,
+            snapshot=None,
+            end=rec.now(),
+            mops=mops,
+            outcome="aborted",
+            error=type(exc).__name__,
+            message=f"begin failed: {_message(exc)}",
+        )
     base |= {"tid": tx.id, "snapshot": tx.snapshot}
     try:
         workload.transaction(tx, rng, mops, rec)
     except Exception as exc:
         outcome, note = _roll_back(tx)
-        return rec.add(**base, end=rec.now(), mops=mops, outcome=outcome, error=type(exc).__name__,
-                       message=f"{_message(exc)}; {note}")
+        return rec.add(
+            **base,
+            end=rec.now(),
+            mops=mops,
+            outcome=outcome,
+            error=type(exc).__name__,
+            message=f"{_message(exc)}; {note}",
+        )
     try:
         csn = tx.commit()
     except DEFINITE as exc:
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="aborted", error=type(exc).__name__,
-                       message=_message(exc))
+        return rec.add(
+            **base, end=rec.now(), mops=mops, outcome="aborted", error=type(exc).__name__, message=_message(exc)
+        )
     except Exception as exc:  # the client cannot know: resolved after the run
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__,
-                       message=_message(exc))
+        return rec.add(
+            **base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__, message=_message(exc)
+        )
     if csn is None:  # durability "async": queued on the replica; a flush or commit_status tells
         return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", message="async commit queued")
     return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
@@ -384,8 +430,16 @@ class Worker(threading.Thread):
     """One client: transactions one after another until told to stop, failing over to the next
     replica for its next transaction when its replica cannot be reached."""
 
-    def __init__(self, process: int, home: int, addresses: Callable[[], list[str]], workload: Workload,
-                 rec: Recorder, stop: threading.Event, seed: int) -> None:
+    def __init__(
+        self,
+        process: int,
+        home: int,
+        addresses: Callable[[], list[str]],
+        workload: Workload,
+        rec: Recorder,
+        stop: threading.Event,
+        seed: int,
+    ) -> None:
         super().__init__(name=f"chaos-client-{process}", daemon=True)
         self.process = process
         self.replica = home
@@ -450,8 +504,7 @@ class Worker(threading.Thread):
                     self.unflushed.setdefault(self.replica, []).append(op)
                 if self.unflushed.get(self.replica) and self.rng.random() < 0.3:
                     self._flush(client, self.replica)
-                if op.error in UNREACHABLE \
-                        or (op.tid is None and op.error):
+                if op.error in UNREACHABLE or (op.tid is None and op.error):
                     self._fail_over()
                     self.stop_event.wait(0.05)
         finally:
@@ -507,8 +560,14 @@ class KillClients:
     def _spawn(self) -> subprocess.Popen[bytes]:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-        return subprocess.Popen([sys.executable, "-c", _KILLED_CLIENT_CODE], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-c", _KILLED_CLIENT_CODE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
 
     def prepare(self) -> None:
         """Start the first child ahead."""
@@ -547,20 +606,38 @@ class KillClients:
         inserted = any("inserted" in m for m in lines)
         base = {"process": self.process, "replica": replica, "workload": KILLED_CLIENT, "start": start}
         if began is None:
-            error = next((m for m in lines if "error" in m),
-                         {"error": "Killed", "message": "killed before begin answered"})
-            op = rec.add(**base, tid=None, snapshot=None, end=rec.now(), mops=[], outcome="aborted",
-                         error=error["error"], message=f"begin failed: {error.get('message', '')}")
+            error = next(
+                (m for m in lines if "error" in m), {"error": "Killed", "message": "killed before begin answered"}
+            )
+            op = rec.add(
+                **base,
+                tid=None,
+                snapshot=None,
+                end=rec.now(),
+                mops=[],
+                outcome="aborted",
+                error=error["error"],
+                message=f"begin failed: {error.get('message', '')}",
+            )
             return KilledClient(op, f"begin on replica #{replica} failed ({error['error']})")
         mops: list[list[Any]] = [["append", "la0", str(key), e] for e in elems]
         when = "after its insert returned" if inserted else "before its insert returned"
-        op = rec.add(**base, tid=began["tid"], snapshot=began["snapshot"], end=rec.now(), mops=mops,
-                     outcome="indeterminate", error="Killed", message=f"client SIGKILLed {when}")
+        op = rec.add(
+            **base,
+            tid=began["tid"],
+            snapshot=began["snapshot"],
+            end=rec.now(),
+            mops=mops,
+            outcome="indeterminate",
+            error="Killed",
+            message=f"client SIGKILLed {when}",
+        )
         return KilledClient(op, f"{began['tid']} SIGKILLed {when} (elements {elems})")
 
 
-def _read_until(proc: subprocess.Popen[bytes], lines: list[dict], deadline: float,
-                done: Callable[[dict], bool]) -> None:
+def _read_until(
+    proc: subprocess.Popen[bytes], lines: list[dict], deadline: float, done: Callable[[dict], bool]
+) -> None:
     """Collect the child's JSON lines until one satisfies ``done``, it exits, or the deadline."""
     assert proc.stdout is not None
     buf = b""

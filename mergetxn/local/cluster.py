@@ -135,8 +135,11 @@ class LocalCluster:
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.secure and self._credentials is None:  # kept in the workdir: a restart on it keeps them
-            self._credentials = (Credentials.from_file(self._credentials_file()) if self._credentials_file().exists()
-                                 else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost")))
+            self._credentials = (
+                Credentials.from_file(self._credentials_file())
+                if self._credentials_file().exists()
+                else make_cluster_credentials(self.workdir / "security", ("127.0.0.1", "localhost"))
+            )
             self._admin = admin_credentials(self.workdir / "security")
         # Secure: the embedded ZooKeeper serves TLS only, refuses sessions without the replicas'
         # identity and keeps / under its ACL (mergetxn/local/zkserver.py, ZooKeeperTls).
@@ -165,20 +168,36 @@ class LocalCluster:
         ready.unlink(missing_ok=True)
         from replicas.settings import command_line
 
-        argv = [sys.executable, "-m", "replicas.server", "--ready-file", str(ready), *command_line({
-            "zk": self.zk.address, "storage_url": self.storage_url, "host_id": f"r{i}", "data_dir": d,
-            "port": self._ports[i], "root": self.root, "epoch_size": self.epoch_size,
-            "txn_max_seconds": self.txn_max_seconds, "txn_max_rows": self.txn_max_rows,
-            "session_timeout": self.session_timeout, "metrics_port": 0 if self.metrics else None, **self.settings,
-            "credentials_file": self._credentials_file() if self.secure else None,
-        })]
+        argv = [
+            sys.executable,
+            "-m",
+            "replicas.server",
+            "--ready-file",
+            str(ready),
+            *command_line(
+                {
+                    "zk": self.zk.address,
+                    "storage_url": self.storage_url,
+                    "host_id": f"r{i}",
+                    "data_dir": d,
+                    "port": self._ports[i],
+                    "root": self.root,
+                    "epoch_size": self.epoch_size,
+                    "txn_max_seconds": self.txn_max_seconds,
+                    "txn_max_rows": self.txn_max_rows,
+                    "session_timeout": self.session_timeout,
+                    "metrics_port": 0 if self.metrics else None,
+                    **self.settings,
+                    "credentials_file": self._credentials_file() if self.secure else None,
+                }
+            ),
+        ]
         env = dict(os.environ)
         env.pop(ENV_CREDENTIALS, None)  # the replicas' credentials are what ``secure`` says
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         log = open(d / "replica.log", "ab")
-        self._procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env,
-                                          start_new_session=True)
+        self._procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
         log.close()
         if wait:
             self._wait_ready(i)

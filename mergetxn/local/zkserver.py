@@ -139,9 +139,7 @@ def _java_major(java: str) -> int | None:
     if major is not None:
         return major
     try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=60, check=False
-        )
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return _parse_java_major(out.stderr + out.stdout)
@@ -199,10 +197,9 @@ def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
             s.close()
 
 
-
-
-def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 2.0,
-                     context: ssl.SSLContext | None = None) -> str:
+def four_letter_word(
+    host: str, port: int, word: str = "srvr", timeout: float = 2.0, context: ssl.SSLContext | None = None
+) -> str:
     """Send a ZooKeeper four-letter command (``ruok``, ``srvr``, ``stat``, ``mntr``...) and
     return the reply. Unsecured embedded servers whitelist all of them; a secured one serves
     only :data:`STATUS_WORDS`, over TLS (``context``: one that verifies its certificate)."""
@@ -430,9 +427,7 @@ def _write_cfg(path: Path, settings: Mapping[str, Any]) -> None:
     path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
 
 
-def _java_argv(
-    main_class: str, cfg: Path, log4j2: Path, log_dir: Path, extra_flags: Iterable[str] = ()
-) -> list[str]:
+def _java_argv(main_class: str, cfg: Path, log4j2: Path, log_dir: Path, extra_flags: Iterable[str] = ()) -> list[str]:
     jars = find_pyspark_jars()
     return [
         java_executable(),
@@ -532,15 +527,17 @@ class ZooKeeperTls:
             "4lw.commands.whitelist": STATUS_WORDS,
         }
         if self.quorum_keystore is not None:
-            out.update({
-                "sslQuorum": "true",  # members talk mutual TLS: only holders of the secret join
-                "ssl.quorum.keyStore.location": self.quorum_keystore,
-                "ssl.quorum.keyStore.type": "PEM",
-                "ssl.quorum.trustStore.location": self.quorum_truststore,
-                "ssl.quorum.trustStore.type": "PEM",
-                "ssl.quorum.clientAuth": "need",
-                "ssl.quorum.hostnameVerification": "true",
-            })
+            out.update(
+                {
+                    "sslQuorum": "true",  # members talk mutual TLS: only holders of the secret join
+                    "ssl.quorum.keyStore.location": self.quorum_keystore,
+                    "ssl.quorum.keyStore.type": "PEM",
+                    "ssl.quorum.trustStore.location": self.quorum_truststore,
+                    "ssl.quorum.trustStore.type": "PEM",
+                    "ssl.quorum.clientAuth": "need",
+                    "ssl.quorum.hostnameVerification": "true",
+                }
+            )
         return out
 
 
@@ -618,8 +615,11 @@ class ZooKeeperServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.workdir / "zoo.cfg"
         log4j2 = self.workdir / "log4j2.properties"
-        port = ({"clientPort": self.port, "clientPortAddress": LOCALHOST} if self.tls is None
-                else self.tls.settings(LOCALHOST, self.port))
+        port = (
+            {"clientPort": self.port, "clientPortAddress": LOCALHOST}
+            if self.tls is None
+            else self.tls.settings(LOCALHOST, self.port)
+        )
         settings = {
             **_session_settings(self.tick_ms),
             "dataDir": self.data_dir,
@@ -628,9 +628,7 @@ class ZooKeeperServer:
         }
         _write_cfg(cfg, settings)
         log4j2.write_text(_log4j2_config(self.log_file))
-        return _java_argv(
-            "org.apache.zookeeper.server.ZooKeeperServerMain", cfg, log4j2, self.workdir
-        )
+        return _java_argv("org.apache.zookeeper.server.ZooKeeperServerMain", cfg, log4j2, self.workdir)
 
     def start(self, timeout: float = 60) -> str:
         """Start the JVM and return :attr:`address` once it really serves requests."""
@@ -719,10 +717,7 @@ def parse_members(text: str) -> list[MemberAddress]:
     Raises ValueError naming the item that does not parse, so a command line can say which."""
     items = [item.strip() for item in text.split(",")]
     if not text.strip() or any(not item for item in items):
-        raise ValueError(
-            f"{text!r} is not a list of host:clientPort:quorumPort:electionPort items "
-            "separated by commas"
-        )
+        raise ValueError(f"{text!r} is not a list of host:clientPort:quorumPort:electionPort items separated by commas")
     members: list[MemberAddress] = []
     for item in items:
         parts = item.split(":")
@@ -769,15 +764,16 @@ class ZooKeeperMember:
         self.credentials = credentials
         self.members = list(members)
         if not 1 <= myid <= len(self.members):
-            raise ValueError(
-                f"member id {myid} is not between 1 and the number of members ({len(self.members)})"
-            )
+            raise ValueError(f"member id {myid} is not between 1 and the number of members ({len(self.members)})")
         self.myid = myid
         self.tick_ms = tick_ms
         self.jvm_flags = tuple(jvm_flags)
         self.me = self.members[myid - 1]
-        self.tls = (None if credentials is None
-                    else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls", quorum_host=self.me.host))
+        self.tls = (
+            None
+            if credentials is None
+            else ZooKeeperTls.from_credentials(credentials, self.workdir / "tls", quorum_host=self.me.host)
+        )
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
         self._proc: JavaProcess | None = None
@@ -802,8 +798,9 @@ class ZooKeeperMember:
 
     def mode(self) -> str | None:
         """'leader' / 'follower' while it serves, else None."""
-        return server_mode(self.me.host, self.me.client_port,
-                           context=None if self.tls is None else self.tls.client_context())
+        return server_mode(
+            self.me.host, self.me.client_port, context=None if self.tls is None else self.tls.client_context()
+        )
 
     def _configure(self) -> list[str]:
         data = self.workdir / "data"
@@ -814,8 +811,11 @@ class ZooKeeperMember:
             "initLimit": 20,
             "syncLimit": 10,
             "dataDir": data,
-            **({"clientPort": self.me.client_port, "clientPortAddress": self.me.host} if self.tls is None
-               else self.tls.settings(self.me.host, self.me.client_port)),
+            **(
+                {"clientPort": self.me.client_port, "clientPortAddress": self.me.host}
+                if self.tls is None
+                else self.tls.settings(self.me.host, self.me.client_port)
+            ),
             "reconfigEnabled": "false",
             "standaloneEnabled": "false",
         }
@@ -892,8 +892,9 @@ class ZooKeeperEnsemble:
     clients connected with :attr:`address` keep reading and writing.
     """
 
-    def __init__(self, workdir: Path | str, size: int = 3, tick_ms: int = 200,
-                 credentials: Credentials | None = None) -> None:
+    def __init__(
+        self, workdir: Path | str, size: int = 3, tick_ms: int = 200, credentials: Credentials | None = None
+    ) -> None:
         """``credentials``: a secured ensemble (TLS for clients and between members, sessions
         without the identity refused, ``/`` hardened once it serves; see :class:`ZooKeeperTls`)."""
         if size < 1:
@@ -911,8 +912,7 @@ class ZooKeeperEnsemble:
         ]
         self.credentials = credentials
         self.members = [
-            ZooKeeperMember(self.member_dir(i), i + 1, addresses, tick_ms, credentials=credentials)
-            for i in range(size)
+            ZooKeeperMember(self.member_dir(i), i + 1, addresses, tick_ms, credentials=credentials) for i in range(size)
         ]
 
     @property
@@ -1098,8 +1098,9 @@ def _docker_available() -> bool:
         return False
 
 
-def start_zookeeper(workdir: Path | str, address: str | None = None,
-                    credentials: Credentials | None = None) -> ZooKeeperHandle:
+def start_zookeeper(
+    workdir: Path | str, address: str | None = None, credentials: Credentials | None = None
+) -> ZooKeeperHandle:
     """A ZooKeeper for mergetxn to use, started if need be. In order of preference:
 
     1. ``address`` (or the ``MERGETXN_ZK`` environment variable): a ZooKeeper the user runs;
@@ -1119,8 +1120,10 @@ def start_zookeeper(workdir: Path | str, address: str | None = None,
         return ExternalZooKeeper(choice)
     if credentials is not None:
         if choice == "docker":
-            raise RuntimeError("a secured cluster runs the embedded ZooKeeper (TLS, enforced authentication); "
-                               "MERGETXN_ZK=docker starts a plain one: unset it or give an address")
+            raise RuntimeError(
+                "a secured cluster runs the embedded ZooKeeper (TLS, enforced authentication); "
+                "MERGETXN_ZK=docker starts a plain one: unset it or give an address"
+            )
         secured = ZooKeeperServer(workdir, credentials=credentials)
         secured.start()
         return secured

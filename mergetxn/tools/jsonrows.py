@@ -25,10 +25,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 BATCH_ROWS = 65_536  # rows joined at a time: the lines of one batch are one buffer
-_ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"), ("\b", "\\b"),
-            ("\f", "\\f"),
-            # line breaks to str.splitlines: escaped as json.dumps does, so that a line stays one line
-            ("\x85", "\\u0085"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+_ESCAPES = (
+    ("\\", "\\\\"),
+    ('"', '\\"'),
+    ("\n", "\\n"),
+    ("\r", "\\r"),
+    ("\t", "\\t"),
+    ("\b", "\\b"),
+    ("\f", "\\f"),
+    # line breaks to str.splitlines: escaped as json.dumps does, so that a line stays one line
+    ("\x85", "\\u0085"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
 _OTHER_CONTROL = "[\\x00-\\x07\\x0b\\x0e-\\x1f]"  # escaped as \\u00XX: rare, done value by value
 _SPECIAL_BYTES = re.compile(rb'[\\"\x00-\x1f]|\xc2\x85|\xe2\x80[\xa8\xa9]')  # _SPECIAL in UTF-8
 _PLAIN_BYTES = bytes(b for b in range(256) if b >= 0x20 and b not in b'"\\\x85\xa8\xa9')  # translate deletes these
@@ -55,8 +64,9 @@ _EMPTY, _QUOTE = _lit(""), _lit('"')
 
 
 def _one_by_one(col: pa.Array) -> pa.Array:
-    return pa.array([None if v is None else json.dumps(v, default=json_value) for v in col.to_pylist()],
-                    pa.large_string())
+    return pa.array(
+        [None if v is None else json.dumps(v, default=json_value) for v in col.to_pylist()], pa.large_string()
+    )
 
 
 def _quoted(s: pa.Array) -> pa.Array:
@@ -122,7 +132,9 @@ def encode_column(col: pa.Array) -> tuple[pa.Array, bool]:
         return encode_column(col.dictionary_decode())
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         odd = pc.fill_null(pc.match_substring_regex(col, _OTHER_CONTROL), False) if _any_special(col) else None
-        if odd is not None and pc.any(odd).as_py():  # rare: those values by json.dumps, the rest escaped and quoted here
+        if (
+            odd is not None and pc.any(odd).as_py()
+        ):  # rare: those values by json.dumps, the rest escaped and quoted here
             s = pc.replace_with_mask(_quoted(_string(col)), odd, _one_by_one(col.filter(odd)))
             return pc.fill_null(s, _lit("null")), False
         s = _string(col)
@@ -162,8 +174,8 @@ def lines(data: pa.Table | pa.RecordBatch) -> bytes | memoryview:
     pieces.append(_lit(text + "}\n"))
     joined = pc.binary_join_element_wise(*pieces, _EMPTY)
     _, offsets, values = joined.buffers()
-    start, = struct.unpack_from("<q", offsets, 8 * joined.offset)
-    end, = struct.unpack_from("<q", offsets, 8 * (joined.offset + len(joined)))
+    (start,) = struct.unpack_from("<q", offsets, 8 * joined.offset)
+    (end,) = struct.unpack_from("<q", offsets, 8 * (joined.offset + len(joined)))
     return memoryview(values)[start:end]
 
 

@@ -49,12 +49,8 @@ SPARK_EVENTS = 200  # and to events
 # "module.Error: message" (or "ValueError: message"): the last line of a Python traceback
 PYTHON_ERROR_LINE = re.compile(r"^(?:(?:[A-Za-z_]\w*\.)+[A-Z]\w*|[A-Z]\w*(?:Error|Exception)): ")
 
-ORDERS = pa.schema(
-    [("id", pa.int64()), ("day", pa.date32()), ("customer", pa.string()), ("amount", pa.float64())]
-)
-EVENTS = pa.schema(
-    [("id", pa.int64()), ("source", pa.string()), ("kind", pa.string()), ("value", pa.float64())]
-)
+ORDERS = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("customer", pa.string()), ("amount", pa.float64())])
+EVENTS = pa.schema([("id", pa.int64()), ("source", pa.string()), ("kind", pa.string()), ("value", pa.float64())])
 
 
 class StepFailed(Exception):
@@ -178,9 +174,7 @@ class LocalSpark:
             gateway = None
             if SparkContext._gateway is None:  # launch the JVM ourselves, its output to a file
                 self._log = open(self.log_path, "ab")
-                gateway = launch_gateway(
-                    conf, popen_kwargs={"stdout": self._log, "stderr": subprocess.STDOUT}
-                )
+                gateway = launch_gateway(conf, popen_kwargs={"stdout": self._log, "stderr": subprocess.STDOUT})
                 self._gateway = gateway
             sc = SparkContext(conf=conf, gateway=gateway)
             # SparkContext installed a SIGINT handler that calls into the JVM (and breaks when
@@ -271,9 +265,7 @@ class Workload:
     def create_tables(self) -> str:
         self.clients = [self.cluster.client(i) for i in range(REPLICAS)]
         c0 = self.c(0)
-        c0.create_table(
-            "orders", ORDERS, partition_by=["day"], conflict_policy="maxcompute", auto_merge=False
-        )
+        c0.create_table("orders", ORDERS, partition_by=["day"], conflict_policy="maxcompute", auto_merge=False)
         csn = c0.create_table("events", EVENTS, conflict_policy="parts", auto_merge=False)
         self.say(
             "orders: partitioned by day, conflict policy [bold]maxcompute[/] "
@@ -292,9 +284,7 @@ class Workload:
         # (replica, table, day or source): two writers per replica. Orders writers each own a
         # partition (under maxcompute two INSERTs into one partition conflict); events writers
         # share the table (under parts INSERTs never conflict).
-        plan = [(i, "orders", DAY[i]) for i in range(REPLICAS)] + [
-            (i, "events", f"r{i}") for i in range(REPLICAS)
-        ]
+        plan = [(i, "orders", DAY[i]) for i in range(REPLICAS)] + [(i, "events", f"r{i}") for i in range(REPLICAS)]
         barrier = threading.Barrier(len(plan))
         csns: list[list[int]] = [[] for _ in plan]
         spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(plan)
@@ -322,9 +312,7 @@ class Workload:
                 barrier.abort()
                 errors.append(f"writer {w} ({table} on r{i}): {type(exc).__name__}: {exc}")
 
-        threads = [
-            threading.Thread(target=writer, args=(w,), daemon=True) for w in range(len(plan))
-        ]
+        threads = [threading.Thread(target=writer, args=(w,), daemon=True) for w in range(len(plan))]
         for t in threads:
             t.start()
         for t in threads:
@@ -334,9 +322,7 @@ class Workload:
         elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
         distinct = len({c for x in csns for c in x})
         for w, x in enumerate(csns):
-            expect(
-                x == sorted(x) and len(set(x)) == len(x), f"writer {w} saw CSNs go backwards: {x}"
-            )
+            expect(x == sorted(x) and len(set(x)) == len(x), f"writer {w} saw CSNs go backwards: {x}")
         self.writer_csn = max(c for x in csns for c in x)
         self.writer_time = dt.datetime.now(dt.UTC)
         c0 = self.c(0)
@@ -359,19 +345,9 @@ class Workload:
             f"{len(plan)} writers, one on orders and one on events per replica (r0, r1, r2), "
             "started together by a barrier"
         )
-        shared = (
-            f"; group commit put them in {distinct} ZooKeeper multis (distinct CSNs)"
-            if distinct < commits
-            else ""
-        )
-        self.say(
-            f"{commits} transactions committed in {elapsed:.2f}s = [bold]{rate:.0f} "
-            f"commits/s[/]{shared}"
-        )
-        self.say(
-            f"read on r0 at CSN {self.writer_csn}: orders {orders.num_rows} rows, events "
-            f"{events.num_rows} rows"
-        )
+        shared = f"; group commit put them in {distinct} ZooKeeper multis (distinct CSNs)" if distinct < commits else ""
+        self.say(f"{commits} transactions committed in {elapsed:.2f}s = [bold]{rate:.0f} commits/s[/]{shared}")
+        self.say(f"read on r0 at CSN {self.writer_csn}: orders {orders.num_rows} rows, events {events.num_rows} rows")
         return f"{commits} commits, {rate:.0f} commits/s, no row lost"
 
     def conflict(self) -> str:
@@ -388,16 +364,13 @@ class Workload:
         except ConflictError as exc:
             self.say(f"A committed at CSN {csn_a}; B's commit fails:")
             self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
-            expect(
-                exc.winner == a.id, f"the error names {exc.winner} as the winner, expected {a.id}"
-            )
+            expect(exc.winner == a.id, f"the error names {exc.winner} as the winner, expected {a.id}")
         else:
             raise StepFailed("B's UPDATE of the same partition committed; it should have lost to A")
         after = self.c(0).read("orders", where=day_filter(d1))
         expect(
             pc.sum(after["amount"]).as_py() == base + n * 1.0,
-            "after the conflict the partition does not hold exactly A's update (B left something "
-            "behind?)",
+            "after the conflict the partition does not hold exactly A's update (B left something behind?)",
         )
         # The error says retrying the whole transaction is safe: do it.
         with self.c(1).transaction() as retry:
@@ -407,10 +380,7 @@ class Workload:
             pc.sum(final["amount"]).as_py() == base + n * 101.0,
             "the retried UPDATE did not apply exactly once",
         )
-        self.say(
-            f"B retried as a new transaction: committed at CSN {retry.csn}; amounts now +1 (A) "
-            "and +100 (B)"
-        )
+        self.say(f"B retried as a new transaction: committed at CSN {retry.csn}; amounts now +1 (A) and +100 (B)")
         return f"B lost to A ({a.id}, named in the error); retry committed at CSN {retry.csn}"
 
     def rebase_maxcompute(self) -> str:
@@ -419,20 +389,14 @@ class Workload:
         rows_before = c0.read("orders", where=day_filter(d2)).num_rows
         tx = c1.begin()
         tx.insert("orders", orders_rows(5_000_000, ROWS_PER_COMMIT, d2))
-        self.say(
-            f"T = {tx.id} on r1 INSERTs {ROWS_PER_COMMIT} rows into orders {d2} (snapshot "
-            f"{tx.snapshot})"
-        )
+        self.say(f"T = {tx.id} on r1 INSERTs {ROWS_PER_COMMIT} rows into orders {d2} (snapshot {tx.snapshot})")
         csn_compact = c2.compact("orders", kind="minor", partitions=[d2.isoformat()])
         merged = [r for r in c2.parts("orders").to_pylist() if r["removal_csn"] == csn_compact]
         expect(
             csn_compact > tx.snapshot and len(merged) >= 2,
-            f"the compaction on r2 did not merge parts of {d2} (CSN {csn_compact}, {len(merged)} "
-            "parts)",
+            f"the compaction on r2 did not merge parts of {d2} (CSN {csn_compact}, {len(merged)} parts)",
         )
-        self.say(
-            f"meanwhile r2 compacts that partition: {len(merged)} parts merged at CSN {csn_compact}"
-        )
+        self.say(f"meanwhile r2 compacts that partition: {len(merged)} parts merged at CSN {csn_compact}")
         files = self.storage_files()
         csn = tx.commit()
         expect(self.storage_files() == files, "the rebased INSERT rewrote data files at commit")
@@ -454,10 +418,7 @@ class Workload:
             f"T commits at CSN {csn}: INSERT after MINOR_COMPACT succeeds under maxcompute, "
             f"rebased on metadata only (its {len(mine)} part file(s) kept, 0 files written at commit)"
         )
-        return (
-            f"INSERT rebased past compaction CSN {csn_compact}, committed at CSN {csn}, "
-            "no data rewritten"
-        )
+        return f"INSERT rebased past compaction CSN {csn_compact}, committed at CSN {csn}, no data rewritten"
 
     def rebase_parts(self) -> str:
         c0, c1, c2 = self.c(0), self.c(1), self.c(2)
@@ -474,10 +435,7 @@ class Workload:
                     events_rows(6_000_000 + i * 1000, ROWS_PER_COMMIT, f"late-r{i}", "late"),
                 )
             inserted.append(tx)
-        self.say(
-            "meanwhile r1 and r2 commit INSERTs into events at CSN "
-            + ", ".join(str(t.csn) for t in inserted)
-        )
+        self.say("meanwhile r1 and r2 commit INSERTs into events at CSN " + ", ".join(str(t.csn) for t in inserted))
         files = self.storage_files()
         csn = comp.commit()
         expect(self.storage_files() == files, "the compaction's commit wrote data files")
@@ -522,21 +480,15 @@ class Workload:
                 f"{table}: the transaction's parts do not all carry CSN {csn}",
             )
         before_o = c0.read("orders", snapshot=tx.snapshot, where=day_filter(DAY[8])).num_rows
-        before_e = c0.read(
-            "events", snapshot=tx.snapshot, where=pc.field("source") == "checkout"
-        ).num_rows
+        before_e = c0.read("events", snapshot=tx.snapshot, where=pc.field("source") == "checkout").num_rows
         at_o = c0.read("orders", snapshot=csn, where=day_filter(DAY[8])).num_rows
         at_e = c0.read("events", snapshot=csn, where=pc.field("source") == "checkout").num_rows
         expect(
             (before_o, before_e, at_o, at_e) == (0, 0, 10, 10),
-            f"expected 0/0 rows before and 10/10 at CSN {csn}, got {before_o}/{before_e} and "
-            f"{at_o}/{at_e}",
+            f"expected 0/0 rows before and 10/10 at CSN {csn}, got {before_o}/{before_e} and {at_o}/{at_e}",
         )
         self.say(f"one transaction {tx.id} on r0 inserts 10 rows into orders and 10 into events")
-        self.say(
-            f"both appear at [bold]CSN {csn}[/] (one ZooKeeper multi); at snapshot {tx.snapshot} "
-            "neither does"
-        )
+        self.say(f"both appear at [bold]CSN {csn}[/] (one ZooKeeper multi); at snapshot {tx.snapshot} neither does")
         return f"orders +10 and events +10 visible together at CSN {csn}"
 
     def snapshot_read(self) -> str:
@@ -548,10 +500,7 @@ class Workload:
             expect(there.equals(here), f"{table} at CSN {csn} differs between r2 and r0")
             counts.append(f"{table} {there.num_rows} rows")
         expect(c2.snapshot() >= csn, f"r2's snapshot is behind CSN {csn} after serving it")
-        self.say(
-            f"the commit at CSN {csn} happened on r0; r2 reads at that CSN (waiting until it has "
-            "applied it):"
-        )
+        self.say(f"the commit at CSN {csn} happened on r0; r2 reads at that CSN (waiting until it has applied it):")
         self.say(f"{', '.join(counts)}, row for row the same as on r0")
         return f"r2 read CSN {csn} committed on r0: identical ({', '.join(counts)})"
 
@@ -563,13 +512,11 @@ class Workload:
         want_now = self.writer_orders_rows + ROWS_PER_COMMIT + 10
         expect(
             old.num_rows == self.writer_orders_rows,
-            f"orders at CSN {self.writer_csn} has {old.num_rows} rows, expected "
-            f"{self.writer_orders_rows}",
+            f"orders at CSN {self.writer_csn} has {old.num_rows} rows, expected {self.writer_orders_rows}",
         )
         expect(
             as_of.num_rows == self.writer_orders_rows,
-            f"orders as of {self.writer_time} has {as_of.num_rows} rows, expected "
-            f"{self.writer_orders_rows}",
+            f"orders as of {self.writer_time} has {as_of.num_rows} rows, expected {self.writer_orders_rows}",
         )
         expect(now.num_rows == want_now, f"orders now has {now.num_rows} rows, expected {want_now}")
         old_amount = pc.sum(old.filter(day_filter(DAY[0]))["amount"]).as_py()
@@ -584,27 +531,41 @@ class Workload:
             f"{as_of.num_rows} rows; "
             f"now: {now.num_rows} rows"
         )
-        self.say(
-            f"partition {DAY[0]} amount total then {old_amount:g}, now {now_amount:g} "
-            "(before/after the UPDATEs)"
-        )
+        self.say(f"partition {DAY[0]} amount total then {old_amount:g}, now {now_amount:g} (before/after the UPDATEs)")
         return f"{old.num_rows} rows at CSN {self.writer_csn} and as of {when}, {now.num_rows} now"
 
     def keys_table(self) -> str:
         """Keys tables (docs/rules.md#keys-tables): first committer wins per key, the error names the key; lock
         groups let writers of different columns of one row both commit."""
         c0, c1 = self.c(0), self.c(1)
-        schema = pa.schema([pa.field("customer", pa.int64(), nullable=False), ("name", pa.string()),
-                            ("balance", pa.float64()), ("segment", pa.string())])
-        csn = c0.create_table("customers", schema, primary_key=["customer"], conflict_policy="keys",
-                              lock_groups={"money": ["balance"], "profile": ["name", "segment"]})
+        schema = pa.schema(
+            [
+                pa.field("customer", pa.int64(), nullable=False),
+                ("name", pa.string()),
+                ("balance", pa.float64()),
+                ("segment", pa.string()),
+            ]
+        )
+        csn = c0.create_table(
+            "customers",
+            schema,
+            primary_key=["customer"],
+            conflict_policy="keys",
+            lock_groups={"money": ["balance"], "profile": ["name", "segment"]},
+        )
         with c0.transaction() as tx:
-            tx.insert("customers", pa.Table.from_pylist(
-                [{"customer": i, "name": f"c{i}", "balance": 100.0, "segment": "new"} for i in range(1, 4)],
-                schema=schema))
+            tx.insert(
+                "customers",
+                pa.Table.from_pylist(
+                    [{"customer": i, "name": f"c{i}", "balance": 100.0, "segment": "new"} for i in range(1, 4)],
+                    schema=schema,
+                ),
+            )
         c1.wait_for(tx.csn)
-        self.say(f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
-                 "money = balance and profile = name, segment")
+        self.say(
+            f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
+            "money = balance and profile = name, segment"
+        )
         a, b = c0.begin(), c1.begin()
         self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both upsert customer 1")
         a.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [150.0]}), update=True)
@@ -615,23 +576,32 @@ class Workload:
         except ConflictError as exc:
             self.say(f"A committed at CSN {csn_a}; B's commit fails:")
             self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
-            expect(exc.winner == a.id and "'customer': 1" in exc.message,
-                   f"the error should name the winner {a.id} and the key customer 1: {exc.message}")
+            expect(
+                exc.winner == a.id and "'customer': 1" in exc.message,
+                f"the error should name the winner {a.id} and the key customer 1: {exc.message}",
+            )
         else:
             raise StepFailed("B's upsert of customer 1 committed; it should have lost to A")
         # Different lock groups of the same row: both commit, both changes are there.
         m, p = c0.begin(), c1.begin()
         m.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "balance": [175.0]}), update=True)
-        p.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"],
-                                        "segment": ["gold"]}), update=True)
+        p.upsert(
+            "customers",
+            pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"], "segment": ["gold"]}),
+            update=True,
+        )
         m.commit()
         p.commit()
         c0.wait_for(p.csn)
         row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
-        expect(row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
-               f"customer 2 should hold both writers' columns, holds {row}")
-        self.say(f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
-                 f"(CSNs {m.csn}, {p.csn}): {row[0]}")
+        expect(
+            row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
+            f"customer 2 should hold both writers' columns, holds {row}",
+        )
+        self.say(
+            f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
+            f"(CSNs {m.csn}, {p.csn}): {row[0]}"
+        )
         return "B lost to A on customer 1 (the error names the key); two lock groups of customer 2 both committed"
 
     def spark_job(self) -> str:
@@ -668,13 +638,11 @@ class Workload:
                 # Spark's own Parquet reader over the parts visible at the snapshot (spark/native.py).
                 return read_table(session, table, snapshot=snapshot, replica=r2, where=where)
 
-            orders = (
-                load("orders", where=[("day", "==", SPARK_DAY)])  # skips the other days' parts
-                .select(F.lit("orders").alias("what"))
+            orders = load("orders", where=[("day", "==", SPARK_DAY)]).select(  # skips the other days' parts
+                F.lit("orders").alias("what")
             )
-            events = (
-                load("events", where=[("source", "in", ["spark", "beside-r1"])])
-                .select(F.concat(F.lit("events/"), F.col("source")).alias("what"))
+            events = load("events", where=[("source", "in", ["spark", "beside-r1"])]).select(
+                F.concat(F.lit("events/"), F.col("source")).alias("what")
             )
             got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
             for row in orders.unionByName(events).groupBy("what").count().collect():
@@ -702,15 +670,14 @@ class Workload:
 
             def save(df, table: str) -> None:
                 # Spark's own Parquet writer; the files join T as parts (None: T commits them).
-                expect(write_table(df, table, txn=tx, replica=r0) is None,
-                       f"write_table into T returned a CSN for {table}")
+                expect(
+                    write_table(df, table, txn=tx, replica=r0) is None, f"write_table into T returned a CSN for {table}"
+                )
 
             save(orders_df, "orders")
             # Beside it, another client on another replica commits on its own.
             with c1.transaction() as beside:
-                beside.insert(
-                    "events", events_rows(8_100_000, ROWS_PER_COMMIT, "beside-r1", "beside")
-                )
+                beside.insert("events", events_rows(8_100_000, ROWS_PER_COMMIT, "beside-r1", "beside"))
             save(events_df, "events")
             self.say(
                 f"Spark staged {SPARK_ORDERS} rows into orders {SPARK_DAY} and {SPARK_EVENTS} into "
@@ -790,9 +757,7 @@ class Workload:
 
 def _check_workdir(workdir: Path) -> None:
     if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
-        raise InvalidInput(
-            f"workdir {workdir} is not an empty directory; quickstart needs a fresh one"
-        )
+        raise InvalidInput(f"workdir {workdir} is not an empty directory; quickstart needs a fresh one")
 
 
 def _summary(results: list[StepResult]) -> Table:
@@ -881,9 +846,7 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
         results.append(StepResult(current, "interrupted", "", time.perf_counter() - t0))
         code = 130
     except Exception as exc:  # an unexpected error is a failed quickstart, reported in one line
-        results.append(
-            StepResult("unexpected error", "FAILED", f"{type(exc).__name__}: {exc}", 0.0)
-        )
+        results.append(StepResult("unexpected error", "FAILED", f"{type(exc).__name__}: {exc}", 0.0))
         code = 1
     finally:
         work.close()
@@ -906,9 +869,7 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
     out.print(_summary(results))
     where = f"; files kept in {base}" if (keep or not temporary) else ""
     if code == 0:
-        out.print(
-            f"[bold green]all {len(steps)} steps behaved as expected[/] in {total:.1f}s{where}"
-        )
+        out.print(f"[bold green]all {len(steps)} steps behaved as expected[/] in {total:.1f}s{where}")
     elif code == 130:
         out.print(f"[yellow]quickstart interrupted after {total:.1f}s[/]{where}")
     else:

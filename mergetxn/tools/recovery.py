@@ -49,8 +49,13 @@ PARTS_DIR = "parts"
 MAX_MANIFEST_BYTES = 256 * 1024 * 1024  # a manifest of a million parts fits; a larger file is not ours
 HISTORY_LIMIT = 10_000  # the most commits `history` prints
 
-KIND_NAMES = {"INSERT": "insert", "OVERWRITE": "overwrite", "MUTATE": "mutate",
-              "MINOR_COMPACT": "compaction (minor)", "MAJOR_COMPACT": "compaction (major)"}
+KIND_NAMES = {
+    "INSERT": "insert",
+    "OVERWRITE": "overwrite",
+    "MUTATE": "mutate",
+    "MINOR_COMPACT": "compaction (minor)",
+    "MAJOR_COMPACT": "compaction (major)",
+}
 
 
 # -- backup ------------------------------------------------------------------------------------
@@ -58,8 +63,10 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
     """Copy ``table`` at ``snapshot`` (a CSN; the latest by default) into ``directory``; returns
     the manifest written. Refuses a directory that already holds a backup (InvalidInput)."""
     if inside(client.storage.url, directory):
-        raise InvalidInput(f"backup directory {quote(directory)} is inside the cluster's storage, where cleanup "
-                           "collects files no commit names: give a directory outside it")
+        raise InvalidInput(
+            f"backup directory {quote(directory)} is inside the cluster's storage, where cleanup "
+            "collects files no commit names: give a directory outside it"
+        )
     dest = _storage(directory, create=True)
     if dest.exists(MANIFEST):
         raise InvalidInput(f"{quote(directory)} already holds a backup ({MANIFEST}); give an empty directory")
@@ -68,15 +75,33 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
         for meta in sorted(metas, key=lambda m: m.name):
             raw = client.storage.get(meta.path)
             if len(raw) != meta.size or checksum_of(raw) != meta.checksum:
-                raise CorruptPart(f"part {quote(meta.path)} of {quote(table)} is not as committed "
-                                  f"({verify_file(client.storage, meta)}); run mergetxn check", path=meta.path)
+                raise CorruptPart(
+                    f"part {quote(meta.path)} of {quote(table)} is not as committed "
+                    f"({verify_file(client.storage, meta)}); run mergetxn check",
+                    path=meta.path,
+                )
             dest.put(_part_file(meta.name), raw)
-            entries.append({"file": _part_file(meta.name), "size": meta.size, "checksum": meta.checksum,
-                            "rows": meta.rows, "partition": partition_key(meta.partition),
-                            "csn": csns.get(meta.name), "meta": meta.to_dict()})
-    manifest = {"format": FORMAT, "table": tdef.name, "csn": snap, "created_at": time.time(),
-                "definition": tdef.to_dict(), "rows": sum(m.rows for m in metas),
-                "bytes": sum(m.size for m in metas), "parts": entries}
+            entries.append(
+                {
+                    "file": _part_file(meta.name),
+                    "size": meta.size,
+                    "checksum": meta.checksum,
+                    "rows": meta.rows,
+                    "partition": partition_key(meta.partition),
+                    "csn": csns.get(meta.name),
+                    "meta": meta.to_dict(),
+                }
+            )
+    manifest = {
+        "format": FORMAT,
+        "table": tdef.name,
+        "csn": snap,
+        "created_at": time.time(),
+        "definition": tdef.to_dict(),
+        "rows": sum(m.rows for m in metas),
+        "bytes": sum(m.size for m in metas),
+        "parts": entries,
+    }
     dest.put(MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
     return manifest
 
@@ -87,6 +112,7 @@ def _part_file(name: str) -> str:
 
 def inside(storage_url: str, directory: str) -> bool:
     """Whether ``directory`` is ``storage_url`` or under it (pure but for resolving local links)."""
+
     def norm(url: str) -> tuple[str, str]:
         if "://" not in url or url.startswith("file://"):
             return "file", os.path.realpath(os.path.expanduser(url.removeprefix("file://")))
@@ -128,8 +154,9 @@ def load(directory: str) -> tuple[Storage, Backup]:
     CorruptPart naming each file that is missing or differs."""
     src = _storage(directory, create=False)
     if not src.exists(MANIFEST):
-        raise InvalidInput(f"{quote(directory)} holds no backup ({MANIFEST} is missing: not a backup, "
-                           "or one that did not finish)")
+        raise InvalidInput(
+            f"{quote(directory)} holds no backup ({MANIFEST} is missing: not a backup, or one that did not finish)"
+        )
     size = src.size(MANIFEST)
     if size > MAX_MANIFEST_BYTES:
         raise CorruptMetadata(f"backup manifest {quote(directory)} is {size} bytes, over {MAX_MANIFEST_BYTES}")
@@ -141,8 +168,10 @@ def load(directory: str) -> tuple[Storage, Backup]:
             problems.append(f"{meta.path} {why}")
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise CorruptPart(f"backup {quote(directory)} is damaged, nothing restored: {'; '.join(problems[:5])}{more}",
-                          problems=problems[:100])
+        raise CorruptPart(
+            f"backup {quote(directory)} is damaged, nothing restored: {'; '.join(problems[:5])}{more}",
+            problems=problems[:100],
+        )
     return src, b
 
 
@@ -162,9 +191,13 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
     try:
         tdef = TableDef.from_dict(definition)
     except (MergetxnError, KeyError, TypeError, ValueError) as exc:
-        raise CorruptMetadata(f"backup manifest in {quote(where)}: the table definition does not parse: {exc}") from None
+        raise CorruptMetadata(
+            f"backup manifest in {quote(where)}: the table definition does not parse: {exc}"
+        ) from None
     if tdef.name != table:
-        raise CorruptMetadata(f"backup manifest in {quote(where)} names table {quote(table)} and defines {quote(tdef.name)}")
+        raise CorruptMetadata(
+            f"backup manifest in {quote(where)} names table {quote(table)} and defines {quote(tdef.name)}"
+        )
     parts = []
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
@@ -173,8 +206,12 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
         part_csn = e.get("csn")
         if part_csn is not None and (not isinstance(part_csn, int) or isinstance(part_csn, bool)):
             raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} has a bad csn")
-        if (e.get("file") != _part_file(meta.name) or e.get("size") != meta.size
-                or e.get("checksum") != meta.checksum or meta.table != table):
+        if (
+            e.get("file") != _part_file(meta.name)
+            or e.get("size") != meta.size
+            or e.get("checksum") != meta.checksum
+            or meta.table != table
+        ):
             raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} disagrees with itself")
         parts.append((dataclasses.replace(meta, path=_part_file(meta.name)), part_csn))
     return Backup(table, csn, tdef, tuple(parts))
@@ -202,11 +239,19 @@ def restore(client: Client, directory: str, as_name: str | None = None) -> dict:
                 written += data.num_rows
         return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": written, "created": False}
     d = b.definition
-    client.create_table(target, d.schema, partition_by=d.partition_by, primary_key=d.primary_key,
-                        conflict_policy=d.conflict_policy.value, auto_merge=d.auto_merge,
-                        lock_groups=dict(d.lock_groups) or None, atomicity=d.atomicity,
-                        txn_max_seconds=d.txn_max_seconds, txn_max_rows=d.txn_max_rows,
-                        retention_seconds=d.retention_seconds)
+    client.create_table(
+        target,
+        d.schema,
+        partition_by=d.partition_by,
+        primary_key=d.primary_key,
+        conflict_policy=d.conflict_policy.value,
+        auto_merge=d.auto_merge,
+        lock_groups=dict(d.lock_groups) or None,
+        atomicity=d.atomicity,
+        txn_max_seconds=d.txn_max_seconds,
+        txn_max_rows=d.txn_max_rows,
+        retention_seconds=d.retention_seconds,
+    )
     written = 0
     try:
         with client.transaction(atomicity=d.atomicity) as tx:
@@ -226,10 +271,13 @@ def _same_kind(current: TableDef, backed_up: TableDef) -> None:
     mine = (current.conflict_policy is Policy.KEYS, current.primary_key)
     theirs = (backed_up.conflict_policy is Policy.KEYS, backed_up.primary_key)
     if mine != theirs:
-        raise InvalidInput(f"restore in place: table {quote(current.name)} (policy {current.conflict_policy.value}, "
-                           f"key {list(current.primary_key)}) is not of the backup's kind (policy "
-                           f"{backed_up.conflict_policy.value}, key {list(backed_up.primary_key)}); "
-                           "restore it under a new name (--as)", table=current.name)
+        raise InvalidInput(
+            f"restore in place: table {quote(current.name)} (policy {current.conflict_policy.value}, "
+            f"key {list(current.primary_key)}) is not of the backup's kind (policy "
+            f"{backed_up.conflict_policy.value}, key {list(backed_up.primary_key)}); "
+            "restore it under a new name (--as)",
+            table=current.name,
+        )
 
 
 def _rows(src: Storage, b: Backup) -> Iterator[pa.Table]:
@@ -252,8 +300,11 @@ def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
     backup is null; one it no longer has, or a non-nullable one missing, is refused."""
     extra = [n for n in data.column_names if n not in schema.names]
     if extra:
-        raise InvalidInput(f"restore in place: table {quote(table)} has no column(s) {quote(extra)} of the backup; "
-                           "restore it under a new name (--as)", table=table)
+        raise InvalidInput(
+            f"restore in place: table {quote(table)} has no column(s) {quote(extra)} of the backup; "
+            "restore it under a new name (--as)",
+            table=table,
+        )
     cols = []
     for f in schema:
         if f.name in data.column_names:
@@ -261,8 +312,9 @@ def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
         elif f.nullable:
             cols.append(pa.nulls(data.num_rows, f.type))
         else:
-            raise InvalidInput(f"restore in place: the backup lacks non-nullable column {quote(f.name)} of "
-                               f"{quote(table)}", table=table)
+            raise InvalidInput(
+                f"restore in place: the backup lacks non-nullable column {quote(f.name)} of {quote(table)}", table=table
+            )
     return pa.Table.from_arrays(cols, schema=schema)
 
 
@@ -281,8 +333,9 @@ def history(client: Client, table: str, limit: int = 50) -> list[dict]:
     span = 4 * limit
     while True:
         since = max(0, described["snapshot"] - span)
-        entries = summarize(client.events(table, since_csn=since or None).to_pylist(),
-                            [h for h in ddl if h["csn"] > since])
+        entries = summarize(
+            client.events(table, since_csn=since or None).to_pylist(), [h for h in ddl if h["csn"] > since]
+        )
         if since == 0 or len(entries) >= limit:
             return entries[-limit:]
         span *= 4
@@ -297,19 +350,48 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
         key = (e.get("csn"), e.get("tid"))
         if e["event"] == "commit":
             kinds = [k for k in (e.get("kinds") or "").split(",") if k]
-            commits[key] = entry = {"csn": e["csn"], "time": e.get("time"),
-                                    "kind": ", ".join(KIND_NAMES.get(k, k.lower()) for k in kinds) or "empty",
-                                    "rows_added": e.get("rows") or 0, "rows_removed": 0, "tid": e["tid"],
-                                    "host": e.get("host"), "user": users.get(e["tid"]), "reason": None}
+            commits[key] = entry = {
+                "csn": e["csn"],
+                "time": e.get("time"),
+                "kind": ", ".join(KIND_NAMES.get(k, k.lower()) for k in kinds) or "empty",
+                "rows_added": e.get("rows") or 0,
+                "rows_removed": 0,
+                "tid": e["tid"],
+                "host": e.get("host"),
+                "user": users.get(e["tid"]),
+                "reason": None,
+            }
             out.append(entry)
         elif e["event"] == "part_removed" and key in commits:
             commits[key]["rows_removed"] += e.get("rows") or 0
         elif e["event"] == "rollback":
-            out.append({"csn": None, "time": e.get("time"), "kind": "abort", "rows_added": 0, "rows_removed": 0,
-                        "tid": e.get("tid"), "host": e.get("host"), "user": e.get("user"), "reason": e.get("reason")})
+            out.append(
+                {
+                    "csn": None,
+                    "time": e.get("time"),
+                    "kind": "abort",
+                    "rows_added": 0,
+                    "rows_removed": 0,
+                    "tid": e.get("tid"),
+                    "host": e.get("host"),
+                    "user": e.get("user"),
+                    "reason": e.get("reason"),
+                }
+            )
     for h in ddl:
-        out.append({"csn": h["csn"], "time": None, "kind": "create" if h.get("what") == "created" else "alter",
-                    "rows_added": 0, "rows_removed": 0, "tid": None, "host": None, "user": None, "reason": None})
+        out.append(
+            {
+                "csn": h["csn"],
+                "time": None,
+                "kind": "create" if h.get("what") == "created" else "alter",
+                "rows_added": 0,
+                "rows_removed": 0,
+                "tid": None,
+                "host": None,
+                "user": None,
+                "reason": None,
+            }
+        )
 
     # An abort has no CSN: it goes after the last commit made before it (by time).
     timed = sorted((c["time"], c["csn"]) for c in commits.values() if c["time"] is not None)

@@ -63,8 +63,12 @@ def member_status(host: str, port: int, timeout: float, context: ssl.SSLContext 
     except OSError as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"
         return out
-    for key, pattern in (("mode", r"^Mode: (\w+)"), ("zxid", r"^Zxid: (\S+)"), ("nodes", r"^Node count: (\d+)"),
-                         ("connections", r"^Connections: (\d+)")):
+    for key, pattern in (
+        ("mode", r"^Mode: (\w+)"),
+        ("zxid", r"^Zxid: (\S+)"),
+        ("nodes", r"^Node count: (\d+)"),
+        ("connections", r"^Connections: (\d+)"),
+    ):
         m = re.search(pattern, reply, re.MULTILINE)
         if m:
             out[key] = int(m.group(1)) if m.group(1).isdigit() else m.group(1)
@@ -95,8 +99,9 @@ def replica_info(address: str, timeout: float, connect: Connect = _client) -> di
     except OSError as exc:
         log.debug("replica at %s: %r", address, exc)
         return {"error": f"{type(exc).__name__}: {exc}"}
-    log.debug("replica %s at %s: applied %s, lag %s", info.get("host_id"), address, info.get("applied_csn"),
-              info.get("lag"))
+    log.debug(
+        "replica %s at %s: applied %s, lag %s", info.get("host_id"), address, info.get("applied_csn"), info.get("lag")
+    )
     return info
 
 
@@ -125,8 +130,13 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     from coordinator.zk.alive import registered as registered_hosts
     from coordinator.zk.log import CsnLog, given_out
 
-    zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-                     command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
+    zk = KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
+        command_retry=KazooRetry(max_tries=2, delay=0.05),
+        **zk_client_args(credentials),
+    )
     try:
         zk.start(timeout=timeout)
     except Exception as exc:  # kazoo's timeout, or a bad connection string
@@ -158,15 +168,27 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
             gc = None
         return {
             "registered": registered,
-            "alive": {h: {"address": r.address, "applied": r.applied, "oldest_snapshot": r.oldest_snapshot,
-                          "snapshots": [list(p) for p in r.snapshots], "running": len(r.running),
-                          "running_overflow": r.running_overflow, "malformed": r.malformed}
-                      for h, r in alive.items()},
-            "log": {"end_csn": end, "entries": entries, "epochs": epochs,
-                    "retained": int(tail.get("retained", 0)) if tail else 0,
-                    "checkpoint": None if not tail else {k: tail.get(k) for k in ("csn", "path", "time")},
-                    "cleanup_watermark": None if gc is None else gc.watermark,
-                    "cleanup_collected": None if gc is None else gc.collected},
+            "alive": {
+                h: {
+                    "address": r.address,
+                    "applied": r.applied,
+                    "oldest_snapshot": r.oldest_snapshot,
+                    "snapshots": [list(p) for p in r.snapshots],
+                    "running": len(r.running),
+                    "running_overflow": r.running_overflow,
+                    "malformed": r.malformed,
+                }
+                for h, r in alive.items()
+            },
+            "log": {
+                "end_csn": end,
+                "entries": entries,
+                "epochs": epochs,
+                "retained": int(tail.get("retained", 0)) if tail else 0,
+                "checkpoint": None if not tail else {k: tail.get(k) for k in ("csn", "path", "time")},
+                "cleanup_watermark": None if gc is None else gc.watermark,
+                "cleanup_collected": None if gc is None else gc.collected,
+            },
         }
     except Exception as exc:  # the session went away meanwhile
         return {"error": f"cannot read ZooKeeper {hosts}: {type(exc).__name__}: {exc}"}
@@ -190,8 +212,13 @@ def retire(hosts: str, root: str, host_id: str, timeout: float, credentials: Any
     from coordinator.zk.alive import retire as retire_host
     from coordinator.zk.log import CsnLog
 
-    zk = KazooClient(hosts=hosts, timeout=timeout, connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-                     command_retry=KazooRetry(max_tries=2, delay=0.05), **zk_client_args(credentials))
+    zk = KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
+        command_retry=KazooRetry(max_tries=2, delay=0.05),
+        **zk_client_args(credentials),
+    )
     try:
         try:
             zk.start(timeout=timeout)
@@ -209,9 +236,17 @@ def retire(hosts: str, root: str, host_id: str, timeout: float, credentials: Any
             pass
 
 
-def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", timeout: float = 10.0,
-           max_lag_seconds: float = 30.0, ignore: tuple[str, ...] = (), connect: Connect = _client,
-           credentials: Any = None, storage: bool = True) -> dict[str, Any]:
+def gather(
+    replica: str | None,
+    zk_hosts: str | None,
+    root: str = "/mergetxn",
+    timeout: float = 10.0,
+    max_lag_seconds: float = 30.0,
+    ignore: tuple[str, ...] = (),
+    connect: Connect = _client,
+    credentials: Any = None,
+    storage: bool = True,
+) -> dict[str, Any]:
     """The cluster's status as plain data (see the module docstring): ``healthy`` and
     ``problems`` first, then ``zookeeper``, ``log``, ``replicas`` (by host id), and the
     cluster-wide ``oldest_snapshot``, ``running_transactions`` and ``last_cleanup``.
@@ -219,8 +254,12 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
     ``storage``: check that every part file a read may need is in storage, of its size
     (replicas/storage_check.py, through the first replica that answers; no file is read)."""
     problems: list[str] = []
-    report: dict[str, Any] = {"healthy": False, "problems": problems, "checked_at": time.time(),
-                              "max_lag_seconds": max_lag_seconds}
+    report: dict[str, Any] = {
+        "healthy": False,
+        "problems": problems,
+        "checked_at": time.time(),
+        "max_lag_seconds": max_lag_seconds,
+    }
     infos: dict[str, dict] = {}  # by address
     if replica is not None:
         first = replica_info(replica, timeout, connect)
@@ -254,12 +293,13 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         infos.update({a: f.result() for a, f in asked.items()})
     replicas: dict[str, dict] = {}
     for h in hosts:
-        row: dict[str, Any] = {"host_id": h, "address": addresses.get(h), "alive": h in alive,
-                               "ignored": h in ignore}
+        row: dict[str, Any] = {"host_id": h, "address": addresses.get(h), "alive": h in alive, "ignored": h in ignore}
         info = infos.get(addresses.get(h, ""), {}) if h in addresses else {}
         if h not in alive:
             row["state"] = "down"
-            row["error"] = "registered, but no alive node (stopped, or its ZooKeeper session expired; retire it for good with `mergetxn replica retire`)"
+            row["error"] = (
+                "registered, but no alive node (stopped, or its ZooKeeper session expired; retire it for good with `mergetxn replica retire`)"
+            )
         elif "error" in info:
             row["state"] = "unreachable"
             row["error"] = info["error"]
@@ -269,30 +309,42 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
         replicas[h] = row
     for address, info in infos.items():  # --replica not (yet) registered in the ZooKeeper read
         if "error" not in info and info["host_id"] not in replicas:
-            replicas[info["host_id"]] = {"host_id": info["host_id"], "address": address, "alive": None,
-                                         "ignored": info["host_id"] in ignore, "state": "ok", **_from_info(info)}
+            replicas[info["host_id"]] = {
+                "host_id": info["host_id"],
+                "address": address,
+                "alive": None,
+                "ignored": info["host_id"] in ignore,
+                "state": "ok",
+                **_from_info(info),
+            }
     for h, row in sorted(replicas.items()):
         if row["ignored"]:
             continue
         if row["state"] != "ok":
-            problems.append(f"replica {h}{' at ' + row['address'] if row.get('address') else ''} is "
-                            f"{row['state']}: {row['error']}")
+            problems.append(
+                f"replica {h}{' at ' + row['address'] if row.get('address') else ''} is {row['state']}: {row['error']}"
+            )
             continue
         if not row["zk_connected"]:
             problems.append(f"replica {h} has no usable ZooKeeper session ({row['zk_state']})")
         if row["log_failure"]:
             problems.append(f"replica {h} stopped applying the log: {row['log_failure']}")
         if row["lag_seconds"] > max_lag_seconds:
-            problems.append(f"replica {h} lags {row['lag_seconds']:.1f}s ({row['lag_entries']} entries) behind "
-                            f"the log, more than {max_lag_seconds:g}s")
+            problems.append(
+                f"replica {h} lags {row['lag_seconds']:.1f}s ({row['lag_entries']} entries) behind "
+                f"the log, more than {max_lag_seconds:g}s"
+            )
     report["replicas"] = replicas
     ok = [r for r in replicas.values() if r["state"] == "ok"]
     oldest = min(ok, key=lambda r: r["oldest_snapshot"]["snapshot"], default=None)
     report["oldest_snapshot"] = None if oldest is None else {**oldest["oldest_snapshot"], "host": oldest["host_id"]}
     report["running_transactions"] = sum(r["running_transactions"] for r in ok)
-    report["transactions"] = {kind: sorted(({**t, "host": r["host_id"]} for r in ok for t in r["transactions"][kind]),
-                                           key=lambda t: -t["age_seconds"])
-                              for kind in ("long_running", "orphaned")}
+    report["transactions"] = {
+        kind: sorted(
+            ({**t, "host": r["host_id"]} for r in ok for t in r["transactions"][kind]), key=lambda t: -t["age_seconds"]
+        )
+        for kind in ("long_running", "orphaned")
+    }
     cleaned = [r for r in ok if r["cleanup"]["last_at"] is not None]
     last = max(cleaned, key=lambda r: r["cleanup"]["last_at"], default=None)
     report["last_cleanup"] = None if last is None else {"host": last["host_id"], **last["cleanup"]}
@@ -302,8 +354,10 @@ def gather(replica: str | None, zk_hosts: str | None, root: str = "/mergetxn", t
             problems.append(f"storage check through replica {ok[0]['host_id']} failed: {report['storage']['error']}")
         for t in report["storage"].get("tables", ()):
             for p in t["problems"][:10]:
-                problems.append(f"table {t['table']!r}: part {p['part']}: {p['problem']} (reads of it fail; "
-                                f"mergetxn check {t['table']} lists every one)")
+                problems.append(
+                    f"table {t['table']!r}: part {p['part']}: {p['problem']} (reads of it fail; "
+                    f"mergetxn check {t['table']} lists every one)"
+                )
     if replica is None and zk_hosts is None:
         problems.append("nothing to check: give --replica or --zk")
     report["healthy"] = not problems

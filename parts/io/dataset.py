@@ -90,9 +90,15 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
     _check_sizes(storage, shapes[WHOLE] + shapes[LACKING])
 
     def files(group: list[PartMeta]) -> ds.FileSystemDataset:
-        fragments = [fmt.make_fragment(storage.arrow_path(m.path), filesystem, file_size=m.size,
-                                       partition_expression=partition_expression(tdef, m.partition))
-                     for m in group]
+        fragments = [
+            fmt.make_fragment(
+                storage.arrow_path(m.path),
+                filesystem,
+                file_size=m.size,
+                partition_expression=partition_expression(tdef, m.partition),
+            )
+            for m in group
+        ]
         return ds.FileSystemDataset(fragments, tdef.schema, fmt, filesystem)
 
     children: list[ds.Dataset] = [files(shapes[kind]) for kind in (WHOLE, LACKING) if shapes[kind]]
@@ -111,14 +117,17 @@ def table_dataset(tdef: TableDef, data: pa.Table) -> ds.Dataset:
 def _check_sizes(storage: Storage, metas: Sequence[PartMeta]) -> None:
     """Each part's file is there with the size its commit recorded; ``CorruptPart`` names the
     first that is not (a stat each; on an object store, several at once)."""
+
     def check(meta: PartMeta) -> None:
         try:
             size = storage.size(meta.path)
         except FileNotFoundError:
             raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
         if size != meta.size:
-            raise CorruptPart(f"part {quote(meta.path)} has {size} bytes, {meta.size} were written "
-                              "(truncated or replaced)", path=meta.path)
+            raise CorruptPart(
+                f"part {quote(meta.path)} has {size} bytes, {meta.size} were written (truncated or replaced)",
+                path=meta.path,
+            )
 
     if storage.is_local or len(metas) <= 1:
         for meta in metas:
@@ -136,8 +145,11 @@ def duckdb_view(con: Any, name: str, dataset: ds.Dataset) -> None:
     types and pruning either way. Like the dataset, use it inside the block that holds it."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise InvalidInput(f"view name must be a non-empty string, not {quote(name)}")
-    if not (isinstance(dataset, ds.FileSystemDataset) and isinstance(dataset.filesystem, pafs.LocalFileSystem)
-            and dataset.files):
+    if not (
+        isinstance(dataset, ds.FileSystemDataset)
+        and isinstance(dataset.filesystem, pafs.LocalFileSystem)
+        and dataset.files
+    ):
         con.register(name, dataset)
         return
     probe = f"__mergetxn_schema_{uuid.uuid4().hex}"

@@ -178,15 +178,12 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
         raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
     if len(raw) != meta.size:
         raise CorruptPart(
-            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written "
-            "(truncated or replaced)",
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
             path=meta.path,
         )
     actual = checksum_of(raw)
     if actual != meta.checksum:
-        raise CorruptPart(
-            f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path
-        )
+        raise CorruptPart(f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path)
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))
         if columns is not None:
@@ -197,9 +194,7 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
                 )
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
-        raise CorruptPart(
-            f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path
-        ) from None
+        raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
     if result.num_rows != meta.rows:
         raise CorruptPart(
             f"part {quote(meta.path)} has {result.num_rows} rows, {meta.rows} were written",
@@ -215,14 +210,10 @@ def read_meta(storage: Storage, relpath: str) -> PartMeta:
     try:
         d = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise CorruptMetadata(
-            f"part metadata {quote(relpath)} is not JSON: {clip(exc)}", path=relpath
-        ) from None
+        raise CorruptMetadata(f"part metadata {quote(relpath)} is not JSON: {clip(exc)}", path=relpath) from None
     meta = PartMeta.from_dict(d)
     if meta.meta_path != relpath:
-        raise CorruptMetadata(
-            f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath
-        )
+        raise CorruptMetadata(f"part metadata {quote(relpath)} describes another file {quote(meta.path)}", path=relpath)
     return meta
 
 

@@ -41,11 +41,13 @@ class Rewrite:
     affected_rows: int = 0
 
 
-def read_parts(storage: Storage, parts: list[PartMeta], columns: list[str] | None = None,
-               table: TableDef | None = None) -> list[pa.Table]:
+def read_parts(
+    storage: Storage, parts: list[PartMeta], columns: list[str] | None = None, table: TableDef | None = None
+) -> list[pa.Table]:
     """Read several parts at once (I/O bound: threads overlap the reads); order is kept. With
     ``table``, each part is read under that definition (columns renamed or added since it was
     written: :meth:`TableDef.upgrade`)."""
+
     def one(p: PartMeta) -> pa.Table:
         data = read_part(storage, p, columns if table is None else None)
         if table is None:
@@ -66,11 +68,21 @@ def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartM
     ]
 
 
-def _rewrite(storage: Storage, table, parts: list[PartMeta], where: pc.Expression, tid: str,
-             change: Callable[[pa.Table], tuple[pa.Table, int]]) -> Rewrite:
-    candidates = [p for p in parts
-                  if may_match(table.stats_at(p.stats, p.schema_version), list(table.partition_by), p.partition,
-                               where, table.schema)]
+def _rewrite(
+    storage: Storage,
+    table,
+    parts: list[PartMeta],
+    where: pc.Expression,
+    tid: str,
+    change: Callable[[pa.Table], tuple[pa.Table, int]],
+) -> Rewrite:
+    candidates = [
+        p
+        for p in parts
+        if may_match(
+            table.stats_at(p.stats, p.schema_version), list(table.partition_by), p.partition, where, table.schema
+        )
+    ]
     out = Rewrite()
     for meta, data in zip(candidates, read_parts(storage, candidates, table=table)):
         new, n = change(data)
@@ -86,8 +98,14 @@ def delete(storage: Storage, table, parts: list[PartMeta], where: pc.Expression,
     return _rewrite(storage, table, parts, where, tid, lambda d: apply_delete(d, where))
 
 
-def update(storage: Storage, table, parts: list[PartMeta], where: pc.Expression,
-           assignments: dict[str, pc.Expression], tid: str) -> Rewrite:
+def update(
+    storage: Storage,
+    table,
+    parts: list[PartMeta],
+    where: pc.Expression,
+    assignments: dict[str, pc.Expression],
+    tid: str,
+) -> Rewrite:
     return _rewrite(storage, table, parts, where, tid, lambda d: apply_update(d, where, assignments))
 
 
@@ -109,8 +127,15 @@ def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PA
     return groups
 
 
-def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
-            csns: Mapping[str, int] | None = None, visible: list[PartMeta] | None = None) -> Rewrite:
+def compact(
+    storage: Storage,
+    table,
+    parts: list[PartMeta],
+    kind: str,
+    tid: str,
+    csns: Mapping[str, int] | None = None,
+    visible: list[PartMeta] | None = None,
+) -> Rewrite:
     """Merge parts per partition; rows are kept as they are (a layout change, no data change).
 
     A keys table's parts are versions: they are folded (:func:`_compact_keys`), which needs
@@ -126,8 +151,9 @@ def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
         if csns is None:
             raise ValueError("compacting a keys table needs the creation CSNs of its parts")
         committed = [p for p in parts if p.name in csns]
-        return _compact_keys(storage, table, choose_sources(committed, kind),
-                             parts if visible is None else visible, csns, tid)
+        return _compact_keys(
+            storage, table, choose_sources(committed, kind), parts if visible is None else visible, csns, tid
+        )
     out = Rewrite()
     for group in choose_sources(parts, kind):
         tables = read_parts(storage, group, table=table)
@@ -135,8 +161,17 @@ def compact(storage: Storage, table, parts: list[PartMeta], kind: str, tid: str,
         out.removed.extend(m.name for m in group)
         out.affected_rows += merged.num_rows
         if merged.num_rows:
-            out.added.append(write_part(storage, table.name, list(table.partition_by),
-                                        tuple(group[0].partition), merged, tid, table.ddl_version))
+            out.added.append(
+                write_part(
+                    storage,
+                    table.name,
+                    list(table.partition_by),
+                    tuple(group[0].partition),
+                    merged,
+                    tid,
+                    table.ddl_version,
+                )
+            )
     return out
 
 
@@ -163,8 +198,9 @@ def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[st
     return True
 
 
-def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta],
-                  csns: Mapping[str, int], tid: str) -> Rewrite:
+def _compact_keys(
+    storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta], csns: Mapping[str, int], tid: str
+) -> Rewrite:
     """Fold each group's versions into one part (:func:`coordinator.core.keyfold.fold`). The versions of
     the other visible parts of the partition that precede the group's last version (and may hold
     its keys, by their statistics) are read, key columns only: they split the folding into runs
@@ -175,27 +211,55 @@ def _compact_keys(storage: Storage, table, groups: list[list[PartMeta]], visible
         names = {m.name for m in group}
         hi = max(_versions_of(m, csns)[1] for m in group)
         # Committed parts, and a transaction's own compaction output (its rows keep their versions).
-        others = [m for m in visible
-                  if m.name not in names and (m.name in csns or keys.folded(m))
-                  and tuple(m.partition) == tuple(group[0].partition)
-                  and _versions_of(m, csns)[0] <= hi and _may_share_keys(m, group, pk)]
+        others = [
+            m
+            for m in visible
+            if m.name not in names
+            and (m.name in csns or keys.folded(m))
+            and tuple(m.partition) == tuple(group[0].partition)
+            and _versions_of(m, csns)[0] <= hi
+            and _may_share_keys(m, group, pk)
+        ]
         columns = [*pk, keys.OP, keys.SEQ]
-        seen = [keyfold.version_rows(read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else [])),
-                                     csns.get(m.name, 0), pk) for m in others]
+        seen = [
+            keyfold.version_rows(
+                read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else [])), csns.get(m.name, 0), pk
+            )
+            for m in others
+        ]
         datas = read_parts(storage, group)
-        merged = keyfold.fold(table.schema, pk, [(csns[m.name], d) for m, d in zip(group, datas)],
-                              pa.concat_tables(seen) if seen else None)
+        merged = keyfold.fold(
+            table.schema,
+            pk,
+            [(csns[m.name], d) for m, d in zip(group, datas)],
+            pa.concat_tables(seen) if seen else None,
+        )
         out.removed.extend(m.name for m in group)
         out.affected_rows += merged.num_rows
         if merged.num_rows:
-            out.added.append(write_part(storage, table.name, list(table.partition_by),
-                                        tuple(group[0].partition), merged, tid, table.ddl_version,
-                                        primary_key=pk))  # its key summary: point reads prune it
+            out.added.append(
+                write_part(
+                    storage,
+                    table.name,
+                    list(table.partition_by),
+                    tuple(group[0].partition),
+                    merged,
+                    tid,
+                    table.ddl_version,
+                    primary_key=pk,
+                )
+            )  # its key summary: point reads prune it
     return out
 
 
-def redo(storage: Storage, table, op: Mutate | Compact, current: list[PartMeta], tid: str,
-         csns: Mapping[str, int] | None = None) -> Mutate | Compact:
+def redo(
+    storage: Storage,
+    table,
+    op: Mutate | Compact,
+    current: list[PartMeta],
+    tid: str,
+    csns: Mapping[str, int] | None = None,
+) -> Mutate | Compact:
     """Run a staged DELETE, UPDATE or compaction again on ``current`` parts (``csns``: their
     creation CSNs, which a keys table's compaction needs); returns the op with the new
     added/removed parts (its earlier output is superseded)."""

@@ -115,9 +115,7 @@ class Storage:
         try:
             os.makedirs(root, exist_ok=True)
         except OSError as exc:
-            raise InvalidInput(
-                f"storage {self._safe_url}: cannot create directory: {exc.strerror or exc}"
-            ) from None
+            raise InvalidInput(f"storage {self._safe_url}: cannot create directory: {exc.strerror or exc}") from None
         if not os.access(root, os.W_OK | os.X_OK):
             raise InvalidInput(f"storage {self._safe_url}: directory is not writable")
         return root
@@ -131,9 +129,7 @@ class Storage:
         try:
             fs, root = fsspec.core.url_to_fs(url, **options)
         except (ValueError, ImportError, TypeError) as exc:
-            raise InvalidInput(
-                f"storage {self._safe_url}: unsupported url or options ({self._why(exc)})"
-            ) from None
+            raise InvalidInput(f"storage {self._safe_url}: unsupported url or options ({self._why(exc)})") from None
         root = root.rstrip("/")
         if scheme in ("s3", "s3a"):
             bucket = root.split("/", 1)[0]
@@ -158,24 +154,25 @@ class Storage:
                     f"storage {self._safe_url}: bucket {probe!r} is not accessible ({self._why(exc)})"
                 ) from None
             except Exception as exc:  # an outage: a StorageError (an OSError too), never bad input
-                raise StorageError(f"storage {self._safe_url} is unreachable ({self._why(exc)})",
-                                   path=probe, op="open", reason=self._why(exc), errno=None) from None
+                raise StorageError(
+                    f"storage {self._safe_url} is unreachable ({self._why(exc)})",
+                    path=probe,
+                    op="open",
+                    reason=self._why(exc),
+                    errno=None,
+                ) from None
         else:
             try:
                 fs.exists(probe)
             except Exception as exc:
-                raise InvalidInput(
-                    f"storage {self._safe_url} is unreachable ({self._why(exc)})"
-                ) from None
+                raise InvalidInput(f"storage {self._safe_url} is unreachable ({self._why(exc)})") from None
         self._fs = fs
         return root
 
     def _check_endpoint(self, options: dict[str, Any]) -> None:
         """Fail fast and clearly when a configured endpoint does not accept connections (the
         S3 client would otherwise retry for many seconds and report a missing bucket)."""
-        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get(
-            "endpoint_url"
-        )
+        endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
         if not endpoint:
             return
         parts = urlsplit(endpoint)
@@ -260,16 +257,19 @@ class Storage:
             return FileNotFoundError(f"storage {self._safe_url}: {relpath!r} does not exist")
         if isinstance(exc, OSError) and isinstance(exc.errno, int):
             return storage_error(exc, op, relpath, self._safe_url)
-        return StorageError(f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})",
-                            path=relpath, op=op, reason=self._why(exc), errno=None)
+        return StorageError(
+            f"storage {self._safe_url}: {op} {relpath!r} failed ({self._why(exc)})",
+            path=relpath,
+            op=op,
+            reason=self._why(exc),
+            errno=None,
+        )
 
     def put(self, relpath: str, data: bytes, durable: bool = True) -> None:
         """Store ``data`` at ``relpath`` atomically (visible whole or not at all) and, unless
         ``durable`` is False (advisory files that a crash may lose), durably."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidInput(
-                f"storage put {relpath!r}: data must be bytes, got {type(data).__name__}"
-            )
+            raise InvalidInput(f"storage put {relpath!r}: data must be bytes, got {type(data).__name__}")
         if self._fs is None:
             try:
                 self._put_local(self._local(relpath), bytes(data), durable)
@@ -285,9 +285,7 @@ class Storage:
     def _put_local(self, path: str, data: bytes, durable: bool = True) -> None:
         directory = os.path.dirname(path)
         self._makedirs_durable(directory)
-        tmp = os.path.join(
-            directory, f".{os.path.basename(path)}{_TMP_MARK}{uuid.uuid4().hex[:12]}"
-        )
+        tmp = os.path.join(directory, f".{os.path.basename(path)}{_TMP_MARK}{uuid.uuid4().hex[:12]}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
@@ -338,8 +336,10 @@ class Storage:
         leads out of the storage root through a symbolic link is refused (InvalidInput)."""
         if self._fs is None:
             if not self.contained(relpath):
-                raise InvalidInput(f"storage path {relpath!r} leads out of the storage root through a symbolic "
-                                   "link: not deleted", path=relpath)
+                raise InvalidInput(
+                    f"storage path {relpath!r} leads out of the storage root through a symbolic link: not deleted",
+                    path=relpath,
+                )
             try:
                 os.unlink(self._local(relpath))
             except FileNotFoundError:
@@ -499,8 +499,9 @@ def _info_mtime(info: dict) -> float | None:
     return None
 
 
-def _scan_local(directory: str, rel_dir: str, prefix: str, want: Callable[[str], bool] | None,
-                out: list[tuple[str, float]]) -> None:
+def _scan_local(
+    directory: str, rel_dir: str, prefix: str, want: Callable[[str], bool] | None, out: list[tuple[str, float]]
+) -> None:
     try:
         entries = os.scandir(directory)
     except (FileNotFoundError, NotADirectoryError):
@@ -535,7 +536,4 @@ def _fsync_dir(directory: str) -> None:
 def is_temp_file(relpath: str) -> bool:
     """True for leftovers of an interrupted local ``put`` (collectable after a grace period)."""
     name = relpath.rsplit("/", 1)[-1]
-    return (
-        name.startswith(".")
-        and re.search(re.escape(_TMP_MARK) + r"[0-9a-f]{12}$", name) is not None
-    )
+    return name.startswith(".") and re.search(re.escape(_TMP_MARK) + r"[0-9a-f]{12}$", name) is not None

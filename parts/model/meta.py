@@ -91,18 +91,14 @@ class PartMeta:
             raise CorruptMetadata(f"{where}: {exc.message}") from None
         partition = need("partition", (list, tuple), "a list of scalars")
         if not all(isinstance(v, _SCALARS) for v in partition):
-            raise CorruptMetadata(
-                f"{where}: 'partition' must hold only JSON scalars, got {quote(partition)}"
-            )
+            raise CorruptMetadata(f"{where}: 'partition' must hold only JSON scalars, got {quote(partition)}")
         path = need("path", (str,), "a relative path")
         if path.startswith("/") or ".." in path.split("/") or not path.endswith(".parquet"):
             raise CorruptMetadata(f"{where}: 'path' {quote(path)} is not a relative .parquet path")
         rows = need("rows", (int,), "a non-negative integer")
         size = need("size", (int,), "a non-negative integer")
         if rows < 0 or size < 0:
-            raise CorruptMetadata(
-                f"{where}: 'rows' and 'size' must be non-negative, got {rows}, {size}"
-            )
+            raise CorruptMetadata(f"{where}: 'rows' and 'size' must be non-negative, got {rows}, {size}")
         checksum = need("checksum", (str,), "a checksum string")
         if not _CHECKSUM_RE.match(checksum):
             raise CorruptMetadata(f"{where}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
@@ -113,14 +109,8 @@ class PartMeta:
             if rng is None:
                 stats[col] = (None, None)
                 continue
-            if not (
-                isinstance(rng, (list, tuple))
-                and len(rng) == 2
-                and all(isinstance(v, _SCALARS) for v in rng)
-            ):
-                raise CorruptMetadata(
-                    f"{where}: stats for column {quote(col)} must be [min, max], got {quote(rng)}"
-                )
+            if not (isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(v, _SCALARS) for v in rng)):
+                raise CorruptMetadata(f"{where}: stats for column {quote(col)} must be [min, max], got {quote(rng)}")
             lo, hi = rng
             if (isinstance(lo, str) and len(lo) > cut) or (isinstance(hi, str) and len(hi) > cut):
                 lo, hi = ops.bound_range(lo, hi)  # a client's (or an old part's) long min/max
@@ -131,7 +121,9 @@ class PartMeta:
             raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {quote(created_at)}")
         schema_version = d.get("schema_version", 0)
         if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
-            raise CorruptMetadata(f"{where}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}")
+            raise CorruptMetadata(
+                f"{where}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}"
+            )
         key_summary = d.get("key_summary")
         if key_summary is not None:
             from coordinator.core.keys import bound_summary, summary_problem
@@ -158,8 +150,4 @@ class PartMeta:
 
 def sidecar_path(parquet_path: str) -> str:
     """``x.parquet`` -> ``x.json``."""
-    return (
-        parquet_path[: -len(".parquet")] + ".json"
-        if parquet_path.endswith(".parquet")
-        else parquet_path + ".json"
-    )
+    return parquet_path[: -len(".parquet")] + ".json" if parquet_path.endswith(".parquet") else parquet_path + ".json"

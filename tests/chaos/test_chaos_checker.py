@@ -35,16 +35,41 @@ def ow(t: str, k: Any, xs: list) -> list:
     return ["overwrite", t, k, xs]
 
 
-def op(*mops: list, snap: int | None = 0, csn: int | None = None, outcome: str | None = None,
-       tid: str | None = AUTO, replica: int = 0, resolved: str | None = None) -> Op:
+def op(
+    *mops: list,
+    snap: int | None = 0,
+    csn: int | None = None,
+    outcome: str | None = None,
+    tid: str | None = AUTO,
+    replica: int = 0,
+    resolved: str | None = None,
+) -> Op:
     """An op; committed when it has a csn, aborted otherwise (``hist`` numbers it)."""
     outcome = outcome or ("committed" if csn is not None else "aborted")
-    return Op(-1, 0, replica, "test", tid, snap, 0.0, 1.0, [list(m) for m in mops], outcome,  # type: ignore[arg-type]
-              csn, error=None if outcome == "committed" else "ConflictError", resolved=resolved)
+    return Op(
+        -1,
+        0,
+        replica,
+        "test",
+        tid,
+        snap,
+        0.0,
+        1.0,
+        [list(m) for m in mops],
+        outcome,  # type: ignore[arg-type]
+        csn,
+        error=None if outcome == "committed" else "ConflictError",
+        resolved=resolved,
+    )
 
 
-def hist(*ops: Op, tables: dict | None = None, initial: dict | None = None,
-         workload: str = "append", finals: tuple[Final, ...] = ()) -> History:
+def hist(
+    *ops: Op,
+    tables: dict | None = None,
+    initial: dict | None = None,
+    workload: str = "append",
+    finals: tuple[Final, ...] = (),
+) -> History:
     tables = tables or {"s": "set", "g": "register"}
     for i, o in enumerate(ops):
         o.index = i
@@ -55,8 +80,11 @@ def hist(*ops: Op, tables: dict | None = None, initial: dict | None = None,
 
 def statuses(h: History) -> dict[str, list]:
     """What a healthy replica answers for every tid: committed ones with their csn."""
-    return {o.tid: ["committed", o.csn] if o.outcome == "committed" else ["aborted", None]
-            for o in h.ops if o.tid is not None}
+    return {
+        o.tid: ["committed", o.csn] if o.outcome == "committed" else ["aborted", None]
+        for o in h.ops
+        if o.tid is not None
+    }
 
 
 def with_finals(h: History, csn: int, tables: dict, replicas: int = 3) -> History:
@@ -76,6 +104,7 @@ def only(h: History, kind: str) -> list[Finding]:
 
 # -- valid histories ---------------------------------------------------------------------------
 
+
 def valid_append() -> History:
     h = hist(
         op(r("s", 1, [100]), a("s", 1, 1), r("s", 1, [1, 100]), snap=0, csn=1),
@@ -87,8 +116,15 @@ def valid_append() -> History:
         # indeterminate, later resolved committed by commit_status
         op(d("s", 1, 100), r("s", 1, [1, 2]), snap=2, csn=3, resolved="commit_status"),
         # whole-table read; own append then delete leaves no row
-        op(r("s", None, {"1": [1, 2], "2": [3]}), a("s", 3, 5), d("s", 3, 5), r("s", 3, None),
-           r("s", None, {"1": [1, 2], "2": [3]}), snap=3, csn=4),
+        op(
+            r("s", None, {"1": [1, 2], "2": [3]}),
+            a("s", 3, 5),
+            d("s", 3, 5),
+            r("s", 3, None),
+            r("s", None, {"1": [1, 2], "2": [3]}),
+            snap=3,
+            csn=4,
+        ),
         op(snap=None, tid=None),  # begin failed
         # a stale snapshot sees the old state; read-only, its csn is its snapshot
         op(r("s", 1, [1, 100]), r("s", 2, []), snap=1, csn=1),
@@ -103,15 +139,23 @@ def valid_append() -> History:
 def valid_bank() -> History:
     init = {"b": {"w": 0, "x": 10, "y": 10, "z": 0}}
     h = hist(
-        op(r("b", None, {"w": 0, "x": 10, "y": 10, "z": 0}), s("b", "x", 5), s("b", "z", 5),
-           r("b", None, {"w": 0, "x": 5, "y": 10, "z": 5}), snap=0, csn=1),
+        op(
+            r("b", None, {"w": 0, "x": 10, "y": 10, "z": 0}),
+            s("b", "x", 5),
+            s("b", "z", 5),
+            r("b", None, {"w": 0, "x": 5, "y": 10, "z": 5}),
+            snap=0,
+            csn=1,
+        ),
         op(r("b", "y", 10), s("b", "y", 7), r("b", "y", 7), s("b", "x", 8), snap=1, csn=2),
         # group commit of disjoint keys
         op(r("b", "z", 5), s("b", "z", 4), s("b", "x", 9), snap=2, csn=3),
         op(r("b", "y", 7), s("b", "y", 6), s("b", "w", 1), snap=2, csn=3, replica=1),
         op(r("b", None, {"w": 1, "x": 9, "y": 6, "z": 4}), s("b", "x", 0), snap=3),  # aborted
         op(r("b", None, {"w": 0, "x": 10, "y": 10, "z": 0}), snap=0, csn=0),  # read-only
-        tables={"b": "register"}, initial=init, workload="bank",
+        tables={"b": "register"},
+        initial=init,
+        workload="bank",
     )
     return with_finals(h, 3, {"b": {"w": 1, "x": 9, "y": 6, "z": 4}})
 
@@ -163,6 +207,7 @@ def test_empty_history() -> None:
 
 # -- one anomaly each ----------------------------------------------------------------------------
 
+
 def test_si_read_missing_a_committed_element() -> None:
     [f] = only(hist(op(a("s", 1, 1), csn=1), op(r("s", 1, []), snap=1, csn=1)), "si-read")
     assert f.ops[0] == 1 and 0 in f.ops
@@ -185,15 +230,17 @@ def test_si_read_whole_table_names_the_key() -> None:
 
 
 def test_si_read_stale_register_and_duplicate_element() -> None:
-    h = hist(op(s("g", "k", 1), a("s", 1, 9), csn=1), op(s("g", "k", 2), snap=1, csn=2),
-             op(r("g", "k", 1), r("s", 1, [9, 9]), snap=2))
+    h = hist(
+        op(s("g", "k", 1), a("s", 1, 9), csn=1),
+        op(s("g", "k", 2), snap=1, csn=2),
+        op(r("g", "k", 1), r("s", 1, [9, 9]), snap=2),
+    )
     assert [f.kind for f in check(h)] == ["si-read", "si-read"]
 
 
 def test_aborted_read() -> None:
     for outcome in ("aborted", "indeterminate"):
-        h = hist(op(a("s", 1, 7), outcome=outcome, resolved=None),
-                 op(r("s", 1, [7]), snap=0, csn=0))
+        h = hist(op(a("s", 1, 7), outcome=outcome, resolved=None), op(r("s", 1, [7]), snap=0, csn=0))
         found = [f for f in check(h) if f.kind != "unresolved"]
         assert [f.kind for f in found] == ["aborted-read"], found
         assert found[0].ops == (1, 0)
@@ -205,8 +252,12 @@ def test_aborted_read_of_a_register() -> None:
 
 
 def test_aborted_register_value_equal_to_a_committed_one_is_si_read() -> None:
-    h = hist(op(s("g", "k", 1), csn=1), op(s("g", "k", 2), snap=1), op(s("g", "k", 2), snap=1, csn=2),
-             op(r("g", "k", 2), snap=1))
+    h = hist(
+        op(s("g", "k", 1), csn=1),
+        op(s("g", "k", 2), snap=1),
+        op(s("g", "k", 2), snap=1, csn=2),
+        op(r("g", "k", 2), snap=1),
+    )
     only(h, "si-read")
 
 
@@ -294,8 +345,12 @@ def none(o: Op, durability: str = "sync", flushed: bool = False) -> Op:
 
 
 def test_lww_overlapping_writers_both_commit_and_the_later_csn_wins() -> None:
-    h = hist(none(op(s("n", "k", 1), snap=0, csn=1)), none(op(s("n", "k", 2), snap=0, csn=2)),
-             op(r("n", "k", 2), snap=2, csn=2), tables=LWW)
+    h = hist(
+        none(op(s("n", "k", 1), snap=0, csn=1)),
+        none(op(s("n", "k", 2), snap=0, csn=2)),
+        op(r("n", "k", 2), snap=2, csn=2),
+        tables=LWW,
+    )
     assert check(with_finals(h, 2, {"n": {"k": 2}, "g": {}})) == []
     # the same two writers on a register table: a lost update
     h = hist(op(s("g", "k", 1), snap=0, csn=1), op(s("g", "k", 2), snap=0, csn=2), tables=LWW)
@@ -312,10 +367,11 @@ def test_lww_reads_see_the_latest_applied_state_never_an_older_one() -> None:
         assert check(hist(*writes, none(op(r("n", "k", seen), snap=1, csn=1)), tables=LWW)) == []
     # never what was overwritten before its snapshot, nor an aborted write, nor past its own write
     only(hist(*writes, none(op(r("n", "k", 1), snap=2, csn=2)), tables=LWW), "si-read")
-    only(hist(*writes, none(op(s("n", "k", 9), snap=2)), none(op(r("n", "k", 9), snap=2, csn=2)), tables=LWW),
-         "aborted-read")
-    only(hist(*writes, none(op(s("n", "j", 5), s("n", "k", 7), r("n", "k", 2), snap=1, csn=3)), tables=LWW),
-         "si-read")
+    only(
+        hist(*writes, none(op(s("n", "k", 9), snap=2)), none(op(r("n", "k", 9), snap=2, csn=2)), tables=LWW),
+        "aborted-read",
+    )
+    only(hist(*writes, none(op(s("n", "j", 5), s("n", "k", 7), r("n", "k", 2), snap=1, csn=3)), tables=LWW), "si-read")
     # a whole-table read: each key checked the same way
     assert check(hist(*writes, none(op(r("n", None, {"k": 2}), snap=1, csn=1)), tables=LWW)) == []
     only(hist(*writes, none(op(r("n", None, {"k": 1}), snap=2, csn=2)), tables=LWW), "si-read")
@@ -327,8 +383,7 @@ def test_flushed_async_commit_must_commit() -> None:
     assert "flush acknowledged" in f.message
     # not flushed: a crash may lose it, whole; one that wrote nothing leaves no trace to confirm
     assert check(hist(none(op(s("n", "k", 1), snap=0, outcome="aborted"), "async"), tables=LWW)) == []
-    assert check(hist(none(op(r("n", "k", None), snap=0, outcome="aborted"), "async", flushed=True),
-                      tables=LWW)) == []
+    assert check(hist(none(op(r("n", "k", None), snap=0, outcome="aborted"), "async", flushed=True), tables=LWW)) == []
 
 
 def test_async_commits_of_one_client_commit_in_its_order() -> None:
@@ -374,8 +429,7 @@ def test_replicas_diverging_at_one_csn() -> None:
 
 
 def test_replicas_at_different_csns() -> None:
-    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1, csn=2)), 2,
-                    {"s": {"1": [1, 2]}}, replicas=2)
+    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1, csn=2)), 2, {"s": {"1": [1, 2]}}, replicas=2)
     h.finals[0] = Final(0, 1, {"s": {"1": [1]}}, h.finals[0].statuses)
     found = only(h, "divergence")
     assert len(found) == 2  # different csns, and replica 0 behind op 1's commit
@@ -383,8 +437,7 @@ def test_replicas_at_different_csns() -> None:
 
 
 def test_reused_tid() -> None:
-    [f] = only(hist(op(a("s", 1, 1), csn=1, tid="x"), op(a("s", 1, 2), snap=1, csn=2, tid="x")),
-               "tid-reused")
+    [f] = only(hist(op(a("s", 1, 1), csn=1, tid="x"), op(a("s", 1, 2), snap=1, csn=2, tid="x")), "tid-reused")
     assert f.ops == (0, 1)
 
 
@@ -399,76 +452,88 @@ def test_committed_without_csn_is_unresolved() -> None:
 
 def test_bank_total_broken_in_a_read_and_a_final() -> None:
     init = {"b": {"x": 10, "y": 10}}
-    h = hist(op(r("b", None, {"x": 10, "y": 10}), s("b", "x", 5), csn=1),  # money vanished
-             op(r("b", None, {"x": 5, "y": 10}), snap=1),
-             tables={"b": "register"}, initial=init, workload="bank")
+    h = hist(
+        op(r("b", None, {"x": 10, "y": 10}), s("b", "x", 5), csn=1),  # money vanished
+        op(r("b", None, {"x": 5, "y": 10}), snap=1),
+        tables={"b": "register"},
+        initial=init,
+        workload="bank",
+    )
     with_finals(h, 1, {"b": {"x": 5, "y": 10}}, replicas=1)
     found = only(h, "invariant")
     assert len(found) == 2 and "sum 15, not 20" in found[0].message
 
 
 def test_bank_table_by_name_in_another_workload() -> None:
-    h = hist(op(s("bank1", "x", 5), csn=1), op(r("bank1", None, {"x": 5}), snap=1),
-             tables={"bank1": "register", "g": "register"}, initial={"bank1": {"x": 10}})
+    h = hist(
+        op(s("bank1", "x", 5), csn=1),
+        op(r("bank1", None, {"x": 5}), snap=1),
+        tables={"bank1": "register", "g": "register"},
+        initial={"bank1": {"x": 10}},
+    )
     only(h, "invariant")
     h.header.tables = {"g": "register"}
     assert check(h) == []
 
 
 def test_bank_read_after_own_write_is_not_checked() -> None:
-    h = hist(op(s("b", "x", 5), r("b", None, {"x": 5, "y": 10}), snap=0),
-             tables={"b": "register"}, initial={"b": {"x": 10, "y": 10}}, workload="bank")
+    h = hist(
+        op(s("b", "x", 5), r("b", None, {"x": 5, "y": 10}), snap=0),
+        tables={"b": "register"},
+        initial={"b": {"x": 10, "y": 10}},
+        workload="bank",
+    )
     assert check(h) == []
 
 
 def test_overwrite_that_left_what_it_saw_is_si_read() -> None:
-    h = hist(op(a("s", 1, 1), snap=0, csn=1),
-             op(ow("s", 1, [2]), snap=1, csn=2),
-             op(r("s", 1, [1, 2]), snap=2, csn=2))
+    h = hist(op(a("s", 1, 1), snap=0, csn=1), op(ow("s", 1, [2]), snap=1, csn=2), op(r("s", 1, [1, 2]), snap=2, csn=2))
     [f] = only(h, "si-read")
     assert "expected [2], got [1, 2]" in f.message and f.ops == (2, 0)
 
 
 def test_overwrite_that_removed_a_later_commit_is_si_read() -> None:
     """An element committed after the overwrite's snapshot must survive it."""
-    h = hist(op(a("s", 1, 1), snap=0, csn=1),
-             op(ow("s", 1, [3]), snap=1, csn=3),
-             op(a("s", 1, 2), snap=1, csn=2),
-             op(r("s", 1, [3]), snap=3, csn=3))
+    h = hist(
+        op(a("s", 1, 1), snap=0, csn=1),
+        op(ow("s", 1, [3]), snap=1, csn=3),
+        op(a("s", 1, 2), snap=1, csn=2),
+        op(r("s", 1, [3]), snap=3, csn=3),
+    )
     [f] = only(h, "si-read")
     assert "expected [2, 3], got [3]" in f.message
 
 
 def test_two_overlapping_overwrites_removing_one_element_are_a_lost_update() -> None:
-    h = hist(op(a("s", 1, 1), snap=0, csn=1),
-             op(ow("s", 1, [2]), snap=1, csn=2),
-             op(ow("s", 1, [3]), snap=1, csn=3))
+    h = hist(op(a("s", 1, 1), snap=0, csn=1), op(ow("s", 1, [2]), snap=1, csn=2), op(ow("s", 1, [3]), snap=1, csn=3))
     [f] = only(h, "lost-update")
     assert f.ops == (1, 2) and "delete 1 from s['1']" in f.message
     # one after the other (the second saw the first): fine
-    h = hist(op(a("s", 1, 1), snap=0, csn=1),
-             op(ow("s", 1, [2]), snap=1, csn=2),
-             op(ow("s", 1, [3]), snap=2, csn=3),
-             op(r("s", 1, [3]), snap=3, csn=3))
+    h = hist(
+        op(a("s", 1, 1), snap=0, csn=1),
+        op(ow("s", 1, [2]), snap=1, csn=2),
+        op(ow("s", 1, [3]), snap=2, csn=3),
+        op(r("s", 1, [3]), snap=3, csn=3),
+    )
     assert check(h) == []
 
 
 def test_overwrite_beside_a_delete_of_an_element_it_saw_is_a_lost_update() -> None:
-    h = hist(op(a("s", 1, 1), a("s", 1, 2), snap=0, csn=1),
-             op(d("s", 1, 1), snap=1, csn=2),
-             op(ow("s", 1, [3]), snap=1, csn=2))
+    h = hist(
+        op(a("s", 1, 1), a("s", 1, 2), snap=0, csn=1),
+        op(d("s", 1, 1), snap=1, csn=2),
+        op(ow("s", 1, [3]), snap=1, csn=2),
+    )
     assert kinds(h) == {"lost-update"}
 
 
 def test_reading_an_element_the_op_itself_overwrote_is_intermediate() -> None:
-    h = hist(op(a("s", 1, 1), ow("s", 1, [2]), snap=0, csn=1),
-             op(r("s", 1, [1, 2]), snap=1, csn=1))
+    h = hist(op(a("s", 1, 1), ow("s", 1, [2]), snap=0, csn=1), op(r("s", 1, [1, 2]), snap=1, csn=1))
     only(h, "intermediate-read")
 
 
 def test_aborted_overwrite_elements_visible() -> None:
-    h = hist(op(ow("s", 1, [1]), snap=0, outcome="aborted"),
-             op(r("s", 1, [1]), snap=0, csn=0))
+    h = hist(op(ow("s", 1, [1]), snap=0, outcome="aborted"), op(r("s", 1, [1]), snap=0, csn=0))
     only(h, "aborted-read")
 
 
@@ -479,8 +544,7 @@ def test_final_still_holding_what_an_overwrite_removed_is_a_lost_commit() -> Non
 
 
 def test_final_showing_an_aborted_element() -> None:
-    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1)), 1,
-                    {"s": {"1": [1, 2]}}, replicas=1)
+    h = with_finals(hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1)), 1, {"s": {"1": [1, 2]}}, replicas=1)
     [f] = only(h, "aborted-visible")
     assert f.ops == (1,)
 
@@ -498,14 +562,24 @@ def test_describe_and_summary() -> None:
 
 def test_kinds_are_documented() -> None:
     assert set(KINDS) == {
-        "si-read", "aborted-read", "intermediate-read", "lost-update", "lost-commit",
-        "divergence", "tid-reused", "unresolved", "invariant", "aborted-visible", "read-set-changed",
+        "si-read",
+        "aborted-read",
+        "intermediate-read",
+        "lost-update",
+        "lost-commit",
+        "divergence",
+        "tid-reused",
+        "unresolved",
+        "invariant",
+        "aborted-visible",
+        "read-set-changed",
         "async-order",
     }
     assert all(KINDS.values())
 
 
 # -- generated histories -----------------------------------------------------------------------
+
 
 def generate(seed: int, n: int = 60, overwrites: bool = False) -> History:
     """A valid history: ops begin at the latest csn or (append-only) an older one, commit in csn
@@ -598,8 +672,7 @@ def test_generated_valid_histories_with_overwrites(seed: int) -> None:
 def test_generated_histories_with_overwrites_missing_one_element(seed: int) -> None:
     h = generate(seed, overwrites=True)
     rnd = random.Random(seed)
-    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None
-             and m[3]]
+    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None and m[3]]
     if not reads:
         pytest.skip("no non-empty set read")
     o, m = rnd.choice(reads)
@@ -622,8 +695,7 @@ def test_op_order_in_the_file_does_not_matter() -> None:
 def test_generated_histories_missing_one_element(seed: int) -> None:
     h = generate(seed)
     rnd = random.Random(seed)
-    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None
-             and m[3]]
+    reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None and m[3]]
     if not reads:
         pytest.skip("no non-empty set read")
     o, m = rnd.choice(reads)
@@ -637,8 +709,7 @@ def test_generated_histories_missing_one_element(seed: int) -> None:
 def test_generated_histories_reading_an_aborted_element(seed: int) -> None:
     h = generate(seed)
     rnd = random.Random(seed)
-    aborted = [(m[2], m[3]) for o in h.ops if o.outcome == "aborted" for m in o.mops
-               if m[0] == "append"]
+    aborted = [(m[2], m[3]) for o in h.ops if o.outcome == "aborted" for m in o.mops if m[0] == "append"]
     reads = [(o, m) for o in h.ops for m in o.mops if m[0] == "r" and m[1] == "s" and m[2] is not None]
     key, elem = rnd.choice(aborted)
     o, m = rnd.choice([(o, m) for o, m in reads if m[2] == key and elem not in (m[3] or [])])
@@ -652,6 +723,10 @@ def test_storage_errors_are_expected_only_under_storage_faults() -> None:
 
     h = hist(op(a("s", 1, 1), csn=1), op(a("s", 1, 2), snap=1))
     h.ops[1].error = "StorageError"
-    for nemesis, unexpected in (("kill-replica,wal-full", {}), ("s3-errors", {}), ("kill-replica", {"StorageError": 1})):
+    for nemesis, unexpected in (
+        ("kill-replica,wal-full", {}),
+        ("s3-errors", {}),
+        ("kill-replica", {"StorageError": 1}),
+    ):
         h.header.nemesis = nemesis
         assert summarize(h, [])["ops"]["unexpected_errors"] == unexpected

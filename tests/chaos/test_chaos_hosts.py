@@ -256,12 +256,8 @@ def test_cleanup_after_the_harness_was_killed(tmp_path: Path, namespaces: None) 
 
 @pytest.mark.slow
 @needs_namespaces
-@pytest.mark.parametrize(
-    "sig, form", [(signal.SIGINT, "with"), (signal.SIGTERM, "plain")], ids=["ctrl-c", "sigterm"]
-)
-def test_an_interrupted_harness_removes_everything(
-    tmp_path: Path, sig: int, form: str, namespaces: None
-) -> None:
+@pytest.mark.parametrize("sig, form", [(signal.SIGINT, "with"), (signal.SIGTERM, "plain")], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_harness_removes_everything(tmp_path: Path, sig: int, form: str, namespaces: None) -> None:
     """Ctrl-C unwinds through ``with``; SIGTERM (no ``with``) reaches the safety net."""
     child = start_child_harness(tmp_path / "interrupted", 1, form)
     try:

@@ -15,8 +15,18 @@ from mergetxn.chaos import nemesis as nem
 from mergetxn.chaos.nemesis import KINDS, MIN_EACH, Nemesis, choose_kinds
 from mergetxn.chaos.workloads import Recorder
 
-SUPPORTED = {"kill_replica", "pause_replica", "kill_zk", "isolate", "partition", "cut_from_zk", "cut_one_way",
-             "lossy", "expire_session", "fill_wal_disk"}
+SUPPORTED = {
+    "kill_replica",
+    "pause_replica",
+    "kill_zk",
+    "isolate",
+    "partition",
+    "cut_from_zk",
+    "cut_one_way",
+    "lossy",
+    "expire_session",
+    "fill_wal_disk",
+}
 
 
 class FakeCluster:
@@ -125,11 +135,24 @@ def no_probes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nem.Prober, "wait_serving", lambda self, replicas, limit=0, skip=None: [])
 
 
-def run(kinds: list[str], max_faults: int | None = None, seconds: float = 5.0, lanes: int = 3,
-        hold: tuple[float, float] = (0.0, 0.01)) -> tuple[FakeCluster, Nemesis]:
+def run(
+    kinds: list[str],
+    max_faults: int | None = None,
+    seconds: float = 5.0,
+    lanes: int = 3,
+    hold: tuple[float, float] = (0.0, 0.01),
+) -> tuple[FakeCluster, Nemesis]:
     cluster = FakeCluster()
-    n = Nemesis(cluster, kinds, 7, Recorder(), lambda i, rng: f"client on r{i} killed", lanes=lanes,
-                hold=hold, max_faults=max_faults)
+    n = Nemesis(
+        cluster,
+        kinds,
+        7,
+        Recorder(),
+        lambda i, rng: f"client on r{i} killed",
+        lanes=lanes,
+        hold=hold,
+        max_faults=max_faults,
+    )
     n.start()
     n.finished.wait(seconds)
     n.stop(10)

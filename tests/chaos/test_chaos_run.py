@@ -43,11 +43,26 @@ class Campaign:
 def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Campaign]:
     base = tmp_path_factory.mktemp("chaos")
     report = base / "report"
-    result = CliRunner().invoke(cli, [
-        "chaos", "--seconds", str(SECONDS), "--seed", str(SEED), "--form", "single", "--workload", "all",
-        "--nemesis", "kill-replica,pause-replica,kill-client", "--workdir", str(base / "work"),
-        "--report", str(report),
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "chaos",
+            "--seconds",
+            str(SECONDS),
+            "--seed",
+            str(SEED),
+            "--form",
+            "single",
+            "--workload",
+            "all",
+            "--nemesis",
+            "kill-replica,pause-replica,kill-client",
+            "--workdir",
+            str(base / "work"),
+            "--report",
+            str(report),
+        ],
+    )
     history = History.read(report / "history.jsonl") if (report / "history.jsonl").exists() else None
     assert history is not None, f"no history written; exit {result.exit_code}\n{result.output}\n{result.exception!r}"
     yield Campaign(result.exit_code, result.output, report, history)
@@ -90,8 +105,9 @@ def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
     assert {m[0] for o in keys if o.outcome == "committed" for m in o.mops} == {"r", "set"}
     assert any(m[0] == "set" and m[3] is None for o in keys if o.outcome == "committed" for m in o.mops)
     # lock groups: writes of one group alone (update mode) of kvg committed for both groups
-    singles = [{m[1] for m in o.mops if m[0] == "set" and m[1].startswith("kvg/")}
-               for o in keys if o.outcome == "committed"]
+    singles = [
+        {m[1] for m in o.mops if m[0] == "set" and m[1].startswith("kvg/")} for o in keys if o.outcome == "committed"
+    ]
     assert {"kvg/a"} in singles and {"kvg/b"} in singles
     # atomicity "none": sync and async commits; async ones acknowledged by a flush, all resolved
     lww = [o for o in keys if o.atomicity == "none"]
@@ -155,8 +171,12 @@ def _key_writers(history: History) -> list[tuple[int, int]]:
         if o.workload == "keys" and o.outcome == "committed" and o.atomicity == "full":
             for k in {(m[1], m[2]) for m in o.mops if m[0] == "set"}:
                 setters.setdefault(k, []).append(o)
-    return [(a.index, b.index) for ops in setters.values() for a, b in zip(ops, ops[1:])
-            if a.csn < b.csn and b.snapshot >= a.csn]
+    return [
+        (a.index, b.index)
+        for ops in setters.values()
+        for a, b in zip(ops, ops[1:])
+        if a.csn < b.csn and b.snapshot >= a.csn
+    ]
 
 
 def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
@@ -167,8 +187,13 @@ def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     read (its read set changed), are each found."""
     data = [dict(r) for r in campaign.history.records()]
     ops = {r["index"]: r for r in data if r["type"] == "op"}
-    read = next(r for r in ops.values() if r["workload"] == "keys" and r["outcome"] == "committed"
-                and any(m[0] == "r" and m[2] is not None and m[3] is not None for m in r["mops"]))
+    read = next(
+        r
+        for r in ops.values()
+        if r["workload"] == "keys"
+        and r["outcome"] == "committed"
+        and any(m[0] == "r" and m[2] is not None and m[3] is not None for m in r["mops"])
+    )
     mop = next(m for m in read["mops"] if m[0] == "r" and m[2] is not None and m[3] is not None)
     saved, mop[3] = mop[3], mop[3] + 10**9  # a value nobody wrote
     found = conclude(History.from_records(data), None).findings
@@ -180,8 +205,11 @@ def test_damaged_keys_histories_fail_the_check(campaign: Campaign) -> None:
     assert any(f.kind == "lost-update" and {first, second} <= set(f.ops) for f in found), found
     ops[second]["snapshot"] = saved
     # A flushed async commit that did not commit.
-    flushed = next(r for r in ops.values() if r["flushed"] and r["outcome"] == "committed"
-                   and any(m[0] == "set" for m in r["mops"]))
+    flushed = next(
+        r
+        for r in ops.values()
+        if r["flushed"] and r["outcome"] == "committed" and any(m[0] == "set" for m in r["mops"])
+    )
     flushed["outcome"], flushed["csn"] = "aborted", None
     found = conclude(History.from_records(data), None).findings
     assert any(f.kind == "lost-commit" and f.ops == (flushed["index"],) and "flush" in f.message for f in found), found
@@ -203,16 +231,33 @@ def _serializable_read_after_write(history: History) -> tuple[int, int]:
             continue
         for m in o.mops:
             if m[0] == "r" and m[2] is not None:
-                before = [w for w in committed if w.csn <= o.snapshot and w.csn > 0
-                          and any(x[0] == "set" and x[1:3] == m[1:3] for x in w.mops)]
+                before = [
+                    w
+                    for w in committed
+                    if w.csn <= o.snapshot and w.csn > 0 and any(x[0] == "set" and x[1:3] == m[1:3] for x in w.mops)
+                ]
                 if before:
                     return o.index, max(before, key=lambda w: w.csn).index
     raise AssertionError("no committed serializable keys op read a key written before its snapshot")
 
 
 def test_fault_kinds_the_form_cannot_inject_are_refused(tmp_path: Path) -> None:
-    out = CliRunner().invoke(cli, ["chaos", "--seconds", "5", "--form", "single", "--nemesis", "isolate",
-                                   "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "report")])
+    out = CliRunner().invoke(
+        cli,
+        [
+            "chaos",
+            "--seconds",
+            "5",
+            "--form",
+            "single",
+            "--nemesis",
+            "isolate",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--report",
+            str(tmp_path / "report"),
+        ],
+    )
     assert out.exit_code == 2
     assert "isolate" in out.output and "namespaces" in out.output
 
@@ -222,8 +267,9 @@ def test_cleanup_stops_what_a_killed_run_left(tmp_path: Path) -> None:
     ``--cleanup`` finds them by the pid file in the run's directory, and only those naming it."""
     cluster_dir = tmp_path / "work" / "cluster"
     cluster_dir.mkdir(parents=True)
-    mine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", str(cluster_dir)],
-                            start_new_session=True)
+    mine = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", str(cluster_dir)], start_new_session=True
+    )
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
     try:
         (cluster_dir / PIDS_FILE).write_text(json.dumps([mine.pid, stranger.pid]))
@@ -245,10 +291,27 @@ def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
     adds calls that a reader's or a writer's grants deny (and a dropped user's login): each was
     refused, nothing they asked for happened, and the run found nothing."""
     report = tmp_path / "report"
-    result = CliRunner().invoke(cli, [
-        "chaos", "--secure", "--seconds", "20", "--seed", "7", "--form", "single", "--workload", "list-append",
-        "--nemesis", "kill-replica,pause-replica", "--workdir", str(tmp_path / "work"), "--report", str(report),
-    ])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "chaos",
+            "--secure",
+            "--seconds",
+            "20",
+            "--seed",
+            "7",
+            "--form",
+            "single",
+            "--workload",
+            "list-append",
+            "--nemesis",
+            "kill-replica,pause-replica",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--report",
+            str(report),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "starting the secured single cluster" in result.output
     hostile = json.loads((report / "summary.json").read_text())["hostile"]
@@ -258,11 +321,27 @@ def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
     refused = sum(n for k, n in counts.items() if k.startswith("denied-refused:"))
     assert sum(denied.values()) > 0 and refused > 0, counts
     # each refused, or cut short by a fault (a killed replica); what those asked for is checked after the run
-    assert all(counts.get(f"denied-refused:{kind}", 0) + counts.get(f"denied-interrupted:{kind}", 0) == n
-               for kind, n in denied.items()), counts
+    assert all(
+        counts.get(f"denied-refused:{kind}", 0) + counts.get(f"denied-interrupted:{kind}", 0) == n
+        for kind, n in denied.items()
+    ), counts
 
 
 def test_a_secured_campaign_has_no_spark_workload(tmp_path: Path) -> None:
-    out = CliRunner().invoke(cli, ["chaos", "--secure", "--spark", "--seconds", "5", "--form", "single",
-                                   "--workdir", str(tmp_path / "work"), "--report", str(tmp_path / "report")])
+    out = CliRunner().invoke(
+        cli,
+        [
+            "chaos",
+            "--secure",
+            "--spark",
+            "--seconds",
+            "5",
+            "--form",
+            "single",
+            "--workdir",
+            str(tmp_path / "work"),
+            "--report",
+            str(tmp_path / "report"),
+        ],
+    )
     assert out.exit_code == 2 and "Spark" in out.output

@@ -56,10 +56,16 @@ def proxy(storage: S3Storage) -> Iterator[S3FaultProxy]:
 
 def client(storage: S3Storage, retries: int = 1, read_timeout: float = 10.0) -> object:
     opts = storage.storage_options
-    return boto3.client("s3", endpoint_url=opts["endpoint_url"], aws_access_key_id=opts["key"],
-                        aws_secret_access_key=opts["secret"], region_name="us-east-1",
-                        config=Config(retries={"total_max_attempts": retries, "mode": "standard"},
-                                      read_timeout=read_timeout, connect_timeout=5))
+    return boto3.client(
+        "s3",
+        endpoint_url=opts["endpoint_url"],
+        aws_access_key_id=opts["key"],
+        aws_secret_access_key=opts["secret"],
+        region_name="us-east-1",
+        config=Config(
+            retries={"total_max_attempts": retries, "mode": "standard"}, read_timeout=read_timeout, connect_timeout=5
+        ),
+    )
 
 
 def test_environment_names_the_proxy_and_is_restored(tmp_path: Path) -> None:
@@ -239,8 +245,17 @@ def campaign(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(S3Storage, "_set_env", spy)
-        result = run_chaos(base / "work", SECONDS, SEED, "all", "s3-errors,s3-timeouts,kill-replica",
-                           base / "report", form="loopback", storage="s3", say=lines.append)
+        result = run_chaos(
+            base / "work",
+            SECONDS,
+            SEED,
+            "all",
+            "s3-errors,s3-timeouts,kill-replica",
+            base / "report",
+            form="loopback",
+            storage="s3",
+            say=lines.append,
+        )
     result.lines = lines  # type: ignore[attr-defined]
     result.base = base  # type: ignore[attr-defined]
     result.env = seen[0]  # type: ignore[attr-defined]

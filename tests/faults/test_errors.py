@@ -115,9 +115,11 @@ def test_partition_value_of_the_wrong_type(cl: Client) -> None:
         tx.insert("by_region", pa.table({"region": ["5", "eu"], "id": [1, 2]}, schema=schema))
     before = cl.parts("by_region").to_pylist()
     tx = cl.begin()
-    for statement in (lambda: tx.truncate("by_region", partitions=[5]),
-                      lambda: tx.overwrite("by_region", schema.empty_table(), partitions=[5]),
-                      lambda: tx.compact("by_region", partitions=[5])):
+    for statement in (
+        lambda: tx.truncate("by_region", partitions=[5]),
+        lambda: tx.overwrite("by_region", schema.empty_table(), partitions=[5]),
+        lambda: tx.compact("by_region", partitions=[5]),
+    ):
         with pytest.raises(InvalidInput, match=r"5 .*'region'.*string"):
             statement()
     tx.rollback()
@@ -136,8 +138,13 @@ def test_partition_value_of_the_wrong_type(cl: Client) -> None:
 
 def _mount(path: Path, size: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (not root)")
 
 
@@ -160,7 +167,9 @@ def _fill(directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def small_disk(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[tuple[LocalCluster, Path]]:
+def small_disk(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> Iterator[tuple[LocalCluster, Path]]:
     """A cluster whose storage is an 8 MB tmpfs."""
     mount = tmp_path_factory.mktemp("smalldisk") / "storage"
     _mount(mount, "8m")
@@ -228,8 +237,9 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
     "stage failed on the replica: OSError(28, ...)")."""
     from support.zk import new_chroot
 
-    cluster = LocalCluster(tmp_path / "c", replicas=1, zk_address=new_chroot(zk_server, "walfull"),
-                           storage_url=str(tmp_path / "storage"))
+    cluster = LocalCluster(
+        tmp_path / "c", replicas=1, zk_address=new_chroot(zk_server, "walfull"), storage_url=str(tmp_path / "storage")
+    )
     replica_dir = tmp_path / "c" / "replica-0"
     _mount(replica_dir, "4m")
     try:

@@ -366,11 +366,7 @@ def test_connection_lost_during_commit_multi(
         tx = begin_when_ready(px)
         tx.insert(t, rows(key))
         txs.append(tx)
-    armed = (
-        proxied.proxy.drop_after_next_multi()
-        if fault == "after"
-        else proxied.proxy.drop_instead_of_next_multi()
-    )
+    armed = proxied.proxy.drop_after_next_multi() if fault == "after" else proxied.proxy.drop_instead_of_next_multi()
     barrier = threading.Barrier(concurrent, timeout=60)
 
     def commit(tx: Transaction) -> int | MergetxnError:
@@ -512,9 +508,7 @@ def test_ensemble_member_killed_under_load(tmp_path: Path) -> None:
                         load.committed[key] = tx.csn
                         load.cond.notify_all()
 
-            threads = [
-                threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers_n)
-            ]
+            threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers_n)]
             for th in threads:
                 th.start()
             barrier.wait()
@@ -525,9 +519,9 @@ def test_ensemble_member_killed_under_load(tmp_path: Path) -> None:
             ens.kill_member(leader)
             with load.cond:
                 at_kill = len(load.committed)
-                assert load.cond.wait_for(
-                    lambda: len(load.committed) >= at_kill + after_kill, 90
-                ), f"commits stalled after the leader was killed; errors: {load.errors[:3]}"
+                assert load.cond.wait_for(lambda: len(load.committed) >= at_kill + after_kill, 90), (
+                    f"commits stalled after the leader was killed; errors: {load.errors[:3]}"
+                )
             stop.set()
             for th in threads:
                 th.join(60)

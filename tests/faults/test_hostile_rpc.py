@@ -51,8 +51,9 @@ def plain(tmp_path_factory: pytest.TempPathFactory, zk_server) -> Iterator[Local
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # A ZooKeeper of its own: a secured cluster's serves TLS only (the session's does not).
-    with make_cluster(tmp_path_factory, None, "hostile-secure", replicas=1, secure=True,
-                      settings={"max_frame_bytes": MiB}) as c:
+    with make_cluster(
+        tmp_path_factory, None, "hostile-secure", replicas=1, secure=True, settings={"max_frame_bytes": MiB}
+    ) as c:
         c.client(0).create_table("t", ID_V, auto_merge=False)
         yield c
 
@@ -71,8 +72,9 @@ def endpoint(cluster: LocalCluster) -> tuple[str, int]:
     return host, int(port)
 
 
-def connect(cluster: LocalCluster, source: str = "127.0.0.1", tls: bool = False, auth: bool = False,
-            secret: str | None = None) -> socket.socket:
+def connect(
+    cluster: LocalCluster, source: str = "127.0.0.1", tls: bool = False, auth: bool = False, secret: str | None = None
+) -> socket.socket:
     """A raw connection from ``source``; over TLS (a secure cluster), authenticated on request
     (with ``secret``: that one, which may be wrong)."""
     host, port = endpoint(cluster)
@@ -178,8 +180,9 @@ def test_junk_before_authentication_costs_only_its_connection(secure: LocalClust
     still_serves(secure)
 
 
-@pytest.mark.parametrize("shape", ["nested 1e6 deep", "JSON that is not an object", "huge action name",
-                                   "invalid UTF-8"])
+@pytest.mark.parametrize(
+    "shape", ["nested 1e6 deep", "JSON that is not an object", "huge action name", "invalid UTF-8"]
+)
 def test_junk_after_authentication_costs_only_its_connection(secure: LocalCluster, shape: str) -> None:
     payload, close_ours = JUNK[shape]
     sock = connect(secure, tls=True, auth=True)
@@ -223,22 +226,33 @@ def test_a_frame_over_the_limit_is_refused_naming_it_and_never_buffered(request,
 
 # Requests off the protocol (coordinator/wire/protocol.py): (request, what the refusal says, the field).
 OFF_PROTOCOL = {
-    "begin with a token that is not a string": ({"a": "begin", "b": {"token": 7}},
-                                                "begin: field 'token' must be a string or null, not integer 7", "token"),
+    "begin with a token that is not a string": (
+        {"a": "begin", "b": {"token": 7}},
+        "begin: field 'token' must be a string or null, not integer 7",
+        "token",
+    ),
     "commit with an integer id": ({"a": "commit", "b": {"id": 5}}, "commit: field 'id' must be a string", "id"),
-    "create_table with a list name": ({"a": "create_table", "b": {"name": ["t2"], "schema": "x"}},
-                                      "create_table: field 'name' must be a string, not array ['t2']", "name"),
+    "create_table with a list name": (
+        {"a": "create_table", "b": {"name": ["t2"], "schema": "x"}},
+        "create_table: field 'name' must be a string, not array ['t2']",
+        "name",
+    ),
     "stage without its id": ({"a": "stage", "b": {"ops": []}}, "stage: the request lacks field 'id'", "id"),
-    "visible with a misspelt field": ({"a": "visible", "b": {"table": "t", "snapshots": 1}},
-                                      "visible: unknown field 'snapshots'", "snapshots"),
-    "wait with a huge value of the wrong type": ({"a": "wait", "b": {"snapshot": "9" * (MiB // 2)}},
-                                                 "wait: field 'snapshot' must be an integer, not string", "snapshot"),
+    "visible with a misspelt field": (
+        {"a": "visible", "b": {"table": "t", "snapshots": 1}},
+        "visible: unknown field 'snapshots'",
+        "snapshots",
+    ),
+    "wait with a huge value of the wrong type": (
+        {"a": "wait", "b": {"snapshot": "9" * (MiB // 2)}},
+        "wait: field 'snapshot' must be an integer, not string",
+        "snapshot",
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", ["plain", "secure"])
-def test_a_request_off_the_protocol_is_refused_naming_the_field_and_the_connection_goes_on(
-        request, kind: str) -> None:  # noqa: ANN001
+def test_a_request_off_the_protocol_is_refused_naming_the_field_and_the_connection_goes_on(request, kind: str) -> None:  # noqa: ANN001
     """Checked before the grants and any handler: InvalidInput naming the action, the field
     and what it takes, in a message of bounded size; the same connection serves the next
     request, and a client its commits."""
@@ -329,8 +343,9 @@ def test_an_idle_flood_under_a_low_descriptor_limit_does_not_spin(tmp_path_facto
     """The issue's flood: 300 idle connections against a replica with few descriptors left.
     Connections beyond its room are closed at once (no accept failing in a hot loop, no log
     line per attempt, no core burnt), and once the idle ones time out a client is served."""
-    with make_cluster(tmp_path_factory, zk_server, "hostile-flood", replicas=1,
-                      settings={"idle_seconds": 3.0}) as cluster:
+    with make_cluster(
+        tmp_path_factory, zk_server, "hostile-flood", replicas=1, settings={"idle_seconds": 3.0}
+    ) as cluster:
         cluster.client(0).create_table("t", ID_V, auto_merge=False)
         pid = cluster.replica_pid(0)
         log_file = cluster.workdir / "replica-0" / "replica.log"
@@ -377,8 +392,9 @@ def test_a_replica_whose_loop_dies_exits(tmp_path_factory, zk_server, tmp_path: 
     deaf."""
     points = tmp_path / "failpoints"
     points.mkdir()
-    with make_cluster(tmp_path_factory, zk_server, "hostile-dies", replicas=1,
-                      env={"MERGETXN_FAILPOINTS": str(points)}) as cluster:
+    with make_cluster(
+        tmp_path_factory, zk_server, "hostile-dies", replicas=1, env={"MERGETXN_FAILPOINTS": str(points)}
+    ) as cluster:
         assert cluster.client(0).tables() == []
         (points / "rpc_loop_dies").touch()
         wait_until(lambda: cluster.replica_pid(0) is None, 30, "the replica process to exit", interval=0.05)
@@ -388,16 +404,30 @@ def test_a_replica_whose_loop_dies_exits(tmp_path_factory, zk_server, tmp_path: 
 
 # -- protected mode (issue 20, item 7) -----------------------------------------------------------
 
+
 def replica_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return ["--zk", "127.0.0.1:1", "--storage", str(tmp_path / "s"), "--host-id", "p1", "--data-dir",
-            str(tmp_path / "wal"), *extra]
+    return [
+        "--zk",
+        "127.0.0.1:1",
+        "--storage",
+        str(tmp_path / "s"),
+        "--host-id",
+        "p1",
+        "--data-dir",
+        str(tmp_path / "wal"),
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "::", "replica1.example.com", ""])
 def test_an_unsecured_replica_refuses_a_routable_host(tmp_path: Path, host: str) -> None:
-    proc = subprocess.run([sys.executable, "-m", "replicas.server", *replica_argv(tmp_path, "--host", host)],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    proc = subprocess.run(
+        [sys.executable, "-m", "replicas.server", *replica_argv(tmp_path, "--host", host)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
     assert proc.returncode == 2, proc.stderr
     assert "protected mode" in proc.stderr and "--insecure" in proc.stderr and "--credentials" in proc.stderr
     r = CliRunner().invoke(cli, ["replica", "start", *replica_argv(tmp_path, "--host", host)])

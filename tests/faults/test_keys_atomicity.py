@@ -40,12 +40,14 @@ from coordinator.model.records import Compact, DropTable, Insert
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas import failpoints
 
-SCHEMA = pa.schema([
-    pa.field("p", pa.int64(), nullable=False),
-    pa.field("k", pa.int64(), nullable=False),
-    pa.field("v", pa.string()),
-    pa.field("n", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("p", pa.int64(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("v", pa.string()),
+        pa.field("n", pa.int64()),
+    ]
+)
 
 
 def rows(*items: tuple[int, int, str], n: int | None = None) -> pa.Table:
@@ -92,8 +94,12 @@ def _def(name: str, policy: str = "keys", atom: str = "full") -> TableDef:
     return TableDef.new(name, SCHEMA, primary_key=("p", "k"), conflict_policy="keys", atomicity=atom)
 
 
-TABLES = {"kfull": _def("kfull"), "knone": _def("knone", atom="none"), "plain": _def("plain", "parts"),
-          "mc": _def("mc", "maxcompute")}
+TABLES = {
+    "kfull": _def("kfull"),
+    "knone": _def("knone", atom="none"),
+    "plain": _def("plain", "parts"),
+    "mc": _def("mc", "maxcompute"),
+}
 
 
 @pytest.mark.parametrize("txn_mode", ["full", "none"])
@@ -142,8 +148,9 @@ _n = iter(range(10**6))
 def new_table(c: Client, atom: str = "none", policy: str = "keys", **kw) -> str:
     name = f"ka{next(_n)}"
     if policy == "keys":
-        c.create_table(name, SCHEMA, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys",
-                       atomicity=atom, **kw)
+        c.create_table(
+            name, SCHEMA, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys", atomicity=atom, **kw
+        )
     else:
         c.create_table(name, SCHEMA, partition_by=("p",), conflict_policy=policy, **kw)
     return name
@@ -156,9 +163,12 @@ def part_files(cluster, table: str) -> set[str]:
 
 def test_begin_checks_its_modes(clients) -> None:
     a, _ = clients
-    for kw, says in [({"atomicity": "most"}, "'most'"), ({"durability": "eventual"}, "'eventual'"),
-                     ({"durability": "async"}, "needs atomicity='none' (not 'full')"),
-                     ({"atomicity": "none", "isolation": "serializable"}, "cannot be serializable")]:
+    for kw, says in [
+        ({"atomicity": "most"}, "'most'"),
+        ({"durability": "eventual"}, "'eventual'"),
+        ({"durability": "async"}, "needs atomicity='none' (not 'full')"),
+        ({"atomicity": "none", "isolation": "serializable"}, "cannot be serializable"),
+    ]:
         with pytest.raises(InvalidInput, match=re.escape(says)):
             a.begin(**kw)
         with pytest.raises(InvalidInput, match=re.escape(says)), a.transaction(**kw):
@@ -177,14 +187,21 @@ def test_begin_checks_its_modes(clients) -> None:
     tx.rollback()
 
 
-MISMATCHES = [("full", "none", "sync"), ("none", "full", "sync"), ("none", "parts", "sync"),
-              ("none", "full", "async"), ("none", "parts", "async")]
+MISMATCHES = [
+    ("full", "none", "sync"),
+    ("none", "full", "sync"),
+    ("none", "parts", "sync"),
+    ("none", "full", "async"),
+    ("none", "parts", "async"),
+]
 
 
-@pytest.mark.parametrize(("txn_mode", "table_kind", "durability"), MISMATCHES,
-                         ids=[f"{t} {d} txn on a {k} table" for t, k, d in MISMATCHES])
-def test_mode_mismatch_fails_at_commit_naming_both_and_leaves_nothing(cluster, clients, txn_mode: str,
-                                                                      table_kind: str, durability: str) -> None:
+@pytest.mark.parametrize(
+    ("txn_mode", "table_kind", "durability"), MISMATCHES, ids=[f"{t} {d} txn on a {k} table" for t, k, d in MISMATCHES]
+)
+def test_mode_mismatch_fails_at_commit_naming_both_and_leaves_nothing(
+    cluster, clients, txn_mode: str, table_kind: str, durability: str
+) -> None:
     a, _ = clients
     name = new_table(a, "full", policy="parts") if table_kind == "parts" else new_table(a, table_kind)
     with a.transaction(atomicity="full" if table_kind == "parts" else table_kind) as tx:
@@ -536,8 +553,9 @@ def test_a_graceful_stop_commits_the_async_commits_it_accepted(held) -> None:
 @pytest.fixture(scope="module")
 def crash_cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
     points = tmp_path_factory.mktemp("katom-failpoints")
-    with make_cluster(tmp_path_factory, zk_server, "katomcrash", replicas=1,
-                      env={"MERGETXN_FAILPOINTS": str(points)}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "katomcrash", replicas=1, env={"MERGETXN_FAILPOINTS": str(points)}
+    ) as c:
         c.failpoints = points
         yield c
 
@@ -607,8 +625,12 @@ def test_sigkill_during_an_async_stream_leaves_no_commit_torn(crash_cluster) -> 
     txs = []
     for i in range(40):  # written first, committed in a burst: they queue faster than they commit
         tx = c.begin(atomicity="none", durability="async")
-        tx.insert(name, pa.Table.from_pylist([{"p": p, "k": 1000 * i + j, "v": f"c{i}", "n": i}
-                                              for p in range(3) for j in range(2)], schema=SCHEMA))
+        tx.insert(
+            name,
+            pa.Table.from_pylist(
+                [{"p": p, "k": 1000 * i + j, "v": f"c{i}", "n": i} for p in range(3) for j in range(2)], schema=SCHEMA
+            ),
+        )
         txs.append(tx)
     for tx in txs:
         assert tx.commit() is None

@@ -43,12 +43,18 @@ def failpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer,
-            failpoints: Path) -> Iterator[LocalCluster]:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, failpoints: Path
+) -> Iterator[LocalCluster]:
     """Two replicas, nothing in the background (cleanup runs when a test asks), failpoints on."""
-    with make_cluster(tmp_path_factory, zk_server, "fence", replicas=2,
-                      settings={"gc_interval": 0, "merge_interval": 0},
-                      env={"MERGETXN_FAILPOINTS": str(failpoints)}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "fence",
+        replicas=2,
+        settings={"gc_interval": 0, "merge_interval": 0},
+        env={"MERGETXN_FAILPOINTS": str(failpoints)},
+    ) as c:
         yield c
 
 

@@ -40,11 +40,18 @@ def failpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer,
-            failpoints: Path) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "outcomes", replicas=2, session_timeout=SESSION,
-                      settings={"gc_interval": 0, "merge_interval": 0},
-                      env={"MERGETXN_FAILPOINTS": str(failpoints)}) as c:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, failpoints: Path
+) -> Iterator[LocalCluster]:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "outcomes",
+        replicas=2,
+        session_timeout=SESSION,
+        settings={"gc_interval": 0, "merge_interval": 0},
+        env={"MERGETXN_FAILPOINTS": str(failpoints)},
+    ) as c:
         yield c
 
 
@@ -83,7 +90,8 @@ def test_every_replica_answers_for_a_running_and_a_committed_transaction(cluster
 
 
 def test_an_owner_that_comes_back_cannot_commit_what_another_replica_decided(
-        cluster: LocalCluster, failpoints: Path) -> None:
+    cluster: LocalCluster, failpoints: Path
+) -> None:
     """The owner freezes (SIGSTOP: a GC pause, a frozen VM) just before its commit multi; its
     session expires; another replica decides the transaction: aborted. Then the owner goes on:
     its commit must fail, and the rows never become visible, whatever replica is asked."""

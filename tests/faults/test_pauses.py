@@ -32,8 +32,14 @@ SCHEMA = pa.schema([("k", pa.int64())])
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "pauses", replicas=2, session_timeout=2.0,
-                      settings={"gc_interval": 0, "merge_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "pauses",
+        replicas=2,
+        session_timeout=2.0,
+        settings={"gc_interval": 0, "merge_interval": 0},
+    ) as c:
         yield c
 
 
@@ -50,8 +56,11 @@ def test_a_replica_back_from_a_long_pause_serves_nothing_that_cleanup_took(clust
         with b.transaction() as t2:
             t2.delete("t", pc.field("k") == 1)  # rewrites the part r0 still sees
         with kazoo(cluster.zk_address) as zk:
-            wait_until(lambda: zk.exists(f"{cluster.root}/replicas/r0/alive") is None, 30,
-                       "r0's session to expire while it is frozen")
+            wait_until(
+                lambda: zk.exists(f"{cluster.root}/replicas/r0/alive") is None,
+                30,
+                "r0's session to expire while it is frozen",
+            )
         removed = b.gc(grace_seconds=0)["removed"]
         assert any(r["path"].endswith(".parquet") for r in removed), "cleanup took nothing: no fault happened"
     finally:
@@ -64,8 +73,7 @@ def test_a_replica_back_from_a_long_pause_serves_nothing_that_cleanup_took(clust
     assert a.call("info")["pauses"] >= 1
 
 
-def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborted(
-        zk_address: str, tmp_path) -> None:
+def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborted(zk_address: str, tmp_path) -> None:
     """After a lost session, the replica is back (``zk_session.lost`` cleared, which the pause
     guard waits for) only once every transaction of the old session is aborted, however long
     aborting one takes (here: its lock held by a statement in progress)."""
@@ -75,8 +83,16 @@ def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborte
     from replicas.replica import Replica
     from replicas.settings import ReplicaConfig
 
-    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="lost0",
-                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r = Replica(
+        ReplicaConfig(
+            zk=zk_address,
+            storage_url=str(tmp_path / "storage"),
+            host_id="lost0",
+            data_dir=tmp_path / "replica",
+            merge_interval=0,
+            gc_interval=0,
+        )
+    )
     r.start()
     try:
         txn = r.transactions.begin()
@@ -87,8 +103,9 @@ def test_a_new_session_counts_only_once_the_old_sessions_transactions_are_aborte
             r._on_zk_state(KazooState.CONNECTED)  # re-registers in a thread
             wait_until(lambda: r.incarnation != before, 10, "the new registration")
             # Registered, the old transaction not yet aborted: not back (a second's look).
-            assert not poll(lambda: not r.zk_session.lost.is_set(), timeout=1.0, interval=0.05), \
+            assert not poll(lambda: not r.zk_session.lost.is_set(), timeout=1.0, interval=0.05), (
                 "back before the old session's transaction was aborted"
+            )
         finally:
             txn.lock.release()
         wait_until(lambda: not r.zk_session.lost.is_set(), 10, "back once the transaction is aborted")

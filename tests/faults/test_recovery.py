@@ -28,8 +28,6 @@ pytestmark = pytest.mark.zk
 SCHEMA = ID_V
 
 
-
-
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     with make_cluster(tmp_path_factory, zk_server, "recovery", replicas=3) as c:
@@ -83,8 +81,9 @@ def restart(cluster: coordinator.LocalCluster, i: int) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_restart_recovers_same_state_from_wal(cluster: coordinator.LocalCluster, restore: None,
-                                              record_property) -> None:
+def test_restart_recovers_same_state_from_wal(
+    cluster: coordinator.LocalCluster, restore: None, record_property
+) -> None:
     c0 = cluster.client(0)
     c0.create_table("wal_a", SCHEMA, auto_merge=False)
     c0.create_table("wal_b", SCHEMA, auto_merge=False)
@@ -109,8 +108,7 @@ def test_restart_recovers_same_state_from_wal(cluster: coordinator.LocalCluster,
 
 
 @pytest.mark.parametrize("how", ["stop", "kill"])
-def test_down_replica_catches_up_from_zookeeper(cluster: coordinator.LocalCluster, restore: None,
-                                                how: str) -> None:
+def test_down_replica_catches_up_from_zookeeper(cluster: coordinator.LocalCluster, restore: None, how: str) -> None:
     table = f"catchup_{how}"
     c0 = cluster.client(0)
     c0.create_table(table, SCHEMA, auto_merge=False)
@@ -129,7 +127,8 @@ def test_down_replica_catches_up_from_zookeeper(cluster: coordinator.LocalCluste
 
 
 def test_killed_replica_loses_nothing_committed_and_shows_nothing_uncommitted(
-        cluster: coordinator.LocalCluster, restore: None) -> None:
+    cluster: coordinator.LocalCluster, restore: None
+) -> None:
     c2 = cluster.client(2)
     c2.create_table("killed", SCHEMA, auto_merge=False)
     committed = commit_insert(c2, "killed", id_rows(5))

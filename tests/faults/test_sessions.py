@@ -64,18 +64,30 @@ def failpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer,
-            failpoints: Path) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "sessions", replicas=2, session_timeout=ZK_SESSION,
-                      settings={"client_session_timeout": TIMEOUT, "gc_interval": 0, "merge_interval": 0},
-                      env={"MERGETXN_FAILPOINTS": str(failpoints)}) as c:
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, failpoints: Path
+) -> Iterator[LocalCluster]:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "sessions",
+        replicas=2,
+        session_timeout=ZK_SESSION,
+        settings={"client_session_timeout": TIMEOUT, "gc_interval": 0, "merge_interval": 0},
+        env={"MERGETXN_FAILPOINTS": str(failpoints)},
+    ) as c:
         yield c
 
 
 def client_process(cluster: LocalCluster, table: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, "-c", CLIENT, cluster.replica_addresses[0], table],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, cluster.replica_addresses[0], table],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     line = proc.stdout.readline().strip()
     assert line, proc.stderr.read()
     return proc, line
@@ -150,10 +162,12 @@ def test_status_names_long_running_and_orphaned_transactions_with_their_holders(
 
     def listed() -> dict:
         r = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]}).invoke(
-            cli, ["status", "--json", "--no-storage-check"], catch_exceptions=False)
+            cli, ["status", "--json", "--no-storage-check"], catch_exceptions=False
+        )
         report = json.loads(r.stdout)["transactions"]
         if tx.id not in {t["id"] for t in report["long_running"]} or orphan.id not in {
-                t["id"] for t in report["orphaned"]}:
+            t["id"] for t in report["orphaned"]
+        }:
             raise NotYet(report)
         return report
 
@@ -163,7 +177,8 @@ def test_status_names_long_running_and_orphaned_transactions_with_their_holders(
     lost = next(t for t in report["orphaned"] if t["id"] == orphan.id)
     assert lost["session"] is None, lost
     r = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]}).invoke(
-        cli, ["status", "--no-storage-check"], catch_exceptions=False)
+        cli, ["status", "--no-storage-check"], catch_exceptions=False
+    )
     assert f"long-running transaction {tx.id} on r0" in r.output and c.session in r.output, r.output
     assert f"orphaned transaction {orphan.id} on r0" in r.output, r.output
     tx.rollback()
@@ -181,8 +196,9 @@ def test_heartbeat_and_begin_refuse_a_bad_session(cluster: LocalCluster) -> None
 
 
 @pytest.mark.parametrize(("where", "owner"), [("before_commit_multi", 0), ("after_commit_multi", 1)])
-def test_a_commit_whose_replica_died_is_resolved_by_another(cluster: LocalCluster, failpoints: Path,
-                                                            where: str, owner: int) -> None:
+def test_a_commit_whose_replica_died_is_resolved_by_another(
+    cluster: LocalCluster, failpoints: Path, where: str, owner: int
+) -> None:
     """The owner is SIGKILLed while it holds the commit just before its multi (not in the log:
     aborted) or just after it (in the log: committed); the client asks the other replica and
     knows within seconds, instead of raising OutcomeUnknown after 15 s. (Each case kills another

@@ -195,9 +195,7 @@ def test_zk_address_fixture_gives_an_existing_private_chroot(
         root.close()
 
 
-def test_start_zookeeper_with_given_address_starts_nothing(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_start_zookeeper_with_given_address_starts_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     handle = start_zookeeper(tmp_path, address="zk1:2181,zk2:2181/mergetxn")
     assert isinstance(handle, ExternalZooKeeper)
     assert handle.address == "zk1:2181,zk2:2181/mergetxn"
@@ -366,9 +364,21 @@ def test_zk_start_with_credentials_serves_tls_only_to_the_identity(tmp_path: Pat
 
     creds = make_cluster_credentials(tmp_path / "security")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mergetxn.cli", "zk", "start", "--dir", str(tmp_path / "zk"),
-         "--credentials", str(tmp_path / "security" / REPLICA_FILE)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        [
+            sys.executable,
+            "-m",
+            "mergetxn.cli",
+            "zk",
+            "start",
+            "--dir",
+            str(tmp_path / "zk"),
+            "--credentials",
+            str(tmp_path / "security" / REPLICA_FILE),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
     )
     try:
@@ -394,8 +404,9 @@ def test_zk_start_with_credentials_serves_tls_only_to_the_identity(tmp_path: Pat
             ok.stop()
             ok.close()
         for auth in (None, [("digest", "intruder:whatever-it-is")]):
-            other = KazooClient(hosts=address, timeout=10, auth_data=auth, use_ssl=True, ca=str(creds.ca_file),
-                                check_hostname=True)
+            other = KazooClient(
+                hosts=address, timeout=10, auth_data=auth, use_ssl=True, ca=str(creds.ca_file), check_hostname=True
+            )
             other.start(timeout=30)
             try:
                 with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):

@@ -106,11 +106,14 @@ def test_spark_options() -> None:
     base = {"path": "t", "replica": "h:1"}
     assert settings({**base, "app_id": "s", "app_version": "4"}, write=True).app == ("s", 4)
     assert settings(base, write=True).app is None
-    for bad, match in (({"app_id": "s"}, "together"), ({"app_version": "1"}, "together"),
-                       ({"app_id": "s", "app_version": "-1"}, "app_version"),
-                       ({"app_id": "s", "app_version": "x"}, "app_version"),
-                       ({"app_id": "", "app_version": "1"}, "app_id"),
-                       ({"app_id": "s", "app_version": "1", "txn": "T1-1-r0"}, "txn")):
+    for bad, match in (
+        ({"app_id": "s"}, "together"),
+        ({"app_version": "1"}, "together"),
+        ({"app_id": "s", "app_version": "-1"}, "app_version"),
+        ({"app_id": "s", "app_version": "x"}, "app_version"),
+        ({"app_id": "", "app_version": "1"}, "app_id"),
+        ({"app_id": "s", "app_version": "1", "txn": "T1-1-r0"}, "txn"),
+    ):
         with pytest.raises(InvalidInput, match=match):
             settings({**base, **bad}, write=True)
     with pytest.raises(InvalidInput, match="writes"):

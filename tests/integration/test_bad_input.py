@@ -37,8 +37,6 @@ SCHEMA = ID_V
 PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64())])
 
 
-
-
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     with make_cluster(tmp_path_factory, zk_server, "badinput", replicas=2) as c:
@@ -51,8 +49,7 @@ def cl(cluster: coordinator.LocalCluster) -> Client:
 
 
 def files_under(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()} \
-        if root.exists() else {}
+    return {str(p.relative_to(root)): p.stat().st_size for p in root.rglob("*") if p.is_file()} if root.exists() else {}
 
 
 @dataclass
@@ -67,8 +64,9 @@ class Fingerprint:
 
 
 def fingerprint(cluster: coordinator.LocalCluster, client: Client, tables: list[str]) -> Fingerprint:
-    data = {t: sorted(client.read(t).to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
-            for t in tables}
+    data = {
+        t: sorted(client.read(t).to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str)) for t in tables
+    }
     parts = {t: client.parts(t).to_pylist() for t in tables}
     files = {k: v for k, v in files_under(Path(cluster.storage_url)).items() if not k.startswith("_")}
     return Fingerprint(client.snapshot(), sorted(client.tables()), data, parts, files)
@@ -83,8 +81,14 @@ def base(cl: Client) -> str:
     return "base"
 
 
-def unchanged(cluster: coordinator.LocalCluster, client: Client, tables: list[str],
-              action: Callable[[], object], error: type[MergetxnError], *names: str) -> MergetxnError:
+def unchanged(
+    cluster: coordinator.LocalCluster,
+    client: Client,
+    tables: list[str],
+    action: Callable[[], object],
+    error: type[MergetxnError],
+    *names: str,
+) -> MergetxnError:
     """Run ``action``; it must raise ``error`` whose message names every one of ``names``, and
     leave the cluster exactly as it was."""
     before = fingerprint(cluster, client, tables)
@@ -101,8 +105,7 @@ def unchanged(cluster: coordinator.LocalCluster, client: Client, tables: list[st
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/b", "..", "x\\y", "a:b", ""])
-def test_table_name_with_path_characters(cluster: coordinator.LocalCluster, cl: Client, base: str,
-                                         bad: str) -> None:
+def test_table_name_with_path_characters(cluster: coordinator.LocalCluster, cl: Client, base: str, bad: str) -> None:
     unchanged(cluster, cl, [base], lambda: cl.create_table(bad, SCHEMA), InvalidInput, repr(bad))
     assert not (Path(cluster.storage_url) / "x").exists()
     # The same name is refused, not looked up as a path, everywhere a table is named.
@@ -116,18 +119,23 @@ def test_table_name_with_path_characters(cluster: coordinator.LocalCluster, cl: 
 
 
 @pytest.mark.parametrize("bad", ["a/b", "../c", "x y"])
-def test_column_name_with_path_characters(cluster: coordinator.LocalCluster, cl: Client, base: str,
-                                          bad: str) -> None:
+def test_column_name_with_path_characters(cluster: coordinator.LocalCluster, cl: Client, base: str, bad: str) -> None:
     schema = pa.schema([("id", pa.int64()), (bad, pa.string())])
     unchanged(cluster, cl, [base], lambda: cl.create_table("colbad", schema), InvalidInput, repr(bad))
     assert "colbad" not in cl.tables()
 
 
 def test_create_table_bad_arguments(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
-    unchanged(cluster, cl, [base], lambda: cl.create_table("pol", SCHEMA, conflict_policy="yolo"),
-              InvalidInput, "'yolo'", "conflict_policy")
-    unchanged(cluster, cl, [base], lambda: cl.create_table("pol", SCHEMA, partition_by=["nope"]),
-              InvalidInput, "nope")
+    unchanged(
+        cluster,
+        cl,
+        [base],
+        lambda: cl.create_table("pol", SCHEMA, conflict_policy="yolo"),
+        InvalidInput,
+        "'yolo'",
+        "conflict_policy",
+    )
+    unchanged(cluster, cl, [base], lambda: cl.create_table("pol", SCHEMA, partition_by=["nope"]), InvalidInput, "nope")
     unchanged(cluster, cl, [base], lambda: cl.create_table(base, SCHEMA), InvalidInput, repr(base), "exists")
     assert "pol" not in cl.tables()
 
@@ -142,13 +150,22 @@ def test_insert_schema_mismatch(cluster: coordinator.LocalCluster, cl: Client, b
     cases = [(extra, ["unexpected", "'surprise'"]), (mistyped, ["'id'", "string", "int64"])]
     # A missing column is refused when it is not nullable (a nullable one is filled with null:
     # test_writers.py); both statements, and the transaction stays usable.
-    cl.create_table("strict_nn", pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())]),
-                    auto_merge=False)
+    cl.create_table(
+        "strict_nn", pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())]), auto_merge=False
+    )
     tx = cl.begin()
     try:
         for statement in (tx.insert, tx.overwrite):
-            unchanged(cluster, cl, [base, "strict_nn"], lambda s=statement: s("strict_nn", pa.table({"v": ["a"]})),
-                      InvalidInput, "'strict_nn'", "missing", "'id'")
+            unchanged(
+                cluster,
+                cl,
+                [base, "strict_nn"],
+                lambda s=statement: s("strict_nn", pa.table({"v": ["a"]})),
+                InvalidInput,
+                "'strict_nn'",
+                "missing",
+                "'id'",
+            )
         assert tx.read("strict_nn").num_rows == 0
     finally:
         tx.rollback()
@@ -156,8 +173,7 @@ def test_insert_schema_mismatch(cluster: coordinator.LocalCluster, cl: Client, b
         tx = cl.begin()
         try:
             unchanged(cluster, cl, [base], lambda d=data: tx.insert(base, d), InvalidInput, repr(base), *names)
-            unchanged(cluster, cl, [base], lambda d=data: tx.overwrite(base, d), InvalidInput, repr(base),
-                      *names)
+            unchanged(cluster, cl, [base], lambda d=data: tx.overwrite(base, d), InvalidInput, repr(base), *names)
             # The transaction is still usable and commits nothing it was refused.
             assert sorted(tx.read(base).column("id").to_pylist()) == list(range(5))
         finally:
@@ -180,8 +196,7 @@ def test_unknown_table(cluster: coordinator.LocalCluster, cl: Client, base: str)
     try:
         unchanged(cluster, cl, [base], lambda: tx.insert("nosuch", id_rows(1)), TableNotFound, "'nosuch'")
         unchanged(cluster, cl, [base], lambda: tx.read("nosuch"), TableNotFound, "'nosuch'")
-        unchanged(cluster, cl, [base], lambda: tx.delete("nosuch", pc.field("id") == 1), TableNotFound,
-                  "'nosuch'")
+        unchanged(cluster, cl, [base], lambda: tx.delete("nosuch", pc.field("id") == 1), TableNotFound, "'nosuch'")
     finally:
         tx.rollback()
     # A table read at a snapshot before it existed is unknown there too.
@@ -195,10 +210,17 @@ def test_expression_on_missing_column(cluster: coordinator.LocalCluster, cl: Cli
     try:
         unchanged(cluster, cl, [base], lambda: tx.delete(base, ghost), InvalidInput, "ghost")
         unchanged(cluster, cl, [base], lambda: tx.update(base, ghost, {"v": "x"}), InvalidInput, "ghost")
-        unchanged(cluster, cl, [base], lambda: tx.update(base, pc.field("id") == 1, {"ghost": 1}),
-                  InvalidInput, "ghost")
-        unchanged(cluster, cl, [base], lambda: tx.update(base, pc.field("id") == 1, {"v": pc.field("ghost")}),
-                  InvalidInput, "ghost")
+        unchanged(
+            cluster, cl, [base], lambda: tx.update(base, pc.field("id") == 1, {"ghost": 1}), InvalidInput, "ghost"
+        )
+        unchanged(
+            cluster,
+            cl,
+            [base],
+            lambda: tx.update(base, pc.field("id") == 1, {"v": pc.field("ghost")}),
+            InvalidInput,
+            "ghost",
+        )
         unchanged(cluster, cl, [base], lambda: tx.read(base, where=ghost), InvalidInput, "ghost")
         unchanged(cluster, cl, [base], lambda: tx.read(base, columns=["id", "ghost"]), InvalidInput, "ghost")
         unchanged(cluster, cl, [base], lambda: tx.delete(base, "id > 1"), InvalidInput, "Expression")
@@ -217,14 +239,22 @@ def test_snapshot_newer_than_the_log(cluster: coordinator.LocalCluster, cl: Clie
     latest = cl.snapshot()
     epoch, seq = split_csn(latest)
     for future in (latest + 1000, csn_of(epoch + 5, 0)):
-        err = unchanged(cluster, cl, [base], lambda f=future: cl.read(base, snapshot=f), SnapshotUnavailable,
-                        str(future))
+        err = unchanged(
+            cluster, cl, [base], lambda f=future: cl.read(base, snapshot=f), SnapshotUnavailable, str(future)
+        )
         assert "newer" in str(err)
         unchanged(cluster, cl, [base], lambda f=future: cl.wait_for(f), SnapshotUnavailable, str(future))
     unchanged(cluster, cl, [base], lambda: cl.read(base, snapshot=-1), InvalidInput, "-1")
     unchanged(cluster, cl, [base], lambda: cl.read(base, snapshot="5"), InvalidInput, "snapshot")
-    unchanged(cluster, cl, [base], lambda: cl.read(base, snapshot=latest, as_of=dt.datetime.now(dt.UTC)),
-              InvalidInput, "snapshot", "as_of")
+    unchanged(
+        cluster,
+        cl,
+        [base],
+        lambda: cl.read(base, snapshot=latest, as_of=dt.datetime.now(dt.UTC)),
+        InvalidInput,
+        "snapshot",
+        "as_of",
+    )
 
 
 def test_as_of_must_be_timezone_aware(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
@@ -236,27 +266,38 @@ def test_as_of_must_be_timezone_aware(cluster: coordinator.LocalCluster, cl: Cli
 def test_partitions_on_unpartitioned_table(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
     tx = cl.begin()
     try:
-        unchanged(cluster, cl, [base], lambda: tx.overwrite(base, id_rows(1), partitions=[1]), InvalidInput,
-                  repr(base), "not partitioned")
-        unchanged(cluster, cl, [base], lambda: tx.truncate(base, partitions=[1]), InvalidInput, repr(base),
-                  "not partitioned")
-        unchanged(cluster, cl, [base], lambda: tx.compact(base, partitions=[1]), InvalidInput, repr(base),
-                  "not partitioned")
+        unchanged(
+            cluster,
+            cl,
+            [base],
+            lambda: tx.overwrite(base, id_rows(1), partitions=[1]),
+            InvalidInput,
+            repr(base),
+            "not partitioned",
+        )
+        unchanged(
+            cluster, cl, [base], lambda: tx.truncate(base, partitions=[1]), InvalidInput, repr(base), "not partitioned"
+        )
+        unchanged(
+            cluster, cl, [base], lambda: tx.compact(base, partitions=[1]), InvalidInput, repr(base), "not partitioned"
+        )
     finally:
         tx.rollback()
-    unchanged(cluster, cl, [base], lambda: cl.compact(base, partitions=[1]), InvalidInput, repr(base),
-              "not partitioned")
+    unchanged(
+        cluster, cl, [base], lambda: cl.compact(base, partitions=[1]), InvalidInput, repr(base), "not partitioned"
+    )
     # And on a partitioned table: the wrong shape of partition value, or a bare string.
     cl.create_table("parted", PSCHEMA, partition_by=["p"], auto_merge=False)
     tx = cl.begin()
     try:
-        unchanged(cluster, cl, [base, "parted"], lambda: tx.truncate("parted", partitions=[(1, 2)]),
-                  InvalidInput, "(1, 2)")
-        unchanged(cluster, cl, [base, "parted"], lambda: tx.truncate("parted", partitions="1"),
-                  InvalidInput, "'1'")
+        unchanged(
+            cluster, cl, [base, "parted"], lambda: tx.truncate("parted", partitions=[(1, 2)]), InvalidInput, "(1, 2)"
+        )
+        unchanged(cluster, cl, [base, "parted"], lambda: tx.truncate("parted", partitions="1"), InvalidInput, "'1'")
         data = pa.table({"p": [1, 2], "id": [1, 2]}, schema=PSCHEMA)
-        unchanged(cluster, cl, [base, "parted"], lambda: tx.overwrite("parted", data, partitions=[1]),
-                  InvalidInput, "outside")
+        unchanged(
+            cluster, cl, [base, "parted"], lambda: tx.overwrite("parted", data, partitions=[1]), InvalidInput, "outside"
+        )
     finally:
         tx.rollback()
 
@@ -273,7 +314,7 @@ def test_corrupt_part(cluster: coordinator.LocalCluster, cl: Client, base: str) 
     path = Path(cluster.storage_url) / rel
     raw = bytearray(path.read_bytes())
     mid = len(raw) // 2
-    raw[mid:mid + 4] = bytes(b ^ 0xFF for b in raw[mid:mid + 4])  # same size, different bytes
+    raw[mid : mid + 4] = bytes(b ^ 0xFF for b in raw[mid : mid + 4])  # same size, different bytes
     path.write_bytes(bytes(raw))
     for client in (cl, cluster.client(1)):
         unchanged(cluster, client, [base], lambda c=client: c.read("corrupt"), CorruptPart, rel)
@@ -342,18 +383,23 @@ def test_transaction_limits(limited: coordinator.LocalCluster) -> None:
 
 
 @pytest.fixture
-def poisoned(zk_server: ZooKeeperServer,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[coordinator.LocalCluster, str]]:
+def poisoned(
+    zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[coordinator.LocalCluster, str]]:
     with make_cluster(tmp_path_factory, zk_server, "poisoned", replicas=2) as c:
         yield c, c.zk_address
 
 
-@pytest.mark.parametrize("garbage", [
-    b"\x00\xffnot json{",
-    b'{"v": 1, "txns": [{"tid": "T0-0-r9", "changes": [{"table": "g", "pkey": "[]", "kinds": ["bogus"]}]}]}',
-    b'{"v": 1, "ddl": [{"create_table": {"name": "evil", "schema": "!!"}}]}',
-    b'{"v": 99}',
-], ids=["bytes", "bad-change", "bad-ddl", "bad-version"])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x00\xffnot json{",
+        b'{"v": 1, "txns": [{"tid": "T0-0-r9", "changes": [{"table": "g", "pkey": "[]", "kinds": ["bogus"]}]}]}',
+        b'{"v": 1, "ddl": [{"create_table": {"name": "evil", "schema": "!!"}}]}',
+        b'{"v": 99}',
+    ],
+    ids=["bytes", "bad-change", "bad-ddl", "bad-version"],
+)
 def test_garbage_log_entry(poisoned: tuple[coordinator.LocalCluster, str], garbage: bytes) -> None:
     """A log entry that does not parse: replicas report CorruptMetadata naming the znode on every
     read that needs it, apply nothing of it, keep serving what came before, survive a restart,
@@ -430,8 +476,9 @@ def test_create_table_behind_garbage_entry_fails(poisoned: tuple[coordinator.Loc
         c0.create_table("behind", SCHEMA, auto_merge=False)
     assert node in str(info.value), info.value
     runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[1]})
-    result = runner.invoke(cli, ["table", "create", "behind_cli", "--schema", "id:int64,v:string"],
-                           catch_exceptions=False)
+    result = runner.invoke(
+        cli, ["table", "create", "behind_cli", "--schema", "id:int64,v:string"], catch_exceptions=False
+    )
     assert result.exit_code == 8, result.output
     assert "created table" not in result.output
     assert node in result.output, result.output

@@ -36,8 +36,20 @@ from parts.io.format import column_stats
 from parts.model.meta import PartMeta
 
 # Where UTF-8 changes length, the surrogate gap and the last code point.
-EDGES = ["\x00", "a", "\x7f", "\x80", "\u07ff", "\u0800", "\ud7ff", "\ue000", "\uffff", "\U00010000",
-         "\U0010fffe", "\U0010ffff"]
+EDGES = [
+    "\x00",
+    "a",
+    "\x7f",
+    "\x80",
+    "\u07ff",
+    "\u0800",
+    "\ud7ff",
+    "\ue000",
+    "\uffff",
+    "\U00010000",
+    "\U0010fffe",
+    "\U0010ffff",
+]
 BYTE_EDGES = [b"\x00", b"a", b"\x7f", b"\xfe", b"\xff"]
 LIMIT = 3  # the pure functions take the limit: short strings cover every case
 
@@ -94,8 +106,7 @@ def test_no_upper_bound_only_when_the_prefix_cannot_grow() -> None:
 def column_values(rng: random.Random, n: int) -> list[str]:
     """Long strings that differ around the cut (STAT_PREFIX), over the edge alphabet."""
     base = "k" * (ops.STAT_PREFIX - 2)
-    return [base + "".join(rng.choice(EDGES[1:6] + EDGES[7:]) for _ in range(rng.randint(0, 5)))
-            for _ in range(n)]
+    return [base + "".join(rng.choice(EDGES[1:6] + EDGES[7:]) for _ in range(rng.randint(0, 5))) for _ in range(n)]
 
 
 def test_column_stats_bound_every_value_and_pruning_never_misses() -> None:
@@ -103,8 +114,14 @@ def test_column_stats_bound_every_value_and_pruning_never_misses() -> None:
     and Arrow order), at most STAT_PREFIX characters each; and may_match never rules out a part
     that holds a row matching a comparison with any literal."""
     rng = random.Random(7)
-    ops_ = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater,
-            ">=": pc.greater_equal}
+    ops_ = {
+        "==": pc.equal,
+        "!=": pc.not_equal,
+        "<": pc.less,
+        "<=": pc.less_equal,
+        ">": pc.greater,
+        ">=": pc.greater_equal,
+    }
     schema = pa.schema([("s", pa.string())])
     for trial in range(150):
         values = column_values(rng, rng.randint(1, 4))
@@ -142,8 +159,16 @@ def test_old_parts_with_long_statistics_decode_bounded() -> None:
     """A part recorded before (or by a client that did not cut them) keeps correct bounds: its
     metadata is bounded as it is decoded, from the log, the WAL, a sidecar or a stage call."""
     long = "m" * 10_000
-    meta = PartMeta(name="p1", table="t", partition=(), path="t/_/p1.parquet", rows=1, size=1,
-                    checksum="crc32:00000000", stats={"s": (long, long), "n": (1, 2)})
+    meta = PartMeta(
+        name="p1",
+        table="t",
+        partition=(),
+        path="t/_/p1.parquet",
+        rows=1,
+        size=1,
+        checksum="crc32:00000000",
+        stats={"s": (long, long), "n": (1, 2)},
+    )
     back = PartMeta.from_dict(meta.to_dict())
     assert back.stats == {"s": ("m" * 64, "m" * 63 + "n"), "n": (1, 2)}
 
@@ -151,9 +176,15 @@ def test_old_parts_with_long_statistics_decode_bounded() -> None:
 def test_key_summaries_bound_long_keys_and_still_hold_them() -> None:
     pk = ("a", "b")
     rows = [("x" * 500, "y" * 500), ("x" * 500, "y" * 499 + "z"), ("short", "k")]
-    data = pa.table({"a": [r[0] for r in rows], "b": [r[1] for r in rows],
-                     keys.OP: pa.array([keys.PUT] * 3, pa.int8()), keys.SEQ: pa.array([0, 1, 2], pa.int64()),
-                     keys.COLS: pa.array([None] * 3, pa.string())})
+    data = pa.table(
+        {
+            "a": [r[0] for r in rows],
+            "b": [r[1] for r in rows],
+            keys.OP: pa.array([keys.PUT] * 3, pa.int8()),
+            keys.SEQ: pa.array([0, 1, 2], pa.int64()),
+            keys.COLS: pa.array([None] * 3, pa.string()),
+        }
+    )
     s = keys.summarize(data, pk)
     assert "exact" not in s  # a long key is never listed: the conflict check reads the part
     assert len(repr(s["lo"]) + repr(s["hi"])) < 400
@@ -206,8 +237,13 @@ LIMIT_BYTES = 64 * 1024  # max_commit_bytes here: its minimum, so that a commit 
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "bounds", replicas=2,
-                      settings={"max_commit_bytes": LIMIT_BYTES, "merge_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "bounds",
+        replicas=2,
+        settings={"max_commit_bytes": LIMIT_BYTES, "merge_interval": 0},
+    ) as c:
         yield c
 
 
@@ -247,8 +283,9 @@ def rss_bytes(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def test_a_64_mib_string_leaves_small_metadata_everywhere(cluster: LocalCluster, zk: KazooClient,
-                                                         c0: Client, c1: Client) -> None:
+def test_a_64_mib_string_leaves_small_metadata_everywhere(
+    cluster: LocalCluster, zk: KazooClient, c0: Client, c1: Client
+) -> None:
     """One row with a 64 MiB string: its sidecar, its log entry, the WAL growth on each replica,
     the replicas' memory and an error message quoting it all stay small; reads and min/max
     pruning on that column still return exactly the right rows."""
@@ -296,8 +333,9 @@ def test_a_64_mib_string_leaves_small_metadata_everywhere(cluster: LocalCluster,
     assert len(info.value.message) < 1000
 
 
-def test_point_lookup_and_key_conflicts_on_long_string_keys(cluster: LocalCluster, zk: KazooClient,
-                                                           c0: Client, c1: Client) -> None:
+def test_point_lookup_and_key_conflicts_on_long_string_keys(
+    cluster: LocalCluster, zk: KazooClient, c0: Client, c1: Client
+) -> None:
     """Keys longer than the statistics keep: a point read still finds exactly its row (the key
     summary's range is cut, never wrong), a second writer of the same long key still loses, a
     writer of another long key with the same 64-character prefix does not, and the key summary
@@ -328,8 +366,9 @@ def test_point_lookup_and_key_conflicts_on_long_string_keys(cluster: LocalCluste
     assert c1.read("longkeys", where=pc.field("k") == prefix + "b").to_pylist() == [{"k": prefix + "b", "v": 10}]
 
 
-def test_serializable_read_sets_with_long_strings(cluster: LocalCluster, zk: KazooClient,
-                                                 c0: Client, c1: Client) -> None:
+def test_serializable_read_sets_with_long_strings(
+    cluster: LocalCluster, zk: KazooClient, c0: Client, c1: Client
+) -> None:
     """A serializable read of a long value still loses to a commit that adds a row with it (the
     cut statistics still bound it), and not to one whose values differ within the prefix kept."""
     c0.create_table("skew", SV, auto_merge=False)
@@ -357,8 +396,9 @@ def test_serializable_read_sets_with_long_strings(cluster: LocalCluster, zk: Kaz
     keeps.commit()
 
 
-def test_a_commit_over_max_commit_bytes_is_refused_and_changes_nothing(cluster: LocalCluster, c0: Client,
-                                                                      c1: Client) -> None:
+def test_a_commit_over_max_commit_bytes_is_refused_and_changes_nothing(
+    cluster: LocalCluster, c0: Client, c1: Client
+) -> None:
     """What one commit adds to the log (and every WAL) is bounded by the replica setting
     max_commit_bytes: a transaction over it fails with InvalidInput naming the setting, leaves
     nothing visible; one under it commits."""

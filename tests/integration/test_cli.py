@@ -41,9 +41,7 @@ D1, D2 = dt.date(2024, 1, 1), dt.date(2024, 1, 2)
 
 
 @pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
-) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     """One replica on the session's ZooKeeper, in a chroot of its own."""
     with make_cluster(tmp_path_factory, zk_server, "cli", replicas=1) as c:
         yield c
@@ -276,7 +274,9 @@ def test_bad_input_changes_nothing(run, client: Client, tmp_path: Path) -> None:
     assert_clean_error(run("table", "create", "t2", "--schema", "id:int65"), "int65")
     assert_clean_error(run("table", "create", "strict", "--schema", SCHEMA), "strict", "exists")
     assert_clean_error(run("read", "strict", "--snapshot", before + 10**6), "snapshot", code=3)
-    assert_clean_error(run("txn", "kill", "T1-999-nohost"), "T1-999-nohost", code=3)  # TransactionNotFound: nothing was aborted (issue 21)
+    assert_clean_error(
+        run("txn", "kill", "T1-999-nohost"), "T1-999-nohost", code=3
+    )  # TransactionNotFound: nothing was aborted (issue 21)
     assert client.snapshot() == before
     assert client.read("strict").num_rows == 0
     assert "t2" not in client.tables()
@@ -296,9 +296,7 @@ def test_gc(run) -> None:
 
 
 def test_parse_schema() -> None:
-    s = parse_schema(
-        "id:int64!, ts:timestamp[us, UTC], amount:decimal128(10, 2), tags:list<string>"
-    )
+    s = parse_schema("id:int64!, ts:timestamp[us, UTC], amount:decimal128(10, 2), tags:list<string>")
     assert s == pa.schema(
         [
             pa.field("id", pa.int64(), nullable=False),
@@ -337,8 +335,23 @@ def test_every_command_has_help() -> None:
 
 
 def test_replica_start_refuses_a_bad_setting() -> None:
-    r = CliRunner().invoke(cli, ["replica", "start", "--zk", "127.0.0.1:1", "--storage", "/tmp/x", "--host-id",
-                                 "r9", "--data-dir", "/tmp/x", "--retain-entries", "-1"])
+    r = CliRunner().invoke(
+        cli,
+        [
+            "replica",
+            "start",
+            "--zk",
+            "127.0.0.1:1",
+            "--storage",
+            "/tmp/x",
+            "--host-id",
+            "r9",
+            "--data-dir",
+            "/tmp/x",
+            "--retain-entries",
+            "-1",
+        ],
+    )
     assert r.exit_code == 2 and "--retain-entries" in r.output and "x>=0" in r.output
 
 
@@ -367,8 +380,20 @@ def test_replica_server_refuses_a_bad_setting(capsys: pytest.CaptureFixture[str]
     from replicas.server import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["--zk", "127.0.0.1:1", "--storage", "/tmp/x", "--host-id", "r9", "--data-dir", "/tmp/x",
-              "--retain-entries", "-1"])
+        main(
+            [
+                "--zk",
+                "127.0.0.1:1",
+                "--storage",
+                "/tmp/x",
+                "--host-id",
+                "r9",
+                "--data-dir",
+                "/tmp/x",
+                "--retain-entries",
+                "-1",
+            ]
+        )
     assert exit_.value.code == 2
     assert "replica setting retain_entries must be at least 0" in capsys.readouterr().err
 
@@ -425,9 +450,7 @@ def test_zk_start_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
             proc.wait()
 
 
-def test_replica_start_joins_the_cluster(
-    cluster: LocalCluster, client: Client, tmp_path: Path
-) -> None:
+def test_replica_start_joins_the_cluster(cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
     create_csn = client.create_table("joined", ARROW_SCHEMA, partition_by=["day"])
     with client.transaction() as tx:
         tx.insert("joined", sample(1, 5, D1))
@@ -524,9 +547,7 @@ def test_quickstart_refuses_a_used_workdir(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_quickstart_reports_a_wrong_outcome(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_quickstart_reports_a_wrong_outcome(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step whose outcome is wrong fails the run (exit code 1) with its message, later steps
     are skipped, and the cluster is still stopped."""
     from rich.console import Console

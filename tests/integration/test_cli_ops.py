@@ -45,8 +45,14 @@ D1, D2 = dt.date(2024, 1, 1), dt.date(2024, 1, 2)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     """Two replicas serving metrics, on the session's ZooKeeper in a chroot of their own."""
-    with make_cluster(tmp_path_factory, zk_server, "cliops", replicas=2, metrics=True,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "cliops",
+        replicas=2,
+        metrics=True,
+        settings={"merge_interval": 0, "gc_interval": 0},
+    ) as c:
         yield c
 
 
@@ -64,8 +70,7 @@ def invoke(cluster: LocalCluster, *args: object, replica: int = 0) -> Result:
 
 def rows(first: int, n: int, day: dt.date = D1) -> pa.Table:
     ids = list(range(first, first + n))
-    return pa.table({"id": ids, "name": [f"n{i}" for i in ids], "day": pa.array([day] * n, pa.date32())},
-                    schema=SCHEMA)
+    return pa.table({"id": ids, "name": [f"n{i}" for i in ids], "day": pa.array([day] * n, pa.date32())}, schema=SCHEMA)
 
 
 def one_error_line(r: Result, code: int, *words: str) -> None:
@@ -123,8 +128,9 @@ def test_success_usage_and_not_found(cluster: LocalCluster, client: Client) -> N
     one_error_line(invoke(cluster, "read", "codes", "--snapshot", client.snapshot() + 10**6), 3, "snapshot")
 
 
-def test_conflict_exit_code(cluster: LocalCluster, client: Client, tmp_path: Path,
-                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conflict_exit_code(
+    cluster: LocalCluster, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An `insert --overwrite` that another overwrite of the same partition beats between its
     begin and its commit loses with exit code 4 and changes nothing."""
     table(client, "contested")
@@ -165,8 +171,9 @@ def test_a_replica_that_never_answers_fails_within_timeout() -> None:
         silent.close()
 
 
-def test_unexpected_error_is_one_line_and_logged_at_debug(cluster: LocalCluster, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unexpected_error_is_one_line_and_logged_at_debug(
+    cluster: LocalCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     def broken(self: Client) -> int:
         raise RuntimeError("boom")
 
@@ -184,8 +191,18 @@ def test_unexpected_error_is_one_line_and_logged_at_debug(cluster: LocalCluster,
 
 
 def test_json_output_of_every_data_command(cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    r = invoke(cluster, "table", "create", "js", "--schema", "id:int64,name:string,day:date32",
-               "--partition-by", "day", "--no-auto-merge", "--json")
+    r = invoke(
+        cluster,
+        "table",
+        "create",
+        "js",
+        "--schema",
+        "id:int64,name:string,day:date32",
+        "--partition-by",
+        "day",
+        "--no-auto-merge",
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     created = json.loads(r.stdout)
     assert created["table"] == "js" and created["csn"] == client.table("js").created_csn
@@ -252,8 +269,9 @@ def test_read_formats_equal_the_table(cluster: LocalCluster, client: Client, tmp
 
 
 @pytest.mark.parametrize("kind", ["parquet", "csv"])
-def test_insert_by_batches_commits_once(kind: str, cluster: LocalCluster, client: Client, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_insert_by_batches_commits_once(
+    kind: str, cluster: LocalCluster, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name = table(client, f"batched_{kind}")
     data = pa.concat_tables([rows(0, 700, D1), rows(700, 350, D2)])
     path = tmp_path / f"big.{kind}"
@@ -279,8 +297,9 @@ def test_insert_by_batches_commits_once(kind: str, cluster: LocalCluster, client
     assert sorted_rows(client.read(name)) == sorted_rows(pa.concat_tables([replacement, rows(700, 350, D2)]))
 
 
-def test_a_bad_batch_changes_nothing_and_leaves_no_files(cluster: LocalCluster, client: Client,
-                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_batch_changes_nothing_and_leaves_no_files(
+    cluster: LocalCluster, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     name = table(client, "badbatch")
     good = "\n".join(f"{i},n{i},2024-01-01" for i in range(300))
     (tmp_path / "bad.csv").write_text(f"id,name,day\n{good}\nnot-a-number,x,2024-01-01\n")
@@ -297,10 +316,14 @@ def test_a_bad_batch_changes_nothing_and_leaves_no_files(cluster: LocalCluster, 
 
 
 def cli_run(*args: object, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mergetxn.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                               **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "mergetxn.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})},
+    )
 
 
 def test_log_level_debug_writes_own_lines_not_kazoo(cluster: LocalCluster, tmp_path: Path) -> None:
@@ -313,8 +336,9 @@ def test_log_level_debug_writes_own_lines_not_kazoo(cluster: LocalCluster, tmp_p
     assert "DEBUG" not in p.stderr  # the file, not stderr
 
     asked = tmp_path / "kazoo.log"
-    p = cli_run("--log-level", "DEBUG,kazoo=DEBUG", "--log-file", asked, "status", "--replica",
-                cluster.replica_addresses[0])
+    p = cli_run(
+        "--log-level", "DEBUG,kazoo=DEBUG", "--log-file", asked, "status", "--replica", cluster.replica_addresses[0]
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert [line for line in asked.read_text().splitlines() if " kazoo" in line and " DEBUG " in line]
 
@@ -344,9 +368,25 @@ def test_replica_config_file_with_flags_and_environment_over_it(cluster: LocalCl
     assert tomllib.loads(config.read_text())["port"] == port
     log_file = tmp_path / "replica.log"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mergetxn.cli", "--log-level", "DEBUG", "--log-file", str(log_file),
-         "replica", "start", "--config", str(config), "--retain-entries", "88"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "mergetxn.cli",
+            "--log-level",
+            "DEBUG",
+            "--log-file",
+            str(log_file),
+            "replica",
+            "start",
+            "--config",
+            str(config),
+            "--retain-entries",
+            "88",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT), "MERGETXN_GC_GRACE_SECONDS": "42"},
     )
     try:
@@ -448,8 +488,11 @@ def test_status_names_a_lagging_replica(cluster: LocalCluster, client: Client, t
         cluster.start_replica(1)
     armed = failpoints / "follower_apply"
     try:
-        wait_until(lambda: status(cluster)[1]["replicas"]["r1"]["applied_csn"] == client.snapshot(), 60,
-                   "r1 to catch up after its restart")
+        wait_until(
+            lambda: status(cluster)[1]["replicas"]["r1"]["applied_csn"] == client.snapshot(),
+            60,
+            "r1 to catch up after its restart",
+        )
         armed.touch()
         with client.transaction() as tx:
             tx.insert("lagging", rows(1, 1))
@@ -509,8 +552,10 @@ def test_metrics_endpoint_moves_with_commits_and_conflicts(cluster: LocalCluster
     finally:
         held.rollback()
     assert after[f"mergetxn_commits_total{label}"] - before[f"mergetxn_commits_total{label}"] == 4
-    assert after[f"mergetxn_commit_latency_seconds_count{label}"] - \
-        before[f"mergetxn_commit_latency_seconds_count{label}"] == 4
+    assert (
+        after[f"mergetxn_commit_latency_seconds_count{label}"] - before[f"mergetxn_commit_latency_seconds_count{label}"]
+        == 4
+    )
     kind = 'mergetxn_conflicts_total{kind="PART_REMOVED_TWICE",replica="r0"}'
     assert after[kind] - before[kind] == 1
     assert after[f"mergetxn_commit_failures_total{label}"] - before[f"mergetxn_commit_failures_total{label}"] == 1

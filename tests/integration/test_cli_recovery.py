@@ -39,8 +39,9 @@ KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string()),
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     """Two replicas, no background merges or cleanup (nothing commits that a test did not)."""
-    with make_cluster(tmp_path_factory, zk_server, "clirecovery", replicas=2,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "clirecovery", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+    ) as c:
         yield c
 
 
@@ -117,7 +118,8 @@ def test_check_all_finds_a_deleted_part_file_in_one_of_several_tables(cluster: L
 
 # -- backup and restore ------------------------------------------------------------------------
 def test_backup_then_restore_under_a_new_name_equals_the_read_at_that_csn(
-        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     csn = busy_table(client, "bk_src")
     later = rows(100, 4, "d1").append_column("note", pa.array(["n"] * 4))
     insert(client, "bk_src", later)  # after the CSN backed up: not in the backup
@@ -145,7 +147,8 @@ def test_backup_then_restore_under_a_new_name_equals_the_read_at_that_csn(
 
 
 def test_restore_in_place_replaces_the_rows_in_one_transaction(
-        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     client.create_table("ip_t", SCHEMA, partition_by=["day"])
     insert(client, "ip_t", rows(0, 4, "d1"))
     csn = insert(client, "ip_t", rows(4, 4, "d2"))
@@ -166,7 +169,8 @@ def test_restore_in_place_replaces_the_rows_in_one_transaction(
 
 
 def test_a_tampered_or_truncated_backup_is_refused_and_changes_nothing(
-        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     client.create_table("tp_t", SCHEMA)
     insert(client, "tp_t", rows(0, 5))
     insert(client, "tp_t", rows(5, 5))
@@ -205,8 +209,9 @@ def test_a_tampered_or_truncated_backup_is_refused_and_changes_nothing(
 
 
 def test_keys_table_backup_and_restore(cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
-    client.create_table("kv_t", KEYS, primary_key=["k"], conflict_policy="keys", lock_groups={"g": ["b"]},
-                        txn_max_rows=5000)
+    client.create_table(
+        "kv_t", KEYS, primary_key=["k"], conflict_policy="keys", lock_groups={"g": ["b"]}, txn_max_rows=5000
+    )
     with client.transaction() as tx:
         tx.insert("kv_t", pa.table({"k": pa.array([1, 2, 3], pa.int64()), "a": ["x", "y", "z"]}))
     with client.transaction() as tx:  # new versions of keys 1 and 2, and key 3 deleted
@@ -239,8 +244,12 @@ def test_backup_to_s3_and_restore_from_it(cluster: LocalCluster, client: Client)
     server.start()
     try:
         host, port = server.get_host_and_port()
-        env = {"AWS_ACCESS_KEY_ID": "AKIARECOVERYTEST", "AWS_SECRET_ACCESS_KEY": "recovery-secret",
-               "AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_DEFAULT_REGION": "us-east-1"}
+        env = {
+            "AWS_ACCESS_KEY_ID": "AKIARECOVERYTEST",
+            "AWS_SECRET_ACCESS_KEY": "recovery-secret",
+            "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
         with environ(env):
             boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"]).create_bucket(Bucket="backups")
             client.create_table("s3_t", SCHEMA, partition_by=["day"])
@@ -283,8 +292,10 @@ def test_history_lists_commits_with_kinds_rows_and_aborts(cluster: LocalCluster,
     aborts = [x for x in entries if x["kind"] == "abort"]
     assert [x["tid"] for x in aborts] == [tx.id] and aborts[0]["reason"]
     assert [x["csn"] for x in entries if x["csn"] is not None] == sorted(by_csn)  # oldest first
-    last = [json.loads(line) for line in invoke(cluster, "history", "hs_t", "--format", "json", "--limit", 2)
-            .stdout.splitlines()]
+    last = [
+        json.loads(line)
+        for line in invoke(cluster, "history", "hs_t", "--format", "json", "--limit", 2).stdout.splitlines()
+    ]
     assert [x["csn"] for x in last] == [None, e]  # the abort, then the compaction
     table = invoke(cluster, "history", "hs_t")
     assert table.exit_code == 0 and "overwrite" in table.output and "entries of hs_t" in table.output
@@ -309,7 +320,9 @@ def test_changes_cli_equals_client_changes(cluster: LocalCluster, client: Client
     csv_rows = pcsv.read_csv(io.BytesIO(r.stdout_bytes.split(b"wrote")[0])).to_pylist()
     assert csv_rows == expected.to_pylist()
     tail = invoke(cluster, "changes", "ch_t", "--from", c, "--format", "json")
-    assert [json.loads(x) for x in tail.stdout.splitlines() if x.startswith("{")] == client.changes("ch_t", c).to_pylist()
+    assert [json.loads(x) for x in tail.stdout.splitlines() if x.startswith("{")] == client.changes(
+        "ch_t", c
+    ).to_pylist()
     shown = invoke(cluster, "changes", "ch_t", "--from", a)
     assert shown.exit_code == 0 and "changed rows of ch_t" in shown.output
     one_error_line(invoke(cluster, "changes", "ch_t", "--from", c, "--to", a), 2, "before start")
@@ -341,7 +354,8 @@ def test_a_backup_holds_its_snapshot_while_it_copies(cluster: LocalCluster, clie
 
 
 def test_restore_in_place_fills_a_column_added_since_and_refuses_another_kind_of_table(
-        cluster: LocalCluster, client: Client, tmp_path: Path) -> None:
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     client.create_table("ia_t", SCHEMA)
     csn = insert(client, "ia_t", rows(0, 3))
     assert invoke(cluster, "backup", "ia_t", tmp_path / "b").exit_code == 0
@@ -368,13 +382,24 @@ def test_a_directory_inside_storage_is_told_apart() -> None:
 def test_a_manifest_that_disagrees_with_itself_is_corrupt_metadata(tmp_path: Path) -> None:
     meta = write_part(Storage(str(tmp_path)), "m_t", [], (), rows(0, 2), "job-m")
     tdef = TableDef.new("m_t", SCHEMA, (), (), "parts", True, None, "full", None, None, None)
-    entry = {"file": f"parts/{meta.name}.parquet", "size": meta.size, "checksum": meta.checksum, "csn": 3,
-             "meta": meta.to_dict()}
+    entry = {
+        "file": f"parts/{meta.name}.parquet",
+        "size": meta.size,
+        "checksum": meta.checksum,
+        "csn": 3,
+        "meta": meta.to_dict(),
+    }
     good = {"format": FORMAT, "table": "m_t", "csn": 3, "definition": tdef.to_dict(), "parts": [entry]}
     assert parse_manifest(json.dumps(good).encode(), "d").parts[0][0].path == entry["file"]
-    for bad in ({**good, "format": "x"}, {**good, "csn": "3"}, {**good, "table": "other"},
-                {**good, "parts": [{**entry, "file": "../../etc/passwd"}]}, {**good, "parts": [{**entry, "size": 1}]},
-                {**good, "parts": [{**entry, "meta": {**entry["meta"], "name": "../x"}}]}, {**good, "definition": {}}):
+    for bad in (
+        {**good, "format": "x"},
+        {**good, "csn": "3"},
+        {**good, "table": "other"},
+        {**good, "parts": [{**entry, "file": "../../etc/passwd"}]},
+        {**good, "parts": [{**entry, "size": 1}]},
+        {**good, "parts": [{**entry, "meta": {**entry["meta"], "name": "../x"}}]},
+        {**good, "definition": {}},
+    ):
         with pytest.raises(CorruptMetadata):
             parse_manifest(json.dumps(bad).encode(), "d")
     with pytest.raises(CorruptMetadata):

@@ -48,15 +48,9 @@ MAXCOMPUTE_TEXT = """
 | MINOR_COMPACT | succeeds, overwrites | succeeds | succeeds | fails | succeeds |
 | MAJOR_COMPACT | succeeds, overwrites | succeeds | succeeds | fails | fails |
 """
-_ROWS = [
-    [c.strip() for c in line.strip("| ").split("|")]
-    for line in MAXCOMPUTE_TEXT.strip().splitlines()
-]
+_ROWS = [[c.strip() for c in line.strip("| ").split("|")] for line in MAXCOMPUTE_TEXT.strip().splitlines()]
 MAXCOMPUTE_LATER_SUCCEEDS: dict[str, dict[str, bool]] = {
-    row[0]: {
-        later: cell.startswith("succeeds")
-        for later, cell in zip(_ROWS[0][1:], row[1:], strict=True)
-    }
+    row[0]: {later: cell.startswith("succeeds") for later, cell in zip(_ROWS[0][1:], row[1:], strict=True)}
     for row in _ROWS[1:]
 }
 assert sorted(MAXCOMPUTE_LATER_SUCCEEDS) == sorted(KINDS)
@@ -75,9 +69,7 @@ def append_later_succeeds(earlier: str, later: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def cluster(
-    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
-) -> Iterator[LocalCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     """One LocalCluster with 2 replica processes for the module, on the session's ZooKeeper
     (in a chroot of its own)."""
     with make_cluster(tmp_path_factory, zk_server, "conflicts", replicas=2) as c:
@@ -185,9 +177,7 @@ class Job:
         else:
             kind = "minor" if self.kind == "MINOR_COMPACT" else "major"
             replaced = tx.compact(table, kind=kind, partitions=parts)
-            assert replaced == 2, (
-                f"{kind} compaction should merge the two seed parts, replaced {replaced}"
-            )
+            assert replaced == 2, f"{kind} compaction should merge the two seed parts, replaced {replaced}"
 
     def apply(self, rows: list[Row]) -> list[Row]:
         """The job's effect on the rows as they are when it runs (compaction: none)."""
@@ -208,9 +198,7 @@ class Job:
 # =============================================================================================
 
 
-def create_seeded(
-    clients: list[Client], name: str, policy: str, partitioned: bool = False
-) -> tuple[int, list[Row]]:
+def create_seeded(clients: list[Client], name: str, policy: str, partitioned: bool = False) -> tuple[int, list[Row]]:
     """Create ``name`` and commit the two seed batches; both replicas have applied them.
     Returns the seed CSN and the seed rows."""
     c = clients[0]
@@ -234,9 +222,7 @@ def create_seeded(
     return csn, rows
 
 
-def begin_pair(
-    clients: list[Client], reps: tuple[int, int], seed_csn: int
-) -> tuple[Transaction, Transaction]:
+def begin_pair(clients: list[Client], reps: tuple[int, int], seed_csn: int) -> tuple[Transaction, Transaction]:
     """Two transactions at the same snapshot, the seed CSN (nothing else commits meanwhile)."""
     a, b = clients[reps[0]].begin(), clients[reps[1]].begin()
     assert a.snapshot == b.snapshot == seed_csn
@@ -274,9 +260,7 @@ def assert_files_are_recorded(clients: list[Client], table: str, tx: Transaction
         for f in clients[0].storage.list(f"{table}/")
         if f.endswith(".parquet") and PurePosixPath(f).name.startswith(f"{tx.id}_")
     }
-    recorded = {
-        p["path"] for p in clients[0].parts(table).to_pylist() if p["creation_tid"] == tx.id
-    }
+    recorded = {p["path"] for p in clients[0].parts(table).to_pylist() if p["creation_tid"] == tx.id}
     assert files == recorded
 
 
@@ -335,11 +319,7 @@ def cells() -> list:
     UPDATE on each side, so both copy-on-write mutations get rebased."""
     out = []
     for e, lat in itertools.product(KINDS, KINDS):
-        variants = (
-            [("delete", "update"), ("update", "delete")]
-            if "MUTATE" in (e, lat)
-            else [("delete", "delete")]
-        )
+        variants = [("delete", "update"), ("update", "delete")] if "MUTATE" in (e, lat) else [("delete", "delete")]
         for em, lm in variants:
             suffix = f"-{em}-{lm}" if "MUTATE" in (e, lat) else ""
             out.append(pytest.param(e, lat, em, lm, id=f"{e}-then-{lat}{suffix}"))
@@ -352,9 +332,7 @@ def cells() -> list:
 
 
 @pytest.mark.parametrize(("earlier", "later", "e_mut", "l_mut"), cells())
-def test_maxcompute_cell(
-    clients: list[Client], earlier: str, later: str, e_mut: str, l_mut: str
-) -> None:
+def test_maxcompute_cell(clients: list[Client], earlier: str, later: str, e_mut: str, l_mut: str) -> None:
     run_pair(
         clients,
         "maxcompute",
@@ -371,9 +349,7 @@ def test_maxcompute_cell(
 
 
 @pytest.mark.parametrize(("earlier", "later", "e_mut", "l_mut"), cells())
-def test_append_cell(
-    clients: list[Client], earlier: str, later: str, e_mut: str, l_mut: str
-) -> None:
+def test_append_cell(clients: list[Client], earlier: str, later: str, e_mut: str, l_mut: str) -> None:
     run_pair(
         clients,
         "append",
@@ -461,9 +437,7 @@ def test_parts_deletes_of_different_parts_both_commit(clients: list[Client]) -> 
 
 @pytest.mark.parametrize("first", ["insert", "overwrite"])
 @pytest.mark.parametrize("op", ["overwrite", "truncate"])
-def test_parts_overwrite_keeps_concurrent_insert(
-    clients: list[Client], first: str, op: str
-) -> None:
+def test_parts_overwrite_keeps_concurrent_insert(clients: list[Client], first: str, op: str) -> None:
     """An OVERWRITE/TRUNCATE removes only the parts it saw: a part a concurrent INSERT committed
     survives, whichever of the two commits first."""
     table = table_name("pa")
@@ -506,9 +480,7 @@ def test_parts_compaction_beside_new_inserts(clients: list[Client], first: str, 
 
 @pytest.mark.parametrize("earlier", ["delete", "update", "overwrite", "truncate", "minor", "major"])
 @pytest.mark.parametrize("kind", ["minor", "major"])
-def test_parts_compaction_with_removed_source_fails(
-    clients: list[Client], earlier: str, kind: str
-) -> None:
+def test_parts_compaction_with_removed_source_fails(clients: list[Client], earlier: str, kind: str) -> None:
     """A compaction whose source parts were removed meanwhile fails, naming the remover."""
     table = table_name("pa")
     seed_csn, seed = create_seeded(clients, table, "parts")
@@ -642,9 +614,7 @@ def test_multi_statement_folding(clients: list[Client], policy: str) -> None:
     seed_csn, seed = create_seeded(clients, table, policy)
     pin = clients[1].begin()  # keeps the seed readable below: a plain read pins nothing
     with clients[1].transaction() as tx:
-        tx.insert(
-            table, pa.Table.from_pylist([{"k": 20, "v": 1}, {"k": 21, "v": 1}], schema=SCHEMA)
-        )
+        tx.insert(table, pa.Table.from_pylist([{"k": 20, "v": 1}, {"k": 21, "v": 1}], schema=SCHEMA))
         assert tx.update(table, (pc.field("k") == 20) | (pc.field("k") == 4), {"v": 7}) == 2
         assert tx.delete(table, pc.field("k") == 21) == 1
         tx.insert(table, pa.Table.from_pylist([{"k": 22, "v": 2}], schema=SCHEMA))
@@ -761,8 +731,16 @@ def two_replicas(zk_address: str, tmp_path) -> Iterator[tuple]:
     started = []
     try:
         for host in ("ra", "rb"):
-            r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id=host,
-                                      data_dir=tmp_path / host, merge_interval=0, gc_interval=0))
+            r = Replica(
+                ReplicaConfig(
+                    zk=zk_address,
+                    storage_url=str(tmp_path / "storage"),
+                    host_id=host,
+                    data_dir=tmp_path / host,
+                    merge_interval=0,
+                    gc_interval=0,
+                )
+            )
             r.start()
             started.append(r)
         yield tuple(started)
@@ -780,8 +758,7 @@ def hold_follower(replica) -> threading.Event:
 
 
 @pytest.mark.parametrize("policy,later_wins", [("maxcompute", False), ("append", True)])
-def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, policy: str,
-                                                           later_wins: bool) -> None:
+def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, policy: str, later_wins: bool) -> None:
     """Replica B decides its batch on the target versions it has applied, without a ZooKeeper
     read; here it has not applied A's INSERT yet (its follower is held back). The multi's version
     check refuses that first attempt; B reads the versions, waits for A's commit to be applied,
@@ -796,7 +773,12 @@ def test_stale_local_versions_never_let_a_conflict_through(two_replicas: tuple, 
     b.state.wait_applied(a.create_table(TableDef.new("stale", schema, conflict_policy=policy)), 30)
     ta, tb = a.transactions.begin(), b.transactions.begin()
     for r, t, v in ((a, ta, 1), (b, tb, 2)):
-        r.transactions.stage(t.id, Insert("stale", added=(write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id),)))
+        r.transactions.stage(
+            t.id,
+            Insert(
+                "stale", added=(write_part(r.storage, "stale", [], (), pa.table({"id": [v]}, schema=schema), t.id),)
+            ),
+        )
     gate = hold_follower(b)
     csn_a = a.transactions.commit(ta.id)
     outcome: list[object] = []

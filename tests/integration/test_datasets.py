@@ -43,20 +43,34 @@ from parts.io.storage import Storage
 README = Path(__file__).resolve().parents[2] / "README.md"
 UTC = dt.UTC
 # Partitioned by a date and a nullable string; a timestamp, a float, a bool and a string besides.
-WIDE = pa.schema([
-    pa.field("day", pa.date32()), pa.field("region", pa.string()),
-    pa.field("id", pa.int64(), nullable=False), pa.field("at", pa.timestamp("us", tz="UTC")),
-    pa.field("x", pa.float64()), pa.field("ok", pa.bool_()), pa.field("s", pa.string()),
-])
+WIDE = pa.schema(
+    [
+        pa.field("day", pa.date32()),
+        pa.field("region", pa.string()),
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("at", pa.timestamp("us", tz="UTC")),
+        pa.field("x", pa.float64()),
+        pa.field("ok", pa.bool_()),
+        pa.field("s", pa.string()),
+    ]
+)
 DAYS = [dt.date(2024, 6, d) for d in (1, 2, 3)]
 LEASE_SECONDS = 1  # a read lease not renewed lapses after this
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "datasets", replicas=2, settings={
-        "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": LEASE_SECONDS,
-    }) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "datasets",
+        replicas=2,
+        settings={
+            "merge_interval": 0,
+            "gc_interval": 0,
+            "read_lease_seconds": LEASE_SECONDS,
+        },
+    ) as c:
         yield c
 
 
@@ -69,11 +83,18 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
 
 def wide_rows(start: int, n: int, day: dt.date, region: str | None) -> pa.Table:
     ids = list(range(start, start + n))
-    return pa.table({
-        "day": [day] * n, "region": [region] * n, "id": ids,
-        "at": [dt.datetime(2024, 6, 1, tzinfo=UTC) + dt.timedelta(seconds=i) for i in ids],
-        "x": [i / 4 for i in ids], "ok": [i % 2 == 0 for i in ids], "s": [None if i % 5 == 0 else f"s{i}" for i in ids],
-    }, schema=WIDE)
+    return pa.table(
+        {
+            "day": [day] * n,
+            "region": [region] * n,
+            "id": ids,
+            "at": [dt.datetime(2024, 6, 1, tzinfo=UTC) + dt.timedelta(seconds=i) for i in ids],
+            "x": [i / 4 for i in ids],
+            "ok": [i % 2 == 0 for i in ids],
+            "s": [None if i % 5 == 0 else f"s{i}" for i in ids],
+        },
+        schema=WIDE,
+    )
 
 
 def commit(c: Client, table: str, data: pa.Table) -> int:
@@ -221,15 +242,19 @@ def test_the_snapshot_is_held_until_the_block_ends(cluster: LocalCluster, client
 
         def past_it() -> bool:  # only the dataset's lease keeps the old snapshot in use now,
             in_use = client.gc(grace_seconds=0)["snapshots_in_use"]  # and only by its renewals
-            return all(u["snapshot"] >= tx.csn for u in in_use if u["holder"] == "replica snapshot") \
+            return (
+                all(u["snapshot"] >= tx.csn for u in in_use if u["holder"] == "replica snapshot")
                 and time.monotonic() - opened > 3 * LEASE_SECONDS
+            )
 
         wait_until(past_it, what="every replica's snapshot past the overwrite, the lease renewed")
         client.gc(grace_seconds=0)
         assert all(os.path.exists(f) for f in names)
         con = duckdb.connect()
         con.register("held", d)
-        assert con.sql("SELECT count(*), sum(id) FROM held").fetchall() == [(12, sum(expected.column("id").to_pylist()))]
+        assert con.sql("SELECT count(*), sum(id) FROM held").fetchall() == [
+            (12, sum(expected.column("id").to_pylist()))
+        ]
 
     def collected() -> bool:
         client.gc(grace_seconds=0)
@@ -245,12 +270,19 @@ def test_bad_input_raises_what_read_raises(client: Client) -> None:
     old = commit(client, t, wide_rows(0, 2, DAYS[0], "eu"))
     with client.transaction() as tx:
         tx.overwrite(t, wide_rows(5, 1, DAYS[0], "eu"))
-    wait_until(lambda: [r for r in client.gc(grace_seconds=0)["removed"] if r["table"] == t], 30,
-               "the overwritten part collected")
-    cases = [({"table": "ds_no_such_table"}, TableNotFound), ({"table": "../etc"}, InvalidInput),
-             ({"table": t, "snapshot": "7"}, InvalidInput), ({"table": t, "snapshot": True}, InvalidInput),
-             ({"table": t, "as_of": dt.datetime(2024, 1, 1)}, InvalidInput),  # naive
-             ({"table": t, "snapshot": old}, SnapshotUnavailable)]
+    wait_until(
+        lambda: [r for r in client.gc(grace_seconds=0)["removed"] if r["table"] == t],
+        30,
+        "the overwritten part collected",
+    )
+    cases = [
+        ({"table": "ds_no_such_table"}, TableNotFound),
+        ({"table": "../etc"}, InvalidInput),
+        ({"table": t, "snapshot": "7"}, InvalidInput),
+        ({"table": t, "snapshot": True}, InvalidInput),
+        ({"table": t, "as_of": dt.datetime(2024, 1, 1)}, InvalidInput),  # naive
+        ({"table": t, "snapshot": old}, SnapshotUnavailable),
+    ]
     for args, error in cases:
         with pytest.raises(error) as from_read:
             client.read(**args)
@@ -258,8 +290,9 @@ def test_bad_input_raises_what_read_raises(client: Client) -> None:
             with client.dataset(**args):
                 pytest.fail("a dataset of bad input")
         # the same refusal; argument checks name the call they refused (client.read: / client.dataset:)
-        assert str(from_dataset.value).removeprefix("client.dataset: ") == \
-            str(from_read.value).removeprefix("client.read: ")
+        assert str(from_dataset.value).removeprefix("client.dataset: ") == str(from_read.value).removeprefix(
+            "client.read: "
+        )
 
 
 def test_a_part_file_unlike_its_commit_is_corrupt_part_naming_it(tmp_path: Path) -> None:
@@ -268,8 +301,10 @@ def test_a_part_file_unlike_its_commit_is_corrupt_part_naming_it(tmp_path: Path)
     tdef = TableDef.new("ds_corrupt", WIDE, ("day", "region"), (), "parts", True, None, "full", None, None, None)
     good = write_part(storage, tdef.name, ["day", "region"], (DAYS[0], "eu"), wide_rows(0, 3, DAYS[0], "eu"), "T1-1-h")
     bad = write_part(storage, tdef.name, ["day", "region"], (DAYS[1], "eu"), wide_rows(5, 3, DAYS[1], "eu"), "T1-1-h")
-    same_rows(snapshot_dataset(storage, tdef, [good, bad]).to_table(),
-              pa.concat_tables([read_part(storage, good), read_part(storage, bad)]))
+    same_rows(
+        snapshot_dataset(storage, tdef, [good, bad]).to_table(),
+        pa.concat_tables([read_part(storage, good), read_part(storage, bad)]),
+    )
     assert snapshot_dataset(storage, tdef, []).to_table() == WIDE.empty_table()  # no parts: no rows
     path = storage.arrow_path(bad.path)
     with open(path, "rb") as f:
@@ -316,8 +351,12 @@ def test_duckdb_view_reads_with_duckdbs_own_reader_what_register_reads(client: C
             commit(client, t, wide_rows(10 * i, 4, day, "eu" if i else None))
     client.alter_table(altered, add_columns=[pa.field("note", pa.string())])
     commit(client, altered, wide_rows(90, 2, DAYS[0], "us").append_column("note", pa.array(["n1", "n2"])))
-    client.create_table(keyed, pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]),
-                        primary_key=["k"], conflict_policy="keys")
+    client.create_table(
+        keyed,
+        pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]),
+        primary_key=["k"],
+        conflict_policy="keys",
+    )
     commit(client, keyed, pa.table({"k": [1, 2], "a": ["x", "y"]}))
     query = "SELECT * FROM {} WHERE day = DATE '2024-06-02' ORDER BY id"
     for t, native in ((plain, True), (altered, False), (keyed, False)):
@@ -331,7 +370,10 @@ def test_duckdb_view_reads_with_duckdbs_own_reader_what_register_reads(client: C
             if t == keyed:
                 assert sorted(con.sql("SELECT * FROM native").fetchall()) == [(1, "x"), (2, "y")]
                 continue
-            assert con.sql(query.format("native")).fetch_arrow_table() == con.sql(query.format("arrow")).fetch_arrow_table()
+            assert (
+                con.sql(query.format("native")).fetch_arrow_table()
+                == con.sql(query.format("arrow")).fetch_arrow_table()
+            )
             assert con.sql("SELECT count(*) FROM native").fetchall() == [(client.read(t).num_rows,)]
             if native:
                 pruned = "".join(str(row) for row in con.sql("EXPLAIN ANALYZE " + query.format("native")).fetchall())
@@ -378,13 +420,24 @@ def test_parts_on_s3_read_through_the_fsspec_filesystem() -> None:
     server.start()
     try:
         host, port = server.get_host_and_port()
-        options = {"key": "AKIAMERGETXNDATASET1", "secret": "ds-secret-0123456789", "endpoint_url": f"http://{host}:{port}"}
-        boto3.client("s3", endpoint_url=options["endpoint_url"], aws_access_key_id=options["key"],
-                     aws_secret_access_key=options["secret"], region_name="us-east-1").create_bucket(Bucket="mergetxn-datasets")
+        options = {
+            "key": "AKIAMERGETXNDATASET1",
+            "secret": "ds-secret-0123456789",
+            "endpoint_url": f"http://{host}:{port}",
+        }
+        boto3.client(
+            "s3",
+            endpoint_url=options["endpoint_url"],
+            aws_access_key_id=options["key"],
+            aws_secret_access_key=options["secret"],
+            region_name="us-east-1",
+        ).create_bucket(Bucket="mergetxn-datasets")
         storage = Storage("s3://mergetxn-datasets/warehouse", options)
         tdef = TableDef.new("ds_s3", WIDE, ("day", "region"), (), "parts", True, None, "full", None, None, None)
-        metas = [write_part(storage, tdef.name, ["day", "region"], (day, "eu"), wide_rows(10 * i, 3, day, "eu"), "T1-1-h")
-                 for i, day in enumerate(DAYS)]
+        metas = [
+            write_part(storage, tdef.name, ["day", "region"], (day, "eu"), wide_rows(10 * i, 3, day, "eu"), "T1-1-h")
+            for i, day in enumerate(DAYS)
+        ]
         d = snapshot_dataset(storage, tdef, metas)
         assert all(f.startswith("mergetxn-datasets/warehouse/ds_s3/") for f in d.files)
         same_rows(d.to_table(), pa.concat_tables([read_part(storage, m) for m in metas]))

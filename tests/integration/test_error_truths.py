@@ -32,8 +32,9 @@ KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "truths", replicas=1,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "truths", replicas=1, settings={"merge_interval": 0, "gc_interval": 0}
+    ) as c:
         yield c
 
 
@@ -145,29 +146,57 @@ BAD: list[Any] = [None, 7, "x", -1, math.nan, 10**30, [1], {"a": 1}, b"x"]
 
 # Values that are right for a parameter (its default None, ...): not called with them.
 FINE: dict[str, list[Any]] = {
-    "partitions": [None], "snapshot": [None], "as_of": [None], "columns": [None], "where": [None],
-    "end": [None], "since_csn": [None], "grace_seconds": [None], "tables": [None],
-    "apps": [None], "lock_groups": [None], "txn_max_seconds": [None], "txn_max_rows": [None],
-    "retention_seconds": [None], "storage_options": [None], "credentials": [None], "set": [],
-    "add_columns": [None], "rename_columns": [None], "zk_address": [None], "storage_url": [None],
-    "epoch_size": [None], "settings": [None],
+    "partitions": [None],
+    "snapshot": [None],
+    "as_of": [None],
+    "columns": [None],
+    "where": [None],
+    "end": [None],
+    "since_csn": [None],
+    "grace_seconds": [None],
+    "tables": [None],
+    "apps": [None],
+    "lock_groups": [None],
+    "txn_max_seconds": [None],
+    "txn_max_rows": [None],
+    "retention_seconds": [None],
+    "storage_options": [None],
+    "credentials": [None],
+    "set": [],
+    "add_columns": [None],
+    "rename_columns": [None],
+    "zk_address": [None],
+    "storage_url": [None],
+    "epoch_size": [None],
+    "settings": [None],
     # right for this call alone: a new table may be called 'x' (and dropped); app 'a' at version 1
-    "create_table.name": ["x"], "drop_table.name": ["x"], "commit_parts.apps": [{"a": 1}],
-    "LocalCluster.workdir": ["x"], "LocalCluster.replicas": [7], "table_at.snapshot": [7],
-    "gc.grace_seconds": [7, 10**30], "events.table": [None], "events.since_csn": [7], "app_version.app_id": ["x"],
-    "tx.set_app_version.app_id": ["x"], "tx.set_app_version.version": [7], "wait_for.snapshot": [7],
+    "create_table.name": ["x"],
+    "drop_table.name": ["x"],
+    "commit_parts.apps": [{"a": 1}],
+    "LocalCluster.workdir": ["x"],
+    "LocalCluster.replicas": [7],
+    "table_at.snapshot": [7],
+    "gc.grace_seconds": [7, 10**30],
+    "events.table": [None],
+    "events.since_csn": [7],
+    "app_version.app_id": ["x"],
+    "tx.set_app_version.app_id": ["x"],
+    "tx.set_app_version.version": [7],
+    "wait_for.snapshot": [7],
     "changes.start": [7],
     # partitions of an INSERT: only an overwrite reads them (documented), so any list passes
-    "commit_parts.partitions": [[1]], "tx.add_parts.partitions": [[1]],
+    "commit_parts.partitions": [[1]],
+    "tx.add_parts.partitions": [[1]],
 }
 
 
 def _state(client: Client) -> tuple:
-    return (client.snapshot(), sorted(client.tables()),
-            sorted(t["id"] for t in client.transactions()))
+    return (client.snapshot(), sorted(client.tables()), sorted(t["id"] for t in client.transactions()))
 
 
-def _calls(client: Client, tmp: Path, cluster: LocalCluster) -> Iterator[tuple[str, Callable[..., Any], dict[str, Any]]]:
+def _calls(
+    client: Client, tmp: Path, cluster: LocalCluster
+) -> Iterator[tuple[str, Callable[..., Any], dict[str, Any]]]:
     """(what, function, valid arguments) for every public call; the walk changes one argument at
     a time. Generated names keep an accidental success from meeting the next call."""
     count = iter(range(10**6))
@@ -185,10 +214,14 @@ def _calls(client: Client, tmp: Path, cluster: LocalCluster) -> Iterator[tuple[s
     yield "table_at", client.table_at, {"name": "walk_t", "snapshot": None, "as_of": None}
     yield "alter_table", client.alter_table, {"name": "walk_t", "add_columns": [pa.field("n", pa.int64())]}
     yield "begin", client.begin, {}
-    yield "transaction", lambda **kw: client.transaction(**kw).__enter__(), {
-        "isolation": "snapshot", "atomicity": "full", "durability": "sync"}
+    yield (
+        "transaction",
+        lambda **kw: client.transaction(**kw).__enter__(),
+        {"isolation": "snapshot", "atomicity": "full", "durability": "sync"},
+    )
     yield "join", client.join, {"txn_id": "T1-4294967299-r0"}
     yield "read", client.read, {"table": "walk_t", "snapshot": None, "as_of": None, "columns": None, "where": None}
+
     def scan(**kw: Any) -> None:
         with client.scan(**kw):
             pass
@@ -203,8 +236,11 @@ def _calls(client: Client, tmp: Path, cluster: LocalCluster) -> Iterator[tuple[s
     yield "events", client.events, {"table": "walk_t", "since_csn": None}
     yield "app_version", client.app_version, {"app_id": "walk_app"}
     yield "commit_status", client.commit_status, {"tid": "T1-4294967299-r0"}
-    yield "commit_parts", client.commit_parts, {"table": "walk_t", "metas": [], "op": "insert", "partitions": None,
-                                                "apps": None}
+    yield (
+        "commit_parts",
+        client.commit_parts,
+        {"table": "walk_t", "metas": [], "op": "insert", "partitions": None, "apps": None},
+    )
     yield "create_user", client.create_user, {"name": "walker", "role": "reader", "tables": None}
     yield "drop_user", client.drop_user, {"name": "walker"}
 
@@ -215,6 +251,7 @@ def _calls(client: Client, tmp: Path, cluster: LocalCluster) -> Iterator[tuple[s
                 return getattr(tx, method)(**kw)
             finally:
                 tx.rollback()
+
         return run
 
     for method, args in (
@@ -237,8 +274,9 @@ def _calls(client: Client, tmp: Path, cluster: LocalCluster) -> Iterator[tuple[s
         yield f"tx.{method}", in_tx(method), args
 
 
-def test_the_public_api_refuses_wrong_arguments_with_its_own_errors(cluster: LocalCluster, client: Client,
-                                                                    tmp_path: Path) -> None:
+def test_the_public_api_refuses_wrong_arguments_with_its_own_errors(
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     client.create_table("walk_t", PARTED, partition_by=["p"], auto_merge=False)
     client.create_table("walk_k", KEYED, primary_key=["k"], conflict_policy="keys")
     bare: list[str] = []  # a non-MergetxnError escaped

@@ -32,8 +32,14 @@ SCHEMA = pa.schema([("id", pa.int64())])
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "health", replicas=2, metrics=True,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "health",
+        replicas=2,
+        metrics=True,
+        settings={"merge_interval": 0, "gc_interval": 0},
+    ) as c:
         c.client(0).create_table("h", SCHEMA)
         yield c
 
@@ -77,8 +83,14 @@ def test_health_paths_and_the_metrics_named(cluster: LocalCluster) -> None:
     assert code == 404 and "/ready" in body
     code, metrics = get(f"{url}/metrics")
     assert code == 200
-    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds",
-                 "mergetxn_build_info{", "mergetxn_ready{", "mergetxn_incarnation{"):
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "mergetxn_build_info{",
+        "mergetxn_ready{",
+        "mergetxn_incarnation{",
+    ):
         assert name in metrics, name
     assert re.search(r'mergetxn_zookeeper_session_state\{replica="r0",state="CONNECTED"\} 1\.0', metrics)
     assert re.search(r'mergetxn_zookeeper_session_state\{replica="r0",state="LOST"\} 0\.0', metrics)

@@ -21,12 +21,14 @@ from coordinator.errors import ConflictError, ConflictKind, InvalidInput
 from coordinator.model.catalog import TableDef
 from mergetxn.local.zkserver import ZooKeeperServer
 
-SCHEMA = pa.schema([
-    pa.field("k", pa.int64(), nullable=False),
-    pa.field("a", pa.string()),
-    pa.field("b", pa.int64()),
-    pa.field("c", pa.float64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("b", pa.int64()),
+        pa.field("c", pa.float64()),
+    ]
+)
 
 
 def keys_def(**kw) -> TableDef:
@@ -46,8 +48,15 @@ def test_definition_round_trips_with_lock_groups_and_atomicity() -> None:
     assert back == t and back.same_definition(t)
     assert not keys_def().same_definition(t)
     # A plain table's serialised form is unchanged (no new fields).
-    assert set(TableDef.new("p", SCHEMA).to_dict()) == {"name", "schema", "partition_by", "primary_key",
-                                                         "conflict_policy", "auto_merge", "created_csn"}
+    assert set(TableDef.new("p", SCHEMA).to_dict()) == {
+        "name",
+        "schema",
+        "partition_by",
+        "primary_key",
+        "conflict_policy",
+        "auto_merge",
+        "created_csn",
+    }
 
 
 BAD = [
@@ -137,10 +146,16 @@ def test_versions_layout_and_input_checks() -> None:
     assert v.to_pylist() == [{"k": 1, "a": "x", "b": None, "c": None, "_op": 0, "_seq": 7, "_cols": None}]
     u = put([{"k": 1, "b": 3}], op=keys.UPDATE)
     assert u.column("_cols").to_pylist() == ["b"]
-    d = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([3], pa.int64()), "a": ["ignored"]}),
-                      keys.DELETE, 1)
-    assert d.to_pylist()[0] | {"_seq": 0} == {"k": 3, "a": None, "b": None, "c": None, "_op": 2, "_seq": 0,
-                                               "_cols": None}
+    d = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([3], pa.int64()), "a": ["ignored"]}), keys.DELETE, 1)
+    assert d.to_pylist()[0] | {"_seq": 0} == {
+        "k": 3,
+        "a": None,
+        "b": None,
+        "c": None,
+        "_op": 2,
+        "_seq": 0,
+        "_cols": None,
+    }
     for data, says in [
         (pa.table({"a": ["x"]}), "missing primary key column(s) ['k']"),
         (pa.table({"k": [1], "zz": [1]}), "unknown column(s) ['zz']"),
@@ -277,8 +292,9 @@ def test_lock_overlap() -> None:
 
 def test_written_locks_and_first_collision() -> None:
     schema = SCHEMA
-    upd = keys.versions(schema, ("k",), "t", pa.table({"k": pa.array([1, 2], pa.int64()), "c": [1.0, 2.0]}),
-                        keys.UPDATE, 1)
+    upd = keys.versions(
+        schema, ("k",), "t", pa.table({"k": pa.array([1, 2], pa.int64()), "c": [1.0, 2.0]}), keys.UPDATE, 1
+    )
     mine = keys.written_locks(upd, ("k",), GROUPS)
     assert mine == {(1,): {"g2"}, (2,): {"g2"}}
     theirs = keys.written_locks(put([{"k": 2, "a": "x"}], op=keys.UPDATE), ("k",), GROUPS)
@@ -361,10 +377,22 @@ def test_lock_groups(clients) -> None:
     a.wait_for(t2.csn)
     assert rows_of(a.read(name)) == [{"k": 1, "a": "a1", "b": 0, "c": 2.0}]
     cases = [  # (first, second, conflicts)
-        (lambda t: t.upsert(name, one(1, a="x"), update=True), lambda t: t.upsert(name, one(1, b=9), update=True), True),
-        (lambda t: t.delete_keys(name, one(1).select(["k"])), lambda t: t.upsert(name, one(1, c=9.0), update=True), True),
+        (
+            lambda t: t.upsert(name, one(1, a="x"), update=True),
+            lambda t: t.upsert(name, one(1, b=9), update=True),
+            True,
+        ),
+        (
+            lambda t: t.delete_keys(name, one(1).select(["k"])),
+            lambda t: t.upsert(name, one(1, c=9.0), update=True),
+            True,
+        ),
         (lambda t: t.upsert(name, one(1, c=1.0), update=True), lambda t: t.insert(name, one(1, a="o")), True),
-        (lambda t: t.upsert(name, one(1, c=1.0), update=True), lambda t: t.upsert(name, one(1, a="u"), update=True), False),
+        (
+            lambda t: t.upsert(name, one(1, c=1.0), update=True),
+            lambda t: t.upsert(name, one(1, a="u"), update=True),
+            False,
+        ),
     ]
     for first, second, conflicts in cases:
         b.wait_for(a.snapshot())

@@ -32,12 +32,14 @@ from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 from replicas.replica import Replica, ReplicaConfig
 
-SCHEMA = pa.schema([
-    pa.field("p", pa.int64(), nullable=False),
-    pa.field("k", pa.int64(), nullable=False),
-    pa.field("a", pa.string()),
-    pa.field("b", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("p", pa.int64(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("b", pa.int64()),
+    ]
+)
 PK = ("p", "k")
 OPS = ("put", "update_a", "update_b", "update_ab", "delete", "lock")
 
@@ -115,8 +117,9 @@ def test_fold_keeps_every_read_that_sees_it(seed: int) -> None:
     assert rows_of(keyfold.merge(SCHEMA, PK, after_parts)) == rows_of(before)
     # a writer that committed after the compaction's snapshot (before or after its commit)
     late = 10 * len(parts) + 2
-    assert (rows_of(keyfold.merge(SCHEMA, PK, after_parts + [(late, later)]))
-            == rows_of(keyfold.merge(SCHEMA, PK, parts + [(late, later)])))
+    assert rows_of(keyfold.merge(SCHEMA, PK, after_parts + [(late, later)])) == rows_of(
+        keyfold.merge(SCHEMA, PK, parts + [(late, later)])
+    )
     # and a second compaction of what is there now, the first output among its sources or not
     again = set(rng.sample(range(len(after_parts)), rng.randint(min(1, len(after_parts)), len(after_parts))))
     assert rows_of(keyfold.merge(SCHEMA, PK, _fold(after_parts, again, 10 * len(parts) + 7))) == rows_of(before)
@@ -138,8 +141,12 @@ def _v(p, k, op, seq, **cols):
 
 
 def test_fold_rules_case_by_case() -> None:
-    put, upd_a, upd_b, dele = (_v(0, 1, keys.PUT, 0, a="x", b=1), _v(0, 1, keys.UPDATE, 1, a="y"),
-                               _v(0, 1, keys.UPDATE, 2, b=7), _v(0, 1, keys.DELETE, 3))
+    put, upd_a, upd_b, dele = (
+        _v(0, 1, keys.PUT, 0, a="x", b=1),
+        _v(0, 1, keys.UPDATE, 1, a="y"),
+        _v(0, 1, keys.UPDATE, 2, b=7),
+        _v(0, 1, keys.DELETE, 3),
+    )
     # UPDATEs with no base stay one UPDATE of both columns (a part left out may hold the base).
     out = keyfold.fold(SCHEMA, PK, [(20, upd_a), (30, upd_b)], _theirs({(0, 1): [(10, 0)]})).to_pylist()
     assert [(r[keys.OP], r[keys.COLS], r["a"], r["b"], r[keys.VER]) for r in out] == [(keys.UPDATE, "a,b", "y", 7, 30)]
@@ -147,7 +154,9 @@ def test_fold_rules_case_by_case() -> None:
     out = keyfold.fold(SCHEMA, PK, [(10, put), (20, upd_a)], _theirs({})).to_pylist()
     assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, "y", 1)]
     # a DELETE with an older version elsewhere stays; with none it goes
-    assert keyfold.fold(SCHEMA, PK, [(20, dele)], _theirs({(0, 1): [(10, 0)]})).column(keys.OP).to_pylist() == [keys.DELETE]
+    assert keyfold.fold(SCHEMA, PK, [(20, dele)], _theirs({(0, 1): [(10, 0)]})).column(keys.OP).to_pylist() == [
+        keys.DELETE
+    ]
     assert keyfold.fold(SCHEMA, PK, [(10, put), (20, dele)], _theirs({})).num_rows == 0
     # a version of another part between two sources splits the fold into two runs
     out = keyfold.fold(SCHEMA, PK, [(10, put), (30, upd_b)], _theirs({(0, 1): [(20, 5)]})).to_pylist()
@@ -174,10 +183,10 @@ def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
 
     storage = Storage(str(tmp_path))
     written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x"), "1.1.h")
-    out = write_part(storage, "t", ["p"], (0,), keyfold.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], _theirs({})),
-                     "2.1.h")
+    out = write_part(
+        storage, "t", ["p"], (0,), keyfold.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], _theirs({})), "2.1.h"
+    )
     assert not keys.folded(written) and keys.folded(out)
-
 
 
 @pytest.mark.parametrize("earlier", list(Kind))
@@ -196,8 +205,16 @@ def test_keys_policy_lets_every_later_kind_commit_and_rebases_it(earlier: Kind, 
 
 @pytest.fixture
 def replica(zk_address: str, tmp_path: Path) -> Iterator[Replica]:
-    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="kc0",
-                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r = Replica(
+        ReplicaConfig(
+            zk=zk_address,
+            storage_url=str(tmp_path / "storage"),
+            host_id="kc0",
+            data_dir=tmp_path / "replica",
+            merge_interval=0,
+            gc_interval=0,
+        )
+    )
     r.start()
     try:
         yield r
@@ -206,8 +223,9 @@ def replica(zk_address: str, tmp_path: Path) -> Iterator[Replica]:
 
 
 def _keys_table(r: Replica, name: str = "kc") -> TableDef:
-    r.create_table(TableDef.new(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys",
-                                auto_merge=False))
+    r.create_table(
+        TableDef.new(name, SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys", auto_merge=False)
+    )
     return r.table(name)
 
 
@@ -278,7 +296,9 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
         _commit(r, "kc", _v(0, i % 2, op, i, **cols))
     want = _read_at(r, "kc", r.state.applied)
     pkey = partition_key((0,))
-    live = sorted(r.state.visible("kc", r.state.applied, pkeys=[pkey]), key=lambda m: r.state.parts[m.name].creation_csn)
+    live = sorted(
+        r.state.visible("kc", r.state.applied, pkeys=[pkey]), key=lambda m: r.state.parts[m.name].creation_csn
+    )
     names = [m.name for m in live]
 
     def other_merge() -> None:
@@ -286,8 +306,9 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
         from coordinator.model.records import Compact
         from parts.io import rewrite
 
-        res = rewrite.compact(r.storage, tdef, live[:2], "major", t.id,
-                              {m.name: r.state.parts[m.name].creation_csn for m in live}, live)
+        res = rewrite.compact(
+            r.storage, tdef, live[:2], "major", t.id, {m.name: r.state.parts[m.name].creation_csn for m in live}, live
+        )
         r.transactions.stage(t.id, Compact("kc", "minor", tuple(res.added), tuple(res.removed), (pkey,)))
         r.transactions.commit(t.id)
 
@@ -303,9 +324,18 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
-    with make_cluster(tmp_path_factory, zk_server, "keyscompact", replicas=2, settings={
-        "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0, "read_lease_seconds": 1,
-    }) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "keyscompact",
+        replicas=2,
+        settings={
+            "merge_interval": 0.2,
+            "merge_min_parts": 4,
+            "gc_interval": 0,
+            "read_lease_seconds": 1,
+        },
+    ) as c:
         yield c
 
 
@@ -329,8 +359,9 @@ def new_table(c: Client, auto_merge: bool = False) -> str:
 
 
 def kt(rows: list[dict], cols: tuple[str, ...] = ("p", "k", "a", "b")) -> pa.Table:
-    return pa.Table.from_pylist([{c: r.get(c) for c in cols} for r in rows],
-                                schema=pa.schema([SCHEMA.field(c) for c in cols]))
+    return pa.Table.from_pylist(
+        [{c: r.get(c) for c in cols} for r in rows], schema=pa.schema([SCHEMA.field(c) for c in cols])
+    )
 
 
 def random_transaction(tx, table: str, rng: random.Random, nkeys: int = 4) -> None:
@@ -396,14 +427,22 @@ def test_tx_compact_overlapping_writers_commits_and_loses_nothing(clients) -> No
     with b.transaction() as w:  # after the compaction was staged, before it commits
         w.insert(name, kt([{"p": 0, "k": 1, "a": "new"}]))
     csn = comp.commit()
-    assert before == [{"p": 0, "k": 0, "a": "one", "b": 0}, {"p": 0, "k": 1, "a": "base", "b": 1},
-                      {"p": 0, "k": 3, "a": "base", "b": 3}]
+    assert before == [
+        {"p": 0, "k": 0, "a": "one", "b": 0},
+        {"p": 0, "k": 1, "a": "base", "b": 1},
+        {"p": 0, "k": 3, "a": "base", "b": 3},
+    ]
     late.upsert(name, kt([{"p": 0, "k": 3, "a": "late"}], ("p", "k", "a")), update=True)
     a.wait_for(late.commit())
-    assert rows_of(a.read(name)) == [{"p": 0, "k": 0, "a": "one", "b": 100}, {"p": 0, "k": 1, "a": "new", "b": None},
-                                     {"p": 0, "k": 3, "a": "late", "b": 3}]
-    assert rows_of(a.read(name, snapshot=csn))[:2] == [{"p": 0, "k": 0, "a": "one", "b": 100},
-                                                       {"p": 0, "k": 1, "a": "new", "b": None}]
+    assert rows_of(a.read(name)) == [
+        {"p": 0, "k": 0, "a": "one", "b": 100},
+        {"p": 0, "k": 1, "a": "new", "b": None},
+        {"p": 0, "k": 3, "a": "late", "b": 3},
+    ]
+    assert rows_of(a.read(name, snapshot=csn))[:2] == [
+        {"p": 0, "k": 0, "a": "one", "b": 100},
+        {"p": 0, "k": 1, "a": "new", "b": None},
+    ]
 
 
 def test_key_check_after_a_compaction_sees_real_writers_only(clients) -> None:
@@ -508,8 +547,12 @@ def test_background_merges_beside_writers_keep_every_snapshot(clients) -> None:
     assert not failures
 
     def merges() -> list[dict]:
-        return [e for c in (a, b) for e in c.events(name).to_pylist()
-                if e["event"] == "merge" and e["outcome"] == "committed"]
+        return [
+            e
+            for c in (a, b)
+            for e in c.events(name).to_pylist()
+            if e["event"] == "merge" and e["outcome"] == "committed"
+        ]
 
     assert wait_until(merges, what="a background merge of the keys table")
     b.wait_for(a.snapshot())

@@ -20,12 +20,14 @@ from coordinator.errors import ConflictError, InvalidInput
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 
-SCHEMA = pa.schema([
-    pa.field("p", pa.string(), nullable=False),
-    pa.field("k", pa.int64(), nullable=False),
-    pa.field("a", pa.string()),
-    pa.field("b", pa.int64()),
-])
+SCHEMA = pa.schema(
+    [
+        pa.field("p", pa.string(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("b", pa.int64()),
+    ]
+)
 KEY = ("p", "k")
 
 
@@ -40,8 +42,9 @@ _n = iter(range(10**6))
 
 def new_table(c: Client, partitioned: bool = True, **kw) -> str:
     name = f"ko{next(_n)}"
-    c.create_table(name, SCHEMA, partition_by=("p",) if partitioned else (), primary_key=KEY,
-                   conflict_policy="keys", **kw)
+    c.create_table(
+        name, SCHEMA, partition_by=("p",) if partitioned else (), primary_key=KEY, conflict_policy="keys", **kw
+    )
     return name
 
 
@@ -65,8 +68,14 @@ def test_row_changes_fold_commits_in_order() -> None:
     before = rows(("x", 1, "old", 1), ("x", 2, "two", 2))
     commits = [
         (5, [v([{"p": "x", "k": 1, "b": 10}], keys.UPDATE, 1), v([{"p": "x", "k": 3, "a": "new"}], keys.PUT, 2)]),
-        (6, [v([{"p": "x", "k": 2}], keys.DELETE, 1), v([{"p": "x", "k": 9}], keys.DELETE, 2),
-             v([{"p": "x", "k": 3}], keys.LOCK_STRONG, 3)]),
+        (
+            6,
+            [
+                v([{"p": "x", "k": 2}], keys.DELETE, 1),
+                v([{"p": "x", "k": 9}], keys.DELETE, 2),
+                v([{"p": "x", "k": 3}], keys.LOCK_STRONG, 3),
+            ],
+        ),
         (7, [v([{"p": "x", "k": 1, "a": "old", "b": 10}], keys.PUT, 1)]),  # same values: nothing
     ]
     got = keyfold.row_changes(SCHEMA, KEY, before, commits).to_pylist()
@@ -110,8 +119,11 @@ def test_changes_of_a_keys_table_add_up_to_the_reads(cluster) -> None:
             if op == 0:
                 tx.insert(name, rows((p, k, f"v{i}", i)))
             elif op == 1:
-                tx.upsert(name, pa.table({"p": [p], "k": pa.array([k], pa.int64()), "b": pa.array([i], pa.int64())}),
-                          update=True)
+                tx.upsert(
+                    name,
+                    pa.table({"p": [p], "k": pa.array([k], pa.int64()), "b": pa.array([i], pa.int64())}),
+                    update=True,
+                )
             elif op == 2:
                 tx.delete_keys(name, pa.table({"p": [p], "k": pa.array([k], pa.int64())}))
             else:
@@ -138,12 +150,15 @@ def test_changes_of_a_keys_table_show_one_row_per_key_per_commit(cluster) -> Non
     s0 = tx.csn
     with c.transaction() as tx:  # three versions of one key in one commit: one change pair
         tx.insert(name, rows(("x", 1, "b", 2)))
-        tx.upsert(name, pa.table({"p": ["x"], "k": pa.array([1], pa.int64()), "b": pa.array([3], pa.int64())}),
-                  update=True)
+        tx.upsert(
+            name, pa.table({"p": ["x"], "k": pa.array([1], pa.int64()), "b": pa.array([3], pa.int64())}), update=True
+        )
         tx.lock_keys(name, pa.table({"p": ["x"], "k": pa.array([1], pa.int64())}), mode="shared_weak")
     got = c.changes(name, s0).to_pylist()
     assert [(r["_change"], r["a"], r["b"], r["_csn"]) for r in got] == [
-        ("delete", "a", 1, tx.csn), ("insert", "b", 3, tx.csn)]
+        ("delete", "a", 1, tx.csn),
+        ("insert", "b", 3, tx.csn),
+    ]
 
 
 def test_scan_and_cli_read_fold_versions(cluster, tmp_path) -> None:
@@ -164,7 +179,9 @@ def test_scan_and_cli_read_fold_versions(cluster, tmp_path) -> None:
         got = list(tables)
     assert len(got) == 2 and set().union(*(as_set(t) for t in got)) == expected  # one table per partition
     out = tmp_path / "out.parquet"
-    r = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]}).invoke(cli, ["read", name, "--output", str(out)])
+    r = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]}).invoke(
+        cli, ["read", name, "--output", str(out)]
+    )
     assert r.exit_code == 0, r.output
     import pyarrow.parquet as pq
 
@@ -284,7 +301,10 @@ def test_changes_leave_compactions_out(cluster) -> None:
         tx.delete_keys(name, pa.table({"p": ["x"], "k": pa.array([2], pa.int64())}))
     ch = c.changes(name, s0)
     assert [(r["_change"], r["k"], r["a"]) for r in ch.to_pylist()] == [
-        ("delete", 1, "a"), ("insert", 1, "A"), ("delete", 2, "b")]
+        ("delete", 1, "a"),
+        ("insert", 1, "A"),
+        ("delete", 2, "b"),
+    ]
     assert replay(as_set(c.read(name, snapshot=s0)), ch) == as_set(c.read(name))
 
 
@@ -308,4 +328,6 @@ def test_changes_ignore_a_compaction_that_committed_after_a_newer_write(cluster)
     assert as_set(c.read(name)) == {("x", 1, "new", 5), ("x", 2, "b", 2)}
     ch = c.changes(name, s0)
     assert [(r["_change"], r["a"], r["_csn"]) for r in ch.to_pylist()] == [
-        ("delete", "a", w.csn), ("insert", "new", w.csn)]
+        ("delete", "a", w.csn),
+        ("insert", "new", w.csn),
+    ]

@@ -45,16 +45,25 @@ def _word(rng: random.Random) -> str:
 
 
 KEY_KINDS = {
-    "int": (pa.schema([pa.field("k", pa.int64(), False)]), lambda r: (r.randint(-2**63, 2**63 - 1),)),
+    "int": (pa.schema([pa.field("k", pa.int64(), False)]), lambda r: (r.randint(-(2**63), 2**63 - 1),)),
     "small_int": (pa.schema([pa.field("k", pa.int32(), False)]), lambda r: (r.randint(-1000, 1000),)),
     "string": (pa.schema([pa.field("k", pa.string(), False)]), lambda r: (_word(r),)),
-    "str_int": (pa.schema([pa.field("s", pa.string(), False), pa.field("i", pa.int64(), False)]),
-                lambda r: (_word(r), r.randint(-50, 50))),
-    "bool_int": (pa.schema([pa.field("b", pa.bool_(), False), pa.field("i", pa.int16(), False)]),
-                 lambda r: (r.random() < 0.5, r.randint(-300, 300))),
-    "float": (pa.schema([pa.field("f", pa.float64(), False)]), lambda r: (r.choice([0.0, -0.0, r.uniform(-1e9, 1e9)]),)),
-    "date_bytes": (pa.schema([pa.field("d", pa.date32(), False), pa.field("y", pa.binary(), False)]),
-                   lambda r: (dt.date(2000, 1, 1) + dt.timedelta(days=r.randint(0, 9000)), r.randbytes(r.randint(0, 6)))),
+    "str_int": (
+        pa.schema([pa.field("s", pa.string(), False), pa.field("i", pa.int64(), False)]),
+        lambda r: (_word(r), r.randint(-50, 50)),
+    ),
+    "bool_int": (
+        pa.schema([pa.field("b", pa.bool_(), False), pa.field("i", pa.int16(), False)]),
+        lambda r: (r.random() < 0.5, r.randint(-300, 300)),
+    ),
+    "float": (
+        pa.schema([pa.field("f", pa.float64(), False)]),
+        lambda r: (r.choice([0.0, -0.0, r.uniform(-1e9, 1e9)]),),
+    ),
+    "date_bytes": (
+        pa.schema([pa.field("d", pa.date32(), False), pa.field("y", pa.binary(), False)]),
+        lambda r: (dt.date(2000, 1, 1) + dt.timedelta(days=r.randint(0, 9000)), r.randbytes(r.randint(0, 6))),
+    ),
 }
 
 
@@ -104,7 +113,9 @@ def test_filter_size_is_bounded() -> None:
     s = keys.summarize(data, ["k"], max_bits=4096)
     assert s["m"] == 4096 and len(keys._bits(s["bloom"])) == 512
     assert all(keys.may_hold(s, (k,)) for k in range(10_000))
-    assert keys.summarize(data.slice(0, 0), ["k"])["m"] == keys.MIN_FILTER_BITS  # an empty part still has a (tiny) filter
+    assert (
+        keys.summarize(data.slice(0, 0), ["k"])["m"] == keys.MIN_FILTER_BITS
+    )  # an empty part still has a (tiny) filter
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,10 +160,14 @@ def test_summary_round_trips_and_is_validated(tmp_path) -> None:
     old = {k: v for k, v in meta.to_dict().items() if k != "key_summary"}  # written before summaries
     assert PartMeta.from_dict(old).key_summary is None
     assert keys.may_hold(None, (99,))  # a part without one is never pruned
-    for bad, says in [({**meta.key_summary, "m": 12}, "'m'"), ({**meta.key_summary, "bloom": "!!"}, "base64"),
-                      ({**meta.key_summary, "bloom": "AAAA"}, "bits"), ({**meta.key_summary, "lo": None}, "both"),
-                      ({**meta.key_summary, "exact": [[1, 9, None]]}, "exact"),
-                      ("x", "object")]:
+    for bad, says in [
+        ({**meta.key_summary, "m": 12}, "'m'"),
+        ({**meta.key_summary, "bloom": "!!"}, "base64"),
+        ({**meta.key_summary, "bloom": "AAAA"}, "bits"),
+        ({**meta.key_summary, "lo": None}, "both"),
+        ({**meta.key_summary, "exact": [[1, 9, None]]}, "exact"),
+        ("x", "object"),
+    ]:
         with pytest.raises(CorruptMetadata, match=says):
             PartMeta.from_dict({**meta.to_dict(), "key_summary": bad})
 
@@ -194,8 +209,11 @@ def test_created_since_index_matches_a_scan_and_prunes(tmp_path) -> None:
         for table in ("t", "u"):
             for p in range(3):
                 pkey = partition_key((p,))
-                scan = sorted((r.creation_csn, r.meta.name) for r in st.parts.values()
-                              if r.creation_csn > snapshot and r.meta.table == table and r.pkey == pkey)
+                scan = sorted(
+                    (r.creation_csn, r.meta.name)
+                    for r in st.parts.values()
+                    if r.creation_csn > snapshot and r.meta.table == table and r.pkey == pkey
+                )
                 assert [(c, m.name) for c, m in st.created_since(table, pkey, snapshot)] == scan
     st.prune(30)
     assert all(c > 30 for added in st.created.values() for c, _ in added)
@@ -263,14 +281,24 @@ def test_exact_versions_give_the_locks_the_file_gives(tmp_path) -> None:
         parts = []
         for seq, op in enumerate(rng.sample([keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK], 3)):
             ks = pa.array(rng.sample(range(30), 5), pa.int64())
-            cols = {"k": ks, **({"a": pa.array(["x"] * 5)} if rng.random() < 0.5 else {}),
-                    **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keys.UPDATE else {})}
+            cols = {
+                "k": ks,
+                **({"a": pa.array(["x"] * 5)} if rng.random() < 0.5 else {}),
+                **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keys.UPDATE else {}),
+            }
             parts.append(keys.versions(SCHEMA, ("k",), "t", pa.table(cols), op, seq * 10 + 1))
         data = pa.concat_tables(parts)
         meta = write_part(storage, "t", [], (), data, tid(1), primary_key=("k",))
         assert keys.exact_locks(meta.key_summary, 1, groups) == keys.written_locks(_read(storage, meta), ("k",), groups)
-    big = write_part(storage, "t", [], (), keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}),
-                                                         keys.PUT, 1), tid(1), primary_key=("k",))
+    big = write_part(
+        storage,
+        "t",
+        [],
+        (),
+        keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}), keys.PUT, 1),
+        tid(1),
+        primary_key=("k",),
+    )
     assert keys.exact_locks(big.key_summary, 1, groups) is None  # past EXACT_ROWS: read it
 
 
@@ -284,8 +312,16 @@ def test_a_filter_false_positive_never_makes_a_conflict(tmp_path) -> None:
     storage = Storage(str(tmp_path))
     winner = summarized_part(storage, "t", [1, 2, 3], tid(1, host="r1"))
     # Every bit set, no range: the filter says "maybe" for every key (a forced false positive).
-    saturated = dataclasses.replace(winner, key_summary={"lo": None, "hi": None, "m": 64, "k": keys.HASHES,
-                                                         "bloom": keys.base64.b64encode(b"\xff" * 8).decode()})
+    saturated = dataclasses.replace(
+        winner,
+        key_summary={
+            "lo": None,
+            "hi": None,
+            "m": 64,
+            "k": keys.HASHES,
+            "bloom": keys.base64.b64encode(b"\xff" * 8).decode(),
+        },
+    )
     assert keys.may_hold(saturated.key_summary, (4,))
     st = _state_with([(5, saturated)])
     mine = summarized_part(storage, "t", [4, 5], tid(2))
@@ -335,8 +371,9 @@ def test_point_reads_read_only_parts_that_may_hold_the_key_and_equal_the_fold(cl
         with client.transaction() as tx:
             ks = rng.sample(range(100), 5)
             if i % 3 == 2:
-                tx.upsert(name, pa.table({"k": pa.array(ks, pa.int64()), "b": pa.array([i] * 5, pa.int64())}),
-                          update=True)
+                tx.upsert(
+                    name, pa.table({"k": pa.array(ks, pa.int64()), "b": pa.array([i] * 5, pa.int64())}), update=True
+                )
             else:
                 tx.insert(name, pa.table({"k": pa.array(ks, pa.int64()), "a": [f"v{i}"] * 5}))
             if i % 4 == 3:
@@ -399,8 +436,12 @@ def test_point_hint_is_exact_or_ignored() -> None:
     assert keys.hint_hashes(hint, as_string, ("k",)) is None
     assert keys.hint_hashes(hint, PK2, ("p", "k")) is None
     assert keys.hint_hashes({"key_columns": ["k"], "keys": [[5.5]]}, SCHEMA, ("k",)) is None
-    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[2**40]]}, pa.schema([pa.field("k", pa.int32(), False)]),
-                            ("k",)) is None
+    assert (
+        keys.hint_hashes(
+            {"key_columns": ["k"], "keys": [[2**40]]}, pa.schema([pa.field("k", pa.int32(), False)]), ("k",)
+        )
+        is None
+    )
     with pytest.raises(InvalidInput, match="point hint"):
         keys.hint_hashes({"keys": 5}, SCHEMA, ("k",))
     assert keys.point_hint(K > 5, SCHEMA, ("k",)) is None

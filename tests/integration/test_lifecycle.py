@@ -35,8 +35,9 @@ SCHEMA = pa.schema([("id", pa.int64())])
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "lifecycle", replicas=2,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "lifecycle", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+    ) as c:
         c.client(0).create_table("life", SCHEMA)
         yield c
 
@@ -44,9 +45,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
 def cli_run(*args: object, timeout: float = 90) -> subprocess.CompletedProcess:
     """``mergetxn ARGS`` in a process of its own; a start that wrongly serves runs until the
     timeout, and the test then fails on TimeoutExpired (the process is killed)."""
-    proc = subprocess.Popen([sys.executable, "-m", "mergetxn.cli", *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mergetxn.cli", *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -56,16 +63,33 @@ def cli_run(*args: object, timeout: float = 90) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def start_args(cluster: LocalCluster, host_id: str, data_dir: Path, port: int = 0,
-               storage: str | None = None) -> list[object]:
-    return ["replica", "start", "--zk", cluster.zk_address, "--root", cluster.root, "--storage",
-            storage or cluster.storage_url, "--host-id", host_id, "--data-dir", data_dir, "--port", port,
-            "--session-timeout", 4]
+def start_args(
+    cluster: LocalCluster, host_id: str, data_dir: Path, port: int = 0, storage: str | None = None
+) -> list[object]:
+    return [
+        "replica",
+        "start",
+        "--zk",
+        cluster.zk_address,
+        "--root",
+        cluster.root,
+        "--storage",
+        storage or cluster.storage_url,
+        "--host-id",
+        host_id,
+        "--data-dir",
+        data_dir,
+        "--port",
+        port,
+        "--session-timeout",
+        4,
+    ]
 
 
 def status(cluster: LocalCluster) -> tuple[int, dict]:
     r = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]}).invoke(
-        cli, ["status", "--json", "--no-storage-check"], catch_exceptions=False)
+        cli, ["status", "--json", "--no-storage-check"], catch_exceptions=False
+    )
     return r.exit_code, json.loads(r.stdout)
 
 
@@ -130,9 +154,14 @@ def test_a_start_on_the_wrong_storage_leaves_nothing_registered(cluster: LocalCl
 
 def test_retire_is_refused_while_alive_and_then_removes_the_replica(cluster: LocalCluster, tmp_path: Path) -> None:
     d = tmp_path / "extra"
-    proc = subprocess.Popen([sys.executable, "-m", "mergetxn.cli", *map(str, start_args(cluster, "extra", d))],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mergetxn.cli", *map(str, start_args(cluster, "extra", d))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     try:
         ready = proc.stdout.readline()
         assert ready.startswith("READY "), ready

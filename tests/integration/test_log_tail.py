@@ -40,16 +40,22 @@ pytestmark = pytest.mark.zk
 
 SCHEMA = ID_V
 ROOT = "/mergetxn"
-SMALL = {"checkpoint_every": 60, "retain_entries": 60, "local_checkpoint_every": 150, "tail_check_seconds": 0.05,
-         "retention_seconds": 0.0}  # cleanup collects as soon as nothing in use sees a part
+SMALL = {
+    "checkpoint_every": 60,
+    "retain_entries": 60,
+    "local_checkpoint_every": 150,
+    "tail_check_seconds": 0.05,
+    "retention_seconds": 0.0,
+}  # cleanup collects as soon as nothing in use sees a part
 
 
 class Node:
     """One replica in this process, served over the real RPC so Clients can use it."""
 
     def __init__(self, zk: str, storage: str, data_dir: Path, host_id: str, **cfg: object) -> None:
-        self.config = ReplicaConfig(zk=zk, storage_url=storage, host_id=host_id, data_dir=data_dir,
-                                    session_timeout=6.0, **cfg)
+        self.config = ReplicaConfig(
+            zk=zk, storage_url=storage, host_id=host_id, data_dir=data_dir, session_timeout=6.0, **cfg
+        )
         self.replica: Replica | None = None
         self.server: ReplicaServer | None = None
 
@@ -118,8 +124,18 @@ def meta_commit(replica: Replica, table: str) -> int:
     verifies only that its files exist)."""
     txn = replica.transactions.begin()
     name = new_part_name(txn.id)
-    meta = PartMeta(name=name, table=table, partition=(), path=f"{table}/_/{name}.parquet", rows=1, size=1,
-                    checksum="crc32:00000000", stats={}, creation_tid=txn.id, created_at=time.time())
+    meta = PartMeta(
+        name=name,
+        table=table,
+        partition=(),
+        path=f"{table}/_/{name}.parquet",
+        rows=1,
+        size=1,
+        checksum="crc32:00000000",
+        stats={},
+        creation_tid=txn.id,
+        created_at=time.time(),
+    )
     replica.storage.put(meta.path, b"x", durable=False)
     replica.transactions.stage(txn.id, Insert(table, added=(meta,)))
     return replica.transactions.commit(txn.id)
@@ -177,8 +193,10 @@ def tail_of(node: Node) -> dict:
 
 
 def part_view(replica: Replica, table: str) -> list[tuple]:
-    return [(d["name"], d["creation_csn"], d["removal_csn"], d["removal_tid"], d["rows"], d["path"])
-            for d in replica.part_records(table)]
+    return [
+        (d["name"], d["creation_csn"], d["removal_csn"], d["removal_tid"], d["rows"], d["path"])
+        for d in replica.part_records(table)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,15 +213,47 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path: Path) -> None:
         tid = f"T{i}-{i}-r0"
         name = f"{tid}_{i:016x}"
         names.append(name)
-        meta = {"name": name, "table": "t", "partition": [f"p{i % 3}"], "path": f"t/x/{name}.parquet", "rows": i,
-                "size": 10, "checksum": "crc32:0000abcd", "stats": {"id": [i, i + 1], "v": [None, None]},
-                "creation_tid": tid, "created_at": 1.5 + i}
+        meta = {
+            "name": name,
+            "table": "t",
+            "partition": [f"p{i % 3}"],
+            "path": f"t/x/{name}.parquet",
+            "rows": i,
+            "size": 10,
+            "checksum": "crc32:0000abcd",
+            "stats": {"id": [i, i + 1], "v": [None, None]},
+            "creation_tid": tid,
+            "created_at": 1.5 + i,
+        }
         removed = [names[i - 5]] if i % 4 == 0 else []
-        st.apply(i + 1, 0, i, LogEntry.from_dict({
-            "v": 1, "time": 2.0 + i, "versions": {"t": i},
-            "txns": [{"tid": tid, "time_version": None if i % 7 == 0 else 2.0 + i, "changes": [
-                {"table": "t", "pkey": f'["p{i % 3}"]', "kinds": ["INSERT"] + (["MUTATE"] if removed else []),
-                 "added": [meta], "removed": removed}]}]}, "test"))
+        st.apply(
+            i + 1,
+            0,
+            i,
+            LogEntry.from_dict(
+                {
+                    "v": 1,
+                    "time": 2.0 + i,
+                    "versions": {"t": i},
+                    "txns": [
+                        {
+                            "tid": tid,
+                            "time_version": None if i % 7 == 0 else 2.0 + i,
+                            "changes": [
+                                {
+                                    "table": "t",
+                                    "pkey": f'["p{i % 3}"]',
+                                    "kinds": ["INSERT"] + (["MUTATE"] if removed else []),
+                                    "added": [meta],
+                                    "removed": removed,
+                                }
+                            ],
+                        }
+                    ],
+                },
+                "test",
+            ),
+        )
     data = checkpoint.encode(st.export())
     back = ReplicaState()
     back.restore(checkpoint.decode(data, "mem"), "mem")
@@ -368,8 +418,12 @@ def test_running_transaction_holds_back_the_trim(cluster, zk: KazooClient) -> No
     csn = tx_old.commit()
     assert csn > snap
     r1.r.refresh_alive()
-    commit_until([r0, r1], "held_filler", lambda: int(tail_of(r0)["retained"]) > snap and log_znodes(zk) < 3 * bound,
-                 "a trim past the ended transaction's snapshot")
+    commit_until(
+        [r0, r1],
+        "held_filler",
+        lambda: int(tail_of(r0)["retained"]) > snap and log_znodes(zk) < 3 * bound,
+        "a trim past the ended transaction's snapshot",
+    )
     assert zk.exists(r0.r.log.entry_path(*split_csn(first_after))) is None
 
 
@@ -456,12 +510,17 @@ def test_state_forgets_what_no_served_snapshot_sees(cluster) -> None:
             tx.overwrite("churn", id_rows(3, start=10 * i))
         csns.append(tx.csn)
     first = csns[0]
-    commit_until(nodes, "churn_filler", lambda: int(tail_of(nodes[0])["retained"]) > csns[-2], "a trim past the overwrites")
+    commit_until(
+        nodes, "churn_filler", lambda: int(tail_of(nodes[0])["retained"]) > csns[-2], "a trim past the overwrites"
+    )
     c.gc(grace_seconds=0)  # collects the removed parts (nothing reads them)
     for n in nodes:  # each replica learns the collected CSN and the retained log by watches
         n.r.wait_snapshot(max(m.r.state.applied for m in nodes))
-        wait_until(lambda n=n: n.r.tail.prune() >= 0 and n.r.state.pruned >= csns[-2], 30,
-                   f"replica {n.r.host_id} to forget what cleanup collected")
+        wait_until(
+            lambda n=n: n.r.tail.prune() >= 0 and n.r.state.pruned >= csns[-2],
+            30,
+            f"replica {n.r.host_id} to forget what cleanup collected",
+        )
     for n in nodes:
         churn = [r for r in n.r.state.parts.values() if r.meta.table == "churn"]
         assert len(churn) == 1, (n.r.host_id, len(churn))  # the 29 removed ones are forgotten
@@ -475,8 +534,15 @@ def test_state_forgets_what_no_served_snapshot_sees(cluster) -> None:
         c.changes("churn", first)
     assert c.changes("churn", oldest).num_rows == 0  # nothing touched it since
     nodes[1].stop()
-    back = Node(nodes[1].config.zk, nodes[1].config.storage_url, nodes[1].config.data_dir, "r1", **SMALL,
-                gc_interval=0, merge_interval=0).start()
+    back = Node(
+        nodes[1].config.zk,
+        nodes[1].config.storage_url,
+        nodes[1].config.data_dir,
+        "r1",
+        **SMALL,
+        gc_interval=0,
+        merge_interval=0,
+    ).start()
     try:
         assert sorted(back.client().read("churn").column("id").to_pylist()) == latest
         back.r.tail.prune()  # its WAL replayed what it had forgotten; the log tail forgets it again

@@ -49,17 +49,34 @@ def data(ids: list[int], p: int | list[int] = 0, v: str = "x") -> pa.Table:
 
 @pytest.fixture(scope="module")
 def auto(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "auto", replicas=2, settings={
-        "merge_interval": 0.2, "merge_min_parts": 4, "gc_interval": 0.5, "read_lease_seconds": 1,
-    }) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "auto",
+        replicas=2,
+        settings={
+            "merge_interval": 0.2,
+            "merge_min_parts": 4,
+            "gc_interval": 0.5,
+            "read_lease_seconds": 1,
+        },
+    ) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def manual(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "manual", replicas=2, settings={
-        "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1,
-    }) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "manual",
+        replicas=2,
+        settings={
+            "merge_interval": 0,
+            "gc_interval": 0,
+            "read_lease_seconds": 1,
+        },
+    ) as c:
         yield c
 
 
@@ -70,9 +87,12 @@ def test_settings_reach_every_replica_and_bad_ones_start_nothing(auto: LocalClus
         assert settings["merge_min_parts"] == 4 and settings["gc_interval"] == 0.5
         assert info["switch_interval"] == pytest.approx(SWITCH_INTERVAL)
         assert settings["retain_entries"] == 5000  # not given: the default
-    for bad, why in (({"retain_entrys": 10}, "unknown replica setting 'retain_entrys'"),
-                     ({"retain_entries": -1}, "at least 0"), ({"merge_min_parts": 2.5}, "an integer"),
-                     ({"gc_interval": "soon"}, "a number")):
+    for bad, why in (
+        ({"retain_entrys": 10}, "unknown replica setting 'retain_entrys'"),
+        ({"retain_entries": -1}, "at least 0"),
+        ({"merge_min_parts": 2.5}, "an integer"),
+        ({"gc_interval": "soon"}, "a number"),
+    ):
         with pytest.raises(InvalidInput, match=why):
             LocalCluster(tmp_path / "never", replicas=1, settings=bad)
     with pytest.raises(InvalidInput, match="txn_max_rows must be at least 1"):
@@ -164,8 +184,11 @@ def test_merges_beside_writers_and_an_old_reader(auto: LocalCluster) -> None:
     assert sorted_rows(c1.read(t)) == sorted(expected)
 
     reader.rollback()
-    wait_until(lambda: not any(storage.exists(p["path"]) for p in needed), 30,
-               "background cleanup to delete the reader's parts after it ended")
+    wait_until(
+        lambda: not any(storage.exists(p["path"]) for p in needed),
+        30,
+        "background cleanup to delete the reader's parts after it ended",
+    )
     assert sorted_rows(c0.read(t)) == sorted(expected)
     recs = {r["name"]: r for r in c0.parts(t).to_pylist()}
     assert all(recs[p["name"]]["collected"] for p in needed)
@@ -194,8 +217,11 @@ def test_two_replicas_never_run_the_same_merge(auto: LocalCluster) -> None:
         return len(live) < 4
 
     wait_until(settled, 60, "merges to bring the table under 4 parts")
-    merges = [e for e in c0.events(t).to_pylist() + c1.events(t).to_pylist()
-              if e["event"] == "merge" and e["outcome"] != "skipped"]
+    merges = [
+        e
+        for e in c0.events(t).to_pylist() + c1.events(t).to_pylist()
+        if e["event"] == "merge" and e["outcome"] != "skipped"
+    ]
     assert merges and all(e["outcome"] == "committed" for e in merges), merges
     sources = Counter(s for e in merges for s in e["part"].split(","))
     assert max(sources.values()) == 1, [s for s, n in sources.items() if n > 1]
@@ -227,12 +253,21 @@ def test_auto_merge_false_is_left_alone(auto: LocalCluster) -> None:
 
 
 def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committed_meanwhile(
-        zk_address: str, tmp_path: Path) -> None:
+    zk_address: str, tmp_path: Path
+) -> None:
     """A background pass (``detail=False``) deletes old orphans, only counts the young ones, and
     a part whose commit is applied while the pass runs (after its unlocked lookup found the file
     unreferenced) is kept: the pass looks again under the state lock before deleting."""
-    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="g0",
-                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r = Replica(
+        ReplicaConfig(
+            zk=zk_address,
+            storage_url=str(tmp_path / "storage"),
+            host_id="g0",
+            data_dir=tmp_path / "replica",
+            merge_interval=0,
+            gc_interval=0,
+        )
+    )
     r.start()
     root = tmp_path / "storage"
     old = time.time() - 3600
@@ -268,8 +303,16 @@ def test_background_cleanup_counts_young_orphans_and_never_takes_a_part_committe
 def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path: Path) -> None:
     """A merge whose source part another transaction removes before it commits loses the
     conflict (parts policy): recorded as an event, nothing of it stays in storage, data intact."""
-    r = Replica(ReplicaConfig(zk=zk_address, storage_url=str(tmp_path / "storage"), host_id="m0",
-                              data_dir=tmp_path / "replica", merge_interval=0, gc_interval=0))
+    r = Replica(
+        ReplicaConfig(
+            zk=zk_address,
+            storage_url=str(tmp_path / "storage"),
+            host_id="m0",
+            data_dir=tmp_path / "replica",
+            merge_interval=0,
+            gc_interval=0,
+        )
+    )
     r.start()
     try:
         r.create_table(TableDef.new("mc", SCHEMA))
@@ -286,8 +329,9 @@ def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path:
             r.transactions.stage(t2.id, Truncate("mc", removed=(live[0].name,), partitions=(pkey,)))
             r.transactions.commit(t2.id)
 
-        out = r.merges.run_merge(r.table("mc"), "minor", pkey, [m.name for m in live],
-                                      before_commit=concurrent_truncate)
+        out = r.merges.run_merge(
+            r.table("mc"), "minor", pkey, [m.name for m in live], before_commit=concurrent_truncate
+        )
         assert out["outcome"] == "conflict", out
         ev = [e for e in r.history.events("mc") if e["event"] == "merge"]
         assert ev and ev[-1]["outcome"] == "conflict" and "already removed" in ev[-1]["reason"]
@@ -347,8 +391,11 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
 
     reader.rollback()
     wait_until(lambda: not holds(manual, 1, reader.id), 10, "replica 1 to publish that the reader ended")
-    report = wait_until(lambda: (lambda r: r if any(x["table"] == t for x in r["removed"]) else None)(c0.gc()),
-                        10, "a pass that removes the overwritten parts (read leases expire after 1 s)")
+    report = wait_until(
+        lambda: (lambda r: r if any(x["table"] == t for x in r["removed"]) else None)(c0.gc()),
+        10,
+        "a pass that removes the overwritten parts (read leases expire after 1 s)",
+    )
     removed = {r["path"]: r["reason"] for r in report["removed"] if r["table"] == t}
     assert set(removed) == {p["path"] for p in old}
     assert all(f"removed at CSN {removal}" in why for why in removed.values())
@@ -368,7 +415,9 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
         with pytest.raises(SnapshotUnavailable, match="older than retained"):
             c.changes(t, reader.snapshot, removal)
         assert sorted_rows(c.read(t)) == sorted_rows(data([100, 101]))
-        assert sorted_rows(c.read(other, snapshot=reader.snapshot)) == sorted_rows(data([7]))  # nothing of it was removed
+        assert sorted_rows(c.read(other, snapshot=reader.snapshot)) == sorted_rows(
+            data([7])
+        )  # nothing of it was removed
         assert c.changes(t, removal).num_rows == 0
     # A second pass finds nothing more to do for this table.
     again = c0.gc()
@@ -377,16 +426,18 @@ def test_gc_keeps_what_a_snapshot_on_another_replica_sees(manual: LocalCluster) 
         c.close()
 
 
-def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
-                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_plain_read_pins_nothing_once_it_returned(
+    zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Beyond the retention window only snapshots in use are protected
     (docs/rules.md#history-retention): after plain reads of an old snapshot (by snapshot, as_of,
     changes; on both replicas) have returned, a pass deletes the parts removed after it at once,
     although read_lease_seconds (for Spark jobs) is the default 300 s; while a read is in progress
     (its lease taken, not released) the pass keeps them."""
     t = "lease_read"
-    with make_cluster(tmp_path_factory, zk_server, "lease_read", replicas=2,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "lease_read", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+    ) as c:
         c0, c1 = c.client(0), c.client(1)
         c0.create_table(t, SCHEMA, auto_merge=False)
         for i in range(2):
@@ -406,8 +457,11 @@ def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
             assert cl.read(t, as_of=between).num_rows == 2
             assert cl.changes(t, 0, old_snapshot).num_rows == 2
         # Replica 1 publishes what it has in use every half second.
-        wait_until(lambda: alive_node(c, 1).get("oldest_snapshot", 0) >= removal, 10,
-                   "replica 1 to publish that its reads hold nothing")
+        wait_until(
+            lambda: alive_node(c, 1).get("oldest_snapshot", 0) >= removal,
+            10,
+            "replica 1 to publish that its reads hold nothing",
+        )
         report = c0.gc()
         assert {r["path"] for r in report["removed"] if r["table"] == t} == set(old), report
         assert not [k for k in report["kept"] if k["table"] == t], report
@@ -422,8 +476,11 @@ def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
         c1.wait_for(tx.csn)
         reading = c1.call("visible", table=t, snapshot=snap)
         assert [m["path"] for m in reading["parts"]] == before and reading["lease"]
-        wait_until(lambda: any(s == snap for s, _ in alive_node(c, 1).get("snapshots", ())), 10,
-                   "replica 1 to publish the read's snapshot")
+        wait_until(
+            lambda: any(s == snap for s, _ in alive_node(c, 1).get("snapshots", ())),
+            10,
+            "replica 1 to publish the read's snapshot",
+        )
         report = c0.gc()
         kept = {k["path"]: k["reason"] for k in report["kept"] if k["table"] == t}
         assert set(kept) == set(before) and all(f"a read at snapshot {snap}" in why for why in kept.values()), kept
@@ -431,8 +488,11 @@ def test_a_plain_read_pins_nothing_once_it_returned(zk_server: ZooKeeperServer,
         assert c1.call("renew", lease=reading["lease"])["renewed"]
         assert c1.call("release", lease=reading["lease"]) == {"released": True}
         assert not c1.call("renew", lease=reading["lease"])["renewed"]
-        wait_until(lambda: {r["path"] for r in c0.gc()["removed"] if r["table"] == t} == set(before), 10,
-                   "a pass that removes the parts once the read released its lease")
+        wait_until(
+            lambda: {r["path"] for r in c0.gc()["removed"] if r["table"] == t} == set(before),
+            10,
+            "a pass that removes the parts once the read released its lease",
+        )
         for cl in (c0, c1):
             assert sorted_rows(cl.read(t)) == sorted_rows(data([20]))
             cl.close()
@@ -473,8 +533,11 @@ def test_orphans_are_collected_after_the_grace_period(manual: LocalCluster) -> N
     staged = [p for p in storage.list(f"{t}/") if running.id in p and p.endswith(".parquet")]
     assert len(staged) == 1
     age(staged[0])
-    wait_until(lambda: running.id in alive_node(manual, 1).get("running", ()), 10,
-               "replica 1 to publish its running transaction")
+    wait_until(
+        lambda: running.id in alive_node(manual, 1).get("running", ()),
+        10,
+        "replica 1 to publish its running transaction",
+    )
 
     report = c0.gc()
     removed = {r["path"]: r["reason"] for r in report["removed"] if r["table"] == t}
@@ -531,15 +594,16 @@ def test_changes_by_id_and_by_time_row_by_row(manual: LocalCluster) -> None:
             with c.transaction() as tx:
                 body(tx)
             return tx.csn
+
         return run
 
-    step(txn(lambda tx: tx.insert(t, data([0, 1, 2, 3, 4, 5], p=[0, 1, 0, 1, 0, 1]))))   # 1 insert
-    step(txn(lambda tx: tx.insert(t, data([6, 7, 8, 9], p=[0, 1, 0, 1]))))                # 2 insert
-    step(txn(lambda tx: tx.delete(t, pc.field("id").isin([0, 3, 6, 9]))))                    # 3 delete
-    step(txn(lambda tx: tx.overwrite(t, data([100, 101, 102], p=1), partitions=[1])))     # 4 overwrite
-    step(lambda: c.compact(t, kind="major"))                                              # 5 merge
-    step(txn(lambda tx: tx.update(t, pc.field("id") == 2, {"v": "u"})))                  # 6 update
-    step(txn(lambda tx: tx.insert(t, data([200], p=0))))                                  # 7 insert
+    step(txn(lambda tx: tx.insert(t, data([0, 1, 2, 3, 4, 5], p=[0, 1, 0, 1, 0, 1]))))  # 1 insert
+    step(txn(lambda tx: tx.insert(t, data([6, 7, 8, 9], p=[0, 1, 0, 1]))))  # 2 insert
+    step(txn(lambda tx: tx.delete(t, pc.field("id").isin([0, 3, 6, 9]))))  # 3 delete
+    step(txn(lambda tx: tx.overwrite(t, data([100, 101, 102], p=1), partitions=[1])))  # 4 overwrite
+    step(lambda: c.compact(t, kind="major"))  # 5 merge
+    step(txn(lambda tx: tx.update(t, pc.field("id") == 2, {"v": "u"})))  # 6 update
+    step(txn(lambda tx: tx.insert(t, data([200], p=0))))  # 7 insert
     MERGE = 5
 
     def split(ch: pa.Table) -> tuple[Counter, Counter]:

@@ -69,9 +69,7 @@ def test_write_read_list_delete_round_trip(options, s3, request):
     meta = write_part(st, "events", ["k"], ("a",), data.slice(0, 1), "T1-1-h")
     meta2 = write_part(st, "events", [], (), data, "T1-1-h")
     keys = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=prefix)["Contents"])
-    assert keys == sorted(
-        f"{prefix}/{p}" for p in [meta.path, meta.meta_path, meta2.path, meta2.meta_path]
-    )
+    assert keys == sorted(f"{prefix}/{p}" for p in [meta.path, meta.meta_path, meta2.path, meta2.meta_path])
     assert st.list() == sorted([meta.path, meta.meta_path, meta2.path, meta2.meta_path])
     assert st.list("events/k=a/") == sorted([meta.path, meta.meta_path])
     assert read_part(st, meta).equals(data.slice(0, 1))

@@ -35,8 +35,11 @@ def test_the_api_names_are_the_objects_they_are_elsewhere() -> None:
 def test_the_errors_are_the_same_classes() -> None:
     from mergetxn.errors import InvalidInput, PermissionDenied
 
-    classes = {n: c for n, c in vars(coordinator.errors).items()
-               if inspect.isclass(c) and issubclass(c, Exception) and c.__module__ == "coordinator.errors"}
+    classes = {
+        n: c
+        for n, c in vars(coordinator.errors).items()
+        if inspect.isclass(c) and issubclass(c, Exception) and c.__module__ == "coordinator.errors"
+    }
     assert "MergetxnError" in classes and len(classes) >= 10
     for name, cls in classes.items():
         assert getattr(mergetxn.errors, name) is cls, name
@@ -53,8 +56,10 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 
 
 def test_importing_mergetxn_loads_neither_the_client_nor_pyspark() -> None:
-    code = ("import sys, mergetxn; import mergetxn.cli; "
-            "print(sorted(m for m in ('coordinator.client', 'coordinator.api.client', 'pyspark', 'spark.native') if m in sys.modules))")
+    code = (
+        "import sys, mergetxn; import mergetxn.cli; "
+        "print(sorted(m for m in ('coordinator.client', 'coordinator.api.client', 'pyspark', 'spark.native') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 

@@ -40,9 +40,18 @@ PSCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string())])
 
 @pytest.fixture(scope="module")
 def win(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "retention", replicas=3, settings={
-        "retention_seconds": 3600, "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1,
-    }) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "retention",
+        replicas=3,
+        settings={
+            "retention_seconds": 3600,
+            "merge_interval": 0,
+            "gc_interval": 0,
+            "read_lease_seconds": 1,
+        },
+    ) as c:
         yield c
 
 
@@ -78,8 +87,13 @@ def test_retention_is_set_altered_and_described(win: LocalCluster, c0: Client) -
     assert win.client(2).describe_table("rt_own", snapshot=csn)["retention_seconds"] == 120.5
     c0.alter_table("rt_own", retention_seconds=None)  # back to the replicas' default
     assert c0.describe_table("rt_own")["retention_seconds"] == 3600
-    c0.create_table("rt_keys", pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64())]),
-                    primary_key=["k"], conflict_policy="keys", retention_seconds=0)
+    c0.create_table(
+        "rt_keys",
+        pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.int64())]),
+        primary_key=["k"],
+        conflict_policy="keys",
+        retention_seconds=0,
+    )
     c0.alter_table("rt_keys", retention_seconds=7)  # any table, keys tables included
     assert c0.describe_table("rt_keys")["retention_seconds"] == 7
 
@@ -120,8 +134,7 @@ def test_cli_table_create_alter_describe(win: LocalCluster) -> None:
 
 
 # -- within the window ----------------------------------------------------------------------------
-def test_snapshots_and_changes_in_the_window_survive_compaction_and_cleanup(win: LocalCluster,
-                                                                            c0: Client) -> None:
+def test_snapshots_and_changes_in_the_window_survive_compaction_and_cleanup(win: LocalCluster, c0: Client) -> None:
     """Issue 19's first defect: a compaction replaced the parts a snapshot saw, then cleanup ran;
     the snapshot, time travel to it and changes from it must still read on every replica, and the
     cleanup report says the parts are kept for the window, and until when."""
@@ -199,8 +212,9 @@ def test_zero_keeps_only_snapshots_in_use(win: LocalCluster, c0: Client) -> None
     wait_until(named, 30, "the reader's snapshot to keep the part")
     assert rows(reader.read(t)) == [0, 1, 2]
     reader.rollback()
-    removed = wait_until(lambda: [r for r in c0.gc()["removed"] if r["table"] == t], 30,
-                         "cleanup to take the part once the reader ended")
+    removed = wait_until(
+        lambda: [r for r in c0.gc()["removed"] if r["table"] == t], 30, "cleanup to take the part once the reader ended"
+    )
     assert len(removed) == 1
     for c in every_replica(win):
         with pytest.raises(SnapshotUnavailable, match="keeps history for 0s"):
@@ -209,14 +223,20 @@ def test_zero_keeps_only_snapshots_in_use(win: LocalCluster, c0: Client) -> None
 
 
 def test_the_gc_node_keeps_horizons_only_of_tables_with_parts_in_storage(
-        tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> None:
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> None:
     """Once cleanup collected every removed part at or below a table's removals (``collected``
     is one number for the cluster: a part kept for a longer window holds it back), that table's
     horizon leaves the gc node (what it could say is covered by ``legacy``), so the node holds
     the tables with removals still in storage, not every table ever cleaned; reads keep being
     refused alike."""
-    with make_cluster(tmp_path_factory, zk_server, "retention-node", replicas=1, settings={
-            "retention_seconds": 0, "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1}) as win:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "retention-node",
+        replicas=1,
+        settings={"retention_seconds": 0, "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1},
+    ) as win:
         c0 = win.client(0)
         _horizon_goes(win, c0)
         c0.close()
@@ -279,15 +299,20 @@ def test_marks_parse_old_and_refuse_garbage() -> None:
     assert old.legacy == 12 and old.may_be_gone("any", 12, None)
     new = Marks.parse(Marks(4, 3, {"t": 1.5}, 0).to_bytes("r0"), "/gc")
     assert (new.watermark, new.collected, dict(new.horizons)) == (4, 3, {"t": 1.5})
-    for bad in (b"[", b"[]", b'{"watermark": -1}', b'{"watermark": 1, "horizons": {"t": "x"}}',
-                b'{"watermark": 1, "horizons": {"t": NaN}}', b'{"watermark": true}'):
+    for bad in (
+        b"[",
+        b"[]",
+        b'{"watermark": -1}',
+        b'{"watermark": 1, "horizons": {"t": "x"}}',
+        b'{"watermark": 1, "horizons": {"t": NaN}}',
+        b'{"watermark": true}',
+    ):
         with pytest.raises(CorruptMetadata, match="/gc"):
             Marks.parse(bad, "/gc")
 
 
 # -- a part name is committed at most once (issue 19's second and third defects) ------------------
-def test_a_repeated_one_call_commit_is_answered_with_its_csn_and_changes_nothing(win: LocalCluster,
-                                                                                  c0: Client) -> None:
+def test_a_repeated_one_call_commit_is_answered_with_its_csn_and_changes_nothing(win: LocalCluster, c0: Client) -> None:
     """A writer that re-sends its batch after a lost answer: within the grace window it used to
     commit again at a new CSN B (a read at A then returned nothing); past half the grace period
     it was refused and the client deleted the committed files. Now: the same commit, its CSN."""
@@ -306,8 +331,7 @@ def test_a_repeated_one_call_commit_is_answered_with_its_csn_and_changes_nothing
     assert (Path(win.storage_url) / meta.path).exists()
 
 
-def test_a_committed_part_in_another_commit_is_refused_and_every_file_stays(win: LocalCluster,
-                                                                            c0: Client) -> None:
+def test_a_committed_part_in_another_commit_is_refused_and_every_file_stays(win: LocalCluster, c0: Client) -> None:
     t = "rt_twice"
     c0.create_table(t, SCHEMA)
     meta = write_part(c0.storage, t, [], (), id_rows(3), "job-2")
@@ -338,9 +362,11 @@ def test_a_part_cannot_name_another_tables_file(win: LocalCluster, c0: Client) -
     victim = write_part(c0.storage, "rt_victim", [], (), id_rows(3), "job-4")
     c0.commit_parts("rt_victim", [victim])
     mine = write_part(c0.storage, "rt_thief", [], (), id_rows(1), "job-5")
-    forged = [dataclasses.replace(mine, path=victim.path, size=victim.size, checksum=victim.checksum),
-              dataclasses.replace(mine, path="rt_thief/_/" + victim.name + ".parquet"),
-              dataclasses.replace(victim, table="rt_thief", path="rt_thief/_/" + victim.name + ".parquet")]
+    forged = [
+        dataclasses.replace(mine, path=victim.path, size=victim.size, checksum=victim.checksum),
+        dataclasses.replace(mine, path="rt_thief/_/" + victim.name + ".parquet"),
+        dataclasses.replace(victim, table="rt_thief", path="rt_thief/_/" + victim.name + ".parquet"),
+    ]
     tx = c0.begin()
     for f in forged:
         with pytest.raises(InvalidInput, match="names the file|committed at CSN"):

@@ -39,6 +39,7 @@ POLICIES = ["parts", "maxcompute", "append"]
 # ---------------------------------------------------------------------------------------------
 # Pure: the rule, the targets, the inputs
 
+
 def _touch(tid: str, csn: int, partition: tuple, lo: int, hi: int, added: bool = True, table: str = "t") -> Touch:
     return Touch(tid, csn, table, f"part-{tid}-{csn}", partition, {"id": (lo, hi)}, added)
 
@@ -55,8 +56,9 @@ def test_rule_partitions_and_statistics() -> None:
     # Its own parts never count.
     assert check_reads("me", [every], [_touch("me", 5, ("A",), 0, 9)], shapes) is None
     # A part added or removed that may hold a row read: the first by CSN wins.
-    err = check_reads("me", [low, in_a], [_touch("w2", 7, ("B",), 5, 5), _touch("w1", 6, ("A",), 50, 60, added=False)],
-                      shapes)
+    err = check_reads(
+        "me", [low, in_a], [_touch("w2", 7, ("B",), 5, 5), _touch("w1", 6, ("A",), 50, 60, added=False)], shapes
+    )
     assert isinstance(err, ConflictError) and err.kind is ConflictKind.READ_SET_CHANGED
     assert (err.winner, err.details["table"], err.details["partition"], err.details["csn"]) == ("w1", "t", ["A"], 6)
     assert "removed" in err.message and "serializable" in err.message
@@ -92,6 +94,7 @@ def test_input_checks() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Against replicas
+
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
@@ -278,14 +281,20 @@ def test_bad_isolation(c0: Client) -> None:
 
 
 @pytest.fixture(scope="module")
-def held_cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        tuple[coordinator.LocalCluster, Path]]:
+def held_cluster(
+    zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[coordinator.LocalCluster, Path]]:
     """Two replicas; replica 0 with failpoints, replica 1 restarted without them (so a commit held
     on replica 0 never holds replica 1's)."""
     points = tmp_path_factory.mktemp("serial_failpoints")
-    with make_cluster(tmp_path_factory, zk_server, "serial_held", replicas=2,
-                      settings={"gc_interval": 0, "merge_interval": 0},
-                      env={"MERGETXN_FAILPOINTS": str(points)}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        zk_server,
+        "serial_held",
+        replicas=2,
+        settings={"gc_interval": 0, "merge_interval": 0},
+        env={"MERGETXN_FAILPOINTS": str(points)},
+    ) as c:
         c.stop_replica(1)
         c.start_replica(1)
         yield c, points
@@ -293,7 +302,8 @@ def held_cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_commit_between_the_decision_and_the_multi_is_caught(
-        held_cluster: tuple[coordinator.LocalCluster, Path], policy: str) -> None:
+    held_cluster: tuple[coordinator.LocalCluster, Path], policy: str
+) -> None:
     """Replica 0 decides a serializable commit and is held just before its multi; replica 1 then
     commits an INSERT into the partition it read (under ``parts`` such an INSERT moves no conflict
     target: the table's write counter catches it). Released, the multi misses and the decision,

@@ -32,8 +32,7 @@ pytestmark = pytest.mark.zk
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "lifecycle", replicas=2,
-                      settings={"gc_grace_seconds": 3600}) as c:
+    with make_cluster(tmp_path_factory, zk_server, "lifecycle", replicas=2, settings={"gc_grace_seconds": 3600}) as c:
         yield c
 
 
@@ -70,7 +69,11 @@ def test_drop_is_a_transaction_at_a_csn(cluster: coordinator.LocalCluster, c0: C
     assert c0.read("dropme").num_rows == 0
     with c0.transaction() as tx:
         tx.insert("dropme", pa.table({"k": ["a"]}, schema=schema))
-    assert c1.read("dropme").to_pylist() == [{"k": "a"}] or c1.wait_for(tx.csn) or c1.read("dropme").to_pylist() == [{"k": "a"}]
+    assert (
+        c1.read("dropme").to_pylist() == [{"k": "a"}]
+        or c1.wait_for(tx.csn)
+        or c1.read("dropme").to_pylist() == [{"k": "a"}]
+    )
     assert ids(c0.read("dropme", snapshot=before)) == [0, 1, 2]
     with pytest.raises(TableNotFound):
         c0.read("dropme", snapshot=drop)
@@ -128,7 +131,8 @@ def test_drop_in_a_transaction_cannot_write_the_table(c0: Client) -> None:
 
 
 def test_gc_collects_a_dropped_table_only_when_no_snapshot_in_use_sees_it(
-        cluster: coordinator.LocalCluster, c0: Client, c1: Client) -> None:
+    cluster: coordinator.LocalCluster, c0: Client, c1: Client
+) -> None:
     c0.create_table("collect", ID_V, auto_merge=False)
     with c0.transaction() as tx:
         tx.insert("collect", id_rows(3))
@@ -145,8 +149,11 @@ def test_gc_collects_a_dropped_table_only_when_no_snapshot_in_use_sees_it(
     assert kept and all("snapshot" in k["reason"] for k in kept), report
     holder.rollback()
     # once replica 1 publishes that the holder ended, a pass collects the files
-    wait_until(lambda: (c0.gc(), part_files(cluster, "collect") == set())[1], 30,
-               "a cleanup pass that collects the dropped table's files")
+    wait_until(
+        lambda: (c0.gc(), part_files(cluster, "collect") == set())[1],
+        30,
+        "a cleanup pass that collects the dropped table's files",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,8 +162,9 @@ def test_gc_collects_a_dropped_table_only_when_no_snapshot_in_use_sees_it(
 
 def test_describe(c0: Client) -> None:
     schema = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
-    created = c0.create_table("described", schema, partition_by=["p"], primary_key=["id"],
-                              conflict_policy="append", auto_merge=False)
+    created = c0.create_table(
+        "described", schema, partition_by=["p"], primary_key=["id"], conflict_policy="append", auto_merge=False
+    )
     with c0.transaction() as tx:
         tx.insert("described", pa.table({"p": [1, 1, 2], "id": [1, 2, 3], "v": ["a", "b", "c"]}, schema=schema))
     d = c0.describe_table("described")
@@ -193,7 +201,9 @@ def test_add_column(c0: Client, c1: Client) -> None:
     tx.commit()
     c0.wait_for(tx.csn)
     assert sorted(c0.read("grow").to_pylist(), key=lambda r: r["id"])[-2:] == [
-        {"id": 4, "v": "v4", "n": None}, {"id": 5, "v": "x", "n": 7}]
+        {"id": 4, "v": "v4", "n": None},
+        {"id": 5, "v": "x", "n": 7},
+    ]
     assert c0.read("grow", where=pc.field("n") == 7).num_rows == 1
     assert c0.read("grow", where=pc.field("n").is_null()).num_rows == 3
     d = c0.describe_table("grow")
@@ -201,8 +211,11 @@ def test_add_column(c0: Client, c1: Client) -> None:
     # compaction merges parts of both schema versions
     c0.compact("grow", kind="major")
     assert sorted(c0.read("grow").to_pylist(), key=lambda r: r["id"]) == [
-        {"id": 0, "v": "v0", "n": None}, {"id": 1, "v": "v1", "n": None}, {"id": 4, "v": "v4", "n": None},
-        {"id": 5, "v": "x", "n": 7}]
+        {"id": 0, "v": "v0", "n": None},
+        {"id": 1, "v": "v1", "n": None},
+        {"id": 4, "v": "v4", "n": None},
+        {"id": 5, "v": "x", "n": 7},
+    ]
     # changes see the schema at their end
     ch = c0.changes("grow", 0, old)
     assert ch.schema.names == ["id", "v", "_change", "_csn"]
@@ -224,11 +237,14 @@ def test_rename_column(c0: Client, c1: Client) -> None:
         tx.insert("renamed", pa.table({"id": [9], "label": ["new"]}))
         tx.delete("renamed", pc.field("label") == "v0")
     assert sorted(c1.read("renamed").column("label").to_pylist()) == ["new", "v1"] or (
-        c1.wait_for(tx.csn) or sorted(c1.read("renamed").column("label").to_pylist()) == ["new", "v1"])
+        c1.wait_for(tx.csn) or sorted(c1.read("renamed").column("label").to_pylist()) == ["new", "v1"]
+    )
     # swap two names in one alter
     c0.alter_table("renamed", rename_columns={"label": "id2", "id": "label"})
     assert sorted(c0.read("renamed").to_pylist(), key=lambda r: r["label"]) == [
-        {"label": 1, "id2": "v1"}, {"label": 9, "id2": "new"}]
+        {"label": 1, "id2": "v1"},
+        {"label": 9, "id2": "new"},
+    ]
 
 
 def test_a_transaction_begun_before_an_alter_still_commits(c0: Client, c1: Client) -> None:
@@ -323,8 +339,21 @@ def test_cli_table_subcommands(cluster: coordinator.LocalCluster, c0: Client) ->
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["name"] == "clitab" and [c["name"] for c in d["columns"]] == ["id", "v"]
-    r = runner.invoke(main, ["table", "alter", "clitab", "--replica", addr, "--add-column", "n:int64",
-                             "--rename-column", "v=label", "--json"])
+    r = runner.invoke(
+        main,
+        [
+            "table",
+            "alter",
+            "clitab",
+            "--replica",
+            addr,
+            "--add-column",
+            "n:int64",
+            "--rename-column",
+            "v=label",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert c0.describe_table("clitab")["schema"].names == ["id", "label", "n"]
     r = runner.invoke(main, ["table", "alter", "clitab", "--replica", addr, "--rename-column", "ghost=x"])

@@ -31,6 +31,7 @@ KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.s
 # ---------------------------------------------------------------------------------------------
 # Pure
 
+
 def test_definition_round_trip_and_old_definitions_unchanged() -> None:
     plain = TableDef.new("p", ID_V)
     assert "txn_max_seconds" not in plain.to_dict() and "txn_max_rows" not in plain.to_dict()
@@ -48,13 +49,23 @@ def test_keys_tables_get_the_seed_defaults() -> None:
     assert TableDef.new("p", ID_V).txn_max_seconds is None
 
 
-@pytest.mark.parametrize("kw", [
-    {"txn_max_seconds": 0}, {"txn_max_seconds": -1}, {"txn_max_seconds": "5"}, {"txn_max_seconds": True},
-    {"txn_max_seconds": float("nan")}, {"txn_max_seconds": float("inf")},
-    {"txn_max_rows": 0}, {"txn_max_rows": 1.5}, {"txn_max_rows": -3}, {"txn_max_rows": True},
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"txn_max_seconds": 0},
+        {"txn_max_seconds": -1},
+        {"txn_max_seconds": "5"},
+        {"txn_max_seconds": True},
+        {"txn_max_seconds": float("nan")},
+        {"txn_max_seconds": float("inf")},
+        {"txn_max_rows": 0},
+        {"txn_max_rows": 1.5},
+        {"txn_max_rows": -3},
+        {"txn_max_rows": True},
+    ],
+)
 def test_bad_limits_are_invalid_input_naming_the_value(kw: dict) -> None:
-    (key, value), = kw.items()
+    ((key, value),) = kw.items()
     with pytest.raises(InvalidInput, match=key) as exc:
         TableDef.new("t", ID_V, **kw)
     assert repr(value) in exc.value.message
@@ -75,8 +86,7 @@ def test_effective_limits_take_the_smallest() -> None:
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "limits", replicas=2,
-                      settings={"gc_grace_seconds": 3600}) as c:
+    with make_cluster(tmp_path_factory, zk_server, "limits", replicas=2, settings={"gc_grace_seconds": 3600}) as c:
         yield c
 
 
@@ -124,8 +134,11 @@ def test_past_the_time_limit_the_sweeper_aborts(cluster, c0: Client, c1: Client)
     files = part_files(cluster, "timelim")
     tx = c0.begin()
     tx.insert("timelim", id_rows(2))
-    status = wait_until(lambda: (s := c0.commit_status(tx.id)).status == "aborted" and s, timeout=10,
-                        what="the sweeper aborting the transaction")
+    status = wait_until(
+        lambda: (s := c0.commit_status(tx.id)).status == "aborted" and s,
+        timeout=10,
+        what="the sweeper aborting the transaction",
+    )
     assert "txn_max_seconds" in status.reason and "'timelim'" in status.reason and "0.5s" in status.reason
     with pytest.raises(TransactionAborted, match="timelim"):
         tx.commit()
@@ -163,6 +176,7 @@ def test_describe_and_keys_defaults(cluster, c0: Client, c1: Client) -> None:
 # ---------------------------------------------------------------------------------------------
 # The command line
 
+
 @pytest.mark.zk
 def test_cli_create_keys_table_and_describe(cluster, c0: Client) -> None:
     import json
@@ -172,9 +186,31 @@ def test_cli_create_keys_table_and_describe(cluster, c0: Client) -> None:
     from mergetxn.cli import cli as main
 
     runner, addr = CliRunner(), cluster.replica_addresses[0]
-    r = runner.invoke(main, ["table", "create", "clikeys", "--replica", addr, "--schema", "k:int64!,a:string,b:int64",
-                             "--policy", "keys", "--primary-key", "k", "--lock-group", "ga=a",
-                             "--lock-group", "gb=b", "--atomicity", "none", "--txn-max-rows", "50", "--json"])
+    r = runner.invoke(
+        main,
+        [
+            "table",
+            "create",
+            "clikeys",
+            "--replica",
+            addr,
+            "--schema",
+            "k:int64!,a:string,b:int64",
+            "--policy",
+            "keys",
+            "--primary-key",
+            "k",
+            "--lock-group",
+            "ga=a",
+            "--lock-group",
+            "gb=b",
+            "--atomicity",
+            "none",
+            "--txn-max-rows",
+            "50",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["policy"] == "keys" and out["lock_groups"] == {"ga": ["a"], "gb": ["b"]} and out["txn_max_rows"] == 50
@@ -186,15 +222,33 @@ def test_cli_create_keys_table_and_describe(cluster, c0: Client) -> None:
     r = runner.invoke(main, ["table", "describe", "clikeys", "--replica", addr])
     assert r.exit_code == 0 and "ga=a" in r.output and "atomicity none" in r.output and "50 rows" in r.output
     # a parts table: no limits of its own
-    r = runner.invoke(main, ["table", "create", "cliparts", "--replica", addr, "--schema", "id:int64",
-                             "--txn-max-seconds", "2.5"])
+    r = runner.invoke(
+        main, ["table", "create", "cliparts", "--replica", addr, "--schema", "id:int64", "--txn-max-seconds", "2.5"]
+    )
     assert r.exit_code == 0, r.output
     d = json.loads(runner.invoke(main, ["table", "describe", "cliparts", "--replica", addr, "--json"]).output)
     assert (d["txn_max_seconds"], d["txn_max_rows"], d["lock_groups"], d["atomicity"]) == (2.5, None, {}, "full")
     # bad values: a usage error naming them
-    r = runner.invoke(main, ["table", "create", "clibad", "--replica", addr, "--schema", "id:int64",
-                             "--txn-max-rows", "0"])
+    r = runner.invoke(
+        main, ["table", "create", "clibad", "--replica", addr, "--schema", "id:int64", "--txn-max-rows", "0"]
+    )
     assert r.exit_code == 2 and "txn_max_rows" in r.output
-    r = runner.invoke(main, ["table", "create", "clibad", "--replica", addr, "--schema", "k:int64!",
-                             "--policy", "keys", "--primary-key", "k", "--lock-group", "nocols"])
+    r = runner.invoke(
+        main,
+        [
+            "table",
+            "create",
+            "clibad",
+            "--replica",
+            addr,
+            "--schema",
+            "k:int64!",
+            "--policy",
+            "keys",
+            "--primary-key",
+            "k",
+            "--lock-group",
+            "nocols",
+        ],
+    )
     assert r.exit_code == 2 and "--lock-group" in r.output

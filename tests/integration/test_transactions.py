@@ -38,8 +38,6 @@ PSCHEMA = pa.schema([("p", pa.int64()), ("id", pa.int64()), ("v", pa.string())])
 # Fixtures and helpers
 
 
-
-
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     """One 3-replica cluster for the module (tests use distinct table names)."""
@@ -48,8 +46,10 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 
 
 def prows(p: int, ids: list[int], tag: str = "x") -> pa.Table:
-    return pa.table({"p": pa.array([p] * len(ids), pa.int64()), "id": pa.array(ids, pa.int64()),
-                     "v": [f"{tag}{i}" for i in ids]}, schema=PSCHEMA)
+    return pa.table(
+        {"p": pa.array([p] * len(ids), pa.int64()), "id": pa.array(ids, pa.int64()), "v": [f"{tag}{i}" for i in ids]},
+        schema=PSCHEMA,
+    )
 
 
 def as_set(t: pa.Table, *cols: str) -> set[tuple]:
@@ -61,8 +61,6 @@ def as_set(t: pa.Table, *cols: str) -> set[tuple]:
 def storage_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
     root = Path(cluster.storage_url) / table
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()} if root.exists() else set()
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,8 +150,9 @@ def test_snapshot_isolation_across_replicas(c0: Client, c1: Client) -> None:
         assert ids(fresh.read("si")) == [0, 1, 2, 9, 20, 21, 22, 23]
 
 
-def test_commit_on_one_replica_readable_on_another_at_its_csn(c0: Client, c1: Client,
-                                                              cluster: coordinator.LocalCluster) -> None:
+def test_commit_on_one_replica_readable_on_another_at_its_csn(
+    c0: Client, c1: Client, cluster: coordinator.LocalCluster
+) -> None:
     """read(snapshot=csn) on replica 0 waits until it has applied replica 1's commit."""
     c1.create_table("xrep", SCHEMA)
     csn = commit_insert(c1, "xrep", id_rows(6))
@@ -190,8 +189,9 @@ def test_time_travel_by_snapshot_and_as_of(c0: Client, c1: Client) -> None:
 # Group commit and atomicity
 
 
-def simultaneous_commits(cluster: coordinator.LocalCluster, table: str, n: int, start: int,
-                         overwrite: int | None = None) -> tuple[list[Transaction], list[int | BaseException], list[Client]]:
+def simultaneous_commits(
+    cluster: coordinator.LocalCluster, table: str, n: int, start: int, overwrite: int | None = None
+) -> tuple[list[Transaction], list[int | BaseException], list[Client]]:
     """``n`` transactions on replica 2, each inserting one row (ids ``start``..; transaction
     ``overwrite`` overwrites the table with its row instead), all begun before any commits, then
     committed at once from ``n`` threads (a barrier)."""
@@ -308,8 +308,9 @@ def test_multi_table_commit_is_atomic_at_one_csn(c0: Client, c1: Client) -> None
 
 
 @pytest.fixture
-def epoch_cluster(zk_server: ZooKeeperServer,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+def epoch_cluster(
+    zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[coordinator.LocalCluster]:
     with make_cluster(tmp_path_factory, zk_server, "epochs", replicas=2, epoch_size=3) as c:
         yield c
 
@@ -367,8 +368,9 @@ def test_epoch_rollover(epoch_cluster: coordinator.LocalCluster) -> None:
 def test_update_and_delete_with_expressions(c0: Client, c1: Client) -> None:
     schema = pa.schema([("id", pa.int64()), ("n", pa.int64()), ("v", pa.string())])
     c0.create_table("mut", schema)
-    data = pa.table({"id": list(range(10)), "n": [i * 10 for i in range(10)],
-                     "v": [f"s{i}" for i in range(10)]}, schema=schema)
+    data = pa.table(
+        {"id": list(range(10)), "n": [i * 10 for i in range(10)], "v": [f"s{i}" for i in range(10)]}, schema=schema
+    )
     commit_insert(c0, "mut", data)
     with c0.transaction() as tx:
         assert tx.delete("mut", pc.field("id") >= 7) == 3
@@ -379,8 +381,13 @@ def test_update_and_delete_with_expressions(c0: Client, c1: Client) -> None:
         assert tx.delete("mut", pc.field("v") == "nothing-matches") == 0
     got = {r["id"]: (r["n"], r["v"]) for r in c1.read("mut", snapshot=tx.csn).to_pylist()}
     assert got == {
-        0: (0, "even"), 1: (10, "s1"), 2: (22, "even"), 3: (30, "s3"),
-        4: (44, "even"), 5: (50, "s5"), 6: (66, "even"),
+        0: (0, "even"),
+        1: (10, "s1"),
+        2: (22, "even"),
+        3: (30, "s3"),
+        4: (44, "even"),
+        5: (50, "s5"),
+        6: (66, "even"),
     }
     # A null-aware predicate and setting null.
     with c0.transaction() as tx2:
@@ -440,8 +447,7 @@ def test_parts_columns_after_insert_and_delete(c0: Client) -> None:
     with c0.transaction() as ins:
         ins.insert("pv", pa.concat_tables([prows(1, [1, 2, 3]), prows(2, [4])]))
     p = c0.parts("pv")
-    for col in ("name", "partition", "rows", "creation_tid", "creation_csn", "removal_tid", "removal_csn",
-                "visible"):
+    for col in ("name", "partition", "rows", "creation_tid", "creation_csn", "removal_tid", "removal_csn", "visible"):
         assert col in p.column_names
     recs = {json.loads(r["partition"])[0]: r for r in p.to_pylist()}
     assert set(recs) == {1, 2}
@@ -555,8 +561,9 @@ def test_commit_parts_overwrite_replaces_what_its_snapshot_sees(c0: Client) -> N
     commit_insert(c0, "cparts_ow", pa.concat_tables([prows(1, [1, 2]), prows(2, [3])]))
     csn = c0.commit_parts("cparts_ow", [written(c0, "cparts_ow", prows(1, [7]), (1,))], op="overwrite")
     assert as_set(c0.read("cparts_ow", snapshot=csn), "p", "id") == {(1, 7), (2, 3)}
-    csn = c0.commit_parts("cparts_ow", [written(c0, "cparts_ow", prows(1, [8]), (1,))], op="overwrite",
-                          partitions=[1, 2])
+    csn = c0.commit_parts(
+        "cparts_ow", [written(c0, "cparts_ow", prows(1, [8]), (1,))], op="overwrite", partitions=[1, 2]
+    )
     assert as_set(c0.read("cparts_ow", snapshot=csn), "p", "id") == {(1, 8)}
     before = c0.snapshot()
     stray = written(c0, "cparts_ow", prows(3, [9]), (3,))
@@ -567,8 +574,9 @@ def test_commit_parts_overwrite_replaces_what_its_snapshot_sees(c0: Client) -> N
     assert c0.snapshot() == before
 
 
-def test_commit_parts_refused_changes_nothing_and_leaves_the_callers_files(cluster: coordinator.LocalCluster,
-                                                                           c0: Client) -> None:
+def test_commit_parts_refused_changes_nothing_and_leaves_the_callers_files(
+    cluster: coordinator.LocalCluster, c0: Client
+) -> None:
     """A refused one-call commit makes nothing visible, and the files it was handed stay: they are
     the caller's (issue 19: a refusal deleted a caller's valid part); cleanup collects what no
     commit names once older than the grace period."""
@@ -610,8 +618,9 @@ def test_old_parts_are_staged_only_under_their_transactions_name(c0: Client) -> 
 
 @pytest.mark.parametrize("op", ["insert", "overwrite"])  # answered on the I/O thread / a worker
 @pytest.mark.parametrize("fault", ["reply", "request"])
-def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.LocalCluster, c0: Client,
-                                                       fault: str, op: str) -> None:
+def test_commit_parts_answer_lost_is_looked_up_by_part(
+    cluster: coordinator.LocalCluster, c0: Client, fault: str, op: str
+) -> None:
     """The connection breaks during the one call: after the replica committed ('reply': the
     answer is lost), or before it heard of it ('request'). The caller gets the CSN, or a
     TransactionAborted with its files left to it; never "unknown". The same call sent again
@@ -641,8 +650,9 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(cluster: coordinator.Loca
 
 
 @pytest.mark.parametrize("fault", ["reply", "request"])
-def test_commit_answer_lost_between_client_and_replica(cluster: coordinator.LocalCluster, c0: Client,
-                                                       fault: str) -> None:
+def test_commit_answer_lost_between_client_and_replica(
+    cluster: coordinator.LocalCluster, c0: Client, fault: str
+) -> None:
     """The client's connection to its replica breaks during tx.commit(): after the replica
     committed (the answer is lost), or before it read the request. The caller gets the CSN, or
     TransactionAborted, and then the transaction is over on the replica too (not left running,

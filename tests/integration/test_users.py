@@ -90,13 +90,25 @@ MATRIX_TEXT = """
 
 def parse_matrix(text: str) -> dict[str, dict[str, bool]]:
     rows = [line.strip().strip("|").split("|") for line in text.strip().splitlines()[2:]]
-    return {cells[0].strip(): {role: cells[i + 1].strip() == "yes" for i, role in enumerate((R, W, A))}
-            for cells in rows}
+    return {
+        cells[0].strip(): {role: cells[i + 1].strip() == "yes" for i, role in enumerate((R, W, A))} for cells in rows
+    }
 
 
 MATRIX = parse_matrix(MATRIX_TEXT)
-TABLE_ARG = {"table": "t", "describe_table": "t", "parts": "t", "changes": "t", "events": "t", "visible": "t",
-             "commit_parts": "t", "compact": "t", "create_table": "t", "alter_table": "t", "commit_status": "t"}
+TABLE_ARG = {
+    "table": "t",
+    "describe_table": "t",
+    "parts": "t",
+    "changes": "t",
+    "events": "t",
+    "visible": "t",
+    "commit_parts": "t",
+    "compact": "t",
+    "create_table": "t",
+    "alter_table": "t",
+    "commit_status": "t",
+}
 TABLE_FIELD = {"describe_table": "name", "table": "name", "create_table": "name", "alter_table": "name"}
 
 
@@ -191,9 +203,13 @@ def test_user_records_keep_a_salted_hash_never_the_secret() -> None:
     for bad in (b"{", b'{"users": []}', b'{"users": {"u": {"role": "god", "secret": "s"}}}'):
         with pytest.raises(errors.CorruptMetadata, match="/n"):
             decode(bad, "/n")
-    for name, role, tables, secret, field in (("", R, None, "s" * 20, "name"), ("a/b", R, None, "s" * 20, "name"),
-                                              ("u", "root", None, "s" * 20, "role"), ("u", R, "t", "s" * 20, "tables"),
-                                              ("u", R, None, "short", "secret")):
+    for name, role, tables, secret, field in (
+        ("", R, None, "s" * 20, "name"),
+        ("a/b", R, None, "s" * 20, "name"),
+        ("u", "root", None, "s" * 20, "role"),
+        ("u", R, "t", "s" * 20, "tables"),
+        ("u", R, None, "short", "secret"),
+    ):
         with pytest.raises(errors.InvalidInput) as info:
             UserRecord.new(name, role, tables, secret)
         assert info.value.details["field"] == field and "s" * 20 not in info.value.message
@@ -208,9 +224,15 @@ QUOTA = 6  # user_max_transactions and user_max_read_leases of the module's clus
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with make_cluster(tmp_path_factory, None, "users", replicas=2, secure=True,
-                      settings={"user_max_transactions": QUOTA, "user_max_read_leases": QUOTA},
-                      env={"MERGETXN_LOG": "DEBUG,kazoo=DEBUG"}) as c:
+    with make_cluster(
+        tmp_path_factory,
+        None,
+        "users",
+        replicas=2,
+        secure=True,
+        settings={"user_max_transactions": QUOTA, "user_max_read_leases": QUOTA},
+        env={"MERGETXN_LOG": "DEBUG,kazoo=DEBUG"},
+    ) as c:
         yield c
 
 
@@ -228,8 +250,13 @@ def admin(cluster: coordinator.LocalCluster) -> Iterator[coordinator.Client]:
 @pytest.fixture(scope="module")
 def made(cluster: coordinator.LocalCluster, admin: coordinator.Client) -> dict[str, Credentials]:
     """One user per role with every table, and a writer and a reader with grants on ``t`` only."""
-    return {R: cluster.add_user("reader1", R), W: cluster.add_user("writer1", W), A: cluster.add_user("admin1", A),
-            "w_t": cluster.add_user("writer_t", W, ["t"]), "r_t": cluster.add_user("reader_t", R, ["t"])}
+    return {
+        R: cluster.add_user("reader1", R),
+        W: cluster.add_user("writer1", W),
+        A: cluster.add_user("admin1", A),
+        "w_t": cluster.add_user("writer_t", W, ["t"]),
+        "r_t": cluster.add_user("reader_t", R, ["t"]),
+    }
 
 
 def connect(cluster: coordinator.LocalCluster, creds: Credentials, i: int = 0) -> coordinator.Client:
@@ -238,8 +265,13 @@ def connect(cluster: coordinator.LocalCluster, creds: Credentials, i: int = 0) -
 
 def state(admin: coordinator.Client) -> tuple:
     """What a refused call must leave as it was: the log, the tables, the rows, the users."""
-    return (admin.snapshot(), admin.tables(), admin.read("t").num_rows, admin.read("other").num_rows,
-            [u["name"] for u in admin.users()])
+    return (
+        admin.snapshot(),
+        admin.tables(),
+        admin.read("t").num_rows,
+        admin.read("other").num_rows,
+        [u["name"] for u in admin.users()],
+    )
 
 
 def raw_args(action: str, txn: str | None, table: str = "t") -> tuple[str, dict]:
@@ -254,23 +286,38 @@ def raw_args(action: str, txn: str | None, table: str = "t") -> tuple[str, dict]
             op["where"] = "bogus"
         return "stage", {"id": txn, "ops": [op]}
     args: dict = {
-        "wait": {"snapshot": 0}, "commit_status": {"tid": txn or "0-0-r0"}, "app_version": {"app_id": "app"},
-        "flush": {"session": "s", "ack": []}, "renew": {"lease": "nope"}, "release": {"lease": "nope"}, "heartbeat": {"session": "s"},
-        "table": {"name": table}, "describe_table": {"name": table}, "parts": {"table": table},
-        "changes": {"table": table, "start": 0}, "events": {"table": table}, "visible": {"table": table},
-        "add_read": {"id": txn, "read": {"table": table, "where": None}}, "rollback": {"id": txn},
-        "commit": {"id": txn}, "set_app_version": {"id": txn, "app_id": "app", "version": 1}, "kill": {"id": txn},
-        "commit_parts": {"table": table, "added": []}, "compact": {"table": table},
+        "wait": {"snapshot": 0},
+        "commit_status": {"tid": txn or "0-0-r0"},
+        "app_version": {"app_id": "app"},
+        "flush": {"session": "s", "ack": []},
+        "renew": {"lease": "nope"},
+        "release": {"lease": "nope"},
+        "heartbeat": {"session": "s"},
+        "table": {"name": table},
+        "describe_table": {"name": table},
+        "parts": {"table": table},
+        "changes": {"table": table, "start": 0},
+        "events": {"table": table},
+        "visible": {"table": table},
+        "add_read": {"id": txn, "read": {"table": table, "where": None}},
+        "rollback": {"id": txn},
+        "commit": {"id": txn},
+        "set_app_version": {"id": txn, "app_id": "app", "version": 1},
+        "kill": {"id": txn},
+        "commit_parts": {"table": table, "added": []},
+        "compact": {"table": table},
         "create_table": {"name": "made_by_" + table, "schema": "not a schema"},
         "alter_table": {"name": table, "rename_columns": {"nope": "nope2"}},
-        "gc": {"grace_seconds": 3600}, "create_user": {"name": "zz", "role": "nobody", "secret": "s" * 20},
+        "gc": {"grace_seconds": 3600},
+        "create_user": {"name": "zz", "role": "nobody", "secret": "s" * 20},
         "drop_user": {"name": "nobody-by-that-name"},
     }.get(action, {})
     return action, args
 
 
 def test_the_role_matrix_on_the_replica_allows_or_refuses_with_nothing_changed(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     for role in (R, W, A):
         rpc = RpcClient(cluster.replica_addresses[0], 30, made[role])
         try:
@@ -298,15 +345,18 @@ def test_the_role_matrix_on_the_replica_allows_or_refuses_with_nothing_changed(
             rpc.close()
 
 
-def test_per_table_grants(cluster: coordinator.LocalCluster, admin: coordinator.Client,
-                          made: dict[str, Credentials]) -> None:
+def test_per_table_grants(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     with connect(cluster, made["w_t"], 1) as w, connect(cluster, made["r_t"]) as r:
         assert w.tables() == ["t"] and r.tables() == ["t"]  # only what they have grants on
         with w.transaction() as tx:
             tx.insert("t", pa.table({"id": [10], "k": ["w"]}))
         assert 10 in r.read("t", snapshot=tx.csn).column("id").to_pylist()
         before = state(admin)
-        with pytest.raises(errors.PermissionDenied, match=r"user 'writer_t' \(writer\) may not insert on table 'other'"):
+        with pytest.raises(
+            errors.PermissionDenied, match=r"user 'writer_t' \(writer\) may not insert on table 'other'"
+        ):
             with w.transaction() as tx:
                 tx.insert("other", ROWS)
         with pytest.raises(errors.PermissionDenied, match="'reader_t'.*read.*'other'|'reader_t'.*visible.*'other'"):
@@ -318,9 +368,9 @@ def test_per_table_grants(cluster: coordinator.LocalCluster, admin: coordinator.
         assert state(admin) == before
 
 
-def test_a_refused_statement_leaves_the_transaction_usable(cluster: coordinator.LocalCluster,
-                                                           admin: coordinator.Client,
-                                                           made: dict[str, Credentials]) -> None:
+def test_a_refused_statement_leaves_the_transaction_usable(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     with connect(cluster, made[R]) as reader, connect(cluster, made["w_t"]) as writer:
         tx = reader.begin()  # a reader begins a transaction to read
         rows = tx.read("t").num_rows
@@ -340,30 +390,39 @@ def test_a_refused_statement_leaves_the_transaction_usable(cluster: coordinator.
 
 
 def test_refusals_on_a_keys_table_name_the_statement_the_user_made(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
-    admin.create_table("kv", pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.string())]),
-                       primary_key=["k"], conflict_policy="keys")
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
+    admin.create_table(
+        "kv",
+        pa.schema([pa.field("k", pa.int64(), nullable=False), ("v", pa.string())]),
+        primary_key=["k"],
+        conflict_policy="keys",
+    )
     with admin.transaction() as tx:
         tx.upsert("kv", pa.table({"k": [1], "v": ["a"]}))
     keys_ = pa.table({"k": pa.array([1], pa.int64())})
     with connect(cluster, made[R]) as reader:
         tx = reader.begin()
         before = state(admin)
-        for statement, call in (("upsert", lambda: tx.upsert("kv", pa.table({"k": [2], "v": ["b"]}))),
-                                ("delete_keys", lambda: tx.delete_keys("kv", keys_)),
-                                ("lock_keys", lambda: tx.lock_keys("kv", keys_)),
-                                ("insert", lambda: tx.insert("kv", pa.table({"k": [3], "v": ["c"]}))),
-                                ("truncate", lambda: tx.truncate("kv"))):
-            with pytest.raises(errors.PermissionDenied,
-                               match=rf"user 'reader1' \(reader\) may not {statement} on table 'kv'"):
+        for statement, call in (
+            ("upsert", lambda: tx.upsert("kv", pa.table({"k": [2], "v": ["b"]}))),
+            ("delete_keys", lambda: tx.delete_keys("kv", keys_)),
+            ("lock_keys", lambda: tx.lock_keys("kv", keys_)),
+            ("insert", lambda: tx.insert("kv", pa.table({"k": [3], "v": ["c"]}))),
+            ("truncate", lambda: tx.truncate("kv")),
+        ):
+            with pytest.raises(
+                errors.PermissionDenied, match=rf"user 'reader1' \(reader\) may not {statement} on table 'kv'"
+            ):
                 call()
         assert tx.read("kv").num_rows == 1
         tx.commit()
         assert state(admin) == before and admin.read("kv").num_rows == 1
 
 
-def test_a_writer_kills_its_own_transactions_only(cluster: coordinator.LocalCluster, admin: coordinator.Client,
-                                                 made: dict[str, Credentials]) -> None:
+def test_a_writer_kills_its_own_transactions_only(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     with connect(cluster, made[W]) as w1, connect(cluster, made["w_t"]) as w2, connect(cluster, made[R]) as r:
         theirs = w1.begin()
         theirs.insert("t", pa.table({"id": [30], "k": ["k"]}))
@@ -388,9 +447,9 @@ def test_a_writer_kills_its_own_transactions_only(cluster: coordinator.LocalClus
             other.commit()
 
 
-def test_quotas_on_running_transactions_and_read_leases(cluster: coordinator.LocalCluster,
-                                                        admin: coordinator.Client,
-                                                        made: dict[str, Credentials]) -> None:
+def test_quotas_on_running_transactions_and_read_leases(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     q = cluster.add_user("quota_user", W)
     with connect(cluster, q) as c, connect(cluster, made[W]) as other:
         txns = [c.begin() for _ in range(QUOTA)]
@@ -414,8 +473,9 @@ def test_quotas_on_running_transactions_and_read_leases(cluster: coordinator.Loc
             c.call("release", lease=lease)
 
 
-def test_a_dropped_user_is_refused_on_every_replica(cluster: coordinator.LocalCluster, admin: coordinator.Client,
-                                                   made: dict[str, Credentials]) -> None:
+def test_a_dropped_user_is_refused_on_every_replica(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     gone = cluster.add_user("short_lived", W)
     on0, on1 = connect(cluster, gone, 0), connect(cluster, gone, 1)
     try:
@@ -448,7 +508,8 @@ def test_a_dropped_user_is_refused_on_every_replica(cluster: coordinator.LocalCl
 
 
 def test_users_are_listed_and_the_replicas_identity_is_none_of_them(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     listed = {u["name"]: u for u in admin.users()}
     assert listed["admin"]["role"] == "admin" and listed["admin"]["tables"] is None
     assert listed["writer_t"]["role"] == "writer" and listed["writer_t"]["tables"] == ["t"]
@@ -466,25 +527,40 @@ def test_users_are_listed_and_the_replicas_identity_is_none_of_them(
         assert "by_admin1" in second_admin.tables()
 
 
-def test_nothing_a_user_holds_logs_in_to_zookeeper(cluster: coordinator.LocalCluster, admin: coordinator.Client,
-                                                   made: dict[str, Credentials]) -> None:
+def test_nothing_a_user_holds_logs_in_to_zookeeper(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     root = cluster.root
     for creds in (cluster.credentials, made[W], made[R]):
-        data = json.loads(Path(cluster.workdir / "security" / "admin.json").read_text()) if creds is \
-            cluster.credentials else None
+        data = (
+            json.loads(Path(cluster.workdir / "security" / "admin.json").read_text())
+            if creds is cluster.credentials
+            else None
+        )
         assert data is None or set(data) == {"user", "secret", "ca_file"}  # nothing else to log in with
         assert creds.cert_file is None and creds.key_file is None
         with pytest.raises(errors.InvalidInput, match="replicas only"):
             creds.zk_auth()
         # What a user holds, tried as a ZooKeeper identity anyway (over the TLS-only client port,
         # tests/integration/test_zk_hardening.py): it is nobody's there.
-        for call in (lambda zk: zk.get(root), lambda zk: zk.get_children(f"{root}/log"),
-                     lambda zk: zk.get(f"{root}/users"), lambda zk: zk.set(f"{root}/users", b'{"users": {}}'),
-                     lambda zk: zk.create(f"{root}/log/forged", b"{}"),
-                     lambda zk: zk.create(f"{root}/tables/forged", b"{}"),
-                     lambda zk: zk.delete(f"{root}/fence"), lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE)):
-            zk = KazooClient(hosts=cluster.zk_address, timeout=10, use_ssl=True, ca=str(creds.ca_file),
-                             check_hostname=True, auth_data=[("digest", f"{creds.user}:{creds.secret}")])
+        for call in (
+            lambda zk: zk.get(root),
+            lambda zk: zk.get_children(f"{root}/log"),
+            lambda zk: zk.get(f"{root}/users"),
+            lambda zk: zk.set(f"{root}/users", b'{"users": {}}'),
+            lambda zk: zk.create(f"{root}/log/forged", b"{}"),
+            lambda zk: zk.create(f"{root}/tables/forged", b"{}"),
+            lambda zk: zk.delete(f"{root}/fence"),
+            lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE),
+        ):
+            zk = KazooClient(
+                hosts=cluster.zk_address,
+                timeout=10,
+                use_ssl=True,
+                ca=str(creds.ca_file),
+                check_hostname=True,
+                auth_data=[("digest", f"{creds.user}:{creds.secret}")],
+            )
             zk.start(timeout=30)
             try:  # a session each: ZooKeeper may close one that fails to authenticate
                 with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
@@ -495,7 +571,8 @@ def test_nothing_a_user_holds_logs_in_to_zookeeper(cluster: coordinator.LocalClu
 
 
 def test_user_secrets_appear_in_no_log_error_listing_or_zookeeper_node(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     mine = cluster.add_user("secretive", R)
     wrong = Credentials("secretive", "W" * 40, mine.ca_file)
     with pytest.raises(errors.AuthenticationFailed) as info:
@@ -518,21 +595,26 @@ def test_user_secrets_appear_in_no_log_error_listing_or_zookeeper_node(
 
 
 def test_cli_add_user_users_drop_user_and_the_exit_code_of_a_refusal(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path) -> None:
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
+) -> None:
     runner = CliRunner()
     admin_file = str(cluster.workdir / "security" / "admin.json")
     common = ["--replica", cluster.replica_addresses[0], "--credentials", admin_file]
     out_file = tmp_path / "cli_w.json"
-    made = runner.invoke(cli, ["security", "add-user", "cli_w", "--role", "writer", "--table", "t",
-                               "--out", str(out_file), *common], env={"MERGETXN_CREDENTIALS": ""})
+    made = runner.invoke(
+        cli,
+        ["security", "add-user", "cli_w", "--role", "writer", "--table", "t", "--out", str(out_file), *common],
+        env={"MERGETXN_CREDENTIALS": ""},
+    )
     assert made.exit_code == 0, made.output
     assert out_file.stat().st_mode & 0o777 == 0o600 and str(out_file) in made.output
     creds = Credentials.from_file(out_file)
     assert creds.user == "cli_w" and creds.secret not in made.output
     listed = runner.invoke(cli, ["security", "users", "--json", *common])
     assert listed.exit_code == 0, listed.output
-    assert {"name": "cli_w", "role": "writer", "tables": ["t"]}.items() <= \
-        next(u for u in json.loads(listed.output) if u["name"] == "cli_w").items()
+    assert {"name": "cli_w", "role": "writer", "tables": ["t"]}.items() <= next(
+        u for u in json.loads(listed.output) if u["name"] == "cli_w"
+    ).items()
     as_writer = ["--replica", cluster.replica_addresses[0], "--credentials", str(out_file)]
     denied = runner.invoke(cli, ["gc", *as_writer])
     assert denied.exit_code == EXIT_DENIED and "cli_w" in denied.output and "gc" in denied.output
@@ -553,8 +635,9 @@ def test_cli_add_user_users_drop_user_and_the_exit_code_of_a_refusal(
         assert "t" in c.tables()
 
 
-def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factory: pytest.TempPathFactory,
-                                                                 zk_server: object) -> None:
+def test_an_unsecured_cluster_has_no_users_and_allows_everything(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: object
+) -> None:
     with make_cluster(tmp_path_factory, zk_server, "open", replicas=1) as c, c.client(0) as client:
         assert c.credentials is None
         with pytest.raises(errors.InvalidInput, match="only a secured cluster"):
@@ -569,7 +652,8 @@ def test_an_unsecured_cluster_has_no_users_and_allows_everything(tmp_path_factor
 
 
 def test_info_shows_a_non_admin_only_its_own_notable_transactions(
-        cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]) -> None:
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     """``info`` lists long-running transactions with their user and client session (what
     ``mergetxn status`` shows): a writer sees its own there, not another user's; an admin sees all."""
     admin.create_table("notable", SCHEMA, txn_max_seconds=20)  # long-running after a tenth of that
@@ -587,9 +671,9 @@ def test_info_shows_a_non_admin_only_its_own_notable_transactions(
         theirs.rollback()
 
 
-def test_history_names_the_user_who_committed_and_who_aborted(cluster: coordinator.LocalCluster,
-                                                               admin: coordinator.Client,
-                                                               made: dict[str, Credentials]) -> None:
+def test_history_names_the_user_who_committed_and_who_aborted(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
     """``mergetxn history`` says who: a writer's commit and its rolled-back transaction carry its
     name (from the replica's begin and rollback events), the admin's commit the admin's."""
     from mergetxn.tools.recovery import history

@@ -29,8 +29,9 @@ KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "writers", replicas=1,
-                      settings={"merge_interval": 0, "gc_interval": 0}) as c:
+    with make_cluster(
+        tmp_path_factory, zk_server, "writers", replicas=1, settings={"merge_interval": 0, "gc_interval": 0}
+    ) as c:
         yield c
 
 
@@ -67,8 +68,10 @@ def test_client_writes_lacking_an_added_nullable_column_fill_null(client: Client
     with client.transaction() as tx:
         tx.insert(t, old_rows(0, 2))
         assert tx.read(t).column("note").to_pylist() == [None, None]  # its own writes, conformed
-    assert by_id(client, t) == [{"id": 0, "p": "a", "v": "v0", "note": None},
-                                {"id": 1, "p": "a", "v": "v1", "note": None}]
+    assert by_id(client, t) == [
+        {"id": 0, "p": "a", "v": "v0", "note": None},
+        {"id": 1, "p": "a", "v": "v1", "note": None},
+    ]
     with client.transaction() as tx:
         tx.overwrite(t, old_rows(5, 1))
     assert by_id(client, t) == [{"id": 5, "p": "a", "v": "v5", "note": None}]
@@ -82,8 +85,10 @@ def test_a_committed_part_file_lacking_a_nullable_column_reads_null(client: Clie
     tdef = client.table(t)
     meta = write_part(client.storage, t, ["p"], ("a",), old_rows(0, 2), "job-1", tdef.ddl_version)
     client.commit_parts(t, [meta])
-    assert by_id(client, t) == [{"id": 0, "p": "a", "v": "v0", "note": None},
-                                {"id": 1, "p": "a", "v": "v1", "note": None}]
+    assert by_id(client, t) == [
+        {"id": 0, "p": "a", "v": "v0", "note": None},
+        {"id": 1, "p": "a", "v": "v1", "note": None},
+    ]
 
 
 def test_absent_required_and_extra_columns_are_still_refused(client: Client) -> None:
@@ -111,12 +116,12 @@ def test_keys_table_put_fills_null_and_update_mode_keeps(client: Client) -> None
     with client.transaction() as tx:
         tx.upsert("w_keys", pa.table({"k": [1], "a": ["x3"]}, schema=KEYED), update=True)  # note kept
         tx.upsert("w_keys", pa.table({"k": [2], "a": ["y2"]}, schema=KEYED))  # overwrite mode: note null
-    assert client.read("w_keys").to_pylist() == [{"k": 1, "a": "x3", "note": "n"},
-                                                 {"k": 2, "a": "y2", "note": None}]
+    assert client.read("w_keys").to_pylist() == [{"k": 1, "a": "x3", "note": "n"}, {"k": 2, "a": "y2", "note": None}]
 
 
-def test_cli_insert_csv_and_parquet_lacking_an_added_column(cluster: LocalCluster, client: Client,
-                                                            tmp_path: Path) -> None:
+def test_cli_insert_csv_and_parquet_lacking_an_added_column(
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     t = altered(client, "w_cli")
     pcsv.write_csv(old_rows(0, 2), tmp_path / "old.csv")
     pq.write_table(old_rows(10, 1), tmp_path / "old.parquet")
@@ -126,8 +131,9 @@ def test_cli_insert_csv_and_parquet_lacking_an_added_column(cluster: LocalCluste
     assert [(r["id"], r["note"]) for r in by_id(client, t)] == [(0, None), (1, None), (10, None)]
 
 
-def test_cli_insert_of_a_file_without_rows_commits_nothing(cluster: LocalCluster, client: Client,
-                                                           tmp_path: Path) -> None:
+def test_cli_insert_of_a_file_without_rows_commits_nothing(
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
     t = altered(client, "w_empty")
     (tmp_path / "header.csv").write_text("id,p,v\n")
     before = client.snapshot()

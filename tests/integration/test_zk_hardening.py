@@ -101,8 +101,9 @@ def test_an_anonymous_session_is_closed_at_its_first_request(cluster: coordinato
 def test_the_plain_client_port_is_gone(cluster: coordinator.LocalCluster) -> None:
     """No clear-text session: a plain kazoo client never connects, a plain four-letter word gets
     no answer (the digest secret never crosses the wire in clear)."""
-    zk = KazooClient(hosts=cluster.zk_address, timeout=3, connection_retry={"max_tries": 1},
-                     auth_data=replicas(cluster).zk_auth())
+    zk = KazooClient(
+        hosts=cluster.zk_address, timeout=3, connection_retry={"max_tries": 1}, auth_data=replicas(cluster).zk_auth()
+    )
     with pytest.raises(Exception):  # noqa: B017, PT011 - kazoo's timeout or a dropped connection
         zk.start(timeout=5)
     zk.stop()
@@ -152,9 +153,13 @@ def test_the_root_is_not_world_writable(cluster: coordinator.LocalCluster) -> No
     # Another digest identity (digest logs anyone in; only ACLs tell identities apart).
     zk = kazoo(cluster.zk_address, **tls_args(cluster), auth_data=[("digest", "intruder:whatever-it-is")])
     try:
-        for call in (lambda: zk.create("/evil", b"x"), lambda: zk.set_acls("/", OPEN_ACL_UNSAFE),
-                     lambda: zk.delete(cluster.root, recursive=False), lambda: zk.get_children("/"),
-                     lambda: zk.delete(f"{cluster.root}/fence")):
+        for call in (
+            lambda: zk.create("/evil", b"x"),
+            lambda: zk.set_acls("/", OPEN_ACL_UNSAFE),
+            lambda: zk.delete(cluster.root, recursive=False),
+            lambda: zk.get_children("/"),
+            lambda: zk.delete(f"{cluster.root}/fence"),
+        ):
             with pytest.raises(NoAuthError):
                 call()
     finally:
@@ -163,8 +168,11 @@ def test_the_root_is_not_world_writable(cluster: coordinator.LocalCluster) -> No
 
 def test_status_works_on_a_secured_cluster(cluster: coordinator.LocalCluster) -> None:
     path = str(cluster.workdir / "security" / REPLICA_FILE)
-    result = CliRunner().invoke(cli, ["status", "--replica", cluster.replica_addresses[0], "--credentials", path,
-                                      "--json"], env={"MERGETXN_CREDENTIALS": ""})
+    result = CliRunner().invoke(
+        cli,
+        ["status", "--replica", cluster.replica_addresses[0], "--credentials", path, "--json"],
+        env={"MERGETXN_CREDENTIALS": ""},
+    )
     assert result.exit_code == 0, result.output
     assert '"mode": "standalone"' in result.output
     assert replicas(cluster).secret not in result.output
@@ -286,7 +294,8 @@ def test_the_follower_refuses_every_hole_below_the_end_and_waits_at_the_end(zk_c
 
 
 def test_an_entry_made_after_the_followers_read_in_an_epoch_sealed_since_is_read_not_refused(
-        zk_client: KazooClient) -> None:
+    zk_client: KazooClient,
+) -> None:
     """The race of an epoch rollover: the follower reads entry (e, s) before its commit creates
     it, then the epoch is sealed (the next commit went to a new epoch); the entry exists when the
     follower looks again, so it is read, not taken for a deleted one (before the fix: CorruptMetadata
@@ -336,8 +345,11 @@ def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: 
         assert sorted(cluster.client(i).read("holes", snapshot=final).column("id").to_pylist()) == [0, 1, 2]
 
     path = str(cluster.workdir / "security" / REPLICA_FILE)
-    result = CliRunner().invoke(cli, ["status", "--replica", cluster.replica_addresses[0], "--credentials", path],
-                                env={"MERGETXN_CREDENTIALS": ""})
+    result = CliRunner().invoke(
+        cli,
+        ["status", "--replica", cluster.replica_addresses[0], "--credentials", path],
+        env={"MERGETXN_CREDENTIALS": ""},
+    )
     assert result.exit_code == EXIT_UNHEALTHY, result.output
     flat = " ".join(result.output.split())
     assert "r2" in flat and node.rsplit("/", 1)[1] in flat

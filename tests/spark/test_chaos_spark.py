@@ -155,8 +155,10 @@ def test_jobs_make_a_history_the_checker_accepts(session, cluster, clients, tmp_
     h = history(wl, rec, clients)
     for o in h.ops:
         if o.process == 1 or o.outcome != "committed":
-            print(f"op {o.index} on r{o.replica} ({o.mops[0][0] if o.mops else '-'}...): {o.outcome} "
-                  f"{o.error or ''} {o.message[:300]}")
+            print(
+                f"op {o.index} on r{o.replica} ({o.mops[0][0] if o.mops else '-'}...): {o.outcome} "
+                f"{o.error or ''} {o.message[:300]}"
+            )
     assert_clean(h)
     assert any(o.process == 1 for o in h.ops)
     outcomes = Counter(o.outcome for o in h.ops)
@@ -192,8 +194,11 @@ def test_executor_killed_mid_task_still_exactly_once(session, standalone, client
     t0 = time.monotonic()
     job.start()
     # Both executors are running tasks of this job (each sleeps `delay` before writing its rows).
-    assert poll(lambda: len({p.name.split("-")[1] for p in marks.iterdir() if p.name not in before}) >= 2,
-                timeout=120, interval=0.05)
+    assert poll(
+        lambda: len({p.name.split("-")[1] for p in marks.iterdir() if p.name not in before}) >= 2,
+        timeout=120,
+        interval=0.05,
+    )
     victim = standalone.kill_executor(app)
     assert victim is not None
     job.join(300)
@@ -229,8 +234,9 @@ def test_stop_leaves_no_process_behind(session, standalone: SparkStandalone) -> 
         standalone.stop()
         assert stray.wait(10) is not None  # stop() ends with cleanup_spark
         assert _processes(workdir) == [] and cleanup_spark(workdir) == []
-        alive = [p for p in pids if Path(f"/proc/{p}").exists() and
-                 "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]]
+        alive = [
+            p for p in pids if Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]
+        ]
         assert alive == []
         assert standalone._state() is None  # the master's port is closed
     finally:
@@ -250,18 +256,41 @@ def test_chaos_spark_workload_under_executor_and_replica_kills(tmp_path: Path) -
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "mergetxn.cli", "chaos", "--seconds", "60", "--seed", "11", "--form", "single",
-         "--workload", "spark", "--nemesis", "kill-executor,kill-replica",
-         "--workdir", str(work), "--report", str(report)],
-        capture_output=True, text=True, timeout=400, env=env, cwd=root)
+        [
+            sys.executable,
+            "-m",
+            "mergetxn.cli",
+            "chaos",
+            "--seconds",
+            "60",
+            "--seed",
+            "11",
+            "--form",
+            "single",
+            "--workload",
+            "spark",
+            "--nemesis",
+            "kill-executor,kill-replica",
+            "--workdir",
+            str(work),
+            "--report",
+            str(report),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env=env,
+        cwd=root,
+    )
     took = time.monotonic() - t0
     print(f"chaos run with Spark: exit {done.returncode} in {took:.0f}s\n{done.stdout[-3000:]}")
     assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-3000:]}"
     h = History.read(report / "history.jsonl")
     spark_ops = [o for o in h.ops if o.workload == "spark"]
     committed = [o for o in spark_ops if o.outcome == "committed"]
-    assert any(o.tid and any(m[0] != "r" for m in o.mops) for o in committed), \
-        [(o.outcome, o.error, o.message[:200]) for o in spark_ops]
+    assert any(o.tid and any(m[0] != "r" for m in o.mops) for o in committed), [
+        (o.outcome, o.error, o.message[:200]) for o in spark_ops
+    ]
     assert "sp0" in h.header.tables and h.header.workload == "spark"
     kills = [f for f in h.faults if f.kind == "kill-executor"]
     assert any(f.detail.startswith("SIGKILL executor") for f in kills), [f.detail for f in h.faults]

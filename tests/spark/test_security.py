@@ -76,8 +76,9 @@ def test_a_credentials_file_others_may_read_is_refused_naming_the_fix(made: Cred
     assert Credentials.from_file(path).secret == made.secret
 
 
-def test_credentials_from_toml_and_from_the_environment(made: Credentials, tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_credentials_from_toml_and_from_the_environment(
+    made: Credentials, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     toml = tmp_path / "c.toml"
     toml.write_text(f'user = "{made.user}"\nsecret = "{made.secret}"\nca_file = "{made.ca_file}"\n')
     toml.chmod(0o600)
@@ -110,8 +111,7 @@ class Echo:
 
 @pytest.fixture
 def secured(made: Credentials) -> Iterator[RpcServer]:
-    server = RpcServer("127.0.0.1", 0, Echo().dispatch, tls=made.server_context(),
-                       authenticate=made.authenticator())
+    server = RpcServer("127.0.0.1", 0, Echo().dispatch, tls=made.server_context(), authenticate=made.authenticator())
     thread = threading.Thread(target=server.serve, name="rpc-io", daemon=True)
     thread.start()
     yield server
@@ -124,8 +124,9 @@ def address(server: RpcServer) -> str:
 
 
 def tls_socket(server: RpcServer, made: Credentials) -> tuple[ssl.SSLSocket, object]:
-    sock = made.client_context().wrap_socket(socket.create_connection(("127.0.0.1", server.port), timeout=10),
-                                             server_hostname="127.0.0.1")
+    sock = made.client_context().wrap_socket(
+        socket.create_connection(("127.0.0.1", server.port), timeout=10), server_hostname="127.0.0.1"
+    )
     return sock, sock.makefile("rb")
 
 
@@ -179,8 +180,9 @@ def test_a_plaintext_client_gets_authentication_failed(secured: RpcServer) -> No
 
 @pytest.mark.parametrize("who", ["secret", "user"])
 def test_a_wrong_secret_or_user_gets_authentication_failed(secured: RpcServer, made: Credentials, who: str) -> None:
-    wrong = Credentials(made.user if who == "secret" else "intruder",
-                        "W" * 40 if who == "secret" else made.secret, made.ca_file)
+    wrong = Credentials(
+        made.user if who == "secret" else "intruder", "W" * 40 if who == "secret" else made.secret, made.ca_file
+    )
     client = RpcClient(address(secured), 10, wrong)
     with pytest.raises(errors.AuthenticationFailed, match="wrong user or secret") as info:
         client.call("echo", {"n": 1})
@@ -188,8 +190,9 @@ def test_a_wrong_secret_or_user_gets_authentication_failed(secured: RpcServer, m
     client.close()
 
 
-def test_a_replica_certificate_from_another_ca_is_refused(secured: RpcServer, made: Credentials,
-                                                          tmp_path: Path) -> None:
+def test_a_replica_certificate_from_another_ca_is_refused(
+    secured: RpcServer, made: Credentials, tmp_path: Path
+) -> None:
     other = make_cluster_credentials(tmp_path / "other")
     client = RpcClient(address(secured), 10, Credentials(made.user, made.secret, other.ca_file))
     with pytest.raises(errors.AuthenticationFailed, match="certificate"):
@@ -222,7 +225,8 @@ def test_a_request_before_auth_is_refused_and_the_connection_closed(secured: Rpc
 
 
 def test_a_large_unauthenticated_frame_is_refused_and_the_server_keeps_serving(
-        secured: RpcServer, made: Credentials) -> None:
+    secured: RpcServer, made: Credentials
+) -> None:
     sock, rfile = tls_socket(secured, made)
     with sock:
         sock.sendall(struct.pack(">I", 100 * 1024 * 1024) + b"x" * 1024)  # far past AUTH_FRAME
@@ -255,8 +259,14 @@ def test_a_connection_that_never_authenticates_is_closed(secured: RpcServer, mad
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     """Two replicas and their own ZooKeeper, secured; replica logs at DEBUG."""
-    with make_cluster(tmp_path_factory, None, "secure", replicas=2, secure=True,
-                      env={"MERGETXN_LOG": "DEBUG,kazoo=DEBUG,botocore=DEBUG"}) as c:  # every logger, kazoo (its auth packet) included
+    with make_cluster(
+        tmp_path_factory,
+        None,
+        "secure",
+        replicas=2,
+        secure=True,
+        env={"MERGETXN_LOG": "DEBUG,kazoo=DEBUG,botocore=DEBUG"},
+    ) as c:  # every logger, kazoo (its auth packet) included
         yield c
 
 
@@ -283,14 +293,21 @@ def replicas_identity(cluster: coordinator.LocalCluster) -> Credentials:
 
 def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
     # The cluster's ZooKeeper serves TLS only (tests/integration/test_zk_hardening.py).
-    zk = KazooClient(hosts=cluster.zk_address, timeout=10, auth_data=auth, use_ssl=True,
-                     ca=str(cluster.credentials.ca_file), check_hostname=True)
+    zk = KazooClient(
+        hosts=cluster.zk_address,
+        timeout=10,
+        auth_data=auth,
+        use_ssl=True,
+        ca=str(cluster.credentials.ca_file),
+        check_hostname=True,
+    )
     zk.start(timeout=30)
     return zk
 
 
 def test_without_credentials_a_client_gets_authentication_failed_and_nothing_changes(
-        cluster: coordinator.LocalCluster, c0: coordinator.Client) -> None:
+    cluster: coordinator.LocalCluster, c0: coordinator.Client
+) -> None:
     address = cluster.replica_addresses[0]
     with pytest.raises(errors.AuthenticationFailed, match="credentials"):
         coordinator.connect(address)
@@ -338,8 +355,9 @@ def test_the_right_credentials_work_end_to_end(cluster: coordinator.LocalCluster
         c1.close()
 
 
-def test_a_restarted_replica_is_secured_with_the_same_credentials(cluster: coordinator.LocalCluster,
-                                                                  c0: coordinator.Client) -> None:
+def test_a_restarted_replica_is_secured_with_the_same_credentials(
+    cluster: coordinator.LocalCluster, c0: coordinator.Client
+) -> None:
     cluster.kill_replica(1)
     cluster.start_replica(1)
     with pytest.raises(errors.AuthenticationFailed):
@@ -349,8 +367,9 @@ def test_a_restarted_replica_is_secured_with_the_same_credentials(cluster: coord
         assert c1.tables() == c0.tables()
 
 
-def test_a_path_or_the_environment_gives_the_credentials(cluster: coordinator.LocalCluster,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_path_or_the_environment_gives_the_credentials(
+    cluster: coordinator.LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = cluster.workdir / "security" / CLIENT_FILE
     with coordinator.connect(cluster.replica_addresses[0], credentials=str(path)) as c:
         assert c.snapshot() >= 0
@@ -363,10 +382,15 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
     c0.create_table("acl_probe", SCHEMA, auto_merge=False)
     root = cluster.root
     admin = cluster.credentials  # a user, the admin included, holds no ZooKeeper identity
-    calls = (lambda zk: zk.get(f"{root}/tables/acl_probe"), lambda zk: zk.get_children(f"{root}/log"),
-             lambda zk: zk.get(root), lambda zk: zk.set(f"{root}/config", b"{}"),
-             lambda zk: zk.create(f"{root}/tables/evil", b"{}"), lambda zk: zk.delete(f"{root}/fence"),
-             lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE))
+    calls = (
+        lambda zk: zk.get(f"{root}/tables/acl_probe"),
+        lambda zk: zk.get_children(f"{root}/log"),
+        lambda zk: zk.get(root),
+        lambda zk: zk.set(f"{root}/config", b"{}"),
+        lambda zk: zk.create(f"{root}/tables/evil", b"{}"),
+        lambda zk: zk.delete(f"{root}/fence"),
+        lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE),
+    )
     for auth in (None, [("digest", "intruder:whatever-it-is")], [("digest", f"{admin.user}:{admin.secret}")]):
         for call in calls:  # a session each: ZooKeeper closes an anonymous one at its first request
             zk = kazoo_client(cluster, auth)
@@ -378,7 +402,9 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
                 zk.close()
     zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
     try:
-        data, stat = zk.get(f"{root}/tables/acl_probe")  # the identity reads it (a marker: the definition is in the log)
+        data, stat = zk.get(
+            f"{root}/tables/acl_probe"
+        )  # the identity reads it (a marker: the definition is in the log)
         assert stat.version >= 0 and isinstance(json.loads(data), dict)
         # ACLs are not inherited in ZooKeeper: every node under the root must carry its own.
         # Walk them all (log entries, alive nodes, locks, fence, ...).
@@ -396,11 +422,13 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
 
 
 def test_a_large_unauthenticated_frame_is_refused_and_the_replica_keeps_serving(
-        cluster: coordinator.LocalCluster, c0: coordinator.Client) -> None:
+    cluster: coordinator.LocalCluster, c0: coordinator.Client
+) -> None:
     creds = cluster.credentials
     host, port = cluster.replica_addresses[0].rsplit(":", 1)
-    sock = creds.client_context().wrap_socket(socket.create_connection((host, int(port)), timeout=10),
-                                              server_hostname=host)
+    sock = creds.client_context().wrap_socket(
+        socket.create_connection((host, int(port)), timeout=10), server_hostname=host
+    )
     with sock:
         sock.sendall(struct.pack(">I", 200 * 1024 * 1024) + b"{" * 4096)
         reply = read_frame(sock.makefile("rb"))
@@ -408,8 +436,9 @@ def test_a_large_unauthenticated_frame_is_refused_and_the_replica_keeps_serving(
     assert c0.snapshot() >= 0
 
 
-def test_secrets_appear_in_no_log_command_line_info_or_error(cluster: coordinator.LocalCluster,
-                                                           c0: coordinator.Client, events: str) -> None:
+def test_secrets_appear_in_no_log_command_line_info_or_error(
+    cluster: coordinator.LocalCluster, c0: coordinator.Client, events: str
+) -> None:
     secrets = (cluster.credentials.secret, replicas_identity(cluster).secret)  # the admin's, the replicas'
     with c0.transaction() as tx:  # something for the DEBUG logs to say
         tx.insert("events", pa.table({"id": [9], "k": ["z"]}))
@@ -425,7 +454,7 @@ def test_secrets_appear_in_no_log_command_line_info_or_error(cluster: coordinato
         assert not any(secret in cmdline for secret in secrets)
     logs = [cluster.workdir / f"replica-{i}" / "replica.log" for i in range(cluster.n)]
     logs += [p for p in (cluster.workdir / "zookeeper").rglob("*") if p.is_file() and p.suffix in (".log", ".out")]
-    assert any("kazoo" in p.read_text(errors="replace") for p in logs[:cluster.n])  # DEBUG did log
+    assert any("kazoo" in p.read_text(errors="replace") for p in logs[: cluster.n])  # DEBUG did log
     for p in logs:
         text = p.read_text(errors="replace")
         assert not any(secret in text for secret in secrets), p
@@ -455,9 +484,9 @@ def test_cli_takes_credentials_by_option_or_environment(cluster: coordinator.Loc
     assert replicas_identity(cluster).secret not in refused.output + by_option.output + by_env.output
 
 
-def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: coordinator.LocalCluster,
-                                                                      c0: coordinator.Client, events: str,
-                                                                      tmp_path: Path) -> None:
+def test_cli_replica_start_with_credentials_joins_the_secured_cluster(
+    cluster: coordinator.LocalCluster, c0: coordinator.Client, events: str, tmp_path: Path
+) -> None:
     import shutil
     import subprocess
     import sys
@@ -468,10 +497,24 @@ def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: c
     loose = tmp_path / "loose"  # the same files, but the credentials file readable by the group
     shutil.copytree(creds_file.parent, loose)
     (loose / REPLICA_FILE).chmod(0o640)
-    argv = [sys.executable, "-m", "mergetxn.cli", "replica", "start", "--zk", cluster.zk_address,
-            "--storage", cluster.storage_url, "--host-id", "clisecure", "--data-dir", str(tmp_path / "wal")]
-    refused = subprocess.run([*argv, "--credentials", str(loose / REPLICA_FILE)], capture_output=True, text=True,
-                             env=cli_env(), timeout=120)
+    argv = [
+        sys.executable,
+        "-m",
+        "mergetxn.cli",
+        "replica",
+        "start",
+        "--zk",
+        cluster.zk_address,
+        "--storage",
+        cluster.storage_url,
+        "--host-id",
+        "clisecure",
+        "--data-dir",
+        str(tmp_path / "wal"),
+    ]
+    refused = subprocess.run(
+        [*argv, "--credentials", str(loose / REPLICA_FILE)], capture_output=True, text=True, env=cli_env(), timeout=120
+    )
     assert refused.returncode == 2 and "chmod 600" in refused.stderr
     env = {**cli_env(), "MERGETXN_CREDENTIALS": str(creds_file)}  # the environment names the file
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
@@ -490,8 +533,9 @@ def test_cli_replica_start_with_credentials_joins_the_secured_cluster(cluster: c
 
 
 def test_cli_security_init_writes_private_credentials(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["security", "init", str(tmp_path / "sec"), "--host", "10.0.0.5",
-                                      "--host", "replica1"])
+    result = CliRunner().invoke(
+        cli, ["security", "init", str(tmp_path / "sec"), "--host", "10.0.0.5", "--host", "replica1"]
+    )
     assert result.exit_code == 0, result.output
     creds = Credentials.from_file(tmp_path / "sec" / REPLICA_FILE)
     admin = Credentials.from_file(tmp_path / "sec" / CLIENT_FILE)  # the first admin user's
@@ -512,8 +556,9 @@ def test_cli_security_init_writes_private_credentials(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_spark_data_source_with_the_credentials_option(cluster: coordinator.LocalCluster,
-                                                       c0: coordinator.Client) -> None:
+def test_spark_data_source_with_the_credentials_option(
+    cluster: coordinator.LocalCluster, c0: coordinator.Client
+) -> None:
     import sys
 
     from pyspark import cloudpickle
@@ -521,16 +566,27 @@ def test_spark_data_source_with_the_credentials_option(cluster: coordinator.Loca
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     address = cluster.replica_addresses[0]
-    c0.create_table("sp_secure", pa.schema([("id", pa.int64()), ("k", pa.string()), ("v", pa.float64())]),
-                    auto_merge=False)
+    c0.create_table(
+        "sp_secure", pa.schema([("id", pa.int64()), ("k", pa.string()), ("v", pa.float64())]), auto_merge=False
+    )
     path = str(cluster.add_user("spark_etl", "writer", ["sp_secure"]).to_file(cluster.workdir / "spark_etl.json"))
     session = new_session("mergetxn-security")
     try:
         df = session.createDataFrame([(1, "a", 0.5), (2, "b", 1.0)], "id long, k string, v double")
-        (df.write.format("mergetxn").option("replica", address).option("credentials", path)
-         .mode("append").save("sp_secure"))
-        got = (session.read.format("mergetxn").option("replica", address).option("credentials", path)
-               .load("sp_secure").collect())
+        (
+            df.write.format("mergetxn")
+            .option("replica", address)
+            .option("credentials", path)
+            .mode("append")
+            .save("sp_secure")
+        )
+        got = (
+            session.read.format("mergetxn")
+            .option("replica", address)
+            .option("credentials", path)
+            .load("sp_secure")
+            .collect()
+        )
         assert sorted(r["id"] for r in got) == [1, 2]
         with pytest.raises(Exception, match="AuthenticationFailed|requires TLS"):
             session.read.format("mergetxn").option("replica", address).load("sp_secure").collect()

@@ -48,12 +48,15 @@ def new_session(app: str, master: str = "local[2,4]"):
 
     import spark as mergetxn_spark
 
-    session = (SparkSession.builder.master(master).appName(app)
-               .config("spark.ui.enabled", "false")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master(master)
+        .appName(app)
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     mergetxn_spark.register(session)
     return session
@@ -97,6 +100,7 @@ def reader(spark, replica: str, **options: str):
 def gc_collects(client: Client, files: Callable[[], set[str]], timeout: float = 60.0) -> bool:
     """Run cleanup passes until ``files()`` is empty: orphans are collected once older than the
     grace period (at least 5 s); a bounded poll, not a fixed sleep."""
+
     def done() -> bool:
         client.gc(grace_seconds=0)
         return not files()
@@ -170,21 +174,40 @@ def test_append_then_overwrite_partitions_and_whole_table(spark, c0: Client, r0:
 
 
 def test_read_schema_nullability_and_types(spark, c0: Client, r0: str) -> None:
-    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("d", pa.date32()),
-                        ("ts", pa.timestamp("us", tz="UTC")), ("flag", pa.bool_()), ("n", pa.int32())])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            ("d", pa.date32()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("flag", pa.bool_()),
+            ("n", pa.int32()),
+        ]
+    )
     c0.create_table("sp_types", schema, auto_merge=False)
     import datetime as dt
 
-    data = pa.table({"id": [1, 2], "d": [dt.date(2024, 1, 1), None],
-                     "ts": [dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC), None], "flag": [True, None],
-                     "n": pa.array([7, None], pa.int32())}, schema=schema)
+    data = pa.table(
+        {
+            "id": [1, 2],
+            "d": [dt.date(2024, 1, 1), None],
+            "ts": [dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC), None],
+            "flag": [True, None],
+            "n": pa.array([7, None], pa.int32()),
+        },
+        schema=schema,
+    )
     with c0.transaction() as tx:
         tx.insert("sp_types", data)
     df = reader(spark, r0).load("sp_types")
     fields = {f.name: f for f in df.schema.fields}
     assert not fields["id"].nullable and fields["d"].nullable
     assert [fields[c].dataType.simpleString() for c in ("id", "d", "ts", "flag", "n")] == [
-        "bigint", "date", "timestamp", "boolean", "int"]
+        "bigint",
+        "date",
+        "timestamp",
+        "boolean",
+        "int",
+    ]
     got = sorted(df.collect(), key=lambda r: r["id"])
     assert got[0]["d"] == dt.date(2024, 1, 1) and got[0]["n"] == 7 and got[1]["ts"] is None
     # A write of the same rows goes through the same schema check and round-trips.
@@ -240,8 +263,13 @@ def _compete(replica: str, marks: str, table: str, data: list[tuple]):
             from coordinator.client import Client
 
             with Client(replica) as cl, cl.transaction() as tx:
-                tx.insert(table, pa.table({"id": [r[0] for r in data], "k": [r[1] for r in data],
-                                           "v": [r[2] for r in data]}, schema=SCHEMA))
+                tx.insert(
+                    table,
+                    pa.table(
+                        {"id": [r[0] for r in data], "k": [r[1] for r in data], "v": [r[2] for r in data]},
+                        schema=SCHEMA,
+                    ),
+                )
             Path(marks, "winner").write_text(tx.id)
         return iter(out)
 
@@ -252,7 +280,8 @@ def test_conflict_names_the_winner_and_leaves_nothing(spark, c0: Client, r0: str
     c0.create_table("sp_mc", SCHEMA, conflict_policy="maxcompute", auto_merge=False)
     theirs = [(900, "z", 9.0)]
     data = spark.sparkContext.parallelize(rows(0, 20), 2).mapPartitionsWithIndex(
-        _compete(r0, str(marks), "sp_mc", theirs))
+        _compete(r0, str(marks), "sp_mc", theirs)
+    )
     with pytest.raises(Exception) as ei:
         writer(spark.createDataFrame(data, DDL), r0).save("sp_mc")
     winner = (marks / "winner").read_text()
@@ -314,8 +343,7 @@ def test_txn_option_commits_two_tables_at_one_csn(spark, c0: Client, r0: str, cl
         writer(frame(spark, rows(0, 1)), r0, txn=tx3.id).save("sp_orders")
 
 
-def test_trace_commits_tells_the_driver_its_transaction_and_csn(spark, c0: Client, r0: str,
-                                                               tmp_path: Path) -> None:
+def test_trace_commits_tells_the_driver_its_transaction_and_csn(spark, c0: Client, r0: str, tmp_path: Path) -> None:
     """A job committing on its own does so in a planner process: option trace_commits is how
     the driver learns its transaction (before any task runs) and its CSN."""
     c0.create_table("sp_trace", SCHEMA, partition_by=["k"], auto_merge=False)
@@ -406,12 +434,14 @@ def fail_first_attempt(marks: str, sidecars: Callable[[], list[dict]]):
     return run
 
 
-def test_task_failing_after_writing_a_part_is_retried_exactly_once(spark, c0: Client, r0: str,
-                                                                  cluster, marks: Path) -> None:
+def test_task_failing_after_writing_a_part_is_retried_exactly_once(
+    spark, c0: Client, r0: str, cluster, marks: Path
+) -> None:
     c0.create_table("sp_retry", SCHEMA, auto_merge=False)
     data = rows(0, 160_000)
     rdd = spark.sparkContext.parallelize(data, 4).mapPartitionsWithIndex(
-        fail_first_attempt(str(marks), local_sidecars(cluster.storage_url, "sp_retry")))
+        fail_first_attempt(str(marks), local_sidecars(cluster.storage_url, "sp_retry"))
+    )
     writer(spark.createDataFrame(rdd, DDL), r0, rows_per_part="5000").save("sp_retry")
     seen = json.loads((marks / "seen.json").read_text())
     assert seen, "the failing attempt should have written a part before failing"
@@ -426,8 +456,12 @@ def test_task_failing_after_writing_a_part_is_retried_exactly_once(spark, c0: Cl
     txn = {p["creation_tid"] for p in visible_parts(c0, "sp_retry")}.pop()
     orphans = {f.rsplit("/", 1)[-1][: -len(".parquet")] for f in local_files(cluster, "sp_retry")} - visible
     assert all(o.startswith(txn.replace(":", "_")) for o in orphans), (txn, orphans)
-    assert gc_collects(c0, lambda: {f for f in local_files(cluster, "sp_retry")
-                                    if f.rsplit("/", 1)[-1][: -len(".parquet")] not in visible})
+    assert gc_collects(
+        c0,
+        lambda: {
+            f for f in local_files(cluster, "sp_retry") if f.rsplit("/", 1)[-1][: -len(".parquet")] not in visible
+        },
+    )
     assert sorted(c0.read("sp_retry").column("id").to_pylist()) == [r[0] for r in data]
 
 
@@ -438,8 +472,7 @@ def _always_fail_partition_zero(index: int, it):
     return iter(data)
 
 
-def test_aborted_job_leaves_nothing_visible_and_removes_its_parts(spark, c0: Client, r0: str,
-                                                                  cluster) -> None:
+def test_aborted_job_leaves_nothing_visible_and_removes_its_parts(spark, c0: Client, r0: str, cluster) -> None:
     c0.create_table("sp_abort", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 10)), r0).save("sp_abort")
     before_files = local_files(cluster, "sp_abort")
@@ -477,8 +510,7 @@ def test_job_cancelled_mid_way_leaves_nothing(spark, c0: Client, r0: str, cluste
     job's transaction is rolled back, its parts removed, nothing becomes visible."""
     c0.create_table("sp_cancel", SCHEMA, auto_merge=False)
     running = {t["id"] for t in c0.transactions()}
-    rdd = spark.sparkContext.parallelize(rows(0, 4000), 4).mapPartitionsWithIndex(
-        _block_partition_zero(str(marks)))
+    rdd = spark.sparkContext.parallelize(rows(0, 4000), 4).mapPartitionsWithIndex(_block_partition_zero(str(marks)))
     df = spark.createDataFrame(rdd, DDL)
     sidecars = local_sidecars(cluster.storage_url, "sp_cancel")
     sc = spark.sparkContext
@@ -544,8 +576,7 @@ def test_reads_keep_their_snapshot_while_new_writes_commit(spark, c0: Client, r0
     result: dict = {}
 
     def run() -> None:
-        result["rows"] = df.rdd.mapPartitionsWithIndex(_pause_first_read(str(marks))).map(
-            lambda r: r["id"]).collect()
+        result["rows"] = df.rdd.mapPartitionsWithIndex(_pause_first_read(str(marks))).map(lambda r: r["id"]).collect()
 
     t = threading.Thread(target=run)
     t.start()
@@ -613,8 +644,9 @@ def test_reads_see_the_schema_at_their_snapshot_after_an_alter(spark, c0: Client
     assert spark_rows(old) == sorted(rows(0, 6))
     with pytest.raises(Exception, match="value|note"):
         writer(frame(spark, rows(10, 2)), r0).save("sp_alter")  # the old schema
-    writer(frame(spark, [(20, "a", 1.5, "n")], ddl="id bigint, k string, value double, note string"),
-           r0).save("sp_alter")
+    writer(frame(spark, [(20, "a", 1.5, "n")], ddl="id bigint, k string, value double, note string"), r0).save(
+        "sp_alter"
+    )
     assert spark_rows(reader(spark, r0).load("sp_alter").where("id = 20"), ("id", "value", "note")) == [(20, 1.5, "n")]
 
 
@@ -622,13 +654,14 @@ def test_reads_see_the_schema_at_their_snapshot_after_an_alter(spark, c0: Client
 # Pruning, proven by the parts actually read
 
 
-def test_partition_and_min_max_pruning_reads_only_matching_parts(spark, c0: Client, r0: str,
-                                                                 tmp_path: Path) -> None:
+def test_partition_and_min_max_pruning_reads_only_matching_parts(spark, c0: Client, r0: str, tmp_path: Path) -> None:
     c0.create_table("sp_prune", SCHEMA, partition_by=["k"], auto_merge=False)
     for lo in (0, 1000):  # two commits: every partition gets two parts with disjoint id ranges
         with c0.transaction() as tx:
-            tx.insert("sp_prune", pa.table({"id": list(range(lo, lo + 400)), "k": list("abcd") * 100,
-                                            "v": [1.0] * 400}, schema=SCHEMA))
+            tx.insert(
+                "sp_prune",
+                pa.table({"id": list(range(lo, lo + 400)), "k": list("abcd") * 100, "v": [1.0] * 400}, schema=SCHEMA),
+            )
     assert len(visible_parts(c0, "sp_prune")) == 8
     trace = tmp_path / "reads.log"
 
@@ -676,8 +709,9 @@ def test_spark_delete_and_update_rewrite_only_affected_parts(spark, c0: Client, 
     assert result.rows == 10
     expected = [(i, k, -1.0 if i >= 290 else v) for i, k, v in expected]
     assert as_rows(c0.read("sp_mut")) == sorted(expected)
-    assert len({p["creation_csn"] for p in visible_parts(c0, "sp_mut")
-                if p["name"] not in before}) == 2  # one commit per statement
+    assert (
+        len({p["creation_csn"] for p in visible_parts(c0, "sp_mut") if p["name"] not in before}) == 2
+    )  # one commit per statement
 
     # Inside a driver's transaction: staged, visible at its commit only.
     tx = c0.begin()
@@ -708,7 +742,7 @@ def test_format_is_found_by_spark_without_register(tmp_path: Path, c0: Client, r
     )
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     env.pop("PYTHONPATH", None)
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=240)
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert "COUNT 2" in out.stdout, out.stderr[-3000:]
-

@@ -20,8 +20,14 @@ from coordinator.errors import ConflictError
 
 pytestmark = pytest.mark.slow
 
-SCHEMA = pa.schema([pa.field("p", pa.string(), nullable=False), pa.field("k", pa.int64(), nullable=False),
-                    pa.field("a", pa.string()), pa.field("b", pa.int64())])
+SCHEMA = pa.schema(
+    [
+        pa.field("p", pa.string(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("b", pa.int64()),
+    ]
+)
 DDL = "p string, k bigint, a string, b bigint"
 
 
@@ -78,7 +84,8 @@ def test_spark_writes_by_key_and_reads_one_row_per_key(cluster, spark) -> None:
     # changes through Spark are row changes per key
     ch = reader(spark, r0, changes_from=str(tx.csn)).load(name).collect()
     assert sorted((r["_change"], r["k"]) for r in ch) == sorted(
-        [("delete", k) for k in range(1, 5)] + [("insert", 100)])
+        [("delete", k) for k in range(1, 5)] + [("insert", 100)]
+    )
 
 
 def test_seed_003_conflict_through_spark_writes(cluster, spark) -> None:
@@ -110,8 +117,12 @@ def test_write_skew_through_spark_is_prevented_under_serializable(cluster, spark
     c0, c1 = cluster.client(0), cluster.client(1)
     name = new_table(c0)
     with c0.transaction() as tx:
-        tx.insert(name, pa.Table.from_pylist([{"p": "x", "k": 1, "a": "on", "b": 1},
-                                              {"p": "x", "k": 2, "a": "on", "b": 1}], schema=SCHEMA))
+        tx.insert(
+            name,
+            pa.Table.from_pylist(
+                [{"p": "x", "k": 1, "a": "on", "b": 1}, {"p": "x", "k": 2, "a": "on", "b": 1}], schema=SCHEMA
+            ),
+        )
     c1.wait_for(tx.csn)
     t1, t2 = c0.begin(isolation="serializable"), c1.begin(isolation="serializable")
     for t in (t1, t2):

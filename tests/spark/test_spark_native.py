@@ -61,12 +61,15 @@ def spark(cluster: coordinator.LocalCluster):
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2,4]").appName("mergetxn-native-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.pyspark.python", sys.executable)
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.driver.memory", "1g")
-               .getOrCreate())
+    session = (
+        SparkSession.builder.master("local[2,4]")
+        .appName("mergetxn-native-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "1g")
+        .getOrCreate()
+    )
     session.sparkContext.setLogLevel("ERROR")
     mspark.register(session, replica=cluster.replica_addresses[0])
     yield session
@@ -75,7 +78,8 @@ def spark(cluster: coordinator.LocalCluster):
 
 def frame(spark, start: int, n: int, slices: int = 2):
     return spark.range(start, start + n, numPartitions=slices).selectExpr(
-        "id", "concat('k', cast(id % 3 as string)) as k", "cast(id as double) * 0.5 as v")
+        "id", "concat('k', cast(id % 3 as string)) as k", "cast(id as double) * 0.5 as v"
+    )
 
 
 def expected(start: int, n: int) -> list[tuple]:
@@ -95,24 +99,47 @@ def visible(c: Client, table: str) -> list[dict]:
 
 
 def test_round_trip_types_partitions_and_python_parts(spark, c0: Client) -> None:
-    schema = pa.schema([
-        pa.field("id", pa.int64(), nullable=False), ("day", pa.date32()), ("i8", pa.int8()), ("i16", pa.int16()),
-        ("i32", pa.int32()), ("f32", pa.float32()), ("v", pa.float64()), ("s", pa.string()), ("b", pa.bool_()),
-        ("ts", pa.timestamp("us", tz="UTC")), ("ntz", pa.timestamp("us")), ("dec", pa.decimal128(10, 2)),
-        ("bin", pa.binary())])
+    schema = pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            ("day", pa.date32()),
+            ("i8", pa.int8()),
+            ("i16", pa.int16()),
+            ("i32", pa.int32()),
+            ("f32", pa.float32()),
+            ("v", pa.float64()),
+            ("s", pa.string()),
+            ("b", pa.bool_()),
+            ("ts", pa.timestamp("us", tz="UTC")),
+            ("ntz", pa.timestamp("us")),
+            ("dec", pa.decimal128(10, 2)),
+            ("bin", pa.binary()),
+        ]
+    )
     c0.create_table("nt_types", schema, partition_by=("day",), auto_merge=False)
     df = spark.range(0, 300, numPartitions=3).selectExpr(
-        "id", "date_add(date'2024-01-01', cast(id % 3 as int)) as day", "cast(id % 100 as tinyint) as i8",
-        "cast(id as smallint) as i16", "cast(id as int) as i32", "cast(id as float) as f32",
-        "cast(id as double) / 4 as v", "if(id % 7 = 0, null, concat('s', id)) as s", "id % 2 = 0 as b",
+        "id",
+        "date_add(date'2024-01-01', cast(id % 3 as int)) as day",
+        "cast(id % 100 as tinyint) as i8",
+        "cast(id as smallint) as i16",
+        "cast(id as int) as i32",
+        "cast(id as float) as f32",
+        "cast(id as double) / 4 as v",
+        "if(id % 7 = 0, null, concat('s', id)) as s",
+        "id % 2 = 0 as b",
         "timestamp'2024-01-01 00:00:00Z' + make_interval(0, 0, 0, 0, 0, 0, id) as ts",
         "cast(timestamp_ntz'2024-01-01 00:00:00' + make_interval(0, 0, 0, 0, 0, 0, id) as timestamp_ntz) as ntz",
-        "cast(cast(id as decimal(10, 2)) / 8 as decimal(10, 2)) as dec", "cast(concat('b', id) as binary) as bin")
+        "cast(cast(id as decimal(10, 2)) / 8 as decimal(10, 2)) as dec",
+        "cast(concat('b', id) as binary) as bin",
+    )
     csn = mspark.write_table(df.selectExpr(*schema.names), "nt_types")
     assert isinstance(csn, int)
     parts = visible(c0, "nt_types")
     assert len({p["creation_csn"] for p in parts}) == 1 and {p["partition"] for p in parts} == {
-        '["2024-01-01"]', '["2024-01-02"]', '["2024-01-03"]'}
+        '["2024-01-01"]',
+        '["2024-01-02"]',
+        '["2024-01-03"]',
+    }
     # Parts written by Spark read back through the Python client (checksum verified), typed as the table.
     got = c0.read("nt_types").sort_by("id")
     assert got.schema.equals(schema) and got.num_rows == 300
@@ -215,10 +242,13 @@ def test_snapshot_held_while_dataframe_lives(spark, c0: Client, monkeypatch: pyt
 
     def collected() -> bool:
         last["report"] = c0.gc(grace_seconds=0)
-        return (not (old & {r.get("part") for r in last["report"]["kept"]})
-                and not any(Path(c0.storage.url, "nt_hold").rglob(f"{next(iter(old))}.parquet")))
+        return not (old & {r.get("part") for r in last["report"]["kept"]}) and not any(
+            Path(c0.storage.url, "nt_hold").rglob(f"{next(iter(old))}.parquet")
+        )
 
-    assert poll(collected, timeout=60, interval=1.0), [r.get("reason") for r in last["report"]["kept"] if r.get("part") in old]
+    assert poll(collected, timeout=60, interval=1.0), [
+        r.get("reason") for r in last["report"]["kept"] if r.get("part") in old
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,8 +265,11 @@ def test_pruning_by_partition_and_min_max_counts_files_read(spark, c0: Client) -
     assert files == {p["name"] for p in parts if p["partition"] == '["k1"]'}
     assert srows(df) == [r for r in expected(0, 30) + expected(1000, 30) if r[1] == "k1"]
     low = mspark.read_table(spark, "nt_prune", where=[("id", ">=", 1000), ("k", "in", ["k0", "k2"])])
-    second = {p["name"] for p in parts if p["creation_csn"] == max(q["creation_csn"] for q in parts)
-              and p["partition"] != '["k1"]'}
+    second = {
+        p["name"]
+        for p in parts
+        if p["creation_csn"] == max(q["creation_csn"] for q in parts) and p["partition"] != '["k1"]'
+    }
     assert {Path(f).stem for f in low.inputFiles()} == second
     assert srows(low) == [r for r in expected(1000, 30) if r[1] != "k1"]
 
@@ -300,8 +333,9 @@ def test_failed_job_leaves_nothing_and_cleanup_collects_staging(spark, c0: Clien
         (d / "_temporary" / "0").mkdir(parents=True)
         (d / "_temporary" / "0" / "part-00000-x.c000.snappy.parquet").write_bytes(b"PAR1")
         (d / ".part-00000-x.c000.snappy.parquet.crc").write_bytes(b"x")
-    assert poll(lambda: (c0.gc(grace_seconds=0), not any(p.is_file() for p in dead_dir.rglob("*")))[1],
-                timeout=60, interval=1.0)
+    assert poll(
+        lambda: (c0.gc(grace_seconds=0), not any(p.is_file() for p in dead_dir.rglob("*")))[1], timeout=60, interval=1.0
+    )
     assert any(p.is_file() for p in alive_dir.rglob("*"))
     alive.rollback()
 
@@ -368,8 +402,10 @@ def test_a_table_spark_cannot_read_natively_falls_back_to_the_data_source(spark,
     schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("at", pa.timestamp("ns", tz="UTC"))])
     c0.create_table("nt_nanos", schema, auto_merge=False)
     with c0.transaction() as tx:
-        tx.insert("nt_nanos", pa.table({"id": [1, 2], "at": pa.array([1_000, 2_000], pa.timestamp("ns", tz="UTC"))},
-                                       schema=schema))
+        tx.insert(
+            "nt_nanos",
+            pa.table({"id": [1, 2], "at": pa.array([1_000, 2_000], pa.timestamp("ns", tz="UTC"))}, schema=schema),
+        )
     with pytest.warns(native.NativeFallback, match="nanosecond"):
         df = mspark.read_table(spark, "nt_nanos", where=[("id", ">", 1)])
     assert [r["id"] for r in df.collect()] == [2]

@@ -49,14 +49,17 @@ def session(tmp_path_factory: pytest.TempPathFactory, cluster: coordinator.Local
     sa = SparkStandalone(tmp_path_factory.mktemp("standalone"), worker_hosts=("127.0.0.2", "127.0.0.3"))
     sa.start()
     try:
-        s = sa.session("mergetxn-native", **{
-            "spark.task.maxFailures": "4",
-            "spark.speculation": "true",
-            "spark.speculation.interval": "100ms",
-            "spark.speculation.multiplier": "1.5",
-            "spark.speculation.quantile": "0.5",
-            "spark.speculation.minTaskRuntime": "200ms",
-        })
+        s = sa.session(
+            "mergetxn-native",
+            **{
+                "spark.task.maxFailures": "4",
+                "spark.speculation": "true",
+                "spark.speculation.interval": "100ms",
+                "spark.speculation.multiplier": "1.5",
+                "spark.speculation.quantile": "0.5",
+                "spark.speculation.minTaskRuntime": "200ms",
+            },
+        )
         mspark.register(s, replica=cluster.replica_addresses[0])
         try:
             yield s
@@ -68,7 +71,8 @@ def session(tmp_path_factory: pytest.TempPathFactory, cluster: coordinator.Local
 
 def frame(spark, start: int, n: int, slices: int = 2):
     return spark.range(start, start + n, numPartitions=slices).selectExpr(
-        "id", "concat('k', cast(id % 3 as string)) as k", "cast(id as double) * 0.5 as v")
+        "id", "concat('k', cast(id % 3 as string)) as k", "cast(id as double) * 0.5 as v"
+    )
 
 
 def expected(start: int, n: int) -> list[tuple]:

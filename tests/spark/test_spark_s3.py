@@ -48,18 +48,24 @@ def endpoint() -> Iterator[str]:
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                 region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    boto3.client(
+        "s3", endpoint_url=url, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
+    ).create_bucket(Bucket=BUCKET)
     yield url
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def cluster(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    env = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": endpoint,
-           "AWS_DEFAULT_REGION": "us-east-1"}  # the replica processes inherit these, and only they
-    with make_cluster(tmp_path_factory, None, "sparks3", replicas=1, env=env,
-                      storage_url=f"s3://{BUCKET}/{PREFIX}") as c:
+    env = {
+        "AWS_ACCESS_KEY_ID": KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }  # the replica processes inherit these, and only they
+    with make_cluster(
+        tmp_path_factory, None, "sparks3", replicas=1, env=env, storage_url=f"s3://{BUCKET}/{PREFIX}"
+    ) as c:
         yield c
 
 
@@ -97,8 +103,9 @@ def spark(cluster: coordinator.LocalCluster):
 def s3_objects(endpoint: str, prefix: str) -> dict[str, int]:
     import boto3
 
-    s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
-                      region_name="us-east-1")
+    s3 = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
+    )
     out: dict[str, int] = {}
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
         for o in page.get("Contents", ()):
@@ -112,8 +119,9 @@ def s3_sidecars(endpoint: str, table: str) -> Callable[[], list[dict]]:
     def sidecars() -> list[dict]:
         import boto3
 
-        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=KEY,
-                          aws_secret_access_key=SECRET, region_name="us-east-1")
+        s3 = boto3.client(
+            "s3", endpoint_url=endpoint, aws_access_key_id=KEY, aws_secret_access_key=SECRET, region_name="us-east-1"
+        )
         out = []
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{PREFIX}/{table}/"):
             for o in page.get("Contents", ()):
@@ -171,14 +179,14 @@ def test_s3_txn_option_two_tables_one_csn(spark, c0: Client, r0: str, s3opts: di
     assert as_rows(c0.read("s3_b")) == sorted(rows(20, 20))
 
 
-def test_s3_task_retry_exactly_once(spark, c0: Client, r0: str, s3opts: dict, endpoint: str,
-                                    tmp_path: Path) -> None:
+def test_s3_task_retry_exactly_once(spark, c0: Client, r0: str, s3opts: dict, endpoint: str, tmp_path: Path) -> None:
     c0.create_table("s3_retry", SCHEMA, auto_merge=False)
     data = rows(0, 160_000)
     marks = tmp_path / "marks"
     marks.mkdir()
     rdd = spark.sparkContext.parallelize(data, 4).mapPartitionsWithIndex(
-        fail_first_attempt(str(marks), s3_sidecars(endpoint, "s3_retry")))
+        fail_first_attempt(str(marks), s3_sidecars(endpoint, "s3_retry"))
+    )
     writer(spark.createDataFrame(rdd, DDL), r0, s3opts, rows_per_part="5000").save("s3_retry")
     seen = json.loads((marks / "seen.json").read_text())
     assert seen, "the failing attempt should have written a part before failing"
@@ -189,8 +197,11 @@ def test_s3_task_retry_exactly_once(spark, c0: Client, r0: str, s3opts: dict, en
     assert len({p["creation_csn"] for p in visible_parts(c0, "s3_retry")}) == 1
 
     def orphans() -> set[str]:
-        return {k for k in s3_objects(endpoint, f"{PREFIX}/s3_retry/")
-                if k.endswith(".parquet") and k.rsplit("/", 1)[-1][: -len(".parquet")] not in visible}
+        return {
+            k
+            for k in s3_objects(endpoint, f"{PREFIX}/s3_retry/")
+            if k.endswith(".parquet") and k.rsplit("/", 1)[-1][: -len(".parquet")] not in visible
+        }
 
     assert gc_collects(c0, orphans)  # whatever failed attempts left on S3 is collected
     assert c0.read("s3_retry").num_rows == len(data)
@@ -200,8 +211,10 @@ def test_s3_old_snapshot_and_pruning(spark, c0: Client, r0: str, s3opts: dict, t
     c0.create_table("s3_prune", SCHEMA, partition_by=["k"], auto_merge=False)
     for lo in (0, 1000):
         with c0.transaction() as tx:
-            tx.insert("s3_prune", pa.table({"id": list(range(lo, lo + 400)), "k": list("abcd") * 100,
-                                            "v": [1.0] * 400}, schema=SCHEMA))
+            tx.insert(
+                "s3_prune",
+                pa.table({"id": list(range(lo, lo + 400)), "k": list("abcd") * 100, "v": [1.0] * 400}, schema=SCHEMA),
+            )
     first = min(p["creation_csn"] for p in visible_parts(c0, "s3_prune"))
     trace = tmp_path / "reads.log"
 
@@ -225,8 +238,9 @@ def test_s3_old_snapshot_and_pruning(spark, c0: Client, r0: str, s3opts: dict, t
     hold.rollback()
 
 
-def test_s3_credentials_never_logged(spark, c0: Client, r0: str, s3opts: dict, cluster,
-                                     capfd: pytest.CaptureFixture) -> None:
+def test_s3_credentials_never_logged(
+    spark, c0: Client, r0: str, s3opts: dict, cluster, capfd: pytest.CaptureFixture
+) -> None:
     c0.create_table("s3_secret", SCHEMA, auto_merge=False)
     writer(frame(spark, rows(0, 30)), r0, s3opts).save("s3_secret")
     df = reader(spark, r0, s3opts).load("s3_secret").filter("id > 3")

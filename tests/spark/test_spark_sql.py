@@ -75,8 +75,9 @@ def test_a_catalog_table_pinned_at_a_snapshot_reads_it(cluster, spark) -> None: 
     with client.transaction() as tx:
         tx.insert("pinned", pa.table({"id": [2], "day": ["d1"], "v": [0.5]}, schema=SCHEMA))
     address = cluster.replica_addresses[0]
-    spark.sql(f"CREATE TABLE pinned_then USING mergetxn OPTIONS (path 'pinned', replica '{address}', "
-              f"snapshot '{first}')")
+    spark.sql(
+        f"CREATE TABLE pinned_then USING mergetxn OPTIONS (path 'pinned', replica '{address}', snapshot '{first}')"
+    )
     assert ids(spark.sql("SELECT * FROM pinned_then").collect()) == [1]
     spark.sql("INSERT INTO pinned_then VALUES (3, 'd2', 1.0)")  # writes go to the table as it is now
     assert sorted(client.read("pinned")["id"].to_pylist()) == [1, 2, 3]
@@ -101,12 +102,14 @@ def test_register_says_how_to_point_the_workers_at_mergetxn(tmp_path: Path) -> N
     (bare / "python3").symlink_to("/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable)
     if Path(os.path.realpath(bare / "python3")) == Path(os.path.realpath(sys.executable)):
         pytest.skip("no other python3 on this machine")
-    code = ("from pyspark.sql import SparkSession\n"
-            "import spark as s, coordinator.errors as e\n"
-            "session = SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
-            "try:\n    s.register(session)\nexcept e.InvalidInput as exc:\n    print('REFUSED', exc)\n"
-            "else:\n    print('REGISTERED')\n"
-            "session.stop()\n")
+    code = (
+        "from pyspark.sql import SparkSession\n"
+        "import spark as s, coordinator.errors as e\n"
+        "session = SparkSession.builder.master('local[1]').config('spark.ui.enabled','false').getOrCreate()\n"
+        "try:\n    s.register(session)\nexcept e.InvalidInput as exc:\n    print('REFUSED', exc)\n"
+        "else:\n    print('REGISTERED')\n"
+        "session.stop()\n"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     env["PATH"] = f"{bare}{os.pathsep}{env.get('PATH', '')}"
     env["PYTHONPATH"] = str(ROOT)

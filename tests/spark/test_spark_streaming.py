@@ -58,8 +58,7 @@ def spark(cluster: coordinator.LocalCluster):
 
 
 def arrow(data: list[tuple]) -> pa.Table:
-    return pa.table({"id": [r[0] for r in data], "k": [r[1] for r in data], "v": [r[2] for r in data]},
-                    schema=SCHEMA)
+    return pa.table({"id": [r[0] for r in data], "k": [r[1] for r in data], "v": [r[2] for r in data]}, schema=SCHEMA)
 
 
 class Input:
@@ -151,8 +150,9 @@ def test_commit_runner_dies_before_the_commit(spark, cluster, c0: Client, r0: st
     assert c0.app_version("spark-stream:" + query_id(ckpt)) == 1
 
 
-def test_commit_runner_dies_after_the_commit_replay_is_exactly_once(spark, cluster, c0: Client, r0: str,
-                                                                    tmp_path: Path) -> None:
+def test_commit_runner_dies_after_the_commit_replay_is_exactly_once(
+    spark, cluster, c0: Client, r0: str, tmp_path: Path
+) -> None:
     """Committed at the replica, not in Spark's commit log: Spark replays the batch on restart
     and the replay changes nothing (and leaves no file behind)."""
     c0.create_table("ss_after", SCHEMA, auto_merge=False)
@@ -208,8 +208,14 @@ def run_source(spark, ckpt: Path, out: Path, table: str, replica: str, **options
     r = spark.readStream.format("mergetxn").option("replica", replica)
     for k, v in options.items():
         r = r.option(k, v)
-    q = (r.load(table).writeStream.format("parquet").option("path", str(out))
-         .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+    q = (
+        r.load(table)
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(ckpt))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         q.awaitTermination()
     finally:
@@ -228,8 +234,7 @@ def insert(client: Client, table: str, data: list[tuple]) -> int:
     return tx.csn
 
 
-def test_source_resumes_from_its_checkpoint_without_gaps_or_repeats(spark, c0: Client, r0: str,
-                                                                    tmp_path: Path) -> None:
+def test_source_resumes_from_its_checkpoint_without_gaps_or_repeats(spark, c0: Client, r0: str, tmp_path: Path) -> None:
     c0.create_table("ss_src", SCHEMA, auto_merge=False)
     c0.create_table("ss_other", SCHEMA, auto_merge=False)
     insert(c0, "ss_src", rows(0, 3))  # before the start: never streamed
@@ -273,7 +278,8 @@ def test_source_by_time_leaves_compactions_out(spark, c0: Client, r0: str, tmp_p
     by_id = streamed(spark, out_id)
     assert {r[0] for r in by_id} == {a, b, compaction, c}  # by id the compaction's rewrite shows
     assert sorted(r for r in by_id if r[0] == compaction) == sorted(
-        [(compaction, "delete", i) for i in range(4)] + [(compaction, "insert", i) for i in range(4)])
+        [(compaction, "delete", i) for i in range(4)] + [(compaction, "insert", i) for i in range(4)]
+    )
     pin.rollback()
 
 
@@ -315,7 +321,9 @@ def test_changes_by_id_without_compactions_is_by_time(c0: Client) -> None:
     assert compaction in {r[0] for r in keyed(c0.changes("ss_nocompact", start, by="id"))}
     # CSN bounds hold: (a, compaction] by id without compactions is b's rows only.
     assert keyed(c0.changes("ss_nocompact", a, compaction, by="id", compactions=False)) == [
-        (b, "insert", 2), (b, "insert", 3)]
+        (b, "insert", 2),
+        (b, "insert", 3),
+    ]
     pin.rollback()
 
 
@@ -335,8 +343,9 @@ q.awaitTermination()
 
 
 @pytest.mark.parametrize("point", ["stream_before_commit", "stream_after_commit"])
-def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client, r0: str, tmp_path: Path,
-                                                      point: str) -> None:
+def test_driver_killed_between_writing_and_committing(
+    spark, cluster, c0: Client, r0: str, tmp_path: Path, point: str
+) -> None:
     """The driver (a process of its own) is SIGKILLed while batch 1's commit runner is held at
     ``point``: parts written and not committed, or committed at the replica and not in Spark's
     commit log. Restarted from the checkpoint, the query leaves every row exactly once; what the
@@ -355,11 +364,19 @@ def test_driver_killed_between_writing_and_committing(spark, cluster, c0: Client
     run_sink(spark, src, ckpt, table, r0)  # batch 0, committed
     src.add(rows(10, 10))
     (fp / point).write_text("hold")
-    script = DRIVER.format(root=str(ROOT), tests=str(ROOT / "tests"), here=str(Path(__file__).parent),
-                           src=str(src.dir), replica=r0,
-                           ckpt=str(ckpt), fp=str(fp), table=table)
-    driver = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    script = DRIVER.format(
+        root=str(ROOT),
+        tests=str(ROOT / "tests"),
+        here=str(Path(__file__).parent),
+        src=str(src.dir),
+        replica=r0,
+        ckpt=str(ckpt),
+        fp=str(fp),
+        table=table,
+    )
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_until(lambda: (fp / f"{point}.reached").exists() or driver.poll() is not None, timeout=240)
         assert (fp / f"{point}.reached").exists(), f"the driver exited ({driver.returncode}) before {point}"
@@ -426,14 +443,14 @@ def test_a_running_stream_pins_what_it_has_yet_to_read(c0: Client, r0: str) -> N
         reader.stop()
 
 
-def test_keys_table_stream_writes_by_key_and_streams_row_changes(spark, c0: Client, r0: str,
-                                                                 tmp_path: Path) -> None:
+def test_keys_table_stream_writes_by_key_and_streams_row_changes(spark, c0: Client, r0: str, tmp_path: Path) -> None:
     """A keys table through both ends: the sink writes each batch by key (a later batch's row
     replaces an earlier one of its key), the source streams row changes per key."""
     # Its own retention window: the source reads changes from before the sink's commits, and with
     # the session's 0 s cleanup may forget that history first (SnapshotUnavailable, under load).
-    c0.create_table("ss_keys", SCHEMA, primary_key=("id",), conflict_policy="keys", auto_merge=False,
-                    retention_seconds=3600)
+    c0.create_table(
+        "ss_keys", SCHEMA, primary_key=("id",), conflict_policy="keys", auto_merge=False, retention_seconds=3600
+    )
     start = c0.snapshot()
     src, ckpt = Input(tmp_path), tmp_path / "ckpt"
     src.add(rows(0, 5))
@@ -459,8 +476,9 @@ def run_native(spark, src: Input, ckpt: Path, table: str, replica: str) -> None:
         q.stop()
 
 
-def test_write_stream_native_each_batch_once_across_restarts_and_replays(spark, cluster, c0: Client, r0: str,
-                                                                        tmp_path: Path) -> None:
+def test_write_stream_native_each_batch_once_across_restarts_and_replays(
+    spark, cluster, c0: Client, r0: str, tmp_path: Path
+) -> None:
     """spark.write_stream (Spark's own Parquet writer under foreachBatch): one commit per batch,
     a restart goes on, a batch replayed after its commit (its commit-log entry lost) adds
     nothing; the app version is the query's."""

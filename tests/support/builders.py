@@ -37,9 +37,18 @@ def tid(n: int, start_csn: int = 1, host: str = "r0") -> str:
 
 def part(name: str, table: str = "t", partition: tuple = (), creator: str = "", rows: int = 1) -> PartMeta:
     """A part descriptor whose file nobody reads."""
-    return PartMeta(name=name, table=table, partition=partition, path=f"{table}/{name}.parquet", rows=rows,
-                    size=10, checksum="crc32:0000abcd", stats={"id": (0, rows)}, creation_tid=creator,
-                    created_at=1.0)
+    return PartMeta(
+        name=name,
+        table=table,
+        partition=partition,
+        path=f"{table}/{name}.parquet",
+        rows=rows,
+        size=10,
+        checksum="crc32:0000abcd",
+        stats={"id": (0, rows)},
+        creation_tid=creator,
+        created_at=1.0,
+    )
 
 
 def table_def(name: str = "t", partitioned: bool = True) -> TableDef:
@@ -47,22 +56,38 @@ def table_def(name: str = "t", partitioned: bool = True) -> TableDef:
     return TableDef.new(name, ID_SCHEMA, partition_by=("p",) if partitioned else ())
 
 
-def change(table: str, partition: tuple, kinds: Iterable[Kind], added: Iterable[PartMeta] = (),
-           removed: Iterable[str] = ()) -> Change:
+def change(
+    table: str, partition: tuple, kinds: Iterable[Kind], added: Iterable[PartMeta] = (), removed: Iterable[str] = ()
+) -> Change:
     """What one transaction did to one target (the target's key is derived from ``partition``)."""
     return Change(table, partition_key(partition), tuple(kinds), tuple(added), tuple(removed))
 
 
-def entry(*txns: tuple[str, list[Change]], versions: dict[str, int] | None = None, ddl: Iterable[TableDef] = (),
-          time: float = 1.0, time_version: float | None = 1.0) -> LogEntry:
+def entry(
+    *txns: tuple[str, list[Change]],
+    versions: dict[str, int] | None = None,
+    ddl: Iterable[TableDef] = (),
+    time: float = 1.0,
+    time_version: float | None = 1.0,
+) -> LogEntry:
     """A log entry: one TxnRecord per ``(tid, changes)``, all with ``time_version``."""
-    return LogEntry(time=time, versions=dict(versions or {}),
-                    txns=tuple(TxnRecord(t, time_version, tuple(chs)) for t, chs in txns), ddl=tuple(ddl))
+    return LogEntry(
+        time=time,
+        versions=dict(versions or {}),
+        txns=tuple(TxnRecord(t, time_version, tuple(chs)) for t, chs in txns),
+        ddl=tuple(ddl),
+    )
 
 
-def staged(op: str, table: str = "t", added: Iterable[PartMeta] = (), removed: Iterable[str] = (),
-           partitions: list[str] | None = None, whole_table: bool = False,
-           compact_kind: str | None = None) -> StagedOp:
+def staged(
+    op: str,
+    table: str = "t",
+    added: Iterable[PartMeta] = (),
+    removed: Iterable[str] = (),
+    partitions: list[str] | None = None,
+    whole_table: bool = False,
+    compact_kind: str | None = None,
+) -> StagedOp:
     """One staged operation (``op``: insert, overwrite, truncate, delete, update, compact)."""
     added, removed = tuple(added), tuple(removed)
     parts = None if partitions is None else tuple(partitions)

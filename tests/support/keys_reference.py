@@ -56,8 +56,9 @@ def key_of(row: Mapping[str, Any], primary_key: Sequence[str]) -> tuple:
     return tuple(row[k] for k in primary_key)
 
 
-def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str],
-                  primary_key: Sequence[str]) -> tuple | None:
+def apply_version(
+    current: dict[tuple, dict | None], r: Mapping[str, Any], names: Sequence[str], primary_key: Sequence[str]
+) -> tuple | None:
     """Fold one version row onto ``current`` (key -> row, None once deleted): PUT replaces the
     row, UPDATE sets the columns it wrote (on no row: the others null), DELETE removes it; the
     step of :func:`merge` and :func:`row_changes`. Returns its key (None for a read lock, which
@@ -75,7 +76,6 @@ def apply_version(current: dict[tuple, dict | None], r: Mapping[str, Any], names
     return key
 
 
-
 def row_versions(data: pa.Table, order: int, primary_key: Sequence[str]) -> dict[tuple, list[Version]]:
     """Key -> the versions (:data:`Version`) of a committed part's rows (``order``: its creation
     CSN), read locks left out: they are no versions reads see. ``data`` needs the key columns,
@@ -90,8 +90,12 @@ def row_versions(data: pa.Table, order: int, primary_key: Sequence[str]) -> dict
     return out
 
 
-def fold(schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]],
-         others: Mapping[tuple, Sequence[Version]]) -> pa.Table:
+def fold(
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    sources: Iterable[tuple[int, pa.Table]],
+    others: Mapping[tuple, Sequence[Version]],
+) -> pa.Table:
     """A compaction's output (:func:`folded_schema`, sorted by key then version) from the
     versions of its ``sources`` (``(creation CSN, rows)`` of committed parts) given ``others``:
     key -> the versions of that key in every other part a read may combine with the output (the
@@ -153,9 +157,9 @@ def _fold_run(run: list[dict], names: list[str], primary_key: Sequence[str]) -> 
     return {**row, OP: op, COLS: cols_text}
 
 
-
-def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
-                commits: Iterable[tuple[int, Sequence[pa.Table]]]) -> pa.Table:
+def row_changes(
+    schema: pa.Schema, primary_key: Sequence[str], before: pa.Table, commits: Iterable[tuple[int, Sequence[pa.Table]]]
+) -> pa.Table:
     """The row changes of a keys table, one commit after the other: for each key a commit wrote
     whose row it changed, a ``delete`` of the row it had (if any) and an ``insert`` of the row
     it has after (if any), deletes first, keys sorted, with ``_csn``. ``before``: the rows (at
@@ -185,4 +189,3 @@ def row_changes(schema: pa.Schema, primary_key: Sequence[str], before: pa.Table,
                 inserts.append({**now, "_change": "insert", "_csn": csn})
         out += deletes + inserts
     return pa.Table.from_pylist(out, schema=changes_schema(schema))
-

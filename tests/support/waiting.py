@@ -27,8 +27,7 @@ def poll(cond: Callable[[], T], timeout: float = 30.0, interval: float = 0.05) -
     return cond()
 
 
-def wait_until(cond: Callable[[], T], timeout: float = 30.0, what: str = "condition",
-               interval: float = 0.1) -> T:
+def wait_until(cond: Callable[[], T], timeout: float = 30.0, what: str = "condition", interval: float = 0.1) -> T:
     """:func:`poll`, raising AssertionError naming ``what`` on a timeout."""
     value = poll(cond, timeout, interval)
     if not value:
@@ -36,12 +35,15 @@ def wait_until(cond: Callable[[], T], timeout: float = 30.0, what: str = "condit
     return value
 
 
-def eventually(check: Callable[[], T], timeout: float = 30.0,
-               retry_on: tuple[type[BaseException], ...] = ()) -> T:
+def eventually(check: Callable[[], T], timeout: float = 30.0, retry_on: tuple[type[BaseException], ...] = ()) -> T:
     """Call ``check`` until it returns without raising :class:`NotYet` (or one of ``retry_on``);
     after ``timeout`` seconds the last such error is raised."""
-    for attempt in Retrying(retry=retry_if_exception_type((NotYet, *retry_on)), stop=stop_after_delay(timeout),
-                            wait=wait_fixed(0.1), reraise=True):
+    for attempt in Retrying(
+        retry=retry_if_exception_type((NotYet, *retry_on)),
+        stop=stop_after_delay(timeout),
+        wait=wait_fixed(0.1),
+        reraise=True,
+    ):
         with attempt:
             return check()
     raise AssertionError("unreachable")

@@ -37,19 +37,24 @@ def parsed_equal(text: str, expected: str) -> None:
 
 
 def test_every_type_prints_as_the_row_writer_did() -> None:
-    t = pa.table({
-        "i": pa.array([1, None, -3, 2**62], pa.int64()), "u8": pa.array([0, 255, None, 7], pa.uint8()),
-        "f": [1.0, float("nan"), 0.1, -0.0], "big": [1e20, 1e-7, None, 123456.789],
-        "f32": pa.array([0.1, None, float("inf"), float("-inf")], pa.float32()),
-        "b": [True, None, False, True],
-        "s": ['a"b\\c\n', None, "tab\there", "ok\r\b\f/"],
-        "d": pa.array([dt.date(2024, 1, 1), None, dt.date(1999, 12, 31), dt.date(1, 1, 1)]),
-        "ts": pa.array([dt.datetime(2024, 1, 1, 12, 0, 0, 123), None, dt.datetime(2024, 1, 1), None]),
-        "tz": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.UTC), None, None, None], pa.timestamp("us", "UTC")),
-        "bin": [b"ab", None, b"", b"\x00"], "l": [[1, 2], None, [], [3]],
-        "dec": pa.array([decimal.Decimal("1.5"), None, decimal.Decimal("2"), None], pa.decimal128(5, 1)),
-        "dict": pa.array(["x", "y", "x", None]).dictionary_encode(),
-    })
+    t = pa.table(
+        {
+            "i": pa.array([1, None, -3, 2**62], pa.int64()),
+            "u8": pa.array([0, 255, None, 7], pa.uint8()),
+            "f": [1.0, float("nan"), 0.1, -0.0],
+            "big": [1e20, 1e-7, None, 123456.789],
+            "f32": pa.array([0.1, None, float("inf"), float("-inf")], pa.float32()),
+            "b": [True, None, False, True],
+            "s": ['a"b\\c\n', None, "tab\there", "ok\r\b\f/"],
+            "d": pa.array([dt.date(2024, 1, 1), None, dt.date(1999, 12, 31), dt.date(1, 1, 1)]),
+            "ts": pa.array([dt.datetime(2024, 1, 1, 12, 0, 0, 123), None, dt.datetime(2024, 1, 1), None]),
+            "tz": pa.array([dt.datetime(2024, 1, 1, tzinfo=dt.UTC), None, None, None], pa.timestamp("us", "UTC")),
+            "bin": [b"ab", None, b"", b"\x00"],
+            "l": [[1, 2], None, [], [3]],
+            "dec": pa.array([decimal.Decimal("1.5"), None, decimal.Decimal("2"), None], pa.decimal128(5, 1)),
+            "dict": pa.array(["x", "y", "x", None]).dictionary_encode(),
+        }
+    )
     parsed_equal(bytes(lines(t)).decode(), reference(t))
 
 
@@ -60,8 +65,10 @@ def test_floats_parse_back_to_the_same_double() -> None:
     values = [rng.choice([1, -1]) * rng.random() * 10 ** rng.randint(-30, 30) for _ in range(20_000)]
     values += [1e16, 1e15, 5e-324, 1.7976931348623157e308, 0.0, -0.0, 100.0, 1e22, 1e-7]
     back = [json.loads(line)["f"] for line in bytes(lines(pa.table({"f": values}))).decode().splitlines()]
-    assert all(type(b) is float and b == v and math.copysign(1, b) == math.copysign(1, v)
-               for b, v in zip(back, values, strict=True))
+    assert all(
+        type(b) is float and b == v and math.copysign(1, b) == math.copysign(1, v)
+        for b, v in zip(back, values, strict=True)
+    )
 
 
 def test_control_characters_and_unicode_parse_the_same() -> None:

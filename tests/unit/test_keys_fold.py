@@ -21,8 +21,13 @@ from support import keys_reference as ref
 from coordinator.core import keyfold, keys
 
 # Deterministic in CI (no example database, a fixed derivation of examples) and under 30 s.
-FAST = settings(derandomize=True, database=None, max_examples=100, deadline=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FAST = settings(
+    derandomize=True,
+    database=None,
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # key type -> a small pool of values (collisions are the point); floats include -0.0 and 0.0
 KEY_TYPES = {
@@ -33,11 +38,13 @@ KEY_TYPES = {
     "date32": (pa.date32(), [dt.date(2020, 1, 1), dt.date(1999, 12, 31), dt.date(2020, 1, 2)]),
     "bool": (pa.bool_(), [False, True]),
     "decimal": (pa.decimal128(9, 2), [decimal.Decimal("-1.50"), decimal.Decimal("0.00"), decimal.Decimal("3.25")]),
-    "timestamp": (pa.timestamp("us", tz="UTC"),
-                  [dt.datetime(2021, 5, 1, tzinfo=dt.UTC), dt.datetime(2021, 5, 2, tzinfo=dt.UTC)]),
+    "timestamp": (
+        pa.timestamp("us", tz="UTC"),
+        [dt.datetime(2021, 5, 1, tzinfo=dt.UTC), dt.datetime(2021, 5, 2, tzinfo=dt.UTC)],
+    ),
 }
 VALUE_TYPES = {
-    "int64": (pa.int64(), st.integers(-(2 ** 63), 2 ** 63 - 1)),
+    "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
     "string": (pa.string(), st.text(max_size=4)),
     "float64": (pa.float64(), st.floats()),  # NaN too: an unchanged NaN is no change
     "bool": (pa.bool_(), st.booleans()),
@@ -53,7 +60,7 @@ def tables(draw: st.DrawFn) -> tuple[pa.Schema, tuple[str, ...]]:
     values = draw(st.lists(st.sampled_from(sorted(VALUE_TYPES)), max_size=3))
     fields += [pa.field(f"c{i}", VALUE_TYPES[kind][0], nullable=draw(st.booleans())) for i, kind in enumerate(values)]
     order = draw(st.permutations(range(len(fields))))  # key columns need not come first
-    return pa.schema([fields[i] for i in order]), tuple(f.name for f in fields[:len(kinds)])
+    return pa.schema([fields[i] for i in order]), tuple(f.name for f in fields[: len(kinds)])
 
 
 def _key_pool(schema: pa.Schema, pk: tuple[str, ...]) -> dict[str, list]:
@@ -66,8 +73,9 @@ def _value_strategy(schema: pa.Schema, name: str) -> st.SearchStrategy:
 
 
 @st.composite
-def part_rows(draw: st.DrawFn, schema: pa.Schema, pk: tuple[str, ...], folded: bool,
-              ops: tuple[int, ...] = OPS) -> pa.Table:
+def part_rows(
+    draw: st.DrawFn, schema: pa.Schema, pk: tuple[str, ...], folded: bool, ops: tuple[int, ...] = OPS
+) -> pa.Table:
     """One part's versions in the file layout (plus ``_ver`` when ``folded``): random keys from
     small pools, random ops and ``_seq`` (ties included), UPDATEs naming random columns (in any
     order, maybe none), and random values everywhere, also where a version sets nothing."""
@@ -165,10 +173,13 @@ def test_empty_inputs() -> None:
     empty = keys.file_schema(schema, pk).empty_table()
     for parts in ([], [(1, empty)], [(keys.OWN, empty), (2, empty)]):
         same(keyfold.merge(schema, pk, parts), ref.merge(schema, pk, parts))
-        same(keyfold.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], None),
-             ref.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], {}))
-    same(keyfold.row_changes(schema, pk, schema.empty_table(), []),
-         ref.row_changes(schema, pk, schema.empty_table(), []))
+        same(
+            keyfold.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], None),
+            ref.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], {}),
+        )
+    same(
+        keyfold.row_changes(schema, pk, schema.empty_table(), []), ref.row_changes(schema, pk, schema.empty_table(), [])
+    )
 
 
 @pytest.mark.parametrize("op", [keys.LOCK_STRONG, keys.LOCK_WEAK])
@@ -214,8 +225,9 @@ def test_a_row_an_update_leaves_as_it_was_is_no_change_even_with_nan() -> None:
     """A column carried from the row before is unchanged though NaN != NaN (the reference's
     dicts hold the same float object); a PUT of NaN over NaN is a change in both. Written out:
     random histories rarely leave a whole row with a NaN as it was."""
-    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("x", pa.float64()),
-                        pa.field("s", pa.string())])
+    schema = pa.schema(
+        [pa.field("k", pa.int64(), nullable=False), pa.field("x", pa.float64()), pa.field("s", pa.string())]
+    )
     pk = ("k",)
     before = pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}, schema=schema)
     upd = keys.versions(schema, pk, "t", pa.table({"k": [1], "s": ["a"]}), keys.UPDATE, 0)

@@ -62,7 +62,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(m)
         for d in sorted(graph[m]):
             if state.get(d) == 1:
-                return path[path.index(d):] + [d]
+                return path[path.index(d) :] + [d]
             if d not in state and (found := visit(d)):
                 return found
         state[m] = 2

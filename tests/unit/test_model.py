@@ -33,8 +33,18 @@ def sample_entry() -> LogEntry:
     a, b = tid(1), tid(2, host="r1")
     return entry(
         (a, [change("t", (1,), [Kind.INSERT], added=[part("p1", partition=(1,), creator=a)])]),
-        (b, [change("t", (2,), [Kind.OVERWRITE, Kind.MUTATE], added=[part("p2", partition=(2,), creator=b)],
-                    removed=["p0"])]),
+        (
+            b,
+            [
+                change(
+                    "t",
+                    (2,),
+                    [Kind.OVERWRITE, Kind.MUTATE],
+                    added=[part("p2", partition=(2,), creator=b)],
+                    removed=["p0"],
+                )
+            ],
+        ),
         versions={"t/[2]": 3, "t": 1},
         ddl=[table_def("u")],
         time=12.5,
@@ -65,24 +75,46 @@ def test_manifest_pointer_round_trips() -> None:
     assert decode_log_node(pointer.encode(), WHERE) == pointer
 
 
-@pytest.mark.parametrize("data,says", [
-    (b"\x00\xffnot json{", "is not valid JSON"),
-    (b"[1, 2]", "no supported format version"),
-    (b'{"txns": []}', "no supported format version"),
-    (b'{"v": 99, "txns": []}', "no supported format version"),
-    (b'{"v": 1, "manifest": 7}', "names a manifest that is not a path"),
-    (b'{"v": 1, "txns": [{"tid": "nonsense", "changes": []}]}', "is malformed"),
-    (b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "pkey": "[]", "kinds": ["bogus"]}]}]}',
-     "is malformed"),
-    (b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "kinds": []}]}]}', "is malformed"),
-    (b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "pkey": "[]", "kinds": [],'
-     b' "added": [{"name": "x"}]}]}]}', "is malformed"),
-    (b'{"v": 1, "versions": {"t": "three"}}', "is malformed"),
-    (b'{"v": 1, "versions": []}', "is malformed"),
-    (b'{"v": 1, "ddl": [{"create_table": {"name": "evil", "schema": "!!"}}]}', "is malformed"),
-    (b'{"v": 1, "ddl": [{"drop_table": "t"}]}', "is malformed"),
-], ids=["bytes", "list", "no-version", "version-99", "manifest-not-path", "bad-tid", "bad-kind", "no-pkey",
-        "bad-part", "bad-version-value", "versions-not-dict", "bad-schema", "unknown-ddl"])
+@pytest.mark.parametrize(
+    "data,says",
+    [
+        (b"\x00\xffnot json{", "is not valid JSON"),
+        (b"[1, 2]", "no supported format version"),
+        (b'{"txns": []}', "no supported format version"),
+        (b'{"v": 99, "txns": []}', "no supported format version"),
+        (b'{"v": 1, "manifest": 7}', "names a manifest that is not a path"),
+        (b'{"v": 1, "txns": [{"tid": "nonsense", "changes": []}]}', "is malformed"),
+        (
+            b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "pkey": "[]", "kinds": ["bogus"]}]}]}',
+            "is malformed",
+        ),
+        (b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "kinds": []}]}]}', "is malformed"),
+        (
+            b'{"v": 1, "txns": [{"tid": "T1-0-r0", "changes": [{"table": "t", "pkey": "[]", "kinds": [],'
+            b' "added": [{"name": "x"}]}]}]}',
+            "is malformed",
+        ),
+        (b'{"v": 1, "versions": {"t": "three"}}', "is malformed"),
+        (b'{"v": 1, "versions": []}', "is malformed"),
+        (b'{"v": 1, "ddl": [{"create_table": {"name": "evil", "schema": "!!"}}]}', "is malformed"),
+        (b'{"v": 1, "ddl": [{"drop_table": "t"}]}', "is malformed"),
+    ],
+    ids=[
+        "bytes",
+        "list",
+        "no-version",
+        "version-99",
+        "manifest-not-path",
+        "bad-tid",
+        "bad-kind",
+        "no-pkey",
+        "bad-part",
+        "bad-version-value",
+        "versions-not-dict",
+        "bad-schema",
+        "unknown-ddl",
+    ],
+)
 def test_a_log_node_that_does_not_parse_is_corrupt_metadata_naming_it(data: bytes, says: str) -> None:
     with pytest.raises(CorruptMetadata) as info:
         decode_log_node(data, WHERE)
@@ -97,8 +129,11 @@ def wal_round_trip(rec: object) -> object:
 
 def test_wal_entry_round_trips_and_validates_when_replayed() -> None:
     e = sample_entry()
-    for written in (WalEntry(9, 0, 8, entry=e), WalEntry(9, 0, 8, entry=e, raw=e.encode()),
-                    WalEntry(9, 0, 8, raw=e.to_dict())):
+    for written in (
+        WalEntry(9, 0, 8, entry=e),
+        WalEntry(9, 0, 8, entry=e, raw=e.encode()),
+        WalEntry(9, 0, 8, raw=e.to_dict()),
+    ):
         back = wal_round_trip(written)
         assert isinstance(back, WalEntry) and (back.csn, back.epoch, back.seq) == (9, 0, 8)
         assert back.entry is None and isinstance(back.raw, dict)  # decoded JSON, not yet validated
@@ -118,14 +153,17 @@ def test_wal_staged_and_base_round_trip() -> None:
     assert wal_round_trip(WalBase(41)) == WalBase(41)
 
 
-@pytest.mark.parametrize("d,says", [
-    ({"nothing": 1}, "record of no known kind"),
-    ([1, 2], "record of no known kind"),
-    ({"entry": {}, "csn": "x", "epoch": 0, "seq": 0}, "record is malformed"),
-    ({"entry": {}, "epoch": 0, "seq": 0}, "record is malformed"),
-    ({"base": "soon"}, "record is malformed"),
-    ({"staged": "T1-0-r0", "paths": 5}, "record is malformed"),
-])
+@pytest.mark.parametrize(
+    "d,says",
+    [
+        ({"nothing": 1}, "record of no known kind"),
+        ([1, 2], "record of no known kind"),
+        ({"entry": {}, "csn": "x", "epoch": 0, "seq": 0}, "record is malformed"),
+        ({"entry": {}, "epoch": 0, "seq": 0}, "record is malformed"),
+        ({"base": "soon"}, "record is malformed"),
+        ({"staged": "T1-0-r0", "paths": 5}, "record is malformed"),
+    ],
+)
 def test_a_wal_record_of_no_known_kind_or_malformed_names_where(d: object, says: str) -> None:
     with pytest.raises(CorruptMetadata, match=f"^wal.log@12: {says}"):
         wal_record_from_dict(d, "wal.log@12")
@@ -133,8 +171,15 @@ def test_a_wal_record_of_no_known_kind_or_malformed_names_where(d: object, says:
 
 # -- the alive node -------------------------------------------------------------------------------
 def test_alive_record_round_trips() -> None:
-    rec = AliveRecord(address="127.0.0.1:7000", incarnation=3, applied=40, oldest_txn_snapshot=31,
-                      oldest_snapshot=31, snapshots=((31, tid(1)), (35, "read")), running=(tid(1),))
+    rec = AliveRecord(
+        address="127.0.0.1:7000",
+        incarnation=3,
+        applied=40,
+        oldest_txn_snapshot=31,
+        oldest_snapshot=31,
+        snapshots=((31, tid(1)), (35, "read")),
+        running=(tid(1),),
+    )
     back = AliveRecord.decode(rec.encode())
     assert back == rec
     assert back.knows_running
@@ -143,6 +188,7 @@ def test_alive_record_round_trips() -> None:
 def test_alive_record_oldest_snapshot_is_the_lowest_need() -> None:
     """Whatever the node says its oldest snapshot is, nothing above what it applied or what its
     oldest transaction reads counts as that."""
+
     def decoded(**d: object) -> AliveRecord:
         return AliveRecord.decode(jsonwire.dumps({"running": [], **d}))
 
@@ -153,10 +199,19 @@ def test_alive_record_oldest_snapshot_is_the_lowest_need() -> None:
     assert decoded().oldest_snapshot == 0
 
 
-@pytest.mark.parametrize("data", [
-    b"\x00\xff", b"not json", b"[1, 2]", b"7", b'{"incarnation": "third"}', b'{"snapshots": [[1]]}',
-    b'{"snapshots": 5}',
-], ids=["bytes", "text", "list", "number", "bad-incarnation", "short-snapshot", "snapshots-not-list"])
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x00\xff",
+        b"not json",
+        b"[1, 2]",
+        b"7",
+        b'{"incarnation": "third"}',
+        b'{"snapshots": [[1]]}',
+        b'{"snapshots": 5}',
+    ],
+    ids=["bytes", "text", "list", "number", "bad-incarnation", "short-snapshot", "snapshots-not-list"],
+)
 def test_a_malformed_alive_node_keeps_everything(data: bytes) -> None:
     rec = AliveRecord.decode(data)
     assert rec.malformed
@@ -173,12 +228,15 @@ def test_an_alive_node_without_running_does_not_know_its_running() -> None:
 
 
 # -- outcomes -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("status", [
-    CommitStatus(tid(1), TxnState.COMMITTED, 17),
-    CommitStatus(tid(2), TxnState.ABORTED, None, "time limit of 1 s exceeded"),
-    CommitStatus(tid(3), TxnState.RUNNING),
-    CommitStatus(tid(4), "aborted"),
-])
+@pytest.mark.parametrize(
+    "status",
+    [
+        CommitStatus(tid(1), TxnState.COMMITTED, 17),
+        CommitStatus(tid(2), TxnState.ABORTED, None, "time limit of 1 s exceeded"),
+        CommitStatus(tid(3), TxnState.RUNNING),
+        CommitStatus(tid(4), "aborted"),
+    ],
+)
 def test_commit_status_round_trips(status: CommitStatus) -> None:
     wire = jsonwire.loads(jsonwire.dumps(status.to_dict()))
     back = CommitStatus.from_dict(wire)

@@ -25,9 +25,18 @@ from parts.model.meta import PartMeta
 
 
 def meta(name: str, rows: int = 3, partition: tuple = (1,)) -> PartMeta:
-    return PartMeta(name=name, table="t", partition=partition, path=f"t/p=1/{name}.parquet", rows=rows, size=10,
-                    checksum="crc32:0badf00d", stats={"id": (0, 9), "v": (None, None)}, creation_tid="1-2-h",
-                    created_at=1700000000.5)
+    return PartMeta(
+        name=name,
+        table="t",
+        partition=partition,
+        path=f"t/p=1/{name}.parquet",
+        rows=rows,
+        size=10,
+        checksum="crc32:0badf00d",
+        stats={"id": (0, 9), "v": (None, None)},
+        creation_tid="1-2-h",
+        created_at=1700000000.5,
+    )
 
 
 A, B = meta("1-2-h_a"), meta("1-2-h_b", rows=4)
@@ -85,13 +94,24 @@ def test_what_a_statement_cannot_have_reads_as_empty() -> None:
 
 def test_the_encoding_with_every_key_still_decodes() -> None:
     """Before the union, every operation went out with all keys, empty where they did not apply."""
-    full = {"op": "insert", "table": "t", "added": [A.to_dict()], "removed": [], "partitions": None,
-            "whole_table": False, "where": None, "assignments": None, "compact_kind": None}
+    full = {
+        "op": "insert",
+        "table": "t",
+        "added": [A.to_dict()],
+        "removed": [],
+        "partitions": None,
+        "whole_table": False,
+        "where": None,
+        "assignments": None,
+        "compact_kind": None,
+    }
     assert op_from_dict(full) == Insert("t", (A,))
-    assert op_from_dict({**full, "op": "truncate", "added": [], "removed": ["x"], "whole_table": True}) == \
-        Truncate("t", ("x",))
-    assert op_from_dict({**full, "op": "compact", "compact_kind": "major", "partitions": ["[1]"]}) == \
-        Compact("t", "major", (A,), (), ("[1]",))
+    assert op_from_dict({**full, "op": "truncate", "added": [], "removed": ["x"], "whole_table": True}) == Truncate(
+        "t", ("x",)
+    )
+    assert op_from_dict({**full, "op": "compact", "compact_kind": "major", "partitions": ["[1]"]}) == Compact(
+        "t", "major", (A,), (), ("[1]",)
+    )
     assert op_from_dict({**full, "op": "delete", "where": "w"}) == Mutate("delete", "t", "w", (A,))
     # What the client always sent for an insert: just these keys.
     assert op_from_dict({"op": "insert", "table": "t", "added": [A.to_dict()]}) == Insert("t", (A,))

@@ -202,9 +202,7 @@ def test_unpartitioned_and_empty_part(storage):
 
 
 def test_partition_dir_encodes_values(storage):
-    meta = write_part(
-        storage, "t", ["k", "b", "n"], ("a/b c%..", True, None), pa.table({"x": [1]}), "T1-1-h"
-    )
+    meta = write_part(storage, "t", ["k", "b", "n"], ("a/b c%..", True, None), pa.table({"x": [1]}), "T1-1-h")
     assert meta.path.startswith("t/k=a%2Fb%20c%25../b=true/n=__HIVE_DEFAULT_PARTITION__/")
     assert read_meta(storage, meta.meta_path).partition == ("a/b c%..", True, None)
     assert len(ops.partition_dir(["k"], ("x" * 1000,))) < 200
@@ -214,9 +212,7 @@ def test_stats_for_special_columns(storage):
     data = pa.table(
         {
             "f": [1.0, float("nan")],
-            "ts": pa.array(
-                [dt.datetime(2024, 1, 1, 5), dt.datetime(2024, 1, 2)], pa.timestamp("us", "UTC")
-            ),
+            "ts": pa.array([dt.datetime(2024, 1, 1, 5), dt.datetime(2024, 1, 2)], pa.timestamp("us", "UTC")),
             "bin": [b"a", b"b"],
             "allnull": pa.array([None, None], pa.int32()),
         }
@@ -504,9 +500,7 @@ def test_partition_key_round_trip():
 def test_check_expression_names_missing_columns():
     ops.check_expression(pc.field("id") > 3, SCHEMA, "delete from 'events'")
     with pytest.raises(InvalidInput, match=r"missing column\(s\) \['zz', 'yy'\]") as err:
-        ops.check_expression(
-            (pc.field("zz") > 1) & (pc.field("yy") < "x"), SCHEMA, "delete from 'events'"
-        )
+        ops.check_expression((pc.field("zz") > 1) & (pc.field("yy") < "x"), SCHEMA, "delete from 'events'")
     assert err.value.message.startswith("delete from 'events'")
     with pytest.raises(InvalidInput, match="bool"):
         ops.check_expression(pc.field("id") + 1, SCHEMA, "delete")
@@ -532,9 +526,7 @@ def test_expression_encode_decode_round_trip():
     with pytest.raises(CorruptMetadata):
         ops.decode_expression("not base64!", SCHEMA)
     with pytest.raises(CorruptMetadata, match="bound to columns"):
-        ops.decode_expression(
-            ops.encode_expression(pc.field("id") > 1, SCHEMA), pa.schema([("id", pa.int64())])
-        )
+        ops.decode_expression(ops.encode_expression(pc.field("id") > 1, SCHEMA), pa.schema([("id", pa.int64())]))
     with pytest.raises(InvalidInput, match="zz"):
         ops.encode_expression(pc.field("zz") > 1, SCHEMA)
 
@@ -561,9 +553,7 @@ def test_apply_update_uses_old_values_and_keeps_schema():
 
 def test_apply_update_scalar_and_encoded_assignments():
     schema = pa.schema([("a", pa.int64()), ("s", pa.string()), ("d", pa.date32())])
-    data = pa.table(
-        {"a": [1, 2, 3], "s": ["x", None, "z"], "d": [dt.date(2024, 1, 1)] * 3}, schema=schema
-    )
+    data = pa.table({"a": [1, 2, 3], "s": ["x", None, "z"], "d": [dt.date(2024, 1, 1)] * 3}, schema=schema)
     assigns = ops.assignments({"s": "new", "d": dt.date(2025, 5, 5), "a": None}, schema)
     where = pc.field("s").is_null() | (pc.field("a") == 3)
     shipped = ops.decode_assignments(ops.encode_assignments(assigns, schema), schema)
@@ -657,12 +647,8 @@ def test_may_match_decoded_expressions_need_schema():
 
 
 def test_may_match_partitions_nulls_and_unknowns():
-    assert (
-        ops.may_match({}, ["day"], ("2024-01-01",), pc.field("day") == dt.date(2024, 1, 2)) is False
-    )
-    assert (
-        ops.may_match({}, ["day"], ("2024-01-01",), pc.field("day") == dt.date(2024, 1, 1)) is True
-    )
+    assert ops.may_match({}, ["day"], ("2024-01-01",), pc.field("day") == dt.date(2024, 1, 2)) is False
+    assert ops.may_match({}, ["day"], ("2024-01-01",), pc.field("day") == dt.date(2024, 1, 1)) is True
     assert ops.may_match({}, ["k"], (None,), pc.field("k") == "x") is False
     assert ops.may_match({"id": (None, None)}, [], (), pc.field("id") == 1) is False
     assert ops.may_match({}, [], (), pc.field("id") == 1) is True

@@ -30,34 +30,32 @@ ATTR_FUNCS = ("getattr", "hasattr", "setattr")
 # (file, expression) -> why it is justified.
 ALLOWED: dict[tuple[str, str], str] = {
     ("replicas/replica.py", "os._exit"): "os._exit is public API (the leading underscore is historical): "
-                                         "a dead ZooKeeper connection loop ends the process at once",
+    "a dead ZooKeeper connection loop ends the process at once",
     ("replicas/server.py", "os._exit"): "os._exit is public API: a dead RPC loop ends the process at once",
     ("spark/streaming.py", "os._exit"): "os._exit is public API",
     ("spark/datasource.py", "sys._getframe"): "sys._getframe is documented CPython API",
     ("replicas/replica.py", "self.zk._stopped"): "kazoo has no public road to whether KazooClient.stop() was "
-                                                 "called: it tells a connection loop that died from one we stopped",
+    "called: it tells a connection loop that died from one we stopped",
     ("replicas/replica.py", "getattr(self.zk, '_connection')"): "kazoo has no public road to its connection "
-                                                                "thread's stop event (read with a default: absent "
-                                                                "in another kazoo, the check is skipped)",
+    "thread's stop event (read with a default: absent "
+    "in another kazoo, the check is skipped)",
     ("replicas/logs.py", "handler._mergetxn"): "our own marker on a handler this module created, not someone "
-                                               "else's state (reopen() finds its handlers by it)",
+    "else's state (reopen() finds its handlers by it)",
     ("replicas/logs.py", "getattr(h, '_mergetxn')"): "reads the marker above",
     ("replicas/logs.py", "h._open"): "logging.FileHandler has no public way to reopen its file in place "
-                                     "(SIGHUP after a rotation); _open is what its own emit() calls",
+    "(SIGHUP after a rotation); _open is what its own emit() calls",
     ("replicas/logs.py", "h._statstream"): "WatchedFileHandler's reopenIfNeeded() reopens only a file that "
-                                           "moved; after the reopen above its dev/inode must be read again",
+    "moved; after the reopen above its dev/inode must be read again",
     ("mergetxn/tools/quickstart.py", "SparkContext._gateway"): "PySpark has no public road to its JVM gateway",
     ("mergetxn/tools/quickstart.py", "SparkContext._jvm"): "PySpark has no public road to the JVM",
     ("mergetxn/chaos/run.py", "SparkContext._active_spark_context"): "PySpark has no public 'is a context "
-                                                                     "active' that does not create one",
-    ("mergetxn/chaos/run.py", "self.session.sparkContext._jsc"): "PySpark has no public road to the Java "
-                                                                 "SparkContext",
+    "active' that does not create one",
+    ("mergetxn/chaos/run.py", "self.session.sparkContext._jsc"): "PySpark has no public road to the Java SparkContext",
 }
 
 # Reaches still to mend, in files outside this change (another helper's, or being moved): who,
 # and what to do. Remove an entry with its fix.
-NOT_YET: dict[tuple[str, str], str] = {
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:
@@ -73,8 +71,12 @@ def _own_names(tree: ast.Module) -> set[str]:
             own.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             own.add(node.id)
-        elif (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-              and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
             own.add(node.attr)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             own.add(node.target.id)
@@ -83,8 +85,12 @@ def _own_names(tree: ast.Module) -> set[str]:
 
 def _imported(tree: ast.Module) -> set[str]:
     """The names a module binds by importing (at any level): what they name is never its own."""
-    return {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
-            if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    return {
+        (a.asname or a.name).split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for a in node.names
+    }
 
 
 def reaches(path: Path, rel: str) -> list[tuple[int, str]]:
@@ -103,9 +109,15 @@ def reaches(path: Path, rel: str) -> list[tuple[int, str]]:
             if node.attr in own and not (isinstance(node.value, ast.Name) and node.value.id in imported):
                 continue
             found.append((node.lineno, ast.unparse(node)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTR_FUNCS
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-              and isinstance(node.args[1].value, str) and _private(node.args[1].value)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ATTR_FUNCS
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+        ):
             target = node.args[0]
             if isinstance(target, ast.Name) and target.id in ("self", "cls") or node.args[1].value in own:
                 continue
@@ -123,10 +135,15 @@ def all_reaches() -> list[tuple[str, int, str]]:
 
 
 def test_no_reach_into_private_state() -> None:
-    bad = [f"{rel}:{line}: {expr}" for rel, line, expr in all_reaches()
-           if (rel, expr) not in ALLOWED and (rel, expr) not in NOT_YET]
-    assert not bad, ("private names used from outside their module or object (give the owner a public "
-                     "method or name, or add the access to ALLOWED with the reason):\n  " + "\n  ".join(bad))
+    bad = [
+        f"{rel}:{line}: {expr}"
+        for rel, line, expr in all_reaches()
+        if (rel, expr) not in ALLOWED and (rel, expr) not in NOT_YET
+    ]
+    assert not bad, (
+        "private names used from outside their module or object (give the owner a public "
+        "method or name, or add the access to ALLOWED with the reason):\n  " + "\n  ".join(bad)
+    )
 
 
 def test_every_exception_names_an_access_that_exists() -> None:
@@ -150,5 +167,9 @@ def test_the_scan_finds_reaches(tmp_path: Path) -> None:
         "    def _exit(self):\n"
         "        os._exit(1)\n"  # a name of its own, but on an imported module: not its own
     )
-    assert reaches(f, "m.py") == [(2, "from other import _hidden"), (9, "self.b.registry._lock"),
-                                  (10, "getattr(self.b, '_flag')"), (12, "os._exit")]
+    assert reaches(f, "m.py") == [
+        (2, "from other import _hidden"),
+        (9, "self.b.registry._lock"),
+        (10, "getattr(self.b, '_flag')"),
+        (12, "os._exit"),
+    ]

@@ -23,18 +23,22 @@ SERVER = ROOT / "replicas" / "server.py"
 # Fields the server sets on a request for itself after the check (never a peer's).
 SERVER_OWN = {"_inflight"}
 # Reads of a handler that a request of that action never reaches: (action, field) -> why.
-NEVER_READ = {("commit", "op"): "_commit stages through _stage only with 'ops'; _stage reads 'op' without it "
-                                "(a stage request's one operation)"}
+NEVER_READ = {
+    ("commit", "op"): "_commit stages through _stage only with 'ops'; _stage reads 'op' without it "
+    "(a stage request's one operation)"
+}
 
 
 def handler_nodes() -> dict[str, ast.expr]:
     """replicas/server.py's ``self.handlers = {action: handler}``, as source nodes."""
     tree = ast.parse(SERVER.read_text())
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                and any(ast.unparse(t) == "self.handlers" for t in node.targets)):
-            return {k.value: v for k, v in zip(node.value.keys, node.value.values)
-                    if isinstance(k, ast.Constant)}
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Dict)
+            and any(ast.unparse(t) == "self.handlers" for t in node.targets)
+        ):
+            return {k.value: v for k, v in zip(node.value.keys, node.value.values) if isinstance(k, ast.Constant)}
     raise AssertionError("replicas/server.py sets no self.handlers dict")
 
 
@@ -43,16 +47,34 @@ def read_keys(node: ast.AST, names: frozenset[str] = frozenset({"a", "args"})) -
     ``a["k"]``, ``a.get("k")``, ``a.pop("k")``, ``"k" in a``."""
     keys: set[str] = set()
     for n in ast.walk(node):
-        if (isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id in names
-                and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str)):
+        if (
+            isinstance(n, ast.Subscript)
+            and isinstance(n.value, ast.Name)
+            and n.value.id in names
+            and isinstance(n.slice, ast.Constant)
+            and isinstance(n.slice.value, str)
+        ):
             keys.add(n.slice.value)
-        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("get", "pop")
-              and isinstance(n.func.value, ast.Name) and n.func.value.id in names and n.args
-              and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("get", "pop")
+            and isinstance(n.func.value, ast.Name)
+            and n.func.value.id in names
+            and n.args
+            and isinstance(n.args[0], ast.Constant)
+            and isinstance(n.args[0].value, str)
+        ):
             keys.add(n.args[0].value)
-        elif (isinstance(n, ast.Compare) and len(n.ops) == 1 and isinstance(n.ops[0], ast.In)
-              and isinstance(n.comparators[0], ast.Name) and n.comparators[0].id in names
-              and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)):
+        elif (
+            isinstance(n, ast.Compare)
+            and len(n.ops) == 1
+            and isinstance(n.ops[0], ast.In)
+            and isinstance(n.comparators[0], ast.Name)
+            and n.comparators[0].id in names
+            and isinstance(n.left, ast.Constant)
+            and isinstance(n.left.value, str)
+        ):
             keys.add(n.left.value)
     return keys
 
@@ -68,7 +90,7 @@ def methods(path: Path, cls: str | None = None) -> dict[str, ast.FunctionDef]:
 
 def test_the_table_lists_exactly_the_replicas_actions_and_the_grants_rules() -> None:
     served = set(handler_nodes())
-    assert served == set(ACTIONS), (served ^ set(ACTIONS))
+    assert served == set(ACTIONS), served ^ set(ACTIONS)
     assert set(grants.ACTIONS) == set(ACTIONS), set(grants.ACTIONS) ^ set(ACTIONS)
 
 
@@ -81,9 +103,15 @@ def test_every_field_a_handler_reads_is_in_its_actions_fields() -> None:
     def reads(node: ast.AST, seen: set[str]) -> set[str]:
         keys = read_keys(node)
         for n in ast.walk(node):  # self._x(a, ...) of the server's own methods
-            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
-                    and n.func.value.id == "self" and n.func.attr in server and n.func.attr not in seen
-                    and any(isinstance(x, ast.Name) and x.id == "a" for x in n.args)):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and isinstance(n.func.value, ast.Name)
+                and n.func.value.id == "self"
+                and n.func.attr in server
+                and n.func.attr not in seen
+                and any(isinstance(x, ast.Name) and x.id == "a" for x in n.args)
+            ):
                 seen.add(n.func.attr)
                 keys |= reads(server[n.func.attr], seen)
         return keys
@@ -94,8 +122,9 @@ def test_every_field_a_handler_reads_is_in_its_actions_fields() -> None:
         keys = reads(node, set()) - SERVER_OWN - {f for a, f in NEVER_READ if a == action}
         assert keys <= ACTIONS[action].names, f"{action} reads {keys - ACTIONS[action].names}, not in its fields"
     registry = methods(ROOT / "replicas" / "registry.py")
-    parts_keys = set().union(*(read_keys(registry[m]) for m in ("commit_parts", "parts_op", "parts_apps",
-                                                                  "committed_retry")))
+    parts_keys = set().union(
+        *(read_keys(registry[m]) for m in ("commit_parts", "parts_op", "parts_apps", "committed_retry"))
+    )
     assert parts_keys - SERVER_OWN <= ACTIONS["commit_parts"].names
     inline = {m: reads(server[m], set()) - SERVER_OWN for m in ("_commit_parts_async", "_commit_async", "_quick_stage")}
     assert inline["_commit_parts_async"] <= ACTIONS["commit_parts"].names
@@ -118,8 +147,14 @@ def client_calls() -> list[tuple[str, int, str, set[str]]]:
     files = [*(ROOT / "coordinator").rglob("*.py"), *(ROOT / "mergetxn").rglob("*.py"), *(ROOT / "spark").rglob("*.py")]
     for path in files:
         for n in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "call"
-                    and n.args and isinstance(n.args[0], ast.Constant) and isinstance(n.args[0].value, str)):
+            if (
+                isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr == "call"
+                and n.args
+                and isinstance(n.args[0], ast.Constant)
+                and isinstance(n.args[0].value, str)
+            ):
                 names = {k.arg for k in n.keywords if k.arg is not None and k.arg != "timeout"}
                 if len(n.args) > 1 and isinstance(n.args[1], ast.Dict):  # RpcClient.call(action, {...})
                     names |= {k.value for k in n.args[1].keys if isinstance(k, ast.Constant)}
@@ -215,8 +250,13 @@ def test_json_types_are_told_apart_exactly() -> None:
 
 def test_messages_stay_short_whatever_a_peer_sends() -> None:
     huge = "x" * 1_000_000
-    for action, args in [("begin", {"token": [huge] * 1000}), ("begin", {huge: 1}), (huge, {}),
-                         ("info", {"k" * 10_000: huge}), ("commit", {"id": {huge: huge}})]:
+    for action, args in [
+        ("begin", {"token": [huge] * 1000}),
+        ("begin", {huge: 1}),
+        (huge, {}),
+        ("info", {"k" * 10_000: huge}),
+        ("commit", {"id": {huge: huge}}),
+    ]:
         with pytest.raises(InvalidInput) as err:
             check_request(action, args)
         assert len(err.value.message) < 700, err.value.message

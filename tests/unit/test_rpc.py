@@ -287,14 +287,17 @@ def test_a_loop_that_dies_raises_from_serve() -> None:
         socket.create_connection(("127.0.0.1", server.port), timeout=2)
 
 
-@pytest.mark.parametrize("failures, after, waits", [
-    (4, 0.0, False),  # within the burst
-    (5, 0.0, True),  # the burst spent
-    (5, 0.99, True),
-    (5, 1.01, False),  # one token back after LOGIN_EVERY
-    (8, 3.5, True),
-    (8, 4.01, False),
-])
+@pytest.mark.parametrize(
+    "failures, after, waits",
+    [
+        (4, 0.0, False),  # within the burst
+        (5, 0.0, True),  # the burst spent
+        (5, 0.99, True),
+        (5, 1.01, False),  # one token back after LOGIN_EVERY
+        (8, 3.5, True),
+        (8, 4.01, False),
+    ],
+)
 def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: float, waits: bool) -> None:
     from coordinator.wire.rpc import LoginThrottle
 
@@ -307,12 +310,15 @@ def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: floa
     assert throttle.wait("10.0.0.1", 1000.0) == 0
 
 
-@pytest.mark.parametrize("host, key", [
-    ("10.1.2.3", "10.1.2.3"),
-    ("::ffff:10.1.2.3", "10.1.2.3"),
-    ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
-    ("fe80::1%eth0", "fe80::/64"),
-])
+@pytest.mark.parametrize(
+    "host, key",
+    [
+        ("10.1.2.3", "10.1.2.3"),
+        ("::ffff:10.1.2.3", "10.1.2.3"),
+        ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
 def test_peers_are_counted_by_address_and_ipv6_by_slash_64(host: str, key: str) -> None:
     from coordinator.wire.rpc import peer_key
 

@@ -228,9 +228,7 @@ def _nonempty_subsets(names: list[str]) -> list[tuple[str, ...]]:
 def test_kind_sets(policy: str) -> None:
     """A transaction that did several kinds on a target loses if any (earlier kind, later kind)
     pair of the table fails: every subset against every subset."""
-    table = (
-        EXPECTED_MAXCOMPUTE if policy == "maxcompute" else {c: expected_append(*c) for c in CELLS}
-    )
+    table = EXPECTED_MAXCOMPUTE if policy == "maxcompute" else {c: expected_append(*c) for c in CELLS}
     for ek in _nonempty_subsets(KIND_NAMES):
         for lk in _nonempty_subsets(KIND_NAMES):
             want = all(table[(e, lat)] for e in ek for lat in lk)
@@ -251,20 +249,18 @@ def test_parts_kind_sets() -> None:
             v = check("parts", Summary.of("L", lk, ["p1"]), [Summary.of("E", ek, ["p1"])])
             compacted = bool({"MINOR_COMPACT", "MAJOR_COMPACT"} & set(lk))
             removed_otherwise = bool({"OVERWRITE", "MUTATE"} & set(lk))
-            want = ConflictKind.SOURCES_REMOVED if compacted and not removed_otherwise else ConflictKind.PART_REMOVED_TWICE
+            want = (
+                ConflictKind.SOURCES_REMOVED if compacted and not removed_otherwise else ConflictKind.PART_REMOVED_TWICE
+            )
             assert not v.ok and v.winner == "E" and v.kind is want, (ek, lk)
 
 
 @pytest.mark.parametrize("policy", ["maxcompute", "append"])
-@pytest.mark.parametrize(
-    ("a", "b", "later"), list(itertools.product(KIND_NAMES, KIND_NAMES, KIND_NAMES))
-)
+@pytest.mark.parametrize(("a", "b", "later"), list(itertools.product(KIND_NAMES, KIND_NAMES, KIND_NAMES)))
 def test_two_earlier_commits(policy: str, a: str, b: str, later: str) -> None:
     """With commits E1 then E2 since the snapshot, the winner named is the first one (in commit
     order) that the later kind loses to; success needs both cells to succeed."""
-    table = (
-        EXPECTED_MAXCOMPUTE if policy == "maxcompute" else {c: expected_append(*c) for c in CELLS}
-    )
+    table = EXPECTED_MAXCOMPUTE if policy == "maxcompute" else {c: expected_append(*c) for c in CELLS}
     v = check(policy, Summary.of("L", [later]), [Summary.of("E1", [a]), Summary.of("E2", [b])])
     if not table[(a, later)]:
         assert not v.ok and v.winner == "E1"
@@ -297,7 +293,12 @@ def test_conflict_kinds() -> None:
     """The kinds a caller can tell apart: three that the policies raise, one a drop of the table
     raises, two reserved for keys tables and serializable transactions."""
     assert {k.value for k in ConflictKind} == {
-        "PART_REMOVED_TWICE", "TARGET_CHANGED", "SOURCES_REMOVED", "TABLE_DROPPED", "KEY_WRITTEN", "READ_SET_CHANGED",
+        "PART_REMOVED_TWICE",
+        "TARGET_CHANGED",
+        "SOURCES_REMOVED",
+        "TABLE_DROPPED",
+        "KEY_WRITTEN",
+        "READ_SET_CHANGED",
     }
 
 
@@ -467,9 +468,7 @@ def test_csn_beyond_32_bits() -> None:
     assert csn_of(2**33, 0) > 2**63
 
 
-@pytest.mark.parametrize(
-    ("epoch", "seq"), [(-1, 0), (0, -1), (0, EPOCH_STRIDE), (0, EPOCH_STRIDE + 5)]
-)
+@pytest.mark.parametrize(("epoch", "seq"), [(-1, 0), (0, -1), (0, EPOCH_STRIDE), (0, EPOCH_STRIDE + 5)])
 def test_csn_of_rejects_bad_input(epoch: int, seq: int) -> None:
     with pytest.raises(ValueError):
         csn_of(epoch, seq)
@@ -559,9 +558,7 @@ def test_bad_host_ids(host: str) -> None:
 
 
 def _meta(name: str, creator: str) -> dict:
-    return PartMeta(
-        name, "t", (), f"t/_/{name}.parquet", 1, 1, "crc32:00000000", {}, creator
-    ).to_dict()
+    return PartMeta(name, "t", (), f"t/_/{name}.parquet", 1, 1, "crc32:00000000", {}, creator).to_dict()
 
 
 T_A, T_B, T_C, T_R = (str(Tid(1, n, "r0")) for n in range(4))
@@ -612,9 +609,7 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
             want = sorted(
                 n
                 for n, (c, ccsn, r, rcsn) in done.items()
-                if seed_004_visible(
-                    snapshot, None, c, ccsn, r, rcsn if (rcsn or 99) <= applied else None
-                )
+                if seed_004_visible(snapshot, None, c, ccsn, r, rcsn if (rcsn or 99) <= applied else None)
             )
             got = sorted(m.name for m in st.visible("t", snapshot))
             assert got == want, (applied, snapshot)
@@ -624,9 +619,7 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
                     n
                     for n, (c, ccsn, r, rcsn) in done.items()
                     if n not in removes
-                    and seed_004_visible(
-                        snapshot, T_R, c, ccsn, r, rcsn if (rcsn or 99) <= applied else None
-                    )
+                    and seed_004_visible(snapshot, T_R, c, ccsn, r, rcsn if (rcsn or 99) <= applied else None)
                 ]
                 got = [m.name for m in st.visible("t", snapshot, T_R, [own_meta], set(removes))]
                 assert sorted(got) == sorted(want), (applied, snapshot, removes)

@@ -22,7 +22,7 @@ from replicas.running import Effect, RunningTxn
 from replicas.state import ReplicaState
 
 A, B, C, R = tid(1), tid(2), tid(3), tid(4)
-P1, P2 = '[1]', '[2]'
+P1, P2 = "[1]", "[2]"
 
 
 def names(metas: list) -> list[str]:
@@ -34,15 +34,51 @@ def built() -> ReplicaState:
     (removes a1, adds b1); 4: a compaction C of p=2 (a2 -> c2, no time version)."""
     st = ReplicaState()
     st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
-    st.apply(2, 0, 1, entry((A, [change("t", (1,), [Kind.INSERT], added=[part("a1", partition=(1,), creator=A)]),
-                                 change("t", (2,), [Kind.INSERT], added=[part("a2", partition=(2,), creator=A)])]),
-                            time=2.0, time_version=2.0))
-    st.apply(3, 0, 2, entry((B, [change("t", (1,), [Kind.OVERWRITE], added=[part("b1", partition=(1,), creator=B)],
-                                        removed=["a1"])]),
-                            versions={f"t/{P1}": 1}, time=3.0, time_version=3.0))
-    st.apply(4, 0, 3, entry((C, [change("t", (2,), [Kind.MINOR_COMPACT],
-                                        added=[part("c2", partition=(2,), creator=C)], removed=["a2"])]),
-                            versions={f"t/{P2}": 1}, time=4.0, time_version=None))
+    st.apply(
+        2,
+        0,
+        1,
+        entry(
+            (
+                A,
+                [
+                    change("t", (1,), [Kind.INSERT], added=[part("a1", partition=(1,), creator=A)]),
+                    change("t", (2,), [Kind.INSERT], added=[part("a2", partition=(2,), creator=A)]),
+                ],
+            ),
+            time=2.0,
+            time_version=2.0,
+        ),
+    )
+    st.apply(
+        3,
+        0,
+        2,
+        entry(
+            (B, [change("t", (1,), [Kind.OVERWRITE], added=[part("b1", partition=(1,), creator=B)], removed=["a1"])]),
+            versions={f"t/{P1}": 1},
+            time=3.0,
+            time_version=3.0,
+        ),
+    )
+    st.apply(
+        4,
+        0,
+        3,
+        entry(
+            (
+                C,
+                [
+                    change(
+                        "t", (2,), [Kind.MINOR_COMPACT], added=[part("c2", partition=(2,), creator=C)], removed=["a2"]
+                    )
+                ],
+            ),
+            versions={f"t/{P2}": 1},
+            time=4.0,
+            time_version=None,
+        ),
+    )
     return st
 
 
@@ -63,9 +99,17 @@ def test_apply_records_position_tables_and_commits() -> None:
     assert st.parts["b1"].removal_csn is None
 
 
-@pytest.mark.parametrize("snapshot,visible", [
-    (0, []), (1, []), (2, ["a1", "a2"]), (3, ["a2", "b1"]), (4, ["b1", "c2"]), (99, ["b1", "c2"]),
-])
+@pytest.mark.parametrize(
+    "snapshot,visible",
+    [
+        (0, []),
+        (1, []),
+        (2, ["a1", "a2"]),
+        (3, ["a2", "b1"]),
+        (4, ["b1", "c2"]),
+        (99, ["b1", "c2"]),
+    ],
+)
 def test_visible_at_each_snapshot(snapshot: int, visible: list[str]) -> None:
     """Older snapshots take the slow path (every record), the latest the sorted live index:
     both answer in name order."""
@@ -94,8 +138,10 @@ def test_versions_only_go_up() -> None:
 
 def test_winners_are_the_commits_on_one_target_after_a_snapshot() -> None:
     st = built()
-    assert st.winners("t", P1, 1) == [Summary(A, frozenset({Kind.INSERT})),
-                                      Summary(B, frozenset({Kind.OVERWRITE}), frozenset({"a1"}))]
+    assert st.winners("t", P1, 1) == [
+        Summary(A, frozenset({Kind.INSERT})),
+        Summary(B, frozenset({Kind.OVERWRITE}), frozenset({"a1"})),
+    ]
     assert st.winners("t", P1, 2) == [Summary(B, frozenset({Kind.OVERWRITE}), frozenset({"a1"}))]
     assert st.winners("t", P1, 3) == []
     assert st.winners("t", P2, 2) == [Summary(C, frozenset({Kind.MINOR_COMPACT}), frozenset({"a2"}))]
@@ -111,8 +157,9 @@ def test_csn_at_time_counts_data_changing_commits_only() -> None:
 def test_an_entry_at_or_below_applied_is_skipped() -> None:
     st = built()
     before = st.export()
-    again = entry((A, [change("t", (1,), [Kind.INSERT], added=[part("zz", partition=(1,), creator=A)])]),
-                  versions={"t": 9})
+    again = entry(
+        (A, [change("t", (1,), [Kind.INSERT], added=[part("zz", partition=(1,), creator=A)])]), versions={"t": 9}
+    )
     st.apply(4, 0, 3, again)  # the entry at applied, again
     st.apply(2, 0, 1, again)  # an older one
     assert st.export() == before and st.applied_count == 4
@@ -148,8 +195,12 @@ def test_export_restore_round_trip() -> None:
     back = ReplicaState()
     back.restore(copy.deepcopy(st.export()), "mem")
     assert back.export() == st.export()
-    assert (back.applied, back.position, back.tid_csn, back.versions) == (st.applied, st.position, st.tid_csn,
-                                                                        st.versions)
+    assert (back.applied, back.position, back.tid_csn, back.versions) == (
+        st.applied,
+        st.position,
+        st.tid_csn,
+        st.versions,
+    )
     assert back.table("t") == st.table("t")
     for snapshot in range(6):
         assert back.visible("t", snapshot) == st.visible("t", snapshot)
@@ -174,14 +225,18 @@ def test_restore_of_a_checkpoint_written_without_a_part_field_takes_its_default(
     assert names(back.visible("t", 4)) == ["b1", "c2"]
 
 
-@pytest.mark.parametrize("damage", [
-    lambda p: p.pop("history"),
-    lambda p: p["parts"].pop("removal_csn"),
-    lambda p: p["parts"]["creation_csn"].pop(),
-    lambda p: p["parts"]["stats_values"].append(7),
-    lambda p: p.update(applied="many"),
-    lambda p: p["history"]["kind_sets"].append(["BOGUS"]),
-], ids=["no-history", "no-column", "short-column", "stats-misshaped", "bad-applied", "bad-kind"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.pop("history"),
+        lambda p: p["parts"].pop("removal_csn"),
+        lambda p: p["parts"]["creation_csn"].pop(),
+        lambda p: p["parts"]["stats_values"].append(7),
+        lambda p: p.update(applied="many"),
+        lambda p: p["history"]["kind_sets"].append(["BOGUS"]),
+    ],
+    ids=["no-history", "no-column", "short-column", "stats-misshaped", "bad-applied", "bad-kind"],
+)
 def test_a_malformed_checkpoint_leaves_the_state_untouched(damage) -> None:
     st = built()
     payload = st.export()
@@ -235,11 +290,18 @@ def test_partitions_and_whole_table_without_parts() -> None:
     assert eff.whole_tables == {"u"}
 
 
-@pytest.mark.parametrize("op,compact_kind,kind", [
-    ("insert", None, Kind.INSERT), ("overwrite", None, Kind.OVERWRITE), ("truncate", None, Kind.OVERWRITE),
-    ("delete", None, Kind.MUTATE), ("update", None, Kind.MUTATE),
-    ("compact", "minor", Kind.MINOR_COMPACT), ("compact", "major", Kind.MAJOR_COMPACT),
-])
+@pytest.mark.parametrize(
+    "op,compact_kind,kind",
+    [
+        ("insert", None, Kind.INSERT),
+        ("overwrite", None, Kind.OVERWRITE),
+        ("truncate", None, Kind.OVERWRITE),
+        ("delete", None, Kind.MUTATE),
+        ("update", None, Kind.MUTATE),
+        ("compact", "minor", Kind.MINOR_COMPACT),
+        ("compact", "major", Kind.MAJOR_COMPACT),
+    ],
+)
 def test_each_operation_folds_to_its_kind(op: str, compact_kind: str | None, kind: Kind) -> None:
     eff = fold(staged(op, added=[part("n2", partition=(2,))], removed=["c2"], compact_kind=compact_kind))
     assert eff.kinds == {("t", P2): {kind}}
@@ -264,8 +326,7 @@ def test_summaries_per_target() -> None:
 def test_changes_are_in_a_deterministic_order() -> None:
     chs = sample_effect().changes()
     assert chs == [
-        Change("t", P1, (Kind.INSERT, Kind.MUTATE), (part("m1", partition=(1,)), part("n1", partition=(1,))),
-               ("b1",)),
+        Change("t", P1, (Kind.INSERT, Kind.MUTATE), (part("m1", partition=(1,)), part("n1", partition=(1,))), ("b1",)),
         Change("t", P2, (Kind.INSERT,), (part("n2", partition=(2,)),), ()),
         Change("u", "[]", (Kind.INSERT,), (part("x", table="u"),), ()),
     ]
@@ -282,8 +343,10 @@ def test_changes_applied_give_the_state_the_effect_describes() -> None:
 
 def test_own_parts_of_a_running_transaction() -> None:
     txn = RunningTxn(Tid.parse(R), snapshot=4)
-    txn.ops = [staged("insert", added=[part("n1", partition=(1,)), part("n2", partition=(2,))]),
-               staged("delete", added=[part("m1", partition=(1,))], removed=["n1", "b1"])]
+    txn.ops = [
+        staged("insert", added=[part("n1", partition=(1,)), part("n2", partition=(2,))]),
+        staged("delete", added=[part("m1", partition=(1,))], removed=["n1", "b1"]),
+    ]
     added, removed = txn.own_parts()
     assert sorted(names(added)) == ["m1", "n2"] and removed == {"b1"}
     assert txn.id == R

@@ -42,7 +42,7 @@ def write(path: Path, recs: list[WalEntry], batches: int = 1) -> None:
     wal = Wal(path)
     step = max(1, len(recs) // batches)
     for i in range(0, len(recs), step):
-        wal.append(recs[i:i + step])
+        wal.append(recs[i : i + step])
     wal.close()
 
 
@@ -180,8 +180,10 @@ def tiny_disk(tmp_path: Path):
 
     mount = tmp_path / "tiny"
     mount.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (not root)")
     try:
         yield mount
