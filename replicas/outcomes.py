@@ -19,6 +19,8 @@ fence, as ClickHouse checks its session in the same multi:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from kazoo.exceptions import BadVersionError, NoNodeError
 
@@ -28,6 +30,14 @@ from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.records import AliveRecord, CommitStatus, TxnState
 from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.rpc import RpcClient
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from coordinator.wire.security import Credentials
+    from coordinator.zk.log import CsnLog
+    from replicas.registry import Transactions
+    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +52,21 @@ class _Moved(retries.TryAgain):
 class Outcomes:
     """``commit_status`` for a transaction of any replica."""
 
-    def __init__(self, replica) -> None:
-        self.replica = replica
+    def __init__(
+        self,
+        state: ReplicaState,
+        transactions: Transactions,
+        zk: KazooClient,
+        log: CsnLog,
+        host_id: str,
+        credentials: Credentials | None,
+        incarnation: Callable[[], int],
+        catch_up: Callable[[], None],
+    ) -> None:
+        """``incarnation``: this replica's, now (it changes with each new session); ``catch_up``:
+        apply the log to its end; ``credentials``: for asking another replica (secured)."""
+        self.state, self.transactions, self.zk, self.log = state, transactions, zk, log
+        self.host_id, self.credentials, self.incarnation, self.catch_up = host_id, credentials, incarnation, catch_up
 
     def status(self, tid_text: str, forward: bool = True) -> CommitStatus:
         """The outcome of ``tid_text``. ``forward``: ask the owner when only it can decide (a
@@ -56,7 +79,7 @@ class Outcomes:
         committed = self._committed(tid_text)
         if committed is not None:
             return committed
-        if tid.host_id == self.replica.host_id:
+        if tid.host_id == self.host_id:
             return self._own(tid, tid_text)
         for attempt in retries.foreign_outcome(DECIDE_SECONDS, on=_Moved):
             with attempt:
@@ -64,19 +87,19 @@ class Outcomes:
         raise AssertionError("unreachable")
 
     def _committed(self, tid_text: str) -> CommitStatus | None:
-        csn = self.replica.state.tid_csn.get(tid_text)
+        csn = self.state.tid_csn.get(tid_text)
         return None if csn is None else CommitStatus(tid_text, TxnState.COMMITTED, csn, "")
 
     def _own(self, tid: Tid, tid_text: str) -> CommitStatus:
-        txn = self.replica.transactions.lookup(tid_text)
+        txn = self.transactions.lookup(tid_text)
         if txn is not None:
             return CommitStatus(tid_text, txn.state, txn.csn, txn.reason)
-        if incarnation_of(tid) > self.replica.incarnation:
+        if incarnation_of(tid) > self.incarnation():
             return CommitStatus(
                 tid_text,
                 TxnState.ABORTED,
                 None,
-                f"no such transaction: replica {tid.host_id} is at incarnation {self.replica.incarnation}",
+                f"no such transaction: replica {tid.host_id} is at incarnation {self.incarnation()}",
             )
         return CommitStatus(
             tid_text,
@@ -88,11 +111,11 @@ class Outcomes:
 
     def _final(self, tid_text: str, why: str) -> CommitStatus:
         """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
-        self.replica.catch_up()
+        self.catch_up()
         return self._committed(tid_text) or CommitStatus(tid_text, TxnState.ABORTED, None, why)
 
     def _foreign(self, tid: Tid, tid_text: str, forward: bool) -> CommitStatus:
-        zk, layout = self.replica.zk, self.replica.log
+        zk, layout = self.zk, self.log
         owner_path = layout.replica_path(tid.host_id)
         incarnation = incarnation_of(tid)
         zk.retry(zk.sync, owner_path)
@@ -119,7 +142,7 @@ class Outcomes:
             data = None
         if data is None:
             # The owner is gone: fence its incarnation, then the log decides.
-            fenced = OwnerRecord(tid.host_id, fenced_by=self.replica.host_id).encode()
+            fenced = OwnerRecord(tid.host_id, fenced_by=self.host_id).encode()
             try:
                 zk.retry(zk.set, owner_path, fenced, version=stat.version)
             except (BadVersionError, NoNodeError):
@@ -130,7 +153,7 @@ class Outcomes:
             return self._final(
                 tid_text,
                 f"not committed, and it never will be: replica {tid.host_id} was gone "
-                f"(no live ZooKeeper session); replica {self.replica.host_id} fenced it",
+                f"(no live ZooKeeper session); replica {self.host_id} fenced it",
             )
         if not forward:
             return CommitStatus(tid_text, TxnState.RUNNING, None, f"replica {tid.host_id} is alive and decides it")
@@ -144,7 +167,7 @@ class Outcomes:
         )
         if not alive.address:
             return CommitStatus(tid_text, TxnState.COMMITTING, None, pending)
-        client = RpcClient(alive.address, ASK_OWNER_SECONDS, self.replica.config.credentials)
+        client = RpcClient(alive.address, ASK_OWNER_SECONDS, self.credentials)
         try:
             answer = CommitStatus.from_dict(client.call("commit_status", {"tid": tid_text, "forwarded": True}))
         except (ReplicaUnavailable, MergetxnError, OSError) as exc:

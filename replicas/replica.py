@@ -168,7 +168,16 @@ class Replica:
         )
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
-        self.outcomes = Outcomes(self)
+        self.outcomes = Outcomes(
+            self.state,
+            self.transactions,
+            self.zk,
+            self.log,
+            self.host_id,
+            config.credentials,
+            lambda: self.incarnation,
+            self.catch_up,
+        )
         self.pauses = PauseGuard(
             self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
         )
