@@ -38,7 +38,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,7 +53,17 @@ from coordinator.zk.alive import read_alive
 from coordinator.zk.log import decode_tail, encode_tail
 
 if TYPE_CHECKING:  # pragma: no cover
-    from replicas.replica import Replica
+    from kazoo.client import KazooClient
+
+    from coordinator.zk.log import CsnLog
+    from coordinator.zk.watermark import Watermark
+    from parts.io.storage import Storage
+    from replicas.metrics import LogWatch
+    from replicas.registry import Transactions
+    from replicas.retention import Retention
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
+    from replicas.wal import Wal
 
 log = logging.getLogger(__name__)
 
@@ -170,13 +180,27 @@ class LogTail:
     """One per replica: publishes what this replica needs, writes its local snapshot, and takes
     its turn (under the cluster lock) at checkpointing and trimming the log."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.state = replica.state
-        self.log = replica.log
-        self.zk = replica.zk
-        self.storage = replica.storage
-        self.config = replica.config
+    def __init__(
+        self,
+        state: ReplicaState,
+        log: CsnLog,
+        zk: KazooClient,
+        storage: Storage,
+        config: ReplicaConfig,
+        transactions: Transactions,
+        wal: Wal,
+        watermark: Watermark,
+        retention: Retention,
+        log_watch: LogWatch,
+        refresh_alive: Callable[[], None],
+        poke_follower: Callable[[], None],
+    ) -> None:
+        """``watermark``: the ``gc`` node (what cleanup collected); ``refresh_alive``: republish
+        the alive node when it changed; ``poke_follower``: make the follower look at the log now."""
+        self.state, self.log, self.zk, self.storage, self.config = state, log, zk, storage, config
+        self.host_id = config.host_id
+        self.transactions, self.wal, self.watermark, self.retention = transactions, wal, watermark, retention
+        self.log_watch, self.refresh_alive, self.poke_follower = log_watch, refresh_alive, poke_follower
         self.local_path = Path(self.config.data_dir) / LOCAL_NAME
         self.tail: dict | None = None  # the checkpoint node, kept current by a watch
         self._local_at = self.state.applied_count
@@ -197,7 +221,7 @@ class LogTail:
         from kazoo.recipe.watchers import DataWatch
 
         DataWatch(self.zk, self.log.tail_path(), self._on_tail)
-        self._lock = self.zk.Lock(self.log.trim_lock_path(), identifier=self.replica.host_id)
+        self._lock = self.zk.Lock(self.log.trim_lock_path(), identifier=self.host_id)
         self._thread.start()
 
     def stop(self) -> None:
@@ -228,7 +252,7 @@ class LogTail:
         removed at or below cleanup's ``collected`` (their files are gone, past their tables'
         retention windows: replicas/retention.py), never at or above a commit still in a window. So the state, its checkpoints and lookups at
         older snapshots stay the size of what is live and retained, however long the history."""
-        return self.state.prune(min(self.replica.cleanup.collected, self.replica.retention.window_floor()))
+        return self.state.prune(min(self.watermark.collected, self.retention.window_floor()))
 
     # -- the loop ----------------------------------------------------------------------------
     def _run(self) -> None:
@@ -238,12 +262,12 @@ class LogTail:
         last = time.monotonic()
         while not self._stop.wait(tick):
             try:
-                self.replica.refresh_alive()
+                self.refresh_alive()
                 if time.monotonic() - last < self.config.tail_check_seconds:
                     continue
                 last = time.monotonic()
                 try:  # the log's end, for the lag in info and the metrics (replicas/metrics.py)
-                    self.replica.log_watch.observe()
+                    self.log_watch.observe()
                 except Exception as exc:  # connection trouble: a number in a report, next time
                     log.debug("log watch: %r", exc)
                 self.prune()
@@ -292,7 +316,7 @@ class LogTail:
             out["sealed"] = current
             # Let the follower thread move past the sealed epoch (pull() would wait for its lock
             # as long as the follower is busy applying, i.e. for as long as commits keep coming).
-            self.replica.follower.poke()
+            self.poke_follower()
             self.state.wait_until(lambda: self.state.position[0] > current or self._stop.is_set(), 10.0)
             current = self.log.current_epoch(refresh=True)
         epochs = [e for e in self.log.epochs() if e > trimmed]
@@ -340,9 +364,9 @@ class LogTail:
 
     def floor(self) -> int:
         """Lowest applied CSN or running snapshot over the live replicas, this one included."""
-        floor = self.replica.transactions.min_needed()
+        floor = self.transactions.min_needed()
         for host, rec in read_alive(self.zk, self.log).items():
-            if host == self.replica.host_id:
+            if host == self.host_id:
                 continue  # this replica: min_needed() above, computed now (replicas that are not alive rebuild from the checkpoint)
             if rec.malformed:
                 return 0  # cannot tell what it needs: trim nothing
@@ -408,13 +432,13 @@ class LogTail:
             payload = self.state.export()
             csn = int(payload["applied"])
             write_local(self.local_path, encode(payload))
-            running = self.replica.transactions.txns
+            running = self.transactions.txns
 
             def keep(rec: WalRecord) -> bool:
                 if isinstance(rec, WalEntry):
                     return rec.csn > csn
                 return isinstance(rec, WalStaged) and rec.tid in running
 
-            self.replica.wal.compact(keep, head=[WalBase(csn)])
+            self.wal.compact(keep, head=[WalBase(csn)])
             self._local_at = count
             return csn

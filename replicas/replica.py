@@ -209,7 +209,20 @@ class Replica:
         if self.users is not None:
             self.users.start(self._first_admin())
         self.fence.start()
-        self.tail = checkpoint.LogTail(self)
+        self.tail = checkpoint.LogTail(
+            self.state,
+            self.log,
+            self.zk,
+            self.storage,
+            self.config,
+            self.transactions,
+            self.wal,
+            self.watermark,
+            self.retention,
+            self.log_watch,
+            self.refresh_alive,
+            lambda: None if self.follower is None else self.follower.poke(),
+        )
         self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
         from_wal = self.state.applied
         try:
