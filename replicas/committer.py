@@ -25,7 +25,7 @@ import uuid
 from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import (
     ConnectionClosedError,
@@ -95,6 +95,16 @@ from replicas import failpoints
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.running import Effect, RunningTxn
+
+if TYPE_CHECKING:
+    from coordinator.zk.log import CsnLog
+    from coordinator.zk.orphan_fence import OrphanFence
+    from parts.io.storage import Storage
+    from replicas.follower import Follower
+    from replicas.registry import Transactions
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
+    from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -172,10 +182,32 @@ class Plan:
 
 
 class Committer:
-    def __init__(self, replica) -> None:
-        self.replica = replica
-        self.state = replica.state
-        self.log = replica.log
+    """The group committer of one replica: batches commits into one ZooKeeper multi each."""
+
+    def __init__(
+        self,
+        state: ReplicaState,
+        log: CsnLog,
+        config: ReplicaConfig,
+        storage: Storage,
+        follower: Follower,
+        zk_session: ZkSession,
+        transactions: Transactions,
+        fence: OrphanFence,
+        table: Callable[[str], TableDef],
+        catch_up: Callable[[], None],
+        wait_snapshot: Callable[..., Any],
+        incarnation: Callable[[], int],
+        fenced: Callable[[int], None],
+    ) -> None:
+        """``table``: a table's definition now; ``catch_up``: apply the log to its end;
+        ``wait_snapshot``: wait until a snapshot is applied here; ``incarnation``: this replica's
+        now; ``fenced``: told when the owner node says another incarnation took over."""
+        self.state, self.log, self.config, self.storage, self.follower = state, log, config, storage, follower
+        self.host_id = config.host_id
+        self.zk_session, self.transactions, self.fence = zk_session, transactions, fence
+        self.table, self.catch_up, self.wait_snapshot = table, catch_up, wait_snapshot
+        self.incarnation, self.fenced = incarnation, fenced
         self._queue: deque[Pending] = deque()
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -187,7 +219,7 @@ class Committer:
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
         self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
-        self.key_conflicts = KeyConflicts(self.state, replica.storage, replica.table)  # keys tables
+        self.key_conflicts = KeyConflicts(self.state, storage, table)  # keys tables
 
     def start(self) -> None:
         self._thread.start()
@@ -364,15 +396,15 @@ class Committer:
         if len(data) <= MAX_INLINE_ENTRY:
             return data
         path = f"_manifests/{uuid.uuid4().hex}.json"
-        self.replica.storage.put(path, data)
+        self.storage.put(path, data)
         return ManifestPointer(path).encode()
 
     def _log_ddl(self, t: Any, entry: LogEntry) -> int:
         """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
         is too large for a znode: a table of thousands of columns). Returns the CSN."""
         data = entry.encode()
-        if len(data) > self.replica.config.max_commit_bytes:
-            raise commit_too_large("the definition change", len(data), self.replica.config.max_commit_bytes)
+        if len(data) > self.config.max_commit_bytes:
+            raise commit_too_large("the definition change", len(data), self.config.max_commit_bytes)
         data = self._spilled(data)
         epoch = self.log.current_epoch()
         t.check(self.log.epoch_path(epoch), 0)
@@ -384,12 +416,12 @@ class Committer:
         seq = int(results[-1].rsplit("-", 1)[1])
         if epoch_full(seq, self.log.epoch_size):
             self.log.seal(epoch)
-        self.replica.follower.offer(epoch, seq, data)
+        self.follower.offer(epoch, seq, data)
         return csn_of(epoch, seq)
 
     def _applied_here(self, csn: int, name: str) -> None:
         try:
-            self.replica.wait_snapshot(csn)  # done only once it is applied here
+            self.wait_snapshot(csn)  # done only once it is applied here
         except CorruptMetadata as exc:
             raise CorruptMetadata(
                 f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
@@ -402,7 +434,7 @@ class Committer:
         """After a table znode was found past the definition applied here: apply the log up to
         now. A znode still ahead then was changed outside the log (by hand): its version is
         taken as it is, so commits to the table are not refused for ever."""
-        self.replica.catch_up()
+        self.catch_up()
         for name in names:
             _, stat = self._table_node(name)
             rec = self.state.record(name)
@@ -461,12 +493,12 @@ class Committer:
                     self._fail(
                         p,
                         TransactionAborted(
-                            f"transaction {p.txn.id} did not commit: replica {self.replica.host_id}'s incarnation "
+                            f"transaction {p.txn.id} did not commit: replica {self.host_id}'s incarnation "
                             f"{exc.incarnation} was fenced by another replica while this one looked gone ({exc})",
                             id=p.txn.id,
                         ),
                     )
-            self.replica.fenced(exc.incarnation)
+            self.fenced(exc.incarnation)
         return [p for p in deferred if not p.done.is_set()]
 
     def _attempt(self, members: list[Pending], local: bool = False) -> list[Pending]:
@@ -488,19 +520,19 @@ class Committer:
         # The table versions before any decision: a DDL applied while the batch is decided then
         # makes the multi's table checks fail instead of letting a stale decision through.
         table_versions = {t: self._table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
-        incarnation = self.replica.incarnation  # the owner node's version every member must hold
-        fence, condemned = self.replica.fence.current()  # read before the files are verified
+        incarnation = self.incarnation()  # the owner node's version every member must hold
+        fence, condemned = self.fence.current()  # read before the files are verified
         if local:
             versions: dict[str, int | None] = {k: self.state.versions.get(k) for k in wanted}
         else:
             try:
                 versions = self.log.read_versions(sorted(wanted)) if wanted else {}
             except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
-                self.replica.zk_session.connected.wait(self.replica.config.session_timeout)
+                self.zk_session.connected.wait(self.config.session_timeout)
                 raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
             if versions:
-                self.replica.follower.poke()
-            if versions and not self.state.wait_versions(versions, self.replica.config.read_wait_seconds):
+                self.follower.poke()
+            if versions and not self.state.wait_versions(versions, self.config.read_wait_seconds):
                 raise VersionMoved("this replica did not catch up with the targets' versions in time")
         if self.state.failure is not None:
             raise self.state.failure
@@ -524,7 +556,7 @@ class Committer:
             try:
                 if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
                     raise TransactionAborted(
-                        f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.replica.host_id} "
+                        f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.host_id} "
                         "(its ZooKeeper session expired since): it can no longer commit",
                         id=p.txn.id,
                     )
@@ -619,7 +651,7 @@ class Committer:
             ddl=tuple(ddl),
         )
         own = (entry, entry.encode())  # this replica applies its own commit from these
-        if len(own[1]) > self.replica.config.max_commit_bytes:
+        if len(own[1]) > self.config.max_commit_bytes:
             too_large = self._too_large(accepted, txns)
             if too_large:  # fail those, decide the others again (nothing was written yet)
                 return deferred + [p for p, _ in accepted if p not in too_large]
@@ -629,13 +661,13 @@ class Committer:
         counters = (counters_checked, self._counters_bumped(writing, dropping))
         failpoints.hit("before_commit_multi")
         try:
-            with self.replica.follower.local_commit() as hand_over:
+            with self.follower.local_commit() as hand_over:
                 try:
                     result = self.log.commit(
                         data,
                         expected,
                         fence,
-                        owner=(self.log.replica_path(self.replica.host_id), incarnation),
+                        owner=(self.log.replica_path(self.host_id), incarnation),
                         tables=tables,
                         counters=counters,
                     )
@@ -645,7 +677,7 @@ class Committer:
                 except OwnerFenced as exc:
                     raise _Fenced(incarnation, str(exc)) from exc
                 except FenceMoved as exc:
-                    self.replica.fence.refresh()  # then every staged file is verified again
+                    self.fence.refresh()  # then every staged file is verified again
                     raise VersionMoved(str(exc)) from exc
                 except VersionMoved as exc:
                     if local and expected:
@@ -659,7 +691,7 @@ class Committer:
         else:
             csn = result.csn
         failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/faults/test_sessions.py)
-        self.state.wait_applied(csn, self.replica.config.read_wait_seconds)
+        self.state.wait_applied(csn, self.config.read_wait_seconds)
         self.batches += 1
         log.info(
             "committed a batch of %d transaction(s) at CSN %d: %s%s",
@@ -672,10 +704,10 @@ class Committer:
         for p, plan in accepted:
             self.committed += 1
             self.stats.observe(now - p.queued)
-            self.replica.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
+            self.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
-                    delete_part(self.replica.storage, meta.path)
+                    delete_part(self.storage, meta.path)
             p.resolve(csn)
         return deferred
 
@@ -697,7 +729,7 @@ class Committer:
                 )
         if p.files_verified_at == fence:
             return
-        gone = self.replica.storage.missing([m.path for m in staged])
+        gone = self.storage.missing([m.path for m in staged])
         if gone:
             raise TransactionAborted(
                 f"transaction {p.txn.id} cannot commit: its part file {gone[0]} is gone from storage "
@@ -716,9 +748,9 @@ class Committer:
                 if not zk.connected:
                     raise ConnectionLoss("waiting for ZooKeeper")
                 zk.sync(self.log.log_path())
-                self.replica.follower.pull()
+                self.follower.pull()
         csn = self.state.tid_csn.get(tid)
-        if csn is None and self.replica.zk_session.lost.is_set():
+        if csn is None and self.zk_session.lost.is_set():
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn
 
@@ -726,7 +758,7 @@ class Committer:
         """Fail the members whose record in the entry is over ``max_commit_bytes`` (what one
         commit adds to the log and to every WAL) with InvalidInput naming the setting; return
         them. A batch of members each under the limit commits whatever its total."""
-        limit = self.replica.config.max_commit_bytes
+        limit = self.config.max_commit_bytes
         failed = []
         for (p, _), rec in zip(accepted, txns):
             size = len(jsonwire.dumps(rec.to_dict()))
@@ -742,9 +774,9 @@ class Committer:
         if p.txn is not None:
             with p.txn.lock:
                 p.txn.state = TxnState.RUNNING  # let abort() clean it up
-            self.replica.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
+            self.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
-                delete_part(self.replica.storage, meta.path)
+                delete_part(self.storage, meta.path)
         p.resolve(error=exc)
 
     # -- deciding ----------------------------------------------------------------------------
@@ -756,7 +788,7 @@ class Committer:
                 (r.conflict_policy for r in reversed(self.state.catalog.get(table, [])) if isinstance(r, TableDef)),
                 Policy.PARTS,
             )
-        return (t or self.replica.table(table)).conflict_policy
+        return (t or self.table(table)).conflict_policy
 
     def _policies(self, tables) -> dict[str, Policy]:
         return {t: self._policy(t) for t in tables}
@@ -867,7 +899,7 @@ class Committer:
         """Apply the log up to its end before deciding read sets: a ``parts`` INSERT committed by
         another replica moves no target node, so only the log itself shows it."""
         try:
-            self.replica.catch_up()
+            self.catch_up()
         except MergetxnError as exc:
             raise VersionMoved(f"could not catch up with the log to decide a read set: {exc}") from exc
 
@@ -963,7 +995,7 @@ class Committer:
         txn = p.txn
         eff = Effect()
         for op in txn.ops:
-            tdef = self.replica.table(op.table)
+            tdef = self.table(op.table)
             if tdef.conflict_policy is Policy.PARTS or isinstance(op, Insert):
                 eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
                 continue
@@ -978,7 +1010,7 @@ class Committer:
             elif not set(op.removed) <= {m.name for m in current}:
                 p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
                 csns = self.state.creation_csns(m.name for m in current)  # a keys table's compaction orders by them
-                op = rewrite.redo(self.replica.storage, tdef, op, current, txn.id, csns)
+                op = rewrite.redo(self.storage, tdef, op, current, txn.id, csns)
                 p.extra_files.extend(op.added)
             eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
         return eff

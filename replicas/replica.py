@@ -241,7 +241,21 @@ class Replica:
         removed = self._remove_uncommitted(staged)
         from replicas.committer import Committer
 
-        self.committer = Committer(self)
+        self.committer = Committer(
+            self.state,
+            self.log,
+            self.config,
+            self.storage,
+            self.follower,
+            self.zk_session,
+            self.transactions,
+            self.fence,
+            self.table,
+            self.catch_up,
+            self.wait_snapshot,
+            lambda: self.incarnation,
+            self.fenced,
+        )
         self.committer.start()
         self.cleanup.start()
         self.merges.start()
