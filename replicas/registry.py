@@ -57,8 +57,14 @@ from replicas.running import RunningTxn
 from replicas.sessions import Sessions, check_session_id
 
 if TYPE_CHECKING:
-    from replicas.replica import Replica
+    from coordinator.zk.watermark import Watermark
+    from parts.io.storage import Storage
+    from replicas.async_commits import AsyncCommits
+    from replicas.committer import Committer
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
     from replicas.wal import Wal
+    from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +77,35 @@ BEGIN_TOKENS_MAX = 100_000
 class Transactions:
     """The transaction registry of one replica (``replica.transactions``)."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.config = replica.config
-        self.host_id = replica.host_id
-        self.state = replica.state
-        self.storage = replica.storage
-        self.zk_session = replica.zk_session
-        self.table = replica.table  # the table lookup (waits for a table created elsewhere)
+    def __init__(
+        self,
+        config: ReplicaConfig,
+        state: ReplicaState,
+        storage: Storage,
+        zk_session: ZkSession,
+        table: Callable[..., TableDef],
+        watermark: Watermark,
+        async_commits: AsyncCommits,
+        incarnation: Callable[[], int],
+        ensure_applied: Callable[[], None],
+        on_begin: Callable[[RunningTxn], None],
+        on_end: Callable[[RunningTxn], None],
+        outcome: Callable[[str, bool], CommitStatus],
+        committer: Callable[[], Committer | None],
+        wal: Callable[[], Wal | None],
+    ) -> None:
+        """``table``: the table lookup (waits for a table created elsewhere); ``watermark``: the
+        ``gc`` node (a snapshot is served only at or above it); ``incarnation``: this replica's
+        now; ``ensure_applied``: catch up to cleanup's watermark before serving a snapshot;
+        ``on_begin``/``on_end``: the history's event hooks; ``outcome``: any transaction's
+        outcome (tid, forward); ``committer`` and ``wal``: as they are once the replica started.
+        The late-bound ones are callables: those satellites are made after the registry, or at
+        start."""
+        self.config, self.state, self.storage, self.zk_session, self.table = config, state, storage, zk_session, table
+        self.host_id = config.host_id
+        self.watermark, self.async_commits, self.incarnation = watermark, async_commits, incarnation
+        self.ensure_applied, self.on_begin, self.on_end, self.outcome = ensure_applied, on_begin, on_end, outcome
+        self._committer, self._wal = committer, wal
         self.txns: dict[str, RunningTxn] = {}
         self.finished: dict[str, RunningTxn] = {}
         self._parts_calls: dict[str, int] = {}  # first part name of one-call commits on workers
@@ -92,8 +119,16 @@ class Transactions:
     @property
     def wal(self) -> Wal:
         """The replica's WAL (opened when it starts), where staged parts are recorded."""
-        assert self.replica.wal is not None
-        return self.replica.wal
+        wal = self._wal()
+        assert wal is not None
+        return wal
+
+    @property
+    def committer(self) -> Committer:
+        """The replica's group committer (made when it starts)."""
+        committer = self._committer()
+        assert committer is not None
+        return committer
 
     # -- begin, lookup, staging, commit ------------------------------------------------------
     def begin(
@@ -119,7 +154,7 @@ class Transactions:
         # for the session to come back, at most as long as the session could still be alive.
         if not self.zk_session.wait_usable(self.config.session_timeout):
             raise ReplicaUnavailable(f"replica {self.host_id} is not connected to ZooKeeper")
-        self.replica.retention.ensure_applied()  # never a snapshot whose parts cleanup took
+        self.ensure_applied()  # never a snapshot whose parts cleanup took
         with self._txn_lock:  # with the snapshot: refresh_alive never misses a new transaction's
             now = time.monotonic()
             while self._begun and (
@@ -132,7 +167,7 @@ class Transactions:
                 return self._begun[token][1]
             if owner is not None:
                 self._check_quota(owner)
-            tid = Tid(self.state.applied, local_counter(self.replica.incarnation, next(self._counter)), self.host_id)
+            tid = Tid(self.state.applied, local_counter(self.incarnation(), next(self._counter)), self.host_id)
             txn = RunningTxn(
                 tid=tid,
                 snapshot=tid.start_csn,
@@ -146,7 +181,7 @@ class Transactions:
                 self.sessions.began(session, now)
             if token is not None:
                 self._begun[token] = (now, txn)
-        self.replica.history.on_begin(txn)
+        self.on_begin(txn)
         return txn
 
     def _check_quota(self, owner: str) -> None:
@@ -404,9 +439,9 @@ class Transactions:
             self.finish(txn, TxnState.COMMITTED, csn=txn.snapshot)
             return txn.snapshot
         if txn.async_session is not None:
-            self.replica.async_commits.accept(txn, self.replica.committer.submit_async)
+            self.async_commits.accept(txn, self.committer.submit_async)
             return None
-        return self.replica.committer.submit(txn)
+        return self.committer.submit(txn)
 
     # -- one-call commits of parts already in storage (client.commit_parts) -------------------
     def parts_op(self, txn: RunningTxn, args: dict) -> StagedOp:
@@ -509,10 +544,10 @@ class Transactions:
             done(txn.snapshot, None)
             return
         if txn.async_session is not None:  # answered now: None, queued (replicas/async_commits.py)
-            self.replica.async_commits.accept(txn, self.replica.committer.submit_async)
+            self.async_commits.accept(txn, self.committer.submit_async)
             done(None, None)
             return
-        self.replica.committer.submit_async(txn, done)
+        self.committer.submit_async(txn, done)
 
     def _start_commit(self, txn_id: str) -> RunningTxn:
         txn = self.running(txn_id)
@@ -536,7 +571,7 @@ class Transactions:
     def ready_to_begin(self) -> bool:
         """Whether :meth:`begin` would answer at once (it waits while ZooKeeper is away or the
         cleanup watermark is ahead of this replica)."""
-        return self.zk_session.usable() and self.replica.cleanup.watermark <= self.state.applied
+        return self.zk_session.usable() and self.watermark.watermark <= self.state.applied
 
     def quick_txn(self, txn_id: object) -> RunningTxn | None:
         """The running transaction, if a statement or commit for it can go ahead with no waiting
@@ -604,7 +639,7 @@ class Transactions:
             self.txns.pop(txn.id, None)
             while len(self.finished) > 10_000:
                 self.finished.pop(next(iter(self.finished)))
-        self.replica.history.on_end(txn)
+        self.on_end(txn)
 
     def kill(self, txn_id: str) -> dict:
         try:
@@ -648,7 +683,7 @@ class Transactions:
 
     def commit_status(self, tid: str, forwarded: bool = False) -> dict:
         """Any transaction's outcome, decided here when its replica is gone (replicas/outcomes.py)."""
-        return self.replica.outcomes.status(tid, forward=not forwarded).to_dict()
+        return self.outcome(tid, not forwarded).to_dict()
 
     def min_needed(self) -> int:
         """The lowest CSN this replica still needs: applied, or an older running snapshot."""

@@ -118,10 +118,25 @@ class Replica:
         self.wal: Wal | None = None
         self.follower: Follower | None = None
         self.committer = None
-        self.transactions = Transactions(self)
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
-        self.leases = Leases(self.state, config, self.transactions)
         self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
+        self.transactions = Transactions(
+            config,
+            self.state,
+            self.storage,
+            self.zk_session,
+            self.table,
+            self.watermark,
+            self.async_commits,
+            lambda: self.incarnation,
+            lambda: self.retention.ensure_applied(),
+            lambda txn: self.history.on_begin(txn),
+            lambda txn: self.history.on_end(txn),
+            lambda tid, forward: self.outcomes.status(tid, forward=forward),
+            lambda: self.committer,
+            lambda: self.wal,
+        )
+        self.leases = Leases(self.state, config, self.transactions)
         self.retention = Retention(
             self.state,
             config,
