@@ -877,7 +877,7 @@ class Committer:
             rebase |= v.rebase
         if rebase or not eff.whole_tables:
             return rebase
-        targets = whole_table_targets(policies, eff.whole_tables, list(self.state.history))
+        targets = whole_table_targets(policies, eff.whole_tables, list(self.state.conflict_history))
         return any(self.state.winners(t, pk, txn.snapshot) for t, pk in targets)
 
     def _fits_beside(self, txn: RunningTxn, eff: Effect, in_batch: dict[tuple[str, str], list[Summary]]) -> bool:
@@ -959,7 +959,7 @@ class Committer:
         touched: list[Touch] = []
         with self.state.lock:
             compacted, changed = set(), set()  # tids that only compacted these tables, and others
-            for (t, _), events in self.state.history.items():
+            for (t, _), events in self.state.conflict_history.items():
                 if t in tables:
                     for csn, s in events:
                         if csn > txn.snapshot:

@@ -4,7 +4,7 @@ A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; w
 ``merge_min_parts`` small parts (minor) or has been idle ``major_idle_seconds`` with several parts
 (major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
 catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
-merge that loses a conflict is logged, recorded as an event (replicas/history.py) and retried later.
+merge that loses a conflict is logged, recorded as an event (replicas/changefeed.py) and retried later.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Merges:
         stopping: threading.Event,
     ) -> None:
         """``table``: a table's definition now; ``catch_up``: apply the log up to its end;
-        ``record``: note an event in the replica's history (replicas/history.py)."""
+        ``record``: note an event in the replica's history (replicas/changefeed.py)."""
         self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
         self.host_id, self.transactions, self.table, self.catch_up, self.record = (
             host_id,

@@ -4,7 +4,7 @@ This module wires a replica together and runs its life: start and stop, the ZooK
 the alive node, snapshots and tables. Its jobs are its parts, each in a module of its own name:
 ``transactions`` (replicas/registry.py: running transactions and the staging rules), ``leases``
 (replicas/leases.py: snapshots in use), ``cleanup`` (replicas/cleanup.py), ``merges``
-(replicas/merges.py), ``history`` (replicas/history.py: incremental reads and events), and the
+(replicas/merges.py), ``changefeed`` (replicas/changefeed.py: incremental reads and events), and the
 follower, committer and log tail.
 
 Threads: the follower (applies the log), the committer (group commit), the log tail, a reaper
@@ -60,9 +60,9 @@ from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 from replicas import checkpoint
 from replicas.async_commits import AsyncCommits
+from replicas.changefeed import ChangeFeed
 from replicas.cleanup import Cleanup
 from replicas.follower import Follower
-from replicas.history import History
 from replicas.leases import Leases
 from replicas.merges import Merges
 from replicas.metrics import LogWatch, read_stats
@@ -130,8 +130,8 @@ class Replica:
             self.async_commits,
             lambda: self.incarnation,
             lambda: self.retention.ensure_applied(),
-            lambda txn: self.history.on_begin(txn),
-            lambda txn: self.history.on_end(txn),
+            lambda txn: self.changefeed.on_begin(txn),
+            lambda txn: self.changefeed.on_end(txn),
             lambda tid, forward: self.outcomes.status(tid, forward=forward),
             lambda: self.committer,
             lambda: self.wal,
@@ -168,7 +168,7 @@ class Replica:
             self.transactions,
             self.table,
             self.catch_up,
-            lambda event, **fields: self.history.record(event, **fields),
+            lambda event, **fields: self.changefeed.record(event, **fields),
             self.zk_session.stop,
         )
         self.tail: checkpoint.LogTail | None = None
@@ -182,7 +182,9 @@ class Replica:
             lambda: None if self.tail is None else self.tail.tail,
         )
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
-        self.history = History(self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases)
+        self.changefeed = ChangeFeed(
+            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
+        )
         self.outcomes = Outcomes(
             self.state,
             self.transactions,

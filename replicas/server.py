@@ -104,7 +104,7 @@ class ReplicaServer(RpcServer):
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
             "changes": lambda a: {
-                **replica.history.changes(
+                **replica.changefeed.changes(
                     a["table"],
                     a.get("start"),
                     a.get("end"),
@@ -118,7 +118,7 @@ class ReplicaServer(RpcServer):
             },
             "renew": lambda a: replica.leases.renew(a["lease"]),
             "release": lambda a: replica.leases.release(a["lease"]),
-            "events": lambda a: replica.history.events(a.get("table"), a.get("since_csn")),
+            "events": lambda a: replica.changefeed.events(a.get("table"), a.get("since_csn")),
             "check": self._check,
             "users": lambda a: self._users().describe(),
             "create_user": lambda a: self._users().create(a["name"], a["role"], a.get("tables"), a["secret"]),

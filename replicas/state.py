@@ -150,7 +150,7 @@ class ReplicaState:
         self.by_table: dict[str, set[str]] = defaultdict(set)
         self.live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         self.tid_csn: dict[str, int] = {}
-        self.history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
+        self.conflict_history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
         self.versions: dict[str, int] = {}
         # Idempotent commits: app id -> (highest version committed, the CSN that holds it). State,
         # not history: never pruned, carried by every checkpoint.
@@ -228,7 +228,7 @@ class ReplicaState:
                     rec = self.parts[name]
                     rec.removal_tid, rec.removal_csn, rec.removal_time = t.tid, csn, when
                     self.removals.append((csn, name))
-                self.history[(t.name, pkey)].append((csn, Summary.of(t.tid, (Kind.OVERWRITE,), names)))
+                self.conflict_history[(t.name, pkey)].append((csn, Summary.of(t.tid, (Kind.OVERWRITE,), names)))
             return
         t = t.with_csn(csn)
         self.catalog.setdefault(t.name, []).append(t)
@@ -264,7 +264,7 @@ class ReplicaState:
             self.removals.append((csn, name))
             live[rec.pkey].discard(name)
             self._index_remove(rec.meta.table, name)
-        self.history[(ch.table, ch.pkey)].append((csn, Summary.of(tid, ch.kinds, ch.removed)))
+        self.conflict_history[(ch.table, ch.pkey)].append((csn, Summary.of(tid, ch.kinds, ch.removed)))
 
     def _index_add(self, table: str, meta: PartMeta, rec: PartRecord) -> None:
         for index, item in ((self.live_sorted, meta), (self.all_sorted, rec)):
@@ -310,7 +310,7 @@ class ReplicaState:
                 if index is not None:
                     index.remove(name)
             lost_history = self.lost_history
-            for (table, _), events in self.history.items():
+            for (table, _), events in self.conflict_history.items():
                 i = bisect.bisect_right(events, floor, key=lambda e: e[0])
                 if i:
                     if events[i - 1][0] > lost_history.get(table, 0):
@@ -350,7 +350,7 @@ class ReplicaState:
     def winners(self, table: str, pkey: str, snapshot: int) -> list[Summary]:
         """Commits on one target after ``snapshot``, in commit order."""
         with self.lock:
-            events = self.history.get((table, pkey), [])
+            events = self.conflict_history.get((table, pkey), [])
             i = bisect.bisect_right(events, snapshot, key=lambda e: e[0])
             return [s for _, s in events[i:]]
 
@@ -468,7 +468,7 @@ class ReplicaState:
             ]
             pruned, lost, lost_history = self.pruned, dict(self.lost), dict(self.lost_history)
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
-            history = [(k, list(v)) for k, v in self.history.items()]
+            history = [(k, list(v)) for k, v in self.conflict_history.items()]
             versions = dict(self.versions)
             apps = {app_id: list(held) for app_id, held in self.apps.items()}
             time_csns, time_values = list(self.time_csns), list(self.time_values)
@@ -622,7 +622,12 @@ class ReplicaState:
         with self.lock:
             self.tables, self.parts, self.by_table, self.live = tables, parts, by_table, live
             self.catalog, self.ddl_csns = catalog, ddl_csns
-            self.live_sorted, self.tid_csn, self.history, self.versions = live_sorted, tid_csn, history, versions
+            self.live_sorted, self.tid_csn, self.conflict_history, self.versions = (
+                live_sorted,
+                tid_csn,
+                history,
+                versions,
+            )
             self.apps = apps
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
@@ -709,4 +714,4 @@ class ReplicaState:
     def partition_keys(self, table: str) -> set[str]:
         """The partition keys of ``table`` that hold live parts or have a conflict history."""
         with self.lock:
-            return set(self.live.get(table, {})) | {pk for t, pk in self.history if t == table}
+            return set(self.live.get(table, {})) | {pk for t, pk in self.conflict_history if t == table}

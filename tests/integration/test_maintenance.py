@@ -333,7 +333,7 @@ def test_merge_whose_source_was_removed_fails_cleanly(zk_address: str, tmp_path:
             r.table("mc"), "minor", pkey, [m.name for m in live], before_commit=concurrent_truncate
         )
         assert out["outcome"] == "conflict", out
-        ev = [e for e in r.history.events("mc") if e["event"] == "merge"]
+        ev = [e for e in r.changefeed.events("mc") if e["event"] == "merge"]
         assert ev and ev[-1]["outcome"] == "conflict" and "already removed" in ev[-1]["reason"]
         merge_tid = ev[-1]["tid"]
         assert not [p for p in r.storage.list("mc/") if merge_tid.replace(".", "_") in p]

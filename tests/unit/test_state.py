@@ -146,7 +146,7 @@ def test_winners_are_the_commits_on_one_target_after_a_snapshot() -> None:
     assert st.winners("t", P1, 3) == []
     assert st.winners("t", P2, 2) == [Summary(C, frozenset({Kind.MINOR_COMPACT}), frozenset({"a2"}))]
     assert st.winners("t", "[3]", 0) == [] and st.winners("u", P1, 0) == []
-    assert sorted(st.history) == [("t", P1), ("t", P2)]
+    assert sorted(st.conflict_history) == [("t", P1), ("t", P2)]
 
 
 def test_csn_at_time_counts_data_changing_commits_only() -> None:

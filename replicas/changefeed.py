@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 EVENT_RING = 10_000
 
 
-class History:
-    """Incremental reads and events of one replica (``replica.history``)."""
+class ChangeFeed:
+    """Incremental reads and events of one replica (``replica.changefeed``)."""
 
     def __init__(
         self,
@@ -165,7 +165,7 @@ class History:
         tv = self._time_versions()
         with st.lock:
             recs = [st.parts[n] for n in st.by_table.get(table, ())]
-            history = {pk: list(ev) for (t, pk), ev in st.history.items() if t == table}
+            history = {pk: list(ev) for (t, pk), ev in st.conflict_history.items() if t == table}
 
         def version(csn: int) -> float | None:
             if by == "id":  # without compactions, only the commits that have a time version
