@@ -1,17 +1,17 @@
 """Key-level conflicts of keys tables at commit (docs/rules.md#locks; the rules are pure, in
-coordinator/core/keys.py).
+coordinator/core/keytables.py).
 
 A transaction that writes or read-locks a keys table loses with ``ConflictError`` (kind
 ``KEY_WRITTEN``) when, for a key it writes, a transaction that committed after its snapshot wrote
 that key under an overlapping lock or held a strong read lock on it, or, for a key it
-read-locked, such a transaction wrote it (``keys.collide``).
+read-locked, such a transaction wrote it (``keytables.collide``).
 
 The parts committed on the target since the snapshot come from the state's index by creation CSN
 (``ReplicaState.created_since``: a bisection, not a scan of every part under the state lock). A
-part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/core/keys.py)
+part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/core/keytables.py)
 cannot hold any key the committer writes or locks is skipped unopened; the others are verified
 exactly: their keys and locks come from the summary's exact versions when the part is small
-(``keys.exact_locks``: a commit of at most ``keys.EXACT_ROWS`` versions lists them), else are
+(``keytables.exact_locks``: a commit of at most ``keytables.EXACT_ROWS`` versions lists them), else are
 read from the file (key columns and the hidden ``_op``/``_cols`` only), cached by part name
 (parts never change). So a filter's false positive costs at most a read, never a conflict; the
 committer's own parts are found the same way.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from coordinator.core import keys
+from coordinator.core import keytables
 from coordinator.core.conflicts import Policy, Summary
 from coordinator.core.errors import ConflictError, ConflictKind, quote
 from coordinator.core.tabledata import partition_key
@@ -48,23 +48,23 @@ class KeyConflicts:
         self.state = state
         self.storage = storage
         self.table_of = table_of
-        self._cache: dict[str, keys.KeyLocks] = {}
+        self._cache: dict[str, keytables.KeyLocks] = {}
         # tid -> (table, partition key) -> the keys it writes or locks there, as its last check
         # found them: what shares_target compares members of one batch by.
         self._planned: OrderedDict[str, dict[tuple[str, str], frozenset[tuple]]] = OrderedDict()
         self.reads = 0  # parts read from storage (their keys and locks), for tests and benchmarks
         self.skipped = 0  # parts committed since a snapshot that their summary ruled out unread
 
-    def _locks(self, tdef: TableDef, meta: PartMeta) -> keys.KeyLocks:
-        if keys.folded(meta):
-            return {}  # a compaction's output writes no key (coordinator/core/keys.py, "Compaction")
+    def _locks(self, tdef: TableDef, meta: PartMeta) -> keytables.KeyLocks:
+        if keytables.folded(meta):
+            return {}  # a compaction's output writes no key (coordinator/core/keytables.py, "Compaction")
         got = self._cache.get(meta.name)
         if got is None:
-            got = keys.exact_locks(meta.key_summary, len(tdef.primary_key), tdef.lock_groups)
+            got = keytables.exact_locks(meta.key_summary, len(tdef.primary_key), tdef.lock_groups)
         if got is None:
-            data = read_part(self.storage, meta, [*tdef.primary_key, keys.OP, keys.COLS])
+            data = read_part(self.storage, meta, [*tdef.primary_key, keytables.OP, keytables.COLS])
             self.reads += 1
-            got = keys.written_locks(data, tdef.primary_key, tdef.lock_groups)
+            got = keytables.written_locks(data, tdef.primary_key, tdef.lock_groups)
             if len(self._cache) >= CACHE_PARTS:
                 self._cache.clear()
             self._cache[meta.name] = got
@@ -84,23 +84,23 @@ class KeyConflicts:
             self._planned.popitem(last=False)
         for (table, pkey), metas in sorted(mine.items()):
             tdef = self.table_of(table)
-            written: keys.KeyLocks = {}
+            written: keytables.KeyLocks = {}
             for m in metas:
                 for k, held in self._locks(tdef, m).items():
                     written[k] = written.get(k, frozenset()) | held
             planned[(table, pkey)] = frozenset(written)
-            hashed = {k: keys.key_hash(k) for k in written}
+            hashed = {k: keytables.key_hash(k) for k in written}
             for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
-                if not keys.may_hold_any(meta.key_summary, hashed):
+                if not keytables.may_hold_any(meta.key_summary, hashed):
                     self.skipped += 1
                     continue
                 theirs = self._locks(tdef, meta)
-                key = keys.first_collision(written, theirs)
+                key = keytables.first_collision(written, theirs)
                 if key is not None:
                     shown = dict(zip(tdef.primary_key, key))
                     raise ConflictError(
                         f"transaction {tid} lost to {winner} on table {table!r} key {quote(shown)}: {winner} "
-                        f"{keys.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
+                        f"{keytables.why(written[key], theirs[key])} (committed at CSN {csn}, after this transaction's "
                         f"snapshot {snapshot})",
                         winner=winner,
                         kind=str(ConflictKind.KEY_WRITTEN),

@@ -88,7 +88,7 @@ class Merges:
         plans = []
         for pkey, names in sorted(live.items()):
             # A keys table's minor merge takes its parts in commit order: parts next to each
-            # other in version order fold into fewer versions (coordinator/core/keys.py, "runs").
+            # other in version order fold into fewer versions (coordinator/core/keytables.py, "runs").
             order = (
                 (lambda m: (parts[m.name].creation_csn, m.name))
                 if tdef.conflict_policy is Policy.KEYS

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from coordinator.core import grants, keys
+from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError
 from coordinator.core.tabledata import partition_key
@@ -463,7 +463,7 @@ class ReplicaServer(RpcServer):
         }
 
     def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
-        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keys.py)
+        """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keytables.py)
         gets only the parts whose key summary may hold one of them: the others hold no version
         of those keys, so the fold the reader does is the same without them."""
         if a.get("point_hint") is None:
@@ -471,14 +471,14 @@ class ReplicaServer(RpcServer):
         tdef = self.replica.state.table(a["table"], snapshot)
         if tdef is None or tdef.conflict_policy is not Policy.KEYS:
             return metas
-        hashed = keys.hint_hashes(a["point_hint"], tdef.schema, tdef.primary_key)
+        hashed = keytables.hint_hashes(a["point_hint"], tdef.schema, tdef.primary_key)
         if hashed is None:
             return metas
-        return [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
+        return [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
 
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have
-        none), which a keys table's read orders versions by (coordinator/core/keys.py)."""
+        none), which a keys table's read orders versions by (coordinator/core/keytables.py)."""
         return {"csns": self.replica.state.creation_csns(m.name for m in metas)}
 
     def _compact(self, a: dict) -> dict:

@@ -681,7 +681,7 @@ class ReplicaState:
 
     def creation_csns(self, names: Iterable[str]) -> dict[str, int | None]:
         """The creation CSN of each committed part among ``names`` (others are left out): a keys
-        table orders the versions of a key by them (coordinator/core/keys.py)."""
+        table orders the versions of a key by them (coordinator/core/keytables.py)."""
         with self.lock:
             return {n: rec.creation_csn for n in names if (rec := self.parts.get(n)) is not None}
 

@@ -60,7 +60,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator.core import errors, keyfold, keys
+from coordinator.core import errors, keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from coordinator.core.tabledata import may_match
@@ -353,7 +353,10 @@ class MergetxnReader(DataSourceReader):
             folded = keyfold.merge(
                 tdef.schema,
                 tdef.primary_key,
-                [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))],
+                [
+                    (csns.get(m.name, keytables.OWN), d)
+                    for m, d in zip(metas, _prefetch(storage, metas, self.s.trace_reads))
+                ],
             )
             yield from fit(folded, target).to_batches(max_chunksize=BATCH_ROWS)
             return

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 
-from coordinator.core import errors, keys
+from coordinator.core import errors, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from coordinator.core.tabledata import conform, split_by_partition
@@ -108,8 +108,8 @@ class MergetxnWriter(DataSourceArrowWriter):
     def _flush(self, storage: Storage, tdef: TableDef, batches: list[pa.RecordBatch]) -> list[PartMeta]:
         data = align_time_zones(pa.Table.from_batches(batches), tdef.schema)
         if tdef.conflict_policy is Policy.KEYS:  # rows by key in overwrite mode, as tx.insert writes them
-            data = keys.versions(
-                tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, self._next_seq(data.num_rows)
+            data = keytables.versions(
+                tdef.schema, tdef.primary_key, tdef.name, data, keytables.PUT, self._next_seq(data.num_rows)
             )
         else:
             data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to", required=tdef.partition_by)

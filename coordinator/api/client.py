@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 
 from coordinator.api.arguments import checked, checked_methods
 from coordinator.api.heartbeat import Heartbeat
-from coordinator.core import errors, keyfold, keys, retries
+from coordinator.core import errors, keyfold, keytables, retries
 from coordinator.core.conflicts import Policy, check_app_version
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
@@ -187,7 +187,7 @@ class Client:
         the answer, the replica is asked whether the table exists as asked (and the creation
         sent again if it does not), so the caller is never left not knowing.
         ``conflict_policy="keys"`` (with ``primary_key``, ``lock_groups``, ``atomicity``): a
-        keys table (docs/rules.md#keys-tables, coordinator/core/keys.py). ``txn_max_seconds`` and
+        keys table (docs/rules.md#keys-tables, coordinator/core/keytables.py). ``txn_max_seconds`` and
         ``txn_max_rows``: limits for the transactions writing this table (the smallest among the
         tables a transaction wrote and the replica's binds it); a keys table defaults to 60 s and
         100,000 rows, others to none (only the replica-wide limits). ``retention_seconds``: how
@@ -644,16 +644,16 @@ class Client:
             check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
             # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
             # part whose key summary cannot hold one of them adds no version the fold would keep.
-            wanted = keys.point_keys(where, tdef.schema, tdef.primary_key)
+            wanted = keytables.point_keys(where, tdef.schema, tdef.primary_key)
             if wanted is not None:
-                hashed = {k: keys.key_hash(k) for k in wanted}
-                metas = [m for m in metas if keys.may_hold_any(m.key_summary, hashed)]
+                hashed = {k: keytables.key_hash(k) for k in wanted}
+                metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
         datas = [read_part(self.storage, m) for m in metas]
         if where is not None and wanted is not None:
             # Only those keys' versions matter (the fold is per key): fold those alone.
-            datas = [d.filter(keys.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
+            datas = [d.filter(keytables.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
         data = keyfold.merge(
-            tdef.schema, tdef.primary_key, [(csns.get(m.name, keys.OWN), d) for m, d in zip(metas, datas)]
+            tdef.schema, tdef.primary_key, [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
         )
         if where is not None:
             data = data.filter(where)
@@ -791,19 +791,19 @@ class Client:
         """``changes`` of a keys table: row changes per key (:func:`keyfold.row_changes`) from the
         versions the commits in the range wrote, folded onto the rows those keys had at the
         snapshot before the first of them (which the answer's lease holds). A compaction's output
-        is left out: it writes no new version (:func:`keys.folded`)."""
+        is left out: it writes no new version (:func:`keytables.folded`)."""
         added: dict[int, list[PartMeta]] = {}
         for p in r["parts"]:
             meta = PartMeta.from_dict(p["part"])
-            if p["change"] == "insert" and not keys.folded(meta):
+            if p["change"] == "insert" and not keytables.folded(meta):
                 added.setdefault(p["csn"], []).append(meta)
         if not added:
-            return keys.changes_schema(tdef.schema).empty_table()
+            return keytables.changes_schema(tdef.schema).empty_table()
         commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
         written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
         first = commits[0][0]
         before = self.read(
-            tdef.name, snapshot=first - 1, where=keys.keys_filter(tdef.primary_key, tdef.schema, written)
+            tdef.name, snapshot=first - 1, where=keytables.keys_filter(tdef.primary_key, tdef.schema, written)
         )
         return keyfold.row_changes(tdef.schema, tdef.primary_key, before, commits)
 
@@ -998,7 +998,7 @@ class Transaction:
         self._ended = False
         self._isolation, self._atomicity, self._durability = isolation, atomicity, durability
         self._queued = False  # an async commit was accepted (queued) by the replica
-        self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/core/keys.py)
+        self._seq = 0  # the last _seq of a keys-table version it wrote (coordinator/core/keytables.py)
         self._statement: str | None = None  # the statement being made (see _named)
         self._commit_lock = threading.Lock()  # see _decided_once
         self._commit_error: errors.MergetxnError | None = None
@@ -1116,7 +1116,7 @@ class Transaction:
         self._check_open()
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
-            return self._write_versions(tdef, data, keys.PUT)
+            return self._write_versions(tdef, data, keytables.PUT)
         data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         parts = self._write(tdef, data)
         if parts:
@@ -1131,7 +1131,7 @@ class Transaction:
         row yet gets nulls there); every non-nullable column must be written."""
         self._check_open()
         tdef = _keys_table(self.table(table), "upsert")
-        return self._write_versions(tdef, data, keys.UPDATE if update else keys.PUT)
+        return self._write_versions(tdef, data, keytables.UPDATE if update else keytables.PUT)
 
     @_named("delete_keys")
     def delete_keys(self, table: str, keys_: pa.Table) -> int:
@@ -1139,7 +1139,7 @@ class Transaction:
         keys without a row are fine); returns the number of keys given."""
         self._check_open()
         tdef = _keys_table(self.table(table), "delete_keys")
-        return self._write_versions(tdef, keys_, keys.DELETE)
+        return self._write_versions(tdef, keys_, keytables.DELETE)
 
     @_named("lock_keys")
     def lock_keys(self, table: str, keys_: pa.Table, mode: str = "shared_strong") -> int:
@@ -1159,22 +1159,22 @@ class Transaction:
                 table=table,
                 id=self.id,
             )
-        if mode not in keys.LOCK_MODES:
+        if mode not in keytables.LOCK_MODES:
             raise InvalidInput(
-                f"lock_keys mode must be one of {sorted(keys.LOCK_MODES)}, not {quote(mode)}", table=table
+                f"lock_keys mode must be one of {sorted(keytables.LOCK_MODES)}, not {quote(mode)}", table=table
             )
-        return self._write_versions(tdef, keys_, keys.LOCK_MODES[mode])
+        return self._write_versions(tdef, keys_, keytables.LOCK_MODES[mode])
 
     def _write_versions(self, tdef: TableDef, data: Any, op: int) -> int:
         return self._stage_versions(
-            tdef, keys.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op, 1)
+            tdef, keytables.versions(tdef.schema, tdef.primary_key, tdef.name, _as_table(data, tdef.name), op, 1)
         )
 
     def _stage_versions(self, tdef: TableDef, versions: pa.Table) -> int:
         """Number ``versions`` after this transaction's earlier ones (``_seq``: later writes win)
         and stage them as parts; returns how many."""
         n = versions.num_rows
-        i = versions.schema.get_field_index(keys.SEQ)
+        i = versions.schema.get_field_index(keytables.SEQ)
         versions = versions.set_column(
             i, versions.schema.field(i), pa.array(range(self._seq + 1, self._seq + 1 + n), pa.int64())
         )
@@ -1231,7 +1231,9 @@ class Transaction:
         transaction's snapshot (with its own writes) is deleted, then ``data`` written in
         overwrite mode; a key in both ends with the new row."""
         data = _as_table(data, tdef.name)
-        versions = keys.versions(tdef.schema, tdef.primary_key, tdef.name, data, keys.PUT, 1)  # its problems first
+        versions = keytables.versions(
+            tdef.schema, tdef.primary_key, tdef.name, data, keytables.PUT, 1
+        )  # its problems first
         present = [p for p, _ in split_by_partition(data.select(list(tdef.partition_by)), list(tdef.partition_by))]
         if partitions is not None:
             targets = _partitions(tdef, partitions)
@@ -1255,7 +1257,7 @@ class Transaction:
         self._record_read(tdef, where)
         metas, csns = self._visible_csns(tdef.name)
         live = self.client._read_parts(tdef, metas, list(tdef.primary_key), where, csns)
-        return self._write_versions(tdef, live, keys.DELETE) if live.num_rows else 0
+        return self._write_versions(tdef, live, keytables.DELETE) if live.num_rows else 0
 
     @_named("truncate")
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
@@ -1281,7 +1283,7 @@ class Transaction:
         _check_predicate(where, tdef, "delete")
         self._record_read(tdef, where)
         if tdef.conflict_policy is Policy.KEYS:
-            return self._write_versions(tdef, self.read(table, list(tdef.primary_key), where), keys.DELETE)
+            return self._write_versions(tdef, self.read(table, list(tdef.primary_key), where), keytables.DELETE)
         result = rewrite.delete(self.client.storage, tdef, self._visible(table), where, self.id)
         self._stage(
             Mutate(
@@ -1334,7 +1336,7 @@ class Transaction:
         if not matched.num_rows:
             return 0
         updated, _ = apply_update(matched, where, assigns)
-        return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keys.UPDATE)
+        return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keytables.UPDATE)
 
     @_named("compact")
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
@@ -1576,12 +1578,12 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
 
 def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> dict[str, Any]:
     """``point_hint`` for the ``visible`` request of a read of a keys table whose filter fixes
-    whole keys (``keys.point_hint``), from the definition the client has cached: the replica
+    whole keys (``keytables.point_hint``), from the definition the client has cached: the replica
     prunes with it only where the table at the read's snapshot has the same key columns."""
     if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
         return {}
     try:
-        hint = keys.point_hint(where, cached[0].schema, cached[0].primary_key)
+        hint = keytables.point_hint(where, cached[0].schema, cached[0].primary_key)
     except (InvalidInput, TypeError, ValueError, pa.ArrowException):
         return {}
     return {} if hint is None else {"point_hint": hint}
@@ -1676,11 +1678,11 @@ def _check_own_parts(tdef: TableDef, metas: list[PartMeta]) -> None:
     if strangers:
         raise InvalidInput(f"part(s) {strangers[:5]} do not belong to table {quote(tdef.name)}")
     if tdef.conflict_policy is Policy.KEYS:
-        rows = [m.name for m in metas if keys.OP not in m.stats]
+        rows = [m.name for m in metas if keytables.OP not in m.stats]
         if rows:
             raise InvalidInput(
                 f"part(s) {rows[:5]} of keys table {quote(tdef.name)} hold rows, not versions: write them "
-                "with coordinator.core.keys.versions (as tx.insert/upsert do)",
+                "with coordinator.core.keytables.versions (as tx.insert/upsert do)",
                 table=tdef.name,
             )
 

@@ -55,7 +55,7 @@ class Policy(StrEnum):
     PARTS = "parts"
     MAXCOMPUTE = "maxcompute"
     APPEND = "append"
-    KEYS = "keys"  # rows by primary key (docs/rules.md#keys-tables, coordinator/core/keys.py)
+    KEYS = "keys"  # rows by primary key (docs/rules.md#keys-tables, coordinator/core/keytables.py)
 
 
 COMPACTIONS = frozenset({Kind.MINOR_COMPACT, Kind.MAJOR_COMPACT})

@@ -1,4 +1,4 @@
-"""The fold of a keys table's versions in columnar form (issue 24; the rules: coordinator/core/keys.py).
+"""The fold of a keys table's versions in columnar form (issue 24; the rules: coordinator/core/keytables.py).
 
 Every read, compaction and ``changes`` of a keys table folds versions per key. Doing it row by
 row in Python cost 66x a ``parts`` table's read, so here it is a handful of Arrow kernels over
@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.core.keys import (
+from coordinator.core.keytables import (
     COLS,
     DELETE,
     LOCK_STRONG,
@@ -51,7 +51,7 @@ _MASK_BITS = 62  # non-key columns per int64 mask when a run's written columns a
 
 def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[float, pa.Table]]) -> pa.Table:
     """One row per key from versions: ``parts`` are ``(order, rows in the part layout)``, the
-    order a committed part's creation CSN (or :data:`~coordinator.core.keys.OWN`). Per key the
+    order a committed part's creation CSN (or :data:`~coordinator.core.keytables.OWN`). Per key the
     versions apply in (version, ``_seq``) order, a row's version its ``_ver`` (compaction
     output) or else its part's order: PUT replaces the row, UPDATE sets the columns it wrote on
     the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
@@ -91,7 +91,7 @@ def version_rows(data: pa.Table, order: int, primary_key: Sequence[str]) -> pa.T
 def fold(
     schema: pa.Schema, primary_key: Sequence[str], sources: Iterable[tuple[int, pa.Table]], others: pa.Table | None
 ) -> pa.Table:
-    """A compaction's output (:func:`~coordinator.core.keys.folded_schema`, sorted by key then
+    """A compaction's output (:func:`~coordinator.core.keytables.folded_schema`, sorted by key then
     version) from the versions of its ``sources`` (``(creation CSN, rows)`` of committed parts)
     given ``others``: the versions (:func:`version_rows`) of every other part a read may combine
     with the output (the parts visible beside the sources; later ones sort after them all and

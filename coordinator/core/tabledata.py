@@ -547,7 +547,7 @@ def apply_update(data: pa.Table, where: pc.Expression, assignments: dict[str, pc
 # max: a part's metadata travels in every log entry, WAL record, checkpoint and sidecar, so one
 # long value must not make it long (Iceberg keeps 16 characters, Parquet's column index 64
 # bytes, Delta 32 characters). 64 keeps UUIDs, ISO times, paths and composite ids exact, so
-# pruning and the key summaries' exact key lists (coordinator/core/keys.py) lose nothing on them.
+# pruning and the key summaries' exact key lists (coordinator/core/keytables.py) lose nothing on them.
 STAT_PREFIX = 64
 _MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)  # never in UTF-8 (so never in an Arrow string): skipped

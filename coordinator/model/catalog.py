@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 import pyarrow as pa
 
-from coordinator.core import keys
+from coordinator.core import keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import CorruptMetadata, InvalidInput, quote
 from coordinator.core.tabledata import (
@@ -135,7 +135,7 @@ class TableDef:
         retention_seconds: float | None = None,
     ) -> TableDef:
         """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
-        table (:mod:`coordinator.core.keys`) never merges automatically: its parts are versions of
+        table (:mod:`coordinator.core.keytables`) never merges automatically: its parts are versions of
         rows, folded only on read."""
         validate_name("table", name)
         if not isinstance(schema, pa.Schema):
@@ -151,7 +151,9 @@ class TableDef:
             raise InvalidInput(f"unknown conflict_policy {quote(conflict_policy)}; choose one of {choices}") from None
         if not isinstance(auto_merge, bool):
             raise InvalidInput("auto_merge must be True or False")
-        groups = keys.check_definition(name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity)
+        groups = keytables.check_definition(
+            name, schema, partition_by, primary_key, policy.value, lock_groups, atomicity
+        )
         if policy is Policy.KEYS:
             # The default limits of keys tables (docs/rules.md#transaction-limits).
             if txn_max_seconds is None:

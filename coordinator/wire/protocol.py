@@ -209,7 +209,7 @@ ACTIONS: dict[str, Action] = {
             "partitions": _f(ARRAY, NULL, doc="partition value lists"),
             "fresh": _f(BOOLEAN),
             "lease": _LEASE,
-            "point_hint": _f(OBJECT, NULL, doc="coordinator/core/keys.py point_hint"),
+            "point_hint": _f(OBJECT, NULL, doc="coordinator/core/keytables.py point_hint"),
         }
     ),
     "add_read": Action({"id": _TID, "read": _req(OBJECT, doc="coordinator/core/readsets.py Read.to_dict")}),

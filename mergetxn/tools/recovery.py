@@ -33,7 +33,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from coordinator.api.client import Client
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, MergetxnError, quote
 from coordinator.core.tabledata import partition_key
@@ -291,7 +291,7 @@ def _rows(src: Storage, b: Backup) -> Iterator[pa.Table]:
     for meta, csn in b.parts:
         by_partition.setdefault(meta.partition_key, []).append((meta, csn))
     for _, group in sorted(by_partition.items()):
-        versions = [(keys.OWN if csn is None else csn, read_part(src, meta)) for meta, csn in group]
+        versions = [(keytables.OWN if csn is None else csn, read_part(src, meta)) for meta, csn in group]
         yield keyfold.merge(tdef.schema, tdef.primary_key, versions)
 
 

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.core import keys
+from coordinator.core import keytables
 from coordinator.core import tabledata as ops
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts.io.storage import Storage
@@ -115,7 +115,7 @@ def write_part(
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
     Once this returns, the part can be referenced by a commit. ``primary_key`` (a keys table's)
-    adds the key summary (coordinator/core/keys.py) to the metadata."""
+    adds the key summary (coordinator/core/keytables.py) to the metadata."""
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
     partition = tuple(ops.json_scalar(v) for v in partition)
@@ -136,7 +136,7 @@ def write_part(
         creation_tid=str(creation_tid),
         created_at=time.time(),
         schema_version=schema_version,
-        key_summary=keys.summarize(data, primary_key) if primary_key else None,
+        key_summary=keytables.summarize(data, primary_key) if primary_key else None,
     )
     storage.put(path, raw)
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 from coordinator.core.tabledata import (
     apply_delete,
     apply_update,
@@ -177,8 +177,8 @@ def compact(
 
 def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
     """The least and greatest version a keys-table part holds, from its metadata."""
-    if keys.folded(meta):
-        lo, hi = meta.stats[keys.VER]
+    if keytables.folded(meta):
+        lo, hi = meta.stats[keytables.VER]
         return int(lo), int(hi)
     return csns[meta.name], csns[meta.name]
 
@@ -215,15 +215,17 @@ def _compact_keys(
             m
             for m in visible
             if m.name not in names
-            and (m.name in csns or keys.folded(m))
+            and (m.name in csns or keytables.folded(m))
             and tuple(m.partition) == tuple(group[0].partition)
             and _versions_of(m, csns)[0] <= hi
             and _may_share_keys(m, group, pk)
         ]
-        columns = [*pk, keys.OP, keys.SEQ]
+        columns = [*pk, keytables.OP, keytables.SEQ]
         seen = [
             keyfold.version_rows(
-                read_part(storage, m, columns + ([keys.VER] if keys.folded(m) else [])), csns.get(m.name, 0), pk
+                read_part(storage, m, columns + ([keytables.VER] if keytables.folded(m) else [])),
+                csns.get(m.name, 0),
+                pk,
             )
             for m in others
         ]

@@ -34,7 +34,7 @@ class PartMeta:
     creation_tid: str = ""
     created_at: float = 0.0
     schema_version: int = 0  # the table definition's ddl_version it was written for (coordinator/model/catalog.py)
-    # A keys-table part's key range and Bloom filter (coordinator/core/keys.py "key summaries"), so the
+    # A keys-table part's key range and Bloom filter (coordinator/core/keytables.py "key summaries"), so the
     # key conflict check and point reads skip parts unopened; None (older parts, other tables):
     # the part may hold any key.
     key_summary: dict[str, Any] | None = None
@@ -126,7 +126,7 @@ class PartMeta:
             )
         key_summary = d.get("key_summary")
         if key_summary is not None:
-            from coordinator.core.keys import bound_summary, summary_problem
+            from coordinator.core.keytables import bound_summary, summary_problem
 
             problem = summary_problem(key_summary)
             if problem is not None:

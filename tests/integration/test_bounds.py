@@ -24,7 +24,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 
 from coordinator import errors
 from coordinator.client import Client, Transaction
-from coordinator.core import keys
+from coordinator.core import keytables
 from coordinator.core import tabledata as ops
 from coordinator.core.versions import split_csn
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput, MergetxnError
@@ -180,22 +180,22 @@ def test_key_summaries_bound_long_keys_and_still_hold_them() -> None:
         {
             "a": [r[0] for r in rows],
             "b": [r[1] for r in rows],
-            keys.OP: pa.array([keys.PUT] * 3, pa.int8()),
-            keys.SEQ: pa.array([0, 1, 2], pa.int64()),
-            keys.COLS: pa.array([None] * 3, pa.string()),
+            keytables.OP: pa.array([keytables.PUT] * 3, pa.int8()),
+            keytables.SEQ: pa.array([0, 1, 2], pa.int64()),
+            keytables.COLS: pa.array([None] * 3, pa.string()),
         }
     )
-    s = keys.summarize(data, pk)
+    s = keytables.summarize(data, pk)
     assert "exact" not in s  # a long key is never listed: the conflict check reads the part
     assert len(repr(s["lo"]) + repr(s["hi"])) < 400
     for r in rows:
-        assert keys.may_hold(s, r) and keys.may_hold_any(s, {r: keys.key_hash(r)})
-    assert not keys.may_hold(s, ("z" * 500, "a"))
-    short = keys.summarize(data.slice(2), pk)
-    assert short["exact"] == [["short", "k", keys.PUT, None]] and short["lo"] == ["short", "k"]
-    none = keys.summarize(data.set_column(0, "a", pa.array(["\U0010ffff" * 70] * 3)), pk)
+        assert keytables.may_hold(s, r) and keytables.may_hold_any(s, {r: keytables.key_hash(r)})
+    assert not keytables.may_hold(s, ("z" * 500, "a"))
+    short = keytables.summarize(data.slice(2), pk)
+    assert short["exact"] == [["short", "k", keytables.PUT, None]] and short["lo"] == ["short", "k"]
+    none = keytables.summarize(data.set_column(0, "a", pa.array(["\U0010ffff" * 70] * 3)), pk)
     assert none["lo"] is None and none["hi"] is None
-    assert keys.summary_problem(none) is None
+    assert keytables.summary_problem(none) is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Keys tables (docs/rules.md#keys-tables, after YTsaurus dynamic tables), against a real
 ZooKeeper and real replicas where a commit is involved; the rules themselves are pure
-(coordinator/core/keys.py) and tested without a cluster.
+(coordinator/core/keytables.py) and tested without a cluster.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from support.cluster import make_cluster
 
 from coordinator.client import Client
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput
 from coordinator.model.catalog import TableDef
@@ -135,18 +135,20 @@ def test_create_table_is_stored_and_seen_by_every_replica(clients) -> None:
 # Pure: versions and the fold on read
 
 
-def put(rows: list[dict], seq: int = 1, op: int = keys.PUT) -> pa.Table:
+def put(rows: list[dict], seq: int = 1, op: int = keytables.PUT) -> pa.Table:
     data = pa.Table.from_pylist(rows, schema=pa.schema([SCHEMA.field(n) for n in SCHEMA.names if n in rows[0]]))
-    return keys.versions(SCHEMA, ("k",), "t", data, op, seq)
+    return keytables.versions(SCHEMA, ("k",), "t", data, op, seq)
 
 
 def test_versions_layout_and_input_checks() -> None:
     v = put([{"k": 1, "a": "x"}, {"k": 2, "b": 5}][:1], seq=7)
-    assert v.schema == keys.file_schema(SCHEMA, ("k",))
+    assert v.schema == keytables.file_schema(SCHEMA, ("k",))
     assert v.to_pylist() == [{"k": 1, "a": "x", "b": None, "c": None, "_op": 0, "_seq": 7, "_cols": None}]
-    u = put([{"k": 1, "b": 3}], op=keys.UPDATE)
+    u = put([{"k": 1, "b": 3}], op=keytables.UPDATE)
     assert u.column("_cols").to_pylist() == ["b"]
-    d = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([3], pa.int64()), "a": ["ignored"]}), keys.DELETE, 1)
+    d = keytables.versions(
+        SCHEMA, ("k",), "t", pa.table({"k": pa.array([3], pa.int64()), "a": ["ignored"]}), keytables.DELETE, 1
+    )
     assert d.to_pylist()[0] | {"_seq": 0} == {
         "k": 3,
         "a": None,
@@ -163,10 +165,10 @@ def test_versions_layout_and_input_checks() -> None:
         (pa.table({"k": [1], "b": ["not a number"]}), "column 'b'"),
     ]:
         with pytest.raises(InvalidInput, match=re.escape(says)):
-            keys.versions(SCHEMA, ("k",), "t", data, keys.PUT, 1)
+            keytables.versions(SCHEMA, ("k",), "t", data, keytables.PUT, 1)
     strict = SCHEMA.set(3, pa.field("c", pa.float64(), nullable=False))
     with pytest.raises(InvalidInput, match=re.escape("leaves non-nullable column(s) ['c'] unset")):
-        keys.versions(strict, ("k",), "t", pa.table({"k": [1], "a": ["x"]}), keys.UPDATE, 1)
+        keytables.versions(strict, ("k",), "t", pa.table({"k": [1], "a": ["x"]}), keytables.UPDATE, 1)
 
 
 def rows_of(t: pa.Table) -> list[dict]:
@@ -188,15 +190,19 @@ def test_merge_latest_version_per_key_by_csn_then_seq() -> None:
 
 def test_merge_update_mode_keeps_absent_columns_and_delete_removes() -> None:
     base = put([{"k": 1, "a": "a0", "b": 1, "c": 1.5}, {"k": 2, "a": "b0", "b": 2, "c": 2.5}])
-    upd = put([{"k": 1, "b": 10}], op=keys.UPDATE)
-    new = put([{"k": 3, "c": 9.0}], seq=2, op=keys.UPDATE)  # no row yet: the others null
-    dele = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([2], pa.int64())}), keys.DELETE, 1)
+    upd = put([{"k": 1, "b": 10}], op=keytables.UPDATE)
+    new = put([{"k": 3, "c": 9.0}], seq=2, op=keytables.UPDATE)  # no row yet: the others null
+    dele = keytables.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([2], pa.int64())}), keytables.DELETE, 1)
     got = rows_of(keyfold.merge(SCHEMA, ("k",), [(1, base), (2, upd), (2, new), (3, dele)]))
     assert got == [{"k": 1, "a": "a0", "b": 10, "c": 1.5}, {"k": 3, "a": None, "b": None, "c": 9.0}]
     # Delete then re-insert: the key is back with only the new values; own writes (OWN) come last.
     again = put([{"k": 2, "a": "back"}], seq=2)
-    own_delete = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.DELETE, 1)
-    got = rows_of(keyfold.merge(SCHEMA, ("k",), [(keys.OWN, own_delete), (keys.OWN, again), (1, base), (3, dele)]))
+    own_delete = keytables.versions(
+        SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keytables.DELETE, 1
+    )
+    got = rows_of(
+        keyfold.merge(SCHEMA, ("k",), [(keytables.OWN, own_delete), (keytables.OWN, again), (1, base), (3, dele)])
+    )
     assert got == [{"k": 2, "a": "back", "b": None, "c": None}]
     assert keyfold.merge(SCHEMA, ("k",), []).schema == SCHEMA
 
@@ -204,7 +210,7 @@ def test_merge_update_mode_keeps_absent_columns_and_delete_removes() -> None:
 def test_merge_on_a_composite_key_sorts_by_key() -> None:
     schema = pa.schema([pa.field("p", pa.string(), False), pa.field("k", pa.int64(), False), pa.field("v", pa.int64())])
     rows = pa.table({"p": ["b", "a", "a"], "k": [1, 2, 1], "v": [1, 2, 3]}, schema=schema)
-    v = keys.versions(schema, ("p", "k"), "t", rows, keys.PUT, 1)
+    v = keytables.versions(schema, ("p", "k"), "t", rows, keytables.PUT, 1)
     got = keyfold.merge(schema, ("p", "k"), [(1, v)])
     assert [(r["p"], r["k"]) for r in got.to_pylist()] == [("a", 1), ("a", 2), ("b", 1)]
 
@@ -273,35 +279,35 @@ GROUPS = (("g1", ("a", "b")), ("g2", ("c",)))
 
 
 def test_locks_taken_per_mode() -> None:
-    P = keys.PRIMARY
-    assert keys.locks(keys.PUT, (), GROUPS) == {P, "g1", "g2"}
-    assert keys.locks(keys.DELETE, (), GROUPS) == {P}
-    assert keys.locks(keys.UPDATE, ("a",), GROUPS) == {"g1"}
-    assert keys.locks(keys.UPDATE, ("b", "c"), GROUPS) == {"g1", "g2"}
-    assert keys.locks(keys.UPDATE, ("a",), ()) == {P}  # a column in no group is under the primary lock
-    assert keys.locks(keys.UPDATE, (), GROUPS) == {P}  # keys only: the row itself
+    P = keytables.PRIMARY
+    assert keytables.locks(keytables.PUT, (), GROUPS) == {P, "g1", "g2"}
+    assert keytables.locks(keytables.DELETE, (), GROUPS) == {P}
+    assert keytables.locks(keytables.UPDATE, ("a",), GROUPS) == {"g1"}
+    assert keytables.locks(keytables.UPDATE, ("b", "c"), GROUPS) == {"g1", "g2"}
+    assert keytables.locks(keytables.UPDATE, ("a",), ()) == {P}  # a column in no group is under the primary lock
+    assert keytables.locks(keytables.UPDATE, (), GROUPS) == {P}  # keys only: the row itself
 
 
 def test_lock_overlap() -> None:
-    P = keys.PRIMARY
+    P = keytables.PRIMARY
     g1, g2, p = frozenset({"g1"}), frozenset({"g2"}), frozenset({P})
-    assert not keys.overlap(g1, g2) and keys.overlap(g1, g1)
-    assert keys.overlap(p, g1) and keys.overlap(g2, p) and keys.overlap(p, p)
-    assert not keys.overlap(frozenset(), p)
+    assert not keytables.overlap(g1, g2) and keytables.overlap(g1, g1)
+    assert keytables.overlap(p, g1) and keytables.overlap(g2, p) and keytables.overlap(p, p)
+    assert not keytables.overlap(frozenset(), p)
 
 
 def test_written_locks_and_first_collision() -> None:
     schema = SCHEMA
-    upd = keys.versions(
-        schema, ("k",), "t", pa.table({"k": pa.array([1, 2], pa.int64()), "c": [1.0, 2.0]}), keys.UPDATE, 1
+    upd = keytables.versions(
+        schema, ("k",), "t", pa.table({"k": pa.array([1, 2], pa.int64()), "c": [1.0, 2.0]}), keytables.UPDATE, 1
     )
-    mine = keys.written_locks(upd, ("k",), GROUPS)
+    mine = keytables.written_locks(upd, ("k",), GROUPS)
     assert mine == {(1,): {"g2"}, (2,): {"g2"}}
-    theirs = keys.written_locks(put([{"k": 2, "a": "x"}], op=keys.UPDATE), ("k",), GROUPS)
-    assert keys.first_collision(mine, theirs) is None  # other group, same key
-    theirs = keys.written_locks(put([{"k": 3}, {"k": 2}]), ("k",), GROUPS)  # overwrite: every lock
-    assert keys.first_collision(mine, theirs) == (2,)
-    assert keys.first_collision(mine, keys.written_locks(put([{"k": 9}]), ("k",), GROUPS)) is None
+    theirs = keytables.written_locks(put([{"k": 2, "a": "x"}], op=keytables.UPDATE), ("k",), GROUPS)
+    assert keytables.first_collision(mine, theirs) is None  # other group, same key
+    theirs = keytables.written_locks(put([{"k": 3}, {"k": 2}]), ("k",), GROUPS)  # overwrite: every lock
+    assert keytables.first_collision(mine, theirs) == (2,)
+    assert keytables.first_collision(mine, keytables.written_locks(put([{"k": 9}]), ("k",), GROUPS)) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -453,23 +459,25 @@ def test_racing_writers(cluster, clients, same_key: bool, replicas: tuple[int, i
 
 
 def test_read_lock_collisions() -> None:
-    P, S, W = keys.PRIMARY, keys.STRONG, keys.WEAK
+    P, S, W = keytables.PRIMARY, keytables.STRONG, keytables.WEAK
     w, g = frozenset({P, "g1"}), frozenset({"g1"})
-    assert keys.locks(keys.LOCK_STRONG, (), GROUPS) == {S} and keys.locks(keys.LOCK_WEAK, (), GROUPS) == {W}
+    assert keytables.locks(keytables.LOCK_STRONG, (), GROUPS) == {S} and keytables.locks(
+        keytables.LOCK_WEAK, (), GROUPS
+    ) == {W}
     # A writer loses to a committed strong lock, not to a weak one.
-    assert keys.collide(w, frozenset({S})) and keys.collide(g, frozenset({S}))
-    assert not keys.collide(w, frozenset({W}))
+    assert keytables.collide(w, frozenset({S})) and keytables.collide(g, frozenset({S}))
+    assert not keytables.collide(w, frozenset({W}))
     # A reader (either mode) loses to a committed write.
-    assert keys.collide(frozenset({S}), g) and keys.collide(frozenset({W}), w)
+    assert keytables.collide(frozenset({S}), g) and keytables.collide(frozenset({W}), w)
     # Read locks never collide with each other.
     for a in (S, W):
         for b in (S, W):
-            assert not keys.collide(frozenset({a}), frozenset({b}))
+            assert not keytables.collide(frozenset({a}), frozenset({b}))
     # A transaction that read-locked a key and wrote another group of it: the read lock sees the write.
-    assert keys.collide(frozenset({S, "g2"}), frozenset({"g1"}))
-    assert "strong read lock" in keys.why(w, frozenset({S}))
+    assert keytables.collide(frozenset({S, "g2"}), frozenset({"g1"}))
+    assert "strong read lock" in keytables.why(w, frozenset({S}))
     # Lock rows are never rows.
-    lock = keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keys.LOCK_STRONG, 5)
+    lock = keytables.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array([1], pa.int64())}), keytables.LOCK_STRONG, 5)
     assert keyfold.merge(SCHEMA, ("k",), [(1, put([{"k": 1, "a": "x"}])), (2, lock)]).num_rows == 1
     assert keyfold.merge(SCHEMA, ("k",), [(2, lock)]).num_rows == 0
 

@@ -1,5 +1,5 @@
 """Compaction of keys tables (docs/rules.md#reads-and-the-fold: compaction folds versions and
-deletes away, and never changes what a read at any retained snapshot returns; coordinator/core/keys.py
+deletes away, and never changes what a read at any retained snapshot returns; coordinator/core/keytables.py
 "Compaction").
 
 Three layers: the pure fold against the pure read (random histories, every subset of parts);
@@ -22,7 +22,7 @@ from support.cluster import make_cluster
 from support.waiting import wait_until
 
 from coordinator.client import Client
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Kind, Policy, Summary, check
 from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, ConflictKind
@@ -49,24 +49,24 @@ def rows_of(t: pa.Table) -> list[dict]:
 
 
 def random_versions(rng: random.Random, seq: int, n: int, p: int = 0, nkeys: int = 3) -> tuple[pa.Table, int]:
-    """One transaction's versions of ``n`` random writes (keys.versions layout), from ``seq`` on."""
+    """One transaction's versions of ``n`` random writes (keytables.versions layout), from ``seq`` on."""
     pieces = []
     for _ in range(n):
         k, op, v = rng.randrange(nkeys), rng.choice(OPS), rng.randrange(100)
         if op == "put":
-            data, code = {"p": [p], "k": [k], "a": [f"a{v}"], "b": [v]}, keys.PUT
+            data, code = {"p": [p], "k": [k], "a": [f"a{v}"], "b": [v]}, keytables.PUT
         elif op.startswith("update"):
-            data, code = {"p": [p], "k": [k]}, keys.UPDATE
+            data, code = {"p": [p], "k": [k]}, keytables.UPDATE
             if "a" in op[7:]:
                 data["a"] = [f"u{v}"]
             if "b" in op[7:]:
                 data["b"] = [v]
         elif op == "delete":
-            data, code = {"p": [p], "k": [k]}, keys.DELETE
+            data, code = {"p": [p], "k": [k]}, keytables.DELETE
         else:
-            data, code = {"p": [p], "k": [k]}, rng.choice([keys.LOCK_STRONG, keys.LOCK_WEAK])
+            data, code = {"p": [p], "k": [k]}, rng.choice([keytables.LOCK_STRONG, keytables.LOCK_WEAK])
         present = pa.schema([SCHEMA.field(c) for c in data])
-        pieces.append(keys.versions(SCHEMA, PK, "t", pa.table(data, schema=present), code, seq))
+        pieces.append(keytables.versions(SCHEMA, PK, "t", pa.table(data, schema=present), code, seq))
         seq += 1
     return pa.concat_tables(pieces), seq
 
@@ -91,7 +91,9 @@ def _others(parts: list[tuple[int, pa.Table]]) -> pa.Table | None:
 def _theirs(versions: dict[tuple, list[tuple[int, int]]]) -> pa.Table:
     """Other parts' versions given as key -> [(version, _seq)], as keyfold.fold takes them."""
     flat = [(*key, ver, seq) for key, vs in versions.items() for ver, seq in vs]
-    return pa.table({c: pa.array([r[i] for r in flat], pa.int64()) for i, c in enumerate([*PK, keys.VER, keys.SEQ])})
+    return pa.table(
+        {c: pa.array([r[i] for r in flat], pa.int64()) for i, c in enumerate([*PK, keytables.VER, keytables.SEQ])}
+    )
 
 
 def _fold(parts, chosen, fold_csn: int, use_ver: bool = True):
@@ -100,7 +102,7 @@ def _fold(parts, chosen, fold_csn: int, use_ver: bool = True):
     rest = [p for i, p in enumerate(parts) if i not in chosen]
     out = keyfold.fold(SCHEMA, PK, sources, _others(rest))
     if not use_ver:  # the mutation: the folded part ordered by its own creation CSN
-        out = out.drop_columns([keys.VER])
+        out = out.drop_columns([keytables.VER])
     return rest + ([(fold_csn, out)] if out.num_rows else [])
 
 
@@ -131,39 +133,43 @@ def test_fold_of_everything_leaves_one_version_per_live_key_and_no_lock_rows() -
         out = keyfold.fold(SCHEMA, PK, parts, _theirs({}))
         live = keyfold.merge(SCHEMA, PK, parts)
         assert out.num_rows == live.num_rows  # deletes with nothing older dropped, one row per key
-        assert set(out.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
+        assert set(out.column(keytables.OP).to_pylist()) <= {keytables.PUT, keytables.UPDATE}
         assert rows_of(keyfold.merge(SCHEMA, PK, [(99, out)])) == rows_of(live)
 
 
 def _v(p, k, op, seq, **cols):
     data = {"p": [p], "k": [k], **{c: [v] for c, v in cols.items()}}
-    return keys.versions(SCHEMA, PK, "t", pa.table(data, schema=pa.schema([SCHEMA.field(c) for c in data])), op, seq)
+    return keytables.versions(
+        SCHEMA, PK, "t", pa.table(data, schema=pa.schema([SCHEMA.field(c) for c in data])), op, seq
+    )
 
 
 def test_fold_rules_case_by_case() -> None:
     put, upd_a, upd_b, dele = (
-        _v(0, 1, keys.PUT, 0, a="x", b=1),
-        _v(0, 1, keys.UPDATE, 1, a="y"),
-        _v(0, 1, keys.UPDATE, 2, b=7),
-        _v(0, 1, keys.DELETE, 3),
+        _v(0, 1, keytables.PUT, 0, a="x", b=1),
+        _v(0, 1, keytables.UPDATE, 1, a="y"),
+        _v(0, 1, keytables.UPDATE, 2, b=7),
+        _v(0, 1, keytables.DELETE, 3),
     )
     # UPDATEs with no base stay one UPDATE of both columns (a part left out may hold the base).
     out = keyfold.fold(SCHEMA, PK, [(20, upd_a), (30, upd_b)], _theirs({(0, 1): [(10, 0)]})).to_pylist()
-    assert [(r[keys.OP], r[keys.COLS], r["a"], r["b"], r[keys.VER]) for r in out] == [(keys.UPDATE, "a,b", "y", 7, 30)]
+    assert [(r[keytables.OP], r[keytables.COLS], r["a"], r["b"], r[keytables.VER]) for r in out] == [
+        (keytables.UPDATE, "a,b", "y", 7, 30)
+    ]
     # onto a PUT they become a PUT
     out = keyfold.fold(SCHEMA, PK, [(10, put), (20, upd_a)], _theirs({})).to_pylist()
-    assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, "y", 1)]
+    assert [(r[keytables.OP], r["a"], r["b"]) for r in out] == [(keytables.PUT, "y", 1)]
     # a DELETE with an older version elsewhere stays; with none it goes
-    assert keyfold.fold(SCHEMA, PK, [(20, dele)], _theirs({(0, 1): [(10, 0)]})).column(keys.OP).to_pylist() == [
-        keys.DELETE
+    assert keyfold.fold(SCHEMA, PK, [(20, dele)], _theirs({(0, 1): [(10, 0)]})).column(keytables.OP).to_pylist() == [
+        keytables.DELETE
     ]
     assert keyfold.fold(SCHEMA, PK, [(10, put), (20, dele)], _theirs({})).num_rows == 0
     # a version of another part between two sources splits the fold into two runs
     out = keyfold.fold(SCHEMA, PK, [(10, put), (30, upd_b)], _theirs({(0, 1): [(20, 5)]})).to_pylist()
-    assert [(r[keys.OP], r[keys.VER]) for r in out] == [(keys.PUT, 10), (keys.UPDATE, 30)]
+    assert [(r[keytables.OP], r[keytables.VER]) for r in out] == [(keytables.PUT, 10), (keytables.UPDATE, 30)]
     # a DELETE then an UPDATE is a PUT with the other columns null (as a read folds it)
     out = keyfold.fold(SCHEMA, PK, [(20, dele), (30, upd_b)], _theirs({(0, 1): [(10, 0)]})).to_pylist()
-    assert [(r[keys.OP], r["a"], r["b"]) for r in out] == [(keys.PUT, None, 7)]
+    assert [(r[keytables.OP], r["a"], r["b"]) for r in out] == [(keytables.PUT, None, 7)]
 
 
 def test_mutation_folded_part_ordered_by_its_creation_csn_changes_reads() -> None:
@@ -182,11 +188,16 @@ def test_a_compaction_output_is_known_from_its_metadata(tmp_path: Path) -> None:
     from parts.io.storage import Storage
 
     storage = Storage(str(tmp_path))
-    written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x"), "1.1.h")
+    written = write_part(storage, "t", ["p"], (0,), _v(0, 1, keytables.PUT, 0, a="x"), "1.1.h")
     out = write_part(
-        storage, "t", ["p"], (0,), keyfold.fold(SCHEMA, PK, [(10, _v(0, 1, keys.PUT, 0, a="x"))], _theirs({})), "2.1.h"
+        storage,
+        "t",
+        ["p"],
+        (0,),
+        keyfold.fold(SCHEMA, PK, [(10, _v(0, 1, keytables.PUT, 0, a="x"))], _theirs({})),
+        "2.1.h",
     )
-    assert not keys.folded(written) and keys.folded(out)
+    assert not keytables.folded(written) and keytables.folded(out)
 
 
 @pytest.mark.parametrize("earlier", list(Kind))
@@ -280,9 +291,9 @@ def test_merges_of_random_part_subsets_keep_every_snapshot(replica: Replica, see
     from parts.io.format import read_part
 
     left = [read_part(r.storage, m) for m in r.state.visible("kc", r.state.applied)]
-    versions = pa.concat_tables([t.select([*PK, keys.OP]) for t in left]) if left else None
+    versions = pa.concat_tables([t.select([*PK, keytables.OP]) for t in left]) if left else None
     if versions is not None:
-        assert set(versions.column(keys.OP).to_pylist()) <= {keys.PUT, keys.UPDATE}
+        assert set(versions.column(keytables.OP).to_pylist()) <= {keytables.PUT, keytables.UPDATE}
         assert versions.num_rows == len(expected[max(expected)])
 
 
@@ -291,8 +302,8 @@ def test_a_merge_whose_source_was_merged_meanwhile_is_redone(replica: Replica) -
     the parts there now (keys policy: a compaction writes no key, so nothing to lose to)."""
     r = replica
     tdef = _keys_table(r)
-    for i, op in enumerate([keys.PUT, keys.UPDATE, keys.DELETE, keys.PUT]):
-        cols = {"a": f"v{i}"} if op in (keys.PUT, keys.UPDATE) else {}
+    for i, op in enumerate([keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.PUT]):
+        cols = {"a": f"v{i}"} if op in (keytables.PUT, keytables.UPDATE) else {}
         _commit(r, "kc", _v(0, i % 2, op, i, **cols))
     want = _read_at(r, "kc", r.state.applied)
     pkey = partition_key((0,))
@@ -574,13 +585,13 @@ def test_a_second_compaction_in_one_transaction_respects_the_first_ones_output(t
 
     storage = Storage(str(tmp_path))
     tdef = TableDef.new("t", SCHEMA, partition_by=("p",), primary_key=PK, conflict_policy="keys")
-    a = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.PUT, 0, a="x", b=7), "1.1.h")
-    c = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.DELETE, 0), "2.1.h")
-    b = write_part(storage, "t", ["p"], (0,), _v(0, 1, keys.UPDATE, 0, a="y"), "3.1.h")
+    a = write_part(storage, "t", ["p"], (0,), _v(0, 1, keytables.PUT, 0, a="x", b=7), "1.1.h")
+    c = write_part(storage, "t", ["p"], (0,), _v(0, 1, keytables.DELETE, 0), "2.1.h")
+    b = write_part(storage, "t", ["p"], (0,), _v(0, 1, keytables.UPDATE, 0, a="y"), "3.1.h")
     csns = {a.name: 10, c.name: 20, b.name: 30}
     first = rewrite.compact(storage, tdef, [a, b], "major", "9.1.h", csns, [a, b, c])
     own = first.added
     second = rewrite.compact(storage, tdef, [*own, c], "major", "9.1.h", csns)
-    after = [(keys.OWN, read_part(storage, m)) for m in [*own, *second.added]]
+    after = [(keytables.OWN, read_part(storage, m)) for m in [*own, *second.added]]
     want = keyfold.merge(SCHEMA, PK, [(csns[m.name], read_part(storage, m)) for m in (a, c, b)])
     assert rows_of(keyfold.merge(SCHEMA, PK, after)) == rows_of(want) == [{"p": 0, "k": 1, "a": "y", "b": None}]

@@ -15,7 +15,7 @@ import pytest
 from support.cluster import make_cluster
 
 from coordinator.client import Client
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 from coordinator.errors import ConflictError, InvalidInput
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
@@ -63,20 +63,26 @@ def as_set(t: pa.Table) -> set[tuple]:
 def test_row_changes_fold_commits_in_order() -> None:
     def v(data: list[dict], op: int, seq: int) -> pa.Table:
         t = pa.Table.from_pylist(data, schema=pa.schema([SCHEMA.field(n) for n in data[0]]))
-        return keys.versions(SCHEMA, KEY, "t", t, op, seq)
+        return keytables.versions(SCHEMA, KEY, "t", t, op, seq)
 
     before = rows(("x", 1, "old", 1), ("x", 2, "two", 2))
     commits = [
-        (5, [v([{"p": "x", "k": 1, "b": 10}], keys.UPDATE, 1), v([{"p": "x", "k": 3, "a": "new"}], keys.PUT, 2)]),
+        (
+            5,
+            [
+                v([{"p": "x", "k": 1, "b": 10}], keytables.UPDATE, 1),
+                v([{"p": "x", "k": 3, "a": "new"}], keytables.PUT, 2),
+            ],
+        ),
         (
             6,
             [
-                v([{"p": "x", "k": 2}], keys.DELETE, 1),
-                v([{"p": "x", "k": 9}], keys.DELETE, 2),
-                v([{"p": "x", "k": 3}], keys.LOCK_STRONG, 3),
+                v([{"p": "x", "k": 2}], keytables.DELETE, 1),
+                v([{"p": "x", "k": 9}], keytables.DELETE, 2),
+                v([{"p": "x", "k": 3}], keytables.LOCK_STRONG, 3),
             ],
         ),
-        (7, [v([{"p": "x", "k": 1, "a": "old", "b": 10}], keys.PUT, 1)]),  # same values: nothing
+        (7, [v([{"p": "x", "k": 1, "a": "old", "b": 10}], keytables.PUT, 1)]),  # same values: nothing
     ]
     got = keyfold.row_changes(SCHEMA, KEY, before, commits).to_pylist()
     assert got == [
@@ -239,7 +245,7 @@ def test_parts_written_elsewhere_must_be_versions(cluster) -> None:
     tdef = c.table(name)
     with c.transaction() as tx:
         tx.insert(name, rows(("x", 1, "a", 1), ("x", 2, "b", 2)))
-    v = keys.versions(tdef.schema, KEY, name, rows(("x", 1, "new", 5)), keys.PUT, 1)
+    v = keytables.versions(tdef.schema, KEY, name, rows(("x", 1, "new", 5)), keytables.PUT, 1)
     meta = write_part(c.storage, name, [], (), v, "spark-job", tdef.ddl_version)
     c.commit_parts(name, [meta])
     assert as_set(c.read(name)) == {("x", 1, "new", 5), ("x", 2, "b", 2)}
@@ -250,7 +256,7 @@ def test_parts_written_elsewhere_must_be_versions(cluster) -> None:
     assert c.snapshot() == before
     with pytest.raises(InvalidInput, match="op='overwrite'"):
         c.commit_parts(name, [meta], op="overwrite")
-    v2 = keys.versions(tdef.schema, KEY, name, rows(("x", 7, "only", 7)), keys.PUT, 1)
+    v2 = keytables.versions(tdef.schema, KEY, name, rows(("x", 7, "only", 7)), keytables.PUT, 1)
     with c.transaction() as tx:
         tx.add_parts(name, [write_part(c.storage, name, [], (), v2, tx.id, tdef.ddl_version)], op="overwrite")
     assert as_set(c.read(name)) == {("x", 7, "only", 7)}

@@ -1,5 +1,5 @@
 """Storage of keys-table versions that stays fast (issue 12 item 3): the per-part key summary
-(key range and Bloom filter, coordinator/core/keys.py "key summaries"), the state's index of parts by
+(key range and Bloom filter, coordinator/core/keytables.py "key summaries"), the state's index of parts by
 creation CSN per target, the key conflict check that skips parts unread, and point reads that
 read only the parts that may hold the key. Pure parts first, then against a cluster.
 """
@@ -20,7 +20,7 @@ from support.cluster import make_cluster
 
 import coordinator.api.client as client_module
 from coordinator.client import Client
-from coordinator.core import keys
+from coordinator.core import keytables
 from coordinator.core.conflicts import Kind, Policy
 from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
@@ -74,47 +74,53 @@ def test_filter_never_says_absent_for_a_key_the_part_holds(kind: str, seed: int)
     rng = random.Random(f"{kind}-{seed}")
     held = [gen(rng) for _ in range(rng.choice([1, 7, 300, 2000]))]
     data = pa.Table.from_pylist([dict(zip(schema.names, k)) for k in held], schema=schema)
-    summary = keys.summarize(data, schema.names)
-    assert keys.summary_problem(summary) is None
+    summary = keytables.summarize(data, schema.names)
+    assert keytables.summary_problem(summary) is None
     # Every key the part holds, as the data reads back (to_pylist), is a maybe.
     for key in zip(*(data.column(n).to_pylist() for n in schema.names)):
-        assert keys.may_hold(summary, key)
-        assert keys.may_hold(summary, key, keys.key_hash(key))
-        assert keys.may_hold_any(summary, {key: keys.key_hash(key)})
+        assert keytables.may_hold(summary, key)
+        assert keytables.may_hold(summary, key, keytables.key_hash(key))
+        assert keytables.may_hold_any(summary, {key: keytables.key_hash(key)})
     # And the filter does rule out most keys it does not hold (about 0.05% false positives),
     # one key at a time or many at once alike.
     absent = {gen(rng) for _ in range(2000)} - set(held)
-    maybe = [k for k in absent if keys.may_hold(summary, k)]
+    maybe = [k for k in absent if keytables.may_hold(summary, k)]
     assert len(maybe) <= 0.01 * len(absent) + 2
-    assert [k for k in absent if keys.may_hold_any(summary, {k: keys.key_hash(k)})] == maybe
+    assert [k for k in absent if keytables.may_hold_any(summary, {k: keytables.key_hash(k)})] == maybe
 
 
 def test_the_hash_is_fixed_and_not_pythons() -> None:
     # Pinned values: another process (any PYTHONHASHSEED) and a later version probe the same bits.
-    assert keys.encode_key((5, "x")) == b"i\x00\x00\x00\x015s\x00\x00\x00\x01x"
-    assert keys.key_hash((5,)) == keys.key_hash([5])
-    assert keys.key_hash((0.0,)) == keys.key_hash((-0.0,))  # Arrow compares them equal
-    assert keys.key_hash((1,)) != keys.key_hash((True,)) and keys.key_hash(("1",)) != keys.key_hash((1,))
-    h1, h2 = keys.key_hash((5,))
+    assert keytables.encode_key((5, "x")) == b"i\x00\x00\x00\x015s\x00\x00\x00\x01x"
+    assert keytables.key_hash((5,)) == keytables.key_hash([5])
+    assert keytables.key_hash((0.0,)) == keytables.key_hash((-0.0,))  # Arrow compares them equal
+    assert keytables.key_hash((1,)) != keytables.key_hash((True,)) and keytables.key_hash(("1",)) != keytables.key_hash(
+        (1,)
+    )
+    h1, h2 = keytables.key_hash((5,))
     assert h2 % 2 == 1 and 0 <= h1 < 2**64
     data = pa.table({"k": pa.array([1, 2, 3], pa.int64())})
-    assert keys.summarize(data, ["k"]) == keys.summarize(data, ["k"])
-    assert keys.summarize(data, ["k"])["lo"] == [1] and keys.summarize(data, ["k"])["hi"] == [3]
+    assert keytables.summarize(data, ["k"]) == keytables.summarize(data, ["k"])
+    assert keytables.summarize(data, ["k"])["lo"] == [1] and keytables.summarize(data, ["k"])["hi"] == [3]
 
 
 def test_the_range_rules_out_without_the_filter() -> None:
     data = pa.table({"k": pa.array(range(100, 200), pa.int64())})
-    full = {**keys.summarize(data, ["k"]), "bloom": keys.base64.b64encode(b"\xff" * 8).decode(), "m": 64}
-    assert keys.may_hold(full, (150,)) and not keys.may_hold(full, (99,)) and not keys.may_hold(full, (200,))
+    full = {**keytables.summarize(data, ["k"]), "bloom": keytables.base64.b64encode(b"\xff" * 8).decode(), "m": 64}
+    assert (
+        keytables.may_hold(full, (150,))
+        and not keytables.may_hold(full, (99,))
+        and not keytables.may_hold(full, (200,))
+    )
 
 
 def test_filter_size_is_bounded() -> None:
     data = pa.table({"k": pa.array(range(10_000), pa.int64())})
-    s = keys.summarize(data, ["k"], max_bits=4096)
-    assert s["m"] == 4096 and len(keys._bits(s["bloom"])) == 512
-    assert all(keys.may_hold(s, (k,)) for k in range(10_000))
+    s = keytables.summarize(data, ["k"], max_bits=4096)
+    assert s["m"] == 4096 and len(keytables._bits(s["bloom"])) == 512
+    assert all(keytables.may_hold(s, (k,)) for k in range(10_000))
     assert (
-        keys.summarize(data.slice(0, 0), ["k"])["m"] == keys.MIN_FILTER_BITS
+        keytables.summarize(data.slice(0, 0), ["k"])["m"] == keytables.MIN_FILTER_BITS
     )  # an empty part still has a (tiny) filter
 
 
@@ -141,7 +147,7 @@ POINTS = [
 
 @pytest.mark.parametrize(("schema", "pk", "where", "want"), POINTS, ids=[str(w) for _, _, w, _ in POINTS])
 def test_point_keys(schema: pa.Schema, pk: tuple, where: pc.Expression, want: list | None) -> None:
-    assert keys.point_keys(where, schema, pk) == want
+    assert keytables.point_keys(where, schema, pk) == want
 
 
 # ---------------------------------------------------------------------------------------------
@@ -149,7 +155,7 @@ def test_point_keys(schema: pa.Schema, pk: tuple, where: pc.Expression, want: li
 
 
 def summarized_part(storage: Storage, table: str, rows: list[int], creator: str, partition: tuple = ()) -> PartMeta:
-    data = keys.versions(SCHEMA, ("k",), table, pa.table({"k": pa.array(rows, pa.int64())}), keys.PUT, 1)
+    data = keytables.versions(SCHEMA, ("k",), table, pa.table({"k": pa.array(rows, pa.int64())}), keytables.PUT, 1)
     return write_part(storage, table, ["k"] if partition else [], partition, data, creator, primary_key=("k",))
 
 
@@ -159,7 +165,7 @@ def test_summary_round_trips_and_is_validated(tmp_path) -> None:
     assert PartMeta.from_dict(meta.to_dict()) == meta
     old = {k: v for k, v in meta.to_dict().items() if k != "key_summary"}  # written before summaries
     assert PartMeta.from_dict(old).key_summary is None
-    assert keys.may_hold(None, (99,))  # a part without one is never pruned
+    assert keytables.may_hold(None, (99,))  # a part without one is never pruned
     for bad, says in [
         ({**meta.key_summary, "m": 12}, "'m'"),
         ({**meta.key_summary, "bloom": "!!"}, "base64"),
@@ -237,13 +243,13 @@ def test_conflict_check_reads_only_candidate_parts(tmp_path) -> None:
     st = _state_with([(i + 2, m) for i, m in enumerate(theirs)])
     taken: set[tuple] = set()
     for m in theirs:
-        taken.update(keys.written_locks(_read(storage, m), ("k",), ()).keys())
+        taken.update(keytables.written_locks(_read(storage, m), ("k",), ()).keys())
     free = [k for k in range(100_000) if (k,) not in taken][:200]
     mine = summarized_part(storage, "t", free, tid(99))  # 200 keys: read too
     check = _checker(storage, st)
     check.check(tid(99), 1, {mine.name: mine}, {"t": Policy.KEYS})  # no conflict: different keys
-    hashed = {(k,): keys.key_hash((k,)) for k in free}
-    candidates = sum(keys.may_hold_any(m.key_summary, hashed) for m in theirs)
+    hashed = {(k,): keytables.key_hash((k,)) for k in free}
+    candidates = sum(keytables.may_hold_any(m.key_summary, hashed) for m in theirs)
     assert check.reads == 1 + candidates and check.skipped == 40 - candidates
     assert candidates < 10  # the filters ruled out most of the 40 (about 0.05% per key and part)
     # A key one of them wrote is a candidate there, read, verified, and conflicts.
@@ -279,27 +285,33 @@ def test_exact_versions_give_the_locks_the_file_gives(tmp_path) -> None:
     rng = random.Random(11)
     for _ in range(20):
         parts = []
-        for seq, op in enumerate(rng.sample([keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK], 3)):
+        for seq, op in enumerate(
+            rng.sample(
+                [keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.LOCK_STRONG, keytables.LOCK_WEAK], 3
+            )
+        ):
             ks = pa.array(rng.sample(range(30), 5), pa.int64())
             cols = {
                 "k": ks,
                 **({"a": pa.array(["x"] * 5)} if rng.random() < 0.5 else {}),
-                **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keys.UPDATE else {}),
+                **({"b": pa.array([1] * 5, pa.int64())} if rng.random() < 0.5 or op == keytables.UPDATE else {}),
             }
-            parts.append(keys.versions(SCHEMA, ("k",), "t", pa.table(cols), op, seq * 10 + 1))
+            parts.append(keytables.versions(SCHEMA, ("k",), "t", pa.table(cols), op, seq * 10 + 1))
         data = pa.concat_tables(parts)
         meta = write_part(storage, "t", [], (), data, tid(1), primary_key=("k",))
-        assert keys.exact_locks(meta.key_summary, 1, groups) == keys.written_locks(_read(storage, meta), ("k",), groups)
+        assert keytables.exact_locks(meta.key_summary, 1, groups) == keytables.written_locks(
+            _read(storage, meta), ("k",), groups
+        )
     big = write_part(
         storage,
         "t",
         [],
         (),
-        keys.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}), keys.PUT, 1),
+        keytables.versions(SCHEMA, ("k",), "t", pa.table({"k": pa.array(range(65), pa.int64())}), keytables.PUT, 1),
         tid(1),
         primary_key=("k",),
     )
-    assert keys.exact_locks(big.key_summary, 1, groups) is None  # past EXACT_ROWS: read it
+    assert keytables.exact_locks(big.key_summary, 1, groups) is None  # past EXACT_ROWS: read it
 
 
 def _read(storage: Storage, meta: PartMeta) -> pa.Table:
@@ -318,11 +330,11 @@ def test_a_filter_false_positive_never_makes_a_conflict(tmp_path) -> None:
             "lo": None,
             "hi": None,
             "m": 64,
-            "k": keys.HASHES,
-            "bloom": keys.base64.b64encode(b"\xff" * 8).decode(),
+            "k": keytables.HASHES,
+            "bloom": keytables.base64.b64encode(b"\xff" * 8).decode(),
         },
     )
-    assert keys.may_hold(saturated.key_summary, (4,))
+    assert keytables.may_hold(saturated.key_summary, (4,))
     st = _state_with([(5, saturated)])
     mine = summarized_part(storage, "t", [4, 5], tid(2))
     check = _checker(storage, st)
@@ -428,23 +440,23 @@ def test_members_with_different_keys_share_a_batch_and_a_key_in_common_waits(tmp
 
 
 def test_point_hint_is_exact_or_ignored() -> None:
-    hint = keys.point_hint(K == 5, SCHEMA, ("k",))
+    hint = keytables.point_hint(K == 5, SCHEMA, ("k",))
     assert hint == {"key_columns": ["k"], "keys": [[5]]}
-    assert keys.hint_hashes(hint, SCHEMA, ("k",)) == {(5,): keys.key_hash((5,))}
+    assert keytables.hint_hashes(hint, SCHEMA, ("k",)) == {(5,): keytables.key_hash((5,))}
     # Made from a definition the reader had cached that is not the table's at the snapshot: ignored.
     as_string = pa.schema([pa.field("k", pa.string(), False)])
-    assert keys.hint_hashes(hint, as_string, ("k",)) is None
-    assert keys.hint_hashes(hint, PK2, ("p", "k")) is None
-    assert keys.hint_hashes({"key_columns": ["k"], "keys": [[5.5]]}, SCHEMA, ("k",)) is None
+    assert keytables.hint_hashes(hint, as_string, ("k",)) is None
+    assert keytables.hint_hashes(hint, PK2, ("p", "k")) is None
+    assert keytables.hint_hashes({"key_columns": ["k"], "keys": [[5.5]]}, SCHEMA, ("k",)) is None
     assert (
-        keys.hint_hashes(
+        keytables.hint_hashes(
             {"key_columns": ["k"], "keys": [[2**40]]}, pa.schema([pa.field("k", pa.int32(), False)]), ("k",)
         )
         is None
     )
     with pytest.raises(InvalidInput, match="point hint"):
-        keys.hint_hashes({"keys": 5}, SCHEMA, ("k",))
-    assert keys.point_hint(K > 5, SCHEMA, ("k",)) is None
+        keytables.hint_hashes({"keys": 5}, SCHEMA, ("k",))
+    assert keytables.point_hint(K > 5, SCHEMA, ("k",)) is None
 
 
 def test_the_replica_lists_only_parts_that_may_hold_a_hinted_key(client: Client) -> None:

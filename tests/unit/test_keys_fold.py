@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import keys_reference as ref
 
-from coordinator.core import keyfold, keys
+from coordinator.core import keyfold, keytables
 
 # Deterministic in CI (no example database, a fixed derivation of examples) and under 30 s.
 FAST = settings(
@@ -49,7 +49,7 @@ VALUE_TYPES = {
     "float64": (pa.float64(), st.floats()),  # NaN too: an unchanged NaN is no change
     "bool": (pa.bool_(), st.booleans()),
 }
-OPS = [keys.PUT, keys.UPDATE, keys.DELETE, keys.LOCK_STRONG, keys.LOCK_WEAK]
+OPS = [keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.LOCK_STRONG, keytables.LOCK_WEAK]
 
 
 @st.composite
@@ -86,15 +86,15 @@ def part_rows(
         op = draw(st.sampled_from(ops))
         row = {k: draw(st.sampled_from(pool[k])) for k in pk}
         row.update({c: draw(_value_strategy(schema, c)) for c in others})
-        row[keys.OP] = op
-        row[keys.SEQ] = draw(st.integers(0, 3))
-        row[keys.COLS] = None
-        if op == keys.UPDATE:
-            row[keys.COLS] = ",".join(draw(st.lists(st.sampled_from(others), unique=True))) if others else ""
+        row[keytables.OP] = op
+        row[keytables.SEQ] = draw(st.integers(0, 3))
+        row[keytables.COLS] = None
+        if op == keytables.UPDATE:
+            row[keytables.COLS] = ",".join(draw(st.lists(st.sampled_from(others), unique=True))) if others else ""
         if folded:
-            row[keys.VER] = draw(st.integers(1, 8))
+            row[keytables.VER] = draw(st.integers(1, 8))
         rows.append(row)
-    layout = keys.folded_schema(schema, pk) if folded else keys.file_schema(schema, pk)
+    layout = keytables.folded_schema(schema, pk) if folded else keytables.file_schema(schema, pk)
     return pa.Table.from_pylist(rows, schema=layout)
 
 
@@ -106,7 +106,7 @@ def histories(draw: st.DrawFn, own: bool = True, allow_folded: bool = True, ops:
     parts = []
     for _ in range(draw(st.integers(0, 5))):
         is_own = own and draw(st.booleans()) and draw(st.booleans())
-        order = keys.OWN if is_own else draw(st.integers(1, 8))
+        order = keytables.OWN if is_own else draw(st.integers(1, 8))
         folded = allow_folded and not is_own and draw(st.booleans()) and draw(st.booleans())
         parts.append((order, draw(part_rows(schema, pk, folded, ops))))
     return schema, pk, parts
@@ -126,7 +126,7 @@ def test_merge_equals_the_reference(history) -> None:
 
 
 @FAST
-@given(histories(ops=tuple(o for o in OPS if o != keys.UPDATE)))
+@given(histories(ops=tuple(o for o in OPS if o != keytables.UPDATE)))
 def test_merge_of_puts_and_deletes_equals_the_reference(history) -> None:
     """Histories without UPDATE take merge's short road (each key its last version): the same rows."""
     schema, pk, parts = history
@@ -158,7 +158,7 @@ def test_row_changes_equal_the_reference(history, data) -> None:
     commits: list[tuple[int, list[pa.Table]]] = []
     csn = 100
     for _, t in parts[split:]:  # each later part a commit, or joined to the one before
-        t = t.drop_columns([keys.VER]) if keys.VER in t.column_names else t
+        t = t.drop_columns([keytables.VER]) if keytables.VER in t.column_names else t
         if commits and data.draw(st.booleans()):
             commits[-1][1].append(t)
         else:
@@ -170,24 +170,24 @@ def test_row_changes_equal_the_reference(history, data) -> None:
 def test_empty_inputs() -> None:
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])
     pk = ("k",)
-    empty = keys.file_schema(schema, pk).empty_table()
-    for parts in ([], [(1, empty)], [(keys.OWN, empty), (2, empty)]):
+    empty = keytables.file_schema(schema, pk).empty_table()
+    for parts in ([], [(1, empty)], [(keytables.OWN, empty), (2, empty)]):
         same(keyfold.merge(schema, pk, parts), ref.merge(schema, pk, parts))
         same(
-            keyfold.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], None),
-            ref.fold(schema, pk, [p for p in parts if p[0] != keys.OWN], {}),
+            keyfold.fold(schema, pk, [p for p in parts if p[0] != keytables.OWN], None),
+            ref.fold(schema, pk, [p for p in parts if p[0] != keytables.OWN], {}),
         )
     same(
         keyfold.row_changes(schema, pk, schema.empty_table(), []), ref.row_changes(schema, pk, schema.empty_table(), [])
     )
 
 
-@pytest.mark.parametrize("op", [keys.LOCK_STRONG, keys.LOCK_WEAK])
+@pytest.mark.parametrize("op", [keytables.LOCK_STRONG, keytables.LOCK_WEAK])
 def test_a_history_of_read_locks_alone_reads_empty(op: int) -> None:
     """Guards the property tests against a reference that went wrong the same way: read locks
     are never rows, whatever their columns hold."""
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])
-    t = keys.versions(schema, ("k",), "t", pa.table({"k": [1, 2]}), op, 0)
+    t = keytables.versions(schema, ("k",), "t", pa.table({"k": [1, 2]}), op, 0)
     assert keyfold.merge(schema, ("k",), [(1, t)]).num_rows == 0
     assert keyfold.fold(schema, ("k",), [(1, t)], None).num_rows == 0
 
@@ -197,12 +197,14 @@ def test_a_version_of_another_part_tied_with_a_source_version_splits_no_run() ->
     ``bisect_left`` placed it): the run up to that version stays one. Ties this exact are rare
     in random histories, so the case is written out."""
     schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])
-    put = keys.versions(schema, ("k",), "t", pa.table({"k": [1], "v": ["a"]}), keys.PUT, 0)
-    upd = keys.versions(schema, ("k",), "t", pa.table({"k": [1], "v": ["b"]}), keys.UPDATE, 1)
-    theirs = pa.table({"k": [1], keys.VER: [20], keys.SEQ: [1]})
+    put = keytables.versions(schema, ("k",), "t", pa.table({"k": [1], "v": ["a"]}), keytables.PUT, 0)
+    upd = keytables.versions(schema, ("k",), "t", pa.table({"k": [1], "v": ["b"]}), keytables.UPDATE, 1)
+    theirs = pa.table({"k": [1], keytables.VER: [20], keytables.SEQ: [1]})
     got = keyfold.fold(schema, ("k",), [(10, put), (20, upd)], theirs)
     same(got, ref.fold(schema, ("k",), [(10, put), (20, upd)], {(1,): [(20, 1)]}))
-    assert got.select(["v", keys.OP, keys.VER]).to_pylist() == [{"v": "b", keys.OP: keys.PUT, keys.VER: 20}]
+    assert got.select(["v", keytables.OP, keytables.VER]).to_pylist() == [
+        {"v": "b", keytables.OP: keytables.PUT, keytables.VER: 20}
+    ]
 
 
 def test_an_update_after_a_delete_takes_its_own_key_value() -> None:
@@ -211,9 +213,9 @@ def test_an_update_after_a_delete_takes_its_own_key_value() -> None:
     histories rarely put the two zeros in that order."""
     schema = pa.schema([pa.field("k", pa.float64(), nullable=False), pa.field("v", pa.string())])
     pk = ("k",)
-    put = keys.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["a"]}), keys.PUT, 0)
-    dele = keys.versions(schema, pk, "t", pa.table({"k": [-0.0]}), keys.DELETE, 1)
-    upd = keys.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["b"]}), keys.UPDATE, 2)
+    put = keytables.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["a"]}), keytables.PUT, 0)
+    dele = keytables.versions(schema, pk, "t", pa.table({"k": [-0.0]}), keytables.DELETE, 1)
+    upd = keytables.versions(schema, pk, "t", pa.table({"k": [0.0], "v": ["b"]}), keytables.UPDATE, 2)
     parts = [(1, put), (2, dele), (3, upd)]
     got = keyfold.merge(schema, pk, parts)
     same(got, ref.merge(schema, pk, parts))
@@ -230,8 +232,8 @@ def test_a_row_an_update_leaves_as_it_was_is_no_change_even_with_nan() -> None:
     )
     pk = ("k",)
     before = pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}, schema=schema)
-    upd = keys.versions(schema, pk, "t", pa.table({"k": [1], "s": ["a"]}), keys.UPDATE, 0)
-    put = keys.versions(schema, pk, "t", pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}), keys.PUT, 0)
+    upd = keytables.versions(schema, pk, "t", pa.table({"k": [1], "s": ["a"]}), keytables.UPDATE, 0)
+    put = keytables.versions(schema, pk, "t", pa.table({"k": [1], "x": [float("nan")], "s": ["a"]}), keytables.PUT, 0)
     assert keyfold.row_changes(schema, pk, before, [(5, [upd])]).num_rows == 0
     for commits in ([(5, [upd])], [(5, [put])], [(5, [upd]), (6, [put])]):
         same(keyfold.row_changes(schema, pk, before, commits), ref.row_changes(schema, pk, before, commits))
