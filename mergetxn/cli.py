@@ -809,23 +809,34 @@ def replica_start(**values: Any) -> None:
         fail(f"replica {host_id} failed: {type(exc).__name__}: {exc}", EXIT_UNAVAILABLE)
 
 
+def _zookeeper_location(replica_help: str) -> Callable[[Callable], Callable]:
+    """The options of a command that finds ZooKeeper through a replica or is told it directly."""
+
+    def decorate(fn: Callable) -> Callable:
+        fn = click.option(
+            "--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk)."
+        )(fn)
+        fn = click.option(
+            "--zk",
+            "zk_hosts",
+            default=None,
+            metavar="HOSTS",
+            help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.",
+        )(fn)
+        return click.option(
+            "--replica",
+            envvar=ENV_REPLICA,
+            default=None,
+            metavar="HOST:PORT",
+            help=f"{replica_help} (default: ${ENV_REPLICA}).",
+        )(fn)
+
+    return decorate
+
+
 @replica.command("retire")
 @click.argument("host_id", metavar="ID")
-@click.option(
-    "--replica",
-    envvar=ENV_REPLICA,
-    default=None,
-    metavar="HOST:PORT",
-    help=f"Ask this (other) replica where ZooKeeper is (default: ${ENV_REPLICA}).",
-)
-@click.option(
-    "--zk",
-    "zk_hosts",
-    default=None,
-    metavar="HOSTS",
-    help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.",
-)
-@click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
+@_zookeeper_location("Ask this (other) replica where ZooKeeper is")
 @click.option(
     "--credentials",
     envvar="MERGETXN_CREDENTIALS",
@@ -1750,21 +1761,7 @@ def snapshot(as_json: bool, replica: str) -> None:
 
 
 @cli.command(short_help="Check the cluster's health (exit code 1 when unhealthy).")
-@click.option(
-    "--replica",
-    envvar=ENV_REPLICA,
-    default=None,
-    metavar="HOST:PORT",
-    help=f"Ask this replica where ZooKeeper is (default: ${ENV_REPLICA}).",
-)
-@click.option(
-    "--zk",
-    "zk_hosts",
-    default=None,
-    metavar="HOSTS",
-    help="ZooKeeper connection string (host:port,...[/chroot]) instead of asking a replica.",
-)
-@click.option("--root", default="/mergetxn", show_default=True, help="mergetxn's ZooKeeper root node (with --zk).")
+@_zookeeper_location("Ask this replica where ZooKeeper is")
 @click.option(
     "--max-lag-seconds",
     type=click.FloatRange(min=0),
