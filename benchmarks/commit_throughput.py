@@ -743,9 +743,10 @@ class PostgresServer:
 
     def cpu_seconds(self) -> float:
         """CPU time of the whole server so far: the postmaster, the children it has reaped
-        (backends of closed connections) and its live children (backends, checkpointer, WAL
-        writer...), read from /proc. A child that has exited but is not reaped yet shows no CPU
-        in either place, so the reading waits (briefly) until there is none."""
+                (backends of closed connections) and its live children (backends, checkpointer, WAL
+                writer...), read from /proc. A child that has exited but is not reaped yet shows no CPU
+                in either place, and one reaped while the children are listed would be missed: the reading
+        is taken again (briefly) until neither happened."""
         if self.pid is None:
             return 0.0
 
@@ -760,14 +761,17 @@ class PostgresServer:
             if own is None:
                 return 0.0
             total = sum(int(x) for x in own[11:15])  # utime stime cutime cstime
-            zombie = False
+            unsettled = False
             for entry in os.listdir("/proc"):
                 if entry.isdigit():
                     f = stat(entry)
                     if f is not None and f[1] == str(self.pid):  # ppid
-                        zombie = zombie or f[0] == "Z"
+                        unsettled = unsettled or f[0] == "Z"
                         total += sum(int(x) for x in f[11:15])
-            if not zombie:
+            # A child reaped during the scan is in neither reading: read again.
+            again = stat(self.pid)
+            unsettled = unsettled or again is None or again[13:15] != own[13:15]
+            if not unsettled:
                 break
             time.sleep(0.01)
         return total / os.sysconf("SC_CLK_TCK")
