@@ -38,6 +38,8 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -680,8 +682,6 @@ class PostgresServer:
         return found[-1]
 
     def _run(self, *args: str) -> None:
-        import subprocess
-
         prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
@@ -718,11 +718,20 @@ class PostgresServer:
             self._run(str(self.bindir / "createdb"), "-h", str(self.dir), "-p", str(self.port), db)
 
     def stop(self) -> None:
+        """Stop the server if it runs (also one interrupted while starting: its pid file says so)
+        and remove its directory. Should ``pg_ctl stop`` fail, the postmaster gets SIGQUIT."""
         if self.dir is None:
             return
+        data = self.dir / "data"
         try:
-            if self.pid is not None:
-                self._run(str(self.bindir / "pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
+            if (data / "postmaster.pid").exists():
+                try:
+                    self._run(str(self.bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+                except (RuntimeError, OSError, subprocess.TimeoutExpired):
+                    pid = self.pid or int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGQUIT)
+                    raise
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir, self.pid = None, None
@@ -975,6 +984,25 @@ def table_markdown(r: dict) -> str:
             f"| {name} | {w} | {v['commits_per_s']} | {v['p50_ms']} | {v['p99_ms']} | "
             f"{v['retries']} | {v['errors']} | {cpu} | {'' if other is None else f'{other:.0%}'} |"
         )
+    return "\n".join(lines)
+
+
+def ducklake_ratios_markdown(ratios: dict) -> str:
+    """mergetxn against the best DuckLake variant of the run, with the issue's targets."""
+    lines = ["| ratio | value | against | target | met |", "|---|---|---|---|---|"]
+    for catalog in ("pg", "sqlite"):
+        for writers, target in ((4, 5), (1, 3)):
+            key = f"mergetxn_{writers}w_over_ducklake_{catalog}_{writers}w"
+            if catalog == "pg":
+                met = ratios.get(f"target_{target}x_ducklake_pg_{writers}w_met")
+                goal, verdict = f">= {target}x", "not measured" if met is None else ("yes" if met else "no")
+            else:
+                goal, verdict = "", ""
+            value = ratios.get(key)
+            lines.append(
+                f"| {key} | {'' if value is None else f'{value}x'} | {ratios.get(key + '_against') or ''} | "
+                f"{goal} | {verdict} |"
+            )
     return "\n".join(lines)
 
 
@@ -1424,6 +1452,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     log("\n" + table_markdown(results))
+    if "ducklake" in groups:
+        log("\n" + ducklake_ratios_markdown(report["ratios"]))
     log("\n" + json.dumps(report["ratios"], indent=2))
     log(f"\nwritten to {out} ({report['wall_seconds']} s)")
     if not a.workdir:
