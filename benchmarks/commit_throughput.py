@@ -13,6 +13,11 @@ Measured (commits per second, fixed duration per case after a warm-up):
 * deltalake (delta-rs ``write_deltalake(mode="append")``) and pyiceberg (``SqlCatalog`` on sqlite,
   ``table.append``) appending the same 10 rows, 1 and 4 writers on one table; conflicts are
   retried and only successful commits count.
+* DuckLake (PyPI's duckdb with the duckdb-ext-ducklake/-postgres/-sqlite packages, whose extension
+  files are loaded from the package: nothing is downloaded) appending the same 10 rows, 1 and 4
+  writers on one table, with the catalog on a PostgreSQL server that the benchmark starts and stops
+  itself (as the ``postgres`` user when run as root) and with the catalog in SQLite; data files on
+  local disk, or the rows inlined in the catalog (``DATA_INLINING_ROW_LIMIT``).
 
 Every writer is its own process (as independent jobs would be), so no writer waits on another's
 GIL; raw ZooKeeper uses threads, as asked (kazoo pipelines requests of threads sharing a client).
@@ -33,6 +38,8 @@ import multiprocessing as mp
 import os
 import platform
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -274,12 +281,71 @@ def _op_pyiceberg(params: dict, idx: int) -> Callable[[], int]:
     return op
 
 
+def ducklake_extensions() -> dict[str, str]:
+    """Extension name -> file of the DuckDB extensions DuckLake needs, from the PyPI packages
+    duckdb-ext-* (each holds one ``.duckdb_extension`` file). Raises ``LookupError`` naming what is
+    missing: the benchmark loads these files and never lets DuckDB download one."""
+    import importlib.metadata
+
+    out = {}
+    for dist in DUCKLAKE_PACKAGES:
+        try:
+            files = importlib.metadata.files(dist) or []
+        except importlib.metadata.PackageNotFoundError:
+            raise LookupError(f"{dist} is not installed (pip install -c constraints.txt -e '.[bench]')") from None
+        found = [f for f in files if f.name.endswith(".duckdb_extension")]
+        if len(found) != 1:
+            raise LookupError(f"{dist} holds {len(found)} .duckdb_extension files, expected 1")
+        out[found[0].name.split(".", 1)[0]] = str(found[0].locate())
+    return out
+
+
+DUCKLAKE_PACKAGES = ("duckdb-ext-ducklake", "duckdb-ext-postgres", "duckdb-ext-sqlite")
+
+
+def ducklake_connect(extensions: dict[str, str], attach: str) -> Any:
+    """A DuckDB connection with the extension files loaded (never auto-installed or
+    auto-loaded, so nothing is fetched) and the DuckLake catalog attached as ``lake``."""
+    import duckdb
+
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    for path in extensions.values():
+        con.execute(f"LOAD '{path}'")
+    con.execute(attach)
+    return con
+
+
+def _op_ducklake(params: dict, idx: int) -> Callable[[], int]:
+    import duckdb
+
+    con = ducklake_connect(params["extensions"], params["attach"])
+    con.register("ten_rows", ten_rows(idx))
+
+    def op() -> int:
+        for attempt in range(1000):
+            try:
+                con.execute(f"INSERT INTO lake.{params['table']} SELECT * FROM ten_rows")
+                return attempt
+            except duckdb.Error as exc:
+                # DuckLake retries a conflicting commit itself (ducklake_max_retry_count); what
+                # still fails is a conflict it gave up on, or SQLite's "database is locked".
+                text = repr(exc)
+                if attempt == 999 or not any(w in text for w in ("onflict", "locked", "busy", "etry")):
+                    raise
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
+        return 0
+
+    return op
+
+
 OPS: dict[str, Callable[[dict, int], Callable[[], int]]] = {
     "mergetxn_insert": _op_mergetxn_insert,
     "mergetxn_metadata": _op_mergetxn_metadata,
     "mergetxn_commit_parts": _op_mergetxn_commit_parts,
     "deltalake": _op_deltalake,
     "pyiceberg": _op_pyiceberg,
+    "ducklake": _op_ducklake,
 }
 
 
@@ -311,10 +377,13 @@ def busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU time of a process so far (0 when unknown)."""
+def cpu_seconds(pid: int | None | Callable[[], float]) -> float:
+    """User + system CPU time of a process so far (0 when unknown); a callable is asked instead
+    (a server of many processes, see ``PostgresServer.cpu_seconds``)."""
     if pid is None:
         return 0.0
+    if callable(pid):
+        return pid()
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -323,7 +392,12 @@ def cpu_seconds(pid: int | None) -> float:
 
 
 def run_processes(
-    kind: str, params: dict, writers: int, warmup: float, seconds: float, watch: dict[str, int | None] | None = None
+    kind: str,
+    params: dict,
+    writers: int,
+    warmup: float,
+    seconds: float,
+    watch: dict[str, int | None | Callable[[], float]] | None = None,
 ) -> Tally:
     """``writers`` processes run ``kind`` at once; their tallies are summed. The CPU time that
     the processes in ``watch`` (name -> pid) spend during the measured window goes into
@@ -574,6 +648,203 @@ def bench_pyiceberg(workdir: Path, warmup: float, seconds: float, log: Callable[
     return out
 
 
+class PostgresServer:
+    """A throwaway PostgreSQL server from the distribution's packages (``/usr/lib/postgresql/N``)
+    for DuckLake's catalog: its own data directory in a new temp dir, a free loopback port, the
+    unix socket beside the data, trust authentication (loopback only). Run as root, every server
+    command runs as the unprivileged ``postgres`` user (PostgreSQL refuses to run as root).
+    ``stop`` (also on errors and Ctrl-C, through ``with``) stops it and removes the directory."""
+
+    def __init__(self, databases: tuple[str, ...] = ("ducklake",)) -> None:
+        self.databases = databases
+        self.bindir = self.find_bindir()
+        self.dir: Path | None = None
+        self.port = 0
+        self.pid: int | None = None
+
+    @staticmethod
+    def find_bindir() -> Path:
+        """The newest installed server's binaries; ``LookupError`` saying why when there is none."""
+        import glob
+        import pwd
+
+        found = sorted(
+            (Path(p).parent for p in glob.glob("/usr/lib/postgresql/*/bin/initdb")),
+            key=lambda b: int(b.parent.name) if b.parent.name.isdigit() else 0,
+        )
+        if not found:
+            raise LookupError("no PostgreSQL server installed (/usr/lib/postgresql/*/bin/initdb; Debian: postgresql)")
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam("postgres")
+            except KeyError:
+                raise LookupError("running as root and there is no 'postgres' user to run the server as") from None
+        return found[-1]
+
+    def _run(self, *args: str) -> None:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{Path(args[0]).name} failed ({done.returncode}): {(done.stderr or done.stdout)[-800:]}"
+            )
+
+    def start(self) -> None:
+        import socket
+
+        self.dir = Path(tempfile.mkdtemp(prefix="mergetxn-bench-pg-"))  # in /tmp: the postgres user can reach it
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        data = self.dir / "data"
+        self._run(str(self.bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir}",
+            "start",
+        )
+        self.pid = int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+        for db in self.databases:
+            self._run(str(self.bindir / "createdb"), "-h", str(self.dir), "-p", str(self.port), db)
+
+    def stop(self) -> None:
+        """Stop the server if it runs (also one interrupted while starting: its pid file says so)
+        and remove its directory. Should ``pg_ctl stop`` fail, the postmaster gets SIGQUIT."""
+        if self.dir is None:
+            return
+        data = self.dir / "data"
+        try:
+            if (data / "postmaster.pid").exists():
+                try:
+                    self._run(str(self.bindir / "pg_ctl"), "-D", str(data), "-m", "fast", "-w", "stop")
+                except (RuntimeError, OSError, subprocess.TimeoutExpired):
+                    pid = self.pid or int((data / "postmaster.pid").read_text().split("\n", 1)[0])
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGQUIT)
+                    raise
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir, self.pid = None, None
+
+    def __enter__(self) -> PostgresServer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def libpq(self, database: str) -> str:
+        return f"dbname={database} host=127.0.0.1 port={self.port} user=postgres"
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the whole server so far: the postmaster, the children it has reaped
+                (backends of closed connections) and its live children (backends, checkpointer, WAL
+                writer...), read from /proc. A child that has exited but is not reaped yet shows no CPU
+                in either place, and one reaped while the children are listed would be missed: the reading
+        is taken again (briefly) until neither happened."""
+        if self.pid is None:
+            return 0.0
+
+        def stat(pid: int | str) -> list[str] | None:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                return None
+
+        for _ in range(50):
+            own = stat(self.pid)
+            if own is None:
+                return 0.0
+            total = sum(int(x) for x in own[11:15])  # utime stime cutime cstime
+            unsettled = False
+            for entry in os.listdir("/proc"):
+                if entry.isdigit():
+                    f = stat(entry)
+                    if f is not None and f[1] == str(self.pid):  # ppid
+                        unsettled = unsettled or f[0] == "Z"
+                        total += sum(int(x) for x in f[11:15])
+            # A child reaped during the scan is in neither reading: read again.
+            again = stat(self.pid)
+            unsettled = unsettled or again is None or again[13:15] != own[13:15]
+            if not unsettled:
+                break
+            time.sleep(0.01)
+        return total / os.sysconf("SC_CLK_TCK")
+
+
+DUCKLAKE_VARIANTS = (("files", 0), ("inlined", 100))  # DATA_INLINING_ROW_LIMIT: 0 = a Parquet file per commit
+
+
+def bench_ducklake(workdir: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
+    """DuckLake appends with the catalog on PostgreSQL and on SQLite, each with data files and
+    with the rows inlined in the catalog. A catalog that cannot run here is reported as skipped."""
+    out: dict[str, dict] = {}
+    names = [(cat, var, w) for cat in ("pg", "sqlite") for var, _ in DUCKLAKE_VARIANTS for w in (1, 4)]
+
+    def skip(catalog: str, reason: str) -> None:
+        for cat, var, w in names:
+            if cat == catalog:
+                out[f"ducklake_{cat}_{var}_insert_{w}w"] = {"skipped": reason, "writers": w}
+        log(f"  ducklake {catalog}: skipped ({reason})")
+
+    try:
+        every_extension = ducklake_extensions()
+    except LookupError as exc:
+        skip("pg", str(exc))
+        skip("sqlite", str(exc))
+        return out
+
+    def cases(catalog: str, spec: Callable[[str], str], watch: dict[str, int | None | Callable[[], float]]) -> None:
+        """``spec(variant)``: the metadata catalog of that variant (one catalog per variant)."""
+        for var, limit in DUCKLAKE_VARIANTS:
+            data = workdir / f"{catalog}_{var}"
+            data.mkdir(parents=True, exist_ok=True)
+            attach = f"ATTACH 'ducklake:{spec(var)}' AS lake (DATA_PATH '{data}/', DATA_INLINING_ROW_LIMIT {limit})"
+            needed = {"ducklake", "postgres_scanner" if catalog == "pg" else "sqlite_scanner"}
+            extensions = {k: v for k, v in every_extension.items() if k in needed}
+            con = ducklake_connect(extensions, attach)
+            con.register("ten_rows", ten_rows())
+            for w in (1, 4):
+                con.execute(f"CREATE TABLE lake.bench_{var}_{w}w AS SELECT * FROM ten_rows WITH NO DATA")
+            con.close()  # no idle connection of this process in the catalog while the writers run
+            for w in (1, 4):
+                table = f"bench_{var}_{w}w"
+                name = f"ducklake_{catalog}_{var}_insert_{w}w"
+                params = {"extensions": extensions, "attach": attach, "table": table}
+                t = run_processes("ducklake", params, w, warmup, seconds, watch)
+                files = sum(1 for _ in data.rglob("*.parquet"))
+                out[name] = summarize(t, seconds, writers=w, catalog=catalog, data_inlining_row_limit=limit)
+                out[name]["parquet_files_so_far"] = files
+                log(
+                    f"  {name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms, "
+                    f"retries {out[name]['retries']}, errors {out[name]['errors']}, {files} files)"
+                )
+
+    try:
+        server = PostgresServer(tuple(f"ducklake_{var}" for var, _ in DUCKLAKE_VARIANTS))
+    except LookupError as exc:
+        skip("pg", str(exc))
+    else:
+        with server:
+            cases("pg", lambda var: f"postgres:{server.libpq(f'ducklake_{var}')}", {"postgres": server.cpu_seconds})
+    cases("sqlite", lambda var: f"sqlite:{workdir / f'catalog_{var}.sqlite'}", {})
+    return out
+
+
 def machine() -> dict:
     cpu = ""
     try:
@@ -589,8 +860,16 @@ def machine() -> dict:
         mem = f"{kb / 2**20:.0f} GiB"
     except (OSError, ValueError, IndexError):
         pass
+    import importlib.metadata
+
     import deltalake
     import pyiceberg
+
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
 
     return {
         "cpus": os.cpu_count(),
@@ -601,6 +880,7 @@ def machine() -> dict:
         "pyarrow": pa.__version__,
         "deltalake": deltalake.__version__,
         "pyiceberg": pyiceberg.__version__,
+        **{dist: version(dist) for dist in ("duckdb", *DUCKLAKE_PACKAGES)},
         "fsync_per_s": _fsync_rate(),
     }
 
@@ -627,6 +907,11 @@ def ratios(r: dict) -> dict:
     def div(a: float | None, b: float | None) -> float | None:
         return round(a / b, 2) if a and b else None
 
+    def best(prefix: str, writers: int) -> tuple[float | None, str | None]:
+        """The fastest DuckLake variant (data files or inlined rows) with this many writers."""
+        runs = [(get(n), n) for n in r if n.startswith(prefix) and n.endswith(f"_insert_{writers}w") and get(n)]
+        return max(runs, default=(None, None))
+
     raw_names = [n for n in r if n.startswith("raw_zk_")]
     raw_best = max((get(n) or 0 for n in raw_names), default=None)
     out = {
@@ -648,6 +933,15 @@ def ratios(r: dict) -> dict:
     out["target_commit_parts_16c_above_raw_1_thread_met"] = (
         out["mergetxn_commit_parts_16c_over_raw_zk_1_thread"] or 0
     ) > 1
+    for catalog in ("pg", "sqlite"):
+        for writers in (4, 1):
+            rate, name = best(f"ducklake_{catalog}_", writers)
+            key = f"mergetxn_{writers}w_over_ducklake_{catalog}_{writers}w"
+            out[key] = div(get(f"mergetxn_insert_{writers}w"), rate)
+            out[f"{key}_against"] = name  # the DuckLake variant compared with: the best of the run
+    for writers, target in ((4, 5), (1, 3)):
+        ratio = out[f"mergetxn_{writers}w_over_ducklake_pg_{writers}w"]
+        out[f"target_{target}x_ducklake_pg_{writers}w_met"] = None if ratio is None else ratio >= target
     return out
 
 
@@ -662,6 +956,8 @@ def round_ratios(rounds: list[dict]) -> list[dict]:
                 k: full[k]
                 for k in (
                     "mergetxn_4w_over_deltalake_4w",
+                    "mergetxn_4w_over_ducklake_pg_4w",
+                    "mergetxn_1w_over_ducklake_pg_1w",
                     "mergetxn_metadata_16c_over_raw_zk_1_thread",
                     "mergetxn_metadata_16c_over_raw_zk_best",
                     "mergetxn_commit_parts_16c_over_raw_zk_1_thread",
@@ -679,12 +975,34 @@ def table_markdown(r: dict) -> str:
     ]
     for name, v in r.items():
         w = v.get("writers") or v.get("threads")
+        if "skipped" in v:
+            lines.append(f"| {name} | {w} | skipped: {v['skipped']} | | | | | | |")
+            continue
         cpu = " + ".join(f"{k} {x}" for k, x in v.get("cpu_ms_per_commit", {}).items())
         other = v.get("other_cpu_share")
         lines.append(
             f"| {name} | {w} | {v['commits_per_s']} | {v['p50_ms']} | {v['p99_ms']} | "
             f"{v['retries']} | {v['errors']} | {cpu} | {'' if other is None else f'{other:.0%}'} |"
         )
+    return "\n".join(lines)
+
+
+def ducklake_ratios_markdown(ratios: dict) -> str:
+    """mergetxn against the best DuckLake variant of the run, with the issue's targets."""
+    lines = ["| ratio | value | against | target | met |", "|---|---|---|---|---|"]
+    for catalog in ("pg", "sqlite"):
+        for writers, target in ((4, 5), (1, 3)):
+            key = f"mergetxn_{writers}w_over_ducklake_{catalog}_{writers}w"
+            if catalog == "pg":
+                met = ratios.get(f"target_{target}x_ducklake_pg_{writers}w_met")
+                goal, verdict = f">= {target}x", "not measured" if met is None else ("yes" if met else "no")
+            else:
+                goal, verdict = "", ""
+            value = ratios.get(key)
+            lines.append(
+                f"| {key} | {'' if value is None else f'{value}x'} | {ratios.get(key + '_against') or ''} | "
+                f"{goal} | {verdict} |"
+            )
     return "\n".join(lines)
 
 
@@ -1019,6 +1337,9 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
     if "pyiceberg" in groups:
         log("pyiceberg (SqlCatalog on sqlite), append:")
         results.update(bench_pyiceberg(work / "iceberg", warmup, seconds, log))
+    if "ducklake" in groups:
+        log("DuckLake (duckdb), append, catalog on PostgreSQL and on SQLite:")
+        results.update(bench_ducklake(work / "ducklake", warmup, seconds, log))
     return results
 
 
@@ -1030,7 +1351,10 @@ def least_disturbed(rounds: list[dict]) -> dict:
         return rounds[0]
     out = {}
     for name in rounds[0]:
-        runs = [r[name] for r in rounds if name in r]
+        runs = [r[name] for r in rounds if name in r and "skipped" not in r[name]]
+        if not runs:
+            out[name] = rounds[0][name]
+            continue
         best = min(runs, key=lambda v: (round(v.get("other_cpu_share") or 0.0, 2), -v["commits_per_s"]))
         rec = dict(best)
         rec["rounds"] = [
@@ -1055,8 +1379,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument(
         "--only",
-        default="raw,mergetxn,mergetxn3,deltalake,pyiceberg",
-        help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg)",
+        default="raw,mergetxn,mergetxn3,deltalake,pyiceberg,ducklake",
+        help="comma-separated groups to run (raw, mergetxn, mergetxn3, deltalake, pyiceberg, ducklake)",
     )
     ap.add_argument(
         "--machine-warmup",
@@ -1128,6 +1452,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     log("\n" + table_markdown(results))
+    if "ducklake" in groups:
+        log("\n" + ducklake_ratios_markdown(report["ratios"]))
     log("\n" + json.dumps(report["ratios"], indent=2))
     log(f"\nwritten to {out} ({report['wall_seconds']} s)")
     if not a.workdir:
