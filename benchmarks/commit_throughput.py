@@ -918,6 +918,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
         if stats is not None:
             stats.stream = buf
             stats.sort_stats("tottime").print_stats(top)
+            stats.sort_stats("cumulative").print_stats(top)
         writer_files = sorted(str(f) for f in work.glob("writer-*.prof"))
         if writer_files:
             buf.write("\n=== writer processes (cProfile of the timed loop) ===\n")

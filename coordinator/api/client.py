@@ -907,9 +907,12 @@ class Client:
             return tx.csn
         data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         # Named after no transaction (none exists yet): the replica's commit makes them its own.
+        # No sidecars: the commit that follows at once carries the metadata (and nothing reads them).
         by = f"insert-{self.session[:12]}"
         metas = [
-            write_part(self.storage, table, list(tdef.partition_by), partition, chunk, by, tdef.ddl_version)
+            write_part(
+                self.storage, table, list(tdef.partition_by), partition, chunk, by, tdef.ddl_version, sidecar=False
+            )
             for partition, chunk in split_by_partition(data, list(tdef.partition_by))
         ]
         try:
