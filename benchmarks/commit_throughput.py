@@ -7,7 +7,8 @@ Measured (commits per second, fixed duration per case after a warm-up):
   from 16 threads sharing one kazoo client or each with its own; the best is reported as "raw".
   This is the physical limit of one commit = one ZooKeeper write here.
 * mergetxn (LocalCluster on the same ZooKeeper server): 10-row insert transactions
-  (``with client.transaction() as tx: tx.insert(t, ten_rows)``) with 1 and 4 concurrent writers;
+  (``with client.transaction() as tx: tx.insert(t, ten_rows)``) with 1 and 4 concurrent writers,
+  and the same rows by the one-call ``client.insert(t, ten_rows)``;
   metadata-only commits with 16 concurrent clients (see ``benchmarks/README.md`` for the exact
   definition); the same on a 3-replica cluster with writers spread over the replicas.
 * deltalake (delta-rs ``write_deltalake(mode="append")``) and pyiceberg (``SqlCatalog`` on sqlite,
