@@ -7,7 +7,8 @@ Measured (commits per second, fixed duration per case after a warm-up):
   from 16 threads sharing one kazoo client or each with its own; the best is reported as "raw".
   This is the physical limit of one commit = one ZooKeeper write here.
 * mergetxn (LocalCluster on the same ZooKeeper server): 10-row insert transactions
-  (``with client.transaction() as tx: tx.insert(t, ten_rows)``) with 1 and 4 concurrent writers;
+  (``with client.transaction() as tx: tx.insert(t, ten_rows)``) with 1 and 4 concurrent writers,
+  and the same rows by the one-call ``client.insert(t, ten_rows)``;
   metadata-only commits with 16 concurrent clients (see ``benchmarks/README.md`` for the exact
   definition); the same on a 3-replica cluster with writers spread over the replicas.
 * deltalake (delta-rs ``write_deltalake(mode="append")``) and pyiceberg (``SqlCatalog`` on sqlite,
@@ -153,21 +154,63 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
     Storage.put = timed_put
 
     def timed_op() -> int:
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         tx = client.begin()
-        t1 = time.perf_counter()
+        c1, t1 = time.thread_time(), time.perf_counter()
         tdef = client.table(table)
         parts = tx._write(tdef, conform(tdef.schema, rows, table))
-        t2 = time.perf_counter()
+        c2, t2 = time.thread_time(), time.perf_counter()
         tx._stage(Insert(table, tuple(parts)))
-        t3 = time.perf_counter()
+        c3, t3 = time.thread_time(), time.perf_counter()
         tx.commit()
-        t4 = time.perf_counter()
+        c4, t4 = time.thread_time(), time.perf_counter()
         PHASES["client: begin RPC"] += t1 - t0
         PHASES["client: conform + write part (Parquet + both puts)"] += t2 - t1
         PHASES["client: stage RPC"] += t3 - t2
         PHASES["client: commit RPC (group commit, multi, WAL fsync, apply)"] += t4 - t3
         PHASES["client: transaction total"] += t4 - t0
+        for name, cpu in (("begin", c1 - c0), ("write", c2 - c1), ("stage", c3 - c2), ("commit", c4 - c3)):
+            PHASES[f"client CPU (its thread): {name}"] += cpu
+        return 0
+
+    return timed_op
+
+
+def _op_mergetxn_insert_call(params: dict, idx: int) -> Callable[[], int]:
+    """The same 10-row insert as a transaction of its own in one call: ``client.insert(t, rows)``
+    (the parts are written, then one round trip begins, stages and commits)."""
+    from coordinator.client import Client
+
+    client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
+    rows = ten_rows(idx)
+    table = params["table"]
+
+    def op() -> int:
+        client.insert(table, rows)
+        return 0
+
+    if not params.get("phases"):
+        return op
+
+    from parts.io.format import write_part
+
+    def timed_write_part(*args, **kwargs):
+        c0, t0 = time.thread_time(), time.perf_counter()
+        try:
+            return write_part(*args, **kwargs)
+        finally:
+            PHASES["client: write part (Parquet + both puts)"] += time.perf_counter() - t0
+            PHASES["client CPU (its thread): write"] += time.thread_time() - c0
+
+    import coordinator.api.client as api
+
+    api.write_part = timed_write_part  # profile mode only: the writer process's own module
+
+    def timed_op() -> int:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        client.insert(table, rows)
+        PHASES["client: transaction total"] += time.perf_counter() - t0
+        PHASES["client CPU (its thread): total"] += time.thread_time() - c0
         return 0
 
     return timed_op
@@ -341,6 +384,7 @@ def _op_ducklake(params: dict, idx: int) -> Callable[[], int]:
 
 OPS: dict[str, Callable[[dict, int], Callable[[], int]]] = {
     "mergetxn_insert": _op_mergetxn_insert,
+    "mergetxn_insert_call": _op_mergetxn_insert_call,
     "mergetxn_metadata": _op_mergetxn_metadata,
     "mergetxn_commit_parts": _op_mergetxn_commit_parts,
     "deltalake": _op_deltalake,
@@ -362,7 +406,19 @@ def _worker(kind: str, params: dict, idx: int, ready: Any, go: Any, times: Any, 
     go.wait()
     warm_end, end = times[0], times[1]
     PHASES.clear()
+    prof = None
+    if params.get("cprofile_dir"):  # profile mode: where the writer's CPU goes (one file per writer)
+        import cProfile
+
+        prof = cProfile.Profile(time.thread_time)  # CPU, not wall time
+        prof.enable()
+    cpu0 = time.process_time()
     tally = timed_loop(op, warm_end, end)
+    cpu1 = time.process_time()
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(os.path.join(params["cprofile_dir"], f"writer-{idx}.prof"))
+        tally.cpu = {"writer": cpu1 - cpu0}
     tally.phases = dict(PHASES)
     results.put((idx, dataclasses.asdict(tally)))
 
@@ -447,6 +503,8 @@ def run_processes(
     if watch is not None:
         total.cpu = {k: round(cpu1[k] - cpu0[k], 3) for k in cpu1}
     for t in tallies:
+        for k, v in t.cpu.items():
+            total.cpu[k] = total.cpu.get(k, 0.0) + v
         for k, v in t.phases.items():
             total.phases[k] = total.phases.get(k, 0.0) + v
         total.count += t.count
@@ -1082,7 +1140,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
         def g(*a, **k):
             prof = getattr(local, "prof", None)
             if prof is None:
-                prof = local.prof = cProfile.Profile()
+                prof = local.prof = cProfile.Profile(time.thread_time)  # CPU, not wall time
                 profiles.append(prof)
             prof.enable()
             try:
@@ -1132,6 +1190,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             "storage_root": str(work / "storage"),
             "links": int(commits_seconds * 1000) + 2000,
             "phases": True,
+            "cprofile_dir": str(work),
         }
         run_processes(kind, params, writers, 0.5, 1.0)  # warm the JIT, caches and connections
         zkops.clear()
@@ -1178,6 +1237,13 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
         if stats is not None:
             stats.stream = buf
             stats.sort_stats("tottime").print_stats(top)
+            stats.sort_stats("cumulative").print_stats(top)
+        writer_files = sorted(str(f) for f in work.glob("writer-*.prof"))
+        if writer_files:
+            buf.write("\n=== writer processes (cProfile of the timed loop) ===\n")
+            wstats = pstats.Stats(*writer_files, stream=buf)
+            wstats.sort_stats("tottime").print_stats(top)
+            wstats.sort_stats("cumulative").print_stats(top)
         result = {
             "kind": kind,
             "writers": writers,
@@ -1194,6 +1260,7 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             "cpu_ms_per_commit": {
                 "replica process": round((cpu1[0] - cpu0[0]) * 1000 / n, 3),
                 "zookeeper": round((cpu1[1] - cpu0[1]) * 1000 / n, 3),
+                "writers (under cProfile)": round(t.cpu.get("writer", 0.0) * 1000 / n, 3),
             },
             "replica_cpu_ms_per_commit_by_thread": {
                 k: round(v * 1000 / n, 3) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v > 0
@@ -1304,6 +1371,8 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
                     [
                         ("mergetxn_insert_1w", "mergetxn_insert", 1, False),
                         ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
+                        ("mergetxn_insert_call_1w", "mergetxn_insert_call", 1, False),
+                        ("mergetxn_insert_call_4w", "mergetxn_insert_call", 4, False),
                         ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
                         ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
                     ],
@@ -1397,7 +1466,11 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the comparison: profile the mergetxn commit path for SECONDS",
     )
     ap.add_argument("--profile-writers", type=int, default=1)
-    ap.add_argument("--profile-kind", default="mergetxn_insert", choices=["mergetxn_insert", "mergetxn_metadata"])
+    ap.add_argument(
+        "--profile-kind",
+        default="mergetxn_insert",
+        choices=["mergetxn_insert", "mergetxn_insert_call", "mergetxn_metadata", "mergetxn_commit_parts"],
+    )
     ap.add_argument("--profile-out", default=None)
     a = ap.parse_args(argv)
 

@@ -102,6 +102,15 @@ class _StillCommitting(retries.TryAgain):
     """The replica has not decided yet (a commit or a table's creation in progress)."""
 
 
+class _StaleDefinition(retries.TryAgain):
+    """A one-call insert was refused: its parts were written for a definition of the table that a
+    DDL replaced since the client cached it. ``refusal``: the replica's answer."""
+
+    def __init__(self, refusal: InvalidInput) -> None:
+        super().__init__(refusal.message)
+        self.refusal = refusal
+
+
 @checked_methods
 class Client:
     """A client of one replica (``host:port``). ``credentials``: a secured cluster's
@@ -866,6 +875,61 @@ class Client:
                     other.close()
             raise own
 
+    def insert(self, table: str, data: pa.Table) -> int:
+        """INSERT INTO ``table`` as a transaction of its own, in one round trip; returns the CSN.
+
+        The same as ``with client.transaction() as tx: tx.insert(table, data)`` for a writer with
+        nothing else to do in the transaction, at a third of the round trips: the rows are
+        written to storage as parts, then the replica begins, stages them and commits in one call
+        (as :meth:`commit_parts`). Refused (InvalidInput, PermissionDenied, ConflictError, ...), it
+        commits nothing and deletes the files it wrote. If the connection breaks, the replica is
+        asked, by part name, whether it committed: the caller gets the CSN or TransactionAborted,
+        never "unknown" (the files of a call that did not happen are left to cleanup, which
+        collects them after the grace period). Written for a definition of the table that a DDL
+        replaced since this client looked it up, it looks the table up again and writes once
+        more. No rows: nothing is written and the current snapshot is returned. On a keys table
+        the rows go by key through a transaction (begin, insert, commit), as ``tx.insert``."""
+        try:
+            for attempt in retries.fresh_definition(on=_StaleDefinition):
+                with attempt:
+                    cached = attempt.retry_state.attempt_number == 1
+                    tdef = self.table(table) if cached else self._table_at(table, None, None)
+                    return self._insert_once(table, data, tdef)
+        except _StaleDefinition as exc:
+            raise exc.refusal from None
+        raise AssertionError("unreachable: the policy re-raises the last failure")  # pragma: no cover
+
+    def _insert_once(self, table: str, data: Any, tdef: TableDef) -> int:
+        """One attempt of :meth:`insert` with the definition ``tdef``."""
+        if tdef.conflict_policy is Policy.KEYS:
+            with self.transaction() as tx:
+                tx.insert(table, data)
+            return tx.csn
+        data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
+        # Named after no transaction (none exists yet): the replica's commit makes them its own.
+        # No sidecars: the commit that follows at once carries the metadata (and nothing reads them).
+        by = f"insert-{self.session[:12]}"
+        metas = [
+            write_part(
+                self.storage, table, list(tdef.partition_by), partition, chunk, by, tdef.ddl_version, sidecar=False
+            )
+            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+        ]
+        try:
+            args = {"table": table, "op": "insert", "added": [m.to_dict() for m in metas], "statement": "insert"}
+            return self._commit_parts(table, metas, args)
+        except ReplicaUnavailable:
+            raise  # not known to the replica at all, or never answered: cleanup decides after the grace period
+        except errors.MergetxnError as exc:
+            if exc.details.get("outcome_looked_up"):
+                raise  # decided after the connection broke: cleanup takes the files, behind its fence
+            for m in metas:  # refused by the replica: no commit names these fresh names
+                delete_part(self.storage, m.path)
+            seen = exc.details.get("schema_version") if isinstance(exc, InvalidInput) else None
+            if seen is not None and seen != tdef.ddl_version:
+                raise _StaleDefinition(exc) from None
+            raise
+
     def commit_parts(
         self,
         table: str,
@@ -907,6 +971,11 @@ class Client:
             args["partitions"] = [list(p) for p in _overwrite_targets(tdef, metas, partitions)]
         if apps:
             args["apps"] = apps
+        return self._commit_parts(table, metas, args)
+
+    def _commit_parts(self, table: str, metas: list[PartMeta], args: dict[str, Any]) -> int:
+        """The one call of :meth:`commit_parts` and :meth:`insert`, and its outcome when the
+        connection breaks (TransactionAborted with the detail ``outcome_looked_up``)."""
         try:
             return self.call("commit_parts", **args)["csn"]
         except ReplicaUnavailable:
@@ -922,6 +991,7 @@ class Client:
         raise TransactionAborted(
             f"the commit of {len(metas)} part(s) to {quote(table)} did not happen: {status.reason or status.status}",
             id=status.tid or None,
+            outcome_looked_up=True,
         )
 
     def _part_status(self, table: str, part: str) -> CommitStatus:

@@ -156,6 +156,8 @@ def check(
     does not hold it (the action itself then fails as it would for anyone)."""
     rule = ACTIONS.get(action, _ADMIN_ONLY)
     action = _SHOWN.get(action, action)
+    if action == "commit_parts" and args.get("statement") == "insert":
+        action = "insert"  # client.insert: a refusal names the statement the user made
     table = args.get(rule.table) if rule.table is not None else None
     if action == "events" and table is None and who.tables is not None and who.role is not Role.ADMIN:
         _deny(who, action, None, Right.READ, "it names no table and the user has grants on some tables only")

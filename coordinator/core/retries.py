@@ -59,6 +59,12 @@ def resend_once(on: ExceptionTypes) -> Retrying:
     return _policy(on=on, attempts=2)
 
 
+def fresh_definition(on: ExceptionTypes) -> Retrying:
+    """A one-call write refused because the table definition the client had cached is stale (a
+    DDL since): once more, at once, with the definition looked up again."""
+    return _policy(on=on, attempts=2)
+
+
 def outcome(seconds: float, on: ExceptionTypes) -> Retrying:
     """A client waiting for a commit's outcome (its replica deciding, or another replica asked):
     every 0.2 s, for ``seconds``."""

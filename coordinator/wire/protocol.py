@@ -233,6 +233,7 @@ ACTIONS: dict[str, Action] = {
             "added": _req(ARRAY, doc="part descriptors (PartMeta.to_dict)"),
             "partitions": _f(ARRAY, NULL, doc="an overwrite's partition value lists"),
             "apps": _f(OBJECT, NULL, doc="app id -> version"),
+            "statement": _f(STRING, doc='"insert" from client.insert: a refusal names that statement'),
         }
     ),
     # -- reads outside a transaction, history ------------------------------------------------------

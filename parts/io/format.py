@@ -112,10 +112,13 @@ def write_part(
     creation_tid: str,
     schema_version: int = 0,
     primary_key: Sequence[str] = (),
+    sidecar: bool = True,
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
     Once this returns, the part can be referenced by a commit. ``primary_key`` (a keys table's)
-    adds the key summary (coordinator/core/keytables.py) to the metadata."""
+    adds the key summary (coordinator/core/keytables.py) to the metadata. ``sidecar=False``: no
+    sidecar (advisory, nothing reads it back; a writer that commits the part at once in the
+    same call, ``client.insert``, saves a file creation per part)."""
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
     partition = tuple(ops.json_scalar(v) for v in partition)
@@ -139,6 +142,8 @@ def write_part(
         key_summary=keytables.summarize(data, primary_key) if primary_key else None,
     )
     storage.put(path, raw)
+    if not sidecar:
+        return meta
     try:
         storage.put(
             meta.meta_path,

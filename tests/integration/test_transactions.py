@@ -649,6 +649,85 @@ def test_commit_parts_answer_lost_is_looked_up_by_part(
         client.close()
 
 
+# ---------------------------------------------------------------------------------------------
+# One-call inserts (client.insert)
+
+
+def test_client_insert_is_one_transaction_in_one_call(
+    cluster: coordinator.LocalCluster, c0: Client, c1: Client
+) -> None:
+    """client.insert writes the rows and commits them as a transaction of its own: visible
+    together at the CSN it returns, on every replica, one creation tid per call; no rows commit
+    nothing; a keys table's rows go by key."""
+    c1.wait_for(c0.create_table("ins1", PSCHEMA, partition_by=["p"]))
+    csn = c0.insert("ins1", pa.concat_tables([prows(1, [1, 2]), prows(2, [3])]))
+    c1.wait_for(csn)
+    for client in (c0, c1):
+        assert as_set(client.read("ins1", snapshot=csn), "p", "id") == {(1, 1), (1, 2), (2, 3)}
+        assert client.read("ins1", snapshot=csn - 1).num_rows == 0
+    parts = c0.parts("ins1").to_pylist()
+    assert len(parts) == 2 and {p["creation_csn"] for p in parts} == {csn}
+    (tid,) = {p["creation_tid"] for p in parts}
+    assert c1.commit_status(tid).status == "committed" and c1.commit_status(tid).csn == csn
+    assert c0.insert("ins1", prows(1, [])) == c0.snapshot()  # no rows: nothing written or committed
+    assert len(c0.parts("ins1")) == 2
+    keys = pa.schema([pa.field("id", pa.int64(), nullable=False), ("v", pa.string())])
+    c0.create_table("ins1_keys", keys, primary_key=["id"], conflict_policy="keys")
+    c0.insert("ins1_keys", id_rows(2).cast(keys))
+    csn = c0.insert("ins1_keys", id_rows(1, tag="w").cast(keys))
+    assert sorted(c0.read("ins1_keys", snapshot=csn).to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 0, "v": "w0"},
+        {"id": 1, "v": "v1"},
+    ]
+
+
+def test_client_insert_refused_changes_nothing_and_leaves_no_files(
+    cluster: coordinator.LocalCluster, c0: Client, c1: Client
+) -> None:
+    """A refused one-call insert makes nothing visible and deletes the files it wrote (nothing
+    names them); written for a definition a DDL replaced since the client looked it up, it looks
+    the table up again and commits under the new one."""
+    c0.create_table("ins_bad", SCHEMA, txn_max_rows=2)
+    before = c0.snapshot()
+    with pytest.raises(TransactionAborted, match="txn_max_rows"):
+        c0.insert("ins_bad", id_rows(3))
+    assert c0.snapshot() == before and c0.read("ins_bad").num_rows == 0
+    assert not storage_files(cluster, "ins_bad")
+    assert c0.insert("ins_bad", id_rows(2)) > before
+    c1.wait_for(c0.snapshot())
+    c1.table("ins_bad")  # cached by c1 ...
+    c0.alter_table("ins_bad", add_columns=[pa.field("extra", pa.int64())])  # ... and replaced here
+    csn = c1.insert("ins_bad", id_rows(1, start=7))
+    rows = {r["id"]: r for r in c0.read("ins_bad", snapshot=max(csn, c0.snapshot())).to_pylist()}
+    assert set(rows) == {0, 1, 7} and rows[7]["extra"] is None
+    names = {p["name"] for p in c0.parts("ins_bad").to_pylist()}
+    assert {Path(f).name.rsplit(".", 1)[0] for f in storage_files(cluster, "ins_bad")} == names
+
+
+@pytest.mark.parametrize("fault", ["reply", "request"])
+def test_client_insert_answer_lost_is_looked_up(cluster: coordinator.LocalCluster, c0: Client, fault: str) -> None:
+    """The connection breaks during client.insert: after the replica committed ('reply'), or
+    before it heard of it ('request'). The caller gets the CSN (the rows committed once), or
+    TransactionAborted (nothing visible); never "unknown"."""
+    t = f"ins_lost_{fault}"
+    c0.create_table(t, SCHEMA)
+    with RpcProxy(cluster.replica_addresses[0]) as proxy:
+        client = coordinator.connect(proxy.address)
+        client.table(t)
+        fired = proxy.drop_reply_of("commit_parts") if fault == "reply" else proxy.drop_request_of("commit_parts")
+        if fault == "reply":
+            csn = client.insert(t, id_rows(2))
+            assert fired.is_set()
+            assert ids(c0.read(t, snapshot=csn)) == [0, 1] and ids(c0.read(t)) == [0, 1]
+            assert [p["creation_csn"] for p in c0.parts(t).to_pylist()] == [csn]
+        else:
+            with pytest.raises(TransactionAborted, match="did not happen"):
+                client.insert(t, id_rows(2))
+            assert fired.is_set()
+            assert c0.read(t).num_rows == 0
+        client.close()
+
+
 @pytest.mark.parametrize("fault", ["reply", "request"])
 def test_commit_answer_lost_between_client_and_replica(
     cluster: coordinator.LocalCluster, c0: Client, fault: str

@@ -191,6 +191,12 @@ def test_a_statement_name_names_a_refusal_and_never_grants_anything() -> None:
         grants.check(writer, "stage", disguised)  # the operation decides, whatever it is called
     with pytest.raises(errors.PermissionDenied, match="may not insert"):
         grants.check(reader, "stage", {**upsert, "statement": "<script>"})  # an unknown name is not shown
+    parts = {"table": "t", "added": [], "statement": "insert"}  # client.insert's one call
+    with pytest.raises(errors.PermissionDenied, match="may not insert on table 't'"):
+        grants.check(reader, "commit_parts", parts)
+    with pytest.raises(errors.PermissionDenied, match="may not commit_parts on table 't'"):
+        grants.check(reader, "commit_parts", {**parts, "statement": "upsert"})  # only insert is shown
+    grants.check(writer, "commit_parts", parts)
 
 
 def test_user_records_keep_a_salted_hash_never_the_secret() -> None:
@@ -418,6 +424,24 @@ def test_refusals_on_a_keys_table_name_the_statement_the_user_made(
         assert tx.read("kv").num_rows == 1
         tx.commit()
         assert state(admin) == before and admin.read("kv").num_rows == 1
+
+
+def test_a_refused_one_call_insert_names_insert_and_leaves_no_files(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
+) -> None:
+    """client.insert is refused like tx.insert (naming the statement, not the one call that
+    carries it), commits nothing and deletes the files it wrote; a writer's commits."""
+    root = Path(cluster.storage_url) / "t"
+    files = set(root.rglob("*"))
+    before = state(admin)
+    rows = pa.table({"id": [40], "k": ["k"]})
+    with connect(cluster, made[R]) as reader:
+        with pytest.raises(errors.PermissionDenied, match=r"user 'reader1' \(reader\) may not insert on table 't'"):
+            reader.insert("t", rows)
+    assert state(admin) == before and set(root.rglob("*")) == files
+    with connect(cluster, made["w_t"]) as writer:
+        csn = writer.insert("t", rows)
+    assert admin.read("t", snapshot=csn).num_rows == before[2] + 1
 
 
 def test_a_writer_kills_its_own_transactions_only(

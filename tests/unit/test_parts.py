@@ -191,6 +191,9 @@ def test_write_read_round_trip(storage):
     assert meta.stats["day"] == ("2024-01-01", "2024-01-02")
     assert meta.stats["name"] == ("n1", "n5")
     json.dumps(meta.to_dict(), allow_nan=False)
+    bare = write_part(storage, "events", ["day"], ("2024-01-01",), data, "tx9", sidecar=False)
+    assert storage.exists(bare.path) and not storage.exists(bare.meta_path)  # the commit carries it
+    assert read_part(storage, bare).equals(data) and bare.stats == meta.stats and bare.size == meta.size
 
 
 def test_unpartitioned_and_empty_part(storage):
