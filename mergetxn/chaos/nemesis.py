@@ -25,14 +25,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyarrow as pa
-from tenacity import (
-    Retrying,
-    retry_if_not_exception_type,
-    stop_after_delay,
-    wait_fixed,
-)
 
 from coordinator.api.client import Client
+from coordinator.core import retries
 from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
 from mergetxn.chaos.plan import Plan
@@ -202,12 +197,7 @@ class Prober:
 
         def wait(i: int) -> None:
             try:
-                Retrying(
-                    stop=stop_after_delay(limit),
-                    wait=wait_fixed(0.1),
-                    reraise=True,
-                    retry=retry_if_not_exception_type(_Skipped),
-                )(attempt, i)
+                retries.until_serving(limit, unless=_Skipped)(attempt, i)
             except _Skipped:
                 pass
             except Exception:
