@@ -94,6 +94,12 @@ def reregister(stop: threading.Event, log: logging.Logger) -> Retrying:
     )
 
 
+def host_free(seconds: float) -> Retrying:
+    """A starting replica whose host id's alive node has a holder it cannot tell alive or dead:
+    every 0.2 s, for ``seconds`` (a session timeout: the node of a dead one vanishes by then)."""
+    return _policy(seconds=seconds, wait=wait_fixed(0.2))
+
+
 def session_check(seconds: float, on: ExceptionTypes) -> Retrying:
     """A replica making sure of its ZooKeeper session after it stood still: every 50 ms."""
     return _policy(on=on, seconds=seconds, wait=wait_fixed(0.05))

@@ -583,17 +583,17 @@ class Nemesis:
         if plan.replica is None:
             plan.heal()
             return []
-        deadline = time.monotonic() + RECOVERY_LIMIT
         failed: list[str] = []
-        while True:
+
+        def heal() -> None:
             try:
                 plan.heal()
-                return failed
             except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise
                 failed.append(brief(exc, 200))
-                time.sleep(0.5)
+                raise
+
+        retries.harness_wait(RECOVERY_LIMIT, Exception, 0.5)(heal)
+        return failed
 
     def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
         """Restart a ZooKeeper member or a replica (or wait for a killed Spark executor's

@@ -411,14 +411,12 @@ class SparkSide:
 
     def _wait_registered(self, timeout: float, without: str | None = None) -> bool:
         """Wait until the driver has every executor (none of them ``without``)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def registered() -> bool:
             ids = self.registered()
-            if len(ids) >= self.executors_wanted and without not in ids:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.2)
+            return len(ids) >= self.executors_wanted and without not in ids
+
+        return bool(retries.until_true(timeout, 0.2)(registered))
 
     def start_jobs(
         self,

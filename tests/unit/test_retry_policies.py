@@ -115,3 +115,10 @@ def test_harness_connect_tries_three_times() -> None:
     with pytest.raises(TimeoutError):
         retries.harness_connect(TimeoutError).copy(wait=wait_fixed(0))(down)  # not 1 s apart in a unit test
     assert down.calls == 3
+
+
+def test_host_free_tries_again_until_out_of_time() -> None:
+    unknown = Flaky(*[retries.TryAgain("holder unknown")] * 2)
+    assert retries.host_free(5.0).copy(wait=wait_fixed(0))(unknown) == "ok" and unknown.calls == 3
+    with pytest.raises(retries.TryAgain):
+        retries.host_free(0)(Flaky(retries.TryAgain("holder unknown")))
