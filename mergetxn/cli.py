@@ -1293,14 +1293,10 @@ class _PartWriter:
         return len(self.written)
 
     def discard(self) -> None:
-        from parts.model.meta import sidecar_path
+        from parts.io.format import delete_part
 
         for meta in self.written:
-            for path in (meta.path, sidecar_path(meta.path)):
-                try:
-                    self.client.storage.delete(path)
-                except OSError:
-                    pass
+            delete_part(self.client.storage, meta.path)  # quietly: what is left is an orphan for cleanup
 
 
 READ_FORMATS = ("table", "csv", "json", "parquet")

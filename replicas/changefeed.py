@@ -161,11 +161,8 @@ class ChangeFeed:
         partition) and the time versions: all of it is what the log built here, checkpoints included.
         Without ``compactions`` (always so by time) what only compacted a partition is left out."""
         data_only = by == "time" or not compactions
-        st = self.state
         tv = self._time_versions()
-        with st.lock:
-            recs = [st.parts[n] for n in st.by_table.get(table, ())]
-            history = {pk: list(ev) for (t, pk), ev in st.conflict_history.items() if t == table}
+        recs, history = self.state.changes_of(table)
 
         def version(csn: int) -> float | None:
             if by == "id":  # without compactions, only the commits that have a time version

@@ -229,11 +229,11 @@ class Cleanup:
         alive[self.host_id] = self.alive_record()
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
-        with self.state.lock:
-            candidates = [
-                r for r in self.state.parts.values() if r.removal_csn is not None and r.removal_csn > self.collected
-            ]
-            tables = sorted({r.meta.table for r in candidates if r.removal_csn <= min_snapshot})
+        candidates = self.state.removed_after(self.collected)
+        # A removal CSN, once set, never changes: read outside the state lock, it is what it was.
+        tables = sorted(
+            {r.meta.table for r in candidates if r.removal_csn is not None and r.removal_csn <= min_snapshot}
+        )
         windows = {t: self.retention.table_seconds(t, min_snapshot) for t in tables}
         marks = self.node.raise_to(min_snapshot, horizons={t: started - w for t, w in windows.items()})
         removed: list[dict] = []
@@ -362,7 +362,7 @@ class Cleanup:
         Returns how many unreferenced files are younger than the grace period; with ``detail``
         False (background passes) those are only counted, not listed one by one in ``kept``. The
         listing carries each file's mtime; a file is looked up by its part name in the applied
-        state, and a file about to be deleted is checked once more under the state lock."""
+        state, and a file about to be deleted is looked up there once more after the fence's catch-up."""
         running: set[str] = set()
         overflow_hosts: set[str] = set()
         incarnations: dict[str, int] = {}
@@ -465,10 +465,9 @@ class Cleanup:
                 "orphan condemned by an earlier cleanup pass that did not finish",
             )
             found = _part_file(path)
-            with self.state.lock:
-                if found is not None and self._referenced(entry["table"], found[0], path):
-                    settled.append(path)  # committed before the announcement: not an orphan
-                    continue
+            if found is not None and self._referenced(entry["table"], found[0], path):
+                settled.append(path)  # committed before the announcement: not an orphan
+                continue
             try:
                 self.storage.delete(path)
             except Exception as exc:
@@ -481,7 +480,7 @@ class Cleanup:
     def _referenced(self, table: str, stem: str, path: str) -> bool:
         """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the
         applied state keeps a record of every part, removed ones included)."""
-        rec = self.state.parts.get(stem)
+        rec = self.state.part(stem)
         return rec is not None and rec.meta.table == table and path in (rec.meta.path, sidecar_path(rec.meta.path))
 
     # -- introspection ---------------------------------------------------------------------------

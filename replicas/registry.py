@@ -380,8 +380,7 @@ class Transactions:
         if len(tids) != 1 or len(csns) != 1:
             return None
         tid = next(iter(tids))
-        with self.state.lock:
-            theirs = {n for n in self.state.by_table.get(table, ()) if self.state.parts[n].meta.creation_tid == tid}
+        theirs = self.state.created_by(table, tid)
         return {"csn": next(iter(csns)), "tid": tid} if theirs == names else None
 
     def set_app_version(self, txn_id: str, app_id: object, version: object) -> None:

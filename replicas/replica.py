@@ -754,27 +754,24 @@ class Replica:
     def part_records(self, table: str) -> list[dict]:
         self.table(table)
         note = self.cleanup.part_notes()  # why a removed part is still in storage
-        with self.state.lock:
-            names = sorted(self.state.by_table.get(table, ()))
-            latest = self.state.applied
-            out = []
-            for n in names:
-                rec = self.state.parts[n]
-                out.append(
-                    {
-                        "name": n,
-                        "partition": json.dumps(list(rec.meta.partition)),
-                        "path": rec.meta.path,
-                        "rows": rec.meta.rows,
-                        "size": rec.meta.size,
-                        "creation_tid": rec.meta.creation_tid,
-                        "creation_csn": rec.creation_csn,
-                        "removal_tid": rec.removal_tid,
-                        "removal_csn": rec.removal_csn,
-                        "visible": rec.removal_csn is None or rec.removal_csn > latest,
-                        **dict(zip(("why_kept", "collected"), note(rec))),
-                    }
-                )
+        latest, recs = self.state.listing(table)
+        out = []
+        for rec in recs:
+            out.append(
+                {
+                    "name": rec.meta.name,
+                    "partition": json.dumps(list(rec.meta.partition)),
+                    "path": rec.meta.path,
+                    "rows": rec.meta.rows,
+                    "size": rec.meta.size,
+                    "creation_tid": rec.meta.creation_tid,
+                    "creation_csn": rec.creation_csn,
+                    "removal_tid": rec.removal_tid,
+                    "removal_csn": rec.removal_csn,
+                    "visible": rec.removal_csn is None or rec.removal_csn > latest,
+                    **dict(zip(("why_kept", "collected"), note(rec))),
+                }
+            )
         return out
 
     def info(self) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import heapq
 import logging
 import threading
 from collections import defaultdict, deque
@@ -715,3 +716,45 @@ class ReplicaState:
         """The partition keys of ``table`` that hold live parts or have a conflict history."""
         with self.lock:
             return set(self.live.get(table, {})) | {pk for t, pk in self.conflict_history if t == table}
+
+    # -- what cleanup, the changefeed, the storage check, the registry and the parts listing read
+    # -- under the state lock (issue 22: no module but this one takes it) ----------------------
+    def part(self, name: str) -> PartRecord | None:
+        """Part ``name``'s record, visible or removed, or None (never committed, or forgotten by
+        prune())."""
+        with self.lock:
+            return self.parts.get(name)
+
+    def removed_after(self, csn: int) -> list[PartRecord]:
+        """The records of the parts removed by a commit above ``csn`` (cleanup: what a pass may
+        delete that the last one did not)."""
+        with self.lock:
+            return [r for r in self.parts.values() if r.removal_csn is not None and r.removal_csn > csn]
+
+    def newest_live(self, count: int) -> list[PartRecord]:
+        """The records of the ``count`` live parts committed last (the storage probe at start)."""
+        with self.lock:
+            return heapq.nlargest(
+                count, (r for r in self.parts.values() if r.removal_csn is None), key=lambda r: r.creation_csn or 0
+            )
+
+    def created_by(self, table: str, tid: str) -> set[str]:
+        """The names of ``table``'s parts that transaction ``tid`` added (a commit retried after
+        its answer was lost tells it committed by them)."""
+        with self.lock:
+            return {n for n in self.by_table.get(table, ()) if self.parts[n].meta.creation_tid == tid}
+
+    def listing(self, table: str) -> tuple[int, list[PartRecord]]:
+        """The applied CSN and the records of ``table``'s parts, visible or removed, by name, read
+        together (``client.parts``: what is visible is told against that CSN)."""
+        with self.lock:
+            # Copies: a removal is recorded in a record in place, three fields at once.
+            return self.applied, [replace(self.parts[n]) for n in sorted(self.by_table.get(table, ()))]
+
+    def changes_of(self, table: str) -> tuple[list[PartRecord], dict[str, list[tuple[int, Summary]]]]:
+        """``table``'s part records and its conflict history per partition key, read together: the
+        commits an incremental read lists are derived from both (replicas/changefeed.py)."""
+        with self.lock:
+            recs = [self.parts[n] for n in self.by_table.get(table, ())]
+            history = {pk: list(ev) for (t, pk), ev in self.conflict_history.items() if t == table}
+        return recs, history

@@ -9,7 +9,6 @@ read fail with CorruptPart; this finds it before a reader does, and names each p
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
 
 from coordinator.zk.watermark import Marks
@@ -62,10 +61,7 @@ def startup_probe(state: ReplicaState, storage: Storage, sample: int = PROBE_PAR
     ``sample`` newest parts visible at the applied snapshot (a wrong ``--storage``; one missing
     file among present ones is a damaged table, for ``check`` and ``status``, not a reason to
     refuse to start). Storage errors propagate (the caller retries them)."""
-    with state.lock:
-        recs = heapq.nlargest(
-            sample, (r for r in state.parts.values() if r.removal_csn is None), key=lambda r: r.creation_csn or 0
-        )
+    recs = state.newest_live(sample)
     if not recs:
         return None
     paths = [r.meta.path for r in recs]

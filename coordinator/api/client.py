@@ -1042,7 +1042,11 @@ def _decided_once(commit: Callable[..., T]) -> Callable[..., T]:
 
 @checked_methods
 class Transaction:
-    """A transaction on one replica. Statements write their parts at once; the commit is atomic."""
+    """A transaction on one replica. Statements write their parts at once; the commit is atomic.
+
+    It calls its client's private helpers (``_table_at``, ``_read_parts``, ``_dataset``,
+    ``_async_queued``, ``_status_anywhere``, ``_heartbeat``): privacy is the module's
+    (docs/architecture.md), and those are the client's internals, not its public surface."""
 
     def __init__(
         self,

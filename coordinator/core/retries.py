@@ -22,6 +22,8 @@ from tenacity import (
     Retrying,
     retry_if_exception,
     retry_if_exception_type,
+    retry_if_not_exception_type,
+    retry_if_result,
     stop_after_attempt,
     stop_after_delay,
     stop_never,
@@ -98,6 +100,12 @@ def reregister(stop: threading.Event, log: logging.Logger) -> Retrying:
     )
 
 
+def host_free(seconds: float) -> Retrying:
+    """A starting replica whose host id's alive node has a holder it cannot tell alive or dead:
+    every 0.2 s, for ``seconds`` (a session timeout: the node of a dead one vanishes by then)."""
+    return _policy(seconds=seconds, wait=wait_fixed(0.2))
+
+
 def session_check(seconds: float, on: ExceptionTypes) -> Retrying:
     """A replica making sure of its ZooKeeper session after it stood still: every 50 ms."""
     return _policy(on=on, seconds=seconds, wait=wait_fixed(0.05))
@@ -123,3 +131,39 @@ def foreign_outcome(seconds: float, on: ExceptionTypes = TryAgain) -> Retrying:
 def next_checkpoint(on: ExceptionTypes = TryAgain) -> Retrying:
     """Loading the checkpoint while another replica replaces it: the newer one, at most twice."""
     return _policy(on=on, attempts=3)
+
+
+# -- the chaos harness (mergetxn/chaos): it hurts the cluster it drives, and waits that out ----------
+def harness_wait(seconds: float, on: ExceptionTypes = TryAgain, every: float = 0.1) -> Retrying:
+    """The chaos harness waiting for the cluster it hurts to reach a state (a process up or gone,
+    a namespace empty, a client connected through a restart, the final check's reads at one
+    snapshot): on ``on`` (anything else propagates at once), every ``every`` s, for ``seconds``."""
+    return _policy(on=on, seconds=seconds, wait=wait_fixed(every))
+
+
+def until_serving(seconds: float, unless: ExceptionTypes) -> Retrying:
+    """A replica the nemesis hurt, probed until it serves again: on any error but ``unless`` (the
+    prober gave up on that replica, which ends the wait), every 0.1 s, for ``seconds``."""
+    return Retrying(
+        retry=retry_if_not_exception_type(unless),
+        stop=stop_after_delay(seconds),
+        wait=wait_fixed(0.1),
+        reraise=True,
+    )
+
+
+def until_true(seconds: float, every: float = 0.01) -> Retrying:
+    """Polling a check that answers True or False (every thread of a stopped process is
+    stopped): every ``every`` s; once ``seconds`` passed the answer is False, not an error."""
+    return Retrying(
+        retry=retry_if_result(lambda ok: not ok),
+        stop=stop_after_delay(seconds),
+        wait=wait_fixed(every),
+        retry_error_callback=lambda state: False,
+    )
+
+
+def harness_connect(on: ExceptionTypes) -> Retrying:
+    """The harness's own ZooKeeper client starting while members are killed or cut (a busy
+    machine can take a first connection past its timeout): 3 attempts, 1 s apart."""
+    return _policy(on=on, attempts=3, wait=wait_fixed(1.0))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
+from coordinator.core import retries
 from coordinator.core.errors import CorruptMetadata, InvalidInput
 from coordinator.model.records import AliveRecord
 from coordinator.model.znodes import OwnerRecord
@@ -115,24 +116,31 @@ def check_host_free(
     left for :meth:`AliveNode.publish` to replace; one whose holder is unknown is given ``wait``
     seconds (a session timeout) to vanish."""
     path = layout.alive_path(host_id)
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            data, _ = zk.retry(zk.get, path)
-        except NoNodeError:
-            return
-        other = holder(AliveRecord.decode(data), own_address, probe)
-        if other is None:
-            return
-        if other != "unknown" or time.monotonic() >= deadline:
-            raise InvalidInput(
-                f"host id {host_id!r} is held by a live replica at {other}: a second replica with the same "
-                "--host-id would fence it and fail every commit through either. Stop that one first, or choose "
-                "another --host-id",
-                host_id=host_id,
-                address=other,
-            )
-        time.sleep(0.2)
+
+    def held_by(other: str) -> InvalidInput:
+        return InvalidInput(
+            f"host id {host_id!r} is held by a live replica at {other}: a second replica with the same "
+            "--host-id would fence it and fail every commit through either. Stop that one first, or choose "
+            "another --host-id",
+            host_id=host_id,
+            address=other,
+        )
+
+    try:
+        for attempt in retries.host_free(wait):
+            with attempt:
+                try:
+                    data, _ = zk.retry(zk.get, path)
+                except NoNodeError:
+                    return
+                other = holder(AliveRecord.decode(data), own_address, probe)
+                if other is None:
+                    return
+                if other != "unknown":
+                    raise held_by(other)
+                raise retries.TryAgain("its holder is unknown")
+    except retries.TryAgain:
+        raise held_by("unknown") from None
 
 
 def is_retired(data: bytes, where: str = "replicas/<host>") -> bool:

@@ -38,9 +38,9 @@ from collections import Counter
 from collections.abc import Callable
 
 import pyarrow as pa
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.api.client import Client
+from coordinator.core import retries
 from coordinator.core.errors import (
     AuthenticationFailed,
     InvalidInput,
@@ -249,12 +249,9 @@ class Hostile(threading.Thread):
 
     def denied(self, address: str) -> None:
         try:  # waits out a restart (a killed replica is back in seconds): a denied call needs it up
-            admin = Retrying(
-                stop=stop_after_delay(DENIED_WAIT_SECONDS),
-                wait=wait_fixed(0.25),
-                reraise=True,
-                retry=retry_if_exception_type((MergetxnError, OSError)),
-            )(lambda: Client(address, timeout=self.timeout, credentials=self.admin))
+            admin = retries.harness_wait(DENIED_WAIT_SECONDS, (MergetxnError, OSError), every=0.25)(
+                lambda: Client(address, timeout=self.timeout, credentials=self.admin)
+            )
         except (MergetxnError, OSError):
             self.counts["connect-failed"] += 1
             return

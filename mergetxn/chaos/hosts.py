@@ -75,15 +75,8 @@ from typing import Any, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_fixed,
-)
 
+from coordinator.core import retries
 from coordinator.core.errors import InvalidInput
 from coordinator.wire.security import (
     ADMIN_FILE,
@@ -148,12 +141,7 @@ class _NotYet(Exception):
 def _wait(check: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
     """``check()``'s result once it stops raising _NotYet; other errors propagate at once."""
     try:
-        for attempt in Retrying(
-            retry=retry_if_exception_type(_NotYet),
-            stop=stop_after_delay(timeout),
-            wait=wait_fixed(interval),
-            reraise=True,
-        ):
+        for attempt in retries.harness_wait(timeout, _NotYet, interval):
             with attempt:
                 return check()
     except _NotYet as exc:
@@ -254,12 +242,7 @@ def _stopped(pid: int) -> bool:
 def _wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
     """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
     uninterruptible wait, an fsync, stops only once it returns)."""
-    return Retrying(
-        stop=stop_after_delay(timeout),
-        wait=wait_fixed(0.01),
-        retry=retry_if_result(lambda ok: not ok),
-        retry_error_callback=lambda state: False,
-    )(lambda: all(_stopped(p) for p in pids))
+    return retries.until_true(timeout, 0.01)(lambda: all(_stopped(p) for p in pids))
 
 
 class _Proc:
@@ -1055,12 +1038,7 @@ class _Cluster:
         zk = KazooClient(hosts=self.zk_address, timeout=10.0, **zk_client_args(self._replica_credentials))
         # A member being killed or cut and a busy machine (a TLS handshake per member tried) can
         # take a first connection past 30 s: the harness's own client tries again, not the run.
-        for attempt in Retrying(
-            retry=retry_if_exception_type(KazooTimeoutError),
-            stop=stop_after_attempt(3),
-            wait=wait_fixed(1.0),
-            reraise=True,
-        ):
+        for attempt in retries.harness_connect(KazooTimeoutError):
             with attempt:
                 zk.start(timeout=30)
         try:

@@ -25,14 +25,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pyarrow as pa
-from tenacity import (
-    Retrying,
-    retry_if_not_exception_type,
-    stop_after_delay,
-    wait_fixed,
-)
 
 from coordinator.api.client import Client
+from coordinator.core import retries
 from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
 from mergetxn.chaos.plan import Plan
@@ -202,12 +197,7 @@ class Prober:
 
         def wait(i: int) -> None:
             try:
-                Retrying(
-                    stop=stop_after_delay(limit),
-                    wait=wait_fixed(0.1),
-                    reraise=True,
-                    retry=retry_if_not_exception_type(_Skipped),
-                )(attempt, i)
+                retries.until_serving(limit, unless=_Skipped)(attempt, i)
             except _Skipped:
                 pass
             except Exception:
@@ -593,17 +583,17 @@ class Nemesis:
         if plan.replica is None:
             plan.heal()
             return []
-        deadline = time.monotonic() + RECOVERY_LIMIT
         failed: list[str] = []
-        while True:
+
+        def heal() -> None:
             try:
                 plan.heal()
-                return failed
             except Exception as exc:
-                if time.monotonic() >= deadline:
-                    raise
                 failed.append(brief(exc, 200))
-                time.sleep(0.5)
+                raise
+
+        retries.harness_wait(RECOVERY_LIMIT, Exception, 0.5)(heal)
+        return failed
 
     def _heal_in_background(self, plan: Plan, fault: Fault, measures: dict[str, Any]) -> None:
         """Restart a ZooKeeper member or a replica (or wait for a killed Spark executor's

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from coordinator.api.client import Client
+from coordinator.core import retries
 from coordinator.core.errors import (
     InvalidInput,
     MergetxnError,
@@ -411,14 +411,12 @@ class SparkSide:
 
     def _wait_registered(self, timeout: float, without: str | None = None) -> bool:
         """Wait until the driver has every executor (none of them ``without``)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def registered() -> bool:
             ids = self.registered()
-            if len(ids) >= self.executors_wanted and without not in ids:
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.2)
+            return len(ids) >= self.executors_wanted and without not in ids
+
+        return bool(retries.until_true(timeout, 0.2)(registered))
 
     def start_jobs(
         self,
@@ -549,12 +547,6 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
     return problems
 
 
-def _retrying(limit: float, wait: float = 0.2) -> Retrying:
-    return Retrying(
-        stop=stop_after_delay(limit), wait=wait_fixed(wait), retry=retry_if_exception_type(Exception), reraise=True
-    )
-
-
 class _Undecided(Exception):
     pass
 
@@ -611,7 +603,7 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
 
     try:
         try:
-            _retrying(limit, 0.5)(round_)
+            retries.harness_wait(limit, Exception, 0.5)(round_)
         except _Undecided:
             pass
         for op in pending:
@@ -632,10 +624,13 @@ def take_finals(
     commits meanwhile and a cleanup pass after it can make it unreadable (SnapshotUnavailable):
     then every replica is read again at the newest CSN, until the merges have settled."""
     which = list(range(len(addresses))) if replicas is None else list(replicas)
-    clients = [_retrying(FINAL_TIMEOUT, 0.5)(lambda a=addresses[i]: Client(a, timeout=FINAL_TIMEOUT)) for i in which]
+    clients = [
+        retries.harness_wait(FINAL_TIMEOUT, Exception, 0.5)(lambda a=addresses[i]: Client(a, timeout=FINAL_TIMEOUT))
+        for i in which
+    ]
 
     def contents_at_one_csn() -> tuple[int, list[dict[str, dict[str, Any]]]]:
-        csn = max(_retrying(FINAL_TIMEOUT)(c.snapshot) for c in clients)
+        csn = max(retries.harness_wait(FINAL_TIMEOUT, Exception, 0.2)(c.snapshot) for c in clients)
         out = []
         for client in clients:
             contents: dict[str, dict[str, Any]] = {}
@@ -643,12 +638,9 @@ def take_finals(
             for table, kind in tables.items():
                 physical, column = register_table(table)
                 if physical not in read:
-                    read[physical] = Retrying(
-                        stop=stop_after_delay(FINAL_TIMEOUT),
-                        wait=wait_fixed(0.5),
-                        reraise=True,
-                        retry=retry_if_exception_type((ReplicaUnavailable, OSError)),
-                    )(lambda t=physical, c=client: c.read(t, snapshot=csn))
+                    read[physical] = retries.harness_wait(FINAL_TIMEOUT, (ReplicaUnavailable, OSError), 0.5)(
+                        lambda t=physical, c=client: c.read(t, snapshot=csn)
+                    )
                 data = read[physical]
                 if kind == "set":
                     contents[table] = set_values(data)
@@ -658,18 +650,13 @@ def take_finals(
         return csn, out
 
     try:
-        csn, contents = Retrying(
-            stop=stop_after_delay(2 * FINAL_TIMEOUT),
-            wait=wait_fixed(1.0),
-            reraise=True,
-            retry=retry_if_exception_type(SnapshotUnavailable),
-        )(contents_at_one_csn)
+        csn, contents = retries.harness_wait(2 * FINAL_TIMEOUT, SnapshotUnavailable, 1.0)(contents_at_one_csn)
         finals = []
         for i, client in enumerate(clients):
             statuses: dict[str, list[Any]] = {}
             for tid in tids:
                 try:
-                    st = _retrying(10.0)(lambda t=tid, c=client: c.commit_status(t))
+                    st = retries.harness_wait(10.0, Exception, 0.2)(lambda t=tid, c=client: c.commit_status(t))
                     statuses[tid] = [st.status, st.csn]
                 except Exception as exc:
                     statuses[tid] = [f"error: {type(exc).__name__}", None]

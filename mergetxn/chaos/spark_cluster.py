@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coordinator.core import retries
 from mergetxn.local.zkserver import (
     JavaProcess,
     find_pyspark_jars,
@@ -253,21 +254,25 @@ class SparkStandalone:
         self._procs.append(proc)
 
     def _wait(self, check: Any, timeout: float, what: str, procs: Iterable[int]) -> None:
-        deadline = time.monotonic() + max(timeout, 1.0)
         procs = list(procs)
-        while True:
+
+        def failed(why: str, i: int) -> SparkClusterError:
+            out = self._procs[i].log_path if i < len(self._procs) else self.log_path(i)
+            return SparkClusterError(
+                f"Spark standalone: waiting for {what}: {why}; "
+                f"{self.log_path(i)}:\n{log_tail(self.log_path(i))}\n{out}:\n{log_tail(out)}"
+            )
+
+        def ready() -> bool:
             if check():
-                return
+                return True
             dead = [i for i in procs if i < len(self._procs) and not self._procs[i].running]
-            if dead or time.monotonic() > deadline:
-                why = f"process {dead[0]} exited" if dead else f"not within {timeout:.0f}s"
-                i = dead[0] if dead else procs[-1]
-                out = self._procs[i].log_path if i < len(self._procs) else self.log_path(i)
-                raise SparkClusterError(
-                    f"Spark standalone: waiting for {what}: {why}; "
-                    f"{self.log_path(i)}:\n{log_tail(self.log_path(i))}\n{out}:\n{log_tail(out)}"
-                )
-            time.sleep(0.2)
+            if dead:
+                raise failed(f"process {dead[0]} exited", dead[0])
+            return False
+
+        if not retries.until_true(max(timeout, 1.0), 0.2)(ready):
+            raise failed(f"not within {timeout:.0f}s", procs[-1])
 
     def _state(self) -> dict | None:
         """The master's status (its web UI's ``/json/``), None while it does not answer."""
@@ -370,12 +375,7 @@ class SparkStandalone:
 
     def wait_gone(self, pid: int, timeout: float) -> bool:
         """Wait until process ``pid`` is gone (or a zombie); returns whether it is."""
-        deadline = time.monotonic() + timeout
-        while pid in {p for p, _ in _processes(self.workdir)}:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        return bool(retries.until_true(timeout, 0.05)(lambda: pid not in {p for p, _ in _processes(self.workdir)}))
 
     # -- a driver -----------------------------------------------------------------------------
     def driver_log_conf(self) -> dict[str, str]:

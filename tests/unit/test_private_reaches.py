@@ -6,9 +6,12 @@ the text) and fails on
 
 * an attribute access ``expr._name`` where ``expr`` is not ``self`` or ``cls``, unless ``_name``
   is defined in the same module (an attribute its classes set or define, or a module-level
-  name) and ``expr`` is not a name the module imported: a module may use what it owns, as ``Transaction`` uses its ``Client``'s privates in
-  coordinator/client.py; ``getattr``/``hasattr``/``setattr`` with a private name are the same
-  access spelled otherwise;
+  name) and ``expr`` is not a name the module imported: a module may use what it owns, as
+  ``Transaction`` calls its ``Client``'s private helpers in coordinator/api/client.py (the
+  module, not the class, is the unit of privacy: a class made by its sibling, as a transaction
+  is by ``Client.begin``, is part of one design, and giving those helpers public names would add
+  them to the client's public surface); ``getattr``/``hasattr``/``setattr`` with a private name
+  are the same access spelled otherwise;
 * ``from m import _name``, another module's private name.
 
 What a satellite needs from another object is a public method of that object (a context

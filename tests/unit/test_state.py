@@ -149,6 +149,35 @@ def test_winners_are_the_commits_on_one_target_after_a_snapshot() -> None:
     assert sorted(st.conflict_history) == [("t", P1), ("t", P2)]
 
 
+@pytest.mark.parametrize(
+    "after,removed",
+    [(0, ["a1", "a2"]), (2, ["a1", "a2"]), (3, ["a2"]), (4, [])],
+)
+def test_removed_after_a_csn(after: int, removed: list[str]) -> None:
+    assert sorted(r.meta.name for r in built().removed_after(after)) == removed
+
+
+@pytest.mark.parametrize("count,newest", [(0, []), (1, ["c2"]), (2, ["c2", "b1"]), (9, ["c2", "b1"])])
+def test_newest_live_parts(count: int, newest: list[str]) -> None:
+    assert [r.meta.name for r in built().newest_live(count)] == newest
+
+
+def test_the_part_readers_named_for_other_modules() -> None:
+    """What cleanup, the registry, the parts listing and the changefeed read under the state lock."""
+    st = built()
+    assert st.part("a1") is st.parts["a1"] and st.part("nosuch") is None
+    assert st.created_by("t", A) == {"a1", "a2"} and st.created_by("t", "nosuch") == set()
+    assert st.created_by("nosuch", A) == set()
+    applied, recs = st.listing("t")
+    assert applied == 4 and [r.meta.name for r in recs] == ["a1", "a2", "b1", "c2"]
+    assert recs[0] == st.parts["a1"] and recs[0] is not st.parts["a1"]  # a copy, read under the lock
+    assert st.listing("nosuch") == (4, [])
+    recs, history = st.changes_of("t")
+    assert sorted(r.meta.name for r in recs) == ["a1", "a2", "b1", "c2"]
+    assert {pk: [csn for csn, _ in ev] for pk, ev in history.items()} == {P1: [2, 3], P2: [2, 4]}
+    assert st.changes_of("nosuch") == ([], {})
+
+
 def test_csn_at_time_counts_data_changing_commits_only() -> None:
     st = built()  # the compaction at CSN 4 has no time version
     assert [st.csn_at_time(w) for w in (0.5, 2.0, 2.5, 3.0, 100.0)] == [0, 2, 2, 3, 3]
