@@ -7,7 +7,8 @@ check the same target, so their verdicts cannot depend on each other: a member t
 for the next batch. Which members share the multi, and what it expects, is decided from typed
 summaries of the members by :mod:`coordinator.core.batching` (pure); here is the planning of each
 member against the state, and the I/O around it. When a checked target moved between our read
-and the multi, the whole batch is decided again (tenacity).
+and the multi, the whole batch is decided again (tenacity). CREATE and ALTER TABLE go through the
+same queue, one at a time (replicas/table_changes.py).
 
 When the rules let a later transaction succeed after something committed on its target, the
 transaction is rebased: its operations are replayed on the current parts. Inserts and overwrites
@@ -24,12 +25,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import NoNodeError
 from tenacity import Retrying
 
 from coordinator.core import batching, jsonwire, retries
@@ -42,10 +41,8 @@ from coordinator.core.conflicts import (
 from coordinator.core.errors import (
     ConflictError,
     ConflictKind,
-    CorruptMetadata,
     InvalidInput,
     MergetxnError,
-    TableNotFound,
     TransactionAborted,
     quote,
 )
@@ -66,22 +63,18 @@ from coordinator.model.records import (
     DropTable,
     Insert,
     LogEntry,
-    ManifestPointer,
     Overwrite,
     StagedOp,
     Truncate,
     TxnRecord,
     TxnState,
 )
-from coordinator.model.znodes import TABLE_LIVE, TOMBSTONE
+from coordinator.model.znodes import TOMBSTONE
 from coordinator.zk.log import (
-    MAX_INLINE_ENTRY,
     CommitResult,
-    Multi,
     OwnerFenced,
     TableMoved,
     VersionMoved,
-    table_node_dropped,
 )
 from coordinator.zk.orphan_fence import FenceMoved
 from parts.io.format import delete_part
@@ -92,6 +85,7 @@ from replicas.commit_queue import ASYNC_PER_BATCH, MAX_BATCH, CommitQueue, Pendi
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.running import Effect, RunningTxn
+from replicas.table_changes import TableChanges, commit_too_large, spilled
 
 if TYPE_CHECKING:
     from coordinator.zk.log import CsnLog
@@ -109,19 +103,6 @@ __all__ = ["ASYNC_PER_BATCH", "MAX_BATCH", "UNKNOWN_OUTCOME", "Committer", "Need
 
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
-_TABLE_NODE = TABLE_LIVE  # a table znode's data while the table exists (coordinator/model/znodes.py, TableNode)
-
-
-def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
-    """The refusal of a commit whose log record is over the ``max_commit_bytes`` setting."""
-    return InvalidInput(
-        f"{what} would add {size} bytes of metadata to the log (its part descriptors and statistics), more "
-        f"than the replica setting max_commit_bytes ({limit}); nothing was committed: commit fewer parts per "
-        "transaction, or raise max_commit_bytes",
-        size=size,
-        max_commit_bytes=limit,
-        **details,
-    )
 
 
 class NeedKeys(Exception):
@@ -209,12 +190,12 @@ class Committer:
         self.queue = CommitQueue(self._handle, self._fail)
         self._queue, self._thread = self.queue.items, self.queue.thread  # as tests look at them
         self.answers = LostAnswers(log, follower, state, zk_session)
+        self.ddl = TableChanges(state, log, config, storage, follower, self._retrying, catch_up, wait_snapshot)
         self.batches = 0
         self.committed = 0
         self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
-        self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
         self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
         self.key_conflicts = KeyConflicts(self.state, storage, table)  # keys tables
 
@@ -242,9 +223,9 @@ class Committer:
     def _handle(self, batch: list[Pending]) -> list[Pending]:
         """Decide and write one batch the queue took; return the members deferred."""
         if batch[0].table is not None:
-            self._create_table(batch[0])
+            self.ddl.create(batch[0])
         elif batch[0].alter is not None:
-            self._alter_table(batch[0])
+            self.ddl.alter(batch[0])
         else:
             return self._commit_batch(batch)
         return []
@@ -260,114 +241,6 @@ class Committer:
             return 0.0 if after_local_miss and isinstance(exc, _LocalMiss) else random.uniform(0, RETRY_WAIT)
 
         return retries.commit_attempts(wait, on=(VersionMoved, NeedKeys))
-
-    # -- DDL ---------------------------------------------------------------------------------
-    def _create_table(self, p: Pending) -> None:
-        """CREATE TABLE: the table znode created (or, after a drop, set at its version: so the
-        commits that checked the dropped table's version fail) and the DDL entry, in one multi."""
-        zk, name = self.log.zk, p.table.name
-        try:
-            for attempt in self._retrying():
-                with attempt:
-                    node, stat = self._table_node(name)
-                    if stat is not None and not table_node_dropped(node):
-                        raise InvalidInput(f"table {quote(name)} already exists", table=name)
-                    tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
-                    new_target = zk.exists(self.log.target_path(name)) is None
-                    entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
-                    multi = Multi(
-                        tables={name: (None if stat is None else stat.version, _TABLE_NODE)},
-                        targets={name: None} if new_target else {},
-                    )
-                    csn = self._log_ddl(entry, multi)
-            self._applied_here(csn, name)
-            p.resolve(csn)
-        except MergetxnError as exc:
-            p.resolve(error=exc)
-
-    def _alter_table(self, p: Pending) -> None:
-        """ALTER TABLE: the new definition, decided on the current one, and the table znode set
-        at the version that one holds (a concurrent DDL or drop makes it decide again)."""
-        name, add_columns, rename_columns, retention = p.alter
-        try:
-            for attempt in self._retrying():
-                with attempt:
-                    node, stat = self._table_node(name)
-                    cur = self.state.tables.get(name)
-                    if stat is None or table_node_dropped(node):
-                        raise TableNotFound(f"unknown table {quote(name)}", table=name)
-                    if cur is None or cur.ddl_version < stat.version:
-                        self._catch_up_tables([name])  # a DDL applied elsewhere first, then decide
-                        cur = self.state.tables.get(name)
-                        if cur is None:
-                            raise TableNotFound(f"unknown table {quote(name)}", table=name)
-                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1, retention=retention)
-                    entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
-                    csn = self._log_ddl(entry, Multi(tables={name: (stat.version, _TABLE_NODE)}))
-            self._applied_here(csn, name)
-            p.resolve(csn)
-        except MergetxnError as exc:
-            p.resolve(error=exc)
-
-    def _table_node(self, name: str) -> tuple[bytes | None, Any]:
-        try:
-            return self.log.zk.get(self.log.table_path(name))
-        except NoNodeError:
-            return None, None
-
-    def _spilled(self, data: bytes) -> bytes:
-        """A log entry's bytes as its znode holds them: itself, or when too large for a znode, a
-        pointer to a manifest in storage holding it (written durably first)."""
-        if len(data) <= MAX_INLINE_ENTRY:
-            return data
-        path = f"_manifests/{uuid.uuid4().hex}.json"
-        self.storage.put(path, data)
-        return ManifestPointer(path).encode()
-
-    def _log_ddl(self, entry: LogEntry, multi: Multi) -> int:
-        """Commit a DDL: its table node writes (``multi``) and the entry (in a manifest in storage
-        when it is too large for a znode: a table of thousands of columns). Returns the CSN."""
-        data = entry.encode()
-        if len(data) > self.config.max_commit_bytes:
-            raise commit_too_large("the definition change", len(data), self.config.max_commit_bytes)
-        data = self._spilled(data)
-        result = self.log.append_ddl(data, multi)
-        self.follower.offer(result.epoch, result.seq, data)
-        return result.csn
-
-    def _applied_here(self, csn: int, name: str) -> None:
-        try:
-            self.wait_snapshot(csn)  # done only once it is applied here
-        except CorruptMetadata as exc:
-            raise CorruptMetadata(
-                f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
-                f"every entry before it applies: {exc.message}",
-                table=name,
-                csn=csn,
-            ) from exc
-
-    def _catch_up_tables(self, names: list[str]) -> None:
-        """After a table znode was found past the definition applied here: apply the log up to
-        now. A znode still ahead then was changed outside the log (by hand): its version is
-        taken as it is, so commits to the table are not refused for ever."""
-        self.catch_up()
-        for name in names:
-            _, stat = self._table_node(name)
-            rec = self.state.record(name)
-            if stat is not None and rec is not None and stat.version > rec.ddl_version:
-                log.warning(
-                    "table znode %s is at version %d, its last DDL in the log at %d: changed outside "
-                    "the log; checking that version from now on",
-                    name,
-                    stat.version,
-                    rec.ddl_version,
-                )
-                self._drift[name] = stat.version
-
-    def _table_version(self, name: str) -> int:
-        rec = self.state.record(name)
-        v = rec.ddl_version if rec is not None else 0
-        return max(v, self._drift.get(name, -1))
 
     # -- transactions ------------------------------------------------------------------------
     def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
@@ -462,7 +335,7 @@ class Committer:
         applied_before = self.state.applied
         # The table versions before any decision: a DDL applied while the batch is decided then
         # makes the multi's table checks fail instead of letting a stale decision through.
-        table_versions = {t: self._table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
+        table_versions = {t: self.ddl.table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
         incarnation = self.incarnation()  # the owner node's version every member must hold
         fence, condemned = self.fence.current()  # read before the files are verified
         versions = self._target_versions(wanted, local)
@@ -573,7 +446,7 @@ class Committer:
     def _write(self, b: _Batch, r: _Reading) -> int:
         """The commit multi of batch ``b``, handed over to this replica's follower; its CSN, once
         known even if the connection was lost during it (replicas/commit_outcome.py)."""
-        data = self._spilled(b.encoded)
+        data = spilled(self.storage, b.encoded)
         counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
         failpoints.hit("before_commit_multi")
         try:
@@ -601,7 +474,7 @@ class Committer:
                 counters=counters,
             )
         except TableMoved as exc:
-            self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
+            self.ddl.catch_up_tables(exc.tables)  # then decide again on the definitions as they are
             raise
         except OwnerFenced as exc:
             raise _Fenced(r.incarnation, str(exc)) from exc
