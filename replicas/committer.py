@@ -1,10 +1,14 @@
 """Group commit: the commits waiting on one replica share one ZooKeeper multi and one CSN.
 
-One thread takes every commit that is waiting, decides each with the conflict rules against the
-commits that happened since its snapshot, and writes all accepted ones in one multi (see
-:mod:`coordinator.zk.log`). Two members of a batch never check the same target, so their verdicts
-cannot depend on each other: a member that would is held for the next batch. When a checked
-target moved between our read and the multi, the whole batch is decided again (tenacity).
+One thread (replicas/commit_queue.py) takes every commit that is waiting; the committer decides
+each with the conflict rules against the commits that happened since its snapshot, and writes
+all accepted ones in one multi (see :mod:`coordinator.zk.log`). Two members of a batch never
+check the same target, so their verdicts cannot depend on each other: a member that would is held
+for the next batch. Which members share the multi, and what it expects, is decided from typed
+summaries of the members by :mod:`coordinator.core.batching` (pure); here is the planning of each
+member against the state, and the I/O around it. When a checked target moved between our read
+and the multi, the whole batch is decided again (tenacity). CREATE and ALTER TABLE go through the
+same queue, one at a time (replicas/table_changes.py).
 
 When the rules let a later transaction succeed after something committed on its target, the
 transaction is rebased: its operations are replayed on the current parts. Inserts and overwrites
@@ -12,51 +16,37 @@ replay as metadata; a delete, update or compaction whose input parts are still t
 parts it wrote; only one whose inputs were rewritten meanwhile is redone on the current parts.
 
 If the connection to ZooKeeper drops during the multi, the outcome is looked up in the log
-(after a ``sync``) before anybody is answered: the caller learns committed or not, never unknown.
+(after a ``sync``) before anybody is answered (replicas/commit_outcome.py): the caller learns
+committed or not, never unknown.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-import threading
 import time
-import uuid
-from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
-    NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
-)
 from tenacity import Retrying
 
-from coordinator.core import jsonwire, retries
+from coordinator.core import batching, jsonwire, retries
+from coordinator.core.batching import Composition, Member
 from coordinator.core.conflicts import (
-    COMPACTIONS,
-    DATA_CHANGING,
     Policy,
-    Summary,
     check,
     check_app_versions,
-    fits_beside,
 )
 from coordinator.core.errors import (
     ConflictError,
     ConflictKind,
-    CorruptMetadata,
     InvalidInput,
     MergetxnError,
-    TableNotFound,
     TransactionAborted,
     quote,
 )
-from coordinator.core.readsets import Shape, Touch, check_reads, counter_key
+from coordinator.core.readsets import Shape, check_reads, counter_key
 from coordinator.core.readsets import read_keys as read_set_keys
 from coordinator.core.tabledata import partition_key
 from coordinator.core.targets import (
@@ -66,35 +56,36 @@ from coordinator.core.targets import (
     read_keys,
     whole_table_targets,
 )
-from coordinator.core.versions import Tid, csn_of, epoch_full, incarnation_of
+from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.atomicity import NONE
 from coordinator.model.catalog import TableDef, TableDropped
 from coordinator.model.records import (
     DropTable,
     Insert,
     LogEntry,
-    ManifestPointer,
     Overwrite,
     StagedOp,
     Truncate,
     TxnRecord,
     TxnState,
 )
-from coordinator.model.znodes import TABLE_LIVE, TARGET_BODY, TOMBSTONE
+from coordinator.model.znodes import TOMBSTONE
 from coordinator.zk.log import (
-    MAX_INLINE_ENTRY,
+    CommitResult,
     OwnerFenced,
     TableMoved,
     VersionMoved,
-    table_node_dropped,
 )
 from coordinator.zk.orphan_fence import FenceMoved
 from parts.io.format import delete_part
 from parts.model.meta import PartMeta, sidecar_path
 from replicas import failpoints
+from replicas.commit_outcome import UNKNOWN_OUTCOME, LostAnswers
+from replicas.commit_queue import ASYNC_PER_BATCH, MAX_BATCH, CommitQueue, Pending
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.running import Effect, RunningTxn
+from replicas.table_changes import TableChanges, commit_too_large, spilled
 
 if TYPE_CHECKING:
     from coordinator.zk.log import CsnLog
@@ -108,24 +99,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-UNKNOWN_OUTCOME = (ConnectionLoss, ConnectionClosedError, OperationTimeoutError, SessionExpiredError)
-MAX_BATCH = 512
-ASYNC_PER_BATCH = 16  # async commits of one client session in one batch (see Committer._take_batch)
+__all__ = ["ASYNC_PER_BATCH", "MAX_BATCH", "UNKNOWN_OUTCOME", "Committer", "NeedKeys", "Pending", "commit_too_large"]
+
 LOCAL_OFF_BATCHES = 64  # after a first attempt on local versions missed: batches that read them from ZooKeeper
 RETRY_WAIT = 0.005  # seconds, at most, between attempts of a batch that lost a race
-_TABLE_NODE = TABLE_LIVE  # a table znode's data while the table exists (coordinator/model/znodes.py, TableNode)
-
-
-def commit_too_large(what: str, size: int, limit: int, **details: Any) -> InvalidInput:
-    """The refusal of a commit whose log record is over the ``max_commit_bytes`` setting."""
-    return InvalidInput(
-        f"{what} would add {size} bytes of metadata to the log (its part descriptors and statistics), more "
-        f"than the replica setting max_commit_bytes ({limit}); nothing was committed: commit fewer parts per "
-        "transaction, or raise max_commit_bytes",
-        size=size,
-        max_commit_bytes=limit,
-        **details,
-    )
 
 
 class NeedKeys(Exception):
@@ -146,39 +123,41 @@ class _LocalMiss(VersionMoved):
 
 
 @dataclass
-class Pending:
-    txn: RunningTxn | None = None
-    table: TableDef | None = None  # CREATE TABLE
-    # ALTER TABLE: name, add_columns, rename_columns, retention (None: unchanged; else a 1-tuple)
-    alter: tuple[str, Any, Any, Any] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    csn: int | None = None
-    error: Exception | None = None
-    key_hints: set[str] = field(default_factory=set)
-    extra_files: list[PartMeta] = field(default_factory=list)
-    files_verified_at: int | None = None  # the fence version after which its staged files were seen
-    queued: float = field(default_factory=time.monotonic)  # the commit latency metric starts here
-
-    callback: Callable[[int | None, Exception | None], None] | None = None
-
-    @property
-    def ddl(self) -> bool:
-        return self.table is not None or self.alter is not None
-
-    def resolve(self, csn: int | None = None, error: Exception | None = None) -> None:
-        self.csn, self.error = csn, error
-        self.done.set()
-        if self.callback is not None:
-            try:
-                self.callback(csn, error)
-            except Exception:  # the answer could not be queued: never break the committer
-                log.exception("commit callback failed")
-
-
-@dataclass
 class Plan:
     effect: Effect
     checked: set[str]
+
+
+@dataclass
+class _Reading:
+    """What an attempt read before deciding its members: the checked targets' versions (from
+    ZooKeeper, or as applied here when ``local``), the write counters of the tables read, the
+    applied CSN and table versions before any decision, the incarnation every member must hold,
+    and the orphan fence (version and condemned files) the staged files are verified against."""
+
+    local: bool
+    versions: dict[str, int | None]
+    read_counters: dict[str, int]
+    applied_before: int
+    table_versions: dict[str, int]
+    incarnation: int
+    fence: int
+    condemned: frozenset[str]
+
+
+@dataclass
+class _Batch:
+    """An attempt's accepted members with their plans, and what their multi writes."""
+
+    accepted: list[tuple[Pending, Plan, Member]]
+    deferred: list[Pending]
+    expected: dict[str, int | None] = field(default_factory=dict)
+    tables: dict[str, tuple[int, bytes | None]] = field(default_factory=dict)
+    entry: LogEntry | None = None  # None: nothing to write (members too large were failed)
+    encoded: bytes = b""
+    counters_checked: dict[str, int] = field(default_factory=dict)
+    writing: set[str] = field(default_factory=set)
+    dropping: set[str] = field(default_factory=set)
 
 
 class Committer:
@@ -208,115 +187,48 @@ class Committer:
         self.zk_session, self.transactions, self.fence = zk_session, transactions, fence
         self.table, self.catch_up, self.wait_snapshot = table, catch_up, wait_snapshot
         self.incarnation, self.fenced = incarnation, fenced
-        self._queue: deque[Pending] = deque()
-        self._cond = threading.Condition()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="committer", daemon=True)
+        self.queue = CommitQueue(self._handle, self._fail)
+        self._queue, self._thread = self.queue.items, self.queue.thread  # as tests look at them
+        self.answers = LostAnswers(log, follower, state, zk_session)
+        self.ddl = TableChanges(state, log, config, storage, follower, self._retrying, catch_up, wait_snapshot)
         self.batches = 0
         self.committed = 0
         self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
-        self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
         self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
         self.key_conflicts = KeyConflicts(self.state, storage, table)  # keys tables
 
     def start(self) -> None:
-        self._thread.start()
+        self.queue.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        self._thread.join(timeout=5)
+        self.queue.stop()
 
     # -- entry points ------------------------------------------------------------------------
     def submit(self, txn: RunningTxn) -> int:
-        p = self._enqueue(Pending(txn=txn))
-        if p.error is not None:
-            raise p.error
-        return p.csn
+        return self.queue.wait(Pending(txn=txn))
 
     def submit_async(self, txn: RunningTxn, done: Callable[[int | None, Exception | None], None]) -> None:
         """Queue a commit; ``done(csn, error)`` is called once it is decided (the RPC server
         answers from it without a thread waiting per commit)."""
-        with self._cond:
-            self._queue.append(Pending(txn=txn, callback=done))
-            self._cond.notify()
+        self.queue.put(Pending(txn=txn, callback=done))
 
     def create_table(self, tdef: TableDef) -> int:
-        p = self._enqueue(Pending(table=tdef))
-        if p.error is not None:
-            raise p.error
-        return p.csn
+        return self.queue.wait(Pending(table=tdef))
 
     def alter_table(self, name: str, add_columns: Any, rename_columns: Any, retention: Any = None) -> int:
-        p = self._enqueue(Pending(alter=(name, add_columns, rename_columns, retention)))
-        if p.error is not None:
-            raise p.error
-        return p.csn
+        return self.queue.wait(Pending(alter=(name, add_columns, rename_columns, retention)))
 
-    def _enqueue(self, p: Pending) -> Pending:
-        with self._cond:
-            self._queue.append(p)
-            self._cond.notify()
-        p.done.wait()
-        return p
-
-    # -- the loop --------------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with self._cond:
-                while not self._queue and not self._stop.is_set():
-                    self._cond.wait(0.5)
-                if self._stop.is_set():
-                    break
-                batch = self._take_batch()
-            try:
-                if batch[0].table is not None:
-                    self._create_table(batch[0])
-                elif batch[0].alter is not None:
-                    self._alter_table(batch[0])
-                else:
-                    deferred = self._commit_batch(batch)
-                    if deferred:
-                        with self._cond:
-                            self._queue.extendleft(reversed(deferred))
-            except Exception as exc:  # never leave a caller waiting
-                log.exception("commit batch failed")
-                for p in batch:
-                    if not p.done.is_set():
-                        self._fail(
-                            p,
-                            exc
-                            if isinstance(exc, MergetxnError)
-                            else TransactionAborted(f"commit failed: {quote(exc)}"),
-                        )
-        for p in list(self._queue):
-            self._fail(p, TransactionAborted("replica is shutting down"))
-
-    def _take_batch(self) -> list[Pending]:
-        """The next batch, taken from the queue under its lock: a DDL alone, else up to
-        MAX_BATCH commits in queue order, at most ASYNC_PER_BATCH of them async commits of one
-        client session. A client's backlog of async commits to one keys target commits one per
-        batch anyway (two writes of a key never share a CSN); the cap keeps the rest of it from
-        being looked at, and deferred, in every batch. Those left keep their order at the head."""
-        if self._queue[0].ddl:
-            return [self._queue.popleft()]
-        batch: list[Pending] = []
-        later: list[Pending] = []
-        taken: dict[str, int] = {}
-        while self._queue and not self._queue[0].ddl and len(batch) < MAX_BATCH and len(later) < MAX_BATCH:
-            p = self._queue.popleft()
-            session = p.txn.async_session if p.txn is not None else None
-            if session is not None:
-                if taken.get(session, 0) >= ASYNC_PER_BATCH:
-                    later.append(p)
-                    continue
-                taken[session] = taken.get(session, 0) + 1
-            batch.append(p)
-        self._queue.extendleft(reversed(later))
-        return batch
+    def _handle(self, batch: list[Pending]) -> list[Pending]:
+        """Decide and write one batch the queue took; return the members deferred."""
+        if batch[0].table is not None:
+            self.ddl.create(batch[0])
+        elif batch[0].alter is not None:
+            self.ddl.alter(batch[0])
+        else:
+            return self._commit_batch(batch)
+        return []
 
     def _retrying(self, after_local_miss: bool = False) -> Retrying:
         """The one retry policy of a commit: a batch (or a table creation) is decided again after
@@ -330,176 +242,55 @@ class Committer:
 
         return retries.commit_attempts(wait, on=(VersionMoved, NeedKeys))
 
-    # -- DDL ---------------------------------------------------------------------------------
-    def _create_table(self, p: Pending) -> None:
-        """CREATE TABLE: the table znode created (or, after a drop, set at its version: so the
-        commits that checked the dropped table's version fail) and the DDL entry, in one multi."""
-        zk, name = self.log.zk, p.table.name
-        try:
-            for attempt in self._retrying():
-                with attempt:
-                    node, stat = self._table_node(name)
-                    if stat is not None and not table_node_dropped(node):
-                        raise InvalidInput(f"table {quote(name)} already exists", table=name)
-                    tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
-                    new_target = zk.exists(self.log.target_path(name)) is None
-                    entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
-                    t = zk.transaction()
-                    if stat is None:
-                        t.create(self.log.table_path(name), _TABLE_NODE)
-                    else:
-                        t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)
-                    if new_target:
-                        t.create(self.log.target_path(name), TARGET_BODY)
-                    csn = self._log_ddl(t, entry)
-            self._applied_here(csn, name)
-            p.resolve(csn)
-        except MergetxnError as exc:
-            p.resolve(error=exc)
-
-    def _alter_table(self, p: Pending) -> None:
-        """ALTER TABLE: the new definition, decided on the current one, and the table znode set
-        at the version that one holds (a concurrent DDL or drop makes it decide again)."""
-        name, add_columns, rename_columns, retention = p.alter
-        zk = self.log.zk
-        try:
-            for attempt in self._retrying():
-                with attempt:
-                    node, stat = self._table_node(name)
-                    cur = self.state.tables.get(name)
-                    if stat is None or table_node_dropped(node):
-                        raise TableNotFound(f"unknown table {quote(name)}", table=name)
-                    if cur is None or cur.ddl_version < stat.version:
-                        self._catch_up_tables([name])  # a DDL applied elsewhere first, then decide
-                        cur = self.state.tables.get(name)
-                        if cur is None:
-                            raise TableNotFound(f"unknown table {quote(name)}", table=name)
-                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1, retention=retention)
-                    entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
-                    t = zk.transaction()
-                    t.set_data(self.log.table_path(name), _TABLE_NODE, version=stat.version)
-                    csn = self._log_ddl(t, entry)
-            self._applied_here(csn, name)
-            p.resolve(csn)
-        except MergetxnError as exc:
-            p.resolve(error=exc)
-
-    def _table_node(self, name: str) -> tuple[bytes | None, Any]:
-        try:
-            return self.log.zk.get(self.log.table_path(name))
-        except NoNodeError:
-            return None, None
-
-    def _spilled(self, data: bytes) -> bytes:
-        """A log entry's bytes as its znode holds them: itself, or when too large for a znode, a
-        pointer to a manifest in storage holding it (written durably first)."""
-        if len(data) <= MAX_INLINE_ENTRY:
-            return data
-        path = f"_manifests/{uuid.uuid4().hex}.json"
-        self.storage.put(path, data)
-        return ManifestPointer(path).encode()
-
-    def _log_ddl(self, t: Any, entry: LogEntry) -> int:
-        """Finish a DDL multi ``t``: the epoch check and the entry (in a manifest in storage when it
-        is too large for a znode: a table of thousands of columns). Returns the CSN."""
-        data = entry.encode()
-        if len(data) > self.config.max_commit_bytes:
-            raise commit_too_large("the definition change", len(data), self.config.max_commit_bytes)
-        data = self._spilled(data)
-        epoch = self.log.current_epoch()
-        t.check(self.log.epoch_path(epoch), 0)
-        t.create(f"{self.log.epoch_path(epoch)}/c-", data, sequence=True)
-        results = t.commit()
-        if any(isinstance(r, Exception) for r in results):
-            self.log.current_epoch(refresh=True)
-            raise VersionMoved(str(results))
-        seq = int(results[-1].rsplit("-", 1)[1])
-        if epoch_full(seq, self.log.epoch_size):
-            self.log.seal(epoch)
-        self.follower.offer(epoch, seq, data)
-        return csn_of(epoch, seq)
-
-    def _applied_here(self, csn: int, name: str) -> None:
-        try:
-            self.wait_snapshot(csn)  # done only once it is applied here
-        except CorruptMetadata as exc:
-            raise CorruptMetadata(
-                f"table {quote(name)} is in the log at CSN {csn} but not applied here, and exists only once "
-                f"every entry before it applies: {exc.message}",
-                table=name,
-                csn=csn,
-            ) from exc
-
-    def _catch_up_tables(self, names: list[str]) -> None:
-        """After a table znode was found past the definition applied here: apply the log up to
-        now. A znode still ahead then was changed outside the log (by hand): its version is
-        taken as it is, so commits to the table are not refused for ever."""
-        self.catch_up()
-        for name in names:
-            _, stat = self._table_node(name)
-            rec = self.state.record(name)
-            if stat is not None and rec is not None and stat.version > rec.ddl_version:
-                log.warning(
-                    "table znode %s is at version %d, its last DDL in the log at %d: changed outside "
-                    "the log; checking that version from now on",
-                    name,
-                    stat.version,
-                    rec.ddl_version,
-                )
-                self._drift[name] = stat.version
-
-    def _table_version(self, name: str) -> int:
-        rec = self.state.record(name)
-        v = rec.ddl_version if rec is not None else 0
-        return max(v, self._drift.get(name, -1))
-
     # -- transactions ------------------------------------------------------------------------
     def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
+        """Decide and commit a batch, again while it loses races; fail its members if it cannot
+        get through. Returns those deferred to the next batch."""
         deferred: list[Pending] = []
-
-        def attempt_once(local: bool = False) -> None:
-            nonlocal deferred
-            live = [p for p in batch if not p.done.is_set()]
-            deferred = []
-            if not live:
-                return
-            deferred = self._attempt(live, local)
-
         # The first attempt decides on the target versions this replica has applied (no round
         # trip) unless a recent one was refused; later attempts read them from ZooKeeper.
         local_first = self.batches >= self._local_off_until
         try:
             for attempt in self._retrying(after_local_miss=True):
                 with attempt:
-                    first = attempt.retry_state.attempt_number == 1
-                    try:
-                        attempt_once(local_first and first)
-                    except _LocalMiss:
-                        if local_first and first:
-                            # Another replica committed to a target since this one applied it:
-                            # read the versions from ZooKeeper for a while (others write too).
-                            self.local_misses += 1
-                            self._local_off_until = self.batches + LOCAL_OFF_BATCHES
-                        raise
+                    local = local_first and attempt.retry_state.attempt_number == 1
+                    live = [p for p in batch if not p.done.is_set()]
+                    deferred = []
+                    if live:
+                        deferred = self._attempt_noting_misses(live, local)
         except (VersionMoved, NeedKeys) as exc:
-            for p in batch:
-                if not p.done.is_set():
-                    self._fail(p, TransactionAborted(f"commit could not get through contention: {exc}"))
+            why = f"commit could not get through contention: {exc}"
+            self._fail_rest(batch, lambda p: TransactionAborted(why))
         except _Fenced as exc:
             # Another replica decided these transactions (aborted) while this one looked gone:
             # the multi did not happen and never will under that incarnation.
-            for p in batch:
-                if not p.done.is_set():
-                    self._fail(
-                        p,
-                        TransactionAborted(
-                            f"transaction {p.txn.id} did not commit: replica {self.host_id}'s incarnation "
-                            f"{exc.incarnation} was fenced by another replica while this one looked gone ({exc})",
-                            id=p.txn.id,
-                        ),
-                    )
-            self.fenced(exc.incarnation)
+            incarnation, why = exc.incarnation, str(exc)
+            self._fail_rest(
+                batch,
+                lambda p: TransactionAborted(
+                    f"transaction {p.txn.id} did not commit: replica {self.host_id}'s incarnation "
+                    f"{incarnation} was fenced by another replica while this one looked gone ({why})",
+                    id=p.txn.id,
+                ),
+            )
+            self.fenced(incarnation)
         return [p for p in deferred if not p.done.is_set()]
+
+    def _attempt_noting_misses(self, members: list[Pending], local: bool) -> list[Pending]:
+        try:
+            return self._attempt(members, local)
+        except _LocalMiss:
+            if local:
+                # Another replica committed to a target since this one applied it: read the
+                # versions from ZooKeeper for a while (others write too).
+                self.local_misses += 1
+                self._local_off_until = self.batches + LOCAL_OFF_BATCHES
+            raise
+
+    def _fail_rest(self, batch: list[Pending], error: Callable[[Pending], Exception]) -> None:
+        for p in batch:
+            if not p.done.is_set():
+                self._fail(p, error(p))
 
     def _attempt(self, members: list[Pending], local: bool = False) -> list[Pending]:
         """Decide every member, commit the accepted ones in one multi; return the deferred.
@@ -509,6 +300,31 @@ class Committer:
         version checks still refuse the commit if another replica committed to one of them
         since (``_LocalMiss``); the state must not change while the batch is decided, which the
         applied CSN, read before and checked under the state lock after, tells."""
+        r = self._read(members, local)
+        plans: dict[int, Plan] = {}
+        c = batching.compose(
+            members,
+            lambda p: p.txn.async_session,
+            lambda p: self._summarize(p, r, plans),
+            r.versions,
+            r.read_counters,
+            self.state.versions.get if local else None,
+            lambda p, missing: p.key_hints.update(missing),
+        )
+        deferred = [p for p, _ in c.deferred]
+        if not c.accepted:
+            if c.stalled:
+                raise NeedKeys("re-reading target versions")
+            return deferred
+        b = self._prepare(c, plans, r, deferred)
+        if b.entry is None:
+            return b.deferred
+        csn = self._write(b, r)
+        self._finish(b, csn)
+        return deferred
+
+    def _read(self, members: list[Pending], local: bool) -> _Reading:
+        """Everything an attempt reads before deciding (see :class:`_Reading`)."""
         wanted: set[str] = set()
         for p in members:
             wanted |= self._initial_keys(p) | p.key_hints | self._read_keys(p)
@@ -519,189 +335,172 @@ class Committer:
         applied_before = self.state.applied
         # The table versions before any decision: a DDL applied while the batch is decided then
         # makes the multi's table checks fail instead of letting a stale decision through.
-        table_versions = {t: self._table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
+        table_versions = {t: self.ddl.table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
         incarnation = self.incarnation()  # the owner node's version every member must hold
         fence, condemned = self.fence.current()  # read before the files are verified
-        if local:
-            versions: dict[str, int | None] = {k: self.state.versions.get(k) for k in wanted}
-        else:
-            try:
-                versions = self.log.read_versions(sorted(wanted)) if wanted else {}
-            except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
-                self.zk_session.connected.wait(self.config.session_timeout)
-                raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
-            if versions:
-                self.follower.poke()
-            if versions and not self.state.wait_versions(versions, self.config.read_wait_seconds):
-                raise VersionMoved("this replica did not catch up with the targets' versions in time")
+        versions = self._target_versions(wanted, local)
         if self.state.failure is not None:
             raise self.state.failure
+        return _Reading(local, versions, read_counters, applied_before, table_versions, incarnation, fence, condemned)
 
-        accepted: list[tuple[Pending, Plan]] = []
-        counters_checked: dict[str, int] = {}
-        taken: set[str] = set()
-        dropping: set[str] = set()  # tables a member of the batch drops
-        writing: set[str] = set()  # tables the other members write
-        deferred: list[Pending] = []
-        in_batch: dict[tuple[str, str], list[Summary]] = defaultdict(list)  # target -> accepted members
-        held: set[str] = set()  # client sessions with an async commit deferred in this attempt
-        for p in members:
-            # One client's async commits get CSNs in the order it made them: once one of them
-            # waits for the next batch, so do its later ones (replicas/async_commits.py).
-            if deferred and deferred[-1].txn.async_session is not None:
-                held.add(deferred[-1].txn.async_session)
-            if p.txn.async_session in held:
-                deferred.append(p)
-                continue
-            try:
-                if incarnation_of(Tid.parse(p.txn.id)) != incarnation:
-                    raise TransactionAborted(
-                        f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.host_id} "
-                        "(its ZooKeeper session expired since): it can no longer commit",
-                        id=p.txn.id,
-                    )
-                plan = self._plan(p)
-                self._verify_files(p, plan, fence, condemned)
-                duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
-                if duplicate is not None:
-                    raise duplicate
-                self._check_reads(p)
-            except MergetxnError as exc:
-                self._fail(p, exc)
-                continue
-            app_keys = {app_key(a) for a in p.txn.apps}
-            reading = self._read_keys(p)
-            keys = set(plan.checked) | app_keys | reading
-            if local:
-                for k in keys - versions.keys():
-                    versions[k] = self.state.versions.get(k)
-            missing = {k for k in keys if k not in versions}
-            if missing:
-                p.key_hints |= missing
-                deferred.append(p)
-                continue
-            if reading and (reading & taken or {r.table for r in p.txn.reads} & (writing | dropping)):
-                # What a serializable member read is written by a member accepted before it: the
-                # next batch decides it against their commit.
-                deferred.append(p)
-                continue
-            if keys & taken and (app_keys & taken or not self._fits_beside(p.txn, plan.effect, in_batch)):
-                # An application's versions are decided one commit at a time: the next batch
-                # decides this one against the commit of the member that took its app key.
-                deferred.append(p)
-                continue
-            drops = {op.table for op in p.txn.ops if isinstance(op, DropTable)}
-            writes = {op.table for op in p.txn.ops} - drops
-            if drops & (dropping | writing) or writes & dropping:
-                deferred.append(p)  # a drop goes alone with its table: the next batch decides the rest
-                continue
-            dropping |= drops
-            writing |= writes
-            taken |= keys
-            if reading:
-                counters_checked.update(
-                    {counter_key(r.table): read_counters[counter_key(r.table)] for r in p.txn.reads}
+    def _target_versions(self, wanted: set[str], local: bool) -> dict[str, int | None]:
+        """The versions of the targets ``wanted``: as applied here (``local``), or read from
+        ZooKeeper, once this replica applied up to them."""
+        if local:
+            return {k: self.state.versions.get(k) for k in wanted}
+        try:
+            versions = self.log.read_versions(sorted(wanted)) if wanted else {}
+        except UNKNOWN_OUTCOME as exc:  # nothing written yet: wait for the session, go round again
+            self.zk_session.connected.wait(self.config.session_timeout)
+            raise VersionMoved(f"ZooKeeper connection lost while reading target versions: {quote(exc)}") from exc
+        if versions:
+            self.follower.poke()
+        if versions and not self.state.wait_versions(versions, self.config.read_wait_seconds):
+            raise VersionMoved("this replica did not catch up with the targets' versions in time")
+        return versions
+
+    def _summarize(self, p: Pending, r: _Reading, plans: dict[int, Plan]) -> Member | None:
+        """Plan a member against the state and summarise it for batching; None (and the member
+        failed) when it cannot commit."""
+        try:
+            if incarnation_of(Tid.parse(p.txn.id)) != r.incarnation:
+                raise TransactionAborted(
+                    f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.host_id} "
+                    "(its ZooKeeper session expired since): it can no longer commit",
+                    id=p.txn.id,
                 )
-            accepted.append((p, plan))
-            for (table, pkey), kinds in plan.effect.kinds.items():
-                in_batch[(table, pkey)].append(Summary(p.txn.id, frozenset(kinds), plan.effect.removed_in(table, pkey)))
-        if not accepted:
-            if deferred and len(deferred) == len(members):
-                raise NeedKeys("re-reading target versions")
-            return deferred
+            plan = self._plan(p)
+            self._verify_files(p, plan, r.fence, r.condemned)
+            duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
+            if duplicate is not None:
+                raise duplicate
+            self._check_reads(p)
+        except MergetxnError as exc:
+            self._fail(p, exc)
+            return None
+        plans[id(p)] = plan
+        return self._member(p, plan)
 
-        expected = {k: versions[k] for k in taken}
-        for k, v in list(expected.items()):
-            table, pkey = k.split("/", 1)[0], ("/" in k)
-            if pkey and v is None:  # a new partition node: the table-level version moves too
-                if local and table not in versions:
-                    versions[table] = self.state.versions.get(table)
-                expected[table] = versions.get(table)
-                if table not in versions:
-                    for p, _ in accepted:
-                        p.key_hints.add(table)
-                    raise NeedKeys(f"table-level version of {table}")
-        if local and expected:
-            with self.state.lock:  # no entry is half applied while this holds
-                if self.state.applied != applied_before:
-                    raise _LocalMiss("entries were applied while the batch was decided: deciding again")
-        # Every table written is checked at the version of the definition it was decided on, and
-        # a dropped one set past it: no commit decided before a DDL on its table happens after it.
-        tables: dict[str, tuple[int, bytes | None]] = {t: (table_versions[t], None) for t in writing}
-        ddl = []
-        for p, _ in accepted:
-            for op in p.txn.ops:
-                if isinstance(op, DropTable):
-                    v = table_versions[op.table]
-                    tables[op.table] = (v, TOMBSTONE)
-                    ddl.append(TableDropped(op.table, p.txn.id, v + 1))
+    def _member(self, p: Pending, plan: Plan) -> Member:
+        """The typed summary of a planned member (:class:`coordinator.core.batching.Member`)."""
+        txn, eff = p.txn, plan.effect
+        targets = eff.summaries(txn.id)
+        drops = tuple(op.table for op in txn.ops if isinstance(op, DropTable))
+        return Member(
+            txn.id,
+            checked=frozenset(plan.checked),
+            app_keys=frozenset(app_key(a) for a in txn.apps),
+            reading=frozenset(self._read_keys(p)),
+            read_tables=frozenset(r.table for r in txn.reads),
+            writes=frozenset({op.table for op in txn.ops} - set(drops)),
+            drops=drops,
+            targets=targets,
+            whole_tables=frozenset(eff.whole_tables),
+            policies=self._policies({t for t, _ in targets} | eff.whole_tables),
+            keys_written=self.key_conflicts.planned(txn.id),
+            async_session=txn.async_session,
+        )
+
+    def _prepare(self, c: Composition[Pending], plans: dict[int, Plan], r: _Reading, deferred: list[Pending]) -> _Batch:
+        """The multi of the accepted members: the versions it expects, its table checks and drop
+        tombstones, and its entry. ``entry`` None: members too large were failed, and the batch
+        is decided again without them (``deferred``: all but those)."""
+        accepted = [(p, plans[id(p)], m) for p, m in c.accepted]
+        expected = self._expected(c, r, accepted)
+        tables, drops = batching.table_writes([m for _, _, m in accepted], c.writing, r.table_versions)
         now = time.time()
-        txns = []
-        for p, plan in accepted:
-            data_change = any(k in DATA_CHANGING for ks in plan.effect.kinds.values() for k in ks) or any(
-                isinstance(op, DropTable) for op in p.txn.ops
-            )
-            txns.append(
-                TxnRecord(p.txn.id, now if data_change else None, tuple(plan.effect.changes()), dict(p.txn.apps))
-            )
+        txns = [
+            TxnRecord(p.txn.id, now if m.data_change else None, tuple(plan.effect.changes()), dict(p.txn.apps))
+            for p, plan, m in accepted
+        ]
         entry = LogEntry(
             time=now,
-            versions={k: (0 if v is None else v + 1) for k, v in expected.items()},
+            versions=batching.new_versions(expected),
             txns=tuple(txns),
-            ddl=tuple(ddl),
+            ddl=tuple(TableDropped(t, tid, v) for t, tid, v in drops),
         )
-        own = (entry, entry.encode())  # this replica applies its own commit from these
-        if len(own[1]) > self.config.max_commit_bytes:
-            too_large = self._too_large(accepted, txns)
+        encoded = entry.encode()  # this replica applies its own commit from these
+        if len(encoded) > self.config.max_commit_bytes:
+            too_large = self._too_large([p for p, _, _ in accepted], txns)
             if too_large:  # fail those, decide the others again (nothing was written yet)
-                return deferred + [p for p, _ in accepted if p not in too_large]
-        data = own[1]
-        data = self._spilled(data)
+                rest = deferred + [p for p, _, _ in accepted if all(p is not q for q in too_large)]
+                return _Batch([], rest)
+        written = {t: (v, TOMBSTONE if dropped else None) for t, (v, dropped) in tables.items()}
+        return _Batch(accepted, deferred, expected, written, entry, encoded, c.counters_checked, c.writing, c.dropping)
 
-        counters = (counters_checked, self._counters_bumped(writing, dropping))
+    def _expected(
+        self, c: Composition[Pending], r: _Reading, accepted: list[tuple[Pending, Plan, Member]]
+    ) -> dict[str, int | None]:
+        """The versions the multi expects of the targets taken (batching.expected_versions);
+        NeedKeys when a table-level version was not read, and local: the state did not move."""
+        local = self.state.versions.get if r.local else None
+        expected, table = batching.expected_versions(c.taken, r.versions, local)
+        if table is not None:
+            for p, _, _ in accepted:
+                p.key_hints.add(table)
+            raise NeedKeys(f"table-level version of {table}")
+        if r.local and expected and not self.state.unchanged_since(r.applied_before):
+            raise _LocalMiss("entries were applied while the batch was decided: deciding again")
+        return expected
+
+    def _write(self, b: _Batch, r: _Reading) -> int:
+        """The commit multi of batch ``b``, handed over to this replica's follower; its CSN, once
+        known even if the connection was lost during it (replicas/commit_outcome.py)."""
+        data = spilled(self.storage, b.encoded)
+        counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
         failpoints.hit("before_commit_multi")
         try:
             with self.follower.local_commit() as hand_over:
-                try:
-                    result = self.log.commit(
-                        data,
-                        expected,
-                        fence,
-                        owner=(self.log.replica_path(self.host_id), incarnation),
-                        tables=tables,
-                        counters=counters,
-                    )
-                except TableMoved as exc:
-                    self._catch_up_tables(exc.tables)  # then decide again on the definitions as they are
-                    raise
-                except OwnerFenced as exc:
-                    raise _Fenced(incarnation, str(exc)) from exc
-                except FenceMoved as exc:
-                    self.fence.refresh()  # then every staged file is verified again
-                    raise VersionMoved(str(exc)) from exc
-                except VersionMoved as exc:
-                    if local and expected:
-                        raise _LocalMiss(str(exc)) from exc
-                    raise
-                hand_over(result.epoch, result.seq, data, own)  # WAL + apply, here if it can
+                result = self._multi(data, b, r, counters)
+                hand_over(result.epoch, result.seq, data, (b.entry, b.encoded))  # WAL + apply, here if it can
         except UNKNOWN_OUTCOME as exc:
-            csn = self._resolve_outcome(accepted[0][0].txn.id, exc)
+            csn = self.answers.resolve(b.accepted[0][0].txn.id, exc)
             if csn is None:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
-        else:
-            csn = result.csn
+            return csn
+        return result.csn
+
+    def _multi(self, data: bytes, b: _Batch, r: _Reading, counters: tuple[dict[str, int], set[str]]) -> CommitResult:
+        """:meth:`CsnLog.commit` of the batch, its refusals turned into what the retry loop does
+        next: decide again (after catching up on the tables, or re-verifying the files), or
+        stop (fenced)."""
+        try:
+            return self.log.commit(
+                data,
+                b.expected,
+                r.fence,
+                owner=(self.log.replica_path(self.host_id), r.incarnation),
+                tables=b.tables,
+                counters=counters,
+            )
+        except TableMoved as exc:
+            self.ddl.catch_up_tables(exc.tables)  # then decide again on the definitions as they are
+            raise
+        except OwnerFenced as exc:
+            raise _Fenced(r.incarnation, str(exc)) from exc
+        except FenceMoved as exc:
+            self.fence.refresh()  # then every staged file is verified again
+            raise VersionMoved(str(exc)) from exc
+        except VersionMoved as exc:
+            if r.local and b.expected:
+                raise _LocalMiss(str(exc)) from exc
+            raise
+
+    def _finish(self, b: _Batch, csn: int) -> None:
+        """Answer the members of a committed batch, once it is applied here; delete the files
+        their plans staged and no longer need."""
         failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/faults/test_sessions.py)
         self.state.wait_applied(csn, self.config.read_wait_seconds)
         self.batches += 1
         log.info(
             "committed a batch of %d transaction(s) at CSN %d: %s%s",
-            len(accepted),
+            len(b.accepted),
             csn,
-            ", ".join(p.txn.id if p.txn is not None else "?" for p, _ in accepted[:5]),
-            ", ..." if len(accepted) > 5 else "",
+            ", ".join(p.txn.id if p.txn is not None else "?" for p, _, _ in b.accepted[:5]),
+            ", ..." if len(b.accepted) > 5 else "",
         )
         now = time.monotonic()
-        for p, plan in accepted:
+        for p, plan, _ in b.accepted:
             self.committed += 1
             self.stats.observe(now - p.queued)
             self.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
@@ -709,7 +508,6 @@ class Committer:
                 if meta.name not in plan.effect.added:
                     delete_part(self.storage, meta.path)
             p.resolve(csn)
-        return deferred
 
     def _verify_files(self, p: Pending, plan: Plan, fence: int, condemned: frozenset[str]) -> None:
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
@@ -739,32 +537,17 @@ class Committer:
             )
         p.files_verified_at = fence
 
-    def _resolve_outcome(self, tid: str, exc: Exception) -> int | None:
-        """After a lost connection: did our multi commit? Answer only once we know."""
-        log.warning("connection lost during commit multi (%r); looking up %s in the log", exc, tid)
-        zk = self.log.zk
-        for attempt in retries.log_lookup():
-            with attempt:
-                if not zk.connected:
-                    raise ConnectionLoss("waiting for ZooKeeper")
-                zk.sync(self.log.log_path())
-                self.follower.pull()
-        csn = self.state.tid_csn.get(tid)
-        if csn is None and self.zk_session.lost.is_set():
-            raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
-        return csn
-
-    def _too_large(self, accepted: list[tuple[Pending, Plan]], txns: list[TxnRecord]) -> list[Pending]:
+    def _too_large(self, accepted: list[Pending], txns: list[TxnRecord]) -> list[Pending]:
         """Fail the members whose record in the entry is over ``max_commit_bytes`` (what one
         commit adds to the log and to every WAL) with InvalidInput naming the setting; return
         them. A batch of members each under the limit commits whatever its total."""
         limit = self.config.max_commit_bytes
+        sizes = [len(jsonwire.dumps(rec.to_dict())) for rec in txns]
         failed = []
-        for (p, _), rec in zip(accepted, txns):
-            size = len(jsonwire.dumps(rec.to_dict()))
-            if size > limit:
-                self._fail(p, commit_too_large(f"transaction {p.txn.id}", size, limit, id=p.txn.id))
-                failed.append(p)
+        for i in batching.oversized(sizes, limit):
+            p = accepted[i]
+            self._fail(p, commit_too_large(f"transaction {p.txn.id}", sizes[i], limit, id=p.txn.id))
+            failed.append(p)
         return failed
 
     def _fail(self, p: Pending, exc: Exception) -> None:
@@ -772,9 +555,7 @@ class Committer:
             exc.details.get("kind") if isinstance(exc, ConflictError) else None, conflict=isinstance(exc, ConflictError)
         )
         if p.txn is not None:
-            with p.txn.lock:
-                p.txn.state = TxnState.RUNNING  # let abort() clean it up
-            self.transactions.abort(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
+            self.transactions.commit_failed(p.txn, str(exc), "conflict" if isinstance(exc, ConflictError) else "failed")
             for meta in p.extra_files:
                 delete_part(self.storage, meta.path)
         p.resolve(error=exc)
@@ -880,15 +661,6 @@ class Committer:
         targets = whole_table_targets(policies, eff.whole_tables, list(self.state.conflict_history))
         return any(self.state.winners(t, pk, txn.snapshot) for t, pk in targets)
 
-    def _fits_beside(self, txn: RunningTxn, eff: Effect, in_batch: dict[tuple[str, str], list[Summary]]) -> bool:
-        """Whether a member whose checked targets members already accepted into this batch also
-        touch may share their multi (:func:`coordinator.core.conflicts.fits_beside`)."""
-        summaries = eff.summaries(txn.id)
-        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
-        if self.key_conflicts.shares_target(policies, summaries, in_batch):
-            return False  # keys: a key in common is decided against the committed state, in the next batch
-        return fits_beside(policies, summaries, eff.whole_tables, in_batch)
-
     # -- serializable transactions (coordinator/core/readsets.py) ------------------------------------
     @staticmethod
     def _serializable(p: Pending) -> bool:
@@ -956,29 +728,7 @@ class Committer:
             return
         txn = p.txn
         tables = {r.table for r in txn.reads}
-        touched: list[Touch] = []
-        with self.state.lock:
-            compacted, changed = set(), set()  # tids that only compacted these tables, and others
-            for (t, _), events in self.state.conflict_history.items():
-                if t in tables:
-                    for csn, s in events:
-                        if csn > txn.snapshot:
-                            (compacted if s.kinds <= COMPACTIONS else changed).add(s.tid)
-            compactions = compacted - changed
-            for t in tables:
-                for name in self.state.by_table.get(t, ()):
-                    rec = self.state.parts.get(name)
-                    if rec is None:
-                        continue
-                    m = rec.meta
-                    if rec.creation_csn > txn.snapshot and m.creation_tid not in compactions:
-                        touched.append(Touch(m.creation_tid, rec.creation_csn, t, name, m.partition, m.stats, True))
-                    if (
-                        rec.removal_csn is not None
-                        and rec.removal_csn > txn.snapshot
-                        and rec.removal_tid not in compactions
-                    ):
-                        touched.append(Touch(rec.removal_tid, rec.removal_csn, t, name, m.partition, m.stats, False))
+        touched = self.state.read_set_touches(tables, txn.snapshot)
         lost = check_reads(txn.id, txn.reads, touched, self._shapes(tables))
         if lost is not None:
             raise lost

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 
-from coordinator.core import keytables
+from coordinator.core import batching, keytables
 from coordinator.core.conflicts import Policy, Summary
 from coordinator.core.errors import ConflictError, ConflictKind, quote
 from coordinator.core.tabledata import partition_key
@@ -116,6 +116,12 @@ class KeyConflicts:
             if meta.creation_tid != tid
         ]
 
+    def planned(self, tid: str) -> Mapping[tuple[str, str], frozenset[tuple]] | None:
+        """The keys ``tid`` writes or locks per keys target, as its last check found them (None:
+        not checked, as a transaction of atomicity "none"): what the committer compares the
+        members of one batch by (coordinator/core/batching.py, shares_keys)."""
+        return self._planned.get(tid)
+
     def shares_target(
         self,
         policies: Mapping[str, Policy],
@@ -125,14 +131,5 @@ class KeyConflicts:
         """Whether a member (``targets``: its summaries per target) must wait for the next batch
         because it has a key in common with a member already accepted into the batch on a keys
         target they both write (or the keys of either are not known here)."""
-        for target, mine in targets.items():
-            if policies.get(target[0]) is not Policy.KEYS or target not in in_batch:
-                continue
-            my_keys = self._planned.get(mine.tid, {}).get(target)
-            if my_keys is None:
-                return True
-            for other in in_batch[target]:
-                theirs = self._planned.get(other.tid, {}).get(target)
-                if theirs is None or not my_keys.isdisjoint(theirs):
-                    return True
-        return False
+        mine = self.planned(next(iter(targets.values())).tid) if targets else None
+        return batching.shares_keys(policies, targets, mine, in_batch, self.planned)

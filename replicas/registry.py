@@ -596,6 +596,14 @@ class Transactions:
             self._abort_locked(txn, reason, [], kind)
         return True
 
+    def commit_failed(self, txn: RunningTxn, reason: str, kind: str) -> None:
+        """The committer refused ``txn``'s commit or could not get it through: it ends aborted like
+        a running one (abort() leaves a COMMITTING transaction alone), its own staged files
+        deleted."""
+        with txn.lock:
+            if txn.state in (TxnState.RUNNING, TxnState.COMMITTING):
+                self._abort_locked(txn, reason, [], kind)
+
     def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[StagedOp], kind: str | None = None) -> None:
         txn.state, txn.reason = TxnState.ABORTED, reason
         kind = kind or abort_kind(reason)

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
-from coordinator.core.conflicts import Kind, Summary
+from coordinator.core.conflicts import COMPACTIONS, Kind, Summary
 from coordinator.core.errors import CorruptMetadata
+from coordinator.core.readsets import Touch
 from coordinator.core.tabledata import partition_key
 from coordinator.core.visibility import is_visible
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
@@ -758,3 +759,40 @@ class ReplicaState:
             recs = [self.parts[n] for n in self.by_table.get(table, ())]
             history = {pk: list(ev) for (t, pk), ev in self.conflict_history.items() if t == table}
         return recs, history
+
+    # -- for the group committer (replicas/committer.py): what it read under this state's lock,
+    # behind methods so that the lock is taken here only, and a batch is decided on one view.
+    def unchanged_since(self, applied: int) -> bool:
+        """Whether no entry was applied since the applied CSN was ``applied`` (none is half
+        applied while the lock is held): a batch decided on local versions is still current."""
+        with self.lock:
+            return self.applied == applied
+
+    def read_set_touches(self, tables: set[str], snapshot: int) -> list[Touch]:
+        """Every part of ``tables`` added or removed by a commit after ``snapshot``, except by
+        transactions that only compacted these tables (they change no row): what a serializable
+        transaction's read set is checked against (coordinator/core/readsets.py, check_reads)."""
+        touched: list[Touch] = []
+        with self.lock:
+            compacted, changed = set(), set()  # tids that only compacted these tables, and others
+            for (t, _), events in self.conflict_history.items():
+                if t in tables:
+                    for csn, s in events:
+                        if csn > snapshot:
+                            (compacted if s.kinds <= COMPACTIONS else changed).add(s.tid)
+            compactions = compacted - changed
+            for t in tables:
+                for name in self.by_table.get(t, ()):
+                    rec = self.parts.get(name)
+                    if rec is None:
+                        continue
+                    m = rec.meta
+                    if rec.creation_csn > snapshot and m.creation_tid not in compactions:
+                        touched.append(Touch(m.creation_tid, rec.creation_csn, t, name, m.partition, m.stats, True))
+                    if (
+                        rec.removal_csn is not None
+                        and rec.removal_csn > snapshot
+                        and rec.removal_tid not in compactions
+                    ):
+                        touched.append(Touch(rec.removal_tid, rec.removal_csn, t, name, m.partition, m.stats, False))
+        return touched

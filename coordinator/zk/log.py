@@ -55,9 +55,9 @@ import logging
 import select
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
 
@@ -94,6 +94,23 @@ class OwnerFenced(Exception):
     """The owner node moved past the incarnation the commit was made under: this replica
     restarted, re-registered after a lost session, or another replica decided its transactions
     (replicas/outcomes.py). The multi did not happen and must not be retried."""
+
+
+@dataclass(frozen=True)
+class Multi:
+    """What a commit multi checks and writes besides its entry (see :meth:`CsnLog.commit`).
+
+    ``owner``: the owner node's path and the incarnation it must hold; ``fence``: the orphan
+    fence's version; ``tables``: per table node (version, data): data None checks it at the
+    version, else sets it (version None: creates it); ``targets``: per target its expected
+    version (None: create it); ``counters``: write counters checked at a version, then those
+    bumped whatever their version."""
+
+    owner: tuple[str, int] | None = None
+    fence: int | None = None
+    tables: Mapping[str, tuple[int | None, bytes | None]] = field(default_factory=dict)
+    targets: Mapping[str, int | None] = field(default_factory=dict)
+    counters: tuple[Mapping[str, int], Iterable[str]] = ({}, ())
 
 
 @dataclass(frozen=True)
@@ -297,60 +314,96 @@ class CsnLog:
         before answering anybody.
         """
         epoch = self.current_epoch()
-        t = self.zk.transaction()
-        if owner is not None:
-            t.check(owner[0], owner[1])
-        if fence is not None:
-            t.check(self.fence_path(), fence)
-        table_ops = sorted((tables or {}).items())
-        for name, (version, data) in table_ops:  # a DDL sets it (data), a write checks it
-            if data is None:
-                t.check(self.table_path(name), version)
-            else:
-                t.set_data(self.table_path(name), data, version=version)
-        for key, version in sorted(expected.items()):
-            path = self.target_path(key)
-            if version is None:
-                t.create(path, TARGET_BODY)
-            else:
-                t.set_data(path, TARGET_BODY, version=version)
-        for key, version in sorted(counters[0].items()):  # checked before this multi bumps any
-            t.check(self.target_path(key), version)
-        for key in sorted(set(counters[1])):
-            t.set_data(self.target_path(key), TARGET_BODY, version=-1)
-        t.check(self.epoch_path(epoch), 0)
-        t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
+        multi = Multi(owner, fence, tables or {}, expected, counters)
+        table_ops = sorted(multi.tables.items())
+        t = self.multi(multi, epoch, entry)
         results = t.commit()
-        failures = [r for r in results if isinstance(r, Exception)]
-        if failures:
-            real = [r for r in failures if isinstance(r, (BadVersionError, NodeExistsError, NoNodeError))]
-            if not real:
-                raise failures[0]
-            first = 0
-            if owner is not None:
-                if isinstance(results[0], (BadVersionError, NoNodeError)):
-                    raise OwnerFenced(f"owner node {owner[0]} moved past version {owner[1]}")
-                first = 1
-            if fence is not None:
-                if isinstance(results[first], (BadVersionError, NoNodeError)):
-                    raise FenceMoved(f"the orphan fence moved past version {fence}")
-                first += 1
-            moved = [
-                name
-                for (name, _), r in zip(table_ops, results[first : first + len(table_ops)])
-                if isinstance(r, (BadVersionError, NoNodeError))
-            ]
-            if moved:
-                raise TableMoved(f"a DDL changed table(s) {moved} since the commit was decided", moved)
-            # The epoch check is the op just before the create; a miss there means sealed.
-            if isinstance(results[-2], (BadVersionError, NoNodeError)):
-                self.current_epoch(refresh=True)
-            raise VersionMoved(str(real[0]))
+        if any(isinstance(r, Exception) for r in results):
+            self._refused(results, owner, fence, table_ops)
         created = results[-1]
         seq = seq_of_node(created.rsplit("/", 1)[1])
         if epoch_full(seq, self.epoch_size):
             self.seal(epoch)
         versions = {k: (0 if v is None else v + 1) for k, v in expected.items()}
+        return CommitResult(csn_of(epoch, seq), epoch, seq, versions)
+
+    def _refused(
+        self,
+        results: list,
+        owner: tuple[str, int] | None,
+        fence: int | None,
+        table_ops: list[tuple[str, tuple[int | None, bytes | None]]],
+    ) -> None:
+        """Raise what a failed commit multi means, read from its results in the order
+        :meth:`multi` built it (see :meth:`commit`)."""
+        failures = [r for r in results if isinstance(r, Exception)]
+        real = [r for r in failures if isinstance(r, (BadVersionError, NodeExistsError, NoNodeError))]
+        if not real:
+            raise failures[0]
+        first = 0
+        if owner is not None:
+            if isinstance(results[0], (BadVersionError, NoNodeError)):
+                raise OwnerFenced(f"owner node {owner[0]} moved past version {owner[1]}")
+            first = 1
+        if fence is not None:
+            if isinstance(results[first], (BadVersionError, NoNodeError)):
+                raise FenceMoved(f"the orphan fence moved past version {fence}")
+            first += 1
+        moved = [
+            name
+            for (name, _), r in zip(table_ops, results[first : first + len(table_ops)])
+            if isinstance(r, (BadVersionError, NoNodeError))
+        ]
+        if moved:
+            raise TableMoved(f"a DDL changed table(s) {moved} since the commit was decided", moved)
+        # The epoch check is the op just before the create; a miss there means sealed.
+        if isinstance(results[-2], (BadVersionError, NoNodeError)):
+            self.current_epoch(refresh=True)
+        raise VersionMoved(str(real[0]))
+
+    def multi(self, m: Multi, epoch: int, entry: bytes) -> TransactionRequest:
+        """The one builder of a commit multi, data commits' and DDL's alike, in this order: the
+        owner check, the fence check, the table nodes (sorted by name), the targets, the write
+        counters checked then bumped, the epoch check and the entry (a sequential node under
+        ``epoch``). :meth:`commit` reads the failures by that order."""
+        t = self.zk.transaction()
+        if m.owner is not None:
+            t.check(m.owner[0], m.owner[1])
+        if m.fence is not None:
+            t.check(self.fence_path(), m.fence)
+        for name, (version, data) in sorted(m.tables.items()):  # a DDL sets or creates it, a write checks it
+            if data is None:
+                t.check(self.table_path(name), version)
+            elif version is None:
+                t.create(self.table_path(name), data)
+            else:
+                t.set_data(self.table_path(name), data, version=version)
+        for key, target_version in sorted(m.targets.items()):
+            path = self.target_path(key)
+            if target_version is None:
+                t.create(path, TARGET_BODY)
+            else:
+                t.set_data(path, TARGET_BODY, version=target_version)
+        for key, counter_version in sorted(m.counters[0].items()):  # checked before this multi bumps any
+            t.check(self.target_path(key), counter_version)
+        for key in sorted(set(m.counters[1])):
+            t.set_data(self.target_path(key), TARGET_BODY, version=-1)
+        t.check(self.epoch_path(epoch), 0)
+        t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
+        return t
+
+    def append_ddl(self, entry: bytes, m: Multi) -> CommitResult:
+        """The commit point of a DDL: ``m`` (its table node and new target) and the entry in one
+        multi (:meth:`multi`). Any failure is VersionMoved (decide again), with the epoch re-read."""
+        epoch = self.current_epoch()
+        results = self.multi(m, epoch, entry).commit()
+        if any(isinstance(r, Exception) for r in results):
+            self.current_epoch(refresh=True)
+            raise VersionMoved(str(results))
+        seq = int(results[-1].rsplit("-", 1)[1])
+        if epoch_full(seq, self.epoch_size):
+            self.seal(epoch)
+        versions = {k: (0 if v is None else v + 1) for k, v in m.targets.items()}
         return CommitResult(csn_of(epoch, seq), epoch, seq, versions)
 
     # -- reading the log -------------------------------------------------------------------
