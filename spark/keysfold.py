@@ -2,8 +2,8 @@
 
 ``read_table`` (spark/native.py) gives this the part files visible at the snapshot. Spark reads
 them all (the table's columns plus ``_op``, ``_seq``, ``_cols`` and a compaction's ``_ver``),
-each row's version is its ``_ver`` or else its file's creation CSN (a broadcast join on the file
-name), read locks are dropped, and one aggregation per key folds the rest exactly as
+each row's version is its ``_ver`` or else its file's creation CSN (looked up by the file's
+name in a map literal), read locks are dropped, and one aggregation per key folds the rest exactly as
 :func:`coordinator.core.keyfold.merge` does:
 
 * the row exists when the key's last version (by version, then ``_seq``) is not a DELETE;
@@ -15,10 +15,9 @@ is null elsewhere, and ``max_by`` skips null orderings). Why not the usual
 ``row_number() over (partition by key order by version desc, _seq desc) = 1``: that picks one
 whole row, and an UPDATE row holds only the columns it wrote (the rest null in the file), so the
 latest row alone is wrong whenever it is an UPDATE; the column carried forward from an earlier
-PUT needs a per-column pick, which the aggregation does in the same one shuffle (and with
-partial aggregation before it, where a window sorts every version). ``mapInArrow`` over
-key-range partitions calling keyfold would be right too, but moves every version through Python
-workers: the cost this path exists to avoid.
+PUT needs a per-column pick, which the aggregation makes in the one shuffle by key that a
+window takes too. ``mapInArrow`` over key-range partitions calling keyfold would be right as
+well, but moves every version through Python workers: the cost this path exists to avoid.
 
 A filter on the result is pushed by Catalyst below the aggregation when it is on key columns
 (grouping columns) and so into the Parquet scan; on other columns it applies after the fold, as
@@ -37,7 +36,6 @@ from parts.model.meta import PartMeta
 from spark.schema import spark_schema
 
 _V = "_mergetxn_v"
-_FILE = "_mergetxn_file"
 _CSN = "_mergetxn_csn"
 _WROTE = "_mergetxn_wrote"
 
@@ -68,22 +66,22 @@ def read_folded(
     """One row per key of the parts ``metas`` (files at ``paths``; ``csns``: part name ->
     creation CSN) as a DataFrame in the table's schema, read and folded by Spark."""
     from pyspark.sql import functions as F
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
 
     if not paths:
         return session.createDataFrame([], spark_schema(tdef.schema))
     reader = session.read.schema(versions_schema(tdef))
     for k, v in options.items():
         reader = reader.option(k, v)
-    raw = reader.parquet(*paths).withColumn(_FILE, F.col("_metadata.file_name"))
     missing = [m.name for m in metas if m.name not in csns]
     if missing:
         raise CorruptMetadata(f"mergetxn: the replica gave no creation CSN for part(s) {missing[:3]}")
-    order = [(p.rsplit("/", 1)[-1], int(csns[m.name])) for m, p in zip(metas, paths)]
-    names = session.createDataFrame(
-        order, StructType([StructField(_FILE, StringType(), False), StructField(_CSN, LongType(), False)])
+    # A part's creation CSN by its file name (part names are unique): a map literal, no join.
+    by_name = F.create_map(*(F.lit(x) for m, p in zip(metas, paths) for x in (p.rsplit("/", 1)[-1], int(csns[m.name]))))
+    versions = (
+        reader.parquet(*paths)
+        .where(F.col(OP) < F.lit(LOCK_STRONG))
+        .withColumn(_CSN, F.element_at(by_name, F.col("_metadata.file_name")).cast("long"))
     )
-    versions = raw.where(F.col(OP) < F.lit(LOCK_STRONG)).join(F.broadcast(names), on=_FILE, how="inner")
     at = F.struct(F.coalesce(F.col(VER), F.col(_CSN)).alias("v"), F.col(SEQ).alias("s"))
     versions = versions.select(
         *tdef.schema.names,
