@@ -82,7 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="keys_scan_") as tmp, LocalCluster(Path(tmp) / "c", replicas=1) as cl:
         c = cl.client(0)
         c.create_table(
-            TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False, txn_max_rows=2 * args.keys
+            TABLE,
+            SCHEMA,
+            primary_key=("k",),
+            conflict_policy="keys",
+            auto_merge=False,
+            txn_max_rows=2 * args.keys,
+            txn_max_seconds=7200,
         )
         t0 = time.perf_counter()
         order = pc.sort_indices(pc.random(args.keys, initializer=24)).cast(pa.int64())  # shuffled keys

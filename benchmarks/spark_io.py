@@ -183,7 +183,13 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
     )
     table = f"keys_{rows}"
     client.create_table(
-        table, schema, primary_key=("id",), conflict_policy="keys", auto_merge=False, txn_max_rows=2 * rows
+        table,
+        schema,
+        primary_key=("id",),
+        conflict_policy="keys",
+        auto_merge=False,
+        txn_max_rows=2 * rows,
+        txn_max_seconds=7200,
     )
     order = pc.sort_indices(pc.random(rows, initializer=7)).cast(pa.int64())
     step = -(-rows // 4)
