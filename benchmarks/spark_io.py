@@ -23,7 +23,15 @@ the Python workers as Arrow for any Python data source, and on two cores that co
 costs more than Spark's own Parquet writer and reader; ``mergetxn / plainpq`` is the price of
 transactions on top of it.
 
+A keys table (issue 24 item 2, ``--keys-rows N``; ``--only-keys`` runs it alone): N keys
+loaded by the client in 4 commits plus 2 update-mode upserts of 5% of the keys (auto merge off,
+so a read folds 1.1 N versions), read with ``spark.read_table`` (Spark's Parquet reader, the fold
+in Spark: spark/keysfold.py), against ``spark.read.parquet`` of the folded rows (``client.read``
+written as Parquet, 4 files) and against the data source (the fold in Python workers: what
+``read_table`` of a keys table fell back to before); target ``read_table / parquet`` <= 1.5x.
+
     .venv/bin/python benchmarks/spark_io.py [--rows 1000000,5000000] [--repeat 3] [--master local[2]]
+                                            [--keys-rows 1000000] [--only-keys]
                                             [--out benchmarks/results/spark_io.json]
 """
 
@@ -162,14 +170,92 @@ def timed(fn, roots: list[int]) -> tuple[float, float]:
     return time.perf_counter() - start, tree_cpu(roots) - cpu
 
 
+def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[int]) -> dict:
+    """The keys-table read case (see the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    import spark as mergetxn_spark
+
+    schema = pa.schema(
+        [pa.field("id", pa.int64(), nullable=False), ("k", pa.int32()), ("v", pa.float64()), ("s", pa.string())]
+    )
+    table = f"keys_{rows}"
+    client.create_table(
+        table,
+        schema,
+        primary_key=("id",),
+        conflict_policy="keys",
+        auto_merge=False,
+        txn_max_rows=2 * rows,
+        txn_max_seconds=7200,
+    )
+    order = pc.sort_indices(pc.random(rows, initializer=7)).cast(pa.int64())
+    step = -(-rows // 4)
+    for at in range(0, rows, step):
+        ids = order.slice(at, step)
+        data = pa.table(
+            {
+                "id": ids,
+                "k": pc.cast(pc.divide(ids, 1000), pa.int32()),
+                "v": pc.random(len(ids), initializer=at),
+                "s": pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), ""),
+            },
+            schema=schema,
+        )
+        with client.transaction() as tx:
+            tx.insert(table, data)
+    for i in range(2):
+        ids = pc.sort_indices(pc.random(rows, initializer=100 + i)).cast(pa.int64()).slice(0, rows // 20)
+        with client.transaction() as tx:
+            tx.upsert(table, pa.table({"id": ids, "v": pc.random(len(ids), initializer=i)}), update=True)
+    folded = client.read(table)
+    path = work / f"folded_{rows}"
+    path.mkdir()
+    for i, piece in enumerate(range(0, folded.num_rows, -(-folded.num_rows // 4))):
+        pq.write_table(folded.slice(piece, -(-folded.num_rows // 4)), path / f"{i}.parquet", compression="zstd")
+    del folded
+    noop = lambda df: df.write.format("noop").mode("overwrite").save()  # noqa: E731
+    noop(mergetxn_spark.read_table(session, table))  # warm-up
+    noop(session.read.parquet(str(path)))
+    runs: dict[str, list[tuple[float, float]]] = {"read_table": [], "parquet": [], "data_source": []}
+    for _ in range(repeat):
+        runs["read_table"].append(timed(lambda: noop(mergetxn_spark.read_table(session, table)), roots))
+        runs["parquet"].append(timed(lambda: noop(session.read.parquet(str(path))), roots))
+        runs["data_source"].append(timed(lambda: noop(session.read.format("mergetxn").load(table)), roots))
+    assert mergetxn_spark.read_table(session, table).count() == rows
+    wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
+    cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
+    out = {
+        "wall": {k: round(v, 3) for k, v in wall.items()},
+        "cpu": {k: round(v, 3) for k, v in cpu.items()},
+        "read_table_ratio": round(wall["read_table"] / wall["parquet"], 3),
+        "read_table_cpu_ratio": round(cpu["read_table"] / cpu["parquet"], 3),
+        "data_source_ratio": round(wall["data_source"] / wall["parquet"], 3),
+        "parts": client.parts(table).filter(pc.field("visible")).num_rows,
+        "load_average": os.getloadavg(),
+        "runs": runs,
+    }
+    print(
+        f"keys table {rows:,} keys: read_table {wall['read_table']:.2f}s, parquet of the folded rows "
+        f"{wall['parquet']:.2f}s ({out['read_table_ratio']:.2f}x, CPU {out['read_table_cpu_ratio']:.2f}x), "
+        f"data source {wall['data_source']:.2f}s ({out['data_source_ratio']:.2f}x)",
+        flush=True,
+    )
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", default="1000000,5000000")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--master", default="local[2]")
+    p.add_argument("--keys-rows", type=int, default=0, help="keys of the keys-table case (0: skip it)")
+    p.add_argument("--only-keys", action="store_true", help="run the keys-table case alone")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spark_io.json"))
     a = p.parse_args()
-    sizes = [int(x) for x in a.rows.split(",") if x]
+    sizes = [] if a.only_keys else [int(x) for x in a.rows.split(",") if x]
 
     import pyarrow as pa
     from pyspark.sql import SparkSession
@@ -314,6 +400,8 @@ def main() -> None:
                     f"({r['native_read_ratio']:.2f}x)",
                     flush=True,
                 )
+            if a.keys_rows:
+                results["keys"] = keys_case(session, client, work, a.keys_rows, a.repeat, roots)
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)

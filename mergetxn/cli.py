@@ -1354,25 +1354,27 @@ def read(
     if fmt == "table" and output is not None:
         raise InvalidInput("--format table prints to the terminal; give csv, json or parquet with --output")
     with connected(replica) as client, client.scan(table_name, snapshot=snapshot, as_of=when) as (snap, metas, parts):
-        if client.table_at(table_name, snap).conflict_policy is Policy.KEYS:
-            parts = list(parts)  # versions fold per partition: the row count is known after
-            total = sum(t.num_rows for t in parts)
-        else:
-            total = sum(m.rows for m in metas)
+        # A keys table's versions fold by partition and key range as they stream (bounded
+        # memory): its row count is known only at the end.
+        keys = client.table_at(table_name, snap).conflict_policy is Policy.KEYS
+        total: int | None = None if keys else sum(m.rows for m in metas)
         at = f"at snapshot {snap}" if when is None else f"as of {when.isoformat()}"
         if fmt == "table":
             shown: list[pa.Table] = []
-            have = 0
+            have = seen = 0
             for data in parts:
-                if have >= limit:
+                seen += data.num_rows
+                if have < limit:
+                    shown.append(data.slice(0, limit - have))
+                    have += shown[-1].num_rows
+                elif not keys:
                     break
-                shown.append(data.slice(0, limit - have))
-                have += shown[-1].num_rows
+            count = seen if keys or total is None else total
             schema = client.table_at(table_name, snap).schema
             out = console()
             out.print(arrow_table(pa.concat_tables(shown) if shown else schema.empty_table()))
-            more = f" (showing {limit})" if total > limit else ""
-            out.print(f"{total} rows of {escape(table_name)} {at}{more}")
+            more = f" (showing {limit})" if count > limit else ""
+            out.print(f"{count} rows of {escape(table_name)} {at}{more}")
             return
         schema = client.table_at(table_name, snap).schema
         rows = write_rows(parts, schema, fmt, output, total)

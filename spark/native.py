@@ -31,9 +31,11 @@ Spark's filesystem (Hadoop's) reaches a local directory; it cannot reach storage
 opens with fsspec/s3fs (``s3://``) unless Hadoop's S3 connector (``s3a://``) is on Spark's class
 path with the same credentials, which this module does not configure. For any storage that is not
 a local directory, and for tables Spark's Parquet reader cannot read as they are (nanosecond
-timestamps, unsigned 64-bit integers, renamed columns) and for keys tables (versions folded per
-key), both functions say why (a warning) and take the data source path, with the same
-guarantees.
+timestamps, unsigned 64-bit integers, renamed columns), both functions say why (a warning) and
+take the data source path, with the same guarantees. A keys table's parts hold versions:
+``read_table`` reads them with Spark's Parquet reader too and folds them per key in Spark
+(spark/keysfold.py); ``write_table`` of a keys table takes the data source path (its rows become
+versions with hidden columns).
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from coordinator.core.tabledata import json_scalar, may_match, validate_name
 from coordinator.model.catalog import Policy, TableDef
 from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
 from parts.model.meta import PartMeta
+from spark import keysfold
 from spark.schema import check_write_schema, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
@@ -113,12 +116,13 @@ def _client(address: str):
         raise errors.ReplicaUnavailable(f"mergetxn: cannot reach replica {address}: {exc.message}") from None
 
 
-def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = ()) -> str | None:
-    """Why Spark's own Parquet reader/writer cannot serve this table here (None: it can)."""
-    if tdef.conflict_policy is Policy.KEYS:
+def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = (), write: bool = False) -> str | None:
+    """Why Spark's own Parquet reader (writer, with ``write``) cannot serve this table here (None:
+    it can). A keys table is read so (its versions folded in Spark: spark/keysfold.py), not
+    written: its rows become versions with hidden columns."""
+    if write and tdef.conflict_policy is Policy.KEYS:
         return (
-            "it is a keys table (conflict_policy='keys'): its parts hold versions, folded per key "
-            "on read and written with their hidden columns"
+            "it is a keys table (conflict_policy='keys'): its rows are written as versions, with their hidden columns"
         )
     if not storage.is_local:
         return (
@@ -280,7 +284,10 @@ def read_table(
             df = df if not terms else df.where(_spark_where(terms))
             hold.attach(df, snap, [m.name for m in metas])
             return df
-        expr = _arrow_where(terms)
+        keys = tdef.conflict_policy is Policy.KEYS
+        # A keys table's parts hold versions: only its partition values rule a part out (a newer
+        # version in another part may move a row out of a filter on any other column).
+        expr = _arrow_where([t for t in terms if not keys or t[0] in tdef.partition_by])
         if expr is not None:
             metas = [
                 m
@@ -293,7 +300,11 @@ def read_table(
         paths = [os.path.join(root, *m.path.split("/")) for m in metas]
         verify_footers(metas, paths)
         schema = spark_schema(tdef.schema)
-        if paths:
+        if keys:  # versions folded per key by Spark (spark/keysfold.py)
+            df = keysfold.read_folded(
+                session, tdef, metas, ["file://" + p for p in paths], r.get("csns") or {}, VERIFY_PAGES
+            )
+        elif paths:
             reader = session.read.schema(schema)
             for k, v in VERIFY_PAGES.items():
                 reader = reader.option(k, v)
@@ -465,7 +476,7 @@ def write_table(
                     f"mergetxn: unknown table {table!r} (replica {address}): {exc.message}", table=table
                 ) from None
             check_write_schema(tdef, df.schema)
-            why = _blocker(client.storage, tdef)
+            why = _blocker(client.storage, tdef, write=True)
             if why is not None:
                 _fallback("write_table", why)
                 (df.write.format("mergetxn").option("replica", address).option("txn", tx.id).mode(mode).save(table))

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.core.errors import InvalidInput, quote
+from coordinator.core.keyranges import MIN_BUDGET
 
 T = TypeVar("T")
 MAX_NAME = 1024  # characters of any name the API takes (tables, users, apps, transaction ids)
@@ -49,6 +50,12 @@ def _seconds(v: Any) -> str | None:
 
 def _seconds_or_none(v: Any) -> str | None:
     return None if v is None else _seconds(v)  # None: the default (a table's: the replica's)
+
+
+def _bytes_or_none(v: Any) -> str | None:
+    if v is None or (isinstance(v, int) and not isinstance(v, bool) and MIN_BUDGET <= v <= MAX_INT):
+        return None
+    return f"None or a number of bytes from {MIN_BUDGET} to 2**63-1"
 
 
 def _flag(v: Any) -> str | None:
@@ -163,6 +170,7 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "since_csn": _count,
     "version": _count,
     "txn_max_rows": _count,
+    "memory_budget": _bytes_or_none,
     "start": _csn_or_time,
     "end": _csn_or_time,
     "as_of": _time_or_seconds,

@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 
 from coordinator.api.arguments import checked, checked_methods
 from coordinator.api.heartbeat import Heartbeat
-from coordinator.core import errors, keyfold, keytables, retries
+from coordinator.core import errors, keyfold, keyranges, keytables, retries
 from coordinator.core.conflicts import Policy, check_app_version
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
@@ -59,7 +59,7 @@ from coordinator.model.records import (
 from coordinator.wire import protocol, security
 from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
-from parts.io import rewrite
+from parts.io import keyscan, rewrite
 from parts.io.dataset import snapshot_dataset, table_dataset
 from parts.io.format import delete_part, read_part, write_part
 from parts.io.storage import Storage
@@ -495,15 +495,22 @@ class Client:
 
     @contextmanager
     def scan(
-        self, table: str, snapshot: int | None = None, as_of: dt.datetime | None = None
+        self,
+        table: str,
+        snapshot: int | None = None,
+        as_of: dt.datetime | None = None,
+        memory_budget: int | None = None,
     ) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
         """Read ``table`` at one snapshot part by part, one part in memory at a time (the
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
-        giving each part's rows in the table's schema (for a keys table: each partition's rows,
-        one per key; ``parts`` then counts versions). The snapshot stays leased until the
-        block ends."""
+        giving each part's rows in the table's schema. A keys table's versions fold per key, so
+        ``tables`` gives its rows (one per key) partition by partition and, within a partition
+        bigger than ``memory_budget`` bytes (default 256 MiB) can fold at once, key range by key
+        range, each table sorted by key and the ranges in key order (``parts`` then counts
+        versions). The snapshot stays leased until the block ends."""
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
+        budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
 
         def tables(tdef: TableDef) -> Iterator[pa.Table]:
             if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: fold each alone
@@ -511,13 +518,46 @@ class Client:
                 for meta in metas:
                     by_partition.setdefault(partition_key(meta.partition), []).append(meta)
                 for _, group in sorted(by_partition.items()):
-                    yield self._read_keys(tdef, group, None, None, r.get("csns") or {})
+                    yield from self._fold_by_range(tdef, group, r.get("csns") or {}, budget)
                 return
             for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
                 yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
 
         with self._leased(r):
             yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
+
+    def _fold_by_range(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], budget: int
+    ) -> Iterator[pa.Table]:
+        """One partition's rows folded key range by key range (coordinator/core/keyranges.py), so
+        that each range's versions and their fold fit ``budget``: one pass over the parts reads
+        their footers (decoded size) and a sample of the first key column, then each range reads
+        every part restricted to it. A partition that surely fits is one range, read as ``read``
+        reads it."""
+        # Partition columns are constant in a partition: ranges cut the first key column after them.
+        column = next((k for k in tdef.primary_key if k not in tdef.partition_by), None)
+        if column is None or keyranges.surely_fits(sum(m.size for m in metas), budget):
+            yield self._read_keys(tdef, metas, None, None, csns)
+            return
+        total_rows = sum(m.rows for m in metas)
+        most = keyranges.ranges_needed(sum(m.size for m in metas) * keyranges.EXPANSION, budget)
+        decoded = 0
+        samples = []
+        for meta in metas:
+            with keyscan.opened(self.storage, meta) as pf:
+                decoded += keyscan.decoded_bytes(pf)
+                samples.append(keyscan.sample_keys(pf, column, keyranges.sample_stride(meta.rows, total_rows, most)))
+        count = keyranges.ranges_needed(decoded, budget)
+        inner = keyranges.bounds(pa.chunked_array(samples, tdef.schema.field(column).type), count)
+        del samples
+        for lo, hi in keyranges.spans(inner):
+            parts = [
+                (csns.get(m.name, keytables.OWN), keyscan.read_range(self.storage, m, column, lo, hi)) for m in metas
+            ]
+            data = keyfold.merge(tdef.schema, tdef.primary_key, parts)
+            del parts
+            if data.num_rows:
+                yield data
 
     @contextmanager
     def pin(

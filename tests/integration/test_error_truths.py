@@ -159,6 +159,7 @@ FINE: dict[str, list[Any]] = {
     "lock_groups": [None],
     "txn_max_seconds": [None],
     "txn_max_rows": [None],
+    "memory_budget": [None],
     "retention_seconds": [None],
     "storage_options": [None],
     "credentials": [None],
@@ -226,7 +227,7 @@ def _calls(
         with client.scan(**kw):
             pass
 
-    yield "scan", scan, {"table": "walk_t", "snapshot": None, "as_of": None}
+    yield "scan", scan, {"table": "walk_t", "snapshot": None, "as_of": None, "memory_budget": None}
     yield "wait_for", client.wait_for, {"snapshot": 0}
     yield "compact", client.compact, {"table": "walk_t", "kind": "minor", "partitions": None}
     yield "kill", client.kill, {"txn_id": "T1-4294967299-r0"}

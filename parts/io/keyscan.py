@@ -1,0 +1,89 @@
+"""Reading a keys table's parts by key range (the rules: coordinator/core/keyranges.py).
+
+A part is opened once per range it is read for, its file checked as :func:`read_part` checks
+it (size and checksum, then Parquet), and only its rows whose first key column lies in the range
+are kept, batch by batch: a row group whose footer statistics rule the range out is not decoded.
+What stays in memory while a range is read is one part's file, one batch of it and the range's
+versions so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from coordinator.core import keyranges
+from coordinator.core.errors import CorruptPart, clip, quote
+from parts.io.format import checksum_of
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
+
+BATCH_ROWS = 16 * 1024
+
+
+@contextmanager
+def opened(storage: Storage, meta: PartMeta) -> Iterator[pq.ParquetFile]:
+    """The part's file as a ``ParquetFile``, once its size and checksum match its metadata."""
+    try:
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+    if len(raw) != meta.size:
+        raise CorruptPart(
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
+            path=meta.path,
+        )
+    actual = checksum_of(raw)
+    if actual != meta.checksum:
+        raise CorruptPart(f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path)
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(raw))
+        if pf.metadata.num_rows != meta.rows:
+            raise CorruptPart(
+                f"part {quote(meta.path)} has {pf.metadata.num_rows} rows, {meta.rows} were written", path=meta.path
+            )
+        yield pf
+    except (pa.ArrowException, OSError) as exc:
+        raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
+    finally:
+        del raw
+
+
+def decoded_bytes(pf: pq.ParquetFile) -> int:
+    """The part's uncompressed size by its footer: about what its rows take decoded."""
+    md = pf.metadata
+    return sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+
+
+def sample_keys(pf: pq.ParquetFile, column: str, stride: int) -> pa.Array:
+    """Every ``stride``-th value of the part's ``column``, one row group at a time."""
+    pieces = []
+    for i in range(pf.metadata.num_row_groups):
+        col = pf.read_row_group(i, columns=[column]).column(0)
+        pieces.append(col.take(pa.array(range(0, len(col), stride), pa.int64())).combine_chunks())
+    return pa.concat_arrays(pieces) if pieces else pa.array([], pf.schema_arrow.field(column).type)
+
+
+def read_range(storage: Storage, meta: PartMeta, column: str, lo: Any, hi: Any) -> pa.Table:
+    """The part's rows whose ``column`` lies in ``[lo, hi)`` (None: open), all its columns."""
+    with opened(storage, meta) as pf:
+        if lo is None and hi is None:
+            return pf.read()
+        md = pf.metadata
+        at = pf.schema_arrow.get_field_index(column)
+        groups = []
+        for i in range(md.num_row_groups):
+            stats = md.row_group(i).column(at).statistics if at >= 0 else None
+            has = stats is not None and stats.has_min_max
+            if keyranges.may_overlap(stats.min if has else None, stats.max if has else None, lo, hi):
+                groups.append(i)
+        pieces = []
+        if groups:
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
+                mask = keyranges.in_range(batch.column(column), lo, hi)
+                pieces.append(batch if mask is None else batch.filter(mask))
+        return pa.Table.from_batches(pieces, schema=pf.schema_arrow)

@@ -1,0 +1,136 @@
+"""``scan`` of a keys table in bounded memory (issue 24 item 2): a table whose whole-partition
+fold needs many times a small ``memory_budget`` is scanned key range by key range in a fresh
+process, whose Arrow memory peak is measured (``pyarrow.default_memory_pool().max_memory()``),
+and gives the rows ``read`` gives, sorted by key within each partition. The same scan with a
+budget that lets each partition fold at once shows the peak the budget avoids (so the bound can
+fail). Against a real ZooKeeper and replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support.cluster import make_cluster
+
+from coordinator.errors import InvalidInput
+from mergetxn.local.zkserver import ZooKeeperServer
+
+SCHEMA = pa.schema(
+    [
+        pa.field("p", pa.string(), nullable=False),
+        pa.field("k", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("b", pa.int64()),
+    ]
+)
+KEYS = 80_000  # per partition
+BUDGET = 2 << 20
+
+# Run in a fresh process: scan with a budget, write every table as it comes, report the peak.
+SCANNER = """
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+import coordinator
+address, table, budget, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+client = coordinator.connect(address)
+pool = pa.default_memory_pool()
+tables = 0
+with client.scan(table, memory_budget=budget) as (snap, metas, parts):
+    schema = client.table_at(table, snap).schema
+    base = pool.bytes_allocated()
+    with pq.ParquetWriter(out, schema) as w:
+        for t in parts:
+            w.write_table(t)
+            tables += 1
+            del t
+print(json.dumps({"peak": pool.max_memory() - base, "tables": tables, "snapshot": snap}))
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator:
+    with make_cluster(tmp_path_factory, zk_server, "keysscan", replicas=1) as c:
+        yield c
+
+
+def _rows(p: str, keys: range, tag: str) -> pa.Table:
+    n = len(keys)
+    return pa.table(
+        {
+            "p": pa.array([p] * n),
+            "k": pa.array(keys, pa.int64()),
+            "a": pa.array([f"{tag}-{k}" if k % 7 else None for k in keys]),
+            "b": pa.array([k * 3 for k in keys], pa.int64()),
+        },
+        schema=SCHEMA,
+    )
+
+
+def _scan(cluster, name: str, budget: int, out: Path) -> dict:  # noqa: ANN001
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run(
+        [sys.executable, "-c", SCANNER, cluster.replica_addresses[0], name, str(budget), str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _sorted(t: pa.Table) -> pa.Table:
+    return t.sort_by([("p", "ascending"), ("k", "ascending")])
+
+
+def test_scan_folds_in_bounded_memory(cluster, tmp_path: Path) -> None:  # noqa: ANN001
+    c = cluster.client(0)
+    name = "scan_bounded"
+    c.create_table(name, SCHEMA, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys", auto_merge=False)
+    # Keys written in scattered order over several commits (so every range reads every part,
+    # and no part alone is big: a part's row group decodes whole, see parts/io/keyscan.py).
+    for p in ("x", "y"):
+        for i in range(4):
+            with c.transaction() as tx:
+                tx.insert(name, _rows(p, range(KEYS - 1 - i, -1, -4), "v1"))
+        for i in range(2):
+            with c.transaction() as tx:
+                tx.insert(name, _rows(p, range(i * 2, KEYS, 4), "v2"))  # overwrite half
+        with c.transaction() as tx:
+            tx.upsert(name, _rows(p, range(1, KEYS, 10), "u").select(["p", "k", "a"]), update=True)  # b carried
+        with c.transaction() as tx:
+            tx.delete_keys(name, pa.table({"p": [p] * (KEYS // 5), "k": pa.array(range(0, KEYS, 5), pa.int64())}))
+            tx.lock_keys(name, pa.table({"p": [p] * 99, "k": pa.array(range(3, 300, 3), pa.int64())}))
+    expected = _sorted(c.read(name))
+    assert 0 < expected.num_rows < 2 * KEYS
+
+    small = _scan(cluster, name, BUDGET, tmp_path / "small.parquet")
+    got = pq.read_table(tmp_path / "small.parquet")
+    assert got.equals(_sorted(got)), "ranges come in key order"
+    assert _sorted(got).equals(expected)
+    assert small["tables"] > 8, small  # the budget split each partition into ranges
+
+    whole = _scan(cluster, name, 1 << 40, tmp_path / "whole.parquet")
+    assert whole["tables"] == 2  # one fold per partition
+    assert _sorted(pq.read_table(tmp_path / "whole.parquet")).equals(expected)
+    # The budget bounds what the scan holds (a range's versions, their fold, one batch); a
+    # partition's fold at once is several times more.
+    assert small["peak"] <= 3 * BUDGET, small
+    assert whole["peak"] >= 4 * small["peak"], (small, whole)
+
+
+def test_scan_budget_is_checked(cluster) -> None:  # noqa: ANN001
+    c = cluster.client(0)
+    for bad in (0, -1, 1.5, "big", True):
+        with pytest.raises(InvalidInput, match="memory_budget"):
+            with c.scan("scan_bounded", memory_budget=bad):
+                pass
