@@ -211,3 +211,48 @@ def test_the_fold_of_sorted_parts_equals_the_fold_in_write_order() -> None:
     assert keyfold.merge(SCHEMA, ("k",), by_key).equals(in_order)
     shuffled = [(o, t.take(pa.array(rng.sample(range(t.num_rows), t.num_rows)))) for o, t in parts]
     assert keyfold.merge(SCHEMA, ("k",), shuffled).equals(in_order)
+
+
+# ---------------------------------------------------------------------------------------------
+# Merges of a keys table's big parts by size tier (the versions a read folds stay bounded)
+
+S = 100  # merge_small_bytes
+
+
+@pytest.mark.parametrize(
+    ("sizes", "min_parts", "max_parts", "want"),
+    [
+        ([], 4, 64, []),
+        ([10, 20, 30, 40, 50], 4, 64, []),  # small parts: the minor merge's
+        ([100, 150, 399], 4, 64, []),  # three in tier 0 (100..399): fewer than 4
+        ([100, 150, 399, 250], 4, 64, [0, 1, 2, 3]),
+        ([100, 10, 150, 400, 399, 250], 4, 64, [0, 2, 4, 5]),  # 400 is tier 1; small left alone
+        ([100, 150, 399, 250, 300], 4, 2, [0, 1]),  # at most max_parts, the oldest
+        ([100, 150, 399, 250, 300], 4, 1, [0, 1]),  # a merge takes two at least
+        ([400, 1599, 800, 1000, 150], 4, 64, [0, 1, 2, 3]),  # tier 1 full, tier 0 not
+        ([1600, 6399, 3000, 100, 399, 250, 120, 6000], 4, 64, [3, 4, 5, 6]),  # the lowest full tier first
+        ([1600, 6399, 3000, 6000], 4, 64, [0, 1, 2, 3]),
+        ([100, 150, 399, 250], 4, 64, [0, 1, 2, 3]),
+        ([100, 199, 150], 2, 64, [0, 1, 2]),  # tiers of x2: 100..199
+        ([100, 200], 2, 64, []),  # 200 is tier 1
+    ],
+)
+def test_tiered_merge(sizes: list[int], min_parts: int, max_parts: int, want: list[int]) -> None:
+    assert keytables.tiered_merge(sizes, S, min_parts, max_parts) == want
+
+
+def test_tiered_merges_keep_the_parts_a_read_folds_logarithmic() -> None:
+    # Endless 10-byte upserts with minor merges of 4 small parts, then tiers: parts stay few.
+    parts: list[int] = []
+    most = 0
+    for _ in range(5000):
+        parts.append(10)
+        while True:
+            small = [i for i, s in enumerate(parts) if s < S]
+            pick = small[:64] if len(small) >= 4 else keytables.tiered_merge(parts, S, 4, 64)
+            if not pick:
+                break
+            merged = sum(parts[i] for i in pick)
+            parts = [s for i, s in enumerate(parts) if i not in set(pick)] + [merged]
+        most = max(most, len(parts))
+    assert sum(parts) == 50_000 and most <= 3 + 3 * 5  # 3 small + 3 per tier up to 100 * 4**4
