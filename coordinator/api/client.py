@@ -659,7 +659,7 @@ class Client:
         data = keyfold.merge(
             tdef.schema, tdef.primary_key, [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
         )
-        if where is not None:
+        if where is not None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
 

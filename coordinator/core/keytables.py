@@ -883,6 +883,19 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
     return out
 
 
+def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tuple]) -> pa.Table:
+    """The rows of ``data`` whose key is one of ``wanted``: a boolean mask from ``is_in`` for a
+    one-column key (no Acero plan, whose fixed cost a point read would pay per part), else
+    :func:`key_filter`."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) != 1:
+        return data.filter(key_filter(data.schema, primary_key, wanted))
+    k = primary_key[0]
+    col = data.column(k)
+    return data.filter(pc.is_in(col, value_set=pa.array([key[0] for key in wanted], col.type)))
+
+
 def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:
     """A filter expression keeping the rows of the keys ``wanted`` (none if empty)."""
     import pyarrow.compute as pc

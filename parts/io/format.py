@@ -254,8 +254,9 @@ def read_part(
                 return (
                     pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
                 )
-            got = pf.read_row_groups(groups, columns=columns)
-            return got.filter(keytables.key_filter(pf.schema_arrow, pk, wanted))
+            # One thread: a point read decodes a group or two, where a pool's hand-offs cost more.
+            got = pf.read_row_groups(groups, columns=columns, use_threads=False)
+            return keytables.rows_of_keys(got, pk, wanted)
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
