@@ -406,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    # Replicas start as ``python -m replicas.server``, which puts the working directory first on
+    # their path: run from ROOT, or a MERGETXN_CODE run's replicas would import the code of the
+    # directory it was started in (the client only would be ROOT's).
+    out_path = None if out_path is None else str(Path(out_path).resolve())
+    os.chdir(ROOT)
     from mergetxn.local.cluster import LocalCluster
 
     started = time.time()
