@@ -358,7 +358,7 @@ _M64 = (1 << 64) - 1
 _MIX1, _MIX2, _G = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
 _T_INT, _T_BYTES, _T_H1, _T_H2 = 0x1D8E4E27C47D124F, 0x5851F42D4C957F2D, 0x2545F4914F6CDD1D, 0x6A09E667F3BCC909
 _VECTOR_ROWS = 512  # below this many rows a summary is computed in Python (fewer kernel calls)
-_SATURATED = 16  # a mix64 filter with HASHES * rows >= this * m bits is written all ones
+_SATURATED = 6  # a mix64 filter with HASHES * rows >= this * m bits is written all ones
 
 
 def scheme_of(summary: Mapping[str, Any]) -> str:
@@ -575,8 +575,9 @@ def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key:
 
     m = _filter_bits(data.num_rows, bits_per_key, max_bits)  # rows for keys, as the Python road
     if data.num_rows * HASHES >= _SATURATED * m:
-        # Every bit is set but with odds under e**-16: all ones (always correct, a filter only
-        # needs the bits of the keys it holds set) prunes as well and costs no hashing at all.
+        # All but ~e**-6 (0.25%) of the bits would be set, so the filter would rule out under 3%
+        # of absent keys: all ones (always correct, a filter only needs the bits of the keys it
+        # holds set; the key range still prunes) costs no hashing at all.
         packed = b"\xff" * (m // 8)
     else:
         h1, h2 = column_hashes(data, primary_key)
