@@ -328,7 +328,8 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 # compaction, so a part whose key columns are all ints, bools, strings or binaries is now
 # summarized with scheme ``"mix64"`` (:data:`HASH_MIX64`, the summary says ``"hash": "mix64"``),
 # computed over whole columns with Arrow kernels (:func:`column_hashes`), with the same bits
-# from (h1, h2); a probe hashes the key with the scheme of the part it probes. All arithmetic
+# from (h1, h2), that filter under ``"filter"`` (see :data:`_LEGACY_ONES`); a probe hashes the
+# key with the scheme of the part it probes. All arithmetic
 # is modulo 2**64; ``mix(z)`` is splitmix64's finalizer (z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
 # z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31); G = 0x9E3779B97F4A7C15:
 #
@@ -510,8 +511,9 @@ def summarize(
     scheme: str | None = None,
 ) -> dict:
     """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
-    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}`` and, for the
-    ``mix64`` scheme, ``"hash": "mix64"``; plus, for a part of at most ``exact_rows`` versions
+    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, or for the
+    ``mix64`` scheme ``"hash": "mix64"`` with that filter under ``"filter"`` and an all-ones
+    byte as ``m``/``k``/``bloom`` (what older code probes: :data:`_LEGACY_ONES`); plus, for a part of at most ``exact_rows`` versions
     whose keys are ints, strings or bools, ``"exact"``: each version's ``[*key, _op, _cols]``
     (a small commit's key set in its change set, so the conflict check needs no read of it at
     all; :func:`exact_locks`). ``scheme``: the filter's hash (default ``mix64`` when every key
@@ -555,9 +557,7 @@ def summarize(
     lo = hi = None
     if distinct and all(isinstance(v, _ORDERED) for v in next(iter(distinct))):
         lo, hi = list(min(distinct)), list(max(distinct))
-    out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
-    if scheme != HASH_BLAKE2B:
-        out["hash"] = scheme
+    out = _with_filter(scheme, lo, hi, m, base64.b64encode(bytes(bits)).decode("ascii"))
     if exact is not None:
         out["exact"] = exact
     return bound_summary(out)
@@ -598,14 +598,26 @@ def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key:
         for t in types
     ):
         lo, hi = _least(data, primary_key, "min"), _least(data, primary_key, "max")
-    return {
-        "lo": lo,
-        "hi": hi,
-        "m": m,
-        "k": HASHES,
-        "bloom": base64.b64encode(packed).decode("ascii"),
-        "hash": HASH_MIX64,
-    }
+    return _with_filter(HASH_MIX64, lo, hi, m, base64.b64encode(packed).decode("ascii"))
+
+
+# What code from before the schemes finds in a mix64 summary's "m", "k" and "bloom" (it ignores
+# "hash" and would probe with blake2b): one byte of ones, so it says "maybe" for every key and
+# prunes by the key range alone. The mix64 filter itself is under "filter", which it never reads:
+# an older replica or client in the cluster never rules out a key a new part holds.
+_LEGACY_ONES = {"m": 8, "k": 1, "bloom": base64.b64encode(b"\xff").decode("ascii")}
+
+
+def _with_filter(scheme: str, lo: list | None, hi: list | None, m: int, bloom: str) -> dict:
+    if scheme == HASH_BLAKE2B:
+        return {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": bloom}
+    return {"lo": lo, "hi": hi, **_LEGACY_ONES, "hash": scheme, "filter": {"m": m, "k": HASHES, "bloom": bloom}}
+
+
+def _filter_of(summary: Mapping[str, Any]) -> tuple[int, int, bytes]:
+    """``(m, k, bits)`` of the Bloom filter a summary's scheme probes."""
+    f = summary if scheme_of(summary) == HASH_BLAKE2B else summary["filter"]
+    return f["m"], f["k"], _bits(f["bloom"])
 
 
 def _least(data: pa.Table, primary_key: Sequence[str], which: str) -> list:
@@ -677,10 +689,7 @@ def exact_locks(
     return out
 
 
-def summary_problem(s: Any) -> str | None:
-    """What is wrong with a key summary read from metadata, or None."""
-    if not isinstance(s, dict):
-        return f"must be an object, got {type(s).__name__}"
+def _filter_problem(s: Mapping[str, Any]) -> str | None:
     m, k, bloom = s.get("m"), s.get("k"), s.get("bloom")
     if not (isinstance(m, int) and not isinstance(m, bool) and m > 0 and m % 8 == 0):
         return f"'m' must be a positive multiple of 8, got {quote(m)}"
@@ -688,14 +697,31 @@ def summary_problem(s: Any) -> str | None:
         return f"'k' must be an integer in 1..64, got {quote(k)}"
     if not isinstance(bloom, str):
         return "'bloom' must be a base64 string"
-    if s.get("hash", HASH_BLAKE2B) not in HASH_SCHEMES:
-        return f"'hash' must be one of {list(HASH_SCHEMES)}, got {quote(s.get('hash'))}"
     try:
         raw = _bits(bloom)
     except ValueError:
         return "'bloom' is not base64"
     if len(raw) * 8 != m:
         return f"'bloom' holds {len(raw) * 8} bits, 'm' says {m}"
+    return None
+
+
+def summary_problem(s: Any) -> str | None:
+    """What is wrong with a key summary read from metadata, or None."""
+    if not isinstance(s, dict):
+        return f"must be an object, got {type(s).__name__}"
+    problem = _filter_problem(s)
+    if problem is not None:
+        return problem
+    if s.get("hash", HASH_BLAKE2B) not in HASH_SCHEMES:
+        return f"'hash' must be one of {list(HASH_SCHEMES)}, got {quote(s.get('hash'))}"
+    if s.get("hash", HASH_BLAKE2B) != HASH_BLAKE2B:
+        f = s.get("filter")
+        if not isinstance(f, dict):
+            return f"'filter' must be an object for hash {quote(s.get('hash'))}"
+        problem = _filter_problem(f)
+        if problem is not None:
+            return f"'filter': {problem}"
     for end in ("lo", "hi"):
         v = s.get(end)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, _ORDERED) for x in v)):
@@ -746,8 +772,8 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
         if got is None:
             return True
         h1, h2 = got
-    m, bits = summary["m"], _bits(summary["bloom"])
-    for i in range(summary["k"]):
+    m, k, bits = _filter_of(summary)
+    for i in range(k):
         b = (h1 + i * h2) % m
         if not bits[b >> 3] >> (b & 7) & 1:
             return False
@@ -773,7 +799,7 @@ def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple
     hi: Any = summary.get("hi")
     if lo is not None:
         lo, hi = tuple(lo), tuple(hi)
-    m, k, bits = summary["m"], summary["k"], _bits(summary["bloom"])
+    m, k, bits = _filter_of(summary)
     for key, (h1, h2) in hashed.items():
         if lo is not None:
             try:

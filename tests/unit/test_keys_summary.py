@@ -97,7 +97,13 @@ def test_old_summaries_stay_blake2b_and_are_probed_with_it() -> None:
         assert not keytables.may_hold_any(s, hashed)
         assert keytables.may_hold_any(s, {**hashed, (9,): keytables.key_hash((9,))})
     assert keytables.summary_problem({**new, "hash": "md5"}) is not None
-    assert keytables.summary_problem({**new, "hash": "blake2b"}) is None
+    assert keytables.summary_problem({k: v for k, v in new.items() if k != "filter"}) is not None
+    assert keytables.summary_problem({**new, "filter": {**new["filter"], "bloom": "AAAA"}}) is not None
+    # Code from before the schemes ignores "hash" and "filter" and probes "m", "k", "bloom" with
+    # blake2b: all ones there, so it never rules out a key a new part holds (a mixed cluster).
+    legacy = {k: v for k, v in new.items() if k not in ("hash", "filter")}
+    assert keytables.summary_problem(legacy) is None
+    assert all(keytables.may_hold(legacy, (k,), keytables.key_hash((k,))) for k in range(0, 3000, 3))
     with pytest.raises(ValueError):
         keytables.summarize(data, ["k"], scheme="md5")
     # A key column mix64 does not hash (a float) keeps blake2b.
@@ -108,7 +114,7 @@ def test_old_summaries_stay_blake2b_and_are_probed_with_it() -> None:
 def test_a_saturated_filter_is_all_ones() -> None:
     data = pa.table({"k": pa.array(range(20_000), pa.int64())})
     s = keytables.summarize(data, ["k"], max_bits=4096)
-    assert s["m"] == 4096 and keytables._bits(s["bloom"]) == b"\xff" * 512
+    assert keytables._filter_of(s)[0] == 4096 and keytables._filter_of(s)[2] == b"\xff" * 512
     assert s["lo"] == [0] and s["hi"] == [19_999] and not keytables.may_hold(s, (20_000,))
 
 
