@@ -25,6 +25,7 @@ key conflict check, all in one run on one 1-replica LocalCluster.
 
     .venv/bin/python benchmarks/keys_bench.py [--quick] [--seconds 10] [--out benchmarks/results/keys_bench.json]
     .venv/bin/python benchmarks/keys_bench.py --only read [--read-keys 1000000]   # (d) alone
+    .venv/bin/python benchmarks/keys_bench.py --only lookup [--keys 1000000 --parts 1000]   # (b) alone
 
 ``MERGETXN_CODE=<checkout>`` runs another checkout's code (client and replicas) with this script:
 old and new measured side by side on the same machine.
@@ -381,7 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--writers", type=int, default=4)
     ap.add_argument("--lookups", type=int, default=None)
     ap.add_argument("--skip-delta", action="store_true")
-    ap.add_argument("--only", choices=["read"], default=None, help="run one case alone: (d) the whole-table read")
+    ap.add_argument(
+        "--only",
+        choices=["read", "lookup"],
+        default=None,
+        help="run one case alone: (d) the whole-table read and major compaction, or (b) the point lookup",
+    )
     ap.add_argument("--read-keys", type=int, default=None, help="keys of case (d)'s table (default 1,000,000)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -400,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, flush=True)
 
+    # Replicas start as ``python -m replicas.server``, which puts the working directory first on
+    # their path: run from ROOT, or a MERGETXN_CODE run's replicas would import the code of the
+    # directory it was started in (the client only would be ROOT's).
+    out_path = None if out_path is None else str(Path(out_path).resolve())
+    os.chdir(ROOT)
     from mergetxn.local.cluster import LocalCluster
 
     started = time.time()
@@ -416,9 +427,13 @@ def main(argv: list[str] | None = None) -> int:
             client.close()
             other.close()
             return _report(a, results, quick, n, parts, seconds, started, out_path, log)
-        log(f"keys table of {n:,} keys over {parts:,} parts")
+        log(f"keys table of {n:,} keys over {parts:,} parts (code: {ROOT})")
         order = load_keys(client, n, parts, log)
         results["lookup"] = bench_lookups(client, n, lookups, log)
+        if a.only == "lookup":
+            client.close()
+            other.close()
+            return _report(a, results, quick, n, parts, seconds, started, out_path, log)
         client.create_table(PARTS_TABLE, SCHEMA, conflict_policy="parts", auto_merge=False)
         params = {"address": cluster.replica_addresses[0], "keys": n}
         log(f"throughput, {a.writers} writers, {seconds:g} s per table (two turns each)")

@@ -2,7 +2,9 @@
 
 A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; when a partition has
 ``merge_min_parts`` small parts (minor) or has been idle ``major_idle_seconds`` with several parts
-(major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
+(major), or, for a keys table, ``merge_min_parts`` parts past ``merge_small_bytes`` in one size tier
+(minor: ``coordinator.core.keytables.tiered_merge``, so the versions a read folds stay bounded
+under endless upserts), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
 catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
 merge that loses a conflict is logged, recorded as an event (replicas/changefeed.py) and retried later.
 """
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from coordinator.core import keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import ConflictError, MergetxnError
 from coordinator.model.catalog import TableDef
@@ -96,8 +99,17 @@ class Merges:
             )
             metas = sorted((parts[n].meta for n in names if n in parts), key=order)
             small = [m for m in metas if m.size < c.merge_small_bytes]
+            tiered = (
+                keytables.tiered_merge(
+                    [m.size for m in metas], c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts
+                )
+                if tdef.conflict_policy is Policy.KEYS
+                else []
+            )
             if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
                 plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
+            elif tiered:  # a keys table's big parts, merged by size tier (the versions a read folds)
+                plans.append(("minor", pkey, [metas[i] for i in tiered]))
             elif (
                 len(metas) >= max(2, c.major_min_parts)
                 and len(metas) <= c.merge_max_parts

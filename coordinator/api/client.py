@@ -697,14 +697,18 @@ class Client:
             if wanted is not None:
                 hashed = {k: keytables.key_hash(k) for k in wanted}
                 metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
-        datas = [read_part(self.storage, m) for m in metas]
         if where is not None and wanted is not None:
-            # Only those keys' versions matter (the fold is per key): fold those alone.
-            datas = [d.filter(keytables.key_filter(tdef.schema, tdef.primary_key, wanted)) for d in datas]
+            # Only those keys' versions matter (the fold is per key): of each part, only the row
+            # groups whose key statistics may hold one (parts are written sorted by key), and of
+            # them only those keys' rows, are read and folded.
+            keys = (list(tdef.primary_key), wanted)
+            datas = [read_part(self.storage, m, keys=keys) for m in metas]
+        else:
+            datas = [read_part(self.storage, m) for m in metas]
         data = keyfold.merge(
             tdef.schema, tdef.primary_key, [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
         )
-        if where is not None:
+        if where is not None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
 

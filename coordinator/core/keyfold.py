@@ -275,19 +275,29 @@ def _sorted(data: pa.Table, primary_key: Sequence[str], tagged: bool = False) ->
     read's usually are) need only a stable sort by key: about half the cost on one column."""
     keyed = [(k, "ascending") for k in primary_key]
     by = keyed + [(_V, "ascending"), (SEQ, "ascending")] + ([(_TAG, "ascending")] if tagged else [])
-    if not tagged and _in_version_order(data):
-        by = keyed
+    if not tagged:
+        # Parts written sorted by key (parts/io/format.py) are not in (version, _seq) order as a
+        # whole, but each key's versions usually are (parts in CSN order, each sorted by key,
+        # version, _seq): sorted by key alone, then checked per key, then sorted fully if not.
+        if _in_version_order(data):
+            return data.take(pc.sort_indices(data, sort_keys=keyed)).combine_chunks()
+        keyed_only = data.take(pc.sort_indices(data, sort_keys=keyed)).combine_chunks()
+        if _in_version_order(keyed_only, _key_starts(keyed_only, primary_key)):
+            return keyed_only
     return data.take(pc.sort_indices(data, sort_keys=by)).combine_chunks()
 
 
-def _in_version_order(data: pa.Table) -> bool:
-    """Whether each row's (version, ``_seq``) is at or after the row before's."""
+def _in_version_order(data: pa.Table, key_starts: pa.Array | None = None) -> bool:
+    """Whether each row's (version, ``_seq``) is at or after the row before's (with
+    ``key_starts``, of a table sorted by key: the row before's in the same key)."""
     if data.num_rows < 2:
         return True
     ver, seq = data.column(_V), data.column(SEQ)
     v0, v1 = ver.slice(0, data.num_rows - 1), ver.slice(1)
     s0, s1 = seq.slice(0, data.num_rows - 1), seq.slice(1)
     ok = pc.or_(pc.greater(v1, v0), pc.and_(pc.equal(v1, v0), pc.greater_equal(s1, s0)))
+    if key_starts is not None:  # only within a key: a row that starts one may be anywhere
+        ok = pc.or_(ok, key_starts.slice(1))
     return bool(pc.all(ok).as_py())
 
 

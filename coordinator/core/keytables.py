@@ -195,6 +195,31 @@ def folded(meta: Any) -> bool:
     return VER in meta.stats
 
 
+def tiered_merge(sizes: Sequence[int], small_bytes: int, min_parts: int, max_parts: int) -> list[int]:
+    """Which of a keys-table partition's parts (their sizes, in commit order) to merge beside the
+    minor merges of small ones: a read folds every version of every part, and parts past
+    ``small_bytes`` are never minor-merged again, so under endless upserts they (and the
+    versions they repeat) would pile up until a major merge. Parts of ``small_bytes`` and more
+    are put in tiers by size (tier t: ``small_bytes * min_parts**t`` up to ``min_parts`` times
+    that); the lowest tier holding ``min_parts`` parts is merged (its oldest ``max_parts``), so
+    a partition keeps at most ``min_parts - 1`` parts per tier and the tiers grow with the log
+    of its size. Indices into ``sizes``, in commit order; empty when nothing is due."""
+    if small_bytes <= 0 or min_parts < 2:
+        return []
+    tiers: dict[int, list[int]] = {}
+    for i, size in enumerate(sizes):
+        if size < small_bytes:
+            continue
+        t, bound = 0, small_bytes * min_parts
+        while size >= bound:
+            t, bound = t + 1, bound * min_parts
+        tiers.setdefault(t, []).append(i)
+    for t in sorted(tiers):
+        if len(tiers[t]) >= min_parts:
+            return tiers[t][: max(2, max_parts)]
+    return []
+
+
 # -- locks -------------------------------------------------------------------------------------
 # A lock is a lock group's name or PRIMARY. Writing a key takes the locks of the columns it
 # writes: every lock in overwrite mode, the groups of the written columns in update mode (a
@@ -298,6 +323,22 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 #   (bit b is bit ``b % 8`` of byte ``b // 8``). Never Python's ``hash()``: it is salted per
 #   process.
 #
+# That is hash scheme ``"blake2b"`` (:data:`HASH_BLAKE2B`), a summary with no ``"hash"`` field
+# (every part written before issue 24). It costs a Python call per key, 10 s of a 1M-row
+# compaction, so a part whose key columns are all ints, bools, strings or binaries is now
+# summarized with scheme ``"mix64"`` (:data:`HASH_MIX64`, the summary says ``"hash": "mix64"``),
+# computed over whole columns with Arrow kernels (:func:`column_hashes`), with the same bits
+# from (h1, h2), that filter under ``"filter"`` (see :data:`_LEGACY_ONES`); a probe hashes the
+# key with the scheme of the part it probes. All arithmetic
+# is modulo 2**64; ``mix(z)`` is splitmix64's finalizer (z ^= z >> 30; z *= 0xBF58476D1CE4E5B9;
+# z ^= z >> 27; z *= 0x94D049BB133111EB; z ^= z >> 31); G = 0x9E3779B97F4A7C15:
+#
+# * a value's hash: an int (or bool as 0/1) v: ``mix(v mod 2**64 ^ T_INT)``; a string (UTF-8)
+#   or binary of bytes b_0..b_{n-1}: ``mix((S + n*G) ^ T_BYTES)``, S the sum of
+#   ``mix((b_j | j << 8) + G)``;
+# * a key's: h = G, then per value ``h = mix(h*G + value hash)``; h1 = ``mix(h ^ T_H1)``,
+#   h2 = ``mix(h ^ T_H2) | 1``.
+#
 # ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
 # MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.05% false positives up to
 # MAX_FILTER_BITS / BITS_PER_KEY (32,768) keys per part, more beyond (a bigger part is still pruned by
@@ -310,6 +351,128 @@ MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false
 EXACT_ROWS = 64  # a part of at most this many versions lists them in its summary
 _OPS = (PUT, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK)
 _ORDERED = (bool, int, str)
+
+
+HASH_BLAKE2B, HASH_MIX64 = "blake2b", "mix64"
+HASH_SCHEMES = (HASH_BLAKE2B, HASH_MIX64)
+_M64 = (1 << 64) - 1
+_MIX1, _MIX2, _G = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB, 0x9E3779B97F4A7C15
+_T_INT, _T_BYTES, _T_H1, _T_H2 = 0x1D8E4E27C47D124F, 0x5851F42D4C957F2D, 0x2545F4914F6CDD1D, 0x6A09E667F3BCC909
+_VECTOR_ROWS = 512  # below this many rows a summary is computed in Python (fewer kernel calls)
+_SATURATED = 6  # a mix64 filter with HASHES * rows >= this * m bits is written all ones
+
+
+def scheme_of(summary: Mapping[str, Any]) -> str:
+    """The hash scheme a key summary's filter was built with (none named: the first one)."""
+    return summary.get("hash", HASH_BLAKE2B)
+
+
+def mix64_type(t: pa.DataType) -> bool:
+    """Whether :data:`HASH_MIX64` hashes key columns of type ``t``."""
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )
+
+
+def _mix(z: int) -> int:
+    z = ((z ^ (z >> 30)) * _MIX1) & _M64
+    z = ((z ^ (z >> 27)) * _MIX2) & _M64
+    return z ^ (z >> 31)
+
+
+def _mix64_value(v: Any) -> int | None:
+    """A value's ``mix64`` hash (see above); None for a type the scheme does not hash."""
+    if isinstance(v, (bool, int)):
+        return _mix((int(v) & _M64) ^ _T_INT)
+    if isinstance(v, str):
+        v = v.encode("utf-8")
+    if isinstance(v, bytes):
+        total = sum(_mix(((b | j << 8) + _G) & _M64) for j, b in enumerate(v)) & _M64
+        return _mix(((total + len(v) * _G) & _M64) ^ _T_BYTES)
+    return None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def key_hash_mix64(key: tuple) -> tuple[int, int] | None:
+    """``(h1, h2)`` of a key under :data:`HASH_MIX64`; None when a value is of a type it does not
+    hash (no part hashed with it can hold such a key's column type: a probe then says maybe)."""
+    h = _G
+    for v in key:
+        c = _mix64_value(v)
+        if c is None:
+            return None
+        h = _mix((h * _G + c) & _M64)
+    return _mix(h ^ _T_H1), _mix(h ^ _T_H2) | 1
+
+
+def _u64(x: int) -> pa.Scalar:
+    return pa.scalar(x, pa.uint64())
+
+
+def _mix_array(z: Any) -> Any:
+    import pyarrow.compute as pc
+
+    z = pc.multiply(pc.bit_wise_xor(z, pc.shift_right(z, _u64(30))), _u64(_MIX1))
+    z = pc.multiply(pc.bit_wise_xor(z, pc.shift_right(z, _u64(27))), _u64(_MIX2))
+    return pc.bit_wise_xor(z, pc.shift_right(z, _u64(31)))
+
+
+def _column_mix64(col: Any) -> Any:
+    """Each value's ``mix64`` hash, over the whole column (no nulls: key columns have none)."""
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    t = col.type
+    if pa.types.is_boolean(t) or pa.types.is_integer(t):
+        ints = col.cast(pa.uint8()) if pa.types.is_boolean(t) else col
+        return _mix_array(
+            pc.bit_wise_xor(ints.cast(pa.int64(), safe=False).cast(pa.uint64(), safe=False), _u64(_T_INT))
+        )
+    arr = col.cast(pa.large_binary())
+    n = len(arr)
+    lens = pc.binary_length(arr).cast(pa.int64())
+    ends = pc.cumulative_sum(lens)
+    total = ends[n - 1].as_py() if n else 0
+    if total == 0:
+        sums = pa.repeat(_u64(0), n)
+    else:
+        _, offsets, values = arr.buffers()
+        offs = pa.Array.from_buffers(pa.int64(), n + 1, [None, offsets], offset=arr.offset)
+        raw = pa.Array.from_buffers(pa.uint8(), offs[n].as_py(), [None, values])
+        lists = pa.LargeListArray.from_arrays(offs, raw)
+        starts = pc.subtract(ends, lens)
+        flat = pc.list_flatten(lists).cast(pa.uint64())
+        at = pc.subtract(_arange(total), pc.take(starts, pc.list_parent_indices(lists)))
+        contrib = _mix_array(pc.add(pc.bit_wise_or(flat, pc.shift_left(at.cast(pa.uint64()), _u64(8))), _u64(_G)))
+        running = pa.concat_arrays([pa.array([0], pa.uint64()), pc.cumulative_sum(contrib)])
+        sums = pc.subtract(pc.take(running, ends), pc.take(running, starts))
+    with_len = pc.add(sums, pc.multiply(lens.cast(pa.uint64()), _u64(_G)))
+    return _mix_array(pc.bit_wise_xor(with_len, _u64(_T_BYTES)))
+
+
+def _arange(n: int) -> Any:
+    import pyarrow.compute as pc
+
+    return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
+
+
+def column_hashes(data: pa.Table, primary_key: Sequence[str]) -> tuple[Any, Any]:
+    """``(h1, h2)`` under :data:`HASH_MIX64` of every row's key, as two uint64 arrays: the same
+    numbers :func:`key_hash_mix64` gives per key, in a fixed number of kernels per column."""
+    import pyarrow.compute as pc
+
+    h: Any = pa.repeat(_u64(_G), data.num_rows)
+    for k in primary_key:
+        h = _mix_array(pc.add(pc.multiply(h, _u64(_G)), _column_mix64(data.column(k))))
+    return _mix_array(pc.bit_wise_xor(h, _u64(_T_H1))), pc.bit_wise_or(
+        _mix_array(pc.bit_wise_xor(h, _u64(_T_H2))), _u64(1)
+    )
 
 
 def encode_key(key: Sequence[Any]) -> bytes:
@@ -333,7 +496,8 @@ def encode_key(key: Sequence[Any]) -> bytes:
 
 
 def key_hash(key: Sequence[Any]) -> tuple[int, int]:
-    """``(h1, h2)`` of a key (see above): computed once per key, probed against many filters."""
+    """``(h1, h2)`` of a key under :data:`HASH_BLAKE2B` (see above): computed once per key,
+    probed against many filters (a part hashed otherwise is probed with :func:`key_hash_mix64`)."""
     d = hashlib.blake2b(encode_key(key), digest_size=16).digest()
     return int.from_bytes(d[:8], "little"), int.from_bytes(d[8:], "little") | 1
 
@@ -344,12 +508,24 @@ def summarize(
     bits_per_key: int = BITS_PER_KEY,
     max_bits: int = MAX_FILTER_BITS,
     exact_rows: int = EXACT_ROWS,
+    scheme: str | None = None,
 ) -> dict:
     """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
-    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, plus, for a
-    part of at most ``exact_rows`` versions whose keys are ints, strings or bools, ``"exact"``:
-    each version's ``[*key, _op, _cols]`` (a small commit's key set in its change set, so the
-    conflict check needs no read of it at all; :func:`exact_locks`)."""
+    ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, or for the
+    ``mix64`` scheme ``"hash": "mix64"`` with that filter under ``"filter"`` and an all-ones
+    byte as ``m``/``k``/``bloom`` (what older code probes: :data:`_LEGACY_ONES`); plus, for a part of at most ``exact_rows`` versions
+    whose keys are ints, strings or bools, ``"exact"``: each version's ``[*key, _op, _cols]``
+    (a small commit's key set in its change set, so the conflict check needs no read of it at
+    all; :func:`exact_locks`). ``scheme``: the filter's hash (default ``mix64`` when every key
+    column has a type it hashes, else ``blake2b``); a large part's is computed over whole
+    columns, with no Python per key."""
+    if scheme is None:
+        mix = bool(primary_key) and all(mix64_type(data.schema.field(k).type) for k in primary_key)
+        scheme = HASH_MIX64 if mix else HASH_BLAKE2B
+    if scheme not in HASH_SCHEMES:
+        raise ValueError(f"unknown key hash scheme {scheme!r}")
+    if scheme == HASH_MIX64 and data.num_rows > max(exact_rows, _VECTOR_ROWS):
+        return bound_summary(_summarize_columns(data, primary_key, bits_per_key, max_bits))
     cols = [data.column(k).to_pylist() for k in primary_key]
     distinct = set(zip(*cols)) if cols else set()
     exact = None
@@ -365,21 +541,96 @@ def summarize(
                 zip(*cols) if cols else (), data.column(OP).to_pylist(), data.column(COLS).to_pylist()
             )
         ]
-    m = min(max_bits, max(MIN_FILTER_BITS, len(distinct) * bits_per_key))
-    m += -m % 8
+    m = _filter_bits(len(distinct) if scheme == HASH_BLAKE2B else data.num_rows, bits_per_key, max_bits)
     bits = bytearray(m // 8)
-    for key in distinct:
-        h1, h2 = key_hash(key)
+    saturated = scheme == HASH_MIX64 and data.num_rows * HASHES >= _SATURATED * m
+    if saturated:
+        bits = bytearray(b"\xff" * (m // 8))  # as _summarize_columns does
+    for key in () if saturated else distinct:
+        hashed = key_hash(key) if scheme == HASH_BLAKE2B else key_hash_mix64(key)
+        if hashed is None:
+            raise ValueError(f"key {key!r} has a value the {scheme} scheme does not hash")
+        h1, h2 = hashed
         for i in range(HASHES):
             b = (h1 + i * h2) % m
             bits[b >> 3] |= 1 << (b & 7)
     lo = hi = None
     if distinct and all(isinstance(v, _ORDERED) for v in next(iter(distinct))):
         lo, hi = list(min(distinct)), list(max(distinct))
-    out = {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": base64.b64encode(bytes(bits)).decode("ascii")}
+    out = _with_filter(scheme, lo, hi, m, base64.b64encode(bytes(bits)).decode("ascii"))
     if exact is not None:
         out["exact"] = exact
     return bound_summary(out)
+
+
+def _filter_bits(distinct: int, bits_per_key: int, max_bits: int) -> int:
+    m = min(max_bits, max(MIN_FILTER_BITS, distinct * bits_per_key))
+    return m + -m % 8
+
+
+def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key: int, max_bits: int) -> dict:
+    """:func:`summarize` of a ``mix64`` part in Arrow kernels: the rows' key hashes, the bits they
+    set, the least and greatest key (column by column); no ``exact`` (too many rows)."""
+    import pyarrow.compute as pc
+
+    m = _filter_bits(data.num_rows, bits_per_key, max_bits)  # rows for keys, as the Python road
+    if data.num_rows * HASHES >= _SATURATED * m:
+        # All but ~e**-6 (0.25%) of the bits would be set, so the filter would rule out under 3%
+        # of absent keys: all ones (always correct, a filter only needs the bits of the keys it
+        # holds set; the key range still prunes) costs no hashing at all.
+        packed = b"\xff" * (m // 8)
+    else:
+        h1, h2 = column_hashes(data, primary_key)
+        mu = _u64(m)
+        a = pc.subtract(h1, pc.multiply(pc.divide(h1, mu), mu))
+        step = pc.subtract(h2, pc.multiply(pc.divide(h2, mu), mu))
+        at = [a]
+        for _ in range(HASHES - 1):
+            a = pc.add(a, step)
+            a = pc.if_else(pc.greater_equal(a, mu), pc.subtract(a, mu), a)
+            at.append(a)
+        bits = pc.is_in(_arange(m), value_set=pa.concat_arrays(at).cast(pa.int64()))
+        packed = bits.buffers()[1].to_pybytes()[: m // 8]
+    lo = hi = None
+    types = [data.schema.field(k).type for k in primary_key]
+    if data.num_rows and all(
+        pa.types.is_integer(t) or pa.types.is_boolean(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+        for t in types
+    ):
+        lo, hi = _least(data, primary_key, "min"), _least(data, primary_key, "max")
+    return _with_filter(HASH_MIX64, lo, hi, m, base64.b64encode(packed).decode("ascii"))
+
+
+# What code from before the schemes finds in a mix64 summary's "m", "k" and "bloom" (it ignores
+# "hash" and would probe with blake2b): one byte of ones, so it says "maybe" for every key and
+# prunes by the key range alone. The mix64 filter itself is under "filter", which it never reads:
+# an older replica or client in the cluster never rules out a key a new part holds.
+_LEGACY_ONES = {"m": 8, "k": 1, "bloom": base64.b64encode(b"\xff").decode("ascii")}
+
+
+def _with_filter(scheme: str, lo: list | None, hi: list | None, m: int, bloom: str) -> dict:
+    if scheme == HASH_BLAKE2B:
+        return {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": bloom}
+    return {"lo": lo, "hi": hi, **_LEGACY_ONES, "hash": scheme, "filter": {"m": m, "k": HASHES, "bloom": bloom}}
+
+
+def _filter_of(summary: Mapping[str, Any]) -> tuple[int, int, bytes]:
+    """``(m, k, bits)`` of the Bloom filter a summary's scheme probes."""
+    f = summary if scheme_of(summary) == HASH_BLAKE2B else summary["filter"]
+    return f["m"], f["k"], _bits(f["bloom"])
+
+
+def _least(data: pa.Table, primary_key: Sequence[str], which: str) -> list:
+    """The least (``min``) or greatest (``max``) key of ``data`` in tuple order, column by column."""
+    import pyarrow.compute as pc
+
+    out = []
+    for k in primary_key:
+        col = data.column(k)
+        v = pc.min_max(col)[which]
+        out.append(v.as_py())
+        data = data.filter(pc.equal(col, v))
+    return out
 
 
 def _long(v: Any) -> bool:
@@ -438,10 +689,7 @@ def exact_locks(
     return out
 
 
-def summary_problem(s: Any) -> str | None:
-    """What is wrong with a key summary read from metadata, or None."""
-    if not isinstance(s, dict):
-        return f"must be an object, got {type(s).__name__}"
+def _filter_problem(s: Mapping[str, Any]) -> str | None:
     m, k, bloom = s.get("m"), s.get("k"), s.get("bloom")
     if not (isinstance(m, int) and not isinstance(m, bool) and m > 0 and m % 8 == 0):
         return f"'m' must be a positive multiple of 8, got {quote(m)}"
@@ -455,6 +703,25 @@ def summary_problem(s: Any) -> str | None:
         return "'bloom' is not base64"
     if len(raw) * 8 != m:
         return f"'bloom' holds {len(raw) * 8} bits, 'm' says {m}"
+    return None
+
+
+def summary_problem(s: Any) -> str | None:
+    """What is wrong with a key summary read from metadata, or None."""
+    if not isinstance(s, dict):
+        return f"must be an object, got {type(s).__name__}"
+    problem = _filter_problem(s)
+    if problem is not None:
+        return problem
+    if s.get("hash", HASH_BLAKE2B) not in HASH_SCHEMES:
+        return f"'hash' must be one of {list(HASH_SCHEMES)}, got {quote(s.get('hash'))}"
+    if s.get("hash", HASH_BLAKE2B) != HASH_BLAKE2B:
+        f = s.get("filter")
+        if not isinstance(f, dict):
+            return f"'filter' must be an object for hash {quote(s.get('hash'))}"
+        problem = _filter_problem(f)
+        if problem is not None:
+            return f"'filter': {problem}"
     for end in ("lo", "hi"):
         v = s.get(end)
         if v is not None and not (isinstance(v, list) and all(isinstance(x, _ORDERED) for x in v)):
@@ -498,9 +765,15 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
                 return False
         except TypeError:  # a key of other types than the part's: let the filter say
             pass
-    h1, h2 = hashed if hashed is not None else key_hash(key)
-    m, bits = summary["m"], _bits(summary["bloom"])
-    for i in range(summary["k"]):
+    if scheme_of(summary) == HASH_BLAKE2B:
+        h1, h2 = hashed if hashed is not None else key_hash(key)
+    else:
+        got = key_hash_mix64(tuple(key))
+        if got is None:
+            return True
+        h1, h2 = got
+    m, k, bits = _filter_of(summary)
+    for i in range(k):
         b = (h1 + i * h2) % m
         if not bits[b >> 3] >> (b & 7) & 1:
             return False
@@ -510,14 +783,23 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
 def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
     """Whether a part with this summary may hold a version of any of the keys (``key ->
     key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
-    part committed since a snapshot with every key it writes)."""
+    part committed since a snapshot with every key it writes). A part hashed with ``mix64`` is
+    probed with :func:`key_hash_mix64` of the keys instead (cached per key)."""
     if summary is None:
         return True
+    if scheme_of(summary) != HASH_BLAKE2B:
+        mixed = {}
+        for key in hashed:
+            got = key_hash_mix64(key)
+            if got is None:
+                return True
+            mixed[key] = got
+        hashed = mixed
     lo: Any = summary.get("lo")
     hi: Any = summary.get("hi")
     if lo is not None:
         lo, hi = tuple(lo), tuple(hi)
-    m, k, bits = summary["m"], summary["k"], _bits(summary["bloom"])
+    m, k, bits = _filter_of(summary)
     for key, (h1, h2) in hashed.items():
         if lo is not None:
             try:
@@ -626,6 +908,19 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
             return None
         out[cast] = key_hash(cast)
     return out
+
+
+def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tuple]) -> pa.Table:
+    """The rows of ``data`` whose key is one of ``wanted``: a boolean mask from ``is_in`` for a
+    one-column key (no Acero plan, whose fixed cost a point read would pay per part), else
+    :func:`key_filter`."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) != 1:
+        return data.filter(key_filter(data.schema, primary_key, wanted))
+    k = primary_key[0]
+    col = data.column(k)
+    return data.filter(pc.is_in(col, value_set=pa.array([key[0] for key in wanted], col.type)))
 
 
 def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:

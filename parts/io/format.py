@@ -33,6 +33,10 @@ from parts.model.meta import PartMeta, sidecar_path
 log = logging.getLogger(__name__)
 
 COMPRESSION = "zstd"
+# A keys table's part is written sorted by key (then version, _seq) in row groups of this many
+# rows, each with min/max statistics: a point lookup reads only the row groups whose key range
+# may hold the key (:func:`key_row_groups`), so its cost does not grow with the part's size.
+KEYS_ROW_GROUP_ROWS = 8192
 # <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
@@ -125,7 +129,11 @@ def write_part(
     name = new_part_name(creation_tid)
     path = part_path(table, list(partition_by), partition, name)
     sink = pa.BufferOutputStream()
-    pq.write_table(data, sink, compression=COMPRESSION, write_statistics=True)
+    if primary_key:
+        data = _sorted_by_key(data, primary_key)
+        pq.write_table(data, sink, compression=COMPRESSION, write_statistics=True, row_group_size=KEYS_ROW_GROUP_ROWS)
+    else:
+        pq.write_table(data, sink, compression=COMPRESSION, write_statistics=True)
     raw = sink.getvalue().to_pybytes()
     meta = PartMeta(
         name=name,
@@ -159,6 +167,40 @@ def write_part(
     return meta
 
 
+def _sorted_by_key(data: pa.Table, primary_key: Sequence[str]) -> pa.Table:
+    """A keys-table part's versions sorted by key, then version (``_ver``, a compaction's) and
+    ``_seq``: the order a read folds them in, so each key's versions stay in order."""
+    if data.num_rows < 2:
+        return data
+    by = [*primary_key, *(c for c in (keytables.VER, keytables.SEQ) if c in data.column_names)]
+    return data.take(pc.sort_indices(data, sort_keys=[(c, "ascending") for c in by]))
+
+
+def key_row_groups(metadata: Any, primary_key: Sequence[str], keys: Sequence[tuple]) -> list[int]:
+    """The row groups of a Parquet file (its ``metadata``) whose min/max statistics of the key
+    columns may hold one of ``keys``: a group with no statistics for a key column, or values
+    that do not compare with them, is kept. An old part (unsorted, one row group) keeps its
+    one group when a key lies in its range."""
+    names = metadata.schema.to_arrow_schema().names
+    where = [names.index(k) if k in names else -1 for k in primary_key]
+    out = []
+    for g in range(metadata.num_row_groups):
+        rg = metadata.row_group(g)
+        bounds = []
+        for i in where:
+            st = rg.column(i).statistics if i >= 0 else None
+            bounds.append((st.min, st.max) if st is not None and st.has_min_max else None)
+        for key in keys:
+            try:
+                if all(b is None or b[0] <= v <= b[1] for v, b in zip(key, bounds)):
+                    out.append(g)
+                    break
+            except TypeError:
+                out.append(g)
+                break
+    return out
+
+
 def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str | None:
     """What is wrong with a part's file in storage (missing, another size, another checksum), or
     None when it is as written. Without ``checksum`` only its presence and size are looked at."""
@@ -175,8 +217,16 @@ def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str 
     return None if actual == meta.checksum else f"has checksum {actual}, {meta.checksum} was written"
 
 
-def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None) -> pa.Table:
-    """The part's rows, only after its size and checksum match what was recorded."""
+def read_part(
+    storage: Storage,
+    meta: PartMeta,
+    columns: list[str] | None = None,
+    keys: tuple[Sequence[str], Sequence[tuple]] | None = None,
+) -> pa.Table:
+    """The part's rows, only after its size and checksum match what was recorded. ``keys``
+    (``(primary key columns, keys)``, a keys-table point read): only the row groups whose
+    statistics may hold one of the keys are decoded (:func:`key_row_groups`), and of their rows
+    only those keys' are returned."""
     try:
         raw = storage.get(meta.path)
     except FileNotFoundError:
@@ -197,6 +247,21 @@ def read_part(storage: Storage, meta: PartMeta, columns: list[str] | None = None
                 raise InvalidInput(
                     f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown
                 )
+        if keys is not None:
+            if pf.metadata.num_rows != meta.rows:
+                raise CorruptPart(
+                    f"part {quote(meta.path)} has {pf.metadata.num_rows} rows, {meta.rows} were written",
+                    path=meta.path,
+                )
+            pk, wanted = keys
+            groups = key_row_groups(pf.metadata, pk, wanted)
+            if not groups:
+                return (
+                    pf.schema_arrow.empty_table() if columns is None else pf.schema_arrow.empty_table().select(columns)
+                )
+            # One thread: a point read decodes a group or two, where a pool's hand-offs cost more.
+            got = pf.read_row_groups(groups, columns=columns, use_threads=False)
+            return keytables.rows_of_keys(got, pk, wanted)
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None

@@ -595,3 +595,37 @@ def test_a_second_compaction_in_one_transaction_respects_the_first_ones_output(t
     after = [(keytables.OWN, read_part(storage, m)) for m in [*own, *second.added]]
     want = keyfold.merge(SCHEMA, PK, [(csns[m.name], read_part(storage, m)) for m in (a, c, b)])
     assert rows_of(keyfold.merge(SCHEMA, PK, after)) == rows_of(want) == [{"p": 0, "k": 1, "a": "y", "b": None}]
+
+
+def test_big_parts_merge_by_size_tier_and_every_snapshot_reads_the_same(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> None:
+    """With ``merge_small_bytes`` at 1 byte every part is big: only the size-tier merges of a keys
+    table (``keytables.tiered_merge``) merge them. They run, the parts left stay few, and a read
+    at every commit's snapshot returns what the writes up to it make."""
+    settings = {"merge_interval": 0.2, "merge_min_parts": 4, "merge_small_bytes": 1, "gc_interval": 0}
+    with make_cluster(tmp_path_factory, zk_server, "keystiers", replicas=1, settings=settings) as cluster:
+        c = cluster.client(0)
+        try:
+            name = new_table(c, auto_merge=True)
+            first = c.snapshot()
+            rng = random.Random(5)
+            writes = []
+            for i in range(40):
+                k = rng.randrange(20)
+                with c.transaction() as tx:
+                    tx.upsert(name, kt([{"p": 0, "k": k, "b": i}], ("p", "k", "b")), update=True)
+                writes.append((tx.csn, k, i))
+
+            def merged() -> list[dict]:
+                return [e for e in c.events(name).to_pylist() if e["event"] == "merge" and e["outcome"] == "committed"]
+
+            assert wait_until(lambda: len(merged()) >= 3, what="size-tier merges of the keys table")
+            visible = [p for p in c.parts(name).to_pylist() if p["visible"]]
+            assert len(visible) < 20, len(visible)  # of 40 commits
+            for s in range(first, c.snapshot() + 1):
+                model = {k: v for csn, k, v in sorted(writes) if csn <= s}
+                want = [{"p": 0, "k": k, "a": None, "b": v} for k, v in sorted(model.items())]
+                assert rows_of(c.read(name, snapshot=s)) == want, s
+        finally:
+            c.close()

@@ -1,0 +1,264 @@
+"""Key summaries without per-key Python (issue 24 item 3): the ``mix64`` hash scheme computed over
+whole columns (coordinator/core/keytables.py, "key summaries") gives exactly the hashes the
+per-key Python gives; a summary names its scheme, one without a name is ``blake2b`` (every part
+written before) and is still probed with it; and parts of keys tables are written sorted by key
+in row groups that a point read picks by their statistics (parts/io/format.py)."""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from coordinator.core import keyfold, keytables
+from parts.io import format as part_format
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
+
+
+def _word(rng: random.Random) -> str:
+    return "".join(rng.choice(string.ascii_letters + "éß€😀 ,;\x00") for _ in range(rng.randint(0, 12)))
+
+
+KINDS = {
+    "int64": (pa.int64(), lambda r: r.randint(-(2**63), 2**63 - 1)),
+    "uint64": (pa.uint64(), lambda r: r.randint(0, 2**64 - 1)),
+    "int8": (pa.int8(), lambda r: r.randint(-128, 127)),
+    "bool": (pa.bool_(), lambda r: r.random() < 0.5),
+    "string": (pa.string(), _word),
+    "large_string": (pa.large_string(), _word),
+    "binary": (pa.binary(), lambda r: r.randbytes(r.randint(0, 9))),
+}
+COMBOS = [["int64"], ["uint64"], ["int8"], ["bool"], ["string"], ["large_string"], ["binary"], ["string", "int64"]]
+COMBOS += [["bool", "int8", "binary"]]
+
+
+def _table(kinds: list[str], n: int, rng: random.Random) -> pa.Table:
+    cols = {f"c{i}": pa.array([KINDS[k][1](rng) for _ in range(n)], KINDS[k][0]) for i, k in enumerate(kinds)}
+    return pa.table(cols)
+
+
+@pytest.mark.parametrize("kinds", COMBOS, ids=["+".join(c) for c in COMBOS])
+@pytest.mark.parametrize("seed", range(4))
+def test_column_hashes_equal_the_per_key_hash(kinds: list[str], seed: int) -> None:
+    rng = random.Random(f"{kinds}-{seed}")
+    n = rng.choice([1, 5, 300, 1500])
+    data = _table(kinds, n, rng)
+    cut = rng.randrange(n)
+    # Sliced and chunked columns (offsets into shared buffers) hash as fresh ones do.
+    data = pa.concat_tables([data.slice(cut), data.slice(0, cut)])
+    pk = data.column_names
+    h1, h2 = keytables.column_hashes(data, pk)
+    keys = list(zip(*(data.column(c).to_pylist() for c in pk)))
+    assert list(zip(h1.to_pylist(), h2.to_pylist())) == [keytables.key_hash_mix64(k) for k in keys]
+
+
+def test_mix64_is_pinned() -> None:
+    # A later version, and every process, probes the bits a part was written with.
+    assert keytables.key_hash_mix64((5,)) == (4341469512545408465, 4006667485591903389)
+    assert keytables.key_hash_mix64(("x", 5)) == (9416767192624919299, 18268131652604337771)
+    assert keytables.key_hash_mix64((True,)) == keytables.key_hash_mix64((1,))  # one column has one type
+    assert keytables.key_hash_mix64(("ab",)) != keytables.key_hash_mix64((b"ab\x00",))
+    assert keytables.key_hash_mix64((1.5,)) is None  # not a type it hashes: the probe says maybe
+
+
+@pytest.mark.parametrize("kinds", COMBOS, ids=["+".join(c) for c in COMBOS])
+def test_the_column_road_and_the_python_road_write_the_same_summary(kinds: list[str]) -> None:
+    rng = random.Random(str(kinds))
+    data = _table(kinds, 2000, rng)
+    pk = data.column_names
+    big = keytables.summarize(data, pk)  # past _VECTOR_ROWS: Arrow kernels
+    assert big["hash"] == keytables.HASH_MIX64 and keytables.summary_problem(big) is None
+    small = [keytables.summarize(data.slice(i, 400), pk) for i in range(0, 2000, 400)]  # Python
+    whole = keytables._summarize_columns(data.slice(0, 400), pk, keytables.BITS_PER_KEY, keytables.MAX_FILTER_BITS)
+    assert {k: v for k, v in small[0].items() if k != "exact"} == keytables.bound_summary(whole)
+    for key in zip(*(data.column(c).to_pylist() for c in pk)):
+        assert keytables.may_hold(big, key) and keytables.may_hold_any(big, {key: keytables.key_hash(key)})
+    absent = [k for k in zip(*(_table(kinds, 500, random.Random(9)).column(c).to_pylist() for c in pk))]
+    absent = [k for k in absent if k not in set(zip(*(data.column(c).to_pylist() for c in pk)))]
+    assert sum(keytables.may_hold(big, k) for k in absent) <= 0.02 * len(absent) + 2
+
+
+def test_old_summaries_stay_blake2b_and_are_probed_with_it() -> None:
+    data = pa.table({"k": pa.array(range(0, 3000, 3), pa.int64())})
+    old = keytables.summarize(data, ["k"], scheme=keytables.HASH_BLAKE2B)
+    new = keytables.summarize(data, ["k"])
+    assert "hash" not in old and keytables.scheme_of(old) == keytables.HASH_BLAKE2B
+    assert new["hash"] == keytables.HASH_MIX64 and old["bloom"] != new["bloom"]
+    for s in (old, new):
+        assert all(keytables.may_hold(s, (k,)) for k in range(0, 3000, 3))
+        assert sum(keytables.may_hold(s, (k,)) for k in range(1, 3000, 3)) < 20
+        # The callers hash with blake2b once per key; a mix64 part is probed with its own hash.
+        hashed = {(k,): keytables.key_hash((k,)) for k in (1, 4, 7)}
+        assert not keytables.may_hold_any(s, hashed)
+        assert keytables.may_hold_any(s, {**hashed, (9,): keytables.key_hash((9,))})
+    assert keytables.summary_problem({**new, "hash": "md5"}) is not None
+    assert keytables.summary_problem({k: v for k, v in new.items() if k != "filter"}) is not None
+    assert keytables.summary_problem({**new, "filter": {**new["filter"], "bloom": "AAAA"}}) is not None
+    # Code from before the schemes ignores "hash" and "filter" and probes "m", "k", "bloom" with
+    # blake2b: all ones there, so it never rules out a key a new part holds (a mixed cluster).
+    legacy = {k: v for k, v in new.items() if k not in ("hash", "filter")}
+    assert keytables.summary_problem(legacy) is None
+    assert all(keytables.may_hold(legacy, (k,), keytables.key_hash((k,))) for k in range(0, 3000, 3))
+    with pytest.raises(ValueError):
+        keytables.summarize(data, ["k"], scheme="md5")
+    # A key column mix64 does not hash (a float) keeps blake2b.
+    floats = pa.table({"f": pa.array([0.5, 1.5], pa.float64())})
+    assert "hash" not in keytables.summarize(floats, ["f"])
+
+
+def test_a_saturated_filter_is_all_ones() -> None:
+    data = pa.table({"k": pa.array(range(20_000), pa.int64())})
+    s = keytables.summarize(data, ["k"], max_bits=4096)
+    assert keytables._filter_of(s)[0] == 4096 and keytables._filter_of(s)[2] == b"\xff" * 512
+    assert s["lo"] == [0] and s["hi"] == [19_999] and not keytables.may_hold(s, (20_000,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorted parts, row groups read by their statistics
+
+SCHEMA = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])
+
+
+def _versions(keys: list[int], op: int = keytables.PUT, seq: int = 1) -> pa.Table:
+    data = pa.table({"k": pa.array(keys, pa.int64()), "v": [f"v{k}" for k in keys]})
+    return keytables.versions(SCHEMA, ("k",), "t", data, op, seq)
+
+
+@pytest.fixture
+def groups_read(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The row groups each point read decodes."""
+    seen: list[list[int]] = []
+    real = part_format.key_row_groups
+
+    def counting(*a, **kw):
+        got = real(*a, **kw)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(part_format, "key_row_groups", counting)
+    return seen
+
+
+def test_a_point_read_decodes_only_the_row_groups_that_can_hold_the_key(tmp_path, groups_read) -> None:
+    storage = Storage(str(tmp_path))
+    rng = random.Random(1)
+    keys = rng.sample(range(1_000_000), 50_000)
+    meta = part_format.write_part(storage, "t", [], (), _versions(keys), "tx1", primary_key=("k",))
+    whole = part_format.read_part(storage, meta)
+    assert whole.column("k").to_pylist() == sorted(keys)  # written sorted by key
+    groups = pq.ParquetFile(str(tmp_path / meta.path)).metadata.num_row_groups
+    assert groups == -(-50_000 // part_format.KEYS_ROW_GROUP_ROWS) == 7
+    for key in [*rng.sample(keys, 20), -1, 2_000_000]:
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(whole.filter(pc.field("k") == key)), key
+        assert len(groups_read[-1]) <= 1  # of 7
+    two = sorted(keys)[:: len(keys) - 1]  # the least and the greatest: the first and last group
+    got = part_format.read_part(storage, meta, keys=(["k"], [(k,) for k in two]))
+    assert groups_read[-1] == [0, groups - 1] and got.column("k").to_pylist() == two
+
+
+def test_an_old_unsorted_part_still_reads_correctly(tmp_path, groups_read) -> None:
+    # Written the old way: rows in write order, one row group, a blake2b summary.
+    storage = Storage(str(tmp_path))
+    rng = random.Random(2)
+    keys = rng.sample(range(100_000), 20_000)
+    data = _versions(keys)
+    sink = pa.BufferOutputStream()
+    pq.write_table(data, sink, compression="zstd", write_statistics=True)
+    raw = sink.getvalue().to_pybytes()
+    meta = PartMeta(
+        name="old",
+        table="t",
+        partition=(),
+        path="t/old.parquet",
+        rows=data.num_rows,
+        size=len(raw),
+        checksum=part_format.checksum_of(raw),
+        stats=part_format.column_stats(data),
+        creation_tid="tx0",
+        created_at=0.0,
+        key_summary=keytables.summarize(data, ["k"], scheme=keytables.HASH_BLAKE2B),
+    )
+    storage.put(meta.path, raw)
+    meta = PartMeta.from_dict(meta.to_dict())
+    assert "hash" not in meta.key_summary
+    for key in rng.sample(keys, 10):
+        assert keytables.may_hold(meta.key_summary, (key,))
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(data.filter(pc.field("k") == key)) and groups_read[-1] == [0]
+    got = part_format.read_part(storage, meta, keys=(["k"], [(-5,)]))
+    assert got.num_rows == 0 and groups_read[-1] == []  # outside its range: nothing decoded
+    # Folded with a new sorted part, old and new give what the fold of whole parts gives.
+    new = part_format.write_part(storage, "t", [], (), _versions(keys[:500], seq=9), "tx1", primary_key=("k",))
+    both = [(1, part_format.read_part(storage, meta)), (2, part_format.read_part(storage, new))]
+    key = keys[7]
+    point = [(o, part_format.read_part(storage, m, keys=(["k"], [(key,)]))) for o, m in ((1, meta), (2, new))]
+    want = keyfold.merge(SCHEMA, ("k",), both).filter(pc.field("k") == key)
+    assert keyfold.merge(SCHEMA, ("k",), point).equals(want) and want.num_rows == 1
+
+
+def test_the_fold_of_sorted_parts_equals_the_fold_in_write_order() -> None:
+    # Each part sorted by key is not in (version, _seq) order as a whole; the fold still orders
+    # each key's versions by version then _seq.
+    rng = random.Random(3)
+    parts = []
+    for order in range(1, 8):
+        keys = [rng.randrange(50) for _ in range(40)]  # repeats: later _seq wins within a part
+        ops = [rng.choice([keytables.PUT, keytables.DELETE]) for _ in keys]
+        pieces = [_versions([k], op, seq=i + 1) for i, (k, op) in enumerate(zip(keys, ops))]
+        parts.append((order, pa.concat_tables(pieces)))
+    in_order = keyfold.merge(SCHEMA, ("k",), parts)
+    by_key = [(o, part_format._sorted_by_key(t, ("k",))) for o, t in parts]
+    assert keyfold.merge(SCHEMA, ("k",), by_key).equals(in_order)
+    shuffled = [(o, t.take(pa.array(rng.sample(range(t.num_rows), t.num_rows)))) for o, t in parts]
+    assert keyfold.merge(SCHEMA, ("k",), shuffled).equals(in_order)
+
+
+# ---------------------------------------------------------------------------------------------
+# Merges of a keys table's big parts by size tier (the versions a read folds stay bounded)
+
+S = 100  # merge_small_bytes
+
+
+@pytest.mark.parametrize(
+    ("sizes", "min_parts", "max_parts", "want"),
+    [
+        ([], 4, 64, []),
+        ([10, 20, 30, 40, 50], 4, 64, []),  # small parts: the minor merge's
+        ([100, 150, 399], 4, 64, []),  # three in tier 0 (100..399): fewer than 4
+        ([100, 150, 399, 250], 4, 64, [0, 1, 2, 3]),
+        ([100, 10, 150, 400, 399, 250], 4, 64, [0, 2, 4, 5]),  # 400 is tier 1; small left alone
+        ([100, 150, 399, 250, 300], 4, 2, [0, 1]),  # at most max_parts, the oldest
+        ([100, 150, 399, 250, 300], 4, 1, [0, 1]),  # a merge takes two at least
+        ([400, 1599, 800, 1000, 150], 4, 64, [0, 1, 2, 3]),  # tier 1 full, tier 0 not
+        ([1600, 6399, 3000, 100, 399, 250, 120, 6000], 4, 64, [3, 4, 5, 6]),  # the lowest full tier first
+        ([1600, 6399, 3000, 6000], 4, 64, [0, 1, 2, 3]),
+        ([100, 150, 399, 250], 4, 64, [0, 1, 2, 3]),
+        ([100, 199, 150], 2, 64, [0, 1, 2]),  # tiers of x2: 100..199
+        ([100, 200], 2, 64, []),  # 200 is tier 1
+    ],
+)
+def test_tiered_merge(sizes: list[int], min_parts: int, max_parts: int, want: list[int]) -> None:
+    assert keytables.tiered_merge(sizes, S, min_parts, max_parts) == want
+
+
+def test_tiered_merges_keep_the_parts_a_read_folds_logarithmic() -> None:
+    # Endless 10-byte upserts with minor merges of 4 small parts, then tiers: parts stay few.
+    parts: list[int] = []
+    most = 0
+    for _ in range(5000):
+        parts.append(10)
+        while True:
+            small = [i for i, s in enumerate(parts) if s < S]
+            pick = small[:64] if len(small) >= 4 else keytables.tiered_merge(parts, S, 4, 64)
+            if not pick:
+                break
+            merged = sum(parts[i] for i in pick)
+            parts = [s for i, s in enumerate(parts) if i not in set(pick)] + [merged]
+        most = max(most, len(parts))
+    assert sum(parts) == 50_000 and most <= 3 + 3 * 5  # 3 small + 3 per tier up to 100 * 4**4
