@@ -227,18 +227,7 @@ def read_part(
     (``(primary key columns, keys)``, a keys-table point read): only the row groups whose
     statistics may hold one of the keys are decoded (:func:`key_row_groups`), and of their rows
     only those keys' are returned."""
-    try:
-        raw = storage.get(meta.path)
-    except FileNotFoundError:
-        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
-    if len(raw) != meta.size:
-        raise CorruptPart(
-            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
-            path=meta.path,
-        )
-    actual = checksum_of(raw)
-    if actual != meta.checksum:
-        raise CorruptPart(f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path)
+    raw = verified_bytes(storage, meta)
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))
         if columns is not None:
@@ -271,6 +260,24 @@ def read_part(
             path=meta.path,
         )
     return result
+
+
+def verified_bytes(storage: Storage, meta: PartMeta) -> bytes:
+    """The part file's bytes, once their size and checksum match what was recorded: nothing is
+    decoded from a file that was truncated, replaced or rotted."""
+    try:
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+    if len(raw) != meta.size:
+        raise CorruptPart(
+            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
+            path=meta.path,
+        )
+    actual = checksum_of(raw)
+    if actual != meta.checksum:
+        raise CorruptPart(f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path)
+    return raw
 
 
 def read_meta(storage: Storage, relpath: str) -> PartMeta:

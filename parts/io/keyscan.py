@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from coordinator.core import keyranges
 from coordinator.core.errors import CorruptPart, clip, quote
-from parts.io.format import checksum_of
+from parts.io.format import verified_bytes
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 
@@ -28,18 +28,7 @@ BATCH_ROWS = 16 * 1024
 @contextmanager
 def opened(storage: Storage, meta: PartMeta) -> Iterator[pq.ParquetFile]:
     """The part's file as a ``ParquetFile``, once its size and checksum match its metadata."""
-    try:
-        raw = storage.get(meta.path)
-    except FileNotFoundError:
-        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
-    if len(raw) != meta.size:
-        raise CorruptPart(
-            f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
-            path=meta.path,
-        )
-    actual = checksum_of(raw)
-    if actual != meta.checksum:
-        raise CorruptPart(f"part {quote(meta.path)} checksum is {actual}, {meta.checksum} was written", path=meta.path)
+    raw = verified_bytes(storage, meta)
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))
         if pf.metadata.num_rows != meta.rows:
