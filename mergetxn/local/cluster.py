@@ -26,6 +26,9 @@ from coordinator.wire.security import (
 from mergetxn.local.zkserver import start_zookeeper
 
 T = TypeVar("T")
+# The checkout (or site-packages) that holds this code's packages: the replicas import theirs
+# from here, not from whatever directory the cluster was started in.
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _replica_index(method: Callable[..., T]) -> Callable[..., T]:
@@ -194,8 +197,7 @@ class LocalCluster:
         ]
         env = dict(os.environ)
         env.pop(ENV_CREDENTIALS, None)  # the replicas' credentials are what ``secure`` says
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(PROJECT_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         log = open(d / "replica.log", "ab")
         self._procs[i] = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
         log.close()
