@@ -42,6 +42,9 @@ SMALL_PART_BYTES = 64 * 1024
 # rows, each with min/max statistics: a point lookup reads only the row groups whose key range
 # may hold the key (:func:`key_row_groups`), so its cost does not grow with the part's size.
 KEYS_ROW_GROUP_ROWS = 8192
+# Columns of at most this many rows get their min/max in Python (:func:`_small_min_max`), larger
+# ones through pyarrow.compute, whose fixed cost per call exceeds the work on a few values.
+SMALL_STATS_ROWS = 64
 # <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
@@ -96,14 +99,33 @@ def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
         )
         if not ok:
             continue
-        if pa.types.is_floating(t) and col.null_count < len(col) and pc.any(pc.is_nan(col)).as_py():
-            continue
-        mm = pc.min_max(col)
-        lo, hi = _iso(mm["min"].as_py()), _iso(mm["max"].as_py())
+        if len(col) <= SMALL_STATS_ROWS:
+            found = _small_min_max(col.to_pylist())
+            if found is None:  # a NaN
+                continue
+            lo, hi = _iso(found[0]), _iso(found[1])
+        else:
+            if pa.types.is_floating(t) and col.null_count < len(col) and pc.any(pc.is_nan(col)).as_py():
+                continue
+            mm = pc.min_max(col)
+            lo, hi = _iso(mm["min"].as_py()), _iso(mm["max"].as_py())
         if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
             continue
         stats[name] = (lo, hi)
     return ops.bound_stats(stats)
+
+
+def _small_min_max(values: list[Any]) -> tuple[Any, Any] | None:
+    """(min, max) of a few values as Python objects, nulls left out ((None, None) when all are
+    null); None when one is a NaN. The same answer as ``pyarrow.compute.min_max`` for the types
+    :func:`column_stats` takes (Python orders str by code point, as Arrow's UTF-8 bytes order),
+    without a compute call per column (about 20 us each: most of a 10-row part's stats)."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None, None
+    if isinstance(present[0], float) and any(v != v for v in present):
+        return None
+    return min(present), max(present)
 
 
 def part_path(table: str, partition_by: list[str], partition: tuple, name: str) -> str:
