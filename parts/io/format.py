@@ -2,7 +2,8 @@
 
 Layout under the storage root: ``<table>/<partition_dir>/<name>.parquet`` and ``<same>.json``.
 The Parquet file is written first and durably, then the sidecar, so a sidecar always describes
-a complete file. The checksum and size recorded at write time are checked on every read: a part
+a complete file (both are created at their fresh names: a writer that dies mid-way leaves a
+partial file that no commit names, an orphan for cleanup). The checksum and size recorded at write time are checked on every read: a part
 that changed, shrank or vanished raises CorruptPart instead of returning wrong rows.
 Version metadata (creation/removal CSN, removal tid) is not stored here: parts are immutable and
 those facts belong to the commit log.

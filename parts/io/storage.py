@@ -5,7 +5,9 @@ Parts are immutable and are only ever written whole, so the store needs just who
 operations. ``put`` is atomic and durable on every backend, because a commit in ZooKeeper may
 reference a part the moment ``put`` returns and no reader may ever see half a file: locally it
 writes a temporary file, fsyncs it, renames it into place and fsyncs the directory; an object
-store makes a single PUT visible all at once.
+store makes a single PUT visible all at once. A part's file, whose name is fresh and read by no
+one before a commit names it, is created at that name instead (``put(..., fresh=True)``): the
+file and its directory fsynced, one rename less.
 
 Credentials given in ``options`` (or taken from the AWS environment variables) never appear in
 ``repr``/``str`` or in the messages of errors raised here.
@@ -292,7 +294,9 @@ class Storage:
 
     def _put_local(self, path: str, data: bytes | bytearray | memoryview, durable: bool, fresh: bool) -> None:
         directory = os.path.dirname(path)
-        target = path if fresh else os.path.join(directory, f".{os.path.basename(path)}{_TMP_MARK}{uuid.uuid4().hex[:12]}")
+        target = (
+            path if fresh else os.path.join(directory, f".{os.path.basename(path)}{_TMP_MARK}{uuid.uuid4().hex[:12]}")
+        )
         fd = self._create(target, directory)
         try:
             try:
