@@ -182,6 +182,10 @@ def conform(
         data = pa.Table.from_batches([data])
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"{prefix}: data must be a pyarrow.Table, got {type(data).__name__}", table=table)
+    if data.schema.equals(schema, check_metadata=True) and not any(
+        not f.nullable and c.null_count for f, c in zip(schema, data.columns)
+    ):
+        return data  # already the table's columns, order and types, nulls only where allowed
     names = data.column_names
     problems: list[str] = []
     dups = sorted(n for n, k in Counter(names).items() if k > 1)

@@ -129,6 +129,36 @@ def test_put_failure_removes_temp_and_keeps_old_content(storage, monkeypatch):
     assert storage.list() == ["t/f"]
 
 
+def test_fresh_put_creates_the_final_name_only_and_never_overwrites(storage, monkeypatch):
+    storage.put("t/p/first.parquet", b"1", fresh=True)  # makes the directories
+    created = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a: (created.append(path), real_open(path, *a))[1])
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    storage.put("t/p/part.parquet", b"x" * 100_000, fresh=True)
+    monkeypatch.undo()
+    assert [os.path.basename(p) for p in created] == ["part.parquet", "p"]  # the file, then its directory
+    assert len(synced) == 2, "both the file and its directory must be fsynced"
+    assert storage.list() == ["t/p/first.parquet", "t/p/part.parquet"]
+    assert storage.get("t/p/part.parquet") == b"x" * 100_000
+    with pytest.raises(OSError):
+        storage.put("t/p/part.parquet", b"other", fresh=True)
+    assert storage.get("t/p/part.parquet") == b"x" * 100_000
+
+
+def test_fresh_put_failure_removes_the_partial_file(storage, monkeypatch):
+    def boom(fd):
+        raise OSError("disk on fire")
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(OSError, match="disk on fire"):
+        storage.put("t/p/part.parquet", b"new", fresh=True)
+    monkeypatch.undo()
+    assert storage.list() == []
+
+
 def test_temp_file_names_are_recognisable():
     assert is_temp_file("t/_/.x.parquet.tmp-0123456789ab")
     assert not is_temp_file("t/_/x.parquet")
@@ -228,6 +258,46 @@ def test_stats_for_special_columns(storage):
         "2024-01-01T05:00:00.000000+00:00",
         "2024-01-02T00:00:00.000000+00:00",
     )
+
+
+STATS_CASES = {  # column -> values: the small (Python) and large (pyarrow.compute) paths agree
+    "int": pa.array([3, -7, None, 12, 0], pa.int64()),
+    "int8": pa.array([None, None, 1, -128, 127], pa.int8()),
+    "uint": pa.array([2**64 - 1, 0, 5, None, 1], pa.uint64()),
+    "float": pa.array([0.5, -1.25, None, 3.0, -0.0]),
+    "inf": pa.array([1.0, float("inf"), None, 0.0, 2.0]),
+    "neginf": pa.array([1.0, float("-inf"), 2.0, None, 0.0]),
+    "nan": pa.array([1.0, None, float("nan"), 0.0, 2.0]),
+    "float32": pa.array([1.5, -2.5, None, 0.0, 7.0], pa.float32()),
+    "str": pa.array(["b", "", "a\u00ff", "\U0010ffff", "\u007f"]),
+    "edges": pa.array(["\ud7ff", "\ue000", "\uffff", "\U00010000", "\u0800"]),
+    "long": pa.array(["m" * 300, "m" * 299 + "n", None, "a" * 100, "z" * 70]),
+    "large": pa.array(["x", "y", None, "xx", "w"], pa.large_string()),
+    "date": pa.array([dt.date(2024, 1, 2), None, dt.date(1970, 1, 1), dt.date(9999, 12, 31), dt.date(2000, 2, 29)]),
+    "date64": pa.array([dt.date(2024, 1, 2), None, dt.date(1970, 1, 1), dt.date(2001, 1, 1), None], pa.date64()),
+    "bool": pa.array([True, None, False, True, True]),
+    "true": pa.array([True, None, True, None, True]),
+    "allnull": pa.array([None] * 5, pa.float64()),
+    "ts": pa.array([dt.datetime(2024, 1, 1, 5), None, dt.datetime(2023, 1, 2), None, None], pa.timestamp("us", "UTC")),
+    "bin": pa.array([b"a", b"b", None, b"", b"z"]),
+}
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5])
+def test_small_parts_stats_equal_the_compute_path(rows):
+    """A part of at most SMALL_STATS_ROWS rows gets its statistics in Python; the same rows
+    repeated past that bound (same min and max) go through pyarrow.compute: both agree."""
+    from parts.io.format import SMALL_STATS_ROWS, column_stats
+
+    small = pa.table({k: v.slice(0, rows) for k, v in STATS_CASES.items()})
+    large = pa.concat_tables([small] * (SMALL_STATS_ROWS // max(1, rows) + 1))
+    assert rows == 0 or large.num_rows > SMALL_STATS_ROWS
+    got, want = column_stats(small), column_stats(large if rows else small)
+    assert got == want
+    assert [type(v) for pair in got.values() for v in pair] == [type(v) for pair in want.values() for v in pair]
+    if rows == 5:
+        assert "nan" not in got and "inf" not in got and "bin" not in got
+        assert got["int"] == (-7, 12) and got["str"] == ("", "\U0010ffff") and got["allnull"] == (None, None)
 
 
 def test_new_part_name_unique_and_safe(storage):
