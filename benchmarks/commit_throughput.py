@@ -1096,8 +1096,11 @@ def thread_cpu() -> dict[int, tuple[str, float]]:
     return out
 
 
-def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Callable[[str], None]) -> dict:
-    """Run a replica in-process with timers on the commit path and cProfile on its threads."""
+def profile(
+    commits_seconds: float, writers: int, kind: str, top: int, log: Callable[[str], None], dump: str | None = None
+) -> dict:
+    """Run a replica in-process with timers on the commit path and cProfile on its threads;
+    ``dump``: also write the replica's whole cProfile there (pstats format, for callers/callees)."""
     import cProfile
     import io
     import pstats
@@ -1150,11 +1153,16 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             if prof is None:
                 prof = local.prof = cProfile.Profile(time.thread_time)  # CPU, not wall time
                 profiles.append(prof)
+                local.depth = 0
+            if local.depth:  # nested (a handler inside the RPC loop's event): already on
+                return f(*a, **k)
+            local.depth += 1
             prof.enable()
             try:
                 return f(*a, **k)
             finally:
                 prof.disable()
+                local.depth -= 1
 
         return g
 
@@ -1188,6 +1196,8 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
         replica.start()
         server = ReplicaServer(replica)
         server.handlers = {k: profiled_fn(f) for k, f in server.handlers.items()}
+        for attr in ("_serve_conn", "_run_calls"):  # the RPC I/O thread's events: framing, inline handlers
+            setattr(server, attr, profiled_fn(getattr(server, attr)))
         replica.set_address(server.address)
         threading.Thread(target=server.serve, daemon=True).start()
         client = Client(server.address)
@@ -1242,6 +1252,8 @@ def profile(commits_seconds: float, writers: int, kind: str, top: int, log: Call
             else:
                 stats.add(p)
         buf = io.StringIO()
+        if stats is not None and dump:
+            stats.dump_stats(dump)
         if stats is not None:
             stats.stream = buf
             stats.sort_stats("tottime").print_stats(top)
@@ -1490,7 +1502,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # kazoo's chatter on client close
 
     if a.profile:
-        res = profile(a.profile, a.profile_writers, a.profile_kind, 40, log)
+        dump = str(Path(a.profile_out).with_suffix(".prof")) if a.profile_out else None
+        res = profile(a.profile, a.profile_writers, a.profile_kind, 40, log, dump)
         if a.profile_out:
             Path(a.profile_out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.profile_out).write_text(json.dumps(res, indent=2) + "\n")

@@ -35,6 +35,7 @@ from coordinator.core import batching, jsonwire, retries
 from coordinator.core.batching import Composition, Member
 from coordinator.core.conflicts import (
     Policy,
+    Summary,
     check,
     check_app_versions,
 )
@@ -56,7 +57,7 @@ from coordinator.core.targets import (
     read_keys,
     whole_table_targets,
 )
-from coordinator.core.versions import Tid, incarnation_of
+from coordinator.core.versions import incarnation_of
 from coordinator.model.atomicity import NONE
 from coordinator.model.catalog import TableDef, TableDropped
 from coordinator.model.records import (
@@ -124,8 +125,14 @@ class _LocalMiss(VersionMoved):
 
 @dataclass
 class Plan:
+    """A member's folded effect, the targets its multi checks, and (computed once, read by the
+    verdicts, the checked targets and the batching summary alike) its effect per target and the
+    conflict policy of every table in it."""
+
     effect: Effect
     checked: set[str]
+    summaries: dict[tuple[str, str], Summary] = field(default_factory=dict)
+    policies: dict[str, Policy] = field(default_factory=dict)
 
 
 @dataclass
@@ -230,34 +237,37 @@ class Committer:
             return self._commit_batch(batch)
         return []
 
-    def _retrying(self, after_local_miss: bool = False) -> Retrying:
+    def _retrying(self, made: int = 0, first_wait: float = 0.0) -> Retrying:
         """The one retry policy of a commit: a batch (or a table creation) is decided again after
-        a version miss or when it needs more target versions, up to 500 times or 2 minutes, with a
-        short random wait (none after a refused first attempt on local versions: it reads them
-        from ZooKeeper next, which is wait enough)."""
-
-        def wait(retry_state) -> float:
-            exc = retry_state.outcome.exception()
-            return 0.0 if after_local_miss and isinstance(exc, _LocalMiss) else random.uniform(0, RETRY_WAIT)
-
-        return retries.commit_attempts(wait, on=(VersionMoved, NeedKeys))
+        a version miss or when it needs more target versions, up to 500 times (``made`` of them
+        already, outside the policy) or 2 minutes, with a short random wait (``first_wait``
+        before its first attempt: none after a refused first attempt on local versions, which
+        reads them from ZooKeeper next, wait enough)."""
+        return retries.commit_attempts(
+            lambda _: random.uniform(0, RETRY_WAIT), on=(VersionMoved, NeedKeys), made=made, first_wait=first_wait
+        )
 
     # -- transactions ------------------------------------------------------------------------
     def _commit_batch(self, batch: list[Pending]) -> list[Pending]:
         """Decide and commit a batch, again while it loses races; fail its members if it cannot
-        get through. Returns those deferred to the next batch."""
+        get through. Returns those deferred to the next batch.
+
+        The first attempt is made outside the retry policy: most batches get through on it, and
+        the policy's bookkeeping (tenacity's state per attempt) was a tenth of the committer's
+        CPU per commit (benchmarks/README.md, "The replica's CPU per commit"). It decides on the
+        target versions this replica has applied (no round trip) unless a recent one was
+        refused; later attempts read them from ZooKeeper."""
         deferred: list[Pending] = []
-        # The first attempt decides on the target versions this replica has applied (no round
-        # trip) unless a recent one was refused; later attempts read them from ZooKeeper.
         local_first = self.batches >= self._local_off_until
         try:
-            for attempt in self._retrying(after_local_miss=True):
-                with attempt:
-                    local = local_first and attempt.retry_state.attempt_number == 1
-                    live = [p for p in batch if not p.done.is_set()]
-                    deferred = []
-                    if live:
-                        deferred = self._attempt_noting_misses(live, local)
+            try:
+                deferred = self._try(batch, local_first)
+            except (VersionMoved, NeedKeys) as exc:
+                local_miss = local_first and isinstance(exc, _LocalMiss)
+                first_wait = 0.0 if local_miss else random.uniform(0, RETRY_WAIT)
+                for attempt in self._retrying(made=1, first_wait=first_wait):
+                    with attempt:
+                        deferred = self._try(batch, False)
         except (VersionMoved, NeedKeys) as exc:
             why = f"commit could not get through contention: {exc}"
             self._fail_rest(batch, lambda p: TransactionAborted(why))
@@ -275,6 +285,11 @@ class Committer:
             )
             self.fenced(incarnation)
         return [p for p in deferred if not p.done.is_set()]
+
+    def _try(self, batch: list[Pending], local: bool) -> list[Pending]:
+        """One attempt on the members of ``batch`` not decided yet; the deferred."""
+        live = [p for p in batch if not p.done.is_set()]
+        return self._attempt_noting_misses(live, local) if live else []
 
     def _attempt_noting_misses(self, members: list[Pending], local: bool) -> list[Pending]:
         try:
@@ -363,7 +378,7 @@ class Committer:
         """Plan a member against the state and summarise it for batching; None (and the member
         failed) when it cannot commit."""
         try:
-            if incarnation_of(Tid.parse(p.txn.id)) != r.incarnation:
+            if incarnation_of(p.txn.tid) != r.incarnation:  # (its Tid as begun: not parsed again)
                 raise TransactionAborted(
                     f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.host_id} "
                     "(its ZooKeeper session expired since): it can no longer commit",
@@ -384,7 +399,6 @@ class Committer:
     def _member(self, p: Pending, plan: Plan) -> Member:
         """The typed summary of a planned member (:class:`coordinator.core.batching.Member`)."""
         txn, eff = p.txn, plan.effect
-        targets = eff.summaries(txn.id)
         drops = tuple(op.table for op in txn.ops if isinstance(op, DropTable))
         return Member(
             txn.id,
@@ -394,9 +408,9 @@ class Committer:
             read_tables=frozenset(r.table for r in txn.reads),
             writes=frozenset({op.table for op in txn.ops} - set(drops)),
             drops=drops,
-            targets=targets,
+            targets=plan.summaries,
             whole_tables=frozenset(eff.whole_tables),
-            policies=self._policies({t for t, _ in targets} | eff.whole_tables),
+            policies=plan.policies,
             keys_written=self.key_conflicts.planned(txn.id),
             async_session=txn.async_session,
         )
@@ -492,13 +506,14 @@ class Committer:
         failpoints.hit("after_commit_multi")  # in the log, not yet answered (tests/faults/test_sessions.py)
         self.state.wait_applied(csn, self.config.read_wait_seconds)
         self.batches += 1
-        log.info(
-            "committed a batch of %d transaction(s) at CSN %d: %s%s",
-            len(b.accepted),
-            csn,
-            ", ".join(p.txn.id if p.txn is not None else "?" for p, _, _ in b.accepted[:5]),
-            ", ..." if len(b.accepted) > 5 else "",
-        )
+        if log.isEnabledFor(logging.INFO):  # the names joined only for a line that is written
+            log.info(
+                "committed a batch of %d transaction(s) at CSN %d: %s%s",
+                len(b.accepted),
+                csn,
+                ", ".join(p.txn.id if p.txn is not None else "?" for p, _, _ in b.accepted[:5]),
+                ", ..." if len(b.accepted) > 5 else "",
+            )
         now = time.monotonic()
         for p, plan, _ in b.accepted:
             self.committed += 1
@@ -611,15 +626,22 @@ class Committer:
         txn = p.txn
         for table in sorted({op.table for op in txn.ops}):
             self._check_not_dropped(txn, table)
-        eff = self._fold(txn, txn.ops)
-        if self._verdicts(txn, eff):
-            eff = self._replay(p)
-            self._verdicts(txn, eff)
+        plan = self._planned(txn, self._fold(txn, txn.ops))
+        if self._verdicts(txn, plan):
+            plan = self._planned(txn, self._replay(p))
+            self._verdicts(txn, plan)
         if txn.atomicity != NONE:  # atomicity "none" takes no locks: the later commit wins per key
+            added = plan.effect.added
             self.key_conflicts.check(
-                txn.id, txn.snapshot, eff.added, self._policies({m.table for m in eff.added.values()})
+                txn.id, txn.snapshot, added, {m.table: plan.policies[m.table] for m in added.values()}
             )
-        return Plan(eff, self._checked_keys(eff))
+        plan.checked = checked_keys(plan.policies, plan.summaries, plan.effect.whole_tables, self.state.live)
+        return plan
+
+    def _planned(self, txn: RunningTxn, eff: Effect) -> Plan:
+        """``eff`` with its summaries per target and its tables' policies (checked: not yet)."""
+        summaries = eff.summaries(txn.id)
+        return Plan(eff, set(), summaries, self._policies({t for t, _ in summaries} | eff.whole_tables))
 
     def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
         """A transaction writing (or dropping) a table that was dropped after its snapshot loses to
@@ -638,11 +660,10 @@ class Committer:
                 csn=drop.csn,
             )
 
-    def _verdicts(self, txn: RunningTxn, eff: Effect) -> bool:
+    def _verdicts(self, txn: RunningTxn, plan: Plan) -> bool:
         """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""
         rebase = False
-        summaries = eff.summaries(txn.id)
-        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
+        eff, summaries, policies = plan.effect, plan.summaries, plan.policies
         for (table, pkey), later in sorted(summaries.items()):
             winners = self.state.winners(table, pkey, txn.snapshot)
             v = check(policies[table], later, winners)
@@ -732,11 +753,6 @@ class Committer:
         lost = check_reads(txn.id, txn.reads, touched, self._shapes(tables))
         if lost is not None:
             raise lost
-
-    def _checked_keys(self, eff: Effect) -> set[str]:
-        summaries = eff.summaries("")
-        policies = self._policies({t for t, _ in summaries} | eff.whole_tables)
-        return checked_keys(policies, summaries, eff.whole_tables, self.state.live)
 
     def _replay(self, p: Pending) -> Effect:
         """Re-apply the transaction's operations on the parts as they are now."""

@@ -38,6 +38,7 @@ class Wal:
         self.dropped_tail = 0
         self._records = list(self._scan())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size  # where the next append begins (kept: no fstat per write)
 
     def _scan(self) -> Iterator[WalRecord]:
         if not self.path.exists():
@@ -100,7 +101,7 @@ class Wal:
             buf += _HEADER.pack(len(body), zlib.crc32(body)) + body
         view = memoryview(buf)
         with self._lock:
-            start = os.fstat(self._fd).st_size
+            start = self._size
             try:
                 while view:
                     view = view[os.write(self._fd, view) :]
@@ -110,6 +111,7 @@ class Wal:
                 # Cut the file back to where this write began: the records were not written.
                 os.ftruncate(self._fd, start)
                 raise
+            self._size = start + len(buf)
         if sync:
             with self._sync_lock:
                 os.fsync(self._fd)
@@ -149,6 +151,7 @@ class Wal:
             os.close(dfd)
         os.close(self._fd)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
         return dropped
 
     def close(self) -> None:

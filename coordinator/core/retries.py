@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from tenacity import (
@@ -111,10 +112,20 @@ def session_check(seconds: float, on: ExceptionTypes) -> Retrying:
     return _policy(on=on, seconds=seconds, wait=wait_fixed(0.05))
 
 
-def commit_attempts(wait: Callable[[RetryCallState], float], on: ExceptionTypes) -> Retrying:
+COMMIT_ATTEMPTS = 500  # a commit's attempts at most (commit_attempts)
+
+
+def commit_attempts(
+    wait: Callable[[RetryCallState], float], on: ExceptionTypes, made: int = 0, first_wait: float = 0.0
+) -> Retrying:
     """A commit multi that lost a race on a version (another commit moved a target first): at
-    most 500 attempts or 120 s, each after ``wait`` (jittered by the committer)."""
-    return _policy(on=on, attempts=500, seconds=120.0, wait=wait)
+    most 500 attempts or 120 s, each after ``wait`` (jittered by the committer). ``made``: the
+    attempts already made before the policy (the committer's first, which costs no tenacity
+    state when it gets through, as most do); the first of the rest after ``first_wait`` s."""
+    policy = _policy(on=on, attempts=max(1, COMMIT_ATTEMPTS - made), seconds=120.0, wait=wait)
+    if first_wait > 0:
+        policy.before = lambda state: time.sleep(first_wait) if state.attempt_number == 1 else None
+    return policy
 
 
 def log_lookup(seconds: float = 300.0) -> Retrying:

@@ -122,3 +122,24 @@ def test_host_free_tries_again_until_out_of_time() -> None:
     assert retries.host_free(5.0).copy(wait=wait_fixed(0))(unknown) == "ok" and unknown.calls == 3
     with pytest.raises(retries.TryAgain):
         retries.host_free(0)(Flaky(retries.TryAgain("holder unknown")))
+
+
+# -- the committer's policy: its first attempt is made outside it ---------------------------------
+@pytest.mark.parametrize(("made", "calls"), [(0, retries.COMMIT_ATTEMPTS), (1, retries.COMMIT_ATTEMPTS - 1), (498, 2)])
+def test_commit_attempts_make_the_rest_of_the_500(made: int, calls: int) -> None:
+    f = Flaky(*[ValueError(i) for i in range(retries.COMMIT_ATTEMPTS + 1)])
+    with pytest.raises(ValueError) as err:
+        for attempt in retries.commit_attempts(lambda _: 0.0, on=ValueError, made=made):
+            with attempt:
+                f()
+    assert f.calls == calls
+    assert err.value.args == (calls - 1,)  # the last failure, not tenacity's RetryError
+
+
+@pytest.mark.parametrize(("first_wait", "hooked"), [(0.0, False), (0.001, True)])
+def test_commit_attempts_wait_before_the_first_only_when_asked(first_wait: float, hooked: bool) -> None:
+    policy = retries.commit_attempts(lambda _: 0.0, on=ValueError, made=1, first_wait=first_wait)
+    plain = retries.commit_attempts(lambda _: 0.0, on=ValueError)
+    assert (policy.before is not plain.before) is hooked  # tenacity's do-nothing hook otherwise
+    f = Flaky(ValueError(0), answer="ok")
+    assert policy(f) == "ok" and f.calls == 2
