@@ -814,20 +814,35 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
     return True
 
 
-def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
+def mixed_hashes(keys: Iterable[tuple]) -> dict[tuple, tuple[int, int]] | None:
+    """``key -> key_hash_mix64(key)`` for probing many ``mix64`` parts with the same keys (None
+    when a key has a value the scheme does not hash)."""
+    out = {}
+    for key in keys:
+        got = key_hash_mix64(key)
+        if got is None:
+            return None
+        out[key] = got
+    return out
+
+
+def may_hold_any(
+    summary: Mapping[str, Any] | None,
+    hashed: Mapping[tuple, tuple[int, int]],
+    mixed: Mapping[tuple, tuple[int, int]] | None = None,
+) -> bool:
     """Whether a part with this summary may hold a version of any of the keys (``key ->
     key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
     part committed since a snapshot with every key it writes). A part hashed with ``mix64`` is
-    probed with :func:`key_hash_mix64` of the keys instead (cached per key)."""
+    probed with :func:`key_hash_mix64` of the keys instead (``mixed``: the same keys'
+    :func:`mixed_hashes`, computed once by a caller that probes many parts)."""
     if summary is None:
         return True
     if scheme_of(summary) != HASH_BLAKE2B:
-        mixed = {}
-        for key in hashed:
-            got = key_hash_mix64(key)
-            if got is None:
+        if mixed is None:
+            mixed = mixed_hashes(hashed)
+            if mixed is None:
                 return True
-            mixed[key] = got
         hashed = mixed
     lo: Any = summary.get("lo")
     hi: Any = summary.get("hi")
