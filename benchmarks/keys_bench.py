@@ -26,6 +26,7 @@ key conflict check, all in one run on one 1-replica LocalCluster.
     .venv/bin/python benchmarks/keys_bench.py [--quick] [--seconds 10] [--out benchmarks/results/keys_bench.json]
     .venv/bin/python benchmarks/keys_bench.py --only read [--read-keys 1000000]   # (d) alone
     .venv/bin/python benchmarks/keys_bench.py --only lookup [--keys 1000000 --parts 1000]   # (b) alone
+    .venv/bin/python benchmarks/keys_bench.py --only upsert --out f.json   # (b), (a) without deltalake, (c)
 
 ``MERGETXN_CODE=<checkout>`` runs another checkout's code (client and replicas) with this script:
 old and new measured side by side on the same machine.
@@ -188,6 +189,16 @@ def run_writers(kind: str, params: dict, writers: int, warmup: float, seconds: f
 # Setup
 
 
+def process_cpu(pid: int | None) -> float:
+    """Seconds of CPU (user + system) a process has used so far (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_keys(client: Any, n: int, parts: int, log: Callable[[str], None]) -> list[int]:
     """``n`` keys in ``parts`` transactions of ``n / parts`` random keys each (a permutation)."""
     client.create_table(KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys")
@@ -224,7 +235,9 @@ def load_delta(path: Path, order: list[int], parts: int, log: Callable[[str], No
 # (b) point lookups
 
 
-def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None]) -> dict:
+def bench_lookups(
+    client: Any, n: int, lookups: int, log: Callable[[str], None], replica_pid: int | None = None
+) -> dict:
     import coordinator.api.client as client_module
 
     real, reads = client_module.read_part, [0]
@@ -236,6 +249,7 @@ def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None])
     client_module.read_part = counting
     rng = random.Random(1)
     times, per = [], []
+    cpu0, rcpu0 = time.process_time(), process_cpu(replica_pid)
     try:
         for _ in range(lookups):
             key = rng.randrange(n)
@@ -247,9 +261,12 @@ def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None])
             assert got.num_rows == 1 and got.column("k")[0].as_py() == key, (key, got)
     finally:
         client_module.read_part = real
+    cpu, rcpu = time.process_time() - cpu0, process_cpu(replica_pid) - rcpu0
     times.sort()
     out = {
         "lookups": lookups,
+        "client_cpu_ms": round(cpu / lookups * 1000, 2),
+        "replica_cpu_ms": round(rcpu / lookups * 1000, 2),
         "p50_ms": round(statistics.median(times) * 1000, 2),
         "p90_ms": round(times[int(0.9 * len(times))] * 1000, 2),
         "parts_read_mean": round(statistics.mean(per), 3),
@@ -257,7 +274,8 @@ def bench_lookups(client: Any, n: int, lookups: int, log: Callable[[str], None])
     }
     log(
         f"  point lookup: p50 {out['p50_ms']} ms, p90 {out['p90_ms']} ms, "
-        f"parts read {out['parts_read_mean']} (max {out['parts_read_max']})"
+        f"parts read {out['parts_read_mean']} (max {out['parts_read_max']}); CPU ms per lookup: client "
+        f"{out['client_cpu_ms']}, replica {out['replica_cpu_ms']}"
     )
     return out
 
@@ -384,9 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-delta", action="store_true")
     ap.add_argument(
         "--only",
-        choices=["read", "lookup"],
+        choices=["read", "lookup", "upsert"],
         default=None,
-        help="run one case alone: (d) the whole-table read and major compaction, or (b) the point lookup",
+        help="run one case alone: (d) the whole-table read and major compaction, (b) the point lookup, "
+        "or (b), (a) without deltalake and (c) (upsert)",
     )
     ap.add_argument("--read-keys", type=int, default=None, help="keys of case (d)'s table (default 1,000,000)")
     ap.add_argument("--out", default=None)
@@ -429,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             return _report(a, results, quick, n, parts, seconds, started, out_path, log)
         log(f"keys table of {n:,} keys over {parts:,} parts (code: {ROOT})")
         order = load_keys(client, n, parts, log)
-        results["lookup"] = bench_lookups(client, n, lookups, log)
+        results["lookup"] = bench_lookups(client, n, lookups, log, cluster.replica_pid(0))
         if a.only == "lookup":
             client.close()
             other.close()
@@ -442,21 +461,31 @@ def main(argv: list[str] | None = None) -> int:
         halves: dict[str, list[dict]] = {"keys_upsert": [], "parts_append": []}
         for kind in ("keys_upsert", "parts_append", "parts_append", "keys_upsert"):
             table = KEYS_TABLE if kind == "keys_upsert" else PARTS_TABLE
+            rcpu0 = process_cpu(cluster.replica_pid(0))
             r = run_writers(kind, {**params, "table": table}, a.writers, warmup, seconds / 2)
+            # The replica's CPU over warmup and measured time, per commit at the measured rate.
+            spent = process_cpu(cluster.replica_pid(0)) - rcpu0
+            r["replica_cpu_ms_per_commit"] = round(
+                spent * 1000 / max(1e-9, r["commits_per_s"] * (warmup + seconds / 2)), 2
+            )
             halves[kind].append(r)
-            log(f"  {kind}: {r['commits_per_s']} commits/s (p50 {r['p50_ms']} ms, conflicts {r['conflict_share']:.2%})")
+            log(
+                f"  {kind}: {r['commits_per_s']} commits/s (p50 {r['p50_ms']} ms, conflicts {r['conflict_share']:.2%}, "
+                f"replica CPU {r['replica_cpu_ms_per_commit']} ms/commit)"
+            )
         for kind, runs in halves.items():
             results[kind] = {
                 "commits_per_s": round(statistics.mean(r["commits_per_s"] for r in runs), 1),
                 "p50_ms": round(statistics.mean(r["p50_ms"] for r in runs), 2),
                 "conflict_share": round(statistics.mean(r["conflict_share"] for r in runs), 4),
+                "replica_cpu_ms_per_commit": round(statistics.mean(r["replica_cpu_ms_per_commit"] for r in runs), 2),
                 "halves": runs,
             }
         log(
             f"  keys upsert {results['keys_upsert']['commits_per_s']} commits/s, parts append "
             f"{results['parts_append']['commits_per_s']} commits/s (means of both turns)"
         )
-        if not a.skip_delta:
+        if not a.skip_delta and a.only != "upsert":
             delta = Path(work) / "delta"
             results["delta_layout"] = load_delta(delta, order, parts, log)
             results["deltalake_merge"] = run_writers(
@@ -469,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         log("key conflict check")
         results["conflict_check"] = bench_conflict_check(client, other, n, counts, repeats, log)
-        log(f"whole-table read, {read_keys:,} keys")
-        results["whole_read"] = bench_whole_read(client, read_keys, log)
+        if a.only != "upsert":
+            log(f"whole-table read, {read_keys:,} keys")
+            results["whole_read"] = bench_whole_read(client, read_keys, log)
         client.close()
         other.close()
 

@@ -90,8 +90,9 @@ class KeyConflicts:
                     written[k] = written.get(k, frozenset()) | held
             planned[(table, pkey)] = frozenset(written)
             hashed = {k: keytables.key_hash(k) for k in written}
+            mixed = keytables.mixed_hashes(written)  # once, not per part probed
             for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
-                if not keytables.may_hold_any(meta.key_summary, hashed):
+                if not keytables.may_hold_any(meta.key_summary, hashed, mixed):
                     self.skipped += 1
                     continue
                 theirs = self._locks(tdef, meta)

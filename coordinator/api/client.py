@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 
 from coordinator.api.arguments import checked, checked_methods
 from coordinator.api.heartbeat import Heartbeat
-from coordinator.core import errors, keyfold, keyranges, keytables, retries
+from coordinator.core import errors, keyfold, keypoint, keyranges, keytables, retries
 from coordinator.core.conflicts import Policy, check_app_version
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
@@ -474,7 +474,14 @@ class Client:
         where: pc.Expression | None = None,
     ) -> pa.Table:
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
-        r = self.call("visible", **_visible_args(table, snapshot, as_of), **_point_hint(self._tables.get(table), where))
+        hint = _point_hint(self._tables.get(table), where)
+        # A point read at the latest snapshot takes no lease (one round trip, no renewer thread):
+        # the parts it lists were visible a moment ago, so the retention window keeps each one
+        # ``retention_seconds`` after a commit removes it; past that (a table with no window),
+        # a part cleanup took is CorruptPart below, then SnapshotUnavailable, and the read
+        # starts over at the new latest snapshot, as a read whose lease lapsed does.
+        lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
+        r = self.call("visible", **_visible_args(table, snapshot, as_of), **hint, **lease)
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -689,14 +696,21 @@ class Client:
         csns: Mapping[str, int],
     ) -> pa.Table:
         wanted = None
-        if where is not None:  # after the fold: a newer version may move a row out of (or into) it
+        # A filter that is only ``key == literal`` terms (keytables.point_keys, exact) keeps
+        # exactly the rows of those keys: it parsed as valid and is not applied after the fold,
+        # which reads and folds those keys' versions alone (an Arrow plan each costs a point read
+        # more than the rest of its client side).
+        exact = keytables.point_keys(where, tdef.schema, tdef.primary_key, exact=True) if where is not None else None
+        if exact is not None:
+            wanted = exact
+        elif where is not None:  # after the fold: a newer version may move a row out of (or into) it
             check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
             # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
             # part whose key summary cannot hold one of them adds no version the fold would keep.
             wanted = keytables.point_keys(where, tdef.schema, tdef.primary_key)
-            if wanted is not None:
-                hashed = {k: keytables.key_hash(k) for k in wanted}
-                metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
+        if wanted is not None:
+            hashed = {k: keytables.key_hash(k) for k in wanted}
+            metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
         if where is not None and wanted is not None:
             # Only those keys' versions matter (the fold is per key): of each part, only the row
             # groups whose key statistics may hold one (parts are written sorted by key), and of
@@ -705,10 +719,10 @@ class Client:
             datas = [read_part(self.storage, m, keys=keys) for m in metas]
         else:
             datas = [read_part(self.storage, m) for m in metas]
-        data = keyfold.merge(
-            tdef.schema, tdef.primary_key, [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
-        )
-        if where is not None and data.num_rows:
+        versions = [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
+        few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions) if wanted is not None else None
+        data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
+        if where is not None and exact is None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
 

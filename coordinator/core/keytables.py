@@ -706,10 +706,44 @@ def _filter_problem(s: Mapping[str, Any]) -> str | None:
     return None
 
 
+MAX_RANGE_GROUPS = 1 << 16  # row groups a summary's "ranges" may list (a 256 MiB part has a few thousand)
+
+
+_BIG = 1 << 62
+
+
+def _natural(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _BIG
+
+
+def ranges_problem(r: Any) -> str | None:
+    """What is wrong with a summary's ``ranges`` (the file's byte ranges and their crc32, written
+    with the part: ``{"tail": [length, crc], "groups": [[offset, length, crc], ...]}``, which let
+    a point read fetch and verify the footer and a row group instead of the whole file), or None."""
+    if not isinstance(r, dict):
+        return f"'ranges' must be an object, got {type(r).__name__}"
+    tail, groups = r.get("tail"), r.get("groups")
+    if not (isinstance(tail, list) and len(tail) == 2 and all(_natural(v) for v in tail) and tail[0] >= 12):
+        return "'ranges': 'tail' must be [length >= 12, crc32]"
+    if not (isinstance(groups, list) and len(groups) <= MAX_RANGE_GROUPS):
+        return f"'ranges': 'groups' must be a list of at most {MAX_RANGE_GROUPS} [offset, length, crc32]"
+    for g in groups:  # a plain loop: every commit and part list carries these (a big part has hundreds)
+        if type(g) is not list or len(g) != 3:
+            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+        a, n, c = g
+        if type(a) is not int or type(n) is not int or type(c) is not int or min(a, n, c) < 0 or max(a, n, c) >= _BIG:
+            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+    return None
+
+
 def summary_problem(s: Any) -> str | None:
     """What is wrong with a key summary read from metadata, or None."""
     if not isinstance(s, dict):
         return f"must be an object, got {type(s).__name__}"
+    if "ranges" in s:
+        problem = ranges_problem(s["ranges"])
+        if problem is not None:
+            return problem
     problem = _filter_problem(s)
     if problem is not None:
         return problem
@@ -780,20 +814,35 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
     return True
 
 
-def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple[int, int]]) -> bool:
+def mixed_hashes(keys: Iterable[tuple]) -> dict[tuple, tuple[int, int]] | None:
+    """``key -> key_hash_mix64(key)`` for probing many ``mix64`` parts with the same keys (None
+    when a key has a value the scheme does not hash)."""
+    out = {}
+    for key in keys:
+        got = key_hash_mix64(key)
+        if got is None:
+            return None
+        out[key] = got
+    return out
+
+
+def may_hold_any(
+    summary: Mapping[str, Any] | None,
+    hashed: Mapping[tuple, tuple[int, int]],
+    mixed: Mapping[tuple, tuple[int, int]] | None = None,
+) -> bool:
     """Whether a part with this summary may hold a version of any of the keys (``key ->
     key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
     part committed since a snapshot with every key it writes). A part hashed with ``mix64`` is
-    probed with :func:`key_hash_mix64` of the keys instead (cached per key)."""
+    probed with :func:`key_hash_mix64` of the keys instead (``mixed``: the same keys'
+    :func:`mixed_hashes`, computed once by a caller that probes many parts)."""
     if summary is None:
         return True
     if scheme_of(summary) != HASH_BLAKE2B:
-        mixed = {}
-        for key in hashed:
-            got = key_hash_mix64(key)
-            if got is None:
+        if mixed is None:
+            mixed = mixed_hashes(hashed)
+            if mixed is None:
                 return True
-            mixed[key] = got
         hashed = mixed
     lo: Any = summary.get("lo")
     hi: Any = summary.get("hi")
@@ -817,12 +866,17 @@ def may_hold_any(summary: Mapping[str, Any] | None, hashed: Mapping[tuple, tuple
     return False
 
 
-def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024) -> list[tuple] | None:
+def point_keys(
+    where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024, exact: bool = False
+) -> list[tuple] | None:
     """The keys a filter can match, when it fixes every primary key column by equality (an AND
     of ``column == literal`` terms, maybe with other terms, or an OR of such): ``k == 5``,
     ``(a == 1) & (b == "x")``, ``(k == 1) | (k == 2)``. None when it does not (or when in
     doubt, or past ``limit`` keys): then every part may hold a match. The literals are cast to
-    the key columns' types (as the comparison does), so the keys are what the part data holds."""
+    the key columns' types (as the comparison does), so the keys are what the part data holds.
+    ``exact``: only when the filter says nothing else (every term is ``key column == literal``,
+    the key columns ints, strings, bools or binary): then it keeps exactly the rows whose key is one of those, so a
+    point read needs neither to check the expression again nor to apply it after the fold."""
     from coordinator.core.tabledata import (  # the pruning parser: one reading of filters
         UNSUPPORTED,
         compile_filter,
@@ -852,7 +906,9 @@ def point_keys(where: Any, schema: pa.Schema, primary_key: Sequence[str], limit:
         _, (kind, ref), op, value, _flipped = node
         name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
         if op != "==" or name not in pk:
-            return [{}]  # no constraint on the key (it only narrows further)
+            return None if exact else [{}]  # no constraint on the key (it only narrows further)
+        if exact and not mix64_type(schema.field(name).type):
+            return None  # floats (-0.0 == 0.0, NaN), times: left to the expression
         try:
             cast = pa.scalar(value).cast(schema.field(name).type, safe=True).as_py()
         except (pa.ArrowException, TypeError, ValueError):

@@ -14,10 +14,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import mmap
 import re
+import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -171,7 +174,7 @@ def write_part(
         creation_tid=str(creation_tid),
         created_at=time.time(),
         schema_version=schema_version,
-        key_summary=keytables.summarize(data, primary_key) if primary_key else None,
+        key_summary={**keytables.summarize(data, primary_key), "ranges": file_ranges(raw)} if primary_key else None,
     )
     storage.put(path, raw, fresh=True)  # a new random name that no commit names before this returns
     if not sidecar:
@@ -222,24 +225,178 @@ def key_row_groups(metadata: Any, primary_key: Sequence[str], keys: Sequence[tup
     columns may hold one of ``keys``: a group with no statistics for a key column, or values
     that do not compare with them, is kept. An old part (unsorted, one row group) keeps its
     one group when a key lies in its range."""
+    return groups_holding(group_bounds(metadata, primary_key), keys)
+
+
+def _chunk_span(c: Any) -> tuple[int, int]:
+    """Where a column chunk's pages lie in its file: from its dictionary page (if any) on."""
+    start = c.data_page_offset
+    if c.has_dictionary_page and c.dictionary_page_offset is not None and 0 < c.dictionary_page_offset < start:
+        start = c.dictionary_page_offset
+    return start, start + c.total_compressed_size
+
+
+def file_ranges(raw: bytes) -> dict:
+    """A Parquet file's byte ranges with their crc32, recorded in a keys-table part's key summary
+    when it is written (``"ranges"``, coordinator/core/keytables.py): the tail (footer, its length
+    and the magic) and each row group's pages. A point read fetches and checks those alone
+    (:func:`read_part` with ``keys``), so it never decodes a byte that is not as written."""
+    view = memoryview(raw)
+    footer = int.from_bytes(raw[-8:-4], "little") + 8
+    md = pq.read_metadata(pa.BufferReader(raw))
+    groups = []
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        spans = [_chunk_span(rg.column(i)) for i in range(rg.num_columns)]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        groups.append([lo, hi - lo, zlib.crc32(view[lo:hi])])
+    return {"tail": [footer, zlib.crc32(view[len(raw) - footer :])], "groups": groups}
+
+
+class _Footers:
+    """Parsed, verified footers of parts read by point reads, by path and checksum (parts never
+    change): a lookup in a part read before fetches only its row group. Bounded; any thread."""
+
+    SIZE = 512
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str], tuple[Any, list]] = OrderedDict()
+
+    def get(self, key: tuple[str, str]) -> tuple[Any, list] | None:
+        with self._lock:
+            got = self._items.get(key)
+            if got is not None:
+                self._items.move_to_end(key)
+            return got
+
+    def put(self, key: tuple[str, str], value: tuple[Any, list]) -> None:
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.SIZE:
+                self._items.popitem(last=False)
+
+
+_FOOTERS = _Footers()
+
+
+def group_bounds(metadata: Any, primary_key: Sequence[str]) -> list[list[tuple[Any, Any] | None]]:
+    """Per row group, the (min, max) statistics of each key column (None: none to go by)."""
     names = metadata.schema.to_arrow_schema().names
     where = [names.index(k) if k in names else -1 for k in primary_key]
     out = []
     for g in range(metadata.num_row_groups):
         rg = metadata.row_group(g)
-        bounds = []
+        bounds: list[tuple[Any, Any] | None] = []
         for i in where:
             st = rg.column(i).statistics if i >= 0 else None
             bounds.append((st.min, st.max) if st is not None and st.has_min_max else None)
+        out.append(bounds)
+    return out
+
+
+def groups_holding(bounds: list[list[tuple[Any, Any] | None]], keys: Sequence[tuple]) -> list[int]:
+    """The row groups (their :func:`group_bounds`) whose key statistics may hold one of ``keys``."""
+    out = []
+    for g, b in enumerate(bounds):
         for key in keys:
             try:
-                if all(b is None or b[0] <= v <= b[1] for v, b in zip(key, bounds)):
+                if all(x is None or x[0] <= v <= x[1] for v, x in zip(key, b)):
                     out.append(g)
                     break
             except TypeError:
                 out.append(g)
                 break
     return out
+
+
+def _corrupt(meta: PartMeta, why: str) -> CorruptPart:
+    return CorruptPart(f"part {quote(meta.path)} {why}", path=meta.path)
+
+
+def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list]:
+    """The part's footer (parsed) and its row groups' key bounds, from its verified tail."""
+    key = (meta.path, meta.checksum)
+    got = _FOOTERS.get(key)
+    if got is not None:
+        return got
+    length, crc = ranges["tail"]
+    if length > meta.size:
+        raise _corrupt(meta, f"has a tail of {length} bytes recorded, larger than the file ({meta.size})")
+    try:
+        (tail,) = storage.get_ranges(meta.path, [(meta.size - length, length)])
+    except FileNotFoundError:
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+    if len(tail) != length or zlib.crc32(tail) != crc or tail[-4:] != b"PAR1":
+        raise _corrupt(meta, "footer is not as written (truncated, replaced or rotted)")
+    try:
+        metadata = pq.read_metadata(pa.BufferReader(_sparse(meta.size, [(meta.size - length, tail)])))
+    except (pa.ArrowException, OSError) as exc:
+        raise _corrupt(meta, f"footer does not parse: {clip(exc)}") from None
+    if metadata.num_rows != meta.rows or metadata.num_row_groups != len(ranges["groups"]):
+        raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
+    got = (metadata, group_bounds(metadata, pk))
+    _FOOTERS.put(key, got)
+    return got
+
+
+def _sparse(size: int, pieces: list[tuple[int, bytes]]) -> Any:
+    """A buffer of ``size`` bytes holding ``pieces`` at their offsets and zeros elsewhere (an
+    anonymous mapping: untouched pages cost nothing), for the Parquet reader to decode from."""
+    buf = mmap.mmap(-1, max(size, 1))
+    buf[:4] = b"PAR1"
+    for at, piece in pieces:
+        buf[at : at + len(piece)] = piece
+    return pa.py_buffer(buf)
+
+
+def _read_key_groups(
+    storage: Storage,
+    meta: PartMeta,
+    ranges: dict,
+    columns: list[str] | None,
+    keys: tuple[Sequence[str], Sequence[tuple]],
+) -> pa.Table:
+    """A point read of a part with recorded ``ranges``: its verified footer (cached), then only
+    the row groups whose key statistics may hold a key, each fetched and checked against its
+    crc32, and of their rows those keys'."""
+    pk, wanted = keys
+    metadata, bounds = _ranged_footer(storage, meta, ranges, pk)
+    groups = groups_holding(bounds, wanted)
+    schema = metadata.schema.to_arrow_schema()
+    if columns is not None:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise InvalidInput(f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown)
+    if not groups:
+        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+    spans = [ranges["groups"][g] for g in groups]
+    for g, (at, n, _) in zip(groups, spans):
+        rg = metadata.row_group(g)
+        for i in range(rg.num_columns):
+            lo, hi = _chunk_span(rg.column(i))
+            if lo < at or hi > at + n or at + n > meta.size:
+                raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+    try:
+        got = storage.get_ranges(meta.path, [(at, n) for at, n, _ in spans])
+    except FileNotFoundError:
+        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+    for g, (_, n, crc), piece in zip(groups, spans, got):
+        if len(piece) != n or zlib.crc32(piece) != crc:
+            raise _corrupt(meta, f"row group {g} is not as written (truncated, replaced or rotted)")
+    try:
+        pf = pq.ParquetFile(
+            pa.BufferReader(_sparse(meta.size, [(s[0], p) for s, p in zip(spans, got)])), metadata=metadata
+        )
+        data = pf.read_row_groups(groups, columns=columns, use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise _corrupt(meta, f"does not parse as Parquet: {clip(exc)}") from None
+    return keytables.rows_of_keys(data, pk, wanted)
+
+
+def _ranges(meta: PartMeta) -> dict | None:
+    summary = meta.key_summary
+    return summary.get("ranges") if isinstance(summary, dict) else None
 
 
 def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str | None:
@@ -267,7 +424,13 @@ def read_part(
     """The part's rows, only after its size and checksum match what was recorded. ``keys``
     (``(primary key columns, keys)``, a keys-table point read): only the row groups whose
     statistics may hold one of the keys are decoded (:func:`key_row_groups`), and of their rows
-    only those keys' are returned."""
+    only those keys' are returned: of a part whose key summary records its byte ranges (written
+    since 2026-11-27), only its footer and those row groups are fetched, each checked against
+    its recorded crc32 (:func:`file_ranges`); older parts are fetched and checked whole."""
+    if keys is not None:
+        ranges = _ranges(meta)
+        if ranges is not None:
+            return _read_key_groups(storage, meta, ranges, columns, keys)
     raw = verified_bytes(storage, meta)
     try:
         pf = pq.ParquetFile(pa.BufferReader(raw))

@@ -355,6 +355,23 @@ class Storage:
         except Exception as exc:
             raise self._fail("get", relpath, exc) from None
 
+    def get_ranges(self, relpath: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        """The bytes of each ``(offset, length)`` of a file, from one open of it (a point read
+        fetches a part's footer, then a row group or two, not the whole file): a range past the
+        end comes back short. FileNotFoundError when the file is absent."""
+        if self._fs is None:
+            with open(self._local(relpath), "rb") as f:
+                return [os.pread(f.fileno(), n, at) for at, n in ranges]
+        path = self._remote(relpath)
+        try:
+            got = self._fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [a + n for a, n in ranges])
+        except Exception as exc:
+            raise self._fail("get", relpath, exc) from None
+        for g in got:
+            if isinstance(g, BaseException):
+                raise self._fail("get", relpath, g)
+        return list(got)
+
     def delete(self, relpath: str) -> None:
         """Remove a file; a missing one is not an error (cleanup may run twice). A local path that
         leads out of the storage root through a symbolic link is refused (InvalidInput)."""

@@ -477,3 +477,62 @@ def test_the_replica_lists_only_parts_that_may_hold_a_hinted_key(client: Client)
         assert len(own["parts"]) == 2  # the committed one and its own
         assert tx.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
     assert client.read(name, where=K == 42).column("a").to_pylist() == ["mine"]
+
+
+EXACT = [
+    (SCHEMA, ("k",), K == 5, [(5,)]),
+    (SCHEMA, ("k",), (K == 5) | (K == 2), [(2,), (5,)]),
+    (SCHEMA, ("k",), (K == 5) & (K == 6), []),
+    (SCHEMA, ("k",), (K == 5) & (pc.field("a") == "x"), None),  # says more than the key: applied after the fold
+    (SCHEMA, ("k",), K > 5, None),
+    (SCHEMA, ("k",), K == 5.5, None),
+    (PK2, ("p", "k"), (P == "x") & (K == 3), [("x", 3)]),
+    (PK2, ("p", "k"), ((P == "x") | (P == "y")) & (K == 1), [("x", 1), ("y", 1)]),
+    (PK2, ("p", "k"), ((P == "x") | (P == "y")) & (K == 1) & (V > 0), None),
+    (pa.schema([pa.field("f", pa.float64(), False)]), ("f",), pc.field("f") == 0.0, None),  # -0.0 == 0.0
+    (pa.schema([pa.field("d", pa.date32(), False)]), ("d",), pc.field("d") == dt.date(2020, 1, 1), None),
+]
+
+
+@pytest.mark.parametrize(("schema", "pk", "where", "want"), EXACT, ids=[str(w) for _, _, w, _ in EXACT])
+def test_exact_point_keys(schema: pa.Schema, pk: tuple, where: pc.Expression, want: list | None) -> None:
+    """A filter of key equalities alone (a point read neither re-checks nor re-applies it)."""
+    assert keytables.point_keys(where, schema, pk, exact=True) == want
+
+
+def test_a_latest_point_read_takes_no_lease_and_starts_over_when_cleanup_took_its_part(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the part list and the read of a latest point read, a major compaction and a cleanup
+    pass (no history window) delete the part it listed: no lease kept it, so the pass takes it,
+    and the read finds it missing (CorruptPart), learns the snapshot is gone and reads again at
+    the latest, returning the compacted row. A read at a given snapshot still leases it."""
+    name = "ks_nolease"
+    settings = {"merge_interval": 0, "gc_interval": 0, "retention_seconds": 0}
+    with make_cluster(tmp_path_factory, zk_server, "keys-nolease", replicas=1, settings=settings) as c:
+        client = c.client(0)
+        client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+        for i in range(2):
+            with client.transaction() as tx:
+                tx.upsert(name, pa.table({"k": pa.array([5, 6 + i], pa.int64()), "a": [f"v{i}", "w"]}))
+        assert client.read(name, where=K == 5).column("a").to_pylist() == ["v1"]  # caches the definition
+        old = {r["path"] for r in client.parts(name).to_pylist() if r["visible"]}
+        real, calls, removed = client_module.read_part, [], []
+
+        def racing(storage, meta, *a, **kw):
+            calls.append(meta.path)
+            if len(calls) == 1:  # the first part the read opens: gone by now
+                client.compact(name, kind="major")
+                removed.extend(r["path"] for r in client.gc()["removed"] if r["table"] == name)
+            return real(storage, meta, *a, **kw)
+
+        monkeypatch.setattr(client_module, "read_part", racing)
+        got = client.read(name, where=K == 5)
+        assert got.column("k").to_pylist() == [5] and got.column("a").to_pylist() == ["v1"]
+        assert calls[0] in old and set(removed) == old  # the pass took the listed parts: no lease held them
+        assert calls[-1] not in old  # read again: the compacted part
+        monkeypatch.setattr(client_module, "read_part", real)
+        leased = client.call("visible", table=name, snapshot=client.snapshot())
+        assert leased["lease"]  # a read at a given snapshot leases it as before
+        client.call("release", lease=leased["lease"])
+        client.close()

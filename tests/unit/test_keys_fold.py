@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import keys_reference as ref
 
-from coordinator.core import keyfold, keytables
+from coordinator.core import keyfold, keypoint, keytables
 
 # Deterministic in CI (no example database, a fixed derivation of examples) and under 30 s.
 FAST = settings(
@@ -53,9 +53,9 @@ OPS = [keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.LOCK_STRONG,
 
 
 @st.composite
-def tables(draw: st.DrawFn) -> tuple[pa.Schema, tuple[str, ...]]:
+def tables(draw: st.DrawFn, key_kinds: tuple[str, ...] = tuple(KEY_TYPES)) -> tuple[pa.Schema, tuple[str, ...]]:
     """A keys table's schema and primary key: 1-3 key columns, 0-3 others (some not null)."""
-    kinds = draw(st.lists(st.sampled_from(sorted(KEY_TYPES)), min_size=1, max_size=3))
+    kinds = draw(st.lists(st.sampled_from(sorted(key_kinds)), min_size=1, max_size=3))
     fields = [pa.field(f"k{i}", KEY_TYPES[kind][0], nullable=False) for i, kind in enumerate(kinds)]
     values = draw(st.lists(st.sampled_from(sorted(VALUE_TYPES)), max_size=3))
     fields += [pa.field(f"c{i}", VALUE_TYPES[kind][0], nullable=draw(st.booleans())) for i, kind in enumerate(values)]
@@ -99,10 +99,16 @@ def part_rows(
 
 
 @st.composite
-def histories(draw: st.DrawFn, own: bool = True, allow_folded: bool = True, ops: tuple[int, ...] = OPS):
+def histories(
+    draw: st.DrawFn,
+    own: bool = True,
+    allow_folded: bool = True,
+    ops: tuple[int, ...] = OPS,
+    key_kinds: tuple[str, ...] = tuple(KEY_TYPES),
+):
     """A table and its parts ``(order, rows)``: creation CSNs 1-8 (ties between parts: often),
     some compaction outputs, maybe a transaction's own parts (order OWN)."""
-    schema, pk = draw(tables())
+    schema, pk = draw(tables(key_kinds))
     parts = []
     for _ in range(draw(st.integers(0, 5))):
         is_own = own and draw(st.booleans()) and draw(st.booleans())
@@ -131,6 +137,34 @@ def test_merge_of_puts_and_deletes_equals_the_reference(history) -> None:
     """Histories without UPDATE take merge's short road (each key its last version): the same rows."""
     schema, pk, parts = history
     same(keyfold.merge(schema, pk, parts), ref.merge(schema, pk, parts))
+
+
+PLAIN_KEYS = ("int64", "string", "binary", "bool")  # the key types keypoint folds in Python
+
+
+@FAST
+@given(histories(allow_folded=False, key_kinds=PLAIN_KEYS))
+def test_the_few_versions_fold_equals_the_reference(history) -> None:
+    """A point read's fold in Python (coordinator/core/keypoint.py) on parts of one layout with
+    plain key types gives exactly what the reference (and so ``keyfold.merge``) gives."""
+    schema, pk, parts = history
+    got = keypoint.merge_few(schema, pk, parts)
+    assert got is not None
+    same(got, ref.merge(schema, pk, parts))
+
+
+@FAST
+@given(histories())
+def test_the_few_versions_fold_answers_right_or_leaves_it_to_merge(history) -> None:
+    """On any history (floats, dates, decimals, timestamps in keys; compaction outputs beside
+    plain parts) it gives the reference's table or None (merge folds it)."""
+    schema, pk, parts = history
+    got = keypoint.merge_few(schema, pk, parts)
+    if got is not None:
+        same(got, ref.merge(schema, pk, parts))
+    plain = all(schema.field(k).type in [KEY_TYPES[kind][0] for kind in PLAIN_KEYS] for k in pk)
+    layouts = {d.schema.to_string() for _, d in parts if d.num_rows}
+    assert (got is not None) == (plain and len(layouts) <= 1 or not layouts)
 
 
 @FAST

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from coordinator.core import keyfold, keytables
+from coordinator.core.errors import CorruptMetadata, CorruptPart
 from parts.io import format as part_format
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
@@ -131,16 +132,17 @@ def _versions(keys: list[int], op: int = keytables.PUT, seq: int = 1) -> pa.Tabl
 
 @pytest.fixture
 def groups_read(monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
-    """The row groups each point read decodes."""
+    """The row groups each point read decodes (both a ranged read and a whole-file one pick
+    them with ``groups_holding``)."""
     seen: list[list[int]] = []
-    real = part_format.key_row_groups
+    real = part_format.groups_holding
 
     def counting(*a, **kw):
         got = real(*a, **kw)
         seen.append(got)
         return got
 
-    monkeypatch.setattr(part_format, "key_row_groups", counting)
+    monkeypatch.setattr(part_format, "groups_holding", counting)
     return seen
 
 
@@ -200,6 +202,128 @@ def test_an_old_unsorted_part_still_reads_correctly(tmp_path, groups_read) -> No
     point = [(o, part_format.read_part(storage, m, keys=(["k"], [(key,)]))) for o, m in ((1, meta), (2, new))]
     want = keyfold.merge(SCHEMA, ("k",), both).filter(pc.field("k") == key)
     assert keyfold.merge(SCHEMA, ("k",), point).equals(want) and want.num_rows == 1
+
+
+class _CountingStorage(Storage):
+    """Real local storage that records what is fetched (whole files, ranges)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.whole: list[str] = []
+        self.ranges: list[tuple[int, int]] = []
+
+    def get(self, relpath: str) -> bytes:
+        self.whole.append(relpath)
+        return super().get(relpath)
+
+    def get_ranges(self, relpath: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        self.ranges.extend(ranges)
+        return super().get_ranges(relpath, ranges)
+
+
+def test_a_point_read_fetches_only_the_footer_and_the_row_groups_it_decodes(tmp_path, groups_read) -> None:
+    storage = _CountingStorage(str(tmp_path))
+    rng = random.Random(4)
+    keys = rng.sample(range(1_000_000), 60_000)
+    meta = part_format.write_part(storage, "t", [], (), _versions(keys), "tx1", primary_key=("k",))
+    meta = PartMeta.from_dict(meta.to_dict())  # as a commit carries it
+    ranges = meta.key_summary["ranges"]
+    assert len(ranges["groups"]) == pq.ParquetFile(str(tmp_path / meta.path)).metadata.num_row_groups == 8
+    whole = part_format.read_part(storage, meta)
+    for i, key in enumerate([*rng.sample(keys, 10), -1]):
+        storage.whole.clear()
+        storage.ranges.clear()
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(whole.filter(pc.field("k") == key)), key
+        assert storage.whole == []  # never the whole file
+        fetched = sum(n for _, n in storage.ranges)
+        group = [ranges["groups"][g][1] for g in groups_read[-1]]
+        tail = ranges["tail"][0] if i == 0 else 0  # the footer once: parts never change
+        assert fetched == sum(group) + tail and fetched < meta.size / 4, (key, fetched, meta.size)
+
+
+def _flip(path, at: int) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def _tampered(meta: PartMeta, **ranges) -> PartMeta:
+    return PartMeta.from_dict({**meta.to_dict(), "key_summary": {**meta.key_summary, "ranges": ranges}})
+
+
+# What happens to the file or its recorded ranges -> a point read of a key in row group 1 raises CorruptPart.
+RANGED_DAMAGE = {
+    "a byte of the footer": lambda m, p: (_flip(p, m.size - 30), m)[1],
+    "a byte of the row group read": lambda m, p: (_flip(p, m.key_summary["ranges"]["groups"][1][0] + 50), m)[1],
+    "the file truncated": lambda m, p: (p.write_bytes(p.read_bytes()[:-100]), m)[1],
+    "the file missing": lambda m, p: (p.unlink(), m)[1],
+    "another part's bytes": lambda m, p: (p.write_bytes(p.with_name("other.parquet").read_bytes()), m)[1],
+    "a recorded group crc changed": lambda m, p: _tampered(
+        m,
+        tail=m.key_summary["ranges"]["tail"],
+        groups=[[a, n, (c + 1) if i == 1 else c] for i, (a, n, c) in enumerate(m.key_summary["ranges"]["groups"])],
+    ),
+    "a recorded group range elsewhere": lambda m, p: _tampered(
+        m,
+        tail=m.key_summary["ranges"]["tail"],
+        groups=[[a + 7, n, c] for a, n, c in m.key_summary["ranges"]["groups"]],
+    ),
+    "a tail longer than the file": lambda m, p: _tampered(
+        m, tail=[m.size + 1, m.key_summary["ranges"]["tail"][1]], groups=m.key_summary["ranges"]["groups"]
+    ),
+    "fewer groups recorded than the file has": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=m.key_summary["ranges"]["groups"][:-1]
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(RANGED_DAMAGE))
+def test_a_ranged_point_read_refuses_bytes_not_as_written(tmp_path, damage: str) -> None:
+    storage = Storage(str(tmp_path))
+    keys = list(range(0, 60_000, 2))
+    meta = part_format.write_part(storage, "t", [], (), _versions(keys), f"tx_{len(damage)}", primary_key=("k",))
+    other = part_format.write_part(storage, "t", [], (), _versions([k + 1 for k in keys]), "tx_o", primary_key=("k",))
+    path = tmp_path / meta.path
+    (tmp_path / other.path).rename(path.with_name("other.parquet"))
+    key = keys[part_format.KEYS_ROW_GROUP_ROWS + 3]  # in row group 1
+    meta = RANGED_DAMAGE[damage](meta, path)
+    with pytest.raises(CorruptPart):
+        part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [
+        "x",
+        {"tail": [11, 5], "groups": []},
+        {"tail": [100], "groups": []},
+        {"tail": [100, -1], "groups": []},
+        {"tail": [100, True], "groups": []},
+        {"tail": [100, 5]},
+        {"tail": [100, 5], "groups": [[1, 2]]},
+        {"tail": [100, 5], "groups": [[1, 2, "3"]]},
+        {"tail": [100, 5], "groups": [[1, 2, 3]] * (keytables.MAX_RANGE_GROUPS + 1)},
+    ],
+)
+def test_hostile_ranges_in_a_summary_are_corrupt_metadata(ranges) -> None:
+    summary = {**keytables.summarize(_versions([1, 2, 3]), ["k"]), "ranges": ranges}
+    assert keytables.summary_problem(summary) is not None
+    d = {
+        "name": "p",
+        "table": "t",
+        "partition": [],
+        "path": "t/_/p.parquet",
+        "rows": 3,
+        "size": 200,
+        "checksum": "crc32:00000000",
+        "stats": {},
+        "creation_tid": "tx",
+        "created_at": 0.0,
+        "key_summary": summary,
+    }
+    with pytest.raises(CorruptMetadata):
+        PartMeta.from_dict(d)
 
 
 def test_the_fold_of_sorted_parts_equals_the_fold_in_write_order() -> None:
