@@ -63,12 +63,19 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
         # PUTs and DELETEs only (upserts, the usual history): a key is its last version, or gone.
         # Only the key, version and _seq columns are put in order; the other columns are taken
         # once, at the rows kept (a read's cost is then about one sort of the keys).
-        order, starts = _version_order(data, primary_key)
-        rows = pc.take(order, pc.indices_nonzero(_shifted(starts, True, forward=False)))
+        order, starts, keys = _version_order(data, primary_key)
+        at = pc.indices_nonzero(_shifted(starts, True, forward=False))  # each key's last, sorted
         if pc.any(pc.equal(op, DELETE)).as_py():
-            rows = pc.filter(rows, pc.not_equal(_take(op, rows), DELETE))
-        return pa.Table.from_arrays([_take(data.column(c), rows) for c in schema.names], schema=schema)
-    order, starts = _version_order(data, primary_key)
+            at = pc.filter(at, pc.not_equal(_take(op, pc.take(order, at)), DELETE))
+        rows = pc.take(order, at)
+        return pa.Table.from_arrays(
+            [
+                pc.take(keys.column(c), at) if c in keys.column_names else _take(data.column(c), rows)
+                for c in schema.names
+            ],
+            schema=schema,
+        )
+    order, starts, _ = _version_order(data, primary_key)
     fold = _Fold(data.take(order).combine_chunks(), starts, schema.names, primary_key)
     state = fold.at(fold.lasts)
     return state.rows(schema).filter(state.exists())
@@ -294,21 +301,24 @@ def _sorted(data: pa.Table, primary_key: Sequence[str], tagged: bool = False) ->
     return data.take(pc.sort_indices(data.combine_chunks(), sort_keys=by)).combine_chunks()
 
 
-def _version_order(data: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Array, pa.Array]:
-    """The indices that put ``data`` in (key, version, ``_seq``) order, stably, and in that order
-    True where a key starts (:func:`_key_starts`). Parts are written
-    sorted by key, version, ``_seq`` and given in CSN order (as a read's are), so a stable sort
-    by key alone almost always leaves each key's versions in order: it is checked, and only if
-    not are the rows sorted by all three."""
+def _version_order(data: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Array, pa.Array, pa.Table]:
+    """The indices that put ``data`` in (key, version, ``_seq``) order, stably; in that order,
+    True where a key starts (:func:`_key_starts`); and the key columns in that order. Parts are
+    written sorted by key, version, ``_seq`` and given in CSN order (as a read's are), so a
+    stable sort by key alone almost always leaves each key's versions in order: it is checked,
+    and only if not are the rows sorted by all three."""
     # One array per column: a take from 100 chunks costs several times a copy and a take.
     cols = data.select([*primary_key, _V, SEQ]).combine_chunks()
     order = _key_order(cols, primary_key)
-    starts = _key_starts(cols.select(list(primary_key)).take(order), primary_key)
+    keys = cols.select(list(primary_key)).take(order)
+    starts = _key_starts(keys, primary_key)
     if _in_version_order(cols.select([_V, SEQ]).take(order), starts):
-        return order, starts
-    # The same keys in the same order: only rows within a key move, so ``starts`` holds.
+        return order, starts, keys
+    # The same keys in the same order: only rows within a key move, so ``starts`` and the
+    # sorted keys hold (equal keys can differ only as -0.0 and 0.0 do: taken again).
     by = [(k, "ascending") for k in primary_key] + [(_V, "ascending"), (SEQ, "ascending")]
-    return pc.sort_indices(cols, sort_keys=by), starts
+    order = pc.sort_indices(cols, sort_keys=by)
+    return order, starts, cols.select(list(primary_key)).take(order)
 
 
 def _in_version_order(data: pa.Table, key_starts: pa.Array) -> bool:
