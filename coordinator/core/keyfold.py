@@ -357,6 +357,8 @@ def _radix_order(col: pa.Array) -> pa.Array | None:
     radix, or None (not integers, nulls, or values spanning more than 4 passes)."""
     if not pa.types.is_integer(col.type) or col.null_count:
         return None
+    if len(col) == 0:
+        return pc.sort_indices(col)
     lo, hi = (v.as_py() for v in pc.min_max(col).values())
     span = hi - lo
     passes = max(1, -(-span.bit_length() // _RADIX_BITS))
