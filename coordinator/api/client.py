@@ -16,6 +16,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -717,6 +718,9 @@ class Client:
             # them only those keys' rows, are read and folded.
             keys = (list(tdef.primary_key), wanted)
             datas = [read_part(self.storage, m, keys=keys) for m in metas]
+        elif len(metas) > 1:  # threads overlap the reads (pyarrow decodes without the GIL), as a parts read's
+            with ThreadPoolExecutor(max_workers=min(8, len(metas))) as pool:
+                datas = list(pool.map(lambda m: read_part(self.storage, m), metas))
         else:
             datas = [read_part(self.storage, m) for m in metas]
         versions = [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]

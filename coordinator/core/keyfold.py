@@ -55,19 +55,28 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     versions apply in (version, ``_seq``) order, a row's version its ``_ver`` (compaction
     output) or else its part's order: PUT replaces the row, UPDATE sets the columns it wrote on
     the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
-    data = _versions(schema, list(parts))
+    data = _versions(schema, _in_csn_order(list(parts)))
     if data.num_rows == 0:
         return schema.empty_table()
-    data = _sorted(data, primary_key)
-    starts = _key_starts(data, primary_key)
     op = data.column(OP)
     if not pc.any(pc.equal(op, UPDATE)).as_py():
         # PUTs and DELETEs only (upserts, the usual history): a key is its last version, or gone.
-        # The same rows as the general fold below, in a third of its kernels (a point read's cost).
-        lasts = pc.indices_nonzero(_shifted(starts, True, forward=False))
-        lasts = pc.filter(lasts, pc.not_equal(pc.take(op, lasts), DELETE))
-        return pa.Table.from_arrays([pc.take(data.column(c), lasts) for c in schema.names], schema=schema)
-    fold = _Fold(data, starts, schema.names, primary_key)
+        # Only the key, version and _seq columns are put in order; the other columns are taken
+        # once, at the rows kept (a read's cost is then about one sort of the keys).
+        order, starts, keys = _version_order(data, primary_key)
+        at = pc.indices_nonzero(_shifted(starts, True, forward=False))  # each key's last, sorted
+        if pc.any(pc.equal(op, DELETE)).as_py():
+            at = pc.filter(at, pc.not_equal(_take(op, pc.take(order, at)), DELETE))
+        rows = pc.take(order, at)
+        return pa.Table.from_arrays(
+            [
+                pc.take(keys.column(c), at) if c in keys.column_names else _take(data.column(c), rows)
+                for c in schema.names
+            ],
+            schema=schema,
+        )
+    order, starts, _ = _version_order(data, primary_key)
+    fold = _Fold(data.take(order).combine_chunks(), starts, schema.names, primary_key)
     state = fold.at(fold.lasts)
     return state.rows(schema).filter(state.exists())
 
@@ -266,48 +275,125 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
             ],
             schema=layout,
         )
-    return data.filter(_not_lock(data.column(OP)))
+    op = data.column(OP)
+    if data.num_rows and pc.max(op).as_py() >= LOCK_STRONG:
+        return data.filter(_not_lock(op))
+    return data  # no read lock: no filter, which would copy every column
+
+
+def _in_csn_order(parts: list[tuple[float, pa.Table]]) -> list[tuple[float, pa.Table]]:
+    """``parts`` in the order of their versions when each part's versions are its order (no
+    ``_ver``): a stable sort by key then leaves every key's versions in order, where parts in
+    any other order (a replica lists them by name) make the fold sort by version too. With a
+    ``_ver`` (a compaction's output) the parts stay as given: a part's place then decides ties
+    of (version, ``_seq``) with other parts, and the fold sorts fully if it must."""
+    if any(VER in t.column_names and t.column(VER).null_count < t.num_rows for _, t in parts):
+        return parts
+    return sorted(parts, key=lambda p: p[0])
 
 
 def _sorted(data: pa.Table, primary_key: Sequence[str], tagged: bool = False) -> pa.Table:
-    """``data`` stably sorted by key, version, ``_seq`` (and, in a compaction, sources first).
-    Versions that already come in (version, ``_seq``) order (parts given in CSN order, as a
-    read's usually are) need only a stable sort by key: about half the cost on one column."""
-    keyed = [(k, "ascending") for k in primary_key]
-    by = keyed + [(_V, "ascending"), (SEQ, "ascending")] + ([(_TAG, "ascending")] if tagged else [])
+    """``data`` stably sorted by key, version, ``_seq`` (and, in a compaction, sources first)."""
     if not tagged:
-        # Parts written sorted by key (parts/io/format.py) are not in (version, _seq) order as a
-        # whole, but each key's versions usually are (parts in CSN order, each sorted by key,
-        # version, _seq): sorted by key alone, then checked per key, then sorted fully if not.
-        if _in_version_order(data):
-            return data.take(pc.sort_indices(data, sort_keys=keyed)).combine_chunks()
-        keyed_only = data.take(pc.sort_indices(data, sort_keys=keyed)).combine_chunks()
-        if _in_version_order(keyed_only, _key_starts(keyed_only, primary_key)):
-            return keyed_only
-    return data.take(pc.sort_indices(data, sort_keys=by)).combine_chunks()
+        return data.take(_version_order(data, primary_key)[0]).combine_chunks()
+    keyed = [(k, "ascending") for k in primary_key]
+    by = keyed + [(_V, "ascending"), (SEQ, "ascending"), (_TAG, "ascending")]
+    return data.take(pc.sort_indices(data.combine_chunks(), sort_keys=by)).combine_chunks()
 
 
-def _in_version_order(data: pa.Table, key_starts: pa.Array | None = None) -> bool:
-    """Whether each row's (version, ``_seq``) is at or after the row before's (with
-    ``key_starts``, of a table sorted by key: the row before's in the same key)."""
+def _version_order(data: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Array, pa.Array, pa.Table]:
+    """The indices that put ``data`` in (key, version, ``_seq``) order, stably; in that order,
+    True where a key starts (:func:`_key_starts`); and the key columns in that order. Parts are
+    written sorted by key, version, ``_seq`` and given in CSN order (as a read's are), so a
+    stable sort by key alone almost always leaves each key's versions in order: it is checked,
+    and only if not are the rows sorted by all three."""
+    # One array per column: a take from 100 chunks costs several times a copy and a take.
+    cols = data.select([*primary_key, _V, SEQ]).combine_chunks()
+    order = _key_order(cols, primary_key)
+    keys = cols.select(list(primary_key)).take(order)
+    starts = _key_starts(keys, primary_key)
+    if _in_version_order(cols.select([_V, SEQ]).take(order), starts):
+        return order, starts, keys
+    # The same keys in the same order: only rows within a key move, so ``starts`` and the
+    # sorted keys hold (equal keys can differ only as -0.0 and 0.0 do: taken again).
+    by = [(k, "ascending") for k in primary_key] + [(_V, "ascending"), (SEQ, "ascending")]
+    order = pc.sort_indices(cols, sort_keys=by)
+    return order, starts, cols.select(list(primary_key)).take(order)
+
+
+def _in_version_order(data: pa.Table, key_starts: pa.Array) -> bool:
+    """Whether each row's (version, ``_seq``) is at or after the row before's in the same key
+    (``data`` sorted by key; ``key_starts`` True where a key starts)."""
     if data.num_rows < 2:
         return True
     ver, seq = data.column(_V), data.column(SEQ)
     v0, v1 = ver.slice(0, data.num_rows - 1), ver.slice(1)
     s0, s1 = seq.slice(0, data.num_rows - 1), seq.slice(1)
     ok = pc.or_(pc.greater(v1, v0), pc.and_(pc.equal(v1, v0), pc.greater_equal(s1, s0)))
-    if key_starts is not None:  # only within a key: a row that starts one may be anywhere
-        ok = pc.or_(ok, key_starts.slice(1))
-    return bool(pc.all(ok).as_py())
+    return bool(pc.all(pc.or_(ok, key_starts.slice(1))).as_py())
+
+
+def _key_order(data: pa.Table, primary_key: Sequence[str]) -> pa.Array:
+    """The indices of a stable sort of ``data`` by key. One integer key column (the usual key)
+    whose values span at most 2**48 is sorted by radix: a few passes of Arrow's counting sort
+    over 12 bits at a time, each linear, where a comparison sort of a million keys costs some
+    times more. Other keys: Arrow's (stable) comparison sort."""
+    keys = data.select(list(primary_key)).combine_chunks()
+    if len(primary_key) == 1 and keys.num_rows >= _RADIX_MIN_ROWS:
+        col = keys.column(0).chunk(0) if keys.column(0).num_chunks == 1 else keys.column(0).combine_chunks()
+        order = _radix_order(col)
+        if order is not None:
+            return order
+    return pc.sort_indices(keys, sort_keys=[(k, "ascending") for k in primary_key])
+
+
+_RADIX_MIN_ROWS = 1 << 15  # below, one comparison sort costs less than the passes' fixed cost
+_RADIX_BITS = 12  # Arrow sorts integers spanning at most 4,096 values by counting
+_RADIX_MAX_PASSES = 4
+
+
+def _radix_order(col: pa.Array) -> pa.Array | None:
+    """A stable sort's indices of an integer column without nulls by least-significant-digit
+    radix, or None (not integers, nulls, or values spanning more than 4 passes)."""
+    if not pa.types.is_integer(col.type) or col.null_count:
+        return None
+    if len(col) == 0:
+        return pc.sort_indices(col)
+    lo, hi = (v.as_py() for v in pc.min_max(col).values())
+    span = hi - lo
+    passes = max(1, -(-span.bit_length() // _RADIX_BITS))
+    if passes > _RADIX_MAX_PASSES:
+        return None
+    # Offsets from the least value: non-negative and below 2**48, so no type overflows.
+    wide = pa.uint64() if col.type == pa.uint64() else pa.int64()
+    offset = pc.subtract(col.cast(wide), pa.scalar(lo, wide))
+    mask = pa.scalar((1 << _RADIX_BITS) - 1, wide)
+    order = None
+    for i in range(passes):
+        shifted = pc.shift_right(offset, pa.scalar(i * _RADIX_BITS, wide)) if i else offset
+        digit = pc.bit_wise_and(shifted, mask).cast(pa.uint16())
+        order = pc.sort_indices(digit) if order is None else pc.take(order, pc.sort_indices(pc.take(digit, order)))
+    return order
+
+
+def _take(col: pa.ChunkedArray | pa.Array, rows: pa.Array) -> pa.Array:
+    """``col`` at ``rows``, as one array (a take from many chunks costs more than a copy and a take)."""
+    return pc.take(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col, rows)
 
 
 def _key_starts(data: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """True where a sorted row's key differs from the row before (and on the first row)."""
-    differs = pc.equal(_arange(data.num_rows), 0)
+    n = data.num_rows
+    if n == 0:
+        return pa.array([], pa.bool_())
+    differs = None
     for k in primary_key:
-        col = data.column(k).combine_chunks()
-        differs = pc.or_(differs, pc.fill_null(pc.not_equal(col, _shifted(col, col[0])), True))
-    return differs
+        col = data.column(k)
+        col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        d = pc.fill_null(pc.not_equal(col.slice(1), col.slice(0, n - 1)), True)
+        differs = d if differs is None else pc.or_(differs, d)
+    assert differs is not None
+    return pa.concat_arrays([pa.array([True]), differs])
 
 
 class _Fold:

@@ -13,6 +13,7 @@ import datetime as dt
 import decimal
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -271,3 +272,148 @@ def test_a_row_an_update_leaves_as_it_was_is_no_change_even_with_nan() -> None:
     assert keyfold.row_changes(schema, pk, before, [(5, [upd])]).num_rows == 0
     for commits in ([(5, [upd])], [(5, [put])], [(5, [upd]), (6, [put])]):
         same(keyfold.row_changes(schema, pk, before, commits), ref.row_changes(schema, pk, before, commits))
+
+
+# -- the read's roads for big inputs (issue 24, whole-table read) --------------------------------
+# A read sorts one integer key column by radix (keyfold._radix_order) from 32,768 rows on, and
+# puts parts without ``_ver`` in CSN order so that a sort by key alone leaves versions in order
+# (else it sorts by version too). Both are exercised on small inputs by lowering the thresholds;
+# the properties stay "the same table as the reference fold".
+INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64()]
+
+
+def _int_range(t: pa.DataType) -> tuple[int, int]:
+    bits = t.bit_width
+    return (0, 2**bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+
+@st.composite
+def int_columns(draw: st.DrawFn) -> pa.Array:
+    """Integers of one type: a few clustered values (ties), or spread over up to the whole type."""
+    t = draw(st.sampled_from(INT_TYPES))
+    lo, hi = _int_range(t)
+    base = draw(st.integers(lo, hi))
+    width = draw(st.sampled_from([3, 300, 2**20, 2**50, hi - lo]))
+    values = st.integers(max(lo, base - width), min(hi, base + width))
+    return pa.array(draw(st.lists(values, max_size=60)), t)
+
+
+@FAST
+@given(int_columns(), st.sampled_from([1, 2, 5, 12]))
+def test_radix_order_is_the_stable_sort(col: pa.Array, bits: int) -> None:
+    """Indices equal to Arrow's stable sort's, whatever the type, sign, span and digit width;
+    None (the caller then sorts by comparison) past the passes allowed."""
+    old = keyfold._RADIX_BITS
+    keyfold._RADIX_BITS = bits
+    try:
+        got = keyfold._radix_order(col)
+    finally:
+        keyfold._RADIX_BITS = old
+    values = col.to_pylist()
+    span = max(values) - min(values) if values else 0
+    passes = max(1, -(-span.bit_length() // bits))
+    if passes > keyfold._RADIX_MAX_PASSES:
+        assert got is None
+    else:
+        assert got is not None
+        assert got.to_pylist() == pc.sort_indices(col).to_pylist()
+
+
+def test_radix_order_refuses_nulls_and_other_types() -> None:
+    assert keyfold._radix_order(pa.array([3, None, 1], pa.int64())) is None
+    assert keyfold._radix_order(pa.array([3.0, 1.0])) is None
+    assert keyfold._radix_order(pa.array(["b", "a"])) is None
+
+
+@st.composite
+def int_key_histories(draw: st.DrawFn, ops: tuple[int, ...] = OPS):
+    """A table keyed by one integer column, parts in any order (a replica lists them by name):
+    many keys once (a base load), some rewritten; parts written sorted by key (as
+    parts/io/format.py writes them) or not (a transaction's own); ties of orders; some with
+    ``_ver``; nulls in the values; read locks."""
+    t = draw(st.sampled_from([pa.int64(), pa.int32(), pa.uint64()]))
+    lo, hi = _int_range(t)
+    schema = pa.schema(
+        [pa.field("v", pa.int64()), pa.field("k", t, nullable=False), pa.field("s", pa.string(), nullable=False)]
+    )
+    pk = ("k",)
+    base = draw(st.integers(max(lo, -(2**40)), min(hi, 2**40)))
+    spread = draw(st.sampled_from([10, 10_000, 2**36]))
+    keys = st.integers(max(lo, base - spread), min(hi, base + spread))
+    pool = draw(st.lists(keys, min_size=1, max_size=30, unique=True))
+    parts = []
+    for _ in range(draw(st.integers(1, 6))):
+        folded = draw(st.integers(0, 5)) == 0
+        order = keytables.OWN if not folded and draw(st.integers(0, 5)) == 0 else draw(st.integers(1, 9))
+        rows = []
+        for _ in range(draw(st.integers(0, 12))):
+            op = draw(st.sampled_from(ops))
+            row = {
+                "k": draw(st.sampled_from(pool)),
+                "v": draw(st.none() | st.integers(-5, 5)),
+                "s": draw(st.text(max_size=2)),
+            }
+            row[keytables.OP] = op
+            row[keytables.SEQ] = draw(st.integers(0, 3))
+            row[keytables.COLS] = draw(st.sampled_from(["", "v", "s", "s,v"])) if op == keytables.UPDATE else None
+            if folded:
+                row[keytables.VER] = draw(st.integers(1, 9))
+            rows.append(row)
+        if draw(st.booleans()):
+            rows.sort(key=lambda r: (r["k"], r.get(keytables.VER) or 0, r[keytables.SEQ]))
+        layout = keytables.folded_schema(schema, pk) if folded else keytables.file_schema(schema, pk)
+        parts.append((order, pa.Table.from_pylist(rows, schema=layout)))
+    return schema, pk, parts
+
+
+@FAST
+@given(int_key_histories(), st.sampled_from([1, 3, 12]))
+def test_merge_by_radix_equals_the_reference(history, bits: int) -> None:
+    schema, pk, parts = history
+    old = keyfold._RADIX_MIN_ROWS, keyfold._RADIX_BITS
+    keyfold._RADIX_MIN_ROWS, keyfold._RADIX_BITS = 0, bits
+    try:
+        got = keyfold.merge(schema, pk, parts)
+    finally:
+        keyfold._RADIX_MIN_ROWS, keyfold._RADIX_BITS = old
+    same(got, ref.merge(schema, pk, parts))
+
+
+@FAST
+@given(int_key_histories(ops=(keytables.PUT, keytables.DELETE, keytables.LOCK_WEAK)))
+def test_merge_of_upserts_by_radix_equals_the_reference(history) -> None:
+    """The short road (no UPDATE: each key's last version, keys from the sorted key column)."""
+    schema, pk, parts = history
+    old = keyfold._RADIX_MIN_ROWS
+    keyfold._RADIX_MIN_ROWS = 0
+    try:
+        got = keyfold.merge(schema, pk, parts)
+    finally:
+        keyfold._RADIX_MIN_ROWS = old
+    same(got, ref.merge(schema, pk, parts))
+
+
+def test_a_big_read_takes_the_radix_road_and_equals_the_reference() -> None:
+    """Past the radix threshold for real: 40,000 keys once in 4 parts given out of CSN order,
+    plus two rewrites of some and a delete; the reference fold agrees."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
+    pk = ("k",)
+    n = 40_000
+    shuffled = [(i * 7919) % n - n // 2 for i in range(n)]  # a permutation, negative keys too
+
+    def part(keys: list[int], v: int, op: int = keytables.PUT) -> pa.Table:
+        data = pa.table({"k": pa.array(sorted(keys), pa.int64()), "v": pa.array([v] * len(keys), pa.int64())})
+        return keytables.versions(schema, pk, "t", data if op == keytables.PUT else data.select(["k"]), op, 0)
+
+    quarter = n // 4
+    parts = [(10 + i, part(shuffled[i * quarter : (i + 1) * quarter], i)) for i in range(4)]
+    parts += [
+        (20, part(shuffled[::50], 100)),
+        (21, part(shuffled[::70], 200)),
+        (22, part(shuffled[::90], 0, keytables.DELETE)),
+    ]
+    parts = [parts[i] for i in (5, 2, 0, 6, 3, 1, 4)]
+    assert len({k for _, t in parts for k in t.column("k").to_pylist()}) >= keyfold._RADIX_MIN_ROWS
+    got = keyfold.merge(schema, pk, parts)
+    same(got, ref.merge(schema, pk, parts))
+    assert got.num_rows == n - len(shuffled[::90])
