@@ -66,7 +66,7 @@ def _run(folder: str) -> None:
                 continue
             try:
                 clock = time.clock_gettime(time.pthread_getcpuclockid(ident))
-            except (OSError, ProcessLookupError):
+            except Exception:  # noqa: BLE001 - the thread ended meanwhile
                 continue
             used = clock - clocks.get(ident, clock)
             clocks[ident] = clock
@@ -86,5 +86,13 @@ def _run(folder: str) -> None:
         time.sleep(INTERVAL)
 
 
+def _guarded(folder: str) -> None:
+    try:
+        _run(folder)
+    except BaseException as exc:  # noqa: BLE001 - say why the profile is missing
+        with open(os.path.join(folder, "sampler-error.txt"), "w") as f:
+            f.write(repr(exc))
+
+
 if os.environ.get("MERGETXN_SAMPLER_DIR") and "replicas.server" in getattr(sys, "orig_argv", []):
-    threading.Thread(target=_run, args=(os.environ["MERGETXN_SAMPLER_DIR"],), name="sampler", daemon=True).start()
+    threading.Thread(target=_guarded, args=(os.environ["MERGETXN_SAMPLER_DIR"],), name="sampler", daemon=True).start()
