@@ -755,10 +755,24 @@ class ReplicaState:
             return self.parts.get(name)
 
     def removed_after(self, csn: int) -> list[PartRecord]:
-        """The records of the parts removed by a commit above ``csn`` (cleanup: what a pass may
-        delete that the last one did not)."""
+        """The records of the parts removed by a commit above ``csn``, in removal order (cleanup:
+        what a pass may delete that the last one did not): the end of ``removals``, not a scan of
+        every record."""
         with self.lock:
-            return [r for r in self.parts.values() if r.removal_csn is not None and r.removal_csn > csn]
+            out = []
+            for removed_at, name in reversed(self.removals):  # in CSN order: the newest first
+                if removed_at <= csn:
+                    break
+                rec = self.parts.get(name)
+                if rec is not None:
+                    out.append(rec)
+            out.reverse()
+            return out
+
+    def removed_held(self) -> int:
+        """How many removed parts the state still holds (for the retention windows): what its
+        export grows with besides the live parts."""
+        return len(self.removals)
 
     def newest_live(self, count: int) -> list[PartRecord]:
         """The records of the ``count`` live parts committed last (the storage probe at start)."""
