@@ -271,7 +271,7 @@ class LogTail:
                 except Exception as exc:  # connection trouble: a number in a report, next time
                     log.debug("log watch: %r", exc)
                 self.prune()
-                if self.state.applied_count - self._local_at >= self.config.local_checkpoint_every:
+                if self.state.applied_count - self._local_at >= self.local_interval():
                     self.save_local()
                 if self._due():
                     self.round()
@@ -375,14 +375,29 @@ class LogTail:
         return floor
 
     # -- checkpoints -------------------------------------------------------------------------
+    def local_interval(self) -> int:
+        """Entries between local snapshots: ``local_checkpoint_every``, or half the removed parts
+        the state holds for the retention windows when that is more. A snapshot costs time in
+        proportion to the state (export and encoding: seconds at 100,000 records), and a window
+        of an hour holds every part a busy hour removed; at a fixed interval the cost per commit
+        grew with that history (benchmarks/history_cost.py). The WAL replayed at a restart stays
+        shorter than what the snapshot it follows holds."""
+        return max(self.config.local_checkpoint_every, self.state.removed_held() // 2)
+
     def write_checkpoint(self) -> tuple[int, str]:
-        """This replica's state, now, as a checkpoint in storage: ``(csn, path)``."""
+        """This replica's state, now, as a checkpoint in storage: ``(csn, path)``. When the local
+        snapshot is half due, the same encoding is also written locally (one export, not two)."""
         if self.state.failure is not None:
             raise CorruptMetadata(f"not checkpointing a state that stopped at a bad entry: {self.state.failure}")
-        payload = self.state.export()
-        csn = int(payload["applied"])
-        path = storage_path(csn)
-        self.storage.put(path, encode(payload))
+        with self._local_lock:
+            count = self.state.applied_count
+            payload = self.state.export()
+            data = encode(payload)
+            csn = int(payload["applied"])
+            path = storage_path(csn)
+            self.storage.put(path, data)
+            if count - self._local_at >= self.local_interval() // 2:
+                self._write_local(count, csn, data)
         self.checkpoints_written += 1
         log.info("checkpoint at CSN %d written to %s", csn, path)
         return csn, path
@@ -431,14 +446,19 @@ class LogTail:
             count = self.state.applied_count
             payload = self.state.export()
             csn = int(payload["applied"])
-            write_local(self.local_path, encode(payload))
-            running = self.transactions.txns
-
-            def keep(rec: WalRecord) -> bool:
-                if isinstance(rec, WalEntry):
-                    return rec.csn > csn
-                return isinstance(rec, WalStaged) and rec.tid in running
-
-            self.wal.compact(keep, head=[WalBase(csn)])
-            self._local_at = count
+            self._write_local(count, csn, encode(payload))
             return csn
+
+    def _write_local(self, count: int, csn: int, data: bytes) -> None:
+        """``state.ckpt`` := ``data`` (the state at ``csn``, ``count`` entries applied), then the
+        WAL cut down to what follows it. Called holding ``_local_lock``."""
+        write_local(self.local_path, data)
+        running = self.transactions.txns
+
+        def keep(rec: WalRecord) -> bool:
+            if isinstance(rec, WalEntry):
+                return rec.csn > csn
+            return isinstance(rec, WalStaged) and rec.tid in running
+
+        self.wal.compact(keep, head=[WalBase(csn)])
+        self._local_at = count

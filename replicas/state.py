@@ -417,12 +417,11 @@ class ReplicaState:
                 names = [n for k in keys for n in live[k] if n not in own_removed]
                 out = sorted((self.parts[n].meta for n in names), key=_name)
             else:
-                # An older snapshot: every record of the table, in name order (all_sorted), with
+                # An older snapshot: the records that can be visible at it, in name order, with
                 # the cheap tests first; the visibility rule (is_visible) decides the rest.
                 out = []
                 pkey_of: dict[tuple, str] = {}
-                index = self.all_sorted.get(table)
-                for rec in index.values() if index is not None else ():
+                for rec in self._candidates(table, snapshot, reader_tid, wanted):
                     meta = rec.meta
                     if wanted is not None:
                         pk = pkey_of.get(meta.partition)
@@ -445,6 +444,35 @@ class ReplicaState:
                 if wanted is None or partition_key(meta.partition) in wanted:
                     bisect.insort(out, meta, key=_name)
         return out
+
+    def _candidates(self, table: str, snapshot: int, reader_tid: str | None, wanted: set[str] | None) -> list:
+        """The records of ``table`` a lookup at ``snapshot`` (below ``applied``) must test, in name
+        order. A part visible there is live now or was removed after it (a removal at or below a
+        snapshot hides the part from it, unless the reader made the part: a committed reader, only
+        seen when a lost answer is resolved, takes the full list). So the parts live now and the
+        removals newer than ``snapshot`` (the end of ``removals``, in CSN order) are enough, and a
+        merge or a read a few commits behind no longer scans every record that the retention
+        window holds (benchmarks/history_cost.py). Every record when that walk would be longer.
+        Called with the lock held."""
+        index = self.all_sorted.get(table)
+        if index is None:
+            return []
+        if snapshot < self.pruned or (reader_tid is not None and reader_tid in self.tid_csn):
+            return index.values()
+        names: list[str] = []
+        limit = len(index)
+        for csn, name in reversed(self.removals):
+            if csn <= snapshot:
+                break
+            if len(names) >= limit:
+                return index.values()
+            names.append(name)
+        live = self.live.get(table, {})
+        for pk in live.keys() if wanted is None else wanted & live.keys():
+            names.extend(live[pk])
+        parts = self.parts
+        recs = {n: rec for n in names if (rec := parts.get(n)) is not None and rec.meta.table == table}
+        return [recs[n] for n in sorted(recs)]
 
     # -- checkpoints (replicas/checkpoint.py encodes these) ------------------------------------
     def export(self) -> dict:
@@ -727,10 +755,24 @@ class ReplicaState:
             return self.parts.get(name)
 
     def removed_after(self, csn: int) -> list[PartRecord]:
-        """The records of the parts removed by a commit above ``csn`` (cleanup: what a pass may
-        delete that the last one did not)."""
+        """The records of the parts removed by a commit above ``csn``, in removal order (cleanup:
+        what a pass may delete that the last one did not): the end of ``removals``, not a scan of
+        every record."""
         with self.lock:
-            return [r for r in self.parts.values() if r.removal_csn is not None and r.removal_csn > csn]
+            out = []
+            for removed_at, name in reversed(self.removals):  # in CSN order: the newest first
+                if removed_at <= csn:
+                    break
+                rec = self.parts.get(name)
+                if rec is not None:
+                    out.append(rec)
+            out.reverse()
+            return out
+
+    def removed_held(self) -> int:
+        """How many removed parts the state still holds (for the retention windows): what its
+        export grows with besides the live parts."""
+        return len(self.removals)
 
     def newest_live(self, count: int) -> list[PartRecord]:
         """The records of the ``count`` live parts committed last (the storage probe at start)."""
