@@ -1,7 +1,7 @@
 """Background merges on one replica.
 
 A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; when a partition has
-``merge_min_parts`` small parts of like size (minor: one size tier, :func:`size_tier`) or has been idle ``major_idle_seconds`` with several parts
+``merge_min_parts`` small parts (minor) or has been idle ``major_idle_seconds`` with several parts
 (major), or, for a keys table, ``merge_min_parts`` parts past ``merge_small_bytes`` in one size tier
 (minor: ``coordinator.core.keytables.tiered_merge``, so the versions a read folds stay bounded
 under endless upserts), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
@@ -37,29 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after each pass) at most this long
-
-
-def size_tier(small: list[PartMeta], min_parts: int, max_parts: int) -> list[PartMeta]:
-    """The small parts (in their order) a minor merge takes: the lowest size tier holding
-    ``min_parts`` of them, at most ``max_parts``. Tier t holds sizes from ``b * min_parts**t`` up to
-    ``min_parts`` times that, ``b`` the smallest size, so parts of like size merge together. A
-    merge that took every small part rewrote the part earlier merges made with each
-    ``min_parts`` new ones: a row was written again about history / ``min_parts`` times, and the
-    merges' cost per commit grew with history (benchmarks/history_cost.py); by tier, about log
-    times, and a partition keeps fewer than ``min_parts`` parts per tier."""
-    if min_parts < 2 or len(small) < min_parts:
-        return []
-    base = max(1, min(m.size for m in small))
-    tiers: dict[int, list[PartMeta]] = {}
-    for m in small:
-        t, bound = 0, base * min_parts
-        while m.size >= bound:
-            t, bound = t + 1, bound * min_parts
-        tiers.setdefault(t, []).append(m)
-    for t in sorted(tiers):
-        if len(tiers[t]) >= min_parts:
-            return tiers[t][: max(2, max_parts)]
-    return []
 
 
 class Merges:
@@ -129,9 +106,8 @@ class Merges:
                 if tdef.conflict_policy is Policy.KEYS
                 else []
             )
-            picked = size_tier(small, c.merge_min_parts, c.merge_max_parts) if c.merge_min_parts >= 2 else []
-            if picked:
-                plans.append(("minor", pkey, picked))
+            if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
+                plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
             elif tiered:  # a keys table's big parts, merged by size tier (the versions a read folds)
                 plans.append(("minor", pkey, [metas[i] for i in tiered]))
             elif (
