@@ -70,11 +70,13 @@ class Follower:
         self._armed: tuple[tuple[int, int], int] | None = None
         self._after_own = False  # the last batch ended with an entry this replica committed (or read)
         # The follower waits a moment before watching past its own entry (LINGER): _linger asks
-        # _run for that wait, _lingered says it is over; _own_pokes: the pokes at that entry (a
-        # poke since, a reader's pull included, wants ZooKeeper asked now).
+        # _run for that wait, _lingered says it is over; _own_pulls: the callers' pulls at that
+        # entry (a pull since wants ZooKeeper asked now). Not the pokes: the watch armed before
+        # on this position fires when our own entry is created, often after it was applied.
         self._linger = False
         self._lingered = False
-        self._own_pokes = 0
+        self._pulls = 0
+        self._own_pulls = 0
         self._started = threading.Event()  # set when a local commit multi starts
         self._idle = threading.Event()  # cleared while a local commit multi is in flight
         self._idle.set()
@@ -157,7 +159,7 @@ class Follower:
 
     def _own_entry(self) -> None:
         """The last entry applied is this replica's own: look past it after a linger."""
-        self._after_own, self._lingered, self._own_pokes = True, False, self._pokes
+        self._after_own, self._lingered, self._own_pulls = True, False, self._pulls
         self._started.clear()
 
     def _run(self) -> None:
@@ -192,6 +194,7 @@ class Follower:
         A caller (outcome lookup after a lost connection, start-up) wants what ZooKeeper holds
         now, not what an earlier watch implied: the poke voids any armed watch first."""
         self._pokes += 1
+        self._pulls += 1
         return self._pull()
 
     def _pull(self) -> bool:
@@ -229,7 +232,7 @@ class Follower:
             elif not ahead and seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
                 break  # the watch on this position has not fired: nothing new
             elif not ahead and self._after_own and seq < self.log.epoch_size:
-                if not self._lingered and self._pokes == self._own_pokes and not out:
+                if not self._lingered and self._pulls == self._own_pulls and not out:
                     self._linger = True  # after our own entry: wait for the next local commit first
                     break
                 # Right after our own commit (or entries read) the next entry is rarely there: arm
