@@ -179,9 +179,11 @@ class Follower:
             if self._linger:
                 # Right after an own entry: the next local commit, if one starts within LINGER,
                 # shows whether others committed in between. No watch (no request) meanwhile.
+                # Once per own entry: a commit that started and left no entry (its multi failed,
+                # its apply did) must not keep the follower lingering; one that lands resets it.
                 self._linger = False
-                if not self._started.wait(LINGER):
-                    self._lingered = True  # none came: the next pull arms the watch
+                self._started.wait(LINGER)
+                self._lingered = True  # the next pull arms the watch unless an own entry came
                 continue
             if not progressed:
                 if not self._wake.wait(1.0):
