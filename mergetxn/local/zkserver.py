@@ -70,11 +70,15 @@ MIN_JAVA = 17
 LOCALHOST = "127.0.0.1"
 
 #: JVM flags for the embedded servers: a small heap (ZooKeeper holds only metadata here) and a
-#: simple GC; IPv4 so that 127.0.0.1 is what the server binds.
+#: simple GC; IPv4 so that 127.0.0.1 is what the server binds. The C1 compiler only (as the
+#: ensemble members, cli.MEMBER_JVM_FLAGS): at a hundred commits a second C2 kept compiling for
+#: over a minute and was most of ZooKeeper's CPU per commit (1.0-3.0 ms per commit multi against
+#: 1.0-1.1 with C1 alone; benchmarks/zk_request_cost.py, benchmarks/README.md issue 23 item 2).
 JVM_FLAGS: tuple[str, ...] = (
     "-Xms32m",
     "-Xmx512m",
     "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
     "-Djava.net.preferIPv4Stack=true",
     "-Djava.awt.headless=true",
     # log4j 1.x JMX bridge is not on the classpath; without this ZooKeeper warns at start.
