@@ -6,15 +6,6 @@ per entry and never a listing of the whole epoch. The next entry is awaited with
 local commit is applied without a read. A listing is needed only in rare cases: the epoch was
 sealed, or the parent's child counter shows that a sequence number was skipped.
 
-The watch costs ZooKeeper a request (and this replica a watch event) per entry, which was a
-third of ZooKeeper's CPU per commit on one replica (benchmarks/README.md, issue 23 item 2). So
-after an entry of its own the follower first waits ``LINGER`` seconds for the next local
-commit: one that starts then shows by its own position whether other replicas committed in
-between (its hand-over lands beyond the next position, and the follower reads up to it), and
-needs no watch. Only a replica that stops committing arms it. After entries read from
-ZooKeeper the watch on the next position is armed directly, without the epoch's stat (the
-periodic check every second, and the epoch's data watch, find a sealed epoch or a gap).
-
 The log's tail is trimmed (replicas/checkpoint.py): whole sealed epochs are removed once a
 checkpoint in storage holds the state they built. Before skipping anything (a gap, the end of an
 epoch, a missing epoch) the follower checks the checkpoint node; when its position lies in a
@@ -40,7 +31,6 @@ log = logging.getLogger(__name__)
 
 
 BATCH = 256
-LINGER = 0.025  # after an own entry: how long to wait for the next local commit before arming a watch
 TRIMMED = (-1, -1)  # _next_position: the position lies in a trimmed epoch (restore a checkpoint)
 
 
@@ -68,16 +58,7 @@ class Follower:
         # be asked again; any poke (the watch firing, a session event, a reader) voids it.
         self._pokes = 0
         self._armed: tuple[tuple[int, int], int] | None = None
-        self._after_own = False  # the last batch ended with an entry this replica committed (or read)
-        # The follower waits a moment before watching past its own entry (LINGER): _linger asks
-        # _run for that wait, _lingered says it is over; _own_pulls: the callers' pulls at that
-        # entry (a pull since wants ZooKeeper asked now). Not the pokes: the watch armed before
-        # on this position fires when our own entry is created, often after it was applied.
-        self._linger = False
-        self._lingered = False
-        self._pulls = 0
-        self._own_pulls = 0
-        self._started = threading.Event()  # set when a local commit multi starts
+        self._after_own = False  # the last batch ended with an entry this replica committed
         self._idle = threading.Event()  # cleared while a local commit multi is in flight
         self._idle.set()
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
@@ -107,7 +88,6 @@ class Follower:
         the entry fires before the multi returns), so that the committer hands its own entry
         over instead of the follower reading it back from ZooKeeper. Yields the hand-over."""
         self._idle.clear()
-        self._started.set()
         try:
             yield self._hand_over
         finally:
@@ -149,18 +129,13 @@ class Follower:
             entry, raw = own if own is not None else self.decode(data, self.log.entry_path(epoch, seq))
             self.wal.append([WalEntry(csn, epoch, seq, entry, raw)])
             self.state.apply(csn, epoch, seq, entry)
-            self._own_entry()
+            self._after_own = True
             return True
         except Exception as exc:  # leave it to the follower thread, which retries
             log.warning("could not apply own entry %d/%d in place: %r", epoch, seq, exc)
             return False
         finally:
             self._pull_lock.release()
-
-    def _own_entry(self) -> None:
-        """The last entry applied is this replica's own: look past it after a linger."""
-        self._after_own, self._lingered, self._own_pulls = True, False, self._pulls
-        self._started.clear()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -176,15 +151,6 @@ class Follower:
                 log.debug("follower: %r", exc)
                 self._stop.wait(0.2)
                 continue
-            if self._linger:
-                # Right after an own entry: the next local commit, if one starts within LINGER,
-                # shows whether others committed in between. No watch (no request) meanwhile.
-                # Once per own entry: a commit that started and left no entry (its multi failed,
-                # its apply did) must not keep the follower lingering; one that lands resets it.
-                self._linger = False
-                self._started.wait(LINGER)
-                self._lingered = True  # the next pull arms the watch unless an own entry came
-                continue
             if not progressed:
                 if not self._wake.wait(1.0):
                     self._armed = None  # periodic full check (an epoch sealed elsewhere, a gap)
@@ -196,7 +162,6 @@ class Follower:
         A caller (outcome lookup after a lost connection, start-up) wants what ZooKeeper holds
         now, not what an earlier watch implied: the poke voids any armed watch first."""
         self._pokes += 1
-        self._pulls += 1
         return self._pull()
 
     def _pull(self) -> bool:
@@ -227,19 +192,16 @@ class Follower:
             if data is not None:
                 own = True
             elif not ahead and own:
-                self._own_entry()  # apply our own commit first, look further afterwards
+                self._after_own = True  # apply our own commit first, look further afterwards
                 break
             elif not ahead and not self._idle.is_set():
                 break  # a local commit is in flight: it hands its entry over (or offers it)
             elif not ahead and seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
                 break  # the watch on this position has not fired: nothing new
             elif not ahead and self._after_own and seq < self.log.epoch_size:
-                if not self._lingered and self._pulls == self._own_pulls and not out:
-                    self._linger = True  # after our own entry: wait for the next local commit first
-                    break
-                # Right after our own commit (or entries read) the next entry is rarely there: arm
-                # the watch directly (one request) instead of a read, an epoch stat and the watch.
-                self._after_own = self._lingered = False
+                # Right after our own commit the next entry is rarely there: arm the watch
+                # directly (one request) instead of a read, an epoch stat and then the watch.
+                self._after_own = False
                 pokes = self._pokes
                 if not self.log.watch_next(epoch, seq, self.poke):
                     self._armed = ((epoch, seq), pokes)
@@ -271,10 +233,6 @@ class Follower:
                 raise
             out.append((csn_of(epoch, seq), epoch, seq, entry, raw))
             seq += 1
-            if not own and len(out) == 1:
-                # Another replica's entry, read (its watch fired): the next one is rarely there
-                # yet. Watch it directly, without a linger; a catch-up reads on after one exists.
-                self._after_own, self._lingered = True, True
         return out
 
     def _restore_from_tail(self) -> None:
