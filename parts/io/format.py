@@ -314,6 +314,10 @@ def _corrupt(meta: PartMeta, why: str) -> CorruptPart:
     return CorruptPart(f"part {quote(meta.path)} {why}", path=meta.path)
 
 
+def _missing(storage: Storage, meta: PartMeta) -> CorruptPart:
+    return _corrupt(meta, f"is missing from {storage}")
+
+
 def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list]:
     """The part's footer (parsed) and its row groups' key bounds, from its verified tail."""
     key = (meta.path, meta.checksum)
@@ -326,7 +330,7 @@ def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[
     try:
         (tail,) = storage.get_ranges(meta.path, [(meta.size - length, length)])
     except FileNotFoundError:
-        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+        raise _missing(storage, meta) from None
     if len(tail) != length or zlib.crc32(tail) != crc or tail[-4:] != b"PAR1":
         raise _corrupt(meta, "footer is not as written (truncated, replaced or rotted)")
     try:
@@ -380,7 +384,7 @@ def _read_key_groups(
     try:
         got = storage.get_ranges(meta.path, [(at, n) for at, n, _ in spans])
     except FileNotFoundError:
-        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+        raise _missing(storage, meta) from None
     for g, (_, n, crc), piece in zip(groups, spans, got):
         if len(piece) != n or zlib.crc32(piece) != crc:
             raise _corrupt(meta, f"row group {g} is not as written (truncated, replaced or rotted)")
@@ -472,7 +476,7 @@ def verified_bytes(storage: Storage, meta: PartMeta) -> bytes:
     try:
         raw = storage.get(meta.path)
     except FileNotFoundError:
-        raise CorruptPart(f"part {quote(meta.path)} is missing from {storage}", path=meta.path) from None
+        raise _missing(storage, meta) from None
     if len(raw) != meta.size:
         raise CorruptPart(
             f"part {quote(meta.path)} has {len(raw)} bytes, {meta.size} were written (truncated or replaced)",
