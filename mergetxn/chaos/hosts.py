@@ -87,6 +87,7 @@ from coordinator.wire.security import (
 )
 from coordinator.zk.log import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
+from mergetxn.local.cluster import wait_stopped
 from mergetxn.local.zkserver import MemberAddress, free_ports, server_mode
 from replicas.settings import SETTINGS, command_line
 
@@ -218,31 +219,6 @@ def _kill_tree(pid: int) -> None:
             os.kill(p, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-
-
-def _stopped(pid: int) -> bool:
-    """Whether every thread of ``pid`` is stopped (or gone): SIGSTOP is delivered to each thread
-    as it next enters the kernel, so a thread on the other CPU may still answer a request sent
-    right after ``kill`` returned."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return True
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state not in ("T", "t", "Z", "X"):
-            return False
-    return True
-
-
-def _wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
-    """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
-    uninterruptible wait, an fsync, stops only once it returns)."""
-    return retries.until_true(timeout, 0.01)(lambda: all(_stopped(p) for p in pids))
 
 
 class _Proc:
@@ -935,7 +911,7 @@ class _Cluster:
             raise HostsError(f"replica r{i + 1} is not running")
         proc.signal(signal.SIGSTOP)
         proc.paused = True
-        if proc.pid is not None and not _wait_stopped(_tree(proc.pid)):
+        if proc.pid is not None and not wait_stopped(_tree(proc.pid)):
             log.warning("replica r%d: SIGSTOP sent, some thread still runs after 10 s", i + 1)
         log.info("paused replica r%d", i + 1)
 

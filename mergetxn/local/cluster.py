@@ -212,6 +212,8 @@ class LocalCluster:
         if proc is None or proc.poll() is not None:
             raise InvalidInput(f"replica {i} is not running")
         proc.send_signal(signal.SIGSTOP)
+        if not wait_stopped([proc.pid]):
+            raise RuntimeError(f"replica {i}: SIGSTOP sent, some thread still runs after 10 s")
 
     @_replica_index
     def resume_replica(self, i: int) -> None:
@@ -287,3 +289,28 @@ class LocalCluster:
                 self._procs[i] = None
         if self.zk is not None:
             self.zk.stop()
+
+
+def _stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (or gone): SIGSTOP is delivered to each thread
+    as it next enters the kernel, so a thread on the other CPU may still answer a request sent
+    right after ``kill`` returned."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                state = f.read().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("T", "t", "Z", "X"):
+            return False
+    return True
+
+
+def wait_stopped(pids: list[int], timeout: float = 10.0) -> bool:
+    """Poll until every thread of ``pids`` is stopped; False after ``timeout`` (a thread in an
+    uninterruptible wait, an fsync, stops only once it returns)."""
+    return retries.until_true(timeout, 0.01)(lambda: all(_stopped(p) for p in pids))
