@@ -2164,7 +2164,10 @@ def chaos(
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # the nemesis's own ZooKeeper clients see every fault
     workdir = workdir or Path(tempfile.gettempdir()) / "mergetxn-chaos"
     if cleanup_only:
-        done = cleanup(workdir)
+        try:
+            done = cleanup(workdir)
+        except RuntimeError as exc:  # another run holds the directory
+            fail(str(exc))
         out.print("\n".join(escape(d) for d in done) if done else "nothing to clean up")
         return
     if check_history is not None:

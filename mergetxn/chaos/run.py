@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import json
 import os
 import random
@@ -254,9 +255,39 @@ def cleanup_single(workdir: Path) -> list[int]:
     return killed
 
 
+LOCK_FILE = ".chaos.lock"
+
+
+@contextlib.contextmanager
+def workdir_lock(workdir: str | os.PathLike) -> Iterator[None]:
+    """Hold ``workdir`` for one run (or clean-up) at a time: a second run there would remove
+    the first one's cluster as an earlier run's leftovers. RuntimeError naming the holder's pid."""
+    path = Path(workdir).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RuntimeError(
+                f"another chaos run (pid {holder}) uses {path}: give this one its own --workdir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def cleanup(workdir: Path) -> list[str]:
     """Remove what an earlier run left: its processes (single form), the hosts' namespaces and
     rules (``mergetxn.chaos.hosts.cleanup``), and the run's directory. Returns what it did."""
+    with workdir_lock(workdir):
+        return _cleanup_unlocked(workdir)
+
+
+def _cleanup_unlocked(workdir: Path) -> list[str]:
     cluster_dir = Path(workdir) / "cluster"
     from mergetxn.chaos import hosts
     from mergetxn.chaos.spark_cluster import cleanup_spark
@@ -750,7 +781,7 @@ def run_chaos(
             "a secured chaos run has no Spark workload yet: its executors would need the "
             "credentials file too (run --secure without --spark)"
         )
-    with client_credentials(None):  # an unsecured run's clients present nothing, whatever the caller's environment
+    with workdir_lock(workdir), client_credentials(None):  # an unsecured run's clients present nothing
         return _run_chaos(
             workdir,
             seconds,
@@ -811,7 +842,7 @@ def _run_chaos(
         raise InvalidInput(f"faults must be at least 1, not {max_faults}")
     wls = [] if workload == "spark" else workloads_for(workload)
     workdir = Path(workdir).resolve()
-    for line in cleanup(workdir):
+    for line in _cleanup_unlocked(workdir):  # the run holds the workdir's lock
         say(f"cleanup: {line}")
     s3 = S3Storage(workdir / "cluster" / "s3", seed=seed) if storage == "s3" else None
     cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=secure)

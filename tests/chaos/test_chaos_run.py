@@ -10,6 +10,7 @@ one read was damaged (``--check-history``), so no cluster is faked for it.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from mergetxn.chaos.history import History
-from mergetxn.chaos.run import PIDS_FILE, conclude, writes
+from mergetxn.chaos.run import PIDS_FILE, conclude, workdir_lock, writes
 from mergetxn.cli import cli
 
 pytestmark = pytest.mark.slow
@@ -284,6 +285,32 @@ def test_cleanup_stops_what_a_killed_run_left(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_a_second_run_in_the_same_workdir_is_refused_and_removes_nothing(tmp_path: Path) -> None:
+    """A run (or ``--cleanup``) removes an earlier run's cluster from its directory: a second run
+    started there while the first runs would destroy it. The first holds the directory; the
+    second is refused (exit code 2, naming the holder and --workdir) and touches nothing."""
+    work = tmp_path / "work"
+    kept = work / "cluster" / "a-running-campaign's-file"
+    kept.parent.mkdir(parents=True)
+    kept.write_text("x")
+    with workdir_lock(work):
+        for args in (["--cleanup"], ["--form", "single", "--seconds", "1", "--nemesis", "none"]):
+            # another process, as a second campaign would be (the lock is the directory's, not the thread's)
+            run = subprocess.run(
+                [sys.executable, "-c", "from mergetxn.cli import main; main()", "chaos", "--workdir", str(work), *args],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert run.returncode == 2, run.stdout + run.stderr
+            assert f"another chaos run (pid {os.getpid()})" in run.stderr + run.stdout
+            assert "--workdir" in run.stderr + run.stdout
+            assert kept.exists()
+    out = CliRunner().invoke(cli, ["chaos", "--cleanup", "--workdir", str(work)])
+    assert out.exit_code == 0, out.output
+    assert not kept.exists()
 
 
 def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
