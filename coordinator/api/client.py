@@ -154,6 +154,7 @@ class Client:
         self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
+        self._no_slim = False  # the replica refused ``visible``'s ``slim`` (older code): not sent again
         info = self._rpc.call(
             "info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout)
         )  # answered at once by a live replica
@@ -482,7 +483,7 @@ class Client:
         # a part cleanup took is CorruptPart below, then SnapshotUnavailable, and the read
         # starts over at the new latest snapshot, as a read whose lease lapsed does.
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
-        r = self.call("visible", **_visible_args(table, snapshot, as_of), **hint, **lease)
+        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease)
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -500,6 +501,20 @@ class Client:
                     return self.read(table, columns=columns, where=where)
                 raise
             raise
+
+    def _visible_pruned(self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any]) -> dict:
+        """``visible`` for a read: with a point hint, ``slim`` too (the parts the replica kept
+        come without their key filters, which the read does not need: keytables.point_summary).
+        A replica from before ``slim`` refuses the field: asked again without it."""
+        if not hint or self._no_slim:
+            return self.call("visible", **args, **hint, **lease)
+        try:
+            return self.call("visible", **args, **hint, **lease, slim=True)
+        except InvalidInput as exc:
+            if exc.details.get("field") != "slim":
+                raise
+            self._no_slim = True
+            return self.call("visible", **args, **hint, **lease)
 
     @contextmanager
     def scan(

@@ -34,7 +34,10 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import struct
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -727,12 +730,15 @@ def ranges_problem(r: Any) -> str | None:
         return "'ranges': 'tail' must be [length >= 12, crc32]"
     if not (isinstance(groups, list) and len(groups) <= MAX_RANGE_GROUPS):
         return f"'ranges': 'groups' must be a list of at most {MAX_RANGE_GROUPS} [offset, length, crc32]"
-    for g in groups:  # a plain loop: every commit and part list carries these (a big part has hundreds)
-        if type(g) is not list or len(g) != 3:
-            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
-        a, n, c = g
-        if type(a) is not int or type(n) is not int or type(c) is not int or min(a, n, c) < 0 or max(a, n, c) >= _BIG:
-            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+    if not groups:
+        return None
+    # Loops in C (map, set, min, max): every commit, part list and point read's answer carries
+    # these, and a big part has hundreds.
+    if set(map(type, groups)) != {list} or set(map(len, groups)) != {3}:
+        return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+    flat = list(itertools.chain.from_iterable(groups))
+    if set(map(type, flat)) != {int} or min(flat) < 0 or max(flat) >= _BIG:
+        return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
     return None
 
 
@@ -864,6 +870,96 @@ def may_hold_any(
         else:
             return True
     return False
+
+
+class SummaryProbes:
+    """Key summaries parsed once per part, for a replica that prunes every visible part of a
+    keys table with a point read's keys (replicas/server.py ``_may_hold``): a part is immutable,
+    so its range, filter bits and scheme, parsed at its first probe, serve every later one,
+    and a lookup over a thousand parts costs a dict look-up and a bit or two per part instead
+    of a summary's parsing and a key's hashing per part. Bounded (least recently probed out
+    first); any thread. Entries are keyed by part name and checksum: a part a compaction or a
+    cleanup removed is no longer among the parts probed and ages out."""
+
+    SIZE = 1 << 15
+
+    def __init__(self, size: int = SIZE) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, str], tuple] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _probe(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
+        key = (name, checksum)
+        with self._lock:
+            got = self._items.get(key)
+            if got is not None:
+                self._items.move_to_end(key)
+                return got
+        lo: Any = summary.get("lo")
+        hi: Any = summary.get("hi")
+        m, k, bits = _filter_of(summary)
+        got = (
+            None if lo is None else tuple(lo),
+            None if lo is None else tuple(hi),
+            scheme_of(summary) != HASH_BLAKE2B,
+            m,
+            k,
+            bits,
+        )
+        with self._lock:
+            self._items[key] = got
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return got
+
+    def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
+        """The parts of ``metas`` (``name``, ``checksum``, ``key_summary``) whose summary may
+        hold one of the keys (``key -> key_hash(key)``, :func:`hint_hashes`): what
+        :func:`may_hold_any` keeps, each key hashed once for all parts."""
+        mixed = mixed_hashes(hashed)
+        out = []
+        for meta in metas:
+            summary = meta.key_summary
+            if summary is None:
+                out.append(meta)
+                continue
+            lo, hi, mix, m, k, bits = self._probe(meta.name, meta.checksum, summary)
+            if mix and mixed is None:
+                out.append(meta)  # a key the scheme does not hash: maybe
+                continue
+            for key, (h1, h2) in (mixed if mix else hashed).items():  # type: ignore[union-attr]
+                if lo is not None:
+                    try:
+                        if key < lo or key > hi:
+                            continue
+                    except TypeError:
+                        pass
+                a, b = h1 % m, h2 % m
+                for _ in range(k):
+                    if not bits[a >> 3] >> (a & 7) & 1:
+                        break
+                    a = (a + b) % m
+                else:
+                    out.append(meta)
+                    break
+        return out
+
+
+def point_summary(summary: Mapping[str, Any] | None) -> dict | None:
+    """A key summary slimmed for a point read's answer (``visible`` with ``slim``): the replica
+    has already pruned with the filter, so the reader needs only the key range and the byte
+    ``ranges`` it reads by; the filter, up to 64 KiB of bits, becomes one byte of ones (a
+    filter that says "maybe" for every key, which :func:`summary_problem` accepts and every
+    probe reads as such) and ``exact`` goes."""
+    if summary is None:
+        return None
+    out: dict[str, Any] = {"lo": summary.get("lo"), "hi": summary.get("hi"), **_LEGACY_ONES}
+    if "ranges" in summary:
+        out["ranges"] = summary["ranges"]
+    return out
 
 
 def point_keys(
