@@ -1019,12 +1019,16 @@ def point_keys(
     return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
 
 
-def point_hint(where: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict | None:
+def point_hint(
+    where: Any, schema: pa.Schema, primary_key: Sequence[str], found: list[tuple] | None = None
+) -> dict | None:
     """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
     (:func:`point_keys`), so the replica lists only the parts that may hold them:
     ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
-    not JSON scalars)."""
-    found = point_keys(where, schema, primary_key)
+    not JSON scalars). ``found``: ``point_keys(where, ..., exact=True)``, when the caller has it
+    (those keys are what ``point_keys`` finds too: a filter of key equalities alone)."""
+    if found is None:
+        found = point_keys(where, schema, primary_key)
     if found is None or not all(isinstance(v, _ORDERED + (float,)) for k in found for v in k):
         return None
     return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}

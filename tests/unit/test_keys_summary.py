@@ -459,3 +459,17 @@ def test_ranges_of_many_groups_check_as_one_group_does() -> None:
     for bad in ([1, 2, -1], [1, 2, True], [1, 2, 2**70], (1, 2, 3), [1, 2], [1, 2, 3, 4], [1, 2, 3.0]):
         groups = [*good["groups"][:100], bad, *good["groups"][100:]]
         assert keytables.ranges_problem({"tail": [100, 5], "groups": groups}) is not None, bad
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pc.field("k") == 5,
+        (pc.field("k") == 1) | (pc.field("k") == 2),
+        (pc.field("k") == 1) & (pc.field("v") == "x"),  # not exact: parsed by point_hint itself
+        pc.field("v") == "x",
+    ],
+)
+def test_a_point_hint_from_the_exact_keys_is_the_hint_parsed_again(where) -> None:
+    exact = keytables.point_keys(where, SCHEMA, ["k"], exact=True)
+    assert keytables.point_hint(where, SCHEMA, ["k"], found=exact) == keytables.point_hint(where, SCHEMA, ["k"])
