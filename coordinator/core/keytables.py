@@ -37,7 +37,6 @@ import hashlib
 import itertools
 import struct
 import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -877,31 +876,27 @@ class SummaryProbes:
     keys table with a point read's keys (replicas/server.py ``_may_hold``): a part is immutable,
     so its range, filter bits and scheme, parsed at its first probe, serve every later one,
     and a lookup over a thousand parts costs a dict look-up and a bit or two per part instead
-    of a summary's parsing and a key's hashing per part. Bounded (least recently probed out
-    first); any thread. Entries are keyed by part name and checksum: a part a compaction or a
-    cleanup removed is no longer among the parts probed and ages out."""
+    of a summary's parsing and a key's hashing per part. Bounded (the first parsed go first);
+    any thread (a look-up needs no lock: dict reads are atomic). Entries are keyed by part name
+    and checksum: a part a compaction or a cleanup removed is no longer among the parts probed
+    and ages out."""
 
     SIZE = 1 << 15
 
     def __init__(self, size: int = SIZE) -> None:
         self.size = size
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple] = OrderedDict()
+        self._items: dict[str, tuple] = {}  # part name -> (checksum, *probe)
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def _probe(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
-        key = (name, checksum)
-        with self._lock:
-            got = self._items.get(key)
-            if got is not None:
-                self._items.move_to_end(key)
-                return got
+    def _parse(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
         lo: Any = summary.get("lo")
         hi: Any = summary.get("hi")
         m, k, bits = _filter_of(summary)
         got = (
+            checksum,
             None if lo is None else tuple(lo),
             None if lo is None else tuple(hi),
             scheme_of(summary) != HASH_BLAKE2B,
@@ -910,9 +905,9 @@ class SummaryProbes:
             bits,
         )
         with self._lock:
-            self._items[key] = got
+            self._items[name] = got
             while len(self._items) > self.size:
-                self._items.popitem(last=False)
+                del self._items[next(iter(self._items))]
         return got
 
     def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
@@ -920,32 +915,57 @@ class SummaryProbes:
         hold one of the keys (``key -> key_hash(key)``, :func:`hint_hashes`): what
         :func:`may_hold_any` keeps, each key hashed once for all parts."""
         mixed = mixed_hashes(hashed)
+        by_scheme = (hashed, mixed)
+        # Parts of one size have filters of one size: each key's bits (byte, mask) are worked
+        # out once per scheme and filter size, not per part.
+        masks: dict[tuple[bool, int, int], list] = {}
+        items = self._items
         out = []
         for meta in metas:
             summary = meta.key_summary
             if summary is None:
                 out.append(meta)
                 continue
-            lo, hi, mix, m, k, bits = self._probe(meta.name, meta.checksum, summary)
-            if mix and mixed is None:
-                out.append(meta)  # a key the scheme does not hash: maybe
-                continue
-            for key, (h1, h2) in (mixed if mix else hashed).items():  # type: ignore[union-attr]
+            got = items.get(meta.name)  # a str's hash is kept in it: no key tuple to build and hash
+            if got is None or got[0] != meta.checksum:
+                got = self._parse(meta.name, meta.checksum, summary)
+            _, lo, hi, mix, m, k, bits = got
+            shape = (mix, m, k)
+            probes = masks.get(shape)
+            if probes is None:
+                keys = by_scheme[mix]
+                probes = masks[shape] = [] if keys is None else [(key, _masks(h, m, k)) for key, h in keys.items()]
+                if keys is None:
+                    probes.append(None)  # a key the scheme does not hash: maybe
+            for probe in probes:
+                if probe is None:
+                    out.append(meta)
+                    break
+                key, where = probe
                 if lo is not None:
                     try:
                         if key < lo or key > hi:
                             continue
                     except TypeError:
                         pass
-                a, b = h1 % m, h2 % m
-                for _ in range(k):
-                    if not bits[a >> 3] >> (a & 7) & 1:
+                for i, bit in where:
+                    if not bits[i] & bit:
                         break
-                    a = (a + b) % m
                 else:
                     out.append(meta)
                     break
         return out
+
+
+def _masks(hashed: tuple[int, int], m: int, k: int) -> list[tuple[int, int]]:
+    """The ``k`` bits a key's ``(h1, h2)`` sets in a filter of ``m`` bits, as (byte, mask): the
+    positions :func:`may_hold_any` probes, in its order."""
+    a, b = hashed[0] % m, hashed[1] % m
+    out = []
+    for _ in range(k):
+        out.append((a >> 3, 1 << (a & 7)))
+        a = (a + b) % m
+    return out
 
 
 def point_summary(summary: Mapping[str, Any] | None) -> dict | None:

@@ -6,6 +6,7 @@ in row groups that a point read picks by their statistics (parts/io/format.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 
@@ -427,6 +428,15 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
             want = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
             assert probes.may_hold(metas, hashed) == want
     assert len(probes) == 16
+    # A name seen before with another checksum (another part's file) is parsed again, not reused.
+    full = _meta("p0", keytables.summarize(data.slice(0, 500), pk))
+    other = dataclasses.replace(full, checksum="crc32:other", key_summary=keytables.summarize(data.slice(500, 5), pk))
+    for wanted in keys[:520]:
+        hashed = {wanted: keytables.key_hash(wanted)}
+        for meta in (full, other, full):
+            assert probes.may_hold([meta], hashed) == [
+                m for m in [meta] if keytables.may_hold_any(m.key_summary, hashed)
+            ]
 
 
 def test_summary_probes_say_maybe_for_a_key_mix64_does_not_hash() -> None:
