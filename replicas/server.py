@@ -72,6 +72,7 @@ class ReplicaServer(RpcServer):
         self.address = f"{host}:{self.port}"
         self._peers_seen: tuple[float, list[str]] | None = None
         self._peers_lock = threading.Lock()
+        self._probes = keytables.SummaryProbes()  # parsed key summaries of parts (_may_hold)
         self.handlers = {
             "info": self._info,
             "create_table": self._create_table,
@@ -442,7 +443,7 @@ class ReplicaServer(RpcServer):
         if a.get("id") is not None:
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
             metas = self._may_hold(a, snap, metas)
-            return {"snapshot": snap, "parts": [m.to_dict() for m in metas], **self._csns(metas)}
+            return {"snapshot": snap, "parts": _part_dicts(a, metas), **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(
             a["table"],
             a.get("snapshot"),
@@ -455,7 +456,7 @@ class ReplicaServer(RpcServer):
         metas = self._may_hold(a, snap, metas)
         return {
             "snapshot": snap,
-            "parts": [m.to_dict() for m in metas],
+            "parts": _part_dicts(a, metas),
             "lease": lease,
             "lease_seconds": leases.READ_LEASE_SECONDS,
             "ddl": self.replica.state.last_ddl(snap),
@@ -474,7 +475,7 @@ class ReplicaServer(RpcServer):
         hashed = keytables.hint_hashes(a["point_hint"], tdef.schema, tdef.primary_key)
         if hashed is None:
             return metas
-        return [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
+        return self._probes.may_hold(metas, hashed)
 
     def _csns(self, metas: list) -> dict:
         """``csns``: the creation CSN of each committed part (a transaction's own parts have
@@ -508,6 +509,20 @@ class ReplicaServer(RpcServer):
                 txns.abort(txn, "compaction failed")
             raise
         return {"csn": csn, "tid": txn.id, "removed": len(op.removed), "added": len(op.added)}
+
+
+def _part_dicts(a: dict, metas: list) -> list[dict]:
+    """The parts of a ``visible`` answer; ``slim`` (a point read's, which the replica pruned with
+    its ``point_hint``): each key summary without its filter (keytables.point_summary)."""
+    if not (a.get("slim") and a.get("point_hint") is not None):
+        return [m.to_dict() for m in metas]
+    out = []
+    for m in metas:
+        d = m.to_dict()
+        if m.key_summary is not None:
+            d["key_summary"] = keytables.point_summary(m.key_summary)
+        out.append(d)
+    return out
 
 
 def _user(a: dict) -> str | None:

@@ -154,6 +154,7 @@ class Client:
         self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
+        self._no_slim = False  # the replica refused ``visible``'s ``slim`` (older code): not sent again
         info = self._rpc.call(
             "info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout)
         )  # answered at once by a live replica
@@ -475,19 +476,26 @@ class Client:
         where: pc.Expression | None = None,
     ) -> pa.Table:
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
-        hint = _point_hint(self._tables.get(table), where)
+        cached = self._tables.get(table)
+        exact = _exact_keys(cached, where)
+        hint = _point_hint(cached, where, exact)
         # A point read at the latest snapshot takes no lease (one round trip, no renewer thread):
         # the parts it lists were visible a moment ago, so the retention window keeps each one
         # ``retention_seconds`` after a commit removes it; past that (a table with no window),
         # a part cleanup took is CorruptPart below, then SnapshotUnavailable, and the read
         # starts over at the new latest snapshot, as a read whose lease lapsed does.
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
-        r = self.call("visible", **_visible_args(table, snapshot, as_of), **hint, **lease)
+        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease)
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
                 return self._read_parts(
-                    tdef, [PartMeta.from_dict(m) for m in r["parts"]], columns, where, r.get("csns")
+                    tdef,
+                    [PartMeta.from_dict(m) for m in r["parts"]],
+                    columns,
+                    where,
+                    r.get("csns"),
+                    exact=exact if cached is not None and cached[0] is tdef else None,  # parsed for this tdef
                 )
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
@@ -500,6 +508,20 @@ class Client:
                     return self.read(table, columns=columns, where=where)
                 raise
             raise
+
+    def _visible_pruned(self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any]) -> dict:
+        """``visible`` for a read: with a point hint, ``slim`` too (the parts the replica kept
+        come without their key filters, which the read does not need: keytables.point_summary).
+        A replica from before ``slim`` refuses the field: asked again without it."""
+        if not hint or self._no_slim:
+            return self.call("visible", **args, **hint, **lease)
+        try:
+            return self.call("visible", **args, **hint, **lease, slim=True)
+        except InvalidInput as exc:
+            if exc.details.get("field") != "slim":
+                raise
+            self._no_slim = True
+            return self.call("visible", **args, **hint, **lease)
 
     @contextmanager
     def scan(
@@ -660,17 +682,20 @@ class Client:
         columns: Sequence[str] | None,
         where: pc.Expression | None,
         csns: Mapping[str, int] | None = None,
+        exact: list[tuple] | None = None,
     ) -> pa.Table:
         """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
         A keys table's parts are versions folded to one row per key (:func:`keyfold.merge`), in the
-        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own)."""
+        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own).
+        ``exact``: ``keytables.point_keys(where, ..., exact=True)`` under ``tdef``, when the
+        caller has it (not parsed again)."""
         table = tdef.name
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
                 raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
         if tdef.conflict_policy is Policy.KEYS:
-            return self._read_keys(tdef, metas, columns, where, csns or {})
+            return self._read_keys(tdef, metas, columns, where, csns or {}, exact)
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(table)}")
             metas = [
@@ -695,13 +720,15 @@ class Client:
         columns: Sequence[str] | None,
         where: pc.Expression | None,
         csns: Mapping[str, int],
+        exact: list[tuple] | None = None,
     ) -> pa.Table:
         wanted = None
         # A filter that is only ``key == literal`` terms (keytables.point_keys, exact) keeps
         # exactly the rows of those keys: it parsed as valid and is not applied after the fold,
         # which reads and folds those keys' versions alone (an Arrow plan each costs a point read
         # more than the rest of its client side).
-        exact = keytables.point_keys(where, tdef.schema, tdef.primary_key, exact=True) if where is not None else None
+        if exact is None and where is not None:
+            exact = keytables.point_keys(where, tdef.schema, tdef.primary_key, exact=True)
         if exact is not None:
             wanted = exact
         elif where is not None:  # after the fold: a newer version may move a row out of (or into) it
@@ -1712,14 +1739,29 @@ def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -
     return args
 
 
-def _point_hint(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> dict[str, Any]:
+def _exact_keys(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> list[tuple] | None:
+    """``keytables.point_keys(where, ..., exact=True)`` under the cached definition of a keys
+    table (None when there is none, or the filter is not only key equalities): parsed once for
+    the hint and, when the definition still holds at the read's snapshot, for the read."""
+    if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
+        return None
+    try:
+        return keytables.point_keys(where, cached[0].schema, cached[0].primary_key, exact=True)
+    except (InvalidInput, TypeError, ValueError, pa.ArrowException):
+        return None
+
+
+def _point_hint(
+    cached: tuple[TableDef, int] | None, where: pc.Expression | None, exact: list[tuple] | None = None
+) -> dict[str, Any]:
     """``point_hint`` for the ``visible`` request of a read of a keys table whose filter fixes
-    whole keys (``keytables.point_hint``), from the definition the client has cached: the replica
-    prunes with it only where the table at the read's snapshot has the same key columns."""
+    whole keys (``keytables.point_hint``; from ``exact``, its :func:`_exact_keys`, when given),
+    from the definition the client has cached: the replica prunes with it only where the table
+    at the read's snapshot has the same key columns."""
     if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
         return {}
     try:
-        hint = keytables.point_hint(where, cached[0].schema, cached[0].primary_key)
+        hint = keytables.point_hint(where, cached[0].schema, cached[0].primary_key, found=exact)
     except (InvalidInput, TypeError, ValueError, pa.ArrowException):
         return {}
     return {} if hint is None else {"point_hint": hint}

@@ -34,7 +34,9 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import itertools
 import struct
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -727,12 +729,15 @@ def ranges_problem(r: Any) -> str | None:
         return "'ranges': 'tail' must be [length >= 12, crc32]"
     if not (isinstance(groups, list) and len(groups) <= MAX_RANGE_GROUPS):
         return f"'ranges': 'groups' must be a list of at most {MAX_RANGE_GROUPS} [offset, length, crc32]"
-    for g in groups:  # a plain loop: every commit and part list carries these (a big part has hundreds)
-        if type(g) is not list or len(g) != 3:
-            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
-        a, n, c = g
-        if type(a) is not int or type(n) is not int or type(c) is not int or min(a, n, c) < 0 or max(a, n, c) >= _BIG:
-            return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+    if not groups:
+        return None
+    # Loops in C (map, set, min, max): every commit, part list and point read's answer carries
+    # these, and a big part has hundreds.
+    if set(map(type, groups)) != {list} or set(map(len, groups)) != {3}:
+        return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
+    flat = list(itertools.chain.from_iterable(groups))
+    if set(map(type, flat)) != {int} or min(flat) < 0 or max(flat) >= _BIG:
+        return "'ranges': 'groups' must list [offset, length, crc32] of natural numbers"
     return None
 
 
@@ -866,6 +871,117 @@ def may_hold_any(
     return False
 
 
+class SummaryProbes:
+    """Key summaries parsed once per part, for a replica that prunes every visible part of a
+    keys table with a point read's keys (replicas/server.py ``_may_hold``): a part is immutable,
+    so its range, filter bits and scheme, parsed at its first probe, serve every later one,
+    and a lookup over a thousand parts costs a dict look-up and a bit or two per part instead
+    of a summary's parsing and a key's hashing per part. Bounded (the first parsed go first);
+    any thread (a look-up needs no lock: dict reads are atomic). Entries are keyed by part name
+    and checksum: a part a compaction or a cleanup removed is no longer among the parts probed
+    and ages out."""
+
+    SIZE = 1 << 15
+
+    def __init__(self, size: int = SIZE) -> None:
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: dict[str, tuple] = {}  # part name -> (checksum, *probe)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _parse(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
+        lo: Any = summary.get("lo")
+        hi: Any = summary.get("hi")
+        m, k, bits = _filter_of(summary)
+        got = (
+            checksum,
+            None if lo is None else tuple(lo),
+            None if lo is None else tuple(hi),
+            scheme_of(summary) != HASH_BLAKE2B,
+            m,
+            k,
+            bits,
+        )
+        with self._lock:
+            self._items[name] = got
+            while len(self._items) > self.size:
+                del self._items[next(iter(self._items))]
+        return got
+
+    def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
+        """The parts of ``metas`` (``name``, ``checksum``, ``key_summary``) whose summary may
+        hold one of the keys (``key -> key_hash(key)``, :func:`hint_hashes`): what
+        :func:`may_hold_any` keeps, each key hashed once for all parts."""
+        mixed = mixed_hashes(hashed)
+        by_scheme = (hashed, mixed)
+        # Parts of one size have filters of one size: each key's bits (byte, mask) are worked
+        # out once per scheme and filter size, not per part.
+        masks: dict[tuple[bool, int, int], list] = {}
+        items = self._items
+        out = []
+        for meta in metas:
+            summary = meta.key_summary
+            if summary is None:
+                out.append(meta)
+                continue
+            got = items.get(meta.name)  # a str's hash is kept in it: no key tuple to build and hash
+            if got is None or got[0] != meta.checksum:
+                got = self._parse(meta.name, meta.checksum, summary)
+            _, lo, hi, mix, m, k, bits = got
+            shape = (mix, m, k)
+            probes = masks.get(shape)
+            if probes is None:
+                keys = by_scheme[mix]
+                probes = masks[shape] = [] if keys is None else [(key, _masks(h, m, k)) for key, h in keys.items()]
+                if keys is None:
+                    probes.append(None)  # a key the scheme does not hash: maybe
+            for probe in probes:
+                if probe is None:
+                    out.append(meta)
+                    break
+                key, where = probe
+                if lo is not None:
+                    try:
+                        if key < lo or key > hi:
+                            continue
+                    except TypeError:
+                        pass
+                for i, bit in where:
+                    if not bits[i] & bit:
+                        break
+                else:
+                    out.append(meta)
+                    break
+        return out
+
+
+def _masks(hashed: tuple[int, int], m: int, k: int) -> list[tuple[int, int]]:
+    """The ``k`` bits a key's ``(h1, h2)`` sets in a filter of ``m`` bits, as (byte, mask): the
+    positions :func:`may_hold_any` probes, in its order."""
+    a, b = hashed[0] % m, hashed[1] % m
+    out = []
+    for _ in range(k):
+        out.append((a >> 3, 1 << (a & 7)))
+        a = (a + b) % m
+    return out
+
+
+def point_summary(summary: Mapping[str, Any] | None) -> dict | None:
+    """A key summary slimmed for a point read's answer (``visible`` with ``slim``): the replica
+    has already pruned with the filter, so the reader needs only the key range and the byte
+    ``ranges`` it reads by; the filter, up to 64 KiB of bits, becomes one byte of ones (a
+    filter that says "maybe" for every key, which :func:`summary_problem` accepts and every
+    probe reads as such) and ``exact`` goes."""
+    if summary is None:
+        return None
+    out: dict[str, Any] = {"lo": summary.get("lo"), "hi": summary.get("hi"), **_LEGACY_ONES}
+    if "ranges" in summary:
+        out["ranges"] = summary["ranges"]
+    return out
+
+
 def point_keys(
     where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024, exact: bool = False
 ) -> list[tuple] | None:
@@ -923,12 +1039,16 @@ def point_keys(
     return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
 
 
-def point_hint(where: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict | None:
+def point_hint(
+    where: Any, schema: pa.Schema, primary_key: Sequence[str], found: list[tuple] | None = None
+) -> dict | None:
     """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
     (:func:`point_keys`), so the replica lists only the parts that may hold them:
     ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
-    not JSON scalars)."""
-    found = point_keys(where, schema, primary_key)
+    not JSON scalars). ``found``: ``point_keys(where, ..., exact=True)``, when the caller has it
+    (those keys are what ``point_keys`` finds too: a filter of key equalities alone)."""
+    if found is None:
+        found = point_keys(where, schema, primary_key)
     if found is None or not all(isinstance(v, _ORDERED + (float,)) for k in found for v in k):
         return None
     return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}
@@ -967,7 +1087,7 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
 
 
 def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tuple]) -> pa.Table:
-    """The rows of ``data`` whose key is one of ``wanted``: a boolean mask from ``is_in`` for a
+    """The rows of ``data`` whose key is one of ``wanted``: a boolean mask from ``equal`` or ``is_in`` for a
     one-column key (no Acero plan, whose fixed cost a point read would pay per part), else
     :func:`key_filter`."""
     import pyarrow.compute as pc
@@ -976,6 +1096,8 @@ def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tu
         return data.filter(key_filter(data.schema, primary_key, wanted))
     k = primary_key[0]
     col = data.column(k)
+    if len(wanted) == 1:  # a lookup of one key: a comparison, no hash set built (a third of the time)
+        return data.filter(pc.equal(col, pa.scalar(wanted[0][0], col.type)))
     return data.filter(pc.is_in(col, value_set=pa.array([key[0] for key in wanted], col.type)))
 
 

@@ -299,9 +299,14 @@ def groups_holding(bounds: list[list[tuple[Any, Any] | None]], keys: Sequence[tu
     """The row groups (their :func:`group_bounds`) whose key statistics may hold one of ``keys``."""
     out = []
     for g, b in enumerate(bounds):
+        one = b[0] if len(b) == 1 else False  # one key column (the common case): no generator
         for key in keys:
             try:
-                if all(x is None or x[0] <= v <= x[1] for v, x in zip(key, b)):
+                if one is None or (
+                    one[0] <= key[0] <= one[1]
+                    if one is not False
+                    else all(x is None or x[0] <= v <= x[1] for v, x in zip(key, b))
+                ):
                     out.append(g)
                     break
             except TypeError:

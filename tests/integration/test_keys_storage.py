@@ -536,3 +536,57 @@ def test_a_latest_point_read_takes_no_lease_and_starts_over_when_cleanup_took_it
         assert leased["lease"]  # a read at a given snapshot leases it as before
         client.call("release", lease=leased["lease"])
         client.close()
+
+
+def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> None:
+    """The replica keeps parsed key summaries by part (keytables.SummaryProbes) and answers a
+    point read's ``visible`` with slim summaries: point reads between upserts, a major
+    compaction, a cleanup pass that deletes the replaced parts, an ALTER TABLE, and a drop and
+    re-create of the table under the same name answer what a whole read folds to."""
+    name = "ks_probes"
+    settings = {"merge_interval": 0, "gc_interval": 0, "retention_seconds": 0}
+    rng = random.Random(7)
+    with make_cluster(tmp_path_factory, zk_server, "keys-probes", replicas=1, settings=settings) as c:
+        client = c.client(0)
+
+        def check(keys: list[int]) -> None:
+            whole = {r["k"]: r for r in client.read(name).to_pylist()}
+            for k in keys:
+                got = client.read(name, where=K == k).to_pylist()
+                assert got == ([whole[k]] if k in whole else []), k
+
+        def upserts(rounds: int, value: str) -> None:
+            for i in range(rounds):
+                with client.transaction() as tx:
+                    ks = rng.sample(range(400), 40)
+                    tx.upsert(name, pa.table({"k": pa.array(ks, pa.int64()), "a": [f"{value}{i}"] * 40}))
+                    tx.delete_keys(name, pa.table({"k": pa.array(rng.sample(range(400), 3), pa.int64())}))
+
+        client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+        upserts(6, "x")
+        probe = list(range(0, 400, 7)) + [-1, 400]
+        check(probe)
+        slim = client.call(
+            "visible", table=name, point_hint={"key_columns": ["k"], "keys": [[7]]}, slim=True, lease="none"
+        )
+        full = client.call("visible", table=name, point_hint={"key_columns": ["k"], "keys": [[7]]}, lease="none")
+        assert [p["name"] for p in slim["parts"]] == [p["name"] for p in full["parts"]]
+        assert all("filter" not in p["key_summary"] and "ranges" in p["key_summary"] for p in slim["parts"])
+        before = {r["path"] for r in client.parts(name).to_pylist() if r["visible"]}
+        client.compact(name, kind="major")
+        check(probe)
+        removed = {r["path"] for r in client.gc()["removed"] if r["table"] == name}
+        assert removed == before  # the parts the cache saw are gone from storage
+        check(probe)
+        upserts(3, "y")
+        client.alter_table(name, retention_seconds=60.0)  # keys tables take no schema change yet
+        with client.transaction() as tx:
+            tx.upsert(name, pa.table({"k": pa.array([7, 14], pa.int64()), "a": ["z", "z"], "b": [1, 2]}))
+        check(probe)
+        client.drop_table(name)
+        client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+        upserts(2, "w")
+        check(probe)
+        client.close()

@@ -6,6 +6,7 @@ in row groups that a point read picks by their statistics (parts/io/format.py)."
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import string
 
@@ -386,3 +387,99 @@ def test_tiered_merges_keep_the_parts_a_read_folds_logarithmic() -> None:
             parts = [s for i, s in enumerate(parts) if i not in set(pick)] + [merged]
         most = max(most, len(parts))
     assert sum(parts) == 50_000 and most <= 3 + 3 * 5  # 3 small + 3 per tier up to 100 * 4**4
+
+
+def _meta(name: str, summary: dict | None) -> PartMeta:
+    return PartMeta(
+        name=name,
+        table="t",
+        partition=(),
+        path=f"t/_/{name}.parquet",
+        rows=1,
+        size=200,
+        checksum=f"crc32:{name}",
+        stats={},
+        creation_tid="tx",
+        created_at=0.0,
+        key_summary=summary,
+    )
+
+
+@pytest.mark.parametrize("kinds", COMBOS, ids=["+".join(c) for c in COMBOS])
+def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[str]) -> None:
+    # The replica's cached probe of every visible part against may_hold_any, the reference: parts
+    # of both schemes, ranges, saturated and legacy all-ones filters, none at all; each probe
+    # twice (parsed, then from the cache).
+    rng = random.Random(f"probes-{kinds}")
+    data = _table(kinds, 3000, rng)
+    pk = data.column_names
+    metas = []
+    for i in range(40):
+        piece = data.slice(rng.randrange(2900), rng.choice([1, 20, 100]))
+        scheme = rng.choice([keytables.HASH_MIX64, keytables.HASH_BLAKE2B])
+        metas.append(_meta(f"p{i}", keytables.summarize(piece, pk, scheme=scheme)))
+    metas += [_meta("none", None), _meta("slim", keytables.point_summary(metas[0].key_summary))]
+    keys = list(zip(*(data.column(c).to_pylist() for c in pk)))
+    probes = keytables.SummaryProbes(size=16)  # smaller than the parts: entries age out and come back
+    for _ in range(2):
+        for n in (1, 1, 1, 3):
+            wanted = rng.sample(keys, n) + [k for k in _table(kinds, 2, rng).to_pylist() for k in [tuple(k.values())]]
+            hashed = {k: keytables.key_hash(k) for k in wanted}
+            want = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
+            assert probes.may_hold(metas, hashed) == want
+    assert len(probes) == 16
+    # A name seen before with another checksum (another part's file) is parsed again, not reused.
+    full = _meta("p0", keytables.summarize(data.slice(0, 500), pk))
+    other = dataclasses.replace(full, checksum="crc32:other", key_summary=keytables.summarize(data.slice(500, 5), pk))
+    for wanted in keys[:520]:
+        hashed = {wanted: keytables.key_hash(wanted)}
+        for meta in (full, other, full):
+            assert probes.may_hold([meta], hashed) == [
+                m for m in [meta] if keytables.may_hold_any(m.key_summary, hashed)
+            ]
+
+
+def test_summary_probes_say_maybe_for_a_key_mix64_does_not_hash() -> None:
+    mixed = keytables.summarize(pa.table({"k": pa.array(range(100), pa.int64())}), ["k"])
+    meta = _meta("p", mixed)
+    hashed = {(1.5,): keytables.key_hash((1.5,))}
+    assert (
+        keytables.SummaryProbes().may_hold([meta], hashed)
+        == [meta]
+        == [m for m in [meta] if keytables.may_hold_any(m.key_summary, hashed)]
+    )
+
+
+def test_a_point_summary_keeps_the_range_and_ranges_and_prunes_nothing() -> None:
+    data = _versions(list(range(0, 3000, 3)))
+    full = {**keytables.summarize(data, ["k"]), "ranges": {"tail": [100, 5], "groups": [[4, 50, 7]]}}
+    slim = keytables.point_summary(full)
+    assert keytables.summary_problem(slim) is None
+    assert slim["lo"] == full["lo"] and slim["hi"] == full["hi"] and slim["ranges"] == full["ranges"]
+    assert "filter" not in slim and "exact" not in slim and len(str(slim)) < 200 < len(str(full))
+    assert all(keytables.may_hold(slim, (k,)) for k in range(0, 2998))  # no filter: maybe
+    assert not keytables.may_hold(slim, (5000,))  # the key range still prunes
+    assert keytables.point_summary(None) is None
+    assert "ranges" not in keytables.point_summary({k: v for k, v in full.items() if k != "ranges"})
+
+
+def test_ranges_of_many_groups_check_as_one_group_does() -> None:
+    good = {"tail": [100, 5], "groups": [[i * 10, 10, i] for i in range(200)]}
+    assert keytables.ranges_problem(good) is None
+    for bad in ([1, 2, -1], [1, 2, True], [1, 2, 2**70], (1, 2, 3), [1, 2], [1, 2, 3, 4], [1, 2, 3.0]):
+        groups = [*good["groups"][:100], bad, *good["groups"][100:]]
+        assert keytables.ranges_problem({"tail": [100, 5], "groups": groups}) is not None, bad
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        pc.field("k") == 5,
+        (pc.field("k") == 1) | (pc.field("k") == 2),
+        (pc.field("k") == 1) & (pc.field("v") == "x"),  # not exact: parsed by point_hint itself
+        pc.field("v") == "x",
+    ],
+)
+def test_a_point_hint_from_the_exact_keys_is_the_hint_parsed_again(where) -> None:
+    exact = keytables.point_keys(where, SCHEMA, ["k"], exact=True)
+    assert keytables.point_hint(where, SCHEMA, ["k"], found=exact) == keytables.point_hint(where, SCHEMA, ["k"])
