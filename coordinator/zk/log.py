@@ -130,9 +130,6 @@ class CsnLog:
     def __init__(self, zk: KazooClient, root: str = "/mergetxn", epoch_size: int | None = None) -> None:
         self.zk = zk
         self.root = normpath("/" + (root.strip("/") or "mergetxn"))
-        # What kazoo puts in front of every path it sends (its chroot, normalised by kazoo): the
-        # commit multi's requests are built here with it (see :meth:`multi`).
-        self._chroot = zk.chroot or ""
         self._requested_epoch_size = epoch_size
         self.epoch_size = epoch_size or DEFAULT_EPOCH_SIZE
         self._epoch: int | None = None
@@ -382,7 +379,7 @@ class CsnLog:
         that the requests equal those kazoo's methods build."""
         t = self.zk.transaction()
         ops = t.operations
-        sent = self._chroot
+        sent = self.zk.chroot or ""  # what kazoo puts in front of every path it sends (normalised by kazoo)
         acl = self.zk.default_acl or OPEN_ACL_UNSAFE
         if m.owner is not None:
             ops.append(CheckVersion(sent + normpath(m.owner[0]), m.owner[1]))

@@ -76,3 +76,10 @@ def test_the_multi_equals_kazoos_own_requests(hosts: str, root: str, acl: list |
     built = log.multi(m, 12, ENTRY).operations
     assert built == through_kazoo(log, m, 12)
     assert len(built) >= 2 and built[-1].flags == 2  # the entry is a sequential node
+
+
+def test_a_log_without_a_client_still_names_its_paths() -> None:
+    """The chaos harness builds one for its paths alone (mergetxn/chaos/hosts.py)."""
+    log = CsnLog(None, "/mergetxn/")  # type: ignore[arg-type]
+    assert log.alive_path("r1") == "/mergetxn/replicas/r1/alive"
+    assert log.target_path("t@writes") == "/mergetxn/targets/t@writes"
