@@ -1,8 +1,13 @@
 """Alternating probe: the replica's CPU per commit, client.insert 1w and commit_parts 16c, old/new trees."""
-import json, os, shutil, subprocess, sys, time
-from pathlib import Path
+
+import json
+import os
+import subprocess
+import sys
+import time
+
 trees = {"old": "/work/wt-replicacut-base", "new": "/work/wt-replicacut"}
-code = r'''
+code = r"""
 import json, shutil, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
@@ -17,22 +22,33 @@ try:
 finally:
     zk.stop(); shutil.rmtree(work, ignore_errors=True)
 print("RESULT " + json.dumps(r))
-'''
-rounds = int(sys.argv[1]); secs = sys.argv[2]
+"""
+rounds = int(sys.argv[1])
+secs = sys.argv[2]
 out = []
 for i in range(rounds):
-    for label in (("old", "new") if i % 2 == 0 else ("new", "old")):
+    for label in ("old", "new") if i % 2 == 0 else ("new", "old"):
         tree = trees[label]
         load = os.getloadavg()[0]
-        p = subprocess.run([sys.executable, "-c", code, f"/tmp/rc/probe-{label}", secs], cwd=tree,
-                           env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True)
-        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
+        p = subprocess.run(
+            [sys.executable, "-c", code, f"/tmp/rc/probe-{label}", secs],
+            cwd=tree,
+            env={**os.environ, "PYTHONPATH": tree},
+            capture_output=True,
+            text=True,
+        )
+        line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
         if not line:
-            print(label, "failed", p.stderr[-2000:]); continue
+            print(label, "failed", p.stderr[-2000:])
+            continue
         r = json.loads(line[0][7:])
         row = {"round": i, "tree": label, "load": round(load, 1), "time": time.strftime("%H:%M:%S")}
         for case, v in r.items():
-            row[case] = {"rate": v.get("commits_per_s"), "cpu": v.get("cpu_ms_per_commit"), "other": v.get("other_cpu_share")}
+            row[case] = {
+                "rate": v.get("commits_per_s"),
+                "cpu": v.get("cpu_ms_per_commit"),
+                "other": v.get("other_cpu_share"),
+            }
         print(json.dumps(row), flush=True)
         out.append(row)
 json.dump(out, open("/tmp/rc/probe.json", "w"), indent=1)
