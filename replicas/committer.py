@@ -467,6 +467,12 @@ class Committer:
             with self.follower.local_commit() as hand_over:
                 result = self._multi(data, b, r, counters)
                 hand_over(result.epoch, result.seq, data, (b.entry, b.encoded))  # WAL + apply, here if it can
+        except TableMoved as exc:
+            # Caught up only once out of local_commit: inside it the follower holds off (and so
+            # does this catch-up's own pull), so another replica's DDL not applied yet was waited
+            # for until read_wait_seconds ran out (tests/faults/test_follower_hold.py).
+            self.ddl.catch_up_tables(exc.tables)  # then decide again on the definitions as they are
+            raise
         except UNKNOWN_OUTCOME as exc:
             csn = self.answers.resolve(b.accepted[0][0].txn.id, exc)
             if csn is None:
@@ -476,8 +482,8 @@ class Committer:
 
     def _multi(self, data: bytes, b: _Batch, r: _Reading, counters: tuple[dict[str, int], set[str]]) -> CommitResult:
         """:meth:`CsnLog.commit` of the batch, its refusals turned into what the retry loop does
-        next: decide again (after catching up on the tables, or re-verifying the files), or
-        stop (fenced)."""
+        next: decide again (after catching up on the tables, :meth:`_write`, or re-verifying the
+        files), or stop (fenced)."""
         try:
             return self.log.commit(
                 data,
@@ -487,9 +493,6 @@ class Committer:
                 tables=b.tables,
                 counters=counters,
             )
-        except TableMoved as exc:
-            self.ddl.catch_up_tables(exc.tables)  # then decide again on the definitions as they are
-            raise
         except OwnerFenced as exc:
             raise _Fenced(r.incarnation, str(exc)) from exc
         except FenceMoved as exc:

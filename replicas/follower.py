@@ -140,6 +140,7 @@ class Follower:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._idle.wait(0.25)  # a local commit in flight: let it hand its entry over
+            failpoints.hit("follower_loop")  # a test holds this thread (not a caller's pull) here
             try:
                 progressed = self._pull()
             except CorruptMetadata as exc:

@@ -60,6 +60,9 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient, TransactionRequest
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.protocol.paths import normpath
+from kazoo.protocol.serialization import CheckVersion, Create, SetData
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
@@ -126,7 +129,7 @@ class CsnLog:
 
     def __init__(self, zk: KazooClient, root: str = "/mergetxn", epoch_size: int | None = None) -> None:
         self.zk = zk
-        self.root = root.rstrip("/") or "/mergetxn"
+        self.root = normpath("/" + (root.strip("/") or "mergetxn"))
         self._requested_epoch_size = epoch_size
         self.epoch_size = epoch_size or DEFAULT_EPOCH_SIZE
         self._epoch: int | None = None
@@ -365,31 +368,44 @@ class CsnLog:
         """The one builder of a commit multi, data commits' and DDL's alike, in this order: the
         owner check, the fence check, the table nodes (sorted by name), the targets, the write
         counters checked then bumped, the epoch check and the entry (a sequential node under
-        ``epoch``). :meth:`commit` reads the failures by that order."""
+        ``epoch``). :meth:`commit` reads the failures by that order.
+
+        The requests are kazoo's own (``kazoo.protocol.serialization``), put on the transaction's
+        public ``operations`` list with the paths as kazoo would send them: this log's paths are
+        its normalised root and segments that are identifiers or percent-encoded keys
+        (coordinator/core/targets.py), so the ``normpath`` that kazoo's ``check``/``set_data``/
+        ``create`` run per op (about a third of a commit's ``CsnLog.commit``) has nothing to do;
+        the owner path, a replica id's, is normalised once. tests/unit/test_commit_multi.py pins
+        that the requests equal those kazoo's methods build."""
         t = self.zk.transaction()
+        ops = t.operations
+        sent = self.zk.chroot or ""  # what kazoo puts in front of every path it sends (normalised by kazoo)
+        acl = self.zk.default_acl or OPEN_ACL_UNSAFE
         if m.owner is not None:
-            t.check(m.owner[0], m.owner[1])
+            ops.append(CheckVersion(sent + normpath(m.owner[0]), m.owner[1]))
         if m.fence is not None:
-            t.check(self.fence_path(), m.fence)
+            ops.append(CheckVersion(sent + self.fence_path(), m.fence))
+        tables = sent + self.path("tables", "")
         for name, (version, data) in sorted(m.tables.items()):  # a DDL sets or creates it, a write checks it
             if data is None:
-                t.check(self.table_path(name), version)
+                ops.append(CheckVersion(tables + name, version))
             elif version is None:
-                t.create(self.table_path(name), data)
+                ops.append(Create(tables + name, data, acl, 0))
             else:
-                t.set_data(self.table_path(name), data, version=version)
+                ops.append(SetData(tables + name, data, version))
+        targets = sent + self.path("targets", "")
         for key, target_version in sorted(m.targets.items()):
-            path = self.target_path(key)
             if target_version is None:
-                t.create(path, TARGET_BODY)
+                ops.append(Create(targets + key, TARGET_BODY, acl, 0))
             else:
-                t.set_data(path, TARGET_BODY, version=target_version)
+                ops.append(SetData(targets + key, TARGET_BODY, target_version))
         for key, counter_version in sorted(m.counters[0].items()):  # checked before this multi bumps any
-            t.check(self.target_path(key), counter_version)
+            ops.append(CheckVersion(targets + key, counter_version))
         for key in sorted(set(m.counters[1])):
-            t.set_data(self.target_path(key), TARGET_BODY, version=-1)
-        t.check(self.epoch_path(epoch), 0)
-        t.create(f"{self.epoch_path(epoch)}/c-", entry, sequence=True)
+            ops.append(SetData(targets + key, TARGET_BODY, -1))
+        epoch_path = sent + self.epoch_path(epoch)
+        ops.append(CheckVersion(epoch_path, 0))
+        ops.append(Create(epoch_path + "/c-", entry, acl, 2))  # 2: kazoo's flag of a sequential node
         return t
 
     def append_ddl(self, entry: bytes, m: Multi) -> CommitResult:

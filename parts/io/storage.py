@@ -19,6 +19,7 @@ import datetime as _dt
 import os
 import re
 import socket
+import stat
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -244,6 +245,22 @@ class Storage:
         have no links: always True there."""
         if self._fs is not None:
             _validate_relpath(relpath)
+            return True
+        segments = _validate_relpath(relpath).split("/")[:-1]
+        # The common case, cheaply: every directory from the root down to the file's is a real
+        # directory (lstat: not a link). The path has no '.', '..' or empty segment, so its
+        # directory is then inside the root, as realpath would say, for a `lstat` per segment below
+        # the root instead of realpath's per component of the whole absolute path. A link, a
+        # missing directory or anything else takes the realpath road, which decides as before.
+        path = self._root
+        for seg in segments:
+            path = path + os.sep + seg
+            try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    break
+            except OSError:
+                break
+        else:
             return True
         root = self._real_root
         if root is None:

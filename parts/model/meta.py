@@ -68,69 +68,75 @@ class PartMeta:
 
     @classmethod
     def from_dict(cls, d: Any) -> PartMeta:
-        """Validate and rebuild; CorruptMetadata names the first field that is wrong."""
+        """Validate and rebuild; CorruptMetadata names the first field that is wrong.
+
+        One pass, cheap when the descriptor is well formed (every staged part's comes from a
+        client through here): a field of the exact JSON type is taken at once, anything else goes
+        through :func:`_need`, which accepts what ``isinstance`` accepts (bool never as a number)
+        and says what is wrong; the message's subject is built only for a refusal."""
         if not isinstance(d, dict):
             raise CorruptMetadata(f"part metadata must be a JSON object, got {type(d).__name__}")
-        where = f"part metadata {quote(d.get('path') or d.get('name'))}"
-
-        def need(key: str, types: tuple[type, ...], what: str) -> Any:
-            if key not in d:
-                raise CorruptMetadata(f"{where}: missing key {quote(key)}")
-            value = d[key]
-            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                raise CorruptMetadata(f"{where}: {quote(key)} must be {what}, got {quote(value)}")
-            return value
-
-        name = need("name", (str,), "a part name")
+        get = d.get
+        name = get("name", _MISSING)
+        if type(name) is not str:
+            name = _need(d, "name", (str,), "a part name")
         if not _NAME_RE.match(name):
-            raise CorruptMetadata(f"{where}: 'name' {quote(name)} is not a valid part name")
-        table = need("table", (str,), "a table name")
+            raise CorruptMetadata(f"{_where(d)}: 'name' {quote(name)} is not a valid part name")
+        table = get("table", _MISSING)
+        if type(table) is not str:
+            table = _need(d, "table", (str,), "a table name")
         try:
             ops.validate_name("table", table)
         except InvalidInput as exc:
-            raise CorruptMetadata(f"{where}: {exc.message}") from None
-        partition = need("partition", (list, tuple), "a list of scalars")
-        if not all(isinstance(v, _SCALARS) for v in partition):
-            raise CorruptMetadata(f"{where}: 'partition' must hold only JSON scalars, got {quote(partition)}")
-        path = need("path", (str,), "a relative path")
-        if path.startswith("/") or ".." in path.split("/") or not path.endswith(".parquet"):
-            raise CorruptMetadata(f"{where}: 'path' {quote(path)} is not a relative .parquet path")
-        rows = need("rows", (int,), "a non-negative integer")
-        size = need("size", (int,), "a non-negative integer")
+            raise CorruptMetadata(f"{_where(d)}: {exc.message}") from None
+        partition = get("partition", _MISSING)
+        if type(partition) is not list:
+            partition = _need(d, "partition", (list, tuple), "a list of scalars")
+        for v in partition:
+            if not isinstance(v, _SCALARS):
+                raise CorruptMetadata(f"{_where(d)}: 'partition' must hold only JSON scalars, got {quote(partition)}")
+        path = get("path", _MISSING)
+        if type(path) is not str:
+            path = _need(d, "path", (str,), "a relative path")
+        if path.startswith("/") or not path.endswith(".parquet") or ".." in path.split("/"):
+            raise CorruptMetadata(f"{_where(d)}: 'path' {quote(path)} is not a relative .parquet path")
+        rows = get("rows", _MISSING)
+        if type(rows) is not int:
+            rows = _need(d, "rows", (int,), "a non-negative integer")
+        size = get("size", _MISSING)
+        if type(size) is not int:
+            size = _need(d, "size", (int,), "a non-negative integer")
         if rows < 0 or size < 0:
-            raise CorruptMetadata(f"{where}: 'rows' and 'size' must be non-negative, got {rows}, {size}")
-        checksum = need("checksum", (str,), "a checksum string")
+            raise CorruptMetadata(f"{_where(d)}: 'rows' and 'size' must be non-negative, got {rows}, {size}")
+        checksum = get("checksum", _MISSING)
+        if type(checksum) is not str:
+            checksum = _need(d, "checksum", (str,), "a checksum string")
         if not _CHECKSUM_RE.match(checksum):
-            raise CorruptMetadata(f"{where}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
-        raw_stats = need("stats", (dict,), "an object of column -> [min, max]")
-        stats: dict[str, tuple[Any, Any]] = {}
-        cut = ops.STAT_PREFIX
-        for col, rng in raw_stats.items():
-            if rng is None:
-                stats[col] = (None, None)
-                continue
-            if not (isinstance(rng, (list, tuple)) and len(rng) == 2 and all(isinstance(v, _SCALARS) for v in rng)):
-                raise CorruptMetadata(f"{where}: stats for column {quote(col)} must be [min, max], got {quote(rng)}")
-            lo, hi = rng
-            if (isinstance(lo, str) and len(lo) > cut) or (isinstance(hi, str) and len(hi) > cut):
-                lo, hi = ops.bound_range(lo, hi)  # a client's (or an old part's) long min/max
-            stats[col] = (lo, hi)
-        creation_tid = need("creation_tid", (str,), "a transaction id string")
-        created_at = need("created_at", (int, float), "a number (epoch seconds)")
+            raise CorruptMetadata(f"{_where(d)}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
+        raw_stats = get("stats", _MISSING)
+        if type(raw_stats) is not dict:
+            raw_stats = _need(d, "stats", (dict,), "an object of column -> [min, max]")
+        stats = _stats(d, raw_stats)
+        creation_tid = get("creation_tid", _MISSING)
+        if type(creation_tid) is not str:
+            creation_tid = _need(d, "creation_tid", (str,), "a transaction id string")
+        created_at = get("created_at", _MISSING)
+        if type(created_at) is not float and type(created_at) is not int:
+            created_at = _need(d, "created_at", (int, float), "a number (epoch seconds)")
         if not math.isfinite(created_at):
-            raise CorruptMetadata(f"{where}: 'created_at' must be finite, got {quote(created_at)}")
-        schema_version = d.get("schema_version", 0)
+            raise CorruptMetadata(f"{_where(d)}: 'created_at' must be finite, got {quote(created_at)}")
+        schema_version = get("schema_version", 0)
         if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
             raise CorruptMetadata(
-                f"{where}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}"
+                f"{_where(d)}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}"
             )
-        key_summary = d.get("key_summary")
+        key_summary = get("key_summary")
         if key_summary is not None:
             from coordinator.core.keytables import bound_summary, summary_problem
 
             problem = summary_problem(key_summary)
             if problem is not None:
-                raise CorruptMetadata(f"{where}: 'key_summary' {problem}")
+                raise CorruptMetadata(f"{_where(d)}: 'key_summary' {problem}")
             key_summary = bound_summary(key_summary)
         return cls(
             name=name,
@@ -146,6 +152,46 @@ class PartMeta:
             schema_version=schema_version,
             key_summary=key_summary,
         )
+
+
+_MISSING = object()
+
+
+def _where(d: dict) -> str:
+    """The subject of a refusal: the descriptor's path or name, quoted (built only to refuse)."""
+    return f"part metadata {quote(d.get('path') or d.get('name'))}"
+
+
+def _need(d: dict, key: str, types: tuple[type, ...], what: str) -> Any:
+    """``d[key]`` if it is one of ``types`` (a bool only where bool is named), else CorruptMetadata."""
+    if key not in d:
+        raise CorruptMetadata(f"{_where(d)}: missing key {quote(key)}")
+    value = d[key]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise CorruptMetadata(f"{_where(d)}: {quote(key)} must be {what}, got {quote(value)}")
+    return value
+
+
+def _stats(d: dict, raw_stats: dict) -> dict[str, tuple[Any, Any]]:
+    """The per-column [min, max] of a descriptor, long strings cut to the statistics bound."""
+    stats: dict[str, tuple[Any, Any]] = {}
+    cut = ops.STAT_PREFIX
+    for col, rng in raw_stats.items():
+        if rng is None:
+            stats[col] = (None, None)
+            continue
+        if not (
+            isinstance(rng, (list, tuple))
+            and len(rng) == 2
+            and isinstance(rng[0], _SCALARS)
+            and isinstance(rng[1], _SCALARS)
+        ):
+            raise CorruptMetadata(f"{_where(d)}: stats for column {quote(col)} must be [min, max], got {quote(rng)}")
+        lo, hi = rng
+        if (isinstance(lo, str) and len(lo) > cut) or (isinstance(hi, str) and len(hi) > cut):
+            lo, hi = ops.bound_range(lo, hi)  # a client's (or an old part's) long min/max
+        stats[col] = (lo, hi)
+    return stats
 
 
 def sidecar_path(parquet_path: str) -> str:
