@@ -349,7 +349,7 @@ class ReplicaState:
                     del added[:i]
             for target, index in list(self.key_index.items()):
                 index.prune(floor)
-                if index.empty():
+                if index.empty() and target not in self.created:
                     del self.key_index[target]
             for name, records in list(self.catalog.items()):
                 i = bisect.bisect_right(records, floor, key=_record_csn)

@@ -80,7 +80,9 @@ class KeyIndex:
         while self._listed and self._listed[0][0][0] <= floor:
             _, width, keys = self._listed.popleft()
             for key in keys:
-                entries = self._by_key[key]
+                entries = self._by_key.get(key)
+                if entries is None:
+                    continue  # a later part of the same prune's range wrote it too: gone already
                 i = bisect.bisect_right(entries, floor, key=_csn)
                 if i == len(entries):
                     del self._by_key[key]
