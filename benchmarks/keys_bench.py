@@ -201,7 +201,9 @@ def process_cpu(pid: int | None) -> float:
 
 def load_keys(client: Any, n: int, parts: int, log: Callable[[str], None]) -> list[int]:
     """``n`` keys in ``parts`` transactions of ``n / parts`` random keys each (a permutation)."""
-    client.create_table(KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys")
+    # txn_max_seconds: case (c)'s old transaction stays open while 1,000 commits run (over 60 s,
+    # the default, on a loaded machine: the 2026-11-27 session 4 run lost it so).
+    client.create_table(KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys", txn_max_seconds=3600)
     order = list(range(n))
     random.Random(0).shuffle(order)
     per = n // parts

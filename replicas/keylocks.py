@@ -6,15 +6,19 @@ A transaction that writes or read-locks a keys table loses with ``ConflictError`
 that key under an overlapping lock or held a strong read lock on it, or, for a key it
 read-locked, such a transaction wrote it (``keytables.collide``).
 
-The parts committed on the target since the snapshot come from the state's index by creation CSN
-(``ReplicaState.created_since``: a bisection, not a scan of every part under the state lock). A
-part whose key summary (``PartMeta.key_summary``: key range and Bloom filter, coordinator/core/keytables.py)
-cannot hold any key the committer writes or locks is skipped unopened; the others are verified
-exactly: their keys and locks come from the summary's exact versions when the part is small
-(``keytables.exact_locks``: a commit of at most ``keytables.EXACT_ROWS`` versions lists them), else are
-read from the file (key columns and the hidden ``_op``/``_cols`` only), cached by part name
-(parts never change). So a filter's false positive costs at most a read, never a conflict; the
-committer's own parts are found the same way.
+The parts to verify are looked up by the keys written, not found by probing every part committed
+since the snapshot: the state indexes each keys target's parts by the keys their summaries list
+(``ReplicaState.key_writers``, coordinator/core/keyindex.py: a small commit, at most
+``keytables.EXACT_ROWS`` versions, lists them), so the check costs what the keys written cost,
+whatever the number of commits in between. The parts that list no keys (large commits) are
+probed as before: a part whose key summary (``PartMeta.key_summary``: key range and Bloom filter,
+coordinator/core/keytables.py) cannot hold any key the committer writes or locks is skipped
+unopened. Every candidate is verified exactly: its keys and locks come from the summary's exact
+versions (``keytables.exact_locks``), else are read from the file (key columns and the hidden
+``_op``/``_cols`` only), cached by part name (parts never change). So neither an index entry
+nor a filter's false positive ever makes a conflict; the committer's own parts are found the
+same way. A target the state does not index (its parts applied while it was no keys table) is
+checked part by part since the snapshot (``ReplicaState.created_since``), as the index would.
 
 Atomic across replicas: a keys table is not ``parts``, so every commit on it checks and bumps
 its target node (the partition's; :mod:`coordinator.core.targets`), and the committer decides against
@@ -54,6 +58,7 @@ class KeyConflicts:
         self._planned: OrderedDict[str, dict[tuple[str, str], frozenset[tuple]]] = OrderedDict()
         self.reads = 0  # parts read from storage (their keys and locks), for tests and benchmarks
         self.skipped = 0  # parts committed since a snapshot that their summary ruled out unread
+        self.looked_up = 0  # targets checked through the state's key index (not part by part)
 
     def _locks(self, tdef: TableDef, meta: PartMeta) -> keytables.KeyLocks:
         if keytables.folded(meta):
@@ -89,12 +94,7 @@ class KeyConflicts:
                 for k, held in self._locks(tdef, m).items():
                     written[k] = written.get(k, frozenset()) | held
             planned[(table, pkey)] = frozenset(written)
-            hashed = {k: keytables.key_hash(k) for k in written}
-            mixed = keytables.mixed_hashes(written)  # once, not per part probed
-            for csn, winner, meta in self._committed_since(table, pkey, snapshot, tid):
-                if not keytables.may_hold_any(meta.key_summary, hashed, mixed):
-                    self.skipped += 1
-                    continue
+            for csn, winner, meta in self._candidates(tdef, pkey, snapshot, tid, written):
                 theirs = self._locks(tdef, meta)
                 key = keytables.first_collision(written, theirs)
                 if key is not None:
@@ -110,12 +110,32 @@ class KeyConflicts:
                         csn=csn,
                     )
 
-    def _committed_since(self, table: str, pkey: str, snapshot: int, tid: str) -> list[tuple[int, str, PartMeta]]:
-        return [
-            (csn, meta.creation_tid, meta)
-            for csn, meta in self.state.created_since(table, pkey, snapshot)
-            if meta.creation_tid != tid
-        ]
+    def _candidates(
+        self, tdef: TableDef, pkey: str, snapshot: int, tid: str, written: keytables.KeyLocks
+    ) -> list[tuple[int, str, PartMeta]]:
+        """``(CSN, creator, meta)`` of the parts of other transactions committed on the target
+        after ``snapshot`` that may write a key of ``written``, in commit order: looked up by key
+        in the state's index, the parts that list no keys probed by their filters."""
+        found = self.state.key_writers(tdef.name, pkey, snapshot, written, len(tdef.primary_key))
+        if found is None:
+            found = [(csn, meta, False) for csn, meta in self.state.created_since(tdef.name, pkey, snapshot)]
+        else:
+            self.looked_up += 1
+        out = []
+        hashed: dict[tuple, tuple[int, int]] | None = None
+        mixed = None
+        for csn, meta, listed in found:
+            if meta.creation_tid == tid:
+                continue
+            if not listed:
+                if hashed is None:
+                    hashed = {k: keytables.key_hash(k) for k in written}
+                    mixed = keytables.mixed_hashes(written)  # once, not per part probed
+                if not keytables.may_hold_any(meta.key_summary, hashed, mixed):
+                    self.skipped += 1
+                    continue
+            out.append((csn, meta.creation_tid, meta))
+        return out
 
     def planned(self, tid: str) -> Mapping[tuple[str, str], frozenset[tuple]] | None:
         """The keys ``tid`` writes or locks per keys target, as its last check found them (None:

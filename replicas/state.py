@@ -17,8 +17,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
-from coordinator.core.conflicts import COMPACTIONS, Kind, Summary
+from coordinator.core import keytables
+from coordinator.core.conflicts import COMPACTIONS, Kind, Policy, Summary
 from coordinator.core.errors import CorruptMetadata
+from coordinator.core.keyindex import KeyIndex
 from coordinator.core.readsets import Touch
 from coordinator.core.tabledata import partition_key
 from coordinator.core.visibility import is_visible
@@ -40,6 +42,12 @@ def _first(t: tuple) -> int:
 
 def _record_csn(r: TableRecord) -> int:
     return r.csn
+
+
+def _keys_at(records: list[TableRecord], csn: int) -> bool:
+    """Whether the table of these records (by CSN) was a keys table at ``csn``."""
+    i = bisect.bisect_right(records, csn, key=_record_csn)
+    return i > 0 and isinstance(records[i - 1], TableDef) and records[i - 1].conflict_policy is Policy.KEYS
 
 
 class SortedIndex:
@@ -181,6 +189,10 @@ class ReplicaState:
         # since a snapshot on one target without scanning every part (replicas/keylocks.py).
         # Derived from ``parts`` (restore rebuilds it); prune drops what is at or below its floor.
         self.created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+        # The same parts of keys tables (added while their table was one) by the keys they write,
+        # per target: the key conflict check looks up the keys it writes (coordinator/core/keyindex.py).
+        # Derived from ``created`` (restore rebuilds it); pruned with it.
+        self.key_index: dict[tuple[str, str], KeyIndex] = {}
         # Every field above that the log derives must also be in export()/restore() below:
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
 
@@ -238,6 +250,8 @@ class ReplicaState:
 
     def _apply_change(self, csn: int, tid: str, ch: Change, when: float) -> None:
         live = self.live[ch.table]
+        tdef = self.tables.get(ch.table)
+        keyed = tdef is not None and tdef.conflict_policy is Policy.KEYS
         for meta in ch.added:
             if meta.name in self.parts:
                 # A part name is committed at most once (the replica refuses it when staged); a
@@ -253,8 +267,11 @@ class ReplicaState:
                 continue
             rec = self.parts[meta.name] = PartRecord(meta, csn)
             self.by_table[ch.table].add(meta.name)
-            self.created[(ch.table, partition_key(meta.partition))].append((csn, meta.name))
-            live[partition_key(meta.partition)].add(meta.name)
+            target = (ch.table, partition_key(meta.partition))
+            self.created[target].append((csn, meta.name))
+            if keyed:
+                self._key_index(target).add(csn, meta.name, meta.key_summary, keytables.folded(meta))
+            live[target[1]].add(meta.name)
             self._index_add(ch.table, meta, rec)
         for name in ch.removed:
             rec = self.parts.get(name)
@@ -267,6 +284,12 @@ class ReplicaState:
             live[rec.pkey].discard(name)
             self._index_remove(rec.meta.table, name)
         self.conflict_history[(ch.table, ch.pkey)].append((csn, Summary.of(tid, ch.kinds, ch.removed)))
+
+    def _key_index(self, target: tuple[str, str]) -> KeyIndex:
+        index = self.key_index.get(target)
+        if index is None:
+            index = self.key_index[target] = KeyIndex()
+        return index
 
     def _index_add(self, table: str, meta: PartMeta, rec: PartRecord) -> None:
         for index, item in ((self.live_sorted, meta), (self.all_sorted, rec)):
@@ -324,6 +347,10 @@ class ReplicaState:
                     del self.created[target]
                 elif i:
                     del added[:i]
+            for target, index in list(self.key_index.items()):
+                index.prune(floor)
+                if index.empty() and target not in self.created:
+                    del self.key_index[target]
             for name, records in list(self.catalog.items()):
                 i = bisect.bisect_right(records, floor, key=_record_csn)
                 if i and isinstance(records[i - 1], TableDropped) and i == len(records):
@@ -348,6 +375,21 @@ class ReplicaState:
             added = self.created.get((table, pkey), ())
             i = bisect.bisect_right(added, snapshot, key=_first)
             return [(csn, self.parts[name].meta) for csn, name in added[i:] if name in self.parts]
+
+    def key_writers(
+        self, table: str, pkey: str, snapshot: int, keys: Iterable[tuple], width: int
+    ) -> list[tuple[int, PartMeta, bool]] | None:
+        """The part of :meth:`created_since` that may write one of ``keys`` (a table of ``width``
+        key columns), looked up by key, not by part: ``(creation CSN, meta, listed)``, listed
+        when its summary lists one of them, else it lists none of its keys (the caller probes
+        it). None when the target is not indexed here (the caller probes every part since the
+        snapshot)."""
+        with self.lock:
+            index = self.key_index.get((table, pkey))
+            found = None if index is None else index.candidates(snapshot, keys, width)
+            if found is None:
+                return None
+            return [(csn, self.parts[name].meta, listed) for csn, name, listed in found if name in self.parts]
 
     def winners(self, table: str, pkey: str, snapshot: int) -> list[Summary]:
         """Commits on one target after ``snapshot``, in commit order."""
@@ -645,8 +687,16 @@ class ReplicaState:
                     if pk is None:
                         pk = pkeys[r.meta.partition] = partition_key(r.meta.partition)
                     created[(r.meta.table, pk)].append((r.creation_csn, n))
-            for added in created.values():
+            key_index: dict[tuple[str, str], KeyIndex] = {}
+            for (table, pk), added in created.items():
                 added.sort()
+                records = catalog.get(table, [])
+                for csn, n in added:
+                    if _keys_at(records, csn):
+                        meta = parts[n].meta
+                        key_index.setdefault((table, pk), KeyIndex()).add(
+                            csn, n, meta.key_summary, keytables.folded(meta)
+                        )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise CorruptMetadata(f"checkpoint {where} is malformed: {exc!r}") from exc
         with self.lock:
@@ -663,7 +713,7 @@ class ReplicaState:
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
             self.pruned, self.removals, self.lost, self.lost_history = pruned, removals, lost, lost_history
-            self.created = created
+            self.created, self.key_index = created, key_index
             self.failure = None
             self.applied_cond.notify_all()
 

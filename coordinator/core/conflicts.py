@@ -113,6 +113,9 @@ def later_succeeds(policy: Policy, earlier: Kind, later: Kind) -> bool:
 def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> Verdict:
     """Decide whether ``later`` may commit after ``earlier`` (in commit order) on one target."""
     policy = Policy(policy)
+    # The kind-level rule per distinct kinds of a winner, decided once: a target's winners since
+    # an old snapshot are many (a keys target's every commit) but of few kinds.
+    lost_on: dict[frozenset[Kind], tuple[Kind, Kind] | None] = {}
     for winner in earlier:
         if winner.tid == later.tid:
             continue
@@ -126,17 +129,27 @@ def check(policy: Policy | str, later: Summary, earlier: Sequence[Summary]) -> V
                     False, winner=winner.tid, reason=f"part {part} was already removed by {winner.tid}", kind=kind
                 )
             continue
-        for e in sorted(winner.kinds):
-            for lk in sorted(later.kinds):
-                if not later_succeeds(policy, e, lk):
-                    return Verdict(
-                        False,
-                        winner=winner.tid,
-                        reason=f"{lk.value} conflicts with {e.value} committed earlier by {winner.tid} ({policy.value} policy)",
-                        kind=ConflictKind.TARGET_CHANGED,
-                    )
-    others = [w for w in earlier if w.tid != later.tid]
-    return Verdict(True, rebase=bool(others) and policy is not Policy.PARTS)
+        if winner.kinds not in lost_on:
+            lost_on[winner.kinds] = next(
+                (
+                    (e, lk)
+                    for e in sorted(winner.kinds)
+                    for lk in sorted(later.kinds)
+                    if not later_succeeds(policy, e, lk)
+                ),
+                None,
+            )
+        pair = lost_on[winner.kinds]
+        if pair is not None:
+            e, lk = pair
+            return Verdict(
+                False,
+                winner=winner.tid,
+                reason=f"{lk.value} conflicts with {e.value} committed earlier by {winner.tid} ({policy.value} policy)",
+                kind=ConflictKind.TARGET_CHANGED,
+            )
+    others = any(w.tid != later.tid for w in earlier)
+    return Verdict(True, rebase=others and policy is not Policy.PARTS)
 
 
 def fits_beside(

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from support.builders import change, entry, tid
 from support.cluster import make_cluster
 
@@ -341,6 +343,114 @@ def test_a_filter_false_positive_never_makes_a_conflict(tmp_path) -> None:
     check = _checker(storage, st)
     check.check(tid(2), 1, {mine.name: mine}, {"t": Policy.KEYS})  # read and verified: no conflict
     assert check.reads == 1 and check.skipped == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The indexed check (coordinator/core/keyindex.py) decides exactly as the per-part check
+
+GROUPS = {"g1": ["a"], "g2": ["b"]}
+KEYS_DEF = TableDef.new("t", SCHEMA, primary_key=("k",), conflict_policy="keys", lock_groups=GROUPS)
+_OPS = [keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.LOCK_STRONG, keytables.LOCK_WEAK]
+_version = st.tuples(
+    st.sampled_from(_OPS),
+    st.sampled_from([(), ("a",), ("b",), ("a", "b")]),
+    st.lists(st.integers(0, 11), min_size=1, max_size=4, unique=True),
+)
+# A part: small (lists its versions), big (past EXACT_ROWS: probed and read) or a compaction's output.
+_part = st.tuples(
+    st.sampled_from(["small", "small", "small", "big", "folded"]), st.lists(_version, min_size=1, max_size=3)
+)
+# No shrinking: every example writes part files, and shrinking one took minutes; a failure
+# prints its (unshrunk) history.
+NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
+_history = st.lists(st.lists(_part, min_size=1, max_size=2), min_size=1, max_size=10)
+
+
+def _written(storage: Storage, kind: str, versions: list, creator: str) -> PartMeta:
+    tables = []
+    if kind == "big":  # keys no transaction here writes, past the listed size
+        pad = pa.table({"k": pa.array(range(1000, 1000 + keytables.EXACT_ROWS), pa.int64())})
+        tables.append(keytables.versions(SCHEMA, ("k",), "t", pad, keytables.PUT, 0))
+    for seq, (op, cols, ks) in enumerate(versions, 1):
+        data: dict = {"k": pa.array(ks, pa.int64())}
+        if op in (keytables.PUT, keytables.UPDATE):
+            if "a" in cols or op == keytables.UPDATE and not cols:
+                data["a"] = pa.array(["x"] * len(ks))
+            if "b" in cols:
+                data["b"] = pa.array([1] * len(ks), pa.int64())
+        tables.append(keytables.versions(SCHEMA, ("k",), "t", pa.table(data), op, seq))
+    meta = write_part(
+        storage, "t", [], (), pa.concat_tables(tables, promote_options="default"), creator, primary_key=("k",)
+    )
+    if kind == "folded":  # marked as a compaction's output (its stats name _ver): writes no key
+        meta = dataclasses.replace(meta, stats={**meta.stats, keytables.VER: (0, 0)})
+    return meta
+
+
+def _decision(st_: ReplicaState, storage: Storage, mine: PartMeta, snapshot: int) -> tuple[object, int]:
+    check = KeyConflicts(st_, storage, lambda name: KEYS_DEF)
+    try:
+        check.check(tid(999), snapshot, {mine.name: mine}, {"t": Policy.KEYS})
+    except ConflictError as e:
+        return (str(e), e.details), check.looked_up
+    return None, check.looked_up
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], phases=NO_SHRINK)
+@given(history=_history, mine=st.lists(_version, min_size=1, max_size=3), data=st.data())
+def test_indexed_check_decides_as_the_per_part_check(tmp_path, history: list, mine: list, data: st.DataObject) -> None:
+    storage = Storage(str(tmp_path / "s"))
+    indexed, per_part = ReplicaState(), ReplicaState()
+    indexed.apply(1, 0, 0, entry(ddl=[KEYS_DEF]))  # a keys table: its parts are indexed by key
+    n = 0
+    for csn, commit in enumerate(history, 2):
+        txns = []
+        for kind, versions in commit:
+            n += 1
+            meta = _written(storage, kind, versions, tid(n, host="r1"))
+            txns.append((meta.creation_tid, [change("t", (), (Kind.INSERT,), [meta])]))
+        for s_ in (indexed, per_part):  # per_part knows no table: it probes every part since the snapshot
+            s_.apply(csn, 0, csn, entry(*txns))
+    last = len(history) + 1
+    my_part = _written(storage, "small" if data.draw(st.booleans()) else "big", mine, tid(999))
+    for snapshot in sorted(set(data.draw(st.lists(st.integers(1, last), min_size=1, max_size=3)))):
+        got, looked_up = _decision(indexed, storage, my_part, snapshot)
+        assert (got, looked_up) == (_decision(per_part, storage, my_part, snapshot)[0], 1)
+    # Pruned below a snapshot, and rebuilt from a checkpoint: the same decisions.
+    floor = data.draw(st.integers(1, last))
+    for s_ in (indexed, per_part):
+        s_.prune(floor)
+    # (A restored state orders the parts of one CSN by name, not as they were applied: compared
+    # with the per-part check of a restored state, as the winner named may differ.)
+    back, per_part_back = ReplicaState(), ReplicaState()
+    back.restore(checkpoint.decode(checkpoint.encode(indexed.export()), "test"), "test")
+    per_part_back.restore(checkpoint.decode(checkpoint.encode(per_part.export()), "test"), "test")
+    for snapshot in range(floor, last + 1):
+        assert _decision(indexed, storage, my_part, snapshot)[0] == _decision(per_part, storage, my_part, snapshot)[0]
+        want = _decision(per_part_back, storage, my_part, snapshot)
+        assert want[1] == 0 and _decision(back, storage, my_part, snapshot)[0] == want[0]
+
+
+def test_the_index_is_pruned_with_the_history_and_rebuilt_on_restore(tmp_path) -> None:
+    storage = Storage(str(tmp_path))
+    st_ = ReplicaState()
+    st_.apply(1, 0, 0, entry(ddl=[KEYS_DEF]))
+    for csn in range(2, 12):
+        meta = summarized_part(storage, "t", [csn, csn + 100], tid(csn, host="r1"))
+        st_.apply(csn, 0, csn, entry((meta.creation_tid, [change("t", (), (Kind.INSERT,), [meta])])))
+    assert len(st_.key_index[("t", "[]")]) == 20
+    assert [(c, m.name, listed) for c, m, listed in st_.key_writers("t", "[]", 4, [(5,), (9,), (50,)], 1)] == [
+        (c, m.name, True) for c, m in st_.created_since("t", "[]", 4) if c in (5, 9)
+    ]
+    back = ReplicaState()
+    back.restore(checkpoint.decode(checkpoint.encode(st_.export()), "test"), "test")
+    assert back.key_writers("t", "[]", 0, [(5,)], 1) == st_.key_writers("t", "[]", 0, [(5,)], 1)
+    st_.prune(6)
+    assert len(st_.key_index[("t", "[]")]) == 10 and st_.key_writers("t", "[]", 0, [(5,)], 1) == []
+    st_.prune(11)
+    assert ("t", "[]") not in st_.key_index and st_.key_writers("t", "[]", 0, [(5,)], 1) is None
+    # A table that is no keys table is not indexed: its check (if any) probes part by part.
+    assert ReplicaState().key_writers("t", "[]", 0, [(5,)], 1) is None
 
 
 # ---------------------------------------------------------------------------------------------
