@@ -12,7 +12,10 @@ key conflict check, all in one run on one 1-replica LocalCluster.
 (b) **Point lookup**: ``client.read(t, where=pc.field("k") == key)`` of a random key at the
     latest snapshot of the keys table (``--keys`` keys over ``--parts`` parts, random keys per
     part, so the key range prunes nothing and the Bloom filters do the work); p50/p90 and the
-    parts read per lookup.
+    parts read per lookup. The keys table has auto-merge off (as the ``parts`` table of (a) and
+    the tables of (d)): the lookups see the ``--parts`` parts the load made (the issue's "over
+    1,000 parts"), and no merge runs beside them, whose CPU the replica's figure per lookup
+    otherwise took in (up to 9 of 10 ms per lookup, 2026-11-27 session 5).
 (c) **Key conflict check**: the commit latency of a 10-key upsert whose snapshot is N commits
     (10-key upserts of other keys, interleaved with its own: odd keys against even ones) old, N
     in 10, 100, 1,000, against a control begun after those commits (nothing to check); the
@@ -203,7 +206,9 @@ def load_keys(client: Any, n: int, parts: int, log: Callable[[str], None]) -> li
     """``n`` keys in ``parts`` transactions of ``n / parts`` random keys each (a permutation)."""
     # txn_max_seconds: case (c)'s old transaction stays open while 1,000 commits run (over 60 s,
     # the default, on a loaded machine: the 2026-11-27 session 4 run lost it so).
-    client.create_table(KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys", txn_max_seconds=3600)
+    client.create_table(
+        KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys", txn_max_seconds=3600, auto_merge=False
+    )
     order = list(range(n))
     random.Random(0).shuffle(order)
     per = n // parts
