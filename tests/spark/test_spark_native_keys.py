@@ -158,3 +158,87 @@ def test_read_table_of_an_empty_and_a_deleted_keys_table(spark, c0: Client) -> N
     with c0.transaction() as tx:
         tx.delete_keys(name, pa.table({"p": ["x", "x"], "k": pa.array([1, 2], pa.int64())}))
     assert mspark.read_table(spark, name).count() == 0 == c0.read(name).num_rows
+
+
+def roads_of(caplog: pytest.LogCaptureFixture) -> str:
+    """The road :func:`spark.keysfold.read_folded` logged for the last read."""
+    said = [r.getMessage() for r in caplog.records if r.name == "spark.keysfold"]
+    assert said, "read_folded logged no road"
+    return said[-1]
+
+
+def keys_of(p: str, keys: list[int]) -> pa.Table:
+    return pa.table({"p": [p] * len(keys), "k": pa.array(keys, pa.int64())})
+
+
+def test_a_big_compacted_part_plus_small_upserts(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """The common shape: a big part per partition (a major compaction's output) and small parts
+    after it. The big parts are read as they are (no shuffle); the small ones are folded and
+    broadcast to them: updates (carried forward both ways), overwrites, deletes, a delete then
+    an update, locks, keys only in small parts (new keys, an update of a missing key, a key
+    deleted in one), partitions; at the latest and an older snapshot, with filters."""
+    caplog.set_level("DEBUG", logger="spark.keysfold")
+    rng = random.Random(2411)
+    name = "nk_big_small"
+    c0.create_table(name, SCHEMA, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys", auto_merge=False)
+    for step in range(3):
+        with c0.transaction() as tx:
+            for p in ("x", "y"):
+                tx.insert(name, rows(p, rng.sample(range(3000), 800), f"s{step}-", rng))
+    c0.compact(name, kind="major")
+    snaps = []
+    for step in range(4):
+        with c0.transaction() as tx:
+            for p in ("x", "y"):
+                tx.upsert(
+                    name, rows(p, rng.sample(range(3200), 40), f"u{step}-", rng).select(["p", "k", "a"]), update=True
+                )
+                tx.upsert(name, rows(p, rng.sample(range(3200), 30), f"w{step}-", rng))  # overwrite mode
+                tx.delete_keys(name, keys_of(p, rng.sample(range(3200), 20)))
+                tx.lock_keys(name, keys_of(p, rng.sample(range(3200), 10)))
+            tx.delete_keys(name, keys_of("x", [5000 + step, 7]))
+            tx.upsert(name, pa.table({"p": ["x"], "k": pa.array([5000 + step], pa.int64()), "a": ["du"]}), update=True)
+            tx.upsert(name, pa.table({"p": ["y"], "k": pa.array([6000 + step], pa.int64()), "b": [step]}), update=True)
+        snaps.append(tx.csn)
+    expected = as_set(c0.read(name))
+    assert len(expected) > 3000
+    assert spark_set(mspark.read_table(spark, name)) == expected
+    assert "2 parts read as they are" in roads_of(caplog), roads_of(caplog)
+    old = snaps[1]
+    assert spark_set(mspark.read_table(spark, name, snapshot=old)) == as_set(c0.read(name, snapshot=old))
+    assert "read as they are" in roads_of(caplog)
+    for where, expr in [
+        ([("p", "==", "y"), ("k", "<", 900)], (pc.field("p") == "y") & (pc.field("k") < 900)),
+        ([("b", ">=", 500)], pc.field("b") >= 500),
+        ([("a", "==", "du")], pc.field("a") == "du"),
+    ]:
+        assert spark_set(mspark.read_table(spark, name, where=where)) == as_set(c0.read(name, where=expr)), where
+
+
+def test_parts_that_share_no_key_need_no_fold(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Inserts of disjoint keys (each part holding each of its keys once) are read with no fold
+    and no shuffle; a part holding a key twice (the same key twice in one insert) or a key of
+    another big part is not read as it is, and the rows stay those of client.read."""
+    caplog.set_level("DEBUG", logger="spark.keysfold")
+    rng = random.Random(31)
+    name = "nk_disjoint"
+    c0.create_table(name, SCHEMA, partition_by=("p",), primary_key=("p", "k"), conflict_policy="keys", auto_merge=False)
+    order = rng.sample(range(4000), 4000)
+    for step in range(4):
+        with c0.transaction() as tx:
+            tx.insert(name, rows("x", order[step * 1000 : (step + 1) * 1000], f"s{step}-", rng))
+    assert spark_set(mspark.read_table(spark, name)) == as_set(c0.read(name))
+    assert "4 parts read as they are, 0 folded" in roads_of(caplog), roads_of(caplog)
+    # A small update-mode upsert of existing keys and of new ones, and a delete: folded and broadcast.
+    with c0.transaction() as tx:
+        tx.upsert(name, rows("x", rng.sample(range(4200), 50), "u-", rng).select(["p", "k", "b"]), update=True)
+        tx.delete_keys(name, keys_of("x", rng.sample(range(4000), 30)))
+    assert spark_set(mspark.read_table(spark, name)) == as_set(c0.read(name))
+    assert "4 parts read as they are, 2 folded" in roads_of(caplog), roads_of(caplog)
+    # The biggest part now holds one key twice (the later write wins) and keys of the other big
+    # parts: it is not read as it is but folded with the small ones.
+    twice = order[:1500] + [order[0]]
+    with c0.transaction() as tx:
+        tx.insert(name, rows("x", twice, "t-", rng))
+    assert spark_set(mspark.read_table(spark, name)) == as_set(c0.read(name))
+    assert "4 parts read as they are, 3 folded" in roads_of(caplog), roads_of(caplog)
