@@ -19,6 +19,20 @@ PUT needs a per-column pick, which the aggregation makes in the one shuffle by k
 window takes too. ``mapInArrow`` over key-range partitions calling keyfold would be right as
 well, but moves every version through Python workers: the cost this path exists to avoid.
 
+That fold shuffles every version by key and sorts it (``max_by`` over a struct and strings has
+no hash aggregation): 5-9x ``spark.read.parquet`` of the folded rows. Most keys need no fold, so
+first the driver reads the parts' key columns (footers and key column chunks only) and
+:func:`choose_roads` picks the *direct* parts: the biggest ones, each holding every key of it
+once and no key of another direct part (a major compaction's output, inserts of new keys). Their
+rows are rows of the result as they are (a single version: a PUT or an UPDATE of an absent key,
+the unwritten columns null; a DELETE is no row), with no shuffle. The other, *small* parts are
+folded as above (a small shuffle) keeping, per column, the version its value comes from, and
+broadcast to the direct rows (a left outer broadcast join on the key): per column the later of
+the direct row's version (when it sets the column) and the small side's wins, the row's ``_op``
+from the later of the two. Keys only small parts hold (the driver knows them) are added from the
+small fold. When no part qualifies, or the small side would be bigger than the direct one (or
+than a million versions: its fold is broadcast), every version is folded as before.
+
 A filter on the result is pushed by Catalyst below the aggregation when it is on key columns
 (grouping columns) and so into the Parquet scan; on other columns it applies after the fold, as
 it must (a newer version may move a row out of it).
