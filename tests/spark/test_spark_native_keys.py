@@ -242,3 +242,80 @@ def test_parts_that_share_no_key_need_no_fold(spark, c0: Client, caplog: pytest.
         tx.insert(name, rows("x", twice, "t-", rng))
     assert spark_set(mspark.read_table(spark, name)) == as_set(c0.read(name))
     assert "4 parts read as they are, 3 folded" in roads_of(caplog), roads_of(caplog)
+
+
+def test_overlay_of_newer_small_parts_on_parts_of_every_op(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """The overlay road: the small parts are all newer than the direct ones (their CSNs say so),
+    so the direct rows need no version. The direct parts here hold every kind of row: PUTs, and
+    in another part UPDATEs of keys never written, DELETEs and read locks (a key held there only
+    by a lock, then written by a small part, is a row of the result). The small parts: updates
+    of each column set, overwrites, deletes, a delete then an update, new keys, locks, nulls.
+    Equal to client.read at each snapshot (no small part yet: the direct parts alone, their
+    deletes and updates applied per row), with filters."""
+    caplog.set_level("DEBUG", logger="spark.keysfold")
+    rng = random.Random(5)
+    name = "nk_overlay"
+    c0.create_table(name, SCHEMA, primary_key=("p", "k"), conflict_policy="keys", auto_merge=False)
+    with c0.transaction() as tx:
+        tx.insert(name, rows("x", list(range(1000)), "s-", rng))
+    with c0.transaction() as tx:
+        tx.upsert(name, rows("x", list(range(1000, 1800)), "u-", rng).select(["p", "k", "a"]), update=True)
+        tx.delete_keys(name, keys_of("x", list(range(2000, 2100))))
+        tx.lock_keys(name, keys_of("x", list(range(3000, 3010))))
+    before = tx.csn
+    assert spark_set(mspark.read_table(spark, name, snapshot=before)) == as_set(c0.read(name, snapshot=before))
+    assert "0 folded" in roads_of(caplog), roads_of(caplog)
+    snaps = []
+    for step in range(3):
+        with c0.transaction() as tx:
+            tx.upsert(
+                name, rows("x", rng.sample(range(1800), 60), f"a{step}-", rng).select(["p", "k", "b"]), update=True
+            )
+            tx.upsert(name, rows("x", rng.sample(range(1800), 30) + [3000 + step, 2000 + step], f"w{step}-", rng))
+            tx.delete_keys(name, keys_of("x", rng.sample(range(1800), 20) + [5000]))
+            tx.upsert(name, pa.table({"p": ["x"], "k": pa.array([2050 + step], pa.int64()), "c": [0.5]}), update=True)
+            tx.upsert(
+                name, rows("x", [5000 + step, 5001 + step], f"n{step}-", rng).select(["p", "k", "a"]), update=True
+            )
+            tx.lock_keys(name, keys_of("x", rng.sample(range(1800), 10) + [3005]))
+        snaps.append(tx.csn)
+    expected = as_set(c0.read(name))
+    assert spark_set(mspark.read_table(spark, name)) == expected
+    assert "(overlay)" in roads_of(caplog) and "keys of those alone" in roads_of(caplog), roads_of(caplog)
+    assert {r for r in expected if r[1] in (3000, 2001, 2050, 5003)} and not {r for r in expected if r[1] == 3005}
+    old = snaps[0]
+    assert spark_set(mspark.read_table(spark, name, snapshot=old)) == as_set(c0.read(name, snapshot=old))
+    assert "(overlay)" in roads_of(caplog), roads_of(caplog)
+    for where, expr in [
+        ([("k", ">=", 1500)], pc.field("k") >= 1500),
+        ([("b", "<", 300)], pc.field("b") < 300),
+        ([("c", ">", 0.5)], pc.field("c") > 0.5),
+    ]:
+        assert spark_set(mspark.read_table(spark, name, where=where)) == as_set(c0.read(name, where=expr)), where
+
+
+def test_direct_parts_newer_than_small_ones_merge_by_version(
+    spark, c0: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The by-version road: a big insert committed after a small upsert, holding some of its keys,
+    is read as it is and must win over it for those keys (and the small upsert over the older big
+    part): each direct row and column takes the later of its own version and the small fold's."""
+    caplog.set_level("DEBUG", logger="spark.keysfold")
+    rng = random.Random(77)
+    name = "nk_by_version"
+    c0.create_table(name, SCHEMA, primary_key=("p", "k"), conflict_policy="keys", auto_merge=False)
+    with c0.transaction() as tx:
+        tx.insert(name, rows("x", list(range(1000)), "s-", rng))
+    with c0.transaction() as tx:
+        tx.upsert(name, rows("x", rng.sample(range(1000), 100), "u-", rng).select(["p", "k", "a"]), update=True)
+        tx.upsert(name, rows("x", list(range(5000, 5020)), "n-", rng).select(["p", "k", "b"]), update=True)
+        tx.delete_keys(name, keys_of("x", rng.sample(range(1000), 20)))
+        tx.upsert(name, rows("x", rng.sample(range(1000), 20), "w-", rng))
+    small = tx.csn
+    with c0.transaction() as tx:
+        tx.insert(name, rows("x", list(range(1000, 3000)) + list(range(5000, 5010)), "t-", rng))
+    assert spark_set(mspark.read_table(spark, name)) == as_set(c0.read(name))
+    said = roads_of(caplog)
+    assert "2 parts read as they are" in said and "(by version), 10 keys of those alone" in said, said
+    assert spark_set(mspark.read_table(spark, name, snapshot=small)) == as_set(c0.read(name, snapshot=small))
+    assert "(overlay)" in roads_of(caplog), roads_of(caplog)

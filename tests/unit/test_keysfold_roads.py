@@ -4,10 +4,14 @@ each says the parts' keys (one list a part) and the roads expected."""
 
 from __future__ import annotations
 
+import random
+
 import pyarrow as pa
 import pytest
 
-from spark.keysfold import choose_roads
+from coordinator.core.keytables import OP, VER
+from parts.model.meta import PartMeta
+from spark.keysfold import choose_roads, op_range, overlay, version_range
 
 
 def part(*keys: int, p: str = "x") -> pa.Table:
@@ -60,3 +64,93 @@ def test_only_the_biggest_parts_are_candidates() -> None:
     parts = [big(0, 100), big(100, 10), big(200, 10)]
     roads = choose_roads(parts, ["p", "k"], candidates=2)
     assert roads is not None and (roads.direct, roads.small) == ((0, 1), (2,))
+
+
+def meta(stats: dict, name: str = "p1") -> PartMeta:
+    return PartMeta(
+        name=name,
+        table="t",
+        partition=(),
+        path=f"t/_/{name}.parquet",
+        rows=1,
+        size=1,
+        checksum="crc32:00000000",
+        stats=stats,
+    )
+
+
+# (case, direct parts' version ranges, small parts', overlay?)
+OVERLAYS = [
+    ("upserts after the bulk", [(2, 2), (3, 3)], [(4, 4), (9, 9)], True),
+    ("a compaction's output, then upserts", [(2, 7)], [(8, 8)], True),
+    ("a small part older than a direct one", [(2, 2), (5, 5)], [(4, 4)], False),
+    ("the same CSN (one transaction's two parts): _seq decides", [(4, 4)], [(4, 4)], False),
+    ("a compaction's output spanning a small part", [(2, 9)], [(5, 5)], False),
+    ("no small part", [(2, 2)], [], False),
+    ("a direct part without _ver statistics", [None], [(4, 4)], False),
+    ("a small part without _ver statistics", [(2, 2)], [None], False),
+]
+
+
+@pytest.mark.parametrize(("case", "direct", "small", "expected"), OVERLAYS, ids=[c[0] for c in OVERLAYS])
+def test_overlay(case: str, direct, small, expected: bool) -> None:  # noqa: ANN001
+    assert overlay(direct, small) is expected, case
+
+
+def test_version_and_op_ranges_from_statistics() -> None:
+    assert version_range(meta({OP: (0, 0)}), 7) == (7, 7)  # a transaction's part: its creation CSN
+    assert version_range(meta({OP: (0, 1), VER: (3, 6)}), 9) == (3, 6)  # a compaction's output: its _ver
+    assert version_range(meta({VER: (None, None)}), 9) is None
+    assert op_range(meta({OP: (0, 0)})) == (0, 0)
+    assert op_range(meta({OP: (1, 3)})) == (1, 3)
+    assert op_range(meta({})) == (0, 4)  # no statistics: any op, locks included
+    assert op_range(meta({OP: (None, None)})) == (0, 4)
+
+
+def reference(parts: list[list[tuple]], candidates: int, small_max: int) -> tuple | None:
+    """choose_roads in plain Python sets: the rule it implements."""
+    ranked = sorted(range(len(parts)), key=lambda i: -len(parts[i]))
+    direct: list[int] = []
+    taken: set[tuple] = set()
+    for i in [i for i in ranked[:candidates] if parts[i]]:
+        keys = set(parts[i])
+        if len(keys) == len(parts[i]) and not keys & taken:
+            direct.append(i)
+            taken |= keys
+    small = [i for i in range(len(parts)) if i not in direct]
+    n_small = sum(len(parts[i]) for i in small)
+    if not direct or n_small > small_max or n_small > sum(len(parts[i]) for i in direct):
+        return None
+    alone = {k for i in small for k in parts[i]} - taken
+    return tuple(sorted(direct)), tuple(small), sorted(alone) if small else None
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_choose_roads_equals_the_rule_on_random_parts(seed: int) -> None:
+    """Random parts (one or two key columns, keys held by up to all the parts, a key twice in a
+    part, empty parts): the single sort's answer is the greedy rule's, pairs of parts at any
+    distance in a run of equal keys included."""
+    rng = random.Random(seed)
+    two = seed % 2 == 0
+    parts = []
+    for _ in range(rng.randrange(1, 9)):
+        n = rng.choice([0, 1, 3, 10, 40, 120])
+        span = rng.choice([20, 200, 5000])
+        if rng.random() < 0.7:  # each key once in the part
+            keys = rng.sample(range(span), min(n, span))
+        else:
+            keys = [rng.randrange(span) for _ in range(n)]
+        parts.append([(rng.choice("ab") if two else "x", k) for k in keys])
+    candidates, small_max = rng.choice([8, 3]), rng.choice([1_000_000, 50])
+    tables = [pa.table({"p": [k[0] for k in ks], "k": pa.array([k[1] for k in ks], pa.int64())}) for ks in parts]
+    got = choose_roads(tables, ["p", "k"] if two else ["k"], candidates=candidates, small_max=small_max)
+    want = reference(parts, candidates, small_max)
+    if want is None:
+        assert got is None
+        return
+    assert got is not None
+    only = None
+    if got.small_only is not None:
+        cols = got.small_only.to_pydict()
+        only = sorted(zip(cols["p"], cols["k"])) if two else sorted(("x", k) for k in cols["k"])
+    assert (got.direct, got.small, only) == want
