@@ -50,7 +50,7 @@ over a thousand calls per read.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,20 +107,26 @@ class Roads:
 
 
 def choose_roads(
-    keys: Sequence[pa.Table], primary_key: Sequence[str], *, candidates: int = 8, small_max: int = 1_000_000
+    keys: Sequence[pa.Table],
+    primary_key: Sequence[str],
+    *,
+    candidates: int = 8,
+    small_max: int = 1_000_000,
+    allowed: Collection[int] | None = None,
 ) -> Roads | None:
     """Which parts (their key columns ``keys``, one table a part, read locks left out) can be
     read without a fold: the biggest parts (at most ``candidates``), in order of size, each
     taken when its keys are distinct and none is in a part taken before; the rest are the small
     side. None when the small side would hold more than ``small_max`` versions or more than the
-    direct side: then broadcasting its fold costs more than folding everything.
+    direct side: then broadcasting its fold costs more than folding everything. ``allowed``:
+    the parts that may be direct (default: all).
 
     One stable sort of every part's keys, the candidates first in order of size, answers it
     all: in a run of equal keys the parts come in that order, so the pairs of parts at distance
     1, 2, ... within runs are exactly the pairs that share a key (a part paired with itself holds
     a key twice), and a run with no taken part is a key only small parts hold."""
     pk = list(primary_key)
-    ranked = sorted(range(len(keys)), key=lambda i: -keys[i].num_rows)
+    ranked = sorted((i for i in range(len(keys)) if allowed is None or i in allowed), key=lambda i: -keys[i].num_rows)
     cands = [i for i in ranked[:candidates] if keys[i].num_rows]
     if not cands:
         return None
@@ -204,6 +210,30 @@ def overlay(direct: Sequence[tuple[int, int] | None], small: Sequence[tuple[int,
     return max(r[1] for r in direct if r is not None) < min(r[0] for r in small if r is not None)
 
 
+def overlaid(ranges: Sequence[tuple[int, int] | None], direct: Sequence[int]) -> list[int]:
+    """The direct parts (indexes into ``ranges``, each part's :func:`version_range`) that stay
+    direct when every direct part whose versions reach those of a part outside them moves to
+    the small side (repeated: a moved part's versions count then): what the overlay road can
+    keep when a few parts written beside the small ones (the same transaction, or later) were
+    taken as direct."""
+    keep = [i for i in direct if ranges[i] is not None]
+    while True:
+        rest = [r for i, r in enumerate(ranges) if i not in keep]
+        if any(r is None for r in rest):
+            return []
+        cut = min((r[0] for r in rest if r is not None), default=None)
+        if cut is None:
+            return keep
+        fewer = [i for i in keep if ranges[i][1] < cut]  # type: ignore[index]
+        if fewer == keep:
+            return keep
+        keep = fewer
+
+
+def _sides(ranges: Sequence[tuple[int, int] | None], roads: Roads) -> tuple[list, list]:
+    return [ranges[i] for i in roads.direct], [ranges[i] for i in roads.small]
+
+
 def read_folded(
     session: Any,
     tdef: TableDef,
@@ -225,15 +255,23 @@ def read_folded(
     roads = None
     if sum(m.rows for m in metas) <= DRIVER_KEYS_MAX:
         keys = [_key_columns(m, p, tdef.primary_key) for m, p in zip(metas, paths)]
+        rows = [i for i, k in enumerate(keys) if k.num_rows]  # a part of read locks alone is not read
+        if not rows:
+            return session.createDataFrame([], spark_schema(tdef.schema))
+        metas, paths, keys = [metas[i] for i in rows], [paths[i] for i in rows], [keys[i] for i in rows]
         roads = choose_roads(keys, tdef.primary_key)
+        ranges = [version_range(m, int(csns[m.name])) for m in metas]
+        if roads is not None and roads.small and not overlay(*_sides(ranges, roads)):
+            older = overlaid(ranges, roads.direct)
+            if older and len(older) < len(roads.direct):  # the direct parts older than every small one
+                fewer = choose_roads(keys, tdef.primary_key, allowed=older)
+                if fewer is not None and overlay(*_sides(ranges, fewer)):
+                    roads = fewer
     if roads is None:
         log.debug("keys read of %s: every version folded (%d parts)", tdef.name, len(paths))
         folded = side.fold(side.versions(metas, paths, csns)).where(f"{OP} != {DELETE}")
     else:
-        on_top = roads.small and overlay(
-            [version_range(metas[i], int(csns[metas[i].name])) for i in roads.direct],
-            [version_range(metas[i], int(csns[metas[i].name])) for i in roads.small],
-        )
+        on_top = overlay(*_sides(ranges, roads))
         log.debug(
             "keys read of %s: %d parts read as they are, %d folded and broadcast (%s), %d keys of those alone",
             tdef.name,

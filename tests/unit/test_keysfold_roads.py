@@ -11,7 +11,7 @@ import pytest
 
 from coordinator.core.keytables import OP, VER
 from parts.model.meta import PartMeta
-from spark.keysfold import choose_roads, op_range, overlay, version_range
+from spark.keysfold import choose_roads, op_range, overlaid, overlay, version_range
 
 
 def part(*keys: int, p: str = "x") -> pa.Table:
@@ -154,3 +154,26 @@ def test_choose_roads_equals_the_rule_on_random_parts(seed: int) -> None:
         cols = got.small_only.to_pydict()
         only = sorted(zip(cols["p"], cols["k"])) if two else sorted(("x", k) for k in cols["k"])
     assert (got.direct, got.small, only) == want
+
+
+# (case, every part's version range, the direct parts, those the overlay road keeps)
+OVERLAID = [
+    ("all direct parts older", [(2, 2), (3, 3), (5, 5)], [0, 1], [0, 1]),
+    ("a direct part of the small parts' transaction", [(2, 2), (5, 5), (5, 5)], [0, 1], [0]),
+    ("a newer big part", [(2, 2), (4, 4), (7, 7)], [0, 2], [0]),
+    ("moving one moves the cut", [(2, 2), (3, 6), (5, 5), (4, 4)], [0, 1, 2], [0]),
+    ("no direct part older", [(5, 5), (4, 4)], [0], []),
+    ("a part without statistics outside", [(2, 2), None], [0], []),
+]
+
+
+@pytest.mark.parametrize(("case", "ranges", "direct", "kept"), OVERLAID, ids=[c[0] for c in OVERLAID])
+def test_overlaid(case: str, ranges, direct, kept) -> None:  # noqa: ANN001
+    assert overlaid(ranges, direct) == kept, case
+
+
+def test_choose_roads_among_allowed_parts() -> None:
+    parts = [big(0, 100), big(100, 50), part(5, 7)]
+    roads = choose_roads(parts, ["p", "k"], allowed=[0])
+    assert roads is not None and (roads.direct, roads.small) == ((0,), (1, 2))
+    assert roads.small_only is not None and sorted(roads.small_only.column("k").to_pylist()) == list(range(100, 150))
