@@ -170,7 +170,7 @@ def timed(fn, roots: list[int]) -> tuple[float, float]:
     return time.perf_counter() - start, tree_cpu(roots) - cpu
 
 
-def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[int]) -> dict:
+def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[int], data_source: bool = True) -> dict:
     """The keys-table read case (see the module docstring)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -223,8 +223,10 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
     for _ in range(repeat):
         runs["read_table"].append(timed(lambda: noop(mergetxn_spark.read_table(session, table)), roots))
         runs["parquet"].append(timed(lambda: noop(session.read.parquet(str(path))), roots))
-        runs["data_source"].append(timed(lambda: noop(session.read.format("mergetxn").load(table)), roots))
+        if data_source:
+            runs["data_source"].append(timed(lambda: noop(session.read.format("mergetxn").load(table)), roots))
     assert mergetxn_spark.read_table(session, table).count() == rows
+    runs = {k: v for k, v in runs.items() if v}
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
     cpu = {k: statistics.median(c for _, c in v) for k, v in runs.items()}
     out = {
@@ -232,7 +234,7 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
         "cpu": {k: round(v, 3) for k, v in cpu.items()},
         "read_table_ratio": round(wall["read_table"] / wall["parquet"], 3),
         "read_table_cpu_ratio": round(cpu["read_table"] / cpu["parquet"], 3),
-        "data_source_ratio": round(wall["data_source"] / wall["parquet"], 3),
+        "data_source_ratio": round(wall["data_source"] / wall["parquet"], 3) if data_source else None,
         "parts": client.parts(table).filter(pc.field("visible")).num_rows,
         "load_average": os.getloadavg(),
         "runs": runs,
@@ -240,7 +242,7 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
     print(
         f"keys table {rows:,} keys: read_table {wall['read_table']:.2f}s, parquet of the folded rows "
         f"{wall['parquet']:.2f}s ({out['read_table_ratio']:.2f}x, CPU {out['read_table_cpu_ratio']:.2f}x), "
-        f"data source {wall['data_source']:.2f}s ({out['data_source_ratio']:.2f}x)",
+        f"data source {wall.get('data_source', 0):.2f}s ({out['data_source_ratio']}x)",
         flush=True,
     )
     return out
@@ -253,6 +255,7 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keys-rows", type=int, default=0, help="keys of the keys-table case (0: skip it)")
     p.add_argument("--only-keys", action="store_true", help="run the keys-table case alone")
+    p.add_argument("--keys-no-data-source", action="store_true", help="keys case: skip the data source rounds")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spark_io.json"))
     a = p.parse_args()
     sizes = [] if a.only_keys else [int(x) for x in a.rows.split(",") if x]
@@ -401,7 +404,9 @@ def main() -> None:
                     flush=True,
                 )
             if a.keys_rows:
-                results["keys"] = keys_case(session, client, work, a.keys_rows, a.repeat, roots)
+                results["keys"] = keys_case(
+                    session, client, work, a.keys_rows, a.repeat, roots, data_source=not a.keys_no_data_source
+                )
             session.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
