@@ -655,12 +655,13 @@ def bench_mergetxn(
             # Pre-made part files per metadata-only writer: ~2.5x what one of 16 writers commits
             # at the best rate seen (~2,000/s in all). Not far more: files that no commit names
             # yet are what the replica's cleanup pass lists and weighs every 30 s, and 100,000 of
-            # them (the 600/s per writer of earlier runs) cost it 0.1 ms of CPU per commit.
+            # them (the 600/s per writer of earlier runs) cost it 0.1 ms of CPU per commit. One or
+            # a few writers get up to 1,200/s each (a lone writer is faster than one of 16).
             params = {
                 "addresses": addresses,
                 "table": table,
                 "storage_root": cluster.storage_url,
-                "links": int((warmup + seconds) * LINKS_PER_WRITER_PER_S) + 500,
+                "links": int((warmup + seconds) * max(LINKS_PER_WRITER_PER_S, 1200 // writers)) + 500,
             }
             watch = {"zookeeper": zk_pid, **{f"replica-{i}": cluster.replica_pid(i) for i in range(replicas)}}
             t = run_processes(kind, params, writers, warmup, seconds, watch)
@@ -1395,6 +1396,10 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
                         ("mergetxn_insert_call_4w", "mergetxn_insert_call", 4, False),
                         ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
                         ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
+                        # The floor of an insert that wrote no part file (its rows carried in the
+                        # commit): the same one round trip with the part already written.
+                        ("mergetxn_commit_parts_1w", "mergetxn_commit_parts", 1, False),
+                        ("mergetxn_commit_parts_4w", "mergetxn_commit_parts", 4, False),
                     ],
                     warmup,
                     seconds,
