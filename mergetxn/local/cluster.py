@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import subprocess
@@ -24,6 +25,8 @@ from coordinator.wire.security import (
     make_cluster_credentials,
 )
 from mergetxn.local.zkserver import start_zookeeper
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # The checkout (or site-packages) that holds this code's packages: the replicas import theirs
@@ -212,8 +215,8 @@ class LocalCluster:
         if proc is None or proc.poll() is not None:
             raise InvalidInput(f"replica {i} is not running")
         proc.send_signal(signal.SIGSTOP)
-        if not wait_stopped([proc.pid]):
-            raise RuntimeError(f"replica {i}: SIGSTOP sent, some thread still runs after 10 s")
+        if not wait_stopped([proc.pid]):  # a thread in a long fsync: still a pause, as the chaos hosts take it
+            log.warning("replica %d: SIGSTOP sent, some thread still runs after 10 s", i)
 
     @_replica_index
     def resume_replica(self, i: int) -> None:
