@@ -831,6 +831,17 @@ def mixed_hashes(keys: Iterable[tuple]) -> dict[tuple, tuple[int, int]] | None:
     return out
 
 
+def _outside(key: tuple, lo: tuple | None, hi: tuple | None) -> bool:
+    """Whether ``key`` lies outside a summary's key range (no range, or keys that do not
+    compare with its bounds: maybe inside, the filter decides)."""
+    if lo is None or hi is None:
+        return False
+    try:
+        return bool(key < lo or key > hi)
+    except TypeError:
+        return False
+
+
 def may_hold_any(
     summary: Mapping[str, Any] | None,
     hashed: Mapping[tuple, tuple[int, int]],
@@ -855,12 +866,8 @@ def may_hold_any(
         lo, hi = tuple(lo), tuple(hi)
     m, k, bits = _filter_of(summary)
     for key, (h1, h2) in hashed.items():
-        if lo is not None:
-            try:
-                if key < lo or key > hi:
-                    continue
-            except TypeError:
-                pass
+        if _outside(key, lo, hi):
+            continue
         a, b = h1 % m, h2 % m
         for _ in range(k):
             if not bits[a >> 3] >> (a & 7) & 1:
@@ -942,12 +949,8 @@ class SummaryProbes:
                     out.append(meta)
                     break
                 key, where = probe
-                if lo is not None:
-                    try:
-                        if key < lo or key > hi:
-                            continue
-                    except TypeError:
-                        pass
+                if _outside(key, lo, hi):
+                    continue
                 for i, bit in where:
                     if not bits[i] & bit:
                         break
