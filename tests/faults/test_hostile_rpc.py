@@ -243,6 +243,11 @@ OFF_PROTOCOL = {
         "visible: unknown field 'snapshots'",
         "snapshots",
     ),
+    "visible with a point read's slim that is not a boolean": (
+        {"a": "visible", "b": {"table": "t", "point_hint": {}, "slim": "yes"}},
+        "visible: field 'slim' must be true or false, not string 'yes'",
+        "slim",
+    ),
     "wait with a huge value of the wrong type": (
         {"a": "wait", "b": {"snapshot": "9" * (MiB // 2)}},
         "wait: field 'snapshot' must be an integer, not string",
