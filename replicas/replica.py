@@ -16,6 +16,7 @@ which files to remove).
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import logging
@@ -601,7 +602,14 @@ class Replica:
         enough: it stops where this replica's own commit is in flight, and entries of other
         replicas may lie beyond; so wait until the last entry ZooKeeper holds now is applied."""
         self.zk.sync(self.log.log_path())
-        self.follower.pull()
+        try:
+            self.follower.pull()
+        except OSError as exc:  # its WAL's disk full or read-only, storage erring: ask another replica
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} cannot apply the log now (applied: CSN {self.state.applied}): "
+                f"{exc.strerror or exc}; another replica can answer",
+                errno=errno.errorcode.get(exc.errno or 0, str(exc.errno)),
+            ) from None
         end = self.log.last_csn()
         if not self.state.wait_applied(end, self.config.read_wait_seconds) and self.state.failure is None:
             raise ReplicaUnavailable(

@@ -22,6 +22,7 @@ from coordinator.client import Client
 from coordinator.errors import (
     DuplicateCommit,
     InvalidInput,
+    ReplicaUnavailable,
     SnapshotUnavailable,
     StorageError,
     TransactionAborted,
@@ -264,6 +265,48 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
             with cl.transaction() as tx2:  # with room again, the next one commits
                 tx2.insert("walfull", id_rows(2))
             assert ids(cl.read("walfull")) == [0, 1]
+        finally:
+            cluster.stop()
+    finally:
+        _umount(replica_dir)
+
+
+def test_commit_status_on_a_replica_whose_wal_is_full_is_replica_unavailable(
+    tmp_path: Path, zk_server: ZooKeeperServer
+) -> None:
+    """A replica that must apply the log to decide an outcome (the owner is gone) but cannot write
+    its WAL says it is unavailable, so a client asks another replica (it was a bare MergetxnError
+    "commit_status failed on the replica: OSError(28, ...)", seen in chaos campaigns); with room
+    again it decides."""
+    from support.zk import new_chroot
+
+    cluster = LocalCluster(
+        tmp_path / "c", replicas=2, zk_address=new_chroot(zk_server, "walfull2"), storage_url=str(tmp_path / "storage")
+    )
+    replica_dir = tmp_path / "c" / "replica-0"
+    _mount(replica_dir, "4m")
+    try:
+        cluster.start()
+        try:
+            cl0, cl1 = cluster.client(0), cluster.client(1)
+            cl1.create_table("walfull2", ID_V, auto_merge=False)
+            cl0.read("walfull2", snapshot=cl1.snapshot())  # r0 has applied the table (waits for it)
+            filler = _fill(replica_dir)
+            try:
+                tx = cl1.begin()
+                for n in range(40):  # an entry of 40 parts: larger than what the WAL's last page holds
+                    tx.insert("walfull2", id_rows(1, start=n))
+                csn = tx.commit()
+                cluster.stop_replica(1)  # the owner is gone: r0 must apply the log to decide
+                with pytest.raises(ReplicaUnavailable, match="cannot apply the log") as info:
+                    cl0.commit_status(tx.id)
+                assert info.value.details["errno"] == "ENOSPC"
+                assert "No space left on device" in info.value.message and "another replica" in info.value.message
+            finally:
+                filler.unlink()
+            status = cl0.commit_status(tx.id)
+            assert (status.status, status.csn) == ("committed", csn)
+            assert ids(cl0.read("walfull2")) == list(range(40))
         finally:
             cluster.stop()
     finally:
