@@ -48,10 +48,11 @@ WORKLOAD_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
 EXPECTED_ERRORS = frozenset({"ConflictError", "TransactionAborted", "ReplicaUnavailable", "OutcomeUnknown", "Killed"})
 
 
-def verdict(findings: list[Any], incomplete: list[str] | None = None) -> int:
-    """The exit code: 0 only when the checker found nothing and the check was whole (every
-    replica served again and was read at the end)."""
-    return 0 if not findings and not incomplete else 1
+def verdict(findings: list[Any], incomplete: list[str] | None = None, breaches: list[str] | None = None) -> int:
+    """The exit code: 0 only when the checker found nothing, the check was whole (every
+    replica served again and was read at the end, every kind of fault took effect) and nothing
+    was found beside the history (a part file gone, a denied call done)."""
+    return 0 if not findings and not incomplete and not breaches else 1
 
 
 def finding_dict(finding: Any) -> dict[str, Any]:
@@ -210,9 +211,13 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
         out.print(f"[yellow]harness: {escape(problem)}[/]")
     for reason in s.get("incomplete") or []:
         out.print(f"[bold red]check incomplete: {escape(reason)}[/]", soft_wrap=True)
+    for breach in s.get("breaches") or []:
+        out.print(f"[bold red]found: {escape(breach)}[/]", soft_wrap=True)
     if not findings:
         out.print(
-            "[bold green]no anomaly found[/]" if not s.get("incomplete") else "no anomaly found in what was checked"
+            "[bold green]no anomaly found[/]"
+            if not s.get("incomplete") and not s.get("breaches")
+            else "no anomaly found in the history"
         )
         return
     out.print(

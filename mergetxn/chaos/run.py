@@ -50,7 +50,7 @@ from coordinator.core.errors import (
 from coordinator.core.versions import Tid
 from coordinator.wire.security import ADMIN_FILE, ENV_CREDENTIALS, Credentials
 from mergetxn.chaos import report
-from mergetxn.chaos.history import Final, Header, History, Op
+from mergetxn.chaos.history import Fault, Final, Header, History, Op
 from mergetxn.chaos.hostile import Hostile
 from mergetxn.chaos.nemesis import (
     LANES,
@@ -711,10 +711,11 @@ class Result:
     report_dir: Path | None
     problems: list[str] = field(default_factory=list)  # the harness's own troubles (healing, setup)
     incomplete: list[str] = field(default_factory=list)  # why the check could not be whole
+    breaches: list[str] = field(default_factory=list)  # found beside the history: a part file gone, a denied call done
 
     @property
     def exit_code(self) -> int:
-        return report.verdict(self.findings, self.incomplete)
+        return report.verdict(self.findings, self.incomplete, self.breaches)
 
 
 def conclude(
@@ -723,20 +724,36 @@ def conclude(
     problems: list[str] | None = None,
     incomplete: list[str] | None = None,
     extra: dict[str, Any] | None = None,
+    breaches: list[str] | None = None,
 ) -> Result:
     """Check a history and write its report (``report_dir`` None: no files). ``problems``: the
     harness's own troubles, reported; ``incomplete``: why the check could not be whole (a replica
-    that never served again, finals that could not be read), which fails the run as a finding does."""
+    that never served again, finals that could not be read), which fails the run as a finding does;
+    ``breaches``: what the run found wrong outside the history (a part file a read may still need
+    missing or damaged, a hostile call that did what its grants deny), which fails it too."""
     from mergetxn.chaos.checker import check
 
     findings = check(history)
     summary = report.summarize(
-        history, findings, extra={**(extra or {}), "problems": problems or [], "incomplete": incomplete or []}
+        history,
+        findings,
+        extra={
+            **(extra or {}),
+            "problems": problems or [],
+            "incomplete": incomplete or [],
+            "breaches": breaches or [],
+        },
     )
     if report_dir is not None:
         report.write_report(history, findings, summary, Path(report_dir))
     return Result(
-        history, findings, summary, None if report_dir is None else Path(report_dir), problems or [], incomplete or []
+        history,
+        findings,
+        summary,
+        None if report_dir is None else Path(report_dir),
+        problems or [],
+        incomplete or [],
+        breaches or [],
     )
 
 
@@ -863,6 +880,7 @@ def _run_chaos(
     lane: Hostile | None = None
     problems: list[str] = []
     incomplete: list[str] = []
+    breaches: list[str] = []
     try:
         say(f"starting the {'secured ' if secure else ''}{form_of(cluster)} cluster in {workdir / 'cluster'}")
         cluster.start()
@@ -959,6 +977,7 @@ def _run_chaos(
         say("stopping the nemesis; healing")
         nem.stop()
         problems += nem.errors
+        incomplete += untested_kinds(nem.faults)
         if max_faults is not None and len(nem.faults) < max_faults:
             incomplete.append(
                 f"only {len(nem.faults)} of the {max_faults} faults asked for were injected in {seconds:g}s"
@@ -978,7 +997,7 @@ def _run_chaos(
             problems += sp.stop()
         if lane is not None:
             lane.join(60)
-            problems += lane.findings
+            breaches += lane.findings
             if lane.is_alive() or lane.error is not None:
                 problems.append(
                     f"the hostile lane {'did not stop' if lane.is_alive() else 'failed'}: {lane.summary()['error']}"
@@ -1002,10 +1021,12 @@ def _run_chaos(
             incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
         serving = [i for i in range(cluster.hosts) if i not in failed]
         if serving:
-            problems += check_storage(cluster.replica_addresses[serving[0]])
+            damaged, why_not = check_storage(cluster.replica_addresses[serving[0]])
+            breaches += damaged
+            incomplete += why_not
             if lane is not None:
                 try:
-                    problems += lane.verify(cluster.replica_addresses[serving[0]])
+                    breaches += lane.verify(cluster.replica_addresses[serving[0]])
                 except MergetxnError as exc:
                     incomplete.append(f"could not check what the hostile lane's denied calls left: {brief(exc)}")
         history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
@@ -1015,6 +1036,7 @@ def _run_chaos(
             None if report_dir is None else Path(report_dir),
             problems,
             incomplete,
+            breaches=breaches,
             extra={
                 "seconds": seconds,
                 "clients": n + (len(sp.workers) if sp else 0),
@@ -1043,15 +1065,31 @@ def _run_chaos(
         cluster.stop()
 
 
-def check_storage(address: str) -> list[str]:
+def check_storage(address: str) -> tuple[list[str], list[str]]:
     """Every part file a read may still need, checked against the log (size and checksum) through
-    one replica: a file that a refused, forged or aborted call deleted is found here."""
+    one replica: a file that a refused, forged or aborted call deleted, or that cleanup took too
+    early, is found here. Returns (what is missing or damaged, why the check could not be made)."""
     try:
         with Client(address, timeout=FINAL_TIMEOUT) as c:
             result = c.check()
     except Exception as exc:  # the check cannot be complete without it
-        return [f"could not check the part files through {address}: {brief(exc)}"]
-    return [f"table {t['table']!r}: part {p['part']}: {p['problem']}" for t in result["tables"] for p in t["problems"]]
+        return [], [f"could not check the part files through {address}: {brief(exc)}"]
+    return [
+        f"table {t['table']!r}: part {p['part']} ({'visible' if p.get('visible') else 'removed, in the retention window'}, "
+        f"committed at CSN {p.get('creation_csn')}): {p['problem']}"
+        for t in result["tables"]
+        for p in t["problems"]
+    ], []
+
+
+def untested_kinds(faults: list[Fault]) -> list[str]:
+    """Kinds of fault the run meant to test but never did: every injection of them failed."""
+    out = []
+    for kind in sorted({f.kind for f in faults}):
+        details = [f.detail for f in faults if f.kind == kind]
+        if all(d.startswith("inject failed") for d in details):
+            out.append(f"no {kind} fault took effect: all {len(details)} injection(s) failed ({details[-1][:200]})")
+    return out
 
 
 def _log_hint(cluster: Any, i: int) -> str:

@@ -730,3 +730,34 @@ def test_storage_errors_are_expected_only_under_storage_faults() -> None:
     ):
         h.header.nemesis = nemesis
         assert summarize(h, [])["ops"]["unexpected_errors"] == unexpected
+
+
+# -- the verdict: what fails a run besides the checker's findings ------------------------------
+
+
+def test_a_breach_beside_the_history_fails_the_run() -> None:
+    """A part file gone or a denied call done fails the run though the history is valid (they
+    were only printed as the harness's troubles, and the run exited 0)."""
+    from mergetxn.chaos.run import conclude
+
+    h = valid_append()
+    assert conclude(h, None).exit_code == 0
+    assert conclude(h, None, problems=["kill-replica r1: heal failed: x"]).exit_code == 0  # the harness's own
+    for breach in (
+        "table 'la0': part p (visible, committed at CSN 3): file 'la0/p.parquet' is missing",
+        "hostile lane: replica a let the lane's reader do what its grants deny (insert)",
+    ):
+        result = conclude(h, None, breaches=[breach])
+        assert result.exit_code == 1 and result.summary["breaches"] == [breach]
+
+
+def test_a_kind_of_fault_whose_every_injection_failed_makes_the_check_incomplete() -> None:
+    from mergetxn.chaos.history import Fault
+    from mergetxn.chaos.run import untested_kinds
+
+    took = Fault("kill-replica", "r1", 1.0, 2.0, "")
+    failed = Fault("expire-session", "r2", 1.0, 2.0, "inject failed: HostsError: r2 has no session")
+    assert untested_kinds([took, failed, Fault("expire-session", "r3", 3.0, 4.0, "")]) == []  # one took
+    (why,) = untested_kinds([took, failed])
+    assert why.startswith("no expire-session fault took effect: all 1 injection(s) failed (inject failed: HostsError")
+    assert untested_kinds([]) == []
