@@ -6,6 +6,7 @@ in row groups that a point read picks by their statistics (parts/io/format.py)."
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import random
 import string
@@ -14,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.core import keyfold, keytables
 from coordinator.core.errors import CorruptMetadata, CorruptPart
@@ -437,6 +440,70 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
             assert probes.may_hold([meta], hashed) == [
                 m for m in [meta] if keytables.may_hold_any(m.key_summary, hashed)
             ]
+
+
+_VALUES = st.one_of(
+    st.integers(-5, 5),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.sampled_from(["", "a", "b", "é"]),
+    st.sampled_from([b"", b"a"]),
+    st.sampled_from([0.5, -0.0, float("nan")]),
+)
+
+
+@st.composite
+def _odd_summary(draw: st.DrawFn) -> dict | None:
+    """A key summary as a replica may hold one: either scheme, a filter of any valid shape (one
+    byte up, 1 to 64 hashes, bits at random, all ones, all zeros), a key range of any types (or
+    none), or no summary at all."""
+    if draw(st.integers(0, 9)) == 0:
+        return None
+    m = 8 * draw(st.sampled_from([1, 2, 3, 32, 200]))
+    fill = draw(st.sampled_from(["random", "ones", "zeros", "dense"]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    raw = {
+        "random": rng.randbytes(m // 8),
+        "ones": b"\xff" * (m // 8),
+        "zeros": bytes(m // 8),
+        "dense": bytes(rng.choice([0xFF, 0xFE, 0x7F, 0xBF]) for _ in range(m // 8)),
+    }[fill]
+    f = {"m": m, "k": draw(st.sampled_from([1, 2, 11, 64])), "bloom": base64.b64encode(raw).decode("ascii")}
+    width = draw(st.integers(1, 2))
+    lo = hi = None
+    if draw(st.booleans()):
+        lo, hi = sorted([draw(st.lists(_VALUES, min_size=width, max_size=width)) for _ in range(2)], key=repr)
+    if draw(st.booleans()):
+        return {"lo": lo, "hi": hi, **f}
+    legacy = {"m": 8, "k": 1, "bloom": base64.b64encode(b"\xff").decode("ascii")}
+    return {"lo": lo, "hi": hi, **legacy, "hash": keytables.HASH_MIX64, "filter": f}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(_odd_summary(), min_size=0, max_size=30),
+    st.lists(st.lists(_VALUES, min_size=1, max_size=2).map(tuple), min_size=1, max_size=4, unique_by=repr),
+    st.randoms(use_true_random=False),
+)
+def test_the_laid_out_probe_keeps_exactly_what_may_hold_any_keeps(summaries, keys, rng) -> None:
+    """SummaryProbes (the filters of a visible set side by side, probed a shape at a time) keeps
+    exactly the parts may_hold_any keeps, in their order, on summaries of every odd shape and
+    keys of every type (some the mix64 scheme does not hash, some that do not compare with a
+    range): on the set, on the set seen again, on a part of it and on it reordered; with a
+    cache smaller than the parts and than the sets; and a name seen again with another
+    checksum is parsed again."""
+    metas = [_meta(f"p{i}", s) for i, s in enumerate(summaries)]
+    probes = keytables.SummaryProbes(size=7, layouts=2)
+    hashed = {k: keytables.key_hash(k) for k in keys}
+    shuffled = metas[:]
+    rng.shuffle(shuffled)
+    for seen in (metas, metas, metas[: len(metas) // 2], shuffled, metas):
+        want = [m for m in seen if keytables.may_hold_any(m.key_summary, hashed)]
+        assert probes.may_hold(seen, hashed) == want
+    if metas:
+        other = dataclasses.replace(metas[0], checksum="crc32:other", key_summary=summaries[-1])
+        want = [m for m in [other] if keytables.may_hold_any(m.key_summary, hashed)]
+        assert probes.may_hold([other], hashed) == want
 
 
 def test_summary_probes_say_maybe_for_a_key_mix64_does_not_hash() -> None:
