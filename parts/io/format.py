@@ -255,26 +255,41 @@ def file_ranges(raw: bytes) -> dict:
 
 class _Footers:
     """Parsed, verified footers of parts read by point reads, by path and checksum (parts never
-    change): a lookup in a part read before fetches only its row group. Bounded; any thread."""
+    change): a lookup in a part read before fetches only its row group. Bounded by the bytes of
+    the footers held (their recorded tail lengths; a footer of a part of a few row groups takes
+    a few KB, so the thousand parts of a table fit), the least recently used go first; any
+    thread."""
 
-    SIZE = 512
+    BYTES = 64 << 20
+    COUNT = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = BYTES, count: int = COUNT) -> None:
+        self.max_bytes, self.count = max_bytes, count
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[Any, list]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[Any, list, int, set]] = OrderedDict()
+        self._bytes = 0
 
-    def get(self, key: tuple[str, str]) -> tuple[Any, list] | None:
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: tuple[str, str]) -> tuple[Any, list, int, set] | None:
         with self._lock:
             got = self._items.get(key)
             if got is not None:
                 self._items.move_to_end(key)
             return got
 
-    def put(self, key: tuple[str, str], value: tuple[Any, list]) -> None:
+    def put(self, key: tuple[str, str], value: tuple[Any, list, int, set]) -> None:
+        """``value``: (parsed footer, its row groups' key bounds, its size in bytes, the row
+        groups checked to lie in their recorded ranges)."""
         with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
             self._items[key] = value
-            while len(self._items) > self.SIZE:
-                self._items.popitem(last=False)
+            self._bytes += value[2]
+            while len(self._items) > 1 and (len(self._items) > self.count or self._bytes > self.max_bytes):
+                self._bytes -= self._items.popitem(last=False)[1][2]
 
 
 _FOOTERS = _Footers()
@@ -323,12 +338,14 @@ def _missing(storage: Storage, meta: PartMeta) -> CorruptPart:
     return _corrupt(meta, f"is missing from {storage}")
 
 
-def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list]:
-    """The part's footer (parsed) and its row groups' key bounds, from its verified tail."""
+def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list, set]:
+    """The part's footer (parsed), its row groups' key bounds and the ``(group, offset,
+    length)`` whose pages were found inside that recorded byte range (filled by the reader),
+    from its verified tail."""
     key = (meta.path, meta.checksum)
     got = _FOOTERS.get(key)
     if got is not None:
-        return got
+        return got[0], got[1], got[3]
     length, crc = ranges["tail"]
     if length > meta.size:
         raise _corrupt(meta, f"has a tail of {length} bytes recorded, larger than the file ({meta.size})")
@@ -344,9 +361,9 @@ def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[
         raise _corrupt(meta, f"footer does not parse: {clip(exc)}") from None
     if metadata.num_rows != meta.rows or metadata.num_row_groups != len(ranges["groups"]):
         raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
-    got = (metadata, group_bounds(metadata, pk))
-    _FOOTERS.put(key, got)
-    return got
+    bounds, inside = group_bounds(metadata, pk), set()
+    _FOOTERS.put(key, (metadata, bounds, length, inside))
+    return metadata, bounds, inside
 
 
 def _sparse(size: int, pieces: list[tuple[int, bytes]]) -> Any:
@@ -370,7 +387,7 @@ def _read_key_groups(
     the row groups whose key statistics may hold a key, each fetched and checked against its
     crc32, and of their rows those keys'."""
     pk, wanted = keys
-    metadata, bounds = _ranged_footer(storage, meta, ranges, pk)
+    metadata, bounds, inside = _ranged_footer(storage, meta, ranges, pk)
     groups = groups_holding(bounds, wanted)
     schema = metadata.schema.to_arrow_schema()
     if columns is not None:
@@ -381,11 +398,16 @@ def _read_key_groups(
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
     spans = [ranges["groups"][g] for g in groups]
     for g, (at, n, _) in zip(groups, spans):
+        if at + n > meta.size:
+            raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+        if (g, at, n) in inside:  # this footer's group against this recorded range: checked once
+            continue
         rg = metadata.row_group(g)
         for i in range(rg.num_columns):
             lo, hi = _chunk_span(rg.column(i))
-            if lo < at or hi > at + n or at + n > meta.size:
+            if lo < at or hi > at + n:
                 raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+        inside.add((g, at, n))
     try:
         got = storage.get_ranges(meta.path, [(at, n) for at, n, _ in spans])
     except FileNotFoundError:
