@@ -296,6 +296,59 @@ def test_a_ranged_point_read_refuses_bytes_not_as_written(tmp_path, damage: str)
         part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
 
 
+# The same damage to a part of one row group (a lookup's usual part: a commit's), read with no
+# footer cached: its tail and group come in one request (format._read_one_group).
+ONE_GROUP_DAMAGE = {
+    **{k: f for k, f in RANGED_DAMAGE.items() if "group" not in k},
+    "a byte of the row group read": lambda m, p: (_flip(p, m.key_summary["ranges"]["groups"][0][0] + 50), m)[1],
+    "a recorded group crc changed": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a, n, c + 1] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "a recorded group range elsewhere": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a + 7, n, c] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "a recorded group past the end": lambda m, p: _tampered(
+        m,
+        tail=m.key_summary["ranges"]["tail"],
+        groups=[[a, n + m.size, c] for a, n, c in m.key_summary["ranges"]["groups"]],
+    ),
+    "a recorded group shorter than its pages": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a, n - 1, c] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "no group recorded": lambda m, p: _tampered(m, tail=m.key_summary["ranges"]["tail"], groups=[]),
+}
+
+
+@pytest.mark.parametrize("damage", list(ONE_GROUP_DAMAGE))
+def test_a_ranged_point_read_of_one_group_refuses_bytes_not_as_written(tmp_path, damage: str) -> None:
+    storage = Storage(str(tmp_path))
+    keys = list(range(0, 2000, 2))
+    meta = part_format.write_part(storage, "t", [], (), _versions(keys), f"tx1_{len(damage)}", primary_key=("k",))
+    other = part_format.write_part(storage, "t", [], (), _versions([k + 1 for k in keys]), "tx1_o", primary_key=("k",))
+    assert len(meta.key_summary["ranges"]["groups"]) == 1
+    path = tmp_path / meta.path
+    (tmp_path / other.path).rename(path.with_name("other.parquet"))
+    meta = ONE_GROUP_DAMAGE[damage](meta, path)
+    with pytest.raises(CorruptPart):
+        part_format.read_part(storage, meta, keys=(["k"], [(keys[3],)]))
+
+
+def test_a_point_read_of_one_group_fetches_tail_and_group_at_once_then_the_group_alone(tmp_path) -> None:
+    storage = _CountingStorage(str(tmp_path))
+    keys = random.Random(5).sample(range(100_000), 1000)
+    meta = PartMeta.from_dict(
+        part_format.write_part(storage, "t", [], (), _versions(keys), "tx_one", primary_key=("k",)).to_dict()
+    )
+    (group,) = meta.key_summary["ranges"]["groups"]
+    whole = part_format.read_part(storage, meta)
+    for i, key in enumerate([keys[0], keys[500], -1, keys[999]]):
+        storage.ranges.clear()
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(whole.filter(pc.field("k") == key)) and got.num_rows == (key != -1)
+        tail = [(meta.size - meta.key_summary["ranges"]["tail"][0], meta.key_summary["ranges"]["tail"][0])]
+        assert storage.ranges == (tail if i == 0 else []) + ([(group[0], group[1])] if key != -1 else [])
+
+
 @pytest.mark.parametrize(
     "ranges",
     [
