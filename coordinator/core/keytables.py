@@ -1183,9 +1183,12 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
     for key in hint["keys"]:
         if len(key) != len(primary_key):
             return None
+        if len(key) == 1 and type(key[0]) is int and types[0] == pa.int64() and -(2**63) <= key[0] < 2**63:
+            out[(key[0],)] = key_hash((key[0],))  # an int64 key: exactly one of the column's (no cast)
+            continue
         try:
             cast = tuple(pa.scalar(v).cast(t, safe=True).as_py() for v, t in zip(key, types))
-        except (pa.ArrowException, TypeError, ValueError):
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):  # an int past 64 bits: OverflowError
             return None
         if cast != tuple(key) or any(type(a) is not type(b) for a, b in zip(cast, key)):
             return None

@@ -603,3 +603,19 @@ def test_ranges_of_many_groups_check_as_one_group_does() -> None:
 def test_a_point_hint_from_the_exact_keys_is_the_hint_parsed_again(where) -> None:
     exact = keytables.point_keys(where, SCHEMA, ["k"], exact=True)
     assert keytables.point_hint(where, SCHEMA, ["k"], found=exact) == keytables.point_hint(where, SCHEMA, ["k"])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.one_of(st.integers(), st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, True, 5.0, "5", None])))
+def test_a_hint_of_one_int64_key_is_cast_as_any_other(v) -> None:
+    """hint_hashes takes an int64 key's int without a cast (its short road): exactly the keys the
+    cast gives, and None for a value the column cannot hold exactly (an int past 64 bits too,
+    which made the replica's handler fail before)."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+    got = keytables.hint_hashes({"key_columns": ["k"], "keys": [[v]]}, schema, ("k",))
+    try:
+        cast = pa.scalar(v).cast(pa.int64(), safe=True).as_py()
+        exact = cast == v and type(cast) is type(v)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        exact = False
+    assert got == ({(v,): keytables.key_hash((v,))} if exact else None)
