@@ -454,10 +454,14 @@ def _decode(
     return keytables.rows_of_keys(data, *keys)
 
 
+_SMALL_SPARSE = 1 << 20  # a buffer of at most this many bytes is allocated, not mapped (cheaper)
+
+
 def _sparse(size: int, pieces: list[tuple[int, bytes]]) -> Any:
-    """A buffer of ``size`` bytes holding ``pieces`` at their offsets and zeros elsewhere (an
-    anonymous mapping: untouched pages cost nothing), for the Parquet reader to decode from."""
-    buf = mmap.mmap(-1, max(size, 1))
+    """A buffer of ``size`` bytes holding ``pieces`` at their offsets and zeros elsewhere (for a
+    big file an anonymous mapping: untouched pages cost nothing), for the Parquet reader to
+    decode from."""
+    buf: Any = bytearray(size) if size <= _SMALL_SPARSE else mmap.mmap(-1, max(size, 1))
     buf[:4] = b"PAR1"
     for at, piece in pieces:
         buf[at : at + len(piece)] = piece
