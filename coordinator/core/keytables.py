@@ -910,7 +910,7 @@ class SummaryProbes:
         self.size, self.max_bytes = size, max_bytes
         self.max_layouts, self.layout_bytes = layouts, layout_bytes
         self._lock = threading.Lock()
-        self._items: dict[str, tuple] = {}  # part name -> (checksum, lo, hi, mix, m, k, bits | None)
+        self._items: dict[str, tuple] = {}  # part name -> (checksum, (lo, hi), (mix, m, k), bits | None)
         self._bytes = 0
         self._layouts: list[_Layout] = []  # the last used first
         self._layout_total = 0
@@ -927,25 +927,22 @@ class SummaryProbes:
         bits = None if raw.count(0xFF) == len(raw) else raw  # all ones: every key may be there, the range prunes
         got = (
             checksum,
-            None if lo is None else tuple(lo),
-            None if lo is None else tuple(hi),
-            scheme_of(summary) != HASH_BLAKE2B,
-            m,
-            k,
+            (None, None) if lo is None else (tuple(lo), tuple(hi)),
+            (scheme_of(summary) != HASH_BLAKE2B, m, k),
             bits,
         )
         size = 0 if bits is None else len(bits)
         with self._lock:
             old = self._items.pop(name, None)
-            if old is not None and old[6] is not None:
-                self._bytes -= len(old[6])
+            if old is not None and old[3] is not None:
+                self._bytes -= len(old[3])
             self._items[name] = got
             self._bytes += size
             while len(self._items) > self.size or (self._bytes > self.max_bytes and len(self._items) > 1):
                 first = next(iter(self._items))
                 gone = self._items.pop(first)
-                if gone[6] is not None:
-                    self._bytes -= len(gone[6])
+                if gone[3] is not None:
+                    self._bytes -= len(gone[3])
         return got
 
     def _layout(self, metas: list) -> _Layout:
@@ -957,7 +954,7 @@ class SummaryProbes:
                     if i:
                         self._layouts.insert(0, self._layouts.pop(i))
                     return layout
-        layout = _Layout.build(metas, self._entry)
+        layout = _Layout.build(metas, self._items, self._parse)
         with self._lock:
             if layout.nbytes <= self.layout_bytes:
                 self._layouts.insert(0, layout)
@@ -965,12 +962,6 @@ class SummaryProbes:
             while len(self._layouts) > self.max_layouts or self._layout_total > self.layout_bytes:
                 self._layout_total -= self._layouts.pop().nbytes
         return layout
-
-    def _entry(self, meta: Any) -> tuple:
-        got = self._items.get(meta.name)
-        if got is None or got[0] != meta.checksum:
-            got = self._parse(meta.name, meta.checksum, meta.key_summary)
-        return got
 
     def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
         """The parts of ``metas`` (``name``, ``checksum``, ``key_summary``) whose summary may
@@ -1051,27 +1042,37 @@ class _Layout:
         self.nbytes = 0
 
     @classmethod
-    def build(cls, metas: list, entry: Any) -> _Layout:
+    def build(cls, metas: list, items: Mapping[str, tuple], parse: Any) -> _Layout:
+        """The layout of ``metas``, from the parsed summaries ``items`` (``parse(name,
+        checksum, summary)`` for a part not there, or there with another checksum): one short
+        loop, as a changed set (a commit between two lookups) is laid out again."""
         out = cls(list(metas))
+        groups, always, by_range = out.groups, out.always, out.by_range
+        add_range = out.ranges.append
+        no_range = (None, None)
         for at, meta in enumerate(metas):
-            if meta.key_summary is None:
-                out.ranges.append((None, None))
-                out.always.append(at)
+            summary = meta.key_summary
+            if summary is None:
+                add_range(no_range)
+                always.append(at)
                 continue
-            _, lo, hi, mix, m, k, bits = entry(meta)
-            out.ranges.append((lo, hi))
-            out.has_mix = out.has_mix or mix
+            got = items.get(meta.name)
+            if got is None or got[0] != meta.checksum:
+                got = parse(meta.name, meta.checksum, summary)
+            _, bounds, shape, bits = got
+            add_range(bounds)
             if bits is None:
-                out.by_range.append((at, mix))
+                by_range.append((at, shape[0]))
                 continue
-            group = out.groups.get((mix, m, k))
+            group = groups.get(shape)
             if group is None:
-                group = out.groups[(mix, m, k)] = _Group(m // 8)
+                group = groups[shape] = _Group(shape[1] // 8)
             group.bits.append(bits)
             group.positions.append(at)
         for group in out.groups.values():
             group.bits = b"".join(group.bits)
             out.nbytes += len(group.bits)
+        out.has_mix = any(mix for mix, _, _ in groups) or any(mix for _, mix in by_range)
         return out
 
 
