@@ -886,8 +886,9 @@ class SummaryProbes:
 
     A part is immutable, so its range, filter bits and scheme, parsed at its first probe, serve
     every later one (entries keyed by part name and checked against its checksum; bounded by
-    count and filter bytes, the first parsed go first). A visible set of parts (their names and
-    checksums, in order) gets a *layout*: per filter shape (scheme, bits, hash count) the
+    count and filter bytes, the first parsed go first). A visible set of parts (its part
+    metadata in order, compared by value: a replica lists the same objects while nothing
+    changes, so a set seen before is found by identity) gets a *layout*: per filter shape (scheme, bits, hash count) the
     filters of its parts side by side, row after row, in one ``bytes``. A key's bit ``b`` of
     every part of a shape is then one strided slice of that buffer (``rows[b >> 3::stride]``),
     turned into 0/1 bytes by a ``translate`` table and into an int; the AND of the key's
