@@ -43,6 +43,12 @@ def merge_few(
     data = given[0][1] if len(given) == 1 else pa.concat_tables([d for _, d in given])
     if any(data.column(k).null_count for k in primary_key):
         return None
+    if n == 1:  # a lookup of a key written once since its last compaction: its one version
+        op = data.column(OP)[0].as_py()
+        if op == PUT:
+            return pa.Table.from_arrays([data.column(c) for c in schema.names], schema=schema)
+        if op == DELETE or (isinstance(op, int) and op >= LOCK_STRONG):
+            return schema.empty_table()
     keys = list(zip(*(data.column(k).to_pylist() for k in primary_key)))
     ops, seqs = data.column(OP).to_pylist(), data.column(SEQ).to_pylist()
     written = data.column(COLS).to_pylist()

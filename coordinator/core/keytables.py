@@ -879,21 +879,42 @@ def may_hold_any(
 
 
 class SummaryProbes:
-    """Key summaries parsed once per part, for a replica that prunes every visible part of a
-    keys table with a point read's keys (replicas/server.py ``_may_hold``): a part is immutable,
-    so its range, filter bits and scheme, parsed at its first probe, serve every later one,
-    and a lookup over a thousand parts costs a dict look-up and a bit or two per part instead
-    of a summary's parsing and a key's hashing per part. Bounded (the first parsed go first);
-    any thread (a look-up needs no lock: dict reads are atomic). Entries are keyed by part name
-    and checksum: a part a compaction or a cleanup removed is no longer among the parts probed
-    and ages out."""
+    """Key summaries of parts, parsed once and laid out for probing many parts at once, for a
+    replica that prunes every visible part of a keys table with a point read's keys
+    (replicas/server.py ``_may_hold``): what :func:`may_hold_any` keeps, at a cost that barely
+    grows with the parts.
 
-    SIZE = 1 << 15
+    A part is immutable, so its range, filter bits and scheme, parsed at its first probe, serve
+    every later one (entries keyed by part name and checked against its checksum; bounded by
+    count and filter bytes, the first parsed go first). A visible set of parts (its part
+    metadata in order, compared by value: a replica lists the same objects while nothing
+    changes, so a set seen before is found by identity) gets a *layout*: per filter shape (scheme, bits, hash count) the
+    filters of its parts side by side, row after row, in one ``bytes``. A key's bit ``b`` of
+    every part of a shape is then one strided slice of that buffer (``rows[b >> 3::stride]``),
+    turned into 0/1 bytes by a ``translate`` table and into an int; the AND of the key's
+    ``k`` ints marks the parts whose filter holds all its bits: a few C calls per key and shape
+    instead of a dict look-up and a loop per part. Only those parts (and parts with no filter
+    to go by: all ones) are tested against their key range, in Python. Layouts are kept for a
+    few visible sets (LRU, bounded by bytes): the next lookup of an unchanged set reuses its
+    layout; a commit, a compaction, a cleanup or a DDL changes the set, which gets a layout of
+    its own (a removed part is simply in no layout probed). Any thread: entries and layouts
+    are immutable once built, the maps are changed under a lock."""
 
-    def __init__(self, size: int = SIZE) -> None:
-        self.size = size
+    SIZE = 1 << 15  # parts parsed
+    BYTES = 256 << 20  # their filter bits, at most
+    LAYOUTS = 16  # visible sets laid out
+    LAYOUT_BYTES = 128 << 20  # their filter bits, at most
+
+    def __init__(
+        self, size: int = SIZE, max_bytes: int = BYTES, layouts: int = LAYOUTS, layout_bytes: int = LAYOUT_BYTES
+    ) -> None:
+        self.size, self.max_bytes = size, max_bytes
+        self.max_layouts, self.layout_bytes = layouts, layout_bytes
         self._lock = threading.Lock()
-        self._items: dict[str, tuple] = {}  # part name -> (checksum, *probe)
+        self._items: dict[str, tuple] = {}  # part name -> (checksum, (lo, hi), (mix, m, k), bits | None)
+        self._bytes = 0
+        self._layouts: list[_Layout] = []  # the last used first
+        self._layout_total = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -901,74 +922,159 @@ class SummaryProbes:
     def _parse(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
         lo: Any = summary.get("lo")
         hi: Any = summary.get("hi")
-        m, k, bits = _filter_of(summary)
+        f = summary if scheme_of(summary) == HASH_BLAKE2B else summary["filter"]
+        m, k = f["m"], f["k"]
+        raw = base64.b64decode(f["bloom"], validate=True)
+        bits = None if raw.count(0xFF) == len(raw) else raw  # all ones: every key may be there, the range prunes
         got = (
             checksum,
-            None if lo is None else tuple(lo),
-            None if lo is None else tuple(hi),
-            scheme_of(summary) != HASH_BLAKE2B,
-            m,
-            k,
+            (None, None) if lo is None else (tuple(lo), tuple(hi)),
+            (scheme_of(summary) != HASH_BLAKE2B, m, k),
             bits,
         )
+        size = 0 if bits is None else len(bits)
         with self._lock:
+            old = self._items.pop(name, None)
+            if old is not None and old[3] is not None:
+                self._bytes -= len(old[3])
             self._items[name] = got
-            while len(self._items) > self.size:
-                del self._items[next(iter(self._items))]
+            self._bytes += size
+            while len(self._items) > self.size or (self._bytes > self.max_bytes and len(self._items) > 1):
+                first = next(iter(self._items))
+                gone = self._items.pop(first)
+                if gone[3] is not None:
+                    self._bytes -= len(gone[3])
         return got
+
+    def _layout(self, metas: list) -> _Layout:
+        # A replica lists the same PartMeta objects while nothing changes: the list compares
+        # equal item by item by identity, so a visible set seen before costs no hashing.
+        with self._lock:
+            for i, layout in enumerate(self._layouts):
+                if len(layout.metas) == len(metas) and layout.metas == metas:
+                    if i:
+                        self._layouts.insert(0, self._layouts.pop(i))
+                    return layout
+        layout = _Layout.build(metas, self._items, self._parse)
+        with self._lock:
+            if layout.nbytes <= self.layout_bytes:
+                self._layouts.insert(0, layout)
+                self._layout_total += layout.nbytes
+            while len(self._layouts) > self.max_layouts or self._layout_total > self.layout_bytes:
+                self._layout_total -= self._layouts.pop().nbytes
+        return layout
 
     def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
         """The parts of ``metas`` (``name``, ``checksum``, ``key_summary``) whose summary may
         hold one of the keys (``key -> key_hash(key)``, :func:`hint_hashes`): what
-        :func:`may_hold_any` keeps, each key hashed once for all parts."""
-        mixed = mixed_hashes(hashed)
-        by_scheme = (hashed, mixed)
-        # Parts of one size have filters of one size: each key's bits (byte, mask) are worked
-        # out once per scheme and filter size, not per part.
-        masks: dict[tuple[bool, int, int], list] = {}
-        items = self._items
-        out = []
-        for meta in metas:
-            summary = meta.key_summary
-            if summary is None:
-                out.append(meta)
+        :func:`may_hold_any` keeps, in their order."""
+        metas = list(metas)
+        if not metas:
+            return []
+        layout = self._layout(metas)
+        mixed = mixed_hashes(hashed) if layout.has_mix else None
+        kept = set(layout.always)
+        for shape, group in layout.groups.items():
+            mix, m, k = shape
+            keys = mixed if mix else hashed
+            if keys is None:  # a key the scheme does not hash: maybe, for every part of it
+                kept.update(group.positions)
                 continue
-            got = items.get(meta.name)  # a str's hash is kept in it: no key tuple to build and hash
-            if got is None or got[0] != meta.checksum:
-                got = self._parse(meta.name, meta.checksum, summary)
-            _, lo, hi, mix, m, k, bits = got
-            shape = (mix, m, k)
-            probes = masks.get(shape)
-            if probes is None:
-                keys = by_scheme[mix]
-                probes = masks[shape] = [] if keys is None else [(key, _masks(h, m, k)) for key, h in keys.items()]
-                if keys is None:
-                    probes.append(None)  # a key the scheme does not hash: maybe
-            for probe in probes:
-                if probe is None:
-                    out.append(meta)
-                    break
-                key, where = probe
-                if _outside(key, lo, hi):
-                    continue
-                for i, bit in where:
-                    if not bits[i] & bit:
-                        break
-                else:
-                    out.append(meta)
-                    break
+            for key, h in keys.items():
+                for row in group.rows_with(h, m, k):
+                    at = group.positions[row]
+                    if at not in kept and not _outside(key, *layout.ranges[at]):
+                        kept.add(at)
+        for at, mix in layout.by_range:
+            if at in kept:
+                continue
+            if (mix and mixed is None) or any(not _outside(key, *layout.ranges[at]) for key in hashed):
+                kept.add(at)  # a key mix64 does not hash: maybe, whatever the range (as may_hold_any)
+        return [metas[i] for i in sorted(kept)]
+
+
+_ONE_IF = [bytes(1 if x & (1 << b) else 0 for x in range(256)) for b in range(8)]  # byte -> 0/1 by bit b
+
+
+class _Group:
+    """The filters of one shape in a layout: ``bits``, each part's ``m / 8`` bytes one after
+    the other; ``positions``: each row's place in the visible set."""
+
+    __slots__ = ("bits", "positions", "stride")
+
+    def __init__(self, stride: int) -> None:
+        self.stride = stride
+        self.bits: Any = []
+        self.positions: list[int] = []
+
+    def rows_with(self, hashed: tuple[int, int], m: int, k: int) -> Iterable[int]:
+        """The rows whose filter has every bit of a key's ``(h1, h2)``: the AND over its bits of
+        one 0/1 byte per row (a strided slice through ``translate``), read as ints."""
+        n, bits, stride = len(self.positions), self.bits, self.stride
+        acc = -1
+        a, b = hashed[0] % m, hashed[1] % m
+        for _ in range(k):
+            acc &= int.from_bytes(bits[a >> 3 :: stride].translate(_ONE_IF[a & 7]), "little")
+            if not acc:
+                return ()
+            a = (a + b) % m
+        marks = acc.to_bytes(n, "little")
+        out, at = [], marks.find(1)
+        while at >= 0:
+            out.append(at)
+            at = marks.find(1, at + 1)
         return out
 
 
-def _masks(hashed: tuple[int, int], m: int, k: int) -> list[tuple[int, int]]:
-    """The ``k`` bits a key's ``(h1, h2)`` sets in a filter of ``m`` bits, as (byte, mask): the
-    positions :func:`may_hold_any` probes, in its order."""
-    a, b = hashed[0] % m, hashed[1] % m
-    out = []
-    for _ in range(k):
-        out.append((a >> 3, 1 << (a & 7)))
-        a = (a + b) % m
-    return out
+class _Layout:
+    """A visible set laid out for :class:`SummaryProbes`: ``groups`` by filter shape, ``ranges``
+    (each part's key range, ``(None, None)`` for none), ``always`` (parts with no summary: kept)
+    and ``by_range`` (parts whose filter is all ones: their range decides)."""
+
+    __slots__ = ("always", "by_range", "groups", "has_mix", "metas", "nbytes", "ranges")
+
+    def __init__(self, metas: list) -> None:
+        self.metas = metas
+        self.groups: dict[tuple[bool, int, int], _Group] = {}
+        self.ranges: list[tuple[Any, Any]] = []
+        self.always: list[int] = []
+        self.by_range: list[tuple[int, bool]] = []
+        self.has_mix = False
+        self.nbytes = 0
+
+    @classmethod
+    def build(cls, metas: list, items: Mapping[str, tuple], parse: Any) -> _Layout:
+        """The layout of ``metas``, from the parsed summaries ``items`` (``parse(name,
+        checksum, summary)`` for a part not there, or there with another checksum): one short
+        loop, as a changed set (a commit between two lookups) is laid out again."""
+        out = cls(list(metas))
+        groups, always, by_range = out.groups, out.always, out.by_range
+        add_range = out.ranges.append
+        no_range = (None, None)
+        for at, meta in enumerate(metas):
+            summary = meta.key_summary
+            if summary is None:
+                add_range(no_range)
+                always.append(at)
+                continue
+            got = items.get(meta.name)
+            if got is None or got[0] != meta.checksum:
+                got = parse(meta.name, meta.checksum, summary)
+            _, bounds, shape, bits = got
+            add_range(bounds)
+            if bits is None:
+                by_range.append((at, shape[0]))
+                continue
+            group = groups.get(shape)
+            if group is None:
+                group = groups[shape] = _Group(shape[1] // 8)
+            group.bits.append(bits)
+            group.positions.append(at)
+        for group in out.groups.values():
+            group.bits = b"".join(group.bits)
+            out.nbytes += len(group.bits)
+        out.has_mix = any(mix for mix, _, _ in groups) or any(mix for _, mix in by_range)
+        return out
 
 
 def point_summary(summary: Mapping[str, Any] | None) -> dict | None:
@@ -1079,9 +1185,12 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
     for key in hint["keys"]:
         if len(key) != len(primary_key):
             return None
+        if len(key) == 1 and type(key[0]) is int and types[0] == pa.int64() and -(2**63) <= key[0] < 2**63:
+            out[(key[0],)] = key_hash((key[0],))  # an int64 key: exactly one of the column's (no cast)
+            continue
         try:
             cast = tuple(pa.scalar(v).cast(t, safe=True).as_py() for v, t in zip(key, types))
-        except (pa.ArrowException, TypeError, ValueError):
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):  # an int past 64 bits: OverflowError
             return None
         if cast != tuple(key) or any(type(a) is not type(b) for a, b in zip(cast, key)):
             return None

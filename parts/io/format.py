@@ -255,26 +255,41 @@ def file_ranges(raw: bytes) -> dict:
 
 class _Footers:
     """Parsed, verified footers of parts read by point reads, by path and checksum (parts never
-    change): a lookup in a part read before fetches only its row group. Bounded; any thread."""
+    change): a lookup in a part read before fetches only its row group. Bounded by the bytes of
+    the footers held (their recorded tail lengths; a footer of a part of a few row groups takes
+    a few KB, so the thousand parts of a table fit), the least recently used go first; any
+    thread."""
 
-    SIZE = 512
+    BYTES = 64 << 20
+    COUNT = 1 << 16
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int = BYTES, count: int = COUNT) -> None:
+        self.max_bytes, self.count = max_bytes, count
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[Any, list]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[Any, list, int, set]] = OrderedDict()
+        self._bytes = 0
 
-    def get(self, key: tuple[str, str]) -> tuple[Any, list] | None:
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: tuple[str, str]) -> tuple[Any, list, int, set] | None:
         with self._lock:
             got = self._items.get(key)
             if got is not None:
                 self._items.move_to_end(key)
             return got
 
-    def put(self, key: tuple[str, str], value: tuple[Any, list]) -> None:
+    def put(self, key: tuple[str, str], value: tuple[Any, list, int, set]) -> None:
+        """``value``: (parsed footer, its row groups' key bounds, its size in bytes, the row
+        groups checked to lie in their recorded ranges)."""
         with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
             self._items[key] = value
-            while len(self._items) > self.SIZE:
-                self._items.popitem(last=False)
+            self._bytes += value[2]
+            while len(self._items) > 1 and (len(self._items) > self.count or self._bytes > self.max_bytes):
+                self._bytes -= self._items.popitem(last=False)[1][2]
 
 
 _FOOTERS = _Footers()
@@ -323,36 +338,130 @@ def _missing(storage: Storage, meta: PartMeta) -> CorruptPart:
     return _corrupt(meta, f"is missing from {storage}")
 
 
-def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list]:
-    """The part's footer (parsed) and its row groups' key bounds, from its verified tail."""
-    key = (meta.path, meta.checksum)
-    got = _FOOTERS.get(key)
+def _ranged_footer(storage: Storage, meta: PartMeta, ranges: dict, pk: Sequence[str]) -> tuple[Any, list, set]:
+    """The part's footer (parsed), its row groups' key bounds and the ``(group, offset,
+    length)`` whose pages were found inside that recorded byte range (filled by the reader),
+    from its verified tail."""
+    got = _FOOTERS.get((meta.path, meta.checksum))
     if got is not None:
-        return got
-    length, crc = ranges["tail"]
-    if length > meta.size:
-        raise _corrupt(meta, f"has a tail of {length} bytes recorded, larger than the file ({meta.size})")
+        return got[0], got[1], got[3]
+    length = _tail_length(meta, ranges)
     try:
         (tail,) = storage.get_ranges(meta.path, [(meta.size - length, length)])
     except FileNotFoundError:
         raise _missing(storage, meta) from None
-    if len(tail) != length or zlib.crc32(tail) != crc or tail[-4:] != b"PAR1":
-        raise _corrupt(meta, "footer is not as written (truncated, replaced or rotted)")
+    _check_tail(meta, ranges, tail)
     try:
         metadata = pq.read_metadata(pa.BufferReader(_sparse(meta.size, [(meta.size - length, tail)])))
     except (pa.ArrowException, OSError) as exc:
         raise _corrupt(meta, f"footer does not parse: {clip(exc)}") from None
+    return _keep_footer(meta, ranges, pk, metadata)
+
+
+def _tail_length(meta: PartMeta, ranges: dict) -> int:
+    length = ranges["tail"][0]
+    if length > meta.size:
+        raise _corrupt(meta, f"has a tail of {length} bytes recorded, larger than the file ({meta.size})")
+    return length
+
+
+def _check_tail(meta: PartMeta, ranges: dict, tail: bytes) -> None:
+    length, crc = ranges["tail"]
+    if len(tail) != length or zlib.crc32(tail) != crc or tail[-4:] != b"PAR1":
+        raise _corrupt(meta, "footer is not as written (truncated, replaced or rotted)")
+
+
+def _keep_footer(meta: PartMeta, ranges: dict, pk: Sequence[str], metadata: Any) -> tuple[Any, list, set]:
+    """A footer parsed from a verified tail, checked against the part's record, cached."""
     if metadata.num_rows != meta.rows or metadata.num_row_groups != len(ranges["groups"]):
         raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
-    got = (metadata, group_bounds(metadata, pk))
-    _FOOTERS.put(key, got)
-    return got
+    bounds, inside = group_bounds(metadata, pk), set()
+    _FOOTERS.put((meta.path, meta.checksum), (metadata, bounds, ranges["tail"][0], inside))
+    return metadata, bounds, inside
+
+
+def _check_spans(meta: PartMeta, metadata: Any, inside: set, groups: list[int], spans: list) -> None:
+    """Each row group's pages lie inside its recorded byte range, which lies inside the file."""
+    for g, (at, n, _) in zip(groups, spans):
+        if at + n > meta.size:
+            raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+        if (g, at, n) in inside:  # this footer's group against this recorded range: checked once
+            continue
+        rg = metadata.row_group(g)
+        for i in range(rg.num_columns):
+            lo, hi = _chunk_span(rg.column(i))
+            if lo < at or hi > at + n:
+                raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+        inside.add((g, at, n))
+
+
+def _check_pieces(meta: PartMeta, groups: list[int], spans: list, got: list[bytes]) -> None:
+    for g, (_, n, crc), piece in zip(groups, spans, got):
+        if len(piece) != n or zlib.crc32(piece) != crc:
+            raise _corrupt(meta, f"row group {g} is not as written (truncated, replaced or rotted)")
+
+
+def _read_one_group(
+    storage: Storage,
+    meta: PartMeta,
+    ranges: dict,
+    columns: list[str] | None,
+    keys: tuple[Sequence[str], Sequence[tuple]],
+) -> pa.Table:
+    """:func:`_read_key_groups` of a part of one row group whose footer is not cached (a
+    lookup's usual first read of a part): the tail and the group fetched in one request and
+    the footer parsed once, by the reader that decodes the group. Every byte checked first."""
+    pk, wanted = keys
+    length = _tail_length(meta, ranges)
+    spans = list(ranges["groups"])
+    if spans[0][0] + spans[0][1] > meta.size:
+        raise _corrupt(meta, "row group 0 lies outside its recorded byte range")
+    try:
+        tail, piece = storage.get_ranges(meta.path, [(meta.size - length, length), (spans[0][0], spans[0][1])])
+    except FileNotFoundError:
+        raise _missing(storage, meta) from None
+    _check_tail(meta, ranges, tail)
+    _check_pieces(meta, [0], spans, [piece])
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(_sparse(meta.size, [(meta.size - length, tail), (spans[0][0], piece)])))
+    except (pa.ArrowException, OSError) as exc:
+        raise _corrupt(meta, f"footer does not parse: {clip(exc)}") from None
+    metadata, bounds, inside = _keep_footer(meta, ranges, pk, pf.metadata)
+    groups = groups_holding(bounds, wanted)
+    schema = _known_columns(meta, metadata, columns)
+    if not groups:
+        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+    _check_spans(meta, metadata, inside, groups, spans)
+    return _decode(meta, pf, groups, columns, keys)
+
+
+def _known_columns(meta: PartMeta, metadata: Any, columns: list[str] | None) -> pa.Schema:
+    schema = metadata.schema.to_arrow_schema()
+    if columns is not None:
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise InvalidInput(f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown)
+    return schema
+
+
+def _decode(
+    meta: PartMeta, pf: Any, groups: list[int], columns: list[str] | None, keys: tuple[Sequence[str], Sequence[tuple]]
+) -> pa.Table:
+    try:
+        data = pf.read_row_groups(groups, columns=columns, use_threads=False)
+    except (pa.ArrowException, OSError) as exc:
+        raise _corrupt(meta, f"does not parse as Parquet: {clip(exc)}") from None
+    return keytables.rows_of_keys(data, *keys)
+
+
+_SMALL_SPARSE = 1 << 20  # a buffer of at most this many bytes is allocated, not mapped (cheaper)
 
 
 def _sparse(size: int, pieces: list[tuple[int, bytes]]) -> Any:
-    """A buffer of ``size`` bytes holding ``pieces`` at their offsets and zeros elsewhere (an
-    anonymous mapping: untouched pages cost nothing), for the Parquet reader to decode from."""
-    buf = mmap.mmap(-1, max(size, 1))
+    """A buffer of ``size`` bytes holding ``pieces`` at their offsets and zeros elsewhere (for a
+    big file an anonymous mapping: untouched pages cost nothing), for the Parquet reader to
+    decode from."""
+    buf: Any = bytearray(size) if size <= _SMALL_SPARSE else mmap.mmap(-1, max(size, 1))
     buf[:4] = b"PAR1"
     for at, piece in pieces:
         buf[at : at + len(piece)] = piece
@@ -369,38 +478,28 @@ def _read_key_groups(
     """A point read of a part with recorded ``ranges``: its verified footer (cached), then only
     the row groups whose key statistics may hold a key, each fetched and checked against its
     crc32, and of their rows those keys'."""
+    if len(ranges["groups"]) == 1 and _FOOTERS.get((meta.path, meta.checksum)) is None:
+        return _read_one_group(storage, meta, ranges, columns, keys)
     pk, wanted = keys
-    metadata, bounds = _ranged_footer(storage, meta, ranges, pk)
+    metadata, bounds, inside = _ranged_footer(storage, meta, ranges, pk)
     groups = groups_holding(bounds, wanted)
-    schema = metadata.schema.to_arrow_schema()
-    if columns is not None:
-        unknown = [c for c in columns if c not in schema.names]
-        if unknown:
-            raise InvalidInput(f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown)
+    schema = _known_columns(meta, metadata, columns)
     if not groups:
         return schema.empty_table() if columns is None else schema.empty_table().select(columns)
     spans = [ranges["groups"][g] for g in groups]
-    for g, (at, n, _) in zip(groups, spans):
-        rg = metadata.row_group(g)
-        for i in range(rg.num_columns):
-            lo, hi = _chunk_span(rg.column(i))
-            if lo < at or hi > at + n or at + n > meta.size:
-                raise _corrupt(meta, f"row group {g} lies outside its recorded byte range")
+    _check_spans(meta, metadata, inside, groups, spans)
     try:
         got = storage.get_ranges(meta.path, [(at, n) for at, n, _ in spans])
     except FileNotFoundError:
         raise _missing(storage, meta) from None
-    for g, (_, n, crc), piece in zip(groups, spans, got):
-        if len(piece) != n or zlib.crc32(piece) != crc:
-            raise _corrupt(meta, f"row group {g} is not as written (truncated, replaced or rotted)")
+    _check_pieces(meta, groups, spans, got)
     try:
         pf = pq.ParquetFile(
             pa.BufferReader(_sparse(meta.size, [(s[0], p) for s, p in zip(spans, got)])), metadata=metadata
         )
-        data = pf.read_row_groups(groups, columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise _corrupt(meta, f"does not parse as Parquet: {clip(exc)}") from None
-    return keytables.rows_of_keys(data, pk, wanted)
+    return _decode(meta, pf, groups, columns, keys)
 
 
 def _ranges(meta: PartMeta) -> dict | None:

@@ -653,7 +653,8 @@ def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
 ) -> None:
     """The replica keeps parsed key summaries by part (keytables.SummaryProbes) and answers a
     point read's ``visible`` with slim summaries: point reads between upserts, a major
-    compaction, a cleanup pass that deletes the replaced parts, an ALTER TABLE, and a drop and
+    compaction (and at the snapshot before it, whose set of parts the replica laid out
+    before), a cleanup pass that deletes the replaced parts, an ALTER TABLE, and a drop and
     re-create of the table under the same name answer what a whole read folds to."""
     name = "ks_probes"
     settings = {"merge_interval": 0, "gc_interval": 0, "retention_seconds": 0}
@@ -661,10 +662,10 @@ def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
     with make_cluster(tmp_path_factory, zk_server, "keys-probes", replicas=1, settings=settings) as c:
         client = c.client(0)
 
-        def check(keys: list[int]) -> None:
-            whole = {r["k"]: r for r in client.read(name).to_pylist()}
+        def check(keys: list[int], snapshot: int | None = None) -> None:
+            whole = {r["k"]: r for r in client.read(name, snapshot=snapshot).to_pylist()}
             for k in keys:
-                got = client.read(name, where=K == k).to_pylist()
+                got = client.read(name, snapshot=snapshot, where=K == k).to_pylist()
                 assert got == ([whole[k]] if k in whole else []), k
 
         def upserts(rounds: int, value: str) -> None:
@@ -685,7 +686,11 @@ def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
         assert [p["name"] for p in slim["parts"]] == [p["name"] for p in full["parts"]]
         assert all("filter" not in p["key_summary"] and "ranges" in p["key_summary"] for p in slim["parts"])
         before = {r["path"] for r in client.parts(name).to_pylist() if r["visible"]}
+        old_snapshot = client.snapshot()
+        check(probe)  # the replica's layout of this set of parts, probed again
         client.compact(name, kind="major")
+        check(probe)
+        check(probe, old_snapshot)  # the set before the compaction, at its snapshot: the same answers
         check(probe)
         removed = {r["path"] for r in client.gc()["removed"] if r["table"] == name}
         assert removed == before  # the parts the cache saw are gone from storage

@@ -15,7 +15,7 @@ import decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from support import keys_reference as ref
 
@@ -152,6 +152,21 @@ def test_the_few_versions_fold_equals_the_reference(history) -> None:
     got = keypoint.merge_few(schema, pk, parts)
     assert got is not None
     same(got, ref.merge(schema, pk, parts))
+
+
+@FAST
+@given(histories(allow_folded=False, key_kinds=PLAIN_KEYS), st.data())
+def test_the_fold_of_one_version_equals_the_reference(history, data) -> None:
+    """A lookup's commonest case, one version of the key (a PUT, an UPDATE, a DELETE or a read
+    lock; keypoint.merge_few's short road): exactly the reference's table."""
+    schema, pk, parts = history
+    given_rows = [(order, d) for order, d in parts if d.num_rows]
+    assume(given_rows)
+    order, d = data.draw(st.sampled_from(given_rows))
+    one = [(order, d.slice(data.draw(st.integers(0, d.num_rows - 1)), 1))]
+    got = keypoint.merge_few(schema, pk, one)
+    assert got is not None
+    same(got, ref.merge(schema, pk, one))
 
 
 @FAST

@@ -6,6 +6,7 @@ in row groups that a point read picks by their statistics (parts/io/format.py)."
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import random
 import string
@@ -14,6 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.core import keyfold, keytables
 from coordinator.core.errors import CorruptMetadata, CorruptPart
@@ -293,6 +296,59 @@ def test_a_ranged_point_read_refuses_bytes_not_as_written(tmp_path, damage: str)
         part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
 
 
+# The same damage to a part of one row group (a lookup's usual part: a commit's), read with no
+# footer cached: its tail and group come in one request (format._read_one_group).
+ONE_GROUP_DAMAGE = {
+    **{k: f for k, f in RANGED_DAMAGE.items() if "group" not in k},
+    "a byte of the row group read": lambda m, p: (_flip(p, m.key_summary["ranges"]["groups"][0][0] + 50), m)[1],
+    "a recorded group crc changed": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a, n, c + 1] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "a recorded group range elsewhere": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a + 7, n, c] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "a recorded group past the end": lambda m, p: _tampered(
+        m,
+        tail=m.key_summary["ranges"]["tail"],
+        groups=[[a, n + m.size, c] for a, n, c in m.key_summary["ranges"]["groups"]],
+    ),
+    "a recorded group shorter than its pages": lambda m, p: _tampered(
+        m, tail=m.key_summary["ranges"]["tail"], groups=[[a, n - 1, c] for a, n, c in m.key_summary["ranges"]["groups"]]
+    ),
+    "no group recorded": lambda m, p: _tampered(m, tail=m.key_summary["ranges"]["tail"], groups=[]),
+}
+
+
+@pytest.mark.parametrize("damage", list(ONE_GROUP_DAMAGE))
+def test_a_ranged_point_read_of_one_group_refuses_bytes_not_as_written(tmp_path, damage: str) -> None:
+    storage = Storage(str(tmp_path))
+    keys = list(range(0, 2000, 2))
+    meta = part_format.write_part(storage, "t", [], (), _versions(keys), f"tx1_{len(damage)}", primary_key=("k",))
+    other = part_format.write_part(storage, "t", [], (), _versions([k + 1 for k in keys]), "tx1_o", primary_key=("k",))
+    assert len(meta.key_summary["ranges"]["groups"]) == 1
+    path = tmp_path / meta.path
+    (tmp_path / other.path).rename(path.with_name("other.parquet"))
+    meta = ONE_GROUP_DAMAGE[damage](meta, path)
+    with pytest.raises(CorruptPart):
+        part_format.read_part(storage, meta, keys=(["k"], [(keys[3],)]))
+
+
+def test_a_point_read_of_one_group_fetches_tail_and_group_at_once_then_the_group_alone(tmp_path) -> None:
+    storage = _CountingStorage(str(tmp_path))
+    keys = random.Random(5).sample(range(100_000), 1000)
+    meta = PartMeta.from_dict(
+        part_format.write_part(storage, "t", [], (), _versions(keys), "tx_one", primary_key=("k",)).to_dict()
+    )
+    (group,) = meta.key_summary["ranges"]["groups"]
+    whole = part_format.read_part(storage, meta)
+    for i, key in enumerate([keys[0], keys[500], -1, keys[999]]):
+        storage.ranges.clear()
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(whole.filter(pc.field("k") == key)) and got.num_rows == (key != -1)
+        tail = [(meta.size - meta.key_summary["ranges"]["tail"][0], meta.key_summary["ranges"]["tail"][0])]
+        assert storage.ranges == (tail if i == 0 else []) + ([(group[0], group[1])] if key != -1 else [])
+
+
 @pytest.mark.parametrize(
     "ranges",
     [
@@ -439,6 +495,70 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
             ]
 
 
+_VALUES = st.one_of(
+    st.integers(-5, 5),
+    st.integers(-(2**70), 2**70),
+    st.booleans(),
+    st.sampled_from(["", "a", "b", "é"]),
+    st.sampled_from([b"", b"a"]),
+    st.sampled_from([0.5, -0.0, float("nan")]),
+)
+
+
+@st.composite
+def _odd_summary(draw: st.DrawFn) -> dict | None:
+    """A key summary as a replica may hold one: either scheme, a filter of any valid shape (one
+    byte up, 1 to 64 hashes, bits at random, all ones, all zeros), a key range of any types (or
+    none), or no summary at all."""
+    if draw(st.integers(0, 9)) == 0:
+        return None
+    m = 8 * draw(st.sampled_from([1, 2, 3, 32, 200]))
+    fill = draw(st.sampled_from(["random", "ones", "zeros", "dense"]))
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    raw = {
+        "random": rng.randbytes(m // 8),
+        "ones": b"\xff" * (m // 8),
+        "zeros": bytes(m // 8),
+        "dense": bytes(rng.choice([0xFF, 0xFE, 0x7F, 0xBF]) for _ in range(m // 8)),
+    }[fill]
+    f = {"m": m, "k": draw(st.sampled_from([1, 2, 11, 64])), "bloom": base64.b64encode(raw).decode("ascii")}
+    width = draw(st.integers(1, 2))
+    lo = hi = None
+    if draw(st.booleans()):
+        lo, hi = sorted([draw(st.lists(_VALUES, min_size=width, max_size=width)) for _ in range(2)], key=repr)
+    if draw(st.booleans()):
+        return {"lo": lo, "hi": hi, **f}
+    legacy = {"m": 8, "k": 1, "bloom": base64.b64encode(b"\xff").decode("ascii")}
+    return {"lo": lo, "hi": hi, **legacy, "hash": keytables.HASH_MIX64, "filter": f}
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(_odd_summary(), min_size=0, max_size=30),
+    st.lists(st.lists(_VALUES, min_size=1, max_size=2).map(tuple), min_size=1, max_size=4, unique_by=repr),
+    st.randoms(use_true_random=False),
+)
+def test_the_laid_out_probe_keeps_exactly_what_may_hold_any_keeps(summaries, keys, rng) -> None:
+    """SummaryProbes (the filters of a visible set side by side, probed a shape at a time) keeps
+    exactly the parts may_hold_any keeps, in their order, on summaries of every odd shape and
+    keys of every type (some the mix64 scheme does not hash, some that do not compare with a
+    range): on the set, on the set seen again, on a part of it and on it reordered; with a
+    cache smaller than the parts and than the sets; and a name seen again with another
+    checksum is parsed again."""
+    metas = [_meta(f"p{i}", s) for i, s in enumerate(summaries)]
+    probes = keytables.SummaryProbes(size=7, layouts=2)
+    hashed = {k: keytables.key_hash(k) for k in keys}
+    shuffled = metas[:]
+    rng.shuffle(shuffled)
+    for seen in (metas, metas, metas[: len(metas) // 2], shuffled, metas):
+        want = [m for m in seen if keytables.may_hold_any(m.key_summary, hashed)]
+        assert probes.may_hold(seen, hashed) == want
+    if metas:
+        other = dataclasses.replace(metas[0], checksum="crc32:other", key_summary=summaries[-1])
+        want = [m for m in [other] if keytables.may_hold_any(m.key_summary, hashed)]
+        assert probes.may_hold([other], hashed) == want
+
+
 def test_summary_probes_say_maybe_for_a_key_mix64_does_not_hash() -> None:
     mixed = keytables.summarize(pa.table({"k": pa.array(range(100), pa.int64())}), ["k"])
     meta = _meta("p", mixed)
@@ -483,3 +603,19 @@ def test_ranges_of_many_groups_check_as_one_group_does() -> None:
 def test_a_point_hint_from_the_exact_keys_is_the_hint_parsed_again(where) -> None:
     exact = keytables.point_keys(where, SCHEMA, ["k"], exact=True)
     assert keytables.point_hint(where, SCHEMA, ["k"], found=exact) == keytables.point_hint(where, SCHEMA, ["k"])
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(st.one_of(st.integers(), st.sampled_from([2**63 - 1, 2**63, -(2**63), -(2**63) - 1, True, 5.0, "5", None])))
+def test_a_hint_of_one_int64_key_is_cast_as_any_other(v) -> None:
+    """hint_hashes takes an int64 key's int without a cast (its short road): exactly the keys the
+    cast gives, and None for a value the column cannot hold exactly (an int past 64 bits too,
+    which made the replica's handler fail before)."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False)])
+    got = keytables.hint_hashes({"key_columns": ["k"], "keys": [[v]]}, schema, ("k",))
+    try:
+        cast = pa.scalar(v).cast(pa.int64(), safe=True).as_py()
+        exact = cast == v and type(cast) is type(v)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        exact = False
+    assert got == ({(v,): keytables.key_hash((v,))} if exact else None)
