@@ -989,6 +989,9 @@ def ratios(r: dict) -> dict:
         "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
         "mergetxn_commit_parts_16c_over_raw_zk_best": div(get("mergetxn_commit_parts_16c"), raw_best),
         "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"), get("raw_zk_1_thread")),
+        # Issue 23's target: 3 replicas on one box >= 0.7x of 1 replica (the same writers).
+        "mergetxn_3r_insert_4w_over_1r": div(get("mergetxn_3r_insert_4w_spread"), get("mergetxn_insert_4w")),
+        "mergetxn_3r_metadata_16c_over_1r": div(get("mergetxn_3r_metadata_16c_spread"), get("mergetxn_metadata_16c")),
     }
     shares = [v["other_cpu_share"] for v in r.values() if v.get("other_cpu_share") is not None]
     out["max_other_cpu_share"] = max(shares, default=None)  # > ~0.1: other work disturbed the run
