@@ -58,11 +58,7 @@ class Follower:
         # be asked again; any poke (the watch firing, a session event, a reader) voids it.
         self._pokes = 0
         self._armed: tuple[tuple[int, int], int] | None = None
-        # The next position is rarely there yet: after an entry of this replica's own, the first
-        # one of a batch read from ZooKeeper (its watch fired), or the last one there was. Then
-        # the follower watches it directly (one request) instead of a read, an epoch stat and
-        # then the watch.
-        self._after_own = False
+        self._after_own = False  # the last batch ended with an entry this replica committed
         self._idle = threading.Event()  # cleared while a local commit multi is in flight
         self._idle.set()
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
@@ -180,7 +176,7 @@ class Follower:
                     failpoints.hit("follower_apply")  # a test holds this replica behind the log here
                     # Written before it is applied (a process killed after the apply has it), made
                     # durable once applied: a committer here waiting for this entry's versions, or a
-                    # reader for its snapshot, does not wait for the fsync (one per pull, as before).
+                    # reader for its snapshot, does not wait for the fsync (one per pull; one per batch before).
                     self.wal.append([WalEntry(c, e, s, en, raw) for c, e, s, en, raw in batch], sync=False)
                     progressed = True
                     for csn, epoch, seq, entry, _ in batch:
@@ -211,9 +207,8 @@ class Follower:
             elif not ahead and seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
                 break  # the watch on this position has not fired: nothing new
             elif not ahead and self._after_own and seq < self.log.epoch_size:
-                # Right after an entry the next one is rarely there: arm the watch directly (one
-                # request) instead of a read, an epoch stat and then the watch. An epoch sealed
-                # meanwhile is found by its data watch or the periodic full check (_run).
+                # Right after our own commit the next entry is rarely there: arm the watch
+                # directly (one request) instead of a read, an epoch stat and then the watch.
                 self._after_own = False
                 pokes = self._pokes
                 if not self.log.watch_next(epoch, seq, self.poke):
@@ -221,11 +216,6 @@ class Follower:
                     break
             if data is None:
                 data = self.log.fetch(epoch, seq)
-            if data is None and out and seq < self.log.epoch_size:
-                # The end of what was there, in an open epoch (only a full one is sealed): apply
-                # it; the next batch watches this position directly (_after_own).
-                self._after_own = True
-                break
             if data is None:
                 nxt = self._next_position(epoch, seq, bool(out))
                 if nxt is None:
@@ -251,11 +241,6 @@ class Follower:
                 raise
             out.append((csn_of(epoch, seq), epoch, seq, entry, raw))
             seq += 1
-            if not own and len(out) == 1:
-                # Another replica's entry, read when its watch fired: watch the next position
-                # directly too. Once per batch: when that one exists, this is a catch-up, which
-                # reads on entry by entry (a read each, no watch).
-                self._after_own = True
         return out
 
     def _restore_from_tail(self) -> None:
