@@ -1,4 +1,5 @@
 """Summarize commit_throughput.py --profile-kind mergetxn3_* JSON files: CPU per commit, per thread, requests per log entry."""
+
 import json
 import sys
 
