@@ -454,10 +454,12 @@ def run_processes(
     warmup: float,
     seconds: float,
     watch: dict[str, int | None | Callable[[], float]] | None = None,
+    at_window: Callable[[int], None] | None = None,
 ) -> Tally:
     """``writers`` processes run ``kind`` at once; their tallies are summed. The CPU time that
     the processes in ``watch`` (name -> pid) spend during the measured window goes into
-    ``Tally.cpu`` (seconds)."""
+    ``Tally.cpu`` (seconds). ``at_window`` (with ``watch``) is called with 0 as the window
+    opens and with 1 as it closes (the probes of ``profile_replicas``)."""
     ctx = mp.get_context("spawn")
     ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     times = ctx.Array("d", 2)
@@ -482,6 +484,8 @@ def run_processes(
                 return sum(cpu_seconds(p.pid) for p in procs)
 
             time.sleep(max(0.0, times[0] - time.time()))
+            if at_window is not None:
+                at_window(0)
             busy0 = busy_seconds()
             cpu0 = {k: cpu_seconds(p) for k, p in watch.items()}
             cpu0["writers"] = writers_cpu()
@@ -489,6 +493,8 @@ def run_processes(
             cpu1 = {k: cpu_seconds(p) for k, p in watch.items()}
             cpu1["writers"] = writers_cpu()
             busy1 = busy_seconds()
+            if at_window is not None:
+                at_window(1)
             cpu0["other processes"] = 0.0
             cpu1["other processes"] = max(
                 0.0, (busy1 - busy0) - sum(cpu1[k] - cpu0[k] for k in cpu1 if k != "other processes")
@@ -983,6 +989,9 @@ def ratios(r: dict) -> dict:
         "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
         "mergetxn_commit_parts_16c_over_raw_zk_best": div(get("mergetxn_commit_parts_16c"), raw_best),
         "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"), get("raw_zk_1_thread")),
+        # Issue 23's target: 3 replicas on one box >= 0.7x of 1 replica (the same writers).
+        "mergetxn_3r_insert_4w_over_1r": div(get("mergetxn_3r_insert_4w_spread"), get("mergetxn_insert_4w")),
+        "mergetxn_3r_metadata_16c_over_1r": div(get("mergetxn_3r_metadata_16c_spread"), get("mergetxn_metadata_16c")),
     }
     shares = [v["other_cpu_share"] for v in r.values() if v.get("other_cpu_share") is not None]
     out["max_other_cpu_share"] = max(shares, default=None)  # > ~0.1: other work disturbed the run
@@ -1300,6 +1309,214 @@ def profile(
 # ------------------------------------------------------------------------------------------
 
 
+PROBE_DIR = ROOT / "benchmarks" / "replica_probe"  # its sitecustomize.py goes into each replica process
+
+
+def _probe_ask(sock: Path, cmd: str) -> dict:
+    """One command to a replica's probe (benchmarks/replica_probe/sitecustomize.py), its JSON answer."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(60)
+        s.connect(str(sock))
+        s.sendall(cmd.encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+    return json.loads(buf)
+
+
+def _zk_mntr(address: str) -> dict[str, float]:
+    """ZooKeeper's ``mntr`` counters (the numeric ones)."""
+    import socket
+
+    host, port = address.rsplit(":", 1)
+    buf = b""
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"mntr")
+        while chunk := s.recv(65536):
+            buf += chunk
+    out = {}
+    for line in buf.decode(errors="replace").splitlines():
+        k, _, v = line.partition("\t")
+        try:
+            out[k] = float(v)
+        except ValueError:
+            continue
+    return out
+
+
+def _thread_group(name: str) -> str:
+    """A thread's name without its pool number: ``Thread-7 (zk_loop)`` -> ``(zk_loop)``."""
+    if name.startswith("Thread-") and " " in name:
+        name = name.split(" ", 1)[1]
+    return "".join(c for c in name if not c.isdigit()).rstrip("-_ ") or name
+
+
+def profile_replicas(
+    commits_seconds: float,
+    writers: int,
+    kind: str,
+    replicas: int,
+    log: Callable[[str], None],
+    cprofile: bool = False,
+    top: int = 25,
+) -> dict:
+    """The 3-replica case profiled from inside each replica process (benchmarks/replica_probe):
+    CPU ms per commit of every replica by thread (committer, follower, RPC, kazoo), kazoo's
+    requests per commit by type, thread CPU timers on the follower's and committer's methods,
+    ZooKeeper's ``mntr`` counters per commit and, with ``cprofile``, each replica's cProfile of
+    the window (every thread, CPU time). Replicas are real processes as in ``bench_mergetxn``;
+    the writers (``writers`` processes of ``kind``) are spread over them."""
+    from mergetxn.local.cluster import LocalCluster
+    from mergetxn.local.zkserver import ZooKeeperServer
+
+    work = Path(tempfile.mkdtemp(prefix="mergetxn-profile3-"))
+    probes = work / "probes"
+    probes.mkdir()
+    zk = ZooKeeperServer(work / "zookeeper")
+    zk.start()
+    env_keys = ("PYTHONPATH", "MERGETXN_BENCH_PROBE", "MERGETXN_BENCH_PROBE_CPROFILE")
+    saved = {k: os.environ.get(k) for k in env_keys}
+    cluster = None
+    try:
+        warm_up_zookeeper(zk.address)
+        cluster = LocalCluster(work / "cluster", replicas=replicas, zk_address=zk.address, root="/profile3")
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROBE_DIR), saved["PYTHONPATH"]) if p)
+        os.environ["MERGETXN_BENCH_PROBE"] = str(probes)
+        os.environ["MERGETXN_BENCH_PROBE_CPROFILE"] = "1" if cprofile else "0"
+        try:
+            cluster.start()  # only the replicas get the probe: the writers are spawned below
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        pids = [cluster.replica_pid(i) for i in range(replicas)]
+        socks = [probes / f"probe-{pid}.sock" for pid in pids]
+        deadline = time.monotonic() + 30
+        while not all(s.exists() for s in socks):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"replica probes did not start: {socks} (PYTHONPATH reaches the replicas?)")
+            time.sleep(0.1)
+        for s in socks:
+            _probe_ask(s, "arm")
+        admin = cluster.client(0)
+        table = f"{TABLE}_profile3"
+        admin.create_table(table, ten_rows().schema, auto_merge=False)
+        warmup = 2.0
+        params = {
+            "addresses": cluster.replica_addresses,
+            "table": table,
+            "storage_root": cluster.storage_url,
+            "links": int((warmup + commits_seconds) * max(LINKS_PER_WRITER_PER_S, 1200 // writers)) + 500,
+        }
+        watch: dict[str, int | None | Callable[[], float]] = {
+            "zookeeper": zk.pid,
+            **{f"replica-{i}": pid for i, pid in enumerate(pids)},
+        }
+        snaps: dict[int, tuple[list[dict], dict[str, float]]] = {}
+
+        def at_window(i: int) -> None:
+            snaps[i] = ([_probe_ask(s, "snap") for s in socks], _zk_mntr(zk.address))
+
+        t = run_processes(kind, params, writers, warmup, commits_seconds, watch, at_window)
+        admin.close()
+        n = max(1, t.count)
+        per_replica = []
+        profile_rows: dict[str, dict[str, list[float]]] = collections.defaultdict(
+            lambda: collections.defaultdict(lambda: [0, 0.0, 0.0])
+        )
+        for r, (a, b) in enumerate(zip(snaps[0][0], snaps[1][0], strict=True)):
+            threads: dict[str, float] = collections.defaultdict(float)
+            for tid, (name, secs) in b["threads"].items():
+                threads[_thread_group(name)] += secs - a["threads"].get(tid, [name, 0.0])[1]
+            timers = {}
+            for label, (calls, secs) in sorted(b["timers"].items()):
+                c0, s0 = a["timers"].get(label, [0, 0.0])
+                if calls - c0:
+                    timers[label] = {
+                        "calls_per_commit": round((calls - c0) / n, 3),
+                        "cpu_ms_per_commit": round((secs - s0) * 1000 / n, 3),
+                        "cpu_us_per_call": round((secs - s0) * 1e6 / (calls - c0), 1),
+                    }
+            before = {i: rows for i, _, rows in a["profiles"]}
+            for i, name, rows in b["profiles"]:
+                group = profile_rows[_thread_group(name)]
+                old = before.get(i, {})
+                for label, (cc, inline, total) in rows.items():
+                    c0, i0, t0 = old.get(label, [0, 0.0, 0.0])
+                    if cc - c0 or total - t0 > 0:
+                        row = group[label]
+                        row[0] += cc - c0
+                        row[1] += inline - i0
+                        row[2] += total - t0
+            per_replica.append(
+                {
+                    "replica": r,
+                    "process_cpu_ms_per_commit": round((b["cpu"] - a["cpu"]) * 1000 / n, 3),
+                    "thread_cpu_ms_per_commit": {
+                        k: round(v * 1000 / n, 3) for k, v in sorted(threads.items(), key=lambda kv: -kv[1]) if v > 0
+                    },
+                    "zookeeper_requests_per_commit": {
+                        k: round((v - a["zk"].get(k, 0)) / n, 3)
+                        for k, v in sorted(b["zk"].items())
+                        if v - a["zk"].get(k, 0)
+                    },
+                    "timers": timers,
+                }
+            )
+        m0, m1 = snaps[0][1], snaps[1][1]
+        mntr = {
+            k: round((m1[k] - m0.get(k, 0.0)) / n, 3)
+            for k in sorted(m1)
+            if k.startswith(("zk_packets", "zk_cnt_", "zk_write", "zk_read")) or k.endswith("_count")
+            if m1[k] - m0.get(k, 0.0) > 0
+        }
+        buf = []
+        if cprofile:
+            k = replicas * n
+            for group, rows in sorted(profile_rows.items(), key=lambda kv: -sum(r[1] for r in kv[1].values())):
+                own = sum(r[1] for r in rows.values()) * 1000 / k
+                if own < 0.01:
+                    continue
+                buf.append(f"\n=== thread {group}: {own:.3f} ms CPU per commit per replica (under cProfile) ===")
+                for title, col in (("own time", 1), ("cumulative", 2)):
+                    buf.append(f"-- by {title}: calls/commit, own ms/commit, cumulative ms/commit, function")
+                    for label, (cc, inline, total) in sorted(rows.items(), key=lambda kv: -kv[1][col])[:top]:
+                        buf.append(f"{cc / k:10.3f} {inline * 1000 / k:9.4f} {total * 1000 / k:9.4f}  {label}")
+        result = {
+            "kind": kind,
+            "writers": writers,
+            "replicas": replicas,
+            "seconds": commits_seconds,
+            "cprofile": cprofile,
+            "commits": t.count,
+            "commits_per_s": round(t.count / commits_seconds, 1),
+            "errors": t.errors,
+            "first_errors": t.first_errors,
+            "load_avg_1m_after": round(os.getloadavg()[0], 2),
+            "other_cpu_share": round(t.cpu.get("other processes", 0.0) / ((os.cpu_count() or 1) * commits_seconds), 3),
+            "cpu_ms_per_commit": {k: round(v * 1000 / n, 3) for k, v in t.cpu.items() if k != "other processes"},
+            "zookeeper_mntr_per_commit": mntr,
+            "per_replica": per_replica,
+            "cprofile_top": "\n".join(buf),
+        }
+        log(json.dumps({k: v for k, v in result.items() if k != "cprofile_top"}, indent=2))
+        if buf:
+            log(result["cprofile_top"])
+        return result
+    finally:
+        if cluster is not None:
+            cluster.stop()
+        zk.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def warm_up_zookeeper(address: str, seconds: float = 4.0, **client_args: object) -> None:
     """Give a new ZooKeeper server's JIT the commit path's work (creates, multis, exists
     watches) before anything is measured on it, then remove what that left behind.
@@ -1494,8 +1711,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--profile-kind",
         default="mergetxn_insert",
-        choices=["mergetxn_insert", "mergetxn_insert_call", "mergetxn_metadata", "mergetxn_commit_parts"],
+        choices=[
+            "mergetxn_insert",
+            "mergetxn_insert_call",
+            "mergetxn_metadata",
+            "mergetxn_commit_parts",
+            "mergetxn3_metadata",
+            "mergetxn3_insert",
+        ],
+        help="what --profile runs; mergetxn3_*: 3 replica processes with the writers spread over them, each "
+        "replica measured from inside (benchmarks/replica_probe: CPU by thread, ZooKeeper requests by type, "
+        "timers; cProfile of every thread with --profile-cprofile)",
     )
+    ap.add_argument("--profile-cprofile", action="store_true", help="mergetxn3_*: cProfile every replica thread")
     ap.add_argument("--profile-out", default=None)
     a = ap.parse_args(argv)
 
@@ -1508,7 +1736,11 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.profile:
         dump = str(Path(a.profile_out).with_suffix(".prof")) if a.profile_out else None
-        res = profile(a.profile, a.profile_writers, a.profile_kind, 40, log, dump)
+        if a.profile_kind.startswith("mergetxn3_"):
+            kind = a.profile_kind.replace("mergetxn3_", "mergetxn_")
+            res = profile_replicas(a.profile, a.profile_writers, kind, 3, log, a.profile_cprofile)
+        else:
+            res = profile(a.profile, a.profile_writers, a.profile_kind, 40, log, dump)
         if a.profile_out:
             Path(a.profile_out).parent.mkdir(parents=True, exist_ok=True)
             Path(a.profile_out).write_text(json.dumps(res, indent=2) + "\n")

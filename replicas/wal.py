@@ -113,8 +113,12 @@ class Wal:
                 raise
             self._size = start + len(buf)
         if sync:
-            with self._sync_lock:
-                os.fsync(self._fd)
+            self.sync()
+
+    def sync(self) -> None:
+        """Make every record appended so far durable (after appends with ``sync=False``)."""
+        with self._sync_lock:
+            os.fsync(self._fd)
 
     def compact(self, keep: Callable[[WalRecord], bool], head: Iterable[WalRecord] = ()) -> int:
         """Rewrite the WAL as ``head`` plus the records ``keep`` accepts (a local state snapshot

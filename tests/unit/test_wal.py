@@ -62,6 +62,20 @@ def test_append_and_reopen(tmp_path: Path) -> None:
     assert keys(Wal(path).records()) == keys(records(6))
 
 
+def test_sync_after_unsynced_appends_and_after_a_compaction(tmp_path: Path) -> None:
+    """The follower appends what it read unsynced and calls ``sync`` once it applied it; a
+    compaction in between swaps the file, and ``sync`` then makes the new one durable."""
+    path = tmp_path / "wal.log"
+    wal = Wal(path)
+    wal.append(records(3), sync=False)
+    wal.sync()
+    wal.compact(lambda r: r.csn >= 1)
+    wal.append(records(2, start=3), sync=False)
+    wal.sync()
+    wal.close()
+    assert keys(Wal(path).records()) == keys(records(4, start=1))
+
+
 @pytest.mark.parametrize("cut", [1, 3, 7, 8, 9, -1])
 def test_torn_tail_is_dropped_and_file_truncated(tmp_path: Path, cut: int) -> None:
     """Cut the last record anywhere: inside its header (1-7 bytes kept), right after it (8), a
