@@ -33,6 +33,8 @@ tests/unit/test_keys_fold.py checks on random histories that both give identical
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -69,7 +71,7 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
     parts = _in_csn_order(list(parts))
     live = [(o, t) for o, t in parts if t.num_rows]
-    rising = len(primary_key) == 1 and all(strictly_increasing(t.column(primary_key[0])) for _, t in live)
+    rising = len(primary_key) == 1 and all(_rising([t.column(primary_key[0]) for _, t in live], strict=True))
     if rising and live:
         passed = _passed_through(schema, primary_key[0], live)
         if passed is not None:
@@ -395,31 +397,63 @@ def key_ranges(
     in threads: a key's versions all fall in one range, so the folds of the ranges one after the
     other are the fold of the whole, sorted by key. Cut by slicing (no copy): only when every
     part is sorted by that column, as parts are written; None otherwise, or when one range."""
-    if count < 2:
+    if count < 2 or not parts:
         return None
     column = primary_key[0]
-    total = sum(t.num_rows for _, t in parts)
-    stride = max(1, total // (count * keyranges.SAMPLES_PER_RANGE))
-    samples = []
-    for _, t in parts:
-        col = t.column(column)
-        n = len(col)
-        if n > 1 and not pc.all(pc.fill_null(pc.greater_equal(col.slice(1), col.slice(0, n - 1)), False)).as_py():
-            return None
-        if n:
-            samples.append(pc.take(col, pa.array(range(0, n, stride), pa.int64())).combine_chunks())
-    if not samples:
+    cols = [t.column(column) for _, t in parts]
+    if not all(_rising(cols, strict=False)):
         return None
-    inner = keyranges.bounds(pa.chunked_array(samples), count)
+    whole = _joined(cols)
+    if whole is None or len(whole) == 0:
+        return None
+    stride = max(1, len(whole) // (count * keyranges.SAMPLES_PER_RANGE))
+    inner = keyranges.bounds(pc.take(whole, pa.array(range(0, len(whole), stride), pa.int64())), count)
     if not inner:
         return None
-    out: list[list[tuple[float, pa.Table]]] = [[] for _ in range(len(inner) + 1)]
-    for order, t in parts:
-        col = t.column(column)
-        cuts = [0, *(pc.sum(pc.less(col, pa.scalar(b, col.type))).as_py() or 0 for b in inner), t.num_rows]
-        for i in range(len(inner) + 1):
-            out[i].append((order, t.slice(cuts[i], cuts[i + 1] - cuts[i])))
+    starts = list(itertools.accumulate((len(c) for c in cols), initial=0))
+    cuts = [[0] * len(cols)]
+    for b in inner:  # each part's rows below b: a prefix of it (it is sorted)
+        below = pc.less(whole, pa.scalar(b, whole.type))
+        cuts.append([pc.sum(below.slice(a, z - a)).as_py() or 0 for a, z in zip(starts, starts[1:])])
+    cuts.append([len(c) for c in cols])
+    return [[(order, t.slice(a[i], b[i] - a[i])) for i, (order, t) in enumerate(parts)] for a, b in zip(cuts, cuts[1:])]
+
+
+def _joined(cols: Sequence[pa.Array | pa.ChunkedArray]) -> pa.ChunkedArray | None:
+    """The columns one after the other (no copy), or None when their types differ."""
+    chunks = [ch for c in cols for ch in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])]
+    if not chunks or any(ch.type != chunks[0].type for ch in chunks):
+        return None
+    return pa.chunked_array(chunks, chunks[0].type)
+
+
+def _rising(cols: Sequence[pa.Array | pa.ChunkedArray], strict: bool) -> list[bool]:
+    """Per column (a part's key column), whether its values rise (``strict``: each key once),
+    told by one comparison over all of them one after the other, where every place it fails
+    must be where a part starts; part by part when that does not tell (many fail)."""
+    whole = _joined(cols)
+    if whole is None or len(cols) < 2:
+        return [(strictly_increasing(c) if strict else _non_decreasing(c)) for c in cols]
+    n = len(whole)
+    if n < 2:
+        return [True] * len(cols)
+    holds = (pc.greater if strict else pc.greater_equal)(whole.slice(1), whole.slice(0, n - 1))
+    fails = pc.indices_nonzero(pc.invert(pc.fill_null(holds, False)))
+    if len(fails) > 2 * len(cols):
+        return [(strictly_increasing(c) if strict else _non_decreasing(c)) for c in cols]
+    starts = list(itertools.accumulate((len(c) for c in cols[:-1]), initial=0))
+    begun = set(starts)
+    out = [True] * len(cols)
+    for at in fails.to_pylist():
+        row = at + 1  # the row not above the one before it
+        if row not in begun:
+            out[bisect.bisect_right(starts, row) - 1] = False
     return out
+
+
+def _non_decreasing(col: pa.Array | pa.ChunkedArray) -> bool:
+    n = len(col)
+    return n < 2 or bool(pc.all(pc.fill_null(pc.greater_equal(col.slice(1), col.slice(0, n - 1)), False)).as_py())
 
 
 # -- the machinery -----------------------------------------------------------------------------
