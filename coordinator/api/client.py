@@ -97,10 +97,6 @@ OUTCOME_ASK = 3.0  # how long one question about that outcome waits for an answe
 
 
 _UNCHANGED = object()  # alter_table: a setting not given stays as it is
-# A whole read of a keys table this big folds key range by key range in threads (keyfold.key_ranges):
-# two ranges on two cores fold 1.2M versions in about half the time; below, the cuts cost more.
-_PARALLEL_FOLD_ROWS = 1 << 18
-_FOLD_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
 class _StillCommitting(retries.TryAgain):
@@ -764,8 +760,7 @@ class Client:
         """Every version of ``metas`` folded (``columns``: the ones the caller keeps, None all).
         Of each part only the columns its statistics do not prove constant are decoded
         (:func:`keyfold.read_plan`), in threads (Arrow decodes without the GIL; one part alone:
-        Arrow's own threads); a big read's fold then runs key range by key range in the same
-        threads (:func:`keyfold.key_ranges`), the outputs one after the other."""
+        Arrow's own threads), then folded (:func:`keyfold.merge`)."""
         pk = tuple(tdef.primary_key)
         orders = [csns.get(m.name, keytables.OWN) for m in metas]
         stats = [m.stats for m in metas]
@@ -776,12 +771,7 @@ class Client:
             return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
         with ThreadPoolExecutor(max_workers=min(8, len(metas))) as pool:
             datas = list(pool.map(lambda mp: keyscan.read_versions(self.storage, *mp, pk), zip(metas, plans)))
-            versions = list(zip(orders, datas))
-            big = sum(d.num_rows for d in datas) >= _PARALLEL_FOLD_ROWS
-            ranges = keyfold.key_ranges(versions, pk, _FOLD_THREADS) if big else None
-            if ranges is None:
-                return keyfold.merge(tdef.schema, pk, versions)
-            return pa.concat_tables(pool.map(lambda r: keyfold.merge(tdef.schema, pk, r), ranges))
+        return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
 
     def snapshot(self) -> int:
         """The replica's snapshot version: everything up to it is applied there."""

@@ -21,8 +21,7 @@ do not meet, all of them PUTs (a table after a major compaction), are their rows
 order, with no sort and no gather; and when every part's keys rise strictly, the parts have
 distinct orders and none has ``_ver``, a stable sort by key alone leaves each key's versions in
 order, so that is not checked. A reader may leave out the columns a part's statistics prove
-constant (:func:`read_plan`), and fold key ranges in threads (:func:`key_ranges`): a key's
-versions all fall in one range.
+constant (:func:`read_plan`).
 
 Each step is a fixed number of kernels per column, whatever the number of versions; on a few
 versions (a point read) the fixed cost is some hundred microseconds.
@@ -42,7 +41,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.core import keyranges
 from coordinator.core.keytables import (
     COLS,
     DELETE,
@@ -71,7 +69,7 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
     parts = _in_csn_order(list(parts))
     live = [(o, t) for o, t in parts if t.num_rows]
-    rising = len(primary_key) == 1 and all(_rising([t.column(primary_key[0]) for _, t in live], strict=True))
+    rising = len(primary_key) == 1 and all(_rising([t.column(primary_key[0]) for _, t in live]))
     if rising and live:
         passed = _passed_through(schema, primary_key[0], live)
         if passed is not None:
@@ -390,35 +388,6 @@ def completed(plan: ReadPlan, data: pa.Table) -> pa.Table:
     return data
 
 
-def key_ranges(
-    parts: Sequence[tuple[float, pa.Table]], primary_key: Sequence[str], count: int
-) -> list[list[tuple[float, pa.Table]]] | None:
-    """``parts`` cut into up to ``count`` ranges of the first key column, in key order, for folds
-    in threads: a key's versions all fall in one range, so the folds of the ranges one after the
-    other are the fold of the whole, sorted by key. Cut by slicing (no copy): only when every
-    part is sorted by that column, as parts are written; None otherwise, or when one range."""
-    if count < 2 or not parts:
-        return None
-    column = primary_key[0]
-    cols = [t.column(column) for _, t in parts]
-    if not all(_rising(cols, strict=False)):
-        return None
-    whole = _joined(cols)
-    if whole is None or len(whole) == 0:
-        return None
-    stride = max(1, len(whole) // (count * keyranges.SAMPLES_PER_RANGE))
-    inner = keyranges.bounds(pc.take(whole, pa.array(range(0, len(whole), stride), pa.int64())), count)
-    if not inner:
-        return None
-    starts = list(itertools.accumulate((len(c) for c in cols), initial=0))
-    cuts = [[0] * len(cols)]
-    for b in inner:  # each part's rows below b: a prefix of it (it is sorted)
-        below = pc.less(whole, pa.scalar(b, whole.type))
-        cuts.append([pc.sum(below.slice(a, z - a)).as_py() or 0 for a, z in zip(starts, starts[1:])])
-    cuts.append([len(c) for c in cols])
-    return [[(order, t.slice(a[i], b[i] - a[i])) for i, (order, t) in enumerate(parts)] for a, b in zip(cuts, cuts[1:])]
-
-
 def _joined(cols: Sequence[pa.Array | pa.ChunkedArray]) -> pa.ChunkedArray | None:
     """The columns one after the other (no copy), or None when their types differ."""
     chunks = [ch for c in cols for ch in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])]
@@ -427,20 +396,21 @@ def _joined(cols: Sequence[pa.Array | pa.ChunkedArray]) -> pa.ChunkedArray | Non
     return pa.chunked_array(chunks, chunks[0].type)
 
 
-def _rising(cols: Sequence[pa.Array | pa.ChunkedArray], strict: bool) -> list[bool]:
-    """Per column (a part's key column), whether its values rise (``strict``: each key once),
-    told by one comparison over all of them one after the other, where every place it fails
-    must be where a part starts; part by part when that does not tell (many fail)."""
+def _rising(cols: Sequence[pa.Array | pa.ChunkedArray]) -> list[bool]:
+    """Per column (a part's key column), whether its values rise strictly (each key once), told
+    by one comparison over all of them one after the other, where every place it fails must be
+    where a part starts (120 parts checked one by one cost 10 ms); part by part when that does
+    not tell (many fail)."""
     whole = _joined(cols)
     if whole is None or len(cols) < 2:
-        return [(strictly_increasing(c) if strict else _non_decreasing(c)) for c in cols]
+        return [strictly_increasing(c) for c in cols]
     n = len(whole)
     if n < 2:
         return [True] * len(cols)
-    holds = (pc.greater if strict else pc.greater_equal)(whole.slice(1), whole.slice(0, n - 1))
+    holds = pc.greater(whole.slice(1), whole.slice(0, n - 1))
     fails = pc.indices_nonzero(pc.invert(pc.fill_null(holds, False)))
     if len(fails) > 2 * len(cols):
-        return [(strictly_increasing(c) if strict else _non_decreasing(c)) for c in cols]
+        return [strictly_increasing(c) for c in cols]
     starts = list(itertools.accumulate((len(c) for c in cols[:-1]), initial=0))
     begun = set(starts)
     out = [True] * len(cols)
@@ -449,11 +419,6 @@ def _rising(cols: Sequence[pa.Array | pa.ChunkedArray], strict: bool) -> list[bo
         if row not in begun:
             out[bisect.bisect_right(starts, row) - 1] = False
     return out
-
-
-def _non_decreasing(col: pa.Array | pa.ChunkedArray) -> bool:
-    n = len(col)
-    return n < 2 or bool(pc.all(pc.fill_null(pc.greater_equal(col.slice(1), col.slice(0, n - 1)), False)).as_py())
 
 
 # -- the machinery -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A whole read's shorter roads through a keys table's fold (issue 24 session 6, keyfold.py):
 parts passed through without a fold, the version check skipped, columns left undecoded by what
-the parts' statistics prove, and the fold cut into key ranges. Each against the row-by-row
+the parts' statistics prove. Each against the row-by-row
 reference (tests/support/keys_reference.py) over random histories built to reach the roads:
 parts written sorted by key (as parts/io/format.py writes them) with each key once or not,
 key ranges apart or overlapping, orders tied or not, compaction outputs with ``_ver``."""
@@ -8,7 +8,6 @@ key ranges apart or overlapping, orders tied or not, compaction outputs with ``_
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -148,41 +147,6 @@ def test_a_read_of_some_columns_keeps_them_as_the_whole_read(history) -> None:
     same(got, ref.merge(schema, pk, parts).select(["k", "s"]))
 
 
-@FAST
-@given(histories(), st.integers(2, 4))
-def test_folds_by_key_range_one_after_the_other_are_the_fold(history, count: int) -> None:
-    schema, pk, parts = history
-    want = ref.merge(schema, pk, parts)
-    ranges = keyfold.key_ranges(parts, pk, count)
-    if ranges is None:
-        return
-    assert all(len(r) == len(parts) for r in ranges)
-    same(pa.concat_tables([keyfold.merge(schema, pk, r) for r in ranges]), want)
-
-
-def test_key_ranges_cut_every_part_and_refuse_an_unsorted_one() -> None:
-    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
-    pk = ("k",)
-
-    def part(keys: list[int]) -> pa.Table:
-        data = pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array(keys, pa.int64())})
-        return keytables.versions(schema, pk, "t", data, PUT, 0)
-
-    parts = [(1, part(list(range(0, 1000, 2)))), (2, part(list(range(1, 1000, 3))))]
-    ranges = keyfold.key_ranges(parts, pk, 3)
-    assert ranges is not None and len(ranges) == 3
-    for i in range(2):
-        cut = [r[i][1].column("k") for r in ranges]
-        assert sum(len(c) for c in cut) == parts[i][1].num_rows
-        highs = [pc.max(c).as_py() for c in cut if len(c)]
-        lows = [pc.min(c).as_py() for c in cut if len(c)]
-        assert all(h < lo for h, lo in zip(highs, lows[1:]))  # ranges in key order, apart
-    same(pa.concat_tables([keyfold.merge(schema, pk, r) for r in ranges]), ref.merge(schema, pk, parts))
-    parts.append((3, part([5, 3])))
-    assert keyfold.key_ranges(parts, pk, 3) is None
-    assert keyfold.key_ranges(parts[:2], pk, 1) is None
-
-
 @pytest.mark.parametrize(
     ("spans", "want"),
     [
@@ -259,3 +223,20 @@ def test_a_compacted_table_passes_through_in_key_order() -> None:
     same(got, ref.merge(schema, pk, parts))
     for extra in ([(6, part(["b"]))], [(6, part(["zz"], DELETE))], [(2, part(["d", "e"]))]):
         same(keyfold.merge(schema, pk, parts + extra), ref.merge(schema, pk, parts + extra))
+
+
+@pytest.mark.parametrize(
+    ("parts", "want"),
+    [
+        ([[1, 2, 3], [0, 5]], [True, True]),  # a drop where a part starts is no repeat
+        ([[1, 2, 2], [0, 5]], [False, True]),
+        ([[1, 2], [], [0, 1], [], [3, 1]], [True, True, True, True, False]),  # empty parts
+        ([[1], [1]], [True, True]),
+        ([[3, 2, 1, 0, -1, -2, -3], [9, 8, 7, 6, 5, 4, 3]], [False, False]),  # many fail: part by part
+        ([[0.0, -0.0]], [False]),
+    ],
+)
+def test_rising(parts, want) -> None:
+    cols = [pa.array(p, pa.float64() if any(isinstance(v, float) for v in p) else pa.int64()) for p in parts]
+    assert keyfold._rising(cols) == want
+    assert [keyfold.strictly_increasing(c) for c in cols] == want
