@@ -745,17 +745,33 @@ class Client:
             # them only those keys' rows, are read and folded.
             keys = (list(tdef.primary_key), wanted)
             datas = [read_part(self.storage, m, keys=keys) for m in metas]
-        elif len(metas) > 1:  # threads overlap the reads (pyarrow decodes without the GIL), as a parts read's
-            with ThreadPoolExecutor(max_workers=min(8, len(metas))) as pool:
-                datas = list(pool.map(lambda m: read_part(self.storage, m), metas))
+            versions = [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
+            few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions)
+            data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
         else:
-            datas = [read_part(self.storage, m) for m in metas]
-        versions = [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
-        few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions) if wanted is not None else None
-        data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
+            data = self._fold_whole(tdef, metas, csns, columns if where is None else None)
         if where is not None and exact is None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
+
+    def _fold_whole(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None
+    ) -> pa.Table:
+        """Every version of ``metas`` folded (``columns``: the ones the caller keeps, None all).
+        Of each part only the columns its statistics do not prove constant are decoded
+        (:func:`keyfold.read_plan`), in threads (Arrow decodes without the GIL; one part alone:
+        Arrow's own threads), then folded (:func:`keyfold.merge`)."""
+        pk = tuple(tdef.primary_key)
+        orders = [csns.get(m.name, keytables.OWN) for m in metas]
+        stats = [m.stats for m in metas]
+        shared, alone = keyfold.shared_orders(orders, stats), keyfold.alone(pk[0], stats)
+        plans = [keyfold.read_plan(tdef.schema, pk, *how, columns) for how in zip(stats, shared, alone)]
+        if len(metas) <= 1:
+            datas = [keyscan.read_versions(self.storage, m, p, pk, threads=True) for m, p in zip(metas, plans)]
+            return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
+        with ThreadPoolExecutor(max_workers=min(8, len(metas))) as pool:
+            datas = list(pool.map(lambda mp: keyscan.read_versions(self.storage, *mp, pk), zip(metas, plans)))
+        return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
 
     def snapshot(self) -> int:
         """The replica's snapshot version: everything up to it is applied there."""

@@ -15,6 +15,14 @@ whole columns, with no per-row Python:
    inside the segment. A read takes each key's row after its last version, a compaction each
    run's, ``changes`` each key's row before and after each commit, all in one pass.
 
+A read has two shorter roads (issue 24 session 6), both decided from the versions themselves:
+parts whose keys each rise strictly (every part is written sorted by key) and whose key ranges
+do not meet, all of them PUTs (a table after a major compaction), are their rows, put in key
+order, with no sort and no gather; and when every part's keys rise strictly, the parts have
+distinct orders and none has ``_ver``, a stable sort by key alone leaves each key's versions in
+order, so that is not checked. A reader may leave out the columns a part's statistics prove
+constant (:func:`read_plan`).
+
 Each step is a fixed number of kernels per column, whatever the number of versions; on a few
 versions (a point read) the fixed cost is some hundred microseconds.
 
@@ -24,7 +32,11 @@ tests/unit/test_keys_fold.py checks on random histories that both give identical
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import bisect
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,17 +67,32 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     versions apply in (version, ``_seq``) order, a row's version its ``_ver`` (compaction
     output) or else its part's order: PUT replaces the row, UPDATE sets the columns it wrote on
     the row so far (on none: the others null), DELETE removes it. Rows come sorted by key."""
-    data = _versions(schema, _in_csn_order(list(parts)))
+    parts = _in_csn_order(list(parts))
+    live = [(o, t) for o, t in parts if t.num_rows]
+    rising = len(primary_key) == 1 and all(_rising([t.column(primary_key[0]) for _, t in live]))
+    if rising and live:
+        passed = _passed_through(schema, primary_key[0], live)
+        if passed is not None:
+            return passed
+    data = _versions(schema, parts)
     if data.num_rows == 0:
         return schema.empty_table()
     op = data.column(OP)
-    if not pc.any(pc.equal(op, UPDATE)).as_py():
+    op_lo, op_hi = (v.as_py() for v in pc.min_max(op).values())
+    if op_lo > UPDATE or op_hi < UPDATE or not pc.any(pc.equal(op, UPDATE)).as_py():
         # PUTs and DELETEs only (upserts, the usual history): a key is its last version, or gone.
         # Only the key, version and _seq columns are put in order; the other columns are taken
-        # once, at the rows kept (a read's cost is then about one sort of the keys).
-        order, starts, keys = _version_order(data, primary_key)
+        # once, at the rows kept (a read's cost is then about one sort of the keys). Each part
+        # holding a key once, in distinct orders and without _ver: the stable key sort leaves
+        # versions in order (parts are in CSN order), so that is not checked.
+        ordered = (
+            rising
+            and len({o for o, _ in live}) == len(live)
+            and not any(VER in t.column_names and t.column(VER).null_count < t.num_rows for _, t in live)
+        )
+        order, starts, keys = _version_order(data, primary_key, ordered)
         at = pc.indices_nonzero(_shifted(starts, True, forward=False))  # each key's last, sorted
-        if pc.any(pc.equal(op, DELETE)).as_py():
+        if op_hi >= DELETE and pc.any(pc.equal(op, DELETE)).as_py():
             at = pc.filter(at, pc.not_equal(_take(op, pc.take(order, at)), DELETE))
         rows = pc.take(order, at)
         return pa.Table.from_arrays(
@@ -219,6 +246,181 @@ def row_changes(
     return out.drop_columns(["_rank"]).combine_chunks()
 
 
+# -- a whole read's shorter roads ------------------------------------------------------------------
+def strictly_increasing(col: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether each value of a key column is greater than the one before: each key occurs once,
+    in key order. A comparison that is not plainly true (NaN; 0.0 after -0.0, one key) says no."""
+    n = len(col)
+    if n < 2:
+        return True
+    return bool(pc.all(pc.fill_null(pc.greater(col.slice(1), col.slice(0, n - 1)), False)).as_py())
+
+
+def _passed_through(schema: pa.Schema, column: str, parts: list[tuple[float, pa.Table]]) -> pa.Table | None:
+    """The rows of ``parts`` (each non-empty, its keys rising strictly, one key column) when
+    every version is a PUT and their key ranges do not meet: each key then has one version, and
+    its row is it. The parts put in key order; no sort, no gather. None otherwise."""
+    for _, t in parts:
+        lo, hi = pc.min_max(t.column(OP)).values()
+        if lo.as_py() != PUT or hi.as_py() != PUT:
+            return None
+    key_type = schema.field(column).type
+
+    def end(t: pa.Table, at: int) -> pa.Array:
+        got = t.column(column).slice(at, 1).combine_chunks()
+        return got if got.type == key_type else got.cast(key_type)
+
+    firsts = pa.concat_arrays([end(t, 0) for _, t in parts])
+    lasts = pa.concat_arrays([end(t, t.num_rows - 1) for _, t in parts])
+    by_key = pc.sort_indices(firsts)  # the order a sort of the keys gives (Arrow's, not Python's)
+    firsts, lasts = pc.take(firsts, by_key), pc.take(lasts, by_key)
+    n = len(parts)
+    if n > 1 and not pc.all(pc.fill_null(pc.less(lasts.slice(0, n - 1), firsts.slice(1)), False)).as_py():
+        return None
+    data = _versions(schema, [parts[i] for i in by_key.to_pylist()])
+    return pa.Table.from_arrays([data.column(c) for c in schema.names], schema=schema)
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """What of a part a whole read decodes (:func:`read_plan`): ``columns`` (None: all of them);
+    ``if_repeated``: the columns that order a key's versions, decoded only when a key occurs
+    twice in the part (each key once: :func:`completed` fills them); ``put_only``: every
+    version is a PUT, ``_op`` is not read."""
+
+    columns: tuple[str, ...] | None
+    if_repeated: tuple[str, ...]
+    put_only: bool
+
+
+def read_plan(
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    stats: Mapping[str, Any] | None,
+    shared_order: bool,
+    alone: bool,
+    values: Sequence[str] | None = None,
+) -> ReadPlan:
+    """Which columns of a part a whole read must decode, from the part's column statistics
+    (``[min, max]`` per column, written with it; no ``_op`` statistics: nothing is proved, all
+    are read). ``_op`` all PUT: not read. No UPDATE among the ops: ``_cols`` not read (an
+    UPDATE-free part's is null). The version columns (``_ver``, ``_seq``) only order the
+    versions of one key: a part whose key range meets no other part's (``alone``) needs them
+    only when a key occurs twice in it; else ``_ver`` is read when the part has it, and
+    ``_seq``, which orders versions of one key that have one version (part order or
+    ``_ver``), when the part has ``_ver`` or another version of the read may have its order
+    (``shared_order``: :func:`shared_orders`), else only when a key occurs twice in it. With
+    more than one key column, both always. ``values``: the non-key columns the reader keeps
+    (None: all)."""
+    ops = _int_range(stats, OP)
+    if stats is None or ops is None:
+        return ReadPlan(None, (), False)
+    keep = [c for c in schema.names if values is None or c in primary_key or c in values]
+    put_only = ops == (PUT, PUT)
+    columns = [*keep, *(() if put_only else (OP,)), *((COLS,) if ops[0] <= UPDATE <= ops[1] else ())]
+    ordering = [VER, SEQ] if VER in stats else [SEQ]
+    if len(primary_key) != 1 or (not alone and (VER in stats or shared_order)):
+        return ReadPlan((*columns, *ordering), (), put_only)
+    if alone:
+        return ReadPlan(tuple(columns), tuple(ordering), put_only)
+    return ReadPlan(tuple(columns), (SEQ,), put_only)
+
+
+def also_read(plan: ReadPlan, keys: pa.Table, primary_key: Sequence[str]) -> tuple[str, ...]:
+    """The columns ``plan`` holds back that a part must decode after all, given its key columns
+    as read (``keys``): those ordering versions, when a key occurs twice in it."""
+    if not plan.if_repeated or strictly_increasing(keys.column(primary_key[0])):
+        return ()
+    return plan.if_repeated
+
+
+def shared_orders(orders: Sequence[float], stats: Sequence[Mapping[str, Any] | None]) -> list[bool]:
+    """Per part of a read (its order and column statistics), whether a version of another part
+    may have its order: another part has the same order, or a compaction output's ``_ver``
+    range (unknown: any) holds it. Such a part's ``_seq`` is read (:func:`read_plan`)."""
+    count: dict[float, int] = {}
+    for o in orders:
+        count[o] = count.get(o, 0) + 1
+    spans = []
+    for s in stats:
+        if s is None or OP not in s:
+            spans.append((float("-inf"), float("inf")))  # nothing recorded: it may hold anything
+        elif VER in s:
+            r = _int_range(s, VER)
+            spans.append((float("-inf"), float("inf")) if r is None else r)
+    return [count[o] > 1 or any(lo <= o <= hi for lo, hi in spans) for o in orders]
+
+
+def alone(column: str, stats: Sequence[Mapping[str, Any] | None]) -> list[bool]:
+    """Per part of a read, whether its range of key ``column`` (its statistics, integers only:
+    Python orders them as Arrow does) meets no other part's: its versions are then the only
+    ones of its keys. A part without such statistics is never alone, and meets every other."""
+    spans = [_int_range(s, column) for s in stats]
+    out = [False] * len(spans)
+    known = sorted((r[0], r[1], i) for i, r in enumerate(spans) if r is not None)
+    if len(known) < len(spans):
+        return out
+    reach = None  # the highest key of the parts before (in order of their lowest)
+    for j, (lo, hi, i) in enumerate(known):
+        out[i] = (reach is None or reach < lo) and (j == len(known) - 1 or hi < known[j + 1][0])
+        reach = hi if reach is None else max(reach, hi)
+    return out
+
+
+def _int_range(stats: Mapping[str, Any] | None, name: str) -> tuple[int, int] | None:
+    """``stats[name]`` when it is ``[min, max]`` of integers (bools are not), else None."""
+    r = stats.get(name) if isinstance(stats, Mapping) else None
+    if isinstance(r, (tuple, list)) and len(r) == 2 and type(r[0]) is int and type(r[1]) is int:
+        return r[0], r[1]
+    return None
+
+
+def completed(plan: ReadPlan, data: pa.Table) -> pa.Table:
+    """A part's versions read by ``plan``, completed to what :func:`merge` takes: ``_op`` PUT
+    when it was not read, ``_seq`` 0 when it was not (it orders nothing there: :func:`read_plan`;
+    without ``_ver`` a version's is its part's order). A column left out otherwise (``_cols``, a
+    value column) :func:`merge` reads as null."""
+    n = data.num_rows
+    if plan.put_only and OP not in data.column_names:
+        data = data.append_column(pa.field(OP, pa.int8()), pa.repeat(pa.scalar(PUT, pa.int8()), n))
+    if SEQ not in data.column_names:
+        data = data.append_column(pa.field(SEQ, pa.int64()), pa.repeat(pa.scalar(0, pa.int64()), n))
+    return data
+
+
+def _joined(cols: Sequence[pa.Array | pa.ChunkedArray]) -> pa.ChunkedArray | None:
+    """The columns one after the other (no copy), or None when their types differ."""
+    chunks = [ch for c in cols for ch in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])]
+    if not chunks or any(ch.type != chunks[0].type for ch in chunks):
+        return None
+    return pa.chunked_array(chunks, chunks[0].type)
+
+
+def _rising(cols: Sequence[pa.Array | pa.ChunkedArray]) -> list[bool]:
+    """Per column (a part's key column), whether its values rise strictly (each key once), told
+    by one comparison over all of them one after the other, where every place it fails must be
+    where a part starts (120 parts checked one by one cost 10 ms); part by part when that does
+    not tell (many fail)."""
+    whole = _joined(cols)
+    if whole is None or len(cols) < 2:
+        return [strictly_increasing(c) for c in cols]
+    n = len(whole)
+    if n < 2:
+        return [True] * len(cols)
+    holds = pc.greater(whole.slice(1), whole.slice(0, n - 1))
+    fails = pc.indices_nonzero(pc.invert(pc.fill_null(holds, False)))
+    if len(fails) > 2 * len(cols):
+        return [strictly_increasing(c) for c in cols]
+    starts = list(itertools.accumulate((len(c) for c in cols[:-1]), initial=0))
+    begun = set(starts)
+    out = [True] * len(cols)
+    for at in fails.to_pylist():
+        row = at + 1  # the row not above the one before it
+        if row not in begun:
+            out[bisect.bisect_right(starts, row) - 1] = False
+    return out
+
+
 # -- the machinery -----------------------------------------------------------------------------
 def _arange(n: int) -> pa.Array:
     return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
@@ -301,17 +503,22 @@ def _sorted(data: pa.Table, primary_key: Sequence[str], tagged: bool = False) ->
     return data.take(pc.sort_indices(data.combine_chunks(), sort_keys=by)).combine_chunks()
 
 
-def _version_order(data: pa.Table, primary_key: Sequence[str]) -> tuple[pa.Array, pa.Array, pa.Table]:
+def _version_order(
+    data: pa.Table, primary_key: Sequence[str], ordered: bool = False
+) -> tuple[pa.Array, pa.Array, pa.Table]:
     """The indices that put ``data`` in (key, version, ``_seq``) order, stably; in that order,
     True where a key starts (:func:`_key_starts`); and the key columns in that order. Parts are
     written sorted by key, version, ``_seq`` and given in CSN order (as a read's are), so a
-    stable sort by key alone almost always leaves each key's versions in order: it is checked,
-    and only if not are the rows sorted by all three."""
+    stable sort by key alone almost always leaves each key's versions in order: it is checked
+    (unless the caller proved it: ``ordered``), and only if not are the rows sorted by all three."""
     # One array per column: a take from 100 chunks costs several times a copy and a take.
-    cols = data.select([*primary_key, _V, SEQ]).combine_chunks()
-    order = _key_order(cols, primary_key)
-    keys = cols.select(list(primary_key)).take(order)
+    keys = data.select(list(primary_key)).combine_chunks()
+    order = _key_order(keys, primary_key)
+    keys = keys.take(order)
     starts = _key_starts(keys, primary_key)
+    if ordered:
+        return order, starts, keys
+    cols = data.select([*primary_key, _V, SEQ]).combine_chunks()
     if _in_version_order(cols.select([_V, SEQ]).take(order), starts):
         return order, starts, keys
     # The same keys in the same order: only rows within a key move, so ``starts`` and the

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from coordinator.core import keyranges
+from coordinator.core import keyfold, keyranges
 from coordinator.core.errors import CorruptPart, clip, quote
 from parts.io.format import verified_bytes
 from parts.io.storage import Storage
@@ -40,6 +40,26 @@ def opened(storage: Storage, meta: PartMeta) -> Iterator[pq.ParquetFile]:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
     finally:
         del raw
+
+
+def read_versions(
+    storage: Storage, meta: PartMeta, plan: keyfold.ReadPlan, primary_key: tuple[str, ...], threads: bool = False
+) -> pa.Table:
+    """A part's versions for a whole read (``client.read``), decoding only the columns ``plan``
+    names (:func:`keyfold.read_plan`: what its statistics do not prove constant), and those that
+    order a key's versions when the plan asks for them or a key occurs twice in the part;
+    completed to what :func:`keyfold.merge` takes. ``threads``: Arrow's own threads decode (a
+    part read alone)."""
+    with opened(storage, meta) as pf:
+        if plan.columns is None:
+            return pf.read(use_threads=threads)
+        have = pf.schema_arrow.names
+        data = pf.read(columns=[c for c in plan.columns if c in have], use_threads=threads)
+        more = [c for c in keyfold.also_read(plan, data, primary_key) if c in have]
+        if more:
+            for c, col in zip(more, pf.read(columns=more, use_threads=threads).columns):
+                data = data.append_column(pf.schema_arrow.field(c), col)
+    return keyfold.completed(plan, data)
 
 
 def decoded_bytes(pf: pq.ParquetFile) -> int:

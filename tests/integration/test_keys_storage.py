@@ -28,6 +28,7 @@ from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
 from coordinator.model.catalog import TableDef
 from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io import keyscan
 from parts.io.format import write_part
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
@@ -474,15 +475,21 @@ def client(cluster) -> Iterator[Client]:
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Paths of the parts the client reads (every read of a keys table goes through read_part)."""
+    """Paths of the parts the client reads (a point read of a keys table goes through
+    read_part, a whole read through keyscan.read_versions)."""
     seen: list[str] = []
-    real = client_module.read_part
+    real, real_versions = client_module.read_part, keyscan.read_versions
 
     def read_part(storage, meta, *a, **kw):
         seen.append(meta.path)
         return real(storage, meta, *a, **kw)
 
+    def read_versions(storage, meta, *a, **kw):
+        seen.append(meta.path)
+        return real_versions(storage, meta, *a, **kw)
+
     monkeypatch.setattr(client_module, "read_part", read_part)
+    monkeypatch.setattr(keyscan, "read_versions", read_versions)
     return seen
 
 

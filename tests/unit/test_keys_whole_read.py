@@ -1,0 +1,242 @@
+"""A whole read's shorter roads through a keys table's fold (issue 24 session 6, keyfold.py):
+parts passed through without a fold, the version check skipped, columns left undecoded by what
+the parts' statistics prove. Each against the row-by-row
+reference (tests/support/keys_reference.py) over random histories built to reach the roads:
+parts written sorted by key (as parts/io/format.py writes them) with each key once or not,
+key ranges apart or overlapping, orders tied or not, compaction outputs with ``_ver``."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support import keys_reference as ref
+
+from coordinator.core import keyfold, keytables
+from coordinator.core.keytables import COLS, DELETE, LOCK_WEAK, OP, OWN, PUT, SEQ, UPDATE, VER
+from parts.io.format import column_stats
+
+FAST = settings(
+    derandomize=True,
+    database=None,
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+KEYS = {
+    "int64": (pa.int64(), list(range(-6, 30))),
+    "string": (pa.string(), ["", "a", "ab", "b", "ba", "z", "é", "éa"]),
+    "float64": (pa.float64(), [-1.5, -0.0, 0.0, 2.25, 3.0]),
+}
+
+
+def _sort_key(v):
+    return v.encode() if isinstance(v, str) else v
+
+
+@st.composite
+def histories(draw: st.DrawFn):
+    """One key column; parts whose keys each come once, sorted (mostly) or not, drawn from one
+    slice of the key pool each (ranges apart) or from all of it; PUT-only, upsert or any ops;
+    orders 1-8 (ties) or OWN; some compaction outputs (``_ver``)."""
+    kind = draw(st.sampled_from(sorted(KEYS)))
+    key_type, pool = KEYS[kind]
+    schema = pa.schema(
+        [pa.field("v", pa.int64()), pa.field("k", key_type, nullable=False), pa.field("s", pa.string(), nullable=False)]
+    )
+    ops = draw(
+        st.sampled_from(
+            [(PUT,), (PUT,), (PUT, DELETE), (PUT, DELETE, LOCK_WEAK), (PUT, UPDATE), (PUT, UPDATE, DELETE, LOCK_WEAK)]
+        )
+    )
+    n = draw(st.integers(1, 5))
+    apart = draw(st.booleans())
+    ordered_pool = sorted(pool, key=_sort_key)
+    parts = []
+    for i in range(n):
+        if apart:
+            lo, hi = i * len(ordered_pool) // n, (i + 1) * len(ordered_pool) // n
+            mine = ordered_pool[lo:hi]
+        else:
+            mine = ordered_pool
+        if not mine:
+            continue
+        once = draw(st.integers(0, 2)) > 0
+        keys = (
+            draw(st.lists(st.sampled_from(mine), unique=True, max_size=8))
+            if once
+            else draw(st.lists(st.sampled_from(mine), max_size=8))
+        )
+        folded = draw(st.integers(0, 4)) == 0
+        rows = []
+        for k in keys:
+            op = draw(st.sampled_from(ops))
+            rows.append(
+                {
+                    "k": k,
+                    "v": draw(st.none() | st.integers(-3, 3)),
+                    "s": draw(st.sampled_from(["x", "y", ""])),
+                    OP: op,
+                    SEQ: draw(st.integers(0, 3)),
+                    COLS: draw(st.sampled_from(["", "v", "s", "v,s"])) if op == UPDATE else None,
+                    **({VER: draw(st.integers(1, 9))} if folded else {}),
+                }
+            )
+        if draw(st.integers(0, 2)) > 0:  # unsorted: a key's versions out of _seq order
+            rows.sort(key=lambda r: (_sort_key(r["k"]), r.get(VER) or 0, r[SEQ]))
+        own = not folded and draw(st.integers(0, 6)) == 0
+        order = OWN if own else draw(st.integers(1, 8))
+        layout = keytables.folded_schema(schema, ("k",)) if folded else keytables.file_schema(schema, ("k",))
+        parts.append((order, pa.Table.from_pylist(rows, schema=layout)))
+    return schema, ("k",), parts
+
+
+def same(got: pa.Table, want: pa.Table) -> None:
+    assert got.schema.equals(want.schema), (got.schema, want.schema)
+    assert repr(got.to_pylist()) == repr(want.to_pylist())
+
+
+@FAST
+@given(histories())
+def test_merge_on_sorted_parts_equals_the_reference(history) -> None:
+    """Parts apart or not, keys once or not: the pass-through, the unchecked version order and
+    the usual roads give the reference's rows."""
+    schema, pk, parts = history
+    same(keyfold.merge(schema, pk, parts), ref.merge(schema, pk, parts))
+
+
+def read_as_planned(schema: pa.Schema, pk: tuple[str, ...], parts: list, values=None) -> list:
+    """What client._fold_whole and keyscan.read_versions decode of each part, from the
+    statistics parts/io/format.py writes: the plan's columns, then the ones held back if a key
+    repeats, completed."""
+    orders = [o for o, _ in parts]
+    stats = [column_stats(t) for _, t in parts]
+    plans = [
+        keyfold.read_plan(schema, pk, s, shared, alone, values)
+        for s, shared, alone in zip(stats, keyfold.shared_orders(orders, stats), keyfold.alone(pk[0], stats))
+    ]
+    out = []
+    for (order, t), plan in zip(parts, plans):
+        if plan.columns is None:
+            out.append((order, t))
+            continue
+        data = t.select([c for c in plan.columns if c in t.column_names])
+        for c in keyfold.also_read(plan, data, pk):
+            if c in t.column_names:
+                data = data.append_column(t.schema.field(c), t.column(c))
+        out.append((order, keyfold.completed(plan, data)))
+    return out
+
+
+@FAST
+@given(histories())
+def test_a_read_of_the_planned_columns_equals_the_reference(history) -> None:
+    """Leaving out ``_op`` (all PUT), ``_cols`` (no UPDATE), ``_ver`` and ``_seq`` (a part alone
+    in its key range, or in an order of its own, holding each key once) folds to the same rows."""
+    schema, pk, parts = history
+    same(keyfold.merge(schema, pk, read_as_planned(schema, pk, parts)), ref.merge(schema, pk, parts))
+
+
+@FAST
+@given(histories())
+def test_a_read_of_some_columns_keeps_them_as_the_whole_read(history) -> None:
+    schema, pk, parts = history
+    got = keyfold.merge(schema, pk, read_as_planned(schema, pk, parts, values=["s"])).select(["k", "s"])
+    same(got, ref.merge(schema, pk, parts).select(["k", "s"]))
+
+
+@pytest.mark.parametrize(
+    ("spans", "want"),
+    [
+        ([(0, 9)], [True]),
+        ([(0, 4), (5, 9)], [True, True]),
+        ([(0, 5), (5, 9)], [False, False]),  # key 5 in both
+        ([(0, 9), (2, 3), (10, 12)], [False, False, True]),
+        ([(2, 3), (0, 9), (10, 12)], [False, False, True]),
+        ([(0, 100), (2, 3), (50, 60)], [False, False, False]),  # the wide one reaches past the next
+        ([(10, 12), (0, 1)], [True, True]),
+        ([(0, 1), None], [False, False]),  # no statistics: may hold anything
+        ([(0, 1), ("a", "b")], [False, False]),  # not integers: not compared
+        ([(0, 1), (True, True)], [False, False]),  # bools are not integers here
+    ],
+)
+def test_alone(spans, want) -> None:
+    stats = [{} if s is None else {"k": s} for s in spans]
+    assert keyfold.alone("k", stats) == want
+
+
+@pytest.mark.parametrize(
+    ("stats", "shared", "alone", "columns", "if_repeated", "put_only"),
+    [
+        ({}, False, True, None, (), False),  # nothing recorded: everything
+        ({OP: (PUT, PUT)}, False, True, ("v", "k", "s"), (SEQ,), True),
+        ({OP: (PUT, PUT), VER: (1, 5)}, False, True, ("v", "k", "s"), (VER, SEQ), True),
+        ({OP: (PUT, PUT), VER: (1, 5)}, False, False, ("v", "k", "s", VER, SEQ), (), True),
+        ({OP: (PUT, PUT)}, True, False, ("v", "k", "s", SEQ), (), True),
+        ({OP: (PUT, PUT)}, False, False, ("v", "k", "s"), (SEQ,), True),
+        ({OP: (PUT, DELETE)}, False, False, ("v", "k", "s", OP, COLS), (SEQ,), False),
+        ({OP: (DELETE, LOCK_WEAK)}, False, False, ("v", "k", "s", OP), (SEQ,), False),
+        ({OP: (PUT, UPDATE)}, False, False, ("v", "k", "s", OP, COLS), (SEQ,), False),
+        ({OP: (False, False)}, False, False, None, (), False),  # bools are not ops
+        ({OP: (None, None)}, False, False, None, (), False),
+    ],
+)
+def test_read_plan(stats, shared, alone, columns, if_repeated, put_only) -> None:
+    schema = pa.schema(
+        [pa.field("v", pa.int64()), pa.field("k", pa.int64(), nullable=False), pa.field("s", pa.string())]
+    )
+    plan = keyfold.read_plan(schema, ("k",), stats, shared, alone)
+    assert (plan.columns, plan.if_repeated, plan.put_only) == (columns, if_repeated, put_only)
+
+
+def test_read_plan_with_two_key_columns_reads_the_version_columns() -> None:
+    schema = pa.schema([pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.int64(), nullable=False)])
+    plan = keyfold.read_plan(schema, ("a", "b"), {OP: (PUT, PUT)}, False, True)
+    assert plan.columns == ("a", "b", SEQ) and plan.if_repeated == ()
+
+
+def test_shared_orders() -> None:
+    assert keyfold.shared_orders([1, 2, 2, OWN], [{OP: (0, 0)}] * 4) == [False, True, True, False]
+    assert keyfold.shared_orders([1, 7, 9], [{OP: (0, 0)}, {OP: (0, 0), VER: (5, 8)}, {OP: (0, 0)}]) == [
+        False,
+        True,
+        False,
+    ]
+    assert keyfold.shared_orders([1, 9], [{OP: (0, 0)}, {}]) == [True, True]  # unknown: may hold any
+
+
+def test_a_compacted_table_passes_through_in_key_order() -> None:
+    """Parts apart in key range, each key once, all PUT: their rows in key order, and a part
+    that overlaps another (or a DELETE) sends the read down the fold, with the same answer."""
+    schema = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("v", pa.int64())])
+    pk = ("k",)
+
+    def part(keys: list[str], op: int = PUT) -> pa.Table:
+        data = pa.table({"k": pa.array(keys), "v": pa.array(range(len(keys)), pa.int64())})
+        return keytables.versions(schema, pk, "t", data if op == PUT else data.select(["k"]), op, 0)
+
+    parts = [(5, part(["m", "n", "é"])), (3, part(["a", "b"])), (4, part(["c", "d"]))]
+    got = keyfold.merge(schema, pk, parts)
+    assert got.column("k").to_pylist() == ["a", "b", "c", "d", "m", "n", "é"]
+    same(got, ref.merge(schema, pk, parts))
+    for extra in ([(6, part(["b"]))], [(6, part(["zz"], DELETE))], [(2, part(["d", "e"]))]):
+        same(keyfold.merge(schema, pk, parts + extra), ref.merge(schema, pk, parts + extra))
+
+
+@pytest.mark.parametrize(
+    ("parts", "want"),
+    [
+        ([[1, 2, 3], [0, 5]], [True, True]),  # a drop where a part starts is no repeat
+        ([[1, 2, 2], [0, 5]], [False, True]),
+        ([[1, 2], [], [0, 1], [], [3, 1]], [True, True, True, True, False]),  # empty parts
+        ([[1], [1]], [True, True]),
+        ([[3, 2, 1, 0, -1, -2, -3], [9, 8, 7, 6, 5, 4, 3]], [False, False]),  # many fail: part by part
+        ([[0.0, -0.0]], [False]),
+    ],
+)
+def test_rising(parts, want) -> None:
+    cols = [pa.array(p, pa.float64() if any(isinstance(v, float) for v in p) else pa.int64()) for p in parts]
+    assert keyfold._rising(cols) == want
+    assert [keyfold.strictly_increasing(c) for c in cols] == want
