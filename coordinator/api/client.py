@@ -485,7 +485,9 @@ class Client:
         # a part cleanup took is CorruptPart below, then SnapshotUnavailable, and the read
         # starts over at the new latest snapshot, as a read whose lease lapsed does.
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
-        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease)
+        # Without a filter no key filter is used: the answer comes slim too (a replica from
+        # before this ignores slim without a point hint and answers in full).
+        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or where is None)
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -509,11 +511,14 @@ class Client:
                 raise
             raise
 
-    def _visible_pruned(self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any]) -> dict:
-        """``visible`` for a read: with a point hint, ``slim`` too (the parts the replica kept
-        come without their key filters, which the read does not need: keytables.point_summary).
-        A replica from before ``slim`` refuses the field: asked again without it."""
-        if not hint or self._no_slim:
+    def _visible_pruned(
+        self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any], slim: bool = True
+    ) -> dict:
+        """``visible`` for a read; ``slim``: the parts come without their key filters, which the
+        read does not need (a point read's replica pruned with them; a whole read folds every
+        part): keytables.point_summary. A replica from before ``slim`` refuses the field:
+        asked again without it."""
+        if not slim or self._no_slim:
             return self.call("visible", **args, **hint, **lease)
         try:
             return self.call("visible", **args, **hint, **lease, slim=True)

@@ -210,7 +210,9 @@ ACTIONS: dict[str, Action] = {
             "fresh": _f(BOOLEAN),
             "lease": _LEASE,
             "point_hint": _f(OBJECT, NULL, doc="coordinator/core/keytables.py point_hint"),
-            "slim": _f(BOOLEAN, doc="with point_hint: key summaries without their filter (keytables.point_summary)"),
+            "slim": _f(
+                BOOLEAN, doc="key summaries without their filter (keytables.point_summary): a point or whole read"
+            ),
         }
     ),
     "add_read": Action({"id": _TID, "read": _req(OBJECT, doc="coordinator/core/readsets.py Read.to_dict")}),

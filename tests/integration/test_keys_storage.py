@@ -692,6 +692,12 @@ def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
         full = client.call("visible", table=name, point_hint={"key_columns": ["k"], "keys": [[7]]}, lease="none")
         assert [p["name"] for p in slim["parts"]] == [p["name"] for p in full["parts"]]
         assert all("filter" not in p["key_summary"] and "ranges" in p["key_summary"] for p in slim["parts"])
+        # A whole read's answer comes slim too (no point hint: every part, no filters).
+        whole_slim = client.call("visible", table=name, slim=True, lease="none")
+        whole_full = client.call("visible", table=name, lease="none")
+        assert [p["name"] for p in whole_slim["parts"]] == [p["name"] for p in whole_full["parts"]]
+        assert all("filter" not in p["key_summary"] for p in whole_slim["parts"])
+        assert all("filter" in p["key_summary"] for p in whole_full["parts"])
         before = {r["path"] for r in client.parts(name).to_pylist() if r["visible"]}
         old_snapshot = client.snapshot()
         check(probe)  # the replica's layout of this set of parts, probed again
