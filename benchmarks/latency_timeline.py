@@ -124,6 +124,7 @@ def install_replica() -> None:
     wrap(RpcServer, "_send_from_elsewhere", "c.answer.send", "c.answer.sent")
     wrap(RpcServer, "_queue_answer", "rpc.queue_answer")
     wrap(Follower, "_pull", "f.pull", "f.pull.done")
+    wrap(Committer, "_sync_wal", "c.wal_sync")
 
     out = os.environ["LATENCY_TIMELINE_OUT"]
 
@@ -247,6 +248,7 @@ PATH = [
     ("fsync", "committer", "own entry: WAL record built, written"),
     ("fsync.done", "committer", "own entry: WAL fsync"),
     ("apply.done", "committer", "own entry: applied to the state"),
+    ("c.wal_sync", "committer", "answered: to the WAL fsync"),
     ("c.resolve", "committer", "answering: registry, metrics"),
     ("c.answer.queued", "committer", "answer encoded, I/O thread woken"),
     ("rpc.woke.answer", "rpc", "RPC thread woken for the answer"),
@@ -275,6 +277,8 @@ def path_steps(commits: list[Commit]) -> list[dict]:
     keys = [k for k in keys if sum(k in at for at in times) >= 0.9 * len(times)]
     if "c.answer.send [committer]" in keys:  # the committer sends the answer: the RPC thread comes after
         keys = [k for k in keys if k.split(" ")[0] not in ("c.answer.queued", "rpc.woke.answer", "rpc.send")]
+    # In the order they happen in this tree's code (the WAL fsync may come after the answer).
+    keys.sort(key=lambda k: statistics.median(at[k] for at in times if k in at))
     out = []
     prev = "start"
     for key in keys:
