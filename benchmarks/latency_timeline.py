@@ -305,12 +305,21 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pause", type=float, default=0.0, help="seconds between commits (0: back to back)")
     p.add_argument("--work", default="/tmp/latency-timeline")
     p.add_argument("--out", default=None, help="JSON file for the result (and OUT.raw: every stamp)")
-    p.add_argument("--reanalyse", default=None, help="an OUT.raw file: print its table again, run nothing")
+    p.add_argument(
+        "--reanalyse", nargs="+", default=None, help="OUT.raw files: their commits pooled in one table; runs nothing"
+    )
     a = p.parse_args(argv)
     if a.reanalyse:
-        raw = json.loads(Path(a.reanalyse).read_text())
-        commits = [Commit(s, e, [tuple(x) for x in ev]) for s, e, ev in raw["commits"]]
-        result = analyse(commits, [tuple(x) for x in raw["replica"]])
+        commits: list[Commit] = []
+        events: list[tuple[int, str, str]] = []
+        for f in a.reanalyse:
+            raw = json.loads(Path(f).read_text())
+            commits += [Commit(s, e, [tuple(x) for x in ev]) for s, e, ev in raw["commits"]]
+            events += [tuple(x) for x in raw["replica"]]
+        commits.sort(key=lambda c: c.start)
+        result = analyse(commits, events)
+        if a.out:
+            Path(a.out).write_text(json.dumps(result, indent=1))
         report({**result, "case": a.case, "load": "?", "load_after": "?"})
         return
 

@@ -88,14 +88,17 @@ def test_an_answered_commit_whose_wal_record_was_lost_is_recovered_from_the_log(
 
     t = threading.Thread(target=insert, daemon=True)
     t.start()
-    eventually(lambda: _reached(failpoints / f"{POINT}.reached"), 30)
-    t.join(30)
-    assert answers and isinstance(answers[0], int), answers  # answered while the fsync is held
-    csn = answers[0]
-    part = max(c.parts(table).to_pylist(), key=lambda r: r["creation_csn"])
-    assert part["creation_csn"] == csn
-    cluster.kill_replica(0)
-    (failpoints / POINT).unlink()
+    try:
+        eventually(lambda: _reached(failpoints / f"{POINT}.reached"), 30)
+        t.join(30)
+        assert answers and isinstance(answers[0], int), answers  # answered while the fsync is held
+        csn = answers[0]
+        part = max(c.parts(table).to_pylist(), key=lambda r: r["creation_csn"])
+        assert part["creation_csn"] == csn, part
+        cluster.kill_replica(0)
+    finally:  # never leave the (module's) replica held
+        (failpoints / POINT).unlink(missing_ok=True)
+        (failpoints / f"{POINT}.reached").unlink(missing_ok=True)
     # What a power loss may leave of what was written since the last fsync: the staged part's
     # record and the entry's, in that order.
     written = _records(wal, before)
