@@ -334,9 +334,8 @@ class Committer:
         b = self._prepare(c, plans, r, deferred)
         if b.entry is None:
             return b.deferred
-        csn, answered = self._write(b, r)
-        if not answered:
-            self._finish(b, csn)
+        csn = self._write(b, r)
+        self._finish(b, csn)
         self._sync_wal(csn)
         return deferred
 
@@ -459,14 +458,9 @@ class Committer:
             raise _LocalMiss("entries were applied while the batch was decided: deciding again")
         return expected
 
-    def _write(self, b: _Batch, r: _Reading) -> tuple[int, bool]:
-        """The commit multi of batch ``b``, handed over to this replica's follower: its CSN, once
-        known even if the connection was lost during it (replicas/commit_outcome.py), and
-        whether its members were answered already. They are, when the entry was applied here
-        in place: before the follower thread is let go (it then arms its watch for the next
-        entry, a ZooKeeper request of its own and a thread or two to run, which delayed the
-        answer or competed with the client waking for it: benchmarks/README.md, "One commit's
-        timeline")."""
+    def _write(self, b: _Batch, r: _Reading) -> int:
+        """The commit multi of batch ``b``, handed over to this replica's follower; its CSN, once
+        known even if the connection was lost during it (replicas/commit_outcome.py)."""
         data = spilled(self.storage, b.encoded)
         counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
         failpoints.hit("before_commit_multi")
@@ -475,9 +469,6 @@ class Committer:
                 result = self._multi(data, b, r, counters)
                 # WAL (written, fsynced once answered: _sync_wal) + apply, here if it can
                 hand_over(result.epoch, result.seq, data, (b.entry, b.encoded), sync=False)
-                if self.state.applied >= result.csn:
-                    self._finish(b, result.csn)
-                    return result.csn, True
         except TableMoved as exc:
             # Caught up only once out of local_commit: inside it the follower holds off (and so
             # does this catch-up's own pull), so another replica's DDL not applied yet was waited
@@ -488,8 +479,8 @@ class Committer:
             csn = self.answers.resolve(b.accepted[0][0].txn.id, exc)
             if csn is None:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
-            return csn, False
-        return result.csn, False
+            return csn
+        return result.csn
 
     def _multi(self, data: bytes, b: _Batch, r: _Reading, counters: tuple[dict[str, int], set[str]]) -> CommitResult:
         """:meth:`CsnLog.commit` of the batch, its refusals turned into what the retry loop does
