@@ -321,10 +321,7 @@ class RpcServer:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            events = self._sel.select(_TICK)
-            if self._calls:  # answers sent by other threads without waking this one (_send_from_elsewhere)
-                self._run_calls(drain=False)
-            for key, mask in events:
+            for key, mask in self._sel.select(_TICK):
                 if key.data == "accept":
                     self._accept()
                 elif key.data == "wake":
@@ -369,13 +366,10 @@ class RpcServer:
             self._listener.close()
             self._pool.shutdown(wait=False)
 
-    def call_soon(self, fn: Callable[[], None], wake: bool = True) -> None:
-        """Run ``fn`` on the I/O thread (from any thread). ``wake`` False: when the I/O thread
-        next wakes for anything (an event, or its tick)."""
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the I/O thread (from any thread)."""
         with self._calls_lock:
             self._calls.append(fn)
-            if not wake:
-                return
             wake, self._woken = not self._woken, True
         if wake:
             self._wake()
@@ -386,17 +380,15 @@ class RpcServer:
         except (BlockingIOError, OSError):
             pass  # already awake (the pipe is full) or shut down
 
-    def _run_calls(self, drain: bool = True) -> None:
-        if drain:
-            try:
-                while self._wake_r.recv(4096):
-                    pass
-            except (BlockingIOError, OSError):
+    def _run_calls(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
                 pass
+        except (BlockingIOError, OSError):
+            pass
         with self._calls_lock:
             calls, self._calls = self._calls, deque()
-            if drain:
-                self._woken = False
+            self._woken = False
         for fn in calls:
             try:
                 fn()
@@ -828,10 +820,7 @@ class RpcServer:
                     except OSError:  # full, or broken: the I/O thread's flush sends the rest, or closes
                         sent = 0
         rest = data[sent:] if sent else data
-        # Sent whole: the connection is freed when the I/O thread next wakes, at the latest for
-        # the peer's next request on it (its events come after this call runs: _loop), so no
-        # thread is woken while the peer wakes for the answer.
-        self.call_soon(lambda: self._queue_answer(conn, rest), wake=bool(rest))
+        self.call_soon(lambda: self._queue_answer(conn, rest))
 
     def _queue_answer(self, conn: _Conn, rest: bytes) -> None:
         """On the I/O thread: what of an answer is left to send (maybe nothing), then the
