@@ -27,12 +27,12 @@ pytestmark = pytest.mark.zk
 POINT = "before_own_wal_sync"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def failpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("failpoints")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture  # one per case: a replica the test restarts runs without failpoints
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, failpoints: Path
 ) -> Iterator[LocalCluster]:
