@@ -336,6 +336,7 @@ class Committer:
             return b.deferred
         csn = self._write(b, r)
         self._finish(b, csn)
+        self._sync_wal(csn)
         return deferred
 
     def _read(self, members: list[Pending], local: bool) -> _Reading:
@@ -466,7 +467,8 @@ class Committer:
         try:
             with self.follower.local_commit() as hand_over:
                 result = self._multi(data, b, r, counters)
-                hand_over(result.epoch, result.seq, data, (b.entry, b.encoded))  # WAL + apply, here if it can
+                # WAL (written, fsynced once answered: _sync_wal) + apply, here if it can
+                hand_over(result.epoch, result.seq, data, (b.entry, b.encoded), sync=False)
         except TableMoved as exc:
             # Caught up only once out of local_commit: inside it the follower holds off (and so
             # does this catch-up's own pull), so another replica's DDL not applied yet was waited
@@ -526,6 +528,19 @@ class Committer:
                 if meta.name not in plan.effect.added:
                     delete_part(self.storage, meta.path)
             p.resolve(csn)
+
+    def _sync_wal(self, csn: int) -> None:
+        """Fsync the WAL record of the batch's own entry (CSN ``csn``), written unsynced and
+        answered already: the entry is durable in ZooKeeper's log, and a replica that restarts
+        applies the log up to its end before it serves anything, so what the WAL lost in a
+        crash is fetched again (docs/guarantees.md, "Read your writes"). Fsynced before the
+        next batch is decided all the same, so the WAL never lags more than one entry of its
+        own. The fsync overlaps the answer's way to the client and the client's next request."""
+        failpoints.hit("before_own_wal_sync")  # answered, not fsynced (tests/faults/test_answer_before_wal_sync.py)
+        try:
+            self.follower.wal.sync()
+        except OSError as exc:  # the WAL only caches the log: a restart fetches the entry again
+            log.warning("fsync of the WAL after committing CSN %d failed: %r", csn, exc)
 
     def _verify_files(self, p: Pending, plan: Plan, fence: int, condemned: frozenset[str]) -> None:
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica

@@ -94,8 +94,10 @@ class Follower:
             self._idle.set()
             self._wake.set()  # look past it (re-arm the watch) if no other commit follows
 
-    def _hand_over(self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None) -> None:
-        if not self.apply_own(epoch, seq, data, own):
+    def _hand_over(
+        self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None, sync: bool = True
+    ) -> None:
+        if not self.apply_own(epoch, seq, data, own, sync=sync):
             self.offer(epoch, seq, data)
 
     def decode(self, data: bytes, where: str) -> tuple[LogEntry, bytes]:
@@ -111,12 +113,20 @@ class Follower:
         return entry, raw
 
     def apply_own(
-        self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None, timeout: float = 5.0
+        self,
+        epoch: int,
+        seq: int,
+        data: bytes,
+        own: tuple[LogEntry, bytes] | None = None,
+        timeout: float = 5.0,
+        sync: bool = True,
     ) -> bool:
         """Apply an entry this replica just committed, in the caller's thread, when it is the
         next one here (WAL first, as for any entry). Saves the committer a hand-over to the
         follower thread, and with ``own`` (the entry as the committer built it) the decoding
-        of its own entry. False when it could not: the caller then offers it and waits."""
+        of its own entry. False when it could not: the caller then offers it and waits.
+        ``sync`` False: the WAL record is written, and fsynced by the caller later (the
+        committer answers first: docs/guarantees.md, "Read your writes")."""
         if not self._pull_lock.acquire(timeout=timeout):
             return False
         try:
@@ -127,7 +137,7 @@ class Follower:
             csn = csn_of(epoch, seq)
             # As in a pull: decoded (refused whole) before the WAL sees it.
             entry, raw = own if own is not None else self.decode(data, self.log.entry_path(epoch, seq))
-            self.wal.append([WalEntry(csn, epoch, seq, entry, raw)])
+            self.wal.append([WalEntry(csn, epoch, seq, entry, raw)], sync=sync)
             self.state.apply(csn, epoch, seq, entry)
             self._after_own = True
             return True

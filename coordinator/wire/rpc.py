@@ -278,6 +278,7 @@ class RpcServer:
         self._wake_w.setblocking(False)
         self._calls: deque[Callable[[], None]] = deque()
         self._calls_lock = threading.Lock()
+        self._send_lock = threading.Lock()  # a socket is closed, or sent an answer by a thread other than the I/O one
         self._woken = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-worker")
         self._conns: set[_Conn] = set()
@@ -544,7 +545,8 @@ class RpcServer:
                 self._sel.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
-        conn.sock.close()
+        with self._send_lock:  # never while another thread sends an answer on it
+            conn.sock.close()
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -769,7 +771,7 @@ class RpcServer:
             if threading.get_ident() == self._loop_ident:
                 self._send(conn, envelope)
             else:
-                self.call_soon(lambda: self._send(conn, envelope))
+                self._send_from_elsewhere(conn, envelope)
 
         if self.inline is not None:
             try:
@@ -792,10 +794,40 @@ class RpcServer:
         """On the I/O thread: queue the answer and send what the socket takes now."""
         if conn.closed:
             return
-        try:
-            conn.outbuf += frame(envelope)
-        except Exception as exc:  # an answer that does not encode is still an answer
-            conn.outbuf += frame(error_reply(errors.MergetxnError(f"the answer could not be encoded: {exc!r}"[:300])))
+        conn.outbuf += _answer_frame(envelope)
+        self._flush(conn)
+
+    def _send_from_elsewhere(self, conn: _Conn, envelope: dict) -> None:
+        """An answer given on another thread (the group committer's callback, a worker): sent
+        from that thread at once when the connection is plain TCP, and the I/O thread told
+        afterwards, to send what the socket did not take and to read the connection's next
+        request. Handing the answer itself to the I/O thread cost a wake-up of that thread in
+        every commit's answer (0.2-0.6 ms: it waits for the GIL behind the committer and the
+        follower; benchmarks/README.md, "One commit's timeline").
+
+        Safe because while a request is answered (``busy``) nothing else writes to the socket:
+        the I/O thread neither reads it nor has anything to flush (its outbuf is empty until
+        this answer), and :meth:`_close` closes the socket under ``_send_lock`` (the descriptor
+        is never reused under a send). A TLS connection's answer goes through the I/O thread:
+        its SSL object is used by that thread only."""
+        data = _answer_frame(envelope)
+        sent = 0
+        if not conn.tls:
+            with self._send_lock:
+                if not conn.closed:
+                    try:
+                        sent = conn.sock.send(data)
+                    except OSError:  # full, or broken: the I/O thread's flush sends the rest, or closes
+                        sent = 0
+        rest = data[sent:] if sent else data
+        self.call_soon(lambda: self._queue_answer(conn, rest))
+
+    def _queue_answer(self, conn: _Conn, rest: bytes) -> None:
+        """On the I/O thread: what of an answer is left to send (maybe nothing), then the
+        connection's next request (:meth:`_flush`)."""
+        if conn.closed:
+            return
+        conn.outbuf += rest
         self._flush(conn)
 
     def _flush(self, conn: _Conn) -> None:
@@ -820,6 +852,14 @@ class RpcServer:
         conn.last = time.monotonic()
         conn.busy = False
         self._next(conn)  # watches it for its next request
+
+
+def _answer_frame(envelope: dict) -> bytes:
+    """An answer's frame; an answer that does not encode is still an answer (an error)."""
+    try:
+        return frame(envelope)
+    except Exception as exc:
+        return frame(error_reply(errors.MergetxnError(f"the answer could not be encoded: {exc!r}"[:300])))
 
 
 def _descriptor_room(connections: int) -> int:
