@@ -362,7 +362,9 @@ class ReplicaServer(RpcServer):
         checksums = a.get("checksums", True)
         if not isinstance(checksums, bool):
             raise InvalidInput("check: checksums must be true or false")
-        return check_tables(self.replica.state, self.replica.storage, self.replica.cleanup.marks, tables, checksums)
+        # The gc node read now, not the watched copy: a pass elsewhere may have collected since.
+        marks = self.replica.cleanup.node.refresh()
+        return check_tables(self.replica.state, self.replica.storage, marks, tables, checksums)
 
     def _create_table(self, a: dict) -> dict:
         from coordinator.core.tabledata import schema_from_json
