@@ -363,8 +363,8 @@ class ReplicaServer(RpcServer):
         if not isinstance(checksums, bool):
             raise InvalidInput("check: checksums must be true or false")
         # The gc node read now, not the watched copy: a pass elsewhere may have collected since.
-        marks = self.replica.cleanup.node.refresh()
-        return check_tables(self.replica.state, self.replica.storage, marks, tables, checksums)
+        node = self.replica.cleanup.node
+        return check_tables(self.replica.state, self.replica.storage, node.refresh(), tables, checksums, node.refresh)
 
     def _create_table(self, a: dict) -> dict:
         from coordinator.core.tabledata import schema_from_json

@@ -78,7 +78,9 @@ class Watermark:
             return self.marks
 
     def refresh(self) -> Marks:
-        """Read the node now (a reader that found a part missing asks again)."""
+        """Read the node now (a reader that found a part missing asks again), after a ``sync``:
+        the ZooKeeper member this session reads from may lag the pass that raised it."""
+        self.zk.retry(self.zk.sync, self.path)
         return self._remember(Marks.decode(self.zk.retry(self.zk.get, self.path)[0], self.path))
 
     def raise_to(
