@@ -536,7 +536,9 @@ class Committer:
         crash is fetched again (docs/guarantees.md, "Read your writes"). Fsynced before the
         next batch is decided all the same, so the WAL never lags more than one entry of its
         own. The fsync overlaps the answer's way to the client and the client's next request."""
-        failpoints.hit("before_own_wal_sync")  # answered, not fsynced (tests/faults/test_answer_before_wal_sync.py)
+        failpoints.hit(
+            "before_own_wal_sync", csn
+        )  # answered, not fsynced (tests/faults/test_answer_before_wal_sync.py)
         try:
             self.follower.wal.sync()
         except OSError as exc:  # the WAL only caches the log: a restart fetches the entry again

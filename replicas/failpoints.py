@@ -15,13 +15,23 @@ import time
 _DIR = os.environ.get("MERGETXN_FAILPOINTS") or None
 
 
-def hit(name: str) -> None:
-    """Hold here while failpoint ``name`` is armed (see the module docstring)."""
+def hit(name: str, at: int | None = None) -> None:
+    """Hold here while failpoint ``name`` is armed (see the module docstring). With ``at`` (a
+    CSN, say) and a number written in the armed file, hold only from that number on: a test
+    that arms a point after a call returned can leave that call's own late passage alone."""
     if _DIR is None:
         return
     armed = os.path.join(_DIR, name)
     if not os.path.exists(armed):
         return
+    if at is not None:
+        try:
+            with open(armed) as fh:
+                text = fh.read().strip()
+        except OSError:
+            return
+        if text.isdigit() and at < int(text):
+            return
     with open(armed + ".reached", "w"):
         pass
     while os.path.exists(armed):  # the test decides when to go on: poll its signal

@@ -74,10 +74,12 @@ def test_an_answered_commit_whose_wal_record_was_lost_is_recovered_from_the_log(
     c = cluster.client(0)
     table = "t_nothing" if kept == "nothing" else "t_staged"
     c.create_table(table, ID_V)
-    c.insert(table, pa.table({"id": [1], "v": ["a"]}, schema=ID_V))
+    first = c.insert(table, pa.table({"id": [1], "v": ["a"]}, schema=ID_V))
     wal = cluster.replica_dir(0) / "wal.log"
+    # The committer holds after answering, before the WAL fsync, from the next commit on: the
+    # insert above was answered before its own fsync, which may not have passed the point yet.
+    (failpoints / POINT).write_text(str(first + 1))
     before = wal.stat().st_size
-    (failpoints / POINT).touch()  # the committer holds after answering, before the WAL fsync
     answers: list[object] = []
 
     def insert() -> None:
