@@ -12,7 +12,9 @@ ZooKeeper server on loopback, the same workload, in one run.
   on 127.0.0.1 (what the other benchmarks and the tests use).
 
 Cases (benchmarks/commit_throughput.py's writers, one process each): 10-row insert transactions
-with 1 writer and with 6 writers spread over the 3 replicas. Needs root (network namespaces).
+with 1 writer and with 6 writers spread over the 3 replicas. Needs root (network namespaces). Each
+case also reports the machine's busy CPU per commit (``/proc/stat``), the writers' apart: on a
+quiet machine the rest is ZooKeeper's members and the replicas, what a quorum adds.
 
     .venv/bin/python benchmarks/quorum_cost.py [--seconds 15] [--out benchmarks/results/quorum_cost.json]
 """
@@ -45,11 +47,18 @@ def bench(cluster, name: str, warmup: float, seconds: float, log) -> dict:
         table = f"{ct.TABLE}_{case}"
         admin.create_table(table, ct.ten_rows().schema, auto_merge=False)
         params = {"addresses": list(cluster.replica_addresses), "table": table}
-        t = ct.run_processes("mergetxn_insert", params, writers, warmup, seconds)
+        # watch={}: the machine's busy CPU in the window is counted (/proc/stat), the writers' apart;
+        # the rest is ZooKeeper's members and the replicas (nothing else runs in a quiet run).
+        t = ct.run_processes("mergetxn_insert", params, writers, warmup, seconds, watch={})
         out[case] = ct.summarize(t, seconds, writers=writers)
+        if t.count:
+            out[case]["cpu_ms_per_commit"] = {
+                "zookeeper_and_replicas": round(t.cpu.get("other processes", 0.0) * 1000 / t.count, 3),
+                "writers": round(t.cpu.get("writers", 0.0) * 1000 / t.count, 3),
+            }
         log(
             f"  {name} {case}: {out[case]['commits_per_s']} commits/s, p50 {out[case]['p50_ms']} ms, "
-            f"p99 {out[case]['p99_ms']} ms"
+            f"p99 {out[case]['p99_ms']} ms, CPU ms per commit {out[case].get('cpu_ms_per_commit')}"
         )
     admin.close()
     return out
