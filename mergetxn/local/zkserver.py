@@ -26,6 +26,7 @@ import atexit
 import contextlib
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -187,11 +188,41 @@ def java_executable() -> str:
 # Small helpers
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for ports it picks itself (a ``bind`` to port 0, a ``connect``'s source
+    port): Linux's default when the file cannot be read."""
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split()[:2])
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_ports(n: int, host: str = LOCALHOST) -> list[int]:
-    """n distinct free TCP ports (all held open together so they differ)."""
+    """n distinct free TCP ports (all held open together so they differ), outside the kernel's
+    ephemeral range where it can: a port is picked now and bound later by a server we start, and
+    in between any socket the kernel numbers itself (a replica's listener on port 0, a client's
+    outgoing connection) could take one from that range (a ZooKeeper member refused "port in use"
+    in chaos campaigns)."""
+    low, high = ephemeral_range()
+    candidates = [*range(20000, min(low, 32768)), *range(max(high + 1, 61000), 65536)]
+    random.shuffle(candidates)
     socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for port in candidates:
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((host, port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # that range is taken: the kernel picks from its own
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind((host, 0))
             socks.append(s)
