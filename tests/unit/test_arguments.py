@@ -68,7 +68,7 @@ CASES: list[tuple[str, tuple, dict]] = [
     ("client.read", (SELF, "kv"), {"snapshot": 2**63}),
     ("client.read", (SELF, "kv"), {"snapshot": None}),
     ("client.read", (SELF, "kv"), {"as_of": dt.datetime(2026, 1, 1)}),
-    ("client.read", (SELF, "kv"), {"as_of": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)}),
+    ("client.read", (SELF, "kv"), {"as_of": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)}),
     ("client.read", (SELF, "kv"), {"columns": "k"}),
     ("client.read", (SELF, "kv"), {"columns": ("k", 3)}),
     ("client.read", (SELF, "kv"), {"where": 5}),
