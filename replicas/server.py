@@ -248,6 +248,9 @@ class ReplicaServer(RpcServer):
                 return False
             reply(self._envelope(action, self._stage, args))
             return True
+        if action == "visible" and self._quick_point_read(args):
+            reply(self._envelope(action, self._visible, args))
+            return True
         if action == "commit":
             return self._commit_async(args, reply)
         if action == "commit_parts":
@@ -256,6 +259,25 @@ class ReplicaServer(RpcServer):
             reply(self.dispatch(action, args))
             return True
         return False
+
+    def _quick_point_read(self, a: dict) -> bool:
+        """A point read at the latest snapshot without a lease (``visible`` with ``point_hint``
+        and ``lease="none"``, what a keys-table lookup sends) of a table this replica knows,
+        caught up with cleanup's watermark: nothing in it waits (memory, a lock held briefly and
+        the summary probe), so it is answered without the hand-off to a worker (a lookup's
+        wake-up of a second thread)."""
+        replica = self.replica
+        return (
+            a.get("point_hint") is not None
+            and a.get("lease") == "none"
+            and a.get("id") is None
+            and a.get("snapshot") is None
+            and a.get("as_of") is None
+            and not a.get("fresh")
+            and isinstance(a.get("table"), str)
+            and replica.state.table(a["table"]) is not None
+            and replica.retention.node.watermark <= replica.state.applied
+        )
 
     def _quick_stage(self, a: dict) -> bool:
         txn = self.transactions.quick_txn(a.get("id"))

@@ -233,13 +233,67 @@ def check_arguments(what: str, signature: inspect.Signature, args: tuple, kwargs
             )
 
 
+class _Plan:
+    """What :func:`check_arguments` works out from a signature, once per function: the
+    parameters by position and by name, and the ruled ones in order. A call whose arguments
+    bind plainly (no more positionals than the function takes, keywords it has, none given
+    twice, every required one there) is checked from these in a few dict look-ups; any other
+    call goes through ``signature.bind``, which words the refusal (a lookup's argument check
+    cost a fifth of a millisecond through ``bind``)."""
+
+    __slots__ = ("names", "positional", "required", "ruled", "signature", "what")
+
+    def __init__(self, what: str, signature: inspect.Signature) -> None:
+        self.what, self.signature = what, signature
+        params = list(signature.parameters.values())
+        plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        # None: a function with *args, **kwargs or positional-only parameters: always bound
+        self.positional: tuple[str, ...] | None = (
+            tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD) if plain else None
+        )
+        self.names = frozenset(p.name for p in params)
+        self.required = tuple(p.name for p in params if p.default is inspect.Parameter.empty)
+        self.ruled = tuple((p.name, RULES[p.name], p.default) for p in params if p.name in RULES)
+
+    def check(self, args: tuple, kwargs: dict) -> None:
+        """InvalidInput for the first argument that breaks its name's rule (as
+        :func:`check_arguments`)."""
+        positional = self.positional
+        if positional is None or len(args) > len(positional):
+            check_arguments(self.what, self.signature, args, kwargs)
+            return
+        given = dict(zip(positional, args))
+        for name, value in kwargs.items():
+            if name not in self.names or name in given:
+                check_arguments(self.what, self.signature, args, kwargs)
+                return
+            given[name] = value
+        for name in self.required:
+            if name not in given:
+                check_arguments(self.what, self.signature, args, kwargs)
+                return
+        for name, rule, default in self.ruled:
+            if name not in given:
+                continue
+            value = given[name]
+            if default is not inspect.Parameter.empty and value is default:
+                continue
+            wanted = rule(value)
+            if wanted is not None:
+                raise InvalidInput(
+                    f"{self.what}: {name} must be {wanted}, not {quote(value)} ({type(value).__name__})",
+                    argument=name,
+                )
+
+
 def checked(what: str, fn: Callable[..., T]) -> Callable[..., T]:
-    """``fn`` with its arguments checked first (:func:`check_arguments`)."""
-    signature = inspect.signature(fn)
+    """``fn`` with its arguments checked first (:func:`check_arguments`, through a
+    :class:`_Plan` of its signature)."""
+    check = _Plan(what, inspect.signature(fn)).check
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> T:
-        check_arguments(what, signature, args, kwargs)
+        check(args, kwargs)
         return fn(*args, **kwargs)
 
     return call

@@ -748,9 +748,7 @@ class Client:
             # Only those keys' versions matter (the fold is per key): of each part, only the row
             # groups whose key statistics may hold one (parts are written sorted by key), and of
             # them only those keys' rows, are read and folded.
-            keys = (list(tdef.primary_key), wanted)
-            datas = [read_part(self.storage, m, keys=keys) for m in metas]
-            versions = [(csns.get(m.name, keytables.OWN), d) for m, d in zip(metas, datas)]
+            versions = self._point_versions(tdef, metas, csns, wanted)
             few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions)
             data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
         else:
@@ -758,6 +756,27 @@ class Client:
         if where is not None and exact is None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
+
+    def _point_versions(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
+    ) -> list[tuple[float, pa.Table]]:
+        """``(order, versions of the keys wanted)`` of the parts a point read needs, in the order
+        of ``metas``. With plain key columns the parts are read newest first (by
+        :func:`keypoint.top_place`) and the rest left once every key has a PUT or DELETE later
+        than anything they can hold (:func:`keypoint.settled`): the fold of the parts read is
+        the fold of all of them, and a filter's false positive older than a key's last write
+        costs nothing."""
+        keys = (list(tdef.primary_key), wanted)
+        orders = [csns.get(m.name, keytables.OWN) for m in metas]
+        if len(metas) < 2 or not keypoint.plain_keys(tdef.schema, tdef.primary_key):
+            return [(o, read_part(self.storage, m, keys=keys)) for m, o in zip(metas, orders)]
+        return keypoint.newest_first(
+            orders,
+            [m.stats for m in metas],
+            wanted,
+            tdef.primary_key,
+            lambda i: read_part(self.storage, metas[i], keys=keys),
+        )
 
     def _fold_whole(
         self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None

@@ -6,16 +6,25 @@ all parts in one layout, the order and the fold are worked out in Python on the 
 version values, and the rows are taken from the versions with one ``take`` per column. Anything
 else is None: the caller folds with ``keyfold.merge``. Both give identical tables
 (tests/unit/test_keys_fold.py checks it against the reference fold on random histories).
+
+A point read also reads its candidate parts newest first and stops once every key it looks up
+has a PUT or DELETE later than any version the parts left can hold (:func:`top_place`,
+:func:`note_settled`, :func:`settled`): the fold of a key starts over at its last PUT or DELETE,
+so versions before it change nothing (tests/unit/test_keys_point.py: the fold of the parts read
+equals the fold of all of them on random histories).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.core.keytables import COLS, DELETE, LOCK_STRONG, OP, OWN, PUT, SEQ, VER, mix64_type
+
+_NEVER = float("-inf")
 
 FEW = 64  # versions at most; beyond, the kernels' fixed cost is no longer most of the fold
 _OWN_ORDER = (1 << 63) - 1  # OWN as an int64: after every CSN (as keyfold orders it)
@@ -80,3 +89,71 @@ def merge_few(
     return pa.Table.from_arrays(
         [pc.take(data.column(c), pa.array(sources[c], pa.int64())) for c in schema.names], schema=schema
     )
+
+
+def plain_keys(schema: pa.Schema, primary_key: Sequence[str]) -> bool:
+    """Key columns whose values Python compares as Arrow does (ints, strings, bools, binary):
+    a key read back from a part is then found by equality among the keys looked up."""
+    return bool(primary_key) and all(mix64_type(schema.field(k).type) for k in primary_key)
+
+
+def top_place(order: float, stats: Mapping[str, Any]) -> float:
+    """The latest place (version) any version of a part may take: its ``order`` (creation CSN;
+    a transaction's own part: OWN, after every CSN) or, in a compaction's output, its highest
+    ``_ver`` when that is later (from the part's statistics; statistics that do not bound it:
+    OWN, so the part is never passed over)."""
+    ver = stats.get(VER)
+    if ver is None:  # no _ver column: each version's place is the part's order
+        return order
+    lo, hi = ver
+    if hi is None:
+        return order if lo is None else OWN  # every _ver null, or no upper bound known
+    if type(hi) is int:
+        return max(order, hi)
+    return OWN
+
+
+def note_settled(found: dict[tuple, float], data: pa.Table, order: float, primary_key: Sequence[str]) -> None:
+    """Record in ``found`` (key -> the latest place of a PUT or DELETE of it seen) the PUTs and
+    DELETEs among ``data``, one part's versions (of ``order``) of the keys looked up."""
+    if not data.num_rows or OP not in data.column_names:  # no op to go by: nothing settled, all read
+        return
+    ops = data.column(OP).to_pylist()
+    vers = data.column(VER).to_pylist() if VER in data.column_names else None
+    keys = zip(*(data.column(k).to_pylist() for k in primary_key))
+    for i, key in enumerate(keys):
+        if ops[i] != PUT and ops[i] != DELETE:
+            continue
+        place = order if vers is None or vers[i] is None else vers[i]
+        if place > found.get(key, _NEVER):
+            found[key] = place
+
+
+def settled(wanted: Iterable[tuple], found: Mapping[tuple, float], top: float) -> bool:
+    """Whether every key of ``wanted`` has a PUT or DELETE (``found``, :func:`note_settled`)
+    strictly later than ``top``: then no version of a part whose :func:`top_place` is at most
+    ``top`` changes what the fold gives (a tie is not passed over: ``_seq`` orders it)."""
+    return all(found.get(key, _NEVER) > top for key in wanted)
+
+
+def newest_first(
+    orders: Sequence[float],
+    stats: Sequence[Mapping[str, Any]],
+    wanted: Sequence[tuple],
+    primary_key: Sequence[str],
+    read: Callable[[int], pa.Table],
+) -> list[tuple[float, pa.Table]]:
+    """``(order, read(i))`` of the parts a point read of ``wanted`` needs, in the parts' order
+    (so a fold of them orders ties as the fold of every part would): ``read(i)`` gives part
+    ``i``'s versions of those keys; parts are read by descending :func:`top_place` (ties in
+    their order) until the next one cannot change the fold (:func:`settled`). For plain key
+    columns only (:func:`plain_keys`)."""
+    tops = [top_place(o, s) for o, s in zip(orders, stats)]
+    got: dict[int, pa.Table] = {}
+    found: dict[tuple, float] = {}
+    for i in sorted(range(len(orders)), key=tops.__getitem__, reverse=True):  # reverse keeps ties in order
+        if found and settled(wanted, found, tops[i]):
+            break
+        got[i] = read(i)
+        note_settled(found, got[i], orders[i], primary_key)
+    return [(orders[i], got[i]) for i in sorted(got)]

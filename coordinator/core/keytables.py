@@ -1132,10 +1132,13 @@ def point_keys(
         name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
         if op != "==" or name not in pk:
             return None if exact else [{}]  # no constraint on the key (it only narrows further)
-        if exact and not mix64_type(schema.field(name).type):
+        t = schema.field(name).type
+        if exact and not mix64_type(t):
             return None  # floats (-0.0 == 0.0, NaN), times: left to the expression
+        if type(value) is int and -(2**63) <= value < 2**63 and t == pa.int64():
+            return [{name: value}]  # an int64 key's int: the cast below gives it back as is
         try:
-            cast = pa.scalar(value).cast(schema.field(name).type, safe=True).as_py()
+            cast = pa.scalar(value).cast(t, safe=True).as_py()
         except (pa.ArrowException, TypeError, ValueError):
             return None
         if cast != value or type(cast) is not type(value):

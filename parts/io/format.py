@@ -428,20 +428,26 @@ def _read_one_group(
         raise _corrupt(meta, f"footer does not parse: {clip(exc)}") from None
     metadata, bounds, inside = _keep_footer(meta, ranges, pk, pf.metadata)
     groups = groups_holding(bounds, wanted)
-    schema = _known_columns(meta, metadata, columns)
+    _known_columns(meta, metadata, columns)
     if not groups:
-        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+        return _no_rows(metadata, columns)
     _check_spans(meta, metadata, inside, groups, spans)
     return _decode(meta, pf, groups, columns, keys)
 
 
-def _known_columns(meta: PartMeta, metadata: Any, columns: list[str] | None) -> pa.Schema:
-    schema = metadata.schema.to_arrow_schema()
+def _known_columns(meta: PartMeta, metadata: Any, columns: list[str] | None) -> None:
+    """InvalidInput for a column the part does not have (the Arrow schema built only then: a
+    point read of every column, the usual one, does not need it)."""
     if columns is not None:
-        unknown = [c for c in columns if c not in schema.names]
+        names = metadata.schema.to_arrow_schema().names
+        unknown = [c for c in columns if c not in names]
         if unknown:
             raise InvalidInput(f"read of part {quote(meta.path)}: unknown column(s) {quote(unknown)}", missing=unknown)
-    return schema
+
+
+def _no_rows(metadata: Any, columns: list[str] | None) -> pa.Table:
+    schema = metadata.schema.to_arrow_schema()
+    return schema.empty_table() if columns is None else schema.empty_table().select(columns)
 
 
 def _decode(
@@ -483,9 +489,9 @@ def _read_key_groups(
     pk, wanted = keys
     metadata, bounds, inside = _ranged_footer(storage, meta, ranges, pk)
     groups = groups_holding(bounds, wanted)
-    schema = _known_columns(meta, metadata, columns)
+    _known_columns(meta, metadata, columns)
     if not groups:
-        return schema.empty_table() if columns is None else schema.empty_table().select(columns)
+        return _no_rows(metadata, columns)
     spans = [ranges["groups"][g] for g in groups]
     _check_spans(meta, metadata, inside, groups, spans)
     try:
