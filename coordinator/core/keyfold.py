@@ -15,13 +15,15 @@ whole columns, with no per-row Python:
    inside the segment. A read takes each key's row after its last version, a compaction each
    run's, ``changes`` each key's row before and after each commit, all in one pass.
 
-A read has two shorter roads (issue 24 session 6), both decided from the versions themselves:
+A read has shorter roads (issue 24 sessions 6 and 7), all decided from the versions themselves:
 parts whose keys each rise strictly (every part is written sorted by key) and whose key ranges
 do not meet, all of them PUTs (a table after a major compaction), are their rows, put in key
 order, with no sort and no gather; and when every part's keys rise strictly, the parts have
-distinct orders and none has ``_ver``, a stable sort by key alone leaves each key's versions in
-order, so that is not checked. A reader may leave out the columns a part's statistics prove
-constant (:func:`read_plan`).
+distinct orders and none has ``_ver``, the versions put one part after the other in CSN order
+are in version order per key, so a stable sort by key alone leaves them in order (not checked)
+and, for one integer key column whose values are dense enough, each key's last version is found
+with no sort at all, by writing each row's index into its key's slot (:func:`_last_by_slot`). A
+reader may leave out the columns a part's statistics prove constant (:func:`read_plan`).
 
 Each step is a fixed number of kernels per column, whatever the number of versions; on a few
 versions (a point read) the fixed cost is some hundred microseconds.
@@ -84,12 +86,19 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
         # Only the key, version and _seq columns are put in order; the other columns are taken
         # once, at the rows kept (a read's cost is then about one sort of the keys). Each part
         # holding a key once, in distinct orders and without _ver: the stable key sort leaves
-        # versions in order (parts are in CSN order), so that is not checked.
+        # versions in order (parts are in CSN order), so that is not checked, and a dense
+        # integer key needs no sort: each key's last row is the last written to its slot.
         ordered = (
             rising
             and len({o for o, _ in live}) == len(live)
             and not any(VER in t.column_names and t.column(VER).null_count < t.num_rows for _, t in live)
         )
+        rows = _last_by_slot(data.column(primary_key[0])) if ordered else None
+        if rows is not None:
+            # Each key's last version found without a sort: its row, the keys taken from it.
+            if op_hi >= DELETE and pc.any(pc.equal(op, DELETE)).as_py():
+                rows = pc.filter(rows, pc.not_equal(_take(op, rows), DELETE))
+            return pa.Table.from_arrays([_take(data.column(c), rows) for c in schema.names], schema=schema)
         order, starts, keys = _version_order(data, primary_key, ordered)
         at = pc.indices_nonzero(_shifted(starts, True, forward=False))  # each key's last, sorted
         if op_hi >= DELETE and pc.any(pc.equal(op, DELETE)).as_py():
@@ -260,8 +269,9 @@ def _passed_through(schema: pa.Schema, column: str, parts: list[tuple[float, pa.
     """The rows of ``parts`` (each non-empty, its keys rising strictly, one key column) when
     every version is a PUT and their key ranges do not meet: each key then has one version, and
     its row is it. The parts put in key order; no sort, no gather. None otherwise."""
-    for _, t in parts:
-        lo, hi = pc.min_max(t.column(OP)).values()
+    ops = _joined([t.column(OP) for _, t in parts])  # one kernel call, not one a part
+    for op in [ops] if ops is not None else [t.column(OP) for _, t in parts]:
+        lo, hi = pc.min_max(op).values()
         if lo.as_py() != PUT or hi.as_py() != PUT:
             return None
     key_type = schema.field(column).type
@@ -382,9 +392,9 @@ def completed(plan: ReadPlan, data: pa.Table) -> pa.Table:
     value column) :func:`merge` reads as null."""
     n = data.num_rows
     if plan.put_only and OP not in data.column_names:
-        data = data.append_column(pa.field(OP, pa.int8()), pa.repeat(pa.scalar(PUT, pa.int8()), n))
+        data = data.append_column(pa.field(OP, pa.int8()), _constant(PUT, pa.int8(), n))
     if SEQ not in data.column_names:
-        data = data.append_column(pa.field(SEQ, pa.int64()), pa.repeat(pa.scalar(0, pa.int64()), n))
+        data = data.append_column(pa.field(SEQ, pa.int64()), _constant(0, pa.int64(), n))
     return data
 
 
@@ -426,6 +436,14 @@ def _arange(n: int) -> pa.Array:
     return pc.subtract(pc.cumulative_sum(pa.repeat(pa.scalar(1, pa.int64()), n)), 1)
 
 
+def _constant(value: int, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` times the integer ``value`` (of fixed-width ``type_``): a zeroed buffer, plus
+    ``value`` when it is not 0. ``pa.repeat`` costs some ten times more (30-60 us for 10,000
+    values), paid per part of a read."""
+    zeros = pa.Array.from_buffers(type_, n, [None, pa.py_buffer(bytes(n * type_.byte_width))])
+    return zeros if value == 0 else pc.add(zeros, pa.scalar(value, type_))
+
+
 def _shifted(a: pa.Array, fill: object = False, forward: bool = True) -> pa.Array:
     """``a`` moved one row on (each row sees the one before; the first ``fill``), or, with
     ``forward=False``, one row back (each sees the one after; the last ``fill``)."""
@@ -455,7 +473,9 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
             continue
         have = data.schema.names
         at = pa.scalar(_OWN_ORDER if order == OWN else int(order), pa.int64())
-        ver = pc.coalesce(data.column(VER).cast(pa.int64()), at) if VER in have else pa.repeat(at, n)
+        ver = (
+            pc.coalesce(data.column(VER).cast(pa.int64()), at) if VER in have else _constant(at.as_py(), pa.int64(), n)
+        )
         present = set(have)
         names = [c for c in wanted if c in present]
         pieces.append((data if names == have else data.select(names)).append_column(_V, ver))
@@ -581,6 +601,49 @@ def _radix_order(col: pa.Array) -> pa.Array | None:
         digit = pc.bit_wise_and(shifted, mask).cast(pa.uint16())
         order = pc.sort_indices(digit) if order is None else pc.take(order, pc.sort_indices(pc.take(digit, order)))
     return order
+
+
+_SLOTS_PER_ROW = 4  # an integer key spanning at most this many values per version: a slot each
+
+
+def _last_by_slot(col: pa.ChunkedArray | pa.Array) -> pa.Array | None:
+    """For one integer key column without nulls whose rows are versions in order (each key's
+    later versions further on), the row of each key's last version, in key order, or None (not
+    integers, nulls, or values spanning more than :data:`_SLOTS_PER_ROW` per row).
+
+    No sort: each row writes its index into the slot of its key (its offset from the least
+    key), a later row over an earlier one (``inverse_permutation`` visits the indices in order,
+    the last one written stays), and the filled slots, read in slot order, are the keys in
+    order. Linear in rows plus span, where a sort of a million keys by radix costs some times
+    more (issue 24 session 7)."""
+    if not pa.types.is_integer(col.type) or col.null_count or len(col) == 0 or not _last_wins():
+        return None
+    lo, hi = (v.as_py() for v in pc.min_max(col).values())
+    span = hi - lo + 1
+    if span > _SLOTS_PER_ROW * len(col):
+        return None
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    # The offsets lie in [0, span), span at most 4 a row: int64 holds them whatever the key type
+    # (a subtraction that wraps past the type's end wraps back: Arrow's unchecked subtract).
+    wide = pa.uint64() if col.type == pa.uint64() else pa.int64()
+    offset = pc.subtract(col.cast(wide), pa.scalar(lo, wide)).cast(pa.int64())
+    kind = pa.int32() if len(col) < 2**31 - 1 else pa.int64()
+    slots = pc.inverse_permutation(offset, max_index=span - 1, output_type=kind)
+    return pc.drop_null(slots)
+
+
+_LAST_WINS: list[bool] = []
+
+
+def _last_wins() -> bool:
+    """Whether ``inverse_permutation`` keeps the last of the indices that meet in one slot (what
+    :func:`_last_by_slot` relies on; Arrow's kernel visits them in order, as its ``scatter``
+    documents by example): checked once per process, else the fold sorts."""
+    if not _LAST_WINS:
+        got = pc.inverse_permutation(pa.array([1, 0, 1, 1, 0], pa.int64()), max_index=1)
+        _LAST_WINS.append(got.to_pylist() == [4, 3])
+    return _LAST_WINS[0]
 
 
 def _take(col: pa.ChunkedArray | pa.Array, rows: pa.Array) -> pa.Array:

@@ -240,3 +240,158 @@ def test_rising(parts, want) -> None:
     cols = [pa.array(p, pa.float64() if any(isinstance(v, float) for v in p) else pa.int64()) for p in parts]
     assert keyfold._rising(cols) == want
     assert [keyfold.strictly_increasing(c) for c in cols] == want
+
+
+# -- each key's last version by slot (keyfold._last_by_slot, issue 24 session 7) ------------------
+SLOT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64()]
+
+
+@st.composite
+def slot_columns(draw: st.DrawFn) -> pa.Array:
+    """Integers of one type near either end of it or around zero, dense (slots needed about the
+    rows) or spread (more slots than the road allows), with repeats; sometimes a null."""
+    t = draw(st.sampled_from(SLOT_TYPES))
+    bits = t.bit_width
+    lo, hi = (0, 2**bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    width = draw(st.sampled_from([0, 2, 10, 60, 2**40]))
+    base = draw(st.sampled_from([lo, hi - min(width, hi - lo), max(lo, min(0, hi - width))]))
+    values = st.integers(base, min(hi, base + width))
+    got = draw(st.lists(values | st.none() if draw(st.integers(0, 9)) == 0 else values, max_size=40))
+    return pa.array(got, t)
+
+
+@FAST
+@given(slot_columns())
+def test_last_by_slot_is_each_keys_last_row_in_key_order(col: pa.Array) -> None:
+    """The rows of each key's last occurrence, keys ascending; None for nulls or a span over
+    the slots allowed per row (the caller then sorts)."""
+    values = col.to_pylist()
+    got = keyfold._last_by_slot(pa.chunked_array([col.slice(0, len(col) // 2), col.slice(len(col) // 2)], col.type))
+    present = [v for v in values if v is not None]
+    if not present or None in values or max(present) - min(present) + 1 > keyfold._SLOTS_PER_ROW * len(values):
+        assert got is None
+        return
+    last = {v: i for i, v in enumerate(values)}
+    assert got is not None and got.to_pylist() == [last[v] for v in sorted(last)]
+
+
+def test_last_by_slot_refuses_other_types() -> None:
+    assert keyfold._last_by_slot(pa.array([1.0, 2.0])) is None
+    assert keyfold._last_by_slot(pa.array(["a", "b"])) is None
+    assert keyfold._last_by_slot(pa.array([], pa.int64())) is None
+    assert keyfold._last_wins()  # the kernel this road relies on keeps the last index per slot
+
+
+def test_a_big_upsert_history_takes_the_slot_road_and_equals_the_reference(monkeypatch) -> None:
+    """The bench's shape at 40,000 keys: a base load of random keys in parts given out of CSN
+    order, rewrites of some keys, a delete, a read lock; each key once per part, so versions
+    are in order in CSN order and each key's last one is found by slot, not by a sort. The
+    reference fold agrees, and the road taken is the slot one (the real function, watched)."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64())])
+    pk = ("k",)
+    n = 40_000
+    shuffled = [(i * 7919) % n - n // 2 for i in range(n)]
+
+    def part(keys: list[int], v: int, op: int = PUT) -> pa.Table:
+        data = pa.table({"k": pa.array(sorted(keys), pa.int64()), "v": pa.array([v] * len(keys), pa.int64())})
+        return keytables.versions(schema, pk, "t", data if op == PUT else data.select(["k"]), op, 0)
+
+    quarter = n // 4
+    parts = [(10 + i, part(shuffled[i * quarter : (i + 1) * quarter], i)) for i in range(4)]
+    parts += [
+        (20, part(shuffled[::50], 100)),
+        (21, part(shuffled[::70], 200)),
+        (22, part(shuffled[::90], 0, DELETE)),
+        (23, part(shuffled[::30], 0, LOCK_WEAK)),
+    ]
+    parts = [parts[i] for i in (5, 2, 7, 0, 6, 3, 1, 4)]
+    answers = []
+    real = keyfold._last_by_slot
+    monkeypatch.setattr(keyfold, "_last_by_slot", lambda col: answers.append(real(col)) or answers[-1])
+    got = keyfold.merge(schema, pk, parts)
+    assert len(answers) == 1 and answers[0] is not None  # dense keys: the slot road answered
+    same(got, ref.merge(schema, pk, parts))
+    assert got.num_rows == n - len(shuffled[::90])
+
+
+@st.composite
+def upsert_histories(draw: st.DrawFn):
+    """What reaches the slot road: one integer key column of any width, keys near the type's
+    ends or around zero, each part's keys once and sorted (as written), distinct orders (a
+    transaction's own part maybe among them), PUT/DELETE versions and read locks; parts given
+    in any order. Keys often rewritten, so the wrong version kept shows. Sometimes tied orders,
+    where ``_seq`` orders versions and the road must not be taken."""
+    t = draw(st.sampled_from([pa.int8(), pa.int32(), pa.int64(), pa.uint64()]))
+    bits = t.bit_width
+    lo, hi = (0, 2**bits - 1) if pa.types.is_unsigned_integer(t) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+    base = draw(st.sampled_from([lo, hi - 12, -5 if lo < 0 else 0]))
+    schema = pa.schema(
+        [pa.field("v", pa.int64()), pa.field("k", t, nullable=False), pa.field("s", pa.string(), nullable=False)]
+    )
+    tied = draw(st.integers(0, 3)) == 0
+    orders = draw(st.lists(st.integers(1, 2 if tied else 9), min_size=2 if tied else 1, max_size=6, unique=not tied))
+    if draw(st.integers(0, 3)) == 0:
+        orders[-1] = OWN
+    parts = []
+    for order in orders:
+        keys = sorted(draw(st.lists(st.integers(base, base + 12), unique=True, min_size=int(tied), max_size=10)))
+        rows = [
+            {
+                "k": k,
+                "v": draw(st.none() | st.integers(-3, 3)),
+                "s": draw(st.sampled_from(["x", "y", ""])),
+                OP: draw(st.sampled_from([PUT, PUT, DELETE, LOCK_WEAK])),
+                SEQ: draw(st.integers(0, 3)),
+                COLS: None,
+            }
+            for k in keys
+        ]
+        parts.append((order, pa.Table.from_pylist(rows, schema=keytables.file_schema(schema, ("k",)))))
+    return schema, ("k",), draw(st.permutations(parts))
+
+
+@FAST
+@given(upsert_histories())
+def test_merge_of_upserts_by_slot_equals_the_reference(history) -> None:
+    schema, pk, parts = history
+    same(keyfold.merge(schema, pk, parts), ref.merge(schema, pk, parts))
+    same(keyfold.merge(schema, pk, read_as_planned(schema, pk, parts)), ref.merge(schema, pk, parts))
+
+
+@pytest.mark.parametrize(
+    ("key_type", "delta"),
+    [(pa.int64(), True), (pa.int32(), True), (pa.uint64(), True), (pa.string(), False), (pa.float64(), False)],
+)
+@pytest.mark.parametrize("rows", [10, 20_000])  # a small part (no dictionaries, uncompressed) and a big one
+def test_a_keys_part_writes_an_integer_key_in_delta_encoding(tmp_path, key_type, delta: bool, rows: int) -> None:
+    """The keys writer (parts/io/format.py) stores a sorted integer first key column as
+    DELTA_BINARY_PACKED, other key types and the other columns as before (dictionaries in a
+    big part); the part reads back whole and by point as written."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from parts.io import format as part_format
+    from parts.io.storage import Storage
+
+    schema = pa.schema([pa.field("k", key_type, nullable=False), pa.field("v", pa.int64()), pa.field("s", pa.string())])
+    raw_keys = [(i * 7919) % 50_000 for i in range(rows)]
+    keys = [str(k) for k in raw_keys] if key_type == pa.string() else [float(k) for k in raw_keys]
+    if pa.types.is_integer(key_type):
+        keys = raw_keys
+    data = pa.table({"k": pa.array(keys, key_type), "v": list(range(rows)), "s": [f"s{k % 7}" for k in raw_keys]})
+    versions = keytables.versions(schema, ("k",), "t", data.cast(schema), PUT, 0)
+    storage = Storage(str(tmp_path))
+    meta = part_format.write_part(storage, "t", [], (), versions, "tx1", primary_key=("k",))
+    md = pq.ParquetFile(str(tmp_path / meta.path)).metadata
+    encodings = {md.schema.column(i).name: md.row_group(0).column(i).encodings for i in range(md.num_columns)}
+    assert ("DELTA_BINARY_PACKED" in encodings["k"]) == delta
+    assert not any("DELTA_BINARY_PACKED" in e for c, e in encodings.items() if c != "k")
+    if rows > 1000:  # a big part keeps dictionaries for the other columns
+        assert "RLE_DICTIONARY" in encodings["s"]
+    whole = part_format.read_part(storage, meta)
+    assert whole.column("k").to_pylist() == sorted(keys, key=_sort_key)
+    want = versions.sort_by("k")
+    assert whole.select(["k", "v", "s"]).equals(want.select(["k", "v", "s"]))
+    for key in (keys[0], keys[-1]):
+        got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+        assert got.equals(whole.filter(pc.field("k") == key))
