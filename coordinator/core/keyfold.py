@@ -642,7 +642,13 @@ def _last_wins() -> bool:
     documents by example): checked once per process, else the fold sorts."""
     if not _LAST_WINS:
         got = pc.inverse_permutation(pa.array([1, 0, 1, 1, 0], pa.int64()), max_index=1)
-        _LAST_WINS.append(got.to_pylist() == [4, 3])
+        # and over many rows meeting in each slot (a kernel that split long inputs would show it)
+        n, slots = 1 << 17, 1 << 10
+        many = pc.inverse_permutation(pc.bit_wise_and(_arange(n), slots - 1), max_index=slots - 1)
+        _LAST_WINS.append(
+            got.to_pylist() == [4, 3]
+            and many.cast(pa.int64()).equals(pc.add(_arange(slots), pa.scalar(n - slots, pa.int64())))
+        )
     return _LAST_WINS[0]
 
 
