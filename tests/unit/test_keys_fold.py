@@ -15,20 +15,15 @@ import decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from support import keys_reference as ref
+from support.hypo import deterministic
 
 from coordinator.core import keyfold, keypoint, keytables
 
 # Deterministic in CI (no example database, a fixed derivation of examples) and under 30 s.
-FAST = settings(
-    derandomize=True,
-    database=None,
-    max_examples=100,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FAST = deterministic(100)
 
 # key type -> a small pool of values (collisions are the point); floats include -0.0 and 0.0
 KEY_TYPES = {

@@ -8,19 +8,14 @@ and it does pass over parts (a check that never skips would prove nothing)."""
 from __future__ import annotations
 
 import pyarrow as pa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from support import keys_reference as ref
+from support.hypo import deterministic
 
 from coordinator.core import keypoint, keytables
 
-FAST = settings(
-    derandomize=True,
-    database=None,
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FAST = deterministic(300)
 OPS = [keytables.PUT, keytables.UPDATE, keytables.DELETE, keytables.LOCK_STRONG, keytables.LOCK_WEAK]
 KEYS = {"int64": (pa.int64(), [-3, 0, 1, 2, 7]), "string": (pa.string(), ["", "a", "ab", "é"])}
 

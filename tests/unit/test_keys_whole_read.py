@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from support import keys_reference as ref
+from support.hypo import deterministic
 
 from coordinator.core import keyfold, keytables
 from coordinator.core.keytables import COLS, DELETE, LOCK_WEAK, OP, OWN, PUT, SEQ, UPDATE, VER
 from parts.io.format import column_stats
 
-FAST = settings(
-    derandomize=True,
-    database=None,
-    max_examples=150,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+FAST = deterministic(150)
 
 KEYS = {
     "int64": (pa.int64(), list(range(-6, 30))),
