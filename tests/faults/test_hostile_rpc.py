@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from support.cluster import make_cluster  # tests/ is on sys.path
@@ -278,6 +279,49 @@ def test_a_request_off_the_protocol_is_refused_naming_the_field_and_the_connecti
     client.close()
     sock.close()
     still_serves(cluster)
+
+
+KEYS_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+
+# Forged point hints that pass the protocol's shape (an object) and reach the replica's I/O
+# thread (``server._quick_point_read``: a point read at the latest snapshot, lease "none", of a
+# table the replica knows): each is answered, pruning nothing or refused as InvalidInput, never
+# a handler's failure, and the I/O thread keeps serving.
+FORGED_HINTS = {
+    "not the shape of a hint": {"keys": "all"},
+    "keys not lists": {"key_columns": ["id"], "keys": [5, 6]},
+    "other key columns": {"key_columns": ["v"], "keys": [[1]]},
+    "a key of two values for one column": {"key_columns": ["id"], "keys": [[1, 2]]},
+    "an int past 64 bits": {"key_columns": ["id"], "keys": [[2**80]]},
+    "a string for an int key": {"key_columns": ["id"], "keys": [["1"]]},
+    "a nested object for a key": {"key_columns": ["id"], "keys": [[{"a": [1, {"b": None}]}]]},
+    "null keys": {"key_columns": ["id"], "keys": [[None]]},
+    "a float for an int key": {"key_columns": ["id"], "keys": [[1.5]]},
+    "20,000 keys": {"key_columns": ["id"], "keys": [[i] for i in range(20_000)]},
+}
+
+
+@pytest.mark.parametrize("table", ["kh", "t"])  # a keys table, and a parts table given a hint
+def test_forged_point_hints_on_the_io_thread_are_answered_and_the_replica_serves(
+    plain: LocalCluster, table: str
+) -> None:
+    client = plain.client(0)
+    if "kh" not in client.tables():
+        client.create_table("kh", KEYS_SCHEMA, primary_key=["id"], conflict_policy="keys", auto_merge=False)
+        for i in range(2):  # parts to probe: an empty table answers before any hint is looked at
+            with client.transaction() as tx:
+                tx.upsert("kh", pa.table({"id": [i, i + 10], "v": ["a", "b"]}, schema=KEYS_SCHEMA))
+    sock = connect(plain)
+    for what, hint in FORGED_HINTS.items():
+        sock.sendall(frame({"a": "visible", "b": {"table": table, "lease": "none", "point_hint": hint}}))
+        reply = answer(sock)
+        assert reply is not None, what
+        assert reply["ok"] or reply["error"]["type"] == "InvalidInput", (what, reply)
+        sock.sendall(frame({"a": "info", "b": {}}))
+        assert answer(sock)["ok"] is True, what  # the same connection carries on
+    sock.close()
+    client.close()
+    still_serves(plain)
 
 
 def rss(pid: int) -> int:
