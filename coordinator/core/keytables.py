@@ -399,10 +399,19 @@ def _mix64_value(v: Any) -> int | None:
     return None
 
 
-@functools.lru_cache(maxsize=1 << 14)
 def key_hash_mix64(key: tuple) -> tuple[int, int] | None:
     """``(h1, h2)`` of a key under :data:`HASH_MIX64`; None when a value is of a type it does not
-    hash (no part hashed with it can hold such a key's column type: a probe then says maybe)."""
+    hash (no part hashed with it can hold such a key's column type: a probe then says maybe).
+
+    Cached by the key and its values' types: keys equal across types (``(0, 1)``,
+    ``(0.0, 1.0)``, ``(False, True)``) are one entry of a plain cache, where a float key's None
+    was answered for the int key after it (a part write then failed: "has a value the mix64
+    scheme does not hash")."""
+    return _key_hash_mix64(key, tuple(map(type, key)))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _key_hash_mix64(key: tuple, _types: tuple) -> tuple[int, int] | None:
     h = _G
     for v in key:
         c = _mix64_value(v)
