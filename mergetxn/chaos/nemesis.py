@@ -10,7 +10,9 @@ split), one fault per replica and never every replica at once (clients always ha
 over to), one Spark executor at a time.
 
 Kinds are drawn at random, except that a kind injected fewer than :data:`MIN_EACH` times comes
-first whenever its resources are free: a short campaign still holds every kind it asked for.
+first whenever its resources are free, the least injected first: a short campaign still holds
+every kind it asked for, and a kind that shares its resource with another (``s3-errors`` and
+``s3-timeouts``) comes at that resource's next turn.
 With ``max_faults`` the lanes stop after that many faults (:attr:`Nemesis.finished` is set once
 they all ended, healed and measured).
 """
@@ -457,10 +459,15 @@ class Nemesis:
 
     def _reserve(self, lane: int, rng: random.Random) -> Plan | None:
         """A fault to inject now (its resources held for ``lane``), None when nothing fits or
-        ``max_faults`` were begun. Kinds begun fewer than MIN_EACH times come first."""
+        ``max_faults`` were begun. Kinds begun fewer than MIN_EACH times come first, the least
+        begun first."""
         with self._lock:
-            wanting = [k for k in self.kinds if self._started.get(k, 0) < MIN_EACH]
+            started = dict(self._started)
+        wanting = [k for k in self.kinds if started.get(k, 0) < MIN_EACH]
         rng.shuffle(wanting)
+        # the least injected first (ties in random order): a kind that shares its resource with
+        # another (the two S3 kinds hold "s3") still comes at that resource's next turn
+        wanting.sort(key=lambda k: started.get(k, 0))
         draws = wanting + [rng.choice(self.kinds) for _ in range(8)]
         for kind in draws:
             plans = self.plans(kind, rng)
