@@ -29,9 +29,17 @@ so a read folds 1.1 N versions), read with ``spark.read_table`` (Spark's Parquet
 in Spark: spark/keysfold.py), against ``spark.read.parquet`` of the folded rows (``client.read``
 written as Parquet, 4 files) and against the data source (the fold in Python workers: what
 ``read_table`` of a keys table fell back to before); target ``read_table / parquet`` <= 1.5x.
+Each keys round also records where the CPU went: the JVM's threads by kind (``jit``: HotSpot's
+compiler threads, ``task``: executor task threads, ``gc``, ``other``: the driver's planning,
+broadcasts, scheduling), the driver's and the replica's CPU, and how many classes Spark's code
+generator compiled (``codegen``: 0 when its cache served every stage). ``--keys-floor`` adds
+the *floor* of a read that folds this table's shape: the four insert parts read as they are and
+joined (broadcast) with the upserted keys' folded values, read from a Parquet file written
+beforehand, so with no fold, no driver work and no aggregate left in the read; it checks once
+that the floor's rows equal the folded rows.
 
     .venv/bin/python benchmarks/spark_io.py [--rows 1000000,5000000] [--repeat 3] [--master local[2]]
-                                            [--keys-rows 1000000] [--only-keys]
+                                            [--keys-rows 1000000] [--only-keys] [--keys-no-data-source] [--keys-floor]
                                             [--out benchmarks/results/spark_io.json]
 """
 
@@ -47,6 +55,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -162,6 +171,50 @@ def tree_cpu(roots: list[int]) -> float:
     return total
 
 
+def _jvm_threads(pid: int) -> dict[int, tuple[str, float]]:
+    """thread id -> (name, user+system CPU seconds) of the JVM's threads."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[int(tid)] = (stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / _TICK)
+    return out
+
+
+def _thread_kind(name: str) -> str:
+    if "CompilerThre" in name:
+        return "jit"
+    if name.startswith("Executor task"):
+        return "task"
+    if name.startswith(("GC ", "G1 ")):
+        return "gc"
+    return "other"
+
+
+def split_cpu(fn, roots: list[int], jvm_pid: int, codegen: Any) -> dict:
+    """One call's wall and CPU seconds (as :func:`timed`), the JVM's CPU by thread kind, the
+    driver's and the replica's (``roots[0]``, ``roots[2]``) and Spark's codegen compilations."""
+    procs = _cpu_by_pid()
+    mine = [procs.get(roots[0], (0, 0.0))[1], procs.get(roots[2], (0, 0.0))[1]]
+    threads, compiled = _jvm_threads(jvm_pid), codegen.getCount()
+    wall, cpu = timed(fn, roots)
+    after, procs = _jvm_threads(jvm_pid), _cpu_by_pid()
+    out = {"wall": round(wall, 3), "cpu": round(cpu, 3), "jit": 0.0, "task": 0.0, "gc": 0.0, "other": 0.0}
+    for tid, (name, c) in after.items():
+        out[_thread_kind(name)] += c - threads.get(tid, (name, 0.0))[1]
+    for k in ("jit", "task", "gc", "other"):
+        out[k] = round(out[k], 3)
+    out["driver"] = round(procs.get(roots[0], (0, 0.0))[1] - mine[0], 3)
+    out["replica"] = round(procs.get(roots[2], (0, 0.0))[1] - mine[1], 3)
+    out["codegen"] = codegen.getCount() - compiled
+    out["load"] = round(os.getloadavg()[0], 2)
+    return out
+
+
 def timed(fn, roots: list[int]) -> tuple[float, float]:
     """(wall seconds, CPU seconds of the process trees at ``roots``) of one call."""
     cpu = tree_cpu(roots)
@@ -170,7 +223,9 @@ def timed(fn, roots: list[int]) -> tuple[float, float]:
     return time.perf_counter() - start, tree_cpu(roots) - cpu
 
 
-def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[int], data_source: bool = True) -> dict:
+def keys_case(
+    session, client, work: Path, rows: int, repeat: int, roots: list[int], data_source: bool = True, floor: bool = False
+) -> dict:
     """The keys-table read case (see the module docstring)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -206,25 +261,59 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
         )
         with client.transaction() as tx:
             tx.insert(table, data)
+    inserts = [p.as_py() for p in client.parts(table).column("path")]
+    upserted = []
     for i in range(2):
         ids = pc.sort_indices(pc.random(rows, initializer=100 + i)).cast(pa.int64()).slice(0, rows // 20)
+        upserted.append(ids)
         with client.transaction() as tx:
             tx.upsert(table, pa.table({"id": ids, "v": pc.random(len(ids), initializer=i)}), update=True)
     folded = client.read(table)
+    if floor:  # the upserted keys' folded values (UPDATEs of v alone: k and s are the inserts')
+        keys = pc.unique(pa.chunked_array(upserted))
+        mask = pc.is_in(folded.column("id"), value_set=keys)
+        small = folded.filter(mask).select(["id", "v"]).rename_columns(["id", "_folded_v"])
+        pq.write_table(small, work / "floor_small.parquet")
+        root = os.path.abspath(client.storage.url)
+        direct = ["file://" + os.path.join(root, *p.split("/")) for p in inserts]
     path = work / f"folded_{rows}"
     path.mkdir()
     for i, piece in enumerate(range(0, folded.num_rows, -(-folded.num_rows // 4))):
         pq.write_table(folded.slice(piece, -(-folded.num_rows // 4)), path / f"{i}.parquet", compression="zstd")
     del folded
     noop = lambda df: df.write.format("noop").mode("overwrite").save()  # noqa: E731
-    noop(mergetxn_spark.read_table(session, table))  # warm-up
-    noop(session.read.parquet(str(path)))
-    runs: dict[str, list[tuple[float, float]]] = {"read_table": [], "parquet": [], "data_source": []}
+
+    def floor_read():
+        from pyspark.sql import functions as F
+
+        small_side = F.broadcast(session.read.parquet("file://" + str(work / "floor_small.parquet")))
+        return (
+            session.read.parquet(*direct)
+            .join(small_side, on="id", how="left_outer")
+            .selectExpr("id", "k", "coalesce(_folded_v, v) AS v", "s")
+        )
+
+    cases = {
+        "read_table": lambda: mergetxn_spark.read_table(session, table),
+        "parquet": lambda: session.read.parquet(str(path)),
+        **({"floor": floor_read} if floor else {}),
+        **({"data_source": lambda: session.read.format("mergetxn").load(table)} if data_source else {}),
+    }
+    if floor:
+        want = session.read.parquet(str(path))
+        assert floor_read().exceptAll(want).count() == 0 and want.exceptAll(floor_read()).count() == 0
+    for name in ("read_table", "parquet", "floor"):  # warm-up
+        if name in cases:
+            noop(cases[name]())
+    jvm = session.sparkContext._jvm
+    codegen = jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME()
+    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+    split: dict[str, list[dict]] = {k: [] for k in cases}
     for _ in range(repeat):
-        runs["read_table"].append(timed(lambda: noop(mergetxn_spark.read_table(session, table)), roots))
-        runs["parquet"].append(timed(lambda: noop(session.read.parquet(str(path))), roots))
-        if data_source:
-            runs["data_source"].append(timed(lambda: noop(session.read.format("mergetxn").load(table)), roots))
+        for name, make in cases.items():
+            one = split_cpu(lambda: noop(make()), roots, roots[1], codegen)  # noqa: B023 - called at once
+            split[name].append(one)
+            runs[name].append((one["wall"], one["cpu"]))
     assert mergetxn_spark.read_table(session, table).count() == rows
     runs = {k: v for k, v in runs.items() if v}
     wall = {k: statistics.median(w for w, _ in v) for k, v in runs.items()}
@@ -235,16 +324,24 @@ def keys_case(session, client, work: Path, rows: int, repeat: int, roots: list[i
         "read_table_ratio": round(wall["read_table"] / wall["parquet"], 3),
         "read_table_cpu_ratio": round(cpu["read_table"] / cpu["parquet"], 3),
         "data_source_ratio": round(wall["data_source"] / wall["parquet"], 3) if data_source else None,
+        "floor_cpu_ratio": round(cpu["floor"] / cpu["parquet"], 3) if floor else None,
         "parts": client.parts(table).filter(pc.field("visible")).num_rows,
         "load_average": os.getloadavg(),
         "runs": runs,
+        "split": split,
     }
+    for name, rounds in split.items():
+        for k in ("jit", "task", "gc", "other", "driver", "replica"):
+            out.setdefault("cpu_" + k, {})[name] = round(statistics.median(r[k] for r in rounds), 3)
     print(
         f"keys table {rows:,} keys: read_table {wall['read_table']:.2f}s, parquet of the folded rows "
         f"{wall['parquet']:.2f}s ({out['read_table_ratio']:.2f}x, CPU {out['read_table_cpu_ratio']:.2f}x), "
-        f"data source {wall.get('data_source', 0):.2f}s ({out['data_source_ratio']}x)",
+        f"data source {wall.get('data_source', 0):.2f}s ({out['data_source_ratio']}x), "
+        f"floor CPU {out['floor_cpu_ratio']}x",
         flush=True,
     )
+    for name, rounds in split.items():
+        print(f"  {name}: " + "; ".join(json.dumps(r) for r in rounds), flush=True)
     return out
 
 
@@ -256,6 +353,7 @@ def main() -> None:
     p.add_argument("--keys-rows", type=int, default=0, help="keys of the keys-table case (0: skip it)")
     p.add_argument("--only-keys", action="store_true", help="run the keys-table case alone")
     p.add_argument("--keys-no-data-source", action="store_true", help="keys case: skip the data source rounds")
+    p.add_argument("--keys-floor", action="store_true", help="keys case: add the floor's rounds (module docstring)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spark_io.json"))
     a = p.parse_args()
     sizes = [] if a.only_keys else [int(x) for x in a.rows.split(",") if x]
@@ -405,7 +503,14 @@ def main() -> None:
                 )
             if a.keys_rows:
                 results["keys"] = keys_case(
-                    session, client, work, a.keys_rows, a.repeat, roots, data_source=not a.keys_no_data_source
+                    session,
+                    client,
+                    work,
+                    a.keys_rows,
+                    a.repeat,
+                    roots,
+                    data_source=not a.keys_no_data_source,
+                    floor=a.keys_floor,
                 )
             session.stop()
     finally:
