@@ -797,7 +797,7 @@ class Client:
             datas = [keyscan.read_versions(self.storage, m, p, pk, threads=True) for m, p in zip(metas, plans)]
             return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(metas))) as pool:
-            datas = list(pool.map(lambda mp: keyscan.read_versions(self.storage, *mp, pk), zip(metas, plans)))
+            datas = keyscan.read_all_versions(self.storage, metas, plans, pk, pool)
         return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
 
     def snapshot(self) -> int:

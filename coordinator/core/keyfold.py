@@ -269,26 +269,39 @@ def _passed_through(schema: pa.Schema, column: str, parts: list[tuple[float, pa.
     """The rows of ``parts`` (each non-empty, its keys rising strictly, one key column) when
     every version is a PUT and their key ranges do not meet: each key then has one version, and
     its row is it. The parts put in key order; no sort, no gather. None otherwise."""
-    ops = _joined([t.column(OP) for _, t in parts])  # one kernel call, not one a part
-    for op in [ops] if ops is not None else [t.column(OP) for _, t in parts]:
-        lo, hi = pc.min_max(op).values()
-        if lo.as_py() != PUT or hi.as_py() != PUT:
-            return None
     key_type = schema.field(column).type
-
-    def end(t: pa.Table, at: int) -> pa.Array:
-        got = t.column(column).slice(at, 1).combine_chunks()
-        return got if got.type == key_type else got.cast(key_type)
-
-    firsts = pa.concat_arrays([end(t, 0) for _, t in parts])
-    lasts = pa.concat_arrays([end(t, t.num_rows - 1) for _, t in parts])
+    firsts, lasts = _ends(key_type, [t.column(column) for _, t in parts])
     by_key = pc.sort_indices(firsts)  # the order a sort of the keys gives (Arrow's, not Python's)
     firsts, lasts = pc.take(firsts, by_key), pc.take(lasts, by_key)
     n = len(parts)
     if n > 1 and not pc.all(pc.fill_null(pc.less(lasts.slice(0, n - 1), firsts.slice(1)), False)).as_py():
         return None
+    ops = _joined([t.column(OP) for _, t in parts])  # one kernel call, not one a part
+    for op in [ops] if ops is not None else [t.column(OP) for _, t in parts]:
+        lo, hi = pc.min_max(op).values()
+        if lo.as_py() != PUT or hi.as_py() != PUT:
+            return None
     data = _versions(schema, [parts[i] for i in by_key.to_pylist()])
     return pa.Table.from_arrays([data.column(c) for c in schema.names], schema=schema)
+
+
+def _ends(key_type: pa.DataType, cols: Sequence[pa.ChunkedArray | pa.Array]) -> tuple[pa.Array, pa.Array]:
+    """The first and the last value of each column (each non-empty), as ``key_type``: taken at
+    once from the columns one after the other (one slice a part cost 1-2 ms over 120 parts,
+    issue 24 session 8) when they are of that type, else part by part."""
+    whole = _joined(cols)
+    if whole is not None and whole.type == key_type:
+        ends = list(itertools.accumulate(len(c) for c in cols))
+        at = pa.array([0, *ends[:-1], *(e - 1 for e in ends)], pa.int64())
+        got = pc.take(whole, at).combine_chunks()
+        return got.slice(0, len(cols)), got.slice(len(cols))
+
+    def end(col: pa.ChunkedArray | pa.Array, at: int) -> pa.Array:
+        got = col.slice(at, 1)
+        got = got.combine_chunks() if isinstance(got, pa.ChunkedArray) else got
+        return got if got.type == key_type else got.cast(key_type)
+
+    return pa.concat_arrays([end(c, 0) for c in cols]), pa.concat_arrays([end(c, len(c) - 1) for c in cols])
 
 
 @dataclass(frozen=True)
@@ -342,6 +355,17 @@ def also_read(plan: ReadPlan, keys: pa.Table, primary_key: Sequence[str]) -> tup
     if not plan.if_repeated or strictly_increasing(keys.column(primary_key[0])):
         return ()
     return plan.if_repeated
+
+
+def repeating(plans: Sequence[ReadPlan], keys: Sequence[pa.ChunkedArray | pa.Array | None]) -> list[int]:
+    """Of parts read by ``plans`` without the columns held back (``keys``: each part's first key
+    column as read, None for a part read otherwise), the ones in which a key occurs twice and
+    that must decode them after all: what :func:`also_read` tells part by part, told for all of
+    them by one comparison over their keys one after the other (120 parts one by one: ~4 ms of
+    CPU, issue 24 session 8)."""
+    held = [(i, k) for i, (p, k) in enumerate(zip(plans, keys)) if p.if_repeated and k is not None]
+    rising = _rising([k for _, k in held])
+    return [i for (i, _), ok in zip(held, rising) if not ok]
 
 
 def shared_orders(orders: Sequence[float], stats: Sequence[Mapping[str, Any] | None]) -> list[bool]:
@@ -466,24 +490,14 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
         + [pa.field(OP, pa.int8()), pa.field(SEQ, pa.int64()), pa.field(COLS, pa.string()), pa.field(_V, pa.int64())]
     )
     wanted = [f.name for f in layout if f.name != _V]
-    pieces = []
-    for order, data in parts:
-        n = data.num_rows
-        if n == 0:
-            continue
-        have = data.schema.names
-        at = pa.scalar(_OWN_ORDER if order == OWN else int(order), pa.int64())
-        ver = (
-            pc.coalesce(data.column(VER).cast(pa.int64()), at) if VER in have else _constant(at.as_py(), pa.int64(), n)
-        )
-        present = set(have)
-        names = [c for c in wanted if c in present]
-        pieces.append((data if names == have else data.select(names)).append_column(_V, ver))
-    if not pieces:
+    data = _versions_alike(wanted, parts)
+    pieces = [] if data is not None else _versions_pieces(wanted, parts)
+    if data is None and not pieces:
         return layout.empty_table()
-    first = pieces[0].schema
-    same = all(p.schema.equals(first) for p in pieces)
-    data = pa.concat_tables(pieces, promote_options="none" if same else "permissive")
+    if data is None:
+        first = pieces[0].schema
+        same = all(p.schema.equals(first) for p in pieces)
+        data = pa.concat_tables(pieces, promote_options="none" if same else "permissive")
     if not data.schema.equals(layout):
         have = set(data.schema.names)
         data = pa.Table.from_arrays(
@@ -501,6 +515,47 @@ def _versions(schema: pa.Schema, parts: list[tuple[float, pa.Table]]) -> pa.Tabl
     if data.num_rows and pc.max(op).as_py() >= LOCK_STRONG:
         return data.filter(_not_lock(op))
     return data  # no read lock: no filter, which would copy every column
+
+
+def _order_of(order: float) -> int:
+    return _OWN_ORDER if order == OWN else int(order)
+
+
+def _versions_alike(wanted: Sequence[str], parts: list[tuple[float, pa.Table]]) -> pa.Table | None:
+    """What :func:`_versions` puts together, before its layout, when the parts (the non-empty
+    ones) have one schema and no ``_ver``: built column by column from their chunks, each
+    version's ``_v`` its part's order decoded from one run per part (120 parts one table at a
+    time: ~3 ms, issue 24 session 8). None for other parts, or none."""
+    live = [(o, t) for o, t in parts if t.num_rows]
+    if not live or VER in live[0][1].column_names:
+        return None
+    first = live[0][1].schema
+    if not all(t.schema.equals(first) for _, t in live[1:]):
+        return None
+    names = [c for c in wanted if c in set(first.names)]
+    ends = pa.array(list(itertools.accumulate(t.num_rows for _, t in live)), pa.int64())
+    orders = pa.array([_order_of(o) for o, _ in live], pa.int64())
+    cols = [pa.chunked_array([ch for _, t in live for ch in t.column(c).chunks], first.field(c).type) for c in names]
+    ver = pc.run_end_decode(pa.RunEndEncodedArray.from_arrays(ends, orders))
+    return pa.Table.from_arrays([*cols, ver], schema=pa.schema([*(first.field(c) for c in names), (_V, pa.int64())]))
+
+
+def _versions_pieces(wanted: Sequence[str], parts: list[tuple[float, pa.Table]]) -> list[pa.Table]:
+    """Each non-empty part's versions with its ``_v``, for :func:`_versions` to concatenate."""
+    pieces = []
+    for order, data in parts:
+        n = data.num_rows
+        if n == 0:
+            continue
+        have = data.schema.names
+        at = pa.scalar(_order_of(order), pa.int64())
+        ver = (
+            pc.coalesce(data.column(VER).cast(pa.int64()), at) if VER in have else _constant(at.as_py(), pa.int64(), n)
+        )
+        present = set(have)
+        names = [c for c in wanted if c in present]
+        pieces.append((data if names == have else data.select(names)).append_column(_V, ver))
+    return pieces
 
 
 def _in_csn_order(parts: list[tuple[float, pa.Table]]) -> list[tuple[float, pa.Table]]:

@@ -9,7 +9,8 @@ versions so far.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 from contextlib import contextmanager
 from typing import Any
 
@@ -43,23 +44,49 @@ def opened(storage: Storage, meta: PartMeta) -> Iterator[pq.ParquetFile]:
 
 
 def read_versions(
-    storage: Storage, meta: PartMeta, plan: keyfold.ReadPlan, primary_key: tuple[str, ...], threads: bool = False
+    storage: Storage,
+    meta: PartMeta,
+    plan: keyfold.ReadPlan,
+    primary_key: tuple[str, ...],
+    threads: bool = False,
+    repeats: bool = True,
 ) -> pa.Table:
     """A part's versions for a whole read (``client.read``), decoding only the columns ``plan``
     names (:func:`keyfold.read_plan`: what its statistics do not prove constant), and those that
     order a key's versions when the plan asks for them or a key occurs twice in the part;
     completed to what :func:`keyfold.merge` takes. ``threads``: Arrow's own threads decode (a
-    part read alone)."""
+    part read alone). ``repeats=False``: the columns held back are not decoded even when a key
+    repeats; the caller tells which parts need them (:func:`keyfold.repeating`) and reads those
+    again."""
     with opened(storage, meta) as pf:
         if plan.columns is None:
             return pf.read(use_threads=threads)
         have = pf.schema_arrow.names
         data = pf.read(columns=[c for c in plan.columns if c in have], use_threads=threads)
-        more = [c for c in keyfold.also_read(plan, data, primary_key) if c in have]
+        more = [c for c in keyfold.also_read(plan, data, primary_key) if c in have] if repeats else []
         if more:
             for c, col in zip(more, pf.read(columns=more, use_threads=threads).columns):
                 data = data.append_column(pf.schema_arrow.field(c), col)
     return keyfold.completed(plan, data)
+
+
+def read_all_versions(
+    storage: Storage,
+    metas: Sequence[PartMeta],
+    plans: Sequence[keyfold.ReadPlan],
+    primary_key: tuple[str, ...],
+    pool: Executor,
+) -> list[pa.Table]:
+    """:func:`read_versions` of each part (``plans``: theirs, in order) in ``pool``'s threads.
+    Whether a key occurs twice in a part, which then decodes the columns its plan holds back, is
+    told once all are decoded, for all of them at once (:func:`keyfold.repeating`: ~4 ms of CPU
+    less than part by part over issue 24's 120 parts), and only those parts are read again."""
+    datas = list(pool.map(lambda mp: read_versions(storage, *mp, primary_key, repeats=False), zip(metas, plans)))
+    keys = [d.column(primary_key[0]) if p.columns is not None else None for d, p in zip(datas, plans)]
+    again = keyfold.repeating(plans, keys)
+    for i, data in zip(again, pool.map(lambda i: read_versions(storage, metas[i], plans[i], primary_key), again)):
+        datas[i] = data
+    return datas
 
 
 def decoded_bytes(pf: pq.ParquetFile) -> int:

@@ -390,3 +390,94 @@ def test_a_keys_part_writes_an_integer_key_in_delta_encoding(tmp_path, key_type,
     for key in (keys[0], keys[-1]):
         got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
         assert got.equals(whole.filter(pc.field("k") == key))
+
+
+@FAST
+@given(histories())
+def test_repeating_names_the_parts_that_also_read_names(history) -> None:
+    """``keyfold.repeating`` tells for all parts at once what ``also_read`` tells part by part:
+    the parts read without their held-back columns in which a key occurs twice (issue 24
+    session 8: client._fold_whole decodes every part first and checks after)."""
+    schema, pk, parts = history
+    orders = [o for o, _ in parts]
+    stats = [column_stats(t) for _, t in parts]
+    plans = [
+        keyfold.read_plan(schema, pk, s, shared, alone)
+        for s, shared, alone in zip(stats, keyfold.shared_orders(orders, stats), keyfold.alone(pk[0], stats))
+    ]
+    read = [
+        None if p.columns is None else t.select([c for c in p.columns if c in t.column_names])
+        for (_, t), p in zip(parts, plans)
+    ]
+    want = [i for i, (p, d) in enumerate(zip(plans, read)) if d is not None and keyfold.also_read(p, d, pk)]
+    assert keyfold.repeating(plans, [None if d is None else d.column(pk[0]) for d in read]) == want
+
+
+def test_read_all_versions_reads_again_the_parts_that_repeat_a_key(tmp_path) -> None:
+    """Parts written as a keys table's are (one with a key twice, so its ``_seq`` matters; one
+    with an UPDATE; plain upserts), decoded in a pool by ``keyscan.read_all_versions``: each
+    part comes back as ``read_versions`` decodes it alone (the held-back ``_seq`` read again
+    for the part that repeats a key, only for it), and the fold equals the reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from parts.io import format as part_format
+    from parts.io import keyscan
+    from parts.io.storage import Storage
+
+    schema = pa.schema(
+        [pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.int64()), pa.field("s", pa.string())]
+    )
+    layout = keytables.file_schema(schema, ("k",))
+
+    def rows(*versions: tuple) -> pa.Table:
+        names = ["k", "v", "s", OP, SEQ, COLS]
+        return pa.Table.from_pylist([dict(zip(names, r)) for r in versions], schema=layout)
+
+    tables = [
+        (10, rows((1, 1, "a", PUT, 0, None), (2, 2, "b", PUT, 1, None), (3, 3, "c", PUT, 2, None))),
+        (11, rows((2, 20, "x", PUT, 0, None), (2, 21, "y", PUT, 1, None), (4, 4, "d", PUT, 2, None))),  # 2 twice
+        (12, rows((1, None, None, UPDATE, 0, "v"), (3, 30, "z", PUT, 1, None))),
+    ]
+    storage = Storage(str(tmp_path))
+    metas = [part_format.write_part(storage, "t", [], (), t, f"tx{o}", primary_key=("k",)) for o, t in tables]
+    orders = [o for o, _ in tables]
+    stats = [m.stats for m in metas]
+    plans = [
+        keyfold.read_plan(schema, ("k",), s, shared, alone)
+        for s, shared, alone in zip(stats, keyfold.shared_orders(orders, stats), keyfold.alone("k", stats))
+    ]
+    assert all(p.if_repeated for p in plans)  # _seq held back: decoded only where a key repeats
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        got = keyscan.read_all_versions(storage, metas, plans, ("k",), pool)
+    alone_reads = [keyscan.read_versions(storage, m, p, ("k",)) for m, p in zip(metas, plans)]
+    assert [g.equals(a) for g, a in zip(got, alone_reads)] == [True, True, True]
+    assert got[1].column(SEQ).to_pylist() == [0, 1, 2]  # read again: the file's, not the constant 0
+    assert got[0].column(SEQ).to_pylist() == [0, 0, 0]  # held back: each key once, it orders nothing
+    same(keyfold.merge(schema, ("k",), list(zip(orders, got))), ref.merge(schema, ("k",), tables))
+
+
+@FAST
+@given(histories())
+def test_versions_put_together_by_columns_equal_them_put_together_by_tables(history) -> None:
+    """``_versions`` builds the versions of parts of one schema without ``_ver`` column by
+    column, each ``_v`` from one run per part (issue 24 session 8): the same table as one
+    table per part concatenated, which it still does for other parts."""
+    schema, _, parts = history
+    by_tables = keyfold._versions_pieces([f.name for f in schema] + [OP, SEQ, COLS], parts)
+    got = keyfold._versions_alike([f.name for f in schema] + [OP, SEQ, COLS], parts)
+    if got is None:
+        return
+    want = pa.concat_tables(by_tables)
+    assert got.schema.equals(want.schema)
+    assert got.equals(want)
+
+
+@pytest.mark.parametrize("types", [(pa.int64(), pa.int64()), (pa.int32(), pa.int64()), (pa.string(), pa.string())])
+def test_ends_are_each_columns_first_and_last(types) -> None:
+    key_type = pa.int64() if pa.types.is_integer(types[0]) else pa.string()
+    values = [[3, 5, 9], [1], [2, 4]] if key_type == pa.int64() else [["b", "c"], ["a"], ["d", "e", "f"]]
+    cols = [pa.chunked_array([v[:1], v[1:]] if len(v) > 1 else [v], types[i % 2]) for i, v in enumerate(values)]
+    firsts, lasts = keyfold._ends(key_type, cols)
+    assert firsts.type == key_type and lasts.type == key_type
+    assert firsts.to_pylist() == [v[0] for v in values]
+    assert lasts.to_pylist() == [v[-1] for v in values]
