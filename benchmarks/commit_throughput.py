@@ -49,7 +49,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+# MERGETXN_CODE=<checkout>: that checkout's code (another tree measured with this script; the
+# scripts that import this module, keys_bench.py among them, take the same variable).
+ROOT = Path(os.environ.get("MERGETXN_CODE") or Path(__file__).resolve().parent.parent)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -437,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     # directory it was started in (the client only would be ROOT's).
     out_path = None if out_path is None else str(Path(out_path).resolve())
     os.chdir(ROOT)
+    import coordinator
+
+    if not Path(coordinator.__file__).resolve().is_relative_to(ROOT.resolve()):
+        # session 8: commit_throughput put its own tree first, so MERGETXN_CODE ran this tree's client
+        raise SystemExit(f"keys_bench: the code imported is {coordinator.__file__}, not {ROOT}'s")
     from mergetxn.local.cluster import LocalCluster
 
     started = time.time()
