@@ -510,6 +510,21 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
             ]
 
 
+def test_summary_probes_of_many_parts_keep_exactly_what_may_hold_any_keeps() -> None:
+    # Enough parts that a key's first bits leave many rows, then few (rows_with slices a bit
+    # across every filter, then tests the last bits in the rows left): present and absent keys.
+    rng = random.Random(11)
+    metas, held = [], []
+    for i in range(300):
+        keys = rng.sample(range(10**6), 50)
+        held += keys[:2]
+        metas.append(_meta(f"p{i}", keytables.summarize(pa.table({"k": pa.array(keys, pa.int64())}), ["k"])))
+    probes = keytables.SummaryProbes()
+    for key in held[:150] + [rng.randrange(10**6) for _ in range(150)]:
+        hashed = {(key,): keytables.key_hash((key,))}
+        assert probes.may_hold(metas, hashed) == [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
+
+
 _VALUES = st.one_of(
     st.integers(-5, 5),
     st.integers(-(2**70), 2**70),
