@@ -84,7 +84,7 @@ def test_filter_never_says_absent_for_a_key_the_part_holds(kind: str, seed: int)
         assert keytables.may_hold(summary, key)
         assert keytables.may_hold(summary, key, keytables.key_hash(key))
         assert keytables.may_hold_any(summary, {key: keytables.key_hash(key)})
-    # And the filter does rule out most keys it does not hold (about 0.05% false positives),
+    # And the filter does rule out most keys it does not hold (about 0.002% false positives),
     # one key at a time or many at once alike.
     absent = {gen(rng) for _ in range(2000)} - set(held)
     maybe = [k for k in absent if keytables.may_hold(summary, k)]
@@ -255,7 +255,7 @@ def test_conflict_check_reads_only_candidate_parts(tmp_path) -> None:
     hashed = {(k,): keytables.key_hash((k,)) for k in free}
     candidates = sum(keytables.may_hold_any(m.key_summary, hashed) for m in theirs)
     assert check.reads == 1 + candidates and check.skipped == 40 - candidates
-    assert candidates < 10  # the filters ruled out most of the 40 (about 0.05% per key and part)
+    assert candidates < 10  # the filters ruled out most of the 40 (about 0.002% per key and part)
     # A key one of them wrote is a candidate there, read, verified, and conflicts.
     clash = summarized_part(storage, "t", [free[0], sorted(taken)[5][0]], tid(98))
     with pytest.raises(ConflictError, match="lost to") as e:

@@ -143,3 +143,25 @@ def test_commit_attempts_wait_before_the_first_only_when_asked(first_wait: float
     assert (policy.before is not plain.before) is hooked  # tenacity's do-nothing hook otherwise
     f = Flaky(ValueError(0), answer="ok")
     assert policy(f) == "ok" and f.calls == 2
+
+
+# -- an RPC's resend: two attempts, the first a plain call ------------------------------------------
+def test_resend_once_makes_two_attempts_and_no_tenacity_state_for_a_first_that_gets_through() -> None:
+    policy = retries.resend_once(on=retries.TryAgain)
+    ok = Flaky()
+    assert policy(ok) == "ok" and ok.calls == 1
+    assert policy.statistics == {}  # tenacity never began: the first attempt was a plain call
+    once = Flaky(retries.TryAgain("a"))
+    assert policy(once) == "ok" and once.calls == 2
+    twice = Flaky(retries.TryAgain("a"), retries.TryAgain("b"))
+    with pytest.raises(retries.TryAgain, match="b"):  # the last failure itself, not RetryError
+        policy(twice)
+    assert twice.calls == 2
+    other = Flaky(ValueError("not retried"))
+    with pytest.raises(ValueError):
+        policy(other)
+    assert other.calls == 1
+    copied = Flaky(retries.TryAgain("a"), retries.TryAgain("b"))
+    with pytest.raises(retries.TryAgain, match="b"):
+        policy.copy()(copied)  # a copy makes the same two attempts
+    assert copied.calls == 2
