@@ -72,6 +72,11 @@ class _PlainFirst(Retrying):
             pass
         return super().__call__(fn, *args, **kwargs)
 
+    def __iter__(self) -> Any:
+        # iterated (``for attempt in policy``) it would make one attempt, the plain one being
+        # only in __call__: refused rather than silently one attempt short
+        raise TypeError("a resend_once policy is called with the function, not iterated")
+
     def copy(self, *args: Any, **kwargs: Any) -> _PlainFirst:
         out = super().copy(*args, **kwargs)
         out.first_on = self.first_on

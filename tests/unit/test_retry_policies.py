@@ -165,3 +165,10 @@ def test_resend_once_makes_two_attempts_and_no_tenacity_state_for_a_first_that_g
     with pytest.raises(retries.TryAgain, match="b"):
         policy.copy()(copied)  # a copy makes the same two attempts
     assert copied.calls == 2
+
+
+def test_resend_once_refuses_to_be_iterated_rather_than_make_one_attempt() -> None:
+    policy = retries.resend_once(on=retries.TryAgain)
+    with pytest.raises(TypeError, match="called with the function"):
+        for _ in policy:
+            pass
