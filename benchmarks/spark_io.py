@@ -137,19 +137,23 @@ def frame(spark, rows: int):
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _stat(path: str) -> tuple[str, list[str]] | None:
+    """A /proc ``stat`` file: the name in parentheses and the fields after it (None: gone)."""
+    try:
+        with open(path) as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
 def _cpu_by_pid() -> dict[int, tuple[int, float]]:
     """pid -> (parent pid, user+system CPU seconds of the process and its reaped children)."""
     out = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK)
+        if name.isdigit() and (got := _stat(f"/proc/{name}/stat")) is not None:
+            fields = got[1]
+            out[int(name)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / _TICK)
     return out
 
 
@@ -175,13 +179,9 @@ def _jvm_threads(pid: int) -> dict[int, tuple[str, float]]:
     """thread id -> (name, user+system CPU seconds) of the JVM's threads."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out[int(tid)] = (stat[stat.index("(") + 1 : stat.rindex(")")], (int(fields[11]) + int(fields[12])) / _TICK)
+        if (got := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
+            name, fields = got
+            out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / _TICK)
     return out
 
 
