@@ -864,6 +864,8 @@ def replica_retire(
             raise click.UsageError(f"give --replica (or set {ENV_REPLICA}) or --zk")
         with connected(replica) as client:
             info = client.call("info")
+        if "zk" not in info:
+            raise click.UsageError(f"replica {replica} tells ZooKeeper's address to admins only: give --zk HOSTS")
         zk_hosts, root = info["zk"], info["root"]
     kazoo_log = logging.getLogger("kazoo")
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is one error line

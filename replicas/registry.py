@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,7 @@ from replicas.running import RunningTxn
 from replicas.sessions import Sessions, check_session_id
 
 if TYPE_CHECKING:
+    from coordinator.core.grants import Grantee
     from coordinator.zk.watermark import Watermark
     from parts.io.storage import Storage
     from replicas.async_commits import AsyncCommits
@@ -178,7 +179,7 @@ class Transactions:
             )
             self.txns[txn.id] = txn
             if session is not None:
-                self.sessions.began(session, now)
+                self.sessions.began((owner, session), now)
             if token is not None:
                 self._begun[token] = (now, txn)
         self.on_begin(txn)
@@ -706,10 +707,11 @@ class Transactions:
                 self.abort(txn, self.time_reason(txn))
         with self._txn_lock:  # with begin: a session that began a transaction is never forgotten
             running = [t for t in self.txns.values() if t.state == TxnState.RUNNING and t.session is not None]
-            gone = self.sessions.expired({t.session for t in running}, now)
+            gone = self.sessions.expired({(t.owner, t.session) for t in running}, now)
         for txn in running:
-            if txn.session in gone:
-                self.abort(txn, self.session_reason(txn, gone[txn.session]), "client_session_timeout")
+            silent = gone.get((txn.owner, txn.session))
+            if silent is not None:
+                self.abort(txn, self.session_reason(txn, silent), "client_session_timeout")
 
     def session_reason(self, txn: RunningTxn, silent: float) -> str:
         timeout = self.config.client_session_timeout
@@ -719,11 +721,21 @@ class Transactions:
             "process died, stood still or lost its connection"
         )
 
-    def heartbeat(self, session: object) -> dict:
-        """A client's session is alive: its running transactions here stay."""
+    def heartbeat(self, session: object, who: Grantee | None = None) -> dict:
+        """A client's session is alive: its running transactions here stay. ``who``: the caller
+        (None on an unsecured replica); another user's session of that id is not its to keep
+        alive, and is answered as an unknown one (replicas/sessions.py)."""
         session = check_session_id(session)
-        known = self.sessions.heard(session, time.monotonic())
+        known = self.sessions.heard(session, time.monotonic(), who)
         return {"known": known, "client_session_timeout": self.config.client_session_timeout}
+
+    def users_dropped(self, names: Iterable[str]) -> None:
+        """Users were dropped (replicas/users.py): their running transactions here are aborted, each
+        with a reason naming its user (what ``commit_status`` and the events say)."""
+        gone = set(names)
+        for txn in self.running_now():
+            if txn.owner in gone:
+                self.abort(txn, f"transaction {txn.id} was aborted: user {txn.owner!r} was dropped", "killed")
 
     def notable(self) -> dict:
         """Running transactions an operator should look at (``mergetxn status``): long-running
@@ -736,7 +748,7 @@ class Transactions:
             txns = [t for t in self.txns.values() if t.state == TxnState.RUNNING]
         for t in txns:
             age = now - t.started
-            silent = self.sessions.silent_for(t.session, now) if t.session is not None else None
+            silent = self.sessions.silent_for((t.owner, t.session), now) if t.session is not None else None
             row = {
                 "id": t.id,
                 "age_seconds": round(age, 3),

@@ -113,8 +113,13 @@ class Replica:
             **zk_client_args(creds),  # secured: the digest identity, over TLS checking ZooKeeper's host name
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
-        # A secured replica's users (replicas/users.py): who may log in, and with which grants.
-        self.users = None if creds is None else Users(self.zk, self.log.users_path(), creds)
+        # A secured replica's users (replicas/users.py): who may log in, and with which grants; a
+        # dropped user's running transactions here are aborted.
+        self.users = (
+            None
+            if creds is None
+            else Users(self.zk, self.log.users_path(), creds, lambda names: self.transactions.users_dropped(names))
+        )
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
         self.wal: Wal | None = None
         self.follower: Follower | None = None

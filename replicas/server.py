@@ -13,8 +13,12 @@ naming the action and the field, and the connection goes on.
 On a secured replica every request comes from a principal (who its connection authenticated as,
 replicas/users.py) and is checked against the grants (coordinator/core/grants.py) before its handler
 runs, on the inline path and the worker path alike: a call the user may not make is answered
-PermissionDenied and changes nothing. Transactions, leases and running-transaction lists are the
-user's own (its name is the owner recorded on them; quotas count by it).
+PermissionDenied and changes nothing. Transactions, leases, client sessions, async commits and
+running-transaction lists are the user's own (its name is the owner recorded on them; quotas count
+by it): another user's lease or session id is answered as an unknown one (coordinator/core/grants.py,
+``acts_for``). ``info`` shows a non-admin how the replica is doing, its own transactions and the
+tables it has grants on, never ZooKeeper's address nor the storage URL; clients learn where part
+files live from ``storage``.
 """
 
 from __future__ import annotations
@@ -52,7 +56,27 @@ T = TypeVar("T")
 PEERS_SECONDS = 2.0  # how long the answer to ``peers`` is reused (it reads every alive node)
 
 # Actions that only read what the replica holds in memory: never a wait, never any I/O.
-_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version", "heartbeat"})
+_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version", "heartbeat", "storage"})
+
+# What ``info`` shows a user other than an admin: how the replica is doing, its own transactions and
+# the tables it has grants on; neither ZooKeeper's address and root, nor the storage URL, nor what
+# tells of other users' work (lease holders, cleanup's and merges' figures, errors naming paths).
+_INFO_FOR_USERS = frozenset(
+    {
+        "host_id",
+        "address",
+        "snapshot",
+        "applied_csn",
+        "zk_state",
+        "zk_connected",
+        "lag",
+        "transactions",
+        "tables",
+        "secure",
+        "txn_max_rows",
+        "settings",
+    }
+)
 
 
 class ReplicaServer(RpcServer):
@@ -88,8 +112,9 @@ class ReplicaServer(RpcServer):
             "app_version": lambda a: txns.app_version(a["app_id"]),
             "add_read": lambda a: txns.add_read(a["id"], a["read"]),
             "flush": self._flush_async,
+            "storage": lambda a: {"storage_url": replica.storage.url},
             "rollback": lambda a: txns.rollback(a["id"]),
-            "heartbeat": lambda a: txns.heartbeat(a["session"]),
+            "heartbeat": lambda a: txns.heartbeat(a["session"], self._grantee(a)),
             "peers": self._peers,
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
@@ -117,8 +142,8 @@ class ReplicaServer(RpcServer):
                 ),
                 "lease_seconds": leases.READ_LEASE_SECONDS,
             },
-            "renew": lambda a: replica.leases.renew(a["lease"]),
-            "release": lambda a: replica.leases.release(a["lease"]),
+            "renew": lambda a: replica.leases.renew(a["lease"], self._grantee(a)),
+            "release": lambda a: replica.leases.release(a["lease"], self._grantee(a)),
             "events": lambda a: replica.changefeed.events(a.get("table"), a.get("since_csn")),
             "check": self._check,
             "users": lambda a: self._users().describe(),
@@ -156,13 +181,17 @@ class ReplicaServer(RpcServer):
         return self.replica.users
 
     def _info(self, a: dict) -> dict:
-        """The replica's ``info``; a non-admin sees only its own notable transactions in it."""
+        """The replica's ``info``; a non-admin sees only :data:`_INFO_FOR_USERS` of it, its own
+        notable transactions and the tables it has grants on."""
         info, who = self.replica.info(), self._grantee(a)
-        if who is not None and who.role is not grants.Role.ADMIN:
-            info["transactions"] = {
-                kind: [t for t in rows if t.get("owner") == who.name] for kind, rows in info["transactions"].items()
-            }
-        return info
+        if who is None or who.role is grants.Role.ADMIN:
+            return info
+        shown = {k: v for k, v in info.items() if k in _INFO_FOR_USERS}
+        shown["transactions"] = {
+            kind: [t for t in rows if t.get("owner") == who.name] for kind, rows in info["transactions"].items()
+        }
+        shown["tables"] = self._tables(a)
+        return shown
 
     def _transactions(self, a: dict) -> list[dict]:
         """The running transactions: a non-admin's own only."""
@@ -456,7 +485,7 @@ class ReplicaServer(RpcServer):
         session, ack = a["session"], a.get("ack") or []
         if not isinstance(session, str) or not isinstance(ack, list) or not all(isinstance(t, str) for t in ack):
             raise InvalidInput("flush needs 'session' (a string) and 'ack' (a list of transaction ids)")
-        return self.replica.async_commits.flush(session, ack)
+        return self.replica.async_commits.flush(session, ack, who=self._grantee(a))
 
     def _visible(self, a: dict) -> dict:
         """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of

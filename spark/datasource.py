@@ -190,14 +190,14 @@ class MergetxnDataSource(DataSource):
         s = settings(table_options(self.options, schema))
         with connect(s) as client:
             tdef = table_def(client, s)
-            url = client.call("info")["storage_url"]
+            url = client.storage.url
         cls = PruningReader if _pushdown_enabled() else MergetxnReader
         return cls(s, schema, tdef.to_dict(), url)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         s = settings(table_options(self.options, schema, write=True), write=True)
         with connect(s) as client:
-            url = client.call("info")["storage_url"]
+            url = client.storage.url
             if s.txn is not None:
                 tx = join(client, s)
             else:  # committed by another process (the commit runner): no client session holds it

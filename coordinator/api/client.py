@@ -155,11 +155,13 @@ class Client:
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
         self._no_slim = False  # the replica refused ``visible``'s ``slim`` (older code): not sent again
-        info = self._rpc.call(
-            "info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout)
-        )  # answered at once by a live replica
+        connecting = min(CONNECT_TIMEOUT, self.timeout)
+        info = self._rpc.call("info", {}, timeout=connecting)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
-        self.storage = Storage(info["storage_url"], storage_options)
+        # Where part files live: in an admin's (and an unsecured replica's) info; a secured
+        # replica tells other users through ``storage`` only (replicas/server.py).
+        url = info.get("storage_url") or self._rpc.call("storage", {}, timeout=connecting)["storage_url"]
+        self.storage = Storage(url, storage_options)
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:

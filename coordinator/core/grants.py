@@ -12,6 +12,12 @@ transactions, an admin does everything. A user's ``tables`` (None: every table, 
 later included) bound its reads and writes; an admin has every table. :func:`check` is the one
 decision, pure: allowed, or :class:`~coordinator.core.errors.PermissionDenied` naming the user, the
 action and the table. replicas/server.py applies it to every request before any handler runs.
+
+Ids a client holds are no capabilities: a client session (its heartbeats, its async commits'
+``flush``) and a read lease (``renew``, ``release``) act for the user that made them only, or an
+admin (:func:`acts_for`). Another user's id is answered as an unknown id is (the session is not
+known, the lease is not renewed or released, the flush finds no commits), so an answer never tells
+that an id is in use by someone else.
 """
 
 from __future__ import annotations
@@ -60,11 +66,14 @@ ACTIONS: dict[str, Rule] = {
     "snapshot": Rule(_R),
     "wait": Rule(_R),
     "app_version": Rule(_R),
-    "flush": Rule(_R),
-    "renew": Rule(_R),
+    "flush": Rule(_R),  # the caller's own session's async commits (acts_for)
+    "renew": Rule(_R),  # the caller's own leases (acts_for)
     "release": Rule(_R),
+    # Where part files live (the URL, credentials masked): every client reads and writes its parts
+    # there itself; ``info`` shows it (and ZooKeeper's address) to admins only (replicas/server.py).
+    "storage": Rule(_R),
     "transactions": Rule(_R),  # a non-admin sees its own only (replicas/server.py)
-    "heartbeat": Rule(_R),  # a client's session is alive (replicas/sessions.py)
+    "heartbeat": Rule(_R),  # the caller's own client session is alive (replicas/sessions.py, acts_for)
     "peers": Rule(_R),  # the other live replicas' addresses (where to ask for an outcome)
     "commit_status": Rule(_R, "table"),  # by tid, or by part with its table
     # A table's definition (its schema: what a statement needs first) any user may look up, as
@@ -146,6 +155,13 @@ class Grantee:
         if right not in ROLE_RIGHTS[self.role]:
             return False
         return self.role is Role.ADMIN or table is None or self.tables is None or table in self.tables
+
+
+def acts_for(who: Grantee | None, owner: str | None) -> bool:
+    """Whether ``who`` (None: the caller of an unsecured replica, or the replica itself) may act
+    on a client session, a read lease or async commits that user ``owner`` made: its own, or
+    anyone's for an admin."""
+    return who is None or who.role is Role.ADMIN or owner == who.name
 
 
 def check(

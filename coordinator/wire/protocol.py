@@ -141,7 +141,8 @@ _LEASE = _f(STRING, doc='a read lease\'s holder: "read", "spark" or "none" (repl
 
 ACTIONS: dict[str, Action] = {
     # -- the replica and its catalog ------------------------------------------------------------
-    "info": Action(_NO_FIELDS, doc="the replica's state (a non-admin sees its own transactions)"),
+    "info": Action(_NO_FIELDS, doc="the replica's state (a non-admin: its own transactions and tables only)"),
+    "storage": Action(_NO_FIELDS, doc="where part files live: the storage URL, credentials masked"),
     "peers": Action(_NO_FIELDS, doc="the other live replicas' addresses"),
     "snapshot": Action(_NO_FIELDS, doc="the latest applied CSN"),
     "wait": Action({"snapshot": _req(INTEGER, doc="a CSN to wait for")}),

@@ -1071,5 +1071,6 @@ IDEMPOTENT = frozenset(
         "flush",
         "heartbeat",
         "peers",
+        "storage",
     }
 )

@@ -56,6 +56,7 @@ MATRIX_TEXT = """
 | release | yes | yes | yes |
 | heartbeat | yes | yes | yes |
 | peers | yes | yes | yes |
+| storage | yes | yes | yes |
 | table | yes | yes | yes |
 | describe_table | yes | yes | yes |
 | parts | yes | yes | yes |
