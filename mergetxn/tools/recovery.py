@@ -221,14 +221,13 @@ def load(directory: str, seal: Callable[[str], str] | None = None, unverified: b
     b = parse_manifest(src.get(MANIFEST), directory)
     if seal is not None and not unverified:
         check_seal(b, seal, directory)
-    if b.sha256:
-        src = _Sealed(directory, b.sha256)
+    plain, src = src, _Sealed(directory, b.sha256) if b.sha256 else src
     problems = []
     for meta, _ in b.parts:
         try:
             why = verify_file(src, meta, checksum=True)
-        except CorruptPart:
-            why = "does not match the SHA-256 of the manifest"
+        except CorruptPart:  # (what is wrong in the size or checksum, if anything, says more)
+            why = verify_file(plain, meta, checksum=True) or "does not match the SHA-256 of the manifest"
         if why is not None:
             problems.append(f"{meta.path} {why}")
     if problems:

@@ -139,7 +139,7 @@ def test_retire_refuses_an_empty_or_malformed_id_and_writes_nothing(cluster: coo
     try:
         node = f"{cluster.root}/replicas"
         before = (zk.get(node)[0], sorted(zk.get_children(node)))
-        for bad in ("", "a/b", "x" * 65, "r 1"):
+        for bad in ("", "a/b", "..", ".", "x" * 65, "r 1"):
             r = invoke(
                 cluster,
                 "replica",
@@ -229,6 +229,29 @@ def forge(backup: Path, storage: Storage, tmp_path: Path) -> None:
     entry["checksum"] = entry["meta"]["checksum"] = checksum_of(raw)
     entry["sha256"] = hashlib.sha256(raw).hexdigest()
     (backup / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def test_a_sealed_backup_of_a_partitioned_table_restores(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
+) -> None:
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("x", pa.float64()), ("s", pa.string())])
+    admin.create_table("sealed_p", schema, partition_by=["day"], auto_merge=False)
+    data = pa.table(
+        {
+            "id": [1, 2, 3],
+            "day": pa.array([0, 19000, 20000], pa.date32()),
+            "x": [0.1, 1e300, -2.5],
+            "s": ["é", '"q"', None],
+        },
+        schema,
+    )
+    with admin.transaction() as tx:
+        tx.insert("sealed_p", data)
+    assert invoke(cluster, "backup", "sealed_p", tmp_path / "b").exit_code == 0
+    assert "mac" in json.loads((tmp_path / "b" / "manifest.json").read_text())
+    r = invoke(cluster, "restore", tmp_path / "b", "--as", "sealed_p2")
+    assert r.exit_code == 0, r.output
+    assert sorted_rows(admin.read("sealed_p2")) == sorted_rows(data)
 
 
 def test_a_forged_backup_is_refused_by_its_mac_and_changes_nothing(
