@@ -848,7 +848,8 @@ class Client:
 
     def drop_user(self, name: str) -> None:
         """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
-        every replica, also on its connections already open."""
+        every replica, also on its connections already open. The last admin is refused
+        (InvalidInput naming it), also when two drops of the last two admins race."""
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -252,6 +253,53 @@ def test_a_sealed_backup_of_a_partitioned_table_restores(
     r = invoke(cluster, "restore", tmp_path / "b", "--as", "sealed_p2")
     assert r.exit_code == 0, r.output
     assert sorted_rows(admin.read("sealed_p2")) == sorted_rows(data)
+
+
+def same_crc32(raw: bytes, changed_at: int, fixed_at: int) -> bytes:
+    """Other bytes of the same size and crc32 as ``raw`` (crc32 is linear: the 32 bits at
+    ``fixed_at`` are solved for, after the byte at ``changed_at`` was changed)."""
+    forged = bytearray(raw)
+    forged[changed_at] ^= 0xFF
+    want = zlib.crc32(raw) ^ zlib.crc32(bytes(forged))
+    rows = []  # (what flipping one bit does to the crc32, which bit), reduced to echelon form
+    for bit in range(32):
+        flipped = bytearray(forged)
+        flipped[fixed_at + bit // 8] ^= 1 << (bit % 8)
+        rows.append((zlib.crc32(bytes(flipped)) ^ zlib.crc32(bytes(forged)), 1 << bit))
+    basis: list[tuple[int, int]] = []
+    for effect, bits in rows:
+        for b_effect, b_bits in basis:
+            if effect ^ b_effect < effect:
+                effect, bits = effect ^ b_effect, bits ^ b_bits
+        if effect:
+            basis.append((effect, bits))
+            basis.sort(reverse=True)
+    flip = 0
+    for b_effect, b_bits in basis:
+        if want ^ b_effect < want:
+            want, flip = want ^ b_effect, flip ^ b_bits
+    assert want == 0
+    for bit in range(32):
+        if flip >> bit & 1:
+            forged[fixed_at + bit // 8] ^= 1 << (bit % 8)
+    assert zlib.crc32(bytes(forged)) == zlib.crc32(raw) and bytes(forged) != raw
+    return bytes(forged)
+
+
+def test_a_part_of_the_same_size_and_crc32_is_refused_by_its_sha256(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
+) -> None:
+    admin.create_table("crc_t", SCHEMA, auto_merge=False)
+    with admin.transaction() as tx:
+        tx.insert("crc_t", pa.table({"id": [1, 2], "v": ["a", "b"]}, SCHEMA))
+    b = tmp_path / "b"
+    assert invoke(cluster, "backup", "crc_t", b).exit_code == 0
+    entry = json.loads((b / "manifest.json").read_text())["parts"][0]
+    raw = (b / entry["file"]).read_bytes()
+    (b / entry["file"]).write_bytes(same_crc32(raw, len(raw) // 2, len(raw) // 2 + 8))
+    snap = admin.snapshot()
+    one_error_line(invoke(cluster, "restore", b, "--as", "crc_new"), EXIT_CORRUPT, "SHA-256", "nothing restored")
+    assert admin.snapshot() == snap and "crc_new" not in admin.tables()
 
 
 def test_a_forged_backup_is_refused_by_its_mac_and_changes_nothing(
