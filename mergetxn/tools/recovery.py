@@ -239,6 +239,10 @@ def load(directory: str, seal: Callable[[str], str] | None = None, unverified: b
     return src, b
 
 
+def _is_hex256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def check_seal(b: Backup, seal: Callable[[str], str], where: str) -> None:
     """Refuse a manifest that carries no MAC or whose MAC is not the cluster's for its content."""
     if b.mac is None:
@@ -280,8 +284,8 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
             f"backup manifest in {quote(where)} names table {quote(table)} and defines {quote(tdef.name)}"
         )
     mac = d.get("mac")
-    if mac is not None and not isinstance(mac, str):
-        raise CorruptMetadata(f"backup manifest in {quote(where)}: mac must be a string")
+    if mac is not None and not _is_hex256(mac):
+        raise CorruptMetadata(f"backup manifest in {quote(where)}: mac must be 64 lowercase hex digits")
     parts, sha256 = [], {}
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
@@ -299,7 +303,7 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
             raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} disagrees with itself")
         digest = e.get("sha256")
         if digest is not None or mac is not None:
-            if not isinstance(digest, str) or len(digest) != 64:
+            if not _is_hex256(digest):
                 raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} has no SHA-256")
             sha256[_part_file(meta.name)] = digest
         parts.append((dataclasses.replace(meta, path=_part_file(meta.name)), part_csn))

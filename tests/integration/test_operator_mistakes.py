@@ -329,3 +329,20 @@ def test_a_forged_backup_is_refused_by_its_mac_and_changes_nothing(
     with coordinator.connect(cluster.replica_addresses[0], credentials=cluster.add_user("ops_w", "writer")) as w:
         with pytest.raises(errors.PermissionDenied, match="free of the tables' limits"):  # an admin's only
             w.begin(table_limits=False)
+
+
+def test_a_mac_or_sha256_that_is_not_hex_is_corrupt_metadata(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
+) -> None:
+    admin.create_table("hex_t", SCHEMA, auto_merge=False)
+    with admin.transaction() as tx:
+        tx.insert("hex_t", pa.table({"id": [1], "v": ["a"]}, SCHEMA))
+    b = tmp_path / "b"
+    assert invoke(cluster, "backup", "hex_t", b).exit_code == 0
+    good = json.loads((b / "manifest.json").read_text())
+    for field, bad in (("mac", "é" * 64), ("mac", 7), ("sha256", "Z" * 64), ("sha256", None)):
+        manifest = json.loads(json.dumps(good))
+        (manifest if field == "mac" else manifest["parts"][0])[field] = bad
+        (b / "manifest.json").write_text(json.dumps(manifest))
+        one_error_line(invoke(cluster, "restore", b, "--as", "hex_new"), EXIT_CORRUPT, "manifest")
+    assert "hex_new" not in admin.tables()
