@@ -139,12 +139,14 @@ class Transactions:
         durability: object = SYNC,
         session: object = None,
         owner: str | None = None,
+        table_limits: bool = True,
     ) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
         with the same token gets the transaction the first one began instead of another.
         ``atomicity``/``durability`` (coordinator/model/atomicity.py; ``session`` names the client
         whose ``flush`` waits for an async commit). ``owner``: the user beginning it (secured
-        clusters), who may hold at most ``user_max_transactions`` running ones here."""
+        clusters), who may hold at most ``user_max_transactions`` running ones here.
+        ``table_limits=False``: the tables' own limits do not bind it, the replica's still do (a restore's)."""
         if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
             raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         atomicity, durability = check_modes(atomicity, durability)
@@ -176,6 +178,7 @@ class Transactions:
                 durability=durability,
                 session=session,
                 owner=owner,
+                table_limits=table_limits,
             )
             self.txns[txn.id] = txn
             if session is not None:
@@ -283,12 +286,19 @@ class Transactions:
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
-            # A table with limits of its own binds the transaction from its first write there.
-            if table.txn_max_seconds is not None and (
-                txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0]
+            # A table with limits of its own binds the transaction from its first write there
+            # (unless it was begun free of them: a restore's).
+            if (
+                txn.table_limits
+                and table.txn_max_seconds is not None
+                and (txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0])
             ):
                 txn.max_seconds = (table.txn_max_seconds, table.name)
-            if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
+            if (
+                txn.table_limits
+                and table.txn_max_rows is not None
+                and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0])
+            ):
                 txn.max_rows = (table.txn_max_rows, table.name)
             max_rows, rows_from = self.row_limit(txn)
             # A compaction rewrites rows it does not change: a keys table's limit is on what a

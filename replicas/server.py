@@ -42,6 +42,7 @@ from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, TxnState, op_from_dict
 from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
+from coordinator.wire.security import backup_mac
 from coordinator.zk.alive import read_alive
 from replicas import failpoints, leases, logs, settings
 from replicas.replica import Replica
@@ -149,6 +150,7 @@ class ReplicaServer(RpcServer):
             "users": lambda a: self._users().describe(),
             "create_user": lambda a: self._users().create(a["name"], a["role"], a.get("tables"), a["secret"]),
             "drop_user": lambda a: self._users().drop(a["name"]),
+            "backup_mac": lambda a: {"mac": backup_mac(self._users().identity, a["digest"])},
         }
 
     # -- who asks, and whether they may (secured replicas) -------------------------------------
@@ -323,7 +325,7 @@ class ReplicaServer(RpcServer):
             tdef = self.replica.state.table(op["table"])
             if tdef is None:
                 return False  # maybe created elsewhere and not applied here yet: that path waits
-            if tdef.txn_max_rows is not None:
+            if tdef.txn_max_rows is not None and txn.table_limits:
                 limit = min(limit, tdef.txn_max_rows)
             added = op.get("added") or ()
             if op.get("op") != "compact" and isinstance(added, list):
@@ -469,7 +471,12 @@ class ReplicaServer(RpcServer):
 
     def _begin(self, a: dict) -> dict:
         txn = self.transactions.begin(
-            a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"), a.get("session"), owner=_user(a)
+            a.get("token"),
+            a.get("atomicity", "full"),
+            a.get("durability", "sync"),
+            a.get("session"),
+            owner=_user(a),
+            table_limits=a.get("table_limits") is not False,
         )
         return {
             "id": txn.id,

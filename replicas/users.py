@@ -187,11 +187,20 @@ class Users:
         return new.public()
 
     def drop(self, name: object) -> dict:
-        """Remove a user: its credentials are refused from now on, on every replica."""
+        """Remove a user: its credentials are refused from now on, on every replica. The last
+        admin is refused (InvalidInput naming it): decided on the node's version, so of two
+        drops of the last two admins racing through any replicas one is refused."""
         dropped: list[UserRecord] = []
 
         def remove(users: dict[str, UserRecord]) -> bool:
             held = users.pop(name, None) if isinstance(name, str) else None
+            if held is not None and held.role is Role.ADMIN and not any(u.role is Role.ADMIN for u in users.values()):
+                raise InvalidInput(
+                    f"user {held.name!r} is the last admin: dropping it would leave nobody to manage "
+                    "users or tables; add another admin first (security add-user NAME --role admin)",
+                    field="name",
+                    user=held.name,
+                )
             if held is not None:
                 dropped[:] = [held]
             return held is not None

@@ -336,7 +336,12 @@ class Client:
 
     # -- transactions ------------------------------------------------------------------------
     def begin(
-        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, detached: bool = False
+        self,
+        isolation: str = SNAPSHOT,
+        atomicity: str = FULL,
+        durability: str = SYNC,
+        detached: bool = False,
+        table_limits: bool = True,
     ) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
@@ -356,11 +361,17 @@ class Client:
         holds it (coordinator/api/heartbeat.py): once this process dies, stands still or is cut off
         for the replica's ``client_session_timeout``, the replica aborts it. ``detached=True``:
         no session holds it (a Spark job hands its transaction from the process that began it to
-        the one that commits it); only its time limit (``txn_max_seconds``) ends it then."""
+        the one that commits it); only its time limit (``txn_max_seconds``) ends it then.
+
+        ``table_limits=False`` (an admin's, PermissionDenied for other users): the tables' own
+        ``txn_max_rows``/``txn_max_seconds`` do not bind the transaction, the replica-wide limits
+        still do; what ``mergetxn restore`` begins, so that a table's backup restores whatever its
+        limits."""
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
-        if not isinstance(detached, bool):
-            raise InvalidInput(f"detached must be True or False, not {quote(detached)}")
+        for flag, value in (("detached", detached), ("table_limits", table_limits)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{flag} must be True or False, not {quote(value)}")
         if detached and durability != SYNC:
             raise InvalidInput(
                 "a detached transaction cannot have durability='async' (client.flush() follows "
@@ -373,6 +384,8 @@ class Client:
             modes["durability"] = durability
         if not detached:
             modes["session"] = self.session
+        if not table_limits:
+            modes["table_limits"] = False
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex, **modes)
@@ -452,10 +465,10 @@ class Client:
 
     @contextmanager
     def transaction(
-        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC
+        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, table_limits: bool = True
     ) -> Iterator[Transaction]:
         """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
-        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability)
+        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability, table_limits=table_limits)
         try:
             yield tx
         except BaseException:
@@ -837,7 +850,8 @@ class Client:
 
     def drop_user(self, name: str) -> None:
         """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
-        every replica, also on its connections already open."""
+        every replica, also on its connections already open. The last admin is refused
+        (InvalidInput naming it), also when two drops of the last two admins race."""
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:

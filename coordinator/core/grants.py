@@ -103,6 +103,7 @@ ACTIONS: dict[str, Rule] = {
     "users": Rule(Right.ADMIN),
     "create_user": Rule(Right.ADMIN),
     "drop_user": Rule(Right.ADMIN),
+    "backup_mac": Rule(Right.ADMIN),  # seals and checks backup manifests (mergetxn/tools/recovery.py)
     "check": Rule(Right.ADMIN),  # reads every file of the tables asked (mergetxn check, status)
 }
 
@@ -178,6 +179,8 @@ def check(
     if action == "events" and table is None and who.tables is not None and who.role is not Role.ADMIN:
         _deny(who, action, None, Right.READ, "it names no table and the user has grants on some tables only")
     _need(who, action, rule.right, table)
+    if action == "begin" and args.get("table_limits") is False:  # a restore's transaction
+        _need(who, "begin a transaction free of the tables' limits", Right.ADMIN, None)
     if rule.ops:
         ops = args.get("ops") if "ops" in args else [args.get("op")] if "op" in args else []
         for op in ops if isinstance(ops, list) else []:

@@ -181,6 +181,9 @@ ACTIONS: dict[str, Action] = {
             "atomicity": _f(STRING),
             "durability": _f(STRING),
             "session": _f(STRING, NULL, doc="the client session holding it (null: detached)"),
+            "table_limits": _f(
+                BOOLEAN, doc="false: the tables' txn_max_rows/txn_max_seconds do not bind it (a restore; admins)"
+            ),
         }
     ),
     "stage": Action(
@@ -264,6 +267,7 @@ ACTIONS: dict[str, Action] = {
         {"name": _req(STRING), "role": _req(STRING), "tables": _f(ARRAY, NULL), "secret": _req(STRING)}
     ),
     "drop_user": Action({"name": _req(STRING)}),
+    "backup_mac": Action({"digest": _req(STRING, doc="a backup manifest's SHA-256, 64 hex digits")}),
 }
 
 
