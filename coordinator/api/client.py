@@ -160,6 +160,7 @@ class Client:
         )  # answered at once by a live replica
         self.host_id: str = info["host_id"]
         self.storage = Storage(info["storage_url"], storage_options)
+        self._heartbeat.learn_peers(timeout=min(CONNECT_TIMEOUT, self.timeout))  # named should it stop answering
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -167,7 +168,24 @@ class Client:
         that legitimately take longer (``long_calls``). An action or a field the protocol
         (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent."""
         protocol.check_call(action, args)
-        return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        try:
+            return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        except ReplicaUnavailable as exc:
+            raise self._elsewhere(exc) from None
+
+    def _elsewhere(self, exc: ReplicaUnavailable) -> ReplicaUnavailable:
+        """``exc``, when it says that this client's replica did not answer or could not be
+        reached, with the other live replicas' addresses (learnt when the client connected):
+        where the caller may go on. Errors the replica answered are left as they are."""
+        if type(exc) is not ReplicaUnavailable or exc.details.get("replica") != self.address or "peers" in exc.details:
+            return exc
+        peers = list(self._heartbeat.peers)
+        where = (
+            f"the cluster's other live replicas: {', '.join(peers)} (connect to one of them)"
+            if peers
+            else "no other live replica is known to this client (mergetxn status --zk HOSTS lists the replicas)"
+        )
+        return ReplicaUnavailable(f"{exc.message}; {where}", **exc.details, peers=peers)
 
     def close(self) -> None:
         self._heartbeat.close()
