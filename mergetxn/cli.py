@@ -808,7 +808,7 @@ def replica_start(**values: Any) -> None:
     Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
     Ctrl-C or SIGTERM stops it cleanly, SIGHUP reopens --log-file. Refused (exit 2, nothing
     registered) when a live replica holds --host-id, a port is in use or --storage is not the
-    cluster's.
+    cluster's; exits 5 when ZooKeeper does not answer at --zk within --zk-connect-timeout.
     """
     from coordinator.core.versions import check_host_id
     from replicas.server import run
