@@ -43,12 +43,9 @@ def connect_zk(zk: KazooClient, hosts: str, timeout: float) -> None:
     never answers, is ReplicaUnavailable naming the address and what to do, at ``timeout``:
     ``zk`` is stopped off this thread (kazoo's own ``start`` waits for its connection thread,
     which may sit in a read of a silent port for the whole session timeout)."""
-    answered = zk.start_async().wait(timeout)
-    if zk.connected:
+    if zk.start_async().wait(timeout):
         return
     threading.Thread(target=_stop_quietly, args=(zk,), name="zk-stop", daemon=True).start()
-    if answered:
-        raise ReplicaUnavailable(f"ZooKeeper at {hosts} refused this replica's session ({zk.state})", zk=hosts)
     raise ReplicaUnavailable(
         f"ZooKeeper at {hosts} did not answer within {timeout:g} s (zk_connect_timeout): start ZooKeeper "
         f"there (mergetxn zk start) or give the address of a running one with --zk HOST:PORT[,HOST:PORT...]",
