@@ -181,7 +181,7 @@ class Client:
             return exc
         peers = list(self._heartbeat.peers)
         where = (
-            f"the cluster's other live replicas: {', '.join(peers)} (connect to one of them)"
+            f"the cluster's other replicas, live when this client last asked: {', '.join(peers)} (connect to one of them)"
             if peers
             else "no other live replica is known to this client (mergetxn status --zk HOSTS lists the replicas)"
         )
