@@ -104,6 +104,15 @@ def exit_code(exc: BaseException) -> int:
 # Output helpers
 
 
+class _Console(Console):
+    """rich's console, except that a closed pipe is left to :class:`MergetxnGroup` (rich's own
+    handling exits with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(stderr: bool = False) -> Console:
     """A console for this invocation (``sys.stdout`` may be swapped by tests). Wide when not a
     terminal so piped tables are not folded into unreadable columns."""
@@ -111,7 +120,7 @@ def console(stderr: bool = False) -> Console:
     width = None
     if not stream.isatty():
         width = int(os.environ.get("COLUMNS") or 0) or 200
-    return Console(stderr=stderr, width=width, highlight=False)
+    return _Console(stderr=stderr, width=width, highlight=False)
 
 
 def redact(url: str) -> str:
@@ -146,7 +155,12 @@ class MergetxnGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader that went away shows here at the latest, handled below
+            return result
+        except BrokenPipeError:  # output piped into `head`, which has what it wanted: no error
+            _discard_stdout()
+            ctx.exit(EXIT_OK)
         except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except MergetxnError as exc:
@@ -161,6 +175,17 @@ class MergetxnGroup(click.Group):
             code = EXIT_UNAVAILABLE if isinstance(exc, OSError) else EXIT_INTERNAL  # storage, network
             print_error(f"{type(exc).__name__}: {exc}")
             ctx.exit(code)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null after its reader closed the pipe, so that nothing written or
+    flushed later (at exit too) fails again (Python's recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
 
 
 def _cell(value: Any) -> str:
@@ -783,7 +808,7 @@ def replica_start(**values: Any) -> None:
     Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
     Ctrl-C or SIGTERM stops it cleanly, SIGHUP reopens --log-file. Refused (exit 2, nothing
     registered) when a live replica holds --host-id, a port is in use or --storage is not the
-    cluster's.
+    cluster's; exits 5 when ZooKeeper does not answer at --zk within --zk-connect-timeout.
     """
     from coordinator.core.versions import check_host_id
     from replicas.server import run
@@ -1429,6 +1454,8 @@ def write_rows(
                     rows += n
                     advance(n)
         sink.flush()
+    except BrokenPipeError:
+        raise  # stdout's reader went away: not an error (MergetxnGroup.invoke)
     except (OSError, pa.ArrowException) as exc:
         raise InvalidInput(f"cannot write {output or 'stdout'}: {exc}") from None
     finally:

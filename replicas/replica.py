@@ -76,7 +76,7 @@ from replicas.state import ReplicaState
 from replicas.storage_check import startup_probe
 from replicas.users import Users
 from replicas.wal import Wal
-from replicas.zksession import ZkSession
+from replicas.zksession import ZkSession, connect_zk
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class Replica:
         leaves nothing registered. The caller binds its ports and sets ``address`` first."""
         began = time.monotonic()
         self.zk.add_listener(self._on_zk_state)
-        self.zk.start(timeout=max(30.0, self.config.session_timeout))
+        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
         try:
             self.log.ensure_layout()
         except NoAuthError:

@@ -36,7 +36,7 @@ from typing import TypeVar
 
 from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
-from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError
+from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, TxnState, op_from_dict
@@ -691,6 +691,8 @@ def _bind(make: Callable[[], T], flag: str, host: str, port: int) -> T:
 
 # The exit status of a replica whose RPC loop died (a bug): its supervisor restarts it.
 EXIT_RPC_DIED = 70
+# ZooKeeper did not answer the start: mergetxn's exit code for "unavailable" (mergetxn/cli.py).
+EXIT_UNAVAILABLE = 5
 
 
 def _serve_or_exit(server: ReplicaServer) -> None:
@@ -729,6 +731,9 @@ def main(argv: list[str] | None = None) -> None:
     except InvalidInput as exc:  # a host id held, a port in use, the wrong storage: one line, status 2
         log.error("replica %s did not start: %s", config.host_id, exc.message)
         p.exit(2, f"error: {exc.message}\n")
+    except ReplicaUnavailable as exc:  # ZooKeeper not there: one line, status 5 (as mergetxn's)
+        log.error("replica %s did not start: %s", config.host_id, exc.message)
+        p.exit(EXIT_UNAVAILABLE, f"error: {exc.message}\n")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,7 @@ class Client:
         # replica tells other users through ``storage`` only (replicas/server.py).
         url = info.get("storage_url") or self._rpc.call("storage", {}, timeout=connecting)["storage_url"]
         self.storage = Storage(url, storage_options)
+        self._heartbeat.learn_peers(timeout=connecting)  # named should it stop answering
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -169,7 +170,24 @@ class Client:
         that legitimately take longer (``long_calls``). An action or a field the protocol
         (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent."""
         protocol.check_call(action, args)
-        return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        try:
+            return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        except ReplicaUnavailable as exc:
+            raise self._elsewhere(exc) from None
+
+    def _elsewhere(self, exc: ReplicaUnavailable) -> ReplicaUnavailable:
+        """``exc``, when it says that this client's replica did not answer or could not be
+        reached, with the other live replicas' addresses (learnt when the client connected):
+        where the caller may go on. Errors the replica answered are left as they are."""
+        if type(exc) is not ReplicaUnavailable or exc.details.get("replica") != self.address or "peers" in exc.details:
+            return exc
+        peers = list(self._heartbeat.peers)
+        where = (
+            f"the cluster's other replicas, live when this client last asked: {', '.join(peers)} (connect to one of them)"
+            if peers
+            else "no other live replica is known to this client (mergetxn status --zk HOSTS lists the replicas)"
+        )
+        return ReplicaUnavailable(f"{exc.message}; {where}", **exc.details, peers=peers)
 
     def close(self) -> None:
         self._heartbeat.close()
