@@ -221,6 +221,16 @@ def test_long_values_under_the_limit_get_bounded_nodes_that_still_conflict(
     assert max(len(n) for n in names) <= MAX_NODE_NAME
 
 
+def test_a_host_id_of_dots_names_no_node(cluster: LocalCluster, c0: Client) -> None:
+    """A tid's host id becomes a node name (replicas/<host>) when another replica decides its
+    outcome: '.' and '..' are none (ZooKeeper refuses such a path), so a tid naming one is
+    InvalidInput like any malformed tid, and the replica answers the next call."""
+    for host in ("..", "."):
+        with pytest.raises(InvalidInput, match="transaction id"):
+            c0.commit_status(f"T1-1-{host}")
+    assert c0.snapshot() >= 0
+
+
 # =============================================================================================
 # User names: the rule first
 
