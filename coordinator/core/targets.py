@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from coordinator.core.conflicts import Policy, Summary
+from coordinator.core.errors import InvalidInput
 
 Target = tuple[str, str]  # (table, partition key)
 Live = Mapping[str, Mapping[str, Collection[str]]]  # table -> partition key -> its live parts
@@ -55,6 +56,34 @@ def bounded_name(name: str) -> str:
     if cut != -1:
         head = head[:cut]
     return f"{head}#{hashlib.sha256(name.encode('ascii')).hexdigest()}"
+
+
+# A commit multi is one ZooKeeper request: over jute.maxbuffer (1 MiB by default) the server drops
+# the connection instead of answering, and the replica's session with it, again at every retry.
+MAX_MULTI_BYTES = 1_000_000
+MULTI_ROOM = 64 * 1024  # what a multi holds besides a transaction's targets: owner, fence, epoch, entry pointer
+OP_BYTES = 128  # an op's bytes besides its path: header, lengths, version, a created node's ACL
+
+
+def multi_bytes(names: Iterable[str], prefix: int) -> int:
+    """At most the bytes that ops on the nodes ``names`` (target keys, counters, table names)
+    add to a commit multi, each path being ``prefix`` characters (root, folder) and its name."""
+    return sum(prefix + OP_BYTES + len(n) for n in names)
+
+
+def too_many_targets(tid: str, count: int, size: int) -> InvalidInput:
+    """The refusal of a transaction whose commit multi alone would be over the request bound."""
+    return InvalidInput(
+        f"transaction {tid} checks {count} conflict targets (partitions of maxcompute or append tables, "
+        f"partitions it removes parts from, applications, tables read): its commit request to ZooKeeper "
+        f"would take about {size} bytes, more than the {MAX_MULTI_BYTES - MULTI_ROOM} one transaction "
+        "may (ZooKeeper refuses a request over 1 MiB); nothing was committed: write fewer partitions "
+        "per transaction",
+        id=tid,
+        targets=count,
+        size=size,
+        limit=MAX_MULTI_BYTES - MULTI_ROOM,
+    )
 
 
 def target_key(table: str, pkey: str | None) -> str:

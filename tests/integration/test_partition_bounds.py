@@ -92,6 +92,29 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.monotonic() - start, out
 
 
+def side_by_side(cluster: LocalCluster, **calls: Callable[[], Any]) -> dict[str, tuple[float, Any]]:
+    """Run ``calls`` and, from another user's client, an insert of one row into table ``other``,
+    released together by a barrier; each one's seconds and result (or error) by name, the
+    insert's as ``"other"``. Every call has 60 s to return."""
+    good = coordinator.connect(cluster.replica_addresses[0], timeout=15)
+    calls = {**calls, "other": lambda: good.insert("other", pa.table({"p": ["a"], "v": [2]}, schema=SCHEMA))}
+    barrier = threading.Barrier(len(calls))
+    out: dict[str, tuple[float, Any]] = {}
+
+    def run(name: str, fn: Callable[[], Any]) -> None:
+        barrier.wait()
+        out[name] = timed(fn)
+
+    threads = [threading.Thread(target=run, args=item) for item in calls.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    good.close()
+    assert set(out) == set(calls), f"still waiting after 60 s: {sorted(set(calls) - set(out))}"
+    return out
+
+
 def refused_for(exc: object, column: str = "p") -> None:
     assert isinstance(exc, InvalidInput), exc
     assert exc.details["column"] == column and exc.details["limit"] == LIMIT, exc.details
@@ -106,28 +129,10 @@ def test_a_huge_partition_value_is_refused_at_stage_and_another_table_goes_on(
     column and the limit; another user's insert into another table on that replica, started at
     the same moment, commits in under a second; nothing of the refused one is visible or left."""
     before = files(cluster, "mc")
-    bad, good = hostile(cluster), coordinator.connect(cluster.replica_addresses[0], timeout=15)
-    barrier = threading.Barrier(2)
-    out: dict[str, tuple[float, Any]] = {}
-
-    def run(name: str, fn: Callable[[], Any]) -> None:
-        barrier.wait()
-        out[name] = timed(fn)
-
+    bad = hostile(cluster)
     rows = pa.table({"p": [HUGE], "v": [1]}, schema=SCHEMA)
-    threads = [
-        threading.Thread(target=run, args=("huge", lambda: bad.insert("mc", rows))),
-        threading.Thread(
-            target=run, args=("other", lambda: good.insert("other", pa.table({"p": ["a"], "v": [2]}, schema=SCHEMA)))
-        ),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    out = side_by_side(cluster, huge=lambda: bad.insert("mc", rows))
     bad.close()
-    good.close()
-    assert set(out) == {"huge", "other"}, f"still waiting after 60 s: {sorted({'huge', 'other'} - set(out))}"
     huge_seconds, huge = out["huge"]
     other_seconds, other = out["other"]
     refused_for(huge)
@@ -219,6 +224,27 @@ def test_long_values_under_the_limit_get_bounded_nodes_that_still_conflict(
     names = list(node_names(zk, "/mergetxn/targets"))
     assert any("#" in n for n in names)  # the long ones were cut and hashed
     assert max(len(n) for n in names) <= MAX_NODE_NAME
+
+
+def test_a_commit_with_more_targets_than_one_zookeeper_request_holds_is_refused(
+    cluster: LocalCluster, c0: Client, tables: None
+) -> None:
+    """Legal values, too many of them: a TRUNCATE naming 4,000 partitions of 1 KiB values on a
+    maxcompute table would make a commit multi of about 1.3 MB, over ZooKeeper's 1 MiB request
+    bound (the server dropped the replica's connection at each retry, two minutes long). It is
+    refused with InvalidInput naming the number of targets before anything is sent, and an
+    insert into another table beside it commits."""
+    names = [("é" * (LIMIT // 2 - 3)) + f"{i:05d}" for i in range(4000)]
+    tx = c0.begin()
+    tx.truncate("mc", partitions=[(n,) for n in names])
+    out = side_by_side(cluster, many=tx.commit)
+    many_seconds, many = out["many"]
+    assert isinstance(many, InvalidInput), many
+    assert many.details["targets"] >= 4000 and "fewer partitions" in many.message
+    assert many_seconds < 10, many_seconds
+    assert isinstance(out["other"][1], int), out["other"]
+    assert out["other"][0] < 10, out["other"]
+    assert c0.commit_status(tx.id).status == "aborted"
 
 
 def test_a_host_id_of_dots_names_no_node(cluster: LocalCluster, c0: Client) -> None:

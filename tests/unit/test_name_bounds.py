@@ -12,10 +12,22 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import pytest
+from kazoo.protocol.serialization import CheckVersion, Create, SetData, Transaction
+from kazoo.security import make_digest_acl
 from support.builders import part, staged, table_def  # tests/ is on sys.path
 
 from coordinator.core import tabledata as ops
-from coordinator.core.targets import APP_PREFIX, MAX_NODE_NAME, app_key, bounded_name, target_key
+from coordinator.core.targets import (
+    APP_PREFIX,
+    MAX_MULTI_BYTES,
+    MAX_NODE_NAME,
+    MULTI_ROOM,
+    app_key,
+    bounded_name,
+    multi_bytes,
+    target_key,
+    too_many_targets,
+)
 from coordinator.errors import InvalidInput
 from coordinator.model.users import MAX_NAME, check_name
 from replicas.registry import check_partition_bounds
@@ -84,6 +96,25 @@ def test_app_keys_keep_their_old_names_when_short_and_are_bounded_otherwise() ->
         old = old_app_key(app_id)
         assert key == old if len(old) <= MAX_NODE_NAME else (len(key) <= MAX_NODE_NAME and key.startswith(APP_PREFIX))
     assert app_key("ü" * 256) != app_key("ü" * 255 + "v")
+
+
+def test_the_multi_estimate_bounds_what_kazoo_sends() -> None:
+    """multi_bytes is at least the bytes kazoo serialises for the same ops (creates with a digest
+    ACL, sets, checks) on bounded names, so a multi within MAX_MULTI_BYTES is within ZooKeeper's
+    1 MiB; a transaction over its share is refused naming the count of targets."""
+    prefix = "/some/chroot/mergetxn/targets/"
+    names = [target_key("t", ops.partition_key(("é" * 500 + str(i),))) for i in range(50)]
+    acl = [make_digest_acl("mergetxn-replica", "s" * 43, all=True)]
+    for op in (
+        lambda path: Create(path, b"", acl, 0),
+        lambda path: SetData(path, b"", 7),
+        lambda path: CheckVersion(path, 7),
+    ):
+        sent = len(Transaction([op(prefix + n) for n in names]).serialize())
+        assert multi_bytes(names, len(prefix)) >= sent
+    exc = too_many_targets("T1-2-r0", 4000, 1_700_000)
+    assert exc.details["targets"] == 4000 and exc.details["limit"] == MAX_MULTI_BYTES - MULTI_ROOM
+    assert "fewer partitions" in exc.message
 
 
 # =============================================================================================
