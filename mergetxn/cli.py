@@ -34,6 +34,7 @@ from rich.table import Table
 from coordinator.core import errors
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput, MergetxnError, quote
+from coordinator.model.users import check_name as check_user_name
 from mergetxn.tools.jsonrows import json_value
 from mergetxn.tools.jsonrows import stream as json_stream
 from replicas import logs
@@ -2333,9 +2334,7 @@ def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: s
     a salted hash of the secret, which is printed only with --out -. The name and the file's
     directory are checked first: a user is added only when its file can be written (one whose
     file still fails to be written is dropped again)."""
-    from coordinator.model.users import check_name
-
-    check_name(name)
+    check_user_name(name)  # before anything: the name also names the credentials file
     with connected(replica) as client:
         if client.credentials is None:
             fail("security add-user: give an admin's credentials (--credentials or MERGETXN_CREDENTIALS)")

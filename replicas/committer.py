@@ -51,10 +51,14 @@ from coordinator.core.readsets import Shape, check_reads, counter_key
 from coordinator.core.readsets import read_keys as read_set_keys
 from coordinator.core.tabledata import partition_key
 from coordinator.core.targets import (
+    MAX_MULTI_BYTES,
+    MULTI_ROOM,
     Statement,
     app_key,
     checked_keys,
+    multi_bytes,
     read_keys,
+    too_many_targets,
     whole_table_targets,
 )
 from coordinator.core.versions import incarnation_of
@@ -205,6 +209,7 @@ class Committer:
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
         self.key_conflicts = KeyConflicts(self.state, storage, table)  # keys tables
+        self._node_prefix = len(log.zk.chroot or "") + len(log.path("targets", ""))  # of a multi op's path
 
     def start(self) -> None:
         self.queue.start()
@@ -394,8 +399,13 @@ class Committer:
         except MergetxnError as exc:
             self._fail(p, exc)
             return None
+        member = self._member(p, plan)
+        size = multi_bytes([*member.keys, *member.writes], self._node_prefix)
+        if size > MAX_MULTI_BYTES - MULTI_ROOM:  # alone over ZooKeeper's request bound: never sent
+            self._fail(p, too_many_targets(p.txn.id, len(member.keys), size))
+            return None
         plans[id(p)] = plan
-        return self._member(p, plan)
+        return member
 
     def _member(self, p: Pending, plan: Plan) -> Member:
         """The typed summary of a planned member (:class:`coordinator.core.batching.Member`)."""
@@ -461,8 +471,9 @@ class Committer:
     def _write(self, b: _Batch, r: _Reading) -> int:
         """The commit multi of batch ``b``, handed over to this replica's follower; its CSN, once
         known even if the connection was lost during it (replicas/commit_outcome.py)."""
-        data = spilled(self.storage, b.encoded)
         counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
+        ops = multi_bytes([*b.expected, *b.tables, *counters[0], *counters[1]], self._node_prefix)
+        data = spilled(self.storage, b.encoded, MAX_MULTI_BYTES - MULTI_ROOM // 2 - ops)
         failpoints.hit("before_commit_multi")
         try:
             with self.follower.local_commit() as hand_over:

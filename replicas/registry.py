@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from coordinator.core.conflicts import check_app_version
 from coordinator.core.errors import (
+    CorruptMetadata,
     InvalidInput,
     QuotaExceeded,
     ReplicaUnavailable,
@@ -36,7 +37,7 @@ from coordinator.core.errors import (
     storage_error,
 )
 from coordinator.core.readsets import Read
-from coordinator.core.tabledata import partition_key
+from coordinator.core.tabledata import check_partition_values, partition_from_key, partition_key
 from coordinator.core.versions import Tid, local_counter
 from coordinator.model.atomicity import FULL, SYNC, check_modes, check_session, mismatch
 from coordinator.model.catalog import TableDef
@@ -73,6 +74,22 @@ log = logging.getLogger(__name__)
 # the transaction the first one began, for this long after it, among this many recent tokens.
 BEGIN_TOKEN_SECONDS = 60.0
 BEGIN_TOKENS_MAX = 100_000
+
+
+def check_partition_bounds(table: TableDef, op: StagedOp, limit: int) -> None:
+    """InvalidInput naming the column and ``limit`` when a partition value that ``op`` adds a
+    part in, or names, is longer than ``limit`` bytes (docs/rules.md#partition-values): refused
+    before anything of it is recorded, so it never reaches the WAL, the log or a znode name."""
+    for meta in op.added:
+        check_partition_values(table.name, table.partition_by, meta.partition, limit)
+    for pkey in op.partitions or ():
+        if len(pkey) <= limit:
+            continue  # a key's JSON is at least as long as the UTF-8 of its values together
+        try:
+            values = partition_from_key(pkey)
+        except CorruptMetadata as exc:
+            raise InvalidInput(f"{op.kind} of {table.name!r}: {exc.message}", table=table.name) from None
+        check_partition_values(table.name, table.partition_by, values, limit)
 
 
 class Transactions:
@@ -239,6 +256,7 @@ class Transactions:
     def stage(self, txn_id: str, op: StagedOp) -> None:
         txn = self.running(txn_id)
         table = self.table(op.table, None)
+        check_partition_bounds(table, op, self.config.max_partition_value_bytes)
         dropping = {o.table for o in txn.ops if isinstance(o, DropTable)}
         if op.table in dropping or (isinstance(op, DropTable) and any(o.table == op.table for o in txn.ops)):
             raise InvalidInput(

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.core.errors import InvalidInput
+from coordinator.core.tabledata import DEFAULT_PARTITION_VALUE_BYTES
 from coordinator.wire.rpc import AUTH_FRAME, MAX_FRAME, Limits
 from coordinator.wire.security import ENV_CREDENTIALS, Credentials
 
@@ -210,6 +211,16 @@ class ReplicaConfig:
         64 * 1024 * 1024,
         "a transaction (or DDL) whose log entry record is larger is refused at commit",
         minimum=64 * 1024,
+        tunable=True,
+    )
+    # Tunable: a partition value's bound (coordinator/core/tabledata.py; replicas/registry.py refuses a
+    # longer one at stage, clients before they write a file; docs/rules.md#partition-values).
+    max_partition_value_bytes: int = _setting(
+        DEFAULT_PARTITION_VALUE_BYTES,
+        "the longest partition value a write may have, in bytes (a string's UTF-8); a longer one is "
+        "refused with an error naming the column and this limit",
+        minimum=64,
+        maximum=64 * 1024,
         tunable=True,
     )
     # Tunable: what clients may hold of the replica (coordinator/wire/rpc.py, Limits).

@@ -49,10 +49,11 @@ def commit_too_large(what: str, size: int, limit: int, **details: Any) -> Invali
     )
 
 
-def spilled(storage: Storage, data: bytes) -> bytes:
-    """A log entry's bytes as its znode holds them: itself, or when too large for a znode, a
-    pointer to a manifest in storage holding it (written durably first)."""
-    if len(data) <= MAX_INLINE_ENTRY:
+def spilled(storage: Storage, data: bytes, room: int = MAX_INLINE_ENTRY) -> bytes:
+    """A log entry's bytes as its znode holds them: itself, or when too large for a znode (or
+    for the ``room`` its multi's other ops leave), a pointer to a manifest in storage holding it
+    (written durably first)."""
+    if len(data) <= min(room, MAX_INLINE_ENTRY):
         return data
     path = f"_manifests/{uuid.uuid4().hex}.json"
     storage.put(path, data)

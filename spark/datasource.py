@@ -234,7 +234,15 @@ class MergetxnDataSource(DataSource):
                     if s.txn is None:
                         rollback_quietly(tx)
                     raise
-        return MergetxnWriter(s, tdef.to_dict(), url, tx.id, own=s.txn is None, overwrite=overwrite)
+        return MergetxnWriter(
+            s,
+            tdef.to_dict(),
+            url,
+            tx.id,
+            own=s.txn is None,
+            overwrite=overwrite,
+            partition_limit=client.max_partition_value_bytes,
+        )
 
     def streamWriter(self, schema: StructType, overwrite: bool):  # noqa: N802 - Spark's name
         """``df.writeStream.format("mergetxn")``: each micro-batch committed exactly once

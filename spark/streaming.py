@@ -191,6 +191,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
         self.txn_id: str | None = None  # begun when shipped (__getstate__)
         self.tdef: dict | None = None
         self.storage_url: str | None = None
+        self.partition_limit: int | None = None  # the replica's max_partition_value_bytes
 
     def __repr__(self) -> str:
         return f"MergetxnStreamWriter(table={self.s.table!r}, txn={self.txn_id})"
@@ -214,10 +215,17 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
             url = client.storage.url
             tx = client.begin(detached=True)  # committed by the commit runner: no client session holds it
             self.tdef, self.storage_url, self.txn_id = tdef.to_dict(), url, tx.id
+            self.partition_limit = client.max_partition_value_bytes
 
     def _batch_writer(self, txn_id: str) -> MergetxnWriter:
         return MergetxnWriter(
-            self.s, self.tdef or {}, self.storage_url or "", txn_id, own=True, overwrite=self.overwrite
+            self.s,
+            self.tdef or {},
+            self.storage_url or "",
+            txn_id,
+            own=True,
+            overwrite=self.overwrite,
+            partition_limit=self.partition_limit,
         )
 
     # -- executors ----------------------------------------------------------------------------

@@ -43,13 +43,25 @@ class PartsMessage(WriterCommitMessage):
 class MergetxnWriter(DataSourceArrowWriter):
     """Executors write Arrow batches as parts; the job's commit stages them in one transaction."""
 
-    def __init__(self, s: Settings, tdef: dict, storage_url: str, txn_id: str, own: bool, overwrite: bool) -> None:
+    def __init__(
+        self,
+        s: Settings,
+        tdef: dict,
+        storage_url: str,
+        txn_id: str,
+        own: bool,
+        overwrite: bool,
+        partition_limit: int | None = None,
+    ) -> None:
+        """``partition_limit``: the replica's ``max_partition_value_bytes`` (``client.
+        max_partition_value_bytes``), checked by each task before it writes a file."""
         self.s = s
         self.tdef = tdef
         self.storage_url = storage_url
         self.txn_id = txn_id
         self.own = own
         self.overwrite = overwrite
+        self.partition_limit = partition_limit
 
     def __repr__(self) -> str:
         return f"MergetxnWriter(table={self.s.table!r}, txn={self.txn_id}, overwrite={self.overwrite})"
@@ -124,7 +136,7 @@ class MergetxnWriter(DataSourceArrowWriter):
                 tdef.ddl_version,
                 primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else (),
             )
-            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+            for partition, chunk in split_by_partition(data, list(tdef.partition_by), self.partition_limit, tdef.name)
         ]
 
     def _next_seq(self, n: int) -> int:

@@ -32,6 +32,8 @@ from coordinator.core.errors import InvalidInput, ReplicaUnavailable, Transactio
 from coordinator.core.readsets import SERIALIZABLE, SNAPSHOT, Read, check_isolation
 from coordinator.core.tabledata import (
     CHANGE_COLUMNS,
+    DEFAULT_PARTITION_VALUE_BYTES,
+    PARTITION_VALUE_SETTING,
     apply_update,
     assignments,
     check_expression,
@@ -57,6 +59,7 @@ from coordinator.model.records import (
     StagedOp,
     Truncate,
 )
+from coordinator.model.users import check_name as check_user_name
 from coordinator.wire import protocol, security
 from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
@@ -163,6 +166,18 @@ class Client:
         url = info.get("storage_url") or self._rpc.call("storage", {}, timeout=connecting)["storage_url"]
         self.storage = Storage(url, storage_options)
         self._heartbeat.learn_peers(timeout=connecting)  # named should it stop answering
+        # The replica's bound on a partition value, checked here before any file is written (the
+        # replica checks it again at stage); a replica that does not say has the default.
+        settings = info.get("settings")
+        bound = settings.get(PARTITION_VALUE_SETTING) if isinstance(settings, dict) else None
+        self.max_partition_value_bytes: int = (
+            bound if type(bound) is int and bound > 0 else DEFAULT_PARTITION_VALUE_BYTES
+        )
+
+    def _split(self, data: pa.Table, tdef: TableDef) -> list[tuple[tuple, pa.Table]]:
+        """``data``'s rows by partition, a value over the replica's bound refused first (nothing
+        written yet: InvalidInput naming the column and the limit)."""
+        return split_by_partition(data, list(tdef.partition_by), self.max_partition_value_bytes, tdef.name)
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -859,7 +874,9 @@ class Client:
         """Add a user of role ``"admin"``, ``"writer"`` or ``"reader"`` with grants on ``tables``
         (None: every table, those created later included); returns its credentials (a new
         secret and this client's CA file), what ``coordinator.connect(..., credentials=)``
-        takes: keep them (``.to_file(path)``), the cluster keeps only a salted hash."""
+        takes: keep them (``.to_file(path)``), the cluster keeps only a salted hash. A name
+        that breaks the name rule (coordinator/model/users.py) is InvalidInput before anything."""
+        check_user_name(name)
         new = security.make_user_credentials(name, None if self.credentials is None else self.credentials.ca_file)
         if tables is not None and not isinstance(tables, str):
             tables = sorted(tables) if isinstance(tables, (set, frozenset)) else list(tables)
@@ -1079,7 +1096,7 @@ class Client:
             write_part(
                 self.storage, table, list(tdef.partition_by), partition, chunk, by, tdef.ddl_version, sidecar=False
             )
-            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+            for partition, chunk in self._split(data, tdef)
         ]
         try:
             args = {"table": table, "op": "insert", "added": [m.to_dict() for m in metas], "statement": "insert"}
@@ -1319,7 +1336,7 @@ class Transaction:
             write_part(
                 self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id, tdef.ddl_version
             )
-            for partition, chunk in split_by_partition(data, list(tdef.partition_by))
+            for partition, chunk in self.client._split(data, tdef)
         ]
 
     def table(self, name: str) -> TableDef:
@@ -1430,7 +1447,7 @@ class Transaction:
                 tdef.ddl_version,
                 primary_key=tdef.primary_key,
             )
-            for partition, chunk in split_by_partition(versions, list(tdef.partition_by))
+            for partition, chunk in self.client._split(versions, tdef)
         ]
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
@@ -1445,7 +1462,7 @@ class Transaction:
         if tdef.conflict_policy is Policy.KEYS:
             return self._overwrite_keys(tdef, data, partitions)
         data = conform(tdef.schema, _as_table(data, table), table, what="overwrite", required=tdef.partition_by)
-        split = split_by_partition(data, list(tdef.partition_by))
+        split = self.client._split(data, tdef)
         if partitions is not None:
             targets = _partitions(tdef, partitions)
             outside = [p for p, _ in split if p not in targets]

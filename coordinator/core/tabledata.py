@@ -244,9 +244,68 @@ def json_scalar(value: Any) -> Any:
     raise InvalidInput(f"value {quote(value)} of type {type(value).__name__} cannot be a partition value")
 
 
-def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tuple, pa.Table]]:
+# A partition value is bounded (docs/rules.md#partition-values): it travels in every part's
+# metadata (each log entry, WAL record, checkpoint) and names a conflict target. A partition is a
+# date, a region, a tenant: ClickHouse's partition ids and Hive's directory names are short,
+# S3 keys end at 1024 bytes. 1 KiB per value keeps every such value and refuses the mistakes
+# (a message body, a JSON document) that would otherwise be copied into every record.
+DEFAULT_PARTITION_VALUE_BYTES = 1024
+PARTITION_VALUE_SETTING = "max_partition_value_bytes"  # the replica setting (replicas/settings.py)
+
+
+def partition_value_bytes(value: Any) -> int:
+    """A partition value's size as its bound counts it: a string's UTF-8 bytes, any other
+    scalar's text (an integer's digits, a date's ISO form); null is 0."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(str(json_scalar(value)))
+
+
+def partition_too_long(table: str, column: str, size: int, limit: int, value: Any) -> InvalidInput:
+    """The refusal of a partition value over ``limit`` bytes, naming the column and the limit."""
+    return InvalidInput(
+        f"partition column {quote(column)} of table {quote(table)}: a value of {size} bytes "
+        f"({quote(value, 40)}) is longer than the limit of {limit} bytes (replica setting "
+        f"{PARTITION_VALUE_SETTING}); partition by a shorter value (a date, a region, a hash of it)",
+        table=table,
+        column=column,
+        limit=limit,
+        bytes=size,
+    )
+
+
+def check_partition_values(table: str, partition_by: Sequence[str], partition: Sequence[Any], limit: int) -> None:
+    """InvalidInput (:func:`partition_too_long`) when a value of ``partition`` is over ``limit`` bytes."""
+    for column, value in zip(partition_by, partition):
+        size = partition_value_bytes(value)
+        if size > limit:
+            raise partition_too_long(table, column, size, limit, value)
+
+
+def check_partition_columns(data: pa.Table, partition_by: Sequence[str], limit: int, table: str) -> None:
+    """:func:`check_partition_values` over every row of ``data`` at once (vectorised: a string
+    column's longest value; other partition types are never longer than 64 bytes)."""
+    for column in partition_by:
+        col = data.column(column)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if str(col.type) not in _STRINGS or data.num_rows == 0:
+            continue
+        lengths = pc.binary_length(col)
+        longest = pc.max(lengths).as_py()
+        if longest is not None and longest > limit:
+            value = col[pc.index(lengths, longest).as_py()].as_py()
+            raise partition_too_long(table, column, longest, limit, value)
+
+
+def split_by_partition(
+    data: pa.Table, partition_by: list[str], limit: int | None = None, table: str = ""
+) -> list[tuple[tuple, pa.Table]]:
     """Group rows by their partition values (vectorised; groups in order of first appearance,
-    rows in their original order). Null is a partition value of its own."""
+    rows in their original order). Null is a partition value of its own. ``limit``: refuse a
+    value over that many bytes first (:func:`check_partition_columns`, naming ``table``)."""
     if data.num_rows == 0:
         return []
     if not partition_by:
@@ -254,6 +313,8 @@ def split_by_partition(data: pa.Table, partition_by: list[str]) -> list[tuple[tu
     missing = [c for c in partition_by if c not in data.column_names]
     if missing:
         raise InvalidInput(f"partition column(s) {quote(missing)} not in data")
+    if limit is not None:
+        check_partition_columns(data, partition_by, limit, table)
     index_col = "__mergetxn_row__"
     keys = pa.table(
         {f"k{i}": data.column(c) for i, c in enumerate(partition_by)}

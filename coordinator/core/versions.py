@@ -25,8 +25,11 @@ COUNTER_STRIDE = 2**32
 DEFAULT_EPOCH_SIZE = 1_000_000
 NO_CSN = 0  # the snapshot of an empty log: nothing is visible at it
 
-_HOST_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_TID_RE = re.compile(r"^T(\d+)-(\d+)-([A-Za-z0-9_.-]{1,64})$")
+# A host id names znodes (replicas/<host>): at most 64 characters, never only dots ('.' and '..'
+# are no node names: ZooKeeper and kazoo refuse such paths).
+_HOST = r"(?!\.+$)[A-Za-z0-9_.-]{1,64}"
+_HOST_RE = re.compile(rf"^{_HOST}$")
+_TID_RE = re.compile(rf"^T(\d+)-(\d+)-({_HOST})$")
 _SEQ_NODE_RE = re.compile(r"^c-(\d{10})$")
 
 
@@ -50,10 +53,10 @@ class Tid(NamedTuple):
 
 
 def check_host_id(host_id: str) -> str:
-    """A host id names ZooKeeper nodes (``replicas/<host>``): "." and ".." would name others."""
-    if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id) or host_id in (".", ".."):
+    """A host id names ZooKeeper nodes (``replicas/<host>``): one of only dots would name others."""
+    if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id):
         raise ValueError(
-            f"host id {quote(host_id)} must be 1-64 characters of letters, digits, '_', '.', '-' (not '.' or '..')"
+            f"host id {quote(host_id)} must be 1-64 characters of letters, digits, '_', '.', '-' (not only dots)"
         )
     return host_id
 
