@@ -299,9 +299,9 @@ def test_a_loop_that_dies_raises_from_serve() -> None:
     ],
 )
 def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: float, waits: bool) -> None:
-    from coordinator.wire.rpc import LoginThrottle
+    from coordinator.wire.rpc import Buckets
 
-    throttle = LoginThrottle(burst=5, every=1.0)
+    throttle = Buckets(burst=5, every=1.0)
     for _ in range(failures):
         throttle.failed("10.0.0.1", 100.0)
     assert (throttle.wait("10.0.0.1", 100.0 + after) > 0) is waits
