@@ -64,6 +64,7 @@ ALL_BURST, ALL_EVERY = 50, 0.1  # and for every login that needs a password hash
 LOGIN_WORKERS = 2  # threads checking logins (scrypt releases the GIL: at most this many cores)
 LOGIN_QUEUE = 64  # logins being checked or waiting for it; more are refused as the replica busy
 _MAX_LOGIN_NAME = 256  # characters of a user name a failed login is counted under
+_HOLD = "hold"  # RpcServer._make_room: admit the connection next round
 _MAX_ACTION = 64  # the longest action name a request may carry
 _FREE = 64 * 1024  # a partial frame this small is read on even when the buffer budget is spent
 
@@ -392,6 +393,7 @@ class RpcServer:
         self._rare = _Rare()
         self._pending = Pending()  # connections whose first request (login) has not arrived whole
         self._round = 0  # the loop's rounds: a pending connection accepted in this one had no chance to send
+        self._held: list[tuple[socket.socket, str]] = []  # accepted, admitted next round (_admit)
         self._checking = 0  # logins on the login pool (being checked or waiting for it)
         self._per_peer: dict[str, int] = {}
         self._buffered = 0  # bytes in every connection's inbuf
@@ -442,6 +444,8 @@ class RpcServer:
         finally:
             for conn in list(self._conns):
                 self._close(conn)
+            for sock, _ in self._held:
+                sock.close()
             for s in (self._listener, self._wake_r, self._wake_w):
                 s.close()
             self._sel.close()
@@ -455,14 +459,14 @@ class RpcServer:
         while not self._stop.is_set():
             self._round += 1
             accept = False
-            for key, mask in self._sel.select(_TICK):
+            for key, mask in self._sel.select(0 if self._held else _TICK):
                 if key.data == "accept":
                     accept = True  # after the connections' events: the pending ones read first
                 elif key.data == "wake":
                     self._run_calls()
                 else:
                     self._serve_conn(key.data, mask)
-            if accept:
+            if accept or self._held:
                 self._accept()
             now = time.monotonic()
             if now >= self._next_tick:
@@ -534,7 +538,11 @@ class RpcServer:
 
     # -- connections: accepting, limits, deadlines -----------------------------------------------
     def _accept(self) -> None:
-        for _ in range(_ACCEPTS_PER_WAKE):
+        """Admit the connections held back last round, then (unless one still is) new ones."""
+        held, self._held = self._held, []
+        for sock, peer in held:
+            self._admit(sock, peer)
+        for _ in range(0 if self._held else _ACCEPTS_PER_WAKE):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -547,29 +555,39 @@ class RpcServer:
                     continue
                 self._rare("accept", logging.WARNING, "accept failed: %r", exc)
                 return
-            peer = peer_key(str(address[0]))
-            why = self._make_room(peer)
-            if why:
-                self._turn_away(sock, peer, why)
-                continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
-            self._conns.add(conn)
-            self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
-            self._pending.add(conn, peer, time.monotonic() + self.handshake_seconds, self._round)
-            self._watch(conn, selectors.EVENT_READ)
+            self._admit(sock, peer_key(str(address[0])))
+            if self._held:  # the rest wait in the backlog
+                return
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        """A new connection in, once there is room; held back to the next round when only
+        pending connections accepted in this one are in its way; else turned away."""
+        why = self._make_room(peer)
+        if why == _HOLD:
+            self._held.append((sock, peer))
+            return
+        if why:
+            self._turn_away(sock, peer, why)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
+        self._conns.add(conn)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self._pending.add(conn, peer, time.monotonic() + self.handshake_seconds, self._round)
+        self._watch(conn, selectors.EVENT_READ)
 
     def _make_room(self, peer: str) -> str:
         """'' once a new connection from ``peer`` fits, after closing the oldest pending
-        connections in its way (:meth:`Pending.victim`); else why it does not fit."""
+        connections in its way (:meth:`Pending.victim`); _HOLD when the only ones in its way
+        were accepted in this round (they are read first); else why it does not fit."""
         while True:
             why, own = self._over_limit(peer)
             if not why:
                 return ""
             victim = self._pending.victim(peer if own else None, self._round)
             if victim is None:
-                return why
+                return _HOLD if (self._pending.of(peer) if own else self._pending.count) else why
             self._rare(
                 "evicted", logging.INFO, "closed a pending connection from %s for a new one: %s", victim.peer, why
             )
