@@ -21,7 +21,8 @@ RPC call on a persistent connection, plaintext against TLS + authenticated, on a
 
 ``--only brute``: a legitimate client's call latency (``snapshot``, p50/p90/max) on a secured
 1-replica LocalCluster, quiet and then under a brute force of wrong-secret logins from 100
-loopback addresses (127.0.1.1-100, ``--brute-rate`` a second, from a process of its own), for
+loopback addresses (127.0.1.1-100, ``--brute-rate`` a second, from a process of its own; each
+naming the admin, or with ``--many-users`` a made-up user name each), for
 each ``--code`` root (default: this tree; e.g. ``--code /work/main --code .`` measures another
 checkout's replicas against this one's), the roots alternating round by round. Each root runs
 in a process of its own with that root first on ``sys.path`` (its replicas run its code).
@@ -114,9 +115,10 @@ def call_latencies(client, seconds: float) -> list[float]:
     return out
 
 
-def attack(address: str, user: str, rate: float, seconds: float, threads: int = 8) -> dict:
-    """Wrong-secret logins naming ``user`` at ``rate`` a second in all, from BRUTE_SOURCES in
-    turn (TLS, the server's certificate not checked): how each was answered."""
+def attack(address: str, user: str, rate: float, seconds: float, many_users: bool = False, threads: int = 8) -> dict:
+    """Wrong-secret logins naming ``user`` (``many_users``: a made-up user name each) at
+    ``rate`` a second in all, from BRUTE_SOURCES in turn (TLS, the server's certificate not
+    checked): how each was answered."""
     import socket
     import ssl
 
@@ -130,7 +132,7 @@ def attack(address: str, user: str, rate: float, seconds: float, threads: int = 
     start = time.monotonic()
     slots = iter(range(int(rate * seconds)))
 
-    def one(source: str) -> str:
+    def one(source: str, user: str) -> str:
         try:
             with socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0)) as raw:
                 with ctx.wrap_socket(raw, server_hostname=host) as sock:
@@ -154,7 +156,7 @@ def attack(address: str, user: str, rate: float, seconds: float, threads: int = 
             if i is None:
                 return
             time.sleep(max(0.0, start + i / rate - time.monotonic()))
-            outcome = one(BRUTE_SOURCES[i % len(BRUTE_SOURCES)])
+            outcome = one(BRUTE_SOURCES[i % len(BRUTE_SOURCES)], f"guess{i}" if many_users else user)
             with lock:
                 counts[outcome] = counts.get(outcome, 0) + 1
 
@@ -167,7 +169,7 @@ def attack(address: str, user: str, rate: float, seconds: float, threads: int = 
     return {"attempts": sum(counts.values()), "seconds": round(elapsed, 2), "outcomes": counts}
 
 
-def brute_side(quiet: float, seconds: float, rate: float) -> dict:
+def brute_side(quiet: float, seconds: float, rate: float, many_users: bool) -> dict:
     """One side of ``--only brute`` (this process runs CODE's replicas): the quiet latencies,
     then those under the attack (a process of its own), and the attack's outcomes."""
     from mergetxn.local.cluster import LocalCluster
@@ -178,7 +180,13 @@ def brute_side(quiet: float, seconds: float, rate: float) -> dict:
         load = [os.getloadavg()[0]]
         quiet_lat = call_latencies(client, quiet)
         args = json.dumps(
-            {"address": c.replica_addresses[0], "user": c.credentials.user, "rate": rate, "seconds": seconds}
+            {
+                "address": c.replica_addresses[0],
+                "user": c.credentials.user,
+                "rate": rate,
+                "seconds": seconds,
+                "many_users": many_users,
+            }
         )
         env = {**os.environ, "MERGETXN_BENCH_CODE": str(CODE)}
         proc = subprocess.Popen(
@@ -216,13 +224,16 @@ def main_brute(a: argparse.Namespace) -> int:
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rate_per_s": a.brute_rate,
+        "user_names": "a made-up one per login" if a.many_users else "the admin's",
         "sources": len(BRUTE_SOURCES),
         "rounds": [],
     }
     for r in range(a.brute_rounds):
         rnd = {}
         for code in codes:
-            side = json.dumps({"quiet": a.quiet_seconds, "seconds": a.brute_seconds, "rate": a.brute_rate})
+            side = json.dumps(
+                {"quiet": a.quiet_seconds, "seconds": a.brute_seconds, "rate": a.brute_rate, "many_users": a.many_users}
+            )
             proc = subprocess.run(
                 [sys.executable, __file__, "--side", side],
                 env={**os.environ, "MERGETXN_BENCH_CODE": code, "PYTHONPATH": code},
@@ -261,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--brute-rate", type=float, default=50.0, help="wrong-secret logins a second in all")
     ap.add_argument("--brute-seconds", type=float, default=10.0)
     ap.add_argument("--quiet-seconds", type=float, default=5.0)
+    ap.add_argument("--many-users", action="store_true", help="--only brute: each login names another made-up user")
     ap.add_argument("--side", help=argparse.SUPPRESS)
     ap.add_argument("--attack", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
