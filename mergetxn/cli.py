@@ -104,6 +104,15 @@ def exit_code(exc: BaseException) -> int:
 # Output helpers
 
 
+class _Console(Console):
+    """rich's console, except that a closed pipe is left to :class:`MergetxnGroup` (rich's own
+    handling exits with status 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def console(stderr: bool = False) -> Console:
     """A console for this invocation (``sys.stdout`` may be swapped by tests). Wide when not a
     terminal so piped tables are not folded into unreadable columns."""
@@ -111,7 +120,7 @@ def console(stderr: bool = False) -> Console:
     width = None
     if not stream.isatty():
         width = int(os.environ.get("COLUMNS") or 0) or 200
-    return Console(stderr=stderr, width=width, highlight=False)
+    return _Console(stderr=stderr, width=width, highlight=False)
 
 
 def redact(url: str) -> str:
@@ -146,7 +155,12 @@ class MergetxnGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # a reader that went away shows here at the latest, handled below
+            return result
+        except BrokenPipeError:  # output piped into `head`, which has what it wanted: no error
+            _discard_stdout()
+            ctx.exit(EXIT_OK)
         except (click.exceptions.Exit, click.Abort, click.ClickException):
             raise
         except MergetxnError as exc:
@@ -161,6 +175,17 @@ class MergetxnGroup(click.Group):
             code = EXIT_UNAVAILABLE if isinstance(exc, OSError) else EXIT_INTERNAL  # storage, network
             print_error(f"{type(exc).__name__}: {exc}")
             ctx.exit(code)
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null after its reader closed the pipe, so that nothing written or
+    flushed later (at exit too) fails again (Python's recipe for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
 
 
 def _cell(value: Any) -> str:
@@ -783,7 +808,7 @@ def replica_start(**values: Any) -> None:
     Prints READY <host:port> once it serves (and METRICS <url> first with --metrics-port);
     Ctrl-C or SIGTERM stops it cleanly, SIGHUP reopens --log-file. Refused (exit 2, nothing
     registered) when a live replica holds --host-id, a port is in use or --storage is not the
-    cluster's.
+    cluster's; exits 5 when ZooKeeper does not answer at --zk within --zk-connect-timeout.
     """
     from coordinator.core.versions import check_host_id
     from replicas.server import run
@@ -851,12 +876,18 @@ def replica_retire(
     host_id: str, replica: str | None, zk_hosts: str | None, root: str, credentials: Path | None
 ) -> None:
     """Retire replica ID for good: `status` stops counting it, and no transaction it began can
-    commit any more. Refused (exit 2) while it is alive (stop it first) or if no replica ID is
-    registered. Starting a replica with that --host-id again registers it anew.
+    commit any more. Refused (exit 2) for an ID that breaks the host-id rule, while it is alive
+    (stop it first) or if no replica ID is registered. Starting a replica with that --host-id
+    again registers it anew.
     """
+    from coordinator.core.versions import check_host_id
     from coordinator.wire.security import Credentials
     from mergetxn.tools.status import retire
 
+    try:  # before ZooKeeper: an empty id would name the registrations' own node
+        check_host_id(host_id)
+    except ValueError as exc:
+        raise InvalidInput(f"replica retire: {exc}; give the --host-id the replica ran with", host_id=host_id) from None
     creds = None if credentials is None else Credentials.from_file(credentials)
     click.get_current_context().meta["mergetxn.credentials"] = creds  # connected() takes them
     if zk_hosts is None:
@@ -864,6 +895,8 @@ def replica_retire(
             raise click.UsageError(f"give --replica (or set {ENV_REPLICA}) or --zk")
         with connected(replica) as client:
             info = client.call("info")
+        if "zk" not in info:
+            raise click.UsageError(f"replica {replica} tells ZooKeeper's address to admins only: give --zk HOSTS")
         zk_hosts, root = info["zk"], info["root"]
     kazoo_log = logging.getLogger("kazoo")
     if kazoo_log.level == logging.NOTSET:  # not asked for: a ZooKeeper that is down is one error line
@@ -1421,6 +1454,8 @@ def write_rows(
                     rows += n
                     advance(n)
         sink.flush()
+    except BrokenPipeError:
+        raise  # stdout's reader went away: not an error (MergetxnGroup.invoke)
     except (OSError, pa.ArrowException) as exc:
         raise InvalidInput(f"cannot write {output or 'stdout'}: {exc}") from None
     finally:
@@ -1614,8 +1649,9 @@ def check(tables: tuple[str, ...], every: bool, quick: bool, as_json: bool, repl
 @replica_option
 def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool, replica: str) -> None:
     """Copy TABLE at one snapshot into DIR (a local directory or an fsspec URL such as s3://):
-    every visible part file, byte for byte, and manifest.json (definition, CSN, each part's size
-    and checksum). The snapshot is held while the files are copied."""
+    every visible part file, byte for byte, and manifest.json (definition, CSN, each part's size,
+    checksum and SHA-256; on a secured cluster, as an admin, a MAC that restore checks). The
+    snapshot is held while the files are copied."""
     from mergetxn.tools import recovery
 
     with connected(replica):
@@ -1641,17 +1677,25 @@ def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool,
     help="Restore into a new table of this name (default: the backed-up table: replaced in "
     "place if it exists, created if not).",
 )
+@click.option(
+    "--unverified",
+    is_flag=True,
+    help="On a secured cluster, restore a backup whose MAC is missing or not this cluster's (one "
+    "made on an unsecured or another cluster): only from a directory no one else could write.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
-def restore(directory: str, as_name: str | None, as_json: bool, replica: str) -> None:
-    """Restore the table backed up in DIR at its CSN, as one transaction. Every file is checked
-    against the manifest first: a damaged backup is refused (exit 8) and changes nothing."""
+def restore(directory: str, as_name: str | None, unverified: bool, as_json: bool, replica: str) -> None:
+    """Restore the table backed up in DIR at its CSN, as one transaction, whatever the table's
+    txn_max_rows and txn_max_seconds. Every file is checked against the manifest first, and on a
+    secured cluster (as an admin) the manifest against its MAC: a damaged or forged backup is
+    refused (exit 8; one without a MAC: exit 2) and changes nothing."""
     from mergetxn.tools import recovery
 
     with connected(replica):
         pass
     with working("restoring"), connected(replica, long_timeout()) as client:
-        result = recovery.restore(client, directory, as_name)
+        result = recovery.restore(client, directory, as_name, unverified)
     if as_json:
         echo_json(result)
         return
@@ -2286,7 +2330,12 @@ def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str
 def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: str | None, replica: str) -> None:
     """Add user NAME (as an admin: --credentials) and write its credentials file (mode 0600:
     its name, a new secret and the CA file). Hand that file to the user; the cluster keeps only
-    a salted hash of the secret, which is printed only with --out -."""
+    a salted hash of the secret, which is printed only with --out -. The name and the file's
+    directory are checked first: a user is added only when its file can be written (one whose
+    file still fails to be written is dropped again)."""
+    from coordinator.model.users import check_name
+
+    check_name(name)
     with connected(replica) as client:
         if client.credentials is None:
             fail("security add-user: give an admin's credentials (--credentials or MERGETXN_CREDENTIALS)")
@@ -2298,9 +2347,15 @@ def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: s
             if out_file
             else (ca.parent if ca is not None else Path.cwd()) / f"{name}.json"
         )
-        if path is not None and path.exists():
-            fail(f"{path} exists: remove it or give --out")
+        if path is not None:
+            _check_credentials_path(path)
         creds = client.create_user(name, role, list(tables) or None)
+        if path is not None:
+            try:
+                creds.to_file(path)
+            except OSError as exc:
+                client.drop_user(name)
+                fail(f"{path} cannot be written ({exc.strerror or exc}): user {name!r} was not added", EXIT_UNAVAILABLE)
     grants = ", ".join(tables) if tables else "every table"
     if path is None:
         click.echo(
@@ -2315,8 +2370,18 @@ def security_add_user(name: str, role: str, tables: tuple[str, ...], out_file: s
         )
         console(stderr=True).print(f"user {name!r} ({role}, tables: {grants}) added", soft_wrap=True)
         return
-    creds.to_file(path)
     console().print(f"user {name!r} ({role}, tables: {grants}): credentials in {path}", soft_wrap=True)
+
+
+def _check_credentials_path(path: Path) -> None:
+    """Refuse (InvalidInput) a credentials file that exists or whose directory is missing or not writable."""
+    if path.exists() or path.is_symlink():
+        raise InvalidInput(f"{path} exists: remove it or give --out", path=str(path))
+    parent = path.parent
+    if not parent.is_dir():
+        raise InvalidInput(f"--out {path}: directory {parent} does not exist: create it or give another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidInput(f"--out {path}: directory {parent} is not writable: give another --out")
 
 
 @security.command("drop-user")

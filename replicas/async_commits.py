@@ -6,7 +6,10 @@ its part files are already in storage (written by the client, named in the WAL's
 records), and the commit goes to the group committer's queue (replicas/committer.py), which
 decides it, writes it in a multi, appends it to the WAL and applies it. Only the answer differs:
 the client is answered as soon as the commit is queued, i.e. the replica holds it in memory.
-Its outcome is kept here, under the client's session (a random id each ``Client`` makes).
+Its outcome is kept here, under the client's session (a random id each ``Client`` makes) and
+the user that began it (None on an unsecured replica): a session id is the user's own name for its
+commits, so another user's flush with that id finds none of them and is answered as a flush of a
+session with no async commits (an admin's finds them: coordinator/core/grants.py, ``acts_for``).
 
 ``flush(session)`` waits until every async commit of the session that was queued when it was
 called is decided (durable in ZooKeeper and applied here, or failed), then answers the session's
@@ -39,7 +42,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from coordinator.core.errors import MergetxnError, ReplicaUnavailable
+from coordinator.core.grants import Grantee, Role
 from replicas.running import RunningTxn
+from replicas.sessions import Key
 
 MAX_SESSIONS = 10_000
 MAX_FAILURES = 1_000
@@ -62,7 +67,7 @@ class AsyncCommits:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        self._sessions: OrderedDict[Key, _Session] = OrderedDict()  # by (user, session id)
         self.accepted = 0  # all sessions: what ``info`` reports
         self.failed = 0
         self.flushing = 0  # flushes waiting now
@@ -70,8 +75,8 @@ class AsyncCommits:
     def accept(self, txn: RunningTxn, submit: Submit) -> None:
         """Record ``txn`` (state committing, its session set) as pending and queue its commit
         with ``submit``; returns once it is queued."""
-        session = txn.async_session
-        assert session is not None
+        assert txn.async_session is not None
+        session = (txn.owner, txn.async_session)
         with self._cond:
             s = self._sessions.get(session)
             if s is None:
@@ -84,7 +89,7 @@ class AsyncCommits:
             self.accepted += 1
         submit(txn, lambda csn, error: self._decided(session, txn.id, csn, error))
 
-    def _decided(self, session: str, tid: str, csn: int | None, error: Exception | None) -> None:
+    def _decided(self, session: Key, tid: str, csn: int | None, error: Exception | None) -> None:
         with self._cond:
             s = self._sessions.get(session)
             if s is not None:
@@ -106,13 +111,24 @@ class AsyncCommits:
                 return
             del self._sessions[idle]
 
-    def flush(self, session: str, ack: Iterable[str] = (), timeout: float = FLUSH_WAIT) -> dict:
+    def _find(self, session: str, who: Grantee | None) -> _Session | None:
+        """The async commits of ``session`` that ``who`` (None: an unsecured replica's caller) may
+        flush: its own; for an admin without its own, the latest session of that id of any user."""
+        own = self._sessions.get((None if who is None else who.name, session))
+        if own is not None or who is None or who.role is not Role.ADMIN:
+            return own
+        return next((s for (_, sid), s in reversed(self._sessions.items()) if sid == session), None)
+
+    def flush(
+        self, session: str, ack: Iterable[str] = (), timeout: float = FLUSH_WAIT, who: Grantee | None = None
+    ) -> dict:
         """Wait until the async commits of ``session`` queued so far are decided; drop the
         failures named in ``ack`` (the client reported them); answer ``{"csn", "accepted",
-        "failed": [{"id", "type", "message"}], "complete"}``."""
+        "failed": [{"id", "type", "message"}], "complete"}``. ``who``: the caller (None on an
+        unsecured replica): another user's session is answered as one with no async commits."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            s = self._sessions.get(session)
+            s = self._find(session, who)
             if s is None:
                 return {"csn": None, "accepted": 0, "failed": [], "complete": True}
             for tid in ack:

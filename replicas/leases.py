@@ -11,6 +11,10 @@ log-tail thread refreshes the node (every half second, only when the values chan
 reads the snapshot and registers the transaction under the same lock (the transaction registry's,
 replicas/registry.py) as the publisher computes the value, so a published value never exceeds a
 snapshot in use. Cleanup (replicas/cleanup.py) reads these values from every alive replica.
+
+A lease acts for the user that took it (its ``owner``; None on an unsecured replica) or an admin
+(coordinator/core/grants.py, ``acts_for``): another user's ``renew`` or ``release`` of its id is
+answered as for a lease that is gone (not renewed, not released) and changes nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coordinator.core.errors import InvalidInput, QuotaExceeded, quote
+from coordinator.core.grants import Grantee, acts_for
 
 if TYPE_CHECKING:
     from replicas.registry import Transactions
@@ -40,7 +45,7 @@ class Lease:
     holder: str  # "read" (a plain read, released when its client has read the files) or "spark"
     lapse: float
     expiry: float  # time.monotonic()
-    owner: str | None = None  # the user that took it (secured clusters): quota user_max_read_leases
+    owner: str | None = None  # the user that took it (secured clusters): renews and releases it, and its quota
 
 
 class Leases:
@@ -83,21 +88,27 @@ class Leases:
                 value=limit,
             )
 
-    def renew(self, lease_id: str) -> dict:
+    def renew(self, lease_id: str, who: Grantee | None = None) -> dict:
         """Extend a lease by its lapse time; ``renewed`` is False once it has lapsed or ended
-        (cleanup may have taken its parts since)."""
+        (cleanup may have taken its parts since), or when ``who`` (None: an unsecured replica's
+        caller) may not act for it."""
         now = time.monotonic()
         with self.transactions.begins_held():
             lease = self._leases.get(_lease_id(lease_id))
-            if lease is None or lease.expiry <= now:
+            if lease is None or lease.expiry <= now or not acts_for(who, lease.owner):
                 return {"renewed": False}
             lease.expiry = now + lease.lapse
         return {"renewed": True, "seconds": lease.lapse}
 
-    def release(self, lease_id: str) -> dict:
-        """End a lease: its snapshot is no longer in use (for it)."""
+    def release(self, lease_id: str, who: Grantee | None = None) -> dict:
+        """End a lease: its snapshot is no longer in use (for it). ``who``: as for :meth:`renew`."""
+        lease_id = _lease_id(lease_id)
         with self.transactions.begins_held():
-            return {"released": self._leases.pop(_lease_id(lease_id), None) is not None}
+            lease = self._leases.get(lease_id)
+            if lease is None or not acts_for(who, lease.owner):
+                return {"released": False}
+            del self._leases[lease_id]
+            return {"released": True}
 
     def in_use(self) -> tuple[int, list[tuple[int, str]], list[str], bool]:
         """(oldest snapshot, up to 16 oldest (snapshot, holder) pairs, ids of running transactions

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -57,6 +57,7 @@ from replicas.running import RunningTxn
 from replicas.sessions import Sessions, check_session_id
 
 if TYPE_CHECKING:
+    from coordinator.core.grants import Grantee
     from coordinator.zk.watermark import Watermark
     from parts.io.storage import Storage
     from replicas.async_commits import AsyncCommits
@@ -138,12 +139,14 @@ class Transactions:
         durability: object = SYNC,
         session: object = None,
         owner: str | None = None,
+        table_limits: bool = True,
     ) -> RunningTxn:
         """A new transaction; with ``token`` (a client's name for this begin), a begin sent again
         with the same token gets the transaction the first one began instead of another.
         ``atomicity``/``durability`` (coordinator/model/atomicity.py; ``session`` names the client
         whose ``flush`` waits for an async commit). ``owner``: the user beginning it (secured
-        clusters), who may hold at most ``user_max_transactions`` running ones here."""
+        clusters), who may hold at most ``user_max_transactions`` running ones here.
+        ``table_limits=False``: the tables' own limits do not bind it, the replica's still do (a restore's)."""
         if token is not None and (not isinstance(token, str) or not 0 < len(token) <= 128):
             raise InvalidInput(f"begin token must be a string of 1 to 128 characters, not {token!r}")
         atomicity, durability = check_modes(atomicity, durability)
@@ -175,10 +178,11 @@ class Transactions:
                 durability=durability,
                 session=session,
                 owner=owner,
+                table_limits=table_limits,
             )
             self.txns[txn.id] = txn
             if session is not None:
-                self.sessions.began(session, now)
+                self.sessions.began((owner, session), now)
             if token is not None:
                 self._begun[token] = (now, txn)
         self.on_begin(txn)
@@ -282,12 +286,19 @@ class Transactions:
         with txn.lock:
             if txn.state != TxnState.RUNNING:
                 raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
-            # A table with limits of its own binds the transaction from its first write there.
-            if table.txn_max_seconds is not None and (
-                txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0]
+            # A table with limits of its own binds the transaction from its first write there
+            # (unless it was begun free of them: a restore's).
+            if (
+                txn.table_limits
+                and table.txn_max_seconds is not None
+                and (txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0])
             ):
                 txn.max_seconds = (table.txn_max_seconds, table.name)
-            if table.txn_max_rows is not None and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0]):
+            if (
+                txn.table_limits
+                and table.txn_max_rows is not None
+                and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0])
+            ):
                 txn.max_rows = (table.txn_max_rows, table.name)
             max_rows, rows_from = self.row_limit(txn)
             # A compaction rewrites rows it does not change: a keys table's limit is on what a
@@ -706,10 +717,11 @@ class Transactions:
                 self.abort(txn, self.time_reason(txn))
         with self._txn_lock:  # with begin: a session that began a transaction is never forgotten
             running = [t for t in self.txns.values() if t.state == TxnState.RUNNING and t.session is not None]
-            gone = self.sessions.expired({t.session for t in running}, now)
+            gone = self.sessions.expired({(t.owner, t.session) for t in running}, now)
         for txn in running:
-            if txn.session in gone:
-                self.abort(txn, self.session_reason(txn, gone[txn.session]), "client_session_timeout")
+            silent = gone.get((txn.owner, txn.session))
+            if silent is not None:
+                self.abort(txn, self.session_reason(txn, silent), "client_session_timeout")
 
     def session_reason(self, txn: RunningTxn, silent: float) -> str:
         timeout = self.config.client_session_timeout
@@ -719,11 +731,21 @@ class Transactions:
             "process died, stood still or lost its connection"
         )
 
-    def heartbeat(self, session: object) -> dict:
-        """A client's session is alive: its running transactions here stay."""
+    def heartbeat(self, session: object, who: Grantee | None = None) -> dict:
+        """A client's session is alive: its running transactions here stay. ``who``: the caller
+        (None on an unsecured replica); another user's session of that id is not its to keep
+        alive, and is answered as an unknown one (replicas/sessions.py)."""
         session = check_session_id(session)
-        known = self.sessions.heard(session, time.monotonic())
+        known = self.sessions.heard(session, time.monotonic(), who)
         return {"known": known, "client_session_timeout": self.config.client_session_timeout}
+
+    def users_dropped(self, names: Iterable[str]) -> None:
+        """Users were dropped (replicas/users.py): their running transactions here are aborted, each
+        with a reason naming its user (what ``commit_status`` and the events say)."""
+        gone = set(names)
+        for txn in self.running_now():
+            if txn.owner in gone:
+                self.abort(txn, f"transaction {txn.id} was aborted: user {txn.owner!r} was dropped", "killed")
 
     def notable(self) -> dict:
         """Running transactions an operator should look at (``mergetxn status``): long-running
@@ -736,7 +758,7 @@ class Transactions:
             txns = [t for t in self.txns.values() if t.state == TxnState.RUNNING]
         for t in txns:
             age = now - t.started
-            silent = self.sessions.silent_for(t.session, now) if t.session is not None else None
+            silent = self.sessions.silent_for((t.owner, t.session), now) if t.session is not None else None
             row = {
                 "id": t.id,
                 "age_seconds": round(age, 3),

@@ -76,7 +76,7 @@ from replicas.state import ReplicaState
 from replicas.storage_check import startup_probe
 from replicas.users import Users
 from replicas.wal import Wal
-from replicas.zksession import ZkSession
+from replicas.zksession import ZkSession, connect_zk
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +113,13 @@ class Replica:
             **zk_client_args(creds),  # secured: the digest identity, over TLS checking ZooKeeper's host name
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
-        # A secured replica's users (replicas/users.py): who may log in, and with which grants.
-        self.users = None if creds is None else Users(self.zk, self.log.users_path(), creds)
+        # A secured replica's users (replicas/users.py): who may log in, and with which grants; a
+        # dropped user's running transactions here are aborted.
+        self.users = (
+            None
+            if creds is None
+            else Users(self.zk, self.log.users_path(), creds, lambda names: self.transactions.users_dropped(names))
+        )
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
         self.wal: Wal | None = None
         self.follower: Follower | None = None
@@ -211,7 +216,7 @@ class Replica:
         leaves nothing registered. The caller binds its ports and sets ``address`` first."""
         began = time.monotonic()
         self.zk.add_listener(self._on_zk_state)
-        self.zk.start(timeout=max(30.0, self.config.session_timeout))
+        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
         try:
             self.log.ensure_layout()
         except NoAuthError:

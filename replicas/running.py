@@ -101,6 +101,7 @@ class RunningTxn:
     durability: str = "sync"
     session: str | None = None
     owner: str | None = None  # the user that began it (secured clusters: replicas/users.py)
+    table_limits: bool = True  # False: only the replica-wide limits bind it (a restore's, begun by an admin)
     lock: threading.Lock = field(default_factory=threading.Lock)
     id: str = field(init=False)  # str(tid), asked for many times per commit
 

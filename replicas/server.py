@@ -13,8 +13,12 @@ naming the action and the field, and the connection goes on.
 On a secured replica every request comes from a principal (who its connection authenticated as,
 replicas/users.py) and is checked against the grants (coordinator/core/grants.py) before its handler
 runs, on the inline path and the worker path alike: a call the user may not make is answered
-PermissionDenied and changes nothing. Transactions, leases and running-transaction lists are the
-user's own (its name is the owner recorded on them; quotas count by it).
+PermissionDenied and changes nothing. Transactions, leases, client sessions, async commits and
+running-transaction lists are the user's own (its name is the owner recorded on them; quotas count
+by it): another user's lease or session id is answered as an unknown one (coordinator/core/grants.py,
+``acts_for``). ``info`` shows a non-admin how the replica is doing, its own transactions and the
+tables it has grants on, never ZooKeeper's address nor the storage URL; clients learn where part
+files live from ``storage``.
 """
 
 from __future__ import annotations
@@ -32,12 +36,13 @@ from typing import TypeVar
 
 from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
-from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError
+from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, TxnState, op_from_dict
 from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
+from coordinator.wire.security import backup_mac
 from coordinator.zk.alive import read_alive
 from replicas import failpoints, leases, logs, settings
 from replicas.replica import Replica
@@ -52,7 +57,27 @@ T = TypeVar("T")
 PEERS_SECONDS = 2.0  # how long the answer to ``peers`` is reused (it reads every alive node)
 
 # Actions that only read what the replica holds in memory: never a wait, never any I/O.
-_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version", "heartbeat"})
+_ANSWERED_AT_ONCE = frozenset({"info", "snapshot", "tables", "transactions", "app_version", "heartbeat", "storage"})
+
+# What ``info`` shows a user other than an admin: how the replica is doing, its own transactions and
+# the tables it has grants on; neither ZooKeeper's address and root, nor the storage URL, nor what
+# tells of other users' work (lease holders, cleanup's and merges' figures, errors naming paths).
+_INFO_FOR_USERS = frozenset(
+    {
+        "host_id",
+        "address",
+        "snapshot",
+        "applied_csn",
+        "zk_state",
+        "zk_connected",
+        "lag",
+        "transactions",
+        "tables",
+        "secure",
+        "txn_max_rows",
+        "settings",
+    }
+)
 
 
 class ReplicaServer(RpcServer):
@@ -89,8 +114,9 @@ class ReplicaServer(RpcServer):
             "app_version": lambda a: txns.app_version(a["app_id"]),
             "add_read": lambda a: txns.add_read(a["id"], a["read"]),
             "flush": self._flush_async,
+            "storage": lambda a: {"storage_url": replica.storage.url},
             "rollback": lambda a: txns.rollback(a["id"]),
-            "heartbeat": lambda a: txns.heartbeat(a["session"]),
+            "heartbeat": lambda a: txns.heartbeat(a["session"], self._grantee(a)),
             "peers": self._peers,
             "kill": lambda a: txns.kill(a["id"]),
             "snapshot": lambda a: {"snapshot": replica.snapshot()},
@@ -118,13 +144,14 @@ class ReplicaServer(RpcServer):
                 ),
                 "lease_seconds": leases.READ_LEASE_SECONDS,
             },
-            "renew": lambda a: replica.leases.renew(a["lease"]),
-            "release": lambda a: replica.leases.release(a["lease"]),
+            "renew": lambda a: replica.leases.renew(a["lease"], self._grantee(a)),
+            "release": lambda a: replica.leases.release(a["lease"], self._grantee(a)),
             "events": lambda a: replica.changefeed.events(a.get("table"), a.get("since_csn")),
             "check": self._check,
             "users": lambda a: self._users().describe(),
             "create_user": lambda a: self._users().create(a["name"], a["role"], a.get("tables"), a["secret"]),
             "drop_user": lambda a: self._users().drop(a["name"]),
+            "backup_mac": lambda a: {"mac": backup_mac(self._users().identity, a["digest"])},
         }
 
     # -- who asks, and whether they may (secured replicas) -------------------------------------
@@ -157,13 +184,17 @@ class ReplicaServer(RpcServer):
         return self.replica.users
 
     def _info(self, a: dict) -> dict:
-        """The replica's ``info``; a non-admin sees only its own notable transactions in it."""
+        """The replica's ``info``; a non-admin sees only :data:`_INFO_FOR_USERS` of it, its own
+        notable transactions and the tables it has grants on."""
         info, who = self.replica.info(), self._grantee(a)
-        if who is not None and who.role is not grants.Role.ADMIN:
-            info["transactions"] = {
-                kind: [t for t in rows if t.get("owner") == who.name] for kind, rows in info["transactions"].items()
-            }
-        return info
+        if who is None or who.role is grants.Role.ADMIN:
+            return info
+        shown = {k: v for k, v in info.items() if k in _INFO_FOR_USERS}
+        shown["transactions"] = {
+            kind: [t for t in rows if t.get("owner") == who.name] for kind, rows in info["transactions"].items()
+        }
+        shown["tables"] = self._tables(a)
+        return shown
 
     def _transactions(self, a: dict) -> list[dict]:
         """The running transactions: a non-admin's own only."""
@@ -295,7 +326,7 @@ class ReplicaServer(RpcServer):
             tdef = self.replica.state.table(op["table"])
             if tdef is None:
                 return False  # maybe created elsewhere and not applied here yet: that path waits
-            if tdef.txn_max_rows is not None:
+            if tdef.txn_max_rows is not None and txn.table_limits:
                 limit = min(limit, tdef.txn_max_rows)
             added = op.get("added") or ()
             if op.get("op") != "compact" and isinstance(added, list):
@@ -441,7 +472,12 @@ class ReplicaServer(RpcServer):
 
     def _begin(self, a: dict) -> dict:
         txn = self.transactions.begin(
-            a.get("token"), a.get("atomicity", "full"), a.get("durability", "sync"), a.get("session"), owner=_user(a)
+            a.get("token"),
+            a.get("atomicity", "full"),
+            a.get("durability", "sync"),
+            a.get("session"),
+            owner=_user(a),
+            table_limits=a.get("table_limits") is not False,
         )
         return {
             "id": txn.id,
@@ -457,7 +493,7 @@ class ReplicaServer(RpcServer):
         session, ack = a["session"], a.get("ack") or []
         if not isinstance(session, str) or not isinstance(ack, list) or not all(isinstance(t, str) for t in ack):
             raise InvalidInput("flush needs 'session' (a string) and 'ack' (a list of transaction ids)")
-        return self.replica.async_commits.flush(session, ack)
+        return self.replica.async_commits.flush(session, ack, who=self._grantee(a))
 
     def _visible(self, a: dict) -> dict:
         """A transaction's visible parts, or (no ``id``) a read's at a snapshot, with the id of
@@ -656,6 +692,8 @@ def _bind(make: Callable[[], T], flag: str, host: str, port: int) -> T:
 
 # The exit status of a replica whose RPC loop died (a bug): its supervisor restarts it.
 EXIT_RPC_DIED = 70
+# ZooKeeper did not answer the start: mergetxn's exit code for "unavailable" (mergetxn/cli.py).
+EXIT_UNAVAILABLE = 5
 
 
 def _serve_or_exit(server: ReplicaServer) -> None:
@@ -694,6 +732,9 @@ def main(argv: list[str] | None = None) -> None:
     except InvalidInput as exc:  # a host id held, a port in use, the wrong storage: one line, status 2
         log.error("replica %s did not start: %s", config.host_id, exc.message)
         p.exit(2, f"error: {exc.message}\n")
+    except ReplicaUnavailable as exc:  # ZooKeeper not there: one line, status 5 (as mergetxn's)
+        log.error("replica %s did not start: %s", config.host_id, exc.message)
+        p.exit(EXIT_UNAVAILABLE, f"error: {exc.message}\n")
 
 
 if __name__ == "__main__":

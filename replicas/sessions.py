@@ -12,6 +12,12 @@ still or was cut off): the replica's reaper aborts its running transactions with
 the session and the setting, which ``commit_status`` and the events show. Only sessions that hold
 running transactions are remembered, so a client cannot grow this table with heartbeats.
 
+A session id is the client's word, so it is the user's own name for it: sessions are kept by
+(user, id) (the user None on an unsecured replica), and a heartbeat keeps alive the sessions of
+that id that its caller may act for (coordinator/core/grants.py, ``acts_for``: its own, or any for
+an admin). Another user's heartbeat with the same id, or a transaction it begins under that id,
+touches a session of its own and never the first user's.
+
 Pure bookkeeping over a clock handed in: the registry (replicas/registry.py) does the aborting.
 """
 
@@ -21,7 +27,10 @@ import threading
 from collections.abc import Iterable
 
 from coordinator.core.errors import InvalidInput, quote
+from coordinator.core.grants import Grantee, acts_for
 from coordinator.model.atomicity import MAX_SESSION
+
+Key = tuple[str | None, str]  # (the user that began it, None on an unsecured replica; its session id)
 
 
 def check_session_id(session: object) -> str:
@@ -44,30 +53,33 @@ class Sessions:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._heard: dict[str, float] = {}
+        self._heard: dict[str, dict[str | None, float]] = {}  # session id -> its user -> when
         self._lock = threading.Lock()
         self._last_check: float | None = None
 
-    def began(self, session: str, now: float) -> None:
-        """A transaction of ``session`` began: it is heard from now, and remembered."""
+    def began(self, key: Key, now: float) -> None:
+        """A transaction of session ``key`` began: it is heard from now, and remembered."""
+        owner, session = key
         with self._lock:
-            self._heard[session] = now
+            self._heard.setdefault(session, {})[owner] = now
 
-    def heard(self, session: str, now: float) -> bool:
-        """A heartbeat (or any request naming it): True when the session is one this replica
-        remembers (it holds running transactions here)."""
+    def heard(self, session: str, now: float, who: Grantee | None = None) -> bool:
+        """A heartbeat from ``who`` (None: an unsecured replica's caller): True when this replica
+        remembers a session of that id that ``who`` may act for (holding running transactions
+        here), each such one heard from now."""
         with self._lock:
-            if session not in self._heard:
-                return False
-            self._heard[session] = now
-            return True
+            owners = self._heard.get(session, {})
+            hit = [owner for owner in owners if acts_for(who, owner)]
+            for owner in hit:
+                owners[owner] = now
+            return bool(hit)
 
-    def silent_for(self, session: str, now: float) -> float:
-        """Seconds since ``session`` was last heard from (0 for one not remembered)."""
-        heard = self._heard.get(session)
+    def silent_for(self, key: Key, now: float) -> float:
+        """Seconds since session ``key`` was last heard from (0 for one not remembered)."""
+        heard = self._heard.get(key[1], {}).get(key[0])
         return 0.0 if heard is None else max(0.0, now - heard)
 
-    def expired(self, holding: Iterable[str], now: float) -> dict[str, float]:
+    def expired(self, holding: Iterable[Key], now: float) -> dict[Key, float]:
         """The sessions among ``holding`` (those with running transactions) silent past the
         timeout, with how long; sessions holding nothing any more are forgotten. A gap in these
         checks longer than half the timeout (and MIN_GAP) means this process stood still (or was starved):
@@ -76,10 +88,10 @@ class Sessions:
         with self._lock:
             stood_still = self._last_check is not None and now - self._last_check > max(self.timeout / 2, MIN_GAP)
             self._last_check = now
-            for s in [s for s in self._heard if s not in holding]:
-                del self._heard[s]
+            heard = {(o, s): t for s, owners in self._heard.items() for o, t in owners.items() if (o, s) in holding}
             if stood_still:
-                for s in self._heard:
-                    self._heard[s] = now
-                return {}
-            return {s: now - t for s, t in self._heard.items() if now - t > self.timeout}
+                heard = dict.fromkeys(heard, now)
+            self._heard = {}
+            for (o, s), t in heard.items():
+                self._heard.setdefault(s, {})[o] = t
+            return {k: now - t for k, t in heard.items() if now - t > self.timeout}

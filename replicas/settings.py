@@ -119,6 +119,15 @@ class ReplicaConfig:
     txn_max_seconds: float = _setting(3600.0, "a transaction running longer is aborted", minimum=0, above=True)
     txn_max_rows: int = _setting(100_000_000, "a transaction staging more rows is aborted", minimum=1)
     session_timeout: float = _setting(10.0, "ZooKeeper session timeout in seconds", minimum=1)
+    zk_connect_timeout: float = _setting(
+        10.0,
+        "seconds a starting replica waits for ZooKeeper to answer before it gives up (ZooKeeper not "
+        "running, or a wrong --zk)",
+        minimum=0,
+        maximum=3600,
+        above=True,
+        tunable=True,
+    )
     # Tunable: client sessions (replicas/sessions.py).
     client_session_timeout: float = _setting(
         30.0,

@@ -17,7 +17,10 @@ The node is watched: a change made through any replica reaches every replica's c
 ZooKeeper tells it (the replica that made it applies it at once). A principal (who a connection
 authenticated as) is looked up again in that copy on every call: a dropped user's open
 connection gets AuthenticationFailed from its next call on, as does a new login with its
-credentials; a role or grant changed counts from the next call.
+credentials; a role or grant changed counts from the next call. A user that a new copy no longer
+holds (or holds made again, with other credentials) was dropped: ``on_drop`` is told its name
+(the replica aborts its running transactions there, replicas/registry.py), from a thread of its
+own, so that the watch's thread never waits on what aborting does (deleting staged files).
 """
 
 from __future__ import annotations
@@ -69,10 +72,13 @@ def _login(args: dict) -> tuple[str, str] | None:
 class Users:
     """``replica.users``: the users of a secured cluster as this replica knows them."""
 
-    def __init__(self, zk: Any, path: str, identity: Credentials) -> None:
+    def __init__(
+        self, zk: Any, path: str, identity: Credentials, on_drop: Callable[[list[str]], None] | None = None
+    ) -> None:
         self.zk = zk
         self.path = path
         self.identity = identity
+        self.on_drop = on_drop  # told the names of the users each new copy dropped
         self._lock = threading.Lock()
         self._version = -1
         self._users: dict[str, UserRecord] = {}
@@ -109,8 +115,13 @@ class Users:
         with self._lock:
             if version <= self._version:
                 return
+            held = self._users
             self._version, self._users = version, users
             self._verified = {n: v for n, v in self._verified.items() if n in users}
+        dropped = sorted(n for n, r in held.items() if n not in users or users[n].secret_hash != r.secret_hash)
+        if dropped and self.on_drop is not None:
+            log.info("users dropped: %s", ", ".join(dropped))
+            threading.Thread(target=self.on_drop, args=(dropped,), name="users-dropped", daemon=True).start()
 
     # -- logins and calls --------------------------------------------------------------------
     def remembered(self, args: dict) -> Principal | None:
@@ -200,11 +211,20 @@ class Users:
         return new.public()
 
     def drop(self, name: object) -> dict:
-        """Remove a user: its credentials are refused from now on, on every replica."""
+        """Remove a user: its credentials are refused from now on, on every replica. The last
+        admin is refused (InvalidInput naming it): decided on the node's version, so of two
+        drops of the last two admins racing through any replicas one is refused."""
         dropped: list[UserRecord] = []
 
         def remove(users: dict[str, UserRecord]) -> bool:
             held = users.pop(name, None) if isinstance(name, str) else None
+            if held is not None and held.role is Role.ADMIN and not any(u.role is Role.ADMIN for u in users.values()):
+                raise InvalidInput(
+                    f"user {held.name!r} is the last admin: dropping it would leave nobody to manage "
+                    "users or tables; add another admin first (security add-user NAME --role admin)",
+                    field="name",
+                    user=held.name,
+                )
             if held is not None:
                 dropped[:] = [held]
             return held is not None

@@ -104,6 +104,17 @@ CATALOG_METADATA = "mergetxn.table_options"
 _CATALOG_KEYS = ("provider", "location", "owner")  # what Spark's session catalog adds to a CREATE's options
 _SECRET_OPTION = re.compile(r"secret|token|password|key$", re.IGNORECASE)
 _MAX_CATALOG_OPTIONS = 16 * 1024  # characters of JSON worth reading back
+# A read or write with neither a table name nor a CREATE TABLE's options in its schema: Spark
+# consults no data source for a CREATE TABLE with a column list (it keeps the columns, drops the
+# options) and hands a CTAS's rows to writer() with no options either.
+NOT_A_MERGETXN_TABLE = (
+    "mergetxn: no table name. In SQL, a table USING mergetxn takes its columns from the mergetxn "
+    "table: CREATE TABLE with a column list, and CREATE TABLE ... AS SELECT, are not supported. "
+    "Create the table with the client (client.create_table) or `mergetxn table create`, then "
+    "DROP TABLE this one and CREATE TABLE t USING mergetxn OPTIONS (path 'table', replica "
+    "'host:port') without columns, and INSERT INTO t SELECT ...; with DataFrames give the name to "
+    "load()/save()"
+)
 
 
 def catalog_options(options: Any) -> dict[str, str] | None:
@@ -147,7 +158,7 @@ def table_options(options: Any, schema: StructType | None, write: bool = False) 
         return options
     texts = {(f.metadata or {}).get(CATALOG_METADATA) for f in schema.fields} - {None}
     if not texts:
-        return options
+        raise InvalidInput(NOT_A_MERGETXN_TABLE)
     if len(texts) != 1:
         raise InvalidInput("mergetxn: the table's columns name different mergetxn tables in their metadata")
     text = texts.pop()
@@ -190,14 +201,14 @@ class MergetxnDataSource(DataSource):
         s = settings(table_options(self.options, schema))
         with connect(s) as client:
             tdef = table_def(client, s)
-            url = client.call("info")["storage_url"]
+            url = client.storage.url
         cls = PruningReader if _pushdown_enabled() else MergetxnReader
         return cls(s, schema, tdef.to_dict(), url)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         s = settings(table_options(self.options, schema, write=True), write=True)
         with connect(s) as client:
-            url = client.call("info")["storage_url"]
+            url = client.storage.url
             if s.txn is not None:
                 tx = join(client, s)
             else:  # committed by another process (the commit runner): no client session holds it

@@ -130,7 +130,7 @@ def _mutate(
                     tdef.to_dict(),
                     encoded_where,
                     encoded_set,
-                    client.call("info")["storage_url"],
+                    client.storage.url,
                     s.storage_options,
                     tx.id,
                 )

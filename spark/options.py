@@ -33,6 +33,29 @@ S3_OPTIONS = {
     "s3_session_token": "token",
     "s3_region": "region",
 }
+# Every option the data source reads (reads, writes, streams, UPDATE/DELETE), by its lower-case
+# name: Spark hands them in a case-insensitive map. ``failpoints`` is for tests (spark/streaming.py).
+OPTIONS = frozenset(
+    {
+        "path",
+        "replica",
+        "credentials",
+        "txn",
+        "app_id",
+        "app_version",
+        "rows_per_part",
+        "split_bytes",
+        "lease",
+        "trace_reads",
+        "trace_commits",
+        "failpoints",
+        *READ_ONLY_OPTIONS,
+        *S3_OPTIONS,
+    }
+)
+# Keys that Spark itself puts among a data source's options: load()'s several paths, a CREATE
+# TABLE's catalog keys (and each of its options again as ``option.<name>``), a stream's checkpoint.
+SPARK_OPTIONS = frozenset({"paths", "location", "provider", "owner", "checkpointlocation"})
 SPLIT_BYTES = 32 * 1024 * 1024  # at most this many Parquet bytes per read task (small parts grouped)
 LATEST = "latest"  # a stream's option changes_from: the changes from the query's start
 
@@ -125,8 +148,21 @@ def storage_options(options: Any) -> dict | None:
     return out
 
 
+def check_names(options: Any) -> None:
+    """Refuse an option the data source does not know (a misspelt ``snapshott`` would otherwise
+    read the latest data without a word), naming the known ones."""
+    names = {str(k).lower() for k in options}
+    unknown = sorted(n for n in names - OPTIONS - SPARK_OPTIONS if not n.startswith("option."))
+    if unknown:
+        raise InvalidInput(
+            f"mergetxn: unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"the options are: {', '.join(sorted(OPTIONS))}"
+        )
+
+
 def settings(options: Any, *, write: bool = False) -> Settings:
     """Validate the options of one read or write, naming what is wrong."""
+    check_names(options)
     table = option(options, "path")
     if table is None:
         raise InvalidInput(

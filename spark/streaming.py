@@ -211,7 +211,7 @@ class MergetxnStreamWriter(DataSourceStreamArrowWriter):
                     f"mergetxn: unknown table {s.table!r} (replica {s.replica}): {exc.message}", table=s.table
                 ) from None
             check_write_schema(tdef, StructType.fromJson(json.loads(self.schema_json)))
-            url = client.call("info")["storage_url"]
+            url = client.storage.url
             tx = client.begin(detached=True)  # committed by the commit runner: no client session holds it
             self.tdef, self.storage_url, self.txn_id = tdef.to_dict(), url, tx.id
 

@@ -155,11 +155,14 @@ class Client:
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
         self._no_slim = False  # the replica refused ``visible``'s ``slim`` (older code): not sent again
-        info = self._rpc.call(
-            "info", {}, timeout=min(CONNECT_TIMEOUT, self.timeout)
-        )  # answered at once by a live replica
+        connecting = min(CONNECT_TIMEOUT, self.timeout)
+        info = self._rpc.call("info", {}, timeout=connecting)  # answered at once by a live replica
         self.host_id: str = info["host_id"]
-        self.storage = Storage(info["storage_url"], storage_options)
+        # Where part files live: in an admin's (and an unsecured replica's) info; a secured
+        # replica tells other users through ``storage`` only (replicas/server.py).
+        url = info.get("storage_url") or self._rpc.call("storage", {}, timeout=connecting)["storage_url"]
+        self.storage = Storage(url, storage_options)
+        self._heartbeat.learn_peers(timeout=connecting)  # named should it stop answering
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -167,7 +170,24 @@ class Client:
         that legitimately take longer (``long_calls``). An action or a field the protocol
         (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent."""
         protocol.check_call(action, args)
-        return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        try:
+            return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
+        except ReplicaUnavailable as exc:
+            raise self._elsewhere(exc) from None
+
+    def _elsewhere(self, exc: ReplicaUnavailable) -> ReplicaUnavailable:
+        """``exc``, when it says that this client's replica did not answer or could not be
+        reached, with the other live replicas' addresses (learnt when the client connected):
+        where the caller may go on. Errors the replica answered are left as they are."""
+        if type(exc) is not ReplicaUnavailable or exc.details.get("replica") != self.address or "peers" in exc.details:
+            return exc
+        peers = list(self._heartbeat.peers)
+        where = (
+            f"the cluster's other replicas, live when this client last asked: {', '.join(peers)} (connect to one of them)"
+            if peers
+            else "no other live replica is known to this client (mergetxn status --zk HOSTS lists the replicas)"
+        )
+        return ReplicaUnavailable(f"{exc.message}; {where}", **exc.details, peers=peers)
 
     def close(self) -> None:
         self._heartbeat.close()
@@ -334,7 +354,12 @@ class Client:
 
     # -- transactions ------------------------------------------------------------------------
     def begin(
-        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, detached: bool = False
+        self,
+        isolation: str = SNAPSHOT,
+        atomicity: str = FULL,
+        durability: str = SYNC,
+        detached: bool = False,
+        table_limits: bool = True,
     ) -> Transaction:
         """A new transaction at the latest snapshot. ``isolation``: ``"snapshot"`` (the table's
         conflict policy decides) or ``"serializable"`` (besides, a commit after its snapshot that
@@ -354,11 +379,17 @@ class Client:
         holds it (coordinator/api/heartbeat.py): once this process dies, stands still or is cut off
         for the replica's ``client_session_timeout``, the replica aborts it. ``detached=True``:
         no session holds it (a Spark job hands its transaction from the process that began it to
-        the one that commits it); only its time limit (``txn_max_seconds``) ends it then."""
+        the one that commits it); only its time limit (``txn_max_seconds``) ends it then.
+
+        ``table_limits=False`` (an admin's, PermissionDenied for other users): the tables' own
+        ``txn_max_rows``/``txn_max_seconds`` do not bind the transaction, the replica-wide limits
+        still do; what ``mergetxn restore`` begins, so that a table's backup restores whatever its
+        limits."""
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
-        if not isinstance(detached, bool):
-            raise InvalidInput(f"detached must be True or False, not {quote(detached)}")
+        for flag, value in (("detached", detached), ("table_limits", table_limits)):
+            if not isinstance(value, bool):
+                raise InvalidInput(f"{flag} must be True or False, not {quote(value)}")
         if detached and durability != SYNC:
             raise InvalidInput(
                 "a detached transaction cannot have durability='async' (client.flush() follows "
@@ -371,6 +402,8 @@ class Client:
             modes["durability"] = durability
         if not detached:
             modes["session"] = self.session
+        if not table_limits:
+            modes["table_limits"] = False
         # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
         # transaction, instead of leaving the first one running unseen on the replica.
         r = self.call("begin", token=uuid.uuid4().hex, **modes)
@@ -450,10 +483,10 @@ class Client:
 
     @contextmanager
     def transaction(
-        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC
+        self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, table_limits: bool = True
     ) -> Iterator[Transaction]:
         """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
-        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability)
+        tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability, table_limits=table_limits)
         try:
             yield tx
         except BaseException:
@@ -835,7 +868,8 @@ class Client:
 
     def drop_user(self, name: str) -> None:
         """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
-        every replica, also on its connections already open."""
+        every replica, also on its connections already open. The last admin is refused
+        (InvalidInput naming it), also when two drops of the last two admins race."""
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:

@@ -7,10 +7,11 @@ that timeout from a daemon thread with its own connection: a long call on anothe
 connection, or a reconnection after a blip, does not silence the session, while a process that
 died or stands still (SIGSTOP) is silent, which is the point.
 
-The same thread learns the addresses of the cluster's other live replicas (``peers``, again
-every :data:`PEERS_EVERY` seconds while it beats): a commit whose replica died before answering
-asks one of them for its outcome (coordinator/api/client.py, ``Transaction._outcome``), and the
-replica is dead by then, so it is asked beforehand, off the commit's path.
+The client learns the addresses of the cluster's other live replicas (``peers``) when it
+connects, and the same thread again every :data:`PEERS_EVERY` seconds while it beats: a commit
+whose replica died before answering asks one of them for its outcome (coordinator/api/client.py,
+``Transaction._outcome``), and a call to a replica that stopped answering names them in its
+error; the replica is dead by then, so it is asked beforehand, off the commit's path.
 
 Transactions are held weakly: one the program dropped without commit or rollback stops being
 kept alive once it is collected. The thread holds no reference to the client, so a client that
@@ -85,7 +86,7 @@ class Heartbeat:
                 continue
             with self._lock:
                 holds = self._holds
-            self._learn_peers()
+            self.learn_peers()
             try:
                 answer = self._rpc.call(
                     "heartbeat", {"session": self.session}, timeout=max(1.0, self.interval * BEATS_PER_TIMEOUT)
@@ -101,12 +102,16 @@ class Heartbeat:
                     if self._holds == holds:
                         self._held = weakref.WeakSet()
 
-    def _learn_peers(self) -> None:
+    def learn_peers(self, timeout: float | None = None) -> None:
+        """Ask the replica for :attr:`peers` unless it was asked in the last PEERS_EVERY seconds;
+        a failure leaves them as they were. The client asks once when it connects (a call to a
+        replica that stopped answering names them: coordinator/api/client.py, ``Client.call``)."""
         now = time.monotonic()
         if self._peers_at is not None and now - self._peers_at < PEERS_EVERY:
             return
+        wait = max(1.0, self.interval * BEATS_PER_TIMEOUT) if timeout is None else timeout
         try:
-            answer = self._rpc.call("peers", {}, timeout=max(1.0, self.interval * BEATS_PER_TIMEOUT))
+            answer = self._rpc.call("peers", {}, timeout=wait)
         except Exception as exc:  # noqa: BLE001 - an older replica, or one away: asked again next beat
             log.debug("peers of session %s: %r", self.session, exc)
             return

@@ -12,6 +12,12 @@ transactions, an admin does everything. A user's ``tables`` (None: every table, 
 later included) bound its reads and writes; an admin has every table. :func:`check` is the one
 decision, pure: allowed, or :class:`~coordinator.core.errors.PermissionDenied` naming the user, the
 action and the table. replicas/server.py applies it to every request before any handler runs.
+
+Ids a client holds are no capabilities: a client session (its heartbeats, its async commits'
+``flush``) and a read lease (``renew``, ``release``) act for the user that made them only, or an
+admin (:func:`acts_for`). Another user's id is answered as an unknown id is (the session is not
+known, the lease is not renewed or released, the flush finds no commits), so an answer never tells
+that an id is in use by someone else.
 """
 
 from __future__ import annotations
@@ -60,11 +66,14 @@ ACTIONS: dict[str, Rule] = {
     "snapshot": Rule(_R),
     "wait": Rule(_R),
     "app_version": Rule(_R),
-    "flush": Rule(_R),
-    "renew": Rule(_R),
+    "flush": Rule(_R),  # the caller's own session's async commits (acts_for)
+    "renew": Rule(_R),  # the caller's own leases (acts_for)
     "release": Rule(_R),
+    # Where part files live (the URL, credentials masked): every client reads and writes its parts
+    # there itself; ``info`` shows it (and ZooKeeper's address) to admins only (replicas/server.py).
+    "storage": Rule(_R),
     "transactions": Rule(_R),  # a non-admin sees its own only (replicas/server.py)
-    "heartbeat": Rule(_R),  # a client's session is alive (replicas/sessions.py)
+    "heartbeat": Rule(_R),  # the caller's own client session is alive (replicas/sessions.py, acts_for)
     "peers": Rule(_R),  # the other live replicas' addresses (where to ask for an outcome)
     "commit_status": Rule(_R, "table"),  # by tid, or by part with its table
     # A table's definition (its schema: what a statement needs first) any user may look up, as
@@ -94,6 +103,7 @@ ACTIONS: dict[str, Rule] = {
     "users": Rule(Right.ADMIN),
     "create_user": Rule(Right.ADMIN),
     "drop_user": Rule(Right.ADMIN),
+    "backup_mac": Rule(Right.ADMIN),  # seals and checks backup manifests (mergetxn/tools/recovery.py)
     "check": Rule(Right.ADMIN),  # reads every file of the tables asked (mergetxn check, status)
 }
 
@@ -148,6 +158,13 @@ class Grantee:
         return self.role is Role.ADMIN or table is None or self.tables is None or table in self.tables
 
 
+def acts_for(who: Grantee | None, owner: str | None) -> bool:
+    """Whether ``who`` (None: the caller of an unsecured replica, or the replica itself) may act
+    on a client session, a read lease or async commits that user ``owner`` made: its own, or
+    anyone's for an admin."""
+    return who is None or who.role is Role.ADMIN or owner == who.name
+
+
 def check(
     who: Grantee, action: str, args: Mapping[str, Any], owner_of: Callable[[str], str | None] = lambda txn_id: None
 ) -> None:
@@ -162,6 +179,8 @@ def check(
     if action == "events" and table is None and who.tables is not None and who.role is not Role.ADMIN:
         _deny(who, action, None, Right.READ, "it names no table and the user has grants on some tables only")
     _need(who, action, rule.right, table)
+    if action == "begin" and args.get("table_limits") is False:  # a restore's transaction
+        _need(who, "begin a transaction free of the tables' limits", Right.ADMIN, None)
     if rule.ops:
         ops = args.get("ops") if "ops" in args else [args.get("op")] if "op" in args else []
         for op in ops if isinstance(ops, list) else []:

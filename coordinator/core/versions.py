@@ -50,8 +50,11 @@ class Tid(NamedTuple):
 
 
 def check_host_id(host_id: str) -> str:
-    if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id):
-        raise ValueError(f"host id {quote(host_id)} must be 1-64 characters of letters, digits, '_', '.', '-'")
+    """A host id names ZooKeeper nodes (``replicas/<host>``): "." and ".." would name others."""
+    if not isinstance(host_id, str) or not _HOST_RE.fullmatch(host_id) or host_id in (".", ".."):
+        raise ValueError(
+            f"host id {quote(host_id)} must be 1-64 characters of letters, digits, '_', '.', '-' (not '.' or '..')"
+        )
     return host_id
 
 

@@ -141,7 +141,8 @@ _LEASE = _f(STRING, doc='a read lease\'s holder: "read", "spark" or "none" (repl
 
 ACTIONS: dict[str, Action] = {
     # -- the replica and its catalog ------------------------------------------------------------
-    "info": Action(_NO_FIELDS, doc="the replica's state (a non-admin sees its own transactions)"),
+    "info": Action(_NO_FIELDS, doc="the replica's state (a non-admin: its own transactions and tables only)"),
+    "storage": Action(_NO_FIELDS, doc="where part files live: the storage URL, credentials masked"),
     "peers": Action(_NO_FIELDS, doc="the other live replicas' addresses"),
     "snapshot": Action(_NO_FIELDS, doc="the latest applied CSN"),
     "wait": Action({"snapshot": _req(INTEGER, doc="a CSN to wait for")}),
@@ -180,6 +181,9 @@ ACTIONS: dict[str, Action] = {
             "atomicity": _f(STRING),
             "durability": _f(STRING),
             "session": _f(STRING, NULL, doc="the client session holding it (null: detached)"),
+            "table_limits": _f(
+                BOOLEAN, doc="false: the tables' txn_max_rows/txn_max_seconds do not bind it (a restore; admins)"
+            ),
         }
     ),
     "stage": Action(
@@ -263,6 +267,7 @@ ACTIONS: dict[str, Action] = {
         {"name": _req(STRING), "role": _req(STRING), "tables": _f(ARRAY, NULL), "secret": _req(STRING)}
     ),
     "drop_user": Action({"name": _req(STRING)}),
+    "backup_mac": Action({"digest": _req(STRING, doc="a backup manifest's SHA-256, 64 hex digits")}),
 }
 
 

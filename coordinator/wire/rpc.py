@@ -1118,7 +1118,9 @@ class RpcClient:
             try:
                 sock = socket.create_connection(self._endpoint, timeout=min(self._timeout, 10.0))
             except OSError as exc:
-                raise errors.ReplicaUnavailable(f"replica {self.address} is unreachable: {exc}") from None
+                raise errors.ReplicaUnavailable(
+                    f"replica {self.address} is unreachable: {exc}", replica=self.address
+                ) from None
             sock.settimeout(self._timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn = (sock, sock.makefile("rb")) if self._tls is None else self._secure(sock)
@@ -1187,7 +1189,7 @@ class RpcClient:
         try:
             return _RESEND_ONCE(self._attempt, action, frame({"a": action, "b": args}), timeout)
         except _Resend as exc:
-            raise errors.ReplicaUnavailable(str(exc)) from None
+            raise errors.ReplicaUnavailable(str(exc), replica=self.address) from None
 
     def _attempt(self, action: str, payload: bytes, timeout: float | None = None) -> Any:
         sock, rfile = self._connection()
@@ -1208,11 +1210,17 @@ class RpcClient:
         try:
             reply = read_frame(rfile)
         except (EOFError, OSError, ValueError) as exc:
+            waited = sock.gettimeout() or 0.0
             self.drop_connection()
             message = f"replica {self.address} did not answer {action!r}: {exc or type(exc).__name__}"
+            if isinstance(exc, TimeoutError):
+                message = (
+                    f"replica {self.address} did not answer {action!r} within {waited:g} s: it stopped "
+                    "answering (it stands still, is overloaded or is cut off)"
+                )
             if isinstance(exc, EOFError) and action in IDEMPOTENT:
                 raise _Resend(message) from None
-            raise errors.ReplicaUnavailable(message) from None
+            raise errors.ReplicaUnavailable(message, replica=self.address) from None
         if not reply.get("ok"):
             raise errors.from_dict(reply.get("error") or {})
         return reply.get("result")
@@ -1284,5 +1292,6 @@ IDEMPOTENT = frozenset(
         "flush",
         "heartbeat",
         "peers",
+        "storage",
     }
 )

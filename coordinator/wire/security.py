@@ -326,6 +326,28 @@ def _write_private(path: Path, text: str | bytes) -> None:
     os.replace(tmp, path)
 
 
+# -- backups: a manifest's MAC under a key derived from the replicas' secret -----------------------
+BACKUP_MAC_LABEL = b"mergetxn backup manifest MAC v1"  # HKDF info: this key serves nothing else
+
+
+def backup_mac(identity: Credentials, digest: str) -> str:
+    """HMAC-SHA256 (hex) of a backup manifest's SHA-256 ``digest`` (64 hex digits) under a key
+    derived from the replicas' secret with HKDF and :data:`BACKUP_MAC_LABEL`: only a holder of the
+    secret (a replica, for an admin: mergetxn/tools/recovery.py) makes or checks one. Neither the
+    key nor the secret is returned or logged."""
+    if not isinstance(digest, str) or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        raise InvalidInput("backup_mac: digest must be a SHA-256 in 64 lowercase hex digits", field="digest")
+    return hmac.new(_backup_key(identity.user, identity.secret), bytes.fromhex(digest), "sha256").hexdigest()
+
+
+@functools.lru_cache(maxsize=4)
+def _backup_key(user: str, secret: str) -> bytes:
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(hashes.SHA256(), 32, salt=user.encode(), info=BACKUP_MAC_LABEL).derive(secret.encode())
+
+
 def make_user_credentials(name: str, ca_file: Path | None) -> Credentials:
     """A user's credentials with a new secret (43 characters, 256 random bits)."""
     return Credentials(name, secrets.token_urlsafe(32), ca_file)

@@ -858,6 +858,9 @@ class _Cluster:
             "host": host,
             "port": port,
             "session_timeout": self.session_timeout,
+            # a restart may come while the host is still cut from the ensemble: wait as a replica
+            # did before the 10 s default, rather than count a slow heal as a failed start
+            "zk_connect_timeout": 30.0,
             **self.replica_settings,
         }
         # Unsecured: --insecure, on addresses of the harness's own network namespaces (protected

@@ -5,15 +5,28 @@
 ``manifest.json`` (written last: a directory without one is an unfinished backup) naming the
 table, the CSN, the table's definition then (``TableDef.to_dict``: schema, partitioning, policy,
 key, lock groups, limits, retention, column history) and each part with its size, checksum, rows,
-partition and creation CSN. The snapshot is leased while the files are copied, so cleanup keeps
-them; each file is checked against the checksum it was committed with before it is copied.
+partition and creation CSN, and its SHA-256. The snapshot is leased while the files are copied, so
+cleanup keeps them; each file is checked against the checksum it was committed with before it is
+copied.
 
-**Restore** (``mergetxn restore``): every file is checked against the manifest (size and
-checksum) before anything changes, so a tampered or truncated backup is refused and changes
-nothing. The rows at the backed-up CSN (a keys table's versions folded by their CSNs, as a read
-does) are then written as ONE transaction: into a new table created with the backup's definition,
-or, when the table exists, in place: a truncate and the inserts in the same commit, so a reader
-sees the table before or after, never between.
+**Seal** (secured clusters): the manifest carries ``mac``, an HMAC-SHA256 of the SHA-256 of its
+canonical JSON (every field but ``mac``: the definition, the CSN, each part's size, checksum,
+SHA-256, rows and creation CSN) under a key derived from the replicas' secret
+(coordinator/wire/security.py, ``backup_mac``). Only a replica holds that key: it makes and checks
+MACs for admins (the ``backup_mac`` action), so a backup or restore of a secured cluster needs an
+admin. A backup of an unsecured cluster carries no MAC: its directory is trusted as it is.
+
+**Restore** (``mergetxn restore``): on a secured cluster the manifest's MAC is checked first (a
+manifest without one, or whose MAC does not match, is refused: changed after the backup, or made
+by another cluster; ``unverified=True`` restores it anyway), then every file against the manifest
+(size and checksum, and the SHA-256 of a sealed one, checked again as each file is read), before
+anything changes, so a tampered or truncated backup is refused and changes nothing. The rows at
+the backed-up CSN (a keys table's versions folded by their CSNs, as a read does) are then written
+as ONE transaction: into a new table created with the backup's definition, or, when the table
+exists, in place: a truncate and the inserts in the same commit, so a reader sees the table before
+or after, never between. That transaction is begun free of the tables' own limits
+(``txn_max_rows``, ``txn_max_seconds``; ``client.begin(table_limits=False)``, an admin's): a
+backup restores whatever those limits; the replica-wide limits still bind it.
 
 **History** (``mergetxn history``): the table's commits from the events every replica derives
 from the log (kind, rows of the parts added and removed, tid, the replica that ran it), its DDL
@@ -24,11 +37,13 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
+import hmac
 import itertools
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -70,6 +85,9 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
     dest = _storage(directory, create=True)
     if dest.exists(MANIFEST):
         raise InvalidInput(f"{quote(directory)} already holds a backup ({MANIFEST}); give an empty directory")
+    seal = sealer(client)
+    if seal is not None:
+        seal("0" * 64)  # an admin's call: refused (PermissionDenied) before anything is copied
     with client.pin(table, snapshot) as (tdef, snap, metas, csns):
         entries = []
         for meta in sorted(metas, key=lambda m: m.name):
@@ -86,6 +104,7 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
                     "file": _part_file(meta.name),
                     "size": meta.size,
                     "checksum": meta.checksum,
+                    "sha256": hashlib.sha256(raw).hexdigest(),
                     "rows": meta.rows,
                     "partition": partition_key(meta.partition),
                     "csn": csns.get(meta.name),
@@ -102,12 +121,30 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
         "bytes": sum(m.size for m in metas),
         "parts": entries,
     }
+    if seal is not None:
+        manifest["mac"] = seal(manifest_digest(manifest))
     dest.put(MANIFEST, json.dumps(manifest, indent=1, allow_nan=False).encode("utf-8"))
     return manifest
 
 
 def _part_file(name: str) -> str:
     return f"{PARTS_DIR}/{name}.parquet"
+
+
+def sealer(client: Client) -> Callable[[str], str] | None:
+    """The MAC of a manifest digest, made by the client's replica (a secured cluster's; None for
+    an unsecured one, which has no key): coordinator/wire/security.py, ``backup_mac``."""
+    if client.credentials is None:
+        return None
+    return lambda digest: str(client.call("backup_mac", digest=digest)["mac"])
+
+
+def manifest_digest(manifest: dict) -> str:
+    """The SHA-256 (hex) of a manifest's canonical JSON without its ``mac`` (pure)."""
+    body = {k: v for k, v in manifest.items() if k != "mac"}
+    return hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    ).hexdigest()
 
 
 def inside(storage_url: str, directory: str) -> bool:
@@ -146,12 +183,33 @@ class Backup:
     csn: int
     definition: TableDef
     parts: tuple[tuple[PartMeta, int | None], ...]  # each part, its path in the backup, and its CSN
+    digest: str = ""  # manifest_digest of the manifest
+    mac: str | None = None  # its seal (secured clusters)
+    sha256: dict[str, str] = dataclasses.field(default_factory=dict)  # part path -> SHA-256 (hex)
 
 
-def load(directory: str) -> tuple[Storage, Backup]:
-    """Read and validate ``directory``'s manifest, then check every file it names (size and
-    checksum) before anything is restored: CorruptMetadata for a manifest that does not parse,
-    CorruptPart naming each file that is missing or differs."""
+class _Sealed(Storage):
+    """A backup directory whose files are checked against the SHA-256 its manifest names at
+    every read: a file changed after the manifest was checked is refused when it is read."""
+
+    def __init__(self, url: str, sha256: dict[str, str]) -> None:
+        super().__init__(url)
+        self._sha256 = sha256
+
+    def get(self, relpath: str) -> bytes:
+        raw = super().get(relpath)
+        want = self._sha256.get(relpath)
+        if want is not None and not hmac.compare_digest(hashlib.sha256(raw).hexdigest(), want):
+            raise CorruptPart(f"backup file {quote(relpath)} does not match the SHA-256 of its manifest", path=relpath)
+        return raw
+
+
+def load(directory: str, seal: Callable[[str], str] | None = None, unverified: bool = False) -> tuple[Storage, Backup]:
+    """Read and validate ``directory``'s manifest, check its MAC with ``seal`` (a secured
+    cluster's: :func:`sealer`; skipped with ``unverified``), then check every file it names
+    (size, checksum, and SHA-256 when the manifest has them) before anything is restored:
+    CorruptMetadata for a manifest that does not parse or does not match its MAC, InvalidInput
+    for one without a MAC, CorruptPart naming each file that is missing or differs."""
     src = _storage(directory, create=False)
     if not src.exists(MANIFEST):
         raise InvalidInput(
@@ -161,9 +219,15 @@ def load(directory: str) -> tuple[Storage, Backup]:
     if size > MAX_MANIFEST_BYTES:
         raise CorruptMetadata(f"backup manifest {quote(directory)} is {size} bytes, over {MAX_MANIFEST_BYTES}")
     b = parse_manifest(src.get(MANIFEST), directory)
+    if seal is not None and not unverified:
+        check_seal(b, seal, directory)
+    plain, src = src, _Sealed(directory, b.sha256) if b.sha256 else src
     problems = []
     for meta, _ in b.parts:
-        why = verify_file(src, meta, checksum=True)
+        try:
+            why = verify_file(src, meta, checksum=True)
+        except CorruptPart:  # (what is wrong in the size or checksum, if anything, says more)
+            why = verify_file(plain, meta, checksum=True) or "does not match the SHA-256 of the manifest"
         if why is not None:
             problems.append(f"{meta.path} {why}")
     if problems:
@@ -173,6 +237,27 @@ def load(directory: str) -> tuple[Storage, Backup]:
             problems=problems[:100],
         )
     return src, b
+
+
+def _is_hex256(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def check_seal(b: Backup, seal: Callable[[str], str], where: str) -> None:
+    """Refuse a manifest that carries no MAC or whose MAC is not the cluster's for its content."""
+    if b.mac is None:
+        raise InvalidInput(
+            f"backup {quote(where)} carries no MAC (made on an unsecured cluster, or its MAC was removed): "
+            "a secured cluster restores only the backups it sealed; nothing restored. If no one else "
+            "could have written that directory, restore it with --unverified",
+            directory=where,
+        )
+    if not hmac.compare_digest(seal(b.digest), b.mac):
+        raise CorruptMetadata(
+            f"backup {quote(where)} does not match its MAC: its manifest was changed after the backup, "
+            "or another cluster made it; nothing restored",
+            directory=where,
+        )
 
 
 def parse_manifest(raw: bytes, where: str) -> Backup:
@@ -198,7 +283,10 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
         raise CorruptMetadata(
             f"backup manifest in {quote(where)} names table {quote(table)} and defines {quote(tdef.name)}"
         )
-    parts = []
+    mac = d.get("mac")
+    if mac is not None and not _is_hex256(mac):
+        raise CorruptMetadata(f"backup manifest in {quote(where)}: mac must be 64 lowercase hex digits")
+    parts, sha256 = [], {}
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
             raise CorruptMetadata(f"backup manifest in {quote(where)}: part {i} is not an object")
@@ -213,17 +301,24 @@ def parse_manifest(raw: bytes, where: str) -> Backup:
             or meta.table != table
         ):
             raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} disagrees with itself")
+        digest = e.get("sha256")
+        if digest is not None or mac is not None:
+            if not _is_hex256(digest):
+                raise CorruptMetadata(f"backup manifest in {quote(where)}: part {quote(meta.name)} has no SHA-256")
+            sha256[_part_file(meta.name)] = digest
         parts.append((dataclasses.replace(meta, path=_part_file(meta.name)), part_csn))
-    return Backup(table, csn, tdef, tuple(parts))
+    return Backup(table, csn, tdef, tuple(parts), manifest_digest(d), mac, sha256)
 
 
 # -- restore -----------------------------------------------------------------------------------
-def restore(client: Client, directory: str, as_name: str | None = None) -> dict:
+def restore(client: Client, directory: str, as_name: str | None = None, unverified: bool = False) -> dict:
     """Restore the backup in ``directory`` as one transaction: into a new table (``as_name``, or
     the backed-up name when no such table exists) created with the backup's definition, or in
-    place when the table exists (its rows replaced in one commit). Returns ``{"table", "csn",
-    "from_csn", "rows", "created"}``. A damaged backup is refused before anything changes."""
-    src, b = load(directory)
+    place when the table exists (its rows replaced in one commit), whatever the tables' own
+    ``txn_max_rows``/``txn_max_seconds``. Returns ``{"table", "csn", "from_csn", "rows",
+    "created"}``. A damaged backup, and on a secured cluster one whose MAC is missing or does not
+    match (unless ``unverified``), is refused before anything changes."""
+    src, b = load(directory, sealer(client), unverified)
     target = b.table if as_name is None else as_name
     exists = target in client.tables()
     if as_name is not None and exists:
@@ -232,7 +327,7 @@ def restore(client: Client, directory: str, as_name: str | None = None) -> dict:
         current = client.table_at(target)
         _same_kind(current, b.definition)
         written = 0
-        with client.transaction(atomicity=current.atomicity) as tx:
+        with client.transaction(atomicity=current.atomicity, table_limits=False) as tx:
             tx.truncate(target)
             for data in _rows(src, b):
                 tx.insert(target, conform(data, current.schema, target))
@@ -254,7 +349,7 @@ def restore(client: Client, directory: str, as_name: str | None = None) -> dict:
     )
     written = 0
     try:
-        with client.transaction(atomicity=d.atomicity) as tx:
+        with client.transaction(atomicity=d.atomicity, table_limits=False) as tx:
             for data in _rows(src, b):
                 tx.insert(target, data)
                 written += data.num_rows

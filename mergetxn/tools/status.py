@@ -267,7 +267,7 @@ def gather(
         if "error" in first:
             problems.append(f"replica at {replica} does not answer: {first['error']}")
         elif zk_hosts is None:
-            zk_hosts, root = first["zk"], first["root"]
+            zk_hosts, root = first.get("zk"), first.get("root", root)  # an admin's info only names them
     report["zookeeper"] = zookeeper = {"hosts": zk_hosts, "root": root, "members": []}
     found: dict[str, Any] = {}
     if zk_hosts is not None:

@@ -294,16 +294,19 @@ def test_a_bad_timeout_is_refused(bad: object) -> None:
 # -- the replica's bookkeeping, pure ---------------------------------------------------------------
 
 
+A, B = (None, "a"), (None, "b")  # sessions of an unsecured replica: no user
+
+
 def test_sessions_expire_after_the_timeout_and_are_forgotten_when_they_hold_nothing() -> None:
     s = Sessions(2.0)
-    s.began("a", 0.0)
-    s.began("b", 0.0)
-    assert s.expired({"a", "b"}, 0.5) == {}
+    s.began(A, 0.0)
+    s.began(B, 0.0)
+    assert s.expired({A, B}, 0.5) == {}
     assert s.heard("a", 1.0) and not s.heard("nobody", 1.0)
-    assert s.expired({"a", "b"}, 1.5) == {}
-    assert s.expired({"a", "b"}, 2.4) == {"b": pytest.approx(2.4)}
-    assert s.silent_for("a", 2.4) == pytest.approx(1.4)
-    assert s.expired({"a"}, 2.6) == {}  # b holds nothing any more: forgotten
+    assert s.expired({A, B}, 1.5) == {}
+    assert s.expired({A, B}, 2.4) == {B: pytest.approx(2.4)}
+    assert s.silent_for(A, 2.4) == pytest.approx(1.4)
+    assert s.expired({A}, 2.6) == {}  # b holds nothing any more: forgotten
     assert not s.heard("b", 2.7)
 
 
@@ -311,12 +314,12 @@ def test_sessions_survive_the_replica_standing_still() -> None:
     """A gap in the checks longer than half the timeout: the replica itself stood still, so no
     client could be heard; nobody is expired for it."""
     s = Sessions(2.0)
-    s.began("a", 0.0)
-    assert s.expired({"a"}, 0.5) == {}
-    assert s.expired({"a"}, 30.0) == {}
+    s.began(A, 0.0)
+    assert s.expired({A}, 0.5) == {}
+    assert s.expired({A}, 30.0) == {}
     for now in (30.4, 31.2, 32.0):
-        assert s.expired({"a"}, now) == {}
-    assert s.expired({"a"}, 32.3) == {"a": pytest.approx(2.3)}
+        assert s.expired({A}, now) == {}
+    assert s.expired({A}, 32.3) == {A: pytest.approx(2.3)}
 
 
 @pytest.mark.parametrize("bad", [None, "", "x" * 65, 3, "a\tb"])

@@ -56,6 +56,7 @@ MATRIX_TEXT = """
 | release | yes | yes | yes |
 | heartbeat | yes | yes | yes |
 | peers | yes | yes | yes |
+| storage | yes | yes | yes |
 | table | yes | yes | yes |
 | describe_table | yes | yes | yes |
 | parts | yes | yes | yes |
@@ -83,6 +84,7 @@ MATRIX_TEXT = """
 | users | no | no | yes |
 | create_user | no | no | yes |
 | drop_user | no | no | yes |
+| backup_mac | no | no | yes |
 | check | no | no | yes |
 | some_future_action | no | no | yes |
 """
@@ -317,6 +319,7 @@ def raw_args(action: str, txn: str | None, table: str = "t") -> tuple[str, dict]
         "gc": {"grace_seconds": 3600},
         "create_user": {"name": "zz", "role": "nobody", "secret": "s" * 20},
         "drop_user": {"name": "nobody-by-that-name"},
+        "backup_mac": {"digest": "0" * 64},
     }.get(action, {})
     return action, args
 

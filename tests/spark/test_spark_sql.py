@@ -116,3 +116,62 @@ def test_register_says_how_to_point_the_workers_at_mergetxn(tmp_path: Path) -> N
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert "REFUSED" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "PYSPARK_PYTHON" in out.stdout and sys.executable in out.stdout
+
+
+def refusal(run) -> str:  # noqa: ANN001 - a callable that fails in Spark
+    """The text of the error ``run()`` ends with (Spark wraps the data source's in its own)."""
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - Spark's wrapper classes vary
+        run()
+    return str(caught.value)
+
+
+def test_an_unknown_option_is_refused_naming_the_known_ones(cluster, spark) -> None:  # noqa: ANN001
+    """A misspelt ``snapshott`` used to be ignored: the read silently saw the latest data."""
+    client = cluster.client(0)
+    client.create_table("typos", SCHEMA)
+    with client.transaction() as tx:
+        tx.insert("typos", pa.table({"id": [1], "day": ["d1"], "v": [0.5]}, schema=SCHEMA))
+    address = cluster.replica_addresses[0]
+    reader = spark.read.format("mergetxn").option("replica", address).option("Snapshott", str(tx.csn))
+    text = refusal(lambda: reader.load("typos").collect())
+    assert "unknown option 'snapshott'" in text and "snapshot" in text.split("the options are:")[1]
+    text = refusal(
+        lambda: spark.sql(
+            f"CREATE TABLE typo_t USING mergetxn OPTIONS (path 'typos', replica '{address}', snapshott '1')"
+        )
+    )
+    assert "unknown option 'snapshott'" in text
+    assert not spark.catalog.tableExists("typo_t")
+    writer = spark.createDataFrame([(2, "d1", 1.0)], "id BIGINT, day STRING, v DOUBLE").write.format("mergetxn")
+    text = refusal(lambda: writer.option("replica", address).option("rows_per_prat", "5").mode("append").save("typos"))
+    assert "unknown option 'rows_per_prat'" in text
+    assert client.read("typos")["id"].to_pylist() == [1]  # nothing written
+
+
+def test_create_table_with_columns_is_refused_in_sql_words(cluster, spark) -> None:  # noqa: ANN001
+    """Spark consults no data source for a CREATE TABLE with a column list (and keeps no options):
+    its first SELECT or INSERT is refused, saying how to create the table instead (it used to fail
+    with "no table name; give it to load()/save()")."""
+    client = cluster.client(0)
+    client.create_table("typed", SCHEMA)
+    address = cluster.replica_addresses[0]
+    spark.sql(
+        f"CREATE TABLE typed_t (id BIGINT, day STRING, v DOUBLE) USING mergetxn OPTIONS (path 'typed', replica '{address}')"
+    )
+    for statement in ("SELECT * FROM typed_t", "INSERT INTO typed_t VALUES (1, 'd1', 0.5)"):
+        text = refusal(lambda: spark.sql(statement).collect())  # noqa: B023 - called at once
+        assert "column list" in text and "DROP TABLE" in text and "USING mergetxn OPTIONS (path" in text, text
+    assert client.read("typed").num_rows == 0
+
+
+def test_create_table_as_select_is_refused_saying_what_to_do(cluster, spark) -> None:  # noqa: ANN001
+    client = cluster.client(0)
+    address = cluster.replica_addresses[0]
+    text = refusal(
+        lambda: spark.sql(
+            f"CREATE TABLE made_t USING mergetxn OPTIONS (path 'made', replica '{address}') AS SELECT 1L AS id"
+        )
+    )
+    assert "AS SELECT" in text and "client.create_table" in text and "INSERT INTO" in text, text
+    assert "made" not in client.tables()
+    assert not spark.catalog.tableExists("made_t")

@@ -545,7 +545,7 @@ def test_local_counters_never_repeat_across_incarnations() -> None:
         local_counter(0, -1)
 
 
-@pytest.mark.parametrize("host", ["", "a/b", "a b", "a" * 65, "r0\n", "é"])
+@pytest.mark.parametrize("host", ["", "a/b", "a b", "a" * 65, "r0\n", "é", ".", ".."])
 def test_bad_host_ids(host: str) -> None:
     with pytest.raises(ValueError):
         check_host_id(host)
