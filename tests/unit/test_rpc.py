@@ -411,6 +411,16 @@ def test_pending_connections_give_way_oldest_first_never_one_without_its_chance(
     assert sorted(pending.expired(11.0)) == ["a0", "a1"]
 
 
+def test_pending_caps_stay_below_the_caps_of_all_connections() -> None:
+    from coordinator.wire.rpc import Limits
+
+    assert (Limits().pending_cap, Limits().pending_per_peer_cap) == (256, 64)
+    small = Limits(max_connections=10, max_per_peer=20, max_pending=256, max_pending_per_peer=64)
+    assert (small.pending_cap, small.pending_per_peer_cap) == (5, 5)
+    assert Limits(max_per_peer=8).pending_per_peer_cap == 4
+    assert Limits(max_connections=1, max_per_peer=1).pending_per_peer_cap == 1  # never 0
+
+
 def test_silent_connections_give_way_to_a_client_from_their_own_address() -> None:
     """Limits.max_per_peer 8: more silent connections from this address than that, then a
     client's call is answered at once (the oldest silent ones closed for it); a silent
