@@ -18,19 +18,34 @@ RPC call on a persistent connection, plaintext against TLS + authenticated, on a
 ``RpcServer`` answering inline (the I/O thread's path of begin, stage and commit).
 
     .venv/bin/python benchmarks/security_cost.py [--seconds 8] [--rounds 3] [--out benchmarks/results/security_cost.json]
+
+``--only brute``: a legitimate client's call latency (``snapshot``, p50/p90/max) on a secured
+1-replica LocalCluster, quiet and then under a brute force of wrong-secret logins from 100
+loopback addresses (127.0.1.1-100, ``--brute-rate`` a second, from a process of its own; each
+naming the admin, or with ``--many-users`` a made-up user name each), for
+each ``--code`` root (default: this tree; e.g. ``--code /work/main --code .`` measures another
+checkout's replicas against this one's), the roots alternating round by round. Each root runs
+in a process of its own with that root first on ``sys.path`` (its replicas run its code).
+
+    .venv/bin/python benchmarks/security_cost.py --only brute [--code ROOT ...] [--brute-rounds 2] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "benchmarks"):
+CODE = Path(os.environ.get("MERGETXN_BENCH_CODE") or ROOT)  # --only brute: the code a side measures
+for p in (CODE, ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
@@ -74,14 +89,203 @@ def rpc_cpu_per_call(calls: int, creds) -> float:
         server.shutdown()
 
 
+BRUTE_SOURCES = [f"127.0.1.{i}" for i in range(1, 101)]
+
+
+def percentiles(latencies: list[float]) -> dict:
+    """p50, p90 and max of call latencies, in ms."""
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "calls": len(ms),
+        "p50_ms": round(statistics.median(ms), 3),
+        "p90_ms": round(ms[int(0.9 * (len(ms) - 1))], 3),
+        "max_ms": round(ms[-1], 3),
+    }
+
+
+def call_latencies(client, seconds: float) -> list[float]:
+    """``snapshot`` calls one after another (1 ms apart) for ``seconds``: each one's latency."""
+    out: list[float] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        client.snapshot()
+        out.append(time.perf_counter() - t0)
+        time.sleep(0.001)
+    return out
+
+
+def attack(address: str, user: str, rate: float, seconds: float, many_users: bool = False, threads: int = 8) -> dict:
+    """Wrong-secret logins naming ``user`` (``many_users``: a made-up user name each) at
+    ``rate`` a second in all, from BRUTE_SOURCES in turn (TLS, the server's certificate not
+    checked): how each was answered."""
+    import socket
+    import ssl
+
+    from coordinator.wire.rpc import frame, read_frame
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    host, port = address.rsplit(":", 1)
+    counts: dict[str, int] = {}
+    lock = threading.Lock()
+    start = time.monotonic()
+    slots = iter(range(int(rate * seconds)))
+
+    def one(source: str, user: str) -> str:
+        try:
+            with socket.create_connection((host, int(port)), timeout=10, source_address=(source, 0)) as raw:
+                with ctx.wrap_socket(raw, server_hostname=host) as sock:
+                    sock.sendall(frame({"a": "auth", "b": {"user": user, "secret": "not-the-secret-" + "x" * 28}}))
+                    reply = read_frame(sock.makefile("rb"))
+        except (OSError, EOFError, ValueError) as exc:
+            return f"error: {type(exc).__name__}"
+        message = str((reply.get("error") or {}).get("message", ""))
+        if reply.get("ok"):
+            return "accepted"
+        if "wrong user or secret" in message:
+            return "checked"
+        if "too many failed logins" in message:
+            return "throttled"
+        return f"{(reply.get('error') or {}).get('type')}"
+
+    def worker() -> None:
+        while True:
+            with lock:
+                i = next(slots, None)
+            if i is None:
+                return
+            time.sleep(max(0.0, start + i / rate - time.monotonic()))
+            outcome = one(BRUTE_SOURCES[i % len(BRUTE_SOURCES)], f"guess{i}" if many_users else user)
+            with lock:
+                counts[outcome] = counts.get(outcome, 0) + 1
+
+    pool = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.monotonic() - start
+    return {"attempts": sum(counts.values()), "seconds": round(elapsed, 2), "outcomes": counts}
+
+
+def brute_side(quiet: float, seconds: float, rate: float, many_users: bool) -> dict:
+    """One side of ``--only brute`` (this process runs CODE's replicas): the quiet latencies,
+    then those under the attack (a process of its own), and the attack's outcomes."""
+    from mergetxn.local.cluster import LocalCluster
+
+    with tempfile.TemporaryDirectory(prefix="mtx-brute-") as tmp, LocalCluster(tmp, replicas=1, secure=True) as c:
+        client = c.client(0)
+        call_latencies(client, 1.0)  # warm-up
+        load = [os.getloadavg()[0]]
+        quiet_lat = call_latencies(client, quiet)
+        args = json.dumps(
+            {
+                "address": c.replica_addresses[0],
+                "user": c.credentials.user,
+                "rate": rate,
+                "seconds": seconds,
+                "many_users": many_users,
+            }
+        )
+        env = {**os.environ, "MERGETXN_BENCH_CODE": str(CODE)}
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--attack", args], stdout=subprocess.PIPE, text=True, env=env
+        )
+        attack_lat = call_latencies(client, seconds)
+        out, _ = proc.communicate(timeout=seconds + 120)
+        load.append(os.getloadavg()[0])
+        client.close()
+    quiet_s, attack_s = percentiles(quiet_lat), percentiles(attack_lat)
+    return {
+        "code": str(CODE),
+        "commit": _commit(CODE),
+        "quiet": quiet_s,
+        "attack": attack_s,
+        "p50_attack_over_quiet": round(attack_s["p50_ms"] / quiet_s["p50_ms"], 2),
+        "brute_force": json.loads(out.strip().splitlines()[-1]),
+        "load_average": load,
+    }
+
+
+def _commit(root: Path) -> str:
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main_brute(a: argparse.Namespace) -> int:
+    """``--only brute``: each --code root's side in a process of its own, alternating by round."""
+    codes = [str(Path(c).resolve()) for c in (a.code or [ROOT])]
+    result: dict = {
+        "machine": ct.machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rate_per_s": a.brute_rate,
+        "user_names": "a made-up one per login" if a.many_users else "the admin's",
+        "sources": len(BRUTE_SOURCES),
+        "rounds": [],
+    }
+    for r in range(a.brute_rounds):
+        rnd = {}
+        for code in codes:
+            side = json.dumps(
+                {"quiet": a.quiet_seconds, "seconds": a.brute_seconds, "rate": a.brute_rate, "many_users": a.many_users}
+            )
+            proc = subprocess.run(
+                [sys.executable, __file__, "--side", side],
+                env={**os.environ, "MERGETXN_BENCH_CODE": code, "PYTHONPATH": code},
+                capture_output=True,
+                text=True,
+                cwd=code,
+                timeout=600,
+            )
+            if proc.returncode:
+                raise SystemExit(f"the side of {code} failed:\n{proc.stderr[-4000:]}")
+            rnd[code] = s = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(
+                f"round {r} {code} ({s['commit']}): quiet p50 {s['quiet']['p50_ms']} ms, p90 {s['quiet']['p90_ms']}, "
+                f"max {s['quiet']['max_ms']}; attacked p50 {s['attack']['p50_ms']} ms, p90 {s['attack']['p90_ms']}, "
+                f"max {s['attack']['max_ms']} ({s['p50_attack_over_quiet']}x); {s['brute_force']}; "
+                f"load {s['load_average']}",
+                flush=True,
+            )
+        result["rounds"].append(rnd)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {a.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rpc-calls", type=int, default=20000)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "security_cost.json")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--only", choices=["brute"], help="one measurement only: brute (logins under a brute force)")
+    ap.add_argument("--code", action="append", help="--only brute: a checkout whose replicas to measure (repeat)")
+    ap.add_argument("--brute-rounds", type=int, default=2)
+    ap.add_argument("--brute-rate", type=float, default=50.0, help="wrong-secret logins a second in all")
+    ap.add_argument("--brute-seconds", type=float, default=10.0)
+    ap.add_argument("--quiet-seconds", type=float, default=5.0)
+    ap.add_argument("--many-users", action="store_true", help="--only brute: each login names another made-up user")
+    ap.add_argument("--side", help=argparse.SUPPRESS)
+    ap.add_argument("--attack", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.attack:
+        print(json.dumps(attack(**json.loads(a.attack))))
+        return 0
+    if a.side:
+        print(json.dumps(brute_side(**json.loads(a.side))))
+        return 0
+    if a.only == "brute":
+        a.out = a.out or ROOT / "benchmarks" / "results" / "security_brute.json"
+        return main_brute(a)
+    a.out = a.out or ROOT / "benchmarks" / "results" / "security_cost.json"
 
     def log(msg: str) -> None:
         print(msg, flush=True)

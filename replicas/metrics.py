@@ -16,22 +16,28 @@ seconds since it first saw an entry it has not applied yet (0 when it has applie
 
 The same port answers ``/healthz`` (200 while the process and its RPC loop run) and ``/ready``
 (200 while the replica serves and is caught up: see :func:`ready_problem`; 503 with the reason
-otherwise), for supervisors and load balancers; every other path but ``/metrics`` is 404.
+otherwise), for supervisors and load balancers; every other path but ``/metrics`` is 404. It is
+served by a bounded number of threads (:class:`PooledWSGIServer`): idle or slow peers cost it
+neither threads nor the answers to the others.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import platform
+import selectors
+import socket
 import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from coordinator.core.errors import ConflictKind
 from coordinator.core.versions import csn_of, split_csn
@@ -433,8 +439,142 @@ def replica_ready_problem(r: Replica, serving: bool) -> str | None:
 
 
 class _Quiet(WSGIRequestHandler):
+    """One request, whose head :class:`PooledWSGIServer` has read already."""
+
+    server: PooledWSGIServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # (an open file of the socket would keep it from closing)
+        self.rfile = io.BytesIO(self.server.heads.pop(self.request, b""))
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
         pass
+
+
+HTTP_WORKERS = 4  # threads answering the metrics port's requests
+HTTP_QUEUE = 64  # complete requests waiting for them; beyond it a request's connection is closed
+HTTP_WAITING = 128  # connections whose request has not arrived whole; a newcomer closes the oldest beyond
+HTTP_IDLE_SECONDS = 5.0  # a connection whose request has not arrived whole by then is closed
+HTTP_SEND_SECONDS = 5.0  # an answer its peer does not read is given up after this
+_HEAD_MAX = 16 * 1024  # bytes of a request's line and headers
+_ACCEPTS_PER_WAKE = 32  # fewer than HTTP_WAITING: a connection is read before newcomers can push it out
+
+
+class PooledWSGIServer(WSGIServer):
+    """The metrics port's HTTP server. One thread (:meth:`serve_forever`) accepts and reads every
+    connection's request line and headers without blocking, bounded in bytes (``_HEAD_MAX``), time
+    (``HTTP_IDLE_SECONDS``) and number (``HTTP_WAITING``: a newcomer closes the oldest); a pool of
+    ``HTTP_WORKERS`` threads answers complete requests, one per connection (as wsgiref does). A
+    flood of idle connections thus holds no thread, and ``/ready`` is answered as soon as its
+    request arrives (the pool only ever waits for peers that do not read their answer, at most
+    ``HTTP_SEND_SECONDS``)."""
+
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops connects of a burst for 1 s)
+
+    def __init__(self, address: tuple[str, int], handler: type[WSGIRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.socket.setblocking(False)
+        self.heads: dict[socket.socket, bytes] = {}  # a complete request's head, for its handler
+        self._waiting: dict[socket.socket, tuple[bytearray, float, Any]] = {}  # oldest first
+        self._sel = selectors.DefaultSelector()
+        self._pool = ThreadPoolExecutor(max_workers=HTTP_WORKERS, thread_name_prefix="metrics-http")
+        self._queued = 0  # requests on the pool (answered or waiting)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._done = threading.Event()
+
+    def serve_forever(self, poll_interval: float = 0.25) -> None:
+        self._sel.register(self.socket, selectors.EVENT_READ, None)
+        try:
+            while not self._stop.is_set():
+                events = self._sel.select(poll_interval)
+                for key, _ in events:  # the connections first: one accepted before is read before newcomers
+                    if key.data is not None:
+                        self._read(key.fileobj)  # type: ignore[arg-type]
+                if any(key.data is None for key, _ in events):
+                    self._accept()
+                self._expire(time.monotonic())
+        finally:
+            for sock in list(self._waiting):
+                self._drop(sock)
+            self._sel.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self.server_close()
+            self._done.set()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._done.wait(5)
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # out of descriptors, say: the oldest waiting one makes room
+                if self._waiting:
+                    self._drop(next(iter(self._waiting)))
+                return
+            if len(self._waiting) >= HTTP_WAITING:
+                self._drop(next(iter(self._waiting)))
+            sock.setblocking(False)
+            self._waiting[sock] = (bytearray(), time.monotonic() + HTTP_IDLE_SECONDS, address)
+            self._sel.register(sock, selectors.EVENT_READ, address)
+
+    def _read(self, sock: socket.socket) -> None:
+        try:
+            data = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if sock not in self._waiting:
+            return
+        head, _, address = self._waiting[sock]
+        head += data
+        if not data or len(head) > _HEAD_MAX:
+            self._drop(sock)
+        elif b"\r\n\r\n" in head or b"\n\n" in head:
+            self._sel.unregister(sock)
+            del self._waiting[sock]
+            self._hand_on(sock, bytes(head), address)
+
+    def _hand_on(self, sock: socket.socket, head: bytes, address: Any) -> None:
+        with self._lock:
+            full = self._queued >= HTTP_WORKERS + HTTP_QUEUE
+            if not full:
+                self._queued += 1
+        if full:
+            self.shutdown_request(sock)
+            return
+        self.heads[sock] = head
+        self._pool.submit(self._answer, sock, address)
+
+    def _answer(self, sock: socket.socket, address: Any) -> None:
+        try:
+            sock.settimeout(HTTP_SEND_SECONDS)
+            self.finish_request(sock, address)
+        except Exception as exc:  # noqa: BLE001 - a peer that went away, mostly
+            log.debug("metrics port: a request from %s failed: %r", address, exc)
+        finally:
+            self.heads.pop(sock, None)
+            self.shutdown_request(sock)
+            with self._lock:
+                self._queued -= 1
+
+    def _expire(self, now: float) -> None:
+        for sock in [s for s, (_, deadline, _) in self._waiting.items() if deadline <= now]:
+            self._drop(sock)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._waiting.pop(sock, None)
+        try:
+            self._sel.unregister(sock)
+        except (KeyError, ValueError):
+            pass
+        sock.close()
 
 
 def app(replica: Replica, serving: Callable[[], bool], metrics_app: Callable) -> Callable:
@@ -469,13 +609,12 @@ def serve(replica: Replica, host: str, port: int, serving: Callable[[], bool] = 
     (``serving``: whether the RPC loop runs); returns ``(host:port, server)``
     (``server.shutdown()`` stops it)."""
     from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
-    from prometheus_client.exposition import ThreadingWSGIServer
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ReplicaCollector(replica))
     ProcessCollector(registry=registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
     httpd = make_server(
-        host, port, app(replica, serving, make_wsgi_app(registry)), ThreadingWSGIServer, handler_class=_Quiet
+        host, port, app(replica, serving, make_wsgi_app(registry)), PooledWSGIServer, handler_class=_Quiet
     )
     threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True).start()
     return f"{host}:{httpd.server_port}", httpd

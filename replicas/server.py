@@ -91,6 +91,7 @@ class ReplicaServer(RpcServer):
             tls=None if creds is None else creds.server_context(),
             authenticate=None if replica.users is None else replica.users.authenticate,
             limits=replica.config.limits(),
+            remembered=None if replica.users is None else replica.users.remembered,
         )
         self.replica = replica
         self.transactions = txns = replica.transactions

@@ -248,6 +248,29 @@ class ReplicaConfig:
         above=True,
         tunable=True,
     )
+    handshake_seconds: float = _setting(
+        10.0,
+        "a client connection whose first request (on a secured replica: its login) has not arrived "
+        "whole this long after it connected is closed",
+        minimum=0,
+        above=True,
+        maximum=3600,
+        tunable=True,
+    )
+    max_pending_connections: int = _setting(
+        256,
+        "client connections open at once whose first request (login) has not arrived yet (at most half of "
+        "max_connections); when full, a new connection closes the oldest of the address holding most",
+        minimum=1,
+        tunable=True,
+    )
+    max_pending_per_peer: int = _setting(
+        64,
+        "the same from one address (at most half of max_connections_per_peer); when full, a new "
+        "connection from it closes its oldest",
+        minimum=1,
+        tunable=True,
+    )
     # Not a Setting (a flag without a value): serve unsecured on a non-loopback --host anyway.
     insecure: bool = False
 
@@ -275,6 +298,9 @@ class ReplicaConfig:
             max_connections=self.max_connections,
             max_per_peer=self.max_connections_per_peer,
             idle_seconds=self.idle_seconds,
+            handshake_seconds=self.handshake_seconds,
+            max_pending=self.max_pending_connections,
+            max_pending_per_peer=self.max_pending_per_peer,
         )
 
 

@@ -9,7 +9,9 @@ is not listed, cannot be dropped, and may do everything (whoever holds it holds 
 A login (``auth``) costs one scrypt (about 15 ms) the first time a user's secret is checked on a
 replica; after that the replica remembers a keyed hash of what verified (per user, for the
 record it was checked against), so the next logins with the same credentials cost microseconds,
-less than a commit. A wrong secret, or an unknown user, always costs the scrypt.
+less than a commit. A wrong secret, or an unknown user, always costs the scrypt. The RPC server
+runs that cheap part (:meth:`Users.remembered`) on its I/O thread and the whole check
+(:meth:`Users.authenticate`, the scrypt) on a pool of its own (coordinator/wire/rpc.py).
 
 The node is watched: a change made through any replica reaches every replica's copy as soon as
 ZooKeeper tells it (the replica that made it applies it at once). A principal (who a connection
@@ -57,6 +59,14 @@ class Principal:
 
     def __repr__(self) -> str:
         return f"Principal({self.name!r}{', replica' if self.replica else ''})"
+
+
+def _login(args: dict) -> tuple[str, str] | None:
+    """An ``auth`` request's user and secret, when they are strings worth checking."""
+    user, secret = args.get("user"), args.get("secret")
+    if not isinstance(user, str) or not isinstance(secret, str) or len(user) > _MAX_LOGIN or len(secret) > _MAX_LOGIN:
+        return None
+    return user, secret
 
 
 class Users:
@@ -114,24 +124,38 @@ class Users:
             threading.Thread(target=self.on_drop, args=(dropped,), name="users-dropped", daemon=True).start()
 
     # -- logins and calls --------------------------------------------------------------------
-    def authenticate(self, args: dict) -> Principal | None:
-        """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused).
-        Constant-time compares; an unknown user costs what a known one does. A user that the
-        watch brought while its secret was being checked (made through another replica just
-        before this login) is checked once more against its record."""
-        user, secret = args.get("user"), args.get("secret")
-        if (
-            not isinstance(user, str)
-            or not isinstance(secret, str)
-            or len(user) > _MAX_LOGIN
-            or len(secret) > _MAX_LOGIN
-        ):
+    def remembered(self, args: dict) -> Principal | None:
+        """The cheap part of :meth:`authenticate` (microseconds, constant-time compares): the
+        replicas' identity, or a user whose same credentials verified before on this replica;
+        None when only the whole check (a scrypt) can tell."""
+        login = _login(args)
+        if login is None:
             return None
+        user, secret = login
         ident = self.identity
         if hmac.compare_digest(user.encode(), ident.user.encode()) & hmac.compare_digest(
             secret.encode(), ident.secret.encode()
         ):
             return Principal(ident.user, replica=True)
+        record = self._users.get(user)
+        if record is None:
+            return None
+        known = self._verified.get(user)
+        if known is not None and hmac.compare_digest(known, self._mark(user, record.secret_hash, secret)):
+            return Principal(user, record.secret_hash)
+        return None
+
+    def authenticate(self, args: dict) -> Principal | None:
+        """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused).
+        Constant-time compares; an unknown user costs what a known one does (a scrypt: run it off
+        the RPC I/O thread). A user that the watch brought while its secret was being checked
+        (made through another replica just before this login) is checked once more against its
+        record."""
+        principal = self.remembered(args)
+        login = _login(args)
+        if principal is not None or login is None:
+            return principal
+        user, secret = login
         record = self._users.get(user)
         for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
             principal = self._check(user, secret, record)
@@ -140,19 +164,19 @@ class Users:
             record = self._users.get(user)
         return None
 
-    def _check(self, user: str, secret: str, record: UserRecord | None) -> Principal | None:
-        stamp = record.secret_hash if record is not None else records.decoy()
-        mark = hmac.new(
+    def _mark(self, user: str, stamp: str, secret: str) -> bytes:
+        """What a login that verified is remembered as: a hash keyed by this process's key."""
+        return hmac.new(
             self._key, b"\0".join((user.encode(), stamp.encode(), secret.encode())), hashlib.sha256
         ).digest()
-        known = self._verified.get(user)
-        if record is not None and known is not None and hmac.compare_digest(known, mark):
-            return Principal(user, stamp)
+
+    def _check(self, user: str, secret: str, record: UserRecord | None) -> Principal | None:
+        stamp = record.secret_hash if record is not None else records.decoy()
         if not records.verify_secret(secret, stamp) or record is None:
             return None
         with self._lock:
             if self._users.get(user) is record:
-                self._verified[user] = mark
+                self._verified[user] = self._mark(user, stamp, secret)
         return Principal(user, stamp)
 
     def grantee(self, principal: Principal) -> Grantee:

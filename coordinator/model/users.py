@@ -30,8 +30,9 @@ from coordinator.core.errors import CorruptMetadata, InvalidInput, clip, quote
 from coordinator.core.grants import Grantee, Role
 from coordinator.core.tabledata import validate_name
 
-# A login's check runs on the replica's I/O thread (coordinator/wire/rpc.py): N=2^12 keeps a failed
-# login to about 15 ms of it (2^14, the scrypt paper's interactive setting, took 60 ms here).
+# A login's check runs on the RPC server's login pool, off its I/O thread (coordinator/wire/rpc.py,
+# LOGIN_WORKERS): N=2^12 keeps a failed login to about 15 ms of a core (2^14, the scrypt paper's
+# interactive setting, took 60 ms here), and bounds what a brute force costs the replica's CPU.
 # Secrets are made with 256 random bits (client.create_user), so the hash only has to make the
 # users node useless to whoever reads it, which any salted hash of them does; the parameters
 # are in each stored hash, so they can be raised later without making users again.

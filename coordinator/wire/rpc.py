@@ -10,7 +10,14 @@ A secured server (``tls`` and ``authenticate``; coordinator/wire/security.py) sp
 answers nothing but ``{"a": "auth", "b": {"user", "secret"}}`` until a connection has
 authenticated; frames of unauthenticated peers are limited to ``AUTH_FRAME`` bytes. A peer that
 does not start a TLS handshake gets one plaintext ``AuthenticationFailed`` frame and is closed,
-so a client without credentials learns why. Unsecured servers behave and cost as before.
+so a client without credentials learns why. A login's check (a password hash) runs on a small
+pool of its own, never on the I/O thread. Unsecured servers behave and cost as before.
+
+A connection is *pending* until its first request (on a secured server: its login) has arrived
+whole. Pending connections have a deadline (``Limits.handshake_seconds``) and caps of their own,
+below the server's and the address's (:class:`Pending`); a newcomer that finds a cap full closes
+the oldest pending connection in its way instead of being refused, so peers that never send a
+byte cannot hold the slots that clients sending requests need.
 """
 
 from __future__ import annotations
@@ -43,16 +50,21 @@ log = logging.getLogger(__name__)
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 256 * 1024 * 1024  # the largest answer a client reads (a replica's requests: Limits.max_frame)
 AUTH_FRAME = 64 * 1024  # the largest frame a peer that has not authenticated may send
-AUTH_SECONDS = 10.0  # a connection that has not authenticated by then is closed
 _TLS_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello record
 _CHUNK = 1 << 18  # one read of a connection: what it may buffer beyond the frame it is sending
 _ACCEPTS_PER_WAKE = 64  # a flood of connects does not keep the I/O thread from the others
-_TICK = 0.25  # seconds between looks at deadlines (idle, authentication, accept back-off)
+_TICK = 0.25  # seconds between looks at deadlines (idle, handshake, accept back-off)
 ACCEPT_PAUSE = 0.5  # after accept ran out of descriptors: the listener is not polled this long
 LOG_EVERY = 10.0  # a kind of refusal is logged at most once in this many seconds (with a count)
 FD_RESERVE = 32  # descriptors kept for everything but connections (ZooKeeper, WAL, part files)
 LOGIN_BURST = 5  # failed logins a peer address may make at once ...
 LOGIN_EVERY = 1.0  # ... and then one every this many seconds
+USER_BURST, USER_EVERY = 10, 1.0  # the same for one user name, from every address together
+ALL_BURST, ALL_EVERY = 50, 0.1  # and for every login that needs a password hash, together
+LOGIN_WORKERS = 2  # threads checking logins (scrypt releases the GIL: at most this many cores)
+LOGIN_QUEUE = 64  # logins being checked or waiting for it; more are refused as the replica busy
+_MAX_LOGIN_NAME = 256  # characters of a user name a failed login is counted under
+_HOLD = "hold"  # RpcServer._make_room: admit the connection next round
 _MAX_ACTION = 64  # the longest action name a request may carry
 _FREE = 64 * 1024  # a partial frame this small is read on even when the buffer budget is spent
 
@@ -84,7 +96,9 @@ Reply = Callable[[dict], None]
 Inline = Callable[[str, dict, Reply], bool]
 # ``authenticate(args)``: who the arguments of an ``auth`` request name (a principal), or None
 # (refused). The principal is kept on the connection and set as ``args[PRINCIPAL]`` of each of its
-# requests, over anything the peer sent under that name (None on an unsecured server).
+# requests, over anything the peer sent under that name (None on an unsecured server). It may take
+# long (a password hash): it runs on the login pool. ``remembered(args)``, when given, is the cheap
+# part, run on the I/O thread first: the principal of a login that verified before, or None.
 Authenticate = Callable[[dict], Any]
 PRINCIPAL = "_principal"
 
@@ -102,12 +116,28 @@ class Limits:
     ``max_frame`` bytes in one request of an authenticated peer, ``max_connections`` open at
     once (fewer if the descriptor limit leaves less room), ``max_per_peer`` of those from one
     address (an IPv6 /64), and ``idle_seconds`` before a connection without a request in
-    progress is closed (clients reconnect by themselves)."""
+    progress is closed (clients reconnect by themselves). A connection whose first request (or
+    login) has not arrived within ``handshake_seconds`` is closed; at most ``max_pending`` such
+    connections are open at once (at most half of ``max_connections``) and ``max_pending_per_peer``
+    from one address (at most half of ``max_per_peer``): see :class:`Pending`."""
 
     max_frame: int = 64 * 1024 * 1024
     max_connections: int = 1024
     max_per_peer: int = 256
     idle_seconds: float = 300.0
+    handshake_seconds: float = 10.0
+    max_pending: int = 256
+    max_pending_per_peer: int = 64
+
+    @property
+    def pending_cap(self) -> int:
+        """Pending connections open at once: ``max_pending``, below the cap of all connections."""
+        return max(1, min(self.max_pending, self.max_connections // 2))
+
+    @property
+    def pending_per_peer_cap(self) -> int:
+        """Pending connections from one address: below the address's cap and the pending one."""
+        return max(1, min(self.max_pending_per_peer, self.max_per_peer // 2, self.pending_cap))
 
     @property
     def max_buffered(self) -> int:
@@ -131,35 +161,132 @@ def peer_key(host: str) -> str:
     return str(ip)
 
 
-class LoginThrottle:
-    """Failed logins per peer address as a token bucket: ``burst`` at once, then one every
-    ``every`` seconds. A throttled attempt is refused without looking at its secret, so the
-    check itself stays constant-time; a successful login costs nothing. Pure: time comes in."""
+class Buckets:
+    """Failed attempts per key as token buckets: ``burst`` at once, then one every ``every``
+    seconds. Pure: time comes in. At most ``max_keys`` keys are remembered (those whose bucket
+    is full again are forgotten first, then the oldest)."""
 
-    def __init__(self, burst: int = LOGIN_BURST, every: float = LOGIN_EVERY, max_peers: int = 10_000) -> None:
-        self.burst, self.every, self.max_peers = burst, every, max_peers
-        self._spent: dict[str, tuple[float, float]] = {}  # peer -> (tokens spent, when)
+    def __init__(self, burst: int = LOGIN_BURST, every: float = LOGIN_EVERY, max_keys: int = 10_000) -> None:
+        self.burst, self.every, self.max_keys = burst, every, max_keys
+        self._spent: dict[str, tuple[float, float]] = {}  # key -> (tokens spent, when)
 
-    def _owed(self, peer: str, now: float) -> float:
-        spent, at = self._spent.get(peer, (0.0, now))
+    def _owed(self, key: str, now: float) -> float:
+        spent, at = self._spent.get(key, (0.0, now))
         return max(0.0, spent - (now - at) / self.every)
 
-    def wait(self, peer: str, now: float) -> float:
-        """Seconds until ``peer`` may try to log in again (0: now)."""
-        over = self._owed(peer, now) + 1 - self.burst
+    def wait(self, key: str, now: float) -> float:
+        """Seconds until ``key`` may try again (0: now)."""
+        over = self._owed(key, now) + 1 - self.burst
         return over * self.every if over > 0 else 0.0
 
-    def failed(self, peer: str, now: float) -> None:
-        self._spent[peer] = (self._owed(peer, now) + 1, now)
-        if len(self._spent) > self.max_peers:
+    def failed(self, key: str, now: float) -> None:
+        self._spent[key] = (self._owed(key, now) + 1, now)
+        if len(self._spent) > self.max_keys:
             self.prune(now)
-            while len(self._spent) > self.max_peers:  # still full: forget the oldest
+            while len(self._spent) > self.max_keys:  # still full: forget the oldest
                 del self._spent[next(iter(self._spent))]
 
     def prune(self, now: float) -> None:
-        """Forget the peers whose bucket is full again."""
-        for peer in [p for p in self._spent if self._owed(p, now) == 0]:
-            del self._spent[peer]
+        """Forget the keys whose bucket is full again."""
+        for key in [k for k in self._spent if self._owed(k, now) == 0]:
+            del self._spent[key]
+
+
+class LoginThrottle:
+    """Failed logins, counted three ways: per peer address (:data:`LOGIN_BURST`, then one every
+    :data:`LOGIN_EVERY` seconds), per user name from every address together (``USER_*``), and in
+    all (``ALL_*``, every login that needs a password hash). A login refused by the first two is
+    refused without its secret being looked at (so the check stays constant-time, and a brute
+    force from many addresses gets as few guesses at a user as from one); the third guards the
+    replica's CPU, so only a login that needs a hash waits for it (one that verified before is
+    checked at once). A login counts once its check failed: logins checked at the same moment
+    may overdraw a bucket (by at most the :data:`LOGIN_QUEUE` being checked), and then wait the
+    longer. Pure: time comes in."""
+
+    def __init__(
+        self,
+        per_peer: Buckets | None = None,
+        per_user: Buckets | None = None,
+        in_all: Buckets | None = None,
+    ) -> None:
+        self.per_peer = per_peer or Buckets(LOGIN_BURST, LOGIN_EVERY)
+        self.per_user = per_user or Buckets(USER_BURST, USER_EVERY)
+        self.in_all = in_all or Buckets(ALL_BURST, ALL_EVERY, max_keys=1)
+
+    def refusal(self, peer: str, user: str, now: float) -> str:
+        """Why a login from ``peer`` naming ``user`` is refused without being looked at ('': it
+        is not)."""
+        wait = self.per_peer.wait(peer, now)
+        if wait > 0:
+            return f"too many failed logins from {peer}, try again in {wait:.1f}s"
+        wait = self.per_user.wait(user, now)
+        if wait > 0:
+            return f"too many failed logins as user {user[:80]!r} (from any address), try again in {wait:.1f}s"
+        return ""
+
+    def busy(self, now: float) -> str:
+        """Why a login that needs a password hash is refused now ('': it is not)."""
+        wait = self.in_all.wait("", now)
+        if wait > 0:
+            return f"too many failed logins in all, try again in {wait:.1f}s"
+        return ""
+
+    def failed(self, peer: str, user: str, now: float, hashed: bool = True) -> None:
+        """A login refused after its secret was looked at (``hashed``: by a password hash)."""
+        self.per_peer.failed(peer, now)
+        self.per_user.failed(user, now)
+        if hashed:
+            self.in_all.failed("", now)
+
+    def prune(self, now: float) -> None:
+        for buckets in (self.per_peer, self.per_user):
+            buckets.prune(now)
+
+
+class Pending:
+    """The connections that have not completed their first request (their login, on a secured
+    server): per peer address, oldest first, each with its deadline and the loop round it was
+    accepted in. The server closes them at their deadline, or early to make room for a newcomer
+    (:meth:`victim`). Pure: time and rounds come in."""
+
+    def __init__(self) -> None:
+        self._of: dict[str, dict[Any, tuple[float, int]]] = {}  # peer -> {conn: (deadline, round)}
+        self.count = 0
+
+    def add(self, conn: Any, peer: str, deadline: float, round_: int) -> None:
+        self._of.setdefault(peer, {})[conn] = (deadline, round_)
+        self.count += 1
+
+    def discard(self, conn: Any, peer: str) -> bool:
+        """Forget ``conn`` (it completed its first request, or closed); whether it was pending."""
+        conns = self._of.get(peer)
+        if conns is None or conns.pop(conn, None) is None:
+            return False
+        if not conns:
+            del self._of[peer]
+        self.count -= 1
+        return True
+
+    def of(self, peer: str) -> int:
+        return len(self._of.get(peer, ()))
+
+    def victim(self, peer: str | None, round_: int) -> Any:
+        """The connection to close for a newcomer: the oldest pending one from ``peer`` (None: from
+        the address holding the most), if it was accepted before loop round ``round_`` (so it had
+        its chance to send); else None (the newcomer is refused)."""
+        if peer is not None:
+            groups = [self._of[peer]] if peer in self._of else []
+        else:
+            groups = sorted(self._of.values(), key=len, reverse=True)
+        for conns in groups:
+            conn, (_, born) = next(iter(conns.items()))
+            if born < round_:
+                return conn
+        return None
+
+    def expired(self, now: float) -> list[Any]:
+        """The connections whose deadline has passed."""
+        return [c for conns in self._of.values() for c, (deadline, _) in conns.items() if deadline <= now]
 
 
 class _Rare:
@@ -252,17 +379,22 @@ class RpcServer:
         tls: ssl.SSLContext | None = None,
         authenticate: Authenticate | None = None,
         limits: Limits | None = None,
+        remembered: Authenticate | None = None,
     ) -> None:
         self.dispatch = dispatch
         self.inline = inline
         self.tls = tls
         self.authenticate = authenticate
+        self.remembered = remembered
         self.limits = limits or Limits()
-        self.auth_seconds = AUTH_SECONDS
+        self.handshake_seconds = self.limits.handshake_seconds
         self.fault: Callable[[], None] | None = None  # tests: called on each tick of the loop, outside any guard
         self.logins = LoginThrottle()
         self._rare = _Rare()
-        self._unauthenticated: dict[_Conn, float] = {}  # connection -> when it is closed unless it authenticated
+        self._pending = Pending()  # connections whose first request (login) has not arrived whole
+        self._round = 0  # the loop's rounds: a pending connection accepted in this one had no chance to send
+        self._held: list[tuple[socket.socket, str]] = []  # accepted, admitted next round (_admit)
+        self._checking = 0  # logins on the login pool (being checked or waiting for it)
         self._per_peer: dict[str, int] = {}
         self._buffered = 0  # bytes in every connection's inbuf
         self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
@@ -281,6 +413,7 @@ class RpcServer:
         self._send_lock = threading.Lock()  # a socket is closed, or sent an answer by a thread other than the I/O one
         self._woken = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-worker")
+        self._login_pool = ThreadPoolExecutor(max_workers=LOGIN_WORKERS, thread_name_prefix="rpc-login")
         self._conns: set[_Conn] = set()
         self._stop = threading.Event()
         self._done = threading.Event()
@@ -311,23 +444,30 @@ class RpcServer:
         finally:
             for conn in list(self._conns):
                 self._close(conn)
+            for sock, _ in self._held:
+                sock.close()
             for s in (self._listener, self._wake_r, self._wake_w):
                 s.close()
             self._sel.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
+            self._login_pool.shutdown(wait=False, cancel_futures=True)
             self._done.set()
 
     serve_forever = serve
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            for key, mask in self._sel.select(_TICK):
+            self._round += 1
+            accept = False
+            for key, mask in self._sel.select(0 if self._held else _TICK):
                 if key.data == "accept":
-                    self._accept()
+                    accept = True  # after the connections' events: the pending ones read first
                 elif key.data == "wake":
                     self._run_calls()
                 else:
                     self._serve_conn(key.data, mask)
+            if accept or self._held:
+                self._accept()
             now = time.monotonic()
             if now >= self._next_tick:
                 self._next_tick = now + _TICK
@@ -365,6 +505,7 @@ class RpcServer:
         else:  # never served
             self._listener.close()
             self._pool.shutdown(wait=False)
+            self._login_pool.shutdown(wait=False)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread (from any thread)."""
@@ -397,7 +538,11 @@ class RpcServer:
 
     # -- connections: accepting, limits, deadlines -----------------------------------------------
     def _accept(self) -> None:
-        for _ in range(_ACCEPTS_PER_WAKE):
+        """Admit the connections held back last round, then (unless one still is) new ones."""
+        held, self._held = self._held, []
+        for sock, peer in held:
+            self._admit(sock, peer)
+        for _ in range(0 if self._held else _ACCEPTS_PER_WAKE):
             try:
                 sock, address = self._listener.accept()
             except (BlockingIOError, InterruptedError):
@@ -410,26 +555,57 @@ class RpcServer:
                     continue
                 self._rare("accept", logging.WARNING, "accept failed: %r", exc)
                 return
-            peer = peer_key(str(address[0]))
-            why = self._over_limit(peer)
-            if why:
-                self._turn_away(sock, peer, why)
-                continue
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
-            self._conns.add(conn)
-            self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
-            if not conn.authed:
-                self._unauthenticated[conn] = time.monotonic() + self.auth_seconds
-            self._watch(conn, selectors.EVENT_READ)
+            self._admit(sock, peer_key(str(address[0])))
+            if self._held:  # the rest wait in the backlog
+                return
 
-    def _over_limit(self, peer: str) -> str:
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        """A new connection in, once there is room; held back to the next round when only
+        pending connections accepted in this one are in its way; else turned away."""
+        why = self._make_room(peer)
+        if why == _HOLD:
+            self._held.append((sock, peer))
+            return
+        if why:
+            self._turn_away(sock, peer, why)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
+        self._conns.add(conn)
+        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
+        self._pending.add(conn, peer, time.monotonic() + self.handshake_seconds, self._round)
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _make_room(self, peer: str) -> str:
+        """'' once a new connection from ``peer`` fits, after closing the oldest pending
+        connections in its way (:meth:`Pending.victim`); _HOLD when the only ones in its way
+        were accepted in this round (they are read first); else why it does not fit."""
+        while True:
+            why, own = self._over_limit(peer)
+            if not why:
+                return ""
+            victim = self._pending.victim(peer if own else None, self._round)
+            if victim is None:
+                return _HOLD if (self._pending.of(peer) if own else self._pending.count) else why
+            self._rare(
+                "evicted", logging.INFO, "closed a pending connection from %s for a new one: %s", victim.peer, why
+            )
+            self._close(victim)
+
+    def _over_limit(self, peer: str) -> tuple[str, bool]:
+        """Which cap a new connection from ``peer`` is over ('' when none), and whether it is
+        one of the address's own."""
+        limits = self.limits
+        if self._per_peer.get(peer, 0) >= limits.max_per_peer:
+            return f"{limits.max_per_peer} connections from {peer} are open, the limit per address", True
+        if self._pending.of(peer) >= limits.pending_per_peer_cap:
+            return f"{limits.pending_per_peer_cap} connections from {peer} have not sent a request yet", True
         if len(self._conns) >= self._cap:
-            return f"it has {len(self._conns)} connections, its limit"
-        if self._per_peer.get(peer, 0) >= self.limits.max_per_peer:
-            return f"{self.limits.max_per_peer} connections from {peer} are open, the limit per address"
-        return ""
+            return f"it has {len(self._conns)} connections, its limit", False
+        if self._pending.count >= limits.pending_cap:
+            return f"{limits.pending_cap} connections have not sent a request yet", False
+        return "", False
 
     def _turn_away(self, sock: socket.socket, peer: str, why: str) -> None:
         """Close a connection over a limit at once; a plaintext peer is told why first."""
@@ -472,8 +648,8 @@ class RpcServer:
         if self._accept_paused_until and now >= self._accept_paused_until:
             self._accept_paused_until = 0.0
             self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-        if self._unauthenticated:
-            self._expire_unauthenticated(now)
+        if self._pending.count:
+            self._expire_pending(now)
         idle = self.limits.idle_seconds
         # Idle: no request in progress (or an answer the peer does not read) for idle_seconds.
         for conn in [c for c in self._conns if (not c.busy or c.outbuf) and now - c.last > idle]:
@@ -486,15 +662,16 @@ class RpcServer:
                 self._watch(conn)
         self.logins.prune(now)
 
-    def _expire_unauthenticated(self, now: float) -> None:
-        """Close the connections that did not authenticate in time (they hold descriptors)."""
-        for conn in [c for c, deadline in self._unauthenticated.items() if deadline <= now]:
+    def _expire_pending(self, now: float) -> None:
+        """Close the connections whose first request (login) did not arrive in time."""
+        for conn in self._pending.expired(now):
             self._rare(
-                "unauthenticated",
+                "handshake",
                 logging.INFO,
-                "closed a connection from %s: no authentication within %gs",
+                "closed a connection from %s: no %s within %gs",
                 conn.peer,
-                self.auth_seconds,
+                "request" if self.authenticate is None else "login",
+                self.handshake_seconds,
             )
             self._close(conn)
 
@@ -536,7 +713,7 @@ class RpcServer:
         left = self._per_peer.pop(conn.peer, 1) - 1
         if left > 0:
             self._per_peer[conn.peer] = left
-        self._unauthenticated.pop(conn, None)
+        self._pending.discard(conn, conn.peer)
         self._starved.discard(conn)
         self._buffered -= len(conn.inbuf)
         conn.inbuf = bytearray()
@@ -647,38 +824,66 @@ class RpcServer:
 
     def _authenticate(self, conn: _Conn, request: Any) -> None:
         """The first request of a connection to a secured server: ``auth``, or it is closed.
-        Failed logins are throttled per peer address (:class:`LoginThrottle`)."""
+        Failed logins are throttled (:class:`LoginThrottle`); a login that verified before is
+        taken at once (``remembered``), any other is checked on the login pool (:meth:`_check_login`)."""
         args = request.get("b") if isinstance(request, dict) else None
         if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
             self._refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
             return
         now = time.monotonic()
-        wait = self.logins.wait(conn.peer, now)
-        if wait > 0:
-            self._rare("throttled", logging.WARNING, "refused a login from %s: too many failed logins", conn.peer)
-            self._refuse(
-                conn,
-                f"replica {_local(conn.sock)} refused the login: too many failed logins from "
-                f"{conn.peer}, try again in {wait:.1f}s",
-            )
+        user = _login_name(args)
+        why = self.logins.refusal(conn.peer, user, now)
+        if why:
+            self._rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {why}")
             return
-        principal = self.authenticate(args)
-        if not principal:
-            self.logins.failed(conn.peer, now)
-            self._rare(
-                "login",
-                logging.WARNING,
-                "authentication failed from %s (user %r)",
-                conn.peer,
-                str(args.get("user"))[:100],
-            )
-            self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
+        principal = self.remembered(args) if self.remembered is not None else None
+        if principal:
+            self._logged_in(conn, principal, user)
             return
+        why = self.logins.busy(now) or self._overloaded()
+        if why:
+            self.logins.failed(conn.peer, user, now, hashed=False)  # its secret was looked at: a guess spent
+            self._rare("busy", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self._busy(conn, f"replica {_local(conn.sock)} refused the login: {why}")
+            return
+        self._checking += 1
+        self._login_pool.submit(self._check_login, conn, args, user)
+
+    def _overloaded(self) -> str:
+        if self._checking < LOGIN_QUEUE:
+            return ""
+        return f"{self._checking} logins are being checked, its limit; try again in a moment"
+
+    def _check_login(self, conn: _Conn, args: dict, user: str) -> None:
+        """On the login pool: the password hash, then the answer on the I/O thread."""
+        try:
+            principal = self.authenticate(args)
+        except Exception:  # a bug in the check: the login fails, the server goes on
+            log.exception("checking a login from %s failed", conn.peer)
+            principal = None
+        self.call_soon(lambda: self._checked(conn, principal, user))
+
+    def _checked(self, conn: _Conn, principal: Any, user: str) -> None:
+        self._checking -= 1
+        if principal:
+            self._logged_in(conn, principal, user)
+            return
+        self.logins.failed(conn.peer, user, time.monotonic())
+        self._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])
+        self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
+
+    def _logged_in(self, conn: _Conn, principal: Any, user: str) -> None:
         conn.authed = True
         conn.principal = principal
         conn.max_frame = self.limits.max_frame
-        self._unauthenticated.pop(conn, None)
-        self._send(conn, {"ok": True, "result": {"user": args.get("user")}})
+        self._send(conn, {"ok": True, "result": {"user": user}})
+
+    def _busy(self, conn: _Conn, why: str) -> None:
+        """Refuse a login for the replica's sake, not the peer's credentials: ReplicaUnavailable."""
+        conn.busy = True
+        conn.close_after = True
+        self._send(conn, {"ok": False, "error": errors.ReplicaUnavailable(why).to_dict()})
 
     # -- requests -------------------------------------------------------------------------------
     def _next(self, conn: _Conn) -> None:
@@ -709,6 +914,7 @@ class RpcServer:
                 self._answer_and_close(conn, f"not JSON: {str(exc)[:200]}")
                 return
             conn.busy = True
+            self._pending.discard(conn, conn.peer)
             if not conn.authed:
                 self._authenticate(conn, request)
                 continue
@@ -731,6 +937,7 @@ class RpcServer:
         """A request over the frame limit: before authentication the connection is closed;
         after, the request is answered InvalidInput naming the limit and its bytes are skipped
         as they come (never buffered), so the connection goes on."""
+        self._pending.discard(conn, conn.peer)  # it sent a request, however large
         if not conn.authed:
             self._answer_and_close(conn, f"frame of {n} bytes exceeds the limit of {conn.max_frame}")
             return
@@ -852,6 +1059,12 @@ class RpcServer:
         conn.last = time.monotonic()
         conn.busy = False
         self._next(conn)  # watches it for its next request
+
+
+def _login_name(args: dict) -> str:
+    """The user name a login is counted under (what the peer sent, bounded)."""
+    user = args.get("user")
+    return user[:_MAX_LOGIN_NAME] if isinstance(user, str) else ""
 
 
 def _answer_frame(envelope: dict) -> bytes:

@@ -240,7 +240,7 @@ def test_a_large_unauthenticated_frame_is_refused_and_the_server_keeps_serving(
 
 
 def test_a_connection_that_never_authenticates_is_closed(secured: RpcServer, made: Credentials) -> None:
-    secured.auth_seconds = 0.5
+    secured.handshake_seconds = 0.5
     silent = socket.create_connection(("127.0.0.1", secured.port), timeout=10)  # sends nothing at all
     sock, rfile = tls_socket(secured, made)  # a TLS handshake, then nothing
     with silent, sock:

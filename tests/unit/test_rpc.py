@@ -8,6 +8,7 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+import time
 
 import pytest
 from support.waiting import wait_until  # tests/ is on sys.path
@@ -299,9 +300,9 @@ def test_a_loop_that_dies_raises_from_serve() -> None:
     ],
 )
 def test_login_throttle_is_a_token_bucket_per_address(failures: int, after: float, waits: bool) -> None:
-    from coordinator.wire.rpc import LoginThrottle
+    from coordinator.wire.rpc import Buckets
 
-    throttle = LoginThrottle(burst=5, every=1.0)
+    throttle = Buckets(burst=5, every=1.0)
     for _ in range(failures):
         throttle.failed("10.0.0.1", 100.0)
     assert (throttle.wait("10.0.0.1", 100.0 + after) > 0) is waits
@@ -350,5 +351,157 @@ def test_partial_frames_together_stay_within_the_buffer_budget() -> None:
     finally:
         for sock in hogs:
             sock.close()
+        server.shutdown()
+        thread.join(10)
+
+
+def test_failed_logins_count_per_user_from_every_address() -> None:
+    """A brute force from many addresses gets no more guesses at one user than one address
+    would: USER_BURST failures from as many addresses, then every login naming that user is
+    refused without being looked at (naming the user), another user's is not."""
+    from coordinator.wire.rpc import USER_BURST, USER_EVERY, LoginThrottle
+
+    throttle = LoginThrottle()
+    for i in range(USER_BURST):
+        assert throttle.refusal(f"10.0.0.{i}", "alice", 100.0) == ""
+        throttle.failed(f"10.0.0.{i}", "alice", 100.0)
+    why = throttle.refusal("10.9.9.9", "alice", 100.0)
+    assert "too many failed logins as user 'alice'" in why and "try again in" in why
+    assert throttle.refusal("10.9.9.9", "bob", 100.0) == ""
+    assert throttle.refusal("10.9.9.9", "alice", 100.0 + USER_EVERY + 0.01) == ""  # one more, a while later
+
+
+def test_logins_that_need_a_hash_are_bounded_in_all() -> None:
+    """Failed logins of many users from many addresses: once ALL_BURST needed a hash, a login
+    that needs one is refused until the bucket refills (busy), while the per-address and
+    per-user checks still let a remembered login through; a failure without a hash (a guess
+    refused for being busy) counts against its address and user only."""
+    from coordinator.wire.rpc import ALL_BURST, ALL_EVERY, LoginThrottle
+
+    throttle = LoginThrottle()
+    for i in range(ALL_BURST):
+        assert throttle.busy(50.0) == ""
+        throttle.failed(f"10.0.{i}.1", f"user{i}", 50.0)
+    assert "too many failed logins in all" in throttle.busy(50.0)
+    assert throttle.refusal("10.1.1.1", "carol", 50.0) == ""  # carol's remembered login may pass
+    for _ in range(5):
+        throttle.failed("10.1.1.1", "carol", 50.0, hashed=False)
+    assert "from 10.1.1.1" in throttle.refusal("10.1.1.1", "carol", 50.0)
+    assert throttle.busy(50.0 + ALL_EVERY + 0.001) == ""
+
+
+def test_pending_connections_give_way_oldest_first_never_one_without_its_chance() -> None:
+    """Whom a newcomer closes: the oldest pending connection of its own address, or of the
+    address holding most; never one accepted in the current loop round (it has not been read
+    yet); deadlines pass by themselves."""
+    from coordinator.wire.rpc import Pending
+
+    pending = Pending()
+    for i in range(3):
+        pending.add(f"a{i}", "10.0.0.1", deadline=10.0 + i, round_=1)
+    pending.add("b0", "10.0.0.2", deadline=5.0, round_=1)
+    pending.add("b1", "10.0.0.2", deadline=20.0, round_=2)
+    assert pending.count == 5 and pending.of("10.0.0.1") == 3
+    assert pending.victim("10.0.0.2", 2) == "b0"
+    assert pending.victim(None, 2) == "a0"  # 10.0.0.1 holds the most
+    assert pending.victim("10.0.0.3", 2) is None  # none of its own
+    assert pending.discard("b0", "10.0.0.2") and not pending.discard("b0", "10.0.0.2")
+    assert pending.victim("10.0.0.2", 2) is None  # b1 came in this round
+    assert pending.victim("10.0.0.2", 3) == "b1"
+    assert sorted(pending.expired(11.0)) == ["a0", "a1"]
+
+
+def test_pending_caps_stay_below_the_caps_of_all_connections() -> None:
+    from coordinator.wire.rpc import Limits
+
+    assert (Limits().pending_cap, Limits().pending_per_peer_cap) == (256, 64)
+    small = Limits(max_connections=10, max_per_peer=20, max_pending=256, max_pending_per_peer=64)
+    assert (small.pending_cap, small.pending_per_peer_cap) == (5, 5)
+    assert Limits(max_per_peer=8).pending_per_peer_cap == 4
+    assert Limits(max_connections=1, max_per_peer=1).pending_per_peer_cap == 1  # never 0
+
+
+def test_silent_connections_give_way_to_a_client_from_their_own_address() -> None:
+    """Limits.max_per_peer 8: more silent connections from this address than that, then a
+    client's call is answered at once (the oldest silent ones closed for it); a silent
+    connection is closed after handshake_seconds."""
+    from coordinator.wire.rpc import Limits
+
+    svc = Service()
+    limits = Limits(max_per_peer=8, handshake_seconds=1.0)
+    server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, limits=limits)
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    silent = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(20)]
+    try:
+        client = RpcClient(f"127.0.0.1:{server.port}", 10)
+        assert client.call("echo", {"n": 1}) == ["echo", 1]
+        while silent[-1].recv(1 << 16):  # closed at its deadline (or for a newcomer: after a refusal)
+            pass
+        assert client.call("echo", {"n": 2}) == ["echo", 2]  # a connection that sent a request stays
+        client.close()
+    finally:
+        for sock in silent:
+            sock.close()
+        server.shutdown()
+        thread.join(10)
+
+
+class SlowLogins:
+    """``authenticate``: ``ok`` at once, ``slow`` once the gate opens (a password hash)."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.threads: set[str] = set()
+
+    def __call__(self, args: dict) -> str | None:
+        self.threads.add(threading.current_thread().name)
+        if args.get("user") == "slow":
+            assert self.gate.wait(20)
+            return None
+        return "ok" if args.get("user") == "ok" else None
+
+
+def login(port: int, user: str) -> tuple[socket.socket, object]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(frame({"a": "auth", "b": {"user": user, "secret": "s"}}))
+    return sock, sock.makefile("rb")
+
+
+def test_logins_are_checked_off_the_io_thread_and_their_queue_is_bounded() -> None:
+    """A login whose check takes long (scrypt) holds no other connection up: while LOGIN_QUEUE
+    of them wait, an authenticated connection's calls are answered at once, and one more login
+    is refused as ReplicaUnavailable saying why; the checks ran on the login pool."""
+    from coordinator.wire.rpc import LOGIN_QUEUE
+
+    svc, logins = Service(), SlowLogins()
+    server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, authenticate=logins)
+    thread = threading.Thread(target=server.serve, name="rpc-io", daemon=True)
+    thread.start()
+    waiting = []
+    try:
+        sock, rfile = login(server.port, "ok")
+        assert read_frame(rfile)["ok"] is True
+        for _ in range(LOGIN_QUEUE):
+            waiting.append(login(server.port, "slow")[0])
+        for n in range(3):
+            started = time.monotonic()
+            sock.sendall(frame({"a": "echo", "b": {"n": n}}))
+            assert read_frame(rfile)["result"] == ["echo", n]
+            assert time.monotonic() - started < 1.0
+        extra, extra_file = login(server.port, "slow")
+        reply = read_frame(extra_file)
+        assert (
+            reply["error"]["type"] == "ReplicaUnavailable" and "logins are being checked" in reply["error"]["message"]
+        )
+        extra.close()
+        logins.gate.set()
+        assert read_frame(waiting[0].makefile("rb"))["error"]["type"] == "AuthenticationFailed"
+        assert logins.threads and all(t.startswith("rpc-login") for t in logins.threads), logins.threads
+        sock.close()
+    finally:
+        logins.gate.set()
+        for s in waiting:
+            s.close()
         server.shutdown()
         thread.join(10)
