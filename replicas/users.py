@@ -68,6 +68,7 @@ class Users:
         self._users: dict[str, UserRecord] = {}
         self._key = os.urandom(32)  # keys the remembered logins: they mean nothing outside this process
         self._verified: dict[str, bytes] = {}  # user -> keyed hash of (record, secret) that verified
+        self.gone = False  # the node was deleted: logins are refused saying so (not "wrong secret")
 
     # -- the copy ----------------------------------------------------------------------------
     def start(self, bootstrap: UserRecord | None = None) -> None:
@@ -89,7 +90,9 @@ class Users:
         if data is None or stat is None:  # the node is gone: no user logs in until it is back
             with self._lock:
                 self._version, self._users, self._verified = -1, {}, {}
+                self.gone = True
             return
+        self.gone = False
         try:
             self._remember(stat.version, records.decode(data, self.path))
         except CorruptMetadata as exc:
@@ -104,7 +107,9 @@ class Users:
 
     # -- logins and calls --------------------------------------------------------------------
     def authenticate(self, args: dict) -> Principal | None:
-        """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused).
+        """The principal an ``auth`` request's ``{"user", "secret"}`` names, or None (refused);
+        AuthenticationFailed saying so while the users node is missing (the replicas' identity
+        still logs in).
         Constant-time compares; an unknown user costs what a known one does. A user that the
         watch brought while its secret was being checked (made through another replica just
         before this login) is checked once more against its record."""
@@ -121,6 +126,13 @@ class Users:
             secret.encode(), ident.secret.encode()
         ):
             return Principal(ident.user, replica=True)
+        if self.gone:
+            raise AuthenticationFailed(
+                f"no user can log in: the users node {self.path} is missing in ZooKeeper (deleted). Restart "
+                "one replica with the cluster's credentials (it stores the first admin again), then add the "
+                "other users again with mergetxn security add-user",
+                node=self.path,
+            )
         record = self._users.get(user)
         for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
             principal = self._check(user, secret, record)

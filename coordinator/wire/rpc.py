@@ -631,19 +631,16 @@ class RpcServer:
         self._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
         self._refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
 
-    def _refuse(self, conn: _Conn, why: str) -> None:
+    def _refuse(self, conn: _Conn, why: str, hint: bool = True) -> None:
+        """Answer AuthenticationFailed saying ``why`` (with how to give credentials, unless
+        ``hint`` is False: the credentials are not what is wrong) and close the connection."""
         conn.busy = True
         conn.close_after = True
-        self._send(
-            conn,
-            {
-                "ok": False,
-                "error": errors.AuthenticationFailed(
-                    f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
-                    f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
-                ).to_dict(),
-            },
+        how = (
+            ": connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+            "path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
         )
+        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(why + (how if hint else "")).to_dict()})
 
     def _authenticate(self, conn: _Conn, request: Any) -> None:
         """The first request of a connection to a secured server: ``auth``, or it is closed.
@@ -662,7 +659,11 @@ class RpcServer:
                 f"{conn.peer}, try again in {wait:.1f}s",
             )
             return
-        principal = self.authenticate(args)
+        try:
+            principal = self.authenticate(args)
+        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
+            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {exc.message}", hint=False)
+            return
         if not principal:
             self.logins.failed(conn.peer, now)
             self._rare(

@@ -514,6 +514,7 @@ def _session_settings(tick_ms: int) -> dict[str, Any]:
 STATUS_WORDS = "srvr"
 
 NETTY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+X509_PROVIDER = "org.apache.zookeeper.server.auth.X509AuthenticationProvider"
 
 
 @dataclass(frozen=True)
@@ -540,14 +541,18 @@ class ZooKeeperTls:
         return cls(keystore, truststore, *zk_quorum_stores(creds, directory, quorum_host))
 
     def client_context(self) -> ssl.SSLContext:
-        """TLS that verifies the server's certificate and host name (readiness checks)."""
+        """TLS that verifies the server's certificate and host name and presents the replica
+        certificate (without one the server completes no handshake): readiness checks."""
         ctx = ssl.create_default_context(cafile=str(self.truststore))
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(self.keystore))  # the key store holds the replica key and certificate
         return ctx
 
     def settings(self, host: str, port: int) -> dict[str, Any]:
-        """zoo.cfg for the client side: TLS only (no clientPort), sessions that do not
-        authenticate (digest) are closed at their first request, only :data:`STATUS_WORDS`."""
+        """zoo.cfg for the client side: TLS only (no clientPort); a handshake completes only for
+        a client presenting a certificate of the cluster CA (``ssl.clientAuth=need``), which the
+        ``x509`` scheme then names by its subject; a session so unauthenticated is closed at its
+        first request (``enforce.auth``); only :data:`STATUS_WORDS`."""
         out: dict[str, Any] = {
             "secureClientPort": port,
             "secureClientPortAddress": host,
@@ -556,9 +561,13 @@ class ZooKeeperTls:
             "ssl.keyStore.type": "PEM",
             "ssl.trustStore.location": self.truststore,
             "ssl.trustStore.type": "PEM",
-            "ssl.clientAuth": "none",  # clients authenticate with the digest identity, inside TLS
+            "ssl.clientAuth": "need",  # no certificate of the cluster CA, no session
+            # A client is who its certificate says, from wherever it connects (an operator's
+            # mergetxn status on another host): its address is not checked against the names.
+            "ssl.clientHostnameVerification": "false",
+            "authProvider.x509": X509_PROVIDER,
             "enforce.auth.enabled": "true",
-            "enforce.auth.schemes": "digest",
+            "enforce.auth.schemes": "x509",
             "4lw.commands.whitelist": STATUS_WORDS,
         }
         if self.quorum_keystore is not None:
