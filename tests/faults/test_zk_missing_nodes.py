@@ -1,0 +1,140 @@
+"""A replica whose ZooKeeper nodes went says so (issue 33, item 2).
+
+The fence, the users and the log's entries can be deleted by whoever holds the replicas'
+identity (an operator's mistake; before the secured ZooKeeper required a certificate of the
+cluster CA, anyone's ACL-less deleteContainer). Each replica watches them: ``/ready`` answers 503
+naming the node and what to do, ``mergetxn status`` lists it, the replica logs it, and a login
+while the users are missing is refused saying so (never "wrong user or secret"). A replica's
+start makes the fence and the users (the first admin) again.
+
+A secured cluster of two replicas with its own ZooKeeper; the deletions are made with the
+replicas' identity, as an operator's zkCli would.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner
+from kazoo.client import KazooClient
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.waiting import wait_until
+
+import coordinator
+from coordinator.client import Client
+from coordinator.errors import AuthenticationFailed
+from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
+from coordinator.zk.log import CsnLog
+from mergetxn.cli import cli
+
+pytestmark = [pytest.mark.zk, pytest.mark.slow]
+
+SCHEMA = pa.schema([("id", pa.int64())])
+EXIT_UNHEALTHY = 1
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
+    with make_cluster(tmp_path_factory, None, "zkmissing", replicas=2, secure=True, metrics=True) as c:
+        c.client(0).create_table("t", SCHEMA)
+        yield c
+
+
+def replica_file(cluster: coordinator.LocalCluster) -> str:
+    return str(cluster.workdir / "security" / REPLICA_FILE)
+
+
+def zookeeper(cluster: coordinator.LocalCluster) -> KazooClient:
+    zk = KazooClient(
+        hosts=cluster.zk_address, timeout=10, **zk_client_args(Credentials.from_file(replica_file(cluster)))
+    )
+    zk.start(timeout=15)
+    return zk
+
+
+def delete(cluster: coordinator.LocalCluster, path: str) -> None:
+    zk = zookeeper(cluster)
+    try:
+        zk.delete(path)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def ready(address: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}/ready", timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def status(cluster: coordinator.LocalCluster) -> tuple[int, str]:
+    result = CliRunner().invoke(
+        cli,
+        ["status", "--replica", cluster.replica_addresses[0], "--credentials", replica_file(cluster)],
+        env={"MERGETXN_CREDENTIALS": ""},
+    )
+    return result.exit_code, " ".join(result.output.split())
+
+
+def metrics_addresses(cluster: coordinator.LocalCluster) -> list[str]:
+    replica = Credentials.from_file(replica_file(cluster)).client()  # logs in while users are missing
+    out = []
+    for address in cluster.replica_addresses:
+        with Client(address, credentials=replica) as c:
+            out.append(c.call("info")["metrics_address"])
+    return out
+
+
+def insert(cluster: coordinator.LocalCluster, n: int) -> int:
+    with cluster.client(0).transaction() as tx:
+        tx.insert("t", pa.table({"id": [n]}, schema=SCHEMA))
+    return tx.csn
+
+
+def test_missing_users_are_named_by_ready_status_the_log_and_the_login(cluster: coordinator.LocalCluster) -> None:
+    users = CsnLog(None, cluster.root).users_path()  # type: ignore[arg-type]
+    addresses = metrics_addresses(cluster)
+    delete(cluster, users)
+    for address in addresses:
+        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+        assert users in body and "missing" in body and "add-user" in body, body
+    with pytest.raises(AuthenticationFailed) as refused:
+        cluster.client(1).call("info")
+    assert users in refused.value.message and "missing" in refused.value.message
+    assert "wrong user or secret" not in refused.value.message
+    code, flat = status(cluster)
+    assert code == EXIT_UNHEALTHY and users in flat and "missing" in flat
+    log = (cluster.replica_dir(0) / "replica.log").read_text(errors="replace")
+    assert users in log and "is missing" in log
+
+    cluster.stop_replica(1)  # a replica's start stores the first admin again
+    cluster.start_replica(1)
+    for address in metrics_addresses(cluster):
+        wait_until(lambda a=address: ready(a)[0] == 200, 30, "/ready to say 200 again")
+    assert cluster.client(0).call("info")["missing"] == []
+    assert insert(cluster, 1) > 0
+
+
+def test_a_missing_fence_is_named_and_a_restart_makes_it_again(cluster: coordinator.LocalCluster) -> None:
+    fence = CsnLog(None, cluster.root).fence_path()  # type: ignore[arg-type]
+    addresses = metrics_addresses(cluster)
+    delete(cluster, fence)
+    for address in addresses:
+        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+        assert fence in body and "every commit fails" in body and "restart one replica" in body, body
+    assert any(fence in m for m in cluster.client(1).call("info")["missing"])
+    code, flat = status(cluster)
+    assert code == EXIT_UNHEALTHY and fence in flat
+    cluster.stop_replica(1)
+    cluster.start_replica(1)
+    for address in metrics_addresses(cluster):
+        wait_until(lambda a=address: ready(a)[0] == 200, 30, "/ready to say 200 again")
+    assert insert(cluster, 2) > 0
+    code, flat = status(cluster)
+    assert code == 0, flat
