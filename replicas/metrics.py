@@ -184,8 +184,9 @@ class LogWatch:
                     continue
                 counts[e] = stat.numChildren
                 self._holes[e] = given_out(stat) - stat.numChildren  # an epoch is trimmed whole, never thinned
-                # A sequential child's number is the parent's cversion when it was created.
-                last = csn_of(e, stat.cversion - 1) if stat.cversion > 0 else 0
+                # Children are numbered from 0 in creation order; cversion also counts deletions,
+                # so a deleted entry would otherwise look like one more entry not applied yet.
+                last = csn_of(e, given_out(stat) - 1) if given_out(stat) > 0 else 0
                 if stat.version >= 1:
                     self._sealed[e] = (counts[e], last)
             end = max(end, last)

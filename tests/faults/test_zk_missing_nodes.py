@@ -26,6 +26,7 @@ from support.waiting import wait_until
 
 import coordinator
 from coordinator.client import Client
+from coordinator.core.versions import split_csn
 from coordinator.errors import AuthenticationFailed
 from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
 from coordinator.zk.log import CsnLog
@@ -138,3 +139,18 @@ def test_a_missing_fence_is_named_and_a_restart_makes_it_again(cluster: coordina
     assert insert(cluster, 2) > 0
     code, flat = status(cluster)
     assert code == 0, flat
+
+
+def test_a_deleted_log_entry_is_named_by_every_replica_and_status(cluster: coordinator.LocalCluster) -> None:
+    """Runs last: the hole stays (a committed entry is never made again). Both replicas applied
+    the entry before it went, so each keeps serving it, and each still says the log lost it."""
+    csns = [insert(cluster, n) for n in (10, 11, 12)]
+    epoch, _ = split_csn(csns[1])
+    layout = CsnLog(None, cluster.root)  # type: ignore[arg-type]
+    delete(cluster, layout.entry_path(*split_csn(csns[1])))
+    for address in metrics_addresses(cluster):
+        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+        assert layout.epoch_path(epoch) in body and "lost 1 committed entry" in body, body
+    code, flat = status(cluster)
+    assert code == EXIT_UNHEALTHY and f"log epoch {layout.epoch_path(epoch)} lost 1 committed entry" in flat
+    assert sorted(cluster.client(1).read("t", snapshot=csns[-1]).column("id").to_pylist())[-3:] == [10, 11, 12]
