@@ -92,6 +92,23 @@ def metrics_addresses(cluster: coordinator.LocalCluster) -> list[str]:
     return out
 
 
+def delete_and_wait_not_ready(cluster: coordinator.LocalCluster, path: str) -> list[str]:
+    """Delete ``path`` with the replicas' identity; every replica's ``/ready`` body once it
+    answers 503."""
+    addresses = metrics_addresses(cluster)
+    delete(cluster, path)
+    return [wait_until(lambda a=a: (r := ready(a))[0] == 503 and r, 30, f"{a}/ready to say 503")[1] for a in addresses]
+
+
+def restart_and_wait_ready(cluster: coordinator.LocalCluster, i: int) -> None:
+    """Restart replica ``i`` (its start makes the fence and the first admin again) and wait until
+    every replica's ``/ready`` answers 200."""
+    cluster.stop_replica(i)
+    cluster.start_replica(i)
+    for address in metrics_addresses(cluster):
+        wait_until(lambda a=address: ready(a)[0] == 200, 30, f"{address}/ready to say 200 again")
+
+
 def insert(cluster: coordinator.LocalCluster, n: int) -> int:
     with cluster.client(0).transaction() as tx:
         tx.insert("t", pa.table({"id": [n]}, schema=SCHEMA))
@@ -100,10 +117,7 @@ def insert(cluster: coordinator.LocalCluster, n: int) -> int:
 
 def test_missing_users_are_named_by_ready_status_the_log_and_the_login(cluster: coordinator.LocalCluster) -> None:
     users = CsnLog(None, cluster.root).users_path()  # type: ignore[arg-type]
-    addresses = metrics_addresses(cluster)
-    delete(cluster, users)
-    for address in addresses:
-        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+    for body in delete_and_wait_not_ready(cluster, users):
         assert users in body and "missing" in body and "add-user" in body, body
     with pytest.raises(AuthenticationFailed) as refused:
         cluster.client(1).call("info")
@@ -114,28 +128,19 @@ def test_missing_users_are_named_by_ready_status_the_log_and_the_login(cluster: 
     log = (cluster.replica_dir(0) / "replica.log").read_text(errors="replace")
     assert users in log and "is missing" in log
 
-    cluster.stop_replica(1)  # a replica's start stores the first admin again
-    cluster.start_replica(1)
-    for address in metrics_addresses(cluster):
-        wait_until(lambda a=address: ready(a)[0] == 200, 30, "/ready to say 200 again")
+    restart_and_wait_ready(cluster, 1)
     assert cluster.client(0).call("info")["missing"] == []
     assert insert(cluster, 1) > 0
 
 
 def test_a_missing_fence_is_named_and_a_restart_makes_it_again(cluster: coordinator.LocalCluster) -> None:
     fence = CsnLog(None, cluster.root).fence_path()  # type: ignore[arg-type]
-    addresses = metrics_addresses(cluster)
-    delete(cluster, fence)
-    for address in addresses:
-        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+    for body in delete_and_wait_not_ready(cluster, fence):
         assert fence in body and "every commit fails" in body and "restart one replica" in body, body
     assert any(fence in m for m in cluster.client(1).call("info")["missing"])
     code, flat = status(cluster)
     assert code == EXIT_UNHEALTHY and fence in flat
-    cluster.stop_replica(1)
-    cluster.start_replica(1)
-    for address in metrics_addresses(cluster):
-        wait_until(lambda a=address: ready(a)[0] == 200, 30, "/ready to say 200 again")
+    restart_and_wait_ready(cluster, 1)
     assert insert(cluster, 2) > 0
     code, flat = status(cluster)
     assert code == 0, flat
@@ -147,9 +152,7 @@ def test_a_deleted_log_entry_is_named_by_every_replica_and_status(cluster: coord
     csns = [insert(cluster, n) for n in (10, 11, 12)]
     epoch, _ = split_csn(csns[1])
     layout = CsnLog(None, cluster.root)  # type: ignore[arg-type]
-    delete(cluster, layout.entry_path(*split_csn(csns[1])))
-    for address in metrics_addresses(cluster):
-        _, body = wait_until(lambda a=address: (r := ready(a))[0] == 503 and r, 30, "/ready to say 503")
+    for body in delete_and_wait_not_ready(cluster, layout.entry_path(*split_csn(csns[1]))):
         assert layout.epoch_path(epoch) in body and "lost 1 committed entry" in body, body
     code, flat = status(cluster)
     assert code == EXIT_UNHEALTHY and f"log epoch {layout.epoch_path(epoch)} lost 1 committed entry" in flat

@@ -26,13 +26,13 @@ import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError
-from kazoo.handlers.threading import KazooTimeoutError
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
+from support.zk import assert_no_session
 
 import coordinator
 from coordinator.core.versions import split_csn
-from coordinator.errors import CorruptMetadata
+from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.wire.security import (
     REPLICA_FILE,
     Credentials,
@@ -142,12 +142,7 @@ def test_a_made_up_identity_gets_no_session_and_delete_container_changes_nothing
         tls_args(cluster),
         {**tls_args(cluster), "certfile": str(stranger.cert_file), "keyfile": str(stranger.key_file)},
     ):
-        zk = KazooClient(
-            hosts=cluster.zk_address, timeout=3, connection_retry={"max_tries": 1}, auth_data=made_up, **args
-        )
-        with pytest.raises(KazooTimeoutError):
-            zk.start(timeout=5)
-        close(zk)
+        assert_no_session(cluster.zk_address, auth_data=made_up, **args)
     ca_only = ssl.create_default_context(cafile=str(replicas(cluster).ca_file))
     for path in (fence, users):
         for context in (ca_only, None):
@@ -267,18 +262,13 @@ def test_a_secured_ensemble_with_mutual_tls_between_members_serves(tmp_path: Pat
         finally:
             close(writer)
             close(reader)
-        anonymous = KazooClient(
-            hosts=ensemble.member_address(1),
-            timeout=3,
-            connection_retry={"max_tries": 1},
+        assert_no_session(  # no certificate of the cluster CA: no session
+            ensemble.member_address(1),
             use_ssl=True,
             ca=str(creds.ca_file),
             check_hostname=True,
             auth_data=[("digest", "evil:evil")],
         )
-        with pytest.raises(KazooTimeoutError):  # no certificate of the cluster CA: no session
-            anonymous.start(timeout=5)
-        close(anonymous)
         # A member whose quorum certificate comes from other credentials is not let in.
         other = make_cluster_credentials(tmp_path / "other")
         from mergetxn.local.zkserver import ZooKeeperTls
@@ -429,3 +419,39 @@ def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: 
     assert result.exit_code == EXIT_UNHEALTHY, result.output
     flat = " ".join(result.output.split())
     assert "r2" in flat and node.rsplit("/", 1)[1] in flat
+
+
+def test_a_certificate_for_servers_only_is_refused_naming_security_init(tmp_path: Path) -> None:
+    """Credentials made before ZooKeeper required a client certificate carry a server-only
+    replica certificate, which ZooKeeper (Java) refuses as a client's: connecting with them is
+    refused at once naming the fix, not left to time out."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    creds = make_cluster_credentials(tmp_path / "security")
+    assert zk_client_args(creds)["certfile"] == str(creds.cert_file)
+    key = serialization.load_pem_private_key(creds.key_file.read_bytes(), None)  # type: ignore[union-attr]
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn replica")])
+    now = dt.datetime.now(dt.UTC)
+    old = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    creds.cert_file.write_bytes(old.public_bytes(serialization.Encoding.PEM))  # type: ignore[union-attr]
+    again = Credentials.from_file(tmp_path / "security" / REPLICA_FILE)
+    with pytest.raises(InvalidInput, match="security init"):
+        zk_client_args(again)
+    with pytest.raises(InvalidInput, match="security init"):
+        zk_tls_context(again)

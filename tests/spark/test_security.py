@@ -22,9 +22,9 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import KazooTimeoutError
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
+from support.zk import assert_no_session
 
 import coordinator
 from coordinator import errors
@@ -377,18 +377,8 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
     root = cluster.root
     admin = cluster.credentials  # a user, the admin included, holds no ZooKeeper identity
     for auth in (None, [("digest", "intruder:whatever-it-is")], [("digest", f"{admin.user}:{admin.secret}")]):
-        zk = KazooClient(  # what a user holds (the CA, a name and secret): no certificate, no session
-            hosts=cluster.zk_address,
-            timeout=3,
-            connection_retry={"max_tries": 1},
-            auth_data=auth,
-            use_ssl=True,
-            ca=str(admin.ca_file),
-            check_hostname=True,
-        )
-        with pytest.raises(KazooTimeoutError):
-            zk.start(timeout=5)
-        zk.close()
+        # What a user holds (the CA, a name and secret): no certificate, no session.
+        assert_no_session(cluster.zk_address, auth_data=auth, use_ssl=True, ca=str(admin.ca_file), check_hostname=True)
     zk = kazoo_client(cluster)
     try:
         data, stat = zk.get(
