@@ -127,12 +127,7 @@ class Users:
         ):
             return Principal(ident.user, replica=True)
         if self.gone:
-            raise AuthenticationFailed(
-                f"no user can log in: the users node {self.path} is missing in ZooKeeper (deleted). Restart "
-                "one replica with the cluster's credentials (it stores the first admin again), then add the "
-                "other users again with mergetxn security add-user",
-                node=self.path,
-            )
+            raise self._gone()
         record = self._users.get(user)
         for _ in range(2):  # a user made (or made again) elsewhere may arrive by the watch meanwhile
             principal = self._check(user, secret, record)
@@ -162,6 +157,8 @@ class Users:
         if principal.replica:
             return Grantee(principal.name, Role.ADMIN)
         record = self._users.get(principal.name)
+        if record is None and self.gone:
+            raise self._gone()
         if record is None or record.secret_hash != principal.stamp:
             raise AuthenticationFailed(
                 f"user {principal.name!r} was dropped (or made again with other credentials): "
@@ -169,6 +166,14 @@ class Users:
                 user=principal.name,
             )
         return record.grantee()
+
+    def _gone(self) -> AuthenticationFailed:
+        return AuthenticationFailed(
+            f"no user can log in: the users node {self.path} is missing in ZooKeeper (deleted). Restart "
+            "one replica with the cluster's credentials (it stores the first admin again), then add the "
+            "other users again with mergetxn security add-user",
+            node=self.path,
+        )
 
     # -- what an admin changes ---------------------------------------------------------------
     def create(self, name: object, role: object, tables: object, secret: object) -> dict:

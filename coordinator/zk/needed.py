@@ -26,6 +26,7 @@ from functools import partial
 from kazoo.client import KazooClient
 
 from coordinator.zk.log import CsnLog, given_out
+from coordinator.zk.orphan_fence import FENCE, missing_message
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +34,7 @@ log = logging.getLogger(__name__)
 def needed_paths(layout: CsnLog, secured: bool) -> dict[str, str]:
     """The watched nodes of a cluster: path -> what is said when it is missing."""
     out = {
-        layout.fence_path(): (
-            "the orphan fence, which every commit checks, so every commit fails until it is back: "
-            "restart one replica (its start makes the fence again, empty)"
-        ),
+        layout.fence_path(): FENCE,
         layout.log_path(): (
             "the log of every commit: no commit can be made or read; restore the tables from their "
             "backups (mergetxn restore) on a new root"
@@ -49,10 +47,6 @@ def needed_paths(layout: CsnLog, secured: bool) -> dict[str, str]:
             "replicas' credentials file), then add the other users again (mergetxn security add-user)"
         )
     return out
-
-
-def missing_message(path: str, what: str) -> str:
-    return f"ZooKeeper node {path} is missing ({what}); only the replicas' identity can delete it"
 
 
 def hole_message(epoch_path: str, lost: int) -> str:

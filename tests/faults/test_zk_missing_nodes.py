@@ -27,7 +27,7 @@ from support.waiting import wait_until
 import coordinator
 from coordinator.client import Client
 from coordinator.core.versions import split_csn
-from coordinator.errors import AuthenticationFailed
+from coordinator.errors import AuthenticationFailed, CorruptMetadata
 from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
 from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
@@ -117,12 +117,17 @@ def insert(cluster: coordinator.LocalCluster, n: int) -> int:
 
 def test_missing_users_are_named_by_ready_status_the_log_and_the_login(cluster: coordinator.LocalCluster) -> None:
     users = CsnLog(None, cluster.root).users_path()  # type: ignore[arg-type]
+    opened = cluster.client(0)  # logged in before: its next call is refused saying why, too
+    opened.tables()
     for body in delete_and_wait_not_ready(cluster, users):
         assert users in body and "missing" in body and "add-user" in body, body
     with pytest.raises(AuthenticationFailed) as refused:
         cluster.client(1).call("info")
     assert users in refused.value.message and "missing" in refused.value.message
     assert "wrong user or secret" not in refused.value.message
+    with pytest.raises(AuthenticationFailed, match="users node .* is missing"):
+        opened.tables()
+    opened.close()
     code, flat = status(cluster)
     assert code == EXIT_UNHEALTHY and users in flat and "missing" in flat
     log = (cluster.replica_dir(0) / "replica.log").read_text(errors="replace")
@@ -138,6 +143,9 @@ def test_a_missing_fence_is_named_and_a_restart_makes_it_again(cluster: coordina
     for body in delete_and_wait_not_ready(cluster, fence):
         assert fence in body and "every commit fails" in body and "restart one replica" in body, body
     assert any(fence in m for m in cluster.client(1).call("info")["missing"])
+    with pytest.raises(CorruptMetadata, match="every commit fails") as failed:  # not kazoo's NoNodeError()
+        insert(cluster, 99)
+    assert fence in failed.value.message
     code, flat = status(cluster)
     assert code == EXIT_UNHEALTHY and fence in flat
     restart_and_wait_ready(cluster, 1)
