@@ -440,14 +440,22 @@ class JavaProcess:
 
 
 def _log4j2_config(log_file: Path) -> str:
-    """log4j2 properties sending everything to one file; nothing on the console."""
+    """log4j2 properties sending everything to one file, rolled over at 64 MB with 3 kept (a
+    secured server logs every refused TLS handshake with its stack trace: whoever reaches the
+    port must not fill the disk); nothing on the console."""
     return "\n".join(
         [
             "status = error",
             "name = mergetxn-zookeeper",
-            "appender.file.type = File",
+            "appender.file.type = RollingFile",
             "appender.file.name = FILE",
             f"appender.file.fileName = {log_file}",
+            f"appender.file.filePattern = {log_file}.%i",
+            "appender.file.policies.type = Policies",
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+            "appender.file.policies.size.size = 64MB",
+            "appender.file.strategy.type = DefaultRolloverStrategy",
+            "appender.file.strategy.max = 3",
             "appender.file.append = true",
             "appender.file.layout.type = PatternLayout",
             "appender.file.layout.pattern = %d{ISO8601} [%t] %-5level %c{1} - %m%n",
