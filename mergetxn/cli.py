@@ -658,7 +658,8 @@ def zk() -> None:
     default=None,
     metavar="FILE",
     help="A secured cluster's replica credentials file (mergetxn security init): TLS only on the "
-    "client port and between members, sessions without the identity refused, / under its ACL.",
+    "client port and between members, sessions only for clients presenting a certificate of the "
+    "cluster CA (the replicas'), / under the identity's ACL.",
 )
 def zk_start(
     directory: Path,

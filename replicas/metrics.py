@@ -41,6 +41,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from coordinator.core.errors import ConflictKind
 from coordinator.core.versions import csn_of, split_csn
+from coordinator.zk.log import given_out
+from coordinator.zk.needed import hole_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from kazoo.client import KazooClient
@@ -100,16 +102,21 @@ def ready_problem(
     log_failure: object,
     lag_seconds: float,
     max_lag: float = READY_MAX_LAG_SECONDS,
+    missing: list[str] | None = None,
 ) -> str | None:
     """Why a replica is not ready to take clients (None when it is): not serving yet, without a
-    usable ZooKeeper session, standing still since a pause, stopped at a log entry it cannot
-    apply, or an entry it saw in the log left unapplied for more than ``max_lag`` seconds."""
+    usable ZooKeeper session, standing still since a pause, a ZooKeeper node it needs missing
+    or its log with holes (``missing``: what and what to do, coordinator/zk/needed.py), stopped
+    at a log entry it cannot apply, or an entry it saw in the log left unapplied for more than
+    ``max_lag`` seconds."""
     if not serving:
         return "not serving yet"
     if zk_state != "CONNECTED" or session_lost:
         return f"no usable ZooKeeper session ({'LOST' if session_lost else zk_state})"
     if not awake:
         return "making sure of its ZooKeeper session after standing still"
+    if missing:
+        return "; ".join(missing)
     if log_failure is not None:
         return f"stopped at a log entry it cannot apply: {log_failure}"
     if lag_seconds > max_lag:
@@ -168,6 +175,7 @@ class LogWatch:
         self._counts: dict[int, int] = {}  # entries per epoch, as last seen
         self._sealed: dict[int, tuple[int, int]] = {}  # sealed epochs (they never change): entries, last CSN
         self._pending: tuple[tuple[int, float], ...] = ()  # (end, monotonic time first seen) > applied
+        self._holes: dict[int, int] = {}  # committed entries deleted, by epoch (as last seen)
 
     def observe(self) -> None:
         """Look at the log's end and the files (the log-tail thread; a few small requests)."""
@@ -181,13 +189,16 @@ class LogWatch:
                 if stat is None:
                     continue
                 counts[e] = stat.numChildren
-                # A sequential child's number is the parent's cversion when it was created.
-                last = csn_of(e, stat.cversion - 1) if stat.cversion > 0 else 0
+                self._holes[e] = given_out(stat) - stat.numChildren  # an epoch is trimmed whole, never thinned
+                # Children are numbered from 0 in creation order; cversion also counts deletions,
+                # so a deleted entry would otherwise look like one more entry not applied yet.
+                last = csn_of(e, given_out(stat) - 1) if given_out(stat) > 0 else 0
                 if stat.version >= 1:
                     self._sealed[e] = (counts[e], last)
             end = max(end, last)
         for e in [e for e in self._sealed if e not in counts]:
             del self._sealed[e]  # trimmed
+        self._holes = {e: n for e, n in self._holes.items() if e in counts}
         applied = self.state.applied
         now = time.monotonic()
         pending = [p for p in self._pending if p[0] > applied]
@@ -219,6 +230,15 @@ class LogWatch:
                 "time": tail.get("time"),
                 "retained": tail.get("retained"),
             }
+
+    def holes(self) -> list[str]:
+        """The log's epochs (not trimmed) that lost committed entries, as last seen: a sentence
+        each (coordinator/zk/needed.py)."""
+        tail = self.tail()
+        trimmed = int(tail.get("trimmed_epoch", -1)) if tail else -1
+        return [
+            hole_message(self.log.epoch_path(e), n) for e, n in sorted(self._holes.items()) if n > 0 and e > trimmed
+        ]
 
     def lag(self, applied: int) -> tuple[int, float]:
         """(entries, seconds) this replica is behind the log's end as last seen."""
@@ -435,6 +455,7 @@ def replica_ready_problem(r: Replica, serving: bool) -> str | None:
         r.pauses.awake(),
         r.state.failure,
         lag_seconds,
+        missing=r.missing(),
     )
 
 

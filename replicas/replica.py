@@ -54,6 +54,7 @@ from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.security import zk_client_args
 from coordinator.zk.alive import AliveNode, check_host_free
 from coordinator.zk.log import CsnLog, PollHandler, table_node_dropped
+from coordinator.zk.needed import NeededNodes
 from coordinator.zk.orphan_fence import OrphanFence
 from coordinator.zk.watermark import Watermark
 from parts.io.format import delete_part
@@ -110,7 +111,7 @@ class Replica:
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
             default_acl=None if creds is None else creds.zk_acl(),
-            **zk_client_args(creds),  # secured: the digest identity, over TLS checking ZooKeeper's host name
+            **zk_client_args(creds),  # secured: TLS with the replica certificate (x509), and the digest identity
         )
         self.log = CsnLog(self.zk, config.root, config.epoch_size)
         # A secured replica's users (replicas/users.py): who may log in, and with which grants; a
@@ -121,6 +122,7 @@ class Replica:
             else Users(self.zk, self.log.users_path(), creds, lambda names: self.transactions.users_dropped(names))
         )
         self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
+        self.needed = NeededNodes(self.zk, self.log, creds is not None)  # the fence, users and log, watched
         self.wal: Wal | None = None
         self.follower: Follower | None = None
         self.committer = None
@@ -232,6 +234,7 @@ class Replica:
         if self.users is not None:
             self.users.start(self._first_admin())
         self.fence.start()
+        self.needed.start()
         self.tail = checkpoint.LogTail(
             self.state,
             self.log,
@@ -369,7 +372,7 @@ class Replica:
         if self.config.credentials is None:
             return
         acls, _ = self.zk.retry(self.zk.get_acls, self.log.root)
-        if any(acl.id.scheme != "digest" for acl in acls):
+        if any(acl.id.scheme not in ("digest", "x509") for acl in acls):
             log.error(
                 "the ZooKeeper root %s is open to others (ACL %s): it was created without credentials. "
                 "Secure it with setAcl -R %s digest:<user>:<digest>:cdrwa (zkCli), or use a new root",
@@ -444,6 +447,11 @@ class Replica:
     def _abort_incarnation(self, incarnation: int, reason: str) -> None:
         victims = [t for t in self.transactions.running_now() if incarnation_of(Tid.parse(t.id)) <= incarnation]
         self.transactions.abort_all(reason, victims, "fenced")
+
+    def missing(self) -> list[str]:
+        """ZooKeeper nodes this replica needs that are gone, and the log's holes as last seen:
+        a sentence each, naming the node and what to do (memory only: ``/ready``, ``info``)."""
+        return self.needed.missing() + self.log_watch.holes()
 
     def alive_record(self) -> AliveRecord:
         oldest, picked, running, overflow = self.leases.in_use()  # cleanup: snapshots in use
@@ -808,6 +816,7 @@ class Replica:
             "snapshot": s.applied_csn,
             "applied_csn": s.applied_csn,
             "log_failure": None if self.state.failure is None else str(self.state.failure),
+            "missing": self.missing(),  # needed ZooKeeper nodes gone, holes in the log
             "log": {
                 "end_csn": s.log_end_csn,
                 "entries": s.log_entries,

@@ -84,6 +84,7 @@ class Users:
         self._users: dict[str, UserRecord] = {}
         self._key = os.urandom(32)  # keys the remembered logins: they mean nothing outside this process
         self._verified: dict[str, bytes] = {}  # user -> keyed hash of (record, secret) that verified
+        self.gone = False  # the node was deleted: logins are refused saying so (not "wrong secret")
 
     # -- the copy ----------------------------------------------------------------------------
     def start(self, bootstrap: UserRecord | None = None) -> None:
@@ -105,7 +106,9 @@ class Users:
         if data is None or stat is None:  # the node is gone: no user logs in until it is back
             with self._lock:
                 self._version, self._users, self._verified = -1, {}, {}
+                self.gone = True
             return
+        self.gone = False
         try:
             self._remember(stat.version, records.decode(data, self.path))
         except CorruptMetadata as exc:
@@ -137,6 +140,8 @@ class Users:
             secret.encode(), ident.secret.encode()
         ):
             return Principal(ident.user, replica=True)
+        if self.gone:
+            raise self._gone()
         record = self._users.get(user)
         if record is None:
             return None
@@ -185,6 +190,8 @@ class Users:
         if principal.replica:
             return Grantee(principal.name, Role.ADMIN)
         record = self._users.get(principal.name)
+        if record is None and self.gone:
+            raise self._gone()
         if record is None or record.secret_hash != principal.stamp:
             raise AuthenticationFailed(
                 f"user {principal.name!r} was dropped (or made again with other credentials): "
@@ -192,6 +199,14 @@ class Users:
                 user=principal.name,
             )
         return record.grantee()
+
+    def _gone(self) -> AuthenticationFailed:
+        return AuthenticationFailed(
+            f"no user can log in: the users node {self.path} is missing in ZooKeeper (deleted). Restart "
+            "one replica with the cluster's credentials (it stores the first admin again), then add the "
+            "other users again with mergetxn security add-user",
+            node=self.path,
+        )
 
     # -- what an admin changes ---------------------------------------------------------------
     def create(self, name: object, role: object, tables: object, secret: object) -> dict:

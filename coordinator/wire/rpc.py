@@ -808,19 +808,16 @@ class RpcServer:
         self._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
         self._refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
 
-    def _refuse(self, conn: _Conn, why: str) -> None:
+    def _refuse(self, conn: _Conn, why: str, hint: bool = True) -> None:
+        """Answer AuthenticationFailed saying ``why`` (with how to give credentials, unless
+        ``hint`` is False: the credentials are not what is wrong) and close the connection."""
         conn.busy = True
         conn.close_after = True
-        self._send(
-            conn,
-            {
-                "ok": False,
-                "error": errors.AuthenticationFailed(
-                    f"{why}: connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
-                    f"path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
-                ).to_dict(),
-            },
+        how = (
+            ": connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+            "path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
         )
+        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(why + (how if hint else "")).to_dict()})
 
     def _authenticate(self, conn: _Conn, request: Any) -> None:
         """The first request of a connection to a secured server: ``auth``, or it is closed.
@@ -837,7 +834,11 @@ class RpcServer:
             self._rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
             self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {why}")
             return
-        principal = self.remembered(args) if self.remembered is not None else None
+        try:
+            principal = self.remembered(args) if self.remembered is not None else None
+        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
+            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {exc.message}", hint=False)
+            return
         if principal:
             self._logged_in(conn, principal, user)
             return
@@ -857,17 +858,23 @@ class RpcServer:
 
     def _check_login(self, conn: _Conn, args: dict, user: str) -> None:
         """On the login pool: the password hash, then the answer on the I/O thread."""
+        gone = ""
         try:
             principal = self.authenticate(args)
+        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
+            principal, gone = None, exc.message
         except Exception:  # a bug in the check: the login fails, the server goes on
             log.exception("checking a login from %s failed", conn.peer)
             principal = None
-        self.call_soon(lambda: self._checked(conn, principal, user))
+        self.call_soon(lambda: self._checked(conn, principal, user, gone))
 
-    def _checked(self, conn: _Conn, principal: Any, user: str) -> None:
+    def _checked(self, conn: _Conn, principal: Any, user: str, gone: str = "") -> None:
         self._checking -= 1
         if principal:
             self._logged_in(conn, principal, user)
+            return
+        if gone:
+            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {gone}", hint=False)
             return
         self.logins.failed(conn.peer, user, time.monotonic())
         self._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])

@@ -40,8 +40,12 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from coordinator.core.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from cryptography import x509
 
 ENV_CREDENTIALS = "MERGETXN_CREDENTIALS"
 DEFAULT_USER = "mergetxn"
@@ -251,11 +255,18 @@ class Credentials:
         return [("digest", f"{self.user}:{self.secret}")]
 
     def zk_acl(self) -> list:
-        """kazoo's ``default_acl``: every permission for this identity, none for anyone else."""
-        from kazoo.security import make_digest_acl
+        """kazoo's ``default_acl``: every permission for this identity, none for anyone else: its
+        certificate's subject (``x509`` scheme: ZooKeeper authenticates the client certificate of
+        every session) and its digest identity (the ACL of nodes made before certificates were
+        required, which sessions still log in with)."""
+        from kazoo.security import ACL, Id, Permissions, make_digest_acl
 
         self._zk_identity()
-        return [make_digest_acl(self.user, self.secret, all=True)]
+        assert self.cert_file is not None
+        return [
+            ACL(Permissions.ALL, Id("x509", zk_x509_subject(self.cert_file))),
+            make_digest_acl(self.user, self.secret, all=True),
+        ]
 
     def _zk_identity(self) -> None:
         if not self.is_replica:
@@ -435,7 +446,11 @@ def make_cluster_credentials(
         .not_valid_after(now + dt.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        # Server usage: replicas and ZooKeeper serve with it; client usage: replicas present it to
+        # ZooKeeper, which opens sessions to holders of a cluster CA certificate only.
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -467,33 +482,96 @@ def admin_credentials(directory: str | os.PathLike) -> Credentials:
 # -- ZooKeeper in a secured cluster: TLS stores and kazoo's arguments (the replicas' identity) ----
 #
 # ZooKeeper serves its clients over TLS only (secureClientPort, PEM stores) with the replica
-# certificate and key, which clients check against the cluster CA and their host name; sessions
-# authenticate with the digest identity (enforce.auth). The CA's key is not kept, so the quorum
-# (member to member, mutual TLS) gets its own CA, derived from the secret: every member holding
-# the replicas' credentials makes the same CA key on its own host and signs its own certificate,
-# and nobody without the secret can make one (mergetxn/local/zkserver.py, docs/architecture.md).
+# certificate and key, which clients check against the cluster CA and their host name, and it
+# opens a session only to a client that presents a certificate the cluster CA signed
+# (ssl.clientAuth=need): the replica certificate, with client usage. ZooKeeper's x509 scheme
+# names the session by the certificate's subject (the nodes' ACL, with the digest identity), and
+# a session not so authenticated is closed (enforce.auth). The CA's key is not kept, so the
+# quorum (member to member, mutual TLS) gets its own CA, derived from the secret: every member
+# holding the replicas' credentials makes the same CA key on its own host and signs its own
+# certificate, and nobody without the secret can make one (mergetxn/local/zkserver.py,
+# docs/architecture.md).
 
 ZK_SERVER_STORE = "zookeeper-server.pem"  # key and certificate ZooKeeper serves its client port with
-ZK_TRUST_STORE = "zookeeper-ca.pem"  # the cluster CA (verifies nothing on the client port: no client certificates)
+ZK_TRUST_STORE = "zookeeper-ca.pem"  # the cluster CA: verifies the client certificate of every session
 ZK_QUORUM_STORE = "zookeeper-quorum.pem"  # this member's quorum key and certificate
 ZK_QUORUM_TRUST = "zookeeper-quorum-ca.pem"  # the quorum CA derived from the secret
 
 
 def zk_client_args(creds: Credentials | None) -> dict:
-    """kazoo ``KazooClient`` keyword arguments for the replicas' identity: the digest identity
-    and TLS that verifies ZooKeeper's certificate against the cluster CA and the host name
-    (``{}`` for an unsecured cluster)."""
+    """kazoo ``KazooClient`` keyword arguments for the replicas' identity: TLS that presents the
+    replica certificate and key (ZooKeeper opens no session without a certificate of the cluster
+    CA) and verifies ZooKeeper's certificate against the cluster CA and the host name, and the
+    digest identity (``{}`` for an unsecured cluster)."""
     if creds is None:
         return {}
     if creds.ca_file is None:
         raise InvalidInput("credentials: ca_file is needed to reach a secured cluster's ZooKeeper over TLS")
+    auth = creds.zk_auth()  # refuses a user's credentials: only the replicas' reach ZooKeeper
+    assert creds.cert_file is not None and creds.key_file is not None
+    _check_client_usage(creds.cert_file)
     return {
-        "auth_data": creds.zk_auth(),
+        "auth_data": auth,
         "use_ssl": True,
         "ca": str(creds.ca_file),
+        "certfile": str(creds.cert_file),
+        "keyfile": str(creds.key_file),
         "verify_certs": True,
         "check_hostname": True,
     }
+
+
+def zk_tls_context(creds: Credentials) -> ssl.SSLContext:
+    """TLS to a secured ZooKeeper outside kazoo (the ``srvr`` four-letter word of ``mergetxn
+    status`` and the readiness checks): verifies ZooKeeper's certificate and host name against
+    the cluster CA and presents the replica certificate, without which ZooKeeper completes no
+    handshake."""
+    creds.zk_auth()  # refuses a user's credentials: only the replicas' reach ZooKeeper
+    assert creds.cert_file is not None and creds.key_file is not None
+    _check_client_usage(creds.cert_file)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_verify_locations(cafile=str(creds.ca_file))
+        ctx.load_cert_chain(str(creds.cert_file), str(creds.key_file))
+    except (OSError, ssl.SSLError, TypeError) as exc:
+        raise InvalidInput(f"credentials: the TLS files for ZooKeeper do not load: {exc}") from None
+    return ctx
+
+
+def zk_x509_subject(cert_file: Path) -> str:
+    """The name ZooKeeper's x509 scheme gives a session presenting ``cert_file``: its subject,
+    as Java writes it (RFC 2253)."""
+    return _certificate(cert_file, cert_file.stat().st_mtime_ns).subject.rfc4514_string()
+
+
+@functools.lru_cache(maxsize=16)
+def _certificate(cert_file: Path, mtime_ns: int) -> x509.Certificate:
+    from cryptography import x509 as x509_
+
+    try:
+        return x509_.load_pem_x509_certificate(cert_file.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise InvalidInput(f"credentials: certificate {cert_file} does not load: {exc}") from None
+
+
+def _check_client_usage(cert_file: Path) -> None:
+    """Refuse a replica certificate ZooKeeper would refuse as a client's: one made before
+    replicas presented it to ZooKeeper (server usage only), naming the fix."""
+    from cryptography import x509 as x509_
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
+    cert = _certificate(cert_file, cert_file.stat().st_mtime_ns)
+    try:
+        usages = cert.extensions.get_extension_for_class(x509_.ExtendedKeyUsage).value
+    except x509_.ExtensionNotFound:
+        return
+    if ExtendedKeyUsageOID.CLIENT_AUTH not in usages:
+        raise InvalidInput(
+            f"credentials: certificate {cert_file} is for servers only, and a secured ZooKeeper opens "
+            "sessions only to clients presenting a certificate of the cluster CA: make new credentials "
+            "with mergetxn security init (its replica certificate serves both) and hand them out again"
+        )
 
 
 def zk_server_stores(creds: Credentials, directory: str | os.PathLike) -> tuple[Path, Path]:

@@ -37,13 +37,24 @@ import threading
 from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.model.znodes import FenceRecord
 from coordinator.zk.recipes import cas_update
 
 MAX_PENDING = 4000
+
+#: What the fence is, and what to do when it is gone (coordinator/zk/needed.py watches it).
+FENCE = (
+    "the orphan fence, which every commit checks, so every commit fails until it is back: "
+    "restart one replica (its start makes the fence again, empty)"
+)
+
+
+def missing_message(path: str, what: str) -> str:
+    """The sentence for a needed node that is gone (coordinator/zk/needed.py)."""
+    return f"ZooKeeper node {path} is missing ({what}); only the replicas' identity can delete it"
 
 
 class FenceMoved(Exception):
@@ -96,8 +107,12 @@ class OrphanFence:
             return self._version, self._pending
 
     def refresh(self) -> tuple[int, frozenset[str]]:
-        """Read the node now (after a commit multi found the fence moved)."""
-        data, stat = self.zk.retry(self.zk.get, self.path)
+        """Read the node now (after a commit multi found the fence moved); CorruptMetadata
+        naming the node and what to do when it is gone (every commit fails until it is back)."""
+        try:
+            data, stat = self.zk.retry(self.zk.get, self.path)
+        except NoNodeError:
+            raise CorruptMetadata(missing_message(self.path, FENCE), node=self.path) from None
         self._remember(stat.version, _decode(data, self.path))
         return self.current()
 

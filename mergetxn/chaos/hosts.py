@@ -84,6 +84,7 @@ from coordinator.wire.security import (
     REPLICA_FILE,
     make_cluster_credentials,
     zk_client_args,
+    zk_tls_context,
 )
 from coordinator.zk.log import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
@@ -681,8 +682,9 @@ class _Cluster:
         self._replica_credentials = make_cluster_credentials(self.security_dir, [*hosts, "127.0.0.1", "localhost"])
 
     def _tls(self) -> Any:
-        """The TLS context the harness checks the members' four-letter words with (None: plain)."""
-        return None if self._replica_credentials is None else self._replica_credentials.client_context()
+        """The TLS context the harness checks the members' four-letter words with (None: plain):
+        it presents the replica certificate, as a secured member serves only its holders."""
+        return None if self._replica_credentials is None else zk_tls_context(self._replica_credentials)
 
     # -- lifecycle --------------------------------------------------------------------------------
     def __enter__(self: T) -> T:

@@ -440,14 +440,22 @@ class JavaProcess:
 
 
 def _log4j2_config(log_file: Path) -> str:
-    """log4j2 properties sending everything to one file; nothing on the console."""
+    """log4j2 properties sending everything to one file, rolled over at 64 MB with 3 kept (a
+    secured server logs every refused TLS handshake with its stack trace: whoever reaches the
+    port must not fill the disk); nothing on the console."""
     return "\n".join(
         [
             "status = error",
             "name = mergetxn-zookeeper",
-            "appender.file.type = File",
+            "appender.file.type = RollingFile",
             "appender.file.name = FILE",
             f"appender.file.fileName = {log_file}",
+            f"appender.file.filePattern = {log_file}.%i",
+            "appender.file.policies.type = Policies",
+            "appender.file.policies.size.type = SizeBasedTriggeringPolicy",
+            "appender.file.policies.size.size = 64MB",
+            "appender.file.strategy.type = DefaultRolloverStrategy",
+            "appender.file.strategy.max = 3",
             "appender.file.append = true",
             "appender.file.layout.type = PatternLayout",
             "appender.file.layout.pattern = %d{ISO8601} [%t] %-5level %c{1} - %m%n",
@@ -514,6 +522,7 @@ def _session_settings(tick_ms: int) -> dict[str, Any]:
 STATUS_WORDS = "srvr"
 
 NETTY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+X509_PROVIDER = "org.apache.zookeeper.server.auth.X509AuthenticationProvider"
 
 
 @dataclass(frozen=True)
@@ -540,14 +549,18 @@ class ZooKeeperTls:
         return cls(keystore, truststore, *zk_quorum_stores(creds, directory, quorum_host))
 
     def client_context(self) -> ssl.SSLContext:
-        """TLS that verifies the server's certificate and host name (readiness checks)."""
+        """TLS that verifies the server's certificate and host name and presents the replica
+        certificate (without one the server completes no handshake): readiness checks."""
         ctx = ssl.create_default_context(cafile=str(self.truststore))
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(str(self.keystore))  # the key store holds the replica key and certificate
         return ctx
 
     def settings(self, host: str, port: int) -> dict[str, Any]:
-        """zoo.cfg for the client side: TLS only (no clientPort), sessions that do not
-        authenticate (digest) are closed at their first request, only :data:`STATUS_WORDS`."""
+        """zoo.cfg for the client side: TLS only (no clientPort); a handshake completes only for
+        a client presenting a certificate of the cluster CA (``ssl.clientAuth=need``), which the
+        ``x509`` scheme then names by its subject; a session so unauthenticated is closed at its
+        first request (``enforce.auth``); only :data:`STATUS_WORDS`."""
         out: dict[str, Any] = {
             "secureClientPort": port,
             "secureClientPortAddress": host,
@@ -556,9 +569,13 @@ class ZooKeeperTls:
             "ssl.keyStore.type": "PEM",
             "ssl.trustStore.location": self.truststore,
             "ssl.trustStore.type": "PEM",
-            "ssl.clientAuth": "none",  # clients authenticate with the digest identity, inside TLS
+            "ssl.clientAuth": "need",  # no certificate of the cluster CA, no session
+            # A client is who its certificate says, from wherever it connects (an operator's
+            # mergetxn status on another host): its address is not checked against the names.
+            "ssl.clientHostnameVerification": "false",
+            "authProvider.x509": X509_PROVIDER,
             "enforce.auth.enabled": "true",
-            "enforce.auth.schemes": "digest",
+            "enforce.auth.schemes": "x509",
             "4lw.commands.whitelist": STATUS_WORDS,
         }
         if self.quorum_keystore is not None:

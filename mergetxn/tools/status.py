@@ -14,7 +14,9 @@ the check:
   checkpoint sizes, the last cleanup pass, its ZooKeeper session.
 
 The report is plain data (:func:`gather`); ``problems`` lists what makes it unhealthy: a
-ZooKeeper member down or ZooKeeper unreachable, a registered replica without an alive node
+ZooKeeper member down or ZooKeeper unreachable, a ZooKeeper node the replicas need missing (the
+fence, the users, the log) or committed entries deleted from the log (coordinator/zk/needed.py;
+each replica says so too), a registered replica without an alive node
 (down) or one that does not answer, a replica without a ZooKeeper session or stopped at a log
 entry it cannot apply (one that does not parse, or one missing below the end of the log: the
 message names the node), a replica lagging more than ``max_lag_seconds``, and a part file that a
@@ -129,6 +131,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     from coordinator.zk.alive import read_alive
     from coordinator.zk.alive import registered as registered_hosts
     from coordinator.zk.log import CsnLog, given_out
+    from coordinator.zk.needed import find_missing
 
     zk = KazooClient(
         hosts=hosts,
@@ -167,6 +170,7 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
         except (NoNodeError, CorruptMetadata):
             gc = None
         return {
+            "missing": find_missing(zk, layout, credentials is not None) if registered else [],
             "registered": registered,
             "alive": {
                 h: {
@@ -271,9 +275,12 @@ def gather(
     report["zookeeper"] = zookeeper = {"hosts": zk_hosts, "root": root, "members": []}
     found: dict[str, Any] = {}
     if zk_hosts is not None:
+        from coordinator.wire.security import zk_tls_context
+
         members = _members(zk_hosts)
         with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
-            context = None if credentials is None else credentials.client_context()  # secured: TLS only
+            # Secured: TLS only, presenting the replica certificate (ZooKeeper serves its holders only).
+            context = None if credentials is None else zk_tls_context(credentials)
             states = [pool.submit(member_status, h, p, min(timeout, 5.0), context) for h, p in members]
             read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
             zookeeper["members"] = [f.result() for f in states]
@@ -283,6 +290,7 @@ def gather(
                 problems.append(f"ZooKeeper member {m['address']} is down: {m.get('error', 'no mode')}")
         if "error" in found:
             problems.append(found["error"])
+        problems.extend(found.get("missing", ()))  # needed nodes gone, holes in the log
     report["log"] = found.get("log")
     alive: dict[str, dict] = found.get("alive", {})
     hosts = sorted(set(found.get("registered", ())) | set(alive))
@@ -329,6 +337,7 @@ def gather(
             problems.append(f"replica {h} has no usable ZooKeeper session ({row['zk_state']})")
         if row["log_failure"]:
             problems.append(f"replica {h} stopped applying the log: {row['log_failure']}")
+        problems.extend(f"replica {h} says: {m}" for m in row["missing"] if m not in problems)
         if row["lag_seconds"] > max_lag_seconds:
             problems.append(
                 f"replica {h} lags {row['lag_seconds']:.1f}s ({row['lag_entries']} entries) behind "
@@ -401,6 +410,7 @@ def _from_info(info: dict) -> dict[str, Any]:
         "zk_state": info.get("zk_state"),
         "zk_connected": info.get("zk_connected", True),
         "log_failure": info.get("log_failure"),
+        "missing": info.get("missing") or [],  # ZooKeeper nodes it needs that are gone
         "metrics_address": info.get("metrics_address"),
         "committer": info.get("committer"),
         # Long-running and orphaned transactions with their holders (replicas/registry.py notable).

@@ -1,7 +1,8 @@
-"""ZooKeeper in a secured cluster (issue 20, items 4 and 5).
+"""ZooKeeper in a secured cluster (issue 20, items 4 and 5; issue 33, item 2).
 
-Its client port is TLS only, a session without the replicas' identity is closed at its first
-request, only ``srvr`` of the four-letter words is served, ``/`` carries the identity's ACL, an
+Its client port is TLS only and completes a handshake only with a client presenting a
+certificate of the cluster CA (a made-up identity gets no session, so ZooKeeper 3.9.4's
+ACL-less deleteContainer is out of its reach), the certificate is the replicas' x509 identity, only ``srvr`` of the four-letter words is served, ``/`` carries the identity's ACL, an
 ensemble's members talk mutual TLS; ``mergetxn status`` works on it. And the log is never
 skipped: a committed entry deleted under a fresh replica's feet stops that replica with
 CorruptMetadata naming the node, ``mergetxn status`` reports it, no replica diverges.
@@ -12,9 +13,11 @@ secured 3-member ZooKeeperEnsemble.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,19 +25,20 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NoAuthError, SessionClosedRequireSaslError
-from kazoo.security import OPEN_ACL_UNSAFE
+from kazoo.exceptions import BadVersionError
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
+from support.zk import assert_no_session
 
 import coordinator
 from coordinator.core.versions import split_csn
-from coordinator.errors import CorruptMetadata
+from coordinator.errors import CorruptMetadata, InvalidInput
 from coordinator.wire.security import (
     REPLICA_FILE,
     Credentials,
     make_cluster_credentials,
     zk_client_args,
+    zk_tls_context,
 )
 from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
@@ -84,18 +88,79 @@ def host_port(cluster: coordinator.LocalCluster) -> tuple[str, int]:
     return host, int(port)
 
 
-def test_an_anonymous_session_is_closed_at_its_first_request(cluster: coordinator.LocalCluster) -> None:
-    zk = kazoo(cluster.zk_address, **tls_args(cluster))
-    try:
-        with pytest.raises(SessionClosedRequireSaslError):
-            zk.create("/anonymous", b"x")
-    finally:
-        close(zk)
+def _frame(body: bytes) -> bytes:
+    return struct.pack(">i", len(body)) + body
+
+
+def _ustring(text: str) -> bytes:
+    data = text.encode()
+    return struct.pack(">i", len(data)) + data
+
+
+def delete_container(host: str, port: int, path: str, context: ssl.SSLContext | None) -> None:
+    """A session made by hand in ZooKeeper's wire format (kazoo has no call for opcode 20): the
+    connect request, a made-up digest identity (``evil:evil``), then ``deleteContainer`` of
+    ``path``, each answer read. ZooKeeper 3.9.4 checks no ACL for deleteContainer: whoever has a
+    session deletes any empty node. A refused connection is swallowed: what counts is the node."""
+    connect = struct.pack(">iqiq", 0, 0, 10000, 0) + struct.pack(">i", 16) + bytes(16) + b"\0"
+    auth = struct.pack(">iii", -4, 100, 0) + _ustring("digest") + _ustring("evil:evil")
+    delete = struct.pack(">ii", 1, 20) + _ustring(path)
+    with contextlib.suppress(OSError):
+        raw = socket.create_connection((host, port), timeout=5)
+        sock = raw if context is None else context.wrap_socket(raw, server_hostname=host)
+        with sock:
+            for body in (connect, auth, delete):
+                sock.sendall(_frame(body))
+                (n,) = struct.unpack(">i", _read(sock, 4))
+                _read(sock, n)
+
+
+def _read(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionResetError("closed by ZooKeeper")
+        data += chunk
+    return data
+
+
+def test_a_made_up_identity_gets_no_session_and_delete_container_changes_nothing(
+    cluster: coordinator.LocalCluster, tmp_path: Path
+) -> None:
+    """Issue 33: over TLS with only the CA (no client certificate) and a made-up digest identity,
+    ZooKeeper 3.9.4 opened a session (``enforce.auth`` takes any digest name), and its
+    deleteContainer (opcode 20, no ACL check) deleted the fence, the users and log entries. Now
+    the handshake needs a certificate of the cluster CA: no session for a made-up identity, over
+    TLS with the CA only, with another CA's certificate, or in clear; the fence, the users and
+    the log stay; the replicas keep working."""
+    host, port = host_port(cluster)
+    fence, users = f"{cluster.root}/fence", f"{cluster.root}/users"
+    made_up = [("digest", "evil:evil")]
+    stranger = make_cluster_credentials(tmp_path / "stranger")  # a certificate of another CA
+    for args in (
+        tls_args(cluster),
+        {**tls_args(cluster), "certfile": str(stranger.cert_file), "keyfile": str(stranger.key_file)},
+    ):
+        assert_no_session(cluster.zk_address, auth_data=made_up, **args)
+    ca_only = ssl.create_default_context(cafile=str(replicas(cluster).ca_file))
+    for path in (fence, users):
+        for context in (ca_only, None):
+            delete_container(host, port, path, context)
     admin = kazoo(cluster.zk_address, **replica_identity(cluster))
     try:
-        assert admin.exists("/anonymous") is None
+        assert admin.exists(fence) is not None and admin.exists(users) is not None
+        # The hand-made session is real: with the replica certificate it deletes an empty node.
+        probe = admin.create(f"{cluster.root}/probe-container", b"", acl=replicas(cluster).zk_acl())
+        delete_container(host, port, probe, zk_tls_context(replicas(cluster)))
+        assert admin.exists(probe) is None
     finally:
         close(admin)
+    client = cluster.client(0)
+    client.create_table("after_attack", SCHEMA)
+    with client.transaction() as tx:
+        tx.insert("after_attack", pa.table({"id": [1], "k": ["a"]}))
+    assert cluster.client(1).read("after_attack", snapshot=tx.csn).column("id").to_pylist() == [1]
 
 
 def test_the_plain_client_port_is_gone(cluster: coordinator.LocalCluster) -> None:
@@ -135,33 +200,33 @@ def test_a_tls_session_with_the_identity_works_and_checks_the_host_name(cluster:
 
 def test_four_letter_words_are_limited_to_srvr(cluster: coordinator.LocalCluster) -> None:
     host, port = host_port(cluster)
-    ctx = replicas(cluster).client_context()
+    ctx = zk_tls_context(replicas(cluster))
     assert "Mode: standalone" in four_letter_word(host, port, "srvr", 5, ctx)
+    try:  # without the replica certificate: no handshake, no answer
+        reply = four_letter_word(host, port, "srvr", 5, replicas(cluster).client_context())
+    except OSError:
+        reply = ""
+    assert "Mode:" not in reply
     for word in ("dump", "cons", "wchc", "envi", "stat", "mntr", "conf", "crst"):
         reply = four_letter_word(host, port, word, 5, ctx)
         assert "not in the whitelist" in reply, (word, reply)
         assert cluster.root not in reply and "127.0.0.1" not in reply
 
 
-def test_the_root_is_not_world_writable(cluster: coordinator.LocalCluster) -> None:
+def test_the_root_is_the_replicas_identitys_only(cluster: coordinator.LocalCluster) -> None:
     admin = kazoo(cluster.zk_address, **replica_identity(cluster))
     try:
         acls, _ = admin.get_acls("/")
-        assert acls and all(acl.id.scheme == "digest" for acl in acls)
+        assert {acl.id.scheme for acl in acls} == {"digest", "x509"}
+        assert all(acl.id.id.startswith(("mergetxn:", "CN=mergetxn replica")) for acl in acls)
     finally:
         close(admin)
-    # Another digest identity (digest logs anyone in; only ACLs tell identities apart).
-    zk = kazoo(cluster.zk_address, **tls_args(cluster), auth_data=[("digest", "intruder:whatever-it-is")])
+    # The certificate alone is the replicas' identity (x509, by its subject): no digest needed.
+    args = {k: v for k, v in replica_identity(cluster).items() if k != "auth_data"}
+    zk = kazoo(cluster.zk_address, **args)
     try:
-        for call in (
-            lambda: zk.create("/evil", b"x"),
-            lambda: zk.set_acls("/", OPEN_ACL_UNSAFE),
-            lambda: zk.delete(cluster.root, recursive=False),
-            lambda: zk.get_children("/"),
-            lambda: zk.delete(f"{cluster.root}/fence"),
-        ):
-            with pytest.raises(NoAuthError):
-                call()
+        zk.create(f"{cluster.root}/by-certificate", b"x", acl=replicas(cluster).zk_acl())
+        zk.delete(f"{cluster.root}/by-certificate")
     finally:
         close(zk)
 
@@ -197,12 +262,13 @@ def test_a_secured_ensemble_with_mutual_tls_between_members_serves(tmp_path: Pat
         finally:
             close(writer)
             close(reader)
-        anonymous = kazoo(ensemble.member_address(1), use_ssl=True, ca=str(creds.ca_file), check_hostname=True)
-        try:
-            with pytest.raises(SessionClosedRequireSaslError):
-                anonymous.get("/mergetxn-probe")
-        finally:
-            close(anonymous)
+        assert_no_session(  # no certificate of the cluster CA: no session
+            ensemble.member_address(1),
+            use_ssl=True,
+            ca=str(creds.ca_file),
+            check_hostname=True,
+            auth_data=[("digest", "evil:evil")],
+        )
         # A member whose quorum certificate comes from other credentials is not let in.
         other = make_cluster_credentials(tmp_path / "other")
         from mergetxn.local.zkserver import ZooKeeperTls
@@ -353,3 +419,39 @@ def test_a_deleted_log_entry_stops_a_fresh_replica_and_status_names_it(cluster: 
     assert result.exit_code == EXIT_UNHEALTHY, result.output
     flat = " ".join(result.output.split())
     assert "r2" in flat and node.rsplit("/", 1)[1] in flat
+
+
+def test_a_certificate_for_servers_only_is_refused_naming_security_init(tmp_path: Path) -> None:
+    """Credentials made before ZooKeeper required a client certificate carry a server-only
+    replica certificate, which ZooKeeper (Java) refuses as a client's: connecting with them is
+    refused at once naming the fix, not left to time out."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    creds = make_cluster_credentials(tmp_path / "security")
+    assert zk_client_args(creds)["certfile"] == str(creds.cert_file)
+    key = serialization.load_pem_private_key(creds.key_file.read_bytes(), None)  # type: ignore[union-attr]
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "mergetxn replica")])
+    now = dt.datetime.now(dt.UTC)
+    old = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now)
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    creds.cert_file.write_bytes(old.public_bytes(serialization.Encoding.PEM))  # type: ignore[union-attr]
+    again = Credentials.from_file(tmp_path / "security" / REPLICA_FILE)
+    with pytest.raises(InvalidInput, match="security init"):
+        zk_client_args(again)
+    with pytest.raises(InvalidInput, match="security init"):
+        zk_tls_context(again)

@@ -22,10 +22,9 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, SessionClosedRequireSaslError
-from kazoo.security import OPEN_ACL_UNSAFE
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
+from support.zk import assert_no_session
 
 import coordinator
 from coordinator import errors
@@ -35,6 +34,7 @@ from coordinator.wire.security import (
     REPLICA_FILE,
     Credentials,
     make_cluster_credentials,
+    zk_client_args,
 )
 from mergetxn.cli import cli
 
@@ -291,16 +291,10 @@ def replicas_identity(cluster: coordinator.LocalCluster) -> Credentials:
     return Credentials.from_file(cluster.workdir / "security" / REPLICA_FILE)
 
 
-def kazoo_client(cluster: coordinator.LocalCluster, auth: list | None = None) -> KazooClient:
-    # The cluster's ZooKeeper serves TLS only (tests/integration/test_zk_hardening.py).
-    zk = KazooClient(
-        hosts=cluster.zk_address,
-        timeout=10,
-        auth_data=auth,
-        use_ssl=True,
-        ca=str(cluster.credentials.ca_file),
-        check_hostname=True,
-    )
+def kazoo_client(cluster: coordinator.LocalCluster) -> KazooClient:
+    """A session of the replicas' identity: the cluster's ZooKeeper serves TLS only, and only to
+    holders of a certificate of the cluster CA (tests/integration/test_zk_hardening.py)."""
+    zk = KazooClient(hosts=cluster.zk_address, timeout=10, **zk_client_args(replicas_identity(cluster)))
     zk.start(timeout=30)
     return zk
 
@@ -316,7 +310,7 @@ def test_without_credentials_a_client_gets_authentication_failed_and_nothing_cha
         raw.call("create_table", {"name": "sneaky", "schema": []})
     raw.close()
     assert "sneaky" not in c0.tables()
-    zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
+    zk = kazoo_client(cluster)
     try:
         assert not zk.exists(f"{cluster.root}/tables/sneaky")
     finally:
@@ -382,25 +376,10 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
     c0.create_table("acl_probe", SCHEMA, auto_merge=False)
     root = cluster.root
     admin = cluster.credentials  # a user, the admin included, holds no ZooKeeper identity
-    calls = (
-        lambda zk: zk.get(f"{root}/tables/acl_probe"),
-        lambda zk: zk.get_children(f"{root}/log"),
-        lambda zk: zk.get(root),
-        lambda zk: zk.set(f"{root}/config", b"{}"),
-        lambda zk: zk.create(f"{root}/tables/evil", b"{}"),
-        lambda zk: zk.delete(f"{root}/fence"),
-        lambda zk: zk.set_acls(root, OPEN_ACL_UNSAFE),
-    )
     for auth in (None, [("digest", "intruder:whatever-it-is")], [("digest", f"{admin.user}:{admin.secret}")]):
-        for call in calls:  # a session each: ZooKeeper closes an anonymous one at its first request
-            zk = kazoo_client(cluster, auth)
-            try:
-                with pytest.raises((NoAuthError, SessionClosedRequireSaslError)):
-                    call(zk)
-            finally:
-                zk.stop()
-                zk.close()
-    zk = kazoo_client(cluster, replicas_identity(cluster).zk_auth())
+        # What a user holds (the CA, a name and secret): no certificate, no session.
+        assert_no_session(cluster.zk_address, auth_data=auth, use_ssl=True, ca=str(admin.ca_file), check_hostname=True)
+    zk = kazoo_client(cluster)
     try:
         data, stat = zk.get(
             f"{root}/tables/acl_probe"
@@ -414,7 +393,7 @@ def test_zookeeper_nodes_need_the_cluster_identity(cluster: coordinator.LocalClu
             nodes.append(node)
             todo += [f"{node}/{child}" for child in zk.get_children(node)]
         assert len(nodes) > 10
-        open_nodes = [n for n in nodes if any(acl.id.scheme != "digest" for acl in zk.get_acls(n)[0])]
+        open_nodes = [n for n in nodes if any(acl.id.scheme not in ("digest", "x509") for acl in zk.get_acls(n)[0])]
         assert not open_nodes
     finally:
         zk.stop()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
 
 from mergetxn.local.zkserver import ZooKeeperServer
 
@@ -26,6 +27,20 @@ def kazoo(hosts: str, timeout: float = 10.0) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+def assert_no_session(hosts: str, **kwargs: object) -> None:
+    """A kazoo client on ``hosts`` with ``kwargs`` (TLS arguments, an identity) gets no session: a
+    secured ZooKeeper completes no handshake without a certificate of the cluster CA."""
+    client = KazooClient(hosts=hosts, timeout=3, connection_retry={"max_tries": 1}, **kwargs)
+    try:
+        client.start(timeout=5)
+    except KazooTimeoutError:
+        return
+    finally:
+        client.stop()
+        client.close()
+    raise AssertionError(f"ZooKeeper {hosts} opened a session to a client with {sorted(kwargs)}")
 
 
 def make_chroot(zk_server: ZooKeeperServer, prefix: str = "t") -> str:
