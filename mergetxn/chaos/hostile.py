@@ -379,16 +379,23 @@ class Hostile(threading.Thread):
             self.counts[f"others-ids-not-tried:{type(exc).__name__}"] += 1
 
     def _denied_id(self, address: str, kind: str, call: Callable[[], object]) -> None:
+        """Another user's id is answered as an unknown one (docs/surface.md, users and grants):
+        nothing kept alive, renewed, released or reported; an answer that acts on it is a finding."""
         self.counts[f"others-ids:{kind}"] += 1
         try:
-            call()
+            answer = call()
         except PermissionDenied:
             self.counts[f"others-ids-refused:{kind}"] += 1
             return
         except (MergetxnError, OSError) as exc:
             self.counts[f"others-ids-interrupted:{kind}:{type(exc).__name__}"] += 1
             return
-        self.findings.append(f"hostile lane: replica {address} let the lane's reader use the writer's id ({kind})")
+        if not acted_on(kind, answer):
+            self.counts[f"others-ids-refused:{kind}"] += 1
+            return
+        self.findings.append(
+            f"hostile lane: replica {address} let the lane's reader use the writer's id ({kind}): {answer!r}"
+        )
 
     # -- denied calls (a secured cluster) ------------------------------------------------------------
     def prepare(self, admin: Client) -> None:
@@ -510,6 +517,18 @@ class Hostile(threading.Thread):
             "findings": list(self.findings),
             "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
         }
+
+
+def acted_on(kind: str, answer: object) -> bool:
+    """Whether a replica's answer to ``kind`` (heartbeat, flush, renew, release) acted on the id it
+    was sent: a session known, a lease renewed or released, a flush that found commits."""
+    if not isinstance(answer, dict):
+        return True
+    if kind == "heartbeat":
+        return bool(answer.get("known"))
+    if kind == "flush":
+        return answer.get("csn") is not None or bool(answer.get("accepted")) or bool(answer.get("failed"))
+    return bool(answer.get("renewed" if kind == "renew" else "released"))
 
 
 def lie(meta: PartMeta, kind: str) -> PartMeta:
