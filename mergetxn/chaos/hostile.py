@@ -26,7 +26,7 @@ One thread sends, at a random replica each time, what no honest client sends:
   change nothing, which :meth:`Hostile.verify` checks after the run (the lane's table still
   empty, no table it tried to create, no retention it tried to set);
 * ``others-ids`` (a secured cluster only): the lane's reader sends the writer's session id
-  (``heartbeat``, ``flush``) and read lease id (``renew``, ``release``): each must be refused.
+  (``heartbeat``, while its transaction runs) and read lease id (``renew``, ``release``): each must be refused.
 
 On a secured cluster the junk arrives in three ways: raw bytes on the TLS port, frames after the
 TLS handshake before any login, and frames after a reader's login.
@@ -358,7 +358,7 @@ class Hostile(threading.Thread):
         writer, reader = self.users.get("writer"), self.users.get("reader")
         if writer is None or reader is None:
             return  # made by the first denied call
-        kind = self.rng.choice(["heartbeat", "flush", "renew", "release"])
+        kind = self.rng.choice(["heartbeat", "renew", "release"])
         try:
             with Client(address, timeout=self.timeout, credentials=writer) as w:
                 tx = w.begin()
