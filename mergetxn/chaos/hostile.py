@@ -10,11 +10,23 @@ One thread sends, at a random replica each time, what no honest client sends:
 * ``forged``: parts whose path is another table's committed file, or a part some commit already
   named, staged in a transaction: each must be refused (InvalidInput), and the transaction is
   rolled back (nothing may be deleted that a commit names);
+* ``lies``: a part written honestly whose descriptor then lies about its file (a checksum of
+  zeros, 998 rows too many, a size 4 KiB too large, statistics that miss the file's values):
+  each must be refused (InvalidInput) before it is staged (docs/rules.md, nothing a writer
+  claims is believed);
+* ``huge-partition``: an insert whose partition value is 400,000 characters long, through the
+  client and as a hand-made descriptor: each must be refused (InvalidInput), and the lane's
+  partitioned table stays empty;
+* ``flood``: more connections that never send a byte than the per-address cap, from the lane's
+  own address, then a legitimate call from that address, which must be served (a plaintext
+  replica that turns it away by its cap is a finding);
 * ``denied`` (a secured cluster only): calls that a reader's or a writer's grants do not allow
   (writes, DDL, another user's kill, ``gc``, user management, a statement in a transaction) and a
   dropped user's login: each must raise PermissionDenied (AuthenticationFailed for the login) and
   change nothing, which :meth:`Hostile.verify` checks after the run (the lane's table still
-  empty, no table it tried to create, no retention it tried to set).
+  empty, no table it tried to create, no retention it tried to set);
+* ``others-ids`` (a secured cluster only): the lane's reader sends the writer's session id
+  (``heartbeat``, while its transaction runs) and read lease id (``renew``, ``release``): each must be refused.
 
 On a secured cluster the junk arrives in three ways: raw bytes on the TLS port, frames after the
 TLS handshake before any login, and frames after a reader's login.
@@ -34,6 +46,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -49,7 +62,7 @@ from coordinator.core.errors import (
 )
 from coordinator.wire.rpc import frame
 from coordinator.wire.security import Credentials
-from parts.io.format import write_part
+from parts.io.format import new_part_name, write_part
 from parts.model.meta import PartMeta
 
 _HEADER = struct.Struct(">I")
@@ -61,6 +74,11 @@ LANE_TABLE = "hostile_t"  # the lane's own table: no denied write may ever reach
 DENIED_TABLE = "hostile_created"  # a table a reader and a writer try to create
 DENIED_RETENTION = 1.0  # what a writer tries to set on other tables
 LANE_SCHEMA = pa.schema([("id", pa.int64())])
+PARTITIONED_TABLE = "hostile_p"  # the lane's partitioned table: no lie and no huge value may reach it
+PARTITIONED_SCHEMA = pa.schema([("p", pa.string()), ("n", pa.int64())])
+HUGE_PARTITION = 400_000  # characters of the huge partition value
+FLOOD_CONNECTIONS = 300  # idle connections of a flood: above the per-address cap of 256
+LIES = ("checksum", "rows", "size", "stats")
 
 
 def junk_frames() -> dict[str, bytes]:
@@ -118,10 +136,10 @@ class Hostile(threading.Thread):
         """One round of attacks in a random order: every kind comes once a round, so a short run
         under faults still tries each (denied calls, when secured, open the round: they need the
         replica up and a round's idle connections may take seconds)."""
-        attacks = [self.junk, self.junk, self.junk, self.idle, self.forged]
+        attacks = [self.junk, self.junk, self.junk, self.idle, self.forged, self.lies, self.huge_partition, self.flood]
         self.rng.shuffle(attacks)
         if self.admin is not None:
-            attacks = [self.denied, self.denied] + attacks
+            attacks = [self.denied, self.denied, self.others_ids] + attacks
         return attacks
 
     # -- junk frames and idle connections ---------------------------------------------------------
@@ -238,6 +256,147 @@ class Hostile(threading.Thread):
             except MergetxnError:
                 pass
 
+    # -- lying descriptors and huge partition values ---------------------------------------------
+    def _lane_client(self, address: str) -> Client | None:
+        """A client (the admin's on a secured cluster) with the lane's partitioned table made."""
+        try:
+            client = Client(address, timeout=self.timeout, credentials=self.admin)
+        except (MergetxnError, OSError):
+            self.counts["connect-failed"] += 1
+            return None
+        try:
+            if PARTITIONED_TABLE not in client.tables():
+                client.create_table(PARTITIONED_TABLE, PARTITIONED_SCHEMA, partition_by=["p"])
+        except (MergetxnError, OSError) as exc:
+            self.counts[f"lane-table-not-made:{type(exc).__name__}"] += 1
+            client.close()
+            return None
+        return client
+
+    def lies(self, address: str) -> None:
+        client = self._lane_client(address)
+        if client is None:
+            return
+        kind = self.rng.choice(LIES)
+        try:
+            tx = client.begin()
+            try:
+                row = pa.table({"p": ["x"], "n": [7]}, schema=PARTITIONED_SCHEMA)
+                tdef = client.table(PARTITIONED_TABLE)
+                honest = write_part(client.storage, PARTITIONED_TABLE, ["p"], ("x",), row, tx.id, tdef.ddl_version)
+                self._refused(f"lie:{kind}", lambda: tx.add_parts(PARTITIONED_TABLE, [lie(honest, kind)]), client)
+            finally:
+                with contextlib.suppress(MergetxnError):
+                    tx.rollback()
+        except (MergetxnError, OSError) as exc:
+            self.counts[f"lie-not-tried:{type(exc).__name__}"] += 1  # a fault in the way
+        finally:
+            client.close()
+
+    def huge_partition(self, address: str) -> None:
+        client = self._lane_client(address)
+        if client is None:
+            return
+        value = "x" * HUGE_PARTITION
+        try:
+            if self.rng.random() < 0.5:
+                data = pa.table({"p": [value], "n": [1]}, schema=PARTITIONED_SCHEMA)
+                self._refused("huge-partition:insert", lambda: client.insert(PARTITIONED_TABLE, data), client)
+                return
+            tx = client.begin()
+            try:
+                meta = huge_descriptor(PARTITIONED_TABLE, value, tx.id, client.table(PARTITIONED_TABLE).ddl_version)
+                self._refused("huge-partition:descriptor", lambda: tx.add_parts(PARTITIONED_TABLE, [meta]), client)
+            finally:
+                with contextlib.suppress(MergetxnError):
+                    tx.rollback()
+        except (MergetxnError, OSError) as exc:
+            self.counts[f"huge-partition-not-tried:{type(exc).__name__}"] += 1
+        finally:
+            client.close()
+
+    def _refused(self, kind: str, call: Callable[[], object], client: Client) -> None:
+        """``call`` must raise InvalidInput; anything accepted is a finding, a fault is counted."""
+        self.counts[kind] += 1
+        try:
+            call()
+        except InvalidInput:
+            self.counts[f"refused:{kind}"] += 1
+            return
+        except (MergetxnError, OSError) as exc:  # a fault in the way
+            self.counts[f"interrupted:{kind}:{type(exc).__name__}"] += 1
+            return
+        self.findings.append(f"hostile lane: replica {client.address} accepted what it must refuse ({kind})")
+
+    # -- a flood of connections that never send a byte -------------------------------------------
+    def flood(self, address: str) -> None:
+        socks: list[socket.socket] = []
+        try:
+            for _ in range(FLOOD_CONNECTIONS):
+                sock = self._connect(address)
+                if sock is None:
+                    break
+                socks.append(sock)
+            self.counts["flood-connections"] += len(socks)
+            try:
+                with Client(address, timeout=self.timeout, credentials=self.admin) as c:
+                    c.snapshot()
+                self.counts["flood-served"] += 1
+            except (MergetxnError, OSError) as exc:
+                if "refused the connection" in str(exc):  # turned away by a cap the flood holds
+                    self.findings.append(
+                        f"hostile lane: replica {address} refused a legitimate client during a flood: {exc}"
+                    )
+                else:
+                    self.counts[f"flood-interrupted:{type(exc).__name__}"] += 1
+        finally:
+            for s in socks:
+                s.close()
+
+    # -- another user's ids (a secured cluster) ----------------------------------------------------
+    def others_ids(self, address: str) -> None:
+        writer, reader = self.users.get("writer"), self.users.get("reader")
+        if writer is None or reader is None:
+            return  # made by the first denied call
+        kind = self.rng.choice(["heartbeat", "renew", "release"])
+        try:
+            with Client(address, timeout=self.timeout, credentials=writer) as w:
+                tx = w.begin()
+                lease = w.call("visible", table=LANE_TABLE).get("lease") if kind in ("renew", "release") else None
+                try:
+                    args = {"session": w.session} if lease is None else {"lease": lease}
+                    if kind in ("renew", "release") and lease is None:
+                        return
+                    with Client(address, timeout=self.timeout, credentials=reader) as r:
+                        self._denied_id(address, kind, lambda: r.call(kind, **args))
+                finally:
+                    with contextlib.suppress(MergetxnError):
+                        tx.rollback()
+                    if lease is not None:
+                        with contextlib.suppress(MergetxnError):
+                            w.call("release", lease=lease)
+        except (MergetxnError, OSError) as exc:
+            self.counts[f"others-ids-not-tried:{type(exc).__name__}"] += 1
+
+    def _denied_id(self, address: str, kind: str, call: Callable[[], object]) -> None:
+        """Another user's id is answered as an unknown one (docs/surface.md, users and grants):
+        nothing kept alive, renewed, released or reported; an answer that acts on it is a finding."""
+        self.counts[f"others-ids:{kind}"] += 1
+        try:
+            answer = call()
+        except PermissionDenied:
+            self.counts[f"others-ids-refused:{kind}"] += 1
+            return
+        except (MergetxnError, OSError) as exc:
+            self.counts[f"others-ids-interrupted:{kind}:{type(exc).__name__}"] += 1
+            return
+        if not acted_on(kind, answer):
+            self.counts[f"others-ids-refused:{kind}"] += 1
+            return
+        self.findings.append(
+            f"hostile lane: replica {address} let the lane's reader use the writer's id ({kind}): {answer!r}"
+        )
+
     # -- denied calls (a secured cluster) ------------------------------------------------------------
     def prepare(self, admin: Client) -> None:
         """The lane's table and users (made once; a fault on the way: the next attack tries again)."""
@@ -334,11 +493,13 @@ class Hostile(threading.Thread):
     def verify(self, address: str) -> list[str]:
         """After the run: nothing a denied call asked for happened (a call that failed some other
         way, under a fault, may still not have taken effect)."""
-        if self.admin is None:
-            return []
         problems: list[str] = []
         with Client(address, timeout=60.0, credentials=self.admin) as admin:
             tables = admin.tables()
+            if PARTITIONED_TABLE in tables and admin.read(PARTITIONED_TABLE).num_rows:
+                problems.append(f"hostile lane: {PARTITIONED_TABLE} has rows, though only refused writes went to it")
+            if self.admin is None:
+                return problems
             if DENIED_TABLE in tables:
                 problems.append(f"hostile lane: table {DENIED_TABLE} exists, though only denied calls created it")
             if LANE_TABLE in tables and admin.read(LANE_TABLE).num_rows:
@@ -356,3 +517,45 @@ class Hostile(threading.Thread):
             "findings": list(self.findings),
             "error": None if self.error is None else f"{type(self.error).__name__}: {self.error}",
         }
+
+
+def acted_on(kind: str, answer: object) -> bool:
+    """Whether a replica's answer to ``kind`` (heartbeat, flush, renew, release) acted on the id it
+    was sent: a session known, a lease renewed or released, a flush that found commits."""
+    if not isinstance(answer, dict):
+        return True
+    if kind == "heartbeat":
+        return bool(answer.get("known"))
+    if kind == "flush":
+        return answer.get("csn") is not None or bool(answer.get("accepted")) or bool(answer.get("failed"))
+    return bool(answer.get("renewed" if kind == "renew" else "released"))
+
+
+def lie(meta: PartMeta, kind: str) -> PartMeta:
+    """An honest part's descriptor made to lie about its file in one field."""
+    if kind == "checksum":
+        return dataclasses.replace(meta, checksum="crc32:00000000")
+    if kind == "rows":
+        return dataclasses.replace(meta, rows=meta.rows + 998)
+    if kind == "size":
+        return dataclasses.replace(meta, size=meta.size + 4096)
+    return dataclasses.replace(meta, stats={**meta.stats, "n": (150, 150)})
+
+
+def huge_descriptor(table: str, value: str, txn_id: str, ddl_version: int) -> PartMeta:
+    """A descriptor of a part in partition ``value`` (no file is written: its path alone would
+    be too long for a file system), sent as is: the replica must refuse it unread."""
+    name = new_part_name(txn_id)
+    return PartMeta(
+        name=name,
+        table=table,
+        partition=(value,),
+        path=f"{table}/p={value}/{name}.parquet",
+        rows=1,
+        size=512,
+        checksum="crc32:00000000",
+        stats={},
+        creation_tid=txn_id,
+        created_at=time.time(),
+        schema_version=ddl_version,
+    )

@@ -91,6 +91,18 @@ def test_the_hostile_lane_ran_and_nothing_it_sent_got_through(campaign: Campaign
     assert sum(n for k, n in counts.items() if k.startswith("junk:")) > 0
     forged = sum(n for k, n in counts.items() if k.startswith("forged:"))
     assert forged == sum(n for k, n in counts.items() if k.startswith("forged-refused:"))
+    assert_refused_or_interrupted(counts, ("lie:", "huge-partition:"))
+    assert counts.get("flood-connections", 0) > 0, counts
+
+
+def assert_refused_or_interrupted(counts: dict[str, int], prefixes: tuple[str, ...]) -> None:
+    """Each attack of these kinds was tried, and each try was refused or cut short by a fault;
+    one accepted is a finding, which the lane reports (and the caller asserts there is none)."""
+    tried = {k: n for k, n in counts.items() if k.startswith(prefixes)}
+    assert tried and sum(counts.get(f"refused:{k}", 0) for k in tried) > 0, counts
+    for k, n in tried.items():
+        cut = sum(m for c, m in counts.items() if c.startswith(f"interrupted:{k}:"))
+        assert counts.get(f"refused:{k}", 0) + cut == n, (k, counts)
 
 
 def test_history_holds_every_outcome_and_the_faults(campaign: Campaign) -> None:
@@ -351,6 +363,15 @@ def test_a_secured_campaign_refuses_every_denied_call(tmp_path: Path) -> None:
     assert all(
         counts.get(f"denied-refused:{kind}", 0) + counts.get(f"denied-interrupted:{kind}", 0) == n
         for kind, n in denied.items()
+    ), counts
+    # another user's session and lease ids: each use refused
+    ids = {k.split(":", 1)[1]: n for k, n in counts.items() if k.startswith("others-ids:")}
+    assert ids, counts
+    assert all(
+        counts.get(f"others-ids-refused:{kind}", 0)
+        + sum(m for c, m in counts.items() if c.startswith(f"others-ids-interrupted:{kind}:"))
+        == n
+        for kind, n in ids.items()
     ), counts
 
 
