@@ -53,6 +53,9 @@ SMALL_STATS_ROWS = 64
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
 STAGING_DIR = "_staging"
+# A file of at most this many rows has its statistics verified from its decoded columns (cheaper
+# than building them from the footer at that size: a 10-row part's three columns, about 25 us).
+DECODED_STATS_ROWS = 1024
 
 
 def checksum_of(data: bytes) -> str:
@@ -640,3 +643,217 @@ def delete_part(storage: Storage, path: str) -> None:
             storage.delete(p)
         except Exception as exc:  # noqa: BLE001 - quietly, whatever the backend raised
             log.warning("could not delete %s: %r", p, exc)
+
+
+# -- what a file says about itself (stage-time verification, ``mergetxn check``) ---------------
+# A part's claims are verified against its file before any reader can see it (replicas/registry.py
+# ``Transactions.check_added``; docs/rules.md "What a part's metadata is checked against"): the
+# whole file is read once (its crc32), its footer parsed from those bytes (rows, columns, the
+# per-row-group min/max statistics); a column whose footer statistics cannot vouch for it (a
+# float, which may hold NaN; a row group without statistics) is decoded, and a keys table's key
+# columns are decoded to check its key summary. Parts written by the replica itself (its merges and
+# compactions) are not verified again.
+
+
+def file_claims(
+    raw: bytes,
+    meta: PartMeta,
+    expected: pa.Schema | None = None,
+    partition_by: Sequence[str] = (),
+    primary_key: Sequence[str] = (),
+) -> tuple[str, str] | None:
+    """``(field, why)`` of the first claim of ``meta`` that its file's bytes ``raw`` refute, or
+    None when every claim holds: size, checksum, rows (the footer), columns and types (against
+    ``expected``, when given), column statistics and the values of the ``partition_by`` columns
+    (a claimed [min, max] must cover the file's values; every row in the part's partition), and
+    a keys-table part's key summary (``primary_key``: its key columns)."""
+    if len(raw) != meta.size:
+        return "size", f"says {meta.size} bytes, the file has {len(raw)}"
+    actual = checksum_of(raw)
+    if actual != meta.checksum:
+        return "checksum", f"says {meta.checksum}, the file's is {actual}"
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(raw))
+        md = pf.metadata
+        schema = pf.schema_arrow
+    except (pa.ArrowException, OSError) as exc:
+        return "file", f"does not parse as Parquet: {clip(exc)}"
+    if md.num_rows != meta.rows:
+        return "rows", f"says {meta.rows} rows, the file's footer has {md.num_rows}"
+    if expected is not None:
+        wrong = schema_problem(schema, expected)
+        if wrong is not None:
+            return "schema", wrong
+    wanted = [c for c in (*meta.stats, *partition_by) if c in schema.names]
+    try:
+        truth = file_stats(pf, wanted)
+        problem = claims_problem(meta, truth, schema.names) or partition_problem(partition_by, meta.partition, truth)
+        if problem is None and meta.key_summary is not None:
+            problem = _summary_claims(raw, pf, meta.key_summary, primary_key)
+    except (pa.ArrowException, OSError) as exc:
+        return "file", f"does not decode: {clip(exc)}"
+    return problem
+
+
+def claims_problem(meta: PartMeta, truth: dict[str, tuple[Any, Any]], columns: Sequence[str]) -> tuple[str, str] | None:
+    """``(field, why)`` when a statistic or partition value of ``meta`` is narrower than the
+    file's own ``truth`` (its columns' [min, max] as :func:`column_stats` gives them; a column
+    absent has no order the statistics can state), else None."""
+    for col, claimed in meta.stats.items():
+        if col not in columns:
+            return f"stats.{col}", "names a column the file does not have"
+        wrong = stat_problem(claimed, truth.get(col))
+        if wrong is not None:
+            return f"stats.{col}", wrong
+    return None
+
+
+def stat_problem(claimed: tuple[Any, Any], truth: tuple[Any, Any] | None) -> str | None:
+    """Why a claimed [min, max] of a column does not cover the file's values (``truth``, None
+    when they have no order: NaN, another type), or None. A wider range is allowed (it only
+    prunes less); (None, None) claims every value null; a max of None claims no upper bound."""
+    lo, hi = claimed
+    if truth is None:
+        return f"claims [{quote(lo)}, {quote(hi)}], the file's values have no [min, max] (NaN or unordered)"
+    tlo, thi = truth
+    if lo is None and hi is None:
+        return (
+            None
+            if tlo is None and thi is None
+            else f"claims every value null, the file has [{quote(tlo)}, {quote(thi)}]"
+        )
+    if tlo is None and thi is None:
+        return None  # every value null: any range covers them
+    try:
+        low_ok = lo is None or (_same_kind(lo, tlo) and lo <= tlo)
+        high_ok = hi is None or (thi is not None and _same_kind(hi, thi) and hi >= thi)
+    except TypeError:
+        low_ok = high_ok = False
+    if low_ok and high_ok:
+        return None
+    return f"claims [{quote(lo)}, {quote(hi)}], the file's values span [{quote(tlo)}, {quote(thi)}]"
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    """Whether two statistics compare as the reader's pruning compares them (bools with bools,
+    strings with strings, numbers with numbers)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool)
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str)
+    return isinstance(a, (int, float)) and isinstance(b, (int, float))
+
+
+def partition_problem(
+    partition_by: Sequence[str], partition: tuple, truth: dict[str, tuple[Any, Any]]
+) -> tuple[str, str] | None:
+    """``(field, why)`` when a row of the file lies outside the partition the part claims (the
+    file's partition columns' [min, max] is not [value, value], or not all null for a null)."""
+    for col, value in zip(partition_by, partition):
+        want = (None, None) if value is None else ops.bound_range(value, value)
+        got = truth.get(col)
+        if got is None or tuple(got) != tuple(want):
+            return (
+                f"partition.{col}",
+                f"says {quote(value)}, the file's values of {quote(col)} span {quote(list(got) if got else got)}",
+            )
+    return None
+
+
+def schema_problem(schema: pa.Schema, expected: pa.Schema) -> str | None:
+    """Why a file's columns (``schema``) are not the table's (``expected``): a column the table
+    does not have, a non-nullable one missing, or another type than a reader takes it as."""
+    extra = [n for n in schema.names if expected.get_field_index(n) < 0]
+    if extra:
+        return f"the file has column(s) {quote(extra)} the table does not have (columns {expected.names})"
+    for f in expected:
+        i = schema.get_field_index(f.name)
+        if i < 0:
+            if not f.nullable:
+                return f"the file lacks the non-nullable column {quote(f.name)}"
+            continue
+        t = schema.field(i).type
+        if not _readable_as(t, f.type):
+            return f"column {quote(f.name)} is {t} in the file, the table has {f.type}"
+    return None
+
+
+def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a file's column type reads as the table's: the same, or the same family as
+    another engine's writer gives it (string and large_string; binary and large_binary; a
+    timestamp of the same unit that is also zoned or also naive; lists of such)."""
+    if t.equals(want):
+        return True
+    pairs = ((pa.types.is_string, pa.types.is_large_string), (pa.types.is_binary, pa.types.is_large_binary))
+    for a, b in pairs:
+        if (a(t) or b(t)) and (a(want) or b(want)):
+            return True
+    if pa.types.is_timestamp(t) and pa.types.is_timestamp(want):
+        return t.unit == want.unit and (t.tz is None) == (want.tz is None)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (pa.types.is_list(want) or pa.types.is_large_list(want)):
+        return _readable_as(t.value_type, want.value_type)
+    return False
+
+
+def file_stats(pf: Any, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+    """The [min, max] of each of ``columns`` of a Parquet file (``pf``, a ``ParquetFile``), as
+    :func:`column_stats` gives it for the rows: a small file's (at most :data:`DECODED_STATS_ROWS`
+    rows) from its decoded columns; a larger one's from the footer's statistics where every row
+    group has them, by decoding the column otherwise (floats always: the footer leaves NaN out).
+    A column with no order (NaN, a nested type) is absent."""
+    md, schema = pf.metadata, pf.schema_arrow
+    wanted = list(dict.fromkeys(columns))
+    if md.num_rows <= DECODED_STATS_ROWS:
+        return column_stats(pf.read(columns=wanted, use_threads=False)) if wanted else {}
+    index = {md.schema.column(j).path: j for j in range(md.num_columns)}
+    out: dict[str, tuple[Any, Any]] = {}
+    decode = []
+    for name in wanted:
+        t = schema.field(name).type
+        bounds = None if pa.types.is_floating(t) or name not in index else _footer_bounds(md, index[name])
+        if bounds is None:
+            decode.append(name)
+        elif bounds[0] is None:
+            out[name] = (None, None)
+        elif pa.types.is_integer(t) or pa.types.is_boolean(t):
+            out[name] = bounds
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            out[name] = ops.bound_range(*bounds)
+        else:
+            out.update(column_stats(pa.table({name: pa.array(list(bounds)).cast(t)})))
+    if decode:
+        out.update(column_stats(pf.read(columns=decode, use_threads=False)))
+    return out
+
+
+def _footer_bounds(md: Any, j: int) -> tuple[Any, Any] | None:
+    """Column ``j``'s least and greatest value over the row groups' footer statistics ((None,
+    None): every value null); None when a row group has none to go by."""
+    lo = hi = None
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        st = rg.column(j).statistics
+        if st is None:
+            return None
+        if st.has_min_max:
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        elif not (st.has_null_count and st.null_count == rg.num_rows):
+            return None
+    return lo, hi
+
+
+def _summary_claims(raw: bytes, pf: Any, summary: dict, primary_key: Sequence[str]) -> tuple[str, str] | None:
+    """``(field, why)`` when a keys-table part's key summary does not hold every key of its file,
+    or its recorded byte ranges are not the file's."""
+    ranges = summary.get("ranges")
+    if ranges is not None and ranges != file_ranges(raw):
+        return "key_summary.ranges", "are not the file's byte ranges and their crc32"
+    names = pf.schema_arrow.names
+    missing = [k for k in primary_key if k not in names]
+    if missing or not primary_key:
+        return "key_summary", f"the file lacks the key column(s) {quote(missing or list(primary_key))}"
+    extra = [c for c in (keytables.OP, keytables.COLS) if c in names] if "exact" in summary else []
+    data = pf.read(columns=[*primary_key, *extra], use_threads=False)
+    wrong = keytables.summary_gap(summary, data, primary_key)
+    return None if wrong is None else ("key_summary", wrong)
