@@ -37,7 +37,6 @@ from coordinator.core.errors import (
     TransactionNotFound,
     storage_error,
 )
-from coordinator.core.keytables import file_schema, folded_schema
 from coordinator.core.readsets import Read
 from coordinator.core.tabledata import partition_key
 from coordinator.core.versions import Tid, local_counter
@@ -52,7 +51,7 @@ from coordinator.model.records import (
     WalStaged,
     op_from_dict,
 )
-from parts.io.format import delete_part, file_claims, part_path
+from parts.io.format import delete_part, file_claims, part_path, part_schema
 from parts.model.meta import PartMeta
 from replicas.cleanup import MIN_GRACE
 from replicas.metrics import abort_kind
@@ -380,18 +379,16 @@ class Transactions:
         checksum, rows, columns, statistics, partition, key summary), its file read once here, on
         the caller's thread and under no lock another transaction waits on; InvalidInput naming
         the part and the field otherwise, with nothing staged and the file left where it is."""
-        keys = table.conflict_policy is Policy.KEYS
-        expected = table.schema
-        if keys:
-            expected = (folded_schema if isinstance(op, Compact) else file_schema)(table.schema, table.primary_key)
+        pk = table.primary_key if table.conflict_policy is Policy.KEYS else ()
+        expected = part_schema(table.schema, pk, folded=isinstance(op, Compact))
         for meta in op.added:
             try:
                 size = self.storage.size(meta.path)
                 raw = self.storage.get(meta.path) if size == meta.size else b""
             except FileNotFoundError:
                 raise InvalidInput(
-                    f"part {meta.name} of table {table.name!r}: its file {meta.path!r} is not in storage; "
-                    "write the file before committing it",
+                    f"part {meta.name} of table {table.name!r}: its metadata's path {meta.path!r} names no file "
+                    "in storage; write the file before committing it",
                     part=meta.name,
                     table=table.name,
                     field="path",
@@ -401,7 +398,7 @@ class Transactions:
             wrong = (
                 ("size", f"says {meta.size} bytes, the file has {size}")
                 if size != meta.size
-                else file_claims(raw, meta, expected, table.partition_by, table.primary_key if keys else ())
+                else file_claims(raw, meta, expected, table.partition_by, pk)
             )
             if wrong is not None:
                 field, why = wrong

@@ -11,6 +11,7 @@ those facts belong to the commit log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -693,6 +694,29 @@ def file_claims(
     except (pa.ArrowException, OSError) as exc:
         return "file", f"does not decode: {clip(exc)}"
     return problem
+
+
+def file_meta(raw: bytes, meta: PartMeta) -> PartMeta:
+    """``meta`` with what its file's bytes ``raw`` say in place of its claims: size, checksum,
+    rows and column statistics from the file, no key summary (a part without one may hold any
+    key). What a repair reads a part under whose committed metadata its file contradicts."""
+    pf = pq.ParquetFile(pa.BufferReader(raw))
+    return dataclasses.replace(
+        meta,
+        size=len(raw),
+        checksum=checksum_of(raw),
+        rows=pf.metadata.num_rows,
+        stats=column_stats(pf.read(use_threads=False)),
+        key_summary=None,
+    )
+
+
+def part_schema(schema: pa.Schema, primary_key: Sequence[str] = (), folded: bool = False) -> pa.Schema:
+    """The columns a part file of a table of ``schema`` holds: the table's, or for a keys table
+    (``primary_key``) its versions' layout, with ``_ver`` for a compaction's output (``folded``)."""
+    if not primary_key:
+        return schema
+    return (keytables.folded_schema if folded else keytables.file_schema)(schema, primary_key)
 
 
 def claims_problem(meta: PartMeta, truth: dict[str, tuple[Any, Any]], columns: Sequence[str]) -> tuple[str, str] | None:
