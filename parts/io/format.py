@@ -57,6 +57,9 @@ STAGING_DIR = "_staging"
 # A file of at most this many rows has its statistics verified from its decoded columns (cheaper
 # than building them from the footer at that size: a 10-row part's three columns, about 25 us).
 DECODED_STATS_ROWS = 1024
+# Columns decoded to verify statistics that take more than this are handed back to the OS at once
+# (a part with a 64 MiB value does not leave the replica 64 MiB larger).
+RELEASE_AFTER_BYTES = 16 << 20
 
 
 def checksum_of(data: bytes) -> str:
@@ -803,17 +806,24 @@ def schema_problem(schema: pa.Schema, expected: pa.Schema) -> str | None:
 
 
 def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
-    """Whether a file's column type reads as the table's: the same, or the same family as
-    another engine's writer gives it (string and large_string; binary and large_binary; a
-    timestamp of the same unit that is also zoned or also naive; lists of such)."""
+    """Whether a file's column type reads as the table's (a read casts it: ``TableDef.upgrade``):
+    the same, or of the same family as another engine's writer gives it (Spark's writes a uint8
+    column as int16, a date64 as date32, timestamps in microseconds): integers, floats, dates,
+    strings, binaries, timestamps that are both zoned or both naive, lists of such."""
     if t.equals(want):
         return True
-    pairs = ((pa.types.is_string, pa.types.is_large_string), (pa.types.is_binary, pa.types.is_large_binary))
-    for a, b in pairs:
-        if (a(t) or b(t)) and (a(want) or b(want)):
+    families = (
+        (pa.types.is_integer,),
+        (pa.types.is_floating,),
+        (pa.types.is_date,),
+        (pa.types.is_string, pa.types.is_large_string),
+        (pa.types.is_binary, pa.types.is_large_binary),
+    )
+    for family in families:
+        if any(f(t) for f in family) and any(f(want) for f in family):
             return True
     if pa.types.is_timestamp(t) and pa.types.is_timestamp(want):
-        return t.unit == want.unit and (t.tz is None) == (want.tz is None)
+        return (t.tz is None) == (want.tz is None)
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (pa.types.is_list(want) or pa.types.is_large_list(want)):
         return _readable_as(t.value_type, want.value_type)
     return False
@@ -828,7 +838,7 @@ def file_stats(pf: Any, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
     md, schema = pf.metadata, pf.schema_arrow
     wanted = list(dict.fromkeys(columns))
     if md.num_rows <= DECODED_STATS_ROWS:
-        return column_stats(pf.read(columns=wanted, use_threads=False)) if wanted else {}
+        return _decoded_stats(pf, wanted) if wanted else {}
     index = {md.schema.column(j).path: j for j in range(md.num_columns)}
     out: dict[str, tuple[Any, Any]] = {}
     decode = []
@@ -846,7 +856,26 @@ def file_stats(pf: Any, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
         else:
             out.update(column_stats(pa.table({name: pa.array(list(bounds)).cast(t)})))
     if decode:
-        out.update(column_stats(pf.read(columns=decode, use_threads=False)))
+        out.update(_decoded_stats(pf, decode))
+    return out
+
+
+def _decoded_stats(pf: Any, columns: list[str]) -> dict[str, tuple[Any, Any]]:
+    """:func:`column_stats` of ``columns`` decoded, long strings cut to one character past the
+    statistics bound first (the bounds of the prefixes are the bounds of the values, and a 64 MiB
+    value is never copied into Python). Memory the decoding took is given back at once when the
+    columns were large."""
+    data = pf.read(columns=columns, use_threads=False)
+    cut = []
+    for col in data.columns:
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = pc.utf8_slice_codeunits(col, 0, ops.STAT_PREFIX + 1)
+        cut.append(col)
+    big = data.nbytes > RELEASE_AFTER_BYTES
+    out = column_stats(pa.Table.from_arrays(cut, names=data.column_names))
+    if big:
+        del data, cut
+        pa.default_memory_pool().release_unused()
     return out
 
 
