@@ -383,8 +383,11 @@ class Transactions:
         expected = part_schema(table.schema, pk, folded=isinstance(op, Compact))
         for meta in op.added:
             try:
-                size = self.storage.size(meta.path)
-                raw = self.storage.get(meta.path) if size == meta.size else b""
+                # Local files are measured first (a file larger than claimed is refused unread);
+                # an object store's is fetched at once (one request, not two).
+                size = self.storage.size(meta.path) if self.storage.is_local else None
+                raw = self.storage.get(meta.path) if size in (None, meta.size) else b""
+                size = len(raw) if size is None else size
             except FileNotFoundError:
                 raise InvalidInput(
                     f"part {meta.name} of table {table.name!r}: its metadata's path {meta.path!r} names no file "
