@@ -257,3 +257,29 @@ def test_check_finds_rows_and_statistics_lies_and_repair_mends_them(lone: coordi
     left = {p["part"]: p["visible"] for t in report["tables"] for p in t["problems"]}
     assert left == {few.name: False, seven.name: False}
     c.close()
+
+
+@pytest.mark.slow
+def test_repair_of_a_keys_table_part_keeps_its_versions_order(lone: coordinator.LocalCluster) -> None:
+    c = lone.client(0)
+    c.create_table("planted_keys", KEYS, primary_key=["k"], conflict_policy="keys", auto_merge=False)
+    with c.transaction() as tx:
+        tx.insert("planted_keys", pa.table({"k": [1, 2], "v": ["old", "old"]}, schema=KEYS))
+    with c.transaction() as tx:
+        tx.upsert("planted_keys", pa.table({"k": [1], "v": ["new"]}, schema=KEYS))
+    lied = next(p for p in c.call("visible", table="planted_keys", lease="none")["parts"] if p["rows"] == 1)
+    csn = tx.csn
+    c.close()
+    lone.stop_replica(0)
+    shutil.rmtree(lone.workdir / "replica-0")
+    plant(lone, csn, lied["name"], {"rows": 3})
+    lone.start_replica(0)
+    c = lone.client(0)
+    c.wait_for(csn)
+    with pytest.raises(CorruptPart):
+        c.read("planted_keys")
+    r = invoke(lone, "check", "planted_keys", "--repair")
+    assert r.exit_code == 0, r.output
+    got = c.read("planted_keys")
+    assert dict(zip(got.column("k").to_pylist(), got.column("v").to_pylist())) == {1: "new", 2: "old"}
+    c.close()
