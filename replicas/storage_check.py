@@ -92,11 +92,11 @@ def part_problem(state: ReplicaState, storage: Storage, rec: PartRecord, checksu
         return "file", f"file {meta.path!r} is missing"
     tdef = state.table(meta.table, rec.creation_csn) or state.table(meta.table)
     if tdef is None:
-        wrong = file_claims(raw, meta)
+        wrong = file_claims(raw, meta, decoded=True)
         return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
     pk = tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ()
     expected = part_schema(tdef.schema, pk, folded(meta))
-    wrong = file_claims(raw, meta, expected, tdef.partition_by, pk)
+    wrong = file_claims(raw, meta, expected, tdef.partition_by, pk, decoded=True)
     return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
 
 

@@ -54,9 +54,6 @@ SMALL_STATS_ROWS = 64
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
 STAGING_DIR = "_staging"
-# A file of at most this many rows has its statistics verified from its decoded columns (cheaper
-# than building them from the footer at that size: a 10-row part's three columns, about 25 us).
-DECODED_STATS_ROWS = 1024
 # Columns decoded to verify statistics that take more than this are handed back to the OS at once
 # (a part with a 64 MiB value does not leave the replica 64 MiB larger).
 RELEASE_AFTER_BYTES = 16 << 20
@@ -665,12 +662,15 @@ def file_claims(
     expected: pa.Schema | None = None,
     partition_by: Sequence[str] = (),
     primary_key: Sequence[str] = (),
+    decoded: bool = False,
 ) -> tuple[str, str] | None:
     """``(field, why)`` of the first claim of ``meta`` that its file's bytes ``raw`` refute, or
     None when every claim holds: size, checksum, rows (the footer), columns and types (against
     ``expected``, when given), column statistics and the values of the ``partition_by`` columns
     (a claimed [min, max] must cover the file's values; every row in the part's partition), and
-    a keys-table part's key summary (``primary_key``: its key columns)."""
+    a keys-table part's key summary (``primary_key``: its key columns). The file's values come
+    from its footer's statistics (see :func:`file_stats`), from its decoded columns with
+    ``decoded``."""
     if len(raw) != meta.size:
         return "size", f"says {meta.size} bytes, the file has {len(raw)}"
     actual = checksum_of(raw)
@@ -690,7 +690,8 @@ def file_claims(
             return "schema", wrong
     wanted = [c for c in (*meta.stats, *partition_by) if c in schema.names]
     try:
-        truth = file_stats(pf, wanted)
+        single = [c for c, (lo, hi) in meta.stats.items() if lo is not None and lo == hi]
+        truth = file_stats(pf, wanted, decoded, exact=single)
         problem = claims_problem(meta, truth, schema.names) or partition_problem(partition_by, meta.partition, truth)
         if problem is None and meta.key_summary is not None:
             problem = _summary_claims(raw, pf, meta.key_summary, primary_key)
@@ -829,35 +830,48 @@ def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
     return False
 
 
-def file_stats(pf: Any, columns: Sequence[str]) -> dict[str, tuple[Any, Any]]:
+def file_stats(
+    pf: Any, columns: Sequence[str], decoded: bool = False, exact: Sequence[str] = ()
+) -> dict[str, tuple[Any, Any]]:
     """The [min, max] of each of ``columns`` of a Parquet file (``pf``, a ``ParquetFile``), as
-    :func:`column_stats` gives it for the rows: a small file's (at most :data:`DECODED_STATS_ROWS`
-    rows) from its decoded columns; a larger one's from the footer's statistics where every row
-    group has them, by decoding the column otherwise (floats always: the footer leaves NaN out).
-    A column with no order (NaN, a nested type) is absent."""
+    :func:`column_stats` gives it for the rows: from the footer's statistics where every row group
+    has them, by decoding the column otherwise. A float column's footer statistics leave NaN out:
+    it is decoded when it is in ``exact`` (a claim of one value, which prunes ``!=``, where a NaN
+    row matches); any other range is covered or not whatever NaN the column holds (no comparison
+    but ``!=`` matches NaN). ``decoded``: every column decoded (what ``mergetxn check`` does: it
+    also catches a footer whose statistics disagree with its own pages). A column with no order
+    (all NaN, nested) is absent."""
     md, schema = pf.metadata, pf.schema_arrow
     wanted = list(dict.fromkeys(columns))
-    if md.num_rows <= DECODED_STATS_ROWS:
+    if decoded:
         return _decoded_stats(pf, wanted) if wanted else {}
-    index = {md.schema.column(j).path: j for j in range(md.num_columns)}
+    flat = md.num_columns == len(schema)  # leaf j is field j (no nested column)
+    index = {n: i for i, n in enumerate(schema.names)} if flat else _leaf_index(md)
     out: dict[str, tuple[Any, Any]] = {}
     decode = []
     for name in wanted:
         t = schema.field(name).type
-        bounds = None if pa.types.is_floating(t) or name not in index else _footer_bounds(md, index[name])
+        floating = pa.types.is_floating(t)
+        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(md, index[name])
         if bounds is None:
             decode.append(name)
         elif bounds[0] is None:
             out[name] = (None, None)
-        elif pa.types.is_integer(t) or pa.types.is_boolean(t):
+        elif pa.types.is_integer(t) or pa.types.is_boolean(t) or floating:
             out[name] = bounds
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             out[name] = ops.bound_range(*bounds)
+        elif pa.types.is_date32(t):
+            out[name] = (bounds[0].isoformat(), bounds[1].isoformat())
         else:
             out.update(column_stats(pa.table({name: pa.array(list(bounds)).cast(t)})))
     if decode:
         out.update(_decoded_stats(pf, decode))
     return out
+
+
+def _leaf_index(md: Any) -> dict[str, int]:
+    return {md.schema.column(j).path: j for j in range(md.num_columns)}
 
 
 def _decoded_stats(pf: Any, columns: list[str]) -> dict[str, tuple[Any, Any]]:

@@ -130,10 +130,13 @@ def test_file_claims_names_the_first_field_a_file_refutes() -> None:
         ({"checksum": "crc32:00000000"}, "checksum"),
         ({"rows": 999}, "rows"),
         ({"stats": {**m.stats, "n": (150, 150)}}, "stats.n"),
-        ({"stats": {**m.stats, "f": (0.0, 1.0)}}, "stats.f"),  # NaN is not inside [0, 1]
+        ({"stats": {**m.stats, "f": (0.5, 0.5)}}, "stats.f"),  # one value claimed: `f != 0.5` would skip the NaN
+        ({"stats": {**m.stats, "f": (0.6, 1.0)}}, "stats.f"),
     ):
         got = file_claims(raw, dataclasses.replace(m, **change), data.schema)
         assert got is not None and got[0] == field, (change, got)
+    # A range of several values prunes no NaN row (only != matches NaN, and it prunes one value).
+    assert file_claims(raw, dataclasses.replace(m, stats={**m.stats, "f": (0.0, 1.0)}), data.schema) is None
     assert file_claims(b"x" * m.size, dataclasses.replace(m, checksum=checksum_of(b"x" * m.size)))[0] == "file"  # type: ignore[index]
     assert file_claims(raw, m, pa.schema([("n", pa.int32())]))[0] == "schema"  # type: ignore[index]
 
