@@ -844,7 +844,7 @@ def file_stats(
     md, schema = pf.metadata, pf.schema_arrow
     wanted = list(dict.fromkeys(columns))
     if decoded:
-        return _decoded_stats(pf, wanted) if wanted else {}
+        return _decoded_stats(pf, wanted, exact) if wanted else {}
     flat = md.num_columns == len(schema)  # leaf j is field j (no nested column)
     index = {n: i for i, n in enumerate(schema.names)} if flat else _leaf_index(md)
     out: dict[str, tuple[Any, Any]] = {}
@@ -866,7 +866,7 @@ def file_stats(
         else:
             out.update(column_stats(pa.table({name: pa.array(list(bounds)).cast(t)})))
     if decode:
-        out.update(_decoded_stats(pf, decode))
+        out.update(_decoded_stats(pf, decode, exact))
     return out
 
 
@@ -874,19 +874,25 @@ def _leaf_index(md: Any) -> dict[str, int]:
     return {md.schema.column(j).path: j for j in range(md.num_columns)}
 
 
-def _decoded_stats(pf: Any, columns: list[str]) -> dict[str, tuple[Any, Any]]:
+def _decoded_stats(pf: Any, columns: list[str], exact: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
     """:func:`column_stats` of ``columns`` decoded, long strings cut to one character past the
     statistics bound first (the bounds of the prefixes are the bounds of the values, and a 64 MiB
-    value is never copied into Python). Memory the decoding took is given back at once when the
-    columns were large."""
+    value is never copied into Python), NaN left out of a float column not in ``exact`` (as the
+    footer's statistics leave it out: see :func:`file_stats`; a column of NaN alone has no
+    order). Memory the decoding took is given back at once when the columns were large."""
     data = pf.read(columns=columns, use_threads=False)
-    cut = []
-    for col in data.columns:
+    cut, unordered = [], set()
+    for name, col in zip(data.column_names, data.columns):
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col = pc.utf8_slice_codeunits(col, 0, ops.STAT_PREFIX + 1)
+        elif pa.types.is_floating(col.type) and name not in exact and pc.any(pc.is_nan(col)).as_py():
+            col = pc.if_else(pc.is_nan(col), None, col)
+            unordered.update([name] if col.null_count == len(col) else [])
         cut.append(col)
     big = data.nbytes > RELEASE_AFTER_BYTES
     out = column_stats(pa.Table.from_arrays(cut, names=data.column_names))
+    for name in unordered:
+        out.pop(name, None)
     if big:
         del data, cut
         pa.default_memory_pool().release_unused()

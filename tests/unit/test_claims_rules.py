@@ -136,7 +136,16 @@ def test_file_claims_names_the_first_field_a_file_refutes() -> None:
         got = file_claims(raw, dataclasses.replace(m, **change), data.schema)
         assert got is not None and got[0] == field, (change, got)
     # A range of several values prunes no NaN row (only != matches NaN, and it prunes one value).
-    assert file_claims(raw, dataclasses.replace(m, stats={**m.stats, "f": (0.0, 1.0)}), data.schema) is None
+    for decoded in (False, True):  # at stage (the footer) and in mergetxn check (decoded) alike
+        ranged = dataclasses.replace(m, stats={**m.stats, "f": (0.0, 1.0)})
+        assert file_claims(raw, ranged, data.schema, decoded=decoded) is None
+        one = dataclasses.replace(m, stats={**m.stats, "f": (0.5, 0.5)})
+        assert file_claims(raw, one, data.schema, decoded=decoded)[0] == "stats.f"  # type: ignore[index]
+    nan = pa.table({"f": [float("nan")]})
+    raw_nan, m_nan = file_and_meta(nan)
+    for decoded in (False, True):  # a column of NaN alone has no order to claim
+        claim = dataclasses.replace(m_nan, stats={"f": (0.0, 1.0)})
+        assert file_claims(raw_nan, claim, nan.schema, decoded=decoded)[0] == "stats.f"  # type: ignore[index]
     assert file_claims(b"x" * m.size, dataclasses.replace(m, checksum=checksum_of(b"x" * m.size)))[0] == "file"  # type: ignore[index]
     assert file_claims(raw, m, pa.schema([("n", pa.int32())]))[0] == "schema"  # type: ignore[index]
 
