@@ -22,7 +22,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -688,11 +688,12 @@ def file_claims(
         wrong = schema_problem(schema, expected)
         if wrong is not None:
             return "schema", wrong
-    wanted = [c for c in (*meta.stats, *partition_by) if c in schema.names]
+    names = set(schema.names)
+    wanted = [c for c in (*meta.stats, *partition_by) if c in names]
     try:
         single = [c for c, (lo, hi) in meta.stats.items() if lo is not None and lo == hi]
-        truth = file_stats(pf, wanted, decoded, exact=single)
-        problem = claims_problem(meta, truth, schema.names) or partition_problem(partition_by, meta.partition, truth)
+        truth = file_stats(pf, wanted, decoded, exact=single, schema=schema)
+        problem = claims_problem(meta, truth, names) or partition_problem(partition_by, meta.partition, truth)
         if problem is None and meta.key_summary is not None:
             problem = _summary_claims(raw, pf, meta.key_summary, primary_key)
     except (pa.ArrowException, OSError) as exc:
@@ -723,7 +724,9 @@ def part_schema(schema: pa.Schema, primary_key: Sequence[str] = (), folded: bool
     return (keytables.folded_schema if folded else keytables.file_schema)(schema, primary_key)
 
 
-def claims_problem(meta: PartMeta, truth: dict[str, tuple[Any, Any]], columns: Sequence[str]) -> tuple[str, str] | None:
+def claims_problem(
+    meta: PartMeta, truth: dict[str, tuple[Any, Any]], columns: Collection[str]
+) -> tuple[str, str] | None:
     """``(field, why)`` when a statistic or partition value of ``meta`` is narrower than the
     file's own ``truth`` (its columns' [min, max] as :func:`column_stats` gives them; a column
     absent has no order the statistics can state), else None."""
@@ -791,6 +794,8 @@ def partition_problem(
 def schema_problem(schema: pa.Schema, expected: pa.Schema) -> str | None:
     """Why a file's columns (``schema``) are not the table's (``expected``): a column the table
     does not have, a non-nullable one missing, or another type than a reader takes it as."""
+    if schema.equals(expected):
+        return None  # the usual case (a part written by write_part), decided in one call
     extra = [n for n in schema.names if expected.get_field_index(n) < 0]
     if extra:
         return f"the file has column(s) {quote(extra)} the table does not have (columns {expected.names})"
@@ -831,7 +836,7 @@ def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
 
 
 def file_stats(
-    pf: Any, columns: Sequence[str], decoded: bool = False, exact: Sequence[str] = ()
+    pf: Any, columns: Sequence[str], decoded: bool = False, exact: Sequence[str] = (), schema: Any = None
 ) -> dict[str, tuple[Any, Any]]:
     """The [min, max] of each of ``columns`` of a Parquet file (``pf``, a ``ParquetFile``), as
     :func:`column_stats` gives it for the rows: from the footer's statistics where every row group
@@ -840,8 +845,9 @@ def file_stats(
     row matches); any other range is covered or not whatever NaN the column holds (no comparison
     but ``!=`` matches NaN). ``decoded``: every column decoded (what ``mergetxn check`` does: it
     also catches a footer whose statistics disagree with its own pages). A column with no order
-    (all NaN, nested) is absent."""
-    md, schema = pf.metadata, pf.schema_arrow
+    (all NaN, nested) is absent. ``schema``: the file's Arrow schema, when the caller has it."""
+    md = pf.metadata
+    schema = pf.schema_arrow if schema is None else schema
     wanted = list(dict.fromkeys(columns))
     if decoded:
         return _decoded_stats(pf, wanted, exact) if wanted else {}
