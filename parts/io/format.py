@@ -853,12 +853,13 @@ def file_stats(
         return _decoded_stats(pf, wanted, exact) if wanted else {}
     flat = md.num_columns == len(schema)  # leaf j is field j (no nested column)
     index = {n: i for i, n in enumerate(schema.names)} if flat else _leaf_index(md)
+    groups = [md.row_group(g) for g in range(md.num_row_groups)]
     out: dict[str, tuple[Any, Any]] = {}
     decode = []
     for name in wanted:
         t = schema.field(name).type
         floating = pa.types.is_floating(t)
-        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(md, index[name])
+        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(groups, index[name])
         if bounds is None:
             decode.append(name)
         elif bounds[0] is None:
@@ -905,12 +906,12 @@ def _decoded_stats(pf: Any, columns: list[str], exact: Sequence[str] = ()) -> di
     return out
 
 
-def _footer_bounds(md: Any, j: int) -> tuple[Any, Any] | None:
-    """Column ``j``'s least and greatest value over the row groups' footer statistics ((None,
-    None): every value null); None when a row group has none to go by."""
+def _footer_bounds(groups: list, j: int) -> tuple[Any, Any] | None:
+    """Column ``j``'s least and greatest value over the row groups' footer statistics (``groups``:
+    the file's row groups' metadata; (None, None): every value null); None when a row group has
+    none to go by."""
     lo = hi = None
-    for g in range(md.num_row_groups):
-        rg = md.row_group(g)
+    for rg in groups:
         st = rg.column(j).statistics
         if st is None:
             return None
