@@ -886,7 +886,19 @@ def _decoded_stats(pf: Any, columns: list[str], exact: Sequence[str] = ()) -> di
     statistics bound first (the bounds of the prefixes are the bounds of the values, and a 64 MiB
     value is never copied into Python), NaN left out of a float column not in ``exact`` (as the
     footer's statistics leave it out: see :func:`file_stats`; a column of NaN alone has no
-    order). Memory the decoding took is given back at once when the columns were large."""
+    order). A large file's columns are decoded one at a time, each one's memory given back before
+    the next (``mergetxn check`` of a big part holds one decoded column, not the whole part)."""
+    md = pf.metadata
+    size = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    if size <= RELEASE_AFTER_BYTES or len(columns) < 2:
+        return _columns_stats(pf, columns, exact, release=size > RELEASE_AFTER_BYTES)
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in columns:
+        out.update(_columns_stats(pf, [name], exact, release=True))
+    return out
+
+
+def _columns_stats(pf: Any, columns: list[str], exact: Sequence[str], release: bool) -> dict[str, tuple[Any, Any]]:
     data = pf.read(columns=columns, use_threads=False)
     cut, unordered = [], set()
     for name, col in zip(data.column_names, data.columns):
@@ -896,11 +908,10 @@ def _decoded_stats(pf: Any, columns: list[str], exact: Sequence[str] = ()) -> di
             col = pc.if_else(pc.is_nan(col), None, col)
             unordered.update([name] if col.null_count == len(col) else [])
         cut.append(col)
-    big = data.nbytes > RELEASE_AFTER_BYTES
     out = column_stats(pa.Table.from_arrays(cut, names=data.column_names))
     for name in unordered:
         out.pop(name, None)
-    if big:
+    if release:
         del data, cut
         pa.default_memory_pool().release_unused()
     return out
