@@ -685,7 +685,7 @@ def file_claims(
     if md.num_rows != meta.rows:
         return "rows", f"says {meta.rows} rows, the file's footer has {md.num_rows}"
     if expected is not None:
-        wrong = schema_problem(schema, expected)
+        wrong = schema_problem(schema, expected) or _nulls_problem(pf, schema, expected)
         if wrong is not None:
             return "schema", wrong
     names = set(schema.names)
@@ -808,6 +808,26 @@ def schema_problem(schema: pa.Schema, expected: pa.Schema) -> str | None:
         t = schema.field(i).type
         if not _readable_as(t, f.type):
             return f"column {quote(f.name)} is {t} in the file, the table has {f.type}"
+    return None
+
+
+def _nulls_problem(pf: Any, schema: pa.Schema, expected: pa.Schema) -> str | None:
+    """Why a file holds nulls where the table allows none (by its footer's null counts; a column
+    with a row group that has none is decoded), or None."""
+    md = pf.metadata
+    if md.num_columns != len(schema):
+        return None  # nested columns: no leaf-per-field footer to read (reads check them)
+    for f in expected:
+        j = schema.get_field_index(f.name)
+        if f.nullable or j < 0:
+            continue
+        stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
+        if all(st is not None and st.has_null_count for st in stats):
+            nulls = sum(st.null_count for st in stats)
+        else:
+            nulls = pf.read(columns=[f.name], use_threads=False).column(0).null_count
+        if nulls:
+            return f"column {quote(f.name)} is NOT NULL in the table and the file has {nulls} null(s)"
     return None
 
 

@@ -185,3 +185,14 @@ def test_a_retry_must_carry_the_committed_metadata() -> None:
     assert _other_metadata({**sent, "rows": 2}, committed) == "rows"
     assert _other_metadata({**sent, "stats": {"n": [0, 5]}}, committed) == "stats"
     assert _other_metadata({**sent, "checksum": "nope"}, committed).startswith("it does not parse")  # type: ignore[union-attr]
+
+
+def test_nulls_in_a_not_null_column_are_refused() -> None:
+    table = pa.schema([pa.field("n", pa.int64(), nullable=False), ("s", pa.string())])
+    loose = pa.table({"n": pa.array([1, None]), "s": ["a", None]})
+    raw, m = file_and_meta(loose)
+    got = file_claims(raw, m, table)
+    assert got is not None and got[0] == "schema" and "NOT NULL" in got[1] and "1 null" in got[1]
+    ok = pa.table({"n": [1, 2], "s": ["a", None]})
+    raw, m = file_and_meta(ok)
+    assert file_claims(raw, m, table) is None
