@@ -345,7 +345,11 @@ class ReplicaServer(RpcServer):
             tdef = replica.state.table(table)
             quick = rows <= min(replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows)
         if quick:
-            retried = txns.committed_retry(a)
+            try:  # a retry with other metadata than was committed is refused (InvalidInput)
+                retried = txns.committed_retry(a)
+            except MergetxnError as exc:
+                reply(error_reply(exc))
+                return True
             if retried is not None:
                 reply({"ok": True, "result": retried})
                 return True
