@@ -28,6 +28,14 @@ checkout's replicas against this one's), the roots alternating round by round. E
 in a process of its own with that root first on ``sys.path`` (its replicas run its code).
 
     .venv/bin/python benchmarks/security_cost.py --only brute [--code ROOT ...] [--brute-rounds 2] [--out FILE]
+``--only commit``: the price of checking every part's metadata against its file at stage time
+(docs/rules.md, "What a part's metadata is checked against"): sequential 10-row inserts
+(``client.insert``, one client, one replica) with the checks against the code before them (a
+checkout given by ``--old``, put first on PYTHONPATH of a worker process and of the replica it
+starts), rounds alternating old and new in one run; and the verification's cost per MB of a
+large part (read, crc32, footer, statistics), in this process.
+
+    .venv/bin/python benchmarks/security_cost.py --only commit --old /work/main [--commits 500] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -256,6 +264,179 @@ def main_brute(a: argparse.Namespace) -> int:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {a.out}")
+
+
+# -- the commit path with metadata checks (--only commit) -------------------------------------
+_INSERT_WORKER = r"""
+import json, sys, tempfile, time
+sys.path.insert(0, sys.argv[1] + "/benchmarks")
+import commit_throughput as ct
+from mergetxn.local.cluster import LocalCluster
+import replicas
+with tempfile.TemporaryDirectory(prefix="mtx-meta-") as tmp, LocalCluster(tmp, replicas=1) as cluster:
+    client = cluster.client(0)
+    client.create_table("t", ct.ten_rows().schema, auto_merge=False)
+    print(json.dumps({"ready": replicas.__file__}), flush=True)
+    seed = 0
+    for line in sys.stdin:
+        n = int(line)
+        lat = []
+        t0 = time.perf_counter()
+        for _ in range(n):
+            data = ct.ten_rows(seed)
+            seed += 1
+            s = time.perf_counter()
+            client.insert("t", data)
+            lat.append(time.perf_counter() - s)
+        print(json.dumps({"seconds": time.perf_counter() - t0, "latencies": lat}), flush=True)
+    client.close()
+"""
+
+
+def _insert_worker(root: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _INSERT_WORKER, str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(root),
+    )
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    print(f"worker on {ready['ready']}", flush=True)
+    return proc
+
+
+def _insert_round(proc: subprocess.Popen, commits: int) -> dict:
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(f"{commits}\n")
+    proc.stdin.flush()
+    got = json.loads(proc.stdout.readline())
+    lat = sorted(got["latencies"])
+    return {
+        "commits_per_s": round(commits / got["seconds"], 1),
+        "p50_ms": round(lat[len(lat) // 2] * 1e3, 3),
+        "p90_ms": round(lat[int(len(lat) * 0.9)] * 1e3, 3),
+        "mean_ms": round(sum(lat) / len(lat) * 1e3, 3),
+    }
+
+
+def verification_per_mb(megabytes: int = 64) -> dict:
+    """Milliseconds per MB of checking one large part against its metadata, by step: at stage
+    (``all``: read, crc32, footer, statistics from the footer) and in ``mergetxn check``
+    (``check_decoded``: every column decoded)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from parts.io.format import checksum_of, file_claims, write_part
+    from parts.io.storage import Storage
+
+    rows = megabytes * 1024 * 1024 // 24
+    data = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "name": pa.array([f"row-{i % 100_000}" for i in range(rows)]),
+            "value": pa.array([i * 0.5 for i in range(rows)], pa.float64()),
+        }
+    )
+    with tempfile.TemporaryDirectory(prefix="mtx-meta-mb-") as tmp:
+        storage = Storage(tmp)
+        meta = write_part(storage, "t", [], (), data, "bench", sidecar=False)
+        mb = meta.size / 1e6
+        steps: dict[str, list[float]] = {"read": [], "crc32": [], "footer": [], "all": [], "check_decoded": []}
+        for _ in range(3):
+            t0 = time.perf_counter()
+            raw = storage.get(meta.path)
+            t1 = time.perf_counter()
+            checksum_of(raw)
+            t2 = time.perf_counter()
+            pq.ParquetFile(pa.BufferReader(raw)).metadata
+            t3 = time.perf_counter()
+            assert file_claims(storage.get(meta.path), meta, data.schema) is None
+            t4 = time.perf_counter()
+            assert file_claims(storage.get(meta.path), meta, data.schema, decoded=True) is None
+            t5 = time.perf_counter()
+            for k, took in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+                steps[k].append(round(took * 1e3 / mb, 3))
+    return {"part_mb": round(mb, 1), "rows": rows} | {f"{k}_ms_per_mb": min(v) for k, v in steps.items()}
+
+
+def verification_small_us(calls: int = 3000) -> dict:
+    """Microseconds of one stage-time check of a 10-row insert's part (read, crc32, footer, columns,
+    statistics), and of its steps alone, in this process (best of 3)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from parts.io.format import checksum_of, file_claims, write_part
+    from parts.io.storage import Storage
+
+    data = ct.ten_rows()
+    with tempfile.TemporaryDirectory(prefix="mtx-meta-small-") as tmp:
+        storage = Storage(tmp)
+        meta = write_part(storage, "t", [], (), data, "bench", sidecar=False)
+        raw = storage.get(meta.path)
+        steps = {
+            "read": lambda: storage.get(meta.path),
+            "crc32": lambda: checksum_of(raw),
+            "footer": lambda: pq.ParquetFile(pa.BufferReader(raw)).metadata,
+            "all": lambda: file_claims(storage.get(meta.path), meta, data.schema),
+        }
+        out = {}
+        for name, step in steps.items():
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                best = min(best, (time.perf_counter() - t0) / calls)
+            out[f"{name}_us"] = round(best * 1e6, 1)
+    return {"part_bytes": meta.size} | out
+
+
+def commit_cost(old: Path, commits: int, rounds: int) -> dict:
+    """Sequential 10-row inserts, old code against this tree, alternated round by round."""
+    sides = {"old": _insert_worker(old), "new": _insert_worker(ROOT)}
+    out: dict = {"load_before": os.getloadavg(), "rounds": []}
+    try:
+        for r in range(rounds):
+            order = ("old", "new") if r % 2 == 0 else ("new", "old")
+            rnd = {side: _insert_round(sides[side], commits) for side in order}
+            out["rounds"].append(rnd)
+            print(f"round {r}: {json.dumps(rnd)}", flush=True)
+    finally:
+        for proc in sides.values():
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(timeout=60)
+    out["load_after"] = os.getloadavg()
+    med = {s: sorted(rnd[s]["p50_ms"] for rnd in out["rounds"])[rounds // 2] for s in ("old", "new")}
+    thr = {s: sorted(rnd[s]["commits_per_s"] for rnd in out["rounds"])[rounds // 2] for s in ("old", "new")}
+    out["median_p50_ms"], out["median_commits_per_s"] = med, thr
+    out["p50_new_over_old"] = round(med["new"] / med["old"], 3)
+    out["throughput_new_over_old"] = round(thr["new"] / thr["old"], 3)
+    out["per_round_p50_new_over_old"] = [round(r["new"]["p50_ms"] / r["old"]["p50_ms"], 3) for r in out["rounds"]]
+    return out
+
+
+def main_commit(a: argparse.Namespace) -> int:
+    result = {
+        "machine": ct.machine(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "old": str(a.old),
+        "commits_per_round": a.commits,
+        "insert": commit_cost(a.old, a.commits, a.rounds),
+        "verification": verification_per_mb(a.megabytes),
+        "verification_10_rows": verification_small_us(),
+    }
+    print(json.dumps({k: result["insert"][k] for k in ("p50_new_over_old", "throughput_new_over_old")}))
+    print(json.dumps(result["verification"]))
+    print(json.dumps(result["verification_10_rows"]))
+    out = a.out if a.out is not None else ROOT / "benchmarks" / "results" / "security_cost_commit.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"written to {out}")
     return 0
 
 
@@ -266,7 +447,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rpc-calls", type=int, default=20000)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--only", choices=["brute"], help="one measurement only: brute (logins under a brute force)")
+    ap.add_argument(
+        "--only",
+        choices=["brute", "commit"],
+        help="one measurement only: brute (logins under a brute force), commit (the metadata checks' cost)",
+    )
+    ap.add_argument("--old", type=Path, default=Path("/work/main"), help="--only commit: the code to compare with")
+    ap.add_argument("--commits", type=int, default=500, help="--only commit: sequential inserts per round")
+    ap.add_argument("--megabytes", type=int, default=64, help="--only commit: the large part's size")
     ap.add_argument("--code", action="append", help="--only brute: a checkout whose replicas to measure (repeat)")
     ap.add_argument("--brute-rounds", type=int, default=2)
     ap.add_argument("--brute-rate", type=float, default=50.0, help="wrong-secret logins a second in all")
@@ -285,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.only == "brute":
         a.out = a.out or ROOT / "benchmarks" / "results" / "security_brute.json"
         return main_brute(a)
+    if a.only == "commit":
+        return main_commit(a)
     a.out = a.out or ROOT / "benchmarks" / "results" / "security_cost.json"
 
     def log(msg: str) -> None:

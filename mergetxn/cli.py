@@ -1608,39 +1608,89 @@ def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
 @click.argument("tables", nargs=-1)
 @click.option("--all", "every", is_flag=True, help="Every table (the default when no TABLE is given).")
 @click.option("--quick", is_flag=True, help="Presence and sizes only (no file is read).")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Rewrite each visible part whose intact file contradicts its metadata from the file's rows, "
+    "as one compaction transaction per table.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 @replica_option
-def check(tables: tuple[str, ...], every: bool, quick: bool, as_json: bool, replica: str) -> None:
+def check(tables: tuple[str, ...], every: bool, quick: bool, repair: bool, as_json: bool, replica: str) -> None:
     """Check that every part a read may still need (visible now, or kept for time travel within
-    the retention window) is in storage with the size and checksum it was committed with; TABLES,
-    or every table (--all, or none named). Exit 8 when a file is missing or differs, naming each
-    part; the error line names the first tables and files."""
+    the retention window) is in storage with the size and checksum it was committed with, and
+    that its file bears out the rest of its metadata (rows, columns, statistics, partition, key
+    summary); TABLES, or every table (--all, or none named). Exit 8 when a file is missing or
+    differs, naming each part and what to do: --repair mends a part whose file is intact and whose
+    metadata is wrong (a compaction rewrites it from the file's rows); a missing or damaged file
+    needs `mergetxn restore` from a backup."""
     if every and tables:
         raise InvalidInput("give TABLE names or --all, not both")
+    if repair and quick:
+        raise InvalidInput("--repair needs the files read: leave out --quick")
     with connected(replica):
         pass
     with working("checking part files"), connected(replica, long_timeout()) as client:
         result = client.check(list(tables) or None, checksums=not quick)
-    if as_json:
-        echo_json(result)
-    else:
-        out = console()
-        problems = [{"table": t["table"], **p} for t in result["tables"] for p in t["problems"]]
-        if problems:
-            out.print(rows_table(problems, ["table", "part", "problem"], title="problems"))
-        for t in result["tables"]:
-            state = "ok" if not t["problems"] else f"{len(t['problems'])} problem(s)"
-            out.print(f"{escape(t['table'])}: {t['parts']} parts, {t['bytes']} bytes: {state}")
-        ok = sum(1 for t in result["tables"] if not t["problems"])
-        out.print(f"{ok} of {len(result['tables'])} table(s) ok at snapshot {result['snapshot']}")
+        if repair and not result["ok"]:
+            from mergetxn.tools.repair import repair as mend
+
+            result["repaired"] = mend(client, result)
+            if result["repaired"]:
+                result = _after_repair(client.check(list(tables) or None), result["repaired"])
+    _print_check(result, as_json)
     if not result["ok"]:
         found = [f"{t['table']}: {p['problem']}" for t in result["tables"] for p in t["problems"]]
         more = f" (and {len(found) - 3} more)" if len(found) > 3 else ""
         fail(
             f"{len(found)} part file(s) missing or not as committed (snapshot {result['snapshot']}): "
-            f"{'; '.join(found[:3])}{more}",
+            f"{'; '.join(found[:3])}{more}{_check_advice(result)}",
             EXIT_CORRUPT,
         )
+
+
+def _check_advice(result: dict) -> str:
+    """What to do about the problems ``mergetxn check`` found."""
+    problems = [p for t in result["tables"] for p in t["problems"]]
+    if any(p.get("repairable") and p["visible"] for p in problems):
+        return "; run `mergetxn check --repair` to rewrite the parts whose file is intact from their rows"
+    if any(p["visible"] for p in problems):
+        return "; restore the damaged tables from a backup (`mergetxn restore DIR`)"
+    return (
+        "; only parts no longer visible (replaced or removed) are affected: snapshots before their removal "
+        "cannot be read; cleanup collects them once past the retention window"
+    )
+
+
+def _after_repair(result: dict, repaired: list[dict]) -> dict:
+    """The check after a repair: the parts it replaced are no longer problems of the table (they
+    stay in storage for the snapshots before the repair until cleanup collects them)."""
+    done = {(r["table"], p) for r in repaired for p in r["parts"]}
+    tables = [
+        {**t, "problems": [p for p in t["problems"] if p["visible"] or (t["table"], p["part"]) not in done]}
+        for t in result["tables"]
+    ]
+    return {**result, "tables": tables, "ok": not any(t["problems"] for t in tables), "repaired": repaired}
+
+
+def _print_check(result: dict, as_json: bool) -> None:
+    """The report of ``mergetxn check`` (and what --repair committed)."""
+    if as_json:
+        echo_json(result)
+        return
+    out = console()
+    for r in result.get("repaired", ()):
+        out.print(
+            f"repaired {escape(r['table'])}: {len(r['parts'])} part(s) rewritten from their files at CSN {r['csn']}"
+        )
+    problems = [{"table": t["table"], **p} for t in result["tables"] for p in t["problems"]]
+    if problems:
+        out.print(rows_table(problems, ["table", "part", "problem"], title="problems"))
+    for t in result["tables"]:
+        state = "ok" if not t["problems"] else f"{len(t['problems'])} problem(s)"
+        out.print(f"{escape(t['table'])}: {t['parts']} parts, {t['bytes']} bytes: {state}")
+    ok = sum(1 for t in result["tables"] if not t["problems"])
+    out.print(f"{ok} of {len(result['tables'])} table(s) ok at snapshot {result['snapshot']}")
 
 
 @cli.command(short_help="Copy a table's definition and parts at a CSN into a directory.")

@@ -187,7 +187,7 @@ class Merges:
             csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
             result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed), partitions=(pkey,))
-            txns.stage(txn.id, op)
+            txns.stage(txn.id, op, written_here=True)
             staged = True
             if before_commit is not None:
                 before_commit()

@@ -329,6 +329,8 @@ class ReplicaServer(RpcServer):
             if tdef.txn_max_rows is not None and txn.table_limits:
                 limit = min(limit, tdef.txn_max_rows)
             added = op.get("added") or ()
+            if added and not self.transactions.verifies_quickly(added):
+                return False  # its files are read to check them: on a worker
             if op.get("op") != "compact" and isinstance(added, list):
                 rows += sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
         return rows <= limit  # over: the full path aborts and cleans up
@@ -368,13 +370,18 @@ class ReplicaServer(RpcServer):
             and replica.state.table(table) is not None
             and not replica.wal.compacting
             and txns.ready_to_begin()
+            and txns.verifies_quickly(added)
         )
         if quick:
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
             tdef = replica.state.table(table)
             quick = rows <= min(replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows)
         if quick:
-            retried = txns.committed_retry(a)
+            try:  # a retry with other metadata than was committed is refused (InvalidInput)
+                retried = txns.committed_retry(a)
+            except MergetxnError as exc:
+                reply(error_reply(exc))
+                return True
             if retried is not None:
                 reply({"ok": True, "result": retried})
                 return True
@@ -563,7 +570,7 @@ class ReplicaServer(RpcServer):
                 rows=sum(m.rows for m in result.added),
             )
             if op.removed:
-                txns.stage(txn.id, op)
+                txns.stage(txn.id, op, written_here=True)
             csn = txns.commit(txn.id)
         except BaseException:
             if txn.state == TxnState.RUNNING:

@@ -4,17 +4,29 @@ Every part a read may still need must be in storage as it was committed: the par
 the latest snapshot, and the removed ones cleanup has not collected (those are what time travel
 and ``changes`` within the retention window read; coordinator/zk/watermark.py says which may be
 gone). A file that is missing, of another size or (with checksums) of another content makes a
-read fail with CorruptPart; this finds it before a reader does, and names each part.
+read fail with CorruptPart; this finds it before a reader does, and names each part. With
+checksums, each file is also held against the rest of what the log says of it (rows, columns,
+statistics, partition, key summary: parts.io.format.file_claims), so a part committed with
+metadata its file contradicts (before commits were checked so) is found too: a wrong row count
+fails every read, a statistic narrower than the file's values makes filtered reads skip rows.
+Each problem says whether ``mergetxn check --repair`` can mend it (``repairable``: the file is
+intact and only its metadata is wrong) or the table needs ``mergetxn restore`` from a backup.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from coordinator.core.keytables import folded
+from coordinator.model.catalog import Policy
 from coordinator.zk.watermark import Marks
-from parts.io.format import verify_file
+from parts.io.format import file_claims, part_schema, verify_file
 from parts.io.storage import Storage
-from replicas.state import ReplicaState
+from replicas.state import PartRecord, ReplicaState
+
+# What ``mergetxn check --repair`` mends: metadata that its intact file contradicts (the part is
+# rewritten from its file's rows, as a compaction, under metadata taken from the new file).
+REPAIRABLE = ("size", "checksum", "rows", "stats", "key_summary")
 
 
 def needed_parts(state: ReplicaState, marks: Marks, table: str) -> list:
@@ -45,23 +57,47 @@ def check_tables(
         problems = []
         recs = needed_parts(state, marks, table)
         for rec in recs:
-            why = verify_file(storage, rec.meta, checksums)
-            if why is not None and rec.removal_csn is not None and refresh is not None:
+            found = part_problem(state, storage, rec, checksums)
+            if found is not None and rec.removal_csn is not None and refresh is not None:
                 marks = refresh()
                 if marks.may_be_gone(table, rec.removal_csn, rec.removal_time):
                     continue
-            if why is not None:
+            if found is not None:
+                field, why = found
                 problems.append(
                     {
                         "part": rec.meta.name,
                         "path": rec.meta.path,
                         "visible": rec.removal_csn is None,
                         "creation_csn": rec.creation_csn,
-                        "problem": f"file {rec.meta.path!r} {why}",
+                        "field": field,
+                        "repairable": field.split(".")[0] in REPAIRABLE,
+                        "problem": why,
                     }
                 )
         out.append({"table": table, "parts": len(recs), "bytes": sum(r.meta.size for r in recs), "problems": problems})
     return {"snapshot": snapshot, "checksums": checksums, "tables": out, "ok": not any(t["problems"] for t in out)}
+
+
+def part_problem(state: ReplicaState, storage: Storage, rec: PartRecord, checksums: bool) -> tuple[str, str] | None:
+    """``(field, why)`` when a committed part's file is missing or differs from what the log says
+    of it (without ``checksums``: its presence and size only), else None."""
+    meta = rec.meta
+    if not checksums:
+        why = verify_file(storage, meta, checksum=False)
+        return None if why is None else ("file", f"file {meta.path!r} {why}")
+    try:
+        raw = storage.get(meta.path)
+    except FileNotFoundError:
+        return "file", f"file {meta.path!r} is missing"
+    tdef = state.table(meta.table, rec.creation_csn) or state.table(meta.table)
+    if tdef is None:
+        wrong = file_claims(raw, meta, decoded=True)
+        return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
+    pk = tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ()
+    expected = part_schema(tdef.schema, pk, folded(meta))
+    wrong = file_claims(raw, meta, expected, tdef.partition_by, pk, decoded=True)
+    return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
 
 
 #: How many of the newest visible parts a starting replica looks for in its storage.

@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import struct
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -685,6 +686,82 @@ def bound_summary(s: dict) -> dict:
         lo, hi = _bound_key(lo, upper=False), _bound_key(hi, upper=True)
         out["lo"], out["hi"] = (lo, hi) if hi is not None else (None, None)
     return out
+
+
+def summary_gap(summary: Mapping[str, Any], data: pa.Table, primary_key: Sequence[str]) -> str | None:
+    """Why a part's key summary does not hold every key of its file's rows ``data`` (its key
+    columns, with ``_op`` and ``_cols`` when the summary lists ``exact`` versions), or None: the
+    key range must contain each key, the Bloom filter must have each key's bits set, and the
+    exact versions must be the file's. A summary a writer made up could otherwise hide a key
+    from point reads and from the key conflict check. A large part hashed with ``mix64`` is
+    checked in Arrow kernels, with no Python per key."""
+    if not data.num_rows:
+        return None
+    mix = scheme_of(summary) != HASH_BLAKE2B
+    vector = mix and data.num_rows > _VECTOR_ROWS and all(mix64_type(data.schema.field(k).type) for k in primary_key)
+    keys = None if vector else set(zip(*(data.column(k).to_pylist() for k in primary_key)))
+    lo, hi = summary.get("lo"), summary.get("hi")
+    if lo is not None and hi is not None:
+        try:
+            low, high = (
+                (tuple(_least(data, primary_key, "min")), tuple(_least(data, primary_key, "max")))
+                if keys is None
+                else (min(keys), max(keys))
+            )
+            inside = tuple(lo) <= low and high <= tuple(hi)
+        except TypeError:
+            inside = False
+        if not inside:
+            return f"key range [{quote(lo)}, {quote(hi)}] does not contain every key of the file"
+    m, k, bits = _filter_of(summary)
+    if keys is None:
+        if not _filter_holds_columns(data, primary_key, m, k, bits):
+            return "Bloom filter does not hold every key of the file"
+    else:
+        for key in keys:
+            hashed = key_hash_mix64(key) if mix else key_hash(key)
+            if hashed is None:
+                return f"hash scheme {scheme_of(summary)!r} does not hash key {quote(list(key))}"
+            h1, h2 = hashed
+            if any(not bits[b >> 3] >> (b & 7) & 1 for b in ((h1 + i * h2) % m for i in range(k))):
+                return f"Bloom filter does not hold key {quote(list(key))} of the file"
+    return _exact_gap(summary.get("exact"), data, primary_key)
+
+
+def _filter_holds_columns(data: pa.Table, primary_key: Sequence[str], m: int, k: int, bits: bytes) -> bool:
+    """Whether a ``mix64`` filter of ``m`` bits and ``k`` hashes has every row's key's bits set."""
+    import pyarrow.compute as pc
+
+    if bits == b"\xff" * len(bits):
+        return True
+    have = pa.BooleanArray.from_buffers(pa.bool_(), m, [None, pa.py_buffer(bits)])
+    h1, h2 = column_hashes(data, primary_key)
+    mu = _u64(m)
+    a = pc.subtract(h1, pc.multiply(pc.divide(h1, mu), mu))
+    step = pc.subtract(h2, pc.multiply(pc.divide(h2, mu), mu))
+    for i in range(k):
+        if i:
+            a = pc.add(a, step)
+            a = pc.if_else(pc.greater_equal(a, mu), pc.subtract(a, mu), a)
+        if not pc.all(pc.take(have, a.cast(pa.int64()))).as_py():
+            return False
+    return True
+
+
+def _exact_gap(exact: Any, data: pa.Table, primary_key: Sequence[str]) -> str | None:
+    """Why a summary's ``exact`` versions are not the file's (None: they are, or none are listed)."""
+    if exact is None:
+        return None
+    if OP not in data.column_names or COLS not in data.column_names:
+        return "'exact' lists versions, the file has no _op/_cols columns"
+    cols = [data.column(k).to_pylist() for k in primary_key]
+    truth = Counter(
+        (*key, op, written)
+        for key, op, written in zip(zip(*cols), data.column(OP).to_pylist(), data.column(COLS).to_pylist())
+    )
+    if Counter(tuple(r) for r in exact) != truth:
+        return "'exact' does not list the file's versions"
+    return None
 
 
 def exact_locks(

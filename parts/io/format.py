@@ -11,6 +11,7 @@ those facts belong to the commit log.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -21,7 +22,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -53,6 +54,9 @@ SMALL_STATS_ROWS = 64
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
 STAGING_DIR = "_staging"
+# Columns decoded to verify statistics that take more than this are handed back to the OS at once
+# (a part with a 64 MiB value does not leave the replica 64 MiB larger).
+RELEASE_AFTER_BYTES = 16 << 20
 
 
 def checksum_of(data: bytes) -> str:
@@ -640,3 +644,327 @@ def delete_part(storage: Storage, path: str) -> None:
             storage.delete(p)
         except Exception as exc:  # noqa: BLE001 - quietly, whatever the backend raised
             log.warning("could not delete %s: %r", p, exc)
+
+
+# -- what a file says about itself (stage-time verification, ``mergetxn check``) ---------------
+# A part's claims are verified against its file before any reader can see it (replicas/registry.py
+# ``Transactions.check_added``; docs/rules.md "What a part's metadata is checked against"): the
+# whole file is read once (its crc32), its footer parsed from those bytes (rows, columns, the
+# per-row-group min/max statistics); a column whose footer statistics cannot vouch for it (a
+# float, which may hold NaN; a row group without statistics) is decoded, and a keys table's key
+# columns are decoded to check its key summary. Parts written by the replica itself (its merges and
+# compactions) are not verified again.
+
+
+def file_claims(
+    raw: bytes,
+    meta: PartMeta,
+    expected: pa.Schema | None = None,
+    partition_by: Sequence[str] = (),
+    primary_key: Sequence[str] = (),
+    decoded: bool = False,
+) -> tuple[str, str] | None:
+    """``(field, why)`` of the first claim of ``meta`` that its file's bytes ``raw`` refute, or
+    None when every claim holds: size, checksum, rows (the footer), columns and types (against
+    ``expected``, when given), column statistics and the values of the ``partition_by`` columns
+    (a claimed [min, max] must cover the file's values; every row in the part's partition), and
+    a keys-table part's key summary (``primary_key``: its key columns). The file's values come
+    from its footer's statistics (see :func:`file_stats`), from its decoded columns with
+    ``decoded``."""
+    if len(raw) != meta.size:
+        return "size", f"says {meta.size} bytes, the file has {len(raw)}"
+    actual = checksum_of(raw)
+    if actual != meta.checksum:
+        return "checksum", f"says {meta.checksum}, the file's is {actual}"
+    try:
+        pf = pq.ParquetFile(pa.BufferReader(raw))
+        md = pf.metadata
+        schema = pf.schema_arrow
+    except (pa.ArrowException, OSError) as exc:
+        return "file", f"does not parse as Parquet: {clip(exc)}"
+    if md.num_rows != meta.rows:
+        return "rows", f"says {meta.rows} rows, the file's footer has {md.num_rows}"
+    if expected is not None:
+        wrong = schema_problem(schema, expected) or _nulls_problem(pf, schema, expected)
+        if wrong is not None:
+            return "schema", wrong
+    names = set(schema.names)
+    wanted = [c for c in (*meta.stats, *partition_by) if c in names]
+    try:
+        single = [c for c, (lo, hi) in meta.stats.items() if lo is not None and lo == hi]
+        truth = file_stats(pf, wanted, decoded, exact=single, schema=schema)
+        problem = claims_problem(meta, truth, names) or partition_problem(partition_by, meta.partition, truth)
+        if problem is None and meta.key_summary is not None:
+            problem = _summary_claims(raw, pf, meta.key_summary, primary_key)
+    except (pa.ArrowException, OSError) as exc:
+        return "file", f"does not decode: {clip(exc)}"
+    return problem
+
+
+def file_meta(raw: bytes, meta: PartMeta) -> PartMeta:
+    """``meta`` with what its file's bytes ``raw`` say in place of its claims: size, checksum,
+    rows and column statistics from the file, no key summary (a part without one may hold any
+    key). What a repair reads a part under whose committed metadata its file contradicts."""
+    pf = pq.ParquetFile(pa.BufferReader(raw))
+    return dataclasses.replace(
+        meta,
+        size=len(raw),
+        checksum=checksum_of(raw),
+        rows=pf.metadata.num_rows,
+        stats=column_stats(pf.read(use_threads=False)),
+        key_summary=None,
+    )
+
+
+def part_schema(schema: pa.Schema, primary_key: Sequence[str] = (), folded: bool = False) -> pa.Schema:
+    """The columns a part file of a table of ``schema`` holds: the table's, or for a keys table
+    (``primary_key``) its versions' layout, with ``_ver`` for a compaction's output (``folded``)."""
+    if not primary_key:
+        return schema
+    return (keytables.folded_schema if folded else keytables.file_schema)(schema, primary_key)
+
+
+def claims_problem(
+    meta: PartMeta, truth: dict[str, tuple[Any, Any]], columns: Collection[str]
+) -> tuple[str, str] | None:
+    """``(field, why)`` when a statistic or partition value of ``meta`` is narrower than the
+    file's own ``truth`` (its columns' [min, max] as :func:`column_stats` gives them; a column
+    absent has no order the statistics can state), else None."""
+    for col, claimed in meta.stats.items():
+        if col not in columns:
+            return f"stats.{col}", "names a column the file does not have"
+        wrong = stat_problem(claimed, truth.get(col))
+        if wrong is not None:
+            return f"stats.{col}", wrong
+    return None
+
+
+def stat_problem(claimed: tuple[Any, Any], truth: tuple[Any, Any] | None) -> str | None:
+    """Why a claimed [min, max] of a column does not cover the file's values (``truth``, None
+    when they have no order: NaN, another type), or None. A wider range is allowed (it only
+    prunes less); (None, None) claims every value null; a max of None claims no upper bound."""
+    lo, hi = claimed
+    if truth is None:
+        return f"claims [{quote(lo)}, {quote(hi)}], the file's values have no [min, max] (NaN or unordered)"
+    tlo, thi = truth
+    if lo is None and hi is None:
+        return (
+            None
+            if tlo is None and thi is None
+            else f"claims every value null, the file has [{quote(tlo)}, {quote(thi)}]"
+        )
+    if tlo is None and thi is None:
+        return None  # every value null: any range covers them
+    try:
+        low_ok = lo is None or (_same_kind(lo, tlo) and lo <= tlo)
+        high_ok = hi is None or (thi is not None and _same_kind(hi, thi) and hi >= thi)
+    except TypeError:
+        low_ok = high_ok = False
+    if low_ok and high_ok:
+        return None
+    return f"claims [{quote(lo)}, {quote(hi)}], the file's values span [{quote(tlo)}, {quote(thi)}]"
+
+
+def _same_kind(a: Any, b: Any) -> bool:
+    """Whether two statistics compare as the reader's pruning compares them (bools with bools,
+    strings with strings, numbers with numbers)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool)
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str)
+    return isinstance(a, (int, float)) and isinstance(b, (int, float))
+
+
+def partition_problem(
+    partition_by: Sequence[str], partition: tuple, truth: dict[str, tuple[Any, Any]]
+) -> tuple[str, str] | None:
+    """``(field, why)`` when a row of the file lies outside the partition the part claims (the
+    file's partition columns' [min, max] is not [value, value], or not all null for a null)."""
+    for col, value in zip(partition_by, partition):
+        want = (None, None) if value is None else ops.bound_range(value, value)
+        got = truth.get(col)
+        if got is None or tuple(got) != tuple(want):
+            return (
+                f"partition.{col}",
+                f"says {quote(value)}, the file's values of {quote(col)} span {quote(list(got) if got else got)}",
+            )
+    return None
+
+
+def schema_problem(schema: pa.Schema, expected: pa.Schema) -> str | None:
+    """Why a file's columns (``schema``) are not the table's (``expected``): a column the table
+    does not have, a non-nullable one missing, or another type than a reader takes it as."""
+    if schema.equals(expected):
+        return None  # the usual case (a part written by write_part), decided in one call
+    extra = [n for n in schema.names if expected.get_field_index(n) < 0]
+    if extra:
+        return f"the file has column(s) {quote(extra)} the table does not have (columns {expected.names})"
+    for f in expected:
+        i = schema.get_field_index(f.name)
+        if i < 0:
+            if not f.nullable:
+                return f"the file lacks the non-nullable column {quote(f.name)}"
+            continue
+        t = schema.field(i).type
+        if not _readable_as(t, f.type):
+            return f"column {quote(f.name)} is {t} in the file, the table has {f.type}"
+    return None
+
+
+def _nulls_problem(pf: Any, schema: pa.Schema, expected: pa.Schema) -> str | None:
+    """Why a file holds nulls where the table allows none (by its footer's null counts; a column
+    with a row group that has none is decoded), or None."""
+    md = pf.metadata
+    if md.num_columns != len(schema):
+        return None  # nested columns: no leaf-per-field footer to read (reads check them)
+    for f in expected:
+        j = schema.get_field_index(f.name)
+        if f.nullable or j < 0:
+            continue
+        stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
+        if all(st is not None and st.has_null_count for st in stats):
+            nulls = sum(st.null_count for st in stats)
+        else:
+            nulls = pf.read(columns=[f.name], use_threads=False).column(0).null_count
+        if nulls:
+            return f"column {quote(f.name)} is NOT NULL in the table and the file has {nulls} null(s)"
+    return None
+
+
+def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a file's column type reads as the table's (a read casts it: ``TableDef.upgrade``):
+    the same, or of the same family as another engine's writer gives it (Spark's writes a uint8
+    column as int16, a date64 as date32, timestamps in microseconds): integers, floats, dates,
+    strings, binaries, timestamps that are both zoned or both naive, lists of such."""
+    if t.equals(want):
+        return True
+    families = (
+        (pa.types.is_integer,),
+        (pa.types.is_floating,),
+        (pa.types.is_date,),
+        (pa.types.is_string, pa.types.is_large_string),
+        (pa.types.is_binary, pa.types.is_large_binary),
+    )
+    for family in families:
+        if any(f(t) for f in family) and any(f(want) for f in family):
+            return True
+    if pa.types.is_timestamp(t) and pa.types.is_timestamp(want):
+        return (t.tz is None) == (want.tz is None)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (pa.types.is_list(want) or pa.types.is_large_list(want)):
+        return _readable_as(t.value_type, want.value_type)
+    return False
+
+
+def file_stats(
+    pf: Any, columns: Sequence[str], decoded: bool = False, exact: Sequence[str] = (), schema: Any = None
+) -> dict[str, tuple[Any, Any]]:
+    """The [min, max] of each of ``columns`` of a Parquet file (``pf``, a ``ParquetFile``), as
+    :func:`column_stats` gives it for the rows: from the footer's statistics where every row group
+    has them, by decoding the column otherwise. A float column's footer statistics leave NaN out:
+    it is decoded when it is in ``exact`` (a claim of one value, which prunes ``!=``, where a NaN
+    row matches); any other range is covered or not whatever NaN the column holds (no comparison
+    but ``!=`` matches NaN). ``decoded``: every column decoded (what ``mergetxn check`` does: it
+    also catches a footer whose statistics disagree with its own pages). A column with no order
+    (all NaN, nested) is absent. ``schema``: the file's Arrow schema, when the caller has it."""
+    md = pf.metadata
+    schema = pf.schema_arrow if schema is None else schema
+    wanted = list(dict.fromkeys(columns))
+    if decoded:
+        return _decoded_stats(pf, wanted, exact) if wanted else {}
+    flat = md.num_columns == len(schema)  # leaf j is field j (no nested column)
+    index = {n: i for i, n in enumerate(schema.names)} if flat else _leaf_index(md)
+    groups = [md.row_group(g) for g in range(md.num_row_groups)]
+    out: dict[str, tuple[Any, Any]] = {}
+    decode = []
+    for name in wanted:
+        t = schema.field(name).type
+        floating = pa.types.is_floating(t)
+        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(groups, index[name])
+        if bounds is None:
+            decode.append(name)
+        elif bounds[0] is None:
+            out[name] = (None, None)
+        elif pa.types.is_integer(t) or pa.types.is_boolean(t) or floating:
+            out[name] = bounds
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            out[name] = ops.bound_range(*bounds)
+        elif pa.types.is_date32(t):
+            out[name] = (bounds[0].isoformat(), bounds[1].isoformat())
+        else:
+            out.update(column_stats(pa.table({name: pa.array(list(bounds)).cast(t)})))
+    if decode:
+        out.update(_decoded_stats(pf, decode, exact))
+    return out
+
+
+def _leaf_index(md: Any) -> dict[str, int]:
+    return {md.schema.column(j).path: j for j in range(md.num_columns)}
+
+
+def _decoded_stats(pf: Any, columns: list[str], exact: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """:func:`column_stats` of ``columns`` decoded, long strings cut to one character past the
+    statistics bound first (the bounds of the prefixes are the bounds of the values, and a 64 MiB
+    value is never copied into Python), NaN left out of a float column not in ``exact`` (as the
+    footer's statistics leave it out: see :func:`file_stats`; a column of NaN alone has no
+    order). A large file's columns are decoded one at a time, each one's memory given back before
+    the next (``mergetxn check`` of a big part holds one decoded column, not the whole part)."""
+    md = pf.metadata
+    size = sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    if size <= RELEASE_AFTER_BYTES or len(columns) < 2:
+        return _columns_stats(pf, columns, exact, release=size > RELEASE_AFTER_BYTES)
+    out: dict[str, tuple[Any, Any]] = {}
+    for name in columns:
+        out.update(_columns_stats(pf, [name], exact, release=True))
+    return out
+
+
+def _columns_stats(pf: Any, columns: list[str], exact: Sequence[str], release: bool) -> dict[str, tuple[Any, Any]]:
+    data = pf.read(columns=columns, use_threads=False)
+    cut, unordered = [], set()
+    for name, col in zip(data.column_names, data.columns):
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = pc.utf8_slice_codeunits(col, 0, ops.STAT_PREFIX + 1)
+        elif pa.types.is_floating(col.type) and name not in exact and pc.any(pc.is_nan(col)).as_py():
+            col = pc.if_else(pc.is_nan(col), None, col)
+            unordered.update([name] if col.null_count == len(col) else [])
+        cut.append(col)
+    out = column_stats(pa.Table.from_arrays(cut, names=data.column_names))
+    for name in unordered:
+        out.pop(name, None)
+    if release:
+        del data, cut
+        pa.default_memory_pool().release_unused()
+    return out
+
+
+def _footer_bounds(groups: list, j: int) -> tuple[Any, Any] | None:
+    """Column ``j``'s least and greatest value over the row groups' footer statistics (``groups``:
+    the file's row groups' metadata; (None, None): every value null); None when a row group has
+    none to go by."""
+    lo = hi = None
+    for rg in groups:
+        st = rg.column(j).statistics
+        if st is None:
+            return None
+        if st.has_min_max:
+            lo = st.min if lo is None else min(lo, st.min)
+            hi = st.max if hi is None else max(hi, st.max)
+        elif not (st.has_null_count and st.null_count == rg.num_rows):
+            return None
+    return lo, hi
+
+
+def _summary_claims(raw: bytes, pf: Any, summary: dict, primary_key: Sequence[str]) -> tuple[str, str] | None:
+    """``(field, why)`` when a keys-table part's key summary does not hold every key of its file,
+    or its recorded byte ranges are not the file's."""
+    ranges = summary.get("ranges")
+    if ranges is not None and ranges != file_ranges(raw):
+        return "key_summary.ranges", "are not the file's byte ranges and their crc32"
+    names = pf.schema_arrow.names
+    missing = [k for k in primary_key if k not in names]
+    if missing or not primary_key:
+        return "key_summary", f"the file lacks the key column(s) {quote(missing or list(primary_key))}"
+    extra = [c for c in (keytables.OP, keytables.COLS) if c in names] if "exact" in summary else []
+    data = pf.read(columns=[*primary_key, *extra], use_threads=False)
+    wrong = keytables.summary_gap(summary, data, primary_key)
+    return None if wrong is None else ("key_summary", wrong)

@@ -120,8 +120,9 @@ def log_znodes(zk: KazooClient) -> int:
 
 
 def meta_commit(replica: Replica, table: str) -> int:
-    """A commit inserting one part whose file is a placeholder byte (nobody reads it; a commit
-    verifies only that its files exist)."""
+    """A commit inserting one part whose file is a placeholder byte (nobody reads it). Staged as
+    the replica's own part (``written_here``): its metadata is not held against the file, which
+    a client's part would be (thousands of these make the log long cheaply)."""
     txn = replica.transactions.begin()
     name = new_part_name(txn.id)
     meta = PartMeta(
@@ -137,7 +138,7 @@ def meta_commit(replica: Replica, table: str) -> int:
         created_at=time.time(),
     )
     replica.storage.put(meta.path, b"x", durable=False)
-    replica.transactions.stage(txn.id, Insert(table, added=(meta,)))
+    replica.transactions.stage(txn.id, Insert(table, added=(meta,)), written_here=True)
     return replica.transactions.commit(txn.id)
 
 

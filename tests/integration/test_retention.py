@@ -315,14 +315,19 @@ def test_marks_parse_old_and_refuse_garbage() -> None:
 def test_a_repeated_one_call_commit_is_answered_with_its_csn_and_changes_nothing(win: LocalCluster, c0: Client) -> None:
     """A writer that re-sends its batch after a lost answer: within the grace window it used to
     commit again at a new CSN B (a read at A then returned nothing); past half the grace period
-    it was refused and the client deleted the committed files. Now: the same commit, its CSN."""
+    it was refused and the client deleted the committed files. Now: the same commit, its CSN,
+    whenever it comes (the retry is answered before the age of the parts is looked at), as long as
+    its metadata is what was committed (docs/rules.md, "What a part's metadata is checked
+    against"): another ``created_at`` is other metadata, refused, and changes nothing."""
     t = "rt_resend"
     c0.create_table(t, SCHEMA)
     meta = write_part(c0.storage, t, [], (), id_rows(3), "job-1")
     a = c0.commit_parts(t, [meta])
     assert c0.commit_parts(t, [meta]) == a  # sent again at once
-    old = dataclasses.replace(meta, created_at=time.time() - 3600)  # sent again much later
-    assert c0.commit_parts(t, [old]) == a
+    old = dataclasses.replace(meta, created_at=time.time() - 3600)
+    with pytest.raises(InvalidInput, match="other metadata"):
+        c0.commit_parts(t, [old])
+    assert c0.commit_parts(t, [meta]) == a
     for c in every_replica(win):
         assert rows(c.read(t, snapshot=a)) == [0, 1, 2]
         ch = c.changes(t, 0)
