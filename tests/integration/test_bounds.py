@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pytest
 from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.zk import kazoo
 
 from coordinator import errors
 from coordinator.client import Client, Transaction
@@ -249,13 +250,8 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def zk(cluster: LocalCluster) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=cluster.zk_address)
-    client.start()
-    try:
+    with kazoo(cluster.zk_address) as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 def entry_bytes(cluster: LocalCluster, zk: KazooClient, csn: int) -> tuple[bytes, LogEntry]:

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pytest
 from click.testing import CliRunner, Result
+from support.cli import one_error_line
 from support.cluster import environ, make_cluster  # tests/ is on sys.path
 from support.data import sorted_rows
 from support.waiting import wait_until
@@ -55,15 +56,6 @@ def client(cluster: LocalCluster) -> Iterator[Client]:
 def invoke(cluster: LocalCluster, *args: object, replica: int = 0) -> Result:
     runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[replica]})
     return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def one_error_line(r: Result, code: int, *words: str) -> str:
-    assert r.exit_code == code, (r.exit_code, r.output)
-    errs = [line for line in r.output.splitlines() if line.startswith("error: ")]
-    assert len(errs) == 1 and "Traceback" not in r.output, r.output
-    for w in words:
-        assert w in errs[0], r.output
-    return errs[0]
 
 
 def rows(first: int, n: int, day: str = "d1") -> pa.Table:

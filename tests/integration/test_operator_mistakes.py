@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner, Result
 from kazoo.client import KazooClient
+from support.cli import one_error_line
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import sorted_rows
 
@@ -62,15 +63,6 @@ def invoke(cluster: coordinator.LocalCluster, *args: object, credentials: Path |
         "MERGETXN_CREDENTIALS": str(credentials or cluster.workdir / "security" / ADMIN_FILE),
     }
     return CliRunner(env=env).invoke(cli, [str(a) for a in args], catch_exceptions=False)
-
-
-def one_error_line(r: Result, code: int, *words: str) -> str:
-    assert r.exit_code == code, (r.exit_code, r.output)
-    errs = [line for line in r.output.splitlines() if line.startswith("error: ")]
-    assert len(errs) == 1 and "Traceback" not in r.output, r.output
-    for w in words:
-        assert w in errs[0], r.output
-    return errs[0]
 
 
 def admins(client: coordinator.Client) -> list[str]:

@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.zk import kazoo
 
 import coordinator
 from coordinator.client import Client
@@ -43,13 +44,8 @@ def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def zk(cluster: LocalCluster) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=cluster.zk_address)
-    client.start()
-    try:
+    with kazoo(cluster.zk_address) as client:
         yield client
-    finally:
-        client.stop()
-        client.close()
 
 
 @pytest.fixture(scope="module")
