@@ -248,14 +248,16 @@ class Storage:
         if self._fs is not None:
             _validate_relpath(relpath)
             return True
-        segments = _validate_relpath(relpath).split("/")[:-1]
+        segments = _validate_relpath(relpath).split("/")
         # The common case, cheaply: every directory from the root down to the file's is a real
-        # directory (lstat: not a link). The path has no '.', '..' or empty segment, so its
-        # directory is then inside the root, as realpath would say, for a `lstat` per segment below
-        # the root instead of realpath's per component of the whole absolute path. A link, a
-        # missing directory or anything else takes the realpath road, which decides as before.
+        # directory and the file (if there) is no link (lstat). The path has no '.', '..' or empty
+        # segment, so it is then inside the root, as realpath would say, for a `lstat` per segment
+        # below the root instead of realpath's per component of the whole absolute path. A link, a
+        # missing directory or anything else takes the realpath road, which decides as before. A
+        # file that is a link is followed too: a part's file is read at stage time, and a link
+        # would hand the replica (and its answer) a file outside the root.
         path = self._root
-        for seg in segments:
+        for seg in segments[:-1]:
             path = path + os.sep + seg
             try:
                 if not stat.S_ISDIR(os.lstat(path).st_mode):
@@ -263,12 +265,16 @@ class Storage:
             except OSError:
                 break
         else:
-            return True
+            try:
+                if not stat.S_ISLNK(os.lstat(path + os.sep + segments[-1]).st_mode):
+                    return True
+            except OSError:
+                return True  # no file there (yet): its directory decides, and that is inside
         root = self._real_root
         if root is None:
             root = self._real_root = os.path.realpath(self._root)
-        where = os.path.realpath(os.path.dirname(self._local(relpath)))
-        return where == root or where.startswith(root + os.sep)
+        where = os.path.realpath(self._local(relpath))
+        return where.startswith(root + os.sep)
 
     def _remote(self, relpath: str) -> str:
         return f"{self._root}/{_validate_relpath(relpath)}"

@@ -1,5 +1,5 @@
-"""``Storage.contained`` (parts/io/storage.py): whether a part's directory is inside the storage
-root once links are followed. It takes a cheap road (an ``lstat`` per directory below the root)
+"""``Storage.contained`` (parts/io/storage.py): whether a part's file is inside the storage root
+once links are followed (its directories and, where it exists, the file itself). It takes a cheap road (an ``lstat`` per directory below the root)
 when no link is on the way and realpath otherwise: every layout below must get the answer that
 realpath alone gives, links out of the root refused. Real directories and links under tmp_path."""
 
@@ -18,10 +18,9 @@ PART = "t/p=x/part-1.parquet"
 
 
 def by_realpath(root: Path, relpath: str) -> bool:
-    """The reference: the realpath of the part's directory under the root's realpath."""
+    """The reference: the realpath of the part's file under the root's realpath."""
     real = os.path.realpath(root)
-    where = os.path.realpath(os.path.dirname(os.path.join(root, relpath)))
-    return where == real or where.startswith(real + os.sep)
+    return os.path.realpath(os.path.join(root, relpath)).startswith(real + os.sep)
 
 
 def plain(root: Path, outside: Path) -> None:
@@ -66,6 +65,24 @@ def file_for_a_directory(root: Path, outside: Path) -> None:
     (root / "t" / "p=x").write_bytes(b"")
 
 
+def file_links_out(root: Path, outside: Path) -> None:
+    """The part's file itself a link to a file outside (read at stage time, it would be that file)."""
+    (root / "t" / "p=x").mkdir(parents=True)
+    (outside / "secret").write_bytes(b"not a part")
+    os.symlink(outside / "secret", root / PART)
+
+
+def file_links_inside(root: Path, outside: Path) -> None:
+    (root / "t" / "p=x").mkdir(parents=True)
+    (root / "t" / "other.parquet").write_bytes(b"PAR1")
+    os.symlink(root / "t" / "other.parquet", root / PART)
+
+
+def plain_file(root: Path, outside: Path) -> None:
+    (root / "t" / "p=x").mkdir(parents=True)
+    (root / PART).write_bytes(b"PAR1")
+
+
 def link_to_a_link_out(root: Path, outside: Path) -> None:
     (root / "t").mkdir()
     os.symlink(outside, root / "hop")
@@ -83,6 +100,9 @@ LAYOUTS: list[tuple[Callable[[Path, Path], None], bool]] = [
     (dangling_link, False),
     (file_for_a_directory, True),
     (link_to_a_link_out, False),
+    (file_links_out, False),
+    (file_links_inside, True),
+    (plain_file, True),
 ]
 
 
