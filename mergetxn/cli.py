@@ -68,7 +68,8 @@ EXIT_CODES = {
     EXIT_USAGE: "usage error or invalid input; nothing was changed",
     EXIT_NOT_FOUND: "not found: no such table or transaction, or the snapshot is not available",
     EXIT_CONFLICT: "conflict: another transaction committed first; retrying is safe",
-    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout), or storage refused",
+    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout), storage refused, "
+    "or a partition holds too many parts (try again later)",
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
     EXIT_CORRUPT: "corrupt data: a part, log entry or backup does not match what was written",
@@ -92,6 +93,7 @@ def exit_code(exc: BaseException) -> int:
         (errors.InvalidInput, EXIT_USAGE),
         (errors.ReplicaUnavailable, EXIT_UNAVAILABLE),
         (errors.StorageError, EXIT_UNAVAILABLE),  # storage refused (disk full, read-only): as a raw OSError
+        (errors.TooManyParts, EXIT_UNAVAILABLE),  # a partition holds too many parts: again after merges
         (errors.TransactionAborted, EXIT_ABORTED),
         (errors.CorruptPart, EXIT_CORRUPT),
         (errors.CorruptMetadata, EXIT_CORRUPT),
