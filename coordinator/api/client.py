@@ -316,8 +316,9 @@ class Client:
         """The table at ``snapshot`` (the latest by default): ``schema`` (a pyarrow.Schema),
         ``partition_by``, ``primary_key``, ``conflict_policy``, ``auto_merge``, ``created_csn``,
         ``schema_version`` and ``version_csn`` (the CSN of its last ALTER, 0 if none), what it
-        holds (``parts``, ``rows``, ``bytes``, ``partitions``), and its ``history`` (created,
-        altered: CSN each)."""
+        holds (``parts``, ``rows``, ``bytes``, ``partitions``), its ``history`` (created,
+        altered: CSN each), and the ``retention_seconds``, ``parts_to_delay_insert`` and
+        ``parts_to_throw_insert`` in force (its own, else the replica's)."""
         d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
         d["schema"] = TableDef.from_dict(d).schema
         d["partition_by"], d["primary_key"] = tuple(d["partition_by"]), tuple(d["primary_key"])

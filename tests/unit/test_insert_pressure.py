@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support.data import ID_V
 
-from coordinator.errors import InvalidInput
+from coordinator.errors import InvalidInput, MergetxnError, TooManyParts
 from coordinator.model.catalog import TableDef
 from replicas.registry import insert_delay
 from replicas.settings import check_setting
@@ -68,3 +68,14 @@ def test_the_replica_settings_take_counts_and_a_bounded_delay() -> None:
     for name, value in (("parts_to_throw_insert", -1), ("max_delay_to_insert", 61), ("parts_to_delay_insert", 1.5)):
         with pytest.raises(InvalidInput, match=name):
             check_setting(name, value)
+
+
+def test_the_refusal_crosses_the_wire_and_exits_as_unavailable() -> None:
+    from coordinator.core.errors import from_dict
+    from mergetxn.cli import EXIT_UNAVAILABLE, exit_code
+
+    sent = TooManyParts("too many parts", table="t", parts=10, parts_to_throw_insert=10)
+    back = from_dict(sent.to_dict())
+    assert type(back) is TooManyParts and back.details["parts"] == 10
+    assert isinstance(back, MergetxnError) and not isinstance(back, InvalidInput)
+    assert exit_code(back) == EXIT_UNAVAILABLE == 5
