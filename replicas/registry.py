@@ -321,11 +321,11 @@ class Transactions:
                 visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
             if name not in visible:
                 raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+        if not written_here:
+            self.hold_back(txn, table, op, wait)  # too many parts: delayed or refused
         # Cleanup keeps the unreferenced files of a running transaction by the tid in their names;
         # a part named otherwise is kept only while younger than the grace period, so one written
         # long before it is staged could be collected before or after the commit: refuse it.
-        if not written_here:
-            self.hold_back(txn, table, op, wait)
         self.check_added(table, op.added, own_names, txn.id)
         if op.added and not written_here:
             self.verify_claims(self.state.table(op.table, txn.snapshot) or table, op)
