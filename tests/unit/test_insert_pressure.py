@@ -4,12 +4,15 @@ refusal of replicas/registry.py's ``insert_delay``, and the tables' two options.
 from __future__ import annotations
 
 import pytest
+from support.builders import change, entry, part, table_def, tid
 from support.data import ID_V
 
+from coordinator.core.conflicts import Kind
 from coordinator.errors import InvalidInput, MergetxnError, TooManyParts
 from coordinator.model.catalog import TableDef
 from replicas.registry import insert_delay
 from replicas.settings import check_setting
+from replicas.state import ReplicaState
 
 
 def test_no_delay_below_the_threshold_and_a_refusal_at_the_second() -> None:
@@ -79,3 +82,18 @@ def test_the_refusal_crosses_the_wire_and_exits_as_unavailable() -> None:
     assert type(back) is TooManyParts and back.details["parts"] == 10
     assert isinstance(back, MergetxnError) and not isinstance(back, InvalidInput)
     assert exit_code(back) == EXIT_UNAVAILABLE == 5
+
+
+def test_the_count_is_the_partitions_visible_parts_looked_up_not_scanned() -> None:
+    """``ReplicaState.live_count``: what the backpressure asks on every insert into a crowded
+    table, kept by the log's apply (a lookup and a set's size), asking creates nothing."""
+    a, b = tid(1), tid(2)
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    added = [part(f"a{i}", partition=(1,), creator=a) for i in range(3)] + [part("x", partition=(2,), creator=a)]
+    st.apply(2, 0, 1, entry((a, [change("t", (1,), [Kind.INSERT], added=added)]), time=2.0))
+    assert [st.live_count("t", k) for k in ("[1]", "[2]", "[3]")] == [3, 1, 0]
+    assert st.live_count("u", "[1]") == 0 and "u" not in st.live and "[3]" not in st.live["t"]
+    merged = change("t", (1,), [Kind.MINOR_COMPACT], added=[part("m", partition=(1,), creator=b)], removed=["a0", "a1"])
+    st.apply(3, 0, 2, entry((b, [merged]), time=3.0, time_version=None))
+    assert st.live_count("t", "[1]") == 2
