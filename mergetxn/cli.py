@@ -978,6 +978,18 @@ def table() -> None:
     help="Keep snapshots and changes of this table readable this long after a commit replaced what "
     "they saw (default: the replicas' retention_seconds, 3600).",
 )
+@click.option(
+    "--parts-to-delay-insert",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Delay inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 150).",
+)
+@click.option(
+    "--parts-to-throw-insert",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
+)
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
@@ -992,6 +1004,8 @@ def table_create(
     txn_max_seconds: float | None,
     txn_max_rows: int | None,
     retention_seconds: float | None,
+    parts_to_delay_insert: int | None,
+    parts_to_throw_insert: int | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
@@ -1019,6 +1033,8 @@ def table_create(
             txn_max_seconds=txn_max_seconds,
             txn_max_rows=txn_max_rows,
             retention_seconds=retention_seconds,
+            parts_to_delay_insert=parts_to_delay_insert,
+            parts_to_throw_insert=parts_to_throw_insert,
         )
     if as_json:
         echo_json(
@@ -1033,6 +1049,8 @@ def table_create(
                 "txn_max_seconds": txn_max_seconds,
                 "txn_max_rows": txn_max_rows,
                 "retention_seconds": retention_seconds,
+                "parts_to_delay_insert": parts_to_delay_insert,
+                "parts_to_throw_insert": parts_to_throw_insert,
             }
         )
         return
@@ -1096,6 +1114,11 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
         out.print(
             f"history retention: {d['retention_seconds']:g}s"
             + (" (the replicas' default)" if d.get("retention_default") else " (the table's own)")
+        )
+    if d.get("parts_to_throw_insert") is not None:
+        out.print(
+            f"too many parts: inserts delayed from {d['parts_to_delay_insert']} and refused from "
+            f"{d['parts_to_throw_insert']} visible parts in a partition (0: never)"
         )
     out.print(
         f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"

@@ -154,3 +154,29 @@ def test_what_does_not_add_parts_is_never_held_back(c0: Client) -> None:
     assert visible(c0, "full") == THROW + 1
     c0.compact("full", kind="major")
     assert visible(c0, "full") == 1 and held(c0)["refused"] == before["refused"]
+
+
+@pytest.mark.zk
+def test_the_command_line_sets_shows_and_exits_5_on_the_refusal(cluster, c0: Client, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+    from click.testing import CliRunner
+    from support.cli import one_error_line
+
+    from mergetxn.cli import cli
+
+    runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]})
+
+    def run(*args: object):  # noqa: ANN202 - click's Result
+        return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+    r = run(
+        "table", "create", "viacli", "--schema", "id:int64,v:string", "--no-auto-merge", "--parts-to-throw-insert", 2
+    )
+    assert r.exit_code == 0, r.output
+    r = run("table", "describe", "viacli")
+    assert "inserts delayed from 5 and refused from 2 visible parts" in r.output, r.output
+    pq.write_table(id_rows(2), tmp_path / "rows.parquet")
+    for _ in range(2):
+        assert run("insert", "viacli", tmp_path / "rows.parquet").exit_code == 0
+    one_error_line(run("insert", "viacli", tmp_path / "rows.parquet"), 5, "too many parts", "'viacli'", "holds 2")
+    assert visible(c0, "viacli") == 2
