@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -50,6 +51,12 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 
 from parts.io.dataset import duckdb_view  # noqa: E402
+
+# Benchmarks load one partition of a table without merges with thousands of parts: the
+# replicas they start take no backpressure (docs/rules.md, "Too many parts"), or they would
+# measure its delays and refusals instead of the path they are about.
+os.environ.setdefault("MERGETXN_PARTS_TO_DELAY_INSERT", "0")
+os.environ.setdefault("MERGETXN_PARTS_TO_THROW_INSERT", "0")
 
 TABLE = "bench_events"
 SCHEMA = pa.schema(

@@ -45,6 +45,12 @@ if str(ROOT) not in sys.path:
 
 import pyarrow as pa  # noqa: E402
 
+# Benchmarks load one partition of a table without merges with thousands of parts: the
+# replicas they start take no backpressure (docs/rules.md, "Too many parts"), or they would
+# measure its delays and refusals instead of the path they are about.
+os.environ.setdefault("MERGETXN_PARTS_TO_DELAY_INSERT", "0")
+os.environ.setdefault("MERGETXN_PARTS_TO_THROW_INSERT", "0")
+
 TABLE = "history"
 
 

@@ -37,6 +37,12 @@ SCANNER = """
 import json, resource, sys, time
 import pyarrow as pa, pyarrow.parquet as pq
 import coordinator
+
+# Benchmarks load one partition of a table without merges with thousands of parts: the
+# replicas they start take no backpressure (docs/rules.md, "Too many parts"), or they would
+# measure its delays and refusals instead of the path they are about.
+os.environ.setdefault("MERGETXN_PARTS_TO_DELAY_INSERT", "0")
+os.environ.setdefault("MERGETXN_PARTS_TO_THROW_INSERT", "0")
 address, table, budget, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 client = coordinator.connect(address)
 pool = pa.default_memory_pool()

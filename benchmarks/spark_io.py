@@ -57,6 +57,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Benchmarks load one partition of a table without merges with thousands of parts: the
+# replicas they start take no backpressure (docs/rules.md, "Too many parts"), or they would
+# measure its delays and refusals instead of the path they are about.
+os.environ.setdefault("MERGETXN_PARTS_TO_DELAY_INSERT", "0")
+os.environ.setdefault("MERGETXN_PARTS_TO_THROW_INSERT", "0")
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 

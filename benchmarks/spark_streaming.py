@@ -39,6 +39,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from spark_io import timed  # noqa: E402 - after the path is set
 
+# Benchmarks load one partition of a table without merges with thousands of parts: the
+# replicas they start take no backpressure (docs/rules.md, "Too many parts"), or they would
+# measure its delays and refusals instead of the path they are about.
+os.environ.setdefault("MERGETXN_PARTS_TO_DELAY_INSERT", "0")
+os.environ.setdefault("MERGETXN_PARTS_TO_THROW_INSERT", "0")
+
 DDL = "id bigint, k int, v double, s string"
 
 

@@ -68,7 +68,8 @@ EXIT_CODES = {
     EXIT_USAGE: "usage error or invalid input; nothing was changed",
     EXIT_NOT_FOUND: "not found: no such table or transaction, or the snapshot is not available",
     EXIT_CONFLICT: "conflict: another transaction committed first; retrying is safe",
-    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout), or storage refused",
+    EXIT_UNAVAILABLE: "unavailable: a replica or ZooKeeper did not answer (in --timeout), storage refused, "
+    "or a partition holds too many parts (try again later)",
     EXIT_AUTH: "authentication failed",
     EXIT_ABORTED: "the transaction was aborted",
     EXIT_CORRUPT: "corrupt data: a part, log entry or backup does not match what was written",
@@ -92,6 +93,7 @@ def exit_code(exc: BaseException) -> int:
         (errors.InvalidInput, EXIT_USAGE),
         (errors.ReplicaUnavailable, EXIT_UNAVAILABLE),
         (errors.StorageError, EXIT_UNAVAILABLE),  # storage refused (disk full, read-only): as a raw OSError
+        (errors.TooManyParts, EXIT_UNAVAILABLE),  # a partition holds too many parts: again after merges
         (errors.TransactionAborted, EXIT_ABORTED),
         (errors.CorruptPart, EXIT_CORRUPT),
         (errors.CorruptMetadata, EXIT_CORRUPT),
@@ -976,6 +978,18 @@ def table() -> None:
     help="Keep snapshots and changes of this table readable this long after a commit replaced what "
     "they saw (default: the replicas' retention_seconds, 3600).",
 )
+@click.option(
+    "--parts-to-delay-insert",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Delay inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 150).",
+)
+@click.option(
+    "--parts-to-throw-insert",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
+)
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
 @replica_option
@@ -990,6 +1004,8 @@ def table_create(
     txn_max_seconds: float | None,
     txn_max_rows: int | None,
     retention_seconds: float | None,
+    parts_to_delay_insert: int | None,
+    parts_to_throw_insert: int | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
@@ -1017,6 +1033,8 @@ def table_create(
             txn_max_seconds=txn_max_seconds,
             txn_max_rows=txn_max_rows,
             retention_seconds=retention_seconds,
+            parts_to_delay_insert=parts_to_delay_insert,
+            parts_to_throw_insert=parts_to_throw_insert,
         )
     if as_json:
         echo_json(
@@ -1031,6 +1049,8 @@ def table_create(
                 "txn_max_seconds": txn_max_seconds,
                 "txn_max_rows": txn_max_rows,
                 "retention_seconds": retention_seconds,
+                "parts_to_delay_insert": parts_to_delay_insert,
+                "parts_to_throw_insert": parts_to_throw_insert,
             }
         )
         return
@@ -1094,6 +1114,11 @@ def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str)
         out.print(
             f"history retention: {d['retention_seconds']:g}s"
             + (" (the replicas' default)" if d.get("retention_default") else " (the table's own)")
+        )
+    if d.get("parts_to_throw_insert") is not None:
+        out.print(
+            f"too many parts: inserts delayed from {d['parts_to_delay_insert']} and refused from "
+            f"{d['parts_to_throw_insert']} visible parts in a partition (0: never)"
         )
     out.print(
         f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"

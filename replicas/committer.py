@@ -229,8 +229,8 @@ class Committer:
     def create_table(self, tdef: TableDef) -> int:
         return self.queue.wait(Pending(table=tdef))
 
-    def alter_table(self, name: str, add_columns: Any, rename_columns: Any, retention: Any = None) -> int:
-        return self.queue.wait(Pending(alter=(name, add_columns, rename_columns, retention)))
+    def alter_table(self, name: str, add_columns: Any, rename_columns: Any, options: Any = None) -> int:
+        return self.queue.wait(Pending(alter=(name, add_columns, rename_columns, options)))
 
     def _handle(self, batch: list[Pending]) -> list[Pending]:
         """Decide and write one batch the queue took; return the members deferred."""

@@ -292,6 +292,7 @@ class Stats:
     cleanup_files_removed: int
     merges: dict[str, int]  # by outcome
     aborted: dict[str, int]  # by reason
+    inserts_held: dict[str, float]  # delayed, refused, delay_seconds (docs/rules.md#too-many-parts)
     zk_state: str
     session_lost: bool
     incarnation: int
@@ -324,6 +325,7 @@ def read_stats(r: Replica) -> Stats:
         cleanup_files_removed=r.cleanup.files_removed,
         merges=dict(r.merges.outcomes.copy()),
         aborted=dict(r.transactions.abort_counts()),
+        inserts_held=r.transactions.held_back(),
         zk_state=str(r.zk.state),
         session_lost=r.zk_session.lost.is_set(),
         incarnation=r.incarnation,
@@ -412,6 +414,10 @@ class ReplicaCollector:
         for reason in sorted(set(ABORT_REASONS) | set(s.aborted)):
             aborted.add_metric([r.host_id, reason], s.aborted.get(reason, 0))
         yield aborted
+        held = s.inserts_held
+        yield counter("inserts_delayed", "Inserts delayed by the visible parts of their partition", held["delayed"])
+        yield counter("inserts_refused", "Inserts refused with TooManyParts", held["refused"])
+        yield counter("insert_delay_seconds", "Seconds inserts were delayed in all", held["delay_seconds"])
         session = GaugeMetricFamily(
             "mergetxn_zookeeper_session_state",
             "1 for the state this replica's ZooKeeper session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",

@@ -33,8 +33,10 @@ from coordinator.core.errors import (
     QuotaExceeded,
     ReplicaUnavailable,
     StorageError,
+    TooManyParts,
     TransactionAborted,
     TransactionNotFound,
+    quote,
     storage_error,
 )
 from coordinator.core.readsets import Read
@@ -46,6 +48,7 @@ from coordinator.model.records import (
     CommitStatus,
     Compact,
     DropTable,
+    Insert,
     StagedOp,
     TxnState,
     WalStaged,
@@ -96,6 +99,23 @@ def check_partition_bounds(table: TableDef, op: StagedOp, limit: int) -> None:
         check_partition_values(table.name, table.partition_by, values, limit)
 
 
+def insert_delay(count: int, delay_at: int, throw_at: int, max_delay: float) -> float | None:
+    """The backpressure on an insert into a partition holding ``count`` visible parts
+    (docs/rules.md#too-many-parts): None when it is refused (``throw_at`` set and reached);
+    otherwise the seconds it waits first: none below ``delay_at`` (or without one), then, as
+    ClickHouse's ``parts_to_delay_insert`` does, ``max_delay ** (k / span)`` in milliseconds for
+    the k-th count at or past ``delay_at`` (k = 1 at ``delay_at``), ``span`` being
+    ``throw_at - delay_at`` (``delay_at`` when nothing is refused): from about a millisecond
+    to ``max_delay`` just below the refusal, never more than ``max_delay``. 0 turns a threshold off."""
+    if throw_at and count >= throw_at:
+        return None
+    if not delay_at or count < delay_at or max_delay <= 0:
+        return 0.0
+    span = throw_at - delay_at if throw_at else delay_at
+    k = count - delay_at + 1
+    return min(max_delay, (max_delay * 1000) ** min(1.0, k / span) / 1000)
+
+
 class Transactions:
     """The transaction registry of one replica (``replica.transactions``)."""
 
@@ -137,6 +157,10 @@ class Transactions:
         self.sessions = Sessions(self.config.client_session_timeout)  # replicas/sessions.py
         self._aborted: Counter[str] = Counter()  # ended aborted, by reason kind (replicas/metrics.py)
         self._aborted_lock = threading.Lock()
+        # Inserts held back by the parts per partition (docs/rules.md#too-many-parts), counted
+        # under the same lock: "delayed" and "refused", and the seconds waited ("delay_seconds").
+        self._held_back: Counter[str] = Counter()
+        self._delay_seconds = 0.0
 
     @property
     def wal(self) -> Wal:
@@ -257,10 +281,13 @@ class Transactions:
             return f"transaction {txn.id} exceeded its time limit of {seconds:g}s"
         return f"transaction {txn.id} exceeded the time limit (txn_max_seconds) of table {table!r}, {seconds:g}s"
 
-    def stage(self, txn_id: str, op: StagedOp, written_here: bool = False) -> None:
+    def stage(self, txn_id: str, op: StagedOp, written_here: bool = False, wait: bool = True) -> None:
         """Stage ``op`` in the running transaction ``txn_id``. The parts it adds are checked
         against their files first (:meth:`verify_claims`), unless ``written_here``: this replica
-        wrote them itself (its merges and compactions), from parts it had verified."""
+        wrote them itself (its merges and compactions), from parts it had verified. An insert
+        into a crowded partition is delayed or refused first (:meth:`hold_back`); ``wait=False``
+        (the RPC I/O thread, which hands an insert into a crowded partition to a worker first:
+        :meth:`crowded`) never sleeps."""
         txn = self.running(txn_id)
         table = self.table(op.table, None)
         check_partition_bounds(table, op, self.config.max_partition_value_bytes)
@@ -294,6 +321,8 @@ class Transactions:
                 visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
             if name not in visible:
                 raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+        if not written_here:
+            self.hold_back(txn, table, op, wait)  # too many parts: delayed or refused
         # Cleanup keeps the unreferenced files of a running transaction by the tid in their names;
         # a part named otherwise is kept only while younger than the grace period, so one written
         # long before it is staged could be collected before or after the commit: refuse it.
@@ -360,6 +389,82 @@ class Transactions:
                 )
                 self.abort(txn, reason, "storage")
                 raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
+
+    # -- backpressure: visible parts per partition (docs/rules.md#too-many-parts) ---------------
+    def parts_limits(self, table: TableDef) -> tuple[int, int]:
+        """``(parts_to_delay_insert, parts_to_throw_insert)`` binding inserts into ``table``: its
+        own where it sets them, else this replica's (0: never)."""
+        c = self.config
+        delay_at = c.parts_to_delay_insert if table.parts_to_delay_insert is None else table.parts_to_delay_insert
+        throw_at = c.parts_to_throw_insert if table.parts_to_throw_insert is None else table.parts_to_throw_insert
+        return delay_at, throw_at
+
+    def crowded(self, table: TableDef, partitions: Iterable[str]) -> bool:
+        """Whether an insert into these partition keys of ``table`` may be delayed or refused (a
+        partition holds at least the lower threshold): the RPC I/O thread's cheap test, which
+        hands such an insert to a worker (:meth:`hold_back` decides there)."""
+        low = min((n for n in self.parts_limits(table) if n), default=0)
+        return bool(low) and any(self.state.live_count(table.name, p) >= low for p in partitions)
+
+    def hold_back(self, txn: RunningTxn, table: TableDef, op: StagedOp, wait: bool = True) -> None:
+        """Delay or refuse an INSERT into a partition holding many visible parts (the transaction's
+        own removals there not counted): TooManyParts past ``parts_to_throw_insert``, a sleep of
+        :func:`insert_delay` past ``parts_to_delay_insert`` (not with ``wait=False``). Nothing else
+        is held back (merges, compactions, overwrites, truncates, deletes and updates do not add
+        parts to a partition), nor a restore's transaction (``table_limits=False``)."""
+        if not isinstance(op, Insert) or not txn.table_limits:
+            return
+        partitions = {m.partition_key: m.partition for m in op.added}
+        if not self.crowded(table, partitions):
+            return
+        delay_at, throw_at = self.parts_limits(table)
+        _, removed = txn.own_parts()
+        longest = 0.0
+        for pkey, partition in partitions.items():
+            count = self.state.live_count(table.name, pkey)
+            count -= sum(
+                1 for n in removed if (r := self.state.part(n)) and r.meta.table == table.name and r.pkey == pkey
+            )
+            delay = insert_delay(count, delay_at, throw_at, self.config.max_delay_to_insert)
+            if delay is None:
+                self._count_held("refused")
+                raise self.too_many(table, partition, count, delay_at, throw_at)
+            longest = max(longest, delay)
+        if longest and wait:
+            time.sleep(longest)
+            self._count_held("delayed", longest)
+
+    def too_many(self, table: TableDef, partition: tuple, count: int, delay_at: int, throw_at: int) -> TooManyParts:
+        """The refusal of an insert into ``partition`` of ``table``, holding ``count`` parts."""
+        own = table.parts_to_throw_insert is not None
+        source = "the table's own" if own else f"the setting of replica {self.host_id}"
+        return TooManyParts(
+            f"too many parts: partition {quote(list(partition))} of table {quote(table.name)} holds {count} "
+            f"visible parts, at or past parts_to_throw_insert={throw_at} ({source}; "
+            f"parts_to_delay_insert={delay_at}): the insert was refused and nothing was changed. Insert "
+            "again once merges brought the partition's parts down (client.compact(table, partitions=...) "
+            "merges them now), or raise the table's parts_to_throw_insert (client.alter_table)",
+            table=table.name,
+            partition=list(partition),
+            parts=count,
+            parts_to_throw_insert=throw_at,
+            parts_to_delay_insert=delay_at,
+            setting_from="table" if own else "replica",
+        )
+
+    def _count_held(self, what: str, seconds: float = 0.0) -> None:
+        with self._aborted_lock:
+            self._held_back[what] += 1
+            self._delay_seconds += seconds
+
+    def held_back(self) -> dict[str, float]:
+        """Inserts delayed and refused here, and the seconds they waited (metrics, ``info``)."""
+        with self._aborted_lock:
+            return {
+                "delayed": self._held_back["delayed"],
+                "refused": self._held_back["refused"],
+                "delay_seconds": round(self._delay_seconds, 6),
+            }
 
     def check_added(self, table: TableDef, added: tuple[PartMeta, ...], own_names: set[str], txn_id: str) -> None:
         """What a statement adds must be parts of its own (InvalidInput otherwise, nothing

@@ -41,7 +41,7 @@ from coordinator.core.errors import (
 )
 from coordinator.core.grants import Role
 from coordinator.core.versions import Tid, check_host_id, incarnation_of, split_csn
-from coordinator.model.catalog import TableDef, TableDropped
+from coordinator.model.catalog import PARTS_OPTIONS, TableDef, TableDropped
 from coordinator.model.records import (
     AliveRecord,
     ManifestPointer,
@@ -708,9 +708,10 @@ class Replica:
     def create_table(self, tdef: TableDef) -> int:
         return self.committer.create_table(tdef)
 
-    def alter_table(self, name: str, add_columns: object, rename_columns: object, retention: object = None) -> int:
+    def alter_table(self, name: str, add_columns: object, rename_columns: object, options: object = None) -> int:
+        """ALTER TABLE; ``options``: new values of the table's options (catalog.ALTERABLE)."""
         self.table(name)  # TableNotFound first, as every statement says it
-        return self.committer.alter_table(name, add_columns, rename_columns, retention)
+        return self.committer.alter_table(name, add_columns, rename_columns, options)
 
     def describe_table(self, name: str, snapshot: int | None = None) -> dict:
         """A table's definition at a snapshot (the latest by default) with what it holds then."""
@@ -722,6 +723,7 @@ class Replica:
             **tdef.to_dict(),
             "retention_seconds": self.retention.seconds(tdef),
             "retention_default": tdef.retention_seconds is None,
+            **dict(zip(PARTS_OPTIONS, self.transactions.parts_limits(tdef))),
             "snapshot": snap,
             "schema_version": tdef.ddl_version,
             "parts": len(metas),
@@ -865,5 +867,6 @@ class Replica:
                 "conflicts": {k: n for k, n in s.conflicts.items() if n},
             },
             "aborted": s.aborted,  # by reason, as the metric mergetxn_transactions_aborted_total
+            "inserts": s.inserts_held,  # delayed and refused by the parts per partition (too many parts)
             "async_commits": self.async_commits.describe(),
         }

@@ -38,7 +38,7 @@ from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.tabledata import partition_key
-from coordinator.model.catalog import TableDef
+from coordinator.model.catalog import ALTERABLE, TableDef
 from coordinator.model.records import Compact, TxnState, op_from_dict
 from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
@@ -278,7 +278,7 @@ class ReplicaServer(RpcServer):
         if action == "stage":
             if not self._quick_stage(args):
                 return False
-            reply(self._envelope(action, self._stage, args))
+            reply(self._envelope(action, self._stage_here, args))
             return True
         if action == "visible" and self._quick_point_read(args):
             reply(self._envelope(action, self._visible, args))
@@ -331,9 +331,23 @@ class ReplicaServer(RpcServer):
             added = op.get("added") or ()
             if added and not self.transactions.verifies_quickly(added):
                 return False  # its files are read to check them: on a worker
+            if op.get("op") == "insert" and self._crowded(tdef, added):
+                return False  # it may wait (docs/rules.md#too-many-parts): on a worker
             if op.get("op") != "compact" and isinstance(added, list):
                 rows += sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
         return rows <= limit  # over: the full path aborts and cleans up
+
+    def _crowded(self, tdef: TableDef, added: object) -> bool:
+        """Whether an insert of the part descriptors ``added`` into ``tdef`` may be delayed or
+        refused (docs/rules.md#too-many-parts): it then goes to a worker, where waiting is fine
+        (a descriptor whose partition does not parse too: the worker refuses it)."""
+        if not isinstance(added, list):
+            return False
+        try:
+            pkeys = {partition_key(tuple(m["partition"])) for m in added if isinstance(m, dict) and "partition" in m}
+        except (InvalidInput, TypeError):
+            return True
+        return self.transactions.crowded(tdef, pkeys)
 
     def _commit_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
         txn = self.transactions.quick_txn(a.get("id"))
@@ -342,7 +356,7 @@ class ReplicaServer(RpcServer):
         if not a.get("ops") and self.transactions.mismatch(txn) is not None:
             return False  # the worker ends it: deleting its files is I/O
         if a.get("ops"):
-            staged = self._envelope("stage", self._stage, a)
+            staged = self._envelope("stage", self._stage_here, a)
             if not staged["ok"]:
                 reply(staged)
                 return True
@@ -375,7 +389,9 @@ class ReplicaServer(RpcServer):
         if quick:
             rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
             tdef = replica.state.table(table)
-            quick = rows <= min(replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows)
+            quick = rows <= min(
+                replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows
+            ) and not self._crowded(tdef, added)  # an insert that may wait goes to a worker
         if quick:
             try:  # a retry with other metadata than was committed is refused (InvalidInput)
                 retried = txns.committed_retry(a)
@@ -403,7 +419,7 @@ class ReplicaServer(RpcServer):
         try:
             op = txns.parts_op(txn, a)
             if op.added:
-                txns.stage(txn.id, op)
+                txns.stage(txn.id, op, wait=False)
             txns.parts_apps(txn, a)
             txns.commit_async(txn.id, done)
         except Exception as exc:
@@ -442,6 +458,8 @@ class ReplicaServer(RpcServer):
             a.get("txn_max_seconds"),
             a.get("txn_max_rows"),
             a.get("retention_seconds"),
+            a.get("parts_to_delay_insert"),
+            a.get("parts_to_throw_insert"),
         )
         return {"csn": self.replica.create_table(tdef)}
 
@@ -464,12 +482,17 @@ class ReplicaServer(RpcServer):
         add = a.get("add_columns")
         add_schema = None if add is None else schema_from_json(add)
         renames = a.get("rename_columns")
-        retention = (a["retention_seconds"],) if "retention_seconds" in a else None
-        return {"csn": self.replica.alter_table(a["name"], add_schema, renames, retention)}
+        options = {k: a[k] for k in ALTERABLE if k in a}
+        return {"csn": self.replica.alter_table(a["name"], add_schema, renames, options)}
 
-    def _stage(self, a: dict) -> None:
+    def _stage(self, a: dict, wait: bool = True) -> None:
         for op in a["ops"] if "ops" in a else [a["op"]]:
-            self.transactions.stage(a["id"], op_from_dict(op))
+            self.transactions.stage(a["id"], op_from_dict(op), wait=wait)
+
+    def _stage_here(self, a: dict) -> None:
+        """:meth:`_stage` on the RPC I/O thread: never a sleep (an insert due a delay was handed to
+        a worker by :meth:`_quick_stage`; one whose partition filled up since goes undelayed)."""
+        self._stage(a, wait=False)
 
     def _commit(self, a: dict) -> dict:
         """Stage the operations that came with the commit (deferred inserts), then commit."""

@@ -184,6 +184,29 @@ class ReplicaConfig:
         minimum=0,
         tunable=True,
     )
+    # Tunable: backpressure on inserts (replicas/registry.py; docs/rules.md#too-many-parts).
+    parts_to_delay_insert: int = _setting(
+        150,
+        "an insert into a partition holding this many visible parts or more is delayed, longer the closer "
+        "the count is to parts_to_throw_insert, at most max_delay_to_insert (0: never; a table's own "
+        "parts_to_delay_insert overrides it)",
+        minimum=0,
+        tunable=True,
+    )
+    parts_to_throw_insert: int = _setting(
+        300,
+        "an insert into a partition holding this many visible parts or more is refused with TooManyParts "
+        "(0: never; a table's own parts_to_throw_insert overrides it)",
+        minimum=0,
+        tunable=True,
+    )
+    max_delay_to_insert: float = _setting(
+        1.0,
+        "the longest delay of one insert, in seconds (0: inserts are never delayed)",
+        minimum=0,
+        maximum=60,
+        tunable=True,
+    )
     read_lease_seconds: float = _setting(
         300.0,
         "a Spark job's read keeps its snapshot in use this long (a plain read, until it ends)",

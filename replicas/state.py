@@ -791,6 +791,12 @@ class ReplicaState:
         with self.lock:
             return {pk: list(names) for pk, names in self.live.get(table, {}).items() if len(names) >= at_least}
 
+    def live_count(self, table: str, pkey: str) -> int:
+        """How many parts of ``table`` are visible now in partition ``pkey``: two dict lookups and
+        the size of a set, without the lock (each step is atomic; the inserts' backpressure asks
+        on every insert, replicas/registry.py)."""
+        return len(self.live.get(table, {}).get(pkey, ()))
+
     def partition_keys(self, table: str) -> set[str]:
         """The partition keys of ``table`` that hold live parts or have a conflict history."""
         with self.lock:

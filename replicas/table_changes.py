@@ -107,7 +107,7 @@ class TableChanges:
     def alter(self, p: Pending) -> None:
         """ALTER TABLE: the new definition, decided on the current one, and the table znode set
         at the version that one holds (a concurrent DDL or drop makes it decide again)."""
-        name, add_columns, rename_columns, retention = p.alter
+        name, add_columns, rename_columns, options = p.alter
         try:
             for attempt in self.retrying():
                 with attempt:
@@ -120,7 +120,7 @@ class TableChanges:
                         cur = self.state.tables.get(name)
                         if cur is None:
                             raise TableNotFound(f"unknown table {quote(name)}", table=name)
-                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1, retention=retention)
+                    new = cur.altered(add_columns, rename_columns, version=stat.version + 1, options=options)
                     entry = LogEntry(time=time.time(), versions={}, ddl=(new,))
                     csn = self._append(entry, Multi(tables={name: (stat.version, _TABLE_NODE)}))
             self._applied_here(csn, name)

@@ -52,6 +52,10 @@ def _seconds_or_none(v: Any) -> str | None:
     return None if v is None else _seconds(v)  # None: the default (a table's: the replica's)
 
 
+def _count_or_none(v: Any) -> str | None:
+    return None if v is None else _count(v)  # None: the default (a table's: the replica's)
+
+
 def _bytes_or_none(v: Any) -> str | None:
     if v is None or (isinstance(v, int) and not isinstance(v, bool) and MIN_BUDGET <= v <= MAX_INT):
         return None
@@ -170,6 +174,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "since_csn": _count,
     "version": _count,
     "txn_max_rows": _count,
+    "parts_to_delay_insert": _count_or_none,
+    "parts_to_throw_insert": _count_or_none,
     "memory_budget": _bytes_or_none,
     "start": _csn_or_time,
     "end": _csn_or_time,

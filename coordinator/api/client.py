@@ -48,7 +48,7 @@ from coordinator.core.tabledata import (
 )
 from coordinator.core.versions import Tid
 from coordinator.model.atomicity import ASYNC, FULL, NONE, SYNC, check_modes
-from coordinator.model.catalog import TableDef, check_retention
+from coordinator.model.catalog import TableDef, check_option
 from coordinator.model.records import (
     CommitStatus,
     Compact,
@@ -228,6 +228,8 @@ class Client:
         txn_max_seconds: float | None = None,
         txn_max_rows: int | None = None,
         retention_seconds: float | None = None,
+        parts_to_delay_insert: int | None = None,
+        parts_to_throw_insert: int | None = None,
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
@@ -238,7 +240,10 @@ class Client:
         tables a transaction wrote and the replica's binds it); a keys table defaults to 60 s and
         100,000 rows, others to none (only the replica-wide limits). ``retention_seconds``: how
         long snapshots and ``changes`` of this table stay readable after a commit replaced what
-        they saw (docs/rules.md#history-retention; None: the replica-wide default, 3600 s)."""
+        they saw (docs/rules.md#history-retention; None: the replica-wide default, 3600 s).
+        ``parts_to_delay_insert`` and ``parts_to_throw_insert``: an insert into a partition holding
+        that many visible parts is delayed, or refused with TooManyParts (docs/rules.md#too-many-parts;
+        None: the replica-wide settings of the same names, 150 and 300; 0: never)."""
         tdef = TableDef.new(
             name,
             schema,
@@ -251,6 +256,8 @@ class Client:
             txn_max_seconds,
             txn_max_rows,
             retention_seconds,
+            parts_to_delay_insert,
+            parts_to_throw_insert,
         )
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
         try:
@@ -309,8 +316,9 @@ class Client:
         """The table at ``snapshot`` (the latest by default): ``schema`` (a pyarrow.Schema),
         ``partition_by``, ``primary_key``, ``conflict_policy``, ``auto_merge``, ``created_csn``,
         ``schema_version`` and ``version_csn`` (the CSN of its last ALTER, 0 if none), what it
-        holds (``parts``, ``rows``, ``bytes``, ``partitions``), and its ``history`` (created,
-        altered: CSN each)."""
+        holds (``parts``, ``rows``, ``bytes``, ``partitions``), its ``history`` (created,
+        altered: CSN each), and the ``retention_seconds``, ``parts_to_delay_insert`` and
+        ``parts_to_throw_insert`` in force (its own, else the replica's)."""
         d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
         d["schema"] = TableDef.from_dict(d).schema
         d["partition_by"], d["primary_key"] = tuple(d["partition_by"]), tuple(d["primary_key"])
@@ -334,14 +342,23 @@ class Client:
         add_columns: pa.Schema | Sequence[pa.Field] | None = None,
         rename_columns: Mapping[str, str] | None = None,
         retention_seconds: float | None | object = _UNCHANGED,
+        parts_to_delay_insert: int | None | object = _UNCHANGED,
+        parts_to_throw_insert: int | None | object = _UNCHANGED,
     ) -> int:
         """ALTER TABLE: add nullable columns (rows written before read them as null), rename
         columns ({old: new}; rows written before read under the new names) and change the
-        table's ``retention_seconds`` (None: back to the replica-wide default). Returns the CSN
-        from which the new definition holds. Partition and key columns cannot be renamed; a bad
-        alter is InvalidInput naming the problem and changes nothing."""
-        if retention_seconds is not _UNCHANGED:
-            check_retention(name, retention_seconds)
+        table's ``retention_seconds``, ``parts_to_delay_insert`` and ``parts_to_throw_insert``
+        (None: back to the replica-wide default). Returns the CSN from which the new definition
+        holds. Partition and key columns cannot be renamed; a bad alter is InvalidInput naming the
+        problem and changes nothing."""
+        given = dict(
+            retention_seconds=retention_seconds,
+            parts_to_delay_insert=parts_to_delay_insert,
+            parts_to_throw_insert=parts_to_throw_insert,
+        )
+        options = {k: v for k, v in given.items() if v is not _UNCHANGED}
+        for option, value in options.items():
+            check_option(name, option, value)
         if add_columns is not None and not isinstance(add_columns, pa.Schema):
             if isinstance(add_columns, pa.Field):
                 add_columns = [add_columns]
@@ -358,8 +375,7 @@ class Client:
             args["add_columns"] = schema_to_json(add_columns)
         if rename_columns is not None:
             args["rename_columns"] = dict(rename_columns)
-        if retention_seconds is not _UNCHANGED:
-            args["retention_seconds"] = retention_seconds
+        args.update(options)
         csn = self.call("alter_table", **args)["csn"]
         self._tables.pop(name, None)
         return csn
@@ -1807,6 +1823,8 @@ _CREATE_FIELDS = frozenset(
         "txn_max_seconds",
         "txn_max_rows",
         "retention_seconds",
+        "parts_to_delay_insert",
+        "parts_to_throw_insert",
     }
 )
 

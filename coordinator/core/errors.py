@@ -216,6 +216,14 @@ class QuotaExceeded(PermissionDenied):
     was changed: end one (commit, roll back, finish the read) and ask again."""
 
 
+class TooManyParts(MergetxnError):
+    """An insert was refused: a partition it writes holds ``parts_to_throw_insert`` visible parts
+    or more (docs/rules.md#too-many-parts; ``details``: ``table``, ``partition``, ``parts``, the
+    count, and the thresholds with where each comes from). Nothing was changed (in a transaction
+    only the statement failed: the transaction stays usable): insert again once merges (or a
+    ``compact``) brought the partition's parts down, or raise the table's threshold."""
+
+
 _BY_NAME = {
     cls.__name__: cls
     for cls in (
@@ -235,6 +243,7 @@ _BY_NAME = {
         AuthenticationFailed,
         PermissionDenied,
         QuotaExceeded,
+        TooManyParts,
     )
 }
 

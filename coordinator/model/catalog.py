@@ -82,6 +82,37 @@ def check_retention(table: str, seconds: object) -> float | None:
     return float(seconds)
 
 
+# Backpressure on inserts (docs/rules.md#too-many-parts): a table's own thresholds of visible parts
+# per partition (None: the replica's setting of the same name; 0: never, for this table).
+PARTS_OPTIONS = ("parts_to_delay_insert", "parts_to_throw_insert")
+# What ALTER TABLE may set besides the schema (each None: back to the replica-wide default).
+ALTERABLE = ("retention_seconds", *PARTS_OPTIONS)
+
+
+def check_parts_option(table: str, option: str, value: object) -> int | None:
+    """Validate a table's ``parts_to_delay_insert``/``parts_to_throw_insert``: None (the
+    replica-wide default) or an integer >= 0 (0: never); InvalidInput naming the option otherwise."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(
+            f"{option} of table {quote(table)} must be an integer >= 0 (0: never; None: the replica-wide "
+            f"default), not {quote(value)}",
+            table=table,
+            **{option: repr(value)[:100]},
+        )
+    return value
+
+
+def check_option(table: str, option: str, value: object) -> float | int | None:
+    """One of :data:`ALTERABLE` checked (InvalidInput naming it otherwise)."""
+    if option == "retention_seconds":
+        return check_retention(table, value)
+    if option in PARTS_OPTIONS:
+        return check_parts_option(table, option, value)
+    raise InvalidInput(f"alter {quote(table)}: unknown option {quote(option)}; known: {', '.join(ALTERABLE)}")
+
+
 def effective_limits(tables, replica_seconds: float, replica_rows: int) -> tuple[float, str | None, int, str | None]:
     """The limits binding a transaction that wrote ``tables`` (TableDefs): the smallest among the
     tables' own and the replica-wide ones, each with the table it comes from (None: the replica)."""
@@ -113,6 +144,9 @@ class TableDef:
     # History retention (docs/rules.md#history-retention): removed parts kept this many seconds after
     # the commit that removed them (None: the replica-wide default, ``retention_seconds``).
     retention_seconds: float | None = None
+    # Visible parts per partition past which inserts are delayed / refused (None: the replica's).
+    parts_to_delay_insert: int | None = None
+    parts_to_throw_insert: int | None = None
 
     @property
     def csn(self) -> int:
@@ -133,6 +167,8 @@ class TableDef:
         txn_max_seconds: float | None = None,
         txn_max_rows: int | None = None,
         retention_seconds: float | None = None,
+        parts_to_delay_insert: int | None = None,
+        parts_to_throw_insert: int | None = None,
     ) -> TableDef:
         """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
         table (:mod:`coordinator.core.keytables`) never merges automatically: its parts are versions of
@@ -162,6 +198,8 @@ class TableDef:
                 txn_max_rows = KEYS_TXN_MAX_ROWS
         txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
         retention_seconds = check_retention(name, retention_seconds)
+        delay_at = check_parts_option(name, "parts_to_delay_insert", parts_to_delay_insert)
+        throw_at = check_parts_option(name, "parts_to_throw_insert", parts_to_throw_insert)
         return cls(
             name,
             schema,
@@ -174,6 +212,8 @@ class TableDef:
             txn_max_seconds=txn_max_seconds,
             txn_max_rows=txn_max_rows,
             retention_seconds=retention_seconds,
+            parts_to_delay_insert=delay_at,
+            parts_to_throw_insert=throw_at,
         )
 
     def to_dict(self) -> dict:
@@ -200,8 +240,9 @@ class TableDef:
             d["txn_max_seconds"] = self.txn_max_seconds
         if self.txn_max_rows is not None:
             d["txn_max_rows"] = self.txn_max_rows
-        if self.retention_seconds is not None:
-            d["retention_seconds"] = self.retention_seconds
+        for option in ALTERABLE:
+            if getattr(self, option) is not None:
+                d[option] = getattr(self, option)
         return d
 
     def same_definition(self, other: TableDef) -> bool:
@@ -217,6 +258,8 @@ class TableDef:
             self.txn_max_seconds,
             self.txn_max_rows,
             self.retention_seconds,
+            self.parts_to_delay_insert,
+            self.parts_to_throw_insert,
         ) == (
             other.name,
             other.partition_by,
@@ -228,6 +271,8 @@ class TableDef:
             other.txn_max_seconds,
             other.txn_max_rows,
             other.retention_seconds,
+            other.parts_to_delay_insert,
+            other.parts_to_throw_insert,
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -251,6 +296,12 @@ class TableDef:
                 txn_max_seconds=None if d.get("txn_max_seconds") is None else float(d["txn_max_seconds"]),
                 txn_max_rows=None if d.get("txn_max_rows") is None else int(d["txn_max_rows"]),
                 retention_seconds=None if d.get("retention_seconds") is None else float(d["retention_seconds"]),
+                parts_to_delay_insert=None
+                if d.get("parts_to_delay_insert") is None
+                else int(d["parts_to_delay_insert"]),
+                parts_to_throw_insert=None
+                if d.get("parts_to_throw_insert") is None
+                else int(d["parts_to_throw_insert"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {quote(exc)}") from exc
@@ -268,22 +319,22 @@ class TableDef:
         add_columns: pa.Schema | list | None = None,
         rename_columns: dict | None = None,
         version: int | None = None,
-        retention: tuple[float | None] | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> TableDef:
         """The definition after ``ALTER TABLE``: ``add_columns`` (nullable fields, appended),
-        ``rename_columns`` ({old: new}) and ``retention`` (a 1-tuple: the new
-        ``retention_seconds``, None in it meaning the replica-wide default). Every problem is
-        InvalidInput naming it, and nothing is changed then. The result holds from the next
-        ddl_version (its CSN is set when the log applies it; ``version``: its ddl_version, by
-        default the next)."""
-        if retention is not None:
-            if not isinstance(retention, tuple) or len(retention) != 1:
-                raise InvalidInput(f"alter {self.name!r}: retention must be a 1-tuple")
-            seconds = check_retention(self.name, retention[0])
+        ``rename_columns`` ({old: new}) and ``options`` (new values of :data:`ALTERABLE`: the
+        table's ``retention_seconds``, ``parts_to_delay_insert``, ``parts_to_throw_insert``; None
+        for one meaning the replica-wide default). Every problem is InvalidInput naming it, and
+        nothing is changed then. The result holds from the next ddl_version (its CSN is set when
+        the log applies it; ``version``: its ddl_version, by default the next)."""
+        if options:
+            if not isinstance(options, Mapping):
+                raise InvalidInput(f"alter {quote(self.name)}: options must map option names to values")
+            values = {k: check_option(self.name, k, v) for k, v in options.items()}
             if add_columns is None and not rename_columns:
                 v = self.ddl_version + 1 if version is None else version
-                return replace(self, retention_seconds=seconds, ddl_version=v, version_csn=0)
-            return replace(self.altered(add_columns, rename_columns, version), retention_seconds=seconds)
+                return replace(self, **values, ddl_version=v, version_csn=0)  # type: ignore[arg-type]
+            return replace(self.altered(add_columns, rename_columns, version), **values)  # type: ignore[arg-type]
         if self.conflict_policy is Policy.KEYS:
             raise InvalidInput(
                 f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; nothing was changed",
@@ -297,7 +348,8 @@ class TableDef:
             )
         if not adds and not renames:
             raise InvalidInput(
-                f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or retention_seconds)"
+                f"alter {quote(self.name)}: nothing to change (give add_columns, rename_columns or one of "
+                f"{', '.join(ALTERABLE)})"
             )
         names = list(self.schema.names)
         problems = []

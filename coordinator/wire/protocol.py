@@ -161,6 +161,8 @@ ACTIONS: dict[str, Action] = {
             "txn_max_seconds": _f(NUMBER, NULL),
             "txn_max_rows": _f(INTEGER, NULL),
             "retention_seconds": _f(NUMBER, NULL),
+            "parts_to_delay_insert": _f(INTEGER, NULL),
+            "parts_to_throw_insert": _f(INTEGER, NULL),
         }
     ),
     "table": Action({"name": _TABLE, "snapshot": _SNAPSHOT, "as_of": _AS_OF}),
@@ -171,6 +173,8 @@ ACTIONS: dict[str, Action] = {
             "add_columns": _f(STRING, NULL, doc="schema_to_json of the columns to add"),
             "rename_columns": _f(OBJECT, NULL, doc="old name -> new name"),
             "retention_seconds": _f(NUMBER, NULL, doc="null: back to the replica-wide default"),
+            "parts_to_delay_insert": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
+            "parts_to_throw_insert": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
         }
     ),
     "parts": Action({"table": _TABLE}),
