@@ -552,7 +552,7 @@ class Replica:
         which deletes only files that no part record names."""
         removed = 0
         for tid, paths in staged.items():
-            if self.state.commit_csn(tid) is not None or self.state.forgotten(tid):
+            if self.state.forgotten(tid) or self.state.commit_csn(tid) is not None:
                 continue
             for p in paths:
                 delete_part(self.storage, p)

@@ -796,12 +796,15 @@ class ReplicaState:
             csn = self.tid_csn.get(tid)
             if csn is not None or not self.forgotten(tid):
                 return csn
-            for rec in self.parts.values():
-                if rec.meta.creation_tid == tid:
-                    return rec.creation_csn
-                if rec.removal_tid == tid:
-                    return rec.removal_csn
-            return None
+            # Looked through outside the lock (commits go on meanwhile): a record's creator never
+            # changes, and its removal is set once.
+            recs = list(self.parts.values())
+        for rec in recs:
+            if rec.meta.creation_tid == tid:
+                return rec.creation_csn
+            if rec.removal_tid == tid and rec.removal_csn is not None:
+                return rec.removal_csn
+        return None
 
     @contextmanager
     def outcomes_kept(self) -> Iterator[None]:
