@@ -129,10 +129,14 @@ class Outcomes:
             "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)",
         )
 
-    def _final(self, tid_text: str, why: str) -> CommitStatus:
-        """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
+    def _final(self, tid_text: str, why: str, never: bool = False) -> CommitStatus:
+        """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer.
+        ``never``: no commit of it can ever have happened, forgotten or not."""
         self.catch_up()
-        return self._committed(tid_text) or self._not_committed(tid_text, why)
+        committed = self._committed(tid_text)
+        if committed is not None:
+            return committed
+        return CommitStatus(tid_text, TxnState.ABORTED, None, why) if never else self._not_committed(tid_text, why)
 
     def _foreign(self, tid: Tid, tid_text: str, forward: bool) -> CommitStatus:
         zk, layout = self.zk, self.log
@@ -141,7 +145,8 @@ class Outcomes:
         zk.retry(zk.sync, owner_path)
         stat = zk.retry(zk.exists, owner_path)
         if stat is None:
-            return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered")
+            # (every commit multi checks that node, which is never deleted)
+            return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered", never=True)
         if stat.version > incarnation:
             return self._final(
                 tid_text,

@@ -16,6 +16,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import ID_V, id_rows, ids
 
 from coordinator.client import Client
+from coordinator.core.versions import COUNTER_STRIDE, Tid
 from coordinator.errors import DuplicateCommit
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
@@ -77,6 +78,11 @@ def test_outcomes_beyond_the_window_are_forgotten_and_told_so(cluster: LocalClus
         assert (c.commit_status(b.id).status, c.commit_status(b.id).csn) == ("committed", b.csn)
         never = c.commit_status(d_id)
         assert never.status == "unknown", never  # it may have committed below the window: not "aborted"
+        # Above the floor the log's silence still tells: a tid replica 1 never began, and one of
+        # a host that never registered (no commit of it can ever have happened), are aborted.
+        unused = Tid(last, c1.call("info")["incarnation"] * COUNTER_STRIDE + COUNTER_STRIDE - 1, "r1")
+        assert c.commit_status(unused).status == "aborted"
+        assert c.commit_status(Tid(1, 0, "nosuchhost")).status == "aborted"
     # The app version is state, not an outcome: still refused as a duplicate after the trim.
     with pytest.raises(DuplicateCommit) as e:
         with c1.transaction() as again:
