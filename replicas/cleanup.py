@@ -405,9 +405,15 @@ class Cleanup:
                     tid = None
                 tid_s = str(tid) if tid else m.group(1)
                 entry = {"path": path, "part": stem, "table": table}
-                committed = self.state.tid_csn.get(tid_s) if tid is not None else None
+                forgotten = tid is not None and self.state.forgotten(tid_s)
+                committed = self.state.commit_csn(tid_s) if tid is not None and not forgotten else None
                 if committed is not None:
                     why = f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
+                elif forgotten and tid_s not in running:
+                    # Began below the outcome window: ended long ago (committed or not), and no
+                    # part record names this file; a commit naming it after all is refused by the
+                    # orphan fence.
+                    why = f"its transaction {tid_s} began below the outcome window (outcome_seconds)"
                 else:
                     maybe_running = tid is not None and (
                         tid_s in running

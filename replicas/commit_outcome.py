@@ -20,7 +20,7 @@ from kazoo.exceptions import (
 )
 
 from coordinator.core import retries
-from coordinator.core.errors import TransactionAborted
+from coordinator.core.errors import OutcomeUnknown, TransactionAborted
 
 if TYPE_CHECKING:
     from coordinator.zk.log import CsnLog
@@ -46,13 +46,23 @@ class LostAnswers:
         when it did not and the session is lost (it never will)."""
         log.warning("connection lost during commit multi (%r); looking up %s in the log", exc, tid)
         zk = self.log.zk
-        for attempt in retries.log_lookup():
-            with attempt:
-                if not zk.connected:
-                    raise ConnectionLoss("waiting for ZooKeeper")
-                zk.sync(self.log.log_path())
-                self.follower.pull()
-        csn = self.state.tid_csn.get(tid)
+        with self.state.outcomes_kept():  # the window forgets nothing until the answer is found
+            for attempt in retries.log_lookup():
+                with attempt:
+                    if not zk.connected:
+                        raise ConnectionLoss("waiting for ZooKeeper")
+                    zk.sync(self.log.log_path())
+                    self.follower.pull()
+            csn = self.state.commit_csn(tid)
+        if csn is None and self.state.forgotten(tid):
+            # Began below the outcome window and found neither there nor in a part record: the
+            # multi may have happened, so "it did not" would be a guess (and a retry a second
+            # commit). Not found in the log is not told either way.
+            raise OutcomeUnknown(
+                f"the outcome of the commit of {tid} cannot be told: it began below this replica's "
+                f"outcome window (outcome_seconds), whose older commits are forgotten; ask commit_status({tid})",
+                id=tid,
+            )
         if csn is None and self.zk_session.lost.is_set():
             raise TransactionAborted(f"replica lost its ZooKeeper session; {tid} did not commit")
         return csn

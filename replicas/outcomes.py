@@ -14,6 +14,13 @@ fence, as ClickHouse checks its session in the same multi:
   holds the tid's incarnation, this replica bumps the owner node by compare-and-swap (fencing
   that incarnation) and then reads the log: committed with its CSN, or aborted for good. An owner
   that comes back finds its incarnation moved and cannot commit the transaction any more.
+
+"Aborted" is never remembered: it is what the log's silence means once the owner can no longer
+commit, and the silence means it only above the outcome window's floor (``outcome_seconds``,
+replicas/state.py). A transaction that began below the floor may have committed at a CSN whose
+outcome was forgotten: unless a part record it added or removed still names it (then
+``committed`` with that CSN) or its owner still holds it (running, or among its last ended),
+the answer is ``unknown``, with a reason saying that it is older than the window.
 """
 
 from __future__ import annotations
@@ -87,8 +94,23 @@ class Outcomes:
         raise AssertionError("unreachable")
 
     def _committed(self, tid_text: str) -> CommitStatus | None:
-        csn = self.state.tid_csn.get(tid_text)
+        csn = self.state.commit_csn(tid_text)
         return None if csn is None else CommitStatus(tid_text, TxnState.COMMITTED, csn, "")
+
+    def _not_committed(self, tid_text: str, why: str) -> CommitStatus:
+        """``aborted`` for a transaction not in the log, when the log's silence tells (it began
+        at or above the outcome window's floor); ``unknown`` when it may have committed below."""
+        if not self.state.forgotten(tid_text):
+            return CommitStatus(tid_text, TxnState.ABORTED, None, why)
+        state = self.state
+        return CommitStatus(
+            tid_text,
+            TxnState.UNKNOWN,
+            None,
+            f"too old to know: it began at CSN {Tid.parse(tid_text).start_csn}, below the outcome window of "
+            f"replica {self.host_id}, which remembers only the commits above CSN {state.outcome_floor} "
+            f"(outcome_seconds={state.outcome_seconds:g}); no part record names it",
+        )
 
     def _own(self, tid: Tid, tid_text: str) -> CommitStatus:
         txn = self.transactions.lookup(tid_text)
@@ -101,18 +123,20 @@ class Outcomes:
                 None,
                 f"no such transaction: replica {tid.host_id} is at incarnation {self.incarnation()}",
             )
-        return CommitStatus(
+        return self._not_committed(
             tid_text,
-            TxnState.ABORTED,
-            None,
             "not committed; not running on this replica (it ended, or "
             "the replica restarted; a transaction that wrote nothing leaves no trace once it ended)",
         )
 
-    def _final(self, tid_text: str, why: str) -> CommitStatus:
-        """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer."""
+    def _final(self, tid_text: str, why: str, never: bool = False) -> CommitStatus:
+        """The owner can no longer commit ``tid_text``: the log after a catch-up is the answer.
+        ``never``: no commit of it can ever have happened, forgotten or not."""
         self.catch_up()
-        return self._committed(tid_text) or CommitStatus(tid_text, TxnState.ABORTED, None, why)
+        committed = self._committed(tid_text)
+        if committed is not None:
+            return committed
+        return CommitStatus(tid_text, TxnState.ABORTED, None, why) if never else self._not_committed(tid_text, why)
 
     def _foreign(self, tid: Tid, tid_text: str, forward: bool) -> CommitStatus:
         zk, layout = self.zk, self.log
@@ -121,7 +145,8 @@ class Outcomes:
         zk.retry(zk.sync, owner_path)
         stat = zk.retry(zk.exists, owner_path)
         if stat is None:
-            return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered")
+            # (every commit multi checks that node, which is never deleted)
+            return self._final(tid_text, f"not committed: no replica {tid.host_id} ever registered", never=True)
         if stat.version > incarnation:
             return self._final(
                 tid_text,

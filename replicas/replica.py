@@ -93,7 +93,7 @@ class Replica:
         self.config = config
         self.host_id = config.host_id
         self.storage = Storage(config.storage_url, config.storage_options)
-        self.state = ReplicaState()
+        self.state = ReplicaState(config.outcome_seconds)
         self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""
@@ -547,10 +547,12 @@ class Replica:
 
     def _remove_uncommitted(self, staged: dict[str, list[str]]) -> int:
         """Parts written by transactions that never committed are never visible: delete them
-        (returns how many files)."""
+        (returns how many files). A transaction whose outcome is forgotten here (it began below
+        the outcome window) may have committed: its files are left to cleanup's orphan pass,
+        which deletes only files that no part record names."""
         removed = 0
         for tid, paths in staged.items():
-            if tid in self.state.tid_csn:
+            if self.state.forgotten(tid) or self.state.commit_csn(tid) is not None:
                 continue
             for p in paths:
                 delete_part(self.storage, p)
@@ -832,6 +834,7 @@ class Replica:
             "lag": {"entries": s.lag_entries, "seconds": round(s.lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
+            "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
             "cleanup": {
                 "passes": s.cleanup_passes,

@@ -213,6 +213,14 @@ class ReplicaConfig:
         minimum=0,
         tunable=True,
     )
+    # Tunable: how long outcomes are remembered (replicas/state.py, tid_csn; replicas/outcomes.py).
+    outcome_seconds: float = _setting(
+        86400.0,
+        "a committed transaction's CSN is remembered this many seconds after its commit; commit_status of an "
+        "older one answers unknown (too old to know) unless a part it added or removed is still recorded",
+        minimum=1,
+        tunable=True,
+    )
     # Tunable: the log tail (replicas/checkpoint.py).
     retain_entries: int = _setting(
         5000,

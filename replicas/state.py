@@ -11,9 +11,12 @@ import bisect
 import gc
 import heapq
 import logging
+import math
 import threading
+import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 
@@ -23,6 +26,7 @@ from coordinator.core.errors import CorruptMetadata
 from coordinator.core.keyindex import KeyIndex
 from coordinator.core.readsets import Touch
 from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid
 from coordinator.core.visibility import is_visible
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
 from coordinator.model.records import Change, LogEntry
@@ -146,8 +150,24 @@ class PartRecord:
         return partition_key(self.meta.partition)
 
 
+def _outcomes(
+    payload: dict, tid_csn: dict[str, int], fallback: float
+) -> tuple[deque[tuple[float, int, tuple[str, ...]]], int]:
+    """The outcome window of a checkpoint: (entry time, CSN, tids) per commit in CSN order, and
+    its floor. A checkpoint written before it carries no times: its commits count as made at
+    ``fallback`` (its newest time version), so the window forgets them from there."""
+    times = dict(zip(payload.get("outcome_csns", ()), payload.get("outcome_times", ()), strict=True))
+    by_csn: dict[int, list[str]] = defaultdict(list)
+    for tid, csn in tid_csn.items():
+        by_csn[csn].append(tid)
+    window = deque((float(times.get(csn, fallback)), csn, tuple(tids)) for csn, tids in sorted(by_csn.items()))
+    return window, int(payload.get("outcome_floor", 0))
+
+
 class ReplicaState:
-    def __init__(self) -> None:
+    def __init__(self, outcome_seconds: float = math.inf, clock: Callable[[], float] = time.time) -> None:
+        """``outcome_seconds``: how long a commit's outcome is remembered (the replica setting;
+        unbounded by default); ``clock``: now, which the log entries' times never run ahead of."""
         self.lock = threading.RLock()
         self.applied_cond = threading.Condition(self.lock)
         self.applied = 0
@@ -159,7 +179,18 @@ class ReplicaState:
         self.parts: dict[str, PartRecord] = {}
         self.by_table: dict[str, set[str]] = defaultdict(set)
         self.live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        # Outcomes (docs/rules.md#outcomes): tid -> the CSN it committed at, for the commits of the
+        # last ``outcome_seconds`` by their log entry's time (never ahead of ``clock``).
+        # ``outcomes`` lists them as (entry time, CSN, tids) in CSN order, and apply() forgets
+        # from its front, so the map and checkpoints hold the window, not history. Every commit
+        # above ``outcome_floor`` is in tid_csn; one at or below it may be forgotten
+        # (:meth:`forgotten`, :meth:`commit_csn`: then its part records may still tell).
         self.tid_csn: dict[str, int] = {}
+        self.outcomes: deque[tuple[float, int, tuple[str, ...]]] = deque()
+        self.outcome_floor = 0
+        self.outcome_seconds = outcome_seconds
+        self.clock = clock
+        self._outcomes_kept = 0  # > 0: a lost commit answer is being looked up, forget nothing
         self.conflict_history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
         self.versions: dict[str, int] = {}
         # Idempotent commits: app id -> (highest version committed, the CSN that holds it). State,
@@ -208,6 +239,8 @@ class ReplicaState:
             if entry.ddl:
                 self.ddl_csns.append(csn)
             data_time = None
+            if entry.txns:
+                self.outcomes.append((entry.time, csn, tuple(txn.tid for txn in entry.txns)))
             for txn in entry.txns:
                 self.tid_csn[txn.tid] = csn
                 if txn.time_version is not None:
@@ -227,7 +260,23 @@ class ReplicaState:
             self.applied = csn
             self.position = (epoch, seq + 1)
             self.applied_count += 1
+            self._forget_outcomes(entry.time)
             self.applied_cond.notify_all()
+
+    def _forget_outcomes(self, now: float) -> None:
+        """Forget the outcomes of the commits older than ``outcome_seconds`` before ``now`` (the
+        entry just applied: every replica forgets alike, but never ahead of this clock), in CSN
+        order, moving ``outcome_floor`` up to the last CSN forgotten."""
+        if self._outcomes_kept:
+            return
+        cutoff = min(now, self.clock()) - self.outcome_seconds
+        outcomes, tid_csn = self.outcomes, self.tid_csn
+        while outcomes and outcomes[0][0] < cutoff:
+            _, csn, tids = outcomes.popleft()
+            for tid in tids:
+                if tid_csn.get(tid) == csn:
+                    del tid_csn[tid]
+            self.outcome_floor = csn
 
     def _apply_ddl(self, csn: int, t: TableRecord, when: float) -> None:
         if isinstance(t, TableDropped):
@@ -499,7 +548,9 @@ class ReplicaState:
         index = self.all_sorted.get(table)
         if index is None:
             return []
-        if snapshot < self.pruned or (reader_tid is not None and reader_tid in self.tid_csn):
+        if snapshot < self.pruned or (
+            reader_tid is not None and (reader_tid in self.tid_csn or self.forgotten(reader_tid))
+        ):
             return index.values()
         names: list[str] = []
         limit = len(index)
@@ -540,6 +591,9 @@ class ReplicaState:
             ]
             pruned, lost, lost_history = self.pruned, dict(self.lost), dict(self.lost_history)
             tids, tid_csns = list(self.tid_csn), list(self.tid_csn.values())
+            outcome_csns = [csn for _, csn, _ in self.outcomes]
+            outcome_times = [t for t, _, _ in self.outcomes]
+            outcome_floor = self.outcome_floor
             history = [(k, list(v)) for k, v in self.conflict_history.items()]
             versions = dict(self.versions)
             apps = {app_id: list(held) for app_id, held in self.apps.items()}
@@ -584,6 +638,9 @@ class ReplicaState:
             "parts": parts,
             "tids": tids,
             "tid_csns": tid_csns,
+            "outcome_csns": outcome_csns,
+            "outcome_times": outcome_times,
+            "outcome_floor": outcome_floor,
             "history": h,
             "versions": versions,
             "apps": apps,
@@ -656,7 +713,7 @@ class ReplicaState:
                 for table, by_pkey in live.items()
             }
             all_sorted = {table: SortedIndex((n, parts[n]) for n in names_) for table, names_ in by_table.items()}
-            tid_csn = dict(zip(payload["tids"], payload["tid_csns"], strict=True))
+            tid_csn = {str(t): int(c) for t, c in zip(payload["tids"], payload["tid_csns"], strict=True)}
             h = payload["history"]
             keys = [(str(t), str(pk)) for t, pk in h["keys"]]
             kind_sets = [frozenset(Kind(k) for k in ks) for ks in h["kind_sets"]]
@@ -670,6 +727,7 @@ class ReplicaState:
             apps = {str(k): (int(v), int(c)) for k, (v, c) in payload.get("apps", {}).items()}
             time_csns = [int(c) for c in payload["time_csns"]]
             time_values = [float(v) for v in payload["time_values"]]
+            outcomes, outcome_floor = _outcomes(payload, tid_csn, max(time_values, default=0.0))
             applied = int(payload["applied"])
             position = (int(payload["position"][0]), int(payload["position"][1]))
             pruned = int(payload.get("pruned", 0))
@@ -709,6 +767,7 @@ class ReplicaState:
                 versions,
             )
             self.apps = apps
+            self.outcomes, self.outcome_floor = outcomes, outcome_floor
             self.all_sorted = all_sorted
             self.time_csns, self.time_values = time_csns, time_values
             self.applied, self.position = applied, position
@@ -716,6 +775,53 @@ class ReplicaState:
             self.created, self.key_index = created, key_index
             self.failure = None
             self.applied_cond.notify_all()
+
+    # -- outcomes (replicas/outcomes.py, replicas/commit_outcome.py, cleanup, recovery) ----------
+    def forgotten(self, tid: str) -> bool:
+        """Whether ``tid`` may have committed at a CSN whose outcome this replica forgot: it began
+        below ``outcome_floor``. One that began at or above it committed, if at all, above it,
+        where every commit applied here is remembered: its absence from ``tid_csn`` then means
+        that it did not commit up to ``applied``."""
+        try:
+            return Tid.parse(tid).start_csn < self.outcome_floor
+        except ValueError:
+            return False  # not a tid: never in the log
+
+    def commit_csn(self, tid: str) -> int | None:
+        """The CSN ``tid`` committed at, if this replica knows it: from the outcomes it remembers,
+        else (only when :meth:`forgotten`) from a part record that it added or removed (every
+        record carries its creating and removing transaction with their CSNs). None: it did not
+        commit up to ``applied`` unless :meth:`forgotten` says that it may have."""
+        with self.lock:
+            csn = self.tid_csn.get(tid)
+            if csn is not None or not self.forgotten(tid):
+                return csn
+            # Looked through outside the lock (commits go on meanwhile): a record's creator never
+            # changes, and its removal is set once.
+            recs = list(self.parts.values())
+        for rec in recs:
+            if rec.meta.creation_tid == tid:
+                return rec.creation_csn
+            if rec.removal_tid == tid and rec.removal_csn is not None:
+                return rec.removal_csn
+        return None
+
+    @contextmanager
+    def outcomes_kept(self) -> Iterator[None]:
+        """Forget no outcome while open: a lost commit answer is looked up in the log meanwhile
+        (replicas/commit_outcome.py), however long ZooKeeper takes to come back."""
+        with self.lock:
+            self._outcomes_kept += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self._outcomes_kept -= 1
+
+    def outcome_counts(self) -> dict:
+        """What the outcome window holds (``info``): transactions remembered, and the floor."""
+        with self.lock:
+            return {"remembered": len(self.tid_csn), "floor": self.outcome_floor, "seconds": self.outcome_seconds}
 
     def app_version(self, app_id: str) -> tuple[int, int] | None:
         """The highest version of application ``app_id`` committed up to ``applied``, and the CSN

@@ -1052,6 +1052,13 @@ class Client:
         return self.call("app_version", app_id=app_id)["version"]
 
     def commit_status(self, tid: Tid | str) -> CommitStatus:
+        """The outcome of transaction ``tid`` (any replica's), decided here when its replica is gone.
+
+        ``.status`` is ``"committed"`` (``.csn`` set), ``"aborted"``, ``"running"`` or
+        ``"committing"`` (the last two only while its replica may still decide), or ``"unknown"``:
+        it began before the replica's outcome window (the ``outcome_seconds`` setting, default a
+        day) and no part record names it, so its outcome is too old to know (never a guess of
+        "aborted"). ``.reason`` says why (docs/rules.md#outcomes). InvalidInput: not a tid."""
         r = self.call(
             "commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid))
         )

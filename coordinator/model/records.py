@@ -41,6 +41,9 @@ class TxnState(StrEnum):
     COMMITTING = "committing"
     COMMITTED = "committed"
     ABORTED = "aborted"
+    # commit_status only: committed longer ago than the replica's outcome window (outcome_seconds),
+    # so neither committed nor aborted can be told (never a transaction's state in the registry).
+    UNKNOWN = "unknown"
 
 
 # -- staged operations ----------------------------------------------------------------------------
@@ -618,7 +621,7 @@ class CommitStatus:
     """What ``commit_status`` answers, on the replica and in the client alike."""
 
     tid: str
-    status: str  # a TxnState value: "committed" (csn set), "aborted", "running" or "committing"
+    status: str  # a TxnState value: "committed" (csn set), "aborted", "running", "committing" or "unknown"
     csn: int | None = None
     reason: str = ""
 
