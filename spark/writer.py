@@ -203,7 +203,7 @@ class MergetxnWriter(DataSourceArrowWriter):
             try:
                 if self.own:
                     status = client.commit_status(self.txn_id)
-                    if status.status in ("committed", "committing"):
+                    if status.status in ("committed", "committing", "unknown"):  # unknown: keep the files
                         return
                     rollback_quietly(client.join(self.txn_id))
                     keep: set[str] = set()

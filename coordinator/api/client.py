@@ -480,9 +480,8 @@ class Client:
                 if status.status == "committed":
                     csns.append(status.csn)
                 else:
-                    failed.setdefault(
-                        tid, {"id": tid, "type": "TransactionAborted", "message": status.reason or status.status}
-                    )
+                    kind = "OutcomeUnknown" if status.status == "unknown" else "TransactionAborted"
+                    failed.setdefault(tid, {"id": tid, "type": kind, "message": status.reason or status.status})
             with self._async_lock:
                 del self._unflushed[: len(unflushed)]
                 self._acks = [f["id"] for f in r["failed"]]
@@ -1194,6 +1193,7 @@ class Client:
             )
         if status.status == "committed":
             return status.csn
+        _refuse_unknown(status, f"the commit of {len(metas)} part(s) to {quote(table)}")
         raise TransactionAborted(
             f"the commit of {len(metas)} part(s) to {quote(table)} did not happen: {status.reason or status.status}",
             id=status.tid or None,
@@ -1789,6 +1789,7 @@ class Transaction:
                 status = CommitStatus(self.id, "aborted", None, "the commit request never reached the replica")
         if status.status == "committed":
             return status.csn
+        _refuse_unknown(status, f"transaction {self.id}")
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
@@ -2081,3 +2082,13 @@ def _timestamp(when: Any, what: str) -> float:
     if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
         raise InvalidInput(f"{what} must be a timezone-aware datetime, not {quote(when)}")
     return when.timestamp()
+
+
+def _refuse_unknown(status: CommitStatus, what: str) -> None:
+    """An outcome older than the replicas remember (``"unknown"``: docs/rules.md#outcomes) is
+    OutcomeUnknown, never taken for an abort."""
+    if status.status == "unknown":
+        raise errors.OutcomeUnknown(
+            f"{what}: its outcome is older than the replicas remember: {status.reason or status.status}",
+            id=status.tid or None,
+        )
