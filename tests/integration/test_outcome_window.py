@@ -34,7 +34,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
         zk_server,
         "outcomes",
         replicas=2,
-        settings={"outcome_seconds": WINDOW, "local_checkpoint_every": 500, "merge_interval": 0, "gc_interval": 0},
+        # merges off and thousands of inserts into one partition: no insert backpressure either
+        settings={
+            "outcome_seconds": WINDOW,
+            "local_checkpoint_every": 500,
+            "merge_interval": 0,
+            "gc_interval": 0,
+            "parts_to_delay_insert": 0,
+            "parts_to_throw_insert": 0,
+        },
     ) as c:
         yield c
 
