@@ -839,8 +839,10 @@ def _nulls_problem(pf: Any, schema: pa.Schema, expected: pa.Schema) -> str | Non
     if md.num_columns != len(schema):
         return None  # nested columns: no leaf-per-field footer to read (reads check them)
     for f in expected:
+        if f.nullable:
+            continue
         j = schema.get_field_index(f.name)
-        if f.nullable or j < 0:
+        if j < 0:
             continue
         stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
         if all(st is not None and st.has_null_count for st in stats):
