@@ -268,19 +268,24 @@ def main_brute(a: argparse.Namespace) -> int:
 
 # -- the commit path with metadata checks (--only commit) -------------------------------------
 _INSERT_WORKER = r"""
-import json, sys, tempfile, time
+import json, os, sys, tempfile, time
 sys.path.insert(0, sys.argv[1] + "/benchmarks")
 import commit_throughput as ct
 from mergetxn.local.cluster import LocalCluster
 import replicas
+def cpu(pid):  # the replica process's CPU seconds, every thread (user and system)
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 with tempfile.TemporaryDirectory(prefix="mtx-meta-") as tmp, LocalCluster(tmp, replicas=1) as cluster:
     client = cluster.client(0)
     client.create_table("t", ct.ten_rows().schema, auto_merge=False)
+    pid = cluster.replica_pid(0)
     print(json.dumps({"ready": replicas.__file__}), flush=True)
     seed = 0
     for line in sys.stdin:
         n = int(line)
         lat = []
+        c0 = cpu(pid)
         t0 = time.perf_counter()
         for _ in range(n):
             data = ct.ten_rows(seed)
@@ -288,7 +293,8 @@ with tempfile.TemporaryDirectory(prefix="mtx-meta-") as tmp, LocalCluster(tmp, r
             s = time.perf_counter()
             client.insert("t", data)
             lat.append(time.perf_counter() - s)
-        print(json.dumps({"seconds": time.perf_counter() - t0, "latencies": lat}), flush=True)
+        seconds = time.perf_counter() - t0
+        print(json.dumps({"seconds": seconds, "latencies": lat, "replica_cpu": cpu(pid) - c0}), flush=True)
     client.close()
 """
 
@@ -320,6 +326,7 @@ def _insert_round(proc: subprocess.Popen, commits: int) -> dict:
         "p50_ms": round(lat[len(lat) // 2] * 1e3, 3),
         "p90_ms": round(lat[int(len(lat) * 0.9)] * 1e3, 3),
         "mean_ms": round(sum(lat) / len(lat) * 1e3, 3),
+        "replica_cpu_us_per_commit": round(got["replica_cpu"] / commits * 1e6),
     }
 
 
@@ -417,6 +424,9 @@ def commit_cost(old: Path, commits: int, rounds: int) -> dict:
     out["p50_new_over_old"] = round(med["new"] / med["old"], 3)
     out["throughput_new_over_old"] = round(thr["new"] / thr["old"], 3)
     out["per_round_p50_new_over_old"] = [round(r["new"]["p50_ms"] / r["old"]["p50_ms"], 3) for r in out["rounds"]]
+    cpu = {s: sorted(rnd[s]["replica_cpu_us_per_commit"] for rnd in out["rounds"])[rounds // 2] for s in ("old", "new")}
+    out["median_replica_cpu_us_per_commit"] = cpu
+    out["replica_cpu_new_over_old"] = round(cpu["new"] / cpu["old"], 3)
     return out
 
 
@@ -424,7 +434,8 @@ def main_commit(a: argparse.Namespace) -> int:
     result = {
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "old": str(a.old),
+        "old": _commit(a.old),
+        "new": _commit(ROOT),
         "commits_per_round": a.commits,
         "insert": commit_cost(a.old, a.commits, a.rounds),
         "verification": verification_per_mb(a.megabytes),

@@ -397,6 +397,9 @@ class RpcServer:
         self._checking = 0  # logins on the login pool (being checked or waiting for it)
         self._per_peer: dict[str, int] = {}
         self._buffered = 0  # bytes in every connection's inbuf
+        # What one read of a connection lands in (the I/O thread's alone): a recv of _CHUNK would
+        # allocate that much per read, for a request of a kilobyte or two.
+        self._recv_buf = memoryview(bytearray(_CHUNK))
         self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
         self._cap = self.limits.max_connections
         self._accept_paused_until = 0.0
@@ -727,10 +730,10 @@ class RpcServer:
 
     def _read(self, conn: _Conn) -> None:
         try:
-            data = conn.sock.recv(_CHUNK)
+            data = self._recv_buf[: conn.sock.recv_into(self._recv_buf)].tobytes()
             if conn.tls:
                 while conn.sock.pending():  # decrypted bytes inside SSL: epoll does not see them
-                    data += conn.sock.recv(_CHUNK)
+                    data += self._recv_buf[: conn.sock.recv_into(self._recv_buf)].tobytes()
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:

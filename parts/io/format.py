@@ -677,7 +677,7 @@ def file_claims(
     if actual != meta.checksum:
         return "checksum", f"says {meta.checksum}, the file's is {actual}"
     try:
-        pf = pq.ParquetFile(pa.BufferReader(raw))
+        pf = _Footer(raw)
         md = pf.metadata
         schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as exc:
@@ -699,6 +699,27 @@ def file_claims(
     except (pa.ArrowException, OSError) as exc:
         return "file", f"does not decode: {clip(exc)}"
     return problem
+
+
+class _Footer:
+    """A Parquet file's footer as ``ParquetFile`` gives it (``metadata``, ``schema_arrow``,
+    ``read``), parsed once by pyarrow's reader alone: the ``ParquetFile`` that decodes columns is
+    made (from the parsed metadata, no second parse) only when a column must be read."""
+
+    __slots__ = ("_raw", "_file", "metadata", "schema_arrow")
+
+    def __init__(self, raw: bytes) -> None:
+        reader = pq.ParquetReader()
+        reader.open(pa.BufferReader(raw))
+        self._raw = raw
+        self._file: pq.ParquetFile | None = None
+        self.metadata = reader.metadata
+        self.schema_arrow = reader.schema_arrow
+
+    def read(self, columns: list[str], use_threads: bool = False) -> pa.Table:
+        if self._file is None:
+            self._file = pq.ParquetFile(pa.BufferReader(self._raw), metadata=self.metadata)
+        return self._file.read(columns=columns, use_threads=use_threads)
 
 
 def file_meta(raw: bytes, meta: PartMeta) -> PartMeta:
@@ -818,8 +839,10 @@ def _nulls_problem(pf: Any, schema: pa.Schema, expected: pa.Schema) -> str | Non
     if md.num_columns != len(schema):
         return None  # nested columns: no leaf-per-field footer to read (reads check them)
     for f in expected:
+        if f.nullable:
+            continue
         j = schema.get_field_index(f.name)
-        if f.nullable or j < 0:
+        if j < 0:
             continue
         stats = [md.row_group(g).column(j).statistics for g in range(md.num_row_groups)]
         if all(st is not None and st.has_null_count for st in stats):

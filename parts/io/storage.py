@@ -391,8 +391,11 @@ class Storage:
         fetches a part's footer, then a row group or two, not the whole file): a range past the
         end comes back short. FileNotFoundError when the file is absent."""
         if self._fs is None:
-            with open(self._local(relpath), "rb") as f:
-                return [os.pread(f.fileno(), n, at) for at, n in ranges]
+            fd = os.open(self._local(relpath), os.O_RDONLY)  # no buffered file object: a part's check reads once
+            try:
+                return [os.pread(fd, n, at) for at, n in ranges]
+            finally:
+                os.close(fd)
         path = self._remote(relpath)
         try:
             got = self._fs.cat_ranges([path] * len(ranges), [a for a, _ in ranges], [a + n for a, n in ranges])
