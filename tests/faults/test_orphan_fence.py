@@ -26,7 +26,7 @@ from support.failpoints import commit_held_at_multi
 from support.zk import kazoo
 
 from coordinator import LocalCluster
-from coordinator.errors import TransactionAborted
+from coordinator.errors import InvalidInput, TransactionAborted
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 from parts.io.storage import Storage
@@ -133,7 +133,10 @@ def test_commit_parts_of_a_collected_file(cluster: LocalCluster) -> None:
     files = [meta.path, meta.path[: -len(".parquet")] + ".json"]
     age(cluster, files)
     collect(cluster, files)
-    with pytest.raises(TransactionAborted, match="gone from storage"):
+    # Refused at stage now, before the fence is asked: its file is read to check its metadata
+    # (docs/rules.md, "What a part's metadata is checked against"); the fence refuses a file
+    # collected after that (the tests above).
+    with pytest.raises(InvalidInput, match="names no file in storage"):
         c0.commit_parts(t, [meta])
     assert_readable(cluster, t, [])
 
