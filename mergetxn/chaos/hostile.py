@@ -355,9 +355,14 @@ class Hostile(threading.Thread):
 
     # -- another user's ids (a secured cluster) ----------------------------------------------------
     def others_ids(self, address: str) -> None:
-        writer, reader = self.users.get("writer"), self.users.get("reader")
-        if writer is None or reader is None:
-            return  # made by the first denied call
+        if "writer" not in self.users or "reader" not in self.users:
+            try:  # made by the first denied call, unless a fault was in its way
+                with Client(address, timeout=self.timeout, credentials=self.admin) as admin:
+                    self.prepare(admin)
+            except (MergetxnError, OSError) as exc:
+                self.counts[f"others-ids-not-tried:{type(exc).__name__}"] += 1
+                return
+        writer, reader = self.users["writer"], self.users["reader"]
         kind = self.rng.choice(["heartbeat", "renew", "release"])
         try:
             with Client(address, timeout=self.timeout, credentials=writer) as w:
