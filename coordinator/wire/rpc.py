@@ -541,7 +541,11 @@ class RpcServer:
 
     # -- connections: accepting, limits, deadlines -----------------------------------------------
     def _accept(self) -> None:
-        """Admit the connections held back last round, then (unless one still is) new ones."""
+        """Admit the connections held back last round, then (unless one still is) new ones. The
+        cap is taken from the descriptor limit first (not only at the next tick): a burst of
+        connections arriving between two ticks must not take the descriptors the process keeps
+        for its WAL, ZooKeeper and the part files a commit reads (FD_RESERVE)."""
+        self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
         held, self._held = self._held, []
         for sock, peer in held:
             self._admit(sock, peer)
