@@ -660,6 +660,8 @@ class RpcServer:
         idle = self.limits.idle_seconds
         # Idle: no request in progress (or an answer the peer does not read) for idle_seconds.
         for conn in [c for c in self._conns if (not c.busy or c.outbuf) and now - c.last > idle]:
+            if not conn.busy and _readable(conn.sock):
+                continue  # a request (or the peer's close) arrived since the loop read: read it first
             self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
             self._close(conn)
         self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
@@ -1087,6 +1089,18 @@ def _answer_frame(envelope: dict) -> bytes:
         return frame(envelope)
     except Exception as exc:
         return frame(error_reply(errors.MergetxnError(f"the answer could not be encoded: {exc!r}"[:300])))
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether bytes (or the peer's close) wait on ``sock`` now: an idle connection whose client
+    has just sent a request is not closed under it (a close with unread bytes is a reset, and
+    the client cannot tell whether its request was taken)."""
+    if isinstance(sock, ssl.SSLSocket) and sock.pending():
+        return True
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
 
 
 def _descriptor_room(connections: int) -> int:
