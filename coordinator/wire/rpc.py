@@ -660,8 +660,8 @@ class RpcServer:
         idle = self.limits.idle_seconds
         # Idle: no request in progress (or an answer the peer does not read) for idle_seconds.
         for conn in [c for c in self._conns if (not c.busy or c.outbuf) and now - c.last > idle]:
-            if not conn.busy and _readable(conn.sock):
-                continue  # a request (or the peer's close) arrived since the loop read: read it first
+            if not conn.busy and conn not in self._starved and now - conn.last < 2 * idle and _readable(conn.sock):
+                continue  # a request (or the peer's close) arrived since the loop read: read it first (once)
             self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
             self._close(conn)
         self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
