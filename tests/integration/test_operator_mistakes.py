@@ -278,14 +278,21 @@ def same_crc32(raw: bytes, changed_at: int, fixed_at: int) -> bytes:
     return bytes(forged)
 
 
+def backed_up(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client, table: str, rows: pa.Table, directory: Path
+) -> Path:
+    """``table`` made with ``rows`` in one commit and backed up into ``directory`` (returned)."""
+    admin.create_table(table, SCHEMA, auto_merge=False)
+    with admin.transaction() as tx:
+        tx.insert(table, rows)
+    assert invoke(cluster, "backup", table, directory).exit_code == 0
+    return directory
+
+
 def test_a_part_of_the_same_size_and_crc32_is_refused_by_its_sha256(
     cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
 ) -> None:
-    admin.create_table("crc_t", SCHEMA, auto_merge=False)
-    with admin.transaction() as tx:
-        tx.insert("crc_t", pa.table({"id": [1, 2], "v": ["a", "b"]}, SCHEMA))
-    b = tmp_path / "b"
-    assert invoke(cluster, "backup", "crc_t", b).exit_code == 0
+    b = backed_up(cluster, admin, "crc_t", pa.table({"id": [1, 2], "v": ["a", "b"]}, SCHEMA), tmp_path / "b")
     entry = json.loads((b / "manifest.json").read_text())["parts"][0]
     raw = (b / entry["file"]).read_bytes()
     (b / entry["file"]).write_bytes(same_crc32(raw, len(raw) // 2, len(raw) // 2 + 8))
@@ -297,11 +304,7 @@ def test_a_part_of_the_same_size_and_crc32_is_refused_by_its_sha256(
 def test_a_forged_backup_is_refused_by_its_mac_and_changes_nothing(
     cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
 ) -> None:
-    admin.create_table("fg", SCHEMA, auto_merge=False)
-    with admin.transaction() as tx:
-        tx.insert("fg", pa.table({"id": [1], "v": ["real"]}, SCHEMA))
-    b = tmp_path / "b"
-    assert invoke(cluster, "backup", "fg", b).exit_code == 0
+    b = backed_up(cluster, admin, "fg", pa.table({"id": [1], "v": ["real"]}, SCHEMA), tmp_path / "b")
     assert len(json.loads((b / "manifest.json").read_text())["mac"]) == 64
     forge(b, admin.storage, tmp_path)
     snap, before = admin.snapshot(), admin.read("fg")
@@ -326,11 +329,7 @@ def test_a_forged_backup_is_refused_by_its_mac_and_changes_nothing(
 def test_a_mac_or_sha256_that_is_not_hex_is_corrupt_metadata(
     cluster: coordinator.LocalCluster, admin: coordinator.Client, tmp_path: Path
 ) -> None:
-    admin.create_table("hex_t", SCHEMA, auto_merge=False)
-    with admin.transaction() as tx:
-        tx.insert("hex_t", pa.table({"id": [1], "v": ["a"]}, SCHEMA))
-    b = tmp_path / "b"
-    assert invoke(cluster, "backup", "hex_t", b).exit_code == 0
+    b = backed_up(cluster, admin, "hex_t", pa.table({"id": [1], "v": ["a"]}, SCHEMA), tmp_path / "b")
     good = json.loads((b / "manifest.json").read_text())
     for field, bad in (("mac", "é" * 64), ("mac", 7), ("sha256", "Z" * 64), ("sha256", None)):
         manifest = json.loads(json.dumps(good))
