@@ -80,6 +80,10 @@ class ChangeFeed:
                 _txn=txn,
             )
 
+    def ring_size(self) -> int:
+        """Local events held now (at most :data:`EVENT_RING`)."""
+        return len(self._events)
+
     def events(self, table: str | None = None, since_csn: int | None = None) -> list[dict]:
         """Events, oldest first: commits and parts from the log; begin, rollback and merges of
         this replica from its ring. ``since_csn`` keeps commit events above it and local events of

@@ -1,10 +1,11 @@
 """Background merges on one replica.
 
 A replica looks at each ``auto_merge`` table every ``merge_interval`` seconds; when a partition has
-``merge_min_parts`` small parts (minor) or has been idle ``major_idle_seconds`` with several parts
-(major), or, for a keys table, ``merge_min_parts`` parts past ``merge_small_bytes`` in one size tier
-(minor: ``coordinator.core.keytables.tiered_merge``, so the versions a read folds stay bounded
-under endless upserts), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
+``merge_min_parts`` small parts in one size tier (minor: ``coordinator.core.mergeplan.small_merge``,
+so a row is rewritten once per tier, not at every merge), or, for a keys table, ``merge_min_parts``
+parts past ``merge_small_bytes`` in one size tier (minor: ``mergeplan.tiered_merge``, so the
+versions a read folds stay bounded under endless upserts), or has been idle
+``major_idle_seconds`` with several parts (major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
 catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
 merge that loses a conflict is logged, recorded as an event (replicas/changefeed.py) and retried later.
 """
@@ -17,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from coordinator.core import keytables
+from coordinator.core import mergeplan
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import ConflictError, MergetxnError
 from coordinator.model.catalog import TableDef
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after each pass) at most this long
+# After a round that merged, the next comes this soon, not ``merge_interval`` later: under
+# sustained inserts a second's wait let 200 parts pile up before each round, past
+# ``parts_to_delay_insert``, while each merge took 30 ms (benchmarks/soak.py).
+BUSY_SECONDS = 0.2
 
 
 class Merges:
@@ -70,6 +75,7 @@ class Merges:
         self._locks: dict[str, Any] = {}
         self._backoff: dict[tuple[str, str], float] = {}
         self._last_round = 0.0
+        self._busy = False  # the last round merged: the next comes after BUSY_SECONDS
         self.outcomes: dict[str, int] = {"committed": 0, "conflict": 0, "failed": 0, "skipped": 0}  # metrics
 
     def start(self) -> None:
@@ -77,10 +83,12 @@ class Merges:
         zk.retry(zk.ensure_path, self.log.leaders_path())
 
     def background_round(self, now: float) -> None:
-        """The maintenance thread's turn: a merge round every ``merge_interval`` seconds."""
-        if self.config.merge_interval > 0 and now - self._last_round >= self.config.merge_interval:
+        """The merges thread's turn: a merge round every ``merge_interval`` seconds, or
+        :data:`BUSY_SECONDS` after a round that merged."""
+        interval = self.config.merge_interval
+        if interval > 0 and now - self._last_round >= (min(interval, BUSY_SECONDS) if self._busy else interval):
             self._last_round = now
-            self.merge_round()
+            self._busy = self.merge_round() > 0
 
     def plan_merges(self, tdef: TableDef) -> list[tuple[str, str, list[PartMeta]]]:
         """(kind, pkey, sources) per partition that the policy says to merge now."""
@@ -98,18 +106,15 @@ class Merges:
                 else (lambda m: m.name)
             )
             metas = sorted((parts[n].meta for n in names if n in parts), key=order)
-            small = [m for m in metas if m.size < c.merge_small_bytes]
+            sizes = [m.size for m in metas]
+            small = mergeplan.small_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
             tiered = (
-                keytables.tiered_merge(
-                    [m.size for m in metas], c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts
-                )
+                mergeplan.tiered_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
                 if tdef.conflict_policy is Policy.KEYS
                 else []
             )
-            if c.merge_min_parts >= 2 and len(small) >= c.merge_min_parts:
-                plans.append(("minor", pkey, small[: max(2, c.merge_max_parts)]))
-            elif tiered:  # a keys table's big parts, merged by size tier (the versions a read folds)
-                plans.append(("minor", pkey, [metas[i] for i in tiered]))
+            if small or tiered:  # small parts by size tier, then a keys table's big ones
+                plans.append(("minor", pkey, [metas[i] for i in small or tiered]))
             elif (
                 len(metas) >= max(2, c.major_min_parts)
                 and len(metas) <= c.merge_max_parts

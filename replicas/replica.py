@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kazoo.client import KazooClient, KazooState
@@ -66,7 +67,7 @@ from replicas.changefeed import ChangeFeed
 from replicas.cleanup import Cleanup
 from replicas.follower import Follower
 from replicas.leases import Leases
-from replicas.merges import Merges
+from replicas.merges import BUSY_SECONDS, Merges
 from replicas.metrics import LogWatch, read_stats
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
@@ -285,7 +286,19 @@ class Replica:
         self.committer.start()
         self.cleanup.start()
         self.merges.start()
-        threading.Thread(target=self._maintain, name="maintenance", daemon=True).start()
+        # Merges and cleanup each have a thread: a cleanup pass deleting thousands of removed
+        # parts held the merges of the thread they shared, and visible parts piled up meanwhile
+        # (benchmarks/soak.py).
+        merges, cleanup = self.config.merge_interval, self.config.gc_interval
+        threading.Thread(
+            target=self._maintain,
+            args=(self.merges.background_round, merges and min(merges, BUSY_SECONDS)),
+            name="merges",
+            daemon=True,
+        ).start()
+        threading.Thread(
+            target=self._maintain, args=(self.cleanup.background_pass, min(cleanup, 1.0)), name="cleanup", daemon=True
+        ).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
         self.pauses.start()
         log.info(
@@ -563,18 +576,16 @@ class Replica:
         while not self.zk_session.stop.wait(0.5):
             self.transactions.reap()
 
-    def _maintain(self) -> None:
-        """The maintenance thread: merges (replicas/merges.py), then cleanup (replicas/cleanup.py),
-        each at its own interval."""
-        c = self.config
-        tick = min([x for x in (c.merge_interval, c.gc_interval, 1.0) if x > 0])
+    def _maintain(self, turn: Callable[[float], None], tick: float) -> None:
+        """A maintenance thread: ``turn`` (merges: replicas/merges.py, or cleanup:
+        replicas/cleanup.py, each keeping its own interval) every ``tick`` seconds (0: never)."""
+        if tick <= 0:
+            return
         while not self.zk_session.stop.wait(tick):
             if not self.zk_session.connected.is_set():
                 continue
-            now = time.monotonic()
             try:
-                self.merges.background_round(now)
-                self.cleanup.background_pass(now)
+                turn(time.monotonic())
             except Exception as exc:  # keep going: the next round tries again
                 log.warning("maintenance round failed: %r", exc)
 
@@ -835,6 +846,11 @@ class Replica:
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
             "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
+            "structures": {  # entries each structure holds (docs/architecture.md, "Structures and their bounds")
+                **self.state.sizes(),
+                "events": self.changefeed.ring_size(),
+                "finished_transactions": len(self.transactions.finished),
+            },
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
             "cleanup": {
                 "passes": s.cleanup_passes,

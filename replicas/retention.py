@@ -77,7 +77,7 @@ class Retention:
         anything at or above it (its history included) while it is in a window."""
         defs = self.state.table_defs()
         longest = max((self.seconds(t) for t in defs), default=self.seconds(None))
-        return self.state.csn_at_time(time.time() - longest)
+        return self.state.csn_at_time(time.time() - longest, strict=False)
 
     def _window_text(self, table: str | None) -> str:
         if table is None:

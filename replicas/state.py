@@ -18,11 +18,12 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
+from datetime import UTC, datetime
 from itertools import chain
 
 from coordinator.core import keytables
 from coordinator.core.conflicts import COMPACTIONS, Kind, Policy, Summary
-from coordinator.core.errors import CorruptMetadata
+from coordinator.core.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.core.keyindex import KeyIndex
 from coordinator.core.readsets import Touch
 from coordinator.core.tabledata import partition_key
@@ -34,6 +35,8 @@ from parts.model.meta import PartMeta
 from replicas.checkpoint import no_gc
 
 log = logging.getLogger(__name__)
+
+TIME_TRIM_BATCH = 1000  # commit times forgotten at once past every window (ReplicaState._trim_times)
 
 
 def _name(meta: PartMeta) -> str:
@@ -198,6 +201,9 @@ class ReplicaState:
         self.apps: dict[str, tuple[int, int]] = {}
         self.time_csns: list[int] = []  # CSNs of data-changing commits, ascending
         self.time_values: list[float] = []  # their time versions
+        # prune() forgets the front of both, past every window, in batches of TIME_TRIM_BATCH;
+        # the last CSN it forgot (0: none), and times before what is kept are then unknown here.
+        self.time_trimmed = 0
         self.failure: Exception | None = None  # a log entry that could not be applied
         # Live parts per table sorted by name, names and metas side by side: the latest-snapshot
         # lookup is then a list copy, not a sort of every live part (benchmarks/snapshot_lookup.py).
@@ -396,6 +402,7 @@ class ReplicaState:
                     del self.created[target]
                 elif i:
                     del added[:i]
+            self._trim_times(floor)
             for target, index in list(self.key_index.items()):
                 index.prune(floor)
                 if index.empty() and target not in self.created:
@@ -409,6 +416,16 @@ class ReplicaState:
                     lost[name] = max(lost.get(name, 0), records[i - 1].csn)
             self.pruned = floor
             return gone
+
+    def _trim_times(self, floor: int) -> None:
+        """Forget the times of the commits at or below ``floor`` but the last (a time after it
+        still finds it), once they are :data:`TIME_TRIM_BATCH` or more: the index then holds the
+        windows' commits, not history, and a delete from the front of a list is paid rarely."""
+        i = bisect.bisect_right(self.time_csns, floor) - 1
+        if i >= TIME_TRIM_BATCH:
+            self.time_trimmed = self.time_csns[i - 1]
+            del self.time_csns[:i]
+            del self.time_values[:i]
 
     # -- queries -----------------------------------------------------------------------------
     def lost_below(self, table: str, history: bool = False) -> int:
@@ -598,6 +615,7 @@ class ReplicaState:
             versions = dict(self.versions)
             apps = {app_id: list(held) for app_id, held in self.apps.items()}
             time_csns, time_values = list(self.time_csns), list(self.time_values)
+            time_trimmed = self.time_trimmed
         names = [f.name for f in fields(PartMeta) if f.name != "stats"]
         metas = [r[0] for r in recs]
         parts: dict = {"fields": names}
@@ -646,6 +664,7 @@ class ReplicaState:
             "apps": apps,
             "time_csns": time_csns,
             "time_values": time_values,
+            "time_trimmed": time_trimmed,
             "pruned": pruned,
             "lost": lost,
             "lost_history": lost_history,
@@ -727,6 +746,7 @@ class ReplicaState:
             apps = {str(k): (int(v), int(c)) for k, (v, c) in payload.get("apps", {}).items()}
             time_csns = [int(c) for c in payload["time_csns"]]
             time_values = [float(v) for v in payload["time_values"]]
+            time_trimmed = int(payload.get("time_trimmed", 0))
             outcomes, outcome_floor = _outcomes(payload, tid_csn, max(time_values, default=0.0))
             applied = int(payload["applied"])
             position = (int(payload["position"][0]), int(payload["position"][1]))
@@ -769,7 +789,7 @@ class ReplicaState:
             self.apps = apps
             self.outcomes, self.outcome_floor = outcomes, outcome_floor
             self.all_sorted = all_sorted
-            self.time_csns, self.time_values = time_csns, time_values
+            self.time_csns, self.time_values, self.time_trimmed = time_csns, time_values, time_trimmed
             self.applied, self.position = applied, position
             self.pruned, self.removals, self.lost, self.lost_history = pruned, removals, lost, lost_history
             self.created, self.key_index = created, key_index
@@ -818,6 +838,23 @@ class ReplicaState:
             with self.lock:
                 self._outcomes_kept -= 1
 
+    def sizes(self) -> dict[str, int]:
+        """How many entries each structure of the applied state holds now (``info``'s
+        ``structures``; their bounds: docs/architecture.md, "Structures and their bounds")."""
+        with self.lock:
+            return {
+                "part_records": len(self.parts),
+                "removed_part_records": len(self.removals),
+                "outcomes": len(self.tid_csn),
+                "time_versions": len(self.time_csns),
+                "conflict_history": sum(len(v) for v in self.conflict_history.values()),
+                "created": sum(len(v) for v in self.created.values()),
+                "catalog_records": sum(len(v) for v in self.catalog.values()),
+                "ddl_csns": len(self.ddl_csns),
+                "apps": len(self.apps),
+                "versions": len(self.versions),
+            }
+
     def outcome_counts(self) -> dict:
         """What the outcome window holds (``info``): transactions remembered, and the floor."""
         with self.lock:
@@ -828,11 +865,25 @@ class ReplicaState:
         that holds it (None: none)."""
         return self.apps.get(app_id)
 
-    def csn_at_time(self, when: float) -> int:
-        """Snapshot of the last data-changing commit at or before ``when`` (0 if none)."""
+    def csn_at_time(self, when: float, strict: bool = True) -> int:
+        """Snapshot of the last data-changing commit at or before ``when`` (0 if none). A time
+        before the commit times kept here (:meth:`_trim_times`) raises SnapshotUnavailable, or
+        (not ``strict``) answers the last CSN forgotten, a lower bound."""
         with self.lock:
             i = bisect.bisect_right(self.time_values, when)
-            return self.time_csns[i - 1] if i else 0
+            if i:
+                return self.time_csns[i - 1]
+            if not self.time_trimmed:
+                return 0
+            if not strict:
+                return self.time_trimmed
+            first = datetime.fromtimestamp(self.time_values[0], UTC).isoformat()
+            raise SnapshotUnavailable(
+                f"{datetime.fromtimestamp(when, UTC).isoformat()} is older than the commit times this replica "
+                f"keeps (from {first}): older ones are forgotten once past every table's retention window "
+                "(retention_seconds)",
+                time=when,
+            )
 
     def wait_applied(self, csn: int, timeout: float) -> bool:
         with self.lock:

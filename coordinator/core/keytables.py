@@ -198,31 +198,6 @@ def folded(meta: Any) -> bool:
     return VER in meta.stats
 
 
-def tiered_merge(sizes: Sequence[int], small_bytes: int, min_parts: int, max_parts: int) -> list[int]:
-    """Which of a keys-table partition's parts (their sizes, in commit order) to merge beside the
-    minor merges of small ones: a read folds every version of every part, and parts past
-    ``small_bytes`` are never minor-merged again, so under endless upserts they (and the
-    versions they repeat) would pile up until a major merge. Parts of ``small_bytes`` and more
-    are put in tiers by size (tier t: ``small_bytes * min_parts**t`` up to ``min_parts`` times
-    that); the lowest tier holding ``min_parts`` parts is merged (its oldest ``max_parts``), so
-    a partition keeps at most ``min_parts - 1`` parts per tier and the tiers grow with the log
-    of its size. Indices into ``sizes``, in commit order; empty when nothing is due."""
-    if small_bytes <= 0 or min_parts < 2:
-        return []
-    tiers: dict[int, list[int]] = {}
-    for i, size in enumerate(sizes):
-        if size < small_bytes:
-            continue
-        t, bound = 0, small_bytes * min_parts
-        while size >= bound:
-            t, bound = t + 1, bound * min_parts
-        tiers.setdefault(t, []).append(i)
-    for t in sorted(tiers):
-        if len(tiers[t]) >= min_parts:
-            return tiers[t][: max(2, max_parts)]
-    return []
-
-
 # -- locks -------------------------------------------------------------------------------------
 # A lock is a lock group's name or PRIMARY. Writing a key takes the locks of the columns it
 # writes: every lock in overwrite mode, the groups of the written columns in update mode (a

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.core import keyfold, keytables
+from coordinator.core import keyfold, keytables, mergeplan
 from coordinator.core.errors import CorruptMetadata, CorruptPart
 from parts.io import format as part_format
 from parts.io.storage import Storage
@@ -440,7 +440,7 @@ S = 100  # merge_small_bytes
     ],
 )
 def test_tiered_merge(sizes: list[int], min_parts: int, max_parts: int, want: list[int]) -> None:
-    assert keytables.tiered_merge(sizes, S, min_parts, max_parts) == want
+    assert mergeplan.tiered_merge(sizes, S, min_parts, max_parts) == want
 
 
 def test_tiered_merges_keep_the_parts_a_read_folds_logarithmic() -> None:
@@ -450,8 +450,7 @@ def test_tiered_merges_keep_the_parts_a_read_folds_logarithmic() -> None:
     for _ in range(5000):
         parts.append(10)
         while True:
-            small = [i for i, s in enumerate(parts) if s < S]
-            pick = small[:64] if len(small) >= 4 else keytables.tiered_merge(parts, S, 4, 64)
+            pick = mergeplan.small_merge(parts, S, 4, 64) or mergeplan.tiered_merge(parts, S, 4, 64)
             if not pick:
                 break
             merged = sum(parts[i] for i in pick)

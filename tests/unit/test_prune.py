@@ -4,14 +4,16 @@ its lookups at older snapshots and its checkpoints do not grow with history. Pur
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from coordinator.core.conflicts import Kind
+from coordinator.core.errors import SnapshotUnavailable
 from coordinator.core.versions import Tid
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Change, LogEntry, TxnRecord
 from parts.model.meta import PartMeta
 from replicas import checkpoint
-from replicas.state import ReplicaState
+from replicas.state import TIME_TRIM_BATCH, ReplicaState
 
 
 def part(name: str, tid: str) -> PartMeta:
@@ -67,3 +69,34 @@ def test_pruned_state_survives_a_checkpoint_and_keeps_pruning() -> None:
     back.restore(checkpoint.decode(checkpoint.encode(st.export()), "mem"), "mem")
     assert back.pruned == 4 and back.export() == st.export()
     assert back.prune(6) == 2 and set(back.parts) == {"m2"}
+
+
+def timed(n: int) -> ReplicaState:
+    """``n`` inserts at CSNs 2.., each with its CSN as time version."""
+    st = ReplicaState()
+    st.apply(1, 0, 0, LogEntry(time=1.0, versions={}, ddl=(TableDef.new("t", pa.schema([("k", pa.int64())])),)))
+    for csn in range(2, n + 2):
+        tid = str(Tid(csn - 1, 1, "r0"))
+        change = Change("t", "[]", (Kind.INSERT,), (part(f"p{csn}", tid),), ())
+        entry = LogEntry(time=float(csn), versions={}, txns=(TxnRecord(tid, float(csn), (change,)),))
+        st.apply(csn, 0, csn - 1, entry)
+    return st
+
+
+def test_commit_times_are_forgotten_past_the_windows_in_batches() -> None:
+    """The time index (as_of reads, changes by time) holds the windows' commits, not history."""
+    assert TIME_TRIM_BATCH == 1000
+    st = timed(5_000)
+    st.prune(500)  # fewer than a batch below the floor: nothing forgotten, every time answered
+    assert st.sizes()["time_versions"] == 5_000 and st.csn_at_time(3.5) == 3
+    st.prune(4_000)
+    assert st.sizes()["time_versions"] == 5_002 - 4_000  # CSNs 4,000 (the floor's: it stays) to 5,001
+    assert st.csn_at_time(4_000.5) == 4_000 and st.csn_at_time(4_000.0) == 4_000
+    with pytest.raises(SnapshotUnavailable, match="older than the commit times this replica keeps"):
+        st.csn_at_time(3_999.5)  # never answered by a later commit (a read would see its rows)
+    assert st.csn_at_time(100.0, strict=False) == 3_999  # a lower bound: the last one forgotten
+    back = ReplicaState()
+    back.restore(checkpoint.decode(checkpoint.encode(st.export()), "mem"), "mem")
+    assert back.sizes()["time_versions"] == st.sizes()["time_versions"]
+    with pytest.raises(SnapshotUnavailable):
+        back.csn_at_time(100.0)

@@ -1,0 +1,111 @@
+"""A month of use, in counts (docs/architecture.md, "Structures and their bounds"): with short
+windows and merges and cleanup running, thousands of commits from concurrent writers leave every
+structure a replica keeps (remembered outcomes, part records, conflict history, the parts added
+per target, the local checkpoint, the WAL, the log in ZooKeeper, visible parts) the size of the
+windows and the load, far below the number of commits made, and no larger at the end than
+after the first thousands. Counts, not times: the windows are 1 and 2 s, the commits take a
+minute.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.data import ID_V, id_rows
+
+from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import four_letter_word
+
+WRITERS = 3
+ROUNDS = 6
+PER_ROUND = 1000  # commits per round, from all writers
+BOUND = 2500  # far below the 6,000 commits: what grows with them fails
+SIZES = ("outcomes", "part_records", "removed_part_records", "conflict_history", "created")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with make_cluster(
+        tmp_path_factory,
+        None,  # a ZooKeeper of its own: its node count is this cluster's
+        "bounded",
+        replicas=2,
+        settings={
+            "retention_seconds": 1,
+            "outcome_seconds": 2,
+            "merge_interval": 0.2,
+            "gc_interval": 0.5,
+            "checkpoint_every": 500,
+            "retain_entries": 1000,
+            "local_checkpoint_every": 500,
+        },
+    ) as c:
+        yield c
+
+
+def insert_round(cluster: LocalCluster, first: int) -> None:
+    """``PER_ROUND`` 10-row inserts from ``WRITERS`` clients at once, over both replicas."""
+    barrier = threading.Barrier(WRITERS)
+    errors: list[BaseException] = []
+
+    def write(k: int) -> None:
+        client = cluster.client(k % 2)
+        try:
+            barrier.wait()
+            for i in range(k, PER_ROUND, WRITERS):
+                client.insert("t", id_rows(10, (first + i) * 10))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+def zk_nodes(cluster: LocalCluster) -> int:
+    host, port = cluster.zk_address.split("/")[0].rsplit(":", 1)
+    mntr = four_letter_word(host, int(port), "mntr")
+    return next(int(line.split()[1]) for line in mntr.splitlines() if line.startswith("zk_znode_count"))
+
+
+def sample(cluster: LocalCluster) -> dict:
+    client = cluster.client(0)
+    try:
+        info = client.call("info")
+        parts = client.parts("t").to_pylist()
+    finally:
+        client.close()
+    return {
+        **{k: info["structures"][k] for k in SIZES},
+        "local_checkpoint_bytes": info["log"]["local_checkpoint_bytes"],
+        "wal_bytes": info["log"]["wal_bytes"],
+        "zk_nodes": zk_nodes(cluster),
+        "visible": sum(p["visible"] for p in parts),
+    }
+
+
+@pytest.mark.slow
+def test_structures_stay_the_size_of_the_windows_not_of_history(cluster: LocalCluster) -> None:
+    c0 = cluster.client(0)
+    c0.create_table("t", ID_V)
+    c0.close()
+    samples = []
+    for r in range(ROUNDS):
+        insert_round(cluster, r * PER_ROUND)
+        samples.append(sample(cluster))
+    for s in samples:
+        assert all(s[k] <= BOUND for k in SIZES), samples
+        assert s["visible"] <= 150, samples  # parts_to_delay_insert: merges keep up with three writers
+    second, last = samples[1], samples[-1]
+    # No growth: the last sample is no larger than the second (2,000 commits) plus noise.
+    for k in (*SIZES, "local_checkpoint_bytes", "zk_nodes"):
+        assert last[k] <= 1.5 * second[k] + 200, (k, [s[k] for s in samples])
+    assert last["wal_bytes"] <= 4 * max(s["wal_bytes"] for s in samples[:2]), samples
