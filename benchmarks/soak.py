@@ -161,7 +161,7 @@ class Sampler:
         self.done = 0
         self.t_last = time.monotonic()
         self.csns: deque[tuple[float, int]] = deque()  # (time, applied CSN) each second: the window's CSNs
-        self.window, self.lag = 0.0, 0.0  # retention_seconds, and two gc_interval
+        self.retention, self.lag = 0.0, 0.0  # retention_seconds, and two gc_interval
 
     def csn_at(self, when: float) -> int:
         """The applied CSN last seen at or before ``when`` (0: none)."""
@@ -176,7 +176,7 @@ class Sampler:
         now = time.time()
         if not self.csns or now - self.csns[-1][0] >= 1.0:
             self.csns.append((now, self.clients[0].call("info")["applied_csn"]))
-            while now - self.csns[0][0] > self.window + self.lag + 5:
+            while now - self.csns[0][0] > self.retention + self.lag + 5:
                 self.csns.popleft()
 
     def drain(self, timeout: float) -> bool:
@@ -200,7 +200,9 @@ class Sampler:
         now = time.monotonic()
         lat = sorted(self.window)
         at = time.time()
-        table = table_figures(self.clients[0], self.csn_at(at - self.window), self.csn_at(at - self.window - self.lag))
+        table = table_figures(
+            self.clients[0], self.csn_at(at - self.retention), self.csn_at(at - self.retention - self.lag)
+        )
         sample = {
             "commits": self.done,
             "rate": round(len(lat) / (now - self.t_last), 1),
@@ -344,7 +346,7 @@ def main() -> None:
             for k in range(args.writers)
         ]
         sampler = Sampler(cluster, clients, Path(cluster.storage_url), args.every, out)
-        sampler.window, sampler.lag = args.retention, 2 * float(clients[0].call("info")["settings"]["gc_interval"])
+        sampler.retention, sampler.lag = args.retention, 2 * float(clients[0].call("info")["settings"]["gc_interval"])
         t0 = time.monotonic()
         for p in procs:
             p.start()
