@@ -25,6 +25,7 @@ at most 1.5x the live data plus the window's removed parts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -268,6 +269,58 @@ def targets(samples: list[dict], base_at: int) -> dict:
     }
 
 
+# What --check holds to no growth: per sample, a structure's size (bounded by the windows and the load).
+BOUNDED = (
+    "part_records",
+    "removed_part_records",
+    "outcomes",
+    "time_versions",
+    "conflict_history",
+    "created",
+    "catalog_records",
+    "ddl_csns",
+    "finished_transactions",
+)
+
+
+def series(samples: list[dict]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {k: [s["replicas"][0]["structures"].get(k, 0) for s in samples] for k in BOUNDED}
+    for k in ("checkpoint_bytes", "local_checkpoint_bytes"):
+        out[k] = [s["replicas"][0][k] for s in samples]
+    for k in ("zk_nodes", "visible_per_partition_max", "removed_held", "storage_bytes"):
+        out[k] = [s[k] for s in samples]
+    return out
+
+
+def growth(values: list[float]) -> float:
+    """The least-squares line's rise over the samples, relative to their mean (0: flat)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2 or mean == 0:
+        return 0.0
+    xm = (n - 1) / 2
+    slope = sum((i - xm) * (v - mean) for i, v in enumerate(values)) / sum((i - xm) ** 2 for i in range(n))
+    return slope * (n - 1) / mean
+
+
+def check(result: dict, warmup: int, throw_at: int, delay_at: int) -> list[str]:
+    """What --check finds wrong: a bounded structure that grows past the warm-up samples (its
+    fitted rise over the rest above half its mean: history grows 3x over 9,000 -> 30,000
+    commits), visible parts past the refusal threshold, or not back under the delay threshold
+    within a minute of the load stopping."""
+    found = []
+    for k, values in series(result["samples"][warmup:]).items():
+        rise = growth(values)
+        if rise > 0.5:
+            found.append(f"{k} grows with the commits: {values} (fitted rise {rise:.2f} of its mean)")
+    most = result["targets"]["visible_per_partition_max"]
+    if throw_at and most > throw_at:
+        found.append(f"visible parts in one partition reached {most}, past parts_to_throw_insert {throw_at}")
+    if delay_at and result["after_load"]["under_delay_after_s"] is None:
+        found.append(f"visible parts not under parts_to_delay_insert {delay_at} within a minute of the load stopping")
+    return found
+
+
 def plot(result: dict, path: str) -> None:
     import matplotlib
 
@@ -321,6 +374,9 @@ def main() -> None:
     ap.add_argument("--settings", default="{}", help="more replica settings as JSON")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak.json"))
     ap.add_argument("--plot", default=None, metavar="FILE.png")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a bounded structure grows (CI)")
+    ap.add_argument("--warmup", type=int, default=3, help="samples --check leaves out (the windows filling)")
+    ap.add_argument("--workdir", default=None, help="keep the cluster's directory (logs) under this one")
     args = ap.parse_args()
 
     import coordinator
@@ -331,12 +387,18 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     started = time.time()
     with (
-        tempfile.TemporaryDirectory(prefix="mergetxn-soak-") as work,
+        (
+            tempfile.TemporaryDirectory(prefix="mergetxn-soak-")
+            if args.workdir is None
+            else contextlib.nullcontext(tempfile.mkdtemp(prefix="mergetxn-soak-", dir=args.workdir))
+        ) as work,
         coordinator.LocalCluster(work, replicas=args.replicas, settings=settings) as cluster,
     ):
         clients = [cluster.client(i) for i in range(args.replicas)]
         clients[0].create_table(TABLE, ten_rows(0).schema)
-        delay = int(clients[0].call("info")["settings"].get("parts_to_delay_insert") or 0)
+        settings_now = clients[0].call("info")["settings"]
+        delay = int(settings_now.get("parts_to_delay_insert") or 0)
+        throw = int(settings_now.get("parts_to_throw_insert") or 0)
         total, out = mp.Value("q", 0), mp.Queue()
         procs = [
             mp.Process(
@@ -382,6 +444,13 @@ def main() -> None:
         plot(result, args.plot)
     print(json.dumps({k: result[k] for k in ("load_seconds", "restart_seconds", "targets")}))
     print(json.dumps({"under_delay_after_s": settle["under_delay_after_s"]}))
+    if args.check:
+        found = check(result, args.warmup, throw, delay)
+        for line in found:
+            print(f"soak check: {line}", file=sys.stderr)
+        if found:
+            raise SystemExit(1)
+        print(f"soak check: no bounded structure grew over {len(result['samples']) - args.warmup} samples")
 
 
 if __name__ == "__main__":

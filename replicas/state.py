@@ -403,6 +403,9 @@ class ReplicaState:
                 elif i:
                     del added[:i]
             self._trim_times(floor)
+            i = bisect.bisect_right(self.ddl_csns, floor) - 1
+            if i > 0:
+                del self.ddl_csns[:i]  # the last at or below the floor stays: it defines snapshots above
             for target, index in list(self.key_index.items()):
                 index.prune(floor)
                 if index.empty() and target not in self.created:

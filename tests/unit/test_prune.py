@@ -100,3 +100,14 @@ def test_commit_times_are_forgotten_past_the_windows_in_batches() -> None:
     assert back.sizes()["time_versions"] == st.sizes()["time_versions"]
     with pytest.raises(SnapshotUnavailable):
         back.csn_at_time(100.0)
+
+
+def test_catalog_changes_are_forgotten_past_the_floor_but_the_last() -> None:
+    st = ReplicaState()
+    schema = pa.schema([("k", pa.int64())])
+    for csn in range(1, 6):  # five definitions of t (as alter_table makes), then inserts
+        st.apply(csn, 0, csn - 1, LogEntry(time=float(csn), versions={}, ddl=(TableDef.new("t", schema),)))
+    commit(st, 6, 1, ["p1"], [])
+    assert st.sizes()["ddl_csns"] == 5 and st.last_ddl(6) == 5
+    st.prune(6)
+    assert st.sizes()["ddl_csns"] == 1 and st.last_ddl(6) == 5 and st.sizes()["catalog_records"] == 1
