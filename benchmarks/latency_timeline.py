@@ -1,6 +1,6 @@
 """One sequential commit's wall-clock timeline, across the writer, the replica and ZooKeeper.
 
-A scratch probe (issue 23, session 6), not a benchmark of rates: one writer commits sequentially
+A probe, not a benchmark of rates: one writer commits sequentially
 (``client.insert`` of 10 rows, or ``client.commit_parts`` of a premade part), and every stage of
 each commit is stamped with ``time.monotonic_ns()`` (CLOCK_MONOTONIC: one clock for every process
 of the machine) in the process where it happens. The replica's stamps come from wrappers this
