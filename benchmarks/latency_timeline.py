@@ -222,7 +222,7 @@ def analyse(commits: list[Commit], replica_events: list[tuple[int, str, str]]) -
     }
 
 
-# The one commit's path, stage by stage, as the table in benchmarks/README.md reads it: the
+# The one commit's path, stage by stage, as its table reads it: the
 # writer's, the replica's RPC thread, the committer, kazoo's thread, the answer. A stage that a
 # tree's code does not have (the answer's hand-off to the RPC thread, or the direct send) is
 # left out of that tree's table.
