@@ -23,7 +23,7 @@ Measured (commits per second, fixed duration per case after a warm-up):
 Every writer is its own process (as independent jobs would be), so no writer waits on another's
 GIL; raw ZooKeeper uses threads, as asked (kazoo pipelines requests of threads sharing a client).
 
-    .venv/bin/python benchmarks/commit_throughput.py [--seconds N] [--out benchmarks/results/latest.json]
+    .venv/bin/python benchmarks/commit_throughput.py [--seconds N] [--out benchmarks/results/commit_throughput.json]
     .venv/bin/python benchmarks/commit_throughput.py --profile 2000   # where a commit spends its time
 """
 
@@ -997,7 +997,7 @@ def ratios(r: dict) -> dict:
         "mergetxn_metadata_16c_over_raw_zk_1_thread": div(get("mergetxn_metadata_16c"), get("raw_zk_1_thread")),
         "mergetxn_commit_parts_16c_over_raw_zk_best": div(get("mergetxn_commit_parts_16c"), raw_best),
         "mergetxn_commit_parts_16c_over_raw_zk_1_thread": div(get("mergetxn_commit_parts_16c"), get("raw_zk_1_thread")),
-        # Issue 23's target: 3 replicas on one box >= 0.7x of 1 replica (the same writers).
+        # The target: 3 replicas on one box >= 0.7x of 1 replica (the same writers).
         "mergetxn_3r_insert_4w_over_1r": div(get("mergetxn_3r_insert_4w_spread"), get("mergetxn_insert_4w")),
         "mergetxn_3r_metadata_16c_over_1r": div(get("mergetxn_3r_metadata_16c_spread"), get("mergetxn_metadata_16c")),
     }
@@ -1069,7 +1069,7 @@ def table_markdown(r: dict) -> str:
 
 
 def ducklake_ratios_markdown(ratios: dict) -> str:
-    """mergetxn against the best DuckLake variant of the run, with the issue's targets."""
+    """mergetxn against the best DuckLake variant of the run, with the targets."""
     lines = ["| ratio | value | against | target | met |", "|---|---|---|---|---|"]
     for catalog in ("pg", "sqlite"):
         for writers, target in ((4, 5), (1, 3)):
@@ -1694,7 +1694,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run every case this many times, rounds interleaved; report per case the round "
         "least disturbed by other processes (default 1)",
     )
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "latest.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "commit_throughput.json"))
     ap.add_argument("--workdir", default=None, help="scratch directory (default: a new temp dir)")
     ap.add_argument(
         "--only",

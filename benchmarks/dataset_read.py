@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """DuckDB reading a table through ``client.dataset`` against DuckDB reading the same Parquet
-files directly (issue 25's benchmark; target: at most 1.2x).
+files directly (target: at most 1.2x).
 
 One 1-replica LocalCluster; a ``parts`` table of ``--rows`` rows (default 10,000,000) in
 ``--days`` date partitions (default 20), loaded in ``--loads`` inserts (default 10) whose rows

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Keys tables (issue 12): commit throughput of key upserts, point lookups, and the cost of the
+"""Keys tables: commit throughput of key upserts, point lookups, and the cost of the
 key conflict check, all in one run on one 1-replica LocalCluster.
 
 (a) **Upserts**: 4 writer processes, each transaction ``tx.upsert`` of 10 random keys of a
@@ -13,14 +13,14 @@ key conflict check, all in one run on one 1-replica LocalCluster.
     latest snapshot of the keys table (``--keys`` keys over ``--parts`` parts, random keys per
     part, so the key range prunes nothing and the Bloom filters do the work); p50/p90 and the
     parts read per lookup. The keys table has auto-merge off (as the ``parts`` table of (a) and
-    the tables of (d)): the lookups see the ``--parts`` parts the load made (the issue's "over
+    the tables of (d)): the lookups see the ``--parts`` parts the load made (a point read "over
     1,000 parts"), and no merge runs beside them, whose CPU the replica's figure per lookup
-    otherwise took in (up to 9 of 10 ms per lookup, 2026-11-27 session 5).
+    otherwise took in (up to 9 of 10 ms per lookup, measured).
 (c) **Key conflict check**: the commit latency of a 10-key upsert whose snapshot is N commits
     (10-key upserts of other keys, interleaved with its own: odd keys against even ones) old, N
     in 10, 100, 1,000, against a control begun after those commits (nothing to check); the
     difference is what checking the N commits costs.
-(d) **Whole-table read and major compaction** (issue 24): a keys table of ``--read-keys`` keys
+(d) **Whole-table read and major compaction**: a keys table of ``--read-keys`` keys
     (1M) loaded in 100 upserts, then 20 upserts each rewriting 1% of the keys (auto-merge off,
     so a read folds every version), against a ``parts`` table of the same rows in 100 inserts:
     ``client.read`` of each (21 rounds alternated: the ratio of the medians, and of the bests),
@@ -206,7 +206,7 @@ def process_cpu(pid: int | None) -> float:
 def load_keys(client: Any, n: int, parts: int, log: Callable[[str], None]) -> list[int]:
     """``n`` keys in ``parts`` transactions of ``n / parts`` random keys each (a permutation)."""
     # txn_max_seconds: case (c)'s old transaction stays open while 1,000 commits run (over 60 s,
-    # the default, on a loaded machine: the 2026-11-27 session 4 run lost it so).
+    # the default, on a loaded machine: a run lost it so).
     client.create_table(
         KEYS_TABLE, SCHEMA, primary_key=("k",), conflict_policy="keys", txn_max_seconds=3600, auto_merge=False
     )
@@ -353,7 +353,7 @@ def _best(f: Callable[[], Any], rounds: int = 3) -> tuple[float, Any]:
 
 
 def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
-    """Issue 24's table: ``n`` keys in 100 upserts, 20 upserts of 1% of the keys each; the same
+    """The whole-read table: ``n`` keys in 100 upserts, 20 upserts of 1% of the keys each; the same
     ``n`` rows in a ``parts`` table in 100 inserts. Reads of both, major compaction, read after."""
     keys_t, parts_t = "kv_read", "parts_read"
     client.create_table(keys_t, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
@@ -376,7 +376,7 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
     out: dict[str, Any] = {"keys": n, "versions": versions}
     # The two reads alternated, READ_ROUNDS each: on a fast machine the parts read takes ~30 ms,
     # which a garbage collection or a scheduler tick moves by a third, so the ratio of the medians
-    # is the steady figure; the best of each is kept beside it (session 8).
+    # is the steady figure; the best of each is kept beside it.
     times: dict[str, list[float]] = {keys_t: [], parts_t: []}
     for r in range(READ_ROUNDS):
         for table in (keys_t, parts_t) if r % 2 == 0 else (parts_t, keys_t):
@@ -462,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     import coordinator
 
     if not Path(coordinator.__file__).resolve().is_relative_to(ROOT.resolve()):
-        # session 8: commit_throughput put its own tree first, so MERGETXN_CODE ran this tree's client
+        # commit_throughput puts its own tree first on sys.path: MERGETXN_CODE must reach the client too
         raise SystemExit(f"keys_bench: the code imported is {coordinator.__file__}, not {ROOT}'s")
     from mergetxn.local.cluster import LocalCluster
 

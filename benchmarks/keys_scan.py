@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""A keys table read by ``scan`` in bounded memory (issue 24 item 2): peak memory and time.
+"""A keys table read by ``scan`` in bounded memory: peak memory and time.
 
 One 1-replica LocalCluster; a keys table (``k int64`` key, ``v int64``, ``s string``) of
 ``--keys`` keys (10,000,000) loaded in ``--commits`` (10) commits of shuffled keys, then

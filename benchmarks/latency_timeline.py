@@ -1,6 +1,6 @@
 """One sequential commit's wall-clock timeline, across the writer, the replica and ZooKeeper.
 
-A scratch probe (issue 23, session 6), not a benchmark of rates: one writer commits sequentially
+A probe, not a benchmark of rates: one writer commits sequentially
 (``client.insert`` of 10 rows, or ``client.commit_parts`` of a premade part), and every stage of
 each commit is stamped with ``time.monotonic_ns()`` (CLOCK_MONOTONIC: one clock for every process
 of the machine) in the process where it happens. The replica's stamps come from wrappers this
@@ -222,7 +222,7 @@ def analyse(commits: list[Commit], replica_events: list[tuple[int, str, str]]) -
     }
 
 
-# The one commit's path, stage by stage, as the table in benchmarks/README.md reads it: the
+# The one commit's path, stage by stage, as its table reads it: the
 # writer's, the replica's RPC thread, the committer, kazoo's thread, the answer. A stage that a
 # tree's code does not have (the answer's hand-off to the RPC thread, or the direct send) is
 # left out of that tree's table.

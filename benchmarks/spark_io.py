@@ -23,7 +23,7 @@ the Python workers as Arrow for any Python data source, and on two cores that co
 costs more than Spark's own Parquet writer and reader; ``mergetxn / plainpq`` is the price of
 transactions on top of it.
 
-A keys table (issue 24 item 2, ``--keys-rows N``; ``--only-keys`` runs it alone): N keys
+A keys table (``--keys-rows N``; ``--only-keys`` runs it alone): N keys
 loaded by the client in 4 commits plus 2 update-mode upserts of 5% of the keys (auto merge off,
 so a read folds 1.1 N versions), read with ``spark.read_table`` (Spark's Parquet reader, the fold
 in Spark: spark/keysfold.py), against ``spark.read.parquet`` of the folded rows (``client.read``

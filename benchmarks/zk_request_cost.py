@@ -1,4 +1,4 @@
-"""ZooKeeper's CPU per request of each kind the commit path sends, at a paced rate (issue 23).
+"""ZooKeeper's CPU per request of each kind the commit path sends, at a paced rate.
 
 Starts a fresh ZooKeeper (as ``commit_throughput.py`` does, warmed the same way), then for each
 kind sends requests one after the other at ``--rate`` per second for ``--seconds`` and reads the
@@ -7,7 +7,7 @@ the JDK has it). ``idle`` sends nothing: the server's fixed cost per second, whi
 spreads over its commits. Kinds: ``create`` (a sequential create, the raw benchmark's request),
 ``multi`` (the shape of a one-table insert commit: owner, fence and table checks, one target
 set, the epoch check and the sequential entry of ~500 bytes), ``multi+exists`` (the same and the
-follower's exists watch on the next position, as before issue 23 item 2), ``exists``.
+follower's exists watch on the next position, which commits once sent), ``exists``.
 """
 
 from __future__ import annotations

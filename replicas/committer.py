@@ -259,7 +259,7 @@ class Committer:
 
         The first attempt is made outside the retry policy: most batches get through on it, and
         the policy's bookkeeping (tenacity's state per attempt) was a tenth of the committer's
-        CPU per commit (benchmarks/README.md, "The replica's CPU per commit"). It decides on the
+        CPU per commit (measured with benchmarks/commit_throughput.py --profile). It decides on the
         target versions this replica has applied (no round trip) unless a recent one was
         refused; later attempts read them from ZooKeeper."""
         deferred: list[Pending] = []

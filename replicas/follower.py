@@ -315,8 +315,8 @@ class Follower:
             raise CorruptMetadata(
                 f"log epoch {self.log.epoch_path(epoch)} is missing below the end of the log "
                 f"(later epochs exist and the log tail has not trimmed it): its entries were "
-                f'deleted; never skipped, see docs/architecture.md, "A log entry that does not '
-                f'parse"'
+                f'deleted; never skipped, see docs/architecture/outcomes-recovery.md, "A log entry '
+                f'that does not parse"'
             )
         return None
 
@@ -325,5 +325,6 @@ def missing_entry(node: str, why: str) -> str:
     """The message of a log entry gone from below the end of the log."""
     return (
         f"log entry {node} is missing below the end of the log ({why}) and the log tail has not trimmed "
-        f'it: it was deleted; never skipped, see docs/architecture.md, "A log entry that does not parse"'
+        f"it: it was deleted; never skipped, see docs/architecture/outcomes-recovery.md, "
+        f'"A log entry that does not parse"'
     )

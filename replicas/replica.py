@@ -846,7 +846,7 @@ class Replica:
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
             "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
-            "structures": {  # entries each structure holds (docs/architecture.md, "Structures and their bounds")
+            "structures": {  # entries each structure holds (docs/architecture/bounds.md)
                 **self.state.sizes(),
                 "events": self.changefeed.ring_size(),
                 "finished_transactions": len(self.transactions.finished),

@@ -843,7 +843,7 @@ class ReplicaState:
 
     def sizes(self) -> dict[str, int]:
         """How many entries each structure of the applied state holds now (``info``'s
-        ``structures``; their bounds: docs/architecture.md, "Structures and their bounds")."""
+        ``structures``; their bounds: docs/architecture/bounds.md)."""
         with self.lock:
             return {
                 "part_records": len(self.parts),

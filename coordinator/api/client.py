@@ -1252,7 +1252,7 @@ class Transaction:
 
     It calls its client's private helpers (``_table_at``, ``_read_parts``, ``_dataset``,
     ``_async_queued``, ``_status_anywhere``, ``_heartbeat``): privacy is the module's
-    (docs/architecture.md), and those are the client's internals, not its public surface."""
+    (docs/architecture/index.md), and those are the client's internals, not its public surface."""
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ Parts are put in *size tiers* (each ``min_parts`` times the one below), and a me
 one tier: a row is then rewritten about once per tier it climbs, so what merges write grows with
 ``n log n`` of what was inserted. Merging every small part at once rewrote the partition's merged
 part each time, ``n**2``: under sustained 10-row inserts merges fell behind, visible parts piled
-up and removed parts filled storage (benchmarks/soak.py, docs/architecture.md#merges).
+up and removed parts filled storage (benchmarks/soak.py, docs/architecture/replicas.md#maintenance-background-work-on-the-replicas).
 
 * :func:`small_merge`: parts below ``merge_small_bytes`` of every table, tier 0 below
   :data:`SMALL_TIER_BYTES`. Of the tiers holding ``min_parts`` parts, the one holding the most

@@ -1026,7 +1026,7 @@ class RpcServer:
         afterwards, to send what the socket did not take and to read the connection's next
         request. Handing the answer itself to the I/O thread cost a wake-up of that thread in
         every commit's answer (0.2-0.6 ms: it waits for the GIL behind the committer and the
-        follower; benchmarks/README.md, "One commit's timeline").
+        follower; measured with benchmarks/latency_timeline.py).
 
         Safe because while a request is answered (``busy``) nothing else writes to the socket:
         the I/O thread neither reads it nor has anything to flush (its outbuf is empty until

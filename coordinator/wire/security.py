@@ -490,7 +490,7 @@ def admin_credentials(directory: str | os.PathLike) -> Credentials:
 # quorum (member to member, mutual TLS) gets its own CA, derived from the secret: every member
 # holding the replicas' credentials makes the same CA key on its own host and signs its own
 # certificate, and nobody without the secret can make one (mergetxn/local/zkserver.py,
-# docs/architecture.md).
+# docs/architecture/wire-and-security.md).
 
 ZK_SERVER_STORE = "zookeeper-server.pem"  # key and certificate ZooKeeper serves its client port with
 ZK_TRUST_STORE = "zookeeper-ca.pem"  # the cluster CA: verifies the client certificate of every session

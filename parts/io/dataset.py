@@ -11,7 +11,7 @@ a column was *renamed* cannot be read by name from its file; those few are read 
 memory (:meth:`TableDef.upgrade`) and joined to the file fragments as one in-memory child.
 
 DuckDB scanning an Arrow dataset lets pyarrow decode the pages and then converts the arrays,
-about twice the CPU of its own Parquet reader (benchmarks/README.md). :func:`duckdb_view` gives
+about twice the CPU of its own Parquet reader (benchmarks/dataset_read.py, docs/benchmarks.md). :func:`duckdb_view` gives
 DuckDB the files themselves where that reads the same rows: a dataset of local parts that all
 hold every column.
 

@@ -608,7 +608,7 @@ _DIR_SYNCS_LOCK = threading.Lock()
 def _dir_syncs() -> ThreadPoolExecutor:
     """The threads that fsync a fresh file's directory while the writer fsyncs the file: the two
     flushes then overlap (the disk merges them), where one after the other cost a second flush
-    per part (benchmarks/README.md, "One commit's timeline"). Made on first use; a forked child
+    per part (measured with benchmarks/latency_timeline.py). Made on first use; a forked child
     makes its own (the parent's threads are not in it)."""
     global _DIR_SYNCS
     with _DIR_SYNCS_LOCK:

@@ -6,8 +6,8 @@ that inside ``Follower.local_commit``, where the follower holds off (a local com
 entry over) and so did the catch-up's own pull: the entry was applied only if the follower
 thread had read it before the commit began, else the commit waited ``read_wait_seconds`` (30 s)
 and was aborted. A follower that watches the next position after every own entry mostly got
-there first; one that lingers after its own entries (benchmarks/README.md, "ZooKeeper and
-follower cost per commit") stalled ``integration/test_table_lifecycle.py::
+there first; one that lingers after its own entries (measured with
+benchmarks/commit_throughput.py) stalled ``integration/test_table_lifecycle.py::
 test_a_transaction_begun_before_an_alter_still_commits`` so. Here r0's follower thread is held
 at a failpoint (replicas/failpoints.py) from before the other replica's ALTER until after the
 commit: the commit must succeed without it."""

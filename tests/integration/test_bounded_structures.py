@@ -1,4 +1,4 @@
-"""A month of use, in counts (docs/architecture.md, "Structures and their bounds"): with short
+"""A month of use, in counts (docs/architecture/bounds.md): with short
 windows and merges and cleanup running, thousands of commits from concurrent writers leave every
 structure a replica keeps (remembered outcomes, part records, conflict history, the parts added
 per target, the local checkpoint, the WAL, the log in ZooKeeper, visible parts) the size of the

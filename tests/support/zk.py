@@ -14,7 +14,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from mergetxn.local.zkserver import ZooKeeperServer
 
 EMPTY_LOG_ENTRY = json.dumps({"v": 1, "txns": [], "versions": {}}).encode()
-"""What an operator writes over a log znode that was never a commit (docs/architecture.md)."""
+"""What an operator writes over a log znode that was never a commit (docs/architecture/outcomes-recovery.md)."""
 
 
 @contextmanager
