@@ -849,7 +849,7 @@ class Client:
         (:func:`keyfold.read_plan`), in one thread per core (Arrow decodes without the GIL, but
         each part takes it back a few times: 8 threads on 2 cores decoded the issue 24 bench's
         120 parts in more wall time than one thread did, and 2 in less than 8 in every run,
-        issue 24 session 7; one part alone: Arrow's own threads), then folded
+        one part alone: Arrow's own threads), then folded
         (:func:`keyfold.merge`)."""
         pk = tuple(tdef.primary_key)
         orders = [csns.get(m.name, keytables.OWN) for m in metas]

@@ -15,7 +15,7 @@ whole columns, with no per-row Python:
    inside the segment. A read takes each key's row after its last version, a compaction each
    run's, ``changes`` each key's row before and after each commit, all in one pass.
 
-A read has shorter roads (issue 24 sessions 6 and 7), all decided from the versions themselves:
+A read has shorter roads, all decided from the versions themselves:
 parts whose keys each rise strictly (every part is written sorted by key) and whose key ranges
 do not meet, all of them PUTs (a table after a major compaction), are their rows, put in key
 order, with no sort and no gather; and when every part's keys rise strictly, the parts have
@@ -287,8 +287,8 @@ def _passed_through(schema: pa.Schema, column: str, parts: list[tuple[float, pa.
 
 def _ends(key_type: pa.DataType, cols: Sequence[pa.ChunkedArray | pa.Array]) -> tuple[pa.Array, pa.Array]:
     """The first and the last value of each column (each non-empty), as ``key_type``: taken at
-    once from the columns one after the other (one slice a part cost 1-2 ms over 120 parts,
-    issue 24 session 8) when they are of that type, else part by part."""
+    once from the columns one after the other (one slice a part cost 1-2 ms over 120 parts)
+    when they are of that type, else part by part."""
     whole = _joined(cols)
     if whole is not None and whole.type == key_type:
         ends = list(itertools.accumulate(len(c) for c in cols))
@@ -362,7 +362,7 @@ def repeating(plans: Sequence[ReadPlan], keys: Sequence[pa.ChunkedArray | pa.Arr
     column as read, None for a part read otherwise), the ones in which a key occurs twice and
     that must decode them after all: what :func:`also_read` tells part by part, told for all of
     them by one comparison over their keys one after the other (120 parts one by one: ~4 ms of
-    CPU, issue 24 session 8)."""
+    CPU)."""
     held = [(i, k) for i, (p, k) in enumerate(zip(plans, keys)) if p.if_repeated and k is not None]
     rising = _rising([k for _, k in held])
     return [i for (i, _), ok in zip(held, rising) if not ok]
@@ -525,7 +525,7 @@ def _versions_alike(wanted: Sequence[str], parts: list[tuple[float, pa.Table]]) 
     """What :func:`_versions` puts together, before its layout, when the parts (the non-empty
     ones) have one schema and no ``_ver``: built column by column from their chunks, each
     version's ``_v`` its part's order decoded from one run per part (120 parts one table at a
-    time: ~3 ms, issue 24 session 8). None for other parts, or none."""
+    time: ~3 ms). None for other parts, or none."""
     live = [(o, t) for o, t in parts if t.num_rows]
     if not live or VER in live[0][1].column_names:
         return None
@@ -670,7 +670,7 @@ def _last_by_slot(col: pa.ChunkedArray | pa.Array) -> pa.Array | None:
     key), a later row over an earlier one (``inverse_permutation`` visits the indices in order,
     the last one written stays), and the filled slots, read in slot order, are the keys in
     order. Linear in rows plus span, where a sort of a million keys by radix costs some times
-    more (issue 24 session 7)."""
+    more."""
     if not pa.types.is_integer(col.type) or col.null_count or len(col) == 0 or not _last_wins():
         return None
     lo, hi = (v.as_py() for v in pc.min_max(col).values())

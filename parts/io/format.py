@@ -225,9 +225,8 @@ def _parquet_bytes(data: pa.Table, row_group_size: int | None, delta: Sequence[s
 def _delta_columns(data: pa.Table, primary_key: Sequence[str]) -> list[str]:
     """A keys-table part's first key column when it holds integers: the part is sorted by it,
     so DELTA_BINARY_PACKED stores small steps, where a dictionary of as many distinct keys as
-    rows costs more to decode than the keys themselves (a whole read of the issue 24 bench's
-    120 parts: the key column 11 ms of CPU against 27-31 ms, the files 45% smaller; issue 24
-    session 7). Every Parquet reader in use reads it (Arrow, Spark 3.3+, DuckDB)."""
+    rows costs more to decode than the keys themselves (a whole read of benchmarks/keys_bench.py's
+    120 parts: the key column 11 ms of CPU against 27-31 ms, the files 45% smaller). Every Parquet reader in use reads it (Arrow, Spark 3.3+, DuckDB)."""
     if not primary_key:
         return []
     field = data.schema.field(primary_key[0])

@@ -1,4 +1,4 @@
-"""A whole read's shorter roads through a keys table's fold (issue 24 session 6, keyfold.py):
+"""A whole read's shorter roads through a keys table's fold (keyfold.py):
 parts passed through without a fold, the version check skipped, columns left undecoded by what
 the parts' statistics prove. Each against the row-by-row
 reference (tests/support/keys_reference.py) over random histories built to reach the roads:
@@ -237,7 +237,7 @@ def test_rising(parts, want) -> None:
     assert [keyfold.strictly_increasing(c) for c in cols] == want
 
 
-# -- each key's last version by slot (keyfold._last_by_slot, issue 24 session 7) ------------------
+# -- each key's last version by slot (keyfold._last_by_slot) ------------------
 SLOT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint32(), pa.uint64()]
 
 
@@ -396,8 +396,8 @@ def test_a_keys_part_writes_an_integer_key_in_delta_encoding(tmp_path, key_type,
 @given(histories())
 def test_repeating_names_the_parts_that_also_read_names(history) -> None:
     """``keyfold.repeating`` tells for all parts at once what ``also_read`` tells part by part:
-    the parts read without their held-back columns in which a key occurs twice (issue 24
-    session 8: client._fold_whole decodes every part first and checks after)."""
+    the parts read without their held-back columns in which a key occurs twice
+    (client._fold_whole decodes every part first and checks after)."""
     schema, pk, parts = history
     orders = [o for o, _ in parts]
     stats = [column_stats(t) for _, t in parts]
@@ -460,7 +460,7 @@ def test_read_all_versions_reads_again_the_parts_that_repeat_a_key(tmp_path) -> 
 @given(histories())
 def test_versions_put_together_by_columns_equal_them_put_together_by_tables(history) -> None:
     """``_versions`` builds the versions of parts of one schema without ``_ver`` column by
-    column, each ``_v`` from one run per part (issue 24 session 8): the same table as one
+    column, each ``_v`` from one run per part: the same table as one
     table per part concatenated, which it still does for other parts."""
     schema, _, parts = history
     by_tables = keyfold._versions_pieces([f.name for f in schema] + [OP, SEQ, COLS], parts)
