@@ -52,17 +52,23 @@ class Block:
 
     @property
     def where(self) -> str:
-        return f"docs/{self.page}, Python block {self.index + 1}"
+        return f"{self.page}, Python block {self.index + 1}"
 
 
 def guide_pages() -> list[Path]:
+    """The guide's pages, and README.md (its example runs too)."""
     pages = sorted(DOCS.rglob("*.md"))
-    return [p for p in pages if p.name not in NOT_GUIDE and "architecture" not in p.relative_to(DOCS).parts]
+    guide = [p for p in pages if p.name not in NOT_GUIDE and "architecture" not in p.relative_to(DOCS).parts]
+    return [*guide, ROOT / "README.md"]
+
+
+def page_name(page: Path) -> str:
+    return page.relative_to(ROOT).as_posix()
 
 
 def blocks(page: Path) -> list[Block]:
     text = page.read_text(encoding="utf-8")
-    name = page.relative_to(DOCS).as_posix()
+    name = page_name(page)
     return [Block(name, i, m.group(1) or "", m.group(2)) for i, m in enumerate(BLOCK.finditer(text))]
 
 
@@ -73,7 +79,7 @@ def runnable_pages() -> list[object]:
         if runs:
             slow = any(OWN_CLUSTER in b.code for b in runs)
             marks = [pytest.mark.slow] if slow else []
-            params.append(pytest.param(page, marks=marks, id=page.relative_to(DOCS).as_posix()))
+            params.append(pytest.param(page, marks=marks, id=page_name(page)))
     return params
 
 
@@ -85,6 +91,19 @@ def test_every_python_block_of_the_guide_compiles_and_says_how_it_runs() -> None
         compile(b.code, b.where, "exec")
         assert b.marker in ("", "engine-snippet") or b.marker.split(":", 1)[1].strip(), b.where
     assert sum(b.marker == "engine-snippet" for b in found) == 5  # test_datasets runs these
+
+
+def test_the_readme_is_a_short_front_door_whose_links_all_resolve() -> None:
+    """Pure: README.md stays at most 150 lines, keeps the two commands CI and users run, and each
+    of its relative links names a file of the tree (so they work on GitHub as in the guide)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "./dev quickstart" in text and "./dev test" in text
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    relative = [link for link in links if "://" not in link]
+    assert len(relative) >= 20, relative
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
 
 
 @pytest.fixture(scope="module")
