@@ -164,7 +164,7 @@ def errors_table() -> str:
     for cls in error_classes():
         bases = ", ".join(f"`{b.__name__}`" for b in cls.__bases__ if b is not object)
         rows.append(f"| `{cls.__name__}` | {bases} | {exit_code_of(cls)} | {cell(first_paragraph(cls.__doc__))} |")
-    kinds = ["", "Conflict kinds (`ConflictError.kind`):", "", "| kind | value |", "| --- | --- |"]
+    kinds = ["", "## Conflict kinds", "", "`ConflictError.kind` is one of:", "", "| kind | value |", "| --- | --- |"]
     kinds += [f"| `{k.name}` | `{k.value}` |" for k in errors_module.ConflictKind]
     return "\n".join(rows + kinds)
 
