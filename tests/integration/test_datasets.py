@@ -1,7 +1,7 @@
 """Every engine reads it (docs/surface.md#reads-history-and-operations, issue 25):
 ``client.dataset`` and ``tx.dataset`` as ``pyarrow.dataset.Dataset``s, read by pyarrow, DuckDB and
-Polars, against real ZooKeeper and two real replica processes; the README's engine snippets run as
-written.
+Polars, against real ZooKeeper and two real replica processes; the guide's engine snippets
+(docs/how-to: DuckDB, Polars, pandas) run as written.
 
 ``cluster``: nothing in the background (merges and cleanup only when asked), read leases lapsing
 after 1 s (so a dataset block that outlives that is kept only by the renewal).
@@ -40,7 +40,9 @@ from parts.io.dataset import duckdb_view, snapshot_dataset
 from parts.io.format import read_part, write_part
 from parts.io.storage import Storage
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ENGINE_PAGES = [
+    Path(__file__).resolve().parents[2] / "docs" / "how-to" / f"{p}.md" for p in ("duckdb", "polars", "pandas")
+]
 UTC = dt.UTC
 # Partitioned by a date and a nullable string; a timestamp, a float, a bool and a string besides.
 WIDE = pa.schema(
@@ -382,27 +384,31 @@ def test_duckdb_view_reads_with_duckdbs_own_reader_what_register_reads(client: C
         duckdb_view(duckdb.connect(), "", ds.dataset(pa.table({"a": [1]})))
 
 
-def readme_snippets() -> list[str]:
-    """The Python blocks of README.md that follow an ``<!-- engine-snippet -->`` marker."""
-    text = README.read_text(encoding="utf-8")
-    return re.findall(r"<!-- engine-snippet -->\n```python\n(.*?)```", text, flags=re.S)
+def engine_snippets() -> list[tuple[str, str]]:
+    """The Python blocks of the guide's engine pages that follow an ``<!-- engine-snippet -->``
+    marker, each with the page it is on."""
+    found = []
+    for page in ENGINE_PAGES:
+        text = page.read_text(encoding="utf-8")
+        found += [(page.name, s) for s in re.findall(r"<!-- engine-snippet -->\n```python\n(.*?)```", text, flags=re.S)]
+    return found
 
 
-def test_the_readme_engine_snippets_run_as_written(client: Client) -> None:
-    """Each engine's snippet in the README, extracted from it (so the docs cannot drift), run on
-    the Python API example's ``events`` table."""
-    snippets = readme_snippets()
-    assert len(snippets) == 5, "README: the five engine snippets of 'Every engine reads it'"
+def test_the_guides_engine_snippets_run_as_written(client: Client) -> None:
+    """Each engine's snippet in the guide (docs/how-to: DuckDB, Polars, pandas), extracted from it
+    (so the docs cannot drift), run on the ``events`` table of its first-table page."""
+    snippets = engine_snippets()
+    assert len(snippets) == 5, "docs/how-to: the five engine snippets (DuckDB 3, Polars 1, pandas 1)"
     client.create_table("events", pa.schema([("day", pa.string()), ("n", pa.int64())]), partition_by=["day"])
     commit(client, "events", pa.table({"day": ["d1", "d1", "d2"], "n": [1, 2, 4]}))
     space: dict = {"client": client, "pa": pa}
-    for i, snippet in enumerate(snippets):
+    for i, (page, snippet) in enumerate(snippets):
         if "to_pandas()" in snippet:
             try:
                 import pandas  # noqa: F401
             except ImportError:
                 snippet = snippet.replace(".to_pandas()", "")  # no pandas here: the Arrow half of it
-        exec(compile(snippet, f"README.md, engine snippet {i + 1}", "exec"), space)
+        exec(compile(snippet, f"docs/how-to/{page}, engine snippet {i + 1}", "exec"), space)
     assert space["per_day"] == space["per_day_native"] == [("d1", 3)]
     assert space["d1"].item() == 3
     assert len(space["frame"]) == 2
