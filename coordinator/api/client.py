@@ -260,6 +260,7 @@ class Client:
             parts_to_throw_insert,
         )
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
+        self._tables.pop(name, None)  # a table of this name dropped before: its definition goes
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
@@ -334,6 +335,7 @@ class Client:
         with self.transaction() as tx:
             tx.drop_table(name)
         assert tx.csn is not None
+        self._tables.pop(name, None)
         return tx.csn
 
     def alter_table(
@@ -1099,7 +1101,15 @@ class Client:
                 with attempt:
                     cached = attempt.retry_state.attempt_number == 1
                     tdef = self.table(table) if cached else self._table_at(table, None, None)
-                    return self._insert_once(table, data, tdef)
+                    try:
+                        return self._insert_once(table, data, tdef)
+                    except _StaleDefinition:
+                        raise
+                    except InvalidInput as exc:  # refused by the cached definition: is it still the table's?
+                        fresh = self._table_at(table, None, None) if cached else tdef
+                        if (fresh.created_csn, fresh.ddl_version) != (tdef.created_csn, tdef.ddl_version):
+                            raise _StaleDefinition(exc) from None
+                        raise
         except _StaleDefinition as exc:
             raise exc.refusal from None
         raise AssertionError("unreachable: the policy re-raises the last failure")  # pragma: no cover

@@ -115,6 +115,21 @@ def test_drop_wins_over_a_part_committed_just_before_it(c0: Client, c1: Client) 
     assert ids(c1.read("late", snapshot=tx.csn)) == [0, 1, 2, 3]
 
 
+def test_a_table_made_again_with_another_schema_takes_inserts_of_it(c0: Client, c1: Client) -> None:
+    """A client that looked a table up keeps its definition for one-call inserts; a table of the
+    same name dropped and made again with another schema, by this client or another, takes rows
+    of the new schema from it at once (the old definition refused them as unknown columns)."""
+    day = pa.schema([("id", pa.int64()), ("day", pa.string())])
+    for dropper in (c0, c1):
+        c0.create_table("again", ID_V)
+        c0.insert("again", id_rows(2))
+        dropper.drop_table("again")
+        dropper.create_table("again", day)
+        c0.insert("again", pa.table({"id": [1], "day": ["mon"]}, schema=day))
+        assert c0.read("again").to_pylist() == [{"id": 1, "day": "mon"}]
+        c0.drop_table("again")
+
+
 def test_drop_in_a_transaction_cannot_write_the_table(c0: Client) -> None:
     c0.create_table("both", ID_V, auto_merge=False)
     tx = c0.begin()
