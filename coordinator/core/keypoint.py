@@ -40,24 +40,13 @@ def merge_few(
         return schema.empty_table()
     n = sum(data.num_rows for _, data in given)
     layout = given[0][1].schema
-    if (
-        n > FEW
-        or not primary_key
-        or any(not data.schema.equals(layout) for _, data in given[1:])
-        or any(c not in layout.names for c in (OP, SEQ, COLS))
-        or any(f.name not in layout.names or layout.field(f.name).type != f.type for f in schema)
-        or not all(mix64_type(schema.field(k).type) for k in primary_key)
-    ):
+    if n > FEW or not _plain_layout(schema, primary_key, [d for _, d in given]):
         return None
     data = given[0][1] if len(given) == 1 else pa.concat_tables([d for _, d in given])
     if any(data.column(k).null_count for k in primary_key):
         return None
-    if n == 1:  # a lookup of a key written once since its last compaction: its one version
-        op = data.column(OP)[0].as_py()
-        if op == PUT:
-            return pa.Table.from_arrays([data.column(c) for c in schema.names], schema=schema)
-        if op == DELETE or (isinstance(op, int) and op >= LOCK_STRONG):
-            return schema.empty_table()
+    if n == 1 and (single := _one_version(schema, data)) is not None:
+        return single
     keys = list(zip(*(data.column(k).to_pylist() for k in primary_key)))
     ops, seqs = data.column(OP).to_pylist(), data.column(SEQ).to_pylist()
     written = data.column(COLS).to_pylist()
@@ -74,21 +63,54 @@ def merge_few(
             end += 1
         last = rows[end]
         if ops[last] != DELETE:
-            src: dict[str, int | None] = dict.fromkeys(others)
-            for i in rows[at : end + 1]:
-                if ops[i] == PUT or ops[i] == DELETE:
-                    value = i if ops[i] == PUT else None
-                    src = dict.fromkeys(others, value)
-                else:  # UPDATE: the columns it wrote
-                    for c in filter(None, (written[i] or "").split(",")):
-                        if c in src:
-                            src[c] = i
+            src = _row_sources(rows[at : end + 1], ops, written, others)
             for c in schema.names:
                 sources[c].append(last if c in primary_key else src[c])
         at = end + 1
     return pa.Table.from_arrays(
         [pc.take(data.column(c), pa.array(sources[c], pa.int64())) for c in schema.names], schema=schema
     )
+
+
+def _plain_layout(schema: pa.Schema, primary_key: Sequence[str], tables: Sequence[pa.Table]) -> bool:
+    """Whether the parts share one layout that carries the log columns and the schema's columns
+    as typed, under a key of plain columns: what ``merge_few`` folds."""
+    layout = tables[0].schema
+    return (
+        bool(primary_key)
+        and all(data.schema.equals(layout) for data in tables[1:])
+        and all(c in layout.names for c in (OP, SEQ, COLS))
+        and all(f.name in layout.names and layout.field(f.name).type == f.type for f in schema)
+        and all(mix64_type(schema.field(k).type) for k in primary_key)
+    )
+
+
+def _one_version(schema: pa.Schema, data: pa.Table) -> pa.Table | None:
+    """A key written once since its last compaction: its row when a put, nothing when a delete or
+    a strong lock; None when that one version does not settle it (an update or a weak lock)."""
+    op = data.column(OP)[0].as_py()
+    if op == PUT:
+        return pa.Table.from_arrays([data.column(c) for c in schema.names], schema=schema)
+    if op == DELETE or (isinstance(op, int) and op >= LOCK_STRONG):
+        return schema.empty_table()
+    return None
+
+
+def _row_sources(
+    versions: Sequence[int], ops: Sequence[Any], written: Sequence[str | None], others: Sequence[str]
+) -> dict[str, int | None]:
+    """For one key's versions in order, the row each non-key column's latest value comes from
+    (None: no value, after a delete or before any put)."""
+    src: dict[str, int | None] = dict.fromkeys(others)
+    for i in versions:
+        if ops[i] == PUT or ops[i] == DELETE:
+            value = i if ops[i] == PUT else None
+            src = dict.fromkeys(others, value)
+        else:  # UPDATE: the columns it wrote
+            for c in filter(None, (written[i] or "").split(",")):
+                if c in src:
+                    src[c] = i
+    return src
 
 
 def plain_keys(schema: pa.Schema, primary_key: Sequence[str]) -> bool:

@@ -68,17 +68,37 @@ def check_definition(
     problem is InvalidInput naming it."""
     where = f"create table {quote(name)}"
     if policy != "keys":
-        if lock_groups:
-            raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {quote(policy)})", table=name)
-        if atomicity != "full":
-            raise InvalidInput(
-                f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})", table=name
-            )
+        _check_other_policy(where, name, policy, lock_groups, atomicity)
         return ()
     if atomicity not in ATOMICITY:
         raise InvalidInput(f"{where}: atomicity must be 'full' or 'none', not {quote(atomicity)}", table=name)
     if not primary_key:
         raise InvalidInput(f"{where}: conflict_policy='keys' needs a primary_key", table=name)
+    problems = _column_problems(schema, partition_by, primary_key)
+    if lock_groups is not None and not isinstance(lock_groups, Mapping):
+        problems.append(f"lock_groups must map a group name to column names, not {type(lock_groups).__name__}")
+        lock_groups = None
+    groups = _lock_groups(schema, primary_key, lock_groups or {}, problems)
+    if problems:
+        raise InvalidInput(f"{where}: {'; '.join(problems)}", table=name)
+    return tuple(sorted(groups))
+
+
+def _check_other_policy(
+    where: str, name: str, policy: str, lock_groups: Mapping[str, Sequence[str]] | None, atomicity: str
+) -> None:
+    """A table under another conflict policy takes neither lock groups nor a partial atomicity."""
+    if lock_groups:
+        raise InvalidInput(f"{where}: lock_groups need conflict_policy='keys' (not {quote(policy)})", table=name)
+    if atomicity != "full":
+        raise InvalidInput(
+            f"{where}: atomicity={quote(atomicity)} needs conflict_policy='keys' (not {quote(policy)})", table=name
+        )
+
+
+def _column_problems(schema: pa.Schema, partition_by: Sequence[str], primary_key: Sequence[str]) -> list[str]:
+    """What is wrong with a keys table's columns: reserved names, a nullable key column, a
+    partition column outside the key."""
     problems = []
     hidden = [c for c in schema.names if c in HIDDEN]
     if hidden:
@@ -91,38 +111,48 @@ def check_definition(
     outside = [c for c in partition_by if c not in primary_key]
     if outside:
         problems.append(f"partition column(s) {outside} must be primary key columns (a key lives in one partition)")
+    return problems
+
+
+def _lock_groups(
+    schema: pa.Schema, primary_key: Sequence[str], lock_groups: Mapping[str, Sequence[str]], problems: list[str]
+) -> list[tuple[str, tuple[str, ...]]]:
+    """The lock groups as ``(group, columns)`` pairs; what is wrong with them is added to
+    ``problems`` (a group with a bad name or no list of columns is left out)."""
     groups: list[tuple[str, tuple[str, ...]]] = []
-    if lock_groups is not None and not isinstance(lock_groups, Mapping):
-        problems.append(f"lock_groups must map a group name to column names, not {type(lock_groups).__name__}")
-        lock_groups = None
     owner: dict[str, str] = {}
-    for group, cols in (lock_groups or {}).items():
+    for group, cols in lock_groups.items():
         if not isinstance(group, str) or not group.isidentifier():
             problems.append(f"lock group name {quote(group)} is not an identifier")
             continue
         if isinstance(cols, str) or not isinstance(cols, Iterable):
             problems.append(f"lock group {quote(group)} must list column names, not {quote(cols)}")
             continue
-        cols = tuple(cols)
-        if not cols:
+        columns = tuple(cols)
+        if not columns:
             problems.append(f"lock group {quote(group)} has no columns")
-        for c in cols:
-            if c not in schema.names:
-                problems.append(f"lock group {quote(group)}: unknown column {quote(c)}")
-            elif c in primary_key:
-                problems.append(
-                    f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)"
-                )
-            elif c in owner:
-                problems.append(
-                    f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)"
-                )
+        for c in columns:
+            problem = _lock_column_problem(schema, primary_key, owner, group, c)
+            if problem:
+                problems.append(problem)
             else:
                 owner[c] = group
-        groups.append((group, cols))
-    if problems:
-        raise InvalidInput(f"{where}: {'; '.join(problems)}", table=name)
-    return tuple(sorted(groups))
+        groups.append((group, columns))
+    return groups
+
+
+def _lock_column_problem(
+    schema: pa.Schema, primary_key: Sequence[str], owner: Mapping[str, str], group: str, c: str
+) -> str | None:
+    """What is wrong with column ``c`` in lock group ``group`` (``owner``: the group each column
+    already seen is in); None when nothing is."""
+    if c not in schema.names:
+        return f"lock group {quote(group)}: unknown column {quote(c)}"
+    if c in primary_key:
+        return f"lock group {quote(group)}: {quote(c)} is a primary key column (keys are under every lock)"
+    if c in owner:
+        return f"column {quote(c)} is in lock groups {quote(owner[c])} and {quote(group)} (at most one)"
+    return None
 
 
 # -- writes ------------------------------------------------------------------------------------
@@ -1193,42 +1223,49 @@ def point_keys(
     if tree is UNSUPPORTED:
         return None
     pk = set(primary_key)
-
-    def assignments(node: tuple) -> list[dict] | None:
-        """Alternatives, each fixing some key columns; None: not understood."""
-        if node[0] in ("and", "or"):
-            left, right = assignments(node[1]), assignments(node[2])
-            if left is None or right is None:
-                return None
-            if node[0] == "or":
-                return left + right
-            out = []
-            for a in left:
-                for b in right:
-                    if all(a[c] == b[c] for c in a.keys() & b.keys()):
-                        out.append({**a, **b})
-            return out if len(out) <= limit else None
-        _, (kind, ref), op, value, _flipped = node
-        name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
-        if op != "==" or name not in pk:
-            return None if exact else [{}]  # no constraint on the key (it only narrows further)
-        t = schema.field(name).type
-        if exact and not mix64_type(t):
-            return None  # floats (-0.0 == 0.0, NaN), times: left to the expression
-        if type(value) is int and -(2**63) <= value < 2**63 and t == pa.int64():
-            return [{name: value}]  # an int64 key's int: the cast below gives it back as is
-        try:
-            cast = pa.scalar(value).cast(t, safe=True).as_py()
-        except (pa.ArrowException, TypeError, ValueError):
-            return None
-        if cast != value or type(cast) is not type(value):
-            return None  # not a lossless cast: leave it to the filter after the fold
-        return [{name: cast}]
-
-    found = assignments(tree)
+    found = _assignments(tree, schema, pk, limit, exact)
     if found is None or len(found) > limit or any(len(a) != len(pk) for a in found):
         return None
     return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
+
+
+def _assignments(node: tuple, schema: pa.Schema, pk: set[str], limit: int, exact: bool) -> list[dict] | None:
+    """Alternatives of a compiled filter ``node`` (see ``point_keys``), each fixing some key
+    columns; None: not understood."""
+    if node[0] not in ("and", "or"):
+        return _term_assignment(node, schema, pk, exact)
+    left, right = _assignments(node[1], schema, pk, limit, exact), _assignments(node[2], schema, pk, limit, exact)
+    if left is None or right is None:
+        return None
+    if node[0] == "or":
+        return left + right
+    out = []
+    for a in left:
+        for b in right:
+            if all(a[c] == b[c] for c in a.keys() & b.keys()):
+                out.append({**a, **b})
+    return out if len(out) <= limit else None
+
+
+def _term_assignment(node: tuple, schema: pa.Schema, pk: set[str], exact: bool) -> list[dict] | None:
+    """The key column one comparison term fixes, as one alternative; ``[{}]`` when it fixes none
+    (it only narrows further); None: not understood."""
+    _, (kind, ref), op, value, _flipped = node
+    name = schema.names[int(ref)] if kind == "path" and int(ref) < len(schema) else ref
+    if op != "==" or name not in pk:
+        return None if exact else [{}]  # no constraint on the key (it only narrows further)
+    t = schema.field(name).type
+    if exact and not mix64_type(t):
+        return None  # floats (-0.0 == 0.0, NaN), times: left to the expression
+    if type(value) is int and -(2**63) <= value < 2**63 and t == pa.int64():
+        return [{name: value}]  # an int64 key's int: the cast below gives it back as is
+    try:
+        cast = pa.scalar(value).cast(t, safe=True).as_py()
+    except (pa.ArrowException, TypeError, ValueError):
+        return None
+    if cast != value or type(cast) is not type(value):
+        return None  # not a lossless cast: leave it to the filter after the fold
+    return [{name: cast}]
 
 
 def point_hint(

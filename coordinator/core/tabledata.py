@@ -186,6 +186,18 @@ def conform(
         not f.nullable and c.null_count for f, c in zip(schema, data.columns)
     ):
         return data  # already the table's columns, order and types, nulls only where allowed
+    problems = _shape_problems(schema, data, required)
+    if problems:
+        raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
+    columns = _conformed_columns(schema, data, problems)
+    if problems:
+        raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _shape_problems(schema: pa.Schema, data: pa.Table, required: Sequence[str]) -> list[str]:
+    """What keeps ``data``'s columns from being the table's (``conform``): duplicate, missing,
+    unexpected columns, and types that do not convert without loss."""
     names = data.column_names
     problems: list[str] = []
     dups = sorted(n for n, k in Counter(names).items() if k > 1)
@@ -207,9 +219,14 @@ def conform(
         src = data.schema.field(field.name).type
         if not _lossless(src, field.type):
             problems.append(f"column {quote(field.name)} is {src}, table has {field.type}")
-    if problems:
-        raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
-    columns = []
+    return problems
+
+
+def _conformed_columns(schema: pa.Schema, data: pa.Table, problems: list[str]) -> list[pa.Array | pa.ChunkedArray]:
+    """``data``'s columns cast to the table's types in its order, typed nulls for the nullable
+    ones it lacks; what cannot be converted, and nulls in a not-null column, go to ``problems``."""
+    have = set(data.column_names)
+    columns: list[pa.Array | pa.ChunkedArray] = []
     for field in schema:
         if field.name not in have:
             columns.append(pa.nulls(data.num_rows, field.type))
@@ -224,9 +241,7 @@ def conform(
         if not field.nullable and col.null_count:
             problems.append(f"column {quote(field.name)} is not nullable but has {col.null_count} null(s)")
         columns.append(col)
-    if problems:
-        raise InvalidInput(f"{prefix}: {'; '.join(problems)}", table=table)
-    return pa.Table.from_arrays(columns, schema=schema)
+    return columns
 
 
 # ---------------------------------------------------------------------------------------------
@@ -818,6 +833,12 @@ def _may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Sche
         return _may(node[1], ranges, schema) and _may(node[2], ranges, schema)
     if node[0] == "or":
         return _may(node[1], ranges, schema) or _may(node[2], ranges, schema)
+    return _term_may(node, ranges, schema)
+
+
+def _term_may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
+    """Whether a part whose columns span ``ranges`` may hold a row matching one comparison term
+    (True when in doubt: the column or its type unknown, values not comparable)."""
     _, (kind, ref), op, value, _flipped = node
     if kind == "path":
         if schema is None or int(ref) >= len(schema):
@@ -838,6 +859,12 @@ def _may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Sche
     if trio is None:
         return True
     value, lo, hi = trio
+    return _range_may(op, value, lo, hi, unbounded)
+
+
+def _range_may(op: str, value: Any, lo: Any, hi: Any, unbounded: bool) -> bool:
+    """Whether a value in ``[lo, hi]`` (``unbounded``: from ``lo`` up) may compare with
+    ``value`` by ``op`` (``op`` taken as ``>=`` when none of the others)."""
     if unbounded:
         return lo < value if op == "<" else lo <= value if op in ("==", "<=") else True
     if op == "==":

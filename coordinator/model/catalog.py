@@ -327,14 +327,20 @@ class TableDef:
         for one meaning the replica-wide default). Every problem is InvalidInput naming it, and
         nothing is changed then. The result holds from the next ddl_version (its CSN is set when
         the log applies it; ``version``: its ddl_version, by default the next)."""
-        if options:
-            if not isinstance(options, Mapping):
-                raise InvalidInput(f"alter {quote(self.name)}: options must map option names to values")
-            values = {k: check_option(self.name, k, v) for k, v in options.items()}
-            if add_columns is None and not rename_columns:
-                v = self.ddl_version + 1 if version is None else version
-                return replace(self, **values, ddl_version=v, version_csn=0)  # type: ignore[arg-type]
-            return replace(self.altered(add_columns, rename_columns, version), **values)  # type: ignore[arg-type]
+        if not options:
+            return self._schema_altered(add_columns, rename_columns, version)
+        if not isinstance(options, Mapping):
+            raise InvalidInput(f"alter {quote(self.name)}: options must map option names to values")
+        values = {k: check_option(self.name, k, v) for k, v in options.items()}
+        if add_columns is None and not rename_columns:
+            v = self.ddl_version + 1 if version is None else version
+            return replace(self, **values, ddl_version=v, version_csn=0)  # type: ignore[arg-type]
+        return replace(self._schema_altered(add_columns, rename_columns, version), **values)  # type: ignore[arg-type]
+
+    def _schema_altered(
+        self, add_columns: pa.Schema | list | None, rename_columns: dict | None, version: int | None
+    ) -> TableDef:
+        """The definition after the schema part of ``altered``: columns added and renamed."""
         if self.conflict_policy is Policy.KEYS:
             raise InvalidInput(
                 f"alter {quote(self.name)}: schema changes of keys tables are not supported yet; nothing was changed",
@@ -352,33 +358,7 @@ class TableDef:
                 f"{', '.join(ALTERABLE)})"
             )
         names = list(self.schema.names)
-        problems = []
-        keys = set(self.partition_by) | set(self.primary_key)
-        for old, new in renames.items():
-            for n in (old, new):
-                validate_name("column", n)
-            if old not in names:
-                problems.append(f"cannot rename unknown column {quote(old)} (columns: {names})")
-            elif old in keys:
-                what = "partition" if old in self.partition_by else "primary key"
-                problems.append(f"cannot rename {what} column {quote(old)}")
-        targets = list(renames.values())
-        after = {renames.get(n, n) for n in names}
-        added = Counter(f.name for f in adds)
-        for new in sorted(set(targets)):
-            if targets.count(new) > 1:
-                problems.append(f"two columns cannot both be renamed to {quote(new)}")
-            elif new in names and new not in renames:
-                problems.append(f"cannot rename to {quote(new)}: the table has a column {quote(new)}")
-        for f in adds:
-            validate_name("column", f.name)
-            if f.name in after or added[f.name] > 1:
-                problems.append(f"cannot add column {quote(f.name)}: the table has a column {quote(f.name)}")
-            if not f.nullable:
-                problems.append(
-                    f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
-                    "have no value for it (add it nullable)"
-                )
+        problems = self._rename_problems(renames) + self._add_problems(adds, renames)
         if problems:
             raise InvalidInput(f"alter {quote(self.name)}: {'; '.join(problems)}; nothing was changed", table=self.name)
         v = self.ddl_version + 1 if version is None else version
@@ -391,6 +371,45 @@ class TableDef:
             + tuple((v, "add", f.name, "") for f in adds)
         )
         return replace(self, schema=schema, ddl_version=v, version_csn=0, changes=changes)
+
+    def _rename_problems(self, renames: dict) -> list[str]:
+        """What is wrong with renaming columns by ``renames`` ({old: new}): an unknown or a
+        partition or key column renamed, two renamed to one name, a rename onto a kept column."""
+        names = list(self.schema.names)
+        problems = []
+        keys = set(self.partition_by) | set(self.primary_key)
+        for old, new in renames.items():
+            for n in (old, new):
+                validate_name("column", n)
+            if old not in names:
+                problems.append(f"cannot rename unknown column {quote(old)} (columns: {names})")
+            elif old in keys:
+                what = "partition" if old in self.partition_by else "primary key"
+                problems.append(f"cannot rename {what} column {quote(old)}")
+        targets = list(renames.values())
+        for new in sorted(set(targets)):
+            if targets.count(new) > 1:
+                problems.append(f"two columns cannot both be renamed to {quote(new)}")
+            elif new in names and new not in renames:
+                problems.append(f"cannot rename to {quote(new)}: the table has a column {quote(new)}")
+        return problems
+
+    def _add_problems(self, adds: list[pa.Field], renames: dict) -> list[str]:
+        """What is wrong with adding the fields ``adds`` after renaming by ``renames``: a name
+        taken (by a column after the renames, or by another added one), a field not nullable."""
+        after = {renames.get(n, n) for n in self.schema.names}
+        added = Counter(f.name for f in adds)
+        problems = []
+        for f in adds:
+            validate_name("column", f.name)
+            if f.name in after or added[f.name] > 1:
+                problems.append(f"cannot add column {quote(f.name)}: the table has a column {quote(f.name)}")
+            if not f.nullable:
+                problems.append(
+                    f"cannot add column {quote(f.name)} as not nullable: the rows already in the table "
+                    "have no value for it (add it nullable)"
+                )
+        return problems
 
     def names_at(self, schema_version: int) -> list[str | None]:
         """For each column of this definition, its name in a part written for

@@ -21,6 +21,7 @@ naming the field), and nothing is half decoded.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Literal
@@ -246,6 +247,12 @@ def op_from_dict(d: Any) -> StagedOp:
     table = d.get("table")
     if not isinstance(table, str):
         raise InvalidInput(f"{op}: 'table' must be a table name, got {quote(table)}")
+    _check_foreign_keys(d, op)
+    return _DECODERS[op](_OpFields(d, op, table, _added(d, op, table)))
+
+
+def _check_foreign_keys(d: dict, op: str) -> None:
+    """Refuse a key no operation has, and a key of another kind of operation unless empty."""
     for key, value in d.items():
         if key in ("op", "table") or key in _OP_KEYS[op]:
             continue
@@ -254,64 +261,93 @@ def op_from_dict(d: Any) -> StagedOp:
         if not (value is None or value is False or value == []):
             raise InvalidInput(f"{op}: {quote(key)} is not a field of {op}, got {quote(value)}")
 
-    def names(key: str) -> tuple[str, ...]:
-        v = d.get(key)
-        if v is None:
-            return ()
-        if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
-            raise InvalidInput(f"{op}: {quote(key)} must be a list of part names, got {quote(v)}")
-        return tuple(v)
 
-    def pkeys() -> tuple[str, ...] | None:
-        v = d.get("partitions")
-        if v is None:
-            return None
-        if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
-            raise InvalidInput(f"{op}: 'partitions' must be null or a list of partition keys, got {quote(v)}")
-        return tuple(v)
-
-    def text(key: str) -> str:
-        v = d.get(key)
-        if not isinstance(v, str):
-            raise InvalidInput(f"{op}: {quote(key)} must be a string, got {quote(v)}")
-        return v
-
+def _added(d: dict, op: str, table: str) -> tuple[PartMeta, ...]:
+    """The part descriptors in ``added``; a bad one is the caller's bad input."""
     added_raw = d.get("added")
     if added_raw is not None and not isinstance(added_raw, list):
         raise InvalidInput(f"{op}: 'added' must be a list of part descriptors, got {quote(added_raw)}")
     try:
-        added = tuple(PartMeta.from_dict(m) for m in added_raw or ())
+        return tuple(PartMeta.from_dict(m) for m in added_raw or ())
     except CorruptMetadata as exc:  # a caller's descriptor: bad input, not corrupt storage (exit 2, not 8)
         raise InvalidInput(f"{op}: {exc.message}", table=table) from None
 
-    if op == "drop_table":
-        return DropTable(table)
-    if op == "insert":
-        return Insert(table, added)
-    if op == "overwrite":
-        partitions = pkeys()
-        if partitions is None:
-            raise InvalidInput("overwrite: 'partitions' must be the list of partition keys it replaces")
-        return Overwrite(table, added, names("removed"), partitions)
-    if op == "truncate":
-        partitions = pkeys()
-        whole = d.get("whole_table", partitions is None)
-        if not isinstance(whole, bool) or whole != (partitions is None):
-            raise InvalidInput(
-                f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
-                f"got {quote(whole)} with partitions {quote(partitions)}"
-            )
-        return Truncate(table, names("removed"), partitions)
-    if op == "compact":
-        kind = d.get("compact_kind")
-        if kind not in _COMPACT_KINDS:
-            raise InvalidInput(
-                f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {quote(kind)}"
-            )
-        return Compact(table, kind, added, names("removed"), pkeys())
+
+@dataclass(frozen=True)
+class _OpFields:
+    """A staged operation's fields on the wire, read one by one; errors name the operation."""
+
+    d: dict
+    op: str
+    table: str
+    added: tuple[PartMeta, ...]
+
+    def names(self, key: str) -> tuple[str, ...]:
+        v = self.d.get(key)
+        if v is None:
+            return ()
+        if not isinstance(v, list) or not all(isinstance(n, str) for n in v):
+            raise InvalidInput(f"{self.op}: {quote(key)} must be a list of part names, got {quote(v)}")
+        return tuple(v)
+
+    def pkeys(self) -> tuple[str, ...] | None:
+        v = self.d.get("partitions")
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(p, str) for p in v):
+            raise InvalidInput(f"{self.op}: 'partitions' must be null or a list of partition keys, got {quote(v)}")
+        return tuple(v)
+
+    def text(self, key: str) -> str:
+        v = self.d.get(key)
+        if not isinstance(v, str):
+            raise InvalidInput(f"{self.op}: {quote(key)} must be a string, got {quote(v)}")
+        return v
+
+
+def _overwrite(f: _OpFields) -> Overwrite:
+    partitions = f.pkeys()
+    if partitions is None:
+        raise InvalidInput("overwrite: 'partitions' must be the list of partition keys it replaces")
+    return Overwrite(f.table, f.added, f.names("removed"), partitions)
+
+
+def _truncate(f: _OpFields) -> Truncate:
+    partitions = f.pkeys()
+    whole = f.d.get("whole_table", partitions is None)
+    if not isinstance(whole, bool) or whole != (partitions is None):
+        raise InvalidInput(
+            f"truncate: 'whole_table' must be true exactly when 'partitions' is null, "
+            f"got {quote(whole)} with partitions {quote(partitions)}"
+        )
+    return Truncate(f.table, f.names("removed"), partitions)
+
+
+def _compact(f: _OpFields) -> Compact:
+    kind = f.d.get("compact_kind")
+    if kind not in _COMPACT_KINDS:
+        raise InvalidInput(f"compact: 'compact_kind': compaction kind must be 'minor' or 'major', not {quote(kind)}")
+    return Compact(f.table, kind, f.added, f.names("removed"), f.pkeys())
+
+
+def _mutate(f: _OpFields, kind: Literal["delete", "update"]) -> Mutate:
+    where = f.text("where")
+    removed, partitions = f.names("removed"), f.pkeys()
     return Mutate(
-        op, table, text("where"), added, names("removed"), pkeys(), text("assignments") if op == "update" else None
+        kind, f.table, where, f.added, removed, partitions, f.text("assignments") if kind == "update" else None
     )
+
+
+# The decoder of each kind of staged operation (its fields' keys: _OP_KEYS).
+_DECODERS: dict[str, Callable[[_OpFields], StagedOp]] = {
+    "insert": lambda f: Insert(f.table, f.added),
+    "overwrite": _overwrite,
+    "truncate": _truncate,
+    "delete": lambda f: _mutate(f, "delete"),
+    "update": lambda f: _mutate(f, "update"),
+    "compact": _compact,
+    "drop_table": lambda f: DropTable(f.table),
+}
 
 
 # -- the log --------------------------------------------------------------------------------------

@@ -76,68 +76,14 @@ class PartMeta:
         and says what is wrong; the message's subject is built only for a refusal."""
         if not isinstance(d, dict):
             raise CorruptMetadata(f"part metadata must be a JSON object, got {type(d).__name__}")
-        get = d.get
-        name = get("name", _MISSING)
-        if type(name) is not str:
-            name = _need(d, "name", (str,), "a part name")
-        if not _NAME_RE.match(name):
-            raise CorruptMetadata(f"{_where(d)}: 'name' {quote(name)} is not a valid part name")
-        table = get("table", _MISSING)
-        if type(table) is not str:
-            table = _need(d, "table", (str,), "a table name")
-        try:
-            ops.validate_name("table", table)
-        except InvalidInput as exc:
-            raise CorruptMetadata(f"{_where(d)}: {exc.message}") from None
-        partition = get("partition", _MISSING)
-        if type(partition) is not list:
-            partition = _need(d, "partition", (list, tuple), "a list of scalars")
-        for v in partition:
-            if not isinstance(v, _SCALARS):
-                raise CorruptMetadata(f"{_where(d)}: 'partition' must hold only JSON scalars, got {quote(partition)}")
-        path = get("path", _MISSING)
-        if type(path) is not str:
-            path = _need(d, "path", (str,), "a relative path")
-        if path.startswith("/") or not path.endswith(".parquet") or ".." in path.split("/"):
-            raise CorruptMetadata(f"{_where(d)}: 'path' {quote(path)} is not a relative .parquet path")
-        rows = get("rows", _MISSING)
-        if type(rows) is not int:
-            rows = _need(d, "rows", (int,), "a non-negative integer")
-        size = get("size", _MISSING)
-        if type(size) is not int:
-            size = _need(d, "size", (int,), "a non-negative integer")
-        if rows < 0 or size < 0:
-            raise CorruptMetadata(f"{_where(d)}: 'rows' and 'size' must be non-negative, got {rows}, {size}")
-        checksum = get("checksum", _MISSING)
-        if type(checksum) is not str:
-            checksum = _need(d, "checksum", (str,), "a checksum string")
-        if not _CHECKSUM_RE.match(checksum):
-            raise CorruptMetadata(f"{_where(d)}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
-        raw_stats = get("stats", _MISSING)
+        name, table, partition, path = _location(d)
+        rows, size, checksum = _extent(d)
+        raw_stats = d.get("stats", _MISSING)
         if type(raw_stats) is not dict:
             raw_stats = _need(d, "stats", (dict,), "an object of column -> [min, max]")
         stats = _stats(d, raw_stats)
-        creation_tid = get("creation_tid", _MISSING)
-        if type(creation_tid) is not str:
-            creation_tid = _need(d, "creation_tid", (str,), "a transaction id string")
-        created_at = get("created_at", _MISSING)
-        if type(created_at) is not float and type(created_at) is not int:
-            created_at = _need(d, "created_at", (int, float), "a number (epoch seconds)")
-        if not math.isfinite(created_at):
-            raise CorruptMetadata(f"{_where(d)}: 'created_at' must be finite, got {quote(created_at)}")
-        schema_version = get("schema_version", 0)
-        if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
-            raise CorruptMetadata(
-                f"{_where(d)}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}"
-            )
-        key_summary = get("key_summary")
-        if key_summary is not None:
-            from coordinator.core.keytables import bound_summary, summary_problem
-
-            problem = summary_problem(key_summary)
-            if problem is not None:
-                raise CorruptMetadata(f"{_where(d)}: 'key_summary' {problem}")
-            key_summary = bound_summary(key_summary)
+        creation_tid, created_at, schema_version = _origin(d)
+        key_summary = _key_summary(d)
         return cls(
             name=name,
             table=table,
@@ -170,6 +116,86 @@ def _need(d: dict, key: str, types: tuple[type, ...], what: str) -> Any:
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise CorruptMetadata(f"{_where(d)}: {quote(key)} must be {what}, got {quote(value)}")
     return value
+
+
+def _location(d: dict) -> tuple[str, str, list | tuple, str]:
+    """A descriptor's name, table, partition values and relative path, each checked."""
+    get = d.get
+    name = get("name", _MISSING)
+    if type(name) is not str:
+        name = _need(d, "name", (str,), "a part name")
+    if not _NAME_RE.match(name):
+        raise CorruptMetadata(f"{_where(d)}: 'name' {quote(name)} is not a valid part name")
+    table = get("table", _MISSING)
+    if type(table) is not str:
+        table = _need(d, "table", (str,), "a table name")
+    try:
+        ops.validate_name("table", table)
+    except InvalidInput as exc:
+        raise CorruptMetadata(f"{_where(d)}: {exc.message}") from None
+    partition = get("partition", _MISSING)
+    if type(partition) is not list:
+        partition = _need(d, "partition", (list, tuple), "a list of scalars")
+    for v in partition:
+        if not isinstance(v, _SCALARS):
+            raise CorruptMetadata(f"{_where(d)}: 'partition' must hold only JSON scalars, got {quote(partition)}")
+    path = get("path", _MISSING)
+    if type(path) is not str:
+        path = _need(d, "path", (str,), "a relative path")
+    if path.startswith("/") or not path.endswith(".parquet") or ".." in path.split("/"):
+        raise CorruptMetadata(f"{_where(d)}: 'path' {quote(path)} is not a relative .parquet path")
+    return name, table, partition, path
+
+
+def _extent(d: dict) -> tuple[int, int, str]:
+    """A descriptor's row count, size in bytes and checksum, each checked."""
+    get = d.get
+    rows = get("rows", _MISSING)
+    if type(rows) is not int:
+        rows = _need(d, "rows", (int,), "a non-negative integer")
+    size = get("size", _MISSING)
+    if type(size) is not int:
+        size = _need(d, "size", (int,), "a non-negative integer")
+    if rows < 0 or size < 0:
+        raise CorruptMetadata(f"{_where(d)}: 'rows' and 'size' must be non-negative, got {rows}, {size}")
+    checksum = get("checksum", _MISSING)
+    if type(checksum) is not str:
+        checksum = _need(d, "checksum", (str,), "a checksum string")
+    if not _CHECKSUM_RE.match(checksum):
+        raise CorruptMetadata(f"{_where(d)}: 'checksum' {quote(checksum)} is not 'crc32:<8 hex digits>'")
+    return rows, size, checksum
+
+
+def _origin(d: dict) -> tuple[str, int | float, int]:
+    """The transaction that wrote a part, when, and for which schema version, each checked."""
+    get = d.get
+    creation_tid = get("creation_tid", _MISSING)
+    if type(creation_tid) is not str:
+        creation_tid = _need(d, "creation_tid", (str,), "a transaction id string")
+    created_at = get("created_at", _MISSING)
+    if type(created_at) is not float and type(created_at) is not int:
+        created_at = _need(d, "created_at", (int, float), "a number (epoch seconds)")
+    if not math.isfinite(created_at):
+        raise CorruptMetadata(f"{_where(d)}: 'created_at' must be finite, got {quote(created_at)}")
+    schema_version = get("schema_version", 0)
+    if not isinstance(schema_version, int) or isinstance(schema_version, bool) or schema_version < 0:
+        raise CorruptMetadata(
+            f"{_where(d)}: 'schema_version' must be a non-negative integer, got {quote(schema_version)}"
+        )
+    return creation_tid, created_at, schema_version
+
+
+def _key_summary(d: dict) -> dict[str, Any] | None:
+    """A keys-table part's key summary, checked and bounded; None when it has none."""
+    key_summary = d.get("key_summary")
+    if key_summary is None:
+        return None
+    from coordinator.core.keytables import bound_summary, summary_problem
+
+    problem = summary_problem(key_summary)
+    if problem is not None:
+        raise CorruptMetadata(f"{_where(d)}: 'key_summary' {problem}")
+    return bound_summary(key_summary)
 
 
 def _stats(d: dict, raw_stats: dict) -> dict[str, tuple[Any, Any]]:
