@@ -582,52 +582,77 @@ class _Undecided(Exception):
     pass
 
 
+class _StatusAsker:
+    """Asks every replica for an op's ``commit_status`` (a client opened when its replica is
+    first reachable: one may be down for good); kills a transaction still running on its
+    owner. ``killed`` and ``last`` (every answer of the latest round) are kept by op index."""
+
+    def __init__(self, addresses: list[str], host_ids: list[str]) -> None:
+        self.addresses = addresses
+        self.host_ids = host_ids
+        self.clients: dict[int, Client] = {}
+        self.index = {h: i for i, h in enumerate(host_ids)}
+        self.killed: dict[int, str] = {}
+        self.last: dict[int, str] = {}
+
+    def ask(self, op: Op) -> tuple[str, int | None, str] | None:
+        """(status, CSN, how it was learned) once decided, else None."""
+        owner = self.index.get(Tid.parse(op.tid or "").host_id)
+        answers = self._answers(op.tid or "")
+        self.last[op.index] = (
+            ", ".join(f"{self.host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
+        )
+        for i, st in answers.items():
+            if st.status == "committed":
+                return "committed", st.csn, f"{self.host_ids[i]} answered committed at CSN {st.csn}"
+        for i, st in answers.items():
+            if st.status == "aborted":
+                return "aborted", None, f"{self.host_ids[i]} answered aborted ({st.reason})"
+        if owner is not None and owner in answers and answers[owner].status == "running":
+            self._kill(op, owner)
+        return None
+
+    def _answers(self, tid: str) -> dict[int, Any]:
+        answers: dict[int, Any] = {}
+        for i, address in enumerate(self.addresses):
+            try:
+                if i not in self.clients:
+                    self.clients[i] = Client(address, timeout=10.0)
+                answers[i] = self.clients[i].commit_status(tid)
+            except (MergetxnError, OSError):
+                continue
+        return answers
+
+    def _kill(self, op: Op, owner: int) -> None:
+        try:
+            self.clients[owner].kill(op.tid or "")
+            self.killed[op.index] = f"killed on {self.host_ids[owner]} (still running, its client gone)"
+        except (MergetxnError, OSError):
+            pass
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
 def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: float = RESOLVE_LIMIT) -> int:
     """Learn the outcome of every indeterminate op with ``commit_status``, asked of every replica:
     ``committed`` from any of them, or ``aborted`` (the owner's answer, or anyone's once the owner
     is gone); a transaction still ``running`` (its client is gone) is killed on its replica first,
     then asked again. Rounds over the undecided ones until ``limit`` seconds passed. Updates the
     ops in place (``resolved`` says how); returns how many stay unresolved."""
-    clients: dict[int, Client] = {}  # opened when first reachable: a replica may be down for good
-    index = {h: i for i, h in enumerate(host_ids)}
+    asker = _StatusAsker(addresses, host_ids)
     pending = [op for op in ops if op.outcome == "indeterminate" and op.tid is not None]
-    killed: dict[int, str] = {}
-    last: dict[int, str] = {}
-
-    def ask(op: Op) -> tuple[str, int | None, str] | None:
-        owner = index.get(Tid.parse(op.tid or "").host_id)
-        answers: dict[int, Any] = {}
-        for i, address in enumerate(addresses):
-            try:
-                if i not in clients:
-                    clients[i] = Client(address, timeout=10.0)
-                answers[i] = clients[i].commit_status(op.tid or "")
-            except (MergetxnError, OSError):
-                continue
-        last[op.index] = ", ".join(f"{host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
-        for i, st in answers.items():
-            if st.status == "committed":
-                return "committed", st.csn, f"{host_ids[i]} answered committed at CSN {st.csn}"
-        for i, st in answers.items():
-            if st.status == "aborted":
-                return "aborted", None, f"{host_ids[i]} answered aborted ({st.reason})"
-        if owner is not None and owner in answers and answers[owner].status == "running":
-            try:
-                clients[owner].kill(op.tid or "")
-                killed[op.index] = f"killed on {host_ids[owner]} (still running, its client gone)"
-            except (MergetxnError, OSError):
-                pass
-        return None
 
     def round_() -> None:
         for op in list(pending):
-            decided = ask(op)
+            decided = asker.ask(op)
             if decided is None:
                 continue
             status, csn, how = decided
             op.outcome = status  # type: ignore[assignment]
             op.csn = csn
-            op.resolved = "; ".join(x for x in (killed.get(op.index), f"commit_status: {how}") if x)
+            op.resolved = "; ".join(x for x in (asker.killed.get(op.index), f"commit_status: {how}") if x)
             pending.remove(op)
         if pending:
             raise _Undecided(f"{len(pending)} undecided")
@@ -638,10 +663,9 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
         except _Undecided:
             pass
         for op in pending:
-            op.message += f"; unresolved after {limit:g}s ({last.get(op.index, 'not asked')})"
+            op.message += f"; unresolved after {limit:g}s ({asker.last.get(op.index, 'not asked')})"
     finally:
-        for c in clients.values():
-            c.close()
+        asker.close()
     return len(pending)
 
 
