@@ -900,21 +900,21 @@ def campaign_options(
     if max_faults is not None and max_faults < 1:
         raise InvalidInput(f"faults must be at least 1, not {max_faults}")
     return CampaignOptions(
-        Path(workdir).resolve(),
-        seconds,
-        seed,
-        workload,
-        nemesis,
-        None if report_dir is None else Path(report_dir),
-        clients_per_replica,
-        form,
-        use_spark,
-        max_faults,
-        lanes,
-        pause,
-        storage,
-        hostile,
-        secure,
+        workdir=Path(workdir).resolve(),
+        seconds=seconds,
+        seed=seed,
+        workload=workload,
+        nemesis=nemesis,
+        report_dir=None if report_dir is None else Path(report_dir),
+        clients_per_replica=clients_per_replica,
+        form=form,
+        use_spark=use_spark,
+        max_faults=max_faults,
+        lanes=lanes,
+        pause=pause,
+        storage=storage,
+        hostile=hostile,
+        secure=secure,
     )
 
 
