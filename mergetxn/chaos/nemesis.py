@@ -291,163 +291,206 @@ class Nemesis:
 
     def plans(self, kind: str, rng: random.Random) -> list[Plan]:
         """Every way to inject ``kind`` now (one per target), in random order."""
-        c: Any = self.cluster
-        n = self.cluster.hosts
-        out: list[Plan] = []
-
-        rname = self.replica_names
-        host_name = getattr(c, "host_name", None)
-        hname = [host_name(i) if host_name else f"host{i}" for i in range(n)]
-
-        def replica_plans(
-            kind: str, inject: Callable[[int], str], heal: Callable[[int], None], extra: frozenset[str] = frozenset()
-        ) -> None:
-            for i in range(n):
-                out.append(
-                    Plan(
-                        kind,
-                        rname[i],
-                        frozenset({f"replica{i}"}) | extra,
-                        (lambda i=i: inject(i)),
-                        (lambda i=i: heal(i)),
-                        i,
-                    )
-                )
-
-        def done(text: str) -> Callable[[int], str]:
-            return lambda i: text
-
-        if kind == "kill-replica":
-            replica_plans(kind, lambda i: (c.kill_replica(i), "SIGKILL")[1], lambda i: c.start_replica(i))
-        elif kind == "pause-replica":
-            replica_plans(kind, lambda i: (c.pause_replica(i), "SIGSTOP")[1], lambda i: c.resume_replica(i))
-        elif kind == "expire-session":  # the hosts' forms cut the replica from ZooKeeper: a network fault
-            replica_plans(
-                kind,
-                lambda i: (c.expire_session(i), "session expired and reconnected")[1],
-                lambda i: None,
-                frozenset({"net"}),
-            )
-        elif kind == "wal-full":
-            replica_plans(kind, lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i))
-        elif kind == "kill-client":
-            replica_plans(kind, lambda i: self.kill_client(i, rng), lambda i: None)
-        elif kind == "kill-executor" and self.executors is not None:
-            ex = self.executors
-            out.append(Plan(kind, "executor", frozenset({"spark"}), lambda: ex.kill(rng), ex.restore))
-        elif kind == "kill-zk":
-            for i in range(n):
-                out.append(
-                    Plan(
-                        kind,
-                        f"zk@{hname[i]}",
-                        frozenset({"zk"}),
-                        (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
-                        (lambda i=i: c.start_zk(i)),
-                    )
-                )
-        elif kind == "kill-zk-leader":
-            member: dict[str, int] = {}
-
-            def kill_leader() -> str:
-                leader = c.zk_leader()
-                member["i"] = rng.randrange(n) if leader is None else leader
-                c.kill_zk(member["i"])
-                return f"SIGKILL zk@{hname[member['i']]}" + (
-                    " (leader)" if leader is not None else " (no leader known)"
-                )
-
-            out.append(
-                Plan(
-                    kind,
-                    "zk-leader",
-                    frozenset({"zk"}),
-                    kill_leader,
-                    lambda: c.start_zk(member["i"]) if "i" in member else None,
-                )
-            )
-        elif kind == "isolate":
-            for i in range(n):
-                out.append(
-                    Plan(
-                        kind,
-                        hname[i],
-                        frozenset({"net", "zk", f"replica{i}"}),
-                        (lambda i=i: (c.isolate(i), "host cut from every other host")[1]),
-                        c.heal,
-                    )
-                )
-        elif kind == "partition-majority":
-            hosts = list(range(n))
-            rng.shuffle(hosts)
-            minority = hosts[: (n - 1) // 2] or hosts[:1]
-            majority = [h for h in hosts if h not in minority]
-            groups = [sorted(majority), sorted(minority)]
-            label = "|".join(",".join(hname[h] for h in g) for g in groups)
-            out.append(
-                Plan(
-                    kind,
-                    label,
-                    frozenset({"net", "zk"}),
-                    lambda: (c.partition(groups), f"{label} (majority|minority)")[1],
-                    c.heal,
-                )
-            )
-        elif kind == "cut-from-zk":
-            for i in range(n):
-                out.append(
-                    Plan(
-                        kind,
-                        rname[i],
-                        frozenset({"net", f"replica{i}"}),
-                        (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
-                        c.heal,
-                    )
-                )
-        elif kind == "bridge" and n >= 3:
-            a, b, m = rng.sample(range(n), 3)
-
-            def bridge() -> str:
-                if rng.random() < 0.5:  # a and b cannot talk; m reaches both (Jepsen's bridge)
-                    c.cut_one_way(a, b)
-                    c.cut_one_way(b, a)
-                    return f"{hname[a]} and {hname[b]} cut from each other, {hname[m]} bridges"
-                c.cut_one_way(a, b)  # asymmetric: a's packets to b and m are dropped, theirs reach a
-                c.cut_one_way(a, m)
-                return f"{hname[a]} cannot send to {hname[b]} nor {hname[m]} (one way)"
-
-            out.append(Plan(kind, hname[a], frozenset({"net", "zk"}), bridge, c.heal))
-        elif kind == "slow":
-            delays = "slow" in {s.replace("-", "_") for s in c.supports()}  # else only losses (no netem)
-            for i in range(n):
-                delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
-                if delays:
-                    out.append(
-                        Plan(
-                            kind,
-                            hname[i],
-                            frozenset({"net", "zk"}),
-                            (lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]),
-                            c.heal,
-                        )
-                    )
-                else:
-                    loss = rng.choice([5, 10, 20, 30])
-                    out.append(
-                        Plan(
-                            kind,
-                            hname[i],
-                            frozenset({"net", "zk"}),
-                            (lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]),
-                            c.heal,
-                        )
-                    )
-        elif kind in ("s3-errors", "s3-timeouts"):
-            from mergetxn.chaos import s3
-
-            out += s3.plans(kind, c, rng)
+        planners: dict[str, Callable[[random.Random], list[Plan]]] = {
+            "kill-replica": self._kill_replica_plans,
+            "pause-replica": self._pause_replica_plans,
+            "expire-session": self._expire_session_plans,
+            "wal-full": self._wal_full_plans,
+            "kill-client": self._kill_client_plans,
+            "kill-executor": self._kill_executor_plans,
+            "kill-zk": self._kill_zk_plans,
+            "kill-zk-leader": self._kill_zk_leader_plans,
+            "isolate": self._isolate_plans,
+            "partition-majority": self._partition_majority_plans,
+            "cut-from-zk": self._cut_from_zk_plans,
+            "bridge": self._bridge_plans,
+            "slow": self._slow_plans,
+            "s3-errors": self._s3_plans(kind),
+            "s3-timeouts": self._s3_plans(kind),
+        }
+        out = planners[kind](rng) if kind in planners else []
         rng.shuffle(out)
         return out
+
+    def _host_names(self) -> list[str]:
+        host_name = getattr(self.cluster, "host_name", None)
+        return [host_name(i) if host_name else f"host{i}" for i in range(self.cluster.hosts)]
+
+    def _replica_plans(
+        self,
+        kind: str,
+        inject: Callable[[int], str],
+        heal: Callable[[int], None],
+        extra: frozenset[str] = frozenset(),
+    ) -> list[Plan]:
+        """One plan per replica, holding that replica (and ``extra``)."""
+        return [
+            Plan(
+                kind,
+                self.replica_names[i],
+                frozenset({f"replica{i}"}) | extra,
+                (lambda i=i: inject(i)),
+                (lambda i=i: heal(i)),
+                i,
+            )
+            for i in range(self.cluster.hosts)
+        ]
+
+    def _kill_replica_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return self._replica_plans(
+            "kill-replica", lambda i: (c.kill_replica(i), "SIGKILL")[1], lambda i: c.start_replica(i)
+        )
+
+    def _pause_replica_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return self._replica_plans(
+            "pause-replica", lambda i: (c.pause_replica(i), "SIGSTOP")[1], lambda i: c.resume_replica(i)
+        )
+
+    def _expire_session_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return self._replica_plans(  # the hosts' forms cut the replica from ZooKeeper: a network fault
+            "expire-session",
+            lambda i: (c.expire_session(i), "session expired and reconnected")[1],
+            lambda i: None,
+            frozenset({"net"}),
+        )
+
+    def _wal_full_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return self._replica_plans(
+            "wal-full", lambda i: (c.fill_wal_disk(i), "WAL disk full")[1], lambda i: c.free_wal_disk(i)
+        )
+
+    def _kill_client_plans(self, rng: random.Random) -> list[Plan]:
+        return self._replica_plans("kill-client", lambda i: self.kill_client(i, rng), lambda i: None)
+
+    def _kill_executor_plans(self, rng: random.Random) -> list[Plan]:
+        ex = self.executors
+        if ex is None:
+            return []
+        return [Plan("kill-executor", "executor", frozenset({"spark"}), lambda: ex.kill(rng), ex.restore)]
+
+    def _kill_zk_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return [
+            Plan(
+                "kill-zk",
+                f"zk@{hname}",
+                frozenset({"zk"}),
+                (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
+                (lambda i=i: c.start_zk(i)),
+            )
+            for i, hname in enumerate(self._host_names())
+        ]
+
+    def _kill_zk_leader_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        hname = self._host_names()
+        member: dict[str, int] = {}
+
+        def kill_leader() -> str:
+            leader = c.zk_leader()
+            member["i"] = rng.randrange(self.cluster.hosts) if leader is None else leader
+            c.kill_zk(member["i"])
+            return f"SIGKILL zk@{hname[member['i']]}" + (" (leader)" if leader is not None else " (no leader known)")
+
+        return [
+            Plan(
+                "kill-zk-leader",
+                "zk-leader",
+                frozenset({"zk"}),
+                kill_leader,
+                lambda: c.start_zk(member["i"]) if "i" in member else None,
+            )
+        ]
+
+    def _isolate_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return [
+            Plan(
+                "isolate",
+                hname,
+                frozenset({"net", "zk", f"replica{i}"}),
+                (lambda i=i: (c.isolate(i), "host cut from every other host")[1]),
+                c.heal,
+            )
+            for i, hname in enumerate(self._host_names())
+        ]
+
+    def _partition_majority_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        n = self.cluster.hosts
+        hname = self._host_names()
+        hosts = list(range(n))
+        rng.shuffle(hosts)
+        minority = hosts[: (n - 1) // 2] or hosts[:1]
+        majority = [h for h in hosts if h not in minority]
+        groups = [sorted(majority), sorted(minority)]
+        label = "|".join(",".join(hname[h] for h in g) for g in groups)
+        return [
+            Plan(
+                "partition-majority",
+                label,
+                frozenset({"net", "zk"}),
+                lambda: (c.partition(groups), f"{label} (majority|minority)")[1],
+                c.heal,
+            )
+        ]
+
+    def _cut_from_zk_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        return [
+            Plan(
+                "cut-from-zk",
+                self.replica_names[i],
+                frozenset({"net", f"replica{i}"}),
+                (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
+                c.heal,
+            )
+            for i in range(self.cluster.hosts)
+        ]
+
+    def _bridge_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        if self.cluster.hosts < 3:
+            return []
+        hname = self._host_names()
+        a, b, m = rng.sample(range(self.cluster.hosts), 3)
+
+        def bridge() -> str:
+            if rng.random() < 0.5:  # a and b cannot talk; m reaches both (Jepsen's bridge)
+                c.cut_one_way(a, b)
+                c.cut_one_way(b, a)
+                return f"{hname[a]} and {hname[b]} cut from each other, {hname[m]} bridges"
+            c.cut_one_way(a, b)  # asymmetric: a's packets to b and m are dropped, theirs reach a
+            c.cut_one_way(a, m)
+            return f"{hname[a]} cannot send to {hname[b]} nor {hname[m]} (one way)"
+
+        return [Plan("bridge", hname[a], frozenset({"net", "zk"}), bridge, c.heal)]
+
+    def _slow_plans(self, rng: random.Random) -> list[Plan]:
+        c: Any = self.cluster
+        delays = "slow" in {s.replace("-", "_") for s in c.supports()}  # else only losses (no netem)
+        out = []
+        for i, hname in enumerate(self._host_names()):
+            delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
+            if delays:
+                inject = lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]  # noqa: E731
+            else:
+                loss = rng.choice([5, 10, 20, 30])
+                inject = lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]  # noqa: E731
+            out.append(Plan("slow", hname, frozenset({"net", "zk"}), inject, c.heal))
+        return out
+
+    def _s3_plans(self, kind: str) -> Callable[[random.Random], list[Plan]]:
+        def make(rng: random.Random) -> list[Plan]:
+            from mergetxn.chaos import s3
+
+            return s3.plans(kind, self.cluster, rng)
+
+        return make
 
     def _fits(self, plan: Plan, taken: frozenset[str]) -> bool:
         """Whether ``plan`` may start beside the faults holding ``taken``: no resource twice,

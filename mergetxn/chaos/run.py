@@ -1,12 +1,13 @@
 """One chaos run: a cluster, workloads and a nemesis for a while, then heal, resolve, read, check.
 
-:func:`run_chaos` is what ``mergetxn chaos`` runs. The order after the faults matters: the nemesis
-stops (every fault healed), the cluster is healed again as a whole (anything still down is
-restarted), the run waits until every replica commits again, then the clients stop; every
-indeterminate outcome is resolved with ``commit_status`` (a transaction still running for a client
-that is gone is killed first: no caller may be left not knowing); every replica is read at one
-CSN; the checker reads the history; the report is written. :func:`conclude` is that last part on
-its own, so a saved or hand-made history can be checked without a cluster.
+:func:`run_chaos` is what ``mergetxn chaos`` runs: a :class:`Campaign`, whose methods are the run's
+phases, in order. The order after the faults matters: the nemesis stops (every fault healed), the
+cluster is healed again as a whole (anything still down is restarted), the run waits until every
+replica commits again, then the clients stop; every indeterminate outcome is resolved with
+``commit_status`` (a transaction still running for a client that is gone is killed first: no caller
+may be left not knowing); every replica is read at one CSN; the checker reads the history; the
+report is written. :func:`conclude` is that last part on its own, so a saved or hand-made history
+can be checked without a cluster.
 
 Three cluster forms: ``namespaces`` and ``loopback`` (``mergetxn.chaos.hosts``: a ZooKeeper
 ensemble of 3, network faults) and ``single`` (:class:`SingleHostCluster`: one ZooKeeper server
@@ -582,52 +583,77 @@ class _Undecided(Exception):
     pass
 
 
+class _StatusAsker:
+    """Asks every replica for an op's ``commit_status`` (a client opened when its replica is
+    first reachable: one may be down for good); kills a transaction still running on its
+    owner. ``killed`` and ``last`` (every answer of the latest round) are kept by op index."""
+
+    def __init__(self, addresses: list[str], host_ids: list[str]) -> None:
+        self.addresses = addresses
+        self.host_ids = host_ids
+        self.clients: dict[int, Client] = {}
+        self.index = {h: i for i, h in enumerate(host_ids)}
+        self.killed: dict[int, str] = {}
+        self.last: dict[int, str] = {}
+
+    def ask(self, op: Op) -> tuple[str, int | None, str] | None:
+        """(status, CSN, how it was learned) once decided, else None."""
+        owner = self.index.get(Tid.parse(op.tid or "").host_id)
+        answers = self._answers(op.tid or "")
+        self.last[op.index] = (
+            ", ".join(f"{self.host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
+        )
+        for i, st in answers.items():
+            if st.status == "committed":
+                return "committed", st.csn, f"{self.host_ids[i]} answered committed at CSN {st.csn}"
+        for i, st in answers.items():
+            if st.status == "aborted":
+                return "aborted", None, f"{self.host_ids[i]} answered aborted ({st.reason})"
+        if owner is not None and owner in answers and answers[owner].status == "running":
+            self._kill(op, owner)
+        return None
+
+    def _answers(self, tid: str) -> dict[int, Any]:
+        answers: dict[int, Any] = {}
+        for i, address in enumerate(self.addresses):
+            try:
+                if i not in self.clients:
+                    self.clients[i] = Client(address, timeout=10.0)
+                answers[i] = self.clients[i].commit_status(tid)
+            except (MergetxnError, OSError):
+                continue
+        return answers
+
+    def _kill(self, op: Op, owner: int) -> None:
+        try:
+            self.clients[owner].kill(op.tid or "")
+            self.killed[op.index] = f"killed on {self.host_ids[owner]} (still running, its client gone)"
+        except (MergetxnError, OSError):
+            pass
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+
 def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: float = RESOLVE_LIMIT) -> int:
     """Learn the outcome of every indeterminate op with ``commit_status``, asked of every replica:
     ``committed`` from any of them, or ``aborted`` (the owner's answer, or anyone's once the owner
     is gone); a transaction still ``running`` (its client is gone) is killed on its replica first,
     then asked again. Rounds over the undecided ones until ``limit`` seconds passed. Updates the
     ops in place (``resolved`` says how); returns how many stay unresolved."""
-    clients: dict[int, Client] = {}  # opened when first reachable: a replica may be down for good
-    index = {h: i for i, h in enumerate(host_ids)}
+    asker = _StatusAsker(addresses, host_ids)
     pending = [op for op in ops if op.outcome == "indeterminate" and op.tid is not None]
-    killed: dict[int, str] = {}
-    last: dict[int, str] = {}
-
-    def ask(op: Op) -> tuple[str, int | None, str] | None:
-        owner = index.get(Tid.parse(op.tid or "").host_id)
-        answers: dict[int, Any] = {}
-        for i, address in enumerate(addresses):
-            try:
-                if i not in clients:
-                    clients[i] = Client(address, timeout=10.0)
-                answers[i] = clients[i].commit_status(op.tid or "")
-            except (MergetxnError, OSError):
-                continue
-        last[op.index] = ", ".join(f"{host_ids[i]}: {st.status}" for i, st in answers.items()) or "no replica answered"
-        for i, st in answers.items():
-            if st.status == "committed":
-                return "committed", st.csn, f"{host_ids[i]} answered committed at CSN {st.csn}"
-        for i, st in answers.items():
-            if st.status == "aborted":
-                return "aborted", None, f"{host_ids[i]} answered aborted ({st.reason})"
-        if owner is not None and owner in answers and answers[owner].status == "running":
-            try:
-                clients[owner].kill(op.tid or "")
-                killed[op.index] = f"killed on {host_ids[owner]} (still running, its client gone)"
-            except (MergetxnError, OSError):
-                pass
-        return None
 
     def round_() -> None:
         for op in list(pending):
-            decided = ask(op)
+            decided = asker.ask(op)
             if decided is None:
                 continue
             status, csn, how = decided
             op.outcome = status  # type: ignore[assignment]
             op.csn = csn
-            op.resolved = "; ".join(x for x in (killed.get(op.index), f"commit_status: {how}") if x)
+            op.resolved = "; ".join(x for x in (asker.killed.get(op.index), f"commit_status: {how}") if x)
             pending.remove(op)
         if pending:
             raise _Undecided(f"{len(pending)} undecided")
@@ -638,10 +664,9 @@ def resolve(ops: list[Op], addresses: list[str], host_ids: list[str], limit: flo
         except _Undecided:
             pass
         for op in pending:
-            op.message += f"; unresolved after {limit:g}s ({last.get(op.index, 'not asked')})"
+            op.message += f"; unresolved after {limit:g}s ({asker.last.get(op.index, 'not asked')})"
     finally:
-        for c in clients.values():
-            c.close()
+        asker.close()
     return len(pending)
 
 
@@ -799,7 +824,7 @@ def run_chaos(
             "credentials file too (run --secure without --spark)"
         )
     with workdir_lock(workdir), client_credentials(None):  # an unsecured run's clients present nothing
-        return _run_chaos(
+        options = campaign_options(
             workdir,
             seconds,
             seed,
@@ -808,7 +833,6 @@ def run_chaos(
             report_dir,
             clients_per_replica,
             form,
-            say,
             spark,
             max_faults,
             lanes,
@@ -817,9 +841,31 @@ def run_chaos(
             hostile,
             secure,
         )
+        return Campaign(options, say).run()
 
 
-def _run_chaos(
+@dataclass(frozen=True)
+class CampaignOptions:
+    """A campaign's options, checked, with their defaults filled in (see :func:`run_chaos`)."""
+
+    workdir: Path
+    seconds: float
+    seed: int
+    workload: str
+    nemesis: str
+    report_dir: Path | None
+    clients_per_replica: int
+    form: str
+    use_spark: bool  # the Spark workload runs (--spark, or the workload spark)
+    max_faults: int | None
+    lanes: int
+    pause: float
+    storage: str
+    hostile: bool
+    secure: bool
+
+
+def campaign_options(
     workdir: str | os.PathLike,
     seconds: float,
     seed: int | None,
@@ -828,7 +874,6 @@ def _run_chaos(
     report_dir: str | os.PathLike | None,
     clients_per_replica: int,
     form: str,
-    say: Callable[[str], None],
     spark: bool,
     max_faults: int | None,
     lanes: int | None,
@@ -836,7 +881,11 @@ def _run_chaos(
     storage: str,
     hostile: bool,
     secure: bool,
-) -> Result:
+) -> CampaignOptions:
+    """:func:`run_chaos`'s options checked (InvalidInput names the wrong one), defaults filled in:
+    a random seed, and the lanes and pause of the workloads chosen."""
+    from mergetxn.chaos.s3 import check_kinds
+
     if seed is None:
         seed = random.SystemRandom().randrange(2**31)
     if clients_per_replica < 1:
@@ -845,225 +894,365 @@ def _run_chaos(
         raise InvalidInput(f"seconds must be positive, not {seconds}")
     if storage not in STORAGES:
         raise InvalidInput(f"unknown storage {storage!r}: choose from {', '.join(STORAGES)}")
-    from mergetxn.chaos.s3 import S3Storage, check_kinds
-
     check_kinds(nemesis, storage)
     use_spark = spark or workload == "spark"
+    lanes, pause = _pace(use_spark, lanes, pause)
+    if max_faults is not None and max_faults < 1:
+        raise InvalidInput(f"faults must be at least 1, not {max_faults}")
+    return CampaignOptions(
+        workdir=Path(workdir).resolve(),
+        seconds=seconds,
+        seed=seed,
+        workload=workload,
+        nemesis=nemesis,
+        report_dir=None if report_dir is None else Path(report_dir),
+        clients_per_replica=clients_per_replica,
+        form=form,
+        use_spark=use_spark,
+        max_faults=max_faults,
+        lanes=lanes,
+        pause=pause,
+        storage=storage,
+        hostile=hostile,
+        secure=secure,
+    )
+
+
+def _pace(use_spark: bool, lanes: int | None, pause: float | None) -> tuple[int, float]:
+    """The nemesis's lanes and its longest pause between two faults, checked; by default those
+    of the workloads chosen (see :func:`run_chaos`)."""
     lanes = lanes if lanes is not None else SPARK_LANES if use_spark else LANES
     pause = pause if pause is not None else SPARK_PAUSE if use_spark else PAUSE[1]
     if lanes < 1:
         raise InvalidInput(f"lanes must be at least 1, not {lanes}")
     if not 0 <= pause <= 3600:
         raise InvalidInput(f"pause must be between 0 and 3600 seconds, not {pause}")
-    if max_faults is not None and max_faults < 1:
-        raise InvalidInput(f"faults must be at least 1, not {max_faults}")
-    wls = [] if workload == "spark" else workloads_for(workload)
-    workdir = Path(workdir).resolve()
-    for line in _cleanup_unlocked(workdir):  # the run holds the workdir's lock
-        say(f"cleanup: {line}")
-    s3 = S3Storage(workdir / "cluster" / "s3", seed=seed) if storage == "s3" else None
-    cluster = open_cluster(form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=secure)
-    if s3 is not None:
-        s3.attach(cluster)
-    if getattr(cluster, "fallback_reason", None):
-        say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
-    supported = set(cluster.supports()) | ({"kill_executor"} if use_spark else set()) | (s3.supports() if s3 else set())
-    kinds, left_out = choose_kinds(nemesis, supported)
-    left_out = [k for k in left_out if k != "kill-executor"]  # not the form's doing: no Spark workload
-    rng = random.Random(seed)
-    rec = Recorder()
-    stop = threading.Event()
-    workers: list[Worker] = []
-    nem: Nemesis | None = None
-    killers: KillClients | None = None
-    sp: SparkSide | None = None
-    lane: Hostile | None = None
-    problems: list[str] = []
-    incomplete: list[str] = []
-    breaches: list[str] = []
-    try:
-        say(f"starting the {'secured ' if secure else ''}{form_of(cluster)} cluster in {workdir / 'cluster'}")
-        cluster.start()
-        if secure:
-            os.environ[ENV_CREDENTIALS] = str(cluster.credentials_path)  # restored by client_credentials
+    return lanes, pause
+
+
+class Campaign:
+    """One chaos run, its phases in the order :meth:`run` takes them: open the cluster (made
+    here), start it, create the tables, start the load and the faults, watch until the time or
+    the faults asked for are spent, stop the faults and heal, stop the load, resolve the
+    indeterminate outcomes, read every replica's final contents, check the part files, check the
+    history. Whatever happens, :meth:`close` stops everything the run started."""
+
+    def __init__(self, options: CampaignOptions, say: Callable[[str], None]) -> None:
+        self.o = options
+        self.say = say
+        self.wls = [] if options.workload == "spark" else workloads_for(options.workload)
+        self.cluster, self.s3 = self._open_cluster()
+        supported = set(self.cluster.supports()) | ({"kill_executor"} if options.use_spark else set())
+        supported |= self.s3.supports() if self.s3 else set()
+        self.kinds, left_out = choose_kinds(options.nemesis, supported)
+        self.left_out = [k for k in left_out if k != "kill-executor"]  # not the form's doing: no Spark workload
+        self.rng = random.Random(options.seed)
+        self.rec = Recorder()
+        self.stop = threading.Event()  # the workloads stop
+        self.workers: list[Worker] = []
+        self.clients = 0  # the workers
+        self.nem: Nemesis | None = None
+        self.killers: KillClients | None = None
+        self.sp: SparkSide | None = None
+        self.lane: Hostile | None = None
+        self.initial: dict[str, dict[str, Any]] = {}
+        self.tables: dict[str, Any] = {}
+        self.host_ids: list[str] = []
+        self.failed: list[int] = []  # replicas that served no commit after healing
+        self.problems: list[str] = []
+        self.incomplete: list[str] = []
+        self.breaches: list[str] = []
+
+    def _open_cluster(self) -> tuple[Any, Any]:
+        """What a killed run left in the workdir removed, then the cluster (and its S3) made."""
+        from mergetxn.chaos.s3 import S3Storage
+
+        workdir = self.o.workdir
+        for line in _cleanup_unlocked(workdir):  # the run holds the workdir's lock
+            self.say(f"cleanup: {line}")
+        s3 = S3Storage(workdir / "cluster" / "s3", seed=self.o.seed) if self.o.storage == "s3" else None
+        cluster = open_cluster(
+            self.o.form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=self.o.secure
+        )
         if s3 is not None:
-            say(f"parts in {s3.url} on moto's S3 server, reached through a fault proxy at {s3.proxy.url}")
-        addresses = lambda: list(cluster.replica_addresses)  # noqa: E731
-        if use_spark:
-            sp = SparkSide(cluster, workdir / "spark")
-            say(
+            s3.attach(cluster)
+        if getattr(cluster, "fallback_reason", None):
+            self.say(f"simulated hosts on loopback, not in network namespaces: {cluster.fallback_reason}")
+        return cluster, s3
+
+    def addresses(self) -> list[str]:
+        return list(self.cluster.replica_addresses)
+
+    def run(self) -> Result:
+        try:
+            self.start_cluster()
+            self.create_tables()
+            self.start_load_and_faults()
+            self.watch()
+            self.stop_faults_and_heal()
+            self.stop_load()
+            ops, tids = self.resolve_outcomes()
+            finals = self.read_finals(tids)
+            self.check_part_files()
+            return self.check(ops, finals)
+        finally:
+            self.close()
+
+    def start_cluster(self) -> None:
+        """The cluster started (and its Spark side, with the Spark workload)."""
+        o, cluster = self.o, self.cluster
+        self.say(f"starting the {'secured ' if o.secure else ''}{form_of(cluster)} cluster in {o.workdir / 'cluster'}")
+        cluster.start()
+        if o.secure:
+            os.environ[ENV_CREDENTIALS] = str(cluster.credentials_path)  # restored by client_credentials
+        if self.s3 is not None:
+            self.say(
+                f"parts in {self.s3.url} on moto's S3 server, reached through a fault proxy at {self.s3.proxy.url}"
+            )
+        if o.use_spark:
+            self.sp = sp = SparkSide(cluster, o.workdir / "spark")
+            self.say(
                 f"starting Spark: master on {sp.standalone.master_host}, workers on "
                 f"{', '.join(sp.standalone.worker_hosts)}, the driver here at {sp.driver_host}"
             )
             sp.start()
-            say(f"Spark up in {sp.timings['start']:g}s with {sp.executors_wanted} executors")
-        admin = Client(cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
+            self.say(f"Spark up in {sp.timings['start']:g}s with {sp.executors_wanted} executors")
+
+    def create_tables(self) -> None:
+        """Every workload's tables (and the probe's) created, the replicas' host ids learned;
+        then every replica must commit."""
+        admin = Client(self.cluster.replica_addresses[0], timeout=FINAL_TIMEOUT)
         try:
-            initial: dict[str, dict[str, Any]] = {}
-            tables: dict[str, Any] = {}
-            for w in wls:
-                initial |= w.create(admin)
-                tables |= w.tables
-            if sp is not None:
-                initial |= sp.workload.create(admin)
-                tables |= sp.workload.tables
-            if "kill-client" in kinds and "la0" not in tables:  # the killed clients insert there
+            for w in self.wls:
+                self.initial |= w.create(admin)
+                self.tables |= w.tables
+            if self.sp is not None:
+                self.initial |= self.sp.workload.create(admin)
+                self.tables |= self.sp.workload.tables
+            if "kill-client" in self.kinds and "la0" not in self.tables:  # the killed clients insert there
                 create_table(admin, "la0", LA_SCHEMA, ["key"], "parts")
-                tables["la0"] = "set"
+                self.tables["la0"] = "set"
             create_table(admin, "probe", PROBE_SCHEMA, [], "parts")
-            host_ids = []
-            for a in cluster.replica_addresses:
+            for a in self.cluster.replica_addresses:
                 with Client(a, timeout=FINAL_TIMEOUT) as c:
-                    host_ids.append(c.host_id)
+                    self.host_ids.append(c.host_id)
         finally:
             admin.close()
-        failed = wait_all_serving(addresses, cluster.hosts)
+        failed = wait_all_serving(self.addresses, self.cluster.hosts)
         if failed:
             raise RuntimeError(f"replica(s) {failed} never committed after start")
-        name = workload if not use_spark or workload == "spark" else f"{workload}+spark"
+
+    def _header(self) -> Header:
+        """The history's header; said, with what the form cannot inject."""
+        o = self.o
+        name = o.workload if not o.use_spark or o.workload == "spark" else f"{o.workload}+spark"
         header = Header(
-            seed=seed,
+            seed=o.seed,
             workload=name,
-            nemesis=",".join(kinds) or "none",
-            tables=tables,
-            initial=initial,
+            nemesis=",".join(self.kinds) or "none",
+            tables=self.tables,
+            initial=self.initial,
             started=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-            form=form_of(cluster),
+            form=form_of(self.cluster),
         )
-        if left_out:
-            say(f"the {header.form} form cannot inject: {', '.join(left_out)}")
-        quota = "" if max_faults is None else f", or until {max_faults} faults"
-        say(f"seed {seed}; workload {name}; faults {header.nemesis} ({lanes} at a time); {seconds:g}s{quota}")
-        rec.t0 = time.monotonic()
-        n = cluster.hosts * clients_per_replica * len(wls)
-        workers = [
+        if self.left_out:
+            self.say(f"the {header.form} form cannot inject: {', '.join(self.left_out)}")
+        quota = "" if o.max_faults is None else f", or until {o.max_faults} faults"
+        self.say(
+            f"seed {o.seed}; workload {name}; faults {header.nemesis} ({o.lanes} at a time); {o.seconds:g}s{quota}"
+        )
+        return header
+
+    def start_load_and_faults(self) -> None:
+        """The workers, the Spark jobs and the hostile lane started, then the nemesis."""
+        o, hosts = self.o, self.cluster.hosts
+        self.header = self._header()
+        self.rec.t0 = time.monotonic()
+        self.clients = n = hosts * o.clients_per_replica * len(self.wls)
+        self.workers = [
             Worker(
-                p, p % cluster.hosts, addresses, wls[(p // cluster.hosts) % len(wls)], rec, stop, rng.randrange(2**31)
+                p,
+                p % hosts,
+                self.addresses,
+                self.wls[(p // hosts) % len(self.wls)],
+                self.rec,
+                self.stop,
+                self.rng.randrange(2**31),
             )
             for p in range(n)
         ]
-        killers = KillClients(rec, n)  # one timeline lane for every killed client
-        if "kill-client" in kinds:
-            killers.prepare()
-        nem = Nemesis(
-            cluster,
-            kinds,
-            seed,
-            rec,
-            lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
-            replica_names=host_ids,
-            executors=sp,
-            max_faults=max_faults,
-            lanes=lanes,
-            pause=(0.0, pause),
-        )
-        for w in workers:
+        self.nem = nem = self._nemesis()
+        for w in self.workers:
             w.start()
-        if sp is not None:
-            sp.start_jobs(n + 1, addresses, cluster.hosts, rec, stop, rng)
-        if hostile:
-            lane = Hostile(
-                addresses,
-                stop,
-                rng.randrange(2**31),
-                credentials=Credentials.from_file(cluster.credentials_path) if secure else None,
+        if self.sp is not None:
+            self.sp.start_jobs(n + 1, self.addresses, hosts, self.rec, self.stop, self.rng)
+        if o.hostile:
+            self.lane = Hostile(
+                self.addresses,
+                self.stop,
+                self.rng.randrange(2**31),
+                credentials=Credentials.from_file(self.cluster.credentials_path) if o.secure else None,
             )
-            lane.start()
+            self.lane.start()
         nem.start()
-        deadline = time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0 and not (max_faults and nem.finished.is_set()):
+
+    def _nemesis(self) -> Nemesis:
+        """The nemesis (not started), and the killers of clients it calls on."""
+        self.killers = killers = KillClients(self.rec, self.clients)  # one timeline lane for every killed client
+        if "kill-client" in self.kinds:
+            killers.prepare()
+        cluster = self.cluster
+        return Nemesis(
+            cluster,
+            self.kinds,
+            self.o.seed,
+            self.rec,
+            lambda i, r: killers.kill_one(cluster.replica_addresses[i], i, r).detail,
+            replica_names=self.host_ids,
+            executors=self.sp,
+            max_faults=self.o.max_faults,
+            lanes=self.o.lanes,
+            pause=(0.0, self.o.pause),
+        )
+
+    def _started_nemesis(self) -> Nemesis:
+        if self.nem is None:
+            raise RuntimeError("the nemesis has not started")
+        return self.nem
+
+    def watch(self) -> None:
+        """Progress said every 5 s until the time is up or (``max_faults``) the nemesis finished."""
+        nem = self._started_nemesis()
+        deadline = time.monotonic() + self.o.seconds
+        while (left := deadline - time.monotonic()) > 0 and not (self.o.max_faults and nem.finished.is_set()):
             nem.finished.wait(min(left, 5.0))
-            say(f"{rec.now():6.1f}s  {len(rec.ops)} ops, {len(nem.faults)} faults")
-        say("stopping the nemesis; healing")
+            self.say(f"{self.rec.now():6.1f}s  {len(self.rec.ops)} ops, {len(nem.faults)} faults")
+
+    def stop_faults_and_heal(self) -> None:
+        """The nemesis stopped (each fault healed and its recovery measured), everything healed;
+        a fault kind never tested, faults short of those asked for and a replica that serves no
+        commit again make the check incomplete."""
+        nem, o = self._started_nemesis(), self.o
+        self.say("stopping the nemesis; healing")
         nem.stop()
-        problems += nem.errors
-        incomplete += untested_kinds(nem.faults)
-        if max_faults is not None and len(nem.faults) < max_faults:
-            incomplete.append(
-                f"only {len(nem.faults)} of the {max_faults} faults asked for were injected in {seconds:g}s"
+        self.problems += nem.errors
+        self.incomplete += untested_kinds(nem.faults)
+        if o.max_faults is not None and len(nem.faults) < o.max_faults:
+            self.incomplete.append(
+                f"only {len(nem.faults)} of the {o.max_faults} faults asked for were injected in {o.seconds:g}s"
             )
-        problems += heal_everything(cluster, host_ids)
-        failed = wait_all_serving(addresses, cluster.hosts)
-        for i in failed:
-            incomplete.append(
-                f"replica {host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
-                f"(its log: {_log_hint(cluster, i)})"
+        self.problems += heal_everything(self.cluster, self.host_ids)
+        self.failed = wait_all_serving(self.addresses, self.cluster.hosts)
+        for i in self.failed:
+            self.incomplete.append(
+                f"replica {self.host_ids[i]} served no commit {RECOVERY_LIMIT:g}s after healing "
+                f"(its log: {_log_hint(self.cluster, i)})"
             )
-        stop.set()
-        for w in workers:
+
+    def stop_load(self) -> None:
+        """The workers, the Spark jobs and the hostile lane stopped; what the lane found kept."""
+        self.stop.set()
+        for w in self.workers:
             w.join(60)
-        if sp is not None:
-            problems += sp.join()
-            problems += sp.stop()
+        if self.sp is not None:
+            self.problems += self.sp.join()
+            self.problems += self.sp.stop()
+        lane = self.lane
         if lane is not None:
             lane.join(60)
-            breaches += lane.findings
+            self.breaches += lane.findings
             if lane.is_alive() or lane.error is not None:
-                problems.append(
+                self.problems.append(
                     f"the hostile lane {'did not stop' if lane.is_alive() else 'failed'}: {lane.summary()['error']}"
                 )
-        say("resolving indeterminate outcomes")
-        ops = sorted(rec.ops, key=lambda o: o.index)
-        resolve(ops, cluster.replica_addresses, host_ids)
+
+    def resolve_outcomes(self) -> tuple[list[Op], list[str]]:
+        """The ops in order, indeterminate outcomes resolved, and the transactions whose
+        ``commit_status`` every replica must answer."""
+        self.say("resolving indeterminate outcomes")
+        ops = sorted(self.rec.ops, key=lambda o: o.index)
+        resolve(ops, self.cluster.replica_addresses, self.host_ids)
         # A transaction that wrote nothing commits without a log entry: no replica can name a CSN for it.
         tids = [
             o.tid
             for o in ops
             if o.tid and writes(o) and (o.outcome == "committed" or o.resolved or o.outcome == "indeterminate")
         ]
-        say("reading every replica at one CSN")
-        serving = [i for i in range(cluster.hosts) if i not in failed]
-        finals = []
+        return ops, tids
+
+    def serving(self) -> list[int]:
+        """The replicas that served a commit after healing."""
+        return [i for i in range(self.cluster.hosts) if i not in self.failed]
+
+    def read_finals(self, tids: list[str]) -> list[Final]:
+        """Every serving replica's contents at one CSN; none read makes the check incomplete."""
+        self.say("reading every replica at one CSN")
+        serving = self.serving()
         if not serving:  # each is named above as served no commit: nothing to read
-            incomplete.append("no replica served after healing: no final contents to compare")
-        else:
+            self.incomplete.append("no replica served after healing: no final contents to compare")
+            return []
+        try:
+            return take_finals(self.cluster.replica_addresses, self.tables, tids, serving)
+        except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
+            self.incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
+            return []
+
+    def check_part_files(self) -> None:
+        """Every part file a read may need, and what the hostile lane's denied calls left, checked
+        through the first serving replica."""
+        serving = self.serving()
+        if not serving:
+            return
+        address = self.cluster.replica_addresses[serving[0]]
+        damaged, why_not = check_storage(address)
+        self.breaches += damaged
+        self.incomplete += why_not
+        if self.lane is not None:
             try:
-                finals = take_finals(cluster.replica_addresses, tables, tids, serving)
-            except Exception as exc:  # the check cannot be complete without them: said, and exit code 1
-                incomplete.append(f"could not read every replica at one CSN: {brief(exc)}")
-        if serving:
-            damaged, why_not = check_storage(cluster.replica_addresses[serving[0]])
-            breaches += damaged
-            incomplete += why_not
-            if lane is not None:
-                try:
-                    breaches += lane.verify(cluster.replica_addresses[serving[0]])
-                except MergetxnError as exc:
-                    incomplete.append(f"could not check what the hostile lane's denied calls left: {brief(exc)}")
-        history = History(header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
-        say("checking the history")
+                self.breaches += self.lane.verify(address)
+            except MergetxnError as exc:
+                self.incomplete.append(f"could not check what the hostile lane's denied calls left: {brief(exc)}")
+
+    def check(self, ops: list[Op], finals: list[Final]) -> Result:
+        """The history checked and its report written."""
+        nem = self._started_nemesis()
+        history = History(self.header, ops, sorted(nem.faults, key=lambda f: f.start), finals)
+        self.say("checking the history")
         return conclude(
-            history,
-            None if report_dir is None else Path(report_dir),
-            problems,
-            incomplete,
-            breaches=breaches,
-            extra={
-                "seconds": seconds,
-                "clients": n + (len(sp.workers) if sp else 0),
-                "failovers": sum(w.failovers for w in [*workers, *(sp.workers if sp else [])]),
-                "left_out": left_out,
-                "max_faults": max_faults,
-                "lanes": lanes,
-                "pause": pause,
-                "run_seconds": round(rec.now(), 1),
-                "storage": storage,
-                **({"s3": s3.stats()} if s3 else {}),
-                **({"hostile": lane.summary()} if lane is not None else {}),
-            },
+            history, self.o.report_dir, self.problems, self.incomplete, breaches=self.breaches, extra=self._extra()
         )
-    finally:
-        stop.set()
-        if nem is not None:
-            nem.stop(30, measure=False)
-        if killers is not None:
-            killers.close()
-        for w in workers:
+
+    def _extra(self) -> dict[str, Any]:
+        """The summary's figures of the run beside the history's."""
+        o, sp = self.o, self.sp
+        return {
+            "seconds": o.seconds,
+            "clients": self.clients + (len(sp.workers) if sp else 0),
+            "failovers": sum(w.failovers for w in [*self.workers, *(sp.workers if sp else [])]),
+            "left_out": self.left_out,
+            "max_faults": o.max_faults,
+            "lanes": o.lanes,
+            "pause": o.pause,
+            "run_seconds": round(self.rec.now(), 1),
+            "storage": o.storage,
+            **({"s3": self.s3.stats()} if self.s3 else {}),
+            **({"hostile": self.lane.summary()} if self.lane is not None else {}),
+        }
+
+    def close(self) -> None:
+        """Everything the run started stopped, whatever happened: the load, the nemesis (healing
+        only), the killers, the Spark side, the cluster."""
+        self.stop.set()
+        if self.nem is not None:
+            self.nem.stop(30, measure=False)
+        if self.killers is not None:
+            self.killers.close()
+        for w in self.workers:
             w.join(15)
-        if sp is not None:
-            sp.join(30)
-            sp.stop()
-        cluster.stop()
+        if self.sp is not None:
+            self.sp.join(30)
+            self.sp.stop()
+        self.cluster.stop()
 
 
 def check_storage(address: str) -> tuple[list[str], list[str]]:
@@ -1121,8 +1310,11 @@ def history_from(path: Path) -> History:
 
 __all__ = [
     "FORMS",
+    "Campaign",
+    "CampaignOptions",
     "Result",
     "SingleHostCluster",
+    "campaign_options",
     "cleanup",
     "conclude",
     "history_from",

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -772,28 +772,77 @@ def _summary(results: list[StepResult]) -> Table:
     return table
 
 
+@dataclass
+class _Progress:
+    """The steps' results so far, and the step under way (named when interrupted)."""
+
+    results: list[StepResult] = field(default_factory=list)
+    current: str = "start cluster"
+    t0: float = field(default_factory=time.perf_counter)
+
+    def begin(self, name: str) -> None:
+        self.current, self.t0 = name, time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+
 def run(workdir: Path | None, keep: bool, out: Console) -> int:
     """Run the quickstart; 0 when every step behaved, 1 when one did not, 130 on Ctrl-C."""
     started = time.perf_counter()
-    if workdir is not None:
-        workdir = Path(workdir).resolve()
-        _check_workdir(workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        base, temporary = workdir, False
-    else:
-        base, temporary = Path(tempfile.mkdtemp(prefix="mergetxn-quickstart-")), True
-
-    restore = None
-    if threading.current_thread() is threading.main_thread():
-
-        def on_term(signum, frame):
-            raise KeyboardInterrupt
-
-        restore = signal.signal(signal.SIGTERM, on_term)
-
+    base, temporary = _base_dir(workdir)
+    restore = _interrupt_on_sigterm()
     cluster = LocalCluster(base, replicas=REPLICAS)
     work = Workload(cluster, out)
-    steps: list[tuple[str, Callable[[], str]]] = [
+    steps = _steps(work)
+    progress = _Progress()
+    try:
+        code = _run_steps(cluster, steps, progress, base, out)
+    except StepFailed:
+        code = 1
+    except KeyboardInterrupt:
+        out.print("\n[yellow]interrupted: stopping the cluster[/]")
+        progress.results.append(StepResult(progress.current, "interrupted", "", progress.elapsed()))
+        code = 130
+    except Exception as exc:  # an unexpected error is a failed quickstart, reported in one line
+        progress.results.append(StepResult("unexpected error", "FAILED", f"{type(exc).__name__}: {exc}", 0.0))
+        code = 1
+    finally:
+        work.close()
+        stop_seconds = _stop(cluster, restore)
+        if temporary and not keep:
+            shutil.rmtree(base, ignore_errors=True)
+    results = _with_skipped(progress.results, steps)
+    results.append(StepResult("stop cluster", "ok", "ZooKeeper and replicas stopped", stop_seconds))
+    where = f"; files kept in {base}" if (keep or not temporary) else ""
+    _print_outcome(out, results, code, len(steps), time.perf_counter() - started, where)
+    return code
+
+
+def _base_dir(workdir: Path | None) -> tuple[Path, bool]:
+    """The directory the cluster lives in (the given one, checked and made, or a temporary
+    one) and whether it is temporary."""
+    if workdir is None:
+        return Path(tempfile.mkdtemp(prefix="mergetxn-quickstart-")), True
+    workdir = Path(workdir).resolve()
+    _check_workdir(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir, False
+
+
+def _interrupt_on_sigterm() -> Any:
+    """SIGTERM interrupts as Ctrl-C does (main thread only); returns the handler to restore, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, on_term)
+
+
+def _steps(work: Workload) -> list[tuple[str, Callable[[], str]]]:
+    return [
         ("create tables", work.create_tables),
         ("concurrent writers", work.concurrent_writers),
         ("conflict", work.conflict),
@@ -805,73 +854,66 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
         ("keys table: first committer wins per key", work.keys_table),
         ("Spark job: two tables, one txn", work.spark_job),
     ]
-    results: list[StepResult] = []
-    code = 0
-    current, t0 = "start cluster", time.perf_counter()
+
+
+def _run_steps(
+    cluster: LocalCluster, steps: list[tuple[str, Callable[[], str]]], progress: _Progress, base: Path, out: Console
+) -> int:
+    """Start the cluster, then each step until one fails: 0 when all behaved, else 1."""
+    out.rule("[bold]mergetxn quickstart[/]")
+    out.print(f"starting ZooKeeper and {REPLICAS} replicas in {base} ...")
+    _start_cluster(cluster, progress, out)
+    for n, (name, fn) in enumerate(steps, 1):
+        out.print(f"\n[bold cyan]{n}. {name}[/]")
+        progress.begin(name)
+        try:
+            detail = fn()
+        except (StepFailed, MergetxnError, AssertionError) as exc:
+            kind = "" if isinstance(exc, StepFailed) else f"{type(exc).__name__}: "
+            progress.results.append(StepResult(name, "FAILED", f"{kind}{exc}", progress.elapsed()))
+            out.print(f"    [bold red]FAILED: {escape(kind + str(exc))}[/]", soft_wrap=True)
+            return 1
+        progress.results.append(StepResult(name, "ok", detail, progress.elapsed()))
+    return 0
+
+
+def _start_cluster(cluster: LocalCluster, progress: _Progress, out: Console) -> None:
+    progress.begin("start cluster")
     try:
-        out.rule("[bold]mergetxn quickstart[/]")
-        out.print(f"starting ZooKeeper and {REPLICAS} replicas in {base} ...")
-        t0 = time.perf_counter()
-        try:
-            cluster.start()
-        except Exception as exc:
-            results.append(
-                StepResult(
-                    "start cluster",
-                    "FAILED",
-                    f"{type(exc).__name__}: {exc}",
-                    time.perf_counter() - t0,
-                )
-            )
-            raise StepFailed(str(exc)) from None
-        detail = f"ZooKeeper {cluster.zk_address}; replicas {', '.join(cluster.replica_addresses)}"
-        results.append(StepResult("start cluster", "ok", detail, time.perf_counter() - t0))
-        out.print(f"    {detail}; storage {cluster.storage_url}", soft_wrap=True)
-        for n, (name, fn) in enumerate(steps, 1):
-            out.print(f"\n[bold cyan]{n}. {name}[/]")
-            current, t0 = name, time.perf_counter()
-            try:
-                detail = fn()
-            except (StepFailed, MergetxnError, AssertionError) as exc:
-                kind = "" if isinstance(exc, StepFailed) else f"{type(exc).__name__}: "
-                results.append(StepResult(name, "FAILED", f"{kind}{exc}", time.perf_counter() - t0))
-                out.print(f"    [bold red]FAILED: {escape(kind + str(exc))}[/]", soft_wrap=True)
-                code = 1
-                break
-            results.append(StepResult(name, "ok", detail, time.perf_counter() - t0))
-    except StepFailed:
-        code = 1
-    except KeyboardInterrupt:
-        out.print("\n[yellow]interrupted: stopping the cluster[/]")
-        results.append(StepResult(current, "interrupted", "", time.perf_counter() - t0))
-        code = 130
-    except Exception as exc:  # an unexpected error is a failed quickstart, reported in one line
-        results.append(StepResult("unexpected error", "FAILED", f"{type(exc).__name__}: {exc}", 0.0))
-        code = 1
+        cluster.start()
+    except Exception as exc:
+        progress.results.append(
+            StepResult("start cluster", "FAILED", f"{type(exc).__name__}: {exc}", progress.elapsed())
+        )
+        raise StepFailed(str(exc)) from None
+    detail = f"ZooKeeper {cluster.zk_address}; replicas {', '.join(cluster.replica_addresses)}"
+    progress.results.append(StepResult("start cluster", "ok", detail, progress.elapsed()))
+    out.print(f"    {detail}; storage {cluster.storage_url}", soft_wrap=True)
+
+
+def _stop(cluster: LocalCluster, restore: Any) -> float:
+    """Stop the cluster (then put the SIGTERM handler back); returns how long stopping took."""
+    t0 = time.perf_counter()
+    try:
+        cluster.stop()
     finally:
-        work.close()
-        t0 = time.perf_counter()
-        try:
-            cluster.stop()
-        finally:
-            if restore is not None:
-                signal.signal(signal.SIGTERM, restore)
-        stop_seconds = time.perf_counter() - t0
-        if temporary and not keep:
-            shutil.rmtree(base, ignore_errors=True)
+        if restore is not None:
+            signal.signal(signal.SIGTERM, restore)
+    return time.perf_counter() - t0
+
+
+def _with_skipped(results: list[StepResult], steps: list[tuple[str, Callable[[], str]]]) -> list[StepResult]:
+    """``results`` and a skipped row for every step that did not run."""
     done = {r.name for r in results}
-    for name, _ in steps:
-        if name not in done:
-            results.append(StepResult(name, "skipped", "", 0.0))
-    results.append(StepResult("stop cluster", "ok", "ZooKeeper and replicas stopped", stop_seconds))
-    total = time.perf_counter() - started
+    return results + [StepResult(name, "skipped", "", 0.0) for name, _ in steps if name not in done]
+
+
+def _print_outcome(out: Console, results: list[StepResult], code: int, steps: int, total: float, where: str) -> None:
     out.print()
     out.print(_summary(results))
-    where = f"; files kept in {base}" if (keep or not temporary) else ""
     if code == 0:
-        out.print(f"[bold green]all {len(steps)} steps behaved as expected[/] in {total:.1f}s{where}")
+        out.print(f"[bold green]all {steps} steps behaved as expected[/] in {total:.1f}s{where}")
     elif code == 130:
         out.print(f"[yellow]quickstart interrupted after {total:.1f}s[/]{where}")
     else:
         out.print(f"[bold red]quickstart FAILED[/] after {total:.1f}s{where}")
-    return code

@@ -266,32 +266,75 @@ def gather(
     }
     infos: dict[str, dict] = {}  # by address
     if replica is not None:
-        first = replica_info(replica, timeout, connect)
-        infos[replica] = first
-        if "error" in first:
-            problems.append(f"replica at {replica} does not answer: {first['error']}")
-        elif zk_hosts is None:
-            zk_hosts, root = first.get("zk"), first.get("root", root)  # an admin's info only names them
-    report["zookeeper"] = zookeeper = {"hosts": zk_hosts, "root": root, "members": []}
+        zk_hosts, root = _ask_given_replica(replica, zk_hosts, root, timeout, connect, infos, problems)
+    report["zookeeper"] = {"hosts": zk_hosts, "root": root, "members": []}
     found: dict[str, Any] = {}
     if zk_hosts is not None:
-        from coordinator.wire.security import zk_tls_context
-
-        members = _members(zk_hosts)
-        with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
-            # Secured: TLS only, presenting the replica certificate (ZooKeeper serves its holders only).
-            context = None if credentials is None else zk_tls_context(credentials)
-            states = [pool.submit(member_status, h, p, min(timeout, 5.0), context) for h, p in members]
-            read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
-            zookeeper["members"] = [f.result() for f in states]
-            found = read.result()
-        for m in zookeeper["members"]:
-            if not m["ok"]:
-                problems.append(f"ZooKeeper member {m['address']} is down: {m.get('error', 'no mode')}")
-        if "error" in found:
-            problems.append(found["error"])
-        problems.extend(found.get("missing", ()))  # needed nodes gone, holes in the log
+        found = _gather_zookeeper(zk_hosts, root, timeout, credentials, report["zookeeper"], problems)
     report["log"] = found.get("log")
+    replicas = _replica_rows(found, infos, ignore, timeout, connect)
+    _replica_problems(replicas, max_lag_seconds, problems)
+    report["replicas"] = replicas
+    ok = [r for r in replicas.values() if r["state"] == "ok"]
+    report.update(_cluster_wide(ok))
+    if ok and storage:
+        report["storage"] = storage_check(ok[0]["address"], timeout, connect)
+        problems.extend(_storage_problems(report["storage"], ok[0]["host_id"]))
+    if replica is None and zk_hosts is None:
+        problems.append("nothing to check: give --replica or --zk")
+    report["healthy"] = not problems
+    return report
+
+
+def _ask_given_replica(
+    replica: str,
+    zk_hosts: str | None,
+    root: str,
+    timeout: float,
+    connect: Connect,
+    infos: dict[str, dict],
+    problems: list[str],
+) -> tuple[str | None, str]:
+    """Ask the replica named on the command line first (into ``infos``); returns the ZooKeeper
+    hosts and root to read: the given ones, else those the replica's info names."""
+    first = replica_info(replica, timeout, connect)
+    infos[replica] = first
+    if "error" in first:
+        problems.append(f"replica at {replica} does not answer: {first['error']}")
+    elif zk_hosts is None:
+        return first.get("zk"), first.get("root", root)  # an admin's info only names them
+    return zk_hosts, root
+
+
+def _gather_zookeeper(
+    zk_hosts: str, root: str, timeout: float, credentials: Any, zookeeper: dict[str, Any], problems: list[str]
+) -> dict[str, Any]:
+    """Every ZooKeeper member's state (into ``zookeeper["members"]``) and what the cluster's
+    nodes say (returned), asked at once; their troubles appended to ``problems``."""
+    from coordinator.wire.security import zk_tls_context
+
+    members = _members(zk_hosts)
+    with ThreadPoolExecutor(max_workers=max(1, len(members) + 1)) as pool:
+        # Secured: TLS only, presenting the replica certificate (ZooKeeper serves its holders only).
+        context = None if credentials is None else zk_tls_context(credentials)
+        states = [pool.submit(member_status, h, p, min(timeout, 5.0), context) for h, p in members]
+        read = pool.submit(_read_zookeeper, zk_hosts, root, timeout, credentials)
+        zookeeper["members"] = [f.result() for f in states]
+        found: dict[str, Any] = read.result()
+    for m in zookeeper["members"]:
+        if not m["ok"]:
+            problems.append(f"ZooKeeper member {m['address']} is down: {m.get('error', 'no mode')}")
+    if "error" in found:
+        problems.append(found["error"])
+    problems.extend(found.get("missing", ()))  # needed nodes gone, holes in the log
+    return found
+
+
+def _replica_rows(
+    found: dict[str, Any], infos: dict[str, dict], ignore: tuple[str, ...], timeout: float, connect: Connect
+) -> dict[str, dict]:
+    """One row per replica, by host id: every registered or alive one (asked at once), then a
+    replica asked directly that the ZooKeeper read does not (yet) name."""
     alive: dict[str, dict] = found.get("alive", {})
     hosts = sorted(set(found.get("registered", ())) | set(alive))
     addresses = {h: alive[h]["address"] for h in hosts if h in alive and alive[h]["address"]}
@@ -301,20 +344,8 @@ def gather(
         infos.update({a: f.result() for a, f in asked.items()})
     replicas: dict[str, dict] = {}
     for h in hosts:
-        row: dict[str, Any] = {"host_id": h, "address": addresses.get(h), "alive": h in alive, "ignored": h in ignore}
         info = infos.get(addresses.get(h, ""), {}) if h in addresses else {}
-        if h not in alive:
-            row["state"] = "down"
-            row["error"] = (
-                "registered, but no alive node (stopped, or its ZooKeeper session expired; retire it for good with `mergetxn replica retire`)"
-            )
-        elif "error" in info:
-            row["state"] = "unreachable"
-            row["error"] = info["error"]
-        else:
-            row.update(_from_info(info))
-            row["state"] = "ok"
-        replicas[h] = row
+        replicas[h] = _replica_row(h, addresses.get(h), h in alive, h in ignore, info)
     for address, info in infos.items():  # --replica not (yet) registered in the ZooKeeper read
         if "error" not in info and info["host_id"] not in replicas:
             replicas[info["host_id"]] = {
@@ -325,6 +356,29 @@ def gather(
                 "state": "ok",
                 **_from_info(info),
             }
+    return replicas
+
+
+def _replica_row(h: str, address: str | None, alive: bool, ignored: bool, info: dict) -> dict[str, Any]:
+    """A registered replica's row: down (no alive node), unreachable, or ok with its info."""
+    row: dict[str, Any] = {"host_id": h, "address": address, "alive": alive, "ignored": ignored}
+    if not alive:
+        row["state"] = "down"
+        row["error"] = (
+            "registered, but no alive node (stopped, or its ZooKeeper session expired; retire it for good with `mergetxn replica retire`)"
+        )
+    elif "error" in info:
+        row["state"] = "unreachable"
+        row["error"] = info["error"]
+    else:
+        row.update(_from_info(info))
+        row["state"] = "ok"
+    return row
+
+
+def _replica_problems(replicas: dict[str, dict], max_lag_seconds: float, problems: list[str]) -> None:
+    """Append to ``problems`` what is wrong with each replica not ignored, in host-id order (a
+    replica's ``missing`` not repeated when ``problems`` already says it)."""
     for h, row in sorted(replicas.items()):
         if row["ignored"]:
             continue
@@ -343,34 +397,39 @@ def gather(
                 f"replica {h} lags {row['lag_seconds']:.1f}s ({row['lag_entries']} entries) behind "
                 f"the log, more than {max_lag_seconds:g}s"
             )
-    report["replicas"] = replicas
-    ok = [r for r in replicas.values() if r["state"] == "ok"]
+
+
+def _cluster_wide(ok: list[dict]) -> dict[str, Any]:
+    """The cluster-wide part of the report, from the replicas that answered."""
     oldest = min(ok, key=lambda r: r["oldest_snapshot"]["snapshot"], default=None)
-    report["oldest_snapshot"] = None if oldest is None else {**oldest["oldest_snapshot"], "host": oldest["host_id"]}
-    report["running_transactions"] = sum(r["running_transactions"] for r in ok)
-    report["transactions"] = {
-        kind: sorted(
-            ({**t, "host": r["host_id"]} for r in ok for t in r["transactions"][kind]), key=lambda t: -t["age_seconds"]
-        )
-        for kind in ("long_running", "orphaned")
-    }
     cleaned = [r for r in ok if r["cleanup"]["last_at"] is not None]
     last = max(cleaned, key=lambda r: r["cleanup"]["last_at"], default=None)
-    report["last_cleanup"] = None if last is None else {"host": last["host_id"], **last["cleanup"]}
-    if ok and storage:
-        report["storage"] = storage_check(ok[0]["address"], timeout, connect)
-        if "error" in report["storage"]:
-            problems.append(f"storage check through replica {ok[0]['host_id']} failed: {report['storage']['error']}")
-        for t in report["storage"].get("tables", ()):
-            for p in t["problems"][:10]:
-                problems.append(
-                    f"table {t['table']!r}: part {p['part']}: {p['problem']} (reads of it fail; "
-                    f"mergetxn check {t['table']} lists every one)"
-                )
-    if replica is None and zk_hosts is None:
-        problems.append("nothing to check: give --replica or --zk")
-    report["healthy"] = not problems
-    return report
+    return {
+        "oldest_snapshot": None if oldest is None else {**oldest["oldest_snapshot"], "host": oldest["host_id"]},
+        "running_transactions": sum(r["running_transactions"] for r in ok),
+        "transactions": {
+            kind: sorted(
+                ({**t, "host": r["host_id"]} for r in ok for t in r["transactions"][kind]),
+                key=lambda t: -t["age_seconds"],
+            )
+            for kind in ("long_running", "orphaned")
+        },
+        "last_cleanup": None if last is None else {"host": last["host_id"], **last["cleanup"]},
+    }
+
+
+def _storage_problems(checked: dict[str, Any], through: str) -> list[str]:
+    """What the storage check (made through replica ``through``) found, ten parts a table at most."""
+    problems = []
+    if "error" in checked:
+        problems.append(f"storage check through replica {through} failed: {checked['error']}")
+    for t in checked.get("tables", ()):
+        for p in t["problems"][:10]:
+            problems.append(
+                f"table {t['table']!r}: part {p['part']}: {p['problem']} (reads of it fail; "
+                f"mergetxn check {t['table']} lists every one)"
+            )
+    return problems
 
 
 def _in_callers_context(fn: Callable[..., Any]) -> Callable[..., Any]:
