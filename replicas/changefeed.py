@@ -175,6 +175,58 @@ class ChangeFeed:
         found.add_history(in_range)
         return found.result()
 
+    def _check_id_range(self, start: Any, end: Any) -> Any:
+        """Refuses a range by id that is not of CSNs; the end (the applied CSN if none), once this
+        replica's snapshot reached it."""
+        for what, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {quote(v)}")
+        if start is None:
+            raise InvalidInput("changes: start is required")
+        if end is None:
+            end = self.state.applied
+        else:
+            self.wait_snapshot(end)
+        return end
+
+    def _check_time_range(self, start: Any, end: Any) -> None:
+        """Refuses a range by time that is not of timestamps, or reaches into the future."""
+        for what, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise InvalidInput(f"changes by time: {what} must be a timestamp, not {quote(v)}")
+        if start is None:
+            raise InvalidInput("changes: start is required")
+        for what, v in (("start", start), ("end", end)):
+            if v is not None:
+                self.retention.check_not_future(float(v), f"changes by time: {what}")
+
+    def _lease_checked(
+        self,
+        table: str,
+        start: Any,
+        end: Any,
+        by: str,
+        first: int,
+        commits: list[dict],
+        fresh: bool,
+        lease: str,
+        owner: str | None,
+    ) -> str | None:
+        """Leases what ``commits`` read (if any) and checks that none of it was collected; the
+        lease's id, released again if the check fails."""
+        lease_id = None
+        if commits:  # keeps what they read in use until the client has read it
+            lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
+        try:
+            self.retention.check_changes(
+                table, start, end, by, first, [m for c in commits for m in c["added"] + c["removed"]], fresh
+            )
+        except SnapshotUnavailable:
+            if lease_id is not None:
+                self.leases.release(lease_id)
+            raise
+        return lease_id
+
     def changes(
         self,
         table: str,
@@ -195,45 +247,15 @@ class ChangeFeed:
         tdef = self.table(table)
         self.retention.ensure_applied()
         if by == "id":
-            for what, v in (("start", start), ("end", end)):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                    raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {quote(v)}")
-            if start is None:
-                raise InvalidInput("changes: start is required")
-            if end is None:
-                end = self.state.applied
-            else:
-                self.wait_snapshot(end)
+            end = self._check_id_range(start, end)
         else:
-            for what, v in (("start", start), ("end", end)):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                    raise InvalidInput(f"changes by time: {what} must be a timestamp, not {quote(v)}")
-            if start is None:
-                raise InvalidInput("changes: start is required")
-            for what, v in (("start", start), ("end", end)):
-                if v is not None:
-                    self.retention.check_not_future(float(v), f"changes by time: {what}")
+            self._check_time_range(start, end)
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {quote(end)} is before start {quote(start)}")
         first = start if by == "id" else self.state.csn_at_time(start)
         commits = self._commits(table, start, end, by, compactions)
-        lease_id = None
-        if commits:  # keeps what they read in use until the client has read it
-            lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
-        try:
-            self.retention.check_changes(
-                table, start, end, by, first, [m for c in commits for m in c["added"] + c["removed"]], fresh
-            )
-        except SnapshotUnavailable:
-            if lease_id is not None:
-                self.leases.release(lease_id)
-            raise
-        rows = []
-        for c in commits:
-            for m in c["removed"]:
-                rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
-            for m in c["added"]:
-                rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
+        lease_id = self._lease_checked(table, start, end, by, first, commits, fresh, lease, owner)
+        rows = _part_rows(commits)
         return {
             "table": tdef.name,
             "by": by,
@@ -336,3 +358,14 @@ class _CommitSet:
             c["kinds"] = sorted(c["kinds"])
             out.append(c)
         return out
+
+
+def _part_rows(commits: list[dict]) -> list[dict]:
+    """One row per part each commit removed, then per part it added, in commit order."""
+    rows = []
+    for c in commits:
+        for m in c["removed"]:
+            rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
+        for m in c["added"]:
+            rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
+    return rows
