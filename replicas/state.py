@@ -374,51 +374,69 @@ class ReplicaState:
             floor = min(floor, self.applied)
             if floor <= self.pruned:
                 return 0
-            gone = 0
-            lost = self.lost
-            while self.removals and self.removals[0][0] <= floor:
-                removed_at, name = self.removals.popleft()
-                rec = self.parts.pop(name, None)
-                if rec is None:
-                    continue
-                gone += 1
-                table = rec.meta.table
-                if removed_at > lost.get(table, 0):
-                    lost[table] = removed_at
-                self.by_table[table].discard(name)
-                index = self.all_sorted.get(table)
-                if index is not None:
-                    index.remove(name)
-            lost_history = self.lost_history
-            for (table, _), events in self.conflict_history.items():
-                i = bisect.bisect_right(events, floor, key=lambda e: e[0])
-                if i:
-                    if events[i - 1][0] > lost_history.get(table, 0):
-                        lost_history[table] = events[i - 1][0]
-                    del events[:i]
-            for target, added in list(self.created.items()):
-                i = bisect.bisect_right(added, floor, key=_first)
-                if i == len(added):
-                    del self.created[target]
-                elif i:
-                    del added[:i]
+            gone = self._prune_parts(floor)
+            self._prune_history(floor)
             self._trim_times(floor)
-            i = bisect.bisect_right(self.ddl_csns, floor) - 1
-            if i > 0:
-                del self.ddl_csns[:i]  # the last at or below the floor stays: it defines snapshots above
-            for target, index in list(self.key_index.items()):
-                index.prune(floor)
-                if index.empty() and target not in self.created:
-                    del self.key_index[target]
-            for name, records in list(self.catalog.items()):
-                i = bisect.bisect_right(records, floor, key=_record_csn)
-                if i and isinstance(records[i - 1], TableDropped) and i == len(records):
-                    del self.catalog[name]  # dropped for good: no served snapshot sees it
-                elif i > 1:
-                    self.catalog[name] = records[i - 1 :]  # the one that holds at floor stays
-                    lost[name] = max(lost.get(name, 0), records[i - 1].csn)
+            self._prune_indexes(floor)
+            self._prune_catalog(floor)
             self.pruned = floor
             return gone
+
+    def _prune_parts(self, floor: int) -> int:
+        """Forget the part records removed at or below ``floor`` (under the lock); how many went."""
+        gone = 0
+        lost = self.lost
+        while self.removals and self.removals[0][0] <= floor:
+            removed_at, name = self.removals.popleft()
+            rec = self.parts.pop(name, None)
+            if rec is None:
+                continue
+            gone += 1
+            table = rec.meta.table
+            if removed_at > lost.get(table, 0):
+                lost[table] = removed_at
+            self.by_table[table].discard(name)
+            index = self.all_sorted.get(table)
+            if index is not None:
+                index.remove(name)
+        return gone
+
+    def _prune_history(self, floor: int) -> None:
+        """Forget the conflict history and the creations at or below ``floor`` (under the lock)."""
+        lost_history = self.lost_history
+        for (table, _), events in self.conflict_history.items():
+            i = bisect.bisect_right(events, floor, key=lambda e: e[0])
+            if i:
+                if events[i - 1][0] > lost_history.get(table, 0):
+                    lost_history[table] = events[i - 1][0]
+                del events[:i]
+        for target, added in list(self.created.items()):
+            i = bisect.bisect_right(added, floor, key=_first)
+            if i == len(added):
+                del self.created[target]
+            elif i:
+                del added[:i]
+
+    def _prune_indexes(self, floor: int) -> None:
+        """Forget the DDL CSNs and the key index entries at or below ``floor`` (under the lock)."""
+        i = bisect.bisect_right(self.ddl_csns, floor) - 1
+        if i > 0:
+            del self.ddl_csns[:i]  # the last at or below the floor stays: it defines snapshots above
+        for target, index in list(self.key_index.items()):
+            index.prune(floor)
+            if index.empty() and target not in self.created:
+                del self.key_index[target]
+
+    def _prune_catalog(self, floor: int) -> None:
+        """Forget the table records no snapshot above ``floor`` needs (under the lock)."""
+        lost = self.lost
+        for name, records in list(self.catalog.items()):
+            i = bisect.bisect_right(records, floor, key=_record_csn)
+            if i and isinstance(records[i - 1], TableDropped) and i == len(records):
+                del self.catalog[name]  # dropped for good: no served snapshot sees it
+            elif i > 1:
+                self.catalog[name] = records[i - 1 :]  # the one that holds at floor stays
+                lost[name] = max(lost.get(name, 0), records[i - 1].csn)
 
     def _trim_times(self, floor: int) -> None:
         """Forget the times of the commits at or below ``floor`` but the last (a time after it
