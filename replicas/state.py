@@ -546,32 +546,44 @@ class ReplicaState:
                 names = [n for k in keys for n in live[k] if n not in own_removed]
                 out = sorted((self.parts[n].meta for n in names), key=_name)
             else:
-                # An older snapshot: the records that can be visible at it, in name order, with
-                # the cheap tests first; the visibility rule (is_visible) decides the rest.
-                out = []
-                pkey_of: dict[tuple, str] = {}
-                for rec in self._candidates(table, snapshot, reader_tid, wanted):
-                    meta = rec.meta
-                    if wanted is not None:
-                        pk = pkey_of.get(meta.partition)
-                        if pk is None:
-                            pk = pkey_of[meta.partition] = partition_key(meta.partition)
-                        if pk not in wanted:
-                            continue
-                    if rec.creation_csn > snapshot and meta.creation_tid != reader_tid:
-                        continue
-                    if reader_tid is None and not own_removed:
-                        if rec.removal_csn is None or rec.removal_csn > snapshot:
-                            out.append(meta)
-                        continue
-                    removal_tid = reader_tid if meta.name in own_removed else rec.removal_tid
-                    removal_csn = rec.removal_csn if removal_tid == rec.removal_tid else None
-                    if is_visible(snapshot, reader_tid, meta.creation_tid, rec.creation_csn, removal_tid, removal_csn):
-                        out.append(meta)
+                out = self._visible_before(table, snapshot, reader_tid, own_removed, wanted)
         for meta in own_added:
             if meta.table == table and meta.name not in own_removed:
                 if wanted is None or partition_key(meta.partition) in wanted:
                     bisect.insort(out, meta, key=_name)
+        return out
+
+    def _visible_before(
+        self,
+        table: str,
+        snapshot: int,
+        reader_tid: str | None,
+        own_removed: frozenset[str] | set[str],
+        wanted: set[str] | None,
+    ) -> list[PartMeta]:
+        """The committed parts of ``table`` visible at an older ``snapshot`` (below ``applied``)
+        to ``reader_tid``, in name order: the records that can be visible at it, with the cheap
+        tests first; the visibility rule (is_visible) decides the rest. Called with the lock held."""
+        out = []
+        pkey_of: dict[tuple, str] = {}
+        for rec in self._candidates(table, snapshot, reader_tid, wanted):
+            meta = rec.meta
+            if wanted is not None:
+                pk = pkey_of.get(meta.partition)
+                if pk is None:
+                    pk = pkey_of[meta.partition] = partition_key(meta.partition)
+                if pk not in wanted:
+                    continue
+            if rec.creation_csn > snapshot and meta.creation_tid != reader_tid:
+                continue
+            if reader_tid is None and not own_removed:
+                if rec.removal_csn is None or rec.removal_csn > snapshot:
+                    out.append(meta)
+                continue
+            removal_tid = reader_tid if meta.name in own_removed else rec.removal_tid
+            removal_csn = rec.removal_csn if removal_tid == rec.removal_tid else None
+            if is_visible(snapshot, reader_tid, meta.creation_tid, rec.creation_csn, removal_tid, removal_csn):
+                out.append(meta)
         return out
 
     def _candidates(self, table: str, snapshot: int, reader_tid: str | None, wanted: set[str] | None) -> list:
