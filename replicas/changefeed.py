@@ -18,7 +18,7 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from coordinator.core.conflicts import COMPACTIONS, Kind
+from coordinator.core.conflicts import COMPACTIONS, Kind, Summary
 from coordinator.core.errors import InvalidInput, SnapshotUnavailable, quote
 from coordinator.core.tabledata import partition_key
 from coordinator.core.versions import Tid
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from coordinator.model.catalog import TableDef
     from replicas.leases import Leases
     from replicas.retention import Retention
-    from replicas.state import ReplicaState
+    from replicas.state import PartRecord, ReplicaState
 
 EVENT_RING = 10_000
 
@@ -167,74 +167,65 @@ class ChangeFeed:
         data_only = by == "time" or not compactions
         tv = self._time_versions()
         recs, history = self.state.changes_of(table)
-
-        def version(csn: int) -> float | None:
-            if by == "id":  # without compactions, only the commits that have a time version
-                return float(csn) if compactions or csn in tv else None
-            return tv.get(csn)
-
-        def in_range(csn: int | None) -> bool:
-            if csn is None:
-                return False
-            v = version(csn)
-            return v is not None and v > lo and (hi is None or v <= hi)
-
-        def kinds_of(pkey: str, csn: int, tid: str) -> frozenset[Kind] | None:
-            ev = history.get(pkey, ())
-            i = bisect.bisect_left(ev, csn, key=lambda e: e[0])
-            while i < len(ev) and ev[i][0] == csn:
-                if ev[i][1].tid == tid:
-                    return ev[i][1].kinds
-                i += 1
-            return None
-
-        commits: dict[tuple[int, str], dict] = {}
-
-        def commit(csn: int, tid: str) -> dict:
-            c = commits.get((csn, tid))
-            if c is None:
-                c = commits[(csn, tid)] = {
-                    "csn": csn,
-                    "tid": tid,
-                    "time_version": tv.get(csn),
-                    "added": [],
-                    "removed": [],
-                    "kinds": set(),
-                    "written_at": None,
-                }
-            return c
-
-        def compaction_only(pkey: str, csn: int, tid: str, c: dict) -> bool:
-            kinds = kinds_of(pkey, csn, tid)
-            if kinds:
-                c["kinds"].update(k.value for k in kinds)
-            return kinds is not None and kinds <= COMPACTIONS
-
+        in_range = _range_test(tv, by, compactions, lo, hi)
+        found = _CommitSet(tv, history, data_only)
         for rec in recs:
-            pkey = rec.pkey
-            if in_range(rec.creation_csn):
-                c = commit(rec.creation_csn, rec.meta.creation_tid)
-                if not (data_only and compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
-                    c["added"].append(rec.meta)
-                    c["written_at"] = max(c["written_at"] or 0.0, rec.meta.created_at)
-            if in_range(rec.removal_csn):
-                c = commit(rec.removal_csn, rec.removal_tid)
-                if not (data_only and compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
-                    c["removed"].append(rec.meta)
+            found.add_record(rec, in_range)
         # Commits that added and removed nothing here still happened (e.g. an empty truncate).
-        for pkey, ev in history.items():
-            for csn, s in ev:
-                if in_range(csn) and not (data_only and s.kinds <= COMPACTIONS):
-                    commit(csn, s.tid)["kinds"].update(k.value for k in s.kinds)
-        out = []
-        for c in sorted(commits.values(), key=lambda c: (c["csn"], c["tid"])):
-            if data_only and not c["added"] and not c["removed"] and c["kinds"] <= {k.value for k in COMPACTIONS}:
-                continue
-            c["added"].sort(key=lambda m: m.name)
-            c["removed"].sort(key=lambda m: m.name)
-            c["kinds"] = sorted(c["kinds"])
-            out.append(c)
-        return out
+        found.add_history(in_range)
+        return found.result()
+
+    def _check_id_range(self, start: Any, end: Any) -> Any:
+        """Refuses a range by id that is not of CSNs; the end (the applied CSN if none), once this
+        replica's snapshot reached it."""
+        for what, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {quote(v)}")
+        if start is None:
+            raise InvalidInput("changes: start is required")
+        if end is None:
+            end = self.state.applied
+        else:
+            self.wait_snapshot(end)
+        return end
+
+    def _check_time_range(self, start: Any, end: Any) -> None:
+        """Refuses a range by time that is not of timestamps, or reaches into the future."""
+        for what, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                raise InvalidInput(f"changes by time: {what} must be a timestamp, not {quote(v)}")
+        if start is None:
+            raise InvalidInput("changes: start is required")
+        for what, v in (("start", start), ("end", end)):
+            if v is not None:
+                self.retention.check_not_future(float(v), f"changes by time: {what}")
+
+    def _lease_checked(
+        self,
+        table: str,
+        start: Any,
+        end: Any,
+        by: str,
+        first: int,
+        commits: list[dict],
+        fresh: bool,
+        lease: str,
+        owner: str | None,
+    ) -> str | None:
+        """Leases what ``commits`` read (if any) and checks that none of it was collected; the
+        lease's id, released again if the check fails."""
+        lease_id = None
+        if commits:  # keeps what they read in use until the client has read it
+            lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
+        try:
+            self.retention.check_changes(
+                table, start, end, by, first, [m for c in commits for m in c["added"] + c["removed"]], fresh
+            )
+        except SnapshotUnavailable:
+            if lease_id is not None:
+                self.leases.release(lease_id)
+            raise
+        return lease_id
 
     def changes(
         self,
@@ -256,45 +247,15 @@ class ChangeFeed:
         tdef = self.table(table)
         self.retention.ensure_applied()
         if by == "id":
-            for what, v in (("start", start), ("end", end)):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                    raise InvalidInput(f"changes by id: {what} must be a non-negative integer CSN, not {quote(v)}")
-            if start is None:
-                raise InvalidInput("changes: start is required")
-            if end is None:
-                end = self.state.applied
-            else:
-                self.wait_snapshot(end)
+            end = self._check_id_range(start, end)
         else:
-            for what, v in (("start", start), ("end", end)):
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-                    raise InvalidInput(f"changes by time: {what} must be a timestamp, not {quote(v)}")
-            if start is None:
-                raise InvalidInput("changes: start is required")
-            for what, v in (("start", start), ("end", end)):
-                if v is not None:
-                    self.retention.check_not_future(float(v), f"changes by time: {what}")
+            self._check_time_range(start, end)
         if end is not None and end < start:
             raise InvalidInput(f"changes: end {quote(end)} is before start {quote(start)}")
         first = start if by == "id" else self.state.csn_at_time(start)
         commits = self._commits(table, start, end, by, compactions)
-        lease_id = None
-        if commits:  # keeps what they read in use until the client has read it
-            lease_id = self.leases.lease(min(c["csn"] for c in commits) - 1, lease, owner)[1]
-        try:
-            self.retention.check_changes(
-                table, start, end, by, first, [m for c in commits for m in c["added"] + c["removed"]], fresh
-            )
-        except SnapshotUnavailable:
-            if lease_id is not None:
-                self.leases.release(lease_id)
-            raise
-        rows = []
-        for c in commits:
-            for m in c["removed"]:
-                rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
-            for m in c["added"]:
-                rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
+        lease_id = self._lease_checked(table, start, end, by, first, commits, fresh, lease, owner)
+        rows = _part_rows(commits)
         return {
             "table": tdef.name,
             "by": by,
@@ -307,3 +268,104 @@ class ChangeFeed:
                 for c in commits
             ],
         }
+
+
+def _range_test(
+    tv: dict[int, float], by: str, compactions: bool, lo: float, hi: float | None
+) -> Callable[[int | None], bool]:
+    """Whether a CSN's version (its id, or its time version by time) is in (lo, hi]."""
+
+    def version(csn: int) -> float | None:
+        if by == "id":  # without compactions, only the commits that have a time version
+            return float(csn) if compactions or csn in tv else None
+        return tv.get(csn)
+
+    def in_range(csn: int | None) -> bool:
+        if csn is None:
+            return False
+        v = version(csn)
+        return v is not None and v > lo and (hi is None or v <= hi)
+
+    return in_range
+
+
+class _CommitSet:
+    """The commits :meth:`ChangeFeed._commits` gathers, keyed by (CSN, tid)."""
+
+    def __init__(self, tv: dict[int, float], history: dict[str, list[tuple[int, Summary]]], data_only: bool) -> None:
+        self.tv = tv
+        self.history = history
+        self.data_only = data_only
+        self.commits: dict[tuple[int, str], dict] = {}
+
+    def kinds_of(self, pkey: str, csn: int, tid: str) -> frozenset[Kind] | None:
+        ev = self.history.get(pkey, ())
+        i = bisect.bisect_left(ev, csn, key=lambda e: e[0])
+        while i < len(ev) and ev[i][0] == csn:
+            if ev[i][1].tid == tid:
+                return ev[i][1].kinds
+            i += 1
+        return None
+
+    def commit(self, csn: int, tid: str) -> dict:
+        c = self.commits.get((csn, tid))
+        if c is None:
+            c = self.commits[(csn, tid)] = {
+                "csn": csn,
+                "tid": tid,
+                "time_version": self.tv.get(csn),
+                "added": [],
+                "removed": [],
+                "kinds": set(),
+                "written_at": None,
+            }
+        return c
+
+    def compaction_only(self, pkey: str, csn: int, tid: str, c: dict) -> bool:
+        kinds = self.kinds_of(pkey, csn, tid)
+        if kinds:
+            c["kinds"].update(k.value for k in kinds)
+        return kinds is not None and kinds <= COMPACTIONS
+
+    def add_record(self, rec: PartRecord, in_range: Callable[[int | None], bool]) -> None:
+        """The part ``rec`` added by its creating commit and removed by its removing one."""
+        pkey = rec.pkey
+        if in_range(rec.creation_csn):
+            c = self.commit(rec.creation_csn, rec.meta.creation_tid)
+            if not (self.data_only and self.compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
+                c["added"].append(rec.meta)
+                c["written_at"] = max(c["written_at"] or 0.0, rec.meta.created_at)
+        if in_range(rec.removal_csn):
+            c = self.commit(rec.removal_csn, rec.removal_tid)
+            if not (self.data_only and self.compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
+                c["removed"].append(rec.meta)
+
+    def add_history(self, in_range: Callable[[int | None], bool]) -> None:
+        """Each commit in range the conflict history names, with its operation kinds."""
+        for _pkey, ev in self.history.items():
+            for csn, s in ev:
+                if in_range(csn) and not (self.data_only and s.kinds <= COMPACTIONS):
+                    self.commit(csn, s.tid)["kinds"].update(k.value for k in s.kinds)
+
+    def result(self) -> list[dict]:
+        """The commits in (CSN, tid) order, their parts by name (by data only: none that only compacted)."""
+        out = []
+        for c in sorted(self.commits.values(), key=lambda c: (c["csn"], c["tid"])):
+            if self.data_only and not c["added"] and not c["removed"] and c["kinds"] <= {k.value for k in COMPACTIONS}:
+                continue
+            c["added"].sort(key=lambda m: m.name)
+            c["removed"].sort(key=lambda m: m.name)
+            c["kinds"] = sorted(c["kinds"])
+            out.append(c)
+        return out
+
+
+def _part_rows(commits: list[dict]) -> list[dict]:
+    """One row per part each commit removed, then per part it added, in commit order."""
+    rows = []
+    for c in commits:
+        for m in c["removed"]:
+            rows.append({"change": "delete", "csn": c["csn"], "part": m.to_dict()})
+        for m in c["added"]:
+            rows.append({"change": "insert", "csn": c["csn"], "part": m.to_dict()})
+    return rows

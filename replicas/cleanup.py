@@ -364,15 +364,9 @@ class Cleanup:
             f"({self._holder_text(host, holder, s)})"
         )
 
-    def _collect_orphans(
-        self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict], detail: bool = True
-    ) -> int:
-        """Delete the part files no commit references once they are older than the grace period.
-
-        Returns how many unreferenced files are younger than the grace period; with ``detail``
-        False (background passes) those are only counted, not listed one by one in ``kept``. The
-        listing carries each file's mtime; a file is looked up by its part name in the applied
-        state, and a file about to be deleted is looked up there once more after the fence's catch-up."""
+    def _running_view(self, alive: dict[str, AliveRecord]) -> tuple[set[str], set[str], dict[str, int]]:
+        """The transactions running anywhere (as the alive records and this replica tell), the
+        hosts that cannot tell which of theirs run, and each host's incarnation."""
         running: set[str] = set()
         overflow_hosts: set[str] = set()
         incarnations: dict[str, int] = {}
@@ -382,6 +376,49 @@ class Cleanup:
                 overflow_hosts.add(host)  # cannot tell which of its transactions run: keep all
             incarnations[host] = d.incarnation
         running.update(t.id for t in self.transactions.running_now())
+        return running, overflow_hosts, incarnations
+
+    def _unreferenced_why(
+        self, name: str, running: set[str], overflow_hosts: set[str], incarnations: dict[str, int]
+    ) -> tuple[str, str | None]:
+        """The transaction id a part file's name carries (``name`` as written) and why no commit
+        references the file; None for why when its transaction may still be running."""
+        try:
+            tid: Tid | None = Tid.parse(name)
+        except ValueError:
+            tid = None
+        tid_s = str(tid) if tid else name
+        forgotten = tid is not None and self.state.forgotten(tid_s)
+        committed = self.state.commit_csn(tid_s) if tid is not None and not forgotten else None
+        if committed is not None:
+            return tid_s, f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
+        if forgotten and tid_s not in running:
+            # Began below the outcome window: ended long ago (committed or not), and no
+            # part record names this file; a commit naming it after all is refused by the
+            # orphan fence.
+            return tid_s, f"its transaction {tid_s} began below the outcome window (outcome_seconds)"
+        maybe_running = tid is not None and (
+            tid_s in running
+            or (
+                tid.host_id in overflow_hosts
+                # a restarted replica's earlier incarnations have no running transactions
+                and tid.local_counter // COUNTER_STRIDE >= incarnations.get(tid.host_id, 0)
+            )
+        )
+        if maybe_running:
+            return tid_s, None
+        return tid_s, f"its transaction {tid_s} never committed" if tid is not None else "no commit references it"
+
+    def _collect_orphans(
+        self, alive: dict[str, AliveRecord], grace: float, removed: list[dict], kept: list[dict], detail: bool = True
+    ) -> int:
+        """Delete the part files no commit references once they are older than the grace period.
+
+        Returns how many unreferenced files are younger than the grace period; with ``detail``
+        False (background passes) those are only counted, not listed one by one in ``kept``. The
+        listing carries each file's mtime; a file is looked up by its part name in the applied
+        state, and a file about to be deleted is looked up there once more after the fence's catch-up."""
+        running, overflow_hosts, incarnations = self._running_view(alive)
         storage = self.storage
         young = 0
         now = time.time()
@@ -399,34 +436,12 @@ class Cleanup:
                     young += 1
                     if not detail:
                         continue
-                try:
-                    tid: Tid | None = Tid.parse(m.group(1))
-                except ValueError:
-                    tid = None
-                tid_s = str(tid) if tid else m.group(1)
                 entry = {"path": path, "part": stem, "table": table}
-                forgotten = tid is not None and self.state.forgotten(tid_s)
-                committed = self.state.commit_csn(tid_s) if tid is not None and not forgotten else None
-                if committed is not None:
-                    why = f"not referenced by its transaction {tid_s}, which committed at CSN {committed}"
-                elif forgotten and tid_s not in running:
-                    # Began below the outcome window: ended long ago (committed or not), and no
-                    # part record names this file; a commit naming it after all is refused by the
-                    # orphan fence.
-                    why = f"its transaction {tid_s} began below the outcome window (outcome_seconds)"
-                else:
-                    maybe_running = tid is not None and (
-                        tid_s in running
-                        or (
-                            tid.host_id in overflow_hosts
-                            # a restarted replica's earlier incarnations have no running transactions
-                            and tid.local_counter // COUNTER_STRIDE >= incarnations.get(tid.host_id, 0)
-                        )
-                    )
-                    if maybe_running:
-                        kept.append({**entry, "reason": f"staged by transaction {tid_s}, which may still be running"})
-                        continue
-                    why = f"its transaction {tid_s} never committed" if tid is not None else "no commit references it"
+                tid_s, unreferenced_why = self._unreferenced_why(m.group(1), running, overflow_hosts, incarnations)
+                if unreferenced_why is None:
+                    kept.append({**entry, "reason": f"staged by transaction {tid_s}, which may still be running"})
+                    continue
+                why = unreferenced_why
                 if temp:
                     why = "temporary file of an interrupted write; " + why
                 if age < grace:

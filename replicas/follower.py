@@ -202,45 +202,18 @@ class Follower:
         out = []
         own = False
         while len(out) < BATCH:
-            with self._offer_lock:
-                data = self._offers.pop((epoch, seq), None)
-                for k in [k for k in self._offers if k < (epoch, seq)]:
-                    del self._offers[k]
-                ahead = bool(self._offers)  # later local commits: entries up to them exist
+            data, ahead = self._take_offer(epoch, seq)
             if data is not None:
                 own = True
-            elif not ahead and own:
-                self._after_own = True  # apply our own commit first, look further afterwards
+            elif not ahead and self._stop_before_read(epoch, seq, own):
                 break
-            elif not ahead and not self._idle.is_set():
-                break  # a local commit is in flight: it hands its entry over (or offers it)
-            elif not ahead and seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
-                break  # the watch on this position has not fired: nothing new
-            elif not ahead and self._after_own and seq < self.log.epoch_size:
-                # Right after our own commit the next entry is rarely there: arm the watch
-                # directly (one request) instead of a read, an epoch stat and then the watch.
-                self._after_own = False
-                pokes = self._pokes
-                if not self.log.watch_next(epoch, seq, self.poke):
-                    self._armed = ((epoch, seq), pokes)
-                    break
             if data is None:
                 data = self.log.fetch(epoch, seq)
             if data is None:
-                nxt = self._next_position(epoch, seq, bool(out))
-                if nxt is None:
+                moved = self._past_missing(epoch, seq, out)
+                if moved is None:
                     break
-                if nxt == TRIMMED:
-                    if out:
-                        break  # apply what we fetched before the entries went
-                    self._restore_from_tail()
-                    epoch, seq = self.state.position
-                    continue
-                if nxt[0] != epoch:
-                    if out:
-                        break  # apply what we have before moving to the next epoch
-                    self.state.advance_epoch(epoch)
-                epoch, seq = nxt
+                epoch, seq = moved
                 continue
             where = self.log.entry_path(epoch, seq)
             try:
@@ -252,6 +225,52 @@ class Follower:
             out.append((csn_of(epoch, seq), epoch, seq, entry, raw))
             seq += 1
         return out
+
+    def _take_offer(self, epoch: int, seq: int) -> tuple[bytes | None, bool]:
+        """The entry a local commit offered for ``(epoch, seq)`` (None if none), forgetting the
+        offers below it, and whether later ones wait (entries up to them exist)."""
+        with self._offer_lock:
+            data = self._offers.pop((epoch, seq), None)
+            for k in [k for k in self._offers if k < (epoch, seq)]:
+                del self._offers[k]
+            ahead = bool(self._offers)  # later local commits: entries up to them exist
+        return data, ahead
+
+    def _stop_before_read(self, epoch: int, seq: int, own: bool) -> bool:
+        """Whether the batch ends before reading ``(epoch, seq)`` (no offer there nor after it)."""
+        if own:
+            self._after_own = True  # apply our own commit first, look further afterwards
+            return True
+        if not self._idle.is_set():
+            return True  # a local commit is in flight: it hands its entry over (or offers it)
+        if seq < self.log.epoch_size and self._armed == ((epoch, seq), self._pokes):
+            return True  # the watch on this position has not fired: nothing new
+        if self._after_own and seq < self.log.epoch_size:
+            # Right after our own commit the next entry is rarely there: arm the watch
+            # directly (one request) instead of a read, an epoch stat and then the watch.
+            self._after_own = False
+            pokes = self._pokes
+            if not self.log.watch_next(epoch, seq, self.poke):
+                self._armed = ((epoch, seq), pokes)
+                return True
+        return False
+
+    def _past_missing(self, epoch: int, seq: int, out: list) -> tuple[int, int] | None:
+        """Where to read next when ``(epoch, seq)`` is missing, or None to end the batch (what
+        it has, ``out``, is applied first)."""
+        nxt = self._next_position(epoch, seq, bool(out))
+        if nxt is None:
+            return None
+        if nxt == TRIMMED:
+            if out:
+                return None  # apply what we fetched before the entries went
+            self._restore_from_tail()
+            return self.state.position
+        if nxt[0] != epoch:
+            if out:
+                return None  # apply what we have before moving to the next epoch
+            self.state.advance_epoch(epoch)
+        return nxt
 
     def _restore_from_tail(self) -> None:
         """Our position is in a trimmed epoch: take the state from the checkpoint (which covers

@@ -291,36 +291,12 @@ class Transactions:
         txn = self.running(txn_id)
         table = self.table(op.table, None)
         check_partition_bounds(table, op, self.config.max_partition_value_bytes)
-        dropping = {o.table for o in txn.ops if isinstance(o, DropTable)}
-        if op.table in dropping or (isinstance(op, DropTable) and any(o.table == op.table for o in txn.ops)):
-            raise InvalidInput(
-                f"transaction {txn.id} drops table {op.table!r} and cannot also write it (nor drop it twice)",
-                table=op.table,
-                id=txn.id,
-            )
+        self._check_not_dropping(txn, op)
         if op.added:
-            # Parts are written for the definition the transaction sees (at its snapshot, or
-            # the latest for a table created since): one written for another is refused.
-            seen = self.state.table(op.table, txn.snapshot) or table
-            stale = [m for m in op.added if m.schema_version != seen.ddl_version]
-            if stale:
-                raise InvalidInput(
-                    f"part {stale[0].name} was written for version {stale[0].schema_version} of table "
-                    f"{op.table!r}'s schema, transaction {txn.id} sees version {seen.ddl_version} "
-                    f"(columns {seen.schema.names}): write the rows for the table as the transaction sees it",
-                    table=op.table,
-                    schema_version=seen.ddl_version,
-                )
+            self._check_schema_version(txn, op, table)
         own_added, own_removed = txn.own_parts()
         own_names = {m.name for m in own_added}
-        visible = None
-        for name in op.removed:
-            if name in own_names:
-                continue
-            if visible is None:
-                visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
-            if name not in visible:
-                raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+        self._check_removed_visible(txn, op, own_added, own_removed, own_names)
         if not written_here:
             self.hold_back(txn, table, op, wait)  # too many parts: delayed or refused
         # Cleanup keeps the unreferenced files of a running transaction by the tid in their names;
@@ -329,6 +305,62 @@ class Transactions:
         self.check_added(table, op.added, own_names, txn.id)
         if op.added and not written_here:
             self.verify_claims(self.state.table(op.table, txn.snapshot) or table, op)
+        self._check_not_old(txn, op)
+        with txn.lock:
+            if txn.state != TxnState.RUNNING:
+                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
+            self._bind_table_limits_locked(txn, table)
+            self._check_limits_locked(txn, op)
+            txn.ops.append(op)
+            txn.rows += 0 if isinstance(op, Compact) else op.rows
+        if op.added:
+            self._record_staged(txn, op)
+
+    def _check_not_dropping(self, txn: RunningTxn, op: StagedOp) -> None:
+        """Refuses ``op`` on a table ``txn`` drops, and a second drop of one it writes."""
+        dropping = {o.table for o in txn.ops if isinstance(o, DropTable)}
+        if op.table in dropping or (isinstance(op, DropTable) and any(o.table == op.table for o in txn.ops)):
+            raise InvalidInput(
+                f"transaction {txn.id} drops table {op.table!r} and cannot also write it (nor drop it twice)",
+                table=op.table,
+                id=txn.id,
+            )
+
+    def _check_schema_version(self, txn: RunningTxn, op: StagedOp, table: TableDef) -> None:
+        """Parts are written for the definition the transaction sees (at its snapshot, or the
+        latest for a table created since): one written for another is refused."""
+        seen = self.state.table(op.table, txn.snapshot) or table
+        stale = [m for m in op.added if m.schema_version != seen.ddl_version]
+        if stale:
+            raise InvalidInput(
+                f"part {stale[0].name} was written for version {stale[0].schema_version} of table "
+                f"{op.table!r}'s schema, transaction {txn.id} sees version {seen.ddl_version} "
+                f"(columns {seen.schema.names}): write the rows for the table as the transaction sees it",
+                table=op.table,
+                schema_version=seen.ddl_version,
+            )
+
+    def _check_removed_visible(
+        self,
+        txn: RunningTxn,
+        op: StagedOp,
+        own_added: list[PartMeta],
+        own_removed: set[str],
+        own_names: set[str],
+    ) -> None:
+        """Refuses removing a part the transaction does not see (nor staged itself)."""
+        visible = None
+        for name in op.removed:
+            if name in own_names:
+                continue
+            if visible is None:
+                visible = {m.name for m in self.state.visible(op.table, txn.snapshot, txn.id, own_added, own_removed)}
+            if name not in visible:
+                raise InvalidInput(f"part {name} is not visible to transaction {txn.id} in table {op.table!r}")
+
+    def _check_not_old(self, txn: RunningTxn, op: StagedOp) -> None:
+        """Refuses a part written over half the cleanup grace period ago whose name does not
+        carry the transaction (cleanup may take it for an orphan)."""
         old_after = max(self.config.gc_grace_seconds, MIN_GRACE) / 2
         now = time.time()
         for meta in op.added:
@@ -339,56 +371,58 @@ class Transactions:
                     "cleanup may take it for an orphan. Commit parts soon after writing them, or name them "
                     "after the transaction that stages them (parts.io.format.write_part with its id)"
                 )
-        with txn.lock:
-            if txn.state != TxnState.RUNNING:
-                raise TransactionAborted(f"transaction {txn.id} is {txn.state}: {txn.reason}", id=txn.id)
-            # A table with limits of its own binds the transaction from its first write there
-            # (unless it was begun free of them: a restore's).
-            if (
-                txn.table_limits
-                and table.txn_max_seconds is not None
-                and (txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0])
-            ):
-                txn.max_seconds = (table.txn_max_seconds, table.name)
-            if (
-                txn.table_limits
-                and table.txn_max_rows is not None
-                and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0])
-            ):
-                txn.max_rows = (table.txn_max_rows, table.name)
-            max_rows, rows_from = self.row_limit(txn)
-            # A compaction rewrites rows it does not change: a keys table's limit is on what a
-            # transaction writes (a keys table's 100,000 would otherwise refuse its compaction).
-            if not isinstance(op, Compact) and txn.rows + op.rows > max_rows:
-                if rows_from is None:
-                    reason = (
-                        f"transaction {txn.id} exceeded its row limit of {max_rows} ({txn.rows + op.rows} rows staged)"
-                    )
-                else:
-                    reason = (
-                        f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
-                        f"{max_rows} ({txn.rows + op.rows} rows staged)"
-                    )
-                self._abort_locked(txn, reason, [op], "row_limit")
-                raise TransactionAborted(reason, id=txn.id)
-            if time.monotonic() - txn.started > self.time_limit(txn)[0]:
-                reason = self.time_reason(txn)
-                self._abort_locked(txn, reason, [op], "time_limit")
-                raise TransactionAborted(reason, id=txn.id)
-            txn.ops.append(op)
-            txn.rows += 0 if isinstance(op, Compact) else op.rows
-        if op.added:
-            try:
-                self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
-            except OSError as exc:
-                # Without its record a restart could not delete the files: roll back now.
-                err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
+
+    def _bind_table_limits_locked(self, txn: RunningTxn, table: TableDef) -> None:
+        """A table with limits of its own binds the transaction from its first write there
+        (unless it was begun free of them: a restore's). Under ``txn.lock``."""
+        if (
+            txn.table_limits
+            and table.txn_max_seconds is not None
+            and (txn.max_seconds is None or table.txn_max_seconds < txn.max_seconds[0])
+        ):
+            txn.max_seconds = (table.txn_max_seconds, table.name)
+        if (
+            txn.table_limits
+            and table.txn_max_rows is not None
+            and (txn.max_rows is None or table.txn_max_rows < txn.max_rows[0])
+        ):
+            txn.max_rows = (table.txn_max_rows, table.name)
+
+    def _check_limits_locked(self, txn: RunningTxn, op: StagedOp) -> None:
+        """Aborts ``txn`` (and raises) when ``op`` takes it over its row limit, or it is over its
+        time limit. Under ``txn.lock``."""
+        max_rows, rows_from = self.row_limit(txn)
+        # A compaction rewrites rows it does not change: a keys table's limit is on what a
+        # transaction writes (a keys table's 100,000 would otherwise refuse its compaction).
+        if not isinstance(op, Compact) and txn.rows + op.rows > max_rows:
+            if rows_from is None:
+                reason = f"transaction {txn.id} exceeded its row limit of {max_rows} ({txn.rows + op.rows} rows staged)"
+            else:
                 reason = (
-                    f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
-                    f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there"
+                    f"transaction {txn.id} exceeded the row limit (txn_max_rows) of table {rows_from!r}, "
+                    f"{max_rows} ({txn.rows + op.rows} rows staged)"
                 )
-                self.abort(txn, reason, "storage")
-                raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
+            self._abort_locked(txn, reason, [op], "row_limit")
+            raise TransactionAborted(reason, id=txn.id)
+        if time.monotonic() - txn.started > self.time_limit(txn)[0]:
+            reason = self.time_reason(txn)
+            self._abort_locked(txn, reason, [op], "time_limit")
+            raise TransactionAborted(reason, id=txn.id)
+
+    def _record_staged(self, txn: RunningTxn, op: StagedOp) -> None:
+        """Records the files ``op`` added in the WAL; without the record a restart could not
+        delete them, so a failure rolls the transaction back (StorageError)."""
+        try:
+            self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+        except OSError as exc:
+            # Without its record a restart could not delete the files: roll back now.
+            err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
+            reason = (
+                f"transaction {txn.id} was rolled back: replica {self.host_id} could not record its staged "
+                f"parts in its WAL ({err.details['reason']}); if its WAL disk is full, free space there"
+            )
+            self.abort(txn, reason, "storage")
+            raise StorageError(f"{reason}. {err.message}", **err.details, id=txn.id, rolled_back=True) from None
 
     # -- backpressure: visible parts per partition (docs/rules.md#too-many-parts) ---------------
     def parts_limits(self, table: TableDef) -> tuple[int, int]:

@@ -167,6 +167,119 @@ def _outcomes(
     return window, int(payload.get("outcome_floor", 0))
 
 
+# -- checkpoint decoding (ReplicaState.restore): each raises what malformed data raises, which
+# restore reports as CorruptMetadata.
+def _restore_catalog(payload: dict) -> tuple[dict[str, TableDef], dict[str, list[TableRecord]], list[int]]:
+    """A checkpoint's tables, its catalog (each table's records) and the CSNs of its DDL."""
+    tables = {d["name"]: TableDef.from_dict(d) for d in payload["tables"]}
+    catalog: dict[str, list[TableRecord]] = {}
+    if "catalog" in payload:
+        for d in payload["catalog"]:
+            r = TableDropped.from_dict(d["dropped"]) if "dropped" in d else TableDef.from_dict(d["table"])
+            catalog.setdefault(r.name, []).append(r)
+    else:  # written before tables could be altered or dropped
+        catalog = {name: [t] for name, t in tables.items()}
+    ddl_csns = sorted({_record_csn(r) for records in catalog.values() for r in records})
+    return tables, catalog, ddl_csns
+
+
+def _restore_metas(cols: dict) -> list[PartMeta]:
+    """A checkpoint's parts' metadata, from its columns (``payload["parts"]``)."""
+    names = list(cols["fields"])
+    columns = [cols[n] for n in names]
+    ip = names.index("partition")
+    columns[ip] = [tuple(p) for p in columns[ip]]
+    shapes = [tuple(k) for k in cols["stats_keys"]]
+    flat = iter(cols["stats_values"])
+    pairs = zip(flat, flat)  # (min, max); zip(keys, pairs) takes exactly len(keys) of them
+    stats_col = [dict(zip(shapes[s], pairs)) for s in cols["stats_shape"]]
+    if next(flat, pairs) is not pairs:
+        raise ValueError("stats values do not match their shapes")
+    names.append("stats")
+    columns.append(stats_col)
+    current = [f.name for f in fields(PartMeta)]
+    if sorted(names) == sorted(current):
+        order = [names.index(n) for n in current]
+        return [PartMeta(*(row[i] for i in order)) for row in zip(*columns, strict=True)]
+    # written by another version: match by name, new fields take their defaults
+    keep = [(i, n) for i, n in enumerate(names) if n in set(current)]
+    return [PartMeta(**{n: row[i] for i, n in keep}) for row in zip(*columns, strict=True)]
+
+
+def _restore_parts(
+    metas: list[PartMeta], cols: dict
+) -> tuple[dict[str, PartRecord], dict[str, set[str]], dict[str, dict[str, set[str]]], dict[tuple, str]]:
+    """A checkpoint's part records, part names by table, live part names by table and partition
+    key, and the partition keys computed on the way."""
+    parts: dict[str, PartRecord] = {}
+    by_table: dict[str, set[str]] = defaultdict(set)
+    live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    pkeys: dict[tuple, str] = {}
+    rtimes = cols.get("removal_time") or [None] * len(metas)  # absent: written before retention
+    for meta, ccsn, rtid, rcsn, rtime in zip(
+        metas, cols["creation_csn"], cols["removal_tid"], cols["removal_csn"], rtimes, strict=True
+    ):
+        parts[meta.name] = PartRecord(
+            meta, int(ccsn), rtid, None if rcsn is None else int(rcsn), None if rtime is None else float(rtime)
+        )
+        by_table[meta.table].add(meta.name)
+        if rcsn is None:
+            pk = pkeys.get(meta.partition)
+            if pk is None:
+                pk = pkeys[meta.partition] = partition_key(meta.partition)
+            live[meta.table][pk].add(meta.name)
+    return parts, by_table, live, pkeys
+
+
+def _restore_history(h: dict) -> dict[tuple[str, str], list[tuple[int, Summary]]]:
+    """A checkpoint's conflict history (``payload["history"]``), by (table, partition key)."""
+    keys = [(str(t), str(pk)) for t, pk in h["keys"]]
+    kind_sets = [frozenset(Kind(k) for k in ks) for ks in h["kind_sets"]]
+    removed = dict(zip(h["removed_at"], h["removed"], strict=True))
+    none: frozenset[str] = frozenset()
+    history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
+    for i, (k, csn, tid, ks) in enumerate(zip(h["key"], h["csn"], h["tid"], h["kinds"], strict=True)):
+        r = removed.get(i)
+        history[keys[k]].append((csn, Summary(tid, kind_sets[ks], none if r is None else frozenset(r))))
+    return history
+
+
+def _restore_lost(
+    payload: dict, catalog: dict[str, list[TableRecord]], pruned: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """Up to which CSN each table's parts and conflict history may be incomplete."""
+    if "lost" in payload:
+        lost = {str(k): int(v) for k, v in payload["lost"].items()}
+        lost_history = {str(k): int(v) for k, v in payload.get("lost_history", {}).items()}
+    else:  # written before: everything below its floor may be incomplete
+        lost = {name: pruned for name in catalog}
+        lost_history = dict(lost)
+    return lost, lost_history
+
+
+def _restore_key_index(
+    parts: dict[str, PartRecord], pkeys: dict[tuple, str], pruned: int, catalog: dict[str, list[TableRecord]]
+) -> tuple[dict[tuple[str, str], list[tuple[int, str]]], dict[tuple[str, str], KeyIndex]]:
+    """The parts created above ``pruned`` by (table, partition key), in CSN order, and the key
+    index of those a keys table holds."""
+    created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
+    for n, r in parts.items():
+        if r.creation_csn > pruned:
+            pk = pkeys.get(r.meta.partition)
+            if pk is None:
+                pk = pkeys[r.meta.partition] = partition_key(r.meta.partition)
+            created[(r.meta.table, pk)].append((r.creation_csn, n))
+    key_index: dict[tuple[str, str], KeyIndex] = {}
+    for (table, pk), added in created.items():
+        added.sort()
+        records = catalog.get(table, [])
+        for csn, n in added:
+            if _keys_at(records, csn):
+                meta = parts[n].meta
+                key_index.setdefault((table, pk), KeyIndex()).add(csn, n, meta.key_summary, keytables.folded(meta))
+    return created, key_index
+
+
 class ReplicaState:
     def __init__(self, outcome_seconds: float = math.inf, clock: Callable[[], float] = time.time) -> None:
         """``outcome_seconds``: how long a commit's outcome is remembered (the replica setting;
@@ -374,51 +487,69 @@ class ReplicaState:
             floor = min(floor, self.applied)
             if floor <= self.pruned:
                 return 0
-            gone = 0
-            lost = self.lost
-            while self.removals and self.removals[0][0] <= floor:
-                removed_at, name = self.removals.popleft()
-                rec = self.parts.pop(name, None)
-                if rec is None:
-                    continue
-                gone += 1
-                table = rec.meta.table
-                if removed_at > lost.get(table, 0):
-                    lost[table] = removed_at
-                self.by_table[table].discard(name)
-                index = self.all_sorted.get(table)
-                if index is not None:
-                    index.remove(name)
-            lost_history = self.lost_history
-            for (table, _), events in self.conflict_history.items():
-                i = bisect.bisect_right(events, floor, key=lambda e: e[0])
-                if i:
-                    if events[i - 1][0] > lost_history.get(table, 0):
-                        lost_history[table] = events[i - 1][0]
-                    del events[:i]
-            for target, added in list(self.created.items()):
-                i = bisect.bisect_right(added, floor, key=_first)
-                if i == len(added):
-                    del self.created[target]
-                elif i:
-                    del added[:i]
+            gone = self._prune_parts(floor)
+            self._prune_history(floor)
             self._trim_times(floor)
-            i = bisect.bisect_right(self.ddl_csns, floor) - 1
-            if i > 0:
-                del self.ddl_csns[:i]  # the last at or below the floor stays: it defines snapshots above
-            for target, index in list(self.key_index.items()):
-                index.prune(floor)
-                if index.empty() and target not in self.created:
-                    del self.key_index[target]
-            for name, records in list(self.catalog.items()):
-                i = bisect.bisect_right(records, floor, key=_record_csn)
-                if i and isinstance(records[i - 1], TableDropped) and i == len(records):
-                    del self.catalog[name]  # dropped for good: no served snapshot sees it
-                elif i > 1:
-                    self.catalog[name] = records[i - 1 :]  # the one that holds at floor stays
-                    lost[name] = max(lost.get(name, 0), records[i - 1].csn)
+            self._prune_indexes(floor)
+            self._prune_catalog(floor)
             self.pruned = floor
             return gone
+
+    def _prune_parts(self, floor: int) -> int:
+        """Forget the part records removed at or below ``floor`` (under the lock); how many went."""
+        gone = 0
+        lost = self.lost
+        while self.removals and self.removals[0][0] <= floor:
+            removed_at, name = self.removals.popleft()
+            rec = self.parts.pop(name, None)
+            if rec is None:
+                continue
+            gone += 1
+            table = rec.meta.table
+            if removed_at > lost.get(table, 0):
+                lost[table] = removed_at
+            self.by_table[table].discard(name)
+            index = self.all_sorted.get(table)
+            if index is not None:
+                index.remove(name)
+        return gone
+
+    def _prune_history(self, floor: int) -> None:
+        """Forget the conflict history and the creations at or below ``floor`` (under the lock)."""
+        lost_history = self.lost_history
+        for (table, _), events in self.conflict_history.items():
+            i = bisect.bisect_right(events, floor, key=lambda e: e[0])
+            if i:
+                if events[i - 1][0] > lost_history.get(table, 0):
+                    lost_history[table] = events[i - 1][0]
+                del events[:i]
+        for target, added in list(self.created.items()):
+            i = bisect.bisect_right(added, floor, key=_first)
+            if i == len(added):
+                del self.created[target]
+            elif i:
+                del added[:i]
+
+    def _prune_indexes(self, floor: int) -> None:
+        """Forget the DDL CSNs and the key index entries at or below ``floor`` (under the lock)."""
+        i = bisect.bisect_right(self.ddl_csns, floor) - 1
+        if i > 0:
+            del self.ddl_csns[:i]  # the last at or below the floor stays: it defines snapshots above
+        for target, index in list(self.key_index.items()):
+            index.prune(floor)
+            if index.empty() and target not in self.created:
+                del self.key_index[target]
+
+    def _prune_catalog(self, floor: int) -> None:
+        """Forget the table records no snapshot above ``floor`` needs (under the lock)."""
+        lost = self.lost
+        for name, records in list(self.catalog.items()):
+            i = bisect.bisect_right(records, floor, key=_record_csn)
+            if i and isinstance(records[i - 1], TableDropped) and i == len(records):
+                del self.catalog[name]  # dropped for good: no served snapshot sees it
+            elif i > 1:
+                self.catalog[name] = records[i - 1 :]  # the one that holds at floor stays
+                lost[name] = max(lost.get(name, 0), records[i - 1].csn)
 
     def _trim_times(self, floor: int) -> None:
         """Forget the times of the commits at or below ``floor`` but the last (a time after it
@@ -528,32 +659,44 @@ class ReplicaState:
                 names = [n for k in keys for n in live[k] if n not in own_removed]
                 out = sorted((self.parts[n].meta for n in names), key=_name)
             else:
-                # An older snapshot: the records that can be visible at it, in name order, with
-                # the cheap tests first; the visibility rule (is_visible) decides the rest.
-                out = []
-                pkey_of: dict[tuple, str] = {}
-                for rec in self._candidates(table, snapshot, reader_tid, wanted):
-                    meta = rec.meta
-                    if wanted is not None:
-                        pk = pkey_of.get(meta.partition)
-                        if pk is None:
-                            pk = pkey_of[meta.partition] = partition_key(meta.partition)
-                        if pk not in wanted:
-                            continue
-                    if rec.creation_csn > snapshot and meta.creation_tid != reader_tid:
-                        continue
-                    if reader_tid is None and not own_removed:
-                        if rec.removal_csn is None or rec.removal_csn > snapshot:
-                            out.append(meta)
-                        continue
-                    removal_tid = reader_tid if meta.name in own_removed else rec.removal_tid
-                    removal_csn = rec.removal_csn if removal_tid == rec.removal_tid else None
-                    if is_visible(snapshot, reader_tid, meta.creation_tid, rec.creation_csn, removal_tid, removal_csn):
-                        out.append(meta)
+                out = self._visible_before(table, snapshot, reader_tid, own_removed, wanted)
         for meta in own_added:
             if meta.table == table and meta.name not in own_removed:
                 if wanted is None or partition_key(meta.partition) in wanted:
                     bisect.insort(out, meta, key=_name)
+        return out
+
+    def _visible_before(
+        self,
+        table: str,
+        snapshot: int,
+        reader_tid: str | None,
+        own_removed: frozenset[str] | set[str],
+        wanted: set[str] | None,
+    ) -> list[PartMeta]:
+        """The committed parts of ``table`` visible at an older ``snapshot`` (below ``applied``)
+        to ``reader_tid``, in name order: the records that can be visible at it, with the cheap
+        tests first; the visibility rule (is_visible) decides the rest. Called with the lock held."""
+        out = []
+        pkey_of: dict[tuple, str] = {}
+        for rec in self._candidates(table, snapshot, reader_tid, wanted):
+            meta = rec.meta
+            if wanted is not None:
+                pk = pkey_of.get(meta.partition)
+                if pk is None:
+                    pk = pkey_of[meta.partition] = partition_key(meta.partition)
+                if pk not in wanted:
+                    continue
+            if rec.creation_csn > snapshot and meta.creation_tid != reader_tid:
+                continue
+            if reader_tid is None and not own_removed:
+                if rec.removal_csn is None or rec.removal_csn > snapshot:
+                    out.append(meta)
+                continue
+            removal_tid = reader_tid if meta.name in own_removed else rec.removal_tid
+            removal_csn = rec.removal_csn if removal_tid == rec.removal_tid else None
+            if is_visible(snapshot, reader_tid, meta.creation_tid, rec.creation_csn, removal_tid, removal_csn):
+                out.append(meta)
         return out
 
     def _candidates(self, table: str, snapshot: int, reader_tid: str | None, wanted: set[str] | None) -> list:
@@ -684,67 +827,17 @@ class ReplicaState:
 
     def _restore(self, payload: dict, where: str) -> None:
         try:
-            tables = {d["name"]: TableDef.from_dict(d) for d in payload["tables"]}
-            catalog: dict[str, list[TableRecord]] = {}
-            if "catalog" in payload:
-                for d in payload["catalog"]:
-                    r = TableDropped.from_dict(d["dropped"]) if "dropped" in d else TableDef.from_dict(d["table"])
-                    catalog.setdefault(r.name, []).append(r)
-            else:  # written before tables could be altered or dropped
-                catalog = {name: [t] for name, t in tables.items()}
-            ddl_csns = sorted({_record_csn(r) for records in catalog.values() for r in records})
+            tables, catalog, ddl_csns = _restore_catalog(payload)
             cols = payload["parts"]
-            names = list(cols["fields"])
-            columns = [cols[n] for n in names]
-            ip = names.index("partition")
-            columns[ip] = [tuple(p) for p in columns[ip]]
-            shapes = [tuple(k) for k in cols["stats_keys"]]
-            flat = iter(cols["stats_values"])
-            pairs = zip(flat, flat)  # (min, max); zip(keys, pairs) takes exactly len(keys) of them
-            stats_col = [dict(zip(shapes[s], pairs)) for s in cols["stats_shape"]]
-            if next(flat, pairs) is not pairs:
-                raise ValueError("stats values do not match their shapes")
-            names.append("stats")
-            columns.append(stats_col)
-            current = [f.name for f in fields(PartMeta)]
-            if sorted(names) == sorted(current):
-                order = [names.index(n) for n in current]
-                metas = [PartMeta(*(row[i] for i in order)) for row in zip(*columns, strict=True)]
-            else:  # written by another version: match by name, new fields take their defaults
-                keep = [(i, n) for i, n in enumerate(names) if n in set(current)]
-                metas = [PartMeta(**{n: row[i] for i, n in keep}) for row in zip(*columns, strict=True)]
-            parts: dict[str, PartRecord] = {}
-            by_table: dict[str, set[str]] = defaultdict(set)
-            live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-            pkeys: dict[tuple, str] = {}
-            rtimes = cols.get("removal_time") or [None] * len(metas)  # absent: written before retention
-            for meta, ccsn, rtid, rcsn, rtime in zip(
-                metas, cols["creation_csn"], cols["removal_tid"], cols["removal_csn"], rtimes, strict=True
-            ):
-                parts[meta.name] = PartRecord(
-                    meta, int(ccsn), rtid, None if rcsn is None else int(rcsn), None if rtime is None else float(rtime)
-                )
-                by_table[meta.table].add(meta.name)
-                if rcsn is None:
-                    pk = pkeys.get(meta.partition)
-                    if pk is None:
-                        pk = pkeys[meta.partition] = partition_key(meta.partition)
-                    live[meta.table][pk].add(meta.name)
+            metas = _restore_metas(cols)
+            parts, by_table, live, pkeys = _restore_parts(metas, cols)
             live_sorted = {
                 table: SortedIndex((n, parts[n].meta) for names_ in by_pkey.values() for n in names_)
                 for table, by_pkey in live.items()
             }
             all_sorted = {table: SortedIndex((n, parts[n]) for n in names_) for table, names_ in by_table.items()}
             tid_csn = {str(t): int(c) for t, c in zip(payload["tids"], payload["tid_csns"], strict=True)}
-            h = payload["history"]
-            keys = [(str(t), str(pk)) for t, pk in h["keys"]]
-            kind_sets = [frozenset(Kind(k) for k in ks) for ks in h["kind_sets"]]
-            removed = dict(zip(h["removed_at"], h["removed"], strict=True))
-            none: frozenset[str] = frozenset()
-            history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
-            for i, (k, csn, tid, ks) in enumerate(zip(h["key"], h["csn"], h["tid"], h["kinds"], strict=True)):
-                r = removed.get(i)
-                history[keys[k]].append((csn, Summary(tid, kind_sets[ks], none if r is None else frozenset(r))))
+            history = _restore_history(payload["history"])
             versions = {str(k): int(v) for k, v in payload["versions"].items()}
             apps = {str(k): (int(v), int(c)) for k, (v, c) in payload.get("apps", {}).items()}
             time_csns = [int(c) for c in payload["time_csns"]]
@@ -754,30 +847,9 @@ class ReplicaState:
             applied = int(payload["applied"])
             position = (int(payload["position"][0]), int(payload["position"][1]))
             pruned = int(payload.get("pruned", 0))
-            if "lost" in payload:
-                lost = {str(k): int(v) for k, v in payload["lost"].items()}
-                lost_history = {str(k): int(v) for k, v in payload.get("lost_history", {}).items()}
-            else:  # written before: everything below its floor may be incomplete
-                lost = {name: pruned for name in catalog}
-                lost_history = dict(lost)
+            lost, lost_history = _restore_lost(payload, catalog, pruned)
             removals = deque(sorted((r.removal_csn, n) for n, r in parts.items() if r.removal_csn is not None))
-            created: dict[tuple[str, str], list[tuple[int, str]]] = defaultdict(list)
-            for n, r in parts.items():
-                if r.creation_csn > pruned:
-                    pk = pkeys.get(r.meta.partition)
-                    if pk is None:
-                        pk = pkeys[r.meta.partition] = partition_key(r.meta.partition)
-                    created[(r.meta.table, pk)].append((r.creation_csn, n))
-            key_index: dict[tuple[str, str], KeyIndex] = {}
-            for (table, pk), added in created.items():
-                added.sort()
-                records = catalog.get(table, [])
-                for csn, n in added:
-                    if _keys_at(records, csn):
-                        meta = parts[n].meta
-                        key_index.setdefault((table, pk), KeyIndex()).add(
-                            csn, n, meta.key_summary, keytables.folded(meta)
-                        )
+            created, key_index = _restore_key_index(parts, pkeys, pruned, catalog)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             raise CorruptMetadata(f"checkpoint {where} is malformed: {exc!r}") from exc
         with self.lock:
