@@ -132,3 +132,19 @@ def test_every_folder_is_one_layer() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_complexity_is_held_at_15_with_few_allowed_and_each_says_why() -> None:
+    """ruff's C901 at 15 over the product's code (``./dev test`` runs ruff): the setting stays,
+    and at most 10 functions are allowed past it, each with its reason on its def line."""
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "C90" in ruff["select"] and ruff["mccabe"]["max-complexity"] == 15
+    assert not any("C90" in rule for rule in ruff.get("ignore", []))
+    allowed = []
+    for name, path in modules().items():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "noqa: C901" in line:
+                why = line.split("noqa: C901", 1)[1].lstrip(" -:")
+                assert len(why) >= 10, f"{name}:{i} allows C901 without saying why"
+                allowed.append(f"{name}:{i}")
+    assert len(allowed) <= 10, allowed
