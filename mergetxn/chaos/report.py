@@ -171,6 +171,20 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
         f"[bold]chaos run[/] seed {s['seed']}, form {escape(str(s['form']))}, workload "
         f"{escape(str(s['workload']))}, {s['duration']:.1f}s"
     )
+    out.print(_faults_table(s))
+    out.print(_transactions_table(s))
+    _print_errors(s, out)
+    for problem in s.get("problems") or []:
+        out.print(f"[yellow]harness: {escape(problem)}[/]")
+    for reason in s.get("incomplete") or []:
+        out.print(f"[bold red]check incomplete: {escape(reason)}[/]", soft_wrap=True)
+    for breach in s.get("breaches") or []:
+        out.print(f"[bold red]found: {escape(breach)}[/]", soft_wrap=True)
+    _print_findings(s, findings, out, limit)
+
+
+def _faults_table(s: dict[str, Any]) -> Table:
+    """Faults by kind: count, mean time held, recovery p50/max, how many never recovered."""
     ft = Table(title=f"faults ({s['faults']['total']})", title_justify="left")
     for col in ("kind", "count", "held mean s", "recovery p50 s", "recovery max s", "unrecovered"):
         ft.add_column(col, justify="left" if col == "kind" else "right")
@@ -183,7 +197,11 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
             _num(f["recovery_max"]),
             str(f["unrecovered"]),
         )
-    out.print(ft)
+    return ft
+
+
+def _transactions_table(s: dict[str, Any]) -> Table:
+    """Transactions by workload and outcome, with a bold line for all of them."""
     ot = Table(title=f"transactions ({s['ops']['total']})", title_justify="left")
     outcomes = ["committed", "aborted", "indeterminate"]
     for col in ("workload", *outcomes):
@@ -191,7 +209,11 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
     for w, c in s["ops"]["by_workload"].items():
         ot.add_row(w, *(str(c.get(k, 0)) for k in outcomes))
     ot.add_row("[bold]all[/]", *(f"[bold]{s['ops']['by_outcome'].get(k, 0)}[/]" for k in outcomes))
-    out.print(ot)
+    return ot
+
+
+def _print_errors(s: dict[str, Any], out: Console) -> None:
+    """Aborts by error, unexpected errors with an example each, and the indeterminate resolved later."""
     if s["ops"]["aborted_by_error"]:
         out.print("aborted by error: " + ", ".join(f"{k} {v}" for k, v in s["ops"]["aborted_by_error"].items()))
     for error, n in s["ops"].get("unexpected_errors", {}).items():
@@ -207,12 +229,10 @@ def print_summary(summary: dict[str, Any], findings: list[Any], out: Console, li
             "indeterminate, resolved by commit_status: "
             + ", ".join(f"{k} {v}" for k, v in s["ops"]["resolved"].items())
         )
-    for problem in s.get("problems") or []:
-        out.print(f"[yellow]harness: {escape(problem)}[/]")
-    for reason in s.get("incomplete") or []:
-        out.print(f"[bold red]check incomplete: {escape(reason)}[/]", soft_wrap=True)
-    for breach in s.get("breaches") or []:
-        out.print(f"[bold red]found: {escape(breach)}[/]", soft_wrap=True)
+
+
+def _print_findings(s: dict[str, Any], findings: list[Any], out: Console, limit: int) -> None:
+    """The verdict line and the first ``limit`` findings."""
     if not findings:
         out.print(
             "[bold green]no anomaly found[/]"
