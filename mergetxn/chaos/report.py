@@ -281,21 +281,47 @@ def _op_title(o: Op) -> str:
     return "\n".join(lines)
 
 
-def timeline_html(history: History, findings: list[Any] | None = None, incomplete: list[str] | None = None) -> str:
-    """The timeline page (see the module doc)."""
-    findings = findings or []
-    ops, faults = history.ops, history.faults
-    esc = html.escape
-    end = max([1.0, *(o.end for o in ops), *(f.recovered or f.end for f in faults)])
-    left, right, width = 130, 20, 1500
-    plot_w = width - left - right
-    x = lambda t: left + plot_w * max(0.0, t) / end  # noqa: E731
-    lanes = sorted({o.process for o in ops})
-    lane_h, lane_gap = 12, 3
-    workload_of = {}
-    for o in ops:
-        workload_of.setdefault(o.process, o.workload)
-    # fault labels in rows so overlapping faults stay legible
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+    """Where the timeline's parts sit: the plot's left edge and width, the fault labels' rows,
+    the client lanes, the time axis and the CSN panel beneath, on one scale of seconds."""
+
+    end: float
+    top: int
+    lanes_h: int
+    axis_y: int
+    csn_top: int
+    left: int = 130
+    right: int = 20
+    width: int = 1500
+    lane_h: int = 12
+    lane_gap: int = 3
+    label_h: int = 13
+    csn_h: int = 170
+
+    @property
+    def plot_w(self) -> int:
+        return self.width - self.left - self.right
+
+    @property
+    def height(self) -> int:
+        return self.csn_top + self.csn_h + 40
+
+    def x(self, t: float) -> float:
+        return self.left + self.plot_w * max(0.0, t) / self.end
+
+
+def _frame(end: float, label_rows: int, lanes: int) -> _Frame:
+    """The frame for ``label_rows`` rows of fault labels and ``lanes`` client lanes up to ``end``."""
+    top = 20 + max(1, label_rows) * _Frame.label_h
+    lanes_h = lanes * (_Frame.lane_h + _Frame.lane_gap)
+    axis_y = top + lanes_h + 4
+    return _Frame(end=end, top=top, lanes_h=lanes_h, axis_y=axis_y, csn_top=axis_y + 40)
+
+
+def _place_fault_labels(faults: list[Fault], end: float) -> tuple[list[tuple[Fault, int]], int]:
+    """Each fault with the row of its label, so overlapping faults stay legible; and the rows."""
+    plot_w = _Frame.width - _Frame.left - _Frame.right
     label_rows: list[float] = []
     placed: list[tuple[Fault, int]] = []
     for f in sorted(faults, key=lambda f: f.start):
@@ -306,98 +332,123 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
             label_rows.append(0.0)
         label_rows[row] = f.start + label_w
         placed.append((f, row))
-    label_h = 13
-    top = 20 + max(1, len(label_rows)) * label_h
-    lanes_h = len(lanes) * (lane_h + lane_gap)
-    axis_y = top + lanes_h + 4
-    csn_top, csn_h = axis_y + 40, 170
-    height = csn_top + csn_h + 40
-    svg: list[str] = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'font-family="sans-serif" font-size="11">'
-    ]
-    svg.append(
+    return placed, len(label_rows)
+
+
+def _svg_open(fr: _Frame) -> list[str]:
+    """The svg element and the hatching pattern recoveries are drawn with."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{fr.width}" height="{fr.height}" '
+        f'font-family="sans-serif" font-size="11">',
         '<defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" '
         'patternTransform="rotate(45)"><line x1="0" y1="0" x2="0" y2="6" stroke="#888" '
-        'stroke-width="1.5" stroke-opacity="0.35"/></pattern></defs>'
-    )
-    step = _nice_step(end)
-    # grid and axis
+        'stroke-width="1.5" stroke-opacity="0.35"/></pattern></defs>',
+    ]
+
+
+def _svg_grid(fr: _Frame) -> list[str]:
+    """The grid lines, the time axis and its labels."""
+    svg: list[str] = []
+    step = _nice_step(fr.end)
     t = 0.0
-    while t <= end + 1e-9:
-        gx = x(t)
-        svg.append(f'<line x1="{gx:.1f}" y1="{top - 4}" x2="{gx:.1f}" y2="{csn_top + csn_h}" stroke="#eee"/>')
-        svg.append(f'<text x="{gx:.1f}" y="{axis_y + 14}" text-anchor="middle" fill="#444">{t:g}</text>')
+    while t <= fr.end + 1e-9:
+        gx = fr.x(t)
+        svg.append(f'<line x1="{gx:.1f}" y1="{fr.top - 4}" x2="{gx:.1f}" y2="{fr.csn_top + fr.csn_h}" stroke="#eee"/>')
+        svg.append(f'<text x="{gx:.1f}" y="{fr.axis_y + 14}" text-anchor="middle" fill="#444">{t:g}</text>')
         t += step
     svg.append(
-        f'<text x="{left + plot_w / 2:.0f}" y="{axis_y + 30}" text-anchor="middle" fill="#222">'
+        f'<text x="{fr.left + fr.plot_w / 2:.0f}" y="{fr.axis_y + 30}" text-anchor="middle" fill="#222">'
         "seconds since the run began</text>"
     )
-    svg.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + plot_w}" y2="{axis_y}" stroke="#444"/>')
-    # fault bands (behind the bars), their recovery as hatching, labels above
+    svg.append(f'<line x1="{fr.left}" y1="{fr.axis_y}" x2="{fr.left + fr.plot_w}" y2="{fr.axis_y}" stroke="#444"/>')
+    return svg
+
+
+def _svg_faults(fr: _Frame, placed: list[tuple[Fault, int]]) -> list[str]:
+    """Fault bands (behind the bars), their recovery as hatching, labels above."""
+    esc = html.escape
+    svg: list[str] = []
     for f, row in placed:
         colour = FAULT_COLOURS.get(f.kind, "#999")
-        x0, x1 = x(f.start), max(x(f.end), x(f.start) + 1.5)
+        x0, x1 = fr.x(f.start), max(fr.x(f.end), fr.x(f.start) + 1.5)
         title = esc(
             f"{f.kind} {f.target} {f.start:.2f}-{f.end:.2f}s: {f.detail}"
             + (f"; recovered after {f.recovered - f.end:.2f}s" if f.recovered is not None else "; not recovered")
         )
         svg.append(
             f"<g><title>{title}</title>"
-            f'<rect x="{x0:.1f}" y="{top - 2}" width="{x1 - x0:.1f}" height="{lanes_h + 4}" fill="{colour}" '
+            f'<rect x="{x0:.1f}" y="{fr.top - 2}" width="{x1 - x0:.1f}" height="{fr.lanes_h + 4}" fill="{colour}" '
             f'fill-opacity="0.16"/>'
-            f'<rect x="{x0:.1f}" y="{csn_top}" width="{x1 - x0:.1f}" height="{csn_h}" fill="{colour}" '
+            f'<rect x="{x0:.1f}" y="{fr.csn_top}" width="{x1 - x0:.1f}" height="{fr.csn_h}" fill="{colour}" '
             f'fill-opacity="0.10"/>'
         )
         if f.recovered is not None and f.recovered > f.end:
             svg.append(
-                f'<rect x="{x1:.1f}" y="{top - 2}" width="{max(0.5, x(f.recovered) - x1):.1f}" '
-                f'height="{lanes_h + 4}" fill="url(#hatch)"/>'
+                f'<rect x="{x1:.1f}" y="{fr.top - 2}" width="{max(0.5, fr.x(f.recovered) - x1):.1f}" '
+                f'height="{fr.lanes_h + 4}" fill="url(#hatch)"/>'
             )
-        ly = 16 + row * label_h
+        ly = 16 + row * fr.label_h
         svg.append(
-            f'<line x1="{x0:.1f}" y1="{ly + 2}" x2="{x0:.1f}" y2="{top - 2}" stroke="{colour}" '
+            f'<line x1="{x0:.1f}" y1="{ly + 2}" x2="{x0:.1f}" y2="{fr.top - 2}" stroke="{colour}" '
             f'stroke-opacity="0.6"/><text x="{x0 + 2:.1f}" y="{ly}" fill="{colour}">'
             f"{esc(f.kind)} {esc(f.target)}</text></g>"
         )
-    # lanes and bars
+    return svg
+
+
+def _svg_lanes(fr: _Frame, ops: list[Op], lanes: list[int]) -> list[str]:
+    """A lane per client, named, and a bar per transaction coloured by its outcome."""
+    esc = html.escape
+    svg: list[str] = []
+    workload_of = {}
+    for o in ops:
+        workload_of.setdefault(o.process, o.workload)
     for n, p in enumerate(lanes):
-        y = top + n * (lane_h + lane_gap)
+        y = fr.top + n * (fr.lane_h + fr.lane_gap)
         name = "killed clients" if workload_of.get(p) == "kill-client" else f"client {p} ({workload_of.get(p, '')})"
-        svg.append(f'<text x="{left - 6}" y="{y + lane_h - 2}" text-anchor="end" fill="#333">{esc(name)}</text>')
+        svg.append(f'<text x="{fr.left - 6}" y="{y + fr.lane_h - 2}" text-anchor="end" fill="#333">{esc(name)}</text>')
     row_of = {p: n for n, p in enumerate(lanes)}
     for o in ops:
-        y = top + row_of[o.process] * (lane_h + lane_gap)
-        x0 = x(o.start)
-        w = max(1.0, x(o.end) - x0)
+        y = fr.top + row_of[o.process] * (fr.lane_h + fr.lane_gap)
+        x0 = fr.x(o.start)
+        w = max(1.0, fr.x(o.end) - x0)
         stroke = ' stroke="#d62728" stroke-width="1.5"' if o.resolved else ""
         svg.append(
-            f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{lane_h}" '
+            f'<rect x="{x0:.1f}" y="{y}" width="{w:.1f}" height="{fr.lane_h}" '
             f'fill="{OUTCOME_COLOURS.get(o.outcome, "#999")}"{stroke}><title>{esc(_op_title(o))}</title></rect>'
         )
-    # commits by CSN
+    return svg
+
+
+def _svg_commits(fr: _Frame, ops: list[Op]) -> tuple[list[str], dict[str, str]]:
+    """The lower panel: each commit by CSN over time, coloured by workload; and those colours."""
+    esc = html.escape
     commits = [o for o in ops if o.outcome == "committed" and o.csn is not None]
-    svg.append(f'<rect x="{left}" y="{csn_top}" width="{plot_w}" height="{csn_h}" fill="none" stroke="#999"/>')
-    if commits:
-        # By rank: a new epoch makes CSNs jump by 2**31, which would flatten a linear scale.
-        order = sorted({o.csn for o in commits if o.csn is not None})
-        rank = {c: n for n, c in enumerate(order)}
-        span = max(1, len(order) - 1)
-        y = lambda c: csn_top + csn_h - 4 - (csn_h - 8) * rank[c] / span  # noqa: E731
-        for c in dict.fromkeys([order[0], order[len(order) // 2], order[-1]]):
-            svg.append(f'<text x="{left - 6}" y="{y(c) + 4:.1f}" text-anchor="end" fill="#666">{c}</text>')
-        svg.append(f'<text x="{left}" y="{csn_top - 5}" fill="#333">CSN of each commit</text>')
-        wl = sorted({o.workload for o in commits})
-        colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
-        for o in commits:
-            svg.append(
-                f'<circle cx="{x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
-                f"<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on replica #{o.replica}</title></circle>"
-            )
-    else:
-        wl, colour = [], {}
-    svg.append("</svg>")
-    # legend and page
+    left, csn_top, csn_h = fr.left, fr.csn_top, fr.csn_h
+    svg = [f'<rect x="{left}" y="{csn_top}" width="{fr.plot_w}" height="{csn_h}" fill="none" stroke="#999"/>']
+    if not commits:
+        return svg, {}
+    # By rank: a new epoch makes CSNs jump by 2**31, which would flatten a linear scale.
+    order = sorted({o.csn for o in commits if o.csn is not None})
+    rank = {c: n for n, c in enumerate(order)}
+    span = max(1, len(order) - 1)
+    y = lambda c: csn_top + csn_h - 4 - (csn_h - 8) * rank[c] / span  # noqa: E731
+    for c in dict.fromkeys([order[0], order[len(order) // 2], order[-1]]):
+        svg.append(f'<text x="{left - 6}" y="{y(c) + 4:.1f}" text-anchor="end" fill="#666">{c}</text>')
+    svg.append(f'<text x="{left}" y="{csn_top - 5}" fill="#333">CSN of each commit</text>')
+    wl = sorted({o.workload for o in commits})
+    colour = {w: WORKLOAD_COLOURS[i % len(WORKLOAD_COLOURS)] for i, w in enumerate(wl)}
+    for o in commits:
+        svg.append(
+            f'<circle cx="{fr.x(o.end):.1f}" cy="{y(o.csn):.1f}" r="1.8" fill="{colour[o.workload]}">'
+            f"<title>CSN {o.csn}: op {o.index} ({esc(o.workload)}) on replica #{o.replica}</title></circle>"
+        )
+    return svg, colour
+
+
+def _legends(faults: list[Fault], colour: dict[str, str]) -> tuple[str, str, str]:
+    """The keys for transactions (by outcome), faults (by kind) and commits (by workload)."""
+    esc = html.escape
     legend = "".join(
         f'<span class="key"><i style="background:{c}"></i>{esc(k)}</span>' for k, c in OUTCOME_COLOURS.items()
     )
@@ -417,10 +468,14 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         else ""
     )
     wl_legend = "".join(
-        f'<span class="key"><i style="background:{colour[w]};border-radius:50%"></i>{esc(w)}</span>' for w in wl
+        f'<span class="key"><i style="background:{c};border-radius:50%"></i>{esc(w)}</span>' for w, c in colour.items()
     )
-    h = history.header
-    counts = Counter(o.outcome for o in ops)
+    return legend, fault_legend, wl_legend
+
+
+def _verdict_html(findings: list[Any], incomplete: list[str] | None) -> str:
+    """Why the check is incomplete, if it is, and the findings (the first 50) or that there are none."""
+    esc = html.escape
     verdict_html = "".join(f'<p class="bad">check incomplete: {esc(r)}</p>' for r in incomplete or [])
     verdict_html += (
         '<p class="ok">no anomaly found</p>'
@@ -429,6 +484,24 @@ def timeline_html(history: History, findings: list[Any] | None = None, incomplet
         + "".join(f"<li>{esc(describe(f))}</li>" for f in findings[:50])
         + "</ul>"
     )
+    return verdict_html
+
+
+def timeline_html(history: History, findings: list[Any] | None = None, incomplete: list[str] | None = None) -> str:
+    """The timeline page (see the module doc)."""
+    findings = findings or []
+    ops, faults = history.ops, history.faults
+    end = max([1.0, *(o.end for o in ops), *(f.recovered or f.end for f in faults)])
+    lanes = sorted({o.process for o in ops})
+    placed, label_rows = _place_fault_labels(faults, end)
+    fr = _frame(end, label_rows, len(lanes))
+    commits, colour = _svg_commits(fr, ops)
+    svg = [*_svg_open(fr), *_svg_grid(fr), *_svg_faults(fr, placed), *_svg_lanes(fr, ops, lanes), *commits, "</svg>"]
+    legend, fault_legend, wl_legend = _legends(faults, colour)
+    verdict_html = _verdict_html(findings, incomplete)
+    esc = html.escape
+    h = history.header
+    counts = Counter(o.outcome for o in ops)
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>mergetxn chaos: seed {h.seed}</title>
 <style>
