@@ -1012,14 +1012,9 @@ def table_create(
 ) -> None:
     """Create table NAME."""
     schema = parse_schema(schema_text)
-    pby = [c.strip() for p in partition_by for c in p.split(",") if c.strip()]
-    pkey = [c.strip() for p in primary_key for c in p.split(",") if c.strip()]
-    groups: dict[str, list[str]] = {}
-    for spec in lock_group:
-        gname, sep, cols = spec.partition("=")
-        if not sep or not gname.strip():
-            raise click.BadParameter(f"{spec!r} is not NAME=COL1,COL2", param_hint="--lock-group")
-        groups[gname.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
+    pby = _column_list(partition_by)
+    pkey = _column_list(primary_key)
+    groups = _lock_groups(lock_group)
     with connected(replica) as client:
         csn = client.create_table(
             name,
@@ -1056,6 +1051,22 @@ def table_create(
         return
     extra = f", partitioned by {', '.join(pby)}" if pby else ""
     console().print(f"created table [bold]{escape(name)}[/] (policy {policy}{extra}) at CSN {csn}")
+
+
+def _column_list(options: tuple[str, ...]) -> list[str]:
+    """The columns of a repeatable, comma-separated option, in order."""
+    return [c.strip() for p in options for c in p.split(",") if c.strip()]
+
+
+def _lock_groups(specs: tuple[str, ...]) -> dict[str, list[str]]:
+    """``--lock-group NAME=COL1,COL2`` options as lock groups (a malformed one is a usage error)."""
+    groups: dict[str, list[str]] = {}
+    for spec in specs:
+        gname, sep, cols = spec.partition("=")
+        if not sep or not gname.strip():
+            raise click.BadParameter(f"{spec!r} is not NAME=COL1,COL2", param_hint="--lock-group")
+        groups[gname.strip()] = [c.strip() for c in cols.split(",") if c.strip()]
+    return groups
 
 
 @table.command("drop")
