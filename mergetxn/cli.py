@@ -1248,27 +1248,9 @@ def insert(
         try:
             tdef = tx.table(table_name)  # as the transaction sees it: its schema and schema version
             by_key = tdef.conflict_policy is Policy.KEYS
-            if by_key and overwrite:
-                raise errors.InvalidInput(
-                    f"insert --overwrite: {quote(table_name)} is a keys table, written by "
-                    "key (a row replaces its key's row): drop --overwrite, or truncate first"
-                )
-            if update and not by_key:
-                raise errors.InvalidInput(
-                    f"insert --update: {quote(table_name)} is not a keys table (update mode writes by key)"
-                )
+            _check_insert_mode(table_name, by_key, overwrite, update)
             writer = _KeyWriter(tx, table_name, update) if by_key else _PartWriter(client, tx, tdef, overwrite)
-            total, batches = file_batches(file, tdef.schema, batch_rows)
-            rows = 0
-            try:
-                with progress(f"writing {file.name}", total) as advance:
-                    for data in batches:
-                        rows += writer.add(data)
-                        advance(data.num_rows)
-                parts = writer.finish()
-            except BaseException:
-                writer.discard()
-                raise
+            rows, parts = _write_file(writer, file, tdef.schema, batch_rows)
             if rows == 0:
                 tx.rollback()
             else:
@@ -1301,6 +1283,36 @@ def insert(
         return
     verb = "overwrote with" if overwrite else ("updated by key" if update else "inserted")
     console().print(f"{verb} {rows} rows into {escape(table_name)}; committed at CSN {tx.csn} (tid {tx.id})")
+
+
+def _check_insert_mode(table_name: str, by_key: bool, overwrite: bool, update: bool) -> None:
+    """``--overwrite`` is for tables written by part, ``--update`` for keys tables."""
+    if by_key and overwrite:
+        raise errors.InvalidInput(
+            f"insert --overwrite: {quote(table_name)} is a keys table, written by "
+            "key (a row replaces its key's row): drop --overwrite, or truncate first"
+        )
+    if update and not by_key:
+        raise errors.InvalidInput(
+            f"insert --update: {quote(table_name)} is not a keys table (update mode writes by key)"
+        )
+
+
+def _write_file(writer: _KeyWriter | _PartWriter, file: Path, schema: pa.Schema, batch_rows: int) -> tuple[int, int]:
+    """FILE's rows through ``writer`` by batches, with progress: the rows and the parts written.
+    On any failure what the writer staged is discarded."""
+    total, batches = file_batches(file, schema, batch_rows)
+    rows = 0
+    try:
+        with progress(f"writing {file.name}", total) as advance:
+            for data in batches:
+                rows += writer.add(data)
+                advance(data.num_rows)
+        parts = writer.finish()
+    except BaseException:
+        writer.discard()
+        raise
+    return rows, parts
 
 
 class _KeyWriter:
