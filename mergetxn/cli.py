@@ -2016,6 +2016,18 @@ def print_status(report: dict) -> None:
                 title=f"ZooKeeper {escape(str(zk['hosts']))}",
             )
         )
+    out.print(_replicas_table(report))
+    _print_log_and_transactions(report, out)
+    for p in report["problems"]:
+        out.print(f"problem: {escape(p)}", style="bold red", soft_wrap=True)
+    if report["healthy"]:
+        out.print("healthy", style="bold green")
+    else:
+        out.print(f"UNHEALTHY: {len(report['problems'])} problem(s)", style="bold red")
+
+
+def _replicas_table(report: dict) -> Table:
+    """A row per replica: its state and, when it answered, applied CSN, lag, transactions, WAL."""
     rows = []
     for r in report["replicas"].values():
         row = {"replica": r["host_id"], "address": r.get("address") or "", "state": r["state"]}
@@ -2033,13 +2045,15 @@ def print_status(report: dict) -> None:
         if r.get("ignored"):
             row["state"] += " (ignored)"
         rows.append(row)
-    out.print(
-        rows_table(
-            rows,
-            ["replica", "address", "state", "applied", "lag", "running", "oldest", "wal", "cleanup", "metrics"],
-            title="replicas (lag: entries / seconds)",
-        )
+    return rows_table(
+        rows,
+        ["replica", "address", "state", "applied", "lag", "running", "oldest", "wal", "cleanup", "metrics"],
+        title="replicas (lag: entries / seconds)",
     )
+
+
+def _print_log_and_transactions(report: dict, out: Console) -> None:
+    """The log's extent, the oldest snapshot in use, long-running and orphaned transactions, last cleanup."""
     lg = report.get("log")
     if lg:
         ck = lg.get("checkpoint")
@@ -2070,12 +2084,6 @@ def print_status(report: dict) -> None:
             else (f"removed {(last.get('last') or {}).get('removed', 0)} files")
         )
         out.print(f"last cleanup: on {escape(last['host'])} {_ago(last['last_at'])}, {escape(result)}")
-    for p in report["problems"]:
-        out.print(f"problem: {escape(p)}", style="bold red", soft_wrap=True)
-    if report["healthy"]:
-        out.print("healthy", style="bold green")
-    else:
-        out.print(f"UNHEALTHY: {len(report['problems'])} problem(s)", style="bold red")
 
 
 # -- transactions ------------------------------------------------------------------------------
