@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import click
@@ -39,6 +39,9 @@ from mergetxn.tools.jsonrows import json_value
 from mergetxn.tools.jsonrows import stream as json_stream
 from replicas import logs
 from replicas.settings import click_options
+
+if TYPE_CHECKING:
+    from mergetxn.chaos.run import Result
 
 log = logging.getLogger(__name__)
 
@@ -2305,63 +2308,80 @@ def chaos(
     and check the history for isolation anomalies, lost commits, divergent replicas and
     unresolved outcomes. Exit code 0 only when nothing was found, 1 when something was
     (each finding printed), 2 when the run could not be set up."""
-    import logging
-    import random
     import tempfile
 
     from mergetxn.chaos import report
-    from mergetxn.chaos.run import cleanup, conclude, history_from, run_chaos
+    from mergetxn.chaos.run import conclude, history_from
 
     out = console()
     logging.getLogger("kazoo").setLevel(logging.ERROR)  # the nemesis's own ZooKeeper clients see every fault
     workdir = workdir or Path(tempfile.gettempdir()) / "mergetxn-chaos"
     if cleanup_only:
-        try:
-            done = cleanup(workdir)
-        except RuntimeError as exc:  # another run holds the directory
-            fail(str(exc))
-        out.print("\n".join(escape(d) for d in done) if done else "nothing to clean up")
+        _chaos_cleanup(workdir, out)
         return
     if check_history is not None:
         result = conclude(history_from(check_history), report_dir)
     else:
-        if seed is None:
-            seed = random.SystemRandom().randrange(2**31)
-        out.print(f"seed {seed} (rerun with --seed {seed})")
-
-        def interrupt(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt  # SIGTERM stops the run as Ctrl-C does: healed, cluster stopped
-
-        previous = signal.signal(signal.SIGTERM, interrupt)
-        try:
-            result = run_chaos(
-                workdir,
-                seconds,
-                seed,
-                workload,
-                nemesis,
-                report_dir,
-                clients_per_replica,
-                form,
-                say=lambda text: out.print(escape(text), style="dim"),
-                spark=spark,
-                max_faults=max_faults,
-                lanes=lanes,
-                pause=pause,
-                storage=storage,
-                hostile=hostile,
-                secure=secure,
-            )
-        except KeyboardInterrupt:
-            print_error("interrupted; the cluster was stopped")
-            raise SystemExit(130) from None
-        except (MergetxnError, OSError, RuntimeError, TimeoutError) as exc:
-            fail(f"the chaos run could not be set up or finished: {type(exc).__name__}: {exc}")
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        result = _chaos_run(
+            out,
+            seed,
+            workdir,
+            seconds,
+            workload=workload,
+            nemesis=nemesis,
+            report_dir=report_dir,
+            clients_per_replica=clients_per_replica,
+            form=form,
+            spark=spark,
+            max_faults=max_faults,
+            lanes=lanes,
+            pause=pause,
+            storage=storage,
+            hostile=hostile,
+            secure=secure,
+        )
     report.print_summary(result.summary, result.findings, out)
     out.print(f"report: {escape(str(report_dir))}/ ({', '.join(report.FILES)})")
     raise SystemExit(result.exit_code)
+
+
+def _chaos_cleanup(workdir: Path, out: Console) -> None:
+    """``chaos --cleanup``: remove what an earlier run left in ``workdir`` and say what was removed."""
+    from mergetxn.chaos.run import cleanup
+
+    try:
+        done = cleanup(workdir)
+    except RuntimeError as exc:  # another run holds the directory
+        fail(str(exc))
+    out.print("\n".join(escape(d) for d in done) if done else "nothing to clean up")
+
+
+def _chaos_run(out: Console, seed: int | None, workdir: Path, seconds: float, **options: Any) -> Result:
+    """One chaos campaign (``run_chaos`` with ``options``) under ``seed`` (a random one, printed, if
+    none), its progress printed dim; SIGTERM stops it as Ctrl-C does (healed, cluster stopped,
+    exit 130); a run that cannot be set up or finished fails."""
+    import random
+
+    from mergetxn.chaos.run import run_chaos
+
+    if seed is None:
+        seed = random.SystemRandom().randrange(2**31)
+    out.print(f"seed {seed} (rerun with --seed {seed})")
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops the run as Ctrl-C does: healed, cluster stopped
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        result = run_chaos(workdir, seconds, seed, say=lambda text: out.print(escape(text), style="dim"), **options)
+    except KeyboardInterrupt:
+        print_error("interrupted; the cluster was stopped")
+        raise SystemExit(130) from None
+    except (MergetxnError, OSError, RuntimeError, TimeoutError) as exc:
+        fail(f"the chaos run could not be set up or finished: {type(exc).__name__}: {exc}")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return result
 
 
 # -- security ----------------------------------------------------------------------------------
