@@ -287,8 +287,15 @@ class SparkWorkload:
         name = error_name(error) if error else "NoOutcome"
         message = _message(error) if error else "the job returned without a committed trace"
         # The job failed (or its trace lost the commit): ask the replica what became of it.
+        return self._resolve(client, base, rec, mops, began["txn"], name, message)
+
+    def _resolve(
+        self, client: Client, base: dict, rec: Recorder, mops: list[list[Any]], tid: str, name: str, message: str
+    ) -> Op:
+        """A job whose trace shows no commit of ``tid``: recorded as ``commit_status`` tells
+        (indeterminate when that fails or is not final); ``name`` and ``message`` say why it was asked."""
         try:
-            status = client.commit_status(began["txn"])
+            status = client.commit_status(tid)
         except Exception as exc:
             return rec.add(
                 **base,
