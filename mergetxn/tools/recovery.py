@@ -444,49 +444,13 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
     for e in events:
         key = (e.get("csn"), e.get("tid"))
         if e["event"] == "commit":
-            kinds = [k for k in (e.get("kinds") or "").split(",") if k]
-            commits[key] = entry = {
-                "csn": e["csn"],
-                "time": e.get("time"),
-                "kind": ", ".join(KIND_NAMES.get(k, k.lower()) for k in kinds) or "empty",
-                "rows_added": e.get("rows") or 0,
-                "rows_removed": 0,
-                "tid": e["tid"],
-                "host": e.get("host"),
-                "user": users.get(e["tid"]),
-                "reason": None,
-            }
+            commits[key] = entry = _commit_entry(e, users.get(e["tid"]))
             out.append(entry)
         elif e["event"] == "part_removed" and key in commits:
             commits[key]["rows_removed"] += e.get("rows") or 0
         elif e["event"] == "rollback":
-            out.append(
-                {
-                    "csn": None,
-                    "time": e.get("time"),
-                    "kind": "abort",
-                    "rows_added": 0,
-                    "rows_removed": 0,
-                    "tid": e.get("tid"),
-                    "host": e.get("host"),
-                    "user": e.get("user"),
-                    "reason": e.get("reason"),
-                }
-            )
-    for h in ddl:
-        out.append(
-            {
-                "csn": h["csn"],
-                "time": None,
-                "kind": "create" if h.get("what") == "created" else "alter",
-                "rows_added": 0,
-                "rows_removed": 0,
-                "tid": None,
-                "host": None,
-                "user": None,
-                "reason": None,
-            }
-        )
+            out.append(_abort_entry(e))
+    out.extend(_ddl_entry(h) for h in ddl)
 
     # An abort has no CSN: it goes after the last commit made before it (by time).
     timed = sorted((c["time"], c["csn"]) for c in commits.values() if c["time"] is not None)
@@ -499,3 +463,49 @@ def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
         return (highest[i - 1] if i else 0, 2)
 
     return sorted(out, key=order)
+
+
+def _commit_entry(e: dict, user: str | None) -> dict:
+    """The history entry of a ``commit`` event (rows removed are added as its parts' removals come)."""
+    kinds = [k for k in (e.get("kinds") or "").split(",") if k]
+    return {
+        "csn": e["csn"],
+        "time": e.get("time"),
+        "kind": ", ".join(KIND_NAMES.get(k, k.lower()) for k in kinds) or "empty",
+        "rows_added": e.get("rows") or 0,
+        "rows_removed": 0,
+        "tid": e["tid"],
+        "host": e.get("host"),
+        "user": user,
+        "reason": None,
+    }
+
+
+def _abort_entry(e: dict) -> dict:
+    """The history entry of a ``rollback`` event."""
+    return {
+        "csn": None,
+        "time": e.get("time"),
+        "kind": "abort",
+        "rows_added": 0,
+        "rows_removed": 0,
+        "tid": e.get("tid"),
+        "host": e.get("host"),
+        "user": e.get("user"),
+        "reason": e.get("reason"),
+    }
+
+
+def _ddl_entry(h: dict) -> dict:
+    """The history entry of a table's creation or alteration (from ``describe_table``'s ``history``)."""
+    return {
+        "csn": h["csn"],
+        "time": None,
+        "kind": "create" if h.get("what") == "created" else "alter",
+        "rows_added": 0,
+        "rows_removed": 0,
+        "tid": None,
+        "host": None,
+        "user": None,
+        "reason": None,
+    }
