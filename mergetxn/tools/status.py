@@ -32,10 +32,17 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator.core.errors import InvalidInput, MergetxnError
 from coordinator.core.versions import csn_of
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from coordinator.model.records import AliveRecord
+    from coordinator.model.znodes import Marks
+    from coordinator.zk.log import CsnLog
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +129,12 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     """What ZooKeeper holds about the cluster (read only). ``credentials``: a secured cluster's
     (:class:`coordinator.wire.security.Credentials`), whose digest identity its nodes' ACLs require."""
     from kazoo.client import KazooClient
-    from kazoo.exceptions import NoNodeError
     from kazoo.retry import KazooRetry
 
-    from coordinator.core.errors import CorruptMetadata
-    from coordinator.model.znodes import Marks
     from coordinator.wire.security import zk_client_args
     from coordinator.zk.alive import read_alive
     from coordinator.zk.alive import registered as registered_hosts
-    from coordinator.zk.log import CsnLog, given_out
+    from coordinator.zk.log import CsnLog
     from coordinator.zk.needed import find_missing
 
     zk = KazooClient(
@@ -155,35 +159,13 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
             return {"error": f"no mergetxn cluster at {hosts} under {layout.root} (no {layout.log_path()})"}
         registered = registered_hosts(zk, layout) if zk.exists(layout.replicas_path()) else []
         alive = read_alive(zk, layout)
-        end, entries, epochs = 0, 0, 0
-        for e in layout.epochs():
-            stat = zk.exists(layout.epoch_path(e))
-            if stat is None:
-                continue
-            epochs += 1
-            entries += stat.numChildren
-            if given_out(stat) > 0:  # the last sequence number the epoch gave out
-                end = max(end, csn_of(e, given_out(stat) - 1))
+        end, entries, epochs = _log_extent(zk, layout)
         tail, _ = layout.read_tail()
-        try:
-            gc: Marks | None = Marks.decode(zk.get(layout.gc_path())[0], layout.gc_path())
-        except (NoNodeError, CorruptMetadata):
-            gc = None
+        gc = _cleanup_marks(zk, layout)
         return {
             "missing": find_missing(zk, layout, credentials is not None) if registered else [],
             "registered": registered,
-            "alive": {
-                h: {
-                    "address": r.address,
-                    "applied": r.applied,
-                    "oldest_snapshot": r.oldest_snapshot,
-                    "snapshots": [list(p) for p in r.snapshots],
-                    "running": len(r.running),
-                    "running_overflow": r.running_overflow,
-                    "malformed": r.malformed,
-                }
-                for h, r in alive.items()
-            },
+            "alive": _alive_view(alive),
             "log": {
                 "end_csn": end,
                 "entries": entries,
@@ -202,6 +184,52 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
             zk.close()
         except Exception:  # pragma: no cover - closing anyway
             pass
+
+
+def _log_extent(zk: KazooClient, layout: CsnLog) -> tuple[int, int, int]:
+    """The log's end CSN (the last one given out), its entries and its epochs, from the epochs' stats."""
+    from coordinator.zk.log import given_out
+
+    end, entries, epochs = 0, 0, 0
+    for e in layout.epochs():
+        stat = zk.exists(layout.epoch_path(e))
+        if stat is None:
+            continue
+        epochs += 1
+        entries += stat.numChildren
+        if given_out(stat) > 0:  # the last sequence number the epoch gave out
+            end = max(end, csn_of(e, given_out(stat) - 1))
+    return end, entries, epochs
+
+
+def _cleanup_marks(zk: KazooClient, layout: CsnLog) -> Marks | None:
+    """The cleanup's marks (watermark, collected), or None when there are none or they are unreadable."""
+    from kazoo.exceptions import NoNodeError
+
+    from coordinator.core.errors import CorruptMetadata
+    from coordinator.model.znodes import Marks
+
+    try:
+        gc: Marks | None = Marks.decode(zk.get(layout.gc_path())[0], layout.gc_path())
+    except (NoNodeError, CorruptMetadata):
+        gc = None
+    return gc
+
+
+def _alive_view(alive: dict[str, AliveRecord]) -> dict[str, dict[str, Any]]:
+    """Each live replica's registration as status reports it."""
+    return {
+        h: {
+            "address": r.address,
+            "applied": r.applied,
+            "oldest_snapshot": r.oldest_snapshot,
+            "snapshots": [list(p) for p in r.snapshots],
+            "running": len(r.running),
+            "running_overflow": r.running_overflow,
+            "malformed": r.malformed,
+        }
+        for h, r in alive.items()
+    }
 
 
 def retire(hosts: str, root: str, host_id: str, timeout: float, credentials: Any = None) -> int:
