@@ -285,6 +285,42 @@ class Workload:
         # partition (under maxcompute two INSERTs into one partition conflict); events writers
         # share the table (under parts INSERTs never conflict).
         plan = [(i, "orders", DAY[i]) for i in range(REPLICAS)] + [(i, "events", f"r{i}") for i in range(REPLICAS)]
+        csns, spans = self._run_writers(plan)
+        commits = sum(len(x) for x in csns)
+        elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
+        distinct = len({c for x in csns for c in x})
+        for w, x in enumerate(csns):
+            expect(x == sorted(x) and len(set(x)) == len(x), f"writer {w} saw CSNs go backwards: {x}")
+        self.writer_csn = max(c for x in csns for c in x)
+        self.writer_time = dt.datetime.now(dt.UTC)
+        c0 = self.c(0)
+        c0.wait_for(self.writer_csn)
+        orders = c0.read("orders", snapshot=self.writer_csn)
+        events = c0.read("events", snapshot=self.writer_csn)
+        want = REPLICAS * WRITER_COMMITS * ROWS_PER_COMMIT
+        expect(
+            orders.num_rows == want,
+            f"orders has {orders.num_rows} rows after the writers, expected {want}",
+        )
+        expect(
+            events.num_rows == want,
+            f"events has {events.num_rows} rows after the writers, expected {want}",
+        )
+        self.writer_orders_rows = orders.num_rows
+        self.writer_d1_amount = pc.sum(orders.filter(day_filter(DAY[0]))["amount"]).as_py()
+        rate = commits / elapsed if elapsed > 0 else float("inf")
+        self.say(
+            f"{len(plan)} writers, one on orders and one on events per replica (r0, r1, r2), "
+            "started together by a barrier"
+        )
+        shared = f"; group commit put them in {distinct} ZooKeeper multis (distinct CSNs)" if distinct < commits else ""
+        self.say(f"{commits} transactions committed in {elapsed:.2f}s = [bold]{rate:.0f} commits/s[/]{shared}")
+        self.say(f"read on r0 at CSN {self.writer_csn}: orders {orders.num_rows} rows, events {events.num_rows} rows")
+        return f"{commits} commits, {rate:.0f} commits/s, no row lost"
+
+    def _run_writers(self, plan: list[tuple[int, str, str]]) -> tuple[list[list[int]], list[tuple[float, float]]]:
+        """The writers of ``plan`` (replica, table, day or source), started together by a barrier:
+        each one's CSNs in commit order and its (start, end) time; any writer's error fails the step."""
         barrier = threading.Barrier(len(plan))
         csns: list[list[int]] = [[] for _ in plan]
         spans: list[tuple[float, float]] = [(0.0, 0.0)] * len(plan)
@@ -318,37 +354,7 @@ class Workload:
         for t in threads:
             t.join()
         expect(not errors, "; ".join(errors))
-        commits = sum(len(x) for x in csns)
-        elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
-        distinct = len({c for x in csns for c in x})
-        for w, x in enumerate(csns):
-            expect(x == sorted(x) and len(set(x)) == len(x), f"writer {w} saw CSNs go backwards: {x}")
-        self.writer_csn = max(c for x in csns for c in x)
-        self.writer_time = dt.datetime.now(dt.UTC)
-        c0 = self.c(0)
-        c0.wait_for(self.writer_csn)
-        orders = c0.read("orders", snapshot=self.writer_csn)
-        events = c0.read("events", snapshot=self.writer_csn)
-        want = REPLICAS * WRITER_COMMITS * ROWS_PER_COMMIT
-        expect(
-            orders.num_rows == want,
-            f"orders has {orders.num_rows} rows after the writers, expected {want}",
-        )
-        expect(
-            events.num_rows == want,
-            f"events has {events.num_rows} rows after the writers, expected {want}",
-        )
-        self.writer_orders_rows = orders.num_rows
-        self.writer_d1_amount = pc.sum(orders.filter(day_filter(DAY[0]))["amount"]).as_py()
-        rate = commits / elapsed if elapsed > 0 else float("inf")
-        self.say(
-            f"{len(plan)} writers, one on orders and one on events per replica (r0, r1, r2), "
-            "started together by a barrier"
-        )
-        shared = f"; group commit put them in {distinct} ZooKeeper multis (distinct CSNs)" if distinct < commits else ""
-        self.say(f"{commits} transactions committed in {elapsed:.2f}s = [bold]{rate:.0f} commits/s[/]{shared}")
-        self.say(f"read on r0 at CSN {self.writer_csn}: orders {orders.num_rows} rows, events {events.num_rows} rows")
-        return f"{commits} commits, {rate:.0f} commits/s, no row lost"
+        return csns, spans
 
     def conflict(self) -> str:
         d1 = DAY[0]
