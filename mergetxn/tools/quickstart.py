@@ -544,6 +544,32 @@ class Workload:
         """Keys tables (docs/rules.md#keys-tables): first committer wins per key, the error names the key; lock
         groups let writers of different columns of one row both commit."""
         c0, c1 = self.c(0), self.c(1)
+        self._customers(c0, c1)
+        self._first_committer_wins(c0, c1)
+        # Different lock groups of the same row: both commit, both changes are there.
+        m, p = c0.begin(), c1.begin()
+        m.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "balance": [175.0]}), update=True)
+        p.upsert(
+            "customers",
+            pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"], "segment": ["gold"]}),
+            update=True,
+        )
+        m.commit()
+        p.commit()
+        c0.wait_for(p.csn)
+        row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
+        expect(
+            row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
+            f"customer 2 should hold both writers' columns, holds {row}",
+        )
+        self.say(
+            f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
+            f"(CSNs {m.csn}, {p.csn}): {row[0]}"
+        )
+        return "B lost to A on customer 1 (the error names the key); two lock groups of customer 2 both committed"
+
+    def _customers(self, c0: Client, c1: Client) -> None:
+        """The customers keys table, with lock groups money and profile, and three customers."""
         schema = pa.schema(
             [
                 pa.field("customer", pa.int64(), nullable=False),
@@ -572,6 +598,9 @@ class Workload:
             f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
             "money = balance and profile = name, segment"
         )
+
+    def _first_committer_wins(self, c0: Client, c1: Client) -> None:
+        """A on r0 and B on r1 upsert customer 1: A commits, B's commit fails naming A and the key."""
         a, b = c0.begin(), c1.begin()
         self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both upsert customer 1")
         a.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [150.0]}), update=True)
@@ -588,27 +617,6 @@ class Workload:
             )
         else:
             raise StepFailed("B's upsert of customer 1 committed; it should have lost to A")
-        # Different lock groups of the same row: both commit, both changes are there.
-        m, p = c0.begin(), c1.begin()
-        m.upsert("customers", pa.table({"customer": pa.array([2], pa.int64()), "balance": [175.0]}), update=True)
-        p.upsert(
-            "customers",
-            pa.table({"customer": pa.array([2], pa.int64()), "name": ["Ada"], "segment": ["gold"]}),
-            update=True,
-        )
-        m.commit()
-        p.commit()
-        c0.wait_for(p.csn)
-        row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
-        expect(
-            row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
-            f"customer 2 should hold both writers' columns, holds {row}",
-        )
-        self.say(
-            f"writers of balance (money) and of name, segment (profile) of customer 2 both committed "
-            f"(CSNs {m.csn}, {p.csn}): {row[0]}"
-        )
-        return "B lost to A on customer 1 (the error names the key); two lock groups of customer 2 both committed"
 
     def spark_job(self) -> str:
         started = time.perf_counter()
