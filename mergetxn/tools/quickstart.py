@@ -633,85 +633,16 @@ class Workload:
             raise StepFailed(self._spark_error("the Spark job failed", exc)) from None
 
     def _spark_job(self, session: Any, started: float) -> str:
-        from pyspark.sql import functions as F
-
-        from spark.native import read_table, write_table
-
-        c0, c1, c2 = self.c(0), self.c(1), self.c(2)
-        r0, r2 = self.cluster.replica_addresses[0], self.cluster.replica_addresses[2]
+        c0 = self.c(0)
         boot = time.perf_counter() - started
         self.say(
             f"local Spark (local[2]) started in {boot:.1f}s; the data source talks to the "
             "replicas, Spark's own log goes to spark.log in the quickstart directory"
         )
-
-        def spark_counts(snapshot: int | None) -> dict[str, int]:
-            """One Spark job over both tables: the Spark job's rows and the other client's."""
-
-            def load(table: str, where: list | None = None):
-                # Spark's own Parquet reader over the parts visible at the snapshot (spark/native.py).
-                return read_table(session, table, snapshot=snapshot, replica=r2, where=where)
-
-            orders = load("orders", where=[("day", "==", SPARK_DAY)]).select(  # skips the other days' parts
-                F.lit("orders").alias("what")
-            )
-            events = load("events", where=[("source", "in", ["spark", "beside-r1"])]).select(
-                F.concat(F.lit("events/"), F.col("source")).alias("what")
-            )
-            got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
-            for row in orders.unionByName(events).groupBy("what").count().collect():
-                got[row["what"]] = row["count"]
-            return got
-
         tx = c0.begin()
         try:
-            self.say(
-                f"the driver opens T = {tx.id} on r0 (snapshot {tx.snapshot}); a Spark job "
-                "appends to both tables with spark.write_table(txn=T): Spark's own Parquet writer"
-            )
-            orders_df = session.range(8_000_000, 8_000_000 + SPARK_ORDERS, numPartitions=2).select(
-                F.col("id"),
-                F.lit(SPARK_DAY).alias("day"),
-                F.concat(F.lit("c"), (F.col("id") % 7).cast("string")).alias("customer"),
-                ((F.col("id") % 100) / 4).cast("double").alias("amount"),
-            )
-            events_df = session.range(8_000_000, 8_000_000 + SPARK_EVENTS, numPartitions=2).select(
-                F.col("id"),
-                F.lit("spark").alias("source"),
-                F.when(F.col("id") % 2 == 0, "view").otherwise("click").alias("kind"),
-                F.lit(1.0).alias("value"),
-            )
-
-            def save(df, table: str) -> None:
-                # Spark's own Parquet writer; the files join T as parts (None: T commits them).
-                expect(
-                    write_table(df, table, txn=tx, replica=r0) is None, f"write_table into T returned a CSN for {table}"
-                )
-
-            save(orders_df, "orders")
-            # Beside it, another client on another replica commits on its own.
-            with c1.transaction() as beside:
-                beside.insert("events", events_rows(8_100_000, ROWS_PER_COMMIT, "beside-r1", "beside"))
-            save(events_df, "events")
-            self.say(
-                f"Spark staged {SPARK_ORDERS} rows into orders {SPARK_DAY} and {SPARK_EVENTS} into "
-                f"events; between the two writes r1 committed {ROWS_PER_COMMIT} events rows at "
-                f"CSN {beside.csn} (policy parts: no conflict)"
-            )
-            c2.wait_for(beside.csn)
-            before = spark_counts(None)
-            expect(
-                before["orders"] == 0 and before["events/spark"] == 0,
-                f"a Spark read at the latest snapshot sees uncommitted Spark rows: {before}",
-            )
-            expect(
-                before["events/beside-r1"] == ROWS_PER_COMMIT,
-                f"a Spark read at the latest snapshot misses r1's committed rows: {before}",
-            )
-            self.say(
-                "a Spark read on r2 at the latest snapshot, T still open: orders 0, events 0 of "
-                f"Spark's rows; r1's {ROWS_PER_COMMIT} rows are there"
-            )
+            beside_csn = self._spark_writes(session, tx)
+            self._spark_read_while_open(session, beside_csn)
             csn = tx.commit()
         finally:
             if tx.csn is None:
@@ -719,15 +650,109 @@ class Workload:
                     tx.rollback()
                 except Exception:
                     pass
-        expect(csn > beside.csn, f"T committed at CSN {csn}, not after r1's CSN {beside.csn}")
+        self._spark_read_committed(session, tx.id, csn, beside_csn)
+        self.spark.stop()
+        took = time.perf_counter() - started
+        self.say(f"Spark stopped; the step took {took:.1f}s (Spark start-up {boot:.1f}s)")
+        return (
+            f"Spark rows (orders +{SPARK_ORDERS}, events +{SPARK_EVENTS}) visible together at "
+            f"CSN {csn}, none at {csn - 1}; r1 committed beside at CSN {beside_csn}; {took:.1f}s"
+        )
+
+    def _spark_counts(self, session: Any, snapshot: int | None) -> dict[str, int]:
+        """One Spark job over both tables on r2: the Spark job's rows and the other client's."""
+        from pyspark.sql import functions as F
+
+        from spark.native import read_table
+
+        r2 = self.cluster.replica_addresses[2]
+
+        def load(table: str, where: list | None = None):
+            # Spark's own Parquet reader over the parts visible at the snapshot (spark/native.py).
+            return read_table(session, table, snapshot=snapshot, replica=r2, where=where)
+
+        orders = load("orders", where=[("day", "==", SPARK_DAY)]).select(  # skips the other days' parts
+            F.lit("orders").alias("what")
+        )
+        events = load("events", where=[("source", "in", ["spark", "beside-r1"])]).select(
+            F.concat(F.lit("events/"), F.col("source")).alias("what")
+        )
+        got = {"orders": 0, "events/spark": 0, "events/beside-r1": 0}
+        for row in orders.unionByName(events).groupBy("what").count().collect():
+            got[row["what"]] = row["count"]
+        return got
+
+    def _spark_writes(self, session: Any, tx: Any) -> int:
+        """A Spark job appends to both tables in ``tx`` (Spark's own Parquet writer); between its
+        two writes another client on r1 commits events rows on its own: that commit's CSN."""
+        from pyspark.sql import functions as F
+
+        from spark.native import write_table
+
+        c1, r0 = self.c(1), self.cluster.replica_addresses[0]
+        self.say(
+            f"the driver opens T = {tx.id} on r0 (snapshot {tx.snapshot}); a Spark job "
+            "appends to both tables with spark.write_table(txn=T): Spark's own Parquet writer"
+        )
+        orders_df = session.range(8_000_000, 8_000_000 + SPARK_ORDERS, numPartitions=2).select(
+            F.col("id"),
+            F.lit(SPARK_DAY).alias("day"),
+            F.concat(F.lit("c"), (F.col("id") % 7).cast("string")).alias("customer"),
+            ((F.col("id") % 100) / 4).cast("double").alias("amount"),
+        )
+        events_df = session.range(8_000_000, 8_000_000 + SPARK_EVENTS, numPartitions=2).select(
+            F.col("id"),
+            F.lit("spark").alias("source"),
+            F.when(F.col("id") % 2 == 0, "view").otherwise("click").alias("kind"),
+            F.lit(1.0).alias("value"),
+        )
+
+        def save(df, table: str) -> None:
+            # Spark's own Parquet writer; the files join T as parts (None: T commits them).
+            expect(write_table(df, table, txn=tx, replica=r0) is None, f"write_table into T returned a CSN for {table}")
+
+        save(orders_df, "orders")
+        # Beside it, another client on another replica commits on its own.
+        with c1.transaction() as beside:
+            beside.insert("events", events_rows(8_100_000, ROWS_PER_COMMIT, "beside-r1", "beside"))
+        save(events_df, "events")
+        self.say(
+            f"Spark staged {SPARK_ORDERS} rows into orders {SPARK_DAY} and {SPARK_EVENTS} into "
+            f"events; between the two writes r1 committed {ROWS_PER_COMMIT} events rows at "
+            f"CSN {beside.csn} (policy parts: no conflict)"
+        )
+        return beside.csn
+
+    def _spark_read_while_open(self, session: Any, beside_csn: int) -> None:
+        """A Spark read on r2 at the latest snapshot, T still open: none of T's rows, all of r1's."""
+        self.c(2).wait_for(beside_csn)
+        before = self._spark_counts(session, None)
+        expect(
+            before["orders"] == 0 and before["events/spark"] == 0,
+            f"a Spark read at the latest snapshot sees uncommitted Spark rows: {before}",
+        )
+        expect(
+            before["events/beside-r1"] == ROWS_PER_COMMIT,
+            f"a Spark read at the latest snapshot misses r1's committed rows: {before}",
+        )
+        self.say(
+            "a Spark read on r2 at the latest snapshot, T still open: orders 0, events 0 of "
+            f"Spark's rows; r1's {ROWS_PER_COMMIT} rows are there"
+        )
+
+    def _spark_read_committed(self, session: Any, tid: str, csn: int, beside_csn: int) -> None:
+        """T (``tid``) committed at ``csn``, after r1: its parts carry that CSN, and Spark reads
+        see all of its rows at ``csn`` and none one CSN before (r1's rows in both)."""
+        c0 = self.c(0)
+        expect(csn > beside_csn, f"T committed at CSN {csn}, not after r1's CSN {beside_csn}")
         for table in ("orders", "events"):
-            mine = [r for r in c0.parts(table).to_pylist() if r["creation_tid"] == tx.id]
+            mine = [r for r in c0.parts(table).to_pylist() if r["creation_tid"] == tid]
             expect(
                 bool(mine) and all(r["creation_csn"] == csn for r in mine),
                 f"{table}: the Spark job's parts do not all carry CSN {csn}",
             )
-        at = spark_counts(csn)
-        prior = spark_counts(csn - 1)
+        at = self._spark_counts(session, csn)
+        prior = self._spark_counts(session, csn - 1)
         want_at = {
             "orders": SPARK_ORDERS,
             "events/spark": SPARK_EVENTS,
@@ -740,13 +765,6 @@ class Workload:
             f"T commits at [bold]CSN {csn}[/]; Spark reads on r2 with read_table(snapshot=...): at {csn} "
             f"orders {at['orders']} + events {at['events/spark']}, at {csn - 1} 0 + 0 "
             "(both or neither; r1's rows in both)"
-        )
-        self.spark.stop()
-        took = time.perf_counter() - started
-        self.say(f"Spark stopped; the step took {took:.1f}s (Spark start-up {boot:.1f}s)")
-        return (
-            f"Spark rows (orders +{SPARK_ORDERS}, events +{SPARK_EVENTS}) visible together at "
-            f"CSN {csn}, none at {csn - 1}; r1 committed beside at CSN {beside.csn}; {took:.1f}s"
         )
 
     def _spark_error(self, what: str, exc: BaseException) -> str:
