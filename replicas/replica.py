@@ -98,39 +98,71 @@ class Replica:
         self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""
-        creds = config.credentials
+        self.zk = self._make_zk()
+        self.log = CsnLog(self.zk, config.root, config.epoch_size)
+        self.users = self._make_users()
+        self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
+        self.needed = NeededNodes(
+            self.zk, self.log, config.credentials is not None
+        )  # the fence, users and log, watched
+        self.wal: Wal | None = None
+        self.follower: Follower | None = None
+        self.committer = None
+        self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
+        self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
+        self.transactions = self._make_transactions()
+        self.leases = Leases(self.state, config, self.transactions)
+        self.retention = self._make_retention()
+        self.cleanup = self._make_cleanup()
+        self.merges = self._make_merges()
+        self.tail: checkpoint.LogTail | None = None
+        self.log_watch = self._make_log_watch()
+        self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
+        self.changefeed = ChangeFeed(
+            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
+        )
+        self.outcomes = self._make_outcomes()
+        self.pauses = PauseGuard(
+            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
+        )
+        self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
+        self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
+        self._register_lock = threading.Lock()
+
+    # -- construction: one function per subsystem ---------------------------------------------
+    def _make_zk(self) -> KazooClient:
+        """The ZooKeeper client; secured, under the replicas' identity and ACLs."""
+        creds = self.config.credentials
         if creds is not None:
             # The replicas' identity in ZooKeeper: every node this replica creates (kazoo's
             # default_acl: creates, ensure_path's parents, multis and recipes alike) may be read
             # and written by that identity only. kazoo logs its auth packet at DEBUG: redact it.
             for name in ("kazoo.client", "kazoo.protocol.connection"):
                 logging.getLogger(name).addFilter(creds.redactor())
-        self.zk = KazooClient(
-            hosts=config.zk,
-            timeout=config.session_timeout,
+        return KazooClient(
+            hosts=self.config.zk,
+            timeout=self.config.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
             default_acl=None if creds is None else creds.zk_acl(),
             **zk_client_args(creds),  # secured: TLS with the replica certificate (x509), and the digest identity
         )
-        self.log = CsnLog(self.zk, config.root, config.epoch_size)
-        # A secured replica's users (replicas/users.py): who may log in, and with which grants; a
-        # dropped user's running transactions here are aborted.
-        self.users = (
+
+    def _make_users(self) -> Users | None:
+        """A secured replica's users (replicas/users.py): who may log in, and with which grants; a
+        dropped user's running transactions here are aborted."""
+        creds = self.config.credentials
+        return (
             None
             if creds is None
             else Users(self.zk, self.log.users_path(), creds, lambda names: self.transactions.users_dropped(names))
         )
-        self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
-        self.needed = NeededNodes(self.zk, self.log, creds is not None)  # the fence, users and log, watched
-        self.wal: Wal | None = None
-        self.follower: Follower | None = None
-        self.committer = None
-        self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
-        self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
-        self.transactions = Transactions(
-            config,
+
+    def _make_transactions(self) -> Transactions:
+        """The running transactions: begin, operations, commit requests, aborts."""
+        return Transactions(
+            self.config,
             self.state,
             self.storage,
             self.zk_session,
@@ -145,17 +177,22 @@ class Replica:
             lambda: self.committer,
             lambda: self.wal,
         )
-        self.leases = Leases(self.state, config, self.transactions)
-        self.retention = Retention(
+
+    def _make_retention(self) -> Retention:
+        """Each table's retention window and the horizons it keeps."""
+        return Retention(
             self.state,
-            config,
+            self.config,
             self.host_id,
             self.watermark,
             lambda: None if self.follower is None else self.follower.poke(),
         )
-        self.cleanup = Cleanup(
+
+    def _make_cleanup(self) -> Cleanup:
+        """Cleanup passes: removed parts and orphans deleted once nothing can read them."""
+        return Cleanup(
             self.state,
-            config,
+            self.config,
             self.storage,
             self.zk,
             self.log,
@@ -167,9 +204,12 @@ class Replica:
             self.alive_record,
             self.catch_up,
         )
-        self.merges = Merges(
+
+    def _make_merges(self) -> Merges:
+        """Background merges of each partition's visible parts."""
+        return Merges(
             self.state,
-            config,
+            self.config,
             self.storage,
             self.zk,
             self.log,
@@ -180,36 +220,31 @@ class Replica:
             lambda event, **fields: self.changefeed.record(event, **fields),
             self.zk_session.stop,
         )
-        self.tail: checkpoint.LogTail | None = None
-        self.log_watch = LogWatch(
+
+    def _make_log_watch(self) -> LogWatch:
+        """The log's state as the metrics and status read it."""
+        return LogWatch(
             self.zk,
             self.log,
             self.state,
             self.storage,
-            config.data_dir,
+            self.config.data_dir,
             lambda: None if self.wal is None else self.wal.path,
             lambda: None if self.tail is None else self.tail.tail,
         )
-        self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
-        self.changefeed = ChangeFeed(
-            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
-        )
-        self.outcomes = Outcomes(
+
+    def _make_outcomes(self) -> Outcomes:
+        """Transactions' outcomes, answered here or forwarded to their replica."""
+        return Outcomes(
             self.state,
             self.transactions,
             self.zk,
             self.log,
             self.host_id,
-            config.credentials,
+            self.config.credentials,
             lambda: self.incarnation,
             self.catch_up,
         )
-        self.pauses = PauseGuard(
-            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
-        )
-        self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
-        self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
-        self._register_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
