@@ -253,15 +253,7 @@ class Replica:
         then register (a new incarnation and the alive node): a start that fails before that
         leaves nothing registered. The caller binds its ports and sets ``address`` first."""
         began = time.monotonic()
-        self.zk.add_listener(self._on_zk_state)
-        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
-        try:
-            self.log.ensure_layout()
-        except NoAuthError:
-            raise InvalidInput(
-                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
-                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)"
-            ) from None
+        self._connect()
         # Before the WAL is opened: a second process with this host id (and maybe this data
         # directory) must not touch the live one's files or registration.
         check_host_free(self.zk, self.log, self.host_id, self.address, self.config.session_timeout)
@@ -271,7 +263,46 @@ class Replica:
             self.users.start(self._first_admin())
         self.fence.start()
         self.needed.start()
-        self.tail = checkpoint.LogTail(
+        self.tail = self._make_tail()
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
+        from_wal = self.state.applied
+        self._first_pull(self.follower)
+        self._check_storage()
+        self._register()
+        self.follower.start()
+        self.tail.start()
+        removed = self._remove_uncommitted(staged)
+        self._start_committer(self.follower)
+        self._start_maintenance()
+        log.info(
+            "replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
+            "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
+            self.host_id,
+            time.monotonic() - began,
+            local_csn,
+            replayed,
+            from_wal,
+            self.state.applied,
+            removed,
+            self.incarnation,
+        )
+
+    def _connect(self) -> None:
+        """Connect to ZooKeeper and make sure the log's layout exists (refused under a secured
+        cluster's ACLs without its credentials)."""
+        self.zk.add_listener(self._on_zk_state)
+        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
+        try:
+            self.log.ensure_layout()
+        except NoAuthError:
+            raise InvalidInput(
+                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
+                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)"
+            ) from None
+
+    def _make_tail(self) -> checkpoint.LogTail:
+        """The log's tail: checkpoints written and loaded, the log trimmed below them."""
+        return checkpoint.LogTail(
             self.state,
             self.log,
             self.zk,
@@ -285,10 +316,12 @@ class Replica:
             self.refresh_alive,
             lambda: None if self.follower is None else self.follower.poke(),
         )
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
-        from_wal = self.state.applied
+
+    def _first_pull(self, follower: Follower) -> None:
+        """Catch up from ZooKeeper once: a log this replica cannot apply is served as far as it
+        applies; a manifest naming other storage stops the start."""
         try:
-            self.follower.pull()
+            follower.pull()
         except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
             if exc.details.get("manifest"):
                 raise self._wrong_storage(str(exc)) from None
@@ -296,11 +329,9 @@ class Replica:
             self.state.set_failure(exc)
         if self.state.failure is not None and self.state.failure.details.get("manifest"):
             raise self._wrong_storage(str(self.state.failure))
-        self._check_storage()
-        self._register()
-        self.follower.start()
-        self.tail.start()
-        removed = self._remove_uncommitted(staged)
+
+    def _start_committer(self, follower: Follower) -> None:
+        """The committer (ZooKeeper's multis for this replica's commits), started."""
         from replicas.committer import Committer
 
         self.committer = Committer(
@@ -308,7 +339,7 @@ class Replica:
             self.log,
             self.config,
             self.storage,
-            self.follower,
+            follower,
             self.zk_session,
             self.transactions,
             self.fence,
@@ -319,6 +350,9 @@ class Replica:
             self.fenced,
         )
         self.committer.start()
+
+    def _start_maintenance(self) -> None:
+        """Cleanup and merges, their threads, the reaper and the pause guard, in that order."""
         self.cleanup.start()
         self.merges.start()
         # Merges and cleanup each have a thread: a cleanup pass deleting thousands of removed
@@ -336,18 +370,6 @@ class Replica:
         ).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
         self.pauses.start()
-        log.info(
-            "replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
-            "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
-            self.host_id,
-            time.monotonic() - began,
-            local_csn,
-            replayed,
-            from_wal,
-            self.state.applied,
-            removed,
-            self.incarnation,
-        )
 
     def _recover_local(self) -> tuple[dict[str, list[str]], int, int]:
         """Open the WAL and load the local snapshot plus the WAL's entries; returns the staged
