@@ -68,7 +68,7 @@ from replicas.cleanup import Cleanup
 from replicas.follower import Follower
 from replicas.leases import Leases
 from replicas.merges import BUSY_SECONDS, Merges
-from replicas.metrics import LogWatch, read_stats
+from replicas.metrics import LogWatch, Stats, read_stats
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
 from replicas.registry import Transactions
@@ -872,7 +872,6 @@ class Replica:
         Answered on the RPC I/O thread: memory only, no ZooKeeper or storage request (the log's
         end and the file sizes are what the log-tail thread last saw: replicas/metrics.py)."""
         s = read_stats(self)
-        watch = self.log_watch
         oldest, picked, _, _ = self.leases.in_use()
         holder = next((h for snap, h in picked if snap == oldest), "replica snapshot")
         last_gc = self.cleanup.last_gc_report
@@ -889,41 +888,14 @@ class Replica:
             "applied_csn": s.applied_csn,
             "log_failure": None if self.state.failure is None else str(self.state.failure),
             "missing": self.missing(),  # needed ZooKeeper nodes gone, holes in the log
-            "log": {
-                "end_csn": s.log_end_csn,
-                "entries": s.log_entries,
-                "epochs": watch.epochs,
-                "observed_at": watch.observed_at,
-                "retained": self.tail.retained if self.tail else 0,
-                "wal_bytes": s.wal_bytes,
-                "local_checkpoint_bytes": watch.local_checkpoint_bytes,
-                "checkpoint": watch.checkpoint,
-            },
+            "log": self._info_log(s),
             "lag": {"entries": s.lag_entries, "seconds": round(s.lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
             "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
-            "structures": {  # entries each structure holds (docs/architecture/bounds.md)
-                **self.state.sizes(),
-                "events": self.changefeed.ring_size(),
-                "finished_transactions": len(self.transactions.finished),
-            },
+            "structures": self._info_structures(),  # entries each structure holds (docs/architecture/bounds.md)
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
-            "cleanup": {
-                "passes": s.cleanup_passes,
-                "failures": s.cleanup_failures,
-                "files_removed": s.cleanup_files_removed,
-                "last_at": self.cleanup.last_gc_at,
-                "last_error": self.cleanup.last_gc_error,
-                "watermark": self.cleanup.watermark,
-                "last": None
-                if last_gc is None
-                else {
-                    k: (len(v) if isinstance(v, list) else v)
-                    for k, v in last_gc.items()
-                    if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")
-                },
-            },
+            "cleanup": self._info_cleanup(s, last_gc),
             "merges": s.merges,
             "epoch_size": self.log.epoch_size,
             "incarnation": s.incarnation,
@@ -933,16 +905,60 @@ class Replica:
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
             "secure": self.config.credentials is not None,  # TLS, users and grants, ZooKeeper ACLs
-            "committer": None
-            if not s.has_committer
-            else {
-                "commits": s.commits,
-                "batches": s.commit_batches,
-                "local_version_misses": s.local_version_misses,
-                "failed": s.commit_failures,
-                "conflicts": {k: n for k, n in s.conflicts.items() if n},
-            },
+            "committer": self._info_committer(s),
             "aborted": s.aborted,  # by reason, as the metric mergetxn_transactions_aborted_total
             "inserts": s.inserts_held,  # delayed and refused by the parts per partition (too many parts)
             "async_commits": self.async_commits.describe(),
+        }
+
+    def _info_log(self, s: Stats) -> dict:
+        """info()'s "log": the log's end and entries, epochs, WAL and checkpoint sizes."""
+        watch = self.log_watch
+        return {
+            "end_csn": s.log_end_csn,
+            "entries": s.log_entries,
+            "epochs": watch.epochs,
+            "observed_at": watch.observed_at,
+            "retained": self.tail.retained if self.tail else 0,
+            "wal_bytes": s.wal_bytes,
+            "local_checkpoint_bytes": watch.local_checkpoint_bytes,
+            "checkpoint": watch.checkpoint,
+        }
+
+    def _info_structures(self) -> dict:
+        """info()'s "structures": entries each structure holds (docs/architecture/bounds.md)."""
+        return {
+            **self.state.sizes(),
+            "events": self.changefeed.ring_size(),
+            "finished_transactions": len(self.transactions.finished),
+        }
+
+    def _info_cleanup(self, s: Stats, last_gc: dict | None) -> dict:
+        """info()'s "cleanup": passes, failures, files removed, the last pass in short."""
+        return {
+            "passes": s.cleanup_passes,
+            "failures": s.cleanup_failures,
+            "files_removed": s.cleanup_files_removed,
+            "last_at": self.cleanup.last_gc_at,
+            "last_error": self.cleanup.last_gc_error,
+            "watermark": self.cleanup.watermark,
+            "last": None
+            if last_gc is None
+            else {
+                k: (len(v) if isinstance(v, list) else v)
+                for k, v in last_gc.items()
+                if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")
+            },
+        }
+
+    def _info_committer(self, s: Stats) -> dict | None:
+        """info()'s "committer": commits, batches and conflicts; None on a replica without one."""
+        if not s.has_committer:
+            return None
+        return {
+            "commits": s.commits,
+            "batches": s.commit_batches,
+            "local_version_misses": s.local_version_misses,
+            "failed": s.commit_failures,
+            "conflicts": {k: n for k, n in s.conflicts.items() if n},
         }
