@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
@@ -94,12 +94,17 @@ class ReplicaServer(RpcServer):
             remembered=None if replica.users is None else replica.users.remembered,
         )
         self.replica = replica
-        self.transactions = txns = replica.transactions
+        self.transactions = replica.transactions
         self.address = f"{host}:{self.port}"
         self._peers_seen: tuple[float, list[str]] | None = None
         self._peers_lock = threading.Lock()
         self._probes = keytables.SummaryProbes()  # parsed key summaries of parts (_may_hold)
-        self.handlers = {
+        self.handlers = {**self._transaction_handlers(), **self._maintenance_handlers()}
+
+    def _transaction_handlers(self) -> dict[str, Callable[[dict], Any]]:
+        """The actions on tables, transactions and commits, by name."""
+        replica, txns = self.replica, self.transactions
+        return {
             "info": self._info,
             "create_table": self._create_table,
             "table": self._table,
@@ -129,6 +134,12 @@ class ReplicaServer(RpcServer):
                 else txns.commit_status(a["tid"], bool(a.get("forwarded")))
             ),
             "commit_parts": lambda a: txns.commit_parts(a, owner=_user(a)),
+        }
+
+    def _maintenance_handlers(self) -> dict[str, Callable[[dict], Any]]:
+        """The actions of maintenance, the change feed, checks and users, by name."""
+        replica = self.replica
+        return {
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
             "changes": lambda a: {
