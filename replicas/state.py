@@ -169,6 +169,49 @@ def _outcomes(
 
 # -- checkpoint decoding (ReplicaState.restore): each raises what malformed data raises, which
 # restore reports as CorruptMetadata.
+def _export_parts(recs: list[tuple[PartMeta, int, str | None, int | None, float | None]]) -> dict:
+    """A checkpoint's parts as columns (``payload["parts"]``): the metadata's fields, the stats
+    by shape, then each record's creation and removal."""
+    names = [f.name for f in fields(PartMeta) if f.name != "stats"]
+    metas = [r[0] for r in recs]
+    parts: dict = {"fields": names}
+    for n in names:
+        parts[n] = [getattr(m, n) for m in metas]
+    shapes: dict[tuple, int] = {}
+    shape_col, values = [], []
+    for m in metas:
+        keys = tuple(m.stats)
+        shape_col.append(shapes.setdefault(keys, len(shapes)))
+        for v in m.stats.values():
+            values.extend(v)
+    parts["stats_keys"] = [list(k) for k in shapes]
+    parts["stats_shape"] = shape_col
+    parts["stats_values"] = values
+    parts["creation_csn"] = [r[1] for r in recs]
+    parts["removal_tid"] = [r[2] for r in recs]
+    parts["removal_csn"] = [r[3] for r in recs]
+    parts["removal_time"] = [r[4] for r in recs]
+    return parts
+
+
+def _export_history(history: list[tuple[tuple[str, str], list[tuple[int, Summary]]]]) -> dict:
+    """A checkpoint's conflict history as columns (``payload["history"]``), operation kinds by set."""
+    kind_sets: dict[frozenset, int] = {}
+    h: dict = {"keys": [], "key": [], "csn": [], "tid": [], "kinds": [], "removed_at": [], "removed": []}
+    for i, (key, events) in enumerate(history):
+        h["keys"].append(list(key))
+        for csn, s in events:
+            if s.removed:
+                h["removed_at"].append(len(h["csn"]))
+                h["removed"].append(sorted(s.removed))
+            h["key"].append(i)
+            h["csn"].append(csn)
+            h["tid"].append(s.tid)
+            h["kinds"].append(kind_sets.setdefault(s.kinds, len(kind_sets)))
+    h["kind_sets"] = [sorted(k.value for k in ks) for ks in kind_sets]
+    return h
+
+
 def _restore_catalog(payload: dict) -> tuple[dict[str, TableDef], dict[str, list[TableRecord]], list[int]]:
     """A checkpoint's tables, its catalog (each table's records) and the CSNs of its DDL."""
     tables = {d["name"]: TableDef.from_dict(d) for d in payload["tables"]}
@@ -762,38 +805,8 @@ class ReplicaState:
             apps = {app_id: list(held) for app_id, held in self.apps.items()}
             time_csns, time_values = list(self.time_csns), list(self.time_values)
             time_trimmed = self.time_trimmed
-        names = [f.name for f in fields(PartMeta) if f.name != "stats"]
-        metas = [r[0] for r in recs]
-        parts: dict = {"fields": names}
-        for n in names:
-            parts[n] = [getattr(m, n) for m in metas]
-        shapes: dict[tuple, int] = {}
-        shape_col, values = [], []
-        for m in metas:
-            keys = tuple(m.stats)
-            shape_col.append(shapes.setdefault(keys, len(shapes)))
-            for v in m.stats.values():
-                values.extend(v)
-        parts["stats_keys"] = [list(k) for k in shapes]
-        parts["stats_shape"] = shape_col
-        parts["stats_values"] = values
-        parts["creation_csn"] = [r[1] for r in recs]
-        parts["removal_tid"] = [r[2] for r in recs]
-        parts["removal_csn"] = [r[3] for r in recs]
-        parts["removal_time"] = [r[4] for r in recs]
-        kind_sets: dict[frozenset, int] = {}
-        h: dict = {"keys": [], "key": [], "csn": [], "tid": [], "kinds": [], "removed_at": [], "removed": []}
-        for i, (key, events) in enumerate(history):
-            h["keys"].append(list(key))
-            for csn, s in events:
-                if s.removed:
-                    h["removed_at"].append(len(h["csn"]))
-                    h["removed"].append(sorted(s.removed))
-                h["key"].append(i)
-                h["csn"].append(csn)
-                h["tid"].append(s.tid)
-                h["kinds"].append(kind_sets.setdefault(s.kinds, len(kind_sets)))
-        h["kind_sets"] = [sorted(k.value for k in ks) for ks in kind_sets]
+        parts = _export_parts(recs)
+        h = _export_history(history)
         return {
             "applied": applied,
             "position": list(position),
