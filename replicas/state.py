@@ -338,18 +338,7 @@ class ReplicaState:
         self.parts: dict[str, PartRecord] = {}
         self.by_table: dict[str, set[str]] = defaultdict(set)
         self.live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        # Outcomes (docs/rules.md#outcomes): tid -> the CSN it committed at, for the commits of the
-        # last ``outcome_seconds`` by their log entry's time (never ahead of ``clock``).
-        # ``outcomes`` lists them as (entry time, CSN, tids) in CSN order, and apply() forgets
-        # from its front, so the map and checkpoints hold the window, not history. Every commit
-        # above ``outcome_floor`` is in tid_csn; one at or below it may be forgotten
-        # (:meth:`forgotten`, :meth:`commit_csn`: then its part records may still tell).
-        self.tid_csn: dict[str, int] = {}
-        self.outcomes: deque[tuple[float, int, tuple[str, ...]]] = deque()
-        self.outcome_floor = 0
-        self.outcome_seconds = outcome_seconds
-        self.clock = clock
-        self._outcomes_kept = 0  # > 0: a lost commit answer is being looked up, forget nothing
+        self._init_outcomes(outcome_seconds, clock)
         self.conflict_history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
         self.versions: dict[str, int] = {}
         # Idempotent commits: app id -> (highest version committed, the CSN that holds it). State,
@@ -388,6 +377,20 @@ class ReplicaState:
         self.key_index: dict[tuple[str, str], KeyIndex] = {}
         # Every field above that the log derives must also be in export()/restore() below:
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
+
+    def _init_outcomes(self, outcome_seconds: float, clock: Callable[[], float]) -> None:
+        """Outcomes (docs/rules.md#outcomes): tid -> the CSN it committed at, for the commits of the
+        last ``outcome_seconds`` by their log entry's time (never ahead of ``clock``).
+        ``outcomes`` lists them as (entry time, CSN, tids) in CSN order, and apply() forgets
+        from its front, so the map and checkpoints hold the window, not history. Every commit
+        above ``outcome_floor`` is in tid_csn; one at or below it may be forgotten
+        (:meth:`forgotten`, :meth:`commit_csn`: then its part records may still tell)."""
+        self.tid_csn: dict[str, int] = {}
+        self.outcomes: deque[tuple[float, int, tuple[str, ...]]] = deque()
+        self.outcome_floor = 0
+        self.outcome_seconds = outcome_seconds
+        self.clock = clock
+        self._outcomes_kept = 0  # > 0: a lost commit answer is being looked up, forget nothing
 
     # -- applying the log ------------------------------------------------------------------
     def apply(self, csn: int, epoch: int, seq: int, entry: LogEntry) -> None:
