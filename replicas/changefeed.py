@@ -93,6 +93,15 @@ class ChangeFeed:
         if since_csn is not None and (isinstance(since_csn, bool) or not isinstance(since_csn, int)):
             raise InvalidInput(f"since_csn must be an integer CSN, not {quote(since_csn)}")
         since = -1 if since_csn is None else since_csn
+        out = self._log_events(table, since) + self._ring_events(table, since)
+        out.sort(key=lambda e: (e["time"] if e["time"] is not None else 0, e.get("csn") or 0, e["_order"]))
+        for e in out:
+            e.pop("_order", None)
+            e.pop("_seq", None)
+        return out
+
+    def _log_events(self, table: str | None, since: int) -> list[dict]:
+        """Commit, part_removed and part_added events of the log's commits above ``since``."""
         out: list[dict] = []
         tables = [table] if table is not None else sorted(self.state.tables)
         for t in tables:
@@ -130,6 +139,11 @@ class ChangeFeed:
                             "_order": 2,
                         }
                     )
+        return out
+
+    def _ring_events(self, table: str | None, since: int) -> list[dict]:
+        """Begin, rollback and merge events of this replica's ring, one per touched table."""
+        out: list[dict] = []
         for e in list(self._events):
             txn = e.get("_txn")
             snap = e.get("snapshot")
@@ -149,10 +163,6 @@ class ChangeFeed:
                 touched = [table]
             for t in touched or [None]:
                 out.append({k: v for k, v in e.items() if k != "_txn"} | {"table": t, "_order": 0})
-        out.sort(key=lambda e: (e["time"] if e["time"] is not None else 0, e.get("csn") or 0, e["_order"]))
-        for e in out:
-            e.pop("_order", None)
-            e.pop("_seq", None)
         return out
 
     # -- commit history (incremental reads) ------------------------------------------------------

@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from replicas.registry import Transactions
     from replicas.retention import Retention
     from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
+    from replicas.state import PartRecord, ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -220,10 +220,7 @@ class Cleanup:
 
     def _gc_pass(self, grace_seconds: float | None, orphans: bool, detail: bool = True) -> dict:
         started = time.time()
-        grace = self.config.gc_grace_seconds if grace_seconds is None else float(grace_seconds)
-        if not math.isfinite(grace) or grace < 0:
-            raise InvalidInput(f"grace_seconds must be a non-negative number, not {quote(grace_seconds)}")
-        grace = max(grace, MIN_GRACE)
+        grace = self._grace(grace_seconds)
         alive = self.alive()  # first the published data, then the log (see the module docstring)
         self.catch_up()
         alive[self.host_id] = self.alive_record()
@@ -236,6 +233,50 @@ class Cleanup:
         )
         windows = {t: self.retention.table_seconds(t, min_snapshot) for t in tables}
         marks = self.node.raise_to(min_snapshot, horizons={t: started - w for t, w in windows.items()})
+        removed, kept, window_kept, lowest_kept = self._sweep(candidates, marks, min_snapshot, holders, windows, detail)
+        collected = marks.watermark if lowest_kept is None else min(marks.watermark, lowest_kept - 1)
+        if collected > marks.collected:
+            # Tables with a removed part still in storage above it keep their horizon; for the
+            # others everything their horizon could say is "gone" is at or below it (legacy).
+            keep = {r.meta.table for r in candidates if r.removal_csn > collected}
+            self.node.raise_to(min_snapshot, collected=collected, keep=keep)
+        young = 0
+        if orphans:
+            young = self._collect_orphans(alive, grace, removed, kept, detail)
+            self._last_orphans = time.monotonic()
+        return {
+            "host": self.host_id,
+            "min_snapshot": min_snapshot,
+            "watermark": self.watermark,
+            "grace_seconds": grace,
+            "snapshots_in_use": [{"host": h, "snapshot": s, "holder": t} for s, h, t in holders],
+            "retention_seconds": windows,
+            "removed": removed,
+            "kept": kept,
+            "kept_for_window": window_kept,
+            "orphans_checked": orphans,
+            "young_orphans": young,
+            "seconds": round(time.time() - started, 3),
+        }
+
+    def _grace(self, grace_seconds: float | None) -> float:
+        """The pass's grace for orphans: the setting unless given, checked, at least MIN_GRACE."""
+        grace = self.config.gc_grace_seconds if grace_seconds is None else float(grace_seconds)
+        if not math.isfinite(grace) or grace < 0:
+            raise InvalidInput(f"grace_seconds must be a non-negative number, not {quote(grace_seconds)}")
+        return max(grace, MIN_GRACE)
+
+    def _sweep(
+        self,
+        candidates: list[PartRecord],
+        marks: Marks,
+        min_snapshot: int,
+        holders: list[tuple[int, str, str]],
+        windows: dict[str, float],
+        detail: bool,
+    ) -> tuple[list[dict], list[dict], int, int | None]:
+        """Delete every removed part no snapshot in use and no retention window holds: the
+        removed and kept entries, the count kept for a window, the lowest removal CSN kept."""
         removed: list[dict] = []
         kept: list[dict] = []
         window_kept = 0
@@ -277,39 +318,18 @@ class Cleanup:
                 kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                 continue
             if present:
-                window = windows.get(rec.meta.table)
                 removed.append(
-                    {
-                        **entry,
-                        "reason": f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
-                        f"no snapshot in use can see it (oldest in use: {min_snapshot})"
-                        + ("" if window is None else f" and its table's retention window ({window:g}s) has passed"),
-                    }
+                    {**entry, "reason": self._removed_reason(rec, min_snapshot, windows.get(rec.meta.table))}
                 )
-        collected = marks.watermark if lowest_kept is None else min(marks.watermark, lowest_kept - 1)
-        if collected > marks.collected:
-            # Tables with a removed part still in storage above it keep their horizon; for the
-            # others everything their horizon could say is "gone" is at or below it (legacy).
-            keep = {r.meta.table for r in candidates if r.removal_csn > collected}
-            self.node.raise_to(min_snapshot, collected=collected, keep=keep)
-        young = 0
-        if orphans:
-            young = self._collect_orphans(alive, grace, removed, kept, detail)
-            self._last_orphans = time.monotonic()
-        return {
-            "host": self.host_id,
-            "min_snapshot": min_snapshot,
-            "watermark": self.watermark,
-            "grace_seconds": grace,
-            "snapshots_in_use": [{"host": h, "snapshot": s, "holder": t} for s, h, t in holders],
-            "retention_seconds": windows,
-            "removed": removed,
-            "kept": kept,
-            "kept_for_window": window_kept,
-            "orphans_checked": orphans,
-            "young_orphans": young,
-            "seconds": round(time.time() - started, 3),
-        }
+        return removed, kept, window_kept, lowest_kept
+
+    @staticmethod
+    def _removed_reason(rec: PartRecord, min_snapshot: int, window: float | None) -> str:
+        return (
+            f"removed at CSN {rec.removal_csn} by {rec.removal_tid}; "
+            f"no snapshot in use can see it (oldest in use: {min_snapshot})"
+            + ("" if window is None else f" and its table's retention window ({window:g}s) has passed")
+        )
 
     @staticmethod
     def _holders(alive: dict[str, AliveRecord]) -> list[tuple[int, str, str]]:

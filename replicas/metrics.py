@@ -46,6 +46,7 @@ from coordinator.zk.needed import hole_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from kazoo.client import KazooClient
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     from coordinator.zk.log import CsnLog
     from parts.io.storage import Storage
@@ -343,68 +344,84 @@ class ReplicaCollector:
         return []  # no describe-time collection: the registry would call collect() for it
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
-
-        r = self.replica
-        labels = ["replica"]
-        host = [r.host_id]
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            m = CounterMetricFamily(f"mergetxn_{name}", doc, labels=labels)
-            m.add_metric(host, value)
-            return m
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            m = GaugeMetricFamily(f"mergetxn_{name}", doc, labels=labels)
-            m.add_metric(host, value)
-            return m
-
-        s = read_stats(r)
+        s = read_stats(self.replica)
         if s.has_committer:
-            yield counter("commits", "Transactions committed through this replica", s.commits)
-            yield counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", s.commit_batches)
-            yield counter("commit_failures", "Commits that did not commit (conflicts included)", s.commit_failures)
-            yield counter(
-                "local_version_misses",
-                "First attempts on locally applied target versions that ZooKeeper refused",
-                s.local_version_misses,
-            )
-            conflicts = CounterMetricFamily(
-                "mergetxn_conflicts", "Commits that lost a conflict, by kind", labels=["replica", "kind"]
-            )
-            for kind, n in sorted(s.conflicts.items()):
-                conflicts.add_metric([r.host_id, kind], n)
-            yield conflicts
-            buckets, cumulative = [], 0
-            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), s.latency_counts):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            latency = HistogramMetricFamily(
-                "mergetxn_commit_latency_seconds",
-                "Time from a commit request reaching the committer to its decision",
-                labels=labels,
-            )
-            latency.add_metric(host, buckets, s.latency_sum)
-            yield latency
-        yield gauge("applied_csn", "CSN up to which this replica applied the log", s.applied_csn)
-        yield gauge("log_end_csn", "CSN of the newest log entry this replica saw in ZooKeeper", s.log_end_csn)
-        yield gauge("log_entries", "Log entries ZooKeeper holds", s.log_entries)
-        yield gauge("lag_entries", "Log entries not applied here yet", s.lag_entries)
-        yield gauge("lag_seconds", "Seconds since this replica saw an entry it has not applied yet", s.lag_seconds)
-        yield gauge("running_transactions", "Transactions running on this replica", s.running_transactions)
-        yield gauge("wal_bytes", "Size of the WAL", s.wal_bytes)
-        yield counter("cleanup_passes", "Cleanup passes run by this replica", s.cleanup_passes)
-        yield counter("cleanup_failures", "Cleanup passes that failed", s.cleanup_failures)
-        yield counter("cleanup_files_removed", "Files removed by cleanup passes here", s.cleanup_files_removed)
+            yield from self._commit_metrics(s)
+        yield from self._log_metrics(s)
+        yield from self._cleanup_metrics(s)
+        yield from self._insert_metrics(s)
+        yield from self._session_metrics(s)
+
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        from prometheus_client.core import CounterMetricFamily
+
+        m = CounterMetricFamily(f"mergetxn_{name}", doc, labels=["replica"])
+        m.add_metric([self.replica.host_id], value)
+        return m
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        from prometheus_client.core import GaugeMetricFamily
+
+        m = GaugeMetricFamily(f"mergetxn_{name}", doc, labels=["replica"])
+        m.add_metric([self.replica.host_id], value)
+        return m
+
+    def _commit_metrics(self, s: Stats) -> Iterator[Any]:
+        """The committer's: commits, batches, failures, conflicts by kind, commit latency."""
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        host_id = self.replica.host_id
+        yield self._counter("commits", "Transactions committed through this replica", s.commits)
+        yield self._counter("commit_batches", "Group-commit batches (one ZooKeeper multi each)", s.commit_batches)
+        yield self._counter("commit_failures", "Commits that did not commit (conflicts included)", s.commit_failures)
+        yield self._counter(
+            "local_version_misses",
+            "First attempts on locally applied target versions that ZooKeeper refused",
+            s.local_version_misses,
+        )
+        conflicts = CounterMetricFamily(
+            "mergetxn_conflicts", "Commits that lost a conflict, by kind", labels=["replica", "kind"]
+        )
+        for kind, n in sorted(s.conflicts.items()):
+            conflicts.add_metric([host_id, kind], n)
+        yield conflicts
+        buckets, cumulative = [], 0
+        for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), s.latency_counts):
+            cumulative += n
+            buckets.append((bound, cumulative))
+        latency = HistogramMetricFamily(
+            "mergetxn_commit_latency_seconds",
+            "Time from a commit request reaching the committer to its decision",
+            labels=["replica"],
+        )
+        latency.add_metric([host_id], buckets, s.latency_sum)
+        yield latency
+
+    def _log_metrics(self, s: Stats) -> Iterator[Any]:
+        """The log's: applied and seen CSNs, entries, lag, running transactions, WAL size."""
+        yield self._gauge("applied_csn", "CSN up to which this replica applied the log", s.applied_csn)
+        yield self._gauge("log_end_csn", "CSN of the newest log entry this replica saw in ZooKeeper", s.log_end_csn)
+        yield self._gauge("log_entries", "Log entries ZooKeeper holds", s.log_entries)
+        yield self._gauge("lag_entries", "Log entries not applied here yet", s.lag_entries)
+        yield self._gauge(
+            "lag_seconds", "Seconds since this replica saw an entry it has not applied yet", s.lag_seconds
+        )
+        yield self._gauge("running_transactions", "Transactions running on this replica", s.running_transactions)
+        yield self._gauge("wal_bytes", "Size of the WAL", s.wal_bytes)
+
+    def _cleanup_metrics(self, s: Stats) -> Iterator[Any]:
+        """Cleanup passes, merges by outcome, aborted transactions by reason."""
+        from prometheus_client.core import CounterMetricFamily
+
+        host_id = self.replica.host_id
+        yield self._counter("cleanup_passes", "Cleanup passes run by this replica", s.cleanup_passes)
+        yield self._counter("cleanup_failures", "Cleanup passes that failed", s.cleanup_failures)
+        yield self._counter("cleanup_files_removed", "Files removed by cleanup passes here", s.cleanup_files_removed)
         merges = CounterMetricFamily(
             "mergetxn_merges", "Background merges run here, by outcome", labels=["replica", "outcome"]
         )
         for outcome, n in sorted(s.merges.items()):
-            merges.add_metric([r.host_id, outcome], n)
+            merges.add_metric([host_id, outcome], n)
         yield merges
         aborted = CounterMetricFamily(
             "mergetxn_transactions_aborted",
@@ -412,12 +429,23 @@ class ReplicaCollector:
             labels=["replica", "reason"],
         )
         for reason in sorted(set(ABORT_REASONS) | set(s.aborted)):
-            aborted.add_metric([r.host_id, reason], s.aborted.get(reason, 0))
+            aborted.add_metric([host_id, reason], s.aborted.get(reason, 0))
         yield aborted
+
+    def _insert_metrics(self, s: Stats) -> Iterator[Any]:
+        """Inserts delayed or refused by their partition's visible parts."""
         held = s.inserts_held
-        yield counter("inserts_delayed", "Inserts delayed by the visible parts of their partition", held["delayed"])
-        yield counter("inserts_refused", "Inserts refused with TooManyParts", held["refused"])
-        yield counter("insert_delay_seconds", "Seconds inserts were delayed in all", held["delay_seconds"])
+        yield self._counter(
+            "inserts_delayed", "Inserts delayed by the visible parts of their partition", held["delayed"]
+        )
+        yield self._counter("inserts_refused", "Inserts refused with TooManyParts", held["refused"])
+        yield self._counter("insert_delay_seconds", "Seconds inserts were delayed in all", held["delay_seconds"])
+
+    def _session_metrics(self, s: Stats) -> Iterator[Any]:
+        """The ZooKeeper session's state, the incarnation, readiness and the build."""
+        from prometheus_client.core import GaugeMetricFamily
+
+        r = self.replica
         session = GaugeMetricFamily(
             "mergetxn_zookeeper_session_state",
             "1 for the state this replica's ZooKeeper session is in (CONNECTED, SUSPENDED or LOST), 0 for the others",
@@ -426,13 +454,15 @@ class ReplicaCollector:
         for name in ZK_STATES:
             session.add_metric([r.host_id, name], 1 if s.zk_state == name else 0)
         yield session
-        yield gauge(
+        yield self._gauge(
             "zookeeper_session_lost",
             "1 while the session was lost and a new one is not registered yet",
             1 if s.session_lost else 0,
         )
-        yield gauge("incarnation", "This replica's incarnation (bumped at each start and new session)", s.incarnation)
-        yield gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
+        yield self._gauge(
+            "incarnation", "This replica's incarnation (bumped at each start and new session)", s.incarnation
+        )
+        yield self._gauge("ready", "1 when /ready answers 200", 0 if replica_ready_problem(r, True) else 1)
         info = GaugeMetricFamily(
             "mergetxn_build_info",
             "The mergetxn version this replica runs (always 1)",

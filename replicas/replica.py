@@ -68,7 +68,7 @@ from replicas.cleanup import Cleanup
 from replicas.follower import Follower
 from replicas.leases import Leases
 from replicas.merges import BUSY_SECONDS, Merges
-from replicas.metrics import LogWatch, read_stats
+from replicas.metrics import LogWatch, Stats, read_stats
 from replicas.outcomes import Outcomes
 from replicas.pauses import PauseGuard
 from replicas.registry import Transactions
@@ -98,39 +98,71 @@ class Replica:
         self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""
-        creds = config.credentials
+        self.zk = self._make_zk()
+        self.log = CsnLog(self.zk, config.root, config.epoch_size)
+        self.users = self._make_users()
+        self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
+        self.needed = NeededNodes(
+            self.zk, self.log, config.credentials is not None
+        )  # the fence, users and log, watched
+        self.wal: Wal | None = None
+        self.follower: Follower | None = None
+        self.committer = None
+        self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
+        self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
+        self.transactions = self._make_transactions()
+        self.leases = Leases(self.state, config, self.transactions)
+        self.retention = self._make_retention()
+        self.cleanup = self._make_cleanup()
+        self.merges = self._make_merges()
+        self.tail: checkpoint.LogTail | None = None
+        self.log_watch = self._make_log_watch()
+        self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
+        self.changefeed = ChangeFeed(
+            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
+        )
+        self.outcomes = self._make_outcomes()
+        self.pauses = PauseGuard(
+            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
+        )
+        self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
+        self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
+        self._register_lock = threading.Lock()
+
+    # -- construction: one function per subsystem ---------------------------------------------
+    def _make_zk(self) -> KazooClient:
+        """The ZooKeeper client; secured, under the replicas' identity and ACLs."""
+        creds = self.config.credentials
         if creds is not None:
             # The replicas' identity in ZooKeeper: every node this replica creates (kazoo's
             # default_acl: creates, ensure_path's parents, multis and recipes alike) may be read
             # and written by that identity only. kazoo logs its auth packet at DEBUG: redact it.
             for name in ("kazoo.client", "kazoo.protocol.connection"):
                 logging.getLogger(name).addFilter(creds.redactor())
-        self.zk = KazooClient(
-            hosts=config.zk,
-            timeout=config.session_timeout,
+        return KazooClient(
+            hosts=self.config.zk,
+            timeout=self.config.session_timeout,
             connection_retry=KazooRetry(max_tries=-1, max_delay=1.0),
             command_retry=KazooRetry(max_tries=5, delay=0.05, max_delay=1.0),
             handler=PollHandler(),
             default_acl=None if creds is None else creds.zk_acl(),
             **zk_client_args(creds),  # secured: TLS with the replica certificate (x509), and the digest identity
         )
-        self.log = CsnLog(self.zk, config.root, config.epoch_size)
-        # A secured replica's users (replicas/users.py): who may log in, and with which grants; a
-        # dropped user's running transactions here are aborted.
-        self.users = (
+
+    def _make_users(self) -> Users | None:
+        """A secured replica's users (replicas/users.py): who may log in, and with which grants; a
+        dropped user's running transactions here are aborted."""
+        creds = self.config.credentials
+        return (
             None
             if creds is None
             else Users(self.zk, self.log.users_path(), creds, lambda names: self.transactions.users_dropped(names))
         )
-        self.fence = OrphanFence(self.zk, self.log.fence_path(), config.host_id)
-        self.needed = NeededNodes(self.zk, self.log, creds is not None)  # the fence, users and log, watched
-        self.wal: Wal | None = None
-        self.follower: Follower | None = None
-        self.committer = None
-        self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
-        self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
-        self.transactions = Transactions(
-            config,
+
+    def _make_transactions(self) -> Transactions:
+        """The running transactions: begin, operations, commit requests, aborts."""
+        return Transactions(
+            self.config,
             self.state,
             self.storage,
             self.zk_session,
@@ -145,17 +177,22 @@ class Replica:
             lambda: self.committer,
             lambda: self.wal,
         )
-        self.leases = Leases(self.state, config, self.transactions)
-        self.retention = Retention(
+
+    def _make_retention(self) -> Retention:
+        """Each table's retention window and the horizons it keeps."""
+        return Retention(
             self.state,
-            config,
+            self.config,
             self.host_id,
             self.watermark,
             lambda: None if self.follower is None else self.follower.poke(),
         )
-        self.cleanup = Cleanup(
+
+    def _make_cleanup(self) -> Cleanup:
+        """Cleanup passes: removed parts and orphans deleted once nothing can read them."""
+        return Cleanup(
             self.state,
-            config,
+            self.config,
             self.storage,
             self.zk,
             self.log,
@@ -167,9 +204,12 @@ class Replica:
             self.alive_record,
             self.catch_up,
         )
-        self.merges = Merges(
+
+    def _make_merges(self) -> Merges:
+        """Background merges of each partition's visible parts."""
+        return Merges(
             self.state,
-            config,
+            self.config,
             self.storage,
             self.zk,
             self.log,
@@ -180,36 +220,31 @@ class Replica:
             lambda event, **fields: self.changefeed.record(event, **fields),
             self.zk_session.stop,
         )
-        self.tail: checkpoint.LogTail | None = None
-        self.log_watch = LogWatch(
+
+    def _make_log_watch(self) -> LogWatch:
+        """The log's state as the metrics and status read it."""
+        return LogWatch(
             self.zk,
             self.log,
             self.state,
             self.storage,
-            config.data_dir,
+            self.config.data_dir,
             lambda: None if self.wal is None else self.wal.path,
             lambda: None if self.tail is None else self.tail.tail,
         )
-        self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
-        self.changefeed = ChangeFeed(
-            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
-        )
-        self.outcomes = Outcomes(
+
+    def _make_outcomes(self) -> Outcomes:
+        """Transactions' outcomes, answered here or forwarded to their replica."""
+        return Outcomes(
             self.state,
             self.transactions,
             self.zk,
             self.log,
             self.host_id,
-            config.credentials,
+            self.config.credentials,
             lambda: self.incarnation,
             self.catch_up,
         )
-        self.pauses = PauseGuard(
-            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
-        )
-        self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
-        self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
-        self._register_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -218,15 +253,7 @@ class Replica:
         then register (a new incarnation and the alive node): a start that fails before that
         leaves nothing registered. The caller binds its ports and sets ``address`` first."""
         began = time.monotonic()
-        self.zk.add_listener(self._on_zk_state)
-        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
-        try:
-            self.log.ensure_layout()
-        except NoAuthError:
-            raise InvalidInput(
-                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
-                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)"
-            ) from None
+        self._connect()
         # Before the WAL is opened: a second process with this host id (and maybe this data
         # directory) must not touch the live one's files or registration.
         check_host_free(self.zk, self.log, self.host_id, self.address, self.config.session_timeout)
@@ -236,7 +263,46 @@ class Replica:
             self.users.start(self._first_admin())
         self.fence.start()
         self.needed.start()
-        self.tail = checkpoint.LogTail(
+        self.tail = self._make_tail()
+        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
+        from_wal = self.state.applied
+        self._first_pull(self.follower)
+        self._check_storage()
+        self._register()
+        self.follower.start()
+        self.tail.start()
+        removed = self._remove_uncommitted(staged)
+        self._start_committer(self.follower)
+        self._start_maintenance()
+        log.info(
+            "replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
+            "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
+            self.host_id,
+            time.monotonic() - began,
+            local_csn,
+            replayed,
+            from_wal,
+            self.state.applied,
+            removed,
+            self.incarnation,
+        )
+
+    def _connect(self) -> None:
+        """Connect to ZooKeeper and make sure the log's layout exists (refused under a secured
+        cluster's ACLs without its credentials)."""
+        self.zk.add_listener(self._on_zk_state)
+        connect_zk(self.zk, self.config.zk, self.config.zk_connect_timeout)
+        try:
+            self.log.ensure_layout()
+        except NoAuthError:
+            raise InvalidInput(
+                f"ZooKeeper refused access to {self.log.root}: it is under the ACLs of a secured cluster. Start "
+                f"the replica with that cluster's credentials (--credentials FILE or MERGETXN_CREDENTIALS)"
+            ) from None
+
+    def _make_tail(self) -> checkpoint.LogTail:
+        """The log's tail: checkpoints written and loaded, the log trimmed below them."""
+        return checkpoint.LogTail(
             self.state,
             self.log,
             self.zk,
@@ -250,10 +316,12 @@ class Replica:
             self.refresh_alive,
             lambda: None if self.follower is None else self.follower.poke(),
         )
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
-        from_wal = self.state.applied
+
+    def _first_pull(self, follower: Follower) -> None:
+        """Catch up from ZooKeeper once: a log this replica cannot apply is served as far as it
+        applies; a manifest naming other storage stops the start."""
         try:
-            self.follower.pull()
+            follower.pull()
         except CorruptMetadata as exc:  # serve what applies; reads needing the rest report it
             if exc.details.get("manifest"):
                 raise self._wrong_storage(str(exc)) from None
@@ -261,11 +329,9 @@ class Replica:
             self.state.set_failure(exc)
         if self.state.failure is not None and self.state.failure.details.get("manifest"):
             raise self._wrong_storage(str(self.state.failure))
-        self._check_storage()
-        self._register()
-        self.follower.start()
-        self.tail.start()
-        removed = self._remove_uncommitted(staged)
+
+    def _start_committer(self, follower: Follower) -> None:
+        """The committer (ZooKeeper's multis for this replica's commits), started."""
         from replicas.committer import Committer
 
         self.committer = Committer(
@@ -273,7 +339,7 @@ class Replica:
             self.log,
             self.config,
             self.storage,
-            self.follower,
+            follower,
             self.zk_session,
             self.transactions,
             self.fence,
@@ -284,6 +350,9 @@ class Replica:
             self.fenced,
         )
         self.committer.start()
+
+    def _start_maintenance(self) -> None:
+        """Cleanup and merges, their threads, the reaper and the pause guard, in that order."""
         self.cleanup.start()
         self.merges.start()
         # Merges and cleanup each have a thread: a cleanup pass deleting thousands of removed
@@ -301,18 +370,6 @@ class Replica:
         ).start()
         threading.Thread(target=self._reaper, name="reaper", daemon=True).start()
         self.pauses.start()
-        log.info(
-            "replica %s recovered in %.1fs: local snapshot at CSN %d, %d WAL records replayed, caught up from "
-            "ZooKeeper from CSN %d to %d, %d files of uncommitted transactions removed, incarnation %d",
-            self.host_id,
-            time.monotonic() - began,
-            local_csn,
-            replayed,
-            from_wal,
-            self.state.applied,
-            removed,
-            self.incarnation,
-        )
 
     def _recover_local(self) -> tuple[dict[str, list[str]], int, int]:
         """Open the WAL and load the local snapshot plus the WAL's entries; returns the staged
@@ -815,7 +872,6 @@ class Replica:
         Answered on the RPC I/O thread: memory only, no ZooKeeper or storage request (the log's
         end and the file sizes are what the log-tail thread last saw: replicas/metrics.py)."""
         s = read_stats(self)
-        watch = self.log_watch
         oldest, picked, _, _ = self.leases.in_use()
         holder = next((h for snap, h in picked if snap == oldest), "replica snapshot")
         last_gc = self.cleanup.last_gc_report
@@ -832,41 +888,14 @@ class Replica:
             "applied_csn": s.applied_csn,
             "log_failure": None if self.state.failure is None else str(self.state.failure),
             "missing": self.missing(),  # needed ZooKeeper nodes gone, holes in the log
-            "log": {
-                "end_csn": s.log_end_csn,
-                "entries": s.log_entries,
-                "epochs": watch.epochs,
-                "observed_at": watch.observed_at,
-                "retained": self.tail.retained if self.tail else 0,
-                "wal_bytes": s.wal_bytes,
-                "local_checkpoint_bytes": watch.local_checkpoint_bytes,
-                "checkpoint": watch.checkpoint,
-            },
+            "log": self._info_log(s),
             "lag": {"entries": s.lag_entries, "seconds": round(s.lag_seconds, 3)},
             "oldest_snapshot": {"snapshot": oldest, "holder": holder},
             "running_transactions": s.running_transactions,
             "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
-            "structures": {  # entries each structure holds (docs/architecture/bounds.md)
-                **self.state.sizes(),
-                "events": self.changefeed.ring_size(),
-                "finished_transactions": len(self.transactions.finished),
-            },
+            "structures": self._info_structures(),  # entries each structure holds (docs/architecture/bounds.md)
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
-            "cleanup": {
-                "passes": s.cleanup_passes,
-                "failures": s.cleanup_failures,
-                "files_removed": s.cleanup_files_removed,
-                "last_at": self.cleanup.last_gc_at,
-                "last_error": self.cleanup.last_gc_error,
-                "watermark": self.cleanup.watermark,
-                "last": None
-                if last_gc is None
-                else {
-                    k: (len(v) if isinstance(v, list) else v)
-                    for k, v in last_gc.items()
-                    if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")
-                },
-            },
+            "cleanup": self._info_cleanup(s, last_gc),
             "merges": s.merges,
             "epoch_size": self.log.epoch_size,
             "incarnation": s.incarnation,
@@ -876,16 +905,60 @@ class Replica:
             "settings": tunables(self.config),
             "switch_interval": sys.getswitchinterval(),
             "secure": self.config.credentials is not None,  # TLS, users and grants, ZooKeeper ACLs
-            "committer": None
-            if not s.has_committer
-            else {
-                "commits": s.commits,
-                "batches": s.commit_batches,
-                "local_version_misses": s.local_version_misses,
-                "failed": s.commit_failures,
-                "conflicts": {k: n for k, n in s.conflicts.items() if n},
-            },
+            "committer": self._info_committer(s),
             "aborted": s.aborted,  # by reason, as the metric mergetxn_transactions_aborted_total
             "inserts": s.inserts_held,  # delayed and refused by the parts per partition (too many parts)
             "async_commits": self.async_commits.describe(),
+        }
+
+    def _info_log(self, s: Stats) -> dict:
+        """info()'s "log": the log's end and entries, epochs, WAL and checkpoint sizes."""
+        watch = self.log_watch
+        return {
+            "end_csn": s.log_end_csn,
+            "entries": s.log_entries,
+            "epochs": watch.epochs,
+            "observed_at": watch.observed_at,
+            "retained": self.tail.retained if self.tail else 0,
+            "wal_bytes": s.wal_bytes,
+            "local_checkpoint_bytes": watch.local_checkpoint_bytes,
+            "checkpoint": watch.checkpoint,
+        }
+
+    def _info_structures(self) -> dict:
+        """info()'s "structures": entries each structure holds (docs/architecture/bounds.md)."""
+        return {
+            **self.state.sizes(),
+            "events": self.changefeed.ring_size(),
+            "finished_transactions": len(self.transactions.finished),
+        }
+
+    def _info_cleanup(self, s: Stats, last_gc: dict | None) -> dict:
+        """info()'s "cleanup": passes, failures, files removed, the last pass in short."""
+        return {
+            "passes": s.cleanup_passes,
+            "failures": s.cleanup_failures,
+            "files_removed": s.cleanup_files_removed,
+            "last_at": self.cleanup.last_gc_at,
+            "last_error": self.cleanup.last_gc_error,
+            "watermark": self.cleanup.watermark,
+            "last": None
+            if last_gc is None
+            else {
+                k: (len(v) if isinstance(v, list) else v)
+                for k, v in last_gc.items()
+                if k in ("removed", "kept", "min_snapshot", "watermark", "young_orphans", "seconds")
+            },
+        }
+
+    def _info_committer(self, s: Stats) -> dict | None:
+        """info()'s "committer": commits, batches and conflicts; None on a replica without one."""
+        if not s.has_committer:
+            return None
+        return {
+            "commits": s.commits,
+            "batches": s.commit_batches,
+            "local_version_misses": s.local_version_misses,
+            "failed": s.commit_failures,
+            "conflicts": {k: n for k, n in s.conflicts.items() if n},
         }

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from coordinator.core import grants, keytables
 from coordinator.core.conflicts import Policy
@@ -94,12 +94,17 @@ class ReplicaServer(RpcServer):
             remembered=None if replica.users is None else replica.users.remembered,
         )
         self.replica = replica
-        self.transactions = txns = replica.transactions
+        self.transactions = replica.transactions
         self.address = f"{host}:{self.port}"
         self._peers_seen: tuple[float, list[str]] | None = None
         self._peers_lock = threading.Lock()
         self._probes = keytables.SummaryProbes()  # parsed key summaries of parts (_may_hold)
-        self.handlers = {
+        self.handlers = {**self._transaction_handlers(), **self._maintenance_handlers()}
+
+    def _transaction_handlers(self) -> dict[str, Callable[[dict], Any]]:
+        """The actions on tables, transactions and commits, by name."""
+        replica, txns = self.replica, self.transactions
+        return {
             "info": self._info,
             "create_table": self._create_table,
             "table": self._table,
@@ -129,6 +134,12 @@ class ReplicaServer(RpcServer):
                 else txns.commit_status(a["tid"], bool(a.get("forwarded")))
             ),
             "commit_parts": lambda a: txns.commit_parts(a, owner=_user(a)),
+        }
+
+    def _maintenance_handlers(self) -> dict[str, Callable[[dict], Any]]:
+        """The actions of maintenance, the change feed, checks and users, by name."""
+        replica = self.replica
+        return {
             "compact": self._compact,
             "gc": lambda a: replica.cleanup.gc(a.get("grace_seconds")),
             "changes": lambda a: {
@@ -652,38 +663,11 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     file (replicas/logs.py), for logrotate."""
     replica = Replica(config)
     server = _bind(lambda: ReplicaServer(replica, config.host, config.port), "--port", config.host, config.port)
-    metrics_server = None
     rpc = threading.Thread(target=_serve_or_exit, args=(server,), name="rpc", daemon=True)
-    try:
-        if config.metrics_port is not None:
-            from replicas import metrics
-
-            replica.metrics_address, metrics_server = _bind(
-                lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
-                "--metrics-port",
-                config.host,
-                config.metrics_port,
-            )
-        replica.set_address(server.address)
-        replica.start()
-    except BaseException:
-        server.shutdown()
-        if metrics_server is not None:
-            metrics_server.shutdown()
-        replica.stop()
-        raise
+    metrics_server = _start_replica(replica, server, rpc)
     if replica.metrics_address:
         print(f"METRICS http://{replica.metrics_address}/metrics", flush=True)
-    stop = threading.Event()
-
-    def on_signal(signum, frame):
-        log.info("replica %s got %s: shutting down", config.host_id, signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    hup = threading.Event()  # reopened by the loop below, not in the handler (it may interrupt a log line)
-    signal.signal(signal.SIGHUP, lambda signum, frame: hup.set())
+    stop, hup = _signal_events(config.host_id)
     if failpoints.enabled():  # a test breaks the loop here (tests/faults/test_hostile_rpc.py)
         server.fault = _loop_fault
     rpc.start()
@@ -708,6 +692,47 @@ def serve(config: ReplicaConfig, ready_file: Path | None = None) -> None:
     if metrics_server is not None:
         metrics_server.shutdown()
     replica.stop()
+
+
+def _start_replica(replica: Replica, server: ReplicaServer, rpc: threading.Thread) -> Any:
+    """Bind the metrics port (when asked), then start the replica at the server's address; the
+    metrics server, or None. A start that fails shuts down what was bound and stops the replica."""
+    config = replica.config
+    metrics_server = None
+    try:
+        if config.metrics_port is not None:
+            from replicas import metrics
+
+            replica.metrics_address, metrics_server = _bind(
+                lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
+                "--metrics-port",
+                config.host,
+                config.metrics_port,
+            )
+        replica.set_address(server.address)
+        replica.start()
+    except BaseException:
+        server.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        replica.stop()
+        raise
+    return metrics_server
+
+
+def _signal_events(host_id: str) -> tuple[threading.Event, threading.Event]:
+    """SIGTERM and SIGINT set the first event (stop), SIGHUP the second (reopen the log file)."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        log.info("replica %s got %s: shutting down", host_id, signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    hup = threading.Event()  # reopened by the loop below, not in the handler (it may interrupt a log line)
+    signal.signal(signal.SIGHUP, lambda signum, frame: hup.set())
+    return stop, hup
 
 
 def _bind(make: Callable[[], T], flag: str, host: str, port: int) -> T:

@@ -169,6 +169,49 @@ def _outcomes(
 
 # -- checkpoint decoding (ReplicaState.restore): each raises what malformed data raises, which
 # restore reports as CorruptMetadata.
+def _export_parts(recs: list[tuple[PartMeta, int, str | None, int | None, float | None]]) -> dict:
+    """A checkpoint's parts as columns (``payload["parts"]``): the metadata's fields, the stats
+    by shape, then each record's creation and removal."""
+    names = [f.name for f in fields(PartMeta) if f.name != "stats"]
+    metas = [r[0] for r in recs]
+    parts: dict = {"fields": names}
+    for n in names:
+        parts[n] = [getattr(m, n) for m in metas]
+    shapes: dict[tuple, int] = {}
+    shape_col, values = [], []
+    for m in metas:
+        keys = tuple(m.stats)
+        shape_col.append(shapes.setdefault(keys, len(shapes)))
+        for v in m.stats.values():
+            values.extend(v)
+    parts["stats_keys"] = [list(k) for k in shapes]
+    parts["stats_shape"] = shape_col
+    parts["stats_values"] = values
+    parts["creation_csn"] = [r[1] for r in recs]
+    parts["removal_tid"] = [r[2] for r in recs]
+    parts["removal_csn"] = [r[3] for r in recs]
+    parts["removal_time"] = [r[4] for r in recs]
+    return parts
+
+
+def _export_history(history: list[tuple[tuple[str, str], list[tuple[int, Summary]]]]) -> dict:
+    """A checkpoint's conflict history as columns (``payload["history"]``), operation kinds by set."""
+    kind_sets: dict[frozenset, int] = {}
+    h: dict = {"keys": [], "key": [], "csn": [], "tid": [], "kinds": [], "removed_at": [], "removed": []}
+    for i, (key, events) in enumerate(history):
+        h["keys"].append(list(key))
+        for csn, s in events:
+            if s.removed:
+                h["removed_at"].append(len(h["csn"]))
+                h["removed"].append(sorted(s.removed))
+            h["key"].append(i)
+            h["csn"].append(csn)
+            h["tid"].append(s.tid)
+            h["kinds"].append(kind_sets.setdefault(s.kinds, len(kind_sets)))
+    h["kind_sets"] = [sorted(k.value for k in ks) for ks in kind_sets]
+    return h
+
+
 def _restore_catalog(payload: dict) -> tuple[dict[str, TableDef], dict[str, list[TableRecord]], list[int]]:
     """A checkpoint's tables, its catalog (each table's records) and the CSNs of its DDL."""
     tables = {d["name"]: TableDef.from_dict(d) for d in payload["tables"]}
@@ -295,18 +338,7 @@ class ReplicaState:
         self.parts: dict[str, PartRecord] = {}
         self.by_table: dict[str, set[str]] = defaultdict(set)
         self.live: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
-        # Outcomes (docs/rules.md#outcomes): tid -> the CSN it committed at, for the commits of the
-        # last ``outcome_seconds`` by their log entry's time (never ahead of ``clock``).
-        # ``outcomes`` lists them as (entry time, CSN, tids) in CSN order, and apply() forgets
-        # from its front, so the map and checkpoints hold the window, not history. Every commit
-        # above ``outcome_floor`` is in tid_csn; one at or below it may be forgotten
-        # (:meth:`forgotten`, :meth:`commit_csn`: then its part records may still tell).
-        self.tid_csn: dict[str, int] = {}
-        self.outcomes: deque[tuple[float, int, tuple[str, ...]]] = deque()
-        self.outcome_floor = 0
-        self.outcome_seconds = outcome_seconds
-        self.clock = clock
-        self._outcomes_kept = 0  # > 0: a lost commit answer is being looked up, forget nothing
+        self._init_outcomes(outcome_seconds, clock)
         self.conflict_history: dict[tuple[str, str], list[tuple[int, Summary]]] = defaultdict(list)
         self.versions: dict[str, int] = {}
         # Idempotent commits: app id -> (highest version committed, the CSN that holds it). State,
@@ -345,6 +377,20 @@ class ReplicaState:
         self.key_index: dict[tuple[str, str], KeyIndex] = {}
         # Every field above that the log derives must also be in export()/restore() below:
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
+
+    def _init_outcomes(self, outcome_seconds: float, clock: Callable[[], float]) -> None:
+        """Outcomes (docs/rules.md#outcomes): tid -> the CSN it committed at, for the commits of the
+        last ``outcome_seconds`` by their log entry's time (never ahead of ``clock``).
+        ``outcomes`` lists them as (entry time, CSN, tids) in CSN order, and apply() forgets
+        from its front, so the map and checkpoints hold the window, not history. Every commit
+        above ``outcome_floor`` is in tid_csn; one at or below it may be forgotten
+        (:meth:`forgotten`, :meth:`commit_csn`: then its part records may still tell)."""
+        self.tid_csn: dict[str, int] = {}
+        self.outcomes: deque[tuple[float, int, tuple[str, ...]]] = deque()
+        self.outcome_floor = 0
+        self.outcome_seconds = outcome_seconds
+        self.clock = clock
+        self._outcomes_kept = 0  # > 0: a lost commit answer is being looked up, forget nothing
 
     # -- applying the log ------------------------------------------------------------------
     def apply(self, csn: int, epoch: int, seq: int, entry: LogEntry) -> None:
@@ -762,38 +808,8 @@ class ReplicaState:
             apps = {app_id: list(held) for app_id, held in self.apps.items()}
             time_csns, time_values = list(self.time_csns), list(self.time_values)
             time_trimmed = self.time_trimmed
-        names = [f.name for f in fields(PartMeta) if f.name != "stats"]
-        metas = [r[0] for r in recs]
-        parts: dict = {"fields": names}
-        for n in names:
-            parts[n] = [getattr(m, n) for m in metas]
-        shapes: dict[tuple, int] = {}
-        shape_col, values = [], []
-        for m in metas:
-            keys = tuple(m.stats)
-            shape_col.append(shapes.setdefault(keys, len(shapes)))
-            for v in m.stats.values():
-                values.extend(v)
-        parts["stats_keys"] = [list(k) for k in shapes]
-        parts["stats_shape"] = shape_col
-        parts["stats_values"] = values
-        parts["creation_csn"] = [r[1] for r in recs]
-        parts["removal_tid"] = [r[2] for r in recs]
-        parts["removal_csn"] = [r[3] for r in recs]
-        parts["removal_time"] = [r[4] for r in recs]
-        kind_sets: dict[frozenset, int] = {}
-        h: dict = {"keys": [], "key": [], "csn": [], "tid": [], "kinds": [], "removed_at": [], "removed": []}
-        for i, (key, events) in enumerate(history):
-            h["keys"].append(list(key))
-            for csn, s in events:
-                if s.removed:
-                    h["removed_at"].append(len(h["csn"]))
-                    h["removed"].append(sorted(s.removed))
-                h["key"].append(i)
-                h["csn"].append(csn)
-                h["tid"].append(s.tid)
-                h["kinds"].append(kind_sets.setdefault(s.kinds, len(kind_sets)))
-        h["kind_sets"] = [sorted(k.value for k in ks) for ks in kind_sets]
+        parts = _export_parts(recs)
+        h = _export_history(history)
         return {
             "applied": applied,
             "position": list(position),
