@@ -264,7 +264,13 @@ class Client:
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
-            pass
+            pass  # looked up outside the handler: what that raises does not chain to the break
+        return self._created_after_break(tdef, args)
+
+    def _created_after_break(self, tdef: TableDef, args: dict[str, Any]) -> int:
+        """After a connection broke before ``create_table``'s answer: look the table up (sending
+        the creation again while it does not exist) until it is decided; its created CSN, or
+        InvalidInput if a table of that name exists with another definition."""
 
         def look_up() -> TableDef | int:
             try:
