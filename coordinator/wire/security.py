@@ -56,6 +56,38 @@ CLIENT_FILE = ADMIN_FILE  # the clients' file: a user's (the admin's, until an a
 REPLICA_FILE = "credentials.json"  # and for replicas
 
 
+def _read_credentials_fields(path: Path) -> dict:
+    """The fields of the credentials file at ``path``, refused (InvalidInput) when others may
+    read it, it cannot be read or parsed, it is not an object, holds a field it should not, or
+    lacks the user or the secret (a string each)."""
+    _check_private(path, "credentials file")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"credentials file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(
+            f"credentials file {path} does not parse as "
+            f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
+    unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
+    if unknown:
+        raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
+    for name in ("user", "secret"):
+        if not isinstance(data.get(name), str):
+            raise InvalidInput(f"credentials file {path}: field {name!r} (a string) is missing")
+    return data
+
+
 @dataclass(frozen=True, repr=False)
 class Credentials:
     """An identity and the TLS files that go with it: the replicas' (with ``cert_file`` and
@@ -99,31 +131,7 @@ class Credentials:
         """Read a credentials file (JSON, or TOML when it ends in .toml). Refused when anyone
         but its owner may read it (it holds the secret): ``chmod 600`` it."""
         path = Path(path).expanduser()
-        _check_private(path, "credentials file")
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InvalidInput(f"credentials file {path} cannot be read: {exc.strerror or exc}") from None
-        try:
-            if path.suffix == ".toml":
-                import tomllib
-
-                data = tomllib.loads(text)
-            else:
-                data = json.loads(text)
-        except ValueError as exc:
-            raise InvalidInput(
-                f"credentials file {path} does not parse as "
-                f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}"
-            ) from None
-        if not isinstance(data, dict):
-            raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
-        unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
-        if unknown:
-            raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
-        for name in ("user", "secret"):
-            if not isinstance(data.get(name), str):
-                raise InvalidInput(f"credentials file {path}: field {name!r} (a string) is missing")
+        data = _read_credentials_fields(path)
 
         def file(name: str) -> Path | None:
             value = data.get(name)
