@@ -137,11 +137,7 @@ def choose_roads(
     part = pa.concat_arrays([pa.nulls(keys[i].num_rows, pa.int32()).fill_null(r) for r, i in enumerate(order)])
     at = pc.sort_indices(every.column(0) if len(pk) == 1 else every, sort_keys=[(k, "ascending") for k in pk])
     cols = [every.column(k).take(at).combine_chunks() for k in pk]
-    same = None  # same[i]: row i's key equals row i-1's (in sorted order)
-    for c in cols:
-        eq = pc.equal(c.slice(1), c.slice(0, n - 1))
-        same = eq if same is None else pc.and_(same, eq)
-    same = pa.concat_arrays([pa.array([False]), same])
+    same = _same_as_previous(cols, n)
     part = part.take(at)
     pairs: set[tuple[int, int]] = set()
     chain, d = same, 1
@@ -164,14 +160,32 @@ def choose_roads(
         return None
     if not small:
         return Roads(tuple(direct), (), None)
+    return Roads(tuple(direct), tuple(small), _keys_of_small_only(pk, cols, same, part, taken))
+
+
+def _same_as_previous(cols: Sequence[pa.Array], n: int) -> pa.Array:
+    """For each of the ``n`` sorted keys (one array a key column): whether it equals the one
+    before (False for the first)."""
+    same = None
+    for c in cols:
+        eq = pc.equal(c.slice(1), c.slice(0, n - 1))
+        same = eq if same is None else pc.and_(same, eq)
+    return pa.concat_arrays([pa.array([False]), same])
+
+
+def _keys_of_small_only(
+    pk: Sequence[str], cols: Sequence[pa.Array], same: pa.Array, part: pa.Array, taken: Sequence[int]
+) -> pa.Table:
+    """The keys (sorted ``cols``, runs of equal keys marked by ``same``, each row's part rank in
+    ``part``) that no taken part holds: a table of the ``pk`` columns."""
+    n = len(part)
     mine = pc.is_in(part, value_set=pa.array(taken, pa.int32())).cast(pa.int64())
     starts = pc.indices_nonzero(pc.invert(same)).cast(pa.int64())
     ends = pa.concat_arrays([pc.subtract(starts.slice(1), 1), pa.array([n - 1], pa.int64())])
     upto = pc.cumulative_sum(mine)
     held = pc.add(pc.subtract(upto.take(ends), upto.take(starts)), mine.take(starts))
     alone = starts.filter(pc.equal(held, 0))
-    only = pa.table({k: c.take(alone) for k, c in zip(pk, cols)})
-    return Roads(tuple(direct), tuple(small), only)
+    return pa.table({k: c.take(alone) for k, c in zip(pk, cols)})
 
 
 _MAX_RUN = 64  # versions of one key (in sorted order) that choose_roads follows before it gives up

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
@@ -40,7 +40,10 @@ from coordinator.core.tabledata import (
 from coordinator.model.catalog import TableDef
 from parts.io.format import delete_part
 from parts.model.meta import PartMeta
-from spark.options import connect, join, settings, storage_for, table_def
+from spark.options import Settings, connect, join, settings, storage_for, table_def
+
+if TYPE_CHECKING:
+    from coordinator.api.client import Transaction
 
 
 @dataclass(frozen=True)
@@ -93,26 +96,10 @@ def _mutate(
     txn: str | None,
     options: Mapping[str, str] | None,
 ) -> Mutation:
-    opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
-    opts["path"] = table
-    if replica is not None:
-        opts["replica"] = replica
-    if txn is not None:
-        opts["txn"] = txn
-    s = settings(opts, write=True)
+    s = _mutation_settings(table, replica, txn, options)
     with connect(s) as client:
         tdef = table_def(client, s)
-        if not isinstance(where, pc.Expression):
-            raise InvalidInput(
-                f"mergetxn {kind} on {table!r}: where must be a pyarrow.compute.Expression, not {type(where).__name__}"
-            )
-        check_expression(where, tdef.schema, f"{kind} on {table!r}")
-        encoded_where = encode_expression(where, tdef.schema)
-        encoded_set = None
-        if kind == "update":
-            if not isinstance(set_map, Mapping) or not set_map:
-                raise InvalidInput(f"mergetxn update on {table!r}: set must map column names to values")
-            encoded_set = encode_assignments(assignments(dict(set_map), tdef.schema), tdef.schema)
+        encoded_where, encoded_set = _encoded_mutation(kind, table, where, set_map, tdef)
         tx = join(client, s) if s.txn is not None else client.begin()
         own = s.txn is None
         added: list[PartMeta] = []
@@ -149,17 +136,52 @@ def _mutate(
                 except errors.MergetxnError:
                     pass
             raise
-        csn = None
-        if own:
-            try:
-                csn = tx.commit()
-            except errors.ConflictError as exc:
-                raise errors.ConflictError(
-                    f"mergetxn: {kind} on {table!r} (transaction {tx.id}) conflicts with transaction "
-                    f"{exc.winner}, which committed first; nothing of it is visible. {exc.message}",
-                    **exc.details,
-                ) from None
+        csn = _commit_mutation(tx, kind, table) if own else None
         return Mutation(kind, table, tx.id, rows, len(removed), len(added), csn)
+
+
+def _mutation_settings(table: str, replica: str | None, txn: str | None, options: Mapping[str, str] | None) -> Settings:
+    """The write settings of a mutation of ``table``: its options (names lower-cased) with the
+    table's path and the replica and transaction given as arguments."""
+    opts = {str(k).lower(): v for k, v in dict(options or {}).items()}
+    opts["path"] = table
+    if replica is not None:
+        opts["replica"] = replica
+    if txn is not None:
+        opts["txn"] = txn
+    return settings(opts, write=True)
+
+
+def _encoded_mutation(
+    kind: str, table: str, where: pc.Expression, set_map: Mapping[str, Any] | None, tdef: TableDef
+) -> tuple[str, str | None]:
+    """The mutation's ``where`` and (for an update) ``set``, checked against the table's schema
+    and encoded for the tasks; InvalidInput naming what is wrong otherwise."""
+    if not isinstance(where, pc.Expression):
+        raise InvalidInput(
+            f"mergetxn {kind} on {table!r}: where must be a pyarrow.compute.Expression, not {type(where).__name__}"
+        )
+    check_expression(where, tdef.schema, f"{kind} on {table!r}")
+    encoded_where = encode_expression(where, tdef.schema)
+    encoded_set = None
+    if kind == "update":
+        if not isinstance(set_map, Mapping) or not set_map:
+            raise InvalidInput(f"mergetxn update on {table!r}: set must map column names to values")
+        encoded_set = encode_assignments(assignments(dict(set_map), tdef.schema), tdef.schema)
+    return encoded_where, encoded_set
+
+
+def _commit_mutation(tx: Transaction, kind: str, table: str) -> int | None:
+    """Commit the mutation's own transaction; its CSN. A conflict is a ConflictError naming the
+    mutation, its transaction and the winner."""
+    try:
+        return tx.commit()
+    except errors.ConflictError as exc:
+        raise errors.ConflictError(
+            f"mergetxn: {kind} on {table!r} (transaction {tx.id}) conflicts with transaction "
+            f"{exc.winner}, which committed first; nothing of it is visible. {exc.message}",
+            **exc.details,
+        ) from None
 
 
 def _rewrite_task(

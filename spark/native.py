@@ -252,16 +252,7 @@ def read_table(
     address = _address(session, replica)
     client = _client(address)
     try:
-        args: dict[str, Any] = {"table": table}
-        if snapshot is not None:
-            if isinstance(snapshot, bool) or not isinstance(snapshot, int):
-                raise InvalidInput(f"mergetxn: snapshot must be an integer CSN, not {snapshot!r}")
-            args["snapshot"] = snapshot
-        if as_of is not None:
-            if not isinstance(as_of, dt.datetime) or as_of.utcoffset() is None:
-                raise InvalidInput(f"mergetxn: as_of must be a timezone-aware datetime, not {as_of!r}")
-            args["as_of"] = as_of.timestamp()
-        r = client.call("visible", lease="read", **args)
+        r = client.call("visible", lease="read", **_visible_args(table, snapshot, as_of))
     except BaseException:
         client.close()
         raise
@@ -274,28 +265,11 @@ def read_table(
         why = _blocker(client.storage, tdef, metas)
         if why is not None:  # the data source reads the snapshot this hold keeps in use
             _fallback("read_table", why)
-            df = (
-                session.read.format("mergetxn")
-                .option("replica", address)
-                .option("snapshot", str(snap))
-                .option("lease", "none")
-                .load(table)
-            )
-            df = df if not terms else df.where(_spark_where(terms))
+            df = _read_by_data_source(session, address, table, snap, terms)
             hold.attach(df, snap, [m.name for m in metas])
             return df
         keys = tdef.conflict_policy is Policy.KEYS
-        # A keys table's parts hold versions: only its partition values rule a part out (a newer
-        # version in another part may move a row out of a filter on any other column).
-        expr = _arrow_where([t for t in terms if not keys or t[0] in tdef.partition_by])
-        if expr is not None:
-            metas = [
-                m
-                for m in metas
-                if may_match(
-                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, expr, tdef.schema
-                )
-            ]
+        metas = _parts_that_may_match(tdef, metas, terms, keys)
         root = os.path.abspath(client.storage.url)
         paths = [os.path.join(root, *m.path.split("/")) for m in metas]
         verify_footers(metas, paths)
@@ -318,6 +292,50 @@ def read_table(
         raise
     hold.attach(df, snap, [m.name for m in metas])
     return df
+
+
+def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
+    """The arguments of the ``visible`` call reading ``table`` at ``snapshot`` or ``as_of``;
+    InvalidInput for a snapshot that is not an integer or an as_of that is not an aware datetime."""
+    args: dict[str, Any] = {"table": table}
+    if snapshot is not None:
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int):
+            raise InvalidInput(f"mergetxn: snapshot must be an integer CSN, not {snapshot!r}")
+        args["snapshot"] = snapshot
+    if as_of is not None:
+        if not isinstance(as_of, dt.datetime) or as_of.utcoffset() is None:
+            raise InvalidInput(f"mergetxn: as_of must be a timezone-aware datetime, not {as_of!r}")
+        args["as_of"] = as_of.timestamp()
+    return args
+
+
+def _read_by_data_source(session: Any, address: str, table: str, snap: int, terms: list[tuple[str, str, Any]]) -> Any:
+    """``table`` at ``snap`` read through the mergetxn data source (without a lease of its own),
+    filtered by ``terms``."""
+    df = (
+        session.read.format("mergetxn")
+        .option("replica", address)
+        .option("snapshot", str(snap))
+        .option("lease", "none")
+        .load(table)
+    )
+    return df if not terms else df.where(_spark_where(terms))
+
+
+def _parts_that_may_match(
+    tdef: TableDef, metas: list[PartMeta], terms: list[tuple[str, str, Any]], keys: bool
+) -> list[PartMeta]:
+    """The parts whose partition values and min/max may match ``terms``. A keys table's parts
+    hold versions: only its partition values rule a part out (a newer version in another part
+    may move a row out of a filter on any other column)."""
+    expr = _arrow_where([t for t in terms if not keys or t[0] in tdef.partition_by])
+    if expr is None:
+        return metas
+    return [
+        m
+        for m in metas
+        if may_match(tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, expr, tdef.schema)
+    ]
 
 
 def verify_footers(metas: Sequence[PartMeta], paths: Sequence[str]) -> None:

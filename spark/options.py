@@ -189,20 +189,7 @@ def settings(options: Any, *, write: bool = False) -> Settings:
     as_of = time_option(options, "as_of")
     if snapshot is not None and as_of is not None:
         raise InvalidInput("mergetxn: give either option 'snapshot' or 'as_of', not both")
-    changes = None
-    start, end, by = (option(options, n) for n in ("changes_from", "changes_to", "changes_by"))
-    if start is not None or end is not None or by is not None:
-        if start is None:
-            raise InvalidInput("mergetxn: option 'changes_from' is required for an incremental read")
-        if snapshot is not None or as_of is not None:
-            raise InvalidInput("mergetxn: changes_* options cannot be combined with snapshot/as_of")
-        by = (by or "id").lower()
-        if by == "id":
-            changes = (int_option(options, "changes_from"), int_option(options, "changes_to"), by)
-        elif by == "time":
-            changes = (time_option(options, "changes_from"), time_option(options, "changes_to"), by)
-        else:
-            raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
+    changes = _changes_option(options, snapshot, as_of)
     lease = (option(options, "lease") or "spark").lower()
     if lease not in ("spark", "none"):
         raise InvalidInput(
@@ -225,6 +212,25 @@ def settings(options: Any, *, write: bool = False) -> Settings:
         credentials=option(options, "credentials"),
         app=app,
     )
+
+
+def _changes_option(options: Any, snapshot: int | None, as_of: dt.datetime | None) -> tuple[Any, Any, str] | None:
+    """Options ``changes_from``, ``changes_to`` and ``changes_by`` (``id`` or ``time``) of an
+    incremental read: ``(from, to, by)``, None when none is given; ``changes_from`` required,
+    and never with a snapshot or as_of."""
+    start, end, by = (option(options, n) for n in ("changes_from", "changes_to", "changes_by"))
+    if start is None and end is None and by is None:
+        return None
+    if start is None:
+        raise InvalidInput("mergetxn: option 'changes_from' is required for an incremental read")
+    if snapshot is not None or as_of is not None:
+        raise InvalidInput("mergetxn: changes_* options cannot be combined with snapshot/as_of")
+    by = (by or "id").lower()
+    if by == "id":
+        return (int_option(options, "changes_from"), int_option(options, "changes_to"), by)
+    if by == "time":
+        return (time_option(options, "changes_from"), time_option(options, "changes_to"), by)
+    raise InvalidInput(f"mergetxn: option 'changes_by' must be 'id' or 'time', not {by!r}")
 
 
 def _app_option(options: Any, write: bool) -> tuple[str, int] | None:

@@ -264,7 +264,13 @@ class Client:
         try:
             return self.call("create_table", **args)["csn"]
         except ReplicaUnavailable:
-            pass
+            pass  # looked up outside the handler: what that raises does not chain to the break
+        return self._created_after_break(tdef, args)
+
+    def _created_after_break(self, tdef: TableDef, args: dict[str, Any]) -> int:
+        """After a connection broke before ``create_table``'s answer: look the table up (sending
+        the creation again while it does not exist) until it is decided; its created CSN, or
+        InvalidInput if a table of that name exists with another definition."""
 
         def look_up() -> TableDef | int:
             try:
@@ -420,6 +426,27 @@ class Client:
         limits."""
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
+        modes = self._begin_modes(atomicity, durability, detached, table_limits)
+        # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
+        # transaction, instead of leaving the first one running unseen on the replica.
+        r = self.call("begin", token=uuid.uuid4().hex, **modes)
+        tx = Transaction(
+            self,
+            Tid(*r["tid"]),
+            r["id"],
+            r["snapshot"],
+            ddl=r.get("ddl"),
+            isolation=isolation,
+            atomicity=atomicity,
+            durability=durability,
+        )
+        if not detached:
+            self._heartbeat.hold(tx, r.get("client_session_timeout"))
+        return tx
+
+    def _begin_modes(self, atomicity: str, durability: str, detached: bool, table_limits: bool) -> dict[str, Any]:
+        """The arguments of a ``begin`` call beyond its token for these (checked) modes; raises
+        InvalidInput for a flag that is not a bool or a detached async transaction."""
         for flag, value in (("detached", detached), ("table_limits", table_limits)):
             if not isinstance(value, bool):
                 raise InvalidInput(f"{flag} must be True or False, not {quote(value)}")
@@ -437,22 +464,7 @@ class Client:
             modes["session"] = self.session
         if not table_limits:
             modes["table_limits"] = False
-        # The token makes a begin sent again after a lost answer (rpc.IDEMPOTENT) get the same
-        # transaction, instead of leaving the first one running unseen on the replica.
-        r = self.call("begin", token=uuid.uuid4().hex, **modes)
-        tx = Transaction(
-            self,
-            Tid(*r["tid"]),
-            r["id"],
-            r["snapshot"],
-            ddl=r.get("ddl"),
-            isolation=isolation,
-            atomicity=atomicity,
-            durability=durability,
-        )
-        if not detached:
-            self._heartbeat.hold(tx, r.get("client_session_timeout"))
-        return tx
+        return modes
 
     def flush(self) -> int | None:
         """Wait until every async commit (``durability="async"``) this client made is durable in

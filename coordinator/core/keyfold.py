@@ -190,6 +190,21 @@ def fold(
     return pa.Table.from_arrays(arrays, schema=out_schema).filter(keep)
 
 
+def _as_puts(before: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``before``'s rows (its ``names`` columns) as a version table of PUTs, sequence 0 and no
+    column list, to fold ahead of every commit's versions."""
+    n = before.num_rows
+    return pa.Table.from_arrays(
+        [
+            *before.select(names).columns,
+            pa.repeat(pa.scalar(PUT, pa.int8()), n),
+            pa.repeat(pa.scalar(0, pa.int64()), n),
+            pa.nulls(n, pa.string()),
+        ],
+        names=[*names, OP, SEQ, COLS],
+    )
+
+
 def row_changes(
     schema: pa.Schema, primary_key: Sequence[str], before: pa.Table, commits: Iterable[tuple[int, Sequence[pa.Table]]]
 ) -> pa.Table:
@@ -208,16 +223,7 @@ def row_changes(
     (nulls equal)."""
     out_schema = changes_schema(schema)
     names = schema.names
-    n = before.num_rows
-    base = pa.Table.from_arrays(
-        [
-            *before.select(names).columns,
-            pa.repeat(pa.scalar(PUT, pa.int8()), n),
-            pa.repeat(pa.scalar(0, pa.int64()), n),
-            pa.nulls(n, pa.string()),
-        ],
-        names=[*names, OP, SEQ, COLS],
-    )
+    base = _as_puts(before, names)
     data = _versions(schema, [(-1, base), *((csn, t) for csn, parts in commits for t in parts)])
     if data.num_rows == 0:
         return out_schema.empty_table()

@@ -89,6 +89,15 @@ PARTS_OPTIONS = ("parts_to_delay_insert", "parts_to_throw_insert")
 ALTERABLE = ("retention_seconds", *PARTS_OPTIONS)
 
 
+def _policy(conflict_policy: str) -> Policy:
+    """The conflict policy of that name; InvalidInput naming the choices for any other."""
+    try:
+        return Policy(conflict_policy)
+    except ValueError:
+        choices = ", ".join(p.value for p in Policy)
+        raise InvalidInput(f"unknown conflict_policy {quote(conflict_policy)}; choose one of {choices}") from None
+
+
 def check_parts_option(table: str, option: str, value: object) -> int | None:
     """Validate a table's ``parts_to_delay_insert``/``parts_to_throw_insert``: None (the
     replica-wide default) or an integer >= 0 (0: never); InvalidInput naming the option otherwise."""
@@ -180,11 +189,7 @@ class TableDef:
             raise InvalidInput("partition_by and primary_key take a sequence of column names, not a string")
         partition_by, primary_key = tuple(partition_by), tuple(primary_key)
         validate_schema(schema, list(partition_by), list(primary_key))
-        try:
-            policy = Policy(conflict_policy)
-        except ValueError:
-            choices = ", ".join(p.value for p in Policy)
-            raise InvalidInput(f"unknown conflict_policy {quote(conflict_policy)}; choose one of {choices}") from None
+        policy = _policy(conflict_policy)
         if not isinstance(auto_merge, bool):
             raise InvalidInput("auto_merge must be True or False")
         groups = keytables.check_definition(

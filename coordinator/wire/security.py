@@ -45,7 +45,10 @@ from typing import TYPE_CHECKING
 from coordinator.core.errors import InvalidInput
 
 if TYPE_CHECKING:
+    import datetime as dt
+
     from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 ENV_CREDENTIALS = "MERGETXN_CREDENTIALS"
 DEFAULT_USER = "mergetxn"
@@ -54,6 +57,38 @@ DEFAULT_ADMIN = "admin"
 ADMIN_FILE = "admin.json"  # what make_cluster_credentials writes for the first admin user
 CLIENT_FILE = ADMIN_FILE  # the clients' file: a user's (the admin's, until an admin adds others)
 REPLICA_FILE = "credentials.json"  # and for replicas
+
+
+def _read_credentials_fields(path: Path) -> dict:
+    """The fields of the credentials file at ``path``, refused (InvalidInput) when others may
+    read it, it cannot be read or parsed, it is not an object, holds a field it should not, or
+    lacks the user or the secret (a string each)."""
+    _check_private(path, "credentials file")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InvalidInput(f"credentials file {path} cannot be read: {exc.strerror or exc}") from None
+    try:
+        if path.suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        else:
+            data = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInput(
+            f"credentials file {path} does not parse as "
+            f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}"
+        ) from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
+    unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
+    if unknown:
+        raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
+    for name in ("user", "secret"):
+        if not isinstance(data.get(name), str):
+            raise InvalidInput(f"credentials file {path}: field {name!r} (a string) is missing")
+    return data
 
 
 @dataclass(frozen=True, repr=False)
@@ -99,31 +134,7 @@ class Credentials:
         """Read a credentials file (JSON, or TOML when it ends in .toml). Refused when anyone
         but its owner may read it (it holds the secret): ``chmod 600`` it."""
         path = Path(path).expanduser()
-        _check_private(path, "credentials file")
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise InvalidInput(f"credentials file {path} cannot be read: {exc.strerror or exc}") from None
-        try:
-            if path.suffix == ".toml":
-                import tomllib
-
-                data = tomllib.loads(text)
-            else:
-                data = json.loads(text)
-        except ValueError as exc:
-            raise InvalidInput(
-                f"credentials file {path} does not parse as "
-                f"{'TOML' if path.suffix == '.toml' else 'JSON'}: {type(exc).__name__}"
-            ) from None
-        if not isinstance(data, dict):
-            raise InvalidInput(f"credentials file {path} must hold an object with user, secret and ca_file")
-        unknown = sorted(set(data) - {"user", "secret", "ca_file", "cert_file", "key_file", "admin"})
-        if unknown:
-            raise InvalidInput(f"credentials file {path}: unknown field(s) {unknown}")
-        for name in ("user", "secret"):
-            if not isinstance(data.get(name), str):
-                raise InvalidInput(f"credentials file {path}: field {name!r} (a string) is missing")
+        data = _read_credentials_fields(path)
 
         def file(name: str) -> Path | None:
             value = data.get(name)
@@ -364,35 +375,12 @@ def make_user_credentials(name: str, ca_file: Path | None) -> Credentials:
     return Credentials(name, secrets.token_urlsafe(32), ca_file)
 
 
-def make_cluster_credentials(
-    directory: str | os.PathLike,
-    hosts: Iterable[str] = ("127.0.0.1", "localhost"),
-    user: str = DEFAULT_USER,
-    days: int = 825,
-    admin: str = DEFAULT_ADMIN,
-) -> Credentials:
-    """Make a private CA, a replica certificate for ``hosts`` (IP addresses and DNS names, as
-    clients will address the replicas) and a new secret in ``directory``:
-
-    ``ca.pem`` (the CA certificate: what clients verify replicas with), ``replica.pem`` and
-    ``replica.key`` (one certificate for every replica), ``credentials.json`` (the replicas'
-    identity, ``user``, with the first admin's name and salted hash) and ``admin.json`` (the
-    admin user ``admin``'s credentials, for clients). Keys and credentials files are mode 0600.
-    The CA's key is not kept: to add a host, make new credentials and hand them out again.
-
-    Returns the replicas' credentials (:func:`admin_credentials` reads the admin's)."""
-    from coordinator.model.users import check_name, hash_secret
-
-    check_name(admin)
-    if admin == user:
-        raise InvalidInput(f"the admin user must have another name than the replicas' identity {user!r}")
-    import datetime as dt
+def _alt_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
+    """The replica certificate's subject alternative names for ``hosts`` (an IP address or a DNS
+    name each, blanks and repeats dropped); InvalidInput when none is left."""
     import ipaddress
 
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     hosts = list(dict.fromkeys(h.strip() for h in hosts if h and h.strip()))
     if not hosts:
@@ -403,9 +391,17 @@ def make_cluster_credentials(
             sans.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
             sans.append(x509.DNSName(h))
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    return sans
+
+
+def _cluster_ca(now: dt.datetime, days: int) -> tuple[ec.EllipticCurvePrivateKey, x509.Name, x509.Certificate]:
+    """A new private CA valid from ``now`` for ``days``: its key, name and certificate."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"mergetxn cluster CA {secrets.token_hex(4)}")])
@@ -435,6 +431,21 @@ def make_cluster_credentials(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return ca_key, ca_name, ca_cert
+
+
+def _replica_certificate(
+    ca_key: ec.EllipticCurvePrivateKey, ca_name: x509.Name, sans: list[x509.GeneralName], now: dt.datetime, days: int
+) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A new key and the one replica certificate for ``sans``, signed by the CA, valid from
+    ``now`` for ``days``."""
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
@@ -454,6 +465,41 @@ def make_cluster_credentials(
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+    return key, cert
+
+
+def make_cluster_credentials(
+    directory: str | os.PathLike,
+    hosts: Iterable[str] = ("127.0.0.1", "localhost"),
+    user: str = DEFAULT_USER,
+    days: int = 825,
+    admin: str = DEFAULT_ADMIN,
+) -> Credentials:
+    """Make a private CA, a replica certificate for ``hosts`` (IP addresses and DNS names, as
+    clients will address the replicas) and a new secret in ``directory``:
+
+    ``ca.pem`` (the CA certificate: what clients verify replicas with), ``replica.pem`` and
+    ``replica.key`` (one certificate for every replica), ``credentials.json`` (the replicas'
+    identity, ``user``, with the first admin's name and salted hash) and ``admin.json`` (the
+    admin user ``admin``'s credentials, for clients). Keys and credentials files are mode 0600.
+    The CA's key is not kept: to add a host, make new credentials and hand them out again.
+
+    Returns the replicas' credentials (:func:`admin_credentials` reads the admin's)."""
+    from coordinator.model.users import check_name, hash_secret
+
+    check_name(admin)
+    if admin == user:
+        raise InvalidInput(f"the admin user must have another name than the replicas' identity {user!r}")
+    import datetime as dt
+
+    from cryptography.hazmat.primitives import serialization
+
+    sans = _alt_names(hosts)
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    ca_key, ca_name, ca_cert = _cluster_ca(now, days)
+    key, cert = _replica_certificate(ca_key, ca_name, sans, now, days)
     pem = serialization.Encoding.PEM
     (d / "ca.pem").write_bytes(ca_cert.public_bytes(pem))
     (d / "replica.pem").write_bytes(cert.public_bytes(pem))
