@@ -30,16 +30,19 @@ NEVER_READ = {
 
 
 def handler_nodes() -> dict[str, ast.expr]:
-    """replicas/server.py's ``self.handlers = {action: handler}``, as source nodes."""
+    """replicas/server.py's handlers, ``{action: handler}``, as source nodes: the dicts the
+    server's ``*_handlers`` methods return (``self.handlers`` joins them)."""
     tree = ast.parse(SERVER.read_text())
+    found: dict[str, ast.expr] = {}
     for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Assign)
-            and isinstance(node.value, ast.Dict)
-            and any(ast.unparse(t) == "self.handlers" for t in node.targets)
-        ):
-            return {k.value: v for k, v in zip(node.value.keys, node.value.values) if isinstance(k, ast.Constant)}
-    raise AssertionError("replicas/server.py sets no self.handlers dict")
+        if isinstance(node, ast.FunctionDef) and node.name.endswith("_handlers"):
+            for ret in ast.walk(node):
+                if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Dict):
+                    keys, values = ret.value.keys, ret.value.values
+                    found.update({k.value: v for k, v in zip(keys, values) if isinstance(k, ast.Constant)})
+    if not found:
+        raise AssertionError("replicas/server.py has no *_handlers method returning {action: handler}")
+    return found
 
 
 def read_keys(node: ast.AST, names: frozenset[str] = frozenset({"a", "args"})) -> set[str]:
