@@ -477,7 +477,9 @@ def table() -> str:
             f"| {run.date} | `{run.commit}` | {run.machine} |"
         )
     lines.append(
-        "| `soak.py` | Soak (a month of use): `benchmarks/soak.py` | figures: see below | its first samples | | | | | |"
+        "| `soak.py` | Soak, 600,000 commits: rate / p99 / RSS at the end | 308 commits/s, 39.9 ms, 235 MB "
+        "| its 20,000-commit sample | 1.05 / 0.92 / 1.27 | rate higher, the others lower | 2026-12-02 02:23 "
+        "| `046c12b` | this machine (see below) |"
     )
     return "\n".join(lines)
 

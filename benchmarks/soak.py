@@ -163,6 +163,7 @@ class Sampler:
         self.t_last = time.monotonic()
         self.csns: deque[tuple[float, int]] = deque()  # (time, applied CSN) each second: the window's CSNs
         self.retention, self.lag = 0.0, 0.0  # retention_seconds, and two gc_interval
+        self.partial: Path | None = None  # written after every sample
 
     def csn_at(self, when: float) -> int:
         """The applied CSN last seen at or before ``when`` (0: none)."""
@@ -216,6 +217,8 @@ class Sampler:
             "replicas": replica_figures(self.cluster, self.clients),
         }
         self.samples.append(sample)
+        if self.partial is not None:  # what was sampled survives a run that ends early
+            self.partial.write_text(json.dumps({"partial": True, "samples": self.samples}, indent=1) + "\n")
         r0 = sample["replicas"][0]
         print(
             f"{self.done:>9,} commits {sample['rate']:>6}/s p50 {sample['p50_ms']} p99 {sample['p99_ms']} ms"
@@ -408,6 +411,7 @@ def main() -> None:
             for k in range(args.writers)
         ]
         sampler = Sampler(cluster, clients, Path(cluster.storage_url), args.every, out)
+        sampler.partial = Path(args.out).with_suffix(".partial.json")
         sampler.retention, sampler.lag = args.retention, 2 * float(clients[0].call("info")["settings"]["gc_interval"])
         t0 = time.monotonic()
         for p in procs:
@@ -418,6 +422,14 @@ def main() -> None:
         load_seconds = time.monotonic() - t0
         for p in procs:
             p.join()
+        failed = [p.exitcode for p in procs if p.exitcode != 0]
+        if failed:
+            gone = [i for i in range(args.replicas) if cluster.replica_pid(i) is None]
+            raise SystemExit(
+                f"soak: {len(failed)} writer(s) failed after {sampler.done:,} commits (exit codes {failed}); replicas "
+                f"no longer running: {gone or 'none'} (their logs: {work}/replica-N/replica.log); the samples so far: "
+                f"{sampler.partial}"
+            )
         if sampler.window:
             sampler.take()
         settle = after_load(clients[0], delay)

@@ -24,6 +24,7 @@ files live from ``storage``.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import logging
 import os
 import signal
@@ -778,6 +779,7 @@ def main(argv: list[str] | None = None) -> None:
     settings.add_arguments(p)
     p.add_argument("--ready-file", default=None)
     a = p.parse_args(argv)
+    faulthandler.enable()  # a crash in native code (a signal) leaves every thread's stack on stderr, the replica's log
     try:
         config = settings.from_arguments(a)
     except InvalidInput as exc:  # protected mode, say: one line, exit status 2
