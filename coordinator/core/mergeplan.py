@@ -33,10 +33,15 @@ def small_merge(sizes: Sequence[int], small_bytes: int, min_parts: int, max_part
     """Which of a partition's parts below ``small_bytes`` (their sizes, in the order given) to
     merge: tier 0 below :data:`SMALL_TIER_BYTES`, tier t from ``SMALL_TIER_BYTES *
     min_parts**(t-1)`` up to ``min_parts`` times that; of the tiers holding ``min_parts`` parts,
-    the one holding the most (the lowest on ties), its first ``max_parts``. Indices into
-    ``sizes``, in order; empty when nothing is due."""
+    the one holding the most (the lowest on ties), its first ``max_parts``. While the small parts
+    are ``min_parts`` or more and hold at most ``min_parts`` tier-0 sizes together, all of them
+    (a few small parts either side of a tier's bound are merged, and rewriting that little costs
+    nothing). Indices into ``sizes``, in order; empty when nothing is due."""
     if min_parts < 2:
         return []
+    small = [i for i, size in enumerate(sizes) if size < small_bytes]
+    if len(small) >= min_parts and sum(sizes[i] for i in small) <= SMALL_TIER_BYTES * min_parts:
+        return small[: max(2, max_parts)]
     tiers: dict[int, list[int]] = {}
     for i, size in enumerate(sizes):
         if size < small_bytes:

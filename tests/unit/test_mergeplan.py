@@ -18,10 +18,12 @@ SMALL = 32 * 1024 * 1024  # merge_small_bytes' default
         ([], []),
         ([100] * 3, []),  # fewer than min_parts (4) in tier 0
         ([100] * 4, [0, 1, 2, 3]),
-        ([100, K, 100, 100, 100], [0, 2, 3, 4]),  # K is tier 1: left alone
+        ([100, K, 100, 100, 100], [0, 1, 2, 3, 4]),  # few and little together: all of them
+        ([100, 4 * K, 100, 100, 100], [0, 2, 3, 4]),  # more than 4 tier-0 sizes together: by tier
         ([K, 2 * K, 3 * K, 4 * K - 1], [0, 1, 2, 3]),  # tier 1: K .. 4K
         ([K, 100, 2 * K, 100, 3 * K, 100, 4 * K - 1, 100], [1, 3, 5, 7]),  # equal counts: the lowest
         ([K, 100, 2 * K, 100, 3 * K, 100, K, 100, K], [0, 2, 4, 6, 8]),  # five in tier 1, four in tier 0
+        ([K - 1, K, K - 1, K], [0, 1, 2, 3]),  # two either side of tier 0's bound: few and little
         ([100] * 9, [0, 1, 2, 3, 4, 5]),  # at most max_parts (6), the first
         ([SMALL] * 8, []),  # parts past merge_small_bytes are not small
         ([SMALL - 1] * 4, [0, 1, 2, 3]),
