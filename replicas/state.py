@@ -1051,7 +1051,7 @@ class ReplicaState:
             return set(self.live.get(table, {})) | {pk for t, pk in self.conflict_history if t == table}
 
     # -- what cleanup, the changefeed, the storage check, the registry and the parts listing read
-    # -- under the state lock (issue 22: no module but this one takes it) ----------------------
+    # -- under the state lock (no module but this one takes it) ----------------------
     def part(self, name: str) -> PartRecord | None:
         """Part ``name``'s record, visible or removed, or None (never committed, or forgotten by
         prune())."""

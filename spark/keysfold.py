@@ -1,4 +1,4 @@
-"""A keys table read by Spark's own Parquet reader, its versions folded in Spark (issue 24 item 2).
+"""A keys table read by Spark's own Parquet reader, its versions folded in Spark.
 
 ``read_table`` (spark/native.py) gives this the part files visible at the snapshot. Spark reads
 them all (the table's columns plus ``_op``, ``_seq``, ``_cols`` and a compaction's ``_ver``),

@@ -861,7 +861,7 @@ class Client:
         """Every version of ``metas`` folded (``columns``: the ones the caller keeps, None all).
         Of each part only the columns its statistics do not prove constant are decoded
         (:func:`keyfold.read_plan`), in one thread per core (Arrow decodes without the GIL, but
-        each part takes it back a few times: 8 threads on 2 cores decoded the issue 24 bench's
+        each part takes it back a few times: 8 threads on 2 cores decoded benchmarks/keys_bench.py's
         120 parts in more wall time than one thread did, and 2 in less than 8 in every run,
         one part alone: Arrow's own threads), then folded
         (:func:`keyfold.merge`)."""
@@ -1251,7 +1251,7 @@ def _named(statement: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
 def _decided_once(commit: Callable[..., T]) -> Callable[..., T]:
     """Make ``commit`` decide once whatever the threads: callers after the first (concurrent or
     later) wait for its decision and get the same answer, its CSN or the error it raised, never
-    a TransactionAborted for a transaction that committed (issue 21)."""
+    a TransactionAborted for a transaction that committed."""
 
     @functools.wraps(commit)
     def once(self: Transaction) -> T:

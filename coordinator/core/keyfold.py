@@ -1,4 +1,4 @@
-"""The fold of a keys table's versions in columnar form (issue 24; the rules: coordinator/core/keytables.py).
+"""The fold of a keys table's versions in columnar form (the rules: coordinator/core/keytables.py).
 
 Every read, compaction and ``changes`` of a keys table folds versions per key. Doing it row by
 row in Python cost 66x a ``parts`` table's read, so here it is a handful of Arrow kernels over

@@ -1,4 +1,4 @@
-"""The fold of a point read's few versions (issue 24 item 3): a keys-table lookup folds the
+"""The fold of a point read's few versions: a keys-table lookup folds the
 versions of one key or a handful, where :func:`coordinator.core.keyfold.merge`'s fixed cost of
 some twenty Arrow kernels is most of the read's client side. Up to :data:`FEW` versions whose
 key columns are ints, strings, bools or binary (Python orders and compares them as Arrow does),

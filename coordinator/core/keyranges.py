@@ -1,4 +1,4 @@
-"""Key ranges for reading a keys table in bounded memory (issue 24 item 2).
+"""Key ranges for reading a keys table in bounded memory.
 
 A keys table's read folds every version of a key (coordinator/core/keyfold.py), so folding a
 whole partition at once needs all its versions in memory, several times over while the fold

@@ -332,7 +332,7 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 #   process.
 #
 # That is hash scheme ``"blake2b"`` (:data:`HASH_BLAKE2B`), a summary with no ``"hash"`` field
-# (every part written before issue 24). It costs a Python call per key, 10 s of a 1M-row
+# (every part written before the ``mix64`` scheme). It costs a Python call per key, 10 s of a 1M-row
 # compaction, so a part whose key columns are all ints, bools, strings or binaries is now
 # summarized with scheme ``"mix64"`` (:data:`HASH_MIX64`, the summary says ``"hash": "mix64"``),
 # computed over whole columns with Arrow kernels (:func:`column_hashes`), with the same bits

@@ -1,4 +1,4 @@
-"""The replica's RPC actions and their fields, as one table both sides check against (issue 22, item 4).
+"""The replica's RPC actions and their fields, as one table both sides check against.
 
 A request is ``{"a": action, "b": fields}`` (coordinator/wire/rpc.py). :data:`ACTIONS` lists
 every action a replica serves (replicas/server.py maps each one to its handler) with each field

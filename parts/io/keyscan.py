@@ -80,7 +80,7 @@ def read_all_versions(
     """:func:`read_versions` of each part (``plans``: theirs, in order) in ``pool``'s threads.
     Whether a key occurs twice in a part, which then decodes the columns its plan holds back, is
     told once all are decoded, for all of them at once (:func:`keyfold.repeating`: ~4 ms of CPU
-    less than part by part over issue 24's 120 parts), and only those parts are read again."""
+    less than part by part over benchmarks/keys_bench.py's 120 parts), and only those parts are read again."""
     datas = list(pool.map(lambda mp: read_versions(storage, *mp, primary_key, repeats=False), zip(metas, plans)))
     keys = [d.column(primary_key[0]) if p.columns is not None else None for d, p in zip(datas, plans)]
     again = keyfold.repeating(plans, keys)

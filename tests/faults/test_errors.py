@@ -1,4 +1,4 @@
-"""Errors of the right kind (issue 11, item 4): each failure reaches the caller as the mergetxn
+"""Errors of the right kind: each failure reaches the caller as the mergetxn
 class that says what happened, naming what was wrong, and changes nothing.
 
 Storage faults are real: a tiny tmpfs that fills up, remounted read-only (needs root, as the

@@ -237,7 +237,7 @@ def test_replica_sigkill_mid_commit(cluster: LocalCluster) -> None:
         assert not t.is_alive(), "a client hung after its replica was killed"
 
     everything = [at for per in attempts for at in per]
-    # In flight: answered only after the kill. Its client asked the other replica (issue 21):
+    # In flight: answered only after the kill. Its client asked the other replica:
     # committed (a CSN), aborted (TransactionAborted), or still unknown (OutcomeUnknown).
     in_flight = [at for at in everything if at.attempted and (at.error is not None or at.done_at > killed_at)]
     never_tried = [at for at in everything if not at.attempted]

@@ -1,6 +1,6 @@
 """Peers that connect and then stand still, or guess secrets, cost a replica neither the slots nor
-the time its clients need (docs/surface.md#a-replica-survives-its-clients; issue 33, item 4 and
-the metrics port of item 5).
+the time its clients need (docs/surface.md#a-replica-survives-its-clients), the metrics port
+included.
 
 Real replica processes with the default limits (1024 connections, 256 per address, 64 pending
 per address, 256 pending in all, a 10 s handshake); the floods come from this process, from

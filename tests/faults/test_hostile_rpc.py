@@ -1,5 +1,4 @@
-"""A replica survives its clients (docs/surface.md#a-replica-survives-its-clients; issue 20, items 1
-and 7): whatever bytes a peer sends, before or after authentication, cost that peer its own
+"""A replica survives its clients (docs/surface.md#a-replica-survives-its-clients): whatever bytes a peer sends, before or after authentication, cost that peer its own
 connection at most, and the replica keeps serving everyone else's commits and reads.
 
 Every test drives real replica processes (LocalCluster) with raw sockets the way an attacker
@@ -453,7 +452,7 @@ def test_a_replica_whose_loop_dies_exits(tmp_path_factory, zk_server, tmp_path: 
         assert "exiting with status 70" in log_text
 
 
-# -- protected mode (issue 20, item 7) -----------------------------------------------------------
+# -- protected mode -----------------------------------------------------------
 
 
 def replica_argv(tmp_path: Path, *extra: str) -> list[str]:

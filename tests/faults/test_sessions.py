@@ -1,4 +1,4 @@
-"""Client sessions and client defaults (issue 21, items 1 and 2; docs/rules.md#client-sessions).
+"""Client sessions and client defaults (docs/rules.md#client-sessions).
 
 A transaction belongs to its client's session: a client process that dies (SIGKILL) or stands
 still (SIGSTOP) has its running transactions aborted on every replica within the replica setting

@@ -1,4 +1,4 @@
-"""A replica whose ZooKeeper nodes went says so (issue 33, item 2).
+"""A replica whose ZooKeeper nodes went says so.
 
 The fence, the users and the log's entries can be deleted by whoever holds the replicas'
 identity (an operator's mistake; before the secured ZooKeeper required a certificate of the

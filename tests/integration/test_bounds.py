@@ -1,4 +1,4 @@
-"""Bounded metadata (issue 20, item 7): column statistics and key summaries stay correct bounds
+"""Bounded metadata: column statistics and key summaries stay correct bounds
 when long strings are cut to a prefix; error messages quote values only up to a short length;
 what one commit adds to the log and the WAL is limited by a replica setting.
 

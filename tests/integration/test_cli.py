@@ -276,7 +276,7 @@ def test_bad_input_changes_nothing(run, client: Client, tmp_path: Path) -> None:
     assert_clean_error(run("read", "strict", "--snapshot", before + 10**6), "snapshot", code=3)
     assert_clean_error(
         run("txn", "kill", "T1-999-nohost"), "T1-999-nohost", code=3
-    )  # TransactionNotFound: nothing was aborted (issue 21)
+    )  # TransactionNotFound: nothing was aborted
     assert client.snapshot() == before
     assert client.read("strict").num_rows == 0
     assert "t2" not in client.tables()

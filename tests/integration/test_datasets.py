@@ -1,4 +1,4 @@
-"""Every engine reads it (docs/surface.md#reads-history-and-operations, issue 25):
+"""Every engine reads it (docs/surface.md#reads-history-and-operations):
 ``client.dataset`` and ``tx.dataset`` as ``pyarrow.dataset.Dataset``s, read by pyarrow, DuckDB and
 Polars, against real ZooKeeper and two real replica processes; the guide's engine snippets
 (docs/how-to: DuckDB, Polars, pandas) run as written.

@@ -1,4 +1,4 @@
-"""Errors that say what happened (issue 21, item 7): each case the issue names, and a walk of the
+"""Errors that say what happened: each case below, and a walk of the
 public API with wrong types and values for every argument, each call refused with a
 ``MergetxnError`` (never a bare TypeError, ValueError, KeyError or AttributeError) and nothing
 changed. Real replicas and ZooKeeper; the CLI through CliRunner."""

@@ -1,4 +1,4 @@
-"""``scan`` of a keys table in bounded memory (issue 24 item 2): a table whose whole-partition
+"""``scan`` of a keys table in bounded memory: a table whose whole-partition
 fold needs many times a small ``memory_budget`` is scanned key range by key range in a fresh
 process, whose Arrow memory peak is measured (``pyarrow.default_memory_pool().max_memory()``),
 and gives the rows ``read`` gives, sorted by key within each partition. The same scan with a

@@ -1,4 +1,4 @@
-"""Storage of keys-table versions that stays fast (issue 12 item 3): the per-part key summary
+"""Storage of keys-table versions that stays fast: the per-part key summary
 (key range and Bloom filter, coordinator/core/keytables.py "key summaries"), the state's index of parts by
 creation CSN per target, the key conflict check that skips parts unread, and point reads that
 read only the parts that may hold the key. Pure parts first, then against a cluster.

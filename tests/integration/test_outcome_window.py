@@ -1,4 +1,4 @@
-"""The outcome window on real replicas (docs/rules.md#outcomes, issue 34 item 3): with a short
+"""The outcome window on real replicas (docs/rules.md#outcomes): with a short
 ``outcome_seconds``, thousands of commits later ``tid -> csn`` and the local checkpoint hold the
 window only; ``commit_status`` of a forgotten transaction says that it is too old to know (never
 aborted), one whose part is still recorded answers committed with its CSN, an app version

@@ -1,4 +1,4 @@
-"""Nothing a writer claims about a part is believed (issue 33, item 1).
+"""Nothing a writer claims about a part is believed.
 
 A part's metadata (rows, size, checksum, columns, statistics, partition, key summary) is held
 against its file when it is staged: a disagreement refuses ``commit_parts``/``add_parts`` with

@@ -1,5 +1,5 @@
 """History retention (docs/rules.md#history-retention) and parts no refused or repeated commit can
-touch (issue 19), against real ZooKeeper and three real replica processes.
+touch, against real ZooKeeper and three real replica processes.
 
 ``win``: three replicas with the default window set explicitly (3600 s; the test session's
 default is 0, see conftest.py), nothing in the background: every cleanup pass is asked for here,
@@ -311,7 +311,7 @@ def test_marks_parse_old_and_refuse_garbage() -> None:
             Marks.parse(bad, "/gc")
 
 
-# -- a part name is committed at most once (issue 19's second and third defects) ------------------
+# -- a part name is committed at most once ----------------------------------------------------------
 def test_a_repeated_one_call_commit_is_answered_with_its_csn_and_changes_nothing(win: LocalCluster, c0: Client) -> None:
     """A writer that re-sends its batch after a lost answer: within the grace window it used to
     commit again at a new CSN B (a read at A then returned nothing); past half the grace period

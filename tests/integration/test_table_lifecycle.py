@@ -1,4 +1,4 @@
-"""Table lifecycle (issue 11): DROP TABLE as a transaction at a CSN, DESCRIBE, ALTER TABLE (add a
+"""Table lifecycle: DROP TABLE as a transaction at a CSN, DESCRIBE, ALTER TABLE (add a
 nullable column, rename a column) with parts written before read under the new schema, bad
 alters, definitions too large for a znode, the CLI subcommands, and replicas that converge and
 restart with it all. Against real replica processes and ZooKeeper."""

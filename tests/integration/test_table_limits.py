@@ -1,4 +1,4 @@
-"""Per-table transaction limits (issue 12 item 5, docs/rules.md#transaction-limits):
+"""Per-table transaction limits (docs/rules.md#transaction-limits):
 ``txn_max_seconds`` and ``txn_max_rows`` in a table's definition; a transaction is bound by the
 smallest among the tables it wrote and the replica's. Pure tests of the validation and of the
 choice of limit, then against real replicas."""

@@ -1,4 +1,4 @@
-"""Visible parts per partition bounded by backpressure (issue 34 item 2, docs/rules.md#too-many-parts),
+"""Visible parts per partition bounded by backpressure (docs/rules.md#too-many-parts),
 against a real replica with low thresholds (delay at 5, refuse at 10): counts, not times.
 
 A writer past ``parts_to_throw_insert`` gets TooManyParts naming the table, the partition, the

@@ -578,7 +578,7 @@ def test_commit_parts_refused_changes_nothing_and_leaves_the_callers_files(
     cluster: coordinator.LocalCluster, c0: Client
 ) -> None:
     """A refused one-call commit makes nothing visible, and the files it was handed stay: they are
-    the caller's (issue 19: a refusal deleted a caller's valid part); cleanup collects what no
+    the caller's (a refusal deleted a caller's valid part); cleanup collects what no
     commit names once older than the grace period."""
     c0.create_table("cparts_bad", SCHEMA)
     before = c0.snapshot()

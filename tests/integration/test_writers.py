@@ -1,4 +1,4 @@
-"""Writers after a change (issue 21, item 6): a write lacking nullable columns of the table (added
+"""Writers after a change: a write lacking nullable columns of the table (added
 by ``alter_table``) fills them with null in every write path, while absent non-nullable or
 partition columns and extra columns are still refused; and ``mergetxn insert`` writes keys tables
 by key, as ``client.upsert`` does. Real replicas, real ZooKeeper; the CLI through CliRunner."""

@@ -1,4 +1,4 @@
-"""ZooKeeper in a secured cluster (issue 20, items 4 and 5; issue 33, item 2).
+"""ZooKeeper in a secured cluster.
 
 Its client port is TLS only and completes a handshake only with a client presenting a
 certificate of the cluster CA (a made-up identity gets no session, so ZooKeeper 3.9.4's

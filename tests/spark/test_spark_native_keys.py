@@ -1,4 +1,4 @@
-"""``spark.read_table`` of keys tables (issue 24 item 2): Spark's own Parquet reader reads the
+"""``spark.read_table`` of keys tables: Spark's own Parquet reader reads the
 versions and Spark folds them per key (spark/keysfold.py); every read equals ``client.read`` at
 the same snapshot: overwrites, update-mode upserts (columns carried forward), deletes, a delete
 then an update, read locks, nulls, several partitions, a compaction's output (``_ver``), an old

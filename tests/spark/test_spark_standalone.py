@@ -1,4 +1,4 @@
-"""The Spark tests that matter most, again on a Spark standalone cluster (issue 13 item 4): a
+"""The Spark tests that matter most, again on a Spark standalone cluster: a
 master and two workers from the pyspark package's own classes (mergetxn/chaos/spark_cluster.py),
 so the data source's writer, commit and reader code, the native path's writes and reads and the
 streaming sink and source run in executors, other processes than the driver, as on a real

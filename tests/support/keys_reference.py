@@ -1,4 +1,4 @@
-"""The row-by-row fold of a keys table's versions, as coordinator/core/keytables.py had it before issue 24:
+"""The row-by-row fold of a keys table's versions, as coordinator/core/keytables.py had it before the columnar fold:
 kept only as the reference that tests/unit/test_keys_fold.py checks the columnar fold
 (coordinator/core/keyfold.py) against. Plain Python over dicts, one version at a time: slow, and easy
 to read as the definition of what a read, a compaction and ``changes`` of a keys table give."""

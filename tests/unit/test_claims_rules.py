@@ -1,4 +1,4 @@
-"""The pure rules that hold a part's claimed metadata against its file (issue 33, item 1):
+"""The pure rules that hold a part's claimed metadata against its file:
 statistics must cover the file's values, partition values must be every row's, the columns must
 be the table's, a key summary must hold every key, and a retried commit must carry the metadata
 that was committed. The integration side is tests/integration/test_part_claims.py."""

@@ -1,4 +1,4 @@
-"""The columnar fold of keys tables (coordinator/core/keyfold.py, issue 24) gives exactly what the
+"""The columnar fold of keys tables (coordinator/core/keyfold.py) gives exactly what the
 row-by-row fold it replaced gives (tests/support/keys_reference.py): for reads (``merge``),
 compaction (``fold``) and ``changes`` (``row_changes``), on random histories of PUT, UPDATE,
 DELETE and read-lock versions over several parts, with ties and random ``_seq`` orders,
@@ -284,7 +284,7 @@ def test_a_row_an_update_leaves_as_it_was_is_no_change_even_with_nan() -> None:
         same(keyfold.row_changes(schema, pk, before, commits), ref.row_changes(schema, pk, before, commits))
 
 
-# -- the read's roads for big inputs (issue 24, whole-table read) --------------------------------
+# -- the read's roads for big inputs (whole-table read) --------------------------------
 # A read sorts one integer key column by radix (keyfold._radix_order) from 32,768 rows on, and
 # puts parts without ``_ver`` in CSN order so that a sort by key alone leaves versions in order
 # (else it sorts by version too). Both are exercised on small inputs by lowering the thresholds;

@@ -1,4 +1,4 @@
-"""Key summaries without per-key Python (issue 24 item 3): the ``mix64`` hash scheme computed over
+"""Key summaries without per-key Python: the ``mix64`` hash scheme computed over
 whole columns (coordinator/core/keytables.py, "key summaries") gives exactly the hashes the
 per-key Python gives; a summary names its scheme, one without a name is ``blake2b`` (every part
 written before) and is still probed with it; and parts of keys tables are written sorted by key

@@ -1,4 +1,4 @@
-"""spark.keysfold.choose_roads (issue 24): which parts of a keys table Spark reads as they are
+"""spark.keysfold.choose_roads: which parts of a keys table Spark reads as they are
 (no fold, no shuffle) and which it folds and broadcasts; pure Arrow, no Spark. A table of cases:
 each says the parts' keys (one list a part) and the roads expected."""
 

@@ -1,4 +1,4 @@
-"""No module takes another object's lock (issue 22, item 3).
+"""No module takes another object's lock.
 
 A lock guards the state of the object that holds it, and only the module that defines that object
 knows what the lock covers and in which order it may be taken with others. A satellite that needs

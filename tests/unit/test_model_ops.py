@@ -158,7 +158,7 @@ def test_bad_input_is_invalid_input_naming_the_field(d: object, needle: str) -> 
 def test_a_bad_part_descriptor_from_a_caller_is_invalid_input() -> None:
     """The part descriptors keep their own decoder (parts/model/meta.py), whose CorruptMetadata is for
     what the log and storage hold; a staged operation comes from a caller, so there it is bad
-    input (exit 2, not 8: issue 21)."""
+    input (exit 2, not 8)."""
     bad = {**A.to_dict(), "checksum": "md5:x"}
     with pytest.raises(CorruptMetadata, match="checksum"):
         PartMeta.from_dict(bad)

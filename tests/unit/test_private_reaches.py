@@ -1,4 +1,4 @@
-"""No reaching into other objects' private state in production code (issue 22, item 3).
+"""No reaching into other objects' private state in production code.
 
 A name with one leading underscore is private to its module: its own class, or the module that
 defines it, may use it; nothing else. This scans the production packages' source (the AST, not

@@ -1,4 +1,4 @@
-"""The RPC protocol table (coordinator/wire/protocol.py; issue 22, item 4): it lists every action
+"""The RPC protocol table (coordinator/wire/protocol.py): it lists every action
 the replica serves and every field the replica reads and the clients send; a request of an
 unknown action, with a field missing, of another JSON type or unknown, is InvalidInput naming
 the action and the field. Pure: the sources are read, not run (the wire is tested against a real

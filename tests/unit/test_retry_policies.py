@@ -1,5 +1,5 @@
 """Every tenacity retry of production code is a named policy of coordinator/core/retries.py
-(issue 22, item 4: one idiom per concern, stated once).
+(item 4: one idiom per concern, stated once).
 
 This scans the production packages' source (the AST) and fails on a module other than
 retries.py that imports from tenacity anything but its types (``Retrying``, ``RetryCallState``,
