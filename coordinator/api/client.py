@@ -18,7 +18,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -484,14 +484,14 @@ class Client:
             r = self.call("flush", session=self.session, ack=acks)
             known = min(len(unflushed), int(r["accepted"])) if r.get("complete", True) else 0
             failed = {f["id"]: f for f in r["failed"]}
-            csns = [] if r["csn"] is None else [int(r["csn"])]
+            csns: list[int] = [] if r["csn"] is None else [int(r["csn"])]
             for tid in unflushed[: len(unflushed) - known]:  # accepted by an earlier process of the replica
-                status = _await_outcome(
-                    lambda tid=tid: self.commit_status(tid),
+                status: CommitStatus = _await_outcome(
+                    functools.partial(self.commit_status, tid),
                     f"async commit {tid}",
                     f"commit_status({quote(tid)}) on any replica",
                 )
-                if status.status == "committed":
+                if status.status == "committed" and status.csn is not None:
                     csns.append(status.csn)
                 else:
                     kind = "OutcomeUnknown" if status.status == "unknown" else "TransactionAborted"
@@ -1131,6 +1131,7 @@ class Client:
         if tdef.conflict_policy is Policy.KEYS:
             with self.transaction() as tx:
                 tx.insert(table, data)
+            assert tx.csn is not None  # committed on the way out of the block
             return tx.csn
         data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         # Named after no transaction (none exists yet): the replica's commit makes them its own.
@@ -1153,7 +1154,7 @@ class Client:
             for m in metas:  # refused by the replica: no commit names these fresh names
                 delete_part(self.storage, m.path)
             seen = exc.details.get("schema_version") if isinstance(exc, InvalidInput) else None
-            if seen is not None and seen != tdef.ddl_version:
+            if isinstance(exc, InvalidInput) and seen is not None and seen != tdef.ddl_version:
                 raise _StaleDefinition(exc) from None
             raise
 
@@ -1213,7 +1214,7 @@ class Client:
                 f"the commit of part {metas[0].name} of {quote(table)}",
                 f"client.commit_status by part ({quote(table)}, {quote(metas[0].name)}) on replica {self.address}",
             )
-        if status.status == "committed":
+        if status.status == "committed" and status.csn is not None:
             return status.csn
         _refuse_unknown(status, f"the commit of {len(metas)} part(s) to {quote(table)}")
         raise TransactionAborted(
@@ -1537,6 +1538,7 @@ class Transaction:
             tdef.schema, tdef.primary_key, tdef.name, data, keytables.PUT, 1
         )  # its problems first
         present = [p for p, _ in split_by_partition(data.select(list(tdef.partition_by)), list(tdef.partition_by))]
+        targets: list[tuple] | None
         if partitions is not None:
             targets = _partitions(tdef, partitions)
             outside = [p for p in present if p not in targets]
@@ -1651,7 +1653,10 @@ class Transaction:
         visible, csns = self._visible_csns(table, targets)
         result = rewrite.compact(self.client.storage, tdef, visible, kind, self.id, csns)
         pkeys = None if targets is None else tuple(partition_key(p) for p in targets)
-        self._stage(Compact(tdef.name, kind, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys)))
+        compaction = cast(Literal["minor", "major"], kind)  # checked above
+        self._stage(
+            Compact(tdef.name, compaction, tuple(result.added), tuple(result.removed), _rewrite_targets(tdef, pkeys))
+        )
         return len(result.removed)
 
     def add_parts(
@@ -1709,7 +1714,7 @@ class Transaction:
             assigns = encode_assignments(assignments(dict(set or {}), tdef.schema), tdef.schema)
         self._stage(
             Mutate(
-                kind,
+                cast(Literal["delete", "update"], kind),  # checked above
                 tdef.name,
                 encode_expression(where, tdef.schema),
                 tuple(added),
@@ -1809,7 +1814,7 @@ class Transaction:
                 status = _await_outcome(lambda: self.client.commit_status(self.id), what, how)
             else:
                 status = CommitStatus(self.id, "aborted", None, "the commit request never reached the replica")
-        if status.status == "committed":
+        if status.status == "committed" and status.csn is not None:
             return status.csn
         _refuse_unknown(status, f"transaction {self.id}")
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)

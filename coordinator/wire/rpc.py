@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from coordinator.core import errors, jsonwire, retries
 
@@ -738,7 +738,7 @@ class RpcServer:
         try:
             data = self._recv_buf[: conn.sock.recv_into(self._recv_buf)].tobytes()
             if conn.tls:
-                while conn.sock.pending():  # decrypted bytes inside SSL: epoll does not see them
+                while cast(ssl.SSLSocket, conn.sock).pending():  # decrypted bytes inside SSL: epoll does not see them
                     data += self._recv_buf[: conn.sock.recv_into(self._recv_buf)].tobytes()
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
@@ -781,6 +781,7 @@ class RpcServer:
             self._sel.unregister(sock)
             conn.events = 0
             try:
+                assert self.tls is not None  # conn.tls: this server has a context
                 sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as exc:
                 log.info("TLS: cannot wrap a connection: %r", exc)
@@ -868,6 +869,7 @@ class RpcServer:
     def _check_login(self, conn: _Conn, args: dict, user: str) -> None:
         """On the login pool: the password hash, then the answer on the I/O thread."""
         gone = ""
+        assert self.authenticate is not None  # only a server with logins checks one
         try:
             principal = self.authenticate(args)
         except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
@@ -1160,9 +1162,11 @@ class RpcClient:
     def _secure(self, sock: socket.socket) -> tuple[ssl.SSLSocket, BinaryIO]:
         """TLS over ``sock``, then ``auth``: the connection as :meth:`_connection` keeps it."""
         where = f"replica {self.address}"
+        context, credentials = self._tls, self._credentials
+        assert context is not None and credentials is not None  # both or neither (__init__)
         sock.settimeout(min(self._timeout, 10.0))  # the handshake and auth, as for the connect
         try:
-            tls = self._tls.wrap_socket(sock, server_hostname=self._endpoint[0])
+            tls = context.wrap_socket(sock, server_hostname=self._endpoint[0])
         except ssl.SSLCertVerificationError as exc:
             sock.close()
             raise errors.AuthenticationFailed(
@@ -1184,7 +1188,7 @@ class RpcClient:
             raise errors.ReplicaUnavailable(f"{where} is unreachable: {exc}") from None
         rfile = tls.makefile("rb")
         try:
-            tls.sendall(frame({"a": "auth", "b": self._credentials.auth_request()}))
+            tls.sendall(frame({"a": "auth", "b": credentials.auth_request()}))
             reply = read_frame(rfile)
         except (EOFError, OSError, ValueError) as exc:
             tls.close()

@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.protocol.states import ZnodeStat
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.model.znodes import FenceRecord
@@ -89,7 +90,7 @@ class OrphanFence:
         self.refresh()
         self.zk.DataWatch(self.path, self._on_change)
 
-    def _on_change(self, data: bytes | None, stat: object) -> None:
+    def _on_change(self, data: bytes | None, stat: ZnodeStat | None) -> None:
         if data is not None and stat is not None:
             try:
                 self._remember(stat.version, _decode(data, self.path))
@@ -121,7 +122,7 @@ class OrphanFence:
         """Compare-and-swap ``pending -> change(pending)`` (coordinator/zk/recipes.py); returns the
         pending set written."""
         data = cas_update(self.zk, self.path, lambda d: _encode(change(_decode(d or b"", self.path)), self.identity))
-        pending = _decode(data, self.path)
+        pending = _decode(data or b"", self.path)  # (never None: the change always writes)
         self.refresh()
         return pending
 

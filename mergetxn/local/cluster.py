@@ -24,7 +24,7 @@ from coordinator.wire.security import (
     admin_credentials,
     make_cluster_credentials,
 )
-from mergetxn.local.zkserver import start_zookeeper
+from mergetxn.local.zkserver import ZooKeeperHandle, start_zookeeper
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +102,19 @@ class LocalCluster:
         self.secure = bool(secure)
         self._credentials: Credentials | None = None  # the replicas' identity
         self._admin: Credentials | None = None
-        self.zk = None
+        self.zk: ZooKeeperHandle | None = None  # started by start()
         self._procs: list[subprocess.Popen | None] = [None] * replicas
         self._ports: list[int] = [0] * replicas
         self.replica_addresses: list[str] = [""] * replicas
 
     @property
     def zk_address(self) -> str:
-        return self.zk.address
+        return self._zk().address
+
+    def _zk(self) -> ZooKeeperHandle:
+        if self.zk is None:
+            raise ReplicaUnavailable("the cluster is not started: call start() (or use it in a with block) first")
+        return self.zk
 
     @property
     def credentials(self) -> Credentials | None:
@@ -166,7 +171,8 @@ class LocalCluster:
     @_replica_index
     def start_replica(self, i: int, wait: bool = True) -> str:
         """Start (or restart) replica ``i``; returns its address once it serves."""
-        if self._procs[i] is not None and self._procs[i].poll() is None:
+        running = self._procs[i]
+        if running is not None and running.poll() is None:
             return self.replica_addresses[i]
         d = self.replica_dir(i)
         d.mkdir(parents=True, exist_ok=True)
@@ -182,7 +188,7 @@ class LocalCluster:
             str(ready),
             *command_line(
                 {
-                    "zk": self.zk.address,
+                    "zk": self._zk().address,
                     "storage_url": self.storage_url,
                     "host_id": f"r{i}",
                     "data_dir": d,
@@ -230,6 +236,7 @@ class LocalCluster:
 
         def check() -> None:
             proc = self._procs[i]
+            assert proc is not None  # started before it is waited for
             if proc.poll() is not None:
                 tail = (self.replica_dir(i) / "replica.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"replica {i} exited with {proc.returncode}:\n{tail}")
