@@ -16,6 +16,7 @@ Credentials given in ``options`` (or taken from the AWS environment variables) n
 from __future__ import annotations
 
 import datetime as _dt
+import builtins
 import os
 import re
 import socket
@@ -464,7 +465,7 @@ class Storage:
             return self._list_local(prefix, base)
         return sorted(rel for rel, _ in self._find_remote(prefix, base))
 
-    def _find_remote(self, prefix: str, base: str) -> list[tuple[str, dict]]:
+    def _find_remote(self, prefix: str, base: str) -> builtins.list[tuple[str, dict]]:
         """(relative path, fsspec info) of the remote files under ``prefix``."""
         start = f"{self._root}/{base}".rstrip("/") if base else self._root
         try:
@@ -485,7 +486,9 @@ class Storage:
                 out.append((rel, info))
         return out
 
-    def list_with_mtime(self, prefix: str = "", want: Callable[[str], bool] | None = None) -> list[tuple[str, float]]:
+    def list_with_mtime(
+        self, prefix: str = "", want: Callable[[str], bool] | None = None
+    ) -> builtins.list[tuple[str, float]]:
         """``(relative path, mtime)`` of the files under ``prefix`` that ``want`` (given the
         relative path) selects, sorted by path.
 
@@ -513,7 +516,7 @@ class Storage:
         result.sort()
         return result
 
-    def _list_local(self, prefix: str, base: str) -> list[str]:
+    def _list_local(self, prefix: str, base: str) -> builtins.list[str]:
         start = os.path.join(self._root, *base.split("/")) if base else self._root
         out = []
         for dirpath, _dirnames, filenames in os.walk(start):
