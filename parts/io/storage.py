@@ -15,8 +15,8 @@ Credentials given in ``options`` (or taken from the AWS environment variables) n
 
 from __future__ import annotations
 
-import datetime as _dt
 import builtins
+import datetime as _dt
 import os
 import re
 import socket
