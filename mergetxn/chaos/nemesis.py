@@ -503,7 +503,7 @@ class Nemesis:
     def _reserve(self, lane: int, rng: random.Random) -> Plan | None:
         """A fault to inject now (its resources held for ``lane``), None when nothing fits or
         ``max_faults`` were begun. Kinds begun fewer than MIN_EACH times come first, the least
-        begun first."""
+        begun first; once the faults left are no more than the kinds never begun, only those."""
         with self._lock:
             started = dict(self._started)
         wanting = [k for k in self.kinds if started.get(k, 0) < MIN_EACH]
@@ -512,6 +512,11 @@ class Nemesis:
         # another (the two S3 kinds hold "s3") still comes at that resource's next turn
         wanting.sort(key=lambda k: started.get(k, 0))
         draws = wanting + [rng.choice(self.kinds) for _ in range(8)]
+        never = [k for k in wanting if not started.get(k)]
+        if never and self.max_faults is not None and self.max_faults - sum(started.values()) <= len(never):
+            # A short campaign holds every kind it asked for: the rest of the budget waits for the
+            # kinds not yet begun (one whose resource another lane holds gets it when it is healed).
+            draws = never
         for kind in draws:
             plans = self.plans(kind, rng)
             with self._lock:

@@ -207,3 +207,21 @@ def test_a_kind_sharing_its_resource_comes_at_that_resources_next_turn() -> None
             if len(net) == 2:
                 break
         assert sorted(net) == ["isolate", "slow"], (seed, net)
+
+
+def test_the_last_faults_of_a_short_campaign_wait_for_the_kinds_not_yet_begun() -> None:
+    """The budget's end is kept for the kinds never injected: with the network held by one lane
+    (``isolate``), another lane does not spend the last fault on a kind begun already, but waits
+    for ``slow``, which gets it once the network is healed (the CI campaign with the two S3 kinds
+    once ended on ``kill-replica`` while ``s3-timeouts`` held S3, ``s3-errors`` never begun)."""
+    for seed in range(20):
+        n = Nemesis(
+            FakeCluster(), ["isolate", "slow", "kill-replica"], seed, Recorder(), lambda i, rng: "", max_faults=3
+        )
+        rng = __import__("random").Random(seed)
+        n._started.update({"isolate": 1, "kill-replica": 1})  # begun: lane 1 holds the network
+        n._held[1] = frozenset({"net"})
+        assert n._reserve(0, rng) is None, seed  # kill-replica again would leave slow out
+        n._release(1)
+        plan = n._reserve(0, rng)
+        assert plan is not None and plan.kind == "slow", (seed, plan)
