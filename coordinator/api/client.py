@@ -1115,8 +1115,6 @@ class Client:
                     tdef = self.table(table) if cached else self._table_at(table, None, None)
                     try:
                         return self._insert_once(table, data, tdef)
-                    except _StaleDefinition:
-                        raise
                     except InvalidInput as exc:  # refused by the cached definition: is it still the table's?
                         fresh = self._table_at(table, None, None) if cached else tdef
                         if (fresh.created_csn, fresh.ddl_version) != (tdef.created_csn, tdef.ddl_version):
