@@ -144,6 +144,7 @@ def replica_figures(cluster, clients: list) -> list[dict]:
                 "wal_bytes": log.get("wal_bytes") or 0,
                 "log_entries": log.get("entries") or 0,
                 "structures": info.get("structures") or {},
+                "memory": info.get("memory") or {},
                 "merges": info.get("merges"),
                 "delayed_refused": info.get("inserts"),
             }
@@ -224,7 +225,7 @@ class Sampler:
             f"{self.done:>9,} commits {sample['rate']:>6}/s p50 {sample['p50_ms']} p99 {sample['p99_ms']} ms"
             f" visible {table['visible_parts']} held {table['removed_held']} storage {sample['storage_bytes'] >> 20} MB"
             f" rss {r0['rss'] >> 20} MB ckpt {r0['checkpoint_bytes'] >> 10} KB zk {sample['zk_nodes']}"
-            f" {json.dumps(r0['structures'])}",
+            f" {json.dumps(r0['structures'])} {json.dumps(r0['memory'])}",
             flush=True,
         )
         self.window, self.refused = [], 0

@@ -67,6 +67,7 @@ from replicas.changefeed import ChangeFeed
 from replicas.cleanup import Cleanup
 from replicas.follower import Follower
 from replicas.leases import Leases
+from replicas.memory import TRIM_SECONDS, memory, trim
 from replicas.merges import BUSY_SECONDS, Merges
 from replicas.metrics import LogWatch, Stats, read_stats
 from replicas.outcomes import Outcomes
@@ -630,8 +631,13 @@ class Replica:
         return removed
 
     def _reaper(self) -> None:
+        """Transactions past their time aborted (every 0.5 s), the C heap trimmed (replicas/memory.py)."""
+        trimmed = time.monotonic()
         while not self.zk_session.stop.wait(0.5):
             self.transactions.reap()
+            if time.monotonic() - trimmed >= TRIM_SECONDS:
+                trim()
+                trimmed = time.monotonic()
 
     def _maintain(self, turn: Callable[[float], None], tick: float) -> None:
         """A maintenance thread: ``turn`` (merges: replicas/merges.py, or cleanup:
@@ -894,6 +900,7 @@ class Replica:
             "running_transactions": s.running_transactions,
             "outcomes": self.state.outcome_counts(),  # the outcome window (outcome_seconds)
             "structures": self._info_structures(),  # entries each structure holds (docs/architecture/bounds.md)
+            "memory": memory(),  # resident set, Python blocks, Arrow's pool, the C heap
             "transactions": self.transactions.notable(),  # long-running and orphaned, with holders
             "cleanup": self._info_cleanup(s, last_gc),
             "merges": s.merges,
