@@ -251,20 +251,31 @@ def restart_seconds(cluster, i: int) -> float:
     return round(time.monotonic() - t0, 2)
 
 
-def targets(samples: list[dict], base_at: int) -> dict:
-    base = min(samples, key=lambda s: abs(s["commits"] - base_at))
-    last = samples[-1]
+def targets(samples: list[dict], base_at: int, band: int = 5) -> dict:
+    """The last sample against the one nearest ``base_at`` commits (rate, p99, RSS, checkpoint),
+    and the same ratios between the medians of ``band`` samples around each (``*_band``): one
+    sample of a checkpoint swings with the removed parts held at that moment (2,000-7,000 in a
+    10 s window), one of RSS with the allocators' last trim, so the band shows the trend."""
+    i = min(range(len(samples)), key=lambda j: abs(samples[j]["commits"] - base_at))
+    base, last = samples[i], samples[-1]
+    lo = max(0, min(i - band // 2, len(samples) - band))
+    around, end = samples[lo : lo + band], samples[-band:]
 
     def ratio(a: float, b: float) -> float | None:
         return round(a / b, 3) if b else None
 
-    return {
-        "base_commits": base["commits"],
-        "last_commits": last["commits"],
-        "rate": ratio(last["rate"], base["rate"]),
-        "p99": ratio(last["p99_ms"], base["p99_ms"]),
-        "rss": ratio(last["replicas"][0]["rss"], base["replicas"][0]["rss"]),
-        "checkpoint": ratio(last["replicas"][0]["checkpoint_bytes"], base["replicas"][0]["checkpoint_bytes"]),
+    figures = {
+        "rate": lambda s: s["rate"],
+        "p99": lambda s: s["p99_ms"],
+        "rss": lambda s: s["replicas"][0]["rss"],
+        "checkpoint": lambda s: s["replicas"][0]["checkpoint_bytes"],
+    }
+    out: dict = {"base_commits": base["commits"], "last_commits": last["commits"]}
+    for name, of in figures.items():
+        out[name] = ratio(of(last), of(base))
+        out[f"{name}_band"] = ratio(statistics.median(map(of, end)), statistics.median(map(of, around)))
+    return out | {
+        "band_samples": band,
         "visible_per_partition_max": max(s["visible_per_partition_max"] for s in samples),
         "overdue_parts_max": max(s["overdue_parts"] for s in samples),
         "storage_over_live_and_window": max(
