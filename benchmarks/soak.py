@@ -95,7 +95,14 @@ def rss_bytes(pid: int | None) -> int:
 
 
 def dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of the files under ``path``; a file cleanup removes while this counts is left out
+    (a FileNotFoundError here once ended a soak run, the cluster going down with it)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, name)).st_size
+    return total
 
 
 def zk_nodes(cluster) -> int:
@@ -212,6 +219,7 @@ class Sampler:
             "p50_ms": round(statistics.median(lat) * 1e3, 2),
             "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3, 2),
             "refused": self.refused,
+            "load_average": round(os.getloadavg()[0], 2),  # what else ran on the machine
             "zk_nodes": zk_nodes(self.cluster),
             "storage_bytes": dir_bytes(self.storage),
             **table,
