@@ -592,8 +592,8 @@ def _write_parts(df: Any, tdef: TableDef, storage: Any, txn_id: str) -> list[Par
             )
         files = _committed_files(staging)
         with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            metas = list(pool.map(lambda f: _adopt(f, tdef, root, txn_id), files))
-        metas = [m for m in metas if m is not None]
+            adopted = list(pool.map(lambda f: _adopt(f, tdef, root, txn_id), files))
+        metas = [m for m in adopted if m is not None]
         for d in sorted({os.path.dirname(os.path.join(root, *m.path.split("/"))) for m in metas}):
             _fsync_dir(d)
         return metas

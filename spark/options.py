@@ -298,7 +298,7 @@ def join(client, s: Settings):
     from coordinator.core.versions import Tid
 
     try:
-        tid = Tid.parse(s.txn)
+        tid = Tid.parse(s.txn or "")  # None: ValueError as for any text not a tid
     except ValueError:
         raise InvalidInput(f"mergetxn: option 'txn' must be a transaction id (tx.id), not {s.txn!r}") from None
     if tid.host_id != client.host_id:

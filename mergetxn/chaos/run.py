@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,10 @@ class SingleHostCluster:
         zk = self._local.zk
         pids = [
             p
-            for p in [zk.pid if zk is not None else None, *(self._local.replica_pid(i) for i in range(self.hosts))]
+            for p in [
+                getattr(zk, "pid", None),  # an external ZooKeeper runs no process here
+                *(self._local.replica_pid(i) for i in range(self.hosts)),
+            ]
             if p
         ]
         (self.workdir / PIDS_FILE).write_text(json.dumps(pids))
@@ -569,13 +573,13 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
         attempt("heal the network", cluster.heal)
     for i in range(cluster.hosts):
         if "kill_zk" in supported and not getattr(cluster, "zk_running", lambda i: False)(i):
-            attempt(f"start ZooKeeper member {i}", lambda i=i: cluster.start_zk(i))
+            attempt(f"start ZooKeeper member {i}", partial(cluster.start_zk, i))
         if "fill_wal_disk" in supported:
-            attempt(f"free {names[i]}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
+            attempt(f"free {names[i]}'s WAL disk", partial(cluster.free_wal_disk, i))
         if "pause_replica" in supported:
-            attempt(f"resume {names[i]}", lambda i=i: cluster.resume_replica(i))
+            attempt(f"resume {names[i]}", partial(cluster.resume_replica, i))
         if not cluster.replica_running(i):
-            attempt(f"start {names[i]}", lambda i=i: cluster.start_replica(i))
+            attempt(f"start {names[i]}", partial(cluster.start_replica, i))
     return problems
 
 

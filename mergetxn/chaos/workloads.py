@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -117,13 +117,21 @@ class Recorder:
         return op
 
 
+class Modes(TypedDict, total=False):
+    """The arguments of ``Client.begin`` that a transaction sets apart from the defaults."""
+
+    isolation: str
+    atomicity: str
+    durability: str
+
+
 class Workload:
     """One workload's tables, their set-up and its transactions."""
 
     name: str = ""
     tables: dict[str, TableKind] = {}
 
-    def modes(self, rng: random.Random) -> dict[str, str]:
+    def modes(self, rng: random.Random) -> Modes:
         """The next transaction's ``begin`` arguments that differ from the defaults
         (``isolation``, ``atomicity``, ``durability``)."""
         return {}
@@ -235,11 +243,11 @@ class Keys(Workload):
         )
         return {}
 
-    def modes(self, rng: random.Random) -> dict[str, str]:
+    def modes(self, rng: random.Random) -> Modes:
         roll = rng.random()
         if roll < self.none:
-            return {"atomicity": "none"} | ({"durability": "async"} if rng.random() < 0.6 else {})
-        return {"isolation": "serializable"} if roll < self.none + self.serializable else {}
+            return Modes(atomicity="none", durability="async") if rng.random() < 0.6 else Modes(atomicity="none")
+        return Modes(isolation="serializable") if roll < self.none + self.serializable else Modes()
 
     def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
         if tx.atomicity == "none":

@@ -336,12 +336,13 @@ def groups_holding(bounds: list[list[tuple[Any, Any] | None]], keys: Sequence[tu
     """The row groups (their :func:`group_bounds`) whose key statistics may hold one of ``keys``."""
     out = []
     for g, b in enumerate(bounds):
-        one = b[0] if len(b) == 1 else False  # one key column (the common case): no generator
+        single = len(b) == 1  # one key column (the common case): no generator
+        one = b[0] if single else None
         for key in keys:
             try:
-                if one is None or (
-                    one[0] <= key[0] <= one[1]
-                    if one is not False
+                if (
+                    (one is None or one[0] <= key[0] <= one[1])
+                    if single
                     else all(x is None or x[0] <= v <= x[1] for v, x in zip(key, b))
                 ):
                     out.append(g)
@@ -397,7 +398,8 @@ def _keep_footer(meta: PartMeta, ranges: dict, pk: Sequence[str], metadata: Any)
     """A footer parsed from a verified tail, checked against the part's record, cached."""
     if metadata.num_rows != meta.rows or metadata.num_row_groups != len(ranges["groups"]):
         raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
-    bounds, inside = group_bounds(metadata, pk), set()
+    bounds = group_bounds(metadata, pk)
+    inside: set[tuple[int, int, int]] = set()
     _FOOTERS.put((meta.path, meta.checksum), (metadata, bounds, ranges["tail"][0], inside))
     return metadata, bounds, inside
 

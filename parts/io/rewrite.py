@@ -186,8 +186,8 @@ def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
 def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[str, ...]) -> bool:
     """False when a key column's min/max statistics show ``meta`` holds no key of ``group``."""
     for col in primary_key:
-        ranges = [m.stats.get(col) for m in [meta, *group]]
-        if any(r is None or r[0] is None for r in ranges):
+        ranges = [r for r in (m.stats.get(col) for m in [meta, *group]) if r is not None and r[0] is not None]
+        if len(ranges) <= len(group):  # a part without the column's statistics
             continue
         try:
             lo, hi = min(r[0] for r in ranges[1:]), max(r[1] for r in ranges[1:])
@@ -274,5 +274,7 @@ def redo(
         if op.kind == "delete":
             result = delete(storage, table, current, where, tid)
         else:
-            result = update(storage, table, current, where, decode_assignments(op.assignments, table.schema), tid)
+            # an update without assignments: "" is no JSON, so CorruptMetadata as for None before
+            assignments = decode_assignments(op.assignments or "", table.schema)
+            result = update(storage, table, current, where, assignments, tid)
     return replace(op, added=tuple(result.added), removed=tuple(result.removed))
