@@ -66,6 +66,7 @@ from coordinator.model.catalog import Policy, TableDef
 from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
 from parts.model.meta import PartMeta
 from spark import keysfold
+from spark.options import join_transaction
 from spark.schema import check_write_schema, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
@@ -484,7 +485,10 @@ def write_table(
     if txn_id is not None and not isinstance(txn_id, str):
         raise InvalidInput(f"mergetxn: txn must be a transaction or its id (tx.id), not {txn!r}")
     with _client(address) as client:
-        tx = _join(client, txn_id, address, table) if txn_id is not None else client.begin()
+        if txn_id is None:
+            tx = client.begin()
+        else:
+            tx = join_transaction(client, txn_id, table, "txn", f"replica {address} is {client.host_id}")
         own = txn_id is None
         try:
             try:
@@ -518,28 +522,6 @@ def write_table(
                 except errors.MergetxnError:
                     pass
             raise
-
-
-def _join(client: Any, txn_id: str, address: str, table: str):
-    from coordinator.core.versions import Tid
-
-    try:
-        tid = Tid.parse(txn_id)
-    except ValueError:
-        raise InvalidInput(f"mergetxn: txn must be a transaction id (tx.id), not {txn_id!r}") from None
-    if tid.host_id != client.host_id:
-        raise InvalidInput(
-            f"mergetxn: transaction {txn_id} runs on replica {tid.host_id}, but replica "
-            f"{address} is {client.host_id}; use that replica's address"
-        )
-    tx = client.join(txn_id)
-    try:
-        client.call("visible", table=table, id=tx.id, partitions=[])
-    except errors.TransactionAborted as exc:
-        raise errors.TransactionAborted(
-            f"mergetxn: cannot join transaction {txn_id}: {exc.message}", id=txn_id
-        ) from None
-    return tx
 
 
 def _prepare(df: Any, tdef: TableDef, hidden: list[str]):

@@ -326,17 +326,12 @@ def open_cluster(
         return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url, secure=secure)
     from mergetxn.chaos import hosts
 
-    if form == "auto":
-        return hosts.make_cluster(
-            workdir,
-            hosts=3,
-            session_timeout=session_timeout,
-            replica_settings=settings,
-            storage_url=storage_url,
-            secure=secure,
-        )
-    cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(
+    make: Callable[..., Any] = {
+        "auto": hosts.make_cluster,
+        "namespaces": hosts.NamespaceCluster,
+        "loopback": hosts.LoopbackCluster,
+    }[form]
+    return make(
         workdir,
         hosts=3,
         session_timeout=session_timeout,

@@ -116,6 +116,25 @@ class Recorder:
             self.ops.append(op)
         return op
 
+    def ended(self, base: dict[str, Any], mops: list[list[Any]], outcome: str, **more: Any) -> Op:
+        """The attempt ``base`` ended now with ``outcome`` after ``mops``; ``more``: its csn,
+        error or message."""
+        return self.add(**base, end=self.now(), mops=mops, outcome=outcome, **more)
+
+    def not_begun(self, base: dict[str, Any], exc: BaseException, message: str) -> Op:
+        """An attempt that failed before it had a transaction (its begin, or the snapshot it
+        reads at): aborted, with no tid and no snapshot; ``message`` says what failed."""
+        return self.add(
+            **base,
+            tid=None,
+            snapshot=None,
+            end=self.now(),
+            mops=[],
+            outcome="aborted",
+            error=type(exc).__name__,
+            message=message,
+        )
+
 
 class Modes(TypedDict, total=False):
     """The arguments of ``Client.begin`` that a transaction sets apart from the defaults."""
@@ -377,42 +396,28 @@ def run_transaction(
     try:
         tx = client.begin(**modes)
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
-        return rec.add(
-            **base,
-            tid=None,
-            snapshot=None,
-            end=rec.now(),
-            mops=mops,
-            outcome="aborted",
-            error=type(exc).__name__,
-            message=f"begin failed: {_message(exc)}",
-        )
+        return rec.not_begun(base, exc, f"begin failed: {_message(exc)}")
     base |= {"tid": tx.id, "snapshot": tx.snapshot}
     try:
         workload.transaction(tx, rng, mops, rec)
     except Exception as exc:
         outcome, note = _roll_back(tx)
-        return rec.add(
-            **base,
-            end=rec.now(),
-            mops=mops,
-            outcome=outcome,
+        return rec.ended(
+            base,
+            mops,
+            outcome,
             error=type(exc).__name__,
             message=f"{_message(exc)}; {note}",
         )
     try:
         csn = tx.commit()
     except DEFINITE as exc:
-        return rec.add(
-            **base, end=rec.now(), mops=mops, outcome="aborted", error=type(exc).__name__, message=_message(exc)
-        )
+        return rec.ended(base, mops, "aborted", error=type(exc).__name__, message=_message(exc))
     except Exception as exc:  # the client cannot know: resolved after the run
-        return rec.add(
-            **base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__, message=_message(exc)
-        )
+        return rec.ended(base, mops, "indeterminate", error=type(exc).__name__, message=_message(exc))
     if csn is None:  # durability "async": queued on the replica; a flush or commit_status tells
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", message="async commit queued")
-    return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
+        return rec.ended(base, mops, "indeterminate", message="async commit queued")
+    return rec.ended(base, mops, "committed", csn=csn)
 
 
 def _roll_back(tx: Transaction) -> tuple[str, str]:
