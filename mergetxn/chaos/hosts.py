@@ -70,6 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -828,12 +829,17 @@ class _Cluster:
     def start_zk(self, i: int, timeout: float = 60.0) -> None:
         """(Re)start host i's member on its data; returns once it serves (has a quorum)."""
         i = self._index(i)
-        began = time.monotonic()
-        if not self._zk[i].running:
-            self._spawn_zk(i)
-        self._wait_zk(i, timeout)
-        self.timings["start_zk"] = time.monotonic() - began
+        self._restart("start_zk", self._zk[i].running, partial(self._spawn_zk, i), partial(self._wait_zk, i, timeout))
         log.info("ZooKeeper member %d serves again after %.1f s", i + 1, self.timings["start_zk"])
+
+    def _restart(self, what: str, running: bool, spawn: Callable[[], None], wait: Callable[[], None]) -> None:
+        """Spawn a process unless ``running``, then ``wait`` until it serves; the time it took
+        is ``timings[what]``."""
+        began = time.monotonic()
+        if not running:
+            spawn()
+        wait()
+        self.timings[what] = time.monotonic() - began
 
     def zk_running(self, i: int) -> bool:
         return self._zk[self._index(i)].running
@@ -893,11 +899,10 @@ class _Cluster:
         """(Re)start replica i on its port, data directory and host id; returns its address
         once it serves (it printed ``READY``)."""
         i = self._index(i)
-        began = time.monotonic()
-        if not self._replicas[i].running:
-            self._spawn_replica(i)
-        self._wait_replica(i, timeout)
-        self.timings["start_replica"] = time.monotonic() - began
+        running = self._replicas[i].running
+        self._restart(
+            "start_replica", running, partial(self._spawn_replica, i), partial(self._wait_replica, i, timeout)
+        )
         log.info("replica r%d serves after %.1f s", i + 1, self.timings["start_replica"])
         return self.replica_addresses[i]
 
