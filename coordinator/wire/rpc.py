@@ -1336,18 +1336,19 @@ def _alive(sock: socket.socket) -> bool:
 
 
 def _peer(sock: socket.socket) -> str:
-    try:
-        host, port = sock.getpeername()[:2]
-    except (OSError, ValueError):
-        return "a peer"
-    return f"{host}:{port}"
+    return _address(sock.getpeername, "a peer")
 
 
 def _local(sock: socket.socket) -> str:
+    return _address(sock.getsockname, "(address unknown)")
+
+
+def _address(name: Callable[[], Any], unknown: str) -> str:
+    """``host:port`` of a socket's end (``name``: its getpeername or getsockname), else ``unknown``."""
     try:
-        host, port = sock.getsockname()[:2]
+        host, port = name()[:2]
     except (OSError, ValueError):
-        return "(address unknown)"
+        return unknown
     return f"{host}:{port}"
 
 

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from coordinator.api.client import Client, Transaction
 from coordinator.core import errors
 from mergetxn.chaos.history import Op, TableKind
+from mergetxn.chaos.workloads import roll_back
 
 NAME = "spark"
 TABLE = "sp0"
@@ -373,14 +374,8 @@ class SparkWorkload:
         try:
             statements(session, client, tx, rng, rec, mops)
         except Exception as exc:
-            outcome, note = _roll_back(tx)
-            return rec.ended(
-                base,
-                mops,
-                outcome,
-                error=error_name(exc),
-                message=f"{_message(exc)}; {note}",
-            )
+            outcome, note = roll_back(tx)
+            return rec.ended(base, mops, outcome, error=error_name(exc), message=f"{_message(exc)}; {note}")
         try:
             csn = tx.commit()
         except Exception as exc:
@@ -441,17 +436,6 @@ class SparkWorkload:
         keys = [rng.randrange(self.keys) for _ in range(n)]
         mops += [["append", self.table, str(k), e] for k, e in zip(keys, elems)]
         write_table(self._frame(session, keys, elems), self.table, "append", txn=tx.id, replica=client.address)
-
-
-def _roll_back(tx: Transaction) -> tuple[str, str]:
-    """Roll back after a failed statement: aborted once the replica answered, else indeterminate."""
-    try:
-        tx.rollback()
-    except (errors.ConflictError, errors.TransactionAborted, errors.InvalidInput) as exc:
-        return "aborted", f"rollback answered {type(exc).__name__}"
-    except Exception as exc:
-        return "indeterminate", f"rollback failed: {type(exc).__name__}"
-    return "aborted", "rolled back"
 
 
 class SparkWorker(threading.Thread):

@@ -401,14 +401,8 @@ def run_transaction(
     try:
         workload.transaction(tx, rng, mops, rec)
     except Exception as exc:
-        outcome, note = _roll_back(tx)
-        return rec.ended(
-            base,
-            mops,
-            outcome,
-            error=type(exc).__name__,
-            message=f"{_message(exc)}; {note}",
-        )
+        outcome, note = roll_back(tx)
+        return rec.ended(base, mops, outcome, error=type(exc).__name__, message=f"{_message(exc)}; {note}")
     try:
         csn = tx.commit()
     except DEFINITE as exc:
@@ -420,7 +414,7 @@ def run_transaction(
     return rec.ended(base, mops, "committed", csn=csn)
 
 
-def _roll_back(tx: Transaction) -> tuple[str, str]:
+def roll_back(tx: Transaction) -> tuple[str, str]:
     """Roll back after a failed statement: aborted once the replica answered, else indeterminate."""
     try:
         tx.rollback()

@@ -50,6 +50,15 @@ KEYS_ROW_GROUP_ROWS = 8192
 # Columns of at most this many rows get their min/max in Python (:func:`_small_min_max`), larger
 # ones through pyarrow.compute, whose fixed cost per call exceeds the work on a few values.
 SMALL_STATS_ROWS = 64
+# The column types whose min and max a part records besides timestamps (column_stats).
+_STATS_KINDS = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_date,
+    pa.types.is_boolean,
+)
 # <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
@@ -97,15 +106,7 @@ def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
             suffix = "+00:00" if t.tz is not None else ""
             stats[name] = (text[0].as_py() + suffix, text[1].as_py() + suffix)
             continue
-        ok = (
-            pa.types.is_integer(t)
-            or pa.types.is_floating(t)
-            or pa.types.is_string(t)
-            or pa.types.is_large_string(t)
-            or pa.types.is_date(t)
-            or pa.types.is_boolean(t)
-        )
-        if not ok:
+        if not any(is_kind(t) for is_kind in _STATS_KINDS):
             continue
         if len(col) <= SMALL_STATS_ROWS:
             found = _small_min_max(col.to_pylist())
