@@ -239,27 +239,15 @@ class Keys(Workload):
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
-        client.create_table(
-            "kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys", auto_merge=True
-        )
-        client.create_table(
-            "kvn",
-            KV_SCHEMA,
-            partition_by=["p"],
-            primary_key=["k", "p"],
-            conflict_policy="keys",
-            auto_merge=True,
-            atomicity="none",
-        )
-        client.create_table(
-            "kvg",
-            KVG_SCHEMA,
-            partition_by=["p"],
-            primary_key=["k", "p"],
-            conflict_policy="keys",
-            auto_merge=True,
-            lock_groups={"ga": ["a"], "gb": ["b"]},
-        )
+        def keys_table(name: str, schema: pa.Schema, **more: Any) -> None:
+            pk = ["k", "p"]
+            client.create_table(
+                name, schema, partition_by=["p"], primary_key=pk, conflict_policy="keys", auto_merge=True, **more
+            )
+
+        keys_table("kv", KV_SCHEMA)
+        keys_table("kvn", KV_SCHEMA, atomicity="none")
+        keys_table("kvg", KVG_SCHEMA, lock_groups={"ga": ["a"], "gb": ["b"]})
         return {}
 
     def modes(self, rng: random.Random) -> Modes:
