@@ -485,10 +485,8 @@ def write_table(
     if txn_id is not None and not isinstance(txn_id, str):
         raise InvalidInput(f"mergetxn: txn must be a transaction or its id (tx.id), not {txn!r}")
     with _client(address) as client:
-        if txn_id is None:
-            tx = client.begin()
-        else:
-            tx = join_transaction(client, txn_id, table, "txn", f"replica {address} is {client.host_id}")
+        said = f"replica {address} is {client.host_id}"
+        tx = join_transaction(client, txn_id, table, "txn", said) if txn_id is not None else client.begin()
         own = txn_id is None
         try:
             try:
