@@ -744,6 +744,11 @@ class RpcServer:
         return self.server_address[1]
 
     @property
+    def connections(self) -> int:
+        """Connections open now (accepted and not closed)."""
+        return len(self._admission.conns)
+
+    @property
     def buffered(self) -> int:
         """Bytes of requests read and not yet handled, over every connection."""
         return self._buffered
