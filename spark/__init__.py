@@ -11,7 +11,10 @@ replica.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pyspark is imported only when a session registers the source
+    from spark.datasource import MergetxnDataSource
 
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
@@ -77,7 +80,7 @@ def check_worker_python(spark: Any) -> None:
         )
 
 
-def _with_default_replica(replica: str) -> type:
+def _with_default_replica(replica: str) -> type[MergetxnDataSource]:
     from coordinator.core.errors import InvalidInput
     from spark.datasource import MergetxnDataSource
 

@@ -47,8 +47,9 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -267,7 +268,7 @@ def _pushdown_enabled() -> bool:
     import sys
 
     # No public road: a planner process has no SparkSession/conf, and pyspark 4.1 passes the flag to no DataSource API.
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     for _ in range(8):
         if frame is None:
             break
@@ -307,11 +308,11 @@ class MergetxnReader(DataSourceReader):
         return f"{type(self).__name__}(table={self.s.table!r}, pushed={len(self.pushed)})"
 
     # -- planning -----------------------------------------------------------------------------
-    def partitions(self) -> list[InputPartition]:
+    def partitions(self) -> Sequence[InputPartition]:
         s = self.s
         with connect(s) as client:
             if s.changes is not None:
-                return self._changes_partitions(client)
+                return self._changes_partitions(client, s.changes)
             args: dict[str, Any] = {"table": s.table}
             if s.snapshot is not None:
                 args["snapshot"] = s.snapshot
@@ -338,8 +339,8 @@ class MergetxnReader(DataSourceReader):
             ]
         return [PartsPartition(i, [m.to_dict() for m in group]) for i, group in enumerate(_group(metas, s.split_bytes))]
 
-    def _changes_partitions(self, client) -> list[InputPartition]:
-        start, end, by = self.s.changes
+    def _changes_partitions(self, client, changes: tuple[Any, Any, str]) -> Sequence[InputPartition]:
+        start, end, by = changes
         return changes_partitions(client.changes(self.s.table, start, end, by=by))
 
     def where(self) -> pc.Expression | None:
@@ -364,6 +365,7 @@ class MergetxnReader(DataSourceReader):
         if isinstance(partition, ChangesPartition):
             yield from read_changes(partition, target)
             return
+        partition = cast(PartsPartition, partition)  # partitions() plans these and ChangesPartitions only
         storage = storage_for(self.storage_url, self.s.storage_options)
         metas = [PartMeta.from_dict(d) for d in partition.parts]
         tdef = TableDef.from_dict(self.tdef)

@@ -209,7 +209,9 @@ def _rewrite_task(
             if kind == "delete":
                 result = rewrite.delete(storage, tdef, [meta], where, txn_id)
             else:
-                result = rewrite.update(storage, tdef, [meta], where, decode_assignments(set_text, tdef.schema), txn_id)
+                result = rewrite.update(
+                    storage, tdef, [meta], where, decode_assignments(set_text or "", tdef.schema), txn_id
+                )
             done.extend(result.added)
             if result.removed:
                 out.append((meta.name, [m.to_dict() for m in result.added], result.affected_rows))

@@ -66,6 +66,7 @@ from coordinator.model.catalog import Policy, TableDef
 from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
 from parts.model.meta import PartMeta
 from spark import keysfold
+from spark.options import join_transaction
 from spark.schema import check_write_schema, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
@@ -484,7 +485,8 @@ def write_table(
     if txn_id is not None and not isinstance(txn_id, str):
         raise InvalidInput(f"mergetxn: txn must be a transaction or its id (tx.id), not {txn!r}")
     with _client(address) as client:
-        tx = _join(client, txn_id, address, table) if txn_id is not None else client.begin()
+        said = f"replica {address} is {client.host_id}"
+        tx = join_transaction(client, txn_id, table, "txn", said) if txn_id is not None else client.begin()
         own = txn_id is None
         try:
             try:
@@ -518,28 +520,6 @@ def write_table(
                 except errors.MergetxnError:
                     pass
             raise
-
-
-def _join(client: Any, txn_id: str, address: str, table: str):
-    from coordinator.core.versions import Tid
-
-    try:
-        tid = Tid.parse(txn_id)
-    except ValueError:
-        raise InvalidInput(f"mergetxn: txn must be a transaction id (tx.id), not {txn_id!r}") from None
-    if tid.host_id != client.host_id:
-        raise InvalidInput(
-            f"mergetxn: transaction {txn_id} runs on replica {tid.host_id}, but replica "
-            f"{address} is {client.host_id}; use that replica's address"
-        )
-    tx = client.join(txn_id)
-    try:
-        client.call("visible", table=table, id=tx.id, partitions=[])
-    except errors.TransactionAborted as exc:
-        raise errors.TransactionAborted(
-            f"mergetxn: cannot join transaction {txn_id}: {exc.message}", id=txn_id
-        ) from None
-    return tx
 
 
 def _prepare(df: Any, tdef: TableDef, hidden: list[str]):
@@ -592,8 +572,8 @@ def _write_parts(df: Any, tdef: TableDef, storage: Any, txn_id: str) -> list[Par
             )
         files = _committed_files(staging)
         with ThreadPoolExecutor(max_workers=_THREADS) as pool:
-            metas = list(pool.map(lambda f: _adopt(f, tdef, root, txn_id), files))
-        metas = [m for m in metas if m is not None]
+            adopted = list(pool.map(lambda f: _adopt(f, tdef, root, txn_id), files))
+        metas = [m for m in adopted if m is not None]
         for d in sorted({os.path.dirname(os.path.join(root, *m.path.split("/"))) for m in metas}):
             _fsync_dir(d)
         return metas

@@ -295,22 +295,29 @@ def table_def(client, s: Settings) -> TableDef:
 
 def join(client, s: Settings):
     """The driver's open transaction (option ``txn``), checked to be running on this replica."""
+    replica = f"option 'replica' names {s.replica} ({client.host_id})"
+    return join_transaction(client, s.txn, s.table, "option 'txn'", replica)
+
+
+def join_transaction(client, txn: str | None, table: str, named: str, replica: str):
+    """The driver's open transaction ``txn`` joined on ``client``'s replica, checked to run there
+    and not to have ended; InvalidInput or TransactionAborted otherwise. ``named``: what the
+    caller calls the transaction id, ``replica``: what it says of the replica, in the messages."""
     from coordinator.core.versions import Tid
 
     try:
-        tid = Tid.parse(s.txn)
+        tid = Tid.parse(txn or "")  # None: ValueError as for any text not a tid
     except ValueError:
-        raise InvalidInput(f"mergetxn: option 'txn' must be a transaction id (tx.id), not {s.txn!r}") from None
+        raise InvalidInput(f"mergetxn: {named} must be a transaction id (tx.id), not {txn!r}") from None
     if tid.host_id != client.host_id:
         raise InvalidInput(
-            f"mergetxn: transaction {s.txn} runs on replica {tid.host_id}, but option "
-            f"'replica' names {s.replica} ({client.host_id}); use that replica's address"
+            f"mergetxn: transaction {txn} runs on replica {tid.host_id}, but {replica}; use that replica's address"
         )
-    tx = client.join(s.txn)
+    tx = client.join(txn)
     try:
-        client.call("visible", table=s.table, id=tx.id, partitions=[])
+        client.call("visible", table=table, id=tx.id, partitions=[])
     except errors.TransactionAborted as exc:
-        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {s.txn}: {exc.message}", id=s.txn) from None
+        raise errors.TransactionAborted(f"mergetxn: cannot join transaction {txn}: {exc.message}", id=txn) from None
     return tx
 
 

@@ -55,7 +55,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -69,7 +69,7 @@ from pyspark.sql.types import StructType
 from coordinator.core import errors
 from coordinator.core.errors import InvalidInput
 from parts.io.format import delete_part
-from spark.changes import changes_partitions, read_changes
+from spark.changes import ChangesPartition, changes_partitions, read_changes
 from spark.options import LATEST, Settings, connect, option, settings
 from spark.schema import arrow_schema, check_write_schema
 from spark.writer import MergetxnWriter, PartsMessage, part_metas, rollback_quietly
@@ -418,7 +418,7 @@ class MergetxnStreamReader(DataSourceStreamReader):
         if partition is None:
             return
         target = arrow_schema(StructType.fromJson(json.loads(self.schema_json)))
-        yield from read_changes(partition, target)
+        yield from read_changes(cast(ChangesPartition, partition), target)  # partitions() plans only these
 
     def commit(self, end: dict) -> None:
         """Spark will not ask for changes at or before ``end`` again: the pin moves there."""

@@ -64,7 +64,7 @@ ALL_BURST, ALL_EVERY = 50, 0.1  # and for every login that needs a password hash
 LOGIN_WORKERS = 2  # threads checking logins (scrypt releases the GIL: at most this many cores)
 LOGIN_QUEUE = 64  # logins being checked or waiting for it; more are refused as the replica busy
 _MAX_LOGIN_NAME = 256  # characters of a user name a failed login is counted under
-_HOLD = "hold"  # RpcServer._make_room: admit the connection next round
+_HOLD = "hold"  # _Admission._make_room: admit the connection next round
 _MAX_ACTION = 64  # the longest action name a request may carry
 _FREE = 64 * 1024  # a partial frame this small is read on even when the buffer budget is spent
 
@@ -350,6 +350,330 @@ class _Conn:
         self.discard = 0  # bytes of a refused, too large request still to skip
 
 
+class _Admission:
+    """The connections of an :class:`RpcServer` and the limits on them (:class:`Limits`):
+    accepting (paused while the process is out of descriptors), the caps on connections per
+    address, on all and on those that have not sent their first request yet (the oldest such
+    one closed to make room for a newcomer), and that first request's deadline. Used by the
+    server's I/O thread only."""
+
+    def __init__(self, server: RpcServer) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.conns: set[_Conn] = set()
+        self.pending = Pending()  # connections whose first request (login) has not arrived whole
+        self.held: list[tuple[socket.socket, str]] = []  # accepted, admitted next round (_admit)
+        self.per_peer: dict[str, int] = {}
+        self.cap = self.limits.max_connections
+        self.paused_until = 0.0  # accept paused (out of descriptors) until then
+
+    def accept(self) -> None:
+        """Admit the connections held back last round, then (unless one still is) new ones. The
+        cap is taken from the descriptor limit first (not only at the next tick): a burst of
+        connections arriving between two ticks must not take the descriptors the process keeps
+        for its WAL, ZooKeeper and the part files a commit reads (FD_RESERVE)."""
+        self.measure_room()
+        held, self.held = self.held, []
+        for sock, peer in held:
+            self._admit(sock, peer)
+        for _ in range(0 if self.held else _ACCEPTS_PER_WAKE):
+            try:
+                sock, address = self.server._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._pause_accepting(exc)
+                    return
+                if exc.errno == errno.ECONNABORTED:  # the peer gave up while queued
+                    continue
+                self.server._rare("accept", logging.WARNING, "accept failed: %r", exc)
+                return
+            self._admit(sock, peer_key(str(address[0])))
+            if self.held:  # the rest wait in the backlog
+                return
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        """A new connection in, once there is room; held back to the next round when only
+        pending connections accepted in this one are in its way; else turned away."""
+        why = self._make_room(peer)
+        if why == _HOLD:
+            self.held.append((sock, peer))
+            return
+        if why:
+            self._turn_away(sock, peer, why)
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, peer, self.server.authenticate is None, self.server.tls is not None, self.limits.max_frame)
+        self.conns.add(conn)
+        self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
+        self.pending.add(conn, peer, time.monotonic() + self.server.handshake_seconds, self.server._round)
+        self.server._watch(conn, selectors.EVENT_READ)
+
+    def _make_room(self, peer: str) -> str:
+        """'' once a new connection from ``peer`` fits, after closing the oldest pending
+        connections in its way (:meth:`Pending.victim`); _HOLD when the only ones in its way
+        were accepted in this round (they are read first); else why it does not fit."""
+        while True:
+            why, own = self._over_limit(peer)
+            if not why:
+                return ""
+            victim = self.pending.victim(peer if own else None, self.server._round)
+            if victim is None:
+                return _HOLD if (self.pending.of(peer) if own else self.pending.count) else why
+            self.server._rare(
+                "evicted", logging.INFO, "closed a pending connection from %s for a new one: %s", victim.peer, why
+            )
+            self.server._close(victim)
+
+    def _over_limit(self, peer: str) -> tuple[str, bool]:
+        """Which cap a new connection from ``peer`` is over ('' when none), and whether it is
+        one of the address's own."""
+        limits = self.limits
+        if self.per_peer.get(peer, 0) >= limits.max_per_peer:
+            return f"{limits.max_per_peer} connections from {peer} are open, the limit per address", True
+        if self.pending.of(peer) >= limits.pending_per_peer_cap:
+            return f"{limits.pending_per_peer_cap} connections from {peer} have not sent a request yet", True
+        if len(self.conns) >= self.cap:
+            return f"it has {len(self.conns)} connections, its limit", False
+        if self.pending.count >= limits.pending_cap:
+            return f"{limits.pending_cap} connections have not sent a request yet", False
+        return "", False
+
+    def _turn_away(self, sock: socket.socket, peer: str, why: str) -> None:
+        """Close a connection over a limit at once; a plaintext peer is told why first."""
+        self.server._rare("cap", logging.WARNING, "refused a connection from %s: %s", peer, why)
+        try:
+            if self.server.tls is None:
+                sock.setblocking(False)
+                sock.send(
+                    frame(
+                        {
+                            "ok": False,
+                            "error": errors.ReplicaUnavailable(
+                                f"replica {_local(sock)} refused the connection: {why}"
+                            ).to_dict(),
+                        }
+                    )
+                )
+        except OSError:
+            pass
+        sock.close()
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        """Out of descriptors: stop polling the listener a while (connections wait in the
+        backlog) instead of failing accept in a hot loop."""
+        self.server._rare(
+            "emfile",
+            logging.WARNING,
+            "accept failed (%s): not accepting for %gs; %d connections open",
+            exc.strerror or exc,
+            ACCEPT_PAUSE,
+            len(self.conns),
+        )
+        self.paused_until = time.monotonic() + ACCEPT_PAUSE
+        self.server._sel.unregister(self.server._listener)
+
+    def expire_pending(self, now: float) -> None:
+        """Close the connections whose first request (login) did not arrive in time."""
+        for conn in self.pending.expired(now):
+            self.server._rare(
+                "handshake",
+                logging.INFO,
+                "closed a connection from %s: no %s within %gs",
+                conn.peer,
+                "request" if self.server.authenticate is None else "login",
+                self.server.handshake_seconds,
+            )
+            self.server._close(conn)
+
+    def resume_accepting(self, now: float) -> None:
+        """Poll the listener again once the pause after running out of descriptors is over."""
+        if self.paused_until and now >= self.paused_until:
+            self.paused_until = 0.0
+            self.server._sel.register(self.server._listener, selectors.EVENT_READ, "accept")
+
+    def measure_room(self) -> None:
+        """The cap on connections from the descriptors the process may still open."""
+        self.cap = min(self.limits.max_connections, _descriptor_room(len(self.conns)))
+
+    def forget(self, conn: _Conn) -> None:
+        """A connection closed: it no longer counts against any limit."""
+        self.conns.discard(conn)
+        left = self.per_peer.pop(conn.peer, 1) - 1
+        if left > 0:
+            self.per_peer[conn.peer] = left
+        self.pending.discard(conn, conn.peer)
+
+
+class _Login:
+    """The door of a secured server (TLS, logins) for its :class:`RpcServer`: each new
+    connection's TLS handshake, then its first request, which must be a login. Failed logins are
+    throttled (:class:`LoginThrottle`) and the secrets checked on a pool of their own; all else
+    runs on the server's I/O thread."""
+
+    def __init__(
+        self,
+        server: RpcServer,
+        tls: ssl.SSLContext | None,
+        authenticate: Authenticate | None,
+        remembered: Authenticate | None,
+    ) -> None:
+        self.server = server
+        self.tls = tls
+        self.authenticate = authenticate
+        self.remembered = remembered
+        self.throttle = LoginThrottle()
+        self.checking = 0  # logins on the login pool (being checked or waiting for it)
+        self.pool = ThreadPoolExecutor(max_workers=LOGIN_WORKERS, thread_name_prefix="rpc-login")
+
+    def handshake(self, conn: _Conn) -> None:
+        """A new connection of a TLS server: refuse a peer that does not start with a TLS
+        handshake, else drive the handshake without blocking."""
+        sock = conn.sock
+        if not isinstance(sock, ssl.SSLSocket):
+            try:
+                first = sock.recv(1, socket.MSG_PEEK)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                self.server._close(conn)
+                return
+            if not first:
+                self.server._close(conn)
+                return
+            if first[0] != _TLS_HANDSHAKE:
+                self._refuse_plaintext(conn)
+                return
+            self.server._sel.unregister(sock)
+            conn.events = 0
+            try:
+                assert self.tls is not None  # conn.tls: this server has a context
+                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError) as exc:
+                log.info("TLS: cannot wrap a connection: %r", exc)
+                self.server._close(conn)
+                return
+            self.server._watch(conn, selectors.EVENT_READ)
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.server._watch(conn, selectors.EVENT_READ)
+            return
+        except ssl.SSLWantWriteError:
+            self.server._watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            return
+        except OSError as exc:  # ssl.SSLError included: a bad certificate, a scanner, a reset
+            self.server._rare("tls", logging.INFO, "TLS handshake from %s failed: %s", conn.peer, exc)
+            self.server._close(conn)
+            return
+        conn.handshake = False
+        self.server._watch(conn, selectors.EVENT_READ)
+        if sock.pending():
+            self.server._read(conn)
+
+    def _refuse_plaintext(self, conn: _Conn) -> None:
+        """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
+        so the close is a FIN the peer reads the answer before, not a reset)."""
+        try:
+            for _ in range(16):
+                if not conn.sock.recv(1 << 16):
+                    break
+        except OSError:
+            pass
+        conn.handshake = False
+        self.server._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
+        self.refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
+
+    def refuse(self, conn: _Conn, why: str, hint: bool = True) -> None:
+        """Answer AuthenticationFailed saying ``why`` (with how to give credentials, unless
+        ``hint`` is False: the credentials are not what is wrong) and close the connection."""
+        conn.busy = True
+        conn.close_after = True
+        how = (
+            ": connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
+            "path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
+        )
+        self.server._send(
+            conn, {"ok": False, "error": errors.AuthenticationFailed(why + (how if hint else "")).to_dict()}
+        )
+
+    def login(self, conn: _Conn, request: Any) -> None:
+        """The first request of a connection to a secured server: ``auth``, or it is closed.
+        Failed logins are throttled (:class:`LoginThrottle`); a login that verified before is
+        taken at once (``remembered``), any other is checked on the login pool (:meth:`_check`)."""
+        args = request.get("b") if isinstance(request, dict) else None
+        if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
+            self.refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
+            return
+        now = time.monotonic()
+        user = _login_name(args)
+        why = self.throttle.refusal(conn.peer, user, now)
+        if why:
+            self.server._rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self.refuse(conn, f"replica {_local(conn.sock)} refused the login: {why}")
+            return
+        try:
+            principal = self.remembered(args) if self.remembered is not None else None
+        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
+            self.refuse(conn, f"replica {_local(conn.sock)} refused the login: {exc.message}", hint=False)
+            return
+        if principal:
+            self._logged_in(conn, principal, user)
+            return
+        why = self.throttle.busy(now) or self._overloaded()
+        if why:
+            self.throttle.failed(conn.peer, user, now, hashed=False)  # its secret was looked at: a guess spent
+            self.server._rare("busy", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self._busy(conn, f"replica {_local(conn.sock)} refused the login: {why}")
+            return
+        self.checking += 1
+        self.pool.submit(self._check, conn, args, user)
+
+    def _overloaded(self) -> str:
+        if self.checking < LOGIN_QUEUE:
+            return ""
+        return f"{self.checking} logins are being checked, its limit; try again in a moment"
+
+    def _check(self, conn: _Conn, args: dict, user: str) -> None:
+        """On the login pool: the password hash, then the answer on the I/O thread."""
+        gone = ""
+        assert self.authenticate is not None  # only a server with logins checks one
+        try:
+            principal = self.authenticate(args)
+        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
+            principal, gone = None, exc.message
+        except Exception:  # a bug in the check: the login fails, the server goes on
+            log.exception("checking a login from %s failed", conn.peer)
+            principal = None
+        self.server.call_soon(lambda: self._checked(conn, principal, user, gone))
+
+    def _checked(self, conn: _Conn, principal: Any, user: str, gone: str = "") -> None:
+        self.checking -= 1
+        if principal:
+            self._logged_in(conn, principal, user)
+            return
+        if gone:
+            self.refuse(conn, f"replica {_local(conn.sock)} refused the login: {gone}", hint=False)
+            return
+        self.throttle.failed(conn.peer, user, time.monotonic())
+        self.server._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])
+        self.refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
+
+    def _logged_in(self, conn: _Conn, principal: Any, user: str) -> None:
+        conn.authed = True
+        conn.principal = principal
+        conn.max_frame = self.server.limits.max_frame
+        self.server._send(conn, {"ok": True, "result": {"user": user}})
+
+    def _busy(self, conn: _Conn, why: str) -> None:
+        """Refuse a login for the replica's sake, not the peer's credentials: ReplicaUnavailable."""
+        conn.busy = True
+        conn.close_after = True
+        self.server._send(conn, {"ok": False, "error": errors.ReplicaUnavailable(why).to_dict()})
+
+
 class RpcServer:
     """One I/O thread serves every connection (epoll); requests run inline when ``inline`` takes
     them, otherwise on a pool of worker threads.
@@ -389,20 +713,13 @@ class RpcServer:
         self.limits = limits or Limits()
         self.handshake_seconds = self.limits.handshake_seconds
         self.fault: Callable[[], None] | None = None  # tests: called on each tick of the loop, outside any guard
-        self.logins = LoginThrottle()
         self._rare = _Rare()
-        self._pending = Pending()  # connections whose first request (login) has not arrived whole
         self._round = 0  # the loop's rounds: a pending connection accepted in this one had no chance to send
-        self._held: list[tuple[socket.socket, str]] = []  # accepted, admitted next round (_admit)
-        self._checking = 0  # logins on the login pool (being checked or waiting for it)
-        self._per_peer: dict[str, int] = {}
         self._buffered = 0  # bytes in every connection's inbuf
         # What one read of a connection lands in (the I/O thread's alone): a recv of _CHUNK would
         # allocate that much per read, for a request of a kilobyte or two.
         self._recv_buf = memoryview(bytearray(_CHUNK))
         self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
-        self._cap = self.limits.max_connections
-        self._accept_paused_until = 0.0
         self._next_tick = 0.0
         self._listener = socket.create_server((host, port), backlog=256)
         self._listener.setblocking(False)
@@ -416,8 +733,8 @@ class RpcServer:
         self._send_lock = threading.Lock()  # a socket is closed, or sent an answer by a thread other than the I/O one
         self._woken = False
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rpc-worker")
-        self._login_pool = ThreadPoolExecutor(max_workers=LOGIN_WORKERS, thread_name_prefix="rpc-login")
-        self._conns: set[_Conn] = set()
+        self._admission = _Admission(self)  # connections and their limits
+        self._login = _Login(self, tls, authenticate, remembered)  # TLS and logins (secured servers)
         self._stop = threading.Event()
         self._done = threading.Event()
         self._loop_ident: int | None = None
@@ -425,6 +742,11 @@ class RpcServer:
     @property
     def port(self) -> int:
         return self.server_address[1]
+
+    @property
+    def connections(self) -> int:
+        """Connections open now (accepted and not closed)."""
+        return len(self._admission.conns)
 
     @property
     def buffered(self) -> int:
@@ -445,15 +767,15 @@ class RpcServer:
             log.critical("the RPC loop failed: this server no longer serves", exc_info=True)
             raise
         finally:
-            for conn in list(self._conns):
+            for conn in list(self._admission.conns):
                 self._close(conn)
-            for sock, _ in self._held:
+            for sock, _ in self._admission.held:
                 sock.close()
             for s in (self._listener, self._wake_r, self._wake_w):
                 s.close()
             self._sel.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._login_pool.shutdown(wait=False, cancel_futures=True)
+            self._login.pool.shutdown(wait=False, cancel_futures=True)
             self._done.set()
 
     serve_forever = serve
@@ -462,15 +784,16 @@ class RpcServer:
         while not self._stop.is_set():
             self._round += 1
             accept = False
-            for key, mask in self._sel.select(0 if self._held else _TICK):
+            held = self._admission.held
+            for key, mask in self._sel.select(0 if held else _TICK):
                 if key.data == "accept":
                     accept = True  # after the connections' events: the pending ones read first
                 elif key.data == "wake":
                     self._run_calls()
                 else:
                     self._serve_conn(key.data, mask)
-            if accept or self._held:
-                self._accept()
+            if accept or held:
+                self._admission.accept()
             now = time.monotonic()
             if now >= self._next_tick:
                 self._next_tick = now + _TICK
@@ -482,7 +805,7 @@ class RpcServer:
             return
         try:
             if conn.handshake:
-                self._handshake(conn)
+                self._login.handshake(conn)
             elif conn.outbuf:
                 self._flush(conn)
             elif mask & selectors.EVENT_READ:
@@ -508,7 +831,7 @@ class RpcServer:
         else:  # never served
             self._listener.close()
             self._pool.shutdown(wait=False)
-            self._login_pool.shutdown(wait=False)
+            self._login.pool.shutdown(wait=False)
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the I/O thread (from any thread)."""
@@ -539,150 +862,27 @@ class RpcServer:
             except Exception:
                 log.exception("RPC I/O callback failed")
 
-    # -- connections: accepting, limits, deadlines -----------------------------------------------
-    def _accept(self) -> None:
-        """Admit the connections held back last round, then (unless one still is) new ones. The
-        cap is taken from the descriptor limit first (not only at the next tick): a burst of
-        connections arriving between two ticks must not take the descriptors the process keeps
-        for its WAL, ZooKeeper and the part files a commit reads (FD_RESERVE)."""
-        self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
-        held, self._held = self._held, []
-        for sock, peer in held:
-            self._admit(sock, peer)
-        for _ in range(0 if self._held else _ACCEPTS_PER_WAKE):
-            try:
-                sock, address = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._pause_accepting(exc)
-                    return
-                if exc.errno == errno.ECONNABORTED:  # the peer gave up while queued
-                    continue
-                self._rare("accept", logging.WARNING, "accept failed: %r", exc)
-                return
-            self._admit(sock, peer_key(str(address[0])))
-            if self._held:  # the rest wait in the backlog
-                return
-
-    def _admit(self, sock: socket.socket, peer: str) -> None:
-        """A new connection in, once there is room; held back to the next round when only
-        pending connections accepted in this one are in its way; else turned away."""
-        why = self._make_room(peer)
-        if why == _HOLD:
-            self._held.append((sock, peer))
-            return
-        if why:
-            self._turn_away(sock, peer, why)
-            return
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock, peer, self.authenticate is None, self.tls is not None, self.limits.max_frame)
-        self._conns.add(conn)
-        self._per_peer[peer] = self._per_peer.get(peer, 0) + 1
-        self._pending.add(conn, peer, time.monotonic() + self.handshake_seconds, self._round)
-        self._watch(conn, selectors.EVENT_READ)
-
-    def _make_room(self, peer: str) -> str:
-        """'' once a new connection from ``peer`` fits, after closing the oldest pending
-        connections in its way (:meth:`Pending.victim`); _HOLD when the only ones in its way
-        were accepted in this round (they are read first); else why it does not fit."""
-        while True:
-            why, own = self._over_limit(peer)
-            if not why:
-                return ""
-            victim = self._pending.victim(peer if own else None, self._round)
-            if victim is None:
-                return _HOLD if (self._pending.of(peer) if own else self._pending.count) else why
-            self._rare(
-                "evicted", logging.INFO, "closed a pending connection from %s for a new one: %s", victim.peer, why
-            )
-            self._close(victim)
-
-    def _over_limit(self, peer: str) -> tuple[str, bool]:
-        """Which cap a new connection from ``peer`` is over ('' when none), and whether it is
-        one of the address's own."""
-        limits = self.limits
-        if self._per_peer.get(peer, 0) >= limits.max_per_peer:
-            return f"{limits.max_per_peer} connections from {peer} are open, the limit per address", True
-        if self._pending.of(peer) >= limits.pending_per_peer_cap:
-            return f"{limits.pending_per_peer_cap} connections from {peer} have not sent a request yet", True
-        if len(self._conns) >= self._cap:
-            return f"it has {len(self._conns)} connections, its limit", False
-        if self._pending.count >= limits.pending_cap:
-            return f"{limits.pending_cap} connections have not sent a request yet", False
-        return "", False
-
-    def _turn_away(self, sock: socket.socket, peer: str, why: str) -> None:
-        """Close a connection over a limit at once; a plaintext peer is told why first."""
-        self._rare("cap", logging.WARNING, "refused a connection from %s: %s", peer, why)
-        try:
-            if self.tls is None:
-                sock.setblocking(False)
-                sock.send(
-                    frame(
-                        {
-                            "ok": False,
-                            "error": errors.ReplicaUnavailable(
-                                f"replica {_local(sock)} refused the connection: {why}"
-                            ).to_dict(),
-                        }
-                    )
-                )
-        except OSError:
-            pass
-        sock.close()
-
-    def _pause_accepting(self, exc: OSError) -> None:
-        """Out of descriptors: stop polling the listener a while (connections wait in the
-        backlog) instead of failing accept in a hot loop."""
-        self._rare(
-            "emfile",
-            logging.WARNING,
-            "accept failed (%s): not accepting for %gs; %d connections open",
-            exc.strerror or exc,
-            ACCEPT_PAUSE,
-            len(self._conns),
-        )
-        self._accept_paused_until = time.monotonic() + ACCEPT_PAUSE
-        self._sel.unregister(self._listener)
-
     def _tick(self, now: float) -> None:
         """Deadlines: the accept back-off, authentication, idleness; the descriptor room."""
         if self.fault is not None:
             self.fault()
-        if self._accept_paused_until and now >= self._accept_paused_until:
-            self._accept_paused_until = 0.0
-            self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-        if self._pending.count:
-            self._expire_pending(now)
+        admission = self._admission
+        admission.resume_accepting(now)
+        if admission.pending.count:
+            admission.expire_pending(now)
         idle = self.limits.idle_seconds
         # Idle: no request in progress (or an answer the peer does not read) for idle_seconds.
-        for conn in [c for c in self._conns if (not c.busy or c.outbuf) and now - c.last > idle]:
+        for conn in [c for c in admission.conns if (not c.busy or c.outbuf) and now - c.last > idle]:
             if not conn.busy and conn not in self._starved and now - conn.last < 2 * idle and _readable(conn.sock):
                 continue  # a request (or the peer's close) arrived since the loop read: read it first (once)
             self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
             self._close(conn)
-        self._cap = min(self.limits.max_connections, _descriptor_room(len(self._conns)))
+        admission.measure_room()
         if self._starved and self._buffered <= self.limits.max_buffered:
             starved, self._starved = self._starved, set()
             for conn in starved:
                 self._watch(conn)
-        self.logins.prune(now)
-
-    def _expire_pending(self, now: float) -> None:
-        """Close the connections whose first request (login) did not arrive in time."""
-        for conn in self._pending.expired(now):
-            self._rare(
-                "handshake",
-                logging.INFO,
-                "closed a connection from %s: no %s within %gs",
-                conn.peer,
-                "request" if self.authenticate is None else "login",
-                self.handshake_seconds,
-            )
-            self._close(conn)
+        self._login.throttle.prune(now)
 
     def _watch(self, conn: _Conn, events: int | None = None) -> None:
         """Have the selector watch ``conn`` for what it waits for: the answer's sending, else
@@ -718,11 +918,7 @@ class RpcServer:
         if conn.closed:
             return
         conn.closed = True
-        self._conns.discard(conn)
-        left = self._per_peer.pop(conn.peer, 1) - 1
-        if left > 0:
-            self._per_peer[conn.peer] = left
-        self._pending.discard(conn, conn.peer)
+        self._admission.forget(conn)
         self._starved.discard(conn)
         self._buffered -= len(conn.inbuf)
         conn.inbuf = bytearray()
@@ -759,150 +955,6 @@ class RpcServer:
         self._buffered += len(data)
         self._next(conn)
 
-    # -- TLS and authentication (secured servers only) -----------------------------------------
-    def _handshake(self, conn: _Conn) -> None:
-        """A new connection of a TLS server: refuse a peer that does not start with a TLS
-        handshake, else drive the handshake without blocking."""
-        sock = conn.sock
-        if not isinstance(sock, ssl.SSLSocket):
-            try:
-                first = sock.recv(1, socket.MSG_PEEK)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                self._close(conn)
-                return
-            if not first:
-                self._close(conn)
-                return
-            if first[0] != _TLS_HANDSHAKE:
-                self._refuse_plaintext(conn)
-                return
-            self._sel.unregister(sock)
-            conn.events = 0
-            try:
-                assert self.tls is not None  # conn.tls: this server has a context
-                sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            except (OSError, ValueError) as exc:
-                log.info("TLS: cannot wrap a connection: %r", exc)
-                self._close(conn)
-                return
-            self._watch(conn, selectors.EVENT_READ)
-        try:
-            sock.do_handshake()
-        except ssl.SSLWantReadError:
-            self._watch(conn, selectors.EVENT_READ)
-            return
-        except ssl.SSLWantWriteError:
-            self._watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
-            return
-        except OSError as exc:  # ssl.SSLError included: a bad certificate, a scanner, a reset
-            self._rare("tls", logging.INFO, "TLS handshake from %s failed: %s", conn.peer, exc)
-            self._close(conn)
-            return
-        conn.handshake = False
-        self._watch(conn, selectors.EVENT_READ)
-        if sock.pending():
-            self._read(conn)
-
-    def _refuse_plaintext(self, conn: _Conn) -> None:
-        """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
-        so the close is a FIN the peer reads the answer before, not a reset)."""
-        try:
-            for _ in range(16):
-                if not conn.sock.recv(1 << 16):
-                    break
-        except OSError:
-            pass
-        conn.handshake = False
-        self._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
-        self._refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
-
-    def _refuse(self, conn: _Conn, why: str, hint: bool = True) -> None:
-        """Answer AuthenticationFailed saying ``why`` (with how to give credentials, unless
-        ``hint`` is False: the credentials are not what is wrong) and close the connection."""
-        conn.busy = True
-        conn.close_after = True
-        how = (
-            ": connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
-            "path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
-        )
-        self._send(conn, {"ok": False, "error": errors.AuthenticationFailed(why + (how if hint else "")).to_dict()})
-
-    def _authenticate(self, conn: _Conn, request: Any) -> None:
-        """The first request of a connection to a secured server: ``auth``, or it is closed.
-        Failed logins are throttled (:class:`LoginThrottle`); a login that verified before is
-        taken at once (``remembered``), any other is checked on the login pool (:meth:`_check_login`)."""
-        args = request.get("b") if isinstance(request, dict) else None
-        if not isinstance(request, dict) or request.get("a") != "auth" or not isinstance(args, dict):
-            self._refuse(conn, f"replica {_local(conn.sock)} requires authentication before any request")
-            return
-        now = time.monotonic()
-        user = _login_name(args)
-        why = self.logins.refusal(conn.peer, user, now)
-        if why:
-            self._rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
-            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {why}")
-            return
-        try:
-            principal = self.remembered(args) if self.remembered is not None else None
-        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
-            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {exc.message}", hint=False)
-            return
-        if principal:
-            self._logged_in(conn, principal, user)
-            return
-        why = self.logins.busy(now) or self._overloaded()
-        if why:
-            self.logins.failed(conn.peer, user, now, hashed=False)  # its secret was looked at: a guess spent
-            self._rare("busy", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
-            self._busy(conn, f"replica {_local(conn.sock)} refused the login: {why}")
-            return
-        self._checking += 1
-        self._login_pool.submit(self._check_login, conn, args, user)
-
-    def _overloaded(self) -> str:
-        if self._checking < LOGIN_QUEUE:
-            return ""
-        return f"{self._checking} logins are being checked, its limit; try again in a moment"
-
-    def _check_login(self, conn: _Conn, args: dict, user: str) -> None:
-        """On the login pool: the password hash, then the answer on the I/O thread."""
-        gone = ""
-        assert self.authenticate is not None  # only a server with logins checks one
-        try:
-            principal = self.authenticate(args)
-        except errors.AuthenticationFailed as exc:  # no fault of the client's (the users are missing)
-            principal, gone = None, exc.message
-        except Exception:  # a bug in the check: the login fails, the server goes on
-            log.exception("checking a login from %s failed", conn.peer)
-            principal = None
-        self.call_soon(lambda: self._checked(conn, principal, user, gone))
-
-    def _checked(self, conn: _Conn, principal: Any, user: str, gone: str = "") -> None:
-        self._checking -= 1
-        if principal:
-            self._logged_in(conn, principal, user)
-            return
-        if gone:
-            self._refuse(conn, f"replica {_local(conn.sock)} refused the login: {gone}", hint=False)
-            return
-        self.logins.failed(conn.peer, user, time.monotonic())
-        self._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])
-        self._refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
-
-    def _logged_in(self, conn: _Conn, principal: Any, user: str) -> None:
-        conn.authed = True
-        conn.principal = principal
-        conn.max_frame = self.limits.max_frame
-        self._send(conn, {"ok": True, "result": {"user": user}})
-
-    def _busy(self, conn: _Conn, why: str) -> None:
-        """Refuse a login for the replica's sake, not the peer's credentials: ReplicaUnavailable."""
-        conn.busy = True
-        conn.close_after = True
-        self._send(conn, {"ok": False, "error": errors.ReplicaUnavailable(why).to_dict()})
-
     # -- requests -------------------------------------------------------------------------------
     def _next(self, conn: _Conn) -> None:
         """Answer the requests waiting in the connection's buffer, one at a time."""
@@ -932,9 +984,9 @@ class RpcServer:
                 self._answer_and_close(conn, f"not JSON: {str(exc)[:200]}")
                 return
             conn.busy = True
-            self._pending.discard(conn, conn.peer)
+            self._admission.pending.discard(conn, conn.peer)
             if not conn.authed:
-                self._authenticate(conn, request)
+                self._login.login(conn, request)
                 continue
             action = request.get("a") if isinstance(request, dict) else None
             args = request.get("b", {}) if isinstance(request, dict) else None
@@ -955,7 +1007,7 @@ class RpcServer:
         """A request over the frame limit: before authentication the connection is closed;
         after, the request is answered InvalidInput naming the limit and its bytes are skipped
         as they come (never buffered), so the connection goes on."""
-        self._pending.discard(conn, conn.peer)  # it sent a request, however large
+        self._admission.pending.discard(conn, conn.peer)  # it sent a request, however large
         if not conn.authed:
             self._answer_and_close(conn, f"frame of {n} bytes exceeds the limit of {conn.max_frame}")
             return
@@ -978,7 +1030,7 @@ class RpcServer:
 
     def _answer_and_close(self, conn: _Conn, why: str) -> None:
         if not conn.authed:
-            self._refuse(conn, f"replica {_local(conn.sock)} refused a request before authentication ({why})")
+            self._login.refuse(conn, f"replica {_local(conn.sock)} refused a request before authentication ({why})")
             return
         conn.busy = True
         conn.close_after = True
@@ -1289,18 +1341,19 @@ def _alive(sock: socket.socket) -> bool:
 
 
 def _peer(sock: socket.socket) -> str:
-    try:
-        host, port = sock.getpeername()[:2]
-    except (OSError, ValueError):
-        return "a peer"
-    return f"{host}:{port}"
+    return _address(sock.getpeername, "a peer")
 
 
 def _local(sock: socket.socket) -> str:
+    return _address(sock.getsockname, "(address unknown)")
+
+
+def _address(name: Callable[[], Any], unknown: str) -> str:
+    """``host:port`` of a socket's end (``name``: its getpeername or getsockname), else ``unknown``."""
     try:
-        host, port = sock.getsockname()[:2]
+        host, port = name()[:2]
     except (OSError, ValueError):
-        return "(address unknown)"
+        return unknown
     return f"{host}:{port}"
 
 

@@ -160,7 +160,7 @@ class Model:
         groups: dict[int, list[Op]] = defaultdict(list)
         for o in self.ops:
             if o.index in self.committed:
-                groups[o.csn].append(o)
+                groups[o.committed_at].append(o)
         self.csns = sorted(groups)
         self.groups = [sorted(groups[c], key=lambda o: o.index) for c in self.csns]
         self.states = [self.apply({}, initial)]
@@ -346,7 +346,7 @@ def _later_values(m: Model) -> Callable[[str, str, int], set[Any]]:
         for o in group:
             for verb, t, k, x in m.effects[o.index]:
                 if verb == "set" and m.kind(t) == "lww":
-                    csns[(t, str(k))].append(o.csn)
+                    csns[(t, str(k))].append(o.committed_at)
                     values[(t, str(k))].append(_frozen(x))
 
     def later(t: str, key: str, snapshot: int) -> set[Any]:
@@ -372,11 +372,11 @@ def _lost_updates(m: Model) -> Iterator[Finding]:
             for target in sorted(targets, key=repr):
                 touched[target].append(o)
     for (t, k, x), ops in touched.items():
-        csns = [o.csn for o in ops]
+        csns = [o.committed_at for o in ops]
         for b in ops:
-            lo = b.csn - 1 if b.snapshot is None else b.snapshot
-            for a in ops[bisect_right(csns, lo) : bisect_right(csns, b.csn)]:
-                if a.csn < b.csn or a.index < b.index:
+            lo = b.committed_at - 1 if b.snapshot is None else b.snapshot
+            for a in ops[bisect_right(csns, lo) : bisect_right(csns, b.committed_at)]:
+                if a.committed_at < b.committed_at or a.index < b.index:
                     what = f"set {t}[{k!r}]" if x is None else f"delete {x!r} from {t}[{k!r}]"
                     msg = f"op {a.index} (csn {a.csn}) and op {b.index} (snapshot {b.snapshot}, "
                     msg += f"csn {b.csn}) overlap and both {what}"
@@ -395,8 +395,8 @@ def _read_sets(m: Model) -> Iterator[Finding]:
                 by_key[key].append(o)
             for t in sorted({t for t, _ in keys}):
                 by_table[t].append(o)
-    key_csns = {k: [w.csn for w in ws] for k, ws in by_key.items()}
-    table_csns = {t: [w.csn for w in ws] for t, ws in by_table.items()}
+    key_csns = {k: [w.committed_at for w in ws] for k, ws in by_key.items()}
+    table_csns = {t: [w.committed_at for w in ws] for t, ws in by_table.items()}
     for o in m.ops:
         if (
             o.isolation != "serializable"
@@ -439,7 +439,7 @@ def _async_commits(m: Model) -> Iterator[Finding]:
             )
         if o.index in m.committed:
             before = last.get((o.process, o.replica))
-            if before is not None and before.csn > o.csn:  # one csn: one group, applied in op order
+            if before is not None and before.committed_at > o.committed_at:  # one csn: one group, applied in op order
                 yield Finding(
                     "async-order",
                     f"{_op_name(before)} committed at csn {before.csn}, "
@@ -498,9 +498,9 @@ def _finals(m: Model) -> Iterator[Finding]:
                 msg = f"replicas {e.replica} and {f.replica} differ at csn {f.csn}: "
                 yield Finding("divergence", msg + ", ".join(diff))
     for f in finals:
-        ahead = [o for o in m.ops if o.index in m.committed and o.csn > f.csn]
+        ahead = [o for o in m.ops if o.index in m.committed and o.committed_at > f.csn]
         if ahead:
-            top = max(ahead, key=lambda o: o.csn)
+            top = max(ahead, key=lambda o: o.committed_at)
             msg = f"replica {f.replica}'s final at csn {f.csn} is behind {len(ahead)} "
             msg += f"acknowledged commits up to csn {top.csn} (op {top.index})"
             yield Finding("divergence", msg, tuple(o.index for o in ahead))

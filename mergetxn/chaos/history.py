@@ -70,6 +70,13 @@ class Op:
     flushed: bool = False
     type: Literal["op"] = field(default="op", init=False)
 
+    @property
+    def committed_at(self) -> int:
+        """The csn of a committed op (the checker reads it only of those); ValueError otherwise."""
+        if self.csn is None:
+            raise ValueError(f"op {self.index} has no csn: it is {self.outcome}")
+        return self.csn
+
 
 @dataclass
 class Fault:
@@ -123,10 +130,11 @@ class History:
 
     def records(self) -> Iterator[dict]:
         yield asdict(self.header)
-        for rec in sorted([*self.ops, *self.faults], key=lambda r: r.end):
+        timed: list[Op | Fault] = [*self.ops, *self.faults]
+        for rec in sorted(timed, key=lambda r: r.end):
             yield asdict(rec)
-        for rec in self.finals:
-            yield asdict(rec)
+        for final in self.finals:
+            yield asdict(final)
 
     def write(self, path: Path) -> None:
         with open(path, "w") as f:
@@ -135,16 +143,27 @@ class History:
 
     @classmethod
     def from_records(cls, records: Iterable[dict]) -> History:
-        kinds = {"header": Header, "op": Op, "fault": Fault, "final": Final}
-        header, ops, faults, finals = None, [], [], []
+        kinds: dict[str, type[Header | Op | Fault | Final]] = {
+            "header": Header,
+            "op": Op,
+            "fault": Fault,
+            "final": Final,
+        }
+        header: Header | None = None
+        ops: list[Op] = []
+        faults: list[Fault] = []
+        finals: list[Final] = []
         for rec in records:
             rec = dict(rec)
-            kind = rec.pop("type")
-            obj = kinds[kind](**rec)
-            if kind == "header":
+            obj = kinds[rec.pop("type")](**rec)
+            if isinstance(obj, Header):
                 header = obj
+            elif isinstance(obj, Op):
+                ops.append(obj)
+            elif isinstance(obj, Fault):
+                faults.append(obj)
             else:
-                {"op": ops, "fault": faults, "final": finals}[kind].append(obj)
+                finals.append(obj)
         if header is None:
             raise ValueError("a history starts with a header record")
         return cls(header, ops, faults, finals)

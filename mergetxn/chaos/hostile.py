@@ -52,7 +52,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
+from coordinator.api.client import Client, Transaction
 from coordinator.core import retries
 from coordinator.core.errors import (
     AuthenticationFailed,
@@ -136,7 +136,16 @@ class Hostile(threading.Thread):
         """One round of attacks in a random order: every kind comes once a round, so a short run
         under faults still tries each (denied calls, when secured, open the round: they need the
         replica up and a round's idle connections may take seconds)."""
-        attacks = [self.junk, self.junk, self.junk, self.idle, self.forged, self.lies, self.huge_partition, self.flood]
+        attacks: list[Callable[[str], None]] = [
+            self.junk,
+            self.junk,
+            self.junk,
+            self.idle,
+            self.forged,
+            self.lies,
+            self.huge_partition,
+            self.flood,
+        ]
         self.rng.shuffle(attacks)
         if self.admin is not None:
             attacks = [self.denied, self.denied, self.others_ids] + attacks
@@ -163,7 +172,7 @@ class Hostile(threading.Thread):
         """A TLS connection on which the lane's reader has logged in (None: not now)."""
         reader = self.users.get("reader")
         sock = self._connect(address, tls=True) if reader is not None else None
-        if sock is None:
+        if sock is None or reader is None:
             return None
         try:
             sock.sendall(frame({"a": "auth", "b": reader.auth_request()}))
@@ -436,7 +445,9 @@ class Hostile(threading.Thread):
         other = self.rng.choice(others)
         row = pa.table({"id": [self.rng.randrange(1 << 40)]}, schema=LANE_SCHEMA)
 
-        def in_transaction(statement: Callable[[object], object], then_read: bool = False) -> Callable[[Client], None]:
+        def in_transaction(
+            statement: Callable[[Transaction], object], then_read: bool = False
+        ) -> Callable[[Client], None]:
             def call(c: Client) -> None:
                 tx = c.begin()
                 try:

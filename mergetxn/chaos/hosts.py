@@ -70,6 +70,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -82,6 +83,7 @@ from coordinator.wire.security import (
     ADMIN_FILE,
     ENV_CREDENTIALS,
     REPLICA_FILE,
+    Credentials,
     make_cluster_credentials,
     zk_client_args,
     zk_tls_context,
@@ -482,10 +484,10 @@ def _cleanup(prefix: str, workdir: Path | None, namespaces: bool) -> list[str]:
     removed: list[str] = []
     if namespaces:
         for ns in _namespaces(prefix):
-            for pid in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
+            for text in _run(["ip", "netns", "pids", ns], check=False).stdout.split():
                 with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), signal.SIGKILL)
-                    removed.append(f"process {pid} in {ns}")
+                    os.kill(int(text), signal.SIGKILL)
+                    removed.append(f"process {text} in {ns}")
     for pid, owner in _owner_processes(prefix):
         if owner != os.getpid() and not _pid_alive(owner):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -500,9 +502,9 @@ def _cleanup(prefix: str, workdir: Path | None, namespaces: bool) -> list[str]:
             if _run(["ip", "link", "delete", link], check=False).returncode == 0:
                 removed.append(f"link {link}")
     for source, point in _mounts(prefix, workdir):
-        owner = _mount_owner(source, prefix)
+        holder = _mount_owner(source, prefix)
         under = workdir is not None and (point + "/").startswith(str(workdir) + "/")
-        if under or owner is None or (owner != os.getpid() and not _pid_alive(owner)):
+        if under or holder is None or (holder != os.getpid() and not _pid_alive(holder)):
             if _run(["umount", "-l", point], check=False).returncode == 0:
                 removed.append(f"tmpfs {point}")
     if removed:
@@ -602,7 +604,7 @@ class _Cluster:
         self.zk_tick_ms = zk_tick_ms
         self.wal_tmpfs = wal_tmpfs
         self.secure = bool(secure)
-        self._replica_credentials = None  # the replicas' identity once made (secure only)
+        self._replica_credentials: Credentials | None = None  # the replicas' identity once made (secure only)
         self.owner = f"{PREFIX}:{os.getpid()}"
         self.timings: dict[str, float] = {}
         self._zk = [_Proc(f"ZooKeeper member {i + 1} (h{i + 1})", self.host_dir(i) / "zk.out") for i in range(hosts)]
@@ -827,12 +829,17 @@ class _Cluster:
     def start_zk(self, i: int, timeout: float = 60.0) -> None:
         """(Re)start host i's member on its data; returns once it serves (has a quorum)."""
         i = self._index(i)
-        began = time.monotonic()
-        if not self._zk[i].running:
-            self._spawn_zk(i)
-        self._wait_zk(i, timeout)
-        self.timings["start_zk"] = time.monotonic() - began
+        self._restart("start_zk", self._zk[i].running, partial(self._spawn_zk, i), partial(self._wait_zk, i, timeout))
         log.info("ZooKeeper member %d serves again after %.1f s", i + 1, self.timings["start_zk"])
+
+    def _restart(self, what: str, running: bool, spawn: Callable[[], None], wait: Callable[[], None]) -> None:
+        """Spawn a process unless ``running``, then ``wait`` until it serves; the time it took
+        is ``timings[what]``."""
+        began = time.monotonic()
+        if not running:
+            spawn()
+        wait()
+        self.timings[what] = time.monotonic() - began
 
     def zk_running(self, i: int) -> bool:
         return self._zk[self._index(i)].running
@@ -892,11 +899,10 @@ class _Cluster:
         """(Re)start replica i on its port, data directory and host id; returns its address
         once it serves (it printed ``READY``)."""
         i = self._index(i)
-        began = time.monotonic()
-        if not self._replicas[i].running:
-            self._spawn_replica(i)
-        self._wait_replica(i, timeout)
-        self.timings["start_replica"] = time.monotonic() - began
+        running = self._replicas[i].running
+        self._restart(
+            "start_replica", running, partial(self._spawn_replica, i), partial(self._wait_replica, i, timeout)
+        )
         log.info("replica r%d serves after %.1f s", i + 1, self.timings["start_replica"])
         return self.replica_addresses[i]
 
@@ -976,7 +982,7 @@ class _Cluster:
     def alive_path(self, i: int) -> str:
         """Replica i's ephemeral alive node: it lives exactly as long as the replica's session."""
         root = self.replica_settings.get("root", SETTINGS["root"].default)
-        return CsnLog(None, root).alive_path(f"r{self._index(i) + 1}")  # type: ignore[arg-type]
+        return CsnLog(None, root).alive_path(f"r{self._index(i) + 1}")
 
     def expire_session(self, i: int, recovered: bool = True, timeout: float | None = None) -> float:
         """Expire replica i's ZooKeeper session: cut it from ZooKeeper until the ensemble has
@@ -1190,7 +1196,7 @@ class NamespaceCluster(_Cluster):
     # -- nftables -------------------------------------------------------------------------------
     def _apply_rules(self, i: int) -> None:
         """Replace host i's table ``inet mtx`` with the rules in force, in one transaction."""
-        chains = {"input": [], "output": []}
+        chains: dict[str, list[str]] = {"input": [], "output": []}
         for _, chain, rule in self._rules[i]:
             chains[chain].append(rule)
         body = "\n".join(

@@ -24,6 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 import pyarrow as pa
@@ -32,7 +33,7 @@ from coordinator.api.client import Client
 from coordinator.core import retries
 from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
-from mergetxn.chaos.plan import Plan
+from mergetxn.chaos.plan import Plan, doing
 from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
 
 HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
@@ -329,8 +330,8 @@ class Nemesis:
                 kind,
                 self.replica_names[i],
                 frozenset({f"replica{i}"}) | extra,
-                (lambda i=i: inject(i)),
-                (lambda i=i: heal(i)),
+                partial(inject, i),
+                partial(heal, i),
                 i,
             )
             for i in range(self.cluster.hosts)
@@ -379,8 +380,8 @@ class Nemesis:
                 "kill-zk",
                 f"zk@{hname}",
                 frozenset({"zk"}),
-                (lambda i=i: (c.kill_zk(i), "SIGKILL")[1]),
-                (lambda i=i: c.start_zk(i)),
+                doing(c.kill_zk, i, said="SIGKILL"),
+                partial(c.start_zk, i),
             )
             for i, hname in enumerate(self._host_names())
         ]
@@ -413,7 +414,7 @@ class Nemesis:
                 "isolate",
                 hname,
                 frozenset({"net", "zk", f"replica{i}"}),
-                (lambda i=i: (c.isolate(i), "host cut from every other host")[1]),
+                doing(c.isolate, i, said="host cut from every other host"),
                 c.heal,
             )
             for i, hname in enumerate(self._host_names())
@@ -446,7 +447,7 @@ class Nemesis:
                 "cut-from-zk",
                 self.replica_names[i],
                 frozenset({"net", f"replica{i}"}),
-                (lambda i=i: (c.cut_from_zk(i), "replica cut from every ZooKeeper member")[1]),
+                doing(c.cut_from_zk, i, said="replica cut from every ZooKeeper member"),
                 c.heal,
             )
             for i in range(self.cluster.hosts)
@@ -477,10 +478,10 @@ class Nemesis:
         for i, hname in enumerate(self._host_names()):
             delay, loss = rng.choice([50, 100, 200, 300]), rng.choice([0, 1, 5, 10])
             if delays:
-                inject = lambda i=i, d=delay, p=loss: (c.slow(i, d, p), f"{d} ms delay, {p}% loss")[1]  # noqa: E731
+                inject = doing(c.slow, i, delay, loss, said=f"{delay} ms delay, {loss}% loss")
             else:
                 loss = rng.choice([5, 10, 20, 30])
-                inject = lambda i=i, p=loss: (c.lossy(i, p), f"{p}% loss (no delay: no netem here)")[1]  # noqa: E731
+                inject = doing(c.lossy, i, loss, said=f"{loss}% loss (no delay: no netem here)")
             out.append(Plan("slow", hname, frozenset({"net", "zk"}), inject, c.heal))
         return out
 

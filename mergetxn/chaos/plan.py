@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -17,3 +18,13 @@ class Plan:
     inject: Callable[[], str]  # returns a detail
     heal: Callable[[], None]
     replica: int | None = None  # the replica it faults, if one
+
+
+def doing(act: Callable[..., object], *args: Any, said: str) -> Callable[[], str]:
+    """An ``inject`` that calls ``act(*args)`` and returns ``said``, its detail."""
+
+    def inject() -> str:
+        act(*args)
+        return said
+
+    return inject

@@ -29,10 +29,76 @@ import socket
 import struct
 import threading
 import time
+from typing import Self
 
 log = logging.getLogger(__name__)
 
 CHUNK = 65536
+
+
+def close_quietly(sock: socket.socket | None, reset: bool = False) -> None:
+    """Close ``sock`` (None: nothing), whatever it says: with RST when ``reset`` (as a dropped
+    connection looks), else after shutting it down both ways."""
+    if sock is None:
+        return
+    with contextlib.suppress(OSError):
+        if reset:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        else:
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock.close()
+
+
+class Listening:
+    """What both fault proxies are (this TCP one and ``mergetxn.chaos.s3.S3FaultProxy``): a
+    socket listening on ``listen_host`` (a free port unless ``listen_port``) in front of
+    ``upstream`` (``host:port``), and a thread accepting connections until :meth:`stop`, each
+    handed to :meth:`_take`. Used as a context manager, it is started and stopped."""
+
+    def __init__(self, upstream: str, listen_host: str, listen_port: int, name: str) -> None:
+        host, _, port = upstream.rpartition(":")
+        self.upstream = (host, int(port))
+        self.name = name
+        self._listener = socket.create_server((listen_host, listen_port))
+        self.host = listen_host
+        self.port: int = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` to give a client in place of the upstream address."""
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> Self:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening (subclasses end their connections too). Idempotent."""
+        self._stopped.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _accept_loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            self._take(client)
+
+    def _take(self, client: socket.socket) -> None:
+        """A connection accepted: serve it (or refuse it)."""
+        raise NotImplementedError
 
 
 class Relay:
@@ -129,19 +195,13 @@ class Relay:
             if self._closed:
                 return
             self._closed = True
-            socks = [s for s in (self.client, self.server) if s is not None]
+            socks = [self.client, self.server]
         for s in socks:
-            with contextlib.suppress(OSError):
-                if reset:
-                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                else:
-                    s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
+            close_quietly(s, reset)
         self.proxy._forget(self)
 
 
-class TcpProxy:
+class TcpProxy(Listening):
     """A threaded TCP proxy listening on ``listen_host`` (a free port unless ``listen_port``)
     in front of ``upstream`` (``host:port``). Thread-safe; every fault knob may change while
     connections are open."""
@@ -149,25 +209,14 @@ class TcpProxy:
     relay_class: type[Relay] = Relay
 
     def __init__(
-        self,
-        upstream: str,
-        listen_host: str = "127.0.0.1",
-        listen_port: int = 0,
-        name: str = "tcpproxy",
+        self, upstream: str, listen_host: str = "127.0.0.1", listen_port: int = 0, name: str = "tcpproxy"
     ) -> None:
-        host, _, port = upstream.rpartition(":")
-        self.upstream = (host, int(port))
-        self.name = name
-        self._listener = socket.create_server((listen_host, listen_port))
-        self.host = listen_host
-        self.port: int = self._listener.getsockname()[1]
+        super().__init__(upstream, listen_host, listen_port, name)
         self._relays: set[Relay] = set()
         self._held: list[socket.socket] = []  # accepted during a hanging block
-        self._lock = threading.Lock()
         self._flowing = threading.Event()
         self._flowing.set()
         self._refusing = False
-        self._stopped = threading.Event()
         self.accepted = 0
         #: seconds added to every chunk, each way
         self.delay = 0.0
@@ -176,31 +225,13 @@ class TcpProxy:
         self.loss_penalty = 0.2
         #: probability that a chunk resets its connection
         self.drop = 0.0
-        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
-
-    @property
-    def address(self) -> str:
-        """``host:port`` to give a client in place of the upstream address."""
-        return f"{self.host}:{self.port}"
-
-    def start(self) -> TcpProxy:
-        self._thread.start()
-        return self
 
     def stop(self) -> None:
         """Stop listening and close every connection. Idempotent."""
-        self._stopped.set()
         self._flowing.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        super().stop()
         self.drop_all()
         self._release_held(close=True)
-
-    def __enter__(self) -> TcpProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- faults --------------------------------------------------------------------------------
     @property
@@ -268,18 +299,13 @@ class TcpProxy:
             self.accepted += 1
         relay.start()
 
-    def _accept_loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self._refusing:
-                client.close()
-                continue
-            with self._lock:
-                hold = not self._flowing.is_set()
-                if hold:
-                    self._held.append(client)
-            if not hold:
-                self._relay(client)
+    def _take(self, client: socket.socket) -> None:
+        if self._refusing:
+            client.close()
+            return
+        with self._lock:
+            hold = not self._flowing.is_set()
+            if hold:
+                self._held.append(client)
+        if not hold:
+            self._relay(client)

@@ -400,7 +400,7 @@ def _svg_lanes(fr: _Frame, ops: list[Op], lanes: list[int]) -> list[str]:
     """A lane per client, named, and a bar per transaction coloured by its outcome."""
     esc = html.escape
     svg: list[str] = []
-    workload_of = {}
+    workload_of: dict[int, str] = {}
     for o in ops:
         workload_of.setdefault(o.process, o.workload)
     for n, p in enumerate(lanes):

@@ -35,6 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +224,10 @@ class SingleHostCluster:
         zk = self._local.zk
         pids = [
             p
-            for p in [zk.pid if zk is not None else None, *(self._local.replica_pid(i) for i in range(self.hosts))]
+            for p in [
+                getattr(zk, "pid", None),  # an external ZooKeeper runs no process here
+                *(self._local.replica_pid(i) for i in range(self.hosts)),
+            ]
             if p
         ]
         (self.workdir / PIDS_FILE).write_text(json.dumps(pids))
@@ -322,17 +326,12 @@ def open_cluster(
         return SingleHostCluster(workdir, 3, session_timeout, settings, storage_url, secure=secure)
     from mergetxn.chaos import hosts
 
-    if form == "auto":
-        return hosts.make_cluster(
-            workdir,
-            hosts=3,
-            session_timeout=session_timeout,
-            replica_settings=settings,
-            storage_url=storage_url,
-            secure=secure,
-        )
-    cls = hosts.NamespaceCluster if form == "namespaces" else hosts.LoopbackCluster
-    return cls(
+    make: Callable[..., Any] = {
+        "auto": hosts.make_cluster,
+        "namespaces": hosts.NamespaceCluster,
+        "loopback": hosts.LoopbackCluster,
+    }[form]
+    return make(
         workdir,
         hosts=3,
         session_timeout=session_timeout,
@@ -569,13 +568,13 @@ def heal_everything(cluster: Any, names: list[str]) -> list[str]:
         attempt("heal the network", cluster.heal)
     for i in range(cluster.hosts):
         if "kill_zk" in supported and not getattr(cluster, "zk_running", lambda i: False)(i):
-            attempt(f"start ZooKeeper member {i}", lambda i=i: cluster.start_zk(i))
+            attempt(f"start ZooKeeper member {i}", partial(cluster.start_zk, i))
         if "fill_wal_disk" in supported:
-            attempt(f"free {names[i]}'s WAL disk", lambda i=i: cluster.free_wal_disk(i))
+            attempt(f"free {names[i]}'s WAL disk", partial(cluster.free_wal_disk, i))
         if "pause_replica" in supported:
-            attempt(f"resume {names[i]}", lambda i=i: cluster.resume_replica(i))
+            attempt(f"resume {names[i]}", partial(cluster.resume_replica, i))
         if not cluster.replica_running(i):
-            attempt(f"start {names[i]}", lambda i=i: cluster.start_replica(i))
+            attempt(f"start {names[i]}", partial(cluster.start_replica, i))
     return problems
 
 

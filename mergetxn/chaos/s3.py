@@ -37,7 +37,6 @@ import random
 import secrets
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mergetxn.chaos.plan import Plan
+from mergetxn.chaos.proxy import Listening, close_quietly
 
 log = logging.getLogger(__name__)
 
@@ -346,17 +346,8 @@ class _Conn:
             if self.closed.is_set():
                 return
             self.closed.set()
-        if reset:
-            with contextlib.suppress(OSError):
-                self.client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        for s in (self.client, self.upstream):
-            if s is None:
-                continue
-            with contextlib.suppress(OSError):
-                if not reset:
-                    s.shutdown(socket.SHUT_RDWR)
-            with contextlib.suppress(OSError):
-                s.close()
+        close_quietly(self.client, reset)
+        close_quietly(self.upstream)  # S3's own end: never reset
         self.proxy._forget(self)
 
 
@@ -367,7 +358,7 @@ def _status(head: _Head) -> int:
         raise _Closed(f"bad status line {head.start!r}") from None
 
 
-class S3FaultProxy:
+class S3FaultProxy(Listening):
     """A threaded HTTP/1.1 proxy in front of an S3 endpoint (``host:port``) that can answer
     requests with S3 errors itself and stall others (see the module doc). Thread-safe: the
     faults may change while requests are under way. ``seed`` makes its choices repeatable for
@@ -381,54 +372,30 @@ class S3FaultProxy:
         name: str = "s3proxy",
         seed: int | None = None,
     ) -> None:
-        host, _, port = upstream.rpartition(":")
-        self.upstream = (host, int(port))
-        self.name = name
-        self._listener = socket.create_server((listen_host, listen_port))
-        self.host = listen_host
-        self.port: int = self._listener.getsockname()[1]
+        super().__init__(upstream, listen_host, listen_port, name)
         self._rng = random.Random(seed)
-        self._lock = threading.Lock()
         self._conns: set[_Conn] = set()
         self._healed = threading.Event()
         self._healed.set()
-        self._stopped = threading.Event()
         self.error_fraction = 0.0
         self.error_codes: tuple[str, ...] = tuple(ERRORS)
         self.stall_fraction = 0.0
         self.stall_fates: tuple[str, ...] = STALL_FATES
         self.counts: Counter[str] = Counter()
-        self._thread = threading.Thread(target=self._accept_loop, name=f"{name}-accept", daemon=True)
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
         """The endpoint URL to give S3 clients in place of the upstream's."""
         return f"http://{self.address}"
 
-    def start(self) -> S3FaultProxy:
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
         """Stop listening, release every stalled request and close every connection."""
-        self._stopped.set()
         self._healed.set()
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        super().stop()
         with self._lock:
             conns = list(self._conns)
         for c in conns:
             c.close(reset=True)
-
-    def __enter__(self) -> S3FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # -- faults -------------------------------------------------------------------------------
     def errors(self, fraction: float, codes: tuple[str, ...] | None = None) -> None:
@@ -505,18 +472,13 @@ class S3FaultProxy:
         with self._lock:
             self._conns.discard(conn)
 
-    def _accept_loop(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            with contextlib.suppress(OSError):
-                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn = _Conn(self, client)
-            with self._lock:
-                self._conns.add(conn)
-            threading.Thread(target=conn.serve, name=f"{self.name}-conn", daemon=True).start()
+    def _take(self, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(self, client)
+        with self._lock:
+            self._conns.add(conn)
+        threading.Thread(target=conn.serve, name=f"{self.name}-conn", daemon=True).start()
 
 
 # -- moto's server, the bucket, the environment -----------------------------------------------------

@@ -180,7 +180,8 @@ class SparkStandalone:
     def _argv(self, i: int, main_class: str, args: list[str]) -> list[str]:
         conf = _log4j2(self.workdir / f"log4j2-{i}.properties", self.log_path(i))
         env = [f"{k}={v}" for k, v in sorted(self._env(i).items()) if k != "PWD"]
-        prefix = ["ip", "netns", "exec", self.netns[i]] if self.netns[i] else []
+        ns = self.netns[i]
+        prefix = ["ip", "netns", "exec", ns] if ns else []
         # `env` puts the environment on the command line: the process is started by
         # mergetxn.local.zkserver's process holder (own process group, a watchdog tied to this
         # interpreter), which passes its own environment on.

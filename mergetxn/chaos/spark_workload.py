@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from coordinator.api.client import Client, Transaction
 from coordinator.core import errors
 from mergetxn.chaos.history import Op, TableKind
+from mergetxn.chaos.workloads import roll_back
 
 NAME = "spark"
 TABLE = "sp0"
@@ -82,6 +83,10 @@ class Recorder(Protocol):
     def element(self) -> int: ...
 
     def add(self, **fields: Any) -> Op: ...
+
+    def ended(self, base: dict[str, Any], mops: list[list[Any]], outcome: str, **more: Any) -> Op: ...
+
+    def not_begun(self, base: dict[str, Any], exc: BaseException, message: str) -> Op: ...
 
 
 # -- executor side ------------------------------------------------------------------------------
@@ -283,7 +288,7 @@ class SparkWorkload:
             )
         base |= {"tid": began["txn"], "snapshot": began["snapshot"]}
         if done is not None:
-            return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=done["csn"])
+            return rec.ended(base, mops, "committed", csn=done["csn"])
         name = error_name(error) if error else "NoOutcome"
         message = _message(error) if error else "the job returned without a committed trace"
         # The job failed (or its trace lost the commit): ask the replica what became of it.
@@ -297,30 +302,27 @@ class SparkWorkload:
         try:
             status = client.commit_status(tid)
         except Exception as exc:
-            return rec.add(
-                **base,
-                end=rec.now(),
-                mops=mops,
-                outcome="indeterminate",
+            return rec.ended(
+                base,
+                mops,
+                "indeterminate",
                 error=name,
                 message=f"{message}; commit_status failed: {type(exc).__name__}",
             )
         if status.status == "committed":
-            return rec.add(
-                **base,
-                end=rec.now(),
-                mops=mops,
-                outcome="committed",
+            return rec.ended(
+                base,
+                mops,
+                "committed",
                 csn=status.csn,
                 message=f"{message}; commit_status: committed",
             )
         if status.status == "aborted":
-            return rec.add(**base, end=rec.now(), mops=mops, outcome="aborted", error=name, message=message)
-        return rec.add(
-            **base,
-            end=rec.now(),
-            mops=mops,
-            outcome="indeterminate",
+            return rec.ended(base, mops, "aborted", error=name, message=message)
+        return rec.ended(
+            base,
+            mops,
+            "indeterminate",
             error=name,
             message=f"{message}; commit_status: {status.status}",
         )
@@ -333,16 +335,7 @@ class SparkWorkload:
         try:
             snapshot = client.snapshot()
         except Exception as exc:
-            return rec.add(
-                **base,
-                tid=None,
-                snapshot=None,
-                end=rec.now(),
-                mops=[],
-                outcome="aborted",
-                error=type(exc).__name__,
-                message=f"snapshot failed: {exc}"[:500],
-            )
+            return rec.not_begun(base, exc, f"snapshot failed: {exc}"[:500])
         base |= {"tid": None, "snapshot": snapshot}
         try:
             if native:
@@ -356,12 +349,10 @@ class SparkWorkload:
                 )
             rows = [(r["key"], r["elem"]) for r in df.collect()]
         except Exception as exc:
-            return rec.add(
-                **base, end=rec.now(), mops=[], outcome="aborted", error=error_name(exc), message=_message(exc)
-            )
+            return rec.ended(base, [], "aborted", error=error_name(exc), message=_message(exc))
         data = pa.table({"key": [k for k, _ in rows], "elem": [e for _, e in rows]}, schema=SCHEMA)
         mops = [["r", self.table, None, set_values(data)]]
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=snapshot)
+        return rec.ended(base, mops, "committed", csn=snapshot)
 
     def _txn(
         self,
@@ -378,37 +369,19 @@ class SparkWorkload:
         try:
             tx = client.begin()
         except Exception as exc:
-            return rec.add(
-                **base,
-                tid=None,
-                snapshot=None,
-                end=rec.now(),
-                mops=mops,
-                outcome="aborted",
-                error=type(exc).__name__,
-                message=f"begin failed: {exc}"[:500],
-            )
+            return rec.not_begun(base, exc, f"begin failed: {exc}"[:500])
         base |= {"tid": tx.id, "snapshot": tx.snapshot}
         try:
             statements(session, client, tx, rng, rec, mops)
         except Exception as exc:
-            outcome, note = _roll_back(tx)
-            return rec.add(
-                **base,
-                end=rec.now(),
-                mops=mops,
-                outcome=outcome,
-                error=error_name(exc),
-                message=f"{_message(exc)}; {note}",
-            )
+            outcome, note = roll_back(tx)
+            return rec.ended(base, mops, outcome, error=error_name(exc), message=f"{_message(exc)}; {note}")
         try:
             csn = tx.commit()
         except Exception as exc:
             outcome = "aborted" if error_name(exc) in DEFINITE else "indeterminate"
-            return rec.add(
-                **base, end=rec.now(), mops=mops, outcome=outcome, error=error_name(exc), message=_message(exc)
-            )
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
+            return rec.ended(base, mops, outcome, error=error_name(exc), message=_message(exc))
+        return rec.ended(base, mops, "committed", csn=csn)
 
     def _read_key(self, tx: Transaction, rng: random.Random, mops: list[list[Any]]) -> tuple[int, list[int]]:
         """The driver's read of one key in the transaction (recorded): the key, its elements."""
@@ -463,17 +436,6 @@ class SparkWorkload:
         keys = [rng.randrange(self.keys) for _ in range(n)]
         mops += [["append", self.table, str(k), e] for k, e in zip(keys, elems)]
         write_table(self._frame(session, keys, elems), self.table, "append", txn=tx.id, replica=client.address)
-
-
-def _roll_back(tx: Transaction) -> tuple[str, str]:
-    """Roll back after a failed statement: aborted once the replica answered, else indeterminate."""
-    try:
-        tx.rollback()
-    except (errors.ConflictError, errors.TransactionAborted, errors.InvalidInput) as exc:
-        return "aborted", f"rollback answered {type(exc).__name__}"
-    except Exception as exc:
-        return "indeterminate", f"rollback failed: {type(exc).__name__}"
-    return "aborted", "rolled back"
 
 
 class SparkWorker(threading.Thread):

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -116,6 +116,33 @@ class Recorder:
             self.ops.append(op)
         return op
 
+    def ended(self, base: dict[str, Any], mops: list[list[Any]], outcome: str, **more: Any) -> Op:
+        """The attempt ``base`` ended now with ``outcome`` after ``mops``; ``more``: its csn,
+        error or message."""
+        return self.add(**base, end=self.now(), mops=mops, outcome=outcome, **more)
+
+    def not_begun(self, base: dict[str, Any], exc: BaseException, message: str) -> Op:
+        """An attempt that failed before it had a transaction (its begin, or the snapshot it
+        reads at): aborted, with no tid and no snapshot; ``message`` says what failed."""
+        return self.add(
+            **base,
+            tid=None,
+            snapshot=None,
+            end=self.now(),
+            mops=[],
+            outcome="aborted",
+            error=type(exc).__name__,
+            message=message,
+        )
+
+
+class Modes(TypedDict, total=False):
+    """The arguments of ``Client.begin`` that a transaction sets apart from the defaults."""
+
+    isolation: str
+    atomicity: str
+    durability: str
+
 
 class Workload:
     """One workload's tables, their set-up and its transactions."""
@@ -123,7 +150,7 @@ class Workload:
     name: str = ""
     tables: dict[str, TableKind] = {}
 
-    def modes(self, rng: random.Random) -> dict[str, str]:
+    def modes(self, rng: random.Random) -> Modes:
         """The next transaction's ``begin`` arguments that differ from the defaults
         (``isolation``, ``atomicity``, ``durability``)."""
         return {}
@@ -212,34 +239,22 @@ class Keys(Workload):
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
     def create(self, client: Client) -> dict[str, dict[str, Any]]:
-        client.create_table(
-            "kv", KV_SCHEMA, partition_by=["p"], primary_key=["k", "p"], conflict_policy="keys", auto_merge=True
-        )
-        client.create_table(
-            "kvn",
-            KV_SCHEMA,
-            partition_by=["p"],
-            primary_key=["k", "p"],
-            conflict_policy="keys",
-            auto_merge=True,
-            atomicity="none",
-        )
-        client.create_table(
-            "kvg",
-            KVG_SCHEMA,
-            partition_by=["p"],
-            primary_key=["k", "p"],
-            conflict_policy="keys",
-            auto_merge=True,
-            lock_groups={"ga": ["a"], "gb": ["b"]},
-        )
+        def keys_table(name: str, schema: pa.Schema, **more: Any) -> None:
+            pk = ["k", "p"]
+            client.create_table(
+                name, schema, partition_by=["p"], primary_key=pk, conflict_policy="keys", auto_merge=True, **more
+            )
+
+        keys_table("kv", KV_SCHEMA)
+        keys_table("kvn", KV_SCHEMA, atomicity="none")
+        keys_table("kvg", KVG_SCHEMA, lock_groups={"ga": ["a"], "gb": ["b"]})
         return {}
 
-    def modes(self, rng: random.Random) -> dict[str, str]:
+    def modes(self, rng: random.Random) -> Modes:
         roll = rng.random()
         if roll < self.none:
-            return {"atomicity": "none"} | ({"durability": "async"} if rng.random() < 0.6 else {})
-        return {"isolation": "serializable"} if roll < self.none + self.serializable else {}
+            return Modes(atomicity="none", durability="async") if rng.random() < 0.6 else Modes(atomicity="none")
+        return Modes(isolation="serializable") if roll < self.none + self.serializable else Modes()
 
     def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
         if tx.atomicity == "none":
@@ -369,45 +384,25 @@ def run_transaction(
     try:
         tx = client.begin(**modes)
     except Exception as exc:  # nothing was staged: this attempt cannot commit anything
-        return rec.add(
-            **base,
-            tid=None,
-            snapshot=None,
-            end=rec.now(),
-            mops=mops,
-            outcome="aborted",
-            error=type(exc).__name__,
-            message=f"begin failed: {_message(exc)}",
-        )
+        return rec.not_begun(base, exc, f"begin failed: {_message(exc)}")
     base |= {"tid": tx.id, "snapshot": tx.snapshot}
     try:
         workload.transaction(tx, rng, mops, rec)
     except Exception as exc:
-        outcome, note = _roll_back(tx)
-        return rec.add(
-            **base,
-            end=rec.now(),
-            mops=mops,
-            outcome=outcome,
-            error=type(exc).__name__,
-            message=f"{_message(exc)}; {note}",
-        )
+        outcome, note = roll_back(tx)
+        return rec.ended(base, mops, outcome, error=type(exc).__name__, message=f"{_message(exc)}; {note}")
     try:
         csn = tx.commit()
     except DEFINITE as exc:
-        return rec.add(
-            **base, end=rec.now(), mops=mops, outcome="aborted", error=type(exc).__name__, message=_message(exc)
-        )
+        return rec.ended(base, mops, "aborted", error=type(exc).__name__, message=_message(exc))
     except Exception as exc:  # the client cannot know: resolved after the run
-        return rec.add(
-            **base, end=rec.now(), mops=mops, outcome="indeterminate", error=type(exc).__name__, message=_message(exc)
-        )
+        return rec.ended(base, mops, "indeterminate", error=type(exc).__name__, message=_message(exc))
     if csn is None:  # durability "async": queued on the replica; a flush or commit_status tells
-        return rec.add(**base, end=rec.now(), mops=mops, outcome="indeterminate", message="async commit queued")
-    return rec.add(**base, end=rec.now(), mops=mops, outcome="committed", csn=csn)
+        return rec.ended(base, mops, "indeterminate", message="async commit queued")
+    return rec.ended(base, mops, "committed", csn=csn)
 
 
-def _roll_back(tx: Transaction) -> tuple[str, str]:
+def roll_back(tx: Transaction) -> tuple[str, str]:
     """Roll back after a failed statement: aborted once the replica answered, else indeterminate."""
     try:
         tx.rollback()

@@ -50,6 +50,15 @@ KEYS_ROW_GROUP_ROWS = 8192
 # Columns of at most this many rows get their min/max in Python (:func:`_small_min_max`), larger
 # ones through pyarrow.compute, whose fixed cost per call exceeds the work on a few values.
 SMALL_STATS_ROWS = 64
+# The column types whose min and max a part records besides timestamps (column_stats).
+_STATS_KINDS = (
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_date,
+    pa.types.is_boolean,
+)
 # <table>/_staging/<txn>_<16 hex>/...: files a writer outside mergetxn (Spark's own Parquet writer,
 # spark/native.py) puts there before they become parts; cleanup treats the whole directory as one
 # unreferenced part of that transaction (replicas/cleanup.py).
@@ -97,15 +106,7 @@ def column_stats(data: pa.Table) -> dict[str, tuple[Any, Any]]:
             suffix = "+00:00" if t.tz is not None else ""
             stats[name] = (text[0].as_py() + suffix, text[1].as_py() + suffix)
             continue
-        ok = (
-            pa.types.is_integer(t)
-            or pa.types.is_floating(t)
-            or pa.types.is_string(t)
-            or pa.types.is_large_string(t)
-            or pa.types.is_date(t)
-            or pa.types.is_boolean(t)
-        )
-        if not ok:
+        if not any(is_kind(t) for is_kind in _STATS_KINDS):
             continue
         if len(col) <= SMALL_STATS_ROWS:
             found = _small_min_max(col.to_pylist())
@@ -336,12 +337,13 @@ def groups_holding(bounds: list[list[tuple[Any, Any] | None]], keys: Sequence[tu
     """The row groups (their :func:`group_bounds`) whose key statistics may hold one of ``keys``."""
     out = []
     for g, b in enumerate(bounds):
-        one = b[0] if len(b) == 1 else False  # one key column (the common case): no generator
+        single = len(b) == 1  # one key column (the common case): no generator
+        one = b[0] if single else None
         for key in keys:
             try:
-                if one is None or (
-                    one[0] <= key[0] <= one[1]
-                    if one is not False
+                if (
+                    (one is None or one[0] <= key[0] <= one[1])
+                    if single
                     else all(x is None or x[0] <= v <= x[1] for v, x in zip(key, b))
                 ):
                     out.append(g)
@@ -397,7 +399,8 @@ def _keep_footer(meta: PartMeta, ranges: dict, pk: Sequence[str], metadata: Any)
     """A footer parsed from a verified tail, checked against the part's record, cached."""
     if metadata.num_rows != meta.rows or metadata.num_row_groups != len(ranges["groups"]):
         raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
-    bounds, inside = group_bounds(metadata, pk), set()
+    bounds = group_bounds(metadata, pk)
+    inside: set[tuple[int, int, int]] = set()
     _FOOTERS.put((meta.path, meta.checksum), (metadata, bounds, ranges["tail"][0], inside))
     return metadata, bounds, inside
 

@@ -81,7 +81,9 @@ def read_all_versions(
     Whether a key occurs twice in a part, which then decodes the columns its plan holds back, is
     told once all are decoded, for all of them at once (:func:`keyfold.repeating`: ~4 ms of CPU
     less than part by part over benchmarks/keys_bench.py's 120 parts), and only those parts are read again."""
-    datas = list(pool.map(lambda mp: read_versions(storage, *mp, primary_key, repeats=False), zip(metas, plans)))
+    datas = list(
+        pool.map(lambda mp: read_versions(storage, mp[0], mp[1], primary_key, repeats=False), zip(metas, plans))
+    )
     keys = [d.column(primary_key[0]) if p.columns is not None else None for d, p in zip(datas, plans)]
     again = keyfold.repeating(plans, keys)
     for i, data in zip(again, pool.map(lambda i: read_versions(storage, metas[i], plans[i], primary_key), again)):
@@ -114,8 +116,8 @@ def read_range(storage: Storage, meta: PartMeta, column: str, lo: Any, hi: Any) 
         groups = []
         for i in range(md.num_row_groups):
             stats = md.row_group(i).column(at).statistics if at >= 0 else None
-            has = stats is not None and stats.has_min_max
-            if keyranges.may_overlap(stats.min if has else None, stats.max if has else None, lo, hi):
+            lo_g, hi_g = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
+            if keyranges.may_overlap(lo_g, hi_g, lo, hi):
                 groups.append(i)
         pieces = []
         if groups:

@@ -9,7 +9,7 @@ replacements, and says which parts it replaced.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -158,21 +158,29 @@ def compact(
     for group in choose_sources(parts, kind):
         tables = read_parts(storage, group, table=table)
         merged = pa.concat_tables(tables) if tables else pa.Table.from_pylist([], schema=table.schema)
-        out.removed.extend(m.name for m in group)
-        out.affected_rows += merged.num_rows
-        if merged.num_rows:
-            out.added.append(
-                write_part(
-                    storage,
-                    table.name,
-                    list(table.partition_by),
-                    tuple(group[0].partition),
-                    merged,
-                    tid,
-                    table.ddl_version,
-                )
-            )
+        _replace_group(out, storage, table, group, merged, tid)
     return out
+
+
+def _replace_group(
+    out: Rewrite,
+    storage: Storage,
+    table: TableDef,
+    group: list[PartMeta],
+    merged: pa.Table,
+    tid: str,
+    primary_key: Sequence[str] = (),
+) -> None:
+    """``group``'s parts compacted into one holding ``merged`` (none when it is empty)."""
+    out.removed.extend(m.name for m in group)
+    out.affected_rows += merged.num_rows
+    if merged.num_rows:
+        partition = tuple(group[0].partition)
+        out.added.append(
+            write_part(
+                storage, table.name, list(table.partition_by), partition, merged, tid, table.ddl_version, primary_key
+            )
+        )
 
 
 def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
@@ -186,8 +194,8 @@ def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
 def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[str, ...]) -> bool:
     """False when a key column's min/max statistics show ``meta`` holds no key of ``group``."""
     for col in primary_key:
-        ranges = [m.stats.get(col) for m in [meta, *group]]
-        if any(r is None or r[0] is None for r in ranges):
+        ranges = [r for r in (m.stats.get(col) for m in [meta, *group]) if r is not None and r[0] is not None]
+        if len(ranges) <= len(group):  # a part without the column's statistics
             continue
         try:
             lo, hi = min(r[0] for r in ranges[1:]), max(r[1] for r in ranges[1:])
@@ -236,21 +244,7 @@ def _compact_keys(
             [(csns[m.name], d) for m, d in zip(group, datas)],
             pa.concat_tables(seen) if seen else None,
         )
-        out.removed.extend(m.name for m in group)
-        out.affected_rows += merged.num_rows
-        if merged.num_rows:
-            out.added.append(
-                write_part(
-                    storage,
-                    table.name,
-                    list(table.partition_by),
-                    tuple(group[0].partition),
-                    merged,
-                    tid,
-                    table.ddl_version,
-                    primary_key=pk,
-                )
-            )  # its key summary: point reads prune it
+        _replace_group(out, storage, table, group, merged, tid, pk)  # its key summary: point reads prune it
     return out
 
 
@@ -274,5 +268,7 @@ def redo(
         if op.kind == "delete":
             result = delete(storage, table, current, where, tid)
         else:
-            result = update(storage, table, current, where, decode_assignments(op.assignments, table.schema), tid)
+            # an update without assignments: "" is no JSON, so CorruptMetadata as for None before
+            assignments = decode_assignments(op.assignments or "", table.schema)
+            result = update(storage, table, current, where, assignments, tid)
     return replace(op, added=tuple(result.added), removed=tuple(result.removed))

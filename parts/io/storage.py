@@ -25,11 +25,12 @@ import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from coordinator.core.errors import InvalidInput, StorageError, storage_error
 
+_T = TypeVar("_T")
 _SECRET_WORDS = ("secret", "token", "password", "passwd", "key", "credential", "session")
 _BAD_SEGMENTS = {"", ".", ".."}
 _TMP_MARK = ".tmp-"
@@ -280,6 +281,14 @@ class Storage:
     def _remote(self, relpath: str) -> str:
         return f"{self._root}/{_validate_relpath(relpath)}"
 
+    def _remote_op(self, op: str, relpath: str, call: Callable[[str], _T]) -> _T:
+        """``call`` on the remote path of ``relpath``; what it raises becomes :meth:`_fail`'s error."""
+        path = self._remote(relpath)
+        try:
+            return call(path)
+        except Exception as exc:
+            raise self._fail(op, relpath, exc) from None
+
     def _fail(self, op: str, relpath: str, exc: BaseException) -> OSError:
         if isinstance(exc, FileNotFoundError):
             return FileNotFoundError(f"storage {self._safe_url}: {relpath!r} does not exist")
@@ -312,11 +321,8 @@ class Storage:
             except OSError as exc:  # disk full, read-only, no permission: say which and where
                 raise storage_error(exc, "put", relpath, self._safe_url) from None
             return
-        path = self._remote(relpath)
-        try:
-            self._fs.pipe_file(path, bytes(data))
-        except Exception as exc:
-            raise self._fail("put", relpath, exc) from None
+        fs = self._fs
+        self._remote_op("put", relpath, lambda path: fs.pipe_file(path, bytes(data)))
 
     def _put_local(self, path: str, data: bytes | bytearray | memoryview, durable: bool, fresh: bool) -> None:
         directory = os.path.dirname(path)
@@ -381,11 +387,7 @@ class Storage:
         if self._fs is None:
             with open(self._local(relpath), "rb") as f:
                 return f.read()
-        path = self._remote(relpath)
-        try:
-            return self._fs.cat_file(path)
-        except Exception as exc:
-            raise self._fail("get", relpath, exc) from None
+        return self._remote_op("get", relpath, self._fs.cat_file)
 
     def get_ranges(self, relpath: str, ranges: list[tuple[int, int]]) -> list[bytes]:
         """The bytes of each ``(offset, length)`` of a file, from one open of it (a point read
@@ -532,22 +534,13 @@ class Storage:
         """Last modification time in epoch seconds (garbage collection grace periods)."""
         if self._fs is None:
             return os.stat(self._local(relpath)).st_mtime
-        path = self._remote(relpath)
-        try:
-            modified = self._fs.modified(path)
-        except Exception as exc:
-            raise self._fail("mtime", relpath, exc) from None
-        return _epoch(modified)
+        return _epoch(self._remote_op("mtime", relpath, self._fs.modified))
 
     def size(self, relpath: str) -> int:
         """Size in bytes."""
         if self._fs is None:
             return os.stat(self._local(relpath)).st_size
-        path = self._remote(relpath)
-        try:
-            return int(self._fs.size(path))
-        except Exception as exc:
-            raise self._fail("size", relpath, exc) from None
+        return int(self._remote_op("size", relpath, self._fs.size))
 
 
 def _epoch(modified: Any) -> float:

@@ -10,7 +10,6 @@ per process); each test uses its own table.
 
 from __future__ import annotations
 
-import itertools
 import os
 import random
 import subprocess
@@ -20,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
@@ -31,32 +29,9 @@ from mergetxn.chaos.checker import check, describe
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.spark_cluster import MARKER, SparkStandalone, _processes, cleanup_spark
 from mergetxn.chaos.spark_workload import SparkWorker, SparkWorkload, set_values
+from mergetxn.chaos.workloads import Recorder
 
 pytestmark = pytest.mark.slow
-
-
-class Recorder:
-    """The run's clock, op numbers, element counter and ops (as the chaos runner's)."""
-
-    def __init__(self) -> None:
-        self.t0 = time.monotonic()
-        self._lock = threading.Lock()
-        self._index = itertools.count()
-        self._element = itertools.count(1)
-        self.ops: list[Op] = []
-
-    def now(self) -> float:
-        return round(time.monotonic() - self.t0, 4)
-
-    def element(self) -> int:
-        with self._lock:
-            return next(self._element)
-
-    def add(self, **fields: Any) -> Op:
-        with self._lock:
-            op = Op(index=next(self._index), **fields)
-            self.ops.append(op)
-        return op
 
 
 def finals(clients: list[Client], table: str, ops: list[Op]) -> list[Final]:

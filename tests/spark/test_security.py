@@ -139,10 +139,10 @@ def test_the_right_credentials_get_answers_large_ones_whole(secured: RpcServer, 
         other = threading.Thread(target=client.call, args=("echo", {"n": 3}))  # a connection of its own
         other.start()
         other.join(10)
-        assert poll(lambda: len(secured._conns) == 2, timeout=10)
+        assert poll(lambda: secured.connections == 2, timeout=10)
     finally:
         client.close()
-    assert poll(lambda: not secured._conns, timeout=10)  # close() closed every thread's TLS connection
+    assert poll(lambda: not secured.connections, timeout=10)  # close() closed every thread's TLS connection
 
 
 def test_concurrent_authenticated_clients_each_get_their_own_answers(secured: RpcServer, made: Credentials) -> None:
@@ -248,7 +248,7 @@ def test_a_connection_that_never_authenticates_is_closed(secured: RpcServer, mad
         assert rfile.read(1) == b""
     client = RpcClient(address(secured), 10, made.client())  # authenticated ones stay
     assert client.call("echo", {"n": 1}) == ["echo", 1]
-    assert poll(lambda: len(secured._conns) == 1, timeout=10)
+    assert poll(lambda: secured.connections == 1, timeout=10)
     client.close()
 
 
