@@ -52,7 +52,6 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
 from coordinator.core import retries
 from coordinator.core.errors import (
     AuthenticationFailed,
@@ -62,6 +61,7 @@ from coordinator.core.errors import (
 )
 from coordinator.wire.rpc import frame
 from coordinator.wire.security import Credentials
+from mergetxn.client.client import Client
 from parts.io.format import new_part_name, write_part
 from parts.model.meta import PartMeta
 

@@ -52,9 +52,9 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.api.client import Client, Transaction
 from coordinator.core import errors
 from mergetxn.chaos.history import Op, TableKind
+from mergetxn.client.client import Client, Transaction
 
 NAME = "spark"
 TABLE = "sp0"

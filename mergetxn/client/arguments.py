@@ -1,6 +1,6 @@
 """The public API's arguments, checked before a call does anything.
 
-Every public method of :class:`coordinator.api.client.Client` and ``Transaction`` is wrapped by
+Every public method of :class:`mergetxn.client.client.Client` and ``Transaction`` is wrapped by
 :func:`checked_methods`: each argument a caller passed is checked by the rule for its parameter's
 name (the same name means the same kind of value across the API: ``table`` is a table name,
 ``snapshot`` a CSN, ``where`` an expression), so a wrong type or value is ``InvalidInput`` naming

@@ -24,8 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from coordinator.api.arguments import checked, checked_methods
-from coordinator.api.heartbeat import Heartbeat
 from coordinator.core import errors, keyfold, keypoint, keyranges, keytables, retries
 from coordinator.core.conflicts import Policy, check_app_version
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, TransactionAborted, quote
@@ -63,6 +61,8 @@ from coordinator.model.users import check_name as check_user_name
 from coordinator.wire import protocol, security
 from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
+from mergetxn.client.arguments import checked, checked_methods
+from mergetxn.client.heartbeat import Heartbeat
 from parts.io import keyscan, rewrite
 from parts.io.dataset import snapshot_dataset, table_dataset
 from parts.io.format import delete_part, read_part, write_part
@@ -148,7 +148,7 @@ class Client:
         self._tables: dict[str, tuple[TableDef, int]] = {}
         # Async commits (durability="async") of this client: the replica records them under this
         # session; flush() accounts for each one made since the last flush (see flush).
-        # The session also holds this client's transactions: see coordinator/api/heartbeat.py.
+        # The session also holds this client's transactions: see mergetxn/client/heartbeat.py.
         self.session = uuid.uuid4().hex
         self._heartbeat = Heartbeat(self._rpc, self.session)
         weakref.finalize(self, self._heartbeat.close)
@@ -415,7 +415,7 @@ class Client:
         coordinator/model/atomicity.py and replicas/async_commits.py.
 
         The transaction belongs to this client's session, which the client keeps alive while it
-        holds it (coordinator/api/heartbeat.py): once this process dies, stands still or is cut off
+        holds it (mergetxn/client/heartbeat.py): once this process dies, stands still or is cut off
         for the replica's ``client_session_timeout``, the replica aborts it. ``detached=True``:
         no session holds it (a Spark job hands its transaction from the process that began it to
         the one that commits it); only its time limit (``txn_max_seconds``) ends it then.
@@ -1079,7 +1079,7 @@ class Client:
 
     def _status_anywhere(self, tid: str) -> CommitStatus:
         """``commit_status`` from this client's replica or, when it does not answer (it died or
-        stands still), from another live replica (learnt beforehand: coordinator/api/heartbeat.py),
+        stands still), from another live replica (learnt beforehand: mergetxn/client/heartbeat.py),
         which decides the outcome once the owner is gone. Each question waits OUTCOME_ASK."""
         try:
             return CommitStatus.from_dict(self._rpc.call("commit_status", {"tid": tid}, timeout=OUTCOME_ASK))

@@ -1,7 +1,7 @@
 """A client's session kept alive (replicas/sessions.py has the replica's side).
 
 A transaction belongs to the session of the client that began it; the replica aborts it once
-the session goes unheard for ``client_session_timeout``. While a :class:`coordinator.api.client.Client`
+the session goes unheard for ``client_session_timeout``. While a :class:`mergetxn.client.client.Client`
 holds transactions, :class:`Heartbeat` sends ``heartbeat`` with the session id every third of
 that timeout from a daemon thread with its own connection: a long call on another thread's
 connection, or a reconnection after a blip, does not silence the session, while a process that
@@ -9,7 +9,7 @@ died or stands still (SIGSTOP) is silent, which is the point.
 
 The client learns the addresses of the cluster's other live replicas (``peers``) when it
 connects, and the same thread again every :data:`PEERS_EVERY` seconds while it beats: a commit
-whose replica died before answering asks one of them for its outcome (coordinator/api/client.py,
+whose replica died before answering asks one of them for its outcome (mergetxn/client/client.py,
 ``Transaction._outcome``), and a call to a replica that stopped answering names them in its
 error; the replica is dead by then, so it is asked beforehand, off the commit's path.
 
@@ -105,7 +105,7 @@ class Heartbeat:
     def learn_peers(self, timeout: float | None = None) -> None:
         """Ask the replica for :attr:`peers` unless it was asked in the last PEERS_EVERY seconds;
         a failure leaves them as they were. The client asks once when it connects (a call to a
-        replica that stopped answering names them: coordinator/api/client.py, ``Client.call``)."""
+        replica that stopped answering names them: mergetxn/client/client.py, ``Client.call``)."""
         now = time.monotonic()
         if self._peers_at is not None and now - self._peers_at < PEERS_EVERY:
             return

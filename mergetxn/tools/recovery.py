@@ -47,12 +47,12 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
 from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, MergetxnError, quote
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
+from mergetxn.client.client import Client
 from parts.io import rewrite
 from parts.io.format import checksum_of, read_part, verify_file
 from parts.io.storage import Storage
