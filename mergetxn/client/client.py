@@ -35,7 +35,6 @@ from coordinator.core.tabledata import (
     apply_update,
     assignments,
     check_expression,
-    conform,
     encode_assignments,
     encode_expression,
     json_scalar,
@@ -65,8 +64,9 @@ from mergetxn.client.arguments import checked, checked_methods
 from mergetxn.client.heartbeat import Heartbeat
 from parts.io import keyscan, rewrite
 from parts.io.dataset import snapshot_dataset, table_dataset
-from parts.io.format import delete_part, read_part, write_part
+from parts.io.format import delete_part, read_part
 from parts.io.storage import Storage
+from parts.io.write import write_data
 from parts.model.meta import PartMeta
 
 CALL_TIMEOUT = 30.0  # seconds an ordinary call waits for its answer (connect(timeout=...))
@@ -173,11 +173,6 @@ class Client:
         self.max_partition_value_bytes: int = (
             bound if type(bound) is int and bound > 0 else DEFAULT_PARTITION_VALUE_BYTES
         )
-
-    def _split(self, data: pa.Table, tdef: TableDef) -> list[tuple[tuple, pa.Table]]:
-        """``data``'s rows by partition, a value over the replica's bound refused first (nothing
-        written yet: InvalidInput naming the column and the limit)."""
-        return split_by_partition(data, list(tdef.partition_by), self.max_partition_value_bytes, tdef.name)
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -1131,16 +1126,11 @@ class Client:
                 tx.insert(table, data)
             assert tx.csn is not None  # committed on the way out of the block
             return tx.csn
-        data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
         # Named after no transaction (none exists yet): the replica's commit makes them its own.
         # No sidecars: the commit that follows at once carries the metadata (and nothing reads them).
         by = f"insert-{self.session[:12]}"
-        metas = [
-            write_part(
-                self.storage, table, list(tdef.partition_by), partition, chunk, by, tdef.ddl_version, sidecar=False
-            )
-            for partition, chunk in self._split(data, tdef)
-        ]
+        limit = self.max_partition_value_bytes
+        metas = write_data(self.storage, tdef, _as_table(data, table), by, limit=limit, sidecar=False)
         try:
             args = {"table": table, "op": "insert", "added": [m.to_dict() for m in metas], "statement": "insert"}
             return self._commit_parts(table, metas, args)
@@ -1375,13 +1365,17 @@ class Transaction:
                             delete_part(self.client.storage, m.path)
             raise
 
-    def _write(self, tdef: TableDef, data: pa.Table) -> list[PartMeta]:
-        return [
-            write_part(
-                self.client.storage, tdef.name, list(tdef.partition_by), partition, chunk, self.id, tdef.ddl_version
-            )
-            for partition, chunk in self.client._split(data, tdef)
-        ]
+    def _write(
+        self,
+        tdef: TableDef,
+        data: pa.Table,
+        what: str = "insert into",
+        before_write: Callable[[list[tuple]], None] | None = None,
+    ) -> list[PartMeta]:
+        """``data`` written as this transaction's parts (parts/io/write.py: conformed, or a keys
+        table's versions, split by partition under the replica's bound)."""
+        limit = self.client.max_partition_value_bytes
+        return write_data(self.client.storage, tdef, data, self.id, what=what, limit=limit, before_write=before_write)
 
     def table(self, name: str) -> TableDef:
         """The table's definition as this transaction sees it (at its snapshot; the latest for
@@ -1418,7 +1412,7 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._write_versions(tdef, data, keytables.PUT)
-        data = conform(tdef.schema, _as_table(data, table), table, required=tdef.partition_by)
+        data = _as_table(data, table)
         parts = self._write(tdef, data)
         if parts:
             self._stage(Insert(table, tuple(parts)))
@@ -1480,19 +1474,7 @@ class Transaction:
             i, versions.schema.field(i), pa.array(range(self._seq + 1, self._seq + 1 + n), pa.int64())
         )
         self._seq += n
-        parts = [
-            write_part(
-                self.client.storage,
-                tdef.name,
-                list(tdef.partition_by),
-                partition,
-                chunk,
-                self.id,
-                tdef.ddl_version,
-                primary_key=tdef.primary_key,
-            )
-            for partition, chunk in self.client._split(versions, tdef)
-        ]
+        parts = self._write(tdef, versions)
         if parts:
             self._stage(Insert(tdef.name, tuple(parts)))
         return versions.num_rows
@@ -1505,25 +1487,25 @@ class Transaction:
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
             return self._overwrite_keys(tdef, data, partitions)
-        data = conform(tdef.schema, _as_table(data, table), table, what="overwrite", required=tdef.partition_by)
-        split = self.client._split(data, tdef)
-        if partitions is not None:
-            targets = _partitions(tdef, partitions)
-            outside = [p for p, _ in split if p not in targets]
-            if outside:
-                raise InvalidInput(
-                    f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
-                    f"outside the partitions given {targets}"
-                )
-        elif tdef.partition_by:
-            targets = [p for p, _ in split]
-        else:
-            targets = [()]
-        removed = [m.name for m in self._visible(table, targets)] if targets else []
-        parts = [
-            write_part(self.client.storage, table, list(tdef.partition_by), p, chunk, self.id, tdef.ddl_version)
-            for p, chunk in split
-        ]
+        targets: list[tuple] = []
+        removed: list[str] = []
+
+        def replacing(present: list[tuple]) -> None:  # after the data's checks, before any file is written
+            nonlocal targets, removed
+            if partitions is not None:
+                targets = _partitions(tdef, partitions)
+                outside = [p for p in present if p not in targets]
+                if outside:
+                    raise InvalidInput(
+                        f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
+                        f"outside the partitions given {targets}"
+                    )
+            else:
+                targets = present if tdef.partition_by else [()]
+            removed = [m.name for m in self._visible(table, targets)] if targets else []
+
+        data = _as_table(data, table)
+        parts = self._write(tdef, data, what="overwrite", before_write=replacing)
         self._stage(Overwrite(table, tuple(parts), tuple(removed), tuple(partition_key(p) for p in targets)))
         return data.num_rows
 
