@@ -306,9 +306,10 @@ def checked(what: str, fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def checked_methods(cls: type[T]) -> type[T]:
-    """Class decorator: every public method of ``cls`` whose parameters have rules is
+    """Class decorator: every public method of ``cls`` (inherited ones included) whose parameters have rules is
     :func:`checked` (``self`` is bound like any argument and has no rule)."""
-    for attr, fn in list(vars(cls).items()):
+    for attr in dir(cls):  # its own and those of the classes it is made of (mergetxn/client/base.py)
+        fn = inspect.getattr_static(cls, attr)
         if attr.startswith("_") or not inspect.isfunction(fn):
             continue
         params = inspect.signature(fn).parameters
