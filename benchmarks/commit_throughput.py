@@ -210,9 +210,9 @@ def _op_mergetxn_insert_call(params: dict, idx: int) -> Callable[[], int]:
             PHASES["client: write part (Parquet + both puts)"] += time.perf_counter() - t0
             PHASES["client CPU (its thread): write"] += time.thread_time() - c0
 
-    import mergetxn.client.client as api
+    import parts.io.write as write_road
 
-    api.write_part = timed_write_part  # profile mode only: the writer process's own module
+    write_road.write_part = timed_write_part  # profile mode only: the writer process's own module
 
     def timed_op() -> int:
         c0, t0 = time.thread_time(), time.perf_counter()

@@ -1,5 +1,5 @@
-"""What the client's modules share: the two base classes that its parts build on, the naming of
-a transaction's statements, and waiting for a decision.
+"""What the client's modules share: the two base classes that its parts build on, and the naming
+of a transaction's statements.
 
 :class:`mergetxn.client.client.Client` is made of its core (connection, transactions, writes
 and outcomes: client.py) and of :class:`Tables` (tables.py), :class:`Reads` (reads.py) and
@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.core import retries
-from coordinator.core.errors import ReplicaUnavailable
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import StagedOp
 from coordinator.wire.rpc import RpcClient
@@ -29,7 +28,6 @@ from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 
 T = TypeVar("T")
-OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
 
 
 class ClientBase:
@@ -55,6 +53,8 @@ class ClientBase:
         def table(self, name: str) -> TableDef: ...
 
         def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef: ...
+
+        def _wait_decided(self, step: Callable[[], T]) -> T: ...
 
         def _read_parts(
             self,
@@ -137,17 +137,3 @@ def named(statement: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
         return named
 
     return wrap
-
-
-def until_decided(step: Callable[[], T]) -> T:
-    """``step`` until the replica answers and raises no ``StillCommitting`` (bounded)."""
-    try:
-        for attempt in retries.outcome(OUTCOME_WAIT, on=(ReplicaUnavailable, StillCommitting)):
-            with attempt:
-                return step()
-    except StillCommitting as exc:
-        raise ReplicaUnavailable(
-            f"{exc.args[0]} was still in progress after {OUTCOME_WAIT:g}s (ZooKeeper "
-            "away?); commit_status tells its outcome once the replica decides it"
-        ) from None
-    raise AssertionError("unreachable")

@@ -51,7 +51,7 @@ from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import Credentials
 from mergetxn.client.admin import Administration
 from mergetxn.client.arguments import checked, checked_methods
-from mergetxn.client.base import OUTCOME_WAIT, StillCommitting, T, named, until_decided
+from mergetxn.client.base import StillCommitting, T, named
 from mergetxn.client.checks import as_table, partition_values
 from mergetxn.client.heartbeat import Heartbeat
 from mergetxn.client.keys import KeysStatements
@@ -88,6 +88,7 @@ LONG_CALLS: dict[str, float] = {
 }
 MAX_TIMEOUT = 86_400.0
 CONNECT_TIMEOUT = 10.0  # the first answer (info) of a new client: a port that accepts and never answers
+OUTCOME_WAIT = 15.0  # how long a commit whose reply was lost waits for its replica to answer again
 OUTCOME_ASK = 3.0  # how long one question about that outcome waits for an answer (any replica)
 
 
@@ -183,6 +184,11 @@ class Client(Tables, Reads, Administration):
             else "no other live replica is known to this client (mergetxn status --zk HOSTS lists the replicas)"
         )
         return ReplicaUnavailable(f"{exc.message}; {where}", **exc.details, peers=peers)
+
+    def _wait_decided(self, step: Callable[[], T]) -> T:
+        """``step`` until the replica answers and raises no ``StillCommitting`` (bounded by
+        :data:`OUTCOME_WAIT`), for the parts of the client that wait for a decision."""
+        return _until_decided(step)
 
     def close(self) -> None:
         self._heartbeat.close()
@@ -951,6 +957,20 @@ def _check_long_calls(long_calls: object) -> Mapping[str, float]:
     return long_calls
 
 
+def _until_decided(step: Callable[[], T]) -> T:
+    """``step`` until the replica answers and raises no ``StillCommitting`` (bounded)."""
+    try:
+        for attempt in retries.outcome(OUTCOME_WAIT, on=(ReplicaUnavailable, StillCommitting)):
+            with attempt:
+                return step()
+    except StillCommitting as exc:
+        raise ReplicaUnavailable(
+            f"{exc.args[0]} was still in progress after {OUTCOME_WAIT:g}s (ZooKeeper "
+            "away?); commit_status tells its outcome once the replica decides it"
+        ) from None
+    raise AssertionError("unreachable")
+
+
 def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> CommitStatus:
     """Ask until the replica answers and the commit is no longer in progress. ``what`` names
     the commit, ``how`` how to ask later: said by the OutcomeUnknown raised on giving up."""
@@ -962,7 +982,7 @@ def _await_outcome(lookup: Callable[[], CommitStatus], what: str, how: str) -> C
         return status
 
     try:
-        return until_decided(decided)
+        return _until_decided(decided)
     except ReplicaUnavailable as exc:
         raise errors.OutcomeUnknown(
             f"the outcome of {what} is being decided: its replica did not answer within {OUTCOME_WAIT:g}s "

@@ -17,7 +17,7 @@ from coordinator.model.catalog import TableDef, check_option
 from coordinator.model.records import (
     DropTable,
 )
-from mergetxn.client.base import ClientBase, StillCommitting, TransactionBase, named, until_decided
+from mergetxn.client.base import ClientBase, StillCommitting, TransactionBase, named
 from mergetxn.client.checks import (
     timestamp_of,
 )
@@ -116,7 +116,7 @@ class Tables(ClientBase):
                         raise
                     raise StillCommitting(f"the creation of table {quote(tdef.name)}") from None  # look again
 
-        found = until_decided(look_up)
+        found = self._wait_decided(look_up)
         if isinstance(found, int):
             return found
         if not found.same_definition(tdef):
