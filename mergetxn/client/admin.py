@@ -23,16 +23,38 @@ class Administration(ClientBase):
 
     # -- operations --------------------------------------------------------------------------
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
-        """Compact now, as a transaction of its own; returns its CSN."""
+        """Compact now, as a transaction of its own; returns its CSN.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {quote(kind)}")
         parts = None if partitions is None else [list(p) for p in partition_values(self.table(table), partitions)]
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
     def transactions(self) -> list[dict]:
+        """The transactions running on this replica (id, user, snapshot, age, ...).
+
+        Raises:
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         return self.call("transactions")
 
     def kill(self, txn_id: str) -> dict:
+        """Abort the running transaction ``txn_id``; returns what the replica did.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TransactionNotFound: no transaction of that id runs on (or recently ended on) this replica.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         return self.call("kill", id=str(txn_id))
 
     # -- users (secured clusters; an admin's calls) ------------------------------------------
@@ -41,7 +63,13 @@ class Administration(ClientBase):
         (None: every table, those created later included); returns its credentials (a new
         secret and this client's CA file), what ``coordinator.connect(..., credentials=)``
         takes: keep them (``.to_file(path)``), the cluster keeps only a salted hash. A name
-        that breaks the name rule (coordinator/model/users.py) is InvalidInput before anything."""
+        that breaks the name rule (coordinator/model/users.py) is InvalidInput before anything.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         check_user_name(name)
         new = security.make_user_credentials(name, None if self.credentials is None else self.credentials.ca_file)
         if tables is not None and not isinstance(tables, str):
@@ -52,14 +80,33 @@ class Administration(ClientBase):
     def drop_user(self, name: str) -> None:
         """Remove a user: its credentials are refused from now on (AuthenticationFailed), on
         every replica, also on its connections already open. The last admin is refused
-        (InvalidInput naming it), also when two drops of the last two admins race."""
+        (InvalidInput naming it), also when two drops of the last two admins race.
+
+        Raises:
+            InvalidInput: no such user, or the last admin; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:
-        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``."""
+        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``.
+
+        Raises:
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         return self.call("users")
 
     def parts(self, table: str) -> pa.Table:
+        """The table's parts, visible and retained, as a ``pyarrow.Table`` (one row per part).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         rows = self.call("parts", table=table)
         schema = pa.schema(
             [
@@ -81,7 +128,13 @@ class Administration(ClientBase):
 
     def gc(self, grace_seconds: float | None = None) -> dict:
         """One cleanup pass now (replicas/cleanup.py): ``{"removed": [...], "kept": [...],
-        "min_snapshot", "watermark", "snapshots_in_use", ...}``, each file with its reason."""
+        "min_snapshot", "watermark", "snapshots_in_use", ...}``, each file with its reason.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         args: dict[str, Any] = {}
         if grace_seconds is not None:
             args["grace_seconds"] = grace_seconds
@@ -92,7 +145,14 @@ class Administration(ClientBase):
         snapshot, or removed and kept for the retention window) is present, of the size and (with
         ``checksums``, reading every file) the checksum it was committed with. ``{"snapshot",
         "ok", "tables": [{"table", "parts", "bytes", "problems": [{"part", "path", "problem",
-        "visible"}]}]}``; ``tables``: one name, several, or every table (None)."""
+        "visible"}]}]}``; ``tables``: one name, several, or every table (None).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         args: dict[str, Any] = {"checksums": bool(checksums)}
         if tables is not None:
             args["tables"] = [tables] if isinstance(tables, str) else list(tables)
@@ -102,6 +162,11 @@ class Administration(ClientBase):
         """The highest version of application ``app_id`` committed (``tx.set_app_version``), or
         None. Answered from the replica's memory: after a commit of this client returns, it is
         seen; a commit made through another replica a moment ago may not be yet (a lower answer,
-        never a higher one: the commit itself is decided against the whole log)."""
+        never a higher one: the commit itself is decided against the whole log).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         app_id, _ = check_app_version(app_id, 0)
         return self.call("app_version", app_id=app_id)["version"]

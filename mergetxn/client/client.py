@@ -107,7 +107,18 @@ class Client(Tables, Reads, Administration):
     (a :class:`coordinator.wire.security.Credentials` or the path of its credentials file); by
     default the file named by ``MERGETXN_CREDENTIALS``, if set. ``timeout``: seconds a call waits
     for its answer; ``long_calls``: the actions that wait longer, and their least wait (default
-    :data:`LONG_CALLS`; the command line passes ``{}``: its ``--timeout`` bounds every request)."""
+    :data:`LONG_CALLS`; the command line passes ``{}``: its ``--timeout`` bounds every request).
+
+    Made of its core here (the connection, transactions, writes and outcomes) and of its parts
+    by job: :class:`~mergetxn.client.tables.Tables` (definitions and DDL),
+    :class:`~mergetxn.client.reads.Reads` (reads, snapshots, changes) and
+    :class:`~mergetxn.client.admin.Administration` (compactions, users, parts, cleanup, checks).
+
+    Raises:
+        InvalidInput: the address, timeout, storage options or long calls are wrong.
+        AuthenticationFailed: the replica serves only clients with the cluster's credentials.
+        ReplicaUnavailable: the replica did not answer its first call.
+    """
 
     def __init__(
         self,
@@ -164,7 +175,13 @@ class Client(Tables, Reads, Administration):
     def call(self, action: str, **args: Any) -> Any:
         """One request; its answer is waited for ``timeout`` seconds, or longer for the calls
         that legitimately take longer (``long_calls``). An action or a field the protocol
-        (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent."""
+        (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         protocol.check_call(action, args)
         try:
             return self._rpc.call(action, args, timeout=max(self.timeout, self._long_calls.get(action, 0.0)))
@@ -191,6 +208,7 @@ class Client(Tables, Reads, Administration):
         return _until_decided(step)
 
     def close(self) -> None:
+        """Close the connection and stop the session heartbeat."""
         self._heartbeat.close()
         self._rpc.close()
 
@@ -232,7 +250,14 @@ class Client(Tables, Reads, Administration):
         ``table_limits=False`` (an admin's, PermissionDenied for other users): the tables' own
         ``txn_max_rows``/``txn_max_seconds`` do not bind the transaction, the replica-wide limits
         still do; what ``mergetxn restore`` begins, so that a table's backup restores whatever its
-        limits."""
+        limits.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            QuotaExceeded: the user holds as many running transactions as its quota allows.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
         modes = self._begin_modes(atomicity, durability, detached, table_limits)
@@ -286,7 +311,12 @@ class Client(Tables, Reads, Administration):
         The replica answers for the commits its process accepted; those it does not know of (it
         restarted since) are asked one by one with commit_status, which decides them once their
         replica is gone. Right after an async commit returned, reads (this client's too) may not
-        see it yet; after flush() they do."""
+        see it yet; after flush() they do.
+
+        Raises:
+            TransactionAborted: an async commit since the last flush did not commit (``ids`` names them).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         with self._flush_lock:
             with self._async_lock:
                 unflushed, acks = list(self._unflushed), list(self._acks)
@@ -327,7 +357,14 @@ class Client(Tables, Reads, Administration):
             self._unflushed.append(tid)
 
     def join(self, txn_id: str) -> Transaction:
-        """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option)."""
+        """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TransactionNotFound: no transaction of that id runs on (or recently ended on) this replica.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         try:
             tid = Tid.parse(txn_id)
         except (ValueError, TypeError) as exc:
@@ -338,7 +375,16 @@ class Client(Tables, Reads, Administration):
     def transaction(
         self, isolation: str = SNAPSHOT, atomicity: str = FULL, durability: str = SYNC, table_limits: bool = True
     ) -> Iterator[Transaction]:
-        """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`."""
+        """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability, table_limits=table_limits)
         try:
             yield tx
@@ -359,7 +405,12 @@ class Client(Tables, Reads, Administration):
         ``"committing"`` (the last two only while its replica may still decide), or ``"unknown"``:
         it began before the replica's outcome window (the ``outcome_seconds`` setting, default a
         day) and no part record names it, so its outcome is too old to know (never a guess of
-        "aborted"). ``.reason`` says why (docs/rules.md#outcomes). InvalidInput: not a tid."""
+        "aborted"). ``.reason`` says why (docs/rules.md#outcomes). InvalidInput: not a tid.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         r = self.call(
             "commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid))
         )
@@ -395,7 +446,19 @@ class Client(Tables, Reads, Administration):
         collects them after the grace period). Written for a definition of the table that a DDL
         replaced since this client looked it up, it looks the table up again and writes once
         more. No rows: nothing is written and the current snapshot is returned. On a keys table
-        the rows go by key through a transaction (begin, insert, commit), as ``tx.insert``."""
+        the rows go by key through a transaction (begin, insert, commit), as ``tx.insert``.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            TransactionAborted: the commit did not happen (asked by part name after a broken connection).
+            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         try:
             for attempt in retries.fresh_definition(on=_StaleDefinition):
                 with attempt:
@@ -462,7 +525,18 @@ class Client(Tables, Reads, Administration):
         failed commit leaves them (cleanup collects them once older than the grace period if no
         commit names them). If the connection breaks, the replica is asked, by part name, whether
         it committed, so the caller is never left not knowing. ``apps`` (app id -> version) makes it
-        an idempotent commit, as :meth:`Transaction.set_app_version` does."""
+        an idempotent commit, as :meth:`Transaction.set_app_version` does.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            TransactionAborted: the commit did not happen (asked by part name after a broken connection).
+            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {quote(op)}")
         apps = dict(check_app_version(a, v) for a, v in (apps or {}).items())
@@ -533,9 +607,12 @@ def _decided_once(commit: Callable[..., T]) -> Callable[..., T]:
 class Transaction(TransactionTables, TransactionReads, KeysStatements):
     """A transaction on one replica. Statements write their parts at once; the commit is atomic.
 
-    It calls its client's private helpers (``_table_at``, ``_read_parts``, ``_dataset``,
-    ``_async_queued``, ``_status_anywhere``, ``_heartbeat``): privacy is the module's
-    (docs/architecture/index.md), and those are the client's internals, not its public surface."""
+    Made of its core here (statements, commit, rollback) and of its parts by job:
+    :class:`~mergetxn.client.tables.TransactionTables`, :class:`~mergetxn.client.reads.TransactionReads`
+    and :class:`~mergetxn.client.keys.KeysStatements`. Each module calls only the client's
+    private helpers that it defines itself (privacy is the module's: docs/architecture/index.md):
+    here ``_async_queued``, ``_status_anywhere`` and ``_heartbeat``; the reads' ``_read_parts``
+    and ``_dataset`` from reads.py, ``_table_at`` from tables.py."""
 
     def __init__(
         self,
@@ -653,7 +730,17 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     @named("insert")
     def insert(self, table: str, data: pa.Table) -> int:
         """INSERT INTO; returns the number of rows. On a keys table: rows by key in overwrite
-        mode (:meth:`upsert` with ``update=False``)."""
+        mode (:meth:`upsert` with ``update=False``).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
@@ -667,7 +754,16 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     @named("overwrite")
     def overwrite(self, table: str, data: pa.Table, partitions: Sequence[Any] | None = None) -> int:
         """INSERT OVERWRITE: replaces the given partitions, or those present in ``data`` (the
-        whole table when it is not partitioned)."""
+        whole table when it is not partitioned).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = self.table(table)
         if tdef.conflict_policy is Policy.KEYS:
@@ -697,7 +793,15 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     @named("truncate")
     def truncate(self, table: str, partitions: Sequence[Any] | None = None) -> int:
         """TRUNCATE the table or some partitions; returns the number of parts removed (on a keys
-        table: the number of keys deleted, each by a delete version)."""
+        table: the number of keys deleted, each by a delete version).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = self.table(table)
         targets = None if partitions is None else partition_values(tdef, partitions)
@@ -712,7 +816,17 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     @named("delete")
     def delete(self, table: str, where: pc.Expression) -> int:
         """DELETE WHERE ``where``; returns the number of rows deleted. On a keys table it
-        deletes by key the rows that match at this transaction's snapshot, with its own writes."""
+        deletes by key the rows that match at this transaction's snapshot, with its own writes.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            CorruptPart: a part file does not match what was recorded.
+        """
         self._check_open()
         tdef = self.table(table)
         _check_predicate(where, tdef, "delete")
@@ -734,7 +848,17 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
 
     @named("update")
     def update(self, table: str, where: pc.Expression, set: Mapping[str, Any]) -> int:  # noqa: A002
-        """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated."""
+        """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            CorruptPart: a part file does not match what was recorded.
+        """
         self._check_open()
         tdef = self.table(table)
         _check_predicate(where, tdef, "update")
@@ -758,7 +882,16 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
 
     @named("compact")
     def compact(self, table: str, kind: str = "minor", partitions: Sequence[Any] | None = None) -> int:
-        """Stage a compaction in this transaction; returns the number of parts it replaces."""
+        """Stage a compaction in this transaction; returns the number of parts it replaces.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {quote(kind)}")
@@ -782,7 +915,16 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         a refused call leaves them (cleanup collects them once older than the grace period if no
         commit names them; a rolled-back transaction's replica deletes those named after it). A part written more than half the replica's
         ``gc_grace_seconds`` ago must be named after this transaction (``write_part(..., tx.id)``,
-        as Spark's executors do): cleanup keeps a running transaction's files by that name."""
+        as Spark's executors do): cleanup keeps a running transaction's files by that name.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"add_parts op must be 'insert' or 'overwrite', not {quote(op)}")
@@ -817,7 +959,15 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     ) -> None:  # noqa: A002
         """Stage a DELETE or UPDATE whose copy-on-write rewrite was done elsewhere (Spark
         executors): ``removed`` parts replaced by ``added``. ``where``/``set`` travel with it so
-        the replica can redo it if a rebase finds its inputs rewritten."""
+        the replica can redo it if a rebase finds its inputs rewritten.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         if kind not in ("delete", "update"):
             raise InvalidInput(f"add_rewrite kind must be 'delete' or 'update', not {quote(kind)}")
@@ -846,7 +996,13 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         ``app_id`` at or above it was committed before it (by any replica); otherwise
         ``client.app_version(app_id)`` answers ``version`` from its CSN on. Several applications
         may be set in one transaction; set again for the same one, the last version counts.
-        A transaction with nothing else in it commits (a sink's empty batch)."""
+        A transaction with nothing else in it commits (a sink's empty batch).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         app_id, version = check_app_version(app_id, version)
         self.client.call("set_app_version", id=self.id, app_id=app_id, version=version)
@@ -859,7 +1015,17 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         write twice). Begun with ``durability="async"``: returns None once the replica holds
         the commit in memory, before ZooKeeper does (``client.flush()`` waits for it; a replica
         crash before then loses it entirely); ``csn`` stays None (``commit_status(tx.id)`` tells
-        it later)."""
+        it later).
+
+        Raises:
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            DuplicateCommit: the transaction's application version was already committed; nothing was made visible.
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if self.csn is not None:
             return None if self._durability == ASYNC else self.csn
         if self._queued:
@@ -902,7 +1068,11 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
-        """Roll back; nothing it staged becomes visible. InvalidInput after it committed."""
+        """Roll back; nothing it staged becomes visible. InvalidInput after it committed.
+
+        Raises:
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if self.csn is not None:
             raise InvalidInput(
                 f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back", id=self.id, csn=self.csn
@@ -922,7 +1092,13 @@ def connect(
 ) -> Client:
     """A client of the replica at ``host:port``; ``credentials`` for a secured cluster
     (``cluster.credentials``, or the path of its credentials file; default: the file named by
-    ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed."""
+    ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed.
+
+    Raises:
+        InvalidInput: an argument is wrong; nothing was changed.
+        AuthenticationFailed: the replica serves only clients with the cluster's credentials.
+        ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+    """
     return Client(address, storage_options, timeout, credentials)
 
 

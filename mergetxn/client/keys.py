@@ -36,7 +36,16 @@ class KeysStatements(TransactionBase):
         """Write rows by key into a keys table; returns the number of rows. ``update=False``
         (overwrite mode): a row replaces any earlier row with its key, columns absent from
         ``data`` null. ``update=True``: absent columns keep the values they had (a key with no
-        row yet gets nulls there); every non-nullable column must be written."""
+        row yet gets nulls there); every non-nullable column must be written.
+
+        Raises:
+            InvalidInput: not a keys table, or the rows are wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = need_keys_table(self.table(table), "upsert")
         return self._write_versions(tdef, data, keytables.UPDATE if update else keytables.PUT)
@@ -44,7 +53,16 @@ class KeysStatements(TransactionBase):
     @named("delete_keys")
     def delete_keys(self, table: str, keys_: pa.Table) -> int:
         """Delete the rows of a keys table with these keys (a pyarrow.Table of the key columns;
-        keys without a row are fine); returns the number of keys given."""
+        keys without a row are fine); returns the number of keys given.
+
+        Raises:
+            InvalidInput: not a keys table, or the keys are wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = need_keys_table(self.table(table), "delete_keys")
         return self._write_versions(tdef, keys_, keytables.DELETE)
@@ -56,7 +74,16 @@ class KeysStatements(TransactionBase):
         snapshot wrote one of them. ``"shared_strong"`` also makes a transaction that writes
         one of them and commits after this one, from an older snapshot, fail;
         ``"shared_weak"`` leaves nothing behind. Read locks never conflict with each other.
-        Returns the number of keys given."""
+        Returns the number of keys given.
+
+        Raises:
+            InvalidInput: not a keys table, a wrong mode, or wrong keys; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = need_keys_table(self.table(table), "lock_keys")
         if self._atomicity == NONE:

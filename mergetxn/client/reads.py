@@ -86,7 +86,17 @@ class Reads(ClientBase):
         columns: Sequence[str] | None = None,
         where: pc.Expression | None = None,
     ) -> pa.Table:
-        """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time."""
+        """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            CorruptPart: a part file does not match what was recorded.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         cached = self._tables.get(table)
         exact = _exact_keys(cached, where)
         hint = _point_hint(cached, where, exact)
@@ -153,7 +163,17 @@ class Reads(ClientBase):
         ``tables`` gives its rows (one per key) partition by partition and, within a partition
         bigger than ``memory_budget`` bytes (default 256 MiB) can fold at once, key range by key
         range, each table sorted by key and the ranges in key order (``parts`` then counts
-        versions). The snapshot stays leased until the block ends."""
+        versions). The snapshot stays leased until the block ends.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            CorruptPart: a part file does not match what was recorded.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
@@ -212,7 +232,15 @@ class Reads(ClientBase):
         """The parts of ``table`` visible at ``snapshot`` (the latest by default) as files, for a
         copy of them (``mergetxn backup``): yields ``(definition, snapshot, parts, csns)``,
         ``csns`` each part's creation CSN (what orders a keys table's versions). The snapshot
-        stays leased, so cleanup keeps every file, until the block ends."""
+        stays leased, so cleanup keeps every file, until the block ends.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            QuotaExceeded: the user holds as many running transactions as its quota allows.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         r = self.call("visible", **_visible_args(table, snapshot, None))
         with self._leased(r):
             tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -233,7 +261,16 @@ class Reads(ClientBase):
         ``pyarrow.dataset.Dataset`` for DuckDB, Polars and other Arrow engines: the rows ``read``
         returns, each part a fragment with its partition expression and footer statistics (a
         filter skips parts unread); a keys table's fold (one row per key) in memory. Engines read
-        the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends."""
+        the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            CorruptPart: a part file does not match what was recorded.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         latest = snapshot is None and as_of is None
         for attempt in range(2):
             r = self.call("visible", **_visible_args(table, snapshot, as_of))
@@ -337,10 +374,20 @@ class Reads(ClientBase):
         return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
 
     def snapshot(self) -> int:
-        """The replica's snapshot version: everything up to it is applied there."""
+        """The replica's snapshot version: everything up to it is applied there.
+
+        Raises:
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         return self.call("snapshot")["snapshot"]
 
     def wait_for(self, snapshot: int) -> None:
+        """Return once this client's replica has applied ``snapshot`` (a CSN).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            ReplicaUnavailable: the replica did not apply the snapshot in time, or did not answer.
+        """
         self.call("wait", snapshot=snapshot)
 
     def changes(self, table: str, start: Any, end: Any = None, by: str = "id", compactions: bool = True) -> pa.Table:
@@ -349,7 +396,16 @@ class Reads(ClientBase):
         commits have no time version and never appear). The table's columns plus ``_change``
         ("insert" or "delete") and ``_csn``, in commit order, deletes before inserts.
         ``compactions=False`` by id leaves out what by time leaves out, with CSN bounds (a stream
-        of changes by time whose offsets are CSNs)."""
+        of changes by time whose offsets are CSNs).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            CorruptPart: a part file does not match what was recorded.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
         extra = {} if compactions else {"compactions": False}
@@ -413,7 +469,14 @@ class Reads(ClientBase):
     def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
         """The event log (like ClickHouse's transactions_info_log): commit, part_added and
         part_removed from the log, begin, rollback and merge from this replica's bounded ring
-        (``user``: who began the transaction, in a secured cluster)."""
+        (``user``: who began the transaction, in a secured cluster).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         rows = self.call("events", table=table, since_csn=since_csn)
         schema = pa.schema(
             [
@@ -536,7 +599,17 @@ class TransactionReads(TransactionBase):
         """Rows at this transaction's snapshot, with its own writes; begun with
         ``atomicity="none"``: the latest state its replica applied at the time of the read,
         with its own writes (non-atomic transactions read the latest data:
-        docs/rules.md#atomicity-and-durability)."""
+        docs/rules.md#atomicity-and-durability).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            CorruptPart: a part file does not match what was recorded.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            StorageError: storage refused a write or a read.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = self.table(table)
         metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
@@ -559,7 +632,15 @@ class TransactionReads(TransactionBase):
         """This transaction's view of ``table`` (its snapshot plus its own writes) as a
         ``pyarrow.dataset.Dataset``, as ``client.dataset`` gives one; a serializable transaction
         records it as a read of the whole table. The running transaction keeps its snapshot (and
-        its own files) in use, so no lease is taken; use it before the transaction ends."""
+        its own files) in use, so no lease is taken; use it before the transaction ends.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         tdef = self.table(table)
         metas, csns = self._visible_csns(table)

@@ -76,7 +76,13 @@ class Tables(ClientBase):
         they saw (docs/rules.md#history-retention; None: the replica-wide default, 3600 s).
         ``parts_to_delay_insert`` and ``parts_to_throw_insert``: an insert into a partition holding
         that many visible parts is delayed, or refused with TooManyParts (docs/rules.md#too-many-parts;
-        None: the replica-wide settings of the same names, 150 and 300; 0: never)."""
+        None: the replica-wide settings of the same names, 150 and 300; 0: never).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         tdef = TableDef.new(
             name,
             schema,
@@ -124,14 +130,26 @@ class Tables(ClientBase):
         return found.created_csn
 
     def table(self, name: str) -> TableDef:
-        """The table's definition as this client last looked it up (the latest then)."""
+        """The table's definition as this client last looked it up (the latest then).
+
+        Raises:
+            TableNotFound: the table does not exist (at that snapshot).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if name not in self._tables:
             return self._table_at(name, None, None)
         return self._tables[name][0]
 
     def table_at(self, name: str, snapshot: int | None = None, as_of: dt.datetime | float | None = None) -> TableDef:
         """The table's definition at ``snapshot`` (a CSN) or ``as_of`` (a time), else the latest
-        now (asked, not cached): the schema that a read there returns."""
+        now (asked, not cached): the schema that a read there returns.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         if as_of is not None:
             when = as_of if isinstance(as_of, float | int) else timestamp_of(as_of, "as_of")
             d = self.call("table", name=name, as_of=when)
@@ -144,7 +162,14 @@ class Tables(ClientBase):
         ``schema_version`` and ``version_csn`` (the CSN of its last ALTER, 0 if none), what it
         holds (``parts``, ``rows``, ``bytes``, ``partitions``), its ``history`` (created,
         altered: CSN each), and the ``retention_seconds``, ``parts_to_delay_insert`` and
-        ``parts_to_throw_insert`` in force (its own, else the replica's)."""
+        ``parts_to_throw_insert`` in force (its own, else the replica's).
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
         d["schema"] = TableDef.from_dict(d).schema
         d["partition_by"], d["primary_key"] = tuple(d["partition_by"]), tuple(d["primary_key"])
@@ -156,7 +181,14 @@ class Tables(ClientBase):
     def drop_table(self, name: str) -> int:
         """DROP TABLE as a transaction of its own; returns its CSN. Reads at older snapshots still
         see the table (while retained); its files are collected by cleanup once no snapshot in
-        use sees them; a table of the same name may be created afterwards."""
+        use sees them; a table of the same name may be created afterwards.
+
+        Raises:
+            TableNotFound: the table does not exist (at that snapshot).
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         with self.transaction() as tx:
             tx.drop_table(name)
         assert tx.csn is not None
@@ -177,7 +209,15 @@ class Tables(ClientBase):
         table's ``retention_seconds``, ``parts_to_delay_insert`` and ``parts_to_throw_insert``
         (None: back to the replica-wide default). Returns the CSN from which the new definition
         holds. Partition and key columns cannot be renamed; a bad alter is InvalidInput naming the
-        problem and changes nothing."""
+        problem and changes nothing.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         given = dict(
             retention_seconds=retention_seconds,
             parts_to_delay_insert=parts_to_delay_insert,
@@ -208,6 +248,11 @@ class Tables(ClientBase):
         return csn
 
     def tables(self) -> list[str]:
+        """The names of the tables that exist now.
+
+        Raises:
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         return self.call("tables")
 
     def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef:
@@ -230,7 +275,12 @@ class TransactionTables(TransactionBase):
 
     def table(self, name: str) -> TableDef:
         """The table's definition as this transaction sees it (at its snapshot; the latest for
-        a table created since)."""
+        a table created since).
+
+        Raises:
+            TableNotFound: the table does not exist (at that snapshot).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         try:
             return self.client._table_at(name, self.snapshot, self._ddl)
         except errors.TableNotFound:
@@ -243,7 +293,15 @@ class TransactionTables(TransactionBase):
     def drop_table(self, table: str) -> None:
         """DROP TABLE in this transaction: at its CSN the table stops existing (its parts are
         removed then, whoever committed them); a transaction that wrote the table and commits
-        after it fails with ConflictError naming the drop. It cannot also write the table."""
+        after it fails with ConflictError naming the drop. It cannot also write the table.
+
+        Raises:
+            InvalidInput: an argument is wrong; nothing was changed.
+            TableNotFound: the table does not exist (at that snapshot).
+            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
+            PermissionDenied: the user may not make this call (a secured cluster).
+            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        """
         self._check_open()
         self.table(table)
         self._stage(DropTable(table))
