@@ -26,11 +26,7 @@ class Administration(ClientBase):
         """Compact now, as a transaction of its own; returns its CSN.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``kind`` is not minor or major, wrong partitions, or no such table.
         """
         if kind not in ("minor", "major"):
             raise InvalidInput(f"compaction kind must be 'minor' or 'major', not {quote(kind)}")
@@ -38,22 +34,14 @@ class Administration(ClientBase):
         return self.call("compact", table=table, kind=kind, partitions=parts)["csn"]
 
     def transactions(self) -> list[dict]:
-        """The transactions running on this replica (id, user, snapshot, age, ...).
-
-        Raises:
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-        """
+        """The transactions running on this replica (id, user, snapshot, age, ...)."""
         return self.call("transactions")
 
     def kill(self, txn_id: str) -> dict:
         """Abort the running transaction ``txn_id``; returns what the replica did.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TransactionNotFound: no transaction of that id runs on (or recently ended on) this replica.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TransactionNotFound: no transaction of that id runs on this replica.
         """
         return self.call("kill", id=str(txn_id))
 
@@ -66,9 +54,7 @@ class Administration(ClientBase):
         that breaks the name rule (coordinator/model/users.py) is InvalidInput before anything.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a name that breaks the name rule, an unknown role, or the user exists.
         """
         check_user_name(name)
         new = security.make_user_credentials(name, None if self.credentials is None else self.credentials.ca_file)
@@ -83,29 +69,19 @@ class Administration(ClientBase):
         (InvalidInput naming it), also when two drops of the last two admins race.
 
         Raises:
-            InvalidInput: no such user, or the last admin; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: no such user, or the last admin.
         """
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:
-        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``.
-
-        Raises:
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-        """
+        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``."""
         return self.call("users")
 
     def parts(self, table: str) -> pa.Table:
         """The table's parts, visible and retained, as a ``pyarrow.Table`` (one row per part).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table.
         """
         rows = self.call("parts", table=table)
         schema = pa.schema(
@@ -131,9 +107,7 @@ class Administration(ClientBase):
         "min_snapshot", "watermark", "snapshots_in_use", ...}``, each file with its reason.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``grace_seconds`` is not a number of seconds.
         """
         args: dict[str, Any] = {}
         if grace_seconds is not None:
@@ -148,10 +122,7 @@ class Administration(ClientBase):
         "visible"}]}]}``; ``tables``: one name, several, or every table (None).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: a table named does not exist.
         """
         args: dict[str, Any] = {"checksums": bool(checksums)}
         if tables is not None:
@@ -165,8 +136,7 @@ class Administration(ClientBase):
         never a higher one: the commit itself is decided against the whole log).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``app_id`` is not an application id.
         """
         app_id, _ = check_app_version(app_id, 0)
         return self.call("app_version", app_id=app_id)["version"]

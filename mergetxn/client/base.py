@@ -56,16 +56,6 @@ class ClientBase:
 
         def _wait_decided(self, step: Callable[[], T]) -> T: ...
 
-        def _read_parts(
-            self,
-            tdef: TableDef,
-            metas: list[PartMeta],
-            columns: Sequence[str] | None,
-            where: pc.Expression | None,
-            csns: Mapping[str, int] | None = None,
-            exact: list[tuple] | None = None,
-        ) -> pa.Table: ...
-
 
 class TransactionBase:
     """What the parts of :class:`mergetxn.client.client.Transaction` use of each other."""
@@ -84,13 +74,7 @@ class TransactionBase:
 
         def _stage(self, op: StagedOp, written: bool = True) -> None: ...
 
-        def _write(
-            self,
-            tdef: TableDef,
-            data: pa.Table,
-            what: str = "insert into",
-            before_write: Callable[[list[tuple]], None] | None = None,
-        ) -> list[PartMeta]: ...
+        def _write(self, tdef: TableDef, data: pa.Table, *args: Any, **kwargs: Any) -> list[PartMeta]: ...
 
         def _record_read(self, tdef: TableDef, where: pc.Expression | None) -> None: ...
 
@@ -104,14 +88,7 @@ class TransactionBase:
             self, table: str, pkeys: list[tuple] | None = None, hint: Mapping[str, Any] | None = None
         ) -> tuple[list[PartMeta], dict[str, int]]: ...
 
-        def _rows(
-            self,
-            tdef: TableDef,
-            metas: list[PartMeta],
-            csns: Mapping[str, int],
-            columns: Sequence[str] | None,
-            where: pc.Expression | None,
-        ) -> pa.Table: ...
+        def _rows(self, tdef: TableDef, metas: list[PartMeta], *args: Any) -> pa.Table: ...
 
 
 class StillCommitting(retries.TryAgain):

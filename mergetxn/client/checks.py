@@ -99,3 +99,13 @@ def timestamp_of(when: Any, what: str) -> float:
     if not isinstance(when, dt.datetime) or when.tzinfo is None or when.utcoffset() is None:
         raise InvalidInput(f"{what} must be a timezone-aware datetime, not {quote(when)}")
     return when.timestamp()
+
+
+def refuse_outside(table: str, present: Sequence[tuple], targets: Sequence[tuple]) -> None:
+    """An overwrite's rows must lie in the partitions it names: InvalidInput naming the others."""
+    outside = [p for p in present if p not in targets]
+    if outside:
+        raise InvalidInput(
+            f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
+            f"outside the partitions given {targets}"
+        )

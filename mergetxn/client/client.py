@@ -52,7 +52,7 @@ from coordinator.wire.security import Credentials
 from mergetxn.client.admin import Administration
 from mergetxn.client.arguments import checked, checked_methods
 from mergetxn.client.base import StillCommitting, T, named
-from mergetxn.client.checks import as_table, partition_values
+from mergetxn.client.checks import as_table, partition_values, refuse_outside
 from mergetxn.client.heartbeat import Heartbeat
 from mergetxn.client.keys import KeysStatements
 from mergetxn.client.reads import Reads, TransactionReads
@@ -113,6 +113,11 @@ class Client(Tables, Reads, Administration):
     by job: :class:`~mergetxn.client.tables.Tables` (definitions and DDL),
     :class:`~mergetxn.client.reads.Reads` (reads, snapshots, changes) and
     :class:`~mergetxn.client.admin.Administration` (compactions, users, parts, cleanup, checks).
+
+    Every call that asks the replica may also raise ``ReplicaUnavailable`` (the replica did not
+    answer; the message names the cluster's other live replicas) and, on a secured cluster,
+    ``PermissionDenied`` (the user may not make that call; nothing was changed): the sections
+    below name what else each method raises.
 
     Raises:
         InvalidInput: the address, timeout, storage options or long calls are wrong.
@@ -178,9 +183,7 @@ class Client(Tables, Reads, Administration):
         (coordinator/wire/protocol.py) does not know is InvalidInput before anything is sent.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: an action or a field the protocol does not know; nothing was sent.
         """
         protocol.check_call(action, args)
         try:
@@ -253,10 +256,8 @@ class Client(Tables, Reads, Administration):
         limits.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            QuotaExceeded: the user holds as many running transactions as its quota allows.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: an unknown isolation, atomicity or durability, or modes that do not go together.
+            QuotaExceeded: the user already runs as many transactions as its quota allows.
         """
         isolation = check_isolation(isolation)
         atomicity, durability = check_modes(atomicity, durability, isolation)
@@ -315,7 +316,6 @@ class Client(Tables, Reads, Administration):
 
         Raises:
             TransactionAborted: an async commit since the last flush did not commit (``ids`` names them).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
         """
         with self._flush_lock:
             with self._async_lock:
@@ -360,10 +360,7 @@ class Client(Tables, Reads, Administration):
         """Act inside a transaction opened elsewhere (a Spark driver's ``txn`` option).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TransactionNotFound: no transaction of that id runs on (or recently ended on) this replica.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TransactionNotFound: no transaction of that id runs on this replica.
         """
         try:
             tid = Tid.parse(txn_id)
@@ -378,12 +375,9 @@ class Client(Tables, Reads, Administration):
         """Commits on normal exit, rolls back on an exception; arguments as :meth:`begin`.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: as :meth:`begin`.
+            ConflictError: the commit on leaving the block lost to a transaction that committed first.
+            OutcomeUnknown: the commit's answer was lost and its replica did not answer again in time.
         """
         tx = self.begin(isolation=isolation, atomicity=atomicity, durability=durability, table_limits=table_limits)
         try:
@@ -408,8 +402,7 @@ class Client(Tables, Reads, Administration):
         "aborted"). ``.reason`` says why (docs/rules.md#outcomes). InvalidInput: not a tid.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``tid`` is not a transaction id.
         """
         r = self.call(
             "commit_status", tid=str(tid if not isinstance(tid, tuple) or isinstance(tid, Tid) else Tid(*tid))
@@ -449,15 +442,11 @@ class Client(Tables, Reads, Administration):
         the rows go by key through a transaction (begin, insert, commit), as ``tx.insert``.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            TooManyParts: a partition written holds too many visible parts; nothing was changed.
-            TransactionAborted: the commit did not happen (asked by part name after a broken connection).
-            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: the rows do not fit the table (every wrong column named), or no such table (TableNotFound); nothing written stays.
+            ConflictError: the commit lost to one that committed first; the insert may be retried.
+            TooManyParts: a partition it writes holds too many visible parts.
+            TransactionAborted: the connection broke and the replica says the commit did not happen.
+            StorageError: storage refused a part's write.
         """
         try:
             for attempt in retries.fresh_definition(on=_StaleDefinition):
@@ -528,14 +517,10 @@ class Client(Tables, Reads, Administration):
         an idempotent commit, as :meth:`Transaction.set_app_version` does.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            TooManyParts: a partition written holds too many visible parts; nothing was changed.
-            TransactionAborted: the commit did not happen (asked by part name after a broken connection).
-            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a part is not the table's, was committed before, is too old, or ``op`` is wrong; the files are left.
+            ConflictError: an overwrite lost to a commit that came first.
+            TooManyParts: a partition it adds to holds too many visible parts.
+            TransactionAborted: the connection broke and the replica says the parts were not committed.
         """
         if op not in ("insert", "overwrite"):
             raise InvalidInput(f"commit_parts op must be 'insert' or 'overwrite', not {quote(op)}")
@@ -612,7 +597,12 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
     and :class:`~mergetxn.client.keys.KeysStatements`. Each module calls only the client's
     private helpers that it defines itself (privacy is the module's: docs/architecture/index.md):
     here ``_async_queued``, ``_status_anywhere`` and ``_heartbeat``; the reads' ``_read_parts``
-    and ``_dataset`` from reads.py, ``_table_at`` from tables.py."""
+    and ``_dataset`` from reads.py, ``_table_at`` from tables.py.
+
+    Every statement and the commit may also raise ``ReplicaUnavailable`` (the replica did not
+    answer; the message names the cluster's other live replicas) and, on a secured cluster,
+    ``PermissionDenied`` (the user may not make that statement: only the statement failed, the
+    transaction stays usable): the sections below name what else each method raises."""
 
     def __init__(
         self,
@@ -733,13 +723,10 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         mode (:meth:`upsert` with ``update=False``).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            TooManyParts: a partition written holds too many visible parts; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: the rows do not fit the table (every wrong column named), or no such table (TableNotFound).
+            TooManyParts: a partition it writes holds too many visible parts; the transaction stays usable.
+            TransactionAborted: the transaction has ended.
+            StorageError: storage refused a part's write.
         """
         self._check_open()
         tdef = self.table(table)
@@ -757,12 +744,9 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         whole table when it is not partitioned).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: rows outside the ``partitions`` given, rows that do not fit the table, or no such table.
+            TransactionAborted: the transaction has ended.
+            StorageError: storage refused a part's write.
         """
         self._check_open()
         tdef = self.table(table)
@@ -775,12 +759,7 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
             nonlocal targets, removed
             if partitions is not None:
                 targets = partition_values(tdef, partitions)
-                outside = [p for p in present if p not in targets]
-                if outside:
-                    raise InvalidInput(
-                        f"overwrite of {quote(table)}: data has rows in partition(s) {quote(outside)} "
-                        f"outside the partitions given {targets}"
-                    )
+                refuse_outside(table, present, targets)
             else:
                 targets = present if tdef.partition_by else [()]
             removed = [m.name for m in self._visible(table, targets)] if targets else []
@@ -796,11 +775,8 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         table: the number of keys deleted, each by a delete version).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: partitions given for an unpartitioned table, values of the wrong type, or no such table.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         tdef = self.table(table)
@@ -819,13 +795,9 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         deletes by key the rows that match at this transaction's snapshot, with its own writes.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-            CorruptPart: a part file does not match what was recorded.
+            InvalidInput: ``where`` is not an expression over the table's columns, or no such table.
+            TransactionAborted: the transaction has ended.
+            CorruptPart: a part it rewrites does not match what was recorded.
         """
         self._check_open()
         tdef = self.table(table)
@@ -851,13 +823,9 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         """UPDATE SET ``set`` WHERE ``where``; returns the number of rows updated.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-            CorruptPart: a part file does not match what was recorded.
+            InvalidInput: ``where`` or ``set`` does not fit the table's columns and types, or no such table.
+            TransactionAborted: the transaction has ended.
+            CorruptPart: a part it rewrites does not match what was recorded.
         """
         self._check_open()
         tdef = self.table(table)
@@ -885,12 +853,8 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         """Stage a compaction in this transaction; returns the number of parts it replaces.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``kind`` is not minor or major, wrong partitions, or no such table.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         if kind not in ("minor", "major"):
@@ -918,12 +882,9 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         as Spark's executors do): cleanup keeps a running transaction's files by that name.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            TooManyParts: a partition written holds too many visible parts; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a part is not the table's, not this transaction's, or committed before; the files are left.
+            TooManyParts: a partition it adds to holds too many visible parts.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         if op not in ("insert", "overwrite"):
@@ -962,11 +923,8 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         the replica can redo it if a rebase finds its inputs rewritten.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a keys table, parts not visible to it, or a wrong kind.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         if kind not in ("delete", "update"):
@@ -999,9 +957,8 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         A transaction with nothing else in it commits (a sink's empty batch).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: an app id or a version that is not allowed.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         app_id, version = check_app_version(app_id, version)
@@ -1019,12 +976,9 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
 
         Raises:
             ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            DuplicateCommit: the transaction's application version was already committed; nothing was made visible.
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            TooManyParts: a partition written holds too many visible parts; nothing was changed.
+            DuplicateCommit: its application version was already committed; nothing was made visible.
+            TransactionAborted: it can no longer commit (rolled back, killed, past its limits, its replica's session lost).
             OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
         """
         if self.csn is not None:
             return None if self._durability == ASYNC else self.csn
@@ -1068,11 +1022,7 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         raise TransactionAborted(f"transaction {self.id} did not commit: {status.reason or status.status}", id=self.id)
 
     def rollback(self) -> None:
-        """Roll back; nothing it staged becomes visible. InvalidInput after it committed.
-
-        Raises:
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-        """
+        """Roll back; nothing it staged becomes visible. InvalidInput after it committed."""
         if self.csn is not None:
             raise InvalidInput(
                 f"transaction {self.id} committed at CSN {self.csn} and cannot be rolled back", id=self.id, csn=self.csn
@@ -1095,9 +1045,9 @@ def connect(
     ``MERGETXN_CREDENTIALS``). Without valid ones a secured replica raises AuthenticationFailed.
 
     Raises:
-        InvalidInput: an argument is wrong; nothing was changed.
+        InvalidInput: the address, timeout or storage options are wrong.
         AuthenticationFailed: the replica serves only clients with the cluster's credentials.
-        ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+        ReplicaUnavailable: no replica answered at ``address``.
     """
     return Client(address, storage_options, timeout, credentials)
 

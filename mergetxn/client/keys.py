@@ -25,6 +25,7 @@ from mergetxn.client.checks import (
     in_partitions,
     need_keys_table,
     partition_values,
+    refuse_outside,
 )
 
 
@@ -39,12 +40,8 @@ class KeysStatements(TransactionBase):
         row yet gets nulls there); every non-nullable column must be written.
 
         Raises:
-            InvalidInput: not a keys table, or the rows are wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: not a keys table, or rows without their keys or of the wrong types.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         tdef = need_keys_table(self.table(table), "upsert")
@@ -56,12 +53,8 @@ class KeysStatements(TransactionBase):
         keys without a row are fine); returns the number of keys given.
 
         Raises:
-            InvalidInput: not a keys table, or the keys are wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: not a keys table, or ``keys_`` is not a table of its key columns.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         tdef = need_keys_table(self.table(table), "delete_keys")
@@ -77,12 +70,8 @@ class KeysStatements(TransactionBase):
         Returns the number of keys given.
 
         Raises:
-            InvalidInput: not a keys table, a wrong mode, or wrong keys; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: not a keys table, an unknown ``mode``, or wrong keys.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         tdef = need_keys_table(self.table(table), "lock_keys")
@@ -131,12 +120,7 @@ class KeysStatements(TransactionBase):
         targets: list[tuple] | None
         if partitions is not None:
             targets = partition_values(tdef, partitions)
-            outside = [p for p in present if p not in targets]
-            if outside:
-                raise InvalidInput(
-                    f"overwrite of {quote(tdef.name)}: data has rows in partition(s) {quote(outside)} "
-                    f"outside the partitions given {targets}"
-                )
+            refuse_outside(tdef.name, present, targets)
         else:
             targets = present if tdef.partition_by else None
         self._delete_all_keys(tdef, targets)

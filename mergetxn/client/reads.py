@@ -89,13 +89,8 @@ class Reads(ClientBase):
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            CorruptPart: a part file does not match what was recorded.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: wrong columns or filter, no such table (TableNotFound), or a snapshot not retained (SnapshotUnavailable).
+            CorruptPart: a part file does not match its checksum.
         """
         cached = self._tables.get(table)
         exact = _exact_keys(cached, where)
@@ -166,13 +161,8 @@ class Reads(ClientBase):
         versions). The snapshot stays leased until the block ends.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            CorruptPart: a part file does not match what was recorded.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a wrong key range or filter, not a keys table, or no such table.
+            CorruptPart: a part file read does not match its checksum.
         """
         r = self.call("visible", **_visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
@@ -235,11 +225,8 @@ class Reads(ClientBase):
         stays leased, so cleanup keeps every file, until the block ends.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            QuotaExceeded: the user holds as many running transactions as its quota allows.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            SnapshotUnavailable: the snapshot is no longer retained.
+            QuotaExceeded: the user holds as many read leases as its quota allows.
         """
         r = self.call("visible", **_visible_args(table, snapshot, None))
         with self._leased(r):
@@ -264,12 +251,7 @@ class Reads(ClientBase):
         the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            CorruptPart: a part file does not match what was recorded.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: no such table (TableNotFound), or a snapshot not retained (SnapshotUnavailable).
         """
         latest = snapshot is None and as_of is None
         for attempt in range(2):
@@ -374,19 +356,15 @@ class Reads(ClientBase):
         return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
 
     def snapshot(self) -> int:
-        """The replica's snapshot version: everything up to it is applied there.
-
-        Raises:
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-        """
+        """The replica's snapshot version: everything up to it is applied there."""
         return self.call("snapshot")["snapshot"]
 
     def wait_for(self, snapshot: int) -> None:
         """Return once this client's replica has applied ``snapshot`` (a CSN).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            ReplicaUnavailable: the replica did not apply the snapshot in time, or did not answer.
+            InvalidInput: ``snapshot`` is not a CSN.
+            ReplicaUnavailable: the replica did not apply it in time.
         """
         self.call("wait", snapshot=snapshot)
 
@@ -399,12 +377,8 @@ class Reads(ClientBase):
         of changes by time whose offsets are CSNs).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            CorruptPart: a part file does not match what was recorded.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a wrong range or ``by``, or no such table.
+            SnapshotUnavailable: the range starts before what is retained.
         """
         if by not in ("id", "time"):
             raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
@@ -472,10 +446,7 @@ class Reads(ClientBase):
         (``user``: who began the transaction, in a secured cluster).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: ``since_csn`` is not a CSN.
         """
         rows = self.call("events", table=table, since_csn=since_csn)
         schema = pa.schema(
@@ -602,13 +573,9 @@ class TransactionReads(TransactionBase):
         docs/rules.md#atomicity-and-durability).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            CorruptPart: a part file does not match what was recorded.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            StorageError: storage refused a write or a read.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: wrong columns or filter, or no such table.
+            TransactionAborted: the transaction has ended.
+            CorruptPart: a part file does not match its checksum.
         """
         self._check_open()
         tdef = self.table(table)
@@ -635,11 +602,8 @@ class TransactionReads(TransactionBase):
         its own files) in use, so no lease is taken; use it before the transaction ends.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table at its snapshot.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         tdef = self.table(table)

@@ -79,9 +79,7 @@ class Tables(ClientBase):
         None: the replica-wide settings of the same names, 150 and 300; 0: never).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a bad name, schema, key, partitioning, policy or setting, or the table exists.
         """
         tdef = TableDef.new(
             name,
@@ -133,8 +131,7 @@ class Tables(ClientBase):
         """The table's definition as this client last looked it up (the latest then).
 
         Raises:
-            TableNotFound: the table does not exist (at that snapshot).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table.
         """
         if name not in self._tables:
             return self._table_at(name, None, None)
@@ -145,10 +142,8 @@ class Tables(ClientBase):
         now (asked, not cached): the schema that a read there returns.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table then.
+            SnapshotUnavailable: that snapshot is not retained.
         """
         if as_of is not None:
             when = as_of if isinstance(as_of, float | int) else timestamp_of(as_of, "as_of")
@@ -165,10 +160,8 @@ class Tables(ClientBase):
         ``parts_to_throw_insert`` in force (its own, else the replica's).
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            SnapshotUnavailable: the snapshot is newer than the log or older than what is retained.
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table at that snapshot.
+            SnapshotUnavailable: that snapshot is not retained.
         """
         d = self.call("describe_table", name=name, **({} if snapshot is None else {"snapshot": snapshot}))
         d["schema"] = TableDef.from_dict(d).schema
@@ -184,10 +177,8 @@ class Tables(ClientBase):
         use sees them; a table of the same name may be created afterwards.
 
         Raises:
-            TableNotFound: the table does not exist (at that snapshot).
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table.
+            ConflictError: a transaction writing the table committed first.
         """
         with self.transaction() as tx:
             tx.drop_table(name)
@@ -212,11 +203,8 @@ class Tables(ClientBase):
         problem and changes nothing.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            InvalidInput: a change the table cannot take (named), or no such table.
+            ConflictError: another change of the table committed first.
         """
         given = dict(
             retention_seconds=retention_seconds,
@@ -248,11 +236,7 @@ class Tables(ClientBase):
         return csn
 
     def tables(self) -> list[str]:
-        """The names of the tables that exist now.
-
-        Raises:
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
-        """
+        """The names of the tables that exist now."""
         return self.call("tables")
 
     def _table_at(self, name: str, snapshot: int | None, ddl: int | None) -> TableDef:
@@ -278,8 +262,7 @@ class TransactionTables(TransactionBase):
         a table created since).
 
         Raises:
-            TableNotFound: the table does not exist (at that snapshot).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table at this transaction's snapshot, nor created since.
         """
         try:
             return self.client._table_at(name, self.snapshot, self._ddl)
@@ -296,11 +279,8 @@ class TransactionTables(TransactionBase):
         after it fails with ConflictError naming the drop. It cannot also write the table.
 
         Raises:
-            InvalidInput: an argument is wrong; nothing was changed.
-            TableNotFound: the table does not exist (at that snapshot).
-            TransactionAborted: the transaction has ended (rolled back, killed, past its limits, or its replica lost its ZooKeeper session).
-            PermissionDenied: the user may not make this call (a secured cluster).
-            ReplicaUnavailable: the replica did not answer (the message names the cluster's other live replicas).
+            TableNotFound: no such table.
+            TransactionAborted: the transaction has ended.
         """
         self._check_open()
         self.table(table)
