@@ -442,7 +442,8 @@ class Client(Tables, Reads, Administration):
         the rows go by key through a transaction (begin, insert, commit), as ``tx.insert``.
 
         Raises:
-            InvalidInput: the rows do not fit the table (every wrong column named), or no such table (TableNotFound); nothing written stays.
+            InvalidInput: the rows do not fit the table (every wrong column named), or no such
+                table (TableNotFound); nothing written stays.
             ConflictError: the commit lost to one that committed first; the insert may be retried.
             TooManyParts: a partition it writes holds too many visible parts.
             TransactionAborted: the connection broke and the replica says the commit did not happen.
@@ -517,7 +518,8 @@ class Client(Tables, Reads, Administration):
         an idempotent commit, as :meth:`Transaction.set_app_version` does.
 
         Raises:
-            InvalidInput: a part is not the table's, was committed before, is too old, or ``op`` is wrong; the files are left.
+            InvalidInput: a part is not the table's, was committed before, is too old, or ``op``
+                is wrong; the files are left.
             ConflictError: an overwrite lost to a commit that came first.
             TooManyParts: a partition it adds to holds too many visible parts.
             TransactionAborted: the connection broke and the replica says the parts were not committed.
@@ -977,8 +979,10 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         Raises:
             ConflictError: a transaction that committed first won; retrying the whole transaction is safe.
             DuplicateCommit: its application version was already committed; nothing was made visible.
-            TransactionAborted: it can no longer commit (rolled back, killed, past its limits, its replica's session lost).
-            OutcomeUnknown: the answer was lost and the replica did not answer again in time; ``commit_status`` tells the outcome.
+            TransactionAborted: it can no longer commit (rolled back, killed, past its limits,
+                its replica's session lost).
+            OutcomeUnknown: the answer was lost and the replica did not answer again in time;
+                ``commit_status`` tells the outcome.
         """
         if self.csn is not None:
             return None if self._durability == ASYNC else self.csn

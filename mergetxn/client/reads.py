@@ -89,7 +89,8 @@ class Reads(ClientBase):
         """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time.
 
         Raises:
-            InvalidInput: wrong columns or filter, no such table (TableNotFound), or a snapshot not retained (SnapshotUnavailable).
+            InvalidInput: wrong columns or filter, no such table (TableNotFound), or a snapshot
+                not retained (SnapshotUnavailable).
             CorruptPart: a part file does not match its checksum.
         """
         cached = self._tables.get(table)
