@@ -130,7 +130,7 @@ PHASES: dict[str, float] = collections.defaultdict(float)  # filled by timed wri
 
 
 def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
-    from coordinator.client import Client
+    from mergetxn.client import Client
 
     client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
     rows = ten_rows(idx)
@@ -187,7 +187,7 @@ def _op_mergetxn_insert(params: dict, idx: int) -> Callable[[], int]:
 def _op_mergetxn_insert_call(params: dict, idx: int) -> Callable[[], int]:
     """The same 10-row insert as a transaction of its own in one call: ``client.insert(t, rows)``
     (the parts are written, then one round trip begins, stages and commits)."""
-    from coordinator.client import Client
+    from mergetxn.client import Client
 
     client = Client(params["addresses"][idx % len(params["addresses"])], credentials=params.get("credentials"))
     rows = ten_rows(idx)
@@ -210,9 +210,9 @@ def _op_mergetxn_insert_call(params: dict, idx: int) -> Callable[[], int]:
             PHASES["client: write part (Parquet + both puts)"] += time.perf_counter() - t0
             PHASES["client CPU (its thread): write"] += time.thread_time() - c0
 
-    import coordinator.api.client as api
+    import parts.io.write as write_road
 
-    api.write_part = timed_write_part  # profile mode only: the writer process's own module
+    write_road.write_part = timed_write_part  # profile mode only: the writer process's own module
 
     def timed_op() -> int:
         c0, t0 = time.thread_time(), time.perf_counter()
@@ -233,7 +233,7 @@ def _premade_parts(params: dict, idx: int) -> tuple[Any, Any, str, Iterator[str]
     distinct, complete, durable part file that no other commit references, and the timed
     commit itself does no data I/O (what a Spark driver commits: parts its executors wrote).
     """
-    from coordinator.client import Client
+    from mergetxn.client import Client
     from parts.io.format import new_part_name, write_part
     from parts.io.storage import _fsync_dir
 
@@ -1130,7 +1130,7 @@ def profile(
     import replicas.follower
     import replicas.state
     import replicas.wal
-    from coordinator.client import Client
+    from mergetxn.client import Client
     from mergetxn.local.zkserver import ZooKeeperServer
     from replicas.replica import Replica, ReplicaConfig
     from replicas.server import ReplicaServer

@@ -108,8 +108,8 @@ def _op(kind: str, params: dict, idx: int) -> Callable[[], int]:
 
         return merge
 
-    from coordinator.client import Client
     from coordinator.errors import ConflictError
+    from mergetxn.client import Client
 
     client = Client(params["address"])
     table = params["table"]
@@ -246,7 +246,7 @@ def load_delta(path: Path, order: list[int], parts: int, log: Callable[[str], No
 def bench_lookups(
     client: Any, n: int, lookups: int, log: Callable[[str], None], replica_pid: int | None = None
 ) -> dict:
-    import coordinator.api.client as client_module
+    import mergetxn.client.reads as client_module
 
     real, reads = client_module.read_part, [0]
 

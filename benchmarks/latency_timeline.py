@@ -142,7 +142,7 @@ def install_replica() -> None:
 
 
 def install_client() -> None:
-    import coordinator.api.client as api
+    import mergetxn.client.client as api
     from coordinator.wire import rpc
     from parts.io import format as fmt
     from parts.io.storage import Storage

@@ -39,7 +39,7 @@ CASES = [("insert_1_writer", 1), ("insert_6_writers", 6)]
 
 
 def bench(cluster, name: str, warmup: float, seconds: float, log) -> dict:
-    from coordinator.client import Client
+    from mergetxn.client import Client
 
     admin = Client(cluster.replica_addresses[0])
     out = {}

@@ -14,14 +14,14 @@ from coordinator import errors  # the public name of coordinator/core/errors.py
 from coordinator.core.versions import Tid
 
 if TYPE_CHECKING:
-    from coordinator.api.client import Client, CommitStatus, Transaction, connect
+    from mergetxn.client.client import Client, CommitStatus, Transaction, connect
     from mergetxn.local.cluster import LocalCluster
 
 _LAZY = {
-    "Client": "coordinator.api.client",
-    "CommitStatus": "coordinator.api.client",
-    "Transaction": "coordinator.api.client",
-    "connect": "coordinator.api.client",
+    "Client": "mergetxn.client.client",
+    "CommitStatus": "mergetxn.client.client",
+    "Transaction": "mergetxn.client.client",
+    "connect": "mergetxn.client.client",
     "LocalCluster": "mergetxn.local.cluster",
 }
 

@@ -1,5 +1,6 @@
-"""``coordinator.client``: the Python client's public module name (coordinator/api/client.py)."""
+"""``coordinator.client``: the Python client's older public module name (the client is
+:mod:`mergetxn.client`)."""
 
-from coordinator.api.client import Client, CommitStatus, Transaction, connect
+from mergetxn.client.client import Client, CommitStatus, Transaction, connect
 
 __all__ = ["Client", "CommitStatus", "Transaction", "connect"]

@@ -19,18 +19,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coordinator.api.client import Client, CommitStatus, Transaction, connect
     from coordinator.core.versions import Tid
     from mergetxn import errors, spark
+    from mergetxn.client.client import Client, CommitStatus, Transaction, connect
     from mergetxn.local.cluster import LocalCluster
     from parts.io.dataset import duckdb_view
 
 # name -> (module, attribute or None for the module itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
-    "connect": ("coordinator.api.client", "connect"),
-    "Client": ("coordinator.api.client", "Client"),
-    "Transaction": ("coordinator.api.client", "Transaction"),
-    "CommitStatus": ("coordinator.api.client", "CommitStatus"),
+    "connect": ("mergetxn.client.client", "connect"),
+    "Client": ("mergetxn.client.client", "Client"),
+    "Transaction": ("mergetxn.client.client", "Transaction"),
+    "CommitStatus": ("mergetxn.client.client", "CommitStatus"),
     "Tid": ("coordinator.core.versions", "Tid"),
     "LocalCluster": ("mergetxn.local.cluster", "LocalCluster"),
     "errors": ("mergetxn.errors", None),

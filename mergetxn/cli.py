@@ -579,7 +579,7 @@ def call_timeout() -> float:
 
 @contextmanager
 def connected(address: str, timeout: float | None = None) -> Iterator[Any]:
-    from coordinator.api.client import Client
+    from mergetxn.client.client import Client
 
     ctx = click.get_current_context(silent=True)
     client = Client(

@@ -15,7 +15,7 @@ session with no async commits (an admin's finds them: coordinator/core/grants.py
 called is decided (durable in ZooKeeper and applied here, or failed), then answers the session's
 last CSN, how many async commits this process accepted for it, and the failures not yet
 acknowledged (a later flush acknowledges them: a flush sent again after a lost answer gets the
-same answer). The client compares the count with the commits it made (coordinator/api/client.py):
+same answer). The client compares the count with the commits it made (mergetxn/client/client.py):
 the ones this process never heard of were accepted by an earlier process of the replica (it
 crashed or restarted), and ``commit_status`` decides each of them.
 

@@ -217,7 +217,7 @@ class ReplicaServer(RpcServer):
 
     def _peers(self, a: dict) -> dict:
         """The addresses of the other live replicas: where a client asks for the outcome of a
-        commit whose replica died before answering (coordinator/api/heartbeat.py)."""
+        commit whose replica died before answering (mergetxn/client/heartbeat.py)."""
         with self._peers_lock:
             now = time.monotonic()
             if self._peers_seen is None or now - self._peers_seen[0] > PEERS_SECONDS:

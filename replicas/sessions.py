@@ -1,7 +1,7 @@
 """Client sessions: a transaction belongs to the client that began it (docs/rules.md#client-sessions),
 as ClickHouse ends a transaction with its session.
 
-A :class:`coordinator.api.client.Client` names itself with a random session id, sends it with each
+A :class:`mergetxn.client.client.Client` names itself with a random session id, sends it with each
 ``begin`` and, while it holds transactions, a ``heartbeat`` every third of the replica's
 ``client_session_timeout`` from a thread of its own (so a long call on another connection, or a
 reconnection after a network blip, does not silence it). The session is the client, not a TCP

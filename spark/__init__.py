@@ -67,7 +67,7 @@ def check_worker_python(spark: Any) -> None:
         return
     try:
         probe = subprocess.run(
-            [found, "-c", "import coordinator.api.client, spark.datasource"], capture_output=True, text=True, timeout=60
+            [found, "-c", "import mergetxn.client.client, spark.datasource"], capture_output=True, text=True, timeout=60
         )
     except (OSError, subprocess.TimeoutExpired):
         return  # cannot tell: let Spark say

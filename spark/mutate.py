@@ -43,7 +43,7 @@ from parts.model.meta import PartMeta
 from spark.options import Settings, connect, join, settings, storage_for, table_def
 
 if TYPE_CHECKING:
-    from coordinator.api.client import Transaction
+    from mergetxn.client.client import Transaction
 
 
 @dataclass(frozen=True)

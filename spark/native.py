@@ -109,7 +109,7 @@ def _conf(session: Any, key: str) -> str | None:
 
 
 def _client(address: str):
-    from coordinator.api.client import Client
+    from mergetxn.client.client import Client
 
     try:
         return Client(address)

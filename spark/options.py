@@ -269,7 +269,7 @@ def schema_options(options: Mapping[str, Any]) -> dict:
 
 def connect(s: Settings):
     """A client of the replica named by the options, with an error a Spark user understands."""
-    from coordinator.api.client import Client
+    from mergetxn.client.client import Client
 
     try:
         return Client(s.replica, s.storage_options, credentials=s.credentials)

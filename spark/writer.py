@@ -19,10 +19,10 @@ from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from coordinator.core import errors, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
-from coordinator.core.tabledata import conform, split_by_partition
 from coordinator.model.catalog import TableDef
-from parts.io.format import delete_part, write_part
+from parts.io.format import delete_part
 from parts.io.storage import Storage
+from parts.io.write import write_data
 from parts.model.meta import PartMeta
 from spark.options import Settings, connect, storage_for
 from spark.schema import align_time_zones
@@ -123,21 +123,7 @@ class MergetxnWriter(DataSourceArrowWriter):
             data = keytables.versions(
                 tdef.schema, tdef.primary_key, tdef.name, data, keytables.PUT, self._next_seq(data.num_rows)
             )
-        else:
-            data = conform(tdef.schema, data, tdef.name, what="mergetxn: write to", required=tdef.partition_by)
-        return [
-            write_part(
-                storage,
-                tdef.name,
-                list(tdef.partition_by),
-                partition,
-                chunk,
-                self.txn_id,
-                tdef.ddl_version,
-                primary_key=tdef.primary_key if tdef.conflict_policy is Policy.KEYS else (),
-            )
-            for partition, chunk in split_by_partition(data, list(tdef.partition_by), self.partition_limit, tdef.name)
-        ]
+        return write_data(storage, tdef, data, self.txn_id, what="mergetxn: write to", limit=self.partition_limit)
 
     def _next_seq(self, n: int) -> int:
         """The first ``_seq`` of ``n`` versions: each task numbers its own from its partition id

@@ -1,2 +1,3 @@
-"""The Python client: ``Client``, ``Transaction``, their argument checks and the session
-heartbeat."""
+"""The old name of :mod:`mergetxn.client` (the Python client moved there): ``coordinator.api.client``,
+``coordinator.api.arguments`` and ``coordinator.api.heartbeat`` are the very same module objects as
+``mergetxn.client.client``, ``mergetxn.client.arguments`` and ``mergetxn.client.heartbeat``."""

@@ -52,7 +52,6 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from coordinator.api.client import Client, Transaction
 from coordinator.core import retries
 from coordinator.core.errors import (
     AuthenticationFailed,
@@ -62,7 +61,9 @@ from coordinator.core.errors import (
 )
 from coordinator.wire.rpc import frame
 from coordinator.wire.security import Credentials
+from mergetxn.client.client import Client, Transaction
 from parts.io.format import new_part_name, write_part
+from parts.io.write import write_data
 from parts.model.meta import PartMeta
 
 _HEADER = struct.Struct(">I")
@@ -292,7 +293,7 @@ class Hostile(threading.Thread):
             try:
                 row = pa.table({"p": ["x"], "n": [7]}, schema=PARTITIONED_SCHEMA)
                 tdef = client.table(PARTITIONED_TABLE)
-                honest = write_part(client.storage, PARTITIONED_TABLE, ["p"], ("x",), row, tx.id, tdef.ddl_version)
+                (honest,) = write_data(client.storage, tdef, row, tx.id)
                 self._refused(f"lie:{kind}", lambda: tx.add_parts(PARTITIONED_TABLE, [lie(honest, kind)]), client)
             finally:
                 with contextlib.suppress(MergetxnError):

@@ -29,12 +29,12 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
 from coordinator.core import retries
 from coordinator.core.errors import InvalidInput
 from mergetxn.chaos.history import Fault
 from mergetxn.chaos.plan import Plan, doing
 from mergetxn.chaos.workloads import PROBE_SCHEMA, Recorder
+from mergetxn.client.client import Client
 
 HOLD = (0.3, 2.0)  # seconds a fault stays before it is healed
 PAUSE = (0.0, 0.3)  # seconds a lane waits between faults

@@ -41,7 +41,6 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
 from coordinator.core import retries
 from coordinator.core.errors import (
     InvalidInput,
@@ -77,6 +76,7 @@ from mergetxn.chaos.workloads import (
     set_values,
     workloads_for,
 )
+from mergetxn.client.client import Client
 from mergetxn.local.cluster import LocalCluster
 
 FORMS = ("auto", "namespaces", "loopback", "single")

@@ -52,10 +52,10 @@ from typing import Any, Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.api.client import Client, Transaction
 from coordinator.core import errors
 from mergetxn.chaos.history import Op, TableKind
 from mergetxn.chaos.workloads import roll_back
+from mergetxn.client.client import Client, Transaction
 
 NAME = "spark"
 TABLE = "sp0"

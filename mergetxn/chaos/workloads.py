@@ -54,7 +54,6 @@ from typing import Any, TypedDict
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.api.client import Client, Transaction
 from coordinator.core.errors import (
     ConflictError,
     InvalidInput,
@@ -62,6 +61,7 @@ from coordinator.core.errors import (
     TransactionAborted,
 )
 from mergetxn.chaos.history import Op, TableKind
+from mergetxn.client.client import Client, Transaction
 
 # A chaos client waits at most this long for one answer: the library's default (10 minutes) is
 # for long reads, and would let one partitioned connection freeze a client for the whole run.
@@ -512,7 +512,7 @@ class Worker(threading.Thread):
 _KILLED_CLIENT_CODE = r"""# mergetxn chaos: a client killed between writing its parts and committing
 import json, sys
 import pyarrow as pa
-from coordinator.api.client import Client
+from mergetxn.client.client import Client
 print(json.dumps({"ready": True}), flush=True)
 job = json.loads(sys.stdin.readline() or "null")
 if job is None:

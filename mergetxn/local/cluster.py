@@ -13,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from coordinator.api.arguments import checked, checked_methods
-from coordinator.api.client import Client
 from coordinator.core import retries
 from coordinator.core.errors import InvalidInput, ReplicaUnavailable, quote
 from coordinator.wire.security import (
@@ -24,6 +22,8 @@ from coordinator.wire.security import (
     admin_credentials,
     make_cluster_credentials,
 )
+from mergetxn.client.arguments import checked, checked_methods
+from mergetxn.client.client import Client
 from mergetxn.local.zkserver import ZooKeeperHandle, start_zookeeper
 
 log = logging.getLogger(__name__)

@@ -35,8 +35,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from coordinator.api.client import Client
 from coordinator.core.errors import ConflictError, InvalidInput, MergetxnError
+from mergetxn.client.client import Client
 from mergetxn.local.cluster import LocalCluster
 
 REPLICAS = 3

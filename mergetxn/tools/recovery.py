@@ -47,12 +47,12 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
-from coordinator.api.client import Client
 from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, MergetxnError, quote
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
+from mergetxn.client.client import Client
 from parts.io import rewrite
 from parts.io.format import checksum_of, read_part, verify_file
 from parts.io.storage import Storage
@@ -330,7 +330,7 @@ def restore(client: Client, directory: str, as_name: str | None = None, unverifi
         with client.transaction(atomicity=current.atomicity, table_limits=False) as tx:
             tx.truncate(target)
             for data in _rows(src, b):
-                tx.insert(target, conform(data, current.schema, target))
+                tx.insert(target, in_place(data, current.schema, target))
                 written += data.num_rows
         return {"table": target, "csn": tx.csn, "from_csn": b.csn, "rows": written, "created": False}
     d = b.definition
@@ -390,9 +390,11 @@ def _rows(src: Storage, b: Backup) -> Iterator[pa.Table]:
         yield keyfold.merge(tdef.schema, tdef.primary_key, versions)
 
 
-def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
-    """``data`` in ``schema``'s columns and types (pure): a column the table gained since the
-    backup is null; one it no longer has, or a non-nullable one missing, is refused."""
+def in_place(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
+    """``data``, refused when it holds a column the table no longer has (pure): restored in
+    place, the backup's rows go through the one write road (``tx.insert``:
+    parts/io/write.py), which fills a column the table gained since the backup with nulls and
+    refuses a missing non-nullable one."""
     extra = [n for n in data.column_names if n not in schema.names]
     if extra:
         raise InvalidInput(
@@ -400,17 +402,7 @@ def conform(data: pa.Table, schema: pa.Schema, table: str) -> pa.Table:
             "restore it under a new name (--as)",
             table=table,
         )
-    cols = []
-    for f in schema:
-        if f.name in data.column_names:
-            cols.append(data.column(f.name).cast(f.type))
-        elif f.nullable:
-            cols.append(pa.nulls(data.num_rows, f.type))
-        else:
-            raise InvalidInput(
-                f"restore in place: the backup lacks non-nullable column {quote(f.name)} of {quote(table)}", table=table
-            )
-    return pa.Table.from_arrays(cols, schema=schema)
+    return data
 
 
 # -- history -----------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ mended so: restore the table from a backup (``mergetxn restore``).
 
 from __future__ import annotations
 
-from coordinator.api.client import Client
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput, quote
 from coordinator.model.records import Compact
+from mergetxn.client.client import Client
 from parts.io import rewrite
 from parts.io.format import file_meta
 from parts.model.meta import PartMeta

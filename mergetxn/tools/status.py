@@ -91,7 +91,7 @@ Connect = Callable[[str, float], AbstractContextManager[Any]]
 
 
 def _client(address: str, timeout: float) -> AbstractContextManager[Any]:
-    from coordinator.api.client import Client
+    from mergetxn.client.client import Client
 
     return Client(address, timeout=timeout)
 

@@ -23,12 +23,12 @@ from coordinator.core.tabledata import (
     decode_assignments,
     decode_expression,
     may_match,
-    split_by_partition,
 )
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, Mutate
 from parts.io.format import read_part, write_part
 from parts.io.storage import Storage
+from parts.io.write import write_data
 from parts.model.meta import PartMeta
 
 SMALL_PART_BYTES = 32 * 1024 * 1024
@@ -61,13 +61,6 @@ def read_parts(
         return list(pool.map(one, parts))
 
 
-def _write_rows(storage: Storage, table, data: pa.Table, tid: str) -> list[PartMeta]:
-    return [
-        write_part(storage, table.name, list(table.partition_by), partition, chunk, tid, table.ddl_version)
-        for partition, chunk in split_by_partition(data, list(table.partition_by))
-    ]
-
-
 def _rewrite(
     storage: Storage,
     table,
@@ -90,7 +83,7 @@ def _rewrite(
             continue
         out.removed.append(meta.name)
         out.affected_rows += n
-        out.added.extend(_write_rows(storage, table, new, tid))
+        out.added.extend(write_data(storage, table, new, tid))
     return out
 
 

@@ -28,7 +28,6 @@ from support.waiting import NotYet, eventually, wait_until
 from support.zk import kazoo
 
 from coordinator import connect
-from coordinator.client import Client
 from coordinator.errors import MergetxnError, TransactionAborted
 from mergetxn.chaos.hosts import (
     FAULT_KINDS,
@@ -42,6 +41,7 @@ from mergetxn.chaos.hosts import (
     namespaces_unavailable,
 )
 from mergetxn.chaos.proxy import TcpProxy
+from mergetxn.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = pa.schema([("k", pa.int64()), ("v", pa.string())])

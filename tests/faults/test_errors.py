@@ -18,7 +18,6 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import ID_V, id_rows, ids
 
 import coordinator
-from coordinator.client import Client
 from coordinator.errors import (
     DuplicateCommit,
     InvalidInput,
@@ -27,6 +26,7 @@ from coordinator.errors import (
     StorageError,
     TransactionAborted,
 )
+from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
 

@@ -35,10 +35,10 @@ from support.waiting import NotYet, eventually
 from support.zk import kazoo, make_chroot
 from zkproxy import ZkProxy  # tests/ is on sys.path (rootdir-relative test modules)
 
-from coordinator.client import Client, Transaction
 from coordinator.errors import MergetxnError, ReplicaUnavailable, TransactionAborted
 from coordinator.model.records import ManifestPointer, decode_log_node
 from coordinator.zk.log import CsnLog
+from mergetxn.client import Client, Transaction
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperEnsemble, ZooKeeperServer
 from parts.io.storage import Storage

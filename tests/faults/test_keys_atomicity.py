@@ -32,11 +32,11 @@ from support.cluster import make_cluster
 from support.waiting import wait_until
 from test_log_tail import Node
 
-from coordinator.client import Client
 from coordinator.errors import ConflictError, InvalidInput, TransactionAborted
 from coordinator.model import atomicity
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, DropTable, Insert
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas import failpoints
 

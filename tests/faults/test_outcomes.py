@@ -159,8 +159,8 @@ def test_a_restarted_owners_transactions_are_decided_everywhere(cluster: LocalCl
 def test_a_commit_that_cannot_learn_its_outcome_says_how_to_ask(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the replica never answers again, commit() raises OutcomeUnknown naming the
     transaction and how to ask, not the last socket error."""
-    from coordinator.api import client as client_module
     from coordinator.errors import OutcomeUnknown, ReplicaUnavailable
+    from mergetxn.client import client as client_module
 
     monkeypatch.setattr(client_module, "OUTCOME_WAIT", 0.3)
 

@@ -17,9 +17,9 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
-from coordinator.client import Client
 from coordinator.core.versions import COUNTER_STRIDE
 from coordinator.model.records import WalEntry
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.wal import Wal
 

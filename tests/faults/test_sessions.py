@@ -32,9 +32,9 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import NotYet, eventually
 
 from coordinator import LocalCluster, connect
-from coordinator.api import client as client_module
 from coordinator.errors import InvalidInput, ReplicaUnavailable, TransactionAborted
 from mergetxn.cli import cli
+from mergetxn.client import client as client_module
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.sessions import Sessions, check_session_id
 

@@ -25,12 +25,12 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 import coordinator
-from coordinator.client import Client
 from coordinator.core.versions import split_csn
 from coordinator.errors import AuthenticationFailed, CorruptMetadata
 from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
 from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
+from mergetxn.client import Client
 
 pytestmark = [pytest.mark.zk, pytest.mark.slow]
 

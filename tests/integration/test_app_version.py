@@ -21,11 +21,11 @@ from support.waiting import wait_until
 from test_log_tail import SMALL, Node, commit_until, settle, tail_of
 
 import coordinator
-from coordinator.client import Client
 from coordinator.core.conflicts import MAX_APP_VERSION, check_app_version, check_app_versions
 from coordinator.core.targets import app_key
 from coordinator.errors import DuplicateCommit, InvalidInput, TransactionAborted, from_dict
 from coordinator.model.records import LogEntry, TxnRecord
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas import failpoints
 from replicas.state import ReplicaState

@@ -18,7 +18,6 @@ from support.waiting import poll
 from support.zk import kazoo, repair_log_node
 
 import coordinator
-from coordinator.client import Client
 from coordinator.core.versions import csn_of, split_csn
 from coordinator.errors import (
     CorruptMetadata,
@@ -29,6 +28,7 @@ from coordinator.errors import (
     TableNotFound,
     TransactionAborted,
 )
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk

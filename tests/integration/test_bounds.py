@@ -24,13 +24,13 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.zk import kazoo
 
 from coordinator import errors
-from coordinator.client import Client, Transaction
 from coordinator.core import keytables
 from coordinator.core import tabledata as ops
 from coordinator.core.versions import split_csn
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput, MergetxnError
 from coordinator.model.records import LogEntry, ManifestPointer, decode_log_node
 from coordinator.zk.log import CsnLog
+from mergetxn.client import Client, Transaction
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import column_stats

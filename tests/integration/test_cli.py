@@ -28,9 +28,9 @@ from support.data import sorted_rows
 from support.zk import kazoo
 
 from coordinator import LocalCluster, connect
-from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
 from mergetxn.cli import cli, parse_schema
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.server import SWITCH_INTERVAL
 

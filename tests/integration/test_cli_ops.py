@@ -32,9 +32,9 @@ from support.waiting import wait_until
 
 import mergetxn.cli as cli_module
 from coordinator import LocalCluster
-from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, MergetxnError, StorageError
 from mergetxn.cli import EXIT_CODES, cli, exit_code
+from mergetxn.client import Client, Transaction
 from mergetxn.local.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[2]

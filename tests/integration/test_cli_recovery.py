@@ -24,10 +24,10 @@ from support.data import sorted_rows
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, TableNotFound
 from coordinator.model.catalog import TableDef
 from mergetxn.cli import cli
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from mergetxn.tools.recovery import FORMAT, inside, parse_manifest
 from parts.io.format import write_part

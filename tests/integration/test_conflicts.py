@@ -25,8 +25,8 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
 
 from coordinator import LocalCluster
-from coordinator.client import Client, Transaction
 from coordinator.errors import ConflictError, ConflictKind
+from mergetxn.client import Client, Transaction
 from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk

@@ -26,7 +26,6 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import (
     CorruptPart,
     InvalidInput,
@@ -35,6 +34,7 @@ from coordinator.errors import (
     TransactionAborted,
 )
 from coordinator.model.catalog import TableDef
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.dataset import duckdb_view, snapshot_dataset
 from parts.io.format import read_part, write_part

@@ -20,8 +20,8 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from test_cli import ROOT, cli_argv, cli_env
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import ReplicaUnavailable
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string())])

@@ -21,9 +21,9 @@ from support.data import ID_V, id_rows
 
 import coordinator
 from coordinator import LocalCluster
-from coordinator.client import Client, Transaction
 from coordinator.errors import InvalidInput, MergetxnError, TableNotFound, TransactionNotFound
 from mergetxn.cli import cli
+from mergetxn.client import Client, Transaction
 from mergetxn.local.zkserver import ZooKeeperServer
 
 PARTED = pa.schema([pa.field("id", pa.int64(), nullable=False), ("p", pa.string())])

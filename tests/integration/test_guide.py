@@ -30,7 +30,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 
 import mergetxn
 from coordinator import LocalCluster
-from coordinator.client import Client
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -23,8 +23,8 @@ from support.cluster import environ, make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import TransactionAborted
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema([("id", pa.int64())])

@@ -14,11 +14,11 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator.client import Client
 from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput
 from coordinator.model.catalog import TableDef
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 SCHEMA = pa.schema(

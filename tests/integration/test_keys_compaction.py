@@ -21,13 +21,13 @@ import pytest
 from support.cluster import make_cluster
 from support.waiting import poll, wait_until
 
-from coordinator.client import Client
 from coordinator.core import keyfold, keytables
 from coordinator.core.conflicts import Kind, Policy, Summary, check
 from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, ConflictKind
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Insert
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 from replicas.replica import Replica, ReplicaConfig

@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import pytest
 from support.cluster import make_cluster
 
-from coordinator.client import Client
 from coordinator.core import keyfold, keytables
 from coordinator.errors import ConflictError, InvalidInput
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 

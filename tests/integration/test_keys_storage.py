@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from support.builders import change, entry, tid
 from support.cluster import make_cluster
 
-import coordinator.api.client as client_module
-from coordinator.client import Client
+import mergetxn.client.reads as client_module  # where the client reads parts (read_part)
 from coordinator.core import keytables
 from coordinator.core.conflicts import Kind, Policy
 from coordinator.core.tabledata import partition_key
 from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
 from coordinator.model.catalog import TableDef
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io import keyscan
 from parts.io.format import write_part

@@ -24,9 +24,9 @@ from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 ROOT = Path(__file__).resolve().parents[2]

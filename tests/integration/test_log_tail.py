@@ -24,10 +24,10 @@ from kazoo.client import KazooClient
 from support.data import ID_V, id_rows  # tests/ is on sys.path
 from support.waiting import wait_until
 
-from coordinator.client import Client
 from coordinator.core.versions import split_csn
 from coordinator.errors import CorruptMetadata, SnapshotUnavailable
 from coordinator.model.records import Insert, LogEntry, WalBase, WalEntry
+from mergetxn.client import Client
 from parts.io.format import new_part_name
 from parts.model.meta import PartMeta
 from replicas import checkpoint

@@ -15,9 +15,9 @@ import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import ID_V, id_rows, ids
 
-from coordinator.client import Client
 from coordinator.core.versions import COUNTER_STRIDE, Tid
 from coordinator.errors import DuplicateCommit
+from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.checkpoint import LOCAL_NAME, read_local

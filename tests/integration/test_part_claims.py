@@ -27,12 +27,12 @@ from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
 
 import coordinator
-from coordinator.api.client import Client
 from coordinator.core import jsonwire
 from coordinator.core.versions import split_csn
 from coordinator.errors import CorruptPart, InvalidInput
 from coordinator.zk.log import CsnLog
 from mergetxn.cli import cli
+from mergetxn.client.client import Client
 from parts.io.format import write_part
 from parts.model.meta import PartMeta
 

@@ -24,9 +24,9 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.zk import kazoo
 
 import coordinator
-from coordinator.client import Client
 from coordinator.errors import ConflictError, InvalidInput
 from mergetxn.cli import cli
+from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
 

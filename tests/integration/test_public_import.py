@@ -58,7 +58,7 @@ def test_an_unknown_name_is_an_attribute_error() -> None:
 def test_importing_mergetxn_loads_neither_the_client_nor_pyspark() -> None:
     code = (
         "import sys, mergetxn; import mergetxn.cli; "
-        "print(sorted(m for m in ('coordinator.client', 'coordinator.api.client', 'pyspark', 'spark.native') if m in sys.modules))"
+        "print(sorted(m for m in ('coordinator.client', 'mergetxn.client.client', 'pyspark', 'spark.native') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout

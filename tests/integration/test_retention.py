@@ -26,10 +26,10 @@ from support.waiting import wait_until
 from support.zk import kazoo
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import CorruptMetadata, InvalidInput, SnapshotUnavailable
 from coordinator.zk.watermark import Marks
 from mergetxn.cli import cli
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from mergetxn.tools.status import gather
 from parts.io.format import write_part

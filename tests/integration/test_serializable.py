@@ -24,11 +24,11 @@ from support.data import ID_V, id_rows, ids
 from support.failpoints import commit_held_at_multi
 
 import coordinator
-from coordinator.client import Client, Transaction
 from coordinator.core.readsets import Read, Shape, Touch, check_isolation, check_reads, read_keys
 from coordinator.core.tabledata import encode_expression, partition_key
 from coordinator.core.targets import target_key
 from coordinator.errors import ConflictError, ConflictKind, InvalidInput, from_dict
+from mergetxn.client import Client, Transaction
 from mergetxn.local.zkserver import ZooKeeperServer
 
 BANK = pa.schema([("acct", pa.string()), ("bal", pa.int64())])

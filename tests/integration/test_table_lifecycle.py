@@ -18,13 +18,13 @@ from support.data import ID_V, id_rows, ids
 from support.waiting import wait_until
 
 import coordinator
-from coordinator.client import Client
 from coordinator.errors import (
     ConflictError,
     ConflictKind,
     InvalidInput,
     TableNotFound,
 )
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk

@@ -15,7 +15,6 @@ from support.data import ID_V, id_rows
 from support.waiting import wait_until
 
 import coordinator
-from coordinator.client import Client
 from coordinator.errors import InvalidInput, TransactionAborted
 from coordinator.model.catalog import (
     KEYS_TXN_MAX_ROWS,
@@ -23,6 +22,7 @@ from coordinator.model.catalog import (
     TableDef,
     effective_limits,
 )
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 KEYED = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("v", pa.string())])

@@ -19,8 +19,8 @@ from support.cluster import make_cluster
 from support.data import ID_V, id_rows
 
 import coordinator
-from coordinator.client import Client
 from coordinator.errors import TooManyParts
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 DELAY, THROW = 5, 10

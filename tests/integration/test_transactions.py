@@ -21,9 +21,9 @@ from support.cluster import make_cluster
 from support.data import ID_V, commit_insert, id_rows, ids
 
 import coordinator
-from coordinator.client import Client, Transaction
 from coordinator.core.versions import EPOCH_STRIDE, split_csn
 from coordinator.errors import ConflictError, InvalidInput, TransactionAborted
+from mergetxn.client import Client, Transaction
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 from parts.model.meta import PartMeta

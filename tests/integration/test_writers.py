@@ -16,9 +16,9 @@ from click.testing import CliRunner, Result
 from support.cluster import make_cluster  # tests/ is on sys.path
 
 from coordinator import LocalCluster
-from coordinator.client import Client
 from coordinator.errors import InvalidInput
 from mergetxn.cli import cli
+from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 from parts.io.format import write_part
 

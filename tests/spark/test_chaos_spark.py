@@ -24,12 +24,12 @@ import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
 
-from coordinator.client import Client
 from mergetxn.chaos.checker import check, describe
 from mergetxn.chaos.history import Final, Header, History, Op
 from mergetxn.chaos.spark_cluster import MARKER, SparkStandalone, _processes, cleanup_spark
 from mergetxn.chaos.spark_workload import SparkWorker, SparkWorkload, set_values
 from mergetxn.chaos.workloads import Recorder
+from mergetxn.client import Client
 
 pytestmark = pytest.mark.slow
 

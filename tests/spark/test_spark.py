@@ -26,7 +26,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import poll
 
 import coordinator
-from coordinator.client import Client
+from mergetxn.client import Client
 
 pytestmark = pytest.mark.slow
 
@@ -260,7 +260,7 @@ def _compete(replica: str, marks: str, table: str, data: list[tuple]):
     def run(index: int, it):
         out = list(it)
         if index == 0:
-            from coordinator.client import Client
+            from mergetxn.client import Client
 
             with Client(replica) as cl, cl.transaction() as tx:
                 tx.insert(

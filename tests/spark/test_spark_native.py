@@ -24,8 +24,8 @@ from test_spark import as_rows  # tests/ is on sys.path
 
 import coordinator
 import spark as mspark
-from coordinator.client import Client
 from coordinator.errors import CorruptPart, InvalidInput
+from mergetxn.client import Client
 from spark import native
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::spark.native.NativeFallback")]

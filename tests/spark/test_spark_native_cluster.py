@@ -18,8 +18,8 @@ from test_spark import as_rows  # tests/ is on sys.path
 
 import coordinator
 import spark as mspark
-from coordinator.client import Client
 from mergetxn.chaos.spark_cluster import SparkStandalone
+from mergetxn.client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::spark.native.NativeFallback")]
 

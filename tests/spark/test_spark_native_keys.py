@@ -20,7 +20,7 @@ from test_spark import new_session  # tests/ is on sys.path
 
 import coordinator
 import spark as mspark
-from coordinator.client import Client
+from mergetxn.client import Client
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("error::spark.native.NativeFallback")]
 

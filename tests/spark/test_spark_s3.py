@@ -30,7 +30,7 @@ from test_spark import (  # tests/ is on sys.path (rootdir-relative test modules
 )
 
 import coordinator
-from coordinator.client import Client
+from mergetxn.client import Client
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from test_spark import DDL, SCHEMA, as_rows, local_files, new_session, rows, visible_parts
 
 import coordinator
-from coordinator.client import Client
+from mergetxn.client import Client
 
 pytestmark = pytest.mark.slow
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from coordinator.client import Client
+from mergetxn.client import Client
 
 ID_V = pa.schema([("id", pa.int64()), ("v", pa.string())])
 

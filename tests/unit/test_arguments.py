@@ -1,4 +1,4 @@
-"""The public API's argument check (coordinator/api/arguments.py): the plan worked out once per
+"""The public API's argument check (mergetxn/client/arguments.py): the plan worked out once per
 function (``_Plan``) refuses and accepts exactly what ``check_arguments`` (``signature.bind``)
 does, with the same message and details, for plain calls and for every call that falls back to
 ``bind`` (too many positionals, unknown or repeated keywords, a missing argument, functions
@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
-from coordinator.api import arguments
-from coordinator.api.client import Client, Transaction
 from coordinator.core.errors import InvalidInput
+from mergetxn.client import arguments
+from mergetxn.client.client import Client, Transaction
 
 SELF = object()
 WHERE = pc.field("k") == 5

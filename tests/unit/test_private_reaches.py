@@ -7,7 +7,7 @@ the text) and fails on
 * an attribute access ``expr._name`` where ``expr`` is not ``self`` or ``cls``, unless ``_name``
   is defined in the same module (an attribute its classes set or define, or a module-level
   name) and ``expr`` is not a name the module imported: a module may use what it owns, as
-  ``Transaction`` calls its ``Client``'s private helpers in coordinator/api/client.py (the
+  ``Transaction`` calls its ``Client``'s private helpers in mergetxn/client/client.py (the
   module, not the class, is the unit of privacy: a class made by its sibling, as a transaction
   is by ``Client.begin``, is part of one design, and giving those helpers public names would add
   them to the client's public surface); ``getattr``/``hasattr``/``setattr`` with a private name

@@ -164,7 +164,7 @@ def test_connect_to_a_port_that_never_answers_fails_instead_of_hanging(monkeypat
     600 s call timeout; and a call with its own timeout keeps the connection's for the next."""
     import time
 
-    from coordinator.api import client
+    from mergetxn.client import client
 
     silent = socket.create_server(("127.0.0.1", 0))
     try:

@@ -1,0 +1,613 @@
+"""Reads: rows and datasets at a snapshot, scans by key range, pinned snapshots, changes and events."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from coordinator.core import errors, keyfold, keypoint, keyranges, keytables
+from coordinator.core.conflicts import Policy
+from coordinator.core.errors import InvalidInput, quote
+from coordinator.core.tabledata import (
+    CHANGE_COLUMNS,
+    check_expression,
+    may_match,
+    partition_key,
+)
+from coordinator.model.catalog import TableDef
+from mergetxn.client.base import ClientBase, TransactionBase
+from mergetxn.client.checks import (
+    timestamp_of,
+)
+from parts.io import keyscan, rewrite
+from parts.io.dataset import snapshot_dataset, table_dataset
+from parts.io.format import read_part
+from parts.model.meta import PartMeta
+
+
+def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
+    """The ``visible`` request of a read at the latest snapshot, ``snapshot`` or ``as_of``."""
+    args: dict[str, Any] = {"table": table}
+    if snapshot is not None:
+        if isinstance(snapshot, bool) or not isinstance(snapshot, int):
+            raise InvalidInput(f"snapshot must be an integer CSN, not {quote(snapshot)}")
+        args["snapshot"] = snapshot
+    if as_of is not None:
+        args["as_of"] = timestamp_of(as_of, "as_of")
+    return args
+
+
+def _exact_keys(cached: tuple[TableDef, int] | None, where: pc.Expression | None) -> list[tuple] | None:
+    """``keytables.point_keys(where, ..., exact=True)`` under the cached definition of a keys
+    table (None when there is none, or the filter is not only key equalities): parsed once for
+    the hint and, when the definition still holds at the read's snapshot, for the read."""
+    if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
+        return None
+    try:
+        return keytables.point_keys(where, cached[0].schema, cached[0].primary_key, exact=True)
+    except (InvalidInput, TypeError, ValueError, pa.ArrowException):
+        return None
+
+
+def _point_hint(
+    cached: tuple[TableDef, int] | None, where: pc.Expression | None, exact: list[tuple] | None = None
+) -> dict[str, Any]:
+    """``point_hint`` for the ``visible`` request of a read of a keys table whose filter fixes
+    whole keys (``keytables.point_hint``; from ``exact``, its :func:`_exact_keys`, when given),
+    from the definition the client has cached: the replica prunes with it only where the table
+    at the read's snapshot has the same key columns."""
+    if cached is None or where is None or cached[0].conflict_policy is not Policy.KEYS:
+        return {}
+    try:
+        hint = keytables.point_hint(where, cached[0].schema, cached[0].primary_key, found=exact)
+    except (InvalidInput, TypeError, ValueError, pa.ArrowException):
+        return {}
+    return {} if hint is None else {"point_hint": hint}
+
+
+class Reads(ClientBase):
+    """The client's reads (a part of :class:`mergetxn.client.client.Client`)."""
+
+    # -- reads -------------------------------------------------------------------------------
+    def read(
+        self,
+        table: str,
+        snapshot: int | None = None,
+        as_of: dt.datetime | None = None,
+        columns: Sequence[str] | None = None,
+        where: pc.Expression | None = None,
+    ) -> pa.Table:
+        """Rows of ``table`` at the latest snapshot, at ``snapshot`` (a CSN), or ``as_of`` a time.
+
+        Raises:
+            InvalidInput: wrong columns or filter, no such table (TableNotFound), or a snapshot
+                not retained (SnapshotUnavailable).
+            CorruptPart: a part file does not match its checksum.
+        """
+        cached = self._tables.get(table)
+        exact = _exact_keys(cached, where)
+        hint = _point_hint(cached, where, exact)
+        # A point read at the latest snapshot takes no lease (one round trip, no renewer thread):
+        # the parts it lists were visible a moment ago, so the retention window keeps each one
+        # ``retention_seconds`` after a commit removes it; past that (a table with no window),
+        # a part cleanup took is CorruptPart below, then SnapshotUnavailable, and the read
+        # starts over at the new latest snapshot, as a read whose lease lapsed does.
+        lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
+        # Without a filter no key filter is used: the answer comes slim too (a replica from
+        # before this ignores slim without a point hint and answers in full).
+        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or where is None)
+        try:
+            with self._leased(r):
+                tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+                return self._read_parts(
+                    tdef,
+                    [PartMeta.from_dict(m) for m in r["parts"]],
+                    columns,
+                    where,
+                    r.get("csns"),
+                    exact=exact if cached is not None and cached[0] is tdef else None,  # parsed for this tdef
+                )
+        except errors.CorruptPart:
+            # Cleanup may have taken a part between the listing and the read (a lease that
+            # lapsed). Ask again with the watermark read fresh: SnapshotUnavailable then says so;
+            # a latest read starts over.
+            try:
+                self.call("visible", table=table, snapshot=r["snapshot"], fresh=True, lease="none")
+            except errors.SnapshotUnavailable:
+                if snapshot is None and as_of is None:
+                    return self.read(table, columns=columns, where=where)
+                raise
+            raise
+
+    def _visible_pruned(
+        self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any], slim: bool = True
+    ) -> dict:
+        """``visible`` for a read; ``slim``: the parts come without their key filters, which the
+        read does not need (a point read's replica pruned with them; a whole read folds every
+        part): keytables.point_summary. A replica from before ``slim`` refuses the field:
+        asked again without it."""
+        if not slim or self._no_slim:
+            return self.call("visible", **args, **hint, **lease)
+        try:
+            return self.call("visible", **args, **hint, **lease, slim=True)
+        except InvalidInput as exc:
+            if exc.details.get("field") != "slim":
+                raise
+            self._no_slim = True
+            return self.call("visible", **args, **hint, **lease)
+
+    @contextmanager
+    def scan(
+        self,
+        table: str,
+        snapshot: int | None = None,
+        as_of: dt.datetime | None = None,
+        memory_budget: int | None = None,
+    ) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
+        """Read ``table`` at one snapshot part by part, one part in memory at a time (the
+        command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
+        giving each part's rows in the table's schema. A keys table's versions fold per key, so
+        ``tables`` gives its rows (one per key) partition by partition and, within a partition
+        bigger than ``memory_budget`` bytes (default 256 MiB) can fold at once, key range by key
+        range, each table sorted by key and the ranges in key order (``parts`` then counts
+        versions). The snapshot stays leased until the block ends.
+
+        Raises:
+            InvalidInput: a wrong key range or filter, not a keys table, or no such table.
+            CorruptPart: a part file read does not match its checksum.
+        """
+        r = self.call("visible", **_visible_args(table, snapshot, as_of))
+        metas = [PartMeta.from_dict(m) for m in r["parts"]]
+        budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
+
+        def tables(tdef: TableDef) -> Iterator[pa.Table]:
+            if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: fold each alone
+                by_partition: dict[str, list[PartMeta]] = {}
+                for meta in metas:
+                    by_partition.setdefault(partition_key(meta.partition), []).append(meta)
+                for _, group in sorted(by_partition.items()):
+                    yield from self._fold_by_range(tdef, group, r.get("csns") or {}, budget)
+                return
+            for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
+                yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
+
+        with self._leased(r):
+            yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
+
+    def _fold_by_range(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], budget: int
+    ) -> Iterator[pa.Table]:
+        """One partition's rows folded key range by key range (coordinator/core/keyranges.py), so
+        that each range's versions and their fold fit ``budget``: one pass over the parts reads
+        their footers (decoded size) and a sample of the first key column, then each range reads
+        every part restricted to it. A partition that surely fits is one range, read as ``read``
+        reads it."""
+        # Partition columns are constant in a partition: ranges cut the first key column after them.
+        column = next((k for k in tdef.primary_key if k not in tdef.partition_by), None)
+        if column is None or keyranges.surely_fits(sum(m.size for m in metas), budget):
+            yield self._read_keys(tdef, metas, None, None, csns)
+            return
+        total_rows = sum(m.rows for m in metas)
+        most = keyranges.ranges_needed(sum(m.size for m in metas) * keyranges.EXPANSION, budget)
+        decoded = 0
+        samples = []
+        for meta in metas:
+            with keyscan.opened(self.storage, meta) as pf:
+                decoded += keyscan.decoded_bytes(pf)
+                samples.append(keyscan.sample_keys(pf, column, keyranges.sample_stride(meta.rows, total_rows, most)))
+        count = keyranges.ranges_needed(decoded, budget)
+        inner = keyranges.bounds(pa.chunked_array(samples, tdef.schema.field(column).type), count)
+        del samples
+        for lo, hi in keyranges.spans(inner):
+            parts = [
+                (csns.get(m.name, keytables.OWN), keyscan.read_range(self.storage, m, column, lo, hi)) for m in metas
+            ]
+            data = keyfold.merge(tdef.schema, tdef.primary_key, parts)
+            del parts
+            if data.num_rows:
+                yield data
+
+    @contextmanager
+    def pin(
+        self, table: str, snapshot: int | None = None
+    ) -> Iterator[tuple[TableDef, int, list[PartMeta], dict[str, int]]]:
+        """The parts of ``table`` visible at ``snapshot`` (the latest by default) as files, for a
+        copy of them (``mergetxn backup``): yields ``(definition, snapshot, parts, csns)``,
+        ``csns`` each part's creation CSN (what orders a keys table's versions). The snapshot
+        stays leased, so cleanup keeps every file, until the block ends.
+
+        Raises:
+            SnapshotUnavailable: the snapshot is no longer retained.
+            QuotaExceeded: the user holds as many read leases as its quota allows.
+        """
+        r = self.call("visible", **_visible_args(table, snapshot, None))
+        with self._leased(r):
+            tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+            metas = [PartMeta.from_dict(m) for m in r["parts"]]
+            try:
+                csns = {str(k): int(v) for k, v in (r.get("csns") or {}).items()}
+            except (AttributeError, TypeError, ValueError):
+                raise errors.CorruptMetadata(
+                    f"replica {self.address} answered creation CSNs that do not parse"
+                ) from None
+            yield tdef, r["snapshot"], metas, csns
+
+    @contextmanager
+    def dataset(
+        self, table: str, snapshot: int | None = None, as_of: dt.datetime | None = None
+    ) -> Iterator[ds.Dataset]:
+        """``table`` at the latest snapshot, at ``snapshot`` or ``as_of`` as a
+        ``pyarrow.dataset.Dataset`` for DuckDB, Polars and other Arrow engines: the rows ``read``
+        returns, each part a fragment with its partition expression and footer statistics (a
+        filter skips parts unread); a keys table's fold (one row per key) in memory. Engines read
+        the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends.
+
+        Raises:
+            InvalidInput: no such table (TableNotFound), or a snapshot not retained (SnapshotUnavailable).
+        """
+        latest = snapshot is None and as_of is None
+        for attempt in range(2):
+            r = self.call("visible", **_visible_args(table, snapshot, as_of))
+            with self._leased(r):
+                tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
+                try:
+                    built = self._dataset(tdef, [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns"))
+                except errors.CorruptPart:
+                    # As in read: a part taken by cleanup after a lapsed lease is SnapshotUnavailable
+                    # (a latest snapshot starts over once); anything else is the file's fault.
+                    try:
+                        self.call("visible", table=table, snapshot=r["snapshot"], fresh=True, lease="none")
+                    except errors.SnapshotUnavailable:
+                        if latest and attempt == 0:
+                            continue
+                        raise
+                    raise
+                yield built
+                return
+
+    def _read_keys(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
+        csns: Mapping[str, int],
+        exact: list[tuple] | None = None,
+    ) -> pa.Table:
+        wanted = None
+        # A filter that is only ``key == literal`` terms (keytables.point_keys, exact) keeps
+        # exactly the rows of those keys: it parsed as valid and is not applied after the fold,
+        # which reads and folds those keys' versions alone (an Arrow plan each costs a point read
+        # more than the rest of its client side).
+        if exact is None and where is not None:
+            exact = keytables.point_keys(where, tdef.schema, tdef.primary_key, exact=True)
+        if exact is not None:
+            wanted = exact
+        elif where is not None:  # after the fold: a newer version may move a row out of (or into) it
+            check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
+            # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
+            # part whose key summary cannot hold one of them adds no version the fold would keep.
+            wanted = keytables.point_keys(where, tdef.schema, tdef.primary_key)
+        if wanted is not None:
+            hashed = {k: keytables.key_hash(k) for k in wanted}
+            metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
+        if where is not None and wanted is not None:
+            # Only those keys' versions matter (the fold is per key): of each part, only the row
+            # groups whose key statistics may hold one (parts are written sorted by key), and of
+            # them only those keys' rows, are read and folded.
+            versions = self._point_versions(tdef, metas, csns, wanted)
+            few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions)
+            data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
+        else:
+            data = self._fold_whole(tdef, metas, csns, columns if where is None else None)
+        if where is not None and exact is None and data.num_rows:
+            data = data.filter(where)
+        return data if columns is None else data.select(list(columns))
+
+    def _point_versions(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
+    ) -> list[tuple[float, pa.Table]]:
+        """``(order, versions of the keys wanted)`` of the parts a point read needs, in the order
+        of ``metas``. With plain key columns the parts are read newest first (by
+        :func:`keypoint.top_place`) and the rest left once every key has a PUT or DELETE later
+        than anything they can hold (:func:`keypoint.settled`): the fold of the parts read is
+        the fold of all of them, and a filter's false positive older than a key's last write
+        costs nothing."""
+        keys = (list(tdef.primary_key), wanted)
+        orders = [csns.get(m.name, keytables.OWN) for m in metas]
+        if len(metas) < 2 or not keypoint.plain_keys(tdef.schema, tdef.primary_key):
+            return [(o, read_part(self.storage, m, keys=keys)) for m, o in zip(metas, orders)]
+        return keypoint.newest_first(
+            orders,
+            [m.stats for m in metas],
+            wanted,
+            tdef.primary_key,
+            lambda i: read_part(self.storage, metas[i], keys=keys),
+        )
+
+    def _fold_whole(
+        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None
+    ) -> pa.Table:
+        """Every version of ``metas`` folded (``columns``: the ones the caller keeps, None all).
+        Of each part only the columns its statistics do not prove constant are decoded
+        (:func:`keyfold.read_plan`), in one thread per core (Arrow decodes without the GIL, but
+        each part takes it back a few times: 8 threads on 2 cores decoded benchmarks/keys_bench.py's
+        120 parts in more wall time than one thread did, and 2 in less than 8 in every run,
+        one part alone: Arrow's own threads), then folded
+        (:func:`keyfold.merge`)."""
+        pk = tuple(tdef.primary_key)
+        orders = [csns.get(m.name, keytables.OWN) for m in metas]
+        stats = [m.stats for m in metas]
+        shared, alone = keyfold.shared_orders(orders, stats), keyfold.alone(pk[0], stats)
+        plans = [keyfold.read_plan(tdef.schema, pk, *how, columns) for how in zip(stats, shared, alone)]
+        if len(metas) <= 1:
+            datas = [keyscan.read_versions(self.storage, m, p, pk, threads=True) for m, p in zip(metas, plans)]
+            return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(metas))) as pool:
+            datas = keyscan.read_all_versions(self.storage, metas, plans, pk, pool)
+        return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
+
+    def snapshot(self) -> int:
+        """The replica's snapshot version: everything up to it is applied there."""
+        return self.call("snapshot")["snapshot"]
+
+    def wait_for(self, snapshot: int) -> None:
+        """Return once this client's replica has applied ``snapshot`` (a CSN).
+
+        Raises:
+            InvalidInput: ``snapshot`` is not a CSN.
+            ReplicaUnavailable: the replica did not apply it in time.
+        """
+        self.call("wait", snapshot=snapshot)
+
+    def changes(self, table: str, start: Any, end: Any = None, by: str = "id", compactions: bool = True) -> pa.Table:
+        """Rows of the parts added and removed by the commits whose version is in (start, end]:
+        CSNs for ``by="id"`` (compactions included), aware datetimes for ``by="time"`` (compaction
+        commits have no time version and never appear). The table's columns plus ``_change``
+        ("insert" or "delete") and ``_csn``, in commit order, deletes before inserts.
+        ``compactions=False`` by id leaves out what by time leaves out, with CSN bounds (a stream
+        of changes by time whose offsets are CSNs).
+
+        Raises:
+            InvalidInput: a wrong range or ``by``, or no such table.
+            SnapshotUnavailable: the range starts before what is retained.
+        """
+        if by not in ("id", "time"):
+            raise InvalidInput(f"by must be 'id' or 'time', not {quote(by)}")
+        extra = {} if compactions else {"compactions": False}
+        if by == "time":
+            lo: Any = timestamp_of(start, "start")
+            hi: Any = None if end is None else timestamp_of(end, "end")
+        else:
+            for what, v in (("start", start), ("end", end)):
+                if (v is not None or what == "start") and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise InvalidInput(f"changes by id: {what} must be an integer CSN, not {quote(v)}")
+            lo, hi = start, end
+        r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
+        # the schema at the end of the range (the latest when it is open, or by time)
+        tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
+        clash = [c for c in CHANGE_COLUMNS if c in tdef.schema.names]
+        if clash:  # a table created before the names were reserved
+            with self._leased(r):
+                raise InvalidInput(
+                    f"changes of {quote(table)}: the table has column(s) {clash}, the names changes "
+                    "gives its own columns; rename them (alter_table rename_columns)",
+                    table=table,
+                )
+        if tdef.conflict_policy is Policy.KEYS:
+            with self._leased(r):
+                return self._key_changes(tdef, r)
+        metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
+        try:
+            with self._leased(r):
+                datas = rewrite.read_parts(self.storage, metas, table=tdef)
+        except errors.CorruptPart:  # collected meanwhile?
+            self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none", **extra)
+            raise
+        schema = tdef.schema.append(pa.field("_change", pa.string())).append(pa.field("_csn", pa.int64()))
+        pieces = []
+        for p, data in zip(r["parts"], datas):
+            n = data.num_rows
+            data = data.append_column(schema.field("_change"), pa.array([p["change"]] * n, pa.string()))
+            pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
+        return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
+    def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
+        """``changes`` of a keys table: row changes per key (:func:`keyfold.row_changes`) from the
+        versions the commits in the range wrote, folded onto the rows those keys had at the
+        snapshot before the first of them (which the answer's lease holds). A compaction's output
+        is left out: it writes no new version (:func:`keytables.folded`)."""
+        added: dict[int, list[PartMeta]] = {}
+        for p in r["parts"]:
+            meta = PartMeta.from_dict(p["part"])
+            if p["change"] == "insert" and not keytables.folded(meta):
+                added.setdefault(p["csn"], []).append(meta)
+        if not added:
+            return keytables.changes_schema(tdef.schema).empty_table()
+        commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
+        written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
+        first = commits[0][0]
+        before = self.read(
+            tdef.name, snapshot=first - 1, where=keytables.keys_filter(tdef.primary_key, tdef.schema, written)
+        )
+        return keyfold.row_changes(tdef.schema, tdef.primary_key, before, commits)
+
+    def events(self, table: str | None = None, since_csn: int | None = None) -> pa.Table:
+        """The event log (like ClickHouse's transactions_info_log): commit, part_added and
+        part_removed from the log, begin, rollback and merge from this replica's bounded ring
+        (``user``: who began the transaction, in a secured cluster).
+
+        Raises:
+            InvalidInput: ``since_csn`` is not a CSN.
+        """
+        rows = self.call("events", table=table, since_csn=since_csn)
+        schema = pa.schema(
+            [
+                ("time", pa.timestamp("us", tz="UTC")),
+                ("event", pa.string()),
+                ("table", pa.string()),
+                ("tid", pa.string()),
+                ("csn", pa.int64()),
+                ("snapshot", pa.int64()),
+                ("part", pa.string()),
+                ("partition", pa.string()),
+                ("rows", pa.int64()),
+                ("kinds", pa.string()),
+                ("outcome", pa.string()),
+                ("reason", pa.string()),
+                ("host", pa.string()),
+                ("user", pa.string()),
+            ]
+        )
+        for row in rows:
+            t = row.get("time")
+            row["time"] = None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
+        return pa.Table.from_pylist(rows, schema=schema)
+
+    def _dataset(self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int] | None) -> ds.Dataset:
+        if tdef.conflict_policy is Policy.KEYS:  # versions fold per key: the fold is the dataset
+            return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
+        return snapshot_dataset(self.storage, tdef, metas)
+
+    @contextmanager
+    def _leased(self, answer: dict) -> Iterator[None]:
+        """Keep the read lease named in a replica's ``answer`` (``visible``, ``changes``) while
+        the files are read, renewing it every third of its lapse time, then release it, also on
+        error: once the read has returned its snapshot is no longer in use."""
+        lease = answer.get("lease")
+        if lease is None:
+            yield
+            return
+        done = threading.Event()
+
+        def renew() -> None:
+            try:
+                while not done.wait(answer.get("lease_seconds", 30.0) / 3):
+                    if not self.call("renew", lease=lease)["renewed"]:
+                        return
+            except errors.MergetxnError:
+                return  # the lease lapses; a part cleanup takes meanwhile is reported by the read
+            finally:
+                self._rpc.drop_connection()  # this thread's connection, if it opened one
+
+        renewer = threading.Thread(target=renew, name=f"lease-{lease[:8]}", daemon=True)
+        renewer.start()
+        try:
+            yield
+        finally:
+            done.set()
+            try:
+                self.call("release", lease=lease)
+            except errors.MergetxnError:
+                pass  # it lapses on its own
+
+    def _read_parts(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
+        csns: Mapping[str, int] | None = None,
+        exact: list[tuple] | None = None,
+    ) -> pa.Table:
+        """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
+        A keys table's parts are versions folded to one row per key (:func:`keyfold.merge`), in the
+        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own).
+        ``exact``: ``keytables.point_keys(where, ..., exact=True)`` under ``tdef``, when the
+        caller has it (not parsed again)."""
+        table = tdef.name
+        if columns is not None:
+            missing = [c for c in columns if c not in tdef.schema.names]
+            if missing:
+                raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
+        if tdef.conflict_policy is Policy.KEYS:
+            return self._read_keys(tdef, metas, columns, where, csns or {}, exact)
+        if where is not None:
+            check_expression(where, tdef.schema, f"filter on {quote(table)}")
+            metas = [
+                m
+                for m in metas
+                if may_match(
+                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
+                )
+            ]
+        tables = rewrite.read_parts(self.storage, metas, table=tdef)
+        data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
+        if where is not None:
+            data = data.filter(where)
+        if columns is not None:
+            data = data.select(list(columns))
+        return data
+
+
+class TransactionReads(TransactionBase):
+    """A transaction's reads at its snapshot with its own writes (a part of :class:`Transaction`)."""
+
+    def _visible_csns(
+        self, table: str, pkeys: list[tuple] | None = None, hint: Mapping[str, Any] | None = None
+    ) -> tuple[list[PartMeta], dict[str, int]]:
+        """The parts visible to this transaction (in ``pkeys``, when given; only those that may
+        hold the keys of a point read's ``hint``) and the creation CSN of each committed one
+        (its own parts have none)."""
+        args: dict[str, Any] = {"table": table, "id": self.id, **(hint or {})}
+        if pkeys is not None:
+            args["partitions"] = [list(p) for p in pkeys]
+        r = self.client.call("visible", **args)
+        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
+
+    def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
+        return self._visible_csns(table, pkeys)[0]
+
+    def read(self, table: str, columns: Sequence[str] | None = None, where: pc.Expression | None = None) -> pa.Table:
+        """Rows at this transaction's snapshot, with its own writes; begun with
+        ``atomicity="none"``: the latest state its replica applied at the time of the read,
+        with its own writes (non-atomic transactions read the latest data:
+        docs/rules.md#atomicity-and-durability).
+
+        Raises:
+            InvalidInput: wrong columns or filter, or no such table.
+            TransactionAborted: the transaction has ended.
+            CorruptPart: a part file does not match its checksum.
+        """
+        self._check_open()
+        tdef = self.table(table)
+        metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
+        self._record_read(tdef, where)
+        return self._rows(tdef, metas, csns, columns, where)
+
+    def _rows(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        csns: Mapping[str, int],
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
+    ) -> pa.Table:
+        """The rows of ``metas`` (listed by :meth:`_visible_csns`) as this transaction reads them."""
+        return self.client._read_parts(tdef, metas, columns, where, csns)
+
+    @contextmanager
+    def dataset(self, table: str) -> Iterator[ds.Dataset]:
+        """This transaction's view of ``table`` (its snapshot plus its own writes) as a
+        ``pyarrow.dataset.Dataset``, as ``client.dataset`` gives one; a serializable transaction
+        records it as a read of the whole table. The running transaction keeps its snapshot (and
+        its own files) in use, so no lease is taken; use it before the transaction ends.
+
+        Raises:
+            TableNotFound: no such table at its snapshot.
+            TransactionAborted: the transaction has ended.
+        """
+        self._check_open()
+        tdef = self.table(table)
+        metas, csns = self._visible_csns(table)
+        self._record_read(tdef, None)
+        yield self.client._dataset(tdef, metas, csns)
