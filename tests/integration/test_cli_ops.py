@@ -300,6 +300,27 @@ def test_insert_by_batches_commits_once(
     assert sorted_rows(client.read(name)) == sorted_rows(pa.concat_tables([replacement, rows(700, 350, D2)]))
 
 
+def test_an_overwrite_by_batches_replaces_each_partition_of_the_file_once(
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    """Batches of an `insert --overwrite` whose partitions straddle them (D1; D1 and D2; D2): the
+    file's rows replace what D1 and D2 held, each partition once, D3 is kept, in one commit, and
+    the JSON outcome counts a part per partition of each batch."""
+    d3 = dt.date(2024, 1, 3)
+    name = table(client, "straddle")
+    with client.transaction() as tx:
+        tx.insert(name, pa.concat_tables([rows(0, 5, D1), rows(10, 5, D2), rows(20, 5, d3)]))
+    data = pa.concat_tables([rows(100, 150, D1), rows(300, 150, D2)])  # batches of 100: D1 | D1, D2 | D2 ...
+    pq.write_table(data, tmp_path / "straddle.parquet", row_group_size=100)
+    before = client.snapshot()
+    r = invoke(cluster, "insert", name, tmp_path / "straddle.parquet", "--overwrite", "--batch-rows", 100, "--json")
+    assert r.exit_code == 0, r.output
+    outcome = json.loads(r.stdout)
+    assert (outcome["rows"], outcome["parts"], outcome["overwrite"]) == (300, 4, True)
+    assert client.snapshot() == before + 1 and outcome["csn"] == before + 1
+    assert sorted_rows(client.read(name)) == sorted_rows(pa.concat_tables([data, rows(20, 5, d3)]))
+
+
 def test_a_bad_batch_changes_nothing_and_leaves_no_files(
     cluster: LocalCluster, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
