@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from coordinator.core.errors import MergetxnError
+from mergetxn.cli.options import shown
 from mergetxn.cli.output import console, fail, print_error
 
 if TYPE_CHECKING:
@@ -20,11 +21,10 @@ if TYPE_CHECKING:
 
 
 @click.command(short_help="Run workloads under injected faults and check the history.")
-@click.option(
+@shown(
     "--seconds",
     type=click.FloatRange(min=1),
     default=60.0,
-    show_default=True,
     help="How long the workloads and the nemesis run at most (setup and checking come on top).",
 )
 @click.option(
@@ -40,11 +40,10 @@ if TYPE_CHECKING:
 @click.option(
     "--seed", type=int, default=None, help="Seed of the nemesis and the workloads (default: random, printed)."
 )
-@click.option(
+@shown(
     "--workload",
     type=click.Choice(["list-append", "bank", "keys", "spark", "all"]),
     default="all",
-    show_default=True,
     help="'all' is list-append, bank and keys; 'spark' runs Spark jobs (append, overwrite, jobs joining a "
     "driver transaction, reads) through the data source on a Spark standalone cluster (a master "
     "and a worker per other host, executors on other hosts than the driver).",
@@ -82,26 +81,18 @@ if TYPE_CHECKING:
     help="A lane waits a random time up to this long between two faults. Default 0.3, or 10 with "
     "the Spark workload (same reason).",
 )
-@click.option(
+@shown(
     "--report",
     "report_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("chaos-report"),
-    show_default=True,
     help="Directory for history.jsonl, findings.json, summary.json and timeline.html.",
 )
-@click.option(
-    "--clients-per-replica",
-    type=click.IntRange(min=1),
-    default=2,
-    show_default=True,
-    help="Clients per replica and workload.",
-)
-@click.option(
+@shown("--clients-per-replica", type=click.IntRange(min=1), default=2, help="Clients per replica and workload.")
+@shown(
     "--form",
     type=click.Choice(["auto", "namespaces", "loopback", "single"]),
     default="auto",
-    show_default=True,
     help="Simulated hosts in network namespaces (needs root), on loopback, "
     "or a single host (one ZooKeeper, replica signal faults only).",
 )
@@ -111,11 +102,10 @@ if TYPE_CHECKING:
     default=None,
     help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).",
 )
-@click.option(
+@shown(
     "--storage",
     type=click.Choice(["dir", "s3"]),
     default="dir",
-    show_default=True,
     help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
     "(behind a fault proxy: the s3-errors and s3-timeouts faults).",
 )

@@ -14,7 +14,7 @@ from rich.markup import escape
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from mergetxn.cli.files import READ_FORMATS, output_format, print_rows, write_out
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import replica_option, shown
 from mergetxn.cli.output import answer, connected, console, rows_table
 from mergetxn.cli.parsing import parse_as_of
 
@@ -140,21 +140,8 @@ def changes(
 
 @click.command(short_help="A table's commits: kind, rows, who; aborts and why.")
 @click.argument("table_name", metavar="TABLE")
-@click.option(
-    "--limit",
-    type=click.IntRange(min=1, max=10_000),
-    default=50,
-    show_default=True,
-    help="The most recent entries to print.",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="json: one object per line.",
-)
+@shown("--limit", type=click.IntRange(min=1, max=10_000), default=50, help="The most recent entries to print.")
+@shown("--format", "fmt", type=click.Choice(["table", "json"]), default="table", help="json: one object per line.")
 @replica_option
 def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
     """TABLE's history, oldest first: each commit's CSN, time, kind, rows of the parts it added

@@ -22,7 +22,7 @@ from coordinator.core.conflicts import Policy
 from coordinator.core.errors import quote
 from coordinator.core.tabledata import partition_key, split_by_partition
 from mergetxn.cli.files import file_batches
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import replica_option, shown
 from mergetxn.cli.output import connected, echo_json, progress, say
 
 if TYPE_CHECKING:
@@ -45,11 +45,10 @@ if TYPE_CHECKING:
     help="Keys tables: update mode (columns FILE lacks keep their values; "
     "without it a row replaces its key's row, absent columns null).",
 )
-@click.option(
+@shown(
     "--batch-rows",
     type=click.IntRange(min=1),
     default=1_000_000,
-    show_default=True,
     help="Rows read from FILE at a time (each batch is written as parts of its own).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import replica_option, shown
 from mergetxn.cli.output import EXIT_CORRUPT, answer, connected, console, fail, long_timeout, rows_table, working
 from mergetxn.cli.parsing import partition_values
 
@@ -20,11 +20,10 @@ if TYPE_CHECKING:
 
 @click.command(short_help="Compact a table now.")
 @click.argument("table_name", metavar="TABLE")
-@click.option(
+@shown(
     "--kind",
     type=click.Choice(["minor", "major"]),
     default="minor",
-    show_default=True,
     help="minor merges small parts; major rewrites every part of a partition.",
 )
 @click.option(

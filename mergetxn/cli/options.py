@@ -122,3 +122,8 @@ def zookeeper_access(replica: str | None, zk_hosts: str | None, credentials: Pat
     if kazoo_log.level == logging.NOTSET:
         kazoo_log.setLevel(logging.CRITICAL)
     return creds
+
+
+def shown(*decls: str, type: click.ParamType | type, default: Any, help: str) -> Callable[[F], F]:
+    """An option of ``type`` whose default its help shows (``show_default``)."""
+    return click.option(*decls, type=type, default=default, show_default=True, help=help)

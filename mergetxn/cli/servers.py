@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from coordinator.core.errors import InvalidInput, MergetxnError
-from mergetxn.cli.options import credentials_option, timeout_option, zookeeper_access, zookeeper_location
+from mergetxn.cli.options import credentials_option, shown, timeout_option, zookeeper_access, zookeeper_location
 from mergetxn.cli.output import EXIT_UNAVAILABLE, ask, call_timeout, console, fail, log, redact, say
 from replicas.settings import click_options
 
@@ -46,12 +46,11 @@ def zk() -> None:
 
 
 @zk.command("start")
-@click.option(
+@shown(
     "--dir",
     "directory",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path(".mergetxn") / "zookeeper",
-    show_default=True,
     help="Data and log directory (kept across restarts).",
 )
 @click.option(
@@ -74,11 +73,10 @@ def zk() -> None:
     help="Every member of the ensemble in id order, as host:clientPort:quorumPort:electionPort "
     "separated by commas; member --id listens on its own host.",
 )
-@click.option(
+@shown(
     "--tick-ms",
     type=click.IntRange(10, 60000),
     default=200,
-    show_default=True,
     help="ZooKeeper tickTime: sessions may be as short as 2 ticks.",
 )
 @click.option(

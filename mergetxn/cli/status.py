@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mergetxn.cli.options import credentials_option, timeout_option, zookeeper_access, zookeeper_location
+from mergetxn.cli.options import credentials_option, shown, timeout_option, zookeeper_access, zookeeper_location
 from mergetxn.cli.output import (
     EXIT_OK,
     EXIT_UNHEALTHY,
@@ -27,11 +27,10 @@ from mergetxn.cli.output import (
 
 @click.command(short_help="Check the cluster's health (exit code 1 when unhealthy).")
 @zookeeper_location("Ask this replica where ZooKeeper is")
-@click.option(
+@shown(
     "--max-lag-seconds",
     type=click.FloatRange(min=0),
     default=30.0,
-    show_default=True,
     help="A replica behind the log's end for longer is unhealthy.",
 )
 @click.option(

@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import replica_option, shown
 from mergetxn.cli.output import answer, console, rows_table, say
 from mergetxn.cli.parsing import column_list, lock_groups, parse_schema
 
@@ -39,11 +39,10 @@ def table() -> None:
 @click.option(
     "--primary-key", multiple=True, metavar="COL", help="Primary key column (repeatable; a comma list also works)."
 )
-@click.option(
+@shown(
     "--policy",
     type=click.Choice(["parts", "maxcompute", "append", "keys"]),
     default="parts",
-    show_default=True,
     help="Conflict policy for concurrent writers (keys: a keys table, needs --primary-key).",
 )
 @click.option(
@@ -53,11 +52,10 @@ def table() -> None:
     metavar="NAME=COL1,COL2",
     help="Keys tables: a lock group and its columns (repeatable).",
 )
-@click.option(
+@shown(
     "--atomicity",
     type=click.Choice(["full", "none"]),
     default="full",
-    show_default=True,
     help="Keys tables: full (transactions) or none (each write on its own).",
 )
 @click.option(
