@@ -15,7 +15,7 @@ from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from mergetxn.cli.files import READ_FORMATS, output_format, print_rows, write_out
 from mergetxn.cli.options import replica_option, shown
-from mergetxn.cli.output import answer, connected, console, rows_table
+from mergetxn.cli.output import answer, ask, connected, console, rows_table
 from mergetxn.cli.parsing import parse_as_of
 
 if TYPE_CHECKING:
@@ -129,8 +129,7 @@ def changes(
     """The rows added (_change insert) and removed (_change delete) by TABLE's commits whose CSN
     is in (--from, --to], with the _csn of each: client.changes by id."""
     fmt = output_format(fmt, output)
-    with connected(replica) as client:
-        data = client.changes(table_name, start, end)
+    data = ask(replica, lambda client: client.changes(table_name, start, end))
     what = f"changed rows of {escape(table_name)} in ({start}, {'latest' if end is None else end}]"
     if fmt == "table":
         print_rows(data.slice(0, limit), data.num_rows, limit, what)

@@ -138,7 +138,7 @@ class _Batches:
 
     def __init__(self, tx: Transaction, tdef: TableDef, overwrite: bool, update: bool) -> None:
         self.tx, self.tdef, self.overwrite, self.update = tx, tdef, overwrite, update
-        self.replaced: set[str] = set()  # the partitions this file's overwrite replaced (keys)
+        self.replaced: set[str] = set()  # the partitions (partition keys) the overwrite replaced so far
         self.parts = 0
 
     def add(self, data: pa.Table) -> int:
@@ -150,32 +150,33 @@ class _Batches:
             self.parts += 1
             return self.tx.upsert(table, data, update=self.update)
         if not self.overwrite:
-            rows = self.tx.insert(table, data)
+            rows, held = self.tx.insert(table, data), _partitions(data, by)  # the client checks the data first
         elif data.num_rows == 0:
             return 0  # an empty overwrite of an unpartitioned table would empty it
         else:
-            rows = self._overwrite(data, by)
-        self.parts += len(_partitions(data, by))
+            rows, held = self._overwrite(data, by)
+        self.parts += len(held)
         return rows
 
-    def _overwrite(self, data: pa.Table, by: list[str]) -> int:
-        """Overwrite the partitions of ``data`` no earlier batch held; insert into the others."""
+    def _overwrite(self, data: pa.Table, by: list[str]) -> tuple[int, set[str]]:
+        """Overwrite the partitions of ``data`` no earlier batch held, insert into the others;
+        the rows staged and the partitions ``data`` is in."""
         table = self.tdef.name
         if not self.replaced:  # the first batch: the client checks it as any overwrite
             rows = self.tx.overwrite(table, data)
-            self.replaced.update(_partitions(data, by))
-            return rows
-        held = _partitions(data, by)
-        if self.replaced.issuperset(held):
-            return self.tx.insert(table, data)
-        if self.replaced.isdisjoint(held):
-            self.replaced.update(held)
-            return self.tx.overwrite(table, data)
+            self.replaced.update(held := _partitions(data, by))
+            return rows, held
+        held = _partitions(data, by)  # as the first batch's: one file, one schema
+        fresh = held - self.replaced
+        self.replaced |= held
+        if not fresh:
+            return self.tx.insert(table, data), held
+        if fresh == held:
+            return self.tx.overwrite(table, data), held
         groups = split_by_partition(data, by)
-        fresh = [chunk for p, chunk in groups if partition_key(p) not in self.replaced]
-        again = [chunk for p, chunk in groups if partition_key(p) in self.replaced]
-        self.replaced.update(held)
-        return self.tx.overwrite(table, pa.concat_tables(fresh)) + self.tx.insert(table, pa.concat_tables(again))
+        new = pa.concat_tables([chunk for p, chunk in groups if partition_key(p) in fresh])
+        again = pa.concat_tables([chunk for p, chunk in groups if partition_key(p) not in fresh])
+        return self.tx.overwrite(table, new) + self.tx.insert(table, again), held
 
 
 def _partitions(data: pa.Table, by: list[str]) -> set[str]:
