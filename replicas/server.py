@@ -748,7 +748,7 @@ def _bind(make: Callable[[], T], flag: str, host: str, port: int) -> T:
 
 # The exit status of a replica whose RPC loop died (a bug): its supervisor restarts it.
 EXIT_RPC_DIED = 70
-# ZooKeeper did not answer the start: mergetxn's exit code for "unavailable" (mergetxn/cli.py).
+# ZooKeeper did not answer the start: mergetxn's exit code for "unavailable" (mergetxn/cli/output.py).
 EXIT_UNAVAILABLE = 5
 
 

@@ -72,7 +72,7 @@ LOCALHOST = "127.0.0.1"
 
 #: JVM flags for the embedded servers: a small heap (ZooKeeper holds only metadata here) and a
 #: simple GC; IPv4 so that 127.0.0.1 is what the server binds. The C1 compiler only (as the
-#: ensemble members, cli.MEMBER_JVM_FLAGS): at a hundred commits a second C2 kept compiling for
+#: ensemble members, mergetxn/cli/servers.py MEMBER_JVM_FLAGS): at a hundred commits a second C2 kept compiling for
 #: over a minute and was most of ZooKeeper's CPU per commit (1.0-3.0 ms per commit multi against
 #: 1.0-1.1 with C1 alone; measured with benchmarks/zk_request_cost.py).
 JVM_FLAGS: tuple[str, ...] = (

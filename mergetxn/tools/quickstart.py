@@ -36,7 +36,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from coordinator.core.errors import ConflictError, InvalidInput, MergetxnError
-from mergetxn.client.client import Client
+from mergetxn.client.client import Client, Transaction
 from mergetxn.local.cluster import LocalCluster
 
 REPLICAS = 3
@@ -60,6 +60,13 @@ class StepFailed(Exception):
 def expect(condition: bool, message: str) -> None:
     if not condition:
         raise StepFailed(message)
+
+
+def csn_of(csn: int | None, what: str) -> int:
+    """The CSN of a commit that returns one (every commit here is synchronous)."""
+    if csn is None:
+        raise StepFailed(f"{what} committed without a CSN")
+    return csn
 
 
 @dataclass
@@ -284,7 +291,8 @@ class Workload:
         # (replica, table, day or source): two writers per replica. Orders writers each own a
         # partition (under maxcompute two INSERTs into one partition conflict); events writers
         # share the table (under parts INSERTs never conflict).
-        plan = [(i, "orders", DAY[i]) for i in range(REPLICAS)] + [(i, "events", f"r{i}") for i in range(REPLICAS)]
+        plan: list[tuple[int, str, Any]] = [(i, "orders", DAY[i]) for i in range(REPLICAS)]
+        plan += [(i, "events", f"r{i}") for i in range(REPLICAS)]
         csns, spans = self._run_writers(plan)
         commits = sum(len(x) for x in csns)
         elapsed = max(e for _, e in spans) - min(s for s, _ in spans)
@@ -318,7 +326,7 @@ class Workload:
         self.say(f"read on r0 at CSN {self.writer_csn}: orders {orders.num_rows} rows, events {events.num_rows} rows")
         return f"{commits} commits, {rate:.0f} commits/s, no row lost"
 
-    def _run_writers(self, plan: list[tuple[int, str, str]]) -> tuple[list[list[int]], list[tuple[float, float]]]:
+    def _run_writers(self, plan: list[tuple[int, str, Any]]) -> tuple[list[list[int]], list[tuple[float, float]]]:
         """The writers of ``plan`` (replica, table, day or source), started together by a barrier:
         each one's CSNs in commit order and its (start, end) time; any writer's error fails the step."""
         barrier = threading.Barrier(len(plan))
@@ -341,7 +349,7 @@ class Workload:
                     )
                     with client.transaction() as tx:
                         tx.insert(table, data)
-                    csns[w].append(tx.csn)
+                    csns[w].append(csn_of(tx.csn, f"writer {w}"))
                 spans[w] = (start, time.perf_counter())
                 client.close()
             except Exception as exc:  # reported below; the step then fails
@@ -364,15 +372,8 @@ class Workload:
         self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both UPDATE orders partition {d1}")
         a.update("orders", day_filter(d1), {"amount": pc.field("amount") + 1.0})
         b.update("orders", day_filter(d1), {"amount": pc.field("amount") + 100.0})
-        csn_a = a.commit()
-        try:
-            b.commit()
-        except ConflictError as exc:
-            self.say(f"A committed at CSN {csn_a}; B's commit fails:")
-            self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
-            expect(exc.winner == a.id, f"the error names {exc.winner} as the winner, expected {a.id}")
-        else:
-            raise StepFailed("B's UPDATE of the same partition committed; it should have lost to A")
+        exc = self._b_loses_to_a(a, b, "B's UPDATE of the same partition committed; it should have lost to A")
+        expect(exc.winner == a.id, f"the error names {exc.winner} as the winner, expected {a.id}")
         after = self.c(0).read("orders", where=day_filter(d1))
         expect(
             pc.sum(after["amount"]).as_py() == base + n * 1.0,
@@ -445,7 +446,7 @@ class Workload:
         files = self.storage_files()
         csn = comp.commit()
         expect(self.storage_files() == files, "the compaction's commit wrote data files")
-        c0.wait_for(max(t.csn for t in inserted))
+        c0.wait_for(max(csn_of(t.csn, f"insert {t.id}") for t in inserted))
         recs = c0.parts("events").to_pylist()
         removed = [r for r in recs if r["removal_csn"] == csn]
         expect(
@@ -477,7 +478,7 @@ class Workload:
         tx = c0.begin()
         tx.insert("orders", orders_rows(7_000_000, 10, DAY[8]))
         tx.insert("events", events_rows(7_000_000, 10, "checkout", "order"))
-        csn = tx.commit()
+        csn = csn_of(tx.commit(), "the multi-table transaction")
         self.multi_csn = csn
         for table in ("orders", "events"):
             mine = [r for r in c0.parts(table).to_pylist() if r["creation_tid"] == tx.id]
@@ -531,6 +532,7 @@ class Workload:
             old_amount == self.writer_d1_amount and now_amount != old_amount,
             "the old snapshot does not show the amounts from before the UPDATEs",
         )
+        assert self.writer_time is not None  # set by the concurrent writers' step, which comes first
         when = self.writer_time.astimezone().strftime("%H:%M:%S.%f")[:-3]
         self.say(
             f"orders at CSN {self.writer_csn}: {old.num_rows} rows; as of {when}: "
@@ -555,8 +557,7 @@ class Workload:
             update=True,
         )
         m.commit()
-        p.commit()
-        c0.wait_for(p.csn)
+        c0.wait_for(csn_of(p.commit(), "the second transaction"))
         row = c0.read("customers", where=pc.field("customer") == 2).to_pylist()
         expect(
             row == [{"customer": 2, "name": "Ada", "balance": 175.0, "segment": "gold"}],
@@ -593,7 +594,7 @@ class Workload:
                     schema=schema,
                 ),
             )
-        c1.wait_for(tx.csn)
+        c1.wait_for(csn_of(tx.csn, "the transaction"))
         self.say(
             f"customers: primary key customer, conflict policy [bold]keys[/] (CSN {csn}), lock groups "
             "money = balance and profile = name, segment"
@@ -605,18 +606,23 @@ class Workload:
         self.say(f"A = {a.id} on r0 and B = {b.id} on r1 both upsert customer 1")
         a.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [150.0]}), update=True)
         b.upsert("customers", pa.table({"customer": pa.array([1], pa.int64()), "balance": [10.0]}), update=True)
+        exc = self._b_loses_to_a(a, b, "B's upsert of customer 1 committed; it should have lost to A")
+        expect(
+            exc.winner == a.id and "'customer': 1" in exc.message,
+            f"the error should name the winner {a.id} and the key customer 1: {exc.message}",
+        )
+
+    def _b_loses_to_a(self, a: Transaction, b: Transaction, if_not: str) -> ConflictError:
+        """A commits, then B's commit fails with the ConflictError shown and returned (StepFailed
+        with ``if_not`` if B commits)."""
         csn_a = a.commit()
         try:
             b.commit()
         except ConflictError as exc:
             self.say(f"A committed at CSN {csn_a}; B's commit fails:")
             self.out.print(f"    [yellow]ConflictError: {escape(str(exc))}[/]", soft_wrap=True)
-            expect(
-                exc.winner == a.id and "'customer': 1" in exc.message,
-                f"the error should name the winner {a.id} and the key customer 1: {exc.message}",
-            )
-        else:
-            raise StepFailed("B's upsert of customer 1 committed; it should have lost to A")
+            return exc
+        raise StepFailed(if_not)
 
     def spark_job(self) -> str:
         started = time.perf_counter()
@@ -643,7 +649,7 @@ class Workload:
         try:
             beside_csn = self._spark_writes(session, tx)
             self._spark_read_while_open(session, beside_csn)
-            csn = tx.commit()
+            csn = csn_of(tx.commit(), "the Spark transaction")
         finally:
             if tx.csn is None:
                 try:
@@ -651,7 +657,8 @@ class Workload:
                 except Exception:
                     pass
         self._spark_read_committed(session, tx.id, csn, beside_csn)
-        self.spark.stop()
+        if self.spark is not None:
+            self.spark.stop()
         took = time.perf_counter() - started
         self.say(f"Spark stopped; the step took {took:.1f}s (Spark start-up {boot:.1f}s)")
         return (
@@ -721,7 +728,7 @@ class Workload:
             f"events; between the two writes r1 committed {ROWS_PER_COMMIT} events rows at "
             f"CSN {beside.csn} (policy parts: no conflict)"
         )
-        return beside.csn
+        return csn_of(beside.csn, "the transaction beside")
 
     def _spark_read_while_open(self, session: Any, beside_csn: int) -> None:
         """A Spark read on r2 at the latest snapshot, T still open: none of T's rows, all of r1's."""

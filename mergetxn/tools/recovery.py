@@ -44,6 +44,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, TypeGuard
 
 import pyarrow as pa
 
@@ -239,7 +240,7 @@ def load(directory: str, seal: Callable[[str], str] | None = None, unverified: b
     return src, b
 
 
-def _is_hex256(value: object) -> bool:
+def _is_hex256(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
@@ -430,7 +431,7 @@ def history(client: Client, table: str, limit: int = 50) -> list[dict]:
 
 def summarize(events: list[dict], ddl: list[dict]) -> list[dict]:
     """History entries from ``client.events`` rows and ``describe_table``'s ``history`` (pure)."""
-    commits: dict[tuple[int, str], dict] = {}
+    commits: dict[tuple[Any, Any], dict] = {}  # (CSN, tid) -> the commit's entry
     out: list[dict] = []
     users = {e.get("tid"): e.get("user") for e in events if e["event"] == "begin" and e.get("user")}
     for e in events:

@@ -128,31 +128,16 @@ def storage_check(address: str, timeout: float, connect: Connect = _client) -> d
 def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = None) -> dict[str, Any]:
     """What ZooKeeper holds about the cluster (read only). ``credentials``: a secured cluster's
     (:class:`coordinator.wire.security.Credentials`), whose digest identity its nodes' ACLs require."""
-    from kazoo.client import KazooClient
-    from kazoo.retry import KazooRetry
-
-    from coordinator.wire.security import zk_client_args
+    from coordinator.core.errors import ReplicaUnavailable
     from coordinator.zk.alive import read_alive
     from coordinator.zk.alive import registered as registered_hosts
     from coordinator.zk.log import CsnLog
     from coordinator.zk.needed import find_missing
 
-    zk = KazooClient(
-        hosts=hosts,
-        timeout=timeout,
-        connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-        command_retry=KazooRetry(max_tries=2, delay=0.05),
-        **zk_client_args(credentials),
-    )
     try:
-        zk.start(timeout=timeout)
-    except Exception as exc:  # kazoo's timeout, or a bad connection string
-        try:
-            zk.stop()
-            zk.close()
-        except Exception:  # pragma: no cover - giving up anyway
-            pass
-        return {"error": f"cannot connect to ZooKeeper {hosts}: {type(exc).__name__}: {exc}"}
+        zk = _started(hosts, timeout, credentials)
+    except ReplicaUnavailable as exc:
+        return {"error": exc.message}
     try:
         layout = CsnLog(zk, root)
         if zk.exists(layout.log_path()) is None:
@@ -179,11 +164,39 @@ def _read_zookeeper(hosts: str, root: str, timeout: float, credentials: Any = No
     except Exception as exc:  # the session went away meanwhile
         return {"error": f"cannot read ZooKeeper {hosts}: {type(exc).__name__}: {exc}"}
     finally:
-        try:
-            zk.stop()
-            zk.close()
-        except Exception:  # pragma: no cover - closing anyway
-            pass
+        _stop(zk)
+
+
+def _started(hosts: str, timeout: float, credentials: Any = None) -> KazooClient:
+    """A ZooKeeper client connected within ``timeout`` (ReplicaUnavailable if not), with a
+    secured cluster's digest identity when given ``credentials``."""
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    from coordinator.core.errors import ReplicaUnavailable
+    from coordinator.wire.security import zk_client_args
+
+    zk = KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
+        command_retry=KazooRetry(max_tries=2, delay=0.05),
+        **zk_client_args(credentials),
+    )
+    try:
+        zk.start(timeout=timeout)
+    except Exception as exc:  # kazoo's timeout, or a bad connection string
+        _stop(zk)
+        raise ReplicaUnavailable(f"cannot connect to ZooKeeper {hosts}: {type(exc).__name__}: {exc}") from None
+    return zk
+
+
+def _stop(zk: KazooClient) -> None:
+    try:
+        zk.stop()
+        zk.close()
+    except Exception:  # pragma: no cover - giving up anyway
+        pass
 
 
 def _log_extent(zk: KazooClient, layout: CsnLog) -> tuple[int, int, int]:
@@ -236,36 +249,17 @@ def retire(hosts: str, root: str, host_id: str, timeout: float, credentials: Any
     """Retire replica ``host_id`` for good (coordinator/zk/alive.py, :func:`~coordinator.zk.alive.retire`):
     refused (InvalidInput) while it is alive or if it was never registered; ReplicaUnavailable
     when ZooKeeper does not answer within ``timeout``. Returns the incarnation it fenced."""
-    from kazoo.client import KazooClient
-    from kazoo.retry import KazooRetry
-
-    from coordinator.core.errors import ReplicaUnavailable
-    from coordinator.wire.security import zk_client_args
     from coordinator.zk.alive import retire as retire_host
     from coordinator.zk.log import CsnLog
 
-    zk = KazooClient(
-        hosts=hosts,
-        timeout=timeout,
-        connection_retry=KazooRetry(max_tries=-1, max_delay=0.5),
-        command_retry=KazooRetry(max_tries=2, delay=0.05),
-        **zk_client_args(credentials),
-    )
+    zk = _started(hosts, timeout, credentials)
     try:
-        try:
-            zk.start(timeout=timeout)
-        except Exception as exc:  # kazoo's timeout, or a bad connection string
-            raise ReplicaUnavailable(f"cannot connect to ZooKeeper {hosts}: {type(exc).__name__}: {exc}") from None
         layout = CsnLog(zk, root)
         if zk.exists(layout.log_path()) is None:
             raise InvalidInput(f"no mergetxn cluster at {hosts} under {layout.root}", root=layout.root)
         return retire_host(zk, layout, host_id)
     finally:
-        try:
-            zk.stop()
-            zk.close()
-        except Exception:  # pragma: no cover - giving up anyway
-            pass
+        _stop(zk)
 
 
 def gather(

@@ -30,7 +30,7 @@ from support.cluster import environ, make_cluster  # tests/ is on sys.path
 from support.data import sorted_rows
 from support.waiting import wait_until
 
-import mergetxn.cli as cli_module
+import mergetxn.cli.files as cli_files
 from coordinator import LocalCluster
 from coordinator.errors import ConflictError, MergetxnError, StorageError
 from mergetxn.cli import EXIT_CODES, cli, exit_code
@@ -137,14 +137,17 @@ def test_conflict_exit_code(
     with client.transaction() as tx:
         tx.insert("contested", rows(1, 2))
     winner_rows = rows(100, 1)
-    stage = Transaction.add_parts
+    stage = Transaction.overwrite
+    beaten: list[str] = []
 
     def beaten_first(self: Transaction, *args: object, **kwargs: object) -> int:
-        with cluster.client(0) as other, other.transaction() as winner:
-            winner.overwrite("contested", winner_rows)
+        if not beaten:  # the CLI's own overwrite: the winner's (this same method) goes straight through
+            beaten.append(self.id)
+            with cluster.client(0) as other, other.transaction() as winner:
+                winner.overwrite("contested", winner_rows)
         return stage(self, *args, **kwargs)
 
-    monkeypatch.setattr(Transaction, "add_parts", beaten_first)
+    monkeypatch.setattr(Transaction, "overwrite", beaten_first)
     pq.write_table(rows(50, 3), tmp_path / "mine.parquet")
     r = invoke(cluster, "insert", "contested", tmp_path / "mine.parquet", "--overwrite")
     one_error_line(r, 4, "lost to")
@@ -279,7 +282,7 @@ def test_insert_by_batches_commits_once(
         pq.write_table(data, path, row_group_size=100)
     else:
         pcsv.write_csv(data, path)
-        monkeypatch.setattr(cli_module, "CSV_BLOCK_BYTES", 2048)  # many blocks of a few dozen rows
+        monkeypatch.setattr(cli_files, "CSV_BLOCK_BYTES", 2048)  # many blocks of a few dozen rows
     before = client.snapshot()
     r = invoke(cluster, "insert", name, path, "--batch-rows", 200, "--json")
     assert r.exit_code == 0, r.output
@@ -297,13 +300,34 @@ def test_insert_by_batches_commits_once(
     assert sorted_rows(client.read(name)) == sorted_rows(pa.concat_tables([replacement, rows(700, 350, D2)]))
 
 
+def test_an_overwrite_by_batches_replaces_each_partition_of_the_file_once(
+    cluster: LocalCluster, client: Client, tmp_path: Path
+) -> None:
+    """Batches of an `insert --overwrite` whose partitions straddle them (D1; D1 and D2; D2): the
+    file's rows replace what D1 and D2 held, each partition once, D3 is kept, in one commit, and
+    the JSON outcome counts a part per partition of each batch."""
+    d3 = dt.date(2024, 1, 3)
+    name = table(client, "straddle")
+    with client.transaction() as tx:
+        tx.insert(name, pa.concat_tables([rows(0, 5, D1), rows(10, 5, D2), rows(20, 5, d3)]))
+    data = pa.concat_tables([rows(100, 150, D1), rows(300, 150, D2)])  # batches of 100: D1 | D1, D2 | D2 ...
+    pq.write_table(data, tmp_path / "straddle.parquet", row_group_size=100)
+    before = client.snapshot()
+    r = invoke(cluster, "insert", name, tmp_path / "straddle.parquet", "--overwrite", "--batch-rows", 100, "--json")
+    assert r.exit_code == 0, r.output
+    outcome = json.loads(r.stdout)
+    assert (outcome["rows"], outcome["parts"], outcome["overwrite"]) == (300, 4, True)
+    assert client.snapshot() == before + 1 and outcome["csn"] == before + 1
+    assert sorted_rows(client.read(name)) == sorted_rows(pa.concat_tables([data, rows(20, 5, d3)]))
+
+
 def test_a_bad_batch_changes_nothing_and_leaves_no_files(
     cluster: LocalCluster, client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     name = table(client, "badbatch")
     good = "\n".join(f"{i},n{i},2024-01-01" for i in range(300))
     (tmp_path / "bad.csv").write_text(f"id,name,day\n{good}\nnot-a-number,x,2024-01-01\n")
-    monkeypatch.setattr(cli_module, "CSV_BLOCK_BYTES", 1024)
+    monkeypatch.setattr(cli_files, "CSV_BLOCK_BYTES", 1024)
     before = client.snapshot()
     r = invoke(cluster, "insert", name, tmp_path / "bad.csv", "--batch-rows", 50)
     one_error_line(r, 2, "bad.csv")

@@ -18,10 +18,6 @@ WRITE_PART_CALLERS: dict[str, str] = {
     "into (its rows already the table's; a split by partition would regroup them for nothing)",
     "mergetxn/chaos/hostile.py": "the chaos harness forges an empty part, which the write road never writes",
 }
-# Callers still to move onto the road (a file whose call is gone may stay listed: it is being rebuilt).
-NOT_YET: dict[str, str] = {
-    "mergetxn/cli.py": "the CLI's write path (_PartWriter.add): to call parts.io.write.write_data",
-}
 
 
 def _write_part_callers() -> set[str]:
@@ -39,7 +35,7 @@ def _write_part_callers() -> set[str]:
 
 def test_every_writer_uses_the_one_write_road() -> None:
     callers = _write_part_callers()
-    assert callers - WRITE_PART_CALLERS.keys() - NOT_YET.keys() == set()
+    assert callers - WRITE_PART_CALLERS.keys() == set()
     assert set(WRITE_PART_CALLERS) <= callers, "an allowed caller no longer calls write_part: remove it"
 
 

@@ -1,0 +1,5 @@
+"""``python -m mergetxn.cli``: the ``mergetxn`` command."""
+
+from mergetxn.cli import main
+
+main()
