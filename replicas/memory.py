@@ -8,7 +8,11 @@ commits, 16 MB in use and 49 MB free after 40,000, the resident set growing with
 alone. Arrow's pool (mimalloc in pyarrow's wheels) keeps freed pages too: 35 MB resident in its
 reserved gigabyte while it held no allocation. :func:`trim` returns both to the system (glibc's
 ``malloc_trim``, Arrow's ``release_unused``); the replica calls it every :data:`TRIM_SECONDS`
-from its reaper thread. :func:`memory` is ``info()["memory"]``.
+from its reaper thread. Trimming gives back whole free pages only; holes smaller than a page
+between live blocks stay, and they grew across glibc's many heaps (8 per core, one taken by each
+thread that finds the others busy) as large buffers were carved from them: :func:`tune` keeps a
+replica to :data:`ARENAS` heaps and maps every block of :data:`MMAP_THRESHOLD` or more on its
+own. :func:`memory` is ``info()["memory"]``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,14 @@ import os
 import sys
 import threading
 from functools import cache
+
+#: glibc's heaps for a replica's threads (``M_ARENA_MAX``; its default is 8 per core), and the size
+#: from which a block is mapped on its own and unmapped when freed (``M_MMAP_THRESHOLD``; glibc's
+#: default starts there but rises with each large block freed, after which large dict and bytes
+#: buffers are carved from the heaps and leave holes as they are resized and freed).
+ARENAS = 2
+MMAP_THRESHOLD = 128 << 10
+_M_MMAP_THRESHOLD, _M_ARENA_MAX = -3, -8
 
 #: Seconds between two trims of the C heap (each walks the heap: about a millisecond per 10 MB free).
 TRIM_SECONDS = 30.0
@@ -38,6 +50,8 @@ def _libc() -> ctypes.CDLL | None:
         libc.mallinfo2.restype = _MallInfo2
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.malloc_trim.restype = ctypes.c_int
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+        libc.mallopt.restype = ctypes.c_int
     except (OSError, AttributeError):
         return None
     return libc
@@ -63,6 +77,15 @@ def memory() -> dict:
         m = libc.mallinfo2()
         out |= {"heap_in_use_bytes": m.uordblks, "heap_free_bytes": m.fordblks, "heap_mmapped_bytes": m.hblkhd}
     return out
+
+
+def tune() -> None:
+    """Set glibc's heaps for a long-running process (:data:`ARENAS`, :data:`MMAP_THRESHOLD`);
+    called first thing in a replica's ``main``, before its threads start. Nothing without glibc."""
+    libc = _libc()
+    if libc is not None:
+        libc.mallopt(_M_ARENA_MAX, ARENAS)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def trim() -> bool:

@@ -45,7 +45,7 @@ from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
 from coordinator.wire.security import backup_mac
 from coordinator.zk.alive import read_alive
-from replicas import failpoints, leases, logs, settings
+from replicas import failpoints, leases, logs, memory, settings
 from replicas.replica import Replica
 from replicas.settings import ReplicaConfig
 from replicas.storage_check import check_tables
@@ -780,6 +780,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ready-file", default=None)
     a = p.parse_args(argv)
     faulthandler.enable()  # a crash in native code (a signal) leaves every thread's stack on stderr, the replica's log
+    memory.tune()  # glibc's heaps for months of use (replicas/memory.py), before any thread starts
     try:
         config = settings.from_arguments(a)
     except InvalidInput as exc:  # protected mode, say: one line, exit status 2
