@@ -31,15 +31,13 @@ commits arrive while the slowest live replica catches up, however long the clust
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,6 +49,7 @@ from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.zk.alive import read_alive
 from coordinator.zk.log import decode_tail, encode_tail
+from replicas.memory import no_gc
 
 if TYPE_CHECKING:  # pragma: no cover
     from kazoo.client import KazooClient
@@ -65,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from replicas.state import ReplicaState
     from replicas.wal import Wal
 
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"MERGETXN-CHECKPOINT\n"
@@ -77,17 +77,6 @@ ALIVE_REFRESH_SECONDS = 0.25
 
 
 # -- encoding ---------------------------------------------------------------------------------
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Building 100,000s of small containers triggers the cyclic GC over and over (2-4x the
-    time); none of them form cycles, so it is held off meanwhile."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def encode(payload: dict) -> bytes:
