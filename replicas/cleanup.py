@@ -49,6 +49,7 @@ from coordinator.zk.watermark import Marks, Watermark
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
 from parts.model.meta import sidecar_path
+from replicas.settings import MIN_GRACE
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MIN_GRACE = 5.0  # seconds; covers the publication lag of running transactions (see leases.RUNNING_MIN_AGE)
 _PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
 _TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
 _NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders of a snapshot that write nothing

@@ -35,6 +35,10 @@ from coordinator.core.tabledata import DEFAULT_PARTITION_VALUE_BYTES
 from coordinator.wire.rpc import AUTH_FRAME, MAX_FRAME, Limits
 from coordinator.wire.security import ENV_CREDENTIALS, Credentials
 
+# The least grace of unreferenced files, in seconds (replicas/cleanup.py): covers the publication
+# lag of running transactions (see leases.RUNNING_MIN_AGE).
+MIN_GRACE = 5.0
+
 
 @dataclass(frozen=True)
 class Setting:
