@@ -701,14 +701,15 @@ def _start_replica(replica: Replica, server: ReplicaServer, rpc: threading.Threa
     config = replica.config
     metrics_server = None
     try:
-        if config.metrics_port is not None:
-            from replicas import metrics
+        port = config.metrics_port
+        if port is not None:
+            from replicas import exporter
 
             replica.metrics_address, metrics_server = _bind(
-                lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
+                lambda: exporter.serve(replica, config.host, port, rpc.is_alive),
                 "--metrics-port",
                 config.host,
-                config.metrics_port,
+                port,
             )
         replica.set_address(server.address)
         replica.start()

@@ -1,0 +1,69 @@
+"""What a replica is made of: the fields every one of its jobs reads (replicas/replica.py makes
+them; replicas/snapshots.py, replicas/recovery.py and replicas/replica_info.py are jobs of the
+same object and see them through this declaration)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kazoo.client import KazooClient
+
+    from coordinator.zk.alive import AliveNode
+    from coordinator.zk.log import CsnLog
+    from coordinator.zk.needed import NeededNodes
+    from coordinator.zk.orphan_fence import OrphanFence
+    from coordinator.zk.watermark import Watermark
+    from parts.io.storage import Storage
+    from replicas.async_commits import AsyncCommits
+    from replicas.changefeed import ChangeFeed
+    from replicas.checkpoint import LogTail
+    from replicas.cleanup import Cleanup
+    from replicas.committer import Committer
+    from replicas.follower import Follower
+    from replicas.leases import Leases
+    from replicas.merges import Merges
+    from replicas.metrics import LogWatch
+    from replicas.outcomes import Outcomes
+    from replicas.pauses import PauseGuard
+    from replicas.registry import Transactions
+    from replicas.retention import Retention
+    from replicas.settings import ReplicaConfig
+    from replicas.state import ReplicaState
+    from replicas.users import Users
+    from replicas.wal import Wal
+    from replicas.zksession import ZkSession
+
+
+class ReplicaFields:
+    """The replica's fields, declared once for its jobs (set by ``Replica.__init__`` and ``start``)."""
+
+    config: ReplicaConfig
+    host_id: str
+    storage: Storage
+    state: ReplicaState
+    zk_session: ZkSession
+    incarnation: int
+    address: str
+    zk: KazooClient
+    log: CsnLog
+    users: Users | None
+    fence: OrphanFence
+    needed: NeededNodes
+    wal: Wal | None
+    follower: Follower | None
+    committer: Committer | None
+    async_commits: AsyncCommits
+    watermark: Watermark
+    transactions: Transactions
+    leases: Leases
+    retention: Retention
+    cleanup: Cleanup
+    merges: Merges
+    tail: LogTail | None
+    log_watch: LogWatch
+    metrics_address: str | None
+    changefeed: ChangeFeed
+    outcomes: Outcomes
+    pauses: PauseGuard
+    alive: AliveNode
