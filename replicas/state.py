@@ -242,7 +242,7 @@ class ReplicaState(StateCheckpoint, StatePruning):
         with self.lock:
             return self.applied_cond.wait_for(predicate, timeout)
 
-    def creation_csns(self, names: Iterable[str]) -> dict[str, int | None]:
+    def creation_csns(self, names: Iterable[str]) -> dict[str, int]:
         """The creation CSN of each committed part among ``names`` (others are left out): a keys
         table orders the versions of a key by them (coordinator/core/keytables.py)."""
         with self.lock:
