@@ -136,6 +136,12 @@ class PartRecord:
     removal_time: float | None = None  # the removing commit's time (its log entry's): history retention
 
     @property
+    def removed_csn(self) -> int:
+        """The CSN that removed this part, for a part known to be removed (cleanup's candidates)."""
+        assert self.removal_csn is not None, f"part {self.meta.name} is not removed"
+        return self.removal_csn
+
+    @property
     def pkey(self) -> str:
         return partition_key(self.meta.partition)
 

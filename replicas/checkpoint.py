@@ -53,6 +53,7 @@ from replicas.memory import no_gc
 
 if TYPE_CHECKING:  # pragma: no cover
     from kazoo.client import KazooClient
+    from kazoo.recipe.lock import Lock
 
     from coordinator.zk.log import CsnLog
     from coordinator.zk.watermark import Watermark
@@ -196,7 +197,7 @@ class LogTail:
         self._local_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
-        self._lock = None
+        self._lock: Lock | None = None  # the trim lock in ZooKeeper, made at start
         self._quiet_until = 0.0
         self._round_count = self.state.applied_count
         self._round_time = time.monotonic()
@@ -282,13 +283,16 @@ class LogTail:
 
     def round(self, blocking: bool = False) -> dict:
         """One checkpoint-and-trim pass if this replica gets the lock; what it did."""
-        if not self._lock.acquire(blocking=blocking):
+        lock = self._lock
+        if lock is None:
+            raise RuntimeError("a checkpoint round needs the log tail started (its trim lock)")
+        if not lock.acquire(blocking=blocking):
             return {"locked_out": True}
         try:
             self._round_count, self._round_time = self.state.applied_count, time.monotonic()
             return self._round()
         finally:
-            self._lock.release()
+            lock.release()
 
     def _round(self) -> dict:
         self.rounds += 1

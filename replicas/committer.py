@@ -206,10 +206,11 @@ class Committer(CommitRules):
 
     def _handle(self, batch: list[Pending]) -> list[Pending]:
         """Decide and write one batch the queue took; return the members deferred."""
-        if batch[0].table is not None:
-            self.ddl.create(batch[0])
-        elif batch[0].alter is not None:
-            self.ddl.alter(batch[0])
+        first = batch[0]
+        if first.table is not None:
+            self.ddl.create(first, first.table)
+        elif first.alter is not None:
+            self.ddl.alter(first, first.alter)
         else:
             return self._commit_batch(batch)
         return []

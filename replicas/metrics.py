@@ -144,7 +144,7 @@ class LogWatch:
         log: CsnLog,
         state: ReplicaState,
         storage: Storage,
-        data_dir: str,
+        data_dir: str | os.PathLike[str],
         wal_path: Callable[[], Path | None],
         tail: Callable[[], dict | None],
     ) -> None:

@@ -13,6 +13,7 @@ from coordinator.core import retries
 from coordinator.core.errors import (
     CorruptMetadata,
     InvalidInput,
+    MergetxnError,
     ReplicaUnavailable,
 )
 from coordinator.core.grants import Role
@@ -46,8 +47,9 @@ class LocalRecovery(ReplicaFields):
                 raise self._wrong_storage(str(exc)) from None
             log.error("cannot apply the log: %s", exc)
             self.state.set_failure(exc)
-        if self.state.failure is not None and self.state.failure.details.get("manifest"):
-            raise self._wrong_storage(str(self.state.failure))
+        failure = self.state.failure
+        if isinstance(failure, MergetxnError) and failure.details.get("manifest"):
+            raise self._wrong_storage(str(failure))
 
     def _recover_local(self) -> tuple[dict[str, list[str]], int, int]:
         """Open the WAL and load the local snapshot plus the WAL's entries; returns the staged
@@ -132,7 +134,8 @@ class LocalRecovery(ReplicaFields):
     def _first_admin(self) -> UserRecord | None:
         """The admin user ``mergetxn security init`` made (in the replicas' credentials file):
         stored by the first replica that starts on a root without users."""
-        admin = self.config.credentials.admin
+        creds = self.config.credentials
+        admin = None if creds is None else creds.admin
         return None if admin is None else UserRecord(admin[0], Role.ADMIN, None, admin[1], time.time())
 
     def _load_manifest(self, pointer: ManifestPointer) -> bytes:

@@ -163,7 +163,7 @@ class Transactions(Staging):
             else:
                 self._parts_calls.pop(name, None)
 
-    def part_status(self, table: str, name: str) -> dict:
+    def part_status(self, table: object, name: object) -> dict:
         """Whether the one-call commit that staged part ``name`` committed: what a client whose
         connection broke during ``commit_parts`` asks (it never learnt the transaction's id)."""
         if not isinstance(table, str) or not isinstance(name, str):

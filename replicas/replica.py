@@ -254,7 +254,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.fence.start()
         self.needed.start()
         self.tail = self._make_tail()
-        self.follower = Follower(self.log, self.state, self.wal, self._load_manifest, self.tail.load_checkpoint)
+        self.follower = Follower(self.log, self.state, self.started_wal, self._load_manifest, self.tail.load_checkpoint)
         from_wal = self.state.applied
         self._first_pull(self.follower)
         self._check_storage()
@@ -299,7 +299,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
             self.storage,
             self.config,
             self.transactions,
-            self.wal,
+            self.started_wal,
             self.watermark,
             self.retention,
             self.log_watch,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from coordinator.core.errors import ReplicaUnavailable
+
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
@@ -67,3 +69,24 @@ class ReplicaFields:
     outcomes: Outcomes
     pauses: PauseGuard
     alive: AliveNode
+
+    @property
+    def started_follower(self) -> Follower:
+        """The follower, made when the replica starts (ReplicaUnavailable before)."""
+        if self.follower is None:
+            raise ReplicaUnavailable(f"replica {self.host_id} has not started: it follows no log yet")
+        return self.follower
+
+    @property
+    def started_committer(self) -> Committer:
+        """The committer, made when the replica starts (ReplicaUnavailable before)."""
+        if self.committer is None:
+            raise ReplicaUnavailable(f"replica {self.host_id} has not started: it commits nothing yet")
+        return self.committer
+
+    @property
+    def started_wal(self) -> Wal:
+        """The WAL, opened when the replica starts (ReplicaUnavailable before)."""
+        if self.wal is None:
+            raise ReplicaUnavailable(f"replica {self.host_id} has not started: its WAL is not open")
+        return self.wal

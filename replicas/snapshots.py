@@ -39,7 +39,7 @@ class SnapshotReads(ReplicaFields):
         if self.state.failure is not None:
             # The log did not apply last time: look again now (an operator may have repaired
             # the node); this raises CorruptMetadata naming the node while it still does not parse.
-            self.follower.pull()
+            self.started_follower.pull()
             self.state.clear_failure()
             if csn <= self.state.applied:
                 return
@@ -50,7 +50,7 @@ class SnapshotReads(ReplicaFields):
                 snapshot=csn,
                 latest=self.state.applied,
             )
-        self.follower.poke()
+        self.started_follower.poke()
         if not self.state.wait_applied(csn, self.config.read_wait_seconds) or self.state.applied < csn:
             if self.state.failure is not None:
                 raise self.state.failure
@@ -66,7 +66,7 @@ class SnapshotReads(ReplicaFields):
         replicas may lie beyond; so wait until the last entry ZooKeeper holds now is applied."""
         self.zk.sync(self.log.log_path())
         try:
-            self.follower.pull()
+            self.started_follower.pull()
         except OSError as exc:  # its WAL's disk full or read-only, storage erring: ask another replica
             raise ReplicaUnavailable(
                 f"replica {self.host_id} cannot apply the log now (applied: CSN {self.state.applied}): "
@@ -121,9 +121,9 @@ class SnapshotReads(ReplicaFields):
                 if self.state.failure is not None:
                     # The log stopped at an entry that does not parse: look again now; this
                     # raises CorruptMetadata naming the node while it still does not parse.
-                    self.follower.pull()
+                    self.started_follower.pull()
                     self.state.clear_failure()
-                self.follower.poke()
+                self.started_follower.poke()
                 self.state.wait_until(
                     lambda: self.state.table(name) is not None or self.state.failure is not None,
                     self.config.read_wait_seconds,
@@ -156,12 +156,12 @@ class SnapshotReads(ReplicaFields):
         return not table_node_dropped(data)
 
     def create_table(self, tdef: TableDef) -> int:
-        return self.committer.create_table(tdef)
+        return self.started_committer.create_table(tdef)
 
     def alter_table(self, name: str, add_columns: object, rename_columns: object, options: object = None) -> int:
         """ALTER TABLE; ``options``: new values of the table's options (catalog.ALTERABLE)."""
         self.table(name)  # TableNotFound first, as every statement says it
-        return self.committer.alter_table(name, add_columns, rename_columns, options)
+        return self.started_committer.alter_table(name, add_columns, rename_columns, options)
 
     def describe_table(self, name: str, snapshot: int | None = None) -> dict:
         """A table's definition at a snapshot (the latest by default) with what it holds then."""
