@@ -8,10 +8,9 @@ an aborted transaction wrote are deleted at once. Commits go to the replica's gr
 (replicas/committer.py). The one-call commit of parts already in storage (``commit_parts``) and
 the outcome lookups (``commit_status``, ``part_status``) are here too.
 
-``_txn_lock`` orders begin and retire among writers (lookups need no lock), and is the lock under
-which the snapshots in use are computed for the alive node (replicas/leases.py, through
-:meth:`Transactions.begins_held`), so a published value never exceeds the snapshot of a
-transaction that began.
+:class:`Transactions` is composed of its jobs: a transaction's life from begin to its end, with
+reaping, over the registry's fields and its lock (replicas/txn_lifecycle.py), the staging rules
+(replicas/staging.py), and here the commit and the outcome lookups.
 """
 
 from __future__ import annotations
