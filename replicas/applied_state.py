@@ -200,7 +200,7 @@ class AppliedState:
         # per target: the key conflict check looks up the keys it writes (coordinator/core/keyindex.py).
         # Derived from ``created`` (restore rebuilds it); pruned with it.
         self.key_index: dict[tuple[str, str], KeyIndex] = {}
-        # Every field above that the log derives must also be in export()/restore() below:
+        # Every field above that the log derives must also be in export()/restore() (state_checkpoint.py):
         # a replica rebuilt from a checkpoint has nothing else (replicas/checkpoint.py).
 
     def _init_outcomes(self, outcome_seconds: float, clock: Callable[[], float]) -> None:

@@ -104,7 +104,7 @@ class StatePruning(AppliedState):
             del self.time_csns[:i]
             del self.time_values[:i]
 
-    # -- queries -----------------------------------------------------------------------------
+    # -- what pruning leaves known ---------------------------------------------------------
     def lost_below(self, table: str, history: bool = False) -> int:
         """A snapshot of ``table`` below this is incomplete here (``history``: its ``changes``
         from below it are)."""

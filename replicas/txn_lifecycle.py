@@ -131,7 +131,7 @@ class TxnLifecycle:
         assert committer is not None
         return committer
 
-    # -- begin, lookup, staging, commit ------------------------------------------------------
+    # -- begin and lookup ------------------------------------------------------------------
     def begin(
         self,
         token: str | None = None,
