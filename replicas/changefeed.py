@@ -345,7 +345,7 @@ class _CommitSet:
             if not (self.data_only and self.compaction_only(pkey, rec.creation_csn, rec.meta.creation_tid, c)):
                 c["added"].append(rec.meta)
                 c["written_at"] = max(c["written_at"] or 0.0, rec.meta.created_at)
-        if in_range(rec.removal_csn):
+        if rec.removal_csn is not None and rec.removal_tid is not None and in_range(rec.removal_csn):
             c = self.commit(rec.removal_csn, rec.removal_tid)
             if not (self.data_only and self.compaction_only(pkey, rec.removal_csn, rec.removal_tid, c)):
                 c["removed"].append(rec.meta)

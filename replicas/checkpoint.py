@@ -31,15 +31,13 @@ commits arrive while the slowest live replica catches up, however long the clust
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,9 +49,11 @@ from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.zk.alive import read_alive
 from coordinator.zk.log import decode_tail, encode_tail
+from replicas.memory import no_gc
 
 if TYPE_CHECKING:  # pragma: no cover
     from kazoo.client import KazooClient
+    from kazoo.recipe.lock import Lock
 
     from coordinator.zk.log import CsnLog
     from coordinator.zk.watermark import Watermark
@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from replicas.settings import ReplicaConfig
     from replicas.state import ReplicaState
     from replicas.wal import Wal
+
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,6 @@ ALIVE_REFRESH_SECONDS = 0.25
 
 
 # -- encoding ---------------------------------------------------------------------------------
-@contextmanager
-def no_gc() -> Iterator[None]:
-    """Building 100,000s of small containers triggers the cyclic GC over and over (2-4x the
-    time); none of them form cycles, so it is held off meanwhile."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def encode(payload: dict) -> bytes:
@@ -207,7 +197,7 @@ class LogTail:
         self._local_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="log-tail", daemon=True)
-        self._lock = None
+        self._lock: Lock | None = None  # the trim lock in ZooKeeper, made at start
         self._quiet_until = 0.0
         self._round_count = self.state.applied_count
         self._round_time = time.monotonic()
@@ -293,13 +283,16 @@ class LogTail:
 
     def round(self, blocking: bool = False) -> dict:
         """One checkpoint-and-trim pass if this replica gets the lock; what it did."""
-        if not self._lock.acquire(blocking=blocking):
+        lock = self._lock
+        if lock is None:
+            raise RuntimeError("a checkpoint round needs the log tail started (its trim lock)")
+        if not lock.acquire(blocking=blocking):
             return {"locked_out": True}
         try:
             self._round_count, self._round_time = self.state.applied_count, time.monotonic()
             return self._round()
         finally:
-            self._lock.release()
+            lock.release()
 
     def _round(self) -> dict:
         self.rounds += 1

@@ -49,6 +49,7 @@ from coordinator.zk.watermark import Marks, Watermark
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
 from parts.model.meta import sidecar_path
+from replicas.settings import MIN_GRACE
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -64,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MIN_GRACE = 5.0  # seconds; covers the publication lag of running transactions (see leases.RUNNING_MIN_AGE)
 _PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
 _TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
 _NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders of a snapshot that write nothing
@@ -160,8 +160,8 @@ class Cleanup:
         """The watched copy of the ``gc`` node: which removed parts may be gone."""
         return self.node.marks
 
-    def refresh_watermark(self) -> int:
-        """Read the watermark now (a client that found a part missing asks again)."""
+    def refresh_watermark(self) -> Marks:
+        """Read the ``gc`` node now (a client that found a part missing asks again)."""
         return self.node.refresh()
 
     # -- cleanup ---------------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class Cleanup:
         if collected > marks.collected:
             # Tables with a removed part still in storage above it keep their horizon; for the
             # others everything their horizon could say is "gone" is at or below it (legacy).
-            keep = {r.meta.table for r in candidates if r.removal_csn > collected}
+            keep = {r.meta.table for r in candidates if r.removed_csn > collected}
             self.node.raise_to(min_snapshot, collected=collected, keep=keep)
         young = 0
         if orphans:
@@ -287,8 +287,8 @@ class Cleanup:
         # a later pass). Every part the window holds was otherwise tested on every pass, 10 s
         # apart: a cost that grew with the history the window holds (benchmarks/history_cost.py).
         windowed: set[str] = set()
-        for rec in sorted(candidates, key=lambda r: (r.removal_csn, r.meta.name)):
-            if not detail and rec.meta.table in windowed and rec.removal_csn <= min_snapshot:
+        for rec in sorted(candidates, key=lambda r: (r.removed_csn, r.meta.name)):
+            if not detail and rec.meta.table in windowed and rec.removed_csn <= min_snapshot:
                 window_kept += 1
                 continue
             entry = {
@@ -299,8 +299,8 @@ class Cleanup:
             }
             if not marks.may_be_gone(rec.meta.table, rec.removal_csn, rec.removal_time):
                 if lowest_kept is None:
-                    lowest_kept = rec.removal_csn
-                if rec.removal_csn > min_snapshot:
+                    lowest_kept = rec.removed_csn
+                if rec.removed_csn > min_snapshot:
                     kept.append({**entry, "reason": self._kept_reason(rec, holders, min_snapshot)})
                     continue
                 window_kept += 1
@@ -314,7 +314,7 @@ class Cleanup:
                 self.storage.delete(sidecar_path(rec.meta.path))
             except Exception as exc:
                 if lowest_kept is None:
-                    lowest_kept = rec.removal_csn
+                    lowest_kept = rec.removed_csn
                 kept.append({**entry, "reason": f"delete failed: {quote(exc)}"})
                 continue
             if present:

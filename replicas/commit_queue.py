@@ -52,6 +52,13 @@ class Pending:
     def ddl(self) -> bool:
         return self.table is not None or self.alter is not None
 
+    @property
+    def committing(self) -> RunningTxn:
+        """The transaction of a commit (every member but CREATE and ALTER TABLE, which the
+        committer hands to replicas/table_changes.py before anything reads this)."""
+        assert self.txn is not None, "a CREATE or ALTER TABLE member has no transaction"
+        return self.txn
+
     def resolve(self, csn: int | None = None, error: Exception | None = None) -> None:
         self.csn, self.error = csn, error
         self.done.set()
@@ -98,10 +105,12 @@ class CommitQueue:
             self._cond.notify()
         return p
 
-    def wait(self, p: Pending) -> int | None:
+    def wait(self, p: Pending) -> int:
         """Queue ``p`` and wait for its answer (:meth:`Pending.answer`)."""
         self.put(p).done.wait()
-        return p.answer()
+        csn = p.answer()
+        assert csn is not None, "a member is resolved with its CSN or its error"
+        return csn
 
     def _next(self) -> list[Pending] | None:
         """The next batch, waiting for one; None once stopped."""

@@ -26,7 +26,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tenacity import Retrying
@@ -34,43 +34,26 @@ from tenacity import Retrying
 from coordinator.core import batching, jsonwire, retries
 from coordinator.core.batching import Composition, Member
 from coordinator.core.conflicts import (
-    Policy,
-    Summary,
-    check,
     check_app_versions,
 )
 from coordinator.core.errors import (
     ConflictError,
-    ConflictKind,
-    InvalidInput,
     MergetxnError,
     TransactionAborted,
     quote,
 )
-from coordinator.core.readsets import Shape, check_reads, counter_key
-from coordinator.core.readsets import read_keys as read_set_keys
-from coordinator.core.tabledata import partition_key
 from coordinator.core.targets import (
     MAX_MULTI_BYTES,
     MULTI_ROOM,
-    Statement,
     app_key,
-    checked_keys,
     multi_bytes,
-    read_keys,
     too_many_targets,
-    whole_table_targets,
 )
 from coordinator.core.versions import incarnation_of
-from coordinator.model.atomicity import NONE
 from coordinator.model.catalog import TableDef, TableDropped
 from coordinator.model.records import (
     DropTable,
-    Insert,
     LogEntry,
-    Overwrite,
-    StagedOp,
-    Truncate,
     TxnRecord,
     TxnState,
 )
@@ -83,13 +66,14 @@ from coordinator.zk.log import (
 )
 from coordinator.zk.orphan_fence import FenceMoved
 from parts.io.format import delete_part
-from parts.model.meta import PartMeta, sidecar_path
+from parts.model.meta import sidecar_path
 from replicas import failpoints
 from replicas.commit_outcome import UNKNOWN_OUTCOME, LostAnswers
 from replicas.commit_queue import ASYNC_PER_BATCH, MAX_BATCH, CommitQueue, Pending
+from replicas.commit_rules import CommitRules, Plan
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
-from replicas.running import Effect, RunningTxn
+from replicas.running import RunningTxn
 from replicas.table_changes import TableChanges, commit_too_large, spilled
 
 if TYPE_CHECKING:
@@ -128,18 +112,6 @@ class _LocalMiss(VersionMoved):
 
 
 @dataclass
-class Plan:
-    """A member's folded effect, the targets its multi checks, and (computed once, read by the
-    verdicts, the checked targets and the batching summary alike) its effect per target and the
-    conflict policy of every table in it."""
-
-    effect: Effect
-    checked: set[str]
-    summaries: dict[tuple[str, str], Summary] = field(default_factory=dict)
-    policies: dict[str, Policy] = field(default_factory=dict)
-
-
-@dataclass
 class _Reading:
     """What an attempt read before deciding its members: the checked targets' versions (from
     ZooKeeper, or as applied here when ``local``), the write counters of the tables read, the
@@ -171,7 +143,7 @@ class _Batch:
     dropping: set[str] = field(default_factory=set)
 
 
-class Committer:
+class Committer(CommitRules):
     """The group committer of one replica: batches commits into one ZooKeeper multi each."""
 
     def __init__(
@@ -234,10 +206,11 @@ class Committer:
 
     def _handle(self, batch: list[Pending]) -> list[Pending]:
         """Decide and write one batch the queue took; return the members deferred."""
-        if batch[0].table is not None:
-            self.ddl.create(batch[0])
-        elif batch[0].alter is not None:
-            self.ddl.alter(batch[0])
+        first = batch[0]
+        if first.table is not None:
+            self.ddl.create(first, first.table)
+        elif first.alter is not None:
+            self.ddl.alter(first, first.alter)
         else:
             return self._commit_batch(batch)
         return []
@@ -283,9 +256,9 @@ class Committer:
             self._fail_rest(
                 batch,
                 lambda p: TransactionAborted(
-                    f"transaction {p.txn.id} did not commit: replica {self.host_id}'s incarnation "
+                    f"transaction {p.committing.id} did not commit: replica {self.host_id}'s incarnation "
                     f"{incarnation} was fenced by another replica while this one looked gone ({why})",
-                    id=p.txn.id,
+                    id=p.committing.id,
                 ),
             )
             self.fenced(incarnation)
@@ -324,7 +297,7 @@ class Committer:
         plans: dict[int, Plan] = {}
         c = batching.compose(
             members,
-            lambda p: p.txn.async_session,
+            lambda p: p.committing.async_session,
             lambda p: self._summarize(p, r, plans),
             r.versions,
             r.read_counters,
@@ -339,7 +312,7 @@ class Committer:
         b = self._prepare(c, plans, r, deferred)
         if b.entry is None:
             return b.deferred
-        csn = self._write(b, r)
+        csn = self._write(b, r, b.entry)
         self._finish(b, csn)
         self._sync_wal(csn)
         return deferred
@@ -356,7 +329,7 @@ class Committer:
         applied_before = self.state.applied
         # The table versions before any decision: a DDL applied while the batch is decided then
         # makes the multi's table checks fail instead of letting a stale decision through.
-        table_versions = {t: self.ddl.table_version(t) for p in members for t in {op.table for op in p.txn.ops}}
+        table_versions = {t: self.ddl.table_version(t) for p in members for t in {op.table for op in p.committing.ops}}
         incarnation = self.incarnation()  # the owner node's version every member must hold
         fence, condemned = self.fence.current()  # read before the files are verified
         versions = self._target_versions(wanted, local)
@@ -384,15 +357,15 @@ class Committer:
         """Plan a member against the state and summarise it for batching; None (and the member
         failed) when it cannot commit."""
         try:
-            if incarnation_of(p.txn.tid) != r.incarnation:  # (its Tid as begun: not parsed again)
+            if incarnation_of(p.committing.tid) != r.incarnation:  # (its Tid as begun: not parsed again)
                 raise TransactionAborted(
-                    f"transaction {p.txn.id} was begun by an earlier incarnation of replica {self.host_id} "
+                    f"transaction {p.committing.id} was begun by an earlier incarnation of replica {self.host_id} "
                     "(its ZooKeeper session expired since): it can no longer commit",
-                    id=p.txn.id,
+                    id=p.committing.id,
                 )
             plan = self._plan(p)
             self._verify_files(p, plan, r.fence, r.condemned)
-            duplicate = check_app_versions(p.txn.id, p.txn.apps, self.state.apps)
+            duplicate = check_app_versions(p.committing.id, p.committing.apps, self.state.apps)
             if duplicate is not None:
                 raise duplicate
             self._check_reads(p)
@@ -402,14 +375,14 @@ class Committer:
         member = self._member(p, plan)
         size = multi_bytes([*member.keys, *member.writes], self._node_prefix)
         if size > MAX_MULTI_BYTES - MULTI_ROOM:  # alone over ZooKeeper's request bound: never sent
-            self._fail(p, too_many_targets(p.txn.id, len(member.keys), size))
+            self._fail(p, too_many_targets(p.committing.id, len(member.keys), size))
             return None
         plans[id(p)] = plan
         return member
 
     def _member(self, p: Pending, plan: Plan) -> Member:
         """The typed summary of a planned member (:class:`coordinator.core.batching.Member`)."""
-        txn, eff = p.txn, plan.effect
+        txn, eff = p.committing, plan.effect
         drops = tuple(op.table for op in txn.ops if isinstance(op, DropTable))
         return Member(
             txn.id,
@@ -435,7 +408,9 @@ class Committer:
         tables, drops = batching.table_writes([m for _, _, m in accepted], c.writing, r.table_versions)
         now = time.time()
         txns = [
-            TxnRecord(p.txn.id, now if m.data_change else None, tuple(plan.effect.changes()), dict(p.txn.apps))
+            TxnRecord(
+                p.committing.id, now if m.data_change else None, tuple(plan.effect.changes()), dict(p.committing.apps)
+            )
             for p, plan, m in accepted
         ]
         entry = LogEntry(
@@ -468,8 +443,8 @@ class Committer:
             raise _LocalMiss("entries were applied while the batch was decided: deciding again")
         return expected
 
-    def _write(self, b: _Batch, r: _Reading) -> int:
-        """The commit multi of batch ``b``, handed over to this replica's follower; its CSN, once
+    def _write(self, b: _Batch, r: _Reading, entry: LogEntry) -> int:
+        """The commit multi of batch ``b`` (its log ``entry``), handed over to this replica's follower; its CSN, once
         known even if the connection was lost during it (replicas/commit_outcome.py)."""
         counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
         ops = multi_bytes([*b.expected, *b.tables, *counters[0], *counters[1]], self._node_prefix)
@@ -479,7 +454,7 @@ class Committer:
             with self.follower.local_commit() as hand_over:
                 result = self._multi(data, b, r, counters)
                 # WAL (written, fsynced once answered: _sync_wal) + apply, here if it can
-                hand_over(result.epoch, result.seq, data, (b.entry, b.encoded), sync=False)
+                hand_over(result.epoch, result.seq, data, (entry, b.encoded), sync=False)
         except TableMoved as exc:
             # Caught up only once out of local_commit: inside it the follower holds off (and so
             # does this catch-up's own pull), so another replica's DDL not applied yet was waited
@@ -487,7 +462,7 @@ class Committer:
             self.ddl.catch_up_tables(exc.tables)  # then decide again on the definitions as they are
             raise
         except UNKNOWN_OUTCOME as exc:
-            csn = self.answers.resolve(b.accepted[0][0].txn.id, exc)
+            csn = self.answers.resolve(b.accepted[0][0].committing.id, exc)
             if csn is None:
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
             return csn
@@ -534,7 +509,7 @@ class Committer:
         for p, plan, _ in b.accepted:
             self.committed += 1
             self.stats.observe(now - p.queued)
-            self.transactions.finish(p.txn, TxnState.COMMITTED, csn=csn)
+            self.transactions.finish(p.committing, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
                 if meta.name not in plan.effect.added:
                     delete_part(self.storage, meta.path)
@@ -559,16 +534,16 @@ class Committer:
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
         that stalled between staging and committing). Checked against fence version ``fence``,
         which the multi checks too: see coordinator/zk/orphan_fence.py for why that closes the race."""
-        staged = [m for op in p.txn.ops for m in op.added if m.name in plan.effect.added]
+        staged = [m for op in p.committing.ops for m in op.added if m.name in plan.effect.added]
         if not staged:
             return
         for m in staged:
             if m.path in condemned or sidecar_path(m.path) in condemned:
                 raise TransactionAborted(
-                    f"transaction {p.txn.id} cannot commit: cleanup took its part {m.name} ({m.path}) for an "
+                    f"transaction {p.committing.id} cannot commit: cleanup took its part {m.name} ({m.path}) for an "
                     "orphan (the transaction looked abandoned: its replica stalled longer than the grace "
                     "period); nothing of it was committed",
-                    id=p.txn.id,
+                    id=p.committing.id,
                     part=m.name,
                 )
         if p.files_verified_at == fence:
@@ -576,9 +551,9 @@ class Committer:
         gone = self.storage.missing([m.path for m in staged])
         if gone:
             raise TransactionAborted(
-                f"transaction {p.txn.id} cannot commit: its part file {gone[0]} is gone from storage "
+                f"transaction {p.committing.id} cannot commit: its part file {gone[0]} is gone from storage "
                 "(collected by cleanup as an orphan, or deleted by hand); nothing of it was committed",
-                id=p.txn.id,
+                id=p.committing.id,
                 path=gone[0],
             )
         p.files_verified_at = fence
@@ -592,7 +567,7 @@ class Committer:
         failed = []
         for i in batching.oversized(sizes, limit):
             p = accepted[i]
-            self._fail(p, commit_too_large(f"transaction {p.txn.id}", sizes[i], limit, id=p.txn.id))
+            self._fail(p, commit_too_large(f"transaction {p.committing.id}", sizes[i], limit, id=p.committing.id))
             failed.append(p)
         return failed
 
@@ -605,209 +580,3 @@ class Committer:
             for meta in p.extra_files:
                 delete_part(self.storage, meta.path)
         p.resolve(error=exc)
-
-    # -- deciding ----------------------------------------------------------------------------
-    def _policy(self, table: str) -> Policy:
-        t = self.state.tables.get(table)
-        if t is None and isinstance(self.state.record(table), TableDropped):
-            # dropped: the member loses to the drop (_plan); until then, the last definition's
-            return next(
-                (r.conflict_policy for r in reversed(self.state.catalog.get(table, [])) if isinstance(r, TableDef)),
-                Policy.PARTS,
-            )
-        return (t or self.table(table)).conflict_policy
-
-    def _policies(self, tables) -> dict[str, Policy]:
-        return {t: self._policy(t) for t in tables}
-
-    def _initial_keys(self, p: Pending) -> set[str]:
-        parts = self.state.parts
-        statements = [
-            Statement(
-                op.table,
-                added=[partition_key(m.partition) for m in op.added],
-                removed=[rec.pkey for rec in map(parts.get, op.removed) if rec is not None],
-                partitions=op.partitions or (),
-                whole_table=op.whole_table,
-            )
-            for op in p.txn.ops
-        ]
-        keys = read_keys(self._policies({op.table for op in p.txn.ops}), statements, self.state.live)
-        return keys | {app_key(a) for a in p.txn.apps}
-
-    def _pkeys_of(self, txn: RunningTxn, names: list[str], own: dict[str, PartMeta]) -> dict[str, str]:
-        out = {}
-        for n in names:
-            if n in own:
-                out[n] = partition_key(own[n].partition)
-                continue
-            rec = self.state.parts.get(n)
-            if rec is None:
-                raise InvalidInput(f"transaction {txn.id} removes unknown part {n}")
-            out[n] = rec.pkey
-        return out
-
-    def _fold(self, txn: RunningTxn, ops: list[StagedOp]) -> Effect:
-        eff = Effect()
-        for op in ops:
-            eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
-        return eff
-
-    def _plan(self, p: Pending) -> Plan:
-        txn = p.txn
-        for table in sorted({op.table for op in txn.ops}):
-            self._check_not_dropped(txn, table)
-        plan = self._planned(txn, self._fold(txn, txn.ops))
-        if self._verdicts(txn, plan):
-            plan = self._planned(txn, self._replay(p))
-            self._verdicts(txn, plan)
-        if txn.atomicity != NONE:  # atomicity "none" takes no locks: the later commit wins per key
-            added = plan.effect.added
-            self.key_conflicts.check(
-                txn.id, txn.snapshot, added, {m.table: plan.policies[m.table] for m in added.values()}
-            )
-        plan.checked = checked_keys(plan.policies, plan.summaries, plan.effect.whole_tables, self.state.live)
-        return plan
-
-    def _planned(self, txn: RunningTxn, eff: Effect) -> Plan:
-        """``eff`` with its summaries per target and its tables' policies (checked: not yet)."""
-        summaries = eff.summaries(txn.id)
-        return Plan(eff, set(), summaries, self._policies({t for t, _ in summaries} | eff.whole_tables))
-
-    def _check_not_dropped(self, txn: RunningTxn, table: str) -> None:
-        """A transaction writing (or dropping) a table that was dropped after its snapshot loses to
-        the drop, whether or not a table of that name was created again since."""
-        drop = self.state.dropped_since(table, txn.snapshot)
-        if drop is None and self.state.tables.get(table) is None:
-            rec = self.state.record(table)
-            drop = rec if isinstance(rec, TableDropped) else None
-        if drop is not None:
-            raise ConflictError(
-                f"transaction {txn.id} lost to {drop.tid} on table {quote(table)}: the table was dropped at CSN "
-                f"{drop.csn} (after this transaction's snapshot {txn.snapshot})",
-                winner=drop.tid,
-                kind=str(ConflictKind.TABLE_DROPPED),
-                table=table,
-                csn=drop.csn,
-            )
-
-    def _verdicts(self, txn: RunningTxn, plan: Plan) -> bool:
-        """Apply the conflict rules to every target; raise on a loss; True if a rebase is needed."""
-        rebase = False
-        eff, summaries, policies = plan.effect, plan.summaries, plan.policies
-        for (table, pkey), later in sorted(summaries.items()):
-            winners = self.state.winners(table, pkey, txn.snapshot)
-            v = check(policies[table], later, winners)
-            if not v.ok:
-                where = f"table {quote(table)}" + (f" partition {pkey}" if pkey != "[]" else "")
-                raise ConflictError(
-                    f"transaction {txn.id} lost to {v.winner} on {where}: {v.reason}",
-                    winner=v.winner,
-                    kind=str(v.kind),
-                    table=table,
-                    partition=pkey,
-                )
-            rebase |= v.rebase
-        if rebase or not eff.whole_tables:
-            return rebase
-        targets = whole_table_targets(policies, eff.whole_tables, list(self.state.conflict_history))
-        return any(self.state.winners(t, pk, txn.snapshot) for t, pk in targets)
-
-    # -- serializable transactions (coordinator/core/readsets.py) ------------------------------------
-    @staticmethod
-    def _serializable(p: Pending) -> bool:
-        """A member whose read set is checked: it read something and writes something."""
-        return p.txn is not None and bool(p.txn.reads) and bool(p.txn.ops)
-
-    def _catch_up_for_reads(self) -> None:
-        """Apply the log up to its end before deciding read sets: a ``parts`` INSERT committed by
-        another replica moves no target node, so only the log itself shows it."""
-        try:
-            self.catch_up()
-        except MergetxnError as exc:
-            raise VersionMoved(f"could not catch up with the log to decide a read set: {exc}") from exc
-
-    def _read_counters(self, members: list[Pending]) -> dict[str, int]:
-        """The write counters of every table a serializable member read, as ZooKeeper has them."""
-        keys = {counter_key(r.table) for p in members if self._serializable(p) for r in p.txn.reads}
-        try:
-            found = self.log.ensure_counters(keys)
-        except UNKNOWN_OUTCOME as exc:
-            raise VersionMoved(f"ZooKeeper connection lost while reading write counters: {quote(exc)}") from exc
-        self._counters |= keys
-        return found
-
-    def _counters_bumped(self, writing: set[str], dropping: set[str]) -> set[str]:
-        """The write counters a batch bumps: of every ``parts`` table written (their INSERTs move
-        no target) and every table dropped; created first where this replica never saw them."""
-        keys = {counter_key(t) for t in writing if self._policy(t) is Policy.PARTS}
-        keys |= {counter_key(t) for t in dropping}
-        if keys - self._counters:
-            try:
-                self.log.ensure_counters(keys - self._counters)
-            except UNKNOWN_OUTCOME as exc:
-                raise VersionMoved(f"ZooKeeper connection lost while creating write counters: {quote(exc)}") from exc
-            self._counters |= keys
-        return keys
-
-    def _shapes(self, tables) -> dict[str, Shape]:
-        out = {}
-        for t in tables:
-            tdef = self.state.tables.get(t)
-            if tdef is not None:
-                out[t] = Shape(
-                    tuple(tdef.partition_by),
-                    tdef.schema,
-                    tuple(tdef.primary_key) if tdef.conflict_policy is Policy.KEYS else None,
-                )
-        return out
-
-    def _known_pkeys(self, table: str) -> set[str]:
-        return self.state.partition_keys(table)
-
-    def _read_keys(self, p: Pending) -> set[str]:
-        """Targets a serializable member checks and bumps for its reads (readsets.read_keys)."""
-        if not self._serializable(p):
-            return set()
-        tables = {r.table for r in p.txn.reads}
-        return read_set_keys(p.txn.reads, {t: self._known_pkeys(t) for t in tables}, self._shapes(tables))
-
-    def _check_reads(self, p: Pending) -> None:
-        """Fail a serializable member whose read set a commit after its snapshot changed: every
-        part of a table it read added or removed since, except by compactions (they change no
-        row), decided by readsets.check_reads."""
-        if not self._serializable(p):
-            return
-        txn = p.txn
-        tables = {r.table for r in txn.reads}
-        touched = self.state.read_set_touches(tables, txn.snapshot)
-        lost = check_reads(txn.id, txn.reads, touched, self._shapes(tables))
-        if lost is not None:
-            raise lost
-
-    def _replay(self, p: Pending) -> Effect:
-        """Re-apply the transaction's operations on the parts as they are now."""
-        from parts.io import rewrite
-
-        txn = p.txn
-        eff = Effect()
-        for op in txn.ops:
-            tdef = self.table(op.table)
-            if tdef.conflict_policy is Policy.PARTS or isinstance(op, Insert):
-                eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
-                continue
-            pkeys = None if op.whole_table else op.partitions
-            own_removed = set(eff.removed) | {m.name for m in eff.discarded}
-            current = self.state.visible(
-                op.table, self.state.applied, txn.id, list(eff.added.values()), own_removed, pkeys
-            )
-            if isinstance(op, Overwrite | Truncate):
-                new_added = {m.name for m in op.added}
-                op = replace(op, removed=tuple(m.name for m in current if m.name not in new_added))
-            elif not set(op.removed) <= {m.name for m in current}:
-                p.extra_files.extend(op.added)  # the staged output is superseded: delete it too
-                csns = self.state.creation_csns(m.name for m in current)  # a keys table's compaction orders by them
-                op = rewrite.redo(self.storage, tdef, op, current, txn.id, csns)
-                p.extra_files.extend(op.added)
-            eff.add_op(op, self._pkeys_of(txn, op.removed, eff.added))
-        return eff

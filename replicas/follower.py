@@ -18,6 +18,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import csn_of
@@ -32,6 +33,14 @@ log = logging.getLogger(__name__)
 
 BATCH = 256
 TRIMMED = (-1, -1)  # _next_position: the position lies in a trimmed epoch (restore a checkpoint)
+
+
+class HandOver(Protocol):
+    """How the committer hands its own log entry to the follower (:meth:`Follower.local_commit`)."""
+
+    def __call__(
+        self, epoch: int, seq: int, data: bytes, own: tuple[LogEntry, bytes] | None = None, sync: bool = True
+    ) -> None: ...
 
 
 class Follower:
@@ -83,7 +92,7 @@ class Follower:
         self._wake.set()
 
     @contextmanager
-    def local_commit(self) -> Iterator[Callable[[int, int, bytes], None]]:
+    def local_commit(self) -> Iterator[HandOver]:
         """Around a local commit multi: the follower thread holds off meanwhile (the watch on
         the entry fires before the multi returns), so that the committer hands its own entry
         over instead of the follower reading it back from ZooKeeper. Yields the hand-over."""
@@ -199,7 +208,7 @@ class Follower:
 
     def _fetch_batch(self) -> list[tuple[int, int, int, LogEntry, bytes]]:
         epoch, seq = self.state.position
-        out = []
+        out: list[tuple[int, int, int, LogEntry, bytes]] = []
         own = False
         while len(out) < BATCH:
             data, ahead = self._take_offer(epoch, seq)

@@ -122,8 +122,8 @@ class Leases:
             leases = [(lease.snapshot, lease.holder) for lease in self._leases.values()]
         holders = sorted([(t.snapshot, t.id) for t in txns] + leases)
         oldest = min([applied] + [s for s, _ in holders])
-        running = sorted(t.id for t in txns if now - t.started >= RUNNING_MIN_AGE)
-        overflow = len(running) > MAX_PUBLISHED_RUNNING
+        published = sorted(t.id for t in txns if now - t.started >= RUNNING_MIN_AGE)
+        overflow = len(published) > MAX_PUBLISHED_RUNNING
         picked: list[tuple[int, str]] = []
         seen: set[int] = set()
         for s, h in holders:  # the oldest holder of each distinct snapshot
@@ -132,7 +132,7 @@ class Leases:
                 picked.append((s, h))
             if len(picked) >= MAX_PUBLISHED_SNAPSHOTS:
                 break
-        return oldest, picked, ([] if overflow else running), overflow
+        return oldest, picked, ([] if overflow else published), overflow
 
 
 def _lease_id(lease_id: Any) -> str:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from coordinator.core import mergeplan
 from coordinator.core.conflicts import Policy
@@ -42,6 +42,9 @@ MERGE_ROUND_SECONDS = 5.0  # a round keeps merging what is due (re-planned after
 # sustained inserts a second's wait let 200 parts pile up before each round, past
 # ``parts_to_delay_insert``, while each merge took 30 ms (benchmarks/soak.py).
 BUSY_SECONDS = 0.2
+
+
+MergeKind = Literal["minor", "major"]  # a minor merge of small parts, or a major one of a whole partition
 
 
 class Merges:
@@ -90,13 +93,13 @@ class Merges:
             self._last_round = now
             self._busy = self.merge_round() > 0
 
-    def plan_merges(self, tdef: TableDef) -> list[tuple[str, str, list[PartMeta]]]:
+    def plan_merges(self, tdef: TableDef) -> list[tuple[MergeKind, str, list[PartMeta]]]:
         """(kind, pkey, sources) per partition that the policy says to merge now."""
         c = self.config
         now = time.time()
         live = self.state.live_names(tdef.name, at_least=2)  # the metas are looked up after
         parts = self.state.parts
-        plans = []
+        plans: list[tuple[MergeKind, str, list[PartMeta]]] = []
         for pkey, names in sorted(live.items()):
             # A keys table's minor merge takes its parts in commit order: parts next to each
             # other in version order fold into fewer versions (coordinator/core/keytables.py, "runs").
@@ -159,8 +162,21 @@ class Merges:
                     pass
         return done
 
+    def _not_merged(self, event: dict, outcome: str, reason: str, backoff: float) -> dict:
+        """A merge that did not commit: its partition waits ``backoff`` seconds before the next
+        one, and the outcome is counted and recorded."""
+        self._backoff[(event["table"], event["partition"])] = time.monotonic() + backoff
+        self.outcomes[outcome] += 1
+        self.record("merge", outcome=outcome, reason=reason, **event)
+        return {"outcome": outcome, "reason": reason}
+
     def run_merge(
-        self, tdef: TableDef, kind: str, pkey: str, sources: list[str], before_commit: Callable[[], None] | None = None
+        self,
+        tdef: TableDef,
+        kind: MergeKind,
+        pkey: str,
+        sources: list[str],
+        before_commit: Callable[[], None] | None = None,
     ) -> dict:
         """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
         logged and recorded, never raised; the partition is retried after a short back-off."""
@@ -185,9 +201,7 @@ class Merges:
             parts = [m for m in visible if m.name in wanted]
             if len(parts) < 2:
                 txns.rollback(txn.id, "nothing left to merge")
-                self._backoff[(tdef.name, pkey)] = time.monotonic() + 1.0
-                self.outcomes["skipped"] += 1
-                self.record("merge", outcome="skipped", reason="sources no longer visible", **event)
+                self._not_merged(event, "skipped", "sources no longer visible", 1.0)
                 return {"outcome": "skipped"}
             csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
             result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
@@ -199,16 +213,10 @@ class Merges:
             csn = txns.commit(txn.id)
         except ConflictError as exc:
             log.info("merge of %s partition %s lost a conflict (retried later): %s", tdef.name, pkey, exc.message)
-            self._backoff[(tdef.name, pkey)] = time.monotonic() + 2.0
-            self.outcomes["conflict"] += 1
-            self.record("merge", outcome="conflict", reason=exc.message, **event)
-            return {"outcome": "conflict", "reason": exc.message}
+            return self._not_merged(event, "conflict", exc.message, 2.0)
         except MergetxnError as exc:
             log.warning("merge of %s partition %s failed: %s", tdef.name, pkey, exc.message)
-            self._backoff[(tdef.name, pkey)] = time.monotonic() + 10.0
-            self.outcomes["failed"] += 1
-            self.record("merge", outcome="failed", reason=exc.message, **event)
-            return {"outcome": "failed", "reason": exc.message}
+            return self._not_merged(event, "failed", exc.message, 10.0)
         finally:
             if txn.state == TxnState.RUNNING:
                 txns.abort(txn, "merge failed")

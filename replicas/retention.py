@@ -23,7 +23,7 @@ forgotten.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -109,7 +109,7 @@ class Retention:
         self,
         snapshot: int,
         table: str | None = None,
-        metas: list[PartMeta] = (),
+        metas: Sequence[PartMeta] = (),
         fresh: bool = False,
         context: str = "",
     ) -> None:
@@ -191,12 +191,14 @@ class Retention:
                 retained_from=self.node.marks.watermark,
             )
 
-    def collected(self, metas: list[PartMeta], marks: Marks) -> list[tuple[PartMeta, int]]:
+    def collected(self, metas: Sequence[PartMeta], marks: Marks) -> list[tuple[PartMeta, int]]:
         """The parts among ``metas`` that cleanup may have deleted, with their removal CSN."""
         parts = self.state.parts
         out = []
         for m in metas:
             rec = parts.get(m.name)
-            if rec is not None and marks.may_be_gone(m.table, rec.removal_csn, rec.removal_time):
+            if rec is None or rec.removal_csn is None:
+                continue
+            if marks.may_be_gone(m.table, rec.removal_csn, rec.removal_time):
                 out.append((m, rec.removal_csn))
         return out

@@ -325,7 +325,7 @@ class ReplicaServer(RpcServer):
 
     def _quick_stage(self, a: dict) -> bool:
         txn = self.transactions.quick_txn(a.get("id"))
-        if txn is None or self.replica.wal.compacting:  # a staged part's WAL record would wait
+        if txn is None or self.replica.started_wal.compacting:  # a staged part's WAL record would wait
             return False
         ops = a["ops"] if "ops" in a else [a.get("op")]
         if not isinstance(ops, list):
@@ -382,28 +382,28 @@ class ReplicaServer(RpcServer):
             reply(error_reply(exc))
         return True
 
+    def _parts_call_is_quick(self, op: object, added: object, table: object) -> bool:
+        """Whether a one-call commit (``op``, its ``added`` parts, ``table``) can be decided on the
+        RPC I/O thread: an INSERT of parts that nothing makes wait, in rows or parts."""
+        replica, txns = self.replica, self.transactions
+        tdef = replica.state.table(table) if isinstance(table, str) else None
+        if op != "insert" or not isinstance(added, list) or tdef is None:
+            return False
+        if replica.started_wal.compacting or not txns.ready_to_begin() or not txns.verifies_quickly(added):
+            return False
+        rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
+        return rows <= min(
+            replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows
+        ) and not self._crowded(tdef, added)  # an insert that may wait goes to a worker
+
     def _commit_parts_async(self, a: dict, reply: Callable[[dict], None]) -> bool:
         """A one-call commit of an INSERT of parts: begin, stage and hand to the committer here;
         anything that may wait (an overwrite looks up visible parts) goes to a worker, marked as
         in progress first so that an outcome lookup by part name never misses it."""
-        replica, txns = self.replica, self.transactions
+        txns = self.transactions
         a.pop("_inflight", None)
         added, table = a.get("added"), a.get("table")
-        quick = (
-            a.get("op", "insert") == "insert"
-            and isinstance(added, list)
-            and isinstance(table, str)
-            and replica.state.table(table) is not None
-            and not replica.wal.compacting
-            and txns.ready_to_begin()
-            and txns.verifies_quickly(added)
-        )
-        if quick:
-            rows = sum(m["rows"] for m in added if isinstance(m, dict) and isinstance(m.get("rows"), int))
-            tdef = replica.state.table(table)
-            quick = rows <= min(
-                replica.config.txn_max_rows, tdef.txn_max_rows or replica.config.txn_max_rows
-            ) and not self._crowded(tdef, added)  # an insert that may wait goes to a worker
+        quick = self._parts_call_is_quick(a.get("op", "insert"), added, table)
         if quick:
             try:  # a retry with other metadata than was committed is refused (InvalidInput)
                 retried = txns.committed_retry(a)
@@ -701,14 +701,15 @@ def _start_replica(replica: Replica, server: ReplicaServer, rpc: threading.Threa
     config = replica.config
     metrics_server = None
     try:
-        if config.metrics_port is not None:
-            from replicas import metrics
+        port = config.metrics_port
+        if port is not None:
+            from replicas import exporter
 
             replica.metrics_address, metrics_server = _bind(
-                lambda: metrics.serve(replica, config.host, config.metrics_port, rpc.is_alive),
+                lambda: exporter.serve(replica, config.host, port, rpc.is_alive),
                 "--metrics-port",
                 config.host,
-                config.metrics_port,
+                port,
             )
         replica.set_address(server.address)
         replica.start()

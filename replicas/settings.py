@@ -35,6 +35,10 @@ from coordinator.core.tabledata import DEFAULT_PARTITION_VALUE_BYTES
 from coordinator.wire.rpc import AUTH_FRAME, MAX_FRAME, Limits
 from coordinator.wire.security import ENV_CREDENTIALS, Credentials
 
+# The least grace of unreferenced files, in seconds (replicas/cleanup.py): covers the publication
+# lag of running transactions (see leases.RUNNING_MIN_AGE).
+MIN_GRACE = 5.0
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -419,6 +423,11 @@ def from_arguments(args: Any) -> ReplicaConfig:
     return ReplicaConfig(**{name: getattr(args, name) for name in SETTINGS}, insecure=bool(args.insecure))
 
 
+def _whole(bound: float | None) -> int | None:
+    """An integer setting's bound as click's IntRange takes it."""
+    return None if bound is None else int(bound)
+
+
 def click_options(command: Callable) -> Callable:
     """A click option per setting (``mergetxn replica start``), each passed by its field name."""
     import click
@@ -428,7 +437,7 @@ def click_options(command: Callable) -> Callable:
     )(command)
     for s in reversed(SETTINGS.values()):
         if s.type is int:
-            kind: Any = click.IntRange(min=s.minimum, max=s.maximum, min_open=s.above)
+            kind: Any = click.IntRange(min=_whole(s.minimum), max=_whole(s.maximum), min_open=s.above)
         elif s.type is float:
             kind = click.FloatRange(min=s.minimum, max=s.maximum, min_open=s.above)
         elif s.type is Path:

@@ -25,6 +25,7 @@ from coordinator.model.znodes import TABLE_LIVE
 from coordinator.zk.log import MAX_INLINE_ENTRY, Multi, table_node_dropped
 
 if TYPE_CHECKING:
+    from coordinator.model.catalog import TableDef
     from coordinator.zk.log import CsnLog
     from parts.io.storage import Storage
     from replicas.commit_queue import Pending
@@ -81,17 +82,17 @@ class TableChanges:
         self.retrying, self.catch_up, self.wait_snapshot = retrying, catch_up, wait_snapshot
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
 
-    def create(self, p: Pending) -> None:
-        """CREATE TABLE: the table znode created (or, after a drop, set at its version: so the
+    def create(self, p: Pending, table: TableDef) -> None:
+        """CREATE TABLE ``table`` (``p``'s): the table znode created (or, after a drop, set at its version: so the
         commits that checked the dropped table's version fail) and the DDL entry, in one multi."""
-        zk, name = self.log.zk, p.table.name
+        zk, name = self.log.zk, table.name
         try:
             for attempt in self.retrying():
                 with attempt:
                     node, stat = self._node(name)
                     if stat is not None and not table_node_dropped(node):
                         raise InvalidInput(f"table {quote(name)} already exists", table=name)
-                    tdef = replace(p.table, ddl_version=0 if stat is None else stat.version + 1)
+                    tdef = replace(table, ddl_version=0 if stat is None else stat.version + 1)
                     new_target = zk.exists(self.log.target_path(name)) is None
                     entry = LogEntry(time=time.time(), versions={name: 0} if new_target else {}, ddl=(tdef,))
                     multi = Multi(
@@ -104,10 +105,10 @@ class TableChanges:
         except MergetxnError as exc:
             p.resolve(error=exc)
 
-    def alter(self, p: Pending) -> None:
-        """ALTER TABLE: the new definition, decided on the current one, and the table znode set
+    def alter(self, p: Pending, alter: tuple[str, Any, Any, Any]) -> None:
+        """ALTER TABLE (``alter``, ``p``'s: name, add_columns, rename_columns, options): the new definition, decided on the current one, and the table znode set
         at the version that one holds (a concurrent DDL or drop makes it decide again)."""
-        name, add_columns, rename_columns, options = p.alter
+        name, add_columns, rename_columns, options = alter
         try:
             for attempt in self.retrying():
                 with attempt:

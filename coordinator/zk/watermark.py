@@ -22,7 +22,7 @@ larger of both, so two passes never lower what the other wrote.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -45,7 +45,9 @@ class Watermark:
         self.identity = identity
         self.marks = Marks()
         self._lock = threading.Lock()
-        self.on_error = None  # called with CorruptMetadata when a watched copy does not parse
+        self.on_error: Callable[[CorruptMetadata], None] | None = (
+            None  # called with CorruptMetadata when a watched copy does not parse
+        )
 
     @property
     def watermark(self) -> int:

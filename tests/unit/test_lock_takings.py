@@ -31,10 +31,17 @@ Taking = tuple[str, str, str]  # (file, enclosing function, lock expression)
 
 ALLOWED: dict[Taking, str] = {
     **{
-        ("replicas/registry.py", fn, "txn.lock"): "RunningTxn (replicas/running.py) is the registry's own record of a "
-        "running transaction, a dataclass with no behaviour under its lock: the registry is the module that "
-        "changes a transaction's state, and takes the record's lock to do so"
-        for fn in ("stage", "set_app_version", "add_read", "_start_commit", "abort", "commit_failed")
+        (f"replicas/{module}.py", fn, "txn.lock"): "RunningTxn (replicas/running.py) is the registry's own record "
+        "of a running transaction, a dataclass with no behaviour under its lock: the registry (registry.py with its "
+        "staging.py and txn_lifecycle.py) is what changes a transaction's state, and takes the record's lock to do so"
+        for module, fn in (
+            ("staging", "stage"),
+            ("staging", "set_app_version"),
+            ("staging", "add_read"),
+            ("registry", "_start_commit"),
+            ("txn_lifecycle", "abort"),
+            ("txn_lifecycle", "commit_failed"),
+        )
     },
 }
 
