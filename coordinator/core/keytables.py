@@ -378,19 +378,16 @@ def scheme_of(summary: Mapping[str, Any]) -> str:
     return summary.get("hash", HASH_BLAKE2B)
 
 
-_MIX64_TYPES = (
-    pa.types.is_integer,
-    pa.types.is_boolean,
-    pa.types.is_string,
-    pa.types.is_large_string,
-    pa.types.is_binary,
-    pa.types.is_large_binary,
-)
-
-
 def mix64_type(t: pa.DataType) -> bool:
     """Whether :data:`HASH_MIX64` hashes key columns of type ``t``."""
-    return any(is_type(t) for is_type in _MIX64_TYPES)
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    )
 
 
 def _mix(z: int) -> int:

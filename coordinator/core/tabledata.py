@@ -79,17 +79,14 @@ def schema_from_json(text: str) -> pa.Schema:
         raise CorruptMetadata(f"serialized schema does not parse: {type(exc).__name__}: {exc}") from None
 
 
-_PARTITION_TYPES = (
-    pa.types.is_integer,
-    pa.types.is_string,
-    pa.types.is_large_string,
-    pa.types.is_date,
-    pa.types.is_boolean,
-)
-
-
 def _is_partition_type(t: pa.DataType) -> bool:
-    return any(is_type(t) for is_type in _PARTITION_TYPES)
+    return (
+        pa.types.is_integer(t)
+        or pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_date(t)
+        or pa.types.is_boolean(t)
+    )
 
 
 CHANGE_COLUMNS = ("_change", "_csn")  # what changes() adds to a table's columns: no table may have them
