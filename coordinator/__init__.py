@@ -8,9 +8,10 @@ can be imported without pulling in the client.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from coordinator import errors  # the public name of coordinator/core/errors.py
+from coordinator.core.lazy import lazy_names
 from coordinator.core.versions import Tid
 
 if TYPE_CHECKING:
@@ -28,12 +29,4 @@ _LAZY = {
 __all__ = ["Client", "CommitStatus", "LocalCluster", "Tid", "Transaction", "connect", "errors"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'coordinator' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -4,7 +4,9 @@ and ``write_stream`` are ``spark.register``, ``spark.native.read_table`` /
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from coordinator.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from spark import register
@@ -21,12 +23,4 @@ _LAZY = {
 __all__ = ["read_table", "register", "write_stream", "write_table"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mergetxn.spark' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())

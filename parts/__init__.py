@@ -7,8 +7,9 @@ does not pull in the other."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from coordinator.core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from parts.io.format import new_part_name, read_meta, read_part, write_part
@@ -27,10 +28,4 @@ _LAZY = {
 __all__ = ["PartMeta", "Storage", "new_part_name", "read_meta", "read_part", "write_part"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'parts' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _LAZY, globals())

@@ -34,14 +34,7 @@ from coordinator.core.targets import (
 )
 from coordinator.model.atomicity import NONE
 from coordinator.model.catalog import TableDef, TableDropped
-from coordinator.model.records import (
-    Compact,
-    Insert,
-    Mutate,
-    Overwrite,
-    StagedOp,
-    Truncate,
-)
+from coordinator.model.records import Compact, Insert, Mutate, Overwrite, StagedOp, Truncate
 from coordinator.zk.log import (
     VersionMoved,
 )

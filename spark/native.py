@@ -296,18 +296,13 @@ def read_table(
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
-    """The arguments of the ``visible`` call reading ``table`` at ``snapshot`` or ``as_of``;
-    InvalidInput for a snapshot that is not an integer or an as_of that is not an aware datetime."""
-    args: dict[str, Any] = {"table": table}
-    if snapshot is not None:
-        if isinstance(snapshot, bool) or not isinstance(snapshot, int):
-            raise InvalidInput(f"mergetxn: snapshot must be an integer CSN, not {snapshot!r}")
-        args["snapshot"] = snapshot
-    if as_of is not None:
-        if not isinstance(as_of, dt.datetime) or as_of.utcoffset() is None:
-            raise InvalidInput(f"mergetxn: as_of must be a timezone-aware datetime, not {as_of!r}")
-        args["as_of"] = as_of.timestamp()
-    return args
+    """:func:`mergetxn.client.reads.visible_args`, its InvalidInput said as mergetxn's."""
+    from mergetxn.client.reads import visible_args
+
+    try:
+        return visible_args(table, snapshot, as_of)
+    except InvalidInput as e:
+        raise InvalidInput(f"mergetxn: {e}") from None
 
 
 def _read_by_data_source(session: Any, address: str, table: str, snap: int, terms: list[tuple[str, str, Any]]) -> Any:

@@ -54,8 +54,29 @@ class TxnState(StrEnum):
 # ``partitions`` are partition keys (coordinator.core.tabledata.partition_key); None: where its parts are.
 
 
+class _AddsRows:
+    """An operation whose rows are those of the parts it adds."""
+
+    added: tuple[PartMeta, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(m.rows for m in self.added)
+
+
+def _replacing(op: Overwrite | Mutate | Compact) -> dict:
+    """The wire fields, in order, of an operation that replaces ``removed`` parts by ``added``."""
+    return {
+        "op": op.kind,
+        "table": op.table,
+        "added": [m.to_dict() for m in op.added],
+        "removed": list(op.removed),
+        "partitions": None if op.partitions is None else list(op.partitions),
+    }
+
+
 @dataclass(frozen=True)
-class Insert:
+class Insert(_AddsRows):
     """INSERT INTO: parts added."""
 
     table: str
@@ -67,16 +88,12 @@ class Insert:
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.INSERT
 
-    @property
-    def rows(self) -> int:
-        return sum(m.rows for m in self.added)
-
     def to_dict(self) -> dict:
         return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added]}
 
 
 @dataclass(frozen=True)
-class Overwrite:
+class Overwrite(_AddsRows):
     """INSERT OVERWRITE: the parts it saw in ``partitions`` (``removed``) replaced by ``added``."""
 
     table: str
@@ -88,18 +105,8 @@ class Overwrite:
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.OVERWRITE
 
-    @property
-    def rows(self) -> int:
-        return sum(m.rows for m in self.added)
-
     def to_dict(self) -> dict:
-        return {
-            "op": self.kind,
-            "table": self.table,
-            "added": [m.to_dict() for m in self.added],
-            "removed": list(self.removed),
-            "partitions": list(self.partitions),
-        }
+        return _replacing(self)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class Truncate:
 
 
 @dataclass(frozen=True)
-class Mutate:
+class Mutate(_AddsRows):
     """DELETE or UPDATE, copy-on-write: ``removed`` parts rewritten as ``added``. The predicate
     (``where``, substrait, base64) and an update's ``assignments`` (coordinator.core.tabledata.encode_assignments)
     travel with it, so the replica can redo it on the current parts at commit."""
@@ -146,19 +153,8 @@ class Mutate:
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.MUTATE
 
-    @property
-    def rows(self) -> int:
-        return sum(m.rows for m in self.added)
-
     def to_dict(self) -> dict:
-        d = {
-            "op": self.kind,
-            "table": self.table,
-            "added": [m.to_dict() for m in self.added],
-            "removed": list(self.removed),
-            "partitions": None if self.partitions is None else list(self.partitions),
-            "where": self.where,
-        }
+        d = {**_replacing(self), "where": self.where}
         if self.kind == "update":
             d["assignments"] = self.assignments
         return d
@@ -189,14 +185,7 @@ class Compact:
         return _COMPACT_KINDS[self.compact_kind]
 
     def to_dict(self) -> dict:
-        return {
-            "op": self.kind,
-            "table": self.table,
-            "added": [m.to_dict() for m in self.added],
-            "removed": list(self.removed),
-            "partitions": None if self.partitions is None else list(self.partitions),
-            "compact_kind": self.compact_kind,
-        }
+        return {**_replacing(self), "compact_kind": self.compact_kind}
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ from mergetxn.chaos.workloads import (
 )
 from mergetxn.client.client import Client
 from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import StartStop
 
 FORMS = ("auto", "namespaces", "loopback", "single")
 STORAGES = ("dir", "s3")
@@ -113,7 +114,7 @@ SPARK_PAUSE = 10.0  # and the longest pause of a lane between two faults (a job 
 # -- the single-host form -------------------------------------------------------------------------
 
 
-class SingleHostCluster:
+class SingleHostCluster(StartStop):
     """One machine, one ZooKeeper server, ``hosts`` replica processes (``LocalCluster``), with the
     interface of ``mergetxn.chaos.hosts``' clusters. Only the replica signal faults exist here
     (SIGKILL, SIGSTOP, and a SIGSTOP past the session timeout for session expiry); it is the form
@@ -159,13 +160,6 @@ class SingleHostCluster:
     def credentials_path(self) -> Path | None:
         """The first admin user's credentials file of a secured cluster (None when unsecured)."""
         return self.workdir / "security" / ADMIN_FILE if self.secure else None
-
-    def __enter__(self) -> SingleHostCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,9 @@ from parts.io.format import read_part
 from parts.model.meta import PartMeta
 
 
-def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
-    """The ``visible`` request of a read at the latest snapshot, ``snapshot`` or ``as_of``."""
+def visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
+    """The ``visible`` request of a read at the latest snapshot, ``snapshot`` or ``as_of``;
+    InvalidInput for a snapshot that is not an integer or an as_of that is not an aware datetime."""
     args: dict[str, Any] = {"table": table}
     if snapshot is not None:
         if isinstance(snapshot, bool) or not isinstance(snapshot, int):
@@ -104,7 +105,7 @@ class Reads(ClientBase):
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
         # Without a filter no key filter is used: the answer comes slim too (a replica from
         # before this ignores slim without a point hint and answers in full).
-        r = self._visible_pruned(_visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or where is None)
+        r = self._visible_pruned(visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or where is None)
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -165,7 +166,7 @@ class Reads(ClientBase):
             InvalidInput: a wrong key range or filter, not a keys table, or no such table.
             CorruptPart: a part file read does not match its checksum.
         """
-        r = self.call("visible", **_visible_args(table, snapshot, as_of))
+        r = self.call("visible", **visible_args(table, snapshot, as_of))
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
 
@@ -229,7 +230,7 @@ class Reads(ClientBase):
             SnapshotUnavailable: the snapshot is no longer retained.
             QuotaExceeded: the user holds as many read leases as its quota allows.
         """
-        r = self.call("visible", **_visible_args(table, snapshot, None))
+        r = self.call("visible", **visible_args(table, snapshot, None))
         with self._leased(r):
             tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
             metas = [PartMeta.from_dict(m) for m in r["parts"]]
@@ -256,7 +257,7 @@ class Reads(ClientBase):
         """
         latest = snapshot is None and as_of is None
         for attempt in range(2):
-            r = self.call("visible", **_visible_args(table, snapshot, as_of))
+            r = self.call("visible", **visible_args(table, snapshot, as_of))
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
                 try:

@@ -24,7 +24,7 @@ from coordinator.wire.security import (
 )
 from mergetxn.client.arguments import checked, checked_methods
 from mergetxn.client.client import Client
-from mergetxn.local.zkserver import ZooKeeperHandle, start_zookeeper
+from mergetxn.local.zkserver import StartStop, ZooKeeperHandle, start_zookeeper
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _replica_index(method: Callable[..., T]) -> Callable[..., T]:
 
 
 @checked_methods
-class LocalCluster:
+class LocalCluster(StartStop):
     """Context manager: ZooKeeper + ``replicas`` replica processes, local storage in ``workdir``.
 
     Replica ``i`` keeps its host id (``r<i>``), data directory and port across
@@ -135,13 +135,6 @@ class LocalCluster:
 
     def _credentials_file(self) -> Path:
         return self.workdir / "security" / REPLICA_FILE
-
-    def __enter__(self) -> LocalCluster:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)

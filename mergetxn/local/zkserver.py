@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from coordinator.core import retries
 
@@ -614,10 +614,56 @@ def harden_root(hosts: str, creds: Credentials, timeout: float = 30.0) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# What every server here is
+
+
+class StartStop:
+    """``with x:`` starts ``x`` and stops it when the block ends, however it ends."""
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class JvmServer(StartStop):
+    """A server run as one JVM (:class:`JavaProcess`, in ``_proc`` once started)."""
+
+    _proc: JavaProcess | None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.running
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the JVM (also its process group id), None when stopped."""
+        return self._proc.pid if self._proc is not None and self._proc.running else None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Graceful stop: SIGTERM, wait up to ``timeout``, then SIGKILL. Idempotent."""
+        if self._proc is not None:
+            self._proc.stop(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, for fault tests): the JVM dies at once, its sessions are not closed."""
+        if self._proc is not None:
+            self._proc.kill()
+
+
+# --------------------------------------------------------------------------------------------
 # Standalone server
 
 
-class ZooKeeperServer:
+class ZooKeeperServer(JvmServer):
     """One standalone ZooKeeper 3.9 server (``ZooKeeperServerMain``) on 127.0.0.1.
 
     Data (snapshots, transaction log) lives in ``workdir/data``, so :meth:`restart` and a new
@@ -647,21 +693,12 @@ class ZooKeeperServer:
         self.data_dir = self.workdir / "data"
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
-        self._proc: JavaProcess | None = None
+        self._proc = None
 
     @property
     def address(self) -> str:
         """``127.0.0.1:port``: a kazoo hosts string (append ``/chroot`` to confine a client)."""
         return f"{LOCALHOST}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running
-
-    @property
-    def pid(self) -> int | None:
-        """PID of the JVM (also its process group id), None when stopped."""
-        return self._proc.pid if self._proc is not None and self._proc.running else None
 
     def _configure(self) -> list[str]:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -712,16 +749,6 @@ class ZooKeeperServer:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\nlast log lines:\n{log_tail(self.log_file)}") from None
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Graceful stop: SIGTERM, wait up to ``timeout``, then SIGKILL. Idempotent."""
-        if self._proc is not None:
-            self._proc.stop(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL, for fault tests: the process dies at once, sessions are not closed."""
-        if self._proc is not None:
-            self._proc.kill()
-
     def restart(self, timeout: float = 60, hard: bool = False) -> str:
         """Stop (or kill, when ``hard``) and start again on the same port and data."""
         if hard:
@@ -729,13 +756,6 @@ class ZooKeeperServer:
         else:
             self.stop()
         return self.start(timeout)
-
-    def __enter__(self) -> ZooKeeperServer:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
@@ -793,7 +813,7 @@ def parse_members(text: str) -> list[MemberAddress]:
     return members
 
 
-class ZooKeeperMember:
+class ZooKeeperMember(JvmServer):
     """One member (``QuorumPeerMain``) of a static ZooKeeper ensemble.
 
     ``members`` lists every member in myid order (``myid`` is 1-based); this one listens on its
@@ -828,7 +848,7 @@ class ZooKeeperMember:
         )
         self.log_file = self.workdir / "zookeeper.log"
         self.out_file = self.workdir / "zookeeper.out"
-        self._proc: JavaProcess | None = None
+        self._proc = None
 
     @property
     def address(self) -> str:
@@ -839,14 +859,6 @@ class ZooKeeperMember:
     def ensemble_address(self) -> str:
         """Every member's client address: a kazoo hosts string."""
         return ",".join(m.client_address for m in self.members)
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None and self._proc.running else None
 
     def mode(self) -> str | None:
         """'leader' / 'follower' while it serves, else None."""
@@ -920,22 +932,12 @@ class ZooKeeperMember:
 
         return _wait_until(check, timeout, f"ZooKeeper member {self.myid} {self.address}")
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Graceful stop: SIGTERM, then SIGKILL after ``timeout``. Idempotent."""
-        if self._proc is not None:
-            self._proc.stop(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL (a crash); the others keep a quorum while a majority lives."""
-        if self._proc is not None:
-            self._proc.kill()
-
     def __repr__(self) -> str:
         state = "running" if self.running else "stopped"
         return f"ZooKeeperMember({self.myid}, {self.me}, {state})"
 
 
-class ZooKeeperEnsemble:
+class ZooKeeperEnsemble(StartStop):
     """A ZooKeeper quorum of ``size`` :class:`ZooKeeperMember` processes on 127.0.0.1.
 
     Each member has its own client, quorum and election ports (chosen once, kept across
@@ -1041,13 +1043,6 @@ class ZooKeeperEnsemble:
         """Stop every member (graceful). Idempotent."""
         for i in range(self.size):
             self.stop_member(i)
-
-    def __enter__(self) -> ZooKeeperEnsemble:
-        self.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         up = [i for i in range(self.size) if self.running(i)]
