@@ -286,10 +286,16 @@ def targets(samples: list[dict], base_at: int, band: int = 5) -> dict:
         "band_samples": band,
         "visible_per_partition_max": max(s["visible_per_partition_max"] for s in samples),
         "overdue_parts_max": max(s["overdue_parts"] for s in samples),
-        "storage_over_live_and_window": max(
-            round(s["storage_bytes"] / (s["live_bytes"] + s["window_removed_bytes"]), 3) for s in samples
-        ),
+        "storage_over_live_and_window": max(storage_ratios(samples)),
+        "storage_over_live_and_window_median": round(statistics.median(storage_ratios(samples)), 3),
     }
+
+
+def storage_ratios(samples: list[dict]) -> list[float]:
+    """Per sample: storage's bytes over the live parts' and the window's removed parts' (what is
+    beyond them: parts removed before the window whose cleanup pass has not come yet, a merged
+    part's sidecar, the cluster checkpoints, files of inserts in flight)."""
+    return [round(s["storage_bytes"] / (s["live_bytes"] + s["window_removed_bytes"]), 3) for s in samples]
 
 
 # What --check holds to no growth: per sample, a structure's size (bounded by the windows and the load).
