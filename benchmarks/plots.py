@@ -69,7 +69,10 @@ RUNS: dict[str, Run] = {
     "quorum_cost.json": Run("quorum_cost.py --seconds 15", "2026-11-27 21:43", "b4887bb", AMD),
     "security_cost.json": Run("security_cost.py", "2026-11-27 00:47", "45de8f1", AMD),
     "security_cost_commit.json": Run(
-        "security_cost.py --only commit --old d7780aa", "2026-12-01 23:57", "d19e656", XEON
+        "security_cost.py --only commit --rounds 7 --old (this tree without the check)",
+        "2026-12-02 06:26",
+        "0694577",
+        XEON,
     ),
     "security_brute.json": Run("security_cost.py --only brute (100/s)", "2026-12-01 23:07", "92b428e", XEON),
     "spark_io.json": Run("spark_io.py --repeat 3", "2026-11-24", "1caaebf", AMD),
@@ -294,7 +297,7 @@ ROWS: list[Row] = [
         "security_cost_commit.json",
         "10-row insert p50, part metadata checked against the file",
         lambda r: f"{r['insert']['median_p50_ms']['new']} ms",
-        "the code without the check (d7780aa)",
+        "the same code without the check",
         lambda r: r["insert"]["p50_new_over_old"],
         "lower",
     ),
@@ -302,7 +305,7 @@ ROWS: list[Row] = [
         "security_cost_commit.json",
         "replica CPU per commit, the same",
         lambda r: f"{r['insert']['median_replica_cpu_us_per_commit']['new']} µs",
-        "the code without the check (d7780aa)",
+        "the same code without the check",
         lambda r: r["insert"]["replica_cpu_new_over_old"],
         "lower",
     ),
@@ -476,12 +479,20 @@ def table() -> str:
             f"| {bench} | {row.what} | {row.figure(result)} | {row.peer} | {times(row.ratio(result))} | {row.better} "
             f"| {run.date} | `{run.commit}` | {run.machine} |"
         )
-    lines.append(
-        "| `soak.py` | Soak, 600,000 commits: rate / p99 / RSS at the end | 308 commits/s, 39.9 ms, 235 MB "
-        "| its 20,000-commit sample | 1.05 / 0.92 / 1.27 | rate higher, the others lower | 2026-12-02 02:23 "
-        "| `046c12b` | this machine (see below) |"
-    )
+    lines.append(soak_row(load("soak.json")))
     return "\n".join(lines)
+
+
+def soak_row(r: Result) -> str:
+    """The soak's row: its last sample against its base one, as medians of five samples around each."""
+    t, last = r["targets"], r["samples"][-1]
+    figure = f"{last['rate']} commits/s, {last['p99_ms']} ms, {last['replicas'][0]['rss'] >> 20} MB"
+    ratios = " / ".join(f"{t[k + '_band']:.3g}" for k in ("rate", "p99", "rss", "checkpoint"))
+    return (
+        f"| `soak.py` | Soak, {last['commits']:,} commits, {r['replicas']} replica(s): rate / p99 / RSS / checkpoint "
+        f"at the end (medians of 5 samples) | {figure} | its {t['base_commits']:,}-commit sample | {ratios} "
+        f"| rate higher, the others lower | {r['time'][:16]} | `{r['commit']}` | this machine (see below) |"
+    )
 
 
 def write_table(text: str) -> None:
