@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from coordinator.core.conflicts import DATA_CHANGING, Policy, Summary, fits_beside
 from coordinator.core.readsets import counter_key
@@ -65,7 +65,7 @@ class Member:
     targets: Mapping[Target, Summary] = field(default_factory=dict)
     whole_tables: frozenset[str] = frozenset()
     policies: Mapping[str, Policy] = field(default_factory=dict)
-    keys_written: Mapping[Target, frozenset[tuple]] | None = None
+    keys_written: Mapping[Target, frozenset[tuple[Any, ...]]] | None = None
     async_session: str | None = None
 
     @property
@@ -96,7 +96,7 @@ class Composition(Generic[T]):
     counters_checked: dict[str, int] = field(default_factory=dict)
     in_batch: dict[Target, list[Summary]] = field(default_factory=lambda: defaultdict(list))
     held: set[str] = field(default_factory=set)  # async sessions with a member deferred
-    planned: dict[str, Mapping[Target, frozenset[tuple]] | None] = field(default_factory=dict)  # keys written
+    planned: dict[str, Mapping[Target, frozenset[tuple[Any, ...]]] | None] = field(default_factory=dict)  # keys written
 
     @property
     def stalled(self) -> bool:
@@ -107,9 +107,9 @@ class Composition(Generic[T]):
 def shares_keys(
     policies: Mapping[str, Policy],
     targets: Mapping[Target, Summary],
-    mine: Mapping[Target, frozenset[tuple]] | None,
+    mine: Mapping[Target, frozenset[tuple[Any, ...]]] | None,
     in_batch: Mapping[Target, Sequence[Summary]],
-    planned: Callable[[str], Mapping[Target, frozenset[tuple]] | None],
+    planned: Callable[[str], Mapping[Target, frozenset[tuple[Any, ...]]] | None],
 ) -> bool:
     """Whether a member must wait because it has a key in common with a member already accepted
     on a keys target they both write (or the keys of either are not known): two writes of a key
@@ -127,7 +127,7 @@ def shares_keys(
     return False
 
 
-def _wait(c: Composition, m: Member, known: Mapping[str, int | None], keys: set[str]) -> Wait | None:
+def _wait(c: Composition[T], m: Member, known: Mapping[str, int | None], keys: set[str]) -> Wait | None:
     """Why ``m`` waits for the next batch given the members accepted so far, or None."""
     if any(k not in known for k in keys):
         return Wait.MISSING_VERSIONS

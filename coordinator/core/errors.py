@@ -65,7 +65,8 @@ def _bounded(details: dict[str, Any]) -> dict[str, Any]:
         budget[0] -= len(value) if isinstance(value, str) else 8
         return value
 
-    return walk(details, 0)
+    bounded: dict[str, Any] = walk(details, 0)  # a dict walks to a dict
+    return bounded
 
 
 class ConflictKind(StrEnum):

@@ -28,7 +28,7 @@ from typing import Any
 Entry = tuple[int, int, str]  # (creation CSN, order added, part name)
 
 
-def listed_keys(summary: Mapping[str, Any] | None) -> tuple[int, list[tuple]] | None:
+def listed_keys(summary: Mapping[str, Any] | None) -> tuple[int, list[tuple[Any, ...]]] | None:
     """``(key columns, distinct keys)`` a part's summary lists its versions of, in first-seen
     order; None when it lists none or its rows disagree on the number of key columns (the check
     then probes the part as before)."""
@@ -47,8 +47,9 @@ class KeyIndex:
 
     def __init__(self) -> None:
         self._order = 0  # parts added so far: orders parts of one CSN as they were added
-        self._by_key: dict[tuple, list[Entry]] = {}  # key -> the indexed parts that list it, in commit order
-        self._listed: deque[tuple[Entry, int, list[tuple]]] = deque()  # (entry, key columns, keys), for pruning
+        self._by_key: dict[tuple[Any, ...], list[Entry]] = {}  # key -> the indexed parts that list it, in commit order
+        # (entry, key columns, keys), for pruning
+        self._listed: deque[tuple[Entry, int, list[tuple[Any, ...]]]] = deque()
         self._widths: dict[int, int] = {}  # key columns -> indexed parts listing that many
         self._loose: list[Entry] = []  # parts whose keys are not listed, in commit order
 
@@ -98,7 +99,9 @@ class KeyIndex:
     def empty(self) -> bool:
         return not self._listed and not self._loose
 
-    def candidates(self, snapshot: int, keys: Iterable[tuple], width: int) -> list[tuple[int, str, bool]] | None:
+    def candidates(
+        self, snapshot: int, keys: Iterable[tuple[Any, ...]], width: int
+    ) -> list[tuple[int, str, bool]] | None:
         """``(creation CSN, name, listed)`` of the parts committed after ``snapshot`` that may
         write one of ``keys`` (a table of ``width`` key columns), in commit order: those that
         list one of them (``listed``) and every loose one (not: the caller probes its filter).

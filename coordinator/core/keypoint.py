@@ -135,7 +135,7 @@ def top_place(order: float, stats: Mapping[str, Any]) -> float:
     return OWN
 
 
-def note_settled(found: dict[tuple, float], data: pa.Table, order: float, primary_key: Sequence[str]) -> None:
+def note_settled(found: dict[tuple[Any, ...], float], data: pa.Table, order: float, primary_key: Sequence[str]) -> None:
     """Record in ``found`` (key -> the latest place of a PUT or DELETE of it seen) the PUTs and
     DELETEs among ``data``, one part's versions (of ``order``) of the keys looked up."""
     if not data.num_rows or OP not in data.column_names:  # no op to go by: nothing settled, all read
@@ -151,7 +151,7 @@ def note_settled(found: dict[tuple, float], data: pa.Table, order: float, primar
             found[key] = place
 
 
-def settled(wanted: Iterable[tuple], found: Mapping[tuple, float], top: float) -> bool:
+def settled(wanted: Iterable[tuple[Any, ...]], found: Mapping[tuple[Any, ...], float], top: float) -> bool:
     """Whether every key of ``wanted`` has a PUT or DELETE (``found``, :func:`note_settled`)
     strictly later than ``top``: then no version of a part whose :func:`top_place` is at most
     ``top`` changes what the fold gives (a tie is not passed over: ``_seq`` orders it)."""
@@ -161,7 +161,7 @@ def settled(wanted: Iterable[tuple], found: Mapping[tuple, float], top: float) -
 def newest_first(
     orders: Sequence[float],
     stats: Sequence[Mapping[str, Any]],
-    wanted: Sequence[tuple],
+    wanted: Sequence[tuple[Any, ...]],
     primary_key: Sequence[str],
     read: Callable[[int], pa.Table],
 ) -> list[tuple[float, pa.Table]]:
@@ -172,7 +172,7 @@ def newest_first(
     columns only (:func:`plain_keys`)."""
     tops = [top_place(o, s) for o, s in zip(orders, stats)]
     got: dict[int, pa.Table] = {}
-    found: dict[tuple, float] = {}
+    found: dict[tuple[Any, ...], float] = {}
     for i in sorted(range(len(orders)), key=tops.__getitem__, reverse=True):  # reverse keeps ties in order
         if found and settled(wanted, found, tops[i]):
             break

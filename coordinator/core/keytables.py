@@ -238,7 +238,7 @@ def folded(meta: Any) -> bool:
 PRIMARY = "@primary"  # no group is named so (groups are identifiers)
 STRONG, WEAK = "@read:strong", "@read:weak"
 READS = frozenset({STRONG, WEAK})
-KeyLocks = dict[tuple, frozenset[str]]  # key -> the locks written under it
+KeyLocks = dict[tuple[Any, ...], frozenset[str]]  # key -> the locks written under it
 
 
 def locks(op: int, written: Iterable[str], lock_groups: Sequence[tuple[str, Sequence[str]]]) -> frozenset[str]:
@@ -264,7 +264,7 @@ def written_locks(
     data: pa.Table, primary_key: Sequence[str], lock_groups: Sequence[tuple[str, Sequence[str]]]
 ) -> KeyLocks:
     """Key -> locks for the versions of a part (its key columns, ``_op`` and ``_cols``)."""
-    out: dict[tuple, frozenset[str]] = {}
+    out: dict[tuple[Any, ...], frozenset[str]] = {}
     cache: dict[tuple[int, str | None], frozenset[str]] = {}
     cols = [data.column(k).to_pylist() for k in primary_key]
     for i, (op, written) in enumerate(zip(data.column(OP).to_pylist(), data.column(COLS).to_pylist())):
@@ -283,7 +283,7 @@ def collide(mine: frozenset[str], theirs: frozenset[str]) -> bool:
     return overlap(mw, tw) or (bool(mw) and STRONG in theirs) or (bool(tw) and bool(mine & READS))
 
 
-def first_collision(mine: KeyLocks, theirs: KeyLocks) -> tuple | None:
+def first_collision(mine: KeyLocks, theirs: KeyLocks) -> tuple[Any, ...] | None:
     """A key (the least) on which ``mine`` collides with ``theirs`` (:func:`collide`), or None."""
     both = [k for k in mine.keys() & theirs.keys() if collide(mine[k], theirs[k])]
     return min(both, key=lambda k: tuple((v is None, v) for v in k)) if both else None
@@ -375,12 +375,13 @@ _SATURATED = 6  # a mix64 filter with HASHES * rows >= this * m bits is written 
 
 def scheme_of(summary: Mapping[str, Any]) -> str:
     """The hash scheme a key summary's filter was built with (none named: the first one)."""
-    return summary.get("hash", HASH_BLAKE2B)
+    scheme: str = summary.get("hash", HASH_BLAKE2B)
+    return scheme
 
 
 def mix64_type(t: pa.DataType) -> bool:
     """Whether :data:`HASH_MIX64` hashes key columns of type ``t``."""
-    return (
+    return bool(
         pa.types.is_integer(t)
         or pa.types.is_boolean(t)
         or pa.types.is_string(t)
@@ -408,7 +409,7 @@ def _mix64_value(v: Any) -> int | None:
     return None
 
 
-def key_hash_mix64(key: tuple) -> tuple[int, int] | None:
+def key_hash_mix64(key: tuple[Any, ...]) -> tuple[int, int] | None:
     """``(h1, h2)`` of a key under :data:`HASH_MIX64`; None when a value is of a type it does not
     hash (no part hashed with it can hold such a key's column type: a probe then says maybe).
 
@@ -420,7 +421,7 @@ def key_hash_mix64(key: tuple) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=1 << 14)
-def _key_hash_mix64(key: tuple, _types: tuple) -> tuple[int, int] | None:
+def _key_hash_mix64(key: tuple[Any, ...], _types: tuple[type, ...]) -> tuple[int, int] | None:
     h = _G
     for v in key:
         c = _mix64_value(v)
@@ -529,7 +530,7 @@ def summarize(
     max_bits: int = MAX_FILTER_BITS,
     exact_rows: int = EXACT_ROWS,
     scheme: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The key summary of a part's rows (JSON-ready, what PartMeta.key_summary holds):
     ``{"lo": key|None, "hi": key|None, "m": bits, "k": hashes, "bloom": base64}``, or for the
     ``mix64`` scheme ``"hash": "mix64"`` with that filter under ``"filter"`` and an all-ones
@@ -588,7 +589,7 @@ def _filter_bits(distinct: int, bits_per_key: int, max_bits: int) -> int:
     return m + -m % 8
 
 
-def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key: int, max_bits: int) -> dict:
+def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key: int, max_bits: int) -> dict[str, Any]:
     """:func:`summarize` of a ``mix64`` part in Arrow kernels: the rows' key hashes, the bits they
     set, the least and greatest key (column by column); no ``exact`` (too many rows)."""
     import pyarrow.compute as pc
@@ -628,7 +629,7 @@ def _summarize_columns(data: pa.Table, primary_key: Sequence[str], bits_per_key:
 _LEGACY_ONES = {"m": 8, "k": 1, "bloom": base64.b64encode(b"\xff").decode("ascii")}
 
 
-def _with_filter(scheme: str, lo: list | None, hi: list | None, m: int, bloom: str) -> dict:
+def _with_filter(scheme: str, lo: list[Any] | None, hi: list[Any] | None, m: int, bloom: str) -> dict[str, Any]:
     if scheme == HASH_BLAKE2B:
         return {"lo": lo, "hi": hi, "m": m, "k": HASHES, "bloom": bloom}
     return {"lo": lo, "hi": hi, **_LEGACY_ONES, "hash": scheme, "filter": {"m": m, "k": HASHES, "bloom": bloom}}
@@ -640,7 +641,7 @@ def _filter_of(summary: Mapping[str, Any]) -> tuple[int, int, bytes]:
     return f["m"], f["k"], _bits(f["bloom"])
 
 
-def _least(data: pa.Table, primary_key: Sequence[str], which: str) -> list:
+def _least(data: pa.Table, primary_key: Sequence[str], which: str) -> list[Any]:
     """The least (``min``) or greatest (``max``) key of ``data`` in tuple order, column by column."""
     import pyarrow.compute as pc
 
@@ -659,7 +660,7 @@ def _long(v: Any) -> bool:
     return isinstance(v, str) and len(v) > STAT_PREFIX
 
 
-def _bound_key(key: list, upper: bool) -> list | None:
+def _bound_key(key: list[Any], upper: bool) -> list[Any] | None:
     """A key range end with its first long string cut (``coordinator.core.tabledata.lower_bound`` /
     ``upper_bound``) and the columns after it dropped: a shorter key orders before every key
     it is a prefix of, and a cut string already orders strictly before (after) the original, so
@@ -673,7 +674,7 @@ def _bound_key(key: list, upper: bool) -> list | None:
     return key
 
 
-def bound_summary(s: dict) -> dict:
+def bound_summary(s: dict[str, Any]) -> dict[str, Any]:
     """A key summary whose size does not grow with its keys' lengths: ``lo`` and ``hi`` bounded
     (:func:`_bound_key`; both None when ``hi`` has no bound: the Bloom filter still prunes) and
     ``exact`` left out when a key in it is long (the conflict check then reads the part). ``s``
@@ -777,7 +778,7 @@ def exact_locks(
     rows = None if summary is None else summary.get("exact")
     if rows is None or any(len(r) != key_columns + 2 for r in rows):
         return None
-    out: dict[tuple, frozenset[str]] = {}
+    out: dict[tuple[Any, ...], frozenset[str]] = {}
     for r in rows:
         key, op, written = tuple(r[:key_columns]), r[key_columns], r[key_columns + 1]
         held = locks(op, written.split(",") if written else (), lock_groups)
@@ -913,7 +914,7 @@ def may_hold(summary: Mapping[str, Any] | None, key: Sequence[Any], hashed: tupl
     return True
 
 
-def mixed_hashes(keys: Iterable[tuple]) -> dict[tuple, tuple[int, int]] | None:
+def mixed_hashes(keys: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, ...], tuple[int, int]] | None:
     """``key -> key_hash_mix64(key)`` for probing many ``mix64`` parts with the same keys (None
     when a key has a value the scheme does not hash)."""
     out = {}
@@ -925,7 +926,7 @@ def mixed_hashes(keys: Iterable[tuple]) -> dict[tuple, tuple[int, int]] | None:
     return out
 
 
-def _outside(key: tuple, lo: tuple | None, hi: tuple | None) -> bool:
+def _outside(key: tuple[Any, ...], lo: tuple[Any, ...] | None, hi: tuple[Any, ...] | None) -> bool:
     """Whether ``key`` lies outside a summary's key range (no range, or keys that do not
     compare with its bounds: maybe inside, the filter decides)."""
     if lo is None or hi is None:
@@ -938,8 +939,8 @@ def _outside(key: tuple, lo: tuple | None, hi: tuple | None) -> bool:
 
 def may_hold_any(
     summary: Mapping[str, Any] | None,
-    hashed: Mapping[tuple, tuple[int, int]],
-    mixed: Mapping[tuple, tuple[int, int]] | None = None,
+    hashed: Mapping[tuple[Any, ...], tuple[int, int]],
+    mixed: Mapping[tuple[Any, ...], tuple[int, int]] | None = None,
 ) -> bool:
     """Whether a part with this summary may hold a version of any of the keys (``key ->
     key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
@@ -1005,7 +1006,7 @@ class SummaryProbes:
         self.size, self.max_bytes = size, max_bytes
         self.max_layouts, self.layout_bytes = layouts, layout_bytes
         self._lock = threading.Lock()
-        self._items: dict[str, tuple] = {}  # part name -> (checksum, (lo, hi), (mix, m, k), bits | None)
+        self._items: dict[str, tuple[Any, ...]] = {}  # part name -> (checksum, (lo, hi), (mix, m, k), bits | None)
         self._bytes = 0
         self._layouts: list[_Layout] = []  # the last used first
         self._layout_total = 0
@@ -1013,7 +1014,7 @@ class SummaryProbes:
     def __len__(self) -> int:
         return len(self._items)
 
-    def _parse(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple:
+    def _parse(self, name: str, checksum: str, summary: Mapping[str, Any]) -> tuple[Any, ...]:
         lo: Any = summary.get("lo")
         hi: Any = summary.get("hi")
         f = summary if scheme_of(summary) == HASH_BLAKE2B else summary["filter"]
@@ -1040,7 +1041,7 @@ class SummaryProbes:
                     self._bytes -= len(gone[3])
         return got
 
-    def _layout(self, metas: list) -> _Layout:
+    def _layout(self, metas: list[Any]) -> _Layout:
         # A replica lists the same PartMeta objects while nothing changes: the list compares
         # equal item by item by identity, so a visible set seen before costs no hashing.
         with self._lock:
@@ -1058,7 +1059,7 @@ class SummaryProbes:
                 self._layout_total -= self._layouts.pop().nbytes
         return layout
 
-    def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple, tuple[int, int]]) -> list:
+    def may_hold(self, metas: Iterable[Any], hashed: Mapping[tuple[Any, ...], tuple[int, int]]) -> list[Any]:
         """The parts of ``metas`` (``name``, ``checksum``, ``key_summary``) whose summary may
         hold one of the keys (``key -> key_hash(key)``, :func:`hint_hashes`): what
         :func:`may_hold_any` keeps, in their order."""
@@ -1143,7 +1144,7 @@ class _Layout:
 
     __slots__ = ("always", "by_range", "groups", "has_mix", "metas", "nbytes", "ranges")
 
-    def __init__(self, metas: list) -> None:
+    def __init__(self, metas: list[Any]) -> None:
         self.metas = metas
         self.groups: dict[tuple[bool, int, int], _Group] = {}
         self.ranges: list[tuple[Any, Any]] = []
@@ -1153,7 +1154,7 @@ class _Layout:
         self.nbytes = 0
 
     @classmethod
-    def build(cls, metas: list, items: Mapping[str, tuple], parse: Any) -> _Layout:
+    def build(cls, metas: list[Any], items: Mapping[str, tuple[Any, ...]], parse: Any) -> _Layout:
         """The layout of ``metas``, from the parsed summaries ``items`` (``parse(name,
         checksum, summary)`` for a part not there, or there with another checksum): one short
         loop, as a changed set (a commit between two lookups) is laid out again."""
@@ -1187,7 +1188,7 @@ class _Layout:
         return out
 
 
-def point_summary(summary: Mapping[str, Any] | None) -> dict | None:
+def point_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A key summary slimmed for a point read's answer (``visible`` with ``slim``): the replica
     has already pruned with the filter, so the reader needs only the key range and the byte
     ``ranges`` it reads by; the filter, up to 64 KiB of bits, becomes one byte of ones (a
@@ -1203,7 +1204,7 @@ def point_summary(summary: Mapping[str, Any] | None) -> dict | None:
 
 def point_keys(
     where: Any, schema: pa.Schema, primary_key: Sequence[str], limit: int = 1024, exact: bool = False
-) -> list[tuple] | None:
+) -> list[tuple[Any, ...]] | None:
     """The keys a filter can match, when it fixes every primary key column by equality (an AND
     of ``column == literal`` terms, maybe with other terms, or an OR of such): ``k == 5``,
     ``(a == 1) & (b == "x")``, ``(k == 1) | (k == 2)``. None when it does not (or when in
@@ -1229,7 +1230,9 @@ def point_keys(
     return sorted({tuple(a[c] for c in primary_key) for a in found}, key=lambda k: tuple((v is None, v) for v in k))
 
 
-def _assignments(node: tuple, schema: pa.Schema, pk: set[str], limit: int, exact: bool) -> list[dict] | None:
+def _assignments(
+    node: tuple[Any, ...], schema: pa.Schema, pk: set[str], limit: int, exact: bool
+) -> list[dict[str, Any]] | None:
     """Alternatives of a compiled filter ``node`` (see ``point_keys``), each fixing some key
     columns; None: not understood."""
     if node[0] not in ("and", "or"):
@@ -1247,7 +1250,9 @@ def _assignments(node: tuple, schema: pa.Schema, pk: set[str], limit: int, exact
     return out if len(out) <= limit else None
 
 
-def _term_assignment(node: tuple, schema: pa.Schema, pk: set[str], exact: bool) -> list[dict] | None:
+def _term_assignment(
+    node: tuple[Any, ...], schema: pa.Schema, pk: set[str], exact: bool
+) -> list[dict[str, Any]] | None:
     """The key column one comparison term fixes, as one alternative; ``[{}]`` when it fixes none
     (it only narrows further); None: not understood."""
     _, (kind, ref), op, value, _flipped = node
@@ -1269,8 +1274,8 @@ def _term_assignment(node: tuple, schema: pa.Schema, pk: set[str], exact: bool) 
 
 
 def point_hint(
-    where: Any, schema: pa.Schema, primary_key: Sequence[str], found: list[tuple] | None = None
-) -> dict | None:
+    where: Any, schema: pa.Schema, primary_key: Sequence[str], found: list[tuple[Any, ...]] | None = None
+) -> dict[str, Any] | None:
     """What a reader sends with its ``visible`` request when ``where`` fixes whole keys
     (:func:`point_keys`), so the replica lists only the parts that may hold them:
     ``{"key_columns": [...], "keys": [[...], ...]}``; None when it does not (or the values are
@@ -1283,7 +1288,9 @@ def point_hint(
     return {"key_columns": list(primary_key), "keys": [list(k) for k in found]}
 
 
-def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dict[tuple, tuple[int, int]] | None:
+def hint_hashes(
+    hint: Any, schema: pa.Schema, primary_key: Sequence[str]
+) -> dict[tuple[Any, ...], tuple[int, int]] | None:
     """The keys of a reader's :func:`point_hint` as the table at the read's snapshot holds them
     (``key -> key_hash``), or None to prune nothing: the hint was made for other key columns (a
     definition the reader had cached), or a value is not exactly one of the column's. Each
@@ -1318,7 +1325,7 @@ def hint_hashes(hint: Any, schema: pa.Schema, primary_key: Sequence[str]) -> dic
     return out
 
 
-def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tuple]) -> pa.Table:
+def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tuple[Any, ...]]) -> pa.Table:
     """The rows of ``data`` whose key is one of ``wanted``: a boolean mask from ``equal`` or ``is_in`` for a
     one-column key (no Acero plan, whose fixed cost a point read would pay per part), else
     :func:`key_filter`."""
@@ -1333,7 +1340,7 @@ def rows_of_keys(data: pa.Table, primary_key: Sequence[str], wanted: Sequence[tu
     return data.filter(pc.is_in(col, value_set=pa.array([key[0] for key in wanted], col.type)))
 
 
-def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple]) -> Any:
+def key_filter(schema: pa.Schema, primary_key: Sequence[str], wanted: Sequence[tuple[Any, ...]]) -> Any:
     """A filter expression keeping the rows of the keys ``wanted`` (none if empty)."""
     import pyarrow.compute as pc
 

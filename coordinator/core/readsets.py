@@ -96,7 +96,7 @@ class Touch:
     csn: int
     table: str
     part: str
-    partition: tuple
+    partition: tuple[Any, ...]
     stats: Mapping[str, Any] = field(default_factory=dict)
     added: bool = True
 

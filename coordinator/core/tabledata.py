@@ -80,7 +80,7 @@ def schema_from_json(text: str) -> pa.Schema:
 
 
 def _is_partition_type(t: pa.DataType) -> bool:
-    return (
+    return bool(
         pa.types.is_integer(t)
         or pa.types.is_string(t)
         or pa.types.is_large_string(t)
@@ -145,12 +145,14 @@ def _lossless(src: pa.DataType, dst: pa.DataType) -> bool:
         return True
     if pa.types.is_integer(src) and pa.types.is_integer(dst):
         if pa.types.is_signed_integer(src):
-            return pa.types.is_signed_integer(dst) and dst.bit_width >= src.bit_width
-        return dst.bit_width > src.bit_width or (pa.types.is_unsigned_integer(dst) and dst.bit_width == src.bit_width)
+            return bool(pa.types.is_signed_integer(dst) and dst.bit_width >= src.bit_width)
+        return bool(
+            dst.bit_width > src.bit_width or (pa.types.is_unsigned_integer(dst) and dst.bit_width == src.bit_width)
+        )
     if pa.types.is_integer(src) and pa.types.is_floating(dst):
-        return src.bit_width <= {16: 8, 32: 16, 64: 32}[dst.bit_width]
+        return bool(src.bit_width <= {16: 8, 32: 16, 64: 32}[dst.bit_width])
     if pa.types.is_floating(src) and pa.types.is_floating(dst):
-        return dst.bit_width >= src.bit_width
+        return bool(dst.bit_width >= src.bit_width)
     if pa.types.is_date32(src) and pa.types.is_date64(dst):
         return True
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
@@ -317,7 +319,7 @@ def check_partition_columns(data: pa.Table, partition_by: Sequence[str], limit: 
 
 def split_by_partition(
     data: pa.Table, partition_by: list[str], limit: int | None = None, table: str = ""
-) -> list[tuple[tuple, pa.Table]]:
+) -> list[tuple[tuple[Any, ...], pa.Table]]:
     """Group rows by their partition values (vectorised; groups in order of first appearance,
     rows in their original order). Null is a partition value of its own. ``limit``: refuse a
     value over that many bytes first (:func:`check_partition_columns`, naming ``table``)."""
@@ -348,7 +350,7 @@ def split_by_partition(
     return out
 
 
-def partition_key(partition: tuple) -> str:
+def partition_key(partition: tuple[Any, ...]) -> str:
     """Canonical compact JSON of a partition tuple: equal partitions give equal keys."""
     if not partition and isinstance(partition, (tuple, list)):
         return "[]"  # every part of an unpartitioned table: the commit path asks several times
@@ -363,7 +365,7 @@ def partition_key(partition: tuple) -> str:
         raise InvalidInput(f"partition {quote(partition)} must be a tuple of scalars") from None
 
 
-def partition_from_key(key: str) -> tuple:
+def partition_from_key(key: str) -> tuple[Any, ...]:
     """Inverse of :func:`partition_key`; CorruptMetadata for anything else."""
     try:
         values = json.loads(key)
@@ -388,7 +390,7 @@ def _dir_value(value: Any) -> str:
     return encoded
 
 
-def partition_dir(partition_by: list[str], partition: tuple) -> str:
+def partition_dir(partition_by: list[str], partition: tuple[Any, ...]) -> str:
     """Hive-style ``col=value/...`` (values percent-encoded) or ``_`` when unpartitioned.
     Only a grouping for humans and tools; the part's metadata holds the exact values."""
     if len(partition_by) != len(partition):
@@ -732,7 +734,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _parse(tokens: list[tuple[str, str]], i: int) -> tuple[tuple, int]:
+def _parse(tokens: list[tuple[str, str]], i: int) -> tuple[tuple[Any, ...], int]:
     """``(A and B)``, ``(A or B)``, ``(x op literal)``, ``(literal op x)``; nothing else."""
     if tokens[i][0] != "lp":
         raise _Unsupported(tokens[i])
@@ -773,7 +775,7 @@ def _literal(tok: tuple[str, str]) -> Any:
     raise _Unsupported(tok)
 
 
-def _rebuild(node: tuple) -> pc.Expression:
+def _rebuild(node: tuple[Any, ...]) -> pc.Expression:
     if node[0] in ("and", "or"):
         left, right = _rebuild(node[1]), _rebuild(node[2])
         return (left & right) if node[0] == "and" else (left | right)
@@ -828,7 +830,7 @@ def _comparable(value: Any, lo: Any, hi: Any, typ: pa.DataType | None) -> tuple[
     return None
 
 
-def _may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
+def _may(node: tuple[Any, ...], ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
     if node[0] == "and":
         return _may(node[1], ranges, schema) and _may(node[2], ranges, schema)
     if node[0] == "or":
@@ -836,7 +838,7 @@ def _may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Sche
     return _term_may(node, ranges, schema)
 
 
-def _term_may(node: tuple, ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
+def _term_may(node: tuple[Any, ...], ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
     """Whether a part whose columns span ``ranges`` may hold a row matching one comparison term
     (True when in doubt: the column or its type unknown, values not comparable)."""
     _, (kind, ref), op, value, _flipped = node
@@ -868,16 +870,16 @@ def _range_may(op: str, value: Any, lo: Any, hi: Any, unbounded: bool) -> bool:
     if unbounded:
         return lo < value if op == "<" else lo <= value if op in ("==", "<=") else True
     if op == "==":
-        return lo <= value <= hi
+        return bool(lo <= value <= hi)
     if op == "!=":
         return not (lo == hi == value)
     if op == "<":
-        return lo < value
+        return bool(lo < value)
     if op == "<=":
-        return lo <= value
+        return bool(lo <= value)
     if op == ">":
-        return hi > value
-    return hi >= value
+        return bool(hi > value)
+    return bool(hi >= value)
 
 
 def _same(rebuilt: pc.Expression, where: pc.Expression, schema: pa.Schema | None) -> bool:
@@ -887,14 +889,14 @@ def _same(rebuilt: pc.Expression, where: pc.Expression, schema: pa.Schema | None
         return True
     if schema is None:
         return False
-    return decode_expression(encode_expression(rebuilt, schema), schema).equals(where)
+    return bool(decode_expression(encode_expression(rebuilt, schema), schema).equals(where))
 
 
 UNSUPPORTED = ("unsupported",)
-_last_compiled: tuple[Any, Any, tuple] = (None, None, UNSUPPORTED)
+_last_compiled: tuple[Any, Any, tuple[Any, ...]] = (None, None, UNSUPPORTED)
 
 
-def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple:
+def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple[Any, ...]:
     """The comparison tree of ``where``, or ``UNSUPPORTED``. The last result is kept so pruning
     many parts with one predicate parses it once."""
     global _last_compiled
@@ -921,9 +923,9 @@ def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple:
 
 
 def may_match(
-    stats: dict,
+    stats: dict[str, Any],
     partition_by: list[str],
-    partition: tuple,
+    partition: tuple[Any, ...],
     where: pc.Expression | None,
     schema: pa.Schema | None = None,
 ) -> bool:

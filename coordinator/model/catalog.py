@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
 from coordinator.core import keytables
-from coordinator.core.conflicts import Policy
+from coordinator.core.conflicts import Policy as Policy  # also named from here (replicas, spark)
 from coordinator.core.errors import CorruptMetadata, InvalidInput, quote
 from coordinator.core.tabledata import (
     schema_from_json,
@@ -122,7 +123,9 @@ def check_option(table: str, option: str, value: object) -> float | int | None:
     raise InvalidInput(f"alter {quote(table)}: unknown option {quote(option)}; known: {', '.join(ALTERABLE)}")
 
 
-def effective_limits(tables, replica_seconds: float, replica_rows: int) -> tuple[float, str | None, int, str | None]:
+def effective_limits(
+    tables: Iterable[TableDef], replica_seconds: float, replica_rows: int
+) -> tuple[float, str | None, int, str | None]:
     """The limits binding a transaction that wrote ``tables`` (TableDefs): the smallest among the
     tables' own and the replica-wide ones, each with the table it comes from (None: the replica)."""
     seconds, s_from, rows, r_from = replica_seconds, None, replica_rows, None
@@ -167,8 +170,8 @@ class TableDef:
         cls,
         name: str,
         schema: pa.Schema,
-        partition_by=(),
-        primary_key=(),
+        partition_by: Sequence[str] = (),
+        primary_key: Sequence[str] = (),
         conflict_policy: str = "parts",
         auto_merge: bool = True,
         lock_groups: Mapping[str, Sequence[str]] | None = None,
@@ -221,7 +224,7 @@ class TableDef:
             parts_to_throw_insert=throw_at,
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {
             "name": self.name,
             "schema": schema_to_json(self.schema),
@@ -281,7 +284,7 @@ class TableDef:
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
-    def from_dict(cls, d: dict) -> TableDef:
+    def from_dict(cls, d: dict[str, Any]) -> TableDef:
         try:
             return cls(
                 name=str(d["name"]),
@@ -321,8 +324,8 @@ class TableDef:
     # -- schema changes ------------------------------------------------------------------------
     def altered(
         self,
-        add_columns: pa.Schema | list | None = None,
-        rename_columns: dict | None = None,
+        add_columns: pa.Schema | list[pa.Field] | None = None,
+        rename_columns: dict[str, str] | None = None,
         version: int | None = None,
         options: Mapping[str, object] | None = None,
     ) -> TableDef:
@@ -343,7 +346,7 @@ class TableDef:
         return replace(self._schema_altered(add_columns, rename_columns, version), **values)  # type: ignore[arg-type]
 
     def _schema_altered(
-        self, add_columns: pa.Schema | list | None, rename_columns: dict | None, version: int | None
+        self, add_columns: pa.Schema | list[pa.Field] | None, rename_columns: dict[str, str] | None, version: int | None
     ) -> TableDef:
         """The definition after the schema part of ``altered``: columns added and renamed."""
         if self.conflict_policy is Policy.KEYS:
@@ -377,7 +380,7 @@ class TableDef:
         )
         return replace(self, schema=schema, ddl_version=v, version_csn=0, changes=changes)
 
-    def _rename_problems(self, renames: dict) -> list[str]:
+    def _rename_problems(self, renames: dict[str, str]) -> list[str]:
         """What is wrong with renaming columns by ``renames`` ({old: new}): an unknown or a
         partition or key column renamed, two renamed to one name, a rename onto a kept column."""
         names = list(self.schema.names)
@@ -399,7 +402,7 @@ class TableDef:
                 problems.append(f"cannot rename to {quote(new)}: the table has a column {quote(new)}")
         return problems
 
-    def _add_problems(self, adds: list[pa.Field], renames: dict) -> list[str]:
+    def _add_problems(self, adds: list[pa.Field], renames: dict[str, str]) -> list[str]:
         """What is wrong with adding the fields ``adds`` after renaming by ``renames``: a name
         taken (by a column after the renames, or by another added one), a field not nullable."""
         after = {renames.get(n, n) for n in self.schema.names}
@@ -446,7 +449,7 @@ class TableDef:
                 cols.append(col if col.type.equals(f.type) else col.cast(f.type))
         return pa.Table.from_arrays(cols, schema=self.schema)
 
-    def stats_at(self, stats: dict, schema_version: int) -> dict:
+    def stats_at(self, stats: dict[str, tuple[Any, Any]], schema_version: int) -> dict[str, tuple[Any, Any]]:
         """A part's column statistics under this definition's names (for pruning)."""
         if schema_version >= self.ddl_version or not self.changes:
             return dict(stats)
@@ -467,11 +470,11 @@ class TableDropped:
     ddl_version: int
     csn: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "tid": self.tid, "ddl_version": self.ddl_version, "csn": self.csn}
 
     @classmethod
-    def from_dict(cls, d: dict) -> TableDropped:
+    def from_dict(cls, d: dict[str, Any]) -> TableDropped:
         try:
             return cls(str(d["name"]), str(d["tid"]), int(d["ddl_version"]), int(d.get("csn") or 0))
         except (KeyError, TypeError, ValueError) as exc:

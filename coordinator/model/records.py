@@ -64,7 +64,7 @@ class _AddsRows:
         return sum(m.rows for m in self.added)
 
 
-def _replacing(op: Overwrite | Mutate | Compact) -> dict:
+def _replacing(op: Overwrite | Mutate | Compact) -> dict[str, Any]:
     """The wire fields, in order, of an operation that replaces ``removed`` parts by ``added``."""
     return {
         "op": op.kind,
@@ -88,7 +88,7 @@ class Insert(_AddsRows):
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.INSERT
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"op": self.kind, "table": self.table, "added": [m.to_dict() for m in self.added]}
 
 
@@ -105,7 +105,7 @@ class Overwrite(_AddsRows):
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.OVERWRITE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return _replacing(self)
 
 
@@ -126,7 +126,7 @@ class Truncate:
     def whole_table(self) -> bool:
         return self.partitions is None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "op": self.kind,
             "table": self.table,
@@ -153,7 +153,7 @@ class Mutate(_AddsRows):
     whole_table: ClassVar[bool] = False
     operation_kind: ClassVar[Kind] = Kind.MUTATE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {**_replacing(self), "where": self.where}
         if self.kind == "update":
             d["assignments"] = self.assignments
@@ -184,7 +184,7 @@ class Compact:
     def operation_kind(self) -> Kind:
         return _COMPACT_KINDS[self.compact_kind]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**_replacing(self), "compact_kind": self.compact_kind}
 
 
@@ -204,7 +204,7 @@ class DropTable:
     rows: ClassVar[int] = 0
     operation_kind: ClassVar[Kind] = Kind.OVERWRITE
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"op": self.kind, "table": self.table}
 
 
@@ -240,7 +240,7 @@ def op_from_dict(d: Any) -> StagedOp:
     return _DECODERS[op](_OpFields(d, op, table, _added(d, op, table)))
 
 
-def _check_foreign_keys(d: dict, op: str) -> None:
+def _check_foreign_keys(d: dict[str, Any], op: str) -> None:
     """Refuse a key no operation has, and a key of another kind of operation unless empty."""
     for key, value in d.items():
         if key in ("op", "table") or key in _OP_KEYS[op]:
@@ -251,7 +251,7 @@ def _check_foreign_keys(d: dict, op: str) -> None:
             raise InvalidInput(f"{op}: {quote(key)} is not a field of {op}, got {quote(value)}")
 
 
-def _added(d: dict, op: str, table: str) -> tuple[PartMeta, ...]:
+def _added(d: dict[str, Any], op: str, table: str) -> tuple[PartMeta, ...]:
     """The part descriptors in ``added``; a bad one is the caller's bad input."""
     added_raw = d.get("added")
     if added_raw is not None and not isinstance(added_raw, list):
@@ -266,7 +266,7 @@ def _added(d: dict, op: str, table: str) -> tuple[PartMeta, ...]:
 class _OpFields:
     """A staged operation's fields on the wire, read one by one; errors name the operation."""
 
-    d: dict
+    d: dict[str, Any]
     op: str
     table: str
     added: tuple[PartMeta, ...]
@@ -350,7 +350,7 @@ class Change:
     added: tuple[PartMeta, ...]
     removed: tuple[str, ...]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "table": self.table,
             "pkey": self.pkey,
@@ -360,7 +360,7 @@ class Change:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Change:
+    def from_dict(cls, d: dict[str, Any]) -> Change:
         return cls(
             str(d["table"]),
             str(d["pkey"]),
@@ -381,7 +381,7 @@ class TxnRecord:
     changes: tuple[Change, ...]
     apps: dict[str, int] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "tid": self.tid,
             "time_version": self.time_version,
@@ -392,7 +392,7 @@ class TxnRecord:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> TxnRecord:
+    def from_dict(cls, d: dict[str, Any]) -> TxnRecord:
         Tid.parse(d["tid"])
         tv = d.get("time_version")
         apps = d.get("apps") or {}
@@ -421,7 +421,7 @@ class LogEntry:
     txns: tuple[TxnRecord, ...] = ()
     ddl: tuple[TableRecord, ...] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "v": ENTRY_FORMAT,
             "time": self.time,
@@ -455,13 +455,13 @@ class LogEntry:
             raise CorruptMetadata(f"log entry {where} is malformed: {exc.message}") from exc
 
 
-def _ddl_to_dict(t: TableRecord) -> dict:
+def _ddl_to_dict(t: TableRecord) -> dict[str, Any]:
     if isinstance(t, TableDropped):
         return {"drop_table": t.to_dict()}
     return {"alter_table" if t.created_csn else "create_table": t.to_dict()}
 
 
-def _ddl_from_dict(x: dict) -> TableRecord:
+def _ddl_from_dict(x: dict[str, Any]) -> TableRecord:
     if "drop_table" in x:
         return TableDropped.from_dict(x["drop_table"])
     if "alter_table" in x:
@@ -506,7 +506,7 @@ class WalEntry:
     epoch: int
     seq: int
     entry: LogEntry | None = None
-    raw: bytes | dict | None = field(default=None, repr=False, compare=False)
+    raw: bytes | dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def log_entry(self, where: str) -> LogEntry:
         if self.entry is not None:
@@ -650,11 +650,11 @@ class CommitStatus:
     csn: int | None = None
     reason: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"tid": self.tid, "status": str(self.status), "csn": self.csn, "reason": self.reason}
 
     @classmethod
-    def from_dict(cls, d: dict) -> CommitStatus:
+    def from_dict(cls, d: dict[str, Any]) -> CommitStatus:
         return cls(str(d.get("tid", "")), str(d["status"]), d.get("csn"), str(d.get("reason", "")))
 
 

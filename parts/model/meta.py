@@ -25,7 +25,7 @@ class PartMeta:
 
     name: str
     table: str
-    partition: tuple
+    partition: tuple[Any, ...]
     path: str
     rows: int
     size: int
@@ -103,12 +103,12 @@ class PartMeta:
 _MISSING = object()
 
 
-def _where(d: dict) -> str:
+def _where(d: dict[str, Any]) -> str:
     """The subject of a refusal: the descriptor's path or name, quoted (built only to refuse)."""
     return f"part metadata {quote(d.get('path') or d.get('name'))}"
 
 
-def _need(d: dict, key: str, types: tuple[type, ...], what: str) -> Any:
+def _need(d: dict[str, Any], key: str, types: tuple[type, ...], what: str) -> Any:
     """``d[key]`` if it is one of ``types`` (a bool only where bool is named), else CorruptMetadata."""
     if key not in d:
         raise CorruptMetadata(f"{_where(d)}: missing key {quote(key)}")
@@ -118,7 +118,7 @@ def _need(d: dict, key: str, types: tuple[type, ...], what: str) -> Any:
     return value
 
 
-def _location(d: dict) -> tuple[str, str, list | tuple, str]:
+def _location(d: dict[str, Any]) -> tuple[str, str, list[Any] | tuple[Any, ...], str]:
     """A descriptor's name, table, partition values and relative path, each checked."""
     get = d.get
     name = get("name", _MISSING)
@@ -147,7 +147,7 @@ def _location(d: dict) -> tuple[str, str, list | tuple, str]:
     return name, table, partition, path
 
 
-def _extent(d: dict) -> tuple[int, int, str]:
+def _extent(d: dict[str, Any]) -> tuple[int, int, str]:
     """A descriptor's row count, size in bytes and checksum, each checked."""
     get = d.get
     rows = get("rows", _MISSING)
@@ -166,7 +166,7 @@ def _extent(d: dict) -> tuple[int, int, str]:
     return rows, size, checksum
 
 
-def _origin(d: dict) -> tuple[str, int | float, int]:
+def _origin(d: dict[str, Any]) -> tuple[str, int | float, int]:
     """The transaction that wrote a part, when, and for which schema version, each checked."""
     get = d.get
     creation_tid = get("creation_tid", _MISSING)
@@ -185,7 +185,7 @@ def _origin(d: dict) -> tuple[str, int | float, int]:
     return creation_tid, created_at, schema_version
 
 
-def _key_summary(d: dict) -> dict[str, Any] | None:
+def _key_summary(d: dict[str, Any]) -> dict[str, Any] | None:
     """A keys-table part's key summary, checked and bounded; None when it has none."""
     key_summary = d.get("key_summary")
     if key_summary is None:
@@ -198,7 +198,7 @@ def _key_summary(d: dict) -> dict[str, Any] | None:
     return bound_summary(key_summary)
 
 
-def _stats(d: dict, raw_stats: dict) -> dict[str, tuple[Any, Any]]:
+def _stats(d: dict[str, Any], raw_stats: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """The per-column [min, max] of a descriptor, long strings cut to the statistics bound."""
     stats: dict[str, tuple[Any, Any]] = {}
     cut = ops.STAT_PREFIX
