@@ -1,0 +1,21 @@
+"""benchmarks/soak.py --check (in .ci/run): history growth fails it, a bounded structure moving
+between levels does not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import soak  # noqa: E402
+
+
+def test_a_structure_kept_by_history_grows():
+    assert soak.grows([9_000 + 3_000 * i for i in range(8)])  # one entry per commit, 9,000 -> 30,000
+
+
+def test_a_bounded_structure_moving_between_levels_does_not():
+    # part records of a CI run: the window's floor came later for three samples
+    assert not soak.grows([3271, 3163, 3188, 3195, 5813, 5743, 5240])
+    assert not soak.grows([0, 212903, 212903, 212903, 336517, 336517, 336517])  # the checkpoint, once written
+    assert not soak.grows([5000, 5200, 4900, 5100, 5050, 4800, 5300])
