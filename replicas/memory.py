@@ -12,7 +12,8 @@ from its reaper thread. Trimming gives back whole free pages only; holes smaller
 between live blocks stay, and they grew across glibc's many heaps (8 per core, one taken by each
 thread that finds the others busy) as large buffers were carved from them: :func:`tune` keeps a
 replica to :data:`ARENAS` heaps and maps every block of :data:`MMAP_THRESHOLD` or more on its
-own. :func:`memory` is ``info()["memory"]``.
+own. :func:`memory` is ``info()["memory"]``; :func:`no_gc` pauses the cyclic collector while a
+restore builds many long-lived objects.
 """
 
 from __future__ import annotations
