@@ -792,6 +792,7 @@ def main(argv: list[str] | None = None) -> None:
         log.error("replica %s did not start: %s", config.host_id, exc.message)
         p.exit(2, f"error: {exc.message}\n")
     except ReplicaUnavailable as exc:  # ZooKeeper not there: one line, status 5 (as mergetxn's)
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)  # its connection thread's retries: not after our line
         log.error("replica %s did not start: %s", config.host_id, exc.message)
         p.exit(EXIT_UNAVAILABLE, f"error: {exc.message}\n")
 
