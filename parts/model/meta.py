@@ -6,6 +6,8 @@ layer that does I/O; parts/io/format.py writes and reads the files they describe
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from dataclasses import dataclass, field
@@ -17,6 +19,10 @@ from coordinator.core.errors import CorruptMetadata, InvalidInput, quote
 _CHECKSUM_RE = re.compile(r"^crc32:[0-9a-f]{8}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,200}$")
 _SCALARS = (type(None), bool, int, float, str)
+# The most bytes an inlined part may carry in its metadata, whatever a setting says: a log entry,
+# a WAL record and a checkpoint hold it (docs/architecture/small-writes.md). The settings
+# (inline_bytes per table and replica) are at most this.
+INLINE_MAX_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,16 @@ class PartMeta:
     # key conflict check and point reads skip parts unopened; None (older parts, other tables):
     # the part may hold any key.
     key_summary: dict[str, Any] | None = None
+    # An inlined part (a small write): its whole Parquet file, carried in the metadata itself (in
+    # the log entry, the WAL and checkpoints) instead of in storage; ``path`` names where a file
+    # would be and none is ever written there; ``size`` and ``checksum`` are this content's. None:
+    # a part in storage. A flush (a merge) turns inlined parts into a part in storage.
+    inline: bytes | None = field(default=None, repr=False)
+
+    @property
+    def inlined(self) -> bool:
+        """Whether the part's content is in its metadata (no file in storage)."""
+        return self.inline is not None
 
     @property
     def partition_key(self) -> str:
@@ -64,6 +80,7 @@ class PartMeta:
             "created_at": self.created_at,
             **({"schema_version": self.schema_version} if self.schema_version else {}),
             **({"key_summary": self.key_summary} if self.key_summary is not None else {}),
+            **({"inline": base64.b64encode(self.inline).decode("ascii")} if self.inline is not None else {}),
         }
 
     @classmethod
@@ -84,6 +101,7 @@ class PartMeta:
         stats = _stats(d, raw_stats)
         creation_tid, created_at, schema_version = _origin(d)
         key_summary = _key_summary(d)
+        inline = _inline(d, size)
         return cls(
             name=name,
             table=table,
@@ -97,6 +115,7 @@ class PartMeta:
             created_at=float(created_at),
             schema_version=schema_version,
             key_summary=key_summary,
+            inline=inline,
         )
 
 
@@ -196,6 +215,25 @@ def _key_summary(d: dict[str, Any]) -> dict[str, Any] | None:
     if problem is not None:
         raise CorruptMetadata(f"{_where(d)}: 'key_summary' {problem}")
     return bound_summary(key_summary)
+
+
+def _inline(d: dict[str, Any], size: int) -> bytes | None:
+    """An inlined part's content (base64 in JSON), bounded by :data:`INLINE_MAX_BYTES` and of
+    exactly ``size`` bytes; None when the part is in storage."""
+    encoded = d.get("inline")
+    if encoded is None:
+        return None
+    if type(encoded) is not str:
+        raise CorruptMetadata(f"{_where(d)}: 'inline' must be a base64 string, got {type(encoded).__name__}")
+    if len(encoded) > 4 * (INLINE_MAX_BYTES // 3 + 1):
+        raise CorruptMetadata(f"{_where(d)}: 'inline' holds more than {INLINE_MAX_BYTES} bytes")
+    try:
+        content = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise CorruptMetadata(f"{_where(d)}: 'inline' is not valid base64") from None
+    if len(content) != size:
+        raise CorruptMetadata(f"{_where(d)}: 'inline' holds {len(content)} bytes, 'size' says {size}")
+    return content
 
 
 def _stats(d: dict[str, Any], raw_stats: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
