@@ -21,26 +21,33 @@ PRODUCT = sorted(
 ) + ["pyspark_mergetxn.py"]
 MAX_LINES = 60
 MAX_CLASS_LINES = 600
-# Classes over MAX_CLASS_LINES that are being split now, by (folder or module prefix, class name;
-# "*": every class there): the client's two classes on their move to mergetxn/client/, the CLI
-# on its way to a package of command groups, the chaos harness, and the RPC server.
 
 
-def lengths(source: str) -> dict[str, int]:
-    """Each function's (qualified by its class, if any) length in lines."""
+def spans(source: str, kind: type[ast.AST] | tuple[type[ast.AST], ...]) -> dict[str, int]:
+    """Each definition of ``kind``'s length in lines, named by the functions and classes it
+    stands in (``C.f``, ``g.h``): one walk for functions and for classes."""
     out: dict[str, int] = {}
 
     def visit(node: ast.AST, prefix: str) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                assert child.end_lineno is not None
-                out[prefix + child.name] = child.end_lineno - child.lineno + 1
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, ast.ClassDef):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                if isinstance(child, kind):
+                    assert child.end_lineno is not None
+                    out[prefix + child.name] = child.end_lineno - child.lineno + 1
                 visit(child, f"{prefix}{child.name}.")
 
     visit(ast.parse(source), "")
     return out
+
+
+def lengths(source: str) -> dict[str, int]:
+    """Each function's (qualified by its class, if any) length in lines."""
+    return spans(source, (ast.FunctionDef, ast.AsyncFunctionDef))
+
+
+def class_lengths(source: str) -> dict[str, int]:
+    """Each class's (qualified by its enclosing class, if any) length in lines."""
+    return spans(source, ast.ClassDef)
 
 
 def test_no_function_of_the_product_over_60_lines() -> None:
@@ -60,23 +67,6 @@ def test_the_measure_counts_lines() -> None:
     found = lengths(f"class C:\n    def f(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n")
     assert found == {"C.f": 61}
     assert lengths("def g():\n    def h():\n        pass\n")["g.h"] == 2
-
-
-def class_lengths(source: str) -> dict[str, int]:
-    """Each class's (qualified by its enclosing class, if any) length in lines."""
-    out: dict[str, int] = {}
-
-    def visit(node: ast.AST, prefix: str) -> None:
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.ClassDef):
-                assert child.end_lineno is not None
-                out[prefix + child.name] = child.end_lineno - child.lineno + 1
-                visit(child, f"{prefix}{child.name}.")
-            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
-                visit(child, f"{prefix}{child.name}.")
-
-    visit(ast.parse(source), "")
-    return out
 
 
 def test_no_class_of_the_product_over_600_lines() -> None:
