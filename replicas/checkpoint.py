@@ -37,7 +37,6 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,20 +48,15 @@ from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.zk.alive import read_alive
 from coordinator.zk.log import decode_tail, encode_tail
+from replicas.context import ReplicaContext, ReplicaPart
 from replicas.memory import no_gc
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kazoo.client import KazooClient
     from kazoo.recipe.lock import Lock
 
-    from coordinator.zk.log import CsnLog
-    from coordinator.zk.watermark import Watermark
-    from parts.io.storage import Storage
     from replicas.metrics import LogWatch
     from replicas.registry import Transactions
     from replicas.retention import Retention
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
     from replicas.wal import Wal
 
 
@@ -166,31 +160,22 @@ _NEXT_CHECKPOINT = retries.next_checkpoint(on=_Replaced)
 
 
 # -- the per-replica worker -------------------------------------------------------------------
-class LogTail:
+class LogTail(ReplicaPart):
     """One per replica: publishes what this replica needs, writes its local snapshot, and takes
     its turn (under the cluster lock) at checkpointing and trimming the log."""
 
     def __init__(
         self,
-        state: ReplicaState,
-        log: CsnLog,
-        zk: KazooClient,
-        storage: Storage,
-        config: ReplicaConfig,
+        context: ReplicaContext,
         transactions: Transactions,
         wal: Wal,
-        watermark: Watermark,
         retention: Retention,
         log_watch: LogWatch,
-        refresh_alive: Callable[[], None],
-        poke_follower: Callable[[], None],
     ) -> None:
-        """``watermark``: the ``gc`` node (what cleanup collected); ``refresh_alive``: republish
-        the alive node when it changed; ``poke_follower``: make the follower look at the log now."""
-        self.state, self.log, self.zk, self.storage, self.config = state, log, zk, storage, config
-        self.host_id = config.host_id
-        self.transactions, self.wal, self.watermark, self.retention = transactions, wal, watermark, retention
-        self.log_watch, self.refresh_alive, self.poke_follower = log_watch, refresh_alive, poke_follower
+        """``self.watermark``: the context's ``gc`` node (what cleanup collected)."""
+        super().__init__(context)
+        self.transactions, self.wal, self.watermark, self.retention = transactions, wal, context.watermark, retention
+        self.log_watch, self.refresh_alive, self.poke_follower = log_watch, context.refresh_alive, context.poke_follower
         self.local_path = Path(self.config.data_dir) / LOCAL_NAME
         self.tail: dict | None = None  # the checkpoint node, kept current by a watch
         self._local_at = self.state.applied_count

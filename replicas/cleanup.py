@@ -45,23 +45,18 @@ from coordinator.core.versions import COUNTER_STRIDE, Tid
 from coordinator.model.records import AliveRecord
 from coordinator.zk.alive import read_alive
 from coordinator.zk.orphan_fence import MAX_PENDING
-from coordinator.zk.watermark import Marks, Watermark
+from coordinator.zk.watermark import Marks
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
 from parts.model.meta import sidecar_path
+from replicas.context import ReplicaContext, ReplicaPart
 from replicas.settings import MIN_GRACE
 
 if TYPE_CHECKING:
-    from kazoo.client import KazooClient
-
     from coordinator.model.records import AliveRecord
-    from coordinator.zk.log import CsnLog
-    from coordinator.zk.orphan_fence import OrphanFence
-    from parts.io.storage import Storage
     from replicas.registry import Transactions
     from replicas.retention import Retention
-    from replicas.settings import ReplicaConfig
-    from replicas.state import PartRecord, ReplicaState
+    from replicas.state import PartRecord
 
 log = logging.getLogger(__name__)
 
@@ -101,36 +96,25 @@ def _age(seconds: float) -> str:
     return f"{seconds:.1f}s"
 
 
-class Cleanup:
+class Cleanup(ReplicaPart):
     """Cleanup passes and the retention watermark of one replica (``replica.cleanup``)."""
 
     def __init__(
         self,
-        state: ReplicaState,
-        config: ReplicaConfig,
-        storage: Storage,
-        zk: KazooClient,
-        log: CsnLog,
-        host_id: str,
-        node: Watermark,
-        fence: OrphanFence,
+        context: ReplicaContext,
         retention: Retention,
         transactions: Transactions,
-        alive_record: Callable[[], AliveRecord],
-        catch_up: Callable[[], None],
     ) -> None:
-        """``node``: the ``gc`` watermark node this replica raises (shared with ``retention``);
-        ``alive_record``: what this replica would publish now; ``catch_up``: apply the log to
-        its end."""
-        self.state, self.config, self.storage, self.zk, self.log = state, config, storage, zk, log
-        self.host_id, self.node, self.fence, self.retention, self.transactions = (
-            host_id,
-            node,
-            fence,
+        """``self.node``: the context's ``gc`` watermark, which this replica raises (shared with
+        ``retention``)."""
+        super().__init__(context)
+        self.node, self.fence, self.retention, self.transactions = (
+            context.watermark,
+            context.fence,
             retention,
             transactions,
         )
-        self.alive_record, self.catch_up = alive_record, catch_up
+        self.alive_record, self.catch_up = context.alive_record, context.catch_up
         self._last_gc = time.monotonic()
         self._last_orphans = time.monotonic()
         self.last_gc_report: dict | None = None

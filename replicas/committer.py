@@ -71,19 +71,15 @@ from replicas import failpoints
 from replicas.commit_outcome import UNKNOWN_OUTCOME, LostAnswers
 from replicas.commit_queue import ASYNC_PER_BATCH, MAX_BATCH, CommitQueue, Pending
 from replicas.commit_rules import CommitRules, Plan
+from replicas.context import ReplicaContext, ReplicaPart
 from replicas.keylocks import KeyConflicts
 from replicas.metrics import CommitStats
 from replicas.running import RunningTxn
 from replicas.table_changes import TableChanges, commit_too_large, spilled
 
 if TYPE_CHECKING:
-    from coordinator.zk.log import CsnLog
-    from coordinator.zk.orphan_fence import OrphanFence
-    from parts.io.storage import Storage
     from replicas.follower import Follower
     from replicas.registry import Transactions
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
     from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
@@ -143,44 +139,36 @@ class _Batch:
     dropping: set[str] = field(default_factory=set)
 
 
-class Committer(CommitRules):
+class Committer(CommitRules, ReplicaPart):
     """The group committer of one replica: batches commits into one ZooKeeper multi each."""
 
     def __init__(
         self,
-        state: ReplicaState,
-        log: CsnLog,
-        config: ReplicaConfig,
-        storage: Storage,
+        context: ReplicaContext,
         follower: Follower,
         zk_session: ZkSession,
         transactions: Transactions,
-        fence: OrphanFence,
-        table: Callable[[str], TableDef],
-        catch_up: Callable[[], None],
-        wait_snapshot: Callable[..., Any],
-        incarnation: Callable[[], int],
         fenced: Callable[[int], None],
     ) -> None:
-        """``table``: a table's definition now; ``catch_up``: apply the log to its end;
-        ``wait_snapshot``: wait until a snapshot is applied here; ``incarnation``: this replica's
-        now; ``fenced``: told when the owner node says another incarnation took over."""
-        self.state, self.log, self.config, self.storage, self.follower = state, log, config, storage, follower
-        self.host_id = config.host_id
-        self.zk_session, self.transactions, self.fence = zk_session, transactions, fence
-        self.table, self.catch_up, self.wait_snapshot = table, catch_up, wait_snapshot
-        self.incarnation, self.fenced = incarnation, fenced
+        """``fenced``: told when the owner node says another incarnation took over; the fence,
+        ``table``, ``catch_up``, ``wait_snapshot`` and ``incarnation`` are the context's."""
+        ReplicaPart.__init__(self, context)
+        self.follower = follower
+        state, log, storage = context.state, context.log, context.storage
+        self.zk_session, self.transactions, self.fence = zk_session, transactions, context.fence
+        self.table, self.catch_up, self.wait_snapshot = context.table, context.catch_up, context.wait_snapshot
+        self.incarnation, self.fenced = context.incarnation, fenced
         self.queue = CommitQueue(self._handle, self._fail)
         self._queue, self._thread = self.queue.items, self.queue.thread  # as tests look at them
         self.answers = LostAnswers(log, follower, state, zk_session)
-        self.ddl = TableChanges(state, log, config, storage, follower, self._retrying, catch_up, wait_snapshot)
+        self.ddl = TableChanges(context, follower, self._retrying)
         self.batches = 0
         self.committed = 0
         self.local_misses = 0  # first attempts on locally applied target versions that ZooKeeper refused
         self.stats = CommitStats()  # written by this thread only (replicas/metrics.py)
         self._local_off_until = 0  # batch count before which first attempts read versions from ZooKeeper
         self._counters: set[str] = set()  # write counters known to exist (coordinator/core/readsets.py)
-        self.key_conflicts = KeyConflicts(self.state, storage, table)  # keys tables
+        self.key_conflicts = KeyConflicts(self.state, storage, context.table)  # keys tables
         self._node_prefix = len(log.zk.chroot or "") + len(log.path("targets", ""))  # of a multi op's path
 
     def start(self) -> None:

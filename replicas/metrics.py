@@ -32,13 +32,10 @@ from coordinator.core.errors import ConflictKind
 from coordinator.core.versions import csn_of, split_csn
 from coordinator.zk.log import given_out
 from coordinator.zk.needed import hole_message
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kazoo.client import KazooClient
-
-    from coordinator.zk.log import CsnLog
-    from parts.io.storage import Storage
-    from replicas.state import ReplicaState
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -134,24 +131,20 @@ class CommitStats:
         self.latency_sum += seconds
 
 
-class LogWatch:
+class LogWatch(ReplicaPart):
     """The log as the log-tail thread last saw it (:meth:`observe`, every tail tick); read by
     ``info`` and the metrics without any ZooKeeper request."""
 
     def __init__(
         self,
-        zk: KazooClient,
-        log: CsnLog,
-        state: ReplicaState,
-        storage: Storage,
-        data_dir: str | os.PathLike[str],
+        context: ReplicaContext,
         wal_path: Callable[[], Path | None],
         tail: Callable[[], dict | None],
     ) -> None:
         """``wal_path`` and ``tail``: the WAL's file and the cluster checkpoint's record, as they
         are once the replica started (None before)."""
-        self.zk, self.log, self.state, self.storage = zk, log, state, storage
-        self.local_checkpoint_path = Path(data_dir) / "state.ckpt"
+        super().__init__(context)
+        self.local_checkpoint_path = Path(context.config.data_dir) / "state.ckpt"
         self.wal_path, self.tail = wal_path, tail
         self.end = 0  # CSN of the newest entry in ZooKeeper
         self.entries = 0  # entries ZooKeeper holds (every epoch not trimmed)

@@ -26,7 +26,6 @@ the answer is ``unknown``, with a reason saying that it is older than the window
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from kazoo.exceptions import BadVersionError, NoNodeError
@@ -37,14 +36,10 @@ from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.records import AliveRecord, CommitStatus, TxnState
 from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.rpc import RpcClient
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:
-    from kazoo.client import KazooClient
-
-    from coordinator.wire.security import Credentials
-    from coordinator.zk.log import CsnLog
     from replicas.registry import Transactions
-    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -56,24 +51,18 @@ class _Moved(retries.TryAgain):
     """The owner node moved while this replica was fencing it: look again."""
 
 
-class Outcomes:
+class Outcomes(ReplicaPart):
     """``commit_status`` for a transaction of any replica."""
 
     def __init__(
         self,
-        state: ReplicaState,
+        context: ReplicaContext,
         transactions: Transactions,
-        zk: KazooClient,
-        log: CsnLog,
-        host_id: str,
-        credentials: Credentials | None,
-        incarnation: Callable[[], int],
-        catch_up: Callable[[], None],
     ) -> None:
-        """``incarnation``: this replica's, now (it changes with each new session); ``catch_up``:
-        apply the log to its end; ``credentials``: for asking another replica (secured)."""
-        self.state, self.transactions, self.zk, self.log = state, transactions, zk, log
-        self.host_id, self.credentials, self.incarnation, self.catch_up = host_id, credentials, incarnation, catch_up
+        """The settings' ``credentials`` are for asking another replica (secured)."""
+        super().__init__(context)
+        self.transactions, self.incarnation, self.catch_up = transactions, context.incarnation, context.catch_up
+        self.credentials = context.config.credentials
 
     def status(self, tid_text: str, forward: bool = True) -> CommitStatus:
         """The outcome of ``tid_text``. ``forward``: ask the owner when only it can decide (a

@@ -49,6 +49,7 @@ from replicas import checkpoint
 from replicas.async_commits import AsyncCommits
 from replicas.changefeed import ChangeFeed
 from replicas.cleanup import Cleanup
+from replicas.context import ReplicaContext
 from replicas.follower import Follower
 from replicas.leases import Leases
 from replicas.memory import TRIM_SECONDS, trim
@@ -100,6 +101,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.committer = None
         self.async_commits = AsyncCommits()  # durability="async": answered once queued, flushed by session
         self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
+        self.context = self._make_context()  # what every part reads
         self.transactions = self._make_transactions()
         self.leases = Leases(self.state, config, self.transactions)
         self.retention = self._make_retention()
@@ -139,6 +141,25 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
             **zk_client_args(creds),  # secured: TLS with the replica certificate (x509), and the digest identity
         )
 
+    def _make_context(self) -> ReplicaContext:
+        """What every part of this replica reads: its fields, shared nodes and calls on it."""
+        return ReplicaContext(
+            config=self.config,
+            state=self.state,
+            storage=self.storage,
+            zk=self.zk,
+            log=self.log,
+            watermark=self.watermark,
+            fence=self.fence,
+            catch_up=self.catch_up,
+            wait_snapshot=self.wait_snapshot,
+            table=self.table,
+            incarnation=lambda: self.incarnation,
+            poke_follower=lambda: None if self.follower is None else self.follower.poke(),
+            alive_record=self.alive_record,
+            refresh_alive=self.refresh_alive,
+        )
+
     def _make_users(self) -> Users | None:
         """A secured replica's users (replicas/users.py): who may log in, and with which grants; a
         dropped user's running transactions here are aborted."""
@@ -170,30 +191,11 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
 
     def _make_retention(self) -> Retention:
         """Each table's retention window and the horizons it keeps."""
-        return Retention(
-            self.state,
-            self.config,
-            self.host_id,
-            self.watermark,
-            lambda: None if self.follower is None else self.follower.poke(),
-        )
+        return Retention(self.context)
 
     def _make_cleanup(self) -> Cleanup:
         """Cleanup passes: removed parts and orphans deleted once nothing can read them."""
-        return Cleanup(
-            self.state,
-            self.config,
-            self.storage,
-            self.zk,
-            self.log,
-            self.host_id,
-            self.watermark,
-            self.fence,
-            self.retention,
-            self.transactions,
-            self.alive_record,
-            self.catch_up,
-        )
+        return Cleanup(self.context, self.retention, self.transactions)
 
     def _make_merges(self) -> Merges:
         """Background merges of each partition's visible parts."""
@@ -214,27 +216,14 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
     def _make_log_watch(self) -> LogWatch:
         """The log's state as the metrics and status read it."""
         return LogWatch(
-            self.zk,
-            self.log,
-            self.state,
-            self.storage,
-            self.config.data_dir,
+            self.context,
             lambda: None if self.wal is None else self.wal.path,
             lambda: None if self.tail is None else self.tail.tail,
         )
 
     def _make_outcomes(self) -> Outcomes:
         """Transactions' outcomes, answered here or forwarded to their replica."""
-        return Outcomes(
-            self.state,
-            self.transactions,
-            self.zk,
-            self.log,
-            self.host_id,
-            self.config.credentials,
-            lambda: self.incarnation,
-            self.catch_up,
-        )
+        return Outcomes(self.context, self.transactions)
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -292,40 +281,13 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
 
     def _make_tail(self) -> checkpoint.LogTail:
         """The log's tail: checkpoints written and loaded, the log trimmed below them."""
-        return checkpoint.LogTail(
-            self.state,
-            self.log,
-            self.zk,
-            self.storage,
-            self.config,
-            self.transactions,
-            self.started_wal,
-            self.watermark,
-            self.retention,
-            self.log_watch,
-            self.refresh_alive,
-            lambda: None if self.follower is None else self.follower.poke(),
-        )
+        return checkpoint.LogTail(self.context, self.transactions, self.started_wal, self.retention, self.log_watch)
 
     def _start_committer(self, follower: Follower) -> None:
         """The committer (ZooKeeper's multis for this replica's commits), started."""
         from replicas.committer import Committer
 
-        self.committer = Committer(
-            self.state,
-            self.log,
-            self.config,
-            self.storage,
-            follower,
-            self.zk_session,
-            self.transactions,
-            self.fence,
-            self.table,
-            self.catch_up,
-            self.wait_snapshot,
-            lambda: self.incarnation,
-            self.fenced,
-        )
+        self.committer = Committer(self.context, follower, self.zk_session, self.transactions, self.fenced)
         self.committer.start()
 
     def _start_maintenance(self) -> None:

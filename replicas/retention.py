@@ -23,7 +23,7 @@ forgotten.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -31,26 +31,18 @@ from coordinator.core.errors import ReplicaUnavailable, SnapshotUnavailable
 from coordinator.model.catalog import TableDef
 from coordinator.zk.watermark import Marks
 from parts.model.meta import PartMeta
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:  # pragma: no cover
-    from coordinator.zk.watermark import Watermark
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
+    pass
 
 
-class Retention:
-    def __init__(
-        self,
-        state: ReplicaState,
-        config: ReplicaConfig,
-        host_id: str,
-        node: Watermark,
-        poke_follower: Callable[[], None],
-    ) -> None:
-        """``node``: the watched ``gc`` node (coordinator/zk/watermark.py), which cleanup raises;
-        ``poke_follower``: make the follower look at the log now."""
-        self.state, self.config, self.host_id, self.node = state, config, host_id, node
-        self.poke_follower = poke_follower
+class Retention(ReplicaPart):
+    def __init__(self, context: ReplicaContext) -> None:
+        """``self.node``: the context's watched ``gc`` node (coordinator/zk/watermark.py), which
+        cleanup raises."""
+        super().__init__(context)
+        self.node, self.poke_follower = context.watermark, context.poke_follower
 
     def oldest(self, table: str | None = None) -> int:
         """The oldest snapshot served whole (of ``table``: below it this replica forgot something

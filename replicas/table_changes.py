@@ -23,15 +23,13 @@ from coordinator.core.errors import CorruptMetadata, InvalidInput, MergetxnError
 from coordinator.model.records import LogEntry, ManifestPointer
 from coordinator.model.znodes import TABLE_LIVE
 from coordinator.zk.log import MAX_INLINE_ENTRY, Multi, table_node_dropped
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:
     from coordinator.model.catalog import TableDef
-    from coordinator.zk.log import CsnLog
     from parts.io.storage import Storage
     from replicas.commit_queue import Pending
     from replicas.follower import Follower
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
 
 log = logging.getLogger(__name__)
 
@@ -61,25 +59,21 @@ def spilled(storage: Storage, data: bytes, room: int = MAX_INLINE_ENTRY) -> byte
     return ManifestPointer(path).encode()
 
 
-class TableChanges:
+class TableChanges(ReplicaPart):
     """The DDL commits of one replica, and the table znode versions data commits check.
 
     ``retrying``: the committer's retry policy (a DDL is decided again after a version miss);
-    ``catch_up``: apply the log to its end; ``wait_snapshot``: wait until a CSN is applied here."""
+    ``catch_up`` and ``wait_snapshot``: the context's."""
 
     def __init__(
         self,
-        state: ReplicaState,
-        log: CsnLog,
-        config: ReplicaConfig,
-        storage: Storage,
+        context: ReplicaContext,
         follower: Follower,
         retrying: Callable[[], Retrying],
-        catch_up: Callable[[], None],
-        wait_snapshot: Callable[..., Any],
     ) -> None:
-        self.state, self.log, self.config, self.storage, self.follower = state, log, config, storage, follower
-        self.retrying, self.catch_up, self.wait_snapshot = retrying, catch_up, wait_snapshot
+        super().__init__(context)
+        self.follower = follower
+        self.retrying, self.catch_up, self.wait_snapshot = retrying, context.catch_up, context.wait_snapshot
         self._drift: dict[str, int] = {}  # table znodes changed outside the log: the version they have
 
     def create(self, p: Pending, table: TableDef) -> None:
