@@ -23,38 +23,27 @@ from coordinator.core.errors import InvalidInput, SnapshotUnavailable, quote
 from coordinator.core.tabledata import partition_key
 from coordinator.core.versions import Tid
 from coordinator.model.records import TxnState
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from coordinator.model.catalog import TableDef
     from replicas.leases import Leases
     from replicas.retention import Retention
-    from replicas.state import PartRecord, ReplicaState
+    from replicas.state import PartRecord
 
 EVENT_RING = 10_000
 
 
-class ChangeFeed:
+class ChangeFeed(ReplicaPart):
     """Incremental reads and events of one replica (``replica.changefeed``)."""
 
-    def __init__(
-        self,
-        state: ReplicaState,
-        host_id: str,
-        table: Callable[..., TableDef],
-        wait_snapshot: Callable[[int], None],
-        retention: Retention,
-        leases: Leases,
-    ) -> None:
-        """``table`` and ``wait_snapshot``: the replica's (``Replica.table``, which waits for a
+    def __init__(self, context: ReplicaContext, retention: Retention, leases: Leases) -> None:
+        """``table`` and ``wait_snapshot``: the context's (``Replica.table``, which waits for a
         table created elsewhere, and ``Replica.wait_snapshot``)."""
-        self.state = state
-        self.host_id = host_id
-        self.table = table
-        self.wait_snapshot = wait_snapshot
-        self.retention = retention
-        self.leases = leases
+        super().__init__(context)
+        self.table, self.wait_snapshot = context.table, context.wait_snapshot
+        self.retention, self.leases = retention, leases
         self._events: deque[dict] = deque(maxlen=EVENT_RING)
         self._event_seq = 0
 

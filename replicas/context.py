@@ -49,7 +49,7 @@ class ReplicaContext:
     fence: OrphanFence
     catch_up: Callable[[], None]
     wait_snapshot: Callable[..., Any]
-    table: Callable[[str], TableDef]
+    table: Callable[..., TableDef]
     incarnation: Callable[[], int]
     poke_follower: Callable[[], None]
     alive_record: Callable[[], AliveRecord]

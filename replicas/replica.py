@@ -110,9 +110,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.tail: checkpoint.LogTail | None = None
         self.log_watch = self._make_log_watch()
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
-        self.changefeed = ChangeFeed(
-            self.state, self.host_id, self.table, self.wait_snapshot, self.retention, self.leases
-        )
+        self.changefeed = ChangeFeed(self.context, self.retention, self.leases)
         self.outcomes = self._make_outcomes()
         self.pauses = PauseGuard(
             self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
@@ -173,14 +171,9 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
     def _make_transactions(self) -> Transactions:
         """The running transactions: begin, operations, commit requests, aborts."""
         return Transactions(
-            self.config,
-            self.state,
-            self.storage,
+            self.context,
             self.zk_session,
-            self.table,
-            self.watermark,
             self.async_commits,
-            lambda: self.incarnation,
             lambda: self.retention.ensure_applied(),
             lambda txn: self.changefeed.on_begin(txn),
             lambda txn: self.changefeed.on_end(txn),

@@ -29,7 +29,6 @@ from coordinator.core.errors import (
 )
 from coordinator.core.versions import Tid, local_counter
 from coordinator.model.atomicity import FULL, SYNC, check_modes, check_session, mismatch
-from coordinator.model.catalog import TableDef
 from coordinator.model.records import (
     CommitStatus,
     StagedOp,
@@ -37,17 +36,14 @@ from coordinator.model.records import (
 )
 from parts.io.format import delete_part
 from parts.model.meta import PartMeta
+from replicas.context import ReplicaContext, ReplicaPart
 from replicas.metrics import abort_kind
 from replicas.running import RunningTxn
 from replicas.sessions import Sessions, check_session_id
 
 if TYPE_CHECKING:
     from coordinator.core.grants import Grantee
-    from coordinator.zk.watermark import Watermark
-    from parts.io.storage import Storage
     from replicas.async_commits import AsyncCommits
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
     from replicas.wal import Wal
     from replicas.zksession import ZkSession
 
@@ -71,19 +67,14 @@ class Committing(Protocol):
         ...
 
 
-class TxnLifecycle:
+class TxnLifecycle(ReplicaPart):
     """The registry's fields and the begin, lookup and end of its transactions."""
 
     def __init__(
         self,
-        config: ReplicaConfig,
-        state: ReplicaState,
-        storage: Storage,
+        context: ReplicaContext,
         zk_session: ZkSession,
-        table: Callable[..., TableDef],
-        watermark: Watermark,
         async_commits: AsyncCommits,
-        incarnation: Callable[[], int],
         ensure_applied: Callable[[], None],
         on_begin: Callable[[RunningTxn], None],
         on_end: Callable[[RunningTxn], None],
@@ -91,16 +82,16 @@ class TxnLifecycle:
         committer: Callable[[], Committing | None],
         wal: Callable[[], Wal | None],
     ) -> None:
-        """``table``: the table lookup (waits for a table created elsewhere); ``watermark``: the
-        ``gc`` node (a snapshot is served only at or above it); ``incarnation``: this replica's
-        now; ``ensure_applied``: catch up to cleanup's watermark before serving a snapshot;
+        """From the context: ``table``, the table lookup (waits for a table created elsewhere);
+        ``watermark``, the ``gc`` node (a snapshot is served only at or above it); ``incarnation``,
+        this replica's now. ``ensure_applied``: catch up to cleanup's watermark before serving a snapshot;
         ``on_begin``/``on_end``: the history's event hooks; ``outcome``: any transaction's
         outcome (tid, forward); ``committer`` and ``wal``: as they are once the replica started.
         The late-bound ones are callables: those satellites are made after the registry, or at
         start."""
-        self.config, self.state, self.storage, self.zk_session, self.table = config, state, storage, zk_session, table
-        self.host_id = config.host_id
-        self.watermark, self.async_commits, self.incarnation = watermark, async_commits, incarnation
+        super().__init__(context)
+        self.zk_session, self.table = zk_session, context.table
+        self.watermark, self.async_commits, self.incarnation = context.watermark, async_commits, context.incarnation
         self.ensure_applied, self.on_begin, self.on_end, self.outcome = ensure_applied, on_begin, on_end, outcome
         self._committer, self._wal = committer, wal
         self.txns: dict[str, RunningTxn] = {}

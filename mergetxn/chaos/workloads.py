@@ -436,13 +436,8 @@ class Worker(threading.Thread):
         seed: int,
     ) -> None:
         super().__init__(name=f"chaos-client-{process}", daemon=True)
-        self.process = process
-        self.replica = home
-        self.addresses = addresses
-        self.workload = workload
-        self.rec = rec
-        self.stop_event = stop
-        self.rng = random.Random(seed)
+        self.process, self.replica, self.addresses, self.workload = process, home, addresses, workload
+        self.rec, self.stop_event, self.rng = rec, stop, random.Random(seed)
         self.clients: dict[int, Client] = {}
         self.unflushed: dict[int, list[Op]] = {}  # replica -> its client's async commits no flush covered
         self.failovers = 0
