@@ -52,11 +52,8 @@ class Follower:
         load_manifest: Callable[[ManifestPointer], bytes],
         load_checkpoint: Callable[[dict], None] | None = None,
     ) -> None:
-        self.log = csn_log
-        self.load_checkpoint = load_checkpoint
-        self.state = state
-        self.wal = wal
-        self.load_manifest = load_manifest
+        self.log, self.state, self.wal = csn_log, state, wal
+        self.load_manifest, self.load_checkpoint = load_manifest, load_checkpoint
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._offers: dict[tuple[int, int], bytes] = {}

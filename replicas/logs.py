@@ -19,6 +19,7 @@ import logging
 import logging.handlers
 import os
 import sys
+import weakref
 from pathlib import Path
 
 from coordinator.core.errors import InvalidInput
@@ -30,6 +31,7 @@ FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 _configured = False
+_OURS: weakref.WeakSet[logging.Handler] = weakref.WeakSet()  # the handlers setup() installed
 
 
 def parse(spec: str) -> dict[str, int]:
@@ -55,7 +57,7 @@ def configure(spec: str | None = None, file: str | os.PathLike | None = None) ->
     file = os.environ.get(ENV_FILE) or None if file is None else file
     levels = parse(spec)
     root = logging.getLogger()
-    for h in [h for h in root.handlers if getattr(h, "_mergetxn", False)]:
+    for h in [h for h in root.handlers if h in _OURS]:
         root.removeHandler(h)
         h.close()
     if file is not None:
@@ -67,7 +69,7 @@ def configure(spec: str | None = None, file: str | os.PathLike | None = None) ->
     else:
         handler = _Stderr()
     handler.setFormatter(logging.Formatter(FORMAT))
-    handler._mergetxn = True  # type: ignore[attr-defined]
+    _OURS.add(handler)
     root.addHandler(handler)
     root.setLevel(logging.WARNING)  # every other library, unless named
     own = levels.pop("", logging.WARNING)
@@ -97,7 +99,7 @@ def reopen() -> None:
     """Open the log file again at its path (after a rotation: a replica's SIGHUP); nothing for
     stderr. Each handler's own lock orders it with the threads writing lines."""
     for h in logging.getLogger().handlers:
-        if getattr(h, "_mergetxn", False) and isinstance(h, logging.FileHandler):
+        if h in _OURS and isinstance(h, logging.FileHandler):
             h.acquire()
             try:
                 if h.stream is not None:

@@ -433,6 +433,15 @@ class _Hold:
                 pass
 
     @classmethod
+    def described(cls) -> list[dict]:
+        """Each live hold: its snapshot, lease, parts and whether its DataFrame is alive."""
+        with cls._lock:
+            return [
+                {"snapshot": h.snapshot, "lease": h.lease, "parts": len(h.parts), "dataframe_alive": h.gone_at is None}
+                for h in cls._live
+            ]
+
+    @classmethod
     def release_all(cls) -> None:
         with cls._lock:
             live = list(cls._live)
@@ -442,11 +451,7 @@ class _Hold:
 
 def holds() -> list[dict]:
     """The snapshots that read_table DataFrames of this process keep in use (introspection)."""
-    with _Hold._lock:
-        return [
-            {"snapshot": h.snapshot, "lease": h.lease, "parts": len(h.parts), "dataframe_alive": h.gone_at is None}
-            for h in _Hold._live
-        ]
+    return _Hold.described()
 
 
 atexit.register(_Hold.release_all)

@@ -378,7 +378,7 @@ class _Admission:
             self._admit(sock, peer)
         for _ in range(0 if self.held else _ACCEPTS_PER_WAKE):
             try:
-                sock, address = self.server._listener.accept()
+                sock, address = self.server.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -387,7 +387,7 @@ class _Admission:
                     return
                 if exc.errno == errno.ECONNABORTED:  # the peer gave up while queued
                     continue
-                self.server._rare("accept", logging.WARNING, "accept failed: %r", exc)
+                self.server.rare("accept", logging.WARNING, "accept failed: %r", exc)
                 return
             self._admit(sock, peer_key(str(address[0])))
             if self.held:  # the rest wait in the backlog
@@ -408,8 +408,8 @@ class _Admission:
         conn = _Conn(sock, peer, self.server.authenticate is None, self.server.tls is not None, self.limits.max_frame)
         self.conns.add(conn)
         self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
-        self.pending.add(conn, peer, time.monotonic() + self.server.handshake_seconds, self.server._round)
-        self.server._watch(conn, selectors.EVENT_READ)
+        self.pending.add(conn, peer, time.monotonic() + self.server.handshake_seconds, self.server.rounds)
+        self.server.watch(conn, selectors.EVENT_READ)
 
     def _make_room(self, peer: str) -> str:
         """'' once a new connection from ``peer`` fits, after closing the oldest pending
@@ -419,13 +419,13 @@ class _Admission:
             why, own = self._over_limit(peer)
             if not why:
                 return ""
-            victim = self.pending.victim(peer if own else None, self.server._round)
+            victim = self.pending.victim(peer if own else None, self.server.rounds)
             if victim is None:
                 return _HOLD if (self.pending.of(peer) if own else self.pending.count) else why
-            self.server._rare(
+            self.server.rare(
                 "evicted", logging.INFO, "closed a pending connection from %s for a new one: %s", victim.peer, why
             )
-            self.server._close(victim)
+            self.server.close_connection(victim)
 
     def _over_limit(self, peer: str) -> tuple[str, bool]:
         """Which cap a new connection from ``peer`` is over ('' when none), and whether it is
@@ -443,7 +443,7 @@ class _Admission:
 
     def _turn_away(self, sock: socket.socket, peer: str, why: str) -> None:
         """Close a connection over a limit at once; a plaintext peer is told why first."""
-        self.server._rare("cap", logging.WARNING, "refused a connection from %s: %s", peer, why)
+        self.server.rare("cap", logging.WARNING, "refused a connection from %s: %s", peer, why)
         try:
             if self.server.tls is None:
                 sock.setblocking(False)
@@ -464,7 +464,7 @@ class _Admission:
     def _pause_accepting(self, exc: OSError) -> None:
         """Out of descriptors: stop polling the listener a while (connections wait in the
         backlog) instead of failing accept in a hot loop."""
-        self.server._rare(
+        self.server.rare(
             "emfile",
             logging.WARNING,
             "accept failed (%s): not accepting for %gs; %d connections open",
@@ -473,12 +473,12 @@ class _Admission:
             len(self.conns),
         )
         self.paused_until = time.monotonic() + ACCEPT_PAUSE
-        self.server._sel.unregister(self.server._listener)
+        self.server.selector.unregister(self.server.listener)
 
     def expire_pending(self, now: float) -> None:
         """Close the connections whose first request (login) did not arrive in time."""
         for conn in self.pending.expired(now):
-            self.server._rare(
+            self.server.rare(
                 "handshake",
                 logging.INFO,
                 "closed a connection from %s: no %s within %gs",
@@ -486,13 +486,13 @@ class _Admission:
                 "request" if self.server.authenticate is None else "login",
                 self.server.handshake_seconds,
             )
-            self.server._close(conn)
+            self.server.close_connection(conn)
 
     def resume_accepting(self, now: float) -> None:
         """Poll the listener again once the pause after running out of descriptors is over."""
         if self.paused_until and now >= self.paused_until:
             self.paused_until = 0.0
-            self.server._sel.register(self.server._listener, selectors.EVENT_READ, "accept")
+            self.server.selector.register(self.server.listener, selectors.EVENT_READ, "accept")
 
     def measure_room(self) -> None:
         """The cap on connections from the descriptors the process may still open."""
@@ -538,40 +538,40 @@ class _Login:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                self.server._close(conn)
+                self.server.close_connection(conn)
                 return
             if not first:
-                self.server._close(conn)
+                self.server.close_connection(conn)
                 return
             if first[0] != _TLS_HANDSHAKE:
                 self._refuse_plaintext(conn)
                 return
-            self.server._sel.unregister(sock)
+            self.server.selector.unregister(sock)
             conn.events = 0
             try:
                 assert self.tls is not None  # conn.tls: this server has a context
                 sock = conn.sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             except (OSError, ValueError) as exc:
                 log.info("TLS: cannot wrap a connection: %r", exc)
-                self.server._close(conn)
+                self.server.close_connection(conn)
                 return
-            self.server._watch(conn, selectors.EVENT_READ)
+            self.server.watch(conn, selectors.EVENT_READ)
         try:
             sock.do_handshake()
         except ssl.SSLWantReadError:
-            self.server._watch(conn, selectors.EVENT_READ)
+            self.server.watch(conn, selectors.EVENT_READ)
             return
         except ssl.SSLWantWriteError:
-            self.server._watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
+            self.server.watch(conn, selectors.EVENT_READ | selectors.EVENT_WRITE)
             return
         except OSError as exc:  # ssl.SSLError included: a bad certificate, a scanner, a reset
-            self.server._rare("tls", logging.INFO, "TLS handshake from %s failed: %s", conn.peer, exc)
-            self.server._close(conn)
+            self.server.rare("tls", logging.INFO, "TLS handshake from %s failed: %s", conn.peer, exc)
+            self.server.close_connection(conn)
             return
         conn.handshake = False
-        self.server._watch(conn, selectors.EVENT_READ)
+        self.server.watch(conn, selectors.EVENT_READ)
         if sock.pending():
-            self.server._read(conn)
+            self.server.read_from(conn)
 
     def _refuse_plaintext(self, conn: _Conn) -> None:
         """One plaintext AuthenticationFailed frame, then close (after reading what the peer sent,
@@ -583,7 +583,7 @@ class _Login:
         except OSError:
             pass
         conn.handshake = False
-        self.server._rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
+        self.server.rare("plaintext", logging.INFO, "refused a connection from %s: not TLS", conn.peer)
         self.refuse(conn, f"replica {_local(conn.sock)} requires TLS and credentials")
 
     def refuse(self, conn: _Conn, why: str, hint: bool = True) -> None:
@@ -595,7 +595,7 @@ class _Login:
             ": connect with the cluster's credentials (credentials=Credentials.from_file(path) or the "
             "path of the credentials file, or set MERGETXN_CREDENTIALS to it)"
         )
-        self.server._send(
+        self.server.send(
             conn, {"ok": False, "error": errors.AuthenticationFailed(why + (how if hint else "")).to_dict()}
         )
 
@@ -611,7 +611,7 @@ class _Login:
         user = _login_name(args)
         why = self.throttle.refusal(conn.peer, user, now)
         if why:
-            self.server._rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self.server.rare("throttled", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
             self.refuse(conn, f"replica {_local(conn.sock)} refused the login: {why}")
             return
         try:
@@ -625,7 +625,7 @@ class _Login:
         why = self.throttle.busy(now) or self._overloaded()
         if why:
             self.throttle.failed(conn.peer, user, now, hashed=False)  # its secret was looked at: a guess spent
-            self.server._rare("busy", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
+            self.server.rare("busy", logging.WARNING, "refused a login from %s: %s", conn.peer, why)
             self._busy(conn, f"replica {_local(conn.sock)} refused the login: {why}")
             return
         self.checking += 1
@@ -658,20 +658,20 @@ class _Login:
             self.refuse(conn, f"replica {_local(conn.sock)} refused the login: {gone}", hint=False)
             return
         self.throttle.failed(conn.peer, user, time.monotonic())
-        self.server._rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])
+        self.server.rare("login", logging.WARNING, "authentication failed from %s (user %r)", conn.peer, user[:100])
         self.refuse(conn, f"authentication failed at replica {_local(conn.sock)}: wrong user or secret")
 
     def _logged_in(self, conn: _Conn, principal: Any, user: str) -> None:
         conn.authed = True
         conn.principal = principal
         conn.max_frame = self.server.limits.max_frame
-        self.server._send(conn, {"ok": True, "result": {"user": user}})
+        self.server.send(conn, {"ok": True, "result": {"user": user}})
 
     def _busy(self, conn: _Conn, why: str) -> None:
         """Refuse a login for the replica's sake, not the peer's credentials: ReplicaUnavailable."""
         conn.busy = True
         conn.close_after = True
-        self.server._send(conn, {"ok": False, "error": errors.ReplicaUnavailable(why).to_dict()})
+        self.server.send(conn, {"ok": False, "error": errors.ReplicaUnavailable(why).to_dict()})
 
 
 class RpcServer:
@@ -713,18 +713,20 @@ class RpcServer:
         self.limits = limits or Limits()
         self.handshake_seconds = self.limits.handshake_seconds
         self.fault: Callable[[], None] | None = None  # tests: called on each tick of the loop, outside any guard
-        self._rare = _Rare()
-        self._round = 0  # the loop's rounds: a pending connection accepted in this one had no chance to send
+        # rare, rounds, listener, selector, watch, send, read_from and close_connection are public:
+        # the admission (_Admission) and login (_Login) halves of the server work through them.
+        self.rare = _Rare()
+        self.rounds = 0  # the loop's rounds: a pending connection accepted in this one had no chance to send
         self._buffered = 0  # bytes in every connection's inbuf
         # What one read of a connection lands in (the I/O thread's alone): a recv of _CHUNK would
         # allocate that much per read, for a request of a kilobyte or two.
         self._recv_buf = memoryview(bytearray(_CHUNK))
         self._starved: set[_Conn] = set()  # not read until the buffer budget has room again
         self._next_tick = 0.0
-        self._listener = socket.create_server((host, port), backlog=256)
-        self._listener.setblocking(False)
-        self.server_address = self._listener.getsockname()
-        self._sel = selectors.DefaultSelector()
+        self.listener = socket.create_server((host, port), backlog=256)
+        self.listener.setblocking(False)
+        self.server_address = self.listener.getsockname()
+        self.selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -759,8 +761,8 @@ class RpcServer:
         itself failed (a bug): every connection is closed then, and the caller must not go on
         as if it served (replicas/server.py exits the process)."""
         self._loop_ident = threading.get_ident()
-        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self.selector.register(self.listener, selectors.EVENT_READ, "accept")
+        self.selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         try:
             self._loop()
         except BaseException:
@@ -768,12 +770,12 @@ class RpcServer:
             raise
         finally:
             for conn in list(self._admission.conns):
-                self._close(conn)
+                self.close_connection(conn)
             for sock, _ in self._admission.held:
                 sock.close()
-            for s in (self._listener, self._wake_r, self._wake_w):
+            for s in (self.listener, self._wake_r, self._wake_w):
                 s.close()
-            self._sel.close()
+            self.selector.close()
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._login.pool.shutdown(wait=False, cancel_futures=True)
             self._done.set()
@@ -782,10 +784,10 @@ class RpcServer:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._round += 1
+            self.rounds += 1
             accept = False
             held = self._admission.held
-            for key, mask in self._sel.select(0 if held else _TICK):
+            for key, mask in self.selector.select(0 if held else _TICK):
                 if key.data == "accept":
                     accept = True  # after the connections' events: the pending ones read first
                 elif key.data == "wake":
@@ -810,18 +812,18 @@ class RpcServer:
                 self._flush(conn)
             elif mask & selectors.EVENT_READ:
                 if conn.busy:  # more bytes while its request is answered: not read until then
-                    self._watch(conn, 0)
+                    self.watch(conn, 0)
                 else:
-                    self._read(conn)
+                    self.read_from(conn)
         except Exception:
-            self._rare(
+            self.rare(
                 "conn-bug",
                 logging.ERROR,
                 "closed a connection from %s: its request broke the server",
                 conn.peer,
                 exc_info=True,
             )
-            self._close(conn)
+            self.close_connection(conn)
 
     def shutdown(self) -> None:
         self._stop.set()
@@ -829,7 +831,7 @@ class RpcServer:
         if self._loop_ident is not None:
             self._done.wait(10)
         else:  # never served
-            self._listener.close()
+            self.listener.close()
             self._pool.shutdown(wait=False)
             self._login.pool.shutdown(wait=False)
 
@@ -875,16 +877,16 @@ class RpcServer:
         for conn in [c for c in admission.conns if (not c.busy or c.outbuf) and now - c.last > idle]:
             if not conn.busy and conn not in self._starved and now - conn.last < 2 * idle and _readable(conn.sock):
                 continue  # a request (or the peer's close) arrived since the loop read: read it first (once)
-            self._rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
-            self._close(conn)
+            self.rare("idle", logging.INFO, "closed a connection from %s: idle for %gs", conn.peer, idle)
+            self.close_connection(conn)
         admission.measure_room()
         if self._starved and self._buffered <= self.limits.max_buffered:
             starved, self._starved = self._starved, set()
             for conn in starved:
-                self._watch(conn)
+                self.watch(conn)
         self._login.throttle.prune(now)
 
-    def _watch(self, conn: _Conn, events: int | None = None) -> None:
+    def watch(self, conn: _Conn, events: int | None = None) -> None:
         """Have the selector watch ``conn`` for what it waits for: the answer's sending, else
         its next request unless one is in progress (backpressure), else nothing. A connection
         whose request is in progress stays watched for reading until the peer sends more
@@ -907,14 +909,14 @@ class RpcServer:
         if events == conn.events:
             return
         if not conn.events:
-            self._sel.register(conn.sock, events, conn)
+            self.selector.register(conn.sock, events, conn)
         elif not events:
-            self._sel.unregister(conn.sock)
+            self.selector.unregister(conn.sock)
         else:
-            self._sel.modify(conn.sock, events, conn)
+            self.selector.modify(conn.sock, events, conn)
         conn.events = events
 
-    def _close(self, conn: _Conn) -> None:
+    def close_connection(self, conn: _Conn) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -924,13 +926,13 @@ class RpcServer:
         conn.inbuf = bytearray()
         if conn.events:
             try:
-                self._sel.unregister(conn.sock)
+                self.selector.unregister(conn.sock)
             except (KeyError, ValueError):
                 pass
         with self._send_lock:  # never while another thread sends an answer on it
             conn.sock.close()
 
-    def _read(self, conn: _Conn) -> None:
+    def read_from(self, conn: _Conn) -> None:
         try:
             data = self._recv_buf[: conn.sock.recv_into(self._recv_buf)].tobytes()
             if conn.tls:
@@ -939,10 +941,10 @@ class RpcServer:
         except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return
         except OSError:
-            self._close(conn)
+            self.close_connection(conn)
             return
         if not data:
-            self._close(conn)
+            self.close_connection(conn)
             return
         conn.last = time.monotonic()
         if conn.discard:  # the rest of a refused request
@@ -965,7 +967,7 @@ class RpcServer:
             self._next_requests(conn)
         finally:
             conn.in_next = False
-        self._watch(conn)
+        self.watch(conn)
 
     def _next_requests(self, conn: _Conn) -> None:
         while not conn.busy and not conn.closed and not conn.close_after and len(conn.inbuf) >= _HEADER.size:
@@ -991,7 +993,7 @@ class RpcServer:
             action = request.get("a") if isinstance(request, dict) else None
             args = request.get("b", {}) if isinstance(request, dict) else None
             if not isinstance(action, str) or not isinstance(args, dict) or len(action) > _MAX_ACTION:
-                self._send(
+                self.send(
                     conn,
                     {
                         "ok": False,
@@ -1016,7 +1018,7 @@ class RpcServer:
         self._buffered -= _HEADER.size + take
         conn.discard = n - take
         conn.busy = True
-        self._send(
+        self.send(
             conn,
             {
                 "ok": False,
@@ -1034,7 +1036,7 @@ class RpcServer:
             return
         conn.busy = True
         conn.close_after = True
-        self._send(conn, {"ok": False, "error": errors.InvalidInput(f"bad request: {why}").to_dict()})
+        self.send(conn, {"ok": False, "error": errors.InvalidInput(f"bad request: {why}").to_dict()})
 
     def _request(self, conn: _Conn, action: str, args: dict) -> None:
         args[PRINCIPAL] = conn.principal
@@ -1046,7 +1048,7 @@ class RpcServer:
                 return
             answered = True
             if threading.get_ident() == self._loop_ident:
-                self._send(conn, envelope)
+                self.send(conn, envelope)
             else:
                 self._send_from_elsewhere(conn, envelope)
 
@@ -1067,7 +1069,7 @@ class RpcServer:
             envelope = error_reply(exc)
         reply(envelope)
 
-    def _send(self, conn: _Conn, envelope: dict) -> None:
+    def send(self, conn: _Conn, envelope: dict) -> None:
         """On the I/O thread: queue the answer and send what the socket takes now."""
         if conn.closed:
             return
@@ -1084,7 +1086,7 @@ class RpcServer:
 
         Safe because while a request is answered (``busy``) nothing else writes to the socket:
         the I/O thread neither reads it nor has anything to flush (its outbuf is empty until
-        this answer), and :meth:`_close` closes the socket under ``_send_lock`` (the descriptor
+        this answer), and :meth:`close_connection` closes the socket under ``_send_lock`` (the descriptor
         is never reused under a send). A TLS connection's answer goes through the I/O thread:
         its SSL object is used by that thread only."""
         data = _answer_frame(envelope)
@@ -1118,13 +1120,13 @@ class RpcServer:
             if sent:
                 conn.last = time.monotonic()
             conn.want_read = isinstance(exc, ssl.SSLWantReadError)
-            self._watch(conn)
+            self.watch(conn)
             return
         except OSError:
-            self._close(conn)
+            self.close_connection(conn)
             return
         if conn.close_after:
-            self._close(conn)
+            self.close_connection(conn)
             return
         conn.last = time.monotonic()
         conn.busy = False

@@ -198,7 +198,7 @@ class Relay:
             socks = [self.client, self.server]
         for s in socks:
             close_quietly(s, reset)
-        self.proxy._forget(self)
+        self.proxy.forget(self)
 
 
 class TcpProxy(Listening):
@@ -278,7 +278,7 @@ class TcpProxy(Listening):
             return len(self._relays)
 
     # -- internals -----------------------------------------------------------------------------
-    def _forget(self, relay: Relay) -> None:
+    def forget(self, relay: Relay) -> None:
         with self._lock:
             self._relays.discard(relay)
 

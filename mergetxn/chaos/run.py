@@ -199,6 +199,10 @@ class SingleHostCluster(StartStop):
     def replica_running(self, i: int) -> bool:
         return self._local.replica_pid(i) is not None
 
+    def replica_dir(self, i: int) -> Path:
+        """Replica ``i``'s directory (its log, data and settings)."""
+        return self._local.replica_dir(i)
+
     def expire_session(self, i: int) -> None:
         """Expire replica ``i``'s ZooKeeper session the way a long GC pause does: SIGSTOP for
         longer than the session timeout (ZooKeeper gives up on it), then SIGCONT; the replica
@@ -1280,9 +1284,6 @@ def _log_hint(cluster: Any, i: int) -> str:
     for candidate in (getattr(cluster, "host_dir", None), getattr(cluster, "replica_dir", None)):
         if candidate is not None:
             return str(candidate(i) / "replica.log")
-    local = getattr(cluster, "_local", None)
-    if local is not None:
-        return str(local.replica_dir(i) / "replica.log")
     return "see the cluster directory"
 
 

@@ -264,7 +264,7 @@ class _Conn:
         method = parts[0].upper()
         resource = parts[1].split("?", 1)[0] if len(parts) > 1 else ""
         expect = req.headers.get("expect", "").lower() == "100-continue"
-        fate = self.proxy._decide(method)
+        fate = self.proxy.decide(method)
         if fate in ERRORS:
             if expect:  # the client waits for 100 Continue before its body: never send it
                 self._send(error_response(fate, method, resource, close=True))
@@ -273,11 +273,11 @@ class _Conn:
             self._send(error_response(fate, method, resource, close=req.closes()))
             return not req.closes()
         if fate == "cut-before":
-            self.proxy._hold_until_healed(self)
+            self.proxy.hold_until_healed(self)
             self.close(reset=True)
             return False
         if fate == "late":
-            self.proxy._hold_until_healed(self)
+            self.proxy.hold_until_healed(self)
             if self.closed.is_set():
                 return False
         return self._forward(reader, req, method, withhold=fate == "cut-after")
@@ -305,7 +305,7 @@ class _Conn:
                 continue
             break
         keep = self._answer(res, method, deliver)
-        self.proxy._count("forwarded")
+        self.proxy.count("forwarded")
         if withhold:
             self._withhold()
             return False
@@ -322,7 +322,7 @@ class _Conn:
 
     def _withhold(self) -> None:
         """The answer stays with the proxy: hold until healed, then reset the connection."""
-        self.proxy._hold_until_healed(self)
+        self.proxy.hold_until_healed(self)
         self.close(reset=True)
 
     def _upstream(self) -> socket.socket:
@@ -348,7 +348,7 @@ class _Conn:
             self.closed.set()
         close_quietly(self.client, reset)
         close_quietly(self.upstream)  # S3's own end: never reset
-        self.proxy._forget(self)
+        self.proxy.forget(self)
 
 
 def _status(head: _Head) -> int:
@@ -441,11 +441,11 @@ class S3FaultProxy(Listening):
             return {k: v for k, v in sorted(self.counts.items()) if k != "stalled-now"}
 
     # -- internals ----------------------------------------------------------------------------
-    def _count(self, what: str, n: int = 1) -> None:
+    def count(self, what: str, n: int = 1) -> None:
         with self._lock:
             self.counts[what] += n
 
-    def _decide(self, method: str) -> str:
+    def decide(self, method: str) -> str:
         """``forward``, an error code, or a stall fate, for the next request."""
         with self._lock:
             self.counts["requests"] += 1
@@ -459,16 +459,16 @@ class S3FaultProxy(Listening):
                 return fate
         return "forward"
 
-    def _hold_until_healed(self, conn: _Conn) -> None:
-        self._count("stalled-now")
+    def hold_until_healed(self, conn: _Conn) -> None:
+        self.count("stalled-now")
         try:
             while not self._healed.wait(0.2):
                 if self._stopped.is_set() or conn.closed.is_set():
                     return
         finally:
-            self._count("stalled-now", -1)
+            self.count("stalled-now", -1)
 
-    def _forget(self, conn: _Conn) -> None:
+    def forget(self, conn: _Conn) -> None:
         with self._lock:
             self._conns.discard(conn)
 

@@ -240,7 +240,7 @@ def test_accept_out_of_descriptors_backs_off_instead_of_spinning(caplog) -> None
 
     svc = Service()
     server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline)
-    flaky = server._listener = _OutOfDescriptors(server._listener)
+    flaky = server.listener = _OutOfDescriptors(server.listener)
     thread = threading.Thread(target=server.serve, daemon=True)
     caplog.set_level(logging.WARNING, logger="coordinator.wire.rpc")
     thread.start()
