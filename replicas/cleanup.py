@@ -45,6 +45,7 @@ from coordinator.core.versions import COUNTER_STRIDE, Tid
 from coordinator.model.records import AliveRecord
 from coordinator.zk.alive import read_alive
 from coordinator.zk.orphan_fence import MAX_PENDING
+from coordinator.zk.recipes import release_quietly
 from coordinator.zk.watermark import Marks
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
@@ -129,25 +130,6 @@ class Cleanup(ReplicaPart):
         self.node.on_error = lambda exc: log.error("%s", exc)
         self.node.start()
 
-    @property
-    def watermark(self) -> int:
-        """Parts removed at or below it may be gone from storage."""
-        return self.node.watermark
-
-    @property
-    def collected(self) -> int:
-        """Every part removed at or below it is deleted."""
-        return self.node.collected
-
-    @property
-    def marks(self) -> Marks:
-        """The watched copy of the ``gc`` node: which removed parts may be gone."""
-        return self.node.marks
-
-    def refresh_watermark(self) -> Marks:
-        """Read the ``gc`` node now (a client that found a part missing asks again)."""
-        return self.node.refresh()
-
     # -- cleanup ---------------------------------------------------------------------------------
     def background_pass(self, now: float) -> None:
         """The maintenance thread's turn: a pass every ``gc_interval`` seconds, looking for orphans
@@ -178,10 +160,7 @@ class Cleanup(ReplicaPart):
             self.last_gc_at, self.last_gc_error = time.time(), f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            try:
-                lock.release()
-            except Exception:  # pragma: no cover - session trouble; the node is ephemeral
-                pass
+            release_quietly(lock)
         self.passes += 1
         self.files_removed += len(report["removed"])
         self.last_gc_report, self.last_gc_at, self.last_gc_error = report, time.time(), None
@@ -210,7 +189,7 @@ class Cleanup(ReplicaPart):
         alive[self.host_id] = self.alive_record()
         min_snapshot = min(d.oldest_snapshot for d in alive.values())
         holders = self._holders(alive)
-        candidates = self.state.removed_after(self.collected)
+        candidates = self.state.removed_after(self.node.collected)
         # A removal CSN, once set, never changes: read outside the state lock, it is what it was.
         tables = sorted(
             {r.meta.table for r in candidates if r.removal_csn is not None and r.removal_csn <= min_snapshot}
@@ -231,7 +210,7 @@ class Cleanup(ReplicaPart):
         return {
             "host": self.host_id,
             "min_snapshot": min_snapshot,
-            "watermark": self.watermark,
+            "watermark": self.node.watermark,
             "grace_seconds": grace,
             "snapshots_in_use": [{"host": h, "snapshot": s, "holder": t} for s, h, t in holders],
             "retention_seconds": windows,

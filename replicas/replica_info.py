@@ -95,7 +95,7 @@ class ReplicaInfo(ReplicaFields):
             "files_removed": s.cleanup_files_removed,
             "last_at": self.cleanup.last_gc_at,
             "last_error": self.cleanup.last_gc_error,
-            "watermark": self.cleanup.watermark,
+            "watermark": self.watermark.watermark,
             "last": None
             if last_gc is None
             else {

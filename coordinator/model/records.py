@@ -31,7 +31,7 @@ from coordinator.core.conflicts import Kind, check_app_version
 from coordinator.core.errors import CorruptMetadata, InvalidInput, clip, quote
 from coordinator.core.versions import Tid
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
-from coordinator.model.znodes import MALFORMED, corrupt
+from coordinator.model.znodes import MALFORMED, corrupt, text
 from parts.model.meta import PartMeta
 
 ENTRY_FORMAT = 1
@@ -627,17 +627,14 @@ class AliveRecord:
             applied=applied or 0,
             oldest_txn_snapshot=csn(d.get("min_snapshot")),
             oldest_snapshot=min(needs) if needs else 0,
-            snapshots=tuple((int(s), _text(h)) for s, h in d.get("snapshots", ()) if csn(s) is not None),
-            running=tuple(_text(t) for t in d.get("running", ())),
+            snapshots=tuple(
+                (int(s), text(h, "a snapshot's holder in the alive node"))
+                for s, h in d.get("snapshots", ())
+                if csn(s) is not None
+            ),
+            running=tuple(text(t, "a running tid in the alive node") for t in d.get("running", ())),
             running_overflow=bool(d.get("running_overflow")) or "running" not in d,
         )
-
-
-def _text(v: Any) -> str:
-    """A tid or holder name in the alive node: a string (anything else is a malformed node)."""
-    if not isinstance(v, str):
-        raise TypeError(f"a string is needed, not {type(v).__name__}")
-    return v
 
 
 # -- outcomes -------------------------------------------------------------------------------------

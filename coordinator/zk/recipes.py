@@ -44,3 +44,12 @@ def cas_update(zk: Any, path: str, change: Callable[[bytes | None], bytes | None
         return new
 
     return zk.retry(step)
+
+
+def release_quietly(lock: Any) -> None:
+    """Release a kazoo Lock held for one pass (cleanup, a table's merges), saying nothing when
+    the session is in trouble: its node is ephemeral, and goes with the session."""
+    try:
+        lock.release()
+    except Exception:  # pragma: no cover - session trouble; the node is ephemeral
+        pass

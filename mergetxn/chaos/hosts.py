@@ -91,7 +91,7 @@ from coordinator.wire.security import (
 from coordinator.zk.log import CsnLog
 from mergetxn.chaos.proxy import TcpProxy
 from mergetxn.local.cluster import wait_stopped
-from mergetxn.local.zkserver import MemberAddress, free_ports, server_mode
+from mergetxn.local.zkserver import ChildProcess, MemberAddress, free_ports, server_mode
 from replicas.settings import SETTINGS, command_line
 
 log = logging.getLogger(__name__)
@@ -224,24 +224,16 @@ def _kill_tree(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-class _Proc:
+class _Proc(ChildProcess):
     """One CLI process of the cluster (a ZooKeeper member or a replica): its own session, its
     output appended to ``log_path``."""
 
     def __init__(self, name: str, log_path: Path) -> None:
         self.name = name
         self.log_path = log_path
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
         self.log_offset = 0
         self.paused = False
-
-    @property
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.running and self.popen is not None else None
 
     def start(self, argv: list[str], env: Mapping[str, str], cwd: Path) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -249,7 +241,7 @@ class _Proc:
             self.log_offset = out.tell()
             out.write(f"--- {time.strftime('%H:%M:%S')} starting {self.name}: {' '.join(argv)}\n".encode())
             out.flush()
-            self.popen = subprocess.Popen(
+            self.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
@@ -271,34 +263,34 @@ class _Proc:
             return ""
 
     def exited(self) -> HostsError:
-        assert self.popen is not None
+        assert self.proc is not None
         return HostsError(
-            f"{self.name} exited with {self.popen.returncode}; its log ({self.log_path}):\n{_tail(self.log_path)}"
+            f"{self.name} exited with {self.proc.returncode}; its log ({self.log_path}):\n{_tail(self.log_path)}"
         )
 
     def signal(self, sig: int) -> None:
-        if self.running and self.popen is not None:
+        if self.running and self.proc is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.popen.pid, sig)
+                os.killpg(self.proc.pid, sig)
 
     def kill(self) -> None:
         """SIGKILL everything it started, at once; no shutdown code runs."""
-        if self.popen is None:
+        if self.proc is None:
             return
-        if self.popen.poll() is None:
-            _kill_tree(self.popen.pid)
-        self.popen.wait()
+        if self.proc.poll() is None:
+            _kill_tree(self.proc.pid)
+        self.proc.wait()
         self.paused = False
 
     def stop(self, timeout: float) -> None:
         """SIGTERM (a clean stop, a paused process resumed first), then SIGKILL."""
-        if self.popen is None:
+        if self.proc is None:
             return
-        if self.popen.poll() is None:
+        if self.proc.poll() is None:
             self.signal(signal.SIGCONT)
             self.signal(signal.SIGTERM)
             try:
-                self.popen.wait(timeout)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 log.warning("%s did not stop in %.0f s after SIGTERM; killing it", self.name, timeout)
         self.kill()

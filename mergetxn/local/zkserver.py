@@ -334,7 +334,22 @@ if alive():
 """
 
 
-class JavaProcess:
+class ChildProcess:
+    """A process this interpreter started (``proc``: its Popen, None before): whether it runs,
+    and its pid while it does. The chaos harness's processes share it."""
+
+    proc: subprocess.Popen[bytes] | None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.running and self.proc is not None else None
+
+
+class JavaProcess(ChildProcess):
     """One ZooKeeper JVM in its own process group, with a watchdog tied to this interpreter."""
 
     def __init__(self, argv: list[str], log_path: Path, cwd: Path) -> None:
@@ -393,14 +408,6 @@ class JavaProcess:
                 self._watchdog.kill()
                 self._watchdog.wait()
             self._watchdog = None
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
 
     def _signal_group(self, sig: int) -> None:
         assert self.proc is not None
