@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DuckDB reading a table through ``client.dataset`` against DuckDB reading the same Parquet
+r"""DuckDB reading a table through ``client.dataset`` against DuckDB reading the same Parquet
 files directly (target: at most 1.2x).
 
 One 1-replica LocalCluster; a ``parts`` table of ``--rows`` rows (default 10,000,000) in
@@ -23,7 +23,7 @@ Parquet reader over the dataset's files);
 already knows the paths would: no listing). Wall seconds and this process's CPU seconds (DuckDB
 and Arrow run their threads in it).
 
-    .venv/bin/python benchmarks/dataset_read.py [--rows 10000000] [--days 20] [--loads 10] [--rounds 5] \\
+    .venv/bin/python benchmarks/dataset_read.py [--rows 10000000] [--days 20] [--loads 10] [--rounds 5] \
         [--threads N] [--out benchmarks/results/dataset_read.json]
 
 Scratch data lives in a temporary directory, removed at the end.

@@ -1,13 +1,13 @@
-"""Arrow tables as JSON lines, built column by column with Arrow compute.
+r"""Arrow tables as JSON lines, built column by column with Arrow compute.
 
 ``mergetxn read --format json`` streams millions of rows; turning each row into a Python dict
 and each dict into text cost ~15x what the CSV writer costs. Here every column of common types
 (integers, floats, booleans, strings, dates) becomes an array of JSON texts in a few vectorised
-passes, the columns are joined row-wise into ``{"a": 1, "b": "x"}\\n`` lines, and the lines go
+passes, the columns are joined row-wise into ``{"a": 1, "b": "x"}\n`` lines, and the lines go
 out as the bytes of one buffer. Other types (timestamps, decimals, binary, nested) are encoded
 value by value as before, one column at a time. The text is what ``json.dumps(row, default=
 json_value)`` gives, parsed: the same keys, order, separators and values (non-ASCII characters
-stay UTF-8 instead of ``\\u`` escapes; NaN and infinities as Python's json writes them).
+stay UTF-8 instead of ``\u`` escapes; NaN and infinities as Python's json writes them).
 """
 
 from __future__ import annotations
