@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import json_option, replica_option
 from mergetxn.cli.output import answer, redact, say
 
 
@@ -14,7 +14,7 @@ from mergetxn.cli.output import answer, redact, say
 @click.argument("table_name", metavar="TABLE")
 @click.argument("directory", metavar="DIR")
 @click.option("--snapshot", type=click.IntRange(min=0), default=None, help="Back up at this CSN (default: the latest).")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest written as one JSON object.")
+@json_option("Print the manifest written as one JSON object.")
 @replica_option
 def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool, replica: str) -> None:
     """Copy TABLE at one snapshot into DIR (a local directory or an fsspec URL such as s3://):
@@ -55,7 +55,7 @@ def backup(table_name: str, directory: str, snapshot: int | None, as_json: bool,
     help="On a secured cluster, restore a backup whose MAC is missing or not this cluster's (one "
     "made on an unsecured or another cluster): only from a directory no one else could write.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@json_option("Print the outcome as one JSON object.")
 @replica_option
 def restore(directory: str, as_name: str | None, unverified: bool, as_json: bool, replica: str) -> None:
     """Restore the table backed up in DIR at its CSN, as one transaction, whatever the table's

@@ -14,7 +14,7 @@ from rich.markup import escape
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from mergetxn.cli.files import READ_FORMATS, output_format, print_rows, write_out
-from mergetxn.cli.options import replica_option, shown
+from mergetxn.cli.options import json_option, replica_option, shown
 from mergetxn.cli.output import answer, ask, connected, console, rows_table
 from mergetxn.cli.parsing import parse_as_of
 
@@ -166,7 +166,7 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
     show_default=True,
     help="Show removed parts too, or only the visible ones.",
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 @replica_option
 def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
     """List TABLE's parts with their versions (creation and removal tid/CSN, visibility)."""
@@ -199,7 +199,7 @@ def parts(table_name: str, show_all: bool, as_json: bool, replica: str) -> None:
 
 
 @click.command(short_help="Print the replica's snapshot CSN.")
-@click.option("--json", "as_json", is_flag=True, help='Print {"snapshot": CSN}.')
+@json_option('Print {"snapshot": CSN}.')
 @replica_option
 def snapshot(as_json: bool, replica: str) -> None:
     """Print the replica's snapshot CSN (everything up to it is applied there)."""

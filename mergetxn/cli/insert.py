@@ -22,7 +22,7 @@ from coordinator.core.conflicts import Policy
 from coordinator.core.errors import quote
 from coordinator.core.tabledata import partition_key, split_by_partition
 from mergetxn.cli.files import file_batches
-from mergetxn.cli.options import replica_option, shown
+from mergetxn.cli.options import json_option, replica_option, shown
 from mergetxn.cli.output import connected, echo_json, progress, say
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     default=1_000_000,
     help="Rows read from FILE at a time (each batch is written as parts of its own).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@json_option("Print the outcome as one JSON object.")
 @replica_option
 def insert(
     table_name: str, file: Path, overwrite: bool, update: bool, batch_rows: int, as_json: bool, replica: str

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import replica_option, shown
+from mergetxn.cli.options import json_option, replica_option, shown
 from mergetxn.cli.output import EXIT_CORRUPT, answer, connected, console, fail, long_timeout, rows_table, working
 from mergetxn.cli.parsing import partition_values
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     metavar="VALUE",
     help="Only this partition (repeatable; several partition columns: a JSON list).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@json_option("Print the outcome as one JSON object.")
 @replica_option
 def compact(table_name: str, kind: str, partitions: tuple[str, ...], as_json: bool, replica: str) -> None:
     """Compact TABLE now, as a transaction of its own.
@@ -86,7 +86,7 @@ def _show_compacted(r: dict) -> None:
     default=None,
     help="Keep unreferenced files younger than this (default: the replica's setting).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@json_option("Print the whole report as JSON.")
 @replica_option
 def gc(grace_seconds: float | None, as_json: bool, replica: str) -> None:
     """Run one garbage-collection pass now and show what was removed and kept, and why.
@@ -122,7 +122,7 @@ def _show_gc(result: dict) -> None:
     help="Rewrite each visible part whose intact file contradicts its metadata from the file's rows, "
     "as one compaction transaction per table.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
+@json_option("Print the whole report as JSON.")
 @replica_option
 def check(tables: tuple[str, ...], every: bool, quick: bool, repair: bool, as_json: bool, replica: str) -> None:
     """Check that every part a read may still need (visible now, or kept for time travel within

@@ -124,6 +124,11 @@ def zookeeper_access(replica: str | None, zk_hosts: str | None, credentials: Pat
     return creds
 
 
+def json_option(help: str) -> Callable[[F], F]:
+    """``--json`` (``as_json``) of a command that prints JSON instead of text; ``help`` says what."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
 def shown(*decls: str, type: click.ParamType | type, default: Any, help: str) -> Callable[[F], F]:
     """An option of ``type`` whose default its help shows (``show_default``)."""
     return click.option(*decls, type=type, default=default, show_default=True, help=help)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from coordinator.core.errors import InvalidInput
 from coordinator.model.users import check_name as check_user_name
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import json_option, replica_option
 from mergetxn.cli.output import EXIT_UNAVAILABLE, answer, connected, console, fail, say
 
 
@@ -148,7 +148,7 @@ def security_drop_user(name: str, replica: str) -> None:
 
 
 @security.command("users")
-@click.option("--json", "as_json", is_flag=True, help="Print the users as a JSON list.")
+@json_option("Print the users as a JSON list.")
 @replica_option
 def security_users(as_json: bool, replica: str) -> None:
     """List the users (as an admin): name, role and tables."""

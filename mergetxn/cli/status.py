@@ -12,7 +12,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mergetxn.cli.options import credentials_option, shown, timeout_option, zookeeper_access, zookeeper_location
+from mergetxn.cli.options import (
+    credentials_option,
+    json_option,
+    shown,
+    timeout_option,
+    zookeeper_access,
+    zookeeper_location,
+)
 from mergetxn.cli.output import (
     EXIT_OK,
     EXIT_UNHEALTHY,
@@ -40,7 +47,7 @@ from mergetxn.cli.output import (
     metavar="HOST_ID",
     help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the whole report as one JSON object.")
+@json_option("Print the whole report as one JSON object.")
 @credentials_option("for its replicas and its ZooKeeper nodes.")
 @click.option(
     "--no-storage-check",

@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import replica_option, shown
+from mergetxn.cli.options import json_option, replica_option, shown
 from mergetxn.cli.output import answer, console, rows_table, say
 from mergetxn.cli.parsing import column_list, lock_groups, parse_schema
 
@@ -90,7 +90,7 @@ def table() -> None:
     help="Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
 )
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
-@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object.")
+@json_option("Print the outcome as one JSON object.")
 @replica_option
 def table_create(
     name: str,
@@ -145,7 +145,7 @@ def table_create(
 
 @table.command("drop")
 @click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@json_option("Print the result as JSON.")
 @replica_option
 def table_drop(name: str, as_json: bool, replica: str) -> None:
     """Drop table NAME (a transaction: reads at older snapshots still see it; cleanup collects
@@ -174,7 +174,7 @@ def _describe_json(d: dict) -> dict:
 @table.command("describe")
 @click.argument("name")
 @click.option("--snapshot", type=int, default=None, help="Describe it at this CSN (default: the latest).")
-@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON.")
+@json_option("Print the description as JSON.")
 @replica_option
 def table_describe(name: str, snapshot: int | None, as_json: bool, replica: str) -> None:
     """Show table NAME: columns, partitioning, key, policy, creation CSN, schema version, parts and rows."""
@@ -231,7 +231,7 @@ def _show(d: dict) -> None:
     metavar="SECONDS|default",
     help="The table's history retention in seconds, or 'default' for the replicas' retention_seconds.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the new description as JSON.")
+@json_option("Print the new description as JSON.")
 @replica_option
 def table_alter(
     name: str, add: tuple[str, ...], rename: tuple[str, ...], retention: str | None, as_json: bool, replica: str
@@ -270,7 +270,7 @@ def _retention(text: str) -> float | None:
 
 
 @table.command("list")
-@click.option("--json", "as_json", is_flag=True, help="Print the names as one JSON list.")
+@json_option("Print the names as one JSON list.")
 @replica_option
 def table_list(as_json: bool, replica: str) -> None:
     """List the tables."""

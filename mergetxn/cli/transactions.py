@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 from rich.markup import escape
 
-from mergetxn.cli.options import replica_option
+from mergetxn.cli.options import json_option, replica_option
 from mergetxn.cli.output import answer, console, rows_table, say
 
 
@@ -15,7 +15,7 @@ def txn() -> None:
 
 
 @txn.command("list")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@json_option("One JSON object per line.")
 @replica_option
 def txn_list(as_json: bool, replica: str) -> None:
     """List the transactions running on the replica."""
@@ -34,7 +34,7 @@ def _show_running(txns: list[dict]) -> None:
 
 @txn.command("kill")
 @click.argument("txn_id", metavar="ID")
-@click.option("--json", "as_json", is_flag=True, help="Print the replica's answer as one JSON object.")
+@json_option("Print the replica's answer as one JSON object.")
 @replica_option
 def txn_kill(txn_id: str, as_json: bool, replica: str) -> None:
     """Abort running transaction ID (its parts are removed; its commit will fail)."""
