@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator.core.errors import InvalidInput, QuotaExceeded, quote
 from coordinator.core.grants import Grantee, acts_for
+from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:
     from replicas.registry import Transactions
-    from replicas.settings import ReplicaConfig
-    from replicas.state import ReplicaState
 
 RUNNING_MIN_AGE = 1.0  # running transactions at least this old are published by id
 MAX_PUBLISHED_RUNNING = 1000  # beyond this a replica publishes "running_overflow" instead
@@ -48,12 +47,11 @@ class Lease:
     owner: str | None = None  # the user that took it (secured clusters): renews and releases it, and its quota
 
 
-class Leases:
+class Leases(ReplicaPart):
     """The read leases of one replica and its snapshots in use (``replica.leases``)."""
 
-    def __init__(self, state: ReplicaState, config: ReplicaConfig, transactions: Transactions) -> None:
-        self.state = state
-        self.config = config
+    def __init__(self, context: ReplicaContext, transactions: Transactions) -> None:
+        super().__init__(context)
         self.transactions = transactions  # its lock orders leases with begins (Transactions.begins_held)
         self._leases: dict[str, Lease] = {}  # lease id -> lease
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 from kazoo.exceptions import KazooException
 
 from coordinator.core import retries
 from coordinator.core.errors import CorruptMetadata, MergetxnError, ReplicaUnavailable
+from replicas.context import ReplicaContext, ReplicaPart
 from replicas.zksession import ZkSession
 
 log = logging.getLogger(__name__)
@@ -37,19 +37,16 @@ class _NotYet(retries.TryAgain):
     """The new session is not registered yet."""
 
 
-class PauseGuard:
+class PauseGuard(ReplicaPart):
     """The gate of one replica: ``zk`` and ``layout`` (its CsnLog) for the ``sync`` round trip,
     ``zk_session`` for whether the session is usable (replicas/zksession.py) and the replica's
     stop, ``catch_up`` to apply the log up to its end (``Replica.catch_up``)."""
 
-    def __init__(
-        self, zk, layout, host_id: str, session_timeout: float, zk_session: ZkSession, catch_up: Callable[[], None]
-    ) -> None:
-        self.zk, self.layout, self.host_id = zk, layout, host_id
-        self.session_timeout = session_timeout
-        self.zk_session = zk_session
-        self.catch_up = catch_up
-        timeout = session_timeout
+    def __init__(self, context: ReplicaContext, zk_session: ZkSession) -> None:
+        super().__init__(context)
+        self.layout, self.session_timeout = context.log, context.config.session_timeout
+        self.zk_session, self.catch_up = zk_session, context.catch_up
+        timeout = self.session_timeout
         # A gap this long may have cost the session (ZooKeeper expires it after ``timeout``,
         # counted from the last ping, which kazoo sends every third of it).
         self.threshold = max(0.5, timeout / 3)

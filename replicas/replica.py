@@ -103,7 +103,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.watermark = Watermark(self.zk, self.log.gc_path(), self.host_id)  # the gc node: cleanup and retention
         self.context = self._make_context()  # what every part reads
         self.transactions = self._make_transactions()
-        self.leases = Leases(self.state, config, self.transactions)
+        self.leases = Leases(self.context, self.transactions)
         self.retention = self._make_retention()
         self.cleanup = self._make_cleanup()
         self.merges = self._make_merges()
@@ -112,9 +112,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.metrics_address: str | None = None  # host:port of the Prometheus endpoint, when it runs
         self.changefeed = ChangeFeed(self.context, self.retention, self.leases)
         self.outcomes = self._make_outcomes()
-        self.pauses = PauseGuard(
-            self.zk, self.log, self.host_id, config.session_timeout, self.zk_session, self.catch_up
-        )
+        self.pauses = PauseGuard(self.context, self.zk_session)
         self.alive = AliveNode(self.zk, self.log, config.host_id, self.alive_record)
         self._aborting: threading.Thread | None = None  # aborts the transactions of a lost session
         self._register_lock = threading.Lock()
