@@ -1,13 +1,15 @@
 """What every part of one replica works on, made once and handed to each part.
 
-A replica's parts (cleanup, the committer and its table changes, the log tail, outcomes,
-retention, the log watch) read the same things: the replica's settings, its in-memory state, its
+A replica's parts (the transaction registry, leases, cleanup, the committer and its table
+changes, the log tail, outcomes, retention, the change feed, the log watch, the pause guard) read
+the same things: the replica's settings, its in-memory state, its
 storage, its ZooKeeper client and the CSN log over it, the two nodes the replica shares among its
 parts (the ``gc`` watermark and the orphan fence), and a few calls on the replica itself (catch
 up, wait for a snapshot, a table's definition, its incarnation now, poke the follower, its alive
 record). :class:`ReplicaContext` holds them; a part that is a :class:`ReplicaPart` takes the
-context first and its own dependencies after, and keeps the first five under the names every
-part uses (``self.state``, ``self.config``, ...).
+context first and its own dependencies after, and keeps the first five and the host id under the
+names every part uses (``self.state``, ``self.config``, ...). ``replicas/replica.py`` makes the
+context once, in ``Replica.__init__``.
 """
 
 from __future__ import annotations

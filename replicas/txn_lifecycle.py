@@ -84,8 +84,8 @@ class TxnLifecycle(ReplicaPart):
     ) -> None:
         """From the context: ``table``, the table lookup (waits for a table created elsewhere);
         ``watermark``, the ``gc`` node (a snapshot is served only at or above it); ``incarnation``,
-        this replica's now. ``ensure_applied``: catch up to cleanup's watermark before serving a snapshot;
-        ``on_begin``/``on_end``: the history's event hooks; ``outcome``: any transaction's
+        this replica's now. ``ensure_applied``: catch up to cleanup's watermark before serving a
+        snapshot; ``on_begin``/``on_end``: the history's event hooks; ``outcome``: any transaction's
         outcome (tid, forward); ``committer`` and ``wal``: as they are once the replica started.
         The late-bound ones are callables: those satellites are made after the registry, or at
         start."""
