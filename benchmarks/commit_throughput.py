@@ -678,11 +678,46 @@ def bench_mergetxn(
                 "links": int((warmup + seconds) * max(LINKS_PER_WRITER_PER_S, 1200 // writers)) + 500,
             }
             watch = {"zookeeper": zk_pid, **{f"replica-{i}": cluster.replica_pid(i) for i in range(replicas)}}
+            before = batching_counters(cluster, table)
             t = run_processes(kind, params, writers, warmup, seconds, watch)
-            out[name] = summarize(t, seconds, writers=writers, replicas=replicas, replicas_used=len(addresses))
+            batching = batching_ratios(
+                before, batching_counters(cluster, table), files=kind.startswith("mergetxn_insert")
+            )
+            out[name] = summarize(
+                t, seconds, writers=writers, replicas=replicas, replicas_used=len(addresses), batching=batching
+            )
             log(f"  {name}: {out[name]['commits_per_s']} commits/s (p50 {out[name]['p50_ms']} ms)")
         admin.close()
     return out
+
+
+def batching_counters(cluster: Any, table: str) -> dict[str, int]:
+    """Every replica's commits, group-commit batches (one ZooKeeper multi each) and WAL fsyncs so
+    far, and the part files in ``table``'s folder (the warm-up's and the measured commits')."""
+    counts = {"commits": 0, "multis": 0, "wal_syncs": 0}
+    for i in range(len(cluster.replica_addresses)):
+        with contextlib.closing(cluster.client(i)) as c:
+            committer = c.call("info").get("committer") or {}
+        counts["commits"] += int(committer.get("commits", 0))
+        counts["multis"] += int(committer.get("batches", 0))
+        counts["wal_syncs"] += int(committer.get("wal_syncs", 0))
+    folder = Path(cluster.storage_url) / table
+    counts["part_files"] = sum(1 for _ in folder.rglob("*.parquet")) if folder.is_dir() else 0
+    return counts
+
+
+def batching_ratios(before: dict[str, int], after: dict[str, int], files: bool) -> dict[str, float | int | None]:
+    """What the measured window's commits cost together: commits per ZooKeeper multi, per WAL
+    fsync (on every replica: a follower's applies are fsynced too) and, with ``files`` (inserts:
+    the metadata-only cases commit files made before the run), part files written per commit."""
+    d = {k: after[k] - before[k] for k in after if files or k != "part_files"}
+    commits = d["commits"]
+    return {
+        **d,
+        "commits_per_multi": round(commits / d["multis"], 2) if d["multis"] else None,
+        "commits_per_wal_fsync": round(commits / d["wal_syncs"], 2) if d["wal_syncs"] else None,
+        **({"part_files_per_commit": round(d["part_files"] / commits, 3) if commits else None} if files else {}),
+    }
 
 
 def bench_deltalake(workdir: Path, warmup: float, seconds: float, log: Callable[[str], None]) -> dict:
@@ -1619,6 +1654,7 @@ def run_round(groups: set[str], work: Path, warmup: float, seconds: float, log: 
                         ("mergetxn_insert_4w", "mergetxn_insert", 4, False),
                         ("mergetxn_insert_call_1w", "mergetxn_insert_call", 1, False),
                         ("mergetxn_insert_call_4w", "mergetxn_insert_call", 4, False),
+                        ("mergetxn_insert_call_16w", "mergetxn_insert_call", 16, False),
                         ("mergetxn_metadata_16c", "mergetxn_metadata", 16, False),
                         ("mergetxn_commit_parts_16c", "mergetxn_commit_parts", 16, False),
                         # The floor of an insert that wrote no part file (its rows carried in the

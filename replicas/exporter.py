@@ -108,6 +108,7 @@ class ReplicaCollector:
         )
         yield self._gauge("running_transactions", "Transactions running on this replica", s.running_transactions)
         yield self._gauge("wal_bytes", "Size of the WAL", s.wal_bytes)
+        yield self._counter("wal_syncs", "fsyncs of the WAL (group commit: several commits per fsync)", s.wal_syncs)
 
     def _cleanup_metrics(self, s: Stats) -> Iterator[Any]:
         """Cleanup passes, merges by outcome, aborted transactions by reason."""

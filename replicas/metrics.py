@@ -268,6 +268,7 @@ class Stats:
     lag_seconds: float
     running_transactions: int
     wal_bytes: int
+    wal_syncs: int
     cleanup_passes: int
     cleanup_failures: int
     cleanup_files_removed: int

@@ -111,7 +111,8 @@ class ReplicaInfo(ReplicaFields):
             return None
         return {
             "commits": s.commits,
-            "batches": s.commit_batches,
+            "batches": s.commit_batches,  # one ZooKeeper multi each
+            "wal_syncs": s.wal_syncs,  # fsyncs of the WAL (commits, staged parts, applied entries)
             "local_version_misses": s.local_version_misses,
             "failed": s.commit_failures,
             "conflicts": {k: n for k, n in s.conflicts.items() if n},
@@ -139,6 +140,7 @@ class ReplicaInfo(ReplicaFields):
             lag_seconds=lag_seconds,
             running_transactions=len(self.transactions.txns),
             wal_bytes=self.log_watch.wal_bytes,
+            wal_syncs=self.wal.syncs if self.wal is not None else 0,
             cleanup_passes=self.cleanup.passes,
             cleanup_failures=self.cleanup.failures,
             cleanup_files_removed=self.cleanup.files_removed,

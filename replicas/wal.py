@@ -36,6 +36,7 @@ class Wal:
         self._sync_lock = threading.Lock()
         self.compacting = False  # appends wait meanwhile: callers that must not wait look first
         self.dropped_tail = 0
+        self.syncs = 0  # fsyncs of appended records (info()'s committer "wal_syncs": commits per fsync)
         self._records = list(self._scan())
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._size = os.fstat(self._fd).st_size  # where the next append begins (kept: no fstat per write)
@@ -119,6 +120,7 @@ class Wal:
         """Make every record appended so far durable (after appends with ``sync=False``)."""
         with self._sync_lock:
             os.fsync(self._fd)
+            self.syncs += 1
 
     def compact(self, keep: Callable[[WalRecord], bool], head: Iterable[WalRecord] = ()) -> int:
         """Rewrite the WAL as ``head`` plus the records ``keep`` accepts (a local state snapshot

@@ -63,11 +63,11 @@ from coordinator.core import errors
 from coordinator.core.errors import CorruptPart, InvalidInput
 from coordinator.core.tabledata import json_scalar, may_match, validate_name
 from coordinator.model.catalog import Policy, TableDef
-from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
+from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path, read_part
 from parts.model.meta import PartMeta
 from spark import keysfold
 from spark.options import join_transaction
-from spark.schema import check_write_schema, spark_schema
+from spark.schema import arrow_schema, check_write_schema, fit, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
 REPLICA_CONF = "spark.mergetxn.replica"  # set by spark.register(session, replica=...)
@@ -136,6 +136,8 @@ def _blocker(storage: Any, tdef: TableDef, metas: Sequence[PartMeta] = (), write
             return f"column {f.name!r} is {t} (Spark's Parquet reader has no nanosecond timestamps)"
         if pa.types.is_uint64(t) or not _flat_type(t):
             return f"column {f.name!r} is {t}, which Spark's Parquet reader does not map as the table does"
+    if any(m.inlined for m in metas) and tdef.conflict_policy is Policy.KEYS:
+        return "the keys table holds inlined parts, which its fold in Spark does not read"
     renames = {v for v, kind, _, _ in tdef.changes if kind == "rename"}
     old = [m.name for m in metas if any(v > m.schema_version for v in renames)]
     if old:
@@ -271,9 +273,10 @@ def read_table(
             return df
         keys = tdef.conflict_policy is Policy.KEYS
         metas = _parts_that_may_match(tdef, metas, terms, keys)
+        stored = [m for m in metas if not m.inlined]
         root = os.path.abspath(client.storage.url)
-        paths = [os.path.join(root, *m.path.split("/")) for m in metas]
-        verify_footers(metas, paths)
+        paths = [os.path.join(root, *m.path.split("/")) for m in stored]
+        verify_footers(stored, paths)
         schema = spark_schema(tdef.schema)
         if keys:  # versions folded per key by Spark (spark/keysfold.py)
             df = keysfold.read_folded(
@@ -286,6 +289,8 @@ def read_table(
             df = reader.parquet(*("file://" + p for p in paths))
         else:
             df = session.createDataFrame([], schema)
+        if not keys and len(stored) < len(metas):
+            df = df.unionByName(_inlined_frame(session, client.storage, tdef, metas))
         if terms:
             df = df.where(_spark_where(terms))
     except BaseException:
@@ -293,6 +298,17 @@ def read_table(
         raise
     hold.attach(df, snap, [m.name for m in metas])
     return df
+
+
+def _inlined_frame(session: Any, storage: Any, tdef: TableDef, metas: Sequence[PartMeta]) -> Any:
+    """The rows of the inlined parts among ``metas`` (small writes carried in their metadata,
+    docs/architecture/small-writes.md) as a DataFrame of the table's schema: decoded and checked
+    here (read_part: size, checksum, rows), a few thousand rows at most between flushes."""
+    target = arrow_schema(spark_schema(tdef.schema))
+    data = pa.concat_tables(
+        [fit(tdef.upgrade(read_part(storage, m), m.schema_version), target) for m in metas if m.inlined]
+    )
+    return session.createDataFrame(data, schema=spark_schema(tdef.schema))
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:

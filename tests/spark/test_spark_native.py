@@ -412,3 +412,33 @@ def test_a_table_spark_cannot_read_natively_falls_back_to_the_data_source(spark,
     with pytest.warns(native.NativeFallback, match="nanosecond"):
         mspark.write_table(df.selectExpr("id + 10 as id", "at"), "nt_nanos")
     assert sorted(c0.read("nt_nanos").column("id").to_pylist()) == [1, 2, 12]
+
+
+# ---------------------------------------------------------------------------------------------
+# Small writes (docs/architecture/small-writes.md)
+
+
+def test_inlined_rows_read_beside_part_files(spark, c0: Client, cluster) -> None:
+    """Rows of small inserts travel in their commits (no part file); read_table and the data
+    source read them beside the rows in part files, at the snapshot asked, filters included."""
+    c0.create_table("nt_inline", SCHEMA, partition_by=("k",), auto_merge=False, inline_rows=100)
+    rows = [(i, f"k{i % 3}", i * 0.5) for i in range(600)]
+
+    def insert(lo: int, hi: int) -> None:
+        ids, ks, vs = zip(*rows[lo:hi])
+        c0.insert("nt_inline", pa.table({"id": list(ids), "k": list(ks), "v": list(vs)}, schema=SCHEMA))
+
+    insert(0, 5)
+    insert(5, 12)
+    first = c0.snapshot()
+    insert(12, 600)  # 588 rows, 196 per partition: over inline_rows, so part files
+    files = sorted(Path(cluster.storage_url, "nt_inline").rglob("*.parquet"))
+    assert len(files) == 3, files  # one per partition, of the large insert only
+    df = mspark.read_table(spark, "nt_inline")
+    assert srows(df) == rows
+    assert srows(mspark.read_table(spark, "nt_inline", snapshot=first)) == rows[:12]
+    assert srows(mspark.read_table(spark, "nt_inline", where=[("k", "==", "k1"), ("id", "<", 20)])) == [
+        r for r in rows[:20] if r[1] == "k1"
+    ]
+    source = spark.read.format("mergetxn").load("nt_inline")
+    assert srows(source) == rows
