@@ -277,26 +277,34 @@ def read_table(
         root = os.path.abspath(client.storage.url)
         paths = [os.path.join(root, *m.path.split("/")) for m in stored]
         verify_footers(stored, paths)
-        schema = spark_schema(tdef.schema)
         if keys:  # versions folded per key by Spark (spark/keysfold.py)
             df = keysfold.read_folded(
                 session, tdef, metas, ["file://" + p for p in paths], r.get("csns") or {}, VERIFY_PAGES
             )
-        elif paths:
-            reader = session.read.schema(schema)
-            for k, v in VERIFY_PAGES.items():
-                reader = reader.option(k, v)
-            df = reader.parquet(*("file://" + p for p in paths))
         else:
-            df = session.createDataFrame([], schema)
-        if not keys and len(stored) < len(metas):
-            df = df.unionByName(_inlined_frame(session, client.storage, tdef, metas))
+            df = _read_plain(session, client.storage, tdef, metas, paths)
         if terms:
             df = df.where(_spark_where(terms))
     except BaseException:
         hold.release()
         raise
     hold.attach(df, snap, [m.name for m in metas])
+    return df
+
+
+def _read_plain(session: Any, storage: Any, tdef: TableDef, metas: Sequence[PartMeta], paths: Sequence[str]) -> Any:
+    """A plain table's parts ``metas``: the files at ``paths`` (those not inlined) by Spark's own
+    Parquet reader, with the inlined parts' rows beside them."""
+    schema = spark_schema(tdef.schema)
+    if paths:
+        reader = session.read.schema(schema)
+        for k, v in VERIFY_PAGES.items():
+            reader = reader.option(k, v)
+        df = reader.parquet(*("file://" + p for p in paths))
+    else:
+        df = session.createDataFrame([], schema)
+    if len(paths) < len(metas):
+        df = df.unionByName(_inlined_frame(session, storage, tdef, metas))
     return df
 
 
