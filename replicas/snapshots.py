@@ -237,6 +237,7 @@ class SnapshotReads(ReplicaFields):
                     "path": rec.meta.path,
                     "rows": rec.meta.rows,
                     "size": rec.meta.size,
+                    "inlined": rec.meta.inlined,
                     "creation_tid": rec.meta.creation_tid,
                     "creation_csn": rec.creation_csn,
                     "removal_tid": rec.removal_tid,
