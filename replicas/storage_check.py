@@ -112,7 +112,7 @@ def startup_probe(state: ReplicaState, storage: Storage, sample: int = PROBE_PAR
     ``sample`` newest parts visible at the applied snapshot (a wrong ``--storage``; one missing
     file among present ones is a damaged table, for ``check`` and ``status``, not a reason to
     refuse to start). Storage errors propagate (the caller retries them)."""
-    recs = [r for r in state.newest_live(sample) if not r.meta.inlined]  # inlined parts have no file
+    recs = state.newest_live(sample)  # parts in storage: inlined parts have no file
     if not recs:
         return None
     paths = [r.meta.path for r in recs]
