@@ -15,11 +15,13 @@ from coordinator.core import mergeplan
 from coordinator.core.conflicts import Kind
 from coordinator.errors import InvalidInput
 from coordinator.model.catalog import TableDef
+from coordinator.model.znodes import Marks
 from parts.io.format import encode_part, file_claims, read_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
 from parts.model.meta import INLINE_MAX_BYTES, PartMeta
 from replicas.state import ReplicaState
+from replicas.storage_check import check_tables
 
 SCHEMA = pa.schema([("n", pa.int64()), ("p", pa.string())])
 
@@ -90,3 +92,19 @@ def test_an_inlined_part_round_trips_through_its_json_and_a_checkpoint() -> None
     back.restore(payload, "mem")
     got = {m.name: m for m in back.visible("t", 2)}
     assert got[inl.name].inline == raw and got["x"].inline is None
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+def test_check_verifies_an_inlined_part_from_its_bytes_and_never_looks_for_its_file(tmp_path, checksums) -> None:  # noqa: ANN001
+    meta, raw = encode_part("t", ["p"], (1,), pa.table({"id": [7], "p": [1]}), "A")
+    good = dataclasses.replace(meta, name="good", path="t/p=1/good.parquet", inline=raw)
+    rotted = bytearray(raw)
+    rotted[len(raw) // 2] ^= 0xFF  # the same size, another checksum
+    bad = dataclasses.replace(meta, name="bad", path="t/p=1/bad.parquet", inline=bytes(rotted))
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    st.apply(2, 0, 1, entry(("A", [change("t", (1,), [Kind.INSERT], added=[good, bad])])))
+    result = check_tables(st, Storage(str(tmp_path)), Marks(), ["t"], checksums=checksums, refresh=Marks)
+    problems = [p for t in result["tables"] for p in t["problems"]]
+    assert [p["part"] for p in problems] == ["bad"] and not result["ok"]
+    assert "checksum" in problems[0]["problem"] and "missing" not in problems[0]["problem"]
