@@ -23,10 +23,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from click.testing import CliRunner
 from support.cluster import make_cluster  # tests/ is on sys.path
 
 import coordinator
 from coordinator.errors import ConflictError, InvalidInput
+from mergetxn.cli import cli
 from mergetxn.client.client import Client
 from mergetxn.tools import recovery
 from parts.io.dataset import duckdb_view
@@ -133,6 +135,22 @@ def test_threshold_edges_rows_bytes_and_off(cluster: coordinator.LocalCluster, c
     c0.insert(off, rows(range(3)))
     assert len(files(cluster, off)) == 1 and sorted(inlined(c0, off)) == [False, True]
     assert ns(c0.read(off)) == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_cli_sets_and_describes_a_tables_thresholds(cluster: coordinator.LocalCluster, c0: Client) -> None:
+    runner = CliRunner(env={"MERGETXN_REPLICA": cluster.replica_addresses[0]})
+
+    def cli_run(*args: str) -> str:
+        r = runner.invoke(cli, list(args), catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return r.output
+
+    cli_run("table", "create", "inl_cli", "--schema", "n:int64,s:string,p:string", "--inline-rows", "2")
+    c0.insert("inl_cli", rows(range(3)))  # past the table's 2 rows: a file
+    c0.insert("inl_cli", rows(range(2)))
+    assert sorted(inlined(c0, "inl_cli")) == [False, True]
+    described = " ".join(cli_run("table", "describe", "inl_cli").split())
+    assert f"at most 2 rows and {INLINE_BYTES} Parquet bytes" in described and "1 inlined parts now" in described
 
 
 def forged(client: Client, table: str, data: pa.Table, **changes: object) -> PartMeta:
