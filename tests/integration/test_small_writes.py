@@ -327,6 +327,72 @@ def test_check_passes_on_inlined_parts(c0: Client) -> None:
         assert report["tables"][0]["parts"] == 1
 
 
+def inlined_table(c: Client, t: str, n: int = 4) -> tuple[int, list[int]]:
+    """``t`` holding ``n`` inlined parts of one row each: (the last insert's CSN, the rows)."""
+    c.create_table(t, SCHEMA)
+    csn = 0
+    for i in range(n):
+        csn = c.insert(t, rows([i]))
+    assert inlined(c, t) == [True] * n
+    return csn, list(range(n))
+
+
+def test_a_flush_against_a_truncate_in_either_order(cluster: coordinator.LocalCluster, c0: Client, c1: Client) -> None:
+    """Explicit order: one statement staged, the other committed, then the first's commit."""
+    t = "inl_vs_truncate"
+    before, want = inlined_table(c0, t)
+    truncate = c1.begin()
+    truncate.truncate(t)
+    flushed = c0.compact(t)  # commits first: the truncate staged against the inlined parts loses
+    with pytest.raises(ConflictError):
+        truncate.commit()
+    assert ns(c1.read(t, snapshot=flushed)) == want and ns(c1.read(t, snapshot=before)) == want
+    assert not any(inlined(c0, t))
+
+    t2 = "inl_vs_truncate2"
+    before, want = inlined_table(c0, t2)
+    flush = c0.begin()
+    flush.compact(t2, "minor")
+    with c1.transaction() as tx:
+        tx.truncate(t2)
+    with pytest.raises(ConflictError):  # its sources were removed by the truncate
+        flush.commit()
+    assert ns(c0.read(t2, snapshot=tx.csn)) == [] and ns(c0.read(t2, snapshot=before)) == want
+    assert files(cluster, t2) == []
+
+
+def test_two_flushes_on_two_replicas_one_wins(c0: Client, c1: Client) -> None:
+    t = "inl_two_flushes"
+    before, want = inlined_table(c0, t)
+    first, second = c0.begin(), c1.begin()
+    first.compact(t, "minor")
+    second.compact(t, "minor")
+    first.commit()
+    with pytest.raises(ConflictError):
+        second.commit()
+    assert first.csn is not None
+    for c in (c0, c1):
+        assert ns(c.read(t, snapshot=first.csn)) == want and ns(c.read(t, snapshot=before)) == want
+    assert [r["inlined"] for r in c0.parts(t).to_pylist() if r["visible"]] == [False]
+
+
+def test_a_flush_across_an_added_column_keeps_every_row(c0: Client, c1: Client) -> None:
+    t = "inl_vs_ddl"
+    before, want = inlined_table(c0, t)
+    flush = c0.begin()
+    flush.compact(t, "minor")
+    altered = c1.alter_table(t, add_columns=[pa.field("extra", pa.int64())])
+    try:
+        flush.commit()
+    except (ConflictError, InvalidInput):
+        pass  # refused across the DDL: the inlined parts stay, a later flush takes them
+    at = c0.compact(t)
+    got = c1.read(t, snapshot=at)
+    assert ns(got) == want and got.column("extra").null_count == len(want)
+    assert ns(c1.read(t, snapshot=before)) == want and ns(c1.read(t, snapshot=altered)) == want
+    assert not any(inlined(c0, t))
+
+
 def test_a_restarted_replica_reads_inlined_rows(cluster: coordinator.LocalCluster, c0: Client) -> None:
     """Runs last: replica 1 comes back on another port (the module's ``c1`` is not used after)."""
     t = "inl_restart"
