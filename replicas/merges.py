@@ -8,6 +8,8 @@ versions a read folds stay bounded under endless upserts), or has been idle
 ``major_idle_seconds`` with several parts (major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
 catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
 merge that loses a conflict is logged, recorded as an event (replicas/changefeed.py) and retried later.
+A partition's inlined parts (small writes, docs/architecture/small-writes.md) are flushed by such a
+merge once ``mergeplan.inline_flush`` says so, on every table, ``auto_merge`` or not.
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ class Merges:
         return None
 
     def merge_round(self) -> int:
-        """Look at every auto_merge table once; returns how many merges committed here."""
+        """Look at every table once (one without ``auto_merge`` for flushes of inlined parts only);
+        returns how many merges committed here."""
         done = 0
         for name in sorted(self.state.tables):
             tdef = self.state.tables.get(name)
