@@ -271,6 +271,8 @@ class Cleanup(ReplicaPart):
                 if detail:
                     kept.append({**entry, "reason": self._window_reason(rec, windows.get(rec.meta.table))})
                 continue
+            if rec.meta.inlined:  # no file: its record goes with the state's pruning
+                continue
             try:
                 present = self.storage.exists(rec.meta.path)
                 self.storage.delete(rec.meta.path)
@@ -493,9 +495,15 @@ class Cleanup(ReplicaPart):
 
     def _referenced(self, table: str, stem: str, path: str) -> bool:
         """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the
-        applied state keeps a record of every part, removed ones included)."""
+        applied state keeps a record of every part, removed ones included). A file at an inlined
+        part's path is no part's: none is ever written there."""
         rec = self.state.part(stem)
-        return rec is not None and rec.meta.table == table and path in (rec.meta.path, sidecar_path(rec.meta.path))
+        return (
+            rec is not None
+            and not rec.meta.inlined
+            and rec.meta.table == table
+            and path in (rec.meta.path, sidecar_path(rec.meta.path))
+        )
 
     # -- introspection ---------------------------------------------------------------------------
     def part_notes(self) -> Callable[[Any], tuple[str | None, bool]]:

@@ -499,7 +499,7 @@ class Committer(CommitRules, ReplicaPart):
             self.stats.observe(now - p.queued)
             self.transactions.finish(p.committing, TxnState.COMMITTED, csn=csn)
             for meta in plan.effect.discarded + p.extra_files:
-                if meta.name not in plan.effect.added:
+                if meta.name not in plan.effect.added and not meta.inlined:
                     delete_part(self.storage, meta.path)
             p.resolve(csn)
 
@@ -522,7 +522,9 @@ class Committer(CommitRules, ReplicaPart):
         """Refuse a member whose staged files cleanup condemned or deleted as orphans (a replica
         that stalled between staging and committing). Checked against fence version ``fence``,
         which the multi checks too: see coordinator/zk/orphan_fence.py for why that closes the race."""
-        staged = [m for op in p.committing.ops for m in op.added if m.name in plan.effect.added]
+        staged = [  # an inlined part has no file: its content is in the entry itself
+            m for op in p.committing.ops for m in op.added if m.name in plan.effect.added and not m.inlined
+        ]
         if not staged:
             return
         for m in staged:

@@ -8,6 +8,8 @@ versions a read folds stay bounded under endless upserts), or has been idle
 ``major_idle_seconds`` with several parts (major), it takes the table's lock ``leaders/<table>`` (kazoo's Lock recipe, without waiting),
 catches up with the log, and merges as an ordinary transaction (an ID version, no time version). A
 merge that loses a conflict is logged, recorded as an event (replicas/changefeed.py) and retried later.
+A partition's inlined parts (small writes, docs/architecture/small-writes.md) are flushed by such a
+merge once ``mergeplan.inline_flush`` says so, on every table, ``auto_merge`` or not.
 """
 
 from __future__ import annotations
@@ -93,48 +95,72 @@ class Merges:
             self._last_round = now
             self._busy = self.merge_round() > 0
 
-    def plan_merges(self, tdef: TableDef) -> list[tuple[MergeKind, str, list[PartMeta]]]:
-        """(kind, pkey, sources) per partition that the policy says to merge now."""
-        c = self.config
+    def plan_merges(self, tdef: TableDef, flush_only: bool = False) -> list[tuple[MergeKind, str, list[PartMeta]]]:
+        """(kind, pkey, sources) per partition that the policy says to merge now; ``flush_only``:
+        only flushes of inlined parts (a table without ``auto_merge`` has its inlined parts
+        flushed all the same: they live in log entries, WAL and checkpoints, which are bounded)."""
         now = time.time()
-        live = self.state.live_names(tdef.name, at_least=2)  # the metas are looked up after
+        live = self.state.live_names(tdef.name, at_least=1)  # the metas are looked up after
         parts = self.state.parts
+        # A keys table's minor merge takes its parts in commit order: parts next to each
+        # other in version order fold into fewer versions (coordinator/core/keytables.py, "runs").
+        order = (
+            (lambda m: (parts[m.name].creation_csn, m.name))
+            if tdef.conflict_policy is Policy.KEYS
+            else (lambda m: m.name)
+        )
         plans: list[tuple[MergeKind, str, list[PartMeta]]] = []
         for pkey, names in sorted(live.items()):
-            # A keys table's minor merge takes its parts in commit order: parts next to each
-            # other in version order fold into fewer versions (coordinator/core/keytables.py, "runs").
-            order = (
-                (lambda m: (parts[m.name].creation_csn, m.name))
-                if tdef.conflict_policy is Policy.KEYS
-                else (lambda m: m.name)
-            )
             metas = sorted((parts[n].meta for n in names if n in parts), key=order)
-            sizes = [m.size for m in metas]
-            small = mergeplan.small_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
-            tiered = (
-                mergeplan.tiered_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
-                if tdef.conflict_policy is Policy.KEYS
-                else []
-            )
-            if small or tiered:  # small parts by size tier, then a keys table's big ones
-                plans.append(("minor", pkey, [metas[i] for i in small or tiered]))
-            elif (
-                len(metas) >= max(2, c.major_min_parts)
-                and len(metas) <= c.merge_max_parts
-                and sum(m.size for m in metas) <= c.major_max_bytes
-                and now - max(m.created_at for m in metas) >= c.major_idle_seconds
-            ):
-                plans.append(("major", pkey, metas))
+            plan = self._partition_plan(tdef, metas, now, flush_only)
+            if plan is not None:
+                plans.append((plan[0], pkey, plan[1]))
         return [p for p in plans if self._backoff.get((tdef.name, p[1]), 0) <= time.monotonic()]
 
+    def _partition_plan(
+        self, tdef: TableDef, metas: list[PartMeta], now: float, flush_only: bool
+    ) -> tuple[MergeKind, list[PartMeta]] | None:
+        """What to merge of one partition's live parts (``metas``), or None."""
+        c = self.config
+        inlined = [m for m in metas if m.inlined]
+        due = mergeplan.inline_flush(
+            [(m.size, m.created_at) for m in inlined],
+            c.inline_flush_parts,
+            c.inline_flush_bytes,
+            c.inline_flush_seconds,
+            now,
+        )
+        if due:  # a flush: the partition's inlined parts (the oldest first) become a part in storage
+            return "minor", sorted(inlined, key=lambda m: (m.created_at, m.name))[: max(2, c.merge_max_parts)]
+        if flush_only or len(metas) < 2:
+            return None
+        sizes = [0 if m.inlined else m.size for m in metas]  # an inlined part is tier 0
+        small = mergeplan.small_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
+        tiered = (
+            mergeplan.tiered_merge(sizes, c.merge_small_bytes, c.merge_min_parts, c.merge_max_parts)
+            if tdef.conflict_policy is Policy.KEYS
+            else []
+        )
+        if small or tiered:  # small parts by size tier, then a keys table's big ones
+            return "minor", [metas[i] for i in small or tiered]
+        if (
+            len(metas) >= max(2, c.major_min_parts)
+            and len(metas) <= c.merge_max_parts
+            and sum(m.size for m in metas) <= c.major_max_bytes
+            and now - max(m.created_at for m in metas) >= c.major_idle_seconds
+        ):
+            return "major", metas
+        return None
+
     def merge_round(self) -> int:
-        """Look at every auto_merge table once; returns how many merges committed here."""
+        """Look at every table once (one without ``auto_merge`` for flushes of inlined parts only);
+        returns how many merges committed here."""
         done = 0
         for name in sorted(self.state.tables):
             tdef = self.state.tables.get(name)
-            if tdef is None or not tdef.auto_merge or self._stop.is_set():
+            if tdef is None or self._stop.is_set():
                 continue
-            if not self.plan_merges(tdef):
+            if not self.plan_merges(tdef, flush_only=not tdef.auto_merge):
                 continue
             lock = self._locks.get(name)
             if lock is None:
@@ -150,7 +176,7 @@ class Merges:
                 while not self._stop.is_set():
                     merged = sum(
                         self.run_merge(tdef, kind, pkey, [m.name for m in sources]).get("outcome") == "committed"
-                        for kind, pkey, sources in self.plan_merges(self.table(name))
+                        for kind, pkey, sources in self.plan_merges(self.table(name), not tdef.auto_merge)
                     )
                     done += merged
                     if not merged or time.monotonic() > budget:
@@ -199,7 +225,7 @@ class Merges:
             _, visible = txns.visible_parts(tdef.name, txn.id, pkeys=[pkey])
             wanted = set(sources)
             parts = [m for m in visible if m.name in wanted]
-            if len(parts) < 2:
+            if len(parts) < (1 if any(m.inlined for m in parts) else 2):  # one inlined part alone is flushed
                 txns.rollback(txn.id, "nothing left to merge")
                 self._not_merged(event, "skipped", "sources no longer visible", 1.0)
                 return {"outcome": "skipped"}

@@ -472,6 +472,8 @@ class ReplicaServer(RpcServer):
             a.get("retention_seconds"),
             a.get("parts_to_delay_insert"),
             a.get("parts_to_throw_insert"),
+            a.get("inline_rows"),
+            a.get("inline_bytes"),
         )
         return {"csn": self.replica.create_table(tdef)}
 

@@ -34,6 +34,7 @@ from coordinator.core.errors import InvalidInput
 from coordinator.core.tabledata import DEFAULT_PARTITION_VALUE_BYTES
 from coordinator.wire.rpc import AUTH_FRAME, MAX_FRAME, Limits
 from coordinator.wire.security import ENV_CREDENTIALS, Credentials
+from parts.model.meta import INLINE_MAX_BYTES
 
 # The least grace of unreferenced files, in seconds (replicas/cleanup.py): covers the publication
 # lag of running transactions (see leases.RUNNING_MIN_AGE).
@@ -209,6 +210,43 @@ class ReplicaConfig:
         "the longest delay of one insert, in seconds (0: inserts are never delayed)",
         minimum=0,
         maximum=60,
+        tunable=True,
+    )
+    # Tunable: small writes without files (parts/io/write.py; docs/architecture/small-writes.md).
+    inline_rows: int = _setting(
+        1000,
+        "an insert of at most this many rows per partition whose Parquet is at most inline_bytes travels in "
+        "its commit's log entry, without a part file (0: never; a table's own inline_rows overrides it)",
+        minimum=0,
+        tunable=True,
+    )
+    inline_bytes: int = _setting(
+        64 * 1024,
+        "the largest Parquet encoding of an inlined part, in bytes (0: never; a table's own inline_bytes overrides it)",
+        minimum=0,
+        maximum=INLINE_MAX_BYTES,
+        tunable=True,
+    )
+    inline_flush_parts: int = _setting(
+        16,
+        "a partition holding this many inlined parts gets them flushed into a part in storage by a merge",
+        minimum=1,
+        maximum=1000,
+        tunable=True,
+    )
+    inline_flush_bytes: int = _setting(
+        1024 * 1024,
+        "a partition whose inlined parts hold this many bytes gets them flushed into a part in storage",
+        minimum=INLINE_MAX_BYTES,
+        maximum=64 * 1024 * 1024,
+        tunable=True,
+    )
+    inline_flush_seconds: float = _setting(
+        30.0,
+        "a partition whose oldest inlined part is this many seconds old gets its inlined parts flushed",
+        minimum=0,
+        above=True,
+        maximum=86400,
         tunable=True,
     )
     read_lease_seconds: float = _setting(

@@ -17,7 +17,7 @@ from coordinator.core.errors import (
     quote,
 )
 from coordinator.core.versions import split_csn
-from coordinator.model.catalog import PARTS_OPTIONS, TableDef, TableDropped
+from coordinator.model.catalog import INLINE_OPTIONS, PARTS_OPTIONS, TableDef, TableDropped
 from coordinator.zk.log import table_node_dropped
 from parts.model.meta import PartMeta
 from replicas.replica_fields import ReplicaFields
@@ -174,6 +174,9 @@ class SnapshotReads(ReplicaFields):
             "retention_seconds": self.retention.seconds(tdef),
             "retention_default": tdef.retention_seconds is None,
             **dict(zip(PARTS_OPTIONS, self.transactions.parts_limits(tdef))),
+            # the inline thresholds in force ((0, 0): this table's inserts are never inlined)
+            **dict(zip(INLINE_OPTIONS, tdef.inline_limits(self.config.inline_rows, self.config.inline_bytes))),
+            "inlined_parts": sum(m.inlined for m in metas),
             "snapshot": snap,
             "schema_version": tdef.ddl_version,
             "parts": len(metas),
@@ -237,6 +240,7 @@ class SnapshotReads(ReplicaFields):
                     "path": rec.meta.path,
                     "rows": rec.meta.rows,
                     "size": rec.meta.size,
+                    "inlined": rec.meta.inlined,
                     "creation_tid": rec.meta.creation_tid,
                     "creation_csn": rec.creation_csn,
                     "removal_tid": rec.removal_tid,

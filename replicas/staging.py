@@ -102,6 +102,7 @@ class Staging(TxnLifecycle):
         # a part named otherwise is kept only while younger than the grace period, so one written
         # long before it is staged could be collected before or after the commit: refuse it.
         self.check_added(table, op.added, own_names, txn.id)
+        self.check_inlined(table, op)
         if op.added and not written_here:
             self.verify_claims(self.state.table(op.table, txn.snapshot) or table, op)
         self._check_not_old(txn, op)
@@ -211,8 +212,11 @@ class Staging(TxnLifecycle):
     def _record_staged(self, txn: RunningTxn, op: StagedOp) -> None:
         """Records the files ``op`` added in the WAL; without the record a restart could not
         delete them, so a failure rolls the transaction back (StorageError)."""
+        paths = tuple(m.path for m in op.added if not m.inlined)  # an inlined part has no file to delete
+        if not paths:
+            return
         try:
-            self.wal.append([WalStaged(txn.id, tuple(m.path for m in op.added))], sync=False)
+            self.wal.append([WalStaged(txn.id, paths)], sync=False)
         except OSError as exc:
             # Without its record a restart could not delete the files: roll back now.
             err = storage_error(exc, "append", str(self.wal.path), f"the WAL of replica {self.host_id}")
@@ -348,6 +352,9 @@ class Staging(TxnLifecycle):
         pk = table.primary_key if table.conflict_policy is Policy.KEYS else ()
         expected = part_schema(table.schema, pk, folded=isinstance(op, Compact))
         for meta in op.added:
+            if meta.inline is not None:  # an inlined part: its bytes are in its metadata, checked alike
+                self._refuse_claim(table, meta, file_claims(meta.inline, meta, expected, table.partition_by, pk))
+                continue
             try:
                 # One request for at most a byte more than claimed: a larger file is refused unread.
                 (raw,) = self.storage.get_ranges(meta.path, [(0, meta.size + 1)])
@@ -366,15 +373,52 @@ class Staging(TxnLifecycle):
                 if len(raw) != meta.size
                 else file_claims(raw, meta, expected, table.partition_by, pk)
             )
-            if wrong is not None:
-                field, why = wrong
+            self._refuse_claim(table, meta, wrong)
+
+    @staticmethod
+    def _refuse_claim(table: TableDef, meta: PartMeta, wrong: tuple[str, str] | None) -> None:
+        """InvalidInput naming the part, the table and the claim its bytes refute (``wrong``)."""
+        if wrong is None:
+            return
+        field, why = wrong
+        where = "inlined content" if meta.inlined else "file"
+        raise InvalidInput(
+            f"part {meta.name} of table {table.name!r}: its metadata's {field} {why}; refused, nothing "
+            f"was committed and the {where} is left as it is (parts.io.format.write_part records what a "
+            "part holds)",
+            part=meta.name,
+            table=table.name,
+            field=field,
+        )
+
+    def check_inlined(self, table: TableDef, op: StagedOp) -> None:
+        """An inlined part (docs/architecture/small-writes.md) is taken only in an insert into a
+        table that takes inlined parts, and within its thresholds (the table's ``inline_rows`` and
+        ``inline_bytes``, else the replica's); InvalidInput naming the part, the table and the
+        setting otherwise, nothing staged. Merges and compactions never inline."""
+        rows, size = table.inline_limits(self.config.inline_rows, self.config.inline_bytes)
+        for meta in op.added:
+            if meta.inline is None:
+                continue
+            setting, why = None, ""
+            if op.kind != "insert" or rows == 0:
+                setting = "inline_rows"
+                why = (
+                    f"a {op.kind} takes no inlined part (only an insert does)"
+                    if op.kind != "insert"
+                    else "the table takes no inlined parts (a keys table, or inline_rows or inline_bytes 0)"
+                )
+            elif meta.rows > rows:
+                setting, why = "inline_rows", f"it holds {meta.rows} rows, inline_rows is {rows}"
+            elif meta.size > size:
+                setting, why = "inline_bytes", f"it holds {meta.size} bytes, inline_bytes is {size}"
+            if setting is not None:
                 raise InvalidInput(
-                    f"part {meta.name} of table {table.name!r}: its metadata's {field} {why}; refused, nothing "
-                    "was committed and the file is left in place (parts.io.format.write_part records what a "
-                    "file holds)",
+                    f"inlined part {meta.name} of table {table.name!r} refused: {why}; nothing was committed. "
+                    f"Write it as a file in storage, or raise the table's or the replica's {setting}",
                     part=meta.name,
                     table=table.name,
-                    field=field,
+                    setting=setting,
                 )
 
     def verifies_quickly(self, added: object) -> bool:

@@ -289,10 +289,13 @@ class ReplicaState(StateCheckpoint, StatePruning):
             return self.parts.get(name)
 
     def newest_live(self, count: int) -> list[PartRecord]:
-        """The records of the ``count`` live parts committed last (the storage probe at start)."""
+        """The records of the ``count`` live parts in storage committed last (the storage probe at
+        start; an inlined part has no file to look for)."""
         with self.lock:
             return heapq.nlargest(
-                count, (r for r in self.parts.values() if r.removal_csn is None), key=lambda r: r.creation_csn or 0
+                count,
+                (r for r in self.parts.values() if r.removal_csn is None and not r.meta.inlined),
+                key=lambda r: r.creation_csn or 0,
             )
 
     def created_by(self, table: str, tid: str) -> set[str]:

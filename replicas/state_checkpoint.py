@@ -4,6 +4,7 @@ plain form replicas/checkpoint.py encodes, :meth:`StateCheckpoint.restore` rebui
 
 from __future__ import annotations
 
+import base64
 import gc
 from collections import defaultdict, deque
 from dataclasses import fields
@@ -43,6 +44,8 @@ def _export_parts(recs: list[tuple[PartMeta, int, str | None, int | None, float 
     parts: dict = {"fields": names}
     for n in names:
         parts[n] = [getattr(m, n) for m in metas]
+    # An inlined part's content (bytes) as base64, as in its JSON metadata; None for the others.
+    parts["inline"] = [None if m.inline is None else base64.b64encode(m.inline).decode("ascii") for m in metas]
     shapes: dict[tuple, int] = {}
     shape_col: list[int] = []
     values: list[object] = []
@@ -99,6 +102,9 @@ def _restore_metas(cols: dict) -> list[PartMeta]:
     columns = [cols[n] for n in names]
     ip = names.index("partition")
     columns[ip] = [tuple(p) for p in columns[ip]]
+    if "inline" in names:
+        ii = names.index("inline")
+        columns[ii] = [None if v is None else base64.b64decode(v, validate=True) for v in columns[ii]]
     shapes = [tuple(k) for k in cols["stats_keys"]]
     flat = iter(cols["stats_values"])
     pairs = zip(flat, flat)  # (min, max); zip(keys, pairs) takes exactly len(keys) of them

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from coordinator.core.keytables import folded
 from coordinator.model.catalog import Policy
 from coordinator.zk.watermark import Marks
-from parts.io.format import file_claims, part_schema, verify_file
+from parts.io.format import file_claims, part_content, part_schema, verify_file
 from parts.io.storage import Storage
 from replicas.state import PartRecord, ReplicaState
 
@@ -83,21 +83,24 @@ def part_problem(state: ReplicaState, storage: Storage, rec: PartRecord, checksu
     """``(field, why)`` when a committed part's file is missing or differs from what the log says
     of it (without ``checksums``: its presence and size only), else None."""
     meta = rec.meta
-    if not checksums:
+    # An inlined part (docs/architecture/small-writes.md) has no file: its content, in its
+    # metadata, is checked alike (and always whole: it is at hand).
+    what = f"inlined part {meta.name!r}" if meta.inlined else f"file {meta.path!r}"
+    if not checksums and not meta.inlined:
         why = verify_file(storage, meta, checksum=False)
-        return None if why is None else ("file", f"file {meta.path!r} {why}")
+        return None if why is None else ("file", f"{what} {why}")
     try:
-        raw = storage.get(meta.path)
+        raw = part_content(storage, meta)
     except FileNotFoundError:
-        return "file", f"file {meta.path!r} is missing"
+        return "file", f"{what} is missing"
     tdef = state.table(meta.table, rec.creation_csn) or state.table(meta.table)
     if tdef is None:
         wrong = file_claims(raw, meta, decoded=True)
-        return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
+        return None if wrong is None else (wrong[0], f"{what}: its metadata's {wrong[0]} {wrong[1]}")
     pk = tdef.primary_key if tdef.conflict_policy is Policy.KEYS else ()
     expected = part_schema(tdef.schema, pk, folded(meta))
     wrong = file_claims(raw, meta, expected, tdef.partition_by, pk, decoded=True)
-    return None if wrong is None else (wrong[0], f"file {meta.path!r}: its metadata's {wrong[0]} {wrong[1]}")
+    return None if wrong is None else (wrong[0], f"{what}: its metadata's {wrong[0]} {wrong[1]}")
 
 
 #: How many of the newest visible parts a starting replica looks for in its storage.
@@ -109,7 +112,7 @@ def startup_probe(state: ReplicaState, storage: Storage, sample: int = PROBE_PAR
     ``sample`` newest parts visible at the applied snapshot (a wrong ``--storage``; one missing
     file among present ones is a damaged table, for ``check`` and ``status``, not a reason to
     refuse to start). Storage errors propagate (the caller retries them)."""
-    recs = state.newest_live(sample)
+    recs = state.newest_live(sample)  # parts in storage: inlined parts have no file
     if not recs:
         return None
     paths = [r.meta.path for r in recs]

@@ -270,7 +270,7 @@ class TxnLifecycle(ReplicaPart):
         self._retire(txn)
         for op in txn.ops + extra_ops:
             for meta in op.added:
-                if self._its_own_file(txn, meta):
+                if not meta.inlined and self._its_own_file(txn, meta):
                     delete_part(self.storage, meta.path)
 
     def _its_own_file(self, txn: RunningTxn, meta: PartMeta) -> bool:

@@ -13,6 +13,10 @@ up and removed parts filled storage (benchmarks/soak.py, docs/architecture/repli
   once it holds more than the arrivals of one merge.
 * :func:`tiered_merge`: a keys table's parts of ``merge_small_bytes`` and more, tiers from
   there up (a read folds every version of every part).
+* :func:`inline_flush`: a partition's inlined parts (small writes carried in their log entries,
+  docs/architecture/small-writes.md), all of them once they are many, large or old enough: the
+  flush is a merge whose output is a part in storage. Everywhere else an inlined part counts as
+  size 0 (tier 0): it is tinier than any part in storage in what a merge rewrites of it.
 """
 
 from __future__ import annotations
@@ -72,3 +76,12 @@ def tiered_merge(sizes: Sequence[int], small_bytes: int, min_parts: int, max_par
         if len(tiers[t]) >= min_parts:
             return tiers[t][: max(2, max_parts)]
     return []
+
+
+def inline_flush(inlined: Sequence[tuple[int, float]], parts: int, size: int, seconds: float, now: float) -> bool:
+    """Whether a partition's inlined parts (``(size, created_at)`` each) are due for a flush:
+    ``parts`` of them or more, ``size`` bytes or more together, or the oldest ``seconds`` old
+    or older at ``now``."""
+    if not inlined:
+        return False
+    return len(inlined) >= parts or sum(s for s, _ in inlined) >= size or now - min(t for _, t in inlined) >= seconds

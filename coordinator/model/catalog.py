@@ -32,6 +32,7 @@ from coordinator.core.tabledata import (
     validate_name,
     validate_schema,
 )
+from parts.model.meta import INLINE_MAX_BYTES
 
 # A schema change, recorded in the definition: (ddl_version it came with, "add" | "rename",
 # the column's name after it, its name before it: "" for an added column).
@@ -86,8 +87,12 @@ def check_retention(table: str, seconds: object) -> float | None:
 # Backpressure on inserts (docs/rules.md#too-many-parts): a table's own thresholds of visible parts
 # per partition (None: the replica's setting of the same name; 0: never, for this table).
 PARTS_OPTIONS = ("parts_to_delay_insert", "parts_to_throw_insert")
+# Small writes (docs/architecture/small-writes.md): an insert of at most ``inline_rows`` rows per
+# partition whose Parquet is at most ``inline_bytes`` travels in its log entry, without a part file
+# (None: the replica's setting of the same name; 0: never, for this table).
+INLINE_OPTIONS = ("inline_rows", "inline_bytes")
 # What ALTER TABLE may set besides the schema (each None: back to the replica-wide default).
-ALTERABLE = ("retention_seconds", *PARTS_OPTIONS)
+ALTERABLE = ("retention_seconds", *PARTS_OPTIONS, *INLINE_OPTIONS)
 
 
 def _policy(conflict_policy: str) -> Policy:
@@ -114,12 +119,28 @@ def check_parts_option(table: str, option: str, value: object) -> int | None:
     return value
 
 
+def check_inline_option(table: str, option: str, value: object) -> int | None:
+    """Validate a table's ``inline_rows``/``inline_bytes``: None (the replica-wide default) or an
+    integer >= 0 (0: never inline), ``inline_bytes`` at most :data:`INLINE_MAX_BYTES`."""
+    value = check_parts_option(table, option, value)
+    if option == "inline_bytes" and value is not None and value > INLINE_MAX_BYTES:
+        raise InvalidInput(
+            f"inline_bytes of table {quote(table)} must be at most {INLINE_MAX_BYTES} (what a log entry "
+            f"carries of one part), not {value}",
+            table=table,
+            inline_bytes=value,
+        )
+    return value
+
+
 def check_option(table: str, option: str, value: object) -> float | int | None:
     """One of :data:`ALTERABLE` checked (InvalidInput naming it otherwise)."""
     if option == "retention_seconds":
         return check_retention(table, value)
     if option in PARTS_OPTIONS:
         return check_parts_option(table, option, value)
+    if option in INLINE_OPTIONS:
+        return check_inline_option(table, option, value)
     raise InvalidInput(f"alter {quote(table)}: unknown option {quote(option)}; known: {', '.join(ALTERABLE)}")
 
 
@@ -159,11 +180,25 @@ class TableDef:
     # Visible parts per partition past which inserts are delayed / refused (None: the replica's).
     parts_to_delay_insert: int | None = None
     parts_to_throw_insert: int | None = None
+    # Small writes: the most rows and Parquet bytes of an inlined part (None: the replica's; 0: never).
+    inline_rows: int | None = None
+    inline_bytes: int | None = None
 
     @property
     def csn(self) -> int:
         """The CSN from which this definition holds."""
         return self.version_csn or self.created_csn
+
+    def inline_limits(self, replica_rows: int, replica_bytes: int) -> tuple[int, int]:
+        """``(rows, bytes)``: the most rows and Parquet bytes an inlined part of this table may
+        have, the table's own settings over the replica's (``replica_rows``, ``replica_bytes``);
+        ``(0, 0)``: this table's inserts are never inlined (off, or a keys table: its parts are
+        versions whose writing deletion vectors will change, docs/architecture/small-writes.md)."""
+        if self.conflict_policy is Policy.KEYS:
+            return 0, 0
+        rows = replica_rows if self.inline_rows is None else self.inline_rows
+        size = min(INLINE_MAX_BYTES, replica_bytes if self.inline_bytes is None else self.inline_bytes)
+        return (0, 0) if rows <= 0 or size <= 0 else (rows, size)
 
     @classmethod
     def new(
@@ -181,6 +216,8 @@ class TableDef:
         retention_seconds: float | None = None,
         parts_to_delay_insert: int | None = None,
         parts_to_throw_insert: int | None = None,
+        inline_rows: int | None = None,
+        inline_bytes: int | None = None,
     ) -> TableDef:
         """Validate a CREATE TABLE request; every problem is InvalidInput naming it. A ``keys``
         table (:mod:`coordinator.core.keytables`) never merges automatically: its parts are versions of
@@ -205,9 +242,8 @@ class TableDef:
             if txn_max_rows is None:
                 txn_max_rows = KEYS_TXN_MAX_ROWS
         txn_max_seconds, txn_max_rows = check_limits(name, txn_max_seconds, txn_max_rows)
-        retention_seconds = check_retention(name, retention_seconds)
-        delay_at = check_parts_option(name, "parts_to_delay_insert", parts_to_delay_insert)
-        throw_at = check_parts_option(name, "parts_to_throw_insert", parts_to_throw_insert)
+        given = (retention_seconds, parts_to_delay_insert, parts_to_throw_insert, inline_rows, inline_bytes)
+        options = {k: check_option(name, k, v) for k, v in zip(ALTERABLE, given, strict=True)}
         return cls(
             name,
             schema,
@@ -219,9 +255,7 @@ class TableDef:
             atomicity=atomicity,
             txn_max_seconds=txn_max_seconds,
             txn_max_rows=txn_max_rows,
-            retention_seconds=retention_seconds,
-            parts_to_delay_insert=delay_at,
-            parts_to_throw_insert=throw_at,
+            **options,  # type: ignore[arg-type]
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -268,6 +302,8 @@ class TableDef:
             self.retention_seconds,
             self.parts_to_delay_insert,
             self.parts_to_throw_insert,
+            self.inline_rows,
+            self.inline_bytes,
         ) == (
             other.name,
             other.partition_by,
@@ -281,6 +317,8 @@ class TableDef:
             other.retention_seconds,
             other.parts_to_delay_insert,
             other.parts_to_throw_insert,
+            other.inline_rows,
+            other.inline_bytes,
         ) and self.schema.equals(other.schema, check_metadata=True)
 
     @classmethod
@@ -310,6 +348,8 @@ class TableDef:
                 parts_to_throw_insert=None
                 if d.get("parts_to_throw_insert") is None
                 else int(d["parts_to_throw_insert"]),
+                inline_rows=None if d.get("inline_rows") is None else int(d["inline_rows"]),
+                inline_bytes=None if d.get("inline_bytes") is None else int(d["inline_bytes"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptMetadata(f"table definition does not parse: {quote(exc)}") from exc

@@ -163,6 +163,8 @@ ACTIONS: dict[str, Action] = {
             "retention_seconds": _f(NUMBER, NULL),
             "parts_to_delay_insert": _f(INTEGER, NULL),
             "parts_to_throw_insert": _f(INTEGER, NULL),
+            "inline_rows": _f(INTEGER, NULL),
+            "inline_bytes": _f(INTEGER, NULL),
         }
     ),
     "table": Action({"name": _TABLE, "snapshot": _SNAPSHOT, "as_of": _AS_OF}),
@@ -175,6 +177,8 @@ ACTIONS: dict[str, Action] = {
             "retention_seconds": _f(NUMBER, NULL, doc="null: back to the replica-wide default"),
             "parts_to_delay_insert": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
             "parts_to_throw_insert": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
+            "inline_rows": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
+            "inline_bytes": _f(INTEGER, NULL, doc="null: back to the replica-wide default"),
         }
     ),
     "parts": Action({"table": _TABLE}),

@@ -968,8 +968,15 @@ class Campaign:
         for line in _cleanup_unlocked(workdir):  # the run holds the workdir's lock
             self.say(f"cleanup: {line}")
         s3 = S3Storage(workdir / "cluster" / "s3", seed=self.o.seed) if self.o.storage == "s3" else None
+        # Spark's own Parquet reads (spark/native.py) take no inlined parts yet: a run with Spark
+        # writes files only (docs/architecture/small-writes.md); other runs inline small inserts.
+        settings = {**REPLICA_SETTINGS, "inline_rows": 0} if self.o.use_spark else None
         cluster = open_cluster(
-            self.o.form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=self.o.secure
+            self.o.form,
+            workdir / "cluster",
+            replica_settings=settings,
+            storage_url=s3.url if s3 else None,
+            secure=self.o.secure,
         )
         if s3 is not None:
             s3.attach(cluster)

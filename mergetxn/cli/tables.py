@@ -11,6 +11,7 @@ from coordinator.core.errors import InvalidInput
 from mergetxn.cli.options import json_option, replica_option, shown
 from mergetxn.cli.output import answer, console, rows_table, say
 from mergetxn.cli.parsing import column_list, lock_groups, parse_schema
+from parts.model.meta import INLINE_MAX_BYTES
 
 if TYPE_CHECKING:
     from mergetxn.client.client import Client
@@ -89,6 +90,19 @@ def table() -> None:
     default=None,
     help="Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
 )
+@click.option(
+    "--inline-rows",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Commit an insert of at most this many rows per partition without a file, its rows in the log entry "
+    "(0: never; default: the replicas' setting, 1000).",
+)
+@click.option(
+    "--inline-bytes",
+    type=click.IntRange(min=0, max=INLINE_MAX_BYTES),
+    default=None,
+    help="The most Parquet bytes of such an insert's part (0: never; default: the replicas' setting, 65536).",
+)
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @json_option("Print the outcome as one JSON object.")
 @replica_option
@@ -105,6 +119,8 @@ def table_create(
     retention_seconds: float | None,
     parts_to_delay_insert: int | None,
     parts_to_throw_insert: int | None,
+    inline_rows: int | None,
+    inline_bytes: int | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
@@ -119,6 +135,8 @@ def table_create(
         "retention_seconds": retention_seconds,
         "parts_to_delay_insert": parts_to_delay_insert,
         "parts_to_throw_insert": parts_to_throw_insert,
+        "inline_rows": inline_rows,
+        "inline_bytes": inline_bytes,
     }
 
     def create(client: Client) -> int:
@@ -206,6 +224,11 @@ def _show(d: dict) -> None:
         out.print(
             f"too many parts: inserts delayed from {d['parts_to_delay_insert']} and refused from "
             f"{d['parts_to_throw_insert']} visible parts in a partition (0: never)"
+        )
+    if d.get("inline_rows") is not None:
+        out.print(
+            f"small writes: an insert of at most {d['inline_rows']} rows and {d['inline_bytes']} Parquet bytes "
+            f"per partition commits without a file (0: never); {d.get('inlined_parts', 0)} inlined parts now"
         )
     out.print(
         f"created at CSN {d['created_csn']}; schema version {d['schema_version']}"

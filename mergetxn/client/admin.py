@@ -78,7 +78,8 @@ class Administration(ClientBase):
         return self.call("users")
 
     def parts(self, table: str) -> pa.Table:
-        """The table's parts, visible and retained, as a ``pyarrow.Table`` (one row per part).
+        """The table's parts, visible and retained, as a ``pyarrow.Table`` (one row per part;
+        ``inlined``: a small write's part whose content is in its metadata, with no file at ``path``).
 
         Raises:
             TableNotFound: no such table.
@@ -91,6 +92,7 @@ class Administration(ClientBase):
                 ("path", pa.string()),
                 ("rows", pa.int64()),
                 ("size", pa.int64()),
+                ("inlined", pa.bool_()),  # its content in its metadata, no file (small writes)
                 ("creation_tid", pa.string()),
                 ("creation_csn", pa.int64()),
                 ("removal_tid", pa.string()),

@@ -176,6 +176,8 @@ RULES: dict[str, Callable[[Any], str | None]] = {
     "txn_max_rows": _count,
     "parts_to_delay_insert": _count_or_none,
     "parts_to_throw_insert": _count_or_none,
+    "inline_rows": _count_or_none,
+    "inline_bytes": _count_or_none,
     "memory_budget": _bytes_or_none,
     "start": _csn_or_time,
     "end": _csn_or_time,

@@ -61,7 +61,7 @@ from parts.io import rewrite
 from parts.io.format import delete_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
-from parts.model.meta import PartMeta
+from parts.model.meta import INLINE_MAX_BYTES, PartMeta
 
 CALL_TIMEOUT = 30.0  # seconds an ordinary call waits for its answer (connect(timeout=...))
 # Calls whose work legitimately takes longer than an ordinary answer wait at least this long:
@@ -175,6 +175,9 @@ class Client(Tables, Reads, Administration):
         self.max_partition_value_bytes: int = (
             bound if type(bound) is int and bound > 0 else DEFAULT_PARTITION_VALUE_BYTES
         )
+        # The replica's inline thresholds (docs/architecture/small-writes.md; a table's own
+        # override them): a replica that does not say them takes no inlined part.
+        self.inline_settings: tuple[int, int] = _inline_settings(settings)
 
     # -- RPC --------------------------------------------------------------------------------
     def call(self, action: str, **args: Any) -> Any:
@@ -476,7 +479,8 @@ class Client(Tables, Reads, Administration):
         # No sidecars: the commit that follows at once carries the metadata (and nothing reads them).
         by = f"insert-{self.session[:12]}"
         limit = self.max_partition_value_bytes
-        metas = write_data(self.storage, tdef, as_table(data, table), by, limit=limit, sidecar=False)
+        inline = tdef.inline_limits(*self.inline_settings)
+        metas = write_data(self.storage, tdef, as_table(data, table), by, limit=limit, sidecar=False, inline=inline)
         try:
             args = {"table": table, "op": "insert", "added": [m.to_dict() for m in metas], "statement": "insert"}
             return self._commit_parts(table, metas, args)
@@ -486,7 +490,8 @@ class Client(Tables, Reads, Administration):
             if exc.details.get("outcome_looked_up"):
                 raise  # decided after the connection broke: cleanup takes the files, behind its fence
             for m in metas:  # refused by the replica: no commit names these fresh names
-                delete_part(self.storage, m.path)
+                if not m.inlined:
+                    delete_part(self.storage, m.path)
             seen = exc.details.get("schema_version") if isinstance(exc, InvalidInput) else None
             if isinstance(exc, InvalidInput) and seen is not None and seen != tdef.ddl_version:
                 raise _StaleDefinition(exc) from None
@@ -702,7 +707,7 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
             if written:
                 for op in ops:
                     for m in op.added:
-                        if m.name.startswith(self.id + "_"):  # this transaction's own: no commit names it
+                        if m.name.startswith(self.id + "_") and not m.inlined:  # its own: no commit names it
                             delete_part(self.client.storage, m.path)
             raise
 
@@ -714,9 +719,13 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         before_write: Callable[[list[tuple]], None] | None = None,
     ) -> list[PartMeta]:
         """``data`` written as this transaction's parts (parts/io/write.py: conformed, or a keys
-        table's versions, split by partition under the replica's bound)."""
+        table's versions, split by partition under the replica's bound); an insert's small
+        parts inlined (docs/architecture/small-writes.md)."""
         limit = self.client.max_partition_value_bytes
-        return write_data(self.client.storage, tdef, data, self.id, what=what, limit=limit, before_write=before_write)
+        inline = tdef.inline_limits(*self.client.inline_settings) if what == "insert into" else None
+        return write_data(
+            self.client.storage, tdef, data, self.id, what=what, limit=limit, before_write=before_write, inline=inline
+        )
 
     # -- statements -------------------------------------------------------------------------
     @named("insert")
@@ -1057,6 +1066,17 @@ def connect(
 
 
 # The fields of a table's definition (TableDef.to_dict) that a CREATE sends; the rest the log decides.
+
+
+def _inline_settings(settings: Any) -> tuple[int, int]:
+    """``(inline_rows, inline_bytes)`` of a replica's ``info`` settings; ``(0, 0)`` (never
+    inline) when it does not say them or says them wrong."""
+    if not isinstance(settings, dict):
+        return 0, 0
+    rows, size = settings.get("inline_rows"), settings.get("inline_bytes")
+    if type(rows) is not int or type(size) is not int or rows <= 0 or size <= 0:
+        return 0, 0
+    return rows, min(size, INLINE_MAX_BYTES)
 
 
 def _check_connect_args(timeout: Any, storage_options: Any) -> None:

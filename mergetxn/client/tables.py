@@ -40,6 +40,8 @@ _CREATE_FIELDS = frozenset(
         "retention_seconds",
         "parts_to_delay_insert",
         "parts_to_throw_insert",
+        "inline_rows",
+        "inline_bytes",
     }
 )
 
@@ -63,6 +65,8 @@ class Tables(ClientBase):
         retention_seconds: float | None = None,
         parts_to_delay_insert: int | None = None,
         parts_to_throw_insert: int | None = None,
+        inline_rows: int | None = None,
+        inline_bytes: int | None = None,
     ) -> int:
         """Create a table; returns the CSN at which it exists. If the connection breaks before
         the answer, the replica is asked whether the table exists as asked (and the creation
@@ -77,6 +81,7 @@ class Tables(ClientBase):
         ``parts_to_delay_insert`` and ``parts_to_throw_insert``: an insert into a partition holding
         that many visible parts is delayed, or refused with TooManyParts (docs/rules.md#too-many-parts;
         None: the replica-wide settings of the same names, 150 and 300; 0: never).
+        ``inline_rows``, ``inline_bytes``: smaller inserts go in the log entry, no file (small-writes.md).
 
         Raises:
             InvalidInput: a bad name, schema, key, partitioning, policy or setting, or the table exists.
@@ -95,6 +100,8 @@ class Tables(ClientBase):
             retention_seconds,
             parts_to_delay_insert,
             parts_to_throw_insert,
+            inline_rows,
+            inline_bytes,
         )
         args = {k: v for k, v in tdef.to_dict().items() if k in _CREATE_FIELDS}  # what a CREATE says
         self._tables.pop(name, None)  # a table of this name dropped before: its definition goes
@@ -194,11 +201,13 @@ class Tables(ClientBase):
         retention_seconds: float | None | object = _UNCHANGED,
         parts_to_delay_insert: int | None | object = _UNCHANGED,
         parts_to_throw_insert: int | None | object = _UNCHANGED,
+        inline_rows: int | None | object = _UNCHANGED,
+        inline_bytes: int | None | object = _UNCHANGED,
     ) -> int:
         """ALTER TABLE: add nullable columns (rows written before read them as null), rename
         columns ({old: new}; rows written before read under the new names) and change the
-        table's ``retention_seconds``, ``parts_to_delay_insert`` and ``parts_to_throw_insert``
-        (None: back to the replica-wide default). Returns the CSN from which the new definition
+        table's ``retention_seconds``, ``parts_to_delay_insert``, ``parts_to_throw_insert``,
+        ``inline_rows`` and ``inline_bytes`` (None: back to the replica-wide default). Returns the CSN from which the new definition
         holds. Partition and key columns cannot be renamed; a bad alter is InvalidInput naming the
         problem and changes nothing.
 
@@ -210,6 +219,8 @@ class Tables(ClientBase):
             retention_seconds=retention_seconds,
             parts_to_delay_insert=parts_to_delay_insert,
             parts_to_throw_insert=parts_to_throw_insert,
+            inline_rows=inline_rows,
+            inline_bytes=inline_bytes,
         )
         options = {k: v for k, v in given.items() if v is not _UNCHANGED}
         for option, value in options.items():

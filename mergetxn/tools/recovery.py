@@ -55,7 +55,7 @@ from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
 from mergetxn.client.client import Client
 from parts.io import rewrite
-from parts.io.format import checksum_of, read_part, verify_file
+from parts.io.format import checksum_of, part_content, read_part, verify_file
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 
@@ -92,14 +92,15 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
     with client.pin(table, snapshot) as (tdef, snap, metas, csns):
         entries = []
         for meta in sorted(metas, key=lambda m: m.name):
-            raw = client.storage.get(meta.path)
+            raw = part_content(client.storage, meta)
             if len(raw) != meta.size or checksum_of(raw) != meta.checksum:
                 raise CorruptPart(
                     f"part {quote(meta.path)} of {quote(table)} is not as committed "
                     f"({verify_file(client.storage, meta)}); run mergetxn check",
                     path=meta.path,
                 )
-            dest.put(_part_file(meta.name), raw)
+            if not meta.inlined:  # an inlined part's content travels in its metadata, in the manifest
+                dest.put(_part_file(meta.name), raw)
             entries.append(
                 {
                     "file": _part_file(meta.name),

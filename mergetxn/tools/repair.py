@@ -18,7 +18,7 @@ from coordinator.core.errors import InvalidInput, quote
 from coordinator.model.records import Compact
 from mergetxn.client.client import Client
 from parts.io import rewrite
-from parts.io.format import file_meta
+from parts.io.format import file_meta, part_content
 from parts.model.meta import PartMeta
 
 
@@ -47,7 +47,7 @@ def _repair_table(client: Client, table: str, bad: list[dict]) -> int:
                 f"repair of {quote(table)}: part(s) {gone} are no longer visible; run mergetxn check again",
                 table=table,
             )
-        visible = [file_meta(client.storage.get(m.path), m) if m.name in names else m for m in visible]
+        visible = [file_meta(part_content(client.storage, m), m) if m.name in names else m for m in visible]
         truths = [m for m in visible if m.name in names]
         keys = tdef.conflict_policy is Policy.KEYS
         # A keys table's versions keep their order (their parts' CSNs); the other visible parts

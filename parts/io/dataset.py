@@ -81,12 +81,15 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
     of ``tdef.schema``: a ``FileSystemDataset`` of one fragment per part; when some parts predate
     an ``alter_table``, a ``UnionDataset`` of the parts holding every column, those lacking a
     column added since (each a fragment too), and the upgraded rows of those written before a
-    rename (in memory)."""
+    rename (in memory). Inlined parts (docs/architecture/small-writes.md: their Parquet bytes in
+    their metadata) are decoded, checked and upgraded into one more in-memory child."""
     filesystem = storage.arrow_filesystem()
     fmt = ds.ParquetFileFormat()
     shapes: dict[str, list[PartMeta]] = {WHOLE: [], LACKING: [], RENAMED: []}
+    inlined = [m for m in metas if m.inlined]
     for m in metas:
-        shapes[_shape(tdef, m)].append(m)
+        if not m.inlined:
+            shapes[_shape(tdef, m)].append(m)
     _check_sizes(storage, shapes[WHOLE] + shapes[LACKING])
 
     def files(group: list[PartMeta]) -> ds.FileSystemDataset:
@@ -104,6 +107,8 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
     children: list[ds.Dataset] = [files(shapes[kind]) for kind in (WHOLE, LACKING) if shapes[kind]]
     if shapes[RENAMED]:
         children.append(ds.dataset(pa.concat_tables(read_parts(storage, shapes[RENAMED], table=tdef))))
+    if inlined:  # their bytes are in their metadata: decoded (and checked) here, one child in memory
+        children.append(table_dataset(tdef, pa.concat_tables(read_parts(storage, inlined, table=tdef))))
     if len(children) <= 1:
         return children[0] if children else files([])
     return ds.dataset(children)

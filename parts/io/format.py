@@ -33,7 +33,7 @@ from coordinator.core import keytables
 from coordinator.core import tabledata as ops
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts.io.storage import Storage
-from parts.model.meta import PartMeta, sidecar_path
+from parts.model.meta import INLINE_MAX_BYTES, PartMeta, sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +153,31 @@ def write_part(
     schema_version: int = 0,
     primary_key: Sequence[str] = (),
     sidecar: bool = True,
+    inline: tuple[int, int] | None = None,
 ) -> PartMeta:
     """Serialise ``data`` to Parquet, store it durably, then its sidecar; return its metadata.
     Once this returns, the part can be referenced by a commit. ``primary_key`` (a keys table's)
     adds the key summary (coordinator/core/keytables.py) to the metadata. ``sidecar=False``: no
     sidecar (advisory, nothing reads it back; a writer that commits the part at once in the
-    same call, ``client.insert``, saves a file creation per part)."""
+    same call, ``client.insert``, saves a file creation per part). ``inline``: ``(rows, bytes)``:
+    a part of at most that many rows whose Parquet is at most that many bytes is not stored at
+    all: its metadata carries the bytes (``PartMeta.inline``, docs/architecture/small-writes.md)."""
+    meta, raw = encode_part(table, partition_by, partition, data, creation_tid, schema_version, primary_key)
+    if inline is not None and meta.rows <= inline[0] and len(raw) <= min(inline[1], INLINE_MAX_BYTES):
+        return dataclasses.replace(meta, inline=raw)
+    return store_part(storage, meta, raw, sidecar)
+
+
+def encode_part(
+    table: str,
+    partition_by: list[str],
+    partition: tuple,
+    data: pa.Table,
+    creation_tid: str,
+    schema_version: int = 0,
+    primary_key: Sequence[str] = (),
+) -> tuple[PartMeta, bytes]:
+    """``data`` as a new part's Parquet bytes and the metadata recording them (nothing stored)."""
     if not isinstance(data, pa.Table):
         raise InvalidInput(f"part data must be a pyarrow.Table, got {type(data).__name__}")
     partition = tuple(ops.json_scalar(v) for v in partition)
@@ -183,6 +202,12 @@ def write_part(
         schema_version=schema_version,
         key_summary={**keytables.summarize(data, primary_key), "ranges": file_ranges(raw)} if primary_key else None,
     )
+    return meta, raw
+
+
+def store_part(storage: Storage, meta: PartMeta, raw: bytes, sidecar: bool = True) -> PartMeta:
+    """Store a part's bytes ``raw`` durably at ``meta.path``, then (``sidecar``) its sidecar."""
+    path = meta.path
     storage.put(path, raw, fresh=True)  # a new random name that no commit names before this returns
     if not sidecar:
         return meta
@@ -533,7 +558,18 @@ def _read_key_groups(
     return _decode(meta, pf, groups, columns, keys)
 
 
+def part_content(storage: Storage, meta: PartMeta) -> bytes:
+    """A part's whole Parquet bytes as they are now, unchecked: an inlined part's from its
+    metadata (docs/architecture/small-writes.md), any other's from storage (FileNotFoundError
+    when its file is gone). The one road by which a reader gets a part's bytes."""
+    if meta.inline is not None:
+        return meta.inline
+    return storage.get(meta.path)
+
+
 def _ranges(meta: PartMeta) -> dict | None:
+    if meta.inline is not None:
+        return None  # an inlined part is read whole from its metadata
     summary = meta.key_summary
     return summary.get("ranges") if isinstance(summary, dict) else None
 
@@ -542,10 +578,10 @@ def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str 
     """What is wrong with a part's file in storage (missing, another size, another checksum), or
     None when it is as written. Without ``checksum`` only its presence and size are looked at."""
     try:
-        if not checksum:
+        if not checksum and meta.inline is None:
             size = storage.size(meta.path)
             return None if size == meta.size else f"has {size} bytes, {meta.size} were written"
-        raw = storage.get(meta.path)
+        raw = part_content(storage, meta)
     except FileNotFoundError:
         return "is missing"
     if len(raw) != meta.size:
@@ -607,9 +643,10 @@ def read_part(
 
 def verified_bytes(storage: Storage, meta: PartMeta) -> bytes:
     """The part file's bytes, once their size and checksum match what was recorded: nothing is
-    decoded from a file that was truncated, replaced or rotted."""
+    decoded from a file that was truncated, replaced or rotted (an inlined part's bytes, from
+    its metadata, are checked alike)."""
     try:
-        raw = storage.get(meta.path)
+        raw = part_content(storage, meta)
     except FileNotFoundError:
         raise _missing(storage, meta) from None
     if len(raw) != meta.size:

@@ -104,7 +104,8 @@ def update(
 
 def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PART_BYTES) -> list[list[PartMeta]]:
     """Groups of parts to merge, one group per partition: minor merges the small parts of a
-    partition (two or more), major rewrites every part of a partition."""
+    partition (two or more, or any with an inlined part: a flush, docs/architecture/small-writes.md),
+    major rewrites every part of a partition. What they write is a part in storage, never inlined."""
     by_partition: dict[tuple, list[PartMeta]] = defaultdict(list)
     for p in parts:
         by_partition[tuple(p.partition)].append(p)
@@ -113,7 +114,7 @@ def choose_sources(parts: list[PartMeta], kind: str, small_bytes: int = SMALL_PA
         group = sorted(group, key=lambda m: m.name)
         if kind == "minor":
             small = [p for p in group if p.size < small_bytes]
-            if len(small) >= 2:
+            if len(small) >= 2 or any(p.inlined for p in small):  # an inlined part alone is flushed too
                 groups.append(small)
         elif group:
             groups.append(group)

@@ -158,7 +158,7 @@ def test_set_and_read_back(c0: Client, c1: Client) -> None:
 
 
 def test_duplicate_makes_nothing_visible(cluster: coordinator.LocalCluster, c0: Client, c1: Client) -> None:
-    c0.create_table("av_dup", SCHEMA)
+    c0.create_table("av_dup", SCHEMA, inline_rows=0)  # follows the losers' part files: no inlining
     with c0.transaction() as tx:
         tx.insert("av_dup", id_rows(2))
         tx.set_app_version("dup", 5)

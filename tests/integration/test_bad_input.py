@@ -307,7 +307,7 @@ def test_partitions_on_unpartitioned_table(cluster: coordinator.LocalCluster, cl
 
 
 def test_corrupt_part(cluster: coordinator.LocalCluster, cl: Client, base: str) -> None:
-    cl.create_table("corrupt", SCHEMA, auto_merge=False)
+    cl.create_table("corrupt", SCHEMA, auto_merge=False, inline_rows=0)  # corrupts the part's file: no inlining
     with cl.transaction() as tx:
         tx.insert("corrupt", id_rows(50))
     (rel,) = cl.parts("corrupt").column("path").to_pylist()

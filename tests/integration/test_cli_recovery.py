@@ -41,7 +41,12 @@ KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string()),
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     """Two replicas, no background merges or cleanup (nothing commits that a test did not)."""
     with make_cluster(
-        tmp_path_factory, zk_server, "clirecovery", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+        # inline_rows 0: these tests follow the backups' part files (docs/architecture/small-writes.md)
+        tmp_path_factory,
+        zk_server,
+        "clirecovery",
+        replicas=2,
+        settings={"inline_rows": 0, "merge_interval": 0, "gc_interval": 0},
     ) as c:
         yield c
 

@@ -68,6 +68,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
         "datasets",
         replicas=2,
         settings={
+            # inline_rows 0: these tests follow the datasets' file fragments and DuckDB's own Parquet reader (docs/architecture/small-writes.md)
+            "inline_rows": 0,
             "merge_interval": 0,
             "gc_interval": 0,
             "read_lease_seconds": LEASE_SECONDS,

@@ -36,7 +36,12 @@ SCHEMA = pa.schema([("id", pa.int64())])
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     with make_cluster(
-        tmp_path_factory, zk_server, "lifecycle", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+        # inline_rows 0: these tests follow the storage probe at start, which looks for part files (docs/architecture/small-writes.md)
+        tmp_path_factory,
+        zk_server,
+        "lifecycle",
+        replicas=2,
+        settings={"inline_rows": 0, "merge_interval": 0, "gc_interval": 0},
     ) as c:
         c.client(0).create_table("life", SCHEMA)
         yield c

@@ -55,6 +55,8 @@ def auto(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -
         "auto",
         replicas=2,
         settings={
+            # inline_rows 0: these tests follow the files merges write and cleanup collects (docs/architecture/small-writes.md)
+            "inline_rows": 0,
             "merge_interval": 0.2,
             "merge_min_parts": 4,
             "gc_interval": 0.5,
@@ -72,6 +74,8 @@ def manual(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer)
         "manual",
         replicas=2,
         settings={
+            # inline_rows 0: these tests follow the files merges write and cleanup collects (docs/architecture/small-writes.md)
+            "inline_rows": 0,
             "merge_interval": 0,
             "gc_interval": 0,
             "read_lease_seconds": 1,
@@ -437,7 +441,12 @@ def test_a_plain_read_pins_nothing_once_it_returned(
     (its lease taken, not released) the pass keeps them."""
     t = "lease_read"
     with make_cluster(
-        tmp_path_factory, zk_server, "lease_read", replicas=2, settings={"merge_interval": 0, "gc_interval": 0}
+        # inline_rows 0: these tests follow the files merges write and cleanup collects (docs/architecture/small-writes.md)
+        tmp_path_factory,
+        zk_server,
+        "lease_read",
+        replicas=2,
+        settings={"inline_rows": 0, "merge_interval": 0, "gc_interval": 0},
     ) as c:
         c0, c1 = c.client(0), c.client(1)
         c0.create_table(t, SCHEMA, auto_merge=False)

@@ -41,7 +41,13 @@ KEYS = pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
     with make_cluster(
-        tmp_path_factory, None, "opsmistakes", replicas=2, secure=True, settings={"merge_interval": 0, "gc_interval": 0}
+        # inline_rows 0: these tests follow the backups' part files (docs/architecture/small-writes.md)
+        tmp_path_factory,
+        None,
+        "opsmistakes",
+        replicas=2,
+        secure=True,
+        settings={"inline_rows": 0, "merge_interval": 0, "gc_interval": 0},
     ) as c:
         yield c
 

@@ -46,6 +46,8 @@ def win(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) ->
         "retention",
         replicas=3,
         settings={
+            # inline_rows 0: these tests follow the files cleanup collects (docs/architecture/small-writes.md)
+            "inline_rows": 0,
             "retention_seconds": 3600,
             "merge_interval": 0,
             "gc_interval": 0,
@@ -235,7 +237,14 @@ def test_the_gc_node_keeps_horizons_only_of_tables_with_parts_in_storage(
         zk_server,
         "retention-node",
         replicas=1,
-        settings={"retention_seconds": 0, "merge_interval": 0, "gc_interval": 0, "read_lease_seconds": 1},
+        # inline_rows 0: these tests follow the files cleanup collects (docs/architecture/small-writes.md)
+        settings={
+            "inline_rows": 0,
+            "retention_seconds": 0,
+            "merge_interval": 0,
+            "gc_interval": 0,
+            "read_lease_seconds": 1,
+        },
     ) as win:
         c0 = win.client(0)
         _horizon_goes(win, c0)

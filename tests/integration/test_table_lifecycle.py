@@ -32,7 +32,10 @@ pytestmark = pytest.mark.zk
 
 @pytest.fixture(scope="module")
 def cluster(zk_server: ZooKeeperServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server, "lifecycle", replicas=2, settings={"gc_grace_seconds": 3600}) as c:
+    # inline_rows 0: these tests follow the files cleanup collects (docs/architecture/small-writes.md)
+    with make_cluster(
+        tmp_path_factory, zk_server, "lifecycle", replicas=2, settings={"inline_rows": 0, "gc_grace_seconds": 3600}
+    ) as c:
         yield c
 
 

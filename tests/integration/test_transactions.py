@@ -94,7 +94,7 @@ def test_read_your_writes_inside_and_across_transactions(c0: Client) -> None:
 
 def test_rollback_leaves_nothing(cluster: coordinator.LocalCluster, c0: Client) -> None:
     """Rolled-back parts never become visible, are not listed as parts, and their files are gone."""
-    c0.create_table("rb", SCHEMA)
+    c0.create_table("rb", SCHEMA, inline_rows=0)  # follows the rolled-back part files: no inlining
     commit_insert(c0, "rb", id_rows(2))
     before_parts = c0.parts("rb").to_pylist()
     before_files = storage_files(cluster, "rb")
@@ -687,7 +687,7 @@ def test_client_insert_refused_changes_nothing_and_leaves_no_files(
     """A refused one-call insert makes nothing visible and deletes the files it wrote (nothing
     names them); written for a definition a DDL replaced since the client looked it up, it looks
     the table up again and commits under the new one."""
-    c0.create_table("ins_bad", SCHEMA, txn_max_rows=2)
+    c0.create_table("ins_bad", SCHEMA, txn_max_rows=2, inline_rows=0)  # follows the part files: no inlining
     before = c0.snapshot()
     with pytest.raises(TransactionAborted, match="txn_max_rows"):
         c0.insert("ins_bad", id_rows(3))

@@ -1,0 +1,110 @@
+"""The pure rules of small writes (docs/architecture/small-writes.md): when a partition's inlined
+parts are due for a flush, which thresholds bind a table's inserts, what the write road inlines,
+and that an inlined part's content survives a checkpoint (JSON) whole."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pyarrow as pa
+import pytest
+from support.builders import change, entry, part, table_def  # tests/ is on sys.path
+
+from coordinator.core import mergeplan
+from coordinator.core.conflicts import Kind
+from coordinator.errors import InvalidInput
+from coordinator.model.catalog import TableDef
+from coordinator.model.znodes import Marks
+from parts.io.format import encode_part, file_claims, read_part
+from parts.io.storage import Storage
+from parts.io.write import write_data
+from parts.model.meta import INLINE_MAX_BYTES, PartMeta
+from replicas.state import ReplicaState
+from replicas.storage_check import check_tables
+
+SCHEMA = pa.schema([("n", pa.int64()), ("p", pa.string())])
+
+
+@pytest.mark.parametrize(
+    ("inlined", "due"),
+    [
+        ([], False),
+        ([(100, 50.0)], False),  # one young small part
+        ([(100, 50.0)] * 3, True),  # the count
+        ([(600, 50.0), (500, 50.0)], True),  # the bytes
+        ([(100, 39.0)], True),  # the age of the oldest
+        ([(100, 41.0), (100, 99.0)], False),
+    ],
+)
+def test_a_flush_is_due_by_count_bytes_or_age(inlined: list[tuple[int, float]], due: bool) -> None:
+    assert mergeplan.inline_flush(inlined, parts=3, size=1000, seconds=10.0, now=50.0) is due
+
+
+def test_inline_limits_take_the_tables_own_over_the_replicas() -> None:
+    plain = TableDef.new("t", SCHEMA)
+    assert plain.inline_limits(100, 4096) == (100, 4096)
+    assert plain.inline_limits(0, 4096) == (0, 0) and plain.inline_limits(100, 0) == (0, 0)
+    assert plain.inline_limits(100, 10 * INLINE_MAX_BYTES) == (100, INLINE_MAX_BYTES)
+    own = TableDef.new("t", SCHEMA, inline_rows=5, inline_bytes=1000)
+    assert own.inline_limits(100, 4096) == (5, 1000)
+    assert TableDef.new("t", SCHEMA, inline_rows=0).inline_limits(100, 4096) == (0, 0)
+    keys = TableDef.new(
+        "k", pa.schema([pa.field("n", pa.int64(), nullable=False)]), primary_key=["n"], conflict_policy="keys"
+    )
+    assert keys.inline_limits(100, 4096) == (0, 0)
+    back = TableDef.from_dict(own.to_dict())
+    assert (back.inline_rows, back.inline_bytes) == (5, 1000) and back.same_definition(own)
+    assert own.altered(options={"inline_rows": None}).inline_rows is None
+
+
+@pytest.mark.parametrize(("option", "value"), [("inline_rows", -1), ("inline_bytes", INLINE_MAX_BYTES + 1)])
+def test_a_wrong_inline_setting_is_refused(option: str, value: int) -> None:
+    with pytest.raises(InvalidInput, match=option):
+        TableDef.new("t", SCHEMA, **{option: value})
+
+
+def test_the_write_road_inlines_within_the_thresholds_only(tmp_path) -> None:  # noqa: ANN001
+    storage = Storage(str(tmp_path))
+    tdef = TableDef.new("t", SCHEMA, partition_by=["p"])
+    data = pa.table({"n": [1, 2, 3], "p": ["a", "a", "b"]})
+    metas = write_data(storage, tdef, data, "tx1", inline=(2, 4096))
+    assert [m.inlined for m in metas] == [True, True]
+    assert not list(tmp_path.rglob("*"))  # nothing written
+    for m in metas:
+        assert file_claims(m.inline, m, tdef.schema, tdef.partition_by) is None
+    assert sorted(pa.concat_tables(read_part(storage, m) for m in metas).column("n").to_pylist()) == [1, 2, 3]
+    assert [m.inlined for m in write_data(storage, tdef, data, "tx2", inline=(1, 4096))] == [False, True]
+    assert [m.inlined for m in write_data(storage, tdef, data, "tx3", inline=(9, 10))] == [False, False]
+    assert [m.inlined for m in write_data(storage, tdef, data, "tx4")] == [False, False]
+    assert [m.inlined for m in write_data(storage, tdef, data, "tx5", inline=(0, 0))] == [False, False]
+
+
+def test_an_inlined_part_round_trips_through_its_json_and_a_checkpoint() -> None:
+    meta, raw = encode_part("t", ["p"], (1,), pa.table({"n": [7], "p": [1]}), "A")
+    inl = dataclasses.replace(meta, inline=raw)
+    assert PartMeta.from_dict(json.loads(json.dumps(inl.to_dict()))) == inl
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    st.apply(2, 0, 1, entry(("A", [change("t", (1,), [Kind.INSERT], added=[inl, part("x", partition=(1,))])])))
+    payload = json.loads(json.dumps(st.export()))  # a checkpoint is JSON: the bytes go as base64
+    back = ReplicaState()
+    back.restore(payload, "mem")
+    got = {m.name: m for m in back.visible("t", 2)}
+    assert got[inl.name].inline == raw and got["x"].inline is None
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+def test_check_verifies_an_inlined_part_from_its_bytes_and_never_looks_for_its_file(tmp_path, checksums) -> None:  # noqa: ANN001
+    meta, raw = encode_part("t", ["p"], (1,), pa.table({"id": [7], "p": [1]}), "A")
+    good = dataclasses.replace(meta, name="good", path="t/p=1/good.parquet", inline=raw)
+    rotted = bytearray(raw)
+    rotted[len(raw) // 2] ^= 0xFF  # the same size, another checksum
+    bad = dataclasses.replace(meta, name="bad", path="t/p=1/bad.parquet", inline=bytes(rotted))
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    st.apply(2, 0, 1, entry(("A", [change("t", (1,), [Kind.INSERT], added=[good, bad])])))
+    result = check_tables(st, Storage(str(tmp_path)), Marks(), ["t"], checksums=checksums, refresh=Marks)
+    problems = [p for t in result["tables"] for p in t["problems"]]
+    assert [p["part"] for p in problems] == ["bad"] and not result["ok"]
+    assert "checksum" in problems[0]["problem"] and "missing" not in problems[0]["problem"]
