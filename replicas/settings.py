@@ -214,14 +214,14 @@ class ReplicaConfig:
     )
     # Tunable: small writes without files (parts/io/write.py; docs/architecture/small-writes.md).
     inline_rows: int = _setting(
-        1000,
+        100,
         "an insert of at most this many rows per partition whose Parquet is at most inline_bytes travels in "
         "its commit's log entry, without a part file (0: never; a table's own inline_rows overrides it)",
         minimum=0,
         tunable=True,
     )
     inline_bytes: int = _setting(
-        64 * 1024,
+        16 * 1024,
         "the largest Parquet encoding of an inlined part, in bytes (0: never; a table's own inline_bytes overrides it)",
         minimum=0,
         maximum=INLINE_MAX_BYTES,

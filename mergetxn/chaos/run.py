@@ -100,6 +100,11 @@ REPLICA_SETTINGS: dict[str, float | int] = {
     "retain_entries": 1000,
     "local_checkpoint_every": 500,
     "retention_seconds": 5.0,
+    # Small writes (docs/architecture/small-writes.md): the workloads' small inserts are inlined
+    # (la1's are not: its table turns it off, so inlined and file-backed parts meet in one
+    # transaction), and flushes run often: every 3 inlined parts of a partition or after 1 s.
+    "inline_flush_parts": 3,
+    "inline_flush_seconds": 1.0,
 }
 RESOLVE_LIMIT = 60.0  # seconds to learn one indeterminate outcome
 FINAL_TIMEOUT = 60.0
@@ -968,15 +973,8 @@ class Campaign:
         for line in _cleanup_unlocked(workdir):  # the run holds the workdir's lock
             self.say(f"cleanup: {line}")
         s3 = S3Storage(workdir / "cluster" / "s3", seed=self.o.seed) if self.o.storage == "s3" else None
-        # Spark's own Parquet reads (spark/native.py) take no inlined parts yet: a run with Spark
-        # writes files only (docs/architecture/small-writes.md); other runs inline small inserts.
-        settings = {**REPLICA_SETTINGS, "inline_rows": 0} if self.o.use_spark else None
         cluster = open_cluster(
-            self.o.form,
-            workdir / "cluster",
-            replica_settings=settings,
-            storage_url=s3.url if s3 else None,
-            secure=self.o.secure,
+            self.o.form, workdir / "cluster", storage_url=s3.url if s3 else None, secure=self.o.secure
         )
         if s3 is not None:
             s3.attach(cluster)

@@ -95,13 +95,13 @@ def table() -> None:
     type=click.IntRange(min=0),
     default=None,
     help="Commit an insert of at most this many rows per partition without a file, its rows in the log entry "
-    "(0: never; default: the replicas' setting, 1000).",
+    "(0: never; default: the replicas' setting, 100).",
 )
 @click.option(
     "--inline-bytes",
     type=click.IntRange(min=0, max=INLINE_MAX_BYTES),
     default=None,
-    help="The most Parquet bytes of such an insert's part (0: never; default: the replicas' setting, 65536).",
+    help="The most Parquet bytes of such an insert's part (0: never; default: the replicas' setting, 16384).",
 )
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @json_option("Print the outcome as one JSON object.")

@@ -70,8 +70,7 @@ def assert_clean(h: History) -> None:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
-    with make_cluster(tmp_path_factory, None, "chaosspark", replicas=2, settings={"inline_rows": 0}) as c:
+    with make_cluster(tmp_path_factory, None, "chaosspark", replicas=2) as c:
         yield c
 
 

@@ -119,8 +119,7 @@ def local_files(cluster: coordinator.LocalCluster, table: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
-    with make_cluster(tmp_path_factory, None, "sparkcluster", replicas=2, settings={"inline_rows": 0}) as c:
+    with make_cluster(tmp_path_factory, None, "sparkcluster", replicas=2) as c:
         yield c
 
 

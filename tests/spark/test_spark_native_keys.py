@@ -37,8 +37,7 @@ SCHEMA = pa.schema(
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
-    with make_cluster(tmp_path_factory, None, "nativekeys", replicas=1, settings={"inline_rows": 0}) as c:
+    with make_cluster(tmp_path_factory, None, "nativekeys", replicas=1) as c:
         yield c
 
 

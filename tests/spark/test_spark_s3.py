@@ -63,7 +63,6 @@ def cluster(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "AWS_ENDPOINT_URL": endpoint,
         "AWS_DEFAULT_REGION": "us-east-1",
     }  # the replica processes inherit these, and only they
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
     with make_cluster(
         tmp_path_factory,
         None,
@@ -71,7 +70,6 @@ def cluster(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         replicas=1,
         env=env,
         storage_url=f"s3://{BUCKET}/{PREFIX}",
-        settings={"inline_rows": 0},
     ) as c:
         yield c
 

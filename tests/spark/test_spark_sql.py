@@ -27,8 +27,7 @@ SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("day", pa.strin
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server) -> Iterator:  # noqa: ANN001
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
-    with make_cluster(tmp_path_factory, zk_server, "spark-sql", replicas=1, settings={"inline_rows": 0}) as c:
+    with make_cluster(tmp_path_factory, zk_server, "spark-sql", replicas=1) as c:
         yield c
 
 

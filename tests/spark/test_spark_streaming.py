@@ -38,8 +38,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[coordinator.LocalCluster]:
-    # inline_rows 0: Spark's own Parquet reads (spark/native.py) take no inlined parts yet (docs/architecture/small-writes.md)
-    with make_cluster(tmp_path_factory, None, "streamcluster", replicas=1, settings={"inline_rows": 0}) as c:
+    with make_cluster(tmp_path_factory, None, "streamcluster", replicas=1) as c:
         yield c
 
 
