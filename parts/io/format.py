@@ -686,15 +686,16 @@ def file_claims(
         return "file", f"does not parse as Parquet: {clip(exc)}"
     if md.num_rows != meta.rows:
         return "rows", f"says {meta.rows} rows, the file's footer has {md.num_rows}"
-    if expected is not None:
-        wrong = schema_problem(schema, expected) or _nulls_problem(pf, schema, expected)
+    known = None if expected is None else _table_schema(expected)
+    if known is not None:
+        wrong = schema_problem(schema, expected) or (_nulls_problem(pf, schema, expected) if known.not_null else None)
         if wrong is not None:
             return "schema", wrong
     names = set(schema.names)
     wanted = [c for c in (*meta.stats, *partition_by) if c in names]
     try:
         single = [c for c, (lo, hi) in meta.stats.items() if lo is not None and lo == hi]
-        plain = None if expected is None or decoded else _plain_leaves(md, expected)
+        plain = None if known is None or decoded else _plain_leaves(md, known)
         truth = file_stats(pf, wanted, decoded, exact=single, schema=schema, plain=plain)
         problem = claims_problem(meta, truth, names) or partition_problem(partition_by, meta.partition, truth)
         if problem is None and meta.key_summary is not None:
@@ -1014,10 +1015,37 @@ def _min_max(st: Any, raw: str | None) -> tuple[Any, Any] | None:
     return low, st.max_raw
 
 
-# The Parquet schemas pyarrow writes for recent tables' part schemas (:func:`_plain_leaves`), with
-# the kind of each column's physical statistics values: [(expected, its Parquet schema, kinds)].
-_PLAIN: list[tuple[pa.Schema, Any, dict[str, str]]] = []
-_PLAIN_KEPT = 16
+class _TableSchema:
+    """What the check of a file against a table's part schema ``expected`` takes from it once:
+    its NOT NULL columns, the Parquet schema pyarrow writes for it (``written``; None if it
+    writes none) and the kind of each column's physical statistics values (:func:`_plain_kind`)."""
+
+    __slots__ = ("expected", "not_null", "written", "kinds")
+
+    def __init__(self, expected: pa.Schema) -> None:
+        self.expected = expected
+        self.not_null = [f.name for f in expected if not f.nullable]
+        found = ((f.name, _plain_kind(f.type)) for f in expected)
+        self.kinds = {name: kind for name, kind in found if kind is not None}
+        try:
+            self.written: Any = pq.ParquetFile(pa.BufferReader(_parquet_bytes(expected.empty_table(), None))).schema
+        except (pa.ArrowException, OSError, ValueError, TypeError):
+            self.written = None
+
+
+# Recent tables' part schemas, the last used first (a keys table's is made anew per statement).
+_TABLE_SCHEMAS: list[_TableSchema] = []
+_TABLE_SCHEMAS_KEPT = 16
+
+
+def _table_schema(expected: pa.Schema) -> _TableSchema:
+    for known in _TABLE_SCHEMAS:
+        if known.expected is expected or known.expected.equals(expected, check_metadata=True):
+            return known
+    known = _TableSchema(expected)
+    _TABLE_SCHEMAS.insert(0, known)
+    del _TABLE_SCHEMAS[_TABLE_SCHEMAS_KEPT:]
+    return known
 
 
 def _plain_kind(t: pa.DataType) -> str | None:
@@ -1032,27 +1060,16 @@ def _plain_kind(t: pa.DataType) -> str | None:
     return None
 
 
-def _plain_leaves(md: Any, expected: pa.Schema) -> dict[str, str] | None:
+def _plain_leaves(md: Any, known: _TableSchema) -> dict[str, str] | None:
     """The columns of the file of footer ``md`` whose statistics are read as physical values,
     with their kinds (:func:`_plain_kind`), when its Parquet columns (leaves: names, physical and
-    logical types, repetition, levels) are exactly the ones pyarrow writes for ``expected``, the
-    table's part schema; else None (the logical statistics are read). The file's Arrow schema is
-    compared with ``expected`` on its own (:func:`schema_problem`)."""
-    for kept, written, kinds in _PLAIN:
-        if kept is expected or kept.equals(expected, check_metadata=True):
-            break
-    else:
-        try:
-            written = pq.ParquetFile(pa.BufferReader(_parquet_bytes(expected.empty_table(), None))).schema
-        except (pa.ArrowException, OSError, ValueError, TypeError):
-            return None
-        found = ((f.name, _plain_kind(f.type)) for f in expected)
-        kinds = {name: kind for name, kind in found if kind is not None}
-        _PLAIN.insert(0, (expected, written, kinds))
-        del _PLAIN[_PLAIN_KEPT:]
-    if md.num_columns != len(expected) or not md.schema.equals(written):
+    logical types, repetition, levels) are exactly the ones pyarrow writes for the table's part
+    schema (``known``); else None (the logical statistics are read). The file's Arrow schema is
+    compared with the table's on its own (:func:`schema_problem`)."""
+    written = known.written
+    if written is None or md.num_columns != len(known.expected) or not md.schema.equals(written):
         return None
-    return kinds
+    return known.kinds
 
 
 def _summary_claims(raw: bytes, pf: Any, summary: dict, primary_key: Sequence[str]) -> tuple[str, str] | None:

@@ -238,7 +238,7 @@ def test_physical_footer_statistics_say_what_the_logical_ones_say(case: tuple[pa
     data, group_rows = case
     raw = _parquet_bytes(data, group_rows)
     pf = fmt._Footer(raw)
-    plain = fmt._plain_leaves(pf.metadata, data.schema)
+    plain = fmt._plain_leaves(pf.metadata, fmt._table_schema(data.schema))
     names = data.column_names
     assert plain is not None and set(plain) == {n for n in names if not n.startswith("u")}
     exact = rnd.sample(names, rnd.randint(0, len(names)))
@@ -266,13 +266,13 @@ def test_physical_statistics_are_read_only_from_parquet_columns_pyarrow_writes_f
     table = pa.schema([("n", pa.int64())])
     unsigned = pa.table({"n": pa.array([2**63 + 5], pa.uint64())})
     raw = _parquet_bytes(unsigned, None)
-    assert fmt._plain_leaves(fmt._Footer(raw).metadata, table) is None
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(table)) is None
     forged = meta(rows=1, size=len(raw), checksum=checksum_of(raw), stats={"n": (-(2**63) + 5, -(2**63) + 5)})
     got = file_claims(raw, forged, table)
     assert got is not None and got[0] == "stats.n"
     narrow = pa.table({"n": pa.array([3, 9], pa.int32())})  # another engine's int32 for the table's int64
     raw = _parquet_bytes(narrow, None)
-    assert fmt._plain_leaves(fmt._Footer(raw).metadata, table) is None
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(table)) is None
     assert file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (3, 9)}), table) is None
     got = file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (4, 9)}), table)
     assert got is not None and got[0] == "stats.n"
