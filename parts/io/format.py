@@ -920,7 +920,9 @@ def file_stats(
                 continue
         t = schema.field(name).type
         floating = pa.types.is_floating(t)
-        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(groups, index[name])
+        # a float16's footer statistics are its 2 bytes each: the column is decoded
+        unusable = (floating and (name in exact or pa.types.is_float16(t))) or name not in index
+        bounds = None if unusable else _footer_bounds(groups, index[name])
         if bounds is None:
             decode.append(name)
         elif bounds[0] is None:
@@ -1050,10 +1052,11 @@ def _table_schema(expected: pa.Schema) -> _TableSchema:
 
 def _plain_kind(t: pa.DataType) -> str | None:
     """The kind of a column of type ``t``'s physical statistics values as pyarrow writes it when
-    they are its logical ones (signed integers, floats, booleans; strings as UTF-8 bytes)."""
+    they are its logical ones (signed integers, 32- and 64-bit floats, booleans; strings as UTF-8
+    bytes)."""
     if pa.types.is_signed_integer(t) or pa.types.is_boolean(t):
         return "int"
-    if pa.types.is_floating(t):
+    if pa.types.is_float32(t) or pa.types.is_float64(t):  # a float16 is written as 2 bytes
         return "float"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "str"

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any
 from unittest import mock
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -262,7 +263,8 @@ def test_physical_footer_statistics_say_what_the_logical_ones_say(case: tuple[pa
 def test_physical_statistics_are_read_only_from_parquet_columns_pyarrow_writes_for_the_table() -> None:
     """An unsigned column's physical statistics are its values' two's complement: a file of
     uint64 (which reads as the table's int64) has its footer read as logical values, and a claim of
-    the negative number its physical bytes spell is refused; so is one of another writer's types."""
+    the negative number its physical bytes spell is refused; so is one of another writer's types,
+    and a float16 column's (2 bytes each) is read as its logical values."""
     table = pa.schema([("n", pa.int64())])
     unsigned = pa.table({"n": pa.array([2**63 + 5], pa.uint64())})
     raw = _parquet_bytes(unsigned, None)
@@ -276,6 +278,12 @@ def test_physical_statistics_are_read_only_from_parquet_columns_pyarrow_writes_f
     assert file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (3, 9)}), table) is None
     got = file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (4, 9)}), table)
     assert got is not None and got[0] == "stats.n"
+    half = pa.table({"h": pa.array(np.array([0.5, 1.5], dtype=np.float16))})  # its physical values: 2 bytes
+    raw = _parquet_bytes(half, None)
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(half.schema)) == {}
+    for stats, ok in (({"h": (0.5, 1.5)}, True), ({"h": (0.5, 1.0)}, False)):
+        m = meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats=stats)
+        assert (file_claims(raw, m, half.schema) is None) is ok
 
 
 def test_a_string_column_that_is_not_utf8_is_refused() -> None:
