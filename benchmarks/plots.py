@@ -70,8 +70,8 @@ RUNS: dict[str, Run] = {
     "security_cost.json": Run("security_cost.py", "2026-11-27 00:47", "45de8f1", AMD),
     "security_cost_commit.json": Run(
         "security_cost.py --only commit --rounds 7 --old (this tree without the check)",
-        "2026-12-02 06:26",
-        "0694577",
+        "2026-12-02 10:09",
+        "90ffb05",
         XEON,
     ),
     "security_brute.json": Run("security_cost.py --only brute (100/s)", "2026-12-01 23:07", "92b428e", XEON),

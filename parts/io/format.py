@@ -723,19 +723,21 @@ def file_claims(
         return "file", f"does not parse as Parquet: {clip(exc)}"
     if md.num_rows != meta.rows:
         return "rows", f"says {meta.rows} rows, the file's footer has {md.num_rows}"
-    if expected is not None:
-        wrong = schema_problem(schema, expected) or _nulls_problem(pf, schema, expected)
+    known = None if expected is None else _table_schema(expected)
+    if known is not None:
+        wrong = schema_problem(schema, expected) or (_nulls_problem(pf, schema, expected) if known.not_null else None)
         if wrong is not None:
             return "schema", wrong
     names = set(schema.names)
     wanted = [c for c in (*meta.stats, *partition_by) if c in names]
     try:
         single = [c for c, (lo, hi) in meta.stats.items() if lo is not None and lo == hi]
-        truth = file_stats(pf, wanted, decoded, exact=single, schema=schema)
+        plain = None if known is None or decoded else _plain_leaves(md, known)
+        truth = file_stats(pf, wanted, decoded, exact=single, schema=schema, plain=plain)
         problem = claims_problem(meta, truth, names) or partition_problem(partition_by, meta.partition, truth)
         if problem is None and meta.key_summary is not None:
             problem = _summary_claims(raw, pf, meta.key_summary, primary_key)
-    except (pa.ArrowException, OSError) as exc:
+    except (pa.ArrowException, OSError, UnicodeDecodeError) as exc:  # a string column that is not UTF-8
         return "file", f"does not decode: {clip(exc)}"
     return problem
 
@@ -918,7 +920,12 @@ def _readable_as(t: pa.DataType, want: pa.DataType) -> bool:
 
 
 def file_stats(
-    pf: Any, columns: Sequence[str], decoded: bool = False, exact: Sequence[str] = (), schema: Any = None
+    pf: Any,
+    columns: Sequence[str],
+    decoded: bool = False,
+    exact: Sequence[str] = (),
+    schema: Any = None,
+    plain: dict[str, str] | None = None,
 ) -> dict[str, tuple[Any, Any]]:
     """The [min, max] of each of ``columns`` of a Parquet file (``pf``, a ``ParquetFile``), as
     :func:`column_stats` gives it for the rows: from the footer's statistics where every row group
@@ -927,7 +934,10 @@ def file_stats(
     row matches); any other range is covered or not whatever NaN the column holds (no comparison
     but ``!=`` matches NaN). ``decoded``: every column decoded (what ``mergetxn check`` does: it
     also catches a footer whose statistics disagree with its own pages). A column with no order
-    (all NaN, nested) is absent. ``schema``: the file's Arrow schema, when the caller has it."""
+    (all NaN, nested) is absent. ``schema``: the file's Arrow schema, when the caller has it.
+    ``plain``: the columns whose footer statistics are read as their physical values (the kind
+    of each, from :func:`_plain_leaves`: the file's Parquet columns are the ones pyarrow writes for
+    the table's types), the same values as the logical ones at a third of the cost."""
     md = pf.metadata
     schema = pf.schema_arrow if schema is None else schema
     wanted = list(dict.fromkeys(columns))
@@ -939,9 +949,17 @@ def file_stats(
     out: dict[str, tuple[Any, Any]] = {}
     decode = []
     for name in wanted:
+        kind = None if plain is None else plain.get(name)
+        if kind is not None and name in index and not (kind == "float" and name in exact):
+            bounds = _footer_bounds(groups, index[name], kind)
+            if bounds is not None:
+                out[name] = bounds if kind != "str" or bounds[0] is None else ops.bound_range(*bounds)
+                continue
         t = schema.field(name).type
         floating = pa.types.is_floating(t)
-        bounds = None if (floating and name in exact) or name not in index else _footer_bounds(groups, index[name])
+        # a float16's footer statistics are its 2 bytes each: the column is decoded
+        unusable = (floating and (name in exact or pa.types.is_float16(t))) or name not in index
+        bounds = None if unusable else _footer_bounds(groups, index[name])
         if bounds is None:
             decode.append(name)
         elif bounds[0] is None:
@@ -999,21 +1017,99 @@ def _columns_stats(pf: Any, columns: list[str], exact: Sequence[str], release: b
     return out
 
 
-def _footer_bounds(groups: list, j: int) -> tuple[Any, Any] | None:
+def _footer_bounds(groups: list, j: int, raw: str | None = None) -> tuple[Any, Any] | None:
     """Column ``j``'s least and greatest value over the row groups' footer statistics (``groups``:
     the file's row groups' metadata; (None, None): every value null); None when a row group has
-    none to go by."""
+    none to go by, or a string statistic that is not UTF-8 (another writer's cut inside a
+    character, or a forged footer: the column is decoded). ``raw``: the column's kind when its
+    physical values are its logical ones (:func:`_plain_leaves`; ``"str"``: UTF-8 bytes)."""
     lo = hi = None
     for rg in groups:
         st = rg.column(j).statistics
         if st is None:
             return None
-        if st.has_min_max:
-            lo = st.min if lo is None else min(lo, st.min)
-            hi = st.max if hi is None else max(hi, st.max)
+        try:
+            pair = _min_max(st, raw)
+        except UnicodeDecodeError:
+            return None
+        if pair is not None:
+            lo = pair[0] if lo is None else min(lo, pair[0])
+            hi = pair[1] if hi is None else max(hi, pair[1])
         elif not (st.has_null_count and st.null_count == rg.num_rows):
             return None
     return lo, hi
+
+
+def _min_max(st: Any, raw: str | None) -> tuple[Any, Any] | None:
+    """A row group's column statistics ``st``'s (min, max), None when it has none: its logical
+    values, or with ``raw`` (:func:`_plain_leaves`) its physical ones, which are the same for
+    those columns at a third of the cost (min_raw is None exactly when there is no min/max)."""
+    if raw is None:
+        return (st.min, st.max) if st.has_min_max else None
+    low = st.min_raw
+    if low is None:
+        return None
+    if raw == "str":
+        return low.decode(), st.max_raw.decode()
+    return low, st.max_raw
+
+
+class _TableSchema:
+    """What the check of a file against a table's part schema ``expected`` takes from it once:
+    its NOT NULL columns, the Parquet schema pyarrow writes for it (``written``; None if it
+    writes none) and the kind of each column's physical statistics values (:func:`_plain_kind`)."""
+
+    __slots__ = ("expected", "not_null", "written", "kinds")
+
+    def __init__(self, expected: pa.Schema) -> None:
+        self.expected = expected
+        self.not_null = [f.name for f in expected if not f.nullable]
+        found = ((f.name, _plain_kind(f.type)) for f in expected)
+        self.kinds = {name: kind for name, kind in found if kind is not None}
+        try:
+            self.written: Any = pq.ParquetFile(pa.BufferReader(_parquet_bytes(expected.empty_table(), None))).schema
+        except (pa.ArrowException, OSError, ValueError, TypeError):
+            self.written = None
+
+
+# Recent tables' part schemas, the last used first (a keys table's is made anew per statement).
+_TABLE_SCHEMAS: list[_TableSchema] = []
+_TABLE_SCHEMAS_KEPT = 16
+
+
+def _table_schema(expected: pa.Schema) -> _TableSchema:
+    for known in _TABLE_SCHEMAS:
+        if known.expected is expected or known.expected.equals(expected, check_metadata=True):
+            return known
+    known = _TableSchema(expected)
+    _TABLE_SCHEMAS.insert(0, known)
+    del _TABLE_SCHEMAS[_TABLE_SCHEMAS_KEPT:]
+    return known
+
+
+def _plain_kind(t: pa.DataType) -> str | None:
+    """The kind of a column of type ``t``'s physical statistics values as pyarrow writes it when
+    they are its logical ones (signed integers, 32- and 64-bit floats, booleans; strings as UTF-8
+    bytes)."""
+    if pa.types.is_signed_integer(t) or pa.types.is_boolean(t):
+        return "int"
+    if pa.types.is_float32(t) or pa.types.is_float64(t):  # a float16 is written as 2 bytes
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "str"
+    return None
+
+
+def _plain_leaves(md: Any, known: _TableSchema) -> dict[str, str] | None:
+    """The columns of the file of footer ``md`` whose statistics are read as physical values,
+    with their kinds (:func:`_plain_kind`), when its Parquet columns (leaves: names, physical and
+    logical types, repetition, levels) are exactly the ones pyarrow writes for the table's part
+    schema (``known``); else None (the logical statistics are read). The file's Arrow schema is
+    compared with the table's on its own (:func:`schema_problem`)."""
+    written = known.written
+    if written is None or md.num_columns != len(known.expected) or not md.schema.equals(written):
+        return None
+    return known.kinds
 
 
 def _summary_claims(raw: bytes, pf: Any, summary: dict, primary_key: Sequence[str]) -> tuple[str, str] | None:

@@ -51,7 +51,7 @@ def _validate_relpath(relpath: str, *, allow_empty: bool = False) -> str:
     segments = relpath.split("/")
     if allow_empty and segments[-1] == "":
         segments = segments[:-1]
-    if any(seg in _BAD_SEGMENTS for seg in segments):
+    if not _BAD_SEGMENTS.isdisjoint(segments):
         raise InvalidInput(f"storage path {relpath!r} has an empty, '.' or '..' component")
     return relpath
 
@@ -241,7 +241,9 @@ class Storage:
         return self._local(relpath) if self._fs is None else self._remote(relpath)
 
     def _local(self, relpath: str) -> str:
-        return os.path.join(self._root, *_validate_relpath(relpath).split("/"))
+        # os.path.join(root, *segments) for segments that are none empty nor absolute (checked)
+        root = self._root
+        return (root if not root or root.endswith("/") else root + "/") + _validate_relpath(relpath)
 
     def contained(self, relpath: str) -> bool:
         """Whether ``relpath`` names a file inside the storage root once symbolic links are

@@ -6,11 +6,17 @@ that was committed. The integration side is tests/integration/test_part_claims.p
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
+from unittest import mock
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.core import keytables
+from parts.io import format as fmt
 from parts.io.format import (
     _parquet_bytes,
     checksum_of,
@@ -196,3 +202,96 @@ def test_nulls_in_a_not_null_column_are_refused() -> None:
     ok = pa.table({"n": [1, 2], "s": ["a", None]})
     raw, m = file_and_meta(ok)
     assert file_claims(raw, m, table) is None
+
+
+# -- the footer's physical statistics (parts.io.format._plain_leaves) --------------------------------
+_PLAIN_TYPES = {
+    "i8": (pa.int8(), st.integers(-128, 127)),
+    "i32": (pa.int32(), st.integers(-(2**31), 2**31 - 1)),
+    "i64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    "u32": (pa.uint32(), st.integers(0, 2**32 - 1)),  # physical values: two's complement, not taken
+    "u64": (pa.uint64(), st.integers(0, 2**64 - 1)),
+    "f32": (pa.float32(), st.floats(width=32)),
+    "f64": (pa.float64(), st.floats()),
+    "b": (pa.bool_(), st.booleans()),
+    "s": (pa.string(), st.text(max_size=6)),
+    "ls": (pa.large_string(), st.text(max_size=6)),
+}
+
+
+@st.composite
+def _plain_tables(draw: st.DrawFn) -> tuple[pa.Table, int]:
+    rows = draw(st.integers(1, 12))
+    names = draw(st.lists(st.sampled_from(sorted(_PLAIN_TYPES)), min_size=1, max_size=4, unique=True))
+    cols = {}
+    for name in names:
+        t, values = _PLAIN_TYPES[name]
+        cols[name] = pa.array(draw(st.lists(st.none() | values, min_size=rows, max_size=rows)), t)
+    return pa.table(cols), draw(st.integers(1, rows))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_plain_tables(), st.randoms(use_true_random=False))
+def test_physical_footer_statistics_say_what_the_logical_ones_say(case: tuple[pa.Table, int], rnd: Any) -> None:
+    """The cheap reading of a file's footer statistics (physical values, for the columns whose
+    Parquet types are pyarrow's own for the table's) finds every column's [min, max] as the
+    logical reading does, so file_claims accepts and refuses the same claims either way."""
+    data, group_rows = case
+    raw = _parquet_bytes(data, group_rows)
+    pf = fmt._Footer(raw)
+    plain = fmt._plain_leaves(pf.metadata, fmt._table_schema(data.schema))
+    names = data.column_names
+    assert plain is not None and set(plain) == {n for n in names if not n.startswith("u")}
+    exact = rnd.sample(names, rnd.randint(0, len(names)))
+    fast = fmt.file_stats(pf, names, exact=exact, plain=plain)
+    assert fast == fmt.file_stats(pf, names, exact=exact), (fast, exact)
+    honest = column_stats(data)
+    claims = [honest]  # and each column claimed as one value (its least), or as its range upside down
+    claims += [{**honest, c: (lo, lo)} for c, (lo, hi) in honest.items() if lo is not None]
+    claims += [{**honest, c: (hi, lo)} for c, (lo, hi) in honest.items() if lo != hi]
+    for stats in claims:
+        m = meta(rows=data.num_rows, size=len(raw), checksum=checksum_of(raw), stats=stats)
+        got = file_claims(raw, m, data.schema)
+        with mock.patch.object(fmt, "_plain_leaves", return_value=None):
+            assert got == file_claims(raw, m, data.schema), stats
+    assert (
+        file_claims(raw, meta(rows=data.num_rows, size=len(raw), checksum=checksum_of(raw), stats=honest), data.schema)
+        is None
+    )
+
+
+def test_physical_statistics_are_read_only_from_parquet_columns_pyarrow_writes_for_the_table() -> None:
+    """An unsigned column's physical statistics are its values' two's complement: a file of
+    uint64 (which reads as the table's int64) has its footer read as logical values, and a claim of
+    the negative number its physical bytes spell is refused; so is one of another writer's types,
+    and a float16 column's (2 bytes each) is read as its logical values."""
+    table = pa.schema([("n", pa.int64())])
+    unsigned = pa.table({"n": pa.array([2**63 + 5], pa.uint64())})
+    raw = _parquet_bytes(unsigned, None)
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(table)) is None
+    forged = meta(rows=1, size=len(raw), checksum=checksum_of(raw), stats={"n": (-(2**63) + 5, -(2**63) + 5)})
+    got = file_claims(raw, forged, table)
+    assert got is not None and got[0] == "stats.n"
+    narrow = pa.table({"n": pa.array([3, 9], pa.int32())})  # another engine's int32 for the table's int64
+    raw = _parquet_bytes(narrow, None)
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(table)) is None
+    assert file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (3, 9)}), table) is None
+    got = file_claims(raw, meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"n": (4, 9)}), table)
+    assert got is not None and got[0] == "stats.n"
+    half = pa.table({"h": pa.array(np.array([0.5, 1.5], dtype=np.float16))})  # its physical values: 2 bytes
+    raw = _parquet_bytes(half, None)
+    assert fmt._plain_leaves(fmt._Footer(raw).metadata, fmt._table_schema(half.schema)) == {}
+    for stats, ok in (({"h": (0.5, 1.5)}, True), ({"h": (0.5, 1.0)}, False)):
+        m = meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats=stats)
+        assert (file_claims(raw, m, half.schema) is None) is ok
+
+
+def test_a_string_column_that_is_not_utf8_is_refused() -> None:
+    """A forged file whose string column (and its footer statistics) holds bytes that are not
+    UTF-8 is refused as a file that does not decode, not with an exception from the check."""
+    data = pa.table({"s": pa.array([b"a\xff", b"b"], pa.binary()).view(pa.string())})
+    raw = _parquet_bytes(data, None)
+    m = meta(rows=2, size=len(raw), checksum=checksum_of(raw), stats={"s": ("a", "c")})
+    for decoded in (False, True):
+        got = file_claims(raw, m, pa.schema([("s", pa.string())]), decoded=decoded)
+        assert got is not None and got[0] == "file", got
