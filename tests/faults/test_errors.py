@@ -247,7 +247,8 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
         cluster.start()
         try:
             cl = cluster.client(0)
-            cl.create_table("walfull", ID_V, auto_merge=False)
+            # inline_rows 0: the case is staged part files' (their WAL records, their deletion)
+            cl.create_table("walfull", ID_V, auto_merge=False, inline_rows=0)
             tx = cl.begin()
             filler = _fill(replica_dir)
             try:
