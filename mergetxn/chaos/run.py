@@ -964,6 +964,7 @@ class Campaign:
         self.problems: list[str] = []
         self.incomplete: list[str] = []
         self.breaches: list[str] = []
+        self.small_writes: dict[str, Any] = {}  # the inlined and file-backed parts seen after the run
 
     def _open_cluster(self) -> tuple[Any, Any]:
         """What a killed run left in the workdir removed, then the cluster (and its S3) made."""
@@ -1209,6 +1210,7 @@ class Campaign:
         damaged, why_not = check_storage(address)
         self.breaches += damaged
         self.incomplete += why_not
+        self.small_writes = small_writes(address, [t for t in self.tables if t.startswith("la")])
         if self.lane is not None:
             try:
                 self.breaches += self.lane.verify(address)
@@ -1239,6 +1241,7 @@ class Campaign:
             "storage": o.storage,
             **({"s3": self.s3.stats()} if self.s3 else {}),
             **({"hostile": self.lane.summary()} if self.lane is not None else {}),
+            **({"small_writes": self.small_writes} if self.small_writes else {}),
         }
 
     def close(self) -> None:
@@ -1272,6 +1275,26 @@ def check_storage(address: str) -> tuple[list[str], list[str]]:
         for t in result["tables"]
         for p in t["problems"]
     ], []
+
+
+def small_writes(address: str, tables: list[str]) -> dict[str, Any]:
+    """Per table, its parts after the run (visible, and removed within the retention window)
+    inlined and in files: that the run wrote both kinds side by side and flushed inlined parts
+    away (docs/architecture/small-writes.md). Empty when it cannot be read."""
+    try:
+        with Client(address, timeout=FINAL_TIMEOUT) as c:
+            out: dict[str, Any] = {}
+            for table in tables:
+                parts = c.parts(table).to_pylist()
+                inlined = [p for p in parts if p["inlined"]]
+                out[table] = {
+                    "inlined_visible": sum(1 for p in inlined if p["visible"]),
+                    "inlined_removed": sum(1 for p in inlined if not p["visible"]),
+                    "files": len(parts) - len(inlined),
+                }
+            return out
+    except Exception:  # noqa: BLE001 - a figure of the summary, not a check: left out
+        return {}
 
 
 def untested_kinds(faults: list[Fault]) -> list[str]:

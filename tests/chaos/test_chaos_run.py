@@ -95,6 +95,15 @@ def test_the_hostile_lane_ran_and_nothing_it_sent_got_through(campaign: Campaign
     assert counts.get("flood-connections", 0) > 0, counts
 
 
+def test_small_writes_were_inlined_beside_files_and_flushed(campaign: Campaign) -> None:
+    """la0's one-row inserts were inlined and flushed into files while the faults ran (inlined
+    parts removed within the window); la1's, its table having inlining off, were files only;
+    the campaign passed with both in its transactions."""
+    small = json.loads((campaign.report / "summary.json").read_text())["small_writes"]
+    assert small["la0"]["inlined_removed"] > 0 and small["la0"]["files"] > 0, small
+    assert small["la1"]["inlined_visible"] == small["la1"]["inlined_removed"] == 0 and small["la1"]["files"] > 0, small
+
+
 def assert_refused_or_interrupted(counts: dict[str, int], prefixes: tuple[str, ...]) -> None:
     """Each attack of these kinds was tried, and each try was refused or cut short by a fault;
     one accepted is a finding, which the lane reports (and the caller asserts there is none)."""
