@@ -262,8 +262,14 @@ def test_a_replica_killed_mid_flush(
         for csn, want in history:
             assert ns(c.read(t, snapshot=csn)) == want, (csn, c)
     assert parts_of(c0, t) == parts_of(c1, t)
-    # A later flush succeeds and keeps every snapshot's rows.
-    have += [100, 101]
+    later_flush(c0, c1, t, history, have)
+    assert c0.check(t)["ok"]
+
+
+def later_flush(c0: Client, c1: Client, t: str, history: list[tuple[int, list[int]]], have: list[int]) -> None:
+    """An inlined insert on r1, then a flush on r0: it succeeds and every snapshot (``history``:
+    CSN, rows) keeps its rows on both replicas."""
+    have = [*have, 100, 101]
     history.append((c1.insert(t, rows([100, 101])), sorted(have)))
     c0.wait_for(history[-1][0])  # r0 flushes what it has applied
     flushed = c0.compact(t)
@@ -274,7 +280,6 @@ def test_a_replica_killed_mid_flush(
         assert [p["inlined"] for p in visible(c, t)] == [False]
         for csn, want in history:
             assert ns(c.read(t, snapshot=csn)) == want, (csn, c)
-    assert cluster.client(0).check(t)["ok"]
 
 
 def flushing_round(cluster: LocalCluster, failpoints: list[Path], where: str) -> None:
