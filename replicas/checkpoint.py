@@ -48,6 +48,7 @@ from coordinator.core.versions import csn_of
 from coordinator.model.records import WalBase, WalEntry, WalRecord, WalStaged
 from coordinator.zk.alive import read_alive
 from coordinator.zk.log import decode_tail, encode_tail
+from replicas import failpoints
 from replicas.context import ReplicaContext, ReplicaPart
 from replicas.memory import no_gc
 
@@ -241,6 +242,7 @@ class LogTail(ReplicaPart):
                 if time.monotonic() - last < self.config.tail_check_seconds:
                     continue
                 last = time.monotonic()
+                failpoints.hit("tail_loop")  # a test holds local checkpoints here (tests/faults/test_inline_faults.py)
                 try:  # the log's end, for the lag in info and the metrics (replicas/metrics.py)
                     self.log_watch.observe()
                 except Exception as exc:  # connection trouble: a number in a report, next time

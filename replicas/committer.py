@@ -52,6 +52,7 @@ from coordinator.core.targets import (
 from coordinator.core.versions import incarnation_of
 from coordinator.model.catalog import TableDef, TableDropped
 from coordinator.model.records import (
+    Compact,
     DropTable,
     LogEntry,
     TxnRecord,
@@ -441,6 +442,8 @@ class Committer(CommitRules, ReplicaPart):
         try:
             with self.follower.local_commit() as hand_over:
                 result = self._multi(data, b, r, counters)
+                if failpoints.ON and self._flushes(b):  # a flush in the log, not applied here yet
+                    failpoints.hit("flush_after_multi")  # (tests/faults/test_inline_faults.py)
                 # WAL (written, fsynced once answered: _sync_wal) + apply, here if it can
                 hand_over(result.epoch, result.seq, data, (entry, b.encoded), sync=False)
         except TableMoved as exc:
@@ -455,6 +458,15 @@ class Committer(CommitRules, ReplicaPart):
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
             return csn
         return result.csn
+
+    def _flushes(self, b: _Batch) -> bool:
+        """Whether batch ``b`` merges inlined parts (a flush of small writes); for failpoints."""
+        parts = self.state.parts
+        return any(
+            isinstance(op, Compact) and any(n in parts and parts[n].meta.inlined for n in op.removed)
+            for p, _, _ in b.accepted
+            for op in p.committing.ops
+        )
 
     def _multi(self, data: bytes, b: _Batch, r: _Reading, counters: tuple[dict[str, int], set[str]]) -> CommitResult:
         """:meth:`CsnLog.commit` of the batch, its refusals turned into what the retry loop does

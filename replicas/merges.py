@@ -27,6 +27,7 @@ from coordinator.model.catalog import TableDef
 from coordinator.model.records import TxnState
 from parts.io.format import delete_part
 from parts.model.meta import PartMeta
+from replicas import failpoints
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -234,6 +235,8 @@ class Merges:
             op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed), partitions=(pkey,))
             txns.stage(txn.id, op, written_here=True)
             staged = True
+            if failpoints.ON and any(m.inlined for m in parts):  # a flush: its file written, not committed
+                failpoints.hit("flush_before_commit")  # (tests/faults/test_inline_faults.py)
             if before_commit is not None:
                 before_commit()
             csn = txns.commit(txn.id)

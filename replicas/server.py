@@ -608,6 +608,8 @@ class ReplicaServer(RpcServer):
             )
             if op.removed:
                 txns.stage(txn.id, op, written_here=True)
+            if failpoints.ON and any(m.inlined and m.name in op.removed for m in visible):
+                failpoints.hit("flush_before_commit")  # a flush: its file written, not committed
             csn = txns.commit(txn.id)
         except BaseException:
             if txn.state == TxnState.RUNNING:

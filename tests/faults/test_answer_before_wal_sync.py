@@ -73,9 +73,7 @@ def test_an_answered_commit_whose_wal_record_was_lost_is_recovered_from_the_log(
     if it did not learn from the log that it committed) without the entry's."""
     c = cluster.client(0)
     table = "t_nothing" if kept == "nothing" else "t_staged"
-    # inline_rows 0: the case is a part file's (its staged record, the file kept); an inlined
-    # insert stages nothing and its rows come back with the log entry (tests/faults/test_inline_crashes.py)
-    c.create_table(table, ID_V, inline_rows=0)
+    c.create_table(table, ID_V, inline_rows=0)  # a part file, staged: an inlined insert has neither
     first = c.insert(table, pa.table({"id": [1], "v": ["a"]}, schema=ID_V))
     wal = cluster.replica_dir(0) / "wal.log"
     # The committer holds after answering, before the WAL fsync, from the next commit on: the

@@ -218,7 +218,7 @@ def test_storage_full_is_a_storage_error(small_disk: tuple[LocalCluster, Path]) 
 def test_read_only_storage_is_a_storage_error(small_disk: tuple[LocalCluster, Path]) -> None:
     cluster, mount = small_disk
     cl = cluster.client(0)
-    cl.create_table("ro", ID_V, auto_merge=False)
+    cl.create_table("ro", ID_V, auto_merge=False, inline_rows=0)  # a file to write: an inlined insert has none
     assert subprocess.run(["mount", "-o", "remount,ro", str(mount)]).returncode == 0
     try:
         tx = cl.begin()
@@ -247,8 +247,7 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
         cluster.start()
         try:
             cl = cluster.client(0)
-            # inline_rows 0: the case is staged part files' (their WAL records, their deletion)
-            cl.create_table("walfull", ID_V, auto_merge=False, inline_rows=0)
+            cl.create_table("walfull", ID_V, auto_merge=False, inline_rows=0)  # staged files, recorded in the WAL
             tx = cl.begin()
             filler = _fill(replica_dir)
             try:

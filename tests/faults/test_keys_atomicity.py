@@ -203,9 +203,8 @@ def test_mode_mismatch_fails_at_commit_naming_both_and_leaves_nothing(
     cluster, clients, txn_mode: str, table_kind: str, durability: str
 ) -> None:
     a, _ = clients
-    # inline_rows 0 on the parts table: what the refused commit leaves is looked for as part files
-    parts = table_kind == "parts"
-    name = new_table(a, "full", policy="parts", inline_rows=0) if parts else new_table(a, table_kind)
+    # A parts table's small inserts are inlined, without files: inline_rows=0, so its files are counted.
+    name = new_table(a, "full", policy="parts", inline_rows=0) if table_kind == "parts" else new_table(a, table_kind)
     with a.transaction(atomicity="full" if table_kind == "parts" else table_kind) as tx:
         tx.insert(name, rows((1, 1, "before")))
     before, files = a.read(name), part_files(cluster, name)

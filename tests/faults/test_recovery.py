@@ -130,7 +130,7 @@ def test_killed_replica_loses_nothing_committed_and_shows_nothing_uncommitted(
     cluster: coordinator.LocalCluster, restore: None
 ) -> None:
     c2 = cluster.client(2)
-    c2.create_table("killed", SCHEMA, auto_merge=False, inline_rows=0)  # part files: the staged one is the case
+    c2.create_table("killed", SCHEMA, auto_merge=False, inline_rows=0)  # part files: an inlined part has none
     committed = commit_insert(c2, "killed", id_rows(5))
     open_tx = c2.begin()
     open_tx.insert("killed", id_rows(5, start=50))

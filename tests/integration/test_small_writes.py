@@ -341,6 +341,7 @@ def test_a_flush_against_a_truncate_in_either_order(cluster: coordinator.LocalCl
     """Explicit order: one statement staged, the other committed, then the first's commit."""
     t = "inl_vs_truncate"
     before, want = inlined_table(c0, t)
+    c1.wait_for(before)  # else r1's truncate may begin before the inserts, see none of them and win
     truncate = c1.begin()
     truncate.truncate(t)
     flushed = c0.compact(t)  # commits first: the truncate staged against the inlined parts loses
@@ -351,6 +352,7 @@ def test_a_flush_against_a_truncate_in_either_order(cluster: coordinator.LocalCl
 
     t2 = "inl_vs_truncate2"
     before, want = inlined_table(c0, t2)
+    c1.wait_for(before)
     flush = c0.begin()
     flush.compact(t2, "minor")
     with c1.transaction() as tx:
@@ -364,6 +366,7 @@ def test_a_flush_against_a_truncate_in_either_order(cluster: coordinator.LocalCl
 def test_two_flushes_on_two_replicas_one_wins(c0: Client, c1: Client) -> None:
     t = "inl_two_flushes"
     before, want = inlined_table(c0, t)
+    c1.wait_for(before)  # else r1's flush may begin before the inserts and have nothing to flush
     first, second = c0.begin(), c1.begin()
     first.compact(t, "minor")
     second.compact(t, "minor")
