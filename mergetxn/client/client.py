@@ -495,7 +495,21 @@ class Client(Tables, Reads, Administration):
             seen = exc.details.get("schema_version") if isinstance(exc, InvalidInput) else None
             if isinstance(exc, InvalidInput) and seen is not None and seen != tdef.ddl_version:
                 raise _StaleDefinition(exc) from None
+            if isinstance(exc, InvalidInput) and self.stale_inline_settings(exc, metas):
+                raise _StaleDefinition(exc) from None  # written again under the replica's thresholds now
             raise
+
+    def stale_inline_settings(self, exc: errors.MergetxnError, metas: Sequence[PartMeta]) -> bool:
+        """Whether ``exc`` refused an inlined part of ``metas`` by a threshold that changed since
+        this client learned the replica's (an operator lowered ``inline_rows``, say): then the
+        thresholds are learned again, and the caller writes its rows once more under them."""
+        if not (isinstance(exc, InvalidInput) and exc.details.get("setting") in ("inline_rows", "inline_bytes")):
+            return False
+        if not any(m.inlined for m in metas):
+            return False
+        before = self.inline_settings
+        self.inline_settings = _inline_settings(self.call("info").get("settings"))
+        return self.inline_settings != before
 
     def commit_parts(
         self,
@@ -746,7 +760,12 @@ class Transaction(TransactionTables, TransactionReads, KeysStatements):
         data = as_table(data, table)
         parts = self._write(tdef, data)
         if parts:
-            self._stage(Insert(table, tuple(parts)))
+            try:
+                self._stage(Insert(table, tuple(parts)))
+            except InvalidInput as exc:  # nothing staged: written again under the replica's thresholds now
+                if not self.client.stale_inline_settings(exc, parts):
+                    raise
+                self._stage(Insert(table, tuple(self._write(tdef, data))))
         return data.num_rows
 
     @named("overwrite")

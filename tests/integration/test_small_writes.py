@@ -408,3 +408,26 @@ def test_a_restarted_replica_reads_inlined_rows(cluster: coordinator.LocalCluste
     c = cluster.client(1)
     assert ns(c.read(t, snapshot=last)) == list(range(13))
     assert engines(c, t, last) == (list(range(13)),) * 3
+
+
+def test_a_client_whose_thresholds_went_stale_writes_a_file(
+    zk_server, tmp_path_factory: pytest.TempPathFactory
+) -> None:  # noqa: ANN001
+    """A replica restarted with inlining off refuses the inlined part of a client that learned
+    the old thresholds: ``client.insert`` and ``tx.insert`` learn them again and write a file,
+    once, and the rows commit (no error for the caller, nothing twice)."""
+    with make_cluster(tmp_path_factory, zk_server, "inline_stale", replicas=1, settings={"inline_rows": 10}) as cluster:
+        c = cluster.client(0)
+        c.create_table("stale", SCHEMA, auto_merge=False)
+        c.insert("stale", rows([1]))
+        assert inlined(c, "stale") == [True] and c.inline_settings[0] == 10
+        cluster.settings["inline_rows"] = 0
+        cluster.stop_replica(0)
+        cluster.start_replica(0)
+        c.insert("stale", rows([2]))
+        with c.transaction() as tx:
+            tx.insert("stale", rows([3]))
+        assert c.inline_settings == (0, 0)
+        assert sorted(inlined(c, "stale")) == [False, False, True] and len(files(cluster, "stale")) == 2
+        assert ns(c.read("stale")) == [1, 2, 3]
+        c.close()
