@@ -211,10 +211,11 @@ class Staging(TxnLifecycle):
 
     def _record_staged(self, txn: RunningTxn, op: StagedOp) -> None:
         """Records the files ``op`` added in the WAL; without the record a restart could not
-        delete them, so a failure rolls the transaction back (StorageError)."""
+        delete them, so a failure rolls the transaction back (StorageError). An op of inlined
+        parts only records no path (they have no file) but is recorded all the same: a WAL that
+        cannot take a record refuses the transaction here, with nothing committed, rather than
+        let it commit an entry this replica could not then write to its WAL and apply."""
         paths = tuple(m.path for m in op.added if not m.inlined)  # an inlined part has no file to delete
-        if not paths:
-            return
         try:
             self.wal.append([WalStaged(txn.id, paths)], sync=False)
         except OSError as exc:

@@ -112,7 +112,12 @@ def observer(zk_server: ZooKeeperServer, zk_chroot: str) -> Iterator[KazooClient
 def cluster(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, zk_chroot: str
 ) -> Iterator[LocalCluster]:
-    with make_cluster(tmp_path_factory, zk_server.address + zk_chroot, "faults", replicas=2, root=ROOT) as c:
+    # inline_rows 0: these faults are about staged part files (orphans, rollbacks, the fence);
+    # inlined writes have no file and their own crash tests (test_inline_faults.py)
+    settings = {"inline_rows": 0}
+    with make_cluster(
+        tmp_path_factory, zk_server.address + zk_chroot, "faults", replicas=2, root=ROOT, settings=settings
+    ) as c:
         yield c
 
 
@@ -140,6 +145,7 @@ def proxied(
         data_dir=Path(tmp_path_factory.mktemp("px")),
         root=ROOT,
         session_timeout=PROXIED_SESSION_TIMEOUT,
+        inline_rows=0,  # as the cluster's: staged part files are what these faults are about
     )
     replica = Replica(config)
     replica.start()

@@ -52,7 +52,8 @@ def cluster(
         zk_server,
         "fence",
         replicas=2,
-        settings={"gc_interval": 0, "merge_interval": 0},
+        # inline_rows 0: the fence is about staged part files; an inlined part has none
+        settings={"gc_interval": 0, "merge_interval": 0, "inline_rows": 0},
         env={"MERGETXN_FAILPOINTS": str(failpoints)},
     ) as c:
         yield c

@@ -349,8 +349,9 @@ def test_replica_back_after_the_tail_moved_rebuilds_from_checkpoint(cluster, zk:
     point; a replica whose data directory was lost does the same."""
     r0, r1 = cluster(2, **SMALL)
     c0 = r0.client()
-    c0.create_table("kept", SCHEMA, auto_merge=False)
-    c0.create_table("kept_filler", SCHEMA, auto_merge=False)
+    # inline_rows 0: the test's own delete and overwrite must not race a background flush
+    c0.create_table("kept", SCHEMA, auto_merge=False, inline_rows=0)
+    c0.create_table("kept_filler", SCHEMA, auto_merge=False, inline_rows=0)
     for k in range(10):
         with c0.transaction() as tx:
             tx.insert("kept", id_rows(5, start=10 * k))
