@@ -365,13 +365,23 @@ class Hostile(threading.Thread):
 
     # -- another user's ids (a secured cluster) ----------------------------------------------------
     def others_ids(self, address: str) -> None:
+        """Tried at ``address``, then, while a fault keeps it from being tried there, at each
+        other replica once: a short run under kills and pauses still tries it."""
+        others = [a for a in self.addresses() if a != address]
+        self.rng.shuffle(others)
+        for at in [address, *others]:
+            if self._others_ids_at(at) or self.stop_event.is_set():
+                return
+
+    def _others_ids_at(self, address: str) -> bool:
+        """One try of another user's ids at ``address``; False when a fault kept it from being tried."""
         if "writer" not in self.users or "reader" not in self.users:
             try:  # made by the first denied call, unless a fault was in its way
                 with Client(address, timeout=self.timeout, credentials=self.admin) as admin:
                     self.prepare(admin)
             except (MergetxnError, OSError) as exc:
                 self.counts[f"others-ids-not-tried:{type(exc).__name__}"] += 1
-                return
+                return False
         writer, reader = self.users["writer"], self.users["reader"]
         kind = self.rng.choice(["heartbeat", "renew", "release"])
         try:
@@ -381,7 +391,7 @@ class Hostile(threading.Thread):
                 try:
                     args = {"session": w.session} if lease is None else {"lease": lease}
                     if kind in ("renew", "release") and lease is None:
-                        return
+                        return True  # no lease to try with: nothing to learn here
                     with Client(address, timeout=self.timeout, credentials=reader) as r:
                         self._denied_id(address, kind, lambda: r.call(kind, **args))
                 finally:
@@ -392,6 +402,8 @@ class Hostile(threading.Thread):
                             w.call("release", lease=lease)
         except (MergetxnError, OSError) as exc:
             self.counts[f"others-ids-not-tried:{type(exc).__name__}"] += 1
+            return False
+        return True
 
     def _denied_id(self, address: str, kind: str, call: Callable[[], object]) -> None:
         """Another user's id is answered as an unknown one (docs/surface.md, users and grants):
