@@ -73,7 +73,7 @@ def test_an_answered_commit_whose_wal_record_was_lost_is_recovered_from_the_log(
     if it did not learn from the log that it committed) without the entry's."""
     c = cluster.client(0)
     table = "t_nothing" if kept == "nothing" else "t_staged"
-    c.create_table(table, ID_V, inline_rows=0)  # a part file, staged: an inlined insert has neither
+    c.create_table(table, ID_V, inline_rows=0)  # a part file and its staged record: an inlined insert has no file
     first = c.insert(table, pa.table({"id": [1], "v": ["a"]}, schema=ID_V))
     wal = cluster.replica_dir(0) / "wal.log"
     # The committer holds after answering, before the WAL fsync, from the next commit on: the
