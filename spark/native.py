@@ -63,7 +63,8 @@ from coordinator.core import errors
 from coordinator.core.errors import CorruptPart, InvalidInput
 from coordinator.core.tabledata import json_scalar, may_match, validate_name
 from coordinator.model.catalog import Policy, TableDef
-from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path, read_part
+from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
+from parts.io.rewrite import read_parts
 from parts.model.meta import PartMeta
 from spark import keysfold
 from spark.options import join_transaction
@@ -312,11 +313,9 @@ def _inlined_frame(session: Any, storage: Any, tdef: TableDef, metas: Sequence[P
     """The rows of the inlined parts among ``metas`` (small writes carried in their metadata,
     docs/architecture/small-writes.md) as a DataFrame of the table's schema: decoded and checked
     here (read_part: size, checksum, rows), a few thousand rows at most between flushes."""
-    target = arrow_schema(spark_schema(tdef.schema))
-    data = pa.concat_tables(
-        [fit(tdef.upgrade(read_part(storage, m), m.schema_version), target) for m in metas if m.inlined]
-    )
-    return session.createDataFrame(data, schema=spark_schema(tdef.schema))
+    schema = spark_schema(tdef.schema)
+    data = pa.concat_tables(read_parts(storage, [m for m in metas if m.inlined], table=tdef))
+    return session.createDataFrame(fit(data, arrow_schema(schema)), schema=schema)
 
 
 def _visible_args(table: str, snapshot: int | None, as_of: dt.datetime | None) -> dict[str, Any]:
