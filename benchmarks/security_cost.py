@@ -29,13 +29,16 @@ in a process of its own with that root first on ``sys.path`` (its replicas run i
 
     .venv/bin/python benchmarks/security_cost.py --only brute [--code ROOT ...] [--brute-rounds 2] [--out FILE]
 ``--only commit``: the price of checking every part's metadata against its file at stage time
-(docs/rules.md, "What a part's metadata is checked against"): sequential 10-row inserts
-(``client.insert``, one client, one replica) with the checks against the code before them (a
-checkout given by ``--old``, put first on PYTHONPATH of a worker process and of the replica it
-starts), rounds alternating old and new in one run; and the verification's cost per MB of a
-large part (read, crc32, footer, statistics), in this process.
+(docs/rules.md, "What a part's metadata is checked against"), paired: one writer's sequential
+10-row inserts (``client.insert``, one replica) where the replica checks every other stage and
+skips the check on the others (benchmarks/replica_probe), so that checked and unchecked inserts
+interleave on the same machine, cluster and table; latency of each half (after a tenth of
+warm-up) and the check's CPU per insert, with the replica's default thresholds (inserts
+inlined) and with ``inline_rows`` 0 (each insert a part file). With ``--old CHECKOUT``, also
+that checkout's replicas against this tree's, rounds alternating (both their own cluster). And
+the verification's cost per MB of a large part (read, crc32, footer, statistics), in this process.
 
-    .venv/bin/python benchmarks/security_cost.py --only commit --old /work/main [--commits 500] [--rounds 3]
+    .venv/bin/python benchmarks/security_cost.py --only commit [--paired-commits 20000] [--old DIR --commits 500 --rounds 3]
 """
 
 from __future__ import annotations
@@ -299,6 +302,73 @@ with tempfile.TemporaryDirectory(prefix="mtx-meta-") as tmp, LocalCluster(tmp, r
 """
 
 
+_PAIRED_WORKER = r"""
+import json, os, sys, tempfile, time
+root, probes, commits = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sys.path.insert(0, root + "/benchmarks")
+import commit_throughput as ct
+from mergetxn.local.cluster import LocalCluster
+os.environ["PYTHONPATH"] = os.pathsep.join([root, root + "/benchmarks/replica_probe"])  # the replica's only
+os.environ["MERGETXN_BENCH_PROBE"] = probes
+os.environ["MERGETXN_BENCH_PROBE_SKIP_VERIFY"] = "alternate"
+with tempfile.TemporaryDirectory(prefix="mtx-paired-") as tmp, LocalCluster(tmp, replicas=1) as cluster:
+    client = cluster.client(0)
+    client.create_table("t", ct.ten_rows().schema, auto_merge=False)
+    pid = cluster.replica_pid(0)
+    lat = []
+    for seed in range(commits):
+        data = ct.ten_rows(seed)
+        s = time.perf_counter()
+        client.insert("t", data)
+        lat.append(time.perf_counter() - s)
+    snap = ct._probe_ask(os.path.join(probes, f"probe-{pid}.sock"), "snap")
+    inlined = int(client.parts("t").column("inlined").to_pylist().count(True)) if commits else 0
+    print(json.dumps({"latencies": lat, "verify": snap["timers"].get("verify_claims"), "inlined_left": inlined}))
+    client.close()
+"""
+
+
+def paired_cost(commits: int, inline: bool) -> dict:
+    """Sequential 10-row inserts on one replica whose stage-time check runs on every other one
+    (benchmarks/replica_probe, ``MERGETXN_BENCH_PROBE_SKIP_VERIFY=alternate``): the checked and
+    the unchecked inserts interleave, so both halves see the same machine, cluster and table.
+    ``inline``: the replica's default thresholds (10-row inserts inlined); else ``inline_rows`` 0
+    (each insert a part file)."""
+    with tempfile.TemporaryDirectory(prefix="mtx-probe-") as probes:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        if not inline:
+            env["MERGETXN_INLINE_ROWS"] = "0"
+        out = subprocess.run(
+            [sys.executable, "-c", _PAIRED_WORKER, str(ROOT), probes, str(commits)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=str(ROOT),
+            check=True,
+            timeout=3600,
+        ).stdout
+    got = json.loads(out.strip().splitlines()[-1])
+    calls, check_cpu = got["verify"]
+    assert calls == commits, f"the replica checked {calls} stages for {commits} inserts: the pairing is off"
+    lat = got["latencies"][commits // 10 :]  # the first tenth warms up
+    start = commits // 10
+    checked = sorted(x for i, x in enumerate(lat, start) if i % 2 == 0)
+    unchecked = sorted(x for i, x in enumerate(lat, start) if i % 2 == 1)
+
+    def summary(xs: list[float]) -> dict:
+        return {
+            "p50_ms": round(xs[len(xs) // 2] * 1e3, 3),
+            "p90_ms": round(xs[int(len(xs) * 0.9)] * 1e3, 3),
+            "mean_ms": round(statistics.fmean(xs) * 1e3, 3),
+        }
+
+    res = {"inlined": inline, "commits": commits, "checked": summary(checked), "unchecked": summary(unchecked)}
+    res["p50_checked_over_unchecked"] = round(res["checked"]["p50_ms"] / res["unchecked"]["p50_ms"], 3)
+    res["mean_checked_over_unchecked"] = round(res["checked"]["mean_ms"] / res["unchecked"]["mean_ms"], 3)
+    res["check_cpu_us"] = round(check_cpu / ((calls + 1) // 2) * 1e6, 1)
+    return res
+
+
 def _insert_worker(root: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(root))
     proc = subprocess.Popen(
@@ -431,17 +501,23 @@ def commit_cost(old: Path, commits: int, rounds: int) -> dict:
 
 
 def main_commit(a: argparse.Namespace) -> int:
-    result = {
+    result: dict = {
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "old": _commit(a.old),
-        "new": _commit(ROOT),
-        "commits_per_round": a.commits,
-        "insert": commit_cost(a.old, a.commits, a.rounds),
-        "verification": verification_per_mb(a.megabytes),
-        "verification_10_rows": verification_small_us(),
+        "code": _commit(ROOT),
+        "load_before": os.getloadavg(),
+        "paired": [paired_cost(a.paired_commits, inline) for inline in (True, False)],
+        "load_after_paired": os.getloadavg(),
     }
-    print(json.dumps({k: result["insert"][k] for k in ("p50_new_over_old", "throughput_new_over_old")}))
+    for side in result["paired"]:
+        print(json.dumps(side), flush=True)
+    if a.old is not None:
+        result["old"], result["new"] = _commit(a.old), _commit(ROOT)
+        result["commits_per_round"] = a.commits
+        result["insert"] = commit_cost(a.old, a.commits, a.rounds)
+        print(json.dumps({k: result["insert"][k] for k in ("p50_new_over_old", "throughput_new_over_old")}))
+    result["verification"] = verification_per_mb(a.megabytes)
+    result["verification_10_rows"] = verification_small_us()
     print(json.dumps(result["verification"]))
     print(json.dumps(result["verification_10_rows"]))
     out = a.out if a.out is not None else ROOT / "benchmarks" / "results" / "security_cost_commit.json"
@@ -463,7 +539,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=["brute", "commit"],
         help="one measurement only: brute (logins under a brute force), commit (the metadata checks' cost)",
     )
-    ap.add_argument("--old", type=Path, default=Path("/work/main"), help="--only commit: the code to compare with")
+    ap.add_argument("--old", type=Path, help="--only commit: also compare with this checkout, round by round")
+    ap.add_argument(
+        "--paired-commits", type=int, default=20000, help="--only commit: inserts of each paired run (half checked)"
+    )
     ap.add_argument("--commits", type=int, default=500, help="--only commit: sequential inserts per round")
     ap.add_argument("--megabytes", type=int, default=64, help="--only commit: the large part's size")
     ap.add_argument("--code", action="append", help="--only brute: a checkout whose replicas to measure (repeat)")

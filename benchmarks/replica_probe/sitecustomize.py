@@ -9,6 +9,11 @@ Without that variable it does nothing. With it, the replica process:
 * times (thread CPU) a few methods of the follower's and committer's path once ``arm`` is asked;
 * with ``MERGETXN_BENCH_PROBE_CPROFILE=1``, runs every thread it starts under its own cProfile
   (CPU time), read while running (``getstats``) so that a window's stats are a difference;
+* with ``MERGETXN_BENCH_PROBE_SKIP_VERIFY=alternate``, skips the stage-time check of parts
+  against their files (``Staging.verify_claims``) on every other call (the 2nd, 4th, ...), and
+  counts the calls and the thread CPU of the checks made (timer ``verify_claims``): the paired
+  measurement of ``security_cost.py --only commit``, where one writer's sequential inserts
+  alternate checked and unchecked on one replica, so that both halves see the same machine;
 * answers ``snap`` on a unix socket ``<dir>/probe-<pid>.sock`` with all of that and each
   thread's CPU seconds (``/proc/self/task``) by its ``threading`` name.
 
@@ -63,6 +68,8 @@ class _Probe:
         kazoo.client.KazooClient._call = counting_call
         if os.environ.get("MERGETXN_BENCH_PROBE_CPROFILE") == "1":
             self._profile_threads()
+        if os.environ.get("MERGETXN_BENCH_PROBE_SKIP_VERIFY") == "alternate":
+            self._alternate_verify()
         threading.Thread(target=self._serve, name="bench-probe", daemon=True).start()
 
     def _profile_threads(self) -> None:
@@ -82,6 +89,27 @@ class _Probe:
                 prof.disable()
 
         threading.Thread.run = profiled_run
+
+    def _alternate_verify(self) -> None:
+        """``Staging.verify_claims`` made on the 1st, 3rd, ... call and skipped on the others."""
+        from replicas.staging import Staging
+
+        check = Staging.verify_claims
+        slot = self.timers["verify_claims"]  # [calls, thread CPU of the checks made]
+
+        @functools.wraps(check)
+        def alternate(staging, table, op):
+            call = slot[0]
+            slot[0] += 1
+            if call % 2:
+                return None
+            c0 = time.thread_time()
+            try:
+                return check(staging, table, op)
+            finally:
+                slot[1] += time.thread_time() - c0
+
+        Staging.verify_claims = alternate
 
     def arm(self) -> None:
         """Thread-CPU timers on the methods a commit passes through, by name (old trees may lack some)."""
