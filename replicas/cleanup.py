@@ -31,7 +31,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,21 @@ log = logging.getLogger(__name__)
 
 _PART_STEM_RE = re.compile(r"^(.+)_[0-9a-f]{16}$")
 _TMP_RE = re.compile(r"^\.(.+)\.tmp-[0-9a-f]{12}$")
+MIN_PASS_SECONDS = 1.0  # background cleanup passes never come closer together than this
+
+
+def pass_interval(gc_interval: float, windows: Iterable[float]) -> float:
+    """Seconds between background cleanup passes: ``gc_interval``, or a quarter of the shortest
+    retention window in force (``windows``) when that is shorter, never under
+    :data:`MIN_PASS_SECONDS`; so a removed part outlives its window by at most about a quarter
+    of it, and storage holds the live data and the window's removed parts and not much more
+    (docs/architecture/bounds.md). ``gc_interval`` 0 (never) stays 0."""
+    if gc_interval <= 0:
+        return 0.0
+    shortest = min(windows, default=math.inf)
+    return min(gc_interval, max(MIN_PASS_SECONDS, shortest / 4))
+
+
 _NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders of a snapshot that write nothing
 
 
@@ -132,10 +147,13 @@ class Cleanup(ReplicaPart):
 
     # -- cleanup ---------------------------------------------------------------------------------
     def background_pass(self, now: float) -> None:
-        """The maintenance thread's turn: a pass every ``gc_interval`` seconds, looking for orphans
-        every ``max(gc_interval, grace / 2)``."""
+        """The maintenance thread's turn: a pass every ``gc_interval`` seconds, or more often when
+        a retention window is short (:func:`pass_interval`), looking for orphans every
+        ``max(gc_interval, grace / 2)``."""
         c = self.config
-        if c.gc_interval > 0 and now - self._last_gc >= c.gc_interval:
+        windows = [self.retention.seconds(None), *(self.retention.seconds(d) for d in self.state.table_defs())]
+        interval = pass_interval(c.gc_interval, windows)
+        if interval > 0 and now - self._last_gc >= interval:
             self._last_gc = now
             orphans = now - self._last_orphans >= max(c.gc_interval, max(c.gc_grace_seconds, MIN_GRACE) / 2)
             self.gc(orphans=orphans, wait=False, detail=False)

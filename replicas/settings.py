@@ -180,7 +180,13 @@ class ReplicaConfig:
     major_max_bytes: int = _setting(
         256 * 1024 * 1024, "no major merge of a partition larger than this", minimum=0, tunable=True
     )
-    gc_interval: float = _setting(10.0, "seconds between background cleanup passes (0: never)", minimum=0, tunable=True)
+    gc_interval: float = _setting(
+        10.0,
+        "seconds between background cleanup passes, or a quarter of the shortest retention window when "
+        "that is shorter, at least 1 (0: never)",
+        minimum=0,
+        tunable=True,
+    )
     gc_grace_seconds: float = _setting(60.0, "unreferenced files younger than this are kept", minimum=0, tunable=True)
     retention_seconds: float = _setting(
         3600.0,

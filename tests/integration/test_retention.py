@@ -194,6 +194,27 @@ def test_a_short_window_expires(win: LocalCluster, c0: Client) -> None:
         c.close()
 
 
+def test_a_short_window_brings_background_cleanup_sooner(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> None:
+    """Background passes come every ``gc_interval`` or a quarter of the shortest retention window,
+    whichever is shorter (at least 1 s): with ``gc_interval`` an hour and a table's window 2 s, the
+    file of a part removed there is collected by a background pass (nobody asks for one) within
+    seconds, so storage holds little beyond the live data and the window's removed parts."""
+    settings = {"inline_rows": 0, "merge_interval": 0, "gc_interval": 3600, "retention_seconds": 3600}
+    with make_cluster(tmp_path_factory, zk_server, "short-window-gc", replicas=1, settings=settings) as c:
+        client = c.client(0)
+        client.create_table("sw", SCHEMA, auto_merge=False, retention_seconds=2)
+        commit(client, "sw", id_rows(3))
+        (path,) = client.parts("sw").column("path").to_pylist()
+        with client.transaction() as tx:
+            tx.overwrite("sw", id_rows(1, start=7))
+        assert os.path.exists(os.path.join(c.storage_url, path)), "the removed part's file is in its window"
+        wait_until(lambda: not os.path.exists(os.path.join(c.storage_url, path)), 30, "a background pass")
+        assert rows(client.read("sw")) == [7]
+        client.close()
+
+
 def test_zero_keeps_only_snapshots_in_use(win: LocalCluster, c0: Client) -> None:
     t = "rt_zero"
     c0.create_table(t, SCHEMA, auto_merge=False, retention_seconds=0)

@@ -111,3 +111,25 @@ def test_catalog_changes_are_forgotten_past_the_floor_but_the_last() -> None:
     assert st.sizes()["ddl_csns"] == 5 and st.last_ddl(6) == 5
     st.prune(6)
     assert st.sizes()["ddl_csns"] == 1 and st.last_ddl(6) == 5 and st.sizes()["catalog_records"] == 1
+
+
+@pytest.mark.parametrize(
+    ("gc_interval", "windows", "expected"),
+    [
+        (10.0, [3600.0], 10.0),  # the default: an hour's window leaves gc_interval as it is
+        (10.0, [3600.0, 10.0], 2.5),  # a table's 10 s window: a pass every quarter of it
+        (10.0, [3600.0, 2.0], 1.0),  # never closer than MIN_PASS_SECONDS
+        (10.0, [0.0], 1.0),  # a window of 0
+        (0.0, [1.0], 0.0),  # gc_interval 0: never, whatever the windows
+        (30.0, [], 30.0),
+    ],
+)
+def test_cleanup_passes_come_often_enough_for_the_shortest_window(
+    gc_interval: float, windows: list[float], expected: float
+) -> None:
+    """A removed part outlives its window by at most about a quarter of the window (and at least
+    MIN_PASS_SECONDS): storage stays near the live data plus the window's removed parts."""
+    from replicas.cleanup import MIN_PASS_SECONDS, pass_interval
+
+    assert MIN_PASS_SECONDS == 1.0
+    assert pass_interval(gc_interval, windows) == expected
