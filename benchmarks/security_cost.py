@@ -207,22 +207,13 @@ def brute_side(quiet: float, seconds: float, rate: float, many_users: bool) -> d
     quiet_s, attack_s = percentiles(quiet_lat), percentiles(attack_lat)
     return {
         "code": str(CODE),
-        "commit": _commit(CODE),
+        "commit": ct.code_commit(CODE),
         "quiet": quiet_s,
         "attack": attack_s,
         "p50_attack_over_quiet": round(attack_s["p50_ms"] / quiet_s["p50_ms"], 2),
         "brute_force": json.loads(out.strip().splitlines()[-1]),
         "load_average": load,
     }
-
-
-def _commit(root: Path) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main_brute(a: argparse.Namespace) -> int:
@@ -434,8 +425,8 @@ def main_commit(a: argparse.Namespace) -> int:
     result = {
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "old": _commit(a.old),
-        "new": _commit(ROOT),
+        "old": ct.code_commit(a.old),
+        "new": ct.code_commit(ROOT),
         "commits_per_round": a.commits,
         "insert": commit_cost(a.old, a.commits, a.rounds),
         "verification": verification_per_mb(a.megabytes),
