@@ -953,6 +953,16 @@ def bench_ducklake(workdir: Path, warmup: float, seconds: float, log: Callable[[
     return out
 
 
+def code_commit(root: Path) -> str:
+    """The short commit hash of the checkout at ``root`` ("unknown" outside git)."""
+    try:
+        return subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def machine() -> dict:
     cpu = ""
     try:

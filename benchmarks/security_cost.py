@@ -210,22 +210,13 @@ def brute_side(quiet: float, seconds: float, rate: float, many_users: bool) -> d
     quiet_s, attack_s = percentiles(quiet_lat), percentiles(attack_lat)
     return {
         "code": str(CODE),
-        "commit": _commit(CODE),
+        "commit": ct.code_commit(CODE),
         "quiet": quiet_s,
         "attack": attack_s,
         "p50_attack_over_quiet": round(attack_s["p50_ms"] / quiet_s["p50_ms"], 2),
         "brute_force": json.loads(out.strip().splitlines()[-1]),
         "load_average": load,
     }
-
-
-def _commit(root: Path) -> str:
-    try:
-        return subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main_brute(a: argparse.Namespace) -> int:
@@ -504,7 +495,7 @@ def main_commit(a: argparse.Namespace) -> int:
     result: dict = {
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "code": _commit(ROOT),
+        "code": ct.code_commit(ROOT),
         "load_before": os.getloadavg(),
         "paired": [paired_cost(a.paired_commits, inline) for inline in (True, False)],
         "load_after_paired": os.getloadavg(),
@@ -512,7 +503,7 @@ def main_commit(a: argparse.Namespace) -> int:
     for side in result["paired"]:
         print(json.dumps(side), flush=True)
     if a.old is not None:
-        result["old"], result["new"] = _commit(a.old), _commit(ROOT)
+        result["old"], result["new"] = ct.code_commit(a.old), ct.code_commit(ROOT)
         result["commits_per_round"] = a.commits
         result["insert"] = commit_cost(a.old, a.commits, a.rounds)
         print(json.dumps({k: result["insert"][k] for k in ("p50_new_over_old", "throughput_new_over_old")}))

@@ -11,9 +11,15 @@ One thread sends, at a random replica each time, what no honest client sends:
   named, staged in a transaction: each must be refused (InvalidInput), and the transaction is
   rolled back (nothing may be deleted that a commit names);
 * ``lies``: a part written honestly whose descriptor then lies about its file (a checksum of
-  zeros, 998 rows too many, a size 4 KiB too large, statistics that miss the file's values):
+  zeros, a row too many, a size 4 KiB too large, statistics that miss the file's values):
   each must be refused (InvalidInput) before it is staged (docs/rules.md, nothing a writer
   claims is believed);
+* ``inlined``: forged inlined parts (small writes, docs/architecture/small-writes.md), encoded
+  as an insert encodes them, whose descriptor lies about their rows, checksum or statistics (a
+  min/max that misses the part's value), one row past the table's ``inline_rows``, or one staged
+  by an overwrite: each must be refused (InvalidInput) against its own bytes and settings, and
+  the lane's partitioned table stays empty; every kind is tried each round (those a fault kept
+  from an answer, at each other replica once);
 * ``huge-partition``: an insert whose partition value is 400,000 characters long, through the
   client and as a hand-made descriptor: each must be refused (InvalidInput), and the lane's
   partitioned table stays empty;
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 import socket
 import ssl
@@ -48,7 +55,7 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 
@@ -59,12 +66,13 @@ from coordinator.core.errors import (
     MergetxnError,
     PermissionDenied,
 )
+from coordinator.model.catalog import TableDef
 from coordinator.wire.rpc import frame
 from coordinator.wire.security import Credentials
 from mergetxn.client.client import Client, Transaction
 from parts.io.format import new_part_name, write_part
 from parts.io.write import write_data
-from parts.model.meta import PartMeta
+from parts.model.meta import INLINE_MAX_BYTES, PartMeta
 
 _HEADER = struct.Struct(">I")
 IDLE_CONNECTIONS = 40
@@ -80,6 +88,10 @@ PARTITIONED_SCHEMA = pa.schema([("p", pa.string()), ("n", pa.int64())])
 HUGE_PARTITION = 400_000  # characters of the huge partition value
 FLOOD_CONNECTIONS = 300  # idle connections of a flood: above the per-address cap of 256
 LIES = ("checksum", "rows", "size", "stats")
+# Forged inlined parts: lies their own bytes refute, one row past the table's inline_rows, an
+# honest one in an overwrite (only an insert takes inlined parts).
+INLINED = ("rows", "checksum", "stats", "over-threshold", "overwrite")
+LANE_INLINE = (8, 16 * 1024)  # the partitioned table's inline_rows and inline_bytes
 
 
 def junk_frames() -> dict[str, bytes]:
@@ -144,6 +156,7 @@ class Hostile(threading.Thread):
             self.idle,
             self.forged,
             self.lies,
+            self.inlined,
             self.huge_partition,
             self.flood,
         ]
@@ -276,7 +289,10 @@ class Hostile(threading.Thread):
             return None
         try:
             if PARTITIONED_TABLE not in client.tables():
-                client.create_table(PARTITIONED_TABLE, PARTITIONED_SCHEMA, partition_by=["p"])
+                rows, size = LANE_INLINE
+                client.create_table(
+                    PARTITIONED_TABLE, PARTITIONED_SCHEMA, partition_by=["p"], inline_rows=rows, inline_bytes=size
+                )
         except (MergetxnError, OSError) as exc:
             self.counts[f"lane-table-not-made:{type(exc).__name__}"] += 1
             client.close()
@@ -288,20 +304,57 @@ class Hostile(threading.Thread):
         if client is None:
             return
         kind = self.rng.choice(LIES)
+        with self._lane_transaction(client, "lie") as tx:
+            row = pa.table({"p": ["x"], "n": [7]}, schema=PARTITIONED_SCHEMA)
+            tdef = client.table(PARTITIONED_TABLE)
+            (honest,) = write_data(client.storage, tdef, row, tx.id)
+            self._refused(f"lie:{kind}", lambda: tx.add_parts(PARTITIONED_TABLE, [lie(honest, kind)]), client)
+
+    @contextlib.contextmanager
+    def _lane_transaction(self, client: Client, what: str) -> Iterator[Transaction]:
+        """A transaction of ``client``, rolled back after the block, then the client closed; a
+        fault in the way (MergetxnError, OSError) ends the block, counted ``{what}-not-tried``."""
         try:
             tx = client.begin()
             try:
-                row = pa.table({"p": ["x"], "n": [7]}, schema=PARTITIONED_SCHEMA)
-                tdef = client.table(PARTITIONED_TABLE)
-                (honest,) = write_data(client.storage, tdef, row, tx.id)
-                self._refused(f"lie:{kind}", lambda: tx.add_parts(PARTITIONED_TABLE, [lie(honest, kind)]), client)
+                yield tx
             finally:
                 with contextlib.suppress(MergetxnError):
                     tx.rollback()
         except (MergetxnError, OSError) as exc:
-            self.counts[f"lie-not-tried:{type(exc).__name__}"] += 1  # a fault in the way
+            self.counts[f"{what}-not-tried:{type(exc).__name__}"] += 1  # a fault in the way
         finally:
             client.close()
+
+    def inlined(self, address: str) -> None:
+        """Every forged inlined part (:data:`INLINED`) tried at ``address``; those a fault kept
+        from an answer there, at each other replica once: a short run under kills and pauses
+        still tries each kind."""
+        others = [a for a in self.addresses() if a != address]
+        self.rng.shuffle(others)
+        left = list(INLINED)
+        for at in [address, *others]:
+            left = self._inlined_at(at, left)
+            if not left or self.stop_event.is_set():
+                return
+
+    def _inlined_at(self, address: str, kinds: list[str]) -> list[str]:
+        """Each of ``kinds`` staged at ``address`` in one transaction, rolled back after; returns
+        the kinds a fault kept from an answer (the first interrupted one and those after it)."""
+        client = self._lane_client(address)
+        if client is None:
+            return kinds
+        left = list(kinds)
+        with self._lane_transaction(client, "inlined") as tx:
+            tdef = client.table(PARTITIONED_TABLE)
+            limits = tdef.inline_limits(*client.inline_settings)
+            while left:
+                meta, op = forged_inlined(client, tdef, limits, tx.id, left[0])
+                stage = functools.partial(tx.add_parts, PARTITIONED_TABLE, [meta], op=op)
+                if not self._refused(f"inlined:{left[0]}", stage, client):
+                    break
+                left.pop(0)
+        return left
 
     def huge_partition(self, address: str) -> None:
         client = self._lane_client(address)
@@ -325,18 +378,20 @@ class Hostile(threading.Thread):
         finally:
             client.close()
 
-    def _refused(self, kind: str, call: Callable[[], object], client: Client) -> None:
-        """``call`` must raise InvalidInput; anything accepted is a finding, a fault is counted."""
+    def _refused(self, kind: str, call: Callable[[], object], client: Client) -> bool:
+        """``call`` must raise InvalidInput; anything accepted is a finding, a fault is counted.
+        False: a fault kept it from an answer."""
         self.counts[kind] += 1
         try:
             call()
         except InvalidInput:
             self.counts[f"refused:{kind}"] += 1
-            return
+            return True
         except (MergetxnError, OSError) as exc:  # a fault in the way
             self.counts[f"interrupted:{kind}:{type(exc).__name__}"] += 1
-            return
+            return False
         self.findings.append(f"hostile lane: replica {client.address} accepted what it must refuse ({kind})")
+        return True
 
     # -- a flood of connections that never send a byte -------------------------------------------
     def flood(self, address: str) -> None:
@@ -561,14 +616,30 @@ def acted_on(kind: str, answer: object) -> bool:
 
 
 def lie(meta: PartMeta, kind: str) -> PartMeta:
-    """An honest part's descriptor made to lie about its file in one field."""
+    """An honest part's descriptor made to lie about its file (or inlined bytes) in one field (a
+    row too many: an inlined part stays within its table's ``inline_rows``, so its bytes refute it)."""
     if kind == "checksum":
         return dataclasses.replace(meta, checksum="crc32:00000000")
     if kind == "rows":
-        return dataclasses.replace(meta, rows=meta.rows + 998)
+        return dataclasses.replace(meta, rows=meta.rows + 1)
     if kind == "size":
         return dataclasses.replace(meta, size=meta.size + 4096)
     return dataclasses.replace(meta, stats={**meta.stats, "n": (150, 150)})
+
+
+def forged_inlined(
+    client: Client, tdef: TableDef, limits: tuple[int, int], txn_id: str, kind: str
+) -> tuple[PartMeta, str]:
+    """A forged inlined part of ``kind`` (:data:`INLINED`) for ``tdef`` (the lane's partitioned
+    table, whose inline thresholds are ``limits``) and the op that stages it. Its rows are encoded
+    by the insert's road (``write_data``), told to inline whatever it writes (nothing is stored);
+    then its descriptor lies (:func:`lie`), or it holds one row past ``inline_rows``
+    (``over-threshold``), or it is honest and goes into an overwrite."""
+    rows = limits[0] + 1 if kind == "over-threshold" else 1
+    data = pa.table({"p": ["x"] * rows, "n": list(range(7, 7 + rows))}, schema=PARTITIONED_SCHEMA)
+    (meta,) = write_data(client.storage, tdef, data, txn_id, inline=(rows, INLINE_MAX_BYTES))
+    assert meta.inlined, meta  # at most a few hundred bytes
+    return (lie(meta, kind) if kind in LIES else meta), "overwrite" if kind == "overwrite" else "insert"
 
 
 def huge_descriptor(table: str, value: str, txn_id: str, ddl_version: int) -> PartMeta:

@@ -22,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from mergetxn.chaos.history import History
+from mergetxn.chaos.hostile import INLINED
 from mergetxn.chaos.run import PIDS_FILE, conclude, workdir_lock, writes
 from mergetxn.cli import cli
 
@@ -82,16 +83,19 @@ def test_campaign_passes_and_writes_its_report(campaign: Campaign) -> None:
 
 
 def test_the_hostile_lane_ran_and_nothing_it_sent_got_through(campaign: Campaign) -> None:
-    """The hostile-client lane (junk frames, idle connections, forged parts) ran beside the
-    workloads by default; every forged part was refused and every replica kept serving (the
-    campaign passed, every replica read at one CSN and every part file checked)."""
+    """The hostile-client lane (junk frames, idle connections, forged parts, lying descriptors,
+    forged inlined parts) ran beside the workloads by default; every forged part was refused,
+    every kind of forged inlined part was tried, and every replica kept serving (the campaign
+    passed, every replica read at one CSN, every part file checked, the lane's table empty)."""
     hostile = json.loads((campaign.report / "summary.json").read_text())["hostile"]
     assert hostile["findings"] == [] and hostile["error"] is None
     counts = hostile["counts"]
     assert sum(n for k, n in counts.items() if k.startswith("junk:")) > 0
     forged = sum(n for k, n in counts.items() if k.startswith("forged:"))
     assert forged == sum(n for k, n in counts.items() if k.startswith("forged-refused:"))
-    assert_refused_or_interrupted(counts, ("lie:", "huge-partition:"))
+    assert_refused_or_interrupted(counts, ("lie:", "huge-partition:", "inlined:"))
+    # every kind of forged inlined part tried and refused (a kind a fault cut short goes to another replica)
+    assert all(counts.get(f"refused:inlined:{kind}", 0) > 0 for kind in INLINED), counts
     assert counts.get("flood-connections", 0) > 0, counts
 
 

@@ -550,3 +550,50 @@ def test_the_chaos_lane_reports_an_allowed_call_and_what_a_denied_one_left(secur
         finally:
             admin.drop_table(DENIED_TABLE)
             admin.drop_table(LANE_TABLE)
+
+
+# -- the chaos harness's hostile lane: forged inlined parts -------------------------------------------
+
+INLINED_REFUSALS = {  # kind -> the detail naming what refuted it
+    "rows": ("field", "rows"),
+    "checksum": ("field", "checksum"),
+    "stats": ("field", "stats.n"),
+    "over-threshold": ("setting", "inline_rows"),
+    "overwrite": ("setting", "inline_rows"),
+}
+
+
+def test_the_chaos_lanes_forged_inlined_parts_are_each_refused_for_what_they_forge(plain: LocalCluster) -> None:
+    """Every forged inlined part the hostile lane of ``mergetxn chaos`` sends is refused by a
+    replica (InvalidInput) for what it forges: the descriptor's rows, checksum or statistics
+    refuted by the part's own bytes, one row past the table's ``inline_rows``, an inlined part in
+    an overwrite; one call of the lane tries every kind, and its check afterwards finds the lane's
+    table empty (no part of it ever committed)."""
+    import threading
+
+    from mergetxn.chaos.hostile import INLINED, LANE_INLINE, PARTITIONED_TABLE, Hostile, forged_inlined
+
+    address = plain.replica_addresses[0]
+    lane = Hostile(lambda: [address], threading.Event(), seed=8)
+    lane.inlined(address)  # makes the lane's table, then tries each kind once
+    assert lane.findings == [] and all(lane.counts[f"refused:inlined:{k}"] == 1 for k in INLINED), lane.counts
+    assert set(INLINED_REFUSALS) == set(INLINED)
+    with plain.client(0) as client:
+        tdef = client.table(PARTITIONED_TABLE)
+        limits = tdef.inline_limits(*client.inline_settings)
+        assert limits == LANE_INLINE
+        tx = client.begin()
+        try:
+            for kind, (key, value) in INLINED_REFUSALS.items():
+                meta, op = forged_inlined(client, tdef, limits, tx.id, kind)
+                assert meta.inlined and meta.rows <= limits[0] + 1
+                with pytest.raises(errors.InvalidInput) as caught:
+                    tx.add_parts(PARTITIONED_TABLE, [meta], op=op)
+                assert caught.value.details.get(key) == value, (kind, caught.value.message)
+                assert caught.value.details.get("part") == meta.name, (kind, caught.value.message)
+        finally:
+            tx.rollback()
+        assert client.parts(PARTITIONED_TABLE).num_rows == 0
+    assert lane.verify(address) == []
+    assert not list((Path(plain.storage_url) / PARTITIONED_TABLE).rglob("*.parquet"))  # nothing was stored
+    still_serves(plain)
