@@ -123,8 +123,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commits", type=int, default=5000)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "commit_cpu.json")
     a = ap.parse_args(argv)
-    import subprocess
-
     folder = Path(tempfile.mkdtemp(prefix="mtx-sampler-"))
     os.environ["MERGETXN_SAMPLER_DIR"] = str(folder)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SAMPLER), str(ROOT), os.environ.get("PYTHONPATH", "")])
@@ -132,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {
         "machine": ct.machine(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "commit": subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
+        "commit": ct.code_commit(ROOT),
         "load_before": os.getloadavg(),
         "cases": {},
     }
