@@ -4,9 +4,11 @@ same object and see them through this declaration)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from coordinator.core.errors import ReplicaUnavailable
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
@@ -73,20 +75,21 @@ class ReplicaFields:
     @property
     def started_follower(self) -> Follower:
         """The follower, made when the replica starts (ReplicaUnavailable before)."""
-        if self.follower is None:
-            raise ReplicaUnavailable(f"replica {self.host_id} has not started: it follows no log yet")
-        return self.follower
+        return self._started(self.follower, "it follows no log yet")
 
     @property
     def started_committer(self) -> Committer:
         """The committer, made when the replica starts (ReplicaUnavailable before)."""
-        if self.committer is None:
-            raise ReplicaUnavailable(f"replica {self.host_id} has not started: it commits nothing yet")
-        return self.committer
+        return self._started(self.committer, "it commits nothing yet")
 
     @property
     def started_wal(self) -> Wal:
         """The WAL, opened when the replica starts (ReplicaUnavailable before)."""
-        if self.wal is None:
-            raise ReplicaUnavailable(f"replica {self.host_id} has not started: its WAL is not open")
-        return self.wal
+        return self._started(self.wal, "its WAL is not open")
+
+    def _started(self, made: T | None, missing: str) -> T:
+        """``made`` (a part the replica makes when it starts); ReplicaUnavailable saying what is
+        ``missing`` while it is None."""
+        if made is None:
+            raise ReplicaUnavailable(f"replica {self.host_id} has not started: {missing}")
+        return made

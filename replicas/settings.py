@@ -371,16 +371,9 @@ class ReplicaConfig:
             )
 
     def limits(self) -> Limits:
-        """What clients may hold of this replica (coordinator/wire/rpc.py)."""
-        return Limits(
-            max_frame=self.max_frame_bytes,
-            max_connections=self.max_connections,
-            max_per_peer=self.max_connections_per_peer,
-            idle_seconds=self.idle_seconds,
-            handshake_seconds=self.handshake_seconds,
-            max_pending=self.max_pending_connections,
-            max_pending_per_peer=self.max_pending_per_peer,
-        )
+        """What clients may hold of this replica (coordinator/wire/rpc.py): each field of
+        :class:`Limits` is the setting of its name."""
+        return Limits(**{f.name: getattr(self, f.name) for f in fields(Limits)})
 
 
 def is_loopback(host: str) -> bool:

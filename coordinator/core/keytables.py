@@ -44,6 +44,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.core.errors import InvalidInput, quote
+from coordinator.core.tabledata import TypeKind, of_kinds
 
 PUT, UPDATE, DELETE = 0, 1, 2
 LOCK_STRONG, LOCK_WEAK = 3, 4  # tx.lock_keys: read locks, never rows
@@ -379,16 +380,19 @@ def scheme_of(summary: Mapping[str, Any]) -> str:
     return scheme
 
 
+MIX64_KINDS: tuple[TypeKind, ...] = (
+    pa.types.is_integer,
+    pa.types.is_boolean,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+)  # the types of key columns HASH_MIX64 hashes
+
+
 def mix64_type(t: pa.DataType) -> bool:
     """Whether :data:`HASH_MIX64` hashes key columns of type ``t``."""
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_boolean(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-    )
+    return of_kinds(t, MIX64_KINDS)
 
 
 def _mix(z: int) -> int:

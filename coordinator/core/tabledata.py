@@ -16,7 +16,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import quote as url_quote
 
@@ -79,14 +79,20 @@ def schema_from_json(text: str) -> pa.Schema:
         raise CorruptMetadata(f"serialized schema does not parse: {type(exc).__name__}: {exc}") from None
 
 
-def _is_partition_type(t: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_date(t)
-        or pa.types.is_boolean(t)
-    )
+TypeKind = Callable[[pa.DataType], bool]  # one of pyarrow.types' is_... checks
+
+PARTITION_KINDS: tuple[TypeKind, ...] = (
+    pa.types.is_integer,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_date,
+    pa.types.is_boolean,
+)  # the types a partition column may have
+
+
+def of_kinds(t: pa.DataType, kinds: Iterable[TypeKind]) -> bool:
+    """Whether type ``t`` is of one of ``kinds`` (a list of the types some job takes)."""
+    return any(bool(kind(t)) for kind in kinds)
 
 
 CHANGE_COLUMNS = ("_change", "_csn")  # what changes() adds to a table's columns: no table may have them
@@ -119,7 +125,7 @@ def validate_schema(schema: pa.Schema, partition_by: list[str], primary_key: lis
         again = sorted({c for c in cols if list(cols).count(c) > 1})
         if again:
             raise InvalidInput(f"{kind} column(s) {again} listed more than once")
-    bad = [f"{c} ({schema.field(c).type})" for c in partition_by if not _is_partition_type(schema.field(c).type)]
+    bad = [f"{c} ({schema.field(c).type})" for c in partition_by if not of_kinds(schema.field(c).type, PARTITION_KINDS)]
     if bad:
         raise InvalidInput(f"partition column(s) {bad} must be of an integer, string, date or bool type")
 

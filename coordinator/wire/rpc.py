@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">I")
-MAX_FRAME = 256 * 1024 * 1024  # the largest answer a client reads (a replica's requests: Limits.max_frame)
+MAX_FRAME = 256 * 1024 * 1024  # the largest answer a client reads (a replica's requests: Limits.max_frame_bytes)
 AUTH_FRAME = 64 * 1024  # the largest frame a peer that has not authenticated may send
 _TLS_HANDSHAKE = 0x16  # the first byte of a TLS ClientHello record
 _CHUNK = 1 << 18  # one read of a connection: what it may buffer beyond the frame it is sending
@@ -112,39 +112,40 @@ def error_reply(exc: BaseException) -> dict:
 
 @dataclass(frozen=True)
 class Limits:
-    """What the peers of a server may hold of it (a replica's come from replicas/settings.py):
-    ``max_frame`` bytes in one request of an authenticated peer, ``max_connections`` open at
-    once (fewer if the descriptor limit leaves less room), ``max_per_peer`` of those from one
-    address (an IPv6 /64), and ``idle_seconds`` before a connection without a request in
-    progress is closed (clients reconnect by themselves). A connection whose first request (or
-    login) has not arrived within ``handshake_seconds`` is closed; at most ``max_pending`` such
-    connections are open at once (at most half of ``max_connections``) and ``max_pending_per_peer``
-    from one address (at most half of ``max_per_peer``): see :class:`Pending`."""
+    """What the peers of a server may hold of it (a replica's are its settings of the same names,
+    replicas/settings.py): ``max_frame_bytes`` in one request of an authenticated peer,
+    ``max_connections`` open at once (fewer if the descriptor limit leaves less room),
+    ``max_connections_per_peer`` of those from one address (an IPv6 /64), and ``idle_seconds``
+    before a connection without a request in progress is closed (clients reconnect by
+    themselves). A connection whose first request (or login) has not arrived within
+    ``handshake_seconds`` is closed; at most ``max_pending_connections`` such connections are
+    open at once (at most half of ``max_connections``) and ``max_pending_per_peer`` from one
+    address (at most half of ``max_connections_per_peer``): see :class:`Pending`."""
 
-    max_frame: int = 64 * 1024 * 1024
+    max_frame_bytes: int = 64 * 1024 * 1024
     max_connections: int = 1024
-    max_per_peer: int = 256
+    max_connections_per_peer: int = 256
     idle_seconds: float = 300.0
     handshake_seconds: float = 10.0
-    max_pending: int = 256
+    max_pending_connections: int = 256
     max_pending_per_peer: int = 64
 
     @property
     def pending_cap(self) -> int:
-        """Pending connections open at once: ``max_pending``, below the cap of all connections."""
-        return max(1, min(self.max_pending, self.max_connections // 2))
+        """Pending connections open at once: ``max_pending_connections``, below the cap of all connections."""
+        return max(1, min(self.max_pending_connections, self.max_connections // 2))
 
     @property
     def pending_per_peer_cap(self) -> int:
         """Pending connections from one address: below the address's cap and the pending one."""
-        return max(1, min(self.max_pending_per_peer, self.max_per_peer // 2, self.pending_cap))
+        return max(1, min(self.max_pending_per_peer, self.max_connections_per_peer // 2, self.pending_cap))
 
     @property
     def max_buffered(self) -> int:
         """The bytes of partial frames all connections may hold together: four of the largest.
         Beyond it a connection with more than 64 KiB of a frame is not read (small requests
         go on) until others complete theirs or are closed for idleness."""
-        return 4 * self.max_frame
+        return 4 * self.max_frame_bytes
 
 
 def peer_key(host: str) -> str:
@@ -405,7 +406,9 @@ class _Admission:
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = _Conn(sock, peer, self.server.authenticate is None, self.server.tls is not None, self.limits.max_frame)
+        conn = _Conn(
+            sock, peer, self.server.authenticate is None, self.server.tls is not None, self.limits.max_frame_bytes
+        )
         self.conns.add(conn)
         self.per_peer[peer] = self.per_peer.get(peer, 0) + 1
         self.pending.add(conn, peer, time.monotonic() + self.server.handshake_seconds, self.server.rounds)
@@ -431,8 +434,8 @@ class _Admission:
         """Which cap a new connection from ``peer`` is over ('' when none), and whether it is
         one of the address's own."""
         limits = self.limits
-        if self.per_peer.get(peer, 0) >= limits.max_per_peer:
-            return f"{limits.max_per_peer} connections from {peer} are open, the limit per address", True
+        if self.per_peer.get(peer, 0) >= limits.max_connections_per_peer:
+            return f"{limits.max_connections_per_peer} connections from {peer} are open, the limit per address", True
         if self.pending.of(peer) >= limits.pending_per_peer_cap:
             return f"{limits.pending_per_peer_cap} connections from {peer} have not sent a request yet", True
         if len(self.conns) >= self.cap:
@@ -664,7 +667,7 @@ class _Login:
     def _logged_in(self, conn: _Conn, principal: Any, user: str) -> None:
         conn.authed = True
         conn.principal = principal
-        conn.max_frame = self.server.limits.max_frame
+        conn.max_frame = self.server.limits.max_frame_bytes
         self.server.send(conn, {"ok": True, "result": {"user": user}})
 
     def _busy(self, conn: _Conn, why: str) -> None:

@@ -10,7 +10,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import json_option, replica_option, shown
+from mergetxn.cli.options import json_option, repeatable, replica_option, shown
 from mergetxn.cli.output import EXIT_CORRUPT, answer, connected, console, fail, long_timeout, rows_table, working
 from mergetxn.cli.parsing import partition_values
 
@@ -26,10 +26,9 @@ if TYPE_CHECKING:
     default="minor",
     help="minor merges small parts; major rewrites every part of a partition.",
 )
-@click.option(
+@repeatable(
     "--partition",
     "partitions",
-    multiple=True,
     metavar="VALUE",
     help="Only this partition (repeatable; several partition columns: a JSON list).",
 )

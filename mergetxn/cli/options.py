@@ -132,3 +132,8 @@ def json_option(help: str) -> Callable[[F], F]:
 def shown(*decls: str, type: click.ParamType | type, default: Any, help: str) -> Callable[[F], F]:
     """An option of ``type`` whose default its help shows (``show_default``)."""
     return click.option(*decls, type=type, default=default, show_default=True, help=help)
+
+
+def repeatable(*decls: str, metavar: str, help: str) -> Callable[[F], F]:
+    """An option given any number of times (its values a tuple, empty when it is not given)."""
+    return click.option(*decls, multiple=True, metavar=metavar, help=help)

@@ -12,7 +12,7 @@ from rich.table import Table
 
 from coordinator.core.errors import InvalidInput
 from coordinator.model.users import check_name as check_user_name
-from mergetxn.cli.options import json_option, replica_option
+from mergetxn.cli.options import json_option, repeatable, replica_option
 from mergetxn.cli.output import EXIT_UNAVAILABLE, answer, connected, console, fail, say
 
 
@@ -67,10 +67,9 @@ def security_init(directory: Path, hosts: tuple[str, ...], user: str, admin: str
     required=True,
     help="admin: everything; writer: reads and writes of its tables; reader: reads of its tables.",
 )
-@click.option(
+@repeatable(
     "--table",
     "tables",
-    multiple=True,
     metavar="TABLE",
     help="A table the user has grants on (repeat for each; default: every table, later ones too).",
 )

@@ -15,6 +15,7 @@ from rich.table import Table
 from mergetxn.cli.options import (
     credentials_option,
     json_option,
+    repeatable,
     shown,
     timeout_option,
     zookeeper_access,
@@ -40,10 +41,9 @@ from mergetxn.cli.output import (
     default=30.0,
     help="A replica behind the log's end for longer is unhealthy.",
 )
-@click.option(
+@repeatable(
     "--ignore-host",
     "ignore",
-    multiple=True,
     metavar="HOST_ID",
     help="A replica retired for good (still registered in ZooKeeper): shown, never unhealthy.",
 )

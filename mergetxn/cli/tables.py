@@ -8,7 +8,7 @@ import click
 from rich.markup import escape
 
 from coordinator.core.errors import InvalidInput
-from mergetxn.cli.options import json_option, replica_option, shown
+from mergetxn.cli.options import F, json_option, repeatable, replica_option, shown
 from mergetxn.cli.output import answer, console, rows_table, say
 from mergetxn.cli.parsing import column_list, lock_groups, parse_schema
 from parts.model.meta import INLINE_MAX_BYTES
@@ -22,6 +22,48 @@ def table() -> None:
     """Create, describe, alter, drop and list tables."""
 
 
+# The table's own limits ``table create`` sets (``Client.create_table``'s keywords of the same
+# names; None: the replicas' setting): the keyword, its option's type and help.
+_LIMITS: tuple[tuple[str, click.ParamType | type, str], ...] = (
+    ("txn_max_seconds", float, "Abort a transaction writing this table after this many seconds (keys tables: 60)."),
+    ("txn_max_rows", int, "Abort a transaction staging more rows than this (keys tables: 100000)."),
+    (
+        "retention_seconds",
+        float,
+        "Keep snapshots and changes of this table readable this long after a commit replaced what "
+        "they saw (default: the replicas' retention_seconds, 3600).",
+    ),
+    (
+        "parts_to_delay_insert",
+        click.IntRange(min=0),
+        "Delay inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 150).",
+    ),
+    (
+        "parts_to_throw_insert",
+        click.IntRange(min=0),
+        "Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
+    ),
+    (
+        "inline_rows",
+        click.IntRange(min=0),
+        "Commit an insert of at most this many rows per partition without a file, its rows in the log entry "
+        "(0: never; default: the replicas' setting, 100).",
+    ),
+    (
+        "inline_bytes",
+        click.IntRange(min=0, max=INLINE_MAX_BYTES),
+        "The most Parquet bytes of such an insert's part (0: never; default: the replicas' setting, 16384).",
+    ),
+)
+
+
+def _limit_options(f: F) -> F:
+    """An option ``--NAME`` (default None) for each of :data:`_LIMITS`, listed in its order."""
+    for name, kind, text in reversed(_LIMITS):
+        f = click.option("--" + name.replace("_", "-"), type=kind, default=None, help=text)(f)
+    return f
+
+
 @table.command("create")
 @click.argument("name")
 @click.option(
@@ -31,25 +73,17 @@ def table() -> None:
     metavar="COLS",
     help='Columns as name:type pairs, e.g. "id:int64,name:string,day:date32" (append ! for NOT NULL).',
 )
-@click.option(
-    "--partition-by",
-    multiple=True,
-    metavar="COL",
-    help="Partition column (repeat for several; a comma list also works).",
-)
-@click.option(
-    "--primary-key", multiple=True, metavar="COL", help="Primary key column (repeatable; a comma list also works)."
-)
+@repeatable("--partition-by", metavar="COL", help="Partition column (repeat for several; a comma list also works).")
+@repeatable("--primary-key", metavar="COL", help="Primary key column (repeatable; a comma list also works).")
 @shown(
     "--policy",
     type=click.Choice(["parts", "maxcompute", "append", "keys"]),
     default="parts",
     help="Conflict policy for concurrent writers (keys: a keys table, needs --primary-key).",
 )
-@click.option(
+@repeatable(
     "--lock-group",
     "lock_group",
-    multiple=True,
     metavar="NAME=COL1,COL2",
     help="Keys tables: a lock group and its columns (repeatable).",
 )
@@ -59,50 +93,7 @@ def table() -> None:
     default="full",
     help="Keys tables: full (transactions) or none (each write on its own).",
 )
-@click.option(
-    "--txn-max-seconds",
-    type=float,
-    default=None,
-    help="Abort a transaction writing this table after this many seconds (keys tables: 60).",
-)
-@click.option(
-    "--txn-max-rows",
-    type=int,
-    default=None,
-    help="Abort a transaction staging more rows than this (keys tables: 100000).",
-)
-@click.option(
-    "--retention-seconds",
-    type=float,
-    default=None,
-    help="Keep snapshots and changes of this table readable this long after a commit replaced what "
-    "they saw (default: the replicas' retention_seconds, 3600).",
-)
-@click.option(
-    "--parts-to-delay-insert",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Delay inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 150).",
-)
-@click.option(
-    "--parts-to-throw-insert",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Refuse inserts into a partition holding this many visible parts (0: never; default: the replicas' setting, 300).",
-)
-@click.option(
-    "--inline-rows",
-    type=click.IntRange(min=0),
-    default=None,
-    help="Commit an insert of at most this many rows per partition without a file, its rows in the log entry "
-    "(0: never; default: the replicas' setting, 100).",
-)
-@click.option(
-    "--inline-bytes",
-    type=click.IntRange(min=0, max=INLINE_MAX_BYTES),
-    default=None,
-    help="The most Parquet bytes of such an insert's part (0: never; default: the replicas' setting, 16384).",
-)
+@_limit_options
 @click.option("--no-auto-merge", is_flag=True, help="Keep background merges away from this table.")
 @json_option("Print the outcome as one JSON object.")
 @replica_option
@@ -114,30 +105,16 @@ def table_create(
     policy: str,
     lock_group: tuple[str, ...],
     atomicity: str,
-    txn_max_seconds: float | None,
-    txn_max_rows: int | None,
-    retention_seconds: float | None,
-    parts_to_delay_insert: int | None,
-    parts_to_throw_insert: int | None,
-    inline_rows: int | None,
-    inline_bytes: int | None,
     no_auto_merge: bool,
     as_json: bool,
     replica: str,
+    **given: Any,
 ) -> None:
     """Create table NAME."""
     schema = parse_schema(schema_text)
     shape: dict[str, Any] = {"partition_by": column_list(partition_by), "primary_key": column_list(primary_key)}
     groups = lock_groups(lock_group)
-    limits: dict[str, Any] = {
-        "txn_max_seconds": txn_max_seconds,
-        "txn_max_rows": txn_max_rows,
-        "retention_seconds": retention_seconds,
-        "parts_to_delay_insert": parts_to_delay_insert,
-        "parts_to_throw_insert": parts_to_throw_insert,
-        "inline_rows": inline_rows,
-        "inline_bytes": inline_bytes,
-    }
+    limits: dict[str, Any] = {name: given[name] for name, _, _ in _LIMITS}  # in the table's order
 
     def create(client: Client) -> int:
         return client.create_table(
@@ -239,14 +216,13 @@ def _show(d: dict) -> None:
 
 @table.command("alter")
 @click.argument("name")
-@click.option(
+@repeatable(
     "--add-column",
     "add",
-    multiple=True,
     metavar="NAME:TYPE",
     help="Add a nullable column (repeatable; rows written before read it as null).",
 )
-@click.option("--rename-column", "rename", multiple=True, metavar="OLD=NEW", help="Rename a column (repeatable).")
+@repeatable("--rename-column", "rename", metavar="OLD=NEW", help="Rename a column (repeatable).")
 @click.option(
     "--retention-seconds",
     "retention",

@@ -126,7 +126,7 @@ def test_a_frame_over_the_limit_is_answered_and_skipped(served) -> None:
     """A request beyond the frame limit is answered InvalidInput naming the limit, its bytes
     are skipped as they arrive (never buffered), and the connection carries on."""
     _, server = served
-    limit = server.limits.max_frame
+    limit = server.limits.max_frame_bytes
     sock, rfile = raw_connection(server)
     sock.sendall(struct.pack(">I", limit + 10))
     reply = read_frame(rfile)
@@ -333,7 +333,7 @@ def test_partial_frames_together_stay_within_the_buffer_budget() -> None:
     from coordinator.wire.rpc import _CHUNK, _FREE, Limits
 
     svc = Service()
-    limits = Limits(max_frame=1 << 20)
+    limits = Limits(max_frame_bytes=1 << 20)
     server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, limits=limits)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
@@ -415,20 +415,22 @@ def test_pending_caps_stay_below_the_caps_of_all_connections() -> None:
     from coordinator.wire.rpc import Limits
 
     assert (Limits().pending_cap, Limits().pending_per_peer_cap) == (256, 64)
-    small = Limits(max_connections=10, max_per_peer=20, max_pending=256, max_pending_per_peer=64)
+    small = Limits(
+        max_connections=10, max_connections_per_peer=20, max_pending_connections=256, max_pending_per_peer=64
+    )
     assert (small.pending_cap, small.pending_per_peer_cap) == (5, 5)
-    assert Limits(max_per_peer=8).pending_per_peer_cap == 4
-    assert Limits(max_connections=1, max_per_peer=1).pending_per_peer_cap == 1  # never 0
+    assert Limits(max_connections_per_peer=8).pending_per_peer_cap == 4
+    assert Limits(max_connections=1, max_connections_per_peer=1).pending_per_peer_cap == 1  # never 0
 
 
 def test_silent_connections_give_way_to_a_client_from_their_own_address() -> None:
-    """Limits.max_per_peer 8: more silent connections from this address than that, then a
+    """Limits.max_connections_per_peer 8: more silent connections from this address than that, then a
     client's call is answered at once (the oldest silent ones closed for it); a silent
     connection is closed after handshake_seconds."""
     from coordinator.wire.rpc import Limits
 
     svc = Service()
-    limits = Limits(max_per_peer=8, handshake_seconds=1.0)
+    limits = Limits(max_connections_per_peer=8, handshake_seconds=1.0)
     server = RpcServer("127.0.0.1", 0, svc.dispatch, inline=svc.inline, limits=limits)
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
