@@ -106,6 +106,16 @@ def test_the_readme_is_a_short_front_door_whose_links_all_resolve() -> None:
     assert not missing, f"README links to files that do not exist: {missing}"
 
 
+def test_the_benchmarks_readme_stays_short_and_results_hold_one_file_per_run() -> None:
+    """Pure: benchmarks/README.md stays at most 300 lines (what each benchmark measures, how to run
+    it, the latest table); results/ holds result files (JSON) only, no patches or scratch files."""
+    bench = ROOT / "benchmarks"
+    assert len((bench / "README.md").read_text(encoding="utf-8").splitlines()) <= 300
+    others = [p.name for p in (bench / "results").iterdir() if p.suffix != ".json"]
+    assert not others, f"benchmarks/results holds more than result files: {others}"
+    assert not list(bench.rglob("*.patch")), "patches do not belong in benchmarks/"
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer) -> Iterator[LocalCluster]:
     with make_cluster(tmp_path_factory, zk_server, "guide", replicas=2) as c:
