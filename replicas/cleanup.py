@@ -68,13 +68,14 @@ MIN_PASS_SECONDS = 1.0  # background cleanup passes never come closer together t
 
 def pass_interval(gc_interval: float, windows: Iterable[float]) -> float:
     """Seconds between background cleanup passes: ``gc_interval``, or a quarter of the shortest
-    retention window in force (``windows``) when that is shorter, never under
-    :data:`MIN_PASS_SECONDS`; so a removed part outlives its window by at most about a quarter
-    of it, and storage holds the live data and the window's removed parts and not much more
-    (docs/architecture/bounds.md). ``gc_interval`` 0 (never) stays 0."""
+    retention window in force (``windows``; a window of 0, which keeps only the snapshots in
+    use, does not count) when that is shorter, never under :data:`MIN_PASS_SECONDS`; so a
+    removed part outlives its window by at most about a quarter of it, and storage holds the
+    live data and the window's removed parts and not much more (docs/architecture/bounds.md).
+    ``gc_interval`` 0 (never) stays 0."""
     if gc_interval <= 0:
         return 0.0
-    shortest = min(windows, default=math.inf)
+    shortest = min((w for w in windows if w > 0), default=math.inf)
     return min(gc_interval, max(MIN_PASS_SECONDS, shortest / 4))
 
 

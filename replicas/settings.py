@@ -182,8 +182,8 @@ class ReplicaConfig:
     )
     gc_interval: float = _setting(
         10.0,
-        "seconds between background cleanup passes, or a quarter of the shortest retention window when "
-        "that is shorter, at least 1 (0: never)",
+        "seconds between background cleanup passes, or a quarter of the shortest retention window above 0 "
+        "when that is shorter, at least 1 (0: never)",
         minimum=0,
         tunable=True,
     )

@@ -119,7 +119,8 @@ def test_catalog_changes_are_forgotten_past_the_floor_but_the_last() -> None:
         (10.0, [3600.0], 10.0),  # the default: an hour's window leaves gc_interval as it is
         (10.0, [3600.0, 10.0], 2.5),  # a table's 10 s window: a pass every quarter of it
         (10.0, [3600.0, 2.0], 1.0),  # never closer than MIN_PASS_SECONDS
-        (10.0, [0.0], 1.0),  # a window of 0
+        (10.0, [0.0, 3600.0], 10.0),  # a window of 0 keeps only snapshots in use: gc_interval
+        (10.0, [0.0, 0.5], 1.0),
         (0.0, [1.0], 0.0),  # gc_interval 0: never, whatever the windows
         (30.0, [], 30.0),
     ],
