@@ -630,7 +630,8 @@ def read_part(
             # One thread: a point read decodes a group or two, where a pool's hand-offs cost more.
             got = pf.read_row_groups(groups, columns=columns, use_threads=False)
             return keytables.rows_of_keys(got, pk, wanted)
-        result = pf.read(columns=columns)
+        # An inlined part is a few KB already in memory: Arrow's threads cost more than they save.
+        result = pf.read(columns=columns, use_threads=meta.inline is None)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
     if result.num_rows != meta.rows:
@@ -639,6 +640,65 @@ def read_part(
             path=meta.path,
         )
     return result
+
+
+class _Inlined:
+    """Inlined parts (docs/architecture/small-writes.md) decoded by :func:`read_inlined`, by
+    their claims (path, size, checksum, rows), each with the bytes it was decoded from: a part
+    is taken from here only when the bytes in its metadata now are those bytes, so what a read
+    returns and refuses is what decoding them again would. Until a flush, every read of a table
+    holds its inlined parts again; this decodes each once per process. Bounded by the bytes held
+    (raw and decoded), the least recently used go first; any thread."""
+
+    BYTES = 64 << 20
+
+    def __init__(self, max_bytes: int = BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, int, str, int], tuple[bytes, pa.Table, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, meta: PartMeta) -> pa.Table | None:
+        key = (meta.path, meta.size, meta.checksum, meta.rows)
+        with self._lock:
+            got = self._items.get(key)
+            if got is None or got[0] != meta.inline:
+                return None
+            self._items.move_to_end(key)
+            return got[1]
+
+    def put(self, meta: PartMeta, data: pa.Table) -> None:
+        if meta.inline is None:
+            return
+        key, held = (meta.path, meta.size, meta.checksum, meta.rows), len(meta.inline) + data.nbytes
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._items[key] = (meta.inline, data, held)
+            self._bytes += held
+            while self._items and self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][2]
+
+
+_INLINED = _Inlined()
+
+
+def read_inlined(storage: Storage, meta: PartMeta) -> pa.Table:
+    """An inlined part's rows, as :func:`read_part` reads them (its bytes checked against its
+    size, checksum and rows), decoded once per process while they stay in :data:`_INLINED`:
+    the readers of a table whose inlined parts are not yet flushed (``client.read``,
+    ``client.dataset``) read the same thousands of parts again and again."""
+    if meta.inline is None:
+        return read_part(storage, meta)
+    got = _INLINED.get(meta)
+    if got is None:
+        got = read_part(storage, meta)
+        _INLINED.put(meta, got)
+    return got
 
 
 def verified_bytes(storage: Storage, meta: PartMeta) -> bytes:
