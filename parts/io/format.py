@@ -630,8 +630,7 @@ def read_part(
             # One thread: a point read decodes a group or two, where a pool's hand-offs cost more.
             got = pf.read_row_groups(groups, columns=columns, use_threads=False)
             return keytables.rows_of_keys(got, pk, wanted)
-        # An inlined part is a few KB already in memory: Arrow's threads cost more than they save.
-        result = pf.read(columns=columns, use_threads=meta.inline is None)
+        result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None
     if result.num_rows != meta.rows:
@@ -685,6 +684,12 @@ class _Inlined:
 
 
 _INLINED = _Inlined()
+
+
+def held_inlined(meta: PartMeta) -> pa.Table | None:
+    """An inlined part's rows when :func:`read_inlined` decoded these very bytes under these
+    claims before and still holds them, else None (a part in storage: always None)."""
+    return None if meta.inline is None else _INLINED.get(meta)
 
 
 def read_inlined(storage: Storage, meta: PartMeta) -> pa.Table:

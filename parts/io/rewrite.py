@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,7 +27,7 @@ from coordinator.core.tabledata import (
 )
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, Mutate
-from parts.io.format import read_inlined, read_part, write_part
+from parts.io.format import held_inlined, read_inlined, read_part, write_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
 from parts.model.meta import PartMeta
@@ -49,34 +50,39 @@ def read_parts(
     table: TableDef | None = None,
     cached: bool = False,
 ) -> list[pa.Table]:
-    """Read several parts at once (I/O bound: threads overlap the reads of files); order is
-    kept. Inlined parts (docs/architecture/small-writes.md) are decoded in the calling thread,
-    meanwhile: there is no I/O to overlap, and thousands of them in a pool cost more in hand-offs
-    than in decoding. With ``table``, each part is read under that definition (columns renamed or
-    added since it was written: :meth:`TableDef.upgrade`). ``cached`` (a client's reads, which
-    read the same unflushed inlined parts again and again): inlined parts through
-    :func:`read_inlined`, decoded once per process."""
+    """Read several parts at once (threads overlap the reads and decodes); order is kept. With
+    ``table``, each part is read under that definition (columns renamed or added since it was
+    written: :meth:`TableDef.upgrade`). ``cached`` (a client's reads, which read the same
+    unflushed inlined parts again and again, docs/architecture/small-writes.md): inlined parts
+    through :func:`read_inlined`, decoded once per process; those decoded before are taken in
+    the calling thread, without the pool."""
     whole = columns if table is None else None
 
-    def one(p: PartMeta) -> pa.Table:
-        data = read_inlined(storage, p) if cached and whole is None else read_part(storage, p, whole)
+    def under(p: PartMeta, data: pa.Table) -> pa.Table:
         if table is None:
             return data
         data = table.upgrade(data, p.schema_version)
         return data if columns is None else data.select(list(columns))
 
-    files = [i for i, p in enumerate(parts) if p.inline is None]
-    if len(files) <= 1:
-        return [one(p) for p in parts]
+    def one(i: int) -> pa.Table:
+        p = parts[i]
+        return under(p, read_inlined(storage, p) if cached and whole is None else read_part(storage, p, whole))
+
     out: list[pa.Table | None] = [None] * len(parts)
-    with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
-        reading = [(i, pool.submit(one, parts[i])) for i in files]
+    if cached and whole is None:
         for i, p in enumerate(parts):
-            if p.inline is not None:
-                out[i] = one(p)
-        for i, future in reading:
-            out[i] = future.result()
-    return [t for t in out if t is not None]
+            held = held_inlined(p)
+            if held is not None:
+                out[i] = under(p, held)
+    todo = [i for i, data in enumerate(out) if data is None]
+    if len(todo) <= 1:
+        for i in todo:
+            out[i] = one(i)
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            for i, data in zip(todo, pool.map(one, todo)):
+                out[i] = data
+    return cast(list[pa.Table], out)
 
 
 def joined(parts: Sequence[PartMeta], tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
