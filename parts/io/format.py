@@ -672,7 +672,7 @@ class _Inlined:
     def put(self, meta: PartMeta, data: pa.Table) -> None:
         if meta.inline is None:
             return
-        key, held = (meta.path, meta.size, meta.checksum, meta.rows), len(meta.inline) + data.nbytes
+        key, held = (meta.path, meta.size, meta.checksum, meta.rows), len(meta.inline) + data.get_total_buffer_size()
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
