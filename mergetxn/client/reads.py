@@ -179,7 +179,7 @@ class Reads(ClientBase):
                     yield from self._fold_by_range(tdef, group, r.get("csns") or {}, budget)
                 return
             for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
-                yield rewrite.read_parts(self.storage, [meta], table=tdef)[0]
+                yield rewrite.read_parts(self.storage, [meta], table=tdef, cached=True)[0]
 
         with self._leased(r):
             yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
@@ -410,7 +410,7 @@ class Reads(ClientBase):
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
-                datas = rewrite.read_parts(self.storage, metas, table=tdef)
+                datas = rewrite.read_parts(self.storage, metas, table=tdef, cached=True)
         except errors.CorruptPart:  # collected meanwhile?
             self.call("changes", table=table, start=lo, end=hi, by=by, fresh=True, lease="none", **extra)
             raise
@@ -477,7 +477,7 @@ class Reads(ClientBase):
     def _dataset(self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int] | None) -> ds.Dataset:
         if tdef.conflict_policy is Policy.KEYS:  # versions fold per key: the fold is the dataset
             return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
-        return snapshot_dataset(self.storage, tdef, metas)
+        return snapshot_dataset(self.storage, tdef, metas, cached=True)
 
     @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
@@ -541,8 +541,7 @@ class Reads(ClientBase):
                     tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
                 )
             ]
-        tables = rewrite.read_parts(self.storage, metas, table=tdef)
-        data = pa.concat_tables(tables) if tables else tdef.schema.empty_table()
+        data = rewrite.joined(metas, rewrite.read_parts(self.storage, metas, table=tdef, cached=True), tdef.schema)
         if where is not None:
             data = data.filter(where)
         if columns is not None:

@@ -37,7 +37,7 @@ import pyarrow.fs as pafs
 
 from coordinator.core.errors import CorruptPart, InvalidInput, quote
 from coordinator.model.catalog import TableDef
-from parts.io.rewrite import read_parts
+from parts.io.rewrite import joined, read_parts
 from parts.io.storage import Storage
 from parts.model.meta import PartMeta
 
@@ -76,13 +76,14 @@ def _shape(tdef: TableDef, meta: PartMeta) -> str:
     return LACKING if any(old is None for old in before) else WHOLE
 
 
-def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]) -> ds.Dataset:
+def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta], cached: bool = False) -> ds.Dataset:
     """The rows of ``metas`` (the parts visible at one snapshot, of table ``tdef``) as a dataset
     of ``tdef.schema``: a ``FileSystemDataset`` of one fragment per part; when some parts predate
     an ``alter_table``, a ``UnionDataset`` of the parts holding every column, those lacking a
     column added since (each a fragment too), and the upgraded rows of those written before a
     rename (in memory). Inlined parts (docs/architecture/small-writes.md: their Parquet bytes in
-    their metadata) are decoded, checked and upgraded into one more in-memory child."""
+    their metadata) are decoded, checked and upgraded into one more in-memory child (``cached``:
+    decoded once per process, :func:`parts.io.rewrite.read_parts`), their rows in few chunks."""
     filesystem = storage.arrow_filesystem()
     fmt = ds.ParquetFileFormat()
     shapes: dict[str, list[PartMeta]] = {WHOLE: [], LACKING: [], RENAMED: []}
@@ -108,7 +109,9 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
     if shapes[RENAMED]:
         children.append(ds.dataset(pa.concat_tables(read_parts(storage, shapes[RENAMED], table=tdef))))
     if inlined:  # their bytes are in their metadata: decoded (and checked) here, one child in memory
-        children.append(table_dataset(tdef, pa.concat_tables(read_parts(storage, inlined, table=tdef))))
+        children.append(
+            table_dataset(tdef, joined(inlined, read_parts(storage, inlined, table=tdef, cached=cached), tdef.schema))
+        )
     if len(children) <= 1:
         return children[0] if children else files([])
     return ds.dataset(children)

@@ -641,6 +641,71 @@ def read_part(
     return result
 
 
+class _Inlined:
+    """Inlined parts (docs/architecture/small-writes.md) decoded by :func:`read_inlined`, by
+    their claims (path, size, checksum, rows), each with the bytes it was decoded from: a part
+    is taken from here only when the bytes in its metadata now are those bytes, so what a read
+    returns and refuses is what decoding them again would. Until a flush, every read of a table
+    holds its inlined parts again; this decodes each once per process. Bounded by the bytes held
+    (raw and decoded), the least recently used go first; any thread."""
+
+    BYTES = 64 << 20
+
+    def __init__(self, max_bytes: int = BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, int, str, int], tuple[bytes, pa.Table, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, meta: PartMeta) -> pa.Table | None:
+        key = (meta.path, meta.size, meta.checksum, meta.rows)
+        with self._lock:
+            got = self._items.get(key)
+            if got is None or got[0] != meta.inline:
+                return None
+            self._items.move_to_end(key)
+            return got[1]
+
+    def put(self, meta: PartMeta, data: pa.Table) -> None:
+        if meta.inline is None:
+            return
+        key, held = (meta.path, meta.size, meta.checksum, meta.rows), len(meta.inline) + data.get_total_buffer_size()
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            self._items[key] = (meta.inline, data, held)
+            self._bytes += held
+            while self._items and self._bytes > self.max_bytes:
+                self._bytes -= self._items.popitem(last=False)[1][2]
+
+
+_INLINED = _Inlined()
+
+
+def held_inlined(meta: PartMeta) -> pa.Table | None:
+    """An inlined part's rows when :func:`read_inlined` decoded these very bytes under these
+    claims before and still holds them, else None (a part in storage: always None)."""
+    return None if meta.inline is None else _INLINED.get(meta)
+
+
+def read_inlined(storage: Storage, meta: PartMeta) -> pa.Table:
+    """An inlined part's rows, as :func:`read_part` reads them (its bytes checked against its
+    size, checksum and rows), decoded once per process while they stay in :data:`_INLINED`:
+    the readers of a table whose inlined parts are not yet flushed (``client.read``,
+    ``client.dataset``) read the same thousands of parts again and again."""
+    if meta.inline is None:
+        return read_part(storage, meta)
+    got = _INLINED.get(meta)
+    if got is None:
+        got = read_part(storage, meta)
+        _INLINED.put(meta, got)
+    return got
+
+
 def verified_bytes(storage: Storage, meta: PartMeta) -> bytes:
     """The part file's bytes, once their size and checksum match what was recorded: nothing is
     decoded from a file that was truncated, replaced or rotted (an inlined part's bytes, from

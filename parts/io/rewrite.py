@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -26,12 +27,13 @@ from coordinator.core.tabledata import (
 )
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, Mutate
-from parts.io.format import read_part, write_part
+from parts.io.format import held_inlined, read_inlined, read_part, write_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
 from parts.model.meta import PartMeta
 
 SMALL_PART_BYTES = 32 * 1024 * 1024
+JOINED_CHUNK_BYTES = 64 * 1024 * 1024  # rows of inlined parts made one chunk (joined)
 
 
 @dataclass
@@ -42,23 +44,80 @@ class Rewrite:
 
 
 def read_parts(
-    storage: Storage, parts: list[PartMeta], columns: list[str] | None = None, table: TableDef | None = None
+    storage: Storage,
+    parts: list[PartMeta],
+    columns: list[str] | None = None,
+    table: TableDef | None = None,
+    cached: bool = False,
 ) -> list[pa.Table]:
-    """Read several parts at once (I/O bound: threads overlap the reads); order is kept. With
+    """Read several parts at once (threads overlap the reads and decodes); order is kept. With
     ``table``, each part is read under that definition (columns renamed or added since it was
-    written: :meth:`TableDef.upgrade`)."""
+    written: :meth:`TableDef.upgrade`). ``cached`` (a client's reads, which read the same
+    unflushed inlined parts again and again, docs/architecture/small-writes.md): inlined parts
+    through :func:`read_inlined`, decoded once per process; those decoded before are taken in
+    the calling thread, without the pool."""
+    whole = columns if table is None else None
 
-    def one(p: PartMeta) -> pa.Table:
-        data = read_part(storage, p, columns if table is None else None)
+    def under(p: PartMeta, data: pa.Table) -> pa.Table:
         if table is None:
             return data
         data = table.upgrade(data, p.schema_version)
         return data if columns is None else data.select(list(columns))
 
-    if len(parts) <= 1:
-        return [one(p) for p in parts]
-    with ThreadPoolExecutor(max_workers=min(8, len(parts))) as pool:
-        return list(pool.map(one, parts))
+    def one(i: int) -> pa.Table:
+        p = parts[i]
+        return under(p, read_inlined(storage, p) if cached and whole is None else read_part(storage, p, whole))
+
+    out: list[pa.Table | None] = [None] * len(parts)
+    if cached and whole is None:
+        for i, p in enumerate(parts):
+            held = held_inlined(p)
+            if held is not None:
+                out[i] = under(p, held)
+    todo = [i for i, data in enumerate(out) if data is None]
+    if len(todo) <= 1:
+        for i in todo:
+            out[i] = one(i)
+    else:
+        with ThreadPoolExecutor(max_workers=min(8, len(todo))) as pool:
+            for i, data in zip(todo, pool.map(one, todo)):
+                out[i] = data
+    return cast(list[pa.Table], out)
+
+
+def joined(parts: Sequence[PartMeta], tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Table:
+    """``tables``, the rows of ``parts`` (:func:`read_parts`' answer, all of ``schema``), as one
+    table, in their order; each run of consecutive inlined parts in few chunks (thousands of
+    10-row parts would otherwise be as many chunks, which every filter, select and scan after
+    them pays for one by one)."""
+    pieces: list[pa.Table] = []
+    run: list[pa.Table] = []
+    for meta, data in zip(parts, tables):
+        if meta.inline is not None:
+            run.append(data)
+            continue
+        pieces.extend(_chunked(run))
+        run = []
+        pieces.append(data)
+    pieces.extend(_chunked(run))
+    return pa.concat_tables(pieces) if pieces else schema.empty_table()
+
+
+def _chunked(run: list[pa.Table]) -> list[pa.Table]:
+    """The tables of ``run`` (inlined parts' rows) as tables of one chunk each of about
+    :data:`JOINED_CHUNK_BYTES` (one when they hold less); a group that holds over twice as much
+    (a part's dictionary-encoded values, say) stays as it is, in its chunks."""
+    if len(run) <= 1:
+        return run
+    together = pa.concat_tables(run)
+    groups = -(-together.get_total_buffer_size() // JOINED_CHUNK_BYTES)
+    if groups <= 1:
+        return [together.combine_chunks()]
+    out = []
+    for at in range(0, len(run), -(-len(run) // groups)):
+        group = pa.concat_tables(run[at : at + -(-len(run) // groups)])
+        out.append(group if group.get_total_buffer_size() > 2 * JOINED_CHUNK_BYTES else group.combine_chunks())
+    return out
 
 
 def _rewrite(

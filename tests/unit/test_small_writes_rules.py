@@ -13,9 +13,10 @@ from support.builders import change, entry, part, table_def  # tests/ is on sys.
 
 from coordinator.core import mergeplan
 from coordinator.core.conflicts import Kind
-from coordinator.errors import InvalidInput
+from coordinator.errors import CorruptPart, InvalidInput
 from coordinator.model.catalog import TableDef
 from coordinator.model.znodes import Marks
+from parts.io import rewrite
 from parts.io.format import encode_part, file_claims, read_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
@@ -108,3 +109,36 @@ def test_check_verifies_an_inlined_part_from_its_bytes_and_never_looks_for_its_f
     problems = [p for t in result["tables"] for p in t["problems"]]
     assert [p["part"] for p in problems] == ["bad"] and not result["ok"]
     assert "checksum" in problems[0]["problem"] and "missing" not in problems[0]["problem"]
+
+
+def test_a_cached_inlined_part_is_read_again_only_from_the_same_bytes(tmp_path) -> None:  # noqa: ANN001
+    """Reads through ``read_parts(cached=True)`` take an inlined part decoded before only when
+    its bytes now are the ones decoded: rotted bytes under the same claims are refused as
+    ``read_part`` refuses them, and a lie about the rows is refused every time."""
+    storage = Storage(str(tmp_path))
+    tdef = TableDef.new("t", SCHEMA)
+    meta, raw = encode_part("t", [], (), pa.table({"n": [1, 2], "p": ["a", "b"]}), "A")
+    good = dataclasses.replace(meta, inline=raw)
+    first = rewrite.read_parts(storage, [good], table=tdef, cached=True)[0]
+    assert rewrite.read_parts(storage, [good], table=tdef, cached=True)[0] is first  # decoded once
+    rotted = bytearray(raw)
+    rotted[len(raw) // 2] ^= 0xFF
+    for forged in (dataclasses.replace(good, inline=bytes(rotted)), dataclasses.replace(good, rows=3)):
+        for _ in range(2):
+            with pytest.raises(CorruptPart):
+                rewrite.read_parts(storage, [forged], table=tdef, cached=True)
+    assert rewrite.read_parts(storage, [good], table=tdef, cached=True)[0].equals(first)
+
+
+def test_joined_keeps_the_parts_order_and_makes_inlined_runs_one_chunk(tmp_path) -> None:  # noqa: ANN001
+    storage = Storage(str(tmp_path))
+    tdef = TableDef.new("t", SCHEMA)
+    metas = []
+    for i in range(7):
+        data = pa.table({"n": [2 * i, 2 * i + 1], "p": ["a", "b"]})
+        metas.append(write_data(storage, tdef, data, f"tx{i}", inline=None if i == 3 else (10, 4096))[0])
+    assert [m.inlined for m in metas] == [True, True, True, False, True, True, True]
+    got = rewrite.joined(metas, rewrite.read_parts(storage, metas, table=tdef, cached=True), tdef.schema)
+    assert got.column("n").to_pylist() == list(range(14))
+    assert got.column("n").num_chunks == 3  # three inlined parts, the file, three inlined parts
+    assert rewrite.joined([], [], tdef.schema).equals(tdef.schema.empty_table())
