@@ -58,10 +58,11 @@ class Run:
 RUNS: dict[str, Run] = {
     "commit_throughput.json": Run(
         "commit_throughput.py --seconds 4 --warmup 1 --only raw,mergetxn,mergetxn3,ducklake",
-        "2026-11-27 18:25",
-        "a7aa891",
+        "2026-12-02 14:25",
+        "01a1787",
         AMD,
     ),
+    "commit_cpu.json": Run("commit_cpu.py --commits 5000", "2026-12-02 14:17", "01a1787", AMD),
     "keys_bench.json": Run("keys_bench.py", "2026-11-24 09:44", "88aeebe", AMD),
     "keys_bench_lookup.json": Run("keys_bench.py --only lookup --lookups 2000", "2026-11-28 00:07", "0bba498", AMD),
     "keys_bench_read.json": Run("keys_bench.py --only read", "2026-11-28 01:06", "a166ead", AMD),
@@ -69,12 +70,12 @@ RUNS: dict[str, Run] = {
     "quorum_cost.json": Run("quorum_cost.py --seconds 15", "2026-11-27 21:43", "b4887bb", AMD),
     "security_cost.json": Run("security_cost.py", "2026-11-27 00:47", "45de8f1", AMD),
     "security_cost_commit.json": Run(
-        "security_cost.py --only commit --rounds 7 --old (this tree without the check)",
-        "2026-12-02 10:09",
-        "90ffb05",
-        XEON,
+        "security_cost.py --only commit --paired-commits 20000 (checked and unchecked inserts alternating)",
+        "2026-12-02 14:31",
+        "01a1787",
+        AMD,
     ),
-    "security_brute.json": Run("security_cost.py --only brute (100/s)", "2026-12-01 23:07", "92b428e", XEON),
+    "security_brute.json": Run("security_cost.py --only brute --brute-rate 100", "2026-12-02 14:36", "01a1787", AMD),
     "spark_io.json": Run("spark_io.py --repeat 3", "2026-11-24", "1caaebf", AMD),
     "spark_io_keys.json": Run(
         "spark_io.py --only-keys --keys-no-data-source --keys-floor --repeat 6", "2026-11-28 00:00", "a3f330b", AMD
@@ -142,8 +143,13 @@ def lookup_at(r: Result, commits: int, key: str) -> float:
     return float(entry[key]["p50_ms"])
 
 
+def brute_side(round_: Result) -> Result:
+    """A brute-force round's side of this tree: the last ``--code`` measured (``new`` in older files)."""
+    return round_["new"] if "new" in round_ else list(round_.values())[-1]
+
+
 def brute_worst(r: Result) -> float:
-    return max(round_["new"]["p50_attack_over_quiet"] for round_ in r["rounds"])
+    return max(brute_side(round_)["p50_attack_over_quiet"] for round_ in r["rounds"])
 
 
 ROWS: list[Row] = [
@@ -156,6 +162,12 @@ ROWS: list[Row] = [
     ct_row(
         "`client.insert` of 10 rows, 4 writers",
         "mergetxn_insert_call_4w",
+        "DuckLake, PostgreSQL catalog (best variant), 4 writers",
+        lambda r: best(r, "ducklake_pg", "_4w"),
+    ),
+    ct_row(
+        "`client.insert` of 10 rows, 16 writers",
+        "mergetxn_insert_call_16w",
         "DuckLake, PostgreSQL catalog (best variant), 4 writers",
         lambda r: best(r, "ducklake_pg", "_4w"),
     ),
@@ -194,6 +206,16 @@ ROWS: list[Row] = [
         "mergetxn_3r_metadata_16c_spread",
         "1 replica, the same",
         lambda r: rate(r, "mergetxn_metadata_16c"),
+    ),
+    Row(
+        "commit_cpu.json",
+        "CPU per sequential 10-row `client.insert`, all processes (inlined)",
+        lambda r: f"{r['cases']['inlined']['cpu_ms_per_commit']['all']} ms",
+        "the same inserts as part files",
+        lambda r: (
+            r["cases"]["inlined"]["cpu_ms_per_commit"]["all"] / r["cases"]["part_file"]["cpu_ms_per_commit"]["all"]
+        ),
+        "lower",
     ),
     Row(
         "keys_bench.json",
@@ -312,7 +334,7 @@ ROWS: list[Row] = [
     Row(
         "security_brute.json",
         "a client's call p50 under 100 wrong logins/s from 100 addresses (worst round)",
-        lambda r: f"{max(x['new']['attack']['p50_ms'] for x in r['rounds'])} ms",
+        lambda r: f"{max(brute_side(x)['attack']['p50_ms'] for x in r['rounds'])} ms",
         "the same client, no attack",
         brute_worst,
         "lower",

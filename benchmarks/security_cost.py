@@ -304,7 +304,7 @@ os.environ["MERGETXN_BENCH_PROBE"] = probes
 os.environ["MERGETXN_BENCH_PROBE_SKIP_VERIFY"] = "alternate"
 with tempfile.TemporaryDirectory(prefix="mtx-paired-") as tmp, LocalCluster(tmp, replicas=1) as cluster:
     client = cluster.client(0)
-    client.create_table("t", ct.ten_rows().schema, auto_merge=False)
+    client.create_table("t", ct.ten_rows().schema)  # merges on: 20,000 inserts stay few parts, as in use
     pid = cluster.replica_pid(0)
     lat = []
     for seed in range(commits):
