@@ -831,7 +831,10 @@ def run(workdir: Path | None, keep: bool, out: Console) -> int:
     started = time.perf_counter()
     base, temporary = _base_dir(workdir)
     restore = _interrupt_on_sigterm()
-    cluster = LocalCluster(base, replicas=REPLICAS)
+    # A partition's inlined parts (each writer's 25 small inserts) stay unflushed until the
+    # compaction steps merge them: with the default 16, a merge round that came after the 25th
+    # insert flushed all of them into one part and left the compaction nothing to merge.
+    cluster = LocalCluster(base, replicas=REPLICAS, settings={"inline_flush_parts": 4 * WRITER_COMMITS})
     work = Workload(cluster, out)
     steps = _steps(work)
     progress = _Progress()
