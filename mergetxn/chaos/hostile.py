@@ -305,24 +305,32 @@ class Hostile(threading.Thread):
             return
         kind = self.rng.choice(LIES)
         with self._lane_transaction(client, "lie") as tx:
+            if tx is None:
+                return
             row = pa.table({"p": ["x"], "n": [7]}, schema=PARTITIONED_SCHEMA)
             tdef = client.table(PARTITIONED_TABLE)
             (honest,) = write_data(client.storage, tdef, row, tx.id)
             self._refused(f"lie:{kind}", lambda: tx.add_parts(PARTITIONED_TABLE, [lie(honest, kind)]), client)
 
     @contextlib.contextmanager
-    def _lane_transaction(self, client: Client, what: str) -> Iterator[Transaction]:
-        """A transaction of ``client``, rolled back after the block, then the client closed; a
-        fault in the way (MergetxnError, OSError) ends the block, counted ``{what}-not-tried``."""
+    def _lane_transaction(self, client: Client, what: str) -> Iterator[Transaction | None]:
+        """A transaction of ``client`` (None when a fault kept it from beginning), rolled back
+        after the block, then the client closed; a fault in the way (MergetxnError, OSError) ends
+        the block, counted ``{what}-not-tried``."""
         try:
-            tx = client.begin()
+            try:
+                tx = client.begin()
+            except (MergetxnError, OSError) as exc:
+                self.counts[f"{what}-not-tried:{type(exc).__name__}"] += 1  # a fault before it began
+                yield None
+                return
             try:
                 yield tx
+            except (MergetxnError, OSError) as exc:
+                self.counts[f"{what}-not-tried:{type(exc).__name__}"] += 1  # a fault in the way
             finally:
-                with contextlib.suppress(MergetxnError):
+                with contextlib.suppress(MergetxnError, OSError):
                     tx.rollback()
-        except (MergetxnError, OSError) as exc:
-            self.counts[f"{what}-not-tried:{type(exc).__name__}"] += 1  # a fault in the way
         finally:
             client.close()
 
@@ -346,6 +354,8 @@ class Hostile(threading.Thread):
             return kinds
         left = list(kinds)
         with self._lane_transaction(client, "inlined") as tx:
+            if tx is None:
+                return left
             tdef = client.table(PARTITIONED_TABLE)
             limits = tdef.inline_limits(*client.inline_settings)
             while left:

@@ -32,6 +32,7 @@ from coordinator.wire.rpc import frame, read_frame
 from coordinator.wire.security import make_cluster_credentials
 from mergetxn.cli import cli
 from mergetxn.local.cluster import LocalCluster
+from mergetxn.local.zkserver import ZooKeeperServer
 from replicas.settings import ReplicaConfig
 
 pytestmark = pytest.mark.slow
@@ -597,3 +598,25 @@ def test_the_chaos_lanes_forged_inlined_parts_are_each_refused_for_what_they_for
     assert lane.verify(address) == []
     assert not list((Path(plain.storage_url) / PARTITIONED_TABLE).rglob("*.parquet"))  # nothing was stored
     still_serves(plain)
+
+
+def test_the_chaos_lane_counts_a_transaction_a_fault_kept_from_beginning(
+    tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer
+) -> None:
+    """The hostile lane's transaction block, when its replica is gone before ``begin`` answers,
+    is given no transaction and counts the attack as not tried (a secured campaign's lane died of
+    "generator didn't yield" there: the block raised instead of being skipped)."""
+    import threading
+
+    from mergetxn.chaos.hostile import Hostile
+
+    with make_cluster(tmp_path_factory, zk_server, "lane-begin", replicas=1) as cluster:
+        address = cluster.replica_addresses[0]
+        lane = Hostile(lambda: [address], threading.Event(), seed=3, timeout=2.0)
+        client = lane._lane_client(address)
+        assert client is not None
+        cluster.kill_replica(0)
+        with lane._lane_transaction(client, "inlined") as tx:
+            assert tx is None
+        assert lane.counts["inlined-not-tried:ReplicaUnavailable"] == 1, lane.counts
+        assert lane.findings == []
