@@ -336,14 +336,23 @@ class Hostile(threading.Thread):
 
     def inlined(self, address: str) -> None:
         """Every forged inlined part (:data:`INLINED`) tried at ``address``; those a fault kept
-        from an answer there, at each other replica once: a short run under kills and pauses
-        still tries each kind."""
+        from an answer there, at each other replica once (:meth:`_until_tried`)."""
+        left = list(INLINED)
+
+        def attempt(at: str) -> bool:
+            nonlocal left
+            left = self._inlined_at(at, left)
+            return not left
+
+        self._until_tried(address, attempt)
+
+    def _until_tried(self, address: str, attempt: Callable[[str], bool]) -> None:
+        """``attempt`` at ``address``, then, while a fault keeps it from being tried (it returns
+        False), at each other replica once: a short run under kills and pauses still tries it."""
         others = [a for a in self.addresses() if a != address]
         self.rng.shuffle(others)
-        left = list(INLINED)
         for at in [address, *others]:
-            left = self._inlined_at(at, left)
-            if not left or self.stop_event.is_set():
+            if attempt(at) or self.stop_event.is_set():
                 return
 
     def _inlined_at(self, address: str, kinds: list[str]) -> list[str]:
@@ -430,13 +439,9 @@ class Hostile(threading.Thread):
 
     # -- another user's ids (a secured cluster) ----------------------------------------------------
     def others_ids(self, address: str) -> None:
-        """Tried at ``address``, then, while a fault keeps it from being tried there, at each
-        other replica once: a short run under kills and pauses still tries it."""
-        others = [a for a in self.addresses() if a != address]
-        self.rng.shuffle(others)
-        for at in [address, *others]:
-            if self._others_ids_at(at) or self.stop_event.is_set():
-                return
+        """Tried at ``address``, then at each other replica once while a fault keeps it from
+        being tried (:meth:`_until_tried`)."""
+        self._until_tried(address, self._others_ids_at)
 
     def _others_ids_at(self, address: str) -> bool:
         """One try of another user's ids at ``address``; False when a fault kept it from being tried."""
