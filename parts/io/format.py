@@ -301,46 +301,45 @@ def file_ranges(raw: bytes) -> dict:
     return {"tail": [footer, zlib.crc32(view[len(raw) - footer :])], "groups": groups}
 
 
-class _Footers:
-    """Parsed, verified footers of parts read by point reads, by path and checksum (parts never
-    change): a lookup in a part read before fetches only its row group. Bounded by the bytes of
-    the footers held (their recorded tail lengths; a footer of a part of a few row groups takes
-    a few KB, so the thousand parts of a table fit), the least recently used go first; any
-    thread."""
+class _Cache:
+    """Values by key, bounded by their recorded sizes (``max_bytes``) and their number
+    (``count``), the least recently used going first (the newest always stays); any thread.
+    Keys must name immutable content (parts never change)."""
 
-    BYTES = 64 << 20
-    COUNT = 1 << 16
-
-    def __init__(self, max_bytes: int = BYTES, count: int = COUNT) -> None:
+    def __init__(self, max_bytes: int, count: int | None = None) -> None:
         self.max_bytes, self.count = max_bytes, count
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, str], tuple[Any, list, int, set]] = OrderedDict()
+        self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, key: tuple[str, str]) -> tuple[Any, list, int, set] | None:
+    def get(self, key: Any) -> Any:
         with self._lock:
             got = self._items.get(key)
-            if got is not None:
-                self._items.move_to_end(key)
-            return got
+            if got is None:
+                return None
+            self._items.move_to_end(key)
+            return got[0]
 
-    def put(self, key: tuple[str, str], value: tuple[Any, list, int, set]) -> None:
-        """``value``: (parsed footer, its row groups' key bounds, its size in bytes, the row
-        groups checked to lie in their recorded ranges)."""
+    def put(self, key: Any, value: Any, size: int) -> None:
         with self._lock:
             old = self._items.pop(key, None)
             if old is not None:
-                self._bytes -= old[2]
-            self._items[key] = value
-            self._bytes += value[2]
-            while len(self._items) > 1 and (len(self._items) > self.count or self._bytes > self.max_bytes):
-                self._bytes -= self._items.popitem(last=False)[1][2]
+                self._bytes -= old[1]
+            self._items[key] = (value, size)
+            self._bytes += size
+            count = self.count if self.count is not None else len(self._items)
+            while len(self._items) > 1 and (len(self._items) > count or self._bytes > self.max_bytes):
+                self._bytes -= self._items.popitem(last=False)[1][1]
 
 
-_FOOTERS = _Footers()
+# Parsed, verified footers of parts read by point reads, by path and checksum: a lookup in a part
+# read before fetches only its row group. Each is (parsed footer, its row groups' key bounds, its
+# size in bytes, the row groups checked to lie in their recorded ranges), sized by its recorded
+# tail length (a footer of a part of a few row groups takes a few KB: a table's thousand parts fit).
+_FOOTERS = _Cache(64 << 20, 1 << 16)
 
 
 def group_bounds(metadata: Any, primary_key: Sequence[str]) -> list[list[tuple[Any, Any] | None]]:
@@ -426,7 +425,7 @@ def _keep_footer(meta: PartMeta, ranges: dict, pk: Sequence[str], metadata: Any)
         raise _corrupt(meta, "footer disagrees with its recorded rows or row groups")
     bounds = group_bounds(metadata, pk)
     inside: set[tuple[int, int, int]] = set()
-    _FOOTERS.put((meta.path, meta.checksum), (metadata, bounds, ranges["tail"][0], inside))
+    _FOOTERS.put((meta.path, meta.checksum), (metadata, bounds, ranges["tail"][0], inside), ranges["tail"][0])
     return metadata, bounds, inside
 
 
@@ -641,55 +640,25 @@ def read_part(
     return result
 
 
-class _Inlined:
-    """Inlined parts (docs/architecture/small-writes.md) decoded by :func:`read_inlined`, by
-    their claims (path, size, checksum, rows), each with the bytes it was decoded from: a part
-    is taken from here only when the bytes in its metadata now are those bytes, so what a read
-    returns and refuses is what decoding them again would. Until a flush, every read of a table
-    holds its inlined parts again; this decodes each once per process. Bounded by the bytes held
-    (raw and decoded), the least recently used go first; any thread."""
-
-    BYTES = 64 << 20
-
-    def __init__(self, max_bytes: int = BYTES) -> None:
-        self.max_bytes = max_bytes
-        self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, int, str, int], tuple[bytes, pa.Table, int]] = OrderedDict()
-        self._bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, meta: PartMeta) -> pa.Table | None:
-        key = (meta.path, meta.size, meta.checksum, meta.rows)
-        with self._lock:
-            got = self._items.get(key)
-            if got is None or got[0] != meta.inline:
-                return None
-            self._items.move_to_end(key)
-            return got[1]
-
-    def put(self, meta: PartMeta, data: pa.Table) -> None:
-        if meta.inline is None:
-            return
-        key, held = (meta.path, meta.size, meta.checksum, meta.rows), len(meta.inline) + data.get_total_buffer_size()
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self._bytes -= old[2]
-            self._items[key] = (meta.inline, data, held)
-            self._bytes += held
-            while self._items and self._bytes > self.max_bytes:
-                self._bytes -= self._items.popitem(last=False)[1][2]
+# Inlined parts (docs/architecture/small-writes.md) decoded by read_inlined, by their claims (path,
+# size, checksum, rows), each with the bytes it was decoded from: a part is taken from here only
+# when the bytes in its metadata now are those bytes, so what a read returns and refuses is what
+# decoding them again would. Until a flush every read of a table holds its inlined parts again;
+# this decodes each once per process. Sized by the bytes held, raw and decoded.
+_INLINED = _Cache(64 << 20)
 
 
-_INLINED = _Inlined()
+def _inlined_key(meta: PartMeta) -> tuple[str, int, str, int]:
+    return (meta.path, meta.size, meta.checksum, meta.rows)
 
 
 def held_inlined(meta: PartMeta) -> pa.Table | None:
     """An inlined part's rows when :func:`read_inlined` decoded these very bytes under these
     claims before and still holds them, else None (a part in storage: always None)."""
-    return None if meta.inline is None else _INLINED.get(meta)
+    if meta.inline is None:
+        return None
+    got = _INLINED.get(_inlined_key(meta))
+    return None if got is None or got[0] != meta.inline else got[1]
 
 
 def read_inlined(storage: Storage, meta: PartMeta) -> pa.Table:
@@ -699,10 +668,10 @@ def read_inlined(storage: Storage, meta: PartMeta) -> pa.Table:
     ``client.dataset``) read the same thousands of parts again and again."""
     if meta.inline is None:
         return read_part(storage, meta)
-    got = _INLINED.get(meta)
+    got = held_inlined(meta)
     if got is None:
         got = read_part(storage, meta)
-        _INLINED.put(meta, got)
+        _INLINED.put(_inlined_key(meta), (meta.inline, got), len(meta.inline) + got.get_total_buffer_size())
     return got
 
 
