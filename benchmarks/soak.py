@@ -338,7 +338,12 @@ def grows(values: list[float]) -> bool:
     structure kept by history grows 3x over 9,000 -> 30,000 commits and fails both; one bounded by
     its windows moves between levels as cleanup passes and the window's floor come (part records
     3,200 for four samples then 5,700 for three, in a 30,000-commit run: a fitted rise of 0.71
-    alone, 1.8x the first third's largest), and passes."""
+    alone, 1.8x the first third's largest), and passes. Samples before a structure's first
+    appearance (0: no checkpoint written yet, the first may come after 18,000 commits) are not
+    its size and are left out."""
+    values = values[next((i for i, v in enumerate(values) if v), len(values)) :]
+    if not values:
+        return False
     first = max(values[: max(1, len(values) // 3)])
     return growth(values) > 0.5 and values[-1] > 2 * first
 

@@ -19,3 +19,10 @@ def test_a_bounded_structure_moving_between_levels_does_not():
     assert not soak.grows([3271, 3163, 3188, 3195, 5813, 5743, 5240])
     assert not soak.grows([0, 212903, 212903, 212903, 336517, 336517, 336517])  # the checkpoint, once written
     assert not soak.grows([5000, 5200, 4900, 5100, 5050, 4800, 5300])
+
+
+def test_a_checkpoint_first_written_late_is_not_growth():
+    # a CI run's checkpoint bytes: none written before 18,000 commits, then one of a steady size
+    assert not soak.grows([0, 0, 308460, 308460, 308460, 308460, 308460])
+    assert not soak.grows([0, 0, 0])
+    assert soak.grows([0, 0, 3_000, 6_000, 9_000, 12_000, 15_000])  # growth after the first appearance still fails
