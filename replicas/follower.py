@@ -64,6 +64,9 @@ class Follower:
         # be asked again; any poke (the watch firing, a session event, a reader) voids it.
         self._pokes = 0
         self._armed: tuple[tuple[int, int], int] | None = None
+        # Positions with an exists-watch armed by this follower: one in an epoch behind the
+        # position was never created (the epoch was sealed first) and is removed (a leak else).
+        self._watching: set[tuple[int, int]] = set()
         self._after_own = False  # the last batch ended with an entry this replica committed
         self._idle = threading.Event()  # cleared while a local commit multi is in flight
         self._idle.set()
@@ -188,6 +191,7 @@ class Follower:
                 while True:
                     batch = self._fetch_batch()
                     if not batch:
+                        self._forget_passed_watches()
                         return progressed
                     failpoints.hit("follower_apply")  # a test holds this replica behind the log here
                     # Written before it is applied (a process killed after the apply has it), made
@@ -202,6 +206,22 @@ class Follower:
         finally:
             if progressed:
                 self.wal.sync()  # outside the lock: an own entry's apply (apply_own) need not wait
+
+    def _watch_next(self, epoch: int, seq: int) -> bool:
+        """:meth:`CsnLog.watch_next`, remembering the position while the watch is armed."""
+        if self.log.watch_next(epoch, seq, self.poke):
+            return True
+        self._watching.add((epoch, seq))
+        return False
+
+    def _forget_passed_watches(self) -> None:
+        """Remove the watches armed in epochs behind the position: their entries will never be
+        created (a watch on an entry that was created fired and is gone already)."""
+        position = self.state.position
+        for pos in [p for p in self._watching if p < position]:
+            self._watching.discard(pos)
+            if pos[0] < position[0]:
+                self.log.forget_watch(*pos)
 
     def _fetch_batch(self) -> list[tuple[int, int, int, LogEntry, bytes]]:
         epoch, seq = self.state.position
@@ -256,7 +276,7 @@ class Follower:
             # directly (one request) instead of a read, an epoch stat and then the watch.
             self._after_own = False
             pokes = self._pokes
-            if not self.log.watch_next(epoch, seq, self.poke):
+            if not self._watch_next(epoch, seq):
                 self._armed = ((epoch, seq), pokes)
                 return True
         return False
@@ -316,7 +336,7 @@ class Follower:
         if not sealed and stat is not None and end <= seq:
             if not have_some:
                 pokes = self._pokes
-                if self.log.watch_next(epoch, seq, self.poke):
+                if self._watch_next(epoch, seq):
                     return (epoch, seq)
                 self._armed = ((epoch, seq), pokes)
             return None

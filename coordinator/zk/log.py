@@ -68,6 +68,7 @@ from coordinator.core.errors import CorruptMetadata
 from coordinator.core.versions import DEFAULT_EPOCH_SIZE, csn_of, epoch_full, seq_of_node
 from coordinator.model.znodes import TARGET_BODY, ConfigRecord, EpochNode, TableNode, TailRecord
 from coordinator.zk.orphan_fence import FenceMoved
+from coordinator.zk.recipes import remove_data_watch
 
 log = logging.getLogger(__name__)
 
@@ -463,6 +464,11 @@ class CsnLog:
     def watch_next(self, epoch: int, seq: int, callback: Callable[..., object]) -> bool:
         """Set a one-shot watch for the creation of the next entry; True if it already exists."""
         return self.zk.exists(self.entry_path(epoch, seq), watch=callback) is not None
+
+    def forget_watch(self, epoch: int, seq: int) -> bool:
+        """Remove the watch :meth:`watch_next` set on an entry that was never created (its
+        epoch was sealed first), at the server and in kazoo; False if none was held."""
+        return remove_data_watch(self.zk, self.entry_path(epoch, seq))
 
 
 def given_out(stat: object) -> int:

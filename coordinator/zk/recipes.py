@@ -8,15 +8,57 @@ that also covers a lost connection) runs the whole step again, as kazoo's Counte
 (kazoo/recipe/counter.py, ``_inner_change``). The change may therefore run several times, and once
 more after a write whose answer was lost: it must compute the new data from what it was given
 (e.g. "raise to at least N"), never from how often it ran.
+
+**Removing a watch** (:func:`remove_data_watch`): ZooKeeper 3.5's ``removeWatches`` request (op
+18), which kazoo does not send. An exists-watch on a node that will never be created (the next
+log position of an epoch that was sealed instead) stays on the server and in kazoo's table of
+watchers for the whole session, and kazoo sends every path of that table again after each
+reconnect: one such watch per epoch is a leak over a month. The request is built as kazoo's own
+are (``kazoo.protocol.serialization``: a namedtuple with ``type``, ``serialize`` and
+``deserialize``) and sent by ``_call``, the road every request of kazoo's own methods takes
+(kazoo has no public one).
 """
 
 from __future__ import annotations
 
+from collections import namedtuple
 from collections.abc import Callable
 from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NoWatcherError
+from kazoo.protocol.serialization import int_struct, write_string
 from kazoo.retry import ForceRetryError
+
+DATA_WATCHES = 2  # RemoveWatchesRequest's watcher type: data (and exists) watches
+
+
+class RemoveWatches(namedtuple("RemoveWatches", "path watcher_type")):
+    """ZooKeeper's RemoveWatchesRequest: the session's watches of ``watcher_type`` on ``path``."""
+
+    type = 18
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        b.extend(write_string(self.path))
+        b.extend(int_struct.pack(self.watcher_type))
+        return b
+
+    @classmethod
+    def deserialize(cls, _bytes: bytes, _offset: int) -> bool:
+        return True  # the reply is the header alone
+
+
+def remove_data_watch(zk: Any, path: str, timeout: float = 10.0) -> bool:
+    """Remove this session's data (exists) watch on ``path`` at the server and forget its
+    callbacks in kazoo; False if the server held none (it fired, or a reconnect dropped it)."""
+    sent = (zk.chroot or "") + path
+    result = zk.handler.async_result()
+    zk._call(RemoveWatches(sent, DATA_WATCHES), result)
+    zk._data_watchers.pop(sent, None)  # kazoo re-sends the paths it holds here after a reconnect
+    try:
+        return bool(result.get(timeout=timeout))
+    except NoWatcherError:
+        return False
 
 
 def cas_update(zk: Any, path: str, change: Callable[[bytes | None], bytes | None]) -> bytes | None:

@@ -9,10 +9,13 @@ minute.
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+from kazoo.client import KazooClient
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.data import ID_V, id_rows
 
@@ -76,6 +79,25 @@ def zk_nodes(cluster: LocalCluster) -> int:
     return next(int(line.split()[1]) for line in mntr.splitlines() if line.startswith("zk_znode_count"))
 
 
+def dangling_entry_watches(cluster: LocalCluster) -> list[str]:
+    """Watched log entries (``wchp``) that do not exist in an epoch that is not the newest: a
+    follower waiting for the next entry watches its position; when a checkpoint seals the
+    epoch early, that entry is never created, and the watch would stay for the session (kazoo
+    sends it again after every reconnect) unless the follower removes it: one per checkpoint,
+    a month of them. (A watch on an entry that exists fires when the trim deletes it.)"""
+    hosts = cluster.zk_address.split("/")[0]
+    host, port = hosts.rsplit(":", 1)
+    watched = re.findall(r"^(\S*/log/e-(\d+)/c-\d+)$", four_letter_word(host, int(port), "wchp"), re.M)
+    newest = max((int(e) for _, e in watched), default=0)  # a waiting follower watches the open epoch
+    zk = KazooClient(hosts=hosts)
+    zk.start(timeout=15)
+    try:
+        return [path for path, e in watched if int(e) < newest and zk.exists(path) is None]
+    finally:
+        zk.stop()
+        zk.close()
+
+
 def sample(cluster: LocalCluster) -> dict:
     client = cluster.client(0)
     try:
@@ -104,8 +126,16 @@ def test_structures_stay_the_size_of_the_windows_not_of_history(cluster: LocalCl
     for s in samples:
         assert all(s[k] <= BOUND for k in SIZES), samples
         assert s["visible"] <= 150, samples  # parts_to_delay_insert: merges keep up with three writers
-    second, last = samples[1], samples[-1]
-    # No growth: the last sample is no larger than the second (2,000 commits) plus noise.
+    last = samples[-1]
+    # No growth: the last sample is no larger than the first two (1,000 and 2,000 commits) plus
+    # noise (part records of one run: 452, 363, 606, 315, 470, 791 with a 1 s window).
     for k in (*SIZES, "local_checkpoint_bytes", "zk_nodes"):
-        assert last[k] <= 1.5 * second[k] + 200, (k, [s[k] for s in samples])
+        early = max(samples[0][k], samples[1][k])
+        assert last[k] <= 1.5 * early + 200, (k, [s[k] for s in samples])
     assert last["wal_bytes"] <= 4 * max(s["wal_bytes"] for s in samples[:2]), samples
+    # No watch left on an entry that will never be created (once the followers have looked
+    # past a seal that came after this read: within a few of their one-second rounds).
+    deadline = time.monotonic() + 10
+    while (left := dangling_entry_watches(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"watches on entries of sealed epochs: {left}"
