@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from coordinator.core.errors import MergetxnError
-from mergetxn.cli.options import shown
+from mergetxn.cli.options import directory_option, file_option, shown
 from mergetxn.cli.output import console, fail, print_error
 
 if TYPE_CHECKING:
@@ -96,10 +96,8 @@ if TYPE_CHECKING:
     help="Simulated hosts in network namespaces (needs root), on loopback, "
     "or a single host (one ZooKeeper, replica signal faults only).",
 )
-@click.option(
+@directory_option(
     "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     help="Directory for the cluster's data and logs (default: mergetxn-chaos in the temp dir).",
 )
 @shown(
@@ -130,10 +128,8 @@ if TYPE_CHECKING:
     is_flag=True,
     help="Only remove what an earlier run left (processes, namespaces, its directory) and exit.",
 )
-@click.option(
+@file_option(
     "--check-history",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     help="Check a saved history.jsonl and write its report, without running anything.",
 )
 def chaos(

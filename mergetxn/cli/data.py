@@ -14,7 +14,7 @@ from rich.markup import escape
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from mergetxn.cli.files import READ_FORMATS, output_format, print_rows, write_out
-from mergetxn.cli.options import json_option, replica_option, shown
+from mergetxn.cli.options import file_option, json_option, replica_option, shown
 from mergetxn.cli.output import answer, ask, connected, console, rows_table
 from mergetxn.cli.parsing import parse_as_of
 
@@ -23,11 +23,9 @@ if TYPE_CHECKING:
 
     from mergetxn.client.client import Client
 
-_OUTPUT = click.option(
+_OUTPUT = file_option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     help="Write all rows to this file (format from --format, else from its extension: .csv, "
     ".json/.jsonl, else Parquet) instead of printing.",
 )
@@ -110,11 +108,9 @@ def _first_rows(parts: Iterator[pa.Table], limit: int, to_the_end: bool) -> tupl
 @click.argument("table_name", metavar="TABLE")
 @click.option("--from", "start", type=click.IntRange(min=0), required=True, help="After this CSN.")
 @click.option("--to", "end", type=click.IntRange(min=0), default=None, help="Up to this CSN (default: the latest).")
-@click.option(
+@file_option(
     "--output",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     help="Write the rows to this file (format from --format, else from its extension).",
 )
 @_format_option(

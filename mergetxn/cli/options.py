@@ -97,11 +97,9 @@ def zookeeper_location(replica_help: str) -> Callable[[F], F]:
 
 def credentials_option(what_for: str) -> Callable[[F], F]:
     """``--credentials FILE`` of a command that talks to ZooKeeper itself (``what_for`` says why)."""
-    return click.option(
+    return file_option(
         "--credentials",
         envvar=ENV_CREDENTIALS,
-        type=click.Path(dir_okay=False, path_type=Path),
-        default=None,
         metavar="FILE",
         help=f"A secured cluster's credentials file (default: ${ENV_CREDENTIALS}): {what_for}",
     )
@@ -137,3 +135,17 @@ def shown(*decls: str, type: click.ParamType | type, default: Any, help: str) ->
 def repeatable(*decls: str, metavar: str, help: str) -> Callable[[F], F]:
     """An option given any number of times (its values a tuple, empty when it is not given)."""
     return click.option(*decls, multiple=True, metavar=metavar, help=help)
+
+
+def file_option(*decls: str, help: str, metavar: str | None = None, envvar: str | None = None) -> Callable[[F], F]:
+    """An option naming a file: a :class:`~pathlib.Path` (not checked to exist), None when it is
+    not given."""
+    return click.option(
+        *decls, type=click.Path(dir_okay=False, path_type=Path), default=None, metavar=metavar, envvar=envvar, help=help
+    )
+
+
+def directory_option(*decls: str, help: str) -> Callable[[F], F]:
+    """An option naming a directory: a :class:`~pathlib.Path` (not checked to exist), None when it
+    is not given."""
+    return click.option(*decls, type=click.Path(file_okay=False, path_type=Path), default=None, help=help)

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import click
 
+from mergetxn.cli.options import directory_option
 from mergetxn.cli.output import console
 
 
 @click.command(short_help="See mergetxn work on an embedded cluster.")
-@click.option(
+@directory_option(
     "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
     help="Directory for ZooKeeper, replicas and storage (must be empty; default: a temp dir).",
 )
 @click.option("--keep", is_flag=True, help="Keep the working directory (data and logs) afterwards.")

@@ -13,6 +13,7 @@ from mergetxn.cli.chaos import chaos
 from mergetxn.cli.data import changes, history, parts, read, snapshot
 from mergetxn.cli.insert import insert
 from mergetxn.cli.maintenance import check, compact, gc
+from mergetxn.cli.options import file_option
 from mergetxn.cli.output import EXIT_CODES, MergetxnGroup
 from mergetxn.cli.quickstart import quickstart
 from mergetxn.cli.security import security
@@ -55,12 +56,10 @@ def _set_up_logging(ctx: click.Context, spec: str | None, file: Path | None) -> 
     help="Level of mergetxn's own log lines; other libraries (kazoo, botocore, ...) stay at "
     f"WARNING unless named, e.g. INFO,kazoo=DEBUG (env {logs.ENV_LEVEL}).",
 )
-@click.option(
+@file_option(
     "--log-file",
     "log_file",
     envvar=logs.ENV_FILE,
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     help=f"Append log lines to this file instead of stderr (env {logs.ENV_FILE}).",
 )
 @click.pass_context

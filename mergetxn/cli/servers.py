@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from coordinator.core.errors import InvalidInput, MergetxnError
-from mergetxn.cli.options import credentials_option, shown, timeout_option, zookeeper_access, zookeeper_location
+from mergetxn.cli.options import (
+    credentials_option,
+    file_option,
+    shown,
+    timeout_option,
+    zookeeper_access,
+    zookeeper_location,
+)
 from mergetxn.cli.output import EXIT_UNAVAILABLE, ask, call_timeout, console, fail, log, redact, say
 from replicas.settings import click_options
 
@@ -79,10 +86,8 @@ def zk() -> None:
     default=200,
     help="ZooKeeper tickTime: sessions may be as short as 2 ticks.",
 )
-@click.option(
+@file_option(
     "--credentials",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
     metavar="FILE",
     help="A secured cluster's replica credentials file (mergetxn security init): TLS only on the "
     "client port and between members, sessions only for clients presenting a certificate of the "
