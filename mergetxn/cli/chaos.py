@@ -107,17 +107,17 @@ if TYPE_CHECKING:
     help="Where the parts are: a directory every host sees, or a bucket on moto's S3 server on host 0 "
     "(behind a fault proxy: the s3-errors and s3-timeouts faults).",
 )
-@click.option(
+@shown(
     "--hostile/--no-hostile",
+    type=bool,
     default=True,
-    show_default=True,
     help="Run the hostile-client lane beside the workloads: junk frames, idle connections and forged "
     "parts sent to random replicas (a forged part accepted, or a part file lost, is a finding).",
 )
-@click.option(
+@shown(
     "--secure/--no-secure",
+    type=bool,
     default=False,
-    show_default=True,
     help="A secured cluster: TLS to the replicas and a TLS-only ZooKeeper ensemble under the replicas' "
     "identity, every client logged in as the admin; the hostile lane also makes calls a reader's "
     "and a writer's grants deny (each must be refused and change nothing). Not with --spark.",

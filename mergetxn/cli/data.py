@@ -29,13 +29,7 @@ _OUTPUT = file_option(
     help="Write all rows to this file (format from --format, else from its extension: .csv, "
     ".json/.jsonl, else Parquet) instead of printing.",
 )
-_LIMIT = click.option(
-    "--limit",
-    type=click.IntRange(min=0),
-    default=50,
-    show_default=True,
-    help="Rows to print (--format table only).",
-)
+_LIMIT = shown("--limit", type=click.IntRange(min=0), default=50, help="Rows to print (--format table only).")
 
 
 def _format_option(help_text: str) -> Callable[[Callable], Callable]:
@@ -155,11 +149,11 @@ def history(table_name: str, limit: int, fmt: str, replica: str) -> None:
 
 @click.command(short_help="List a table's parts and their versions.")
 @click.argument("table_name", metavar="TABLE")
-@click.option(
+@shown(
     "--all/--visible",
     "show_all",
+    type=bool,
     default=True,
-    show_default=True,
     help="Show removed parts too, or only the visible ones.",
 )
 @json_option("One JSON object per line.")

@@ -128,7 +128,8 @@ def json_option(help: str) -> Callable[[F], F]:
 
 
 def shown(*decls: str, type: click.ParamType | type, default: Any, help: str) -> Callable[[F], F]:
-    """An option of ``type`` whose default its help shows (``show_default``)."""
+    """An option of ``type`` whose default its help shows (``show_default``); with ``type=bool``
+    and a ``--this/--that`` declaration, a pair of flags."""
     return click.option(*decls, type=type, default=default, show_default=True, help=help)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("coordinator", "parts", "replicas", "spark", "mergetxn")
-MAX_PAIRS = 11
+MAX_PAIRS = 10
 ROW = re.compile(r"^D\d+ (\S+?):\d+-\d+ ~ (\S+?):\d+-\d+")
 
 
