@@ -320,6 +320,9 @@ class AppliedState:
             if rec.removal_csn is not None:
                 continue  # removed once already (never by a valid entry: deterministic anyway)
             rec.removal_tid, rec.removal_csn, rec.removal_time = tid, csn, when
+            at = ch.spilled.get(name)
+            if at is not None and rec.meta.inline is not None:  # a flush: its bytes are in the bundle now
+                rec.meta = replace(rec.meta, inline=None, spilled=at)
             self.removals.append((csn, name))
             live[rec.pkey].discard(name)
             self._index_remove(rec.meta.table, name)

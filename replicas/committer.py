@@ -67,7 +67,7 @@ from coordinator.zk.log import (
 )
 from coordinator.zk.orphan_fence import FenceMoved
 from parts.io.format import delete_part
-from parts.model.meta import sidecar_path
+from parts.model.meta import bundle_path, sidecar_path
 from replicas import failpoints
 from replicas.commit_outcome import UNKNOWN_OUTCOME, LostAnswers
 from replicas.commit_queue import ASYNC_PER_BATCH, MAX_BATCH, CommitQueue, Pending
@@ -540,7 +540,7 @@ class Committer(CommitRules, ReplicaPart):
         if not staged:
             return
         for m in staged:
-            if m.path in condemned or sidecar_path(m.path) in condemned:
+            if m.path in condemned or sidecar_path(m.path) in condemned or bundle_path(m.path) in condemned:
                 raise TransactionAborted(
                     f"transaction {p.committing.id} cannot commit: cleanup took its part {m.name} ({m.path}) for an "
                     "orphan (the transaction looked abandoned: its replica stalled longer than the grace "
@@ -550,7 +550,8 @@ class Committer(CommitRules, ReplicaPart):
                 )
         if p.files_verified_at == fence:
             return
-        gone = self.storage.missing([m.path for m in staged])
+        bundles = {path for op in p.committing.ops if isinstance(op, Compact) for _, path, _ in op.spilled}
+        gone = self.storage.missing([m.path for m in staged] + sorted(bundles))  # a flush's bundle too
         if gone:
             raise TransactionAborted(
                 f"transaction {p.committing.id} cannot commit: its part file {gone[0]} is gone from storage "

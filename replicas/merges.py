@@ -207,7 +207,6 @@ class Merges:
     ) -> dict:
         """Merge ``sources`` (parts of one partition) in a transaction of its own. A conflict is
         logged and recorded, never raised; the partition is retried after a short back-off."""
-        from coordinator.model.records import Compact
         from parts.io import rewrite
 
         txns = self.transactions
@@ -231,8 +230,9 @@ class Merges:
                 self._not_merged(event, "skipped", "sources no longer visible", 1.0)
                 return {"outcome": "skipped"}
             csns = self.state.creation_csns(m.name for m in visible)  # a keys table's versions are ordered by them
-            result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible)  # exactly these
-            op = Compact(tdef.name, kind, added=tuple(result.added), removed=tuple(result.removed), partitions=(pkey,))
+            # exactly these; a flush's inlined parts also stored in a bundle beside its part (spill)
+            result = rewrite.compact(self.storage, tdef, parts, "major", txn.id, csns, visible, spill=True)
+            op = result.compaction(tdef.name, kind, (pkey,))
             txns.stage(txn.id, op, written_here=True)
             staged = True
             if failpoints.ON and any(m.inlined for m in parts):  # a flush: its file written, not committed

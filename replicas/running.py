@@ -17,7 +17,7 @@ from coordinator.core.conflicts import Kind, Summary
 from coordinator.core.readsets import Read
 from coordinator.core.tabledata import partition_key
 from coordinator.core.versions import Tid
-from coordinator.model.records import Change, StagedOp, TxnState
+from coordinator.model.records import Change, Compact, StagedOp, TxnState
 from parts.model.meta import PartMeta
 
 
@@ -30,6 +30,8 @@ class Effect:
     kinds: dict[tuple[str, str], set[Kind]] = field(default_factory=lambda: defaultdict(set))
     whole_tables: set[str] = field(default_factory=set)
     discarded: list[PartMeta] = field(default_factory=list)  # own parts removed again
+    # A flush's removed inlined parts -> (bundle path, offset) of their bytes (Compact.spilled)
+    spilled: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def add_op(self, op: StagedOp, removed_pkeys: dict[str, str]) -> None:
         """Fold one operation in; ``removed_pkeys`` gives the partition of committed parts."""
@@ -49,6 +51,8 @@ class Effect:
             self.kinds[(op.table, pkey)].add(op.operation_kind)
         if op.whole_table:
             self.whole_tables.add(op.table)
+        if isinstance(op, Compact):
+            self.spilled.update((name, (path, at)) for name, path, at in op.spilled if name in self.removed)
 
     def removed_in(self, table: str, pkey: str) -> frozenset[str]:
         return frozenset(n for n, tp in self.removed.items() if tp == (table, pkey))
@@ -66,16 +70,20 @@ class Effect:
         added: dict[tuple[str, str], list[PartMeta]] = defaultdict(list)
         for m in sorted(self.added.values(), key=lambda m: m.name):
             added[(m.table, partition_key(m.partition))].append(m)
-        return [
-            Change(
-                table,
-                pkey,
-                tuple(sorted(kinds, key=lambda k: k.value)),
-                tuple(added.get((table, pkey), ())),
-                tuple(sorted(self.removed_in(table, pkey))),
+        out = []
+        for (table, pkey), kinds in sorted(self.kinds.items()):
+            removed = tuple(sorted(self.removed_in(table, pkey)))
+            out.append(
+                Change(
+                    table,
+                    pkey,
+                    tuple(sorted(kinds, key=lambda k: k.value)),
+                    tuple(added.get((table, pkey), ())),
+                    removed,
+                    {n: self.spilled[n] for n in removed if n in self.spilled},
+                )
             )
-            for (table, pkey), kinds in sorted(self.kinds.items())
-        ]
+        return out
 
 
 @dataclass

@@ -40,7 +40,7 @@ from coordinator.core.conflicts import Policy
 from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import ALTERABLE, TableDef
-from coordinator.model.records import Compact, TxnState, op_from_dict
+from coordinator.model.records import TxnState, op_from_dict
 from coordinator.wire import protocol
 from coordinator.wire.rpc import PRINCIPAL, RpcServer, error_reply
 from coordinator.wire.security import backup_mac
@@ -597,15 +597,10 @@ class ReplicaServer(RpcServer):
             pkeys = None if a.get("partitions") is None else [partition_key(tuple(p)) for p in a["partitions"]]
             _, visible = txns.visible_parts(table.name, txn.id, pkeys=pkeys)
             kind = a.get("kind", "minor")
-            result = rewrite.compact(replica.storage, table, visible, kind, txn.id, self._csns(visible)["csns"])
-            op = Compact(
-                table.name,
-                kind,
-                added=tuple(result.added),
-                removed=tuple(result.removed),
-                partitions=None if pkeys is None else tuple(pkeys),
-                rows=sum(m.rows for m in result.added),
-            )
+            csns = self._csns(visible)["csns"]
+            result = rewrite.compact(replica.storage, table, visible, kind, txn.id, csns, spill=True)
+            partitions = None if pkeys is None else tuple(pkeys)
+            op = result.compaction(table.name, kind, partitions, rows=sum(m.rows for m in result.added))
             if op.removed:
                 txns.stage(txn.id, op, written_here=True)
             if failpoints.ON and any(m.inlined and m.name in op.removed for m in visible):

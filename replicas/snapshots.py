@@ -241,6 +241,10 @@ class SnapshotReads(ReplicaFields):
                     "rows": rec.meta.rows,
                     "size": rec.meta.size,
                     "inlined": rec.meta.inlined,
+                    # content the record itself holds (an inlined part's until its flush), and
+                    # the bundle a flush moved it to (PartMeta.spilled)
+                    "held_bytes": 0 if rec.meta.inline is None else len(rec.meta.inline),
+                    "bundle": None if rec.meta.spilled is None else rec.meta.spilled[0],
                     "creation_tid": rec.meta.creation_tid,
                     "creation_csn": rec.creation_csn,
                     "removal_tid": rec.removal_tid,

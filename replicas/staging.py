@@ -396,9 +396,19 @@ class Staging(TxnLifecycle):
         """An inlined part (docs/architecture/small-writes.md) is taken only in an insert into a
         table that takes inlined parts, and within its thresholds (the table's ``inline_rows`` and
         ``inline_bytes``, else the replica's); InvalidInput naming the part, the table and the
-        setting otherwise, nothing staged. Merges and compactions never inline."""
+        setting otherwise, nothing staged. Merges and compactions never inline. A part naming
+        ``spilled`` (PartMeta: a flushed part's bytes in its flush's bundle) is never taken."""
         rows, size = table.inline_limits(self.config.inline_rows, self.config.inline_bytes)
         for meta in op.added:
+            if meta.spilled is not None:
+                raise InvalidInput(
+                    f"part {meta.name} of table {table.name!r} refused: its metadata names 'spilled' (where a "
+                    "replica's flush stored a removed inlined part's bytes), which only applying that flush sets; "
+                    "nothing was committed. Send the part with its bytes inlined, or as a file in storage",
+                    part=meta.name,
+                    table=table.name,
+                    field="spilled",
+                )
             if meta.inline is None:
                 continue
             setting, why = None, ""

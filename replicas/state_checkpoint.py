@@ -15,7 +15,7 @@ from coordinator.core.errors import CorruptMetadata
 from coordinator.core.keyindex import KeyIndex
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
-from parts.model.meta import PartMeta
+from parts.model.meta import PartMeta, spill_location
 from replicas.applied_state import AppliedState, PartRecord, SortedIndex, keys_at, record_csn
 from replicas.memory import no_gc
 
@@ -105,6 +105,9 @@ def _restore_metas(cols: dict) -> list[PartMeta]:
     if "inline" in names:
         ii = names.index("inline")
         columns[ii] = [None if v is None else base64.b64decode(v, validate=True) for v in columns[ii]]
+    if "spilled" in names:  # a flushed inlined part's [bundle path, offset] (PartMeta.spilled)
+        si = names.index("spilled")
+        columns[si] = [None if v is None else spill_location(v, "a checkpoint's part") for v in columns[si]]
     shapes = [tuple(k) for k in cols["stats_keys"]]
     flat = iter(cols["stats_values"])
     pairs = zip(flat, flat)  # (min, max); zip(keys, pairs) takes exactly len(keys) of them

@@ -32,7 +32,7 @@ from coordinator.core.errors import CorruptMetadata, InvalidInput, clip, quote
 from coordinator.core.versions import Tid
 from coordinator.model.catalog import TableDef, TableDropped, TableRecord
 from coordinator.model.znodes import MALFORMED, corrupt, text
-from parts.model.meta import PartMeta
+from parts.model.meta import PartMeta, spill_location
 
 ENTRY_FORMAT = 1
 
@@ -177,6 +177,10 @@ class Compact:
     partitions: tuple[str, ...] | None = None
     rows: int = field(default=0, compare=False)
     kind: Literal["compact"] = field(default="compact", init=False)
+    # A replica's own flush (parts.io.rewrite.compact with ``spill``): (removed inlined part,
+    # bundle path, offset) each, which its Change records (PartMeta.spilled). Never on the wire:
+    # a client's compaction cannot name it (op_from_dict refuses the key).
+    spilled: tuple[tuple[str, str, int], ...] = field(default=(), compare=False)
 
     whole_table: ClassVar[bool] = False
 
@@ -342,32 +346,56 @@ _DECODERS: dict[str, Callable[[_OpFields], StagedOp]] = {
 # -- the log --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Change:
-    """What one transaction of an entry did to one target (table partition)."""
+    """What one transaction of an entry did to one target (table partition). ``spilled`` (a
+    flush's): removed inlined part -> (bundle path, offset) where the flush stored its bytes;
+    applying the entry drops the bytes from the part's record and keeps this instead
+    (PartMeta.spilled, docs/architecture/small-writes.md "Bounds"); on the wire only when any."""
 
     table: str
     pkey: str
     kinds: tuple[Kind, ...]
     added: tuple[PartMeta, ...]
     removed: tuple[str, ...]
+    spilled: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "table": self.table,
             "pkey": self.pkey,
             "kinds": [k.value for k in self.kinds],
             "added": [m.to_dict() for m in self.added],
             "removed": list(self.removed),
         }
+        if self.spilled:
+            d["spilled"] = {n: list(at) for n, at in self.spilled.items()}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Change:
+        removed = tuple(str(n) for n in d.get("removed", ()))
         return cls(
             str(d["table"]),
             str(d["pkey"]),
             tuple(Kind(k) for k in d["kinds"]),
             tuple(PartMeta.from_dict(m) for m in d.get("added", ())),
-            tuple(str(n) for n in d.get("removed", ())),
+            removed,
+            _spilled(d.get("spilled"), removed),
         )
+
+
+def _spilled(raw: Any, removed: tuple[str, ...]) -> dict[str, tuple[str, int]]:
+    """A change's ``spilled``, checked: an object of removed part name -> [bundle path, offset]."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise CorruptMetadata(f"a change's 'spilled' must be an object of part name -> location, got {quote(raw)}")
+    names = set(removed)
+    out = {}
+    for name, at in raw.items():
+        if name not in names:
+            raise CorruptMetadata(f"a change's 'spilled' names part {quote(name)}, which it does not remove")
+        out[name] = spill_location(at, f"the spilled part {quote(name)}")
+    return out
 
 
 @dataclass(frozen=True)

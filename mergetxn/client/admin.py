@@ -79,7 +79,9 @@ class Administration(ClientBase):
 
     def parts(self, table: str) -> pa.Table:
         """The table's parts, visible and retained, as a ``pyarrow.Table`` (one row per part;
-        ``inlined``: a small write's part whose content is in its metadata, with no file at ``path``).
+        ``inlined``: a small write's part whose content is in its metadata, with no file at ``path``;
+        ``held_bytes``: the content bytes its record holds, 0 once flushed; ``bundle``: where a
+        flush moved a removed inlined part's bytes, docs/architecture/small-writes.md).
 
         Raises:
             TableNotFound: no such table.
@@ -93,6 +95,8 @@ class Administration(ClientBase):
                 ("rows", pa.int64()),
                 ("size", pa.int64()),
                 ("inlined", pa.bool_()),  # its content in its metadata, no file (small writes)
+                ("held_bytes", pa.int64()),  # content bytes its record holds (inlined, not flushed)
+                ("bundle", pa.string()),  # flushed since: the bundle holding its bytes
                 ("creation_tid", pa.string()),
                 ("creation_csn", pa.int64()),
                 ("removal_tid", pa.string()),

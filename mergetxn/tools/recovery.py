@@ -99,6 +99,8 @@ def backup(client: Client, table: str, directory: str, snapshot: int | None = No
                     f"({verify_file(client.storage, meta)}); run mergetxn check",
                     path=meta.path,
                 )
+            if meta.spilled is not None:  # flushed since: its bytes travel in its metadata again, as written
+                meta = dataclasses.replace(meta, spilled=None, inline=raw)
             if not meta.inlined:  # an inlined part's content travels in its metadata, in the manifest
                 dest.put(_part_file(meta.name), raw)
             entries.append(

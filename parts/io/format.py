@@ -33,7 +33,7 @@ from coordinator.core import keytables
 from coordinator.core import tabledata as ops
 from coordinator.core.errors import CorruptMetadata, CorruptPart, InvalidInput, clip, quote
 from parts.io.storage import Storage
-from parts.model.meta import INLINE_MAX_BYTES, PartMeta, sidecar_path
+from parts.model.meta import INLINE_MAX_BYTES, PartMeta, bundle_path, sidecar_path
 
 log = logging.getLogger(__name__)
 
@@ -560,15 +560,39 @@ def _read_key_groups(
 def part_content(storage: Storage, meta: PartMeta) -> bytes:
     """A part's whole Parquet bytes as they are now, unchecked: an inlined part's from its
     metadata (docs/architecture/small-writes.md), any other's from storage (FileNotFoundError
-    when its file is gone). The one road by which a reader gets a part's bytes."""
+    when its file is gone); an inlined part its flush removed (``spilled``) by a range read of
+    the flush's bundle (FileNotFoundError when the bundle is gone; short when it was cut). The
+    one road by which a reader gets a part's bytes."""
     if meta.inline is not None:
         return meta.inline
+    if meta.spilled is not None:
+        bundle, offset = meta.spilled
+        return storage.get_ranges(bundle, [(offset, meta.size)])[0]
     return storage.get(meta.path)
 
 
+def store_bundle(storage: Storage, merged: PartMeta, flushed: Sequence[PartMeta]) -> dict[str, tuple[str, int]]:
+    """Store the inlined parts ``flushed`` (a flush's sources with ``inline`` bytes) durably as one
+    bundle beside ``merged``, the part their rows went into (:func:`bundle_path`: deleted with
+    it, kept by the orphan pass while it is recorded); returns part name -> ``(bundle path,
+    offset)``, what the flush's log entry records (``PartMeta.spilled``). Nothing stored and {}
+    when none has bytes."""
+    held = [m for m in flushed if m.inline is not None]
+    if not held:
+        return {}
+    path = bundle_path(merged.path)
+    where: dict[str, tuple[str, int]] = {}
+    offset = 0
+    for m in held:
+        where[m.name] = (path, offset)
+        offset += len(m.inline or b"")
+    storage.put(path, b"".join(m.inline or b"" for m in held), fresh=True)  # a new name, as the part's
+    return where
+
+
 def _ranges(meta: PartMeta) -> dict | None:
-    if meta.inline is not None:
-        return None  # an inlined part is read whole from its metadata
+    if meta.inlined:
+        return None  # an inlined part is read whole from its metadata (or its flush's bundle)
     summary = meta.key_summary
     return summary.get("ranges") if isinstance(summary, dict) else None
 
@@ -577,7 +601,7 @@ def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str 
     """What is wrong with a part's file in storage (missing, another size, another checksum), or
     None when it is as written. Without ``checksum`` only its presence and size are looked at."""
     try:
-        if not checksum and meta.inline is None:
+        if not checksum and not meta.inlined:
             size = storage.size(meta.path)
             return None if size == meta.size else f"has {size} bytes, {meta.size} were written"
         raw = part_content(storage, meta)
@@ -709,10 +733,11 @@ def read_meta(storage: Storage, relpath: str) -> PartMeta:
 
 
 def delete_part(storage: Storage, path: str) -> None:
-    """Delete a part's file and, for a Parquet part, its sidecar, quietly: the one way every
-    layer drops the files of a transaction that will never commit (a failure is logged; cleanup
-    takes whatever is left as an orphan after the grace period)."""
-    for p in (path, sidecar_path(path)) if path.endswith(".parquet") else (path,):
+    """Delete a part's file and, for a Parquet part, its sidecar and its flush's bundle (if it
+    has one), quietly: the one way every layer drops the files of a transaction that will never
+    commit (a failure is logged; cleanup takes whatever is left as an orphan after the grace
+    period)."""
+    for p in (path, sidecar_path(path), bundle_path(path)) if path.endswith(".parquet") else (path,):
         try:
             storage.delete(p)
         except Exception as exc:  # noqa: BLE001 - quietly, whatever the backend raised

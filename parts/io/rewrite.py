@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Literal, cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,7 +27,7 @@ from coordinator.core.tabledata import (
 )
 from coordinator.model.catalog import TableDef
 from coordinator.model.records import Compact, Mutate
-from parts.io.format import held_inlined, read_inlined, read_part, write_part
+from parts.io.format import held_inlined, read_inlined, read_part, store_bundle, write_part
 from parts.io.storage import Storage
 from parts.io.write import write_data
 from parts.model.meta import PartMeta
@@ -41,6 +41,20 @@ class Rewrite:
     added: list[PartMeta] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     affected_rows: int = 0
+    # A flush's removed inlined parts: name -> (bundle path, offset) of their bytes, stored beside
+    # the part they were merged into (compact with ``spill``; PartMeta.spilled).
+    spilled: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    def located(self) -> tuple[tuple[str, str, int], ...]:
+        """``spilled`` as a Compact op carries it: (part name, bundle path, offset), by name."""
+        return tuple((name, path, offset) for name, (path, offset) in sorted(self.spilled.items()))
+
+    def compaction(
+        self, table: str, kind: Literal["minor", "major"], partitions: tuple[str, ...] | None, rows: int = 0
+    ) -> Compact:
+        """This compaction's result as the op a replica stages, a flush's bundle locations included."""
+        added, removed = tuple(self.added), tuple(self.removed)
+        return Compact(table, kind, added, removed, partitions, rows, spilled=self.located())
 
 
 def read_parts(
@@ -93,7 +107,7 @@ def joined(parts: Sequence[PartMeta], tables: Sequence[pa.Table], schema: pa.Sch
     pieces: list[pa.Table] = []
     run: list[pa.Table] = []
     for meta, data in zip(parts, tables):
-        if meta.inline is not None:
+        if meta.inlined:
             run.append(data)
             continue
         pieces.extend(_chunked(run))
@@ -188,8 +202,12 @@ def compact(
     tid: str,
     csns: Mapping[str, int] | None = None,
     visible: list[PartMeta] | None = None,
+    spill: bool = False,
 ) -> Rewrite:
     """Merge parts per partition; rows are kept as they are (a layout change, no data change).
+    ``spill`` (a replica's own merges: docs/architecture/small-writes.md, "Bounds"): the inlined
+    parts merged are also stored as a bundle beside the part written (:func:`store_bundle`) and
+    ``spilled`` says where, for the log entry.
 
     A keys table's parts are versions: they are folded (:func:`_compact_keys`), which needs
     ``csns`` (part name -> creation CSN of each committed part; parts without one, a
@@ -205,13 +223,13 @@ def compact(
             raise ValueError("compacting a keys table needs the creation CSNs of its parts")
         committed = [p for p in parts if p.name in csns]
         return _compact_keys(
-            storage, table, choose_sources(committed, kind), parts if visible is None else visible, csns, tid
+            storage, table, choose_sources(committed, kind), parts if visible is None else visible, csns, tid, spill
         )
     out = Rewrite()
     for group in choose_sources(parts, kind):
         tables = read_parts(storage, group, table=table)
         merged = pa.concat_tables(tables) if tables else pa.Table.from_pylist([], schema=table.schema)
-        _replace_group(out, storage, table, group, merged, tid)
+        _replace_group(out, storage, table, group, merged, tid, spill=spill)
     return out
 
 
@@ -223,17 +241,20 @@ def _replace_group(
     merged: pa.Table,
     tid: str,
     primary_key: Sequence[str] = (),
+    spill: bool = False,
 ) -> None:
-    """``group``'s parts compacted into one holding ``merged`` (none when it is empty)."""
+    """``group``'s parts compacted into one holding ``merged`` (none when it is empty); with
+    ``spill``, the group's inlined parts' bytes stored in that part's bundle too."""
     out.removed.extend(m.name for m in group)
     out.affected_rows += merged.num_rows
     if merged.num_rows:
         partition = tuple(group[0].partition)
-        out.added.append(
-            write_part(
-                storage, table.name, list(table.partition_by), partition, merged, tid, table.ddl_version, primary_key
-            )
+        part = write_part(
+            storage, table.name, list(table.partition_by), partition, merged, tid, table.ddl_version, primary_key
         )
+        out.added.append(part)
+        if spill:
+            out.spilled.update(store_bundle(storage, part, group))
 
 
 def _versions_of(meta: PartMeta, csns: Mapping[str, int]) -> tuple[int, int]:
@@ -260,7 +281,13 @@ def _may_share_keys(meta: PartMeta, group: list[PartMeta], primary_key: tuple[st
 
 
 def _compact_keys(
-    storage: Storage, table, groups: list[list[PartMeta]], visible: list[PartMeta], csns: Mapping[str, int], tid: str
+    storage: Storage,
+    table,
+    groups: list[list[PartMeta]],
+    visible: list[PartMeta],
+    csns: Mapping[str, int],
+    tid: str,
+    spill: bool = False,
 ) -> Rewrite:
     """Fold each group's versions into one part (:func:`coordinator.core.keyfold.fold`). The versions of
     the other visible parts of the partition that precede the group's last version (and may hold
@@ -297,7 +324,7 @@ def _compact_keys(
             [(csns[m.name], d) for m, d in zip(group, datas)],
             pa.concat_tables(seen) if seen else None,
         )
-        _replace_group(out, storage, table, group, merged, tid, pk)  # its key summary: point reads prune it
+        _replace_group(out, storage, table, group, merged, tid, pk, spill)  # its key summary: point reads prune it
     return out
 
 
@@ -311,11 +338,12 @@ def redo(
 ) -> Mutate | Compact:
     """Run a staged DELETE, UPDATE or compaction again on ``current`` parts (``csns``: their
     creation CSNs, which a keys table's compaction needs); returns the op with the new
-    added/removed parts (its earlier output is superseded)."""
+    added/removed parts (its earlier output is superseded). Only a replica redoes an op: a
+    compaction's flushed inlined parts are spilled (``Compact.spilled``)."""
     from dataclasses import replace
 
-    if isinstance(op, Compact):
-        result = compact(storage, table, current, op.compact_kind, tid, csns)
+    if isinstance(op, Compact):  # redone by the replica: its own write, a flush's bundle beside it
+        result = compact(storage, table, current, op.compact_kind, tid, csns, spill=True)
     else:
         where = decode_expression(op.where, table.schema)
         if op.kind == "delete":
@@ -324,4 +352,6 @@ def redo(
             # an update without assignments: "" is no JSON, so CorruptMetadata as for None before
             assignments = decode_assignments(op.assignments or "", table.schema)
             result = update(storage, table, current, where, assignments, tid)
+    if isinstance(op, Compact):
+        return replace(op, added=tuple(result.added), removed=tuple(result.removed), spilled=result.located())
     return replace(op, added=tuple(result.added), removed=tuple(result.removed))

@@ -23,6 +23,10 @@ _SCALARS = (type(None), bool, int, float, str)
 # a WAL record and a checkpoint hold it (docs/architecture/small-writes.md). The settings
 # (inline_bytes per table and replica) are at most this.
 INLINE_MAX_BYTES = 256 * 1024
+# A flush's bundle (``bundle_path``): the flushed inlined parts' bytes, one after the other. No
+# offset into one is past this (a bundle holds at most a merge's worth of inlined parts).
+BUNDLE_MAX_OFFSET = 1 << 40
+BUNDLE_SUFFIX = ".inlined"
 
 
 @dataclass(frozen=True)
@@ -49,11 +53,18 @@ class PartMeta:
     # would be and none is ever written there; ``size`` and ``checksum`` are this content's. None:
     # a part in storage. A flush (a merge) turns inlined parts into a part in storage.
     inline: bytes | None = field(default=None, repr=False)
+    # An inlined part its flush removed (docs/architecture/small-writes.md, "Bounds"): its bytes
+    # are no longer in its metadata but at ``(bundle path, byte offset)`` in the bundle the flush
+    # wrote beside the part it merged them into (:func:`bundle_path`), ``size`` bytes long; set
+    # only by applying the flush's log entry, never with ``inline``. None: anything else.
+    spilled: tuple[str, int] | None = None
 
     @property
     def inlined(self) -> bool:
-        """Whether the part's content is in its metadata (no file in storage)."""
-        return self.inline is not None
+        """Whether the part has no file of its own in storage: its content is in its metadata,
+        or (``spilled``) in its flush's bundle. Either way read through
+        :func:`parts.io.format.part_content`, never at ``path``."""
+        return self.inline is not None or self.spilled is not None
 
     @property
     def partition_key(self) -> str:
@@ -81,6 +92,7 @@ class PartMeta:
             **({"schema_version": self.schema_version} if self.schema_version else {}),
             **({"key_summary": self.key_summary} if self.key_summary is not None else {}),
             **({"inline": base64.b64encode(self.inline).decode("ascii")} if self.inline is not None else {}),
+            **({"spilled": list(self.spilled)} if self.spilled is not None else {}),
         }
 
     @classmethod
@@ -102,6 +114,11 @@ class PartMeta:
         creation_tid, created_at, schema_version = _origin(d)
         key_summary = _key_summary(d)
         inline = _inline(d, size)
+        spilled = None if d.get("spilled") is None else spill_location(d["spilled"], _where(d))
+        if spilled is not None and inline is not None:
+            raise CorruptMetadata(
+                f"{_where(d)}: 'spilled' and 'inline' exclude each other (its bytes are in one place)"
+            )
         return cls(
             name=name,
             table=table,
@@ -116,6 +133,7 @@ class PartMeta:
             schema_version=schema_version,
             key_summary=key_summary,
             inline=inline,
+            spilled=spilled,
         )
 
 
@@ -261,3 +279,32 @@ def _stats(d: dict[str, Any], raw_stats: dict[str, Any]) -> dict[str, tuple[Any,
 def sidecar_path(parquet_path: str) -> str:
     """``x.parquet`` -> ``x.json``."""
     return parquet_path[: -len(".parquet")] + ".json" if parquet_path.endswith(".parquet") else parquet_path + ".json"
+
+
+def bundle_path(parquet_path: str) -> str:
+    """``x.parquet`` -> ``x.inlined``: the bundle of the inlined parts a flush merged into the
+    part at ``x.parquet`` (their Parquet bytes one after the other), deleted with that part."""
+    stem = parquet_path[: -len(".parquet")] if parquet_path.endswith(".parquet") else parquet_path
+    return stem + BUNDLE_SUFFIX
+
+
+def spill_location(value: Any, where: str) -> tuple[str, int]:
+    """A spilled part's ``[bundle path, byte offset]`` (``PartMeta.spilled``, a flush's log entry),
+    checked as hostile input: a relative path ending in :data:`BUNDLE_SUFFIX` without ``..``, an
+    integer offset from 0 to :data:`BUNDLE_MAX_OFFSET`; CorruptMetadata naming ``where`` otherwise."""
+    if type(value) not in (list, tuple) or len(value) != 2:
+        raise CorruptMetadata(f"{where}: 'spilled' must be [bundle path, byte offset], got {quote(value)}")
+    path, offset = value
+    if (
+        type(path) is not str
+        or not 0 < len(path) <= 1024
+        or path.startswith("/")
+        or not path.endswith(BUNDLE_SUFFIX)
+        or ".." in path.split("/")
+    ):
+        raise CorruptMetadata(f"{where}: 'spilled' path {quote(path)} is not a relative {BUNDLE_SUFFIX} path")
+    if type(offset) is not int or not 0 <= offset <= BUNDLE_MAX_OFFSET:
+        raise CorruptMetadata(
+            f"{where}: 'spilled' offset must be an integer from 0 to {BUNDLE_MAX_OFFSET}, got {quote(offset)}"
+        )
+    return path, offset

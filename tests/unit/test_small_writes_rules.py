@@ -13,11 +13,12 @@ from support.builders import change, entry, part, table_def  # tests/ is on sys.
 
 from coordinator.core import mergeplan
 from coordinator.core.conflicts import Kind
-from coordinator.errors import CorruptPart, InvalidInput
+from coordinator.errors import CorruptMetadata, CorruptPart, InvalidInput
 from coordinator.model.catalog import TableDef
+from coordinator.model.records import Change, LogEntry, TxnRecord, op_from_dict
 from coordinator.model.znodes import Marks
 from parts.io import rewrite
-from parts.io.format import encode_part, file_claims, read_part
+from parts.io.format import encode_part, file_claims, read_part, store_bundle, verify_file
 from parts.io.storage import Storage
 from parts.io.write import write_data
 from parts.model.meta import INLINE_MAX_BYTES, PartMeta
@@ -142,3 +143,107 @@ def test_joined_keeps_the_parts_order_and_makes_inlined_runs_one_chunk(tmp_path)
     assert got.column("n").to_pylist() == list(range(14))
     assert got.column("n").num_chunks == 3  # three inlined parts, the file, three inlined parts
     assert rewrite.joined([], [], tdef.schema).equals(tdef.schema.empty_table())
+
+
+# -- a flush's removed inlined parts: their bytes in the flush's bundle (PartMeta.spilled) ---------
+def spilled_meta() -> tuple[PartMeta, bytes]:
+    meta, raw = encode_part("t", ["p"], (1,), pa.table({"n": [7, 8], "p": [1, 1]}), "A")
+    return dataclasses.replace(meta, spilled=("t/p=1/B_00000000000000aa.inlined", 1234)), raw
+
+
+def test_a_spilled_part_round_trips_through_its_json() -> None:
+    meta, _ = spilled_meta()
+    d = json.loads(json.dumps(meta.to_dict()))
+    assert d["spilled"] == ["t/p=1/B_00000000000000aa.inlined", 1234] and "inline" not in d
+    back = PartMeta.from_dict(d)
+    assert back == meta and back.spilled == meta.spilled and back.inline is None and back.inlined
+    plain = dataclasses.replace(meta, spilled=None)
+    assert "spilled" not in plain.to_dict() and PartMeta.from_dict(plain.to_dict()).spilled is None
+
+
+@pytest.mark.parametrize(
+    "spilled",
+    [
+        "t/x.inlined",  # not a pair
+        ["t/x.inlined"],
+        ["t/x.inlined", 1, 2],
+        ["/abs/x.inlined", 0],  # absolute
+        ["t/../x.inlined", 0],  # leads out
+        ["t/x.parquet", 0],  # not a bundle
+        ["", 0],
+        ["t/" + "a" * 1100 + ".inlined", 0],  # unbounded
+        [7, 0],
+        ["t/x.inlined", -1],  # negative
+        ["t/x.inlined", 1.5],
+        ["t/x.inlined", True],
+        ["t/x.inlined", "3"],
+        ["t/x.inlined", 1 << 41],  # past any bundle
+    ],
+)
+def test_a_wrong_spilled_location_is_refused(spilled: object) -> None:
+    meta, _ = spilled_meta()
+    d = {**meta.to_dict(), "spilled": spilled}
+    with pytest.raises(CorruptMetadata, match="'spilled'"):
+        PartMeta.from_dict(d)
+
+
+def test_spilled_and_inline_together_are_refused() -> None:
+    meta, raw = spilled_meta()
+    d = {**dataclasses.replace(meta, spilled=None, inline=raw).to_dict(), "spilled": ["t/x.inlined", 0]}
+    with pytest.raises(CorruptMetadata, match="'spilled' and 'inline'"):
+        PartMeta.from_dict(d)
+
+
+def test_a_flush_entry_spills_its_removed_inlined_parts_and_a_checkpoint_keeps_them_small(tmp_path) -> None:  # noqa: ANN001
+    """Applying a flush's change drops the removed inlined parts' bytes from their records and
+    keeps where the bundle holds them; the read goes there (a range of the bundle), a checkpoint
+    carries the location, and a cut bundle is CorruptPart like a cut file."""
+    storage = Storage(str(tmp_path))
+    metas = []
+    for i in range(3):
+        m, raw = encode_part("t", ["p"], (1,), pa.table({"n": [i, 10 + i], "p": [1, 1]}), f"A{i}")
+        metas.append(dataclasses.replace(m, inline=raw))
+    merged = part("m", partition=(1,))
+    where = store_bundle(storage, merged, metas)
+    assert [where[m.name][1] for m in metas] == [0, metas[0].size, metas[0].size + metas[1].size]
+    st = ReplicaState()
+    st.apply(1, 0, 0, entry(ddl=[table_def("t")], versions={"t": 0}))
+    st.apply(2, 0, 1, entry(("A", [change("t", (1,), [Kind.INSERT], added=metas)])))
+    flush = Change("t", '["1"]', (Kind.MINOR_COMPACT,), (merged,), tuple(m.name for m in metas), where)
+    wire = LogEntry.from_dict(
+        json.loads(LogEntry(1.0, {"t": 2}, (TxnRecord("T2-1-r0", None, (flush,)),)).encode()), "t"
+    )
+    assert wire.txns[0].changes[0].spilled == where
+    st.apply(3, 0, 2, wire)
+    for m in metas:
+        rec = st.parts[m.name].meta
+        assert rec.inline is None and rec.spilled == where[m.name] and len(json.dumps(rec.to_dict())) < 700
+        assert read_part(storage, rec).equals(read_part(storage, m)) and verify_file(storage, rec) is None
+    back = ReplicaState()
+    back.restore(json.loads(json.dumps(st.export())), "mem")
+    assert {n: r.meta for n, r in back.parts.items()} == {n: r.meta for n, r in st.parts.items()}
+    bundle = tmp_path / "t" / "m.inlined"
+    bundle.write_bytes(bundle.read_bytes()[:-5])  # the last part cut short
+    with pytest.raises(CorruptPart, match="bytes"):
+        read_part(storage, back.parts[metas[-1].name].meta)
+    bundle.unlink()
+    with pytest.raises(CorruptPart, match="missing"):
+        read_part(storage, back.parts[metas[0].name].meta)
+    assert "missing" in (verify_file(storage, back.parts[metas[0].name].meta) or "")
+
+
+@pytest.mark.parametrize(
+    "spilled",
+    [["t/x.inlined", 0], {"other": ["t/x.inlined", 0]}, {"a": ["t/x.parquet", 0]}, {"a": ["t/x.inlined", -3]}],
+)
+def test_a_change_with_a_wrong_spilled_map_is_corrupt(spilled: object) -> None:
+    d = {"table": "t", "pkey": "[]", "kinds": ["MINOR_COMPACT"], "added": [], "removed": ["a"], "spilled": spilled}
+    with pytest.raises(CorruptMetadata):
+        Change.from_dict(d)
+
+
+def test_a_client_compaction_cannot_name_spilled_parts() -> None:
+    with pytest.raises(InvalidInput, match="spilled"):
+        op_from_dict(
+            {"op": "compact", "table": "t", "compact_kind": "minor", "removed": ["a"], "spilled": [["a", "x", 0]]}
+        )
