@@ -49,12 +49,13 @@ from coordinator.zk.recipes import release_quietly
 from coordinator.zk.watermark import Marks
 from parts.io.format import STAGING_DIR
 from parts.io.storage import is_temp_file
-from parts.model.meta import sidecar_path
+from parts.model.meta import BUNDLE_SUFFIX, bundle_path, sidecar_path
 from replicas.context import ReplicaContext, ReplicaPart
 from replicas.settings import MIN_GRACE
 
 if TYPE_CHECKING:
     from coordinator.model.records import AliveRecord
+    from parts.model.meta import PartMeta
     from replicas.registry import Transactions
     from replicas.retention import Retention
     from replicas.state import PartRecord
@@ -83,7 +84,7 @@ _NOT_TRANSACTIONS = frozenset({"read", "spark", "replica snapshot"})  # holders 
 
 
 def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
-    """(part name, is a temporary file, stem match) for a part file or sidecar under a table's
+    """(part name, is a temporary file, stem match) for a part file, sidecar or flush bundle under a table's
     partition directory (or a temporary file of one), or any file under a staging directory
     ``<table>/_staging/<txn>_<16 hex>/`` (its name then stands for the part: never referenced);
     None for anything else."""
@@ -103,10 +104,29 @@ def _part_file(path: str) -> tuple[str, bool, re.Match] | None:
         stem = inner[: -len(".parquet")]
     elif inner.endswith(".json"):
         stem = inner[: -len(".json")]
+    elif inner.endswith(BUNDLE_SUFFIX):  # a flush's bundle: its merged part's (bundle_path)
+        stem = inner[: -len(BUNDLE_SUFFIX)]
     else:
         return None
     m = _PART_STEM_RE.match(stem)
     return None if m is None else (stem, temp, m)
+
+
+def _files_of(meta: PartMeta, bundles: set[str]) -> tuple[str, ...]:
+    """What cleanup deletes of a removed part past its window: its file, sidecar and flush
+    bundle (parts.io.format.store_bundle: kept while its part is recorded, for the parts that
+    flush removed); of a flushed inlined part (``spilled``), that bundle: every part it holds
+    was removed by the same flush, at the same CSN and time, so no read may take any of them
+    once one's window passed (the bundle goes then, or with its part if that goes first);
+    nothing of an inlined part, nor a bundle in ``bundles`` (deleted already: it is added)."""
+    if meta.spilled is not None:
+        if meta.spilled[0] in bundles:
+            return ()
+        bundles.add(meta.spilled[0])
+        return (meta.spilled[0],)
+    if meta.inlined:
+        return ()
+    return meta.path, sidecar_path(meta.path), bundle_path(meta.path)
 
 
 def _age(seconds: float) -> str:
@@ -269,12 +289,13 @@ class Cleanup(ReplicaPart):
         # a later pass). Every part the window holds was otherwise tested on every pass, 10 s
         # apart: a cost that grew with the history the window holds (benchmarks/history_cost.py).
         windowed: set[str] = set()
+        bundles: set[str] = set()  # flush bundles deleted in this pass (many flushed parts name one)
         for rec in sorted(candidates, key=lambda r: (r.removed_csn, r.meta.name)):
             if not detail and rec.meta.table in windowed and rec.removed_csn <= min_snapshot:
                 window_kept += 1
                 continue
             entry = {
-                "path": rec.meta.path,
+                "path": (rec.meta.spilled or (rec.meta.path,))[0],  # a flushed inlined part's: its bundle
                 "part": rec.meta.name,
                 "table": rec.meta.table,
                 "removal_csn": rec.removal_csn,
@@ -290,12 +311,11 @@ class Cleanup(ReplicaPart):
                 if detail:
                     kept.append({**entry, "reason": self._window_reason(rec, windows.get(rec.meta.table))})
                 continue
-            if rec.meta.inlined:  # no file: its record goes with the state's pruning
+            files = _files_of(rec.meta, bundles)
+            if not files:  # an inlined part: no file, its record goes with the state's pruning
                 continue
             try:
-                present = self.storage.exists(rec.meta.path)
-                self.storage.delete(rec.meta.path)
-                self.storage.delete(sidecar_path(rec.meta.path))
+                present = self._delete_files(files)
             except Exception as exc:
                 if lowest_kept is None:
                     lowest_kept = rec.removed_csn
@@ -306,6 +326,13 @@ class Cleanup(ReplicaPart):
                     {**entry, "reason": self._removed_reason(rec, min_snapshot, windows.get(rec.meta.table))}
                 )
         return removed, kept, window_kept, lowest_kept
+
+    def _delete_files(self, files: tuple[str, ...]) -> bool:
+        """Delete a removed part's files (:func:`_files_of`); whether the first was there."""
+        present = self.storage.exists(files[0])
+        for p in files:
+            self.storage.delete(p)
+        return present
 
     @staticmethod
     def _removed_reason(rec: PartRecord, min_snapshot: int, window: float | None) -> str:
@@ -513,15 +540,15 @@ class Cleanup(ReplicaPart):
         fence.confirm(settled)
 
     def _referenced(self, table: str, stem: str, path: str) -> bool:
-        """Whether ``path`` is the file or sidecar of a part of ``table`` some commit added (the
-        applied state keeps a record of every part, removed ones included). A file at an inlined
-        part's path is no part's: none is ever written there."""
+        """Whether ``path`` is the file, sidecar or flush bundle of a part of ``table`` some commit
+        added (the applied state keeps a record of every part, removed ones included). A file at
+        an inlined part's path is no part's: none is ever written there."""
         rec = self.state.part(stem)
         return (
             rec is not None
             and not rec.meta.inlined
             and rec.meta.table == table
-            and path in (rec.meta.path, sidecar_path(rec.meta.path))
+            and path in (rec.meta.path, sidecar_path(rec.meta.path), bundle_path(rec.meta.path))
         )
 
     # -- introspection ---------------------------------------------------------------------------

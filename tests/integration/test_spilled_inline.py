@@ -5,13 +5,16 @@ leaves each removed record the bundle's path and offset instead of its bytes.
 Against real ZooKeeper and replica processes: after a flush the removed records hold no bytes on
 either replica, and every snapshot before it reads the same rows (``read``, datasets, DuckDB,
 Polars, ``changes``, backup) on both, after a restart from the local snapshot and the WAL and
-after loading a cluster checkpoint; a rotted or missing bundle fails a read before the flush as
-a rotted or missing part file does; a client's part naming a bundle is refused.
+after loading a cluster checkpoint; cleanup keeps the bundle while its part is recorded (the
+orphan pass too) and deletes it with that part; a rotted or missing bundle fails a read before
+the flush as a rotted or missing part file does; a client's part naming a bundle is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from support.cluster import make_cluster  # tests/ is on sys.path
 from support.waiting import wait_until
 
 import coordinator
-from coordinator.errors import CorruptPart, InvalidInput
+from coordinator.errors import CorruptPart, InvalidInput, SnapshotUnavailable
 from mergetxn.client.client import Client
 from mergetxn.tools import recovery
 from parts.io.dataset import duckdb_view
@@ -258,3 +261,50 @@ def test_a_client_part_naming_a_bundle_is_refused_and_nothing_committed(c0: Clie
             tx.add_parts(t, [part])
         tx.rollback()
     assert c0.parts(t).num_rows == 0 and c0.read(t).num_rows == 0
+
+
+def test_cleanup_deletes_a_bundle_once_no_read_may_take_from_it_and_never_before(
+    cluster: coordinator.LocalCluster, c0: Client
+) -> None:
+    """The orphan pass keeps a bundle its part's record names (however old) and deletes one no
+    commit names; a pass deletes the bundle once the window of the parts its flush removed
+    passed (they were all removed at the flush's CSN: reads before it are refused by then) and
+    never before, while its part stays live and readable; the part's own removal takes
+    whatever is left of it."""
+    t = "sp_cleanup"
+    csns, at = inlined_then_flushed(c0, t, n=3, retention_seconds=1)
+    root = Path(cluster.storage_url)
+    (bundle,) = [b for b in assert_spilled(c0, t, 3, root) if "p=a" in b]
+    (merged,) = [r["path"] for r in listing(c0, t) if r["visible"] and bundle_path(r["path"]) == bundle]
+    orphan = root / Path(bundle).parent / "T1-7-rzz_00000000000000ab.inlined"  # a flush that never committed
+    orphan.write_bytes(b"x" * 10)
+    old = time.time() - 3600
+    for path in (orphan, root / bundle):
+        os.utime(path, (old, old))  # past the grace period
+    c1 = cluster.client(1)
+    c1.wait_for(at)
+    holds = [r["name"] for r in flushed(c0, t) if r["bundle"] == bundle]
+    assert len(holds) == 2  # partition a's two inlined parts
+
+    def pass_deletes_it() -> bool:
+        report = c0.gc(grace_seconds=0)
+        assert merged not in {r["path"] for r in report["removed"]}
+        if (root / bundle).is_file():
+            return False
+        # Gone: every record naming it, on every replica, is past its window, and a read before
+        # the flush is refused as older than retained, never answered from a missing bundle.
+        for c in (c0, c1):
+            assert all(r["collected"] for r in listing(c, t) if r["bundle"] == bundle)
+        with pytest.raises(SnapshotUnavailable):
+            c0.read(t, snapshot=csns[0])
+        return True
+
+    first = c0.gc(grace_seconds=0)
+    assert str(orphan.relative_to(root)) in {r["path"] for r in first["removed"]} and not orphan.exists()
+    wait_until(pass_deletes_it, 30, "the flushed parts' 1 s window to pass")
+    assert (root / merged).is_file() and ns(c0.read(t)) == ns(c0.read(t, snapshot=at))
+    with c0.transaction() as tx:
+        tx.truncate(t)  # the merged part's removal: its file, sidecar and any bundle go after its window
+    wait_until(lambda: merged in {r["path"] for r in c0.gc()["removed"]}, 30, "the merged part's window to pass")
+    assert not (root / merged).exists() and not list((root / t).rglob("*.inlined"))
+    c1.close()
