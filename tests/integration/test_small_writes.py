@@ -5,7 +5,8 @@ Against real ZooKeeper and replica processes: such an insert writes no file in s
 back at every snapshot on every replica, through ``read`` (with and without a filter), datasets,
 DuckDB and Polars; the thresholds' edges (rows, bytes, 0 = off) write a file; a forged inlined
 part is refused with InvalidInput naming it, and nothing is committed; a flush (a merge of the
-inlined parts, by count in the background or by ``compact``) keeps every snapshot's rows; a
+inlined parts, by count in the background or by ``compact``) keeps every snapshot's rows (the
+background one leaves the removed records without their bytes, in its bundle); a
 flush racing inserts loses and duplicates nothing; backup and restore, ``check`` and a replica
 restarted from its checkpoint and WAL all see the inlined rows.
 """
@@ -262,6 +263,10 @@ def test_a_background_flush_by_count_keeps_the_rows(zk_server, tmp_path_factory:
         assert flushed > csns[-1]
         assert snapshots(c, t, csns) == before and ns(c.read(t, snapshot=flushed)) == before[-1] == [0, 1, 2, 3]
         assert engines(c, t, flushed) == (before[-1],) * 3
+        # The merge round's flush left the removed records without their bytes: in its bundle.
+        removed = [r for r in c.parts(t).to_pylist() if not r["visible"]]
+        assert len(removed) == 4 and all(r["held_bytes"] == 0 and r["bundle"] for r in removed)
+        assert (Path(cluster.storage_url) / removed[0]["bundle"]).is_file()
 
 
 def test_a_flush_racing_inserts_loses_and_duplicates_nothing(c0: Client, c1: Client) -> None:
