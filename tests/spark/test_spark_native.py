@@ -442,3 +442,10 @@ def test_inlined_rows_read_beside_part_files(spark, c0: Client, cluster) -> None
     ]
     source = spark.read.format("mergetxn").load("nt_inline")
     assert srows(source) == rows
+    # Flushed: the removed records keep no bytes, and both roads read them at the snapshot before
+    # the flush from the flush's bundle (through read_part, checked).
+    c0.compact("nt_inline", "minor")
+    removed = [r for r in c0.parts("nt_inline").to_pylist() if r["inlined"] and not r["visible"]]
+    assert len(removed) == 6 and all(r["held_bytes"] == 0 and r["bundle"] for r in removed)
+    assert srows(mspark.read_table(spark, "nt_inline", snapshot=first)) == rows[:12]
+    assert srows(spark.read.format("mergetxn").option("snapshot", first).load("nt_inline")) == rows[:12]
