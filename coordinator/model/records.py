@@ -379,12 +379,13 @@ class Change:
             tuple(Kind(k) for k in d["kinds"]),
             tuple(PartMeta.from_dict(m) for m in d.get("added", ())),
             removed,
-            _spilled(d.get("spilled"), removed),
+            _spilled(d.get("spilled"), removed, str(d["table"])),
         )
 
 
-def _spilled(raw: Any, removed: tuple[str, ...]) -> dict[str, tuple[str, int]]:
-    """A change's ``spilled``, checked: an object of removed part name -> [bundle path, offset]."""
+def _spilled(raw: Any, removed: tuple[str, ...], table: str) -> dict[str, tuple[str, int]]:
+    """A change's ``spilled``, checked: an object of removed part name -> [bundle path under
+    ``table``, offset]."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -394,7 +395,7 @@ def _spilled(raw: Any, removed: tuple[str, ...]) -> dict[str, tuple[str, int]]:
     for name, at in raw.items():
         if name not in names:
             raise CorruptMetadata(f"a change's 'spilled' names part {quote(name)}, which it does not remove")
-        out[name] = spill_location(at, f"the spilled part {quote(name)}")
+        out[name] = spill_location(at, f"the spilled part {quote(name)}", table)
     return out
 
 

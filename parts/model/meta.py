@@ -114,7 +114,7 @@ class PartMeta:
         creation_tid, created_at, schema_version = _origin(d)
         key_summary = _key_summary(d)
         inline = _inline(d, size)
-        spilled = None if d.get("spilled") is None else spill_location(d["spilled"], _where(d))
+        spilled = None if d.get("spilled") is None else spill_location(d["spilled"], _where(d), table)
         if spilled is not None and inline is not None:
             raise CorruptMetadata(
                 f"{_where(d)}: 'spilled' and 'inline' exclude each other (its bytes are in one place)"
@@ -288,10 +288,11 @@ def bundle_path(parquet_path: str) -> str:
     return stem + BUNDLE_SUFFIX
 
 
-def spill_location(value: Any, where: str) -> tuple[str, int]:
+def spill_location(value: Any, where: str, table: str | None = None) -> tuple[str, int]:
     """A spilled part's ``[bundle path, byte offset]`` (``PartMeta.spilled``, a flush's log entry),
-    checked as hostile input: a relative path ending in :data:`BUNDLE_SUFFIX` without ``..``, an
-    integer offset from 0 to :data:`BUNDLE_MAX_OFFSET`; CorruptMetadata naming ``where`` otherwise."""
+    checked as hostile input: a relative path ending in :data:`BUNDLE_SUFFIX` without ``..`` (under
+    ``table``'s directory when given: a flush's bundle is beside its part), an integer offset from
+    0 to :data:`BUNDLE_MAX_OFFSET`; CorruptMetadata naming ``where`` otherwise."""
     if type(value) not in (list, tuple) or len(value) != 2:
         raise CorruptMetadata(f"{where}: 'spilled' must be [bundle path, byte offset], got {quote(value)}")
     path, offset = value
@@ -301,8 +302,11 @@ def spill_location(value: Any, where: str) -> tuple[str, int]:
         or path.startswith("/")
         or not path.endswith(BUNDLE_SUFFIX)
         or ".." in path.split("/")
+        or (table is not None and not path.startswith(table + "/"))
     ):
-        raise CorruptMetadata(f"{where}: 'spilled' path {quote(path)} is not a relative {BUNDLE_SUFFIX} path")
+        raise CorruptMetadata(
+            f"{where}: 'spilled' path {quote(path)} is not a relative {BUNDLE_SUFFIX} path under its table"
+        )
     if type(offset) is not int or not 0 <= offset <= BUNDLE_MAX_OFFSET:
         raise CorruptMetadata(
             f"{where}: 'spilled' offset must be an integer from 0 to {BUNDLE_MAX_OFFSET}, got {quote(offset)}"

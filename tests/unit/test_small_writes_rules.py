@@ -178,6 +178,7 @@ def test_a_spilled_part_round_trips_through_its_json() -> None:
         ["t/x.inlined", True],
         ["t/x.inlined", "3"],
         ["t/x.inlined", 1 << 41],  # past any bundle
+        ["other/x.inlined", 0],  # another table's
     ],
 )
 def test_a_wrong_spilled_location_is_refused(spilled: object) -> None:
@@ -234,7 +235,13 @@ def test_a_flush_entry_spills_its_removed_inlined_parts_and_a_checkpoint_keeps_t
 
 @pytest.mark.parametrize(
     "spilled",
-    [["t/x.inlined", 0], {"other": ["t/x.inlined", 0]}, {"a": ["t/x.parquet", 0]}, {"a": ["t/x.inlined", -3]}],
+    [
+        ["t/x.inlined", 0],
+        {"other": ["t/x.inlined", 0]},
+        {"a": ["t/x.parquet", 0]},
+        {"a": ["t/x.inlined", -3]},
+        {"a": ["u/x.inlined", 0]},
+    ],
 )
 def test_a_change_with_a_wrong_spilled_map_is_corrupt(spilled: object) -> None:
     d = {"table": "t", "pkey": "[]", "kinds": ["MINOR_COMPACT"], "added": [], "removed": ["a"], "spilled": spilled}
