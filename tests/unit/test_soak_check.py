@@ -26,3 +26,20 @@ def test_a_checkpoint_first_written_late_is_not_growth():
     assert not soak.grows([0, 0, 308460, 308460, 308460, 308460, 308460])
     assert not soak.grows([0, 0, 0])
     assert soak.grows([0, 0, 3_000, 6_000, 9_000, 12_000, 15_000])  # growth after the first appearance still fails
+
+
+def test_storage_counts_what_lies_beyond_the_live_rows() -> None:
+    # a 1,000,000-commit run: storage 5 -> 24 MB as the inserts' live rows grew 2 -> 22 MB, while
+    # what lay beyond them (removed parts in the window, checkpoints) stayed 2-3 MB
+    samples = [
+        {
+            "storage_bytes": live + 2_500_000,
+            "live_bytes": live,
+            "zk_nodes": 5_000,
+            "removed_held": 2_000,
+            "replicas": [{"structures": {}, "checkpoint_bytes": 500_000, "local_checkpoint_bytes": 0}],
+        }
+        for live in range(2_000_000, 22_000_001, 1_000_000)
+    ]
+    assert soak.series(samples)["storage_beyond_live"] == [2_500_000] * len(samples)
+    assert not soak.check({"samples": samples, "targets": {"visible_per_partition_max": 10}}, 0, 0, 0)
