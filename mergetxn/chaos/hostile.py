@@ -263,12 +263,14 @@ class Hostile(threading.Thread):
                     dataclasses.replace(mine, path=victim.path, size=victim.size, checksum=victim.checksum),
                 )
             for kind, (table, meta) in attempts.items():
-                self.counts[f"forged:{kind}"] += 1
                 try:
                     tx.add_parts(table, [meta])
                 except InvalidInput:
+                    self.counts[f"forged:{kind}"] += 1
                     self.counts[f"forged-refused:{kind}"] += 1
                     continue
+                # (any other error, a fault's, leaves it untried: counted by forged(), as is the rest)
+                self.counts[f"forged:{kind}"] += 1
                 self.findings.append(
                     f"hostile lane: replica {client.address} accepted a forged part ({kind}): "
                     f"{meta.name} of {table!r} at {meta.path!r}"
