@@ -19,20 +19,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import duckdb
-import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.engines import engines, ns
 
 import coordinator
 from coordinator.errors import ConflictError, InvalidInput
 from mergetxn.cli import cli
 from mergetxn.client.client import Client
 from mergetxn.tools import recovery
-from parts.io.dataset import duckdb_view
 from parts.io.format import encode_part
 from parts.model.meta import PartMeta
 
@@ -69,21 +67,6 @@ def inlined(client: Client, table: str) -> list[bool]:
     """Whether each visible part of ``table`` is inlined."""
     listing = client.parts(table).to_pylist()
     return [r["inlined"] for r in listing if r["visible"]]
-
-
-def ns(t: pa.Table) -> list[int]:
-    return sorted(t.column("n").to_pylist())
-
-
-def engines(client: Client, table: str, snapshot: int) -> tuple[list[int], list[int], list[int]]:
-    """The ``n`` of ``table`` at ``snapshot`` through a dataset, DuckDB (duckdb_view) and Polars."""
-    with client.dataset(table, snapshot=snapshot) as d:
-        con = duckdb.connect()
-        duckdb_view(con, "t", d)
-        by_duck = sorted(r[0] for r in con.execute("SELECT n FROM t").fetchall())
-        by_polars = sorted(pl.scan_pyarrow_dataset(d).select("n").collect()["n"].to_list())
-        by_arrow = ns(d.to_table())
-    return by_arrow, by_duck, by_polars
 
 
 def test_small_inserts_write_no_file_and_read_everywhere_at_every_snapshot(

@@ -18,18 +18,16 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import duckdb
-import polars as pl
 import pyarrow as pa
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.engines import engines, ns
 from support.waiting import wait_until
 
 import coordinator
 from coordinator.errors import CorruptPart, InvalidInput, SnapshotUnavailable
 from mergetxn.client.client import Client
 from mergetxn.tools import recovery
-from parts.io.dataset import duckdb_view
 from parts.io.format import encode_part, write_part
 from parts.io.storage import Storage
 from parts.model.meta import bundle_path
@@ -63,10 +61,6 @@ def rows(ns: range | list[int], p: str = "a") -> pa.Table:
     return pa.table({"n": ns, "s": [f"s{n}" for n in ns], "p": [p] * len(ns)}, schema=SCHEMA)
 
 
-def ns(t: pa.Table) -> list[int]:
-    return sorted(t.column("n").to_pylist())
-
-
 def listing(client: Client, table: str) -> list[dict]:
     return client.parts(table).to_pylist()
 
@@ -80,12 +74,7 @@ def reads(client: Client, table: str, csns: list[int]) -> list[list[int]]:
     """``table``'s rows at each of ``csns`` through ``read``, a dataset, DuckDB and Polars."""
     out = []
     for csn in csns:
-        with client.dataset(table, snapshot=csn) as d:
-            con = duckdb.connect()
-            duckdb_view(con, "t", d)
-            by_duck = sorted(r[0] for r in con.execute("SELECT n FROM t").fetchall())
-            by_polars = sorted(pl.scan_pyarrow_dataset(d).select("n").collect()["n"].to_list())
-            by_arrow = ns(d.to_table())
+        by_arrow, by_duck, by_polars = engines(client, table, csn)
         by_read = ns(client.read(table, snapshot=csn))
         assert by_read == by_arrow == by_duck == by_polars, (csn, by_read, by_arrow, by_duck, by_polars)
         out.append(by_read)
