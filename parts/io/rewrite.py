@@ -344,14 +344,12 @@ def redo(
 
     if isinstance(op, Compact):  # redone by the replica: its own write, a flush's bundle beside it
         result = compact(storage, table, current, op.compact_kind, tid, csns, spill=True)
-    else:
-        where = decode_expression(op.where, table.schema)
-        if op.kind == "delete":
-            result = delete(storage, table, current, where, tid)
-        else:
-            # an update without assignments: "" is no JSON, so CorruptMetadata as for None before
-            assignments = decode_assignments(op.assignments or "", table.schema)
-            result = update(storage, table, current, where, assignments, tid)
-    if isinstance(op, Compact):
         return replace(op, added=tuple(result.added), removed=tuple(result.removed), spilled=result.located())
+    where = decode_expression(op.where, table.schema)
+    if op.kind == "delete":
+        result = delete(storage, table, current, where, tid)
+    else:
+        # an update without assignments: "" is no JSON, so CorruptMetadata as for None before
+        assignments = decode_assignments(op.assignments or "", table.schema)
+        result = update(storage, table, current, where, assignments, tid)
     return replace(op, added=tuple(result.added), removed=tuple(result.removed))
