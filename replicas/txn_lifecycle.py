@@ -262,16 +262,18 @@ class TxnLifecycle(ReplicaPart):
                 self._abort_locked(txn, reason, [], kind)
 
     def _abort_locked(self, txn: RunningTxn, reason: str, extra_ops: list[StagedOp], kind: str | None = None) -> None:
+        """Its own staged files are deleted before it reads as aborted: whoever sees the outcome
+        (``commit_status``, the client's commit) finds them gone."""
+        for op in txn.ops + extra_ops:
+            for meta in op.added:
+                if not meta.inlined and self._its_own_file(txn, meta):
+                    delete_part(self.storage, meta.path)
         txn.state, txn.reason = TxnState.ABORTED, reason
         kind = kind or abort_kind(reason)
         with self._aborted_lock:
             self._aborted[kind] += 1
         log.info("transaction %s aborted (%s): %s", txn.id, kind, reason)
         self._retire(txn)
-        for op in txn.ops + extra_ops:
-            for meta in op.added:
-                if not meta.inlined and self._its_own_file(txn, meta):
-                    delete_part(self.storage, meta.path)
 
     def _its_own_file(self, txn: RunningTxn, meta: PartMeta) -> bool:
         """Whether an aborted transaction's staged part is a file it wrote and nothing names: its

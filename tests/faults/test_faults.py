@@ -354,6 +354,36 @@ def test_session_expiry_aborts_only_that_replicas_transactions(
     eventually(registered_again)
 
 
+def test_an_aborted_transaction_reads_aborted_only_once_its_files_are_gone(
+    cluster: LocalCluster, proxied: Proxied, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whoever sees the outcome ``aborted`` (commit_status, the client's commit) finds the
+    transaction's own staged files deleted: the abort deletes them before it publishes the state.
+    Asked from a second connection at the moment each file is deleted, the outcome still reads
+    running (it read aborted, and a session-expiry test found a file left, when the order was the
+    other way round)."""
+    t = "abort_order"
+    px = proxied.client
+    px.wait_for(create_tables(cluster, t))
+    tx = px.begin()
+    tx.insert(t, rows(1))
+    assert files_of(proxied.storage, tx.id)
+    seen: list[str] = []
+    delete = proxied.replica.storage.delete
+    with Client(px.address) as asker:
+
+        def watched_delete(path: str) -> None:
+            if path.rsplit("/", 1)[-1].startswith(f"{tx.id}_"):
+                seen.append(asker.commit_status(tx.tid).status)
+            delete(path)
+
+        monkeypatch.setattr(proxied.replica.storage, "delete", watched_delete)
+        tx.rollback()
+    assert seen and set(seen) == {"running"}, f"the outcome read {seen} while the files were deleted"
+    assert not files_of(proxied.storage, tx.id)
+    assert px.commit_status(tx.tid).status == "aborted"
+
+
 # ----------------------------------------------------------------------------------------------
 # (c) connection lost during the commit multi
 
