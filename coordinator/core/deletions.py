@@ -1,0 +1,342 @@
+"""Deletion vectors of a keys table (SPEC.md "Keys tables by deletion vectors"): which rows of
+which parts later versions superseded, as of each CSN. Pure: arrays in, row positions out.
+
+Every replica computes them the same way, at apply and in log order, from the parts' own
+columns (never from what a writer says of them: SPEC.md "Nothing a writer claims is believed"),
+one :class:`TargetVectors` per keys target (a table's partition: a key lives in one):
+
+* a commit's versions of one key are ordered by ``_seq``; the last is the key's row unless it is
+  a DELETE; every other row the commit wrote (its earlier versions, its DELETEs, its read locks)
+  is dead from birth: in its own part's vector at the commit's CSN;
+* the key's row before the commit, in whatever part holds it, is dead at the commit's CSN;
+* a merge of source parts read at snapshot ``m0`` and committed at ``M`` writes the rows of its
+  sources that are live at ``m0``, once each; the output's rows whose keys a commit in
+  ``(m0, M]`` superseded in a source are dead at ``M``; the sources leave the index, their
+  vectors stay for the snapshots that still see them, until :meth:`TargetVectors.forget`.
+
+A part's vector at snapshot ``s`` is the union of its deltas at CSNs at or before ``s``
+(:meth:`TargetVectors.dead_at`). Deltas at or below a floor (the oldest snapshot a reader may
+take) fold into one (:meth:`TargetVectors.settle`), so a part holds at most one delta per commit
+that touched it inside the retention window.
+
+Rows are whole rows: a read of a part minus its vector is the table's rows from that part, with
+no fold. The index keeps, per live part, only the keys of its rows that were live at birth,
+sorted (one numpy array and the rows beside it: 12 to 16 bytes per key for numeric keys), and a
+mask of its rows dead now; finding the row a new version supersedes is one binary search per
+part whose key range meets the commit's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK
+
+Rows = np.ndarray  # sorted, distinct row positions (int64)
+_NO_ROWS: Rows = np.empty(0, np.int64)
+
+
+def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
+    """A part's key per row, comparable across parts: the column itself for a one-column key
+    (numeric keys stay numeric), tuples of the columns' values otherwise."""
+    if len(columns) == 1:
+        return np.asarray(columns[0].to_numpy(zero_copy_only=False))
+    values = [c.to_pylist() for c in columns]
+    return np.fromiter(zip(*values), dtype=object, count=len(values[0]) if values else 0)
+
+
+@dataclass(frozen=True)
+class PartVersions:
+    """What the vectors read of a part: per row, its key, ``_op`` and ``_seq``."""
+
+    name: str
+    keys: np.ndarray
+    ops: np.ndarray
+    seqs: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not len(self.keys) == len(self.ops) == len(self.seqs):
+            raise ValueError(f"part {self.name}: keys, ops and seqs differ in length")
+
+    @classmethod
+    def of(cls, name: str, data: pa.Table, primary_key: Sequence[str]) -> PartVersions:
+        """From a part's key columns, ``_op`` and ``_seq`` (a merge's output: no ``_op`` or
+        ``_seq``, every row a live row)."""
+        n = data.num_rows
+        ops = data.column("_op").to_numpy() if "_op" in data.column_names else np.zeros(n, np.int8)
+        seqs = data.column("_seq").to_numpy() if "_seq" in data.column_names else np.arange(n)
+        return cls(name, key_array([data.column(k) for k in primary_key]), ops, seqs)
+
+
+@dataclass
+class _Part:
+    """One part as the vectors know it."""
+
+    id: int
+    name: str
+    keys: np.ndarray  # the key of each row
+    dead: np.ndarray  # bool per row: dead now
+    deltas: list[tuple[int, Rows]] = field(default_factory=list)  # (csn, rows dead from then), in CSN order
+    live: bool = True  # still in the index (not removed by a merge or an overwrite)
+
+    def mark(self, csn: int, rows: Rows) -> Rows:
+        """Rows dead from ``csn`` on; returns those not dead before."""
+        rows = rows[~self.dead[rows]]
+        if len(rows):
+            self.dead[rows] = True
+            if self.deltas and self.deltas[-1][0] == csn:
+                self.deltas[-1] = (csn, np.union1d(self.deltas[-1][1], rows))
+            else:
+                self.deltas.append((csn, np.unique(rows)))
+        return rows
+
+    def dead_up_to(self, snapshot: int) -> np.ndarray:
+        dead = np.zeros(len(self.keys), bool)
+        for csn, rows in self.deltas:
+            if csn <= snapshot:
+                dead[rows] = True
+        return dead
+
+
+_GONE = (-1, -1)
+
+
+class _Index:
+    """Key -> (part id, row) of the key's live row: a sorted base and a dict of the changes since
+    it was last rebuilt. A lookup is one binary search over the base and one dict probe per key;
+    a write of many keys (a load, a merge) rebuilds the base at once, a few go to the dict."""
+
+    def __init__(self, bulk: int) -> None:
+        self.bulk = bulk  # a write of this many keys rebuilds the base
+        self.keys: np.ndarray | None = None
+        self.parts = np.empty(0, np.int64)
+        self.rows = np.empty(0, np.int64)
+        self.over: dict[object, tuple[int, int]] = {}
+
+    def __len__(self) -> int:
+        return (0 if self.keys is None else len(self.keys)) + len(self.over)
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, Rows]:
+        """(part id, row) of each of ``keys`` (sorted), -1 where it has none."""
+        parts, rows = np.full(len(keys), -1, np.int64), np.full(len(keys), -1, np.int64)
+        if self.keys is not None and len(self.keys) and len(keys):
+            idx = np.searchsorted(self.keys, keys)
+            inside = idx < len(self.keys)
+            hit = np.zeros(len(keys), bool)
+            hit[inside] = self.keys[idx[inside]] == keys[inside]
+            parts[hit], rows[hit] = self.parts[idx[hit]], self.rows[idx[hit]]
+        if self.over:
+            for i, k in enumerate(keys.tolist()):
+                got = self.over.get(k)
+                if got is not None:
+                    parts[i], rows[i] = got
+        return parts, rows
+
+    def point(self, keys: np.ndarray, parts: np.ndarray, rows: Rows, stale: set[int]) -> None:
+        """Point ``keys`` (sorted, distinct) at (part, row); a part id of -1 drops the key.
+        ``stale``: parts removed whole (an overwrite) whose entries a rebuild drops; emptied
+        then."""
+        if len(keys) >= self.bulk or self.keys is None:
+            self._rebuild(keys, parts, rows, stale)
+            return
+        for k, p, r in zip(keys.tolist(), parts.tolist(), rows.tolist()):
+            self.over[k] = (p, r)
+        if len(self.over) > max(self.bulk * 16, len(self.keys) // 4):
+            self._rebuild(keys[:0], parts[:0], rows[:0], stale)
+
+    def _rebuild(self, keys: np.ndarray, parts: np.ndarray, rows: Rows, stale: set[int]) -> None:
+        """The base again: the dict's changes, then ``keys`` (the last of a key wins), merged
+        into the base by binary search (no sort of the base); dropped keys and the entries of
+        ``stale`` parts are left out."""
+        ck = np.concatenate([_like(list(self.over), keys), keys])
+        over = np.array(list(self.over.values()), np.int64).reshape(-1, 2)
+        cp, cr = np.concatenate([over[:, 0], parts]), np.concatenate([over[:, 1], rows])
+        order = _sorted_order(ck)
+        ck, cp, cr = ck[order], cp[order], cr[order]
+        last = np.ones(len(ck), bool)
+        if len(ck) > 1:
+            last[:-1] = ck[1:] != ck[:-1]
+        ck, cp, cr = ck[last], cp[last], cr[last]
+        base, bp, br = (self.keys, self.parts, self.rows) if self.keys is not None else (ck[:0], cp[:0], cr[:0])
+        keep = np.ones(len(base), bool)
+        if len(base) and len(ck):
+            idx = np.searchsorted(base, ck)
+            inside = idx < len(base)
+            hit = np.zeros(len(ck), bool)
+            hit[inside] = base[idx[inside]] == ck[inside]
+            keep[idx[hit]] = False
+        gone = np.array(sorted(stale), np.int64)
+        if len(gone):
+            keep &= ~np.isin(bp, gone)
+        base, bp, br = base[keep], bp[keep], br[keep]
+        add = (cp >= 0) & ~np.isin(cp, gone)
+        at = np.searchsorted(base, ck[add])
+        self.keys, self.parts, self.rows = (
+            np.insert(base, at, ck[add]),
+            np.insert(bp, at, cp[add]),
+            np.insert(br, at, cr[add]),
+        )
+        self.over = {}
+        stale.clear()
+
+
+def _like(values: list[object], like: np.ndarray) -> np.ndarray:
+    """``values`` (Python scalars or tuples from ``tolist``) as an array of ``like``'s dtype."""
+    if like.dtype == object:
+        return np.fromiter(values, dtype=object, count=len(values))
+    return np.array(values, dtype=like.dtype)
+
+
+class TargetVectors:
+    """The deletion vectors of one keys target, updated commit by commit in log order."""
+
+    def __init__(self, bulk: int = 4096) -> None:
+        self._parts: dict[str, _Part] = {}
+        self._by_id: dict[int, _Part] = {}
+        self._next_id = 0
+        self._index = _Index(bulk)
+        self._stale: set[int] = set()  # parts an overwrite removed, until the index drops their entries
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._parts
+
+    def __len__(self) -> int:
+        """Entries in the key index (one per live row, plus changes not yet folded in)."""
+        return len(self._index)
+
+    def commit(self, csn: int, added: Sequence[PartVersions], removed: Iterable[str] = ()) -> dict[str, Rows]:
+        """Apply a transaction's commit at ``csn``: the parts it removed leave the index first
+        (an overwrite), then its parts' versions supersede the rows of their keys. Returns, per
+        part, the rows newly dead at ``csn``."""
+        for name in removed:
+            self._parts[name].live = False
+            self._stale.add(self._parts[name].id)
+        if not added:
+            return {}
+        keys, ops, part_of, row_of = _versions(added)
+        winners, dead_born = _winners(keys, ops)
+        out: dict[str, Rows] = {}
+        self._supersede(csn, keys[winners], out)
+        ids = np.array([self._add(v.name, v.keys).id for v in added], np.int64)
+        for i, version in enumerate(added):
+            born = row_of[dead_born[part_of[dead_born] == i]]
+            _note(out, version.name, self._parts[version.name].mark(csn, born))
+        deleted = ops[winners] == DELETE
+        target = np.where(deleted, -1, ids[part_of[winners]])
+        self._index.point(keys[winners], target, row_of[winners], self._stale)
+        return out
+
+    def merge(self, csn: int, output: PartVersions, sources: Sequence[str], snapshot: int) -> dict[str, Rows]:
+        """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
+        ``sources`` live at ``snapshot``. Returns the output's rows dead at ``csn`` (their keys
+        were superseded in a source after ``snapshot``). ValueError when the output's keys are
+        not exactly the sources' live keys at ``snapshot`` (the merge read something else)."""
+        olds = [self._parts[s] for s in sources]
+        expected = _sorted_unique(_joined([p.keys[~p.dead_up_to(snapshot)] for p in olds], output.keys))
+        order = _sorted_order(output.keys)
+        got = output.keys[order]
+        if len(got) != len(expected) or not bool(np.all(got == expected)):
+            raise ValueError(f"merge output {output.name} does not hold exactly its sources' rows at {snapshot}")
+        gone = _sorted_unique(_joined([p.keys[p.dead & ~p.dead_up_to(snapshot)] for p in olds], output.keys))
+        for p in olds:
+            p.live = False
+        part = self._add(output.name, output.keys)
+        superseded = np.isin(got, gone) if len(gone) else np.zeros(len(got), bool)
+        out: dict[str, Rows] = {}
+        _note(out, output.name, part.mark(csn, order[superseded].astype(np.int64)))
+        alive = ~superseded
+        self._index.point(got[alive], np.full(int(alive.sum()), part.id, np.int64), order[alive], self._stale)
+        return out
+
+    def dead_at(self, name: str, snapshot: int) -> Rows:
+        """The rows of part ``name`` a read at ``snapshot`` leaves out (sorted)."""
+        deltas = [rows for csn, rows in self._parts[name].deltas if csn <= snapshot]
+        if not deltas:
+            return _NO_ROWS
+        return deltas[0] if len(deltas) == 1 else np.unique(np.concatenate(deltas))
+
+    def settle(self, floor: int) -> None:
+        """Fold each part's deltas at or below ``floor`` into one (no read takes an older snapshot)."""
+        for part in self._parts.values():
+            old = [(c, r) for c, r in part.deltas if c <= floor]
+            if len(old) > 1:
+                merged = (old[-1][0], np.unique(np.concatenate([r for _, r in old])))
+                part.deltas = [merged] + part.deltas[len(old) :]
+
+    def forget(self, name: str) -> None:
+        """Drop a part no snapshot sees any more (cleanup collected it)."""
+        part = self._parts.pop(name, None)
+        if part is not None:
+            del self._by_id[part.id]
+
+    def deltas(self, name: str) -> list[tuple[int, Rows]]:
+        """Part ``name``'s deltas, in CSN order."""
+        return list(self._parts[name].deltas)
+
+    def _add(self, name: str, keys: np.ndarray) -> _Part:
+        if name in self._parts:
+            raise ValueError(f"part {name} is already known to the deletion vectors")
+        part = self._parts[name] = _Part(self._next_id, name, keys, np.zeros(len(keys), bool))
+        self._by_id[part.id] = part
+        self._next_id += 1
+        return part
+
+    def _supersede(self, csn: int, keys: np.ndarray, out: dict[str, Rows]) -> None:
+        """Mark dead at ``csn`` the live rows of ``keys`` (sorted, distinct)."""
+        parts, rows = self._index.lookup(keys)
+        for pid in np.unique(parts[parts >= 0]).tolist():
+            part = self._by_id.get(pid)
+            if part is not None and part.live:
+                _note(out, part.name, part.mark(csn, rows[parts == pid]))
+
+
+def _note(out: dict[str, Rows], name: str, rows: Rows) -> None:
+    if len(rows):
+        out[name] = np.union1d(out[name], rows) if name in out else np.sort(rows)
+
+
+def _versions(added: Sequence[PartVersions]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The commit's rows, all parts together, sorted by (key, ``_seq``) with read locks last:
+    (keys, ops, which part, which row)."""
+    keys = np.concatenate([v.keys for v in added])
+    ops = np.concatenate([v.ops for v in added]).astype(np.int8)
+    seqs = np.concatenate([v.seqs for v in added]).astype(np.int64)
+    part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, v in enumerate(added)])
+    row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for v in added])
+    by_seq = np.argsort(seqs, kind="stable")
+    order = by_seq[_sorted_order(keys[by_seq])]
+    return keys[order], ops[order], part_of[order], row_of[order]
+
+
+def _winners(keys: np.ndarray, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Over rows sorted by (key, ``_seq``): the index of each key's last version, and of every
+    row dead from birth (earlier versions, read locks; a DELETE that wins is returned with the
+    winners, which it is, and here too)."""
+    lock = (ops == LOCK_STRONG) | (ops == LOCK_WEAK)
+    versions = np.flatnonzero(~lock)
+    vkeys = keys[versions]
+    last = np.ones(len(versions), bool)
+    if len(versions) > 1:
+        last[:-1] = vkeys[1:] != vkeys[:-1]
+    winners = versions[last]
+    dead = np.concatenate([versions[~last], np.flatnonzero(lock), winners[ops[winners] == DELETE]])
+    return winners, dead
+
+
+def _sorted_order(keys: np.ndarray) -> np.ndarray:
+    return np.argsort(keys, kind="stable")
+
+
+def _joined(arrays: list[np.ndarray], like: np.ndarray) -> np.ndarray:
+    return np.concatenate(arrays) if arrays else like[:0]
+
+
+def _sorted_unique(keys: np.ndarray) -> np.ndarray:
+    keys = keys[_sorted_order(keys)]
+    if len(keys) > 1:
+        keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])]
+    return keys

@@ -1,0 +1,232 @@
+"""Deletion vectors of keys tables (coordinator/core/deletions.py): on random histories of
+commits (PUT, DELETE and read-lock versions over one or two parts, several versions of a key in
+one commit in random ``_seq`` order), truncations (a commit that removes every part) and merges
+of random source parts read at a random earlier snapshot, a read of the parts visible at any
+snapshot minus their vectors at that snapshot gives exactly the rows the row-by-row fold of the
+versions committed up to it gives (tests/support/keys_reference.py), for one- and two-column keys
+of common types; also after the deltas below a floor were settled. Plus the cases a merge must
+refuse."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import keys_reference as ref
+from support.hypo import deterministic
+
+from coordinator.core.deletions import PartVersions, TargetVectors
+from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, VER
+
+FAST = deterministic(150)
+
+KEYS = {
+    "int64": (pa.int64(), [-3, 0, 1, 2, 7]),
+    "string": (pa.string(), ["", "a", "ab", "é"]),
+    "float64": (pa.float64(), [-1.5, 0.0, 2.25]),
+    "binary": (pa.binary(), [b"", b"\x00", b"\xff"]),
+    "date32": (pa.date32(), [dt.date(2020, 1, 1), dt.date(1999, 12, 31)]),
+    "decimal": (pa.decimal128(9, 2), [decimal.Decimal("-1.50"), decimal.Decimal("3.25")]),
+    "timestamp": (pa.timestamp("us", tz="UTC"), [dt.datetime(2021, 5, 1, tzinfo=dt.UTC)]),
+}
+KEY_SHAPES = [("int64",), ("string",), ("float64",), ("binary",), ("date32",), ("decimal",), ("timestamp",)]
+KEY_SHAPES += [("int64", "string"), ("date32", "int64")]
+# The columns a row carries besides its key: a value, and where and when it was written (copied
+# by merges, so that every row a read returns names the version it is).
+DATA = [("v", pa.int64()), ("src", pa.string()), ("row", pa.int64()), ("ver", pa.int64()), ("seq", pa.int64())]
+OPS = [PUT, PUT, PUT, DELETE, LOCK_STRONG, LOCK_WEAK]
+
+
+@dataclass
+class History:
+    """The parts of one target and when each became visible and stopped being visible."""
+
+    schema: pa.Schema
+    primary_key: tuple[str, ...]
+    vectors: TargetVectors = field(default_factory=TargetVectors)
+    data: dict[str, pa.Table] = field(default_factory=dict)  # part -> rows (hidden columns too)
+    born: dict[str, int] = field(default_factory=dict)
+    died: dict[str, int] = field(default_factory=dict)
+    truncated: list[int] = field(default_factory=list)  # CSNs of commits that removed every part
+    csn: int = 0
+    floor: int = 0
+
+    def visible(self, snapshot: int) -> list[str]:
+        return [p for p, b in self.born.items() if b <= snapshot and self.died.get(p, snapshot + 1) > snapshot]
+
+    def live(self) -> list[str]:
+        return [p for p in self.born if p not in self.died]
+
+    def by_vectors(self, snapshot: int) -> list[tuple]:
+        """The read the vectors give: each visible part minus its vector at ``snapshot``."""
+        out = []
+        for p in self.visible(snapshot):
+            keep = np.ones(self.data[p].num_rows, bool)
+            keep[self.vectors.dead_at(p, snapshot)] = False
+            out += _tuples(self.data[p].filter(pa.array(keep)), self.schema)
+        return sorted(out, key=repr)
+
+    def by_fold(self, snapshot: int) -> list[tuple]:
+        """The read the row-by-row fold gives over the versions committed up to ``snapshot``
+        (the transactions' own parts, merges left out: they never change what a read returns)
+        since the last truncation."""
+        cut = max([t for t in self.truncated if t <= snapshot], default=0)
+        parts = [(b, self.data[p]) for p, b in self.born.items() if not p.startswith("m") and cut <= b <= snapshot]
+        return sorted(_tuples(ref.merge(self.schema, self.primary_key, parts), self.schema), key=repr)
+
+
+def _tuples(t: pa.Table, schema: pa.Schema) -> list[tuple]:
+    return list(zip(*(t.column(c).to_pylist() for c in schema.names))) if t.num_rows else []
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> History:
+    shape = draw(st.sampled_from(KEY_SHAPES))
+    names = tuple(f"k{i}" for i in range(len(shape)))
+    fields = [pa.field(n, KEYS[kind][0], nullable=False) for n, kind in zip(names, shape)]
+    # bulk: how many keys a write needs to rebuild the index's base (small: both roads taken)
+    vectors = TargetVectors(bulk=draw(st.sampled_from([1, 2, 3, 4096])))
+    h = History(pa.schema(fields + [pa.field(n, t) for n, t in DATA]), names, vectors)
+    pools = [KEYS[kind][1] for kind in shape]
+    for _ in range(draw(st.integers(1, 12))):
+        step = draw(st.sampled_from(["commit", "commit", "commit", "merge", "merge", "truncate", "settle"]))
+        h.csn += 1
+        if step == "merge":
+            _merge(draw, h)
+        elif step == "settle":
+            h.floor = draw(st.integers(h.floor, h.csn - 1))
+            h.vectors.settle(h.floor)
+        else:
+            _commit(draw, h, pools, truncating=step == "truncate")
+    return h
+
+
+def _commit(draw: st.DrawFn, h: History, pools: list[list], truncating: bool) -> None:
+    """A transaction's commit of one or two parts; ``truncating``: one that also removes every
+    part (an overwrite of the whole target)."""
+    removed = h.live() if truncating else []
+    if truncating:
+        h.truncated.append(h.csn)
+    rows = draw(st.lists(st.tuples(*(st.sampled_from(p) for p in pools), st.sampled_from(OPS)), min_size=1, max_size=7))
+    seqs = draw(st.permutations(range(len(rows))))
+    cut = draw(st.integers(0, len(rows)))
+    added = []
+    for i, chunk in enumerate((rows[:cut], rows[cut:])):
+        if not chunk:
+            continue
+        name = f"c{h.csn}p{i}"
+        first = 0 if i == 0 else cut
+        cols = {k: [r[j] for r in chunk] for j, k in enumerate(h.primary_key)}
+        cols |= {
+            "v": [draw(st.integers(0, 99)) for _ in chunk],
+            "src": [name] * len(chunk),
+            "row": list(range(len(chunk))),
+            "ver": [h.csn] * len(chunk),
+            "seq": list(seqs[first : first + len(chunk)]),
+            OP: [r[-1] for r in chunk],
+            SEQ: list(seqs[first : first + len(chunk)]),
+        }
+        schema = h.schema.append(pa.field(OP, pa.int8())).append(pa.field(SEQ, pa.int64()))
+        h.data[name] = pa.table(cols, schema=schema)
+        h.born[name] = h.csn
+        added.append(PartVersions.of(name, h.data[name], h.primary_key))
+    h.vectors.commit(h.csn, added, removed)
+    h.died |= {p: h.csn for p in removed}
+
+
+def _merge(draw: st.DrawFn, h: History) -> None:
+    """A merge of live parts read at an earlier snapshot at which they all were visible."""
+    snapshot = draw(st.integers(h.floor, h.csn - 1))
+    candidates = [p for p in h.live() if h.born[p] <= snapshot]  # commits after the snapshot race the merge
+    if not candidates:
+        return
+    sources = draw(st.lists(st.sampled_from(candidates), unique=True, min_size=1))
+    rows = []
+    for p in sources:
+        keep = np.ones(h.data[p].num_rows, bool)
+        keep[h.vectors.dead_at(p, snapshot)] = False
+        rows.append(h.data[p].filter(pa.array(keep)).select(h.schema.names))
+    out = pa.concat_tables(rows).cast(h.schema)
+    out = out.append_column(OP, pa.array([PUT] * out.num_rows, pa.int8()))
+    out = out.append_column(SEQ, out.column("seq")).append_column(VER, out.column("ver"))
+    out = out.take(pa.array(draw(st.permutations(range(out.num_rows))), pa.int64()))  # any row order
+    name = f"m{h.csn}"
+    h.vectors.merge(h.csn, PartVersions.of(name, out, h.primary_key), sources, snapshot)
+    h.data[name] = out
+    h.born[name] = h.csn
+    h.died |= {p: h.csn for p in sources}
+
+
+@FAST
+@given(histories())
+def test_parts_minus_vectors_read_as_the_fold_at_every_snapshot(h: History) -> None:
+    for snapshot in range(h.floor, h.csn + 1):
+        assert h.by_vectors(snapshot) == h.by_fold(snapshot), f"at snapshot {snapshot}"
+
+
+@FAST
+@given(histories())
+def test_a_part_holds_one_delta_per_commit_above_the_floor(h: History) -> None:
+    for p in h.data:
+        csns = [c for c, _ in h.vectors.deltas(p)]
+        assert csns == sorted(set(csns))
+        assert sum(c <= h.floor for c in csns) <= 1
+
+
+def _part(name: str, keys: list[int], ops: list[int] | None = None) -> PartVersions:
+    return PartVersions(name, np.array(keys), np.array(ops or [PUT] * len(keys)), np.arange(len(keys)))
+
+
+def test_upserts_mark_the_row_they_supersede_at_their_csn() -> None:
+    v = TargetVectors()
+    assert v.commit(1, [_part("a", [1, 2, 3])]) == {}
+    got = v.commit(2, [_part("b", [2, 9])])
+    assert {p: r.tolist() for p, r in got.items()} == {"a": [1]}
+    got = v.commit(3, [_part("c", [9, 3, 3], [DELETE, PUT, DELETE])])
+    assert {p: r.tolist() for p, r in got.items()} == {"a": [2], "b": [1], "c": [0, 1, 2]}
+    assert v.dead_at("a", 1).tolist() == [] and v.dead_at("a", 2).tolist() == [1]
+    assert v.dead_at("a", 3).tolist() == [1, 2]
+
+
+def test_a_merge_marks_the_keys_superseded_after_its_snapshot() -> None:
+    v = TargetVectors()
+    v.commit(1, [_part("a", [1, 2])])
+    v.commit(2, [_part("b", [3])])
+    v.commit(3, [_part("c", [1])])  # after the merge's snapshot 2: supersedes a's key 1
+    got = v.merge(4, PartVersions("m", np.array([3, 2, 1]), np.zeros(3, np.int8), np.arange(3)), ["a", "b"], 2)
+    assert {p: r.tolist() for p, r in got.items()} == {"m": [2]}  # key 1, the output's row 2
+    v.commit(5, [_part("d", [2])])
+    assert v.dead_at("m", 5).tolist() == [1, 2]
+    assert v.dead_at("c", 5).tolist() == []
+
+
+@pytest.mark.parametrize(
+    ("keys", "why"),
+    [([1, 2, 3], "a key its sources did not hold live"), ([1], "a key left out"), ([1, 1, 2], "a key twice")],
+)
+def test_a_merge_that_read_something_else_is_refused(keys: list[int], why: str) -> None:
+    v = TargetVectors()
+    v.commit(1, [_part("a", [1, 2])])
+    with pytest.raises(ValueError, match="does not hold exactly"):
+        v.merge(2, _part("m", keys), ["a"], 1)
+    assert "m" not in v and v.commit(3, [_part("b", [1])])["a"].tolist() == [0], why
+
+
+def test_the_index_holds_one_entry_per_live_row() -> None:
+    """Deleted keys and the keys of removed parts leave the index when it is rebuilt: its size
+    follows the live rows, not the rows ever written."""
+    v = TargetVectors(bulk=100)
+    v.commit(1, [_part("a", list(range(1000)))])
+    v.commit(2, [_part("b", list(range(0, 1000, 2)), [DELETE] * 500)])
+    v.commit(3, [_part("c", list(range(5000, 5100)))])  # a bulk write: the base rebuilt
+    assert len(v) == 600
+    v.commit(4, [_part("d", list(range(9000, 9200)))], removed=["a", "c"])
+    assert len(v) == 200
+    v.forget("a")
+    assert "a" not in v and v.commit(5, [_part("e", [1])]) == {}
