@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK
+from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, SEQ, UPDATE, VER
 
 Rows = np.ndarray  # sorted, distinct row positions (int64)
 _NO_ROWS: Rows = np.empty(0, np.int64)
@@ -57,19 +57,21 @@ class PartVersions:
     keys: np.ndarray
     ops: np.ndarray
     seqs: np.ndarray
+    vers: np.ndarray | None = None  # a merge's output: each row's version (its ``_ver``)
 
     def __post_init__(self) -> None:
-        if not len(self.keys) == len(self.ops) == len(self.seqs):
-            raise ValueError(f"part {self.name}: keys, ops and seqs differ in length")
+        if not len(self.keys) == len(self.ops) == len(self.seqs) == len(self.keys if self.vers is None else self.vers):
+            raise ValueError(f"part {self.name}: keys, ops, seqs and versions differ in length")
 
     @classmethod
     def of(cls, name: str, data: pa.Table, primary_key: Sequence[str]) -> PartVersions:
-        """From a part's key columns, ``_op`` and ``_seq`` (a merge's output: no ``_op`` or
-        ``_seq``, every row a live row)."""
-        n = data.num_rows
-        ops = data.column("_op").to_numpy() if "_op" in data.column_names else np.zeros(n, np.int8)
-        seqs = data.column("_seq").to_numpy() if "_seq" in data.column_names else np.arange(n)
-        return cls(name, key_array([data.column(k) for k in primary_key]), ops, seqs)
+        """From a part's key columns, ``_op``, ``_seq`` and ``_ver`` (each optional: every row a
+        PUT, in row order, of the part's own version)."""
+        n, names = data.num_rows, data.column_names
+        ops = data.column(OP).to_numpy() if OP in names else np.zeros(n, np.int8)
+        seqs = data.column(SEQ).to_numpy() if SEQ in names else np.arange(n)
+        vers = data.column(VER).to_numpy() if VER in names else None
+        return cls(name, key_array([data.column(k) for k in primary_key]), ops, seqs, vers)
 
 
 @dataclass
@@ -191,10 +193,17 @@ def _like(values: list[object], like: np.ndarray) -> np.ndarray:
     return np.array(values, dtype=like.dtype)
 
 
-class TargetVectors:
-    """The deletion vectors of one keys target, updated commit by commit in log order."""
+class NeedsFold(ValueError):
+    """A key's last version is an UPDATE: its row is the fold of its versions, which a vector
+    cannot express."""
 
-    def __init__(self, bulk: int = 4096) -> None:
+
+class TargetVectors:
+    """The deletion vectors of one keys target, updated commit by commit in log order; they
+    answer for snapshots at or above ``base`` (below it: :meth:`dead_at` raises KeyError)."""
+
+    def __init__(self, bulk: int = 4096, base: int = 0) -> None:
+        self.base = base
         self._parts: dict[str, _Part] = {}
         self._by_id: dict[int, _Part] = {}
         self._next_id = 0
@@ -219,6 +228,8 @@ class TargetVectors:
             return {}
         keys, ops, part_of, row_of = _versions(added)
         winners, dead_born = _winners(keys, ops)
+        if bool(np.any(ops[winners] == UPDATE)):
+            raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
         out: dict[str, Rows] = {}
         self._supersede(csn, keys[winners], out)
         ids = np.array([self._add(v.name, v.keys).id for v in added], np.int64)
@@ -253,7 +264,10 @@ class TargetVectors:
         return out
 
     def dead_at(self, name: str, snapshot: int) -> Rows:
-        """The rows of part ``name`` a read at ``snapshot`` leaves out (sorted)."""
+        """The rows of part ``name`` a read at ``snapshot`` leaves out (sorted). KeyError for
+        a snapshot below ``base`` or a part not known."""
+        if snapshot < self.base:
+            raise KeyError(f"no vectors below {self.base}")
         deltas = [rows for csn, rows in self._parts[name].deltas if csn <= snapshot]
         if not deltas:
             return _NO_ROWS
@@ -292,6 +306,35 @@ class TargetVectors:
             part = self._by_id.get(pid)
             if part is not None and part.live:
                 _note(out, part.name, part.mark(csn, rows[parts == pid]))
+
+
+def derive(csn: int, parts: Sequence[tuple[int, PartVersions]], bulk: int = 4096) -> TargetVectors:
+    """The vectors of a target at ``csn``, from scratch: ``parts`` are the parts visible then,
+    each with its creation CSN. A row's version is its ``_ver`` (a merge's output) or its part's
+    CSN; a key's versions are ordered by (version, ``_seq``), read locks left out, and the last
+    is the key's row unless it is a DELETE. Every other row is dead at ``csn``; the vectors
+    answer for ``csn`` and later. NeedsFold when a key's last version is an UPDATE."""
+    vectors = TargetVectors(bulk, base=csn)
+    if not parts:
+        return vectors
+    keys = np.concatenate([v.keys for _, v in parts])
+    ops = np.concatenate([v.ops for _, v in parts]).astype(np.int8)
+    seqs = np.concatenate([v.seqs for _, v in parts]).astype(np.int64)
+    vers = np.concatenate([np.full(len(v.keys), c, np.int64) if v.vers is None else v.vers for c, v in parts])
+    part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, (_, v) in enumerate(parts)])
+    row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for _, v in parts])
+    order = np.lexsort((seqs, vers))
+    order = order[_sorted_order(keys[order])]
+    keys, ops, part_of, row_of = keys[order], ops[order], part_of[order], row_of[order]
+    winners, dead = _winners(keys, ops)
+    if bool(np.any(ops[winners] == UPDATE)):
+        raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
+    ids = np.array([vectors._add(v.name, v.keys).id for _, v in parts], np.int64)
+    for i, (_, v) in enumerate(parts):
+        vectors._parts[v.name].mark(csn, row_of[dead[part_of[dead] == i]])
+    alive = winners[ops[winners] != DELETE]
+    vectors._index.point(keys[alive], ids[part_of[alive]], row_of[alive], vectors._stale)
+    return vectors
 
 
 def _note(out: dict[str, Rows], name: str, rows: Rows) -> None:

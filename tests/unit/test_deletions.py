@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from support import keys_reference as ref
 from support.hypo import deterministic
 
-from coordinator.core.deletions import PartVersions, TargetVectors
-from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, VER
+from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, derive
+from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, UPDATE, VER
 
 FAST = deterministic(150)
 
@@ -230,3 +230,85 @@ def test_the_index_holds_one_entry_per_live_row() -> None:
     assert len(v) == 200
     v.forget("a")
     assert "a" not in v and v.commit(5, [_part("e", [1])]) == {}
+
+
+# -- from scratch: derive() over parts a fold-world history left -------------------------------
+
+
+def _fold_merge(draw: st.DrawFn, h: History) -> None:
+    """A compaction as the fold world writes it (tests/support/keys_reference.py ``fold``): runs
+    of versions folded, each keeping its version in ``_ver``, DELETEs kept while an older version
+    of their key is elsewhere, several versions of a key possible."""
+    live = h.live()
+    if not live:
+        return
+    sources = draw(st.lists(st.sampled_from(live), unique=True, min_size=1))
+    others: dict[tuple, list] = {}
+    for p in live:
+        if p not in sources:
+            for key, vs in ref.row_versions(h.data[p], h.born[p], h.primary_key).items():
+                others.setdefault(key, []).extend(vs)
+    out = ref.fold(h.schema, h.primary_key, [(h.born[p], h.data[p]) for p in sources], others)
+    name = f"m{h.csn}"
+    h.data[name], h.born[name] = out, h.csn
+    h.died |= {p: h.csn for p in sources}
+
+
+@st.composite
+def fold_histories(draw: st.DrawFn) -> History:
+    shape = draw(st.sampled_from(KEY_SHAPES))
+    names = tuple(f"k{i}" for i in range(len(shape)))
+    fields = [pa.field(n, KEYS[kind][0], nullable=False) for n, kind in zip(names, shape)]
+    h = History(pa.schema(fields + [pa.field(n, t) for n, t in DATA]), names)
+    pools = [KEYS[kind][1] for kind in shape]
+    for _ in range(draw(st.integers(1, 12))):
+        h.csn += 1
+        if draw(st.integers(0, 2)) == 0:
+            _fold_merge(draw, h)
+        else:
+            _commit(draw, h, pools, truncating=False)
+    return h
+
+
+def _read(h: History, vectors: TargetVectors, snapshot: int) -> list[tuple]:
+    out = []
+    for p in h.visible(snapshot):
+        keep = np.ones(h.data[p].num_rows, bool)
+        keep[vectors.dead_at(p, snapshot)] = False
+        out += _tuples(h.data[p].filter(pa.array(keep)), h.schema)
+    return sorted(out, key=repr)
+
+
+@FAST
+@given(fold_histories(), st.data())
+def test_vectors_derived_from_scratch_then_followed_read_as_the_fold(h: History, data: st.DataObject) -> None:
+    """At any snapshot of a history whose compactions folded versions (the layout tables have
+    today), the vectors derived from the parts visible then, and followed commit by commit
+    afterwards, give what the fold of the same parts gives."""
+    start = data.draw(st.integers(0, h.csn))
+    vectors = derive(start, [(h.born[p], PartVersions.of(p, h.data[p], h.primary_key)) for p in h.visible(start)])
+    want = sorted(
+        _tuples(ref.merge(h.schema, h.primary_key, [(h.born[p], h.data[p]) for p in h.visible(start)]), h.schema),
+        key=repr,
+    )
+    assert _read(h, vectors, start) == want
+    for csn in range(start + 1, h.csn + 1):
+        if any(p.startswith("m") and b == csn for p, b in h.born.items()):
+            return  # a fold-world compaction: vectors are derived again (the replica does so)
+        added = [PartVersions.of(p, h.data[p], h.primary_key) for p, b in h.born.items() if b == csn]
+        vectors.commit(csn, added)
+        want = sorted(
+            _tuples(ref.merge(h.schema, h.primary_key, [(h.born[p], h.data[p]) for p in h.visible(csn)]), h.schema),
+            key=repr,
+        )
+        assert _read(h, vectors, csn) == want, f"at {csn}, followed from {start}"
+
+
+def test_an_update_as_a_keys_last_version_needs_the_fold() -> None:
+    with pytest.raises(NeedsFold):
+        derive(3, [(1, _part("a", [1, 2])), (2, _part("b", [2], [UPDATE]))])
+    v = derive(2, [(1, _part("a", [1, 2])), (2, _part("b", [2], [UPDATE])), (2, _part("c", [2]))])
+    with pytest.raises(NeedsFold):
+        v.commit(3, [_part("d", [1], [UPDATE])])
+    with pytest.raises(KeyError):
+        v.dead_at("a", 1)  # below the snapshot it was derived at
