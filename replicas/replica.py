@@ -65,6 +65,7 @@ from replicas.settings import ReplicaConfig
 from replicas.snapshots import SnapshotReads
 from replicas.state import ReplicaState
 from replicas.users import Users
+from replicas.vectors import KeysVectors
 from replicas.wal import Wal
 from replicas.zksession import ZkSession, connect_zk
 
@@ -86,6 +87,7 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.host_id = config.host_id
         self.storage = Storage(config.storage_url, config.storage_options)
         self.state = ReplicaState(config.outcome_seconds)
+        self.vectors = KeysVectors(self.state, self.storage)  # keys tables' deletion vectors, for whole reads
         self.zk_session = ZkSession()  # connected, lost, stopping: what the satellites look at
         self.incarnation = 0
         self.address = ""

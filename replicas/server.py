@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from coordinator.core import grants, keytables
+from coordinator.core import deletions, grants, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import AuthenticationFailed, InvalidInput, MergetxnError, ReplicaUnavailable
 from coordinator.core.tabledata import partition_key
@@ -566,7 +566,22 @@ class ReplicaServer(RpcServer):
             "lease_seconds": leases.READ_LEASE_SECONDS,
             "ddl": self.replica.state.last_ddl(snap),
             **self._csns(metas),
+            **self._vectors(a, snap, metas),
         }
+
+    def _vectors(self, a: dict, snapshot: int, metas: list) -> dict:
+        """``vectors`` (asked for by a whole read of a keys table): each part's deletion vector
+        at ``snapshot`` (replicas/vectors.py), for every part listed; left out when the
+        vectors cannot answer, and the reader folds."""
+        if a.get("vectors") is not True or a.get("point_hint") is not None:
+            return {}
+        tdef = self.replica.state.table(a["table"], snapshot)
+        if tdef is None or tdef.conflict_policy is not Policy.KEYS:
+            return {}
+        dead = self.replica.vectors.dead_rows(tdef, snapshot, metas)
+        if dead is None:
+            return {}
+        return {"vectors": {name: deletions.encode_rows(rows) for name, rows in dead.items()}}
 
     def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
         """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keytables.py)

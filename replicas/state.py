@@ -253,6 +253,11 @@ class ReplicaState(StateCheckpoint, StatePruning):
         with self.lock:
             return list(self.catalog.get(name, ()))
 
+    def table_names(self) -> set[str]:
+        """The names of the tables that exist now."""
+        with self.lock:
+            return set(self.tables)
+
     def table_defs(self) -> list[TableDef]:
         """Every definition any table had that this replica still knows (not the drops)."""
         with self.lock:

@@ -28,16 +28,41 @@ part whose key range meets the commit's keys.
 
 from __future__ import annotations
 
+import array
+import base64
+import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap
 
 from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, SEQ, UPDATE, VER
 
 Rows = np.ndarray  # sorted, distinct row positions (int64)
 _NO_ROWS: Rows = np.empty(0, np.int64)
+
+
+def encode_rows(rows: Rows) -> str:
+    """Row positions as text for the wire: a portable roaring bitmap, base64."""
+    bitmap = BitMap(array.array("I", np.asarray(rows, np.uint32).tobytes()))
+    return base64.b64encode(bitmap.serialize()).decode("ascii")
+
+
+def decode_rows(text: object, rows: int) -> Rows:
+    """The row positions :func:`encode_rows` wrote, checked against a part of ``rows`` rows:
+    ValueError naming what is wrong when it is not a bitmap of positions below ``rows``."""
+    if not isinstance(text, str) or len(text) > 8 * rows + 64:
+        raise ValueError(f"a deletion vector must be a base64 string of at most {8 * rows + 64} characters")
+    try:
+        bitmap = BitMap.deserialize(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"a deletion vector does not decode: {exc}") from None
+    out = np.frombuffer(bitmap.to_array(), np.uint32).astype(np.int64)
+    if len(out) and int(out[-1]) >= rows:
+        raise ValueError(f"a deletion vector names row {int(out[-1])} of a part of {rows} rows")
+    return out
 
 
 def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:
@@ -241,6 +266,31 @@ class TargetVectors:
         self._index.point(keys[winners], target, row_of[winners], self._stale)
         return out
 
+    def load(self, parts: Sequence[tuple[int, PartVersions]]) -> None:
+        """Fill empty vectors with ``parts`` (each with its creation CSN), dead rows marked at
+        ``base``: :func:`derive`."""
+        if self._parts:
+            raise ValueError("vectors are loaded once, empty")
+        if not parts:
+            return
+        keys = np.concatenate([v.keys for _, v in parts])
+        ops = np.concatenate([v.ops for _, v in parts]).astype(np.int8)
+        seqs = np.concatenate([v.seqs for _, v in parts]).astype(np.int64)
+        vers = np.concatenate([np.full(len(v.keys), c, np.int64) if v.vers is None else v.vers for c, v in parts])
+        part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, (_, v) in enumerate(parts)])
+        row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for _, v in parts])
+        order = np.lexsort((seqs, vers))
+        order = order[_sorted_order(keys[order])]
+        keys, ops, part_of, row_of = keys[order], ops[order], part_of[order], row_of[order]
+        winners, dead = _winners(keys, ops)
+        if bool(np.any(ops[winners] == UPDATE)):
+            raise NeedsFold(f"an UPDATE is the last version of a key at {self.base}")
+        ids = np.array([self._add(v.name, v.keys).id for _, v in parts], np.int64)
+        for i, (_, v) in enumerate(parts):
+            self._parts[v.name].mark(self.base, row_of[dead[part_of[dead] == i]])
+        alive = winners[ops[winners] != DELETE]
+        self._index.point(keys[alive], ids[part_of[alive]], row_of[alive], self._stale)
+
     def merge(self, csn: int, output: PartVersions, sources: Sequence[str], snapshot: int) -> dict[str, Rows]:
         """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
         ``sources`` live at ``snapshot``. Returns the output's rows dead at ``csn`` (their keys
@@ -315,25 +365,7 @@ def derive(csn: int, parts: Sequence[tuple[int, PartVersions]], bulk: int = 4096
     is the key's row unless it is a DELETE. Every other row is dead at ``csn``; the vectors
     answer for ``csn`` and later. NeedsFold when a key's last version is an UPDATE."""
     vectors = TargetVectors(bulk, base=csn)
-    if not parts:
-        return vectors
-    keys = np.concatenate([v.keys for _, v in parts])
-    ops = np.concatenate([v.ops for _, v in parts]).astype(np.int8)
-    seqs = np.concatenate([v.seqs for _, v in parts]).astype(np.int64)
-    vers = np.concatenate([np.full(len(v.keys), c, np.int64) if v.vers is None else v.vers for c, v in parts])
-    part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, (_, v) in enumerate(parts)])
-    row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for _, v in parts])
-    order = np.lexsort((seqs, vers))
-    order = order[_sorted_order(keys[order])]
-    keys, ops, part_of, row_of = keys[order], ops[order], part_of[order], row_of[order]
-    winners, dead = _winners(keys, ops)
-    if bool(np.any(ops[winners] == UPDATE)):
-        raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
-    ids = np.array([vectors._add(v.name, v.keys).id for _, v in parts], np.int64)
-    for i, (_, v) in enumerate(parts):
-        vectors._parts[v.name].mark(csn, row_of[dead[part_of[dead] == i]])
-    alive = winners[ops[winners] != DELETE]
-    vectors._index.point(keys[alive], ids[part_of[alive]], row_of[alive], vectors._stale)
+    vectors.load(parts)
     return vectors
 
 

@@ -225,6 +225,7 @@ ACTIONS: dict[str, Action] = {
             "slim": _f(
                 BOOLEAN, doc="key summaries without their filter (keytables.point_summary): a point or whole read"
             ),
+            "vectors": _f(BOOLEAN, doc="a keys table's whole read: each part's deletion vector (replicas/vectors.py)"),
         }
     ),
     "add_read": Action({"id": _TID, "read": _req(OBJECT, doc="coordinator/core/readsets.py Read.to_dict")}),

@@ -39,7 +39,7 @@ class ClientBase:
     credentials: Credentials | None
     max_partition_value_bytes: int
     _tables: dict[str, tuple[TableDef, int]]
-    _no_slim: bool
+    _refused: set[str]
     _rpc: RpcClient
 
     if TYPE_CHECKING:

@@ -159,7 +159,7 @@ class Client(Tables, Reads, Administration):
         self._unflushed: list[str] = []  # tids of async commits queued since the last flush, in order
         self._async_csn: int | None = None  # the last CSN of an async commit known durable
         self._acks: list[str] = []  # failures flush reported: acknowledged with the next flush
-        self._no_slim = False  # the replica refused ``visible``'s ``slim`` (older code): not sent again
+        self._refused: set[str] = set()  # ``visible`` fields the replica refused (older code): not sent again
         connecting = min(CONNECT_TIMEOUT, self.timeout)
         info = self._rpc.call("info", {}, timeout=connecting)  # answered at once by a live replica
         self.host_id: str = info["host_id"]

@@ -10,11 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from coordinator.core import errors, keyfold, keypoint, keyranges, keytables
+from coordinator.core import deletions, errors, keyfold, keypoint, keyranges, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput, quote
 from coordinator.core.tabledata import (
@@ -105,7 +106,10 @@ class Reads(ClientBase):
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
         # Without a filter no key filter is used: the answer comes slim too (a replica from
         # before this ignores slim without a point hint and answers in full).
-        r = self._visible_pruned(visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or where is None)
+        whole = not hint and where is None
+        r = self._visible_pruned(
+            visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or whole, vectors=whole
+        )
         try:
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
@@ -116,6 +120,7 @@ class Reads(ClientBase):
                     where,
                     r.get("csns"),
                     exact=exact if cached is not None and cached[0] is tdef else None,  # parsed for this tdef
+                    vectors=r.get("vectors"),
                 )
         except errors.CorruptPart:
             # Cleanup may have taken a part between the listing and the read (a lease that
@@ -130,21 +135,28 @@ class Reads(ClientBase):
             raise
 
     def _visible_pruned(
-        self, args: dict[str, Any], hint: dict[str, Any], lease: dict[str, Any], slim: bool = True
+        self,
+        args: dict[str, Any],
+        hint: dict[str, Any],
+        lease: dict[str, Any],
+        slim: bool = True,
+        vectors: bool = False,
     ) -> dict:
         """``visible`` for a read; ``slim``: the parts come without their key filters, which the
         read does not need (a point read's replica pruned with them; a whole read folds every
-        part): keytables.point_summary. A replica from before ``slim`` refuses the field:
-        asked again without it."""
-        if not slim or self._no_slim:
-            return self.call("visible", **args, **hint, **lease)
-        try:
-            return self.call("visible", **args, **hint, **lease, slim=True)
-        except InvalidInput as exc:
-            if exc.details.get("field") != "slim":
-                raise
-            self._no_slim = True
-            return self.call("visible", **args, **hint, **lease)
+        part): keytables.point_summary; ``vectors``: a keys table's parts come with their
+        deletion vectors (replicas/vectors.py). A replica from before either refuses the field:
+        asked again without it, and never again."""
+        extra = {f: True for f, wanted in (("slim", slim), ("vectors", vectors)) if wanted and f not in self._refused}
+        while True:
+            try:
+                return self.call("visible", **args, **hint, **lease, **extra)
+            except InvalidInput as exc:
+                field = exc.details.get("field")
+                if field not in extra:
+                    raise
+                self._refused.add(field)
+                del extra[field]
 
     @contextmanager
     def scan(
@@ -313,6 +325,32 @@ class Reads(ClientBase):
         if where is not None and exact is None and data.num_rows:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
+
+    def _read_minus_vectors(
+        self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None, vectors: Mapping[str, str]
+    ) -> pa.Table:
+        """A whole read of a keys table by deletion vectors (docs/architecture/keys-vectors.md):
+        each part's rows minus those its vector names, no fold; sorted by key, as a fold gives
+        them. The vectors come from the replica, checked: one for every part, each naming rows
+        the part has (else CorruptMetadata)."""
+        pk = list(tdef.primary_key)
+        wanted = list(tdef.schema.names) if columns is None else list(columns)
+        try:
+            dead = [deletions.decode_rows(vectors[m.name], m.rows) for m in metas]
+        except (KeyError, ValueError) as exc:
+            raise errors.CorruptMetadata(f"the replica's deletion vectors of {quote(tdef.name)}: {exc}") from None
+        datas = rewrite.read_parts(self.storage, metas, table=tdef, cached=True)
+        kept = []
+        for data, rows in zip(datas, dead):
+            if len(rows):
+                keep = np.ones(data.num_rows, bool)
+                keep[rows] = False
+                data = data.filter(pa.array(keep))
+            kept.append(data.select(wanted + [k for k in pk if k not in wanted]))
+        out = pa.concat_tables(kept) if kept else tdef.schema.empty_table().select(wanted)
+        if out.num_rows > 1:
+            out = out.take(pc.sort_indices(out, sort_keys=[(k, "ascending") for k in pk]))
+        return out.select(wanted).cast(pa.schema([tdef.schema.field(c) for c in wanted]))
 
     def _point_versions(
         self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
@@ -519,18 +557,22 @@ class Reads(ClientBase):
         where: pc.Expression | None,
         csns: Mapping[str, int] | None = None,
         exact: list[tuple] | None = None,
+        vectors: Mapping[str, str] | None = None,
     ) -> pa.Table:
         """Rows of ``metas`` under ``tdef`` (parts written for an older schema read as it is now).
         A keys table's parts are versions folded to one row per key (:func:`keyfold.merge`), in the
-        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own).
-        ``exact``: ``keytables.point_keys(where, ..., exact=True)`` under ``tdef``, when the
-        caller has it (not parsed again)."""
+        order of ``csns`` (part name -> creation CSN; a part without one is the reader's own),
+        or, for a whole read the replica sent ``vectors`` for, its parts minus their deletion
+        vectors. ``exact``: ``keytables.point_keys(where, ..., exact=True)`` under ``tdef``,
+        when the caller has it (not parsed again)."""
         table = tdef.name
         if columns is not None:
             missing = [c for c in columns if c not in tdef.schema.names]
             if missing:
                 raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
         if tdef.conflict_policy is Policy.KEYS:
+            if vectors is not None and where is None:
+                return self._read_minus_vectors(tdef, metas, columns, vectors)
             return self._read_keys(tdef, metas, columns, where, csns or {}, exact)
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(table)}")

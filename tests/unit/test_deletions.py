@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from support import keys_reference as ref
 from support.hypo import deterministic
 
-from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, derive
+from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, decode_rows, derive, encode_rows
 from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, UPDATE, VER
 
 FAST = deterministic(150)
@@ -312,3 +312,24 @@ def test_an_update_as_a_keys_last_version_needs_the_fold() -> None:
         v.commit(3, [_part("d", [1], [UPDATE])])
     with pytest.raises(KeyError):
         v.dead_at("a", 1)  # below the snapshot it was derived at
+
+
+@pytest.mark.parametrize("rows", [[], [0], [1, 5, 9], list(range(0, 70_000, 3))])
+def test_rows_cross_the_wire_as_they_were(rows: list[int]) -> None:
+    n = (rows[-1] + 1) if rows else 0
+    assert decode_rows(encode_rows(np.array(rows, np.int64)), n).tolist() == rows
+
+
+@pytest.mark.parametrize(
+    ("text", "rows", "why"),
+    [
+        (encode_rows(np.array([0, 3])), 3, "names row 3 of a part of 3 rows"),
+        ("!!", 5, "does not decode"),
+        ("AAAA", 5, "does not decode"),
+        (7, 5, "must be a base64 string"),
+        ("A" * 200, 5, "must be a base64 string of at most 104"),
+    ],
+)
+def test_a_vector_that_is_not_one_is_refused(text: object, rows: int, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        decode_rows(text, rows)

@@ -1,0 +1,173 @@
+"""The deletion vectors of this replica's keys tables (docs/architecture/keys-vectors.md; the
+rules are pure, in coordinator/core/deletions.py): which rows of each visible part a read at a
+snapshot leaves out, so that a whole read of a keys table is a read of its parts minus those
+rows, with no fold.
+
+They are derived from the log alone, so every replica has the same: a keys target's vectors are
+first derived from the parts visible at the snapshot a read asks for, then followed commit by
+commit, in CSN order, from the state's records (the parts each CSN added and removed in the
+target), each new part's key columns, ``_op`` and ``_seq`` read once (a small part's from its
+record). A merge (its output holds ``_ver``) or an overwrite derives them again at its CSN from
+the versions already held. They answer for snapshots from where they were derived on; an older
+snapshot, a part they do not know, or a key whose last version is an UPDATE (its row is a fold,
+``NeedsFold``) makes :meth:`KeysVectors.dead_rows` answer None, and the reader folds as before.
+
+Memory: the key column, ``_op``, ``_seq`` and ``_ver`` of each live part of the keys targets
+read so far (the parts removed by a merge leave with it), and the vectors' key index: bounded by
+the live rows, not by history.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from coordinator.core import keytables
+from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, derive
+from coordinator.core.errors import MergetxnError
+from coordinator.core.tabledata import partition_key
+from coordinator.model.catalog import TableDef
+from parts.io.format import read_part
+from parts.io.storage import Storage
+from parts.model.meta import PartMeta
+from replicas.state import ReplicaState
+
+log = logging.getLogger(__name__)
+
+Rows = np.ndarray
+
+
+@dataclass
+class _Target:
+    """One keys target's vectors and the versions they were computed from."""
+
+    table: str
+    pkey: str
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    vectors: TargetVectors | None = None
+    done: int = 0  # the vectors follow the log up to this CSN
+    versions: dict[str, PartVersions] = field(default_factory=dict)  # of the parts they hold
+    failed: frozenset[str] = (
+        frozenset()
+    )  # the parts a derive found a fold in: none of them removed, it is not tried again
+
+
+class KeysVectors:
+    """Vectors of every keys target a read asked for."""
+
+    def __init__(self, state: ReplicaState, storage: Storage) -> None:
+        self._state, self._storage = state, storage
+        self._targets: dict[tuple[str, str], _Target] = {}
+        self._lock = threading.Lock()
+
+    def dead_rows(self, tdef: TableDef, snapshot: int, metas: Sequence[PartMeta]) -> dict[str, Rows] | None:
+        """The rows of each of ``metas`` (the committed parts of keys table ``tdef`` visible at
+        ``snapshot``) that a read at ``snapshot`` leaves out, or None: the reader folds."""
+        out: dict[str, Rows] = {}
+        by_target: dict[str, list[PartMeta]] = {}
+        for m in metas:
+            by_target.setdefault(partition_key(m.partition), []).append(m)
+        for pkey, group in by_target.items():
+            target = self._target(tdef.name, pkey)
+            with target.lock:
+                try:
+                    got = self._answer(target, tdef, snapshot, group)
+                except (MergetxnError, OSError) as exc:
+                    # A part that cannot be read (cleanup took it, it rotted): the reader folds
+                    # and meets the same part on its own road, which says what is wrong with it.
+                    log.info("deletion vectors of %s: %r; the read folds", tdef.name, exc)
+                    target.vectors, got = None, None
+            if got is None:
+                return None
+            out.update(got)
+        return out
+
+    def _target(self, table: str, pkey: str) -> _Target:
+        """The target's entry; making one first forgets those of tables dropped since (what is
+        held follows the tables that exist, not every table there ever was)."""
+        with self._lock:
+            target = self._targets.get((table, pkey))
+            if target is None:
+                exists = self._state.table_names()
+                self._targets = {k: v for k, v in self._targets.items() if k[0] in exists}
+                target = self._targets[(table, pkey)] = _Target(table, pkey)
+            return target
+
+    def _answer(self, t: _Target, tdef: TableDef, snapshot: int, metas: Sequence[PartMeta]) -> dict[str, Rows] | None:
+        names = {m.name for m in metas}
+        if t.vectors is not None and snapshot < t.vectors.base:
+            return None  # older than where they were derived: the reader folds
+        if t.vectors is not None and t.done < self._state.pruned:
+            t.vectors = None  # not followed for longer than the state keeps what each commit did
+        if t.vectors is None:
+            if t.failed and t.failed <= names:
+                return None  # the fold that stopped them is still visible
+            self._derive(t, tdef, snapshot, metas)
+        elif snapshot > t.done:
+            self._follow(t, tdef, snapshot)
+            if t.vectors is not None and t.done < self._state.pruned:
+                t.vectors = None  # pruned while followed: derive again on the next read
+        v = t.vectors
+        if v is None or snapshot < v.base or any(n not in v for n in names):
+            return None
+        return {m.name: v.dead_at(m.name, snapshot) for m in metas}
+
+    def _derive(self, t: _Target, tdef: TableDef, csn: int, metas: Iterable[PartMeta]) -> None:
+        metas = list(metas)
+        csns = self._state.creation_csns(m.name for m in metas)
+        if len(csns) < len(metas):
+            t.vectors = None  # a part forgotten meanwhile: derive on the next read
+            return
+        t.versions = {m.name: t.versions.get(m.name) or self._versions(tdef, m) for m in metas}
+        try:
+            t.vectors = derive(csn, [(csns[m.name], t.versions[m.name]) for m in metas])
+            t.failed = frozenset()
+        except NeedsFold:
+            t.vectors, t.failed = None, frozenset(t.versions)
+        t.done = csn
+
+    def _follow(self, t: _Target, tdef: TableDef, upto: int) -> None:
+        """Bring the vectors from ``t.done`` up to ``upto`` (at or below the applied CSN), one
+        CSN at a time: a merge or an overwrite derives them again at its CSN."""
+        for csn, added, removed in self._commits(t, tdef, upto):
+            vectors = t.vectors
+            if vectors is None:
+                return
+            if removed or any(keytables.folded(m) for m in added):
+                kept = [r.meta for n in t.versions if n not in removed and (r := self._state.part(n)) is not None]
+                self._derive(t, tdef, csn, kept + added)
+                continue
+            fresh = [self._versions(tdef, m) for m in added]
+            t.versions.update((v.name, v) for v in fresh)
+            try:
+                vectors.commit(csn, fresh)
+            except NeedsFold:
+                t.vectors, t.failed = None, frozenset(t.versions)
+            t.done = csn
+        t.done = max(t.done, upto)
+
+    def _commits(self, t: _Target, tdef: TableDef, upto: int) -> list[tuple[int, list[PartMeta], set[str]]]:
+        """The CSNs in ``(t.done, upto]`` that added or removed parts of this target, in order,
+        with what each added and removed."""
+        by_csn: dict[int, tuple[list[PartMeta], set[str]]] = {}
+        names = list(t.versions)
+        for csn, meta in self._state.created_since(tdef.name, t.pkey, t.done):
+            if csn <= upto:
+                by_csn.setdefault(csn, ([], set()))[0].append(meta)
+                names.append(meta.name)  # and perhaps removed again before ``upto``
+        for name in names:
+            r = self._state.part(name)
+            if r is not None and r.removal_csn is not None and t.done < r.removal_csn <= upto:
+                by_csn.setdefault(r.removal_csn, ([], set()))[1].add(name)
+        return [(csn, *by_csn[csn]) for csn in sorted(by_csn)]
+
+    def _versions(self, tdef: TableDef, meta: PartMeta) -> PartVersions:
+        """A part's key columns, ``_op``, ``_seq`` and (a merge's output) ``_ver``, read once."""
+        cols = [*tdef.primary_key, keytables.OP, keytables.SEQ]
+        if keytables.folded(meta):
+            cols.append(keytables.VER)
+        return PartVersions.of(meta.name, read_part(self._storage, meta, columns=cols), tdef.primary_key)
