@@ -621,6 +621,17 @@ def _in_version_order(data: pa.Table, key_starts: pa.Array) -> bool:
     return bool(pc.all(pc.or_(ok, key_starts.slice(1))).as_py())
 
 
+def distinct_key_order(keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
+    """The indices of ``keys`` (the key columns of rows whose keys are distinct: a read by
+    deletion vectors) in key order: by slot, with no sort, for one dense integer key column
+    (:func:`_last_by_slot`), else as :func:`_key_order` sorts."""
+    if len(primary_key) == 1 and keys.num_rows:
+        slots = _last_by_slot(keys.column(primary_key[0]))
+        if slots is not None:
+            return slots
+    return _key_order(keys, primary_key)
+
+
 def _key_order(data: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """The indices of a stable sort of ``data`` by key. One integer key column (the usual key)
     whose values span at most 2**48 is sorted by radix: a few passes of Arrow's counting sort

@@ -469,6 +469,11 @@ class TableDef:
             out = [back[n] if n in back else n for n in out]
         return out
 
+    def current(self, schema_version: int) -> bool:
+        """Whether rows written for ``schema_version`` read as they are under this definition
+        (:meth:`upgrade` leaves them alone)."""
+        return schema_version >= self.ddl_version or not self.changes
+
     def upgrade(self, data: pa.Table, schema_version: int) -> pa.Table:
         """Rows of a part written for ``schema_version``, under this definition: renamed columns
         under their names now, added columns null, in this schema's order and types."""

@@ -330,27 +330,36 @@ class Reads(ClientBase):
         self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None, vectors: Mapping[str, str]
     ) -> pa.Table:
         """A whole read of a keys table by deletion vectors (docs/architecture/keys-vectors.md):
-        each part's rows minus those its vector names, no fold; sorted by key, as a fold gives
-        them. The vectors come from the replica, checked: one for every part, each naming rows
-        the part has (else CorruptMetadata)."""
+        the parts' rows minus those their vectors name, no fold, in key order as a fold gives
+        them (one take of the live rows). The vectors come from the replica, checked: one for
+        every part, each naming rows the part has (else CorruptMetadata)."""
         pk = list(tdef.primary_key)
         wanted = list(tdef.schema.names) if columns is None else list(columns)
+        need = wanted + [k for k in pk if k not in wanted]
         try:
             dead = [deletions.decode_rows(vectors[m.name], m.rows) for m in metas]
         except (KeyError, ValueError) as exc:
             raise errors.CorruptMetadata(f"the replica's deletion vectors of {quote(tdef.name)}: {exc}") from None
-        datas = rewrite.read_parts(self.storage, metas, table=tdef, cached=True)
-        kept = []
-        for data, rows in zip(datas, dead):
-            if len(rows):
-                keep = np.ones(data.num_rows, bool)
-                keep[rows] = False
-                data = data.filter(pa.array(keep))
-            kept.append(data.select(wanted + [k for k in pk if k not in wanted]))
-        out = pa.concat_tables(kept) if kept else tdef.schema.empty_table().select(wanted)
-        if out.num_rows > 1:
-            out = out.take(pc.sort_indices(out, sort_keys=[(k, "ascending") for k in pk]))
-        return out.select(wanted).cast(pa.schema([tdef.schema.field(c) for c in wanted]))
+        target = pa.schema([tdef.schema.field(c) for c in need])
+        datas = [d.cast(target) for d in self._columns_of(tdef, metas, need)]
+        if not datas:
+            return target.empty_table().select(wanted)
+        data = pa.concat_tables(datas)
+        keep = np.ones(data.num_rows, bool)
+        offsets = np.cumsum([0] + [d.num_rows for d in datas])
+        for at, rows in zip(offsets, dead):
+            keep[at + rows] = False
+        live = pa.array(np.flatnonzero(keep))
+        order = keyfold.distinct_key_order(data.select(pk).take(live), pk)
+        return data.select(wanted).take(pc.take(live, order))
+
+    def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
+        """The ``need`` columns of each part: only those decoded when every part was written
+        for the table's current definition with all of them (its statistics name each column
+        of its file), else each part read whole under it."""
+        if all(tdef.current(m.schema_version) and all(c in m.stats for c in need) for m in metas):
+            return rewrite.read_parts(self.storage, metas, columns=need)
+        return [d.select(need) for d in rewrite.read_parts(self.storage, metas, table=tdef, cached=True)]
 
     def _point_versions(
         self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
