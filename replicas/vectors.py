@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,13 +52,16 @@ class _Target:
     vectors: TargetVectors | None = None
     done: int = 0  # the vectors follow the log up to this CSN
     versions: dict[str, PartVersions] = field(default_factory=dict)  # of the parts they hold
-    failed: frozenset[str] = (
-        frozenset()
-    )  # the parts a derive found a fold in: none of them removed, it is not tried again
+    # the parts a derive found a fold in: while none of them is removed, it is not tried again
+    failed: frozenset[str] = frozenset()
+    used: float = field(default_factory=time.monotonic)  # the last read it answered
+
+
+IDLE_SECONDS = 600.0  # a target no read asked for this long is dropped (derived again if asked)
 
 
 class KeysVectors:
-    """Vectors of every keys target a read asked for."""
+    """Vectors of the keys targets whole reads asked for lately."""
 
     def __init__(self, state: ReplicaState, storage: Storage) -> None:
         self._state, self._storage = state, storage
@@ -87,14 +91,19 @@ class KeysVectors:
         return out
 
     def _target(self, table: str, pkey: str) -> _Target:
-        """The target's entry; making one first forgets those of tables dropped since (what is
-        held follows the tables that exist, not every table there ever was)."""
+        """The target's entry; making one first forgets those of tables dropped since and those
+        no read asked for in ``IDLE_SECONDS`` (what is held follows the tables read lately, not
+        every table there ever was)."""
+        now = time.monotonic()
         with self._lock:
             target = self._targets.get((table, pkey))
             if target is None:
                 exists = self._state.table_names()
-                self._targets = {k: v for k, v in self._targets.items() if k[0] in exists}
+                self._targets = {
+                    k: v for k, v in self._targets.items() if k[0] in exists and now - v.used < IDLE_SECONDS
+                }
                 target = self._targets[(table, pkey)] = _Target(table, pkey)
+            target.used = now
             return target
 
     def _answer(self, t: _Target, tdef: TableDef, snapshot: int, metas: Sequence[PartMeta]) -> dict[str, Rows] | None:
