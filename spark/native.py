@@ -55,11 +55,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from coordinator.core import errors
+from coordinator.core import deletions, errors
 from coordinator.core.errors import CorruptPart, InvalidInput
 from coordinator.core.tabledata import json_scalar, may_match, validate_name
 from coordinator.model.catalog import Policy, TableDef
@@ -256,7 +257,7 @@ def read_table(
     address = _address(session, replica)
     client = _client(address)
     try:
-        r = client.call("visible", lease="read", **_visible_args(table, snapshot, as_of))
+        r = _visible(client, _visible_args(table, snapshot, as_of))
     except BaseException:
         client.close()
         raise
@@ -278,7 +279,9 @@ def read_table(
         root = os.path.abspath(client.storage.url)
         paths = [os.path.join(root, *m.path.split("/")) for m in stored]
         verify_footers(stored, paths)
-        if keys:  # versions folded per key by Spark (spark/keysfold.py)
+        if keys and "vectors" in r and len(stored) == len(metas):  # the parts minus their deletion vectors
+            df = _read_minus_vectors(session, tdef, metas, paths, r["vectors"])
+        elif keys:  # versions folded per key by Spark (spark/keysfold.py)
             df = keysfold.read_folded(
                 session, tdef, metas, ["file://" + p for p in paths], r.get("csns") or {}, VERIFY_PAGES
             )
@@ -290,6 +293,55 @@ def read_table(
         hold.release()
         raise
     hold.attach(df, snap, [m.name for m in metas])
+    return df
+
+
+def _visible(client: Any, args: dict[str, Any]) -> dict:
+    """``visible`` for a read, asking for a keys table's deletion vectors (replicas/vectors.py);
+    a replica from before them refuses the field: asked again without it."""
+    try:
+        return client.call("visible", lease="read", vectors=True, **args)
+    except InvalidInput as exc:
+        if exc.details.get("field") != "vectors":
+            raise
+        return client.call("visible", lease="read", **args)
+
+
+_FILE, _ROW = "__mergetxn_file", "__mergetxn_row"
+
+
+def _read_minus_vectors(
+    session: Any, tdef: TableDef, metas: Sequence[PartMeta], paths: Sequence[str], vectors: Any
+) -> Any:
+    """A keys table's live rows (docs/architecture/keys-vectors.md): its part files (keys
+    tables never inline) by Spark's own Parquet reader, each row's file and row index from the
+    reader's ``_metadata``, less the rows the vectors name (a broadcast anti-join: the dead rows
+    go to the executors once). The vectors come from the replica, checked (one per part, rows
+    the part has: else CorruptMetadata)."""
+    from pyspark.sql import functions as F
+
+    try:
+        dead = {m.name: deletions.decode_rows(vectors[m.name], m.rows) for m in metas}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise errors.CorruptMetadata(f"mergetxn: the replica's deletion vectors of {tdef.name!r}: {exc}") from None
+    schema = spark_schema(tdef.schema)
+    if paths:
+        reader = session.read.schema(schema)
+        for k, v in VERIFY_PAGES.items():
+            reader = reader.option(k, v)
+        df = reader.parquet(*("file://" + p for p in paths))
+        rows = [(os.path.basename(p), dead[m.name]) for m, p in zip(metas, paths) if len(dead[m.name])]
+        if rows:
+            gone = pa.table(
+                {
+                    _FILE: pa.array([f for f, r in rows for _ in range(len(r))], pa.string()),
+                    _ROW: pa.array(np.concatenate([r for _, r in rows]), pa.int64()),
+                }
+            )
+            df = df.select("*", F.col("_metadata.file_name").alias(_FILE), F.col("_metadata.row_index").alias(_ROW))
+            df = df.join(F.broadcast(session.createDataFrame(gone)), [_FILE, _ROW], "left_anti").drop(_FILE, _ROW)
+    else:
+        df = session.createDataFrame([], schema)
     return df
 
 

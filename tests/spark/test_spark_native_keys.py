@@ -160,6 +160,49 @@ def test_read_table_of_an_empty_and_a_deleted_keys_table(spark, c0: Client) -> N
     assert mspark.read_table(spark, name).count() == 0 == c0.read(name).num_rows
 
 
+@pytest.fixture
+def folding(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``read_table`` folds, as from a replica that sends no deletion vectors (one from before
+    them, or a key whose last version is an update): the fold's roads are what the test reads."""
+    from spark import native
+
+    monkeypatch.setattr(native, "_visible", lambda client, args: client.call("visible", lease="read", **args))
+
+
+def test_read_table_by_deletion_vectors(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+    """Inserts and deletes, large and small parts, two partitions: ``read_table`` reads the
+    parts minus their vectors (no fold), rows as client.read's, at an older snapshot and at the
+    latest."""
+    caplog.set_level("DEBUG", logger="spark.keysfold")
+    rng = random.Random(5)
+    name = "nk_vectors"
+    c0.create_table(
+        name,
+        SCHEMA,
+        partition_by=("p",),
+        primary_key=("p", "k"),
+        conflict_policy="keys",
+        auto_merge=False,
+        inline_rows=50,
+    )
+    snaps = []
+    for step in range(6):
+        with c0.transaction() as tx:
+            tx.insert(name, rows(rng.choice("xy"), rng.sample(range(300), 120 if step < 3 else 5), f"s{step}-", rng))
+            tx.delete_keys(name, keys_of(rng.choice("xy"), rng.sample(range(300), 7)))
+        snaps.append(c0.snapshot())
+    with c0.transaction() as tx:  # rows of a small part superseded
+        tx.insert(name, rows("z", [1, 2, 3], "small-", rng))
+    with c0.transaction() as tx:
+        tx.insert(name, rows("z", [1], "again-", rng))
+        tx.delete_keys(name, keys_of("z", [2]))
+    snaps.append(c0.snapshot())
+    for s in (snaps[2], snaps[-1]):  # derived at the first, followed to the second
+        assert spark_set(mspark.read_table(spark, name, snapshot=s)) == as_set(c0.read(name, snapshot=s)), s
+    assert not [r for r in caplog.records if r.name == "spark.keysfold"], "read_table folded"
+    assert "vectors" in c0.call("visible", table=name, vectors=True, lease="none")
+
+
 def roads_of(caplog: pytest.LogCaptureFixture) -> str:
     """The road :func:`spark.keysfold.read_folded` logged for the last read."""
     said = [r.getMessage() for r in caplog.records if r.name == "spark.keysfold"]
@@ -171,7 +214,9 @@ def keys_of(p: str, keys: list[int]) -> pa.Table:
     return pa.table({"p": [p] * len(keys), "k": pa.array(keys, pa.int64())})
 
 
-def test_a_big_compacted_part_plus_small_upserts(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_big_compacted_part_plus_small_upserts(
+    spark, c0: Client, caplog: pytest.LogCaptureFixture, folding: None
+) -> None:
     """The common shape: a big part per partition (a major compaction's output) and small parts
     after it. The big parts are read as they are (no shuffle); the small ones are folded and
     broadcast to them: updates (carried forward both ways), overwrites, deletes, a delete then
@@ -215,7 +260,9 @@ def test_a_big_compacted_part_plus_small_upserts(spark, c0: Client, caplog: pyte
         assert spark_set(mspark.read_table(spark, name, where=where)) == as_set(c0.read(name, where=expr)), where
 
 
-def test_parts_that_share_no_key_need_no_fold(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+def test_parts_that_share_no_key_need_no_fold(
+    spark, c0: Client, caplog: pytest.LogCaptureFixture, folding: None
+) -> None:
     """Inserts of disjoint keys (each part holding each of its keys once) are read with no fold
     and no shuffle; a part holding a key twice (the same key twice in one insert) or a key of
     another big part is not read as it is, and the rows stay those of client.read."""
@@ -244,7 +291,9 @@ def test_parts_that_share_no_key_need_no_fold(spark, c0: Client, caplog: pytest.
     assert "4 parts read as they are, 3 folded" in roads_of(caplog), roads_of(caplog)
 
 
-def test_overlay_of_newer_small_parts_on_parts_of_every_op(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
+def test_overlay_of_newer_small_parts_on_parts_of_every_op(
+    spark, c0: Client, caplog: pytest.LogCaptureFixture, folding: None
+) -> None:
     """The overlay road: the small parts are all newer than the direct ones (their CSNs say so),
     so the direct rows need no version. The direct parts here hold every kind of row: PUTs, and
     in another part UPDATEs of keys never written, DELETEs and read locks (a key held there only
@@ -295,7 +344,7 @@ def test_overlay_of_newer_small_parts_on_parts_of_every_op(spark, c0: Client, ca
 
 
 def test_direct_parts_newer_than_small_ones_merge_by_version(
-    spark, c0: Client, caplog: pytest.LogCaptureFixture
+    spark, c0: Client, caplog: pytest.LogCaptureFixture, folding: None
 ) -> None:
     """The by-version road: a big insert committed after a small upsert, holding some of its keys,
     is read as it is and must win over it for those keys (and the small upsert over the older big
