@@ -25,7 +25,8 @@ transactions on top of it.
 
 A keys table (``--keys-rows N``; ``--only-keys`` runs it alone): N keys
 loaded by the client in 4 commits plus 2 update-mode upserts of 5% of the keys (auto merge off,
-so a read folds 1.1 N versions), read with ``spark.read_table`` (Spark's Parquet reader, the fold
+so a read folds 1.1 N versions; ``--keys-whole-upserts``: overwrite-mode upserts of whole rows,
+read by deletion vectors), read with ``spark.read_table`` (Spark's Parquet reader, the fold
 in Spark: spark/keysfold.py), against ``spark.read.parquet`` of the folded rows (``client.read``
 written as Parquet, 4 files) and against the data source (the fold in Python workers: what
 ``read_table`` of a keys table fell back to before); target ``read_table / parquet`` <= 1.5x.
@@ -230,9 +231,18 @@ def timed(fn, roots: list[int]) -> tuple[float, float]:
 
 
 def keys_case(
-    session, client, work: Path, rows: int, repeat: int, roots: list[int], data_source: bool = True, floor: bool = False
+    session,
+    client,
+    work: Path,
+    rows: int,
+    repeat: int,
+    roots: list[int],
+    data_source: bool = True,
+    floor: bool = False,
+    whole: bool = False,
 ) -> dict:
-    """The keys-table read case (see the module docstring)."""
+    """The keys-table read case (see the module docstring); ``whole``: the upserts write whole
+    rows in overwrite mode (a read by deletion vectors, no fold)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -273,7 +283,13 @@ def keys_case(
         ids = pc.sort_indices(pc.random(rows, initializer=100 + i)).cast(pa.int64()).slice(0, rows // 20)
         upserted.append(ids)
         with client.transaction() as tx:
-            tx.upsert(table, pa.table({"id": ids, "v": pc.random(len(ids), initializer=i)}), update=True)
+            if whole:
+                k = pc.cast(pc.divide(ids, 1000), pa.int32())
+                s = pc.binary_join_element_wise("name-", pc.cast(ids, pa.string()), "")
+                data = pa.table({"id": ids, "k": k, "v": pc.random(len(ids), initializer=i), "s": s}, schema=schema)
+                tx.upsert(table, data)
+            else:
+                tx.upsert(table, pa.table({"id": ids, "v": pc.random(len(ids), initializer=i)}), update=True)
     folded = client.read(table)
     if floor:  # the upserted keys' folded values (UPDATEs of v alone: k and s are the inserts')
         keys = pc.unique(pa.chunked_array(upserted))
@@ -358,6 +374,11 @@ def main() -> None:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--keys-rows", type=int, default=0, help="keys of the keys-table case (0: skip it)")
     p.add_argument("--only-keys", action="store_true", help="run the keys-table case alone")
+    p.add_argument(
+        "--keys-whole-upserts",
+        action="store_true",
+        help="the keys case's upserts write whole rows in overwrite mode (read by deletion vectors)",
+    )
     p.add_argument("--keys-no-data-source", action="store_true", help="keys case: skip the data source rounds")
     p.add_argument("--keys-floor", action="store_true", help="keys case: add the floor's rounds (module docstring)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "spark_io.json"))
@@ -516,7 +537,8 @@ def main() -> None:
                     a.repeat,
                     roots,
                     data_source=not a.keys_no_data_source,
-                    floor=a.keys_floor,
+                    floor=a.keys_floor and not a.keys_whole_upserts,
+                    whole=a.keys_whole_upserts,
                 )
             session.stop()
     finally:

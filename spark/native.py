@@ -326,10 +326,7 @@ def _read_minus_vectors(
         raise errors.CorruptMetadata(f"mergetxn: the replica's deletion vectors of {tdef.name!r}: {exc}") from None
     schema = spark_schema(tdef.schema)
     if paths:
-        reader = session.read.schema(schema)
-        for k, v in VERIFY_PAGES.items():
-            reader = reader.option(k, v)
-        df = reader.parquet(*("file://" + p for p in paths))
+        df = _parquet(session, schema, paths)
         rows = [(os.path.basename(p), dead[m.name]) for m, p in zip(metas, paths) if len(dead[m.name])]
         if rows:
             gone = pa.table(
@@ -345,17 +342,19 @@ def _read_minus_vectors(
     return df
 
 
+def _parquet(session: Any, schema: Any, paths: Sequence[str]) -> Any:
+    """The part files at ``paths`` by Spark's own Parquet reader, their pages checked."""
+    reader = session.read.schema(schema)
+    for k, v in VERIFY_PAGES.items():
+        reader = reader.option(k, v)
+    return reader.parquet(*("file://" + p for p in paths))
+
+
 def _read_plain(session: Any, storage: Any, tdef: TableDef, metas: Sequence[PartMeta], paths: Sequence[str]) -> Any:
     """A plain table's parts ``metas``: the files at ``paths`` (those not inlined) by Spark's own
     Parquet reader, with the inlined parts' rows beside them."""
     schema = spark_schema(tdef.schema)
-    if paths:
-        reader = session.read.schema(schema)
-        for k, v in VERIFY_PAGES.items():
-            reader = reader.option(k, v)
-        df = reader.parquet(*("file://" + p for p in paths))
-    else:
-        df = session.createDataFrame([], schema)
+    df = _parquet(session, schema, paths) if paths else session.createDataFrame([], schema)
     if len(paths) < len(metas):
         df = df.unionByName(_inlined_frame(session, storage, tdef, metas))
     return df
