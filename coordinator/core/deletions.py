@@ -249,47 +249,35 @@ class TargetVectors:
         for name in removed:
             self._parts[name].live = False
             self._stale.add(self._parts[name].id)
-        if not added:
-            return {}
-        keys, ops, part_of, row_of = _versions(added)
-        winners, dead_born = _winners(keys, ops)
-        if bool(np.any(ops[winners] == UPDATE)):
-            raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
-        out: dict[str, Rows] = {}
-        self._supersede(csn, keys[winners], out)
-        ids = np.array([self._add(v.name, v.keys).id for v in added], np.int64)
-        for i, version in enumerate(added):
-            born = row_of[dead_born[part_of[dead_born] == i]]
-            _note(out, version.name, self._parts[version.name].mark(csn, born))
-        deleted = ops[winners] == DELETE
-        target = np.where(deleted, -1, ids[part_of[winners]])
-        self._index.point(keys[winners], target, row_of[winners], self._stale)
-        return out
+        return self._take(csn, [(csn, v) for v in added])
 
     def load(self, parts: Sequence[tuple[int, PartVersions]]) -> None:
         """Fill empty vectors with ``parts`` (each with its creation CSN), dead rows marked at
         ``base``: :func:`derive`."""
         if self._parts:
             raise ValueError("vectors are loaded once, empty")
+        self._take(self.base, parts)
+
+    def _take(self, csn: int, parts: Sequence[tuple[int, PartVersions]]) -> dict[str, Rows]:
+        """Add ``parts`` (each with its version: a commit's CSN, or each part's own when vectors
+        are loaded) at ``csn``: per key the last version by (version, ``_seq``) is its row unless
+        a DELETE; the row it supersedes elsewhere and every other version die at ``csn``. Returns
+        the rows newly dead per part. NeedsFold when an UPDATE is a key's last version."""
         if not parts:
-            return
-        keys = np.concatenate([v.keys for _, v in parts])
-        ops = np.concatenate([v.ops for _, v in parts]).astype(np.int8)
-        seqs = np.concatenate([v.seqs for _, v in parts]).astype(np.int64)
-        vers = np.concatenate([np.full(len(v.keys), c, np.int64) if v.vers is None else v.vers for c, v in parts])
-        part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, (_, v) in enumerate(parts)])
-        row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for _, v in parts])
-        order = np.lexsort((seqs, vers))
-        order = order[_sorted_order(keys[order])]
-        keys, ops, part_of, row_of = keys[order], ops[order], part_of[order], row_of[order]
-        winners, dead = _winners(keys, ops)
+            return {}
+        keys, ops, part_of, row_of = _versions(parts)
+        winners, dead_born = _winners(keys, ops)
         if bool(np.any(ops[winners] == UPDATE)):
-            raise NeedsFold(f"an UPDATE is the last version of a key at {self.base}")
+            raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
+        out: dict[str, Rows] = {}
+        self._supersede(csn, keys[winners], out)
         ids = np.array([self._add(v.name, v.keys).id for _, v in parts], np.int64)
-        for i, (_, v) in enumerate(parts):
-            self._parts[v.name].mark(self.base, row_of[dead[part_of[dead] == i]])
-        alive = winners[ops[winners] != DELETE]
-        self._index.point(keys[alive], ids[part_of[alive]], row_of[alive], self._stale)
+        for i, (_, version) in enumerate(parts):
+            born = row_of[dead_born[part_of[dead_born] == i]]
+            _note(out, version.name, self._parts[version.name].mark(csn, born))
+        target = np.where(ops[winners] == DELETE, -1, ids[part_of[winners]])
+        self._index.point(keys[winners], target, row_of[winners], self._stale)
+        return out
 
     def merge(self, csn: int, output: PartVersions, sources: Sequence[str], snapshot: int) -> dict[str, Rows]:
         """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
@@ -374,16 +362,17 @@ def _note(out: dict[str, Rows], name: str, rows: Rows) -> None:
         out[name] = np.union1d(out[name], rows) if name in out else np.sort(rows)
 
 
-def _versions(added: Sequence[PartVersions]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The commit's rows, all parts together, sorted by (key, ``_seq``) with read locks last:
-    (keys, ops, which part, which row)."""
-    keys = np.concatenate([v.keys for v in added])
-    ops = np.concatenate([v.ops for v in added]).astype(np.int8)
-    seqs = np.concatenate([v.seqs for v in added]).astype(np.int64)
-    part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, v in enumerate(added)])
-    row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for v in added])
-    by_seq = np.argsort(seqs, kind="stable")
-    order = by_seq[_sorted_order(keys[by_seq])]
+def _versions(parts: Sequence[tuple[int, PartVersions]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of ``parts`` (each with its version), all together, sorted by (key, version,
+    ``_seq``), a row's version its ``_ver`` if it has one: (keys, ops, which part, which row)."""
+    keys = np.concatenate([v.keys for _, v in parts])
+    ops = np.concatenate([v.ops for _, v in parts]).astype(np.int8)
+    seqs = np.concatenate([v.seqs for _, v in parts]).astype(np.int64)
+    vers = np.concatenate([np.full(len(v.keys), c, np.int64) if v.vers is None else v.vers for c, v in parts])
+    part_of = np.concatenate([np.full(len(v.keys), i, np.int64) for i, (_, v) in enumerate(parts)])
+    row_of = np.concatenate([np.arange(len(v.keys), dtype=np.int64) for _, v in parts])
+    order = np.lexsort((seqs, vers))
+    order = order[_sorted_order(keys[order])]
     return keys[order], ops[order], part_of[order], row_of[order]
 
 
