@@ -105,10 +105,11 @@ class Reads(ClientBase):
         # starts over at the new latest snapshot, as a read whose lease lapsed does.
         lease = {"lease": "none"} if hint and snapshot is None and as_of is None else {}
         # Without a filter no key filter is used: the answer comes slim too (a replica from
-        # before this ignores slim without a point hint and answers in full).
+        # before this ignores slim without a point hint and answers in full). A read of a keys
+        # table that is not a point read goes by deletion vectors, when the replica has them.
         whole = not hint and where is None
         r = self._visible_pruned(
-            visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or whole, vectors=whole
+            visible_args(table, snapshot, as_of), hint, lease, slim=bool(hint) or whole, vectors=not hint
         )
         try:
             with self._leased(r):
@@ -261,7 +262,8 @@ class Reads(ClientBase):
         """``table`` at the latest snapshot, at ``snapshot`` or ``as_of`` as a
         ``pyarrow.dataset.Dataset`` for DuckDB, Polars and other Arrow engines: the rows ``read``
         returns, each part a fragment with its partition expression and footer statistics (a
-        filter skips parts unread); a keys table's fold (one row per key) in memory. Engines read
+        filter skips parts unread); a keys table's live rows (one per key) in memory, its parts minus
+        their deletion vectors or, without them, the fold. Engines read
         the files lazily, so the snapshot stays leased (cleanup keeps them) until the block ends.
 
         Raises:
@@ -269,11 +271,12 @@ class Reads(ClientBase):
         """
         latest = snapshot is None and as_of is None
         for attempt in range(2):
-            r = self.call("visible", **visible_args(table, snapshot, as_of))
+            r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=False, vectors=True)
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
                 try:
-                    built = self._dataset(tdef, [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns"))
+                    metas = [PartMeta.from_dict(m) for m in r["parts"]]
+                    built = self._dataset(tdef, metas, r.get("csns"), r.get("vectors"))
                 except errors.CorruptPart:
                     # As in read: a part taken by cleanup after a lapsed lease is SnapshotUnavailable
                     # (a latest snapshot starts over once); anything else is the file's fault.
@@ -327,19 +330,30 @@ class Reads(ClientBase):
         return data if columns is None else data.select(list(columns))
 
     def _read_minus_vectors(
-        self, tdef: TableDef, metas: list[PartMeta], columns: Sequence[str] | None, vectors: Mapping[str, str]
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        columns: Sequence[str] | None,
+        vectors: Mapping[str, str],
+        where: pc.Expression | None = None,
     ) -> pa.Table:
-        """A whole read of a keys table by deletion vectors (docs/architecture/keys-vectors.md):
-        the parts' rows minus those their vectors name, no fold, in key order as a fold gives
-        them (one take of the live rows). The vectors come from the replica, checked: one for
-        every part, each naming rows the part has (else CorruptMetadata)."""
+        """A read of a keys table by deletion vectors (docs/architecture/keys-vectors.md): the
+        parts' rows minus those their vectors name, no fold, then ``where``, in key order as a
+        fold gives them. Each part's live rows are rows of the table as it is at the snapshot, so
+        a filter skips parts whose partition and statistics rule it out, as for a parts table.
+        The vectors come from the replica, checked: one for every part, each naming rows the
+        part has (else CorruptMetadata)."""
         pk = list(tdef.primary_key)
         wanted = list(tdef.schema.names) if columns is None else list(columns)
-        need = wanted + [k for k in pk if k not in wanted]
         try:
             dead = [deletions.decode_rows(vectors[m.name], m.rows) for m in metas]
         except (KeyError, ValueError) as exc:
             raise errors.CorruptMetadata(f"the replica's deletion vectors of {quote(tdef.name)}: {exc}") from None
+        if where is not None:
+            check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
+            kept = [i for i, m in enumerate(metas) if _may_match(tdef, m, where)]
+            metas, dead = [metas[i] for i in kept], [dead[i] for i in kept]
+        need = (wanted + [k for k in pk if k not in wanted]) if where is None else list(tdef.schema.names)
         target = pa.schema([tdef.schema.field(c) for c in need])
         datas = [d.cast(target) for d in self._columns_of(tdef, metas, need)]
         if not datas:
@@ -349,6 +363,9 @@ class Reads(ClientBase):
         offsets = np.cumsum([0] + [d.num_rows for d in datas])
         for at, rows in zip(offsets, dead):
             keep[at + rows] = False
+        if where is not None:  # the live rows the filter keeps, in key order
+            data = data.filter(pa.array(keep)).filter(where)
+            return data.select(wanted).take(keyfold.distinct_key_order(data.select(pk), pk))
         live = pa.array(np.flatnonzero(keep))
         order = keyfold.distinct_key_order(data.select(pk).take(live), pk)
         return data.select(wanted).take(pc.take(live, order))
@@ -521,8 +538,18 @@ class Reads(ClientBase):
             row["time"] = None if t is None else dt.datetime.fromtimestamp(t, dt.UTC)
         return pa.Table.from_pylist(rows, schema=schema)
 
-    def _dataset(self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int] | None) -> ds.Dataset:
-        if tdef.conflict_policy is Policy.KEYS:  # versions fold per key: the fold is the dataset
+    def _dataset(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        csns: Mapping[str, int] | None,
+        vectors: Mapping[str, str] | None = None,
+    ) -> ds.Dataset:
+        """The dataset of ``metas``; a keys table's live rows (one per key) in memory: its parts
+        minus their deletion ``vectors`` when the replica sent them, else the fold."""
+        if tdef.conflict_policy is Policy.KEYS:
+            if vectors is not None:
+                return table_dataset(tdef, self._read_minus_vectors(tdef, metas, None, vectors))
             return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
         return snapshot_dataset(self.storage, tdef, metas, cached=True)
 
@@ -580,24 +607,24 @@ class Reads(ClientBase):
             if missing:
                 raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
         if tdef.conflict_policy is Policy.KEYS:
-            if vectors is not None and where is None:
-                return self._read_minus_vectors(tdef, metas, columns, vectors)
+            if vectors is not None:
+                return self._read_minus_vectors(tdef, metas, columns, vectors, where)
             return self._read_keys(tdef, metas, columns, where, csns or {}, exact)
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(table)}")
-            metas = [
-                m
-                for m in metas
-                if may_match(
-                    tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
-                )
-            ]
+            metas = [m for m in metas if _may_match(tdef, m, where)]
         data = rewrite.joined(metas, rewrite.read_parts(self.storage, metas, table=tdef, cached=True), tdef.schema)
         if where is not None:
             data = data.filter(where)
         if columns is not None:
             data = data.select(list(columns))
         return data
+
+
+def _may_match(tdef: TableDef, meta: PartMeta, where: pc.Expression) -> bool:
+    """Whether some row of ``meta`` may match ``where``, by its partition and statistics."""
+    stats = tdef.stats_at(meta.stats, meta.schema_version)
+    return may_match(stats, list(tdef.partition_by), meta.partition, where, tdef.schema)
 
 
 class TransactionReads(TransactionBase):

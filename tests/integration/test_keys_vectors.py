@@ -3,7 +3,8 @@ docs/architecture/keys-vectors.md) on a real LocalCluster: at every snapshot of 
 (inserts, overwrite upserts, deletes by key, read locks, a key written twice in a transaction,
 two partitions, minor and major compactions), on a replica that follows the history forward and
 on one that derived them at the end, after a restart too, a read by vectors gives exactly what
-the fold gives (a read with an always-true filter folds). And the cases where the replica does
+the fold gives (a client that asks for no vectors folds), with filters and through every engine's
+dataset too. And the cases where the replica does
 not send vectors (an update-mode version last, a snapshot older than they were derived at) still
 read right, by the fold."""
 
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
+import duckdb
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -21,6 +25,7 @@ from coordinator.errors import CorruptMetadata
 from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
 from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io.dataset import duckdb_view
 
 pytestmark = pytest.mark.zk
 
@@ -40,9 +45,21 @@ def rows(pairs: list[tuple[int, int]], tag: str) -> pa.Table:
     )
 
 
-def by_fold(c: Client, table: str, snapshot: int) -> list[dict]:
-    """The same read folded: a filter makes the reader fold (the vectors serve whole reads)."""
-    return c.read(table, snapshot=snapshot, where=pc.field("k").is_valid()).to_pylist()
+def folding(c: Client) -> Client:
+    """``c`` never asking for deletion vectors, as a client from before them: it folds."""
+    call = c.call
+
+    def no_vectors(action: str, **args: Any) -> Any:
+        args.pop("vectors", None)
+        return call(action, **args)
+
+    c.call = no_vectors  # type: ignore[method-assign]
+    return c
+
+
+def by_fold(c: Client, table: str, snapshot: int, where: pc.Expression | None = None) -> list[dict]:
+    """The same read folded, by a client of the same replica that asks for no vectors."""
+    return folding(Client(c.address, credentials=c.credentials)).read(table, snapshot=snapshot, where=where).to_pylist()
 
 
 def sent_vectors(c: Client, table: str, snapshot: int | None = None) -> bool:
@@ -163,3 +180,41 @@ def test_vectors_that_name_rows_a_part_lacks_are_refused(
     monkeypatch.setattr(a, "call", forged)
     with pytest.raises(CorruptMetadata, match="row 1 of a part of 1 rows"):
         a.read(table)
+
+
+FILTERS = [
+    pc.field("v") > "l",
+    pc.field("p") == 1,
+    (pc.field("k") >= 3) & (pc.field("k") < 8),
+    pc.field("v").is_null() | (pc.field("k") == 4),
+    pc.field("k") == 99,
+]
+
+
+def test_filtered_reads_and_datasets_by_vectors_are_the_fold(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At every snapshot of a random history, a read with a filter that is not a point read,
+    and the dataset through pyarrow, DuckDB (duckdb_view) and Polars, give the fold's rows and
+    never fold (the fold is made to fail on this client)."""
+    a = cluster.client(0)
+    table = "dv_filters"
+    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
+    assert sent_vectors(a, table)
+    csns = history(a, table, seed=17, commits=16)
+
+    def no_fold(*args: object, **kwargs: object) -> None:
+        raise AssertionError("folded although the replica sent vectors")
+
+    monkeypatch.setattr(a, "_fold_whole", no_fold)
+    for s in csns[::3] + csns[-1:]:
+        for where in FILTERS:
+            assert a.read(table, snapshot=s, where=where).to_pylist() == by_fold(a, table, s, where), (s, where)
+        want = by_fold(a, table, s)
+        with a.dataset(table, snapshot=s) as d:
+            assert d.to_table().to_pylist() == want, f"dataset at {s}"
+            con = duckdb.connect()
+            duckdb_view(con, "t", d)
+            got = con.execute("SELECT p, k, v FROM t ORDER BY p, k").fetchall()
+            assert got == [(r["p"], r["k"], r["v"]) for r in want], f"duckdb at {s}"
+            assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
