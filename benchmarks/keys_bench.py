@@ -395,6 +395,7 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
         f"parts table {out['parts_read_median_s'] * 1e3:.1f} ms ({out['keys_over_parts']}x; best against best "
         f"{out['keys_read_s'] * 1e3:.1f} / {out['parts_read_s'] * 1e3:.1f} ms, {out['keys_over_parts_best']}x)"
     )
+    out.update(_alternated_ratios(client, keys_t, parts_t, n, log))
     t0 = time.perf_counter()
     client.compact(keys_t, kind="major")
     out["major_compaction_s"] = round(time.perf_counter() - t0, 2)
@@ -413,6 +414,49 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
         "keys_read_after_compaction_s",
     ):
         out[k] = round(out[k], 3)
+    return out
+
+
+DUCK_SQL = "SELECT count(*), sum(v), max(s) FROM v"
+
+
+def _duckdb_query(client: Any, table: str) -> tuple:
+    """``DUCK_SQL`` over ``client.dataset(table)`` through ``duckdb_view`` (a new connection)."""
+    import duckdb
+
+    from parts.io.dataset import duckdb_view
+
+    with client.dataset(table) as d:
+        con = duckdb.connect()
+        duckdb_view(con, "v", d)
+        return tuple(con.execute(DUCK_SQL).fetchone())
+
+
+def _alternated_ratios(client: Any, keys_t: str, parts_t: str, n: int, log: Callable[[str], None]) -> dict:
+    """A filtered read (``s`` one of 10 of its 1,000 values: 1 % of the rows) and ``DUCK_SQL``
+    through ``client.dataset`` and ``duckdb_view``, of each table, alternated ``READ_ROUNDS``
+    times: the ratio of the medians."""
+    where = pc.field("s").isin([f"s{i}" for i in range(0, 1000, 100)])
+    cases: dict[str, Callable[[str], Any]] = {
+        "filtered_read": lambda t: client.read(t, where=where).num_rows,
+        "duckdb": lambda t: _duckdb_query(client, t)[0],
+    }
+    out: dict[str, Any] = {}
+    for case, run in cases.items():
+        times: dict[str, list[float]] = {keys_t: [], parts_t: []}
+        for r in range(READ_ROUNDS):
+            for table in (keys_t, parts_t) if r % 2 == 0 else (parts_t, keys_t):
+                t0 = time.perf_counter()
+                got = run(table)
+                times[table].append(time.perf_counter() - t0)
+                assert got == (n if case == "duckdb" else n // 100), (case, table, got)
+        keys_s, parts_s = statistics.median(times[keys_t]), statistics.median(times[parts_t])
+        out[case] = {"keys_median_s": round(keys_s, 4), "parts_median_s": round(parts_s, 4)}
+        out[case]["keys_over_parts"] = round(keys_s / parts_s, 2)
+        log(
+            f"  {case}, median of {READ_ROUNDS} alternated: keys table {keys_s * 1e3:.1f} ms, "
+            f"parts table {parts_s * 1e3:.1f} ms ({out[case]['keys_over_parts']}x)"
+        )
     return out
 
 

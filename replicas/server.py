@@ -453,7 +453,15 @@ class ReplicaServer(RpcServer):
             raise InvalidInput("check: checksums must be true or false")
         # The gc node read now, not the watched copy: a pass elsewhere may have collected since.
         node = self.replica.cleanup.node
-        return check_tables(self.replica.state, self.replica.storage, node.refresh(), tables, checksums, node.refresh)
+        return check_tables(
+            self.replica.state,
+            self.replica.storage,
+            node.refresh(),
+            tables,
+            checksums,
+            node.refresh,
+            self.replica.vectors,
+        )
 
     def _create_table(self, a: dict) -> dict:
         from coordinator.core.tabledata import schema_from_json

@@ -23,6 +23,7 @@ from coordinator.zk.watermark import Marks
 from parts.io.format import file_claims, part_content, part_schema, verify_file
 from parts.io.storage import Storage
 from replicas.state import PartRecord, ReplicaState
+from replicas.vectors import KeysVectors
 
 # What ``mergetxn check --repair`` mends: metadata that its intact file contradicts (the part is
 # rewritten from its file's rows, as a compaction, under metadata taken from the new file).
@@ -44,13 +45,16 @@ def check_tables(
     tables: Iterable[str],
     checksums: bool = True,
     refresh: Callable[[], Marks] | None = None,
+    vectors: KeysVectors | None = None,
 ) -> dict:
     """``{"snapshot", "tables": [{"table", "parts", "bytes", "problems": [{"part", "path",
     "problem", "visible"}]}], "ok"}`` for each table (checksums read every file; without,
     presence and sizes only). ``refresh``: the ``gc`` node read again, asked when a removed
     part's file is missing: a cleanup pass elsewhere raises the node before it deletes, so a
     part it collected while this check ran is gone by the node read after its file was found
-    missing (found by chaos campaigns on S3, where a pass and the final check overlapped)."""
+    missing (found by chaos campaigns on S3, where a pass and the final check overlapped).
+    With checksums, a keys table's deletion ``vectors`` held by the replica are checked too
+    (:meth:`KeysVectors.check`)."""
     snapshot = state.applied
     out = []
     for table in tables:
@@ -75,8 +79,33 @@ def check_tables(
                         "problem": why,
                     }
                 )
+        if checksums and vectors is not None:
+            problems += _vector_problems(state, vectors, table)
         out.append({"table": table, "parts": len(recs), "bytes": sum(r.meta.size for r in recs), "problems": problems})
     return {"snapshot": snapshot, "checksums": checksums, "tables": out, "ok": not any(t["problems"] for t in out)}
+
+
+def _vector_problems(state: ReplicaState, vectors: KeysVectors, table: str) -> list[dict]:
+    """The problems :meth:`KeysVectors.check` finds in ``table``'s deletion vectors (not
+    repairable: the vectors are let go and derived again from the files on the next read)."""
+    tdef = state.table(table)
+    if tdef is None or tdef.conflict_policy is not Policy.KEYS:
+        return []
+    out = []
+    for name, why in vectors.check(tdef):
+        rec = state.part(name)
+        out.append(
+            {
+                "part": name,
+                "path": rec.meta.path if rec is not None else None,
+                "visible": rec is not None and rec.removal_csn is None,
+                "creation_csn": rec.creation_csn if rec is not None else None,
+                "field": "vectors",
+                "repairable": False,
+                "problem": f"part {name!r}: {why}",
+            }
+        )
+    return out
 
 
 def part_problem(state: ReplicaState, storage: Storage, rec: PartRecord, checksums: bool) -> tuple[str, str] | None:

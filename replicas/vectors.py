@@ -31,6 +31,7 @@ from coordinator.core import keytables
 from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, derive
 from coordinator.core.errors import MergetxnError
 from coordinator.core.tabledata import partition_key
+from coordinator.core.versions import Tid
 from coordinator.model.catalog import TableDef
 from parts.io.format import read_part
 from parts.io.storage import Storage
@@ -90,6 +91,45 @@ class KeysVectors:
             out.update(got)
         return out
 
+    def check(self, tdef: TableDef) -> list[tuple[str, str]]:
+        """``(part, why)`` for each part of keys table ``tdef`` whose vector, as held, names a row
+        the part does not have, or differs from the vector derived afresh from the part files at
+        the CSN the vectors follow to (``mergetxn check``). Vectors found wrong are let go: the
+        next read derives them again."""
+        with self._lock:
+            targets = [t for (table, _), t in self._targets.items() if table == tdef.name]
+        problems: list[tuple[str, str]] = []
+        for t in targets:
+            with t.lock:
+                try:
+                    found = self._check_target(t, tdef)
+                except (MergetxnError, OSError):
+                    continue  # a part that cannot be read: the storage check names it
+                if found:
+                    t.vectors, t.versions = None, {}
+                problems += found
+        return problems
+
+    def _check_target(self, t: _Target, tdef: TableDef) -> list[tuple[str, str]]:
+        held = t.vectors
+        recs = [self._state.part(n) for n in t.versions]
+        if held is None or any(r is None for r in recs):
+            return []
+        metas = [r.meta for r in recs if r is not None]
+        csns = self._state.creation_csns(m.name for m in metas)
+        try:
+            fresh: TargetVectors | None = derive(t.done, [(csns[m.name], self._versions(tdef, m)) for m in metas])
+        except NeedsFold:
+            fresh = None
+        found = []
+        for m in metas:
+            rows = np.unique(held.dead_at(m.name, t.done))
+            if len(rows) and int(rows[-1]) >= m.rows:
+                found.append((m.name, f"its deletion vector names row {int(rows[-1])} of a part of {m.rows} rows"))
+            elif fresh is None or not np.array_equal(rows, np.unique(fresh.dead_at(m.name, t.done))):
+                found.append((m.name, f"its deletion vector at {t.done} is not the one its table's part files give"))
+        return found
+
     def _target(self, table: str, pkey: str) -> _Target:
         """The target's entry; making one first forgets those of tables dropped since and those
         no read asked for in ``IDLE_SECONDS`` (what is held follows the tables read lately, not
@@ -141,23 +181,59 @@ class KeysVectors:
 
     def _follow(self, t: _Target, tdef: TableDef, upto: int) -> None:
         """Bring the vectors from ``t.done`` up to ``upto`` (at or below the applied CSN), one
-        CSN at a time: a merge or an overwrite derives them again at its CSN."""
+        CSN at a time (:meth:`_step`), then let go of what no retained snapshot reads."""
         for csn, added, removed in self._commits(t, tdef, upto):
-            vectors = t.vectors
-            if vectors is None:
+            if t.vectors is None:
                 return
-            if removed or any(keytables.folded(m) for m in added):
-                kept = [r.meta for n in t.versions if n not in removed and (r := self._state.part(n)) is not None]
-                self._derive(t, tdef, csn, kept + added)
-                continue
-            fresh = [self._versions(tdef, m) for m in added]
-            t.versions.update((v.name, v) for v in fresh)
             try:
-                vectors.commit(csn, fresh)
+                self._step(t, t.vectors, tdef, csn, added, removed)
             except NeedsFold:
                 t.vectors, t.failed = None, frozenset(t.versions)
+                return
             t.done = csn
         t.done = max(t.done, upto)
+        if t.vectors is not None:
+            self._settle(t, t.vectors, tdef)
+
+    def _step(
+        self, t: _Target, v: TargetVectors, tdef: TableDef, csn: int, added: list[PartMeta], removed: set[str]
+    ) -> None:
+        """One commit at ``csn``: a merge (one folded output of sources the vectors hold) by
+        ``TargetVectors.merge`` at the snapshot its transaction read, so snapshots before it keep
+        their vectors; a commit of unfolded parts (an overwrite's removals too) by
+        ``TargetVectors.commit``; anything else (a folded output that is not a plain merge of
+        live rows, such as a minor compaction's, which keeps deletes) derives them again at
+        ``csn`` from the versions already held."""
+        fresh = [self._versions(tdef, m) for m in added]
+        kept = {n: x for n, x in t.versions.items() if n not in removed}
+        t.versions = {**kept, **{x.name: x for x in fresh}}
+        held = all(n in v for n in removed)
+        if held and not any(keytables.folded(m) for m in added):
+            v.commit(csn, fresh, removed)
+            return
+        read_at = _merge_snapshot(added[0]) if held and len(added) == 1 and removed else None
+        if read_at is not None:
+            try:
+                v.merge(csn, fresh[0], sorted(removed), read_at)
+                return
+            except ValueError as exc:
+                log.info("deletion vectors of %s: %s; derived again at %d", tdef.name, exc, csn)
+        metas = [r.meta for n in t.versions if (r := self._state.part(n)) is not None]
+        self._derive(t, tdef, csn, metas)
+
+    def _settle(self, t: _Target, v: TargetVectors, tdef: TableDef) -> None:
+        """Forget the parts no retained snapshot of the table sees (removed at or below the
+        floor below which its snapshots are gone, or forgotten by the state), and fold the
+        deltas at or below that floor into one per part: what is held is bounded by the live
+        parts and the retention window, not by history."""
+        floor = self._state.lost_below(tdef.name)
+        for name in v.names():
+            if name in t.versions:
+                continue
+            r = self._state.part(name)
+            if r is None or (r.removal_csn is not None and r.removal_csn <= floor):
+                v.forget(name)
+        v.settle(floor)
 
     def _commits(self, t: _Target, tdef: TableDef, upto: int) -> list[tuple[int, list[PartMeta], set[str]]]:
         """The CSNs in ``(t.done, upto]`` that added or removed parts of this target, in order,
@@ -180,3 +256,11 @@ class KeysVectors:
         if keytables.folded(meta):
             cols.append(keytables.VER)
         return PartVersions.of(meta.name, read_part(self._storage, meta, columns=cols), tdef.primary_key)
+
+
+def _merge_snapshot(output: PartMeta) -> int | None:
+    """The snapshot a merge's transaction read its sources at (in its id), or None."""
+    try:
+        return Tid.parse(output.creation_tid).start_csn
+    except ValueError:
+        return None

@@ -238,6 +238,10 @@ class TargetVectors:
     def __contains__(self, name: object) -> bool:
         return name in self._parts
 
+    def names(self) -> list[str]:
+        """The parts held (live or removed, until forgotten)."""
+        return list(self._parts)
+
     def __len__(self) -> int:
         """Entries in the key index (one per live row, plus changes not yet folded in)."""
         return len(self._index)

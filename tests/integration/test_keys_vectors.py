@@ -218,3 +218,18 @@ def test_filtered_reads_and_datasets_by_vectors_are_the_fold(
             got = con.execute("SELECT p, k, v FROM t ORDER BY p, k").fetchall()
             assert got == [(r["p"], r["k"], r["v"]) for r in want], f"duckdb at {s}"
             assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
+
+
+def test_check_finds_the_followed_vectors_equal_to_those_derived_from_the_files(cluster: LocalCluster) -> None:
+    """After a random history (compactions included) followed read by read, ``check`` derives
+    the vectors again from the part files and finds each equal to the one followed; the
+    checks that catch a follow gone wrong are in test_keys_vectors_replica.py."""
+    a = cluster.client(0)
+    table = "dv_check"
+    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
+    assert sent_vectors(a, table)
+    for seed in range(3):
+        csns = history(a, table, seed=31 + seed, commits=10)
+        assert a.read(table, snapshot=csns[-1]).to_pylist() == by_fold(a, table, csns[-1])
+        result = a.check(table)
+        assert result["ok"], result

@@ -1,0 +1,169 @@
+"""Deletion vectors in one replica in this process (replicas/vectors.py,
+docs/architecture/keys-vectors.md): a merge whose sources' keys an upsert supersedes between the
+merge's read and its commit (explicit ordering: the merge's ``before_commit``), and the check
+(``mergetxn check``) catching vectors a follow got wrong, which the replica then derives again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from coordinator.core import keyfold, keytables
+from coordinator.core.deletions import PartVersions
+from coordinator.core.tabledata import partition_key
+from coordinator.model.catalog import TableDef
+from coordinator.model.records import Insert
+from coordinator.model.znodes import Marks
+from parts.io.format import read_part, write_part
+from parts.model.meta import PartMeta
+from replicas.replica import Replica, ReplicaConfig
+from replicas.storage_check import check_tables
+from replicas.vectors import KeysVectors
+
+pytestmark = pytest.mark.zk
+
+SCHEMA = pa.schema([pa.field("p", pa.int64(), False), pa.field("k", pa.int64(), False), ("a", pa.string())])
+PK = ("p", "k")
+
+
+@pytest.fixture
+def replica(zk_address: str, tmp_path: Path) -> Iterator[Replica]:
+    r = Replica(
+        ReplicaConfig(
+            zk=zk_address,
+            storage_url=str(tmp_path / "storage"),
+            host_id="dv0",
+            data_dir=tmp_path / "replica",
+            merge_interval=0,
+            gc_interval=0,
+        )
+    )
+    r.start()
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def keys_table(r: Replica) -> TableDef:
+    r.create_table(TableDef.new("dv", SCHEMA, primary_key=PK, conflict_policy="keys", auto_merge=False))
+    return r.table("dv")
+
+
+def commit(r: Replica, keys: list[int], tag: str, op: int = keytables.PUT) -> int:
+    """One transaction writing ``op`` versions of ``keys`` (partition 0)."""
+    data = pa.table({"p": [0] * len(keys), "k": keys, "a": [f"{tag}{k}" for k in keys]}, schema=SCHEMA)
+    if op == keytables.DELETE:
+        data = data.select(list(PK))
+    txn = r.transactions.begin()
+    meta = write_part(r.storage, "dv", [], (), keytables.versions(SCHEMA, PK, "dv", data, op, 0), txn.id)
+    r.transactions.stage(txn.id, Insert("dv", added=(meta,)))
+    return r.transactions.commit(txn.id)
+
+
+def by_fold(r: Replica, snapshot: int) -> list[dict]:
+    metas = r.state.visible("dv", snapshot)
+    csns = r.state.creation_csns(m.name for m in metas)
+    folded = keyfold.merge(SCHEMA, PK, [(csns[m.name], read_part(r.storage, m)) for m in metas])
+    return sorted(folded.select(SCHEMA.names).to_pylist(), key=lambda row: row["k"])
+
+
+def by_vectors(r: Replica, tdef: TableDef, snapshot: int, vectors: KeysVectors | None = None) -> list[dict] | None:
+    """The parts visible at ``snapshot`` minus the vectors the replica gives for them (None: it
+    gives none, the reader would fold)."""
+    metas = r.state.visible("dv", snapshot)
+    dead = (vectors or r.vectors).dead_rows(tdef, snapshot, metas)
+    if dead is None:
+        return None
+    out = []
+    for m in metas:
+        rows = read_part(r.storage, m).select(SCHEMA.names)
+        keep = np.ones(rows.num_rows, bool)
+        keep[dead[m.name]] = False
+        out += rows.filter(pa.array(keep)).to_pylist()
+    return sorted(out, key=lambda row: row["k"])
+
+
+def test_a_merge_whose_keys_an_upsert_supersedes_before_it_commits(replica: Replica) -> None:
+    """The merge reads its sources at ``m0``; an upsert and a delete of keys in them commit
+    after ``m0``, before the merge does (its ``before_commit``). At every snapshot since the
+    vectors were first derived, on the replica that followed each commit and on one that
+    derives them at the end, the read by vectors is the fold (time travel across the merge
+    included): the merge output's rows of the keys superseded meanwhile are dead from its CSN."""
+    r = replica
+    tdef = keys_table(r)
+    csns = [commit(r, list(range(0, 6)), "x")]
+    assert by_vectors(r, tdef, csns[-1]) == by_fold(r, csns[-1])  # derived here, followed from now on
+    csns.append(commit(r, list(range(3, 9)), "y"))
+    sources = [m.name for m in r.state.visible("dv", r.state.applied)]
+
+    def meanwhile() -> None:
+        csns.append(commit(r, [4, 7, 20], "z"))
+        csns.append(commit(r, [1], "", keytables.DELETE))
+
+    out = r.merges.run_merge(tdef, "major", partition_key(()), sources, before_commit=meanwhile)
+    assert out["outcome"] == "committed", out
+    csns += [out["csn"], commit(r, [7, 8], "w")]
+    merged = next(m for m in r.state.visible("dv", out["csn"]) if keytables.folded(m))
+    assert len(r.vectors.dead_rows(tdef, out["csn"], [merged])[merged.name]) == 3  # keys 1, 4, 7
+    for s in csns:
+        assert by_vectors(r, tdef, s) == by_fold(r, s), f"at {s}"
+    assert by_vectors(r, tdef, csns[-1], KeysVectors(r.state, r.storage)) == by_fold(r, csns[-1])
+
+
+def shifted(r: Replica, tdef: TableDef, meta: PartMeta) -> PartVersions:
+    """A part's versions as a follow gone wrong would take them: every key moved by 1,000."""
+    data = read_part(r.storage, meta, columns=[*PK, keytables.OP, keytables.SEQ])
+    return PartVersions.of(meta.name, data.set_column(1, "k", pc.add(data.column("k"), 1000)), PK)
+
+
+def test_check_finds_vectors_a_follow_got_wrong(replica: Replica, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upsert the vectors followed with the wrong keys leaves the rows it superseded live: the
+    check, deriving them again from the files, names the older part's vector; the replica lets
+    them go and the next read derives them right."""
+    r = replica
+    tdef = keys_table(r)
+    commit(r, list(range(0, 6)), "x")
+    assert by_vectors(r, tdef, r.state.applied) == by_fold(r, r.state.applied)
+    assert check_tables(r.state, r.storage, Marks(), ["dv"], vectors=r.vectors)["ok"]
+    with monkeypatch.context() as patched:
+        patched.setattr(r.vectors, "_versions", lambda tdef, meta: shifted(r, tdef, meta))
+        last = commit(r, [2, 3], "y")
+        assert by_vectors(r, tdef, last) != by_fold(r, last)  # what the check is for
+    older = next(m.name for m in r.state.visible("dv", last) if m.rows == 6)
+    found = check_tables(r.state, r.storage, Marks(), ["dv"], vectors=r.vectors)
+    problems = [p for t in found["tables"] for p in t["problems"]]
+    assert [(p["part"], p["field"], p["repairable"]) for p in problems] == [(older, "vectors", False)], problems
+    assert "not the one its table's part files give" in problems[0]["problem"]
+    assert by_vectors(r, tdef, last) == by_fold(r, last)
+    assert check_tables(r.state, r.storage, Marks(), ["dv"], vectors=r.vectors)["ok"]
+
+
+def test_check_finds_a_vector_naming_rows_past_a_parts_end(replica: Replica, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Versions of a part taken twice over (each row doubled, the copies older by ``_seq``)
+    make a follow mark rows its part does not have: the check names them."""
+    r = replica
+    tdef = keys_table(r)
+    commit(r, list(range(0, 4)), "x")
+    assert by_vectors(r, tdef, r.state.applied) is not None
+    real = r.vectors._versions
+
+    def doubled(tdef: TableDef, meta: PartMeta) -> PartVersions:
+        v = real(tdef, meta)
+        return PartVersions(
+            v.name, np.concatenate([v.keys, v.keys]), np.tile(v.ops, 2), np.concatenate([v.seqs, v.seqs - 10])
+        )
+
+    monkeypatch.setattr(r.vectors, "_versions", doubled)
+    commit(r, [1, 2], "y")
+    r.vectors.dead_rows(tdef, r.state.applied, r.state.visible("dv", r.state.applied))  # followed (wrongly)
+    monkeypatch.undo()
+    problems = [
+        p for t in check_tables(r.state, r.storage, Marks(), ["dv"], vectors=r.vectors)["tables"] for p in t["problems"]
+    ]
+    assert [p["field"] for p in problems] == ["vectors"] and "of a part of 2 rows" in problems[0]["problem"], problems
