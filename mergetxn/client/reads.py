@@ -179,17 +179,17 @@ class Reads(ClientBase):
             InvalidInput: a wrong key range or filter, not a keys table, or no such table.
             CorruptPart: a part file read does not match its checksum.
         """
-        r = self.call("visible", **visible_args(table, snapshot, as_of))
+        r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=False, vectors=True)
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
 
         def tables(tdef: TableDef) -> Iterator[pa.Table]:
-            if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: fold each alone
+            if tdef.conflict_policy is Policy.KEYS:  # a key lives in one partition: each alone
                 by_partition: dict[str, list[PartMeta]] = {}
                 for meta in metas:
                     by_partition.setdefault(partition_key(meta.partition), []).append(meta)
                 for _, group in sorted(by_partition.items()):
-                    yield from self._fold_by_range(tdef, group, r.get("csns") or {}, budget)
+                    yield from self._keys_by_range(tdef, group, r.get("csns") or {}, budget, r.get("vectors"))
                 return
             for meta in metas:  # a part written for an older schema reads as the table is at the snapshot
                 yield rewrite.read_parts(self.storage, [meta], table=tdef, cached=True)[0]
@@ -197,18 +197,26 @@ class Reads(ClientBase):
         with self._leased(r):
             yield r["snapshot"], metas, tables(self._table_at(table, r["snapshot"], r.get("ddl")))
 
-    def _fold_by_range(
-        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], budget: int
+    def _keys_by_range(
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        csns: Mapping[str, int],
+        budget: int,
+        vectors: Mapping[str, str] | None = None,
     ) -> Iterator[pa.Table]:
         """One partition's rows folded key range by key range (coordinator/core/keyranges.py), so
         that each range's versions and their fold fit ``budget``: one pass over the parts reads
         their footers (decoded size) and a sample of the first key column, then each range reads
         every part restricted to it. A partition that surely fits is one range, read as ``read``
-        reads it."""
+        reads it: by the deletion ``vectors`` when the replica sent them."""
         # Partition columns are constant in a partition: ranges cut the first key column after them.
         column = next((k for k in tdef.primary_key if k not in tdef.partition_by), None)
         if column is None or keyranges.surely_fits(sum(m.size for m in metas), budget):
-            yield self._read_keys(tdef, metas, None, None, csns)
+            if vectors is not None:
+                yield self._read_minus_vectors(tdef, metas, None, vectors)
+            else:
+                yield self._read_keys(tdef, metas, None, None, csns)
             return
         total_rows = sum(m.rows for m in metas)
         most = keyranges.ranges_needed(sum(m.size for m in metas) * keyranges.EXPANSION, budget)

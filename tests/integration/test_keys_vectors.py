@@ -191,12 +191,12 @@ FILTERS = [
 ]
 
 
-def test_filtered_reads_and_datasets_by_vectors_are_the_fold(
+def test_filtered_reads_scans_and_datasets_by_vectors_are_the_fold(
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """At every snapshot of a random history, a read with a filter that is not a point read,
-    and the dataset through pyarrow, DuckDB (duckdb_view) and Polars, give the fold's rows and
-    never fold (the fold is made to fail on this client)."""
+    ``scan``, and the dataset through pyarrow, DuckDB (duckdb_view) and Polars, give the fold's
+    rows and never fold (the fold is made to fail on this client)."""
     a = cluster.client(0)
     table = "dv_filters"
     a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
@@ -211,6 +211,8 @@ def test_filtered_reads_and_datasets_by_vectors_are_the_fold(
         for where in FILTERS:
             assert a.read(table, snapshot=s, where=where).to_pylist() == by_fold(a, table, s, where), (s, where)
         want = by_fold(a, table, s)
+        with a.scan(table, snapshot=s) as (_, _, tables):
+            assert [row for t in tables for row in t.to_pylist()] == want, f"scan at {s}"
         with a.dataset(table, snapshot=s) as d:
             assert d.to_table().to_pylist() == want, f"dataset at {s}"
             con = duckdb.connect()
