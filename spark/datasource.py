@@ -51,6 +51,7 @@ from collections.abc import Iterator, Sequence
 from types import FrameType
 from typing import Any, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
@@ -61,7 +62,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from coordinator.core import errors, keyfold, keytables
+from coordinator.core import deletions, errors, keyfold, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput
 from coordinator.core.tabledata import may_match
@@ -80,6 +81,7 @@ from spark.options import (
     settings,
     storage_for,
     table_def,
+    visible_for_read,
 )
 from spark.schema import arrow_schema, check_write_schema, fit, spark_schema
 from spark.writer import MergetxnWriter, rollback_quietly, trace_commit
@@ -285,10 +287,13 @@ def _pushdown_enabled() -> bool:
 class PartsPartition(InputPartition):
     """One read task: a few parts of one snapshot (descriptors only; no credentials)."""
 
-    def __init__(self, index: int, parts: list[dict], csns: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, index: int, parts: list[dict], csns: dict[str, int] | None = None, dead: dict[str, str] | None = None
+    ) -> None:
         super().__init__(index)
         self.parts = parts
         self.csns = csns  # a keys table's partition: part -> creation CSN, the order its versions fold in
+        self.dead = dead  # a keys table's parts read by deletion vectors: part -> its vector (base64)
 
     def __repr__(self) -> str:
         return f"PartsPartition({self.value}, {len(self.parts)} part(s))"
@@ -321,15 +326,18 @@ class MergetxnReader(DataSourceReader):
             try:
                 # The job's snapshot stays in use until the lease lapses (read_lease_seconds after
                 # planning): Spark tells a reader nothing when the job ends, so there is no release.
-                r = client.call("visible", lease=s.lease, **args)
+                r = visible_for_read(client, args, s.lease)
             except errors.TableNotFound as exc:
                 raise errors.TableNotFound(f"mergetxn: {exc.message}", table=s.table) from None
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         where = self.where()
         tdef = TableDef.from_dict(self.tdef)
-        if tdef.conflict_policy is Policy.KEYS:
+        if tdef.conflict_policy is Policy.KEYS and r.get("vectors") is None:
             return _keys_partitions(tdef, metas, r.get("csns") or {}, where)
+        dead = None if tdef.conflict_policy is not Policy.KEYS else checked_vectors(tdef, metas, r["vectors"])
         if where is not None:
+            # A keys table's live rows (its parts minus their vectors) are rows of the table as
+            # it is at the snapshot: a part whose statistics miss the filter holds none it keeps.
             metas = [
                 m
                 for m in metas
@@ -337,7 +345,12 @@ class MergetxnReader(DataSourceReader):
                     tdef.stats_at(m.stats, m.schema_version), list(tdef.partition_by), m.partition, where, tdef.schema
                 )
             ]
-        return [PartsPartition(i, [m.to_dict() for m in group]) for i, group in enumerate(_group(metas, s.split_bytes))]
+        return [
+            PartsPartition(
+                i, [m.to_dict() for m in group], dead={m.name: dead[m.name] for m in group} if dead else None
+            )
+            for i, group in enumerate(_group(metas, s.split_bytes))
+        ]
 
     def _changes_partitions(self, client, changes: tuple[Any, Any, str]) -> Sequence[InputPartition]:
         start, end, by = changes
@@ -381,7 +394,9 @@ class MergetxnReader(DataSourceReader):
             )
             yield from fit(folded, target).to_batches(max_chunksize=BATCH_ROWS)
             return
-        for data in _prefetch(storage, metas, self.s.trace_reads, tdef):
+        for m, data in zip(metas, _prefetch(storage, metas, self.s.trace_reads, tdef)):
+            if partition.dead is not None:  # a keys table's part minus its deletion vector
+                data = minus_rows(data, deletions.decode_rows(partition.dead[m.name], m.rows))
             yield from fit(data, target).to_batches(max_chunksize=BATCH_ROWS)
 
 
@@ -428,6 +443,22 @@ class PruningReader(MergetxnReader):
                 elif isinstance(f, In) and 0 < len(value) <= 64 and all(_prunable(v) for v in value):
                     self.pushed.append((attr[0], "in", tuple(value)))
             yield f  # Spark evaluates every filter on the rows it gets
+
+
+def checked_vectors(tdef: TableDef, metas: Sequence[PartMeta], vectors: Any) -> dict[str, str]:
+    """The replica's deletion vectors of ``metas`` as sent (part name -> base64), once checked
+    (:func:`deletions.sent_vectors`: else CorruptMetadata); each task decodes its own."""
+    deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
+    return {m.name: vectors[m.name] for m in metas}
+
+
+def minus_rows(data: pa.Table, rows: Any) -> pa.Table:
+    """``data`` without the rows at the positions ``rows`` (a deletion vector)."""
+    if not len(rows):
+        return data
+    keep = np.ones(data.num_rows, bool)
+    keep[rows] = False
+    return data.filter(pa.array(keep))
 
 
 def _keys_partitions(

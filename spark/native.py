@@ -68,7 +68,7 @@ from parts.io.format import STAGING_DIR, column_stats, new_part_name, part_path
 from parts.io.rewrite import read_parts
 from parts.model.meta import PartMeta
 from spark import keysfold
-from spark.options import join_transaction
+from spark.options import join_transaction, visible_for_read
 from spark.schema import arrow_schema, check_write_schema, fit, spark_schema
 
 REPLICA_ENV = "MERGETXN_REPLICA"
@@ -297,14 +297,8 @@ def read_table(
 
 
 def _visible(client: Any, args: dict[str, Any]) -> dict:
-    """``visible`` for a read, asking for a keys table's deletion vectors (replicas/vectors.py);
-    a replica from before them refuses the field: asked again without it."""
-    try:
-        return client.call("visible", lease="read", vectors=True, **args)
-    except InvalidInput as exc:
-        if exc.details.get("field") != "vectors":
-            raise
-        return client.call("visible", lease="read", **args)
+    """``visible`` for a read, with a keys table's deletion vectors when the replica has them."""
+    return visible_for_read(client, args, "read")
 
 
 _FILE, _ROW = "__mergetxn_file", "__mergetxn_row"
@@ -320,10 +314,7 @@ def _read_minus_vectors(
     the part has: else CorruptMetadata)."""
     from pyspark.sql import functions as F
 
-    try:
-        dead = {m.name: deletions.decode_rows(vectors[m.name], m.rows) for m in metas}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise errors.CorruptMetadata(f"mergetxn: the replica's deletion vectors of {tdef.name!r}: {exc}") from None
+    dead = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
     schema = spark_schema(tdef.schema)
     if paths:
         df = _parquet(session, schema, paths)

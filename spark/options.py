@@ -279,6 +279,17 @@ def connect(s: Settings):
         ) from None
 
 
+def visible_for_read(client: Any, args: dict[str, Any], lease: str) -> dict:
+    """``visible`` for a read, asking for a keys table's deletion vectors (replicas/vectors.py);
+    a replica from before them refuses the field: asked again without it."""
+    try:
+        return client.call("visible", lease=lease, vectors=True, **args)
+    except InvalidInput as exc:
+        if exc.details.get("field") != "vectors":
+            raise
+        return client.call("visible", lease=lease, **args)
+
+
 def table_def(client, s: Settings) -> TableDef:
     """The table's definition at the read's snapshot (``snapshot``, ``as_of``, the end of a
     ``changes`` range by id), else the latest: a read sees the schema at its snapshot."""

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
+from coordinator.core.errors import CorruptMetadata, quote
 from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, SEQ, UPDATE, VER
 
 Rows = np.ndarray  # sorted, distinct row positions (int64)
@@ -63,6 +64,20 @@ def decode_rows(text: object, rows: int) -> Rows:
     if len(out) and int(out[-1]) >= rows:
         raise ValueError(f"a deletion vector names row {int(out[-1])} of a part of {rows} rows")
     return out
+
+
+def sent_vectors(table: str, vectors: object, parts: Sequence[tuple[str, int]]) -> dict[str, Rows]:
+    """The deletion vectors a replica sent for ``parts`` (``(name, rows)`` each) of ``table``,
+    decoded and checked: one for every part, each naming rows the part has; anything else is
+    CorruptMetadata naming what is wrong."""
+    try:
+        if not isinstance(vectors, dict):
+            raise ValueError("the vectors are not a mapping of part names")
+        return {name: decode_rows(vectors[name], rows) for name, rows in parts}
+    except KeyError as exc:
+        raise CorruptMetadata(f"the replica's deletion vectors of {quote(table)} lack part {exc}") from None
+    except ValueError as exc:
+        raise CorruptMetadata(f"the replica's deletion vectors of {quote(table)}: {exc}") from None
 
 
 def key_array(columns: Sequence[pa.Array | pa.ChunkedArray]) -> np.ndarray:

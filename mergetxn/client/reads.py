@@ -353,10 +353,8 @@ class Reads(ClientBase):
         part has (else CorruptMetadata)."""
         pk = list(tdef.primary_key)
         wanted = list(tdef.schema.names) if columns is None else list(columns)
-        try:
-            dead = [deletions.decode_rows(vectors[m.name], m.rows) for m in metas]
-        except (KeyError, ValueError) as exc:
-            raise errors.CorruptMetadata(f"the replica's deletion vectors of {quote(tdef.name)}: {exc}") from None
+        sent = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
+        dead = [sent[m.name] for m in metas]
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
             kept = [i for i, m in enumerate(metas) if _may_match(tdef, m, where)]

@@ -139,3 +139,39 @@ def test_write_skew_through_spark_is_prevented_under_serializable(cluster, spark
     assert sorted(outcomes) == ["committed", "failed"]
     c0.wait_for(c1.snapshot())
     assert sorted(r["a"] for r in c0.read(name).to_pylist()) == ["off", "on"]
+
+
+def test_the_data_source_reads_a_keys_table_by_deletion_vectors(cluster, spark) -> None:
+    """Inserts, upserts, deletes and locks over two partitions: the data source reads the parts
+    minus their deletion vectors, one task per part (``split_bytes`` 1; the fold plans one per
+    table partition), pruning parts by their statistics too, and gives the fold's rows at an
+    older and the latest snapshot, with and without filters pushed."""
+    c = cluster.client(0)
+    r0 = cluster.replica_addresses[0]
+    name = new_table(c, auto_merge=False)
+    csns = []
+    for step in range(6):
+        with c.transaction() as tx:
+            keys = list(range(step * 3, step * 3 + 12))
+            tx.upsert(
+                name,
+                pa.table(
+                    {"p": ["x" if k % 3 else "y" for k in keys], "k": keys, "a": [f"s{step}"] * 12, "b": keys},
+                    schema=SCHEMA,
+                ),
+            )
+            if step % 2:
+                tx.delete_keys(name, pa.table({"p": ["x"], "k": pa.array([step * 3 + 1], pa.int64())}))
+                tx.lock_keys(name, pa.table({"p": ["y"], "k": pa.array([0], pa.int64())}))
+        csns.append(tx.csn)
+    folding = cluster.client(0)
+    call = folding.call
+    folding.call = lambda action, **args: call(action, **{k: v for k, v in args.items() if k != "vectors"})
+    for snap in (csns[2], csns[-1]):
+        want = rowset(folding.read(name, snapshot=snap).to_pylist())
+        df = reader(spark, r0, snapshot=str(snap), split_bytes="1").load(name)
+        parts = len(c.call("visible", table=name, snapshot=snap, lease="none")["parts"])
+        assert df.rdd.getNumPartitions() == parts > 2, "one read task per part: no fold"
+        assert rowset(r.asDict() for r in df.collect()) == want, snap
+        for where, keep in (("a = 's1'", lambda t: t[2] == "s1"), ("k >= 12", lambda t: t[1] >= 12)):
+            assert rowset(r.asDict() for r in df.where(where).collect()) == {t for t in want if keep(t)}, where
