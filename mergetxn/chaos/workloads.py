@@ -15,12 +15,14 @@ Three workloads:
   two accounts (both remove that account's part: first committer wins) and transfers on other
   accounts commit beside it. A transfer reads the whole table, so the total is checkable in
   every snapshot it saw; read-only transactions read it too.
-* ``keys``: ``kv(k, v, p)`` and ``kvg(k, a, b, p)``, keys tables (primary key ``(k, p)``,
-  partitioned by ``p = k % 3``, background merges folding versions; ``kvg``'s ``a`` and ``b`` in
-  lock groups of their own): a transaction reads keys (point reads, sometimes under a strong read
-  lock, sometimes a whole table), writes unique values by key in overwrite or update mode (on
+* ``keys``: ``kv(k, v, p)``, ``kvg(k, a, b, p)`` and ``kvw(k, v, p)``, keys tables (primary key
+  ``(k, p)``, partitioned by ``p = k % 3``, background merges folding versions; ``kvg``'s ``a``
+  and ``b`` in lock groups of their own; ``kvw`` written in whole rows only, so that its whole
+  reads go by the replicas' deletion vectors): a transaction reads keys (point reads, sometimes
+  under a strong read lock, sometimes a whole table, half of those before it writes the table by
+  the client's read at its snapshot), writes unique values by key in overwrite or update mode (on
   ``kvg`` one group or both) and deletes keys; some run serializable. Each value column of each key
-  is a register (``kv``, ``kvg/a``, ``kvg/b``), so first committer wins per key and lock group is
+  is a register (``kv``, ``kvg/a``, ``kvg/b``, ``kvw``), so first committer wins per key and lock group is
   checked as the lost-update rule, writers of different groups must both take effect, and every
   read is checked against the state at its snapshot. A fifth of its transactions write ``kvn``
   instead, a keys table with ``atomicity="none"`` (an ``lww`` table of the history: no locks, the
@@ -234,10 +236,17 @@ class Keys(Workload):
     the history: ``kv``, ``kvg/a`` and ``kvg/b`` (:func:`register_table`)."""
 
     name = "keys"
-    tables: dict[str, TableKind] = {"kv": "register", "kvg/a": "register", "kvg/b": "register", "kvn": "lww"}
-    columns = {"kv": {"v": "kv"}, "kvg": {"a": "kvg/a", "b": "kvg/b"}}  # table -> column -> register
-    schemas = {"kv": KV_SCHEMA, "kvg": KVG_SCHEMA}
-    keys = {"kv": KV_KEYS, "kvg": 4, "kvn": 8}  # few rows in kvg, so writers of its two groups of one row overlap
+    tables: dict[str, TableKind] = {
+        "kv": "register",
+        "kvg/a": "register",
+        "kvg/b": "register",
+        "kvw": "register",
+        "kvn": "lww",
+    }
+    # table -> column -> register
+    columns = {"kv": {"v": "kv"}, "kvg": {"a": "kvg/a", "b": "kvg/b"}, "kvw": {"v": "kvw"}}
+    schemas = {"kv": KV_SCHEMA, "kvg": KVG_SCHEMA, "kvw": KV_SCHEMA}
+    keys = {"kv": KV_KEYS, "kvg": 4, "kvw": KV_KEYS, "kvn": 8}  # few rows in kvg: writers of its two groups overlap
     none = 0.2  # the share of transactions with atomicity "none" (on kvn), most of them async
     serializable = 0.2  # the share of transactions run serializable (they must hold SI too)
 
@@ -249,6 +258,7 @@ class Keys(Workload):
             )
 
         keys_table("kv", KV_SCHEMA)
+        keys_table("kvw", KV_SCHEMA)
         keys_table("kvn", KV_SCHEMA, atomicity="none")
         keys_table("kvg", KVG_SCHEMA, lock_groups={"ga": ["a"], "gb": ["b"]})
         return {}
@@ -262,12 +272,13 @@ class Keys(Workload):
     def transaction(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
         if tx.atomicity == "none":
             return self._last_writer_wins(tx, rng, mops, rec)
+        wrote: set[str] = set()  # the tables this transaction wrote so far
         for _ in range(rng.randint(1, 4)):
-            table = rng.choice(["kv", "kvg"])
+            table = rng.choice(["kv", "kvg", "kvw"])
             columns, schema = self.columns[table], self.schemas[table]
             key, roll = rng.randrange(self.keys[table]), rng.random()
             if roll < 0.1:
-                data = tx.read(table)
+                data = self._whole_read(tx, table, wrote, rng)
                 mops.extend(["r", reg, None, register_values(data, "k", c)] for c, reg in columns.items())
             elif roll < 0.45:
                 if rng.random() < 0.25:  # a strong read lock: a later writer from an older snapshot fails
@@ -280,7 +291,7 @@ class Keys(Workload):
                 # Some columns (kvg: one group, or both) in update mode (only their groups' locks)
                 # or overwrite mode (every lock; the columns left out become null).
                 written = [c for c in columns if rng.random() < 0.6] or [rng.choice(list(columns))]
-                update = rng.random() < 0.5
+                update = table != "kvw" and rng.random() < 0.5  # kvw: whole rows only
                 row: dict[str, list[int]] = {"k": [key], "p": [key % 3]}
                 for c in columns:
                     if c in written:
@@ -289,9 +300,21 @@ class Keys(Workload):
                     elif not update:
                         mops.append(["set", columns[c], str(key), None])
                 tx.upsert(table, pa.table(row, schema=pa.schema([schema.field(c) for c in row])), update=update)
+                wrote.add(table)
             else:
                 mops.extend(["set", reg, str(key), None] for reg in columns.values())
                 tx.delete_keys(table, kv_key(key))
+                wrote.add(table)
+
+    @staticmethod
+    def _whole_read(tx: Transaction, table: str, wrote: set[str], rng: random.Random) -> pa.Table:
+        """A read of the whole ``table`` in ``tx``: half the time, when the transaction has not
+        written it and records no reads (snapshot isolation), the client's own read at the
+        transaction's snapshot, which is the same rows read by the replica's deletion vectors
+        (replicas/vectors.py), else the transaction's read (its own writes folded in)."""
+        if table not in wrote and tx.isolation == "snapshot" and rng.random() < 0.5:
+            return tx.client.read(table, snapshot=tx.snapshot)
+        return tx.read(table)
 
     def _last_writer_wins(self, tx: Transaction, rng: random.Random, mops: list[list[Any]], rec: Recorder) -> None:
         """On ``kvn`` (atomicity "none"): reads of the latest state, writes of several keys
