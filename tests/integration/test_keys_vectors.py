@@ -10,6 +10,7 @@ read right, by the fold."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from support.cluster import make_cluster
 
 from coordinator.errors import CorruptMetadata
@@ -29,6 +32,7 @@ from parts.io.dataset import duckdb_view
 
 pytestmark = pytest.mark.zk
 
+KEEP = {"retention_seconds": 3600}  # tables whose older snapshots are read: cleanup keeps their parts
 SCHEMA = pa.schema([pa.field("p", pa.int64(), False), pa.field("k", pa.int64(), False), ("v", pa.string())])
 
 
@@ -67,29 +71,41 @@ def sent_vectors(c: Client, table: str, snapshot: int | None = None) -> bool:
     return "vectors" in c.call("visible", table=table, vectors=True, lease="none", **args)
 
 
+KINDS = ["insert", "insert", "upsert", "delete", "twice", "lock", "minor", "major"]
+Op = tuple[str, list[tuple[int, int]]]
+
+
 def history(c: Client, table: str, seed: int, commits: int = 30) -> list[int]:
     """A random history of commits on two partitions; the CSN after each."""
     rng = random.Random(seed)
+    ops = [
+        (rng.choice(KINDS), [(rng.randrange(2), rng.randrange(12)) for _ in range(rng.randint(1, 6))])
+        for _ in range(commits)
+    ]
+    return apply(c, table, ops)
+
+
+def apply(c: Client, table: str, ops: list[Op]) -> list[int]:
+    """Each of ``ops`` (a kind, keys) a commit or a compaction; the CSN after each."""
     csns = []
-    for i in range(commits):
-        keys = lambda n: [(rng.randrange(2), rng.randrange(12)) for _ in range(n)]  # noqa: E731
-        what = rng.choice(["insert", "insert", "upsert", "delete", "twice", "lock", "minor", "major"])
+    for i, (what, pairs) in enumerate(ops):
+        keys = sorted(set(pairs))
         if what in ("minor", "major"):
             c.compact(table, kind=what)
         else:
             with c.transaction() as tx:
                 if what == "insert":
-                    tx.insert(table, rows(sorted(set(keys(rng.randint(1, 6)))), f"i{i}-"))
+                    tx.insert(table, rows(keys, f"i{i}-"))
                 elif what == "upsert":
-                    tx.upsert(table, rows(sorted(set(keys(3))), f"u{i}-"))
+                    tx.upsert(table, rows(keys[:3], f"u{i}-"))
                 elif what == "delete":
-                    tx.delete_keys(table, rows(sorted(set(keys(2))), "").select(["p", "k"]))
+                    tx.delete_keys(table, rows(keys[:2], "").select(["p", "k"]))
                 elif what == "twice":
                     tx.insert(table, rows([(0, 1), (1, 2)], f"a{i}-"))
                     tx.delete_keys(table, rows([(0, 1)], "").select(["p", "k"]))
                     tx.upsert(table, rows([(1, 2), (1, 3)], f"b{i}-"))
                 else:
-                    tx.lock_keys(table, rows(keys(2), "").select(["p", "k"]))
+                    tx.lock_keys(table, rows(pairs[:2], "").select(["p", "k"]))
                     tx.insert(table, rows([(0, 11)], f"l{i}-"))
         csns.append(c.snapshot())
     return csns
@@ -98,7 +114,9 @@ def history(c: Client, table: str, seed: int, commits: int = 30) -> list[int]:
 def test_reads_by_vectors_are_the_fold_at_every_snapshot(cluster: LocalCluster) -> None:
     a, b = cluster.client(0), cluster.client(1)
     table = "dv_history"
-    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
+    a.wait_for(
+        a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys", **KEEP)
+    )
     first = a.snapshot()
     assert a.read(table).num_rows == 0 and sent_vectors(a, table)  # a derives them here and follows
     csns = history(a, table, seed=7)
@@ -119,7 +137,9 @@ def test_followed_over_many_commits_at_once(cluster: LocalCluster) -> None:
     merged away between two reads among them)."""
     a = cluster.client(0)
     table = "dv_steps"
-    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
+    a.wait_for(
+        a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys", **KEEP)
+    )
     assert sent_vectors(a, table)
     csns = history(a, table, seed=3, commits=8)
     csns += history(a, table, seed=5, commits=8)
@@ -191,35 +211,61 @@ FILTERS = [
 ]
 
 
-def test_filtered_reads_scans_and_datasets_by_vectors_are_the_fold(
-    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(KINDS), st.lists(st.tuples(st.integers(0, 1), st.integers(0, 11)), min_size=1, max_size=6)
+    ),
+    min_size=1,
+    max_size=14,
+)
+_tables = itertools.count()
+
+
+@settings(
+    max_examples=20,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    phases=[Phase.generate],
+)
+@given(ops=OPS)
+def test_every_reader_by_vectors_is_the_fold(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, ops: list[Op]
 ) -> None:
-    """At every snapshot of a random history, a read with a filter that is not a point read,
-    ``scan``, and the dataset through pyarrow, DuckDB (duckdb_view) and Polars, give the fold's
-    rows and never fold (the fold is made to fail on this client)."""
+    """On generated histories (inserts, upserts, deletes, read locks, a key written twice in a
+    transaction, minor and major compactions, two partitions), at every snapshot: a read with
+    a filter that is not a point read, ``scan``, and the dataset through pyarrow, DuckDB
+    (duckdb_view) and Polars give the rows of a client that asks for no vectors (the fold),
+    and never fold (the fold is made to fail on this client)."""
     a = cluster.client(0)
-    table = "dv_filters"
-    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys"))
+    table = f"dv_every{next(_tables)}"
+    a.wait_for(
+        a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys", **KEEP)
+    )
     assert sent_vectors(a, table)
-    csns = history(a, table, seed=17, commits=16)
+    csns = apply(a, table, ops)
 
     def no_fold(*args: object, **kwargs: object) -> None:
         raise AssertionError("folded although the replica sent vectors")
 
     monkeypatch.setattr(a, "_fold_whole", no_fold)
-    for s in csns[::3] + csns[-1:]:
-        for where in FILTERS:
-            assert a.read(table, snapshot=s, where=where).to_pylist() == by_fold(a, table, s, where), (s, where)
-        want = by_fold(a, table, s)
-        with a.scan(table, snapshot=s) as (_, _, tables):
-            assert [row for t in tables for row in t.to_pylist()] == want, f"scan at {s}"
-        with a.dataset(table, snapshot=s) as d:
-            assert d.to_table().to_pylist() == want, f"dataset at {s}"
-            con = duckdb.connect()
-            duckdb_view(con, "t", d)
-            got = con.execute("SELECT p, k, v FROM t ORDER BY p, k").fetchall()
-            assert got == [(r["p"], r["k"], r["v"]) for r in want], f"duckdb at {s}"
-            assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
+    for s in csns:
+        every_reader_is_the_fold(a, table, s)
+    monkeypatch.undo()
+
+
+def every_reader_is_the_fold(a: Client, table: str, s: int) -> None:
+    for where in FILTERS:
+        assert a.read(table, snapshot=s, where=where).to_pylist() == by_fold(a, table, s, where), (s, where)
+    want = by_fold(a, table, s)
+    with a.scan(table, snapshot=s) as (_, _, tables):
+        assert [row for t in tables for row in t.to_pylist()] == want, f"scan at {s}"
+    with a.dataset(table, snapshot=s) as d:
+        assert d.to_table().to_pylist() == want, f"dataset at {s}"
+        con = duckdb.connect()
+        duckdb_view(con, "t", d)
+        got = con.execute("SELECT p, k, v FROM t ORDER BY p, k").fetchall()
+        assert got == [(r["p"], r["k"], r["v"]) for r in want], f"duckdb at {s}"
+        assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
 
 
 def test_check_finds_the_followed_vectors_equal_to_those_derived_from_the_files(cluster: LocalCluster) -> None:
