@@ -39,7 +39,7 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from coordinator.core.errors import CorruptMetadata, quote
-from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, SEQ, UPDATE, VER
+from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, UPDATE, VER
 
 Rows = np.ndarray  # sorted, distinct row positions (int64)
 _NO_ROWS: Rows = np.empty(0, np.int64)
@@ -302,7 +302,10 @@ class TargetVectors:
         """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
         ``sources`` live at ``snapshot``. Returns the output's rows dead at ``csn`` (their keys
         were superseded in a source after ``snapshot``). ValueError when the output's keys are
-        not exactly the sources' live keys at ``snapshot`` (the merge read something else)."""
+        not exactly the sources' live keys at ``snapshot`` (the merge read something else), or
+        when a row of it is not a whole row (an UPDATE folded onto a base it did not read)."""
+        if bool(np.any(output.ops != PUT)):
+            raise ValueError(f"merge output {output.name} holds rows that are not whole (not PUT)")
         olds = [self._parts[s] for s in sources]
         expected = _sorted_unique(_joined([p.keys[~p.dead_up_to(snapshot)] for p in olds], output.keys))
         order = _sorted_order(output.keys)

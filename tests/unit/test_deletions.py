@@ -218,6 +218,16 @@ def test_a_merge_that_read_something_else_is_refused(keys: list[int], why: str) 
     assert "m" not in v and v.commit(3, [_part("b", [1])])["a"].tolist() == [0], why
 
 
+def test_a_merge_output_with_a_row_that_is_not_whole_is_refused() -> None:
+    """An UPDATE in a merge's output (a run of updates folded onto a base the merge did not
+    read) is not a live row whole: refused, so the replica derives the vectors again (and folds)."""
+    v = TargetVectors()
+    v.commit(1, [_part("a", [1, 2])])
+    with pytest.raises(ValueError, match="not whole"):
+        v.merge(2, _part("m", [1, 2], [PUT, UPDATE]), ["a"], 1)
+    assert "m" not in v and v.dead_at("a", 2).tolist() == []
+
+
 def test_the_index_holds_one_entry_per_live_row() -> None:
     """Deleted keys and the keys of removed parts leave the index when it is rebuilt: its size
     follows the live rows, not the rows ever written."""
