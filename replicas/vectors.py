@@ -202,8 +202,8 @@ class KeysVectors:
         ``TargetVectors.merge`` at the snapshot its transaction read, so snapshots before it keep
         their vectors; a commit of unfolded parts (an overwrite's removals too) by
         ``TargetVectors.commit``; anything else (a folded output that is not a plain merge of
-        live rows, such as a minor compaction's, which keeps deletes) derives them again at
-        ``csn`` from the versions already held."""
+        live rows, such as a minor compaction's, which keeps deletes, or a merge redone on parts
+        made after its snapshot) derives them again at ``csn`` from the versions already held."""
         fresh = [self._versions(tdef, m) for m in added]
         kept = {n: x for n, x in t.versions.items() if n not in removed}
         t.versions = {**kept, **{x.name: x for x in fresh}}
@@ -212,7 +212,10 @@ class KeysVectors:
             v.commit(csn, fresh, removed)
             return
         read_at = _merge_snapshot(added[0]) if held and len(added) == 1 and removed else None
-        if read_at is not None:
+        # A merge redone on the current parts (its sources rewritten meanwhile) keeps its first
+        # snapshot in its id but read parts made after it: the merge rule does not hold for it.
+        made = self._state.creation_csns(removed)
+        if read_at is not None and all(made.get(n, read_at + 1) <= read_at for n in removed):
             try:
                 v.merge(csn, fresh[0], sorted(removed), read_at)
                 return

@@ -300,7 +300,8 @@ class TargetVectors:
 
     def merge(self, csn: int, output: PartVersions, sources: Sequence[str], snapshot: int) -> dict[str, Rows]:
         """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
-        ``sources`` live at ``snapshot``. Returns the output's rows dead at ``csn`` (their keys
+        ``sources`` live at ``snapshot``, every source made at or before ``snapshot`` (the
+        caller's to know: a merge redone on parts made later is not one, and is derived). Returns the output's rows dead at ``csn`` (their keys
         were superseded in a source after ``snapshot``). ValueError when the output's keys are
         not exactly the sources' live keys at ``snapshot`` (the merge read something else), or
         when a row of it is not a whole row (an UPDATE folded onto a base it did not read)."""
