@@ -208,7 +208,9 @@ class KeysVectors:
         kept = {n: x for n, x in t.versions.items() if n not in removed}
         t.versions = {**kept, **{x.name: x for x in fresh}}
         held = all(n in v for n in removed)
-        if held and not any(keytables.folded(m) for m in added):
+        # Parts removed without a merge's output: only a whole target at once (an overwrite)
+        # goes by commit; a part taken from beside others could bring an older version back.
+        if held and not any(keytables.folded(m) for m in added) and (not removed or not kept):
             v.commit(csn, fresh, removed)
             return
         read_at = _merge_snapshot(added[0]) if held and len(added) == 1 and removed else None
