@@ -3,9 +3,11 @@
 key conflict check, all in one run on one 1-replica LocalCluster.
 
 (a) **Upserts**: 4 writer processes, each transaction ``tx.upsert`` of 10 random keys of a
-    keys table that holds ``--keys`` keys (1M), against the same 10-row appends
-    (``tx.insert``) into a ``parts`` table (in the order keys, parts, parts, keys, half the
-    time each, averaged: the first turn after the load runs slower, whichever table it is), and against delta-rs ``DeltaTable.merge`` of the
+    keys table that holds ``--keys`` keys (1M), the same in update mode (``update=True``,
+    ``k`` and ``v`` written, ``s`` kept: read at write time), against the same 10-row appends
+    (``tx.insert``) into a ``parts`` table (in the order upsert, update, parts, parts, update,
+    upsert, half the time each, averaged: the first turn after the load runs slower, whichever
+    table it is), and against delta-rs ``DeltaTable.merge`` of the
     same 10 rows (``k`` matched: update all, else insert) into a Delta table of the same keys in
     the same layout (about ``--parts`` files). Commits/s, latency, share of conflicts (a
     transaction that lost is retried with new keys; delta-rs commit conflicts likewise).
@@ -119,7 +121,10 @@ def _op(kind: str, params: dict, idx: int) -> Callable[[], int]:
             data = rows(rng.sample(range(n), 10), idx)
             try:
                 with client.transaction() as tx:
-                    (tx.upsert if kind == "keys_upsert" else tx.insert)(table, data)
+                    if kind == "keys_update":  # update mode: ``s`` kept (read at write time)
+                        tx.upsert(table, data.select(["k", "v"]), update=True)
+                    else:
+                        (tx.upsert if kind == "keys_upsert" else tx.insert)(table, data)
                 return attempt
             except ConflictError:
                 if attempt == 999:
@@ -536,9 +541,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"throughput, {a.writers} writers, {seconds:g} s per table (two turns each)")
         # keys, parts, parts, keys (half the time each): whichever runs first after the load pays
         # for what the replica still does after it, so each side gets a first and a last turn.
-        halves: dict[str, list[dict]] = {"keys_upsert": [], "parts_append": []}
-        for kind in ("keys_upsert", "parts_append", "parts_append", "keys_upsert"):
-            table = KEYS_TABLE if kind == "keys_upsert" else PARTS_TABLE
+        halves: dict[str, list[dict]] = {"keys_upsert": [], "keys_update": [], "parts_append": []}
+        turns = ("keys_upsert", "keys_update", "parts_append", "parts_append", "keys_update", "keys_upsert")
+        for kind in turns:
+            table = PARTS_TABLE if kind == "parts_append" else KEYS_TABLE
             rcpu0 = process_cpu(cluster.replica_pid(0))
             r = run_writers(kind, {**params, "table": table}, a.writers, warmup, seconds / 2)
             # The replica's CPU over warmup and measured time, per commit at the measured rate.
@@ -560,7 +566,8 @@ def main(argv: list[str] | None = None) -> int:
                 "halves": runs,
             }
         log(
-            f"  keys upsert {results['keys_upsert']['commits_per_s']} commits/s, parts append "
+            f"  keys upsert {results['keys_upsert']['commits_per_s']} commits/s, in update mode "
+            f"{results['keys_update']['commits_per_s']}, parts append "
             f"{results['parts_append']['commits_per_s']} commits/s (means of both turns)"
         )
         if not a.skip_delta and a.only != "upsert":

@@ -9,8 +9,9 @@ commit, in CSN order, from the state's records (the parts each CSN added and rem
 target), each new part's key columns, ``_op`` and ``_seq`` read once (a small part's from its
 record). A merge (its output holds ``_ver``) or an overwrite derives them again at its CSN from
 the versions already held. They answer for snapshots from where they were derived on; an older
-snapshot, a part they do not know, or a key whose last version is an UPDATE (its row is a fold,
-``NeedsFold``) makes :meth:`KeysVectors.dead_rows` answer None, and the reader folds as before.
+snapshot, a part they do not know, or a key whose row is an UPDATE that is not whole (the
+columns it did not write differ from the row it updated: checked here on the part files, never
+believed; ``NeedsFold``) makes :meth:`KeysVectors.dead_rows` answer None, and the reader folds as before.
 
 Memory: the key column, ``_op``, ``_seq`` and ``_ver`` of each live part of the keys targets
 read so far (the parts removed by a merge leave with it), and the vectors' key index: bounded by
@@ -26,8 +27,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
-from coordinator.core import keytables
+from coordinator.core import deletions, keytables
 from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, derive
 from coordinator.core.errors import MergetxnError
 from coordinator.core.tabledata import partition_key
@@ -173,8 +175,9 @@ class KeysVectors:
             return
         t.versions = {m.name: t.versions.get(m.name) or self._versions(tdef, m) for m in metas}
         try:
-            t.vectors = derive(csn, [(csns[m.name], t.versions[m.name]) for m in metas])
-            t.failed = frozenset()
+            vectors = derive(csn, [(csns[m.name], t.versions[m.name]) for m in metas])
+            self._check_whole(tdef, vectors)
+            t.vectors, t.failed = vectors, frozenset()
         except NeedsFold:
             t.vectors, t.failed = None, frozenset(t.versions)
         t.done = csn
@@ -212,6 +215,7 @@ class KeysVectors:
         # goes by commit; a part taken from beside others could bring an older version back.
         if held and not any(keytables.folded(m) for m in added) and (not removed or not kept):
             v.commit(csn, fresh, removed)
+            self._check_whole(tdef, v)
             return
         read_at = _merge_snapshot(added[0]) if held and len(added) == 1 and removed else None
         # A merge redone on the current parts (its sources rewritten meanwhile) keeps its first
@@ -254,6 +258,45 @@ class KeysVectors:
             if r is not None and r.removal_csn is not None and t.done < r.removal_csn <= upto:
                 by_csn.setdefault(r.removal_csn, ([], set()))[1].add(name)
         return [(csn, *by_csn[csn]) for csn in sorted(by_csn)]
+
+    def _check_whole(self, tdef: TableDef, v: TargetVectors) -> None:
+        """Check the UPDATE rows ``v`` took as whole rows since the last check against the rows
+        they update, on the part files (``deletions.whole``); NeedsFold when one is not."""
+        claims = v.claims()
+        if claims is None:
+            return
+        cols = [c for c in tdef.schema.names if c not in tdef.primary_key]
+        updates = self._rows_at(tdef, claims.part, claims.row, [*cols, keytables.COLS])
+        bases = self._rows_at(tdef, claims.base_part, claims.base_row, cols)
+        ok = deletions.whole(updates.select(cols), bases, updates.column(keytables.COLS).to_pylist())
+        if not bool(ok.all()):
+            bad = int(np.flatnonzero(~ok)[0])
+            raise NeedsFold(
+                f"row {int(claims.row[bad])} of part {claims.part[bad]} updates a row it does not hold whole "
+                f"({int((~ok).sum())} such rows)"
+            )
+
+    def _rows_at(self, tdef: TableDef, names: np.ndarray, rows: Rows, columns: list[str]) -> pa.Table:
+        """Columns ``columns`` of row ``rows[i]`` of part ``names[i]`` (a null row where the name
+        is None), in that order; each part read once."""
+        schema = pa.schema(
+            [
+                tdef.schema.field(c).with_nullable(True) if c in tdef.schema.names else pa.field(c, pa.string())
+                for c in columns
+            ]
+        )
+        pieces = [pa.table([pa.nulls(1, f.type) for f in schema], schema=schema)]
+        index, at = np.zeros(len(rows), np.int64), 1
+        for name in {n for n in names.tolist() if n is not None}:
+            rec = self._state.part(name)
+            if rec is None:
+                raise NeedsFold(f"part {name} is gone")
+            sel = np.flatnonzero(names == name)
+            data = read_part(self._storage, rec.meta, columns=columns).take(pa.array(rows[sel]))
+            pieces.append(data.select(columns).cast(schema))
+            index[sel] = at + np.arange(len(sel))
+            at += len(sel)
+        return pa.concat_tables(pieces).take(pa.array(index))
 
     def _versions(self, tdef: TableDef, meta: PartMeta) -> PartVersions:
         """A part's key columns, ``_op``, ``_seq`` and (a merge's output) ``_ver``, read once."""

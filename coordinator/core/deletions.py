@@ -20,7 +20,12 @@ take) fold into one (:meth:`TargetVectors.settle`), so a part holds at most one 
 that touched it inside the retention window.
 
 Rows are whole rows: a read of a part minus its vector is the table's rows from that part, with
-no fold. The index keeps, per live part, only the keys of its rows that were live at birth,
+no fold. An update-mode version (UPDATE) is written whole (the columns it did not write hold the
+key's values at its writer's snapshot), but that is the writer's claim: a key whose row is an
+UPDATE is claimed with every UPDATE it builds on (:class:`Claims`), and the vectors answer only
+once the caller has read those rows and found each equal to the row it updates in every column
+it did not write (:func:`whole`); one that is not (a concurrent update of another lock group, a
+writer that lied, a writer from before whole rows) leaves the target to the fold. The index keeps, per live part, only the keys of its rows that were live at birth,
 sorted (one numpy array and the rows beside it: 12 to 16 bytes per key for numeric keys), and a
 mask of its rows dead now; finding the row a new version supersedes is one binary search per
 part whose key range meets the commit's keys.
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from coordinator.core.errors import CorruptMetadata, quote
@@ -234,8 +240,25 @@ def _like(values: list[object], like: np.ndarray) -> np.ndarray:
 
 
 class NeedsFold(ValueError):
-    """A key's last version is an UPDATE: its row is the fold of its versions, which a vector
-    cannot express."""
+    """A live row is not whole: an UPDATE whose columns it did not write differ from the row it
+    updates (:func:`whole`), so the key's row is the fold of its versions, which a vector cannot
+    express."""
+
+
+@dataclass(frozen=True)
+class Claims:
+    """UPDATE rows the vectors hold as whole rows, each beside the row it updates: the part and
+    row of each (``part``, ``row``) and of its base (``base_part`` None: the key had no row, or
+    was deleted, so the columns the UPDATE did not write must be null). They are whole rows only
+    if :func:`whole` says so of every one: the caller reads them and checks."""
+
+    part: np.ndarray  # object: part names
+    row: Rows
+    base_part: np.ndarray  # object: part names or None
+    base_row: Rows
+
+    def __len__(self) -> int:
+        return len(self.row)
 
 
 class TargetVectors:
@@ -249,6 +272,7 @@ class TargetVectors:
         self._next_id = 0
         self._index = _Index(bulk)
         self._stale: set[int] = set()  # parts an overwrite removed, until the index drops their entries
+        self._claims: list[Claims] = []  # UPDATE rows taken as whole rows, until the caller checks them
 
     def __contains__(self, name: object) -> bool:
         return name in self._parts
@@ -270,6 +294,16 @@ class TargetVectors:
             self._stale.add(self._parts[name].id)
         return self._take(csn, [(csn, v) for v in added])
 
+    def claims(self) -> Claims | None:
+        """The UPDATE rows taken as live whole rows since the last call (each with the row it
+        updates), for the caller to check against the part files (:func:`whole`); until it has,
+        the vectors are not to answer. None when there are none."""
+        taken, self._claims = self._claims, []
+        if not taken:
+            return None
+        cat = [np.concatenate([getattr(c, f) for c in taken]) for f in ("part", "row", "base_part", "base_row")]
+        return Claims(*cat)
+
     def load(self, parts: Sequence[tuple[int, PartVersions]]) -> None:
         """Fill empty vectors with ``parts`` (each with its creation CSN), dead rows marked at
         ``base``: :func:`derive`."""
@@ -281,13 +315,13 @@ class TargetVectors:
         """Add ``parts`` (each with its version: a commit's CSN, or each part's own when vectors
         are loaded) at ``csn``: per key the last version by (version, ``_seq``) is its row unless
         a DELETE; the row it supersedes elsewhere and every other version die at ``csn``. Returns
-        the rows newly dead per part. NeedsFold when an UPDATE is a key's last version."""
+        the rows newly dead per part. A key whose row is an UPDATE is taken as whole, and
+        claimed (:meth:`claims`) with every UPDATE it builds on."""
         if not parts:
             return {}
         keys, ops, part_of, row_of = _versions(parts)
         winners, dead_born = _winners(keys, ops)
-        if bool(np.any(ops[winners] == UPDATE)):
-            raise NeedsFold(f"an UPDATE is the last version of a key at {csn}")
+        self._claim(keys, ops, [v.name for _, v in parts], part_of, row_of)
         out: dict[str, Rows] = {}
         self._supersede(csn, keys[winners], out)
         ids = np.array([self._add(v.name, v.keys).id for _, v in parts], np.int64)
@@ -297,6 +331,26 @@ class TargetVectors:
         target = np.where(ops[winners] == DELETE, -1, ids[part_of[winners]])
         self._index.point(keys[winners], target, row_of[winners], self._stale)
         return out
+
+    def _claim(self, keys: np.ndarray, ops: np.ndarray, names: list[str], part_of: np.ndarray, row_of: Rows) -> None:
+        """Claim the UPDATEs a key's row is built on (:func:`_chains`), each beside its base: the
+        version before it here, else the key's live row in the index (none: no base)."""
+        chain, prev = _chains(keys, ops)
+        if not len(chain):
+            return
+        named = np.array(names, dtype=object)
+        base_part = np.full(len(chain), None, dtype=object)
+        base_row = np.full(len(chain), -1, np.int64)
+        here = prev >= 0
+        put = here & (ops[np.maximum(prev, 0)] != DELETE)
+        base_part[put], base_row[put] = named[part_of[prev[put]]], row_of[prev[put]]
+        first = np.flatnonzero(~here)
+        pids, rows = self._index.lookup(keys[chain[first]])
+        for i, pid, row in zip(first.tolist(), pids.tolist(), rows.tolist()):
+            part = self._by_id.get(pid)
+            if part is not None and part.live:
+                base_part[i], base_row[i] = part.name, row
+        self._claims.append(Claims(named[part_of[chain]], row_of[chain], base_part, base_row))
 
     def merge(self, csn: int, output: PartVersions, sources: Sequence[str], snapshot: int) -> dict[str, Rows]:
         """Apply a merge committed at ``csn`` whose ``output`` holds, once each, the rows of
@@ -374,7 +428,7 @@ def derive(csn: int, parts: Sequence[tuple[int, PartVersions]], bulk: int = 4096
     each with its creation CSN. A row's version is its ``_ver`` (a merge's output) or its part's
     CSN; a key's versions are ordered by (version, ``_seq``), read locks left out, and the last
     is the key's row unless it is a DELETE. Every other row is dead at ``csn``; the vectors
-    answer for ``csn`` and later. NeedsFold when a key's last version is an UPDATE."""
+    answer for ``csn`` and later. A key whose row is an UPDATE is claimed (:meth:`TargetVectors.claims`)."""
     vectors = TargetVectors(bulk, base=csn)
     vectors.load(parts)
     return vectors
@@ -412,6 +466,49 @@ def _winners(keys: np.ndarray, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     winners = versions[last]
     dead = np.concatenate([versions[~last], np.flatnonzero(lock), winners[ops[winners] == DELETE]])
     return winners, dead
+
+
+def _chains(keys: np.ndarray, ops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Over rows sorted by (key, version, ``_seq``): the UPDATEs after each key's last PUT or
+    DELETE (so the key's row is built on them: its last version is one of them), and each one's
+    previous version here (-1: none, the first of its key)."""
+    versions = np.flatnonzero((ops != LOCK_STRONG) & (ops != LOCK_WEAK))
+    if not len(versions) or not bool(np.any(ops[versions] == UPDATE)):
+        return versions[:0], versions[:0]
+    vkeys, vops = keys[versions], ops[versions]
+    start = np.ones(len(versions), bool)
+    start[1:] = vkeys[1:] != vkeys[:-1]
+    group = np.cumsum(start) - 1
+    pos = np.arange(len(versions))
+    reset = np.full(int(group[-1]) + 1, -1, np.int64)
+    np.maximum.at(reset, group[vops != UPDATE], pos[vops != UPDATE])
+    chain = (vops == UPDATE) & (pos > reset[group])
+    prev = np.where(start, -1, pos - 1)[chain]
+    return versions[chain], np.where(prev >= 0, versions[np.maximum(prev, 0)], -1)
+
+
+def whole(updates: pa.Table, bases: pa.Table, written: Sequence[str | None]) -> np.ndarray:
+    """Whether each UPDATE row is a whole row: in every column of ``bases`` its ``written``
+    (its ``_cols``: the columns it wrote, comma-separated) does not name, it holds its base's
+    value (``bases``, aligned with ``updates``: a null row where the key had none). Nulls match
+    nulls; a NaN matches nothing (such a row is folded, never guessed)."""
+    ok = np.ones(updates.num_rows, bool)
+    text = np.array(["" if w is None else w for w in written], dtype=object)
+    for cols in set(text.tolist()):
+        sel = pa.array(np.flatnonzero(text == cols))
+        wrote = set(cols.split(","))
+        for name in bases.column_names:
+            if name not in wrote:
+                ok[sel.to_numpy()] &= _same(updates.column(name).take(sel), bases.column(name).take(sel))
+    return ok
+
+
+def _same(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
+    try:
+        eq = pc.fill_null(pc.equal(a, b), False)
+        return np.asarray(pc.or_(eq, pc.and_(pc.is_null(a), pc.is_null(b))).to_numpy(zero_copy_only=False), bool)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return np.array([x == y for x, y in zip(a.to_pylist(), b.to_pylist())], bool)
 
 
 def _sorted_order(keys: np.ndarray) -> np.ndarray:

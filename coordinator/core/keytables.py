@@ -166,12 +166,21 @@ def file_schema(schema: pa.Schema, primary_key: Sequence[str]) -> pa.Schema:
     )
 
 
-def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa.Table, op: int, seq: int) -> pa.Table:
+def versions(
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    table: str,
+    data: pa.Table,
+    op: int,
+    seq: int,
+    written: Sequence[str] | None = None,
+) -> pa.Table:
     """Rows ``data`` written as versions of ``op`` (PUT, UPDATE or DELETE) in a part's layout,
     their ``_seq`` from ``seq`` on in row order. ``data`` holds the key columns and, for PUT and
     UPDATE, any of the others (all under DELETE are ignored but keys); InvalidInput names what
     is wrong (unknown or missing key columns, a null key, wrong types, and for UPDATE an absent
-    non-nullable column)."""
+    non-nullable column). An UPDATE's ``_cols`` names the non-key columns of ``data``, or those
+    of ``written`` (``data`` then holds the others' current values: a whole row)."""
     what = {PUT: "write", UPDATE: "update", DELETE: "delete", LOCK_STRONG: "lock", LOCK_WEAK: "lock"}[op]
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
@@ -207,13 +216,51 @@ def versions(schema: pa.Schema, primary_key: Sequence[str], table: str, data: pa
     n = data.num_rows
     out = file_schema(schema, primary_key)
     cols = [data.column(f.name) if f.name in present.names else pa.nulls(n, f.type) for f in schema]
-    written = ",".join(c for c in present.names if c not in primary_key) if op == UPDATE else None
+    wrote = [c for c in present.names if c not in primary_key and (written is None or c in written)]
     cols += [
         pa.array([op] * n, pa.int8()),
         pa.array(range(seq, seq + n), pa.int64()),
-        pa.array([written] * n, pa.string()),
+        pa.array([",".join(wrote) if op == UPDATE else None] * n, pa.string()),
     ]
     return pa.Table.from_arrays(cols, schema=out)
+
+
+def written_columns(versions: pa.Table) -> list[str]:
+    """The columns an UPDATE's versions (of one write: one ``_cols``) wrote."""
+    text = versions.column(COLS)[0].as_py() if versions.num_rows else None
+    return text.split(",") if text else []
+
+
+def keys_where(primary_key: Sequence[str], schema: pa.Schema, keys: pa.Table, limit: int = 1024) -> Any:
+    """A filter of exactly the keys of ``keys`` (key columns) when they are at most ``limit``:
+    an OR (a balanced tree) of ``key == value`` terms, which a read serves as a point read;
+    else :func:`keys_filter`'s ``isin`` per column (at least those keys)."""
+    import pyarrow.compute as pc
+
+    distinct = sorted(set(zip(*[keys.column(k).to_pylist() for k in primary_key])), key=repr)
+    if len(distinct) > limit:
+        return keys_filter(primary_key, schema, keys)
+    terms = [
+        functools.reduce(lambda a, b: a & b, [pc.field(c) == v for c, v in zip(primary_key, key)]) for key in distinct
+    ]
+    while len(terms) > 1:
+        terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i] for i in range(0, len(terms), 2)]
+    return terms[0] if terms else None
+
+
+def fill_columns(versions: pa.Table, current: pa.Table, primary_key: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """``versions`` with ``columns`` set to the values of the row of ``current`` with the same
+    key (null where ``current`` has none): an update-mode write made whole."""
+    n, m = versions.num_rows, current.num_rows
+    left = versions.select(list(primary_key)).append_column("__row", pa.array(range(n), pa.int64()))
+    right = current.select(list(primary_key)).append_column("__at", pa.array(range(m), pa.int64()))
+    joined = left.join(right, keys=list(primary_key), join_type="left outer").sort_by("__row")
+    at = joined.column("__at")
+    for c in columns:
+        i = versions.schema.get_field_index(c)
+        values = current.column(c).take(at).cast(versions.schema.field(i).type)
+        versions = versions.set_column(i, versions.schema.field(i), values)
+    return versions
 
 
 # -- compaction (the folds of reads, compaction and changes: coordinator/core/keyfold.py) ------------

@@ -90,6 +90,8 @@ class TransactionBase:
 
         def _rows(self, tdef: TableDef, metas: list[PartMeta], *args: Any) -> pa.Table: ...
 
+        def _current(self, tdef: TableDef, keys: pa.Table, columns: Sequence[str]) -> pa.Table: ...
+
 
 class StillCommitting(retries.TryAgain):
     """The replica has not decided yet (a commit or a table's creation in progress)."""

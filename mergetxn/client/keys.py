@@ -45,7 +45,9 @@ class KeysStatements(TransactionBase):
         """
         self._check_open()
         tdef = need_keys_table(self.table(table), "upsert")
-        return self._write_versions(tdef, data, keytables.UPDATE if update else keytables.PUT)
+        if update:
+            return self._write_update(tdef, as_table(data, tdef.name))
+        return self._write_versions(tdef, data, keytables.PUT)
 
     @named("delete_keys")
     def delete_keys(self, table: str, keys_: pa.Table) -> int:
@@ -93,6 +95,21 @@ class KeysStatements(TransactionBase):
         return self._stage_versions(
             tdef, keytables.versions(tdef.schema, tdef.primary_key, tdef.name, as_table(data, tdef.name), op, 1)
         )
+
+    def _write_update(self, tdef: TableDef, data: pa.Table, written: Sequence[str] | None = None) -> int:
+        """Update-mode versions of ``data`` (``written``: the columns it writes, when it holds
+        others), written whole: each column they do not write holds its key's value at this
+        transaction's snapshot with its own writes (null where the key has no row), so a read
+        by deletion vectors takes the row as it is. Their ``_cols`` still names the columns
+        written: the conflict rules take those columns' lock groups, and the fold applies
+        only them (what the replica checks before it takes such a row as whole)."""
+        versions = keytables.versions(tdef.schema, tdef.primary_key, tdef.name, data, keytables.UPDATE, 1, written)
+        wrote = set(keytables.written_columns(versions))
+        absent = [c for c in tdef.schema.names if c not in tdef.primary_key and c not in wrote]
+        if absent and versions.num_rows:
+            current = self._current(tdef, versions.select(list(tdef.primary_key)), absent)
+            versions = keytables.fill_columns(versions, current, tdef.primary_key, absent)
+        return self._stage_versions(tdef, versions)
 
     def _stage_versions(self, tdef: TableDef, versions: pa.Table) -> int:
         """Number ``versions`` after this transaction's earlier ones (``_seq``: later writes win)
@@ -152,4 +169,4 @@ class KeysStatements(TransactionBase):
         if not matched.num_rows:
             return 0
         updated, _ = apply_update(matched, where, assigns)
-        return self._write_versions(tdef, updated.select([*tdef.primary_key, *assigns]), keytables.UPDATE)
+        return self._write_update(tdef, updated, written=list(assigns))

@@ -679,6 +679,15 @@ class TransactionReads(TransactionBase):
         """The rows of ``metas`` (listed by :meth:`_visible_csns`) as this transaction reads them."""
         return self.client._read_parts(tdef, metas, columns, where, csns)
 
+    def _current(self, tdef: TableDef, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
+        """The rows of keys table ``tdef`` with the keys of ``keys`` (its key columns and
+        ``columns``) at this transaction's snapshot with its own writes, not recorded as a read
+        (what an update-mode write keeps in the columns it does not write: the conflict rules
+        look at the columns it writes, as before)."""
+        where = keytables.keys_where(tdef.primary_key, tdef.schema, keys)
+        metas, csns = self._visible_csns(tdef.name, hint=_point_hint((tdef, 0), where))
+        return self._rows(tdef, metas, csns, [*tdef.primary_key, *columns], where)
+
     @contextmanager
     def dataset(self, table: str) -> Iterator[ds.Dataset]:
         """This transaction's view of ``table`` (its snapshot plus its own writes) as a

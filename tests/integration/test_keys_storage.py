@@ -476,9 +476,14 @@ def client(cluster) -> Iterator[Client]:
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Paths of the parts the client reads (a point read of a keys table goes through
-    read_part, a whole read through keyscan.read_versions)."""
+    read_part, a whole read through keyscan.read_versions, or by deletion vectors through
+    Client._columns_of)."""
     seen: list[str] = []
-    real, real_versions = client_module.read_part, keyscan.read_versions
+    real, real_versions, real_columns = client_module.read_part, keyscan.read_versions, Client._columns_of
+
+    def columns_of(self, tdef, metas, *a, **kw):
+        seen.extend(m.path for m in metas)
+        return real_columns(self, tdef, metas, *a, **kw)
 
     def read_part(storage, meta, *a, **kw):
         seen.append(meta.path)
@@ -490,6 +495,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(client_module, "read_part", read_part)
     monkeypatch.setattr(keyscan, "read_versions", read_versions)
+    monkeypatch.setattr(Client, "_columns_of", columns_of)
     return seen
 
 

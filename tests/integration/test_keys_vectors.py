@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from support.cluster import make_cluster
 
+from coordinator.core import keytables
 from coordinator.errors import CorruptMetadata
 from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
@@ -149,24 +150,104 @@ def test_followed_over_many_commits_at_once(cluster: LocalCluster) -> None:
     assert cols.to_pylist() == [{"v": r["v"], "k": r["k"]} for r in by_fold(a, table, csns[-1])]
 
 
-def test_an_update_mode_version_reads_by_the_fold_until_a_major_compaction(cluster: LocalCluster) -> None:
+WIDE = pa.schema([pa.field("k", pa.int64(), False), ("v", pa.string()), ("w", pa.int64())])
+GROUPS = {"gv": ["v"], "gw": ["w"]}
+
+
+def wide_table(c: Client, table: str) -> None:
+    """A keys table of ``WIDE`` (``v`` and ``w`` in lock groups of their own), keys 1-4 in it."""
+    c.wait_for(c.create_table(table, WIDE, primary_key=("k",), conflict_policy="keys", lock_groups=GROUPS, **KEEP))
+    with c.transaction() as tx:
+        tx.insert(table, pa.table({"k": [1, 2, 3, 4], "v": ["x"] * 4, "w": [10, 20, 30, 40]}, schema=WIDE))
+
+
+def only(column: str, keys: list[int], values: list[Any]) -> pa.Table:
+    """Rows of ``keys`` writing ``column`` alone (update mode keeps the other)."""
+    return pa.table({"k": pa.array(keys, pa.int64()), column: pa.array(values, WIDE.field(column).type)})
+
+
+def test_update_mode_writes_whole_rows_that_read_by_vectors(cluster: LocalCluster) -> None:
+    """Update-mode upserts and UPDATE statements write whole rows (the unwritten column's value
+    at the transaction's snapshot with its own writes), so the replica takes them as they are:
+    every snapshot reads by vectors, as the fold."""
     a = cluster.client(0)
-    table = "dv_update"
-    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), conflict_policy="keys"))
+    table = "dv_update_whole"
+    wide_table(a, table)
+    csns = [a.snapshot()]
     with a.transaction() as tx:
-        tx.insert(table, rows([(0, 1), (0, 2)], "x"))
-    assert sent_vectors(a, table)
+        tx.upsert(table, only("v", [1, 5], ["a", "new"]), update=True)  # 5: no row yet, w null
+    csns.append(a.snapshot())
     with a.transaction() as tx:
-        tx.upsert(
-            table,
-            pa.table({"p": [0], "k": [2]}, schema=SCHEMA.remove(2)).append_column("v", pa.array(["y"])),
-            update=True,
-        )
-    assert not sent_vectors(a, table), "a key whose last version is an update has a folded row"
-    assert a.read(table).to_pylist() == [{"p": 0, "k": 1, "v": "x0.1"}, {"p": 0, "k": 2, "v": "y"}]
+        tx.upsert(table, only("w", [1], [11]), update=True)
+        tx.upsert(table, only("v", [1], ["b"]), update=True)  # on its own write
+        tx.delete_keys(table, only("v", [2], ["-"]).select(["k"]))
+        tx.upsert(table, only("v", [2], ["again"]), update=True)  # on its own delete: w null
+        tx.upsert(table, only("w", [3, 3], [31, 32]), update=True)  # twice in one write
+    csns.append(a.snapshot())
+    with a.transaction() as tx:
+        tx.update(table, pc.field("k") == 4, {"v": "set"})
+    csns.append(a.snapshot())
+    for s in csns:  # oldest first: vectors answer from the snapshot they were first derived at
+        assert sent_vectors(a, table, s), f"at {s}: an update written whole was not read by vectors"
+        assert a.read(table, snapshot=s).to_pylist() == by_fold(a, table, s), f"at {s}"
+    assert a.read(table).to_pylist() == [
+        {"k": 1, "v": "b", "w": 11},
+        {"k": 2, "v": "again", "w": None},
+        {"k": 3, "v": "x", "w": 32},
+        {"k": 4, "v": "set", "w": 40},
+        {"k": 5, "v": "new", "w": None},
+    ]
+
+
+def test_concurrent_updates_of_other_lock_groups_both_hold(cluster: LocalCluster) -> None:
+    """Two updates of one key's other lock groups from one snapshot both commit; the second's
+    row carries the first's column as it was before, so the replica does not take it as whole:
+    the read folds (both updates hold) until a major compaction writes the row whole."""
+    a = cluster.client(0)
+    table = "dv_update_groups"
+    wide_table(a, table)
+    t1, t2 = a.begin(), a.begin()
+    t1.upsert(table, only("v", [1], ["t1"]), update=True)
+    t2.upsert(table, only("w", [1], [12]), update=True)
+    t1.commit()
+    t2.commit()
+    want = {"k": 1, "v": "t1", "w": 12}
+    assert a.read(table, where=pc.field("k") < 3).to_pylist() == [want, {"k": 2, "v": "x", "w": 20}]
+    assert a.read(table).to_pylist() == by_fold(a, table, a.snapshot())
+    assert not sent_vectors(a, table), "an update carrying a column from before another's commit was taken as whole"
     a.compact(table, kind="major")
-    assert sent_vectors(a, table)
-    assert a.read(table).to_pylist() == [{"p": 0, "k": 1, "v": "x0.1"}, {"p": 0, "k": 2, "v": "y"}]
+    assert sent_vectors(a, table) and a.read(table).to_pylist()[0] == want
+
+
+@pytest.mark.parametrize("writer", ["lies", "before whole rows"])
+def test_updates_not_written_whole_change_nothing_a_read_returns(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    """A writer that puts other values in the column it did not write (it holds no lock on it),
+    or one from before whole rows (nulls there): nothing is believed; reads fold, return the
+    column as it was, and read by vectors again once a major compaction wrote the rows whole
+    (the conversion of a table written before)."""
+    a = cluster.client(0)
+    table = f"dv_update_{writer.split()[0]}"
+    wide_table(a, table)
+    fill = keytables.fill_columns
+
+    def written(versions: pa.Table, current: pa.Table, pk: Any, columns: Any) -> pa.Table:
+        if writer != "lies":
+            return versions  # the unwritten column null, as writers before whole rows left it
+        made = fill(versions, current, pk, columns)
+        return made.set_column(made.schema.get_field_index("w"), "w", pa.array([999] * made.num_rows, pa.int64()))
+
+    monkeypatch.setattr(keytables, "fill_columns", written)
+    with a.transaction() as tx:
+        tx.upsert(table, only("v", [1, 2], ["y", "z"]), update=True)
+    monkeypatch.undo()
+    want = [{"k": 1, "v": "y", "w": 10}, {"k": 2, "v": "z", "w": 20}]
+    assert a.read(table, where=pc.field("k") < 3).to_pylist() == want
+    assert a.read(table).to_pylist() == by_fold(a, table, a.snapshot())
+    assert not sent_vectors(a, table), "rows not whole were taken as whole"
+    a.compact(table, kind="major")
+    assert sent_vectors(a, table) and a.read(table).to_pylist()[:2] == want
 
 
 def test_a_restarted_replica_derives_them_again(cluster: LocalCluster) -> None:

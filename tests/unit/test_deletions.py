@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from support import keys_reference as ref
 from support.hypo import deterministic
 
-from coordinator.core.deletions import NeedsFold, PartVersions, TargetVectors, decode_rows, derive, encode_rows
-from coordinator.core.keytables import DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, UPDATE, VER
+from coordinator.core.deletions import PartVersions, TargetVectors, decode_rows, derive, encode_rows, whole
+from coordinator.core.keytables import COLS, DELETE, LOCK_STRONG, LOCK_WEAK, OP, PUT, SEQ, UPDATE, VER
 
 FAST = deterministic(150)
 
@@ -39,8 +39,11 @@ KEY_SHAPES = [("int64",), ("string",), ("float64",), ("binary",), ("date32",), (
 KEY_SHAPES += [("int64", "string"), ("date32", "int64")]
 # The columns a row carries besides its key: a value, and where and when it was written (copied
 # by merges, so that every row a read returns names the version it is).
+# ``w`` is what an UPDATE does not write: the writer fills it with the key's value (a whole row).
 DATA = [("v", pa.int64()), ("src", pa.string()), ("row", pa.int64()), ("ver", pa.int64()), ("seq", pa.int64())]
-OPS = [PUT, PUT, PUT, DELETE, LOCK_STRONG, LOCK_WEAK]
+DATA += [("w", pa.int64())]
+WROTE = "v,src,row,ver,seq"  # an UPDATE's _cols
+OPS = [PUT, PUT, PUT, UPDATE, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK]
 
 
 @dataclass
@@ -56,6 +59,18 @@ class History:
     truncated: list[int] = field(default_factory=list)  # CSNs of commits that removed every part
     csn: int = 0
     floor: int = 0
+    lies: bool = False  # UPDATEs may carry a wrong ``w`` (a writer that lies)
+    lied: int = 0
+    failed: bool = False  # a claim did not hold: the replica would fold from here
+
+    def current(self) -> dict[tuple, dict]:
+        """Key -> row, as the fold reads at the last CSN before this one."""
+        rows = ref.merge(self.schema, self.primary_key, self._since_cut(self.csn - 1)).to_pylist()
+        return {ref.key_of(r, self.primary_key): r for r in rows}
+
+    def _since_cut(self, snapshot: int) -> list[tuple[float, pa.Table]]:
+        cut = max([t for t in self.truncated if t <= snapshot], default=0)
+        return [(b, self.data[p]) for p, b in self.born.items() if not p.startswith("m") and cut <= b <= snapshot]
 
     def visible(self, snapshot: int) -> list[str]:
         return [p for p, b in self.born.items() if b <= snapshot and self.died.get(p, snapshot + 1) > snapshot]
@@ -76,9 +91,27 @@ class History:
         """The read the row-by-row fold gives over the versions committed up to ``snapshot``
         (the transactions' own parts, merges left out: they never change what a read returns)
         since the last truncation."""
-        cut = max([t for t in self.truncated if t <= snapshot], default=0)
-        parts = [(b, self.data[p]) for p, b in self.born.items() if not p.startswith("m") and cut <= b <= snapshot]
-        return sorted(_tuples(ref.merge(self.schema, self.primary_key, parts), self.schema), key=repr)
+        return sorted(
+            _tuples(ref.merge(self.schema, self.primary_key, self._since_cut(snapshot)), self.schema), key=repr
+        )
+
+
+def claims_hold(data: dict[str, pa.Table], vectors: TargetVectors) -> bool:
+    """Whether the UPDATE rows ``vectors`` took as whole since the last call are (the replica's
+    check, on the parts' rows)."""
+    claims = vectors.claims()
+    if claims is None:
+        return True
+    cols = [n for n, _ in DATA]
+    nulls = pa.table({n: pa.nulls(1, t) for n, t in DATA})
+    updates = pa.concat_tables([data[p].slice(r, 1).select([*cols, COLS]) for p, r in zip(claims.part, claims.row)])
+    bases = pa.concat_tables(
+        [
+            nulls if p is None else data[p].slice(r, 1).select(cols).cast(nulls.schema)
+            for p, r in zip(claims.base_part, claims.base_row)
+        ]
+    )
+    return bool(whole(updates.select(cols), bases, updates.column(COLS).to_pylist()).all())
 
 
 def _tuples(t: pa.Table, schema: pa.Schema) -> list[tuple]:
@@ -86,15 +119,17 @@ def _tuples(t: pa.Table, schema: pa.Schema) -> list[tuple]:
 
 
 @st.composite
-def histories(draw: st.DrawFn) -> History:
+def histories(draw: st.DrawFn, lies: bool = False) -> History:
     shape = draw(st.sampled_from(KEY_SHAPES))
     names = tuple(f"k{i}" for i in range(len(shape)))
     fields = [pa.field(n, KEYS[kind][0], nullable=False) for n, kind in zip(names, shape)]
     # bulk: how many keys a write needs to rebuild the index's base (small: both roads taken)
     vectors = TargetVectors(bulk=draw(st.sampled_from([1, 2, 3, 4096])))
-    h = History(pa.schema(fields + [pa.field(n, t) for n, t in DATA]), names, vectors)
+    h = History(pa.schema(fields + [pa.field(n, t) for n, t in DATA]), names, vectors, lies=lies)
     pools = [KEYS[kind][1] for kind in shape]
     for _ in range(draw(st.integers(1, 12))):
+        if h.failed:
+            break
         step = draw(st.sampled_from(["commit", "commit", "commit", "merge", "merge", "truncate", "settle"]))
         h.csn += 1
         if step == "merge":
@@ -116,7 +151,6 @@ def _commit(draw: st.DrawFn, h: History, pools: list[list], truncating: bool) ->
     rows = draw(st.lists(st.tuples(*(st.sampled_from(p) for p in pools), st.sampled_from(OPS)), min_size=1, max_size=7))
     seqs = draw(st.permutations(range(len(rows))))
     cut = draw(st.integers(0, len(rows)))
-    added = []
     for i, chunk in enumerate((rows[:cut], rows[cut:])):
         if not chunk:
             continue
@@ -129,15 +163,38 @@ def _commit(draw: st.DrawFn, h: History, pools: list[list], truncating: bool) ->
             "row": list(range(len(chunk))),
             "ver": [h.csn] * len(chunk),
             "seq": list(seqs[first : first + len(chunk)]),
+            "w": [draw(st.integers(0, 9)) for _ in chunk],
             OP: [r[-1] for r in chunk],
             SEQ: list(seqs[first : first + len(chunk)]),
+            COLS: [WROTE if r[-1] == UPDATE else None for r in chunk],
         }
         schema = h.schema.append(pa.field(OP, pa.int8())).append(pa.field(SEQ, pa.int64()))
-        h.data[name] = pa.table(cols, schema=schema)
+        h.data[name] = pa.table(cols, schema=schema.append(pa.field(COLS, pa.string())))
         h.born[name] = h.csn
-        added.append(PartVersions.of(name, h.data[name], h.primary_key))
+    _fill_updates(draw, h, [f"c{h.csn}p{i}" for i in (0, 1) if f"c{h.csn}p{i}" in h.data], truncating)
+    added = [PartVersions.of(p, h.data[p], h.primary_key) for p in (f"c{h.csn}p0", f"c{h.csn}p1") if p in h.data]
     h.vectors.commit(h.csn, added, removed)
     h.died |= {p: h.csn for p in removed}
+    h.failed = not claims_hold(h.data, h.vectors)
+
+
+def _fill_updates(draw: st.DrawFn, h: History, names: list[str], truncating: bool) -> None:
+    """Fill each UPDATE's ``w`` as a writer does (the key's value before it, in ``_seq`` order
+    over the commit's versions; null where the key has no row); a lying one adds 1000."""
+    current: dict[tuple, dict | None] = {} if truncating else dict(h.current())
+    rows = sorted(((r[SEQ], n, i, r) for n in names for i, r in enumerate(h.data[n].to_pylist())), key=lambda t: t[0])
+    fills: dict[str, list] = {n: h.data[n].column("w").to_pylist() for n in names}
+    for _, n, i, r in rows:
+        if r[OP] == UPDATE:
+            before = current.get(ref.key_of(r, h.primary_key))
+            fills[n][i] = r["w"] = None if before is None else before["w"]
+            if h.lies and draw(st.integers(0, 3)) == 0:
+                fills[n][i] = r["w"] = (r["w"] or 0) + 1000
+                h.lied += 1
+        ref.apply_version(current, r, h.schema.names, h.primary_key)
+    for n in names:
+        i = h.data[n].schema.get_field_index("w")
+        h.data[n] = h.data[n].set_column(i, h.data[n].schema.field(i), pa.array(fills[n], pa.int64()))
 
 
 def _merge(draw: st.DrawFn, h: History) -> None:
@@ -166,8 +223,21 @@ def _merge(draw: st.DrawFn, h: History) -> None:
 @FAST
 @given(histories())
 def test_parts_minus_vectors_read_as_the_fold_at_every_snapshot(h: History) -> None:
+    assert not h.failed, "an UPDATE written whole was not taken as whole"
     for snapshot in range(h.floor, h.csn + 1):
         assert h.by_vectors(snapshot) == h.by_fold(snapshot), f"at snapshot {snapshot}"
+
+
+@FAST
+@given(histories(lies=True))
+def test_an_update_that_lies_about_what_it_did_not_write_is_caught(h: History) -> None:
+    """UPDATEs whose unwritten column is wrong (a writer that lies): while every claim holds,
+    reads by vectors are the fold (no lie that matters got through); a claim fails only when a
+    lie was told."""
+    assert not h.failed or h.lied, "a claim failed although every UPDATE was whole"
+    if not h.failed:
+        for snapshot in range(h.floor, h.csn + 1):
+            assert h.by_vectors(snapshot) == h.by_fold(snapshot), f"at snapshot {snapshot}"
 
 
 @FAST
@@ -297,6 +367,7 @@ def test_vectors_derived_from_scratch_then_followed_read_as_the_fold(h: History,
     afterwards, give what the fold of the same parts gives."""
     start = data.draw(st.integers(0, h.csn))
     vectors = derive(start, [(h.born[p], PartVersions.of(p, h.data[p], h.primary_key)) for p in h.visible(start)])
+    assert claims_hold(h.data, vectors), "an UPDATE written whole was not taken as whole"
     want = sorted(
         _tuples(ref.merge(h.schema, h.primary_key, [(h.born[p], h.data[p]) for p in h.visible(start)]), h.schema),
         key=repr,
@@ -307,6 +378,7 @@ def test_vectors_derived_from_scratch_then_followed_read_as_the_fold(h: History,
             return  # a fold-world compaction: vectors are derived again (the replica does so)
         added = [PartVersions.of(p, h.data[p], h.primary_key) for p, b in h.born.items() if b == csn]
         vectors.commit(csn, added)
+        assert claims_hold(h.data, vectors), f"at {csn}: an UPDATE written whole was not taken as whole"
         want = sorted(
             _tuples(ref.merge(h.schema, h.primary_key, [(h.born[p], h.data[p]) for p in h.visible(csn)]), h.schema),
             key=repr,
@@ -314,14 +386,43 @@ def test_vectors_derived_from_scratch_then_followed_read_as_the_fold(h: History,
         assert _read(h, vectors, csn) == want, f"at {csn}, followed from {start}"
 
 
-def test_an_update_as_a_keys_last_version_needs_the_fold() -> None:
-    with pytest.raises(NeedsFold):
-        derive(3, [(1, _part("a", [1, 2])), (2, _part("b", [2], [UPDATE]))])
+def _claimed(v: TargetVectors) -> list[tuple]:
+    c = v.claims()
+    return [] if c is None else list(zip(c.part.tolist(), c.row.tolist(), c.base_part.tolist(), c.base_row.tolist()))
+
+
+def test_an_update_is_claimed_beside_the_row_it_updates() -> None:
+    v = derive(3, [(1, _part("a", [1, 2])), (2, _part("b", [2], [UPDATE]))])
+    assert _claimed(v) == [("b", 0, "a", 1)] and v.dead_at("a", 3).tolist() == [1]
+    assert _claimed(v) == []  # each claim is handed over once
     v = derive(2, [(1, _part("a", [1, 2])), (2, _part("b", [2], [UPDATE])), (2, _part("c", [2]))])
-    with pytest.raises(NeedsFold):
-        v.commit(3, [_part("d", [1], [UPDATE])])
+    assert _claimed(v) == []  # the UPDATE is superseded by a PUT: nothing builds on it
+    v.commit(3, [_part("d", [1, 1, 2, 5], [UPDATE, UPDATE, DELETE, UPDATE])])
+    # key 1: two UPDATEs, the first on a's row, the second on the first; key 5 had no row
+    assert sorted(_claimed(v), key=repr) == [("d", 0, "a", 0), ("d", 1, "d", 0), ("d", 3, None, -1)]
+    v.commit(4, [_part("e", [2], [UPDATE])])
+    assert _claimed(v) == [("e", 0, None, -1)]  # key 2 was deleted at 3
     with pytest.raises(KeyError):
         v.dead_at("a", 1)  # below the snapshot it was derived at
+
+
+@pytest.mark.parametrize(
+    ("update", "base", "ok"),
+    [
+        ({"v": 1, "w": 5}, {"v": 0, "w": 5}, True),
+        ({"v": 1, "w": 6}, {"v": 0, "w": 5}, False),
+        ({"v": 1, "w": None}, {"v": None, "w": None}, True),
+        ({"v": 1, "w": 5}, {"v": None, "w": None}, False),
+        ({"v": 1, "w": float("nan")}, {"v": 0, "w": float("nan")}, False),
+    ],
+)
+def test_whole_compares_the_columns_an_update_did_not_write(update: dict, base: dict, ok: bool) -> None:
+    schema = pa.schema([("v", pa.int64()), ("w", pa.float64())])
+    got = whole(pa.Table.from_pylist([update], schema), pa.Table.from_pylist([base], schema), ["v"])
+    assert got.tolist() == [ok]
+    assert whole(pa.Table.from_pylist([update], schema), pa.Table.from_pylist([base], schema), ["v,w"]).tolist() == [
+        True
+    ]
 
 
 @pytest.mark.parametrize("rows", [[], [0], [1, 5, 9], list(range(0, 70_000, 3))])
