@@ -142,7 +142,7 @@ def test_write_skew_through_spark_is_prevented_under_serializable(cluster, spark
 
 
 def test_the_data_source_reads_a_keys_table_by_deletion_vectors(cluster, spark) -> None:
-    """Inserts, upserts, deletes and locks over two partitions: the data source reads the parts
+    """Inserts, upserts (in update mode too), deletes and locks over two partitions: the data source reads the parts
     minus their deletion vectors, one task per part (``split_bytes`` 1; the fold plans one per
     table partition), pruning parts by their statistics too, and gives the fold's rows at an
     older and the latest snapshot, with and without filters pushed."""
@@ -160,6 +160,10 @@ def test_the_data_source_reads_a_keys_table_by_deletion_vectors(cluster, spark) 
                     schema=SCHEMA,
                 ),
             )
+            if step == 4:  # update mode: whole rows (b read at write time)
+                tx.upsert(
+                    name, pa.table({"p": ["x", "y"], "k": pa.array([2, 3], pa.int64()), "a": ["u", "v"]}), update=True
+                )
             if step % 2:
                 tx.delete_keys(name, pa.table({"p": ["x"], "k": pa.array([step * 3 + 1], pa.int64())}))
                 tx.lock_keys(name, pa.table({"p": ["y"], "k": pa.array([0], pa.int64())}))

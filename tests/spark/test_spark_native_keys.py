@@ -170,7 +170,7 @@ def folding(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_read_table_by_deletion_vectors(spark, c0: Client, caplog: pytest.LogCaptureFixture) -> None:
-    """Inserts and deletes, large and small parts, two partitions: ``read_table`` reads the
+    """Inserts, deletes and update-mode upserts, large and small parts, two partitions: ``read_table`` reads the
     parts minus their vectors (no fold), rows as client.read's, at an older snapshot and at the
     latest."""
     caplog.set_level("DEBUG", logger="spark.keysfold")
@@ -191,6 +191,8 @@ def test_read_table_by_deletion_vectors(spark, c0: Client, caplog: pytest.LogCap
             tx.insert(name, rows(rng.choice("xy"), rng.sample(range(300), 120 if step < 3 else 5), f"s{step}-", rng))
             tx.delete_keys(name, keys_of(rng.choice("xy"), rng.sample(range(300), 7)))
         snaps.append(c0.snapshot())
+    with c0.transaction() as tx:  # update mode: whole rows (b and c read at write time)
+        tx.upsert(name, rows("x", rng.sample(range(300), 40), "upd-", rng).select(["p", "k", "a"]), update=True)
     with c0.transaction() as tx:  # rows of a small part superseded
         tx.insert(name, rows("z", [1, 2, 3], "small-", rng))
     with c0.transaction() as tx:
