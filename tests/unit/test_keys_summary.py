@@ -571,7 +571,8 @@ def test_the_laid_out_probe_keeps_exactly_what_may_hold_any_keeps(summaries, key
     """SummaryProbes (the filters of a visible set side by side, probed a shape at a time) keeps
     exactly the parts may_hold_any keeps, in their order, on summaries of every odd shape and
     keys of every type (some the mix64 scheme does not hash, some that do not compare with a
-    range): on the set, on the set seen again, on a part of it and on it reordered; with a
+    range): on the set, on the set seen again, on a part of it and on it reordered, with a
+    few parts not laid out and with many; with a
     cache smaller than the parts and than the sets; and a name seen again with another
     checksum is parsed again."""
     metas = [_meta(f"p{i}", s) for i, s in enumerate(summaries)]
@@ -579,7 +580,10 @@ def test_the_laid_out_probe_keeps_exactly_what_may_hold_any_keeps(summaries, key
     hashed = {k: keytables.key_hash(k) for k in keys}
     shuffled = metas[:]
     rng.shuffle(shuffled)
-    for seen in (metas, metas, metas[: len(metas) // 2], shuffled, metas):
+    # parts not laid out beside laid-out ones (a commit since): a few, then more than a few
+    few = [_meta(f"q{i}", s) for i, s in enumerate(summaries[:3])]
+    many = [_meta(f"r{i}", s) for i, s in enumerate(summaries * 2)]
+    for seen in (metas, metas, metas[: len(metas) // 2], shuffled, metas, metas[1:] + few, few + metas + many, metas):
         want = [m for m in seen if keytables.may_hold_any(m.key_summary, hashed)]
         assert probes.may_hold(seen, hashed) == want
     if metas:
