@@ -643,6 +643,8 @@ class TransactionReads(TransactionBase):
         hold the keys of a point read's ``hint``) and the creation CSN of each committed one
         (its own parts have none)."""
         args: dict[str, Any] = {"table": table, "id": self.id, **(hint or {})}
+        if hint:
+            args["slim"] = True  # pruned by the replica: the summaries come without their filters
         if pkeys is not None:
             args["partitions"] = [list(p) for p in pkeys]
         r = self.client.call("visible", **args)
