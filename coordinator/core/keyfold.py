@@ -621,6 +621,18 @@ def _in_version_order(data: pa.Table, key_starts: pa.Array) -> bool:
     return bool(pc.all(pc.or_(ok, key_starts.slice(1))).as_py())
 
 
+def ascending(data: pa.Table, primary_key: Sequence[str]) -> bool:
+    """Whether the rows of ``data`` are in strictly ascending order of a one-column key (a
+    compacted part's rows, read alone); False for a key of more columns (not looked at)."""
+    if len(primary_key) != 1 or data.num_rows < 2:
+        return len(primary_key) == 1
+    col = data.column(primary_key[0])
+    try:
+        return bool(pc.all(pc.greater(col.slice(1), col.slice(0, len(col) - 1))).as_py())
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+        return False
+
+
 def distinct_key_order(keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """The indices of ``keys`` (the key columns of rows whose keys are distinct: a read by
     deletion vectors) in key order: by slot, with no sort, for one dense integer key column

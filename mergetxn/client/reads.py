@@ -371,10 +371,14 @@ class Reads(ClientBase):
             keep[at + rows] = False
         if where is not None:  # the live rows the filter keeps, in key order
             data = data.filter(pa.array(keep)).filter(where)
-            return data.select(wanted).take(keyfold.distinct_key_order(data.select(pk), pk))
+            return _in_key_order(data, pk).select(wanted)
+        if bool(keep.all()):
+            return _in_key_order(data, pk).select(wanted)
         live = pa.array(np.flatnonzero(keep))
-        order = keyfold.distinct_key_order(data.select(pk).take(live), pk)
-        return data.select(wanted).take(pc.take(live, order))
+        keys = data.select(pk).take(live)
+        if keyfold.ascending(keys, pk):
+            return data.select(wanted).take(live)
+        return data.select(wanted).take(pc.take(live, keyfold.distinct_key_order(keys, pk)))  # one gather
 
     def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
         """The ``need`` columns of each part: only those decoded when every part was written
@@ -631,6 +635,14 @@ def _may_match(tdef: TableDef, meta: PartMeta, where: pc.Expression) -> bool:
     """Whether some row of ``meta`` may match ``where``, by its partition and statistics."""
     stats = tdef.stats_at(meta.stats, meta.schema_version)
     return may_match(stats, list(tdef.partition_by), meta.partition, where, tdef.schema)
+
+
+def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
+    """``data`` (rows of distinct keys) in key order: as it is when it already is (a merged
+    part's rows, written sorted: a table after a major compaction), else taken into it."""
+    if keyfold.ascending(data, pk):
+        return data
+    return data.take(keyfold.distinct_key_order(data.select(pk), pk))
 
 
 class TransactionReads(TransactionBase):

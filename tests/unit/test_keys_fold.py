@@ -427,3 +427,19 @@ def test_a_big_read_takes_the_radix_road_and_equals_the_reference() -> None:
     got = keyfold.merge(schema, pk, parts)
     same(got, ref.merge(schema, pk, parts))
     assert got.num_rows == n - len(shuffled[::90])
+
+
+@FAST
+@given(
+    st.sampled_from(
+        [(pa.int64(), st.integers(-5, 5)), (pa.string(), st.sampled_from(["", "a", "ab", "b", "é"]))]
+    ).flatmap(lambda t: st.tuples(st.just(t[0]), st.lists(t[1], max_size=6)))
+)
+def test_ascending_says_whether_rows_are_already_in_key_order(case) -> None:
+    """A read by vectors returns its rows as they are when ``ascending`` says they are in key
+    order (a merged part's), else sorts them: it must say so exactly when a sort would not move them."""
+    typ, values = case
+    t = pa.table({"k": pa.array(values, typ)})
+    strictly = all(a < b for a, b in zip(values, values[1:]))
+    assert keyfold.ascending(t, ["k"]) == strictly
+    assert not keyfold.ascending(pa.table({"k": pa.array(values, typ), "j": pa.array(values, typ)}), ["k", "j"])
