@@ -1131,8 +1131,9 @@ class SummaryProbes:
         if fresh is None:
             return [metas[i] for i in sorted(kept)]
         held = {id(layout.metas[i]) for i in kept}
-        new = {id(m) for m in fresh}
-        return [m for m in metas if id(m) in held or (id(m) in new and may_hold_any(m.key_summary, hashed))]
+        mixed = mixed_hashes(hashed) if fresh else None  # once, not per part
+        held |= {id(m) for m in fresh if may_hold_any(m.key_summary, hashed, mixed)}
+        return [m for m in metas if id(m) in held]
 
     @staticmethod
     def _probe(layout: _Layout, hashed: Mapping[tuple[Any, ...], tuple[int, int]]) -> set[int]:
