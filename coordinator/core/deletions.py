@@ -358,9 +358,18 @@ class TargetVectors:
         caller's to know: a merge redone on parts made later is not one, and is derived). Returns the output's rows dead at ``csn`` (their keys
         were superseded in a source after ``snapshot``). ValueError when the output's keys are
         not exactly the sources' live keys at ``snapshot`` (the merge read something else), or
-        when a row of it is not a whole row (an UPDATE folded onto a base it did not read)."""
+        when a row of it is not a whole row (an UPDATE folded onto a base it did not read), or
+        when ``snapshot`` is below ``base`` (what was dead at it is not known)."""
         if bool(np.any(output.ops != PUT)):
             raise ValueError(f"merge output {output.name} holds rows that are not whole (not PUT)")
+        if snapshot < self.base:
+            # Derived at ``base``: every row dead then is marked dead at ``base``, so which of
+            # them were dead at ``snapshot`` is not known here (the merge rule would take a
+            # key superseded before ``snapshot`` for one superseded after it, and mark the
+            # output's live row of that key dead: found by the chaos campaign as missing rows).
+            raise ValueError(
+                f"merge output {output.name} read its sources at {snapshot}, before the vectors' {self.base}"
+            )
         olds = [self._parts[s] for s in sources]
         expected = _sorted_unique(_joined([p.keys[~p.dead_up_to(snapshot)] for p in olds], output.keys))
         order = _sorted_order(output.keys)

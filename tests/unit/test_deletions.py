@@ -298,6 +298,17 @@ def test_a_merge_output_with_a_row_that_is_not_whole_is_refused() -> None:
     assert "m" not in v and v.dead_at("a", 2).tolist() == []
 
 
+def test_a_merge_that_read_its_sources_before_the_vectors_were_derived_is_refused() -> None:
+    """Vectors derived at 10 mark a's superseded key 8 dead at 10; a merge of a and b that read
+    them at 7 and holds b's key 8 would, by the merge rule, take key 8 for superseded after 7 and
+    mark the output's live row dead (a key read as missing: the chaos campaign's si-read). It is
+    refused: the caller derives again."""
+    v = derive(10, [(1, _part("a", [8, 9])), (5, _part("b", [8]))])
+    with pytest.raises(ValueError, match="before the vectors"):
+        v.merge(11, PartVersions("m", np.array([8, 9]), np.zeros(2, np.int8), np.arange(2)), ["a", "b"], 7)
+    assert "m" not in v
+
+
 def test_the_index_holds_one_entry_per_live_row() -> None:
     """Deleted keys and the keys of removed parts leave the index when it is rebuilt: its size
     follows the live rows, not the rows ever written."""
