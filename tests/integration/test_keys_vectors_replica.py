@@ -200,3 +200,29 @@ def test_a_merge_redone_on_parts_newer_than_its_snapshot(replica: Replica) -> No
     assert [row["a"] for row in by_fold(r, out["csn"]) if row["k"] == 4] == ["z4"]
     for s in csns:
         assert by_vectors(r, tdef, s) == by_fold(r, s), f"at {s}"
+
+
+def test_vectors_first_derived_while_a_merge_is_under_way(replica: Replica) -> None:
+    """A merge reads its sources (key 3 superseded in the older one) at ``m0``; before it
+    commits, a read derives the vectors for the first time, at a later snapshot (every dead row
+    marked dead there). The merge then commits: the merge rule cannot tell at ``m0`` which rows
+    were already dead, so the replica derives again, and every snapshot from the derive on
+    reads as the fold (before the fix the merged row of key 3 was taken for superseded after
+    ``m0`` and read as missing: the chaos campaign's si-read)."""
+    r = replica
+    tdef = keys_table(r)
+    commit(r, list(range(0, 6)), "x")
+    commit(r, [3, 4], "y")
+    sources = [m.name for m in r.state.visible("dv", r.state.applied)]
+    csns: list[int] = []
+
+    def meanwhile() -> None:
+        csns.append(commit(r, [20], "z"))  # a commit after m0 that touches no source key
+        assert by_vectors(r, tdef, csns[-1]) == by_fold(r, csns[-1])  # first derived here
+
+    out = r.merges.run_merge(tdef, "major", partition_key(()), sources, before_commit=meanwhile)
+    assert out["outcome"] == "committed", out
+    csns += [out["csn"], commit(r, [5], "w")]
+    for s in csns:
+        assert by_vectors(r, tdef, s) == by_fold(r, s), f"at {s}"
+    assert {row["k"] for row in by_vectors(r, tdef, csns[-1]) or []} == {0, 1, 2, 3, 4, 5, 20}
