@@ -266,9 +266,10 @@ class KeysVectors:
         if claims is None:
             return
         cols = [c for c in tdef.schema.names if c not in tdef.primary_key]
-        updates = self._rows_at(tdef, claims.part, claims.row, [*cols, keytables.COLS])
-        bases = self._rows_at(tdef, claims.base_part, claims.base_row, cols)
-        ok = deletions.whole(updates.select(cols), bases, updates.column(keytables.COLS).to_pylist())
+        read: dict[str, pa.Table] = {}  # a part both updates and bases come from is read once
+        updates = self._rows_at(tdef, claims.part, claims.row, [*cols, keytables.COLS], read)
+        bases = self._rows_at(tdef, claims.base_part, claims.base_row, [*cols, keytables.COLS], read)
+        ok = deletions.whole(updates.select(cols), bases.select(cols), updates.column(keytables.COLS).to_pylist())
         if not bool(ok.all()):
             bad = int(np.flatnonzero(~ok)[0])
             raise NeedsFold(
@@ -276,9 +277,11 @@ class KeysVectors:
                 f"({int((~ok).sum())} such rows)"
             )
 
-    def _rows_at(self, tdef: TableDef, names: np.ndarray, rows: Rows, columns: list[str]) -> pa.Table:
+    def _rows_at(
+        self, tdef: TableDef, names: np.ndarray, rows: Rows, columns: list[str], read: dict[str, pa.Table]
+    ) -> pa.Table:
         """Columns ``columns`` of row ``rows[i]`` of part ``names[i]`` (a null row where the name
-        is None), in that order; each part read once."""
+        is None), in that order; each part read once (``read``: the parts read so far)."""
         schema = pa.schema(
             [
                 tdef.schema.field(c).with_nullable(True) if c in tdef.schema.names else pa.field(c, pa.string())
@@ -292,7 +295,9 @@ class KeysVectors:
             if rec is None:
                 raise NeedsFold(f"part {name} is gone")
             sel = np.flatnonzero(names == name)
-            data = read_part(self._storage, rec.meta, columns=columns).take(pa.array(rows[sel]))
+            if name not in read:
+                read[name] = read_part(self._storage, rec.meta, columns=columns)
+            data = read[name].take(pa.array(rows[sel]))
             pieces.append(data.select(columns).cast(schema))
             index[sel] = at + np.arange(len(sel))
             at += len(sel)

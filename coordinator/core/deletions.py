@@ -25,10 +25,12 @@ key's values at its writer's snapshot), but that is the writer's claim: a key wh
 UPDATE is claimed with every UPDATE it builds on (:class:`Claims`), and the vectors answer only
 once the caller has read those rows and found each equal to the row it updates in every column
 it did not write (:func:`whole`); one that is not (a concurrent update of another lock group, a
-writer that lied, a writer from before whole rows) leaves the target to the fold. The index keeps, per live part, only the keys of its rows that were live at birth,
-sorted (one numpy array and the rows beside it: 12 to 16 bytes per key for numeric keys), and a
-mask of its rows dead now; finding the row a new version supersedes is one binary search per
-part whose key range meets the commit's keys.
+writer that lied, a writer from before whole rows) leaves the target to the fold.
+
+The index keeps, per live part, only the keys of its rows that were live at birth, sorted (one
+numpy array and the rows beside it: 12 to 16 bytes per key for numeric keys), and a mask of its
+rows dead now; finding the row a new version supersedes is one binary search per part whose key
+range meets the commit's keys.
 """
 
 from __future__ import annotations
@@ -256,9 +258,6 @@ class Claims:
     row: Rows
     base_part: np.ndarray  # object: part names or None
     base_row: Rows
-
-    def __len__(self) -> int:
-        return len(self.row)
 
 
 class TargetVectors:
