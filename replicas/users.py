@@ -250,7 +250,11 @@ class Users:
         return dropped[0].public()
 
     def describe(self) -> list[dict]:
-        """Every user (never a secret or its hash), by name."""
+        """Every user (never a secret or its hash), by name: as ZooKeeper holds them now, so a
+        change made through another replica just before is seen (the watch may not have
+        brought it yet)."""
+        self.zk.retry(self.zk.sync, self.path)
+        self.refresh()
         with self._lock:
             return [u.public() for _, u in sorted(self._users.items())]
 

@@ -30,6 +30,7 @@ from coordinator.model.users import UserRecord, decode, encode, verify_secret
 from coordinator.wire.rpc import RpcClient
 from coordinator.wire.security import REPLICA_FILE, Credentials, zk_client_args
 from mergetxn.cli import EXIT_AUTH, EXIT_DENIED, cli
+from replicas.users import Users
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
 ROWS = pa.table({"id": [1, 2], "k": ["a", "b"]})
@@ -551,6 +552,23 @@ def test_users_are_listed_and_the_replicas_identity_is_none_of_them(
     with connect(cluster, made[A]) as second_admin:  # an admin made by an admin does what admins do
         second_admin.create_table("by_admin1", SCHEMA)
         assert "by_admin1" in second_admin.tables()
+
+
+def test_the_listing_reads_the_users_as_zookeeper_holds_them_not_as_a_watch_last_brought(
+    zk_client: KazooClient,
+) -> None:
+    """A user made or dropped through another replica is listed so at once: the copy a replica's
+    watch keeps may lag behind (here it never catches up), so the listing reads the node."""
+    identity = Credentials("replicas", "r" * 32)
+    elsewhere = Users(zk_client, "/users", identity)
+    elsewhere.start()
+    here = Users(zk_client, "/users", identity)
+    here.refresh()  # this replica's copy, and no watch to bring it the changes made elsewhere
+    elsewhere.create("admin_a", A, None, "a" * 32)
+    elsewhere.create("admin_b", A, None, "b" * 32)
+    assert [u["name"] for u in here.describe()] == ["admin_a", "admin_b"]
+    elsewhere.drop("admin_a")
+    assert [u["name"] for u in here.describe()] == ["admin_b"]
 
 
 def test_nothing_a_user_holds_logs_in_to_zookeeper(
