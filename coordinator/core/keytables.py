@@ -251,16 +251,29 @@ def keys_where(primary_key: Sequence[str], schema: pa.Schema, keys: pa.Table, li
 def fill_columns(versions: pa.Table, current: pa.Table, primary_key: Sequence[str], columns: Sequence[str]) -> pa.Table:
     """``versions`` with ``columns`` set to the values of the row of ``current`` with the same
     key (null where ``current`` has none): an update-mode write made whole."""
-    n, m = versions.num_rows, current.num_rows
-    left = versions.select(list(primary_key)).append_column("__row", pa.array(range(n), pa.int64()))
-    right = current.select(list(primary_key)).append_column("__at", pa.array(range(m), pa.int64()))
-    joined = left.join(right, keys=list(primary_key), join_type="left outer").sort_by("__row")
-    at = joined.column("__at")
+    at = _rows_of_same_key(versions, current, primary_key)
     for c in columns:
         i = versions.schema.get_field_index(c)
         values = current.column(c).take(at).cast(versions.schema.field(i).type)
         versions = versions.set_column(i, versions.schema.field(i), values)
     return versions
+
+
+def _rows_of_same_key(versions: pa.Table, current: pa.Table, primary_key: Sequence[str]) -> pa.Array | pa.ChunkedArray:
+    """For each row of ``versions``, the index of the row of ``current`` (distinct keys) with
+    its key, null where none has: by ``index_in`` for one integer, string or binary key column
+    (no Acero plan, whose fixed cost is most of a small update's), else by a left outer join."""
+    import pyarrow.compute as pc
+
+    if len(primary_key) == 1:
+        key = current.schema.field(primary_key[0]).type
+        if pa.types.is_integer(key) or pa.types.is_string(key) or pa.types.is_binary(key):
+            value_set = current.column(primary_key[0]).combine_chunks()
+            return pc.index_in(versions.column(primary_key[0]).cast(key), value_set=value_set)
+    n, m = versions.num_rows, current.num_rows
+    left = versions.select(list(primary_key)).append_column("__row", pa.array(range(n), pa.int64()))
+    right = current.select(list(primary_key)).append_column("__at", pa.array(range(m), pa.int64()))
+    return left.join(right, keys=list(primary_key), join_type="left outer").sort_by("__row").column("__at")
 
 
 # -- compaction (the folds of reads, compaction and changes: coordinator/core/keyfold.py) ------------

@@ -23,13 +23,16 @@ POOLS = {
     "binary": (pa.binary(), [b"", b"\x00", b"\xff"]),
     "date32": (pa.date32(), [dt.date(2020, 1, 1), dt.date(1999, 12, 31)]),
     "bool": (pa.bool_(), [False, True]),
+    "int32": (pa.int32(), [-(2**31), 0, 5, 2**31 - 1]),
 }
 
 
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[pa.Schema, list[str], pa.Table, pa.Table]:
     kinds = draw(
-        st.sampled_from([("int64",), ("string",), ("binary",), ("date32",), ("int64", "string"), ("bool", "date32")])
+        st.sampled_from(
+            [("int64",), ("int32",), ("string",), ("binary",), ("date32",), ("int64", "string"), ("bool", "date32")]
+        )
     )
     pk = [f"k{i}" for i in range(len(kinds))]
     schema = pa.schema(
@@ -41,6 +44,8 @@ def cases(draw: st.DrawFn) -> tuple[pa.Schema, list[str], pa.Table, pa.Table]:
     cur |= {"v": draw(st.lists(st.none() | st.integers(0, 9), min_size=len(current_keys), max_size=len(current_keys)))}
     cur |= {"w": [draw(st.none() | st.text(max_size=2)) for _ in current_keys]}
     current = pa.table(cur, schema=schema)
+    cut = draw(st.integers(0, len(current_keys)))  # a read's rows come in chunks
+    current = pa.concat_tables([current.slice(0, cut), current.slice(cut)])
     written = draw(st.lists(key, min_size=1, max_size=8))  # a key may be written twice
     data = pa.table(
         {**{n: [k[i] for k in written] for i, n in enumerate(pk)}, "v": list(range(len(written)))},
