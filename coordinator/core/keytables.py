@@ -1106,11 +1106,12 @@ class SummaryProbes:
                     self._bytes -= len(gone[3])
         return got
 
-    def _layout(self, metas: list[Any]) -> tuple[_Layout, list[Any] | None]:
+    def _layout(self, metas: list[Any], keys: int = 1) -> tuple[_Layout, list[Any] | None]:
         """A layout for ``metas``, and None when it is theirs (in their order); else one laid out
-        before that holds all but the few returned beside it (probed one by one): a commit adds
-        a part or two to the set the next read lists, which is laid out again only once more
-        than an eighth of it (or :data:`_FEW_FRESH` parts) is not in the last layouts."""
+        before that holds all but the few returned beside it (probed one by one, each for the
+        ``keys`` keys): a commit adds a part or two to the set the next read lists, which is laid
+        out again only once more than an eighth of it, over the keys (or :data:`_FEW_FRESH`
+        parts), is not in the last layouts."""
         # A replica lists the same PartMeta objects while nothing changes: the list compares
         # equal item by item by identity, so a visible set seen before costs no hashing.
         with self._lock:
@@ -1121,7 +1122,7 @@ class SummaryProbes:
                     return layout, None
             for layout in self._layouts[:_COVERING]:
                 fresh = [m for m in metas if id(m) not in layout.ids]
-                if len(fresh) <= max(_FEW_FRESH, len(metas) // 8):
+                if len(fresh) <= max(_FEW_FRESH, len(metas) // (8 * max(1, keys))):
                     return layout, fresh
         layout = _Layout.build(metas, self._items, self._parse)
         with self._lock:
@@ -1139,7 +1140,7 @@ class SummaryProbes:
         metas = list(metas)
         if not metas:
             return []
-        layout, fresh = self._layout(metas)
+        layout, fresh = self._layout(metas, len(hashed))
         kept = self._probe(layout, hashed)
         if fresh is None:
             return [metas[i] for i in sorted(kept)]
@@ -1181,7 +1182,8 @@ _FEW_ROWS = 2
 # A visible set that is a laid-out one but for a few parts (a commit since, a transaction's own
 # parts) probes that layout and the few one by one (:func:`may_hold_any`, ~5 us a part and key)
 # rather than lay out the set again (~3 ms at 1,000 parts, measured: the update-mode write's
-# read of its keys' current values paid it once per commit). The last _COVERING layouts are tried.
+# read of its keys' current values paid it once per commit), while the few cost less than a new
+# layout: an eighth of the set over the keys probed. The last _COVERING layouts are tried.
 _FEW_FRESH = 16
 _COVERING = 4
 
