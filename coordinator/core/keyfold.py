@@ -37,7 +37,6 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -632,22 +631,6 @@ def ascending(data: pa.Table, primary_key: Sequence[str]) -> bool:
         return bool(pc.all(pc.greater(col.slice(1), col.slice(0, len(col) - 1))).as_py())
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
         return False
-
-
-GATHER_HALVES_FROM = 200_000  # rows: a gather this big is taken in two halves at once (gather)
-
-
-def gather(data: pa.Table, indices: pa.Array) -> pa.Table:
-    """``data.take(indices)``; a big one in two halves taken on two threads and joined (Arrow's
-    take is one thread, and a random gather of a string column waits on memory, which a second
-    core halves: 1M rows of three columns from 120 chunks, 36 ms in one, 20 ms in two)."""
-    n = len(indices)
-    if n < GATHER_HALVES_FROM:
-        return data.take(indices)
-    combined = data.combine_chunks()
-    with ThreadPoolExecutor(2, thread_name_prefix="gather") as pool:
-        halves = list(pool.map(combined.take, (indices.slice(0, n // 2), indices.slice(n // 2))))
-    return pa.concat_tables(halves)
 
 
 def distinct_key_order(keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:

@@ -364,15 +364,21 @@ class Reads(ClientBase):
         datas = [d.cast(target) for d in self._columns_of(tdef, metas, need)]
         if not datas:
             return target.empty_table().select(wanted)
-        data, keep = pa.concat_tables(datas), _live_mask([d.num_rows for d in datas], dead)
-        if where is not None or bool(keep.all()):
-            data = data if bool(keep.all()) else data.filter(pa.array(keep))
-            data = data if where is None else data.filter(where)
+        data = pa.concat_tables(datas)
+        keep = np.ones(data.num_rows, bool)
+        offsets = np.cumsum([0] + [d.num_rows for d in datas])
+        for at, rows in zip(offsets, dead):
+            keep[at + rows] = False
+        if where is not None:  # the live rows the filter keeps, in key order
+            data = data.filter(pa.array(keep)).filter(where)
+            return _in_key_order(data, pk).select(wanted)
+        if bool(keep.all()):
             return _in_key_order(data, pk).select(wanted)
         live = pa.array(np.flatnonzero(keep))
         keys = data.select(pk).take(live)
-        order = live if keyfold.ascending(keys, pk) else pc.take(live, keyfold.distinct_key_order(keys, pk))
-        return keyfold.gather(data.select(wanted), order)  # one gather
+        if keyfold.ascending(keys, pk):
+            return data.select(wanted).take(live)
+        return data.select(wanted).take(pc.take(live, keyfold.distinct_key_order(keys, pk)))  # one gather
 
     def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
         """The ``need`` columns of each part: only those decoded when every part was written
@@ -636,16 +642,7 @@ def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
     part's rows, written sorted: a table after a major compaction), else taken into it."""
     if keyfold.ascending(data, pk):
         return data
-    return keyfold.gather(data, keyfold.distinct_key_order(data.select(pk), pk))
-
-
-def _live_mask(sizes: Sequence[int], dead: Sequence[np.ndarray]) -> np.ndarray:
-    """Which rows of parts of ``sizes`` rows, read one after the other, are live: all but the
-    rows ``dead[i]`` of part ``i``."""
-    keep = np.ones(int(sum(sizes)), bool)
-    for at, rows in zip(np.cumsum([0, *sizes]), dead):
-        keep[at + rows] = False
-    return keep
+    return data.take(keyfold.distinct_key_order(data.select(pk), pk))
 
 
 class TransactionReads(TransactionBase):

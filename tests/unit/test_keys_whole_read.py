@@ -481,30 +481,3 @@ def test_ends_are_each_columns_first_and_last(types) -> None:
     assert firsts.type == key_type and lasts.type == key_type
     assert firsts.to_pylist() == [v[0] for v in values]
     assert lasts.to_pylist() == [v[-1] for v in values]
-
-
-@FAST
-@given(
-    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=6),
-    picks=st.lists(st.integers(0, 10**6), max_size=120),
-    halves_from=st.sampled_from([0, 1, 7, 10**9]),
-)
-def test_gather_is_take_whichever_road(sizes, picks, halves_from) -> None:
-    """``keyfold.gather`` (two halves on two threads from GATHER_HALVES_FROM rows on) gives the
-    rows ``take`` gives, in the same order, from tables of many chunks, strings and nulls too."""
-    chunks, at = [], 0
-    for n in sizes:
-        chunks.append(
-            pa.table(
-                {"k": list(range(at, at + n)), "s": [None if i % 5 == 0 else f"s{i}" for i in range(at, at + n)]},
-                schema=pa.schema([("k", pa.int64()), ("s", pa.string())]),
-            )
-        )
-        at += n
-    data = pa.concat_tables(chunks)
-    indices = pa.array([p % at for p in picks] if at else [], pa.int64())
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(keyfold, "GATHER_HALVES_FROM", halves_from)
-        got = keyfold.gather(data, indices)
-    assert got.schema == data.schema
-    assert got.to_pylist() == data.take(indices).to_pylist()
