@@ -74,7 +74,9 @@ class Administration(ClientBase):
         self.call("drop_user", name=name)
 
     def users(self) -> list[dict]:
-        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``."""
+        """Every user: ``name``, ``role``, ``tables`` (None: every table), ``created_at``; as
+        ZooKeeper holds them when asked, so a user made or dropped through another replica just
+        before is listed so."""
         return self.call("users")
 
     def parts(self, table: str) -> pa.Table:
