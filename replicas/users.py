@@ -34,9 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.exceptions import NodeExistsError
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
-from coordinator.core.errors import AuthenticationFailed, CorruptMetadata, InvalidInput
+from coordinator.core.errors import AuthenticationFailed, CorruptMetadata, InvalidInput, ReplicaUnavailable
 from coordinator.core.grants import Grantee, Role
 from coordinator.model import users as records
 from coordinator.model.users import UserRecord
@@ -252,9 +252,18 @@ class Users:
     def describe(self) -> list[dict]:
         """Every user (never a secret or its hash), by name: as ZooKeeper holds them now, so a
         change made through another replica just before is seen (the watch may not have
-        brought it yet)."""
-        self.zk.retry(self.zk.sync, self.path)
-        self.refresh()
+        brought it yet): none once the node is gone; ReplicaUnavailable when ZooKeeper does not
+        answer this replica (not the copy it last had, which may be behind)."""
+        try:
+            self.zk.retry(self.zk.sync, self.path)
+            self.refresh()
+        except NoNodeError:
+            return []
+        except KazooException as exc:
+            raise ReplicaUnavailable(
+                f"the users cannot be listed as they are now: ZooKeeper does not answer this replica "
+                f"({type(exc).__name__}); try again, or through another replica"
+            ) from None
         with self._lock:
             return [u.public() for _, u in sorted(self._users.items())]
 

@@ -571,6 +571,24 @@ def test_the_listing_reads_the_users_as_zookeeper_holds_them_not_as_a_watch_last
     assert [u["name"] for u in here.describe()] == ["admin_b"]
 
 
+def test_the_listing_without_zookeeper_is_refused_and_without_the_node_is_empty(zk_address: str) -> None:
+    """Not the copy a replica last had: ReplicaUnavailable when its ZooKeeper client does not
+    answer (here: closed), no user once the node is gone."""
+    identity = Credentials("replicas", "r" * 32)
+    zk = KazooClient(hosts=zk_address)
+    zk.start(timeout=30)
+    users = Users(zk, "/users", identity)
+    users.start()
+    users.create("admin_a", A, None, "a" * 32)
+    assert [u["name"] for u in users.describe()] == ["admin_a"]
+    zk.delete("/users")
+    assert users.describe() == []
+    zk.stop()
+    zk.close()
+    with pytest.raises(errors.ReplicaUnavailable, match="ZooKeeper does not answer"):
+        users.describe()
+
+
 def test_nothing_a_user_holds_logs_in_to_zookeeper(
     cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
 ) -> None:
