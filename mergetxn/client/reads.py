@@ -361,7 +361,10 @@ class Reads(ClientBase):
             metas, dead = [metas[i] for i in kept], [dead[i] for i in kept]
         need = (wanted + [k for k in pk if k not in wanted]) if where is None else list(tdef.schema.names)
         target = pa.schema([tdef.schema.field(c) for c in need])
-        datas = [d.cast(target) for d in self._columns_of(tdef, metas, need)]
+        datas = [
+            d if d.schema.equals(target, check_metadata=True) else d.cast(target)
+            for d in self._columns_of(tdef, metas, need)
+        ]
         if not datas:
             return target.empty_table().select(wanted)
         data = pa.concat_tables(datas)
