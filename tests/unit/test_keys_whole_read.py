@@ -481,3 +481,95 @@ def test_ends_are_each_columns_first_and_last(types) -> None:
     assert firsts.type == key_type and lasts.type == key_type
     assert firsts.to_pylist() == [v[0] for v in values]
     assert lasts.to_pylist() == [v[-1] for v in values]
+
+
+def test_whole_dictionary_columns_are_those_no_row_group_stores_otherwise(tmp_path) -> None:
+    """``format.whole_dictionary_columns`` names a requested string or binary column only when
+    every row group stores it with a dictionary page and below the writer's fallback size (so
+    no page of it is plain); read so, it comes as an Arrow dictionary of the same values."""
+    import pyarrow.parquet as pq
+
+    from parts.io import format as part_format
+    from parts.io.storage import Storage
+
+    n = 20_000
+    keys = list(range(n))
+    schema = pa.schema(
+        [
+            pa.field("k", pa.int64(), nullable=False),
+            pa.field("s", pa.string()),  # few values: dictionary pages only
+            pa.field("b", pa.binary()),  # likewise
+            pa.field("u", pa.string()),  # 200 bytes a row, unique: past the fallback in a row group
+            pa.field("v", pa.int64()),  # not a string
+        ]
+    )
+    data = pa.table(
+        {
+            "k": keys,
+            "s": [None if k % 11 == 0 else f"s{k % 7}" for k in keys],
+            "b": [bytes([k % 3]) for k in keys],
+            "u": [f"{k:0200d}" for k in keys],
+            "v": keys,
+        },
+        schema=schema,
+    )
+    versions = keytables.versions(schema, ("k",), "t", data, PUT, 0)
+    storage = Storage(str(tmp_path))
+    meta = part_format.write_part(storage, "t", [], (), versions, "tx1", primary_key=("k",))
+    md = pq.ParquetFile(str(tmp_path / meta.path)).metadata
+    assert md.num_row_groups > 1
+    assert part_format.whole_dictionary_columns(md, ["k", "s", "b", "u", "v"]) == ["s", "b"]
+    assert part_format.whole_dictionary_columns(md, ["b"]) == ["b"]  # only those asked for
+    assert part_format.whole_dictionary_columns(md, []) == []
+    plain = part_format.read_part(storage, meta, columns=["k", "s", "b", "u"])
+    got = part_format.read_part(storage, meta, columns=["k", "s", "b", "u"], dictionary=["s", "b", "u", "k"])
+    assert [f.type for f in got.schema] == [
+        pa.int64(),
+        pa.dictionary(pa.int32(), pa.string()),
+        pa.dictionary(pa.int32(), pa.binary()),
+        pa.string(),
+    ]
+    assert got.cast(plain.schema).equals(plain)
+    small = part_format.write_part(storage, "t", [], (), versions.slice(0, 10), "tx2", primary_key=("k",))
+    assert part_format.read_part(storage, small, columns=["s"], dictionary=["s"]).schema.field("s").type == pa.string()
+
+
+@FAST
+@given(
+    parts=st.lists(
+        st.tuples(st.integers(0, 60), st.sampled_from(["dict", "plain"]), st.integers(1, 40)), min_size=1, max_size=6
+    ),
+    picks=st.lists(st.integers(0, 10**6), max_size=200),
+)
+def test_a_gather_through_shared_dictionaries_gives_the_plain_gathers_rows(parts, picks) -> None:
+    """``keyfold.shared_dictionaries`` then ``plain``: parts of a string column read as
+    dictionaries or plain (few values or many, nulls among them), put together in the schema
+    it gives, gathered and made plain, are the plain parts put together and gathered; the
+    column stays a dictionary only when the dictionaries are small against the rows and the
+    plain parts few."""
+    schema = pa.schema([pa.field("k", pa.int64(), nullable=False), pa.field("s", pa.string())])
+    tables, at = [], 0
+    for rows, how, distinct in parts:
+        t = pa.table(
+            {
+                "k": list(range(at, at + rows)),
+                "s": [None if i % 9 == 0 else f"v{i % distinct}" for i in range(at, at + rows)],
+            },
+            schema=schema,
+        )
+        if how == "dict":
+            t = t.set_column(1, "s", t.column("s").dictionary_encode())
+        tables.append(t)
+        at += rows
+    shared = keyfold.shared_dictionaries(tables, schema)
+    assert shared.field("k").type == pa.int64()
+    values = sum(
+        len(c.dictionary) for t in tables if t.schema.field("s").type != pa.string() for c in t.column("s").chunks
+    )
+    loose = sum(t.num_rows for t in tables if t.schema.field("s").type == pa.string())
+    assert pa.types.is_dictionary(shared.field("s").type) == (at > 0 and 8 * loose <= at and 4 * (values + loose) <= at)
+    indices = pa.array([p % at for p in picks] if at else [], pa.int64())
+    data = pa.concat_tables([t.cast(shared) for t in tables])
+    got = keyfold.plain(data.take(indices), schema)
+    assert got.schema == schema
+    assert got.to_pylist() == pa.concat_tables([t.cast(schema) for t in tables]).take(indices).to_pylist()
