@@ -633,38 +633,6 @@ def ascending(data: pa.Table, primary_key: Sequence[str]) -> bool:
         return False
 
 
-def shared_dictionaries(tables: Sequence[pa.Table], schema: pa.Schema) -> pa.Schema:
-    """``schema`` for ``tables`` (a read's parts, to be put together and gathered into key
-    order), but a column that the tables hold mostly as Arrow dictionaries of its type (a
-    string column read as stored, parts/io/format.py) becomes one when, with the other tables'
-    rows counted as values, it holds at most a quarter as many values as rows, and those other
-    tables (cast to it: hashed) at most an eighth of the rows. A gather then moves 4-byte
-    indices, not the strings; :func:`plain` turns the result back."""
-    rows = sum(t.num_rows for t in tables)
-    fields = []
-    for f in schema:
-        values = loose = 0
-        for t in tables:
-            col = t.column(f.name)
-            if pa.types.is_dictionary(col.type) and col.type.value_type == f.type:
-                values += sum(len(chunk.dictionary) for chunk in col.chunks)
-            else:
-                loose += t.num_rows
-        if rows and 8 * loose <= rows and 4 * (values + loose) <= rows:
-            fields.append(pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable))
-        else:
-            fields.append(f)
-    return pa.schema(fields)
-
-
-def plain(data: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``data`` with each dictionary column cast back to its type in ``schema`` (see
-    :func:`shared_dictionaries`)."""
-    if not any(pa.types.is_dictionary(t) for t in data.schema.types):
-        return data
-    return data.cast(pa.schema([schema.field(n) for n in data.column_names]))
-
-
 def distinct_key_order(keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
     """The indices of ``keys`` (the key columns of rows whose keys are distinct: a read by
     deletion vectors) in key order: by slot, with no sort, for one dense integer key column

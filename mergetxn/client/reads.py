@@ -361,12 +361,13 @@ class Reads(ClientBase):
             metas, dead = [metas[i] for i in kept], [dead[i] for i in kept]
         need = (wanted + [k for k in pk if k not in wanted]) if where is None else list(tdef.schema.names)
         target = pa.schema([tdef.schema.field(c) for c in need])
-        values = [c for c in need if c not in pk] if where is None else []  # key columns stay plain
-        datas = self._columns_of(tdef, metas, need, dictionary=values)
+        datas = [
+            d if d.schema.equals(target, check_metadata=True) else d.cast(target)
+            for d in self._columns_of(tdef, metas, need)
+        ]
         if not datas:
             return target.empty_table().select(wanted)
-        shared = keyfold.shared_dictionaries(datas, target)  # the gather moves indices, not strings
-        data = pa.concat_tables([d if d.schema.equals(shared, check_metadata=True) else d.cast(shared) for d in datas])
+        data = pa.concat_tables(datas)
         keep = np.ones(data.num_rows, bool)
         offsets = np.cumsum([0] + [d.num_rows for d in datas])
         for at, rows in zip(offsets, dead):
@@ -374,22 +375,19 @@ class Reads(ClientBase):
         if where is not None:  # the live rows the filter keeps, in key order
             return _in_key_order(_live_matching(data, keep, where), pk).select(wanted)
         if bool(keep.all()):
-            return keyfold.plain(_in_key_order(data, pk).select(wanted), target)
+            return _in_key_order(data, pk).select(wanted)
         live = pa.array(np.flatnonzero(keep))
         keys = data.select(pk).take(live)
-        if not keyfold.ascending(keys, pk):
-            live = pc.take(live, keyfold.distinct_key_order(keys, pk))
-        return keyfold.plain(data.select(wanted).take(live), target)  # one gather
+        if keyfold.ascending(keys, pk):
+            return data.select(wanted).take(live)
+        return data.select(wanted).take(pc.take(live, keyfold.distinct_key_order(keys, pk)))  # one gather
 
-    def _columns_of(
-        self, tdef: TableDef, metas: list[PartMeta], need: list[str], dictionary: Sequence[str] = ()
-    ) -> list[pa.Table]:
+    def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
         """The ``need`` columns of each part: only those decoded when every part was written
         for the table's current definition with all of them (its statistics name each column
-        of its file), the columns of ``dictionary`` it stores wholly dictionary encoded as Arrow
-        dictionaries; else each part read whole under it."""
+        of its file), else each part read whole under it."""
         if all(tdef.current(m.schema_version) and all(c in m.stats for c in need) for m in metas):
-            return rewrite.read_parts(self.storage, metas, columns=need, dictionary=dictionary)
+            return rewrite.read_parts(self.storage, metas, columns=need)
         return [d.select(need) for d in rewrite.read_parts(self.storage, metas, table=tdef, cached=True)]
 
     def _point_versions(

@@ -613,45 +613,13 @@ def verify_file(storage: Storage, meta: PartMeta, checksum: bool = True) -> str 
     return None if actual == meta.checksum else f"has checksum {actual}, {meta.checksum} was written"
 
 
-# Parquet writers fall back from a dictionary to plain pages once a column chunk's dictionary
-# passes this many bytes (pyarrow's dictionary_pagesize_limit): a chunk smaller than that whole
-# cannot have fallen back, so all its pages are dictionary encoded.
-_DICTIONARY_FALLBACK_BYTES = 1 << 20
-
-
-def whole_dictionary_columns(metadata: Any, columns: Collection[str]) -> list[str]:
-    """The string and binary columns of ``columns`` that every row group of a file stores
-    dictionary encoded, all pages: a dictionary page and fewer uncompressed bytes than a
-    writer's fallback threshold. Read as Arrow dictionaries they cost no hashing."""
-    schema = metadata.schema.to_arrow_schema()
-    names = [f.name for f in schema if f.name in columns and (pa.types.is_string(f.type) or pa.types.is_binary(f.type))]
-    if not names or metadata.num_row_groups == 0:
-        return []
-    paths = {metadata.schema.column(i).path: i for i in range(metadata.num_columns)}
-    out = []
-    for name in names:
-        i = paths.get(name)
-        if i is not None and all(
-            _wholly_dictionary(metadata.row_group(g).column(i)) for g in range(metadata.num_row_groups)
-        ):
-            out.append(name)
-    return out
-
-
-def _wholly_dictionary(chunk: Any) -> bool:
-    return bool(chunk.has_dictionary_page) and chunk.total_uncompressed_size < _DICTIONARY_FALLBACK_BYTES
-
-
 def read_part(
     storage: Storage,
     meta: PartMeta,
     columns: list[str] | None = None,
     keys: tuple[Sequence[str], Sequence[tuple]] | None = None,
-    dictionary: Collection[str] = (),
 ) -> pa.Table:
-    """The part's rows, only after its size and checksum match what was recorded; the string
-    and binary columns of ``dictionary`` it stores wholly dictionary encoded come as Arrow
-    dictionaries (:func:`whole_dictionary_columns`; no hashing, the file's own). ``keys``
+    """The part's rows, only after its size and checksum match what was recorded. ``keys``
     (``(primary key columns, keys)``, a keys-table point read): only the row groups whose
     statistics may hold one of the keys are decoded (:func:`key_row_groups`), and of their rows
     only those keys' are returned: of a part whose key summary records its byte ranges (written
@@ -685,10 +653,6 @@ def read_part(
             # One thread: a point read decodes a group or two, where a pool's hand-offs cost more.
             got = pf.read_row_groups(groups, columns=columns, use_threads=False)
             return keytables.rows_of_keys(got, pk, wanted)
-        if dictionary:
-            shared = whole_dictionary_columns(pf.metadata, dictionary)
-            if shared:
-                pf = pq.ParquetFile(pa.BufferReader(raw), metadata=pf.metadata, read_dictionary=shared)
         result = pf.read(columns=columns)
     except (pa.ArrowException, OSError) as exc:
         raise CorruptPart(f"part {quote(meta.path)} does not parse as Parquet: {clip(exc)}", path=meta.path) from None

@@ -9,7 +9,7 @@ replacements, and says which parts it replaced.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Literal, cast
@@ -63,11 +63,8 @@ def read_parts(
     columns: list[str] | None = None,
     table: TableDef | None = None,
     cached: bool = False,
-    dictionary: Collection[str] = (),
 ) -> list[pa.Table]:
-    """Read several parts at once (threads overlap the reads and decodes); order is kept.
-    ``dictionary`` (without ``table``): those of its columns a part stores wholly dictionary
-    encoded come as Arrow dictionaries (:func:`~parts.io.format.read_part`). With
+    """Read several parts at once (threads overlap the reads and decodes); order is kept. With
     ``table``, each part is read under that definition (columns renamed or added since it was
     written: :meth:`TableDef.upgrade`). ``cached`` (a client's reads, which read the same
     unflushed inlined parts again and again, docs/architecture/small-writes.md): inlined parts
@@ -83,9 +80,7 @@ def read_parts(
 
     def one(i: int) -> pa.Table:
         p = parts[i]
-        if cached and whole is None:
-            return under(p, read_inlined(storage, p))
-        return under(p, read_part(storage, p, whole, dictionary=() if table is not None else dictionary))
+        return under(p, read_inlined(storage, p) if cached and whole is None else read_part(storage, p, whole))
 
     out: list[pa.Table | None] = [None] * len(parts)
     if cached and whole is None:

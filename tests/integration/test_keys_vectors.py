@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from support.cluster import make_cluster
 
-from coordinator.core import keyfold, keytables
+from coordinator.core import keytables
 from coordinator.errors import CorruptMetadata
 from mergetxn.client import Client
 from mergetxn.local.cluster import LocalCluster
@@ -347,50 +347,6 @@ def every_reader_is_the_fold(a: Client, table: str, s: int) -> None:
         got = con.execute("SELECT p, k, v FROM t ORDER BY p, k").fetchall()
         assert got == [(r["p"], r["k"], r["v"]) for r in want], f"duckdb at {s}"
         assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
-
-
-def test_a_column_of_few_values_is_gathered_by_its_dictionaries_and_reads_as_the_fold(
-    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Parts big enough to be written with dictionaries, a string column of three values: the
-    read by vectors puts the parts together as dictionaries (keyfold.shared_dictionaries,
-    watched), also beside a small plain part (a delete), and every reader still gives the
-    fold's rows, plain strings, at every snapshot."""
-    a = cluster.client(0)
-    table = "dv_dictionaries"
-    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), conflict_policy="keys", auto_merge=False, **KEEP))
-
-    def few(keys: range, tag: str) -> pa.Table:
-        return pa.table(
-            {"p": [k % 2 for k in keys], "k": list(keys), "v": [f"{tag}{k % 3}" for k in keys]}, schema=SCHEMA
-        )
-
-    csns = []
-    for i, (what, keys) in enumerate(
-        [("insert", range(0, 4000)), ("insert", range(4000, 8000)), ("upsert", range(2000, 6000))]
-        + [("delete", range(100, 140)), ("upsert", range(0, 8000, 2)), ("insert", range(8000, 12000))]
-    ):
-        with a.transaction() as tx:
-            if what == "delete":
-                tx.delete_keys(table, few(keys, "").select(["p", "k"]))
-            else:
-                getattr(tx, what)(table, few(keys, f"{what[0]}{i}-"))
-        csns.append(a.snapshot())
-    shared: list[bool] = []
-    decide = keyfold.shared_dictionaries
-
-    def watched(tables: Any, schema: pa.Schema) -> pa.Schema:
-        out = decide(tables, schema)
-        shared.append(pa.types.is_dictionary(out.field("v").type))
-        return out
-
-    monkeypatch.setattr(keyfold, "shared_dictionaries", watched)
-    for s in csns:
-        got = a.read(table, snapshot=s)
-        assert got.schema == SCHEMA
-        assert got.to_pylist() == by_fold(a, table, s), f"read at {s}"
-        every_reader_is_the_fold(a, table, s)
-    assert sum(shared) >= len(csns)  # the whole reads at least went by the dictionaries
 
 
 def test_check_finds_the_followed_vectors_equal_to_those_derived_from_the_files(cluster: LocalCluster) -> None:
