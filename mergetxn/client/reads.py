@@ -373,7 +373,8 @@ class Reads(ClientBase):
         for at, rows in zip(offsets, dead):
             keep[at + rows] = False
         if where is not None:  # the live rows the filter keeps, in key order
-            return _in_key_order(_live_matching(data, keep, where), pk).select(wanted)
+            data = data.filter(pa.array(keep)).filter(where)
+            return _in_key_order(data, pk).select(wanted)
         if bool(keep.all()):
             return _in_key_order(data, pk).select(wanted)
         live = pa.array(np.flatnonzero(keep))
@@ -645,16 +646,6 @@ def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
     if keyfold.ascending(data, pk):
         return data
     return data.take(keyfold.distinct_key_order(data.select(pk), pk))
-
-
-def _live_matching(data: pa.Table, keep: np.ndarray, where: pc.Expression) -> pa.Table:
-    """The rows of ``data`` that ``where`` keeps and ``keep`` marks live: the filter first, on
-    every row (it keeps few, as a rule), then the live among those it kept, by their places."""
-    place = "__row"
-    while place in data.column_names:
-        place += "_"
-    hit = data.append_column(place, pa.array(np.arange(data.num_rows, dtype=np.int64))).filter(where)
-    return hit.filter(pa.array(keep[hit.column(place).to_numpy()])).drop_columns([place])
 
 
 class TransactionReads(TransactionBase):

@@ -349,6 +349,24 @@ def every_reader_is_the_fold(a: Client, table: str, s: int) -> None:
         assert pl.scan_pyarrow_dataset(d).sort(["p", "k"]).collect().to_dicts() == want, f"polars at {s}"
 
 
+def test_a_filter_by_vectors_sees_only_live_rows(cluster: LocalCluster) -> None:
+    """A filter that fails on a superseded row's values (a division by its zero) reads as the
+    fold reads it: the vectors drop dead rows before the filter looks at any."""
+    a = cluster.client(0)
+    table = "dv_live_filter"
+    schema = pa.schema([pa.field("k", pa.int64(), False), ("a", pa.int64()), ("b", pa.int64())])
+    a.wait_for(a.create_table(table, schema, primary_key=("k",), conflict_policy="keys", auto_merge=False))
+    with a.transaction() as tx:
+        tx.insert(table, pa.table({"k": [1, 2], "a": [1, 4], "b": [0, 2]}, schema=schema))
+    with a.transaction() as tx:
+        tx.upsert(table, pa.table({"k": [1], "a": [3], "b": [1]}, schema=schema))
+    assert sent_vectors(a, table)
+    where = (pc.field("a") / pc.field("b")) > 1
+    got = a.read(table, where=where).to_pylist()
+    assert got == [{"k": 1, "a": 3, "b": 1}, {"k": 2, "a": 4, "b": 2}]
+    assert got == by_fold(a, table, a.snapshot(), where)
+
+
 def test_check_finds_the_followed_vectors_equal_to_those_derived_from_the_files(cluster: LocalCluster) -> None:
     """After a random history (compactions included) followed read by read, ``check`` derives
     the vectors again from the part files and finds each equal to the one followed; the

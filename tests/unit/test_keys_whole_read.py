@@ -481,27 +481,3 @@ def test_ends_are_each_columns_first_and_last(types) -> None:
     assert firsts.type == key_type and lasts.type == key_type
     assert firsts.to_pylist() == [v[0] for v in values]
     assert lasts.to_pylist() == [v[-1] for v in values]
-
-
-@FAST
-@given(
-    keep=st.lists(st.booleans(), max_size=60),
-    low=st.integers(-1, 60),
-    named=st.sampled_from(["__row", "v", "__row_"]),
-)
-def test_the_live_rows_a_filter_keeps_are_the_filter_of_the_live_rows(keep, low, named) -> None:
-    """A read by vectors with a filter filters first and keeps the live rows among those
-    (reads._live_matching): the rows of filtering the live rows, in order, also when a column
-    has the name it numbers rows by."""
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from mergetxn.client.reads import _live_matching
-
-    n = len(keep)
-    data = pa.table({"k": list(range(n)), named: [i * 10 for i in range(n)]})
-    data = pa.concat_tables([data.slice(0, n // 2), data.slice(n // 2)])  # in chunks, as parts come
-    where = pc.field("k") > low
-    got = _live_matching(data, np.array(keep, bool), where)
-    assert got.schema == data.schema
-    assert got.to_pylist() == data.filter(pa.array(keep, pa.bool_())).filter(where).to_pylist()
