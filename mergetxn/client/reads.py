@@ -179,7 +179,8 @@ class Reads(ClientBase):
             InvalidInput: a wrong key range or filter, not a keys table, or no such table.
             CorruptPart: a part file read does not match its checksum.
         """
-        r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=False, vectors=True)
+        # slim: no key filter is used (a scan folds or reads by vectors every part it lists)
+        r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=True, vectors=True)
         metas = [PartMeta.from_dict(m) for m in r["parts"]]
         budget = keyranges.DEFAULT_BUDGET if memory_budget is None else memory_budget
 
@@ -279,7 +280,8 @@ class Reads(ClientBase):
         """
         latest = snapshot is None and as_of is None
         for attempt in range(2):
-            r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=False, vectors=True)
+            # slim: a dataset uses no key filter (a keys table's is read by vectors or folded whole)
+            r = self._visible_pruned(visible_args(table, snapshot, as_of), {}, {}, slim=True, vectors=True)
             with self._leased(r):
                 tdef = self._table_at(table, r["snapshot"], r.get("ddl"))
                 try:
