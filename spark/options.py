@@ -281,13 +281,14 @@ def connect(s: Settings):
 
 def visible_for_read(client: Any, args: dict[str, Any], lease: str) -> dict:
     """``visible`` for a read, asking for a keys table's deletion vectors (replicas/vectors.py);
-    a replica from before them refuses the field: asked again without it."""
+    a replica from before them refuses the field: asked again without it. Slim: Spark's reads
+    use no part's key filter (up to 64 KiB each, carried to every task with its parts)."""
     try:
-        return client.call("visible", lease=lease, vectors=True, **args)
+        return client.call("visible", lease=lease, vectors=True, slim=True, **args)
     except InvalidInput as exc:
         if exc.details.get("field") != "vectors":
             raise
-        return client.call("visible", lease=lease, **args)
+        return client.call("visible", lease=lease, slim=True, **args)
 
 
 def table_def(client, s: Settings) -> TableDef:
