@@ -409,9 +409,9 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 #   h2 = ``mix(h ^ T_H2) | 1``.
 #
 # ``m`` is BITS_PER_KEY bits per distinct key (at least MIN_FILTER_BITS, at most
-# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.0017% false positives up to
+# MAX_FILTER_BITS, a multiple of 8) and k = HASHES: about 0.0017% false positives in theory up to
 # MAX_FILTER_BITS / BITS_PER_KEY (21,845) keys per part, more beyond (a bigger part is still pruned by
-# its range). A filter never says "absent"
+# its range), more in practice for small filters (see MIN_FILTER_BITS). A filter never says "absent"
 # for a key the part holds; "present" is only a maybe, so every user verifies candidates.
 # (16 bits a key until 2026-11-28: 0.046%, so a point read of a table in 1,000 parts read about
 # half a part too many, each a Parquet footer and row group decoded for nothing. A probe reads
@@ -419,7 +419,11 @@ def keys_filter(primary_key: Sequence[str], schema: pa.Schema, rows: pa.Table) -
 BITS_PER_KEY = 24
 HASHES = 11
 MAX_FILTER_BITS = 1 << 19  # 64 KiB: a log entry carries it
-MIN_FILTER_BITS = 256  # a small part (a 10-key commit) then gives ~0.001% false positives
+# A small part's filter is MIN_FILTER_BITS: measured ~0.1 % false positives for a 10-key commit
+# (the probe sequences h1 + i*h2 of 256 bits overlap far more than independent bits would; 0.006 %
+# at 1,000 keys, 0.0025 % at 5,000: tests of 20,000 absent keys, 2026-12-03). Such parts list their
+# versions (EXACT_ROWS), which point reads and the conflict check prune by exactly.
+MIN_FILTER_BITS = 256
 EXACT_ROWS = 64  # a part of at most this many versions lists them in its summary
 _OPS = (PUT, UPDATE, DELETE, LOCK_STRONG, LOCK_WEAK)
 _ORDERED = (bool, int, str)
@@ -1001,6 +1005,31 @@ def _outside(key: tuple[Any, ...], lo: tuple[Any, ...] | None, hi: tuple[Any, ..
         return False
 
 
+def exact_keys(summary: Mapping[str, Any]) -> tuple[int, frozenset[tuple[Any, ...]]] | None:
+    """``(key columns, keys)`` of a small part's summary that lists its versions (``"exact"``,
+    checked against the file when the part was staged: :func:`summary_gap`), or None. A probe
+    of such a part by its keys has no false positive, where its filter, 256 bits for a 10-key
+    commit, said "maybe" for about 0.1 % of the keys it does not hold (measured: a 10-key
+    update-mode write's point read of a table with 1,000 such parts got 19 parts, 10 useful)."""
+    rows = summary.get("exact")
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, list) and len(r) > 2 for r in rows):
+        return None
+    width = len(rows[0]) - 2
+    if any(len(r) != width + 2 for r in rows):
+        return None
+    try:
+        return width, frozenset(tuple(r[:width]) for r in rows)
+    except TypeError:  # a value that does not hash: the filter decides
+        return None
+
+
+def _lists_any(exact: tuple[int, frozenset[tuple[Any, ...]]], keys: Iterable[tuple[Any, ...]]) -> bool:
+    """Whether a part's listed versions (:func:`exact_keys`) hold one of ``keys``; True for a
+    key of another width than theirs (not theirs to rule out: the filter's maybe stands)."""
+    width, listed = exact
+    return any(len(key) != width or key in listed for key in keys)
+
+
 def may_hold_any(
     summary: Mapping[str, Any] | None,
     hashed: Mapping[tuple[Any, ...], tuple[int, int]],
@@ -1010,9 +1039,13 @@ def may_hold_any(
     key_hash(key)``): :func:`may_hold` for each, in one loop (the conflict check probes every
     part committed since a snapshot with every key it writes). A part hashed with ``mix64`` is
     probed with :func:`key_hash_mix64` of the keys instead (``mixed``: the same keys'
-    :func:`mixed_hashes`, computed once by a caller that probes many parts)."""
+    :func:`mixed_hashes`, computed once by a caller that probes many parts). A part whose
+    summary lists its versions (:func:`exact_keys`) holds none of the keys it does not list."""
     if summary is None:
         return True
+    exact = exact_keys(summary)
+    if exact is not None and not _lists_any(exact, hashed):
+        return False  # else its filter holds each key listed (checked at staging), and says so
     if scheme_of(summary) != HASH_BLAKE2B:
         if mixed is None:
             mixed = mixed_hashes(hashed)
@@ -1071,7 +1104,8 @@ class SummaryProbes:
         self.size, self.max_bytes = size, max_bytes
         self.max_layouts, self.layout_bytes = layouts, layout_bytes
         self._lock = threading.Lock()
-        self._items: dict[str, tuple[Any, ...]] = {}  # part name -> (checksum, (lo, hi), (mix, m, k), bits | None)
+        # part name -> (checksum, (lo, hi), (mix, m, k), bits | None, exact_keys | None)
+        self._items: dict[str, tuple[Any, ...]] = {}
         self._bytes = 0
         self._layouts: list[_Layout] = []  # the last used first
         self._layout_total = 0
@@ -1091,6 +1125,7 @@ class SummaryProbes:
             (None, None) if lo is None else (tuple(lo), tuple(hi)),
             (scheme_of(summary) != HASH_BLAKE2B, m, k),
             bits,
+            exact_keys(summary),
         )
         size = 0 if bits is None else len(bits)
         with self._lock:
@@ -1170,7 +1205,8 @@ class SummaryProbes:
                 continue
             if (mix and mixed is None) or any(not _outside(key, *layout.ranges[at]) for key in hashed):
                 kept.add(at)  # a key mix64 does not hash: maybe, whatever the range (as may_hold_any)
-        return kept
+        exact = layout.exact  # a part that lists its versions holds exactly those keys
+        return {at for at in kept if (listed := exact[at]) is None or _lists_any(listed, hashed)}
 
 
 _ONE_IF = [bytes(1 if x & (1 << b) else 0 for x in range(256)) for b in range(8)]  # byte -> 0/1 by bit b
@@ -1231,10 +1267,11 @@ class _Group:
 
 class _Layout:
     """A visible set laid out for :class:`SummaryProbes`: ``groups`` by filter shape, ``ranges``
-    (each part's key range, ``(None, None)`` for none), ``always`` (parts with no summary: kept)
-    and ``by_range`` (parts whose filter is all ones: their range decides)."""
+    (each part's key range, ``(None, None)`` for none), ``always`` (parts with no summary: kept),
+    ``by_range`` (parts whose filter is all ones: their range decides) and ``exact`` (each part's
+    listed versions, :func:`exact_keys`, or None: what decides among the parts a filter keeps)."""
 
-    __slots__ = ("always", "by_range", "groups", "has_mix", "ids", "metas", "nbytes", "ranges")
+    __slots__ = ("always", "by_range", "exact", "groups", "has_mix", "ids", "metas", "nbytes", "ranges")
 
     def __init__(self, metas: list[Any]) -> None:
         self.metas = metas
@@ -1243,6 +1280,7 @@ class _Layout:
         self.ranges: list[tuple[Any, Any]] = []
         self.always: list[int] = []
         self.by_range: list[tuple[int, bool]] = []
+        self.exact: list[tuple[int, frozenset[tuple[Any, ...]]] | None] = []
         self.has_mix = False
         self.nbytes = 0
 
@@ -1253,19 +1291,21 @@ class _Layout:
         loop, as a changed set (a commit between two lookups) is laid out again."""
         out = cls(list(metas))
         groups, always, by_range = out.groups, out.always, out.by_range
-        add_range = out.ranges.append
+        add_range, add_exact = out.ranges.append, out.exact.append
         no_range = (None, None)
         for at, meta in enumerate(metas):
             summary = meta.key_summary
             if summary is None:
                 add_range(no_range)
+                add_exact(None)
                 always.append(at)
                 continue
             got = items.get(meta.name)
             if got is None or got[0] != meta.checksum:
                 got = parse(meta.name, meta.checksum, summary)
-            _, bounds, shape, bits = got
+            _, bounds, shape, bits, exact = got
             add_range(bounds)
+            add_exact(exact)
             if bits is None:
                 by_range.append((at, shape[0]))
                 continue

@@ -486,6 +486,8 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
     metas = []
     for i in range(40):
         piece = data.slice(rng.randrange(2900), rng.choice([1, 20, 100]))
+        if rng.random() < 0.5:  # as a part's versions: one of at most EXACT_ROWS lists them
+            piece = _as_puts(piece)
         scheme = rng.choice([keytables.HASH_MIX64, keytables.HASH_BLAKE2B])
         metas.append(_meta(f"p{i}", keytables.summarize(piece, pk, scheme=scheme)))
     metas += [_meta("none", None), _meta("slim", keytables.point_summary(metas[0].key_summary))]
@@ -507,6 +509,52 @@ def test_summary_probes_keep_exactly_the_parts_may_hold_any_keeps(kinds: list[st
             assert probes.may_hold([meta], hashed) == [
                 m for m in [meta] if keytables.may_hold_any(m.key_summary, hashed)
             ]
+
+
+def _as_puts(keys: pa.Table) -> pa.Table:
+    """Key columns as a keys table's part holds them: each row a PUT (a summary of at most
+    EXACT_ROWS such rows lists them)."""
+    n = keys.num_rows
+    ops = pa.array([keytables.PUT] * n, pa.int8())
+    return keys.append_column(keytables.OP, ops).append_column(keytables.COLS, pa.nulls(n, pa.string()))
+
+
+def _filter_only(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k != "exact"}
+
+
+def test_a_part_that_lists_its_versions_is_probed_by_them() -> None:
+    """A small part's summary lists its versions (``exact``, checked against its file when it
+    was staged): a probe keeps the part for exactly the keys it holds. Its 256-bit filter alone
+    says "maybe" for about 0.1 % of the keys it does not hold; such keys are found and probed,
+    by may_hold_any, by a laid-out set of parts and by a set with the part not laid out yet."""
+    held = random.Random(3).sample(range(10**6), 10)
+    summary = keytables.summarize(_as_puts(pa.table({"k": pa.array(held, pa.int64())})), ["k"])
+    assert summary["filter"]["m"] == keytables.MIN_FILTER_BITS and len(summary["exact"]) == 10
+    absent = [k for k in range(min(held), max(held), 37) if k not in held]  # inside its key range
+    hashed = {(k,): keytables.key_hash((k,)) for k in absent}
+    false = [k for k in hashed if keytables.may_hold_any(_filter_only(summary), {k: hashed[k]})]
+    assert 2 <= len(false) <= len(absent) // 100  # the filter's false positives among the absent keys
+    part = _meta("small", summary)
+    big = [
+        _meta(f"big{i}", keytables.summarize(pa.table({"k": pa.array(range(i, 3000, 7), pa.int64())}), ["k"]))
+        for i in range(7)
+    ]
+    probes = keytables.SummaryProbes()
+    for k in false:
+        assert not keytables.may_hold_any(summary, {k: hashed[k]}), k
+        assert probes.may_hold([part, *big], {k: hashed[k]}) == []  # laid out
+    probes.may_hold(big, {false[0]: hashed[false[0]]})  # a layout of the others: the part is fresh beside it
+    assert probes.may_hold([*big, part], {false[0]: hashed[false[0]]}) == []
+    for key in held:
+        want = {(key,): keytables.key_hash((key,))}
+        assert keytables.may_hold_any(summary, want)
+        assert probes.may_hold([part, *big], want) == [part]
+        assert probes.may_hold([*big, part], {**want, false[1]: hashed[false[1]]}) == [part]
+    # A summary whose versions are not of one width (a malformed one) is probed by its filter.
+    odd = {**summary, "exact": [*summary["exact"][:9], [*summary["exact"][9], 0]]}
+    assert keytables.exact_keys(odd) is None
+    assert keytables.may_hold_any(odd, {false[0]: hashed[false[0]]})
 
 
 def test_summary_probes_of_many_parts_keep_exactly_what_may_hold_any_keeps() -> None:
