@@ -67,11 +67,13 @@ RUNS: dict[str, Run] = {
     "keys_bench_lookup.json": Run("keys_bench.py --only lookup --lookups 2000", "2026-11-28 00:07", "0bba498", AMD),
     "keys_bench_upsert.json": Run(
         "keys_bench.py --only upsert (and MERGETXN_CODE at bf1a6b7: before)",
-        "2026-12-03 11:34",
-        "01d61f2",
+        "2026-12-03 17:44",
+        "cf0fdd0",
         AMD,
     ),
-    "keys_bench_read.json": Run("keys_bench.py --only read", "2026-12-03 08:06", "08b2722", AMD),
+    "keys_bench_read.json": Run(
+        "keys_bench.py --only read (and MERGETXN_CODE at 830bc2b: before)", "2026-12-03 17:38", "cf0fdd0", AMD
+    ),
     "history_cost.json": Run("history_cost.py", "2026-11-27 20:37", "5581586", AMD),
     "quorum_cost.json": Run("quorum_cost.py --seconds 15", "2026-11-27 21:43", "b4887bb", AMD),
     "security_cost.json": Run("security_cost.py", "2026-11-27 00:47", "45de8f1", AMD),
