@@ -1094,7 +1094,7 @@ class SummaryProbes:
     are immutable once built, the maps are changed under a lock."""
 
     SIZE = 1 << 15  # parts parsed
-    BYTES = 256 << 20  # their filter bits, at most
+    BYTES = 256 << 20  # their filter bits and listed keys, at most
     LAYOUTS = 16  # visible sets laid out
     LAYOUT_BYTES = 128 << 20  # their filter bits, at most
 
@@ -1127,18 +1127,14 @@ class SummaryProbes:
             bits,
             exact_keys(summary),
         )
-        size = 0 if bits is None else len(bits)
         with self._lock:
             old = self._items.pop(name, None)
-            if old is not None and old[3] is not None:
-                self._bytes -= len(old[3])
+            if old is not None:
+                self._bytes -= _held_bytes(old)
             self._items[name] = got
-            self._bytes += size
+            self._bytes += _held_bytes(got)
             while len(self._items) > self.size or (self._bytes > self.max_bytes and len(self._items) > 1):
-                first = next(iter(self._items))
-                gone = self._items.pop(first)
-                if gone[3] is not None:
-                    self._bytes -= len(gone[3])
+                self._bytes -= _held_bytes(self._items.pop(next(iter(self._items))))
         return got
 
     def _layout(self, metas: list[Any], keys: int = 1) -> tuple[_Layout, list[Any] | None]:
@@ -1207,6 +1203,15 @@ class SummaryProbes:
                 kept.add(at)  # a key mix64 does not hash: maybe, whatever the range (as may_hold_any)
         exact = layout.exact  # a part that lists its versions holds exactly those keys
         return {at for at in kept if (listed := exact[at]) is None or _lists_any(listed, hashed)}
+
+
+_EXACT_KEY_BYTES = 120  # what a listed key holds in memory, about (its tuple, its value, a set slot)
+
+
+def _held_bytes(item: tuple[Any, ...]) -> int:
+    """What a parsed summary (``SummaryProbes._items``) holds: its filter bits and listed keys."""
+    bits, exact = item[3], item[4]
+    return (0 if bits is None else len(bits)) + (0 if exact is None else _EXACT_KEY_BYTES * len(exact[1]))
 
 
 _ONE_IF = [bytes(1 if x & (1 << b) else 0 for x in range(256)) for b in range(8)]  # byte -> 0/1 by bit b

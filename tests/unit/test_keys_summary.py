@@ -557,6 +557,25 @@ def test_a_part_that_lists_its_versions_is_probed_by_them() -> None:
     assert keytables.may_hold_any(odd, {false[0]: hashed[false[0]]})
 
 
+def test_parsed_summaries_are_bounded_by_their_listed_keys_too() -> None:
+    """The parsed summaries a replica keeps count a small part's listed keys with its filter
+    bits against their byte bound (a 10-key part's 32 bytes of filter would let 300 such
+    entries under 10 kB, each holding 10 keys): old entries go first, answers stay right."""
+    rng = random.Random(9)
+    metas = [
+        _meta(
+            f"p{i}",
+            keytables.summarize(_as_puts(pa.table({"k": pa.array(rng.sample(range(10**6), 10), pa.int64())})), ["k"]),
+        )
+        for i in range(300)
+    ]
+    probes = keytables.SummaryProbes(max_bytes=10_000)
+    for meta in metas[::7]:  # the whole set laid out (each summary parsed), probed for a key of one
+        key = (meta.key_summary["exact"][0][0],)
+        assert probes.may_hold(metas, {key: keytables.key_hash(key)}) == [meta]
+    assert len(probes) <= 10_000 // (10 * 100)
+
+
 def test_summary_probes_of_many_parts_keep_exactly_what_may_hold_any_keeps() -> None:
     # Enough parts that a key's first bits leave many rows, then few (rows_with slices a bit
     # across every filter, then tests the last bits in the rows left): present and absent keys.
