@@ -112,7 +112,10 @@ class Merges:
         )
         plans: list[tuple[MergeKind, str, list[PartMeta]]] = []
         for pkey, names in sorted(live.items()):
-            metas = sorted((parts[n].meta for n in names if n in parts), key=order)
+            metas = [parts[n].meta for n in names if n in parts]
+            # Flushes only (no auto_merge): the inlined parts alone are looked at, not sorted with
+            # every other (thousands of parts in a table left unmerged: a sort per round).
+            metas = sorted((m for m in metas if m.inlined) if flush_only else metas, key=order)
             plan = self._partition_plan(tdef, metas, now, flush_only)
             if plan is not None:
                 plans.append((plan[0], pkey, plan[1]))

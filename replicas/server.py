@@ -305,23 +305,27 @@ class ReplicaServer(RpcServer):
         return False
 
     def _quick_point_read(self, a: dict) -> bool:
-        """A point read at the latest snapshot without a lease (``visible`` with ``point_hint``
-        and ``lease="none"``, what a keys-table lookup sends) of a table this replica knows,
-        caught up with cleanup's watermark: nothing in it waits (memory, a lock held briefly and
-        the summary probe), so it is answered without the hand-off to a worker (a lookup's
-        wake-up of a second thread)."""
+        """A point read (``visible`` with ``point_hint``) of a table this replica knows: at the
+        latest snapshot without a lease (what a keys-table lookup sends), caught up with
+        cleanup's watermark, or a running transaction's (what an update-mode write sends for
+        its keys' current values) at a snapshot where the table is, the transaction within its
+        limits: nothing in it waits (memory, a lock held briefly and the summary probe), so it
+        is answered without the hand-off to a worker (a lookup's wake-up of a second thread)."""
         replica = self.replica
-        return (
-            a.get("point_hint") is not None
-            and a.get("lease") == "none"
-            and a.get("id") is None
-            and a.get("snapshot") is None
-            and a.get("as_of") is None
-            and not a.get("fresh")
-            and isinstance(a.get("table"), str)
-            and replica.state.table(a["table"]) is not None
-            and replica.retention.node.watermark <= replica.state.applied
-        )
+        table = a.get("table")
+        if (
+            a.get("point_hint") is None
+            or a.get("snapshot") is not None
+            or a.get("as_of") is not None
+            or a.get("fresh")
+            or not isinstance(table, str)
+            or replica.state.table(table) is None
+        ):
+            return False
+        if a.get("id") is not None:
+            txn = self.transactions.quick_txn(a["id"])
+            return txn is not None and replica.state.table(table, txn.snapshot) is not None
+        return a.get("lease") == "none" and replica.retention.node.watermark <= replica.state.applied
 
     def _quick_stage(self, a: dict) -> bool:
         txn = self.transactions.quick_txn(a.get("id"))
@@ -554,8 +558,8 @@ class ReplicaServer(RpcServer):
         if a.get("partitions") is not None:
             pkeys = [partition_key(tuple(p)) for p in a["partitions"]]
         if a.get("id") is not None:
-            snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys)
-            metas = self._may_hold(a, snap, metas)
+            keep = None if a.get("point_hint") is None else (lambda metas, at: self._may_hold(a, at, metas))
+            snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys, keep)
             return {"snapshot": snap, "parts": _part_dicts(a, metas), **self._csns(metas)}
         snap, metas, lease = self.replica.read_parts(
             a["table"],

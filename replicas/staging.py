@@ -36,7 +36,7 @@ from replicas.settings import MIN_GRACE
 from replicas.txn_lifecycle import TxnLifecycle
 
 if TYPE_CHECKING:
-    pass
+    from replicas.state import Keep
 
 
 # Parts of at most this many bytes in all, in local storage, are checked against their files on
@@ -477,8 +477,11 @@ class Staging(TxnLifecycle):
             "applied": self.state.applied,
         }
 
-    def visible_parts(self, table: str, txn_id: str, pkeys: list[str] | None = None) -> tuple[int, list[PartMeta]]:
-        """Parts visible to a transaction: at its snapshot, with its own writes. One begun with
+    def visible_parts(
+        self, table: str, txn_id: str, pkeys: list[str] | None = None, keep: Keep | None = None
+    ) -> tuple[int, list[PartMeta]]:
+        """Parts visible to a transaction: at its snapshot, with its own writes (only those
+        ``keep`` keeps: a point read's probe, ReplicaState.visible). One begun with
         atomicity "none" reads the latest applied state instead (non-atomic
         transactions read the most recently written data: docs/rules.md#atomicity-and-durability); its snapshot, older, keeps cleanup
         away from every part visible at any later CSN while it runs."""
@@ -487,4 +490,4 @@ class Staging(TxnLifecycle):
         if self.state.table(table, snapshot) is None:  # as it sees it: dropped since is still there
             self.table(table, None)
         added, removed = txn.own_parts()
-        return snapshot, self.state.visible(table, snapshot, txn.id, added, removed, pkeys)
+        return snapshot, self.state.visible(table, snapshot, txn.id, added, removed, pkeys, keep)

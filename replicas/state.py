@@ -29,6 +29,11 @@ from replicas.state_pruning import TIME_TRIM_BATCH, StatePruning
 __all__ = ["TIME_TRIM_BATCH", "PartRecord", "ReplicaState", "SortedIndex"]
 
 
+# A point read's probe (see ReplicaState.visible): the parts of a list that may hold its keys, in
+# their order, as the table is at a snapshot.
+Keep = Callable[[list[PartMeta], int], list[PartMeta]]
+
+
 def _name(meta: PartMeta) -> str:
     return meta.name
 
@@ -109,9 +114,16 @@ class ReplicaState(StateCheckpoint, StatePruning):
         own_added: Iterable[PartMeta] = (),
         own_removed: frozenset[str] | set[str] = frozenset(),
         pkeys: Iterable[str] | None = None,
+        keep: Keep | None = None,
     ) -> list[PartMeta]:
-        """Parts of ``table`` visible at ``snapshot`` to ``reader_tid`` (docs/rules.md#visibility)."""
+        """Parts of ``table`` visible at ``snapshot`` to ``reader_tid`` (docs/rules.md#visibility);
+        with ``keep`` (a point read's probe, :data:`Keep`), only those it keeps."""
         wanted = None if pkeys is None else set(pkeys)
+        if keep is not None:
+            got = self._visible_kept(table, snapshot, reader_tid, own_added, own_removed, wanted, keep)
+            if got is None:
+                got = keep(self.visible(table, snapshot, reader_tid, own_added, own_removed, pkeys), snapshot)
+            return got
         with self.lock:
             if snapshot >= self.applied and wanted is None:
                 # The fast path: live parts kept sorted by name (no per-lookup sort).
@@ -145,9 +157,69 @@ class ReplicaState(StateCheckpoint, StatePruning):
         """The committed parts of ``table`` visible at an older ``snapshot`` (below ``applied``)
         to ``reader_tid``, in name order: the records that can be visible at it, with the cheap
         tests first; the visibility rule (is_visible) decides the rest. Called with the lock held."""
+        return self._visible_among(
+            self._candidates(table, snapshot, reader_tid, wanted), snapshot, reader_tid, own_removed, wanted
+        )
+
+    def _visible_kept(
+        self,
+        table: str,
+        snapshot: int,
+        reader_tid: str | None,
+        own_added: Iterable[PartMeta],
+        own_removed: frozenset[str] | set[str],
+        wanted: set[str] | None,
+        keep: Keep,
+    ) -> list[PartMeta] | None:
+        """:meth:`visible` with ``keep`` at a snapshot below ``applied`` (a transaction's point
+        read, a few commits behind), probing before the visibility rule: the parts live now (the
+        list the probe laid out at the last lookup) and those removed since ``snapshot`` are
+        probed outside the lock, and the rule decides only for the few kept. The same parts as
+        ``keep`` of every visible part (a part kept is visible or not whatever else is there),
+        without a walk of every record at each lookup. None: :meth:`_candidates` would take
+        every record (an old snapshot, a committed reader), or ``snapshot`` is the latest."""
+        with self.lock:
+            if snapshot >= self.applied or snapshot < self.pruned:
+                return None
+            if reader_tid is not None and (reader_tid in self.tid_csn or self.forgotten(reader_tid)):
+                return None
+            index = self.live_sorted.get(table)
+            live = index.values() if index is not None else []
+            recent, limit = [], len(self.all_sorted.get(table) or ())
+            for csn, name in reversed(self.removals):
+                if csn <= snapshot:
+                    break
+                limit -= 1
+                if limit < 0:
+                    return None  # a longer walk than the table's records (as _candidates)
+                rec = self.parts.get(name)
+                if rec is not None and rec.meta.table == table:
+                    recent.append(rec.meta)
+        own = [m for m in own_added if m.table == table and m.name not in own_removed]
+        own = [m for m in own if wanted is None or partition_key(m.partition) in wanted]
+        ours = {m.name for m in own}  # not committed: no record, visible to their writer
+        kept = keep(live + recent + own, snapshot)
+        with self.lock:
+            recs = [rec for m in kept if m.name not in ours and (rec := self.parts.get(m.name)) is not None]
+            out = self._visible_among(recs, snapshot, reader_tid, own_removed, wanted)
+        out += [m for m in kept if m.name in ours]
+        out.sort(key=_name)
+        return out
+
+    def _visible_among(
+        self,
+        recs: Iterable[PartRecord],
+        snapshot: int,
+        reader_tid: str | None,
+        own_removed: frozenset[str] | set[str],
+        wanted: set[str] | None,
+    ) -> list[PartMeta]:
+        """The parts of committed records ``recs`` visible at ``snapshot`` to ``reader_tid``, in
+        their order: the partition (``wanted``) and creation tests first, then the visibility
+        rule. Called with the lock held."""
         out = []
         pkey_of: dict[tuple, str] = {}
-        for rec in self._candidates(table, snapshot, reader_tid, wanted):
+        for rec in recs:
             meta = rec.meta
             if wanted is not None:
                 pk = pkey_of.get(meta.partition)

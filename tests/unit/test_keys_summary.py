@@ -730,3 +730,75 @@ def test_a_key_equal_to_one_of_another_type_is_hashed_for_its_own_type() -> None
     assert hashed is not None
     assert keytables.key_hash_mix64((False, True)) == hashed  # bools hash as the ints they are
     assert keytables.key_hash_mix64((0, 1)) == hashed
+
+
+class _Named:
+    """A part as :func:`keytables.align` sees one: a name, equal only to itself."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+@settings(max_examples=400, deadline=None, derandomize=True, database=None)
+@given(
+    st.lists(st.integers(0, 400), max_size=300, unique=True),
+    st.lists(st.tuples(st.sampled_from(["keep", "drop", "replace"]), st.integers(0, 3)), max_size=300),
+    st.lists(st.integers(0, 400), max_size=20),
+    st.booleans(),
+)
+def test_align_places_every_part_of_the_new_list_or_names_it_fresh(
+    names: list[int], fates: list[tuple[str, int]], added: list[int], shuffle: bool
+) -> None:
+    # A laid-out list and the one a later lookup lists: parts kept (the same objects), dropped,
+    # replaced by another object of the same name, added; in name order, or not at all. Every
+    # part of the new list is either in a run across from the very object it is, or fresh; a
+    # part of the old one maps to where it is in the new one, or nowhere.
+    old = [_Named(f"{n:04d}") for n in sorted(names)]
+    new: list[_Named] = []
+    for i, part in enumerate(old):
+        fate = fates[i][0] if i < len(fates) else "keep"
+        if fate != "drop":
+            new.append(part if fate == "keep" else _Named(part.name))
+    new += [_Named(f"{n:04d}x") for n in added]
+    new.sort(key=lambda p: p.name)
+    if shuffle:
+        random.Random(len(new)).shuffle(new)
+    got = keytables.align(old, new, limit=len(new) + len(old))
+    assert got is not None
+    placed = {}
+    for at, to, n in got.runs:
+        for k in range(n):
+            assert new[to + k] is old[at + k]
+            placed[to + k] = at + k
+    assert sorted([*placed, *got.fresh]) == list(range(len(new)))  # each once
+    where = {id(p): i for i, p in enumerate(new)}
+    for i, part in enumerate(old):
+        want = placed.get(where[id(part)]) == i if id(part) in where else False
+        assert (got.new_position(i) == where[id(part)]) if want else got.new_position(i) is None
+    if not shuffle:  # in name order: only what changed is fresh
+        assert len(got.fresh) == sum(1 for p in new if all(p is not q for q in old))
+    changed = sum(1 for p in new if all(p is not q for q in old))
+    assert keytables.align(old, new, limit=max(0, changed - 1)) is None or changed == 0 or shuffle
+
+
+def test_summary_probes_of_a_grown_list_keep_what_may_hold_any_keeps() -> None:
+    # Lookups of a visible set that changes between them (parts added, removed, replaced by
+    # merges): each probe aligns the list with a layout before it, or lays it out again; the
+    # answer is always the reference's.
+    rng = random.Random(5)
+    pool = [rng.sample(range(10**6), rng.choice([10, 10, 10, 500])) for _ in range(400)]
+    metas = [
+        _meta(f"p{i:04d}", keytables.summarize(_as_puts(pa.table({"k": pa.array(keys, pa.int64())})), ["k"]))
+        for i, keys in enumerate(pool)
+    ]
+    probes = keytables.SummaryProbes()
+    live = sorted(metas[:200], key=lambda m: m.name)
+    for step in range(120):
+        add = metas[200 + step : 201 + step + (step % 3 == 0) * 40]  # now and then many at once
+        gone = set(rng.sample(range(len(live)), min(len(live), rng.choice([0, 0, 1, 30]))))
+        live = sorted([m for i, m in enumerate(live) if i not in gone] + add, key=lambda m: m.name)
+        keys = [(rng.choice(rng.choice(pool)),) for _ in range(rng.choice([1, 10]))]
+        hashed = {k: keytables.key_hash(k) for k in keys}
+        extra = [metas[rng.randrange(400)] for _ in range(rng.choice([0, 2]))]  # a transaction's own
+        want = [m for m in live + extra if keytables.may_hold_any(m.key_summary, hashed)]
+        assert probes.may_hold(live + extra, hashed) == want, step

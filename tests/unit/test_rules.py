@@ -10,6 +10,7 @@ whole module runs in well under a second.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pyarrow as pa
 import pytest
@@ -613,6 +614,9 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
             )
             got = sorted(m.name for m in st.visible("t", snapshot))
             assert got == want, (applied, snapshot)
+            for chosen in _CHOSEN:  # a point read's probe first, then the rule (below applied)
+                got = [m.name for m in st.visible("t", snapshot, keep=_keeping(chosen, snapshot))]
+                assert got == [n for n in want if n in chosen], (applied, snapshot, chosen)
             # a running reader R that staged r1 and removes every part that exists at its snapshot
             for removes in ([], sorted(done)):
                 want = ["r1"] + [
@@ -623,3 +627,21 @@ def test_replica_state_visibility_matches_seed_rule() -> None:
                 ]
                 got = [m.name for m in st.visible("t", snapshot, T_R, [own_meta], set(removes))]
                 assert sorted(got) == sorted(want), (applied, snapshot, removes)
+                for chosen in _CHOSEN:
+                    keep = _keeping(chosen, snapshot)
+                    got = [m.name for m in st.visible("t", snapshot, T_R, [own_meta], set(removes), keep=keep)]
+                    assert got == sorted(n for n in want if n in chosen), (applied, snapshot, removes, chosen)
+
+
+_CHOSEN = ({"p1", "p3", "r1"}, {"p2", "p4"}, {"p1", "p2", "p3", "p4", "r1"}, set())
+
+
+def _keeping(chosen: set[str], snapshot: int) -> Callable[[list[PartMeta], int], list[PartMeta]]:
+    """A point read's probe (ReplicaState.visible's ``keep``) that keeps the parts named in
+    ``chosen``, in their order, asked at ``snapshot`` only."""
+
+    def keep(metas: list[PartMeta], at: int) -> list[PartMeta]:
+        assert at == snapshot
+        return [m for m in metas if m.name in chosen]
+
+    return keep
