@@ -29,6 +29,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from kazoo.exceptions import BadVersionError, NoNodeError
+from kazoo.retry import RetryFailedError
 
 from coordinator.core import retries
 from coordinator.core.errors import InvalidInput, MergetxnError, ReplicaUnavailable
@@ -36,6 +37,7 @@ from coordinator.core.versions import Tid, incarnation_of
 from coordinator.model.records import AliveRecord, CommitStatus, TxnState
 from coordinator.model.znodes import OwnerRecord
 from coordinator.wire.rpc import RpcClient
+from replicas.commit_outcome import UNKNOWN_OUTCOME
 from replicas.context import ReplicaContext, ReplicaPart
 
 if TYPE_CHECKING:
@@ -45,6 +47,10 @@ log = logging.getLogger(__name__)
 
 ASK_OWNER_SECONDS = 3.0  # how long a forwarded question waits for the owner's answer
 DECIDE_SECONDS = 30.0  # how long deciding retries while the owner node keeps moving
+# ZooKeeper away while deciding (a connection lost, a session expired, kazoo's retries spent): it
+# was a bare MergetxnError "commit_status failed on the replica: ConnectionLoss()", seen in the
+# secure chaos campaign while a ZooKeeper node was killed.
+ZK_AWAY = (*UNKNOWN_OUTCOME, RetryFailedError)
 
 
 class _Moved(retries.TryAgain):
@@ -75,11 +81,18 @@ class Outcomes(ReplicaPart):
         committed = self._committed(tid_text)
         if committed is not None:
             return committed
-        if tid.host_id == self.host_id:
-            return self._own(tid, tid_text)
-        for attempt in retries.foreign_outcome(DECIDE_SECONDS, on=_Moved):
-            with attempt:
-                return self._foreign(tid, tid_text, forward)
+        try:
+            if tid.host_id == self.host_id:
+                return self._own(tid, tid_text)
+            for attempt in retries.foreign_outcome(DECIDE_SECONDS, on=_Moved):
+                with attempt:
+                    return self._foreign(tid, tid_text, forward)
+        except ZK_AWAY as exc:  # the question is asked again as it is: here later, or elsewhere
+            raise ReplicaUnavailable(
+                f"replica {self.host_id} lost ZooKeeper while deciding the outcome of {tid_text} "
+                f"({type(exc).__name__}); ask again, or another replica",
+                id=tid_text,
+            ) from None
         raise AssertionError("unreachable")
 
     def _committed(self, tid_text: str) -> CommitStatus | None:

@@ -11,6 +11,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -317,3 +318,44 @@ def test_transaction_aborted_names_its_transactions() -> None:
     assert TransactionAborted("x", ids=["a", "b"]).ids == ["a", "b"]  # a flush: every failed commit
     assert TransactionAborted("x", id="T1-2-r1").ids == ["T1-2-r1"]
     assert TransactionAborted("x").ids == [] and DuplicateCommit("x", id="t").ids == ["t"]
+
+
+def test_commit_status_while_the_replica_has_lost_zookeeper_is_replica_unavailable(zk_server: ZooKeeperServer) -> None:
+    """Deciding another replica's transaction asks ZooKeeper; with the connection gone that was a
+    bare MergetxnError "commit_status failed on the replica: ConnectionLoss()" (seen in the secure
+    chaos campaign while a ZooKeeper node was killed), which a client does not take to another
+    replica. It is ReplicaUnavailable naming the transaction: the question can be asked again."""
+    from types import SimpleNamespace
+
+    from kazoo.client import KazooClient
+
+    from coordinator.zk.log import CsnLog
+    from replicas.context import ReplicaContext
+    from replicas.outcomes import Outcomes
+    from replicas.state import ReplicaState
+
+    zk = KazooClient(hosts=zk_server.address)
+    zk.start(timeout=10)
+    zk.stop()  # the connection gone, as a replica's is while ZooKeeper is away
+    zk.close()
+    none: Any = None
+    context = ReplicaContext(
+        config=SimpleNamespace(host_id="r0", credentials=None),  # type: ignore[arg-type]
+        state=ReplicaState(),
+        storage=none,
+        zk=zk,
+        log=CsnLog(zk, "/lost-zk"),
+        watermark=none,
+        fence=none,
+        catch_up=lambda: None,
+        wait_snapshot=none,
+        table=none,
+        incarnation=lambda: 1,
+        poke_follower=lambda: None,
+        alive_record=none,
+        refresh_alive=lambda: None,
+    )
+    foreign = "T5-1-r9"  # another replica's: its owner node is looked up in ZooKeeper
+    with pytest.raises(ReplicaUnavailable, match="lost ZooKeeper while deciding the outcome of T5-1-r9") as info:
+        Outcomes(context, none).status(foreign)
+    assert info.value.details["id"] == foreign
