@@ -47,7 +47,8 @@ def keys_at(records: list[TableRecord], csn: int) -> bool:
 class SortedIndex:
     """Values kept in key order, in chunks of at most ``2 * CHUNK``: an insert or removal moves
     at most a chunk (a flat sorted list of 100,000 parts moved the whole list, ~0.1 ms per part
-    applied); :meth:`values` copies a flattened list, rebuilt only after a change."""
+    applied); :meth:`values` copies a flattened list, rebuilt only after a change (its keys only when
+    some are left out)."""
 
     CHUNK = 512
 
@@ -58,14 +59,14 @@ class SortedIndex:
         self._maxes = [ks[-1] for ks in self._keys]
         self._len = len(pairs)
         self._flat: list | None = None
-        self._flat_keys: list[str] = []
+        self._flat_keys: list[str] | None = None
 
     def __len__(self) -> int:
         return self._len
 
     def add(self, key: str, value: object) -> None:
         """Insert, or replace the value of an existing key."""
-        self._flat = None
+        self._flat = self._flat_keys = None
         if not self._keys:
             self._keys, self._vals, self._maxes = [[key]], [[value]], [key]
             self._len = 1
@@ -96,7 +97,7 @@ class SortedIndex:
             return
         del keys[i]
         del vals[i]
-        self._flat = None
+        self._flat = self._flat_keys = None
         self._len -= 1
         if keys:
             self._maxes[c] = keys[-1]
@@ -106,15 +107,24 @@ class SortedIndex:
     def keys(self) -> list[str]:
         return list(chain.from_iterable(self._keys))
 
+    def view(self) -> list:
+        """The values in key order, the list kept until the next change (the caller must not
+        change it: a point read's probe lists them at every lookup, and copying thousands of
+        parts each time showed in the replica's profile)."""
+        if self._flat is None:
+            self._flat = list(chain.from_iterable(self._vals))
+        return self._flat
+
     def values(self, without: frozenset[str] | set[str] = frozenset()) -> list:
         """The values in key order, leaving out the keys in ``without`` (a new list: the caller
         may change it). A few keys left out are found by bisection, not by a scan."""
-        if self._flat is None:
-            self._flat = list(chain.from_iterable(self._vals))
+        out = self.view().copy()
+        if not without:
+            return out
+        if self._flat_keys is None:
             self._flat_keys = list(chain.from_iterable(self._keys))
-        out = self._flat.copy()
-        if without and len(without) <= 64:
-            keys = self._flat_keys
+        keys = self._flat_keys
+        if len(without) <= 64:
             drop = []
             for k in without:
                 i = bisect.bisect_left(keys, k)
@@ -122,8 +132,8 @@ class SortedIndex:
                     drop.append(i)
             for i in sorted(drop, reverse=True):
                 del out[i]
-        elif without:
-            out = [v for k, v in zip(self._flat_keys, out) if k not in without]
+        else:
+            out = [v for k, v in zip(keys, out) if k not in without]
         return out
 
 

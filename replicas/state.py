@@ -184,7 +184,7 @@ class ReplicaState(StateCheckpoint, StatePruning):
             if reader_tid is not None and (reader_tid in self.tid_csn or self.forgotten(reader_tid)):
                 return None
             index = self.live_sorted.get(table)
-            live = index.values() if index is not None else []
+            live = index.view() if index is not None else []
             recent, limit = [], len(self.all_sorted.get(table) or ())
             for csn, name in reversed(self.removals):
                 if csn <= snapshot:
