@@ -17,6 +17,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from itertools import chain
+from typing import Generic, TypeVar
 
 from coordinator.core import keytables
 from coordinator.core.conflicts import Kind, Policy, Summary
@@ -44,7 +45,10 @@ def keys_at(records: list[TableRecord], csn: int) -> bool:
     return isinstance(last, TableDef) and last.conflict_policy is Policy.KEYS
 
 
-class SortedIndex:
+K = TypeVar("K", str, tuple[int, str])  # a part's name, or its creation CSN and name
+
+
+class SortedIndex(Generic[K]):
     """Values kept in key order, in chunks of at most ``2 * CHUNK``: an insert or removal moves
     at most a chunk (a flat sorted list of 100,000 parts moved the whole list, ~0.1 ms per part
     applied); :meth:`values` copies a flattened list, rebuilt only after a change (its keys only when
@@ -52,19 +56,21 @@ class SortedIndex:
 
     CHUNK = 512
 
-    def __init__(self, items: Iterable[tuple[str, object]] = ()) -> None:
+    def __init__(self, items: Iterable[tuple[K, object]] = ()) -> None:
         pairs = sorted(items, key=lambda kv: kv[0])
-        self._keys = [[k for k, _ in pairs[i : i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
+        self._keys: list[list[K]] = [
+            [k for k, _ in pairs[i : i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)
+        ]
         self._vals = [[v for _, v in pairs[i : i + self.CHUNK]] for i in range(0, len(pairs), self.CHUNK)]
-        self._maxes = [ks[-1] for ks in self._keys]
+        self._maxes: list[K] = [ks[-1] for ks in self._keys]
         self._len = len(pairs)
         self._flat: list | None = None
-        self._flat_keys: list[str] | None = None
+        self._flat_keys: list[K] | None = None
 
     def __len__(self) -> int:
         return self._len
 
-    def add(self, key: str, value: object) -> None:
+    def add(self, key: K, value: object) -> None:
         """Insert, or replace the value of an existing key."""
         self._flat = self._flat_keys = None
         if not self._keys:
@@ -86,7 +92,7 @@ class SortedIndex:
             self._vals[c : c + 1] = [vals[: self.CHUNK], vals[self.CHUNK :]]
             self._maxes[c : c + 1] = [keys[self.CHUNK - 1], keys[-1]]
 
-    def remove(self, key: str) -> None:
+    def remove(self, key: K) -> None:
         """Remove ``key`` if present."""
         c = bisect.bisect_left(self._maxes, key)
         if c == len(self._maxes):
@@ -104,7 +110,7 @@ class SortedIndex:
         else:
             del self._keys[c], self._vals[c], self._maxes[c]
 
-    def keys(self) -> list[str]:
+    def keys(self) -> list[K]:
         return list(chain.from_iterable(self._keys))
 
     def view(self) -> list:
@@ -115,7 +121,7 @@ class SortedIndex:
             self._flat = list(chain.from_iterable(self._vals))
         return self._flat
 
-    def values(self, without: frozenset[str] | set[str] = frozenset()) -> list:
+    def values(self, without: frozenset[K] | set[K] = frozenset()) -> list:
         """The values in key order, leaving out the keys in ``without`` (a new list: the caller
         may change it). A few keys left out are found by bisection, not by a scan."""
         out = self.view().copy()
@@ -187,8 +193,12 @@ class AppliedState:
         self.failure: Exception | None = None  # a log entry that could not be applied
         # Live parts per table sorted by name, names and metas side by side: the latest-snapshot
         # lookup is then a list copy, not a sort of every live part (benchmarks/snapshot_lookup.py).
-        self.live_sorted: dict[str, SortedIndex] = {}  # name -> PartMeta of the live parts
-        self.all_sorted: dict[str, SortedIndex] = {}  # name -> PartRecord of every part
+        self.live_sorted: dict[str, SortedIndex[str]] = {}  # name -> PartMeta of the live parts
+        # The same in creation order ((creation CSN, name) -> PartMeta): what a point read's
+        # probe lists, so the parts committed since its last layout come at the end of the list
+        # (in name order they fall between others and the probe aligned piece by piece).
+        self.live_created: dict[str, SortedIndex[tuple[int, str]]] = {}
+        self.all_sorted: dict[str, SortedIndex[str]] = {}  # name -> PartRecord of every part
         self.applied_count = 0  # entries applied by this process (local checkpoints count them)
         # Parts removed, in removal order (removals are applied in CSN order): prune() forgets
         # them from the front once no served snapshot can see them, so the state, its lookups
@@ -286,6 +296,7 @@ class AppliedState:
             # added it: so every replica removes the same ones. The drop is their removal.
             live = self.live.pop(t.name, {})
             self.live_sorted.pop(t.name, None)
+            self.live_created.pop(t.name, None)
             for pkey, names in sorted(live.items()):
                 for name in names:
                     rec = self.parts[name]
@@ -335,7 +346,7 @@ class AppliedState:
                 rec.meta = replace(rec.meta, inline=None, spilled=at)
             self.removals.append((csn, name))
             live[rec.pkey].discard(name)
-            self._index_remove(rec.meta.table, name)
+            self._index_remove(rec.meta.table, rec)
         self.conflict_history[(ch.table, ch.pkey)].append((csn, Summary.of(tid, ch.kinds, ch.removed)))
 
     def _key_index(self, target: tuple[str, str]) -> KeyIndex:
@@ -345,14 +356,19 @@ class AppliedState:
         return index
 
     def _index_add(self, table: str, meta: PartMeta, rec: PartRecord) -> None:
-        for index, item in ((self.live_sorted, meta), (self.all_sorted, rec)):
-            if table not in index:
-                index[table] = SortedIndex()
-            index[table].add(meta.name, item)
+        if table not in self.live_sorted:
+            self.live_sorted[table], self.live_created[table] = SortedIndex(), SortedIndex()
+        if table not in self.all_sorted:
+            self.all_sorted[table] = SortedIndex()
+        self.live_sorted[table].add(meta.name, meta)
+        self.live_created[table].add((rec.creation_csn, meta.name), meta)
+        self.all_sorted[table].add(meta.name, rec)
 
-    def _index_remove(self, table: str, name: str) -> None:
+    def _index_remove(self, table: str, rec: PartRecord) -> None:
         if table in self.live_sorted:
-            self.live_sorted[table].remove(name)
+            self.live_sorted[table].remove(rec.meta.name)
+        if table in self.live_created:
+            self.live_created[table].remove((rec.creation_csn, rec.meta.name))
 
     def advance_epoch(self, epoch: int) -> None:
         """Every entry of a sealed epoch is applied: the next one starts at sequence 0."""

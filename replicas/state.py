@@ -171,19 +171,19 @@ class ReplicaState(StateCheckpoint, StatePruning):
         wanted: set[str] | None,
         keep: Keep,
     ) -> list[PartMeta] | None:
-        """:meth:`visible` with ``keep`` at a snapshot below ``applied`` (a transaction's point
-        read, a few commits behind), probing before the visibility rule: the parts live now (the
-        list the probe laid out at the last lookup) and those removed since ``snapshot`` are
-        probed outside the lock, and the rule decides only for the few kept. The same parts as
-        ``keep`` of every visible part (a part kept is visible or not whatever else is there),
-        without a walk of every record at each lookup. None: :meth:`_candidates` would take
-        every record (an old snapshot, a committed reader), or ``snapshot`` is the latest."""
+        """:meth:`visible` with ``keep`` (a point read), probing before the visibility rule: the
+        parts live now, in creation order (the list the probe laid out at an earlier lookup, the
+        parts committed since at its end), and those removed since ``snapshot`` are probed
+        outside the lock, and the rule decides only for the few kept. The same parts as ``keep``
+        of every visible part (a part kept is visible or not whatever else is there), without a
+        walk of every record at each lookup. None: :meth:`_candidates` would take every record
+        (an old snapshot, a committed reader)."""
         with self.lock:
-            if snapshot >= self.applied or snapshot < self.pruned:
+            if snapshot < self.pruned:
                 return None
             if reader_tid is not None and (reader_tid in self.tid_csn or self.forgotten(reader_tid)):
                 return None
-            index = self.live_sorted.get(table)
+            index = self.live_created.get(table)
             live = index.view() if index is not None else []
             recent, limit = [], len(self.all_sorted.get(table) or ())
             for csn, name in reversed(self.removals):

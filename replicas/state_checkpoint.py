@@ -277,6 +277,12 @@ class StateCheckpoint(AppliedState):
                 table: SortedIndex((n, parts[n].meta) for names_ in by_pkey.values() for n in names_)
                 for table, by_pkey in live.items()
             }
+            live_created = {
+                table: SortedIndex(
+                    ((parts[n].creation_csn, n), parts[n].meta) for names_ in by_pkey.values() for n in names_
+                )
+                for table, by_pkey in live.items()
+            }
             all_sorted = {table: SortedIndex((n, parts[n]) for n in names_) for table, names_ in by_table.items()}
             tid_csn = {str(t): int(c) for t, c in zip(payload["tids"], payload["tid_csns"], strict=True)}
             history = _restore_history(payload["history"])
@@ -305,7 +311,7 @@ class StateCheckpoint(AppliedState):
             )
             self.apps = apps
             self.outcomes, self.outcome_floor = outcomes, outcome_floor
-            self.all_sorted = all_sorted
+            self.all_sorted, self.live_created = all_sorted, live_created
             self.time_csns, self.time_values, self.time_trimmed = time_csns, time_values, time_trimmed
             self.applied, self.position = applied, position
             self.pruned, self.removals, self.lost, self.lost_history = pruned, removals, lost, lost_history

@@ -1303,7 +1303,9 @@ def _shared_run(old: list[Any], j: int, new: list[Any], i: int) -> int:
     """How many parts from ``old[j]`` and ``new[i]`` on are equal, pair by pair: slices
     compared whole, doubling while they match, then halved down to the first that differs."""
     n = min(len(old) - j, len(new) - i)
-    if n and old[j] is not new[i] and old[j] != new[i]:  # stepping past unrelated parts (another table's layout) stays cheap
+    if (
+        n and old[j] is not new[i] and old[j] != new[i]
+    ):  # stepping past unrelated parts (another table's layout) stays cheap
         return 0
     k, step = 0, _RUN
     while k < n:

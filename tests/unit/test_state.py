@@ -241,6 +241,24 @@ def test_export_restore_round_trip() -> None:
     for s in (st, back):
         s.apply(5, 0, 4, nxt)
     assert back.export() == st.export()
+    # A point read's probe is given the live parts in creation order (a0, committed last, last),
+    # restored alike.
+    later = entry((R, [change("t", (2,), [Kind.INSERT], added=[part("a0", partition=(2,), creator=R)])]))
+    for s in (st, back):
+        s.apply(6, 0, 5, later)
+        assert _probed(s, 6) == ["b1", "a0"] and names(s.visible("t", 6)) == ["a0", "b1"]
+
+
+def _probed(state: ReplicaState, snapshot: int) -> list[str]:
+    """The parts a point read's probe (``visible``'s ``keep``) is given at ``snapshot``."""
+    seen: list[str] = []
+
+    def keep(metas: list, at: int) -> list:
+        seen.extend(m.name for m in metas)
+        return metas
+
+    state.visible("t", snapshot, keep=keep)
+    return seen
 
 
 def test_restore_of_a_checkpoint_written_without_a_part_field_takes_its_default() -> None:
