@@ -67,8 +67,8 @@ RUNS: dict[str, Run] = {
     "keys_bench_lookup.json": Run("keys_bench.py --only lookup --lookups 2000", "2026-11-28 00:07", "0bba498", AMD),
     "keys_bench_upsert.json": Run(
         "keys_bench.py --only upsert (and MERGETXN_CODE at bf1a6b7: before)",
-        "2026-12-03 20:27",
-        "aa0c5c0",
+        "2026-12-03 23:58",
+        "1654e29",
         AMD,
     ),
     "keys_bench_read.json": Run(
