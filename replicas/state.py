@@ -185,18 +185,17 @@ class ReplicaState(StateCheckpoint, StatePruning):
                 return None
             index = self.live_created.get(table)
             live = index.view() if index is not None else []
-            recent, limit = [], len(self.all_sorted.get(table) or ())
-            for csn, name in reversed(self.removals):
-                if csn <= snapshot:
-                    break
-                limit -= 1
-                if limit < 0:
-                    return None  # a longer walk than the table's records (as _candidates)
-                rec = self.parts.get(name)
-                if rec is not None and rec.meta.table == table:
-                    recent.append(rec.meta)
-        own = [m for m in own_added if m.table == table and m.name not in own_removed]
-        own = [m for m in own if wanted is None or partition_key(m.partition) in wanted]
+            removed = self._removed_since(snapshot, len(self.all_sorted.get(table) or ()))
+            if removed is None:
+                return None
+            recent = [rec.meta for n in removed if (rec := self.parts.get(n)) is not None and rec.meta.table == table]
+        own = [
+            m
+            for m in own_added
+            if m.table == table
+            and m.name not in own_removed
+            and (wanted is None or partition_key(m.partition) in wanted)
+        ]
         ours = {m.name for m in own}  # not committed: no record, visible to their writer
         kept = keep(live + recent + own, snapshot)
         with self.lock:
@@ -255,20 +254,28 @@ class ReplicaState(StateCheckpoint, StatePruning):
             reader_tid is not None and (reader_tid in self.tid_csn or self.forgotten(reader_tid))
         ):
             return index.values()
-        names: list[str] = []
-        limit = len(index)
-        for csn, name in reversed(self.removals):
-            if csn <= snapshot:
-                break
-            if len(names) >= limit:
-                return index.values()
-            names.append(name)
+        names = self._removed_since(snapshot, len(index))
+        if names is None:
+            return index.values()
         live = self.live.get(table, {})
         for pk in live.keys() if wanted is None else wanted & live.keys():
             names.extend(live[pk])
         parts = self.parts
         recs = {n: rec for n in names if (rec := parts.get(n)) is not None and rec.meta.table == table}
         return [recs[n] for n in sorted(recs)]
+
+    def _removed_since(self, snapshot: int, limit: int) -> list[str] | None:
+        """The names of the parts removed after ``snapshot`` (of any table: the end of
+        ``removals``, newest first), or None when they are more than ``limit`` (a walk longer
+        than a table's records: its every record is the shorter list). Called with the lock held."""
+        names: list[str] = []
+        for csn, name in reversed(self.removals):
+            if csn <= snapshot:
+                break
+            if len(names) >= limit:
+                return None
+            names.append(name)
+        return names
 
     def commit_csn(self, tid: str) -> int | None:
         """The CSN ``tid`` committed at, if this replica knows it: from the outcomes it remembers,
