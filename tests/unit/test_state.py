@@ -472,7 +472,13 @@ def test_older_snapshots_see_what_every_record_tested_by_the_rule_says() -> None
         live[(tbl, p)] = [x for x in live[(tbl, p)] if x not in removed] + [name]
         added = [part(name, table=tbl, partition=(p,), creator=who)]
         st.apply(csn, 0, csn - 1, entry((who, [change(tbl, (p,), [Kind.INSERT], added=added, removed=removed)])))
+    # the live parts in creation order are the live parts, no removed one left behind
+    for tbl in "tu":
+        assert [m.name for m in st.live_created[tbl].view()] == sorted(
+            (n for p in (1, 2) for n in live[(tbl, p)]), key=lambda n: st.parts[n].creation_csn
+        )
     st.apply(80, 0, 79, entry(ddl=[TableDropped("u", tid(999), 1)]))
+    assert "u" not in st.live_created and "u" not in st.live_sorted
     committed = tid(110)  # made a part at CSN 10
     own = part("t999", partition=(1,), creator=R)
     every = sorted(st.parts.values(), key=lambda r: r.meta.name)
