@@ -1088,15 +1088,16 @@ class SummaryProbes:
     ``k`` ints marks the parts whose filter holds all its bits: a few C calls per key and shape
     instead of a dict look-up and a loop per part. Only those parts (and parts with no filter
     to go by: all ones) are tested against their key range, in Python. Layouts are kept for a
-    few visible sets (LRU, bounded by bytes): the next lookup of an unchanged set reuses its
-    layout; a commit, a compaction, a cleanup or a DDL changes the set: a set held by a layout
-    but for a few parts probes that layout (keeping only the parts of the set) and the few one
-    by one, and gets a layout of its own once the parts not laid out are more than a few. Any thread: entries and layouts
-    are immutable once built, the maps are changed under a lock."""
+    few visible sets (LRU, bounded by count and bytes, each tagged with its table): the next
+    lookup of an unchanged set reuses its layout; a commit, a compaction, a cleanup or a DDL
+    changes the set: a set held by a layout of its table but for a few parts probes that layout
+    (keeping only the parts of the set) and the few as a set of their own, and gets a layout of
+    its own once the parts not laid out are more than an eighth of it. Any thread: entries and
+    layouts are immutable once built, the maps are changed under a lock."""
 
     SIZE = 1 << 15  # parts parsed
     BYTES = 256 << 20  # their filter bits and listed keys, at most
-    LAYOUTS = 16  # visible sets laid out
+    LAYOUTS = 64  # visible sets laid out (a table's set and the parts since, for many tables)
     LAYOUT_BYTES = 128 << 20  # their filter bits, at most
 
     def __init__(
@@ -1154,12 +1155,15 @@ class SummaryProbes:
                 if len(layout.metas) == len(metas) and layout.metas == metas:
                     self._layouts.insert(0, self._layouts.pop(i))
                     return layout, None
-            covering = self._layouts[:_COVERING]
+            covering = list(self._layouts)
         if len(metas) <= _FEW_FRESH:
             return _Layout.build(metas, self._items, self._parse), None
         limit = max(_FEW_FRESH, len(metas) // 8)
+        table = _table_of(metas)
         for layout in covering:
-            if abs(len(layout.metas) - len(metas)) > limit:  # more parts added or gone than that
+            # Another table's set, or more parts added or gone than that: not tried (the layouts
+            # of many tables probed in turn are kept and found whatever their place in the list).
+            if layout.table != table or abs(len(layout.metas) - len(metas)) > limit:
                 continue
             aligned = align(layout.metas, metas, limit)
             if aligned is not None:
@@ -1343,9 +1347,13 @@ _FEW_ROWS = 2
 # parts) probes that layout and the few as a set of their own rather than lay out the set again
 # (~3 ms at 1,000 parts, measured: the update-mode write's read of its keys' current values paid
 # it once per commit), up to an eighth of the set; at most _FEW_FRESH are laid out apart (not
-# kept). The last _COVERING layouts used are tried.
+# kept). Every kept layout of the set's table whose size allows it is tried, the last used first.
 _FEW_FRESH = 16
-_COVERING = 4
+
+
+def _table_of(metas: list[Any]) -> Any:
+    """The table of a visible set (its first part's ``table``; None for parts without one)."""
+    return getattr(metas[0], "table", None) if metas else None
 
 
 class _Group:
@@ -1400,10 +1408,11 @@ class _Layout:
     no merge between) spent most of a point read's probe there (measured: 16 % of the replica's
     busy time, 6,000 parts)."""
 
-    __slots__ = ("always", "by_range", "exact", "groups", "has_mix", "listed", "metas", "nbytes", "ranges")
+    __slots__ = ("always", "by_range", "exact", "groups", "has_mix", "listed", "metas", "nbytes", "ranges", "table")
 
     def __init__(self, metas: list[Any]) -> None:
         self.metas = metas
+        self.table = _table_of(metas)
         self.groups: dict[tuple[bool, int, int], _Group] = {}
         self.ranges: list[tuple[Any, Any]] = []
         self.always: list[int] = []

@@ -834,3 +834,42 @@ def test_summary_probes_of_a_set_growing_each_lookup_lay_out_few_parts_per_looku
         assert probes.may_hold(live, hashed) == want, step
     per_lookup = (sum(laid) - 2_001) / 300  # the first lookup lays out the set once
     assert per_lookup < 30, f"{per_lookup:.1f} parts laid out per lookup"
+
+
+def test_summary_probes_of_many_tables_probed_in_turn_keep_each_tables_layouts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Point reads of five tables in turn, each set growing a part per lookup: each table's
+    # layouts are found whatever their place among the kept ones (with only the last four
+    # tried, every lookup laid its table's whole set out again: 400 parts per lookup here).
+    rng = random.Random(12)
+
+    def table_parts(table: str) -> list[PartMeta]:
+        return [
+            dataclasses.replace(
+                _meta(
+                    f"{table}{i:05d}", keytables.summarize(_as_puts(pa.table({"k": pa.array(keys, pa.int64())})), ["k"])
+                ),
+                table=table,
+            )
+            for i, keys in enumerate(rng.sample(range(10**6), 10) for _ in range(500))
+        ]
+
+    tables = {t: table_parts(t) for t in "abcde"}
+    laid = []
+    build = keytables._Layout.build.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type, parts: list, items: dict, parse: object) -> object:
+        laid.append(len(parts))
+        return build(cls, parts, items, parse)
+
+    monkeypatch.setattr(keytables._Layout, "build", classmethod(counted))
+    probes = keytables.SummaryProbes()
+    for step in range(80):
+        for parts in tables.values():
+            live = parts[: 400 + step]
+            hashed = {k: keytables.key_hash(k) for k in [(rng.randrange(10**6),) for _ in range(9)] + [(step,)]}
+            want = [m for m in live if keytables.may_hold_any(m.key_summary, hashed)]
+            assert probes.may_hold(live, hashed) == want, step
+    per_lookup = (sum(laid) - 5 * 400) / (5 * 80)  # each table's set laid out once first
+    assert per_lookup < 60, f"{per_lookup:.1f} parts laid out per lookup"
