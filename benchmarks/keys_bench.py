@@ -411,6 +411,7 @@ def bench_whole_read(client: Any, n: int, log: Callable[[str], None]) -> dict:
         f"  major compaction: {out['major_compaction_s']:.2f} s ({out['major_compaction_versions_per_s']:,} "
         f"versions/s); read after it {out['keys_read_after_compaction_s']:.2f} s"
     )
+    out["after_compaction"] = _alternated_ratios(client, keys_t, parts_t, n, log, only=("duckdb",))
     for k in (
         "keys_read_s",
         "parts_read_s",
@@ -437,10 +438,12 @@ def _duckdb_query(client: Any, table: str) -> tuple:
         return tuple(con.execute(DUCK_SQL).fetchone())
 
 
-def _alternated_ratios(client: Any, keys_t: str, parts_t: str, n: int, log: Callable[[str], None]) -> dict:
+def _alternated_ratios(
+    client: Any, keys_t: str, parts_t: str, n: int, log: Callable[[str], None], only: tuple[str, ...] = ()
+) -> dict:
     """A filtered read (``s`` one of 10 of its 1,000 values: 1 % of the rows) and ``DUCK_SQL``
-    through ``client.dataset`` and ``duckdb_view``, of each table, alternated ``READ_ROUNDS``
-    times: the ratio of the medians."""
+    through ``client.dataset`` and ``duckdb_view``, of each table (``only`` those cases when
+    given), alternated ``READ_ROUNDS`` times: the ratio of the medians."""
     where = pc.field("s").isin([f"s{i}" for i in range(0, 1000, 100)])
     cases: dict[str, Callable[[str], Any]] = {
         "filtered_read": lambda t: client.read(t, where=where).num_rows,
@@ -448,6 +451,8 @@ def _alternated_ratios(client: Any, keys_t: str, parts_t: str, n: int, log: Call
     }
     out: dict[str, Any] = {}
     for case, run in cases.items():
+        if only and case not in only:
+            continue
         times: dict[str, list[float]] = {keys_t: [], parts_t: []}
         for r in range(READ_ROUNDS):
             for table in (keys_t, parts_t) if r % 2 == 0 else (parts_t, keys_t):

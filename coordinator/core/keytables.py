@@ -1502,6 +1502,43 @@ class _Listed:
         return () if at is None else (at,)
 
 
+def apart_in_key_order(
+    summaries: Sequence[Mapping[str, Any] | None], schema: pa.Schema, primary_key: Sequence[str]
+) -> list[int] | None:
+    """The order (indices into ``summaries``, parts' key summaries) in which parts whose rows
+    are each in key order give all their rows in key order, one part after another: by their
+    least key, when their key ranges do not meet. None when that cannot be known: a part with no
+    byte ``ranges`` (written before parts were sorted by key, or not by this writer's code) or
+    no key range, a key column not of an integer or string type (JSON's order of other values
+    is not Arrow's; a string's is, code point order being UTF-8's byte order), or two ranges
+    that meet. A bounded range (:func:`bound_summary`) only widens, so this stays safe."""
+    if not all(of_kinds(schema.field(k).type, _ORDERED_KINDS) for k in primary_key):
+        return None
+    spans = []
+    for i, s in enumerate(summaries):
+        if not isinstance(s, Mapping) or "ranges" not in s:
+            return None
+        lo, hi = s.get("lo"), s.get("hi")
+        if not (_plain_key(lo, primary_key) and _plain_key(hi, primary_key)):
+            return None
+        spans.append((tuple(lo), tuple(hi), i))  # type: ignore[arg-type]
+    spans.sort()
+    if any(not a[1] < b[0] for a, b in zip(spans, spans[1:])):
+        return None
+    return [i for _, _, i in spans]
+
+
+_ORDERED_KINDS = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string)
+
+
+def _plain_key(key: Any, primary_key: Sequence[str]) -> bool:
+    return (
+        isinstance(key, list)
+        and len(key) == len(primary_key)
+        and all(isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)) for v in key)
+    )
+
+
 def point_summary(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A key summary slimmed for a point read's answer (``visible`` with ``slim``): the replica
     has already pruned with the filter, so the reader needs only the key range and the byte

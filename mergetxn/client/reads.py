@@ -564,9 +564,25 @@ class Reads(ClientBase):
         minus their deletion ``vectors`` when the replica sent them, else the fold."""
         if tdef.conflict_policy is Policy.KEYS:
             if vectors is not None:
-                return table_dataset(tdef, self._read_minus_vectors(tdef, metas, None, vectors))
+                return self._keys_dataset(tdef, metas, vectors)
             return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
         return snapshot_dataset(self.storage, tdef, metas, cached=True)
+
+    def _keys_dataset(self, tdef: TableDef, metas: list[PartMeta], vectors: Mapping[str, str]) -> ds.Dataset:
+        """A keys table's live rows by its deletion ``vectors``. When no part holds a deleted row
+        and their key ranges do not meet (a merged table, keys loaded in ascending batches), the
+        parts themselves, read lazily as a ``parts`` table's files (every row of such a part is
+        a row of the table), in key order as every read of a keys table gives its rows (each
+        part written sorted by key: :func:`keytables.apart_in_key_order`); otherwise the parts
+        minus their vectors, in memory."""
+        sent = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
+        if not any(len(rows) for rows in sent.values()):
+            order = keytables.apart_in_key_order([m.key_summary for m in metas], tdef.schema, tdef.primary_key)
+            if order is not None:
+                files = snapshot_dataset(self.storage, tdef, [metas[i] for i in order], cached=True)
+                if isinstance(files, ds.FileSystemDataset):  # one child: its fragments in that order
+                    return files
+        return table_dataset(tdef, self._read_minus_vectors(tdef, metas, None, vectors))
 
     @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:

@@ -12,8 +12,8 @@ memory (:meth:`TableDef.upgrade`) and joined to the file fragments as one in-mem
 
 DuckDB scanning an Arrow dataset lets pyarrow decode the pages and then converts the arrays,
 about twice the CPU of its own Parquet reader (benchmarks/dataset_read.py, docs/benchmarks.md). :func:`duckdb_view` gives
-DuckDB the files themselves where that reads the same rows: a dataset of local parts that all
-hold every column.
+DuckDB the local part files themselves (a column their files lack read as null) and registers
+only the rows a dataset holds in memory beside them.
 
 Before the dataset is handed out each file's size is compared with what the commit recorded: a
 truncated, replaced or missing file is ``CorruptPart`` naming it, not a wrong answer later inside
@@ -79,11 +79,13 @@ def _shape(tdef: TableDef, meta: PartMeta) -> str:
 def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta], cached: bool = False) -> ds.Dataset:
     """The rows of ``metas`` (the parts visible at one snapshot, of table ``tdef``) as a dataset
     of ``tdef.schema``: a ``FileSystemDataset`` of one fragment per part; when some parts predate
-    an ``alter_table``, a ``UnionDataset`` of the parts holding every column, those lacking a
-    column added since (each a fragment too), and the upgraded rows of those written before a
-    rename (in memory). Inlined parts (docs/architecture/small-writes.md: their Parquet bytes in
-    their metadata) are decoded, checked and upgraded into one more in-memory child (``cached``:
-    decoded once per process, :func:`parts.io.rewrite.read_parts`), their rows in few chunks."""
+    an ``alter_table``, a ``UnionDataset`` of the parts holding every column and, one child per
+    set of columns their files hold, those lacking a column added since (each a fragment too:
+    the dataset schema fills null), and the upgraded rows of those written before a rename (in
+    memory). Every file of one child holds the same columns, which :func:`duckdb_view` relies on.
+    Inlined parts (docs/architecture/small-writes.md: their Parquet bytes in their metadata) are
+    decoded, checked and upgraded into one more in-memory child (``cached``: decoded once per
+    process, :func:`parts.io.rewrite.read_parts`), their rows in few chunks."""
     filesystem = storage.arrow_filesystem()
     fmt = ds.ParquetFileFormat()
     shapes: dict[str, list[PartMeta]] = {WHOLE: [], LACKING: [], RENAMED: []}
@@ -105,7 +107,11 @@ def snapshot_dataset(storage: Storage, tdef: TableDef, metas: Sequence[PartMeta]
         ]
         return ds.FileSystemDataset(fragments, tdef.schema, fmt, filesystem)
 
-    children: list[ds.Dataset] = [files(shapes[kind]) for kind in (WHOLE, LACKING) if shapes[kind]]
+    lacking: dict[tuple, list[PartMeta]] = {}
+    for m in shapes[LACKING]:
+        lacking.setdefault(tuple(tdef.names_at(m.schema_version)), []).append(m)
+    groups = ([shapes[WHOLE]] if shapes[WHOLE] else []) + list(lacking.values())
+    children: list[ds.Dataset] = [files(group) for group in groups]
     if shapes[RENAMED]:
         children.append(ds.dataset(pa.concat_tables(read_parts(storage, shapes[RENAMED], table=tdef))))
     if inlined:  # their bytes are in their metadata: decoded (and checked) here, one child in memory
@@ -147,28 +153,65 @@ def _check_sizes(storage: Storage, metas: Sequence[PartMeta]) -> None:
 
 def duckdb_view(con: Any, name: str, dataset: ds.Dataset) -> None:
     """Make ``name`` a temporary view of ``dataset`` (from ``client.dataset``) on the DuckDB
-    connection ``con``: DuckDB's own Parquet reader over the part files, their columns cast to
-    the types ``con.register`` would give, when every fragment is a local file holding every
-    column (one ``FileSystemDataset``); otherwise the dataset registered (Arrow). Same rows,
-    types and pruning either way. Like the dataset, use it inside the block that holds it."""
+    connection ``con``: DuckDB's own Parquet reader over the part files that are local, their
+    columns cast to the types ``con.register`` would give (a column their files lack, added
+    since, null), and the rows a dataset holds in memory (a keys table's parts with deleted rows,
+    inlined small writes, parts written before a rename) registered beside them, as one
+    ``UNION ALL``; a dataset with no local file is registered whole (Arrow). Same rows, types
+    and pruning either way. Like the dataset, use it inside the block that holds it."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise InvalidInput(f"view name must be a non-empty string, not {quote(name)}")
-    if not (
-        isinstance(dataset, ds.FileSystemDataset)
-        and isinstance(dataset.filesystem, pafs.LocalFileSystem)
-        and dataset.files
-    ):
+    branches = [b for b in _branches(dataset) if not isinstance(b, ds.FileSystemDataset) or b.files]
+    files = [b for b in branches if isinstance(b, ds.FileSystemDataset)]
+    if not files or not all(_local_parquet(b) for b in files):
         con.register(name, dataset)
         return
+    types = _duckdb_types(con, dataset.schema)
+    selects = []
+    for i, branch in enumerate(branches):
+        if isinstance(branch, ds.FileSystemDataset):
+            selects.append(_files_select(con, branch, types))
+            continue
+        held = f"__mergetxn_{name}_rows_{i}"  # replaced, not piled up, when the view is made again
+        con.register(held, branch)
+        selects.append(f"SELECT {_casts(types, set(types))} FROM {_ident(held)}")
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {_ident(name)} AS {' UNION ALL '.join(selects)}")
+
+
+def _branches(dataset: ds.Dataset) -> list[ds.Dataset]:
+    """The datasets that hold ``dataset``'s rows: its children, theirs, ..., or itself."""
+    if isinstance(dataset, ds.UnionDataset):
+        return [b for child in dataset.children for b in _branches(child)]
+    return [dataset]
+
+
+def _local_parquet(files: ds.FileSystemDataset) -> bool:
+    return isinstance(files.filesystem, pafs.LocalFileSystem) and isinstance(files.format, ds.ParquetFileFormat)
+
+
+def _duckdb_types(con: Any, schema: pa.Schema) -> dict[str, str]:
+    """Each column's DuckDB type as ``con.register`` gives it, in the schema's order."""
     probe = f"__mergetxn_schema_{uuid.uuid4().hex}"
-    con.register(probe, dataset.schema.empty_table())
+    con.register(probe, schema.empty_table())
     try:
-        types = {row[0]: row[1] for row in con.execute(f"DESCRIBE {_ident(probe)}").fetchall()}
+        return {row[0]: row[1] for row in con.execute(f"DESCRIBE {_ident(probe)}").fetchall()}
     finally:
         con.unregister(probe)
-    columns = ", ".join(f"CAST({_ident(c)} AS {types[c]}) AS {_ident(c)}" for c in dataset.schema.names)
-    files = ", ".join(_literal(f) for f in dataset.files)
-    con.execute(f"CREATE OR REPLACE TEMP VIEW {_ident(name)} AS SELECT {columns} FROM read_parquet([{files}])")
+
+
+def _files_select(con: Any, files: ds.FileSystemDataset, types: dict[str, str]) -> str:
+    """A ``SELECT`` of the columns ``types`` names from DuckDB's reader over ``files``, whose
+    every file holds the same columns (:func:`snapshot_dataset` groups them so): those its first
+    file holds, the rest null."""
+    held = {
+        row[0] for row in con.execute(f"DESCRIBE SELECT * FROM read_parquet({_literal(files.files[0])})").fetchall()
+    }
+    paths = ", ".join(_literal(f) for f in files.files)
+    return f"SELECT {_casts(types, held)} FROM read_parquet([{paths}])"
+
+
+def _casts(types: dict[str, str], held: set[str]) -> str:
+    return ", ".join(f"CAST({_ident(c) if c in held else 'NULL'} AS {typ}) AS {_ident(c)}" for c, typ in types.items())
 
 
 def _ident(name: str) -> str:

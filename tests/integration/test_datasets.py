@@ -345,41 +345,54 @@ def test_duckdb_and_polars_query_it_with_pushdown(client: Client) -> None:
 
 
 def test_duckdb_view_reads_with_duckdbs_own_reader_what_register_reads(client: Client) -> None:
-    """``duckdb_view``: the same rows and DuckDB types as ``con.register``; on local parts that
-    hold every column DuckDB's Parquet reader runs (and prunes files by the filter), otherwise
-    (a column added since some parts, a keys table) the registered dataset does."""
-    plain, altered, keyed = "ds_view", "ds_view_altered", "ds_view_keys"
-    for t in (plain, altered):
+    """``duckdb_view``: the same rows and DuckDB types as ``con.register``, DuckDB's Parquet reader
+    running over the local part files (and pruning files by the filter): of a plain table, of
+    tables altered since some or all of their parts were written (the added column null there:
+    DuckDB alone cannot bind a column no file holds), beside the rows a dataset holds in memory
+    (parts written before a rename), and of a keys table whose parts hold no deleted row; a keys
+    table with a superseded row is its live rows in memory."""
+    plain, altered, lacking, renamed = "ds_view", "ds_view_altered", "ds_view_lacking", "ds_view_renamed"
+    keyed, upserted = "ds_view_keys", "ds_view_upserted"
+    for t in (plain, altered, lacking, renamed):
         client.create_table(t, WIDE, partition_by=["day", "region"], auto_merge=False)
         for i, day in enumerate(DAYS):
             commit(client, t, wide_rows(10 * i, 4, day, "eu" if i else None))
-    client.alter_table(altered, add_columns=[pa.field("note", pa.string())])
+    for t in (altered, lacking):
+        client.alter_table(t, add_columns=[pa.field("note", pa.string())])
     commit(client, altered, wide_rows(90, 2, DAYS[0], "us").append_column("note", pa.array(["n1", "n2"])))
-    client.create_table(
-        keyed,
-        pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]),
-        primary_key=["k"],
-        conflict_policy="keys",
-    )
-    commit(client, keyed, pa.table({"k": [1, 2], "a": ["x", "y"]}))
+    client.alter_table(renamed, rename_columns={"s": "label"})
+    commit(client, renamed, wide_rows(90, 2, DAYS[1], "us").rename_columns([*WIDE.names[:-1], "label"]))
+    for t in (keyed, upserted):
+        client.create_table(
+            t,
+            pa.schema([pa.field("k", pa.int64(), nullable=False), ("a", pa.string())]),
+            primary_key=["k"],
+            conflict_policy="keys",
+            auto_merge=False,
+        )
+        commit(client, t, pa.table({"k": [1, 2], "a": ["x", "y"]}))
+    with client.transaction() as tx:
+        tx.upsert(upserted, pa.table({"k": [2, 3], "a": ["z", "w"]}))
     query = "SELECT * FROM {} WHERE day = DATE '2024-06-02' ORDER BY id"
-    for t, native in ((plain, True), (altered, False), (keyed, False)):
+    keys_rows = {keyed: [(1, "x"), (2, "y")], upserted: [(1, "x"), (2, "z"), (3, "w")]}
+    for t in (plain, altered, lacking, renamed, keyed, upserted):
         with client.dataset(t) as d:
             con = duckdb.connect()
             con.register("arrow", d)
             duckdb_view(con, "native", d)
             assert con.sql("DESCRIBE native").fetchall() == con.sql("DESCRIBE arrow").fetchall()
             plan = "".join(str(row) for row in con.sql("EXPLAIN ANALYZE SELECT * FROM native").fetchall())
-            assert ("READ_PARQUET" in plan) == native, t
-            if t == keyed:
-                assert sorted(con.sql("SELECT * FROM native").fetchall()) == [(1, "x"), (2, "y")]
+            assert ("READ_PARQUET" in plan) == (t != upserted), t
+            assert ("ARROW_SCAN" in plan) == (t in (renamed, upserted)), t
+            if t in keys_rows:
+                assert sorted(con.sql("SELECT * FROM native").fetchall()) == keys_rows[t]
                 continue
             assert (
                 con.sql(query.format("native")).fetch_arrow_table()
                 == con.sql(query.format("arrow")).fetch_arrow_table()
             )
             assert con.sql("SELECT count(*) FROM native").fetchall() == [(client.read(t).num_rows,)]
-            if native:
+            if t == plain:
                 pruned = "".join(str(row) for row in con.sql("EXPLAIN ANALYZE " + query.format("native")).fetchall())
                 assert re.search(r"Scanning Files:\W+1/3", pruned), pruned  # DuckDB's own pruning
     with pytest.raises(InvalidInput, match="view name"):

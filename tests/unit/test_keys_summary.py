@@ -873,3 +873,50 @@ def test_summary_probes_of_many_tables_probed_in_turn_keep_each_tables_layouts(
             assert probes.may_hold(live, hashed) == want, step
     per_lookup = (sum(laid) - 5 * 400) / (5 * 80)  # each table's set laid out once first
     assert per_lookup < 60, f"{per_lookup:.1f} parts laid out per lookup"
+
+
+_KEY_VALUES = {
+    "int": st.integers(-(2**63), 2**63 - 1),
+    "str": st.text(alphabet=st.sampled_from("ab\u00e9\u4e2d\U0001f600z"), max_size=300),  # long ones are bounded
+}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    kinds=st.lists(st.sampled_from(sorted(_KEY_VALUES)), min_size=1, max_size=2),
+    data=st.data(),
+)
+def test_parts_apart_in_key_order_give_their_rows_in_key_order(kinds: list[str], data: st.DataObject) -> None:
+    """``apart_in_key_order``: parts (each sorted by key, as the keys writer writes them) put in
+    the order it gives read, one after another, in Arrow's key order; a set of distinct keys cut
+    into contiguous runs is always ordered (shuffled), and overlapping runs never."""
+    pk = [f"k{i}" for i in range(len(kinds))]
+    schema = pa.schema([pa.field(c, pa.int64() if kind == "int" else pa.string(), False) for c, kind in zip(pk, kinds)])
+    keys = data.draw(st.lists(st.tuples(*(_KEY_VALUES[k] for k in kinds)), min_size=1, max_size=40, unique=True))
+    table = pa.table({c: [k[i] for k in keys] for i, c in enumerate(pk)}, schema=schema)
+    table = table.take(pc.sort_indices(table, sort_keys=[(c, "ascending") for c in pk]))
+    cuts = sorted(data.draw(st.sets(st.integers(1, max(1, table.num_rows - 1)), max_size=5)) | {0, table.num_rows})
+    runs = [table.slice(a, b - a) for a, b in zip(cuts, cuts[1:]) if b > a]
+    overlap = data.draw(st.booleans()) and len(runs) > 1
+    if overlap:  # the last run also takes the first run's first key
+        runs[-1] = pa.concat_tables([runs[0].slice(0, 1), runs[-1]])
+    shuffled = data.draw(st.permutations(runs))
+    summaries = [{**keytables.summarize(r, pk), "ranges": {"groups": []}} for r in shuffled]
+    order = keytables.apart_in_key_order(summaries, schema, pk)
+    if overlap:
+        assert order is None
+        return
+    assert order is not None
+    assert pa.concat_tables([shuffled[i] for i in order]).equals(table)
+    del summaries[-1]["ranges"]
+    assert keytables.apart_in_key_order(summaries, schema, pk) is None  # written before parts were sorted
+
+
+def test_parts_apart_in_key_order_only_for_keys_json_orders_as_arrow_does() -> None:
+    one = pa.table({"k": pa.array([1.5], pa.float64())})
+    s = {**keytables.summarize(one, ["k"]), "ranges": {"groups": []}}
+    assert keytables.apart_in_key_order([s], one.schema, ["k"]) is None
+    ints = pa.table({"k": [3, 4]})
+    s = {**keytables.summarize(ints, ["k"]), "ranges": {"groups": []}}
+    assert keytables.apart_in_key_order([s, s], ints.schema, ["k"]) is None  # the same range twice meets
+    assert keytables.apart_in_key_order([], ints.schema, ["k"]) == []
