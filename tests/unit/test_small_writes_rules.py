@@ -254,3 +254,35 @@ def test_a_client_compaction_cannot_name_spilled_parts() -> None:
         op_from_dict(
             {"op": "compact", "table": "t", "compact_kind": "minor", "removed": ["a"], "spilled": [["a", "x", 0]]}
         )
+
+
+def test_read_parts_keeps_its_reader_threads_and_a_forked_child_makes_its_own(tmp_path) -> None:  # noqa: ANN001
+    """``read_parts`` reads through one pool per process (threads started once, not at every
+    read), keeps the parts' order, and in a forked child (whose copy of the pool has no threads)
+    reads through a pool of its own instead of waiting forever."""
+    import multiprocessing
+    import threading
+
+    from parts.io.format import write_part
+
+    storage = Storage(str(tmp_path))
+    metas = [write_part(storage, "t", [], (), pa.table({"n": [i]}), "A") for i in range(6)]
+
+    def readers() -> set[int]:
+        return {t.ident or 0 for t in threading.enumerate() if t.name.startswith("mergetxn-read")}
+
+    assert [d["n"][0].as_py() for d in rewrite.read_parts(storage, metas)] == list(range(6))
+    before = readers()
+    for _ in range(20):
+        assert [d["n"][0].as_py() for d in rewrite.read_parts(storage, metas[::-1])] == list(range(5, -1, -1))
+    assert before and before <= readers()  # the threads of the first read still serve (a pool per read let them go)
+    assert len(readers()) <= rewrite.READ_THREADS
+    child = multiprocessing.get_context("fork").Process(target=_read_in_child, args=(str(tmp_path), metas))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0, "a forked child could not read through the pool"
+
+
+def _read_in_child(root: str, metas: list[PartMeta]) -> None:
+    got = [d["n"][0].as_py() for d in rewrite.read_parts(Storage(root), metas)]
+    raise SystemExit(0 if got == list(range(6)) else 1)
