@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from coordinator.core.keytables import OP, VER
 from parts.model.meta import PartMeta
 from spark.keysfold import choose_roads, op_range, overlaid, overlay, version_range
+from spark.native import row_key_shift
 
 
 def part(*keys: int, p: str = "x") -> pa.Table:
@@ -177,3 +181,37 @@ def test_choose_roads_among_allowed_parts() -> None:
     roads = choose_roads(parts, ["p", "k"], allowed=[0])
     assert roads is not None and (roads.direct, roads.small) == ((0,), (1, 2))
     assert roads.small_only is not None and sorted(roads.small_only.column("k").to_pylist()) == list(range(100, 150))
+
+
+@st.composite
+def files(draw: st.DrawFn) -> list[tuple[int, int, np.ndarray]]:
+    """Files as ``(size, rows, dead rows)``: sizes from a few (so that files share them) or
+    large, dead rows from a few patterns (so that files of one size may share them)."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        size = draw(st.sampled_from([10, 11, 12, 2**40, 2**62])) if draw(st.booleans()) else draw(st.integers(0, 2**20))
+        rows = draw(st.integers(0, 40))
+        dead = draw(st.sampled_from([[], [0], [0, 3], list(range(0, 40, 7))]))
+        out.append((size, rows, np.array([d for d in dead if d < rows], np.int64)))
+    return out
+
+
+@settings(max_examples=500, deadline=None)
+@given(files())
+def test_row_keys_of_dead_rows_name_exactly_them(fs: list[tuple[int, int, np.ndarray]]) -> None:
+    """spark.native.row_key_shift: with its shift, ``(size << shift) + row`` of the dead rows
+    names exactly the dead rows of every file (no live row shares an integer with a dead one),
+    all within a signed 64-bit integer; None only when two files of one size have different
+    dead rows or the largest size does not fit once shifted."""
+    sizes, rows, dead = [f[0] for f in fs], [f[1] for f in fs], [f[2] for f in fs]
+    shift = row_key_shift(sizes, rows, dead)
+    if shift is None:
+        fits = max(sizes) < 1 << (63 - max(max(rows), 1).bit_length())
+        shared = {}
+        assert not fits or any(not np.array_equal(shared.setdefault(s, d), d) for s, d in zip(sizes, dead))
+        return
+    gone = {(s << shift) + int(r) for s, d in zip(sizes, dead) for r in d}
+    assert all(k < 2**63 for s, n in zip(sizes, rows) for k in [(s << shift) + n])
+    for s, n, d in fs:
+        named = {r for r in range(n) if (s << shift) + r in gone}
+        assert named == set(d.tolist())
