@@ -40,6 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -633,15 +634,20 @@ def ascending(data: pa.Table, primary_key: Sequence[str]) -> bool:
         return False
 
 
-def distinct_key_order(keys: pa.Table, primary_key: Sequence[str]) -> pa.Array:
-    """The indices of ``keys`` (the key columns of rows whose keys are distinct: a read by
-    deletion vectors) in key order: by slot, with no sort, for one dense integer key column
-    (:func:`_last_by_slot`), else as :func:`_key_order` sorts."""
-    if len(primary_key) == 1 and keys.num_rows:
-        slots = _last_by_slot(keys.column(primary_key[0]))
+def live_key_order(data: pa.Table, primary_key: Sequence[str], keep: np.ndarray) -> pa.Array:
+    """The indices of the rows of ``data`` that ``keep`` marks (live rows of a read by deletion
+    vectors: their keys are distinct) in key order: by slot, with no sort and no copy of the
+    keys, for one dense integer key column (:func:`_last_by_slot`, the rows not kept left out),
+    else the kept rows as they are when their keys ascend, or as :func:`_key_order` sorts them."""
+    if len(primary_key) == 1 and data.num_rows:
+        slots = _last_by_slot(data.column(primary_key[0]), keep)
         if slots is not None:
             return slots
-    return _key_order(keys, primary_key)
+    live = pa.array(np.flatnonzero(keep))
+    keys = data.select(list(primary_key)).take(live)
+    if ascending(keys, primary_key):
+        return live
+    return pc.take(live, _key_order(keys, primary_key))
 
 
 def _key_order(data: pa.Table, primary_key: Sequence[str]) -> pa.Array:
@@ -690,10 +696,11 @@ def _radix_order(col: pa.Array) -> pa.Array | None:
 _SLOTS_PER_ROW = 4  # an integer key spanning at most this many values per version: a slot each
 
 
-def _last_by_slot(col: pa.ChunkedArray | pa.Array) -> pa.Array | None:
+def _last_by_slot(col: pa.ChunkedArray | pa.Array, keep: np.ndarray | None = None) -> pa.Array | None:
     """For one integer key column without nulls whose rows are versions in order (each key's
     later versions further on), the row of each key's last version, in key order, or None (not
-    integers, nulls, or values spanning more than :data:`_SLOTS_PER_ROW` per row).
+    integers, nulls, or values spanning more than :data:`_SLOTS_PER_ROW` per row). ``keep``
+    (one bool a row): only those rows count, the others written nowhere.
 
     No sort: each row writes its index into the slot of its key (its offset from the least
     key), a later row over an earlier one (``inverse_permutation`` visits the indices in order,
@@ -712,6 +719,8 @@ def _last_by_slot(col: pa.ChunkedArray | pa.Array) -> pa.Array | None:
     # (a subtraction that wraps past the type's end wraps back: Arrow's unchecked subtract).
     wide = pa.uint64() if col.type == pa.uint64() else pa.int64()
     offset = pc.subtract(col.cast(wide), pa.scalar(lo, wide)).cast(pa.int64())
+    if keep is not None:  # a null offset is written nowhere
+        offset = pa.array(offset.to_numpy(), pa.int64(), mask=~keep)
     kind = pa.int32() if len(col) < 2**31 - 1 else pa.int64()
     slots = pc.inverse_permutation(offset, max_index=span - 1, output_type=kind)
     return pc.drop_null(slots)

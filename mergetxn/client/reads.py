@@ -379,11 +379,7 @@ class Reads(ClientBase):
             return _in_key_order(data, pk).select(wanted)
         if bool(keep.all()):
             return _in_key_order(data, pk).select(wanted)
-        live = pa.array(np.flatnonzero(keep))
-        keys = data.select(pk).take(live)
-        if keyfold.ascending(keys, pk):
-            return data.select(wanted).take(live)
-        return data.select(wanted).take(pc.take(live, keyfold.distinct_key_order(keys, pk)))  # one gather
+        return data.select(wanted).take(keyfold.live_key_order(data, pk, keep))  # one gather
 
     def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
         """The ``need`` columns of each part: only those decoded when every part was written
@@ -663,7 +659,7 @@ def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
     part's rows, written sorted: a table after a major compaction), else taken into it."""
     if keyfold.ascending(data, pk):
         return data
-    return data.take(keyfold.distinct_key_order(data.select(pk), pk))
+    return data.take(keyfold.live_key_order(data, pk, np.ones(data.num_rows, bool)))
 
 
 class TransactionReads(TransactionBase):

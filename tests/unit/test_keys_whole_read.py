@@ -7,6 +7,7 @@ key ranges apart or overlapping, orders tied or not, compaction outputs with ``_
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -268,6 +269,43 @@ def test_last_by_slot_is_each_keys_last_row_in_key_order(col: pa.Array) -> None:
         return
     last = {v: i for i, v in enumerate(values)}
     assert got is not None and got.to_pylist() == [last[v] for v in sorted(last)]
+
+
+@st.composite
+def live_rows(draw: st.DrawFn) -> tuple[pa.Table, np.ndarray]:
+    """A key column (integers by :func:`slot_columns` without nulls, or strings) with repeats, and
+    the rows kept: at most one row of each key (a read by deletion vectors keeps one per key),
+    sometimes none, sometimes every row of keys that come once."""
+    if draw(st.booleans()):
+        col = draw(slot_columns())
+        col = pa.array([v for v in col.to_pylist() if v is not None], col.type)
+    else:
+        col = pa.array(draw(st.lists(st.sampled_from(KEYS["string"][1]), max_size=40)), pa.string())
+    values = col.to_pylist()
+    keep = np.zeros(len(values), bool)
+    rows_of: dict = {}
+    for i, v in enumerate(values):
+        rows_of.setdefault(v, []).append(i)
+    for rows in rows_of.values():
+        pick = draw(st.integers(-1, len(rows) - 1))
+        if pick >= 0:
+            keep[rows[pick]] = True
+    return pa.table({"k": col}), keep
+
+
+@FAST
+@given(live_rows())
+def test_live_key_order_is_the_kept_rows_in_key_order(case: tuple[pa.Table, np.ndarray]) -> None:
+    """keyfold.live_key_order (a whole read by deletion vectors): the indices of the kept rows,
+    keys ascending, by slot or by sort, the rows left out never among them."""
+    data, keep = case
+    values = data.column("k").to_pylist()
+    kept = sorted((i for i in range(len(values)) if keep[i]), key=lambda i: _sort_key(values[i]))
+    got = keyfold.live_key_order(data, ["k"], keep)
+    assert got.cast(pa.int64()).to_pylist() == kept
+    col, half = data.column("k").combine_chunks(), len(values) // 2
+    chunked = pa.table({"k": pa.chunked_array([col.slice(0, half), col.slice(half)], col.type)})
+    assert keyfold.live_key_order(chunked, ["k"], keep).cast(pa.int64()).to_pylist() == kept
 
 
 def test_last_by_slot_refuses_other_types() -> None:
