@@ -330,10 +330,10 @@ def _read_minus_vectors(
     tables never inline) by Spark's own Parquet reader less the rows the vectors name, by a
     broadcast anti-join (the dead rows go to the executors once). A row is named by one integer
     built from its file's size (checked against the part's before Spark runs, verify_footers)
-    and its row index, both from the reader's ``_metadata`` (:func:`row_key_shift`): a join on
-    one 64-bit column cost Spark about a quarter less CPU than one on file name and row index,
-    which names the rows when sizes do not tell the files apart. The vectors come from the
-    replica, checked (one per part, rows the part has: else CorruptMetadata)."""
+    and its row index, both from the reader's ``_metadata`` (:func:`row_key_shift`), or by file
+    name and row index when sizes do not tell the files apart. The dead rows reach Spark as one
+    row per part, its positions an array that Spark explodes (:func:`_dead_rows`). The vectors
+    come from the replica, checked (one per part, rows the part has: else CorruptMetadata)."""
     from pyspark.sql import functions as F
 
     dead = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
@@ -341,22 +341,44 @@ def _read_minus_vectors(
     if not paths:
         return session.createDataFrame([], schema)
     df = _parquet(session, schema, paths)
-    hit = [(m, p) for m, p in zip(metas, paths) if len(dead[m.name])]
+    hit = {m.name: p for m, p in zip(metas, paths) if len(dead[m.name])}
     if not hit:
         return df
     shift = row_key_shift([m.size for m in metas], [m.rows for m in metas], [dead[m.name] for m in metas])
-    if shift is not None:
-        keys = np.unique(np.concatenate([(m.size << shift) + dead[m.name] for m, _ in hit]))
-        gone = pa.table({_ROW: pa.array(keys, pa.int64())})
+    if shift is not None:  # one part of each size: the others of that size have its dead rows
+        by_size = {m.size: dead[m.name] for m in metas if m.name in hit}
+        gone = _dead_rows(session, pa.array([s << shift for s in by_size], pa.int64()), list(by_size.values()))
+        gone = gone.select((F.col("part") + F.col("row")).alias(_ROW))
         key = F.shiftleft(F.col("_metadata.file_size"), shift) + F.col("_metadata.row_index")
         df, on = df.select("*", key.alias(_ROW)), [_ROW]
     else:
-        files = [os.path.basename(p) for m, p in hit for _ in range(len(dead[m.name]))]
-        rows = np.concatenate([dead[m.name] for m, _ in hit])
-        gone = pa.table({_FILE: pa.array(files, pa.string()), _ROW: pa.array(rows, pa.int64())})
+        files = pa.array([os.path.basename(p) for p in hit.values()], pa.string())
+        gone = _dead_rows(session, files, [dead[n] for n in hit]).toDF(_FILE, _ROW)
         df = df.select("*", F.col("_metadata.file_name").alias(_FILE), F.col("_metadata.row_index").alias(_ROW))
         on = [_FILE, _ROW]
-    return df.join(F.broadcast(session.createDataFrame(gone)), on, "left_anti").drop(*on)
+    return df.join(F.broadcast(gone), on, "left_anti").drop(*on)
+
+
+_LIST_VALUES = 1 << 30  # positions per Arrow list chunk: its int32 offsets stay in range
+
+
+def _dead_rows(session: Any, parts: pa.Array, rows: Sequence[np.ndarray]) -> Any:
+    """A DataFrame of ``(part, row)``, a row for each position in ``rows[i]`` labelled
+    ``parts[i]``. Spark is given one row per part, its positions as an array, and explodes them
+    itself: Arrow rows become Spark rows one by one, and a row per position cost read_table of
+    a 1M-key table with 100,000 dead rows about 0.2 s more CPU (benchmarks/spark_io.py --only-keys)."""
+    from pyspark.sql import functions as F
+
+    chunks, start, held = [], 0, 0
+    for i, r in enumerate([*rows, None]):
+        if r is None or (held and held + len(r) > _LIST_VALUES):
+            offsets = pa.array(np.cumsum([0, *(len(x) for x in rows[start:i])]), pa.int32())  # refuses past 2**31
+            values = pa.array(np.concatenate(rows[start:i]), pa.int64())
+            chunks.append(pa.ListArray.from_arrays(offsets, values))
+            start, held = i, 0
+        held += 0 if r is None else len(r)
+    table = pa.table({"part": parts, "rows": pa.chunked_array(chunks, pa.list_(pa.int64()))})
+    return session.createDataFrame(table).select("part", F.explode("rows").alias("row"))
 
 
 def _parquet(session: Any, schema: Any, paths: Sequence[str]) -> Any:

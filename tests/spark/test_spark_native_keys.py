@@ -169,27 +169,31 @@ def folding(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(native, "_visible", lambda client, args: client.call("visible", lease="read", **args))
 
 
-@pytest.mark.parametrize("road", ["size", "file"])
+@pytest.mark.parametrize("road", ["size", "file", "size, in chunks"])
 def test_read_table_by_deletion_vectors(
     spark, c0: Client, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, road: str
 ) -> None:
     """Inserts, deletes and update-mode upserts, large and small parts, two partitions: ``read_table`` reads the
     parts minus their vectors (no fold), rows as client.read's, at an older snapshot and at the
     latest; the dead rows named by one integer of file size and row index (``size``: the parts'
-    sizes differ) and by file name and row index (``file``: as when two parts have one size)."""
+    sizes differ) and by file name and row index (``file``: as when two parts have one size),
+    given to Spark as arrays of positions in one Arrow chunk or in chunks of at most 3."""
     from spark import native
+
+    if road.endswith("in chunks"):
+        monkeypatch.setattr(native, "_LIST_VALUES", 3)
 
     shifts: list[int | None] = []
     real = native.row_key_shift
 
     def shift(sizes: list[int], rows: list[int], dead: list) -> int | None:
-        shifts.append(real(sizes, rows, dead) if road == "size" else None)
+        shifts.append(real(sizes, rows, dead) if road.startswith("size") else None)
         return shifts[-1]
 
     monkeypatch.setattr(native, "row_key_shift", shift)
     caplog.set_level("DEBUG", logger="spark.keysfold")
     rng = random.Random(5)
-    name = f"nk_vectors_{road}"
+    name = f"nk_vectors_{road.split(',')[0]}_{len(road)}"
     c0.create_table(
         name,
         SCHEMA,
@@ -217,7 +221,7 @@ def test_read_table_by_deletion_vectors(
         assert spark_set(mspark.read_table(spark, name, snapshot=s)) == as_set(c0.read(name, snapshot=s)), s
     assert not [r for r in caplog.records if r.name == "spark.keysfold"], "read_table folded"
     assert "vectors" in c0.call("visible", table=name, vectors=True, lease="none")
-    assert len(shifts) == 2 and all((s is not None) == (road == "size") for s in shifts), shifts
+    assert len(shifts) == 2 and all((s is not None) == road.startswith("size") for s in shifts), shifts
 
 
 def roads_of(caplog: pytest.LogCaptureFixture) -> str:
