@@ -91,7 +91,7 @@ RUNS: dict[str, Run] = {
     "security_brute.json": Run("security_cost.py --only brute --brute-rate 100", "2026-12-02 14:36", "01a1787", AMD),
     "spark_io.json": Run("spark_io.py --repeat 3", "2026-11-24", "1caaebf", AMD),
     "spark_io_keys.json": Run(
-        "spark_io.py --only-keys --keys-no-data-source --keys-floor --repeat 6", "2026-12-04 13:01", "aa07128", AMD
+        "spark_io.py --only-keys --keys-no-data-source --keys-floor --repeat 6", "2026-12-04 12:43", "c5434b6", AMD
     ),
     "spark_streaming.json": Run("spark_streaming.py --files 5 --repeat 3", "2026-11-24 10:12", "1b34429", AMD),
     "async_commits.json": Run("async_commits.py", "2026-11-24 09:35", "42bf859", AMD),
