@@ -841,7 +841,24 @@ def _may(node: tuple[Any, ...], ranges: dict[str, tuple[Any, Any] | None], schem
         return _may(node[1], ranges, schema) and _may(node[2], ranges, schema)
     if node[0] == "or":
         return _may(node[1], ranges, schema) or _may(node[2], ranges, schema)
+    if node[0] == "in":  # a part may hold a row of one of the values; in doubt, it may
+        terms = _in_terms(node)
+        return terms is None or any(_may(term, ranges, schema) for term in terms)
     return _term_may(node, ranges, schema)
+
+
+def _in_terms(node: tuple[Any, ...], most: int = 8) -> list[tuple[Any, ...]] | None:
+    """What a part's statistics can rule out of an ``("in", column, values)`` node: the terms
+    ``column == v``, one per value, when they are at most ``most``, else the range ``column >=
+    least and column <= greatest``; None when the values do not order."""
+    _, ref, values = node
+    if len(values) <= most:
+        return [("cmp", ref, "==", v, False) for v in values]
+    try:
+        lo, hi = min(values), max(values)
+    except TypeError:
+        return None
+    return [("and", ("cmp", ref, ">=", lo, False), ("cmp", ref, "<=", hi, False))]
 
 
 def _term_may(node: tuple[Any, ...], ranges: dict[str, tuple[Any, Any] | None], schema: pa.Schema | None) -> bool:
@@ -888,6 +905,34 @@ def _range_may(op: str, value: Any, lo: Any, hi: Any, unbounded: bool) -> bool:
     return bool(hi >= value)
 
 
+IN_MAX_VALUES = 4096  # a longer value set is left to the filter (no pruning, no point read)
+
+
+def _is_in(where: pc.Expression) -> tuple[Any, ...]:
+    """``column.isin(values)`` (``pc.field(name).isin(values)``, nulls in neither) as ``("in",
+    ("name", column), values)``. The values come from the expression's own serialized form (an
+    Arrow IPC file whose one row holds the value set as a typed list; the text of the expression
+    cuts a set of more than 20 values short), and the expression rebuilt from them must equal
+    ``where``; anything else raises _Unsupported."""
+    serialized = where.__reduce__()[1][0]
+    if not isinstance(serialized, pa.Buffer):
+        raise _Unsupported("is_in")
+    table = pa.ipc.open_file(serialized).read_all()
+    meta = table.schema.metadata or {}
+    name = meta.get(b"field_ref", b"").decode("utf-8")
+    if set(meta) != {b"call", b"field_ref", b"options", b"end"} or not name or table.num_rows != 1:
+        raise _Unsupported("is_in")
+    options = table.column(int(meta[b"options"])).combine_chunks()
+    values = options.field("value_set")[0].values
+    if len(values) > IN_MAX_VALUES or values.null_count:
+        raise _Unsupported("is_in")
+    if pa.types.is_floating(values.type) and not pc.all(pc.is_finite(values)).as_py():
+        raise _Unsupported("is_in")  # NaN and infinities: as in a comparison, left to the filter
+    if not pc.field(name).isin(values).equals(where):
+        raise _Unsupported("is_in")
+    return ("in", ("name", name), values.to_pylist())
+
+
 def _same(rebuilt: pc.Expression, where: pc.Expression, schema: pa.Schema | None) -> bool:
     """Whether the parsed tree is exactly ``where`` (so the textual parse was not fooled).
     Decoded expressions are bound to kernels, so compare them after the same Substrait trip."""
@@ -910,10 +955,14 @@ def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple[Any,
     if last_where is where and last_schema is schema:
         return last_tree
     try:
-        tokens = _tokens(str(where))
-        tree, end = _parse(tokens, 0)
-        if end != len(tokens) or not _same(_rebuild(tree), where, schema):
-            tree = UNSUPPORTED
+        text = str(where)
+        if text.startswith("is_in("):
+            tree = _is_in(where)
+        else:
+            tokens = _tokens(text)
+            tree, end = _parse(tokens, 0)
+            if end != len(tokens) or not _same(_rebuild(tree), where, schema):
+                tree = UNSUPPORTED
     except (
         _Unsupported,
         IndexError,

@@ -146,6 +146,18 @@ POINTS = [
     (PK2, ("p", "k"), (P == "x") & (K == 3), [("x", 3)]),
     (PK2, ("p", "k"), K == 3, None),  # one key column free
     (PK2, ("p", "k"), ((P == "x") | (P == "y")) & (K == 1) & (V > 0), [("x", 1), ("y", 1)]),
+    (SCHEMA, ("k",), K.isin([5, 2, 5]), [(2,), (5,)]),  # a value set: read from its typed values
+    (SCHEMA, ("k",), K.isin(list(range(40))), [(i,) for i in range(40)]),  # past the 20 its text shows
+    (SCHEMA, ("k",), K.isin([]), []),
+    (SCHEMA, ("k",), K.isin([1, None]), None),
+    (SCHEMA, ("k",), pc.field("b").isin([1, 2]), None),
+    (PK2, ("p", "k"), K.isin([1, 2]), None),
+    (
+        pa.schema([pa.field("s", pa.string(), False)]),
+        ("s",),
+        pc.field("s").isin(['a") or (s == "b', "c"]),
+        [('a") or (s == "b',), ("c",)],
+    ),
 ]
 
 
@@ -525,12 +537,19 @@ def test_point_reads_read_only_parts_that_may_hold_the_key_and_equal_the_fold(cl
     counted.clear()
     both = client.read(name, where=(K == 3) | (K == 4))
     assert both.equals(everything.filter((K == 3) | (K == 4))) and len(counted) < 20
+    for values in ([3, 4], [5, 1000], [], list(range(0, 100, 4))):  # a value set is a point read too
+        counted.clear()
+        got = client.read(name, where=K.isin(values))
+        assert got.equals(everything.filter(K.isin(values))), values
+        assert len(counted) < (12 if len(values) < 3 else 30), (values, len(counted))
     # In a transaction, with its own writes (its own part carries a summary too).
     with client.transaction() as tx:
         tx.upsert(name, pa.table({"k": pa.array([7], pa.int64()), "b": pa.array([-7], pa.int64())}), update=True)
         counted.clear()
         mine = tx.read(name, where=K == 7)
         assert len(counted) < 12
+        counted.clear()
+        assert tx.read(name, where=K.isin([7])).equals(mine) and len(counted) < 12
         assert mine.equals(tx.read(name).filter(K == 7)) and mine.column("b").to_pylist() == [-7]
         metas, _ = tx._visible_csns(name)
         assert metas and all(m.key_summary is not None for m in metas)
@@ -614,6 +633,8 @@ EXACT = [
     (PK2, ("p", "k"), ((P == "x") | (P == "y")) & (K == 1) & (V > 0), None),
     (pa.schema([pa.field("f", pa.float64(), False)]), ("f",), pc.field("f") == 0.0, None),  # -0.0 == 0.0
     (pa.schema([pa.field("d", pa.date32(), False)]), ("d",), pc.field("d") == dt.date(2020, 1, 1), None),
+    (SCHEMA, ("k",), K.isin([7, 3]), [(3,), (7,)]),
+    (pa.schema([pa.field("f", pa.float64(), False)]), ("f",), pc.field("f").isin([0.0]), None),
 ]
 
 

@@ -698,7 +698,17 @@ STATS = {
         (pc.field("day") < dt.date(2024, 1, 5), False),
         (pc.field("day") <= dt.date(2024, 1, 5), True),
         (pc.field("score") > 2.5, False),
-        (pc.field("id").isin([1, 2]), True),
+        (pc.field("id").isin([1, 2]), False),  # a value set: a part may hold one of its values
+        (pc.field("id").isin([1, 15]), True),
+        (pc.field("id").isin(list(range(0, 10))), False),  # more than 8 values: their range
+        (pc.field("id").isin(list(range(0, 100, 9))), True),
+        (pc.field("id").isin([]), False),  # an empty set: no row matches
+        (pc.field("name").isin(["a", 'z") or (id > 5']), False),
+        (pc.field("name").isin(["l"]), True),
+        (pc.field("score").isin([5.0, float("nan")]), True),  # NaN: left to the filter
+        (pc.field("day").isin([dt.date(2024, 1, 1)]), False),
+        (pc.field("id").isin([1, None]), True),  # a null in the set: left to the filter
+        (pc.field("id").isin([1, 2]) & (pc.field("id") == 3), True),  # inside AND/OR: not parsed
         (~(pc.field("id") < 30), True),
         (pc.field("name").is_null(), True),
         (pc.field("id") + 1 > 100, True),
