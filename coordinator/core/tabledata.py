@@ -914,7 +914,7 @@ def _is_in(where: pc.Expression) -> tuple[Any, ...]:
     Arrow IPC file whose one row holds the value set as a typed list; the text of the expression
     cuts a set of more than 20 values short), and the expression rebuilt from them must equal
     ``where``; anything else raises _Unsupported."""
-    serialized = where.__reduce__()[1][0]
+    serialized = _serialized(where)
     if not isinstance(serialized, pa.Buffer):
         raise _Unsupported("is_in")
     table = pa.ipc.open_file(serialized).read_all()
@@ -931,6 +931,11 @@ def _is_in(where: pc.Expression) -> tuple[Any, ...]:
     if not pc.field(name).isin(values).equals(where):
         raise _Unsupported("is_in")
     return ("in", ("name", name), values.to_pylist())
+
+
+def _serialized(where: pc.Expression) -> Any:
+    """Arrow's own serialized form of an expression (what pickling it carries)."""
+    return where.__reduce__()[1][0]
 
 
 def _same(rebuilt: pc.Expression, where: pc.Expression, schema: pa.Schema | None) -> bool:
@@ -966,6 +971,8 @@ def compile_filter(where: pc.Expression, schema: pa.Schema | None) -> tuple[Any,
     except (
         _Unsupported,
         IndexError,
+        KeyError,
+        AttributeError,  # an is_in serialized otherwise than _is_in reads it
         ValueError,
         TypeError,
         pa.ArrowException,

@@ -756,3 +756,21 @@ def test_may_match_agrees_with_data(storage):
         ]:
             if data.filter(where).num_rows:
                 assert ops.may_match(meta.stats, [], (), where, schema=SCHEMA), str(where)
+
+
+def test_a_value_set_serialized_otherwise_is_left_to_the_filter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tabledata._is_in reads a value set from Arrow's own serialized form of the expression:
+    when that form is not what it expects (another Arrow), the filter is not understood, so no
+    part is ruled out and no read fails."""
+    where = pc.field("id").isin([1, 2])
+    assert not ops.may_match(STATS, [], (), where)
+    forms: list = [pa.py_buffer(b"not arrow"), b"bytes", None]
+    for meta in ({"call": "is_in"}, {"call": "is_in", "field_ref": "id", "options": "0", "end": "is_in"}):
+        odd = pa.BufferOutputStream()  # other keys; the right keys over a column of no value set
+        with pa.ipc.new_file(odd, pa.schema([("x", pa.int64())], metadata=meta)) as w:
+            w.write_table(pa.table({"x": [1]}))
+        forms.append(odd.getvalue())
+    for form in forms:
+        monkeypatch.setattr(ops, "_last_compiled", (None, None, ops.UNSUPPORTED))
+        monkeypatch.setattr(ops, "_serialized", lambda where, f=form: f)
+        assert ops.may_match(STATS, [], (), pc.field("id").isin([1, 2])) is True, form
