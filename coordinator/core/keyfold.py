@@ -634,16 +634,16 @@ def ascending(data: pa.Table, primary_key: Sequence[str]) -> bool:
         return False
 
 
-def live_key_order(data: pa.Table, primary_key: Sequence[str], keep: np.ndarray) -> pa.Array:
-    """The indices of the rows of ``data`` that ``keep`` marks (live rows of a read by deletion
-    vectors: their keys are distinct) in key order: by slot, with no sort and no copy of the
-    keys, for one dense integer key column (:func:`_last_by_slot`, the rows not kept left out),
-    else the kept rows as they are when their keys ascend, or as :func:`_key_order` sorts them."""
+def live_key_order(data: pa.Table, primary_key: Sequence[str], keep: np.ndarray | None = None) -> pa.Array:
+    """The indices of the rows of ``data`` that ``keep`` marks (None: all; live rows of a read by
+    deletion vectors: their keys are distinct) in key order: by slot, with no sort and no copy of
+    the keys, for one dense integer key column (:func:`_last_by_slot`, the rows not kept left
+    out), else the kept rows as they are when their keys ascend, or as :func:`_key_order` sorts them."""
     if len(primary_key) == 1 and data.num_rows:
         slots = _last_by_slot(data.column(primary_key[0]), keep)
         if slots is not None:
             return slots
-    live = pa.array(np.flatnonzero(keep))
+    live = pa.array(np.flatnonzero(keep) if keep is not None else np.arange(data.num_rows))
     keys = data.select(list(primary_key)).take(live)
     if ascending(keys, primary_key):
         return live

@@ -1587,10 +1587,13 @@ def _assignments(
     """Alternatives of a compiled filter ``node`` (see ``point_keys``), each fixing some key
     columns; None: not understood."""
     if node[0] == "in":  # one alternative per value
-        alternatives = [_term_assignment(("cmp", node[1], "==", v, False), schema, pk, exact) for v in node[2]]
-        if any(a is None for a in alternatives):
-            return None
-        return [a for alt in alternatives for a in alt or []]
+        out: list[dict[str, Any]] = []
+        for v in node[2]:
+            alternative = _term_assignment(("cmp", node[1], "==", v, False), schema, pk, exact)
+            if alternative is None:
+                return None
+            out += alternative
+        return out
     if node[0] not in ("and", "or"):
         return _term_assignment(node, schema, pk, exact)
     left, right = _assignments(node[1], schema, pk, limit, exact), _assignments(node[2], schema, pk, limit, exact)

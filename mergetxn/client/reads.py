@@ -659,7 +659,7 @@ def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
     part's rows, written sorted: a table after a major compaction), else taken into it."""
     if keyfold.ascending(data, pk):
         return data
-    return data.take(keyfold.live_key_order(data, pk, np.ones(data.num_rows, bool)))
+    return data.take(keyfold.live_key_order(data, pk))
 
 
 class TransactionReads(TransactionBase):
