@@ -560,7 +560,8 @@ class ReplicaServer(RpcServer):
         if a.get("id") is not None:
             keep = None if a.get("point_hint") is None else (lambda metas, at: self._may_hold(a, at, metas))
             snap, metas = self.transactions.visible_parts(a["table"], a["id"], pkeys, keep)
-            return {"snapshot": snap, "parts": _part_dicts(a, metas), **self._csns(metas)}
+            csns = self._csns(metas)
+            return {"snapshot": snap, "parts": _part_dicts(a, metas), **csns, **self._own_vectors(a, snap, metas, csns)}
         snap, metas, lease = self.replica.read_parts(
             a["table"],
             a.get("snapshot"),
@@ -594,6 +595,14 @@ class ReplicaServer(RpcServer):
         if dead is None:
             return {}
         return {"vectors": {name: deletions.encode_rows(rows) for name, rows in dead.items()}}
+
+    def _own_vectors(self, a: dict, snapshot: int, metas: list, csns: dict) -> dict:
+        """``vectors`` for a transaction's whole read: those of its committed parts at its
+        snapshot (its own parts have none: the reader folds their versions over the live rows
+        of the keys they touch), when it removed none of the table's committed parts."""
+        if a.get("vectors") is not True or self.transactions.removed_any(a["table"], a["id"]):
+            return {}
+        return self._vectors(a, snapshot, [m for m in metas if m.name in csns["csns"]])
 
     def _may_hold(self, a: dict, snapshot: int, metas: list) -> list:
         """A keys-table read whose filter fixes whole keys (``point_hint``, coordinator/core/keytables.py)

@@ -491,3 +491,12 @@ class Staging(TxnLifecycle):
             self.table(table, None)
         added, removed = txn.own_parts()
         return snapshot, self.state.visible(table, snapshot, txn.id, added, removed, pkeys, keep)
+
+    def removed_any(self, table: str, txn_id: str) -> bool:
+        """Whether transaction ``txn_id`` removed a committed part of ``table`` (an overwrite, a
+        delete that dropped parts): its view of the table is then not the snapshot's parts plus
+        its own, and the snapshot's deletion vectors do not answer for it (a removed part the
+        state has forgotten counts as one of ``table``)."""
+        _, removed = self.running(txn_id).own_parts()
+        records = [self.state.part(n) for n in removed]
+        return any(r is None or r.meta.table == table for r in records)

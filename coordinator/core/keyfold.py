@@ -118,6 +118,85 @@ def merge(schema: pa.Schema, primary_key: Sequence[str], parts: Iterable[tuple[f
     return state.rows(schema).filter(state.exists())
 
 
+def over_live(
+    schema: pa.Schema,
+    primary_key: Sequence[str],
+    data: pa.Table,
+    keep: np.ndarray,
+    order: pa.Array,
+    own: Sequence[pa.Table],
+) -> pa.Table:
+    """The rows of ``data`` that ``keep`` marks, at ``order`` (one row per key, in key order, in
+    ``schema``: a snapshot's live rows read by deletion vectors, :func:`live_key_order`) with a transaction's
+    own versions ``own`` (each in the part layout) applied on top: what :func:`merge` of every
+    version gives, the fold run over the keys ``own`` touches alone (each one's live row a PUT
+    before its own versions). The other rows are copied once: the result is one gather of
+    ``data`` and the folded rows, put in key order by where the folded keys fall among the
+    others (a binary search for one numeric key column, else a sort of the keys); the touched
+    rows are picked by a filter (a take from the parts' many chunks would join them first).
+    Rows come sorted by key."""
+    own = [t for t in own if t.num_rows]
+    if not own:
+        return data.take(order)
+    pk = list(primary_key)
+    at = np.asarray(order, dtype=np.int64)
+    theirs = pa.table({k: pa.chunked_array([t.column(k).cast(data.schema.field(k).type) for t in own]) for k in pk})
+    hit = _touching(_compared(data.select(pk)), _compared(theirs))  # over every row, dead ones too
+    before = data.filter(pa.array(hit & keep))
+    n = before.num_rows
+    puts = before.append_column(OP, pa.array(np.full(n, PUT, np.int8)))
+    folded = merge(
+        schema, pk, [(0, puts.append_column(SEQ, pa.array(np.zeros(n, np.int64)))), *((OWN, t) for t in own)]
+    )
+    folded = folded if folded.schema.equals(data.schema) else folded.select(data.column_names).cast(data.schema)
+    rest = at[~hit[at]]
+    new = np.arange(data.num_rows, data.num_rows + folded.num_rows, dtype=np.int64)
+    points = _insertion_points(data.column(pk[0]), rest, folded.column(pk[0])) if len(pk) == 1 else None
+    if points is not None:
+        rows = np.insert(rest, points, new)
+    else:
+        both = pa.concat_tables([data.select(pk).take(pa.array(rest)), folded.select(pk)])
+        rows = np.concatenate([rest, new])[np.asarray(_key_order(both, pk))]
+    return pa.concat_tables([data, folded]).take(pa.array(rows))
+
+
+def _insertion_points(keys: pa.ChunkedArray, rest: np.ndarray, among: pa.ChunkedArray | pa.Array) -> np.ndarray | None:
+    """Where each of ``among`` (sorted keys) falls among ``keys`` at ``rest`` (rows whose keys
+    ascend, none equal to one of them), by binary search: integer or float keys; else None."""
+    if not (pa.types.is_integer(keys.type) or keys.type in (pa.float32(), pa.float64())):
+        return None
+    values, wanted = keys.to_numpy(), among.to_numpy()
+    if len(wanted) <= _BISECT_MAX:  # a few: bisect ``rest`` through ``values``, gathering none
+        return np.array([bisect.bisect_left(rest, v, key=values.__getitem__) for v in wanted], np.int64)
+    return np.asarray(np.searchsorted(values[rest], wanted), dtype=np.int64)
+
+
+_BISECT_MAX = 512  # folded keys placed by Python's bisect (20 steps each for a million rows)
+
+
+def _compared(keys: pa.Table) -> pa.Table:
+    """Key columns as the fold compares them (equal values are one key): a float column's -0.0
+    as 0.0 (adding 0.0 turns one into the other), which hashing would tell apart."""
+    return pa.table(
+        {
+            name: pc.add(col, pa.scalar(0.0, col.type)) if col.type in (pa.float32(), pa.float64()) else col
+            for name, col in zip(keys.column_names, keys.columns)
+        }
+    )
+
+
+def _touching(live_keys: pa.Table, keys: pa.Table) -> np.ndarray:
+    """One bool per row of ``live_keys`` (distinct keys): whether its key is among ``keys``'."""
+    if live_keys.num_columns == 1:
+        found = pc.is_in(live_keys.column(0), value_set=keys.column(0).combine_chunks())
+        return np.asarray(found, dtype=bool)
+    rows = live_keys.append_column("_row", pa.array(np.arange(live_keys.num_rows, dtype=np.int64)))
+    hit = rows.join(keys.group_by(keys.column_names).aggregate([]), keys.column_names, join_type="left semi")
+    out = np.zeros(live_keys.num_rows, bool)
+    out[hit.column("_row").to_numpy()] = True
+    return out
+
+
 def version_rows(data: pa.Table, order: int, primary_key: Sequence[str]) -> pa.Table:
     """The versions of a committed part (``order``: its creation CSN) as a table of its key
     columns, ``_ver`` and ``_seq``, read locks left out: what :func:`fold` takes as ``others``.

@@ -150,8 +150,8 @@ class KeysStatements(TransactionBase):
             return 0
         where = None if targets is None else in_partitions(tdef, targets)
         self._record_read(tdef, where)
-        metas, csns = self._visible_csns(tdef.name)
-        live = self._rows(tdef, metas, csns, list(tdef.primary_key), where)
+        metas, csns, vectors = self._visible_whole(tdef.name)
+        live = self._rows(tdef, metas, csns, list(tdef.primary_key), where, vectors)
         return self._write_versions(tdef, live, keytables.DELETE) if live.num_rows else 0
 
     def _update_keys(self, tdef: TableDef, where: pc.Expression, assigns: dict[str, pc.Expression]) -> int:

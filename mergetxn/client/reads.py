@@ -3,32 +3,29 @@
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from coordinator.core import deletions, errors, keyfold, keypoint, keyranges, keytables
+from coordinator.core import errors, keyfold, keyranges, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput, quote
 from coordinator.core.tabledata import (
     CHANGE_COLUMNS,
     check_expression,
-    may_match,
     partition_key,
 )
 from coordinator.model.catalog import TableDef
-from mergetxn.client.base import ClientBase, TransactionBase
+from mergetxn.client.base import TransactionBase
 from mergetxn.client.checks import (
     timestamp_of,
 )
+from mergetxn.client.keyreads import KeysReads, part_may_match
 from parts.io import keyscan, rewrite
 from parts.io.dataset import snapshot_dataset, table_dataset
 from parts.io.format import read_part
@@ -76,7 +73,7 @@ def _point_hint(
     return {} if hint is None else {"point_hint": hint}
 
 
-class Reads(ClientBase):
+class Reads(KeysReads):
     """The client's reads (a part of :class:`mergetxn.client.client.Client`)."""
 
     # -- reads -------------------------------------------------------------------------------
@@ -300,138 +297,6 @@ class Reads(ClientBase):
                 yield built
                 return
 
-    def _read_keys(
-        self,
-        tdef: TableDef,
-        metas: list[PartMeta],
-        columns: Sequence[str] | None,
-        where: pc.Expression | None,
-        csns: Mapping[str, int],
-        exact: list[tuple] | None = None,
-    ) -> pa.Table:
-        wanted = None
-        # A filter that is only ``key == literal`` terms (keytables.point_keys, exact) keeps
-        # exactly the rows of those keys: it parsed as valid and is not applied after the fold,
-        # which reads and folds those keys' versions alone (an Arrow plan each costs a point read
-        # more than the rest of its client side).
-        if exact is None and where is not None:
-            exact = keytables.point_keys(where, tdef.schema, tdef.primary_key, exact=True)
-        if exact is not None:
-            wanted = exact
-        elif where is not None:  # after the fold: a newer version may move a row out of (or into) it
-            check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
-            # A filter that fixes the whole key (``k == 5``) matches only rows of those keys, so a
-            # part whose key summary cannot hold one of them adds no version the fold would keep.
-            wanted = keytables.point_keys(where, tdef.schema, tdef.primary_key)
-        if wanted is not None:
-            hashed = {k: keytables.key_hash(k) for k in wanted}
-            metas = [m for m in metas if keytables.may_hold_any(m.key_summary, hashed)]
-        if where is not None and wanted is not None:
-            # Only those keys' versions matter (the fold is per key): of each part, only the row
-            # groups whose key statistics may hold one (parts are written sorted by key), and of
-            # them only those keys' rows, are read and folded.
-            versions = self._point_versions(tdef, metas, csns, wanted)
-            few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions)
-            data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
-        else:
-            data = self._fold_whole(tdef, metas, csns, columns if where is None else None)
-        if where is not None and exact is None and data.num_rows:
-            data = data.filter(where)
-        return data if columns is None else data.select(list(columns))
-
-    def _read_minus_vectors(
-        self,
-        tdef: TableDef,
-        metas: list[PartMeta],
-        columns: Sequence[str] | None,
-        vectors: Mapping[str, str],
-        where: pc.Expression | None = None,
-    ) -> pa.Table:
-        """A read of a keys table by deletion vectors (docs/architecture/keys-vectors.md): the
-        parts' rows minus those their vectors name, no fold, then ``where``, in key order as a
-        fold gives them. Each part's live rows are rows of the table as it is at the snapshot, so
-        a filter skips parts whose partition and statistics rule it out, as for a parts table.
-        The vectors come from the replica, checked: one for every part, each naming rows the
-        part has (else CorruptMetadata)."""
-        pk = list(tdef.primary_key)
-        wanted = list(tdef.schema.names) if columns is None else list(columns)
-        sent = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
-        dead = [sent[m.name] for m in metas]
-        if where is not None:
-            check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
-            kept = [i for i, m in enumerate(metas) if _may_match(tdef, m, where)]
-            metas, dead = [metas[i] for i in kept], [dead[i] for i in kept]
-        need = (wanted + [k for k in pk if k not in wanted]) if where is None else list(tdef.schema.names)
-        target = pa.schema([tdef.schema.field(c) for c in need])
-        datas = [
-            d if d.schema.equals(target, check_metadata=True) else d.cast(target)
-            for d in self._columns_of(tdef, metas, need)
-        ]
-        if not datas:
-            return target.empty_table().select(wanted)
-        data = pa.concat_tables(datas)
-        keep = np.ones(data.num_rows, bool)
-        offsets = np.cumsum([0] + [d.num_rows for d in datas])
-        for at, rows in zip(offsets, dead):
-            keep[at + rows] = False
-        if where is not None:  # the live rows the filter keeps, in key order
-            data = data.filter(pa.array(keep)).filter(where)
-            return _in_key_order(data, pk).select(wanted)
-        if bool(keep.all()):
-            return _in_key_order(data, pk).select(wanted)
-        return data.select(wanted).take(keyfold.live_key_order(data, pk, keep))  # one gather
-
-    def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
-        """The ``need`` columns of each part: only those decoded when every part was written
-        for the table's current definition with all of them (its statistics name each column
-        of its file), else each part read whole under it."""
-        if all(tdef.current(m.schema_version) and all(c in m.stats for c in need) for m in metas):
-            return rewrite.read_parts(self.storage, metas, columns=need)
-        return [d.select(need) for d in rewrite.read_parts(self.storage, metas, table=tdef, cached=True)]
-
-    def _point_versions(
-        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
-    ) -> list[tuple[float, pa.Table]]:
-        """``(order, versions of the keys wanted)`` of the parts a point read needs, in the order
-        of ``metas``. With plain key columns the parts are read newest first (by
-        :func:`keypoint.top_place`) and the rest left once every key has a PUT or DELETE later
-        than anything they can hold (:func:`keypoint.settled`): the fold of the parts read is
-        the fold of all of them, and a filter's false positive older than a key's last write
-        costs nothing."""
-        keys = (list(tdef.primary_key), wanted)
-        orders = [csns.get(m.name, keytables.OWN) for m in metas]
-        if len(metas) < 2 or not keypoint.plain_keys(tdef.schema, tdef.primary_key):
-            return [(o, read_part(self.storage, m, keys=keys)) for m, o in zip(metas, orders)]
-        return keypoint.newest_first(
-            orders,
-            [m.stats for m in metas],
-            wanted,
-            tdef.primary_key,
-            lambda i: read_part(self.storage, metas[i], keys=keys),
-        )
-
-    def _fold_whole(
-        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None
-    ) -> pa.Table:
-        """Every version of ``metas`` folded (``columns``: the ones the caller keeps, None all).
-        Of each part only the columns its statistics do not prove constant are decoded
-        (:func:`keyfold.read_plan`), in one thread per core (Arrow decodes without the GIL, but
-        each part takes it back a few times: 8 threads on 2 cores decoded benchmarks/keys_bench.py's
-        120 parts in more wall time than one thread did, and 2 in less than 8 in every run,
-        one part alone: Arrow's own threads), then folded
-        (:func:`keyfold.merge`)."""
-        pk = tuple(tdef.primary_key)
-        orders = [csns.get(m.name, keytables.OWN) for m in metas]
-        stats = [m.stats for m in metas]
-        shared, alone = keyfold.shared_orders(orders, stats), keyfold.alone(pk[0], stats)
-        plans = [keyfold.read_plan(tdef.schema, pk, *how, columns) for how in zip(stats, shared, alone)]
-        if len(metas) <= 1:
-            datas = [keyscan.read_versions(self.storage, m, p, pk, threads=True) for m, p in zip(metas, plans)]
-            return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
-        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1, len(metas))) as pool:
-            datas = keyscan.read_all_versions(self.storage, metas, plans, pk, pool)
-        return keyfold.merge(tdef.schema, pk, list(zip(orders, datas)))
-
     def snapshot(self) -> int:
         """The replica's snapshot version: everything up to it is applied there."""
         return self.call("snapshot")["snapshot"]
@@ -559,26 +424,11 @@ class Reads(ClientBase):
         """The dataset of ``metas``; a keys table's live rows (one per key) in memory: its parts
         minus their deletion ``vectors`` when the replica sent them, else the fold."""
         if tdef.conflict_policy is Policy.KEYS:
-            if vectors is not None:
+            if vectors is not None and all(m.name in (csns or {}) for m in metas):
                 return self._keys_dataset(tdef, metas, vectors)
-            return table_dataset(tdef, self._read_keys(tdef, metas, None, None, csns or {}))
+            # a transaction's own parts among them, or no vectors: the rows read, in memory
+            return table_dataset(tdef, self._read_parts(tdef, metas, None, None, csns, vectors=vectors))
         return snapshot_dataset(self.storage, tdef, metas, cached=True)
-
-    def _keys_dataset(self, tdef: TableDef, metas: list[PartMeta], vectors: Mapping[str, str]) -> ds.Dataset:
-        """A keys table's live rows by its deletion ``vectors``. When no part holds a deleted row
-        and their key ranges do not meet (a merged table, keys loaded in ascending batches), the
-        parts themselves, read lazily as a ``parts`` table's files (every row of such a part is
-        a row of the table), in key order as every read of a keys table gives its rows (each
-        part written sorted by key: :func:`keytables.apart_in_key_order`); otherwise the parts
-        minus their vectors, in memory."""
-        sent = deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
-        if not any(len(rows) for rows in sent.values()):
-            order = keytables.apart_in_key_order([m.key_summary for m in metas], tdef.schema, tdef.primary_key)
-            if order is not None:
-                files = snapshot_dataset(self.storage, tdef, [metas[i] for i in order], cached=True)
-                if isinstance(files, ds.FileSystemDataset):  # one child: its fragments in that order
-                    return files
-        return table_dataset(tdef, self._read_minus_vectors(tdef, metas, None, vectors))
 
     @contextmanager
     def _leased(self, answer: dict) -> Iterator[None]:
@@ -634,32 +484,20 @@ class Reads(ClientBase):
             if missing:
                 raise InvalidInput(f"table {quote(table)} has no column(s) {quote(missing)}")
         if tdef.conflict_policy is Policy.KEYS:
+            if vectors is not None and any(m.name not in (csns or {}) for m in metas):
+                return self._read_own_over_vectors(tdef, metas, csns or {}, vectors, columns=columns, where=where)
             if vectors is not None:
                 return self._read_minus_vectors(tdef, metas, columns, vectors, where)
             return self._read_keys(tdef, metas, columns, where, csns or {}, exact)
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(table)}")
-            metas = [m for m in metas if _may_match(tdef, m, where)]
+            metas = [m for m in metas if part_may_match(tdef, m, where)]
         data = rewrite.joined(metas, rewrite.read_parts(self.storage, metas, table=tdef, cached=True), tdef.schema)
         if where is not None:
             data = data.filter(where)
         if columns is not None:
             data = data.select(list(columns))
         return data
-
-
-def _may_match(tdef: TableDef, meta: PartMeta, where: pc.Expression) -> bool:
-    """Whether some row of ``meta`` may match ``where``, by its partition and statistics."""
-    stats = tdef.stats_at(meta.stats, meta.schema_version)
-    return may_match(stats, list(tdef.partition_by), meta.partition, where, tdef.schema)
-
-
-def _in_key_order(data: pa.Table, pk: list[str]) -> pa.Table:
-    """``data`` (rows of distinct keys) in key order: as it is when it already is (a merged
-    part's rows, written sorted: a table after a major compaction), else taken into it."""
-    if keyfold.ascending(data, pk):
-        return data
-    return data.take(keyfold.live_key_order(data, pk))
 
 
 class TransactionReads(TransactionBase):
@@ -679,6 +517,18 @@ class TransactionReads(TransactionBase):
         r = self.client.call("visible", **args)
         return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}
 
+    def _visible_whole(self, table: str) -> tuple[list[PartMeta], dict[str, int], dict[str, str] | None]:
+        """What :meth:`_visible_csns` gives for a whole read, with the deletion vectors of a keys
+        table's committed parts at this transaction's snapshot when its replica has them (None:
+        the read folds; a replica from before vectors refuses the field and is asked without)."""
+        try:
+            r = self.client.call("visible", table=table, id=self.id, vectors=True)
+        except InvalidInput as exc:
+            if exc.details.get("field") != "vectors":
+                raise
+            r = self.client.call("visible", table=table, id=self.id)
+        return [PartMeta.from_dict(m) for m in r["parts"]], r.get("csns") or {}, r.get("vectors")
+
     def _visible(self, table: str, pkeys: list[tuple] | None = None) -> list[PartMeta]:
         return self._visible_csns(table, pkeys)[0]
 
@@ -695,9 +545,14 @@ class TransactionReads(TransactionBase):
         """
         self._check_open()
         tdef = self.table(table)
-        metas, csns = self._visible_csns(table, hint=_point_hint((tdef, 0), where))
+        hint = _point_hint((tdef, 0), where)
+        vectors = None
+        if hint:
+            metas, csns = self._visible_csns(table, hint=hint)
+        else:
+            metas, csns, vectors = self._visible_whole(table)
         self._record_read(tdef, where)
-        return self._rows(tdef, metas, csns, columns, where)
+        return self._rows(tdef, metas, csns, columns, where, vectors)
 
     def _rows(
         self,
@@ -706,9 +561,11 @@ class TransactionReads(TransactionBase):
         csns: Mapping[str, int],
         columns: Sequence[str] | None,
         where: pc.Expression | None,
+        vectors: Mapping[str, str] | None = None,
     ) -> pa.Table:
-        """The rows of ``metas`` (listed by :meth:`_visible_csns`) as this transaction reads them."""
-        return self.client._read_parts(tdef, metas, columns, where, csns)
+        """The rows of ``metas`` (listed by :meth:`_visible_csns`, with ``vectors`` by
+        :meth:`_visible_whole`) as this transaction reads them."""
+        return self.client._read_parts(tdef, metas, columns, where, csns, vectors=vectors)
 
     def _current(self, tdef: TableDef, keys: pa.Table, columns: Sequence[str]) -> pa.Table:
         """The rows of keys table ``tdef`` with the keys of ``keys`` (its key columns and
@@ -732,6 +589,6 @@ class TransactionReads(TransactionBase):
         """
         self._check_open()
         tdef = self.table(table)
-        metas, csns = self._visible_csns(table)
+        metas, csns, vectors = self._visible_whole(table)
         self._record_read(tdef, None)
-        yield self.client._dataset(tdef, metas, csns)
+        yield self.client._dataset(tdef, metas, csns, vectors)

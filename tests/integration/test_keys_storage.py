@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from support.builders import change, entry, tid
 from support.cluster import make_cluster
 
-import mergetxn.client.reads as client_module  # where the client reads parts (read_part)
+import mergetxn.client.keyreads as client_module  # where the client reads keys tables' parts (read_part)
 from coordinator.core import keytables
 from coordinator.core.conflicts import Kind, Policy
 from coordinator.core.tabledata import partition_key

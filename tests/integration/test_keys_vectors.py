@@ -380,3 +380,103 @@ def test_check_finds_the_followed_vectors_equal_to_those_derived_from_the_files(
         assert a.read(table, snapshot=csns[-1]).to_pylist() == by_fold(a, table, csns[-1])
         result = a.check(table)
         assert result["ok"], result
+
+
+def vectors_sent_to(c: Client) -> list[bool]:
+    """Whether each ``visible`` answer to a transaction's whole read on ``c`` (``id`` and
+    ``vectors`` asked) carried vectors."""
+    call, seen = c.call, []
+
+    def spy(action: str, **args: Any) -> Any:
+        got = call(action, **args)
+        if action == "visible" and args.get("id") is not None and args.get("vectors"):
+            seen.append("vectors" in got)
+        return got
+
+    c.call = spy  # type: ignore[method-assign]
+    return seen
+
+
+TX_STEPS: list[tuple[str, Any]] = [
+    ("upsert", rows([(0, 1), (0, 20), (1, 3)], "t-")),  # keys there and a new one
+    ("delete", rows([(0, 2), (1, 4)], "").select(["p", "k"])),
+    ("update", rows([(0, 1), (1, 5), (1, 21)], "u-")),  # on its own write, a committed row, a new key
+    ("lock", rows([(0, 6), (1, 7)], "").select(["p", "k"])),
+    ("statement", (pc.field("k") >= 8, {"v": pc.scalar("s")})),
+    ("upsert", rows([(0, 2)], "back-")),  # on its own delete
+    ("truncate", [1]),
+    ("insert", rows([(1, 9), (1, 30)], "n-")),
+]
+
+
+def tx_step(tx: Any, table: str, what: str, arg: Any) -> None:
+    if what == "upsert":
+        tx.upsert(table, arg)
+    elif what == "update":
+        tx.upsert(table, arg, update=True)
+    elif what == "delete":
+        tx.delete_keys(table, arg)
+    elif what == "lock":
+        tx.lock_keys(table, arg)
+    elif what == "statement":
+        tx.update(table, arg[0], arg[1])
+    elif what == "truncate":
+        tx.truncate(table, partitions=arg)
+    else:
+        tx.insert(table, arg)
+
+
+def test_a_transaction_reads_by_vectors_with_its_own_versions_over_them(cluster: LocalCluster) -> None:
+    """A transaction's whole reads (``read`` with and without a filter or columns, ``dataset``)
+    of a keys table go by the vectors of the committed parts at its snapshot, its own versions
+    folded over the keys they touch: after each of its writes (upserts, deletes, update-mode
+    upserts, read locks, an UPDATE statement, a truncate of a partition, inserts) they give
+    what a transaction of a client that asks for no vectors (the fold) reads after the same
+    writes."""
+    a = cluster.client(0)
+    table = "dv_tx_own"
+    a.wait_for(
+        a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys", **KEEP)
+    )
+    history(a, table, seed=11, commits=12)
+    f = folding(Client(a.address, credentials=a.credentials))
+    seen = vectors_sent_to(a)
+    mine, theirs = a.begin(), f.begin()
+    assert mine.snapshot == theirs.snapshot
+    try:
+        for what, arg in TX_STEPS:
+            tx_step(mine, table, what, arg)
+            tx_step(theirs, table, what, arg)
+            for where in (None, *FILTERS):
+                assert mine.read(table, where=where).to_pylist() == theirs.read(table, where=where).to_pylist(), (
+                    what,
+                    where,
+                )
+            assert mine.read(table, columns=["v"]).to_pylist() == theirs.read(table, columns=["v"]).to_pylist()
+            with mine.dataset(table) as d, theirs.dataset(table) as e:
+                assert d.to_table().to_pylist() == e.to_table().to_pylist(), what
+    finally:
+        mine.rollback()
+        theirs.rollback()
+    assert len(seen) >= 8 * len(TX_STEPS) and all(seen), "a transaction's whole read folded where vectors were"
+
+
+def test_a_transaction_that_removed_committed_parts_folds(cluster: LocalCluster) -> None:
+    """A transaction that merged the table's parts (a compaction inside it) sees parts the
+    snapshot's vectors do not answer for: its replica sends none and it reads by the fold, right."""
+    a = cluster.client(0)
+    table = "dv_tx_compact"
+    a.wait_for(
+        a.create_table(table, SCHEMA, primary_key=("p", "k"), partition_by=("p",), conflict_policy="keys", **KEEP)
+    )
+    history(a, table, seed=13, commits=10)
+    want = a.read(table).to_pylist()
+    seen = vectors_sent_to(a)
+    with a.transaction() as tx:
+        assert tx.read(table).to_pylist() == want and seen[-1]
+        tx.compact(table, kind="major")
+        tx.upsert(table, rows([(0, 1)], "c-"))
+        got = tx.read(table).to_pylist()
+        assert not seen[-1], "vectors sent for a view the transaction changed by removing parts"
+    assert got == a.read(table).to_pylist()
+    assert {"p": 0, "k": 1, "v": "c-0.1"} in got

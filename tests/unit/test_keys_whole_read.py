@@ -519,3 +519,64 @@ def test_ends_are_each_columns_first_and_last(types) -> None:
     assert firsts.type == key_type and lasts.type == key_type
     assert firsts.to_pylist() == [v[0] for v in values]
     assert lasts.to_pylist() == [v[-1] for v in values]
+
+
+@st.composite
+def own_over_committed(draw: st.DrawFn):
+    """A history whose last parts (some, none or all of those without ``_ver``) are a
+    transaction's own: the committed ones are read by vectors, the own ones folded over them."""
+    schema, pk, parts = draw(histories())
+    mine = draw(st.integers(0, len(parts)))
+    tagged = [(OWN if i >= len(parts) - mine and VER not in t.column_names else o, t) for i, (o, t) in enumerate(parts)]
+    return schema, pk, tagged, draw(st.randoms(use_true_random=False))
+
+
+def scattered(live: pa.Table, rng) -> tuple[pa.Table, pa.Array]:
+    """``live``'s rows shuffled among dead ones (copies, as superseded rows are), which of them
+    are live, and the order that takes the live ones back out in key order."""
+    n = live.num_rows
+    dead = live.take(pa.array([rng.randrange(n) for _ in range(rng.randrange(4))] if n else [], pa.int64()))
+    data = pa.concat_tables([live, dead])
+    perm = list(range(data.num_rows))
+    rng.shuffle(perm)
+    where = {old: new for new, old in enumerate(perm)}
+    keep = np.array([i < n for i in perm], bool)
+    return data.take(pa.array(perm, pa.int64())), keep, pa.array([where[i] for i in range(n)], pa.int64())
+
+
+@FAST
+@given(own_over_committed())
+def test_own_versions_over_live_rows_equal_the_fold_of_every_version(history) -> None:
+    """A transaction's whole read by vectors (client._read_own_over_vectors): the committed
+    parts' live rows (their fold, which the vectors leave) with its own versions folded over the
+    keys they touch give the reference fold of every version, the others untouched."""
+    schema, pk, parts, rng = history
+    data, keep, order = scattered(keyfold.merge(schema, pk, [(o, t) for o, t in parts if o != OWN]), rng)
+    own = [t for o, t in parts if o == OWN]
+    same(keyfold.over_live(schema, pk, data, keep, order, own), ref.merge(schema, pk, parts))
+
+
+def test_own_versions_over_live_rows_with_two_key_columns() -> None:
+    """Keys of two columns are matched whole (a join): an own version of (1, "b") leaves
+    (1, "a") and (2, "b") as they are."""
+    schema = pa.schema(
+        [pa.field("a", pa.int64(), nullable=False), pa.field("b", pa.string(), nullable=False), ("v", pa.int64())]
+    )
+    pk = ("a", "b")
+    layout = keytables.file_schema(schema, pk)
+    committed = pa.Table.from_pylist(
+        [{"a": a, "b": b, "v": v, OP: PUT, SEQ: 0, COLS: None} for a, b, v in [(1, "a", 1), (1, "b", 2), (2, "b", 3)]],
+        schema=layout,
+    )
+    own = pa.Table.from_pylist(
+        [
+            {"a": 1, "b": "b", "v": 20, OP: UPDATE, SEQ: 0, COLS: "v"},
+            {"a": 3, "b": "a", "v": 30, OP: PUT, SEQ: 1, COLS: None},
+            {"a": 2, "b": "b", "v": None, OP: DELETE, SEQ: 2, COLS: None},
+        ],
+        schema=layout,
+    )
+    live = keyfold.merge(schema, pk, [(1, committed)])
+    got = keyfold.over_live(schema, pk, live, np.ones(3, bool), pa.array([0, 1, 2]), [own])
+    same(got, ref.merge(schema, pk, [(1, committed), (OWN, own)]))
+    assert got.to_pylist() == [{"a": 1, "b": "a", "v": 1}, {"a": 1, "b": "b", "v": 20}, {"a": 3, "b": "a", "v": 30}]
