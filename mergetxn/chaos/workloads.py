@@ -311,7 +311,8 @@ class Keys(Workload):
         """A read of the whole ``table`` in ``tx``: half the time, when the transaction has not
         written it and records no reads (snapshot isolation), the client's own read at the
         transaction's snapshot, which is the same rows read by the replica's deletion vectors
-        (replicas/vectors.py), else the transaction's read (its own writes folded in)."""
+        (replicas/vectors.py), else the transaction's read: the same vectors at its snapshot,
+        its own versions folded over the keys they touch (keyfold.over_live)."""
         if table not in wrote and tx.isolation == "snapshot" and rng.random() < 0.5:
             return tx.client.read(table, snapshot=tx.snapshot)
         return tx.read(table)

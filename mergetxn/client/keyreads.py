@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -124,14 +123,20 @@ class KeysReads(ClientBase):
         return data, keep
 
     def _read_own_over_vectors(
-        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], vectors: Mapping[str, str], **read: Any
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        csns: Mapping[str, int],
+        vectors: Mapping[str, str],
+        *,
+        columns: Sequence[str] | None,
+        where: pc.Expression | None,
     ) -> pa.Table:
         """A transaction's read of a keys table by the deletion vectors of its committed parts
         (those with a creation CSN): their live rows with its own parts' versions folded on top
         of the keys they touch (:func:`keyfold.over_live`), then ``where``. No part is skipped by
         its statistics: an own version may move a row into the filter, and it needs its key's
-        live row wherever that lies. ``read``: the read's ``columns`` and ``where``."""
-        columns, where = read.get("columns"), read.get("where")
+        live row wherever that lies."""
         if where is not None:
             check_expression(where, tdef.schema, f"filter on {quote(tdef.name)}")
         pk = tuple(tdef.primary_key)
