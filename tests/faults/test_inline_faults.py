@@ -20,14 +20,14 @@ other; a restarted replica gets its directory again.
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support.cluster import environ, make_cluster  # tests/ is on sys.path
+from support.cluster import make_cluster  # tests/ is on sys.path
+from support.failpoints import Held, failpoint_dirs, hold, start
 from support.waiting import NotYet, eventually, wait_until
 
 from coordinator import LocalCluster
@@ -55,14 +55,6 @@ def cluster(
         yield c
 
 
-def failpoint_dirs(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    base = tmp_path_factory.mktemp("inline_failpoints")
-    dirs = [base / "r0", base / "r1"]
-    for d in dirs:
-        d.mkdir()
-    return dirs
-
-
 @contextmanager
 def two_replicas(
     tmp_path_factory: pytest.TempPathFactory, zk_server: ZooKeeperServer, name: str, failpoints: list[Path]
@@ -77,11 +69,6 @@ def two_replicas(
             c.stop_replica(i)
             start(c, failpoints, i)
         yield c
-
-
-def start(cluster: LocalCluster, failpoints: list[Path], i: int) -> None:
-    with environ({"MERGETXN_FAILPOINTS": str(failpoints[i]), "MERGETXN_LOG": "INFO"}):
-        cluster.start_replica(i)
 
 
 @pytest.fixture
@@ -138,40 +125,6 @@ def wait_for_peers(c: Client, other: str) -> None:
         return c._heartbeat.peers
 
     assert eventually(peers, 10) == [other]
-
-
-def hold(failpoints: Path, name: str) -> Path:
-    """Arm failpoint ``name`` and return (its armed file) once a thread holds there."""
-    (failpoints / f"{name}.reached").unlink(missing_ok=True)
-    armed = failpoints / name
-    armed.touch()
-    wait_until((failpoints / f"{name}.reached").exists, 30, f"the replica to reach {name}", interval=0.01)
-    return armed
-
-
-class Held:
-    """``call()`` in a thread, held by a replica at failpoint ``name`` of ``failpoints`` (armed
-    here; the constructor returns once the replica reached it)."""
-
-    def __init__(self, failpoints: Path, name: str, call: Callable[[], object]) -> None:
-        self.armed = failpoints / name
-        (failpoints / f"{name}.reached").unlink(missing_ok=True)
-        self.armed.touch()
-        self._result: list[object] = []
-        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
-        self._thread.start()
-        wait_until((failpoints / f"{name}.reached").exists, 30, f"the replica to reach {name}", interval=0.01)
-
-    def _run(self, call: Callable[[], object]) -> None:
-        try:
-            self._result.append(call())
-        except Exception as exc:  # the outcome is what the test asserts
-            self._result.append(exc)
-
-    def outcome(self, timeout: float) -> object:
-        self._thread.join(timeout)
-        assert self._result, f"the call was not decided within {timeout}s"
-        return self._result[0]
 
 
 # ---------------------------------------------------------------------------------------------
