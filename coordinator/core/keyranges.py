@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -86,6 +87,17 @@ def in_range(column: pa.Array | pa.ChunkedArray, lo: Any, hi: Any) -> pa.Array |
         below = pc.less(column, pa.scalar(hi, column.type))
         mask = below if mask is None else pc.and_(mask, below)
     return mask
+
+
+def kept(column: pa.Array | pa.ChunkedArray, lo: Any, hi: Any, first: int, dead: np.ndarray | None) -> pa.Array | None:
+    """Which rows of a batch (its key ``column``; its first row the part's row ``first``) lie in
+    ``[lo, hi)`` and are not among ``dead`` (the part's deleted row numbers; None: none), or
+    None: all of them."""
+    mask = in_range(column, lo, hi)
+    if dead is None or not len(dead):
+        return mask
+    live = ~np.isin(np.arange(first, first + len(column), dtype=np.int64), dead)
+    return pa.array(live) if mask is None else pc.and_(mask, pa.array(live))
 
 
 def may_overlap(lo_stat: Any, hi_stat: Any, lo: Any, hi: Any) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -152,6 +153,20 @@ class KeysReads(ClientBase):
         if where is not None:
             data = data.filter(where)
         return data if columns is None else data.select(list(columns))
+
+    def _range_minus_vectors(
+        self, tdef: TableDef, metas: list[PartMeta], span: tuple[str, Any, Any], dead: Mapping[str, np.ndarray]
+    ) -> pa.Table:
+        """The live rows of one key range of a scan (``span``: the first key column after the
+        partition's, and the range's ends): each part's rows in it less those its vector
+        (``dead``, checked) names, under ``tdef``, in key order; no fold."""
+        column, lo, hi = span
+        pieces = [
+            tdef.upgrade(keyscan.read_range(self.storage, m, column, lo, hi, dead[m.name]), m.schema_version)
+            for m in metas
+        ]
+        data = pa.concat_tables(pieces) if pieces else tdef.schema.empty_table()
+        return in_key_order(data, list(tdef.primary_key))
 
     def _columns_of(self, tdef: TableDef, metas: list[PartMeta], need: list[str]) -> list[pa.Table]:
         """The ``need`` columns of each part: only those decoded when every part was written

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from coordinator.core import errors, keyfold, keyranges, keytables
+from coordinator.core import deletions, errors, keyfold, keyranges, keytables
 from coordinator.core.conflicts import Policy
 from coordinator.core.errors import InvalidInput, quote
 from coordinator.core.tabledata import (
@@ -166,11 +166,11 @@ class Reads(KeysReads):
     ) -> Iterator[tuple[int, list[PartMeta], Iterator[pa.Table]]]:
         """Read ``table`` at one snapshot part by part, one part in memory at a time (the
         command line streams big tables so): yields ``(snapshot, parts, tables)``, ``tables``
-        giving each part's rows in the table's schema. A keys table's versions fold per key, so
-        ``tables`` gives its rows (one per key) partition by partition and, within a partition
-        bigger than ``memory_budget`` bytes (default 256 MiB) can fold at once, key range by key
-        range, each table sorted by key and the ranges in key order (``parts`` then counts
-        versions). The snapshot stays leased until the block ends.
+        giving each part's rows in the table's schema. A keys table's rows (one per key: its
+        parts less their deletion vectors, or its versions folded) come partition by partition
+        and, within a partition bigger than ``memory_budget`` bytes (default 256 MiB) can read
+        at once, key range by key range, each table sorted by key and the ranges in key order
+        (``parts`` then counts versions). The snapshot stays leased until the block ends.
 
         Raises:
             InvalidInput: a wrong key range or filter, not a keys table, or no such table.
@@ -206,8 +206,9 @@ class Reads(KeysReads):
         """One partition's rows folded key range by key range (coordinator/core/keyranges.py), so
         that each range's versions and their fold fit ``budget``: one pass over the parts reads
         their footers (decoded size) and a sample of the first key column, then each range reads
-        every part restricted to it. A partition that surely fits is one range, read as ``read``
-        reads it: by the deletion ``vectors`` when the replica sent them."""
+        every part restricted to it, minus the deletion ``vectors`` when the replica sent them
+        (no fold), else folded. A partition that surely fits is one range, read as ``read``
+        reads it."""
         # Partition columns are constant in a partition: ranges cut the first key column after them.
         column = next((k for k in tdef.primary_key if k not in tdef.partition_by), None)
         if column is None or keyranges.surely_fits(sum(m.size for m in metas), budget):
@@ -227,12 +228,19 @@ class Reads(KeysReads):
         count = keyranges.ranges_needed(decoded, budget)
         inner = keyranges.bounds(pa.chunked_array(samples, tdef.schema.field(column).type), count)
         del samples
+        sent = (
+            None if vectors is None else deletions.sent_vectors(tdef.name, vectors, [(m.name, m.rows) for m in metas])
+        )
         for lo, hi in keyranges.spans(inner):
-            parts = [
-                (csns.get(m.name, keytables.OWN), keyscan.read_range(self.storage, m, column, lo, hi)) for m in metas
-            ]
-            data = keyfold.merge(tdef.schema, tdef.primary_key, parts)
-            del parts
+            if sent is not None:
+                data = self._range_minus_vectors(tdef, metas, (column, lo, hi), sent)
+            else:
+                parts = [
+                    (csns.get(m.name, keytables.OWN), keyscan.read_range(self.storage, m, column, lo, hi))
+                    for m in metas
+                ]
+                data = keyfold.merge(tdef.schema, tdef.primary_key, parts)
+                del parts
             if data.num_rows:
                 yield data
 

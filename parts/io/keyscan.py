@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -106,22 +107,26 @@ def sample_keys(pf: pq.ParquetFile, column: str, stride: int) -> pa.Array:
     return pa.concat_arrays(pieces) if pieces else pa.array([], pf.schema_arrow.field(column).type)
 
 
-def read_range(storage: Storage, meta: PartMeta, column: str, lo: Any, hi: Any) -> pa.Table:
-    """The part's rows whose ``column`` lies in ``[lo, hi)`` (None: open), all its columns."""
+def read_range(
+    storage: Storage, meta: PartMeta, column: str, lo: Any, hi: Any, dead: np.ndarray | None = None
+) -> pa.Table:
+    """The part's rows whose ``column`` lies in ``[lo, hi)`` (None: open), all its columns;
+    with ``dead`` (row numbers of the part: its deletion vector), those rows left out."""
     with opened(storage, meta) as pf:
-        if lo is None and hi is None:
+        if lo is None and hi is None and dead is None:
             return pf.read()
         md = pf.metadata
         at = pf.schema_arrow.get_field_index(column)
-        groups = []
+        starts = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
+        pieces = []
         for i in range(md.num_row_groups):
             stats = md.row_group(i).column(at).statistics if at >= 0 else None
             lo_g, hi_g = (stats.min, stats.max) if stats is not None and stats.has_min_max else (None, None)
-            if keyranges.may_overlap(lo_g, hi_g, lo, hi):
-                groups.append(i)
-        pieces = []
-        if groups:
-            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=groups):
-                mask = keyranges.in_range(batch.column(column), lo, hi)
+            if not keyranges.may_overlap(lo_g, hi_g, lo, hi):
+                continue
+            row = int(starts[i])
+            for batch in pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[i]):
+                mask = keyranges.kept(batch.column(column), lo, hi, row, dead)
                 pieces.append(batch if mask is None else batch.filter(mask))
+                row += batch.num_rows
         return pa.Table.from_batches(pieces, schema=pf.schema_arrow)

@@ -134,3 +134,57 @@ def test_scan_budget_is_checked(cluster) -> None:  # noqa: ANN001
         with pytest.raises(InvalidInput, match="memory_budget"):
             with c.scan("scan_bounded", memory_budget=bad):
                 pass
+
+
+def test_scan_by_range_reads_by_vectors_as_the_fold(cluster, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """A partition scanned key range by key range reads each range's rows minus the parts'
+    deletion vectors, with no fold (the fold made to fail), and gives what a client that asks
+    for no vectors scans (the fold by range) and what ``read`` gives, in key order, at the
+    latest snapshot and at one before the last writes."""
+    from coordinator.core import keyfold
+
+    c = cluster.client(0)
+    name = "scan_vectors"
+    c.create_table(
+        name,
+        SCHEMA,
+        partition_by=("p",),
+        primary_key=("p", "k"),
+        conflict_policy="keys",
+        auto_merge=False,
+        retention_seconds=3600,
+    )
+    n = 30_000  # parts of 10,000 rows: two row groups each (KEYS_ROW_GROUP_ROWS)
+    for p in ("x", "y"):
+        for i in range(3):
+            with c.transaction() as tx:
+                tx.insert(name, _rows(p, range(n - 1 - i, -1, -3), "v1"))
+        with c.transaction() as tx:
+            tx.upsert(name, _rows(p, range(0, n, 4), "v2"))
+    before = c.snapshot()
+    # the replica derives the vectors here and follows the writes after: both snapshots read by them
+    assert "vectors" in c.call("visible", table=name, vectors=True, lease="none")
+    for p in ("x", "y"):
+        with c.transaction() as tx:
+            tx.upsert(name, _rows(p, range(1, n, 10), "u").select(["p", "k", "a"]), update=True)  # b carried
+        with c.transaction() as tx:
+            tx.delete_keys(name, pa.table({"p": [p] * (n // 5), "k": pa.array(range(0, n, 5), pa.int64())}))
+            tx.lock_keys(name, pa.table({"p": [p] * 19, "k": pa.array(range(3, 60, 3), pa.int64())}))
+    assert "vectors" in c.call("visible", table=name, snapshot=before, vectors=True, lease="none")
+    fold = cluster.client(0)
+    call = fold.call
+    fold.call = lambda action, **a: call(action, **{k: v for k, v in a.items() if k != "vectors"})
+    for snapshot in (before, None):
+        want = [t.to_pylist() for t in _scanned(fold, name, snapshot)]
+        assert len(want) > 4, "the budget split each partition into ranges"
+        with monkeypatch.context() as m:
+            m.setattr(keyfold, "merge", lambda *a, **k: pytest.fail("a range was folded although vectors were sent"))
+            got = [t.to_pylist() for t in _scanned(c, name, snapshot)]
+        assert got == want, snapshot
+        flat = [r for t in got for r in t]
+        assert flat == c.read(name, snapshot=snapshot).to_pylist()
+
+
+def _scanned(c, name: str, snapshot: int | None) -> list[pa.Table]:  # noqa: ANN001
+    with c.scan(name, snapshot=snapshot, memory_budget=1 << 20) as (_, _, tables):
+        return list(tables)

@@ -3,6 +3,7 @@ tables of cases: how many ranges, where their bounds fall, which rows and row gr
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -68,3 +69,21 @@ def test_may_overlap(stats: tuple, span: tuple, overlaps: bool) -> None:
 )
 def test_sample_stride(rows: int, total: int, ranges: int, stride: int) -> None:
     assert keyranges.sample_stride(rows, total, ranges) == stride
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "first", "dead", "want"),
+    [
+        (None, None, 0, None, None),  # everything: no mask
+        (None, None, 0, np.array([], np.int64), None),
+        (None, None, 10, np.array([3, 11, 14, 99], np.int64), [True, False, True, True, False]),
+        (2, None, 0, None, [False, False, True, True, True]),
+        (1, 4, 100, np.array([102], np.int64), [False, True, False, True, False]),
+        (None, 3, 5, np.array([0, 1, 2, 3, 4], np.int64), [True, True, True, False, False]),
+    ],
+)
+def test_kept_rows_lie_in_the_range_and_are_not_dead(lo, hi, first, dead, want) -> None:
+    """Of a batch of keys 0-4 whose first row is the part's row ``first``: those in [lo, hi)
+    whose row number is not in the part's deletion vector ``dead``."""
+    got = keyranges.kept(pa.array([0, 1, 2, 3, 4], pa.int64()), lo, hi, first, dead)
+    assert (got if got is None else got.to_pylist()) == want
