@@ -39,8 +39,10 @@ from coordinator.core.conflicts import (
 from coordinator.core.errors import (
     ConflictError,
     MergetxnError,
+    StorageError,
     TransactionAborted,
     quote,
+    storage_error,
 )
 from coordinator.core.targets import (
     MAX_MULTI_BYTES,
@@ -238,6 +240,10 @@ class Committer(CommitRules, ReplicaPart):
         except (VersionMoved, NeedKeys) as exc:
             why = f"commit could not get through contention: {exc}"
             self._fail_rest(batch, lambda p: TransactionAborted(why))
+        except StorageError as exc:  # no room for the entry in the WAL: nothing was committed
+            log.warning("%s", exc)
+            refused = exc
+            self._fail_rest(batch, lambda p: refused)
         except _Fenced as exc:
             # Another replica decided these transactions (aborted) while this one looked gone:
             # the multi did not happen and never will under that incarnation.
@@ -438,6 +444,7 @@ class Committer(CommitRules, ReplicaPart):
         counters = (b.counters_checked, self._counters_bumped(b.writing, b.dropping))
         ops = multi_bytes([*b.expected, *b.tables, *counters[0], *counters[1]], self._node_prefix)
         data = spilled(self.storage, b.encoded, MAX_MULTI_BYTES - MULTI_ROOM // 2 - ops)
+        self._check_wal_room(b, max(len(data), len(b.encoded)))
         failpoints.hit("before_commit_multi")
         try:
             with self.follower.local_commit() as hand_over:
@@ -458,6 +465,22 @@ class Committer(CommitRules, ReplicaPart):
                 raise VersionMoved("the commit multi did not happen; trying again") from exc
             return csn
         return result.csn
+
+    def _check_wal_room(self, b: _Batch, size: int) -> None:
+        """Refuse batch ``b`` with StorageError, nothing committed, when this replica's WAL has
+        no room for its entry's record: committed, the entry could not be applied here, nor
+        its commit answered, until space is freed."""
+        wal = self.follower.wal
+        try:
+            wal.check_room(size)
+        except OSError as exc:
+            err = storage_error(exc, "append", str(wal.path), f"the WAL of replica {self.host_id}")
+            ids = ", ".join(p.committing.id for p, _, _ in b.accepted)
+            raise StorageError(
+                f"transaction(s) {ids} did not commit: replica {self.host_id}'s WAL disk has no room for the "
+                f"commit's record; free space there. {err.message}",
+                **err.details,
+            ) from None
 
     def _flushes(self, b: _Batch) -> bool:
         """Whether batch ``b`` merges inlined parts (a flush of small writes); for failpoints."""

@@ -10,6 +10,7 @@ that fails (a full disk) is cut back to where it began, so it never leaves one.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import struct
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct(">II")
 MAX_RECORD = 256 * 1024 * 1024
+ROOM_MARGIN = 64 * 1024  # beside a commit's record: the staged records of commits in flight, page rounding
 
 
 class Wal:
@@ -115,6 +117,18 @@ class Wal:
             self._size = start + len(buf)
         if sync:
             self.sync()
+
+    def check_room(self, size: int) -> None:
+        """Raise ``OSError(ENOSPC)`` unless the WAL's file system has room for a record of
+        ``size`` payload bytes and :data:`ROOM_MARGIN` more (a commit checks before its multi:
+        an entry in ZooKeeper's log that this replica cannot write to its WAL is not applied
+        here, and its commit is not answered, until space is freed)."""
+        stat = os.fstatvfs(self._fd)
+        free = stat.f_bavail * stat.f_frsize
+        if free < size + _HEADER.size + ROOM_MARGIN:
+            raise OSError(
+                errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {free} bytes free, a {size}-byte record needs more"
+            )
 
     def sync(self) -> None:
         """Make every record appended so far durable (after appends with ``sync=False``)."""

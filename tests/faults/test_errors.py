@@ -272,6 +272,48 @@ def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: 
         _umount(replica_dir)
 
 
+def test_a_commit_whose_wal_record_has_no_room_is_refused_before_its_multi(
+    tmp_path: Path, zk_server: ZooKeeperServer
+) -> None:
+    """A transaction whose staged record still fits the WAL's last page but whose commit entry
+    (an inlined insert: its rows in the entry) has no room there is refused with StorageError
+    before its multi, nothing committed, and answered at once; it used to enter the log, fail
+    to be applied on its replica (ENOSPC) and leave its commit unanswered until space was freed
+    (the namespace cluster's full-WAL test timed out after 300 s so). With room again, the next
+    one commits."""
+    from support.zk import new_chroot
+
+    cluster = LocalCluster(
+        tmp_path / "c", replicas=1, zk_address=new_chroot(zk_server, "walroom"), storage_url=str(tmp_path / "storage")
+    )
+    replica_dir = tmp_path / "c" / "replica-0"
+    _mount(replica_dir, "4m")
+    try:
+        cluster.start()
+        try:
+            cl = cluster.client(0)
+            cl.create_table("walroom", ID_V, auto_merge=False)  # small inserts are inlined: entries hold their rows
+            before = cl.snapshot()
+            tx = cl.begin()
+            tx.insert("walroom", id_rows(1))  # staged: its WAL record written while there is room
+            filler = _fill(replica_dir)
+            try:
+                with pytest.raises(StorageError, match="did not commit") as info:
+                    tx.commit()
+                assert "No space left on device" in info.value.message and info.value.details["errno"] == "ENOSPC"
+                assert cl.commit_status(tx.id).status == "aborted"
+                assert cl.snapshot() == before and cl.read("walroom").num_rows == 0  # nothing in the log
+            finally:
+                filler.unlink()
+            with cl.transaction() as tx2:
+                tx2.insert("walroom", id_rows(2))
+            assert ids(cl.read("walroom")) == [0, 1]
+        finally:
+            cluster.stop()
+    finally:
+        _umount(replica_dir)
+
+
 def test_commit_status_on_a_replica_whose_wal_is_full_is_replica_unavailable(
     tmp_path: Path, zk_server: ZooKeeperServer
 ) -> None:
