@@ -123,7 +123,7 @@ class Wal:
         ``size`` payload bytes and :data:`ROOM_MARGIN` more (a commit checks before its multi:
         an entry in ZooKeeper's log that this replica cannot write to its WAL is not applied
         here, and its commit is not answered, until space is freed)."""
-        stat = os.fstatvfs(self._fd)
+        stat = os.statvfs(self.path.parent)  # not the fd: a compaction may be swapping it
         free = stat.f_bavail * stat.f_frsize
         if free < size + _HEADER.size + ROOM_MARGIN:
             raise OSError(
