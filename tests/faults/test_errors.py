@@ -10,6 +10,7 @@ import datetime as dt
 import os
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -233,43 +234,51 @@ def test_read_only_storage_is_a_storage_error(small_disk: tuple[LocalCluster, Pa
     assert cl.read("ro").num_rows == 0
 
 
-def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: ZooKeeperServer) -> None:
-    """The replica's WAL disk fills up while a transaction stages parts: the transaction is
-    rolled back, its files deleted, and the caller is told so (it was a bare MergetxnError
-    "stage failed on the replica: OSError(28, ...)")."""
+@contextmanager
+def _wal_on_tmpfs(tmp_path: Path, zk_server: ZooKeeperServer, name: str, replicas: int = 1) -> Iterator[LocalCluster]:
+    """A started cluster whose replica 0 keeps its directory (its WAL) on a 4 MiB tmpfs."""
     from support.zk import new_chroot
 
     cluster = LocalCluster(
-        tmp_path / "c", replicas=1, zk_address=new_chroot(zk_server, "walfull"), storage_url=str(tmp_path / "storage")
+        tmp_path / "c", replicas=replicas, zk_address=new_chroot(zk_server, name), storage_url=str(tmp_path / "storage")
     )
     replica_dir = tmp_path / "c" / "replica-0"
     _mount(replica_dir, "4m")
     try:
         cluster.start()
         try:
-            cl = cluster.client(0)
-            cl.create_table("walfull", ID_V, auto_merge=False, inline_rows=0)  # staged files, recorded in the WAL
-            tx = cl.begin()
-            filler = _fill(replica_dir)
-            try:
-                with pytest.raises(StorageError, match="WAL") as info:
-                    for n in range(200):  # the WAL's last page takes a few records still
-                        tx.insert("walfull", id_rows(5, start=10 * n))
-                assert info.value.details["rolled_back"] is True
-                assert "rolled back" in info.value.message and "No space left on device" in info.value.message
-                with pytest.raises(TransactionAborted):
-                    tx.commit()
-            finally:
-                filler.unlink()
-            assert cl.commit_status(tx.id).status == "aborted"
-            assert [p for p in (tmp_path / "storage").rglob("*.parquet") if "walfull" in str(p)] == []
-            with cl.transaction() as tx2:  # with room again, the next one commits
-                tx2.insert("walfull", id_rows(2))
-            assert ids(cl.read("walfull")) == [0, 1]
+            yield cluster
         finally:
             cluster.stop()
     finally:
         _umount(replica_dir)
+
+
+def test_full_wal_disk_rolls_back_with_a_clear_error(tmp_path: Path, zk_server: ZooKeeperServer) -> None:
+    """The replica's WAL disk fills up while a transaction stages parts: the transaction is
+    rolled back, its files deleted, and the caller is told so (it was a bare MergetxnError
+    "stage failed on the replica: OSError(28, ...)")."""
+    with _wal_on_tmpfs(tmp_path, zk_server, "walfull") as cluster:
+        replica_dir = tmp_path / "c" / "replica-0"
+        cl = cluster.client(0)
+        cl.create_table("walfull", ID_V, auto_merge=False, inline_rows=0)  # staged files, recorded in the WAL
+        tx = cl.begin()
+        filler = _fill(replica_dir)
+        try:
+            with pytest.raises(StorageError, match="WAL") as info:
+                for n in range(200):  # the WAL's last page takes a few records still
+                    tx.insert("walfull", id_rows(5, start=10 * n))
+            assert info.value.details["rolled_back"] is True
+            assert "rolled back" in info.value.message and "No space left on device" in info.value.message
+            with pytest.raises(TransactionAborted):
+                tx.commit()
+        finally:
+            filler.unlink()
+        assert cl.commit_status(tx.id).status == "aborted"
+        assert [p for p in (tmp_path / "storage").rglob("*.parquet") if "walfull" in str(p)] == []
+        with cl.transaction() as tx2:  # with room again, the next one commits
+            tx2.insert("walfull", id_rows(2))
+        assert ids(cl.read("walfull")) == [0, 1]
 
 
 def test_a_commit_whose_wal_record_has_no_room_is_refused_before_its_multi(
@@ -281,37 +290,25 @@ def test_a_commit_whose_wal_record_has_no_room_is_refused_before_its_multi(
     to be applied on its replica (ENOSPC) and leave its commit unanswered until space was freed
     (the namespace cluster's full-WAL test timed out after 300 s so). With room again, the next
     one commits."""
-    from support.zk import new_chroot
-
-    cluster = LocalCluster(
-        tmp_path / "c", replicas=1, zk_address=new_chroot(zk_server, "walroom"), storage_url=str(tmp_path / "storage")
-    )
-    replica_dir = tmp_path / "c" / "replica-0"
-    _mount(replica_dir, "4m")
-    try:
-        cluster.start()
+    with _wal_on_tmpfs(tmp_path, zk_server, "walroom") as cluster:
+        replica_dir = tmp_path / "c" / "replica-0"
+        cl = cluster.client(0)
+        cl.create_table("walroom", ID_V, auto_merge=False)  # small inserts are inlined: entries hold their rows
+        before = cl.snapshot()
+        tx = cl.begin()
+        tx.insert("walroom", id_rows(1))  # staged: its WAL record written while there is room
+        filler = _fill(replica_dir)
         try:
-            cl = cluster.client(0)
-            cl.create_table("walroom", ID_V, auto_merge=False)  # small inserts are inlined: entries hold their rows
-            before = cl.snapshot()
-            tx = cl.begin()
-            tx.insert("walroom", id_rows(1))  # staged: its WAL record written while there is room
-            filler = _fill(replica_dir)
-            try:
-                with pytest.raises(StorageError, match="did not commit") as info:
-                    tx.commit()
-                assert "No space left on device" in info.value.message and info.value.details["errno"] == "ENOSPC"
-                assert cl.commit_status(tx.id).status == "aborted"
-                assert cl.snapshot() == before and cl.read("walroom").num_rows == 0  # nothing in the log
-            finally:
-                filler.unlink()
-            with cl.transaction() as tx2:
-                tx2.insert("walroom", id_rows(2))
-            assert ids(cl.read("walroom")) == [0, 1]
+            with pytest.raises(StorageError, match="did not commit") as info:
+                tx.commit()
+            assert "No space left on device" in info.value.message and info.value.details["errno"] == "ENOSPC"
+            assert cl.commit_status(tx.id).status == "aborted"
+            assert cl.snapshot() == before and cl.read("walroom").num_rows == 0  # nothing in the log
         finally:
-            cluster.stop()
-    finally:
-        _umount(replica_dir)
+            filler.unlink()
+        with cl.transaction() as tx2:
+            tx2.insert("walroom", id_rows(2))
+        assert ids(cl.read("walroom")) == [0, 1]
 
 
 def test_commit_status_on_a_replica_whose_wal_is_full_is_replica_unavailable(
@@ -321,39 +318,27 @@ def test_commit_status_on_a_replica_whose_wal_is_full_is_replica_unavailable(
     its WAL says it is unavailable, so a client asks another replica (it was a bare MergetxnError
     "commit_status failed on the replica: OSError(28, ...)", seen in chaos campaigns); with room
     again it decides."""
-    from support.zk import new_chroot
-
-    cluster = LocalCluster(
-        tmp_path / "c", replicas=2, zk_address=new_chroot(zk_server, "walfull2"), storage_url=str(tmp_path / "storage")
-    )
-    replica_dir = tmp_path / "c" / "replica-0"
-    _mount(replica_dir, "4m")
-    try:
-        cluster.start()
+    with _wal_on_tmpfs(tmp_path, zk_server, "walfull2", replicas=2) as cluster:
+        replica_dir = tmp_path / "c" / "replica-0"
+        cl0, cl1 = cluster.client(0), cluster.client(1)
+        cl1.create_table("walfull2", ID_V, auto_merge=False)
+        cl0.read("walfull2", snapshot=cl1.snapshot())  # r0 has applied the table (waits for it)
+        filler = _fill(replica_dir)
         try:
-            cl0, cl1 = cluster.client(0), cluster.client(1)
-            cl1.create_table("walfull2", ID_V, auto_merge=False)
-            cl0.read("walfull2", snapshot=cl1.snapshot())  # r0 has applied the table (waits for it)
-            filler = _fill(replica_dir)
-            try:
-                tx = cl1.begin()
-                for n in range(40):  # an entry of 40 parts: larger than what the WAL's last page holds
-                    tx.insert("walfull2", id_rows(1, start=n))
-                csn = tx.commit()
-                cluster.stop_replica(1)  # the owner is gone: r0 must apply the log to decide
-                with pytest.raises(ReplicaUnavailable, match="cannot apply the log") as info:
-                    cl0.commit_status(tx.id)
-                assert info.value.details["errno"] == "ENOSPC"
-                assert "No space left on device" in info.value.message and "another replica" in info.value.message
-            finally:
-                filler.unlink()
-            status = cl0.commit_status(tx.id)
-            assert (status.status, status.csn) == ("committed", csn)
-            assert ids(cl0.read("walfull2")) == list(range(40))
+            tx = cl1.begin()
+            for n in range(40):  # an entry of 40 parts: larger than what the WAL's last page holds
+                tx.insert("walfull2", id_rows(1, start=n))
+            csn = tx.commit()
+            cluster.stop_replica(1)  # the owner is gone: r0 must apply the log to decide
+            with pytest.raises(ReplicaUnavailable, match="cannot apply the log") as info:
+                cl0.commit_status(tx.id)
+            assert info.value.details["errno"] == "ENOSPC"
+            assert "No space left on device" in info.value.message and "another replica" in info.value.message
         finally:
-            cluster.stop()
-    finally:
-        _umount(replica_dir)
+            filler.unlink()
+        status = cl0.commit_status(tx.id)
+        assert (status.status, status.csn) == ("committed", csn)
+        assert ids(cl0.read("walfull2")) == list(range(40))
 
 
 def test_transaction_aborted_names_its_transactions() -> None:

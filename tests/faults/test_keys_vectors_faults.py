@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 from support.cluster import make_cluster  # tests/ is on sys.path
 from support.failpoints import Held, failpoint_dirs, start
+from support.folding import folding
 from support.waiting import wait_until
 
 from mergetxn.client import Client
@@ -69,19 +70,6 @@ def keys(pairs: list[tuple[int, int]]) -> pa.Table:
     return rows(pairs, "").select(["p", "k"])
 
 
-def folding(c: Client) -> Client:
-    """A client of ``c``'s replica that never asks for deletion vectors: it folds."""
-    other = Client(c.address, credentials=c.credentials)
-    call = other.call
-
-    def no_vectors(action: str, **args: Any) -> Any:
-        args.pop("vectors", None)
-        return call(action, **args)
-
-    other.call = no_vectors  # type: ignore[method-assign]
-    return other
-
-
 def sent_vectors(c: Client, table: str, snapshot: int) -> bool:
     return "vectors" in c.call("visible", table=table, snapshot=snapshot, vectors=True, lease="none")
 
@@ -89,7 +77,7 @@ def sent_vectors(c: Client, table: str, snapshot: int) -> bool:
 def reads_by_vectors_as_the_fold(c: Client, table: str, csns: list[int]) -> list[list[dict]]:
     """``c``'s whole read at each of ``csns`` (oldest first: the vectors are derived at the first
     and followed from there), each by vectors and equal to the fold's."""
-    fold = folding(c)
+    fold = folding(Client(c.address, credentials=c.credentials))
     got = []
     for s in csns:
         assert sent_vectors(c, table, s), f"no vectors at {s}"

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from support.cluster import make_cluster
+from support.folding import folding
 
 from coordinator.errors import InvalidInput
 from mergetxn.local.zkserver import ZooKeeperServer
@@ -171,9 +172,7 @@ def test_scan_by_range_reads_by_vectors_as_the_fold(cluster, monkeypatch: pytest
             tx.delete_keys(name, pa.table({"p": [p] * (n // 5), "k": pa.array(range(0, n, 5), pa.int64())}))
             tx.lock_keys(name, pa.table({"p": [p] * 19, "k": pa.array(range(3, 60, 3), pa.int64())}))
     assert "vectors" in c.call("visible", table=name, snapshot=before, vectors=True, lease="none")
-    fold = cluster.client(0)
-    call = fold.call
-    fold.call = lambda action, **a: call(action, **{k: v for k, v in a.items() if k != "vectors"})
+    fold = folding(cluster.client(0))
     for snapshot in (before, None):
         want = [t.to_pylist() for t in _scanned(fold, name, snapshot)]
         assert len(want) > 4, "the budget split each partition into ranges"

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from support.cluster import make_cluster
+from support.folding import folding
 
 from coordinator.core import keytables
 from coordinator.errors import CorruptMetadata
@@ -48,18 +49,6 @@ def rows(pairs: list[tuple[int, int]], tag: str) -> pa.Table:
         {"p": [p for p, _ in pairs], "k": [k for _, k in pairs], "v": [f"{tag}{p}.{k}" for p, k in pairs]},
         schema=SCHEMA,
     )
-
-
-def folding(c: Client) -> Client:
-    """``c`` never asking for deletion vectors, as a client from before them: it folds."""
-    call = c.call
-
-    def no_vectors(action: str, **args: Any) -> Any:
-        args.pop("vectors", None)
-        return call(action, **args)
-
-    c.call = no_vectors  # type: ignore[method-assign]
-    return c
 
 
 def by_fold(c: Client, table: str, snapshot: int, where: pc.Expression | None = None) -> list[dict]:
