@@ -508,6 +508,24 @@ def completed(plan: ReadPlan, data: pa.Table) -> pa.Table:
     return data
 
 
+def laid_out(layout: pa.Schema, plan: ReadPlan, data: pa.Table) -> pa.Table:
+    """A part's versions decoded by ``plan`` in ``layout`` (``keytables.file_schema``: what a
+    read of every column gives, ``_ver`` after it when it was read), as a point read's few-version
+    fold takes them from every part alike: :func:`completed`, then each column not read null (a
+    value column the reader does not keep, an UPDATE-free part's ``_cols``). A column read with
+    another type than ``layout``'s (a part of another definition) leaves ``data`` as
+    :func:`completed` gives it."""
+    data = completed(plan, data)
+    if plan.columns is None:
+        return data
+    n, have = data.num_rows, data.schema
+    fields = [*layout, *((have.field(VER),) if VER in have.names else ())]
+    if any(f.name in have.names and have.field(f.name).type != f.type for f in fields):
+        return data
+    cols = [data.column(f.name) if f.name in have.names else pa.nulls(n, f.type) for f in fields]
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
 def _joined(cols: Sequence[pa.Array | pa.ChunkedArray]) -> pa.ChunkedArray | None:
     """The columns one after the other (no copy), or None when their types differ."""
     chunks = [ch for c in cols for ch in (c.chunks if isinstance(c, pa.ChunkedArray) else [c])]

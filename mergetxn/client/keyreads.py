@@ -58,7 +58,7 @@ class KeysReads(ClientBase):
             # Only those keys' versions matter (the fold is per key): of each part, only the row
             # groups whose key statistics may hold one (parts are written sorted by key), and of
             # them only those keys' rows, are read and folded.
-            versions = self._point_versions(tdef, metas, csns, wanted)
+            versions = self._point_versions(tdef, metas, csns, wanted, columns if exact is not None else None)
             few = keypoint.merge_few(tdef.schema, tdef.primary_key, versions)
             data = few if few is not None else keyfold.merge(tdef.schema, tdef.primary_key, versions)
         else:
@@ -177,25 +177,59 @@ class KeysReads(ClientBase):
         return [d.select(need) for d in rewrite.read_parts(self.storage, metas, table=tdef, cached=True)]
 
     def _point_versions(
-        self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], wanted: list[tuple]
+        self,
+        tdef: TableDef,
+        metas: list[PartMeta],
+        csns: Mapping[str, int],
+        wanted: list[tuple],
+        values: Sequence[str] | None = None,
     ) -> list[tuple[float, pa.Table]]:
         """``(order, versions of the keys wanted)`` of the parts a point read needs, in the order
-        of ``metas``. With plain key columns the parts are read newest first (by
-        :func:`keypoint.top_place`) and the rest left once every key has a PUT or DELETE later
-        than anything they can hold (:func:`keypoint.settled`): the fold of the parts read is
-        the fold of all of them, and a filter's false positive older than a key's last write
-        costs nothing."""
-        keys = (list(tdef.primary_key), wanted)
+        of ``metas`` (``values``: the non-key columns the caller keeps, None all). With plain key
+        columns the parts are read newest first (by :func:`keypoint.top_place`) and the rest left
+        once every key has a PUT or DELETE later than anything they can hold
+        (:func:`keypoint.settled`): the fold of the parts read is the fold of all of them, and a
+        filter's false positive older than a key's last write costs nothing."""
         orders = [csns.get(m.name, keytables.OWN) for m in metas]
+        plans = self._point_plans(tdef, metas, orders, values)
+
+        def read(i: int) -> pa.Table:
+            return self._point_read(tdef, metas[i], plans[i], wanted)
+
         if len(metas) < 2 or not keypoint.plain_keys(tdef.schema, tdef.primary_key):
-            return [(o, read_part(self.storage, m, keys=keys)) for m, o in zip(metas, orders)]
-        return keypoint.newest_first(
-            orders,
-            [m.stats for m in metas],
-            wanted,
-            tdef.primary_key,
-            lambda i: read_part(self.storage, metas[i], keys=keys),
-        )
+            return [(o, read(i)) for i, o in enumerate(orders)]
+        return keypoint.newest_first(orders, [m.stats for m in metas], wanted, tdef.primary_key, read)
+
+    @staticmethod
+    def _point_plans(
+        tdef: TableDef, metas: list[PartMeta], orders: list[float], values: Sequence[str] | None
+    ) -> list[keyfold.ReadPlan]:
+        """What a point read decodes of each part (:func:`keyfold.read_plan`, as for a whole read
+        of parts that may share keys): the columns kept and those its statistics do not prove
+        constant, ``_seq`` only where a key's versions may tie; every column of a part not
+        written for the table's current definition, or whose statistics do not name each."""
+        pk = tdef.primary_key
+        shared = keyfold.shared_orders(orders, [m.stats for m in metas])
+        plans = []
+        for m, tie in zip(metas, shared):
+            plan = keyfold.read_plan(tdef.schema, pk, m.stats, tie, False, values)
+            named = plan.columns is not None and all(c in m.stats for c in (*plan.columns, *plan.if_repeated))
+            plans.append(plan if named and tdef.current(m.schema_version) else keyfold.ReadPlan(None, (), False))
+        return plans
+
+    def _point_read(self, tdef: TableDef, meta: PartMeta, plan: keyfold.ReadPlan, wanted: list[tuple]) -> pa.Table:
+        """The versions of the keys ``wanted`` in part ``meta`` decoded by ``plan``, and the
+        columns it holds back when a key occurs twice among them, laid out as a read of every
+        column (:func:`keyfold.laid_out`)."""
+        pk = list(tdef.primary_key)
+        keys = (pk, wanted)
+        if plan.columns is None:
+            return read_part(self.storage, meta, keys=keys)
+        data = read_part(self.storage, meta, columns=list(plan.columns), keys=keys)
+        more = keyfold.also_read(plan, data, pk)
+        if more:
+            data = read_part(self.storage, meta, columns=[*plan.columns, *more], keys=keys)
+        return keyfold.laid_out(keytables.file_schema(tdef.schema, pk), plan, data)
 
     def _fold_whole(
         self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None

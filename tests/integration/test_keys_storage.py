@@ -28,6 +28,7 @@ from coordinator.errors import ConflictError, CorruptMetadata, InvalidInput
 from coordinator.model.catalog import TableDef
 from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
+from parts.io import format as part_format
 from parts.io import keyscan
 from parts.io.format import write_part
 from parts.io.storage import Storage
@@ -671,6 +672,8 @@ def test_a_latest_point_read_takes_no_lease_and_starts_over_when_cleanup_took_it
             return real(storage, meta, *a, **kw)
 
         monkeypatch.setattr(client_module, "read_part", racing)
+        # The row group the read above decoded is kept and would answer without the file.
+        monkeypatch.setattr(part_format, "_GROUPS", part_format._Cache(64 << 20))
         got = client.read(name, where=K == 5)
         assert got.column("k").to_pylist() == [5] and got.column("a").to_pylist() == ["v1"]
         assert calls[0] in old and set(removed) == old  # the pass took the listed parts: no lease held them
@@ -771,3 +774,63 @@ def test_point_reads_answer_right_through_compaction_cleanup_and_ddl(
         upserts(2, "w")
         check(probe)
         client.close()
+
+
+def test_point_reads_decode_what_their_parts_statistics_leave_open_and_equal_the_fold(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A point read decodes of each part only the columns it keeps and those the part's
+    statistics do not prove constant (``_op`` of a PUT-only part, ``_cols`` of an UPDATE-free
+    one, ``_seq`` where no version of a key may tie: keyfold.read_plan), and ``_seq`` after
+    all where a key it looks up occurs twice in the part; its answers equal the whole read's
+    over PUTs, update-mode upserts, deletes, a minor compaction's ``_ver``, two statements of
+    one commit on the same keys (tied orders) and a key written twice by one statement."""
+    name = "ks_point_plans"
+    client.create_table(name, SCHEMA, primary_key=("k",), conflict_policy="keys", auto_merge=False)
+    rng = random.Random(11)
+
+    def rows(ks: list[int], tag: str) -> pa.Table:
+        return pa.table({"k": pa.array(ks, pa.int64()), "a": [f"{tag}{k}" for k in ks], "b": list(range(len(ks)))})
+
+    for i in range(6):
+        with client.transaction() as tx:
+            tx.upsert(name, rows(rng.sample(range(60), 20), f"p{i}-"))
+    client.compact(name, kind="minor")
+    with client.transaction() as tx:
+        tx.upsert(name, pa.table({"k": pa.array(range(0, 60, 6), pa.int64()), "b": [-1] * 10}), update=True)
+        tx.delete_keys(name, pa.table({"k": pa.array([1, 2, 3], pa.int64())}))
+    with client.transaction() as tx:  # two parts at one CSN: their versions of 4..8 tie on order
+        tx.upsert(name, rows(list(range(4, 9)), "t1-"))
+        tx.upsert(name, rows(list(range(6, 12)), "t2-"))
+    with client.transaction() as tx:  # one statement writes key 30 twice: the later row wins
+        tx.upsert(name, pa.table({"k": pa.array([30, 31, 30], pa.int64()), "a": ["x", "y", "z"], "b": [1, 2, 3]}))
+    decoded: list[list[str] | None] = []
+    real = client_module.read_part
+
+    def recording(storage, meta, columns=None, keys=None):
+        decoded.append(columns)
+        return real(storage, meta, columns=columns, keys=keys)
+
+    monkeypatch.setattr(client_module, "read_part", recording)
+    everything = client.read(name)
+    assert everything.filter(K == 30).column("a").to_pylist() == ["z"]
+    for key in [*range(62), -1]:
+        for columns in (None, ["k", "a"], ["b"]):
+            got = client.read(name, where=K == key, columns=columns)
+            want = everything.filter(K == key)
+            assert got.equals(want if columns is None else want.select(columns)), (key, columns)
+    assert client.read(name, where=K.isin([5, 7, 30]), columns=["a"]).equals(
+        everything.filter(K.isin([5, 7, 30])).select(["a"])
+    )
+    plain = [c for c in decoded if c is not None]
+    assert plain and any(keytables.SEQ not in c and keytables.OP not in c for c in plain)  # PUT-only, no ties
+    assert any(c == ["k", "b"] for c in plain)  # a column the reader does not keep is not decoded
+    assert any(keytables.SEQ in c for c in plain)  # tied orders, ``_ver`` or key 30 twice
+    # In a transaction: its own parts tie (order OWN), one of them writes a key twice.
+    with client.transaction() as tx:
+        tx.upsert(name, pa.table({"k": pa.array([40, 40], pa.int64()), "a": ["m", "n"]}))
+        tx.upsert(name, pa.table({"k": pa.array([40, 41], pa.int64()), "b": [9, 9]}), update=True)
+        mine = tx.read(name)
+        for key in (40, 41, 42, 30):
+            assert tx.read(name, where=K == key, columns=["a", "b"]).equals(mine.filter(K == key).select(["a", "b"]))
+        assert mine.filter(K == 40).to_pylist() == [{"k": 40, "a": "n", "b": 9}]

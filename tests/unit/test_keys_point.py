@@ -136,3 +136,47 @@ def test_top_place() -> None:
     ]
     for order, stats, want in cases:
         assert keypoint.top_place(order, stats) == want, (order, stats)
+
+
+INT_TYPES = {"int8": pa.int8(), "int32": pa.int32(), "int64": pa.int64(), "uint8": pa.uint8(), "uint64": pa.uint64()}
+
+
+@FAST
+@given(
+    kind=st.sampled_from(sorted(INT_TYPES)),
+    values=st.lists(st.one_of(st.none(), st.integers(0, 40)), max_size=60),
+    ordered=st.booleans(),
+    cuts=st.lists(st.integers(0, 60), max_size=2),
+    wanted=st.lists(st.integers(-5, 45), max_size=12),
+)
+def test_rows_of_keys_by_binary_search_are_the_rows_the_mask_keeps(kind, values, ordered, cuts, wanted) -> None:
+    """A part's rows of the keys a point read looks up (``keytables.rows_of_keys``): found by
+    binary search in a sorted integer key column, the same rows in the same order as the
+    comparison mask keeps, for every integer width, duplicates, keys absent and keys past the
+    type's range; a column out of order or with nulls goes by the mask."""
+    type_ = INT_TYPES[kind]
+    if ordered:
+        values = sorted(v for v in values if v is not None)
+    if type_ == pa.int8() or type_ == pa.int64():
+        values = [None if v is None else v - 20 for v in values]
+    bounds = sorted({0, len(values), *(min(c, len(values)) for c in cuts)})
+    col = pa.chunked_array([pa.array(values[a:b], type_) for a, b in zip(bounds, bounds[1:])] or [[]], type_)
+    data = pa.table({"k": col, "i": pa.array(range(len(values)), pa.int64())})
+    held = [(w,) for w in wanted if _fits(w, type_)]
+    want = [i for i, v in enumerate(values) if v is not None and (v,) in held]
+    if held:
+        assert keytables.rows_of_keys(data, ["k"], held).column("i").to_pylist() == want
+    searched = keytables._sorted_positions(col, [w for (w,) in held])
+    if ordered and held and values:
+        assert searched is not None and list(searched) == want  # the binary search was taken
+    if not ordered and any(v is None for v in values):
+        assert searched is None
+    assert keytables._sorted_positions(col, [1 << 70]) is None  # past every type: left to the mask
+
+
+def _fits(value: int, type_: pa.DataType) -> bool:
+    try:
+        pa.scalar(value, type_)
+    except (pa.ArrowInvalid, OverflowError):
+        return False
+    return True

@@ -249,6 +249,7 @@ def test_a_point_read_fetches_only_the_footer_and_the_row_groups_it_decodes(tmp_
     ranges = meta.key_summary["ranges"]
     assert len(ranges["groups"]) == pq.ParquetFile(str(tmp_path / meta.path)).metadata.num_row_groups == 8
     whole = part_format.read_part(storage, meta)
+    decoded: set[int] = set()
     for i, key in enumerate([*rng.sample(keys, 10), -1]):
         storage.whole.clear()
         storage.ranges.clear()
@@ -256,9 +257,12 @@ def test_a_point_read_fetches_only_the_footer_and_the_row_groups_it_decodes(tmp_
         assert got.equals(whole.filter(pc.field("k") == key)), key
         assert storage.whole == []  # never the whole file
         fetched = sum(n for _, n in storage.ranges)
-        group = [ranges["groups"][g][1] for g in groups_read[-1]]
-        tail = ranges["tail"][0] if i == 0 else 0  # the footer once: parts never change
+        # The footer once and each group once: parts never change, a decoded group is kept.
+        group = [ranges["groups"][g][1] for g in groups_read[-1] if g not in decoded]
+        decoded.update(groups_read[-1])
+        tail = ranges["tail"][0] if i == 0 else 0
         assert fetched == sum(group) + tail and fetched < meta.size / 4, (key, fetched, meta.size)
+    assert 0 < len(decoded) < 8
 
 
 def _flip(path, at: int) -> None:
@@ -348,7 +352,8 @@ def test_a_ranged_point_read_of_one_group_refuses_bytes_not_as_written(tmp_path,
         part_format.read_part(storage, meta, keys=(["k"], [(keys[3],)]))
 
 
-def test_a_point_read_of_one_group_fetches_tail_and_group_at_once_then_the_group_alone(tmp_path) -> None:
+def test_a_point_read_of_one_group_fetches_tail_and_group_at_once_then_nothing(tmp_path) -> None:
+    # Then the footer and the decoded group are kept (format._FOOTERS, format._GROUPS).
     storage = _CountingStorage(str(tmp_path))
     keys = random.Random(5).sample(range(100_000), 1000)
     meta = PartMeta.from_dict(
@@ -361,7 +366,7 @@ def test_a_point_read_of_one_group_fetches_tail_and_group_at_once_then_the_group
         got = part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
         assert got.equals(whole.filter(pc.field("k") == key)) and got.num_rows == (key != -1)
         tail = [(meta.size - meta.key_summary["ranges"]["tail"][0], meta.key_summary["ranges"]["tail"][0])]
-        assert storage.ranges == (tail if i == 0 else []) + ([(group[0], group[1])] if key != -1 else [])
+        assert storage.ranges == ([*tail, (group[0], group[1])] if i == 0 else [])
 
 
 @pytest.mark.parametrize(
@@ -920,3 +925,36 @@ def test_parts_apart_in_key_order_only_for_keys_json_orders_as_arrow_does() -> N
     s = {**keytables.summarize(ints, ["k"]), "ranges": {"groups": []}}
     assert keytables.apart_in_key_order([s, s], ints.schema, ["k"]) is None  # the same range twice meets
     assert keytables.apart_in_key_order([], ints.schema, ["k"]) == []
+
+
+def test_a_decoded_row_group_is_kept_by_its_columns_and_only_checked_bytes_are_decoded(tmp_path) -> None:
+    """Point reads keep the row groups they decode (``format._GROUPS``, by part, checksum, group
+    and columns): a group read before answers again as decoded, also once its bytes in storage
+    rot; a group not read before is fetched and checked against its crc32 first (CorruptPart),
+    and another choice of columns is a group of its own; the kept groups are bounded by their
+    decoded bytes, the least recently used going first."""
+    storage = Storage(str(tmp_path))
+    keys = list(range(0, 120_000, 2))
+    meta = PartMeta.from_dict(
+        part_format.write_part(storage, "t", [], (), _versions(keys), "tx_kept", primary_key=("k",)).to_dict()
+    )
+    whole = part_format.read_part(storage, meta)
+    in_group = [keys[g * part_format.KEYS_ROW_GROUP_ROWS + 5] for g in range(3)]
+    for key in in_group[:2]:
+        got = part_format.read_part(storage, meta, columns=["k", "v"], keys=(["k"], [(key,)]))
+        assert got.equals(whole.select(["k", "v"]).filter(pc.field("k") == key))
+    for g in (1, 2):  # rot a byte of groups 1 and 2
+        _flip(tmp_path / meta.path, meta.key_summary["ranges"]["groups"][g][0] + 50)
+    key = in_group[1]
+    got = part_format.read_part(storage, meta, columns=["k", "v"], keys=(["k"], [(key,)]))
+    assert got.equals(whole.select(["k", "v"]).filter(pc.field("k") == key))  # kept: decoded from checked bytes
+    with pytest.raises(CorruptPart, match="row group 2 is not as written"):
+        part_format.read_part(storage, meta, columns=["k", "v"], keys=(["k"], [(in_group[2],)]))
+    with pytest.raises(CorruptPart, match="row group 1 is not as written"):  # other columns: not kept
+        part_format.read_part(storage, meta, keys=(["k"], [(key,)]))
+    with pytest.raises(CorruptPart):  # a failed group is not kept either
+        part_format.read_part(storage, meta, columns=["k", "v"], keys=(["k"], [(in_group[2],)]))
+    kept = part_format._Cache(3000)  # what _GROUPS is, smaller: ten groups of 500 bytes
+    for i in range(10):
+        kept.put(i, i, 500)
+    assert len(kept) == 6 and kept.get(3) is None and kept.get(4) == 4 and kept.get(9) == 9
