@@ -513,7 +513,9 @@ def _decoded(meta: PartMeta, pf: Any, group: int, columns: list[str] | None) -> 
         data = pf.read_row_groups([group], columns=columns, use_threads=False)
     except (pa.ArrowException, OSError) as exc:
         raise _corrupt(meta, f"does not parse as Parquet: {clip(exc)}") from None
-    _GROUPS.put(_group_key(meta, group, columns), data, data.get_total_buffer_size())
+    size = data.get_total_buffer_size()
+    if size <= _GROUPS.max_bytes // 8:  # a huge group would push out every other for one lookup
+        _GROUPS.put(_group_key(meta, group, columns), data, size)
     return data
 
 
