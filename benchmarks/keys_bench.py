@@ -251,7 +251,7 @@ def load_delta(path: Path, order: list[int], parts: int, log: Callable[[str], No
 def bench_lookups(
     client: Any, n: int, lookups: int, log: Callable[[str], None], replica_pid: int | None = None
 ) -> dict:
-    import mergetxn.client.reads as client_module
+    import mergetxn.client.keyreads as client_module  # where point reads read parts (read_part)
 
     real, reads = client_module.read_part, [0]
 
