@@ -65,15 +65,15 @@ RUNS: dict[str, Run] = {
     "commit_cpu.json": Run("commit_cpu.py --commits 5000", "2026-12-02 14:17", "01a1787", AMD),
     "keys_bench.json": Run("keys_bench.py", "2026-11-24 09:44", "88aeebe", AMD),
     "keys_bench_lookup.json": Run(
-        "keys_bench.py --only lookup --lookups 2000 (0bba498, the code before, run right before it: p50 1.01 ms)",
-        "2026-12-04 00:15",
-        "6f1e0a8",
+        "keys_bench.py --only lookup --lookups 2000 (9c75f06, the code before, run right before it: p50 0.88 ms)",
+        "2026-12-04 19:27",
+        "752da6d",
         AMD,
     ),
     "keys_bench_upsert.json": Run(
-        "keys_bench.py --only upsert (and MERGETXN_CODE at bf1a6b7: before)",
-        "2026-12-03 23:58",
-        "1654e29",
+        "keys_bench.py --only upsert (and MERGETXN_CODE at bf1a6b7: before; at 9c75f06: the code before this one)",
+        "2026-12-04 19:20",
+        "93c994b",
         AMD,
     ),
     "keys_bench_read.json": Run(
