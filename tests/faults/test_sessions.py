@@ -20,7 +20,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 from support.cluster import make_cluster  # tests/ is on sys.path
+from support.failpoints import Held
 from support.waiting import NotYet, eventually
 
 from coordinator import LocalCluster, connect
@@ -216,7 +216,7 @@ def test_a_commit_whose_replica_died_is_resolved_by_another(
         return c._heartbeat.peers
 
     assert eventually(peers, 10) == [cluster.replica_addresses[1 - owner]]
-    held = Held(failpoints, where, tx)
+    held = Held(failpoints, where, tx.commit)
     try:
         start = time.monotonic()
         cluster.kill_replica(owner)
@@ -233,36 +233,6 @@ def test_a_commit_whose_replica_died_is_resolved_by_another(
         assert isinstance(outcome, int), outcome
         other.wait_for(outcome)
         assert other.read(table).column("id").to_pylist() == [5]
-
-
-class Held:
-    """``tx.commit()`` in a thread, held by the replica at failpoint ``name`` (armed here; this
-    returns once the replica reached it)."""
-
-    def __init__(self, failpoints: Path, name: str, tx: object) -> None:
-        (failpoints / f"{name}.reached").unlink(missing_ok=True)
-        (failpoints / name).touch()
-        self._result: list[object] = []
-        self._thread = threading.Thread(target=self._commit, args=(tx,), daemon=True)
-        self._thread.start()
-        eventually(lambda: _exists(failpoints / f"{name}.reached"), 30)
-
-    def _commit(self, tx) -> None:  # noqa: ANN001
-        try:
-            self._result.append(tx.commit())
-        except Exception as exc:  # the outcome is what the test asserts
-            self._result.append(exc)
-
-    def outcome(self, timeout: float) -> object:
-        self._thread.join(timeout)
-        assert self._result, f"the commit was not decided within {timeout}s"
-        return self._result[0]
-
-
-def _exists(path: Path) -> bool:
-    if not path.exists():
-        raise NotYet(f"{path.name} not there yet")
-    return True
 
 
 def test_a_call_to_a_stopped_replica_gives_up_after_the_clients_timeout(cluster: LocalCluster) -> None:
