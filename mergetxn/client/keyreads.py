@@ -192,9 +192,10 @@ class KeysReads(ClientBase):
         filter's false positive older than a key's last write costs nothing."""
         orders = [csns.get(m.name, keytables.OWN) for m in metas]
         plans = self._point_plans(tdef, metas, orders, values)
+        layout = keytables.file_schema(tdef.schema, tdef.primary_key)
 
         def read(i: int) -> pa.Table:
-            return self._point_read(tdef, metas[i], plans[i], wanted)
+            return self._point_read(tdef, metas[i], (plans[i], layout), wanted)
 
         if len(metas) < 2 or not keypoint.plain_keys(tdef.schema, tdef.primary_key):
             return [(o, read(i)) for i, o in enumerate(orders)]
@@ -217,10 +218,13 @@ class KeysReads(ClientBase):
             plans.append(plan if named and tdef.current(m.schema_version) else keyfold.ReadPlan(None, (), False))
         return plans
 
-    def _point_read(self, tdef: TableDef, meta: PartMeta, plan: keyfold.ReadPlan, wanted: list[tuple]) -> pa.Table:
-        """The versions of the keys ``wanted`` in part ``meta`` decoded by ``plan``, and the
+    def _point_read(
+        self, tdef: TableDef, meta: PartMeta, how: tuple[keyfold.ReadPlan, pa.Schema], wanted: list[tuple]
+    ) -> pa.Table:
+        """The versions of the keys ``wanted`` in part ``meta`` decoded by ``how``'s plan, and the
         columns it holds back when a key occurs twice among them, laid out as a read of every
-        column (:func:`keyfold.laid_out`)."""
+        column (``how``'s layout, ``keytables.file_schema``: :func:`keyfold.laid_out`)."""
+        plan, layout = how
         pk = list(tdef.primary_key)
         keys = (pk, wanted)
         if plan.columns is None:
@@ -229,7 +233,7 @@ class KeysReads(ClientBase):
         more = keyfold.also_read(plan, data, pk)
         if more:
             data = read_part(self.storage, meta, columns=[*plan.columns, *more], keys=keys)
-        return keyfold.laid_out(keytables.file_schema(tdef.schema, pk), plan, data)
+        return keyfold.laid_out(layout, plan, data)
 
     def _fold_whole(
         self, tdef: TableDef, metas: list[PartMeta], csns: Mapping[str, int], columns: Sequence[str] | None
