@@ -449,10 +449,12 @@ class Replica(SnapshotReads, ReplicaInfo, LocalRecovery):
         self.zk_session.lost.clear()
 
     def _reaper(self) -> None:
-        """Transactions past their time aborted (every 0.5 s), the C heap trimmed (replicas/memory.py)."""
+        """Transactions past their time aborted and idle or dropped tables' deletion vectors let go
+        (every 0.5 s), the C heap trimmed (replicas/memory.py)."""
         trimmed = time.monotonic()
         while not self.zk_session.stop.wait(0.5):
             self.transactions.reap()
+            self.vectors.let_go()
             if time.monotonic() - trimmed >= TRIM_SECONDS:
                 trim()
                 trimmed = time.monotonic()

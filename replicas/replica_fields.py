@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from replicas.settings import ReplicaConfig
     from replicas.state import ReplicaState
     from replicas.users import Users
+    from replicas.vectors import KeysVectors
     from replicas.wal import Wal
     from replicas.zksession import ZkSession
 
@@ -68,6 +69,7 @@ class ReplicaFields:
     log_watch: LogWatch
     metrics_address: str | None
     changefeed: ChangeFeed
+    vectors: KeysVectors
     outcomes: Outcomes
     pauses: PauseGuard
     alive: AliveNode

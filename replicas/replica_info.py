@@ -83,6 +83,7 @@ class ReplicaInfo(ReplicaFields):
         """info()'s "structures": entries each structure holds (docs/architecture/bounds.md)."""
         return {
             **self.state.sizes(),
+            **self.vectors.sizes(),
             "events": self.changefeed.ring_size(),
             "finished_transactions": len(self.transactions.finished),
         }

@@ -332,10 +332,10 @@ class ReplicaState(StateCheckpoint, StatePruning):
         with self.lock:
             return list(self.catalog.get(name, ()))
 
-    def table_names(self) -> set[str]:
-        """The names of the tables that exist now."""
+    def incarnations(self) -> set[tuple[str, int]]:
+        """The tables that exist now, each as its name and the CSN that created it."""
         with self.lock:
-            return set(self.tables)
+            return {(name, t.created_csn) for name, t in self.tables.items()}
 
     def table_defs(self) -> list[TableDef]:
         """Every definition any table had that this replica still knows (not the drops)."""

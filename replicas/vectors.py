@@ -68,7 +68,7 @@ class KeysVectors:
 
     def __init__(self, state: ReplicaState, storage: Storage) -> None:
         self._state, self._storage = state, storage
-        self._targets: dict[tuple[str, str], _Target] = {}
+        self._targets: dict[tuple[str, int, str], _Target] = {}  # by table, its creation CSN, partition
         self._lock = threading.Lock()
 
     def dead_rows(self, tdef: TableDef, snapshot: int, metas: Sequence[PartMeta]) -> dict[str, Rows] | None:
@@ -79,7 +79,7 @@ class KeysVectors:
         for m in metas:
             by_target.setdefault(partition_key(m.partition), []).append(m)
         for pkey, group in by_target.items():
-            target = self._target(tdef.name, pkey)
+            target = self._target(tdef, pkey)
             with target.lock:
                 try:
                     got = self._answer(target, tdef, snapshot, group)
@@ -99,7 +99,9 @@ class KeysVectors:
         the CSN the vectors follow to (``mergetxn check``). Vectors found wrong are let go: the
         next read derives them again."""
         with self._lock:
-            targets = [t for (table, _), t in self._targets.items() if table == tdef.name]
+            targets = [
+                t for (table, made, _), t in self._targets.items() if (table, made) == (tdef.name, tdef.created_csn)
+            ]
         problems: list[tuple[str, str]] = []
         for t in targets:
             with t.lock:
@@ -132,21 +134,37 @@ class KeysVectors:
                 found.append((m.name, f"its deletion vector at {t.done} is not the one its table's part files give"))
         return found
 
-    def _target(self, table: str, pkey: str) -> _Target:
-        """The target's entry; making one first forgets those of tables dropped since and those
-        no read asked for in ``IDLE_SECONDS`` (what is held follows the tables read lately, not
-        every table there ever was)."""
-        now = time.monotonic()
+    def _target(self, tdef: TableDef, pkey: str) -> _Target:
+        """The target's entry, by the table's incarnation (a table dropped and created again
+        under its name, perhaps with other key types, gets vectors of its own); making one first
+        lets go of those :meth:`let_go` would."""
+        key = (tdef.name, tdef.created_csn, pkey)
         with self._lock:
-            target = self._targets.get((table, pkey))
+            target = self._targets.get(key)
             if target is None:
-                exists = self._state.table_names()
-                self._targets = {
-                    k: v for k, v in self._targets.items() if k[0] in exists and now - v.used < IDLE_SECONDS
-                }
-                target = self._targets[(table, pkey)] = _Target(table, pkey)
-            target.used = now
+                self._let_go()
+                target = self._targets[key] = _Target(tdef.name, pkey)
+            target.used = time.monotonic()
             return target
+
+    def let_go(self) -> int:
+        """Forget the targets of tables dropped since and those no read asked for in
+        ``IDLE_SECONDS`` (the reaper, every half second, and before a new target is made): what
+        is held follows the tables read lately, not every table there ever was. How many went."""
+        with self._lock:
+            return self._let_go()
+
+    def _let_go(self) -> int:
+        now, before = time.monotonic(), len(self._targets)
+        live = self._state.incarnations()
+        self._targets = {k: v for k, v in self._targets.items() if k[:2] in live and now - v.used < IDLE_SECONDS}
+        return before - len(self._targets)
+
+    def sizes(self) -> dict[str, int]:
+        """info()'s structures: the keys targets held, and the parts they hold versions of."""
+        with self._lock:
+            targets = list(self._targets.values())
+        return {"vector_targets": len(targets), "vector_parts": sum(len(t.versions) for t in targets)}
 
     def _answer(self, t: _Target, tdef: TableDef, snapshot: int, metas: Sequence[PartMeta]) -> dict[str, Rows] | None:
         names = {m.name for m in metas}

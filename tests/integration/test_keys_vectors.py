@@ -122,6 +122,31 @@ def test_reads_by_vectors_are_the_fold_at_every_snapshot(cluster: LocalCluster) 
     assert not sent_vectors(b, table, csns[0]), "older than where replica 1 derived them"
 
 
+def test_a_table_dropped_and_created_again_gets_vectors_of_its_own(cluster: LocalCluster) -> None:
+    """A keys table read by vectors, dropped, and created again under its name with a string key:
+    whole reads of the new table are by vectors and the fold's (the replica kept the dropped
+    table's vectors under the name, and every read of the new one failed comparing int keys with
+    str), and a snapshot of the dropped table still reads as its fold."""
+    a = cluster.client(0)
+    table = "dv_again"
+    a.wait_for(a.create_table(table, SCHEMA, primary_key=("p", "k"), conflict_policy="keys", **KEEP))
+    for keys, tag in (([(0, 1), (0, 2), (0, 3)], "x"), ([(0, 2)], "y")):
+        with a.transaction() as tx:
+            tx.upsert(table, rows(keys, tag))
+    old = a.snapshot()
+    assert a.read(table).num_rows == 3 and sent_vectors(a, table)
+    a.drop_table(table)
+    strings = pa.schema([pa.field("p", pa.int64(), False), pa.field("k", pa.string(), False), ("v", pa.string())])
+    a.wait_for(a.create_table(table, strings, primary_key=("p", "k"), conflict_policy="keys", **KEEP))
+    for i in range(3):
+        with a.transaction() as tx:
+            tx.upsert(table, pa.table({"p": [0, 0], "k": ["2", "b"], "v": [f"n{i}", f"m{i}"]}, schema=strings))
+    assert a.read(table).to_pylist() == [{"p": 0, "k": "2", "v": "n2"}, {"p": 0, "k": "b", "v": "m2"}]
+    assert a.read(table).to_pylist() == by_fold(a, table, a.snapshot()) and sent_vectors(a, table)
+    assert a.read(table, snapshot=old).to_pylist() == by_fold(a, table, old)
+    assert [r["v"] for r in a.read(table, snapshot=old).to_pylist()] == ["x0.1", "y0.2", "x0.3"]
+
+
 def test_followed_over_many_commits_at_once(cluster: LocalCluster) -> None:
     """Reads every few commits: the vectors follow several commits in one go (parts added and
     merged away between two reads among them)."""

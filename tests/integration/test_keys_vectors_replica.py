@@ -12,15 +12,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from support.waiting import wait_until
 
 from coordinator.core import keyfold, keytables
 from coordinator.core.deletions import PartVersions
 from coordinator.core.tabledata import partition_key
 from coordinator.model.catalog import TableDef
-from coordinator.model.records import Insert
+from coordinator.model.records import DropTable, Insert
 from coordinator.model.znodes import Marks
 from parts.io.format import read_part, write_part
 from parts.model.meta import PartMeta
+from replicas import vectors as vectors_module
 from replicas.replica import Replica, ReplicaConfig
 from replicas.storage_check import check_tables
 from replicas.vectors import KeysVectors
@@ -226,3 +228,27 @@ def test_vectors_first_derived_while_a_merge_is_under_way(replica: Replica) -> N
     for s in csns:
         assert by_vectors(r, tdef, s) == by_fold(r, s), f"at {s}"
     assert {row["k"] for row in by_vectors(r, tdef, csns[-1]) or []} == {0, 1, 2, 3, 4, 5, 20}
+
+
+def test_vectors_of_dropped_and_idle_tables_are_let_go(replica: Replica, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a replica holds follows the keys tables read lately (docs/architecture/bounds.md):
+    the reaper lets go of the vectors no read asked for in ``IDLE_SECONDS`` and of a dropped
+    table's, with no new target made; info() reports what is held."""
+    r = replica
+    tdef = keys_table(r)
+    commit(r, [1, 2, 3], "x")
+    commit(r, [2], "y")
+    assert by_vectors(r, tdef, r.state.applied) == by_fold(r, r.state.applied)
+    assert r.info()["structures"]["vector_targets"] == 1
+    assert r.info()["structures"]["vector_parts"] == 2
+    monkeypatch.setattr(vectors_module, "IDLE_SECONDS", 0.0)
+    wait_until(lambda: r.info()["structures"]["vector_targets"] == 0, what="the idle table's vectors let go")
+    assert r.info()["structures"]["vector_parts"] == 0
+    monkeypatch.undo()
+    commit(r, [5], "z")
+    assert by_vectors(r, tdef, r.state.applied) == by_fold(r, r.state.applied)  # derived again
+    assert r.info()["structures"]["vector_targets"] == 1
+    txn = r.transactions.begin()
+    r.transactions.stage(txn.id, DropTable("dv"))
+    r.transactions.commit(txn.id)
+    wait_until(lambda: r.info()["structures"]["vector_targets"] == 0, what="the dropped table's vectors let go")
