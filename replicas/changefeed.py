@@ -22,6 +22,7 @@ from coordinator.core.conflicts import COMPACTIONS, Kind, Summary
 from coordinator.core.errors import InvalidInput, SnapshotUnavailable, quote
 from coordinator.core.tabledata import partition_key
 from coordinator.core.versions import Tid
+from coordinator.model.catalog import TableDropped
 from coordinator.model.records import TxnState
 from replicas.context import ReplicaContext, ReplicaPart
 
@@ -174,6 +175,14 @@ class ChangeFeed(ReplicaPart):
         found.add_history(in_range)
         return found.result()
 
+    def _drops(self, table: str, first: int, end: int | None) -> list[int]:
+        """The CSNs in (first, end] (end None: up to the applied CSN) at which a table of this
+        name was dropped: the range reaches back into an earlier table of the name."""
+        last = self.state.applied if end is None else end
+        return [
+            r.csn for r in self.state.catalog_records(table) if isinstance(r, TableDropped) and first < r.csn <= last
+        ]
+
     def _check_id_range(self, start: Any, end: Any) -> Any:
         """Refuses a range by id that is not of CSNs; the end (the applied CSN if none), once this
         replica's snapshot reached it."""
@@ -257,6 +266,9 @@ class ChangeFeed(ReplicaPart):
         rows = _part_rows(commits)
         return {
             "table": tdef.name,
+            "dropped": self._drops(
+                table, first, end if by == "id" or end is None else self.state.csn_at_time(end, False)
+            ),
             "by": by,
             "start": start,
             "end": end,

@@ -344,6 +344,7 @@ class Reads(KeysReads):
         r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
+        self._check_drops(tdef, r)
         clash = [c for c in CHANGE_COLUMNS if c in tdef.schema.names]
         if clash:  # a table created before the names were reserved
             with self._leased(r):
@@ -370,6 +371,22 @@ class Reads(KeysReads):
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
+    def _check_drops(self, tdef: TableDef, r: dict) -> None:
+        """InvalidInput, the answer's lease let go, when the range of ``changes`` answer ``r``
+        reaches back past a drop of the table into one of its name with another definition:
+        their rows are not one table's (the same definition: a drop deletes every row)."""
+        for dropped in r.get("dropped") or []:
+            was = self._table_at(tdef.name, dropped - 1, None)
+            if _shape(was) != _shape(tdef):
+                with self._leased(r):
+                    raise InvalidInput(
+                        f"changes of {quote(tdef.name)}: the range reaches back past its drop at CSN {dropped} into "
+                        "a table of the same name with another definition; ask for the changes from that CSN on, "
+                        "or up to the one before it",
+                        table=tdef.name,
+                        dropped=dropped,
+                    )
+
     def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
         """``changes`` of a keys table: row changes per key (:func:`keyfold.row_changes`) from the
         versions the commits in the range wrote, folded onto the rows those keys had at the
@@ -380,9 +397,15 @@ class Reads(KeysReads):
             meta = PartMeta.from_dict(p["part"])
             if p["change"] == "insert" and not keytables.folded(meta):
                 added.setdefault(p["csn"], []).append(meta)
-        if not added:
+        versions = {csn: [read_part(self.storage, m) for m in metas] for csn, metas in added.items()}
+        for dropped in r.get("dropped") or []:  # a drop deletes every row the table had
+            live = self.read(tdef.name, dropped - 1, columns=list(tdef.primary_key))
+            if live.num_rows:
+                pk, delete = tdef.primary_key, keytables.DELETE
+                versions[dropped] = [keytables.versions(tdef.schema, pk, tdef.name, live, delete, 0)]
+        if not versions:
             return keytables.changes_schema(tdef.schema).empty_table()
-        commits = [(csn, [read_part(self.storage, m) for m in metas]) for csn, metas in sorted(added.items())]
+        commits = sorted(versions.items())
         written = pa.concat_tables([t.select(list(tdef.primary_key)) for _, ts in commits for t in ts])
         first = commits[0][0]
         before = self.read(
@@ -600,3 +623,8 @@ class TransactionReads(TransactionBase):
         metas, csns, vectors = self._visible_whole(table)
         self._record_read(tdef, None)
         yield self.client._dataset(tdef, metas, csns, vectors)
+
+
+def _shape(tdef: TableDef) -> tuple:
+    """What rows of two tables of one name must share to be told as one table's changes."""
+    return (tdef.schema, tdef.primary_key, tdef.partition_by, tdef.conflict_policy)

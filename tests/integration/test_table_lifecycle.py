@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,6 +29,8 @@ from mergetxn.client import Client
 from mergetxn.local.zkserver import ZooKeeperServer
 
 pytestmark = pytest.mark.zk
+
+KEYED = pa.schema([pa.field("id", pa.int64(), False), ("v", pa.string())])  # a keys table's ID_V
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,44 @@ def test_a_table_made_again_with_another_schema_takes_inserts_of_it(c0: Client, 
         c0.insert("again", pa.table({"id": [1], "day": ["mon"]}, schema=day))
         assert c0.read("again").to_pylist() == [{"id": 1, "day": "mon"}]
         c0.drop_table("again")
+
+
+@pytest.mark.parametrize("policy", ["parts", "keys"])
+def test_changes_across_a_drop_and_a_table_made_again(c0: Client, policy: str) -> None:
+    """``changes`` over a range that reaches back past a drop into an earlier table of the name:
+    with the same definition the drop deletes every row it had (a keys table showed none: its
+    rows lived on in the changes), and what the changes add up to is the read at the end; with
+    another definition InvalidInput names the drop (a raw pyarrow error before)."""
+    keys = {"primary_key": ("id",), "conflict_policy": "keys"} if policy == "keys" else {}
+    table = f"again_{policy}"
+    c0.create_table(table, KEYED, **keys)
+    c0.insert(table, id_rows(3).cast(KEYED))
+    dropped = c0.drop_table(table)
+    c0.create_table(table, KEYED, **keys)
+    c0.insert(table, id_rows(2, 2).cast(KEYED))
+    got = [(r["id"], r["_change"], r["_csn"]) for r in c0.changes(table, 0).to_pylist()]
+    assert sorted(x for x in got if x[2] == dropped) == [
+        (0, "delete", dropped),
+        (1, "delete", dropped),
+        (2, "delete", dropped),
+    ]
+    net: dict[int, int] = {}
+    for i, change, _ in got:
+        net[i] = net.get(i, 0) + (1 if change == "insert" else -1)
+    assert sorted(i for i, n in net.items() if n) == ids(c0.read(table)) == [2, 3]
+    assert [(r["id"], r["_change"]) for r in c0.changes(table, 0, dropped - 1).to_pylist()] == [
+        (0, "insert"),
+        (1, "insert"),
+        (2, "insert"),
+    ]
+    assert [r["id"] for r in c0.changes(table, dropped).to_pylist()] == [2, 3]
+    by_time = c0.changes(table, datetime.fromtimestamp(0, UTC), by="time").to_pylist()
+    assert sorted((r["id"], r["_change"]) for r in by_time) == sorted((i, ch) for i, ch, _ in got)
+    c0.drop_table(table)
+    c0.create_table(table, pa.schema([pa.field("id", pa.string(), False), ("v", pa.int64())]), **keys)
+    with pytest.raises(InvalidInput, match=r"reaches back past its drop at CSN \d+ into a table of the same name"):
+        c0.changes(table, 0)
+    c0.drop_table(table)
 
 
 def test_drop_in_a_transaction_cannot_write_the_table(c0: Client) -> None:
