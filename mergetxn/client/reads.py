@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 
 from coordinator.core import deletions, errors, keyfold, keyranges, keytables
 from coordinator.core.conflicts import Policy
-from coordinator.core.errors import InvalidInput, quote
+from coordinator.core.errors import InvalidInput, clip, quote
 from coordinator.core.tabledata import (
     CHANGE_COLUMNS,
     check_expression,
@@ -371,13 +371,25 @@ class Reads(KeysReads):
             pieces.append(data.append_column(schema.field("_csn"), pa.array([p["csn"]] * n, pa.int64())))
         return pa.concat_tables(pieces) if pieces else schema.empty_table()
 
+    def _drops(self, r: dict) -> list[int]:
+        """The CSNs of the drops a ``changes`` answer names in its range (CorruptMetadata if they
+        are not CSNs; none from a replica that does not name them)."""
+        dropped = r.get("dropped") or []
+        if not isinstance(dropped, list) or not all(type(d) is int and d > 0 for d in dropped):
+            raise errors.CorruptMetadata(f"replica {self.address} answered drops that are not CSNs: {clip(dropped)}")
+        return dropped
+
     def _check_drops(self, tdef: TableDef, r: dict) -> None:
         """InvalidInput, the answer's lease let go, when the range of ``changes`` answer ``r``
         reaches back past a drop of the table into one of its name with another definition:
         their rows are not one table's (the same definition: a drop deletes every row)."""
-        for dropped in r.get("dropped") or []:
-            was = self._table_at(tdef.name, dropped - 1, None)
-            if _shape(was) != _shape(tdef):
+        try:
+            shapes = [(d, _shape(self._table_at(tdef.name, d - 1, None))) for d in self._drops(r)]
+        except BaseException:
+            with self._leased(r):
+                raise
+        for dropped, shape in shapes:
+            if shape != _shape(tdef):
                 with self._leased(r):
                     raise InvalidInput(
                         f"changes of {quote(tdef.name)}: the range reaches back past its drop at CSN {dropped} into "
@@ -398,7 +410,7 @@ class Reads(KeysReads):
             if p["change"] == "insert" and not keytables.folded(meta):
                 added.setdefault(p["csn"], []).append(meta)
         versions = {csn: [read_part(self.storage, m) for m in metas] for csn, metas in added.items()}
-        for dropped in r.get("dropped") or []:  # a drop deletes every row the table had
+        for dropped in self._drops(r):  # a drop deletes every row the table had
             live = self.read(tdef.name, dropped - 1, columns=list(tdef.primary_key))
             if live.num_rows:
                 pk, delete = tdef.primary_key, keytables.DELETE

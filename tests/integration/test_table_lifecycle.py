@@ -22,6 +22,7 @@ import coordinator
 from coordinator.errors import (
     ConflictError,
     ConflictKind,
+    CorruptMetadata,
     InvalidInput,
     TableNotFound,
 )
@@ -173,6 +174,30 @@ def test_changes_across_a_drop_and_a_table_made_again(c0: Client, policy: str) -
     with pytest.raises(InvalidInput, match=r"reaches back past its drop at CSN \d+ into a table of the same name"):
         c0.changes(table, 0)
     c0.drop_table(table)
+
+
+def test_changes_refuse_drops_that_are_not_csns(c0: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``changes`` answer naming drops that are not CSNs is CorruptMetadata, and the answer's
+    lease is let go."""
+    c0.create_table("forged_drops", KEYED)
+    c0.insert("forged_drops", id_rows(1).cast(KEYED))
+    call, leases, released = c0.call, [], []
+
+    def forged(action: str, **args: object) -> dict:
+        if action == "release":
+            released.append(args["lease"])
+        r = call(action, **args)
+        if action == "changes":
+            leases.append(r["lease"])
+            r["dropped"] = ["3"]
+        return r
+
+    monkeypatch.setattr(c0, "call", forged)
+    with pytest.raises(CorruptMetadata, match=r"drops that are not CSNs: \['3'\]"):
+        c0.changes("forged_drops", 0)
+    assert leases and leases[0] is not None and released == leases
+    monkeypatch.undo()
+    c0.drop_table("forged_drops")
 
 
 def test_drop_in_a_transaction_cannot_write_the_table(c0: Client) -> None:
