@@ -175,13 +175,15 @@ class ChangeFeed(ReplicaPart):
         found.add_history(in_range)
         return found.result()
 
-    def _drops(self, table: str, first: int, end: int | None) -> list[int]:
-        """The CSNs in (first, end] (end None: up to the applied CSN) at which a table of this
-        name was dropped: the range reaches back into an earlier table of the name."""
-        last = self.state.applied if end is None else end
-        return [
-            r.csn for r in self.state.catalog_records(table) if isinstance(r, TableDropped) and first < r.csn <= last
-        ]
+    def _drops(self, table: str, first: int, end: Any, by: str, commits: list[dict]) -> list[int]:
+        """The CSNs in the range at which a table of this name was dropped: the range reaches back
+        into an earlier table of the name. By id (``end`` a CSN) every drop in (first, end]; by
+        time the drops among ``commits`` (one that removed no rows has no time to be placed by)."""
+        drops = [r.csn for r in self.state.catalog_records(table) if isinstance(r, TableDropped) and r.csn > first]
+        if by == "id":
+            return [d for d in drops if d <= end]
+        listed = {c["csn"] for c in commits}
+        return [d for d in drops if d in listed]
 
     def _check_id_range(self, start: Any, end: Any) -> Any:
         """Refuses a range by id that is not of CSNs; the end (the applied CSN if none), once this
@@ -266,9 +268,7 @@ class ChangeFeed(ReplicaPart):
         rows = _part_rows(commits)
         return {
             "table": tdef.name,
-            "dropped": self._drops(
-                table, first, end if by == "id" or end is None else self.state.csn_at_time(end, False)
-            ),
+            "dropped": self._drops(table, first, end, by, commits),
             "by": by,
             "start": start,
             "end": end,
