@@ -367,6 +367,8 @@ def restore(client: Client, directory: str, as_name: str | None = None, unverifi
 
 
 def _same_kind(current: TableDef, backed_up: TableDef) -> None:
+    """InvalidInput, before anything changes, unless the table restored in place is of the
+    backup's kind (policy and key) and holds its columns with their types."""
     mine = (current.conflict_policy is Policy.KEYS, current.primary_key)
     theirs = (backed_up.conflict_policy is Policy.KEYS, backed_up.primary_key)
     if mine != theirs:
@@ -375,6 +377,18 @@ def _same_kind(current: TableDef, backed_up: TableDef) -> None:
             f"key {list(current.primary_key)}) is not of the backup's kind (policy "
             f"{backed_up.conflict_policy.value}, key {list(backed_up.primary_key)}); "
             "restore it under a new name (--as)",
+            table=current.name,
+        )
+    types = {f.name: f.type for f in current.schema}
+    other = [
+        f"{f.name} ({f.type} in the backup, {types[f.name]} in the table)"
+        for f in backed_up.schema
+        if f.name in types and types[f.name] != f.type
+    ]
+    if other:
+        raise InvalidInput(
+            f"restore in place: table {quote(current.name)} has other types than the backup for column(s) "
+            f"{', '.join(other)} (dropped and made again since?); restore it under a new name (--as)",
             table=current.name,
         )
 

@@ -367,6 +367,11 @@ def test_restore_in_place_fills_a_column_added_since_and_refuses_another_kind_of
     snap = client.snapshot()
     one_error_line(invoke(cluster, "restore", tmp_path / "b"), 2, "not of the backup's kind", "--as")
     assert client.snapshot() == snap
+    client.drop_table("ia_t")  # made again with its columns of other types
+    client.create_table("ia_t", pa.schema([("id", pa.string()), ("day", pa.string()), ("v", pa.string())]))
+    snap = client.snapshot()
+    one_error_line(invoke(cluster, "restore", tmp_path / "b"), 2, "has other types than the backup", "--as")
+    assert client.snapshot() == snap
 
 
 # -- pure ----------------------------------------------------------------------------------------
