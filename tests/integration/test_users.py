@@ -377,6 +377,25 @@ def test_per_table_grants(
         assert state(admin) == before
 
 
+def test_a_grant_names_a_table_and_holds_for_one_made_again_under_its_name(
+    cluster: coordinator.LocalCluster, admin: coordinator.Client
+) -> None:
+    """docs/how-to/secured-cluster.md: a grant is by name, as ClickHouse's."""
+    admin.create_table("again_t", SCHEMA)
+    creds = cluster.add_user("writer_again", W, ["again_t"])
+    try:
+        admin.drop_table("again_t")
+        other = pa.schema([("id", pa.int64()), ("note", pa.string())])
+        admin.create_table("again_t", other)
+        with connect(cluster, creds) as w:
+            assert w.tables() == ["again_t"]
+            w.insert("again_t", pa.table({"id": [1], "note": ["n"]}, schema=other))
+            assert w.read("again_t").to_pylist() == [{"id": 1, "note": "n"}]
+    finally:
+        admin.drop_user("writer_again")
+        admin.drop_table("again_t")
+
+
 def test_a_refused_statement_leaves_the_transaction_usable(
     cluster: coordinator.LocalCluster, admin: coordinator.Client, made: dict[str, Credentials]
 ) -> None:
