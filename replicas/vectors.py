@@ -147,18 +147,18 @@ class KeysVectors:
             target.used = time.monotonic()
             return target
 
-    def let_go(self) -> int:
+    def let_go(self) -> None:
         """Forget the targets of tables dropped since and those no read asked for in
         ``IDLE_SECONDS`` (the reaper, every half second, and before a new target is made): what
-        is held follows the tables read lately, not every table there ever was. How many went."""
+        is held follows the tables read lately, not every table there ever was."""
         with self._lock:
-            return self._let_go()
+            self._let_go()
 
-    def _let_go(self) -> int:
-        now, before = time.monotonic(), len(self._targets)
-        live = self._state.incarnations()
+    def _let_go(self) -> None:
+        if not self._targets:
+            return  # nothing held: the state's lock not taken
+        now, live = time.monotonic(), self._state.incarnations()
         self._targets = {k: v for k, v in self._targets.items() if k[:2] in live and now - v.used < IDLE_SECONDS}
-        return before - len(self._targets)
 
     def sizes(self) -> dict[str, int]:
         """info()'s structures: the keys targets held, and the parts they hold versions of."""

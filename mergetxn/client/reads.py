@@ -344,7 +344,7 @@ class Reads(KeysReads):
         r = self.call("changes", table=table, start=lo, end=hi, by=by, **extra)
         # the schema at the end of the range (the latest when it is open, or by time)
         tdef = self._table_at(table, hi if by == "id" and hi is not None else None, None)
-        self._check_drops(tdef, r)
+        drops = self._check_drops(tdef, r)
         clash = [c for c in CHANGE_COLUMNS if c in tdef.schema.names]
         if clash:  # a table created before the names were reserved
             with self._leased(r):
@@ -355,7 +355,7 @@ class Reads(KeysReads):
                 )
         if tdef.conflict_policy is Policy.KEYS:
             with self._leased(r):
-                return self._key_changes(tdef, r)
+                return self._key_changes(tdef, r, drops)
         metas = [PartMeta.from_dict(p["part"]) for p in r["parts"]]
         try:
             with self._leased(r):
@@ -379,10 +379,11 @@ class Reads(KeysReads):
             raise errors.CorruptMetadata(f"replica {self.address} answered drops that are not CSNs: {clip(dropped)}")
         return dropped
 
-    def _check_drops(self, tdef: TableDef, r: dict) -> None:
+    def _check_drops(self, tdef: TableDef, r: dict) -> list[int]:
         """InvalidInput, the answer's lease let go, when the range of ``changes`` answer ``r``
         reaches back past a drop of the table into one of its name with another definition:
-        their rows are not one table's (the same definition: a drop deletes every row)."""
+        their rows are not one table's (the same definition: a drop deletes every row). The
+        drops' CSNs."""
         try:
             shapes = [(d, _shape(self._table_at(tdef.name, d - 1, None))) for d in self._drops(r)]
         except BaseException:
@@ -398,8 +399,9 @@ class Reads(KeysReads):
                         table=tdef.name,
                         dropped=dropped,
                     )
+        return [d for d, _ in shapes]
 
-    def _key_changes(self, tdef: TableDef, r: dict) -> pa.Table:
+    def _key_changes(self, tdef: TableDef, r: dict, drops: list[int]) -> pa.Table:
         """``changes`` of a keys table: row changes per key (:func:`keyfold.row_changes`) from the
         versions the commits in the range wrote, folded onto the rows those keys had at the
         snapshot before the first of them (which the answer's lease holds). A compaction's output
@@ -410,7 +412,7 @@ class Reads(KeysReads):
             if p["change"] == "insert" and not keytables.folded(meta):
                 added.setdefault(p["csn"], []).append(meta)
         versions = {csn: [read_part(self.storage, m) for m in metas] for csn, metas in added.items()}
-        for dropped in self._drops(r):  # a drop deletes every row the table had
+        for dropped in drops:  # a drop deletes every row the table had
             live = self.read(tdef.name, dropped - 1, columns=list(tdef.primary_key))
             if live.num_rows:
                 pk, delete = tdef.primary_key, keytables.DELETE
